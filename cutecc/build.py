@@ -1,0 +1,215 @@
+"""`cutecc build`: plan every (kernel, variant, arch), compile the misses, publish them.
+
+Planning computes each key without importing the DSL; entries already in the store
+are reported cached and cost nothing more. Misses compile in worker processes (one
+pool per arch, since the DSL fixes its target arch at import), each publishing its
+entry atomically under the key's lock, so concurrent builds never build twice.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import datetime as dt
+import multiprocessing
+import os
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cutecc.contract import args_to_json
+from cutecc.errors import CuteccError
+from cutecc.key import SourceIndex, compute_key, key_inputs, toolchain
+from cutecc.manifest import Kernel, Manifest, Variant, load_manifest, parse_archs
+from cutecc.store import Store
+
+LIBRARY = "kernel.so"
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One artifact the manifest asks for."""
+
+    kernel: Kernel
+    variant: Variant
+    arch: str
+    key: str
+    inputs: dict[str, Any]
+    sources: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        return f"{self.kernel.name}[{self.variant.id}]@{self.arch}"
+
+
+@dataclass
+class Outcome:
+    planned: Planned
+    status: str  # "built", "cached", "failed", "planned" (dry run)
+    seconds: float = 0.0
+    error: str | None = None
+
+
+@dataclass
+class BuildReport:
+    outcomes: list[Outcome] = field(default_factory=list)
+    seconds: float = 0.0
+    cache_dir: Path | None = None
+
+    def count(self, status: str) -> int:
+        return sum(o.status == status for o in self.outcomes)
+
+    @property
+    def ok(self) -> bool:
+        return self.count("failed") == 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cache_dir": str(self.cache_dir),
+            "seconds": round(self.seconds, 3),
+            "built": self.count("built"), "cached": self.count("cached"),
+            "failed": self.count("failed"), "planned": self.count("planned"),
+            "entries": [
+                {"kernel": o.planned.kernel.name, "variant": o.planned.variant.id,
+                 "arch": o.planned.arch, "key": o.planned.key, "status": o.status,
+                 "seconds": round(o.seconds, 3), "error": o.error}
+                for o in self.outcomes
+            ],
+        }
+
+
+def plan(manifest: Manifest, archs: tuple[str, ...] = ()) -> list[Planned]:
+    """Every artifact of the manifest with its key; `archs` overrides the manifest's."""
+    index = SourceIndex(manifest.python_path)
+    out = []
+    for k in manifest.kernels:
+        digest, sources = index.digest(k.module)
+        for v in k.variants:
+            for arch in archs or k.archs:
+                inputs = key_inputs(k, v, arch, digest)
+                out.append(Planned(k, v, arch, compute_key(inputs), inputs, sources))
+    return out
+
+
+def build(
+    manifest_path: str | Path,
+    *,
+    archs: tuple[str, ...] = (),
+    cache_dir: str | Path | None = None,
+    jobs: int | None = None,
+    kernels: tuple[str, ...] = (),
+    dry_run: bool = False,
+    on_done: Callable[[Outcome], None] | None = None,
+) -> BuildReport:
+    """Build a manifest into a cache; see the module docstring."""
+    t0 = time.perf_counter()
+    archs = parse_archs(archs) if archs else ()
+    manifest = load_manifest(manifest_path, kernels=kernels)
+    store = Store(cache_dir)
+    report = BuildReport(cache_dir=store.root)
+    planned = plan(manifest, archs)
+    misses = []
+    for p in planned:
+        if store.has(p.key):
+            report.outcomes.append(Outcome(p, "cached"))
+        elif dry_run:
+            report.outcomes.append(Outcome(p, "planned"))
+        else:
+            misses.append(p)
+    if misses:
+        store.ensure()
+        store.sweep_tmp()
+        _compile_all(misses, manifest, store, jobs or os.cpu_count() or 1, report, on_done)
+    order = {p.key + p.label: i for i, p in enumerate(planned)}
+    report.outcomes.sort(key=lambda o: order[o.planned.key + o.planned.label])
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _compile_all(misses: list[Planned], manifest: Manifest, store: Store, jobs: int,
+                 report: BuildReport, on_done: Callable[[Outcome], None] | None) -> None:
+    by_arch: dict[str, list[Planned]] = {}
+    for p in misses:
+        by_arch.setdefault(p.arch, []).append(p)
+    ctx = multiprocessing.get_context("spawn")
+    for arch, items in by_arch.items():
+        # Several variants can share a key (a variant parameter that changes nothing);
+        # build each key once.
+        unique = list({p.key: p for p in items}.values())
+        workers = max(1, min(jobs, len(unique)))
+        with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
+                                    initargs=(arch,)) as pool:
+            futures = {pool.submit(_build_one, _job_args(p, manifest), str(store.root)): p
+                       for p in unique}
+            results: dict[str, tuple[str, float, str | None]] = {}
+            for fut in cf.as_completed(futures):
+                p = futures[fut]
+                try:
+                    results[p.key] = fut.result()
+                except Exception as e:  # a worker died (killed, out of memory)
+                    results[p.key] = ("failed", 0.0, f"build worker died: {e!r}")
+                status, secs, err = results[p.key]
+                for q in items:
+                    if q.key == p.key:
+                        o = Outcome(q, status, secs, err)
+                        report.outcomes.append(o)
+                        if on_done:
+                            on_done(o)
+
+
+def _job_args(p: Planned, manifest: Manifest) -> dict[str, Any]:
+    return {
+        "entry": p.kernel.entry, "variant": p.variant, "arch": p.arch,
+        "compile_options": p.kernel.compile_options,
+        "python_path": tuple(str(x) for x in manifest.python_path),
+        "key": p.key, "key_inputs": p.inputs, "sources": p.sources,
+        "kernel": p.kernel.name, "backward": p.kernel.backward,
+    }
+
+
+def _init_worker(arch: str) -> None:
+    os.environ["CUTE_DSL_ARCH"] = arch
+
+
+def _build_one(job: dict[str, Any], store_root: str) -> tuple[str, float, str | None]:
+    """Worker: compile, link and publish one entry. Returns (status, seconds, error)."""
+    from cutecc.compiler import SYMBOL, CompileJob, compile_to_object
+    from cutecc.linker import link
+
+    t0 = time.perf_counter()
+    store = Store(store_root)
+
+    def produce(staging: Path) -> dict[str, Any]:
+        cjob = CompileJob(job["entry"], job["variant"], job["arch"], job["compile_options"],
+                          job["python_path"])
+        obj = compile_to_object(cjob, staging)
+        link(obj, staging / LIBRARY, SYMBOL)
+        obj.unlink()
+        variant: Variant = job["variant"]
+        return {
+            "kernel": job["kernel"],
+            "variant": variant.id,
+            "params": dict(variant.params),
+            "arch": job["arch"],
+            "entry": job["entry"],
+            "args": args_to_json(variant.args),
+            "backward": job["backward"],
+            "library": LIBRARY,
+            "symbol": SYMBOL,
+            "toolchain": toolchain(),
+            "key_inputs": job["key_inputs"],
+            "sources": list(job["sources"]),
+            "built_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "build_seconds": round(time.perf_counter() - t0, 3),
+        }
+
+    try:
+        _, built = store.publish(job["key"], produce)
+    except CuteccError as e:
+        return "failed", time.perf_counter() - t0, e.render()
+    except Exception as e:
+        tb = traceback.format_exception(type(e), e, e.__traceback__)
+        return "failed", time.perf_counter() - t0, f"{type(e).__name__}: {e}\n{''.join(tb[-6:])}"
+    return ("built" if built else "cached"), time.perf_counter() - t0, None

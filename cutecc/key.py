@@ -1,0 +1,188 @@
+"""The cache key: a SHA-256 over everything that decides an artifact's bytes.
+
+Inputs: the kernel's source (its module and every project-local module it imports,
+found by reading `import` statements, never by importing), the entry point and factory
+arguments, the resolved contract, the constants, the target arch, the compile options,
+and the versions of the toolchain (the DSL, tvm-ffi, the CUDA runtime, the C compiler)
+and of cutecc's artifact format. Computing a key imports neither the DSL nor JAX, so
+the cache-hit path of `cutecc build` stays cheap.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from cutecc.contract import args_to_json
+from cutecc.errors import CuteccError
+from cutecc.manifest import Kernel, Variant
+from cutecc.store import ARTIFACT_FORMAT
+
+_TOOL_PACKAGES = ("nvidia-cutlass-dsl", "apache-tvm-ffi", "nvidia-cuda-runtime")
+
+
+@functools.lru_cache(maxsize=1)
+def toolchain() -> dict[str, str]:
+    """Versions of everything outside the kernel's source that shapes the artifact."""
+    from cutecc.linker import RECIPE_VERSION
+
+    out = {"cutecc_artifact_format": str(ARTIFACT_FORMAT), "link_recipe": str(RECIPE_VERSION)}
+    for pkg in _TOOL_PACKAGES:
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            out[pkg] = "absent"
+    try:
+        cc = subprocess.run(["cc", "--version"], capture_output=True, text=True, timeout=30)
+        out["cc"] = cc.stdout.splitlines()[0] if cc.returncode == 0 and cc.stdout else "absent"
+    except (OSError, subprocess.TimeoutExpired):
+        out["cc"] = "absent"
+    return out
+
+
+class SourceIndex:
+    """Finds and hashes the project-local source files a module depends on."""
+
+    def __init__(self, roots: tuple[Path, ...]) -> None:
+        self.roots = tuple(roots)
+        self._digests: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self._file_hash: dict[Path, str] = {}
+        self._imports: dict[Path, set[str]] = {}
+        self._roots: dict[str, Path | None] = {}
+        self._installed_tops: set[str] = set()
+
+    def digest(self, module: str) -> tuple[str, tuple[str, ...]]:
+        """(SHA-256 over the module's local dependency closure, the files' relative paths)."""
+        if module not in self._digests:
+            files = self._closure(module)
+            h = hashlib.sha256()
+            rels = []
+            for f in sorted(files, key=lambda p: self._rel(p)):
+                rel = self._rel(f)
+                rels.append(rel)
+                h.update(rel.encode() + b"\0" + self._hash(f).encode() + b"\0")
+            self._digests[module] = (h.hexdigest(), tuple(rels))
+        return self._digests[module]
+
+    def _rel(self, f: Path) -> str:
+        for r in self.roots:
+            try:
+                return f.relative_to(r).as_posix()
+            except ValueError:
+                continue
+        return f.as_posix()
+
+    def _hash(self, f: Path) -> str:
+        if f not in self._file_hash:
+            self._file_hash[f] = hashlib.sha256(f.read_bytes()).hexdigest()
+        return self._file_hash[f]
+
+    def _find(self, module: str) -> Path | None:
+        parts = module.split(".")
+        root = self._root_of(parts[0])
+        if root is None:
+            return None
+        base = root.joinpath(*parts)
+        for cand in (base.with_suffix(".py"), base / "__init__.py"):
+            if cand.is_file():
+                return cand.resolve()
+        return None
+
+    def _root_of(self, top: str) -> Path | None:
+        """The directory holding top-level package `top`, if it is project-local.
+
+        Local means under the manifest's python_path, or the entry's own installed
+        package (found by `find_spec` of the top level, which runs no code).
+        Everything else (the DSL, numpy...) is covered by the toolchain versions.
+        """
+        if top in self._roots:
+            return self._roots[top]
+        found = None
+        for r in self.roots:
+            if (r / f"{top}.py").is_file() or (r / top / "__init__.py").is_file():
+                found = r
+                break
+        if found is None and top in self._installed_tops:
+            try:
+                spec = importlib.util.find_spec(top)
+            except (ImportError, ValueError):
+                spec = None
+            if spec is not None and spec.origin not in (None, "built-in", "frozen"):
+                origin = Path(spec.origin).resolve()
+                found = origin.parent.parent if origin.name == "__init__.py" else origin.parent
+        self._roots[top] = found
+        return found
+
+    def _closure(self, module: str) -> set[Path]:
+        self._installed_tops.add(module.split(".")[0])
+        if self._find(module) is None:
+            raise CuteccError(f'cannot find module "{module}" on the manifest\'s python_path '
+                              f"({', '.join(map(str, self.roots))}) or installed")
+        seen: set[Path] = set()
+        todo = [module]
+        done: set[str] = set()
+        while todo:
+            mod = todo.pop()
+            if mod in done:
+                continue
+            done.add(mod)
+            parts = mod.split(".")
+            # Parent packages' __init__ run on import too.
+            for i in range(1, len(parts) + 1):
+                name = ".".join(parts[:i])
+                f = self._find(name)
+                if f is None or f in seen:
+                    continue
+                seen.add(f)
+                todo.extend(self._imports_of(f, name, f.name == "__init__.py"))
+        return seen
+
+    def _imports_of(self, f: Path, mod: str, is_pkg: bool) -> set[str]:
+        if f not in self._imports:
+            try:
+                tree = ast.parse(f.read_bytes(), filename=str(f))
+            except SyntaxError as e:
+                raise CuteccError(f"syntax error: {e.msg} (line {e.lineno})", where=str(f)) from None
+            pkg = mod if is_pkg else mod.rpartition(".")[0]
+            deps: set[str] = set()
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    deps.update(a.name for a in node.names)
+                elif isinstance(node, ast.ImportFrom):
+                    if node.level:
+                        base_parts = pkg.split(".") if pkg else []
+                        base_parts = base_parts[: len(base_parts) - (node.level - 1)]
+                        base = ".".join(base_parts + ([node.module] if node.module else []))
+                    else:
+                        base = node.module or ""
+                    if base:
+                        deps.add(base)
+                        deps.update(f"{base}.{a.name}" for a in node.names if a.name != "*")
+            self._imports[f] = {d for d in deps if self._find(d) is not None}
+        return self._imports[f]
+
+
+def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str) -> dict[str, Any]:
+    """The named inputs of one artifact's key (also stored in its metadata)."""
+    return {
+        "entry": kernel.entry,
+        "source": source_digest,
+        "factory_args": None if variant.factory_args is None else dict(variant.factory_args),
+        "args": args_to_json(variant.args),
+        "constants": dict(variant.constants),
+        "arch": arch,
+        "compile_options": kernel.compile_options,
+        "toolchain": toolchain(),
+    }
+
+
+def compute_key(inputs: dict[str, Any]) -> str:
+    blob = json.dumps(inputs, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(blob.encode()).hexdigest()

@@ -1,0 +1,540 @@
+"""The manifest (`kernels.toml`, or `[tool.cutecc]` in `pyproject.toml`), parsed once.
+
+Everything is validated here, before anything is compiled: the result is a tree of
+frozen dataclasses the rest of cutecc trusts. Every error is a `CuteccError` naming
+the file and the key path, e.g. `kernel "rmsnorm", args[2].dtype: unknown dtype "f8"`.
+
+Schema (format 1), top level (or under `[tool.cutecc]`):
+  format = 1                      optional; the manifest format version
+  archs = ["sm_90a"]              default target architectures
+  profile = "h100"                default hardware profile (facts a launcher may need)
+  python_path = ["."]             dirs, relative to the manifest, to import entries from
+  compile_options = ""            extra `cute.compile` options
+  [hardware.NAME]                 custom hardware profiles: key = int | float | str
+  [kernel.NAME]                   one table per kernel:
+    entry = "pkg.module:attr"     a @cute.jit launcher, or a factory if factory_args is set
+    factory_args = {..}           keyword arguments the factory is called with
+    args = [..]                   the launcher's arguments in its own order:
+      {name, dtype, shape, role = "input"|"output"|"inout", layout, align}  a tensor
+      {kind = "scalar", name, dtype, default}    a runtime scalar (keyword at the JAX side)
+      {kind = "none"}   {kind = "stream"}   {kind = "tuple", items = [..]}
+    constants = {..}              compile-time keyword arguments of the launcher
+    variants = {param = [..]}     a matrix; "$param" in dtype/shape/constants/factory_args
+    archs, profile, compile_options   per-kernel overrides
+    grad = {backward = "NAME"}    pair with a backward kernel for jax.grad
+"""
+
+from __future__ import annotations
+
+import itertools
+import keyword
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cutecc import dtypes
+from cutecc.contract import (
+    ROLES,
+    Arg,
+    CallingConvention,
+    Dim,
+    NoneArg,
+    ScalarArg,
+    StreamArg,
+    TensorArg,
+    TupleArg,
+    flat_leaves,
+)
+from cutecc.errors import CuteccError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+MANIFEST_FORMAT = 1
+MAX_MANIFEST_BYTES = 4 * 1024 * 1024
+MAX_VARIANTS_PER_KERNEL = 10_000
+ARCH_RE = re.compile(r"^sm_(\d{2,3})([af]?)$")
+ENTRY_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
+    "h100": {"arch": "sm_90a", "sm_count": 132, "max_smem_per_block": 232448,
+             "l2_bytes": 52428800, "max_cluster_size": 8},
+    "h200": {"arch": "sm_90a", "sm_count": 132, "max_smem_per_block": 232448,
+             "l2_bytes": 62914560, "max_cluster_size": 8},
+    "a100": {"arch": "sm_80", "sm_count": 108, "max_smem_per_block": 166912,
+             "l2_bytes": 41943040, "max_cluster_size": 1},
+    "b200": {"arch": "sm_100a", "sm_count": 148, "max_smem_per_block": 232448,
+             "l2_bytes": 132120576, "max_cluster_size": 16},
+}
+
+_TOP_KEYS = {"format", "archs", "profile", "python_path", "compile_options", "hardware", "kernel"}
+_KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs", "profile",
+                "compile_options", "grad", "description"}
+_TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "layout", "align"}
+_SCALAR_KEYS = {"kind", "name", "dtype", "default"}
+_Value = int | float | bool | str
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One point of a kernel's variant matrix, fully resolved."""
+
+    kernel: str
+    params: tuple[tuple[str, _Value], ...]
+    args: tuple[Arg, ...]
+    constants: tuple[tuple[str, _Value], ...]
+    factory_args: tuple[tuple[str, _Value], ...] | None
+
+    @property
+    def id(self) -> str:
+        if not self.params:
+            return "default"
+        return ",".join(f"{k}={v}" for k, v in self.params)
+
+    @property
+    def convention(self) -> CallingConvention:
+        return CallingConvention.of(self.args)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    entry: str
+    archs: tuple[str, ...]
+    profile: str
+    compile_options: str
+    variants: tuple[Variant, ...]
+    backward: str | None = None
+
+    @property
+    def module(self) -> str:
+        return self.entry.split(":", 1)[0]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    path: Path
+    python_path: tuple[Path, ...]
+    kernels: tuple[Kernel, ...]
+
+    @property
+    def root(self) -> Path:
+        return self.path.parent
+
+    def kernel(self, name: str) -> Kernel:
+        for k in self.kernels:
+            if k.name == name:
+                return k
+        known = ", ".join(k.name for k in self.kernels) or "none"
+        raise CuteccError(f'no kernel "{name}" (kernels: {known})', where=str(self.path))
+
+
+class _Ctx:
+    """Where we are in the file, for error messages."""
+
+    def __init__(self, file: Path) -> None:
+        self.file = str(file)
+
+    def fail(self, path: str, message: str) -> CuteccError:
+        return CuteccError(message, where=self.file, key_path=path)
+
+
+# Loading ---------------------------------------------------------------------------
+
+
+def find_manifest(start: Path | None = None) -> Path:
+    """`kernels.toml`, else a `pyproject.toml` with `[tool.cutecc]`, in `start`."""
+    base = start or Path.cwd()
+    for name in ("kernels.toml", "pyproject.toml"):
+        p = base / name
+        if p.is_file() and (name == "kernels.toml" or b"[tool.cutecc" in p.read_bytes()):
+            return p
+    raise CuteccError(f"no kernels.toml (or pyproject.toml with [tool.cutecc]) in {base}")
+
+
+def load_manifest(path: str | Path, *, kernels: tuple[str, ...] = ()) -> Manifest:
+    """Read and validate a manifest; `kernels` restricts it to those names (and grads)."""
+    path = Path(path).resolve()
+    ctx = _Ctx(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise CuteccError(f"cannot read manifest: {e.strerror}", where=str(path)) from None
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise CuteccError(f"manifest is {len(raw)} bytes, over the {MAX_MANIFEST_BYTES} limit",
+                          where=str(path))
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CuteccError(f"not UTF-8 (byte {e.start})", where=str(path)) from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise CuteccError(f"invalid TOML: {e}", where=str(path)) from None
+    if path.name == "pyproject.toml":
+        doc = doc.get("tool", {}).get("cutecc")
+        if not isinstance(doc, dict):
+            raise CuteccError("no [tool.cutecc] table", where=str(path))
+        prefix = "tool.cutecc."
+    else:
+        prefix = ""
+    manifest = _parse(doc, path, ctx, prefix)
+    if kernels:
+        wanted = set(kernels)
+        for name in kernels:
+            manifest.kernel(name)  # raises for unknown names
+            back = manifest.kernel(name).backward
+            if back:
+                wanted.add(back)
+        manifest = Manifest(manifest.path, manifest.python_path,
+                            tuple(k for k in manifest.kernels if k.name in wanted))
+    return manifest
+
+
+def _parse(doc: dict[str, Any], path: Path, ctx: _Ctx, prefix: str) -> Manifest:
+    _no_unknown(ctx, doc, _TOP_KEYS, prefix.rstrip(".") or "<top level>")
+    fmt = doc.get("format", MANIFEST_FORMAT)
+    if fmt != MANIFEST_FORMAT:
+        raise ctx.fail(f"{prefix}format",
+                       f"manifest format {fmt!r} is not supported (this cutecc reads {MANIFEST_FORMAT})")
+    archs = _archs(ctx, f"{prefix}archs", doc.get("archs", ["sm_90a"]))
+    profiles = dict(BUILTIN_PROFILES)
+    hw = doc.get("hardware", {})
+    if not isinstance(hw, dict):
+        raise ctx.fail(f"{prefix}hardware", "must be a table of profiles")
+    for pname, prof in hw.items():
+        kp = f"{prefix}hardware.{pname}"
+        if not isinstance(prof, dict):
+            raise ctx.fail(kp, "a hardware profile must be a table")
+        for fk, fv in prof.items():
+            if not isinstance(fv, (int, float, str)) or isinstance(fv, bool):
+                raise ctx.fail(f"{kp}.{fk}", f"must be a number or string, got {_tname(fv)}")
+        profiles[pname] = {**profiles.get(pname, {}), **prof}
+    profile = _str(ctx, f"{prefix}profile", doc.get("profile", "h100"))
+    if profile not in profiles:
+        raise ctx.fail(f"{prefix}profile", f'unknown hardware profile "{profile}" '
+                       f"(known: {', '.join(sorted(profiles))})")
+    pp = doc.get("python_path", ["."])
+    if not isinstance(pp, list) or not all(isinstance(p, str) for p in pp):
+        raise ctx.fail(f"{prefix}python_path", "must be a list of directory strings")
+    python_path = tuple((path.parent / p).resolve() for p in pp)
+    copts = _str(ctx, f"{prefix}compile_options", doc.get("compile_options", ""))
+
+    ktab = doc.get("kernel", {})
+    if not isinstance(ktab, dict):
+        raise ctx.fail(f"{prefix}kernel", "must be a table of kernels ([kernel.NAME])")
+    if not ktab:
+        raise ctx.fail(f"{prefix}kernel", "the manifest declares no kernels")
+    kernels = []
+    for name, kdoc in ktab.items():
+        kp = f'kernel "{name}"'
+        if not NAME_RE.match(name):
+            raise ctx.fail(kp, "a kernel name must be an identifier (letters, digits, _)")
+        if not isinstance(kdoc, dict):
+            raise ctx.fail(kp, "must be a table")
+        kernels.append(_kernel(ctx, kp, name, kdoc, archs, profile, profiles, copts))
+    _check_grads(ctx, kernels)
+    return Manifest(path, python_path, tuple(kernels))
+
+
+def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[str, ...],
+            profile: str, profiles: dict[str, dict[str, Any]], copts: str) -> Kernel:
+    _no_unknown(ctx, kdoc, _KERNEL_KEYS, kp)
+    if "entry" not in kdoc:
+        raise ctx.fail(kp, 'missing "entry" ("package.module:attr")')
+    entry = _str(ctx, f"{kp}, entry", kdoc["entry"])
+    if not ENTRY_RE.match(entry):
+        raise ctx.fail(f"{kp}, entry", f'"{entry}" is not of the form "package.module:attr"')
+    k_archs = _archs(ctx, f"{kp}, archs", kdoc["archs"]) if "archs" in kdoc else archs
+    k_profile = _str(ctx, f"{kp}, profile", kdoc.get("profile", profile))
+    if k_profile not in profiles:
+        raise ctx.fail(f"{kp}, profile", f'unknown hardware profile "{k_profile}"')
+    k_copts = _str(ctx, f"{kp}, compile_options", kdoc.get("compile_options", copts))
+    if "args" not in kdoc:
+        raise ctx.fail(kp, 'missing "args" (the launcher\'s arguments in its own order)')
+    if not isinstance(kdoc["args"], list):
+        raise ctx.fail(f"{kp}, args", "must be an array of argument tables")
+    constants = _table(ctx, f"{kp}, constants", kdoc.get("constants", {}))
+    factory = kdoc.get("factory_args")
+    if factory is not None:
+        factory = _table(ctx, f"{kp}, factory_args", factory)
+    axes = _variant_axes(ctx, f"{kp}, variants", kdoc.get("variants", {}))
+    hw = profiles[k_profile]
+    grad = kdoc.get("grad")
+    backward = None
+    if grad is not None:
+        if not isinstance(grad, dict) or set(grad) != {"backward"}:
+            raise ctx.fail(f"{kp}, grad", 'must be a table { backward = "KERNEL" }')
+        backward = _str(ctx, f"{kp}, grad.backward", grad["backward"])
+
+    _check_used(ctx, kp, axes, kdoc)
+    variants = []
+    for point in _points(axes):
+        vctx = f"{kp}, variant {_point_id(point)}" if point else kp
+        env = dict(point)
+        args = tuple(_arg(ctx, f"{vctx}, args[{i}]", a, env, hw)
+                     for i, a in enumerate(kdoc["args"]))
+        _check_args(ctx, vctx, args)
+        consts = tuple((k, _subst(ctx, f"{vctx}, constants.{k}", v, env, hw))
+                       for k, v in constants)
+        fargs = None if factory is None else tuple(
+            (k, _subst(ctx, f"{vctx}, factory_args.{k}", v, env, hw)) for k, v in factory)
+        variants.append(Variant(name, point, args, consts, fargs))
+    return Kernel(name, entry, k_archs, k_profile, k_copts, tuple(variants), backward)
+
+
+def _variant_axes(ctx: _Ctx, kp: str, v: Any) -> tuple[tuple[str, tuple[_Value, ...]], ...]:
+    if not isinstance(v, dict):
+        raise ctx.fail(kp, "must be a table of parameter = [values]")
+    axes = []
+    total = 1
+    for k, vals in v.items():
+        if not NAME_RE.match(k):
+            raise ctx.fail(f"{kp}.{k}", "a variant parameter must be an identifier")
+        if not isinstance(vals, list) or not vals:
+            raise ctx.fail(f"{kp}.{k}", "must be a non-empty array of values")
+        for i, x in enumerate(vals):
+            if not isinstance(x, (int, float, str, bool)):
+                raise ctx.fail(f"{kp}.{k}[{i}]", f"must be a number, string or bool, got {_tname(x)}")
+        if len(set(map(repr, vals))) != len(vals):
+            raise ctx.fail(f"{kp}.{k}", "repeats a value")
+        total *= len(vals)
+        axes.append((k, tuple(vals)))
+    if total > MAX_VARIANTS_PER_KERNEL:
+        raise ctx.fail(kp, f"expands to {total} variants, over the {MAX_VARIANTS_PER_KERNEL} limit")
+    return tuple(axes)
+
+
+def _points(axes: tuple[tuple[str, tuple[_Value, ...]], ...]) -> Iterator[tuple[tuple[str, _Value], ...]]:
+    names = [a[0] for a in axes]
+    for combo in itertools.product(*(a[1] for a in axes)):
+        yield tuple(zip(names, combo))
+
+
+def _point_id(point: tuple[tuple[str, _Value], ...]) -> str:
+    return ",".join(f"{k}={v}" for k, v in point)
+
+
+def _check_used(ctx: _Ctx, kp: str, axes: Any, kdoc: dict[str, Any]) -> None:
+    text = repr((kdoc.get("args"), kdoc.get("constants"), kdoc.get("factory_args")))
+    for name, _ in axes:
+        if f"'${name}'" not in text:
+            raise ctx.fail(f"{kp}, variants.{name}",
+                           f'parameter "{name}" is never used (refer to it as "${name}")')
+
+
+def _subst(ctx: _Ctx, kp: str, v: Any, env: dict[str, _Value], hw: dict[str, Any]) -> _Value:
+    """Resolve "$param" (a variant parameter) and "$hw.key" (a hardware fact)."""
+    if isinstance(v, str) and v.startswith("$"):
+        ref = v[1:]
+        if ref.startswith("hw."):
+            fact = ref[3:]
+            if fact not in hw:
+                raise ctx.fail(kp, f'unknown hardware fact "{fact}" (known: {", ".join(sorted(hw))})')
+            return hw[fact]
+        if ref not in env:
+            known = ", ".join(env) or "none"
+            raise ctx.fail(kp, f'"{v}" names no variant parameter (parameters: {known})')
+        return env[ref]
+    if not isinstance(v, (int, float, str, bool)):
+        raise ctx.fail(kp, f"must be a number, string or bool, got {_tname(v)}")
+    return v
+
+
+def _arg(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, Any]) -> Arg:
+    if not isinstance(a, dict):
+        raise ctx.fail(kp, f"an argument must be a table, got {_tname(a)}")
+    kind = a.get("kind", "tensor")
+    if kind == "stream":
+        _no_unknown(ctx, a, {"kind"}, kp)
+        return StreamArg()
+    if kind == "none":
+        _no_unknown(ctx, a, {"kind"}, kp)
+        return NoneArg()
+    if kind == "tuple":
+        _no_unknown(ctx, a, {"kind", "items"}, kp)
+        items = a.get("items")
+        if not isinstance(items, list) or not items:
+            raise ctx.fail(f"{kp}.items", "a tuple needs a non-empty array of items")
+        return TupleArg(tuple(_arg(ctx, f"{kp}.items[{i}]", x, env, hw) for i, x in enumerate(items)))
+    if kind == "scalar":
+        _no_unknown(ctx, a, _SCALAR_KEYS, kp)
+        name = _name(ctx, kp, a)
+        dt = _dtype(ctx, f"{kp}.dtype", a, env, hw)
+        if dt not in dtypes.SCALAR_DTYPES:
+            allowed = ", ".join(dtypes.SCALAR_DTYPES)
+            raise ctx.fail(f"{kp}.dtype", f'a runtime scalar must be one of {allowed}, got "{dt}"')
+        default = a.get("default")
+        if default is not None:
+            ok = isinstance(default, bool) if dt == "bool" else (
+                isinstance(default, (int, float)) and not isinstance(default, bool)
+                and (dt.startswith("float") or isinstance(default, int)))
+            if not ok:
+                raise ctx.fail(f"{kp}.default", f"{default!r} is not a {dt}")
+        return ScalarArg(name, dt, default)
+    if kind != "tensor":
+        raise ctx.fail(f"{kp}.kind", f'unknown argument kind "{kind}" '
+                       "(tensor, scalar, none, stream, tuple)")
+    _no_unknown(ctx, a, _TENSOR_KEYS, kp)
+    name = _name(ctx, kp, a)
+    role = a.get("role", "input")
+    if role not in ROLES:
+        raise ctx.fail(f"{kp}.role", f'unknown role "{role}" (input, output, inout)')
+    dt = _dtype(ctx, f"{kp}.dtype", a, env, hw)
+    if "shape" not in a:
+        raise ctx.fail(kp, 'missing "shape" (a list of ints and symbol names)')
+    shape = a["shape"]
+    if not isinstance(shape, list):
+        raise ctx.fail(f"{kp}.shape", f"must be an array, got {_tname(shape)}")
+    dims: list[Dim] = []
+    for i, d in enumerate(shape):
+        dp = f"{kp}.shape[{i}]"
+        d = _subst(ctx, dp, d, env, hw)
+        if isinstance(d, (bool, float)):
+            raise ctx.fail(dp, f"a dimension is an int or a symbol name, got {d!r}")
+        if isinstance(d, int) and d <= 0:
+            raise ctx.fail(dp, f"a static extent must be positive, got {d}")
+        if isinstance(d, str) and not NAME_RE.match(d):
+            raise ctx.fail(dp, f'"{d}" is not a valid symbol name')
+        dims.append(d)
+    layout = a.get("layout", "row-major")
+    if layout != "row-major":
+        raise ctx.fail(f"{kp}.layout", f'layout "{layout}" is not supported; JAX arrays are '
+                       '"row-major" (transpose in JAX and declare the transposed shape)')
+    align = a.get("align", 16)
+    if isinstance(align, bool) or not isinstance(align, int) or align <= 0 or align & (align - 1):
+        raise ctx.fail(f"{kp}.align", f"must be a positive power of two (bytes), got {align!r}")
+    return TensorArg(name, role, dt, tuple(dims), layout, align)
+
+
+def _check_args(ctx: _Ctx, kp: str, args: tuple[Arg, ...]) -> None:
+    leaves = flat_leaves(args)
+    seen: set[str] = set()
+    for a in leaves:
+        if isinstance(a, (TensorArg, ScalarArg)):
+            if a.name in seen:
+                raise ctx.fail(f"{kp}, args", f'argument name "{a.name}" is used twice')
+            seen.add(a.name)
+    if sum(isinstance(a, StreamArg) for a in leaves) > 1:
+        raise ctx.fail(f"{kp}, args", "more than one stream argument")
+    tensors = [a for a in leaves if isinstance(a, TensorArg)]
+    if not any(t.role in ("output", "inout") for t in tensors):
+        raise ctx.fail(f"{kp}, args", "no output: at least one tensor needs role "
+                       '"output" or "inout"')
+    bound = {s for t in tensors if t.role != "output" for s in t.symbols}
+    for t in tensors:
+        if t.role == "output":
+            for s in t.symbols:
+                if s not in bound:
+                    raise ctx.fail(f"{kp}, args ({t.name})",
+                                   f'output extent "{s}" is not the extent of any input, so '
+                                   "the runtime cannot compute the output shape")
+    names = {t.name for t in tensors}
+    clash = names & {s for t in tensors for s in t.symbols}
+    if clash:
+        raise ctx.fail(f"{kp}, args", f'"{sorted(clash)[0]}" is both an argument and a symbol')
+
+
+def _check_grads(ctx: _Ctx, kernels: list[Kernel]) -> None:
+    by_name = {k.name: k for k in kernels}
+    for k in kernels:
+        if not k.backward:
+            continue
+        kp = f'kernel "{k.name}", grad.backward'
+        b = by_name.get(k.backward)
+        if b is None:
+            raise ctx.fail(kp, f'no kernel "{k.backward}" in the manifest')
+        if b.name == k.name:
+            raise ctx.fail(kp, "a kernel cannot be its own backward")
+        fc = k.variants[0].convention
+        bc = b.variants[0].convention
+        want_in = len(fc.inputs) + len(fc.results)
+        if len(bc.inputs) != want_in or len(bc.results) != len(fc.inputs) or fc.aliases:
+            raise ctx.fail(kp, f'"{b.name}" must take the forward inputs then one cotangent per '
+                           f"forward output ({want_in} inputs) and return one gradient per "
+                           f"forward input ({len(fc.inputs)} outputs); it takes "
+                           f"{len(bc.inputs)} and returns {len(bc.results)}"
+                           + ("; in-place forwards cannot be differentiated" if fc.aliases else ""))
+
+
+# Small validators --------------------------------------------------------------------
+
+
+def _no_unknown(ctx: _Ctx, d: dict[str, Any], allowed: set[str], kp: str) -> None:
+    for k in d:
+        if k not in allowed:
+            raise ctx.fail(kp, f'unknown key "{k}" (allowed: {", ".join(sorted(allowed))})')
+
+
+def _str(ctx: _Ctx, kp: str, v: Any) -> str:
+    if not isinstance(v, str):
+        raise ctx.fail(kp, f"must be a string, got {_tname(v)}")
+    return v
+
+
+def _archs(ctx: _Ctx, kp: str, v: Any) -> tuple[str, ...]:
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not v:
+        raise ctx.fail(kp, "must be a non-empty array of architectures such as \"sm_90a\"")
+    out = []
+    for i, a in enumerate(v):
+        if not isinstance(a, str) or not ARCH_RE.match(a):
+            raise ctx.fail(f"{kp}[{i}]", f'"{a}" is not a GPU architecture such as "sm_90a"')
+        if a not in out:
+            out.append(a)
+    return tuple(out)
+
+
+def parse_archs(values: tuple[str, ...], where: str = "--arch") -> tuple[str, ...]:
+    """Validate architectures given on the command line (comma-separated allowed)."""
+    flat = [a.strip() for v in values for a in v.split(",") if a.strip()]
+    for a in flat:
+        if not ARCH_RE.match(a):
+            raise CuteccError(f'"{a}" is not a GPU architecture such as "sm_90a"', where=where)
+    return tuple(dict.fromkeys(flat))
+
+
+def _table(ctx: _Ctx, kp: str, v: Any) -> tuple[tuple[str, Any], ...]:
+    if not isinstance(v, dict):
+        raise ctx.fail(kp, f"must be a table, got {_tname(v)}")
+    for k, x in v.items():
+        if not NAME_RE.match(k) or keyword.iskeyword(k):
+            raise ctx.fail(f"{kp}.{k}", "a keyword argument name must be an identifier")
+        if not isinstance(x, (int, float, str, bool)):
+            raise ctx.fail(f"{kp}.{k}", f"must be a number, string or bool, got {_tname(x)}")
+    return tuple(v.items())
+
+
+def _name(ctx: _Ctx, kp: str, a: dict[str, Any]) -> str:
+    if "name" not in a:
+        raise ctx.fail(kp, 'missing "name"')
+    n = a["name"]
+    if not isinstance(n, str) or not NAME_RE.match(n) or keyword.iskeyword(n):
+        raise ctx.fail(f"{kp}.name", f"{n!r} is not a valid identifier")
+    if n.startswith("cutecc_"):
+        raise ctx.fail(f"{kp}.name", 'names starting with "cutecc_" are reserved')
+    return n
+
+
+def _dtype(ctx: _Ctx, kp: str, a: dict[str, Any], env: dict[str, _Value], hw: dict[str, Any]) -> str:
+    if "dtype" not in a:
+        raise ctx.fail(kp.rsplit(".", 1)[0], 'missing "dtype"')
+    raw = _subst(ctx, kp, a["dtype"], env, hw)
+    if not isinstance(raw, str):
+        raise ctx.fail(kp, f"must be a dtype name, got {raw!r}")
+    dt = dtypes.canonical(raw)
+    if dt is None:
+        raise ctx.fail(kp, f'unknown dtype "{raw}" (known: {", ".join(dtypes.DTYPES)})')
+    return dt
+
+
+def _tname(v: Any) -> str:
+    return {bool: "a bool", int: "an int", float: "a float", str: "a string",
+            list: "an array", dict: "a table"}.get(type(v), type(v).__name__)

@@ -1,0 +1,207 @@
+"""A loaded kernel as a JAX-callable: `kernel(*inputs, **scalars) -> result(s)`.
+
+Each call checks its arrays against the contracts of the variants that were built
+(count, dtype, rank, static extents, shared symbolic extents), picks the match,
+computes output shapes from the contract, and binds the `cutecc_call` primitive.
+Works eagerly and under `jax.jit`; placement follows the seed API `cute_call`: all
+arrays on one device, and with several accelerators only inside `jax.shard_map`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cutecc.contract import Arg, CallingConvention, ScalarArg, args_from_json
+from cutecc.errors import CuteccError
+from cutecc.runtime import library
+from cutecc.runtime.primitive import cutecc_call_p
+
+
+@dataclass(frozen=True)
+class Build:
+    """One usable cache entry of a kernel, as the runtime needs it."""
+
+    key: str
+    variant: str
+    arch: str
+    args: tuple[Arg, ...]
+    conv: CallingConvention
+    library: Path
+    sha256: str
+    size: int
+    symbol: str
+
+    @classmethod
+    def from_meta(cls, key: str, entry_dir: Path, meta: Mapping[str, Any]) -> Build:
+        args = args_from_json(meta["args"])
+        lib = meta["library"]
+        rec = meta["files"][lib]
+        return cls(key, meta["variant"], meta["arch"], args, CallingConvention.of(args),
+                   entry_dir / lib, rec["sha256"], int(rec["size"]), meta["symbol"])
+
+    @property
+    def label(self) -> str:
+        return f"[{self.variant}]@{self.arch} ({self.key[:12]})"
+
+    def signature(self) -> str:
+        ins = ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}" for t in self.conv.inputs)
+        sc = "".join(f", {s.name}: {s.dtype}" for s in self.conv.scalars)
+        return f"({ins}{sc})"
+
+    def register(self, kernel: str) -> str:
+        return library.ensure_registered(
+            self.key, self.library, self.sha256, self.size, self.symbol,
+            tuple(s.name for s in self.conv.scalars), f"kernel \"{kernel}\" {self.label}")
+
+
+def _mismatch(b: Build, arrays: Sequence[Any]) -> tuple[dict[str, int] | None, str]:
+    """(symbol bindings, "") if `arrays` fit `b`'s inputs, else (None, why not)."""
+    ins = b.conv.inputs
+    if len(arrays) != len(ins):
+        return None, f"takes {len(ins)} array(s), got {len(arrays)}"
+    env: dict[str, int] = {}
+    for t, a in zip(ins, arrays):
+        shape = tuple(a.shape)
+        dtype = jnp.dtype(a.dtype).name
+        if dtype != t.dtype:
+            return None, f"{t.name}: dtype {dtype}, expected {t.dtype}"
+        if len(shape) != len(t.shape):
+            return None, f"{t.name}: rank {len(shape)}, expected {len(t.shape)} {list(t.shape)}"
+        for i, (d, n) in enumerate(zip(t.shape, shape)):
+            if n == 0:
+                return None, f"{t.name}: dimension {i} is empty"
+            if isinstance(d, int):
+                if n != d:
+                    return None, f"{t.name}: dimension {i} is {n}, expected {d}"
+            elif env.setdefault(d, n) != n:
+                return None, (f"{t.name}: dimension {i} is {n}, but \"{d}\" is {env[d]} "
+                              "from an earlier argument")
+    return env, ""
+
+
+class KernelFn:
+    """A kernel of the cache, callable from JAX with the canonical convention."""
+
+    def __init__(self, name: str, builds: Sequence[Build], *, backward: str | None = None,
+                 owner: Any = None, unusable: Sequence[str] = (), arch: str = "?") -> None:
+        self.name = name
+        # More static extents first: the most specific variant wins.
+        self.builds = sorted(builds, key=lambda b: -sum(
+            isinstance(d, int) for t in b.conv.inputs for d in t.shape))
+        self.backward = backward
+        self._owner = owner
+        self.unusable = tuple(unusable)
+        self.arch = arch
+
+    def __repr__(self) -> str:
+        return f"<cutecc kernel {self.name}: {len(self.builds)} variant(s) for {self.arch}>"
+
+    @property
+    def variants(self) -> list[str]:
+        return [b.variant for b in self.builds]
+
+    def select(self, *arrays: Any) -> tuple[Build, dict[str, int]]:
+        """The build whose contract the arrays fit, and the symbol bindings."""
+        if not self.builds:
+            why = "; ".join(self.unusable) or "nothing was built for it"
+            raise CuteccError(f"no usable build for arch {self.arch}: {why}. Build it with "
+                              f"`cutecc build --arch {self.arch} --kernel {self.name}`",
+                              where=f'kernel "{self.name}"', exit_code=1)
+        reasons = []
+        for b in self.builds:
+            env, why = _mismatch(b, arrays)
+            if env is not None:
+                return b, env
+            reasons.append(f"  {b.variant}{b.signature()}: {why}")
+        got = ", ".join(f"{jnp.dtype(a.dtype).name}{list(a.shape)}" for a in arrays)
+        raise CuteccError(
+            f"no built variant matches the call ({got}). Built for {self.arch}:\n"
+            + "\n".join(reasons)
+            + f"\nTo add one, extend [kernel.{self.name}] variants in the manifest and run "
+            "`cutecc build`.", where=f'kernel "{self.name}"', exit_code=1)
+
+    def __call__(self, *arrays: Any, **scalars: Any) -> Any:
+        for i, a in enumerate(arrays):
+            if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+                raise CuteccError(f"argument {i} is a {type(a).__name__}, not an array "
+                                  "(runtime scalars are keyword arguments)",
+                                  where=f'kernel "{self.name}"', exit_code=1)
+        back = self._owner.get(self.backward) if self._owner and self.backward else None
+        if back is None:
+            return self._plain(arrays, scalars)
+        return self._with_vjp(back, arrays, scalars)
+
+    def _plain(self, arrays: Sequence[Any], scalars: Mapping[str, Any]) -> Any:
+        build, env = self.select(*arrays)
+        _check_placement(self.name, arrays)
+        attrs = _attrs(self.name, build.conv.scalars, scalars)
+        target = build.register(self.name)
+        results = tuple(
+            (tuple(d if isinstance(d, int) else env[d] for d in t.shape), t.dtype)
+            for t in build.conv.results)
+        out = cutecc_call_p.bind(*arrays, target=target, kernel=self.name, results=results,
+                                 aliases=build.conv.aliases, attrs=attrs)
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def _with_vjp(self, back: KernelFn, arrays: Sequence[Any], scalars: Mapping[str, Any]) -> Any:
+        back_scalars = {s.name for b in back.builds for s in b.conv.scalars}
+        bscalars = {k: v for k, v in scalars.items() if k in back_scalars}
+
+        @jax.custom_vjp
+        def f(*xs: Any) -> Any:
+            return self._plain(xs, scalars)
+
+        def fwd(*xs: Any) -> Any:
+            return self._plain(xs, scalars), xs
+
+        def bwd(xs: Any, cts: Any) -> Any:
+            cts = tuple(cts) if isinstance(cts, (tuple, list)) else (cts,)
+            g = back._plain((*xs, *cts), bscalars)
+            return tuple(g) if isinstance(g, (tuple, list)) else (g,)
+
+        f.defvjp(fwd, bwd)
+        return f(*arrays)
+
+
+def _attrs(kernel: str, declared: Sequence[ScalarArg], given: Mapping[str, Any]) -> tuple:
+    names = {s.name for s in declared}
+    for k in given:
+        if k not in names:
+            raise CuteccError(f"unknown keyword argument {k!r}; runtime scalars: "
+                              f"{', '.join(sorted(names)) or 'none'}",
+                              where=f'kernel "{kernel}"', exit_code=1)
+    out = []
+    for s in declared:
+        v = given.get(s.name, s.default)
+        if v is None:
+            raise CuteccError(f"missing runtime scalar {s.name!r} ({s.dtype})",
+                              where=f'kernel "{kernel}"', exit_code=1)
+        if isinstance(v, jax.core.Tracer) or (isinstance(v, jax.Array) and v.ndim):
+            raise CuteccError(f"runtime scalar {s.name!r} must be a Python or NumPy number "
+                              "known when the call is traced (it travels as an FFI attribute), "
+                              "not a traced or array value", where=f'kernel "{kernel}"',
+                              exit_code=1)
+        out.append((s.name, s.dtype, np.dtype(s.dtype).type(v).item()))
+    return tuple(out)
+
+
+def _check_placement(kernel: str, arrays: Sequence[Any]) -> None:
+    devices = set()
+    for a in arrays:
+        if isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer):
+            devices |= set(a.devices())
+    if len(devices) > 1:
+        raise CuteccError(f"arrays are spread over {len(devices)} devices; a call needs all "
+                          "of them on one device (use jax.shard_map to run per shard)",
+                          where=f'kernel "{kernel}"', exit_code=1)
+    if jax.device_count() > 1 and not jax.sharding.get_abstract_mesh().manual_axes:
+        raise CuteccError(f"{jax.device_count()} accelerators are visible: call cutecc kernels "
+                          "inside jax.shard_map, where each call runs on one device's shard",
+                          where=f'kernel "{kernel}"', exit_code=1)

@@ -1,0 +1,207 @@
+"""`cutecc.load`: find the entries built for this device and expose one callable per kernel.
+
+Loading reads metadata only; no library is opened until a kernel's first call (so a
+cache of a thousand entries costs a thousand small JSON reads, not a thousand dlopens),
+and then only after its SHA-256 matches. Entries that cannot run here (another arch,
+another artifact format, an incompatible tvm-ffi) are set aside with the reason, which
+a call of that kernel reports.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from cutecc.errors import CuteccError
+from cutecc.runtime.dispatch import Build, KernelFn
+from cutecc.store import ARTIFACT_FORMAT, ENTRY_FORMAT, Store
+
+ENV_ARCH = "CUTECC_ARCH"
+_ARCH = re.compile(r"^sm_(\d+)(\d)([af]?)$")
+
+
+def device_arch() -> str | None:
+    """The current GPU's arch (`sm_90` for compute capability 9.0), or None without one."""
+    env = os.environ.get(ENV_ARCH)
+    if env:
+        return env
+    import jax
+
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError:
+        return None
+    cc = str(getattr(gpus[0], "compute_capability", ""))
+    if not re.match(r"^\d+\.\d+$", cc):
+        return None
+    major, minor = cc.split(".")
+    return f"sm_{major}{minor}"
+
+
+def runs_on(built: str, device: str) -> int:
+    """0 if code for `built` cannot run on `device`; higher is a better match.
+
+    `sm_90a`-style arch-specific code runs only on that exact chip; `sm_100f` on its
+    family (same major, minor at least); plain `sm_80` on the same major, minor at least.
+    """
+    b, d = _ARCH.match(built), _ARCH.match(device)
+    if not b or not d:
+        return 0
+    bmaj, bmin, suffix = int(b.group(1)), int(b.group(2)), b.group(3)
+    dmaj, dmin = int(d.group(1)), int(d.group(2))
+    if bmaj != dmaj or bmin > dmin:
+        return 0
+    exact = bmin == dmin
+    if suffix == "a":
+        return 3 if exact else 0
+    return 2 if exact else 1
+
+
+def _tvm_ffi_series() -> str:
+    try:
+        v = importlib.metadata.version("apache-tvm-ffi")
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+    return ".".join(v.split(".")[:2])
+
+
+class KernelSet:
+    """The kernels of a cache usable on one arch; `kernels.NAME(*arrays, **scalars)`."""
+
+    def __init__(self, root: Path, arch: str, kernels: dict[str, KernelFn],
+                 problems: list[str]) -> None:
+        self.root = root
+        self.arch = arch
+        self._kernels = kernels
+        self.problems = problems
+        for k in kernels.values():
+            k._owner = self
+
+    def __getattr__(self, name: str) -> KernelFn:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return self._kernels[name]
+        except KeyError:
+            raise AttributeError(
+                f"no kernel {name!r} in {self.root} (kernels: "
+                f"{', '.join(sorted(self._kernels)) or 'none'})") from None
+
+    def __getitem__(self, name: str) -> KernelFn:
+        return self.__getattr__(name)
+
+    def get(self, name: str) -> KernelFn | None:
+        return self._kernels.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._kernels
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._kernels))
+
+    def __len__(self) -> int:
+        return len(self._kernels)
+
+    def __repr__(self) -> str:
+        return f"<cutecc KernelSet {sorted(self._kernels)} for {self.arch} from {self.root}>"
+
+    def register_all(self) -> list[str]:
+        """Register every usable build (e.g. before deserializing a `jax.export`ed program)."""
+        return [b.register(k.name) for k in self._kernels.values() for b in k.builds]
+
+    def disabled_safety_checks(self) -> list[Any]:
+        """What `jax.export.export(..., disabled_checks=...)` needs for these kernels."""
+        import jax
+
+        from cutecc.runtime.library import target_name
+
+        return [jax.export.DisabledSafetyCheck.custom_call(target_name(b.key))
+                for k in self._kernels.values() for b in k.builds]
+
+
+def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
+         kernels: tuple[str, ...] | list[str] | None = None,
+         manifest: str | Path | None = None, strict: bool = False) -> KernelSet:
+    """Load the kernels of a cache for this device (or for `arch`, e.g. to lower on a CPU).
+
+    `kernels` or a `manifest` restrict which kernels are exposed; `strict` raises if any
+    entry of those kernels cannot be used here instead of setting it aside.
+    """
+    store = Store(cache_dir)
+    if not store.entries_dir.is_dir():
+        raise CuteccError("no kernel cache here; run `cutecc build` first", where=str(store.root),
+                          exit_code=1)
+    target = arch or device_arch()
+    if target is None:
+        raise CuteccError("no GPU is visible to JAX: pass arch= (or set CUTECC_ARCH) to load "
+                          "kernels for lowering without one", where="cutecc.load", exit_code=1)
+    if not _ARCH.match(target):
+        raise CuteccError(f'"{target}" is not a GPU architecture such as "sm_90a"',
+                          where="cutecc.load arch", exit_code=1)
+    wanted: set[str] | None = set(kernels) if kernels else None
+    if manifest is not None:
+        from cutecc.manifest import load_manifest
+
+        names = {k.name for k in load_manifest(manifest).kernels}
+        wanted = names if wanted is None else wanted & names
+    series = _tvm_ffi_series()
+
+    best: dict[tuple[str, str], tuple[int, Build]] = {}
+    backward: dict[str, str | None] = {}
+    unusable: dict[str, list[str]] = {}
+    for e in store.entries():
+        m = e.meta
+        name = m.get("kernel")
+        if not isinstance(name, str) or (wanted is not None and name not in wanted):
+            continue
+        why = _why_unusable(m, target, series)
+        if why:
+            unusable.setdefault(name, []).append(f"{m.get('variant')}@{m.get('arch')}: {why}")
+            continue
+        try:
+            b = Build.from_meta(e.key, e.path, m)
+        except (KeyError, TypeError, ValueError) as err:
+            unusable.setdefault(name, []).append(f"{e.key[:12]}: malformed metadata ({err!r})")
+            continue
+        score = runs_on(b.arch, target)
+        slot = (name, b.variant)
+        if slot not in best or score > best[slot][0]:
+            best[slot] = (score, b)
+        backward[name] = m.get("backward")
+
+    builds: dict[str, list[Build]] = {}
+    for (name, _), (_, b) in sorted(best.items()):
+        builds.setdefault(name, []).append(b)
+    names = set(builds) | set(unusable)
+    fns = {n: KernelFn(n, builds.get(n, []), backward=backward.get(n),
+                       unusable=unusable.get(n, ()), arch=target) for n in names}
+    problems = [f"{n}: {w}" for n in sorted(unusable) for w in unusable[n]]
+    if strict and problems:
+        raise CuteccError("entries unusable here:\n  " + "\n  ".join(problems),
+                          where=str(store.root), exit_code=1)
+    if wanted:
+        missing = sorted(wanted - names)
+        if missing:
+            raise CuteccError(f"no entries for kernel(s) {', '.join(missing)}; run `cutecc build`",
+                              where=str(store.root), exit_code=1)
+    return KernelSet(store.root, target, fns, problems)
+
+
+def _why_unusable(m: dict[str, Any], target: str, series: str) -> str | None:
+    if m.get("format") != ENTRY_FORMAT:
+        return f"entry format {m.get('format')!r}, this cutecc reads {ENTRY_FORMAT}"
+    tc = m.get("toolchain") or {}
+    if tc.get("cutecc_artifact_format") != str(ARTIFACT_FORMAT):
+        return (f"artifact format {tc.get('cutecc_artifact_format')!r}, this cutecc runs "
+                f"{ARTIFACT_FORMAT}; rebuild it")
+    built_tvm = ".".join(str(tc.get("apache-tvm-ffi", "")).split(".")[:2])
+    if built_tvm != series:
+        return f"built against apache-tvm-ffi {built_tvm}, this runtime has {series}"
+    arch = str(m.get("arch"))
+    if not runs_on(arch, target):
+        return f"built for {arch}, cannot run on {target}"
+    return None

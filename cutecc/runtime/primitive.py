@@ -1,0 +1,79 @@
+"""`cutecc_call`: the JAX primitive every cutecc kernel call binds.
+
+It carries the FFI target and the output contract as static parameters, so abstract
+evaluation needs no kernel code, and it lowers to one `stablehlo.custom_call` through
+`jax.ffi.ffi_call`. Differentiation and batching of a bare call raise errors that name
+the kernel and say what to do (pair a backward kernel; add a batch dimension to the
+contract), rather than JAX's generic ones.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.core import ShapedArray
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+cutecc_call_p = Primitive("cutecc_call")
+cutecc_call_p.multiple_results = True
+
+# Params: target (str), kernel (str), results ((shape, dtype name), ...),
+#         aliases ((input index, result index), ...), attrs ((name, dtype name, value), ...)
+
+
+def _abstract_eval(*avals: Any, results: tuple, **_: Any) -> list[ShapedArray]:
+    return [ShapedArray(shape, jnp.dtype(dtype)) for shape, dtype in results]
+
+
+def _ffi(*args: Any, target: str, kernel: str, results: tuple, aliases: tuple,
+         attrs: tuple) -> Any:
+    del kernel
+    call = jax.ffi.ffi_call(
+        target,
+        [jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)) for shape, dtype in results],
+        input_output_aliases=dict(aliases),
+    )
+    return call(*args, **{name: np.dtype(dt).type(v) for name, dt, v in attrs})
+
+
+@functools.lru_cache(maxsize=4096)
+def _eager(params: tuple) -> Any:
+    kw = dict(params)
+    return jax.jit(lambda *a: cutecc_call_p.bind(*a, **kw))
+
+
+def _impl(*args: Any, **params: Any) -> Any:
+    return _eager(tuple(sorted(params.items())))(*args)
+
+
+def _no_lowering(ctx: Any, *args: Any, kernel: str, **_: Any) -> Any:
+    platforms = getattr(ctx.module_context, "platforms", ("this platform",))
+    raise NotImplementedError(
+        f"cutecc kernel '{kernel}' runs on CUDA GPUs only; this computation is being "
+        f"lowered for {', '.join(platforms)}")
+
+
+def _no_jvp(primals: Any, tangents: Any, *, kernel: str, **_: Any) -> Any:
+    raise NotImplementedError(
+        f"cutecc kernel '{kernel}' has no derivative rule. Pair it with a backward kernel "
+        f'in the manifest (grad = {{ backward = "..." }}) to use jax.grad, or wrap the call '
+        "in jax.custom_vjp yourself.")
+
+
+def _no_batch(args: Any, dims: Any, *, kernel: str, **_: Any) -> Any:
+    raise NotImplementedError(
+        f"cutecc kernel '{kernel}' cannot be batched with jax.vmap: its contract has fixed "
+        "ranks. Declare a kernel with a leading batch dimension, or loop with lax.map.")
+
+
+cutecc_call_p.def_abstract_eval(_abstract_eval)
+cutecc_call_p.def_impl(_impl)
+mlir.register_lowering(cutecc_call_p, _no_lowering)
+mlir.register_lowering(cutecc_call_p, mlir.lower_fun(_ffi, multiple_results=True), platform="cuda")
+ad.primitive_jvps[cutecc_call_p] = _no_jvp
+batching.primitive_batchers[cutecc_call_p] = _no_batch

@@ -1,0 +1,244 @@
+"""The on-disk cache: content-addressed entries, shared safely between processes.
+
+Layout (format 1), under `$CUTECC_CACHE_DIR` or the user's cache directory (XDG):
+
+    README               who owns this directory
+    CACHEDIR.TAG         tells backup tools to skip it
+    format               the store's format version
+    entries/ab/<key>/    one published entry: meta.json + the shared library
+    tmp/<key>.<rand>/    an entry being built; published by one rename
+    locks/<key>.lock     held while an entry is built
+
+An entry is visible only once complete: it is built in `tmp/`, every file fsynced,
+then renamed into place. Builders take the key's lock and look again before
+building (another process may have done the work), so nothing is built twice;
+leftovers of killed builds are swept by the next build that can take their lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import filelock
+
+from cutecc.errors import CuteccError
+
+STORE_FORMAT = 1
+ENTRY_FORMAT = 1  # the layout of meta.json
+# Bump when the generated wrapper, the calling convention or the link recipe changes in a
+# way that makes older artifacts unusable; part of every key and checked at load.
+ARTIFACT_FORMAT = 1
+ENV_CACHE_DIR = "CUTECC_CACHE_DIR"
+META = "meta.json"
+
+_README = """\
+This directory is a cache of CuTe DSL kernels built ahead of time by cutecc.
+It is owned by cutecc: entries/ holds one directory per compiled artifact, named by
+the SHA-256 key of everything that decided its bytes. Inspect it with `cutecc list`.
+Deleting the whole directory is safe; the next `cutecc build` rebuilds what it needs.
+"""
+_CACHEDIR_TAG = (
+    "Signature: 8a477f597d28d172789f06886806bc55\n"
+    "# This file marks a cache directory created by cutecc.\n"
+)
+
+
+def default_cache_dir() -> Path:
+    """`$CUTECC_CACHE_DIR`, else the platform's user cache directory (XDG on Linux)."""
+    env = os.environ.get(ENV_CACHE_DIR)
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("cutecc", appauthor=False))
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a fsynced temporary file in the same directory."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A published cache entry: its directory and its parsed metadata."""
+
+    key: str
+    path: Path
+    meta: dict[str, Any]
+
+    @property
+    def size(self) -> int:
+        return sum(int(f["size"]) for f in self.meta.get("files", {}).values())
+
+
+class Store:
+    """A cutecc cache directory."""
+
+    def __init__(self, root: str | Path | None = None) -> None:
+        self.root = Path(root).expanduser() if root else default_cache_dir()
+        self.entries_dir = self.root / "entries"
+        self.tmp_dir = self.root / "tmp"
+        self.locks_dir = self.root / "locks"
+
+    # Creation --------------------------------------------------------------------
+
+    def ensure(self) -> None:
+        """Create the store if needed, and refuse one of another format."""
+        fmt = self.root / "format"
+        if fmt.is_file():
+            self._check_format(fmt)
+            return
+        try:
+            for d in (self.root, self.entries_dir, self.tmp_dir, self.locks_dir):
+                d.mkdir(parents=True, exist_ok=True)
+            with filelock.FileLock(self.locks_dir / "store.lock", timeout=60):
+                if not fmt.is_file():
+                    atomic_write(self.root / "README", _README.encode())
+                    atomic_write(self.root / "CACHEDIR.TAG", _CACHEDIR_TAG.encode())
+                    atomic_write(fmt, f"{STORE_FORMAT}\n".encode())
+        except OSError as e:
+            raise CuteccError(f"cannot create the cache: {e.strerror}", where=str(self.root),
+                              exit_code=1) from None
+        self._check_format(fmt)
+
+    def _check_format(self, fmt: Path) -> None:
+        got = fmt.read_text().strip()
+        if got != str(STORE_FORMAT):
+            raise CuteccError(f"cache format {got!r} is not the format this cutecc uses "
+                              f"({STORE_FORMAT}); point --cache-dir elsewhere or remove it",
+                              where=str(self.root), exit_code=1)
+
+    # Reading ---------------------------------------------------------------------
+
+    def entry_dir(self, key: str) -> Path:
+        return self.entries_dir / key[:2] / key
+
+    def has(self, key: str) -> bool:
+        return (self.entry_dir(key) / META).is_file()
+
+    def get(self, key: str) -> Entry | None:
+        path = self.entry_dir(key)
+        try:
+            meta = json.loads((path / META).read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise CuteccError(f"unreadable metadata: {e}", where=str(path / META), exit_code=1) from None
+        return Entry(key, path, meta)
+
+    def entries(self) -> Iterator[Entry]:
+        """Every published entry, in key order; unreadable ones are skipped."""
+        if not self.entries_dir.is_dir():
+            return
+        for shard in sorted(os.scandir(self.entries_dir), key=lambda e: e.name):
+            if not shard.is_dir():
+                continue
+            for d in sorted(os.scandir(shard.path), key=lambda e: e.name):
+                try:
+                    with open(os.path.join(d.path, META), "rb") as f:
+                        meta = json.loads(f.read())
+                except (OSError, ValueError):
+                    continue
+                yield Entry(d.name, Path(d.path), meta)
+
+    # Writing ---------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def lock(self, key: str, timeout: float = -1) -> Iterator[None]:
+        with filelock.FileLock(self.locks_dir / f"{key}.lock", timeout=timeout):
+            yield
+
+    def publish(self, key: str, build: Callable[[Path], dict[str, Any]]) -> tuple[Entry, bool]:
+        """Return the entry for `key`, building it with `build(staging_dir)` if absent.
+
+        `build` writes its files into the staging directory and returns the metadata;
+        the store adds file hashes, writes meta.json and publishes by rename.
+        Returns (entry, built): built is False when another process had it.
+        """
+        found = self.get(key)
+        if found is not None:
+            return found, False
+        with self.lock(key):
+            found = self.get(key)
+            if found is not None:
+                return found, False
+            self._sweep_key(key)
+            staging = self.tmp_dir / f"{key}.{secrets.token_hex(6)}"
+            staging.mkdir(parents=True)
+            try:
+                meta = build(staging)
+                meta["files"] = {p.name: file_record(p) for p in sorted(staging.iterdir())}
+                meta["format"] = ENTRY_FORMAT
+                meta["key"] = key
+                atomic_write(staging / META, json.dumps(meta, indent=1, sort_keys=True).encode())
+                fsync_dir(staging)
+                final = self.entry_dir(key)
+                final.parent.mkdir(parents=True, exist_ok=True)
+                os.rename(staging, final)
+                fsync_dir(final.parent)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+        return Entry(key, final, meta), True
+
+    def _sweep_key(self, key: str) -> None:
+        """Remove a killed build's leftovers for `key` (we hold its lock)."""
+        if self.tmp_dir.is_dir():
+            for d in self.tmp_dir.glob(f"{key}.*"):
+                shutil.rmtree(d, ignore_errors=True)
+
+    def sweep_tmp(self) -> int:
+        """Remove leftovers of killed builds whose lock nobody holds; returns how many."""
+        n = 0
+        if not self.tmp_dir.is_dir():
+            return 0
+        for d in list(self.tmp_dir.iterdir()):
+            key = d.name.split(".", 1)[0]
+            try:
+                with self.lock(key, timeout=0):
+                    if d.exists():
+                        shutil.rmtree(d, ignore_errors=True)
+                        n += 1
+            except filelock.Timeout:
+                continue
+        return n
+
+
+def file_record(path: Path) -> dict[str, Any]:
+    import hashlib
+
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+            size += len(chunk)
+    return {"sha256": h.hexdigest(), "size": size}
