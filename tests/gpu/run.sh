@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The GPU suite, on any machine with a CUDA GPU:
+#   bash tests/gpu/run.sh [CACHE_DIR] [pytest args...]
+# With no CACHE_DIR it builds kernels.toml first (needs the build extra); on a deploy-like
+# machine without the DSL, build elsewhere and pass the cache directory.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY="${PYTHON:-python3}"
+CACHE="${1:-${CUTECC_TEST_CACHE:-}}"
+shift || true
+if [ -z "$CACHE" ]; then
+  CACHE="$(mktemp -d)"
+  "$PY" -m cutecc.cli build kernels.toml --cache-dir "$CACHE"
+fi
+"$PY" -c 'import jax; print("jax", jax.__version__, jax.devices())'
+CUTECC_TEST_CACHE="$CACHE" exec "$PY" -m pytest -m gpu tests/gpu -v -rs -p no:cacheprovider "$@"

@@ -1,0 +1,140 @@
+"""`cutecc build` end to end on a small real kernel: hits, rebuilds, failures, races, kills."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import PY, TOY_KERNEL, run_cli, toy_manifest
+
+from cutecc.build import build
+from cutecc.store import Store
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("cutlass", reason="compiling needs the build extra")
+
+
+def _entries_verified(cache: Path) -> list[str]:
+    """Keys of published entries; asserts each is complete and matches its hashes."""
+    keys = []
+    for e in Store(cache).entries():
+        for name, rec in e.meta["files"].items():
+            data = (e.path / name).read_bytes()
+            assert hashlib.sha256(data).hexdigest() == rec["sha256"], e.key
+        keys.append(e.key)
+    return keys
+
+
+def test_build_then_rebuild_is_all_cached_and_imports_no_dsl(toy_project: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first = build(toy_project, cache_dir=cache, jobs=2)
+    assert (first.count("built"), first.count("cached"), first.count("failed")) == (2, 0, 0)
+    assert len(_entries_verified(cache)) == 2
+    code = ("import sys, json; from cutecc.build import build; "
+            f"r = build({str(toy_project)!r}, cache_dir={str(cache)!r}); "
+            "print(json.dumps([r.count('built'), r.count('cached'), 'cutlass' in sys.modules, r.seconds]))")
+    out = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=True)
+    built, cached, dsl_imported, seconds = json.loads(out.stdout)
+    assert (built, cached, dsl_imported) == (0, 2, False)
+    assert seconds < first.seconds / 5
+
+
+def test_editing_one_kernel_rebuilds_only_it(tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    (proj / "toy").mkdir(parents=True)
+    (proj / "toy" / "__init__.py").write_text("")
+    (proj / "toy" / "ops.py").write_text(TOY_KERNEL)
+    (proj / "toy" / "ops2.py").write_text(TOY_KERNEL)
+    text = toy_manifest(threads=(128,), kernels=("a", "b"))
+    text = text.replace('[kernel.b]\nentry = "toy.ops:scale"', '[kernel.b]\nentry = "toy.ops2:scale"')
+    assert "toy.ops2:scale" in text
+    (proj / "kernels.toml").write_text(text)
+    cache = tmp_path / "cache"
+    assert build(proj / "kernels.toml", cache_dir=cache).count("built") == 2
+    (proj / "toy" / "ops2.py").write_text(TOY_KERNEL.replace("x[i] * scale", "scale * x[i]"))
+    again = build(proj / "kernels.toml", cache_dir=cache)
+    status = {o.planned.kernel.name: o.status for o in again.outcomes}
+    assert status == {"a": "cached", "b": "built"}
+
+
+def test_a_failing_kernel_keeps_the_others_and_exits_nonzero(toy_project: Path, tmp_path: Path) -> None:
+    text = toy_project.read_text() + toy_manifest(threads=(32,), kernels=("broken",)).split("\n", 1)[1]
+    text = text.replace('[kernel.broken]\nentry = "toy.ops:scale"',
+                        '[kernel.broken]\nentry = "toy.ops:no_such_launcher"')
+    toy_project.write_text(text)
+    cache = tmp_path / "cache"
+    r = run_cli("build", str(toy_project), "--cache-dir", str(cache), "--json")
+    assert r.returncode == 1
+    report = json.loads(r.stdout)
+    assert (report["built"], report["failed"]) == (2, 1)
+    failed = [e for e in report["entries"] if e["status"] == "failed"]
+    assert failed[0]["kernel"] == "broken" and "no_such_launcher" in failed[0]["error"]
+    assert len(_entries_verified(cache)) == 2
+
+
+def test_two_processes_building_one_manifest_build_each_entry_once(tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    (proj / "toy").mkdir(parents=True)
+    (proj / "toy" / "__init__.py").write_text("")
+    (proj / "toy" / "ops.py").write_text(TOY_KERNEL)
+    (proj / "kernels.toml").write_text(toy_manifest(threads=(32, 64, 128, 256)))
+    cache = tmp_path / "cache"
+    cmd = [PY, "-m", "cutecc.cli", "build", str(proj / "kernels.toml"), "--cache-dir", str(cache),
+           "--json", "-j", "2"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    reports = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err
+        reports.append(json.loads(out))
+    assert sum(r["built"] for r in reports) == 4
+    assert sum(r["cached"] for r in reports) == 4
+    assert len(_entries_verified(cache)) == 4
+
+
+def test_a_build_killed_midway_loses_nothing_and_the_next_completes(tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    (proj / "toy").mkdir(parents=True)
+    (proj / "toy" / "__init__.py").write_text("")
+    (proj / "toy" / "ops.py").write_text(TOY_KERNEL)
+    (proj / "kernels.toml").write_text(toy_manifest(threads=(32, 64, 96, 128, 160, 192)))
+    cache = tmp_path / "cache"
+    cmd = [PY, "-m", "cutecc.cli", "build", str(proj / "kernels.toml"), "--cache-dir", str(cache), "-j", "2"]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 120
+    tmp = cache / "tmp"
+    while time.time() < deadline:  # wait until a compile is under way
+        if tmp.is_dir() and any(tmp.iterdir()):
+            break
+        time.sleep(0.02)
+    else:
+        pytest.fail("the build never started staging an entry")
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait(30)
+    before = _entries_verified(cache)  # whatever was published is whole
+    assert len(before) < 6
+    report = build(proj / "kernels.toml", cache_dir=cache, jobs=2)
+    assert report.ok and report.count("built") == 6 - len(before)
+    assert len(_entries_verified(cache)) == 6
+    assert list(tmp.iterdir()) == []
+
+
+def test_root_manifest_builds(example_cache: Path) -> None:
+    """The repository's own kernels.toml builds for sm_90a (the README's main job)."""
+    entries = list(Store(example_cache).entries())
+    kernels = {e.meta["kernel"] for e in entries}
+    assert {"mul", "mul_bwd", "rmsnorm", "axpy"} <= kernels
+    assert all(e.meta["arch"] == "sm_90a" for e in entries)
+    _entries_verified(example_cache)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__]))

@@ -1,0 +1,137 @@
+"""The cache store: atomic publish, one build per key across processes, crash leftovers."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from cutecc.errors import CuteccError
+from cutecc.store import META, Store, atomic_write, default_cache_dir
+
+KEY = "ab" * 32
+
+
+def _write_lib(staging: Path, payload: bytes = b"library bytes") -> dict:
+    (staging / "kernel.so").write_bytes(payload)
+    return {"kernel": "k", "variant": "default", "arch": "sm_90a"}
+
+
+def test_publish_writes_complete_entry_with_hashes(tmp_path: Path) -> None:
+    store = Store(tmp_path / "c")
+    store.ensure()
+    entry, built = store.publish(KEY, _write_lib)
+    assert built
+    assert entry.path == tmp_path / "c" / "entries" / "ab" / KEY
+    meta = json.loads((entry.path / META).read_text())
+    assert meta["key"] == KEY and meta["format"] == 1
+    rec = meta["files"]["kernel.so"]
+    import hashlib
+    assert rec == {"sha256": hashlib.sha256(b"library bytes").hexdigest(), "size": 13}
+    assert list((tmp_path / "c" / "tmp").iterdir()) == []
+    # The store explains itself.
+    assert "cutecc" in (tmp_path / "c" / "README").read_text()
+    assert (tmp_path / "c" / "CACHEDIR.TAG").read_text().startswith("Signature: 8a477f597d28d172")
+
+
+def test_publish_second_time_is_a_hit_and_builds_nothing(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.ensure()
+    store.publish(KEY, _write_lib)
+    calls = []
+    entry, built = store.publish(KEY, lambda s: calls.append(s) or {})
+    assert not built and calls == [] and entry.meta["kernel"] == "k"
+
+
+def test_failed_build_leaves_nothing(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.ensure()
+
+    def boom(staging: Path) -> dict:
+        (staging / "kernel.so").write_bytes(b"half")
+        raise RuntimeError("compile failed")
+
+    with pytest.raises(RuntimeError, match="compile failed"):
+        store.publish(KEY, boom)
+    assert not store.has(KEY)
+    assert not store.entry_dir(KEY).exists()
+    assert list(store.tmp_dir.iterdir()) == []
+
+
+def _racer(root: str, key: str, counter: str) -> None:
+    store = Store(root)
+    store.ensure()
+
+    def slow(staging: Path) -> dict:
+        with open(counter, "a") as f:
+            f.write("x")
+        time.sleep(0.3)
+        return _write_lib(staging)
+
+    store.publish(key, slow)
+
+
+def test_concurrent_publish_builds_each_key_once(tmp_path: Path) -> None:
+    counter = tmp_path / "count"
+    counter.write_text("")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_racer, args=(str(tmp_path / "c"), KEY, str(counter)))
+             for _ in range(6)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert counter.read_text() == "x"
+    assert Store(tmp_path / "c").has(KEY)
+
+
+def test_sweep_removes_only_unlocked_leftovers(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.ensure()
+    stale = store.tmp_dir / f"{KEY}.dead01"
+    stale.mkdir()
+    (stale / "kernel.so").write_bytes(b"partial")
+    live_key = "cd" * 32
+    live = store.tmp_dir / f"{live_key}.live01"
+    live.mkdir()
+    with store.lock(live_key):
+        assert store.sweep_tmp() == 1
+    assert not stale.exists() and live.exists()
+
+
+def test_store_of_another_format_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "format").write_text("99\n")
+    with pytest.raises(CuteccError, match="cache format '99'"):
+        Store(tmp_path).ensure()
+
+
+def test_default_dir_env_then_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("CUTECC_CACHE_DIR", str(tmp_path / "env"))
+    assert default_cache_dir() == tmp_path / "env"
+    monkeypatch.delenv("CUTECC_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "cutecc"
+
+
+def test_atomic_write_replaces_whole_file(tmp_path: Path) -> None:
+    p = tmp_path / "f"
+    atomic_write(p, b"one")
+    atomic_write(p, b"two")
+    assert p.read_bytes() == b"two"
+    assert [x.name for x in tmp_path.iterdir()] == ["f"]
+
+
+def test_entries_skip_unreadable_metadata(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.ensure()
+    store.publish(KEY, _write_lib)
+    bad = store.entry_dir("ef" * 32)
+    bad.mkdir(parents=True)
+    (bad / META).write_text("{not json")
+    assert [e.key for e in store.entries()] == [KEY]
+    os.chmod(tmp_path, 0o755)
