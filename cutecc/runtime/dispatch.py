@@ -37,6 +37,7 @@ class Build:
     sha256: str
     size: int
     symbol: str
+    record_use: bool = True  # touch the entry's `used` file at registration (not in a pack)
 
     @classmethod
     def from_meta(cls, key: str, entry_dir: Path, meta: Mapping[str, Any]) -> Build:
@@ -58,7 +59,8 @@ class Build:
     def register(self, kernel: str) -> str:
         return library.ensure_registered(
             self.key, self.library, self.sha256, self.size, self.symbol,
-            tuple(s.name for s in self.conv.scalars), f"kernel \"{kernel}\" {self.label}")
+            tuple(s.name for s in self.conv.scalars), f"kernel \"{kernel}\" {self.label}",
+            record_use=self.record_use)
 
 
 def _mismatch(b: Build, arrays: Sequence[Any]) -> tuple[dict[str, int] | None, str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cutecc.errors import CuteccError
+from cutecc.store import read_only_from_env, touch_used
 
 _lock = threading.Lock()
 _registered: dict[str, Any] = {}  # target name -> tvm_ffi.Module (kept alive)
@@ -60,8 +61,11 @@ def _load_bytes(data: bytes, name: str) -> Any:
 
 
 def ensure_registered(key: str, path: Path, sha256: str, size: int, symbol: str,
-                      scalar_names: tuple[str, ...], label: str) -> str:
-    """Verify, load and register the entry's kernel once; returns its target name."""
+                      scalar_names: tuple[str, ...], label: str, *, record_use: bool = True) -> str:
+    """Verify, load and register the entry's kernel once; returns its target name.
+
+    `record_use`: touch the entry's `used` file (for `cutecc gc`); off for installed packs.
+    """
     name = target_name(key)
     if name in _registered:
         return name
@@ -81,4 +85,6 @@ def ensure_registered(key: str, path: Path, sha256: str, size: int, symbol: str,
         jax_tvm_ffi.register_ffi_target(name, fn, arg_spec, platform="gpu",
                                         allow_cuda_graph=True)
         _registered[name] = module
+        if record_use and not read_only_from_env():
+            touch_used(path.parent)  # once per process per entry, for `cutecc gc`
     return name

@@ -9,6 +9,7 @@ a call of that kernel reports.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import os
 import re
@@ -125,12 +126,27 @@ class KernelSet:
 
 def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
          kernels: tuple[str, ...] | list[str] | None = None,
-         manifest: str | Path | None = None, strict: bool = False) -> KernelSet:
+         manifest: str | Path | None = None, strict: bool = False,
+         lock: str | Path | None = None, package: str | None = None) -> KernelSet:
     """Load the kernels of a cache for this device (or for `arch`, e.g. to lower on a CPU).
 
     `kernels` or a `manifest` restrict which kernels are exposed; `strict` raises if any
     entry of those kernels cannot be used here instead of setting it aside.
+    `lock` (a `kernels.lock`): use exactly the entries it names (any the cache lacks is an
+    error) and refuse a kernel whose library's recorded SHA-256 differs from the lock's.
+    `package`: an installed `cutecc pack` wheel, found without importing it; its `_cutecc/`
+    tree and lock are used, and nothing is written into it.
     """
+    record_use = True
+    if package is not None:
+        if cache_dir is not None or lock is not None:
+            raise CuteccError("package= excludes cache_dir and lock (a pack has its own)",
+                              where="cutecc.load")
+        from cutecc.lockfile import LOCK_NAME
+        from cutecc.pack import package_root
+
+        cache_dir = package_root(package)
+        lock, record_use = cache_dir / LOCK_NAME, False
     store = Store(cache_dir)
     if not store.entries_dir.is_dir():
         raise CuteccError("no kernel cache here; run `cutecc build` first", where=str(store.root),
@@ -149,16 +165,27 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
         names = {k.name for k in load_manifest(manifest).kernels}
         wanted = names if wanted is None else wanted & names
     series = _tvm_ffi_series()
+    locked = None
+    if lock is not None:
+        from cutecc.lockfile import read_lock
+
+        locked = read_lock(lock)
+    pinned = locked.by_key() if locked is not None else {}
+    refused: set[str] = set()  # kernels with an entry that differs from the lock
 
     best: dict[tuple[str, str], tuple[int, Build]] = {}
     backward: dict[str, str | None] = {}
     unusable: dict[str, list[str]] = {}
-    for e in store.entries():
+    for e in store.entries() if locked is None else [e for e, _ in locked.resolve(store)]:
         m = e.meta
         name = m.get("kernel")
         if not isinstance(name, str) or (wanted is not None and name not in wanted):
             continue
-        why = _why_unusable(m, target, series)
+        why = pinned[e.key].mismatch(e) if e.key in pinned else None
+        if why:
+            refused.add(name)
+        else:
+            why = _why_unusable(m, target, series)
         if why:
             unusable.setdefault(name, []).append(f"{m.get('variant')}@{m.get('arch')}: {why}")
             continue
@@ -167,6 +194,8 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
         except (KeyError, TypeError, ValueError) as err:
             unusable.setdefault(name, []).append(f"{e.key[:12]}: malformed metadata ({err!r})")
             continue
+        if not record_use:
+            b = dataclasses.replace(b, record_use=False)
         score = runs_on(b.arch, target)
         slot = (name, b.variant)
         if slot not in best or score > best[slot][0]:
@@ -175,7 +204,8 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
 
     builds: dict[str, list[Build]] = {}
     for (name, _), (_, b) in sorted(best.items()):
-        builds.setdefault(name, []).append(b)
+        if name not in refused:  # a kernel with a tampered entry is refused whole
+            builds.setdefault(name, []).append(b)
     names = set(builds) | set(unusable)
     fns = {n: KernelFn(n, builds.get(n, []), backward=backward.get(n),
                        unusable=unusable.get(n, ()), arch=target) for n in names}

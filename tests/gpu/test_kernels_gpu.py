@@ -89,8 +89,10 @@ def rmsnorm_ref(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
 def test_rmsnorm(ks, rng, dtype: str, d: int, m: int, mode: str) -> None:
     x, w = rand(rng, (m, d), dtype), rand(rng, (d,), dtype)
     eps = float(rng.uniform(1e-6, 1e-2))
-    f = (lambda x, w: ks.rmsnorm(x, w, eps=eps))
-    f = f if mode == "eager" else jax.jit(f)
+    def norm(x: jax.Array, w: jax.Array) -> jax.Array:
+        return ks.rmsnorm(x, w, eps=eps)
+
+    f = norm if mode == "eager" else jax.jit(norm)
     poison(m * d * 4)
     close(f(x, w), rmsnorm_ref(x, w, eps), dtype)
 

@@ -31,7 +31,8 @@ for name in ks:
     for b in ks[name].builds:
         specs = [jax.ShapeDtypeStruct(tuple(d if isinstance(d, int) else 8 for d in t.shape),
                                       jnp.dtype(t.dtype)) for t in b.conv.inputs]
-        text = jax.jit(lambda *a, f=ks[name]: f(*a)).trace(*specs).lower(lowering_platforms=("cuda",)).as_text()
+        traced = jax.jit(lambda *a, f=ks[name]: f(*a)).trace(*specs)
+        text = traced.lower(lowering_platforms=("cuda",)).as_text()
         assert "custom_call @cutecc_" in text
         n += 1
 print("LOWERED", n, [m for m in sys.modules if m.startswith(("cutlass", "cuda."))])

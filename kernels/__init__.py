@@ -1,0 +1,1 @@
+"""Example CuTe DSL kernels (sm_90a)."""
