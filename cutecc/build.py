@@ -9,6 +9,7 @@ entry atomically under the key's lock, so concurrent builds never build twice.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import datetime as dt
 import multiprocessing
 import os
@@ -22,8 +23,9 @@ from typing import Any
 from cutecc.contract import args_to_json
 from cutecc.errors import CuteccError
 from cutecc.key import SourceIndex, compute_key, key_inputs, toolchain
+from cutecc.lockfile import LOCK_NAME, record_build
 from cutecc.manifest import Kernel, Manifest, Variant, load_manifest, parse_archs
-from cutecc.store import Store
+from cutecc.store import Store, read_only_from_env, touch_used
 
 LIBRARY = "kernel.so"
 
@@ -57,6 +59,8 @@ class BuildReport:
     outcomes: list[Outcome] = field(default_factory=list)
     seconds: float = 0.0
     cache_dir: Path | None = None
+    lock_file: Path | None = None  # the lock this build wrote or confirmed (None: not written)
+    lock_changed: bool = False
 
     def count(self, status: str) -> int:
         return sum(o.status == status for o in self.outcomes)
@@ -71,6 +75,8 @@ class BuildReport:
             "seconds": round(self.seconds, 3),
             "built": self.count("built"), "cached": self.count("cached"),
             "failed": self.count("failed"), "planned": self.count("planned"),
+            "lock_file": str(self.lock_file) if self.lock_file else None,
+            "lock_changed": self.lock_changed,
             "entries": [
                 {"kernel": o.planned.kernel.name, "variant": o.planned.variant.id,
                  "arch": o.planned.arch, "key": o.planned.key, "status": o.status,
@@ -85,7 +91,13 @@ def plan(manifest: Manifest, archs: tuple[str, ...] = ()) -> list[Planned]:
     index = SourceIndex(manifest.python_path)
     out = []
     for k in manifest.kernels:
-        digest, sources = index.digest(k.module)
+        try:
+            digest, sources = index.digest(k.module)
+        except CuteccError as e:
+            if e.where:  # already names the file at fault (a syntax error in a dependency)
+                raise
+            raise CuteccError(e.message, where=str(manifest.path),
+                              key_path=f'kernel "{k.name}", entry') from None
         for v in k.variants:
             for arch in archs or k.archs:
                 inputs = key_inputs(k, v, arch, digest)
@@ -102,9 +114,19 @@ def build(
     kernels: tuple[str, ...] = (),
     dry_run: bool = False,
     on_done: Callable[[Outcome], None] | None = None,
+    read_only: bool = False,
+    lock: bool = True,
+    lock_file: str | Path | None = None,
 ) -> BuildReport:
-    """Build a manifest into a cache; see the module docstring."""
+    """Build a manifest into a cache; see the module docstring.
+
+    `read_only` (or `$CUTECC_READ_ONLY`): write nothing to the cache and make any miss
+    an error (exit 1) instead of a compile, e.g. for a deploy that must only read.
+    `lock`: after a fully successful build (not a dry run), write `kernels.lock` beside
+    the manifest (or `lock_file`) if its content changed; see `cutecc.lockfile`.
+    """
     t0 = time.perf_counter()
+    read_only = read_only or read_only_from_env()
     archs = parse_archs(archs) if archs else ()
     manifest = load_manifest(manifest_path, kernels=kernels)
     store = Store(cache_dir)
@@ -118,14 +140,55 @@ def build(
             report.outcomes.append(Outcome(p, "planned"))
         else:
             misses.append(p)
+    if read_only and (misses or report.count("planned")):
+        missing = misses or [o.planned for o in report.outcomes if o.status == "planned"]
+        raise CuteccError(f"read-only mode: {len(missing)} entr{'y' if len(missing) == 1 else 'ies'} "
+                          "not in the cache: " + ", ".join(f"{p.label} {p.key[:12]}" for p in missing),
+                          where=str(store.root), exit_code=1)
     if misses:
         store.ensure()
         store.sweep_tmp()
         _compile_all(misses, manifest, store, jobs or os.cpu_count() or 1, report, on_done)
     order = {p.key + p.label: i for i, p in enumerate(planned)}
     report.outcomes.sort(key=lambda o: order[o.planned.key + o.planned.label])
+    if not dry_run and not read_only:
+        _record_use(store, report)
+    if lock and not dry_run and report.ok:
+        _write_lock(Path(lock_file or Path(manifest_path).parent / LOCK_NAME), manifest_path,
+                    planned, store, report, partial=bool(kernels or archs))
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _write_lock(path: Path, manifest_path: str | Path, planned: list[Planned], store: Store,
+                report: BuildReport, *, partial: bool) -> None:
+    """Record the build in its lock file (a --kernel/--arch build updates only its part)."""
+    defined = {k.name for k in load_manifest(manifest_path).kernels} if partial else set()
+    report.lock_changed = record_build(
+        path, [(p.kernel.name, p.variant.id, p.arch, p.key) for p in planned], store,
+        partial=partial, covered={(p.kernel.name, p.arch) for p in planned}, defined=defined)
+    report.lock_file = path
+
+
+def _record_use(store: Store, report: BuildReport) -> None:
+    """Mark each hit used (for `cutecc gc`) and add this build's counts to stats.json.
+
+    Best-effort: a cache on a read-only mount still serves its hits.
+    """
+    if not store.locks_dir.is_dir():
+        return
+    saved = 0.0
+    for o in report.outcomes:
+        if o.status == "cached":
+            touch_used(store.entry_dir(o.planned.key))
+            try:
+                entry = store.get(o.planned.key)
+                saved += float(entry.meta.get("build_seconds", 0)) if entry else 0.0
+            except (CuteccError, TypeError, ValueError):
+                pass
+    with contextlib.suppress(OSError):  # filelock.Timeout is an OSError too
+        store.add_stats(hits=report.count("cached"), misses=report.count("built"),
+                        failures=report.count("failed"), seconds_saved=saved)
 
 
 def _compile_all(misses: list[Planned], manifest: Manifest, store: Store, jobs: int,

@@ -6,8 +6,11 @@ Layout (format 1), under `$CUTECC_CACHE_DIR` or the user's cache directory (XDG)
     CACHEDIR.TAG         tells backup tools to skip it
     format               the store's format version
     entries/ab/<key>/    one published entry: meta.json + the shared library
-    tmp/<key>.<rand>/    an entry being built; published by one rename
-    locks/<key>.lock     held while an entry is built
+                         (+ `used`, an empty file whose mtime records the last use)
+    tmp/<key>.<rand>/    an entry being built (or removed); published by one rename
+    locks/<key>.lock     held while an entry is built, removed or quarantined
+    quarantine/<key>.<time>/  entries `cutecc verify --fix` set aside (with why.json)
+    stats.json           hit/miss counters of builds (locks/stats.lock guards it)
 
 An entry is visible only once complete: it is built in `tmp/`, every file fsynced,
 then renamed into place. Builders take the key's lock and look again before
@@ -18,6 +21,7 @@ leftovers of killed builds are swept by the next build that can take their lock.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import os
 import secrets
@@ -37,7 +41,13 @@ ENTRY_FORMAT = 1  # the layout of meta.json
 # way that makes older artifacts unusable; part of every key and checked at load.
 ARTIFACT_FORMAT = 1
 ENV_CACHE_DIR = "CUTECC_CACHE_DIR"
+ENV_READ_ONLY = "CUTECC_READ_ONLY"
 META = "meta.json"
+USED = "used"  # empty; its mtime is the entry's last use (not an artifact, not hashed)
+STATS = "stats.json"
+STATS_FORMAT = 1
+QUARANTINE_FORMAT = 1  # the layout of why.json in a quarantined entry
+_COUNTERS = ("hits", "misses", "failures", "seconds_saved")
 
 _README = """\
 This directory is a cache of CuTe DSL kernels built ahead of time by cutecc.
@@ -59,6 +69,27 @@ def default_cache_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("cutecc", appauthor=False))
+
+
+def read_only_from_env() -> bool:
+    """True when `$CUTECC_READ_ONLY` is set to anything but "", 0, false, no or off."""
+    return os.environ.get(ENV_READ_ONLY, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def touch_used(entry_dir: Path) -> None:
+    """Record a use of the entry by setting its `used` file's mtime to now.
+
+    Best-effort (a read-only cache or a concurrently removed entry is fine): errors are
+    ignored. It never changes the entry's hashed files, so it is safe beside readers.
+    """
+    used = entry_dir / USED
+    try:
+        os.utime(used)
+    except FileNotFoundError:
+        with contextlib.suppress(OSError):
+            os.close(os.open(used, os.O_WRONLY | os.O_CREAT, 0o644))
+    except OSError:
+        pass
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -98,6 +129,27 @@ class Entry:
     def size(self) -> int:
         return sum(int(f["size"]) for f in self.meta.get("files", {}).values())
 
+    def disk_bytes(self) -> int:
+        """Bytes of every file in the entry's directory (what removing it frees)."""
+        total = 0
+        with contextlib.suppress(OSError):
+            for f in os.scandir(self.path):
+                with contextlib.suppress(OSError):
+                    total += f.stat(follow_symlinks=False).st_size
+        return total
+
+    def last_used(self) -> float:
+        """Epoch seconds of the last use: the later of the `used` mtime and `built_at`."""
+        times = []
+        with contextlib.suppress(OSError):
+            times.append(os.stat(self.path / USED).st_mtime)
+        try:
+            times.append(dt.datetime.fromisoformat(str(self.meta.get("built_at"))).timestamp())
+        except ValueError:
+            with contextlib.suppress(OSError):
+                times.append(os.stat(self.path / META).st_mtime)
+        return max(times, default=0.0)
+
 
 class Store:
     """A cutecc cache directory."""
@@ -107,6 +159,7 @@ class Store:
         self.entries_dir = self.root / "entries"
         self.tmp_dir = self.root / "tmp"
         self.locks_dir = self.root / "locks"
+        self.quarantine_dir = self.root / "quarantine"
 
     # Creation --------------------------------------------------------------------
 
@@ -169,7 +222,127 @@ class Store:
                     continue
                 yield Entry(d.name, Path(d.path), meta)
 
+    def require(self) -> Store:
+        """This store if it exists and is of this format, else a CuteccError (exit 1).
+
+        For commands that inspect or prune a cache: a mistyped --cache-dir is an error,
+        not an empty cache.
+        """
+        fmt = self.root / "format"
+        if not fmt.is_file():
+            raise CuteccError("no cutecc cache here; run `cutecc build` first", where=str(self.root),
+                              exit_code=1)
+        self._check_format(fmt)
+        return self
+
+    def match(self, prefix: str) -> list[str]:
+        """Keys of the entries (directories with a meta.json) that start with `prefix`."""
+        prefix = prefix.lower()
+        if not self.entries_dir.is_dir():
+            return []
+        shards = ([self.entries_dir / prefix[:2]] if len(prefix) >= 2
+                  else [Path(d.path) for d in os.scandir(self.entries_dir) if d.name.startswith(prefix)])
+        out = []
+        for shard in shards:
+            with contextlib.suppress(OSError):
+                out += [d.name for d in os.scandir(shard)
+                        if d.name.startswith(prefix) and os.path.isfile(os.path.join(d.path, META))]
+        return sorted(out)
+
+    def read_stats(self) -> dict[str, Any]:
+        """The counters builds record (zeros when absent, unreadable or of another format)."""
+        out: dict[str, Any] = dict.fromkeys(_COUNTERS, 0)
+        try:
+            doc = json.loads((self.root / STATS).read_bytes())
+        except (OSError, ValueError):
+            return out
+        if isinstance(doc, dict) and doc.get("format") == STATS_FORMAT:
+            out.update({k: doc[k] for k in _COUNTERS if isinstance(doc.get(k), (int, float))})
+            out.update({k: doc[k] for k in ("since", "updated_at") if isinstance(doc.get(k), str)})
+        return out
+
     # Writing ---------------------------------------------------------------------
+
+    def add_stats(self, **delta: float) -> None:
+        """Add to the build counters in stats.json, under locks/stats.lock, atomically.
+
+        A stats.json of another format is left alone (a newer cutecc owns it).
+        """
+        path = self.root / STATS
+        with filelock.FileLock(self.locks_dir / "stats.lock", timeout=10):
+            try:
+                old = json.loads(path.read_bytes())
+            except (OSError, ValueError):
+                old = None  # absent or unreadable: start over
+            if isinstance(old, dict) and isinstance(old.get("format"), int) \
+                    and old["format"] != STATS_FORMAT:
+                return
+            cur = self.read_stats()
+            now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+            doc = {"format": STATS_FORMAT, "since": cur.get("since", now), "updated_at": now}
+            for k in _COUNTERS:
+                doc[k] = cur[k] + delta.get(k, 0)
+            doc["seconds_saved"] = round(doc["seconds_saved"], 3)
+            atomic_write(path, json.dumps(doc, indent=1, sort_keys=True).encode())
+
+    def remove(self, key: str, *, timeout: float = 0) -> bool:
+        """Delete the entry for `key`; False if there is none. Raises Busy.
+
+        Under the key's lock (so it cannot interleave with a build of that key), the
+        entry directory is first renamed out of entries/ into tmp/, so a reader sees it
+        whole or not at all, and only then deleted. A process that already loaded its
+        library keeps running it (the runtime loads from a memfd copy).
+        """
+        with self._locked(key, timeout):
+            moved = self._move_out(key, self.tmp_dir / f"{key}.rm-{secrets.token_hex(6)}")
+            if moved is None:
+                return False
+            # Still under the lock, so nobody mistakes it for a killed build's leftovers;
+            # whatever survives (a failing disk) is swept like those.
+            shutil.rmtree(moved, ignore_errors=True)
+        return True
+
+    def quarantine(self, key: str, reason: str, *, timeout: float = 0,
+                   still_bad: Callable[[Path], bool] | None = None) -> Path | None:
+        """Move the entry for `key` to quarantine/<key>.<time>/ so the next build rebuilds it.
+
+        By rename under the key's lock; `still_bad(entry_dir)` is asked again under the
+        lock, so an entry rebuilt meanwhile is left alone. Writes why.json beside the
+        files. Returns the new place, or None if absent or no longer bad. Raises Busy.
+        """
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+        dest = self.quarantine_dir / f"{key}.{stamp}"
+        with self._locked(key, timeout):
+            if still_bad is not None and self.entry_dir(key).is_dir() and not still_bad(
+                    self.entry_dir(key)):
+                return None
+            moved = self._move_out(key, dest)
+        if moved is not None:
+            with contextlib.suppress(OSError):
+                why = {"format": QUARANTINE_FORMAT, "key": key, "reason": reason,
+                       "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+                atomic_write(moved / "why.json", json.dumps(why, indent=1).encode())
+        return moved
+
+    @contextlib.contextmanager
+    def _locked(self, key: str, timeout: float) -> Iterator[None]:
+        try:
+            with self.lock(key, timeout=timeout):
+                yield
+        except filelock.Timeout:
+            raise Busy(key) from None
+
+    def _move_out(self, key: str, dest: Path) -> Path | None:
+        """Rename the entry directory to `dest` (caller holds the key's lock)."""
+        src = self.entry_dir(key)
+        if not src.is_dir():
+            return None
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(src, dest)
+        fsync_dir(src.parent)
+        fsync_dir(dest.parent)
+        return dest
+
 
     @contextlib.contextmanager
     def lock(self, key: str, timeout: float = -1) -> Iterator[None]:
@@ -230,6 +403,14 @@ class Store:
             except filelock.Timeout:
                 continue
         return n
+
+
+class Busy(Exception):
+    """Another process holds the key's lock (e.g. builds it) beyond the timeout."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"{key}: locked by another process")
+        self.key = key
 
 
 def file_record(path: Path) -> dict[str, Any]:

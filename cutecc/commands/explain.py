@@ -1,0 +1,93 @@
+"""`cutecc explain`: why a kernel's artifacts are (not) cached, like ccache's debug mode.
+
+For each planned (variant, arch) of the kernel: cached, or a miss together with the key
+inputs (`entry`, `source`, `factory_args`, `args`, `constants`, `arch`,
+`compile_options`, `toolchain.<package>`) in which it differs from the closest cached
+entry of the same kernel (fewest differing inputs, read from its stored `key_inputs`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from cutecc.build import plan
+from cutecc.commands.show import label
+from cutecc.errors import CuteccError
+from cutecc.manifest import find_manifest, load_manifest, parse_archs
+from cutecc.store import Entry, Store
+
+
+@dataclass(frozen=True)
+class Difference:
+    input: str  # e.g. "constants", "source", "toolchain.nvidia-cutlass-dsl"
+    cached: Any  # the closest entry's value (None if it had none)
+    planned: Any  # the manifest's value now
+
+
+@dataclass(frozen=True)
+class Explanation:
+    kernel: str
+    variant: str
+    arch: str
+    key: str
+    cached: bool
+    closest: str | None = None  # key of the closest cached entry, for a miss
+    closest_label: str | None = None
+    differences: tuple[Difference, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def flatten(inputs: dict[str, Any]) -> dict[str, Any]:
+    """Key inputs with the toolchain split per package: `toolchain.<package>`."""
+    out = {k: v for k, v in inputs.items() if k != "toolchain"}
+    tc = inputs.get("toolchain")
+    if isinstance(tc, dict):
+        out.update({f"toolchain.{k}": v for k, v in tc.items()})
+    elif "toolchain" in inputs:
+        out["toolchain"] = tc
+    return out
+
+
+def differences(cached: dict[str, Any], planned: dict[str, Any]) -> tuple[Difference, ...]:
+    a, b = flatten(cached), flatten(planned)
+    return tuple(Difference(k, a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys())
+                 if a.get(k) != b.get(k))
+
+
+def explain(kernel: str, manifest: str | Path | None = None, *, variant: str | None = None,
+            arch: str | None = None, cache_dir: str | Path | None = None) -> list[Explanation]:
+    """One explanation per planned (variant, arch) of `kernel`, in plan order."""
+    m = load_manifest(manifest or find_manifest(), kernels=(kernel,))
+    planned = [p for p in plan(m, parse_archs((arch,)) if arch else ()) if p.kernel.name == kernel]
+    if variant is not None:
+        ids = sorted({p.variant.id for p in planned})
+        planned = [p for p in planned if p.variant.id == variant]
+        if not planned:
+            raise CuteccError(f'kernel "{kernel}" has no variant "{variant}" (variants: '
+                              f"{', '.join(ids)})", where="--variant")
+    store = Store(cache_dir)
+    same_kernel = [e for e in store.entries()
+                   if e.meta.get("kernel") == kernel and isinstance(e.meta.get("key_inputs"), dict)]
+    out = []
+    for p in planned:
+        if store.has(p.key):
+            out.append(Explanation(kernel, p.variant.id, p.arch, p.key, True))
+            continue
+        best: tuple[tuple[Any, ...], Entry, tuple[Difference, ...]] | None = None
+        for e in same_kernel:
+            diff = differences(e.meta["key_inputs"], p.inputs)
+            rank = (len(diff), e.meta.get("variant") != p.variant.id, e.meta.get("arch") != p.arch,
+                    -e.last_used())
+            if best is None or rank < best[0]:
+                best = (rank, e, diff)
+        if best is None:
+            out.append(Explanation(kernel, p.variant.id, p.arch, p.key, False))
+        else:
+            _, e, diff = best
+            out.append(Explanation(kernel, p.variant.id, p.arch, p.key, False, e.key,
+                                   label(e.meta), diff))
+    return out

@@ -1,0 +1,68 @@
+"""`cutecc rm`: remove chosen entries (by key or prefix, kernel, or arch), safely.
+
+Removal goes through `Store.remove`: under the key's lock and by rename out of entries/
+first, so a concurrent build never interleaves and a reader sees an entry whole or absent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cutecc.commands.show import label, resolve
+from cutecc.errors import CuteccError
+from cutecc.store import Busy, Entry, Store
+
+
+@dataclass
+class RmReport:
+    cache_dir: str
+    dry_run: bool
+    removed: list[dict[str, Any]] = field(default_factory=list)  # key, label, bytes
+    busy: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.busy
+
+
+def select(store: Store, keys: tuple[str, ...] = (), kernel: str | None = None,
+           arch: str | None = None) -> list[Entry]:
+    """The entries named by keys/prefixes (each must match exactly one), or by kernel and/or arch."""
+    if keys and (kernel or arch):
+        raise CuteccError("give keys, or --kernel/--arch, not both", where="cutecc rm")
+    if keys:
+        out = {}
+        for k in keys:
+            e = store.get(resolve(store, k))
+            if e is not None:
+                out[e.key] = e
+        return list(out.values())
+    if not (kernel or arch):
+        raise CuteccError("nothing to remove: give keys or key prefixes, --kernel or --arch",
+                          where="cutecc rm")
+    found = [e for e in store.entries()
+             if (not kernel or e.meta.get("kernel") == kernel) and (not arch or e.meta.get("arch") == arch)]
+    if not found:
+        what = " and ".join(f"{n} {v!r}" for n, v in (("kernel", kernel), ("arch", arch)) if v)
+        raise CuteccError(f"no entry matches {what} (see `cutecc list`)", where=str(store.root),
+                          exit_code=1)
+    return found
+
+
+def rm(cache_dir: str | Path | None = None, *, keys: tuple[str, ...] = (), kernel: str | None = None,
+       arch: str | None = None, dry_run: bool = False, lock_timeout: float = 30) -> RmReport:
+    """Remove the selected entries; a key locked for longer than `lock_timeout` s is skipped."""
+    store = Store(cache_dir).require()
+    report = RmReport(str(store.root), dry_run)
+    for e in select(store, keys, kernel, arch):
+        size = e.disk_bytes()
+        try:
+            gone = dry_run or store.remove(e.key, timeout=lock_timeout)
+        except Busy:
+            report.busy.append(e.key)
+            continue
+        if gone:
+            report.removed.append({"key": e.key, "label": label(e.meta), "bytes": size})
+    return report

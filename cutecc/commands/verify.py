@@ -1,0 +1,208 @@
+"""`cutecc verify`: re-hash every entry against its metadata and find what does not belong.
+
+Reports missing, truncated (size differs) and altered (hash differs) files, malformed
+metadata, and orphans: files an entry's metadata does not list, entry directories
+without meta.json, and tmp/ leftovers whose key nobody has locked. `fix=True` moves
+bad entries to quarantine/ (so the next build rebuilds them) and deletes orphans; it
+never touches a healthy entry's files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import filelock
+
+from cutecc.errors import CuteccError
+from cutecc.store import ENTRY_FORMAT, META, USED, Busy, Store, file_record
+
+KNOWN_FILES = frozenset({META, USED})  # in an entry dir, besides the files meta.json lists
+BAD = frozenset({"missing", "truncated", "altered", "malformed"})  # the entry is unusable
+_KEY = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass
+class Problem:
+    kind: str  # one of BAD, or "orphan" (a file or dir nothing owns), "stale-tmp"
+    path: str
+    detail: str
+    key: str | None = None
+    action: str = ""  # after fix: "quarantined to ...", "removed", "busy: left as is"
+
+    @property
+    def fixed(self) -> bool:
+        return self.action.startswith(("quarantined", "removed", "gone"))
+
+
+@dataclass
+class VerifyReport:
+    cache_dir: str
+    entries: int = 0
+    healthy: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    fixed: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """Clean, or (after a fix) nothing left wrong."""
+        return all(p.fixed for p in self.problems) if self.fixed else not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cache_dir": self.cache_dir, "entries": self.entries, "healthy": self.healthy,
+                "ok": self.ok, "fixed": self.fixed, "problems": [asdict(p) for p in self.problems]}
+
+
+def check_entry(path: Path, key: str) -> list[Problem]:
+    """The problems of one entry directory (empty when healthy)."""
+    try:
+        meta = json.loads((path / META).read_bytes())
+    except (OSError, ValueError) as e:
+        return [Problem("malformed", str(path / META), f"unreadable metadata: {e}", key)]
+    why = _malformed(meta, key)
+    if why:
+        return [Problem("malformed", str(path / META), why, key)]
+    out = []
+    files: dict[str, Any] = meta["files"]
+    for name, rec in sorted(files.items()):
+        f = path / name
+        try:
+            got = file_record(f)
+        except FileNotFoundError:
+            out.append(Problem("missing", str(f), "listed in meta.json, not on disk", key))
+            continue
+        except OSError as e:
+            out.append(Problem("missing", str(f), f"unreadable: {e.strerror}", key))
+            continue
+        if got["size"] != rec["size"]:
+            out.append(Problem("truncated", str(f), f"{got['size']} bytes, recorded {rec['size']}", key))
+        elif got["sha256"] != rec["sha256"]:
+            out.append(Problem("altered", str(f), f"sha256 {got['sha256'][:16]}.., recorded "
+                               f"{rec['sha256'][:16]}..", key))
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        names = []
+    for name in names:
+        if name not in files and name not in KNOWN_FILES:
+            out.append(Problem("orphan", str(path / name), "not listed in meta.json", key))
+    return out
+
+
+def _malformed(meta: Any, key: str) -> str | None:
+    if not isinstance(meta, dict):
+        return "meta.json is not an object"
+    if meta.get("format") != ENTRY_FORMAT:
+        return f"entry format {meta.get('format')!r}, this cutecc reads {ENTRY_FORMAT}"
+    if meta.get("key") != key:
+        return f"records key {str(meta.get('key'))[:16]}.., its directory is {key[:16]}.."
+    files = meta.get("files")
+    if not isinstance(files, dict) or not files:
+        return "no file records"
+    for name, rec in files.items():
+        if "/" in name or name in ("", ".", "..") or name in KNOWN_FILES:
+            return f"bad file name {name!r}"
+        if not (isinstance(rec, dict) and isinstance(rec.get("size"), int)
+                and isinstance(rec.get("sha256"), str)):
+            return f"bad record for {name!r}"
+    return None
+
+
+def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
+           lock_timeout: float = 0) -> VerifyReport:
+    """Check the whole cache; with `fix`, quarantine bad entries and delete orphans.
+
+    Fixing takes each key's lock (waiting up to `lock_timeout` s); a key held longer,
+    e.g. by a build, is left as is and reported busy.
+    """
+    store = Store(cache_dir).require()
+    report = VerifyReport(str(store.root), fixed=fix)
+    for shard in _listdir(store.entries_dir):
+        if not shard.is_dir():
+            report.problems.append(Problem("orphan", str(shard), "not a shard directory"))
+            continue
+        for d in _listdir(shard):
+            key = d.name
+            if not d.is_dir() or not _KEY.match(key) or key[:2] != shard.name:
+                report.problems.append(Problem("orphan", str(d), "not an entry directory"))
+                continue
+            if not (d / META).exists():
+                report.problems.append(Problem("orphan", str(d), "entry directory without meta.json",
+                                               key))
+                continue
+            found = check_entry(d, key)
+            if found and not d.exists():
+                continue  # removed (gc, rm) while we looked: not damage
+            report.entries += 1
+            report.healthy += not any(p.kind in BAD for p in found)
+            report.problems += found
+    for d in _listdir(store.tmp_dir):
+        key = d.name.split(".", 1)[0]
+        try:
+            with store.lock(key, timeout=0):
+                report.problems.append(Problem("stale-tmp", str(d), "leftover of a killed build",
+                                               key))
+        except filelock.Timeout:
+            continue  # a build (or removal) of that key is under way
+    if fix:
+        _fix(store, report)
+    return report
+
+
+def _listdir(path: Path) -> list[Path]:
+    try:
+        return sorted(path.iterdir())
+    except OSError:
+        return []
+
+
+def _fix(store: Store, report: VerifyReport) -> None:
+    bad: dict[str, list[Problem]] = {}
+    for p in report.problems:
+        if p.kind in BAD and p.key:
+            bad.setdefault(p.key, []).append(p)
+    done: dict[str, str] = {}
+    for key, probs in bad.items():
+        reason = "; ".join(f"{p.kind}: {Path(p.path).name}: {p.detail}" for p in probs)
+        try:
+            dest = store.quarantine(key, reason, still_bad=lambda d, k=key: any(
+                p.kind in BAD for p in check_entry(d, k)))
+            action = f"quarantined to {dest}" if dest else "gone: rebuilt or removed meanwhile"
+        except Busy:
+            action = "busy: left as is"
+        done[key] = action
+    for p in report.problems:
+        if p.key in done and p.kind in BAD | {"orphan"}:
+            p.action = done[p.key]  # its whole entry went to quarantine
+        elif p.kind == "orphan":
+            p.action = _remove_orphan(store, p)
+    store.sweep_tmp()
+    for p in report.problems:
+        if p.kind == "stale-tmp":
+            p.action = "busy: left as is" if Path(p.path).exists() else "removed"
+
+
+def _remove_orphan(store: Store, p: Problem) -> str:
+    path = Path(p.path)
+    try:
+        if p.key and path.parent == store.entry_dir(p.key):  # a stray file in an entry
+            with store.lock(p.key, timeout=0):
+                path.unlink(missing_ok=True)
+        elif p.key and path == store.entry_dir(p.key):  # an entry dir without meta.json
+            with store.lock(p.key, timeout=0):
+                if not (path / META).exists():
+                    shutil.rmtree(path, ignore_errors=True)
+        elif path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    except filelock.Timeout:
+        return "busy: left as is"
+    except OSError as e:
+        raise CuteccError(f"cannot remove: {e.strerror}", where=str(path), exit_code=1) from None
+    return "removed"
