@@ -92,7 +92,7 @@ class SourceIndex:
         base = root.joinpath(*parts)
         for cand in (base.with_suffix(".py"), base / "__init__.py"):
             if cand.is_file():
-                return cand.resolve()
+                return cand.absolute()  # not resolve(): a symlinked package keeps its relative path
         return None
 
     def _root_of(self, top: str) -> Path | None:
@@ -115,7 +115,7 @@ class SourceIndex:
             except (ImportError, ValueError):
                 spec = None
             if spec is not None and spec.origin not in (None, "built-in", "frozen"):
-                origin = Path(spec.origin).resolve()
+                origin = Path(spec.origin).absolute()
                 found = origin.parent.parent if origin.name == "__init__.py" else origin.parent
         self._roots[top] = found
         return found

@@ -178,7 +178,8 @@ def load_manifest(path: str | Path, *, kernels: tuple[str, ...] = ()) -> Manifes
     except tomllib.TOMLDecodeError as e:
         raise CuteccError(f"invalid TOML: {e}", where=str(path)) from None
     if path.name == "pyproject.toml":
-        doc = doc.get("tool", {}).get("cutecc")
+        tool = doc.get("tool", {})
+        doc = tool.get("cutecc") if isinstance(tool, dict) else None
         if not isinstance(doc, dict):
             raise CuteccError("no [tool.cutecc] table", where=str(path))
         prefix = "tool.cutecc."
@@ -200,7 +201,7 @@ def load_manifest(path: str | Path, *, kernels: tuple[str, ...] = ()) -> Manifes
 def _parse(doc: dict[str, Any], path: Path, ctx: _Ctx, prefix: str) -> Manifest:
     _no_unknown(ctx, doc, _TOP_KEYS, prefix.rstrip(".") or "<top level>")
     fmt = doc.get("format", MANIFEST_FORMAT)
-    if fmt != MANIFEST_FORMAT:
+    if type(fmt) is not int or fmt != MANIFEST_FORMAT:  # `true == 1` in Python
         raise ctx.fail(f"{prefix}format",
                        f"manifest format {fmt!r} is not supported (this cutecc reads {MANIFEST_FORMAT})")
     archs = _archs(ctx, f"{prefix}archs", doc.get("archs", ["sm_90a"]))

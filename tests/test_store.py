@@ -135,3 +135,74 @@ def test_entries_skip_unreadable_metadata(tmp_path: Path) -> None:
     (bad / META).write_text("{not json")
     assert [e.key for e in store.entries()] == [KEY]
     os.chmod(tmp_path, 0o755)
+
+
+# Lifecycle: use records, removal, quarantine, stats ---------------------------------
+
+
+def test_touch_used_creates_then_updates_and_never_fails(tmp_path: Path) -> None:
+    from cutecc.store import USED, touch_used
+
+    store = Store(tmp_path)
+    store.ensure()
+    entry, _ = store.publish(KEY, _write_lib)
+    built_at = entry.last_used()
+    touch_used(entry.path)
+    os.utime(entry.path / USED, (built_at + 500, built_at + 500))
+    assert entry.last_used() == built_at + 500  # later of `used` and built_at
+    touch_used(entry.path)
+    assert abs((entry.path / USED).stat().st_mtime - time.time()) < 5  # set back to now
+    touch_used(tmp_path / "gone")  # a removed entry: silently nothing
+    assert not (tmp_path / "gone").exists()
+    assert store.get(KEY).meta["files"].keys() == {"kernel.so"}
+
+
+def test_remove_renames_out_then_deletes_and_respects_the_lock(tmp_path: Path) -> None:
+    from cutecc.store import Busy
+
+    store = Store(tmp_path)
+    store.ensure()
+    store.publish(KEY, _write_lib)
+    with store.lock(KEY), pytest.raises(Busy):
+        store.remove(KEY, timeout=0.1)
+    assert store.has(KEY)
+    assert store.remove(KEY) is True
+    assert not store.entry_dir(KEY).exists() and list(store.tmp_dir.iterdir()) == []
+    assert store.remove(KEY) is False
+
+
+def test_quarantine_moves_a_bad_entry_and_keeps_one_found_healthy(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.ensure()
+    store.publish(KEY, _write_lib)
+    assert store.quarantine(KEY, "looked bad", still_bad=lambda d: False) is None
+    assert store.has(KEY)
+    dest = store.quarantine(KEY, "altered")
+    assert dest is not None and dest.parent == store.quarantine_dir and dest.name.startswith(KEY + ".")
+    assert json.loads((dest / "why.json").read_text())["reason"] == "altered"
+    assert not store.has(KEY) and (dest / "kernel.so").read_bytes() == b"library bytes"
+
+
+def test_match_and_require(tmp_path: Path) -> None:
+    with pytest.raises(CuteccError, match="no cutecc cache here"):
+        Store(tmp_path / "none").require()
+    store = Store(tmp_path)
+    store.ensure()
+    other = "ab" + "0" * 62
+    store.publish(KEY, _write_lib)
+    store.publish(other, _write_lib)
+    assert store.match("a") == store.match("ab") == sorted([KEY, other])
+    assert store.match("aba") == [KEY] and store.match("c") == []
+
+
+def test_stats_add_up_and_survive_a_corrupt_file(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.ensure()
+    store.add_stats(hits=2, misses=1, seconds_saved=1.25)
+    store.add_stats(hits=1, failures=1)
+    s = store.read_stats()
+    assert (s["hits"], s["misses"], s["failures"], s["seconds_saved"]) == (3, 1, 1, 1.25)
+    (tmp_path / "stats.json").write_text("{torn")
+    assert store.read_stats()["hits"] == 0
+    store.add_stats(hits=1)
+    assert json.loads((tmp_path / "stats.json").read_text())["hits"] == 1

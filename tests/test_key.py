@@ -1,0 +1,422 @@
+"""The cache key: stable across processes and calls, sensitive to exactly what decides an
+artifact's bytes (and to nothing else), computed without importing the DSL.
+
+Pure Python: no GPU, no DSL, no compilation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import cutecc.build
+import cutecc.key
+from cutecc.build import Planned, build, plan
+from cutecc.cli import main
+from cutecc.errors import CuteccError
+from cutecc.key import SourceIndex, compute_key, key_inputs
+from cutecc.manifest import load_manifest
+
+PY = "/work/main/.venv/bin/python"
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+MANIFEST = """\
+format = 1
+archs = ["sm_90a"]
+
+[kernel.a]
+entry = "kk.elem:scale"
+args = [
+  { name = "x", dtype = "$dtype", shape = ["n", 64] },
+  { name = "out", role = "output", dtype = "$dtype", shape = ["n", 64], align = 16 },
+  { kind = "stream" },
+]
+constants = { threads = 128 }
+variants = { dtype = ["float32", "float16"] }
+
+[kernel.b]
+entry = "kk.other:make_add"
+factory_args = { block = 256 }
+compile_options = ""
+args = [
+  { name = "x", dtype = "float32", shape = ["m"] },
+  { name = "y", dtype = "float32", shape = ["m"] },
+  { name = "out", role = "output", dtype = "float32", shape = ["m"] },
+]
+"""
+
+# The same manifest, reformatted: comments, key order within tables, kernel order,
+# an inline table spelled as a sub-table, a dtype alias, defaults written out or left out.
+REFORMATTED = """\
+# Reformatted: nothing here changes what is built.
+archs = [ "sm_90a" ]   # Hopper
+format = 1
+
+[kernel.b]
+compile_options = ""
+args = [
+  { shape = ["m"], dtype = "float32", name = "x", role = "input" },
+  { dtype = "f32", name = "y", shape = ["m"], layout = "row-major" },   # alias of float32
+  { role = "output", name = "out", shape = ["m"], dtype = "float32", align = 16 },
+]
+entry = "kk.other:make_add"
+
+[kernel.b.factory_args]
+block = 0x100
+
+[kernel.a]
+variants = { dtype = ["float32", "float16"] }
+constants = { threads = 128 }
+entry = "kk.elem:scale"
+args = [
+  { dtype = "$dtype", name = "x", shape = ["n", 64] },
+  { shape = ["n", 64], role = "output", name = "out", dtype = "$dtype" },
+  { kind = "stream" },
+]
+"""
+
+FILES = {
+    "kk/__init__.py": '"""Fake kernels: read by cutecc, never imported."""\n',
+    "kk/elem.py": (
+        "import math\n\n"
+        "import kk.absmod\n"
+        "import numpy\n"
+        "from . import common\n"
+        "from .helpers import block_of\n\n\n"
+        "def scale(x, out, stream, threads=128):\n"
+        "    return block_of(threads) + kk.absmod.K + common.C + math.pi\n"
+    ),
+    "kk/helpers.py": "def block_of(t):\n    return t\n",
+    "kk/absmod.py": "K = 1\n",
+    "kk/common.py": "C = 2\n",
+    "kk/other.py": "from kk import common\n\n\ndef make_add(block):\n    return block + common.C\n",
+    "kk/unused.py": "UNUSED = 1\n",
+}
+
+A = {"a[dtype=float32]", "a[dtype=float16]"}
+B = {"b[default]"}
+ALL = A | B
+
+
+@pytest.fixture
+def proj(tmp_path: Path) -> Path:
+    """A project with two kernels in a fake package; returns its manifest path."""
+    root = tmp_path / "proj"
+    for rel, text in FILES.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    manifest = root / "kernels.toml"
+    manifest.write_text(MANIFEST)
+    return manifest
+
+
+def _by_label(manifest: Path) -> dict[str, Planned]:
+    """Planned entries by kernel[variant] (each kernel has one arch here)."""
+    planned = plan(load_manifest(manifest))
+    out = {f"{p.kernel.name}[{p.variant.id}]": p for p in planned}
+    assert len(out) == len(planned)
+    return out
+
+
+def _keys(manifest: Path) -> dict[str, str]:
+    return {label: p.key for label, p in _by_label(manifest).items()}
+
+
+# Stability -------------------------------------------------------------------------
+
+
+def test_keys_are_sha256_hex_and_distinct(proj: Path) -> None:
+    keys = _keys(proj)
+    assert set(keys) == ALL
+    assert all(HEX64.match(k) for k in keys.values())
+    assert len(set(keys.values())) == 3
+
+
+def test_keys_are_stable_across_calls(proj: Path) -> None:
+    first = [p.key for p in plan(load_manifest(proj))]
+    for _ in range(3):
+        assert [p.key for p in plan(load_manifest(proj))] == first
+    m = load_manifest(proj)
+    assert [p.key for p in plan(m)] == [p.key for p in plan(m)] == first
+
+
+def test_keys_are_stable_across_processes(proj: Path, tmp_path: Path) -> None:
+    code = ("import json, sys; from cutecc.build import plan; from cutecc.manifest import load_manifest; "
+            "print(json.dumps([p.key for p in plan(load_manifest(sys.argv[1]))]))")
+    here = [p.key for p in plan(load_manifest(proj))]
+    runs = []
+    for seed in ("0", "12345"):  # different hash seeds: set and dict orders differ
+        r = subprocess.run([PY, "-c", code, str(proj)], capture_output=True, text=True, check=True,
+                           cwd=tmp_path, env={**os.environ, "PYTHONHASHSEED": seed}, timeout=120)
+        runs.append(json.loads(r.stdout))
+    assert runs[0] == runs[1] == here
+    assert len(here) == 3 and all(HEX64.match(k) for k in here)
+
+
+def test_planning_imports_neither_the_dsl_nor_jax(proj: Path, tmp_path: Path) -> None:
+    code = ("import json, sys; from cutecc.build import build, plan; "
+            "from cutecc.manifest import load_manifest; "
+            "keys = [p.key for p in plan(load_manifest(sys.argv[1]))]; "
+            "r = build(sys.argv[1], cache_dir=sys.argv[2], dry_run=True); "
+            "print(json.dumps([len(keys), r.count('planned'), "
+            "sorted(m for m in sys.modules if m.split('.')[0] in ('cutlass', 'jax', 'kk'))]))")
+    r = subprocess.run([PY, "-c", code, str(proj), str(tmp_path / "cache")], capture_output=True,
+                       text=True, check=True, timeout=120)
+    n, planned, heavy = json.loads(r.stdout)
+    assert (n, planned) == (3, 3)
+    assert heavy == []  # no cutlass, no jax, and the kernel package itself was only read
+    assert not (tmp_path / "cache").exists()
+
+
+def test_keys_do_not_depend_on_where_the_project_lives(proj: Path, tmp_path: Path) -> None:
+    moved = shutil.copytree(proj.parent, tmp_path / "elsewhere" / "deeper")
+    assert _keys(moved / "kernels.toml") == _keys(proj)
+
+
+def test_keys_do_not_depend_on_a_symlinked_package(proj: Path, tmp_path: Path) -> None:
+    linked = shutil.copytree(proj.parent, tmp_path / "linked")
+    shutil.move(linked / "kk", tmp_path / "kk-real")
+    (linked / "kk").symlink_to(tmp_path / "kk-real", target_is_directory=True)
+    assert _keys(linked / "kernels.toml") == _keys(proj)
+
+
+def test_compute_key_is_canonical_json_sha256() -> None:
+    a = {"b": 1, "a": [1, 2], "c": {"y": None, "x": "é"}}
+    b = {"c": {"x": "é", "y": None}, "a": [1, 2], "b": 1}
+    assert compute_key(a) == compute_key(b)
+    assert HEX64.match(compute_key(a))
+    assert compute_key(a) != compute_key({**a, "a": [2, 1]})  # list order is meaningful
+
+
+def test_key_inputs_name_everything_that_decides_the_bytes(proj: Path) -> None:
+    p = _by_label(proj)["b[default]"]
+    assert set(p.inputs) == {"entry", "source", "factory_args", "args", "constants", "arch",
+                             "compile_options", "toolchain"}
+    assert p.inputs["entry"] == "kk.other:make_add"
+    assert p.inputs["factory_args"] == {"block": 256}
+    assert p.inputs["arch"] == "sm_90a"
+    assert p.key == compute_key(p.inputs)
+    assert p.key == compute_key(key_inputs(p.kernel, p.variant, p.arch, p.inputs["source"]))
+    assert p.inputs["toolchain"] == cutecc.key.toolchain()
+    # b's sources: its module, the package __init__ and what it imports; not elem's helpers.
+    assert p.sources == ("kk/__init__.py", "kk/common.py", "kk/other.py")
+    a = _by_label(proj)["a[dtype=float32]"]
+    assert a.sources == ("kk/__init__.py", "kk/absmod.py", "kk/common.py", "kk/elem.py", "kk/helpers.py")
+    assert a.inputs["factory_args"] is None and a.inputs["constants"] == {"threads": 128}
+
+
+def test_source_index_follows_local_imports_only(proj: Path) -> None:
+    idx = SourceIndex((proj.parent,))
+    digest, files = idx.digest("kk.elem")
+    assert HEX64.match(digest)
+    assert "kk/unused.py" not in files and not any("numpy" in f for f in files)
+    assert idx.digest("kk.elem") == (digest, files)
+    with pytest.raises(CuteccError, match='cannot find module "kk.nope"'):
+        idx.digest("kk.nope")
+
+
+def test_syntax_error_in_a_dependency_is_a_cutecc_error(proj: Path) -> None:
+    bad = proj.parent / "kk" / "helpers.py"
+    bad.write_text("def block_of(:\n")
+    with pytest.raises(CuteccError) as info:
+        plan(load_manifest(proj))
+    assert info.value.where == str(bad.resolve()) and "syntax error" in info.value.message
+
+
+# Sensitivity -----------------------------------------------------------------------
+
+
+def _edit(rel: str, old: str, new: str, count: int = 1) -> Callable[[Path], None]:
+    def apply(root: Path) -> None:
+        f = root / rel
+        text = f.read_text()
+        assert text.count(old) == count, (rel, old)
+        f.write_text(text.replace(old, new))
+    return apply
+
+
+def _append(rel: str, extra: str) -> Callable[[Path], None]:
+    def apply(root: Path) -> None:
+        f = root / rel
+        f.write_text(f.read_text() + extra)
+    return apply
+
+
+def _write(rel: str, text: str | None = None) -> Callable[[Path], None]:
+    def apply(root: Path) -> None:
+        f = root / rel
+        f.write_text(FILES.get(rel, "") if text is None else text)
+    return apply
+
+
+CHANGES = [
+    pytest.param(_append("kk/elem.py", "# edited\n"), A, "source", id="kernel-module-source"),
+    pytest.param(_edit("kk/helpers.py", "return t", "return t * 2"), A, "source",
+                 id="relative-import-module"),
+    pytest.param(_edit("kk/absmod.py", "K = 1", "K = 3"), A, "source", id="absolute-import-module"),
+    pytest.param(_edit("kk/common.py", "C = 2", "C = 5"), ALL, "source", id="module-imported-by-both"),
+    pytest.param(_append("kk/other.py", "\n"), B, "source", id="other-kernel-module"),
+    pytest.param(_append("kk/__init__.py", "VERSION = 2\n"), ALL, "source", id="package-init"),
+    pytest.param(_edit("kernels.toml", "threads = 128", "threads = 256"), A, "constants", id="constant"),
+    pytest.param(_edit("kernels.toml", "constants = { threads = 128 }",
+                       'constants = { threads = 128, mode = "fast" }'), A, "constants", id="added-constant"),
+    pytest.param(_edit("kernels.toml", "block = 256", "block = 512"), B, "factory_args", id="factory-arg"),
+    pytest.param(_edit("kernels.toml", '{ name = "y", dtype = "float32"', '{ name = "y", dtype = "float16"'),
+                 B, "args", id="dtype"),
+    pytest.param(_edit("kernels.toml", "64]", "128]", count=2), A, "args", id="static-extent"),
+    pytest.param(_edit("kernels.toml", '["m"]', '["rows"]', count=3), B, "args", id="symbol-name"),
+    pytest.param(_edit("kernels.toml", "align = 16", "align = 64"), A, "args", id="alignment"),
+    pytest.param(_edit("kernels.toml", '{ name = "y", dtype = "float32", shape = ["m"] }',
+                       '{ name = "y", role = "inout", dtype = "float32", shape = ["m"] }'),
+                 B, "args", id="role"),
+    pytest.param(_edit("kernels.toml", 'compile_options = ""', 'compile_options = ""\narchs = ["sm_100a"]'),
+                 B, "arch", id="kernel-arch"),
+    pytest.param(_edit("kernels.toml", 'archs = ["sm_90a"]', 'archs = ["sm_80"]'), ALL, "arch",
+                 id="manifest-arch"),
+    pytest.param(_edit("kernels.toml", 'compile_options = ""', 'compile_options = "--opt-level 2"'),
+                 B, "compile_options", id="compile-options"),
+    pytest.param(_edit("kernels.toml", "kk.other:make_add", "kk.other:make_add_v2"), B, "entry",
+                 id="entry-attribute"),
+]
+
+NO_CHANGES = [
+    pytest.param(_append("kk/unused.py", "UNUSED = 2\n"), id="unrelated-file"),
+    pytest.param(_write("kk/brand_new.py", "import kk.elem\n"), id="new-file-importing-the-kernel"),
+    pytest.param(_write("kk/elem.py"), id="rewrite-same-bytes"),
+    pytest.param(_write("kernels.toml", REFORMATTED), id="reformatted-manifest"),
+    pytest.param(_edit("kernels.toml", '{ name = "y", dtype = "float32"', '{ name = "y", dtype = "f32"'),
+                 id="dtype-alias"),
+    pytest.param(_edit("kernels.toml", "format = 1\n", "# kernels\n\n"), id="format-line-and-comment"),
+]
+
+
+@pytest.mark.parametrize(("change", "affected", "field"), CHANGES)
+def test_a_change_rekeys_exactly_the_affected_entries(
+    proj: Path, change: Callable[[Path], None], affected: set[str], field: str
+) -> None:
+    before = _by_label(proj)
+    change(proj.parent)
+    after = _by_label(proj)
+    assert set(after) == set(before) == ALL
+    changed = {label for label in ALL if after[label].key != before[label].key}
+    assert changed == affected
+    for label in changed:
+        diff = {k for k in before[label].inputs if before[label].inputs[k] != after[label].inputs[k]}
+        assert diff == {field}, label
+    for label in ALL - affected:
+        assert after[label].inputs == before[label].inputs
+
+
+@pytest.mark.parametrize("change", NO_CHANGES)
+def test_a_change_that_decides_nothing_keeps_every_key(proj: Path, change: Callable[[Path], None]) -> None:
+    before = _keys(proj)
+    change(proj.parent)
+    assert _keys(proj) == before
+
+
+def test_arch_override_rekeys_and_labels(proj: Path) -> None:
+    m = load_manifest(proj)
+    base = {p.label: p.key for p in plan(m)}
+    two = plan(m, archs=("sm_90a", "sm_100a"))
+    assert len(two) == 6
+    assert {p.label: p.key for p in two if p.arch == "sm_90a"} == base
+    sm100 = {p.label.replace("@sm_100a", "@sm_90a"): p.key for p in two if p.arch == "sm_100a"}
+    assert set(sm100) == set(base) and not set(sm100.values()) & set(base.values())
+
+
+@pytest.mark.parametrize("component", ["nvidia-cutlass-dsl", "apache-tvm-ffi", "nvidia-cuda-runtime",
+                                       "cc", "cutecc_artifact_format", "link_recipe"])
+def test_toolchain_versions_rekey_everything(
+    proj: Path, monkeypatch: pytest.MonkeyPatch, component: str
+) -> None:
+    real = cutecc.key.toolchain()
+    assert component in real
+    before = _keys(proj)
+    monkeypatch.setattr(cutecc.key, "toolchain", lambda: {**real, component: real[component] + "+changed"})
+    after = _keys(proj)
+    assert set(after) == ALL
+    assert all(after[label] != before[label] for label in ALL)
+    monkeypatch.undo()
+    assert _keys(proj) == before
+
+
+def test_toolchain_is_cached_and_has_the_tool_versions() -> None:
+    tc = cutecc.key.toolchain()
+    assert tc is cutecc.key.toolchain()
+    assert {"nvidia-cutlass-dsl", "apache-tvm-ffi", "nvidia-cuda-runtime", "cc",
+            "cutecc_artifact_format", "link_recipe"} <= set(tc)
+    assert all(isinstance(v, str) and v for v in tc.values())
+
+
+# Dry run ---------------------------------------------------------------------------
+
+
+def _no_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*a: object, **k: object) -> None:
+        raise AssertionError("a dry run must not compile")
+
+    monkeypatch.setattr(cutecc.build, "_compile_all", boom)
+    monkeypatch.setattr(cutecc.build, "_build_one", boom)
+
+
+def test_cli_dry_run_lists_and_compiles_nothing(
+    proj: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _no_compiling(monkeypatch)
+    cache = tmp_path / "cache"
+    planned = plan(load_manifest(proj))
+    r = CliRunner().invoke(main, ["build", str(proj), "--dry-run", "--cache-dir", str(cache)])
+    assert r.exit_code == 0, (r.output, r.exception)
+    lines = r.stdout.splitlines()
+    assert lines[:-1] == [f"would build {p.label} {p.key[:12]}" for p in planned]
+    assert lines[-1].startswith("0 built, 0 cached, 0 failed, 3 to build in ")
+    assert lines[-1].endswith(f"({cache})")
+    assert r.stderr == ""
+    assert not cache.exists()
+
+
+def test_cli_dry_run_json_and_kernel_and_arch_selection(
+    proj: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _no_compiling(monkeypatch)
+    cache = tmp_path / "cache"
+    r = CliRunner().invoke(main, ["build", str(proj), "--dry-run", "--json", "--kernel", "b",
+                                  "--arch", "sm_90a,sm_100a", "--cache-dir", str(cache)])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    assert (rep["built"], rep["cached"], rep["failed"], rep["planned"]) == (0, 0, 0, 2)
+    assert [(e["kernel"], e["variant"], e["arch"], e["status"]) for e in rep["entries"]] == [
+        ("b", "default", "sm_90a", "planned"), ("b", "default", "sm_100a", "planned")]
+    assert rep["entries"][0]["key"] == _keys(proj)["b[default]"]
+    assert not cache.exists()
+
+
+def test_dry_run_reports_what_is_already_cached_and_writes_nothing(
+    proj: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _no_compiling(monkeypatch)
+    cache = tmp_path / "cache"
+    key_b = _keys(proj)["b[default]"]
+    entry = cache / "entries" / key_b[:2] / key_b
+    entry.mkdir(parents=True)
+    (entry / "meta.json").write_text("{}")
+    snapshot = sorted((p.relative_to(cache).as_posix(), p.stat().st_mtime_ns) for p in cache.rglob("*"))
+    report = build(proj, cache_dir=cache, dry_run=True)
+    assert {o.planned.label: o.status for o in report.outcomes} == {
+        "a[dtype=float32]@sm_90a": "planned", "a[dtype=float16]@sm_90a": "planned",
+        "b[default]@sm_90a": "cached"}
+    assert report.ok and report.count("built") == 0
+    r = CliRunner().invoke(main, ["build", str(proj), "--dry-run", "--cache-dir", str(cache)])
+    assert r.exit_code == 0
+    assert "b[default]" not in r.stdout and r.stdout.count("would build ") == 2
+    assert "0 built, 1 cached, 0 failed, 2 to build" in r.stdout
+    assert sorted((p.relative_to(cache).as_posix(), p.stat().st_mtime_ns)
+                  for p in cache.rglob("*")) == snapshot
