@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from cutecc.errors import CuteccError
 from cutecc.key import SourceIndex, compute_key, key_inputs
 from cutecc.manifest import load_manifest
 
-PY = "/work/main/.venv/bin/python"
+PY = sys.executable
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 MANIFEST = """\
