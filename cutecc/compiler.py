@@ -32,7 +32,11 @@ from cutecc.contract import (
 )
 from cutecc.manifest import Variant
 
+# The library exports `__tvm_ffi_<SYMBOL>` (recorded in each entry's metadata): the
+# linker's wrapper around the DSL's function, which the object exports as
+# `__tvm_ffi_<INNER_SYMBOL>` and the link makes local.
 SYMBOL = "cutecc_kernel"
+INNER_SYMBOL = "cutecc_impl"
 OBJECT = "kernel.o"
 
 
@@ -125,7 +129,8 @@ def _fake_args(conv: CallingConvention) -> list[Any]:
 
 
 def compile_to_object(job: CompileJob, out_dir: Path) -> Path:
-    """Compile `job` for `job.arch` and export its object file into `out_dir`."""
+    """Compile `job` for `job.arch` and export its object file into `out_dir`, defining
+    `__tvm_ffi_<INNER_SYMBOL>` (the linker wraps it)."""
     if os.environ.get("CUTE_DSL_ARCH") != job.arch:
         if "cutlass" in sys.modules:
             raise RuntimeError(f"this worker's DSL was imported for {os.environ.get('CUTE_DSL_ARCH')},"
@@ -152,5 +157,5 @@ def compile_to_object(job: CompileJob, out_dir: Path) -> Path:
         finally:
             sys.modules.pop(src.stem, None)
     obj = out_dir / OBJECT
-    compiled.export_to_c(str(obj), function_name=SYMBOL)
+    compiled.export_to_c(str(obj), function_name=INNER_SYMBOL)
     return obj

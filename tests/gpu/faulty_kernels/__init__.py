@@ -1,0 +1,1 @@
+"""CuTe DSL kernels that fail on the GPU on purpose (see faults.py and kernels.toml)."""

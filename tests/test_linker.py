@@ -1,0 +1,260 @@
+"""The thin link: one exported symbol, the native wrapper that names the kernel in every
+error, and check mode (CUTECC_SYNC_CHECK), tested without a GPU.
+
+The wrapper's behaviour is driven through a stand-in for the DSL's object: a small C file
+defining `__tvm_ffi_cutecc_impl` that fails the way DSL-generated code does (it calls
+`CuteDSLRT_TVMFFISetRaisedCudaError(TVMFFIErrorSetRaisedFromCStrParts, code)`, the ABI
+read from a compiled object), linked by the real recipe.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import PY, REPO
+
+import cutecc
+from cutecc import linker
+from cutecc.compiler import INNER_SYMBOL, SYMBOL
+from cutecc.errors import CuteccError
+from cutecc.key import toolchain
+from cutecc.store import Store
+
+try:
+    TOOLS = linker.toolchain_paths()
+except CuteccError:  # a deploy-like machine: no build extra, nothing to link with
+    TOOLS = None
+needs_link = pytest.mark.skipif(TOOLS is None, reason="needs the build extra (the link inputs)")
+HAS_DRIVER = ctypes.util.find_library("cuda") is not None
+FAULTS = REPO / "tests" / "gpu" / "faulty_kernels" / "kernels.toml"
+
+FAKE_DSL_OBJECT = r'''
+#include <stdint.h>
+#include <tvm/ffi/c_api.h>
+
+typedef void (*set_error_fn)(const char*, const char**, int32_t);
+void CuteDSLRT_TVMFFISetRaisedCudaError(set_error_fn set_error, int32_t code);
+void CuteDSLRT_TVMFFISetRaisedCudaLaunchError(
+    set_error_fn, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, int64_t,
+    int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t,
+    const char*, const char*, int32_t, int32_t, int32_t);
+
+/* args[0] chooses: 0 succeeds; > 0 is a CUDA error code reported as DSL code does;
+ * -1 raises a ValueError; -2 reports an invalid launch configuration. */
+int __tvm_ffi_cutecc_impl(void* h, const TVMFFIAny* args, int32_t n, TVMFFIAny* r) {
+  (void)h; (void)r;
+  int64_t what = n > 0 ? args[0].v_int64 : 0;
+  if (what > 0) {
+    CuteDSLRT_TVMFFISetRaisedCudaError(TVMFFIErrorSetRaisedFromCStrParts, (int32_t)what);
+    return -1;
+  }
+  if (what == -1) {
+    TVMFFIErrorSetRaisedFromCStr("ValueError", "Expects 2 parameters when calling: `f(x: Tensor)`");
+    return -1;
+  }
+  if (what == -2) {
+    CuteDSLRT_TVMFFISetRaisedCudaLaunchError(TVMFFIErrorSetRaisedFromCStrParts, 1, 1, 1, 2048,
+        1, 1, 2048, 0, 0, 1024, 1024, 1024, 64, 2147483647, 65535, 65535, 49152, 232448,
+        "block_threads > max_threads_per_block", "k.py", 12, 5, 9);
+    return -1;
+  }
+  return 0;
+}
+'''
+
+CALL = r'''
+import json, sys
+import tvm_ffi
+module = tvm_ffi.load_module(sys.argv[1])
+out = []
+for args in json.loads(sys.argv[3]):
+    try:
+        getattr(module, sys.argv[2])(*args)
+        out.append(None)
+    except Exception as e:
+        out.append([type(e).__name__, str(e)])
+print(json.dumps(out))
+'''
+
+ENTRY, ARCH, KEY = "pkg.kern:launch", "sm_90a", hashlib.sha256(b"k").hexdigest()
+WHO = f"cutecc kernel {ENTRY} (built for {ARCH}, cache key {KEY[:12]}): "
+
+
+@pytest.fixture(scope="module")
+def fake_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The stand-in object, linked exactly as a kernel is."""
+    d = tmp_path_factory.mktemp("fake-dsl")
+    (d / "fake.c").write_text(FAKE_DSL_OBJECT)
+    subprocess.run(["cc", "-c", "-fPIC", "-O2", f"-I{TOOLS['tvm_include']}", "-o", str(d / "fake.o"),
+                    str(d / "fake.c")], check=True)
+    linker.link(d / "fake.o", d / "kernel.so", SYMBOL, entry=ENTRY, arch=ARCH, key=KEY)
+    return d / "kernel.so"
+
+
+def call(lib: Path, calls: list[list[int]], env: dict[str, str] | None = None,
+         symbol: str = SYMBOL) -> list[list[str] | None]:
+    """Call the library's kernel function once per argument list, in a fresh process: the
+    (exception type, message) of each call, or None where it returned."""
+    full = {k: v for k, v in os.environ.items() if k != "CUTECC_SYNC_CHECK"}
+    r = subprocess.run([PY, "-c", CALL, str(lib), symbol, json.dumps(calls)], capture_output=True,
+                       text=True, timeout=120, env={**full, **(env or {})})
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def exported(lib: Path) -> set[str]:
+    out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True,
+                         check=True).stdout
+    return {line.split()[-1] for line in out.splitlines() if line.strip()}
+
+
+# The link --------------------------------------------------------------------------
+
+
+@needs_link
+def test_every_example_library_exports_only_the_wrapper_and_embeds_its_label(example_cache: Path) -> None:
+    entries = list(Store(example_cache).entries())
+    assert entries
+    for e in entries:
+        lib = e.path / e.meta["library"]
+        assert e.meta["symbol"] == SYMBOL
+        assert exported(lib) == {f"__tvm_ffi_{SYMBOL}"}, e.key
+        who = f"cutecc kernel {e.meta['entry']} (built for {e.meta['arch']}, cache key {e.key[:12]})"
+        assert f"cutecc-label: {who}".encode() in lib.read_bytes(), e.key
+        needed = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True,
+                                check=True).stdout
+        libs = {line.split("[")[1].rstrip("]") for line in needed.splitlines() if "(NEEDED)" in line}
+        assert "libtvm_ffi.so" in libs
+        assert libs <= {"libtvm_ffi.so", "libc.so.6", "ld-linux-x86-64.so.2", "libdl.so.2",
+                        "libpthread.so.0", "librt.so.1", "libm.so.6"}, libs
+
+
+@needs_link
+def test_a_real_kernel_error_names_the_kernel_and_keeps_its_kind(example_cache: Path) -> None:
+    e = next(x for x in Store(example_cache).entries() if x.meta["kernel"] == "mul")
+    (got,) = call(e.path / e.meta["library"], [[]])  # no arguments: the DSL's own check fails
+    assert got is not None
+    kind, message = got
+    assert kind == "TypeError"
+    assert message.startswith(f"cutecc kernel kernels.elementwise:mul (built for sm_90a, "
+                              f"cache key {e.key[:12]}): "), message
+    assert "Expects 3 parameters" in message and "x: Tensor" in message  # the DSL's text, whole
+
+
+@needs_link
+def test_the_inner_function_stays_hidden(fake_lib: Path) -> None:
+    assert exported(fake_lib) == {f"__tvm_ffi_{SYMBOL}"}
+    (got,) = call(fake_lib, [[]], symbol=INNER_SYMBOL)
+    assert got is not None and got[0] == "AttributeError"
+
+
+@needs_link
+def test_an_unresolved_symbol_fails_the_link_not_the_load(tmp_path: Path) -> None:
+    (tmp_path / "bad.c").write_text(FAKE_DSL_OBJECT.replace(
+        "return 0;\n}", "extern int cutecc_no_such_function(void);\n  return cutecc_no_such_function();\n}"))
+    subprocess.run(["cc", "-c", "-fPIC", f"-I{TOOLS['tvm_include']}", "-o", str(tmp_path / "bad.o"),
+                    str(tmp_path / "bad.c")], check=True)
+    with pytest.raises(CuteccError, match="cutecc_no_such_function"):
+        linker.link(tmp_path / "bad.o", tmp_path / "bad.so", SYMBOL, entry=ENTRY, arch=ARCH, key=KEY)
+
+
+def test_the_link_recipe_in_the_key_follows_the_shim() -> None:
+    recipe = f"2+shim.{hashlib.sha256(linker.SHIM.read_bytes()).hexdigest()[:16]}"
+    assert recipe == linker.RECIPE_VERSION
+    assert toolchain()["link_recipe"] == linker.RECIPE_VERSION
+
+
+@needs_link
+@pytest.mark.parametrize("text", ['plain', 'quo"te and back\\slash', "tri??graph", "tab\tnew\nline é"])
+def test_labels_reach_c_unchanged(tmp_path: Path, text: str) -> None:
+    (tmp_path / "p.c").write_text('#include <stdio.h>\nint main(void) { fputs(S, stdout); return 0; }\n')
+    subprocess.run(["cc", f"-DS={linker.c_string(text)}", "-o", str(tmp_path / "p"), str(tmp_path / "p.c")],
+                   check=True)
+    out = subprocess.run([str(tmp_path / "p")], capture_output=True, check=True).stdout
+    assert out == text.encode()
+
+
+# The wrapper ------------------------------------------------------------------------
+
+
+@needs_link
+def test_cuda_errors_name_the_kernel_and_the_error(fake_lib: Path) -> None:
+    ok, fault, no_image, bad_arg, launch = call(fake_lib, [[0], [700], [209], [-1], [-2]])
+    assert ok is None
+    assert fault == ["RuntimeError", WHO + "CUDA error 700 (cudaErrorIllegalAddress): an illegal memory "
+                     "access was encountered; the CUDA context of this process is now unusable (a fault "
+                     "of this kind may also come from earlier work on the GPU): restart the process"]
+    assert no_image == ["RuntimeError", WHO + "CUDA error 209 (cudaErrorNoKernelImageForDevice): no kernel "
+                        "image is available for execution on the device"]
+    assert bad_arg == ["ValueError", WHO + "Expects 2 parameters when calling: `f(x: Tensor)`"]
+    assert launch[0] == "RuntimeError" and launch[1].startswith(
+        WHO + "invalid launch configuration (block_threads > max_threads_per_block): grid (1, 1, 1), "
+        "block (2048, 1, 1) = 2048 threads, 0 bytes of dynamic shared memory; GPU 0 allows 1024 "
+        "threads per block"), launch[1]
+    assert launch[1].endswith("launched at k.py:12:5")
+
+
+@needs_link
+@pytest.mark.parametrize("value", ["0", "off", " No ", "FALSE", ""])
+def test_check_mode_off_never_synchronises(fake_lib: Path, value: str) -> None:
+    # Without a driver any synchronisation would fail, so success means none was tried.
+    assert call(fake_lib, [[0], [0]], env={"CUTECC_SYNC_CHECK": value}) == [None, None]
+
+
+@needs_link
+@pytest.mark.skipif(HAS_DRIVER, reason="needs a machine without a CUDA driver, where a sync must fail")
+@pytest.mark.parametrize("value", ["1", "yes", "on"])
+def test_check_mode_synchronises_after_the_kernel_and_names_it(fake_lib: Path, value: str) -> None:
+    first, second = call(fake_lib, [[0], [0]], env={"CUTECC_SYNC_CHECK": value})
+    for got in (first, second):
+        assert got is not None and got[0] == "RuntimeError"
+        assert got[1].startswith(WHO + "CUDA error 35 (cudaErrorInsufficientDriver)"), got[1]
+        assert "seen by CUTECC_SYNC_CHECK when synchronising the stream after this kernel" in got[1]
+
+
+def test_check_mode_keeps_kernels_out_of_cuda_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cutecc.runtime import library
+
+    monkeypatch.delenv("CUTECC_SYNC_CHECK", raising=False)
+    assert not library.sync_check_from_env()
+    for value, on in [("1", True), ("on", True), (" off ", False), ("0", False)]:
+        monkeypatch.setenv("CUTECC_SYNC_CHECK", value)
+        assert library.sync_check_from_env() is on
+
+
+# The fault kernels of the GPU suite --------------------------------------------------
+
+
+@needs_link
+def test_the_fault_kernels_build_and_lower_and_other_archs_are_set_aside(tmp_path: Path) -> None:
+    pytest.importorskip("cutlass", reason="building needs the DSL")
+    from conftest import run_cli
+
+    cache = tmp_path / "faults"
+    r = run_cli("build", str(FAULTS), "--cache-dir", str(cache), "--no-lock", "--json")
+    assert r.returncode == 0, r.stderr + r.stdout
+    built = {(e["kernel"], e["arch"]) for e in json.loads(r.stdout)["entries"]}
+    assert built == {("shifted_copy", "sm_90a"), ("doubled_or_trap", "sm_90a"),
+                     ("copy_elsewhere", "sm_100a"), ("copy_elsewhere", "sm_80")}
+    code = (
+        "import sys, jax, jax.numpy as jnp, cutecc\n"
+        "ks = cutecc.load(sys.argv[1], arch='sm_90a')\n"
+        "s = jax.ShapeDtypeStruct((1000,), jnp.float32)\n"
+        "print(jax.jit(lambda x: ks.shifted_copy(x, shift=1 << 40)).trace(s)"
+        ".lower(lowering_platforms=('cuda',)).as_text())\n")
+    r = subprocess.run([sys.executable, "-c", code, str(cache)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "shift = 1099511627776 : i64" in r.stdout
+    ks = cutecc.load(cache, arch="sm_90")
+    with pytest.raises(CuteccError) as err:
+        ks.copy_elsewhere.select()
+    text = str(err.value)
+    assert "built for sm_100a, cannot run on sm_90" in text and "built for sm_80, cannot run on sm_90" in text
+    assert "cutecc build --arch" in text
