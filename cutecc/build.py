@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import datetime as dt
+import errno
 import multiprocessing
 import os
 import time
@@ -28,6 +29,9 @@ from cutecc.manifest import Kernel, Manifest, Variant, load_manifest, parse_arch
 from cutecc.store import Store, read_only_from_env, touch_used
 
 LIBRARY = "kernel.so"
+# errnos that mean "the cache cannot take the artifact" (not a compile error): no traceback
+_STORAGE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES,
+                             errno.EPERM, errno.EIO})
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,10 @@ def build(
     order = {p.key + p.label: i for i, p in enumerate(planned)}
     report.outcomes.sort(key=lambda o: order[o.planned.key + o.planned.label])
     if not dry_run and not read_only:
+        if not misses:  # leftovers of killed builds go even when everything is cached
+            with contextlib.suppress(CuteccError, OSError):
+                if store.locks_dir.is_dir():
+                    store.sweep_tmp()
         _record_use(store, report)
     if lock and not dry_run and report.ok:
         _write_lock(Path(lock_file or Path(manifest_path).parent / LOCK_NAME), manifest_path,
@@ -245,10 +253,15 @@ def _build_one(job: dict[str, Any], store_root: str) -> tuple[str, float, str | 
     store = Store(store_root)
 
     def produce(staging: Path) -> dict[str, Any]:
+        planned, now = job["key_inputs"]["toolchain"], toolchain()
+        if now != planned:  # the key would not describe what builds the artifact
+            changed = sorted(k for k in {*planned, *now} if planned.get(k) != now.get(k))
+            raise CuteccError(f"the toolchain changed after the build was planned ({', '.join(changed)});"
+                              " run the build again", where="build", exit_code=1)
         cjob = CompileJob(job["entry"], job["variant"], job["arch"], job["compile_options"],
                           job["python_path"])
         obj = compile_to_object(cjob, staging)
-        link(obj, staging / LIBRARY, SYMBOL)
+        link(obj, staging / LIBRARY, SYMBOL, entry=job["entry"], arch=job["arch"], key=job["key"])
         obj.unlink()
         variant: Variant = job["variant"]
         return {
@@ -273,6 +286,10 @@ def _build_one(job: dict[str, Any], store_root: str) -> tuple[str, float, str | 
     except CuteccError as e:
         return "failed", time.perf_counter() - t0, e.render()
     except Exception as e:
+        if isinstance(e, OSError) and e.errno in _STORAGE_ERRORS:  # a full or read-only cache
+            where = f" ({e.filename})" if e.filename else ""
+            return "failed", time.perf_counter() - t0, (
+                f"cannot write the artifact into {store.root}: {e.strerror}{where}")
         tb = traceback.format_exception(type(e), e, e.__traceback__)
         return "failed", time.perf_counter() - t0, f"{type(e).__name__}: {e}\n{''.join(tb[-6:])}"
     return ("built" if built else "cached"), time.perf_counter() - t0, None

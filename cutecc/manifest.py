@@ -58,6 +58,7 @@ else:  # pragma: no cover
 MANIFEST_FORMAT = 1
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 MAX_VARIANTS_PER_KERNEL = 10_000
+MAX_TUPLE_DEPTH = 8  # launchers take tuples of tensors, not trees; deeper is a mistake
 ARCH_RE = re.compile(r"^sm_(\d{2,3})([af]?)$")
 ENTRY_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -142,7 +143,13 @@ class _Ctx:
         self.file = str(file)
 
     def fail(self, path: str, message: str) -> CuteccError:
-        return CuteccError(message, where=self.file, key_path=path)
+        return CuteccError(_one_line(message), where=self.file, key_path=_one_line(path))
+
+
+def _one_line(text: str) -> str:
+    """`text` with control characters escaped: a name quoted from the file (a TOML key may
+    hold a newline) must not break the one-line error."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
 
 # Loading ---------------------------------------------------------------------------
@@ -177,6 +184,8 @@ def load_manifest(path: str | Path, *, kernels: tuple[str, ...] = ()) -> Manifes
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise CuteccError(f"invalid TOML: {e}", where=str(path)) from None
+    except RecursionError:  # tomllib recurses per nesting level of arrays and inline tables
+        raise CuteccError("arrays or tables nested too deeply to parse", where=str(path)) from None
     if path.name == "pyproject.toml":
         tool = doc.get("tool", {})
         doc = tool.get("cutecc") if isinstance(tool, dict) else None
@@ -185,7 +194,10 @@ def load_manifest(path: str | Path, *, kernels: tuple[str, ...] = ()) -> Manifes
         prefix = "tool.cutecc."
     else:
         prefix = ""
-    manifest = _parse(doc, path, ctx, prefix)
+    try:
+        manifest = _parse(doc, path, ctx, prefix)
+    except RecursionError:
+        raise CuteccError("values nested too deeply", where=str(path)) from None
     if kernels:
         wanted = set(kernels)
         for name in kernels:
@@ -235,8 +247,9 @@ def _parse(doc: dict[str, Any], path: Path, ctx: _Ctx, prefix: str) -> Manifest:
     kernels = []
     for name, kdoc in ktab.items():
         kp = f'kernel "{name}"'
-        if not NAME_RE.match(name):
-            raise ctx.fail(kp, "a kernel name must be an identifier (letters, digits, _)")
+        if not NAME_RE.match(name) or keyword.iskeyword(name):  # it is a Python attribute
+            raise ctx.fail(kp, "a kernel name must be an identifier (letters, digits, _), "
+                           "not a Python keyword")
         if not isinstance(kdoc, dict):
             raise ctx.fail(kp, "must be a table")
         kernels.append(_kernel(ctx, kp, name, kdoc, archs, profile, profiles, copts))
@@ -348,7 +361,8 @@ def _subst(ctx: _Ctx, kp: str, v: Any, env: dict[str, _Value], hw: dict[str, Any
     return v
 
 
-def _arg(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, Any]) -> Arg:
+def _arg(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, Any],
+         depth: int = 0) -> Arg:
     if not isinstance(a, dict):
         raise ctx.fail(kp, f"an argument must be a table, got {_tname(a)}")
     kind = a.get("kind", "tensor")
@@ -363,7 +377,10 @@ def _arg(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, Any])
         items = a.get("items")
         if not isinstance(items, list) or not items:
             raise ctx.fail(f"{kp}.items", "a tuple needs a non-empty array of items")
-        return TupleArg(tuple(_arg(ctx, f"{kp}.items[{i}]", x, env, hw) for i, x in enumerate(items)))
+        if depth >= MAX_TUPLE_DEPTH:
+            raise ctx.fail(kp, f"tuples nested more than {MAX_TUPLE_DEPTH} deep")
+        return TupleArg(tuple(_arg(ctx, f"{kp}.items[{i}]", x, env, hw, depth + 1)
+                              for i, x in enumerate(items)))
     if kind == "scalar":
         _no_unknown(ctx, a, _SCALAR_KEYS, kp)
         name = _name(ctx, kp, a)

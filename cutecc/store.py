@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import json
 import os
+import re
 import secrets
 import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +51,7 @@ STATS = "stats.json"
 STATS_FORMAT = 1
 QUARANTINE_FORMAT = 1  # the layout of why.json in a quarantined entry
 _COUNTERS = ("hits", "misses", "failures", "seconds_saved")
+_ATOMIC_TMP = re.compile(r"^\.(.+)\.[0-9a-f]{12}\.tmp$")  # atomic_write's temporary name
 
 _README = """\
 This directory is a cache of CuTe DSL kernels built ahead of time by cutecc.
@@ -127,7 +131,11 @@ class Entry:
 
     @property
     def size(self) -> int:
-        return sum(int(f["size"]) for f in self.meta.get("files", {}).values())
+        """Bytes the metadata records (damaged records count as 0; `cutecc verify` names them)."""
+        files = self.meta.get("files")
+        recs = files.values() if isinstance(files, dict) else ()
+        return sum(r["size"] for r in recs
+                   if isinstance(r, dict) and type(r.get("size")) is int and r["size"] > 0)
 
     def disk_bytes(self) -> int:
         """Bytes of every file in the entry's directory (what removing it frees)."""
@@ -168,6 +176,7 @@ class Store:
         fmt = self.root / "format"
         if fmt.is_file():
             self._check_format(fmt)
+            self._check_writable()
             return
         try:
             for d in (self.root, self.entries_dir, self.tmp_dir, self.locks_dir):
@@ -181,6 +190,25 @@ class Store:
             raise CuteccError(f"cannot create the cache: {e.strerror}", where=str(self.root),
                               exit_code=1) from None
         self._check_format(fmt)
+
+    def _check_writable(self) -> None:
+        """Refuse, before any compile starts, a cache where nothing can be published (a
+        read-only mount, no permission): a probe file in locks/ (where nothing scans), and
+        access(2) for entries/ and tmp/."""
+        try:
+            for d in (self.entries_dir, self.tmp_dir, self.locks_dir):
+                d.mkdir(exist_ok=True)
+                if not os.access(d, os.W_OK | os.X_OK):
+                    ro = os.statvfs(d).f_flag & os.ST_RDONLY
+                    code = errno.EROFS if ro else errno.EACCES
+                    raise OSError(code, os.strerror(code), str(d))
+            fd, probe = tempfile.mkstemp(prefix="probe.", dir=self.locks_dir)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            raise CuteccError(f"cannot write to the cache: {e.strerror}; build into a writable "
+                              "--cache-dir, or use --read-only to use only what it holds",
+                              where=str(self.root), exit_code=1) from None
 
     def _check_format(self, fmt: Path) -> None:
         got = fmt.read_text().strip()
@@ -205,6 +233,9 @@ class Store:
             return None
         except (OSError, ValueError) as e:
             raise CuteccError(f"unreadable metadata: {e}", where=str(path / META), exit_code=1) from None
+        if not isinstance(meta, dict):
+            raise CuteccError("unreadable metadata: not a JSON object", where=str(path / META),
+                              exit_code=1)
         return Entry(key, path, meta)
 
     def entries(self) -> Iterator[Entry]:
@@ -220,7 +251,8 @@ class Store:
                         meta = json.loads(f.read())
                 except (OSError, ValueError):
                     continue
-                yield Entry(d.name, Path(d.path), meta)
+                if isinstance(meta, dict):  # else damaged: `cutecc verify` reports it
+                    yield Entry(d.name, Path(d.path), meta)
 
     def require(self) -> Store:
         """This store if it exists and is of this format, else a CuteccError (exit 1).
@@ -346,7 +378,9 @@ class Store:
 
     @contextlib.contextmanager
     def lock(self, key: str, timeout: float = -1) -> Iterator[None]:
-        with filelock.FileLock(self.locks_dir / f"{key}.lock", timeout=timeout):
+        """Hold `locks/<key>.lock`. Raises filelock.Timeout, or CuteccError (exit 1) when the
+        lock file cannot be created or opened (a read-only or full cache)."""
+        with _lock_file(self.locks_dir / f"{key}.lock", timeout):
             yield
 
     def publish(self, key: str, build: Callable[[Path], dict[str, Any]]) -> tuple[Entry, bool]:
@@ -389,10 +423,14 @@ class Store:
                 shutil.rmtree(d, ignore_errors=True)
 
     def sweep_tmp(self) -> int:
-        """Remove leftovers of killed builds whose lock nobody holds; returns how many."""
-        n = 0
+        """Remove leftovers of killed builds whose lock nobody holds; returns how many.
+
+        Also removes the temporary files of an `atomic_write` killed in the root
+        (`.stats.json.<hex>.tmp`, ...), under the lock that guards that file.
+        """
+        n = self._sweep_root()
         if not self.tmp_dir.is_dir():
-            return 0
+            return n
         for d in list(self.tmp_dir.iterdir()):
             key = d.name.split(".", 1)[0]
             try:
@@ -403,6 +441,79 @@ class Store:
             except filelock.Timeout:
                 continue
         return n
+
+
+    def _sweep_root(self) -> int:
+        n = 0
+        with contextlib.suppress(OSError):
+            for f in list(self.root.iterdir()):
+                m = _ATOMIC_TMP.match(f.name)
+                if not m:
+                    continue
+                guard = "stats.lock" if m.group(1) == STATS else "store.lock"
+                try:
+                    with filelock.FileLock(self.locks_dir / guard, timeout=0):
+                        f.unlink(missing_ok=True)
+                        n += 1
+                except (filelock.Timeout, OSError):
+                    continue
+        return n
+
+
+@contextlib.contextmanager
+def _lock_file(path: Path, timeout: float) -> Iterator[None]:
+    lock = filelock.FileLock(path, timeout=timeout)
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        raise
+    except OSError as e:
+        raise CuteccError(f"cannot take the lock: {e.strerror}", where=str(path),
+                          exit_code=1) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def meta_problem(meta: Any, key: str) -> str | None:
+    """Why `meta` (an entry's parsed meta.json) cannot be trusted as the entry for `key`.
+
+    The key is the SHA-256 of `key_inputs`, so recomputing it checks those inputs, and the
+    fields the runtime acts on (the contract `args`, `arch`, `entry`, `toolchain`) must equal
+    their copies there: a damaged contract would otherwise run a verified library with the
+    wrong shapes or dtypes. The file records are checked against the files by their hashes.
+    """
+    from cutecc.key import compute_key
+
+    if not isinstance(meta, dict):
+        return "meta.json is not an object"
+    if meta.get("key") != key:
+        return f"records key {str(meta.get('key'))[:16]}.., its directory is {key[:16]}.."
+    inputs = meta.get("key_inputs")
+    if not isinstance(inputs, dict):
+        return "no key_inputs"
+    try:
+        digest = compute_key(inputs)
+    except (TypeError, ValueError):
+        digest = None
+    if digest != key:
+        return "key_inputs do not hash to the entry's key (damaged metadata)"
+    for field_ in ("args", "arch", "entry", "toolchain"):
+        if meta.get(field_) != inputs.get(field_):
+            return f"{field_} differs from key_inputs.{field_} (damaged metadata)"
+    for name in ("kernel", "variant", "symbol"):
+        if not isinstance(meta.get(name), str) or not meta[name]:
+            return f"{name} is not a string (damaged metadata)"
+    files = meta.get("files")
+    lib = meta.get("library")
+    if not isinstance(files, dict) or not isinstance(lib, str) or lib not in files:
+        return f"library {meta.get('library')!r} is not among the recorded files"
+    for name, rec in files.items():
+        if not (isinstance(rec, dict) and type(rec.get("size")) is int
+                and isinstance(rec.get("sha256"), str)):
+            return f"bad record for {name!r}"
+    return None
 
 
 class Busy(Exception):

@@ -56,8 +56,10 @@ def get_entry(store: Store, prefix: str) -> Entry:
 def show(key: str, cache_dir: str | Path | None = None) -> dict[str, Any]:
     """The entry for KEY|PREFIX: its metadata, its files (name, size, sha256), its last use."""
     entry = get_entry(Store(cache_dir).require(), key)
-    files = [{"name": n, "size": r.get("size"), "sha256": r.get("sha256")}
-             for n, r in sorted(entry.meta.get("files", {}).items())]
+    recs = entry.meta.get("files")
+    recs = recs if isinstance(recs, dict) else {}  # damaged metadata: `cutecc verify` says how
+    files = [{"name": n, "size": r.get("size"), "sha256": r.get("sha256")} if isinstance(r, dict)
+             else {"name": n, "size": None, "sha256": None} for n, r in sorted(recs.items())]
     last = dt.datetime.fromtimestamp(entry.last_used(), dt.timezone.utc)
     return {
         "key": entry.key,

@@ -20,7 +20,7 @@ from typing import Any
 import filelock
 
 from cutecc.errors import CuteccError
-from cutecc.store import ENTRY_FORMAT, META, USED, Busy, Store, file_record
+from cutecc.store import ENTRY_FORMAT, META, USED, Busy, Store, file_record, meta_problem
 
 KNOWN_FILES = frozenset({META, USED})  # in an entry dir, besides the files meta.json lists
 BAD = frozenset({"missing", "truncated", "altered", "malformed"})  # the entry is unusable
@@ -60,6 +60,10 @@ class VerifyReport:
 
 def check_entry(path: Path, key: str) -> list[Problem]:
     """The problems of one entry directory (empty when healthy)."""
+    for link in (path, path / META):
+        if link.is_symlink():  # cutecc publishes real files; a link's target can change under it
+            return [Problem("malformed", str(link), f"a symbolic link (to {os.readlink(link)}), "
+                            "not what cutecc published", key)]
     try:
         meta = json.loads((path / META).read_bytes())
     except (OSError, ValueError) as e:
@@ -71,6 +75,10 @@ def check_entry(path: Path, key: str) -> list[Problem]:
     files: dict[str, Any] = meta["files"]
     for name, rec in sorted(files.items()):
         f = path / name
+        if f.is_symlink():  # cutecc writes none; its target is outside the entry's control
+            out.append(Problem("altered", str(f), f"a symbolic link (to {os.readlink(f)}), not "
+                               "the file the entry was built with", key))
+            continue
         try:
             got = file_record(f)
         except FileNotFoundError:
@@ -110,7 +118,7 @@ def _malformed(meta: Any, key: str) -> str | None:
         if not (isinstance(rec, dict) and isinstance(rec.get("size"), int)
                 and isinstance(rec.get("sha256"), str)):
             return f"bad record for {name!r}"
-    return None
+    return meta_problem(meta, key)
 
 
 def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
@@ -129,11 +137,13 @@ def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
         for d in _listdir(shard):
             key = d.name
             if not d.is_dir() or not _KEY.match(key) or key[:2] != shard.name:
-                report.problems.append(Problem("orphan", str(d), "not an entry directory"))
+                if os.path.lexists(d):  # else removed (gc, rm) since we listed the shard
+                    report.problems.append(Problem("orphan", str(d), "not an entry directory"))
                 continue
             if not (d / META).exists():
-                report.problems.append(Problem("orphan", str(d), "entry directory without meta.json",
-                                               key))
+                if d.exists():
+                    report.problems.append(Problem("orphan", str(d),
+                                                   "entry directory without meta.json", key))
                 continue
             found = check_entry(d, key)
             if found and not d.exists():
@@ -145,10 +155,14 @@ def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
         key = d.name.split(".", 1)[0]
         try:
             with store.lock(key, timeout=0):
-                report.problems.append(Problem("stale-tmp", str(d), "leftover of a killed build",
-                                               key))
+                if d.exists():  # not published or removed since we listed tmp/
+                    report.problems.append(Problem("stale-tmp", str(d),
+                                                   "leftover of a killed build", key))
         except filelock.Timeout:
             continue  # a build (or removal) of that key is under way
+        except CuteccError as e:  # a read-only cache: nobody can be building into it here
+            report.problems.append(Problem("stale-tmp", str(d), f"leftover of a killed build? "
+                                           f"({e.message})", key))
     if fix:
         _fix(store, report)
     return report

@@ -190,8 +190,32 @@ def _attrs(kernel: str, declared: Sequence[ScalarArg], given: Mapping[str, Any])
                               "known when the call is traced (it travels as an FFI attribute), "
                               "not a traced or array value", where=f'kernel "{kernel}"',
                               exit_code=1)
-        out.append((s.name, s.dtype, np.dtype(s.dtype).type(v).item()))
+        out.append((s.name, s.dtype, _scalar_value(kernel, s, v)))
     return tuple(out)
+
+
+def _scalar_value(kernel: str, s: ScalarArg, v: Any) -> Any:
+    """`v` as the scalar's dtype, refusing what NumPy would silently change (a float for an
+    int, anything for a bool, a value out of range) or cannot take (a string, a list)."""
+    if isinstance(v, (np.generic, np.ndarray, jax.Array)) and np.ndim(v) == 0:
+        v = v.item()  # a concrete NumPy or JAX scalar (tracers were refused above)
+    want = "a bool" if s.dtype == "bool" else "an int" if s.dtype.startswith("int") else "a number"
+    ok = isinstance(v, bool) if s.dtype == "bool" else (
+        isinstance(v, (int, float)) and not isinstance(v, bool)
+        and (s.dtype.startswith("float") or isinstance(v, int)))
+    if ok:
+        with np.errstate(over="ignore"):
+            try:
+                got = np.dtype(s.dtype).type(v).item()
+            except OverflowError:
+                got = None
+        if got is not None and not (isinstance(got, float) and np.isinf(got) and np.isfinite(v)):
+            return got
+        why = f"{v!r} is out of range for {s.dtype}"
+    else:
+        why = f"got {type(v).__name__} {v!r}"[:120]
+    raise CuteccError(f"runtime scalar {s.name!r} ({s.dtype}) must be {want}: {why}",
+                      where=f'kernel "{kernel}"', exit_code=1)
 
 
 def _check_placement(kernel: str, arrays: Sequence[Any]) -> None:

@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
 from cutecc.errors import CuteccError
-from cutecc.store import read_only_from_env, touch_used
+from cutecc.store import META, read_only_from_env, touch_used
 
+ENV_ALLOW_SHARED = "CUTECC_ALLOW_SHARED_CACHE"
+# Check mode: each kernel's native wrapper waits for its kernel and reports a fault by name
+# (cutecc/native reads the same variable).
+ENV_SYNC_CHECK = "CUTECC_SYNC_CHECK"
 _lock = threading.Lock()
 _registered: dict[str, Any] = {}  # target name -> tvm_ffi.Module (kept alive)
 
@@ -27,9 +32,51 @@ def target_name(key: str) -> str:
     return f"cutecc_{key[:40]}"
 
 
+def untrusted(path: Path) -> str | None:
+    """Why the library at `path` may have been replaced by someone other than this user
+    (None if not): it, its meta.json or its entry directory is a symbolic link, or it, its
+    meta.json or any directory above it is writable by others (world-writable, unless a
+    directory has the sticky bit, like /tmp) or owned by a user other than this one or root.
+
+    The SHA-256 check cannot catch such a replacement: whoever can write the library can
+    write the hash beside it. `$CUTECC_ALLOW_SHARED_CACHE=1` accepts such a cache.
+    """
+    if os.environ.get(ENV_ALLOW_SHARED, "").strip().lower() not in ("", "0", "false", "no", "off"):
+        return None
+    entry = path.parent
+    for p in (entry, entry / META, path):
+        if p.is_symlink():
+            return f"{p} is a symbolic link"
+    me = os.geteuid()
+    real = entry.resolve()
+    for p in (real / path.name, real / META, real, *real.parents):
+        try:
+            st = os.stat(p)
+        except OSError:
+            continue  # a missing file is reported by the hash check
+        if st.st_uid not in (me, 0):
+            return f"{p} is owned by uid {st.st_uid}, not by this user (uid {me}) or root"
+        if st.st_mode & stat.S_IWOTH and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
+            return f"{p} is writable by any user (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def sync_check_from_env() -> bool:
+    """Whether `$CUTECC_SYNC_CHECK` turns check mode on (unset, 0, false, no, off: off)."""
+    return os.environ.get(ENV_SYNC_CHECK, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
 def verified_bytes(path: Path, sha256: str, size: int, label: str) -> bytes:
+    why = untrusted(path)
+    if why:
+        raise CuteccError(f"refusing to load the kernel library: {why}, so anyone could have "
+                          "replaced it and its recorded SHA-256. Fix the permissions (chmod o-w, "
+                          f"chown), or set {ENV_ALLOW_SHARED}=1 to trust this cache",
+                          where=f"{label} ({path})", exit_code=1)
     try:
-        data = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            data = f.read()
     except OSError as e:
         raise CuteccError(f"cannot read the kernel library: {e.strerror}; rebuild it with "
                           "`cutecc build`", where=f"{label} ({path})", exit_code=1) from None
@@ -82,8 +129,10 @@ def ensure_registered(key: str, path: Path, sha256: str, size: int, symbol: str,
         import jax_tvm_ffi
 
         arg_spec = ["args", "rets"] + [f"attrs.{s}" for s in scalar_names]
+        # XLA replays a call it captured into a CUDA graph without running the call's
+        # wrapper, whose check would then be skipped: in check mode, no graphs.
         jax_tvm_ffi.register_ffi_target(name, fn, arg_spec, platform="gpu",
-                                        allow_cuda_graph=True)
+                                        allow_cuda_graph=not sync_check_from_env())
         _registered[name] = module
         if record_use and not read_only_from_env():
             touch_used(path.parent)  # once per process per entry, for `cutecc gc`

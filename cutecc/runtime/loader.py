@@ -19,7 +19,7 @@ from typing import Any
 
 from cutecc.errors import CuteccError
 from cutecc.runtime.dispatch import Build, KernelFn
-from cutecc.store import ARTIFACT_FORMAT, ENTRY_FORMAT, Store
+from cutecc.store import ARTIFACT_FORMAT, ENTRY_FORMAT, Store, meta_problem
 
 ENV_ARCH = "CUTECC_ARCH"
 _ARCH = re.compile(r"^sm_(\d+)(\d)([af]?)$")
@@ -185,9 +185,10 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
         if why:
             refused.add(name)
         else:
-            why = _why_unusable(m, target, series)
+            why = _why_unusable(m, target, series) or meta_problem(m, e.key)
         if why:
-            unusable.setdefault(name, []).append(f"{m.get('variant')}@{m.get('arch')}: {why}")
+            unusable.setdefault(name, []).append(
+                f"{m.get('variant')}@{m.get('arch')} ({e.key[:12]}): {why}")
             continue
         try:
             b = Build.from_meta(e.key, e.path, m)
