@@ -102,6 +102,10 @@ def plan(manifest: Manifest, archs: tuple[str, ...] = ()) -> list[Planned]:
                 raise
             raise CuteccError(e.message, where=str(manifest.path),
                               key_path=f'kernel "{k.name}", entry') from None
+        attr = k.entry.split(":", 1)[1].split(".")[0]
+        if index.lacks(k.module, attr):
+            raise CuteccError(f'module "{k.module}" defines no "{attr}"', where=str(manifest.path),
+                              key_path=f'kernel "{k.name}", entry')
         for v in k.variants:
             for arch in archs or k.archs:
                 inputs = key_inputs(k, v, arch, digest)

@@ -71,6 +71,38 @@ class SourceIndex:
             self._digests[module] = (h.hexdigest(), tuple(rels))
         return self._digests[module]
 
+    def lacks(self, module: str, attr: str) -> bool:
+        """Whether `module`'s source surely defines no top-level `attr` (read, not imported).
+
+        Only a definite answer counts: a module that star-imports, defines `__getattr__` or
+        touches `globals()` may make names at run time, so it never "surely lacks" one.
+        """
+        f = self._find(module)
+        if f is None:
+            return False
+        tree = ast.parse(f.read_bytes(), filename=str(f))
+        names: set[str] = set()
+        todo = list(tree.body)
+        while todo:
+            node = todo.pop()
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for a in node.names:
+                    if a.name == "*":
+                        return False
+                    names.add(a.asname or a.name.split(".")[0])
+            elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    todo.extend(getattr(node, field, []))
+            elif isinstance(node, ast.ExceptHandler):
+                todo.extend(node.body)
+            else:
+                for sub in ast.walk(node):
+                    if isinstance(sub, ast.Name):
+                        names.add(sub.id)  # assignment targets, and globals() as a name
+        return attr not in names and "__getattr__" not in names and "globals" not in names
+
     def _rel(self, f: Path) -> str:
         for r in self.roots:
             try:

@@ -35,6 +35,12 @@ def scale(x: cute.Tensor, out: cute.Tensor, factor: cutlass.Float32, stream,
     n = x.shape[0]
     _scale_kernel(x, out, factor, n).launch(
         grid=[(n + threads - 1) // threads, 1, 1], block=[threads, 1, 1], stream=stream)
+
+
+@cute.jit
+def broken(x: cute.Tensor, out: cute.Tensor, factor: cutlass.Float32, stream,
+           threads: cutlass.Constexpr = 128):
+    cute.no_such_dsl_function(x)  # exists for the planner, fails when the DSL traces it
 '''
 
 

@@ -67,7 +67,7 @@ def test_editing_one_kernel_rebuilds_only_it(tmp_path: Path) -> None:
 def test_a_failing_kernel_keeps_the_others_and_exits_nonzero(toy_project: Path, tmp_path: Path) -> None:
     text = toy_project.read_text() + toy_manifest(threads=(32,), kernels=("broken",)).split("\n", 1)[1]
     text = text.replace('[kernel.broken]\nentry = "toy.ops:scale"',
-                        '[kernel.broken]\nentry = "toy.ops:no_such_launcher"')
+                        '[kernel.broken]\nentry = "toy.ops:broken"')
     toy_project.write_text(text)
     cache = tmp_path / "cache"
     r = run_cli("build", str(toy_project), "--cache-dir", str(cache), "--json")
@@ -75,7 +75,7 @@ def test_a_failing_kernel_keeps_the_others_and_exits_nonzero(toy_project: Path, 
     report = json.loads(r.stdout)
     assert (report["built"], report["failed"]) == (2, 1)
     failed = [e for e in report["entries"] if e["status"] == "failed"]
-    assert failed[0]["kernel"] == "broken" and "no_such_launcher" in failed[0]["error"]
+    assert failed[0]["kernel"] == "broken" and "no_such_dsl_function" in failed[0]["error"]
     assert len(_entries_verified(cache)) == 2
 
 

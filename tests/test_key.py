@@ -98,7 +98,8 @@ FILES = {
     "kk/helpers.py": "def block_of(t):\n    return t\n",
     "kk/absmod.py": "K = 1\n",
     "kk/common.py": "C = 2\n",
-    "kk/other.py": "from kk import common\n\n\ndef make_add(block):\n    return block + common.C\n",
+    "kk/other.py": ("from kk import common\n\n\ndef make_add(block):\n    return block + common.C\n"
+                    "\n\nmake_add_v2 = make_add\n"),
     "kk/unused.py": "UNUSED = 1\n",
 }
 
@@ -421,3 +422,24 @@ def test_dry_run_reports_what_is_already_cached_and_writes_nothing(
     assert "0 built, 1 cached, 0 failed, 2 to build" in r.stdout
     assert sorted((p.relative_to(cache).as_posix(), p.stat().st_mtime_ns)
                   for p in cache.rglob("*")) == snapshot
+
+
+# Entry attributes, read from the source -----------------------------------------------
+
+
+@pytest.mark.parametrize("source, attr, lacks", [
+    ("def f(): pass\n", "f", False),
+    ("def f(): pass\n", "g", True),
+    ("class K:\n    def g(self): pass\n", "g", True),  # a method is not a module attribute
+    ("import os\nif os.name:\n    g = 1\nelse:\n    pass\n", "g", False),
+    ("try:\n    from x import g\nexcept ImportError:\n    g = None\n", "g", False),
+    ("from x import y as g\n", "g", False),
+    ("g: int = 1\n", "g", False),
+    ("a, (b, g) = 1, (2, 3)\n", "g", False),
+    ("from x import *\n", "g", False),  # may define anything: never surely lacking
+    ("def __getattr__(name): ...\n", "g", False),
+    ("globals()['g'] = 1\n", "g", False),
+])
+def test_lacks_is_sure_or_silent(tmp_path: Path, source: str, attr: str, lacks: bool) -> None:
+    (tmp_path / "mod_under_test.py").write_text(source)
+    assert SourceIndex((tmp_path,)).lacks("mod_under_test", attr) is lacks

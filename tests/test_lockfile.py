@@ -111,7 +111,7 @@ def test_no_lock_after_a_dry_run_with_no_lock_or_after_a_failure(toy: Toy, tmp_p
     build(other, cache_dir=toy.cache)
     before = lock.read_bytes()
     broken = toy_manifest(threads=(32,), kernels=("broken",)).split("\n", 1)[1].replace(
-        'entry = "toy.ops:scale"', 'entry = "toy.ops:no_such_launcher"')
+        'entry = "toy.ops:scale"', 'entry = "toy.ops:broken"')
     other.write_text(toy_manifest() + broken)
     report = build(other, cache_dir=toy.cache)
     assert not report.ok and report.lock_file is None

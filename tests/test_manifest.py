@@ -43,7 +43,8 @@ def proj(tmp_path: Path) -> Path:
     root = tmp_path / "proj"
     (root / "kk").mkdir(parents=True)
     (root / "kk" / "__init__.py").write_text('"""A fake kernel package."""\n')
-    (root / "kk" / "elem.py").write_text("def scale(x, out, stream=None):\n    return None\n")
+    (root / "kk" / "elem.py").write_text(
+        "def scale(x, out, stream=None):\n    return None\n\n\nmul = mul_bwd = make_rms = scale\n")
     return root
 
 
@@ -319,6 +320,15 @@ def test_entry_module_that_does_not_exist_names_manifest_and_key_path(proj: Path
     path = _write(proj, kernel(entry="kk.missing:scale"))
     r = CliRunner().invoke(main, ["build", str(path), "--cache-dir", str(tmp_path / "cache"), "--dry-run"])
     assert str(path.resolve()) in r.stderr and 'kernel "k", entry' in r.stderr
+
+
+def test_entry_attribute_the_module_lacks_is_bad_input(proj: Path, tmp_path: Path) -> None:
+    path = _write(proj, kernel(entry="kk.elem:scal"))
+    cache = tmp_path / "cache"
+    r = CliRunner().invoke(main, ["build", str(path), "--cache-dir", str(cache)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr == f'error: {path.resolve()}: kernel "k", entry: module "kk.elem" defines no "scal"\n'
+    assert not cache.exists()
 
 
 def test_unknown_kernel_selection_is_an_error(proj: Path, tmp_path: Path) -> None:

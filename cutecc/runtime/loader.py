@@ -173,7 +173,9 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
     pinned = locked.by_key() if locked is not None else {}
     refused: set[str] = set()  # kernels with an entry that differs from the lock
 
-    best: dict[tuple[str, str], tuple[int, Build]] = {}
+    # Per (kernel, variant): the build that runs best here; among equals, the newest
+    # (an older entry of an edited kernel stays in the cache until gc).
+    best: dict[tuple[str, str], tuple[tuple[int, str], Build]] = {}
     backward: dict[str, str | None] = {}
     unusable: dict[str, list[str]] = {}
     for e in store.entries() if locked is None else [e for e, _ in locked.resolve(store)]:
@@ -197,7 +199,7 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
             continue
         if not record_use:
             b = dataclasses.replace(b, record_use=False)
-        score = runs_on(b.arch, target)
+        score = (runs_on(b.arch, target), str(m.get("built_at", "")))
         slot = (name, b.variant)
         if slot not in best or score > best[slot][0]:
             best[slot] = (score, b)

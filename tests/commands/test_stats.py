@@ -36,7 +36,7 @@ def test_builds_record_hits_misses_and_seconds_saved(built) -> None:
 def test_failures_are_counted(built) -> None:
     text = built.manifest.read_text() + toy_manifest(threads=(32,), kernels=("broken",)).split("\n", 1)[1]
     built.manifest.write_text(text.replace('[kernel.broken]\nentry = "toy.ops:scale"',
-                                           '[kernel.broken]\nentry = "toy.ops:no_such_launcher"'))
+                                           '[kernel.broken]\nentry = "toy.ops:broken"'))
     report = build(built.manifest, cache_dir=built.cache)
     assert report.count("failed") == 1
     s = stats(built.cache)

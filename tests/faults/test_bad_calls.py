@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 
 import cutecc
 from cutecc.errors import CuteccError
+from cutecc.runtime.dispatch import arch_to_build
 from cutecc.store import Store
 
 from .conftest import soak
@@ -260,7 +261,7 @@ def test_a_gpu_arch_without_a_build_says_which_build_to_run(example_cache: Path,
     msg = str(err.value)
     assert f'kernel "{kernel}": no usable build for arch {arch}' in msg
     assert f"built for sm_90a, cannot run on {arch}" in msg
-    assert f"cutecc build --arch {arch} --kernel {kernel}" in msg
+    assert f"cutecc build --arch {arch_to_build(arch)} --kernel {kernel}" in msg
     tally.add("calls", wrong_arch_refused=1)
 
 

@@ -487,10 +487,6 @@ def test_edge_case_manifests_plan_exactly_what_they_declare(names, sizes, archs,
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="an entry's attribute is looked up only when the build "
-                   "worker imports the module (exit 1, after the cache is created); "
-                   "tests/test_build.py, test_stats.py and test_lockfile.py rely on that as "
-                   "their compile failure, so a plan-time check needs their owners")
 def test_an_entry_attribute_the_module_lacks_is_caught_before_compiling(tmp_path: Path) -> None:
     pytest.importorskip("cutlass", reason="a real build needs the build extra")
     from .conftest import write_toy_project
@@ -499,4 +495,5 @@ def test_an_entry_attribute_the_module_lacks_is_caught_before_compiling(tmp_path
     manifest.write_text(manifest.read_text().replace("toy.ops:scale", "toy.ops:no_such_launcher"))
     r = CliRunner().invoke(main, ["build", str(manifest), "--cache-dir", str(tmp_path / "cache")])
     assert r.exit_code == 2 and f'{manifest.resolve()}: kernel "scale", entry: ' in r.stderr
+    assert 'module "toy.ops" defines no "no_such_launcher"' in r.stderr
     assert "Traceback" not in r.output and not (tmp_path / "cache").exists()

@@ -1,0 +1,43 @@
+"""Which entry the loader picks when the cache holds several for one kernel variant."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import cutecc
+from cutecc.key import compute_key
+from cutecc.store import Store
+
+
+def _restamp(store: Store, key: str, source: str, built_at: str) -> str:
+    """Copy entry `key` as if its kernel's source had been `source`, built at `built_at`."""
+    meta = json.loads((store.entry_dir(key) / "meta.json").read_text())
+    meta["key_inputs"]["source"] = source
+    meta["built_at"] = built_at
+    new = meta["key"] = compute_key(meta["key_inputs"])
+    dest = store.entry_dir(new)
+    shutil.copytree(store.entry_dir(key), dest)
+    (dest / "meta.json").write_text(json.dumps(meta))
+    return new
+
+
+def test_newest_of_several_builds_of_one_variant_wins(example_cache: Path, tmp_path: Path) -> None:
+    store = Store(shutil.copytree(example_cache, tmp_path / "cache"))
+    e = next(e for e in store.entries()
+             if e.meta["kernel"] == "mul" and e.meta["variant"] == "dtype=float32")
+    # An edited kernel leaves its old entry behind until gc. Both orders of the two
+    # timestamps are tried, so the order entries are listed in cannot decide.
+    a = _restamp(store, e.key, "0" * 64, "2020-01-01T00:00:00+00:00")
+    b = _restamp(store, e.key, "f" * 64, "2099-01-01T00:00:00+00:00")
+    for newest, oldest in ((b, a), (a, b)):
+        for key, when in ((newest, "2099-01-01T00:00:00+00:00"), (oldest, "2020-01-01T00:00:00+00:00")):
+            meta_file = store.entry_dir(key) / "meta.json"
+            meta = json.loads(meta_file.read_text())
+            meta["built_at"] = when
+            meta_file.write_text(json.dumps(meta))
+        ks = cutecc.load(store.root, arch="sm_90a")
+        chosen = {build.variant: build.key for build in ks.mul.builds}
+        assert chosen["dtype=float32"] == newest
+        assert len(ks.mul.builds) == 3  # one per variant, not one per entry
