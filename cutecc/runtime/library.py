@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -22,6 +23,7 @@ ENV_ALLOW_SHARED = "CUTECC_ALLOW_SHARED_CACHE"
 # Check mode: each kernel's native wrapper waits for its kernel and reports a fault by name
 # (cutecc/native reads the same variable).
 ENV_SYNC_CHECK = "CUTECC_SYNC_CHECK"
+ENV_TVM_FFI_TORCH = "CUTECC_TVM_FFI_TORCH"
 _lock = threading.Lock()
 _registered: dict[str, Any] = {}  # target name -> tvm_ffi.Module (kept alive)
 
@@ -88,8 +90,30 @@ def verified_bytes(path: Path, sha256: str, size: int, label: str) -> bytes:
     return data
 
 
+def import_tvm_ffi() -> Any:
+    """`tvm_ffi`, imported without dragging in torch.
+
+    apache-tvm-ffi imports torch at import time whenever it is installed, for a torch
+    interop cutecc never uses: seconds of a JAX program's first kernel call on a host that
+    also has torch. Unless torch is already imported (then it costs nothing) or
+    `$CUTECC_TVM_FFI_TORCH=1` asks for tvm-ffi's torch support, torch is hidden from
+    that one import; importing torch later works as usual.
+    """
+    if "tvm_ffi" in sys.modules or "torch" in sys.modules or os.environ.get(ENV_TVM_FFI_TORCH) == "1":
+        import tvm_ffi
+
+        return tvm_ffi
+    sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError
+    try:
+        import tvm_ffi
+    finally:
+        if "torch" in sys.modules and sys.modules["torch"] is None:
+            del sys.modules["torch"]
+    return tvm_ffi
+
+
 def _load_bytes(data: bytes, name: str) -> Any:
-    import tvm_ffi
+    tvm_ffi = import_tvm_ffi()
 
     if hasattr(os, "memfd_create"):
         fd = os.memfd_create(name, 0)

@@ -1,25 +1,27 @@
 """`cutecc.load`: find the entries built for this device and expose one callable per kernel.
 
-Loading reads metadata only; no library is opened until a kernel's first call (so a
-cache of a thousand entries costs a thousand small JSON reads, not a thousand dlopens),
-and then only after its SHA-256 matches. Entries that cannot run here (another arch,
-another artifact format, an incompatible tvm-ffi) are set aside with the reason, which
-a call of that kernel reports.
+Loading reads metadata only, and checks a kernel's entries at its first use; no library
+is opened until a kernel's first call (so a cache of a thousand entries costs a thousand
+small JSON reads, not a thousand dlopens), and then only after its SHA-256 matches.
+Entries that cannot run here (another arch, another artifact format, an incompatible
+tvm-ffi) are set aside with the reason, which a call of that kernel reports.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import importlib.metadata
 import os
 import re
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from cutecc.errors import CuteccError
 from cutecc.runtime.dispatch import Build, KernelFn
-from cutecc.store import ARTIFACT_FORMAT, ENTRY_FORMAT, Store, meta_problem
+from cutecc.store import ARTIFACT_FORMAT, ENTRY_FORMAT, Entry, Store, meta_problem
 
 ENV_ARCH = "CUTECC_ARCH"
 _ARCH = re.compile(r"^sm_(\d+)(\d)([af]?)$")
@@ -71,48 +73,67 @@ def _tvm_ffi_series() -> str:
 
 
 class KernelSet:
-    """The kernels of a cache usable on one arch; `kernels.NAME(*arrays, **scalars)`."""
+    """The kernels of a cache usable on one arch; `kernels.NAME(*arrays, **scalars)`.
 
-    def __init__(self, root: Path, arch: str, kernels: dict[str, KernelFn],
-                 problems: list[str]) -> None:
+    Each kernel's entries are checked (key, lock, arch, toolchain) and turned into
+    builds on the kernel's first use, so loading a large cache costs one metadata read
+    per entry and the kernels a program never touches cost nothing more.
+    """
+
+    def __init__(self, root: Path, arch: str, resolve: Callable[[str], KernelFn],
+                 names: Iterable[str]) -> None:
         self.root = root
         self.arch = arch
-        self._kernels = kernels
-        self.problems = problems
-        for k in kernels.values():
-            k._owner = self
+        self._resolve = resolve
+        self._names = frozenset(names)
+        self._kernels: dict[str, KernelFn] = {}
+        self._lock = threading.Lock()
+
+    def _kernel(self, name: str) -> KernelFn:
+        fn = self._kernels.get(name)
+        if fn is None:
+            with self._lock:
+                fn = self._kernels.get(name)
+                if fn is None:
+                    fn = self._kernels[name] = self._resolve(name)
+                    fn._owner = self
+        return fn
+
+    @property
+    def problems(self) -> list[str]:
+        """Every entry set aside, as `kernel: variant@arch (key): why` (checks all kernels)."""
+        return [f"{n}: {w}" for n in sorted(self._names) for w in self._kernel(n).unusable]
 
     def __getattr__(self, name: str) -> KernelFn:
         if name.startswith("_"):
             raise AttributeError(name)
-        try:
-            return self._kernels[name]
-        except KeyError:
+        if name not in self._names:
             raise AttributeError(
                 f"no kernel {name!r} in {self.root} (kernels: "
-                f"{', '.join(sorted(self._kernels)) or 'none'})") from None
+                f"{', '.join(sorted(self._names)) or 'none'})")
+        return self._kernel(name)
 
     def __getitem__(self, name: str) -> KernelFn:
         return self.__getattr__(name)
 
     def get(self, name: str) -> KernelFn | None:
-        return self._kernels.get(name)
+        return self._kernel(name) if name in self._names else None
 
     def __contains__(self, name: object) -> bool:
-        return name in self._kernels
+        return name in self._names
 
     def __iter__(self) -> Iterator[str]:
-        return iter(sorted(self._kernels))
+        return iter(sorted(self._names))
 
     def __len__(self) -> int:
-        return len(self._kernels)
+        return len(self._names)
 
     def __repr__(self) -> str:
-        return f"<cutecc KernelSet {sorted(self._kernels)} for {self.arch} from {self.root}>"
+        return f"<cutecc KernelSet {sorted(self._names)} for {self.arch} from {self.root}>"
 
     def register_all(self) -> list[str]:
         """Register every usable build (e.g. before deserializing a `jax.export`ed program)."""
-        return [b.register(k.name) for k in self._kernels.values() for b in k.builds]
+        return [b.register(n) for n in sorted(self._names) for b in self._kernel(n).builds]
 
     def disabled_safety_checks(self) -> list[Any]:
         """What `jax.export.export(..., disabled_checks=...)` needs for these kernels."""
@@ -121,7 +142,7 @@ class KernelSet:
         from cutecc.runtime.library import target_name
 
         return [jax.export.DisabledSafetyCheck.custom_call(target_name(b.key))
-                for k in self._kernels.values() for b in k.builds]
+                for n in sorted(self._names) for b in self._kernel(n).builds]
 
 
 def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
@@ -171,57 +192,68 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
 
         locked = read_lock(lock)
     pinned = locked.by_key() if locked is not None else {}
-    refused: set[str] = set()  # kernels with an entry that differs from the lock
+    by_kernel: dict[str, list[Entry]] = {}
+    collecting = gc.isenabled()
+    gc.disable()  # the scan makes many small objects, none cyclic: full collections only cost
+    try:
+        for e in store.entries() if locked is None else [e for e, _ in locked.resolve(store)]:
+            name = e.meta.get("kernel")
+            if isinstance(name, str) and (wanted is None or name in wanted):
+                by_kernel.setdefault(name, []).append(e)
+    finally:
+        if collecting:
+            gc.enable()
+    if wanted:
+        missing = sorted(wanted - set(by_kernel))
+        if missing:
+            raise CuteccError(f"no entries for kernel(s) {', '.join(missing)}; run `cutecc build`",
+                              where=str(store.root), exit_code=1)
 
-    # Per (kernel, variant): the build that runs best here; among equals, the newest
-    # (an older entry of an edited kernel stays in the cache until gc).
-    best: dict[tuple[str, str], tuple[tuple[int, str], Build]] = {}
-    backward: dict[str, str | None] = {}
-    unusable: dict[str, list[str]] = {}
-    for e in store.entries() if locked is None else [e for e, _ in locked.resolve(store)]:
+    def resolve(name: str) -> KernelFn:
+        return _kernel_fn(name, by_kernel[name], target, series, pinned, record_use)
+
+    ks = KernelSet(store.root, target, resolve, by_kernel)
+    if strict:
+        problems = ks.problems
+        if problems:
+            raise CuteccError("entries unusable here:\n  " + "\n  ".join(problems),
+                              where=str(store.root), exit_code=1)
+    return ks
+
+
+def _kernel_fn(name: str, entries: list[Entry], target: str, series: str,
+               pinned: dict[str, Any], record_use: bool) -> KernelFn:
+    """One kernel's callable: per variant the build that runs best here, the newest of
+    equals (an edited kernel's older entry stays in the cache until gc); entries that
+    cannot be used here are kept as reasons. An entry that differs from the lock file
+    refuses the whole kernel."""
+    best: dict[str, tuple[tuple[int, str], Build]] = {}
+    unusable: list[str] = []
+    backward: str | None = None
+    refused = False
+    for e in entries:
         m = e.meta
-        name = m.get("kernel")
-        if not isinstance(name, str) or (wanted is not None and name not in wanted):
-            continue
         why = pinned[e.key].mismatch(e) if e.key in pinned else None
         if why:
-            refused.add(name)
+            refused = True
         else:
             why = _why_unusable(m, target, series) or meta_problem(m, e.key)
         if why:
-            unusable.setdefault(name, []).append(
-                f"{m.get('variant')}@{m.get('arch')} ({e.key[:12]}): {why}")
+            unusable.append(f"{m.get('variant')}@{m.get('arch')} ({e.key[:12]}): {why}")
             continue
         try:
             b = Build.from_meta(e.key, e.path, m)
         except (KeyError, TypeError, ValueError) as err:
-            unusable.setdefault(name, []).append(f"{e.key[:12]}: malformed metadata ({err!r})")
+            unusable.append(f"{e.key[:12]}: malformed metadata ({err!r})")
             continue
         if not record_use:
             b = dataclasses.replace(b, record_use=False)
         score = (runs_on(b.arch, target), str(m.get("built_at", "")))
-        slot = (name, b.variant)
-        if slot not in best or score > best[slot][0]:
-            best[slot] = (score, b)
-        backward[name] = m.get("backward")
-
-    builds: dict[str, list[Build]] = {}
-    for (name, _), (_, b) in sorted(best.items()):
-        if name not in refused:  # a kernel with a tampered entry is refused whole
-            builds.setdefault(name, []).append(b)
-    names = set(builds) | set(unusable)
-    fns = {n: KernelFn(n, builds.get(n, []), backward=backward.get(n),
-                       unusable=unusable.get(n, ()), arch=target) for n in names}
-    problems = [f"{n}: {w}" for n in sorted(unusable) for w in unusable[n]]
-    if strict and problems:
-        raise CuteccError("entries unusable here:\n  " + "\n  ".join(problems),
-                          where=str(store.root), exit_code=1)
-    if wanted:
-        missing = sorted(wanted - names)
-        if missing:
-            raise CuteccError(f"no entries for kernel(s) {', '.join(missing)}; run `cutecc build`",
-                              where=str(store.root), exit_code=1)
-    return KernelSet(store.root, target, fns, problems)
+        if b.variant not in best or score > best[b.variant][0]:
+            best[b.variant] = (score, b)
+        backward = m.get("backward")
+    builds = [] if refused else [b for _, (_, b) in sorted(best.items())]
+    return KernelFn(name, builds, backward=backward, unusable=unusable, arch=target)
 
 
 def _why_unusable(m: dict[str, Any], target: str, series: str) -> str | None:

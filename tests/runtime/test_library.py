@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -109,3 +110,22 @@ def test_load_does_not_open_libraries(example_cache: Path) -> None:
     out = subprocess.run([PY, "-c", code, str(example_cache)], capture_output=True, text=True,
                          check=True).stdout.split()
     assert out == ["4", "False"]
+
+
+FAKE_TORCH = "import os\nopen(os.environ['TORCH_MARKER'], 'w').close()\nraise ImportError('fake torch')\n"
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_first_call_does_not_import_torch(example_cache: Path, tmp_path: Path, allow: bool) -> None:
+    """apache-tvm-ffi imports torch when it can (seconds on a GPU host); cutecc hides it."""
+    (tmp_path / "site" / "torch").mkdir(parents=True)
+    (tmp_path / "site" / "torch" / "__init__.py").write_text(FAKE_TORCH)
+    marker = tmp_path / "torch-was-imported"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "TORCH_MARKER": str(marker)}
+    if allow:
+        env["CUTECC_TVM_FFI_TORCH"] = "1"
+    r = subprocess.run([PY, "-c", CALL_MUL, str(example_cache)], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "LOWERED" in r.stdout and "MAPPED" in r.stdout
+    assert marker.exists() is allow

@@ -41,3 +41,19 @@ def test_newest_of_several_builds_of_one_variant_wins(example_cache: Path, tmp_p
         chosen = {build.variant: build.key for build in ks.mul.builds}
         assert chosen["dtype=float32"] == newest
         assert len(ks.mul.builds) == 3  # one per variant, not one per entry
+
+
+def test_a_kernel_is_checked_at_first_use_only(example_cache: Path, monkeypatch) -> None:
+    """Loading costs one metadata read per entry; the checks run for the kernels used."""
+    import cutecc.runtime.loader as loader
+
+    checked: list[str] = []
+    real = loader.meta_problem
+    monkeypatch.setattr(loader, "meta_problem", lambda m, key: checked.append(m["kernel"]) or real(m, key))
+    ks = cutecc.load(example_cache, arch="sm_90a")
+    assert checked == [] and set(ks) == {"mul", "mul_bwd", "rmsnorm", "axpy"}
+    assert len(ks.mul.variants) == 3
+    assert checked == ["mul"] * 3
+    ks.mul  # noqa: B018  (resolved once)
+    assert checked == ["mul"] * 3
+    assert ks.problems == [] and sorted(set(checked)) == sorted(ks)
