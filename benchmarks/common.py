@@ -1,0 +1,126 @@
+"""Shared by the groups: statistics, fresh-process runs, result rows, the environment."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+ARCH = "sm_90a"
+
+
+def summary(xs: list[float]) -> dict[str, float]:
+    """Median, min, max and quartiles of a sample (n = 1 gives all equal)."""
+    s = sorted(xs)
+    q1, _, q3 = statistics.quantiles(s, n=4, method="inclusive") if len(s) > 1 else (s[0],) * 3
+    return {"median": statistics.median(s), "min": s[0], "max": s[-1], "q1": q1, "q3": q3,
+            "n": len(s)}
+
+
+def run_child(args: list[str], env: dict[str, str] | None = None,
+              timeout: float = 1200) -> tuple[float, dict[str, Any]]:
+    """Run `python ARGS` from the repository root in a fresh process.
+
+    Returns (wall seconds measured here, the last JSON object the child printed).
+    """
+    full_env = {**os.environ, **(env or {})}
+    t0 = time.perf_counter()
+    r = subprocess.run([PY, *args], capture_output=True, text=True, env=full_env, cwd=REPO,
+                       timeout=timeout)
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} exited {r.returncode}:\n{r.stderr[-3000:]}")
+    try:
+        return wall, json.loads(r.stdout)  # one JSON document (`cutecc build --json`)
+    except ValueError:
+        lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+        return wall, (json.loads(lines[-1]) if lines else {})
+
+
+def dsl_available() -> bool:
+    """Whether the CuTe DSL is installed (without importing it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("cutlass") is not None
+
+
+def version(pkg: str) -> str:
+    try:
+        return importlib.metadata.version(pkg)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+def machine() -> dict[str, Any]:
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "hostname": platform.node(), "nproc": os.cpu_count(), "cpu": cpu,
+        "python": platform.python_version(),
+        "packages": {p: version(p) for p in ("jax", "jaxlib", "nvidia-cutlass-dsl", "apache-tvm-ffi",
+                                             "jax-tvm-ffi")},
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "command": " ".join([Path(PY).name, "-m", "benchmarks", *sys.argv[1:]]),
+    }
+
+
+@dataclass
+class Row:
+    """One line of the table: a measured sample (stats) or a derived figure (value)."""
+
+    group: str
+    name: str
+    unit: str  # "s", "ms", "MiB", "x"
+    stats: dict[str, float] | None = None
+    value: float | None = None
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"group": self.group, "name": self.name, "unit": self.unit, "stats": self.stats,
+                "value": self.value, "note": self.note}
+
+
+def sample_row(group: str, name: str, xs: list[float], unit: str = "s", note: str = "") -> Row:
+    scale = {"s": 1.0, "ms": 1e3, "MiB": 1.0}[unit]
+    return Row(group, name, unit, stats=summary([x * scale for x in xs]), note=note)
+
+
+@dataclass
+class GroupResult:
+    rows: list[Row] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+    skipped: str | None = None
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+
+
+def table(rows: list[Row]) -> str:
+    out = ["| group | measurement | median | min - max | n | note |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if r.stats is not None:
+            s = r.stats
+            med, spread, n = (f"{_fmt(s['median'])} {r.unit}",
+                              f"{_fmt(s['min'])} - {_fmt(s['max'])}", str(s["n"]))
+        else:
+            med, spread, n = (f"{_fmt(r.value)} {r.unit}" if r.value is not None else "-"), "", ""
+        out.append(f"| {r.group} | {r.name} | {med} | {spread} | {n} | {r.note} |")
+    return "\n".join(out)
