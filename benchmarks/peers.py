@@ -16,10 +16,7 @@ Import this module only in a child process: it imports the DSL for `CUTE_DSL_ARC
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -95,23 +92,9 @@ def variant_of(c: Call) -> tuple[Any, Any]:
 
 def compile_inprocess(kernel: Any, variant: Any) -> Any:
     """cute.compile of the launcher through cutecc's canonical wrapper, for TVM-FFI."""
-    from cutecc.compiler import _fake_args, resolve_entry, wrapper_source
+    from cutecc.compiler import compile_variant
 
-    launcher = resolve_entry(kernel.entry, variant.factory_args)
-    with tempfile.TemporaryDirectory(prefix="bench-wrap-") as d:
-        src = Path(d) / f"bench_wrapper_{os.getpid()}_{kernel.name}.py"
-        src.write_text(wrapper_source(variant.args))  # the DSL reads a jit's source from its file
-        spec = importlib.util.spec_from_file_location(src.stem, src)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[src.stem] = module
-        try:
-            spec.loader.exec_module(module)
-            entry = module.make(launcher, dict(variant.constants))
-            options = " ".join(o for o in ("--enable-tvm-ffi", kernel.compile_options) if o)
-            return cute.compile(entry, *_fake_args(variant.convention), options=options)
-        finally:
-            sys.modules.pop(src.stem, None)
+    return compile_variant(kernel.entry, variant, kernel.compile_options)
 
 
 _count = 0

@@ -139,23 +139,30 @@ def compile_to_object(job: CompileJob, out_dir: Path) -> Path:
     for p in reversed(job.python_path):
         if p not in sys.path:
             sys.path.insert(0, p)
+    compiled = compile_variant(job.entry, job.variant, job.compile_options)
+    obj = out_dir / OBJECT
+    compiled.export_to_c(str(obj), function_name=INNER_SYMBOL)
+    return obj
+
+
+def compile_variant(entry: str, variant: Variant, compile_options: str = "") -> Any:
+    """`cute.compile` of one variant of a launcher for TVM-FFI, in this process, through
+    the generated wrapper that takes the canonical order (stream, inputs, results, scalars).
+    The DSL must already be importable for the target arch (`CUTE_DSL_ARCH`)."""
     import cutlass.cute as cute
 
-    launcher = resolve_entry(job.entry, job.variant.factory_args)
+    launcher = resolve_entry(entry, variant.factory_args)
     with tempfile.TemporaryDirectory(prefix="cutecc-wrap-") as wdir:
         src = Path(wdir) / f"cutecc_wrapper_{os.getpid()}.py"
-        src.write_text(wrapper_source(job.variant.args))
+        src.write_text(wrapper_source(variant.args))  # the DSL reads a jit's source from its file
         spec = importlib.util.spec_from_file_location(src.stem, src)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[src.stem] = module
         try:
             spec.loader.exec_module(module)
-            entry_fn = module.make(launcher, dict(job.variant.constants))
-            options = " ".join(o for o in ("--enable-tvm-ffi", job.compile_options) if o)
-            compiled = cute.compile(entry_fn, *_fake_args(job.variant.convention), options=options)
+            entry_fn = module.make(launcher, dict(variant.constants))
+            options = " ".join(o for o in ("--enable-tvm-ffi", compile_options) if o)
+            return cute.compile(entry_fn, *_fake_args(variant.convention), options=options)
         finally:
             sys.modules.pop(src.stem, None)
-    obj = out_dir / OBJECT
-    compiled.export_to_c(str(obj), function_name=INNER_SYMBOL)
-    return obj
