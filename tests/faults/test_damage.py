@@ -59,6 +59,13 @@ def _field_span(text: bytes, name: str) -> tuple[int, int]:
 Plant = Callable[[Path, Path, Path, random.Random], str]
 
 
+def _swap(a: Path, b: Path) -> None:
+    tmp = a.with_name("swap.tmp")
+    os.rename(a, tmp)
+    os.rename(b, a)
+    os.rename(tmp, b)
+
+
 def _lib_truncated(e: Path, _: Path, __: Path, rng: random.Random) -> str:
     data = (e / LIB).read_bytes()
     (e / LIB).write_bytes(data[:rng.randrange(len(data))])
@@ -76,10 +83,7 @@ def _lib_deleted(e: Path, *_: object) -> str:
 
 
 def _lib_swapped(e: Path, other: Path, *_: object) -> str:
-    tmp = e / "swap.tmp"
-    os.rename(e / LIB, tmp)
-    os.rename(other / LIB, e / LIB)
-    os.rename(tmp, other / LIB)
+    _swap(e / LIB, other / LIB)
     return "truncated|altered"
 
 
@@ -138,10 +142,7 @@ def _meta_deleted(e: Path, *_: object) -> str:
 
 
 def _meta_swapped(e: Path, other: Path, *_: object) -> str:
-    tmp = e / "swap.tmp"
-    os.rename(e / META, tmp)
-    os.rename(other / META, e / META)
-    os.rename(tmp, other / META)
+    _swap(e / META, other / META)
     return "malformed"
 
 
