@@ -57,7 +57,7 @@ def synthesize(src: Any, dst: Path, n: int) -> None:
     for i in range(n - 1):
         meta = copy.deepcopy(base)
         meta["key_inputs"]["constants"]["bench_filler"] = i
-        meta["kernel"] = f"filler_{i:04d}"
+        meta["kernel"] = meta["key_inputs"]["kernel"] = f"filler_{i:04d}"
         store.publish(compute_key(meta["key_inputs"]), produce(meta))
 
 

@@ -1,11 +1,12 @@
 """The cache key: a SHA-256 over everything that decides an artifact's bytes.
 
-Inputs: the kernel's source (its module and every project-local module it imports,
-found by reading `import` statements, never by importing), the entry point and factory
-arguments, the resolved contract, the constants, the target arch, the compile options,
-and the versions of the toolchain (the DSL, tvm-ffi, the CUDA runtime, the C compiler)
-and of cutecc's artifact format. Computing a key imports neither the DSL nor JAX, so
-the cache-hit path of `cutecc build` stays cheap.
+Inputs: the kernel's name (the runtime exposes the entry under it), its source (its
+module and every project-local module it imports, found by reading `import` statements,
+never by importing), the entry point and factory arguments, the resolved contract, the
+constants, the target arch, the compile options, and the versions of the toolchain (the
+DSL, tvm-ffi, the CUDA runtime, the C compiler) and of cutecc's artifact format.
+Computing a key imports neither the DSL nor JAX, so the cache-hit path of `cutecc build`
+stays cheap.
 """
 
 from __future__ import annotations
@@ -204,6 +205,7 @@ class SourceIndex:
 def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str) -> dict[str, Any]:
     """The named inputs of one artifact's key (also stored in its metadata)."""
     return {
+        "kernel": kernel.name,  # the runtime exposes an entry under this name
         "entry": kernel.entry,
         "source": source_digest,
         "factory_args": None if variant.factory_args is None else dict(variant.factory_args),

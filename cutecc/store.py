@@ -480,7 +480,7 @@ def meta_problem(meta: Any, key: str) -> str | None:
     """Why `meta` (an entry's parsed meta.json) cannot be trusted as the entry for `key`.
 
     The key is the SHA-256 of `key_inputs`, so recomputing it checks those inputs, and the
-    fields the runtime acts on (the contract `args`, `arch`, `entry`, `toolchain`) must equal
+    fields the runtime acts on (`kernel`, the contract `args`, `arch`, `entry`, `toolchain`) must equal
     their copies there: a damaged contract would otherwise run a verified library with the
     wrong shapes or dtypes. The file records are checked against the files by their hashes.
     """
@@ -499,7 +499,9 @@ def meta_problem(meta: Any, key: str) -> str | None:
         digest = None
     if digest != key:
         return "key_inputs do not hash to the entry's key (damaged metadata)"
-    for field_ in ("args", "arch", "entry", "toolchain"):
+    for field_ in ("kernel", "args", "arch", "entry", "toolchain"):
+        if field_ == "kernel" and field_ not in inputs:
+            continue  # keyed before the kernel's name was a key input
         if meta.get(field_) != inputs.get(field_):
             return f"{field_} differs from key_inputs.{field_} (damaged metadata)"
     for name in ("kernel", "variant", "symbol"):

@@ -200,8 +200,9 @@ def test_compute_key_is_canonical_json_sha256() -> None:
 
 def test_key_inputs_name_everything_that_decides_the_bytes(proj: Path) -> None:
     p = _by_label(proj)["b[default]"]
-    assert set(p.inputs) == {"entry", "source", "factory_args", "args", "constants", "arch",
-                             "compile_options", "toolchain"}
+    assert set(p.inputs) == {"kernel", "entry", "source", "factory_args", "args", "constants",
+                             "arch", "compile_options", "toolchain"}
+    assert p.inputs["kernel"] == "b"
     assert p.inputs["entry"] == "kk.other:make_add"
     assert p.inputs["factory_args"] == {"block": 256}
     assert p.inputs["arch"] == "sm_90a"
@@ -443,3 +444,14 @@ def test_dry_run_reports_what_is_already_cached_and_writes_nothing(
 def test_lacks_is_sure_or_silent(tmp_path: Path, source: str, attr: str, lacks: bool) -> None:
     (tmp_path / "mod_under_test.py").write_text(source)
     assert SourceIndex((tmp_path,)).lacks("mod_under_test", attr) is lacks
+
+
+def test_two_kernels_defined_alike_get_their_own_entries(proj: Path) -> None:
+    """The runtime exposes an entry under its kernel's name, so the name is keyed."""
+    text = proj.read_text()
+    b = text[text.index("[kernel.b]"):]
+    proj.write_text(text + "\n" + b.replace("[kernel.b]", "[kernel.b2]"))
+    by = _by_label(proj)
+    assert by["b[default]"].key != by["b2[default]"].key
+    diff = {k for k in by["b[default]"].inputs if by["b[default]"].inputs[k] != by["b2[default]"].inputs[k]}
+    assert diff == {"kernel"}
