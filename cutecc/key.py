@@ -56,6 +56,7 @@ class SourceIndex:
         self._digests: dict[str, tuple[str, tuple[str, ...]]] = {}
         self._file_hash: dict[Path, str] = {}
         self._imports: dict[Path, set[str]] = {}
+        self._trees: dict[Path, ast.Module] = {}
         self._roots: dict[str, Path | None] = {}
         self._installed_tops: set[str] = set()
 
@@ -81,7 +82,7 @@ class SourceIndex:
         f = self._find(module)
         if f is None:
             return False
-        tree = ast.parse(f.read_bytes(), filename=str(f))
+        tree = self._tree(f)
         names: set[str] = set()
         todo = list(tree.body)
         while todo:
@@ -177,12 +178,18 @@ class SourceIndex:
                 todo.extend(self._imports_of(f, name, f.name == "__init__.py"))
         return seen
 
-    def _imports_of(self, f: Path, mod: str, is_pkg: bool) -> set[str]:
-        if f not in self._imports:
+    def _tree(self, f: Path) -> ast.Module:
+        """`f` parsed, once per index (imports and entry attributes both read it)."""
+        if f not in self._trees:
             try:
-                tree = ast.parse(f.read_bytes(), filename=str(f))
+                self._trees[f] = ast.parse(f.read_bytes(), filename=str(f))
             except SyntaxError as e:
                 raise CuteccError(f"syntax error: {e.msg} (line {e.lineno})", where=str(f)) from None
+        return self._trees[f]
+
+    def _imports_of(self, f: Path, mod: str, is_pkg: bool) -> set[str]:
+        if f not in self._imports:
+            tree = self._tree(f)
             pkg = mod if is_pkg else mod.rpartition(".")[0]
             deps: set[str] = set()
             for node in ast.walk(tree):

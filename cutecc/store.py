@@ -442,7 +442,6 @@ class Store:
                 continue
         return n
 
-
     def _sweep_root(self) -> int:
         n = 0
         with contextlib.suppress(OSError):
