@@ -36,7 +36,7 @@ def real_entry(cache: Path, kernel: str = "mul", variant: str = "dtype=float32")
 
 def synthesize(src: Any, dst: Path, n: int) -> None:
     """A cache at `dst` holding `src` and n-1 distinct valid filler entries."""
-    from cutecc.key import compute_key
+    from cutecc.entry import compute_key
     from cutecc.store import Store
 
     store = Store(dst)

@@ -6,11 +6,15 @@ thin runtime (JAX + tvm-ffi) on first use.
 
 from __future__ import annotations
 
+import importlib.metadata
 from typing import TYPE_CHECKING, Any
 
 from cutecc.errors import CuteccError
 
-__version__ = "0.1.0"
+try:
+    __version__ = importlib.metadata.version("cutecc")  # written once, in pyproject.toml
+except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
 __all__ = ["CuteccError", "__version__", "load"]
 
 if TYPE_CHECKING:

@@ -42,11 +42,21 @@ OBJECT = "kernel.o"
 
 @dataclass(frozen=True)
 class CompileJob:
+    """One variant to compile, for this process's target arch (see `set_target`)."""
+
     entry: str
     variant: Variant
-    arch: str
     compile_options: str
     python_path: tuple[str, ...]
+
+
+def set_target(arch: str) -> None:
+    """Make this process's DSL compile for `arch`: before the DSL's first import only
+    (the DSL reads `CUTE_DSL_ARCH` then), so one process serves one arch."""
+    current = os.environ.get("CUTE_DSL_ARCH")
+    if current != arch and "cutlass" in sys.modules:
+        raise RuntimeError(f"this process's DSL was imported for {current}, not {arch}")
+    os.environ["CUTE_DSL_ARCH"] = arch
 
 
 def _result_param(t: TensorArg) -> str:
@@ -129,13 +139,10 @@ def _fake_args(conv: CallingConvention) -> list[Any]:
 
 
 def compile_to_object(job: CompileJob, out_dir: Path) -> Path:
-    """Compile `job` for `job.arch` and export its object file into `out_dir`, defining
-    `__tvm_ffi_<INNER_SYMBOL>` (the linker wraps it)."""
-    if os.environ.get("CUTE_DSL_ARCH") != job.arch:
-        if "cutlass" in sys.modules:
-            raise RuntimeError(f"this worker's DSL was imported for {os.environ.get('CUTE_DSL_ARCH')},"
-                               f" not {job.arch}")
-        os.environ["CUTE_DSL_ARCH"] = job.arch
+    """Compile `job` for this process's target (`set_target`) and export its object file
+    into `out_dir`, defining `__tvm_ffi_<INNER_SYMBOL>` (the linker wraps it)."""
+    if not os.environ.get("CUTE_DSL_ARCH"):
+        raise RuntimeError("no target arch: call cutecc.compiler.set_target first")
     for p in reversed(job.python_path):
         if p not in sys.path:
             sys.path.insert(0, p)

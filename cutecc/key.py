@@ -16,15 +16,14 @@ import functools
 import hashlib
 import importlib.metadata
 import importlib.util
-import json
 import subprocess
 from pathlib import Path
 from typing import Any
 
 from cutecc.contract import args_to_json
+from cutecc.entry import ARTIFACT_FORMAT
 from cutecc.errors import CuteccError
 from cutecc.manifest import Kernel, Variant
-from cutecc.store import ARTIFACT_FORMAT
 
 _TOOL_PACKAGES = ("nvidia-cutlass-dsl", "apache-tvm-ffi", "nvidia-cuda-runtime")
 
@@ -222,8 +221,3 @@ def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str) 
         "compile_options": kernel.compile_options,
         "toolchain": toolchain(),
     }
-
-
-def compute_key(inputs: dict[str, Any]) -> str:
-    blob = json.dumps(inputs, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(blob.encode()).hexdigest()

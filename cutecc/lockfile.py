@@ -15,8 +15,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from cutecc.atomic import atomic_write
+from cutecc.entry import label, library_record
 from cutecc.errors import CuteccError
-from cutecc.store import Entry, Store, atomic_write
+from cutecc.store import Entry, Store
 
 LOCK_FORMAT = 1
 LOCK_NAME = "kernels.lock"
@@ -37,18 +39,16 @@ class LockEntry:
 
     @property
     def label(self) -> str:
-        return f"{self.kernel}[{self.variant}]@{self.arch}"
+        return label(self.kernel, self.variant, self.arch)
 
     @classmethod
     def of(cls, kernel: str, variant: str, arch: str, entry: Entry) -> LockEntry:
         """The lock line for an entry of the store, from its meta.json file records."""
-        try:
-            lib = str(entry.meta["library"])
-            rec = entry.meta["files"][lib]
-            return cls(kernel, variant, arch, entry.key, lib, str(rec["sha256"]), int(rec["size"]))
-        except (KeyError, TypeError, ValueError):
+        rec = library_record(entry.meta)
+        if rec is None:
             raise CuteccError("malformed metadata (no library file record)",
-                              where=str(entry.path), exit_code=1) from None
+                              where=str(entry.path), exit_code=1)
+        return cls(kernel, variant, arch, entry.key, *rec)
 
     def mismatch(self, entry: Entry) -> str | None:
         """Why the entry's recorded library differs from the lock's, or None if it matches."""
@@ -169,15 +169,15 @@ def lock_for(items: Iterable[tuple[str, str, str, str]], store: Store) -> Lock:
     return Lock(tuple(out))
 
 
-def record_build(path: Path, items: Iterable[tuple[str, str, str, str]], store: Store, *,
-                 partial: bool, covered: set[tuple[str, str]], defined: set[str]) -> bool:
+def record_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
+                 covered: set[tuple[str, str]], defined: set[str]) -> bool:
     """Write the lock of a successful build; True when its content changed.
 
-    A full build locks exactly what it planned. A `partial` one (restricted by --kernel or
+    A full build locks exactly its `lines`. A `partial` one (restricted by --kernel or
     --arch) replaces only the (kernel, arch) pairs it `covered`, keeping the old file's
     other entries of kernels the manifest still `defined`.
     """
-    new = lock_for(items, store)
+    new = Lock(tuple(lines))
     if partial and path.is_file():
         old = read_lock(path)
         kept = tuple(e for e in old.entries

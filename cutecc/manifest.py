@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from cutecc import dtypes
+from cutecc.archs import is_arch
 from cutecc.contract import (
     ROLES,
     Arg,
@@ -56,10 +57,10 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 MANIFEST_FORMAT = 1
+MANIFEST_NAMES = ("kernels.toml", "pyproject.toml")
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 MAX_VARIANTS_PER_KERNEL = 10_000
 MAX_TUPLE_DEPTH = 8  # launchers take tuples of tensors, not trees; deeper is a mistake
-ARCH_RE = re.compile(r"^sm_(\d{2,3})([af]?)$")
 ENTRY_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -135,6 +136,16 @@ class Manifest:
         known = ", ".join(k.name for k in self.kernels) or "none"
         raise CuteccError(f'no kernel "{name}" (kernels: {known})', where=str(self.path))
 
+    def select(self, kernels: tuple[str, ...] | list[str]) -> Manifest:
+        """This manifest restricted to `kernels` and their backward kernels (an unknown
+        name is an error naming the manifest)."""
+        wanted = set(kernels)
+        for name in kernels:
+            back = self.kernel(name).backward  # raises for unknown names
+            if back:
+                wanted.add(back)
+        return Manifest(self.path, self.python_path, tuple(k for k in self.kernels if k.name in wanted))
+
 
 class _Ctx:
     """Where we are in the file, for error messages."""
@@ -156,13 +167,20 @@ def _one_line(text: str) -> str:
 
 
 def find_manifest(start: Path | None = None) -> Path:
-    """`kernels.toml`, else a `pyproject.toml` with `[tool.cutecc]`, in `start`."""
-    base = start or Path.cwd()
-    for name in ("kernels.toml", "pyproject.toml"):
-        p = base / name
-        if p.is_file() and (name == "kernels.toml" or b"[tool.cutecc" in p.read_bytes()):
-            return p
-    raise CuteccError(f"no kernels.toml (or pyproject.toml with [tool.cutecc]) in {base}")
+    """The project's manifest: `kernels.toml`, else a `pyproject.toml` with `[tool.cutecc]`,
+    in `start` (default: the working directory) or the nearest directory above it, as
+    ruff and uv find their configuration."""
+    base = (start or Path.cwd()).absolute()
+    for d in (base, *base.parents):
+        for name in MANIFEST_NAMES:
+            p = d / name
+            try:
+                if p.is_file() and (name == "kernels.toml" or b"[tool.cutecc" in p.read_bytes()):
+                    return p
+            except OSError:
+                continue
+    raise CuteccError(f"no kernels.toml (or pyproject.toml with [tool.cutecc]) in {base} or any "
+                      "directory above it; pass --manifest, or run `cutecc init`")
 
 
 def load_manifest(path: str | Path, *, kernels: tuple[str, ...] = ()) -> Manifest:
@@ -198,16 +216,7 @@ def load_manifest(path: str | Path, *, kernels: tuple[str, ...] = ()) -> Manifes
         manifest = _parse(doc, path, ctx, prefix)
     except RecursionError:
         raise CuteccError("values nested too deeply", where=str(path)) from None
-    if kernels:
-        wanted = set(kernels)
-        for name in kernels:
-            manifest.kernel(name)  # raises for unknown names
-            back = manifest.kernel(name).backward
-            if back:
-                wanted.add(back)
-        manifest = Manifest(manifest.path, manifest.python_path,
-                            tuple(k for k in manifest.kernels if k.name in wanted))
-    return manifest
+    return manifest.select(kernels) if kernels else manifest
 
 
 def _parse(doc: dict[str, Any], path: Path, ctx: _Ctx, prefix: str) -> Manifest:
@@ -503,20 +512,11 @@ def _archs(ctx: _Ctx, kp: str, v: Any) -> tuple[str, ...]:
         raise ctx.fail(kp, "must be a non-empty array of architectures such as \"sm_90a\"")
     out = []
     for i, a in enumerate(v):
-        if not isinstance(a, str) or not ARCH_RE.match(a):
+        if not is_arch(a):
             raise ctx.fail(f"{kp}[{i}]", f'"{a}" is not a GPU architecture such as "sm_90a"')
         if a not in out:
             out.append(a)
     return tuple(out)
-
-
-def parse_archs(values: tuple[str, ...], where: str = "--arch") -> tuple[str, ...]:
-    """Validate architectures given on the command line (comma-separated allowed)."""
-    flat = [a.strip() for v in values for a in v.split(",") if a.strip()]
-    for a in flat:
-        if not ARCH_RE.match(a):
-            raise CuteccError(f'"{a}" is not a GPU architecture such as "sm_90a"', where=where)
-    return tuple(dict.fromkeys(flat))
 
 
 def _table(ctx: _Ctx, kp: str, v: Any) -> tuple[tuple[str, Any], ...]:

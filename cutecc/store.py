@@ -25,7 +25,6 @@ import datetime as dt
 import errno
 import json
 import os
-import re
 import secrets
 import shutil
 import tempfile
@@ -36,22 +35,17 @@ from typing import Any
 
 import filelock
 
+from cutecc import environ
+from cutecc.atomic import TMP_NAME, atomic_write, fsync_dir
+from cutecc.entry import ENTRY_FORMAT, META, STORE_FORMAT, USED, file_record
 from cutecc.errors import CuteccError
+from cutecc.locks import Busy, held
+from cutecc.units import now_iso
 
-STORE_FORMAT = 1
-ENTRY_FORMAT = 1  # the layout of meta.json
-# Bump when the generated wrapper, the calling convention or the link recipe changes in a
-# way that makes older artifacts unusable; part of every key and checked at load.
-ARTIFACT_FORMAT = 1
-ENV_CACHE_DIR = "CUTECC_CACHE_DIR"
-ENV_READ_ONLY = "CUTECC_READ_ONLY"
-META = "meta.json"
-USED = "used"  # empty; its mtime is the entry's last use (not an artifact, not hashed)
 STATS = "stats.json"
 STATS_FORMAT = 1
 QUARANTINE_FORMAT = 1  # the layout of why.json in a quarantined entry
 _COUNTERS = ("hits", "misses", "failures", "seconds_saved")
-_ATOMIC_TMP = re.compile(r"^\.(.+)\.[0-9a-f]{12}\.tmp$")  # atomic_write's temporary name
 
 _README = """\
 This directory is a cache of CuTe DSL kernels built ahead of time by cutecc.
@@ -67,17 +61,12 @@ _CACHEDIR_TAG = (
 
 def default_cache_dir() -> Path:
     """`$CUTECC_CACHE_DIR`, else the platform's user cache directory (XDG on Linux)."""
-    env = os.environ.get(ENV_CACHE_DIR)
+    env = os.environ.get(environ.CACHE_DIR)
     if env:
         return Path(env).expanduser()
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("cutecc", appauthor=False))
-
-
-def read_only_from_env() -> bool:
-    """True when `$CUTECC_READ_ONLY` is set to anything but "", 0, false, no or off."""
-    return os.environ.get(ENV_READ_ONLY, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
 def touch_used(entry_dir: Path) -> None:
@@ -94,31 +83,6 @@ def touch_used(entry_dir: Path) -> None:
             os.close(os.open(used, os.O_WRONLY | os.O_CREAT, 0o644))
     except OSError:
         pass
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a fsynced temporary file in the same directory."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    fsync_dir(path.parent)
-
-
-def fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -310,7 +274,7 @@ class Store:
                     and old["format"] != STATS_FORMAT:
                 return
             cur = self.read_stats()
-            now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+            now = now_iso()
             doc = {"format": STATS_FORMAT, "since": cur.get("since", now), "updated_at": now}
             for k in _COUNTERS:
                 doc[k] = cur[k] + delta.get(k, 0)
@@ -351,8 +315,7 @@ class Store:
             moved = self._move_out(key, dest)
         if moved is not None:
             with contextlib.suppress(OSError):
-                why = {"format": QUARANTINE_FORMAT, "key": key, "reason": reason,
-                       "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+                why = {"format": QUARANTINE_FORMAT, "key": key, "reason": reason, "at": now_iso()}
                 atomic_write(moved / "why.json", json.dumps(why, indent=1).encode())
         return moved
 
@@ -375,12 +338,11 @@ class Store:
         fsync_dir(dest.parent)
         return dest
 
-
     @contextlib.contextmanager
     def lock(self, key: str, timeout: float = -1) -> Iterator[None]:
         """Hold `locks/<key>.lock`. Raises filelock.Timeout, or CuteccError (exit 1) when the
         lock file cannot be created or opened (a read-only or full cache)."""
-        with _lock_file(self.locks_dir / f"{key}.lock", timeout):
+        with held(self.locks_dir / f"{key}.lock", timeout):
             yield
 
     def publish(self, key: str, build: Callable[[Path], dict[str, Any]]) -> tuple[Entry, bool]:
@@ -446,7 +408,7 @@ class Store:
         n = 0
         with contextlib.suppress(OSError):
             for f in list(self.root.iterdir()):
-                m = _ATOMIC_TMP.match(f.name)
+                m = TMP_NAME.fullmatch(f.name)
                 if not m:
                     continue
                 guard = "stats.lock" if m.group(1) == STATS else "store.lock"
@@ -457,81 +419,3 @@ class Store:
                 except (filelock.Timeout, OSError):
                     continue
         return n
-
-
-@contextlib.contextmanager
-def _lock_file(path: Path, timeout: float) -> Iterator[None]:
-    lock = filelock.FileLock(path, timeout=timeout)
-    try:
-        lock.acquire()
-    except filelock.Timeout:
-        raise
-    except OSError as e:
-        raise CuteccError(f"cannot take the lock: {e.strerror}", where=str(path),
-                          exit_code=1) from None
-    try:
-        yield
-    finally:
-        lock.release()
-
-
-def meta_problem(meta: Any, key: str) -> str | None:
-    """Why `meta` (an entry's parsed meta.json) cannot be trusted as the entry for `key`.
-
-    The key is the SHA-256 of `key_inputs`, so recomputing it checks those inputs, and the
-    fields the runtime acts on (`kernel`, the contract `args`, `arch`, `entry`, `toolchain`) must equal
-    their copies there: a damaged contract would otherwise run a verified library with the
-    wrong shapes or dtypes. The file records are checked against the files by their hashes.
-    """
-    from cutecc.key import compute_key
-
-    if not isinstance(meta, dict):
-        return "meta.json is not an object"
-    if meta.get("key") != key:
-        return f"records key {str(meta.get('key'))[:16]}.., its directory is {key[:16]}.."
-    inputs = meta.get("key_inputs")
-    if not isinstance(inputs, dict):
-        return "no key_inputs"
-    try:
-        digest = compute_key(inputs)
-    except (TypeError, ValueError):
-        digest = None
-    if digest != key:
-        return "key_inputs do not hash to the entry's key (damaged metadata)"
-    for field_ in ("kernel", "args", "arch", "entry", "toolchain"):
-        if field_ == "kernel" and field_ not in inputs:
-            continue  # keyed before the kernel's name was a key input
-        if meta.get(field_) != inputs.get(field_):
-            return f"{field_} differs from key_inputs.{field_} (damaged metadata)"
-    for name in ("kernel", "variant", "symbol"):
-        if not isinstance(meta.get(name), str) or not meta[name]:
-            return f"{name} is not a string (damaged metadata)"
-    files = meta.get("files")
-    lib = meta.get("library")
-    if not isinstance(files, dict) or not isinstance(lib, str) or lib not in files:
-        return f"library {meta.get('library')!r} is not among the recorded files"
-    for name, rec in files.items():
-        if not (isinstance(rec, dict) and type(rec.get("size")) is int
-                and isinstance(rec.get("sha256"), str)):
-            return f"bad record for {name!r}"
-    return None
-
-
-class Busy(Exception):
-    """Another process holds the key's lock (e.g. builds it) beyond the timeout."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(f"{key}: locked by another process")
-        self.key = key
-
-
-def file_record(path: Path) -> dict[str, Any]:
-    import hashlib
-
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-            size += len(chunk)
-    return {"sha256": h.hexdigest(), "size": size}

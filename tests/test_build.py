@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import PY, TOY_KERNEL, run_cli, toy_manifest
 
-from cutecc.build import build
+from cutecc.commands.build import build
 from cutecc.store import Store
 
 pytestmark = pytest.mark.slow
@@ -37,7 +37,7 @@ def test_build_then_rebuild_is_all_cached_and_imports_no_dsl(toy_project: Path, 
     first = build(toy_project, cache_dir=cache, jobs=2)
     assert (first.count("built"), first.count("cached"), first.count("failed")) == (2, 0, 0)
     assert len(_entries_verified(cache)) == 2
-    code = ("import sys, json; from cutecc.build import build; "
+    code = ("import sys, json; from cutecc.commands.build import build; "
             f"r = build({str(toy_project)!r}, cache_dir={str(cache)!r}); "
             "print(json.dumps([r.count('built'), r.count('cached'), 'cutlass' in sys.modules, r.seconds]))")
     out = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=True)

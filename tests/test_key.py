@@ -18,12 +18,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import cutecc.build
+import cutecc.commands.build
+import cutecc.workers
 import cutecc.key
-from cutecc.build import Planned, build, plan
+from cutecc.commands.build import build
+from cutecc.plan import Planned, plan
 from cutecc.cli import main
 from cutecc.errors import CuteccError
-from cutecc.key import SourceIndex, compute_key, key_inputs
+from cutecc.entry import compute_key
+from cutecc.key import SourceIndex, key_inputs
 from cutecc.manifest import load_manifest
 
 PY = sys.executable
@@ -151,7 +154,7 @@ def test_keys_are_stable_across_calls(proj: Path) -> None:
 
 
 def test_keys_are_stable_across_processes(proj: Path, tmp_path: Path) -> None:
-    code = ("import json, sys; from cutecc.build import plan; from cutecc.manifest import load_manifest; "
+    code = ("import json, sys; from cutecc.plan import plan; from cutecc.manifest import load_manifest; "
             "print(json.dumps([p.key for p in plan(load_manifest(sys.argv[1]))]))")
     here = [p.key for p in plan(load_manifest(proj))]
     runs = []
@@ -164,7 +167,7 @@ def test_keys_are_stable_across_processes(proj: Path, tmp_path: Path) -> None:
 
 
 def test_planning_imports_neither_the_dsl_nor_jax(proj: Path, tmp_path: Path) -> None:
-    code = ("import json, sys; from cutecc.build import build, plan; "
+    code = ("import json, sys; from cutecc.commands.build import build; from cutecc.plan import plan; "
             "from cutecc.manifest import load_manifest; "
             "keys = [p.key for p in plan(load_manifest(sys.argv[1]))]; "
             "r = build(sys.argv[1], cache_dir=sys.argv[2], dry_run=True); "
@@ -366,8 +369,8 @@ def _no_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(*a: object, **k: object) -> None:
         raise AssertionError("a dry run must not compile")
 
-    monkeypatch.setattr(cutecc.build, "_compile_all", boom)
-    monkeypatch.setattr(cutecc.build, "_build_one", boom)
+    monkeypatch.setattr(cutecc.workers, "compile_all", boom)
+    monkeypatch.setattr(cutecc.workers, "build_one", boom)
 
 
 def test_cli_dry_run_lists_and_compiles_nothing(

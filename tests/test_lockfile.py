@@ -39,7 +39,7 @@ def make_project(root: Path, text: str) -> Path:
 def toy(tmp_path_factory: pytest.TempPathFactory) -> Toy:
     """The toy project (threads=64 and 128), built once into a cache shared by the module."""
     pytest.importorskip("cutlass", reason="building needs the build extra (nvidia-cutlass-dsl)")
-    from cutecc.build import build
+    from cutecc.commands.build import build
 
     base = tmp_path_factory.mktemp("lock")
     manifest = make_project(base / "proj", toy_manifest())
@@ -72,7 +72,7 @@ def test_build_locks_every_entry_with_its_library_hash_one_per_line(toy: Toy) ->
 
 
 def test_rebuild_leaves_the_lock_byte_identical_and_unwritten(toy: Toy, tmp_path: Path) -> None:
-    from cutecc.build import build
+    from cutecc.commands.build import build
 
     before, stat = toy.lock.read_bytes(), toy.lock.stat()
     again = build(toy.manifest, cache_dir=toy.cache)
@@ -86,7 +86,7 @@ def test_rebuild_leaves_the_lock_byte_identical_and_unwritten(toy: Toy, tmp_path
 
 
 def test_the_lock_changes_exactly_where_a_key_changes(toy: Toy, tmp_path: Path) -> None:
-    from cutecc.build import build
+    from cutecc.commands.build import build
 
     other = sibling(toy, tmp_path)
     build(other, cache_dir=toy.cache)
@@ -102,7 +102,7 @@ def test_the_lock_changes_exactly_where_a_key_changes(toy: Toy, tmp_path: Path) 
 
 
 def test_no_lock_after_a_dry_run_with_no_lock_or_after_a_failure(toy: Toy, tmp_path: Path) -> None:
-    from cutecc.build import build
+    from cutecc.commands.build import build
 
     other = sibling(toy, tmp_path)
     lock = other.parent / "kernels.lock"
@@ -134,7 +134,7 @@ def test_cli_lock_flags(toy: Toy, tmp_path: Path) -> None:
 
 
 def test_a_kernel_restricted_build_updates_only_its_part(toy: Toy, tmp_path: Path) -> None:
-    from cutecc.build import build
+    from cutecc.commands.build import build
 
     other = sibling(toy, tmp_path, toy_manifest(kernels=("a", "b")))
     lock = other.parent / "kernels.lock"

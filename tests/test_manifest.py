@@ -574,7 +574,7 @@ variants = { dtype = ["float32", "bf16"] }
 
 
 def test_pyproject_tool_cutecc_equals_kernels_toml(proj: Path, tmp_path: Path) -> None:
-    from cutecc.build import plan
+    from cutecc.plan import plan
 
     py = _write(proj, PYPROJECT, "pyproject.toml")
     other = tmp_path / "other"

@@ -18,7 +18,10 @@ from conftest import PY, REPO, TOY_KERNEL, run_cli, toy_manifest
 
 from cutecc.errors import CuteccError
 from cutecc.lockfile import read_lock
-from cutecc.pack import pack, package_root, tar_bytes, unpack
+from cutecc.archive import tar_bytes
+from cutecc.commands.pack import pack
+from cutecc.commands.unpack import unpack
+from cutecc.runtime.package import package_root
 
 pytestmark = pytest.mark.slow
 ARCHS = ("sm_90a", "sm_100a")
@@ -38,7 +41,7 @@ class Toy:
 def toy(tmp_path_factory: pytest.TempPathFactory) -> Toy:
     """The toy project (threads=64 and 128) built for two archs into a module-wide cache."""
     pytest.importorskip("cutlass", reason="building needs the build extra (nvidia-cutlass-dsl)")
-    from cutecc.build import build
+    from cutecc.commands.build import build
 
     base = tmp_path_factory.mktemp("pack")
     (base / "proj" / "toy").mkdir(parents=True)

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from cutecc.errors import CuteccError
-from cutecc.store import META, Store, atomic_write, default_cache_dir
+from cutecc.atomic import atomic_write
+from cutecc.entry import META
+from cutecc.store import Store, default_cache_dir
 
 KEY = "ab" * 32
 
@@ -141,7 +143,8 @@ def test_entries_skip_unreadable_metadata(tmp_path: Path) -> None:
 
 
 def test_touch_used_creates_then_updates_and_never_fails(tmp_path: Path) -> None:
-    from cutecc.store import USED, touch_used
+    from cutecc.entry import USED
+    from cutecc.store import touch_used
 
     store = Store(tmp_path)
     store.ensure()
@@ -158,7 +161,7 @@ def test_touch_used_creates_then_updates_and_never_fails(tmp_path: Path) -> None
 
 
 def test_remove_renames_out_then_deletes_and_respects_the_lock(tmp_path: Path) -> None:
-    from cutecc.store import Busy
+    from cutecc.locks import Busy
 
     store = Store(tmp_path)
     store.ensure()

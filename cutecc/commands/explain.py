@@ -8,14 +8,17 @@ entry of the same kernel (fewest differing inputs, read from its stored `key_inp
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from cutecc.build import plan
-from cutecc.commands.show import label
+from cutecc.archs import parse_archs
+from cutecc.entry import label, label_of
 from cutecc.errors import CuteccError
-from cutecc.manifest import find_manifest, load_manifest, parse_archs
+from cutecc.manifest import find_manifest, load_manifest
+from cutecc.plan import plan
+from cutecc.report import Report
 from cutecc.store import Entry, Store
 
 
@@ -40,6 +43,48 @@ class Explanation:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    def lines(self) -> list[str]:
+        head = f"{label(self.kernel, self.variant, self.arch)} {self.key[:12]}"
+        if self.cached:
+            return [f"{head}: cached"]
+        if self.closest is None:
+            return [f"{head}: miss; no cached entry of this kernel to compare with"]
+        out = [f"{head}: miss; closest cached {self.closest_label} {self.closest[:12]} differs in "
+               f"{', '.join(d.input for d in self.differences)}"]
+        for d in self.differences:
+            old, new = _short(d.cached), _short(d.planned)
+            out.append(f"    {d.input}: {old} -> {new}" if old and new else f"    {d.input}")
+        return out
+
+
+@dataclass(frozen=True)
+class ExplainReport(Report):
+    cache_dir: str
+    explanations: tuple[Explanation, ...]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.explanations)
+
+    def __len__(self) -> int:
+        return len(self.explanations)
+
+    def __getitem__(self, i: int) -> Explanation:
+        return self.explanations[i]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cache_dir": self.cache_dir, "entries": [x.to_json() for x in self.explanations]}
+
+    def lines(self, verbose: int = 0) -> list[str]:
+        return [line for x in self.explanations for line in x.lines()]
+
+
+def _short(value: Any, limit: int = 80) -> str | None:
+    """A value as compact JSON (a 64-hex digest cut to 12), or None if too long to show."""
+    if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+        return value[:12]
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return text if len(text) <= limit else None
+
 
 def flatten(inputs: dict[str, Any]) -> dict[str, Any]:
     """Key inputs with the toolchain split per package: `toolchain.<package>`."""
@@ -59,9 +104,10 @@ def differences(cached: dict[str, Any], planned: dict[str, Any]) -> tuple[Differ
 
 
 def explain(kernel: str, manifest: str | Path | None = None, *, variant: str | None = None,
-            arch: str | None = None, cache_dir: str | Path | None = None) -> list[Explanation]:
+            arch: str | None = None, cache_dir: str | Path | None = None) -> ExplainReport:
     """One explanation per planned (variant, arch) of `kernel`, in plan order."""
     m = load_manifest(manifest or find_manifest(), kernels=(kernel,))
+    store = Store(cache_dir).require()
     planned = [p for p in plan(m, parse_archs((arch,)) if arch else ()) if p.kernel.name == kernel]
     if variant is not None:
         ids = sorted({p.variant.id for p in planned})
@@ -69,7 +115,6 @@ def explain(kernel: str, manifest: str | Path | None = None, *, variant: str | N
         if not planned:
             raise CuteccError(f'kernel "{kernel}" has no variant "{variant}" (variants: '
                               f"{', '.join(ids)})", where="--variant")
-    store = Store(cache_dir)
     same_kernel = [e for e in store.entries()
                    if e.meta.get("kernel") == kernel and isinstance(e.meta.get("key_inputs"), dict)]
     out = []
@@ -89,5 +134,5 @@ def explain(kernel: str, manifest: str | Path | None = None, *, variant: str | N
         else:
             _, e, diff = best
             out.append(Explanation(kernel, p.variant.id, p.arch, p.key, False, e.key,
-                                   label(e.meta), diff))
-    return out
+                                   label_of(e.meta), diff))
+    return ExplainReport(str(store.root), tuple(out))

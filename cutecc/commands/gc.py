@@ -9,44 +9,21 @@ lock another process holds (a build) is skipped, never deleted under it.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cutecc.commands.show import label
-from cutecc.errors import CuteccError
-from cutecc.store import Busy, Store
-
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-def parse_size(text: str | int) -> int:
-    """Bytes from `500M`, `2G`, `1024K`, `1.5GiB` or plain `1048576` (K/M/G/T are powers of 1024)."""
-    if isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text, re.IGNORECASE)
-    if not m:
-        raise CuteccError(f'"{text}" is not a size such as 500M, 2G, 1024K or a byte count',
-                          where="--max-size")
-    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
-
-
-def parse_age(text: str | float) -> float:
-    """Seconds from `30d`, `12h`, `90m`, `45s` or `2w`."""
-    if isinstance(text, (int, float)):
-        return float(text)
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text, re.IGNORECASE)
-    if not m:
-        raise CuteccError(f'"{text}" is not an age such as 30d, 12h or 90m', where="--older-than")
-    return float(m.group(1)) * _AGE_UNITS[m.group(2).lower()]
+from cutecc.entry import label_of
+from cutecc.locks import Busy
+from cutecc.report import Report
+from cutecc.store import Store
+from cutecc.units import human_size, iso, parse_age, parse_size
 
 
 @dataclass
-class GcReport:
+class GcReport(Report):
     cache_dir: str
     dry_run: bool
     removed: list[dict[str, Any]] = field(default_factory=list)  # key, label, bytes, last_used
@@ -57,7 +34,20 @@ class GcReport:
     quarantine_removed: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__, freed_bytes=sum(r["bytes"] for r in self.removed))
+        removed = [dict(r, last_used=iso(r["last_used"])) for r in self.removed]
+        return dict(self.__dict__, removed=removed, freed_bytes=sum(r["bytes"] for r in self.removed))
+
+    def warnings(self) -> list[str]:
+        return [f"skipped {k[:12]}: locked by another process" for k in self.busy]
+
+    def lines(self, verbose: int = 0) -> list[str]:
+        verb = "would remove" if self.dry_run else "removed"
+        out = [f"{verb} {r['label']} {r['key'][:12]} ({human_size(r['bytes'])})" for r in self.removed]
+        out.append(f"{verb} {len(self.removed)} entries "
+                   f"({human_size(sum(r['bytes'] for r in self.removed))}), kept {self.kept} "
+                   f"({human_size(self.kept_bytes)}), swept {self.swept_tmp} tmp leftover(s) "
+                   f"in {self.cache_dir}")
+        return out
 
 
 def gc(cache_dir: str | Path | None = None, *, max_size: str | int | None = None,
@@ -87,7 +77,7 @@ def gc(cache_dir: str | Path | None = None, *, max_size: str | int | None = None
             continue
         if gone:
             total -= sizes[key]
-            report.removed.append({"key": key, "label": label(e.meta), "bytes": sizes[key],
+            report.removed.append({"key": key, "label": label_of(e.meta), "bytes": sizes[key],
                                    "last_used": used})
     report.kept_bytes = total
     if not dry_run:

@@ -10,13 +10,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cutecc.commands.show import label, resolve
+from cutecc.commands.show import resolve
+from cutecc.entry import label_of
 from cutecc.errors import CuteccError
-from cutecc.store import Busy, Entry, Store
+from cutecc.locks import Busy
+from cutecc.report import Report
+from cutecc.store import Entry, Store
+from cutecc.units import human_size
 
 
 @dataclass
-class RmReport:
+class RmReport(Report):
     cache_dir: str
     dry_run: bool
     removed: list[dict[str, Any]] = field(default_factory=list)  # key, label, bytes
@@ -25,6 +29,22 @@ class RmReport:
     @property
     def ok(self) -> bool:
         return not self.busy
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.ok else 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cache_dir": self.cache_dir, "dry_run": self.dry_run, "removed": self.removed,
+                "busy": self.busy, "ok": self.ok}
+
+    def warnings(self) -> list[str]:
+        return [f"error: {k[:12]}: locked by another process (a build?); not removed"
+                for k in self.busy]
+
+    def lines(self, verbose: int = 0) -> list[str]:
+        verb = "would remove" if self.dry_run else "removed"
+        return [f"{verb} {r['label']} {r['key'][:12]} ({human_size(r['bytes'])})" for r in self.removed]
 
 
 def select(store: Store, keys: tuple[str, ...] = (), kernel: str | None = None,
@@ -64,5 +84,5 @@ def rm(cache_dir: str | Path | None = None, *, keys: tuple[str, ...] = (), kerne
             report.busy.append(e.key)
             continue
         if gone:
-            report.removed.append({"key": e.key, "label": label(e.meta), "bytes": size})
+            report.removed.append({"key": e.key, "label": label_of(e.meta), "bytes": size})
     return report

@@ -2,18 +2,42 @@
 
 from __future__ import annotations
 
-import datetime as dt
+import json
 import string
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cutecc.entry import label_of
 from cutecc.errors import CuteccError
+from cutecc.report import Report
 from cutecc.store import Entry, Store
+from cutecc.units import human_size, iso
 
 
-def label(meta: dict[str, Any]) -> str:
-    """`kernel[variant]@arch`, as `cutecc build` prints it."""
-    return f"{meta.get('kernel')}[{meta.get('variant')}]@{meta.get('arch')}"
+@dataclass(frozen=True)
+class ShowReport(Report):
+    info: dict[str, Any]
+
+    def __getitem__(self, name: str) -> Any:
+        return self.info[name]
+
+    def to_json(self) -> dict[str, Any]:
+        return self.info
+
+    def lines(self, verbose: int = 0) -> list[str]:
+        info = self.info
+        out = [f"key        {info['key']}", f"entry      {info['label']}", f"path       {info['path']}",
+               f"last used  {info['last_used']}", f"on disk    {human_size(info['disk_bytes'])}", "files"]
+        out += [f"  {f['name']}  {f['size']} B  sha256 {f['sha256']}" for f in info["files"]]
+        out.append("metadata")
+        for k, v in sorted(info["meta"].items()):
+            if k == "key_inputs" and isinstance(v, dict):
+                out += [f"  key_inputs.{ik}: {json.dumps(iv, sort_keys=True)}"
+                        for ik, iv in sorted(v.items())]
+            elif k != "files":
+                out.append(f"  {k}: {v if isinstance(v, str) else json.dumps(v, sort_keys=True)}")
+        return out
 
 
 def resolve(store: Store, prefix: str) -> str:
@@ -42,7 +66,7 @@ def _label_of(store: Store, key: str) -> str:
         entry = store.get(key)
     except CuteccError:
         return "(unreadable metadata)"
-    return label(entry.meta) if entry else "(removed)"
+    return label_of(entry.meta) if entry else "(removed)"
 
 
 def get_entry(store: Store, prefix: str) -> Entry:
@@ -53,20 +77,19 @@ def get_entry(store: Store, prefix: str) -> Entry:
     return entry
 
 
-def show(key: str, cache_dir: str | Path | None = None) -> dict[str, Any]:
+def show(key: str, cache_dir: str | Path | None = None) -> ShowReport:
     """The entry for KEY|PREFIX: its metadata, its files (name, size, sha256), its last use."""
     entry = get_entry(Store(cache_dir).require(), key)
     recs = entry.meta.get("files")
     recs = recs if isinstance(recs, dict) else {}  # damaged metadata: `cutecc verify` says how
     files = [{"name": n, "size": r.get("size"), "sha256": r.get("sha256")} if isinstance(r, dict)
              else {"name": n, "size": None, "sha256": None} for n, r in sorted(recs.items())]
-    last = dt.datetime.fromtimestamp(entry.last_used(), dt.timezone.utc)
-    return {
+    return ShowReport({
         "key": entry.key,
         "path": str(entry.path),
-        "label": label(entry.meta),
+        "label": label_of(entry.meta),
         "disk_bytes": entry.disk_bytes(),
-        "last_used": last.isoformat(timespec="seconds"),
+        "last_used": iso(entry.last_used()),
         "files": files,
         "meta": entry.meta,
-    }
+    })

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,12 +18,13 @@ from typing import Any
 
 import filelock
 
+from cutecc.entry import META, RESERVED_FILES, file_record, is_key, meta_problem
 from cutecc.errors import CuteccError
-from cutecc.store import ENTRY_FORMAT, META, USED, Busy, Store, file_record, meta_problem
+from cutecc.locks import Busy
+from cutecc.report import Report
+from cutecc.store import Store
 
-KNOWN_FILES = frozenset({META, USED})  # in an entry dir, besides the files meta.json lists
 BAD = frozenset({"missing", "truncated", "altered", "malformed"})  # the entry is unusable
-_KEY = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass
@@ -41,7 +41,7 @@ class Problem:
 
 
 @dataclass
-class VerifyReport:
+class VerifyReport(Report):
     cache_dir: str
     entries: int = 0
     healthy: int = 0
@@ -53,9 +53,20 @@ class VerifyReport:
         """Clean, or (after a fix) nothing left wrong."""
         return all(p.fixed for p in self.problems) if self.fixed else not self.problems
 
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.ok else 1
+
     def to_json(self) -> dict[str, Any]:
         return {"cache_dir": self.cache_dir, "entries": self.entries, "healthy": self.healthy,
                 "ok": self.ok, "fixed": self.fixed, "problems": [asdict(p) for p in self.problems]}
+
+    def lines(self, verbose: int = 0) -> list[str]:
+        out = [f"{p.kind:9}  {p.path}: {p.detail}" + (f" -> {p.action}" if p.action else "")
+               for p in self.problems]
+        out.append(f"{self.entries} entries, {self.healthy} healthy, {len(self.problems)} problem(s)"
+                   f"{' (fixed)' if self.fixed and self.ok else ''} in {self.cache_dir}")
+        return out
 
 
 def check_entry(path: Path, key: str) -> list[Problem]:
@@ -68,7 +79,7 @@ def check_entry(path: Path, key: str) -> list[Problem]:
         meta = json.loads((path / META).read_bytes())
     except (OSError, ValueError) as e:
         return [Problem("malformed", str(path / META), f"unreadable metadata: {e}", key)]
-    why = _malformed(meta, key)
+    why = meta_problem(meta, key)  # the records, the key inputs and the fields they decide
     if why:
         return [Problem("malformed", str(path / META), why, key)]
     out = []
@@ -97,25 +108,9 @@ def check_entry(path: Path, key: str) -> list[Problem]:
     except OSError:
         names = []
     for name in names:
-        if name not in files and name not in KNOWN_FILES:
+        if name not in files and name not in RESERVED_FILES:
             out.append(Problem("orphan", str(path / name), "not listed in meta.json", key))
     return out
-
-
-def _malformed(meta: Any, key: str) -> str | None:
-    if not isinstance(meta, dict):
-        return "meta.json is not an object"
-    if meta.get("format") != ENTRY_FORMAT:
-        return f"entry format {meta.get('format')!r}, this cutecc reads {ENTRY_FORMAT}"
-    if meta.get("key") != key:
-        return f"records key {str(meta.get('key'))[:16]}.., its directory is {key[:16]}.."
-    files = meta.get("files")
-    if not isinstance(files, dict) or not files:
-        return "no file records"
-    for name in files:
-        if "/" in name or name in ("", ".", "..") or name in KNOWN_FILES:
-            return f"bad file name {name!r}"
-    return meta_problem(meta, key)  # the records, the key inputs and the fields they decide
 
 
 def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
@@ -133,7 +128,7 @@ def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
             continue
         for d in _listdir(shard):
             key = d.name
-            if not d.is_dir() or not _KEY.match(key) or key[:2] != shard.name:
+            if not d.is_dir() or not is_key(key) or key[:2] != shard.name:
                 if os.path.lexists(d):  # else removed (gc, rm) since we listed the shard
                     report.problems.append(Problem("orphan", str(d), "not an entry directory"))
                 continue

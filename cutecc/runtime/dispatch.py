@@ -9,7 +9,6 @@ arrays on one device, and with several accelerators only inside `jax.shard_map`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,17 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cutecc.archs import to_build
 from cutecc.contract import Arg, CallingConvention, ScalarArg, args_from_json
 from cutecc.errors import CuteccError
 from cutecc.runtime import library
 from cutecc.runtime.primitive import cutecc_call_p
-
-
-def arch_to_build(device_arch: str) -> str:
-    """The arch to build for a device: Hopper and newer get the arch-specific target
-    (sm_90 -> sm_90a), which their fastest instructions (wgmma, TMA) need."""
-    m = re.fullmatch(r"sm_(\d+)(\d)", device_arch)
-    return f"{device_arch}a" if m and int(m.group(1)) >= 9 else device_arch
 
 
 @dataclass(frozen=True)
@@ -122,7 +115,7 @@ class KernelFn:
         if not self.builds:
             why = "; ".join(self.unusable) or "nothing was built for it"
             raise CuteccError(f"no usable build for arch {self.arch}: {why}. Build it with "
-                              f"`cutecc build --arch {arch_to_build(self.arch)} --kernel {self.name}`",
+                              f"`cutecc build --arch {to_build(self.arch)} --kernel {self.name}`",
                               where=f'kernel "{self.name}"', exit_code=1)
         reasons = []
         for b in self.builds:

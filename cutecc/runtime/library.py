@@ -16,14 +16,15 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from cutecc import environ
+from cutecc.entry import META
 from cutecc.errors import CuteccError
-from cutecc.store import META, read_only_from_env, touch_used
+from cutecc.store import touch_used
 
-ENV_ALLOW_SHARED = "CUTECC_ALLOW_SHARED_CACHE"
+ENV_ALLOW_SHARED = environ.ALLOW_SHARED_CACHE
 # Check mode: each kernel's native wrapper waits for its kernel and reports a fault by name
 # (cutecc/native reads the same variable).
-ENV_SYNC_CHECK = "CUTECC_SYNC_CHECK"
-ENV_TVM_FFI_TORCH = "CUTECC_TVM_FFI_TORCH"
+ENV_SYNC_CHECK = environ.SYNC_CHECK
 _lock = threading.Lock()
 _registered: dict[str, Any] = {}  # target name -> tvm_ffi.Module (kept alive)
 
@@ -43,7 +44,7 @@ def untrusted(path: Path) -> str | None:
     The SHA-256 check cannot catch such a replacement: whoever can write the library can
     write the hash beside it. `$CUTECC_ALLOW_SHARED_CACHE=1` accepts such a cache.
     """
-    if os.environ.get(ENV_ALLOW_SHARED, "").strip().lower() not in ("", "0", "false", "no", "off"):
+    if environ.flag(ENV_ALLOW_SHARED):
         return None
     entry = path.parent
     for p in (entry, entry / META, path):
@@ -65,7 +66,7 @@ def untrusted(path: Path) -> str | None:
 
 def sync_check_from_env() -> bool:
     """Whether `$CUTECC_SYNC_CHECK` turns check mode on (unset, 0, false, no, off: off)."""
-    return os.environ.get(ENV_SYNC_CHECK, "").strip().lower() not in ("", "0", "false", "no", "off")
+    return environ.flag(ENV_SYNC_CHECK)
 
 
 def verified_bytes(path: Path, sha256: str, size: int, label: str) -> bytes:
@@ -99,7 +100,7 @@ def import_tvm_ffi() -> Any:
     `$CUTECC_TVM_FFI_TORCH=1` asks for tvm-ffi's torch support, torch is hidden from
     that one import; importing torch later works as usual.
     """
-    if "tvm_ffi" in sys.modules or "torch" in sys.modules or os.environ.get(ENV_TVM_FFI_TORCH) == "1":
+    if "tvm_ffi" in sys.modules or "torch" in sys.modules or os.environ.get(environ.TVM_FFI_TORCH) == "1":
         import tvm_ffi
 
         return tvm_ffi
@@ -158,6 +159,6 @@ def ensure_registered(key: str, path: Path, sha256: str, size: int, symbol: str,
         jax_tvm_ffi.register_ffi_target(name, fn, arg_spec, platform="gpu",
                                         allow_cuda_graph=not sync_check_from_env())
         _registered[name] = module
-        if record_use and not read_only_from_env():
+        if record_use and not environ.read_only():
             touch_used(path.parent)  # once per process per entry, for `cutecc gc`
     return name

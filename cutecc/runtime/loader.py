@@ -12,56 +12,16 @@ from __future__ import annotations
 import dataclasses
 import gc
 import importlib.metadata
-import os
-import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from cutecc.archs import check_arch, device_arch, runs_on
+from cutecc.entry import ARTIFACT_FORMAT, ENTRY_FORMAT, meta_problem
 from cutecc.errors import CuteccError
 from cutecc.runtime.dispatch import Build, KernelFn
-from cutecc.store import ARTIFACT_FORMAT, ENTRY_FORMAT, Entry, Store, meta_problem
-
-ENV_ARCH = "CUTECC_ARCH"
-_ARCH = re.compile(r"^sm_(\d+)(\d)([af]?)$")
-
-
-def device_arch() -> str | None:
-    """The current GPU's arch (`sm_90` for compute capability 9.0), or None without one."""
-    env = os.environ.get(ENV_ARCH)
-    if env:
-        return env
-    import jax
-
-    try:
-        gpus = jax.devices("gpu")
-    except RuntimeError:
-        return None
-    cc = str(getattr(gpus[0], "compute_capability", ""))
-    if not re.match(r"^\d+\.\d+$", cc):
-        return None
-    major, minor = cc.split(".")
-    return f"sm_{major}{minor}"
-
-
-def runs_on(built: str, device: str) -> int:
-    """0 if code for `built` cannot run on `device`; higher is a better match.
-
-    `sm_90a`-style arch-specific code runs only on that exact chip; `sm_100f` on its
-    family (same major, minor at least); plain `sm_80` on the same major, minor at least.
-    """
-    b, d = _ARCH.match(built), _ARCH.match(device)
-    if not b or not d:
-        return 0
-    bmaj, bmin, suffix = int(b.group(1)), int(b.group(2)), b.group(3)
-    dmaj, dmin = int(d.group(1)), int(d.group(2))
-    if bmaj != dmaj or bmin > dmin:
-        return 0
-    exact = bmin == dmin
-    if suffix == "a":
-        return 3 if exact else 0
-    return 2 if exact else 1
+from cutecc.store import Entry, Store
 
 
 def _tvm_ffi_series() -> str:
@@ -164,7 +124,7 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
             raise CuteccError("package= excludes cache_dir and lock (a pack has its own)",
                               where="cutecc.load")
         from cutecc.lockfile import LOCK_NAME
-        from cutecc.pack import package_root
+        from cutecc.runtime.package import package_root
 
         cache_dir = package_root(package)
         lock, record_use = cache_dir / LOCK_NAME, False
@@ -172,13 +132,10 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
     if not store.entries_dir.is_dir():
         raise CuteccError("no kernel cache here; run `cutecc build` first", where=str(store.root),
                           exit_code=1)
-    target = arch or device_arch()
+    target = check_arch(arch, "cutecc.load arch") if arch is not None else device_arch()
     if target is None:
         raise CuteccError("no GPU is visible to JAX: pass arch= (or set CUTECC_ARCH) to load "
                           "kernels for lowering without one", where="cutecc.load", exit_code=1)
-    if not _ARCH.match(target):
-        raise CuteccError(f'"{target}" is not a GPU architecture such as "sm_90a"',
-                          where="cutecc.load arch", exit_code=1)
     wanted: set[str] | None = set(kernels) if kernels else None
     if manifest is not None:
         from cutecc.manifest import load_manifest

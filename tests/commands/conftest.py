@@ -34,7 +34,7 @@ class Built:
 @pytest.fixture(scope="module")
 def built_once(tmp_path_factory: pytest.TempPathFactory) -> Built:
     pytest.importorskip("cutlass", reason="building needs the build extra (nvidia-cutlass-dsl)")
-    from cutecc.build import build
+    from cutecc.commands.build import build
 
     base = tmp_path_factory.mktemp("built")
     pkg = base / "proj" / "toy"

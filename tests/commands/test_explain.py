@@ -12,6 +12,7 @@ from conftest import TOY_KERNEL, toy_manifest
 from cutecc.cli import main
 from cutecc.commands.explain import Difference, differences, explain
 from cutecc.errors import CuteccError
+from cutecc.store import Store
 
 pytestmark = pytest.mark.slow
 
@@ -54,6 +55,7 @@ def test_another_arch_names_arch_and_variant_filters(built) -> None:
 
 
 def test_no_cached_entry_of_the_kernel(built, tmp_path: Path) -> None:
+    Store(tmp_path / "empty").ensure()  # an empty cache (a path with none is an error)
     out = explain("scale", built.manifest, cache_dir=tmp_path / "empty")
     assert all(not x.cached and x.closest is None for x in out)
 
@@ -75,4 +77,4 @@ def test_cli_explain(built) -> None:
     assert lines[2].strip() in ('constants: {"threads":64} -> {"threads":256}',
                                 'constants: {"threads":128} -> {"threads":256}')
     r = CliRunner().invoke(main, [*args, "--json"])
-    assert r.exit_code == 0 and json.loads(r.stdout)[1]["differences"][0]["input"] == "constants"
+    assert r.exit_code == 0 and json.loads(r.stdout)["entries"][1]["differences"][0]["input"] == "constants"

@@ -12,11 +12,12 @@ import pytest
 from click.testing import CliRunner
 from conftest import PY
 
-from cutecc.build import build
+from cutecc.commands.build import build
 from cutecc.cli import main
-from cutecc.commands.gc import gc, parse_age, parse_size
+from cutecc.commands.gc import gc
+from cutecc.units import parse_age, parse_size
 from cutecc.errors import CuteccError
-from cutecc.store import USED
+from cutecc.entry import USED
 
 pytestmark = pytest.mark.slow
 DAY = 86400.0

@@ -7,7 +7,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from cutecc.build import build
+from cutecc.commands.build import build
 from cutecc.cli import main
 from cutecc.commands.rm import rm
 from cutecc.errors import CuteccError

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import toy_manifest
 
-from cutecc.build import build
+from cutecc.commands.build import build
 from cutecc.cli import main
 from cutecc.commands.stats import stats
 from cutecc.errors import CuteccError

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cutecc.build import build
+from cutecc.commands.build import build
 from cutecc.cli import main
 from cutecc.commands.verify import verify
 from cutecc.errors import CuteccError

@@ -80,7 +80,7 @@ def _toolchain() -> dict[str, str]:
 
 def fake_entries(n: int, tag: str = "") -> list[dict[str, Any]]:
     """`n` entries whose key is the SHA-256 of their key inputs, as a real build's are."""
-    from cutecc.key import compute_key
+    from cutecc.entry import compute_key
 
     args = [{"kind": "tensor", "name": "x", "role": "input", "dtype": "float32", "shape": ["n"],
              "layout": "row-major", "align": 16},
@@ -192,7 +192,7 @@ def write_toy_project(root: Path, threads: tuple[int, ...] = TOY_THREADS,
 @pytest.fixture(scope="session")
 def toy8(tmp_path_factory: pytest.TempPathFactory) -> Toy:
     pytest.importorskip("cutlass", reason="building needs the build extra (nvidia-cutlass-dsl)")
-    from cutecc.build import build
+    from cutecc.commands.build import build
 
     base = tmp_path_factory.mktemp("toy8")
     manifest = write_toy_project(base / "proj")

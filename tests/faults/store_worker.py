@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cutecc.store import Busy, Store
+from cutecc.locks import Busy
+from cutecc.store import Store
 
 LIB = "kernel.so"
 

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 import cutecc
 from cutecc.errors import CuteccError
-from cutecc.runtime.dispatch import arch_to_build
+from cutecc.archs import to_build as arch_to_build
 from cutecc.store import Store
 
 from .conftest import soak

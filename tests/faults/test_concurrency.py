@@ -96,7 +96,7 @@ import json, sys, time
 from pathlib import Path
 root, stop, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 problems, counts = [], {"list": 0, "verify": 0, "gc": 0, "load": 0, "registered": 0}
-from cutecc.listing import list_entries
+from cutecc.commands.list import list_entries
 from cutecc.commands.verify import verify
 from cutecc.commands.gc import gc
 from cutecc.errors import CuteccError
@@ -190,17 +190,21 @@ def test_a_toolchain_changed_under_a_running_build_publishes_nothing(tmp_path: P
     """The key holds the toolchain's versions as planned; a worker that finds another
     toolchain (a package upgraded, the link recipe edited meanwhile) must not publish an
     artifact its key does not describe."""
-    from cutecc.build import _build_one, _job_args, plan
+    import dataclasses
+
     from cutecc.manifest import load_manifest
+    from cutecc.plan import plan
+    from cutecc.workers import BuildJob, build_one
 
     manifest = load_manifest(write_toy_project(tmp_path / "proj", threads=(64,)))
     [p] = plan(manifest)
-    job = _job_args(p, manifest)
-    planned = dict(job["key_inputs"]["toolchain"], link_recipe="0-as-planned")
-    job["key_inputs"] = dict(job["key_inputs"], toolchain=planned)
+    job = BuildJob.of(p, manifest)
+    planned = dict(job.key_inputs["toolchain"], link_recipe="0-as-planned")
+    job = dataclasses.replace(job, key_inputs=dict(job.key_inputs, toolchain=planned))
     store = Store(tmp_path / "cache")
     store.ensure()
-    status, _, error = _build_one(job, str(store.root))
+    r = build_one(job, str(store.root))
+    status, error = r.status, r.error
     assert status == "failed" and "the toolchain changed after the build was planned " \
         "(link_recipe); run the build again" in error
     assert not store.has(p.key) and list(store.tmp_dir.iterdir()) == []

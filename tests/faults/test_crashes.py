@@ -22,7 +22,8 @@ import pytest
 from conftest import PY
 
 from cutecc.commands.verify import verify
-from cutecc.store import META, Store
+from cutecc.entry import META
+from cutecc.store import Store
 
 from .conftest import SEED, WORKER, Swarm, assert_clean_failure, cli, fake_entries, soak
 from .store_worker import producer

@@ -27,7 +27,8 @@ from conftest import PY
 
 from cutecc.commands.verify import verify
 from cutecc.errors import CuteccError
-from cutecc.store import META, Store
+from cutecc.entry import META
+from cutecc.store import Store
 
 from .conftest import SEED, SOAK, Toy, cli, soak
 

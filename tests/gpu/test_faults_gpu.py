@@ -31,7 +31,7 @@ import pytest
 
 import cutecc
 from cutecc.errors import CuteccError
-from cutecc.runtime.loader import device_arch
+from cutecc.archs import device_arch
 from cutecc.store import Store
 
 pytestmark = pytest.mark.gpu

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cutecc.lockfile import lock_for, write_lock
-from cutecc.pack import pack
+from cutecc.commands.pack import pack
 from cutecc.store import Store
 
 pytestmark = pytest.mark.gpu

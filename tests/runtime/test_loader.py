@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import cutecc
-from cutecc.key import compute_key
+from cutecc.entry import compute_key
 from cutecc.store import Store
 
 

@@ -1,0 +1,81 @@
+"""GPU architectures: what a valid name is, which built code runs on which GPU, and the
+GPU this process sees.
+
+One pattern for every place an arch enters (manifest, `--arch`, `cutecc.load(arch=)`,
+`$CUTECC_ARCH`), matched in full so that a trailing newline or space is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from cutecc import environ
+from cutecc.errors import CuteccError
+
+# sm_<major><minor>[a|f]: sm_80, sm_90a, sm_100a, sm_100f, sm_120
+ARCH_RE = re.compile(r"sm_([1-9]\d?)(\d)([af]?)")
+KNOWN = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_100f", "sm_103a",
+         "sm_120a")  # offered by shell completion; any name ARCH_RE accepts is valid
+
+
+def is_arch(text: object) -> bool:
+    return isinstance(text, str) and ARCH_RE.fullmatch(text) is not None
+
+
+def check_arch(text: object, where: str) -> str:
+    """`text` if it is an arch name, else a CuteccError (exit 2) naming `where`."""
+    if not is_arch(text):
+        shown = json.dumps(text) if isinstance(text, str) else repr(text)
+        raise CuteccError(f'{shown} is not a GPU architecture such as "sm_90a"', where=where)
+    return text  # type: ignore[return-value]
+
+
+def parse_archs(values: tuple[str, ...] | list[str], where: str = "--arch") -> tuple[str, ...]:
+    """Arch names from the command line (comma-separated allowed), checked, deduplicated."""
+    flat = [a.strip() for v in values for a in v.split(",") if a.strip()]
+    return tuple(dict.fromkeys(check_arch(a, where) for a in flat))
+
+
+def runs_on(built: str, device: str) -> int:
+    """0 if code for `built` cannot run on `device`; higher is a better match.
+
+    `sm_90a`-style arch-specific code runs only on that exact chip; `sm_100f` on its
+    family (same major, minor at least); plain `sm_80` on the same major, minor at least.
+    """
+    b, d = ARCH_RE.fullmatch(built), ARCH_RE.fullmatch(device)
+    if not b or not d:
+        return 0
+    bmaj, bmin, suffix = int(b.group(1)), int(b.group(2)), b.group(3)
+    dmaj, dmin = int(d.group(1)), int(d.group(2))
+    if bmaj != dmaj or bmin > dmin:
+        return 0
+    exact = bmin == dmin
+    if suffix == "a":
+        return 3 if exact else 0
+    return 2 if exact else 1
+
+
+def to_build(device: str) -> str:
+    """The arch to build for a device: Hopper and newer get the arch-specific target
+    (sm_90 -> sm_90a), which their fastest instructions (wgmma, TMA) need."""
+    m = ARCH_RE.fullmatch(device)
+    return f"{device}a" if m and not m.group(3) and int(m.group(1)) >= 9 else device
+
+
+def device_arch() -> str | None:
+    """`$CUTECC_ARCH`, else the first GPU's arch as JAX sees it (`sm_90` for compute
+    capability 9.0), else None. Imports JAX only when the variable is unset."""
+    env = os.environ.get(environ.ARCH)
+    if env:
+        return check_arch(env, f"${environ.ARCH}")
+    import jax
+
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError:
+        return None
+    cc = str(getattr(gpus[0], "compute_capability", ""))
+    m = re.fullmatch(r"(\d+)\.(\d+)", cc)
+    return f"sm_{m.group(1)}{m.group(2)}" if m else None

@@ -1,0 +1,230 @@
+"""`cutecc build`: plan every (kernel, variant, arch), compile the misses, publish them,
+and write the lock file.
+
+Planning computes each key without importing the DSL; entries already in the store are
+reported cached and cost one metadata read. Misses compile in worker processes
+(`cutecc.workers`). The manifest is parsed once; the lock is written from what this
+build saw and published, never by reading it back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cutecc import environ
+from cutecc.archs import parse_archs
+from cutecc.entry import library_record
+from cutecc.errors import CuteccError
+from cutecc.lockfile import LOCK_NAME, LockEntry, record_build
+from cutecc.locks import is_held
+from cutecc.manifest import load_manifest
+from cutecc.plan import Planned, plan
+from cutecc.report import Report
+from cutecc.store import Store, touch_used
+from cutecc.workers import BuildJob, Result, compile_all
+
+
+@dataclass
+class Outcome:
+    planned: Planned
+    status: str  # "built", "cached", "failed", "planned" (dry run)
+    seconds: float = 0.0
+    error: str | None = None
+    library: tuple[str, str, int] | None = None  # (file, sha256, size), for the lock
+    saved: float = 0.0  # for a hit: the compile seconds it saved (its recorded build time)
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.planned
+        return {"kernel": p.kernel.name, "variant": p.variant.id, "arch": p.arch, "key": p.key,
+                "status": self.status, "seconds": round(self.seconds, 3), "error": self.error}
+
+
+class Progress:
+    """What a build tells as it goes (the CLI draws a bar or prints lines); silent here."""
+
+    def start(self, total: int) -> None:
+        """`total` entries are about to be compiled."""
+
+    def waiting(self, planned: Planned) -> None:
+        """Another process holds `planned`'s lock: this build waits for it."""
+
+    def done(self, outcome: Outcome) -> None:
+        """One compile finished (built, cached meanwhile, or failed)."""
+
+
+@dataclass
+class BuildReport(Report):
+    outcomes: list[Outcome] = field(default_factory=list)
+    seconds: float = 0.0
+    cache_dir: Path | None = None
+    lock_file: Path | None = None  # the lock this build wrote or confirmed (None: not written)
+    lock_changed: bool = False
+    dry_run: bool = False
+
+    def count(self, status: str) -> int:
+        return sum(o.status == status for o in self.outcomes)
+
+    @property
+    def ok(self) -> bool:
+        return self.count("failed") == 0
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.ok else 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cache_dir": str(self.cache_dir),
+            "seconds": round(self.seconds, 3),
+            "built": self.count("built"), "cached": self.count("cached"),
+            "failed": self.count("failed"), "planned": self.count("planned"),
+            "lock_file": str(self.lock_file) if self.lock_file else None,
+            "lock_changed": self.lock_changed,
+            "entries": [o.to_json() for o in self.outcomes],
+        }
+
+    def warnings(self) -> list[str]:
+        return [f"FAILED {o.planned.label}: {o.error}" for o in self.outcomes if o.status == "failed"]
+
+    def lines(self, verbose: int = 0) -> list[str]:
+        out = [f"would build {o.planned.label} {o.planned.key[:12]}"
+               for o in self.outcomes if o.status == "planned"]
+        if verbose > 0:
+            out += [f"{o.status:7} {o.planned.label} {o.planned.key[:12]}"
+                    for o in self.outcomes if o.status in ("built", "cached")]
+        out.append(f"{self.count('built')} built, {self.count('cached')} cached, "
+                   f"{self.count('failed')} failed"
+                   + (f", {self.count('planned')} to build" if self.dry_run else "")
+                   + f" in {self.seconds:.2f}s ({self.cache_dir})")
+        if self.lock_changed:
+            out.append(f"wrote {self.lock_file}")
+        return out
+
+
+def build(
+    manifest_path: str | Path,
+    *,
+    archs: tuple[str, ...] = (),
+    cache_dir: str | Path | None = None,
+    jobs: int | None = None,
+    kernels: tuple[str, ...] = (),
+    dry_run: bool = False,
+    progress: Progress | None = None,
+    read_only: bool = False,
+    lock: bool = True,
+    lock_file: str | Path | None = None,
+) -> BuildReport:
+    """Build a manifest into a cache; see the module docstring.
+
+    `read_only` (or `$CUTECC_READ_ONLY`): write nothing to the cache and make any miss
+    an error (exit 1) instead of a compile, e.g. for a deploy that must only read.
+    `lock`: after a fully successful build (not a dry run), write `kernels.lock` beside
+    the manifest (or `lock_file`) if its content changed; see `cutecc.lockfile`.
+    """
+    t0 = time.perf_counter()
+    progress = progress or Progress()
+    read_only = read_only or environ.read_only()
+    archs = parse_archs(archs) if archs else ()
+    full = load_manifest(manifest_path)
+    manifest = full.select(kernels) if kernels else full
+    store = Store(cache_dir)
+    report = BuildReport(cache_dir=store.root, dry_run=dry_run)
+    planned = plan(manifest, archs)
+    misses: list[Planned] = []
+    for p in planned:
+        try:
+            entry = store.get(p.key)
+        except CuteccError:  # unreadable metadata: a hit the lock cannot record
+            report.outcomes.append(Outcome(p, "cached"))
+            continue
+        if entry is not None:
+            report.outcomes.append(Outcome(p, "cached", library=library_record(entry.meta),
+                                           saved=_build_seconds(entry.meta)))
+        elif dry_run:
+            report.outcomes.append(Outcome(p, "planned"))
+        else:
+            misses.append(p)
+    if read_only and (misses or report.count("planned")):
+        missing = misses or [o.planned for o in report.outcomes if o.status == "planned"]
+        raise CuteccError(f"read-only mode: {len(missing)} entr{'y' if len(missing) == 1 else 'ies'} "
+                          "not in the cache: " + ", ".join(f"{p.label} {p.key[:12]}" for p in missing),
+                          where=str(store.root), exit_code=1)
+    if misses:
+        store.ensure()
+        store.sweep_tmp()
+        _compile(misses, manifest, store, jobs or os.cpu_count() or 1, report, progress)
+    order = {p.key + p.label: i for i, p in enumerate(planned)}
+    report.outcomes.sort(key=lambda o: order[o.planned.key + o.planned.label])
+    if not dry_run and not read_only:
+        if not misses:  # leftovers of killed builds go even when everything is cached
+            with contextlib.suppress(CuteccError, OSError):
+                if store.locks_dir.is_dir():
+                    store.sweep_tmp()
+        _record_use(store, report)
+    if lock and not dry_run and report.ok:
+        path = Path(lock_file or Path(manifest_path).parent / LOCK_NAME)
+        report.lock_changed = record_build(
+            path, [_lock_line(o) for o in report.outcomes],
+            partial=bool(kernels or archs), covered={(p.kernel.name, p.arch) for p in planned},
+            defined={k.name for k in full.kernels})
+        report.lock_file = path
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _build_seconds(meta: dict[str, Any]) -> float:
+    try:
+        return float(meta.get("build_seconds", 0))
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _lock_line(o: Outcome) -> LockEntry:
+    p = o.planned
+    if o.library is None:
+        raise CuteccError(f"{p.label} {p.key[:12]}: malformed metadata (no library file record)",
+                          where="kernels.lock", exit_code=1)
+    lib, sha, size = o.library
+    return LockEntry(p.kernel.name, p.variant.id, p.arch, p.key, lib, sha, size)
+
+
+def _compile(misses: list[Planned], manifest: Any, store: Store, workers: int,
+             report: BuildReport, progress: Progress) -> None:
+    # Several variants can share a key (a variant parameter that changes nothing);
+    # build each key once, and report it for each of them.
+    unique = {p.key: p for p in misses}
+    progress.start(len(misses))
+    for p in unique.values():
+        if is_held(store.locks_dir / f"{p.key}.lock"):
+            progress.waiting(p)
+
+    def on_result(job: BuildJob, r: Result) -> None:
+        for q in misses:
+            if q.key == job.key:
+                o = Outcome(q, r.status, r.seconds, r.error, r.library)
+                report.outcomes.append(o)
+                progress.done(o)
+
+    compile_all([BuildJob.of(p, manifest) for p in unique.values()], store.root, workers,
+                on_result)
+
+
+def _record_use(store: Store, report: BuildReport) -> None:
+    """Mark each hit used (for `cutecc gc`) and add this build's counts to stats.json.
+
+    Best-effort: a cache on a read-only mount still serves its hits.
+    """
+    if not store.locks_dir.is_dir():
+        return
+    for o in report.outcomes:
+        if o.status == "cached":
+            touch_used(store.entry_dir(o.planned.key))
+    with contextlib.suppress(OSError):  # filelock.Timeout is an OSError too
+        store.add_stats(hits=report.count("cached"), misses=report.count("built"),
+                        failures=report.count("failed"),
+                        seconds_saved=sum(o.saved for o in report.outcomes if o.status == "cached"))

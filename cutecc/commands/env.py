@@ -1,0 +1,84 @@
+"""`cutecc env`: what a bug report needs: versions, the cache, this device, the extras.
+
+Reads package metadata and the environment; imports JAX only to ask for the GPU (and not
+at all when `$CUTECC_ARCH` is set), never the DSL.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cutecc import environ
+from cutecc.report import Report
+from cutecc.store import Store
+
+# What each extra of cutecc brings, by the distribution that marks it installed.
+EXTRAS = {"build": "nvidia-cutlass-dsl", "test": "pytest"}
+PACKAGES = ("cutecc", "jax", "jaxlib", "apache-tvm-ffi", "jax-tvm-ffi", "nvidia-cutlass-dsl",
+            "nvidia-cuda-runtime", "cuda-python", "click", "filelock", "platformdirs")
+
+
+@dataclass(frozen=True)
+class EnvReport(Report):
+    values: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return self.values
+
+    def lines(self, verbose: int = 0) -> list[str]:
+        v = self.values
+        out = [f"python         {v['python']}", f"platform       {v['platform']}",
+               f"cache          {v['cache_dir']} ({v['cache']})",
+               f"device arch    {v['device_arch'] or '-'}",
+               f"extras         {', '.join(k for k, on in v['extras'].items() if on) or '-'}",
+               "packages"]
+        out += [f"  {name:20} {ver or '-'}" for name, ver in v["packages"].items()]
+        set_vars = {k: val for k, val in v["environment"].items() if val is not None}
+        if set_vars:
+            out.append("environment")
+            out += [f"  {k}={val}" for k, val in set_vars.items()]
+        return out
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _device_arch() -> str | None:
+    if importlib.util.find_spec("jax") is None:
+        return None
+    from cutecc.archs import device_arch
+
+    try:
+        return device_arch()
+    except Exception as e:  # a broken GPU stack is what a bug report is about
+        return f"unknown ({type(e).__name__}: {e})"
+
+
+def env(cache_dir: str | Path | None = None) -> EnvReport:
+    store = Store(cache_dir)
+    fmt = store.root / "format"
+    cache = "a cache" if fmt.is_file() else "no cache yet"
+    names = (environ.CACHE_DIR, environ.READ_ONLY, environ.ARCH, environ.ALLOW_SHARED_CACHE,
+             environ.SYNC_CHECK, environ.TVM_FFI_TORCH, "CUTE_DSL_ARCH", "CUTE_DSL_CACHE_DIR")
+    return EnvReport({
+        "python": sys.version.split()[0],
+        "platform": f"{platform.system()} {platform.machine()} ({platform.libc_ver()[0]} "
+                    f"{platform.libc_ver()[1]})",
+        "cache_dir": str(store.root),
+        "cache": cache,
+        "device_arch": _device_arch(),
+        "extras": {extra: _version(dist) is not None for extra, dist in EXTRAS.items()},
+        "packages": {p: _version(p) for p in PACKAGES},
+        "environment": {n: os.environ.get(n) for n in names},
+    })

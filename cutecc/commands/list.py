@@ -1,0 +1,70 @@
+"""`cutecc list`: what a cache holds, read from each entry's metadata only."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from cutecc.report import Report
+from cutecc.store import Store
+from cutecc.units import human_age, human_size
+
+
+@dataclass(frozen=True)
+class Row:
+    key: str
+    kernel: str
+    variant: str
+    arch: str
+    size: int
+    built_at: str
+
+    def age_seconds(self, now: dt.datetime) -> float:
+        try:
+            return (now - dt.datetime.fromisoformat(self.built_at)).total_seconds()
+        except ValueError:
+            return float("nan")
+
+
+@dataclass(frozen=True)
+class ListReport(Report):
+    cache_dir: Path
+    rows: tuple[Row, ...]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cache_dir": str(self.cache_dir), "entries": [asdict(r) for r in self.rows],
+                "total": {"entries": len(self.rows), "bytes": sum(r.size for r in self.rows)}}
+
+    def lines(self, verbose: int = 0) -> list[str]:
+        now = dt.datetime.now(dt.timezone.utc)
+        table = [("KERNEL", "VARIANT", "ARCH", "KEY", "SIZE", "AGE")] + [
+            (r.kernel, r.variant, r.arch, r.key[: 64 if verbose > 0 else 12], human_size(r.size),
+             human_age(r.age_seconds(now))) for r in self.rows]
+        widths = [max(len(row[i]) for row in table) for i in range(6)]
+        out = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
+        out.append(f"{len(self.rows)} entries, {human_size(sum(r.size for r in self.rows))} "
+                   f"in {self.cache_dir}")
+        return out
+
+
+def list_entries(cache_dir: str | Path | None = None, *, kernel: str | None = None,
+                 arch: str | None = None) -> ListReport:
+    """One row per published entry, sorted by kernel, variant and arch (no cache: exit 1)."""
+    store = Store(cache_dir).require()
+    rows = []
+    for e in store.entries():
+        m = e.meta
+        if (kernel and m.get("kernel") != kernel) or (arch and m.get("arch") != arch):
+            continue
+        rows.append(Row(e.key, str(m.get("kernel")), str(m.get("variant")), str(m.get("arch")),
+                        e.size, str(m.get("built_at", ""))))
+    rows.sort(key=lambda r: (r.kernel, r.variant, r.arch, r.key))
+    return ListReport(store.root, tuple(rows))

@@ -1,0 +1,212 @@
+"""`cutecc pack`: ship locked cache entries as a wheel or a tarball.
+
+A pack holds a `_cutecc/` tree laid out like a cache (format file, `entries/ab/<key>/`
+with meta.json and the library) plus the `kernels.lock` naming exactly its entries.
+The wheel puts it inside an import package whose `load()` is
+`cutecc.load(package=__name__)`, so a deploy host needs only `pip install` and the
+runtime. Both formats are reproducible (`cutecc.archive`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import keyword
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cutecc.archive import tar_bytes, wheel_bytes
+from cutecc.archs import parse_archs
+from cutecc.atomic import atomic_write
+from cutecc.entry import META, STORE_FORMAT
+from cutecc.errors import CuteccError
+from cutecc.lockfile import LOCK_NAME, Lock, lock_for, read_lock
+from cutecc.report import Report
+from cutecc.runtime.package import PACK_DIR
+from cutecc.store import Store
+from cutecc.units import human_size
+
+WHEEL_TAG = "py3-none-linux_x86_64"  # the libraries are x86-64 Linux shared objects
+FORMATS = ("wheel", "tar")
+_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")  # PEP 508
+_VERSION = re.compile(r"^\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?(\+[a-z0-9]+(\.[a-z0-9]+)*)?$")
+
+_INIT = '''\
+"""CuTe DSL kernels prebuilt by cutecc: {name} {version} ({archs}).
+
+`load(**kw)` is `cutecc.load(package=__name__, **kw)`: the packed kernels usable on this
+GPU (or on `arch="sm_90a"` etc. to lower without one). The kernels are also attributes of
+this module, loaded on first access for this machine's GPU: `{package}.{first}(...)`.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+__version__ = {version!r}
+KERNELS = {kernels!r}
+_lock = threading.Lock()
+_default: Any = None
+
+
+def load(**kw: Any) -> Any:
+    """The packed kernels as a `cutecc` KernelSet; see `cutecc.load`."""
+    import cutecc
+
+    return cutecc.load(package=__name__, **kw)
+
+
+def __getattr__(name: str) -> Any:
+    global _default
+    if name not in KERNELS:
+        raise AttributeError(f"module {{__name__!r}} has no attribute {{name!r}}")
+    with _lock:
+        if _default is None:
+            _default = load()
+    return getattr(_default, name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(KERNELS))
+'''
+
+
+@dataclass
+class PackReport(Report):
+    """What `pack` wrote: the file, its entries, and their sizes per arch."""
+
+    path: Path
+    format: str
+    name: str
+    package: str
+    version: str
+    lock: Lock
+    sizes: dict[str, dict[str, int]]  # arch -> {"entries": n, "bytes": uncompressed bytes}
+    file_bytes: int  # the wheel or tarball on disk
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s["bytes"] for s in self.sizes.values())
+
+    def lines(self, verbose: int = 0) -> list[str]:
+        out = [f"{arch:10} {s['entries']:4} entries  {human_size(s['bytes'])}"
+               for arch, s in self.sizes.items()]
+        out.append(f"{'total':10} {len(self.lock.distinct_keys()):4} entries  "
+                   f"{human_size(self.total_bytes)}")
+        out.append(f"wrote {self.path} ({human_size(self.file_bytes)})")
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": str(self.path), "format": self.format, "name": self.name,
+                "package": self.package, "version": self.version,
+                "entries": len(self.lock.distinct_keys()), "sizes": self.sizes,
+                "total_bytes": self.total_bytes, "file_bytes": self.file_bytes,
+                "kernels": sorted({e.kernel for e in self.lock.entries})}
+
+
+def names(name: str, version: str) -> tuple[str, str]:
+    """(file-name form of the distribution, import package) for NAME; bad input: exit 2."""
+    if not _NAME.match(name):
+        raise CuteccError(f"{name!r} is not a valid distribution name (letters, digits, . _ -)",
+                          where="--name")
+    if not _VERSION.match(version):
+        raise CuteccError(f"{version!r} is not a version such as 1.2.0, 1.2.0rc1 or 1.2.0+cu13",
+                          where="--version")
+    dist = re.sub(r"[-_.]+", "_", name).lower()
+    if not dist.isidentifier() or keyword.iskeyword(dist) or dist == "cutecc":
+        raise CuteccError(f"{name!r} does not give a usable import name ({dist!r})", where="--name")
+    return dist, dist
+
+
+def select(store: Store, *, manifest: str | Path | None = None, lock: str | Path | None = None,
+           archs: Iterable[str] = (), kernels: Iterable[str] = ()) -> Lock:
+    """The lock of what to pack: a manifest's planned entries, or a lock file's, filtered.
+
+    Every entry must be in the cache with the library the lock names (else exit 1).
+    Backward kernels of selected kernels come along (`jax.grad` needs them).
+    """
+    if (manifest is None) == (lock is None):
+        raise CuteccError("pass exactly one of --manifest and --lock", where="cutecc pack")
+    archs, kernels = tuple(archs), tuple(kernels)
+    if manifest is not None:
+        from cutecc.manifest import load_manifest
+        from cutecc.plan import plan
+
+        m = load_manifest(manifest, kernels=kernels)
+        planned = plan(m, parse_archs(archs) if archs else ())
+        chosen = lock_for([(p.kernel.name, p.variant.id, p.arch, p.key) for p in planned], store)
+    else:
+        full = read_lock(lock)  # type: ignore[arg-type]
+        chosen = full.select(archs, kernels)
+        if kernels:
+            wanted = set(kernels)
+            for entry, _ in chosen.resolve(store):
+                if isinstance(entry.meta.get("backward"), str):
+                    wanted.add(entry.meta["backward"])
+            chosen = full.select(archs, wanted)
+    if not chosen.entries:
+        raise CuteccError("nothing to pack: no entry matches the --arch/--kernel filters",
+                          where=str(manifest or lock))
+    for entry, le in chosen.resolve(store):
+        why = le.mismatch(entry)
+        if why:
+            raise CuteccError(f"{le.label}: {why}", where=str(entry.path), exit_code=1)
+    return chosen
+
+
+def pack(*, name: str, version: str, manifest: str | Path | None = None,
+         lock: str | Path | None = None, archs: Iterable[str] = (), kernels: Iterable[str] = (),
+         out: str | Path = ".", cache_dir: str | Path | None = None,
+         fmt: str = "wheel") -> PackReport:
+    """Write a wheel (or a .tar.gz) of the selected entries into `out`; see the module doc."""
+    if fmt not in FORMATS:
+        raise CuteccError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})", where="--format")
+    dist, package = names(name, version)
+    store = Store(cache_dir)
+    chosen = select(store, manifest=manifest, lock=lock, archs=archs, kernels=kernels)
+    tree, sizes = _tree(chosen, store)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if fmt == "wheel":
+        path = out / f"{dist}-{version}-{WHEEL_TAG}.whl"
+        init = _INIT.format(name=name, version=version, package=package,
+                            archs=", ".join(sorted(sizes)),
+                            kernels=tuple(sorted({e.kernel for e in chosen.entries})),
+                            first=min(e.kernel for e in chosen.entries))
+        import cutecc
+
+        data = wheel_bytes(name, dist, version, tag=WHEEL_TAG,
+                           generator=f"cutecc {cutecc.__version__}",
+                           requires=f"cutecc>={cutecc.__version__}",
+                           files={f"{package}/__init__.py": init.encode(),
+                                  **{f"{package}/{PACK_DIR}/{k}": v for k, v in tree.items()}})
+    else:
+        path = out / f"{dist}-{version}.cutecc.tar.gz"
+        data = tar_bytes({f"{PACK_DIR}/{k}": v for k, v in tree.items()})
+    atomic_write(path, data)
+    return PackReport(path, fmt, name, package, version, chosen, sizes, len(data))
+
+
+def _tree(chosen: Lock, store: Store) -> tuple[dict[str, bytes], dict[str, dict[str, int]]]:
+    """The `_cutecc/` files (relative path -> bytes), each verified, and sizes per arch."""
+    tree = {"format": f"{STORE_FORMAT}\n".encode(), LOCK_NAME: chosen.dumps()}
+    sizes: dict[str, dict[str, int]] = {}
+    for entry, le in chosen.resolve(store):
+        base = f"entries/{entry.key[:2]}/{entry.key}"
+        tree[f"{base}/{META}"] = (entry.path / META).read_bytes()
+        for fname, rec in sorted(entry.meta.get("files", {}).items()):
+            data = (entry.path / fname).read_bytes()
+            if len(data) != rec.get("size") or hashlib.sha256(data).hexdigest() != rec.get("sha256"):
+                raise CuteccError(f"{le.label}: {fname} does not match its recorded SHA-256; "
+                                  "run `cutecc verify --fix` and rebuild", where=str(entry.path),
+                                  exit_code=1)
+            tree[f"{base}/{fname}"] = data
+        s = sizes.setdefault(le.arch, {"entries": 0, "bytes": 0})
+        s["entries"] += 1
+        s["bytes"] += sum(len(v) for k, v in tree.items() if k.startswith(base + "/"))
+    return tree, dict(sorted(sizes.items()))
+
+

@@ -1,0 +1,129 @@
+"""What a cache entry is: formats, its key, its label, and the checks on its metadata.
+
+An entry is a directory `entries/ab/<key>/` holding `meta.json` and the files it
+records (the shared library). Everything that reads entries (the store, `verify`,
+`pack`/`unpack`, the lock file and the runtime's loader) asks this module what a
+valid one looks like, so the rules live in one place. It imports nothing else of
+cutecc, so the runtime can use it without pulling in the build side.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+STORE_FORMAT = 1  # the cache directory's layout (its `format` file)
+ENTRY_FORMAT = 1  # the layout of meta.json
+# Bump when the generated wrapper, the calling convention or the link recipe changes in a
+# way that makes older artifacts unusable; part of every key and checked at load.
+ARTIFACT_FORMAT = 1
+META = "meta.json"
+USED = "used"  # empty; its mtime is the entry's last use (not an artifact, not hashed)
+LIBRARY = "kernel.so"
+RESERVED_FILES = frozenset({META, USED})  # in an entry dir, besides the files meta.json lists
+KEY_RE = re.compile(r"[0-9a-f]{64}")
+_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+# The fields the runtime acts on that must equal their copies in the key inputs.
+_KEYED_FIELDS = ("kernel", "args", "arch", "entry", "toolchain")
+
+
+def is_key(text: object) -> bool:
+    """Whether `text` is a cache key: 64 lowercase hex digits, nothing else."""
+    return isinstance(text, str) and KEY_RE.fullmatch(text) is not None
+
+
+def compute_key(inputs: dict[str, Any]) -> str:
+    """The SHA-256 of the key inputs' canonical JSON (sorted keys, no spaces, ASCII)."""
+    blob = json.dumps(inputs, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def label(kernel: object, variant: object, arch: object) -> str:
+    """`kernel[variant]@arch`, how every command names one artifact."""
+    return f"{kernel}[{variant}]@{arch}"
+
+
+def label_of(meta: dict[str, Any]) -> str:
+    """The label of an entry from its metadata (damaged fields print as they are)."""
+    return label(meta.get("kernel"), meta.get("variant"), meta.get("arch"))
+
+
+def is_file_name(name: object) -> bool:
+    """Whether `name` may name a file inside an entry (no path, no dot-file, not reserved)."""
+    return (isinstance(name, str) and _FILE_NAME.fullmatch(name) is not None
+            and name not in RESERVED_FILES)
+
+
+def file_record(path: Path) -> dict[str, Any]:
+    """`{"sha256": ..., "size": ...}` of a file, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+            size += len(chunk)
+    return {"sha256": h.hexdigest(), "size": size}
+
+
+def bytes_record(data: bytes) -> dict[str, Any]:
+    """The file record of bytes in memory."""
+    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+
+
+def library_record(meta: dict[str, Any]) -> tuple[str, str, int] | None:
+    """(file name, SHA-256, size) of the entry's library, or None when not recorded."""
+    lib, files = meta.get("library"), meta.get("files")
+    rec = files.get(lib) if isinstance(files, dict) and isinstance(lib, str) else None
+    if not (isinstance(rec, dict) and isinstance(rec.get("sha256"), str)
+            and type(rec.get("size")) is int):
+        return None
+    return lib, rec["sha256"], rec["size"]
+
+
+def meta_problem(meta: Any, key: str) -> str | None:
+    """Why `meta` (an entry's parsed meta.json) cannot be trusted as the entry for `key`.
+
+    The key is the SHA-256 of `key_inputs`, so recomputing it checks those inputs, and the
+    fields the runtime acts on (`kernel`, the contract `args`, `arch`, `entry`,
+    `toolchain`) must equal their copies there: a damaged contract would otherwise run a
+    verified library with the wrong shapes or dtypes. The file records must be well
+    formed; whether the files match them is for the reader to check by hashing.
+    """
+    if not isinstance(meta, dict):
+        return "meta.json is not an object"
+    if meta.get("format") != ENTRY_FORMAT:
+        return f"entry format {meta.get('format')!r}, this cutecc reads {ENTRY_FORMAT}"
+    if meta.get("key") != key:
+        return f"records key {str(meta.get('key'))[:16]}.., its directory is {key[:16]}.."
+    inputs = meta.get("key_inputs")
+    if not isinstance(inputs, dict):
+        return "no key_inputs"
+    try:
+        digest = compute_key(inputs)
+    except (TypeError, ValueError):
+        digest = None
+    if digest != key:
+        return "key_inputs do not hash to the entry's key (damaged metadata)"
+    for field in _KEYED_FIELDS:
+        if field == "kernel" and field not in inputs:
+            continue  # keyed before the kernel's name was a key input
+        if meta.get(field) != inputs.get(field):
+            return f"{field} differs from key_inputs.{field} (damaged metadata)"
+    for name in ("kernel", "variant", "symbol"):
+        if not isinstance(meta.get(name), str) or not meta[name]:
+            return f"{name} is not a string (damaged metadata)"
+    files = meta.get("files")
+    if not isinstance(files, dict) or not files:
+        return "no file records"
+    for name, rec in files.items():
+        if not is_file_name(name):
+            return f"bad file name {name!r}"
+        if not (isinstance(rec, dict) and type(rec.get("size")) is int and rec["size"] >= 0
+                and isinstance(rec.get("sha256"), str)):
+            return f"bad record for {name!r}"
+    if library_record(meta) is None:
+        return f"library {meta.get('library')!r} is not among the recorded files"
+    return None

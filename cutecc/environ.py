@@ -1,0 +1,27 @@
+"""The environment variables cutecc reads, and how it reads a yes/no one.
+
+One place for the names and for the rule that unset, "", 0, false, no and off mean off,
+so the build side, the commands and the runtime agree on every switch.
+"""
+
+from __future__ import annotations
+
+import os
+
+CACHE_DIR = "CUTECC_CACHE_DIR"  # the cache directory
+READ_ONLY = "CUTECC_READ_ONLY"  # write nothing to the cache
+ARCH = "CUTECC_ARCH"  # the arch to load for, without (or instead of) a GPU
+ALLOW_SHARED_CACHE = "CUTECC_ALLOW_SHARED_CACHE"  # trust a cache others can write
+SYNC_CHECK = "CUTECC_SYNC_CHECK"  # each kernel waits for its stream and reports faults
+TVM_FFI_TORCH = "CUTECC_TVM_FFI_TORCH"  # let tvm-ffi import torch
+_OFF = ("", "0", "false", "no", "off")
+
+
+def flag(name: str) -> bool:
+    """Whether the switch `name` is on: set to anything but "", 0, false, no or off."""
+    return os.environ.get(name, "").strip().lower() not in _OFF
+
+
+def read_only() -> bool:
+    """Whether `$CUTECC_READ_ONLY` asks for a cache that is only read."""
+    return flag(READ_ONLY)

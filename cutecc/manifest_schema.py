@@ -1,0 +1,107 @@
+"""The JSON Schema of `kernels.toml`, for editors (taplo, SchemaStore) to complete and check.
+
+The schema is a guide; `cutecc.manifest` stays the one validator (it also checks what a
+schema cannot say: shared symbolic extents, backward pairings, `$param` references).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from cutecc import dtypes
+from cutecc.archs import ARCH_RE
+from cutecc.contract import LAYOUTS, ROLES
+from cutecc.manifest import BUILTIN_PROFILES, ENTRY_RE, MANIFEST_FORMAT
+
+SCHEMA_ID = "https://cutecc.dev/schemas/kernels.schema.json"
+_PARAM = {"type": "string", "pattern": r"^\$[A-Za-z_][A-Za-z0-9_.]*$",
+          "description": "A variant parameter ($p) or hardware profile fact ($hw.sm_count)."}
+_VALUE = {"oneOf": [{"type": ["integer", "number", "boolean", "string"]}]}
+
+
+def _dtype() -> dict[str, Any]:
+    names = sorted([*dtypes.DTYPES, *dtypes.ALIASES])
+    return {"anyOf": [{"enum": names}, _PARAM]}
+
+
+def schema() -> dict[str, Any]:
+    """The schema as a JSON-able dict (draft 2020-12)."""
+    archs = {"type": "array", "minItems": 1, "uniqueItems": True,
+             "items": {"type": "string", "pattern": f"^{ARCH_RE.pattern}$"},
+             "description": "Target GPU architectures, e.g. [\"sm_90a\"]."}
+    extent = {"anyOf": [{"type": "integer", "minimum": 0},
+                        {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*$"}, _PARAM]}
+    tensor = {
+        "type": "object", "additionalProperties": False, "required": ["name", "dtype", "shape"],
+        "properties": {
+            "kind": {"const": "tensor"},
+            "name": {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*$"},
+            "role": {"enum": list(ROLES), "default": "input"},
+            "dtype": _dtype(),
+            "shape": {"type": "array", "items": extent,
+                      "description": "Ints are static extents, names symbolic (shared name: equal)."},
+            "layout": {"enum": list(LAYOUTS)},
+            "align": {"type": "integer", "minimum": 1, "description": "Pointer alignment in bytes."},
+        },
+    }
+    scalar = {
+        "type": "object", "additionalProperties": False, "required": ["kind", "name", "dtype"],
+        "properties": {"kind": {"const": "scalar"},
+                       "name": {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*$"},
+                       "dtype": {"anyOf": [{"enum": list(dtypes.SCALAR_DTYPES)}, _PARAM]},
+                       "default": {"type": ["integer", "number", "boolean"]}},
+    }
+    none = {"type": "object", "additionalProperties": False, "required": ["kind"],
+            "properties": {"kind": {"const": "none"}}}
+    stream = {"type": "object", "additionalProperties": False, "required": ["kind"],
+              "properties": {"kind": {"const": "stream"}}}
+    tup = {"type": "object", "additionalProperties": False, "required": ["kind", "items"],
+           "properties": {"kind": {"const": "tuple"},
+                          "items": {"type": "array", "items": {"$ref": "#/$defs/arg"}}}}
+    table = {"type": "object", "additionalProperties": _VALUE}
+    kernel = {
+        "type": "object", "additionalProperties": False, "required": ["entry", "args"],
+        "properties": {
+            "entry": {"type": "string", "pattern": ENTRY_RE.pattern,
+                      "description": "A @cute.jit launcher, or a factory with factory_args: "
+                                     "\"package.module:attr\"."},
+            "description": {"type": "string"},
+            "factory_args": table,
+            "args": {"type": "array", "items": {"$ref": "#/$defs/arg"},
+                     "description": "The launcher's arguments in its own order."},
+            "constants": table,
+            "variants": {"type": "object",
+                         "additionalProperties": {"type": "array", "minItems": 1, "items": _VALUE}},
+            "archs": archs,
+            "profile": {"type": "string"},
+            "compile_options": {"type": "string"},
+            "grad": {"type": "object", "additionalProperties": False, "required": ["backward"],
+                     "properties": {"backward": {"type": "string"}}},
+        },
+    }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": SCHEMA_ID,
+        "title": "cutecc kernels.toml",
+        "description": "CuTe DSL kernels that `cutecc build` compiles ahead of time.",
+        "type": "object", "additionalProperties": False, "required": ["kernel"],
+        "properties": {
+            "format": {"const": MANIFEST_FORMAT},
+            "archs": archs,
+            "profile": {"type": "string", "examples": sorted(BUILTIN_PROFILES)},
+            "python_path": {"type": "array", "items": {"type": "string"}},
+            "compile_options": {"type": "string"},
+            "hardware": {"type": "object", "additionalProperties": {
+                "type": "object", "additionalProperties": {"type": ["integer", "number", "string"]}}},
+            "kernel": {"type": "object", "minProperties": 1,
+                       "propertyNames": {"pattern": r"^[A-Za-z_][A-Za-z0-9_]*$"},
+                       "additionalProperties": {"$ref": "#/$defs/kernel"}},
+        },
+        "$defs": {"kernel": kernel, "arg": {"oneOf": [tensor, scalar, none, stream, tup]}},
+    }
+
+
+def schema_json() -> str:
+    """The schema as the bytes committed in `kernels.schema.json` (sorted, indented)."""
+    return json.dumps(schema(), indent=2, sort_keys=True) + "\n"

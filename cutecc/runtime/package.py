@@ -1,0 +1,28 @@
+"""Find an installed `cutecc pack` wheel's cache tree without importing the package."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from cutecc.errors import CuteccError
+from cutecc.lockfile import LOCK_NAME
+
+PACK_DIR = "_cutecc"  # a pack's cache-shaped tree, inside its import package
+
+
+def package_root(package: str) -> Path:
+    """The `_cutecc/` directory of an installed pack, found by `find_spec` (no import)."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise CuteccError(f"no installed package {package!r}; `pip install` its wheel",
+                          where="cutecc.load package", exit_code=1)
+    for loc in spec.submodule_search_locations:
+        root = Path(loc) / PACK_DIR
+        if (root / LOCK_NAME).is_file():
+            return root
+    raise CuteccError(f"package {package!r} is not a cutecc pack (no {PACK_DIR}/{LOCK_NAME})",
+                      where="cutecc.load package", exit_code=1)

@@ -1,0 +1,145 @@
+"""The build's worker processes: compile, link and publish one entry each.
+
+The DSL fixes its target arch when it is imported (`CUTE_DSL_ARCH`), so misses are
+compiled in one pool of spawned processes per arch, the arch given to the pool once, at
+start. Each worker publishes its entry into the store under the key's lock, so two
+builds never build one key twice, and returns the library's file record so the lock
+file is written without reading back what was just published.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import errno
+import multiprocessing
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cutecc.contract import args_to_json
+from cutecc.entry import LIBRARY, library_record
+from cutecc.errors import CuteccError
+from cutecc.key import toolchain
+from cutecc.manifest import Manifest, Variant
+from cutecc.plan import Planned
+from cutecc.store import Store
+from cutecc.units import now_iso
+
+# errnos that mean "the cache cannot take the artifact" (not a compile error): no traceback
+_STORAGE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES,
+                             errno.EPERM, errno.EIO})
+
+
+@dataclass(frozen=True)
+class BuildJob:
+    """Everything a worker needs to build one entry (picklable; no manifest object)."""
+
+    kernel: str
+    entry: str
+    variant: Variant
+    compile_options: str
+    python_path: tuple[str, ...]
+    key: str
+    key_inputs: dict[str, Any]
+    sources: tuple[str, ...]
+    backward: str | None
+
+    @property
+    def arch(self) -> str:
+        return str(self.key_inputs["arch"])
+
+    @classmethod
+    def of(cls, p: Planned, manifest: Manifest) -> BuildJob:
+        return cls(p.kernel.name, p.kernel.entry, p.variant, p.kernel.compile_options,
+                   tuple(str(x) for x in manifest.python_path), p.key, p.inputs, p.sources,
+                   p.kernel.backward)
+
+
+@dataclass(frozen=True)
+class Result:
+    """A worker's answer: built, cached (another process had it) or failed."""
+
+    status: str
+    seconds: float
+    error: str | None = None
+    library: tuple[str, str, int] | None = None  # (file, sha256, size) of what was published
+
+
+def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
+                on_result: Callable[[BuildJob, Result], None]) -> None:
+    """Build every job, one spawned pool per arch; `on_result` sees each as it finishes."""
+    by_arch: dict[str, list[BuildJob]] = {}
+    for j in jobs:
+        by_arch.setdefault(j.arch, []).append(j)
+    ctx = multiprocessing.get_context("spawn")
+    for arch, items in by_arch.items():
+        n = max(1, min(workers, len(items)))
+        with cf.ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker,
+                                    initargs=(arch,)) as pool:
+            futures = {pool.submit(build_one, j, str(store_root)): j for j in items}
+            for fut in cf.as_completed(futures):
+                try:
+                    result = fut.result()
+                except Exception as e:  # a worker died (killed, out of memory)
+                    result = Result("failed", 0.0, f"build worker died: {e!r}")
+                on_result(futures[fut], result)
+
+
+def _init_worker(arch: str) -> None:
+    from cutecc.compiler import set_target
+
+    set_target(arch)
+
+
+def build_one(job: BuildJob, store_root: str) -> Result:
+    """Compile, link and publish one entry (in a worker whose DSL targets `job.arch`)."""
+    from cutecc.compiler import SYMBOL, CompileJob, compile_to_object
+    from cutecc.linker import link
+
+    t0 = time.perf_counter()
+    store = Store(store_root)
+
+    def produce(staging: Path) -> dict[str, Any]:
+        planned, now = job.key_inputs["toolchain"], toolchain()
+        if now != planned:  # the key would not describe what builds the artifact
+            changed = sorted(k for k in {*planned, *now} if planned.get(k) != now.get(k))
+            raise CuteccError(f"the toolchain changed after the build was planned ({', '.join(changed)});"
+                              " run the build again", where="build", exit_code=1)
+        obj = compile_to_object(CompileJob(job.entry, job.variant, job.compile_options,
+                                           job.python_path), staging)
+        link(obj, staging / LIBRARY, SYMBOL, entry=job.entry, arch=job.arch, key=job.key)
+        obj.unlink()
+        return {
+            "kernel": job.kernel,
+            "variant": job.variant.id,
+            "params": dict(job.variant.params),
+            "arch": job.arch,
+            "entry": job.entry,
+            "args": args_to_json(job.variant.args),
+            "backward": job.backward,
+            "library": LIBRARY,
+            "symbol": SYMBOL,
+            "toolchain": now,
+            "key_inputs": job.key_inputs,
+            "sources": list(job.sources),
+            "built_at": now_iso(),
+            "build_seconds": round(time.perf_counter() - t0, 3),
+        }
+
+    try:
+        entry, built = store.publish(job.key, produce)
+    except CuteccError as e:
+        return Result("failed", time.perf_counter() - t0, e.render())
+    except Exception as e:
+        if isinstance(e, OSError) and e.errno in _STORAGE_ERRORS:  # a full or read-only cache
+            where = f" ({e.filename})" if e.filename else ""
+            return Result("failed", time.perf_counter() - t0,
+                          f"cannot write the artifact into {store.root}: {e.strerror}{where}")
+        tb = traceback.format_exception(type(e), e, e.__traceback__)
+        return Result("failed", time.perf_counter() - t0,
+                      f"{type(e).__name__}: {e}\n{''.join(tb[-6:])}")
+    return Result("built" if built else "cached", time.perf_counter() - t0, None,
+                  library_record(entry.meta))
