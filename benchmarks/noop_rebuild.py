@@ -108,6 +108,7 @@ def main() -> None:
 def _seed(m: Path, cache: Path) -> None:
     """Compile the first variant, then publish its files under every other key."""
     import cutecc.build as b
+
     from cutecc.manifest import load_manifest
     from cutecc.store import Store
 

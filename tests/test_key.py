@@ -19,15 +19,15 @@ import pytest
 from click.testing import CliRunner
 
 import cutecc.commands.build
-import cutecc.workers
 import cutecc.key
-from cutecc.commands.build import build
-from cutecc.plan import Planned, plan
+import cutecc.workers
 from cutecc.cli import main
-from cutecc.errors import CuteccError
+from cutecc.commands.build import build
 from cutecc.entry import compute_key
+from cutecc.errors import CuteccError
 from cutecc.key import SourceIndex, key_inputs
 from cutecc.manifest import load_manifest
+from cutecc.plan import Planned, plan
 
 PY = sys.executable
 HEX64 = re.compile(r"^[0-9a-f]{64}$")

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from conftest import PY, REPO, TOY_KERNEL, run_cli, toy_manifest
 
-from cutecc.errors import CuteccError
-from cutecc.lockfile import read_lock
 from cutecc.archive import tar_bytes
 from cutecc.commands.pack import pack
 from cutecc.commands.unpack import unpack
+from cutecc.errors import CuteccError
+from cutecc.lockfile import read_lock
 from cutecc.runtime.package import package_root
 
 pytestmark = pytest.mark.slow

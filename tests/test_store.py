@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cutecc.errors import CuteccError
 from cutecc.atomic import atomic_write
 from cutecc.entry import META
+from cutecc.errors import CuteccError
 from cutecc.store import Store, default_cache_dir
 
 KEY = "ab" * 32

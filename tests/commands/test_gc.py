@@ -12,12 +12,12 @@ import pytest
 from click.testing import CliRunner
 from conftest import PY
 
-from cutecc.commands.build import build
 from cutecc.cli import main
+from cutecc.commands.build import build
 from cutecc.commands.gc import gc
-from cutecc.units import parse_age, parse_size
-from cutecc.errors import CuteccError
 from cutecc.entry import USED
+from cutecc.errors import CuteccError
+from cutecc.units import parse_age, parse_size
 
 pytestmark = pytest.mark.slow
 DAY = 86400.0

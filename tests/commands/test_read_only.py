@@ -10,10 +10,10 @@ import pytest
 from click.testing import CliRunner
 from conftest import toy_manifest
 
-from cutecc.commands.build import build
 from cutecc.cli import main
-from cutecc.errors import CuteccError
+from cutecc.commands.build import build
 from cutecc.environ import read_only as read_only_from_env
+from cutecc.errors import CuteccError
 
 from .conftest import snapshot
 

@@ -7,8 +7,8 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from cutecc.commands.build import build
 from cutecc.cli import main
+from cutecc.commands.build import build
 from cutecc.commands.rm import rm
 from cutecc.errors import CuteccError
 

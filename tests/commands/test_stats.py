@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import toy_manifest
 
-from cutecc.commands.build import build
 from cutecc.cli import main
+from cutecc.commands.build import build
 from cutecc.commands.stats import stats
 from cutecc.errors import CuteccError
 from cutecc.store import Store

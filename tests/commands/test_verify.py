@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cutecc.commands.build import build
 from cutecc.cli import main
+from cutecc.commands.build import build
 from cutecc.commands.verify import verify
 from cutecc.errors import CuteccError
 from cutecc.store import touch_used

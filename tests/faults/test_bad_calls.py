@@ -28,8 +28,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cutecc
-from cutecc.errors import CuteccError
 from cutecc.archs import to_build as arch_to_build
+from cutecc.errors import CuteccError
 from cutecc.store import Store
 
 from .conftest import soak

@@ -26,8 +26,8 @@ import pytest
 from conftest import PY
 
 from cutecc.commands.verify import verify
-from cutecc.errors import CuteccError
 from cutecc.entry import META
+from cutecc.errors import CuteccError
 from cutecc.store import Store
 
 from .conftest import SEED, SOAK, Toy, cli, soak

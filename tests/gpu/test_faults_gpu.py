@@ -30,8 +30,8 @@ import numpy as np
 import pytest
 
 import cutecc
-from cutecc.errors import CuteccError
 from cutecc.archs import device_arch
+from cutecc.errors import CuteccError
 from cutecc.store import Store
 
 pytestmark = pytest.mark.gpu

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from cutecc.lockfile import lock_for, write_lock
 from cutecc.commands.pack import pack
+from cutecc.lockfile import lock_for, write_lock
 from cutecc.store import Store
 
 pytestmark = pytest.mark.gpu
