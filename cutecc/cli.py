@@ -23,6 +23,14 @@ _ORDER = ("init", "build", "list", "show", "explain", "verify", "gc", "rm", "sta
           "unpack", "env", "schema")
 
 
+_color: bool | None = None  # --color: None follows the terminal
+
+
+def _error(message: str) -> None:
+    """One error line on stderr, `error:` in red where color is on."""
+    click.echo(f"{click.style('error:', fg='red', bold=True)} {message}", err=True, color=_color)
+
+
 class _Group(click.Group):
     """Lists commands in workflow order, and renders every error as one line."""
 
@@ -34,7 +42,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except CuteccError as e:
-            click.echo(f"error: {e.render()}", err=True)
+            _error(e.render())
             ctx.exit(e.exit_code)
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
@@ -43,19 +51,19 @@ class _Group(click.Group):
             rv = super().main(*args, **kwargs)
         except click.exceptions.Exit as e:
             sys.exit(e.exit_code)
-        except click.Abort:
-            click.echo("error: interrupted", err=True)
+        except (click.Abort, KeyboardInterrupt):
+            _error("interrupted")
             sys.exit(130)
         except click.UsageError as e:  # one style for every input error
+            if type(e).__name__ == "NoArgsIsHelpError":  # plain `cutecc`: the help, as asked
+                click.echo(e.ctx.get_help() if e.ctx else e.format_message())
+                sys.exit(0)
             where = e.ctx.command_path if e.ctx else "cutecc"
-            click.echo(f"error: {where}: {e.format_message()} (see `{where} -h`)", err=True)
+            _error(f"{where}: {e.format_message()} (see `{where} -h`)")
             sys.exit(e.exit_code)
         except click.ClickException as e:
-            click.echo(f"error: {e.format_message()}", err=True)
+            _error(e.format_message())
             sys.exit(e.exit_code)
-        except KeyboardInterrupt:
-            click.echo("error: interrupted", err=True)
-            sys.exit(130)
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
@@ -67,7 +75,10 @@ def _emit(report: Any, as_json: bool) -> None:
     """Print a command's report (warnings to stderr first) and exit with its code."""
     ctx = click.get_current_context()
     for line in report.warnings():
-        click.echo(line, err=True)
+        if line.startswith("error: "):
+            _error(line[len("error: "):])
+        else:
+            click.echo(line, err=True, color=_color)
     if as_json:
         click.echo(json.dumps(report.json(), indent=1, sort_keys=False, default=str))
     else:
@@ -146,9 +157,10 @@ def main(ctx: click.Context, quiet: int, verbose: int, color: str) -> None:
 
     Shell completion: eval "$(_CUTECC_COMPLETE=bash_source cutecc)" (zsh_source, fish_source).
     """
+    global _color
     ctx.obj = {"verbose": verbose - quiet}
-    if color != "auto":
-        ctx.color = color == "always"
+    _color = None if color == "auto" else color == "always"
+    ctx.color = _color
 
 
 @main.command(short_help="Write a starter kernels.toml and kernel.")

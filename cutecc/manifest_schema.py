@@ -28,7 +28,7 @@ def _dtype() -> dict[str, Any]:
 def schema() -> dict[str, Any]:
     """The schema as a JSON-able dict (draft 2020-12)."""
     archs = {"type": "array", "minItems": 1, "uniqueItems": True,
-             "items": {"type": "string", "pattern": f"^{ARCH_RE.pattern}$"},
+             "items": {"type": "string", "pattern": f"^{ARCH_RE.pattern}$", "not": {"pattern": r"\s"}},
              "description": "Target GPU architectures, e.g. [\"sm_90a\"]."}
     extent = {"anyOf": [{"type": "integer", "minimum": 0},
                         {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*$"}, _PARAM]}

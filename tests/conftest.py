@@ -1,65 +1,29 @@
-"""Shared fixtures: a tiny kernel project, and the repository's example manifest built once."""
+"""Shared fixtures: a tiny kernel project, and real builds made once per session.
+
+The keyed store makes sharing builds safe: a test that needs a built cache copies the
+session's (sources are keyed by their path relative to the manifest, so the copy keeps
+its keys). A test that uses a fixture which compiles is marked `slow` automatically, so
+`pytest -m "not slow"` never compiles.
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
-import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import REPO, TOY_KERNEL, run_cli, toy_manifest, write_toy_project
 
-REPO = Path(__file__).resolve().parents[1]
-PY = sys.executable
-
-TOY_KERNEL = '''\
-import cutlass
-import cutlass.cute as cute
+# Fixtures that compile kernels through the DSL (directly or through another of these).
+COMPILING_FIXTURES = frozenset({"example_cache", "toy_cache", "built_once", "built", "toy8", "toy"})
 
 
-@cute.kernel
-def _scale_kernel(x: cute.Tensor, out: cute.Tensor, scale: cutlass.Float32, n: cutlass.Int32):
-    tidx, _, _ = cute.arch.thread_idx()
-    bidx, _, _ = cute.arch.block_idx()
-    bdim, _, _ = cute.arch.block_dim()
-    i = bidx * bdim + tidx
-    if i < n:
-        out[i] = x[i] * scale
-
-
-@cute.jit
-def scale(x: cute.Tensor, out: cute.Tensor, factor: cutlass.Float32, stream,
-          threads: cutlass.Constexpr = 128):
-    n = x.shape[0]
-    _scale_kernel(x, out, factor, n).launch(
-        grid=[(n + threads - 1) // threads, 1, 1], block=[threads, 1, 1], stream=stream)
-
-
-@cute.jit
-def broken(x: cute.Tensor, out: cute.Tensor, factor: cutlass.Float32, stream,
-           threads: cutlass.Constexpr = 128):
-    cute.no_such_dsl_function(x)  # exists for the planner, fails when the DSL traces it
-'''
-
-
-def toy_manifest(threads: tuple[int, ...] = (64, 128), kernels: tuple[str, ...] = ("scale",)) -> str:
-    out = 'archs = ["sm_90a"]\n'
-    for name in kernels:
-        out += textwrap.dedent(f'''
-        [kernel.{name}]
-        entry = "toy.ops:scale"
-        args = [
-          {{ name = "x", dtype = "float32", shape = ["n"] }},
-          {{ name = "out", role = "output", dtype = "float32", shape = ["n"] }},
-          {{ kind = "scalar", name = "factor", dtype = "float32", default = 1.0 }},
-          {{ kind = "stream" }},
-        ]
-        constants = {{ threads = "$threads" }}
-        variants = {{ threads = {list(threads)} }}
-        ''')
-    return out
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if COMPILING_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture
@@ -74,11 +38,31 @@ def toy_project(tmp_path: Path) -> Path:
     return manifest
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 600,
-            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run `cutecc` in a real subprocess."""
-    return subprocess.run([PY, "-m", "cutecc.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd)
+@dataclass(frozen=True)
+class ToyBuild:
+    """The toy project (threads=64 and 128) and a cache holding its two entries."""
+
+    manifest: Path
+    cache: Path
+
+    def copy(self, dest: Path) -> ToyBuild:
+        """A private copy of project and cache under `dest`, with the same keys."""
+        shutil.copytree(self.manifest.parent, dest / "proj")
+        shutil.copytree(self.cache, dest / "c")
+        return ToyBuild(dest / "proj" / self.manifest.name, dest / "c")
+
+
+@pytest.fixture(scope="session")
+def toy_cache(tmp_path_factory: pytest.TempPathFactory) -> ToyBuild:
+    """The toy project built once per session (copy it before changing anything)."""
+    pytest.importorskip("cutlass", reason="building needs the build extra (nvidia-cutlass-dsl)")
+    from cutecc.commands.build import build
+
+    base = tmp_path_factory.mktemp("toy-cache")
+    manifest = write_toy_project(base / "proj")
+    report = build(manifest, cache_dir=base / "c", jobs=2)
+    assert report.ok and report.count("built") == 2, report.warnings()
+    return ToyBuild(manifest, base / "c")
 
 
 @pytest.fixture(scope="session")
@@ -97,8 +81,3 @@ def example_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 "--no-lock")  # leave the repository's kernels.lock to `cutecc build` runs
     assert r.returncode == 0, r.stderr + r.stdout
     return cache
-
-
-def copy_tree(src: Path, dst: Path) -> Path:
-    shutil.copytree(src, dst)
-    return dst

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PY, TOY_KERNEL, run_cli, toy_manifest
+from helpers import PY, TOY_KERNEL, run_cli, toy_manifest
 
 from cutecc.commands.build import build
 from cutecc.store import Store

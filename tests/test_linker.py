@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PY, REPO
+from helpers import PY, REPO
 
 import cutecc
 from cutecc import linker
@@ -233,9 +233,10 @@ def test_check_mode_keeps_kernels_out_of_cuda_graphs(monkeypatch: pytest.MonkeyP
 
 
 @needs_link
+@pytest.mark.slow  # compiles the fault kernels
 def test_the_fault_kernels_build_and_lower_and_other_archs_are_set_aside(tmp_path: Path) -> None:
     pytest.importorskip("cutlass", reason="building needs the DSL")
-    from conftest import run_cli
+    from helpers import run_cli
 
     cache = tmp_path / "faults"
     r = run_cli("build", str(FAULTS), "--cache-dir", str(cache), "--no-lock", "--json")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import TOY_KERNEL, run_cli, toy_manifest
+from helpers import TOY_KERNEL, run_cli, toy_manifest
 
 from cutecc.errors import CuteccError
 from cutecc.lockfile import LOCK_FORMAT, Lock, LockEntry, read_lock, write_lock

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import PY, REPO, TOY_KERNEL, run_cli, toy_manifest
+from helpers import PY, REPO, TOY_KERNEL, run_cli, toy_manifest
 
 from cutecc.archive import tar_bytes
 from cutecc.commands.pack import pack

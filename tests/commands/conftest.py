@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import PY, TOY_KERNEL, toy_manifest
+from helpers import PY
 
 from cutecc.store import Entry, Store
 
@@ -32,19 +32,10 @@ class Built:
 
 
 @pytest.fixture(scope="module")
-def built_once(tmp_path_factory: pytest.TempPathFactory) -> Built:
-    pytest.importorskip("cutlass", reason="building needs the build extra (nvidia-cutlass-dsl)")
-    from cutecc.commands.build import build
-
-    base = tmp_path_factory.mktemp("built")
-    pkg = base / "proj" / "toy"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "ops.py").write_text(TOY_KERNEL)
-    (base / "proj" / "kernels.toml").write_text(toy_manifest())
-    report = build(base / "proj" / "kernels.toml", cache_dir=base / "c")
-    assert report.ok and report.count("built") == 2
-    return Built(base / "proj" / "kernels.toml", base / "c")
+def built_once(toy_cache, tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """The session's toy build, copied once for this module."""
+    copy = toy_cache.copy(tmp_path_factory.mktemp("built"))
+    return Built(copy.manifest, copy.cache)
 
 
 @pytest.fixture

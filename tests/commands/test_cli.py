@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import run_cli
+from helpers import run_cli
 
 from cutecc.cli import main
 

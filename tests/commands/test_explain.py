@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import TOY_KERNEL, toy_manifest
+from helpers import TOY_KERNEL, toy_manifest
 
 from cutecc.cli import main
 from cutecc.commands.explain import Difference, differences, explain

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import PY
+from helpers import PY
 
 from cutecc.cli import main
 from cutecc.commands.build import build

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import toy_manifest
+from helpers import toy_manifest
 
 from cutecc.cli import main
 from cutecc.commands.build import build

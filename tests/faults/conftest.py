@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PY, TOY_KERNEL, toy_manifest
+from helpers import PY, write_toy_project
 
 from cutecc.store import Store
 
@@ -177,25 +177,13 @@ class Toy:
         return Toy(dest / "proj" / self.manifest.name, dest / "cache")
 
 
-def write_toy_project(root: Path, threads: tuple[int, ...] = TOY_THREADS,
-                      name: str = "kernels.toml") -> Path:
-    """The toy kernel package under `root`, and a manifest `name` for `threads`."""
-    pkg = root / "toy"
-    if not pkg.is_dir():
-        pkg.mkdir(parents=True)
-        (pkg / "__init__.py").write_text("")
-        (pkg / "ops.py").write_text(TOY_KERNEL)
-    (root / name).write_text(toy_manifest(threads=threads))
-    return root / name
-
-
 @pytest.fixture(scope="session")
 def toy8(tmp_path_factory: pytest.TempPathFactory) -> Toy:
     pytest.importorskip("cutlass", reason="building needs the build extra (nvidia-cutlass-dsl)")
     from cutecc.commands.build import build
 
     base = tmp_path_factory.mktemp("toy8")
-    manifest = write_toy_project(base / "proj")
+    manifest = write_toy_project(base / "proj", threads=TOY_THREADS)
     report = build(manifest, cache_dir=base / "cache", jobs=2, lock=False)
     assert report.ok and report.count("built") == len(TOY_THREADS)
     return Toy(manifest, base / "cache")

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import PY
+from helpers import PY
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import PY
+from helpers import PY
 
 from cutecc.commands.verify import verify
 from cutecc.store import Store

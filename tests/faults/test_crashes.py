@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import PY
+from helpers import PY
 
 from cutecc.commands.verify import verify
 from cutecc.entry import META

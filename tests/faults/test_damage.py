@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import PY
+from helpers import PY
 
 from cutecc.commands.verify import verify
 from cutecc.entry import META

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PY
+from helpers import PY
 
 from .conftest import HERE, Toy, in_mount_namespace, write_toy_project
 

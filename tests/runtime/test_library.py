@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import PY
+from helpers import PY
 
 import cutecc
 from cutecc.errors import CuteccError

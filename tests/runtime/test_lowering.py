@@ -9,7 +9,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import PY
+from helpers import PY
 
 import cutecc
 from cutecc.contract import TensorArg

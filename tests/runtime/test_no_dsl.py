@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from conftest import PY
+from helpers import PY
 
 SCRIPT = r'''
 import sys, importlib.abc
