@@ -26,8 +26,26 @@ LIBRARY = "kernel.so"
 RESERVED_FILES = frozenset({META, USED})  # in an entry dir, besides the files meta.json lists
 KEY_RE = re.compile(r"[0-9a-f]{64}")
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+MAX_META_BYTES = 1 << 20  # a meta.json is a few KB; anything larger is not ours
+MAX_JSON_DEPTH = 48  # meta.json and kernels.lock nest about 12 deep (tuples of tensors)
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_JSON_NESTING = re.compile(rb"[\[\]{}]")
 # The fields the runtime acts on that must equal their copies in the key inputs.
 _KEYED_FIELDS = ("kernel", "args", "arch", "entry", "toolchain")
+
+
+def parse_json(data: bytes, max_bytes: int = MAX_META_BYTES, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """`json.loads` of a file cutecc did not necessarily write: bounded in size and in
+    nesting (checked before parsing, so no input can exhaust the stack), else ValueError."""
+    if len(data) > max_bytes:
+        raise ValueError(f"{len(data)} bytes, over the {max_bytes}-byte limit")
+    depth = deepest = 0
+    for m in _JSON_NESTING.finditer(_JSON_STRING.sub(b"", data)):
+        depth += 1 if m.group() in b"[{" else -1
+        deepest = max(deepest, depth)
+    if deepest > max_depth:
+        raise ValueError(f"nested {deepest} deep, over the limit of {max_depth}")
+    return json.loads(data)
 
 
 def is_key(text: object) -> bool:

@@ -27,6 +27,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -35,12 +36,15 @@ from typing import Any
 
 import filelock
 
-from cutecc import environ
+from cutecc import environ, trust
 from cutecc.atomic import TMP_NAME, atomic_write, fsync_dir
-from cutecc.entry import ENTRY_FORMAT, META, STORE_FORMAT, USED, file_record
+from cutecc.entry import ENTRY_FORMAT, MAX_META_BYTES, META, STORE_FORMAT, USED, file_record, parse_json
 from cutecc.errors import CuteccError
 from cutecc.locks import Busy, held
 from cutecc.units import now_iso
+
+DIR_MODE = 0o755  # what the cache's directories get, whatever the umask
+FILE_MODE = 0o644  # and its files
 
 STATS = "stats.json"
 STATS_FORMAT = 1
@@ -140,12 +144,14 @@ class Store:
         fmt = self.root / "format"
         if fmt.is_file():
             self._check_format(fmt)
+            self.check_trust()
             self._check_writable()
             return
         try:
             for d in (self.root, self.entries_dir, self.tmp_dir, self.locks_dir):
-                d.mkdir(parents=True, exist_ok=True)
-            with filelock.FileLock(self.locks_dir / "store.lock", timeout=60):
+                make_dir(d)
+            self.check_trust()
+            with filelock.FileLock(self.locks_dir / "store.lock", timeout=60, mode=FILE_MODE):
                 if not fmt.is_file():
                     atomic_write(self.root / "README", _README.encode())
                     atomic_write(self.root / "CACHEDIR.TAG", _CACHEDIR_TAG.encode())
@@ -161,7 +167,7 @@ class Store:
         access(2) for entries/ and tmp/."""
         try:
             for d in (self.entries_dir, self.tmp_dir, self.locks_dir):
-                d.mkdir(exist_ok=True)
+                make_dir(d)
                 if not os.access(d, os.W_OK | os.X_OK):
                     ro = os.statvfs(d).f_flag & os.ST_RDONLY
                     code = errno.EROFS if ro else errno.EACCES
@@ -173,6 +179,25 @@ class Store:
             raise CuteccError(f"cannot write to the cache: {e.strerror}; build into a writable "
                               "--cache-dir, or use --read-only to use only what it holds",
                               where=str(self.root), exit_code=1) from None
+
+    def check_trust(self) -> None:
+        """Refuse (trust.Untrusted, exit 1) a cache that someone other than this user or
+        root could have written: its directories from `/` down, and its own top-level
+        directories, which must not be symbolic links."""
+        trust.check_dir(self.root)
+        for d in (self.entries_dir, self.tmp_dir, self.locks_dir, self.quarantine_dir):
+            try:
+                st = os.lstat(d)
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                raise CuteccError(f"cannot read: {e.strerror}", where=str(d), exit_code=1) from None
+            if not stat.S_ISDIR(st.st_mode):
+                what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
+                raise trust.Untrusted(f"{d} is {what}", str(d))
+            why = trust.stat_problem(st, str(d)) if trust.enforced() else None
+            if why:
+                raise trust.Untrusted(why, str(d))
 
     def _check_format(self, fmt: Path) -> None:
         got = fmt.read_text().strip()
@@ -192,31 +217,35 @@ class Store:
     def get(self, key: str) -> Entry | None:
         path = self.entry_dir(key)
         try:
-            meta = json.loads((path / META).read_bytes())
+            meta = read_meta(path)
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as e:
             raise CuteccError(f"unreadable metadata: {e}", where=str(path / META), exit_code=1) from None
-        if not isinstance(meta, dict):
-            raise CuteccError("unreadable metadata: not a JSON object", where=str(path / META),
-                              exit_code=1)
         return Entry(key, path, meta)
 
     def entries(self) -> Iterator[Entry]:
-        """Every published entry, in key order; unreadable ones are skipped."""
-        if not self.entries_dir.is_dir():
+        """Every published entry, in key order; unreadable ones, and shards or entries that
+        are symbolic links, are skipped (`cutecc verify` reports them)."""
+        try:
+            shards = sorted(os.scandir(self.entries_dir), key=lambda e: e.name)
+        except OSError:
             return
-        for shard in sorted(os.scandir(self.entries_dir), key=lambda e: e.name):
-            if not shard.is_dir():
+        for shard in shards:
+            if not shard.is_dir(follow_symlinks=False):
                 continue
-            for d in sorted(os.scandir(shard.path), key=lambda e: e.name):
+            try:
+                dirs = sorted(os.scandir(shard.path), key=lambda e: e.name)
+            except OSError:
+                continue
+            for d in dirs:
+                if not d.is_dir(follow_symlinks=False):
+                    continue
                 try:
-                    with open(os.path.join(d.path, META), "rb") as f:
-                        meta = json.loads(f.read())
+                    meta = read_meta(Path(d.path))
                 except (OSError, ValueError):
                     continue
-                if isinstance(meta, dict):  # else damaged: `cutecc verify` reports it
-                    yield Entry(d.name, Path(d.path), meta)
+                yield Entry(d.name, Path(d.path), meta)
 
     def require(self) -> Store:
         """This store if it exists and is of this format, else a CuteccError (exit 1).
@@ -249,7 +278,7 @@ class Store:
         """The counters builds record (zeros when absent, unreadable or of another format)."""
         out: dict[str, Any] = dict.fromkeys(_COUNTERS, 0)
         try:
-            doc = json.loads((self.root / STATS).read_bytes())
+            doc = parse_json((self.root / STATS).read_bytes())
         except (OSError, ValueError):
             return out
         if isinstance(doc, dict) and doc.get("format") == STATS_FORMAT:
@@ -265,9 +294,9 @@ class Store:
         A stats.json of another format is left alone (a newer cutecc owns it).
         """
         path = self.root / STATS
-        with filelock.FileLock(self.locks_dir / "stats.lock", timeout=10):
+        with filelock.FileLock(self.locks_dir / "stats.lock", timeout=10, mode=FILE_MODE):
             try:
-                old = json.loads(path.read_bytes())
+                old = parse_json(path.read_bytes())
             except (OSError, ValueError):
                 old = None  # absent or unreadable: start over
             if isinstance(old, dict) and isinstance(old.get("format"), int) \
@@ -328,12 +357,23 @@ class Store:
             raise Busy(key) from None
 
     def _move_out(self, key: str, dest: Path) -> Path | None:
-        """Rename the entry directory to `dest` (caller holds the key's lock)."""
+        """Move the entry directory to `dest` (caller holds the key's lock): one rename, so
+        readers see it whole or gone. Across file systems it is first renamed aside within
+        its shard (still one rename out of readers' sight), then copied to `dest`."""
         src = self.entry_dir(key)
-        if not src.is_dir():
-            return None
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(src, dest)
+        if not os.path.lexists(src):
+            return None  # a symbolic link is moved itself, never what it points to
+        make_dir(dest.parent)
+        try:
+            os.rename(src, dest)
+        except OSError as e:
+            if e.errno != errno.EXDEV:
+                raise
+            aside = src.parent / f".{key}.{secrets.token_hex(6)}.tmp"
+            os.rename(src, aside)
+            fsync_dir(src.parent)
+            _copy_tree(aside, dest)
+            shutil.rmtree(aside, ignore_errors=True)
         fsync_dir(src.parent)
         fsync_dir(dest.parent)
         return dest
@@ -361,17 +401,29 @@ class Store:
                 return found, False
             self._sweep_key(key)
             staging = self.tmp_dir / f"{key}.{secrets.token_hex(6)}"
-            staging.mkdir(parents=True)
+            make_dir(staging)
+            final = self.entry_dir(key)
             try:
                 meta = build(staging)
+                for f in staging.iterdir():  # the linker's output follows the umask
+                    os.chmod(f, FILE_MODE, follow_symlinks=False)
                 meta["files"] = {p.name: file_record(p) for p in sorted(staging.iterdir())}
                 meta["format"] = ENTRY_FORMAT
                 meta["key"] = key
                 atomic_write(staging / META, json.dumps(meta, indent=1, sort_keys=True).encode())
                 fsync_dir(staging)
-                final = self.entry_dir(key)
-                final.parent.mkdir(parents=True, exist_ok=True)
-                os.rename(staging, final)
+                make_dir(final.parent)
+                try:
+                    os.rename(staging, final)
+                except OSError as e:
+                    if e.errno != errno.EXDEV:
+                        raise
+                    # entries/ is on another file system than tmp/: copy the staged entry
+                    # next to its place first, so that the publishing rename stays atomic.
+                    near = final.parent / f".{key}.{secrets.token_hex(6)}.tmp"
+                    _copy_tree(staging, near)
+                    os.rename(near, final)
+                    shutil.rmtree(staging, ignore_errors=True)
                 fsync_dir(final.parent)
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
@@ -380,8 +432,8 @@ class Store:
 
     def _sweep_key(self, key: str) -> None:
         """Remove a killed build's leftovers for `key` (we hold its lock)."""
-        if self.tmp_dir.is_dir():
-            for d in self.tmp_dir.glob(f"{key}.*"):
+        for d in (*self.tmp_dir.glob(f"{key}.*"), *self.entry_dir(key).parent.glob(f".{key}.*.tmp")):
+            if d.is_dir() and not d.is_symlink():
                 shutil.rmtree(d, ignore_errors=True)
 
     def sweep_tmp(self) -> int:
@@ -419,3 +471,67 @@ class Store:
                 except (filelock.Timeout, OSError):
                     continue
         return n
+
+
+def _copy_tree(src: Path, dest: Path) -> None:
+    """Copy an entry directory (regular files only), fsynced, with the cache's modes."""
+    make_dir(dest)
+    for f in src.iterdir():
+        if f.is_file() and not f.is_symlink():
+            with open(f, "rb") as r, open(dest / f.name, "wb") as w:
+                shutil.copyfileobj(r, w)
+                w.flush()
+                os.fsync(w.fileno())
+            os.chmod(dest / f.name, FILE_MODE)
+    fsync_dir(dest)
+
+
+def make_dir(path: Path) -> None:
+    """`mkdir -p` with DIR_MODE for what it creates, whatever the umask."""
+    if path.is_dir():
+        return
+    make_dir(path.parent)
+    try:
+        os.mkdir(path, DIR_MODE)
+    except FileExistsError:
+        return
+    os.chmod(path, DIR_MODE)
+
+
+def entry_trust_problem(entry_dir: Path, files: list[str]) -> str | None:
+    """Why an entry (its shard, its directory, meta.json and `files`) could have been
+    written by someone other than this user or root, or None (also when the rules are off).
+    The cache above it is `Store.check_trust`'s."""
+    if not trust.enforced():
+        return None
+    for p in (entry_dir.parent, entry_dir, entry_dir / META, *(entry_dir / f for f in files)):
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            return f"{p} is a symbolic link"
+        why = trust.stat_problem(st, str(p))
+        if why:
+            return why
+    return None
+
+
+def read_meta(entry_dir: Path) -> dict[str, Any]:
+    """An entry's parsed meta.json: opened without following a link (nor a linked shard or
+    entry directory), bounded in size and nesting. Raises OSError or ValueError."""
+    for d in (entry_dir.parent, entry_dir):  # the shard and the entry: real directories
+        if stat.S_ISLNK(os.lstat(d).st_mode):
+            raise ValueError(f"{d} is a symbolic link")
+    fd = os.open(entry_dir / META, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("meta.json is not a regular file")
+        data = os.read(fd, MAX_META_BYTES + 1)
+    finally:
+        os.close(fd)
+    meta = parse_json(data)
+    if not isinstance(meta, dict):
+        raise ValueError("not a JSON object")
+    return meta

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 import sys
 import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
-from cutecc import environ
-from cutecc.entry import META
+from cutecc import environ, trust
+from cutecc.entry import MAX_META_BYTES, META
 from cutecc.errors import CuteccError
 from cutecc.store import touch_used
 
@@ -36,32 +35,24 @@ def target_name(key: str) -> str:
 
 
 def untrusted(path: Path) -> str | None:
-    """Why the library at `path` may have been replaced by someone other than this user
-    (None if not): it, its meta.json or its entry directory is a symbolic link, or it, its
-    meta.json or any directory above it is writable by others (world-writable, unless a
-    directory has the sticky bit, like /tmp) or owned by a user other than this one or root.
-
-    The SHA-256 check cannot catch such a replacement: whoever can write the library can
-    write the hash beside it. `$CUTECC_ALLOW_SHARED_CACHE=1` accepts such a cache.
-    """
-    if environ.flag(ENV_ALLOW_SHARED):
-        return None
-    entry = path.parent
-    for p in (entry, entry / META, path):
-        if p.is_symlink():
-            return f"{p} is a symbolic link"
-    me = os.geteuid()
-    real = entry.resolve()
-    for p in (real / path.name, real / META, real, *real.parents):
-        try:
-            st = os.stat(p)
-        except OSError:
-            continue  # a missing file is reported by the hash check
-        if st.st_uid not in (me, 0):
-            return f"{p} is owned by uid {st.st_uid}, not by this user (uid {me}) or root"
-        if st.st_mode & stat.S_IWOTH and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
-            return f"{p} is writable by any user (mode {stat.S_IMODE(st.st_mode):o})"
+    """Why the library at `path` (`<root>/entries/ab/<key>/<file>`) may have been replaced
+    by someone other than this user or root, or None; see `cutecc.trust`. The SHA-256 check
+    cannot catch such a replacement: whoever can write the library can write the hash."""
+    try:
+        _read_library(path, 0)
+    except trust.Untrusted as e:
+        return e.why
+    except OSError:
+        return None  # a missing or oversized file is reported by the hash check
     return None
+
+
+def _read_library(path: Path, max_bytes: int) -> bytes:
+    """The library's bytes through checked directories; its meta.json is checked too (who
+    can write it can change what the library is trusted to be)."""
+    root, parts = path.parents[3], path.parts[-4:]
+    trust.read_file(root, (*parts[:-1], META), MAX_META_BYTES)
+    return trust.read_file(root, parts, max_bytes)
 
 
 def sync_check_from_env() -> bool:
@@ -70,24 +61,26 @@ def sync_check_from_env() -> bool:
 
 
 def verified_bytes(path: Path, sha256: str, size: int, label: str) -> bytes:
-    why = untrusted(path)
-    if why:
-        raise CuteccError(f"refusing to load the kernel library: {why}, so anyone could have "
+    """The library's bytes, read through checked directories without following links
+    (`cutecc.trust`), and only if they match the recorded size and SHA-256."""
+    try:
+        data = _read_library(path, size)
+    except trust.Untrusted as e:
+        raise CuteccError(f"refusing to load the kernel library: {e.why}, so anyone could have "
                           "replaced it and its recorded SHA-256. Fix the permissions (chmod o-w, "
                           f"chown), or set {ENV_ALLOW_SHARED}=1 to trust this cache",
-                          where=f"{label} ({path})", exit_code=1)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as f:
-            data = f.read()
+                          where=f"{label} ({path})", exit_code=1) from None
     except OSError as e:
-        raise CuteccError(f"cannot read the kernel library: {e.strerror}; rebuild it with "
-                          "`cutecc build`", where=f"{label} ({path})", exit_code=1) from None
+        if e.errno == 27:  # EFBIG: larger than recorded
+            data = b"\0" * (size + 1)
+        else:
+            raise CuteccError(f"cannot read the kernel library: {e.strerror}; rebuild it with "
+                              "`cutecc build`", where=f"{label} ({path})", exit_code=1) from None
     if len(data) != size or hashlib.sha256(data).hexdigest() != sha256:
         raise CuteccError("the kernel library does not match its recorded SHA-256 "
-                          f"(size {len(data)}, expected {size}); refusing to load it. "
-                          "Remove the entry and rebuild it", where=f"{label} ({path})",
-                          exit_code=1)
+                          f"(size {len(data) if len(data) <= size else 'larger'}, expected {size}); "
+                          "refusing to load it. Remove the entry and rebuild it",
+                          where=f"{label} ({path})", exit_code=1)
     return data
 
 
