@@ -101,6 +101,26 @@ def library_record(meta: dict[str, Any]) -> tuple[str, str, int] | None:
     return lib, rec["sha256"], rec["size"]
 
 
+def contract_digest(args: Any) -> str:
+    """SHA-256 of a contract's canonical JSON (the `args` of meta.json)."""
+    blob = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def acted_on(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """What the runtime acts on besides the key: the library's file record, the exported
+    symbol, the backward pairing and the contract's digest (None if the library is not
+    recorded). A lock line pins exactly these."""
+    rec = library_record(meta)
+    if rec is None:
+        return None
+    backward = meta.get("backward")
+    return {"library": rec[0], "sha256": rec[1], "size": rec[2],
+            "symbol": meta.get("symbol") if isinstance(meta.get("symbol"), str) else None,
+            "backward": backward if isinstance(backward, str) else None,
+            "contract": contract_digest(meta.get("args"))}
+
+
 def meta_problem(meta: Any, key: str) -> str | None:
     """Why `meta` (an entry's parsed meta.json) cannot be trusted as the entry for `key`.
 

@@ -1,33 +1,37 @@
-"""`kernels.lock`: the cache entry (key and library SHA-256) of every (kernel, variant, arch).
+"""`kernels.lock`: exactly which cache entry serves every (kernel, variant, arch).
 
 `cutecc build` writes it beside the manifest for CI to commit; `cutecc pack` and
-`cutecc.load(lock=...)` read it to use exactly those entries, and refuse an entry whose
-library hash differs. The file is JSON with one entry per line, sorted, with a format
-version and no timestamps, so it is byte-identical until a key or a library changes
-and its diffs read one line per changed artifact. Importing this imports neither the
-DSL nor JAX.
+`cutecc.load(lock=...)` read it to use exactly those entries. A line pins the entry's key
+and everything the runtime acts on besides it: the library's SHA-256 and size, the
+exported symbol, the backward pairing and the contract's digest, so no edit of meta.json
+changes what runs without the lock refusing it. One line per key; duplicates are refused.
+The file is JSON with one entry per line, sorted, with a format version and no
+timestamps, so it is byte-identical until an artifact changes and its diffs read one line
+per changed artifact. Importing this imports neither the DSL nor JAX.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from cutecc.atomic import atomic_write
-from cutecc.entry import label, library_record
+from cutecc.entry import acted_on, is_key, label, parse_json
 from cutecc.errors import CuteccError
 from cutecc.store import Entry, Store
 
-LOCK_FORMAT = 1
+LOCK_FORMAT = 2
 LOCK_NAME = "kernels.lock"
-_FIELDS = ("kernel", "variant", "arch", "key", "library", "sha256", "size")
+MAX_LOCK_BYTES = 64 << 20  # 10,000 lines of ~600 bytes fit many times over
+MAX_LOCK_DEPTH = 4
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class LockEntry:
-    """One artifact: which entry it is and what its library's bytes must hash to."""
+    """One artifact: which entry it is, and what the runtime may trust it to be."""
 
     kernel: str
     variant: str
@@ -36,39 +40,50 @@ class LockEntry:
     library: str
     sha256: str
     size: int
+    symbol: str
+    backward: str | None
+    contract: str
 
     @property
     def label(self) -> str:
         return label(self.kernel, self.variant, self.arch)
 
+    @property
+    def order(self) -> tuple[str, str, str, str]:
+        return (self.kernel, self.variant, self.arch, self.key)
+
     @classmethod
-    def of(cls, kernel: str, variant: str, arch: str, entry: Entry) -> LockEntry:
-        """The lock line for an entry of the store, from its meta.json file records."""
-        rec = library_record(entry.meta)
-        if rec is None:
-            raise CuteccError("malformed metadata (no library file record)",
-                              where=str(entry.path), exit_code=1)
-        return cls(kernel, variant, arch, entry.key, *rec)
+    def of(cls, kernel: str, variant: str, arch: str, key: str, meta: dict[str, Any]) -> LockEntry:
+        """The lock line for an entry, from its metadata."""
+        acted = acted_on(meta)
+        if acted is None or acted["symbol"] is None:
+            raise CuteccError(f"{label(kernel, variant, arch)} {key[:12]}: malformed metadata (no "
+                              "library file record or symbol)", where="kernels.lock", exit_code=1)
+        return cls(kernel, variant, arch, key, **acted)
 
     def mismatch(self, entry: Entry) -> str | None:
-        """Why the entry's recorded library differs from the lock's, or None if it matches."""
-        rec = (entry.meta.get("files") or {}).get(self.library) or {}
-        if entry.meta.get("library") != self.library or not rec:
-            return f"library {entry.meta.get('library')!r}, the lock names {self.library!r}"
-        if rec.get("sha256") != self.sha256 or rec.get("size") != self.size:
-            return (f"library SHA-256 {str(rec.get('sha256'))[:16]}... differs from the lock's "
-                    f"{self.sha256[:16]}...; refusing it")
+        """Why the entry differs from this line (in anything the runtime acts on), or None."""
+        m = entry.meta
+        for name in ("kernel", "variant", "arch"):
+            if m.get(name) != getattr(self, name):
+                return f"{name} {m.get(name)!r}, the lock says {getattr(self, name)!r}; refusing it"
+        acted = acted_on(m) or {}
+        for name in ("library", "sha256", "size", "symbol", "backward", "contract"):
+            got, want = acted.get(name), getattr(self, name)
+            if got != want:
+                what = "library SHA-256" if name == "sha256" else name
+                return f"{what} {_short(got)} differs from the lock's {_short(want)}; refusing it"
         return None
 
 
 @dataclass(frozen=True)
 class Lock:
-    """A parsed lock file: its entries, sorted by kernel, variant, arch."""
+    """A parsed lock file: its entries, sorted by kernel, variant, arch; one per key."""
 
     entries: tuple[LockEntry, ...]
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "entries", tuple(sorted(set(self.entries))))
+        object.__setattr__(self, "entries", tuple(sorted(set(self.entries), key=lambda e: e.order)))
 
     def dumps(self) -> bytes:
         """The file's bytes: deterministic, one entry per line."""
@@ -80,34 +95,34 @@ class Lock:
     @classmethod
     def loads(cls, data: bytes, where: str) -> Lock:
         try:
-            doc = json.loads(data)
+            doc = parse_json(data, MAX_LOCK_BYTES, MAX_LOCK_DEPTH)
         except ValueError as e:
             raise CuteccError(f"not a lock file: {e}", where=where) from None
         if not isinstance(doc, dict) or doc.get("format") != LOCK_FORMAT:
             got = doc.get("format") if isinstance(doc, dict) else None
-            raise CuteccError(f"lock format {got!r}, this cutecc reads {LOCK_FORMAT}", where=where)
-        out = []
-        for i, e in enumerate(doc.get("entries") or []):
-            if not isinstance(e, dict) or set(e) != set(_FIELDS):
-                raise CuteccError(f"expected the fields {', '.join(_FIELDS)}", where=where,
-                                  key_path=f"entries[{i}]")
-            try:
-                out.append(LockEntry(**{f: (int(e[f]) if f == "size" else str(e[f])) for f in _FIELDS}))
-            except (TypeError, ValueError):
-                raise CuteccError("size is not an integer", where=where,
-                                  key_path=f"entries[{i}]") from None
+            hint = "; run `cutecc build` to write it anew" if got == 1 else ""
+            raise CuteccError(f"lock format {got!r}, this cutecc reads {LOCK_FORMAT}{hint}", where=where)
+        items = doc.get("entries")
+        if not isinstance(items, list):
+            raise CuteccError("entries is not a list", where=where, key_path="entries")
+        out, seen = [], {}
+        for i, e in enumerate(items):
+            kp = f"entries[{i}]"
+            le = _line(e, where, kp)
+            if le.key in seen:
+                raise CuteccError(f"key {le.key[:12]} is locked twice (also entries[{seen[le.key]}]); "
+                                  "a lock names each entry once", where=where, key_path=kp)
+            seen[le.key] = i
+            out.append(le)
         return cls(tuple(out))
 
     def distinct_keys(self) -> list[str]:
-        """The distinct keys, sorted (variants that change nothing share one)."""
-        return sorted({e.key for e in self.entries})
+        """The keys, sorted."""
+        return sorted(e.key for e in self.entries)
 
     def by_key(self) -> dict[str, LockEntry]:
-        """One lock entry per key (the first in lock order)."""
-        out: dict[str, LockEntry] = {}
-        for e in self.entries:
-            out.setdefault(e.key, e)
-        return out
+        """The line of each key."""
+        return {e.key: e for e in self.entries}
 
     def select(self, archs: Iterable[str] = (), kernels: Iterable[str] = ()) -> Lock:
         """Only the entries of these archs and kernels (all when empty)."""
@@ -131,10 +146,31 @@ class Lock:
         yield from found
 
 
+def _short(v: Any) -> str:
+    return f"{v[:16]}..." if isinstance(v, str) and len(v) == 64 else repr(v)
+
+
+def _line(e: Any, where: str, kp: str) -> LockEntry:
+    names = [f.name for f in fields(LockEntry)]
+    if not isinstance(e, dict) or set(e) != set(names):
+        raise CuteccError(f"expected the fields {', '.join(names)}", where=where, key_path=kp)
+    for name in names:
+        v = e[name]
+        ok = (type(v) is int and 0 <= v < 1 << 40 if name == "size"
+              else v is None or isinstance(v, str) if name == "backward"
+              else isinstance(v, str) and 0 < len(v) <= 4096)
+        if not ok:
+            raise CuteccError(f"{name} is not a valid value", where=where, key_path=f"{kp}.{name}")
+    if not is_key(e["key"]):
+        raise CuteccError("key is not a cache key (64 hex digits)", where=where, key_path=f"{kp}.key")
+    return LockEntry(**e)
+
+
 def read_lock(path: str | Path) -> Lock:
     """Parse a lock file (bad or absent: CuteccError, exit 2)."""
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as f:
+            data = f.read(MAX_LOCK_BYTES + 1)
     except OSError as e:
         raise CuteccError(f"cannot read the lock file: {e.strerror}", where=str(path)) from None
     return Lock.loads(data, str(path))
@@ -158,14 +194,14 @@ def write_lock(path: str | Path, lock: Lock) -> bool:
 
 
 def lock_for(items: Iterable[tuple[str, str, str, str]], store: Store) -> Lock:
-    """The lock of (kernel, variant, arch, key) artifacts, hashes read from the store."""
+    """The lock of (kernel, variant, arch, key) artifacts, read from the store's metadata."""
     out = []
     for kernel, variant, arch, key in items:
         entry = store.get(key)
         if entry is None:
-            raise CuteccError(f"{kernel}[{variant}]@{arch} {key[:12]} is not in the cache; run "
+            raise CuteccError(f"{label(kernel, variant, arch)} {key[:12]} is not in the cache; run "
                               "`cutecc build`", where=str(store.root), exit_code=1)
-        out.append(LockEntry.of(kernel, variant, arch, entry))
+        out.append(LockEntry.of(kernel, variant, arch, key, entry.meta))
     return Lock(tuple(out))
 
 
@@ -175,12 +211,37 @@ def record_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
 
     A full build locks exactly its `lines`. A `partial` one (restricted by --kernel or
     --arch) replaces only the (kernel, arch) pairs it `covered`, keeping the old file's
-    other entries of kernels the manifest still `defined`.
+    other entries of kernels the manifest still `defined`. Never does it vouch for other
+    bytes under a key the old lock already names: an entry whose key is unchanged but whose
+    library (or anything else the runtime acts on) differs is an error (exit 1).
     """
     new = Lock(tuple(lines))
-    if partial and path.is_file():
-        old = read_lock(path)
-        kept = tuple(e for e in old.entries
-                     if (e.kernel, e.arch) not in covered and e.kernel in defined)
-        new = Lock(new.entries + kept)
+    old = _previous(path)
+    if old is not None:
+        before = old.by_key()
+        for le in new.entries:
+            was = before.get(le.key)
+            if was is not None and (was.sha256, was.size, was.symbol, was.backward, was.contract) != (
+                    le.sha256, le.size, le.symbol, le.backward, le.contract):
+                raise CuteccError(
+                    f"{le.label} {le.key[:12]}: the cache holds other bytes under a key the lock "
+                    f"already names (library SHA-256 {le.sha256[:16]}..., locked "
+                    f"{was.sha256[:16]}...); the lock is not rewritten. Run `cutecc verify --fix` "
+                    f"or `cutecc rm {le.key[:12]}`, then build again", where=str(path), exit_code=1)
+        if partial:
+            kept = tuple(e for e in old.entries
+                         if (e.kernel, e.arch) not in covered and e.kernel in defined)
+            new = Lock(new.entries + kept)
     return write_lock(path, new)
+
+
+def _previous(path: Path) -> Lock | None:
+    """The lock file as it is, or None when there is none or it is of an older format."""
+    if not path.is_file():
+        return None
+    try:
+        return read_lock(path)
+    except CuteccError:
+        if b'"format": 1' in path.read_bytes()[:64]:
+            return None  # an older format: written anew
+        raise

@@ -47,8 +47,15 @@ def plan(manifest: Manifest, archs: tuple[str, ...] = ()) -> list[Planned]:
         if index.lacks(k.module, attr):
             raise CuteccError(f'module "{k.module}" defines no "{attr}"', where=str(manifest.path),
                               key_path=f'kernel "{k.name}", entry')
+        seen: dict[str, str] = {}
         for v in k.variants:
             for arch in archs or k.archs:
                 inputs = key_inputs(k, v, arch, digest)
-                out.append(Planned(k, v, arch, compute_key(inputs), inputs, sources))
+                p = Planned(k, v, arch, compute_key(inputs), inputs, sources)
+                if p.key in seen:  # nothing tells them apart: no call could choose between them
+                    raise CuteccError(f'variants "{seen[p.key]}" and "{v.id}" build the same artifact '
+                                      "(their parameters change nothing the kernel is compiled with)",
+                                      where=str(manifest.path), key_path=f'kernel "{k.name}", variants')
+                seen[p.key] = v.id
+                out.append(p)
     return out

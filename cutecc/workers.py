@@ -3,8 +3,8 @@
 The DSL fixes its target arch when it is imported (`CUTE_DSL_ARCH`), so misses are
 compiled in one pool of spawned processes per arch, the arch given to the pool once, at
 start. Each worker publishes its entry into the store under the key's lock, so two
-builds never build one key twice, and returns the library's file record so the lock
-file is written without reading back what was just published.
+builds never build one key twice, and returns the entry's metadata so the lock file is
+written without reading back what was just published.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cutecc.contract import args_to_json
-from cutecc.entry import LIBRARY, library_record
+from cutecc.entry import LIBRARY
 from cutecc.errors import CuteccError
 from cutecc.key import toolchain
 from cutecc.manifest import Manifest, Variant
@@ -65,7 +65,7 @@ class Result:
     status: str
     seconds: float
     error: str | None = None
-    library: tuple[str, str, int] | None = None  # (file, sha256, size) of what was published
+    meta: dict[str, Any] | None = None  # the published entry's metadata (for the lock)
 
 
 def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
@@ -141,5 +141,4 @@ def build_one(job: BuildJob, store_root: str) -> Result:
         tb = traceback.format_exception(type(e), e, e.__traceback__)
         return Result("failed", time.perf_counter() - t0,
                       f"{type(e).__name__}: {e}\n{''.join(tb[-6:])}")
-    return Result("built" if built else "cached", time.perf_counter() - t0, None,
-                  library_record(entry.meta))
+    return Result("built" if built else "cached", time.perf_counter() - t0, None, entry.meta)

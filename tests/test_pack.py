@@ -22,6 +22,7 @@ from cutecc.commands.unpack import unpack
 from cutecc.errors import CuteccError
 from cutecc.lockfile import read_lock
 from cutecc.runtime.package import package_root
+from cutecc.store import Store
 
 pytestmark = pytest.mark.slow
 ARCHS = ("sm_90a", "sm_100a")
@@ -138,6 +139,7 @@ def test_cli_pack_reports_sizes_and_rejects_bad_input(toy: Toy, tmp_path: Path) 
         r = run_cli("pack", *args, "--out", str(tmp_path), "--cache-dir", str(toy.cache))
         assert r.returncode == 2 and msg in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
     # A manifest whose entries are not built: a failure at work, naming the cache.
+    Store(tmp_path / "empty").ensure()
     r = run_cli("pack", "--manifest", str(toy.manifest), "--name", "k", "--version", "1",
                 "--out", str(tmp_path), "--cache-dir", str(tmp_path / "empty"))
     assert r.returncode == 1 and "is not in the cache" in r.stderr

@@ -18,14 +18,13 @@ from typing import Any
 
 from cutecc import environ
 from cutecc.archs import parse_archs
-from cutecc.entry import library_record
 from cutecc.errors import CuteccError
 from cutecc.lockfile import LOCK_NAME, LockEntry, record_build
 from cutecc.locks import is_held
 from cutecc.manifest import load_manifest
 from cutecc.plan import Planned, plan
 from cutecc.report import Report
-from cutecc.store import Store, touch_used
+from cutecc.store import Store, entry_trust_problem, touch_used
 from cutecc.workers import BuildJob, Result, compile_all
 
 
@@ -35,7 +34,7 @@ class Outcome:
     status: str  # "built", "cached", "failed", "planned" (dry run)
     seconds: float = 0.0
     error: str | None = None
-    library: tuple[str, str, int] | None = None  # (file, sha256, size), for the lock
+    meta: dict[str, Any] | None = None  # the entry's metadata, for the lock
     saved: float = 0.0  # for a hit: the compile seconds it saved (its recorded build time)
 
     def to_json(self) -> dict[str, Any]:
@@ -135,6 +134,8 @@ def build(
     store = Store(cache_dir)
     report = BuildReport(cache_dir=store.root, dry_run=dry_run)
     planned = plan(manifest, archs)
+    if store.entries_dir.is_dir():
+        store.check_trust()  # another user's cache never vouches for anything here
     misses: list[Planned] = []
     for p in planned:
         try:
@@ -142,8 +143,13 @@ def build(
         except CuteccError:  # unreadable metadata: a hit the lock cannot record
             report.outcomes.append(Outcome(p, "cached"))
             continue
+        why = entry and entry_trust_problem(entry.path, list(entry.meta.get("files") or []))
+        if why:
+            report.outcomes.append(Outcome(p, "failed", error=f"cached entry {p.key[:12]} refused: "
+                                           f"{why}; run `cutecc verify --fix`"))
+            continue
         if entry is not None:
-            report.outcomes.append(Outcome(p, "cached", library=library_record(entry.meta),
+            report.outcomes.append(Outcome(p, "cached", meta=entry.meta,
                                            saved=_build_seconds(entry.meta)))
         elif dry_run:
             report.outcomes.append(Outcome(p, "planned"))
@@ -186,11 +192,7 @@ def _build_seconds(meta: dict[str, Any]) -> float:
 
 def _lock_line(o: Outcome) -> LockEntry:
     p = o.planned
-    if o.library is None:
-        raise CuteccError(f"{p.label} {p.key[:12]}: malformed metadata (no library file record)",
-                          where="kernels.lock", exit_code=1)
-    lib, sha, size = o.library
-    return LockEntry(p.kernel.name, p.variant.id, p.arch, p.key, lib, sha, size)
+    return LockEntry.of(p.kernel.name, p.variant.id, p.arch, p.key, o.meta or {})
 
 
 def _compile(misses: list[Planned], manifest: Any, store: Store, workers: int,
@@ -206,7 +208,7 @@ def _compile(misses: list[Planned], manifest: Any, store: Store, workers: int,
     def on_result(job: BuildJob, r: Result) -> None:
         for q in misses:
             if q.key == job.key:
-                o = Outcome(q, r.status, r.seconds, r.error, r.library)
+                o = Outcome(q, r.status, r.seconds, r.error, r.meta)
                 report.outcomes.append(o)
                 progress.done(o)
 

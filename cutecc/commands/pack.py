@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cutecc import trust
 from cutecc.archive import tar_bytes, wheel_bytes
 from cutecc.archs import parse_archs
 from cutecc.atomic import atomic_write
-from cutecc.entry import META, STORE_FORMAT
+from cutecc.entry import MAX_META_BYTES, META, STORE_FORMAT, meta_problem, parse_json
 from cutecc.errors import CuteccError
 from cutecc.lockfile import LOCK_NAME, Lock, lock_for, read_lock
 from cutecc.report import Report
@@ -165,7 +166,8 @@ def pack(*, name: str, version: str, manifest: str | Path | None = None,
     if fmt not in FORMATS:
         raise CuteccError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})", where="--format")
     dist, package = names(name, version)
-    store = Store(cache_dir)
+    store = Store(cache_dir).require()
+    store.check_trust()
     chosen = select(store, manifest=manifest, lock=lock, archs=archs, kernels=kernels)
     tree, sizes = _tree(chosen, store)
     out = Path(out)
@@ -196,9 +198,16 @@ def _tree(chosen: Lock, store: Store) -> tuple[dict[str, bytes], dict[str, dict[
     sizes: dict[str, dict[str, int]] = {}
     for entry, le in chosen.resolve(store):
         base = f"entries/{entry.key[:2]}/{entry.key}"
-        tree[f"{base}/{META}"] = (entry.path / META).read_bytes()
-        for fname, rec in sorted(entry.meta.get("files", {}).items()):
-            data = (entry.path / fname).read_bytes()
+        parts = ("entries", entry.key[:2], entry.key)
+        meta_bytes = _read(store, (*parts, META), MAX_META_BYTES, le.label)
+        why = meta_problem(entry.meta, entry.key) or (
+            None if parse_json(meta_bytes) == entry.meta else "meta.json changed while packing")
+        if why:
+            raise CuteccError(f"{le.label}: {why}; run `cutecc verify --fix` and rebuild",
+                              where=str(entry.path), exit_code=1)
+        tree[f"{base}/{META}"] = meta_bytes
+        for fname, rec in sorted(entry.meta["files"].items()):
+            data = _read(store, (*parts, fname), rec["size"], le.label)
             if len(data) != rec.get("size") or hashlib.sha256(data).hexdigest() != rec.get("sha256"):
                 raise CuteccError(f"{le.label}: {fname} does not match its recorded SHA-256; "
                                   "run `cutecc verify --fix` and rebuild", where=str(entry.path),
@@ -210,3 +219,12 @@ def _tree(chosen: Lock, store: Store) -> tuple[dict[str, bytes], dict[str, dict[
     return tree, dict(sorted(sizes.items()))
 
 
+
+
+def _read(store: Store, parts: tuple[str, ...], max_bytes: int, label: str) -> bytes:
+    """A file of the cache through checked directories (`cutecc.trust`), bounded."""
+    try:
+        return trust.read_file(store.root, parts, max_bytes)
+    except OSError as e:
+        raise CuteccError(f"{label}: cannot read {parts[-1]}: {e.strerror}; run `cutecc verify --fix` "
+                          "and rebuild", where=str(store.root.joinpath(*parts)), exit_code=1) from None
