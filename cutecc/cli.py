@@ -44,6 +44,9 @@ class _Group(click.Group):
         except CuteccError as e:
             _error(e.render())
             ctx.exit(e.exit_code)
+        except KeyboardInterrupt:  # the build stopped its workers; one line, no traceback
+            _error("interrupted")
+            ctx.exit(130)
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs["standalone_mode"] = False
@@ -337,12 +340,28 @@ def pack(manifest_opt: Path | None, lock: Path | None, name: str, version: str,
 @main.command(short_help="Import a pack's entries into a cache.")
 @click.argument("archive", type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @_cache_opt
+@click.option("--max-members", type=click.IntRange(min=1), default=None,
+              help="Refuse an archive of more members (default 50,000).")
+@click.option("--max-member-size", default=None, help="Refuse a member larger than this (default 64M).")
+@click.option("--max-total-size", default=None, help="Refuse members declaring more in all (default 4G).")
 @_json_opt
-def unpack(archive: Path, cache_dir: Path | None, as_json: bool) -> None:
+def unpack(archive: Path, cache_dir: Path | None, max_members: int | None, max_member_size: str | None,
+           max_total_size: str | None, as_json: bool) -> None:
     """Import a pack's entries (wheel or tarball) into a cache, each verified first."""
-    from cutecc.commands.unpack import unpack as run
+    import dataclasses
 
-    _emit(run(archive, cache_dir), as_json)
+    from cutecc.archive import Limits
+    from cutecc.commands.unpack import unpack as run
+    from cutecc.units import parse_size
+
+    limits = Limits()
+    if max_members is not None:
+        limits = dataclasses.replace(limits, members=max_members)
+    if max_member_size is not None:
+        limits = dataclasses.replace(limits, member_bytes=parse_size(max_member_size, "--max-member-size"))
+    if max_total_size is not None:
+        limits = dataclasses.replace(limits, total_bytes=parse_size(max_total_size, "--max-total-size"))
+    _emit(run(archive, cache_dir, limits=limits), as_json)
 
 
 @main.command(short_help="Versions, cache and GPU, for bug reports.")

@@ -26,7 +26,7 @@ def held(path: Path, timeout: float = -1) -> Iterator[None]:
     """Hold the lock file `path`. Raises `Timeout` after `timeout` s (-1: wait forever), or
     CuteccError (exit 1) when the lock file cannot be created or opened (a read-only or
     full cache)."""
-    lock = filelock.FileLock(path, timeout=timeout)
+    lock = filelock.FileLock(path, timeout=timeout, mode=0o644)  # whatever the umask
     try:
         lock.acquire()
     except filelock.Timeout:

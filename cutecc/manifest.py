@@ -61,8 +61,16 @@ MANIFEST_NAMES = ("kernels.toml", "pyproject.toml")
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 MAX_VARIANTS_PER_KERNEL = 10_000
 MAX_TUPLE_DEPTH = 8  # launchers take tuples of tensors, not trees; deeper is a mistake
-ENTRY_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
-NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Matched in full (`fullmatch`): a `$` anchor would accept a trailing newline.
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+ENTRY_RE = re.compile(rf"{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*")
+NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A kernel is an attribute of the loaded kernel set: these names are the set's own.
+RESERVED_KERNEL_NAMES = frozenset({"get", "problems", "register_all", "disabled_safety_checks", "root",
+                                   "arch", "keys", "items", "values"})
+MAX_STATIC_EXTENT = 2**31 - 1  # extents and strides are 32-bit in the compiled layouts
+MAX_ALIGN = 256  # bytes: beyond any vector or TMA alignment the DSL asks for
+_INT_RANGE = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
 
 BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
     "h100": {"arch": "sm_90a", "sm_count": 132, "max_smem_per_block": 232448,
@@ -256,9 +264,12 @@ def _parse(doc: dict[str, Any], path: Path, ctx: _Ctx, prefix: str) -> Manifest:
     kernels = []
     for name, kdoc in ktab.items():
         kp = f'kernel "{name}"'
-        if not NAME_RE.match(name) or keyword.iskeyword(name):  # it is a Python attribute
+        if not NAME_RE.fullmatch(name) or keyword.iskeyword(name):  # it is a Python attribute
             raise ctx.fail(kp, "a kernel name must be an identifier (letters, digits, _), "
                            "not a Python keyword")
+        if name.startswith("_") or name in RESERVED_KERNEL_NAMES:
+            raise ctx.fail(kp, "this name is the loaded kernel set's own attribute (names starting "
+                           f"with _ and {', '.join(sorted(RESERVED_KERNEL_NAMES))} are reserved)")
         if not isinstance(kdoc, dict):
             raise ctx.fail(kp, "must be a table")
         kernels.append(_kernel(ctx, kp, name, kdoc, archs, profile, profiles, copts))
@@ -272,7 +283,7 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
     if "entry" not in kdoc:
         raise ctx.fail(kp, 'missing "entry" ("package.module:attr")')
     entry = _str(ctx, f"{kp}, entry", kdoc["entry"])
-    if not ENTRY_RE.match(entry):
+    if not ENTRY_RE.fullmatch(entry):
         raise ctx.fail(f"{kp}, entry", f'"{entry}" is not of the form "package.module:attr"')
     k_archs = _archs(ctx, f"{kp}, archs", kdoc["archs"]) if "archs" in kdoc else archs
     k_profile = _str(ctx, f"{kp}, profile", kdoc.get("profile", profile))
@@ -318,7 +329,7 @@ def _variant_axes(ctx: _Ctx, kp: str, v: Any) -> tuple[tuple[str, tuple[_Value, 
     axes = []
     total = 1
     for k, vals in v.items():
-        if not NAME_RE.match(k):
+        if not NAME_RE.fullmatch(k):
             raise ctx.fail(f"{kp}.{k}", "a variant parameter must be an identifier")
         if not isinstance(vals, list) or not vals:
             raise ctx.fail(f"{kp}.{k}", "must be a non-empty array of values")
@@ -404,6 +415,11 @@ def _arg(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, Any],
                 and (dt.startswith("float") or isinstance(default, int)))
             if not ok:
                 raise ctx.fail(f"{kp}.default", f"{default!r} is not a {dt}")
+            lo, hi = _INT_RANGE.get(dt, (None, None))
+            if lo is not None and not lo <= default <= hi:
+                raise ctx.fail(f"{kp}.default", f"{default} is out of the range of {dt} ({lo}..{hi})")
+            if dt == "float32" and isinstance(default, float) and abs(default) > 3.4028234663852886e38:
+                raise ctx.fail(f"{kp}.default", f"{default} is out of the range of float32")
         return ScalarArg(name, dt, default)
     if kind != "tensor":
         raise ctx.fail(f"{kp}.kind", f'unknown argument kind "{kind}" '
@@ -427,7 +443,9 @@ def _arg(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, Any],
             raise ctx.fail(dp, f"a dimension is an int or a symbol name, got {d!r}")
         if isinstance(d, int) and d <= 0:
             raise ctx.fail(dp, f"a static extent must be positive, got {d}")
-        if isinstance(d, str) and not NAME_RE.match(d):
+        if isinstance(d, int) and d > MAX_STATIC_EXTENT:
+            raise ctx.fail(dp, f"a static extent must be at most 2^31-1 (32-bit layouts), got {d}")
+        if isinstance(d, str) and not NAME_RE.fullmatch(d):
             raise ctx.fail(dp, f'"{d}" is not a valid symbol name')
         dims.append(d)
     layout = a.get("layout", "row-major")
@@ -437,6 +455,8 @@ def _arg(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, Any],
     align = a.get("align", 16)
     if isinstance(align, bool) or not isinstance(align, int) or align <= 0 or align & (align - 1):
         raise ctx.fail(f"{kp}.align", f"must be a positive power of two (bytes), got {align!r}")
+    if align > MAX_ALIGN:
+        raise ctx.fail(f"{kp}.align", f"must be at most {MAX_ALIGN} (bytes), got {align}")
     return TensorArg(name, role, dt, tuple(dims), layout, align)
 
 
@@ -523,7 +543,7 @@ def _table(ctx: _Ctx, kp: str, v: Any) -> tuple[tuple[str, Any], ...]:
     if not isinstance(v, dict):
         raise ctx.fail(kp, f"must be a table, got {_tname(v)}")
     for k, x in v.items():
-        if not NAME_RE.match(k) or keyword.iskeyword(k):
+        if not NAME_RE.fullmatch(k) or keyword.iskeyword(k):
             raise ctx.fail(f"{kp}.{k}", "a keyword argument name must be an identifier")
         if not isinstance(x, (int, float, str, bool)):
             raise ctx.fail(f"{kp}.{k}", f"must be a number, string or bool, got {_tname(x)}")
@@ -534,7 +554,7 @@ def _name(ctx: _Ctx, kp: str, a: dict[str, Any]) -> str:
     if "name" not in a:
         raise ctx.fail(kp, 'missing "name"')
     n = a["name"]
-    if not isinstance(n, str) or not NAME_RE.match(n) or keyword.iskeyword(n):
+    if not isinstance(n, str) or not NAME_RE.fullmatch(n) or keyword.iskeyword(n):
         raise ctx.fail(f"{kp}.name", f"{n!r} is not a valid identifier")
     if n.startswith("cutecc_"):
         raise ctx.fail(f"{kp}.name", 'names starting with "cutecc_" are reserved')

@@ -12,7 +12,7 @@ from typing import Any
 from cutecc import dtypes
 from cutecc.archs import ARCH_RE
 from cutecc.contract import LAYOUTS, ROLES
-from cutecc.manifest import BUILTIN_PROFILES, ENTRY_RE, MANIFEST_FORMAT
+from cutecc.manifest import BUILTIN_PROFILES, ENTRY_RE, MANIFEST_FORMAT, MAX_ALIGN, RESERVED_KERNEL_NAMES
 
 SCHEMA_ID = "https://cutecc.dev/schemas/kernels.schema.json"
 _PARAM = {"type": "string", "pattern": r"^\$[A-Za-z_][A-Za-z0-9_.]*$",
@@ -30,7 +30,7 @@ def schema() -> dict[str, Any]:
     archs = {"type": "array", "minItems": 1, "uniqueItems": True,
              "items": {"type": "string", "pattern": f"^{ARCH_RE.pattern}$", "not": {"pattern": r"\s"}},
              "description": "Target GPU architectures, e.g. [\"sm_90a\"]."}
-    extent = {"anyOf": [{"type": "integer", "minimum": 0},
+    extent = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
                         {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*$"}, _PARAM]}
     tensor = {
         "type": "object", "additionalProperties": False, "required": ["name", "dtype", "shape"],
@@ -42,7 +42,8 @@ def schema() -> dict[str, Any]:
             "shape": {"type": "array", "items": extent,
                       "description": "Ints are static extents, names symbolic (shared name: equal)."},
             "layout": {"enum": list(LAYOUTS)},
-            "align": {"type": "integer", "minimum": 1, "description": "Pointer alignment in bytes."},
+            "align": {"enum": [1 << i for i in range(MAX_ALIGN.bit_length())],
+                      "description": "Pointer alignment in bytes."},
         },
     }
     scalar = {
@@ -63,7 +64,7 @@ def schema() -> dict[str, Any]:
     kernel = {
         "type": "object", "additionalProperties": False, "required": ["entry", "args"],
         "properties": {
-            "entry": {"type": "string", "pattern": ENTRY_RE.pattern,
+            "entry": {"type": "string", "pattern": f"^{ENTRY_RE.pattern}$", "not": {"pattern": r"\s"},
                       "description": "A @cute.jit launcher, or a factory with factory_args: "
                                      "\"package.module:attr\"."},
             "description": {"type": "string"},
@@ -95,7 +96,8 @@ def schema() -> dict[str, Any]:
             "hardware": {"type": "object", "additionalProperties": {
                 "type": "object", "additionalProperties": {"type": ["integer", "number", "string"]}}},
             "kernel": {"type": "object", "minProperties": 1,
-                       "propertyNames": {"pattern": r"^[A-Za-z_][A-Za-z0-9_]*$"},
+                       "propertyNames": {"pattern": r"^[A-Za-z][A-Za-z0-9_]*$",
+                                         "not": {"enum": sorted(RESERVED_KERNEL_NAMES)}},
                        "additionalProperties": {"$ref": "#/$defs/kernel"}},
         },
         "$defs": {"kernel": kernel, "arg": {"oneOf": [tensor, scalar, none, stream, tup]}},

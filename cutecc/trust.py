@@ -75,12 +75,19 @@ def open_dir(path: str | Path) -> Iterator[int]:
     by component without following links.
     """
     given = Path(os.path.abspath(path))
-    if enforced():
+    if enforced():  # a link on the way decides where we go: so must its owner and directory
         for p in (given, *given.parents):
-            with contextlib.suppress(OSError):
+            try:
                 st = os.lstat(p)
-                if stat.S_ISLNK(st.st_mode) and st.st_uid not in (os.geteuid(), 0):
-                    raise Untrusted(f"{p} is a symbolic link owned by uid {st.st_uid}", str(p))
+            except OSError:
+                continue
+            if not stat.S_ISLNK(st.st_mode):
+                continue
+            if st.st_uid not in (os.geteuid(), 0):
+                raise Untrusted(f"{p} is a symbolic link owned by uid {st.st_uid}", str(p))
+            why = stat_problem(os.stat(p.parent), f"{p.parent} (holding the symbolic link {p.name})")
+            if why:
+                raise Untrusted(why, str(p))
     real = Path(os.path.realpath(given))
     fd = os.open("/", _DIR)
     try:

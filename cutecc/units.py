@@ -15,14 +15,14 @@ _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
-def parse_size(text: str | int) -> int:
+def parse_size(text: str | int, where: str = "--max-size") -> int:
     """Bytes from `500M`, `2G`, `1024K`, `1.5GiB` or plain `1048576` (K/M/G/T are powers of 1024)."""
     if isinstance(text, int):
         return text
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text, re.IGNORECASE)
     if not m:
         raise CuteccError(f'"{text}" is not a size such as 500M, 2G, 1024K or a byte count',
-                          where="--max-size")
+                          where=where)
     return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
 
 

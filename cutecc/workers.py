@@ -10,8 +10,12 @@ written without reading back what was just published.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import errno
 import multiprocessing
+import os
+import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -77,8 +81,9 @@ def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
     ctx = multiprocessing.get_context("spawn")
     for arch, items in by_arch.items():
         n = max(1, min(workers, len(items)))
-        with cf.ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker,
-                                    initargs=(arch,)) as pool:
+        pool = cf.ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker,
+                                      initargs=(arch, os.getpid()))
+        try:
             futures = {pool.submit(build_one, j, str(store_root)): j for j in items}
             for fut in cf.as_completed(futures):
                 try:
@@ -86,12 +91,46 @@ def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
                 except Exception as e:  # a worker died (killed, out of memory)
                     result = Result("failed", 0.0, f"build worker died: {e!r}")
                 on_result(futures[fut], result)
+        except BaseException:  # Ctrl-C, or the caller's callback failed: stop the workers now
+            _kill_workers(pool)
+            raise
+        pool.shutdown(wait=True)
 
 
-def _init_worker(arch: str) -> None:
+def _kill_workers(pool: cf.ProcessPoolExecutor) -> None:
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.kill()
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.join(5)
+
+
+def _init_worker(arch: str, parent: int) -> None:
+    """Set the DSL's target, and tie the worker's life to the build's: it dies with its
+    parent (a parent-death signal, and a watchdog for where that is not available), and
+    leaves Ctrl-C to the parent, which stops the pool itself."""
     from cutecc.compiler import set_target
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     set_target(arch)
+
+
+def _watch_parent(parent: int) -> None:
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            os._exit(1)
 
 
 def build_one(job: BuildJob, store_root: str) -> Result:

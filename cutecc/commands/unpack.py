@@ -7,17 +7,16 @@ published atomically like a build; a bad entry is refused by name and the rest l
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cutecc import environ
-from cutecc.archive import read_pack_tree
-from cutecc.entry import ENTRY_FORMAT, META, STORE_FORMAT, compute_key, is_file_name, is_key
+from cutecc.archive import Limits, PackTree
+from cutecc.entry import META, STORE_FORMAT, is_key, meta_problem, parse_json
 from cutecc.errors import CuteccError
-from cutecc.lockfile import LOCK_NAME, Lock, LockEntry
+from cutecc.lockfile import LOCK_NAME, MAX_LOCK_BYTES, Lock, LockEntry
 from cutecc.report import Report
 from cutecc.runtime.package import PACK_DIR
 from cutecc.store import Entry, Store
@@ -53,72 +52,105 @@ class UnpackReport(Report):
                 "refused": [{"entry": e, "reason": r} for e, r in self.refused]}
 
 
-def unpack(archive: str | Path, cache_dir: str | Path | None = None) -> UnpackReport:
+def unpack(archive: str | Path, cache_dir: str | Path | None = None, *,
+           limits: Limits | None = None) -> UnpackReport:
     """Import a pack's entries into a cache, each verified first, each published atomically.
 
-    An entry whose files do not match its meta.json, or whose library does not match the
-    pack's lock, is refused (reported, not imported); the others still land.
+    Reading is bounded (`limits`). An entry whose meta.json does not describe its key,
+    whose files are not exactly the ones meta.json lists and matching it, or whose line in
+    the pack's lock differs, is refused (reported, not imported); the others still land.
     """
     if environ.read_only():
         raise CuteccError("read-only mode ($CUTECC_READ_ONLY): unpack writes to the cache",
                           where="cutecc unpack", exit_code=1)
-    files = read_pack_tree(archive)
-    if files.get("format") != f"{STORE_FORMAT}\n".encode():
-        raise CuteccError(f"pack format {files.get('format')!r}, this cutecc reads {STORE_FORMAT}",
-                          where=f"{archive}: {PACK_DIR}/format")
-    lock = Lock.loads(files[LOCK_NAME], f"{archive}: {PACK_DIR}/{LOCK_NAME}")
-    store = Store(cache_dir)
-    store.ensure()
-    report = UnpackReport(store.root)
-    by_key = lock.by_key()
-    listed = {n.split("/")[2] for n in files if n.startswith("entries/") and n.count("/") == 3}
-    for key in sorted(listed - set(by_key)):
-        report.refused.append((key[:12], "not named by the pack's kernels.lock"))
-    for key, le in sorted(by_key.items()):
-        label = f"{le.label} {key[:12]}"
-        base = f"entries/{key[:2]}/{key}/"
-        mine = {n[len(base):]: d for n, d in files.items() if n.startswith(base)}
-        meta, why = _check_entry(key, le, mine)
-        if why:
-            report.refused.append((label, why))
-            continue
-        _, built = store.publish(key, lambda staging, m=meta, f=mine: _stage(staging, m, f))
-        (report.imported if built else report.present).append(label)
+    with PackTree(archive, limits) as tree:
+        fmt = _read(tree, "format", 64)
+        if fmt != f"{STORE_FORMAT}\n".encode():
+            raise CuteccError(f"pack format {fmt!r}, this cutecc reads {STORE_FORMAT}",
+                              where=f"{archive}: {PACK_DIR}/format")
+        lock = Lock.loads(_read(tree, LOCK_NAME, MAX_LOCK_BYTES), f"{archive}: {PACK_DIR}/{LOCK_NAME}")
+        store = Store(cache_dir)
+        store.ensure()
+        report = UnpackReport(store.root)
+        by_key = lock.by_key()
+        entries: dict[str, list[str]] = {}
+        for n in tree.names:
+            parts = n.split("/")
+            if len(parts) == 4 and parts[0] == "entries":
+                entries.setdefault(parts[2], []).append(parts[3])
+            elif n not in ("format", LOCK_NAME):
+                report.refused.append((n[:80], "not part of a cutecc pack's tree"))
+        for key in sorted(set(entries) - set(by_key)):
+            report.refused.append((key[:12], "not named by the pack's kernels.lock"))
+        for key, le in sorted(by_key.items()):
+            label = f"{le.label} {key[:12]}"
+            names = entries.get(key, [])
+            try:
+                meta, files = _check_entry(tree, key, le, names)
+            except ValueError as e:
+                report.refused.append((label, str(e)))
+                continue
+            _, built = store.publish(key, lambda staging, m=meta, f=files: _stage(staging, m, f))
+            (report.imported if built else report.present).append(label)
     return report
 
 
-def _check_entry(key: str, le: LockEntry, files: dict[str, bytes]) -> tuple[dict[str, Any], str | None]:
-    """(meta, None) if the entry's files match its meta.json and the lock, else (_, why)."""
-    if not is_key(key):
-        return {}, "not a cache key"
-    if META not in files:
-        return {}, "missing from the archive" if not files else f"no {META}"
+def _read(tree: PackTree, name: str, cap: int) -> bytes:
+    if name not in tree.names:
+        raise CuteccError(f"not a cutecc pack: no {PACK_DIR}/{name}", where=str(tree.path))
+    if tree.size(name) > cap:
+        raise CuteccError(f"{PACK_DIR}/{name} is {tree.size(name)} bytes, over {cap}", where=str(tree.path))
     try:
-        meta = json.loads(files[META])
-        recs = dict(meta["files"])
-    except (ValueError, KeyError, TypeError):
-        return {}, f"malformed {META}"
-    if meta.get("format") != ENTRY_FORMAT:
-        return meta, f"entry format {meta.get('format')!r}, this cutecc reads {ENTRY_FORMAT}"
-    if meta.get("key") != key or compute_key(meta.get("key_inputs")) != key:
-        return meta, f"{META} does not describe key {key[:12]}"
-    got = set(files) - {META}
-    if got != set(recs) or not all(is_file_name(n) for n in got):
-        return meta, f"files {sorted(got)} differ from those {META} lists {sorted(recs)}"
+        return tree.read(name)
+    except ValueError as e:
+        raise CuteccError(str(e), where=str(tree.path)) from None
+
+
+def _check_entry(tree: PackTree, key: str, le: LockEntry,
+                 names: list[str]) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """(meta, files) of a pack's entry once everything checks; else ValueError(why)."""
+    if not is_key(key) or key[:2] != key[:2].lower():
+        raise ValueError("not a cache key")
+    if not names:
+        raise ValueError("missing from the archive")
+    if META not in names:
+        raise ValueError(f"no {META}")
+    base = f"entries/{key[:2]}/{key}/"
+    if any(f"{base}{n}" not in tree.names for n in names):
+        raise ValueError("stored under the wrong shard directory")
+    try:
+        meta = parse_json(tree.read(base + META))
+    except ValueError as e:
+        raise ValueError(f"malformed {META}: {e}") from None
+    why = meta_problem(meta, key)  # the key inputs hash to the key; records well formed
+    if why:
+        raise ValueError(f"{META}: {why}")
+    recs = meta["files"]
+    got = set(names) - {META}
+    if got != set(recs):
+        raise ValueError(f"files {sorted(got)} differ from those {META} lists {sorted(recs)}")
+    if set(recs) != {meta["library"]}:
+        extra = sorted(set(recs) - {meta["library"]})
+        raise ValueError(f"{META} lists files other than its library: {extra}")
+    files = {}
     for n in sorted(got):
-        h = hashlib.sha256(files[n]).hexdigest()
-        if h != recs[n].get("sha256") or len(files[n]) != recs[n].get("size"):
-            return meta, f"{n}: SHA-256 {h[:16]}... does not match {META}'s; refusing it"
+        data = tree.read(base + n)
+        h = hashlib.sha256(data).hexdigest()
+        if h != recs[n]["sha256"] or len(data) != recs[n]["size"]:
+            raise ValueError(f"{n}: SHA-256 {h[:16]}... does not match {META}'s; refusing it")
+        files[n] = data
     why = le.mismatch(Entry(key, Path(), meta))
-    return meta, why
+    if why:
+        raise ValueError(why)
+    return meta, files
 
 
 def _stage(staging: Path, meta: dict[str, Any], files: dict[str, bytes]) -> dict[str, Any]:
     """Write a verified entry's files into the store's staging directory."""
     for n, d in files.items():
-        if n != META:
-            with open(staging / n, "wb") as f:
-                f.write(d)
-                f.flush()
-                os.fsync(f.fileno())
+        fd = os.open(staging / n, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(d)
+            f.flush()
+            os.fsync(f.fileno())
     return {k: v for k, v in meta.items() if k not in ("files", "format", "key")}

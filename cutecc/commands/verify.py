@@ -9,7 +9,6 @@ never touches a healthy entry's files.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import asdict, dataclass, field
@@ -22,9 +21,9 @@ from cutecc.entry import META, RESERVED_FILES, file_record, is_key, meta_problem
 from cutecc.errors import CuteccError
 from cutecc.locks import Busy
 from cutecc.report import Report
-from cutecc.store import Store
+from cutecc.store import Store, entry_trust_problem, read_meta
 
-BAD = frozenset({"missing", "truncated", "altered", "malformed"})  # the entry is unusable
+BAD = frozenset({"missing", "truncated", "altered", "malformed", "untrusted"})  # the entry is unusable
 
 
 @dataclass
@@ -76,14 +75,17 @@ def check_entry(path: Path, key: str) -> list[Problem]:
             return [Problem("malformed", str(link), f"a symbolic link (to {os.readlink(link)}), "
                             "not what cutecc published", key)]
     try:
-        meta = json.loads((path / META).read_bytes())
+        meta = read_meta(path)
     except (OSError, ValueError) as e:
         return [Problem("malformed", str(path / META), f"unreadable metadata: {e}", key)]
     why = meta_problem(meta, key)  # the records, the key inputs and the fields they decide
     if why:
         return [Problem("malformed", str(path / META), why, key)]
-    out = []
     files: dict[str, Any] = meta["files"]
+    why = entry_trust_problem(path, list(files))
+    if why:  # whoever could write it could have written its hashes too
+        return [Problem("untrusted", str(path), why, key)]
+    out = []
     for name, rec in sorted(files.items()):
         f = path / name
         if f.is_symlink():  # cutecc writes none; its target is outside the entry's control
@@ -121,8 +123,13 @@ def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
     e.g. by a build, is left as is and reported busy.
     """
     store = Store(cache_dir).require()
+    store.check_trust()  # another user's cache is refused whole, never "fixed"
     report = VerifyReport(str(store.root), fixed=fix)
     for shard in _listdir(store.entries_dir):
+        if shard.is_symlink():  # never followed: what it points to is not the cache's
+            report.problems.append(Problem("orphan", str(shard), f"a symbolic link (to "
+                                           f"{os.readlink(shard)}), not a shard directory"))
+            continue
         if not shard.is_dir():
             report.problems.append(Problem("orphan", str(shard), "not a shard directory"))
             continue
@@ -204,9 +211,9 @@ def _remove_orphan(store: Store, p: Problem) -> str:
                 if not (path / META).exists():
                     shutil.rmtree(path, ignore_errors=True)
         elif path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(path, ignore_errors=True)  # never follows a link inside
         else:
-            path.unlink(missing_ok=True)
+            path.unlink(missing_ok=True)  # a file, or a link itself (not its target)
     except filelock.Timeout:
         return "busy: left as is"
     except OSError as e:

@@ -151,7 +151,7 @@ def accepted(doc: Doc) -> list[str]:
 identifiers = st.from_regex(r"[a-z][a-z0-9_]{0,12}", fullmatch=True).filter(
     lambda s: not keyword.iskeyword(s) and not s.startswith("cutecc_"))
 not_identifiers = st.text(min_size=0, max_size=12).filter(
-    lambda s: not NAME_RE.match(s) or keyword.iskeyword(s))
+    lambda s: not NAME_RE.fullmatch(s) or keyword.iskeyword(s))
 scalars = st.one_of(st.booleans(), st.integers(-(2 ** 63), 2 ** 63 - 1),
                     st.floats(allow_nan=False), st.text(max_size=8))
 values = st.recursive(scalars, lambda inner: st.one_of(
@@ -320,7 +320,7 @@ def test_an_unknown_key_at_any_level(level, key: str, value: Any, tally) -> None
 
 
 @SETTINGS
-@given(entry=st.text(max_size=30).filter(lambda s: not ENTRY_RE.match(s)))
+@given(entry=st.text(max_size=30).filter(lambda s: not ENTRY_RE.fullmatch(s)))
 def test_a_malformed_entry_point(entry: str, tally) -> None:
     doc = base()
     doc["kernel"]["k"]["entry"] = entry
@@ -334,7 +334,7 @@ def test_an_entry_module_that_is_nowhere(module: list[str], attr: str, tally) ->
     assume(module[0] != "kk")
     doc = base()
     doc["kernel"]["k"]["entry"] = f"{'.'.join(module)}:{attr}"
-    assume(ENTRY_RE.match(doc["kernel"]["k"]["entry"]))
+    assume(ENTRY_RE.fullmatch(doc["kernel"]["k"]["entry"]))
     import importlib.util
 
     assume(importlib.util.find_spec(module[0]) is None)  # not an installed package either
