@@ -20,7 +20,7 @@ from cutecc.errors import CuteccError
 
 # Workflow order, for `cutecc -h`.
 _ORDER = ("init", "build", "list", "show", "explain", "verify", "gc", "rm", "stats", "pack",
-          "unpack", "env", "schema")
+          "unpack", "keygen", "env", "schema")
 
 
 _color: bool | None = None  # --color: None follows the terminal
@@ -140,6 +140,18 @@ _manifest_opt = click.option(
          "up from the working directory).")
 
 
+_sign_opt = click.option(
+    "--sign-key", type=click.Path(dir_okay=False, path_type=Path), default=None,
+    help="Sign the lock with this private key (cutecc keygen; also $CUTECC_SIGNING_KEY).")
+_trust_opts = [
+    click.option("--trusted-key", "trusted_keys", multiple=True,
+                 type=click.Path(dir_okay=False, path_type=Path),
+                 help="A public key the pack's lock must be signed by (also $CUTECC_TRUSTED_KEYS)."),
+    click.option("--allow-unsigned", is_flag=True,
+                 help="Accept a pack no trusted key signed (also $CUTECC_ALLOW_UNSIGNED=1)."),
+]
+
+
 def _manifest(positional: Path | None, option: Path | None) -> Path:
     from cutecc.manifest import find_manifest
 
@@ -195,10 +207,12 @@ def init(directory: Path, name: str, as_json: bool) -> None:
               help="After a fully successful build, write kernels.lock beside the manifest.")
 @click.option("--lock-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the lock here instead.")
+@_sign_opt
 @_json_opt
 def build(manifest: Path | None, manifest_opt: Path | None, archs: tuple[str, ...],
           cache_dir: Path | None, jobs: int | None, kernels: tuple[str, ...], dry_run: bool,
-          read_only: bool, lock: bool, lock_file: Path | None, as_json: bool) -> None:
+          read_only: bool, lock: bool, lock_file: Path | None, sign_key: Path | None,
+          as_json: bool) -> None:
     """Compile every kernel, variant and arch of the manifest that is not in the cache."""
     from cutecc.commands.build import build as run
     from cutecc.progress import BuildProgress
@@ -208,7 +222,7 @@ def build(manifest: Path | None, manifest_opt: Path | None, archs: tuple[str, ..
     try:
         report = run(_manifest(manifest, manifest_opt), archs=archs, cache_dir=cache_dir, jobs=jobs,
                      kernels=kernels, dry_run=dry_run, progress=progress, read_only=read_only,
-                     lock=lock, lock_file=lock_file)
+                     lock=lock, lock_file=lock_file, sign_key=sign_key)
     finally:
         progress.close()
     _emit(report, as_json)
@@ -325,16 +339,17 @@ def stats(cache_dir: Path | None, as_json: bool) -> None:
 @_cache_opt
 @click.option("--format", "fmt", type=click.Choice(["wheel", "tar"]), default="wheel",
               show_default=True, help="A pip-installable wheel, or a .tar.gz for `cutecc unpack`.")
+@_sign_opt
 @_json_opt
 def pack(manifest_opt: Path | None, lock: Path | None, name: str, version: str,
          archs: tuple[str, ...], kernels: tuple[str, ...], out: Path, cache_dir: Path | None,
-         fmt: str, as_json: bool) -> None:
+         fmt: str, sign_key: Path | None, as_json: bool) -> None:
     """Write built entries (those --manifest plans, or --lock names) into a reproducible
     wheel (or tarball) for deploy hosts."""
     from cutecc.commands.pack import pack as run
 
     _emit(run(name=name, version=version, manifest=manifest_opt, lock=lock, archs=archs,
-              kernels=kernels, out=out, cache_dir=cache_dir, fmt=fmt), as_json)
+              kernels=kernels, out=out, cache_dir=cache_dir, fmt=fmt, sign_key=sign_key), as_json)
 
 
 @main.command(short_help="Import a pack's entries into a cache.")
@@ -344,9 +359,12 @@ def pack(manifest_opt: Path | None, lock: Path | None, name: str, version: str,
               help="Refuse an archive of more members (default 50,000).")
 @click.option("--max-member-size", default=None, help="Refuse a member larger than this (default 64M).")
 @click.option("--max-total-size", default=None, help="Refuse members declaring more in all (default 4G).")
+@_trust_opts[0]
+@_trust_opts[1]
 @_json_opt
 def unpack(archive: Path, cache_dir: Path | None, max_members: int | None, max_member_size: str | None,
-           max_total_size: str | None, as_json: bool) -> None:
+           max_total_size: str | None, trusted_keys: tuple[Path, ...], allow_unsigned: bool,
+           as_json: bool) -> None:
     """Import a pack's entries (wheel or tarball) into a cache, each verified first."""
     import dataclasses
 
@@ -361,7 +379,21 @@ def unpack(archive: Path, cache_dir: Path | None, max_members: int | None, max_m
         limits = dataclasses.replace(limits, member_bytes=parse_size(max_member_size, "--max-member-size"))
     if max_total_size is not None:
         limits = dataclasses.replace(limits, total_bytes=parse_size(max_total_size, "--max-total-size"))
-    _emit(run(archive, cache_dir, limits=limits), as_json)
+    _emit(run(archive, cache_dir, limits=limits, trusted_keys=list(trusted_keys) or None,
+              allow_unsigned=allow_unsigned), as_json)
+
+
+@main.command(short_help="Make a key pair for signing locks and packs.")
+@click.option("--out", "prefix", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Write PREFIX.key (private, 0600) and PREFIX.pub (public).")
+@click.option("--comment", default="", help="A note stored with the key (who, what for).")
+@_json_opt
+def keygen(prefix: Path, comment: str, as_json: bool) -> None:
+    """Make an ed25519 key pair: sign with PREFIX.key (build/pack --sign-key), trust
+    PREFIX.pub on deploy hosts (unpack --trusted-key, load(trusted_keys=...))."""
+    from cutecc.commands.keygen import keygen as run
+
+    _emit(run(prefix, comment), as_json)
 
 
 @main.command(short_help="Versions, cache and GPU, for bug reports.")

@@ -14,6 +14,9 @@ ARCH = "CUTECC_ARCH"  # the arch to load for, without (or instead of) a GPU
 ALLOW_SHARED_CACHE = "CUTECC_ALLOW_SHARED_CACHE"  # trust a cache others can write
 SYNC_CHECK = "CUTECC_SYNC_CHECK"  # each kernel waits for its stream and reports faults
 TVM_FFI_TORCH = "CUTECC_TVM_FFI_TORCH"  # let tvm-ffi import torch
+SIGNING_KEY = "CUTECC_SIGNING_KEY"  # the private key `build` and `pack` sign locks with
+TRUSTED_KEYS = "CUTECC_TRUSTED_KEYS"  # public keys (paths, `:`-separated) a lock must verify with
+ALLOW_UNSIGNED = "CUTECC_ALLOW_UNSIGNED"  # accept packs and locks without a trusted signature
 _OFF = ("", "0", "false", "no", "off")
 
 

@@ -166,14 +166,18 @@ def _line(e: Any, where: str, kp: str) -> LockEntry:
     return LockEntry(**e)
 
 
-def read_lock(path: str | Path) -> Lock:
-    """Parse a lock file (bad or absent: CuteccError, exit 2)."""
+def read_lock_bytes(path: str | Path) -> bytes:
+    """A lock file's bytes, bounded (unreadable: CuteccError, exit 2)."""
     try:
         with open(path, "rb") as f:
-            data = f.read(MAX_LOCK_BYTES + 1)
+            return f.read(MAX_LOCK_BYTES + 1)
     except OSError as e:
         raise CuteccError(f"cannot read the lock file: {e.strerror}", where=str(path)) from None
-    return Lock.loads(data, str(path))
+
+
+def read_lock(path: str | Path) -> Lock:
+    """Parse a lock file (bad or absent: CuteccError, exit 2)."""
+    return Lock.loads(read_lock_bytes(path), str(path))
 
 
 def write_lock(path: str | Path, lock: Lock) -> bool:

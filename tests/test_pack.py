@@ -206,7 +206,7 @@ except ImportError:
 import jax, jax.numpy as jnp
 import toy_kernels
 
-ks = toy_kernels.load(arch="sm_90a")
+ks = toy_kernels.load(arch="sm_90a", allow_unsigned=True)
 targets = ks.register_all()
 spec = jax.ShapeDtypeStruct((1000,), jnp.float32)
 lower = lambda f: jax.jit(f).trace(spec).lower(lowering_platforms=("cuda",)).as_text()
@@ -227,7 +227,7 @@ def test_the_wheel_installs_and_lowers_without_the_dsl(wheel: Path, tmp_path: Pa
     site = pip_install(python, wheel)
     pkg = site / "toy_kernels"
     before = sorted(p.relative_to(pkg) for p in pkg.rglob("*"))
-    r = run_in(python, LOAD_AND_LOWER, CUTECC_ARCH="sm_90a")
+    r = run_in(python, LOAD_AND_LOWER, CUTECC_ARCH="sm_90a", CUTECC_ALLOW_UNSIGNED="1")
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout.splitlines()[-1])
     assert got["file"] == str(pkg / "__init__.py") and got["cutecc"].startswith(str(tmp_path))
@@ -247,7 +247,7 @@ meta_path = sorted(root.glob("entries/*/*/meta.json"))[0]
 lib = meta_path.parent / "kernel.so"
 data = bytearray(lib.read_bytes()); data[8192] ^= 0xFF; lib.write_bytes(bytes(data))
 out = {}
-ks = toy_kernels.load(arch="sm_90a")
+ks = toy_kernels.load(arch="sm_90a", allow_unsigned=True)
 try:
     ks.register_all()
 except cutecc.CuteccError as e:
@@ -255,7 +255,7 @@ except cutecc.CuteccError as e:
 meta = json.loads(meta_path.read_text())
 meta["files"]["kernel.so"]["sha256"] = hashlib.sha256(bytes(data)).hexdigest()
 meta_path.write_text(json.dumps(meta))
-ks = toy_kernels.load(arch="sm_90a")
+ks = toy_kernels.load(arch="sm_90a", allow_unsigned=True)
 out["builds"] = len(ks.scale.builds)
 out["problems"] = ks.problems
 out["key"] = meta_path.parent.name
@@ -297,7 +297,7 @@ def _keys(cache: Path) -> list[str]:
 def test_unpack_round_trip_into_an_empty_cache(toy: Toy, tmp_path: Path) -> None:
     tar = pack(name="k", version="1", lock=toy.lock, out=tmp_path, cache_dir=toy.cache, fmt="tar")
     cache = tmp_path / "fresh"
-    r = run_cli("unpack", str(tar.path), "--cache-dir", str(cache))
+    r = run_cli("unpack", str(tar.path), "--cache-dir", str(cache), "--allow-unsigned")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("4 imported, 0 already present, 0 refused")
     assert _keys(cache) == _keys(toy.cache) == read_lock(toy.lock).distinct_keys()
@@ -305,11 +305,11 @@ def test_unpack_round_trip_into_an_empty_cache(toy: Toy, tmp_path: Path) -> None
         for name in ("meta.json", "kernel.so"):
             sub = f"entries/{key[:2]}/{key}/{name}"
             assert (cache / sub).read_bytes() == (toy.cache / sub).read_bytes()
-    again = unpack(tar.path, cache)
+    again = unpack(tar.path, cache, allow_unsigned=True)
     assert (len(again.imported), len(again.present)) == (0, 4)
     # A wheel unpacks the same way.
     whl = pack(name="k", version="1", lock=toy.lock, out=tmp_path / "w", cache_dir=toy.cache)
-    report = unpack(whl.path, tmp_path / "from-wheel")
+    report = unpack(whl.path, tmp_path / "from-wheel", allow_unsigned=True)
     assert report.ok and len(report.imported) == 4
 
 
@@ -324,7 +324,7 @@ def test_unpack_refuses_a_corrupted_member_and_keeps_the_rest(toy: Toy, tmp_path
     evil = tmp_path / "evil.tar.gz"
     evil.write_bytes(tar_bytes(files))
     cache = tmp_path / "fresh"
-    r = run_cli("unpack", str(evil), "--cache-dir", str(cache))
+    r = run_cli("unpack", str(evil), "--cache-dir", str(cache), "--allow-unsigned")
     assert r.returncode == 1
     key = bad.split("/")[3]
     assert "error: refused scale[" in r.stderr and key[:12] in r.stderr and "SHA-256" in r.stderr
@@ -336,12 +336,12 @@ def test_unpack_rejects_what_is_not_a_pack(tmp_path: Path) -> None:
     junk = tmp_path / "junk.tar.gz"
     junk.write_bytes(b"not an archive")
     with pytest.raises(CuteccError, match="cannot read the archive") as e:
-        unpack(junk, tmp_path / "c")
+        unpack(junk, tmp_path / "c", allow_unsigned=True)
     assert e.value.exit_code == 2
     other = tmp_path / "other.tar.gz"
     other.write_bytes(tar_bytes({"README": b"hi"}))
     with pytest.raises(CuteccError, match="not a cutecc pack"):
-        unpack(other, tmp_path / "c")
+        unpack(other, tmp_path / "c", allow_unsigned=True)
     other.write_bytes(tar_bytes({"_cutecc/kernels.lock": b"{}", "_cutecc/format": b"9\n"}))
     with pytest.raises(CuteccError, match="pack format"):
-        unpack(other, tmp_path / "c")
+        unpack(other, tmp_path / "c", allow_unsigned=True)

@@ -63,6 +63,7 @@ class BuildReport(Report):
     cache_dir: Path | None = None
     lock_file: Path | None = None  # the lock this build wrote or confirmed (None: not written)
     lock_changed: bool = False
+    signature: Path | None = None  # the lock's signature, when this build signed it
     dry_run: bool = False
 
     def count(self, status: str) -> int:
@@ -84,6 +85,7 @@ class BuildReport(Report):
             "failed": self.count("failed"), "planned": self.count("planned"),
             "lock_file": str(self.lock_file) if self.lock_file else None,
             "lock_changed": self.lock_changed,
+            "signature": str(self.signature) if self.signature else None,
             "entries": [o.to_json() for o in self.outcomes],
         }
 
@@ -102,6 +104,8 @@ class BuildReport(Report):
                    + f" in {self.seconds:.2f}s ({self.cache_dir})")
         if self.lock_changed:
             out.append(f"wrote {self.lock_file}")
+        if self.signature:
+            out.append(f"signed {self.lock_file} ({self.signature})")
         return out
 
 
@@ -117,6 +121,7 @@ def build(
     read_only: bool = False,
     lock: bool = True,
     lock_file: str | Path | None = None,
+    sign_key: str | Path | None = None,
 ) -> BuildReport:
     """Build a manifest into a cache; see the module docstring.
 
@@ -124,9 +129,22 @@ def build(
     an error (exit 1) instead of a compile, e.g. for a deploy that must only read.
     `lock`: after a fully successful build (not a dry run), write `kernels.lock` beside
     the manifest (or `lock_file`) if its content changed; see `cutecc.lockfile`.
+    `sign_key` (or `$CUTECC_SIGNING_KEY`): sign the lock written (`kernels.lock.sig`).
     """
     t0 = time.perf_counter()
     progress = progress or Progress()
+    sign_key = sign_key or os.environ.get(environ.SIGNING_KEY) or None
+    if sign_key and (not lock or dry_run):
+        raise CuteccError("signing needs the lock this build writes (not --no-lock or --dry-run)",
+                          where="--sign-key")
+    key = None
+    if sign_key:  # read it first: a bad key fails before any compile
+        from cutecc import signing
+
+        try:
+            key = signing.read_private_key(sign_key)
+        except OSError as e:
+            raise CuteccError(f"cannot read the signing key: {e.strerror}", where=str(sign_key)) from None
     read_only = read_only or environ.read_only()
     archs = parse_archs(archs) if archs else ()
     full = load_manifest(manifest_path)
@@ -179,6 +197,10 @@ def build(
             partial=bool(kernels or archs), covered={(p.kernel.name, p.arch) for p in planned},
             defined={k.name for k in full.kernels})
         report.lock_file = path
+        if key is not None:
+            from cutecc import signing
+
+            report.signature = signing.sign_file(path, key, "lock")
     report.seconds = time.perf_counter() - t0
     return report
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import keyword
+import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cutecc import trust
+from cutecc import environ, trust
 from cutecc.archive import tar_bytes, wheel_bytes
 from cutecc.archs import parse_archs
 from cutecc.atomic import atomic_write
@@ -161,7 +162,7 @@ def select(store: Store, *, manifest: str | Path | None = None, lock: str | Path
 def pack(*, name: str, version: str, manifest: str | Path | None = None,
          lock: str | Path | None = None, archs: Iterable[str] = (), kernels: Iterable[str] = (),
          out: str | Path = ".", cache_dir: str | Path | None = None,
-         fmt: str = "wheel") -> PackReport:
+         fmt: str = "wheel", sign_key: str | Path | None = None) -> PackReport:
     """Write a wheel (or a .tar.gz) of the selected entries into `out`; see the module doc."""
     if fmt not in FORMATS:
         raise CuteccError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})", where="--format")
@@ -170,6 +171,15 @@ def pack(*, name: str, version: str, manifest: str | Path | None = None,
     store.check_trust()
     chosen = select(store, manifest=manifest, lock=lock, archs=archs, kernels=kernels)
     tree, sizes = _tree(chosen, store)
+    sign_key = sign_key or os.environ.get(environ.SIGNING_KEY) or None
+    if sign_key:  # the packed lock's signature: what `unpack` and `load(package=)` check
+        from cutecc import signing
+
+        try:
+            key = signing.read_private_key(sign_key)
+        except OSError as e:
+            raise CuteccError(f"cannot read the signing key: {e.strerror}", where=str(sign_key)) from None
+        tree[LOCK_NAME + signing.SIG_SUFFIX] = signing.sign(tree[LOCK_NAME], key, "lock")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if fmt == "wheel":

@@ -19,6 +19,7 @@ from cutecc.errors import CuteccError
 from cutecc.lockfile import LOCK_NAME, MAX_LOCK_BYTES, Lock, LockEntry
 from cutecc.report import Report
 from cutecc.runtime.package import PACK_DIR
+from cutecc.signing import MAX_SIG_BYTES, SIG_SUFFIX, check_lock
 from cutecc.store import Entry, Store
 
 
@@ -53,10 +54,14 @@ class UnpackReport(Report):
 
 
 def unpack(archive: str | Path, cache_dir: str | Path | None = None, *,
-           limits: Limits | None = None) -> UnpackReport:
+           limits: Limits | None = None, trusted_keys: list[str | Path] | None = None,
+           allow_unsigned: bool = False) -> UnpackReport:
     """Import a pack's entries into a cache, each verified first, each published atomically.
 
-    Reading is bounded (`limits`). An entry whose meta.json does not describe its key,
+    The pack's lock must carry a signature by one of `trusted_keys` (else
+    `$CUTECC_TRUSTED_KEYS`), unless the deployer opts out with `allow_unsigned`: an archive
+    can only vouch for itself, a signature ties it to its builder. Reading is bounded
+    (`limits`). An entry whose meta.json does not describe its key,
     whose files are not exactly the ones meta.json lists and matching it, or whose line in
     the pack's lock differs, is refused (reported, not imported); the others still land.
     """
@@ -68,7 +73,12 @@ def unpack(archive: str | Path, cache_dir: str | Path | None = None, *,
         if fmt != f"{STORE_FORMAT}\n".encode():
             raise CuteccError(f"pack format {fmt!r}, this cutecc reads {STORE_FORMAT}",
                               where=f"{archive}: {PACK_DIR}/format")
-        lock = Lock.loads(_read(tree, LOCK_NAME, MAX_LOCK_BYTES), f"{archive}: {PACK_DIR}/{LOCK_NAME}")
+        lock_bytes = _read(tree, LOCK_NAME, MAX_LOCK_BYTES)
+        sig_name = LOCK_NAME + SIG_SUFFIX
+        sig = _read(tree, sig_name, MAX_SIG_BYTES) if sig_name in tree.names else None
+        where = f"{archive}: {PACK_DIR}/{LOCK_NAME}"
+        check_lock(lock_bytes, sig, where, trusted_keys=trusted_keys, allow_unsigned=allow_unsigned)
+        lock = Lock.loads(lock_bytes, where)
         store = Store(cache_dir)
         store.ensure()
         report = UnpackReport(store.root)
@@ -78,7 +88,7 @@ def unpack(archive: str | Path, cache_dir: str | Path | None = None, *,
             parts = n.split("/")
             if len(parts) == 4 and parts[0] == "entries":
                 entries.setdefault(parts[2], []).append(parts[3])
-            elif n not in ("format", LOCK_NAME):
+            elif n not in ("format", LOCK_NAME, sig_name):
                 report.refused.append((n[:80], "not part of a cutecc pack's tree"))
         for key in sorted(set(entries) - set(by_key)):
             report.refused.append((key[:12], "not named by the pack's kernels.lock"))

@@ -64,6 +64,9 @@ class Build:
             record_use=self.record_use)
 
 
+MAX_SYMBOLIC_EXTENT = 2**31 - 1  # `cute.sym_int()` is 32-bit: the contract says so
+
+
 def _mismatch(b: Build, arrays: Sequence[Any]) -> tuple[dict[str, int] | None, str]:
     """(symbol bindings, "") if `arrays` fit `b`'s inputs, else (None, why not)."""
     ins = b.conv.inputs
@@ -83,6 +86,9 @@ def _mismatch(b: Build, arrays: Sequence[Any]) -> tuple[dict[str, int] | None, s
             if isinstance(d, int):
                 if n != d:
                     return None, f"{t.name}: dimension {i} is {n}, expected {d}"
+            elif n > MAX_SYMBOLIC_EXTENT:
+                return None, (f"{t.name}: dimension {i} (\"{d}\") is {n}; symbolic extents are "
+                              f"compiled as int32, so at most 2^31-1 = {MAX_SYMBOLIC_EXTENT}")
             elif env.setdefault(d, n) != n:
                 return None, (f"{t.name}: dimension {i} is {n}, but \"{d}\" is {env[d]} "
                               "from an earlier argument")

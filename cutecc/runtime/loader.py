@@ -108,7 +108,8 @@ class KernelSet:
 def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
          kernels: tuple[str, ...] | list[str] | None = None,
          manifest: str | Path | None = None, strict: bool = False,
-         lock: str | Path | None = None, package: str | None = None) -> KernelSet:
+         lock: str | Path | None = None, package: str | None = None,
+         trusted_keys: list[str | Path] | None = None, allow_unsigned: bool = False) -> KernelSet:
     """Load the kernels of a cache for this device (or for `arch`, e.g. to lower on a CPU).
 
     `kernels` or a `manifest` restrict which kernels are exposed; `strict` raises if any
@@ -117,6 +118,9 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
     error) and refuse a kernel whose library's recorded SHA-256 differs from the lock's.
     `package`: an installed `cutecc pack` wheel, found without importing it; its `_cutecc/`
     tree and lock are used, and nothing is written into it.
+    A lock (given or a pack's) must be signed by one of `trusted_keys` (public key files;
+    else `$CUTECC_TRUSTED_KEYS`) before any of its lines is believed, unless the deployer
+    opts out with `allow_unsigned=True` (or `$CUTECC_ALLOW_UNSIGNED=1`).
     """
     record_use = True
     if package is not None:
@@ -145,9 +149,20 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
     series = _tvm_ffi_series()
     locked = None
     if lock is not None:
-        from cutecc.lockfile import read_lock
+        from cutecc.lockfile import Lock, read_lock_bytes
+        from cutecc.signing import SIG_SUFFIX, check_lock
 
-        locked = read_lock(lock)
+        data, sig = read_lock_bytes(lock), None
+        try:
+            with open(f"{lock}{SIG_SUFFIX}", "rb") as f:
+                sig = f.read(1 << 16)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise CuteccError(f"cannot read the lock's signature: {e.strerror}", where=f"{lock}{SIG_SUFFIX}",
+                              exit_code=1) from None
+        check_lock(data, sig, str(lock), trusted_keys=trusted_keys, allow_unsigned=allow_unsigned)
+        locked = Lock.loads(data, str(lock))  # exactly the bytes whose signature was checked
     pinned = locked.by_key() if locked is not None else {}
     by_kernel: dict[str, list[Entry]] = {}
     collecting = gc.isenabled()

@@ -53,8 +53,11 @@ def test_packed_wheel_runs_from_a_pip_install(example_cache: Path, tmp_path: Pat
     items = [(e.meta["kernel"], e.meta["variant"], e.meta["arch"], e.key) for e in store.entries()]
     lock = tmp_path / "kernels.lock"
     write_lock(lock, lock_for(items, store))
+    from cutecc.signing import keygen
+
+    private, public = keygen(tmp_path / "ci")  # the builder signs; the deploy host trusts .pub
     report = pack(name="cutecc-examples", version="1.0", lock=lock, kernels=("mul", "rmsnorm"),
-                  cache_dir=example_cache, out=tmp_path / "dist")
+                  cache_dir=example_cache, out=tmp_path / "dist", sign_key=private)
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
                     "--disable-pip-version-check", "--target", str(site), str(report.path)],
@@ -62,6 +65,8 @@ def test_packed_wheel_runs_from_a_pip_install(example_cache: Path, tmp_path: Pat
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(site), *os.environ.get("PYTHONPATH", "").split(os.pathsep)])}
     env.pop("CUTECC_CACHE_DIR", None)
+    env.pop("CUTECC_ALLOW_UNSIGNED", None)
+    env["CUTECC_TRUSTED_KEYS"] = str(public)
     r = subprocess.run([sys.executable, "-c", RUN, "7"], capture_output=True, text=True,
                        env=env, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr
