@@ -82,9 +82,6 @@ def check_entry(path: Path, key: str) -> list[Problem]:
     if why:
         return [Problem("malformed", str(path / META), why, key)]
     files: dict[str, Any] = meta["files"]
-    why = entry_trust_problem(path, list(files))
-    if why:  # whoever could write it could have written its hashes too
-        return [Problem("untrusted", str(path), why, key)]
     out = []
     for name, rec in sorted(files.items()):
         f = path / name
@@ -105,6 +102,10 @@ def check_entry(path: Path, key: str) -> list[Problem]:
         elif got["sha256"] != rec["sha256"]:
             out.append(Problem("altered", str(f), f"sha256 {got['sha256'][:16]}.., recorded "
                                f"{rec['sha256'][:16]}..", key))
+    if not any(p.kind in BAD for p in out):
+        why = entry_trust_problem(path, list(files))
+        if why:  # whoever could write it could have written its hashes too
+            out.append(Problem("untrusted", str(path), why, key))
     try:
         names = sorted(os.listdir(path))
     except OSError:
