@@ -6,6 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY="${PYTHON:-python3}"
+# The tests start fresh interpreters (a packed wheel's, a second process): they import
+# this checkout's cutecc whether or not it is installed.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 CACHE="${1:-${CUTECC_TEST_CACHE:-}}"
 shift || true
 if [ -z "$CACHE" ]; then
