@@ -22,7 +22,7 @@ from cutecc.archs import to_build
 from cutecc.contract import Arg, CallingConvention, ScalarArg, args_from_json
 from cutecc.errors import CuteccError
 from cutecc.runtime import library
-from cutecc.runtime.primitive import cutecc_call_p
+from cutecc.runtime.primitive import cutecc_call_p, unify_varying, varying
 
 
 @dataclass(frozen=True)
@@ -155,8 +155,8 @@ class KernelFn:
         results = tuple(
             (tuple(d if isinstance(d, int) else env[d] for d in t.shape), t.dtype)
             for t in build.conv.results)
-        out = cutecc_call_p.bind(*arrays, target=target, kernel=self.name, results=results,
-                                 aliases=build.conv.aliases, attrs=attrs)
+        out = cutecc_call_p.bind(*unify_varying(arrays), target=target, kernel=self.name,
+                                 results=results, aliases=build.conv.aliases, attrs=attrs)
         return out[0] if len(out) == 1 else tuple(out)
 
     def _with_vjp(self, back: KernelFn, arrays: Sequence[Any], scalars: Mapping[str, Any]) -> Any:
@@ -173,10 +173,18 @@ class KernelFn:
         def bwd(xs: Any, cts: Any) -> Any:
             cts = tuple(cts) if isinstance(cts, (tuple, list)) else (cts,)
             g = back._plain((*xs, *cts), bscalars)
-            return tuple(g) if isinstance(g, (tuple, list)) else (g,)
+            g = tuple(g) if isinstance(g, (tuple, list)) else (g,)
+            return tuple(_like(gi, x) for gi, x in zip(g, xs))
 
         f.defvjp(fwd, bwd)
         return f(*arrays)
+
+
+def _like(g: Any, x: Any) -> Any:
+    """A gradient typed like its primal input inside `shard_map`: summed over the manual axes
+    it varies over and the input does not (the input was the same on every shard)."""
+    extra = varying(jax.typeof(g)) - varying(jax.typeof(x))
+    return jax.lax.psum(g, tuple(sorted(extra))) if extra else g
 
 
 def _attrs(kernel: str, declared: Sequence[ScalarArg], given: Mapping[str, Any]) -> tuple:

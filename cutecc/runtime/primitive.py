@@ -27,7 +27,41 @@ cutecc_call_p.multiple_results = True
 
 
 def _abstract_eval(*avals: Any, results: tuple, **_: Any) -> list[ShapedArray]:
+    """Results of the contract's shapes; inside `shard_map` they vary over the manual mesh
+    axes the inputs vary over (the inputs are unified first, see `unify_varying`)."""
+    if avals and varying(avals[0]):  # typed like the inputs: keeps their manual axis type
+        return [avals[0].update(shape=tuple(shape), dtype=jnp.dtype(dtype), weak_type=False)
+                for shape, dtype in results]
     return [ShapedArray(shape, jnp.dtype(dtype)) for shape, dtype in results]
+
+
+def varying(aval: Any) -> frozenset[str]:
+    """The manual mesh axes a value varies over inside `shard_map` (JAX spells this
+    `aval.vma` in some releases and `aval.manual_axis_type.varying` in others)."""
+    v = getattr(aval, "vma", None)
+    if v is None:
+        v = getattr(getattr(aval, "manual_axis_type", None), "varying", None)
+    return frozenset(v or ())
+
+
+def to_varying(x: Any, axes: tuple[str, ...]) -> Any:
+    """`x` made to vary over `axes` (its transpose sums over them)."""
+    if hasattr(jax.lax, "pcast"):
+        return jax.lax.pcast(x, axes, to="varying")
+    return jax.lax.pvary(x, axes)  # older spelling
+
+
+def unify_varying(arrays: Any) -> list[Any]:
+    """Inside `shard_map`, make every input vary over the union of the manual axes any of
+    them varies over, so the call's results have one type and `custom_vjp`'s backward
+    matches its primal's inputs (the transpose of that cast is the sum a gradient of a
+    replicated input needs). Outside `shard_map` nothing changes."""
+    vmas = [varying(jax.typeof(a)) for a in arrays]
+    union = frozenset().union(*vmas)
+    if not union:
+        return list(arrays)
+    return [a if v == union else to_varying(a, tuple(sorted(union - v)))
+            for a, v in zip(arrays, vmas)]
 
 
 def _ffi(*args: Any, target: str, kernel: str, results: tuple, aliases: tuple,
