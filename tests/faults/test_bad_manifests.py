@@ -246,6 +246,40 @@ def test_an_unknown_dtype_lists_the_known_ones(dtype: str, where: int, tally) ->
 
 
 @SETTINGS
+@given(extent=st.integers(2 ** 31, 2 ** 63 - 1), arg=st.sampled_from([1, 2]), dim=st.sampled_from([0, 1]))
+def test_an_extent_of_2_31_or_more_is_refused(extent: int, arg: int, dim: int, tally) -> None:
+    """Issue 11: extents are 32-bit in the compiled layouts."""
+    doc = base()
+    doc["kernel"]["k"]["args"][arg]["shape"][dim] = extent
+    rejected(toml(doc), f"{K}, args[{arg}].shape[{dim}]", "a static extent must be at most 2^31-1")
+    _tally(tally, "bad_extent")
+
+
+@SETTINGS
+@given(dtype=st.sampled_from(["int32", "int64"]), data=st.data())
+def test_a_scalar_default_out_of_its_dtype_is_refused(dtype: str, data, tally) -> None:
+    """Issue 11: the DSL would truncate an int32 default of 2^40 to 0."""
+    lo, hi = (-(2 ** 31), 2 ** 31 - 1) if dtype == "int32" else (-(2 ** 63), 2 ** 63 - 1)
+    value = data.draw(st.one_of(st.integers(hi + 1, hi * 4), st.integers(lo * 4, lo - 1)))
+    doc = base()
+    doc["kernel"]["k"]["args"][3].update(dtype=dtype, default=value)
+    if abs(value) >= 2 ** 63:  # TOML integers are 64-bit: such a file does not parse
+        return
+    rejected(toml(doc), f"{K}, args[3].default", f"out of the range of {dtype}")
+    _tally(tally, "bad_scalar_default")
+
+
+@SETTINGS
+@given(name=st.sampled_from(["_k", "_", "get", "problems", "register_all", "arch", "root"]))
+def test_a_kernel_name_the_kernel_set_owns_is_refused(name: str, tally) -> None:
+    """Issue 11: `ks._private` or `ks.get` must stay the kernel set's own."""
+    doc = base()
+    doc["kernel"] = {name: doc["kernel"]["k"]}
+    rejected(toml(doc), f'kernel "{name}"', "reserved")
+    _tally(tally, "reserved_name")
+
+
+@SETTINGS
 @given(extent=st.integers(-(2 ** 63), 0), arg=st.sampled_from([1, 2]), dim=st.sampled_from([0, 1]))
 def test_a_zero_or_negative_extent_is_refused(extent: int, arg: int, dim: int, tally) -> None:
     doc = base()
@@ -467,7 +501,7 @@ def test_pyproject_tool_cutecc_names_the_full_key_path(where, data, tally) -> No
        sizes=st.lists(st.integers(1, 12), min_size=0, max_size=3),
        archs=st.lists(st.sampled_from(["sm_90a", "sm_80", "sm_100a", "sm_120f", "sm_86"]),
                       min_size=1, max_size=3, unique=True),
-       description=st.text(max_size=40), extent=st.integers(1, 2 ** 31))
+       description=st.text(max_size=40), extent=st.integers(1, 2 ** 31 - 1))
 def test_edge_case_manifests_plan_exactly_what_they_declare(names, sizes, archs, description,
                                                             extent, tally) -> None:
     doc = base()
