@@ -11,6 +11,7 @@ import base64
 import gzip
 import hashlib
 import io
+import os
 import tarfile
 import zipfile
 from dataclasses import dataclass
@@ -79,55 +80,39 @@ class Limits:
 
 
 class PackTree:
-    """The regular files of a pack's `_cutecc/` tree, listed first (names and sizes only)
-    and read one by one, each bounded: memory never holds more than one entry's files.
+    """The regular files of a pack's `_cutecc/` tree, read under limits so that no archive
+    can cost unbounded memory or time.
 
-    Reading refuses (CuteccError naming the archive) too many members, a member or a total
-    over the limits, and anything that is not a regular file; a member's bytes are read
-    with a cap, so a size that lies is caught too.
+    A wheel (zip) is read in place: its directory lists every member, and each is inflated
+    on its own when read. A tarball is read in one forward pass (a compressed tar cannot be
+    read backwards without inflating it again from the start): each regular member within
+    the limits is copied into `staging` (a directory on disk that the caller owns), so
+    memory holds one member at a time and time grows with the archive's size, whatever the
+    members' order. Too many members or too many bytes in all refuse the archive
+    (CuteccError naming it); a member that is too large or not a regular file is recorded in
+    `bad` and refuses only the entry it belongs to. A size that lies is caught when read.
     """
 
-    def __init__(self, path: str | Path, limits: Limits | None = None) -> None:
+    def __init__(self, path: str | Path, limits: Limits | None = None,
+                 staging: Path | None = None) -> None:
         self.path = Path(path)
         self.limits = limits = limits or Limits()
+        self.bad: dict[str, str] = {}  # member name (relative to the tree) -> why unreadable
         self._zip: zipfile.ZipFile | None = None
-        self._tar: tarfile.TarFile | None = None
-        self._members: dict[str, Any] = {}
+        self._members: dict[str, tuple[int, Any]] = {}  # name -> (size, ZipInfo | staged Path)
         try:
             if zipfile.is_zipfile(self.path):
-                self._zip = zipfile.ZipFile(self.path)
-                items = self._zip.infolist()
-                self._count(len(items))
-                listed = [(i.filename, i.file_size, i) for i in items if not i.is_dir()]
+                self._list_zip()
             else:
-                self._tar = tarfile.open(self.path, "r:*")  # noqa: SIM115 (closed by close())
-                listed = []
-                n = 0
-                while (m := self._tar.next()) is not None:
-                    n += 1
-                    self._count(n)
-                    if m.isreg() and not m.issparse():
-                        listed.append((m.name, m.size, m))
-                    elif not m.isdir():
-                        raise CuteccError(f"member {m.name[:80]!r} is not a regular file or directory",
-                                          where=str(self.path))
+                if staging is None:
+                    raise CuteccError("reading a tarball needs a staging directory", where=str(self.path))
+                self._stream_tar(staging)
         except (OSError, EOFError, zipfile.BadZipFile, tarfile.TarError, ValueError) as e:
             self.close()
             raise CuteccError(f"cannot read the archive: {e}", where=str(self.path)) from None
         except BaseException:
             self.close()
             raise
-        total = 0
-        for name, size, info in listed:
-            if len(name.encode()) > limits.name_bytes:
-                self.close()
-                raise CuteccError(f"a member name is over {limits.name_bytes} bytes", where=str(self.path))
-            total += size
-            if total > limits.total_bytes:
-                self.close()
-                raise CuteccError(f"members declare over {limits.total_bytes} bytes in all; "
-                                  "raise --max-total-size to accept it", where=str(self.path))
-            self._members[name] = (size, info)
         locks = [n for n in self._members
                  if n == f"{PACK_DIR}/{LOCK_NAME}" or n.endswith(f"/{PACK_DIR}/{LOCK_NAME}")]
         if len(locks) != 1:
@@ -136,6 +121,59 @@ class PackTree:
                               f"{len(locks)}", where=str(self.path))
         self.prefix = locks[0][: -len(LOCK_NAME)]
         self.names = sorted(n[len(self.prefix):] for n in self._members if n.startswith(self.prefix))
+        self.bad = {n[len(self.prefix):]: why for n, why in self.bad.items() if n.startswith(self.prefix)}
+
+    def _admit(self, name: str, size: int, total: int) -> bool:
+        """Whether a member may be read; refuses the whole archive over the totals."""
+        if len(name.encode()) > self.limits.name_bytes:
+            raise CuteccError(f"a member name is over {self.limits.name_bytes} bytes", where=str(self.path))
+        if total > self.limits.total_bytes:
+            raise CuteccError(f"members declare over {self.limits.total_bytes} bytes in all; "
+                              "raise --max-total-size to accept it", where=str(self.path))
+        if size > self.limits.member_bytes:
+            self.bad[name] = f"declares {size} bytes, over the {self.limits.member_bytes}-byte member limit"
+            return False
+        return True
+
+    def _list_zip(self) -> None:
+        self._zip = zipfile.ZipFile(self.path)
+        items = self._zip.infolist()
+        self._count(len(items))
+        total = 0
+        for i in items:
+            if i.is_dir():
+                continue
+            total += i.file_size
+            if self._admit(i.filename, i.file_size, total):
+                self._members[i.filename] = (i.file_size, i)
+
+    def _stream_tar(self, staging: Path) -> None:
+        total = n = 0
+        with tarfile.open(self.path, "r|*") as tf:
+            for m in tf:
+                n += 1
+                self._count(n)
+                if m.isdir():
+                    continue
+                if not m.isreg() or m.issparse():
+                    self.bad[m.name] = "not a regular file"
+                    continue
+                total += m.size
+                if not self._admit(m.name, m.size, total):
+                    continue
+                f = tf.extractfile(m)
+                data = f.read(self.limits.member_bytes + 1) if f is not None else b""
+                if len(data) != m.size:
+                    self.bad[m.name] = f"{len(data)} bytes read, {m.size} declared"
+                    continue
+                staged = staging / str(n)
+                fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                with os.fdopen(fd, "wb") as out:
+                    out.write(data)
+                if m.name in self._members:
+                    self.bad[m.name] = "appears twice in the archive"
+                    continue
+                self._members[m.name] = (m.size, staged)
 
     def _count(self, n: int) -> None:
         if n > self.limits.members:
@@ -146,29 +184,28 @@ class PackTree:
         return int(self._members[self.prefix + name][0])
 
     def read(self, name: str) -> bytes:
-        """One member's bytes (ValueError if over the member limit, whatever it declared)."""
+        """One member's bytes (ValueError if unreadable or over the member limit)."""
+        if name in self.bad:
+            raise ValueError(f"{name}: {self.bad[name]}")
         size, info = self._members[self.prefix + name]
         cap = self.limits.member_bytes
-        if size > cap:
-            raise ValueError(f"{name} declares {size} bytes, over the {cap}-byte member limit")
         try:
-            if self._zip is not None:
-                with self._zip.open(info) as f:
+            if isinstance(info, Path):
+                with open(info, "rb") as f:
                     data = f.read(cap + 1)
             else:
-                assert self._tar is not None
-                f = self._tar.extractfile(info)
-                data = f.read(cap + 1) if f is not None else b""
-        except (OSError, EOFError, zipfile.BadZipFile, tarfile.TarError, RuntimeError) as e:
+                assert self._zip is not None
+                with self._zip.open(info) as f:
+                    data = f.read(cap + 1)
+        except (OSError, EOFError, zipfile.BadZipFile, RuntimeError) as e:
             raise ValueError(f"{name}: unreadable ({e})") from None
         if len(data) > cap or len(data) != size:
             raise ValueError(f"{name}: {len(data)} bytes read, {size} declared")
         return data
 
     def close(self) -> None:
-        for a in (self._zip, self._tar):
-            if a is not None:
-                a.close()
+        if self._zip is not None:
+            self._zip.close()
 
     def __enter__(self) -> PackTree:
         return self

@@ -6,8 +6,12 @@ published atomically like a build; a bad entry is refused by name and the rest l
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import secrets
+import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,40 +72,56 @@ def unpack(archive: str | Path, cache_dir: str | Path | None = None, *,
     if environ.read_only():
         raise CuteccError("read-only mode ($CUTECC_READ_ONLY): unpack writes to the cache",
                           where="cutecc unpack", exit_code=1)
-    with PackTree(archive, limits) as tree:
-        fmt = _read(tree, "format", 64)
-        if fmt != f"{STORE_FORMAT}\n".encode():
-            raise CuteccError(f"pack format {fmt!r}, this cutecc reads {STORE_FORMAT}",
-                              where=f"{archive}: {PACK_DIR}/format")
-        lock_bytes = _read(tree, LOCK_NAME, MAX_LOCK_BYTES)
-        sig_name = LOCK_NAME + SIG_SUFFIX
-        sig = _read(tree, sig_name, MAX_SIG_BYTES) if sig_name in tree.names else None
-        where = f"{archive}: {PACK_DIR}/{LOCK_NAME}"
-        check_lock(lock_bytes, sig, where, trusted_keys=trusted_keys, allow_unsigned=allow_unsigned)
-        lock = Lock.loads(lock_bytes, where)
-        store = Store(cache_dir)
-        store.ensure()
-        report = UnpackReport(store.root)
-        by_key = lock.by_key()
-        entries: dict[str, list[str]] = {}
-        for n in tree.names:
-            parts = n.split("/")
-            if len(parts) == 4 and parts[0] == "entries":
-                entries.setdefault(parts[2], []).append(parts[3])
-            elif n not in ("format", LOCK_NAME, sig_name):
-                report.refused.append((n[:80], "not part of a cutecc pack's tree"))
-        for key in sorted(set(entries) - set(by_key)):
-            report.refused.append((key[:12], "not named by the pack's kernels.lock"))
-        for key, le in sorted(by_key.items()):
-            label = f"{le.label} {key[:12]}"
-            names = entries.get(key, [])
-            try:
-                meta, files = _check_entry(tree, key, le, names)
-            except ValueError as e:
-                report.refused.append((label, str(e)))
-                continue
-            _, built = store.publish(key, lambda staging, m=meta, f=files: _stage(staging, m, f))
-            (report.imported if built else report.present).append(label)
+    store = Store(cache_dir)
+    store.ensure()
+    tag = secrets.token_hex(8)  # its staging dir is swept only when nobody holds this lock
+    with store.lock(tag), _staging(store.tmp_dir / f"{tag}.unpack") as staging, \
+            PackTree(archive, limits, staging) as tree:
+        return _unpack(archive, tree, store, trusted_keys, allow_unsigned)
+
+
+@contextlib.contextmanager
+def _staging(path: Path) -> Iterator[Path]:
+    path.mkdir(mode=0o700)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: list[str | Path] | None,
+            allow_unsigned: bool) -> UnpackReport:
+    fmt = _read(tree, "format", 64)
+    if fmt != f"{STORE_FORMAT}\n".encode():
+        raise CuteccError(f"pack format {fmt!r}, this cutecc reads {STORE_FORMAT}",
+                          where=f"{archive}: {PACK_DIR}/format")
+    lock_bytes = _read(tree, LOCK_NAME, MAX_LOCK_BYTES)
+    sig_name = LOCK_NAME + SIG_SUFFIX
+    sig = _read(tree, sig_name, MAX_SIG_BYTES) if sig_name in tree.names else None
+    where = f"{archive}: {PACK_DIR}/{LOCK_NAME}"
+    check_lock(lock_bytes, sig, where, trusted_keys=trusted_keys, allow_unsigned=allow_unsigned)
+    lock = Lock.loads(lock_bytes, where)
+    report = UnpackReport(store.root)
+    by_key = lock.by_key()
+    entries: dict[str, list[str]] = {}
+    for n in sorted({*tree.names, *tree.bad}):
+        parts = n.split("/")
+        if len(parts) == 4 and parts[0] == "entries":
+            entries.setdefault(parts[2], []).append(parts[3])
+        elif n not in ("format", LOCK_NAME, sig_name):
+            report.refused.append((n[:80], "not part of a cutecc pack's tree"))
+    for key in sorted(set(entries) - set(by_key)):
+        report.refused.append((key[:12], "not named by the pack's kernels.lock"))
+    for key, le in sorted(by_key.items()):
+        label = f"{le.label} {key[:12]}"
+        names = entries.get(key, [])
+        try:
+            meta, files = _check_entry(tree, key, le, names)
+        except ValueError as e:
+            report.refused.append((label, str(e)))
+            continue
+        _, built = store.publish(key, lambda staging, m=meta, f=files: _stage(staging, m, f))
+        (report.imported if built else report.present).append(label)
     return report
 
 
@@ -126,8 +146,11 @@ def _check_entry(tree: PackTree, key: str, le: LockEntry,
     if META not in names:
         raise ValueError(f"no {META}")
     base = f"entries/{key[:2]}/{key}/"
-    if any(f"{base}{n}" not in tree.names for n in names):
+    if any(f"{base}{n}" not in tree.names and f"{base}{n}" not in tree.bad for n in names):
         raise ValueError("stored under the wrong shard directory")
+    for n in names:
+        if f"{base}{n}" in tree.bad:
+            raise ValueError(f"{n}: {tree.bad[base + n]}")
     try:
         meta = parse_json(tree.read(base + META))
     except ValueError as e:
