@@ -43,6 +43,7 @@ LAYOUT = "v1"
 DEFAULT_MAX_BLOB = 64 << 20  # a library is ~1.1 MB
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_JOBS = 16
+RETRY_DOWN_AFTER = 60.0  # seconds a remote found down is left alone (long-lived workers)
 _URL = re.compile(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/([A-Za-z0-9._/-]*))?")
 
 
@@ -148,6 +149,7 @@ class Remote:
     def __init__(self, cfg: RemoteConfig) -> None:
         self.cfg = cfg
         self.down: str | None = None
+        self._down_at = 0.0
         self._store: Any = None
         self._lock = threading.Lock()
         self._traffic = Traffic()
@@ -186,7 +188,9 @@ class Remote:
     def _call(self, what: str, fn: Callable[[], Any]) -> Any:
         """Run one request; a failure to reach the remote marks it down."""
         if self.down:
-            raise Unavailable(self.down)
+            if time.monotonic() - self._down_at < RETRY_DOWN_AFTER:
+                raise Unavailable(self.down)
+            self.down = None
         self._obs()
         t0 = time.perf_counter()
         try:
@@ -197,6 +201,7 @@ class Remote:
             if type(e).__name__ == "AlreadyExistsError":
                 raise
             self.down = f"{what.split(' ', 1)[0]} {what.rsplit('/', 1)[-1][:16]}...: {_short(e)}"
+            self._down_at = time.monotonic()
             raise Unavailable(self.down) from None
         finally:
             self._count(Traffic(requests=1, seconds=time.perf_counter() - t0))
@@ -329,14 +334,14 @@ def _read(path: os.PathLike[str] | str, limit: int) -> bytes:
     return data
 
 
-# One connection per configuration in each process (a build's workers push through it),
-# so a remote found down is not asked again by the same process.
+# One connection per configuration in each worker process (uploads go through it), so a
+# remote found down is not asked again by that process for RETRY_DOWN_AFTER seconds.
 _connections: dict[RemoteConfig, Remote] = {}
 _connections_lock = threading.Lock()
 
 
 def connect(cfg: RemoteConfig) -> Remote:
-    """This process's connection for `cfg`."""
+    """This worker process's connection for `cfg` (a build makes its own `Remote`)."""
     with _connections_lock:
         if cfg not in _connections:
             _connections[cfg] = Remote(cfg)

@@ -310,7 +310,7 @@ def _fetch(misses: list[Planned], store: Store, cfg: remote_cache.RemoteConfig, 
     t0 = time.perf_counter()
     keys = list(dict.fromkeys(p.key for p in misses))
     progress.note(f"looking up {len(keys)} entr{'y' if len(keys) == 1 else 'ies'} in {cfg.url}")
-    conn = remote_cache.connect(cfg)
+    conn = remote_cache.Remote(cfg)
     before = conn.traffic
     found = conn.lookup(keys, store)
     label = {p.key: p.label for p in misses}

@@ -96,7 +96,7 @@ def fetch(lock: str | Path, *, remote: str | None = None, cache_dir: str | Path 
             wanted[key] = le
         else:
             report.refused.append((name, f"{why}; run `cutecc verify --fix` or `cutecc rm {key[:12]}`"))
-    conn = remote_cache.connect(cfg)
+    conn = remote_cache.Remote(cfg)
     before = conn.traffic
     found = conn.lookup(list(wanted), store,
                         check=lambda key, meta: wanted[key].mismatch(Entry(key, Path(), meta)))

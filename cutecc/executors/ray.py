@@ -47,9 +47,10 @@ def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
                 task_timeout: float = TASK_TIMEOUT) -> None:
     """Build every job as a Ray task; `on_result` sees each as it finishes.
 
-    Connects to the cluster at `address`, else to the one this process already joined,
-    else starts a local one with `workers` CPUs (and stops it at the end). `ship` makes
-    every task act as if it ran on another node (tests use it on one machine).
+    Connects to the cluster at `address` (`host:6379` from a node of it, or `ray://host:10001`
+    through Ray Client), else to the one this process already joined, else starts a local
+    one with `workers` CPUs (and stops it at the end). `ship` makes every task act as if it
+    ran on another node (as through Ray Client; tests use it on one machine).
     """
     try:
         import ray
@@ -69,11 +70,23 @@ def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
             raise CuteccError(f"cannot start or join a Ray cluster: {type(e).__name__}: {e}",
                               where=address or "ray.init", exit_code=1) from None
         started = True
+    # Through Ray Client (ray://) this process is no node of the cluster: every task's
+    # entry comes back whole, whichever node ran it.
+    client = bool(address and address.startswith("ray://")) or _client_connected()
     try:
-        _run(ray, jobs, store_root, on_result, remote, ship, task_timeout)
+        _run(ray, jobs, store_root, on_result, remote, ship or client, task_timeout)
     finally:
         if started:
             ray.shutdown()
+
+
+def _client_connected() -> bool:
+    try:
+        from ray.util.client import ray as client
+
+        return bool(client.is_connected())
+    except Exception:
+        return False
 
 
 def _run(ray: Any, jobs: list[BuildJob], store_root: Path,
