@@ -168,8 +168,8 @@ class Remote:
                 try:
                     from obstore.store import S3Store
                 except ImportError:
-                    raise CuteccError("a remote cache needs obstore: pip install 'cutecc[remote]'",
-                                      where="--remote", exit_code=1) from None
+                    raise Unavailable("a remote cache needs obstore: pip install 'cutecc[remote]'"
+                                      " (Python >= 3.11)") from None
                 t = dt.timedelta(seconds=self.cfg.timeout)
                 try:
                     self._store = S3Store(
@@ -181,8 +181,7 @@ class Remote:
                                       "backoff": {"init_backoff": dt.timedelta(milliseconds=100),
                                                   "max_backoff": dt.timedelta(seconds=2), "base": 2}})
                 except Exception as e:  # bad configuration in the environment
-                    raise CuteccError(f"cannot configure the remote cache: {_short(e)}",
-                                      where=self.cfg.url, exit_code=2) from None
+                    raise Unavailable(f"cannot configure the S3 client: {_short(e)}") from None
             return self._store
 
     def _call(self, what: str, fn: Callable[[], Any]) -> Any:
@@ -191,7 +190,11 @@ class Remote:
             if time.monotonic() - self._down_at < RETRY_DOWN_AFTER:
                 raise Unavailable(self.down)
             self.down = None
-        self._obs()
+        try:
+            self._obs()
+        except Unavailable as e:
+            self.down, self._down_at = e.why, time.monotonic()
+            raise
         t0 = time.perf_counter()
         try:
             return fn()

@@ -338,3 +338,12 @@ def test_fetch_fills_a_cache_with_exactly_the_locked_entries(s3, prefix: str, to
     # no remote at all: bad input
     r = run_cli("fetch", "--lock", str(lock), "--cache-dir", str(tmp_path / "z"), env={"CUTECC_REMOTE": ""})
     assert r.returncode == 2 and "no remote cache" in r.stderr
+
+
+def test_without_obstore_a_remote_is_unavailable_not_an_error(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "obstore.store", None)  # as if cutecc[remote] were absent
+    found = Remote(_cfg("s3://b/p")).lookup(["a" * 64], Store(tmp_path / "c"))
+    assert found.down and "pip install 'cutecc[remote]'" in found.down and found.absent == ("a" * 64,)
