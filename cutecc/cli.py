@@ -150,9 +150,9 @@ _sign_opt = click.option(
 _trust_opts = [
     click.option("--trusted-key", "trusted_keys", multiple=True,
                  type=click.Path(dir_okay=False, path_type=Path),
-                 help="A public key the pack's lock must be signed by (also $CUTECC_TRUSTED_KEYS)."),
+                 help="A public key the lock must be signed by (also $CUTECC_TRUSTED_KEYS)."),
     click.option("--allow-unsigned", is_flag=True,
-                 help="Accept a pack no trusted key signed (also $CUTECC_ALLOW_UNSIGNED=1)."),
+                 help="Accept a lock no trusted key signed (also $CUTECC_ALLOW_UNSIGNED=1)."),
 ]
 
 
@@ -419,14 +419,19 @@ def keygen(prefix: Path, comment: str, as_json: bool) -> None:
 @click.option("--kernel", "kernels", multiple=True, shell_complete=_complete_kernels,
               help="Only these kernels.")
 @_cache_opt
+@_trust_opts[0]
+@_trust_opts[1]
 @_json_opt
 def fetch(lock: Path, remote: str | None, archs: tuple[str, ...], kernels: tuple[str, ...],
-          cache_dir: Path | None, as_json: bool) -> None:
-    """Fill a local cache with exactly the entries --lock names, from the remote cache, each
-    checked against its key, its SHA-256s and the lock. Exit 1 if any is missing or refused."""
+          cache_dir: Path | None, trusted_keys: tuple[Path, ...], allow_unsigned: bool,
+          as_json: bool) -> None:
+    """Fill a local cache with exactly the entries --lock names, from the remote cache, once
+    the lock's signature verifies; each entry is checked against its key, its SHA-256s and
+    its lock line. Exit 1 if any is missing or refused."""
     from cutecc.commands.fetch import fetch as run
 
-    _emit(run(lock, remote=remote, cache_dir=cache_dir, archs=archs, kernels=kernels), as_json)
+    _emit(run(lock, remote=remote, cache_dir=cache_dir, archs=archs, kernels=kernels,
+              trusted_keys=list(trusted_keys) or None, allow_unsigned=allow_unsigned), as_json)
 
 
 @main.command(short_help="Versions, cache and GPU, for bug reports.")

@@ -1,10 +1,14 @@
 """`cutecc fetch`: fill a local cache with exactly the entries a lock names, from the
 remote cache, for a production host (then `cutecc.load(cache, lock=...)`, or `cutecc pack`).
 
-An entry already in the cache is kept if it matches its lock line and its files their
-records; the others are fetched, each checked against its key (meta.json's key inputs
-hash to it), its SHA-256s and its lock line before it is published. Unlike a build, a
-remote that cannot be reached is an error: there is nothing to fall back on.
+The lock is checked first like `cutecc.load(lock=...)` checks it: signed by one of the
+deployer's trusted keys (`--trusted-key`, `$CUTECC_TRUSTED_KEYS`) unless they opt out
+(`--allow-unsigned`, `$CUTECC_ALLOW_UNSIGNED=1`). Its lines then pin every entry: one
+already in the cache is kept if it matches its lock line and its files their records; the
+others are fetched, each checked against its key (meta.json's key inputs hash to it), its
+SHA-256s and its lock line before it is published. So the remote's write access is not
+what a deploy trusts; the signed lock is. Unlike a build, a remote that cannot be reached
+is an error: there is nothing to fall back on.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from cutecc import environ
 from cutecc import remote as remote_cache
 from cutecc.entry import file_record
 from cutecc.errors import CuteccError
-from cutecc.lockfile import LockEntry, read_lock
+from cutecc.lockfile import Lock, LockEntry, read_lock_bytes
 from cutecc.report import Report
 from cutecc.store import Entry, Store, entry_trust_problem
 from cutecc.units import human_size
@@ -72,8 +76,10 @@ class FetchReport(Report):
 
 
 def fetch(lock: str | Path, *, remote: str | None = None, cache_dir: str | Path | None = None,
-          archs: tuple[str, ...] = (), kernels: tuple[str, ...] = ()) -> FetchReport:
-    """Fetch the entries `lock` names (only `archs`/`kernels` when given) into a cache."""
+          archs: tuple[str, ...] = (), kernels: tuple[str, ...] = (),
+          trusted_keys: list[str | Path] | None = None, allow_unsigned: bool = False) -> FetchReport:
+    """Fetch the entries `lock` names (only `archs`/`kernels` when given) into a cache,
+    once the lock's signature verifies (see the module docstring)."""
     t0 = time.perf_counter()
     if environ.read_only():
         raise CuteccError(f"read-only mode (${environ.READ_ONLY}): fetch writes to the cache",
@@ -82,7 +88,19 @@ def fetch(lock: str | Path, *, remote: str | None = None, cache_dir: str | Path 
     if cfg is None:
         raise CuteccError(f"no remote cache: give --remote s3://BUCKET/PREFIX or set ${environ.REMOTE}",
                           where="cutecc fetch")
-    lines = read_lock(lock).select(archs, kernels).by_key()
+    from cutecc.signing import SIG_SUFFIX, check_lock
+
+    data, sig = read_lock_bytes(lock), None
+    try:
+        with open(f"{lock}{SIG_SUFFIX}", "rb") as f:
+            sig = f.read(1 << 16)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise CuteccError(f"cannot read the lock's signature: {e.strerror}", where=f"{lock}{SIG_SUFFIX}",
+                          exit_code=1) from None
+    check_lock(data, sig, str(lock), trusted_keys=trusted_keys, allow_unsigned=allow_unsigned)
+    lines = Lock.loads(data, str(lock)).select(archs, kernels).by_key()  # the bytes checked
     store = Store(cache_dir)
     store.ensure()
     report = FetchReport(store.root, cfg.url)

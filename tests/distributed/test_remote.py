@@ -264,7 +264,8 @@ def test_a_truncated_or_altered_blob_is_refused(s3, prefix: str, toy_cache, tmp_
     # cutecc fetch names it and exits 1; the healthy entry lands
     lock = tmp_path / "kernels.lock"
     lock.write_bytes((toy_cache.manifest.parent / "kernels.lock").read_bytes())
-    r = run_cli("fetch", "--lock", str(lock), "--remote", prefix, "--cache-dir", str(tmp_path / "d"))
+    r = run_cli("fetch", "--lock", str(lock), "--remote", prefix, "--cache-dir", str(tmp_path / "d"),
+                "--allow-unsigned")
     assert r.returncode == 1 and "refused scale[threads=" in r.stderr and why in r.stderr, r.stderr
     assert len(list(Store(tmp_path / "d").entries())) == 1
 
@@ -315,25 +316,27 @@ def test_fetch_fills_a_cache_with_exactly_the_locked_entries(s3, prefix: str, to
     _seed(s3, prefix, toy_cache.cache)
     lock = toy_cache.manifest.parent / "kernels.lock"
     keys = read_lock(lock).distinct_keys()
-    rep = fetch(lock, remote=prefix, cache_dir=tmp_path / "prod")
+    rep = fetch(lock, remote=prefix, cache_dir=tmp_path / "prod", allow_unsigned=True)
     assert rep.ok and len(rep.fetched) == 2 and rep.traffic.bytes_down > 2_000_000
     assert sorted(_libraries(tmp_path / "prod")) == keys
-    again = fetch(lock, remote=prefix, cache_dir=tmp_path / "prod")
+    again = fetch(lock, remote=prefix, cache_dir=tmp_path / "prod", allow_unsigned=True)
     assert again.ok and len(again.present) == 2 and again.traffic.requests == 0
-    one = fetch(lock, remote=prefix, cache_dir=tmp_path / "one", kernels=("scale",), archs=("sm_80",))
+    one = fetch(lock, remote=prefix, cache_dir=tmp_path / "one", kernels=("scale",), archs=("sm_80",),
+                allow_unsigned=True)
     assert one.ok and one.fetched == [] and one.present == []
     # a lock line the remote's entry does not match is refused
     text = lock.read_text()
     sha = read_lock(lock).entries[0].sha256
     bad = tmp_path / "bad.lock"
     bad.write_text(text.replace(sha, "0" * 64))
-    r = run_cli("fetch", "--lock", str(bad), "--remote", prefix, "--cache-dir", str(tmp_path / "x"), "--json")
+    r = run_cli("fetch", "--lock", str(bad), "--remote", prefix, "--cache-dir", str(tmp_path / "x"), "--json",
+                "--allow-unsigned")
     assert r.returncode == 1
     doc = json.loads(r.stdout)
     assert len(doc["refused"]) == 1 and "differs from the lock" in doc["refused"][0]["reason"]
     # nothing on the remote: missing, exit 1
     r = run_cli("fetch", "--lock", str(lock), "--remote", prefix + "-empty", "--cache-dir",
-                str(tmp_path / "y"))
+                str(tmp_path / "y"), env={"CUTECC_ALLOW_UNSIGNED": "1"})
     assert r.returncode == 1 and "2 locked entries not on" in r.stderr
     # no remote at all: bad input
     r = run_cli("fetch", "--lock", str(lock), "--cache-dir", str(tmp_path / "z"), env={"CUTECC_REMOTE": ""})
@@ -345,5 +348,30 @@ def test_without_obstore_a_remote_is_unavailable_not_an_error(tmp_path: Path,
     import sys
 
     monkeypatch.setitem(sys.modules, "obstore.store", None)  # as if cutecc[remote] were absent
-    found = Remote(_cfg("s3://b/p")).lookup(["a" * 64], Store(tmp_path / "c"))
+    found = Remote(_cfg("s3://bkt/p")).lookup(["a" * 64], Store(tmp_path / "c"))
     assert found.down and "pip install 'cutecc[remote]'" in found.down and found.absent == ("a" * 64,)
+
+
+def test_fetch_checks_the_locks_signature_first(s3, prefix: str, toy_cache, tmp_path: Path) -> None:
+    pytest.importorskip("cryptography", reason="signing needs cutecc[sign]")
+    from cutecc import signing
+
+    _seed(s3, prefix, toy_cache.cache)
+    lock = tmp_path / "kernels.lock"
+    lock.write_bytes((toy_cache.manifest.parent / "kernels.lock").read_bytes())
+    priv, pub = signing.keygen(tmp_path / "ci")
+    # no trusted key and no opt-out: refused before any request
+    with pytest.raises(CuteccError, match="no trusted key"):
+        fetch(lock, remote=prefix, cache_dir=tmp_path / "a")
+    # trusted key, lock not signed: refused
+    with pytest.raises(signing.SignatureError, match="not signed"):
+        fetch(lock, remote=prefix, cache_dir=tmp_path / "a", trusted_keys=[pub])
+    signing.sign_file(lock, signing.read_private_key(priv), "lock")
+    rep = fetch(lock, remote=prefix, cache_dir=tmp_path / "a", trusted_keys=[pub])
+    assert rep.ok and len(rep.fetched) == 2
+    # a lock edited after signing (another library for a key) is refused, exit 1
+    lock.write_text(lock.read_text().replace(read_lock(lock).entries[0].sha256, "0" * 64))
+    r = run_cli("fetch", "--lock", str(lock), "--remote", prefix, "--cache-dir", str(tmp_path / "b"),
+                "--trusted-key", str(pub))
+    assert r.returncode == 1 and "changed after it was signed" in r.stderr, r.stderr
+    assert not (tmp_path / "b" / "entries").exists() or list(Store(tmp_path / "b").entries()) == []
