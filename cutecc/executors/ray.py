@@ -19,6 +19,7 @@ task that fails (or whose worker dies) fails only its own entry.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -111,6 +112,18 @@ def _run(ray: Any, jobs: list[BuildJob], store_root: Path,
             j, str(store_root), driver_node, sent[digest], remote, ship)
         refs[ref] = j
     pending = list(refs)
+    try:
+        _collect(ray, refs, pending, store, on_result, task_timeout)
+    except BaseException:  # Ctrl-C, or the caller's callback failed: the cluster stops too
+        for ref in refs:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+        raise
+
+
+def _collect(ray: Any, refs: dict[Any, BuildJob], pending: list[Any], store: Any,
+             on_result: Callable[[BuildJob, Result], None], task_timeout: float) -> None:
+    """Hand each result to `on_result` as its task finishes."""
     while pending:
         done, pending = ray.wait(pending, num_returns=1, timeout=task_timeout)
         if not done:  # nothing finished for task_timeout: give up on the rest

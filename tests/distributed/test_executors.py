@@ -19,7 +19,8 @@ from cutecc.plan import plan
 from cutecc.store import Store
 from cutecc.workers import BuildJob, Result
 
-pytestmark = pytest.mark.slow
+# Ray starts its processes with fork+exec, which JAX (imported by earlier tests) warns about.
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")]
 
 
 def _libraries(cache: Path) -> dict[str, bytes]:
@@ -132,3 +133,14 @@ def test_ray_workers_upload_to_the_remote(ray_cluster, s3, tmp_path: Path) -> No
     second = build(manifest, cache_dir=tmp_path / "c2", executor="ray", remote=url, lock=False)
     assert second.count("built") == 0 and second.remote is not None and second.remote.fetched == 1
     assert _libraries(tmp_path / "c2") == _libraries(tmp_path / "c")
+
+
+def test_tasks_that_never_finish_fail_by_name_within_the_timeout(ray_cluster, tmp_path: Path) -> None:
+    from cutecc.executors import ray as ray_executor
+
+    manifest = write_toy_project(tmp_path / "p", threads=(512,))
+    store = Store(tmp_path / "c")
+    store.ensure()
+    seen: list[Result] = []
+    ray_executor.compile_all(_jobs(manifest), store.root, 2, lambda j, r: seen.append(r), task_timeout=0.05)
+    assert [r.status for r in seen] == ["failed"] and "no Ray task finished within" in (seen[0].error or "")
