@@ -3,7 +3,8 @@
     python -m benchmarks [--quick] [--only cold_start,load_scaling,build,device,parity]
                          [--repeats N] [--json PATH] [--cache-dir DIR]
 
-Groups: cold_start, load_scaling, build, device (GPU only; benchmarks/device.py), parity.
+Groups: cold_start, load_scaling, build, device (GPU only; benchmarks/device.py), parity,
+and distributed (benchmarks/distributed.py: ~20 minutes, so only when named in --only).
 Every figure is a median over repeats with min/max (the JSON also has quartiles and the
 raw samples); every ratio compares medians taken in the same run. The example cache
 (kernels.toml built for sm_90a) is built once into a temporary directory, outside any
@@ -22,7 +23,8 @@ from pathlib import Path
 
 from benchmarks.common import REPO, GroupResult, Row, dsl_available, machine, run_child, table
 
-GROUPS = ("cold_start", "load_scaling", "build", "device", "parity")
+GROUPS = ("cold_start", "load_scaling", "build", "device", "parity", "distributed")
+DEFAULT_GROUPS = tuple(g for g in GROUPS if g != "distributed")
 
 
 def build_example_cache(root: Path) -> Path:
@@ -62,7 +64,7 @@ def run_device(cache: Path, quick: bool, root: Path) -> GroupResult:
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer repeats (smoke run)")
-    ap.add_argument("--only", default=",".join(GROUPS), help="comma-separated groups")
+    ap.add_argument("--only", default=",".join(DEFAULT_GROUPS), help="comma-separated groups")
     ap.add_argument("--repeats", type=int, default=None,
                     help="repeats per figure (default 5, --quick 2); cold builds use 1 unless set")
     ap.add_argument("--json", type=Path, default=REPO / "benchmarks" / f"results-{platform.node()}.json")
@@ -98,6 +100,10 @@ def main() -> int:
                 results[g] = build.run(repeats, cold_repeats)
             elif g == "device":
                 results[g] = run_device(cache, ns.quick, root)
+            elif g == "distributed":
+                from benchmarks import distributed
+                results[g] = distributed.run(variants=200 if ns.quick else 1000,
+                                             noop_variants=1000 if ns.quick else 10000)
             elif g == "parity":
                 from benchmarks import parity
                 results[g] = parity.run(cache)

@@ -20,7 +20,7 @@ from cutecc.errors import CuteccError
 
 # Workflow order, for `cutecc -h`.
 _ORDER = ("init", "build", "list", "show", "explain", "verify", "gc", "rm", "stats", "pack",
-          "unpack", "keygen", "env", "schema")
+          "unpack", "keygen", "fetch", "env", "schema")
 
 
 _color: bool | None = None  # --color: None follows the terminal
@@ -134,6 +134,10 @@ _cache_opt = click.option(
     "--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
     help="Cache directory (default: $CUTECC_CACHE_DIR, else the user cache dir).")
 _json_opt = click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+_remote_opt = click.option(
+    "--remote", default=None, metavar="s3://BUCKET/PREFIX",
+    help="A shared remote cache (also $CUTECC_REMOTE); endpoint and credentials from the "
+         "AWS_* variables.")
 _manifest_opt = click.option(
     "-m", "--manifest", "manifest_opt", type=click.Path(dir_okay=False, path_type=Path), default=None,
     help="The manifest (default: kernels.toml or pyproject.toml [tool.cutecc], found by walking "
@@ -146,9 +150,9 @@ _sign_opt = click.option(
 _trust_opts = [
     click.option("--trusted-key", "trusted_keys", multiple=True,
                  type=click.Path(dir_okay=False, path_type=Path),
-                 help="A public key the pack's lock must be signed by (also $CUTECC_TRUSTED_KEYS)."),
+                 help="A public key the lock must be signed by (also $CUTECC_TRUSTED_KEYS)."),
     click.option("--allow-unsigned", is_flag=True,
-                 help="Accept a pack no trusted key signed (also $CUTECC_ALLOW_UNSIGNED=1)."),
+                 help="Accept a lock no trusted key signed (also $CUTECC_ALLOW_UNSIGNED=1)."),
 ]
 
 
@@ -208,10 +212,19 @@ def init(directory: Path, name: str, as_json: bool) -> None:
 @click.option("--lock-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the lock here instead.")
 @_sign_opt
+@click.option("--executor", type=click.Choice(["local", "ray"]), default=None,
+              help="Compile misses in local processes or as Ray tasks (default: $CUTECC_EXECUTOR, "
+                   "else local).")
+@click.option("--ray-address", default=None,
+              help="The Ray cluster to submit to (also $CUTECC_RAY_ADDRESS); else a local one.")
+@_remote_opt
+@click.option("--remote-write", is_flag=True, default=None,
+              help="Upload what this build compiles to the remote (also $CUTECC_REMOTE_WRITE=1).")
 @_json_opt
 def build(manifest: Path | None, manifest_opt: Path | None, archs: tuple[str, ...],
           cache_dir: Path | None, jobs: int | None, kernels: tuple[str, ...], dry_run: bool,
           read_only: bool, lock: bool, lock_file: Path | None, sign_key: Path | None,
+          executor: str | None, ray_address: str | None, remote: str | None, remote_write: bool | None,
           as_json: bool) -> None:
     """Compile every kernel, variant and arch of the manifest that is not in the cache."""
     from cutecc.commands.build import build as run
@@ -222,7 +235,8 @@ def build(manifest: Path | None, manifest_opt: Path | None, archs: tuple[str, ..
     try:
         report = run(_manifest(manifest, manifest_opt), archs=archs, cache_dir=cache_dir, jobs=jobs,
                      kernels=kernels, dry_run=dry_run, progress=progress, read_only=read_only,
-                     lock=lock, lock_file=lock_file, sign_key=sign_key)
+                     lock=lock, lock_file=lock_file, sign_key=sign_key, executor=executor,
+                     ray_address=ray_address, remote=remote, remote_write=remote_write)
     finally:
         progress.close()
     _emit(report, as_json)
@@ -394,6 +408,30 @@ def keygen(prefix: Path, comment: str, as_json: bool) -> None:
     from cutecc.commands.keygen import keygen as run
 
     _emit(run(prefix, comment), as_json)
+
+
+@main.command(short_help="Fill a cache with a lock's entries from the remote cache.")
+@click.option("--lock", "lock", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="The kernels.lock whose entries to fetch.")
+@_remote_opt
+@click.option("--arch", "archs", multiple=True, shell_complete=_complete_archs,
+              help="Only these archs.")
+@click.option("--kernel", "kernels", multiple=True, shell_complete=_complete_kernels,
+              help="Only these kernels.")
+@_cache_opt
+@_trust_opts[0]
+@_trust_opts[1]
+@_json_opt
+def fetch(lock: Path, remote: str | None, archs: tuple[str, ...], kernels: tuple[str, ...],
+          cache_dir: Path | None, trusted_keys: tuple[Path, ...], allow_unsigned: bool,
+          as_json: bool) -> None:
+    """Fill a local cache with exactly the entries --lock names, from the remote cache, once
+    the lock's signature verifies; each entry is checked against its key, its SHA-256s and
+    its lock line. Exit 1 if any is missing or refused."""
+    from cutecc.commands.fetch import fetch as run
+
+    _emit(run(lock, remote=remote, cache_dir=cache_dir, archs=archs, kernels=kernels,
+              trusted_keys=list(trusted_keys) or None, allow_unsigned=allow_unsigned), as_json)
 
 
 @main.command(short_help="Versions, cache and GPU, for bug reports.")

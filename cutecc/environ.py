@@ -17,6 +17,13 @@ TVM_FFI_TORCH = "CUTECC_TVM_FFI_TORCH"  # let tvm-ffi import torch
 SIGNING_KEY = "CUTECC_SIGNING_KEY"  # the private key `build` and `pack` sign locks with
 TRUSTED_KEYS = "CUTECC_TRUSTED_KEYS"  # public keys (paths, `:`-separated) a lock must verify with
 ALLOW_UNSIGNED = "CUTECC_ALLOW_UNSIGNED"  # accept packs and locks without a trusted signature
+EXECUTOR = "CUTECC_EXECUTOR"  # where misses compile: local (default) or ray
+RAY_ADDRESS = "CUTECC_RAY_ADDRESS"  # the Ray cluster to submit to (else a local one)
+REMOTE = "CUTECC_REMOTE"  # the shared remote cache, s3://bucket/prefix
+REMOTE_WRITE = "CUTECC_REMOTE_WRITE"  # builds upload what they compile to the remote
+REMOTE_MAX_BLOB = "CUTECC_REMOTE_MAX_BLOB"  # the largest blob accepted from the remote (size)
+REMOTE_TIMEOUT = "CUTECC_REMOTE_TIMEOUT"  # seconds one remote request may take
+REMOTE_JOBS = "CUTECC_REMOTE_JOBS"  # parallel remote requests
 _OFF = ("", "0", "false", "no", "off")
 
 

@@ -44,6 +44,10 @@ class BuildProgress(Progress):
         else:
             click.echo(f"[{self.done_count}/{self.total}] {text} ({outcome.seconds:.1f}s)", err=True)
 
+    def note(self, text: str) -> None:
+        if not self.quiet:
+            click.echo(text, err=True)
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.__exit__(None, None, None)

@@ -49,7 +49,13 @@ FILE_MODE = 0o644  # and its files
 STATS = "stats.json"
 STATS_FORMAT = 1
 QUARANTINE_FORMAT = 1  # the layout of why.json in a quarantined entry
-_COUNTERS = ("hits", "misses", "failures", "seconds_saved")
+# Format 1 counters. Counters were added without a format change (remote_*: the remote
+# cache); a reader takes the ones it knows, and a writer keeps the numbers it does not.
+_COUNTERS = ("hits", "misses", "failures", "seconds_saved",
+             "remote_hits", "remote_misses", "remote_refused", "remote_unavailable",
+             "remote_uploads", "remote_requests", "remote_bytes_down", "remote_bytes_up",
+             "remote_seconds", "remote_seconds_saved")
+_SECONDS = ("seconds_saved", "remote_seconds", "remote_seconds_saved")
 
 _README = """\
 This directory is a cache of CuTe DSL kernels built ahead of time by cutecc.
@@ -304,10 +310,13 @@ class Store:
                 return
             cur = self.read_stats()
             now = now_iso()
-            doc = {"format": STATS_FORMAT, "since": cur.get("since", now), "updated_at": now}
+            doc = {k: v for k, v in old.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+                   } if isinstance(old, dict) else {}  # a newer cutecc's counters stay
+            doc.update({"format": STATS_FORMAT, "since": cur.get("since", now), "updated_at": now})
             for k in _COUNTERS:
                 doc[k] = cur[k] + delta.get(k, 0)
-            doc["seconds_saved"] = round(doc["seconds_saved"], 3)
+            for k in _SECONDS:
+                doc[k] = round(doc[k], 3)
             atomic_write(path, json.dumps(doc, indent=1, sort_keys=True).encode())
 
     def remove(self, key: str, *, timeout: float = 0) -> bool:

@@ -4,7 +4,10 @@ The DSL fixes its target arch when it is imported (`CUTE_DSL_ARCH`), so misses a
 compiled in one pool of spawned processes per arch, the arch given to the pool once, at
 start. Each worker publishes its entry into the store under the key's lock, so two
 builds never build one key twice, and returns the entry's metadata so the lock file is
-written without reading back what was just published.
+written without reading back what was just published. With a writable remote cache, the
+worker that built an entry also uploads it (`cutecc.remote`); an upload that fails is
+reported, never a failed build. `cutecc.executors` chooses who runs `build_one`: this
+module's pools (the local executor) or Ray.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cutecc.contract import args_to_json
 from cutecc.entry import LIBRARY
@@ -31,6 +34,9 @@ from cutecc.manifest import Manifest, Variant
 from cutecc.plan import Planned
 from cutecc.store import Store
 from cutecc.units import now_iso
+
+if TYPE_CHECKING:
+    from cutecc.remote import Pushed, RemoteConfig
 
 # errnos that mean "the cache cannot take the artifact" (not a compile error): no traceback
 _STORAGE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES,
@@ -70,11 +76,14 @@ class Result:
     seconds: float
     error: str | None = None
     meta: dict[str, Any] | None = None  # the published entry's metadata (for the lock)
+    pushed: Pushed | None = None  # what uploading it to the remote cache did, if asked to
 
 
 def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
-                on_result: Callable[[BuildJob, Result], None]) -> None:
-    """Build every job, one spawned pool per arch; `on_result` sees each as it finishes."""
+                on_result: Callable[[BuildJob, Result], None],
+                remote: RemoteConfig | None = None) -> None:
+    """Build every job, one spawned pool per arch; `on_result` sees each as it finishes.
+    With a writable `remote`, each worker uploads what it built."""
     by_arch: dict[str, list[BuildJob]] = {}
     for j in jobs:
         by_arch.setdefault(j.arch, []).append(j)
@@ -84,7 +93,7 @@ def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
         pool = cf.ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker,
                                       initargs=(arch, os.getpid()))
         try:
-            futures = {pool.submit(build_one, j, str(store_root)): j for j in items}
+            futures = {pool.submit(build_one, j, str(store_root), remote): j for j in items}
             for fut in cf.as_completed(futures):
                 try:
                     result = fut.result()
@@ -133,8 +142,9 @@ def _watch_parent(parent: int) -> None:
             os._exit(1)
 
 
-def build_one(job: BuildJob, store_root: str) -> Result:
-    """Compile, link and publish one entry (in a worker whose DSL targets `job.arch`)."""
+def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None) -> Result:
+    """Compile, link and publish one entry (in a worker whose DSL targets `job.arch`);
+    then, with a writable `remote`, upload it if this call built it."""
     from cutecc.compiler import SYMBOL, CompileJob, compile_to_object
     from cutecc.linker import link
 
@@ -180,4 +190,10 @@ def build_one(job: BuildJob, store_root: str) -> Result:
         tb = traceback.format_exception(type(e), e, e.__traceback__)
         return Result("failed", time.perf_counter() - t0,
                       f"{type(e).__name__}: {e}\n{''.join(tb[-6:])}")
-    return Result("built" if built else "cached", time.perf_counter() - t0, None, entry.meta)
+    seconds = time.perf_counter() - t0
+    pushed = None
+    if built and remote is not None and remote.write:
+        from cutecc.remote import push_entry
+
+        pushed = push_entry(remote, entry)
+    return Result("built" if built else "cached", seconds, None, entry.meta, pushed)

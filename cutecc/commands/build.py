@@ -2,9 +2,12 @@
 and write the lock file.
 
 Planning computes each key without importing the DSL; entries already in the store are
-reported cached and cost one metadata read. Misses compile in worker processes
-(`cutecc.workers`). The manifest is parsed once; the lock is written from what this
-build saw and published, never by reading it back.
+reported cached and cost one metadata read. With a remote cache (`cutecc.remote`), local
+misses are looked up there next, and what it has is checked and published into the local
+store (reported cached, and fetched). What is left compiles on the chosen executor
+(`cutecc.executors`: local worker processes, or Ray), whose workers upload what they
+build when remote writing is on. The manifest is parsed once; the lock is written from
+what this build saw and published, never by reading it back.
 """
 
 from __future__ import annotations
@@ -17,15 +20,18 @@ from pathlib import Path
 from typing import Any
 
 from cutecc import environ
+from cutecc import remote as remote_cache
 from cutecc.archs import parse_archs
 from cutecc.errors import CuteccError
+from cutecc.executors import Executor, choose
 from cutecc.lockfile import LOCK_NAME, LockEntry, record_build
 from cutecc.locks import is_held
 from cutecc.manifest import load_manifest
 from cutecc.plan import Planned, plan
 from cutecc.report import Report
 from cutecc.store import Store, entry_trust_problem, touch_used
-from cutecc.workers import BuildJob, Result, compile_all
+from cutecc.units import human_size
+from cutecc.workers import BuildJob, Result
 
 
 @dataclass
@@ -36,11 +42,62 @@ class Outcome:
     error: str | None = None
     meta: dict[str, Any] | None = None  # the entry's metadata, for the lock
     saved: float = 0.0  # for a hit: the compile seconds it saved (its recorded build time)
+    fetched: bool = False  # a hit found on the remote cache (status "cached")
 
     def to_json(self) -> dict[str, Any]:
         p = self.planned
         return {"kernel": p.kernel.name, "variant": p.variant.id, "arch": p.arch, "key": p.key,
-                "status": self.status, "seconds": round(self.seconds, 3), "error": self.error}
+                "status": self.status, "seconds": round(self.seconds, 3), "error": self.error,
+                "fetched": self.fetched}
+
+
+@dataclass
+class RemoteUse:
+    """What a build did with the remote cache."""
+
+    url: str
+    write: bool
+    fetched: int = 0
+    absent: int = 0  # looked up, not there (compiled)
+    refused: dict[str, str] = field(default_factory=dict)  # "label key" -> why
+    down: str | None = None  # why the remote stopped being used
+    uploaded: int = 0
+    upload_errors: list[str] = field(default_factory=list)
+    traffic: remote_cache.Traffic = field(default_factory=remote_cache.Traffic)
+    seconds: float = 0.0  # wall time of the lookup
+    saved: float = 0.0  # compile seconds the fetched entries saved
+
+    def to_json(self) -> dict[str, Any]:
+        t = self.traffic
+        return {"url": self.url, "write": self.write, "fetched": self.fetched, "absent": self.absent,
+                "refused": [{"entry": k, "reason": v} for k, v in self.refused.items()],
+                "unavailable": self.down, "uploaded": self.uploaded,
+                "upload_errors": self.upload_errors, "requests": t.requests,
+                "bytes_down": t.bytes_down, "bytes_up": t.bytes_up,
+                "lookup_seconds": round(self.seconds, 3), "seconds_saved": round(self.saved, 3)}
+
+    def warnings(self) -> list[str]:
+        """At most one line for each kind of trouble; none of it fails the build."""
+        out = []
+        if self.down:
+            out.append(f"warning: remote cache {self.url} unavailable ({self.down}); built locally")
+        if self.refused:
+            first = next(iter(self.refused.items()))
+            out.append(f"warning: remote cache {self.url}: refused {len(self.refused)} "
+                       f"entr{'y' if len(self.refused) == 1 else 'ies'} (first: {first[0]}: "
+                       f"{first[1]}); built locally")
+        if self.upload_errors and not self.down:
+            out.append(f"warning: remote cache {self.url}: {len(self.upload_errors)} built "
+                       f"entr{'y' if len(self.upload_errors) == 1 else 'ies'} not uploaded "
+                       f"({self.upload_errors[0]})")
+        return out
+
+    def line(self) -> str:
+        t = self.traffic
+        return (f"remote {self.url}: {self.fetched} fetched, {self.absent} absent"
+                + (f", {self.uploaded} uploaded" if self.write else ", read-only")
+                + f"; {t.requests} requests, {human_size(t.bytes_down)} down, "
+                  f"{human_size(t.bytes_up)} up")
 
 
 class Progress:
@@ -55,6 +112,9 @@ class Progress:
     def done(self, outcome: Outcome) -> None:
         """One compile finished (built, cached meanwhile, or failed)."""
 
+    def note(self, text: str) -> None:
+        """A step worth a line (a remote lookup starting)."""
+
 
 @dataclass
 class BuildReport(Report):
@@ -65,6 +125,8 @@ class BuildReport(Report):
     lock_changed: bool = False
     signature: Path | None = None  # the lock's signature, when this build signed it
     dry_run: bool = False
+    executor: str = "local"
+    remote: RemoteUse | None = None
 
     def count(self, status: str) -> int:
         return sum(o.status == status for o in self.outcomes)
@@ -86,11 +148,15 @@ class BuildReport(Report):
             "lock_file": str(self.lock_file) if self.lock_file else None,
             "lock_changed": self.lock_changed,
             "signature": str(self.signature) if self.signature else None,
+            "executor": self.executor,
+            "fetched": sum(o.fetched for o in self.outcomes),
+            "remote": self.remote.to_json() if self.remote else None,
             "entries": [o.to_json() for o in self.outcomes],
         }
 
     def warnings(self) -> list[str]:
-        return [f"FAILED {o.planned.label}: {o.error}" for o in self.outcomes if o.status == "failed"]
+        return ([f"FAILED {o.planned.label}: {o.error}" for o in self.outcomes if o.status == "failed"]
+                + (self.remote.warnings() if self.remote else []))
 
     def lines(self, verbose: int = 0) -> list[str]:
         out = [f"would build {o.planned.label} {o.planned.key[:12]}"
@@ -98,10 +164,14 @@ class BuildReport(Report):
         if verbose > 0:
             out += [f"{o.status:7} {o.planned.label} {o.planned.key[:12]}"
                     for o in self.outcomes if o.status in ("built", "cached")]
-        out.append(f"{self.count('built')} built, {self.count('cached')} cached, "
+        fetched = sum(o.fetched for o in self.outcomes)
+        out.append(f"{self.count('built')} built, {self.count('cached')} cached"
+                   + (f" ({fetched} fetched)" if self.remote else "") + ", "
                    f"{self.count('failed')} failed"
                    + (f", {self.count('planned')} to build" if self.dry_run else "")
                    + f" in {self.seconds:.2f}s ({self.cache_dir})")
+        if self.remote and verbose >= 0:
+            out.append(self.remote.line())
         if self.lock_changed:
             out.append(f"wrote {self.lock_file}")
         if self.signature:
@@ -122,6 +192,10 @@ def build(
     lock: bool = True,
     lock_file: str | Path | None = None,
     sign_key: str | Path | None = None,
+    executor: str | None = None,
+    ray_address: str | None = None,
+    remote: str | None = None,
+    remote_write: bool | None = None,
 ) -> BuildReport:
     """Build a manifest into a cache; see the module docstring.
 
@@ -130,6 +204,10 @@ def build(
     `lock`: after a fully successful build (not a dry run), write `kernels.lock` beside
     the manifest (or `lock_file`) if its content changed; see `cutecc.lockfile`.
     `sign_key` (or `$CUTECC_SIGNING_KEY`): sign the lock written (`kernels.lock.sig`).
+    `executor` (`local` or `ray`, else `$CUTECC_EXECUTOR`) compiles the misses; `ray_address`
+    (else `$CUTECC_RAY_ADDRESS`) names a Ray cluster, else a local one is started.
+    `remote` (`s3://bucket/prefix`, else `$CUTECC_REMOTE`) is a shared cache looked up
+    for local misses; `remote_write` (else `$CUTECC_REMOTE_WRITE`) uploads what is built.
     """
     t0 = time.perf_counter()
     progress = progress or Progress()
@@ -146,11 +224,13 @@ def build(
         except OSError as e:
             raise CuteccError(f"cannot read the signing key: {e.strerror}", where=str(sign_key)) from None
     read_only = read_only or environ.read_only()
+    runner = choose(executor, ray_address)
+    remote_cfg = remote_cache.config(remote, remote_write)
     archs = parse_archs(archs) if archs else ()
     full = load_manifest(manifest_path)
     manifest = full.select(kernels) if kernels else full
     store = Store(cache_dir)
-    report = BuildReport(cache_dir=store.root, dry_run=dry_run)
+    report = BuildReport(cache_dir=store.root, dry_run=dry_run, executor=runner.kind)
     planned = plan(manifest, archs)
     if store.entries_dir.is_dir():
         store.check_trust()  # another user's cache never vouches for anything here
@@ -178,10 +258,17 @@ def build(
         raise CuteccError(f"read-only mode: {len(missing)} entr{'y' if len(missing) == 1 else 'ies'} "
                           "not in the cache: " + ", ".join(f"{p.label} {p.key[:12]}" for p in missing),
                           where=str(store.root), exit_code=1)
+    push: remote_cache.RemoteConfig | None = None
+    if remote_cfg is not None and not dry_run and not read_only:
+        report.remote = RemoteUse(remote_cfg.url, remote_cfg.write)
+        if misses:
+            store.ensure()
+            misses = _fetch(misses, store, remote_cfg, report, report.remote, progress)
+        push = remote_cfg if remote_cfg.write and not report.remote.down else None
     if misses:
         store.ensure()
         store.sweep_tmp()
-        _compile(misses, manifest, store, jobs or os.cpu_count() or 1, report, progress)
+        _compile(misses, manifest, store, jobs or os.cpu_count() or 1, report, progress, runner, push)
     order = {p.key + p.label: i for i, p in enumerate(planned)}
     report.outcomes.sort(key=lambda o: order[o.planned.key + o.planned.label])
     if not dry_run and not read_only:
@@ -217,8 +304,38 @@ def _lock_line(o: Outcome) -> LockEntry:
     return LockEntry.of(p.kernel.name, p.variant.id, p.arch, p.key, o.meta or {})
 
 
+def _fetch(misses: list[Planned], store: Store, cfg: remote_cache.RemoteConfig, report: BuildReport,
+           use: RemoteUse, progress: Progress) -> list[Planned]:
+    """Fetch from the remote what it has of the misses; returns the misses left to build."""
+    t0 = time.perf_counter()
+    keys = list(dict.fromkeys(p.key for p in misses))
+    progress.note(f"looking up {len(keys)} entr{'y' if len(keys) == 1 else 'ies'} in {cfg.url}")
+    conn = remote_cache.Remote(cfg)
+    before = conn.traffic
+    found = conn.lookup(keys, store)
+    label = {p.key: p.label for p in misses}
+    use.fetched, use.absent, use.down = len(found.fetched), len(found.absent), found.down
+    use.refused = {f"{label[k]} {k[:12]}": why for k, why in found.refused.items()}
+    after = conn.traffic
+    use.traffic = remote_cache.Traffic(after.requests - before.requests,
+                                       after.bytes_down - before.bytes_down,
+                                       after.bytes_up - before.bytes_up, after.seconds - before.seconds)
+    use.seconds = time.perf_counter() - t0
+    use.saved = sum(f.saved for f in found.fetched.values())
+    left = []
+    for p in misses:
+        got = found.fetched.get(p.key)
+        if got is None:
+            left.append(p)
+        else:
+            report.outcomes.append(Outcome(p, "cached", meta=got.entry.meta, saved=got.saved,
+                                           fetched=True))
+    return left
+
+
 def _compile(misses: list[Planned], manifest: Any, store: Store, workers: int,
-             report: BuildReport, progress: Progress) -> None:
+             report: BuildReport, progress: Progress, runner: Executor,
+             push: remote_cache.RemoteConfig | None) -> None:
     # Several variants can share a key (a variant parameter that changes nothing);
     # build each key once, and report it for each of them.
     unique = {p.key: p for p in misses}
@@ -228,14 +345,20 @@ def _compile(misses: list[Planned], manifest: Any, store: Store, workers: int,
             progress.waiting(p)
 
     def on_result(job: BuildJob, r: Result) -> None:
+        if r.pushed is not None and report.remote is not None:
+            use = report.remote
+            use.traffic = use.traffic + r.pushed.traffic
+            use.uploaded += r.pushed.created
+            if r.pushed.error:
+                use.upload_errors.append(f"{job.kernel}[{job.variant.id}]@{job.arch}: {r.pushed.error}")
         for q in misses:
             if q.key == job.key:
                 o = Outcome(q, r.status, r.seconds, r.error, r.meta)
                 report.outcomes.append(o)
                 progress.done(o)
 
-    compile_all([BuildJob.of(p, manifest) for p in unique.values()], store.root, workers,
-                on_result)
+    runner.compile_all([BuildJob.of(p, manifest) for p in unique.values()], store.root, workers,
+                       on_result, push)
 
 
 def _record_use(store: Store, report: BuildReport) -> None:
@@ -248,7 +371,16 @@ def _record_use(store: Store, report: BuildReport) -> None:
     for o in report.outcomes:
         if o.status == "cached":
             touch_used(store.entry_dir(o.planned.key))
+    local_hits = [o for o in report.outcomes if o.status == "cached" and not o.fetched]
+    remote: dict[str, float] = {}
+    if report.remote is not None:
+        use, t = report.remote, report.remote.traffic
+        remote = {"remote_hits": use.fetched, "remote_misses": use.absent,
+                  "remote_refused": len(use.refused), "remote_unavailable": int(use.down is not None),
+                  "remote_uploads": use.uploaded, "remote_requests": t.requests,
+                  "remote_bytes_down": t.bytes_down, "remote_bytes_up": t.bytes_up,
+                  "remote_seconds": use.seconds, "remote_seconds_saved": use.saved}
     with contextlib.suppress(OSError):  # filelock.Timeout is an OSError too
-        store.add_stats(hits=report.count("cached"), misses=report.count("built"),
+        store.add_stats(hits=len(local_hits), misses=report.count("built"),
                         failures=report.count("failed"),
-                        seconds_saved=sum(o.saved for o in report.outcomes if o.status == "cached"))
+                        seconds_saved=sum(o.saved for o in local_hits), **remote)

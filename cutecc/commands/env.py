@@ -20,9 +20,9 @@ from cutecc.report import Report
 from cutecc.store import Store
 
 # What each extra of cutecc brings, by the distribution that marks it installed.
-EXTRAS = {"build": "nvidia-cutlass-dsl", "test": "pytest"}
+EXTRAS = {"build": "nvidia-cutlass-dsl", "test": "pytest", "remote": "obstore", "ray": "ray"}
 PACKAGES = ("cutecc", "jax", "jaxlib", "apache-tvm-ffi", "jax-tvm-ffi", "nvidia-cutlass-dsl",
-            "nvidia-cuda-runtime", "cuda-python", "click", "filelock", "platformdirs")
+            "nvidia-cuda-runtime", "cuda-python", "click", "filelock", "platformdirs", "obstore", "ray")
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,9 @@ def env(cache_dir: str | Path | None = None) -> EnvReport:
     fmt = store.root / "format"
     cache = "a cache" if fmt.is_file() else "no cache yet"
     names = (environ.CACHE_DIR, environ.READ_ONLY, environ.ARCH, environ.ALLOW_SHARED_CACHE,
-             environ.SYNC_CHECK, environ.TVM_FFI_TORCH, "CUTE_DSL_ARCH", "CUTE_DSL_CACHE_DIR")
+             environ.SYNC_CHECK, environ.TVM_FFI_TORCH, environ.EXECUTOR, environ.RAY_ADDRESS,
+             environ.REMOTE, environ.REMOTE_WRITE, "AWS_ENDPOINT_URL", "AWS_REGION", "CUTE_DSL_ARCH",
+             "CUTE_DSL_CACHE_DIR")
     return EnvReport({
         "python": sys.version.split()[0],
         "platform": f"{platform.system()} {platform.machine()} ({platform.libc_ver()[0]} "

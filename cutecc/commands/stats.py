@@ -1,7 +1,10 @@
 """`cutecc stats`: what the cache holds, and what builds recorded in its stats.json.
 
 Builds add their hits (entries found cached), misses (compiled), failures and the compile
-seconds the hits saved (each hit entry's recorded `build_seconds`).
+seconds the hits saved (each hit entry's recorded `build_seconds`); with a remote cache,
+its hits (entries fetched), misses (looked up, absent), refused entries, the times it was
+unavailable, uploads, requests, bytes moved each way, seconds spent fetching and the
+compile seconds the fetched entries saved.
 """
 
 from __future__ import annotations
@@ -28,10 +31,20 @@ class StatsReport(Report):
     def lines(self, verbose: int = 0) -> list[str]:
         s = self.values
         rate = "-" if s["hit_rate"] is None else f"{100 * s['hit_rate']:.1f}%"
+        remote = f" local, {s['remote_hits']} remote" if s["remote_hits"] else ""
         out = [f"cache          {s['cache_dir']}",
                f"entries        {s['entries']} ({human_size(s['bytes'])}), {s['quarantined']} quarantined",
-               f"hits           {s['hits']} ({rate})", f"misses         {s['misses']}",
+               f"hits           {s['hits']}{remote} ({rate})", f"misses         {s['misses']}",
                f"failures       {s['failures']}", f"compile saved  {s['seconds_saved']:.1f} s"]
+        if any(s[k] for k in ("remote_hits", "remote_misses", "remote_uploads", "remote_unavailable")):
+            looked = s["remote_hits"] + s["remote_misses"] + s["remote_refused"]
+            out += [f"remote hits    {s['remote_hits']} of {looked} looked up, {s['remote_refused']} "
+                    f"refused, unavailable {s['remote_unavailable']} time(s)",
+                    f"remote moved   {human_size(s['remote_bytes_down'])} down, "
+                    f"{human_size(s['remote_bytes_up'])} up ({s['remote_uploads']} uploads), "
+                    f"{s['remote_requests']} requests",
+                    f"remote saved   {s['remote_seconds_saved']:.1f} s of compiles, for "
+                    f"{s['remote_seconds']:.1f} s fetching"]
         if s.get("since"):
             out.append(f"since          {s['since']}")
         return out
@@ -43,12 +56,13 @@ def stats(cache_dir: str | Path | None = None) -> StatsReport:
     entries = list(store.entries())
     quarantined = sum(1 for _ in store.quarantine_dir.iterdir()) if store.quarantine_dir.is_dir() else 0
     counters = store.read_stats()
-    lookups = counters["hits"] + counters["misses"] + counters["failures"]
+    hits = counters["hits"] + counters["remote_hits"]
+    lookups = hits + counters["misses"] + counters["failures"]
     return StatsReport({
         "cache_dir": str(store.root),
         "entries": len(entries),
         "bytes": sum(e.disk_bytes() for e in entries),
         "quarantined": quarantined,
         **counters,
-        "hit_rate": round(counters["hits"] / lookups, 4) if lookups else None,
+        "hit_rate": round(hits / lookups, 4) if lookups else None,  # local or remote
     })
