@@ -15,11 +15,11 @@ import ast
 import functools
 import hashlib
 import importlib.metadata
-import importlib.util
 import subprocess
 from pathlib import Path
 from typing import Any
 
+from cutecc import modfind
 from cutecc.contract import args_to_json
 from cutecc.entry import ARTIFACT_FORMAT
 from cutecc.errors import CuteccError
@@ -56,7 +56,8 @@ class SourceIndex:
         self._file_hash: dict[Path, str] = {}
         self._imports: dict[Path, set[str]] = {}
         self._trees: dict[Path, ast.Module] = {}
-        self._roots: dict[str, Path | None] = {}
+        self._found: dict[str, modfind.Found | None] = {}
+        self._local: dict[str, bool] = {}
         self._installed_tops: set[str] = set()
 
     def digest(self, module: str) -> tuple[str, tuple[str, ...]]:
@@ -117,45 +118,41 @@ class SourceIndex:
             self._file_hash[f] = hashlib.sha256(f.read_bytes()).hexdigest()
         return self._file_hash[f]
 
-    def _find(self, module: str) -> Path | None:
-        parts = module.split(".")
-        root = self._root_of(parts[0])
-        if root is None:
-            return None
-        base = root.joinpath(*parts)
-        for cand in (base.with_suffix(".py"), base / "__init__.py"):
-            if cand.is_file():
-                return cand.absolute()  # not resolve(): a symlinked package keeps its relative path
-        return None
-
-    def _root_of(self, top: str) -> Path | None:
-        """The directory holding top-level package `top`, if it is project-local.
-
-        Local means under the manifest's python_path, or the entry's own installed
-        package (found by `find_spec` of the top level, which runs no code).
-        Everything else (the DSL, numpy...) is covered by the toolchain versions.
-        """
-        if top in self._roots:
-            return self._roots[top]
-        found = None
-        for r in self.roots:
-            if (r / f"{top}.py").is_file() or (r / top / "__init__.py").is_file():
-                found = r
-                break
-        if found is None and top in self._installed_tops:
+    def _locate(self, module: str) -> modfind.Found | None:
+        """Where import would find `module` (python_path first), found without running it."""
+        if module not in self._found:
             try:
-                spec = importlib.util.find_spec(top)
-            except (ImportError, ValueError):
-                spec = None
-            if spec is not None and spec.origin not in (None, "built-in", "frozen"):
-                origin = Path(spec.origin).absolute()
-                found = origin.parent.parent if origin.name == "__init__.py" else origin.parent
-        self._roots[top] = found
-        return found
+                found: modfind.Found | None = modfind.find_module(
+                    module, [str(r) for r in self.roots], invalidate=not self._found)
+            except (ImportError, ValueError, OSError, SyntaxError, UnicodeDecodeError):
+                found = None
+            self._found[module] = found
+        return self._found[module]
+
+    def _find(self, module: str) -> Path | None:
+        """The source file of a project-local `module` (None: not local, or no source)."""
+        if not self._is_local(module.split(".")[0]):
+            return None
+        found = self._locate(module)
+        if found is None or not found.origin or not found.origin.endswith(".py"):
+            return None
+        return Path(found.origin).absolute()  # not resolve(): a symlinked package keeps its path
+
+    def _is_local(self, top: str) -> bool:
+        """Whether top-level package `top` is project-local: found under the manifest's
+        python_path, or the top level of a kernel's entry (wherever it is installed).
+        Everything else is keyed by its distribution (`cutecc.dists`)."""
+        if top in self._installed_tops:
+            return True
+        if top not in self._local:
+            found = self._locate(top)
+            places = ([found.origin] if found.origin else found.locations) if found else []
+            self._local[top] = any(_under(Path(p).absolute(), r) for p in places for r in self.roots)
+        return self._local[top]
 
     def _closure(self, module: str) -> set[Path]:
         self._installed_tops.add(module.split(".")[0])
-        if self._find(module) is None:
+        if self._locate(module) is None:
             raise CuteccError(f'cannot find module "{module}" on the manifest\'s python_path '
                               f"({', '.join(map(str, self.roots))}) or installed")
         seen: set[Path] = set()
@@ -206,6 +203,14 @@ class SourceIndex:
                         deps.update(f"{base}.{a.name}" for a in node.names if a.name != "*")
             self._imports[f] = {d for d in deps if self._find(d) is not None}
         return self._imports[f]
+
+
+def _under(path: Path, root: Path) -> bool:
+    try:
+        path.relative_to(root)
+    except ValueError:
+        return False
+    return True
 
 
 def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str) -> dict[str, Any]:
