@@ -1,10 +1,12 @@
 """The cache key: a SHA-256 over everything that decides an artifact's bytes.
 
 Inputs: the kernel's name (the runtime exposes the entry under it), its source (its
-module and every project-local module it imports, found by reading `import` statements,
-never by importing), the entry point and factory arguments, the resolved contract, the
-constants, the target arch, the compile options, and the versions of the toolchain (the
-DSL, tvm-ffi, the CUDA runtime, the C compiler) and of cutecc's artifact format.
+module and every project-local module it imports, found as import would (`cutecc.modfind`)
+by reading `import` statements, never by importing), the installed distributions that
+code reaches and the compile-affecting environment (`cutecc.dists`), the entry point
+and factory arguments, the resolved contract, the constants, the target arch, the
+compile options, and the versions of the toolchain (the DSL, tvm-ffi, the CUDA runtime,
+the C compiler) and of cutecc's artifact format.
 Computing a key imports neither the DSL nor JAX, so the cache-hit path of `cutecc build`
 stays cheap.
 """
@@ -19,7 +21,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from cutecc import modfind
+from cutecc import dists, modfind
 from cutecc.contract import args_to_json
 from cutecc.entry import ARTIFACT_FORMAT
 from cutecc.errors import CuteccError
@@ -57,13 +59,15 @@ class SourceIndex:
         self._imports: dict[Path, set[str]] = {}
         self._trees: dict[Path, ast.Module] = {}
         self._found: dict[str, modfind.Found | None] = {}
+        self._tops: dict[Path, set[str]] = {}
+        self._closures: dict[str, set[Path]] = {}
         self._local: dict[str, bool] = {}
         self._installed_tops: set[str] = set()
 
     def digest(self, module: str) -> tuple[str, tuple[str, ...]]:
         """(SHA-256 over the module's local dependency closure, the files' relative paths)."""
         if module not in self._digests:
-            files = self._closure(module)
+            files = self._closures[module] = self._closure(module)
             h = hashlib.sha256()
             rels = []
             for f in sorted(files, key=lambda p: self._rel(p)):
@@ -72,6 +76,14 @@ class SourceIndex:
                 h.update(rel.encode() + b"\0" + self._hash(f).encode() + b"\0")
             self._digests[module] = (h.hexdigest(), tuple(rels))
         return self._digests[module]
+
+    def reached_tops(self, module: str) -> set[str]:
+        """Top-level modules that `module`'s local closure imports, its own included."""
+        self.digest(module)
+        out = {module.split(".")[0]}
+        for f in self._closures[module]:
+            out |= self._tops.get(f, set())
+        return out
 
     def lacks(self, module: str, attr: str) -> bool:
         """Whether `module`'s source surely defines no top-level `attr` (read, not imported).
@@ -147,7 +159,9 @@ class SourceIndex:
         if top not in self._local:
             found = self._locate(top)
             places = ([found.origin] if found.origin else found.locations) if found else []
-            self._local[top] = any(_under(Path(p).absolute(), r) for p in places for r in self.roots)
+            self._local[top] = found is not None and (
+                any(_under(Path(p).absolute(), r) for p in places for r in self.roots)
+                or any(dists.is_editable(n) for n in dists.owners(top)))
         return self._local[top]
 
     def _closure(self, module: str) -> set[Path]:
@@ -201,6 +215,7 @@ class SourceIndex:
                     if base:
                         deps.add(base)
                         deps.update(f"{base}.{a.name}" for a in node.names if a.name != "*")
+            self._tops[f] = {d.split(".")[0] for d in deps}
             self._imports[f] = {d for d in deps if self._find(d) is not None}
         return self._imports[f]
 
@@ -213,9 +228,14 @@ def _under(path: Path, root: Path) -> bool:
     return True
 
 
-def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str) -> dict[str, Any]:
-    """The named inputs of one artifact's key (also stored in its metadata)."""
+def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
+               distributions: dict[str, str] | None = None,
+               env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The named inputs of one artifact's key (also stored in its metadata):
+    `distributions` and `env` as `cutecc.dists` computes them."""
     return {
+        "distributions": distributions or {},
+        "env": env or {},
         "kernel": kernel.name,  # the runtime exposes an entry under this name
         "entry": kernel.entry,
         "source": source_digest,

@@ -10,6 +10,8 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
   profile = "h100"                default hardware profile (facts a launcher may need)
   python_path = ["."]             dirs, relative to the manifest, to import entries from
   compile_options = ""            extra `cute.compile` options
+  [env]                           environment the build workers set before any import
+                                  (NAME = "value"; "$arch" is the worker's target); keyed
   [hardware.NAME]                 custom hardware profiles: key = int | float | str
   [kernel.NAME]                   one table per kernel:
     entry = "pkg.module:attr"     a @cute.jit launcher, or a factory if factory_args is set
@@ -83,7 +85,9 @@ BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
              "l2_bytes": 132120576, "max_cluster_size": 16},
 }
 
-_TOP_KEYS = {"format", "archs", "profile", "python_path", "compile_options", "hardware", "kernel"}
+_TOP_KEYS = {"format", "archs", "profile", "python_path", "compile_options", "hardware", "kernel",
+             "env"}
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs", "profile",
                 "compile_options", "grad", "description"}
 _TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "layout", "align"}
@@ -132,6 +136,11 @@ class Manifest:
     path: Path
     python_path: tuple[Path, ...]
     kernels: tuple[Kernel, ...]
+    env: tuple[tuple[str, str], ...] = ()
+
+    def env_for(self, arch: str) -> dict[str, str]:
+        """The `[env]` a build worker for `arch` sets ("$arch" substituted)."""
+        return {k: v.replace("$arch", arch) for k, v in self.env}
 
     @property
     def root(self) -> Path:
@@ -152,7 +161,8 @@ class Manifest:
             back = self.kernel(name).backward  # raises for unknown names
             if back:
                 wanted.add(back)
-        return Manifest(self.path, self.python_path, tuple(k for k in self.kernels if k.name in wanted))
+        return Manifest(self.path, self.python_path, tuple(k for k in self.kernels if k.name in wanted),
+                        self.env)
 
 
 class _Ctx:
@@ -255,6 +265,16 @@ def _parse(doc: dict[str, Any], path: Path, ctx: _Ctx, prefix: str) -> Manifest:
         raise ctx.fail(f"{prefix}python_path", "must be a list of directory strings")
     python_path = tuple((path.parent / p).resolve() for p in pp)
     copts = _str(ctx, f"{prefix}compile_options", doc.get("compile_options", ""))
+    env = doc.get("env", {})
+    if not isinstance(env, dict):
+        raise ctx.fail(f"{prefix}env", "must be a table of NAME = \"value\"")
+    for ek, ev in env.items():
+        if not ENV_NAME_RE.fullmatch(ek):
+            raise ctx.fail(f"{prefix}env.{ek}", "not an environment variable name")
+        if not isinstance(ev, str) or "\0" in ev:
+            raise ctx.fail(f"{prefix}env.{ek}", f"must be a string, got {_tname(ev)}")
+        if ek == "CUTE_DSL_ARCH":
+            raise ctx.fail(f"{prefix}env.{ek}", "the target arch comes from archs (or --arch)")
 
     ktab = doc.get("kernel", {})
     if not isinstance(ktab, dict):
@@ -274,7 +294,7 @@ def _parse(doc: dict[str, Any], path: Path, ctx: _Ctx, prefix: str) -> Manifest:
             raise ctx.fail(kp, "must be a table")
         kernels.append(_kernel(ctx, kp, name, kdoc, archs, profile, profiles, copts))
     _check_grads(ctx, kernels)
-    return Manifest(path, python_path, tuple(kernels))
+    return Manifest(path, python_path, tuple(kernels), tuple(sorted(env.items())))
 
 
 def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[str, ...],

@@ -11,6 +11,7 @@ Layout (format 1), under `$CUTECC_CACHE_DIR` or the user's cache directory (XDG)
     locks/<key>.lock     held while an entry is built, removed or quarantined
     quarantine/<key>.<time>/  entries `cutecc verify --fix` set aside (with why.json)
     stats.json           hit/miss counters of builds (locks/stats.lock guards it)
+    filehashes.json      remembered digests of installed kernel libraries' files (a cache)
 
 An entry is visible only once complete: it is built in `tmp/`, every file fsynced,
 then renamed into place. Builders take the key's lock and look again before
@@ -47,6 +48,7 @@ DIR_MODE = 0o755  # what the cache's directories get, whatever the umask
 FILE_MODE = 0o644  # and its files
 
 STATS = "stats.json"
+HASH_CACHE = "filehashes.json"  # digests of installed files by (path, size, mtime, inode): `cutecc.dists`
 STATS_FORMAT = 1
 QUARANTINE_FORMAT = 1  # the layout of why.json in a quarantined entry
 _COUNTERS = ("hits", "misses", "failures", "seconds_saved")

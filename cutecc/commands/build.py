@@ -24,7 +24,7 @@ from cutecc.locks import is_held
 from cutecc.manifest import load_manifest
 from cutecc.plan import Planned, plan
 from cutecc.report import Report
-from cutecc.store import Store, entry_trust_problem, touch_used
+from cutecc.store import HASH_CACHE, Store, entry_trust_problem, touch_used
 from cutecc.workers import BuildJob, Result, compile_all
 
 
@@ -151,7 +151,8 @@ def build(
     manifest = full.select(kernels) if kernels else full
     store = Store(cache_dir)
     report = BuildReport(cache_dir=store.root, dry_run=dry_run)
-    planned = plan(manifest, archs)
+    planned = plan(manifest, archs, hash_cache=None if read_only or dry_run or not store.root.is_dir()
+                   else store.root / HASH_CACHE)
     if store.entries_dir.is_dir():
         store.check_trust()  # another user's cache never vouches for anything here
     misses: list[Planned] = []
