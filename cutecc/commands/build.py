@@ -10,6 +10,7 @@ build saw and published, never by reading it back.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -191,6 +192,8 @@ def build(
                 if store.locks_dir.is_dir():
                     store.sweep_tmp()
         _record_use(store, report)
+    if not dry_run and not read_only and report.ok:
+        _record_generations(store, full.path, planned, partial=bool(kernels or archs))
     if lock and not dry_run and report.ok:
         path = Path(lock_file or Path(manifest_path).parent / LOCK_NAME)
         report.lock_changed = record_build(
@@ -204,6 +207,23 @@ def build(
             report.signature = signing.sign_file(path, key, "lock")
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _record_generations(store: Store, manifest: Path, planned: list[Planned], *, partial: bool) -> None:
+    """Record what this build planned as each (kernel, arch)'s current entries, and as the
+    manifest's: `cutecc.load` then offers only these (older entries stay for locks)."""
+    by: dict[str, dict[str, list[str]]] = {}
+    for p in planned:
+        by.setdefault(p.kernel.name, {}).setdefault(p.arch, []).append(p.key)
+    try:
+        for kernel, per_arch in by.items():
+            for arch, keys in per_arch.items():
+                store.record_generation(kernel, arch, keys, str(manifest))
+        store.record_manifest(manifest, hashlib.sha256(manifest.read_bytes()).hexdigest(), by,
+                              partial=partial)
+    except OSError as e:
+        raise CuteccError(f"cannot record the build's entries: {e.strerror}", where=str(store.root),
+                          exit_code=1) from None
 
 
 def _build_seconds(meta: dict[str, Any]) -> float:
