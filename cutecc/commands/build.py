@@ -25,7 +25,7 @@ from cutecc.locks import is_held
 from cutecc.manifest import load_manifest
 from cutecc.plan import Planned, plan
 from cutecc.report import Report
-from cutecc.store import HASH_CACHE, Store, entry_trust_problem, touch_used
+from cutecc.store import HASH_CACHE, Store, entry_trust_problem, manifest_id, touch_used
 from cutecc.workers import BuildJob, Result, compile_all
 
 
@@ -211,7 +211,9 @@ def build(
 
 def _record_generations(store: Store, manifest: Path, planned: list[Planned], *, partial: bool) -> None:
     """Record what this build planned as each (kernel, arch)'s current entries, and as the
-    manifest's: `cutecc.load` then offers only these (older entries stay for locks)."""
+    manifest's: `cutecc.load` then offers only these (older entries stay for locks).
+    Best-effort: where they cannot be written, the old records go (load then offers every
+    entry of those kernels, as before records existed)."""
     by: dict[str, dict[str, list[str]]] = {}
     for p in planned:
         by.setdefault(p.kernel.name, {}).setdefault(p.arch, []).append(p.key)
@@ -221,9 +223,13 @@ def _record_generations(store: Store, manifest: Path, planned: list[Planned], *,
                 store.record_generation(kernel, arch, keys, str(manifest))
         store.record_manifest(manifest, hashlib.sha256(manifest.read_bytes()).hexdigest(), by,
                               partial=partial)
-    except OSError as e:
-        raise CuteccError(f"cannot record the build's entries: {e.strerror}", where=str(store.root),
-                          exit_code=1) from None
+    except OSError:  # a full or read-only cache: drop the records rather than keep stale ones
+        for kernel, per_arch in by.items():
+            for arch in per_arch:
+                with contextlib.suppress(OSError):
+                    (store.generations_dir / f"{kernel}@{arch}.json").unlink()
+        with contextlib.suppress(OSError):
+            (store.manifests_dir / f"{manifest_id(manifest)}.json").unlink()
 
 
 def _build_seconds(meta: dict[str, Any]) -> float:
