@@ -360,8 +360,8 @@ def _variant_axes(ctx: _Ctx, kp: str, v: Any) -> tuple[tuple[str, tuple[_Value, 
     axes = []
     total = 1
     for k, vals in v.items():
-        if not NAME_RE.fullmatch(k):
-            raise ctx.fail(f"{kp}.{k}", "a variant parameter must be an identifier")
+        if not NAME_RE.fullmatch(k) or keyword.iskeyword(k):
+            raise ctx.fail(f"{kp}.{k}", "a variant parameter must be an identifier, not a Python keyword")
         if not isinstance(vals, list) or not vals:
             raise ctx.fail(f"{kp}.{k}", "must be a non-empty array of values")
         for i, x in enumerate(vals):
