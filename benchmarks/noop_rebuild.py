@@ -107,17 +107,18 @@ def main() -> None:
 
 def _seed(m: Path, cache: Path) -> None:
     """Compile the first variant, then publish its files under every other key."""
-    import cutecc.build as b
-
     from cutecc.manifest import load_manifest
+    from cutecc.plan import plan
     from cutecc.store import Store
+    from cutecc.workers import BuildJob, compile_all
 
-    planned = b.plan(load_manifest(m))
+    manifest = load_manifest(m)
+    planned = plan(manifest)
     first = planned[0]
     store = Store(cache)
     store.ensure()
     # Build just one real artifact to copy.
-    b._compile_all([first], load_manifest(m), store, 1, b.BuildReport(), None)
+    compile_all([BuildJob.of(first, manifest)], store.root, 1, lambda job, r: None)
     src = store.get(first.key)
     assert src is not None
     for p in planned[1:]:

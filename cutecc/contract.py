@@ -29,6 +29,7 @@ class TensorArg:
     shape: tuple[Dim, ...]
     layout: str = "row-major"
     align: int = 16  # bytes the data pointer is assumed aligned to
+    param: str | None = None  # passed to the launcher by this keyword (else positionally)
 
     @property
     def symbols(self) -> tuple[str, ...]:
@@ -40,32 +41,58 @@ class ScalarArg:
     name: str
     dtype: str
     default: float | int | bool | None = None
+    param: str | None = None
 
 
 @dataclass(frozen=True)
 class NoneArg:
     """An optional tensor slot compiled as `None` (and passed as `None`)."""
 
+    param: str | None = None
+
 
 @dataclass(frozen=True)
 class StreamArg:
     """Where the launcher takes its CUDA stream; the caller's (XLA's) stream is used."""
 
+    param: str | None = None
+
 
 @dataclass(frozen=True)
 class TupleArg:
     items: tuple[Arg, ...]
+    param: str | None = None
 
 
-Arg = TensorArg | ScalarArg | NoneArg | StreamArg | TupleArg
+@dataclass(frozen=True)
+class ConstArg:
+    """A compile-time value passed in the launcher's order; `value` is its manifest form
+    (JSON: numbers, strings, arrays for tuples, typed tables, see `cutecc.values`)."""
+
+    value: Any
+    param: str | None = None
+
+
+@dataclass(frozen=True)
+class StructArg:
+    """A NamedTuple or dataclass (`type`, "pkg.mod:Name") built from argument `fields`."""
+
+    type: str
+    fields: tuple[tuple[str, Arg], ...]
+    param: str | None = None
+
+
+Arg = TensorArg | ScalarArg | NoneArg | StreamArg | TupleArg | ConstArg | StructArg
 
 
 def flat_leaves(args: tuple[Arg, ...]) -> list[Arg]:
-    """All arguments in launcher order with tuples flattened."""
+    """All arguments in launcher order with tuples and structs flattened."""
     out: list[Arg] = []
     for a in args:
         if isinstance(a, TupleArg):
             out.extend(flat_leaves(a.items))
+        elif isinstance(a, StructArg):
+            out.extend(flat_leaves(tuple(f for _, f in a.fields)))
         else:
             out.append(a)
     return out
@@ -98,6 +125,13 @@ class CallingConvention:
 
 
 def arg_to_json(a: Arg) -> dict[str, Any]:
+    out = _arg_json(a)
+    if a.param is not None:  # only when set: contracts without keywords keep their keys
+        out["param"] = a.param
+    return out
+
+
+def _arg_json(a: Arg) -> dict[str, Any]:
     if isinstance(a, TensorArg):
         return {"kind": "tensor", "name": a.name, "role": a.role, "dtype": a.dtype,
                 "shape": list(a.shape), "layout": a.layout, "align": a.align}
@@ -107,22 +141,30 @@ def arg_to_json(a: Arg) -> dict[str, Any]:
         return {"kind": "none"}
     if isinstance(a, StreamArg):
         return {"kind": "stream"}
+    if isinstance(a, ConstArg):
+        return {"kind": "const", "value": a.value}
+    if isinstance(a, StructArg):
+        return {"kind": "struct", "type": a.type, "fields": {k: arg_to_json(f) for k, f in a.fields}}
     return {"kind": "tuple", "items": [arg_to_json(i) for i in a.items]}
 
 
 def arg_from_json(d: dict[str, Any]) -> Arg:
-    kind = d["kind"]
+    kind, param = d["kind"], d.get("param")
     if kind == "tensor":
         return TensorArg(d["name"], d["role"], d["dtype"], tuple(d["shape"]),
-                         d.get("layout", "row-major"), int(d.get("align", 16)))
+                         d.get("layout", "row-major"), int(d.get("align", 16)), param)
     if kind == "scalar":
-        return ScalarArg(d["name"], d["dtype"], d.get("default"))
+        return ScalarArg(d["name"], d["dtype"], d.get("default"), param)
     if kind == "none":
-        return NoneArg()
+        return NoneArg(param)
     if kind == "stream":
-        return StreamArg()
+        return StreamArg(param)
     if kind == "tuple":
-        return TupleArg(tuple(arg_from_json(i) for i in d["items"]))
+        return TupleArg(tuple(arg_from_json(i) for i in d["items"]), param)
+    if kind == "const":
+        return ConstArg(d["value"], param)
+    if kind == "struct":
+        return StructArg(d["type"], tuple((k, arg_from_json(f)) for k, f in d["fields"].items()), param)
     raise ValueError(f"unknown argument kind {kind!r}")
 
 

@@ -1,10 +1,12 @@
 """The cache key: a SHA-256 over everything that decides an artifact's bytes.
 
 Inputs: the kernel's name (the runtime exposes the entry under it), its source (its
-module and every project-local module it imports, found by reading `import` statements,
-never by importing), the entry point and factory arguments, the resolved contract, the
-constants, the target arch, the compile options, and the versions of the toolchain (the
-DSL, tvm-ffi, the CUDA runtime, the C compiler) and of cutecc's artifact format.
+module and every project-local module it imports, found as import would (`cutecc.modfind`)
+by reading `import` statements, never by importing), the installed distributions that
+code reaches and the compile-affecting environment (`cutecc.dists`), the entry point
+and factory arguments, the resolved contract, the constants, the target arch, the
+compile options, and the versions of the toolchain (the DSL, tvm-ffi, the CUDA runtime,
+the C compiler) and of cutecc's artifact format.
 Computing a key imports neither the DSL nor JAX, so the cache-hit path of `cutecc build`
 stays cheap.
 """
@@ -15,11 +17,11 @@ import ast
 import functools
 import hashlib
 import importlib.metadata
-import importlib.util
 import subprocess
 from pathlib import Path
 from typing import Any
 
+from cutecc import dists, modfind
 from cutecc.contract import args_to_json
 from cutecc.entry import ARTIFACT_FORMAT
 from cutecc.errors import CuteccError
@@ -56,13 +58,16 @@ class SourceIndex:
         self._file_hash: dict[Path, str] = {}
         self._imports: dict[Path, set[str]] = {}
         self._trees: dict[Path, ast.Module] = {}
-        self._roots: dict[str, Path | None] = {}
+        self._found: dict[str, modfind.Found | None] = {}
+        self._tops: dict[Path, set[str]] = {}
+        self._closures: dict[str, set[Path]] = {}
+        self._local: dict[str, bool] = {}
         self._installed_tops: set[str] = set()
 
     def digest(self, module: str) -> tuple[str, tuple[str, ...]]:
         """(SHA-256 over the module's local dependency closure, the files' relative paths)."""
         if module not in self._digests:
-            files = self._closure(module)
+            files = self._closures[module] = self._closure(module)
             h = hashlib.sha256()
             rels = []
             for f in sorted(files, key=lambda p: self._rel(p)):
@@ -71,6 +76,14 @@ class SourceIndex:
                 h.update(rel.encode() + b"\0" + self._hash(f).encode() + b"\0")
             self._digests[module] = (h.hexdigest(), tuple(rels))
         return self._digests[module]
+
+    def reached_tops(self, module: str) -> set[str]:
+        """Top-level modules that `module`'s local closure imports, its own included."""
+        self.digest(module)
+        out = {module.split(".")[0]}
+        for f in self._closures[module]:
+            out |= self._tops.get(f, set())
+        return out
 
     def lacks(self, module: str, attr: str) -> bool:
         """Whether `module`'s source surely defines no top-level `attr` (read, not imported).
@@ -117,45 +130,43 @@ class SourceIndex:
             self._file_hash[f] = hashlib.sha256(f.read_bytes()).hexdigest()
         return self._file_hash[f]
 
-    def _find(self, module: str) -> Path | None:
-        parts = module.split(".")
-        root = self._root_of(parts[0])
-        if root is None:
-            return None
-        base = root.joinpath(*parts)
-        for cand in (base.with_suffix(".py"), base / "__init__.py"):
-            if cand.is_file():
-                return cand.absolute()  # not resolve(): a symlinked package keeps its relative path
-        return None
-
-    def _root_of(self, top: str) -> Path | None:
-        """The directory holding top-level package `top`, if it is project-local.
-
-        Local means under the manifest's python_path, or the entry's own installed
-        package (found by `find_spec` of the top level, which runs no code).
-        Everything else (the DSL, numpy...) is covered by the toolchain versions.
-        """
-        if top in self._roots:
-            return self._roots[top]
-        found = None
-        for r in self.roots:
-            if (r / f"{top}.py").is_file() or (r / top / "__init__.py").is_file():
-                found = r
-                break
-        if found is None and top in self._installed_tops:
+    def _locate(self, module: str) -> modfind.Found | None:
+        """Where import would find `module` (python_path first), found without running it."""
+        if module not in self._found:
             try:
-                spec = importlib.util.find_spec(top)
-            except (ImportError, ValueError):
-                spec = None
-            if spec is not None and spec.origin not in (None, "built-in", "frozen"):
-                origin = Path(spec.origin).absolute()
-                found = origin.parent.parent if origin.name == "__init__.py" else origin.parent
-        self._roots[top] = found
-        return found
+                found: modfind.Found | None = modfind.find_module(
+                    module, [str(r) for r in self.roots], invalidate=not self._found)
+            except (ImportError, ValueError, OSError, SyntaxError, UnicodeDecodeError):
+                found = None
+            self._found[module] = found
+        return self._found[module]
+
+    def _find(self, module: str) -> Path | None:
+        """The source file of a project-local `module` (None: not local, or no source)."""
+        if not self._is_local(module.split(".")[0]):
+            return None
+        found = self._locate(module)
+        if found is None or not found.origin or not found.origin.endswith(".py"):
+            return None
+        return Path(found.origin).absolute()  # not resolve(): a symlinked package keeps its path
+
+    def _is_local(self, top: str) -> bool:
+        """Whether top-level package `top` is project-local: found under the manifest's
+        python_path, or the top level of a kernel's entry (wherever it is installed).
+        Everything else is keyed by its distribution (`cutecc.dists`)."""
+        if top in self._installed_tops:
+            return True
+        if top not in self._local:
+            found = self._locate(top)
+            places = ([found.origin] if found.origin else found.locations) if found else []
+            self._local[top] = found is not None and (
+                any(_under(Path(p).absolute(), r) for p in places for r in self.roots)
+                or any(dists.is_editable(n) for n in dists.owners(top)))
+        return self._local[top]
 
     def _closure(self, module: str) -> set[Path]:
         self._installed_tops.add(module.split(".")[0])
-        if self._find(module) is None:
+        if self._locate(module) is None:
             raise CuteccError(f'cannot find module "{module}" on the manifest\'s python_path '
                               f"({', '.join(map(str, self.roots))}) or installed")
         seen: set[Path] = set()
@@ -204,13 +215,27 @@ class SourceIndex:
                     if base:
                         deps.add(base)
                         deps.update(f"{base}.{a.name}" for a in node.names if a.name != "*")
+            self._tops[f] = {d.split(".")[0] for d in deps}
             self._imports[f] = {d for d in deps if self._find(d) is not None}
         return self._imports[f]
 
 
-def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str) -> dict[str, Any]:
-    """The named inputs of one artifact's key (also stored in its metadata)."""
+def _under(path: Path, root: Path) -> bool:
+    try:
+        path.relative_to(root)
+    except ValueError:
+        return False
+    return True
+
+
+def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
+               distributions: dict[str, str] | None = None,
+               env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The named inputs of one artifact's key (also stored in its metadata):
+    `distributions` and `env` as `cutecc.dists` computes them."""
     return {
+        "distributions": distributions or {},
+        "env": env or {},
         "kernel": kernel.name,  # the runtime exposes an entry under this name
         "entry": kernel.entry,
         "source": source_digest,

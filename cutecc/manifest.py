@@ -10,14 +10,24 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
   profile = "h100"                default hardware profile (facts a launcher may need)
   python_path = ["."]             dirs, relative to the manifest, to import entries from
   compile_options = ""            extra `cute.compile` options
+  [env]                           environment the build workers set before any import
+                                  (NAME = "value"; "$arch" is the worker's target); keyed
   [hardware.NAME]                 custom hardware profiles: key = int | float | str
   [kernel.NAME]                   one table per kernel:
     entry = "pkg.module:attr"     a @cute.jit launcher, or a factory if factory_args is set
-    factory_args = {..}           keyword arguments the factory is called with
+    factory_args = {..}           keyword arguments the factory is called with; values (here,
+                                  in constants and const args) are numbers, strings, bools,
+                                  arrays (tuples) or typed tables: {dtype = "bfloat16"},
+                                  {dsl = "cutlass.Int32", value = 5}, {import = "m:Name"},
+                                  {call = "m:f", args = [..], kwargs = {..}}, {none = true}
     args = [..]                   the launcher's arguments in its own order:
       {name, dtype, shape, role = "input"|"output"|"inout", layout, align}  a tensor
       {kind = "scalar", name, dtype, default}    a runtime scalar (keyword at the JAX side)
       {kind = "none"}   {kind = "stream"}   {kind = "tuple", items = [..]}
+      {kind = "const", value = V}                a compile-time value in the launcher's order
+      {kind = "struct", type = "pkg.mod:Name", fields = {f = <arg>, ..}}  a NamedTuple/dataclass
+      any argument may carry param = "NAME": passed by that keyword; undeclared parameters
+      in between keep their Python defaults
     constants = {..}              compile-time keyword arguments of the launcher
     variants = {param = [..]}     a matrix; "$param" in dtype/shape/constants/factory_args
     archs, profile, compile_options   per-kernel overrides
@@ -26,6 +36,7 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import keyword
 import re
@@ -41,10 +52,12 @@ from cutecc.contract import (
     ROLES,
     Arg,
     CallingConvention,
+    ConstArg,
     Dim,
     NoneArg,
     ScalarArg,
     StreamArg,
+    StructArg,
     TensorArg,
     TupleArg,
     flat_leaves,
@@ -83,11 +96,13 @@ BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
              "l2_bytes": 132120576, "max_cluster_size": 16},
 }
 
-_TOP_KEYS = {"format", "archs", "profile", "python_path", "compile_options", "hardware", "kernel"}
+_TOP_KEYS = {"format", "archs", "profile", "python_path", "compile_options", "hardware", "kernel",
+             "env"}
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs", "profile",
                 "compile_options", "grad", "description"}
-_TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "layout", "align"}
-_SCALAR_KEYS = {"kind", "name", "dtype", "default"}
+_TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "layout", "align", "param"}
+_SCALAR_KEYS = {"kind", "name", "dtype", "default", "param"}
 _Value = int | float | bool | str
 
 
@@ -132,6 +147,11 @@ class Manifest:
     path: Path
     python_path: tuple[Path, ...]
     kernels: tuple[Kernel, ...]
+    env: tuple[tuple[str, str], ...] = ()
+
+    def env_for(self, arch: str) -> dict[str, str]:
+        """The `[env]` a build worker for `arch` sets ("$arch" substituted)."""
+        return {k: v.replace("$arch", arch) for k, v in self.env}
 
     @property
     def root(self) -> Path:
@@ -152,7 +172,8 @@ class Manifest:
             back = self.kernel(name).backward  # raises for unknown names
             if back:
                 wanted.add(back)
-        return Manifest(self.path, self.python_path, tuple(k for k in self.kernels if k.name in wanted))
+        return Manifest(self.path, self.python_path, tuple(k for k in self.kernels if k.name in wanted),
+                        self.env)
 
 
 class _Ctx:
@@ -255,6 +276,16 @@ def _parse(doc: dict[str, Any], path: Path, ctx: _Ctx, prefix: str) -> Manifest:
         raise ctx.fail(f"{prefix}python_path", "must be a list of directory strings")
     python_path = tuple((path.parent / p).resolve() for p in pp)
     copts = _str(ctx, f"{prefix}compile_options", doc.get("compile_options", ""))
+    env = doc.get("env", {})
+    if not isinstance(env, dict):
+        raise ctx.fail(f"{prefix}env", "must be a table of NAME = \"value\"")
+    for ek, ev in env.items():
+        if not ENV_NAME_RE.fullmatch(ek):
+            raise ctx.fail(f"{prefix}env.{ek}", "not an environment variable name")
+        if not isinstance(ev, str) or "\0" in ev:
+            raise ctx.fail(f"{prefix}env.{ek}", f"must be a string, got {_tname(ev)}")
+        if ek == "CUTE_DSL_ARCH":
+            raise ctx.fail(f"{prefix}env.{ek}", "the target arch comes from archs (or --arch)")
 
     ktab = doc.get("kernel", {})
     if not isinstance(ktab, dict):
@@ -274,7 +305,7 @@ def _parse(doc: dict[str, Any], path: Path, ctx: _Ctx, prefix: str) -> Manifest:
             raise ctx.fail(kp, "must be a table")
         kernels.append(_kernel(ctx, kp, name, kdoc, archs, profile, profiles, copts))
     _check_grads(ctx, kernels)
-    return Manifest(path, python_path, tuple(kernels))
+    return Manifest(path, python_path, tuple(kernels), tuple(sorted(env.items())))
 
 
 def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[str, ...],
@@ -315,10 +346,10 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
         args = tuple(_arg(ctx, f"{vctx}, args[{i}]", a, env, hw)
                      for i, a in enumerate(kdoc["args"]))
         _check_args(ctx, vctx, args)
-        consts = tuple((k, _subst(ctx, f"{vctx}, constants.{k}", v, env, hw))
+        consts = tuple((k, _value(ctx, f"{vctx}, constants.{k}", v, env, hw))
                        for k, v in constants)
         fargs = None if factory is None else tuple(
-            (k, _subst(ctx, f"{vctx}, factory_args.{k}", v, env, hw)) for k, v in factory)
+            (k, _value(ctx, f"{vctx}, factory_args.{k}", v, env, hw)) for k, v in factory)
         variants.append(Variant(name, point, args, consts, fargs))
     return Kernel(name, entry, k_archs, k_profile, k_copts, tuple(variants), backward)
 
@@ -329,8 +360,8 @@ def _variant_axes(ctx: _Ctx, kp: str, v: Any) -> tuple[tuple[str, tuple[_Value, 
     axes = []
     total = 1
     for k, vals in v.items():
-        if not NAME_RE.fullmatch(k):
-            raise ctx.fail(f"{kp}.{k}", "a variant parameter must be an identifier")
+        if not NAME_RE.fullmatch(k) or keyword.iskeyword(k):
+            raise ctx.fail(f"{kp}.{k}", "a variant parameter must be an identifier, not a Python keyword")
         if not isinstance(vals, list) or not vals:
             raise ctx.fail(f"{kp}.{k}", "must be a non-empty array of values")
         for i, x in enumerate(vals):
@@ -381,19 +412,113 @@ def _subst(ctx: _Ctx, kp: str, v: Any, env: dict[str, _Value], hw: dict[str, Any
     return v
 
 
+_MARKERS = {"dtype": set(), "dsl": {"value"}, "import": set(), "call": {"args", "kwargs"},
+            "none": set()}
+IMPORT_RE = ENTRY_RE  # "package.module:attr[.attr]"
+DSL_NAME_RE = re.compile(rf"(cutlass\.)?{_IDENT}")
+
+
+def _value(ctx: _Ctx, kp: str, v: Any, env: dict[str, _Value], hw: dict[str, Any], depth: int = 0) -> Any:
+    """A typed manifest value (factory_args, constants, `const` args), "$param"s substituted:
+    a number, string or bool as is; an array (a tuple); or a table with one marker:
+    `{dtype = "bfloat16"}` (the DSL's numeric class), `{dsl = "cutlass.Int32", value = 5}`
+    (a DSL class, or an instance of it), `{import = "pkg.mod:Name"}` (any importable
+    object: a class, an enum member), `{call = "pkg.mod:f", args = [..], kwargs = {..}}`
+    (its result), `{none = true}` (None)."""
+    if depth > MAX_TUPLE_DEPTH:
+        raise ctx.fail(kp, f"values nested more than {MAX_TUPLE_DEPTH} deep")
+    if isinstance(v, list):
+        return [_value(ctx, f"{kp}[{i}]", x, env, hw, depth + 1) for i, x in enumerate(v)]
+    if not isinstance(v, dict):
+        return _subst(ctx, kp, v, env, hw)
+    markers = [k for k in v if k in _MARKERS]
+    if len(markers) != 1:
+        raise ctx.fail(kp, "a typed value is a table with exactly one of "
+                       f"{', '.join(sorted(_MARKERS))} (got {', '.join(sorted(v)) or 'an empty table'})")
+    m = markers[0]
+    _no_unknown(ctx, v, {m, *_MARKERS[m]}, kp)
+    out: dict[str, Any] = {}
+    if m == "dtype":
+        raw = _subst(ctx, f"{kp}.dtype", v["dtype"], env, hw)
+        dt = dtypes.canonical(raw) if isinstance(raw, str) else None
+        if dt is None:
+            raise ctx.fail(f"{kp}.dtype", f'unknown dtype {raw!r} (known: {", ".join(dtypes.DTYPES)})')
+        out["dtype"] = dt
+    elif m == "dsl":
+        name = _subst(ctx, f"{kp}.dsl", v["dsl"], env, hw)
+        if not isinstance(name, str) or not DSL_NAME_RE.fullmatch(name):
+            raise ctx.fail(f"{kp}.dsl",
+                           f'must name a cutlass attribute such as "cutlass.Int32", got {name!r}')
+        out["dsl"] = name if name.startswith("cutlass.") else f"cutlass.{name}"
+        if "value" in v:
+            out["value"] = _value(ctx, f"{kp}.value", v["value"], env, hw, depth + 1)
+    elif m in ("import", "call"):
+        target = _subst(ctx, f"{kp}.{m}", v[m], env, hw)
+        if not isinstance(target, str) or not IMPORT_RE.fullmatch(target):
+            raise ctx.fail(f"{kp}.{m}", f'must be "package.module:attr", got {target!r}')
+        out[m] = target
+        if m == "call":
+            args = v.get("args", [])
+            kwargs = v.get("kwargs", {})
+            if not isinstance(args, list):
+                raise ctx.fail(f"{kp}.args", "must be an array")
+            if not isinstance(kwargs, dict):
+                raise ctx.fail(f"{kp}.kwargs", "must be a table")
+            out["args"] = [_value(ctx, f"{kp}.args[{i}]", x, env, hw, depth + 1) for i, x in enumerate(args)]
+            out["kwargs"] = {k: _value(ctx, f"{kp}.kwargs.{k}", x, env, hw, depth + 1)
+                             for k, x in kwargs.items()}
+    else:
+        if v["none"] is not True:
+            raise ctx.fail(f"{kp}.none", "must be true")
+        out["none"] = True
+    return out
+
+
 def _arg(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, Any],
          depth: int = 0) -> Arg:
+    arg = _arg_kind(ctx, kp, a, env, hw, depth)
+    param = a.get("param") if isinstance(a, dict) else None
+    if param is not None:
+        if not isinstance(param, str) or not NAME_RE.fullmatch(param) or keyword.iskeyword(param):
+            raise ctx.fail(f"{kp}.param", f"{param!r} is not a valid keyword argument name")
+        arg = dataclasses.replace(arg, param=param)
+    return arg
+
+
+def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, Any],
+              depth: int = 0) -> Arg:
     if not isinstance(a, dict):
         raise ctx.fail(kp, f"an argument must be a table, got {_tname(a)}")
     kind = a.get("kind", "tensor")
     if kind == "stream":
-        _no_unknown(ctx, a, {"kind"}, kp)
+        _no_unknown(ctx, a, {"kind", "param"}, kp)
         return StreamArg()
     if kind == "none":
-        _no_unknown(ctx, a, {"kind"}, kp)
+        _no_unknown(ctx, a, {"kind", "param"}, kp)
         return NoneArg()
+    if kind == "const":
+        _no_unknown(ctx, a, {"kind", "value", "param"}, kp)
+        if "value" not in a:
+            raise ctx.fail(kp, 'missing "value" (a compile-time value)')
+        return ConstArg(_value(ctx, f"{kp}.value", a["value"], env, hw))
+    if kind == "struct":
+        _no_unknown(ctx, a, {"kind", "type", "fields", "param"}, kp)
+        t = _str(ctx, f"{kp}.type", a.get("type"))
+        if not IMPORT_RE.fullmatch(t):
+            raise ctx.fail(f"{kp}.type", 'must name a NamedTuple or dataclass as '
+                           f'"package.module:Name", got "{t}"')
+        fields = a.get("fields", {})
+        if not isinstance(fields, dict):
+            raise ctx.fail(f"{kp}.fields", "must be a table of field = argument")
+        if depth >= MAX_TUPLE_DEPTH:
+            raise ctx.fail(kp, f"structs nested more than {MAX_TUPLE_DEPTH} deep")
+        for fk in fields:
+            if not NAME_RE.fullmatch(fk) or keyword.iskeyword(fk):
+                raise ctx.fail(f"{kp}.fields.{fk}", "a field name must be an identifier")
+        return StructArg(t, tuple((fk, _arg(ctx, f"{kp}.fields.{fk}", fv, env, hw, depth + 1))
+                                  for fk, fv in fields.items()))
     if kind == "tuple":
-        _no_unknown(ctx, a, {"kind", "items"}, kp)
+        _no_unknown(ctx, a, {"kind", "items", "param"}, kp)
         items = a.get("items")
         if not isinstance(items, list) or not items:
             raise ctx.fail(f"{kp}.items", "a tuple needs a non-empty array of items")
@@ -423,7 +548,7 @@ def _arg(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, Any],
         return ScalarArg(name, dt, default)
     if kind != "tensor":
         raise ctx.fail(f"{kp}.kind", f'unknown argument kind "{kind}" '
-                       "(tensor, scalar, none, stream, tuple)")
+                       "(tensor, scalar, none, stream, tuple, const, struct)")
     _no_unknown(ctx, a, _TENSOR_KEYS, kp)
     name = _name(ctx, kp, a)
     role = a.get("role", "input")
@@ -461,6 +586,15 @@ def _arg(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, Any],
 
 
 def _check_args(ctx: _Ctx, kp: str, args: tuple[Arg, ...]) -> None:
+    keywords: list[str] = []
+    for i, a in enumerate(args):
+        if a.param is not None:
+            if a.param in keywords:
+                raise ctx.fail(f"{kp}, args[{i}].param", f'keyword "{a.param}" is passed twice')
+            keywords.append(a.param)
+        elif keywords:
+            raise ctx.fail(f"{kp}, args[{i}]", f'a positional argument after keyword "{keywords[-1]}" '
+                           "(give it a param too, or move it before)")
     leaves = flat_leaves(args)
     seen: set[str] = set()
     for a in leaves:
@@ -542,11 +676,9 @@ def _archs(ctx: _Ctx, kp: str, v: Any) -> tuple[str, ...]:
 def _table(ctx: _Ctx, kp: str, v: Any) -> tuple[tuple[str, Any], ...]:
     if not isinstance(v, dict):
         raise ctx.fail(kp, f"must be a table, got {_tname(v)}")
-    for k, x in v.items():
+    for k in v:
         if not NAME_RE.fullmatch(k) or keyword.iskeyword(k):
             raise ctx.fail(f"{kp}.{k}", "a keyword argument name must be an identifier")
-        if not isinstance(x, (int, float, str, bool)):
-            raise ctx.fail(f"{kp}.{k}", f"must be a number, string or bool, got {_tname(x)}")
     return tuple(v.items())
 
 

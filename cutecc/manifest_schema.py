@@ -17,7 +17,12 @@ from cutecc.manifest import BUILTIN_PROFILES, ENTRY_RE, MANIFEST_FORMAT, MAX_ALI
 SCHEMA_ID = "https://cutecc.dev/schemas/kernels.schema.json"
 _PARAM = {"type": "string", "pattern": r"^\$[A-Za-z_][A-Za-z0-9_.]*$",
           "description": "A variant parameter ($p) or hardware profile fact ($hw.sm_count)."}
-_VALUE = {"oneOf": [{"type": ["integer", "number", "boolean", "string"]}]}
+_VALUE = {"oneOf": [{"type": ["integer", "number", "boolean", "string", "array"]},
+                    {"type": "object", "description": "A typed value: one of dtype, dsl (+value), "
+                     "import, call (+args, kwargs), none.",
+                     "minProperties": 1}]}
+_KW = {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*$",
+       "description": "Pass this argument by keyword; parameters not declared keep their defaults."}
 
 
 def _dtype() -> dict[str, Any]:
@@ -44,6 +49,7 @@ def schema() -> dict[str, Any]:
             "layout": {"enum": list(LAYOUTS)},
             "align": {"enum": [1 << i for i in range(MAX_ALIGN.bit_length())],
                       "description": "Pointer alignment in bytes."},
+            "param": _KW,
         },
     }
     scalar = {
@@ -51,15 +57,21 @@ def schema() -> dict[str, Any]:
         "properties": {"kind": {"const": "scalar"},
                        "name": {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*$"},
                        "dtype": {"anyOf": [{"enum": list(dtypes.SCALAR_DTYPES)}, _PARAM]},
-                       "default": {"type": ["integer", "number", "boolean"]}},
+                       "default": {"type": ["integer", "number", "boolean"]}, "param": _KW},
     }
     none = {"type": "object", "additionalProperties": False, "required": ["kind"],
-            "properties": {"kind": {"const": "none"}}}
+            "properties": {"kind": {"const": "none"}, "param": _KW}}
     stream = {"type": "object", "additionalProperties": False, "required": ["kind"],
-              "properties": {"kind": {"const": "stream"}}}
+              "properties": {"kind": {"const": "stream"}, "param": _KW}}
     tup = {"type": "object", "additionalProperties": False, "required": ["kind", "items"],
-           "properties": {"kind": {"const": "tuple"},
+           "properties": {"kind": {"const": "tuple"}, "param": _KW,
                           "items": {"type": "array", "items": {"$ref": "#/$defs/arg"}}}}
+    const = {"type": "object", "additionalProperties": False, "required": ["kind", "value"],
+             "properties": {"kind": {"const": "const"}, "value": _VALUE, "param": _KW}}
+    struct = {"type": "object", "additionalProperties": False, "required": ["kind", "type"],
+              "properties": {"kind": {"const": "struct"}, "param": _KW,
+                             "type": {"type": "string", "pattern": f"^{ENTRY_RE.pattern}$"},
+                             "fields": {"type": "object", "additionalProperties": {"$ref": "#/$defs/arg"}}}}
     table = {"type": "object", "additionalProperties": _VALUE}
     kernel = {
         "type": "object", "additionalProperties": False, "required": ["entry", "args"],
@@ -93,6 +105,8 @@ def schema() -> dict[str, Any]:
             "profile": {"type": "string", "examples": sorted(BUILTIN_PROFILES)},
             "python_path": {"type": "array", "items": {"type": "string"}},
             "compile_options": {"type": "string"},
+            "env": {"type": "object", "additionalProperties": {"type": "string"},
+                    "description": "Set in build workers before any import; keyed. $arch: the target."},
             "hardware": {"type": "object", "additionalProperties": {
                 "type": "object", "additionalProperties": {"type": ["integer", "number", "string"]}}},
             "kernel": {"type": "object", "minProperties": 1,
@@ -100,7 +114,7 @@ def schema() -> dict[str, Any]:
                                          "not": {"enum": sorted(RESERVED_KERNEL_NAMES)}},
                        "additionalProperties": {"$ref": "#/$defs/kernel"}},
         },
-        "$defs": {"kernel": kernel, "arg": {"oneOf": [tensor, scalar, none, stream, tup]}},
+        "$defs": {"kernel": kernel, "arg": {"oneOf": [tensor, scalar, none, stream, tup, const, struct]}},
     }
 
 

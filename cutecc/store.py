@@ -11,6 +11,12 @@ Layout (format 1), under `$CUTECC_CACHE_DIR` or the user's cache directory (XDG)
     locks/<key>.lock     held while an entry is built, removed or quarantined
     quarantine/<key>.<time>/  entries `cutecc verify --fix` set aside (with why.json)
     stats.json           hit/miss counters of builds (locks/stats.lock guards it)
+    generations/<kernel>@<arch>.json   the keys the newest build planned for that kernel
+                         and arch: a plain `cutecc.load` offers only these (older entries
+                         stay callable by lock until gc)
+    manifests/<sha>.json the keys the newest build of a manifest (by path) planned, with
+                         the manifest's SHA-256: what `cutecc.load(manifest=)` loads
+    filehashes.json      remembered digests of installed kernel libraries' files (a cache)
 
 An entry is visible only once complete: it is built in `tmp/`, every file fsynced,
 then renamed into place. Builders take the key's lock and look again before
@@ -23,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import errno
+import hashlib
 import json
 import os
 import secrets
@@ -47,6 +54,7 @@ DIR_MODE = 0o755  # what the cache's directories get, whatever the umask
 FILE_MODE = 0o644  # and its files
 
 STATS = "stats.json"
+HASH_CACHE = "filehashes.json"  # digests of installed files by (path, size, mtime, inode): `cutecc.dists`
 STATS_FORMAT = 1
 QUARANTINE_FORMAT = 1  # the layout of why.json in a quarantined entry
 # Format 1 counters. Counters were added without a format change (remote_*: the remote
@@ -67,6 +75,26 @@ _CACHEDIR_TAG = (
     "Signature: 8a477f597d28d172789f06886806bc55\n"
     "# This file marks a cache directory created by cutecc.\n"
 )
+
+
+GENERATION_FORMAT = 1  # generations/*.json and manifests/*.json
+
+
+def manifest_id(manifest: Path) -> str:
+    """A manifest's name in `manifests/`: the SHA-256 of its absolute path."""
+    return hashlib.sha256(str(Path(manifest).absolute()).encode()).hexdigest()
+
+
+def _json_bytes(doc: Any) -> bytes:
+    return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+
+
+def _read_small_json(path: Path) -> Any:
+    try:
+        with open(path, "rb") as f:
+            return parse_json(f.read(MAX_META_BYTES + 1))
+    except (OSError, ValueError):
+        return None
 
 
 def default_cache_dir() -> Path:
@@ -142,6 +170,8 @@ class Store:
         self.tmp_dir = self.root / "tmp"
         self.locks_dir = self.root / "locks"
         self.quarantine_dir = self.root / "quarantine"
+        self.generations_dir = self.root / "generations"
+        self.manifests_dir = self.root / "manifests"
 
     # Creation --------------------------------------------------------------------
 
@@ -252,6 +282,51 @@ class Store:
                 except (OSError, ValueError):
                     continue
                 yield Entry(d.name, Path(d.path), meta)
+
+    # Build generations ---------------------------------------------------------------
+
+    def record_generation(self, kernel: str, arch: str, keys: list[str], manifest: str) -> None:
+        """Record `keys` as the current entries of `kernel` for `arch` (the newest build)."""
+        self.generations_dir.mkdir(mode=DIR_MODE, exist_ok=True)
+        doc = {"format": GENERATION_FORMAT, "kernel": kernel, "arch": arch, "keys": sorted(set(keys)),
+               "manifest": manifest, "built_at": now_iso()}
+        atomic_write(self.generations_dir / f"{kernel}@{arch}.json", _json_bytes(doc), FILE_MODE)
+
+    def generation(self, kernel: str, arch: str) -> frozenset[str] | None:
+        """The keys of `kernel`'s newest build for `arch`, or None when none was recorded
+        (a cache from before generations: every entry counts)."""
+        doc = _read_small_json(self.generations_dir / f"{kernel}@{arch}.json")
+        keys = doc.get("keys") if isinstance(doc, dict) and doc.get("format") == GENERATION_FORMAT else None
+        return frozenset(k for k in keys if isinstance(k, str)) if isinstance(keys, list) else None
+
+    def record_manifest(self, manifest: Path, sha256: str, entries: dict[str, dict[str, list[str]]],
+                        *, partial: bool) -> None:
+        """Record the keys a build of `manifest` (whose bytes hash to `sha256`) planned, per
+        kernel and arch; a `partial` build adds to the record of the same bytes."""
+        self.manifests_dir.mkdir(mode=DIR_MODE, exist_ok=True)
+        path = self.manifests_dir / f"{manifest_id(manifest)}.json"
+        merged: dict[str, dict[str, list[str]]] = {}
+        old = self.manifest_entries(manifest, sha256) if partial else None
+        for k, per_arch in (old or {}).items():
+            merged[k] = {a: list(v) for a, v in per_arch.items()}
+        for k, per_arch in entries.items():
+            merged.setdefault(k, {}).update({a: sorted(set(v)) for a, v in per_arch.items()})
+        doc = {"format": GENERATION_FORMAT, "manifest": str(manifest), "sha256": sha256,
+               "entries": merged, "built_at": now_iso()}
+        atomic_write(path, _json_bytes(doc), FILE_MODE)
+
+    def manifest_entries(self, manifest: Path, sha256: str) -> dict[str, dict[str, list[str]]] | None:
+        """{kernel: {arch: [keys]}} of the newest build of these manifest bytes, or None."""
+        doc = _read_small_json(self.manifests_dir / f"{manifest_id(manifest)}.json")
+        if not (isinstance(doc, dict) and doc.get("format") == GENERATION_FORMAT
+                and doc.get("sha256") == sha256 and isinstance(doc.get("entries"), dict)):
+            return None
+        out: dict[str, dict[str, list[str]]] = {}
+        for k, per_arch in doc["entries"].items():
+            if isinstance(per_arch, dict):
+                out[k] = {a: [x for x in v if isinstance(x, str)] for a, v in per_arch.items()
+                          if isinstance(v, list)}
+        return out
 
     def require(self) -> Store:
         """This store if it exists and is of this format, else a CuteccError (exit 1).

@@ -56,6 +56,7 @@ class BuildJob:
     key_inputs: dict[str, Any]
     sources: tuple[str, ...]
     backward: str | None
+    env: tuple[tuple[str, str], ...] = ()  # the manifest's [env] for this arch
 
     @property
     def arch(self) -> str:
@@ -65,7 +66,7 @@ class BuildJob:
     def of(cls, p: Planned, manifest: Manifest) -> BuildJob:
         return cls(p.kernel.name, p.kernel.entry, p.variant, p.kernel.compile_options,
                    tuple(str(x) for x in manifest.python_path), p.key, p.inputs, p.sources,
-                   p.kernel.backward)
+                   p.kernel.backward, tuple(manifest.env_for(p.arch).items()))
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
     for arch, items in by_arch.items():
         n = max(1, min(workers, len(items)))
         pool = cf.ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker,
-                                      initargs=(arch, os.getpid()))
+                                      initargs=(arch, os.getpid(), dict(items[0].env)))
         try:
             futures = {pool.submit(build_one, j, str(store_root), remote): j for j in items}
             for fut in cf.as_completed(futures):
@@ -117,10 +118,11 @@ def _kill_workers(pool: cf.ProcessPoolExecutor) -> None:
             p.join(5)
 
 
-def _init_worker(arch: str, parent: int) -> None:
-    """Set the DSL's target, and tie the worker's life to the build's: it dies with its
-    parent (a parent-death signal, and a watchdog for where that is not available), and
-    leaves Ctrl-C to the parent, which stops the pool itself."""
+def _init_worker(arch: str, parent: int, env: dict[str, str] | None = None) -> None:
+    """Set the manifest's [env] and the DSL's target (before any import), and tie the
+    worker's life to the build's: it dies with its parent (a parent-death signal, and a
+    watchdog for where that is not available), and leaves Ctrl-C to the parent, which
+    stops the pool itself."""
     from cutecc.compiler import set_target
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -132,6 +134,7 @@ def _init_worker(arch: str, parent: int) -> None:
     if os.getppid() != parent:  # the parent died before the signal was armed
         os._exit(1)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    os.environ.update(env or {})
     set_target(arch)
 
 

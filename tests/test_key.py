@@ -204,13 +204,14 @@ def test_compute_key_is_canonical_json_sha256() -> None:
 def test_key_inputs_name_everything_that_decides_the_bytes(proj: Path) -> None:
     p = _by_label(proj)["b[default]"]
     assert set(p.inputs) == {"kernel", "entry", "source", "factory_args", "args", "constants",
-                             "arch", "compile_options", "toolchain"}
+                             "arch", "compile_options", "toolchain", "distributions", "env"}
     assert p.inputs["kernel"] == "b"
     assert p.inputs["entry"] == "kk.other:make_add"
     assert p.inputs["factory_args"] == {"block": 256}
     assert p.inputs["arch"] == "sm_90a"
     assert p.key == compute_key(p.inputs)
-    assert p.key == compute_key(key_inputs(p.kernel, p.variant, p.arch, p.inputs["source"]))
+    assert p.key == compute_key(key_inputs(p.kernel, p.variant, p.arch, p.inputs["source"],
+                                           p.inputs["distributions"], p.inputs["env"]))
     assert p.inputs["toolchain"] == cutecc.key.toolchain()
     # b's sources: its module, the package __init__ and what it imports; not elem's helpers.
     assert p.sources == ("kk/__init__.py", "kk/common.py", "kk/other.py")
@@ -458,3 +459,79 @@ def test_two_kernels_defined_alike_get_their_own_entries(proj: Path) -> None:
     assert by["b[default]"].key != by["b2[default]"].key
     diff = {k for k in by["b[default]"].inputs if by["b[default]"].inputs[k] != by["b2[default]"].inputs[k]}
     assert diff == {"kernel"}
+
+
+# Installed code and the environment (issue 10, finding 9) ----------------------------
+
+FAKE_LIB = {
+    "fakequack/__init__.py": "",
+    "fakequack/softmax.py": "class Softmax:\n    pass\n",
+    "fakequack-0.6.5.dist-info/METADATA": "Metadata-Version: 2.1\nName: fakequack\nVersion: 0.6.5\n",
+    "fakequack-0.6.5.dist-info/top_level.txt": "fakequack\n",
+}
+
+
+@pytest.fixture
+def installed(proj: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An installed kernel library (site dir on sys.path) that the project's kernel imports."""
+    import cutecc.dists
+
+    site = tmp_path / "site"
+    for rel, text in FAKE_LIB.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+    record = "".join(f"{rel},,\n" for rel in FAKE_LIB) + "fakequack-0.6.5.dist-info/RECORD,,\n"
+    (site / "fakequack-0.6.5.dist-info/RECORD").write_text(record)
+    monkeypatch.syspath_prepend(str(site))
+    for f in (cutecc.dists._installed, cutecc.dists._owners, cutecc.dists.is_editable):
+        f.cache_clear()
+    monkeypatch.setattr(cutecc.dists, "_installed", cutecc.dists._installed)
+    elem = proj.parent / "kk/elem.py"
+    elem.write_text("import fakequack.softmax\n" + elem.read_text())
+    yield site
+    for f in (cutecc.dists._installed, cutecc.dists._owners, cutecc.dists.is_editable):
+        f.cache_clear()
+
+
+def test_an_edited_installed_kernel_library_rekeys_and_explain_names_it(proj: Path, installed: Path) -> None:
+    from cutecc.commands.explain import differences
+
+    before = _by_label(proj)
+    a = before["a[dtype=float32]"]
+    assert a.inputs["distributions"]["fakequack"].startswith("0.6.5 ")  # the version is recorded
+    assert "fakequack" not in before["b[default]"].inputs["distributions"]  # b does not import it
+    assert any(n.startswith("nvidia-cutlass-dsl") for n in a.inputs["distributions"])
+    soft = installed / "fakequack/softmax.py"
+    soft.write_text(soft.read_text() + "# one more line\n")  # RECORD unchanged, as pip leaves it
+    after = _by_label(proj)
+    assert all(after[label].key != before[label].key for label in A)
+    assert after["b[default]"].key == before["b[default]"].key
+    assert [d.input for d in differences(a.inputs, after["a[dtype=float32]"].inputs)] == [
+        "distributions.fakequack"]
+
+
+def test_compile_affecting_environment_is_keyed_and_named(proj: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from cutecc.commands.explain import differences
+
+    before = _keys(proj)
+    monkeypatch.setenv("CUTE_DSL_CACHE_DIR", "/tmp/elsewhere")  # excluded: decides no bytes
+    monkeypatch.setenv("CUTE_DSL_KEEP_PTX", "1")
+    assert _keys(proj) == before
+    monkeypatch.setenv("QUACK_ARCH", "sm_90a")  # quack picks its config by it on a CPU host
+    p = _by_label(proj)["a[dtype=float32]"]
+    assert p.inputs["env"] == {"QUACK_ARCH": "sm_90a"}
+    assert all(_keys(proj)[label] != before[label] for label in ALL)
+    monkeypatch.delenv("QUACK_ARCH")
+    assert [d.input for d in differences(p.inputs, _by_label(proj)["a[dtype=float32]"].inputs)] == [
+        "env.QUACK_ARCH"]
+
+
+def test_manifest_env_is_keyed_with_the_arch_substituted(proj: Path) -> None:
+    before = _keys(proj)
+    proj.write_text(proj.read_text() + '\n[env]\nQUACK_ARCH = "$arch"\n')
+    m = load_manifest(proj)
+    assert m.env_for("sm_100a") == {"QUACK_ARCH": "sm_100a"}
+    p = _by_label(proj)["a[dtype=float32]"]
+    assert p.inputs["env"]["QUACK_ARCH"] == "sm_90a"
+    assert all(_keys(proj)[label] != before[label] for label in ALL)

@@ -13,6 +13,7 @@ what this build saw and published, never by reading it back.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from cutecc.locks import is_held
 from cutecc.manifest import load_manifest
 from cutecc.plan import Planned, plan
 from cutecc.report import Report
-from cutecc.store import Store, entry_trust_problem, touch_used
+from cutecc.store import HASH_CACHE, Store, entry_trust_problem, manifest_id, touch_used
 from cutecc.units import human_size
 from cutecc.workers import BuildJob, Result
 
@@ -231,7 +232,8 @@ def build(
     manifest = full.select(kernels) if kernels else full
     store = Store(cache_dir)
     report = BuildReport(cache_dir=store.root, dry_run=dry_run, executor=runner.kind)
-    planned = plan(manifest, archs)
+    planned = plan(manifest, archs, hash_cache=None if read_only or dry_run or not store.root.is_dir()
+                   else store.root / HASH_CACHE)
     if store.entries_dir.is_dir():
         store.check_trust()  # another user's cache never vouches for anything here
     misses: list[Planned] = []
@@ -277,6 +279,8 @@ def build(
                 if store.locks_dir.is_dir():
                     store.sweep_tmp()
         _record_use(store, report)
+    if not dry_run and not read_only and report.ok:
+        _record_generations(store, full.path, planned, partial=bool(kernels or archs))
     if lock and not dry_run and report.ok:
         path = Path(lock_file or Path(manifest_path).parent / LOCK_NAME)
         report.lock_changed = record_build(
@@ -290,6 +294,29 @@ def build(
             report.signature = signing.sign_file(path, key, "lock")
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _record_generations(store: Store, manifest: Path, planned: list[Planned], *, partial: bool) -> None:
+    """Record what this build planned as each (kernel, arch)'s current entries, and as the
+    manifest's: `cutecc.load` then offers only these (older entries stay for locks).
+    Best-effort: where they cannot be written, the old records go (load then offers every
+    entry of those kernels, as before records existed)."""
+    by: dict[str, dict[str, list[str]]] = {}
+    for p in planned:
+        by.setdefault(p.kernel.name, {}).setdefault(p.arch, []).append(p.key)
+    try:
+        for kernel, per_arch in by.items():
+            for arch, keys in per_arch.items():
+                store.record_generation(kernel, arch, keys, str(manifest))
+        store.record_manifest(manifest, hashlib.sha256(manifest.read_bytes()).hexdigest(), by,
+                              partial=partial)
+    except OSError:  # a full or read-only cache: drop the records rather than keep stale ones
+        for kernel, per_arch in by.items():
+            for arch in per_arch:
+                with contextlib.suppress(OSError):
+                    (store.generations_dir / f"{kernel}@{arch}.json").unlink()
+        with contextlib.suppress(OSError):
+            (store.manifests_dir / f"{manifest_id(manifest)}.json").unlink()
 
 
 def _build_seconds(meta: dict[str, Any]) -> float:

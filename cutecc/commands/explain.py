@@ -2,7 +2,8 @@
 
 For each planned (variant, arch) of the kernel: cached, or a miss together with the key
 inputs (`entry`, `source`, `factory_args`, `args`, `constants`, `arch`,
-`compile_options`, `toolchain.<package>`) in which it differs from the closest cached
+`compile_options`, `toolchain.<package>`, `distributions.<name>` (an installed library's
+version and digest), `env.<NAME>` (a compile-affecting variable)) in which it differs from the closest cached
 entry of the same kernel (fewest differing inputs, read from its stored `key_inputs`).
 """
 
@@ -19,7 +20,7 @@ from cutecc.errors import CuteccError
 from cutecc.manifest import find_manifest, load_manifest
 from cutecc.plan import plan
 from cutecc.report import Report
-from cutecc.store import Entry, Store
+from cutecc.store import HASH_CACHE, Entry, Store
 
 
 @dataclass(frozen=True)
@@ -86,14 +87,19 @@ def _short(value: Any, limit: int = 80) -> str | None:
     return text if len(text) <= limit else None
 
 
+_SPLIT = ("toolchain", "distributions", "env")
+
+
 def flatten(inputs: dict[str, Any]) -> dict[str, Any]:
-    """Key inputs with the toolchain split per package: `toolchain.<package>`."""
-    out = {k: v for k, v in inputs.items() if k != "toolchain"}
-    tc = inputs.get("toolchain")
-    if isinstance(tc, dict):
-        out.update({f"toolchain.{k}": v for k, v in tc.items()})
-    elif "toolchain" in inputs:
-        out["toolchain"] = tc
+    """Key inputs with the toolchain, the installed distributions and the environment
+    split per name: `toolchain.<package>`, `distributions.<name>`, `env.<NAME>`."""
+    out = {k: v for k, v in inputs.items() if k not in _SPLIT}
+    for part in _SPLIT:
+        sub = inputs.get(part)
+        if isinstance(sub, dict):
+            out.update({f"{part}.{k}": v for k, v in sub.items()})
+        elif part in inputs:
+            out[part] = sub
     return out
 
 
@@ -108,7 +114,8 @@ def explain(kernel: str, manifest: str | Path | None = None, *, variant: str | N
     """One explanation per planned (variant, arch) of `kernel`, in plan order."""
     m = load_manifest(manifest or find_manifest(), kernels=(kernel,))
     store = Store(cache_dir).require()
-    planned = [p for p in plan(m, parse_archs((arch,)) if arch else ()) if p.kernel.name == kernel]
+    planned = [p for p in plan(m, parse_archs((arch,)) if arch else (), hash_cache=store.root / HASH_CACHE)
+               if p.kernel.name == kernel]
     if variant is not None:
         ids = sorted({p.variant.id for p in planned})
         planned = [p for p in planned if p.variant.id == variant]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import hashlib
 import importlib.metadata
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -112,8 +113,12 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
          trusted_keys: list[str | Path] | None = None, allow_unsigned: bool = False) -> KernelSet:
     """Load the kernels of a cache for this device (or for `arch`, e.g. to lower on a CPU).
 
-    `kernels` or a `manifest` restrict which kernels are exposed; `strict` raises if any
-    entry of those kernels cannot be used here instead of setting it aside.
+    Without a lock or manifest, each kernel offers the entries of its newest build (per
+    arch), so variants removed from the manifest are not callable after a rebuild.
+    `kernels` restricts which kernels are exposed; a `manifest` uses exactly the entries
+    its newest build planned (an unbuilt or since-edited manifest is an error).
+    `strict` raises if any entry of those kernels cannot be used here instead of setting
+    it aside.
     `lock` (a `kernels.lock`): use exactly the entries it names (any the cache lacks is an
     error) and refuse a kernel whose library's recorded SHA-256 differs from the lock's.
     `package`: an installed `cutecc pack` wheel, found without importing it; its `_cutecc/`
@@ -141,11 +146,20 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
         raise CuteccError("no GPU is visible to JAX: pass arch= (or set CUTECC_ARCH) to load "
                           "kernels for lowering without one", where="cutecc.load", exit_code=1)
     wanted: set[str] | None = set(kernels) if kernels else None
+    planned: set[str] | None = None  # a manifest's: exactly these keys
     if manifest is not None:
-        from cutecc.manifest import load_manifest
-
-        names = {k.name for k in load_manifest(manifest).kernels}
-        wanted = names if wanted is None else wanted & names
+        mpath = Path(manifest).resolve()
+        try:
+            digest = hashlib.sha256(mpath.read_bytes()).hexdigest()
+        except OSError as e:
+            raise CuteccError(f"cannot read the manifest: {e.strerror}", where=str(mpath),
+                              exit_code=1) from None
+        recorded = store.manifest_entries(mpath, digest)
+        if recorded is None:
+            raise CuteccError("this manifest, as it is now, was never built into this cache; run "
+                              "`cutecc build`", where=f"{mpath} (cache {store.root})", exit_code=1)
+        wanted = set(recorded) if wanted is None else wanted & set(recorded)
+        planned = {key for name in wanted for keys in recorded[name].values() for key in keys}
     series = _tvm_ffi_series()
     locked = None
     if lock is not None:
@@ -168,7 +182,7 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
     collecting = gc.isenabled()
     gc.disable()  # the scan makes many small objects, none cyclic: full collections only cost
     try:
-        for e in store.entries() if locked is None else [e for e, _ in locked.resolve(store)]:
+        for e in _candidates(store, locked, planned):
             name = e.meta.get("kernel")
             if isinstance(name, str) and (wanted is None or name in wanted):
                 by_kernel.setdefault(name, []).append(e)
@@ -191,6 +205,35 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
             raise CuteccError("entries unusable here:\n  " + "\n  ".join(problems),
                               where=str(store.root), exit_code=1)
     return ks
+
+
+def _candidates(store: Store, locked: Any, planned: set[str] | None) -> list[Entry]:
+    """The entries a load considers: a lock's, a manifest's newest build's (all of them
+    must be there), else each kernel's newest build generation (`cutecc build` records
+    it per kernel and arch; entries of kernels with no record all count)."""
+    if locked is not None:
+        out = [e for e, _ in locked.resolve(store)]
+        return out if planned is None else [e for e in out if e.key in planned]
+    if planned is not None:
+        out = []
+        for key in sorted(planned):
+            e = store.get(key)
+            if e is None:
+                raise CuteccError(f"entry {key[:12]} of the manifest's newest build is not in the "
+                                  "cache (removed since); run `cutecc build`", where=str(store.root),
+                                  exit_code=1)
+            out.append(e)
+        return out
+    generations: dict[tuple[str, str], frozenset[str] | None] = {}
+    out = []
+    for e in store.entries():
+        gk = (str(e.meta.get("kernel")), str(e.meta.get("arch")))
+        if gk not in generations:
+            generations[gk] = store.generation(*gk)
+        current = generations[gk]
+        if current is None or e.key in current:
+            out.append(e)
+    return out
 
 
 def _kernel_fn(name: str, entries: list[Entry], target: str, series: str,

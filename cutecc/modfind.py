@@ -1,0 +1,227 @@
+"""Find a module as Python's import system would, without running package code.
+
+`find_module(name, python_path)` walks the dotted name one level at a time as
+`importlib._bootstrap._find_and_load` does: each level is asked of every finder on
+`sys.meta_path` (so editable installs' finders and `.pth` path entries count), each
+submodule over its parent's `__path__`. A parent's `__path__` is its spec's search
+locations unless its `__init__` (read, not run) changes it:
+
+- PEP 420 namespace packages (no `__init__`, e.g. flash_attn): all portions on the path;
+- pkgutil / pkg_resources portions (`extend_path`, `declare_namespace`): every
+  same-named directory on the parent's search path, computed here;
+- an `__init__` that only appends to `__path__` (cutlass): the static locations, when
+  they hold the submodule;
+- anything else: only running it tells; with `allow_exec=True` the parent is imported
+  in a child process (never here) and `Found.executed` says so.
+Modules already imported in this process are taken from `sys.modules`, as import would.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.machinery
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_EXTEND_MARKERS = ("extend_path", "declare_namespace")
+
+
+@dataclass
+class Found:
+    name: str
+    origin: str | None          # the module's file (None for a namespace package)
+    is_package: bool
+    levels: list[tuple[str, str]] = field(default_factory=list)  # (name, kind) per level
+    executed: list[str] = field(default_factory=list)  # parents whose code had to run
+    locations: list[str] = field(default_factory=list)  # a package's search locations
+
+
+class NotFound(ImportError):
+    """No such module, as import would say."""
+
+
+def _path_spec(fullname: str, path: list[str] | None):
+    """PathFinder.find_spec, minus one step: for a namespace package it returns the spec
+    with its portions as a list instead of building a _NamespacePath, which reads the
+    parent from sys.modules (KeyError when the parent was never imported)."""
+    namespace: list[str] = []
+    for entry in sys.path if path is None else path:
+        if not isinstance(entry, str):
+            continue
+        finder = importlib.machinery.PathFinder._path_importer_cache(entry or os.getcwd())
+        if finder is None:
+            continue
+        spec = finder.find_spec(fullname, None)
+        if spec is None:
+            continue
+        if spec.loader is not None:
+            return spec  # a module or regular package: the first one wins
+        namespace.extend(spec.submodule_search_locations or [])  # a namespace portion
+    if namespace:
+        spec = importlib.machinery.ModuleSpec(fullname, None, is_package=True)
+        spec.submodule_search_locations = namespace
+        return spec
+    return None
+
+
+def _find_spec(fullname: str, path: list[str] | None):
+    """importlib._bootstrap._find_spec without the sys.modules shortcut: ask each
+    meta-path finder in order, as import does."""
+    for finder in sys.meta_path:
+        if finder is importlib.machinery.PathFinder:
+            spec = _path_spec(fullname, path)
+        else:
+            find = getattr(finder, "find_spec", None)
+            spec = None if find is None else find(fullname, path, None)
+        if spec is not None:
+            return spec
+    return None
+
+
+def _path_effect(init_file: str) -> str:
+    """What running this __init__ would do to __path__: "none", "extend" (pkgutil /
+    pkg_resources idiom), "append" (only __path__.append/extend) or "unknown"."""
+    try:
+        src = Path(init_file).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "unknown"
+    if "__path__" not in src and "declare_namespace" not in src:
+        return "none"
+    try:
+        tree = ast.parse(src)
+    except SyntaxError:
+        return "unknown"
+    # Accept exactly the two idioms: __path__ = [pkgutil.]extend_path(__path__, __name__)
+    # and [pkg_resources.]declare_namespace(__name__); anything else touching __path__ is unknown.
+    kinds = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            fn = node.func
+            fname = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", None)
+            if fname in _EXTEND_MARKERS:
+                kinds.add("extend")
+        elif isinstance(node, ast.Name) and node.id == "__path__" and isinstance(node.ctx, ast.Store):
+            kinds.add("assign")
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                and node.value.id == "__path__":
+            # __path__.append/extend keep the original entries first; anything else may not
+            kinds.add("append" if node.attr in ("append", "extend") else "mutate")
+        elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) \
+                and node.value.id == "__path__" and not isinstance(node.ctx, ast.Load):
+            kinds.add("mutate")  # __path__[:] = ...
+    if kinds & {"mutate", "assign"} and "extend" not in kinds:
+        return "unknown"
+    if "extend" in kinds:
+        return "unknown" if "mutate" in kinds else "extend"
+    return "append" if "append" in kinds else "none"
+
+
+def _extend_path(locs: list[str], name: str, search: list[str]) -> list[str]:
+    """pkgutil.extend_path for `name`, over `search` (sys.path for a top level, the
+    parent's __path__ otherwise) instead of reading the parent from sys.modules."""
+    out = list(locs)
+    final = name.rpartition(".")[2]
+    for entry in search:
+        if not isinstance(entry, str) or not os.path.isdir(entry):
+            continue
+        finder = importlib.machinery.PathFinder._path_importer_cache(entry)
+        if finder is None or not hasattr(finder, "find_spec"):
+            continue
+        spec = finder.find_spec(final)
+        for p in (spec.submodule_search_locations or []) if spec else []:
+            if p not in out:
+                out.append(p)
+        pkgfile = os.path.join(entry, final + ".pkg")  # pkgutil's .pkg files
+        if os.path.isfile(pkgfile):
+            with open(pkgfile) as f:
+                for line in f:
+                    line = line.rstrip("\n")
+                    if line and not line.startswith("#") and line not in out:
+                        out.append(line)
+    return out
+
+
+def _exec_path(name: str, python_path: list[str]) -> list[str]:
+    """Import package `name` in a child process and return its real __path__."""
+    code = ("import importlib, json, sys; m = importlib.import_module(sys.argv[1]); "
+            "print(json.dumps(list(m.__path__)))")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*python_path, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    r = subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True,
+                       env=env, timeout=300)
+    if r.returncode != 0:
+        raise NotFound(f"importing {name} to learn its __path__ failed: "
+                       f"{r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def find_module(name: str, python_path: list[str] | tuple[str, ...] = (), *,
+                allow_exec: bool = False, invalidate: bool = True) -> Found:
+    python_path = [str(Path(p).resolve()) for p in python_path]
+    saved = sys.path[:]
+    sys.path[:0] = [p for p in python_path if p not in sys.path]
+    if invalidate:  # FileFinder caches directory listings; one call per planning pass is enough
+        importlib.invalidate_caches()
+    try:
+        parts = name.split(".")
+        found = Found(name, None, False)
+        search: list[str] | None = None  # None: the top level, i.e. sys.path
+        for i in range(len(parts)):
+            full = ".".join(parts[: i + 1])
+            mod = sys.modules.get(full)
+            if mod is not None and getattr(mod, "__spec__", None) is not None:
+                spec = mod.__spec__  # already imported here: import would use it
+                locs = list(getattr(mod, "__path__", []) or [])
+                kind = "imported"
+            else:
+                spec = _find_spec(full, search)
+                if spec is None:
+                    where = "sys.path" if search is None else f"{'.'.join(parts[:i])}.__path__"
+                    raise NotFound(f"no module named {full!r} (searched {where})")
+                locs = list(spec.submodule_search_locations or [])
+                if spec.submodule_search_locations is None:
+                    kind = "module"
+                elif spec.origin in (None, "namespace") or not spec.has_location:
+                    kind = "namespace"
+                else:
+                    kind = "package"
+            last = i == len(parts) - 1
+            if not last:
+                if spec.submodule_search_locations is None:
+                    raise NotFound(f"{full!r} is a module, not a package ({spec.origin})")
+                if kind == "package":
+                    effect = _path_effect(spec.origin)
+                    if effect == "extend":
+                        parent_search = sys.path if search is None else search
+                        locs = _extend_path(locs, full, parent_search)
+                        kind = "package (pkgutil/pkg_resources portion)"
+                    elif effect == "append":
+                        # __init__ only appends: a hit in the static locations is exact; a miss
+                        # there needs the appended entries, i.e. running __init__ (below).
+                        nxt = ".".join(parts[: i + 2])
+                        if _find_spec(nxt, locs) is None:
+                            effect = "unknown"
+                        else:
+                            kind = "package (__init__ appends to __path__; not needed here)"
+                    if effect == "unknown":
+                        if not allow_exec:
+                            raise NotFound(f"{full}/__init__.py changes __path__ in a way only "
+                                           f"running it tells ({spec.origin}); allow_exec=True "
+                                           "imports it in a child process")
+                        locs = _exec_path(full, python_path)
+                        found.executed.append(full)
+                        kind = "package (__path__ set by running __init__)"
+                search = locs
+            found.levels.append((full, kind))
+            if last:
+                found.origin = spec.origin if spec.has_location else None
+                found.is_package = spec.submodule_search_locations is not None
+                found.locations = locs
+        return found
+    finally:
+        sys.path[:] = saved

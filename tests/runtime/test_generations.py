@@ -1,0 +1,96 @@
+"""Loading what the manifest says (issue 10, finding 10): after a manifest change and a
+rebuild, a plain `cutecc.load()` offers only the newest build of each kernel and
+`load(manifest=)` exactly that manifest's planned entries; an older entry stays callable
+through a lock that names it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import cutecc
+import cutecc.commands.build
+from cutecc.commands.build import build
+from cutecc.contract import args_to_json
+from cutecc.errors import CuteccError
+from cutecc.store import Store
+from cutecc.units import now_iso
+from cutecc.workers import BuildJob, Result
+
+MANIFEST = """\
+archs = ["sm_90a"]
+
+[kernel.scale]
+entry = "toy.ops:scale"
+args = [
+  {{ name = "x", dtype = "float32", shape = ["n"] }},
+  {{ name = "out", role = "output", dtype = "float32", shape = ["n"] }},
+  {{ kind = "stream" }},
+]
+constants = {{ threads = "$threads" }}
+variants = {{ threads = {threads} }}
+"""
+
+
+def _fake_compile(jobs: list[BuildJob], store_root: Path, workers: int, on_result: Any) -> None:
+    """Publish each job as a build worker would, with a stand-in library (no DSL)."""
+    store = Store(store_root)
+    for job in jobs:
+        def produce(staging: Path, job: BuildJob = job) -> dict[str, Any]:
+            (staging / "kernel.so").write_bytes(job.key.encode())
+            return {"kernel": job.kernel, "variant": job.variant.id, "params": dict(job.variant.params),
+                    "arch": job.arch, "entry": job.entry, "args": args_to_json(job.variant.args),
+                    "backward": job.backward, "library": "kernel.so", "symbol": "cutecc_kernel",
+                    "toolchain": job.key_inputs["toolchain"], "key_inputs": job.key_inputs,
+                    "sources": list(job.sources), "built_at": now_iso(), "build_seconds": 0.0}
+
+        entry, _ = store.publish(job.key, produce)
+        on_result(job, Result("built", 0.0, None, entry.meta))
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "toy").mkdir()
+    (tmp_path / "toy/__init__.py").write_text("")
+    (tmp_path / "toy/ops.py").write_text("def scale(x, out, stream, threads=128):\n    pass\n")
+    monkeypatch.setattr(cutecc.commands.build, "compile_all", _fake_compile)
+    m = tmp_path / "kernels.toml"
+    m.write_text(MANIFEST.format(threads=[64, 128]))
+    return m
+
+
+def _variants(ks: Any) -> list[str]:
+    return sorted(b.variant for b in ks.scale.builds)
+
+
+def test_a_rebuilt_kernel_offers_only_its_current_variants(project: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first = build(project, cache_dir=cache)
+    assert first.ok and first.count("built") == 2
+    old_lock = tmp_path / "old.lock"
+    (project.parent / "kernels.lock").rename(old_lock)
+    project.write_text(MANIFEST.format(threads=[128, 256]))  # 64 removed, 256 added
+    assert build(project, cache_dir=cache).ok
+    assert len(list(Store(cache).entries())) == 3  # the old entry stays until gc
+    assert _variants(cutecc.load(cache, arch="sm_90a")) == ["threads=128", "threads=256"]
+    assert _variants(cutecc.load(cache, arch="sm_90a", manifest=project)) == ["threads=128", "threads=256"]
+    # asked for by lock, the older entry is still callable
+    old = cutecc.load(cache, arch="sm_90a", lock=old_lock, allow_unsigned=True)
+    assert _variants(old) == ["threads=128", "threads=64"]
+
+
+def test_load_manifest_uses_exactly_that_manifests_entries(project: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    assert build(project, cache_dir=cache).ok
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "toy").symlink_to(project.parent / "toy")
+    (other / "kernels.toml").write_text(MANIFEST.format(threads=[32]))
+    assert build(other / "kernels.toml", cache_dir=cache).ok  # same kernel name, newer build
+    assert _variants(cutecc.load(cache, arch="sm_90a")) == ["threads=32"]
+    assert _variants(cutecc.load(cache, arch="sm_90a", manifest=project)) == ["threads=128", "threads=64"]
+    project.write_text(MANIFEST.format(threads=[64]))  # edited, not rebuilt
+    with pytest.raises(CuteccError, match="never built into this cache"):
+        cutecc.load(cache, arch="sm_90a", manifest=project)
