@@ -216,7 +216,8 @@ TYPED = [
     ("kernel/k/args/1/align", f"{K}, args[1].align", (int,)),
     ("kernel/k/args/3/default", f"{K}, args[3].default", (int, float)),
     ("kernel/k/constants", f"{K}, constants", (dict,)),
-    ("kernel/k/constants/threads", f"{K}, constants.threads", (int, float, str, bool)),
+    # arrays are tuples, tables typed values (issue 10): both may be valid there
+    ("kernel/k/constants/threads", f"{K}, constants.threads", (int, float, str, bool, list, dict)),
     ("kernel/k/variants", f"{K}, variants", (dict,)),
     ("kernel/k/grad", f"{K}, grad", (dict,)),
     ("kernel/k/factory_args", f"{K}, factory_args", (dict,)),

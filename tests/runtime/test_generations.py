@@ -55,7 +55,10 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "toy").mkdir()
     (tmp_path / "toy/__init__.py").write_text("")
     (tmp_path / "toy/ops.py").write_text("def scale(x, out, stream, threads=128):\n    pass\n")
-    monkeypatch.setattr(cutecc.commands.build, "compile_all", _fake_compile)
+    import cutecc.executors.local
+
+    monkeypatch.setattr(cutecc.executors.local, "compile_all",
+                        lambda *a, remote=None: _fake_compile(*a))
     m = tmp_path / "kernels.toml"
     m.write_text(MANIFEST.format(threads=[64, 128]))
     return m
