@@ -160,7 +160,7 @@ class SourceIndex:
             found = self._locate(top)
             places = ([found.origin] if found.origin else found.locations) if found else []
             self._local[top] = found is not None and (
-                any(_under(Path(p).absolute(), r) for p in places for r in self.roots)
+                any(_top_level_in(Path(p).absolute(), r, top) for p in places for r in self.roots)
                 or any(dists.is_editable(n) for n in dists.owners(top)))
         return self._local[top]
 
@@ -220,12 +220,12 @@ class SourceIndex:
         return self._imports[f]
 
 
-def _under(path: Path, root: Path) -> bool:
-    try:
-        path.relative_to(root)
-    except ValueError:
-        return False
-    return True
+def _top_level_in(path: Path, root: Path, top: str) -> bool:
+    """Whether `path` (a module's file or package directory) is top-level package `top`
+    directly in `root`: a virtual environment inside the project (`.venv/...`) is not the
+    project's code, it is keyed by its distributions."""
+    return path in (root / f"{top}.py", root / top, root / top / "__init__.py") or (
+        path.parent == root and path.stem == top)
 
 
 def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
