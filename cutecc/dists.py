@@ -7,8 +7,9 @@ A kernel's key covers, besides the project's own modules (`cutecc.key.SourceInde
   the toolchain's (`apache-tvm-ffi`, `nvidia-cuda-runtime`, `cuda-bindings`), each by
   name, version and a digest of its installed files: small ones by content (through a
   persistent per-file hash cache keyed by path, size, mtime and inode), large ones
-  (torch, triton, the DSL's native libraries) by their RECORD and a stat fingerprint of
-  every file, so an edited installed file changes the key;
+  (torch, triton, the DSL's native libraries) by their RECORD and every file's size (no
+  times, so the key is the same on every machine), so an edited installed file changes
+  the key (for a large one, when its size changes);
 - the distributions those require (Requires-Dist, transitively), by name, version and
   RECORD digest;
 - the compile-affecting environment: `CUTE_DSL_*`, `CUTLASS_*`, `QUACK_*`,
@@ -180,7 +181,8 @@ class DistIndex:
 
     def digest(self, name: str, *, full: bool) -> str:
         """A distribution's digest: its files' contents (small, `full`), else its RECORD
-        plus (if `full`) the path, size and mtime of every installed file."""
+        plus (if `full`) the path and size of every installed file (no times: a key is the
+        same on every machine that installed the same files)."""
         if (name, full) not in self._digest:
             self._digest[(name, full)] = self._compute(name, full)
         return self._digest[(name, full)]
@@ -188,8 +190,13 @@ class DistIndex:
     def _compute(self, name: str, full: bool) -> str:
         d = _installed()[name]
         h = hashlib.sha256()
-        record = d.read_text("RECORD") or ""
-        files = [f for f in (d.files or []) if "__pycache__" not in f.parts and f.suffix != ".pyc"]
+        # Only what the distribution installed into site-packages: files outside it (console
+        # scripts, whose shebang names this environment's python) and byte code differ from
+        # one environment to the next, and the key must not.
+        record = "".join(line + "\n" for line in sorted((d.read_text("RECORD") or "").splitlines())
+                         if line and not line.startswith("..") and "__pycache__" not in line)
+        files = [f for f in (d.files or []) if "__pycache__" not in f.parts and f.suffix != ".pyc"
+                 and not f.as_posix().startswith("..")]
         if not full:
             h.update(b"record\0" + record.encode())
             return h.hexdigest()
@@ -205,7 +212,7 @@ class DistIndex:
         if size > FULL_HASH_LIMIT:
             h.update(b"stat\0" + record.encode())
             for rel, _, st in stats:
-                h.update(f"{rel}\0{st and st.st_size}\0{st and st.st_mtime_ns}\0".encode())
+                h.update(f"{rel}\0{st and st.st_size}\0".encode())  # sizes: the same on every machine
         else:
             h.update(b"content\0")
             for rel, p, st in stats:
