@@ -193,10 +193,14 @@ class DistIndex:
         # Only what the distribution installed into site-packages: files outside it (console
         # scripts, whose shebang names this environment's python) and byte code differ from
         # one environment to the next, and the key must not.
+        # dist-info's own files are written by the installer (INSTALLER, REQUESTED,
+        # direct_url.json naming where the wheel came from): the version stands for them.
         record = "".join(line + "\n" for line in sorted((d.read_text("RECORD") or "").splitlines())
-                         if line and not line.startswith("..") and "__pycache__" not in line)
+                         if line and not line.startswith("..") and "__pycache__" not in line
+                         and ".dist-info/" not in line.split(",")[0])
         files = [f for f in (d.files or []) if "__pycache__" not in f.parts and f.suffix != ".pyc"
-                 and not f.as_posix().startswith("..")]
+                 and not f.as_posix().startswith("..")
+                 and not any(part.endswith(".dist-info") for part in f.parts)]
         if not full:
             h.update(b"record\0" + record.encode())
             return h.hexdigest()
