@@ -156,8 +156,10 @@ class PackTree:
 
     def _stream_tar(self, staging: Path) -> None:
         total = n = 0
-        with tarfile.open(self.path, "r|*") as tf:
-            for m in tf:
+        # Seekable mode, read strictly forward: its decompressors inflate in bounded steps
+        # (stream mode inflates a whole compressed buffer at once: ~100 MB of zeros per read).
+        with tarfile.open(self.path, "r:*") as tf:
+            while (m := tf.next()) is not None:
                 n += 1
                 self._count(n)
                 if m.isdir():
