@@ -154,6 +154,21 @@ def dispatch(ks: Any, runs: int) -> dict[str, Any]:
         m1, mk = statistics.median(t1), statistics.median(tk)
         out[name] = {"t1_us": stats(t1, 1e6), "tK_us": stats(tk, 1e6),
                      "us_per_call": (mk - m1) / (K - 1) * 1e6}
+    # An in-place (inout) kernel writes into the loop's carry: no copy after the call.
+    import jax
+
+    def axpy_loop(op: Any, k: int) -> Any:
+        return jax.jit(lambda a, b: jax.lax.fori_loop(0, k, lambda i, c: op(b, c), a))
+
+    ours, native = (lambda b, c: ks.axpy(b, c, alpha=1e-3)), (lambda b, c: 1e-3 * b + c)
+    for name, op in (("cutecc axpy (inout), fori_loop", ours), ("jnp 1e-3*x+y, fori_loop", native)):
+        f1, fk = axpy_loop(op, 1), axpy_loop(op, K)
+        got = np.asarray(fk(y, x))
+        assert np.allclose(got, np.asarray(y) + K * 1e-3 * np.asarray(x), rtol=1e-3, atol=1e-4), name
+        t1, tk = timeit(f1, y, x, runs=runs), timeit(fk, y, x, runs=runs)
+        m1, mk = statistics.median(t1), statistics.median(tk)
+        out[name] = {"t1_us": stats(t1, 1e6), "tK_us": stats(tk, 1e6),
+                     "us_per_call": (mk - m1) / (K - 1) * 1e6}
     return out
 
 
@@ -223,7 +238,8 @@ def loop_hlo(ks: Any) -> dict[str, str]:
 
     x = jnp.ones(256, jnp.float32)
     out = {}
-    for name, op in (("cutecc", ks.mul), ("jnp", lambda a, b: a * b)):
+    for name, op in (("cutecc", ks.mul), ("jnp", lambda a, b: a * b),
+                     ("cutecc_axpy", lambda c, b: ks.axpy(b, c, alpha=1e-3))):
         f = jax.jit(lambda a, b, op=op: jax.lax.fori_loop(0, K, lambda i, c: op(c, b), a))
         out[name] = f.lower(x, x).compile().as_text()
     return out
