@@ -52,8 +52,25 @@ t = time.perf_counter()
 if sys.argv[3] == "cutecc":
     import cutecc
     ks = cutecc.load(sys.argv[1]); f = jax.jit(ks.mul)
+elif sys.argv[3] == "cutecc_phases":  # the first call taken apart: what each step costs
+    import cutecc
+    ks = cutecc.load(sys.argv[1]); f = jax.jit(ks.mul)
+    ph["load_only"] = time.perf_counter() - t
+    t1 = time.perf_counter()
+    from cutecc.runtime.library import import_tvm_ffi; import_tvm_ffi(); import jax_tvm_ffi
+    ph["import_tvm_ffi"] = time.perf_counter() - t1
+    spec = jax.ShapeDtypeStruct((n,), jnp.float32)
+    t1 = time.perf_counter(); traced = f.trace(spec, spec)  # verify, dlopen, register, trace
+    ph["trace_load_register"] = time.perf_counter() - t1
+    t1 = time.perf_counter(); lowered = traced.lower(); ph["lower"] = time.perf_counter() - t1
+    t1 = time.perf_counter(); lowered.compile(); ph["compile"] = time.perf_counter() - t1
 else:
     f = jax.jit(lambda a, b: a * b)
+    if sys.argv[3] == "jnp_phases":
+        spec = jax.ShapeDtypeStruct((n,), jnp.float32)
+        t1 = time.perf_counter(); traced = f.trace(spec, spec); ph["trace"] = time.perf_counter() - t1
+        t1 = time.perf_counter(); lowered = traced.lower(); ph["lower"] = time.perf_counter() - t1
+        t1 = time.perf_counter(); lowered.compile(); ph["compile"] = time.perf_counter() - t1
 ph["load"] = time.perf_counter() - t
 t = time.perf_counter(); x, y = jnp.asarray(xh), jnp.asarray(yh)
 jax.block_until_ready((x, y)); ph["inputs"] = time.perf_counter() - t
@@ -89,7 +106,7 @@ def stats(xs: list[float], scale: float = 1.0) -> dict[str, float]:
 
 def cold_start(cache: Path, repeats: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for which in ("cutecc", "jnp"):
+    for which in ("cutecc", "jnp", "cutecc_phases", "jnp_phases"):
         walls, kids = [], []
         for _ in range(repeats):
             t = time.perf_counter()
@@ -100,9 +117,11 @@ def cold_start(cache: Path, repeats: int) -> dict[str, Any]:
                 raise RuntimeError(f"cold-start child ({which}) failed:\n{r.stderr[-3000:]}")
             kids.append(json.loads(r.stdout.strip().splitlines()[-1]))
         assert all(k["correct"] for k in kids), f"{which}: wrong result on first call"
+        phases = {p: stats([k[p] for k in kids], 1e3) for p in kids[0]
+                  if p not in ("correct",) and isinstance(kids[0][p], float)}
         out[which] = {"wall_s": stats(walls), "first_call_s": stats([k["first_call"] for k in kids]),
                       "after_import_jax_s": stats([k["total_in_child"] - k["import_jax"] for k in kids]),
-                      "children": kids}
+                      "phases_ms": phases, "children": kids}
     return out
 
 
@@ -396,7 +415,9 @@ def report(res: dict[str, Any]) -> str:
         w, f = r["wall_s"], r["first_call_s"]
         lines.append(f"| cold start to first correct result, {who} (whole process) | "
                      f"{w['median']:.3f} s | {w['min']:.3f} - {w['max']:.3f} s | "
-                     f"first call {f['median'] * 1e3:.1f} ms, n={w['n']} |")
+                     f"first call {f['median'] * 1e3:.1f} ms, n={w['n']}; phases (ms): "
+                     + ", ".join(f"{p} {v['median']:.1f}" for p, v in r["phases_ms"].items())
+                     + " |")
     for name, r in res.get("eager", {}).items():
         lines.append(f"| eager {name} | {r['median']:.1f} us | {r['min']:.1f} - {r['max']:.1f} us | "
                      f"n={r['n']} |")
