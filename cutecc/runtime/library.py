@@ -84,25 +84,33 @@ def verified_bytes(path: Path, sha256: str, size: int, label: str) -> bytes:
     return data
 
 
-def import_tvm_ffi() -> Any:
-    """`tvm_ffi`, imported without dragging in torch.
+# Optional interop apache-tvm-ffi imports when it can, and cutecc never uses (its kernels
+# are called by XLA through jax-tvm-ffi, with XLA's stream): torch (seconds on a GPU host)
+# and cuda-python's driver bindings (24 ms of the 147 ms `import tvm_ffi` took on an H100
+# host, benchmarks/README.md).
+TVM_FFI_OPTIONAL = ("torch", "cuda.bindings")
 
-    apache-tvm-ffi imports torch at import time whenever it is installed, for a torch
-    interop cutecc never uses: seconds of a JAX program's first kernel call on a host that
-    also has torch. Unless torch is already imported (then it costs nothing) or
-    `$CUTECC_TVM_FFI_TORCH=1` asks for tvm-ffi's torch support, torch is hidden from
-    that one import; importing torch later works as usual.
+
+def import_tvm_ffi() -> Any:
+    """`tvm_ffi`, imported without dragging in its optional torch and cuda-python interop.
+
+    Each of `TVM_FFI_OPTIONAL` not imported yet (then it costs nothing) is hidden from
+    that one import, unless `$CUTECC_TVM_FFI_TORCH=1` asks for tvm-ffi's interop;
+    importing them later works as usual.
     """
-    if "tvm_ffi" in sys.modules or "torch" in sys.modules or os.environ.get(environ.TVM_FFI_TORCH) == "1":
+    if "tvm_ffi" in sys.modules or os.environ.get(environ.TVM_FFI_TORCH) == "1":
         import tvm_ffi
 
         return tvm_ffi
-    sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError
+    hidden = [m for m in TVM_FFI_OPTIONAL if m not in sys.modules]
+    for m in hidden:
+        sys.modules[m] = None  # type: ignore[assignment]  # `import m` raises ImportError
     try:
         import tvm_ffi
     finally:
-        if "torch" in sys.modules and sys.modules["torch"] is None:
-            del sys.modules["torch"]
+        for m in hidden:
+            if m in sys.modules and sys.modules[m] is None:
+                del sys.modules[m]
     return tvm_ffi
 
 

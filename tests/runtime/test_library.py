@@ -112,16 +112,20 @@ def test_load_does_not_open_libraries(example_cache: Path) -> None:
     assert out == ["4", "False"]
 
 
-FAKE_TORCH = "import os\nopen(os.environ['TORCH_MARKER'], 'w').close()\nraise ImportError('fake torch')\n"
+FAKE = "import os\nopen(os.environ['MARKER'], 'w').close()\nraise ImportError('fake')\n"
 
 
 @pytest.mark.parametrize("allow", [False, True])
-def test_first_call_does_not_import_torch(example_cache: Path, tmp_path: Path, allow: bool) -> None:
-    """apache-tvm-ffi imports torch when it can (seconds on a GPU host); cutecc hides it."""
-    (tmp_path / "site" / "torch").mkdir(parents=True)
-    (tmp_path / "site" / "torch" / "__init__.py").write_text(FAKE_TORCH)
-    marker = tmp_path / "torch-was-imported"
-    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "TORCH_MARKER": str(marker)}
+@pytest.mark.parametrize("module", ["torch", "cuda.bindings"])
+def test_first_call_does_not_import_tvm_ffis_optional_interop(
+        example_cache: Path, tmp_path: Path, allow: bool, module: str) -> None:
+    """apache-tvm-ffi imports torch and cuda-python when it can (seconds and tens of ms on a
+    GPU host) for interop cutecc never uses; cutecc hides them from that import."""
+    pkg = tmp_path / "site" / Path(*module.split("."))
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(FAKE)
+    marker = tmp_path / "was-imported"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "MARKER": str(marker)}
     if allow:
         env["CUTECC_TVM_FFI_TORCH"] = "1"
     r = subprocess.run([PY, "-c", CALL_MUL, str(example_cache)], capture_output=True, text=True,
