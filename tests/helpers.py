@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -66,6 +67,15 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 600,
     """Run `cutecc` in a real subprocess."""
     return subprocess.run([PY, "-m", "cutecc.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd)
+
+
+def script_json(script: str, *args: str, timeout: float = 600) -> Any:
+    """Run a Python `script` in a fresh interpreter; the JSON its last line prints."""
+    import json
+
+    r = subprocess.run([PY, "-c", script, *args], capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.splitlines()[-1])
 
 
 def copy_tree(src: Path, dst: Path) -> Path:

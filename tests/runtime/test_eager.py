@@ -7,11 +7,9 @@ out of the picture and counted."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
-from helpers import PY
+from helpers import script_json
 
 SCRIPT = r'''
 import json, sys
@@ -74,10 +72,7 @@ print(json.dumps(out))
 
 
 def test_eager_calls_trace_once_per_signature_and_keep_their_checks(example_cache: Path) -> None:
-    r = subprocess.run([PY, "-c", SCRIPT, str(example_cache)], capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = json.loads(r.stdout.splitlines()[-1])
+    got = script_json(SCRIPT, str(example_cache))
     assert got["mul_value"] and got["axpy_value"]
     # five eager calls of a grad-paired kernel: one trace, one custom_vjp (was one per call)
     assert got["mul_traces"] == 1 and got["mul_vjps"] == 1

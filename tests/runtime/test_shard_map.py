@@ -5,11 +5,9 @@ Traced and lowered for CUDA on two host devices; the 2-GPU run is tests/gpu/test
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
-from helpers import PY
+from helpers import script_json
 
 SCRIPT = r'''
 import json, os, sys
@@ -37,10 +35,7 @@ print(json.dumps(out))
 
 
 def test_grad_of_a_paired_kernel_inside_shard_map_type_checks(example_cache: Path) -> None:
-    r = subprocess.run([PY, "-c", SCRIPT, str(example_cache)], capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = json.loads(r.stdout.splitlines()[-1])
+    got = script_json(SCRIPT, str(example_cache))
     # mul_bwd (the forward's value is not needed, so XLA drops it)
     assert got["both-sharded"]["calls"] >= 1 and not got["both-sharded"]["psum"]
     # A replicated input's gradient is summed over the shards that used it.
