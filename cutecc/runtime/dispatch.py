@@ -54,8 +54,7 @@ class Build:
         lib = meta["library"]
         rec = meta["files"][lib]
         call = call_keywords(meta)
-        if not all(
-                isinstance(v, (bool, int, float, str)) for v in call.values()):
+        if not all(isinstance(v, (bool, int, float, str)) for v in call.values()):
             raise ValueError(f"call keywords {call!r} are not a table of plain values")
         return cls(key, meta["variant"], meta["arch"], args, CallingConvention.of(args),
                    entry_dir / lib, rec["sha256"], int(rec["size"]), meta["symbol"],
@@ -102,14 +101,12 @@ def _mismatch(b: Build, arrays: Sequence[Any]) -> tuple[dict[str, int] | None, s
         dtype = jnp.dtype(a.dtype).name
         if dtype != t.dtype:
             return None, f"{t.name}: dtype {dtype}, expected {t.dtype}"
-        if len(shape) == len(t.shape):
-            for i, n in enumerate(shape):
-                k = t.multiple(i)
-                if n % k:
-                    return None, (f"{t.name}: dimension {i} is {n}, expected a multiple of {k} "
-                                  f"(symbols.{t.shape[i]}.divisibility)")
         if len(shape) != len(t.shape):
             return None, f"{t.name}: rank {len(shape)}, expected {len(t.shape)} {list(t.shape)}"
+        for i, n in enumerate(shape):
+            if n % t.multiple(i):
+                return None, (f"{t.name}: dimension {i} is {n}, expected a multiple of "
+                              f"{t.multiple(i)} (symbols.{t.shape[i]}.divisibility)")
         for i, (d, n) in enumerate(zip(t.shape, shape)):
             if n == 0:
                 return None, f"{t.name}: dimension {i} is empty"
@@ -143,6 +140,11 @@ class KernelFn:
         self._owner = owner
         self.unusable = tuple(unusable)
         self.arch = arch
+        self._keywords: dict[str, list[Any]] = {}
+        for b in self.builds:
+            for k, v in b.call:
+                if not any(_same(v, w) for w in self._keywords.setdefault(k, [])):
+                    self._keywords[k].append(v)
 
     def __repr__(self) -> str:
         sigs = "".join(f"\n  {b.variant}{b.signature()}" for b in self.builds)
@@ -151,12 +153,7 @@ class KernelFn:
     @property
     def keywords(self) -> dict[str, list[Any]]:
         """The call keywords and the values built for each (static: Python values)."""
-        out: dict[str, list[Any]] = {}
-        for b in self.builds:
-            for k, v in b.call:
-                if not any(_same(v, w) for w in out.setdefault(k, [])):
-                    out[k].append(v)
-        return out
+        return {k: list(v) for k, v in self._keywords.items()}
 
     @property
     def __signature__(self) -> inspect.Signature:
@@ -186,7 +183,7 @@ class KernelFn:
             raise CuteccError(f"no usable build for arch {self.arch}: {why}. Build it with "
                               f"`cutecc build --arch {to_build(self.arch)} --kernel {self.name}`",
                               where=f'kernel "{self.name}"', exit_code=1)
-        known = self.keywords
+        known = self._keywords
         for k, v in keywords.items():
             if k not in known:
                 raise CuteccError(f"unknown keyword argument {k!r}; call keywords: "
@@ -241,9 +238,10 @@ class KernelFn:
                                   "(runtime scalars are keyword arguments)",
                                   where=f'kernel "{self.name}"', exit_code=1)
         back = self._owner.get(self.backward) if self._owner and self.backward else None
-        known = self.keywords
-        keywords = {k: v for k, v in scalars.items() if k in known}
-        scalars = {k: v for k, v in scalars.items() if k not in known}
+        keywords: dict[str, Any] = {}
+        if self._keywords:
+            keywords = {k: v for k, v in scalars.items() if k in self._keywords}
+            scalars = {k: v for k, v in scalars.items() if k not in self._keywords}
         if back is None:
             return self._plain(arrays, scalars, keywords)
         return self._with_vjp(back, arrays, scalars, keywords)
@@ -268,7 +266,7 @@ class KernelFn:
                   keywords: Mapping[str, Any]) -> Any:
         back_scalars = {s.name for b in back.builds for s in b.conv.scalars}
         bscalars = {k: v for k, v in scalars.items() if k in back_scalars}
-        bkeywords = {k: v for k, v in keywords.items() if k in back.keywords}
+        bkeywords = {k: v for k, v in keywords.items() if k in back._keywords}
 
         @jax.custom_vjp
         def f(*xs: Any) -> Any:
