@@ -175,3 +175,15 @@ def test_keywords_survive_the_lock(built: tuple[Path, Path]) -> None:
     assert ks.typed.keywords == {"causal": [False, True]}
     b, _ = ks.typed.select(jax.ShapeDtypeStruct((8,), jnp.int32), causal=True)
     assert b.variant == "dtype=int32,causal=True"
+
+
+@pytest.mark.slow
+def test_list_and_show_name_the_call_keywords(built: tuple[Path, Path]) -> None:
+    from cutecc.commands.list import list_entries
+    from cutecc.commands.show import show
+
+    rows = list_entries(built[1], kernel="attn").rows
+    assert sorted(r.call for r in rows) == ["causal=False", "causal=True"]
+    assert "CALL WITH" in list_entries(built[1]).lines()[0]
+    row = next(r for r in rows if r.call == "causal=True")
+    assert "call with  causal=True" in show(row.key, built[1]).lines()
