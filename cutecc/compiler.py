@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -79,8 +80,18 @@ def wrapper_source(args: tuple[Arg, ...]) -> str:
     params += [f"{_result_param(t)}: cute.Tensor" for t in conv.results]
     params += [f"{s.name}: cutlass.{dtypes.DTYPES[s.dtype].cutlass}" for s in conv.scalars]
 
+    views = []  # a tensor of another layout arrives as its dense buffer: view it logically
+    for t in (*conv.inputs, *[r for r in conv.results if r.role == "output"]):
+        if t.order is not None:
+            p = _result_param(t) if t.role != "input" else t.name
+            modes = [t.perm.index(i) for i in range(len(t.shape))]
+            views.append(f"        cutecc_view_{t.name} = cute.make_tensor({p}.iterator, "
+                         f"cute.select({p}.layout, mode={modes}))\n")
+
     def expr(a: Arg) -> str:
         if isinstance(a, TensorArg):
+            if a.order is not None:
+                return f"cutecc_view_{a.name}"
             return _result_param(a) if a.role != "input" else a.name
         if isinstance(a, ScalarArg):
             return a.name
@@ -109,7 +120,8 @@ def wrapper_source(args: tuple[Arg, ...]) -> str:
         "def make(cutecc_launcher, cutecc_consts, cutecc_values=(), cutecc_types=()):\n"
         "    @cute.jit\n"
         f"    def cutecc_entry({', '.join(params)}):\n"
-        f"        cutecc_launcher({call})\n\n"
+        + "".join(views)
+        + f"        cutecc_launcher({call})\n\n"
         "    return cutecc_entry\n"
     )
 
@@ -180,20 +192,24 @@ def _fake_args(conv: CallingConvention) -> list[Any]:
     import cutlass.cute as cute
 
     symbols: dict[str, Any] = {}
+    multiple = {d: t.multiple(i) for t in (*conv.inputs, *conv.results)
+                for i, d in enumerate(t.shape) if isinstance(d, str)}
 
     def dim(d: int | str) -> Any:
         if isinstance(d, int):
             return d
-        if d not in symbols:
-            symbols[d] = cute.sym_int()
+        if d not in symbols:  # its divisibility reaches the strides derived from it
+            symbols[d] = cute.sym_int(divisibility=multiple[d])
         return symbols[d]
 
     def tensor(t: TensorArg) -> Any:
+        # The dense row-major buffer JAX passes: the logical tensor's dimensions in the
+        # declared order (`perm`); the wrapper views it logically.
         rank = len(t.shape)
         return cute.runtime.make_fake_compact_tensor(
             getattr(cutlass, dtypes.DTYPES[t.dtype].cutlass),
-            tuple(dim(d) for d in t.shape),
-            stride_order=tuple(range(rank - 1, -1, -1)),  # row-major, as JAX lays arrays out
+            tuple(dim(t.shape[p]) for p in t.perm),
+            stride_order=tuple(range(rank - 1, -1, -1)),
             assumed_align=t.align,
         )
 
@@ -230,10 +246,16 @@ def compile_variant(entry: str, variant: Variant, compile_options: str = "") -> 
         raise CuteccError(_compile_failure(entry, variant, e), where=variant.kernel, exit_code=1) from e
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def _compile_failure(entry: str, variant: Variant, e: Exception) -> str:
     """A DSL or launcher exception, told with the manifest values that reached it."""
     arch = os.environ.get("CUTE_DSL_ARCH", "?")
-    what = str(e).strip().splitlines()[0][:300] if str(e).strip() else "(no message)"
+    # The DSL's IR errors colour their text and say what failed on the lines after the
+    # first ("... could not build valid IR" / "'cute.copy' op ... alignment ..."): keep those.
+    lines = [x.strip() for x in _ANSI.sub("", str(e)).splitlines() if x.strip()]
+    what = " / ".join(lines[:3])[:400] or "(no message)"
     values = [f"factory_args.{k} = {json.dumps(v)}" for k, v in variant.factory_args or ()]
     values += [f"constants.{k} = {json.dumps(v)}" for k, v in variant.constants]
     msg = (f'kernel "{variant.kernel}", variant {variant.id}, arch {arch} ({entry}): '

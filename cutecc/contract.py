@@ -18,7 +18,7 @@ from typing import Any
 Dim = int | str  # an int is a static extent, a str names a symbolic one
 
 ROLES = ("input", "output", "inout")
-LAYOUTS = ("row-major",)
+LAYOUTS = ("row-major", "column-major")  # or a stride order, see `TensorArg.order`
 
 
 @dataclass(frozen=True)
@@ -27,13 +27,30 @@ class TensorArg:
     role: str
     dtype: str
     shape: tuple[Dim, ...]
-    layout: str = "row-major"
+    layout: str = "row-major"  # how the manifest said it; `order` is what counts
     align: int = 16  # bytes the data pointer is assumed aligned to
     param: str | None = None  # passed to the launcher by this keyword (else positionally)
+    # Stride order of the logical dimensions, 0 = the stride-1 one (the DSL's
+    # `stride_order`); None = row-major, as JAX lays arrays out.
+    order: tuple[int, ...] | None = None
+    # Per dimension, a number its extent is a multiple of (None = no such promise).
+    divisibility: tuple[int, ...] | None = None
 
     @property
     def symbols(self) -> tuple[str, ...]:
         return tuple(d for d in self.shape if isinstance(d, str))
+
+    @property
+    def perm(self) -> tuple[int, ...]:
+        """The logical dimensions in the buffer's order, slowest first: the buffer the
+        kernel sees is the logical array transposed by `perm`, dense and row-major."""
+        if self.order is None:
+            return tuple(range(len(self.shape)))
+        return tuple(sorted(range(len(self.shape)), key=lambda i: -self.order[i]))  # type: ignore[index]
+
+    def multiple(self, i: int) -> int:
+        """What dimension `i`'s extent is declared a multiple of (1: nothing)."""
+        return 1 if self.divisibility is None else self.divisibility[i]
 
 
 @dataclass(frozen=True)
@@ -133,8 +150,13 @@ def arg_to_json(a: Arg) -> dict[str, Any]:
 
 def _arg_json(a: Arg) -> dict[str, Any]:
     if isinstance(a, TensorArg):
-        return {"kind": "tensor", "name": a.name, "role": a.role, "dtype": a.dtype,
-                "shape": list(a.shape), "layout": a.layout, "align": a.align}
+        out = {"kind": "tensor", "name": a.name, "role": a.role, "dtype": a.dtype,
+               "shape": list(a.shape), "layout": a.layout, "align": a.align}
+        if a.order is not None:  # only when set: row-major contracts keep their keys
+            out["order"] = list(a.order)
+        if a.divisibility is not None:
+            out["divisibility"] = list(a.divisibility)
+        return out
     if isinstance(a, ScalarArg):
         return {"kind": "scalar", "name": a.name, "dtype": a.dtype, "default": a.default}
     if isinstance(a, NoneArg):
@@ -151,8 +173,16 @@ def _arg_json(a: Arg) -> dict[str, Any]:
 def arg_from_json(d: dict[str, Any]) -> Arg:
     kind, param = d["kind"], d.get("param")
     if kind == "tensor":
+        order, div = d.get("order"), d.get("divisibility")
+        rank = len(d["shape"])
+        if order is not None and sorted(int(i) for i in order) != list(range(rank)):
+            raise ValueError(f"order {order!r} is not a permutation of 0..{rank - 1}")
+        if div is not None and (len(div) != rank or not all(type(k) is int and k > 0 for k in div)):
+            raise ValueError(f"divisibility {div!r} is not one positive int per dimension")
         return TensorArg(d["name"], d["role"], d["dtype"], tuple(d["shape"]),
-                         d.get("layout", "row-major"), int(d.get("align", 16)), param)
+                         d.get("layout", "row-major"), int(d.get("align", 16)), param,
+                         None if order is None else tuple(int(i) for i in order),
+                         None if div is None else tuple(div))
     if kind == "scalar":
         return ScalarArg(d["name"], d["dtype"], d.get("default"), param)
     if kind == "none":

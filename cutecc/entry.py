@@ -121,6 +121,14 @@ def acted_on(meta: dict[str, Any]) -> dict[str, Any] | None:
             "contract": contract_digest(meta.get("args"))}
 
 
+def call_keywords(meta: dict[str, Any]) -> dict[str, Any]:
+    """The call keywords that reach an entry (`causal=True`), read from its key inputs
+    (so they are as trusted as the key itself); {} when it has none."""
+    inputs = meta.get("key_inputs")
+    call = inputs.get("call", {}) if isinstance(inputs, dict) else {}
+    return call if isinstance(call, dict) else {}
+
+
 def meta_problem(meta: Any, key: str) -> str | None:
     """Why `meta` (an entry's parsed meta.json) cannot be trusted as the entry for `key`.
 

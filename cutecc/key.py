@@ -233,7 +233,7 @@ def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
                env: dict[str, str] | None = None) -> dict[str, Any]:
     """The named inputs of one artifact's key (also stored in its metadata):
     `distributions` and `env` as `cutecc.dists` computes them."""
-    return {
+    inputs: dict[str, Any] = {
         "distributions": distributions or {},
         "env": env or {},
         "kernel": kernel.name,  # the runtime exposes an entry under this name
@@ -246,3 +246,6 @@ def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
         "compile_options": kernel.compile_options,
         "toolchain": toolchain(),
     }
+    if variant.call:  # only when set: kernels without call keywords keep their keys
+        inputs["call"] = dict(variant.call)  # which call reaches this entry
+    return inputs

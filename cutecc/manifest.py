@@ -25,7 +25,8 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
                                   {dsl = "cutlass.Int32", value = 5}, {import = "m:Name"},
                                   {call = "m:f", args = [..], kwargs = {..}}, {none = true}
     args = [..]                   the launcher's arguments in its own order:
-      {name, dtype, shape, role = "input"|"output"|"inout", layout, align}  a tensor
+      {name, dtype, shape, role = "input"|"output"|"inout", layout, align}  a tensor;
+        layout = "row-major" (default) | "column-major" | [stride order, 0 = stride 1]
       {kind = "scalar", name, dtype, default}    a runtime scalar (keyword at the JAX side)
       {kind = "none"}   {kind = "stream"}   {kind = "tuple", items = [..]}
       {kind = "const", value = V}                a compile-time value in the launcher's order
@@ -33,7 +34,10 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
       any argument may carry param = "NAME": passed by that keyword; undeclared parameters
       in between keep their Python defaults
     constants = {..}              compile-time keyword arguments of the launcher
-    variants = {param = [..]}     a matrix; "$param" in dtype/shape/constants/factory_args
+    symbols = {n = {divisibility = 8}}   facts about symbolic extents (checked at call time)
+    variants = {param = [..]}     a matrix; "$param" in dtype/shape/constants/factory_args;
+                                  a parameter that the input tensors cannot tell apart is
+                                  a call keyword: `ks.k(q, causal=True)`
     archs, profile, compile_options   per-kernel overrides
     grad = {backward = "NAME"}    pair with a backward kernel for jax.grad
 """
@@ -107,7 +111,8 @@ _BUILD_KEYS = {"executor", "ray_address", "remote"}
 EXECUTORS = ("local", "ray")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs", "profile",
-                "compile_options", "grad", "description"}
+                "compile_options", "grad", "description", "symbols"}
+MAX_DIVISIBILITY = 1 << 16
 _TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "layout", "align", "param"}
 _SCALAR_KEYS = {"kind", "name", "dtype", "default", "param"}
 _Value = int | float | bool | str
@@ -122,6 +127,9 @@ class Variant:
     args: tuple[Arg, ...]
     constants: tuple[tuple[str, _Value], ...]
     factory_args: tuple[tuple[str, _Value], ...] | None
+    # The variant parameters a call names by keyword (those the input tensors cannot
+    # tell apart), with this variant's values; see `_call_keywords`.
+    call: tuple[tuple[str, _Value], ...] = ()
 
     @property
     def id(self) -> str:
@@ -376,19 +384,101 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
         backward = _str(ctx, f"{kp}, grad.backward", grad["backward"])
 
     _check_used(ctx, kp, axes, kdoc)
+    symbols = _symbols(ctx, f"{kp}, symbols", kdoc.get("symbols", {}))
     variants = []
     for point in _points(axes):
         vctx = f"{kp}, variant {_point_id(point)}" if point else kp
         env = dict(point)
-        args = tuple(_arg(ctx, f"{vctx}, args[{i}]", a, env, hw)
+        args = tuple(_with_divisibility(_arg(ctx, f"{vctx}, args[{i}]", a, env, hw), symbols)
                      for i, a in enumerate(kdoc["args"]))
         _check_args(ctx, vctx, args)
+        unused = set(symbols) - {s for t in flat_leaves(args) if isinstance(t, TensorArg)
+                                 for s in t.symbols}
+        if unused:
+            raise ctx.fail(f"{kp}, symbols.{sorted(unused)[0]}", "names no symbolic extent of "
+                           f"the arguments{' of variant ' + _point_id(point) if point else ''}")
         consts = tuple((k, _value(ctx, f"{vctx}, constants.{k}", v, env, hw))
                        for k, v in constants)
         fargs = None if factory is None else tuple(
             (k, _value(ctx, f"{vctx}, factory_args.{k}", v, env, hw)) for k, v in factory)
         variants.append(Variant(name, point, args, consts, fargs))
-    return Kernel(name, entry, k_archs, k_profile, k_copts, tuple(variants), backward)
+    return Kernel(name, entry, k_archs, k_profile, k_copts,
+                  _call_keywords(ctx, kp, axes, variants), backward)
+
+
+def _symbols(ctx: _Ctx, kp: str, v: Any) -> dict[str, int]:
+    """`symbols = { n = { divisibility = 8 } }`: per symbolic extent, what it is a multiple of."""
+    if not isinstance(v, dict):
+        raise ctx.fail(kp, "must be a table of symbol = { divisibility = k }")
+    out = {}
+    for name, facts in v.items():
+        if not NAME_RE.fullmatch(name):
+            raise ctx.fail(f"{kp}.{name}", "not a valid symbol name")
+        if not isinstance(facts, dict):
+            raise ctx.fail(f"{kp}.{name}", f"must be a table {{ divisibility = k }}, got {_tname(facts)}")
+        _no_unknown(ctx, facts, {"divisibility"}, f"{kp}.{name}")
+        k = facts.get("divisibility", 1)
+        if type(k) is not int or not 1 <= k <= MAX_DIVISIBILITY:
+            raise ctx.fail(f"{kp}.{name}.divisibility",
+                           f"must be an int from 1 to {MAX_DIVISIBILITY}, got {k!r}")
+        out[name] = k
+    return out
+
+
+def _with_divisibility(a: Arg, symbols: dict[str, int]) -> Arg:
+    """`a` with each tensor dimension's divisibility from the kernel's `symbols`."""
+    if isinstance(a, TensorArg):
+        div = tuple(symbols.get(d, 1) if isinstance(d, str) else 1 for d in a.shape)
+        return dataclasses.replace(a, divisibility=div if any(k > 1 for k in div) else None)
+    if isinstance(a, TupleArg):
+        return dataclasses.replace(a, items=tuple(_with_divisibility(i, symbols) for i in a.items))
+    if isinstance(a, StructArg):
+        return dataclasses.replace(a, fields=tuple((k, _with_divisibility(f, symbols))
+                                                   for k, f in a.fields))
+    return a
+
+
+def _selects(v: Variant) -> str:
+    """What a call's arrays select a variant by: the input tensors' contract."""
+    return repr([(t.dtype, t.shape, t.order, t.divisibility, t.align) for t in v.convention.inputs])
+
+
+def _call_value(x: _Value) -> tuple[bool, _Value]:
+    """A keyword value as a call compares it: `True` and `1` differ, `1` and `1.0` do not."""
+    return (isinstance(x, bool), x)
+
+
+def _call_keywords(ctx: _Ctx, kp: str, axes: Any, variants: list[Variant]) -> tuple[Variant, ...]:
+    """The variants with their call keywords set: a parameter is a call keyword when two
+    variants that differ only in it take the same input tensors (FA4's `causal`). Two
+    variants no call can tell apart (same inputs, same keyword values) are an error."""
+    names = [n for n, _ in axes]
+    keywords = []
+    for p in names:
+        seen: set[tuple[str, str]] = set()
+        for v in variants:
+            g = (_selects(v), repr([x for x in v.params if x[0] != p]))
+            if g in seen:
+                keywords.append(p)
+                break
+            seen.add(g)
+    scalars = {s.name for v in variants for s in v.convention.scalars}
+    for p in keywords:
+        if p in scalars:
+            raise ctx.fail(f"{kp}, variants.{p}", f'call keyword "{p}" is also the name of a '
+                           "runtime scalar; rename one")
+    out = []
+    first: dict[tuple[str, tuple[tuple[bool, _Value], ...]], Variant] = {}
+    for v in variants:
+        call = tuple((p, x) for p, x in v.params if p in keywords)
+        g = (_selects(v), tuple(_call_value(x) for _, x in call))
+        if g in first:
+            raise ctx.fail(f"{kp}, variants", f'variants "{first[g].id}" and "{v.id}" cannot be '
+                           "told apart by any call: same input tensors and the same call "
+                           f"keywords ({', '.join(keywords) or 'none'})")
+        first[g] = v
+        out.append(dataclasses.replace(v, call=call))
+    return tuple(out)
 
 
 def _variant_axes(ctx: _Ctx, kp: str, v: Any) -> tuple[tuple[str, tuple[_Value, ...]], ...]:
@@ -610,16 +700,32 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
         if isinstance(d, str) and not NAME_RE.fullmatch(d):
             raise ctx.fail(dp, f'"{d}" is not a valid symbol name')
         dims.append(d)
-    layout = a.get("layout", "row-major")
-    if layout != "row-major":
-        raise ctx.fail(f"{kp}.layout", f'layout "{layout}" is not supported; JAX arrays are '
-                       '"row-major" (transpose in JAX and declare the transposed shape)')
+    order = _order(ctx, f"{kp}.layout", a.get("layout", "row-major"), len(dims))
     align = a.get("align", 16)
     if isinstance(align, bool) or not isinstance(align, int) or align <= 0 or align & (align - 1):
         raise ctx.fail(f"{kp}.align", f"must be a positive power of two (bytes), got {align!r}")
     if align > MAX_ALIGN:
         raise ctx.fail(f"{kp}.align", f"must be at most {MAX_ALIGN} (bytes), got {align}")
-    return TensorArg(name, role, dt, tuple(dims), layout, align)
+    label = ("row-major" if order is None else
+             "column-major" if order == tuple(range(len(dims))) else "strided")
+    return TensorArg(name, role, dt, tuple(dims), label, align, order=order)
+
+
+def _order(ctx: _Ctx, kp: str, layout: Any, rank: int) -> tuple[int, ...] | None:
+    """A tensor's stride order (0 = the stride-1 dimension), None for row-major."""
+    if layout == "row-major":
+        return None
+    if layout == "column-major":
+        order = tuple(range(rank))
+    elif isinstance(layout, list):
+        if sorted(x for x in layout if type(x) is int) != list(range(rank)) or len(layout) != rank:
+            raise ctx.fail(kp, f"a stride order is a permutation of 0..{rank - 1} (one per "
+                           f"dimension, 0 = the stride-1 one), got {layout!r}")
+        order = tuple(layout)
+    else:
+        raise ctx.fail(kp, f'must be "row-major", "column-major" or a stride order such as '
+                       f"[0, 1], got {layout!r}")
+    return None if order == tuple(range(rank - 1, -1, -1)) else order
 
 
 def _check_args(ctx: _Ctx, kp: str, args: tuple[Arg, ...]) -> None:

@@ -12,7 +12,14 @@ from typing import Any
 from cutecc import dtypes
 from cutecc.archs import ARCH_RE
 from cutecc.contract import LAYOUTS, ROLES
-from cutecc.manifest import BUILTIN_PROFILES, ENTRY_RE, MANIFEST_FORMAT, MAX_ALIGN, RESERVED_KERNEL_NAMES
+from cutecc.manifest import (
+    BUILTIN_PROFILES,
+    ENTRY_RE,
+    MANIFEST_FORMAT,
+    MAX_ALIGN,
+    MAX_DIVISIBILITY,
+    RESERVED_KERNEL_NAMES,
+)
 
 SCHEMA_ID = "https://cutecc.dev/schemas/kernels.schema.json"
 _PARAM = {"type": "string", "pattern": r"^\$[A-Za-z_][A-Za-z0-9_.]*$",
@@ -46,7 +53,10 @@ def schema() -> dict[str, Any]:
             "dtype": _dtype(),
             "shape": {"type": "array", "items": extent,
                       "description": "Ints are static extents, names symbolic (shared name: equal)."},
-            "layout": {"enum": list(LAYOUTS)},
+            "layout": {"anyOf": [{"enum": list(LAYOUTS)},
+                                 {"type": "array", "items": {"type": "integer", "minimum": 0}}],
+                       "description": "The buffer the kernel sees: row-major (default), column-major, "
+                                      "or a stride order per dimension (0 = stride 1)."},
             "align": {"enum": [1 << i for i in range(MAX_ALIGN.bit_length())],
                       "description": "Pointer alignment in bytes."},
             "param": _KW,
@@ -85,7 +95,14 @@ def schema() -> dict[str, Any]:
                      "description": "The launcher's arguments in its own order."},
             "constants": table,
             "variants": {"type": "object",
-                         "additionalProperties": {"type": "array", "minItems": 1, "items": _VALUE}},
+                         "additionalProperties": {"type": "array", "minItems": 1, "items": _VALUE},
+                         "description": "A matrix of parameters; those the input tensors cannot "
+                                        "tell apart are call keywords."},
+            "symbols": {"type": "object", "additionalProperties": {
+                "type": "object", "additionalProperties": False,
+                "properties": {"divisibility": {"type": "integer", "minimum": 1,
+                                                "maximum": MAX_DIVISIBILITY}}},
+                        "description": "Facts about symbolic extents, e.g. n = { divisibility = 8 }."},
             "archs": archs,
             "profile": {"type": "string"},
             "compile_options": {"type": "string"},

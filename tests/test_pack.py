@@ -210,8 +210,8 @@ ks = toy_kernels.load(arch="sm_90a", allow_unsigned=True)
 targets = ks.register_all()
 spec = jax.ShapeDtypeStruct((1000,), jnp.float32)
 lower = lambda f: jax.jit(f).trace(spec).lower(lowering_platforms=("cuda",)).as_text()
-text = lower(lambda x: ks.scale(x, factor=2.0))
-lazy = lower(lambda x: toy_kernels.scale(x))  # module attribute, loaded for $CUTECC_ARCH
+text = lower(lambda x: ks.scale(x, factor=2.0, threads=128))
+lazy = lower(lambda x: toy_kernels.scale(x, threads=64))  # module attribute, loaded for $CUTECC_ARCH
 print(json.dumps({
     "file": toy_kernels.__file__, "cutecc": __import__("cutecc").__file__,
     "variants": sorted(ks.scale.variants), "targets": targets, "root": str(ks.root),

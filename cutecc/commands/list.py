@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from cutecc.entry import call_keywords
 from cutecc.report import Report
 from cutecc.store import Store
 from cutecc.units import human_age, human_size
@@ -20,6 +21,7 @@ class Row:
     arch: str
     size: int
     built_at: str
+    call: str = ""  # the call keywords that reach this entry, "causal=True"
 
     def age_seconds(self, now: dt.datetime) -> float:
         try:
@@ -45,14 +47,21 @@ class ListReport(Report):
 
     def lines(self, verbose: int = 0) -> list[str]:
         now = dt.datetime.now(dt.timezone.utc)
-        table = [("KERNEL", "VARIANT", "ARCH", "KEY", "SIZE", "AGE")] + [
+        table = [("KERNEL", "VARIANT", "ARCH", "KEY", "SIZE", "AGE", "CALL WITH")] + [
             (r.kernel, r.variant, r.arch, r.key[: 64 if verbose > 0 else 12], human_size(r.size),
-             human_age(r.age_seconds(now))) for r in self.rows]
-        widths = [max(len(row[i]) for row in table) for i in range(6)]
+             human_age(r.age_seconds(now)), r.call) for r in self.rows]
+        widths = [max(len(row[i]) for row in table) for i in range(7)]
         out = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
         out.append(f"{len(self.rows)} entries, {human_size(sum(r.size for r in self.rows))} "
                    f"in {self.cache_dir}")
         return out
+
+
+def call_text(call: Any) -> str:
+    """Call keywords as a caller writes them (`causal=True`); "" for none."""
+    if not isinstance(call, dict):
+        return ""
+    return ", ".join(f"{k}={v!r}" for k, v in call.items())[:200]
 
 
 def list_entries(cache_dir: str | Path | None = None, *, kernel: str | None = None,
@@ -64,7 +73,8 @@ def list_entries(cache_dir: str | Path | None = None, *, kernel: str | None = No
         m = e.meta
         if (kernel and m.get("kernel") != kernel) or (arch and m.get("arch") != arch):
             continue
+        call = call_keywords(m)
         rows.append(Row(e.key, str(m.get("kernel")), str(m.get("variant")), str(m.get("arch")),
-                        e.size, str(m.get("built_at", ""))))
+                        e.size, str(m.get("built_at", "")), call_text(call)))
     rows.sort(key=lambda r: (r.kernel, r.variant, r.arch, r.key))
     return ListReport(store.root, tuple(rows))

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cutecc.entry import label_of
+from cutecc.commands.list import call_text
+from cutecc.entry import call_keywords, label_of
 from cutecc.errors import CuteccError
 from cutecc.report import Report
 from cutecc.store import Entry, Store
@@ -28,7 +29,11 @@ class ShowReport(Report):
     def lines(self, verbose: int = 0) -> list[str]:
         info = self.info
         out = [f"key        {info['key']}", f"entry      {info['label']}", f"path       {info['path']}",
-               f"last used  {info['last_used']}", f"on disk    {human_size(info['disk_bytes'])}", "files"]
+               f"last used  {info['last_used']}", f"on disk    {human_size(info['disk_bytes'])}"]
+        call = call_text(call_keywords(info["meta"]))
+        if call:
+            out.append(f"call with  {call}")
+        out.append("files")
         out += [f"  {f['name']}  {f['size']} B  sha256 {f['sha256']}" for f in info["files"]]
         out.append("metadata")
         for k, v in sorted(info["meta"].items()):

@@ -1,8 +1,13 @@
-"""A loaded kernel as a JAX-callable: `kernel(*inputs, **scalars) -> result(s)`.
+"""A loaded kernel as a JAX-callable: `kernel(*inputs, **keywords) -> result(s)`.
 
 Each call checks its arrays against the contracts of the variants that were built
-(count, dtype, rank, static extents, shared symbolic extents), picks the match,
-computes output shapes from the contract, and binds the `cutecc_call` primitive.
+(count, dtype, rank, static extents, shared symbolic extents, divisibility), keeps
+those whose call keywords (variant parameters the arrays cannot tell apart, such as
+`causal=True`) equal the call's, picks the most specific one (never one of equals:
+that is an error naming them), computes output shapes from the contract, and binds
+the `cutecc_call` primitive. Arrays are logical; a tensor declared with another
+layout is transposed to the buffer order the kernel was compiled for (XLA folds a
+caller's own `.T` into it), and results back.
 Works eagerly and under `jax.jit`; placement follows the seed API `cute_call`: all
 arrays on one device, and with several accelerators only inside `jax.shard_map`.
 """
@@ -10,6 +15,7 @@ arrays on one device, and with several accelerators only inside `jax.shard_map`.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from cutecc.archs import to_build
-from cutecc.contract import Arg, CallingConvention, ScalarArg, args_from_json
+from cutecc.contract import Arg, CallingConvention, ScalarArg, TensorArg, args_from_json
+from cutecc.entry import call_keywords
 from cutecc.errors import CuteccError
 from cutecc.runtime import library
 from cutecc.runtime.primitive import cutecc_call_p, unify_varying, varying
@@ -40,14 +47,19 @@ class Build:
     size: int
     symbol: str
     record_use: bool = True  # touch the entry's `used` file at registration (not in a pack)
+    call: tuple[tuple[str, Any], ...] = ()  # the call keywords that reach this build
 
     @classmethod
     def from_meta(cls, key: str, entry_dir: Path, meta: Mapping[str, Any]) -> Build:
         args = args_from_json(meta["args"])
         lib = meta["library"]
         rec = meta["files"][lib]
+        call = call_keywords(meta)
+        if not all(isinstance(v, (bool, int, float, str)) for v in call.values()):
+            raise ValueError(f"call keywords {call!r} are not a table of plain values")
         return cls(key, meta["variant"], meta["arch"], args, CallingConvention.of(args),
-                   entry_dir / lib, rec["sha256"], int(rec["size"]), meta["symbol"])
+                   entry_dir / lib, rec["sha256"], int(rec["size"]), meta["symbol"],
+                   call=tuple(call.items()))
 
     @property
     def label(self) -> str:
@@ -56,7 +68,13 @@ class Build:
     def signature(self) -> str:
         ins = ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}" for t in self.conv.inputs)
         sc = "".join(f", {s.name}: {s.dtype}" for s in self.conv.scalars)
-        return f"({ins}{sc})"
+        kw = "".join(f", {k}={v!r}" for k, v in self.call)
+        return f"({ins}{sc}{kw})"
+
+    def takes(self, keywords: Mapping[str, Any]) -> bool:
+        """Whether the call keywords given (a subset of this kernel's) reach this build."""
+        mine = dict(self.call)
+        return all(k in mine and _same(mine[k], v) for k, v in keywords.items())
 
     def register(self, kernel: str) -> str:
         return library.ensure_registered(
@@ -67,6 +85,11 @@ class Build:
 
 MAX_EAGER_SIGNATURES = 256  # jitted eager calls kept per kernel (one per keyword values)
 MAX_SYMBOLIC_EXTENT = 2**31 - 1  # `cute.sym_int()` is 32-bit: the contract says so
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Call keyword equality: `True` is not `1`, `1` is `1.0`."""
+    return isinstance(a, bool) == isinstance(b, bool) and a == b
 
 
 def _mismatch(b: Build, arrays: Sequence[Any]) -> tuple[dict[str, int] | None, str]:
@@ -82,6 +105,10 @@ def _mismatch(b: Build, arrays: Sequence[Any]) -> tuple[dict[str, int] | None, s
             return None, f"{t.name}: dtype {dtype}, expected {t.dtype}"
         if len(shape) != len(t.shape):
             return None, f"{t.name}: rank {len(shape)}, expected {len(t.shape)} {list(t.shape)}"
+        for i, n in enumerate(shape):
+            if n % t.multiple(i):
+                return None, (f"{t.name}: dimension {i} is {n}, expected a multiple of "
+                              f"{t.multiple(i)} (symbols.{t.shape[i]}.divisibility)")
         for i, (d, n) in enumerate(zip(t.shape, shape)):
             if n == 0:
                 return None, f"{t.name}: dimension {i} is empty"
@@ -97,6 +124,12 @@ def _mismatch(b: Build, arrays: Sequence[Any]) -> tuple[dict[str, int] | None, s
     return env, ""
 
 
+def _static(b: Build) -> int:
+    """How specific a build's contract is: its static extents and divisibility facts."""
+    return sum(isinstance(d, int) for t in b.conv.inputs for d in t.shape) + sum(
+        t.multiple(i) > 1 for t in b.conv.inputs for i in range(len(t.shape)))
+
+
 class KernelFn:
     """A kernel of the cache, callable from JAX with the canonical convention."""
 
@@ -104,40 +137,102 @@ class KernelFn:
                  owner: Any = None, unusable: Sequence[str] = (), arch: str = "?") -> None:
         self.name = name
         # More static extents first: the most specific variant wins.
-        self.builds = sorted(builds, key=lambda b: -sum(
-            isinstance(d, int) for t in b.conv.inputs for d in t.shape))
+        self.builds = sorted(builds, key=lambda b: -_static(b))
         self.backward = backward
         self._owner = owner
         self.unusable = tuple(unusable)
         self.arch = arch
         self._eager: dict[tuple, Any] = {}  # keyword values -> jitted call, see _eager_fn
+        self._keywords: dict[str, list[Any]] = {}
+        for b in self.builds:
+            for k, v in b.call:
+                if not any(_same(v, w) for w in self._keywords.setdefault(k, [])):
+                    self._keywords[k].append(v)
 
     def __repr__(self) -> str:
-        return f"<cutecc kernel {self.name}: {len(self.builds)} variant(s) for {self.arch}>"
+        sigs = "".join(f"\n  {b.variant}{b.signature()}" for b in self.builds)
+        return f"<cutecc kernel {self.name}: {len(self.builds)} variant(s) for {self.arch}{sigs}>"
+
+    @property
+    def keywords(self) -> dict[str, list[Any]]:
+        """The call keywords and the values built for each (static: Python values)."""
+        return {k: list(v) for k, v in self._keywords.items()}
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        """For `help()` and `inspect`: arrays, runtime scalars, then call keywords."""
+        P = inspect.Parameter  # noqa: N806
+        params: dict[str, inspect.Parameter] = {}
+        for b in self.builds:
+            for t in b.conv.inputs:
+                params.setdefault(t.name, P(t.name, P.POSITIONAL_ONLY))
+        for b in self.builds:
+            for s in b.conv.scalars:
+                params.setdefault(s.name, P(s.name, P.KEYWORD_ONLY, default=s.default))
+        for k, vals in self.keywords.items():
+            params[k] = P(k, P.KEYWORD_ONLY, annotation=" | ".join(map(repr, vals)))
+        return inspect.Signature(list(params.values()))
 
     @property
     def variants(self) -> list[str]:
         return [b.variant for b in self.builds]
 
-    def select(self, *arrays: Any) -> tuple[Build, dict[str, int]]:
-        """The build whose contract the arrays fit, and the symbol bindings."""
+    def select(self, *arrays: Any, **keywords: Any) -> tuple[Build, dict[str, int]]:
+        """The build whose contract the arrays fit and whose call keywords are those
+        given, and the symbol bindings. Among several fits the most specific (most
+        static extents) wins; equals are an error, never a silent pick."""
         if not self.builds:
             why = "; ".join(self.unusable) or "nothing was built for it"
             raise CuteccError(f"no usable build for arch {self.arch}: {why}. Build it with "
                               f"`cutecc build --arch {to_build(self.arch)} --kernel {self.name}`",
                               where=f'kernel "{self.name}"', exit_code=1)
+        known = self._keywords
+        for k, v in keywords.items():
+            if k not in known:
+                raise CuteccError(f"unknown keyword argument {k!r}; call keywords: "
+                                  f"{', '.join(sorted(known)) or 'none'}",
+                                  where=f'kernel "{self.name}"', exit_code=1)
+            if not any(_same(v, w) for w in known[k]):
+                raise CuteccError(f"{k}={v!r} was not built; built: "
+                                  + ", ".join(f"{k}={w!r}" for w in known[k]),
+                                  where=f'kernel "{self.name}"', exit_code=1)
         reasons = []
+        fits: list[tuple[Build, dict[str, int]]] = []
         for b in self.builds:
             env, why = _mismatch(b, arrays)
-            if env is not None:
-                return b, env
-            reasons.append(f"  {b.variant}{b.signature()}: {why}")
+            if env is not None and b.takes(keywords):
+                fits.append((b, env))
+            elif env is not None:
+                reasons.append(f"  {b.variant}{b.signature()}: other call keywords")
+            else:
+                reasons.append(f"  {b.variant}{b.signature()}: {why}")
+        if fits:
+            return self._one_of(fits, keywords)
         got = ", ".join(f"{jnp.dtype(a.dtype).name}{list(a.shape)}" for a in arrays)
         raise CuteccError(
             f"no built variant matches the call ({got}). Built for {self.arch}:\n"
             + "\n".join(reasons)
             + f"\nTo add one, extend [kernel.{self.name}] variants in the manifest and run "
             "`cutecc build`.", where=f'kernel "{self.name}"', exit_code=1)
+
+    def _one_of(self, fits: list[tuple[Build, dict[str, int]]],
+                keywords: Mapping[str, Any]) -> tuple[Build, dict[str, int]]:
+        """The most specific of the builds a call fits; equals are refused."""
+        top = [f for f in fits if _static(f[0]) == _static(fits[0][0])]  # builds are sorted
+        if len(top) == 1:
+            return top[0]
+        missing = sorted({k for b, _ in top for k, _ in b.call if k not in keywords})
+        if missing:
+            choices = "; ".join(f"{k} = " + " or ".join(sorted({repr(v) for b, _ in top
+                                                                for k2, v in b.call if k2 == k}))
+                                for k in missing)
+            raise CuteccError(f"missing call keyword {', '.join(map(repr, missing))}: these arrays "
+                              f"fit {len(top)} variants, chosen by {choices} "
+                              f"(e.g. {self.name}(..., {missing[0]}=...))",
+                              where=f'kernel "{self.name}"', exit_code=1)
+        raise CuteccError("the call fits several variants equally: " + ", ".join(
+            b.variant for b, _ in top) + "; declare contracts that tell them apart",
+                          where=f'kernel "{self.name}"', exit_code=1)
 
     def __call__(self, *arrays: Any, **scalars: Any) -> Any:
         for i, a in enumerate(arrays):
@@ -172,41 +267,61 @@ class KernelFn:
 
     def _traced(self, arrays: Sequence[Any], scalars: Mapping[str, Any]) -> Any:
         back = self._owner.get(self.backward) if self._owner and self.backward else None
+        keywords: dict[str, Any] = {}
+        if self._keywords:
+            keywords = {k: v for k, v in scalars.items() if k in self._keywords}
+            scalars = {k: v for k, v in scalars.items() if k not in self._keywords}
         if back is None:
-            return self._plain(arrays, scalars)
-        return self._with_vjp(back, arrays, scalars)
+            return self._plain(arrays, scalars, keywords)
+        return self._with_vjp(back, arrays, scalars, keywords)
 
-    def _plain(self, arrays: Sequence[Any], scalars: Mapping[str, Any]) -> Any:
-        build, env = self.select(*arrays)
+    def _plain(self, arrays: Sequence[Any], scalars: Mapping[str, Any],
+               keywords: Mapping[str, Any]) -> Any:
+        build, env = self.select(*arrays, **keywords)
         _check_placement(self.name, arrays)
         attrs = _attrs(self.name, build.conv.scalars, scalars)
         target = build.register(self.name)
+        # The kernel sees each tensor's buffer in its declared order (`TensorArg.perm`).
         results = tuple(
-            (tuple(d if isinstance(d, int) else env[d] for d in t.shape), t.dtype)
-            for t in build.conv.results)
-        out = cutecc_call_p.bind(*unify_varying(arrays), target=target, kernel=self.name,
+            (tuple(d if isinstance(d, int) else env[d] for d in (t.shape[p] for p in t.perm)),
+             t.dtype) for t in build.conv.results)
+        buffers = [_to_buffer(a, t) for a, t in zip(arrays, build.conv.inputs)]
+        out = cutecc_call_p.bind(*unify_varying(buffers), target=target, kernel=self.name,
                                  results=results, aliases=build.conv.aliases, attrs=attrs)
+        out = [_from_buffer(o, t) for o, t in zip(out, build.conv.results)]
         return out[0] if len(out) == 1 else tuple(out)
 
-    def _with_vjp(self, back: KernelFn, arrays: Sequence[Any], scalars: Mapping[str, Any]) -> Any:
+    def _with_vjp(self, back: KernelFn, arrays: Sequence[Any], scalars: Mapping[str, Any],
+                  keywords: Mapping[str, Any]) -> Any:
         back_scalars = {s.name for b in back.builds for s in b.conv.scalars}
         bscalars = {k: v for k, v in scalars.items() if k in back_scalars}
+        bkeywords = {k: v for k, v in keywords.items() if k in back._keywords}
 
         @jax.custom_vjp
         def f(*xs: Any) -> Any:
-            return self._plain(xs, scalars)
+            return self._plain(xs, scalars, keywords)
 
         def fwd(*xs: Any) -> Any:
-            return self._plain(xs, scalars), xs
+            return self._plain(xs, scalars, keywords), xs
 
         def bwd(xs: Any, cts: Any) -> Any:
             cts = tuple(cts) if isinstance(cts, (tuple, list)) else (cts,)
-            g = back._plain((*xs, *cts), bscalars)
+            g = back._plain((*xs, *cts), bscalars, bkeywords)
             g = tuple(g) if isinstance(g, (tuple, list)) else (g,)
             return tuple(_like(gi, x) for gi, x in zip(g, xs))
 
         f.defvjp(fwd, bwd)
         return f(*arrays)
+
+
+def _to_buffer(a: Any, t: TensorArg) -> Any:
+    """The logical array `a` as the buffer `t` declares (a transpose; none if row-major)."""
+    return a if t.order is None else jnp.transpose(a, t.perm)
+
+
+def _from_buffer(b: Any, t: TensorArg) -> Any:
+    """A result buffer in `t`'s declared order as the logical array."""
+    return b if t.order is None else jnp.transpose(b, np.argsort(t.perm).tolist())
 
 
 def _like(g: Any, x: Any) -> Any:

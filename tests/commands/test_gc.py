@@ -137,7 +137,7 @@ LOWER = (
     "import cutecc, jax, jax.numpy as jnp, sys\n"
     "ks = cutecc.load(sys.argv[1], arch='sm_90a')\n"
     "s = jax.ShapeDtypeStruct((256,), jnp.float32)\n"
-    "jax.jit(ks.scale).trace(s).lower(lowering_platforms=('cuda',))\n"
+    "jax.jit(lambda x: ks.scale(x, threads=64)).trace(s).lower(lowering_platforms=('cuda',))\n"
     "print('LOWERED')\n"
 )
 

@@ -1,0 +1,63 @@
+"""Kernels for tests/gpu/test_layouts_gpu.py: declared layouts, divisibility and call keywords."""
+
+import cutlass
+import cutlass.cute as cute
+
+
+@cute.kernel
+def _rows(x: cute.Tensor, y: cute.Tensor, vec: cutlass.Constexpr):
+    b, _, _ = cute.arch.block_idx()
+    t, _, _ = cute.arch.thread_idx()
+    atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), x.element_type, num_bits_per_copy=128)
+    cute.copy(atom, cute.zipped_divide(x, (1, vec))[(None, (b, t))],
+              cute.zipped_divide(y, (1, vec))[(None, (b, t))])
+
+
+@cute.jit
+def copy_rows(x: cute.Tensor, y: cute.Tensor, stream):
+    """y = x with one 128-bit copy per thread along each row (n a multiple of 8 bf16)."""
+    vec = 128 // x.element_type.width
+    _rows(x, y, vec).launch(grid=(cute.size(x, mode=[0]), 1, 1),
+                            block=(cute.size(x, mode=[1]) // vec, 1, 1), stream=stream)
+
+
+@cute.kernel
+def _cols(x: cute.Tensor, y: cute.Tensor, vec: cutlass.Constexpr):
+    b, _, _ = cute.arch.block_idx()
+    t, _, _ = cute.arch.thread_idx()
+    atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), x.element_type, num_bits_per_copy=128)
+    cute.copy(atom, cute.zipped_divide(x, (vec, 1))[(None, (t, b))],
+              cute.zipped_divide(y, (vec, 1))[(None, (t, b))])
+
+
+@cute.jit
+def copy_cols(x: cute.Tensor, y: cute.Tensor, stream):
+    """y = x for column-major x and y, one 128-bit copy per thread down each column."""
+    vec = 128 // x.element_type.width
+    _cols(x, y, vec).launch(grid=(cute.size(x, mode=[1]), 1, 1),
+                            block=(cute.size(x, mode=[0]) // vec, 1, 1), stream=stream)
+
+
+@cute.kernel
+def _scale(x: cute.Tensor, out: cute.Tensor, f: cutlass.Constexpr):
+    b, _, _ = cute.arch.block_idx()
+    t, _, _ = cute.arch.thread_idx()
+    i = b * 128 + t
+    if i < cute.size(x):
+        out[i] = x[i] * f  # the same logical coordinate in both, whatever their layouts
+
+
+@cute.jit
+def scale(x: cute.Tensor, out: cute.Tensor, stream, causal: cutlass.Constexpr = False):
+    """out = x * (2 if causal else 1), element by logical coordinate."""
+    n = cute.size(x)
+    _scale(x, out, 2.0 if causal else 1.0).launch(grid=[(n + 127) // 128, 1, 1], block=[128, 1, 1],
+                                                  stream=stream)
+
+
+@cute.jit
+def scale_bwd(x: cute.Tensor, ct: cute.Tensor, dx: cute.Tensor, stream,
+              causal: cutlass.Constexpr = False):
+    n = cute.size(x)
+    _scale(ct, dx, 2.0 if causal else 1.0).launch(grid=[(n + 127) // 128, 1, 1], block=[128, 1, 1],
+                                                   stream=stream)

@@ -1,0 +1,88 @@
+"""Declared layouts, divisibility and call keywords on a real GPU (issue 10, findings 6-8),
+against jax.numpy on fresh random inputs.
+
+The kernels are tests/gpu/layout_kernels (their own manifest). Set CUTECC_LAYOUT_CACHE to
+a cache built from it (the device machine has no DSL); with the DSL installed and no
+CUTECC_LAYOUT_CACHE, it is built here.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import cutecc
+from cutecc.errors import CuteccError
+
+pytestmark = pytest.mark.gpu
+
+MANIFEST = Path(__file__).parent / "layout_kernels" / "kernels.toml"
+ENV_CACHE = "CUTECC_LAYOUT_CACHE"
+
+
+@pytest.fixture(scope="module")
+def ks(tmp_path_factory: pytest.TempPathFactory):
+    pre = os.environ.get(ENV_CACHE)
+    if pre:
+        cache = Path(pre)
+    else:
+        pytest.importorskip("cutlass", reason=f"set {ENV_CACHE} to a cache built from {MANIFEST}")
+        cache = tmp_path_factory.mktemp("layout-cache")
+        r = subprocess.run([sys.executable, "-m", "cutecc.cli", "build", str(MANIFEST), "--cache-dir",
+                            str(cache), "--no-lock"], capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr + r.stdout
+    return cutecc.load(cache)
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> np.random.Generator:
+    return np.random.default_rng(abs(hash(request.node.nodeid)) % (2**32))
+
+
+def bf16(rng: np.random.Generator, shape: tuple[int, ...]) -> jax.Array:
+    return jnp.asarray(rng.standard_normal(shape), dtype=jnp.bfloat16)
+
+
+@pytest.mark.parametrize("m, n", [(1, 8), (7, 64), (300, 1024)])
+def test_vectorised_rows_with_declared_divisibility(ks, rng, m: int, n: int) -> None:
+    x = bf16(rng, (m, n))
+    y = jax.jit(ks.rows)(x)
+    np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(x, np.float32))
+
+
+@pytest.mark.parametrize("m, k", [(8, 1), (64, 7), (1024, 300)])
+def test_column_major_operands_take_and_give_logical_arrays(ks, rng, m: int, k: int) -> None:
+    x = bf16(rng, (m, k))
+    y = jax.jit(ks.cols)(x)  # the kernel copies column by column in its own buffers
+    np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(x, np.float32))
+    w = x.T  # a caller holding the (k, m) buffer passes w.T
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda w: ks.cols(w.T))(w), np.float32),
+                                  np.asarray(x, np.float32))
+
+
+def test_divisibility_is_checked_at_the_call(ks, rng) -> None:
+    with pytest.raises(CuteccError, match=r"x: dimension 0 is 12, expected a multiple of 8"):
+        ks.cols(bf16(rng, (12, 3)))
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (3, 5, 7), (17, 64, 9)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_stride_orders_and_call_keywords_under_jit_and_grad(ks, rng, shape, causal: bool) -> None:
+    x = jnp.asarray(rng.standard_normal(shape), dtype=jnp.float32)
+    f = 2.0 if causal else 1.0
+    out = jax.jit(lambda x: ks.scale(x, causal=causal))(x)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(x) * f, rtol=1e-6)
+    g = jax.jit(jax.grad(lambda x: (ks.scale(x, causal=causal) ** 2).sum()))(x)
+    np.testing.assert_allclose(np.asarray(g), 2 * f * f * np.asarray(x), rtol=1e-5)
+
+
+def test_a_needed_keyword_left_out_is_an_error(ks, rng) -> None:
+    with pytest.raises(CuteccError, match="missing call keyword 'causal'"):
+        ks.scale(jnp.ones((2, 2, 2), jnp.float32))
