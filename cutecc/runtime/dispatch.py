@@ -108,6 +108,7 @@ class KernelFn:
         self._owner = owner
         self.unusable = tuple(unusable)
         self.arch = arch
+        self.tuning: Any = None  # a cutecc.runtime.tuning.TuningTable: recorded winners per bucket
 
     def __repr__(self) -> str:
         return f"<cutecc kernel {self.name}: {len(self.builds)} variant(s) for {self.arch}>"
@@ -149,6 +150,8 @@ class KernelFn:
 
     def _plain(self, arrays: Sequence[Any], scalars: Mapping[str, Any]) -> Any:
         build, env = self.select(*arrays)
+        if self.tuning is not None:  # the tuned winner of the call's bucket (a table lookup)
+            build = self.tuning.pick(build, env)
         _check_placement(self.name, arrays)
         attrs = _attrs(self.name, build.conv.scalars, scalars)
         target = build.register(self.name)
