@@ -19,7 +19,7 @@ import click
 from cutecc.errors import CuteccError
 
 # Workflow order, for `cutecc -h`.
-_ORDER = ("init", "build", "tune", "list", "show", "explain", "verify", "gc", "rm", "stats", "pack",
+_ORDER = ("init", "build", "list", "show", "explain", "verify", "gc", "rm", "stats", "tune", "pack",
           "unpack", "keygen", "fetch", "env", "schema")
 
 
