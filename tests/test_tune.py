@@ -160,20 +160,27 @@ def test_tune_of_a_kernel_without_a_space_is_an_error() -> None:
     assert r.returncode == 2 and 'kernel "axpy" declares no tuning space' in r.stderr
 
 
-def test_compile_only_uses_builds_keys_and_a_rerun_compiles_nothing(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
+    """A copy of the example project, built and `tune --compile-only`d once."""
     pytest.importorskip("cutlass", reason="compiling needs the build extra")
-    proj = tmp_path / "proj"
+    base = tmp_path_factory.mktemp("tune")
+    proj = base / "proj"
     shutil.copytree(REPO / "kernels", proj / "kernels")
     shutil.copy(REPO / "kernels.toml", proj / "kernels.toml")
     shutil.copy(REPO / "kernels.lock", proj / "kernels.lock")
-    cache = tmp_path / "c"
+    cache = base / "c"
     b = run_cli("build", str(proj / "kernels.toml"), "--cache-dir", str(cache), "--json", timeout=900)
     assert b.returncode == 0, b.stderr
     assert (proj / "kernels.lock").read_bytes() == (REPO / "kernels.lock").read_bytes()
     first = run_cli("tune", str(proj / "kernels.toml"), "--compile-only", "--cache-dir", str(cache), "--json",
                     timeout=900)
     assert first.returncode == 0, first.stderr
-    d1 = json.loads(first.stdout)
+    return proj, cache, json.loads(first.stdout)
+
+
+def test_compile_only_uses_builds_keys_and_a_rerun_compiles_nothing(compiled: tuple[Path, Path, dict]) -> None:
+    proj, cache, d1 = compiled
     # The defaults were built by `cutecc build` under the same keys: only the others compile.
     assert d1["built"] == d1["candidates"] - 7 and d1["failed"] == []
     again = json.loads(run_cli("tune", str(proj / "kernels.toml"), "--compile-only", "--cache-dir",
@@ -181,3 +188,95 @@ def test_compile_only_uses_builds_keys_and_a_rerun_compiles_nothing(tmp_path: Pa
     assert again["built"] == 0 and again["cached"] == d1["built"] + d1["cached"]
     assert (proj / "kernels.lock").read_bytes() == (REPO / "kernels.lock").read_bytes()
     assert list((cache / "tuning" / "plans").glob("*.json"))
+
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def _results(proj: Path, cache: Path, path: Path) -> dict[str, str]:
+    """A results file as `--measure` writes it, with made-up times: threads=128 wins the
+    buckets n=65536 and n=1048576 clearly, threads=512 beats the default at n=4096 by less
+    than the spread (so the default stays)."""
+    from cutecc.store import Store
+    from cutecc.tuning.measure import _record
+    from cutecc.tuning.plan import manifest_digest, read_plan
+
+    items = read_plan(cache, manifest_digest(proj / "kernels.toml"), "x")
+    item = next(it for it in items if it["kernel"] == "mul" and it["variant"] == "dtype=float32")
+    keys = {c["variant"]: c["key"] for c in item["candidates"]}
+    recs = []
+    for n in (4096, 65536, 1048576, 16777216):
+        times = {k: [19.0, 20.0, 21.0] for k in keys.values()}
+        times[keys["dtype=float32"]] = [9.0, 10.0, 11.0]
+        if n in (65536, 1048576):
+            times[keys["dtype=float32,threads=128"]] = [4.9, 5.0, 5.1]
+        if n == 4096:
+            times[keys["dtype=float32,threads=512"]] = [9.0, 9.5, 10.0]
+        ev = {"times": times, "dropped": {}, "k": 8}
+        recs.append(_record(Store(cache), item, f"n={n}", ev, {}, {"device": H100, "driver": "cuda 12080"}))
+    path.write_text(json.dumps({"format": 1, "records": recs}))
+    return keys
+
+
+def _target(ks, n: int) -> str:  # type: ignore[no-untyped-def]
+    import jax
+    import jax.numpy as jnp
+
+    s = jax.ShapeDtypeStruct((n,), jnp.float32)
+    text = jax.jit(lambda a, b: ks.mul(a, b)).trace(s, s).lower(lowering_platforms=("cuda",)).as_text()
+    return text.split("custom_call @cutecc_")[1][:40]
+
+
+def test_recorded_winners_go_into_the_lock_build_keeps_them_and_dispatch_serves_them(
+        compiled: tuple[Path, Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import cutecc
+    from cutecc.commands.pack import pack
+
+    proj, cache, _ = compiled
+    keys = _results(proj, cache, tmp_path / "r.json")
+    r = run_cli("tune", str(proj / "kernels.toml"), "--record", str(tmp_path / "r.json"), "--cache-dir",
+                str(cache), "--json")
+    assert r.returncode == 0, r.stderr
+    lock = read_lock(proj / "kernels.lock")
+    assert {t.bucket: t.winner_variant for t in lock.tuning} == {
+        "n=4096": "dtype=float32", "n=65536": "dtype=float32,threads=128",
+        "n=1048576": "dtype=float32,threads=128", "n=16777216": "dtype=float32"}
+    recorded = (proj / "kernels.lock").read_bytes()
+    # `cutecc build` reproduces the lock, tuning lines included, byte for byte.
+    b = run_cli("build", str(proj / "kernels.toml"), "--cache-dir", str(cache))
+    assert b.returncode == 0 and (proj / "kernels.lock").read_bytes() == recorded
+    default, winner = keys["dtype=float32"][:40], keys["dtype=float32,threads=128"][:40]
+    monkeypatch.setenv("CUTECC_DEVICE_KIND", H100)
+    for source in ({"lock": proj / "kernels.lock", "allow_unsigned": True}, {}):  # the lock, the cache
+        ks = cutecc.load(cache, arch="sm_90a", **source)
+        assert [_target(ks, n) for n in (100, 4096, 70000, 65536, 1048576, 5_000_000, 20_000_000)] == [
+            default, default, winner, winner, winner, winner, default]
+    monkeypatch.setenv("CUTECC_DEVICE_KIND", "NVIDIA H200")  # another device kind: never H100's winners
+    ks = cutecc.load(cache, arch="sm_90a", lock=proj / "kernels.lock", allow_unsigned=True)
+    assert _target(ks, 70000) == default
+    # `list` says what wins where; a pack ships the winner, not the rest of the space.
+    listed = json.loads(run_cli("list", "--cache-dir", str(cache), "--json").stdout)
+    wins = {e["key"]: e["winner_for"] for e in listed["entries"] if e["winner_for"]}
+    assert sorted(wins[keys["dtype=float32,threads=128"]]) == [f"dtype=float32 n=1048576 on {H100}",
+                                                               f"dtype=float32 n=65536 on {H100}"]
+    rep = pack(name="tuned", version="1.0", lock=proj / "kernels.lock", out=tmp_path, cache_dir=cache,
+               fmt="tar")
+    import tarfile
+
+    with tarfile.open(rep.path) as tf:
+        packed = {n.split("/")[3] for n in tf.getnames() if n.count("/") >= 3}
+    assert keys["dtype=float32,threads=128"] in packed
+    assert keys["dtype=float32,threads=64"] not in packed and keys["dtype=float32"] in packed
+
+
+def test_results_naming_a_non_candidate_are_refused(compiled: tuple[Path, Path, dict], tmp_path: Path) -> None:
+    proj, cache, _ = compiled
+    _results(proj, cache, tmp_path / "r.json")
+    doc = json.loads((tmp_path / "r.json").read_text())
+    doc["records"][1]["winner"] = doc["records"][1]["base"].replace(doc["records"][1]["base"][0], "0", 1)
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    before = (proj / "kernels.lock").read_bytes()
+    r = run_cli("tune", str(proj / "kernels.toml"), "--record", str(tmp_path / "bad.json"), "--cache-dir",
+                str(cache))
+    assert r.returncode == 1 and "not a candidate of the manifest" in r.stderr, r.stderr
+    assert (proj / "kernels.lock").read_bytes() == before

@@ -20,6 +20,7 @@ class Row:
     arch: str
     size: int
     built_at: str
+    winner_for: tuple[str, ...] = ()  # tuning buckets this entry wins (`cutecc tune`)
 
     def age_seconds(self, now: dt.datetime) -> float:
         try:
@@ -50,6 +51,8 @@ class ListReport(Report):
              human_age(r.age_seconds(now))) for r in self.rows]
         widths = [max(len(row[i]) for row in table) for i in range(6)]
         out = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
+        out += [f"{r.kernel}[{r.variant}] {r.key[:12]} is the tuned winner for {w}"
+                for r in self.rows for w in r.winner_for]
         out.append(f"{len(self.rows)} entries, {human_size(sum(r.size for r in self.rows))} "
                    f"in {self.cache_dir}")
         return out
@@ -58,13 +61,16 @@ class ListReport(Report):
 def list_entries(cache_dir: str | Path | None = None, *, kernel: str | None = None,
                  arch: str | None = None) -> ListReport:
     """One row per published entry, sorted by kernel, variant and arch (no cache: exit 1)."""
+    from cutecc.runtime.tuning import winners_in
+
     store = Store(cache_dir).require()
+    wins = winners_in(store.root)
     rows = []
     for e in store.entries():
         m = e.meta
         if (kernel and m.get("kernel") != kernel) or (arch and m.get("arch") != arch):
             continue
         rows.append(Row(e.key, str(m.get("kernel")), str(m.get("variant")), str(m.get("arch")),
-                        e.size, str(m.get("built_at", ""))))
+                        e.size, str(m.get("built_at", "")), tuple(wins.get(e.key, ()))))
     rows.sort(key=lambda r: (r.kernel, r.variant, r.arch, r.key))
     return ListReport(store.root, tuple(rows))

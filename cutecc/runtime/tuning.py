@@ -93,8 +93,9 @@ class Tuned:
     contract: str
 
     @property
-    def order(self) -> tuple[str, ...]:
-        return (self.kernel, self.variant, self.arch, self.device, self.bucket)
+    def order(self) -> tuple[Any, ...]:
+        """Sort order: buckets by size, not by text (a lock lists n=4096 before n=65536)."""
+        return (self.kernel, self.variant, self.arch, self.device, tuple(self.extents.items()))
 
     @property
     def extents(self) -> dict[str, int]:
@@ -141,7 +142,7 @@ def parse_lines(items: Any, where: str, kp: str) -> tuple[Tuned, ...]:
     """A list of tuning lines; one per (kernel, variant, arch, device, bucket)."""
     if not isinstance(items, list) or len(items) > MAX_LINES:
         raise CuteccError(f"must be a list of at most {MAX_LINES} tuning lines", where=where, key_path=kp)
-    out: dict[tuple[str, ...], Tuned] = {}
+    out: dict[tuple[Any, ...], Tuned] = {}
     for i, d in enumerate(items):
         t = Tuned.from_json(d, where, f"{kp}[{i}]")
         if t.order in out:
@@ -175,15 +176,39 @@ def read_cached(root: Path, base: str) -> list[dict[str, Any]]:
         return []
 
 
+MAX_RESULT_FILES = 100_000
+
+
+def winners_in(root: Path) -> dict[str, list[str]]:
+    """What the cache's tuning records say each entry wins: key -> [`n=65536 on DEVICE`, ..]
+    (for `cutecc list` and `show`)."""
+    out: dict[str, list[str]] = {}
+    d = root.joinpath(*RESULTS_DIR)
+    try:
+        names = sorted(p.name for p in d.iterdir() if p.name.endswith(".json"))[:MAX_RESULT_FILES]
+    except OSError:
+        return out
+    for name in names:
+        if not is_key(name[:-5]):
+            continue
+        for r in read_cached(root, name[:-5]):
+            out.setdefault(r["winner"], []).append(
+                f"{r['variant']} {r['bucket']} on {r['device']}")
+    return out
+
+
 def device_kind() -> str | None:
-    """This process's GPU kind as JAX names it (`NVIDIA H100 80GB HBM3`), None without one."""
+    """This process's GPU kind as JAX names it (`NVIDIA H100 80GB HBM3`); without a GPU,
+    `$CUTECC_DEVICE_KIND` (to lower or export on a CPU host for that device), else None."""
+    import os
+
     import jax
 
     try:
         devs = jax.devices("gpu")
     except RuntimeError:
-        return None
-    return devs[0].device_kind if devs else None
+        devs = []
+    return devs[0].device_kind if devs else os.environ.get("CUTECC_DEVICE_KIND") or None
 
 
 class TuningTable:
@@ -201,7 +226,7 @@ class TuningTable:
         self._kind = kind
         self._device: str | None = None
         self._device_known = False
-        self._builds: dict[tuple[str, ...], Any] = {}
+        self._builds: dict[tuple[Any, ...], Any] = {}
         self._noticed: set[str] = set()
         self._lock = threading.Lock()
         # (base key, device) -> (rule, extents' edges, bucket text -> line)
