@@ -31,6 +31,9 @@ def measure(root: Path, items: list[dict[str, Any]], *, buckets: tuple[str, ...]
     records: list[dict[str, Any]] = []
     info: dict[str, Any] = {"device": None, "driver": None, "bench_seconds": 0.0, "failed": []}
     t0 = time.perf_counter()
+    # One GPU: a kernel call outside shard_map is refused when several are visible.
+    env = {**os.environ, "CUTECC_SYNC_CHECK": "0",
+           "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]}
     for item in items:
         names = [b["extent"] for b in item["buckets"]]
         points = _points(item)
@@ -45,7 +48,7 @@ def measure(root: Path, items: list[dict[str, Any]], *, buckets: tuple[str, ...]
             job = {"cache": str(root), "item": item, "buckets": todo, "exclude": sorted(excluded),
                    "repeats": repeats, "warmup": warmup, "seed": seed}
             r = subprocess.run([sys.executable, "-m", "cutecc.tuning.bench"], input=json.dumps(job),
-                               capture_output=True, text=True, env={**os.environ, "CUTECC_SYNC_CHECK": "0"})
+                               capture_output=True, text=True, env=env)
             last = None
             for line in r.stdout.splitlines():
                 ev = json.loads(line)
