@@ -280,3 +280,28 @@ def test_results_naming_a_non_candidate_are_refused(compiled: tuple[Path, Path, 
                 str(cache))
     assert r.returncode == 1 and "not a candidate of the manifest" in r.stderr, r.stderr
     assert (proj / "kernels.lock").read_bytes() == before
+
+
+def test_a_faulting_or_crashing_candidate_is_dropped_and_measuring_goes_on(
+        compiled: tuple[Path, Path, dict], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parent's side of the protocol, with a scripted child (the GPU suite runs the real
+    one on tests/gpu/faulty_kernels): a fault and a crash each cost a fresh process."""
+    from cutecc.tuning.measure import measure
+    from cutecc.tuning.plan import manifest_digest, read_plan
+
+    proj, cache, _ = compiled
+    monkeypatch.setenv("PYTHONPATH", str(REPO / "tests"))
+    items = [it for it in read_plan(cache, manifest_digest(proj / "kernels.toml"), "x")
+             if it["kernel"] == "mul" and it["variant"] == "dtype=float32"]
+    records, info = measure(cache, items, child="fake_bench_child")
+    assert info["device"] == "Fake GPU" and info["failed"] == []
+    assert [r["bucket"] for r in records] == ["n=1048576", "n=16777216", "n=4096", "n=65536"]
+    for r in records:
+        assert set(r["times_us"]) == {"dtype=float32", "dtype=float32,threads=128"}
+        assert r["winner_variant"] == "dtype=float32,threads=128"
+        d = r["dropped"]
+        assert d["dtype=float32,threads=64"].startswith("faulted: XlaRuntimeError")
+        assert d["dtype=float32,threads=512"].startswith("killed its process (exit -9)")
+        assert d["dtype=float32,threads=1024"].startswith("disagrees")
+    only = measure(cache, items, child="fake_bench_child", buckets=("n=65536",))[0]
+    assert [r["bucket"] for r in only] == ["n=65536"]

@@ -24,9 +24,11 @@ MAX_RESTARTS = 32
 
 
 def measure(root: Path, items: list[dict[str, Any]], *, buckets: tuple[str, ...] = (),
-            repeats: int = 30, warmup: int = 3, seed: int = 0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+            repeats: int = 30, warmup: int = 3, seed: int = 0, child: str = "cutecc.tuning.bench"
+            ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Time every candidate of `items` per bucket; returns (records, info). A record is a
-    `Tuned` line plus what was measured (median, quartiles per candidate, dropped ones)."""
+    `Tuned` line plus what was measured (median, quartiles per candidate, dropped ones).
+    `child` is the measuring module run per item (`python -m CHILD`)."""
     store = Store(root)
     records: list[dict[str, Any]] = []
     info: dict[str, Any] = {"device": None, "driver": None, "bench_seconds": 0.0, "failed": []}
@@ -47,7 +49,7 @@ def measure(root: Path, items: list[dict[str, Any]], *, buckets: tuple[str, ...]
                 break
             job = {"cache": str(root), "item": item, "buckets": todo, "exclude": sorted(excluded),
                    "repeats": repeats, "warmup": warmup, "seed": seed}
-            r = subprocess.run([sys.executable, "-m", "cutecc.tuning.bench"], input=json.dumps(job),
+            r = subprocess.run([sys.executable, "-m", child], input=json.dumps(job),
                                capture_output=True, text=True, env=env)
             last = None
             for line in r.stdout.splitlines():
@@ -63,9 +65,9 @@ def measure(root: Path, items: list[dict[str, Any]], *, buckets: tuple[str, ...]
                     results[ev["bucket"]] = ev
             if r.returncode == 0:
                 break
-            if last is not None:
+            if last is not None:  # died while running `last`, with no word: a crash
                 excluded[last] = f"killed its process (exit {r.returncode}): {r.stderr.strip()[-300:]}"
-            elif not any(k not in results for k in excluded) and r.returncode != 3:
+            elif r.returncode != 3:  # 3: a `fault` event named the candidate (excluded above)
                 raise CuteccError(f"the measuring process failed (exit {r.returncode}): "
                                   f"{r.stderr.strip()[-800:]}", where=f"kernel {item['kernel']}", exit_code=1)
         if item["base"] in excluded:
