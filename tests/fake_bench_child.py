@@ -34,6 +34,7 @@ def main() -> None:
                 dropped[c["key"]] = "disagrees with the default configuration"
             else:
                 times[c["key"]] = [1.0, 2.0, 2.1] if c["default"] else [0.9, 1.0, 1.1]
+        print(json.dumps({"event": "checked", "bucket": text}), flush=True)
         print(json.dumps({"event": "bucket", "bucket": text, "k": 4, "times": times, "dropped": dropped}),
               flush=True)
 

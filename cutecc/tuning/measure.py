@@ -58,6 +58,8 @@ def measure(root: Path, items: list[dict[str, Any]], *, buckets: tuple[str, ...]
                     info["device"], info["driver"] = ev["device"], ev["driver"]
                 elif ev["event"] == "start":
                     last = ev["key"]
+                elif ev["event"] == "checked":
+                    last = None
                 elif ev["event"] == "fault":
                     excluded[ev["key"]] = f"faulted: {ev['error']}"
                     last = None
