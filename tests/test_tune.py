@@ -305,3 +305,38 @@ def test_a_faulting_or_crashing_candidate_is_dropped_and_measuring_goes_on(
         assert d["dtype=float32,threads=1024"].startswith("disagrees")
     only = measure(cache, items, child="fake_bench_child", buckets=("n=65536",))[0]
     assert [r["bucket"] for r in only] == ["n=65536"]
+
+
+def test_the_timing_loop_traces_and_lowers_with_one_call_per_iteration_behind_a_barrier(
+        compiled: tuple[Path, Path, dict]) -> None:
+    """What the GPU child times, lowered here: K calls of the kernel in a loop whose inputs pass
+    through an optimization barrier with the previous outputs (so XLA cannot hoist or merge
+    them); inputs made from the contract with the bucket's extents; the agreement check."""
+    import numpy as np
+
+    from cutecc.runtime.dispatch import Build, KernelFn
+    from cutecc.store import Store
+    from cutecc.tuning import bench
+    from cutecc.tuning.plan import manifest_digest, read_plan
+
+    proj, cache, _ = compiled
+    store = Store(cache)
+    for it in read_plan(cache, manifest_digest(proj / "kernels.toml"), "x"):
+        if it["variant"] not in ("dtype=float32", "dtype=bfloat16,d=4096"):
+            continue
+        c = it["candidates"][-1]
+        e = store.get(c["key"])
+        b = Build.from_meta(c["key"], e.path, e.meta)
+        fn = KernelFn(it["kernel"], [b], arch="sm_90a")
+        extents = {it["buckets"][0]["extent"]: 1024}
+        xs = bench._inputs(b, extents, {}, seed=3)
+        assert all(isinstance(d, int) or d in extents for t in b.conv.inputs for d in t.shape)
+        assert len({float(np.asarray(x, np.float32).ravel()[0]) for x in xs}) == len(xs)  # fresh, not zeros
+        results = [(tuple(d if isinstance(d, int) else extents[d] for d in t.shape), t.dtype)
+                   for t in b.conv.results]
+        text = bench._looped(fn, 7, results).trace(*xs).lower(lowering_platforms=("cuda",)).as_text()
+        body = text.split("stablehlo.while")[1]
+        assert body.count(f"custom_call @cutecc_{c['key'][:40]}") == 1 and "optimization_barrier" in body
+        got = tuple(x + 1 for x in xs[:1])
+        assert bench._agree(tuple(xs[:1]), tuple(xs[:1]), [b.conv.inputs[0].dtype], None, None) is None
+        assert "disagrees" in bench._agree(tuple(xs[:1]), got, [b.conv.inputs[0].dtype], None, None)
