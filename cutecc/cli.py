@@ -268,12 +268,13 @@ def build(manifest: Path | None, manifest_opt: Path | None, archs: tuple[str, ..
               help="Timed rounds per bucket.")
 @click.option("--threshold", type=click.FloatRange(min=0), default=0.05, show_default=True,
               help="--check: relative drift reported.")
+@_sign_opt
 @_json_opt
 def tune(manifest: Path | None, manifest_opt: Path | None, kernels: tuple[str, ...],
          buckets: tuple[str, ...], archs: tuple[str, ...], cache_dir: Path | None, jobs: int | None,
          dry_run: bool, compile_only: bool, measure: bool, record: Path | None, check: bool,
          results: Path | None, lock: bool, lock_file: Path | None, repeats: int, threshold: float,
-         as_json: bool) -> None:
+         sign_key: Path | None, as_json: bool) -> None:
     """Tune kernels with a [kernel.NAME.tune] space: compile every candidate (CPU), time them
     against the default on a GPU, record the winner per bucket in kernels.lock and the cache."""
     from cutecc.commands.tune import tune as run
@@ -281,7 +282,7 @@ def tune(manifest: Path | None, manifest_opt: Path | None, kernels: tuple[str, .
     _emit(run(_manifest(manifest, manifest_opt), kernels=kernels, buckets=buckets, archs=archs,
               cache_dir=cache_dir, jobs=jobs, dry_run=dry_run, compile_only=compile_only,
               measure=measure, record=record, check=check, results=results, lock=lock,
-              lock_file=lock_file, repeats=repeats, threshold=threshold), as_json)
+              lock_file=lock_file, repeats=repeats, threshold=threshold, sign_key=sign_key), as_json)
 
 
 @main.command("list", short_help="List the cache's entries.")

@@ -106,8 +106,9 @@ def tune(manifest_path: str | Path, *, kernels: tuple[str, ...] = (), buckets: t
          dry_run: bool = False, compile_only: bool = False, measure: bool = False,
          record: str | Path | None = None, check: bool = False, results: str | Path | None = None,
          lock_file: str | Path | None = None, lock: bool = True, repeats: int = 30, warmup: int = 3,
-         threshold: float = 0.05, seed: int = 0) -> TuneReport:
-    """Run the steps of `cutecc tune` (see the module docstring)."""
+         threshold: float = 0.05, seed: int = 0, sign_key: str | Path | None = None) -> TuneReport:
+    """Run the steps of `cutecc tune` (see the module docstring). `sign_key` (or
+    `$CUTECC_SIGNING_KEY`) signs the lock when recording changes it."""
     from cutecc.lockfile import LOCK_NAME
     from cutecc.store import Store
     from cutecc.tuning import plan as tplan
@@ -115,15 +116,20 @@ def tune(manifest_path: str | Path, *, kernels: tuple[str, ...] = (), buckets: t
     if sum(map(bool, (dry_run, compile_only, measure, record, check))) > 1:
         raise CuteccError("choose one of --dry-run, --compile-only, --measure, --record, --check",
                           where="cutecc tune")
+    import os
+
+    from cutecc import environ
+
     manifest_path = Path(manifest_path)
     store = Store(cache_dir)
+    sign_key = sign_key or os.environ.get(environ.SIGNING_KEY) or None
     lock_path = Path(lock_file or manifest_path.parent / LOCK_NAME)
     if record is not None:
         report = TuneReport("record")
         report.records = read_results(record)
         from cutecc.manifest import load_manifest
 
-        _record(report, tplan.items(load_manifest(manifest_path)), store.root, lock_path, lock)
+        _record(report, tplan.items(load_manifest(manifest_path)), store.root, lock_path, lock, sign_key)
         return report
     mode = ("dry-run" if dry_run else "compile" if compile_only else "measure" if measure
             else "check" if check else "all")
@@ -167,7 +173,7 @@ def tune(manifest_path: str | Path, *, kernels: tuple[str, ...] = (), buckets: t
         if mode == "check":
             report.drift = _drift(store.root, report.records, threshold)
         elif report.records:
-            _record(report, report.plan, store.root, lock_path, lock)
+            _record(report, report.plan, store.root, lock_path, lock, sign_key)
     return report
 
 
@@ -190,7 +196,7 @@ def read_results(path: str | Path) -> list[dict[str, Any]]:
 
 
 def _record(report: TuneReport, plan_items: list[dict[str, Any]], root: Path, lock_path: Path,
-            lock: bool) -> None:
+            lock: bool, sign_key: str | Path | None = None) -> None:
     """Merge records into the cache (full records) and the lock (winner lines). A winner is
     recorded only if it is a candidate the plan (the manifest's, as it is now) has for that
     default, and its entry in this cache matches the record's bytes."""
@@ -235,6 +241,14 @@ def _record(report: TuneReport, plan_items: list[dict[str, Any]], root: Path, lo
                               "lock; run `cutecc build` first", where=str(lock_path), exit_code=1)
         report.lock_changed = write_lock(lock_path, new_lock)
         report.lock_file = lock_path
+        if sign_key and report.lock_changed:  # the old signature no longer covers these bytes
+            from cutecc import signing
+
+            try:
+                key = signing.read_private_key(sign_key)
+            except OSError as e:
+                raise CuteccError(f"cannot read the signing key: {e.strerror}", where=str(sign_key)) from None
+            signing.sign_file(lock_path, key, "lock")
 
 
 def _drift(root: Path, records: list[dict[str, Any]], threshold: float) -> list[str]:
