@@ -145,12 +145,12 @@ class Lock:
         return cls(tuple(out)).with_tuning(tuning)
 
     def distinct_keys(self) -> list[str]:
-        """The keys, sorted."""
-        return sorted(e.key for e in self.entries)
+        """The keys (tuned winners' too), sorted."""
+        return sorted(self.by_key())
 
     def by_key(self) -> dict[str, LockEntry]:
-        """The line of each key."""
-        return {e.key: e for e in self.entries}
+        """The line of each key the lock vouches for: its entries and its tuned winners."""
+        return {**{e.key: e for e in self.winners()}, **{e.key: e for e in self.entries}}
 
     def select(self, archs: Iterable[str] = (), kernels: Iterable[str] = ()) -> Lock:
         """Only the entries of these archs and kernels (all when empty)."""
@@ -159,9 +159,10 @@ class Lock:
                           if (not a or e.arch in a) and (not k or e.kernel in k))).with_tuning(self.tuning)
 
     def resolve(self, store: Store) -> Iterator[tuple[Entry, LockEntry]]:
-        """Each locked entry of `store` with its lock line; an error names any it lacks."""
+        """Each locked entry of `store` with its lock line (not the tuned winners: see
+        `resolve_all`); an error names any it lacks."""
         found, missing = [], []
-        for key, le in sorted(self.by_key().items()):
+        for key, le in sorted({e.key: e for e in self.entries}.items()):
             e = store.get(key)
             if e is None:
                 missing.append(f"{le.label} {key[:12]}")

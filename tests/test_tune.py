@@ -267,6 +267,15 @@ def test_recorded_winners_go_into_the_lock_build_keeps_them_and_dispatch_serves_
         packed = {n.split("/")[3] for n in tf.getnames() if n.count("/") >= 3}
     assert keys["dtype=float32,threads=128"] in packed
     assert keys["dtype=float32,threads=64"] not in packed and keys["dtype=float32"] in packed
+    # Unpacked elsewhere, the winner lands with the defaults and serves its buckets there.
+    from cutecc.commands.unpack import unpack
+
+    u = unpack(rep.path, tmp_path / "c2", allow_unsigned=True)
+    assert u.ok and any(keys["dtype=float32,threads=128"][:12] in i for i in u.imported), u.imported
+    (tmp_path / "lock2").write_bytes((proj / "kernels.lock").read_bytes())
+    monkeypatch.setenv("CUTECC_DEVICE_KIND", H100)
+    ks = cutecc.load(tmp_path / "c2", arch="sm_90a", lock=tmp_path / "lock2", allow_unsigned=True)
+    assert _target(ks, 70000) == winner and _target(ks, 5000) == default
 
 
 def test_results_naming_a_non_candidate_are_refused(compiled: tuple[Path, Path, dict], tmp_path: Path) -> None:
