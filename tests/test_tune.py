@@ -349,3 +349,14 @@ def test_the_timing_loop_traces_and_lowers_with_one_call_per_iteration_behind_a_
         got = tuple(x + 1 for x in xs[:1])
         assert bench._agree(tuple(xs[:1]), tuple(xs[:1]), [b.conv.inputs[0].dtype], None, None) is None
         assert "disagrees" in bench._agree(tuple(xs[:1]), got, [b.conv.inputs[0].dtype], None, None)
+
+
+def test_measure_refuses_an_unknown_bucket_and_an_edited_manifest(compiled: tuple[Path, Path, dict]) -> None:
+    proj, cache, _ = compiled
+    r = run_cli("tune", str(proj / "kernels.toml"), "--measure", "--cache-dir", str(cache), "--bucket", "n=5")
+    assert r.returncode == 2 and "no bucket 'n=5'" in r.stderr and "n=65536" in r.stderr, r.stderr
+    edited = proj / "edited" / "kernels.toml"
+    edited.parent.mkdir()
+    edited.write_text((proj / "kernels.toml").read_text() + "\n# edited\n")
+    r = run_cli("tune", str(edited), "--measure", "--cache-dir", str(cache))
+    assert r.returncode == 1 and "no tuning plan for the manifest as it is now" in r.stderr, r.stderr

@@ -159,6 +159,13 @@ def tune(manifest_path: str | Path, *, kernels: tuple[str, ...] = (), buckets: t
     if mode in ("measure", "all", "check"):
         from cutecc.tuning.measure import measure as run
 
+        known = {",".join(f"{b['extent']}={v}" for b, v in zip(it["buckets"], e))
+                 for it in report.plan for e in _edges(it)}
+        for b in buckets:
+            if b not in known:
+                raise CuteccError(f"no bucket {b!r} in the tuning spaces (buckets: "
+                                  f"{', '.join(sorted(known))})", where="--bucket")
+
         report.records, report.info = run(store.root, report.plan, buckets=buckets, repeats=repeats,
                                           warmup=warmup, seed=seed)
         report.failed += report.info.pop("failed", [])
