@@ -32,7 +32,7 @@ def _elementwise(kernel: str, dtype: str, arity: int) -> Call:
 
 
 def _rmsnorm(dtype: str, d: int) -> Call:
-    return Call("rmsnorm", (("dtype", dtype), ("d", d), ("block", 256)), ((M, d), (d,)), dtype,
+    return Call("rmsnorm", (("dtype", dtype), ("d", d)), ((M, d), (d,)), dtype,
                 (("eps", 1e-6),))
 
 

@@ -19,7 +19,7 @@ import click
 from cutecc.errors import CuteccError
 
 # Workflow order, for `cutecc -h`.
-_ORDER = ("init", "build", "list", "show", "explain", "verify", "gc", "rm", "stats", "pack",
+_ORDER = ("init", "build", "list", "show", "explain", "verify", "gc", "rm", "stats", "tune", "pack",
           "unpack", "keygen", "fetch", "env", "schema")
 
 
@@ -240,6 +240,49 @@ def build(manifest: Path | None, manifest_opt: Path | None, archs: tuple[str, ..
     finally:
         progress.close()
     _emit(report, as_json)
+
+
+@main.command(short_help="Compile, measure and record a tuning space's winners.")
+@click.argument("manifest", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@_manifest_opt
+@click.option("--kernel", "kernels", multiple=True, shell_complete=_complete_kernels,
+              help="Tune only these kernels.")
+@click.option("--bucket", "buckets", multiple=True, help="Measure only these buckets, e.g. n=65536.")
+@click.option("--arch", "archs", multiple=True, shell_complete=_complete_archs,
+              help="Target arch(s); overrides the manifest.")
+@_cache_opt
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, help="Parallel compile workers.")
+@click.option("--dry-run", is_flag=True, help="Print the candidate plan; compile and measure nothing.")
+@click.option("--compile-only", is_flag=True, help="Compile every candidate (no GPU needed).")
+@click.option("--measure", is_flag=True, help="Measure from the cache alone on this GPU (no DSL needed).")
+@click.option("--record", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Record a results file measured elsewhere into the lock and the cache.")
+@click.option("--check", is_flag=True, help="Measure again; report winners that drifted.")
+@click.option("--results", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write what was measured here (JSON).")
+@click.option("--lock/--no-lock", "lock", default=True, show_default=True,
+              help="Record winners into kernels.lock.")
+@click.option("--lock-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The lock to record into (default: beside the manifest).")
+@click.option("--repeats", type=click.IntRange(min=3), default=30, show_default=True,
+              help="Timed rounds per bucket.")
+@click.option("--threshold", type=click.FloatRange(min=0), default=0.05, show_default=True,
+              help="--check: relative drift reported.")
+@_sign_opt
+@_json_opt
+def tune(manifest: Path | None, manifest_opt: Path | None, kernels: tuple[str, ...],
+         buckets: tuple[str, ...], archs: tuple[str, ...], cache_dir: Path | None, jobs: int | None,
+         dry_run: bool, compile_only: bool, measure: bool, record: Path | None, check: bool,
+         results: Path | None, lock: bool, lock_file: Path | None, repeats: int, threshold: float,
+         sign_key: Path | None, as_json: bool) -> None:
+    """Tune kernels with a [kernel.NAME.tune] space: compile every candidate (CPU), time them
+    against the default on a GPU, record the winner per bucket in kernels.lock and the cache."""
+    from cutecc.commands.tune import tune as run
+
+    _emit(run(_manifest(manifest, manifest_opt), kernels=kernels, buckets=buckets, archs=archs,
+              cache_dir=cache_dir, jobs=jobs, dry_run=dry_run, compile_only=compile_only,
+              measure=measure, record=record, check=check, results=results, lock=lock,
+              lock_file=lock_file, repeats=repeats, threshold=threshold, sign_key=sign_key), as_json)
 
 
 @main.command("list", short_help="List the cache's entries.")

@@ -21,12 +21,16 @@ from typing import Any
 from cutecc.atomic import atomic_write
 from cutecc.entry import acted_on, is_key, label, parse_json
 from cutecc.errors import CuteccError
+from cutecc.runtime.tuning import Tuned, parse_lines
 from cutecc.store import Entry, Store
 
 LOCK_FORMAT = 2
 LOCK_NAME = "kernels.lock"
 MAX_LOCK_BYTES = 64 << 20  # 10,000 lines of ~600 bytes fit many times over
 MAX_LOCK_DEPTH = 4
+# The optional "tuning" list (`cutecc tune`'s winners, see cutecc.runtime.tuning) is absent
+# until something is tuned, so untuned locks keep their bytes; readers that predate it
+# ignore it and serve the default configurations.
 
 
 @dataclass(frozen=True)
@@ -78,19 +82,42 @@ class LockEntry:
 
 @dataclass(frozen=True)
 class Lock:
-    """A parsed lock file: its entries, sorted by kernel, variant, arch; one per key."""
+    """A parsed lock file: its entries, sorted by kernel, variant, arch; one per key; and
+    the tuning winners recorded for them (one line per kernel, variant, arch, device, bucket)."""
 
     entries: tuple[LockEntry, ...]
+    tuning: tuple[Tuned, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "entries", tuple(sorted(set(self.entries), key=lambda e: e.order)))
+        object.__setattr__(self, "tuning", tuple(sorted(set(self.tuning), key=lambda t: t.order)))
 
     def dumps(self) -> bytes:
-        """The file's bytes: deterministic, one entry per line."""
+        """The file's bytes: deterministic, one entry (and one tuning result) per line."""
         lines = [json.dumps(asdict(e), separators=(", ", ": ")) for e in self.entries]
         body = ",\n  ".join(lines)
-        return (f'{{\n "format": {LOCK_FORMAT},\n "entries": [\n  {body}\n ]\n}}\n'
-                if lines else f'{{\n "format": {LOCK_FORMAT},\n "entries": []\n}}\n').encode()
+        tuned = ""
+        if self.tuning:
+            tl = ",\n  ".join(json.dumps(t.to_json(), separators=(", ", ": ")) for t in self.tuning)
+            tuned = f',\n "tuning": [\n  {tl}\n ]'
+        return (f'{{\n "format": {LOCK_FORMAT},\n "entries": [\n  {body}\n ]{tuned}\n}}\n'
+                if lines else f'{{\n "format": {LOCK_FORMAT},\n "entries": []{tuned}\n}}\n').encode()
+
+    def with_tuning(self, tuning: Iterable[Tuned]) -> Lock:
+        """This lock with `tuning` as its results, less those whose default configuration
+        (`base`) it no longer locks under the same kernel, variant and arch (a rebuilt
+        kernel's results are stale: `cutecc tune` measures it again)."""
+        here = {(e.kernel, e.variant, e.arch, e.key) for e in self.entries}
+        return Lock(self.entries, tuple(t for t in tuning
+                                        if (t.kernel, t.variant, t.arch, t.base) in here))
+
+    def winners(self) -> list[LockEntry]:
+        """The lock lines of the tuned winners that are not default configurations."""
+        defaults = {e.key for e in self.entries}
+        out = {t.winner: LockEntry(t.kernel, t.winner_variant, t.arch, t.winner, t.library, t.sha256,
+                                   t.size, t.symbol, t.backward, t.contract)
+               for t in self.tuning if t.winner not in defaults}
+        return [out[k] for k in sorted(out)]
 
     @classmethod
     def loads(cls, data: bytes, where: str) -> Lock:
@@ -114,26 +141,28 @@ class Lock:
                                   "a lock names each entry once", where=where, key_path=kp)
             seen[le.key] = i
             out.append(le)
-        return cls(tuple(out))
+        tuning = parse_lines(doc["tuning"], where, "tuning") if "tuning" in doc else ()
+        return cls(tuple(out)).with_tuning(tuning)
 
     def distinct_keys(self) -> list[str]:
-        """The keys, sorted."""
-        return sorted(e.key for e in self.entries)
+        """The keys (tuned winners' too), sorted."""
+        return sorted(self.by_key())
 
     def by_key(self) -> dict[str, LockEntry]:
-        """The line of each key."""
-        return {e.key: e for e in self.entries}
+        """The line of each key the lock vouches for: its entries and its tuned winners."""
+        return {**{e.key: e for e in self.winners()}, **{e.key: e for e in self.entries}}
 
     def select(self, archs: Iterable[str] = (), kernels: Iterable[str] = ()) -> Lock:
         """Only the entries of these archs and kernels (all when empty)."""
         a, k = set(archs), set(kernels)
         return Lock(tuple(e for e in self.entries
-                          if (not a or e.arch in a) and (not k or e.kernel in k)))
+                          if (not a or e.arch in a) and (not k or e.kernel in k))).with_tuning(self.tuning)
 
     def resolve(self, store: Store) -> Iterator[tuple[Entry, LockEntry]]:
-        """Each locked entry of `store` with its lock line; an error names any it lacks."""
+        """Each locked entry of `store` with its lock line (not the tuned winners: see
+        `resolve_all`); an error names any it lacks."""
         found, missing = [], []
-        for key, le in sorted(self.by_key().items()):
+        for key, le in sorted({e.key: e for e in self.entries}.items()):
             e = store.get(key)
             if e is None:
                 missing.append(f"{le.label} {key[:12]}")
@@ -144,6 +173,11 @@ class Lock:
                               f"not in the cache: {', '.join(missing)}; run `cutecc build`",
                               where=str(store.root), exit_code=1)
         yield from found
+
+    def resolve_all(self, store: Store) -> Iterator[tuple[Entry, LockEntry]]:
+        """`resolve`, then each tuned winner's entry (what a pack ships besides defaults)."""
+        yield from self.resolve(store)
+        yield from Lock(tuple(self.winners())).resolve(store)
 
 
 def _short(v: Any) -> str:
@@ -255,6 +289,7 @@ def record_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
             kept = tuple(e for e in old.entries
                          if (e.kernel, e.arch) not in covered and e.kernel in defined)
             new = Lock(new.entries + kept)
+        new = new.with_tuning(old.tuning)  # `cutecc tune`'s results stay while their defaults do
     return write_lock(path, new)
 
 

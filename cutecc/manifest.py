@@ -40,6 +40,7 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
                                   a call keyword: `ks.k(q, causal=True)`
     archs, profile, compile_options   per-kernel overrides
     grad = {backward = "NAME"}    pair with a backward kernel for jax.grad
+    tune = {..}                   a tuning space for `cutecc tune` (see cutecc.tuning.space)
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ from cutecc.contract import (
 )
 from cutecc.errors import CuteccError
 from cutecc.remote_url import parse_url
+from cutecc.tuning import space
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -111,7 +113,7 @@ _BUILD_KEYS = {"executor", "ray_address", "remote"}
 EXECUTORS = ("local", "ray")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs", "profile",
-                "compile_options", "grad", "description", "symbols"}
+                "compile_options", "grad", "description", "symbols", "tune"}
 MAX_DIVISIBILITY = 1 << 16
 _TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "layout", "align", "param"}
 _SCALAR_KEYS = {"kind", "name", "dtype", "default", "param"}
@@ -151,6 +153,9 @@ class Kernel:
     compile_options: str
     variants: tuple[Variant, ...]
     backward: str | None = None
+    tuning: space.TuneSpec | None = None
+    # per variant id, its tuning candidates other than itself (the default configuration)
+    candidates: tuple[tuple[str, tuple[Variant, ...]], ...] = ()
 
     @property
     def module(self) -> str:
@@ -385,10 +390,13 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
 
     _check_used(ctx, kp, axes, kdoc)
     symbols = _symbols(ctx, f"{kp}, symbols", kdoc.get("symbols", {}))
-    variants = []
-    for point in _points(axes):
+    tuning = None if "tune" not in kdoc else space.parse(ctx.fail, f"{kp}, tune", kdoc["tune"],
+                                                          {a for a, _ in axes})
+    if tuning is not None:
+        _check_used(ctx, f"{kp}, tune", tuning.params, kdoc, "params")
+
+    def resolve(point: tuple[tuple[str, _Value], ...], env: dict[str, _Value]) -> Variant:
         vctx = f"{kp}, variant {_point_id(point)}" if point else kp
-        env = dict(point)
         args = tuple(_with_divisibility(_arg(ctx, f"{vctx}, args[{i}]", a, env, hw), symbols)
                      for i, a in enumerate(kdoc["args"]))
         _check_args(ctx, vctx, args)
@@ -401,10 +409,28 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
                        for k, v in constants)
         fargs = None if factory is None else tuple(
             (k, _value(ctx, f"{vctx}, factory_args.{k}", v, env, hw)) for k, v in factory)
-        variants.append(Variant(name, point, args, consts, fargs))
-    return Kernel(name, entry, k_archs, k_profile, k_copts,
-                  _call_keywords(ctx, kp, axes, variants), backward)
+        return Variant(name, point, args, consts, fargs)
 
+    variants, pending, total = [], [], 0
+    for point in _points(axes):
+        if tuning is None:
+            variants.append(resolve(point, dict(point)))
+            continue
+        # The default configuration is the variant itself: same id, same key as untuned.
+        v = resolve(point, {**dict(point), **dict(tuning.default)})
+        space.check(ctx.fail, f"{kp}, tune", tuning, dict(point), v.convention)
+        variants.append(v)
+        cands = tuple(resolve(point + p, {**dict(point), **dict(p)})
+                      for p in space.iter_points(tuning, dict(point)))
+        total += len(cands) + 1
+        if total > MAX_VARIANTS_PER_KERNEL:
+            raise ctx.fail(f"{kp}, tune", f"over {MAX_VARIANTS_PER_KERNEL} candidates")
+        pending.append(cands)
+    keyed = _call_keywords(ctx, kp, axes, variants)
+    # A candidate stands in for its default variant: it answers the same call keywords.
+    candidates = tuple((v.id, tuple(dataclasses.replace(c, call=v.call) for c in cands))
+                       for v, cands in zip(keyed, pending))
+    return Kernel(name, entry, k_archs, k_profile, k_copts, keyed, backward, tuning, candidates)
 
 def _symbols(ctx: _Ctx, kp: str, v: Any) -> dict[str, int]:
     """`symbols = { n = { divisibility = 8 } }`: per symbolic extent, what it is a multiple of."""
@@ -513,11 +539,11 @@ def _point_id(point: tuple[tuple[str, _Value], ...]) -> str:
     return ",".join(f"{k}={v}" for k, v in point)
 
 
-def _check_used(ctx: _Ctx, kp: str, axes: Any, kdoc: dict[str, Any]) -> None:
+def _check_used(ctx: _Ctx, kp: str, axes: Any, kdoc: dict[str, Any], table: str = "variants") -> None:
     text = repr((kdoc.get("args"), kdoc.get("constants"), kdoc.get("factory_args")))
     for name, _ in axes:
         if f"'${name}'" not in text:
-            raise ctx.fail(f"{kp}, variants.{name}",
+            raise ctx.fail(f"{kp}, {table}.{name}",
                            f'parameter "{name}" is never used (refer to it as "${name}")')
 
 

@@ -108,6 +108,29 @@ def schema() -> dict[str, Any]:
             "compile_options": {"type": "string"},
             "grad": {"type": "object", "additionalProperties": False, "required": ["backward"],
                      "properties": {"backward": {"type": "string"}}},
+            "tune": {
+                "type": "object", "additionalProperties": False,
+                "required": ["params", "default", "buckets"],
+                "description": "A tuning space for `cutecc tune` (README: Build-time tuning).",
+                "properties": {
+                    "params": {"type": "object", "minProperties": 1, "additionalProperties": {
+                        "type": "array", "minItems": 1, "items": _VALUE}},
+                    "default": {"type": "object", "additionalProperties": _VALUE},
+                    "constraints": {"type": "array", "items": {"type": "string"}},
+                    "buckets": {"type": "object", "minProperties": 1, "additionalProperties": {"oneOf": [
+                        {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 1}},
+                        {"type": "object", "additionalProperties": False, "required": ["pow2"],
+                         "properties": {"pow2": {"type": "array", "minItems": 2, "maxItems": 2,
+                                                 "items": {"type": "integer", "minimum": 1}}}}]}},
+                    "rule": {"enum": ["floor", "nearest"]},
+                    "sizes": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1}},
+                    "inputs": {"type": "object", "additionalProperties": {
+                        "type": "object", "additionalProperties": False, "required": ["low", "high"],
+                        "properties": {"low": {"type": "number"}, "high": {"type": "number"}}}},
+                    "tolerance": {"type": "object", "additionalProperties": False, "properties": {
+                        "rtol": {"type": "number", "minimum": 0}, "atol": {"type": "number", "minimum": 0}}},
+                },
+            },
         },
     }
     return {

@@ -197,6 +197,7 @@ def build(
     ray_address: str | None = None,
     remote: str | None = None,
     remote_write: bool | None = None,
+    candidates: bool = False,
 ) -> BuildReport:
     """Build a manifest into a cache; see the module docstring.
 
@@ -210,6 +211,8 @@ def build(
     Ray cluster, else a local one is started. `remote` (`s3://bucket/prefix`, else
     `$CUTECC_REMOTE`, else `[build]`) is a shared cache looked up for local misses;
     `remote_write` (else `$CUTECC_REMOTE_WRITE`; never the manifest) uploads what is built.
+    `candidates`: build the tuning candidates of kernels with a tuning space too (for
+    `cutecc tune`; same keys, nothing recorded as the kernels' current build, no lock).
     """
     t0 = time.perf_counter()
     progress = progress or Progress()
@@ -233,6 +236,10 @@ def build(
                     default_address=settings.ray_address)
     remote_cfg = remote_cache.config(remote, remote_write, default=settings.remote)
     manifest = full.select(kernels) if kernels else full
+    if candidates:
+        from cutecc.tuning.plan import with_candidates
+
+        manifest, lock = with_candidates(manifest), False
     store = Store(cache_dir)
     report = BuildReport(cache_dir=store.root, dry_run=dry_run, executor=runner.kind)
     planned = plan(manifest, archs, hash_cache=None if read_only or dry_run or not store.root.is_dir()
@@ -282,7 +289,7 @@ def build(
                 if store.locks_dir.is_dir():
                     store.sweep_tmp()
         _record_use(store, report)
-    if not dry_run and not read_only and report.ok:
+    if not dry_run and not read_only and report.ok and not candidates:
         _record_generations(store, full.path, planned, partial=bool(kernels or archs))
     if lock and not dry_run and report.ok:
         path = Path(lock_file or Path(manifest_path).parent / LOCK_NAME)

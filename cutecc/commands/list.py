@@ -22,6 +22,7 @@ class Row:
     size: int
     built_at: str
     call: str = ""  # the call keywords that reach this entry, "causal=True"
+    winner_for: tuple[str, ...] = ()  # tuning buckets this entry wins (`cutecc tune`)
 
     def age_seconds(self, now: dt.datetime) -> float:
         try:
@@ -52,6 +53,8 @@ class ListReport(Report):
              human_age(r.age_seconds(now)), r.call) for r in self.rows]
         widths = [max(len(row[i]) for row in table) for i in range(7)]
         out = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
+        out += [f"{r.kernel}[{r.variant}] {r.key[:12]} is the tuned winner for {w}"
+                for r in self.rows for w in r.winner_for]
         out.append(f"{len(self.rows)} entries, {human_size(sum(r.size for r in self.rows))} "
                    f"in {self.cache_dir}")
         return out
@@ -67,7 +70,10 @@ def call_text(call: Any) -> str:
 def list_entries(cache_dir: str | Path | None = None, *, kernel: str | None = None,
                  arch: str | None = None) -> ListReport:
     """One row per published entry, sorted by kernel, variant and arch (no cache: exit 1)."""
+    from cutecc.runtime.tuning import winners_in
+
     store = Store(cache_dir).require()
+    wins = winners_in(store.root)
     rows = []
     for e in store.entries():
         m = e.meta
@@ -75,6 +81,7 @@ def list_entries(cache_dir: str | Path | None = None, *, kernel: str | None = No
             continue
         call = call_keywords(m)
         rows.append(Row(e.key, str(m.get("kernel")), str(m.get("variant")), str(m.get("arch")),
-                        e.size, str(m.get("built_at", "")), call_text(call)))
+                        e.size, str(m.get("built_at", "")), call_text(call),
+                        tuple(wins.get(e.key, ()))))
     rows.sort(key=lambda r: (r.kernel, r.variant, r.arch, r.key))
     return ListReport(store.root, tuple(rows))

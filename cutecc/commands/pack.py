@@ -152,7 +152,7 @@ def select(store: Store, *, manifest: str | Path | None = None, lock: str | Path
     if not chosen.entries:
         raise CuteccError("nothing to pack: no entry matches the --arch/--kernel filters",
                           where=str(manifest or lock))
-    for entry, le in chosen.resolve(store):
+    for entry, le in chosen.resolve_all(store):  # tuned winners ship too, the rest of a space not
         why = le.mismatch(entry)
         if why:
             raise CuteccError(f"{le.label}: {why}", where=str(entry.path), exit_code=1)
@@ -206,7 +206,7 @@ def _tree(chosen: Lock, store: Store) -> tuple[dict[str, bytes], dict[str, dict[
     """The `_cutecc/` files (relative path -> bytes), each verified, and sizes per arch."""
     tree = {"format": f"{STORE_FORMAT}\n".encode(), LOCK_NAME: chosen.dumps()}
     sizes: dict[str, dict[str, int]] = {}
-    for entry, le in chosen.resolve(store):
+    for entry, le in chosen.resolve_all(store):
         base = f"entries/{entry.key[:2]}/{entry.key}"
         parts = ("entries", entry.key[:2], entry.key)
         meta_bytes = _read(store, (*parts, META), MAX_META_BYTES, le.label)

@@ -35,6 +35,7 @@ class ShowReport(Report):
             out.append(f"call with  {call}")
         out.append("files")
         out += [f"  {f['name']}  {f['size']} B  sha256 {f['sha256']}" for f in info["files"]]
+        out += [f"tuned winner for {w}" for w in info.get("winner_for", [])]
         out.append("metadata")
         for k, v in sorted(info["meta"].items()):
             if k == "key_inputs" and isinstance(v, dict):
@@ -84,7 +85,10 @@ def get_entry(store: Store, prefix: str) -> Entry:
 
 def show(key: str, cache_dir: str | Path | None = None) -> ShowReport:
     """The entry for KEY|PREFIX: its metadata, its files (name, size, sha256), its last use."""
-    entry = get_entry(Store(cache_dir).require(), key)
+    from cutecc.runtime.tuning import winners_in
+
+    store = Store(cache_dir).require()
+    entry = get_entry(store, key)
     recs = entry.meta.get("files")
     recs = recs if isinstance(recs, dict) else {}  # damaged metadata: `cutecc verify` says how
     files = [{"name": n, "size": r.get("size"), "sha256": r.get("sha256")} if isinstance(r, dict)
@@ -97,4 +101,5 @@ def show(key: str, cache_dir: str | Path | None = None) -> ShowReport:
         "last_used": iso(entry.last_used()),
         "files": files,
         "meta": entry.meta,
+        "winner_for": winners_in(store.root).get(entry.key, []),
     })

@@ -148,6 +148,7 @@ class KernelFn:
             for k, v in b.call:
                 if not any(_same(v, w) for w in self._keywords.setdefault(k, [])):
                     self._keywords[k].append(v)
+        self.tuning: Any = None  # a cutecc.runtime.tuning.TuningTable: recorded winners per bucket
 
     def __repr__(self) -> str:
         sigs = "".join(f"\n  {b.variant}{b.signature()}" for b in self.builds)
@@ -278,6 +279,8 @@ class KernelFn:
     def _plain(self, arrays: Sequence[Any], scalars: Mapping[str, Any],
                keywords: Mapping[str, Any]) -> Any:
         build, env = self.select(*arrays, **keywords)
+        if self.tuning is not None:  # the tuned winner of the call's bucket (a table lookup)
+            build = self.tuning.pick(build, env)
         _check_placement(self.name, arrays)
         attrs = _attrs(self.name, build.conv.scalars, scalars)
         target = build.register(self.name)

@@ -185,7 +185,9 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
                               where=str(store.root), exit_code=1)
 
     def resolve(name: str) -> KernelFn:
-        return _kernel_fn(name, by_kernel[name], target, series, pinned, record_use)
+        fn = _kernel_fn(name, by_kernel[name], target, series, pinned, record_use)
+        fn.tuning = _tuning(name, fn, store, locked, target, series, record_use)
+        return fn
 
     ks = KernelSet(store.root, target, resolve, by_kernel)
     if strict:
@@ -258,6 +260,38 @@ def _kernel_fn(name: str, entries: list[Entry], target: str, series: str,
         backward = m.get("backward")
     builds = [] if refused else [b for _, (_, b) in sorted(best.items())]
     return KernelFn(name, builds, backward=backward, unusable=unusable, arch=target)
+
+
+def _tuning(name: str, fn: KernelFn, store: Store, locked: Any, target: str, series: str,
+            record_use: bool) -> Any:
+    """The kernel's table of tuned winners: the lock's results (with a lock), else the
+    cache's records of its default entries; None when nothing was tuned."""
+    from cutecc.runtime.tuning import Tuned, TuningTable, read_cached
+
+    bases = {b.key: b for b in fn.builds}
+    if locked is not None:
+        lines = [t for t in locked.tuning if t.kernel == name and t.base in bases]
+    else:
+        lines = [Tuned.from_json(r, str(store.root), "tuning") for key in bases
+                 for r in read_cached(store.root, key)]
+    if not lines:
+        return None
+
+    def winner(t: Tuned) -> Build | None:
+        e = store.get(t.winner)
+        why = "not in the cache" if e is None else (
+            t.mismatch(e.meta) or _why_unusable(e.meta, target, series) or meta_problem(e.meta, e.key))
+        if why is None:
+            b = Build.from_meta(t.winner, e.path, e.meta)
+            if b.args != bases[t.base].args:
+                why = "its contract differs from the default configuration's"
+            else:
+                return b if record_use else dataclasses.replace(b, record_use=False)
+        fn.unusable += (f"tuned winner {t.winner_variant}@{t.arch} ({t.winner[:12]}) for {t.bucket} "
+                        f"on {t.device}: {why}",)
+        return None
+
+    return TuningTable(name, lines, winner)
 
 
 def _why_unusable(m: dict[str, Any], target: str, series: str) -> str | None:

@@ -31,7 +31,7 @@ def test_picks_the_variant_of_the_dtype(ks, dtype: str) -> None:
 @pytest.mark.parametrize("d", [1024, 4096])
 def test_picks_the_variant_of_the_static_extent(ks, d: int) -> None:
     b, env = ks.rmsnorm.select(S((3, d), "bfloat16"), S((d,), "bfloat16"))
-    assert b.variant == f"dtype=bfloat16,d={d},block=256" and env == {"m": 3}
+    assert b.variant == f"dtype=bfloat16,d={d}" and env == {"m": 3}
 
 
 @pytest.mark.parametrize(("args", "fragment"), [

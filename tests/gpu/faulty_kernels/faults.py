@@ -65,3 +65,23 @@ def copy(x: cute.Tensor, out: cute.Tensor, stream):
     """out = x: built only for GPUs other than the test machine's (the arch-mismatch case)."""
     n = x.shape[0]
     _copy_kernel(x, out, n).launch(grid=[(n + 127) // 128, 1, 1], block=[128, 1, 1], stream=stream)
+
+
+@cute.kernel
+def _tuned_copy_kernel(x: cute.Tensor, out: cute.Tensor, n: cutlass.Int32, mode: cutlass.Constexpr):
+    i = _index()
+    if i < n:
+        if cutlass.const_expr(mode == 1):
+            out[i] = x[i] + 1.0  # a wrong candidate: disagrees with the default
+        else:
+            out[i] = x[i]
+    if cutlass.const_expr(mode == 2):
+        llvm.inline_asm(None, [], "trap;", "", has_side_effects=True)  # a faulting candidate
+
+
+@cute.jit
+def tuned_copy(x: cute.Tensor, out: cute.Tensor, stream, mode: cutlass.Constexpr = 0):
+    """out = x for mode 0; mode 1 computes a wrong result, mode 2 traps (for `cutecc tune`)."""
+    n = x.shape[0]
+    _tuned_copy_kernel(x, out, n, mode).launch(
+        grid=[(n + 127) // 128, 1, 1], block=[128, 1, 1], stream=stream)

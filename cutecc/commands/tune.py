@@ -1,0 +1,283 @@
+"""`cutecc tune`: compile a manifest's tuning candidates, measure them on a GPU, record winners.
+
+Steps (all by default; each alone with a flag, so a CPU host and a GPU host can split them):
+  --dry-run        the candidate plan and counts; compiles nothing, needs no GPU
+  --compile-only   compile every candidate through the cache (same keys as `cutecc build`,
+                   so a rerun compiles nothing) and store the plan in the cache
+  --measure        time the plan's candidates on this GPU from the cache alone (no DSL);
+                   write `--results FILE`, and record winners into the lock and the cache
+  --record FILE    record a results file (measured elsewhere) into the lock and the cache
+  --check          measure again and report recorded winners whose time drifted beyond
+                   `--threshold`, or that another candidate now beats beyond the noise
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cutecc.errors import CuteccError
+from cutecc.report import Report
+from cutecc.runtime.tuning import Tuned, dumps_records, parse_lines, read_cached, results_path
+
+MAX_RESULTS_BYTES = 64 << 20
+
+
+@dataclass
+class TuneReport(Report):
+    mode: str
+    plan: list[dict[str, Any]] = field(default_factory=list)
+    built: int = 0
+    cached: int = 0
+    failed: list[str] = field(default_factory=list)
+    compile_seconds: float = 0.0
+    records: list[dict[str, Any]] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    lock_file: Path | None = None
+    lock_changed: bool = False
+    results_file: Path | None = None
+    drift: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failed or self.drift else 0
+
+    def warnings(self) -> list[str]:
+        return [f"FAILED {f}" for f in self.failed] + [f"DRIFT {d}" for d in self.drift]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mode": self.mode, "compile_seconds": round(self.compile_seconds, 3),
+                "built": self.built, "cached": self.cached, "failed": self.failed,
+                "candidates": sum(len(i["candidates"]) for i in self.plan),
+                "kernels": _by_kernel(self.plan), "records": self.records, **self.info,
+                "lock_file": str(self.lock_file) if self.lock_file else None,
+                "lock_changed": self.lock_changed,
+                "results_file": str(self.results_file) if self.results_file else None,
+                "drift": self.drift}
+
+    def lines(self, verbose: int = 0) -> list[str]:
+        out = []
+        for it in self.plan if self.mode in ("dry-run", "compile") else []:
+            nb = len(_edges(it))
+            out.append(f"{it['kernel']}[{it['variant']}]@{it['arch']}: {len(it['candidates'])} candidates "
+                       f"x {nb} buckets")
+            if verbose > 0:
+                out += [f"  {c['variant']} {c['key'][:12]}{' (default)' if c['default'] else ''}"
+                        for c in it["candidates"]]
+        for r in self.records:
+            gain = r["default_us"] / r["winner_us"] if r["winner_us"] else 0.0
+            out.append(f"{r['kernel']}[{r['variant']}] {r['bucket']}: default {r['default_us']:.2f} us, "
+                       f"winner {r['winner_variant']} {r['winner_us']:.2f} us ({gain:.2f}x)"
+                       + (f", dropped {len(r['dropped'])}" if r["dropped"] else ""))
+        if self.mode in ("dry-run", "compile", "all"):
+            n = sum(len(i["candidates"]) for i in self.plan)
+            out.append(f"{len(self.plan)} tuned variant(s), {n} candidates"
+                       + (f": {self.built} built, {self.cached} cached in {self.compile_seconds:.2f}s"
+                          if self.mode != "dry-run" else ""))
+        if self.info.get("device"):
+            out.append(f"measured on {self.info['device']} in {self.info.get('bench_seconds', 0):.1f}s")
+        if self.results_file:
+            out.append(f"wrote {self.results_file}")
+        if self.lock_changed:
+            out.append(f"wrote {self.lock_file}")
+        return out
+
+
+def _edges(item: dict[str, Any]) -> list[tuple[int, ...]]:
+    import itertools
+
+    return list(itertools.product(*(b["edges"] for b in item["buckets"])))
+
+
+def _by_kernel(plan: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for it in plan:
+        out.setdefault(it["kernel"], []).extend(
+            {"variant": c["variant"], "base": it["variant"], "arch": it["arch"], "key": c["key"],
+             "default": c["default"]} for c in it["candidates"])
+    return out
+
+
+def tune(manifest_path: str | Path, *, kernels: tuple[str, ...] = (), buckets: tuple[str, ...] = (),
+         archs: tuple[str, ...] = (), cache_dir: str | Path | None = None, jobs: int | None = None,
+         dry_run: bool = False, compile_only: bool = False, measure: bool = False,
+         record: str | Path | None = None, check: bool = False, results: str | Path | None = None,
+         lock_file: str | Path | None = None, lock: bool = True, repeats: int = 30, warmup: int = 3,
+         threshold: float = 0.05, seed: int = 0, sign_key: str | Path | None = None) -> TuneReport:
+    """Run the steps of `cutecc tune` (see the module docstring). `sign_key` (or
+    `$CUTECC_SIGNING_KEY`) signs the lock when recording changes it."""
+    from cutecc.lockfile import LOCK_NAME
+    from cutecc.store import Store
+    from cutecc.tuning import plan as tplan
+
+    if sum(map(bool, (dry_run, compile_only, measure, record, check))) > 1:
+        raise CuteccError("choose one of --dry-run, --compile-only, --measure, --record, --check",
+                          where="cutecc tune")
+    import os
+
+    from cutecc import environ
+
+    manifest_path = Path(manifest_path)
+    store = Store(cache_dir)
+    sign_key = sign_key or os.environ.get(environ.SIGNING_KEY) or None
+    lock_path = Path(lock_file or manifest_path.parent / LOCK_NAME)
+    if record is not None:
+        report = TuneReport("record")
+        report.records = read_results(record)
+        from cutecc.manifest import load_manifest
+
+        _record(report, tplan.items(load_manifest(manifest_path)), store.root, lock_path, lock, sign_key)
+        return report
+    mode = ("dry-run" if dry_run else "compile" if compile_only else "measure" if measure
+            else "check" if check else "all")
+    report = TuneReport(mode)
+    digest = tplan.manifest_digest(manifest_path)
+    if mode in ("measure", "check"):
+        report.plan = [it for it in tplan.read_plan(store.root, digest, str(manifest_path))
+                       if (not kernels or it["kernel"] in kernels) and (not archs or it["arch"] in archs)]
+    else:
+        from cutecc.manifest import load_manifest
+
+        m = load_manifest(manifest_path)
+        report.plan = tplan.items(m, archs, kernels)
+    if mode in ("compile", "all"):
+        from cutecc.commands.build import build
+
+        t0 = time.perf_counter()
+        names = tuple(sorted({it["kernel"] for it in report.plan}))
+        b = build(manifest_path, archs=archs, cache_dir=cache_dir, jobs=jobs, kernels=names,
+                  candidates=True)
+        report.compile_seconds = time.perf_counter() - t0
+        report.built, report.cached = b.count("built"), b.count("cached")
+        report.failed = [w for w in b.warnings() if w.startswith("FAILED")]
+        if report.failed:
+            return report
+        tplan.write_plan(store.root, digest, report.plan)
+    if mode in ("measure", "all", "check"):
+        from cutecc.tuning.measure import measure as run
+
+        known = {",".join(f"{b['extent']}={v}" for b, v in zip(it["buckets"], e))
+                 for it in report.plan for e in _edges(it)}
+        for b in buckets:
+            if b not in known:
+                raise CuteccError(f"no bucket {b!r} in the tuning spaces (buckets: "
+                                  f"{', '.join(sorted(known))})", where="--bucket")
+
+        report.records, report.info = run(store.root, report.plan, buckets=buckets, repeats=repeats,
+                                          warmup=warmup, seed=seed)
+        report.failed += report.info.pop("failed", [])
+        if results is not None:
+            from cutecc.atomic import atomic_write
+
+            report.results_file = Path(results)
+            atomic_write(report.results_file, json.dumps(
+                {"format": 1, "device": report.info.get("device"), "driver": report.info.get("driver"),
+                 "bench_seconds": report.info.get("bench_seconds"), "records": report.records},
+                indent=1, sort_keys=True).encode())
+        if mode == "check":
+            report.drift = _drift(store.root, report.records, threshold)
+        elif report.records:
+            _record(report, report.plan, store.root, lock_path, lock, sign_key)
+    return report
+
+
+def read_results(path: str | Path) -> list[dict[str, Any]]:
+    """A results file's records, every line checked (it may come from another host)."""
+    from cutecc.entry import parse_json
+
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_RESULTS_BYTES + 1)
+        doc = parse_json(data, MAX_RESULTS_BYTES, 8)
+    except OSError as e:
+        raise CuteccError(f"cannot read the results: {e.strerror}", where=str(path)) from None
+    except ValueError as e:
+        raise CuteccError(f"not a results file: {e}", where=str(path)) from None
+    if not isinstance(doc, dict) or doc.get("format") != 1 or not isinstance(doc.get("records"), list):
+        raise CuteccError("not a `cutecc tune` results file of format 1", where=str(path))
+    parse_lines(doc["records"], str(path), "records")
+    return doc["records"]
+
+
+def _record(report: TuneReport, plan_items: list[dict[str, Any]], root: Path, lock_path: Path,
+            lock: bool, sign_key: str | Path | None = None) -> None:
+    """Merge records into the cache (full records) and the lock (winner lines). A winner is
+    recorded only if it is a candidate the plan (the manifest's, as it is now) has for that
+    default, and its entry in this cache matches the record's bytes."""
+    from cutecc.atomic import atomic_write
+    from cutecc.lockfile import read_lock, write_lock
+    from cutecc.store import Store
+
+    store = Store(root)
+    plan = {(it["kernel"], it["variant"], it["arch"]): it for it in plan_items}
+    lines = []
+    for i, r in enumerate(report.records):
+        t = Tuned.from_json(r, "results", f"records[{i}]")
+        it = plan.get((t.kernel, t.variant, t.arch))
+        cands = {c["key"]: c["variant"] for c in it["candidates"]} if it else {}
+        if it is None or it["base"] != t.base or cands.get(t.winner) != t.winner_variant:
+            raise CuteccError(f"{t.kernel}[{t.variant}]@{t.arch} {t.bucket}: the winner {t.winner[:12]} is "
+                              "not a candidate of the manifest as it is now (stale results?)",
+                              where=str(lock_path), exit_code=1)
+        e = store.get(t.winner)
+        why = "not in the cache" if e is None else t.mismatch(e.meta)
+        if why:
+            raise CuteccError(f"{t.kernel}[{t.winner_variant}] {t.winner[:12]}: {why}; run "
+                              "`cutecc tune --compile-only`", where=str(root), exit_code=1)
+        lines.append(t)
+    by_base: dict[str, list[dict[str, Any]]] = {}
+    for r in report.records:
+        by_base.setdefault(r["base"], []).append(r)
+    for base, recs in by_base.items():
+        new = {(r["device"], r["bucket"]): r for r in read_cached(root, base)}
+        new.update({(r["device"], r["bucket"]): r for r in recs})
+        path = results_path(root, base)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, dumps_records([new[k] for k in sorted(new)]))
+    if lock:
+        old = read_lock(lock_path)
+        keep = {t.order: t for t in old.tuning}
+        keep.update({t.order: t for t in lines})
+        new_lock = old.with_tuning(keep.values())
+        dropped = len(keep) - len(new_lock.tuning)
+        if dropped:
+            raise CuteccError(f"{dropped} result(s) name default configurations the lock does not "
+                              "lock; run `cutecc build` first", where=str(lock_path), exit_code=1)
+        report.lock_changed = write_lock(lock_path, new_lock)
+        report.lock_file = lock_path
+        if sign_key and report.lock_changed:  # the old signature no longer covers these bytes
+            from cutecc import signing
+
+            try:
+                key = signing.read_private_key(sign_key)
+            except OSError as e:
+                raise CuteccError(f"cannot read the signing key: {e.strerror}", where=str(sign_key)) from None
+            signing.sign_file(lock_path, key, "lock")
+
+
+def _drift(root: Path, records: list[dict[str, Any]], threshold: float) -> list[str]:
+    """Recorded winners whose time moved by more than `threshold`, or that another candidate
+    now beats by more than the measured noise."""
+    out = []
+    for r in records:
+        cached = {(c["device"], c["bucket"]): c for c in read_cached(root, r["base"])}
+        old = cached.get((r["device"], r["bucket"]))
+        if old is None:
+            out.append(f"{r['kernel']}[{r['variant']}] {r['bucket']} on {r['device']}: never recorded")
+            continue
+        was, now = old["winner_variant"], r["times_us"].get(old["winner_variant"])
+        if now is None:
+            out.append(f"{r['kernel']}[{r['variant']}] {r['bucket']}: the winner {was} was dropped: "
+                       f"{r['dropped'].get(was, '?')}")
+            continue
+        then = old["times_us"][was][1]
+        if abs(now[1] / then - 1) > threshold:
+            out.append(f"{r['kernel']}[{r['variant']}] {r['bucket']}: {was} took {then:.2f} us, now "
+                       f"{now[1]:.2f} us ({now[1] / then - 1:+.1%}, threshold {threshold:.0%})")
+        if r["winner_variant"] != was:
+            out.append(f"{r['kernel']}[{r['variant']}] {r['bucket']}: {r['winner_variant']} now beats "
+                       f"{was} beyond the noise ({r['winner_us']:.2f} vs {now[1]:.2f} us)")
+    return out

@@ -1,0 +1,285 @@
+"""Tuning results at run time: which built configuration serves a call's shape bucket.
+
+`cutecc tune` records, per (kernel, variant, arch, device kind, bucket), the winner among a
+kernel's candidate configurations (`Tuned`), in `kernels.lock` and in the cache
+(`tuning/results/<default key>.json`). Dispatch asks `TuningTable.pick` for the call's
+build: a table lookup on the call's symbolic extents, nothing timed, so every rank and
+process with the same lock and device kind makes the same choice. Results of one device
+kind never apply to another: an untuned device runs the default configuration, and says
+so once. Imports neither JAX (until a device kind is asked for) nor the build side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cutecc.entry import acted_on, is_key, parse_json
+from cutecc.errors import CuteccError
+
+TUNING_FORMAT = 1
+RULES = ("floor", "nearest")
+RESULTS_DIR = ("tuning", "results")
+MAX_RECORD_BYTES = 4 << 20
+MAX_LINES = 100_000
+_log = logging.getLogger("cutecc")
+
+
+def bucket_of(value: int, edges: tuple[int, ...], rule: str) -> int:
+    """The bucket edge a size falls in. `floor`: the largest edge <= value (the first edge
+    below it); `nearest`: the edge nearest in log scale (ties go to the lower edge).
+    `edges` is sorted ascending and non-empty."""
+    if rule == "nearest":
+        best = edges[0]
+        for e in edges:
+            if abs(_log2(value) - _log2(e)) < abs(_log2(value) - _log2(best)):
+                best = e
+        return best
+    out = edges[0]
+    for e in edges:
+        if e <= value:
+            out = e
+    return out
+
+
+def _log2(x: int) -> float:
+    import math
+
+    return math.log2(max(x, 1))
+
+
+def bucket_text(bucket: Mapping[str, int]) -> str:
+    """`n=65536` (several extents: `m=1024,n=8`, in the tuning space's order)."""
+    return ",".join(f"{k}={v}" for k, v in bucket.items())
+
+
+def parse_bucket(text: str) -> dict[str, int]:
+    """The inverse of `bucket_text`; ValueError for anything else."""
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        name, _, num = part.partition("=")
+        if not name.isidentifier() or not num.isdigit() or len(num) > 12 or name in out:
+            raise ValueError(f"bad bucket {text!r}")
+        out[name] = int(num)
+    return out
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """One recorded winner: what serves (kernel, variant, arch) on `device` for a bucket.
+    `base` is the default configuration's key; the winner's own fields are what a lock
+    line pins (so the runtime refuses a winner whose bytes differ)."""
+
+    kernel: str
+    variant: str
+    arch: str
+    device: str
+    rule: str
+    bucket: str
+    base: str
+    winner: str
+    winner_variant: str
+    library: str
+    sha256: str
+    size: int
+    symbol: str
+    backward: str | None
+    contract: str
+
+    @property
+    def order(self) -> tuple[Any, ...]:
+        """Sort order: buckets by size, not by text (a lock lists n=4096 before n=65536)."""
+        return (self.kernel, self.variant, self.arch, self.device, tuple(self.extents.items()))
+
+    @property
+    def extents(self) -> dict[str, int]:
+        return parse_bucket(self.bucket)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Any, where: str, kp: str) -> Tuned:
+        """A line read from a lock, a results file or the cache: every field checked."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        if not isinstance(d, dict) or not set(names) <= set(d):
+            raise CuteccError(f"expected the fields {', '.join(names)}", where=where, key_path=kp)
+        for name in names:
+            v = d[name]
+            ok = (type(v) is int and 0 <= v < 1 << 40 if name == "size"
+                  else v is None or isinstance(v, str) if name == "backward"
+                  else isinstance(v, str) and 0 < len(v) <= 4096)
+            if not ok:
+                raise CuteccError(f"{name} is not a valid value", where=where, key_path=f"{kp}.{name}")
+        if not is_key(d["base"]) or not is_key(d["winner"]):
+            raise CuteccError("base and winner must be cache keys", where=where, key_path=kp)
+        if d["rule"] not in RULES:
+            raise CuteccError(f"rule must be one of {', '.join(RULES)}", where=where, key_path=f"{kp}.rule")
+        try:
+            parse_bucket(d["bucket"])
+        except ValueError as e:
+            raise CuteccError(str(e), where=where, key_path=f"{kp}.bucket") from None
+        return cls(**{n: d[n] for n in names})
+
+    def mismatch(self, meta: Mapping[str, Any]) -> str | None:
+        """Why the winner entry's metadata differs from this line, or None."""
+        if meta.get("kernel") != self.kernel or meta.get("arch") != self.arch:
+            return "kernel or arch differ from the tuning record"
+        acted = acted_on(dict(meta)) or {}
+        for name in ("library", "sha256", "size", "symbol", "backward", "contract"):
+            if acted.get(name) != getattr(self, name):
+                return f"{name} differs from the tuning record"
+        return None
+
+
+def parse_lines(items: Any, where: str, kp: str) -> tuple[Tuned, ...]:
+    """A list of tuning lines; one per (kernel, variant, arch, device, bucket)."""
+    if not isinstance(items, list) or len(items) > MAX_LINES:
+        raise CuteccError(f"must be a list of at most {MAX_LINES} tuning lines", where=where, key_path=kp)
+    out: dict[tuple[Any, ...], Tuned] = {}
+    for i, d in enumerate(items):
+        t = Tuned.from_json(d, where, f"{kp}[{i}]")
+        if t.order in out:
+            raise CuteccError(f"{t.kernel}[{t.variant}]@{t.arch} {t.bucket} on {t.device} is recorded "
+                              "twice", where=where, key_path=f"{kp}[{i}]")
+        out[t.order] = t
+    return tuple(sorted(out.values(), key=lambda t: t.order))
+
+
+def results_path(root: Path, base: str) -> Path:
+    """The cache's record of the tuning results for one default entry."""
+    return root.joinpath(*RESULTS_DIR, f"{base}.json")
+
+
+def read_cached(root: Path, base: str) -> list[dict[str, Any]]:
+    """The cache's full records (lines plus times) for `base`; [] when none or unreadable
+    (a damaged record loses the tuning, never the kernel)."""
+    path = results_path(root, base)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_RECORD_BYTES + 1)
+        doc = parse_json(data, MAX_RECORD_BYTES, 6)
+        if not isinstance(doc, dict) or doc.get("format") != TUNING_FORMAT:
+            return []
+        records = doc.get("records")
+        if not isinstance(records, list):
+            return []
+        parse_lines(records, str(path), "records")
+        return [r for r in records if r.get("base") == base]
+    except (OSError, ValueError, CuteccError):
+        return []
+
+
+MAX_RESULT_FILES = 100_000
+
+
+def winners_in(root: Path) -> dict[str, list[str]]:
+    """What the cache's tuning records say each entry wins: key -> [`n=65536 on DEVICE`, ..]
+    (for `cutecc list` and `show`)."""
+    out: dict[str, list[str]] = {}
+    d = root.joinpath(*RESULTS_DIR)
+    try:
+        names = sorted(p.name for p in d.iterdir() if p.name.endswith(".json"))[:MAX_RESULT_FILES]
+    except OSError:
+        return out
+    for name in names:
+        if not is_key(name[:-5]):
+            continue
+        for r in read_cached(root, name[:-5]):
+            out.setdefault(r["winner"], []).append(
+                f"{r['variant']} {r['bucket']} on {r['device']}")
+    return out
+
+
+def device_kind() -> str | None:
+    """This process's GPU kind as JAX names it (`NVIDIA H100 80GB HBM3`); without a GPU,
+    `$CUTECC_DEVICE_KIND` (to lower or export on a CPU host for that device), else None."""
+    import os
+
+    import jax
+
+    try:
+        devs = jax.devices("gpu")
+    except RuntimeError:
+        devs = []
+    return devs[0].device_kind if devs else os.environ.get("CUTECC_DEVICE_KIND") or None
+
+
+class TuningTable:
+    """One kernel's recorded winners, looked up per call (see the module docstring).
+
+    `resolve(line)` turns a winner line into a build (None: unusable here, reason logged);
+    `kind` says this process's device kind (a function, so tests can pin it).
+    """
+
+    def __init__(self, kernel: str, lines: Iterable[Tuned], resolve: Callable[[Tuned], Any],
+                 kind: Callable[[], str | None] = device_kind) -> None:
+        self.kernel = kernel
+        self.lines = tuple(lines)
+        self._resolve = resolve
+        self._kind = kind
+        self._device: str | None = None
+        self._device_known = False
+        self._builds: dict[tuple[Any, ...], Any] = {}
+        self._noticed: set[str] = set()
+        self._lock = threading.Lock()
+        # (base key, device) -> (rule, extents' edges, bucket text -> line)
+        self._by: dict[tuple[str, str], tuple[str, dict[str, tuple[int, ...]], dict[str, Tuned]]] = {}
+        for t in self.lines:
+            rule, edges, table = self._by.setdefault((t.base, t.device), (t.rule, {}, {}))
+            table[t.bucket] = t
+            for name, v in t.extents.items():
+                edges[name] = tuple(sorted({*edges.get(name, ()), v}))
+
+    def device(self) -> str | None:
+        if not self._device_known:
+            self._device, self._device_known = self._kind(), True
+        return self._device
+
+    def pick(self, build: Any, env: Mapping[str, int]) -> Any:
+        """The build serving a call of `build`'s variant with symbol bindings `env`: the
+        recorded winner of the call's bucket on this device kind, else `build` itself."""
+        device = self.device()
+        entry = self._by.get((build.key, device or ""))
+        if entry is None:
+            if any(t.base == build.key for t in self.lines):
+                self._notice(f"kernel {self.kernel} [{build.variant}]: no tuning results for "
+                             f"device kind {device or 'unknown (no GPU)'}; using the default "
+                             "configuration")
+            return build
+        rule, edges, table = entry
+        try:
+            bucket = bucket_text({name: bucket_of(env[name], e, rule) for name, e in edges.items()})
+        except KeyError:
+            return build
+        line = table.get(bucket)
+        if line is None or line.winner == build.key:
+            return build
+        with self._lock:
+            if line.order not in self._builds:
+                self._builds[line.order] = self._resolve(line)
+            got = self._builds[line.order]
+        if got is None:
+            self._notice(f"kernel {self.kernel} [{build.variant}] {bucket}: the recorded winner "
+                         f"{line.winner[:12]} is unusable here; using the default configuration")
+            return build
+        return got
+
+    def _notice(self, text: str) -> None:
+        with self._lock:
+            if text in self._noticed:
+                return
+            self._noticed.add(text)
+        _log.warning("cutecc: %s", text)
+
+
+def dumps_records(records: list[dict[str, Any]]) -> bytes:
+    """A cache record file: deterministic, one record per line."""
+    body = ",\n  ".join(json.dumps(r, sort_keys=True) for r in records)
+    return f'{{\n "format": {TUNING_FORMAT},\n "records": [\n  {body}\n ]\n}}\n'.encode()

@@ -1,0 +1,121 @@
+"""The tuning plan: every candidate of every tuned (kernel, variant, arch), with its key.
+
+Candidates are planned exactly as `cutecc build` plans variants (`cutecc.plan`), so the
+default configuration has the key `build` gave it and a rerun compiles nothing. The plan
+is also written into the cache (`tuning/plans/<manifest sha256>.json`), so the measuring
+step runs from the cache alone on a GPU host with no DSL and no CUDA toolkit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from cutecc.atomic import atomic_write
+from cutecc.entry import is_key, parse_json
+from cutecc.errors import CuteccError
+from cutecc.manifest import Manifest
+from cutecc.plan import Planned, plan
+
+PLAN_FORMAT = 1
+PLANS_DIR = ("tuning", "plans")
+MAX_PLAN_BYTES = 16 << 20
+
+
+def with_candidates(manifest: Manifest) -> Manifest:
+    """The manifest with each tuned kernel's candidates as extra variants."""
+    kernels = []
+    for k in manifest.kernels:
+        extra = tuple(c for _, cands in k.candidates for c in cands)
+        kernels.append(dataclasses.replace(k, variants=k.variants + extra) if extra else k)
+    return dataclasses.replace(manifest, kernels=tuple(kernels))
+
+
+def items(manifest: Manifest, archs: tuple[str, ...] = (), kernels: tuple[str, ...] = ()
+          ) -> list[dict[str, Any]]:
+    """One plan item per tuned (kernel, variant, arch): its default key, its candidates'
+    keys and the space's benchmark settings (JSON, as the plan file stores it)."""
+    tuned = tuple(k.name for k in manifest.kernels if k.tuning is not None
+                  and (not kernels or k.name in kernels))
+    if kernels:
+        for name in kernels:
+            if manifest.kernel(name).tuning is None:
+                raise CuteccError(f'kernel "{name}" declares no tuning space ([kernel.{name}.tune])',
+                                  where=str(manifest.path))
+    if not tuned:
+        raise CuteccError("no kernel declares a tuning space ([kernel.NAME.tune])",
+                          where=str(manifest.path))
+    sub = Manifest(manifest.path, manifest.python_path,
+                   tuple(k for k in manifest.kernels if k.name in tuned), manifest.env)
+    planned = plan(with_candidates(sub), archs)
+    by: dict[tuple[str, str, str], Planned] = {(p.kernel.name, p.variant.id, p.arch): p for p in planned}
+    out = []
+    for k in sub.kernels:
+        spec = k.tuning
+        assert spec is not None
+        for vid, cands in k.candidates:
+            for arch in archs or k.archs:
+                base = by[(k.name, vid, arch)]
+                out.append({
+                    "kernel": k.name, "variant": vid, "arch": arch, "base": base.key,
+                    "candidates": [{"variant": vid, "key": base.key, "default": True}] + [
+                        {"variant": c.id, "key": by[(k.name, c.id, arch)].key, "default": False}
+                        for c in cands],
+                    **{f: spec.to_json()[f] for f in ("rule", "buckets", "sizes", "inputs", "rtol",
+                                                      "atol", "params", "default")}})
+    return out
+
+
+def manifest_digest(path: Path) -> str:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as e:
+        raise CuteccError(f"cannot read the manifest: {e.strerror}", where=str(path)) from None
+
+
+def plan_path(root: Path, digest: str) -> Path:
+    return root.joinpath(*PLANS_DIR, f"{digest}.json")
+
+
+def write_plan(root: Path, digest: str, plan_items: list[dict[str, Any]]) -> Path:
+    """Store the plan of a manifest (by its bytes' digest) in the cache."""
+    import json
+
+    path = plan_path(root, digest)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps({"format": PLAN_FORMAT, "manifest_sha256": digest, "items": plan_items},
+                                  sort_keys=True, indent=1).encode())
+    return path
+
+
+def read_plan(root: Path, digest: str, where: str) -> list[dict[str, Any]]:
+    """The stored plan of a manifest; an error says to compile first when there is none (the
+    manifest changed since, or was never compiled for tuning into this cache)."""
+    path = plan_path(root, digest)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_PLAN_BYTES + 1)
+    except FileNotFoundError:
+        raise CuteccError("this cache holds no tuning plan for the manifest as it is now; run "
+                          "`cutecc tune --compile-only` (on a host with the build extra) first",
+                          where=where, exit_code=1) from None
+    except OSError as e:
+        raise CuteccError(f"cannot read the tuning plan: {e.strerror}", where=str(path),
+                          exit_code=1) from None
+    try:
+        doc = parse_json(data, MAX_PLAN_BYTES, 8)
+    except ValueError as e:
+        raise CuteccError(f"not a tuning plan: {e}", where=str(path), exit_code=1) from None
+    if (not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT
+            or not isinstance(doc.get("items"), list)):
+        raise CuteccError(f"not a tuning plan of format {PLAN_FORMAT}", where=str(path), exit_code=1)
+    for i, it in enumerate(doc["items"]):
+        ok = (isinstance(it, dict) and is_key(it.get("base")) and isinstance(it.get("candidates"), list)
+              and all(isinstance(c, dict) and is_key(c.get("key")) and isinstance(c.get("variant"), str)
+                      for c in it["candidates"])
+              and isinstance(it.get("buckets"), list) and it.get("rule") in ("floor", "nearest"))
+        if not ok:
+            raise CuteccError("malformed plan item", where=str(path), key_path=f"items[{i}]", exit_code=1)
+    return doc["items"]
