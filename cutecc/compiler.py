@@ -8,6 +8,13 @@ stream anywhere) is bridged once, here: cutecc generates a `@cute.jit` wrapper w
 parameters are in the canonical order `(inputs..., results..., scalars...)` and which
 calls the launcher in its order. The wrapper is compiled with the kernel, so no
 reordering happens at call time.
+
+The object's bytes must be a function of the key alone. Two things would otherwise leak
+the build host into them: the DSL compiles the kernel's host-side (x86) code for the
+build machine's CPU (AVX-512 code on a Zen 4, which also dies with SIGILL on a deploy host
+without it), so `pin_host_target` fixes every function to baseline x86-64; and the DSL
+reads compile-affecting `CUTE_DSL_*` variables (line info, debug, optimisation level...)
+from the environment, so `set_target` removes them all from the worker's environment.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import importlib
 import importlib.util
 import json
 import os
+import platform
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -43,6 +51,13 @@ from cutecc.manifest import Variant
 SYMBOL = "cutecc_kernel"
 INNER_SYMBOL = "cutecc_impl"
 OBJECT = "kernel.o"
+# The kernel's host-side code is compiled for this CPU and feature set whatever the build
+# machine is (part of every key; see `pin_host_target`).
+HOST_CPU = "x86-64"
+HOST_FEATURES = ("+sse2",)
+HOST_TARGET = f"x86_64-unknown-linux-gnu;cpu={HOST_CPU};features={','.join(HOST_FEATURES)};pin=1"
+# The DSL's environment prefixes (its EnvironmentVarManager reads `<prefix>_<NAME>`).
+DSL_ENV_PREFIXES = ("CUTE_DSL_", "CUTE_EXPERIMENTAL_DSL_")
 
 
 @dataclass(frozen=True)
@@ -56,12 +71,64 @@ class CompileJob:
 
 
 def set_target(arch: str) -> None:
-    """Make this process's DSL compile for `arch`: before the DSL's first import only
-    (the DSL reads `CUTE_DSL_ARCH` then), so one process serves one arch."""
+    """Make this process's DSL compile for `arch`, and nothing else of the environment
+    decide its output: before the DSL's first import only (the DSL reads its variables
+    then), so one process serves one arch. Every `CUTE_DSL_*` variable is removed (line
+    info, debug, optimisation level and the like would change the object's bytes under
+    the same key), then `CUTE_DSL_ARCH` is set and the DSL's file cache turned off."""
     current = os.environ.get("CUTE_DSL_ARCH")
-    if current != arch and "cutlass" in sys.modules:
-        raise RuntimeError(f"this process's DSL was imported for {current}, not {arch}")
+    if "cutlass" in sys.modules:
+        if current != arch:
+            raise RuntimeError(f"this process's DSL was imported for {current}, not {arch}")
+        return
+    if platform.machine() not in ("x86_64", "AMD64"):
+        raise RuntimeError(f"cutecc builds on x86-64 hosts only (this is {platform.machine()}): "
+                           "the kernels' host code is x86-64")
+    for name in [n for n in os.environ if n.startswith(DSL_ENV_PREFIXES)]:
+        del os.environ[name]
     os.environ["CUTE_DSL_ARCH"] = arch
+    os.environ["CUTE_DSL_DISABLE_FILE_CACHING"] = "1"
+
+
+def pin_host_target(compiled: Any) -> int:
+    """Fix the host-side code of a compiled function to `HOST_CPU`/`HOST_FEATURES`: the
+    `target_cpu` and `target_features` attributes on every defined `llvm.func` of its
+    module, which LLVM prefers to the build machine's CPU. Both are needed: the CPU alone
+    keeps the host's features. Returns how many functions were pinned.
+
+    Relies on a DSL internal (the compiled function's `ir_module`, read again by
+    `export_to_c`); raises RuntimeError if the DSL no longer offers it, so a DSL upgrade
+    cannot silently bring back host-dependent bytes (tests/test_compiler.py checks the
+    exported object for VEX/EVEX instructions too).
+    """
+    from cutlass._mlir import ir
+
+    module = getattr(compiled, "ir_module", None)
+    if module is None or not hasattr(module, "operation"):
+        raise RuntimeError("the DSL's compiled function has no `ir_module`: cutecc cannot pin its "
+                           "host code to baseline x86-64 (a DSL change; update cutecc.compiler)")
+    features = ", ".join(f'"{f}"' for f in HOST_FEATURES)
+    pinned = 0
+    with module.context:
+        cpu = ir.StringAttr.get(HOST_CPU)
+        feats = ir.Attribute.parse(f"#llvm.target_features<[{features}]>")
+        todo = [module.operation]
+        while todo:
+            op = todo.pop()
+            for region in op.regions:
+                for block in region.blocks:
+                    for inner in block.operations:
+                        o = inner.operation
+                        if o.name == "llvm.func" and len(o.regions) and len(o.regions[0].blocks):
+                            o.attributes["target_cpu"] = cpu
+                            o.attributes["target_features"] = feats
+                            pinned += 1
+                        if not o.name.startswith("gpu."):  # device code is not host code
+                            todo.append(o)
+    if pinned == 0:
+        raise RuntimeError("found no llvm.func to pin in the DSL's compiled module (a DSL change; "
+                           "update cutecc.compiler.pin_host_target)")
+    return pinned
 
 
 def _result_param(t: TensorArg) -> str:
@@ -215,6 +282,7 @@ def compile_to_object(job: CompileJob, out_dir: Path) -> Path:
         if p not in sys.path:
             sys.path.insert(0, p)
     compiled = compile_variant(job.entry, job.variant, job.compile_options)
+    pin_host_target(compiled)
     obj = out_dir / OBJECT
     compiled.export_to_c(str(obj), function_name=INNER_SYMBOL)
     return obj
