@@ -3,8 +3,9 @@
 `cutecc build` writes it beside the manifest for CI to commit; `cutecc pack` and
 `cutecc.load(lock=...)` read it to use exactly those entries. A line pins the entry's key
 and everything the runtime acts on besides it: the library's SHA-256 and size, the
-exported symbol, the backward pairing and the contract's digest, so no edit of meta.json
-changes what runs without the lock refusing it. One line per key; duplicates are refused.
+exported symbol, the backward pairing, the contract's digest and the SHA-256 of the
+runtime library it links against, so no edit of meta.json changes what runs without the
+lock refusing it. One line per key; duplicates are refused.
 The file is JSON with one entry per line, sorted, with a format version and no
 timestamps, so it is byte-identical until an artifact changes and its diffs read one line
 per changed artifact. Importing this imports neither the DSL nor JAX.
@@ -43,6 +44,7 @@ class LockEntry:
     symbol: str
     backward: str | None
     contract: str
+    runtime: str  # the SHA-256 of the runtime library the kernel library links against
 
     @property
     def label(self) -> str:
@@ -56,9 +58,10 @@ class LockEntry:
     def of(cls, kernel: str, variant: str, arch: str, key: str, meta: dict[str, Any]) -> LockEntry:
         """The lock line for an entry, from its metadata."""
         acted = acted_on(meta)
-        if acted is None or acted["symbol"] is None:
+        if acted is None or acted["symbol"] is None or acted["runtime"] is None:
             raise CuteccError(f"{label(kernel, variant, arch)} {key[:12]}: malformed metadata (no "
-                              "library file record or symbol)", where="kernels.lock", exit_code=1)
+                              "library file record, symbol or runtime library record)",
+                              where="kernels.lock", exit_code=1)
         return cls(kernel, variant, arch, key, **acted)
 
     def mismatch(self, entry: Entry) -> str | None:
@@ -68,10 +71,10 @@ class LockEntry:
             if m.get(name) != getattr(self, name):
                 return f"{name} {m.get(name)!r}, the lock says {getattr(self, name)!r}; refusing it"
         acted = acted_on(m) or {}
-        for name in ("library", "sha256", "size", "symbol", "backward", "contract"):
+        for name in ("library", "sha256", "size", "symbol", "backward", "contract", "runtime"):
             got, want = acted.get(name), getattr(self, name)
             if got != want:
-                what = "library SHA-256" if name == "sha256" else name
+                what = {"sha256": "library SHA-256", "runtime": "runtime library SHA-256"}.get(name, name)
                 return f"{what} {_short(got)} differs from the lock's {_short(want)}; refusing it"
         return None
 
@@ -163,6 +166,9 @@ def _line(e: Any, where: str, kp: str) -> LockEntry:
             raise CuteccError(f"{name} is not a valid value", where=where, key_path=f"{kp}.{name}")
     if not is_key(e["key"]):
         raise CuteccError("key is not a cache key (64 hex digits)", where=where, key_path=f"{kp}.key")
+    if not is_key(e["runtime"]):
+        raise CuteccError("runtime is not a SHA-256 (64 hex digits)", where=where,
+                          key_path=f"{kp}.runtime")
     return LockEntry(**e)
 
 
@@ -225,8 +231,9 @@ def record_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
         before = old.by_key()
         for le in new.entries:
             was = before.get(le.key)
-            if was is not None and (was.sha256, was.size, was.symbol, was.backward, was.contract) != (
-                    le.sha256, le.size, le.symbol, le.backward, le.contract):
+            if was is not None and (was.sha256, was.size, was.symbol, was.backward, was.contract,
+                                    was.runtime) != (le.sha256, le.size, le.symbol, le.backward,
+                                                     le.contract, le.runtime):
                 raise CuteccError(
                     f"{le.label} {le.key[:12]}: the cache holds other bytes under a key the lock "
                     f"already names (library SHA-256 {le.sha256[:16]}..., locked "
@@ -246,6 +253,7 @@ def _previous(path: Path) -> Lock | None:
     try:
         return read_lock(path)
     except CuteccError:
-        if b'"format": 1' in path.read_bytes()[:64]:
-            return None  # an older format: written anew
+        data = path.read_bytes()
+        if b'"format": 1' in data[:64] or (b'"format": 2' in data[:64] and b'"runtime"' not in data):
+            return None  # an older format (or format 2 before the runtime field): written anew
         raise

@@ -7,7 +7,10 @@ misses are looked up there next, and what it has is checked and published into t
 store (reported cached, and fetched). What is left compiles on the chosen executor
 (`cutecc.executors`: local worker processes, or Ray), whose workers upload what they
 build when remote writing is on. The manifest is parsed once; the lock is written from
-what this build saw and published, never by reading it back.
+what this build saw and published, never by reading it back. Kernels link against this
+toolchain's runtime library, linked first if the store lacks it; every entry's runtime
+library is checked to be there at the end (and linked again if gc or rm took it, or the
+entry came from the remote or a Ray worker).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 from cutecc import environ
 from cutecc import remote as remote_cache
 from cutecc.archs import parse_archs
+from cutecc.entry import runtime_record
 from cutecc.errors import CuteccError
 from cutecc.executors import Executor, choose
 from cutecc.lockfile import LOCK_NAME, LockEntry, record_build
@@ -32,7 +36,7 @@ from cutecc.plan import Planned, plan
 from cutecc.report import Report
 from cutecc.store import HASH_CACHE, Store, entry_trust_problem, manifest_id, touch_used
 from cutecc.units import human_size
-from cutecc.workers import BuildJob, Result
+from cutecc.workers import BuildJob, Result, ensure_runtime
 
 
 @dataclass
@@ -128,6 +132,7 @@ class BuildReport(Report):
     dry_run: bool = False
     executor: str = "local"
     remote: RemoteUse | None = None
+    runtimes_built: list[str] = field(default_factory=list)  # runtime libraries this build linked
 
     def count(self, status: str) -> int:
         return sum(o.status == status for o in self.outcomes)
@@ -152,6 +157,7 @@ class BuildReport(Report):
             "executor": self.executor,
             "fetched": sum(o.fetched for o in self.outcomes),
             "remote": self.remote.to_json() if self.remote else None,
+            "runtimes_built": self.runtimes_built,
             "entries": [o.to_json() for o in self.outcomes],
         }
 
@@ -165,6 +171,7 @@ class BuildReport(Report):
         if verbose > 0:
             out += [f"{o.status:7} {o.planned.label} {o.planned.key[:12]}"
                     for o in self.outcomes if o.status in ("built", "cached")]
+        out += [f"linked runtime library {name}" for name in self.runtimes_built]
         fetched = sum(o.fetched for o in self.outcomes)
         out.append(f"{self.count('built')} built, {self.count('cached')} cached"
                    + (f" ({fetched} fetched)" if self.remote else "") + ", "
@@ -270,7 +277,19 @@ def build(
     if misses:
         store.ensure()
         store.sweep_tmp()
+        _ensure_runtimes(store, {p.inputs["toolchain"]["runtime"] for p in misses}, report)
         _compile(misses, manifest, store, jobs or os.cpu_count() or 1, report, progress, runner, push)
+    if not dry_run:  # every entry's runtime library is there (gc or rm may have taken one)
+        needed = {rec["key"] for o in report.outcomes if o.status in ("built", "cached") and o.meta
+                  for rec in [runtime_record(o.meta)] if rec is not None}
+        missing = sorted(k for k in needed if store.get_runtime(k) is None)
+        if missing and read_only:
+            raise CuteccError(f"read-only mode: runtime librar{'y' if len(missing) == 1 else 'ies'} "
+                              f"{', '.join(k[:12] for k in missing)} not in the cache",
+                              where=str(store.root), exit_code=1)
+        if missing:
+            store.ensure()
+            _ensure_runtimes(store, set(missing), report)
     order = {p.key + p.label: i for i, p in enumerate(planned)}
     report.outcomes.sort(key=lambda o: order[o.planned.key + o.planned.label])
     if not dry_run and not read_only:
@@ -317,6 +336,14 @@ def _record_generations(store: Store, manifest: Path, planned: list[Planned], *,
                     (store.generations_dir / f"{kernel}@{arch}.json").unlink()
         with contextlib.suppress(OSError):
             (store.manifests_dir / f"{manifest_id(manifest)}.json").unlink()
+
+
+def _ensure_runtimes(store: Store, keys: set[str], report: BuildReport) -> None:
+    """Link and publish the runtime libraries of `keys` the store lacks (this toolchain's)."""
+    for key in sorted(keys):
+        entry, built = ensure_runtime(store, key)
+        if built:
+            report.runtimes_built.append(str(entry.meta.get("library")))
 
 
 def _build_seconds(meta: dict[str, Any]) -> float:

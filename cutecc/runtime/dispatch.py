@@ -38,15 +38,21 @@ class Build:
     sha256: str
     size: int
     symbol: str
+    runtime: library.RuntimeRef | None = None  # the runtime library it links against
     record_use: bool = True  # touch the entry's `used` file at registration (not in a pack)
 
     @classmethod
     def from_meta(cls, key: str, entry_dir: Path, meta: Mapping[str, Any]) -> Build:
+        """The build of a checked entry (`entry_dir` is `<root>/entries/ab/<key>`)."""
         args = args_from_json(meta["args"])
         lib = meta["library"]
         rec = meta["files"][lib]
+        rt = meta["runtime"]
+        runtime = library.RuntimeRef(
+            rt["key"], entry_dir.parents[2] / "runtimes" / rt["key"][:2] / rt["key"] / rt["library"],
+            rt["sha256"], int(rt["size"]))
         return cls(key, meta["variant"], meta["arch"], args, CallingConvention.of(args),
-                   entry_dir / lib, rec["sha256"], int(rec["size"]), meta["symbol"])
+                   entry_dir / lib, rec["sha256"], int(rec["size"]), meta["symbol"], runtime)
 
     @property
     def label(self) -> str:
@@ -61,7 +67,7 @@ class Build:
         return library.ensure_registered(
             self.key, self.library, self.sha256, self.size, self.symbol,
             tuple(s.name for s in self.conv.scalars), f"kernel \"{kernel}\" {self.label}",
-            record_use=self.record_use)
+            record_use=self.record_use, runtime=self.runtime)
 
 
 MAX_SYMBOLIC_EXTENT = 2**31 - 1  # `cute.sym_int()` is 32-bit: the contract says so

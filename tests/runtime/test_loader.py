@@ -20,6 +20,7 @@ def _restamp(store: Store, key: str, source: str, built_at: str) -> str:
     dest = store.entry_dir(new)
     shutil.copytree(store.entry_dir(key), dest)
     (dest / "meta.json").write_text(json.dumps(meta))
+    store.index(meta["kernel"], new)  # as publishing does
     return new
 
 
