@@ -27,6 +27,8 @@ ENTRY_FORMAT = 2  # the layout of meta.json; 2: the `runtime` record
 ARTIFACT_FORMAT = 2
 RUNTIME_FORMAT = 1  # the layout of a runtime library's meta.json
 RUNTIME_ABI = 1  # what a runtime library's cutecc_rt_abi_version() must return
+INDEX_FORMAT = 1  # the layout of an index record (by-kernel/<kernel>/<key>)
+MAX_INDEX_BYTES = 4096
 META = "meta.json"
 USED = "used"  # empty; its mtime is the entry's last use (not an artifact, not hashed)
 LIBRARY = "kernel.so"
@@ -151,6 +153,45 @@ def acted_on(meta: dict[str, Any]) -> dict[str, Any] | None:
             "backward": backward if isinstance(backward, str) else None,
             "contract": contract_digest(meta.get("args")),
             "runtime": runtime["sha256"] if runtime else None}
+
+
+def index_facts(key: str, meta: dict[str, Any]) -> dict[str, Any]:
+    """What an entry's index record holds: which entry it is (key, kernel, variant, arch)
+    and, when its metadata has them, what a lock line pins (`acted_on`), its runtime
+    library's key and its build seconds, so a build that finds it cached needs only this
+    record, not the whole meta.json. A record is derived from meta.json, which stays the
+    truth: `cutecc verify` compares the two."""
+    out: dict[str, Any] = {"format": INDEX_FORMAT, "key": key, "kernel": meta.get("kernel"),
+                           "variant": meta.get("variant"), "arch": meta.get("arch")}
+    acted, runtime = acted_on(meta), runtime_record(meta)
+    if acted is not None and acted["symbol"] is not None and runtime is not None:
+        seconds = meta.get("build_seconds")
+        out.update(acted, runtime_key=runtime["key"],
+                   build_seconds=float(seconds) if isinstance(seconds, (int, float)) else 0.0)
+    return out
+
+
+def index_bytes(facts: dict[str, Any]) -> bytes:
+    """An index record's bytes (one line of canonical JSON)."""
+    return json.dumps(facts, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+
+
+def read_index_facts(data: bytes, kernel: str, key: str) -> dict[str, Any] | None:
+    """The facts of an index record for `kernel`/`key` when they are whole (everything a
+    lock line needs, well formed), else None (then the entry's meta.json is read)."""
+    try:  # one flat object: parse_json's nesting scan only when brackets say it could be more
+        flat = len(data) <= MAX_INDEX_BYTES and data.count(b"{") + data.count(b"[") <= 1
+        facts = json.loads(data) if flat else parse_json(data, MAX_INDEX_BYTES, 2)
+    except ValueError:
+        return None
+    if not (isinstance(facts, dict) and facts.get("format") == INDEX_FORMAT and facts.get("key") == key
+            and facts.get("kernel") == kernel and is_key(facts.get("runtime_key"))
+            and is_key(facts.get("runtime")) and is_key(facts.get("contract"))
+            and all(isinstance(facts.get(f), str) for f in ("variant", "arch", "library", "sha256", "symbol"))
+            and type(facts.get("size")) is int and isinstance(facts.get("build_seconds"), float)
+            and (facts.get("backward") is None or isinstance(facts.get("backward"), str))):
+        return None
+    return facts
 
 
 def _records_problem(meta: dict[str, Any]) -> str | None:

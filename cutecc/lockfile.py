@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from cutecc.errors import CuteccError
 from cutecc.store import Entry, Store
 
 LOCK_FORMAT = 2
+_ACTED = ("library", "sha256", "size", "symbol", "backward", "contract", "runtime")  # from acted_on
 LOCK_NAME = "kernels.lock"
 MAX_LOCK_BYTES = 64 << 20  # 10,000 lines of ~600 bytes fit many times over
 MAX_LOCK_DEPTH = 4
@@ -64,6 +65,12 @@ class LockEntry:
                               where="kernels.lock", exit_code=1)
         return cls(kernel, variant, arch, key, **acted)
 
+    @classmethod
+    def from_facts(cls, kernel: str, variant: str, arch: str, key: str,
+                   facts: dict[str, Any]) -> LockEntry:
+        """The lock line for an entry, from its index record (`entry.index_facts`)."""
+        return cls(kernel, variant, arch, key, **{f: facts[f] for f in _ACTED})
+
     def mismatch(self, entry: Entry) -> str | None:
         """Why the entry differs from this line (in anything the runtime acts on), or None."""
         m = entry.meta
@@ -71,7 +78,7 @@ class LockEntry:
             if m.get(name) != getattr(self, name):
                 return f"{name} {m.get(name)!r}, the lock says {getattr(self, name)!r}; refusing it"
         acted = acted_on(m) or {}
-        for name in ("library", "sha256", "size", "symbol", "backward", "contract", "runtime"):
+        for name in _ACTED:
             got, want = acted.get(name), getattr(self, name)
             if got != want:
                 what = {"sha256": "library SHA-256", "runtime": "runtime library SHA-256"}.get(name, name)
@@ -90,7 +97,9 @@ class Lock:
 
     def dumps(self) -> bytes:
         """The file's bytes: deterministic, one entry per line."""
-        lines = [json.dumps(asdict(e), separators=(", ", ": ")) for e in self.entries]
+        names = [f.name for f in fields(LockEntry)]
+        lines = [json.dumps({n: getattr(e, n) for n in names}, separators=(", ", ": "))
+                 for e in self.entries]
         body = ",\n  ".join(lines)
         return (f'{{\n "format": {LOCK_FORMAT},\n "entries": [\n  {body}\n ]\n}}\n'
                 if lines else f'{{\n "format": {LOCK_FORMAT},\n "entries": []\n}}\n').encode()
@@ -226,6 +235,12 @@ def record_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
     library (or anything else the runtime acts on) differs is an error (exit 1).
     """
     new = Lock(tuple(lines))
+    if not partial:  # the usual no-op build: the file says exactly this already
+        try:
+            if path.read_bytes() == new.dumps():
+                return False
+        except OSError:
+            pass
     old = _previous(path)
     if old is not None:
         before = old.by_key()

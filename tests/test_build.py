@@ -46,6 +46,30 @@ def test_build_then_rebuild_is_all_cached_and_imports_no_dsl(toy_project: Path, 
     assert seconds < first.seconds / 5
 
 
+def test_a_hit_reads_its_index_record_not_its_metadata(toy_cache, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import cutecc.store
+
+    toy = toy_cache.copy(tmp_path)
+    lock = toy.manifest.with_name("kernels.lock")
+    first = build(toy.manifest, cache_dir=toy.cache)
+    assert first.count("cached") == 2 and lock.is_file()
+    locked = lock.read_bytes()
+    real = cutecc.store.read_meta
+    read: list[str] = []
+    monkeypatch.setattr(cutecc.store, "read_meta",  # an entry's; its runtime library's is read once
+                        lambda d: "/entries/" in str(d) and read.append(str(d)) or real(d))
+    again = build(toy.manifest, cache_dir=toy.cache)
+    assert again.count("cached") == 2 and read == [] and lock.read_bytes() == locked
+    store = Store(toy.cache)
+    [e, *_] = list(store.entries())
+    store.index_record("scale", e.key).write_bytes(b"torn")  # an unreadable record: meta.json
+    read.clear()
+    third = build(toy.manifest, cache_dir=toy.cache)
+    assert third.count("cached") == 2 and read == [store.entry_path(e.key)]
+    assert lock.read_bytes() == locked  # the same lock lines either way
+
+
 def test_editing_one_kernel_rebuilds_only_it(tmp_path: Path) -> None:
     proj = tmp_path / "proj"
     (proj / "toy").mkdir(parents=True)

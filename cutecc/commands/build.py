@@ -2,7 +2,8 @@
 and write the lock file.
 
 Planning computes each key without importing the DSL; entries already in the store are
-reported cached and cost one metadata read. With a remote cache (`cutecc.remote`), local
+reported cached and cost one read of their index record (their lock line), not of their
+metadata. With a remote cache (`cutecc.remote`), local
 misses are looked up there next, and what it has is checked and published into the local
 store (reported cached, and fetched). What is left compiles on the chosen executor
 (`cutecc.executors`: local worker processes, or Ray), whose workers upload what they
@@ -46,6 +47,7 @@ class Outcome:
     seconds: float = 0.0
     error: str | None = None
     meta: dict[str, Any] | None = None  # the entry's metadata, for the lock
+    facts: dict[str, Any] | None = None  # or, for a hit, its index record (`entry.index_facts`)
     saved: float = 0.0  # for a hit: the compile seconds it saved (its recorded build time)
     fetched: bool = False  # a hit found on the remote cache (status "cached")
 
@@ -245,6 +247,14 @@ def build(
         store.check_trust()  # another user's cache never vouches for anything here
     misses: list[Planned] = []
     for p in planned:
+        facts = store.indexed_facts(p.kernel.name, p.key)
+        if facts is not None and store.has(p.key):  # a hit, told by its ~400-byte index record
+            why = entry_trust_problem(store.entry_path(p.key), [facts["library"]])
+            report.outcomes.append(
+                Outcome(p, "failed", error=f"cached entry {p.key[:12]} refused: {why}; run "
+                        "`cutecc verify --fix`") if why else
+                Outcome(p, "cached", facts=facts, saved=facts["build_seconds"]))
+            continue
         try:
             entry = store.get(p.key)
         except CuteccError:  # unreadable metadata: a hit the lock cannot record
@@ -280,8 +290,9 @@ def build(
         _ensure_runtimes(store, {p.inputs["toolchain"]["runtime"] for p in misses}, report)
         _compile(misses, manifest, store, jobs or os.cpu_count() or 1, report, progress, runner, push)
     if not dry_run:  # every entry's runtime library is there (gc or rm may have taken one)
-        needed = {rec["key"] for o in report.outcomes if o.status in ("built", "cached") and o.meta
-                  for rec in [runtime_record(o.meta)] if rec is not None}
+        needed = {o.facts["runtime_key"] for o in report.outcomes if o.facts}
+        needed |= {rec["key"] for o in report.outcomes if o.status in ("built", "cached") and o.meta
+                   for rec in [runtime_record(o.meta)] if rec is not None}
         missing = sorted(k for k in needed if store.get_runtime(k) is None)
         if missing and read_only:
             raise CuteccError(f"read-only mode: runtime librar{'y' if len(missing) == 1 else 'ies'} "
@@ -355,6 +366,8 @@ def _build_seconds(meta: dict[str, Any]) -> float:
 
 def _lock_line(o: Outcome) -> LockEntry:
     p = o.planned
+    if o.facts is not None:
+        return LockEntry.from_facts(p.kernel.name, p.variant.id, p.arch, p.key, o.facts)
     return LockEntry.of(p.kernel.name, p.variant.id, p.arch, p.key, o.meta or {})
 
 
@@ -424,7 +437,7 @@ def _record_use(store: Store, report: BuildReport) -> None:
         return
     for o in report.outcomes:
         if o.status == "cached":
-            touch_used(store.entry_dir(o.planned.key))
+            touch_used(store.entry_path(o.planned.key))
     local_hits = [o for o in report.outcomes if o.status == "cached" and not o.fetched]
     remote: dict[str, float] = {}
     if report.remote is not None:

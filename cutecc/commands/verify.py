@@ -5,7 +5,8 @@ differs) and altered (hash differs) files, malformed metadata, and orphans: file
 entry's metadata does not list, entry directories without meta.json, and tmp/ leftovers
 whose key nobody has locked. It checks the index too: an entry without its record
 (`unindexed`: `cutecc.load` would not see it), a record without its entry
-(`stale-index`), and an entry whose runtime library is not in the cache (`no-runtime`).
+(`stale-index`, also one that differs from its metadata), and an entry whose runtime
+library is not in the cache (`no-runtime`).
 `fix=True` moves bad entries to quarantine/ (so the next build rebuilds them), deletes
 orphans and stale records, restores missing records and links a missing runtime library
 again where the build extra can; it never touches a healthy entry's files.
@@ -25,6 +26,8 @@ from cutecc.entry import (
     META,
     RESERVED_FILES,
     file_record,
+    index_bytes,
+    index_facts,
     is_kernel_name,
     is_key,
     meta_problem,
@@ -226,10 +229,18 @@ def _check_index(store: Store, report: VerifyReport, kernels: dict[str, dict[str
             else:
                 records.add((kd.name, f.name))
     for key, meta in kernels.items():
+        path = store.index_record(meta["kernel"], key)
         if (meta["kernel"], key) not in records:
-            report.problems.append(Problem("unindexed", str(store.index_record(meta["kernel"], key)),
-                                           "the entry has no index record: `cutecc.load` does not see "
-                                           "it", key))
+            report.problems.append(Problem("unindexed", str(path), "the entry has no index record: "
+                                           "`cutecc.load` does not see it", key))
+            continue
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue  # removed since we listed it
+        if data != index_bytes(index_facts(key, meta)):
+            report.problems.append(Problem("stale-index", str(path), "the index record does not "
+                                           "match the entry's metadata", key))
     damaged = {p.key for p in report.problems if p.kind in BAD}  # quarantine takes their records
     for kernel, key in sorted(records):
         if kernels.get(key, {}).get("kernel") == kernel or key in damaged:
@@ -302,14 +313,11 @@ def _fix_record(store: Store, p: Problem) -> str:
     try:
         with store.lock(key, timeout=0):
             meta = _meta_or_none(store, key)
-            belongs = meta is not None and meta.get("kernel") == kernel and not meta_problem(meta, key)
-            if p.kind == "unindexed" and belongs:
-                store.index(kernel, key)
+            if meta is not None and meta.get("kernel") == kernel and not meta_problem(meta, key):
+                store.index(key, meta)  # (re)written from the metadata, the truth
                 return "indexed"
-            if p.kind == "stale-index" and not belongs:
-                store.unindex(kernel, key)
-                return "removed"
-            return "gone: fixed meanwhile"
+            store.unindex(kernel, key)
+            return "removed"
     except filelock.Timeout:
         return "busy: left as is"
     except OSError as e:

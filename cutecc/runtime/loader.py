@@ -37,19 +37,33 @@ def _tvm_ffi_series() -> str:
 class KernelSet:
     """The kernels of a cache usable on one arch; `kernels.NAME(*arrays, **scalars)`.
 
-    Each kernel's entries are checked (key, lock, arch, toolchain) and turned into
-    builds on the kernel's first use, so loading a large cache costs one metadata read
-    per entry and the kernels a program never touches cost nothing more.
+    Each kernel's entries are found, checked (key, lock, arch, toolchain) and turned into
+    builds on the kernel's first use; whether a kernel exists is asked of the index for
+    that name alone (`has`), and the whole list of names is read only when something asks
+    for it (iteration, `len`, `problems`), so loading costs the same whatever the size of
+    the cache and the kernels a program never touches cost nothing.
     """
 
     def __init__(self, root: Path, arch: str, resolve: Callable[[str], KernelFn],
-                 names: Iterable[str]) -> None:
+                 names: Callable[[], Iterable[str]], has: Callable[[str], bool]) -> None:
         self.root = root
         self.arch = arch
         self._resolve = resolve
-        self._names = frozenset(names)
+        self._list = names
+        self._has = has
+        self._all: frozenset[str] | None = None
         self._kernels: dict[str, KernelFn] = {}
         self._lock = threading.Lock()
+
+    @property
+    def _names(self) -> frozenset[str]:
+        if self._all is None:
+            self._all = frozenset(self._list())
+        return self._all
+
+    def _exists(self, name: str) -> bool:
+        return name in self._kernels or (name in self._all if self._all is not None
+                                         else self._has(name))
 
     def _kernel(self, name: str) -> KernelFn:
         fn = self._kernels.get(name)
@@ -69,7 +83,7 @@ class KernelSet:
     def __getattr__(self, name: str) -> KernelFn:
         if name.startswith("_"):
             raise AttributeError(name)
-        if name not in self._names:
+        if not self._exists(name):
             raise AttributeError(
                 f"no kernel {name!r} in {self.root} (kernels: "
                 f"{', '.join(sorted(self._names)) or 'none'})")
@@ -79,10 +93,10 @@ class KernelSet:
         return self.__getattr__(name)
 
     def get(self, name: str) -> KernelFn | None:
-        return self._kernel(name) if name in self._names else None
+        return self._kernel(name) if self._exists(name) else None
 
     def __contains__(self, name: object) -> bool:
-        return name in self._names
+        return isinstance(name, str) and self._exists(name)
 
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(self._names))
@@ -221,7 +235,7 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
         entries, unreadable = _entries_of(store, name, keys_of(name), newest)
         return _kernel_fn(name, entries, target, series, pinned, record_use, unreadable)
 
-    ks = KernelSet(store.root, target, resolve, names())
+    ks = KernelSet(store.root, target, resolve, names, lambda name: bool(keys_of(name)))
     if strict:
         problems = ks.problems
         if problems:
