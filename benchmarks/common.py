@@ -97,7 +97,7 @@ class Row:
 
 
 def sample_row(group: str, name: str, xs: list[float], unit: str = "s", note: str = "") -> Row:
-    scale = {"s": 1.0, "ms": 1e3, "MiB": 1.0}[unit]
+    scale = {"s": 1.0, "ms": 1e3, "MiB": 1.0, "KiB": 1 / 1024, "x": 1.0}[unit]
     return Row(group, name, unit, stats=summary([x * scale for x in xs]), note=note)
 
 
