@@ -31,6 +31,7 @@ from cutecc.entry import (
     is_kernel_name,
     is_key,
     meta_problem,
+    read_index_facts,
     runtime_meta_problem,
     runtime_record,
 )
@@ -238,7 +239,7 @@ def _check_index(store: Store, report: VerifyReport, kernels: dict[str, dict[str
             data = path.read_bytes()
         except OSError:
             continue  # removed since we listed it
-        if data != index_bytes(index_facts(key, meta)):
+        if _record_differs(data, key, meta):
             report.problems.append(Problem("stale-index", str(path), "the index record does not "
                                            "match the entry's metadata", key))
     damaged = {p.key for p in report.problems if p.kind in BAD}  # quarantine takes their records
@@ -258,6 +259,17 @@ def _check_index(store: Store, report: VerifyReport, kernels: dict[str, dict[str
         what = "of no entry" if entry is None else f"of an entry of kernel {entry.get('kernel')!r}"
         report.problems.append(Problem("stale-index", str(store.index_record(kernel, key)),
                                        f"index record {what}", key))
+
+
+def _record_differs(data: bytes, key: str, meta: dict[str, Any]) -> bool:
+    """Whether an index record says something else than the entry's metadata (its build
+    seconds aside: only `cutecc stats` reads them)."""
+    want = index_facts(key, meta)
+    got = read_index_facts(data, meta["kernel"], key) if "sha256" in want else None
+    if got is None:
+        return data != index_bytes(want)
+    return {k: v for k, v in got.items() if k != "build_seconds"} != {
+        k: v for k, v in want.items() if k != "build_seconds"}
 
 
 def _meta_or_none(store: Store, key: str) -> dict[str, Any] | None:
