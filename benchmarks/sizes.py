@@ -124,6 +124,6 @@ def run(cache: Path, root: Path, variants: int = 1000, sample: int = 20) -> Grou
     links += [v["link_s"] for v in objs["variants"].values()]
     res.rows.append(sample_row(G, "link per kernel (zig, against the runtime library)", links, "ms",
                                note=f"{len(links)} kernels"))
-    res.data = {"links_s": links, "runtime_bytes": runtime, "root_pack": pack,
+    res.data = {"links_s": links, "runtime_bytes": runtime, "generated_pack": pack,
                 "median_link_s": statistics.median(links), "libs": summary([float(x) for x in libs])}
     return res
