@@ -9,21 +9,24 @@ parameters are in the canonical order `(inputs..., results..., scalars...)` and 
 calls the launcher in its order. The wrapper is compiled with the kernel, so no
 reordering happens at call time.
 
-The object's bytes must be a function of the key alone. Two things would otherwise leak
-the build host into them: the DSL compiles the kernel's host-side (x86) code for the
-build machine's CPU (AVX-512 code on a Zen 4, which also dies with SIGILL on a deploy host
-without it), so `pin_host_target` fixes every function to baseline x86-64; and the DSL
-reads compile-affecting `CUTE_DSL_*` variables (line info, debug, optimisation level...)
-from the environment, so `set_target` removes them all from the worker's environment.
+The object's bytes must be a function of the key alone. The DSL compiles the kernel's
+host-side (x86) code for the build machine's CPU (AVX-512 code on a Zen 4, which also dies
+with SIGILL on a deploy host without it), so `pin_host_target` fixes every function to
+baseline x86-64. The compile-affecting `CUTE_DSL_*` variables (line info, debug,
+optimisation level...) are key inputs (`cutecc.dists.compile_env`), and the generated
+wrapper's file is named by its content, not by the process, so that even a build with
+line info (which records the wrapper's path) gives the same bytes again on its host.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import json
 import os
 import platform
+import stat
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from cutecc import dtypes
+from cutecc.atomic import atomic_write
 from cutecc.contract import (
     Arg,
     CallingConvention,
@@ -56,8 +60,6 @@ OBJECT = "kernel.o"
 HOST_CPU = "x86-64"
 HOST_FEATURES = ("+sse2",)
 HOST_TARGET = f"x86_64-unknown-linux-gnu;cpu={HOST_CPU};features={','.join(HOST_FEATURES)};pin=1"
-# The DSL's environment prefixes (its EnvironmentVarManager reads `<prefix>_<NAME>`).
-DSL_ENV_PREFIXES = ("CUTE_DSL_", "CUTE_EXPERIMENTAL_DSL_")
 
 
 @dataclass(frozen=True)
@@ -71,11 +73,11 @@ class CompileJob:
 
 
 def set_target(arch: str) -> None:
-    """Make this process's DSL compile for `arch`, and nothing else of the environment
-    decide its output: before the DSL's first import only (the DSL reads its variables
-    then), so one process serves one arch. Every `CUTE_DSL_*` variable is removed (line
-    info, debug, optimisation level and the like would change the object's bytes under
-    the same key), then `CUTE_DSL_ARCH` is set and the DSL's file cache turned off."""
+    """Make this process's DSL compile for `arch`: before the DSL's first import only (the
+    DSL reads its variables then), so one process serves one arch. Sets `CUTE_DSL_ARCH` and
+    turns the DSL's file cache off; the other compile-affecting `CUTE_DSL_*` variables stay
+    as the build's environment or the manifest's `[env]` set them (they are key inputs).
+    Refuses a build host that is not x86-64 (the kernels' host code is x86-64)."""
     current = os.environ.get("CUTE_DSL_ARCH")
     if "cutlass" in sys.modules:
         if current != arch:
@@ -84,8 +86,6 @@ def set_target(arch: str) -> None:
     if platform.machine() not in ("x86_64", "AMD64"):
         raise RuntimeError(f"cutecc builds on x86-64 hosts only (this is {platform.machine()}): "
                            "the kernels' host code is x86-64")
-    for name in [n for n in os.environ if n.startswith(DSL_ENV_PREFIXES)]:
-        del os.environ[name]
     os.environ["CUTE_DSL_ARCH"] = arch
     os.environ["CUTE_DSL_DISABLE_FILE_CACHING"] = "1"
 
@@ -329,18 +329,30 @@ def _compile_variant(entry: str, variant: Variant, compile_options: str) -> Any:
 
     launcher = resolve_entry(entry, variant.factory_args)
     values, types = closure_objects(variant.args)
-    with tempfile.TemporaryDirectory(prefix="cutecc-wrap-") as wdir:
-        src = Path(wdir) / f"cutecc_wrapper_{os.getpid()}.py"
-        src.write_text(wrapper_source(variant.args))  # the DSL reads a jit's source from its file
-        spec = importlib.util.spec_from_file_location(src.stem, src)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[src.stem] = module
-        try:
-            spec.loader.exec_module(module)
-            entry_fn = module.make(launcher, {k: resolve_value(v) for k, v in variant.constants},
-                                   values, types)
-            options = " ".join(o for o in ("--enable-tvm-ffi", compile_options) if o)
-            return cute.compile(entry_fn, *_fake_args(variant.convention), options=options)
-        finally:
-            sys.modules.pop(src.stem, None)
+    src = _wrapper_file(wrapper_source(variant.args))
+    spec = importlib.util.spec_from_file_location(src.stem, src)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[src.stem] = module
+    try:
+        spec.loader.exec_module(module)
+        entry_fn = module.make(launcher, {k: resolve_value(v) for k, v in variant.constants},
+                               values, types)
+        options = " ".join(o for o in ("--enable-tvm-ffi", compile_options) if o)
+        return cute.compile(entry_fn, *_fake_args(variant.convention), options=options)
+    finally:
+        sys.modules.pop(src.stem, None)
+
+
+def _wrapper_file(source: str) -> Path:
+    """The generated wrapper as a file (the DSL reads a jit's source from its file, and line
+    info records its path): one fixed path per wrapper source, the same in every process,
+    in a directory of this user's, written atomically."""
+    wdir = Path(tempfile.gettempdir()) / f"cutecc-wrap-{os.getuid()}"
+    wdir.mkdir(mode=0o700, exist_ok=True)
+    st = os.lstat(wdir)
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid():
+        raise RuntimeError(f"{wdir} is not a directory of this user's")
+    src = wdir / f"cutecc_wrapper_{hashlib.sha256(source.encode()).hexdigest()[:16]}.py"
+    atomic_write(src, source.encode(), 0o600)
+    return src

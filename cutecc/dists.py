@@ -5,10 +5,13 @@ A kernel's key covers, besides the project's own modules (`cutecc.key.SourceInde
 - every installed distribution that owns a top-level module the kernel's code imports
   (the entry's own package included), every DSL distribution (`nvidia-cutlass-dsl*`) and
   the toolchain's (`apache-tvm-ffi`, `nvidia-cuda-runtime`, `cuda-bindings`), each by
-  name, version and a digest of its installed files: small ones by content (through a
-  persistent per-file hash cache keyed by path, size, mtime and inode), large ones
-  (torch, triton, the DSL's native libraries) by their RECORD and a stat fingerprint of
-  every file, so an edited installed file changes the key;
+  name, version and a digest of its installed files: small ones by content, large ones
+  (torch, triton, the DSL's native libraries) by their RECORD plus the hash of any file
+  that no longer matches it, both through a persistent per-file hash cache keyed by path,
+  size, mtime and inode, so an edited installed file changes the key, and the same wheel
+  installed anywhere gives the same digest (issue 12: the committed kernels.lock must
+  reproduce on CI). Console scripts (their first line names the interpreter) and the
+  installer's own files (INSTALLER, REQUESTED, direct_url.json) are left out;
 - the distributions those require (Requires-Dist, transitively), by name, version and
   RECORD digest;
 - the compile-affecting environment: `CUTE_DSL_*`, `CUTLASS_*`, `QUACK_*`,
@@ -20,6 +23,7 @@ project-local (RECORD lists only the install's shim).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fnmatch
 import functools
@@ -188,26 +192,64 @@ class DistIndex:
     def _compute(self, name: str, full: bool) -> str:
         d = _installed()[name]
         h = hashlib.sha256()
-        record = d.read_text("RECORD") or ""
-        files = [f for f in (d.files or []) if "__pycache__" not in f.parts and f.suffix != ".pyc"]
+        rows = _portable_rows(d.read_text("RECORD") or "")
+        record = "".join(f"{rel},{digest},{size}\n" for rel, (digest, size) in sorted(rows.items()))
         if not full:
             h.update(b"record\0" + record.encode())
             return h.hexdigest()
         stats = []
-        for f in files:
+        for f in d.files or []:
+            rel = f.as_posix()
+            if "__pycache__" in f.parts or f.suffix == ".pyc" or rel not in rows:
+                continue  # not what pip wrote from the wheel, or an installer's own record
             p = str(f.locate())
             try:
-                stats.append((f.as_posix(), p, os.stat(p)))
+                stats.append((rel, p, os.stat(p)))
             except OSError:
-                stats.append((f.as_posix(), p, None))  # a listed file is gone: part of the digest
+                stats.append((rel, p, None))  # a listed file is gone: part of the digest
         stats.sort(key=lambda x: x[0])
         size = sum(st.st_size for _, _, st in stats if st is not None)
         if size > FULL_HASH_LIMIT:
-            h.update(b"stat\0" + record.encode())
-            for rel, _, st in stats:
-                h.update(f"{rel}\0{st and st.st_size}\0{st and st.st_mtime_ns}\0".encode())
+            # The RECORD, which names every file's SHA-256, stands for the contents, so the
+            # digest is the same on every machine that installed the same wheel; each file
+            # is checked against it (hashed once per change of its stat, through the hash
+            # cache), and one that differs (edited after install) adds its own hash.
+            h.update(b"record\0" + record.encode())
+            for rel, p, st in stats:
+                got = self.hashes.sha256(p, st) if st else "missing"
+                if rows[rel][0] != _record_digest(got):
+                    h.update(f"{rel}\0{got}\0".encode())
         else:
             h.update(b"content\0")
             for rel, p, st in stats:
                 h.update(f"{rel}\0{self.hashes.sha256(p, st) if st else 'missing'}\0".encode())
         return h.hexdigest()
+
+
+# Files an installer writes for itself (which installer, whether requested, from where):
+# they decide nothing a kernel compiles, and differ between pip and uv or a wheel's path.
+_INSTALLER_FILES = frozenset({"INSTALLER", "REQUESTED", "direct_url.json", "RECORD"})
+
+
+def _portable_rows(record: str) -> dict[str, tuple[str, str]]:
+    """A RECORD's rows `{path: (digest, size)}` that are the same wherever the wheel was
+    installed: without files outside the distribution's directories (console scripts,
+    whose first line names this interpreter) and the installer's own files."""
+    out = {}
+    for line in record.splitlines():
+        rel, _, rest = line.partition(",")
+        digest, _, size = rest.partition(",")
+        if not rel or rel.startswith("../") or (
+                rel.split("/")[0].endswith(".dist-info") and rel.rsplit("/", 1)[-1] in _INSTALLER_FILES):
+            continue
+        out[rel] = (digest, size)
+    return out
+
+
+def _record_digest(hex_sha256: str) -> str:
+    """A SHA-256 as RECORD writes it (`sha256=` and unpadded URL-safe base64)."""
+    try:
+        raw = bytes.fromhex(hex_sha256)
+    except ValueError:
+        return hex_sha256
+    return "sha256=" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()

@@ -160,15 +160,17 @@ class SourceIndex:
 
     def _is_local(self, top: str) -> bool:
         """Whether top-level package `top` is project-local: found under the manifest's
-        python_path, or the top level of a kernel's entry (wherever it is installed).
-        Everything else is keyed by its distribution (`cutecc.dists`)."""
+        python_path (but not in an environment's site-packages there, such as the README's
+        `.venv` at the project's root), or the top level of a kernel's entry (wherever it is
+        installed). Everything else is keyed by its distribution (`cutecc.dists`)."""
         if top in self._installed_tops:
             return True
         if top not in self._local:
             found = self._locate(top)
             places = ([found.origin] if found.origin else found.locations) if found else []
             self._local[top] = found is not None and (
-                any(_under(Path(p).absolute(), r) for p in places for r in self.roots)
+                any(_under(Path(p).absolute(), r) and not _installed_at(Path(p))
+                    for p in places for r in self.roots)
                 or any(dists.is_editable(n) for n in dists.owners(top)))
         return self._local[top]
 
@@ -254,3 +256,9 @@ def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
         "compile_options": kernel.compile_options,
         "toolchain": toolchain(),
     }
+
+
+def _installed_at(path: Path) -> bool:
+    """Whether `path` lies in an environment's installed packages (site-packages or
+    dist-packages), where what is found belongs to a distribution, not to the project."""
+    return any(part in ("site-packages", "dist-packages") for part in path.parts)

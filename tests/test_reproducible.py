@@ -5,8 +5,9 @@ Environment A is this process's. Environment B differs in the working directory,
 project's and the cache's paths, HOME (so zig's cache starts empty), TMPDIR, the user (uid
 4242 and USER=builder, in a user namespace), the hostname (a UTS namespace), the locale,
 the time zone, the clock (faketime, 2031), the CPUs (taskset, one CPU), an environment
-otherwise empty but for CUTE_DSL_LINEINFO=1 and CUTE_DSL_DEBUG=1 (which the workers
-must scrub). A dimension this host cannot vary (no faketime, no user namespaces) is left
+otherwise empty but for DSL variables that decide nothing compiled (its log level, its
+file cache's place: `cutecc.dists` leaves them out of the key, so they must not reach a byte;
+those that do decide, such as CUTE_DSL_LINEINFO, are key inputs). A dimension this host cannot vary (no faketime, no user namespaces) is left
 out with a warning that says why; the rest still run. Every library, every lock line and
 every metadata field but the build's time and duration must be equal.
 """
@@ -41,7 +42,8 @@ def _environment_b(base: Path) -> tuple[list[str], dict[str, str], list[str]]:
     tmp.mkdir()
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "TMPDIR": str(tmp),
            "USER": "builder", "LOGNAME": "builder", "LANG": "C", "LC_ALL": "C",
-           "TZ": "Pacific/Kiritimati", "CUTE_DSL_LINEINFO": "1", "CUTE_DSL_DEBUG": "1"}
+           "TZ": "Pacific/Kiritimati", "CUTE_DSL_LOG_LEVEL": "10",
+           "CUTE_DSL_CACHE_DIR": str(tmp)}
     prefix: list[str] = []
     skipped = []
     if len(os.sched_getaffinity(0)) < 2:
