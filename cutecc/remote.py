@@ -156,6 +156,7 @@ class Remote:
         self._lock = threading.Lock()
         self._traffic = Traffic()
         self._runtimes_pushed: set[str] = set()  # runtime keys this connection made sure of
+        self._runtime_locks: dict[str, threading.Lock] = {}  # one fetch of a runtime at a time
 
     @property
     def traffic(self) -> Traffic:
@@ -286,6 +287,13 @@ class Remote:
         the store has it. Raises Refused when neither has it."""
         if rec is None or store.get_runtime(rec["key"]) is not None:
             return
+        with self._lock:
+            one = self._runtime_locks.setdefault(rec["key"], threading.Lock())
+        with one:  # the entries fetched in parallel share a runtime library: download it once
+            if store.get_runtime(rec["key"]) is None:
+                self._download_runtime(rec, store)
+
+    def _download_runtime(self, rec: dict[str, Any], store: Store) -> None:
         data = self._get(self.cfg.path("runtimes", f"{rec['key']}.json"), MAX_META_BYTES)
         if data is None:
             raise Refused(f"its runtime library {rec['library']} is neither on the remote nor in "
