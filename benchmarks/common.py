@@ -135,7 +135,7 @@ def plant(store: Any, src: Any, items: list[tuple[str, dict[str, Any]]]) -> None
     import json
     import shutil
 
-    from cutecc.entry import ENTRY_FORMAT, META, index_bytes, index_facts, runtime_record
+    from cutecc.entry import ENTRY_FORMAT, META, index_bytes, index_facts, meta_stamp, runtime_record
 
     rec = runtime_record(src.meta)
     if rec is not None and store.get_runtime(rec["key"]) is None:
@@ -153,4 +153,5 @@ def plant(store: Any, src: Any, items: list[tuple[str, dict[str, Any]]]) -> None
         full = {**meta, "files": src.meta["files"], "format": ENTRY_FORMAT, "key": key}
         (d / META).write_text(json.dumps(full, indent=1, sort_keys=True))
         (store.index_dir / meta["kernel"]).mkdir(parents=True, exist_ok=True)
-        (store.index_dir / meta["kernel"] / key).write_bytes(index_bytes(index_facts(key, full)))
+        stamp = meta_stamp(os.stat(d / META))
+        (store.index_dir / meta["kernel"] / key).write_bytes(index_bytes(index_facts(key, full, stamp)))

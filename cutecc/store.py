@@ -71,6 +71,7 @@ from cutecc.entry import (
     index_facts,
     is_kernel_name,
     is_key,
+    meta_stamp,
     parse_json,
     read_index_facts,
 )
@@ -294,6 +295,13 @@ class Store:
 
     def has(self, key: str) -> bool:
         return os.path.isfile(os.path.join(self._entries, key[:2], key, META))
+
+    def stamp(self, key: str) -> list[int] | None:
+        """The stamp (`entry.meta_stamp`) of the entry's meta.json, None when absent."""
+        try:
+            return meta_stamp(os.stat(os.path.join(self._entries, key[:2], key, META)))
+        except OSError:
+            return None
 
     def get(self, key: str) -> Entry | None:
         return self._get(self.entry_dir(key), key)
@@ -560,17 +568,18 @@ class Store:
         for name in names:
             self.unindex(name, key)
 
-    def index(self, key: str, meta: dict[str, Any]) -> None:
-        """Write the index record of the entry `key` with metadata `meta`, durably (the
-        caller holds the key's lock). Written in place, not renamed in: a record is read
-        only for a published entry, and a torn one (a crash, or a reader racing a rewrite
-        by `verify --fix`) fails to parse, which readers take as "read meta.json"."""
+    def index(self, key: str, meta: dict[str, Any], meta_file: Path) -> None:
+        """Write the index record of the entry `key` with metadata `meta`, read from
+        `meta_file` (whose stamp it keeps), durably (the caller holds the key's lock).
+        Written in place, not renamed in: a record is read only for a published entry, and
+        a torn one (a crash, or a reader racing a rewrite) fails to parse, which readers
+        take as "read meta.json"."""
         kernel = meta.get("kernel")
         if not is_kernel_name(kernel):
             raise CuteccError(f"kernel name {kernel!r} is not an identifier", where=str(self.root),
                               exit_code=1)
         d = self.index_dir / kernel
-        data = index_bytes(index_facts(key, meta))
+        data = index_bytes(index_facts(key, meta, meta_stamp(os.stat(meta_file))))
         for _ in range(100):
             make_dir(d)
             try:
@@ -659,7 +668,7 @@ class Store:
                 atomic_write(staging / META, json.dumps(meta, indent=1, sort_keys=True).encode())
                 fsync_dir(staging)
                 if not runtime:  # before the entry is visible: every visible entry is indexed
-                    self.index(key, meta)
+                    self.index(key, meta, staging / META)
                 make_dir(final.parent)
                 try:
                     os.rename(staging, final)

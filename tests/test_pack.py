@@ -377,6 +377,36 @@ def test_unpack_refuses_entries_whose_runtime_library_is_bad_or_absent(toy: Toy,
     assert list(Store(tmp_path / "fresh").entries()) == []
 
 
+def test_unpack_lands_no_runtime_library_the_lock_does_not_vouch_for(toy: Toy, tmp_path: Path) -> None:
+    """Other runtime library bytes, with its meta.json and every entry's record rewritten
+    to match them: the entries are refused by their lock lines, and the runtime library
+    is not published either (entries are checked one at a time, after the runtimes)."""
+    tar = pack(name="k", version="1", lock=toy.lock, out=tmp_path, cache_dir=toy.cache, fmt="tar")
+    with tarfile.open(tar.path) as tf:
+        files = {m.name: tf.extractfile(m).read() for m in tf.getmembers()}
+    [lib] = [n for n in files if "/runtimes/" in n and n.endswith(".so")]
+    data = bytearray(files[lib])
+    data[1000] ^= 0xFF
+    files[lib] = bytes(data)
+    rec = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    rmeta_name = lib.rsplit("/", 1)[0] + "/meta.json"
+    rmeta = json.loads(files[rmeta_name])
+    rmeta["files"][lib.rsplit("/", 1)[1]].update(rec)
+    files[rmeta_name] = json.dumps(rmeta).encode()
+    for n in [n for n in files if "/entries/" in n and n.endswith("/meta.json")]:
+        meta = json.loads(files[n])
+        meta["runtime"].update(rec)
+        files[n] = json.dumps(meta).encode()
+    evil = tmp_path / "evil.tar.gz"
+    evil.write_bytes(tar_bytes(files))
+    report = unpack(evil, tmp_path / "fresh", allow_unsigned=True)
+    assert report.imported == [] and report.runtimes == [] and not report.ok
+    why = dict(report.refused)
+    assert "no entry of the pack links against it" in why.pop(next(k for k in why if k.startswith("runtime")))
+    assert len(why) == 4 and all("runtime library SHA-256" in w for w in why.values()), why
+    assert list(Store(tmp_path / "fresh").runtimes()) == [] == list(Store(tmp_path / "fresh").entries())
+
+
 def test_unpack_rejects_what_is_not_a_pack(tmp_path: Path) -> None:
     junk = tmp_path / "junk.tar.gz"
     junk.write_bytes(b"not an archive")

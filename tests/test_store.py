@@ -237,7 +237,7 @@ def test_a_killed_publish_leaves_a_record_the_next_sweep_takes(tmp_path: Path) -
     staging = store.tmp_dir / f"{KEY}.dead"  # killed after its record, before the rename
     staging.mkdir()
     atomic_write(staging / META, json.dumps({"kernel": "k"}).encode())
-    store.index(KEY, {"kernel": "k"})
+    store.index(KEY, {"kernel": "k"}, staging / META)
     assert store.kernel_keys("k") == [KEY] and store.get(KEY) is None  # readers skip it
     assert store.sweep_tmp() == 1
     assert store.kernel_names() == [] and not staging.exists()

@@ -248,13 +248,16 @@ def build(
     misses: list[Planned] = []
     for p in planned:
         facts = store.indexed_facts(p.kernel.name, p.key)
-        if facts is not None and store.has(p.key):  # a hit, told by its ~400-byte index record
+        stamp = store.stamp(p.key) if facts is not None else None
+        if stamp is not None and facts is not None and facts.get("meta_stat") == stamp:
+            # a hit, told by its ~400-byte index record, taken from this very meta.json
             why = entry_trust_problem(store.entry_path(p.key), [facts["library"]])
             report.outcomes.append(
                 Outcome(p, "failed", error=f"cached entry {p.key[:12]} refused: {why}; run "
                         "`cutecc verify --fix`") if why else
                 Outcome(p, "cached", facts=facts, saved=facts["build_seconds"]))
             continue
+        stale_record = stamp is not None  # meta.json rewritten or copied since: read it
         try:
             entry = store.get(p.key)
         except CuteccError:  # unreadable metadata: a hit the lock cannot record
@@ -268,6 +271,8 @@ def build(
         if entry is not None:
             report.outcomes.append(Outcome(p, "cached", meta=entry.meta,
                                            saved=_build_seconds(entry.meta)))
+            if stale_record and not read_only and not dry_run:
+                _refresh_record(store, p.key)
         elif dry_run:
             report.outcomes.append(Outcome(p, "planned"))
         else:
@@ -355,6 +360,18 @@ def _ensure_runtimes(store: Store, keys: set[str], report: BuildReport) -> None:
         entry, built = ensure_runtime(store, key)
         if built:
             report.runtimes_built.append(str(entry.meta.get("library")))
+
+
+def _refresh_record(store: Store, key: str) -> None:
+    """Rewrite an index record whose meta.json was rewritten or copied since (a copied
+    cache, verify's repair), from that meta.json read again under the key's lock, so the
+    next build reads the record only. Best-effort: busy, damaged or read-only, it waits."""
+    from cutecc.entry import META, meta_problem
+
+    with contextlib.suppress(Exception), store.lock(key, timeout=0):
+        entry = store.get(key)
+        if entry is not None and meta_problem(entry.meta, key) is None:
+            store.index(key, entry.meta, entry.path / META)
 
 
 def _build_seconds(meta: dict[str, Any]) -> float:

@@ -23,6 +23,7 @@ from typing import Any
 from cutecc import environ
 from cutecc.archive import Limits, PackTree
 from cutecc.entry import (
+    MAX_META_BYTES,
     META,
     STORE_FORMAT,
     is_key,
@@ -126,15 +127,11 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
             report.refused.append((n[:80], "not part of a cutecc pack's tree"))
     for key in sorted(set(entries) - set(by_key)):
         report.refused.append((key[:12], "not named by the pack's kernels.lock"))
-    checked: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
-    for key, le in sorted(by_key.items()):
-        try:
-            meta, files = _check_entry(tree, key, le, entries.get(key, []))
-        except ValueError as e:
-            report.refused.append((f"{le.label} {key[:12]}", str(e)))
-            continue
-        checked.append((key, meta, files))
-    needed = {runtime_record(m)["key"]: runtime_record(m) for _, m, _ in checked}
+    needed: dict[str, dict[str, Any]] = {}  # the runtime libraries the entries name
+    for key, le in sorted(by_key.items()):  # from their meta.json only (small; each entry is
+        rec = _runtime_named(tree, key)  # checked whole below), as far as the lock vouches
+        if rec is not None and rec["sha256"] == le.runtime:
+            needed.setdefault(rec["key"], rec)
     for rkey in sorted(set(runtimes) - set(needed)):
         report.refused.append((f"runtime {rkey[:12]}", "no entry of the pack links against it"))
     usable: dict[str, str] = {}  # runtime key -> its library's SHA-256, now in the store
@@ -153,14 +150,18 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
         usable[rkey] = found.meta["files"][found.meta["library"]]["sha256"]
         if built:
             report.runtimes.append(str(found.meta["library"]))
-    for key, meta, files in checked:
-        le = by_key[key]
+    for key, le in sorted(by_key.items()):  # one entry in memory at a time
         label = f"{le.label} {key[:12]}"
+        try:
+            meta, files = _check_entry(tree, key, le, entries.get(key, []))
+        except ValueError as e:
+            report.refused.append((label, str(e)))
+            continue
         rec = runtime_record(meta)
-        if usable.get(rec["key"]) != rec["sha256"]:
-            why = ("its runtime library is not in the pack" if rec["key"] not in usable else
-                   "the cache holds another runtime library under its key")
-            report.refused.append((label, f"{why} ({rec['library']})"))
+        if rec is None or usable.get(rec["key"]) != rec["sha256"]:
+            why = ("its runtime library is not in the pack" if rec is None or rec["key"] not in usable
+                   else "the cache holds another runtime library under its key")
+            report.refused.append((label, f"{why} ({rec['library'] if rec else '?'})"))
             continue
         _, built = store.publish(key, lambda staging, m=meta, f=files: _stage(staging, m, f))
         (report.imported if built else report.present).append(label)
@@ -218,6 +219,20 @@ def _check_entry(tree: PackTree, key: str, le: LockEntry,
     if why:
         raise ValueError(why)
     return meta, files
+
+
+def _runtime_named(tree: PackTree, key: str) -> dict[str, Any] | None:
+    """The runtime library record an entry's meta.json names, or None. Unchecked but for
+    its form: the caller takes it only where the lock's line names the same SHA-256, and
+    the entry and the runtime library are each checked whole before they land."""
+    name = f"entries/{key[:2]}/{key}/{META}"
+    if not is_key(key) or name not in tree.names or tree.size(name) > MAX_META_BYTES:
+        return None
+    try:
+        meta = parse_json(tree.read(name))
+    except ValueError:
+        return None
+    return runtime_record(meta) if isinstance(meta, dict) else None
 
 
 def _check_runtime(tree: PackTree, key: str, rec: dict[str, Any],

@@ -14,6 +14,7 @@ again where the build extra can; it never touches a healthy entry's files.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import asdict, dataclass, field
@@ -26,7 +27,6 @@ from cutecc.entry import (
     META,
     RESERVED_FILES,
     file_record,
-    index_bytes,
     index_facts,
     is_kernel_name,
     is_key,
@@ -267,9 +267,18 @@ def _record_differs(data: bytes, key: str, meta: dict[str, Any]) -> bool:
     want = index_facts(key, meta)
     got = read_index_facts(data, meta["kernel"], key) if "sha256" in want else None
     if got is None:
-        return data != index_bytes(want)
-    return {k: v for k, v in got.items() if k != "build_seconds"} != {
-        k: v for k, v in want.items() if k != "build_seconds"}
+        return {k: v for k, v in _loads(data).items() if k != "meta_stat"} != want
+    hints = ("build_seconds", "meta_stat")  # a stale stamp only sends builds to meta.json
+    return {k: v for k, v in got.items() if k not in hints} != {
+        k: v for k, v in want.items() if k not in hints}
+
+
+def _loads(data: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def _meta_or_none(store: Store, key: str) -> dict[str, Any] | None:
@@ -326,7 +335,7 @@ def _fix_record(store: Store, p: Problem) -> str:
         with store.lock(key, timeout=0):
             meta = _meta_or_none(store, key)
             if meta is not None and meta.get("kernel") == kernel and not meta_problem(meta, key):
-                store.index(key, meta)  # (re)written from the metadata, the truth
+                store.index(key, meta, store.entry_dir(key) / META)  # from the metadata, the truth
                 return "indexed"
             store.unindex(kernel, key)
             return "removed"

@@ -43,7 +43,7 @@ def _fake_compile(jobs: list[BuildJob], store_root: Path, workers: int, on_resul
         lib = rt.meta["library"]
         runtime = {"key": rt.key, "library": lib, **rt.meta["files"][lib]}
 
-        def produce(staging: Path, job: BuildJob = job) -> dict[str, Any]:
+        def produce(staging: Path, job: BuildJob = job, runtime: dict = runtime) -> dict[str, Any]:
             (staging / "kernel.so").write_bytes(job.key.encode())
             return {"kernel": job.kernel, "variant": job.variant.id, "params": dict(job.variant.params),
                     "arch": job.arch, "entry": job.entry, "args": args_to_json(job.variant.args),

@@ -22,7 +22,7 @@ def _restamp(store: Store, key: str, source: str, built_at: str) -> str:
     dest = store.entry_dir(new)
     shutil.copytree(store.entry_dir(key), dest)
     (dest / "meta.json").write_text(json.dumps(meta))
-    store.index(new, meta)  # as publishing does
+    store.index(new, meta, dest / "meta.json")  # as publishing does
     return new
 
 
