@@ -52,8 +52,25 @@ t = time.perf_counter()
 if sys.argv[3] == "cutecc":
     import cutecc
     ks = cutecc.load(sys.argv[1]); f = jax.jit(ks.mul)
+elif sys.argv[3] == "cutecc_phases":  # the first call taken apart: what each step costs
+    import cutecc
+    ks = cutecc.load(sys.argv[1]); f = jax.jit(ks.mul)
+    ph["load_only"] = time.perf_counter() - t
+    t1 = time.perf_counter()
+    from cutecc.runtime.library import import_tvm_ffi; import_tvm_ffi(); import jax_tvm_ffi
+    ph["import_tvm_ffi"] = time.perf_counter() - t1
+    spec = jax.ShapeDtypeStruct((n,), jnp.float32)
+    t1 = time.perf_counter(); traced = f.trace(spec, spec)  # verify, dlopen, register, trace
+    ph["trace_load_register"] = time.perf_counter() - t1
+    t1 = time.perf_counter(); lowered = traced.lower(); ph["lower"] = time.perf_counter() - t1
+    t1 = time.perf_counter(); lowered.compile(); ph["compile"] = time.perf_counter() - t1
 else:
     f = jax.jit(lambda a, b: a * b)
+    if sys.argv[3] == "jnp_phases":
+        spec = jax.ShapeDtypeStruct((n,), jnp.float32)
+        t1 = time.perf_counter(); traced = f.trace(spec, spec); ph["trace"] = time.perf_counter() - t1
+        t1 = time.perf_counter(); lowered = traced.lower(); ph["lower"] = time.perf_counter() - t1
+        t1 = time.perf_counter(); lowered.compile(); ph["compile"] = time.perf_counter() - t1
 ph["load"] = time.perf_counter() - t
 t = time.perf_counter(); x, y = jnp.asarray(xh), jnp.asarray(yh)
 jax.block_until_ready((x, y)); ph["inputs"] = time.perf_counter() - t
@@ -89,7 +106,7 @@ def stats(xs: list[float], scale: float = 1.0) -> dict[str, float]:
 
 def cold_start(cache: Path, repeats: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for which in ("cutecc", "jnp"):
+    for which in ("cutecc", "jnp", "cutecc_phases", "jnp_phases"):
         walls, kids = [], []
         for _ in range(repeats):
             t = time.perf_counter()
@@ -100,16 +117,19 @@ def cold_start(cache: Path, repeats: int) -> dict[str, Any]:
                 raise RuntimeError(f"cold-start child ({which}) failed:\n{r.stderr[-3000:]}")
             kids.append(json.loads(r.stdout.strip().splitlines()[-1]))
         assert all(k["correct"] for k in kids), f"{which}: wrong result on first call"
+        phases = {p: stats([k[p] for k in kids], 1e3) for p in kids[0]
+                  if p not in ("correct",) and isinstance(kids[0][p], float)}
         out[which] = {"wall_s": stats(walls), "first_call_s": stats([k["first_call"] for k in kids]),
                       "after_import_jax_s": stats([k["total_in_child"] - k["import_jax"] for k in kids]),
-                      "children": kids}
+                      "phases_ms": phases, "children": kids}
     return out
 
 
 # --- dispatch ---------------------------------------------------------------------------
 
-def chains(ks: Any) -> dict[str, Any]:
-    """name -> (f_1, f_K): jitted functions of (x, y) making 1 and K dependent calls."""
+def chains(ks: Any, ffi: Any = None) -> dict[str, Any]:
+    """name -> (f_1, f_K): jitted functions of (x, y) making 1 and K dependent calls; with
+    `ffi` (the bare `ffi_call` of mul's library), its rows too."""
     import jax
 
     def unrolled(op: Any, k: int, barrier: bool = False) -> Any:
@@ -125,7 +145,10 @@ def chains(ks: Any) -> dict[str, Any]:
         return jax.jit(lambda x, y: jax.lax.fori_loop(0, k, lambda i, a: op(a, y), x))
 
     mul, native = ks.mul, (lambda a, b: a * b)
+    bare = {} if ffi is None else {"bare ffi_call, unrolled": (unrolled(ffi, 1), unrolled(ffi, K)),
+                                   "bare ffi_call, fori_loop": (looped(ffi, 1), looped(ffi, K))}
     return {
+        **bare,
         "cutecc, unrolled": (unrolled(mul, 1), unrolled(mul, K)),
         "jnp x*y, unrolled (fused by XLA)": (unrolled(native, 1), unrolled(native, K)),
         "jnp x*y, unrolled + barrier": (unrolled(native, 1, True), unrolled(native, K, True)),
@@ -142,7 +165,7 @@ def dispatch(ks: Any, runs: int) -> dict[str, Any]:
     x = jnp.asarray(rng.standard_normal(256, dtype=np.float32))
     y = jnp.asarray(1 + 1e-3 * rng.standard_normal(256, dtype=np.float32))  # stays finite over K
     out = {}
-    for name, (f1, fk) in chains(ks).items():
+    for name, (f1, fk) in chains(ks, bare_ffi(ks, "mul", x, y)).items():
         want = np.asarray(x) * np.asarray(y) ** K
         got = np.asarray(fk(x, y))
         assert np.allclose(got, want, rtol=1e-3), f"{name}: wrong result"
@@ -150,6 +173,94 @@ def dispatch(ks: Any, runs: int) -> dict[str, Any]:
         m1, mk = statistics.median(t1), statistics.median(tk)
         out[name] = {"t1_us": stats(t1, 1e6), "tK_us": stats(tk, 1e6),
                      "us_per_call": (mk - m1) / (K - 1) * 1e6}
+    # An in-place (inout) kernel writes into the loop's carry: no copy after the call.
+    import jax
+
+    def axpy_loop(op: Any, k: int) -> Any:
+        return jax.jit(lambda a, b: jax.lax.fori_loop(0, k, lambda i, c: op(b, c), a))
+
+    ours, native = (lambda b, c: ks.axpy(b, c, alpha=1e-3)), (lambda b, c: 1e-3 * b + c)
+    for name, op in (("cutecc axpy (inout), fori_loop", ours), ("jnp 1e-3*x+y, fori_loop", native)):
+        f1, fk = axpy_loop(op, 1), axpy_loop(op, K)
+        got = np.asarray(fk(y, x))
+        assert np.allclose(got, np.asarray(y) + K * 1e-3 * np.asarray(x), rtol=1e-3, atol=1e-4), name
+        t1, tk = timeit(f1, y, x, runs=runs), timeit(fk, y, x, runs=runs)
+        m1, mk = statistics.median(t1), statistics.median(tk)
+        out[name] = {"t1_us": stats(t1, 1e6), "tK_us": stats(tk, 1e6),
+                     "us_per_call": (mk - m1) / (K - 1) * 1e6}
+    return out
+
+
+# --- eager calls and the call path's floor -----------------------------------------------
+
+def bare_ffi(ks: Any, name: str, *example: Any) -> Any:
+    """The kernel's FFI target called through `jax.ffi.ffi_call` alone, no cutecc: the floor
+    that JAX and jax-tvm-ffi set (registers the target through one cutecc call first)."""
+    import jax
+
+    from cutecc.runtime.library import target_name
+
+    kfn = ks[name]
+    build, env = kfn.select(*example)
+    jax.block_until_ready(kfn(*example))  # registers the target
+    results = [jax.ShapeDtypeStruct(tuple(d if isinstance(d, int) else env[d] for d in t.shape),
+                                    t.dtype) for t in build.conv.results]
+    call = jax.ffi.ffi_call(target_name(build.key), results[0] if len(results) == 1 else results)
+    return call
+
+
+def eager(ks: Any, runs: int) -> dict[str, Any]:
+    """Host-timed latency of one call and its block_until_ready, outside any jit: cutecc's
+    call, the per-call path it replaced (`_traced`, what every eager call ran before),
+    XLA's own op, and the bare `ffi_call` of the same library; and `jax.jit` of one call."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.standard_normal(256, dtype=np.float32))
+    y = jnp.asarray(rng.standard_normal(256, dtype=np.float32))
+    r = jnp.asarray(rng.standard_normal((8, 1024), dtype=np.float32))
+    w = jnp.asarray(rng.standard_normal(1024, dtype=np.float32))
+    mul_ffi = bare_ffi(ks, "mul", x, y)
+    rms_ffi = bare_ffi(ks, "rmsnorm", r, w)
+    rows = {
+        "mul f32[256] (grad-paired): cutecc": lambda: ks.mul(x, y),
+        "mul f32[256] (grad-paired): per-call path before": lambda: ks.mul._traced((x, y), {}),
+        "mul f32[256]: jnp.multiply": lambda: jnp.multiply(x, y),
+        "mul f32[256]: bare ffi_call": lambda: mul_ffi(x, y),
+        "rmsnorm f32[8,1024] (plain): cutecc": lambda: ks.rmsnorm(r, w, eps=1e-6),
+        "rmsnorm f32[8,1024] (plain): per-call path before":
+            lambda: ks.rmsnorm._traced((r, w), {"eps": 1e-6}),
+        "rmsnorm f32[8,1024]: one jnp op (r * w)": lambda: jnp.multiply(r, w),
+        "rmsnorm f32[8,1024]: bare ffi_call": lambda: rms_ffi(r, w, eps=np.float32(1e-6)),
+    }
+    jm, jn = jax.jit(ks.mul), jax.jit(jnp.multiply)
+    rows["jit(mul) from Python: cutecc"] = lambda: jm(x, y)
+    rows["jit(mul) from Python: jnp.multiply"] = lambda: jn(x, y)
+    want = {"mul": np.asarray(x) * np.asarray(y)}
+    assert np.allclose(np.asarray(ks.mul(x, y)), want["mul"], rtol=1e-6), "eager mul: wrong result"
+    assert np.allclose(np.asarray(mul_ffi(x, y)), want["mul"], rtol=1e-6), "bare ffi: wrong result"
+    out = {}
+    for _ in range(2):  # interleaved rounds: later ones see a warm process
+        for name, f in rows.items():
+            t = timeit(f, runs=max(runs, 200), warmup=20)
+            out.setdefault(name, []).extend(t)
+    return {k: stats(v, 1e6) for k, v in out.items()}
+
+
+def loop_hlo(ks: Any) -> dict[str, str]:
+    """Optimized HLO of one call in `lax.fori_loop`, cutecc and XLA's op: where the copies
+    around a custom call in a loop show (written beside the results for reading)."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones(256, jnp.float32)
+    out = {}
+    for name, op in (("cutecc", ks.mul), ("jnp", lambda a, b: a * b),
+                     ("cutecc_axpy", lambda c, b: ks.axpy(b, c, alpha=1e-3))):
+        f = jax.jit(lambda a, b, op=op: jax.lax.fori_loop(0, K, lambda i, c: op(c, b), a))
+        out[name] = f.lower(x, x).compile().as_text()
     return out
 
 
@@ -304,7 +415,12 @@ def report(res: dict[str, Any]) -> str:
         w, f = r["wall_s"], r["first_call_s"]
         lines.append(f"| cold start to first correct result, {who} (whole process) | "
                      f"{w['median']:.3f} s | {w['min']:.3f} - {w['max']:.3f} s | "
-                     f"first call {f['median'] * 1e3:.1f} ms, n={w['n']} |")
+                     f"first call {f['median'] * 1e3:.1f} ms, n={w['n']}; phases (ms): "
+                     + ", ".join(f"{p} {v['median']:.1f}" for p, v in r["phases_ms"].items())
+                     + " |")
+    for name, r in res.get("eager", {}).items():
+        lines.append(f"| eager {name} | {r['median']:.1f} us | {r['min']:.1f} - {r['max']:.1f} us | "
+                     f"n={r['n']} |")
     for name, r in res["dispatch"].items():
         lines.append(f"| dispatch {name} | {r['us_per_call']:.2f} us/call | | "
                      f"t(1) {r['t1_us']['median']:.1f} us, t({K}) {r['tK_us']['median']:.1f} us |")
@@ -349,8 +465,12 @@ def main() -> int:
         ks = cutecc.load(ns.cache)
         res = {"device": kind, "nominal": nominal(kind), "jax": jax.__version__,
                "cold_start": cold_start(ns.cache, 3 if ns.quick else 5),
-               "dispatch": dispatch(ks, runs), "kernels": kernels(ks, runs)}
+               "eager": eager(ks, runs), "dispatch": dispatch(ks, runs),
+               "kernels": kernels(ks, runs)}
         print(report(res))
+        if ns.json:
+            for name, text in loop_hlo(ks).items():
+                (ns.json.parent / f"fori_loop_hlo_{name}.txt").write_text(text)
     if ns.json:
         ns.json.parent.mkdir(parents=True, exist_ok=True)
         ns.json.write_text(json.dumps(res, indent=1))

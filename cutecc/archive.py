@@ -79,6 +79,13 @@ class Limits:
     name_bytes: int = 512
 
 
+def _drain(f: Any) -> None:
+    """Read past a member nobody will use (its size already counted against the total)."""
+    if f is not None:
+        while f.read(1 << 22):
+            pass
+
+
 class PackTree:
     """The regular files of a pack's `_cutecc/` tree, read under limits so that no archive
     can cost unbounded memory or time.
@@ -149,8 +156,10 @@ class PackTree:
 
     def _stream_tar(self, staging: Path) -> None:
         total = n = 0
-        with tarfile.open(self.path, "r|*") as tf:
-            for m in tf:
+        # Seekable mode, read strictly forward: its decompressors inflate in bounded steps
+        # (stream mode inflates a whole compressed buffer at once: ~100 MB of zeros per read).
+        with tarfile.open(self.path, "r:*") as tf:
+            while (m := tf.next()) is not None:
                 n += 1
                 self._count(n)
                 if m.isdir():
@@ -160,6 +169,7 @@ class PackTree:
                     continue
                 total += m.size
                 if not self._admit(m.name, m.size, total):
+                    _drain(tf.extractfile(m))  # in large reads: tarfile's own skip is slow
                     continue
                 f = tf.extractfile(m)
                 data = f.read(self.limits.member_bytes + 1) if f is not None else b""

@@ -9,9 +9,11 @@ A kernel's key covers, besides the project's own modules (`cutecc.key.SourceInde
   (torch, triton, the DSL's native libraries) by their RECORD plus the hash of any file
   that no longer matches it, both through a persistent per-file hash cache keyed by path,
   size, mtime and inode, so an edited installed file changes the key, and the same wheel
-  installed anywhere gives the same digest (issue 12: the committed kernels.lock must
-  reproduce on CI). Console scripts (their first line names the interpreter) and the
-  installer's own files (INSTALLER, REQUESTED, direct_url.json) are left out;
+  installed anywhere gives the same digest (no times; the committed kernels.lock must
+  reproduce on CI). Byte code, files outside site-packages (console scripts: their first
+  line names the interpreter) and the dist-info's files (written or rewritten by the
+  installer: INSTALLER, REQUESTED, direct_url.json naming where the wheel came from; the
+  version stands for them) are left out;
 - the distributions those require (Requires-Dist, transitively), by name, version and
   RECORD digest;
 - the compile-affecting environment: `CUTE_DSL_*`, `CUTLASS_*`, `QUACK_*`,
@@ -184,7 +186,8 @@ class DistIndex:
 
     def digest(self, name: str, *, full: bool) -> str:
         """A distribution's digest: its files' contents (small, `full`), else its RECORD
-        plus (if `full`) the path, size and mtime of every installed file."""
+        plus (if `full`) the hash of every installed file that no longer matches it (no
+        times or paths: a key is the same on every machine that installed the same wheel)."""
         if (name, full) not in self._digest:
             self._digest[(name, full)] = self._compute(name, full)
         return self._digest[(name, full)]
@@ -226,21 +229,18 @@ class DistIndex:
         return h.hexdigest()
 
 
-# Files an installer writes for itself (which installer, whether requested, from where):
-# they decide nothing a kernel compiles, and differ between pip and uv or a wheel's path.
-_INSTALLER_FILES = frozenset({"INSTALLER", "REQUESTED", "direct_url.json", "RECORD"})
-
-
 def _portable_rows(record: str) -> dict[str, tuple[str, str]]:
     """A RECORD's rows `{path: (digest, size)}` that are the same wherever the wheel was
-    installed: without files outside the distribution's directories (console scripts,
-    whose first line names this interpreter) and the installer's own files."""
+    installed: only what the distribution installed into site-packages (files outside it,
+    console scripts whose first line names this interpreter, differ per environment), no
+    byte code, and none of the dist-info's files (an installer writes or rewrites them:
+    INSTALLER, REQUESTED, direct_url.json naming where the wheel came from, RECORD)."""
     out = {}
     for line in record.splitlines():
         rel, _, rest = line.partition(",")
         digest, _, size = rest.partition(",")
-        if not rel or rel.startswith("../") or (
-                rel.split("/")[0].endswith(".dist-info") and rel.rsplit("/", 1)[-1] in _INSTALLER_FILES):
+        if (not rel or rel.startswith("..") or "__pycache__" in rel.split("/")
+                or any(part.endswith(".dist-info") for part in rel.split("/"))):
             continue
         out[rel] = (digest, size)
     return out

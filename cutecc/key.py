@@ -159,9 +159,9 @@ class SourceIndex:
         return Path(found.origin).absolute()  # not resolve(): a symlinked package keeps its path
 
     def _is_local(self, top: str) -> bool:
-        """Whether top-level package `top` is project-local: found under the manifest's
-        python_path (but not in an environment's site-packages there, such as the README's
-        `.venv` at the project's root), or the top level of a kernel's entry (wherever it is
+        """Whether top-level package `top` is project-local: found directly in a root of the
+        manifest's python_path (not in an environment there, such as the README's `.venv` at
+        the project's root), or the top level of a kernel's entry (wherever it is
         installed). Everything else is keyed by its distribution (`cutecc.dists`)."""
         if top in self._installed_tops:
             return True
@@ -169,8 +169,7 @@ class SourceIndex:
             found = self._locate(top)
             places = ([found.origin] if found.origin else found.locations) if found else []
             self._local[top] = found is not None and (
-                any(_under(Path(p).absolute(), r) and not _installed_at(Path(p))
-                    for p in places for r in self.roots)
+                any(_top_level_in(Path(p).absolute(), r, top) for p in places for r in self.roots)
                 or any(dists.is_editable(n) for n in dists.owners(top)))
         return self._local[top]
 
@@ -230,12 +229,12 @@ class SourceIndex:
         return self._imports[f]
 
 
-def _under(path: Path, root: Path) -> bool:
-    try:
-        path.relative_to(root)
-    except ValueError:
-        return False
-    return True
+def _top_level_in(path: Path, root: Path, top: str) -> bool:
+    """Whether `path` (a module's file or package directory) is top-level package `top`
+    directly in `root`: a virtual environment inside the project (`.venv/...`) is not the
+    project's code, it is keyed by its distributions."""
+    return path in (root / f"{top}.py", root / top, root / top / "__init__.py") or (
+        path.parent == root and path.stem == top)
 
 
 def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
@@ -257,8 +256,3 @@ def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
         "toolchain": toolchain(),
     }
 
-
-def _installed_at(path: Path) -> bool:
-    """Whether `path` lies in an environment's installed packages (site-packages or
-    dist-packages), where what is found belongs to a distribution, not to the project."""
-    return any(part in ("site-packages", "dist-packages") for part in path.parts)

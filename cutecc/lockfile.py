@@ -190,6 +190,25 @@ def read_lock_bytes(path: str | Path) -> bytes:
         raise CuteccError(f"cannot read the lock file: {e.strerror}", where=str(path)) from None
 
 
+def read_trusted_lock(path: str | Path, *, trusted_keys: list[str | Path] | None = None,
+                      allow_unsigned: bool = False) -> Lock:
+    """A lock file parsed from exactly the bytes whose signature (`PATH.sig`) was checked
+    against the deployer's keys (`cutecc.signing.check_lock`): for `load(lock=)` and `fetch`."""
+    from cutecc.signing import MAX_SIG_BYTES, SIG_SUFFIX, check_lock
+
+    data, sig = read_lock_bytes(path), None
+    try:
+        with open(f"{path}{SIG_SUFFIX}", "rb") as f:
+            sig = f.read(MAX_SIG_BYTES + 1)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise CuteccError(f"cannot read the lock's signature: {e.strerror}", where=f"{path}{SIG_SUFFIX}",
+                          exit_code=1) from None
+    check_lock(data, sig, str(path), trusted_keys=trusted_keys, allow_unsigned=allow_unsigned)
+    return Lock.loads(data, str(path))
+
+
 def read_lock(path: str | Path) -> Lock:
     """Parse a lock file (bad or absent: CuteccError, exit 2)."""
     return Lock.loads(read_lock_bytes(path), str(path))

@@ -12,6 +12,10 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
   compile_options = ""            extra `cute.compile` options
   [env]                           environment the build workers set before any import
                                   (NAME = "value"; "$arch" is the worker's target); keyed
+  [build]                         where this project builds (flags and $CUTECC_* override):
+    executor = "local" | "ray"    ray_address = "ray://host:10001"
+    remote = "s3://bucket/prefix" a shared cache, read-only here: writing stays an explicit
+                                  --remote-write / $CUTECC_REMOTE_WRITE=1 (CI's choice)
   [hardware.NAME]                 custom hardware profiles: key = int | float | str
   [kernel.NAME]                   one table per kernel:
     entry = "pkg.module:attr"     a @cute.jit launcher, or a factory if factory_args is set
@@ -64,6 +68,7 @@ from cutecc.contract import (
 )
 from cutecc.entry import is_kernel_name
 from cutecc.errors import CuteccError
+from cutecc.remote_url import parse_url
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -98,7 +103,9 @@ BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
 }
 
 _TOP_KEYS = {"format", "archs", "profile", "python_path", "compile_options", "hardware", "kernel",
-             "env"}
+             "env", "build"}
+_BUILD_KEYS = {"executor", "ray_address", "remote"}
+EXECUTORS = ("local", "ray")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs", "profile",
                 "compile_options", "grad", "description"}
@@ -144,11 +151,22 @@ class Kernel:
 
 
 @dataclass(frozen=True)
+class BuildSettings:
+    """The manifest's `[build]` table: defaults for where a build runs. Command-line flags
+    and `$CUTECC_EXECUTOR` / `$CUTECC_RAY_ADDRESS` / `$CUTECC_REMOTE` take precedence."""
+
+    executor: str | None = None
+    ray_address: str | None = None
+    remote: str | None = None
+
+
+@dataclass(frozen=True)
 class Manifest:
     path: Path
     python_path: tuple[Path, ...]
     kernels: tuple[Kernel, ...]
     env: tuple[tuple[str, str], ...] = ()
+    build: BuildSettings = BuildSettings()
 
     def env_for(self, arch: str) -> dict[str, str]:
         """The `[env]` a build worker for `arch` sets ("$arch" substituted)."""
@@ -173,8 +191,7 @@ class Manifest:
             back = self.kernel(name).backward  # raises for unknown names
             if back:
                 wanted.add(back)
-        return Manifest(self.path, self.python_path, tuple(k for k in self.kernels if k.name in wanted),
-                        self.env)
+        return dataclasses.replace(self, kernels=tuple(k for k in self.kernels if k.name in wanted))
 
 
 class _Ctx:
@@ -306,7 +323,27 @@ def _parse(doc: dict[str, Any], path: Path, ctx: _Ctx, prefix: str) -> Manifest:
             raise ctx.fail(kp, "must be a table")
         kernels.append(_kernel(ctx, kp, name, kdoc, archs, profile, profiles, copts))
     _check_grads(ctx, kernels)
-    return Manifest(path, python_path, tuple(kernels), tuple(sorted(env.items())))
+    return Manifest(path, python_path, tuple(kernels), tuple(sorted(env.items())),
+                    _build_settings(ctx, f"{prefix}build", doc.get("build", {})))
+
+
+def _build_settings(ctx: _Ctx, kp: str, doc: Any) -> BuildSettings:
+    """The `[build]` table, checked; values are strings a build's flags would take."""
+    if not isinstance(doc, dict):
+        raise ctx.fail(kp, "must be a table (executor, ray_address, remote)")
+    _no_unknown(ctx, doc, _BUILD_KEYS, kp)
+    got = {k: _str(ctx, f"{kp}.{k}", v).strip() for k, v in doc.items()}
+    if "executor" in got and got["executor"] not in EXECUTORS:
+        raise ctx.fail(f"{kp}.executor", f'unknown executor "{got["executor"]}" '
+                       f"(known: {', '.join(EXECUTORS)})")
+    if "ray_address" in got and got.get("executor") != "ray":
+        raise ctx.fail(f"{kp}.ray_address", 'a Ray address needs executor = "ray"')
+    if "remote" in got:
+        try:
+            parse_url(got["remote"])
+        except CuteccError as e:
+            raise ctx.fail(f"{kp}.remote", e.message) from None
+    return BuildSettings(**{k: v or None for k, v in got.items()})
 
 
 def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[str, ...],

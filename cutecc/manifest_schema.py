@@ -107,6 +107,12 @@ def schema() -> dict[str, Any]:
             "compile_options": {"type": "string"},
             "env": {"type": "object", "additionalProperties": {"type": "string"},
                     "description": "Set in build workers before any import; keyed. $arch: the target."},
+            "build": {"type": "object", "additionalProperties": False,
+                      "description": "Where this project builds; flags and $CUTECC_* override. "
+                                     "Remote writing is never set here (--remote-write).",
+                      "properties": {"executor": {"enum": ["local", "ray"]},
+                                     "ray_address": {"type": "string"},
+                                     "remote": {"type": "string", "pattern": "^s3://"}}},
             "hardware": {"type": "object", "additionalProperties": {
                 "type": "object", "additionalProperties": {"type": ["integer", "number", "string"]}}},
             "kernel": {"type": "object", "minProperties": 1,

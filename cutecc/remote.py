@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -38,6 +37,7 @@ from cutecc import environ
 from cutecc.entry import MAX_META_BYTES, META, is_key, parse_json, runtime_meta_problem, runtime_record
 from cutecc.errors import CuteccError
 from cutecc.ingest import Blob, Refused, check_file, check_meta, publish
+from cutecc.remote_url import parse_url
 from cutecc.store import Entry, Store
 from cutecc.units import parse_size
 
@@ -46,7 +46,6 @@ DEFAULT_MAX_BLOB = 64 << 20  # a kernel's library is ~20 KB, a runtime library ~
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_JOBS = 16
 RETRY_DOWN_AFTER = 60.0  # seconds a remote found down is left alone (long-lived workers)
-_URL = re.compile(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/([A-Za-z0-9._/-]*))?")
 
 
 @dataclass(frozen=True)
@@ -66,22 +65,14 @@ class RemoteConfig:
         return "/".join((LAYOUT, *parts))
 
 
-def parse_url(url: str) -> tuple[str, str]:
-    """(bucket, prefix) of `s3://bucket/prefix`; CuteccError (exit 2) otherwise."""
-    m = _URL.fullmatch(url.strip())
-    if not m or ".." in (m.group(2) or "").split("/"):
-        raise CuteccError(f'"{url}" is not a remote cache URL such as s3://bucket/prefix',
-                          where="--remote")
-    return m.group(1), (m.group(2) or "").strip("/")
-
-
-def config(url: str | None = None, write: bool | None = None) -> RemoteConfig | None:
-    """The remote cache asked for by arguments, else by `$CUTECC_REMOTE` and
-    `$CUTECC_REMOTE_WRITE`; None when there is none."""
-    url = url if url is not None else os.environ.get(environ.REMOTE, "")
+def config(url: str | None = None, write: bool | None = None,
+           default: str | None = None) -> RemoteConfig | None:
+    """The remote cache asked for by arguments, else by `$CUTECC_REMOTE`, else `default`
+    (the manifest's `[build] remote`), with `$CUTECC_REMOTE_WRITE`; None when there is none."""
+    url = url if url is not None else os.environ.get(environ.REMOTE, "") or default or ""
     if not url.strip():
         return None
-    bucket, prefix = parse_url(url)
+    bucket, prefix = parse_url(url, f"--remote or ${environ.REMOTE}")
     cap = os.environ.get(environ.REMOTE_MAX_BLOB, "")
     try:
         timeout = float(os.environ.get(environ.REMOTE_TIMEOUT, "") or DEFAULT_TIMEOUT)

@@ -23,7 +23,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -96,7 +96,8 @@ def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
         pool = cf.ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker,
                                       initargs=(arch, os.getpid(), dict(items[0].env)))
         try:
-            futures = {pool.submit(build_one, j, str(store_root), remote): j for j in items}
+            with _sigint_ignored_while_spawning():  # workers start with Ctrl-C ignored
+                futures = {pool.submit(build_one, j, str(store_root), remote): j for j in items}
             for fut in cf.as_completed(futures):
                 try:
                     result = fut.result()
@@ -107,6 +108,21 @@ def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
             _kill_workers(pool)
             raise
         pool.shutdown(wait=True)
+
+
+@contextlib.contextmanager
+def _sigint_ignored_while_spawning() -> Iterator[None]:
+    """Ignore SIGINT while the pool spawns its workers: an ignored signal stays ignored
+    across exec, so a Ctrl-C during a worker's start-up (before its initializer runs)
+    cannot print a traceback from it. The build itself is interrupted after, as usual."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def _kill_workers(pool: cf.ProcessPoolExecutor) -> None:

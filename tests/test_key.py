@@ -557,3 +557,16 @@ def test_manifest_env_is_keyed_with_the_arch_substituted(proj: Path) -> None:
     p = _by_label(proj)["a[dtype=float32]"]
     assert p.inputs["env"]["QUACK_ARCH"] == "sm_90a"
     assert all(_keys(proj)[label] != before[label] for label in ALL)
+
+
+def test_a_virtual_environment_inside_the_project_is_not_project_source() -> None:
+    """The root manifest's python_path is the repository, which holds .venv (CI's and the
+    README's layout): the DSL installed there is keyed by its distribution, never parsed
+    as project source (that made every no-op build parse ~4,000 files: 46 s)."""
+    from helpers import REPO
+
+    from cutecc.manifest import load_manifest
+    from cutecc.plan import plan
+
+    sources = {s for p in plan(load_manifest(REPO / "kernels.toml")) for s in p.sources}
+    assert sources and all(s.startswith("kernels/") for s in sources), sorted(sources)[:5]

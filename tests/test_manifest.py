@@ -611,3 +611,34 @@ def test_kernel_selection_keeps_the_backward(proj: Path) -> None:
     assert [k.name for k in load_manifest(path, kernels=("other",)).kernels] == ["other"]
     assert [k.name for k in load_manifest(path, kernels=("other", "mul")).kernels] == [
         "mul", "mul_bwd", "other"]
+
+
+# [build]: where a project builds (issue 14) ------------------------------------------
+
+
+def test_build_table_sets_executor_address_and_remote(proj: Path) -> None:
+    m = load_manifest(_write(proj, '[build]\nexecutor = "ray"\nray_address = "10.0.0.1:6379"\n'
+                             'remote = "s3://team-kernels/cutecc"\n' + GOOD))
+    assert (m.build.executor, m.build.ray_address, m.build.remote) == (
+        "ray", "10.0.0.1:6379", "s3://team-kernels/cutecc")
+    assert m.select(["k"]).build == m.build
+    assert load_manifest(_write(proj, GOOD)).build.executor is None
+    py = load_manifest(_write(proj, '[tool.cutecc.build]\nexecutor = "local"\n'
+                              + GOOD.replace("[kernel.", "[tool.cutecc.kernel."), "pyproject.toml"))
+    assert py.build.executor == "local"
+
+
+@pytest.mark.parametrize(("table", "key_path", "words"), [
+    ('executor = "dask"', "build.executor", 'unknown executor "dask"'),
+    ('ray_address = "h:1"', "build.ray_address", 'needs executor = "ray"'),
+    ('remote = "http://x/y"', "build.remote", "not a remote cache URL"),
+    ('remote = "s3://b/../up"', "build.remote", "not a remote cache URL"),
+    ("remote_write = true", "build", "remote_write"),
+    ("executor = 3", "build.executor", "string"),
+])
+def test_bad_build_table_names_its_key(proj: Path, table: str, key_path: str, words: str) -> None:
+    path = _write(proj, f"[build]\n{table}\n" + GOOD)
+    with pytest.raises(CuteccError) as info:
+        load_manifest(path)
+    assert info.value.key_path == key_path and words in info.value.message, info.value.render()
+    assert info.value.where == str(path.resolve())

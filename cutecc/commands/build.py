@@ -214,10 +214,11 @@ def build(
     `lock`: after a fully successful build (not a dry run), write `kernels.lock` beside
     the manifest (or `lock_file`) if its content changed; see `cutecc.lockfile`.
     `sign_key` (or `$CUTECC_SIGNING_KEY`): sign the lock written (`kernels.lock.sig`).
-    `executor` (`local` or `ray`, else `$CUTECC_EXECUTOR`) compiles the misses; `ray_address`
-    (else `$CUTECC_RAY_ADDRESS`) names a Ray cluster, else a local one is started.
-    `remote` (`s3://bucket/prefix`, else `$CUTECC_REMOTE`) is a shared cache looked up
-    for local misses; `remote_write` (else `$CUTECC_REMOTE_WRITE`) uploads what is built.
+    `executor` (`local` or `ray`, else `$CUTECC_EXECUTOR`, else the manifest's `[build]`)
+    compiles the misses; `ray_address` (else `$CUTECC_RAY_ADDRESS`, else `[build]`) names a
+    Ray cluster, else a local one is started. `remote` (`s3://bucket/prefix`, else
+    `$CUTECC_REMOTE`, else `[build]`) is a shared cache looked up for local misses;
+    `remote_write` (else `$CUTECC_REMOTE_WRITE`; never the manifest) uploads what is built.
     """
     t0 = time.perf_counter()
     progress = progress or Progress()
@@ -234,10 +235,12 @@ def build(
         except OSError as e:
             raise CuteccError(f"cannot read the signing key: {e.strerror}", where=str(sign_key)) from None
     read_only = read_only or environ.read_only()
-    runner = choose(executor, ray_address)
-    remote_cfg = remote_cache.config(remote, remote_write)
     archs = parse_archs(archs) if archs else ()
     full = load_manifest(manifest_path)
+    settings = full.build  # the manifest's [build] table: below flags and environment
+    runner = choose(executor, ray_address, default_kind=settings.executor,
+                    default_address=settings.ray_address)
+    remote_cfg = remote_cache.config(remote, remote_write, default=settings.remote)
     manifest = full.select(kernels) if kernels else full
     store = Store(cache_dir)
     report = BuildReport(cache_dir=store.root, dry_run=dry_run, executor=runner.kind)

@@ -22,7 +22,7 @@ from cutecc import environ
 from cutecc import remote as remote_cache
 from cutecc.entry import file_record
 from cutecc.errors import CuteccError
-from cutecc.lockfile import Lock, LockEntry, read_lock_bytes
+from cutecc.lockfile import LockEntry, read_trusted_lock
 from cutecc.report import Report
 from cutecc.store import Entry, Store, entry_trust_problem
 from cutecc.units import human_size
@@ -88,19 +88,8 @@ def fetch(lock: str | Path, *, remote: str | None = None, cache_dir: str | Path 
     if cfg is None:
         raise CuteccError(f"no remote cache: give --remote s3://BUCKET/PREFIX or set ${environ.REMOTE}",
                           where="cutecc fetch")
-    from cutecc.signing import SIG_SUFFIX, check_lock
-
-    data, sig = read_lock_bytes(lock), None
-    try:
-        with open(f"{lock}{SIG_SUFFIX}", "rb") as f:
-            sig = f.read(1 << 16)
-    except FileNotFoundError:
-        pass
-    except OSError as e:
-        raise CuteccError(f"cannot read the lock's signature: {e.strerror}", where=f"{lock}{SIG_SUFFIX}",
-                          exit_code=1) from None
-    check_lock(data, sig, str(lock), trusted_keys=trusted_keys, allow_unsigned=allow_unsigned)
-    lines = Lock.loads(data, str(lock)).select(archs, kernels).by_key()  # the bytes checked
+    lines = read_trusted_lock(lock, trusted_keys=trusted_keys, allow_unsigned=allow_unsigned
+                              ).select(archs, kernels).by_key()
     store = Store(cache_dir)
     store.ensure()
     report = FetchReport(store.root, cfg.url)

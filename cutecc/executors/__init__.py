@@ -48,13 +48,18 @@ class Executor:
             local.compile_all(jobs, store_root, workers, on_result, remote=remote)
 
 
-def choose(kind: str | None = None, ray_address: str | None = None) -> Executor:
-    """The executor asked for by arguments, else by the environment; local by default."""
-    kind = (kind or os.environ.get(environ.EXECUTOR, "") or "local").strip().lower()
+def choose(kind: str | None = None, ray_address: str | None = None, *,
+           default_kind: str | None = None, default_address: str | None = None) -> Executor:
+    """The executor asked for by arguments, else by the environment, else by the manifest's
+    `[build]` table (`default_kind`, `default_address`); local when none says."""
+    kind = kind or os.environ.get(environ.EXECUTOR, "").strip() or None
+    address = ray_address or os.environ.get(environ.RAY_ADDRESS) or None
+    if kind is None and default_kind:  # the manifest's choice, with its own cluster
+        kind, address = default_kind, address or default_address
+    kind = (kind or "local").strip().lower()
     if kind not in KINDS:
         raise CuteccError(f'unknown executor "{kind}" (known: {", ".join(KINDS)})',
                           where=f"--executor or ${environ.EXECUTOR}")
-    address = ray_address or os.environ.get(environ.RAY_ADDRESS) or None
     if address and kind != "ray":
         raise CuteccError("a Ray address needs --executor ray", where="--ray-address")
     return Executor(kind, address)

@@ -9,6 +9,7 @@ arrays on one device, and with several accelerators only inside `jax.shard_map`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,7 @@ class Build:
             record_use=self.record_use, runtime=self.runtime)
 
 
+MAX_EAGER_SIGNATURES = 256  # jitted eager calls kept per kernel (one per keyword values)
 MAX_SYMBOLIC_EXTENT = 2**31 - 1  # `cute.sym_int()` is 32-bit: the contract says so
 
 
@@ -114,6 +116,7 @@ class KernelFn:
         self._owner = owner
         self.unusable = tuple(unusable)
         self.arch = arch
+        self._eager: dict[tuple, Any] = {}  # keyword values -> jitted call, see _eager_fn
 
     def __repr__(self) -> str:
         return f"<cutecc kernel {self.name}: {len(self.builds)} variant(s) for {self.arch}>"
@@ -148,6 +151,32 @@ class KernelFn:
                 raise CuteccError(f"argument {i} is a {type(a).__name__}, not an array "
                                   "(runtime scalars are keyword arguments)",
                                   where=f'kernel "{self.name}"', exit_code=1)
+        if not any(isinstance(a, jax.core.Tracer) for a in arrays) and not _several_devices():
+            fn = self._eager_fn(scalars)
+            if fn is not None:
+                return fn(*arrays)
+        return self._traced(arrays, scalars)
+
+    def _eager_fn(self, scalars: Mapping[str, Any]) -> Any:
+        """A call outside any transformation runs as one cached `jax.jit` of the whole call,
+        so choosing the variant, checking scalars and (for a grad-paired kernel) building
+        its `custom_vjp` happen once per signature, in jit's trace, instead of on every
+        call: an eager call then costs one jit dispatch, as an XLA op's eager call does.
+        Keyed by the keyword values and their types (1, 1.0 and True hash alike but are
+        checked differently); None for an unhashable value (the traced path reports it)."""
+        try:
+            key = tuple(sorted((k, type(v), v) for k, v in scalars.items()))
+            fn = self._eager.get(key)
+        except TypeError:
+            return None
+        if fn is None:
+            if len(self._eager) >= MAX_EAGER_SIGNATURES:
+                self._eager.clear()
+            fixed = dict(scalars)
+            fn = self._eager[key] = jax.jit(lambda *xs: self._traced(xs, fixed))
+        return fn
+
+    def _traced(self, arrays: Sequence[Any], scalars: Mapping[str, Any]) -> Any:
         back = self._owner.get(self.backward) if self._owner and self.backward else None
         if back is None:
             return self._plain(arrays, scalars)
@@ -237,6 +266,13 @@ def _scalar_value(kernel: str, s: ScalarArg, v: Any) -> Any:
         why = f"got {type(v).__name__} {v!r}"[:120]
     raise CuteccError(f"runtime scalar {s.name!r} ({s.dtype}) must be {want}: {why}",
                       where=f'kernel "{kernel}"', exit_code=1)
+
+
+@functools.cache
+def _several_devices() -> bool:
+    """Whether more than one device is visible (fixed once JAX's backends are up): eager
+    calls then take the checked path, which explains a call outside `shard_map`."""
+    return jax.device_count() > 1
 
 
 def _check_placement(kernel: str, arrays: Sequence[Any]) -> None:

@@ -179,20 +179,9 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
     series = _tvm_ffi_series()
     pinned: dict[str, Any] = {}
     if lock is not None:
-        from cutecc.lockfile import Lock, read_lock_bytes
-        from cutecc.signing import SIG_SUFFIX, check_lock
+        from cutecc.lockfile import read_trusted_lock
 
-        data, sig = read_lock_bytes(lock), None
-        try:
-            with open(f"{lock}{SIG_SUFFIX}", "rb") as f:
-                sig = f.read(1 << 16)
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            raise CuteccError(f"cannot read the lock's signature: {e.strerror}", where=f"{lock}{SIG_SUFFIX}",
-                              exit_code=1) from None
-        check_lock(data, sig, str(lock), trusted_keys=trusted_keys, allow_unsigned=allow_unsigned)
-        locked = Lock.loads(data, str(lock))  # exactly the bytes whose signature was checked
+        locked = read_trusted_lock(lock, trusted_keys=trusted_keys, allow_unsigned=allow_unsigned)
         lines: dict[str, list[str]] = {}
         for le in locked.entries:
             if (wanted is None or le.kernel in wanted) and (planned is None or le.key in planned):

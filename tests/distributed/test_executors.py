@@ -54,6 +54,19 @@ def test_choosing_an_executor(monkeypatch: pytest.MonkeyPatch) -> None:
     assert r.returncode == 2 and "dask" in r.stderr
 
 
+def test_the_manifests_build_table_is_the_default_below_flags_and_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUTECC_EXECUTOR", raising=False)
+    monkeypatch.delenv("CUTECC_RAY_ADDRESS", raising=False)
+    assert choose(default_kind="ray", default_address="h:1") == choose("ray", "h:1")
+    assert choose("local", default_kind="ray", default_address="h:1").kind == "local"  # flag wins
+    monkeypatch.setenv("CUTECC_EXECUTOR", "local")
+    assert choose(default_kind="ray", default_address="h:1").kind == "local"  # environment wins
+    monkeypatch.setenv("CUTECC_EXECUTOR", "ray")
+    monkeypatch.setenv("CUTECC_RAY_ADDRESS", "env:2")
+    assert choose(default_kind="ray", default_address="h:1").ray_address == "env:2"
+
+
 def test_ray_builds_the_same_keys_and_bytes_as_local_with_per_arch_environments(
         ray_cluster, toy_cache, tmp_path: Path) -> None:
     copy = toy_cache.copy(tmp_path / "p")

@@ -131,6 +131,24 @@ def test_read_only_mode_writes_nothing_to_the_remote(s3, prefix: str, tmp_path: 
     assert "read-only" in "\n".join(rep.lines())
 
 
+@pytest.mark.slow
+def test_the_manifests_remote_is_used_read_only_and_a_flag_overrides_it(
+        s3, prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUTECC_REMOTE", raising=False)
+    monkeypatch.delenv("CUTECC_REMOTE_WRITE", raising=False)
+    manifest = write_toy_project(tmp_path / "proj")
+    manifest.write_text(manifest.read_text() + f'\n[build]\nremote = "{prefix}"\n')
+    ci = build(manifest, cache_dir=tmp_path / "ci", remote_write=True, lock=False)  # CI writes
+    assert ci.remote is not None and ci.remote.url == prefix and ci.remote.uploaded == 2
+    dev = run_cli("build", str(manifest), "--cache-dir", str(tmp_path / "dev"), "--no-lock", "--json")
+    rep = json.loads(dev.stdout)
+    assert dev.returncode == 0 and rep["fetched"] == 2 and rep["remote"]["url"] == prefix, dev.stderr
+    assert rep["remote"]["write"] is False  # the manifest never turns writing on
+    other = build(manifest, cache_dir=tmp_path / "other", remote=f"{prefix}-elsewhere", lock=False)
+    assert other.remote is not None and other.remote.url == f"{prefix}-elsewhere"
+    assert other.count("built") == 2 and other.remote.absent == 2
+
+
 # Races --------------------------------------------------------------------------------
 
 
