@@ -1,9 +1,9 @@
 """`python -m benchmarks`: run every group this machine can run, print a table, write JSON.
 
-    python -m benchmarks [--quick] [--only cold_start,load_scaling,build,device,parity]
-                         [--repeats N] [--json PATH] [--cache-dir DIR]
+    python -m benchmarks [--quick] [--only cold_start,load_scaling,build,sizes,device,parity]
+                         [--repeats N] [--json PATH] [--cache-dir DIR] [--variants N]
 
-Groups: cold_start, load_scaling, build, device (GPU only; benchmarks/device.py), parity,
+Groups: cold_start, load_scaling, build, sizes, device (GPU only; benchmarks/device.py), parity,
 and distributed (benchmarks/distributed.py: ~20 minutes, so only when named in --only).
 Every figure is a median over repeats with min/max (the JSON also has quartiles and the
 raw samples); every ratio compares medians taken in the same run. The example cache
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from benchmarks.common import REPO, GroupResult, Row, dsl_available, machine, run_child, table
 
-GROUPS = ("cold_start", "load_scaling", "build", "device", "parity", "distributed")
+GROUPS = ("cold_start", "load_scaling", "build", "sizes", "device", "parity", "distributed")
 DEFAULT_GROUPS = tuple(g for g in GROUPS if g != "distributed")
 
 
@@ -69,6 +69,8 @@ def main() -> int:
                     help="repeats per figure (default 5, --quick 2); cold builds use 1 unless set")
     ap.add_argument("--json", type=Path, default=REPO / "benchmarks" / f"results-{platform.node()}.json")
     ap.add_argument("--cache-dir", type=Path, default=None, help="a prebuilt example cache")
+    ap.add_argument("--variants", type=int, default=None,
+                    help="the sizes group's generated manifest (default 1000, --quick 100)")
     ns = ap.parse_args()
     only = [g.strip() for g in ns.only.split(",") if g.strip()]
     bad = [g for g in only if g not in GROUPS]
@@ -80,7 +82,7 @@ def main() -> int:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cutecc-bench-") as d:
         root = Path(d)
-        needs_cache = {"cold_start", "load_scaling", "device", "parity"} & set(only)
+        needs_cache = {"cold_start", "load_scaling", "sizes", "device", "parity"} & set(only)
         cache = ns.cache_dir
         if needs_cache and cache is None:
             if not dsl_available():
@@ -98,6 +100,9 @@ def main() -> int:
             elif g == "build":
                 from benchmarks import build
                 results[g] = build.run(repeats, cold_repeats)
+            elif g == "sizes":
+                from benchmarks import sizes
+                results[g] = sizes.run(cache, root, ns.variants or (100 if ns.quick else 1000))
             elif g == "device":
                 results[g] = run_device(cache, ns.quick, root)
             elif g == "distributed":

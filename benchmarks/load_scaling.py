@@ -1,27 +1,25 @@
 """Group load_scaling: does `cutecc.load` + one call cost grow with unused cache entries?
 
 Caches of N entries are synthesized from one real built entry (mul float32): it is
-published as is, and N-1 fillers are published under their own keys, each with
+copied as is, and N-1 fillers are put under their own keys, each with
 `key_inputs.constants.bench_filler = i` (so its key is the SHA-256 of its own inputs,
-as `cutecc verify` and the loader check) and its own kernel name `filler_NNNN`. A
-filler's library is a hard link to the real one (same bytes, hashed into its meta.json
-by the store as usual): the loader reads only metadata for kernels it does not call.
-Each measurement is a fresh process (benchmarks/loadchild.py).
+as `cutecc verify` and the loader check) and its own kernel name `filler_NNNNN`: every
+filler is a kernel of its own, the worst case for listing names. A filler's library is
+a hard link to the real one (`common.plant`). Each measurement is a fresh process
+(benchmarks/loadchild.py).
 """
 
 from __future__ import annotations
 
 import copy
-import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import GroupResult, Row, run_child, sample_row, summary
+from benchmarks.common import GroupResult, Row, plant, run_child, sample_row, summary
 
 G = "load_scaling"
-SIZES = (1, 10, 100, 1000)
+SIZES = (1, 100, 1000, 10000)
 TARGET_S = 0.100
 
 
@@ -35,30 +33,21 @@ def real_entry(cache: Path, kernel: str = "mul", variant: str = "dtype=float32")
 
 
 def synthesize(src: Any, dst: Path, n: int) -> None:
-    """A cache at `dst` holding `src` and n-1 distinct valid filler entries."""
+    """A cache at `dst` holding `src` and n-1 distinct valid filler entries (and the runtime
+    library they link against)."""
     from cutecc.entry import compute_key
     from cutecc.store import Store
 
     store = Store(dst)
     store.ensure()
-    lib = src.path / src.meta["library"]
     base = {k: v for k, v in src.meta.items() if k not in ("files", "key", "format")}
-
-    def produce(meta: dict[str, Any]) -> Any:
-        def build(staging: Path) -> dict[str, Any]:
-            try:
-                os.link(lib, staging / lib.name)
-            except OSError:
-                shutil.copyfile(lib, staging / lib.name)
-            return copy.deepcopy(meta)
-        return build
-
-    store.publish(src.key, produce(base))
+    items = [(src.key, base)]
     for i in range(n - 1):
         meta = copy.deepcopy(base)
         meta["key_inputs"]["constants"]["bench_filler"] = i
-        meta["kernel"] = meta["key_inputs"]["kernel"] = f"filler_{i:04d}"
-        store.publish(compute_key(meta["key_inputs"]), produce(meta))
+        meta["kernel"] = meta["key_inputs"]["kernel"] = f"filler_{i:05d}"
+        items.append((compute_key(meta["key_inputs"]), meta))
+    plant(store, src, items)
 
 
 def run(cache: Path, repeats: int) -> GroupResult:

@@ -3,9 +3,9 @@
     python benchmarks/noop_rebuild.py --variants 200            # builds them all first, for real
     python benchmarks/noop_rebuild.py --variants 1000 --seed-from-one
 
---seed-from-one compiles one variant and publishes copies of it under the other keys, so
-a 1,000-variant cache exists without 1,000 compiles; the no-op path never opens an
-artifact (it stats `meta.json` per key), so it is timed the same either way.
+--seed-from-one compiles one variant and puts copies of it under the other keys
+(`common.plant`), so a 10,000-variant cache exists without 10,000 compiles; the no-op path
+never opens an artifact (it reads each key's meta.json), so it is timed the same either way.
 Each figure is the median of --repeats fresh `cutecc build` processes, wall clock.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import subprocess
 import sys
@@ -46,7 +45,7 @@ def add_const(x: cute.Tensor, out: cute.Tensor, stream, threads: cutlass.Constex
 
 
 def manifest(n: int) -> str:
-    threads = [64, 128, 256, 512]
+    threads = [64, 128, 256, 512][:max(1, min(4, n))]
     biases = list(range((n + len(threads) - 1) // len(threads)))
     return f'''archs = ["sm_90a"]
 [kernel.add_const]
@@ -106,7 +105,9 @@ def main() -> None:
 
 
 def _seed(m: Path, cache: Path) -> None:
-    """Compile the first variant, then publish its files under every other key."""
+    """Compile the first variant, then put copies of it under every other planned key
+    (`common.plant`)."""
+    from benchmarks.common import plant
     from cutecc.manifest import load_manifest
     from cutecc.plan import plan
     from cutecc.store import Store
@@ -117,17 +118,13 @@ def _seed(m: Path, cache: Path) -> None:
     first = planned[0]
     store = Store(cache)
     store.ensure()
-    # Build just one real artifact to copy.
+    # Build just one real artifact to copy (its worker links the runtime library too).
     compile_all([BuildJob.of(first, manifest)], store.root, 1, lambda job, r: None)
     src = store.get(first.key)
     assert src is not None
-    for p in planned[1:]:
-        def produce(staging: Path, p=p) -> dict:
-            shutil.copyfile(src.path / "kernel.so", staging / "kernel.so")
-            meta = {k: v for k, v in src.meta.items() if k not in ("files", "key", "format")}
-            meta.update(variant=p.variant.id, params=dict(p.variant.params), key_inputs=p.inputs)
-            return meta
-        store.publish(p.key, produce)
+    base = {k: v for k, v in src.meta.items() if k not in ("files", "key", "format")}
+    plant(store, src, [(p.key, {**base, "variant": p.variant.id, "params": dict(p.variant.params),
+                                "key_inputs": p.inputs}) for p in planned[1:]])
 
 
 if __name__ == "__main__":

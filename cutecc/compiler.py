@@ -8,15 +8,26 @@ stream anywhere) is bridged once, here: cutecc generates a `@cute.jit` wrapper w
 parameters are in the canonical order `(inputs..., results..., scalars...)` and which
 calls the launcher in its order. The wrapper is compiled with the kernel, so no
 reordering happens at call time.
+
+The object's bytes must be a function of the key alone. The DSL compiles the kernel's
+host-side (x86) code for the build machine's CPU (AVX-512 code on a Zen 4, which also dies
+with SIGILL on a deploy host without it), so `pin_host_target` fixes every function to
+baseline x86-64. The compile-affecting `CUTE_DSL_*` variables (line info, debug,
+optimisation level...) are key inputs (`cutecc.dists.compile_env`), and the generated
+wrapper's file is named by its content, not by the process, so that even a build with
+line info (which records the wrapper's path) gives the same bytes again on its host.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import json
 import os
+import platform
 import re
+import stat
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -24,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from cutecc import dtypes
+from cutecc.atomic import atomic_write
 from cutecc.contract import (
     Arg,
     CallingConvention,
@@ -44,6 +56,11 @@ from cutecc.manifest import Variant
 SYMBOL = "cutecc_kernel"
 INNER_SYMBOL = "cutecc_impl"
 OBJECT = "kernel.o"
+# The kernel's host-side code is compiled for this CPU and feature set whatever the build
+# machine is (part of every key; see `pin_host_target`).
+HOST_CPU = "x86-64"
+HOST_FEATURES = ("+sse2",)
+HOST_TARGET = f"x86_64-unknown-linux-gnu;cpu={HOST_CPU};features={','.join(HOST_FEATURES)};pin=1"
 
 
 @dataclass(frozen=True)
@@ -57,12 +74,62 @@ class CompileJob:
 
 
 def set_target(arch: str) -> None:
-    """Make this process's DSL compile for `arch`: before the DSL's first import only
-    (the DSL reads `CUTE_DSL_ARCH` then), so one process serves one arch."""
+    """Make this process's DSL compile for `arch`: before the DSL's first import only (the
+    DSL reads its variables then), so one process serves one arch. Sets `CUTE_DSL_ARCH` and
+    turns the DSL's file cache off; the other compile-affecting `CUTE_DSL_*` variables stay
+    as the build's environment or the manifest's `[env]` set them (they are key inputs).
+    Refuses a build host that is not x86-64 (the kernels' host code is x86-64)."""
     current = os.environ.get("CUTE_DSL_ARCH")
-    if current != arch and "cutlass" in sys.modules:
-        raise RuntimeError(f"this process's DSL was imported for {current}, not {arch}")
+    if "cutlass" in sys.modules:
+        if current != arch:
+            raise RuntimeError(f"this process's DSL was imported for {current}, not {arch}")
+        return
+    if platform.machine() not in ("x86_64", "AMD64"):
+        raise RuntimeError(f"cutecc builds on x86-64 hosts only (this is {platform.machine()}): "
+                           "the kernels' host code is x86-64")
     os.environ["CUTE_DSL_ARCH"] = arch
+    os.environ["CUTE_DSL_DISABLE_FILE_CACHING"] = "1"
+
+
+def pin_host_target(compiled: Any) -> int:
+    """Fix the host-side code of a compiled function to `HOST_CPU`/`HOST_FEATURES`: the
+    `target_cpu` and `target_features` attributes on every defined `llvm.func` of its
+    module, which LLVM prefers to the build machine's CPU. Both are needed: the CPU alone
+    keeps the host's features. Returns how many functions were pinned.
+
+    Relies on a DSL internal (the compiled function's `ir_module`, read again by
+    `export_to_c`); raises RuntimeError if the DSL no longer offers it, so a DSL upgrade
+    cannot silently bring back host-dependent bytes (tests/test_compiler.py checks the
+    exported object for VEX/EVEX instructions too).
+    """
+    from cutlass._mlir import ir
+
+    module = getattr(compiled, "ir_module", None)
+    if module is None or not hasattr(module, "operation"):
+        raise RuntimeError("the DSL's compiled function has no `ir_module`: cutecc cannot pin its "
+                           "host code to baseline x86-64 (a DSL change; update cutecc.compiler)")
+    features = ", ".join(f'"{f}"' for f in HOST_FEATURES)
+    pinned = 0
+    with module.context:
+        cpu = ir.StringAttr.get(HOST_CPU)
+        feats = ir.Attribute.parse(f"#llvm.target_features<[{features}]>")
+        todo = [module.operation]
+        while todo:
+            op = todo.pop()
+            for region in op.regions:
+                for block in region.blocks:
+                    for inner in block.operations:
+                        o = inner.operation
+                        if o.name == "llvm.func" and len(o.regions) and len(o.regions[0].blocks):
+                            o.attributes["target_cpu"] = cpu
+                            o.attributes["target_features"] = feats
+                            pinned += 1
+                        if not o.name.startswith("gpu."):  # device code is not host code
+                            todo.append(o)
+    if pinned == 0:
+        raise RuntimeError("found no llvm.func to pin in the DSL's compiled module (a DSL change; "
+                           "update cutecc.compiler.pin_host_target)")
+    return pinned
 
 
 def _result_param(t: TensorArg) -> str:
@@ -231,6 +298,7 @@ def compile_to_object(job: CompileJob, out_dir: Path) -> Path:
         if p not in sys.path:
             sys.path.insert(0, p)
     compiled = compile_variant(job.entry, job.variant, job.compile_options)
+    pin_host_target(compiled)
     obj = out_dir / OBJECT
     compiled.export_to_c(str(obj), function_name=INNER_SYMBOL)
     return obj
@@ -283,18 +351,30 @@ def _compile_variant(entry: str, variant: Variant, compile_options: str) -> Any:
 
     launcher = resolve_entry(entry, variant.factory_args)
     values, types = closure_objects(variant.args)
-    with tempfile.TemporaryDirectory(prefix="cutecc-wrap-") as wdir:
-        src = Path(wdir) / f"cutecc_wrapper_{os.getpid()}.py"
-        src.write_text(wrapper_source(variant.args))  # the DSL reads a jit's source from its file
-        spec = importlib.util.spec_from_file_location(src.stem, src)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[src.stem] = module
-        try:
-            spec.loader.exec_module(module)
-            entry_fn = module.make(launcher, {k: resolve_value(v) for k, v in variant.constants},
-                                   values, types)
-            options = " ".join(o for o in ("--enable-tvm-ffi", compile_options) if o)
-            return cute.compile(entry_fn, *_fake_args(variant.convention), options=options)
-        finally:
-            sys.modules.pop(src.stem, None)
+    src = _wrapper_file(wrapper_source(variant.args))
+    spec = importlib.util.spec_from_file_location(src.stem, src)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[src.stem] = module
+    try:
+        spec.loader.exec_module(module)
+        entry_fn = module.make(launcher, {k: resolve_value(v) for k, v in variant.constants},
+                               values, types)
+        options = " ".join(o for o in ("--enable-tvm-ffi", compile_options) if o)
+        return cute.compile(entry_fn, *_fake_args(variant.convention), options=options)
+    finally:
+        sys.modules.pop(src.stem, None)
+
+
+def _wrapper_file(source: str) -> Path:
+    """The generated wrapper as a file (the DSL reads a jit's source from its file, and line
+    info records its path): one fixed path per wrapper source, the same in every process,
+    in a directory of this user's, written atomically."""
+    wdir = Path(tempfile.gettempdir()) / f"cutecc-wrap-{os.getuid()}"
+    wdir.mkdir(mode=0o700, exist_ok=True)
+    st = os.lstat(wdir)
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid():
+        raise RuntimeError(f"{wdir} is not a directory of this user's")
+    src = wdir / f"cutecc_wrapper_{hashlib.sha256(source.encode()).hexdigest()[:16]}.py"
+    atomic_write(src, source.encode(), 0o600)
+    return src

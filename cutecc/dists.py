@@ -5,11 +5,15 @@ A kernel's key covers, besides the project's own modules (`cutecc.key.SourceInde
 - every installed distribution that owns a top-level module the kernel's code imports
   (the entry's own package included), every DSL distribution (`nvidia-cutlass-dsl*`) and
   the toolchain's (`apache-tvm-ffi`, `nvidia-cuda-runtime`, `cuda-bindings`), each by
-  name, version and a digest of its installed files: small ones by content (through a
-  persistent per-file hash cache keyed by path, size, mtime and inode), large ones
-  (torch, triton, the DSL's native libraries) by their RECORD and every file's size (no
-  times, so the key is the same on every machine), so an edited installed file changes
-  the key (for a large one, when its size changes);
+  name, version and a digest of its installed files: small ones by content, large ones
+  (torch, triton, the DSL's native libraries) by their RECORD plus the hash of any file
+  that no longer matches it, both through a persistent per-file hash cache keyed by path,
+  size, mtime and inode, so an edited installed file changes the key, and the same wheel
+  installed anywhere gives the same digest (no times; the committed kernels.lock must
+  reproduce on CI). Byte code, files outside site-packages (console scripts: their first
+  line names the interpreter) and the dist-info's files (written or rewritten by the
+  installer: INSTALLER, REQUESTED, direct_url.json naming where the wheel came from; the
+  version stands for them) are left out;
 - the distributions those require (Requires-Dist, transitively), by name, version and
   RECORD digest;
 - the compile-affecting environment: `CUTE_DSL_*`, `CUTLASS_*`, `QUACK_*`,
@@ -21,6 +25,7 @@ project-local (RECORD lists only the install's shim).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fnmatch
 import functools
@@ -181,8 +186,8 @@ class DistIndex:
 
     def digest(self, name: str, *, full: bool) -> str:
         """A distribution's digest: its files' contents (small, `full`), else its RECORD
-        plus (if `full`) the path and size of every installed file (no times: a key is the
-        same on every machine that installed the same files)."""
+        plus (if `full`) the hash of every installed file that no longer matches it (no
+        times or paths: a key is the same on every machine that installed the same wheel)."""
         if (name, full) not in self._digest:
             self._digest[(name, full)] = self._compute(name, full)
         return self._digest[(name, full)]
@@ -190,35 +195,61 @@ class DistIndex:
     def _compute(self, name: str, full: bool) -> str:
         d = _installed()[name]
         h = hashlib.sha256()
-        # Only what the distribution installed into site-packages: files outside it (console
-        # scripts, whose shebang names this environment's python) and byte code differ from
-        # one environment to the next, and the key must not.
-        # dist-info's own files are written by the installer (INSTALLER, REQUESTED,
-        # direct_url.json naming where the wheel came from): the version stands for them.
-        record = "".join(line + "\n" for line in sorted((d.read_text("RECORD") or "").splitlines())
-                         if line and not line.startswith("..") and "__pycache__" not in line
-                         and ".dist-info/" not in line.split(",")[0])
-        files = [f for f in (d.files or []) if "__pycache__" not in f.parts and f.suffix != ".pyc"
-                 and not f.as_posix().startswith("..")
-                 and not any(part.endswith(".dist-info") for part in f.parts)]
+        rows = _portable_rows(d.read_text("RECORD") or "")
+        record = "".join(f"{rel},{digest},{size}\n" for rel, (digest, size) in sorted(rows.items()))
         if not full:
             h.update(b"record\0" + record.encode())
             return h.hexdigest()
         stats = []
-        for f in files:
+        for f in d.files or []:
+            rel = f.as_posix()
+            if "__pycache__" in f.parts or f.suffix == ".pyc" or rel not in rows:
+                continue  # not what pip wrote from the wheel, or an installer's own record
             p = str(f.locate())
             try:
-                stats.append((f.as_posix(), p, os.stat(p)))
+                stats.append((rel, p, os.stat(p)))
             except OSError:
-                stats.append((f.as_posix(), p, None))  # a listed file is gone: part of the digest
+                stats.append((rel, p, None))  # a listed file is gone: part of the digest
         stats.sort(key=lambda x: x[0])
         size = sum(st.st_size for _, _, st in stats if st is not None)
         if size > FULL_HASH_LIMIT:
-            h.update(b"stat\0" + record.encode())
-            for rel, _, st in stats:
-                h.update(f"{rel}\0{st and st.st_size}\0".encode())  # sizes: the same on every machine
+            # The RECORD, which names every file's SHA-256, stands for the contents, so the
+            # digest is the same on every machine that installed the same wheel; each file
+            # is checked against it (hashed once per change of its stat, through the hash
+            # cache), and one that differs (edited after install) adds its own hash.
+            h.update(b"record\0" + record.encode())
+            for rel, p, st in stats:
+                got = self.hashes.sha256(p, st) if st else "missing"
+                if rows[rel][0] != _record_digest(got):
+                    h.update(f"{rel}\0{got}\0".encode())
         else:
             h.update(b"content\0")
             for rel, p, st in stats:
                 h.update(f"{rel}\0{self.hashes.sha256(p, st) if st else 'missing'}\0".encode())
         return h.hexdigest()
+
+
+def _portable_rows(record: str) -> dict[str, tuple[str, str]]:
+    """A RECORD's rows `{path: (digest, size)}` that are the same wherever the wheel was
+    installed: only what the distribution installed into site-packages (files outside it,
+    console scripts whose first line names this interpreter, differ per environment), no
+    byte code, and none of the dist-info's files (an installer writes or rewrites them:
+    INSTALLER, REQUESTED, direct_url.json naming where the wheel came from, RECORD)."""
+    out = {}
+    for line in record.splitlines():
+        rel, _, rest = line.partition(",")
+        digest, _, size = rest.partition(",")
+        if (not rel or rel.startswith("..") or "__pycache__" in rel.split("/")
+                or any(part.endswith(".dist-info") for part in rel.split("/"))):
+            continue
+        out[rel] = (digest, size)
+    return out
+
+
+def _record_digest(hex_sha256: str) -> str:
+    """A SHA-256 as RECORD writes it (`sha256=` and unpadded URL-safe base64)."""
+    try:
+        raw = bytes.fromhex(hex_sha256)
+    except ValueError:
+        return hex_sha256
+    return "sha256=" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()

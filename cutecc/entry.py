@@ -1,10 +1,12 @@
 """What a cache entry is: formats, its key, its label, and the checks on its metadata.
 
 An entry is a directory `entries/ab/<key>/` holding `meta.json` and the files it
-records (the shared library). Everything that reads entries (the store, `verify`,
-`pack`/`unpack`, the lock file and the runtime's loader) asks this module what a
-valid one looks like, so the rules live in one place. It imports nothing else of
-cutecc, so the runtime can use it without pulling in the build side.
+records (the kernel's shared library); its meta.json names the runtime library the
+kernel library links against (key, file, SHA-256, size), itself an entry of its own kind
+under `runtimes/ab/<key>/`. Everything that reads entries (the store, `verify`,
+`pack`/`unpack`, the lock file and the runtime's loader) asks this module what a valid
+one looks like, so the rules live in one place. It imports nothing else of cutecc, so
+the runtime can use it without pulling in the build side.
 """
 
 from __future__ import annotations
@@ -15,16 +17,24 @@ import re
 from pathlib import Path
 from typing import Any
 
-STORE_FORMAT = 1  # the cache directory's layout (its `format` file)
-ENTRY_FORMAT = 1  # the layout of meta.json
+# The cache directory's layout (its `format` file). 2: runtimes/ and the by-kernel/ index.
+STORE_FORMAT = 2
+ENTRY_FORMAT = 2  # the layout of meta.json; 2: the `runtime` record
 # Bump when the generated wrapper, the calling convention or the link recipe changes in a
 # way that makes older artifacts unusable; part of every key and checked at load.
-ARTIFACT_FORMAT = 1
+# 2: kernel libraries link against a shared runtime library (they no longer carry the
+# CUDA runtime and the DSL's dialect runtime), host code is baseline x86-64, zig links.
+ARTIFACT_FORMAT = 2
+RUNTIME_FORMAT = 1  # the layout of a runtime library's meta.json
+RUNTIME_ABI = 1  # what a runtime library's cutecc_rt_abi_version() must return
+INDEX_FORMAT = 1  # the layout of an index record (by-kernel/<kernel>/<key>)
+MAX_INDEX_BYTES = 4096
 META = "meta.json"
 USED = "used"  # empty; its mtime is the entry's last use (not an artifact, not hashed)
 LIBRARY = "kernel.so"
 RESERVED_FILES = frozenset({META, USED})  # in an entry dir, besides the files meta.json lists
 KEY_RE = re.compile(r"[0-9a-f]{64}")
+KERNEL_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")  # a manifest's kernel names
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 MAX_META_BYTES = 1 << 20  # a meta.json is a few KB; anything larger is not ours
 MAX_JSON_DEPTH = 48  # meta.json and kernels.lock nest about 12 deep (tuples of tensors)
@@ -57,6 +67,17 @@ def compute_key(inputs: dict[str, Any]) -> str:
     """The SHA-256 of the key inputs' canonical JSON (sorted keys, no spaces, ASCII)."""
     blob = json.dumps(inputs, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def is_kernel_name(text: object) -> bool:
+    """Whether `text` can name a kernel (an identifier; also a directory of the index)."""
+    return isinstance(text, str) and KERNEL_NAME_RE.fullmatch(text) is not None
+
+
+def runtime_soname(runtime_key: str) -> str:
+    """A runtime library's file name and DT_SONAME: unique per key (glibc binds a kernel
+    library's DT_NEEDED to an already loaded library of that soname)."""
+    return f"libcutecc_rt_{runtime_key[:16]}.so"
 
 
 def label(kernel: object, variant: object, arch: object) -> str:
@@ -107,18 +128,114 @@ def contract_digest(args: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def runtime_record(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The entry's record of its runtime library (`key`, `library`, `sha256`, `size`),
+    or None when absent or malformed."""
+    rec = meta.get("runtime")
+    if not (isinstance(rec, dict) and set(rec) == {"key", "library", "sha256", "size"}
+            and is_key(rec["key"]) and rec["library"] == runtime_soname(rec["key"])
+            and isinstance(rec["sha256"], str) and type(rec["size"]) is int and rec["size"] >= 0):
+        return None
+    return rec
+
+
 def acted_on(meta: dict[str, Any]) -> dict[str, Any] | None:
     """What the runtime acts on besides the key: the library's file record, the exported
-    symbol, the backward pairing and the contract's digest (None if the library is not
-    recorded). A lock line pins exactly these."""
+    symbol, the backward pairing, the contract's digest and the runtime library's SHA-256
+    (None if the library is not recorded). A lock line pins exactly these."""
     rec = library_record(meta)
     if rec is None:
         return None
     backward = meta.get("backward")
+    runtime = runtime_record(meta)
     return {"library": rec[0], "sha256": rec[1], "size": rec[2],
             "symbol": meta.get("symbol") if isinstance(meta.get("symbol"), str) else None,
             "backward": backward if isinstance(backward, str) else None,
-            "contract": contract_digest(meta.get("args"))}
+            "contract": contract_digest(meta.get("args")),
+            "runtime": runtime["sha256"] if runtime else None}
+
+
+def meta_stamp(st: Any) -> list[int]:
+    """What changes whenever a meta.json is written or replaced (its size, inode, and
+    ctime, which no user can set back): the stamp an index record keeps of it."""
+    return [st.st_size, st.st_ino, st.st_ctime_ns]
+
+
+def index_facts(key: str, meta: dict[str, Any], stamp: list[int] | None = None) -> dict[str, Any]:
+    """What an entry's index record holds: which entry it is (key, kernel, variant, arch)
+    and, when its metadata has them, what a lock line pins (`acted_on`), its runtime
+    library's key, its build seconds, and the stamp of the meta.json it was taken from
+    (`meta_stamp`), so a build that finds it cached needs only this record, not the whole
+    meta.json, for as long as that meta.json is untouched (a rewritten one, even with the
+    same bytes, has another stamp: then the build reads it). A record is derived from
+    meta.json, which stays the truth: `cutecc verify` compares the two."""
+    out: dict[str, Any] = {"format": INDEX_FORMAT, "key": key, "kernel": meta.get("kernel"),
+                           "variant": meta.get("variant"), "arch": meta.get("arch")}
+    acted, runtime = acted_on(meta), runtime_record(meta)
+    if acted is not None and acted["symbol"] is not None and runtime is not None:
+        seconds = meta.get("build_seconds")
+        out.update(acted, runtime_key=runtime["key"],
+                   build_seconds=float(seconds) if isinstance(seconds, (int, float)) else 0.0)
+    if stamp is not None:
+        out["meta_stat"] = list(stamp)
+    return out
+
+
+def index_bytes(facts: dict[str, Any]) -> bytes:
+    """An index record's bytes (one line of canonical JSON)."""
+    return json.dumps(facts, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+
+
+def read_index_facts(data: bytes, kernel: str, key: str) -> dict[str, Any] | None:
+    """The facts of an index record for `kernel`/`key` when they are whole (everything a
+    lock line needs, well formed), else None (then the entry's meta.json is read)."""
+    try:  # one flat object and its stamp: parse_json's nesting scan only when it could be more
+        flat = len(data) <= MAX_INDEX_BYTES and data.count(b"{") + data.count(b"[") <= 2
+        facts = json.loads(data) if flat else parse_json(data, MAX_INDEX_BYTES, 2)
+    except ValueError:
+        return None
+    if not (isinstance(facts, dict) and facts.get("format") == INDEX_FORMAT and facts.get("key") == key
+            and facts.get("kernel") == kernel and is_key(facts.get("runtime_key"))
+            and is_key(facts.get("runtime")) and is_key(facts.get("contract"))
+            and all(isinstance(facts.get(f), str) for f in ("variant", "arch", "library", "sha256", "symbol"))
+            and type(facts.get("size")) is int and isinstance(facts.get("build_seconds"), float)
+            and (facts.get("backward") is None or isinstance(facts.get("backward"), str))
+            and (facts.get("meta_stat") is None or (isinstance(facts["meta_stat"], list)
+                 and len(facts["meta_stat"]) == 3 and all(type(x) is int for x in facts["meta_stat"])))):
+        return None
+    return facts
+
+
+def _records_problem(meta: dict[str, Any]) -> str | None:
+    files = meta.get("files")
+    if not isinstance(files, dict) or not files:
+        return "no file records"
+    for name, rec in files.items():
+        if not is_file_name(name):
+            return f"bad file name {name!r}"
+        if not (isinstance(rec, dict) and type(rec.get("size")) is int and rec["size"] >= 0
+                and isinstance(rec.get("sha256"), str)):
+            return f"bad record for {name!r}"
+    if library_record(meta) is None:
+        return f"library {meta.get('library')!r} is not among the recorded files"
+    return None
+
+
+def _key_problem(meta: dict[str, Any], key: str, fmt: int, what: str) -> str | None:
+    if meta.get("format") != fmt:
+        return f"{what} format {meta.get('format')!r}, this cutecc reads {fmt}"
+    if meta.get("key") != key:
+        return f"records key {str(meta.get('key'))[:16]}.., its directory is {key[:16]}.."
+    inputs = meta.get("key_inputs")
+    if not isinstance(inputs, dict):
+        return "no key_inputs"
+    try:
+        digest = compute_key(inputs)
+    except (TypeError, ValueError):
+        digest = None
+    if digest != key:
+        return "key_inputs do not hash to the entry's key (damaged metadata)"
+    return None
 
 
 def call_keywords(meta: dict[str, Any]) -> dict[str, Any]:
@@ -140,19 +257,10 @@ def meta_problem(meta: Any, key: str) -> str | None:
     """
     if not isinstance(meta, dict):
         return "meta.json is not an object"
-    if meta.get("format") != ENTRY_FORMAT:
-        return f"entry format {meta.get('format')!r}, this cutecc reads {ENTRY_FORMAT}"
-    if meta.get("key") != key:
-        return f"records key {str(meta.get('key'))[:16]}.., its directory is {key[:16]}.."
-    inputs = meta.get("key_inputs")
-    if not isinstance(inputs, dict):
-        return "no key_inputs"
-    try:
-        digest = compute_key(inputs)
-    except (TypeError, ValueError):
-        digest = None
-    if digest != key:
-        return "key_inputs do not hash to the entry's key (damaged metadata)"
+    why = _key_problem(meta, key, ENTRY_FORMAT, "entry")
+    if why:
+        return why
+    inputs = meta["key_inputs"]
     for field in _KEYED_FIELDS:
         if field == "kernel" and field not in inputs:
             continue  # keyed before the kernel's name was a key input
@@ -161,15 +269,29 @@ def meta_problem(meta: Any, key: str) -> str | None:
     for name in ("kernel", "variant", "symbol"):
         if not isinstance(meta.get(name), str) or not meta[name]:
             return f"{name} is not a string (damaged metadata)"
-    files = meta.get("files")
-    if not isinstance(files, dict) or not files:
-        return "no file records"
-    for name, rec in files.items():
-        if not is_file_name(name):
-            return f"bad file name {name!r}"
-        if not (isinstance(rec, dict) and type(rec.get("size")) is int and rec["size"] >= 0
-                and isinstance(rec.get("sha256"), str)):
-            return f"bad record for {name!r}"
-    if library_record(meta) is None:
-        return f"library {meta.get('library')!r} is not among the recorded files"
+    if not is_kernel_name(meta["kernel"]):
+        return f"kernel {meta['kernel']!r} is not an identifier (damaged metadata)"
+    why = _records_problem(meta)
+    if why:
+        return why
+    runtime = runtime_record(meta)
+    toolchain = inputs.get("toolchain")
+    if runtime is None:
+        return "no runtime library record (damaged metadata)"
+    if not isinstance(toolchain, dict) or toolchain.get("runtime") != runtime["key"]:
+        return "runtime differs from key_inputs.toolchain.runtime (damaged metadata)"
     return None
+
+
+def runtime_meta_problem(meta: Any, key: str) -> str | None:
+    """Why `meta` (a runtime entry's parsed meta.json) cannot be trusted as the runtime
+    library of key `key`: the same key and record checks as an entry's, and the library
+    must carry the soname of its key."""
+    if not isinstance(meta, dict):
+        return "meta.json is not an object"
+    why = _key_problem(meta, key, RUNTIME_FORMAT, "runtime")
+    if why:
+        return why
+    if meta.get("library") != runtime_soname(key):
+        return f"library {meta.get('library')!r} is not {runtime_soname(key)} (damaged metadata)"
+    return _records_problem(meta)

@@ -5,8 +5,12 @@ module and every project-local module it imports, found as import would (`cutecc
 by reading `import` statements, never by importing), the installed distributions that
 code reaches and the compile-affecting environment (`cutecc.dists`), the entry point
 and factory arguments, the resolved contract, the constants, the target arch, the
-compile options, and the versions of the toolchain (the DSL, tvm-ffi, the CUDA runtime,
-the C compiler) and of cutecc's artifact format.
+compile options, and the toolchain: the versions of the DSL, tvm-ffi and the CUDA
+runtime, zig and its target, the host-code pin, the link recipe (with the native
+sources' hashes), the key of the runtime library the kernel links against (which names
+the static archives' SHA-256), and cutecc's artifact format. The build host's C
+compiler, paths, user, locale, clock and CPU decide no byte, so they are not inputs
+(tests/test_reproducible.py checks that).
 Computing a key imports neither the DSL nor JAX, so the cache-hit path of `cutecc build`
 stays cheap.
 """
@@ -17,36 +21,40 @@ import ast
 import functools
 import hashlib
 import importlib.metadata
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from cutecc import dists, modfind
 from cutecc.contract import args_to_json
-from cutecc.entry import ARTIFACT_FORMAT
+from cutecc.entry import ARTIFACT_FORMAT, compute_key
 from cutecc.errors import CuteccError
 from cutecc.manifest import Kernel, Variant
 
-_TOOL_PACKAGES = ("nvidia-cutlass-dsl", "apache-tvm-ffi", "nvidia-cuda-runtime")
+_TOOL_PACKAGES = ("nvidia-cutlass-dsl", "apache-tvm-ffi", "nvidia-cuda-runtime", "ziglang")
 
 
 @functools.lru_cache(maxsize=1)
 def toolchain() -> dict[str, str]:
-    """Versions of everything outside the kernel's source that shapes the artifact."""
-    from cutecc.linker import RECIPE_VERSION
+    """Versions and hashes of everything outside the kernel's source that shapes the artifact."""
+    from cutecc.compiler import HOST_TARGET
+    from cutecc.linker import RECIPE_VERSION, ZIG_TARGET
 
-    out = {"cutecc_artifact_format": str(ARTIFACT_FORMAT), "link_recipe": str(RECIPE_VERSION)}
+    out = {"cutecc_artifact_format": str(ARTIFACT_FORMAT), "link_recipe": str(RECIPE_VERSION),
+           "host_target": HOST_TARGET, "runtime": runtime_key()}
     for pkg in _TOOL_PACKAGES:
         try:
             out[pkg] = importlib.metadata.version(pkg)
         except importlib.metadata.PackageNotFoundError:
             out[pkg] = "absent"
-    try:
-        cc = subprocess.run(["cc", "--version"], capture_output=True, text=True, timeout=30)
-        out["cc"] = cc.stdout.splitlines()[0] if cc.returncode == 0 and cc.stdout else "absent"
-    except (OSError, subprocess.TimeoutExpired):
-        out["cc"] = "absent"
+    out["zig"] = f"{out.pop('ziglang')} {ZIG_TARGET}"
     return out
+
+
+def runtime_key() -> str:
+    """The key of the runtime library this toolchain links kernels against."""
+    from cutecc.linker import runtime_inputs
+
+    return compute_key(runtime_inputs())
 
 
 class SourceIndex:
@@ -151,9 +159,10 @@ class SourceIndex:
         return Path(found.origin).absolute()  # not resolve(): a symlinked package keeps its path
 
     def _is_local(self, top: str) -> bool:
-        """Whether top-level package `top` is project-local: found under the manifest's
-        python_path, or the top level of a kernel's entry (wherever it is installed).
-        Everything else is keyed by its distribution (`cutecc.dists`)."""
+        """Whether top-level package `top` is project-local: found directly in a root of the
+        manifest's python_path (not in an environment there, such as the README's `.venv` at
+        the project's root), or the top level of a kernel's entry (wherever it is
+        installed). Everything else is keyed by its distribution (`cutecc.dists`)."""
         if top in self._installed_tops:
             return True
         if top not in self._local:

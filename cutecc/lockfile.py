@@ -3,8 +3,9 @@
 `cutecc build` writes it beside the manifest for CI to commit; `cutecc pack` and
 `cutecc.load(lock=...)` read it to use exactly those entries. A line pins the entry's key
 and everything the runtime acts on besides it: the library's SHA-256 and size, the
-exported symbol, the backward pairing and the contract's digest, so no edit of meta.json
-changes what runs without the lock refusing it. One line per key; duplicates are refused.
+exported symbol, the backward pairing, the contract's digest and the SHA-256 of the
+runtime library it links against, so no edit of meta.json changes what runs without the
+lock refusing it. One line per key; duplicates are refused.
 The file is JSON with one entry per line, sorted, with a format version and no
 timestamps, so it is byte-identical until an artifact changes and its diffs read one line
 per changed artifact. Importing this imports neither the DSL nor JAX.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from cutecc.runtime.tuning import Tuned, parse_lines
 from cutecc.store import Entry, Store
 
 LOCK_FORMAT = 2
+_ACTED = ("library", "sha256", "size", "symbol", "backward", "contract", "runtime")  # from acted_on
 LOCK_NAME = "kernels.lock"
 MAX_LOCK_BYTES = 64 << 20  # 10,000 lines of ~600 bytes fit many times over
 MAX_LOCK_DEPTH = 4
@@ -47,6 +49,7 @@ class LockEntry:
     symbol: str
     backward: str | None
     contract: str
+    runtime: str  # the SHA-256 of the runtime library the kernel library links against
 
     @property
     def label(self) -> str:
@@ -60,10 +63,17 @@ class LockEntry:
     def of(cls, kernel: str, variant: str, arch: str, key: str, meta: dict[str, Any]) -> LockEntry:
         """The lock line for an entry, from its metadata."""
         acted = acted_on(meta)
-        if acted is None or acted["symbol"] is None:
+        if acted is None or acted["symbol"] is None or acted["runtime"] is None:
             raise CuteccError(f"{label(kernel, variant, arch)} {key[:12]}: malformed metadata (no "
-                              "library file record or symbol)", where="kernels.lock", exit_code=1)
+                              "library file record, symbol or runtime library record)",
+                              where="kernels.lock", exit_code=1)
         return cls(kernel, variant, arch, key, **acted)
+
+    @classmethod
+    def from_facts(cls, kernel: str, variant: str, arch: str, key: str,
+                   facts: dict[str, Any]) -> LockEntry:
+        """The lock line for an entry, from its index record (`entry.index_facts`)."""
+        return cls(kernel, variant, arch, key, **{f: facts[f] for f in _ACTED})
 
     def mismatch(self, entry: Entry) -> str | None:
         """Why the entry differs from this line (in anything the runtime acts on), or None."""
@@ -72,10 +82,10 @@ class LockEntry:
             if m.get(name) != getattr(self, name):
                 return f"{name} {m.get(name)!r}, the lock says {getattr(self, name)!r}; refusing it"
         acted = acted_on(m) or {}
-        for name in ("library", "sha256", "size", "symbol", "backward", "contract"):
+        for name in _ACTED:
             got, want = acted.get(name), getattr(self, name)
             if got != want:
-                what = "library SHA-256" if name == "sha256" else name
+                what = {"sha256": "library SHA-256", "runtime": "runtime library SHA-256"}.get(name, name)
                 return f"{what} {_short(got)} differs from the lock's {_short(want)}; refusing it"
         return None
 
@@ -94,7 +104,9 @@ class Lock:
 
     def dumps(self) -> bytes:
         """The file's bytes: deterministic, one entry (and one tuning result) per line."""
-        lines = [json.dumps(asdict(e), separators=(", ", ": ")) for e in self.entries]
+        names = [f.name for f in fields(LockEntry)]
+        lines = [json.dumps({n: getattr(e, n) for n in names}, separators=(", ", ": "))
+                 for e in self.entries]
         body = ",\n  ".join(lines)
         tuned = ""
         if self.tuning:
@@ -197,6 +209,9 @@ def _line(e: Any, where: str, kp: str) -> LockEntry:
             raise CuteccError(f"{name} is not a valid value", where=where, key_path=f"{kp}.{name}")
     if not is_key(e["key"]):
         raise CuteccError("key is not a cache key (64 hex digits)", where=where, key_path=f"{kp}.key")
+    if not is_key(e["runtime"]):
+        raise CuteccError("runtime is not a SHA-256 (64 hex digits)", where=where,
+                          key_path=f"{kp}.runtime")
     return LockEntry(**e)
 
 
@@ -273,13 +288,20 @@ def record_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
     library (or anything else the runtime acts on) differs is an error (exit 1).
     """
     new = Lock(tuple(lines))
+    if not partial:  # the usual no-op build: the file says exactly this already
+        try:
+            if path.read_bytes() == new.dumps():
+                return False
+        except OSError:
+            pass
     old = _previous(path)
     if old is not None:
         before = old.by_key()
         for le in new.entries:
             was = before.get(le.key)
-            if was is not None and (was.sha256, was.size, was.symbol, was.backward, was.contract) != (
-                    le.sha256, le.size, le.symbol, le.backward, le.contract):
+            if was is not None and (was.sha256, was.size, was.symbol, was.backward, was.contract,
+                                    was.runtime) != (le.sha256, le.size, le.symbol, le.backward,
+                                                     le.contract, le.runtime):
                 raise CuteccError(
                     f"{le.label} {le.key[:12]}: the cache holds other bytes under a key the lock "
                     f"already names (library SHA-256 {le.sha256[:16]}..., locked "
@@ -300,6 +322,7 @@ def _previous(path: Path) -> Lock | None:
     try:
         return read_lock(path)
     except CuteccError:
-        if b'"format": 1' in path.read_bytes()[:64]:
-            return None  # an older format: written anew
+        data = path.read_bytes()
+        if b'"format": 1' in data[:64] or (b'"format": 2' in data[:64] and b'"runtime"' not in data):
+            return None  # an older format (or format 2 before the runtime field): written anew
         raise

@@ -71,6 +71,7 @@ from cutecc.contract import (
     TupleArg,
     flat_leaves,
 )
+from cutecc.entry import is_kernel_name
 from cutecc.errors import CuteccError
 from cutecc.remote_url import parse_url
 from cutecc.tuning import space
@@ -325,9 +326,9 @@ def _parse(doc: dict[str, Any], path: Path, ctx: _Ctx, prefix: str) -> Manifest:
     kernels = []
     for name, kdoc in ktab.items():
         kp = f'kernel "{name}"'
-        if not NAME_RE.fullmatch(name) or keyword.iskeyword(name):  # it is a Python attribute
-            raise ctx.fail(kp, "a kernel name must be an identifier (letters, digits, _), "
-                           "not a Python keyword")
+        if not is_kernel_name(name) or keyword.iskeyword(name):  # a Python attribute, a directory
+            raise ctx.fail(kp, "a kernel name must be an identifier (letters, digits, _) of at "
+                           "most 128 characters, not a Python keyword")
         if name.startswith("_") or name in RESERVED_KERNEL_NAMES:
             raise ctx.fail(kp, "this name is the loaded kernel set's own attribute (names starting "
                            f"with _ and {', '.join(sorted(RESERVED_KERNEL_NAMES))} are reserved)")

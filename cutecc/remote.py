@@ -4,13 +4,15 @@ Layout under `s3://bucket/prefix`, in the spirit of Bazel's remote cache (an act
 in front of content-addressed blobs):
 
     v1/entries/<key>.json    the entry's meta.json, byte for byte
-    v1/blobs/<sha256>        the bytes of each file meta.json records
+    v1/runtimes/<key>.json   a runtime library's meta.json (entries name theirs by key)
+    v1/blobs/<sha256>        the bytes of each file a meta.json records
 
 Writes are create-only (a put fails if the object exists, and that counts as success:
-the key, or the content, is the same), blobs before the entry that names them, so an
-entry is never visible before its files. Reads trust nothing: meta.json must describe
-the key it is filed under and every blob must hash to its record before anything enters
-the local cache (`cutecc.ingest`). Builds only read unless writing is switched on
+the key, or the content, is the same), blobs before the entry that names them, and an
+entry's runtime library before the entry, so an entry is never visible before its files.
+Reads trust nothing: meta.json must describe the key it is filed under and every blob
+must hash to its record before anything enters the local cache (`cutecc.ingest`); so
+must a runtime library's. Builds only read unless writing is switched on
 (`--remote-write`, `$CUTECC_REMOTE_WRITE`). Endpoint and credentials come from the
 standard AWS variables (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
 `AWS_REGION`, `AWS_ALLOW_HTTP=true` for a plain-HTTP server).
@@ -32,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cutecc import environ
-from cutecc.entry import MAX_META_BYTES, META, is_key
+from cutecc.entry import MAX_META_BYTES, META, is_key, parse_json, runtime_meta_problem, runtime_record
 from cutecc.errors import CuteccError
 from cutecc.ingest import Blob, Refused, check_file, check_meta, publish
 from cutecc.remote_url import parse_url
@@ -40,7 +42,7 @@ from cutecc.store import Entry, Store
 from cutecc.units import parse_size
 
 LAYOUT = "v1"
-DEFAULT_MAX_BLOB = 64 << 20  # a library is ~1.1 MB
+DEFAULT_MAX_BLOB = 64 << 20  # a kernel's library is ~20 KB, a runtime library ~0.8 MB
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_JOBS = 16
 RETRY_DOWN_AFTER = 60.0  # seconds a remote found down is left alone (long-lived workers)
@@ -144,6 +146,8 @@ class Remote:
         self._store: Any = None
         self._lock = threading.Lock()
         self._traffic = Traffic()
+        self._runtimes_pushed: set[str] = set()  # runtime keys this connection made sure of
+        self._runtime_locks: dict[str, threading.Lock] = {}  # one fetch of a runtime at a time
 
     @property
     def traffic(self) -> Traffic:
@@ -260,12 +264,76 @@ class Remote:
         if why:
             raise Refused(why)
         files = {b.name: self._blob(b) for b in blobs}
+        self._fetch_runtime(runtime_record(meta), store)
         entry, _ = publish(store, key, meta, files)
         try:
             saved = float(meta.get("build_seconds") or 0)
         except (TypeError, ValueError):
             saved = 0.0
         return Fetched(key, entry, saved)
+
+    def _fetch_runtime(self, rec: dict[str, Any] | None, store: Store) -> None:
+        """Make sure the runtime library an entry records (`rec`) is in `store`: fetched,
+        checked against its own meta.json and key and against `rec`, and published, unless
+        the store has it. Raises Refused when neither has it."""
+        if rec is None or store.get_runtime(rec["key"]) is not None:
+            return
+        with self._lock:
+            one = self._runtime_locks.setdefault(rec["key"], threading.Lock())
+        with one:  # the entries fetched in parallel share a runtime library: download it once
+            if store.get_runtime(rec["key"]) is None:
+                self._download_runtime(rec, store)
+
+    def _download_runtime(self, rec: dict[str, Any], store: Store) -> None:
+        data = self._get(self.cfg.path("runtimes", f"{rec['key']}.json"), MAX_META_BYTES)
+        if data is None:
+            raise Refused(f"its runtime library {rec['library']} is neither on the remote nor in "
+                          "the cache")
+        try:
+            rmeta = parse_json(data, MAX_META_BYTES)
+        except ValueError as e:
+            raise Refused(f"runtime {rec['key'][:12]}: meta.json: {e}") from None
+        why = runtime_meta_problem(rmeta, rec["key"])
+        if not why and rmeta["files"].get(rec["library"]) != {"sha256": rec["sha256"], "size": rec["size"]}:
+            why = "its library differs from what the entry records"
+        if why or len(rmeta["files"]) != 1:
+            raise Refused(f"runtime {rec['key'][:12]}: {why or 'meta.json lists more than its library'}")
+        blob = Blob(rec["library"], rec["sha256"], rec["size"])
+        lib = self._blob(blob)
+        rest = {k: v for k, v in rmeta.items() if k not in ("files", "format", "key")}
+
+        def stage(staging: Any) -> dict[str, Any]:
+            with open(staging / blob.name, "wb") as f:
+                f.write(lib)
+                f.flush()
+                os.fsync(f.fileno())
+            return dict(rest)
+
+        got, _ = store.publish(rec["key"], stage, runtime=True)
+        if got.meta.get("files") != rmeta["files"]:
+            raise Refused(f"runtime {rec['key'][:12]}: the file written differs from its record")
+
+    def _push_runtime(self, entry: Entry) -> None:
+        """Upload the runtime library `entry` links against (blob, then meta.json), once per
+        connection. Raises Refused (not in the local store, or damaged) or Unavailable."""
+        rec = runtime_record(entry.meta)
+        if rec is None or rec["key"] in self._runtimes_pushed:
+            return
+        rdir = entry.path.parents[2] / "runtimes" / rec["key"][:2] / rec["key"]
+        raw = _read(rdir / META, MAX_META_BYTES)
+        try:
+            rmeta = parse_json(raw, MAX_META_BYTES)
+        except ValueError as e:
+            raise Refused(f"runtime {rec['key'][:12]}: meta.json: {e}") from None
+        if runtime_meta_problem(rmeta, rec["key"]):
+            raise Refused(f"runtime {rec['key'][:12]}: damaged meta.json")
+        blob = Blob(rec["library"], rec["sha256"], rec["size"])
+        data = _read(rdir / blob.name, blob.size)
+        check_file(blob, data)
+        self._put(self.cfg.path("blobs", blob.sha256), data)
+        self._put(self.cfg.path("runtimes", f"{rec['key']}.json"), raw)
+        with self._lock:
+            self._runtimes_pushed.add(rec["key"])
 
     def _blob(self, b: Blob) -> bytes:
         data = self._get(self.cfg.path("blobs", b.sha256), b.size)
@@ -280,6 +348,7 @@ class Remote:
         Raises Refused (a damaged local entry) or Unavailable."""
         raw = _read(entry.path / META, MAX_META_BYTES)
         _, blobs = check_meta(entry.key, raw, self.cfg.max_blob)
+        self._push_runtime(entry)
         for b in blobs:
             data = _read(entry.path / b.name, b.size)
             check_file(b, data)

@@ -1,12 +1,18 @@
 """The on-disk cache: content-addressed entries, shared safely between processes.
 
-Layout (format 1), under `$CUTECC_CACHE_DIR` or the user's cache directory (XDG):
+Layout (format 2), under `$CUTECC_CACHE_DIR` or the user's cache directory (XDG):
 
     README               who owns this directory
     CACHEDIR.TAG         tells backup tools to skip it
     format               the store's format version
-    entries/ab/<key>/    one published entry: meta.json + the shared library
+    entries/ab/<key>/    one published entry: meta.json + the kernel's shared library
                          (+ `used`, an empty file whose mtime records the last use)
+    runtimes/ab/<key>/   one runtime library (meta.json + libcutecc_rt_<key16>.so + `used`),
+                         keyed by the toolchain, shared by every kernel library linked to it
+    by-kernel/<name>/<key>  a record per entry: the index. The loader lists it, so a
+                         kernel's entries are found without reading any other's metadata;
+                         a build reads a hit's record (its lock line, ~400 bytes) instead
+                         of its meta.json
     tmp/<key>.<rand>/    an entry being built (or removed); published by one rename
     locks/<key>.lock     held while an entry is built, removed or quarantined
     quarantine/<key>.<time>/  entries `cutecc verify --fix` set aside (with why.json)
@@ -22,6 +28,13 @@ An entry is visible only once complete: it is built in `tmp/`, every file fsynce
 then renamed into place. Builders take the key's lock and look again before
 building (another process may have done the work), so nothing is built twice;
 leftovers of killed builds are swept by the next build that can take their lock.
+
+The index stays correct under concurrent publish, removal and unpack without a lock of
+its own: under the key's lock, a publish creates the entry's record before the rename
+that makes the entry visible, and a removal deletes it only after the rename that hides
+the entry. So every visible entry has its record; a record without its entry (left by a
+crash) is skipped by readers, and `cutecc verify --fix` removes it or restores a record
+someone deleted.
 """
 
 from __future__ import annotations
@@ -45,7 +58,23 @@ import filelock
 
 from cutecc import environ, trust
 from cutecc.atomic import TMP_NAME, atomic_write, fsync_dir
-from cutecc.entry import ENTRY_FORMAT, MAX_META_BYTES, META, STORE_FORMAT, USED, file_record, parse_json
+from cutecc.entry import (
+    ENTRY_FORMAT,
+    MAX_INDEX_BYTES,
+    MAX_META_BYTES,
+    META,
+    RUNTIME_FORMAT,
+    STORE_FORMAT,
+    USED,
+    file_record,
+    index_bytes,
+    index_facts,
+    is_kernel_name,
+    is_key,
+    meta_stamp,
+    parse_json,
+    read_index_facts,
+)
 from cutecc.errors import CuteccError
 from cutecc.locks import Busy, held
 from cutecc.units import now_iso
@@ -53,6 +82,7 @@ from cutecc.units import now_iso
 DIR_MODE = 0o755  # what the cache's directories get, whatever the umask
 FILE_MODE = 0o644  # and its files
 
+INDEX = "by-kernel"  # by-kernel/<kernel>/<key>: which entries serve a kernel
 STATS = "stats.json"
 HASH_CACHE = "filehashes.json"  # digests of installed files by (path, size, mtime, inode): `cutecc.dists`
 STATS_FORMAT = 1
@@ -107,13 +137,13 @@ def default_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("cutecc", appauthor=False))
 
 
-def touch_used(entry_dir: Path) -> None:
+def touch_used(entry_dir: str | Path) -> None:
     """Record a use of the entry by setting its `used` file's mtime to now.
 
     Best-effort (a read-only cache or a concurrently removed entry is fine): errors are
     ignored. It never changes the entry's hashed files, so it is safe beside readers.
     """
-    used = entry_dir / USED
+    used = os.path.join(entry_dir, USED)
     try:
         os.utime(used)
     except FileNotFoundError:
@@ -167,6 +197,9 @@ class Store:
     def __init__(self, root: str | Path | None = None) -> None:
         self.root = Path(root).expanduser() if root else default_cache_dir()
         self.entries_dir = self.root / "entries"
+        self.runtimes_dir = self.root / "runtimes"
+        self.index_dir = self.root / INDEX
+        self._entries, self._index = str(self.entries_dir), str(self.index_dir)
         self.tmp_dir = self.root / "tmp"
         self.locks_dir = self.root / "locks"
         self.quarantine_dir = self.root / "quarantine"
@@ -184,7 +217,8 @@ class Store:
             self._check_writable()
             return
         try:
-            for d in (self.root, self.entries_dir, self.tmp_dir, self.locks_dir):
+            for d in (self.root, self.entries_dir, self.runtimes_dir, self.index_dir, self.tmp_dir,
+                      self.locks_dir):
                 make_dir(d)
             self.check_trust()
             with filelock.FileLock(self.locks_dir / "store.lock", timeout=60, mode=FILE_MODE):
@@ -202,7 +236,8 @@ class Store:
         read-only mount, no permission): a probe file in locks/ (where nothing scans), and
         access(2) for entries/ and tmp/."""
         try:
-            for d in (self.entries_dir, self.tmp_dir, self.locks_dir):
+            for d in (self.entries_dir, self.runtimes_dir, self.index_dir, self.tmp_dir,
+                      self.locks_dir):
                 make_dir(d)
                 if not os.access(d, os.W_OK | os.X_OK):
                     ro = os.statvfs(d).f_flag & os.ST_RDONLY
@@ -221,7 +256,8 @@ class Store:
         root could have written: its directories from `/` down, and its own top-level
         directories, which must not be symbolic links."""
         trust.check_dir(self.root)
-        for d in (self.entries_dir, self.tmp_dir, self.locks_dir, self.quarantine_dir):
+        for d in (self.entries_dir, self.runtimes_dir, self.index_dir, self.tmp_dir,
+                  self.locks_dir, self.quarantine_dir):
             try:
                 st = os.lstat(d)
             except FileNotFoundError:
@@ -238,8 +274,11 @@ class Store:
     def _check_format(self, fmt: Path) -> None:
         got = fmt.read_text().strip()
         if got != str(STORE_FORMAT):
+            older = got.isdigit() and int(got) < STORE_FORMAT
+            why = (" (an older cutecc's: its entries are of an older artifact format, which this "
+                   "cutecc cannot run)" if older else "")
             raise CuteccError(f"cache format {got!r} is not the format this cutecc uses "
-                              f"({STORE_FORMAT}); point --cache-dir elsewhere or remove it",
+                              f"({STORE_FORMAT}){why}; point --cache-dir elsewhere or remove it",
                               where=str(self.root), exit_code=1)
 
     # Reading ---------------------------------------------------------------------
@@ -247,11 +286,73 @@ class Store:
     def entry_dir(self, key: str) -> Path:
         return self.entries_dir / key[:2] / key
 
+    def entry_path(self, key: str) -> str:
+        """`entry_dir` as a string (cheaper where a build handles 10,000 keys)."""
+        return os.path.join(self._entries, key[:2], key)
+
+    def runtime_dir(self, key: str) -> Path:
+        return self.runtimes_dir / key[:2] / key
+
     def has(self, key: str) -> bool:
-        return (self.entry_dir(key) / META).is_file()
+        return os.path.isfile(os.path.join(self._entries, key[:2], key, META))
+
+    def stamp(self, key: str) -> list[int] | None:
+        """The stamp (`entry.meta_stamp`) of the entry's meta.json, None when absent."""
+        try:
+            return meta_stamp(os.stat(os.path.join(self._entries, key[:2], key, META)))
+        except OSError:
+            return None
 
     def get(self, key: str) -> Entry | None:
-        path = self.entry_dir(key)
+        return self._get(self.entry_dir(key), key)
+
+    def get_runtime(self, key: str) -> Entry | None:
+        """The runtime library entry of `key`, or None."""
+        return self._get(self.runtime_dir(key), key)
+
+    def kernel_names(self) -> list[str]:
+        """The kernels the index names (one directory listing, no metadata read)."""
+        try:
+            return sorted(n for n in os.listdir(self.index_dir) if is_kernel_name(n))
+        except OSError:
+            return []
+
+    def kernel_keys(self, kernel: str) -> list[str]:
+        """The keys of the index's records for `kernel` (an entry may have gone since)."""
+        if not is_kernel_name(kernel):
+            return []
+        d = self.index_dir / kernel
+        try:
+            if stat.S_ISLNK(os.lstat(d).st_mode):
+                return []
+            return sorted(f.name for f in os.scandir(d) if is_key(f.name))
+        except OSError:
+            return []
+
+    def index_record(self, kernel: str, key: str) -> Path:
+        return self.index_dir / kernel / key
+
+    def indexed_facts(self, kernel: str, key: str) -> dict[str, Any] | None:
+        """The facts the index records for `kernel`/`key` (see `entry.index_facts`) when
+        its record is there, whole, a regular file and trusted, else None."""
+        if not is_kernel_name(kernel):
+            return None
+        try:  # strings, not Paths: a no-op build reads 10,000 of these
+            fd = os.open(os.path.join(self._index, kernel, key), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or (trust.enforced() and trust.stat_problem(st, "")):
+                return None
+            data = os.read(fd, MAX_INDEX_BYTES + 1)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        return read_index_facts(data, kernel, key)
+
+    def _get(self, path: Path, key: str) -> Entry | None:
         try:
             meta = read_meta(path)
         except FileNotFoundError:
@@ -263,8 +364,15 @@ class Store:
     def entries(self) -> Iterator[Entry]:
         """Every published entry, in key order; unreadable ones, and shards or entries that
         are symbolic links, are skipped (`cutecc verify` reports them)."""
+        return self._scan(self.entries_dir)
+
+    def runtimes(self) -> Iterator[Entry]:
+        """Every published runtime library entry, in key order (unreadable ones skipped)."""
+        return self._scan(self.runtimes_dir)
+
+    def _scan(self, area: Path) -> Iterator[Entry]:
         try:
-            shards = sorted(os.scandir(self.entries_dir), key=lambda e: e.name)
+            shards = sorted(os.scandir(area), key=lambda e: e.name)
         except OSError:
             return
         for shard in shards:
@@ -394,26 +502,33 @@ class Store:
                 doc[k] = round(doc[k], 3)
             atomic_write(path, json.dumps(doc, indent=1, sort_keys=True).encode())
 
-    def remove(self, key: str, *, timeout: float = 0) -> bool:
-        """Delete the entry for `key`; False if there is none. Raises Busy.
+    def remove(self, key: str, *, timeout: float = 0, runtime: bool = False) -> bool:
+        """Delete the entry (or with `runtime`, the runtime library entry) for `key`; False
+        if there is none. Raises Busy.
 
         Under the key's lock (so it cannot interleave with a build of that key), the
         entry directory is first renamed out of entries/ into tmp/, so a reader sees it
-        whole or not at all, and only then deleted. A process that already loaded its
-        library keeps running it (the runtime loads from a memfd copy).
+        whole or not at all, then its index record goes, and only then is it deleted. A
+        process that already loaded its library keeps running it (the runtime loads from
+        a memfd copy).
         """
         with self._locked(key, timeout):
-            moved = self._move_out(key, self.tmp_dir / f"{key}.rm-{secrets.token_hex(6)}")
+            src = self.runtime_dir(key) if runtime else self.entry_dir(key)
+            moved = self._move_out(key, self.tmp_dir / f"{key}.rm-{secrets.token_hex(6)}", src)
             if moved is None:
                 return False
+            if not runtime:
+                self._unindex(key, moved)
             # Still under the lock, so nobody mistakes it for a killed build's leftovers;
             # whatever survives (a failing disk) is swept like those.
             shutil.rmtree(moved, ignore_errors=True)
         return True
 
     def quarantine(self, key: str, reason: str, *, timeout: float = 0,
-                   still_bad: Callable[[Path], bool] | None = None) -> Path | None:
-        """Move the entry for `key` to quarantine/<key>.<time>/ so the next build rebuilds it.
+                   still_bad: Callable[[Path], bool] | None = None,
+                   runtime: bool = False) -> Path | None:
+        """Move the entry (or runtime library entry) for `key` to quarantine/<key>.<time>/
+        so the next build rebuilds it.
 
         By rename under the key's lock; `still_bad(entry_dir)` is asked again under the
         lock, so an entry rebuilt meanwhile is left alone. Writes why.json beside the
@@ -421,11 +536,13 @@ class Store:
         """
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
         dest = self.quarantine_dir / f"{key}.{stamp}"
+        src = self.runtime_dir(key) if runtime else self.entry_dir(key)
         with self._locked(key, timeout):
-            if still_bad is not None and self.entry_dir(key).is_dir() and not still_bad(
-                    self.entry_dir(key)):
+            if still_bad is not None and src.is_dir() and not still_bad(src):
                 return None
-            moved = self._move_out(key, dest)
+            moved = self._move_out(key, dest, src)
+            if moved is not None and not runtime:
+                self._unindex(key, moved)
         if moved is not None:
             with contextlib.suppress(OSError):
                 why = {"format": QUARANTINE_FORMAT, "key": key, "reason": reason, "at": now_iso()}
@@ -440,11 +557,62 @@ class Store:
         except filelock.Timeout:
             raise Busy(key) from None
 
-    def _move_out(self, key: str, dest: Path) -> Path | None:
-        """Move the entry directory to `dest` (caller holds the key's lock): one rename, so
-        readers see it whole or gone. Across file systems it is first renamed aside within
-        its shard (still one rename out of readers' sight), then copied to `dest`."""
-        src = self.entry_dir(key)
+    def _unindex(self, key: str, moved: Path) -> None:
+        """Delete the index record of an entry just moved out to `moved` (under its lock):
+        found through its metadata's kernel name, else by looking in every kernel's records."""
+        try:
+            kernel = read_meta(moved).get("kernel")
+        except (OSError, ValueError):
+            kernel = None
+        names = [kernel] if is_kernel_name(kernel) else self.kernel_names()
+        for name in names:
+            self.unindex(name, key)
+
+    def index(self, key: str, meta: dict[str, Any], meta_file: Path) -> None:
+        """Write the index record of the entry `key` with metadata `meta`, read from
+        `meta_file` (whose stamp it keeps), durably (the caller holds the key's lock).
+        Written in place, not renamed in: a record is read only for a published entry, and
+        a torn one (a crash, or a reader racing a rewrite) fails to parse, which readers
+        take as "read meta.json"."""
+        kernel = meta.get("kernel")
+        if not is_kernel_name(kernel):
+            raise CuteccError(f"kernel name {kernel!r} is not an identifier", where=str(self.root),
+                              exit_code=1)
+        d = self.index_dir / kernel
+        data = index_bytes(index_facts(key, meta, meta_stamp(os.stat(meta_file))))
+        for _ in range(100):
+            make_dir(d)
+            try:
+                fd = os.open(d / key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             FILE_MODE)
+            except FileNotFoundError:
+                continue  # the kernel's last record went and its directory with it: again
+            try:
+                os.fchmod(fd, FILE_MODE)
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsync_dir(d)
+            return
+        raise OSError(errno.ENOENT, "the index directory keeps disappearing", str(d))
+
+    def unindex(self, kernel: str, key: str) -> None:
+        """Delete the index record (absent is fine), and the kernel's directory if empty."""
+        if not is_kernel_name(kernel):
+            return
+        d = self.index_dir / kernel
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(d / key)
+        with contextlib.suppress(OSError):
+            os.rmdir(d)  # only when no other record is left
+
+    def _move_out(self, key: str, dest: Path, src: Path | None = None) -> Path | None:
+        """Move the entry directory (`src`, by default the entry of `key`) to `dest` (caller
+        holds the key's lock): one rename, so readers see it whole or gone. Across file
+        systems it is first renamed aside within its shard (still one rename out of
+        readers' sight), then copied to `dest`."""
+        src = self.entry_dir(key) if src is None else src
         if not os.path.lexists(src):
             return None  # a symbolic link is moved itself, never what it points to
         make_dir(dest.parent)
@@ -469,33 +637,38 @@ class Store:
         with held(self.locks_dir / f"{key}.lock", timeout):
             yield
 
-    def publish(self, key: str, build: Callable[[Path], dict[str, Any]]) -> tuple[Entry, bool]:
+    def publish(self, key: str, build: Callable[[Path], dict[str, Any]], *,
+                runtime: bool = False) -> tuple[Entry, bool]:
         """Return the entry for `key`, building it with `build(staging_dir)` if absent.
 
         `build` writes its files into the staging directory and returns the metadata;
-        the store adds file hashes, writes meta.json and publishes by rename.
+        the store adds file hashes, writes meta.json, creates the entry's index record
+        and publishes by rename. With `runtime`, a runtime library entry (no index record).
         Returns (entry, built): built is False when another process had it.
         """
-        found = self.get(key)
+        get = self.get_runtime if runtime else self.get
+        found = get(key)
         if found is not None:
             return found, False
         with self.lock(key):
-            found = self.get(key)
+            found = get(key)
             if found is not None:
                 return found, False
-            self._sweep_key(key)
+            self._sweep_key(key, runtime)
             staging = self.tmp_dir / f"{key}.{secrets.token_hex(6)}"
             make_dir(staging)
-            final = self.entry_dir(key)
+            final = self.runtime_dir(key) if runtime else self.entry_dir(key)
             try:
                 meta = build(staging)
                 for f in staging.iterdir():  # the linker's output follows the umask
                     os.chmod(f, FILE_MODE, follow_symlinks=False)
                 meta["files"] = {p.name: file_record(p) for p in sorted(staging.iterdir())}
-                meta["format"] = ENTRY_FORMAT
+                meta["format"] = RUNTIME_FORMAT if runtime else ENTRY_FORMAT
                 meta["key"] = key
                 atomic_write(staging / META, json.dumps(meta, indent=1, sort_keys=True).encode())
                 fsync_dir(staging)
+                if not runtime:  # before the entry is visible: every visible entry is indexed
+                    self.index(key, meta, staging / META)
                 make_dir(final.parent)
                 try:
                     os.rename(staging, final)
@@ -514,11 +687,23 @@ class Store:
                 raise
         return Entry(key, final, meta), True
 
-    def _sweep_key(self, key: str) -> None:
+    def _sweep_key(self, key: str, runtime: bool = False) -> None:
         """Remove a killed build's leftovers for `key` (we hold its lock)."""
-        for d in (*self.tmp_dir.glob(f"{key}.*"), *self.entry_dir(key).parent.glob(f".{key}.*.tmp")):
+        final = self.runtime_dir(key) if runtime else self.entry_dir(key)
+        for d in (*self.tmp_dir.glob(f"{key}.*"), *final.parent.glob(f".{key}.*.tmp")):
             if d.is_dir() and not d.is_symlink():
-                shutil.rmtree(d, ignore_errors=True)
+                self._drop_leftover(key, d)
+
+    def _drop_leftover(self, key: str, d: Path) -> None:
+        """Delete a killed build's or removal's directory (we hold the key's lock), and the
+        index record it may have left (created before a publish's rename, deleted after a
+        removal's) when the entry is not published."""
+        if not os.path.lexists(self.entry_dir(key)):
+            with contextlib.suppress(OSError, ValueError):
+                kernel = read_meta(d).get("kernel")
+                if is_kernel_name(kernel):
+                    self.unindex(kernel, key)
+        shutil.rmtree(d, ignore_errors=True)
 
     def sweep_tmp(self) -> int:
         """Remove leftovers of killed builds whose lock nobody holds; returns how many.
@@ -534,7 +719,7 @@ class Store:
             try:
                 with self.lock(key, timeout=0):
                     if d.exists():
-                        shutil.rmtree(d, ignore_errors=True)
+                        self._drop_leftover(key, d)
                         n += 1
             except filelock.Timeout:
                 continue
@@ -582,13 +767,14 @@ def make_dir(path: Path) -> None:
     os.chmod(path, DIR_MODE)
 
 
-def entry_trust_problem(entry_dir: Path, files: list[str]) -> str | None:
+def entry_trust_problem(entry_dir: str | Path, files: list[str]) -> str | None:
     """Why an entry (its shard, its directory, meta.json and `files`) could have been
     written by someone other than this user or root, or None (also when the rules are off).
     The cache above it is `Store.check_trust`'s."""
     if not trust.enforced():
         return None
-    for p in (entry_dir.parent, entry_dir, entry_dir / META, *(entry_dir / f for f in files)):
+    d = os.fspath(entry_dir)  # strings, not Paths: a no-op build checks 10,000 of these
+    for p in (os.path.dirname(d), d, os.path.join(d, META), *(os.path.join(d, f) for f in files)):
         try:
             st = os.lstat(p)
         except FileNotFoundError:

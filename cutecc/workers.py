@@ -7,7 +7,9 @@ builds never build one key twice, and returns the entry's metadata so the lock f
 written without reading back what was just published. With a writable remote cache, the
 worker that built an entry also uploads it (`cutecc.remote`); an upload that fails is
 reported, never a failed build. `cutecc.executors` chooses who runs `build_one`: this
-module's pools (the local executor) or Ray.
+module's pools (the local executor) or Ray. Kernel libraries link against the
+toolchain's runtime library, which `ensure_runtime` publishes (once, under its own key's
+lock) before any worker needs it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cutecc.contract import args_to_json
-from cutecc.entry import LIBRARY
+from cutecc.entry import LIBRARY, library_record, runtime_meta_problem, runtime_soname
 from cutecc.errors import CuteccError
 from cutecc.key import toolchain
 from cutecc.manifest import Manifest, Variant
@@ -161,6 +163,42 @@ def _watch_parent(parent: int) -> None:
             os._exit(1)
 
 
+def _check_toolchain(planned: dict[str, Any]) -> dict[str, str]:
+    now = toolchain()
+    if now != planned:  # the key would not describe what builds the artifact
+        changed = sorted(k for k in {*planned, *now} if planned.get(k) != now.get(k))
+        raise CuteccError(f"the toolchain changed after the build was planned ({', '.join(changed)});"
+                          " run the build again", where="build", exit_code=1)
+    return now
+
+
+def ensure_runtime(store: Store, key: str) -> tuple[Any, bool]:
+    """The runtime library entry of `key` (this toolchain's), linked and published if the
+    store lacks it: (entry, built). Its `used` file is touched, so `cutecc gc` keeps it while
+    builds use it."""
+    from cutecc.key import runtime_key
+    from cutecc.linker import link_runtime, runtime_inputs
+    from cutecc.store import touch_used
+
+    if key != runtime_key():
+        raise CuteccError(f"runtime library {key[:12]} is not this toolchain's ({runtime_key()[:12]});"
+                          " run the build again", where="build", exit_code=1)
+
+    def produce(staging: Path) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        link_runtime(staging, key)
+        return {"kind": "runtime", "key_inputs": runtime_inputs(), "library": runtime_soname(key),
+                "built_at": now_iso(), "build_seconds": round(time.perf_counter() - t0, 3)}
+
+    entry, built = store.publish(key, produce, runtime=True)
+    why = runtime_meta_problem(entry.meta, key)
+    if why:
+        raise CuteccError(f"runtime library {key[:12]}: {why}; run `cutecc verify --fix`",
+                          where=str(entry.path), exit_code=1)
+    touch_used(entry.path)
+    return entry, built
+
+
 def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None) -> Result:
     """Compile, link and publish one entry (in a worker whose DSL targets `job.arch`);
     then, with a writable `remote`, upload it if this call built it."""
@@ -171,14 +209,14 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
     store = Store(store_root)
 
     def produce(staging: Path) -> dict[str, Any]:
-        planned, now = job.key_inputs["toolchain"], toolchain()
-        if now != planned:  # the key would not describe what builds the artifact
-            changed = sorted(k for k in {*planned, *now} if planned.get(k) != now.get(k))
-            raise CuteccError(f"the toolchain changed after the build was planned ({', '.join(changed)});"
-                              " run the build again", where="build", exit_code=1)
+        now = _check_toolchain(job.key_inputs["toolchain"])
+        runtime, _ = ensure_runtime(store, now["runtime"])  # normally the build published it
+        rec = library_record(runtime.meta)
+        assert rec is not None  # ensure_runtime checked the metadata
         obj = compile_to_object(CompileJob(job.entry, job.variant, job.compile_options,
                                            job.python_path), staging)
-        link(obj, staging / LIBRARY, SYMBOL, entry=job.entry, arch=job.arch, key=job.key)
+        link(obj, staging / LIBRARY, SYMBOL, entry=job.entry, arch=job.arch, key=job.key,
+             runtime=runtime.path / rec[0])
         obj.unlink()
         return {
             "kernel": job.kernel,
@@ -190,6 +228,7 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
             "backward": job.backward,
             "library": LIBRARY,
             "symbol": SYMBOL,
+            "runtime": {"key": runtime.key, "library": rec[0], "sha256": rec[1], "size": rec[2]},
             "toolchain": now,
             "key_inputs": job.key_inputs,
             "sources": list(job.sources),

@@ -39,11 +39,76 @@ def test_build_then_rebuild_is_all_cached_and_imports_no_dsl(toy_project: Path, 
     assert len(_entries_verified(cache)) == 2
     code = ("import sys, json; from cutecc.commands.build import build; "
             f"r = build({str(toy_project)!r}, cache_dir={str(cache)!r}); "
-            "print(json.dumps([r.count('built'), r.count('cached'), 'cutlass' in sys.modules, r.seconds]))")
+            "print(json.dumps([r.count('built'), r.count('cached'), 'cutlass' in sys.modules, "
+            "r.runtimes_built]))")
     out = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=True)
-    built, cached, dsl_imported, seconds = json.loads(out.stdout)
-    assert (built, cached, dsl_imported) == (0, 2, False)
-    assert seconds < first.seconds / 5
+    built, cached, dsl_imported, linked = json.loads(out.stdout)
+    # Nothing compiled, nothing linked, the DSL never imported (its time: benchmarks/).
+    assert (built, cached, dsl_imported, linked) == (0, 2, False, [])
+
+
+def test_a_hit_reads_its_index_record_not_its_metadata(toy_cache, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import cutecc.store
+
+    toy = toy_cache.copy(tmp_path)
+    lock = toy.manifest.with_name("kernels.lock")
+    first = build(toy.manifest, cache_dir=toy.cache)
+    assert first.count("cached") == 2 and lock.is_file()
+    locked = lock.read_bytes()
+    real = cutecc.store.read_meta
+    read: list[str] = []
+    monkeypatch.setattr(cutecc.store, "read_meta",  # an entry's; its runtime library's is read once
+                        lambda d: "/entries/" in str(d) and read.append(str(d)) or real(d))
+    again = build(toy.manifest, cache_dir=toy.cache)
+    assert again.count("cached") == 2 and read == [] and lock.read_bytes() == locked
+    store = Store(toy.cache)
+    [e, *_] = list(store.entries())
+    store.index_record("scale", e.key).write_bytes(b"torn")  # an unreadable record: meta.json
+    read.clear()
+    third = build(toy.manifest, cache_dir=toy.cache)
+    assert third.count("cached") == 2 and read == [store.entry_path(e.key)]
+    assert lock.read_bytes() == locked  # the same lock lines either way
+
+
+def test_a_rewritten_metadata_is_read_not_its_older_index_record(toy_cache, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """An index record keeps the stamp of the meta.json it came from: once that file is
+    rewritten (a copied cache, a relinked entry), a build reads it instead of the record,
+    so it never locks what the entry no longer holds, and writes the record again."""
+    import cutecc.store
+    from cutecc.entry import file_record
+    from cutecc.errors import CuteccError
+
+    toy = toy_cache.copy(tmp_path)  # copied: every meta.json has another inode than its record says
+    lock = toy.manifest.with_name("kernels.lock")
+    store = Store(toy.cache)
+    real = cutecc.store.read_meta
+    read: list[str] = []
+    monkeypatch.setattr(cutecc.store, "read_meta",
+                        lambda d: "/entries/" in str(d) and read.append(str(d)) or real(d))
+    assert build(toy.manifest, cache_dir=toy.cache).count("cached") == 2 and len(set(read)) == 2
+    keys = sorted(e.key for e in store.entries())
+    for key in keys:  # the records were written again, stamped with the meta.json they read
+        assert store.indexed_facts("scale", key)["meta_stat"] == store.stamp(key)
+    read.clear()
+    assert build(toy.manifest, cache_dir=toy.cache).count("cached") == 2 and read == []
+    # Relink one entry by hand: other library bytes, its meta.json rewritten to match.
+    e = store.get(keys[0])
+    lib = e.path / e.meta["library"]
+    lib.write_bytes(lib.read_bytes() + b"\0" * 16)
+    meta = dict(e.meta, files={**e.meta["files"], e.meta["library"]: file_record(lib)})
+    (e.path / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+    new_sha = meta["files"][e.meta["library"]]["sha256"]
+    assert store.indexed_facts("scale", e.key)["sha256"] != new_sha  # the record is stale
+    with pytest.raises(CuteccError, match="other bytes under a key the lock already names"):
+        build(toy.manifest, cache_dir=toy.cache)  # the lock is never made to vouch for them
+    assert set(read) == {store.entry_path(e.key)}  # read (and again under its lock) ...
+    assert store.indexed_facts("scale", e.key)["sha256"] == new_sha  # ... to write its record
+    lock.unlink()
+    read.clear()
+    assert build(toy.manifest, cache_dir=toy.cache).count("cached") == 2 and read == []
+    assert new_sha in lock.read_text()
 
 
 def test_editing_one_kernel_rebuilds_only_it(tmp_path: Path) -> None:

@@ -339,8 +339,11 @@ def test_arch_override_rekeys_and_labels(proj: Path) -> None:
     assert set(sm100) == set(base) and not set(sm100.values()) & set(base.values())
 
 
-@pytest.mark.parametrize("component", ["nvidia-cutlass-dsl", "apache-tvm-ffi", "nvidia-cuda-runtime",
-                                       "cc", "cutecc_artifact_format", "link_recipe"])
+TOOLCHAIN = ("nvidia-cutlass-dsl", "apache-tvm-ffi", "nvidia-cuda-runtime", "zig",
+             "cutecc_artifact_format", "link_recipe", "host_target", "runtime")
+
+
+@pytest.mark.parametrize("component", TOOLCHAIN)
 def test_toolchain_versions_rekey_everything(
     proj: Path, monkeypatch: pytest.MonkeyPatch, component: str
 ) -> None:
@@ -358,9 +361,28 @@ def test_toolchain_versions_rekey_everything(
 def test_toolchain_is_cached_and_has_the_tool_versions() -> None:
     tc = cutecc.key.toolchain()
     assert tc is cutecc.key.toolchain()
-    assert {"nvidia-cutlass-dsl", "apache-tvm-ffi", "nvidia-cuda-runtime", "cc",
-            "cutecc_artifact_format", "link_recipe"} <= set(tc)
+    assert set(TOOLCHAIN) == set(tc)
     assert all(isinstance(v, str) and v for v in tc.values())
+
+
+def test_the_runtime_key_names_every_input_of_the_runtime_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cutecc import linker
+
+    inputs = linker.runtime_inputs()
+    assert cutecc.key.toolchain()["runtime"] == cutecc.key.runtime_key() == compute_key(inputs)
+    assert {"runtime_format", "recipe", "source", "exports", "zig", "target", "apache-tvm-ffi",
+            "dialect_rt", "cudart"} == set(inputs)
+    for name in inputs:  # each one changes the key
+        monkeypatch.setattr(linker, "runtime_inputs", lambda n=name: {**inputs, n: inputs[n] + "+x"})
+        assert cutecc.key.runtime_key() != compute_key(inputs), name
+
+
+def test_no_host_detail_is_a_key_input() -> None:
+    """What differs between build hosts (their C compiler, paths, user, time) is no input:
+    the bytes do not depend on it (tests/test_reproducible.py)."""
+    tc = cutecc.key.toolchain()
+    assert not any("/" in v for v in tc.values()), tc  # no paths
+    assert "cc" not in tc and "gcc" not in json.dumps(tc).lower()  # zig links, not the host's cc
 
 
 # Dry run ---------------------------------------------------------------------------

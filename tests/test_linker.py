@@ -1,10 +1,11 @@
-"""The thin link: one exported symbol, the native wrapper that names the kernel in every
+"""The link: a runtime library per toolchain, kernel libraries with one exported symbol
+that need only it and libtvm_ffi.so, the native wrapper that names the kernel in every
 error, and check mode (CUTECC_SYNC_CHECK), tested without a GPU.
 
 The wrapper's behaviour is driven through a stand-in for the DSL's object: a small C file
 defining `__tvm_ffi_cutecc_impl` that fails the way DSL-generated code does (it calls
 `CuteDSLRT_TVMFFISetRaisedCudaError(TVMFFIErrorSetRaisedFromCStrParts, code)`, the ABI
-read from a compiled object), linked by the real recipe.
+read from a compiled object), linked by the real recipe against the real runtime library.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import ctypes.util
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -70,8 +72,9 @@ int __tvm_ffi_cutecc_impl(void* h, const TVMFFIAny* args, int32_t n, TVMFFIAny* 
 '''
 
 CALL = r'''
-import json, sys
+import ctypes, json, os, sys
 import tvm_ffi
+ctypes.CDLL(sys.argv[4], mode=os.RTLD_LOCAL)  # the runtime library, found by its soname next
 module = tvm_ffi.load_module(sys.argv[1])
 out = []
 for args in json.loads(sys.argv[3]):
@@ -87,26 +90,50 @@ ENTRY, ARCH, KEY = "pkg.kern:launch", "sm_90a", hashlib.sha256(b"k").hexdigest()
 WHO = f"cutecc kernel {ENTRY} (built for {ARCH}, cache key {KEY[:12]}): "
 
 
+def compile_c(source: Path, out: Path) -> None:
+    """An object file of a C stand-in, compiled by the link's own zig."""
+    subprocess.run([str(TOOLS["zig"]), "cc", "-target", linker.ZIG_TARGET, "-c", "-fPIC", "-O2",
+                    f"-I{TOOLS['tvm_include']}", "-o", str(out), str(source)], check=True,
+                   env={**os.environ, "ZIG_GLOBAL_CACHE_DIR": str(linker.zig_cache_dir()),
+                        "ZIG_LOCAL_CACHE_DIR": str(linker.zig_cache_dir())})
+
+
 @pytest.fixture(scope="module")
-def fake_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def runtime_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This toolchain's runtime library, linked as a build links it."""
+    return linker.link_runtime(tmp_path_factory.mktemp("runtime"), toolchain()["runtime"])
+
+
+@pytest.fixture(scope="module")
+def fake_lib(tmp_path_factory: pytest.TempPathFactory, runtime_lib: Path) -> Path:
     """The stand-in object, linked exactly as a kernel is."""
     d = tmp_path_factory.mktemp("fake-dsl")
     (d / "fake.c").write_text(FAKE_DSL_OBJECT)
-    subprocess.run(["cc", "-c", "-fPIC", "-O2", f"-I{TOOLS['tvm_include']}", "-o", str(d / "fake.o"),
-                    str(d / "fake.c")], check=True)
-    linker.link(d / "fake.o", d / "kernel.so", SYMBOL, entry=ENTRY, arch=ARCH, key=KEY)
+    compile_c(d / "fake.c", d / "fake.o")
+    linker.link(d / "fake.o", d / "kernel.so", SYMBOL, entry=ENTRY, arch=ARCH, key=KEY,
+                runtime=runtime_lib)
+    shutil.copyfile(runtime_lib, d / runtime_lib.name)  # what `call` loads first
     return d / "kernel.so"
 
 
 def call(lib: Path, calls: list[list[int]], env: dict[str, str] | None = None,
-         symbol: str = SYMBOL) -> list[list[str] | None]:
-    """Call the library's kernel function once per argument list, in a fresh process: the
-    (exception type, message) of each call, or None where it returned."""
+         symbol: str = SYMBOL, runtime: Path | None = None) -> list[list[str] | None]:
+    """Call the library's kernel function once per argument list, in a fresh process, its
+    runtime library (by default the one beside it, else its cache entry's) loaded first:
+    the (exception type, message) of each call, or None where it returned."""
+    if runtime is None:
+        runtime = next(lib.parent.glob("libcutecc_rt_*.so"), None) or _runtime_of(lib)
     full = {k: v for k, v in os.environ.items() if k != "CUTECC_SYNC_CHECK"}
-    r = subprocess.run([PY, "-c", CALL, str(lib), symbol, json.dumps(calls)], capture_output=True,
-                       text=True, timeout=120, env={**full, **(env or {})})
+    r = subprocess.run([PY, "-c", CALL, str(lib), symbol, json.dumps(calls), str(runtime)],
+                       capture_output=True, text=True, timeout=120, env={**full, **(env or {})})
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
+
+
+def _runtime_of(lib: Path) -> Path:
+    """The runtime library of a cache entry's library (`<root>/entries/ab/<key>/kernel.so`)."""
+    rec = json.loads((lib.parent / "meta.json").read_text())["runtime"]
+    return lib.parents[3] / "runtimes" / rec["key"][:2] / rec["key"] / rec["library"]
 
 
 def exported(lib: Path) -> set[str]:
@@ -118,22 +145,41 @@ def exported(lib: Path) -> set[str]:
 # The link --------------------------------------------------------------------------
 
 
+def needed(lib: Path) -> set[str]:
+    out = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True, check=True).stdout
+    return {line.split("[")[1].rstrip("]") for line in out.splitlines() if "(NEEDED)" in line}
+
+
+GLIBC_LIBS = {"libc.so.6", "ld-linux-x86-64.so.2", "libdl.so.2", "libpthread.so.0", "librt.so.1",
+              "libm.so.6"}
+
+
 @needs_link
-def test_every_example_library_exports_only_the_wrapper_and_embeds_its_label(example_cache: Path) -> None:
-    entries = list(Store(example_cache).entries())
+def test_every_example_library_exports_only_the_wrapper_and_needs_only_its_runtime(
+        example_cache: Path) -> None:
+    store = Store(example_cache)
+    entries = list(store.entries())
     assert entries
+    runtimes = {e.meta["runtime"]["key"] for e in entries}
+    assert runtimes == {toolchain()["runtime"]}  # one runtime library for the whole toolchain
     for e in entries:
         lib = e.path / e.meta["library"]
         assert e.meta["symbol"] == SYMBOL
         assert exported(lib) == {f"__tvm_ffi_{SYMBOL}"}, e.key
         who = f"cutecc kernel {e.meta['entry']} (built for {e.meta['arch']}, cache key {e.key[:12]})"
         assert f"cutecc-label: {who}".encode() in lib.read_bytes(), e.key
-        needed = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True,
-                                check=True).stdout
-        libs = {line.split("[")[1].rstrip("]") for line in needed.splitlines() if "(NEEDED)" in line}
-        assert "libtvm_ffi.so" in libs
-        assert libs <= {"libtvm_ffi.so", "libc.so.6", "ld-linux-x86-64.so.2", "libdl.so.2",
-                        "libpthread.so.0", "librt.so.1", "libm.so.6"}, libs
+        assert needed(lib) == {e.meta["runtime"]["library"], "libtvm_ffi.so"}, e.key
+        assert lib.stat().st_size < 64 << 10, e.key  # the kernel's object and the wrapper only
+    [rt] = list(store.runtimes())
+    rt_lib = rt.path / rt.meta["library"]
+    assert needed(rt_lib) <= GLIBC_LIBS | {"libtvm_ffi.so"} and "libtvm_ffi.so" in needed(rt_lib)
+    exports = exported(rt_lib)
+    assert {"CuteDSLRT_TVMFFISetRaisedCudaError", "cutecc_rt_relabel", "cutecc_rt_abi_version",
+            "cuda_dialect_init_library_once", "_cudaLaunchKernelEx"} <= exports
+    assert not {x for x in exports if x.startswith("cuda")} - {x for x in exports
+                                                               if x.startswith("cuda_dialect_")}
+    soname = subprocess.run(["readelf", "-d", str(rt_lib)], capture_output=True, text=True).stdout
+    assert f"Library soname: [{rt.meta['library']}]" in soname
 
 
 @needs_link
@@ -156,27 +202,54 @@ def test_the_inner_function_stays_hidden(fake_lib: Path) -> None:
 
 
 @needs_link
-def test_an_unresolved_symbol_fails_the_link_not_the_load(tmp_path: Path) -> None:
+def test_an_unresolved_symbol_fails_the_link_not_the_load(tmp_path: Path, runtime_lib: Path) -> None:
     (tmp_path / "bad.c").write_text(FAKE_DSL_OBJECT.replace(
         "return 0;\n}", "extern int cutecc_no_such_function(void);\n  return cutecc_no_such_function();\n}"))
-    subprocess.run(["cc", "-c", "-fPIC", f"-I{TOOLS['tvm_include']}", "-o", str(tmp_path / "bad.o"),
-                    str(tmp_path / "bad.c")], check=True)
+    compile_c(tmp_path / "bad.c", tmp_path / "bad.o")
     with pytest.raises(CuteccError, match="cutecc_no_such_function"):
-        linker.link(tmp_path / "bad.o", tmp_path / "bad.so", SYMBOL, entry=ENTRY, arch=ARCH, key=KEY)
+        linker.link(tmp_path / "bad.o", tmp_path / "bad.so", SYMBOL, entry=ENTRY, arch=ARCH, key=KEY,
+                    runtime=runtime_lib)
 
 
-def test_the_link_recipe_in_the_key_follows_the_shim() -> None:
-    recipe = f"2+shim.{hashlib.sha256(linker.SHIM.read_bytes()).hexdigest()[:16]}"
-    assert recipe == linker.RECIPE_VERSION
+@needs_link
+def test_a_kernel_library_does_not_load_without_its_runtime_library(fake_lib: Path) -> None:
+    code = "import sys, tvm_ffi\ntvm_ffi.load_module(sys.argv[1])\n"
+    r = subprocess.run([PY, "-c", code, str(fake_lib)], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "libcutecc_rt_" in r.stderr  # bound by soname, never by path
+
+
+@needs_link
+def test_links_are_deterministic_and_need_old_glibc_only(tmp_path: Path, runtime_lib: Path,
+                                                          fake_lib: Path) -> None:
+    from cutecc import elf
+
+    again = linker.link_runtime(tmp_path, toolchain()["runtime"])
+    assert again.read_bytes() == runtime_lib.read_bytes()
+    (tmp_path / "fake.c").write_text(FAKE_DSL_OBJECT)
+    compile_c(tmp_path / "fake.c", tmp_path / "fake.o")
+    linker.link(tmp_path / "fake.o", tmp_path / "kernel.so", SYMBOL, entry=ENTRY, arch=ARCH, key=KEY,
+                runtime=again)
+    assert (tmp_path / "kernel.so").read_bytes() == fake_lib.read_bytes()
+    tag = elf.manylinux_tag([("rt", runtime_lib.read_bytes()), ("k", fake_lib.read_bytes())])
+    assert tag == "manylinux2014_x86_64.manylinux_2_17_x86_64"
+
+
+def test_the_link_recipe_in_the_key_follows_the_native_sources() -> None:
+    def short(p: Path) -> str:
+        return hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+
+    assert f"3+rt.{short(linker.RUNTIME_SOURCE)}+wrap.{short(linker.WRAPPER_SOURCE)}" == linker.RECIPE_VERSION
     assert toolchain()["link_recipe"] == linker.RECIPE_VERSION
+    assert linker.runtime_inputs()["source"] == hashlib.sha256(linker.RUNTIME_SOURCE.read_bytes()).hexdigest()
 
 
 @needs_link
 @pytest.mark.parametrize("text", ['plain', 'quo"te and back\\slash', "tri??graph", "tab\tnew\nline é"])
 def test_labels_reach_c_unchanged(tmp_path: Path, text: str) -> None:
     (tmp_path / "p.c").write_text('#include <stdio.h>\nint main(void) { fputs(S, stdout); return 0; }\n')
-    subprocess.run(["cc", f"-DS={linker.c_string(text)}", "-o", str(tmp_path / "p"), str(tmp_path / "p.c")],
-                   check=True)
+    subprocess.run([str(TOOLS["zig"]), "cc", "-target", linker.ZIG_TARGET, f"-DS={linker.c_string(text)}",
+                    "-o", str(tmp_path / "p"), str(tmp_path / "p.c")], check=True,
+                   env={**os.environ, "ZIG_GLOBAL_CACHE_DIR": str(linker.zig_cache_dir())})
     out = subprocess.run([str(tmp_path / "p")], capture_output=True, check=True).stdout
     assert out == text.encode()
 

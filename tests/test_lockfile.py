@@ -176,7 +176,7 @@ def test_load_with_a_lock_uses_exactly_its_entries(toy: Toy, tmp_path: Path) -> 
     write_lock(tmp_path / "one.lock", one)
     assert _load(toy.cache, tmp_path / "one.lock").scale.variants == ["threads=64"]
     ghost = LockEntry("scale", "threads=7", "sm_90a", "f" * 64, "kernel.so", "0" * 64, 1, "cutecc_kernel",
-                      None, "0" * 64)
+                      None, "0" * 64, "0" * 64)
     write_lock(tmp_path / "ghost.lock", Lock((*full.entries, ghost)))
     with pytest.raises(CuteccError, match=r"1 locked entry not in the cache: scale\[threads=7\]"):
         _load(toy.cache, tmp_path / "ghost.lock")
@@ -212,3 +212,19 @@ def test_load_refuses_a_kernel_whose_library_differs_from_the_lock(toy: Toy, tmp
         cutecc.load(cache, arch="sm_90a", lock=toy.lock, strict=True, allow_unsigned=True)
     # Without the lock, the entry's own (rewritten) record is all there is to check against.
     assert entry.key in {b.key for b in cutecc.load(cache, arch="sm_90a").scale.builds}
+
+
+def test_the_lock_pins_the_runtime_library(toy: Toy, tmp_path: Path) -> None:
+    """A line holds the SHA-256 of the runtime library its kernel links against: metadata
+    rewritten to name other runtime bytes is refused like another library."""
+    cache = Path(shutil.copytree(toy.cache, tmp_path / "cache"))
+    [rt] = list(Store(cache).runtimes())
+    rows = json.loads(toy.lock.read_text())["entries"]
+    assert {r["runtime"] for r in rows} == {rt.meta["files"][rt.meta["library"]]["sha256"]}
+    entry = Store(cache).get(rows[0]["key"])
+    meta = json.loads((entry.path / "meta.json").read_text())
+    meta["runtime"]["sha256"] = "1" * 64
+    (entry.path / "meta.json").write_text(json.dumps(meta))
+    ks = _load(cache, toy.lock)
+    assert any("runtime library SHA-256 1111111111111111... differs from the lock's" in p
+               for p in ks.problems), ks.problems

@@ -19,6 +19,7 @@ from helpers import PY, REPO, TOY_KERNEL, run_cli, toy_manifest
 from cutecc.archive import tar_bytes
 from cutecc.commands.pack import pack
 from cutecc.commands.unpack import unpack
+from cutecc.entry import STORE_FORMAT
 from cutecc.errors import CuteccError
 from cutecc.lockfile import read_lock
 from cutecc.runtime.package import package_root
@@ -55,6 +56,10 @@ def toy(tmp_path_factory: pytest.TempPathFactory) -> Toy:
     return Toy(manifest, base / "cache")
 
 
+# What the libraries need: glibc symbol versions up to 2.17 (zig links for glibc 2.28)
+TAG = "py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64"
+
+
 @pytest.fixture(scope="module")
 def wheel(toy: Toy, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The sm_90a wheel of the toy kernels."""
@@ -67,7 +72,7 @@ def test_packing_twice_gives_identical_bytes(toy: Toy, wheel: Path, tmp_path: Pa
     kw = {"name": "Toy-Kernels", "version": "1.2.0", "archs": ("sm_90a",), "cache_dir": toy.cache}
     again = pack(lock=toy.lock, out=tmp_path / "a", **kw)
     from_manifest = pack(manifest=toy.manifest, out=tmp_path / "b", **kw)
-    assert again.path.name == wheel.name == "toy_kernels-1.2.0-py3-none-linux_x86_64.whl"
+    assert again.path.name == wheel.name == "toy_kernels-1.2.0-" + TAG + ".whl"
     assert again.path.read_bytes() == wheel.read_bytes() == from_manifest.path.read_bytes()
     t1 = pack(lock=toy.lock, out=tmp_path / "t1", fmt="tar", **kw)
     t2 = pack(manifest=toy.manifest, out=tmp_path / "t2", fmt="tar", **kw)
@@ -87,18 +92,25 @@ def test_wheel_layout_metadata_and_record(toy: Toy, wheel: Path) -> None:
     assert {i.external_attr >> 16 for i in infos} == {0o100644}
     lock = read_lock(toy.lock).select(archs=("sm_90a",))
     assert files["toy_kernels/_cutecc/kernels.lock"] == lock.dumps()
-    assert files["toy_kernels/_cutecc/format"] == b"1\n"
+    assert files["toy_kernels/_cutecc/format"] == f"{STORE_FORMAT}\n".encode()
+    runtimes = set()
     for key in lock.distinct_keys():
         base = f"toy_kernels/_cutecc/entries/{key[:2]}/{key}"
         meta = json.loads(files[f"{base}/meta.json"])
         assert meta["arch"] == "sm_90a"
         assert hashlib.sha256(files[f"{base}/kernel.so"]).hexdigest() == meta["files"]["kernel.so"]["sha256"]
+        runtimes.add((meta["runtime"]["key"], meta["runtime"]["library"], meta["runtime"]["sha256"]))
+    [(rkey, soname, sha)] = runtimes  # every entry links against one runtime library, packed once
+    packed = [n for n in names if "/_cutecc/runtimes/" in n]
+    base = f"toy_kernels/_cutecc/runtimes/{rkey[:2]}/{rkey}"
+    assert packed == [f"{base}/{soname}", f"{base}/meta.json"]
+    assert hashlib.sha256(files[f"{base}/{soname}"]).hexdigest() == sha
     assert not any("sm_100a" in json.loads(d).get("arch", "") for n, d in files.items()
                    if n.endswith("meta.json"))
     metadata = files[f"{info}/METADATA"].decode()
     assert "Name: Toy-Kernels\nVersion: 1.2.0\n" in metadata and "Requires-Dist: cutecc>=" in metadata
     assert "[build]" not in metadata and "cutlass" not in metadata
-    assert "Tag: py3-none-linux_x86_64\n" in files[f"{info}/WHEEL"].decode()
+    assert f"Tag: {TAG}\n" in files[f"{info}/WHEEL"].decode()
     rows = [line.split(",") for line in files[f"{info}/RECORD"].decode().splitlines()]
     assert [r[0] for r in rows] == names and rows[-1] == [f"{info}/RECORD", "", ""]
     for name, digest, size in rows[:-1]:
@@ -109,13 +121,17 @@ def test_wheel_layout_metadata_and_record(toy: Toy, wheel: Path) -> None:
 
 def test_sizes_per_arch_and_filters(toy: Toy, tmp_path: Path) -> None:
     both = pack(name="k", version="1", lock=toy.lock, out=tmp_path, cache_dir=toy.cache)
-    assert list(both.sizes) == sorted(ARCHS)
-    assert all(s["entries"] == 2 and s["bytes"] > 100_000 for s in both.sizes.values())
+    assert list(both.sizes) == [*sorted(ARCHS), "runtime"]
+    # a kernel library holds its kernel: tens of KB; the runtime library is packed once
+    assert all(s["entries"] == 2 and 10_000 < s["bytes"] < 100_000 for a, s in both.sizes.items()
+               if a != "runtime")
+    assert both.sizes["runtime"]["entries"] == 1 and both.sizes["runtime"]["bytes"] > 500_000
     assert both.total_bytes == sum(s["bytes"] for s in both.sizes.values())
     assert both.file_bytes == both.path.stat().st_size < both.total_bytes
+    assert both.platform == "manylinux2014_x86_64.manylinux_2_17_x86_64"
     one = pack(name="k", version="1", lock=toy.lock, archs=("sm_100a",), out=tmp_path / "b",
                cache_dir=toy.cache)
-    assert list(one.sizes) == ["sm_100a"] and one.sizes["sm_100a"] == both.sizes["sm_100a"]
+    assert list(one.sizes) == ["sm_100a", "runtime"] and one.sizes["sm_100a"] == both.sizes["sm_100a"]
     with pytest.raises(CuteccError, match="nothing to pack"):
         pack(name="k", version="1", lock=toy.lock, kernels=("nope",), out=tmp_path, cache_dir=toy.cache)
 
@@ -126,8 +142,9 @@ def test_cli_pack_reports_sizes_and_rejects_bad_input(toy: Toy, tmp_path: Path) 
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith("sm_100a") and lines[1].startswith("sm_90a") and "2 entries" in lines[0]
-    assert lines[2].startswith("total") and "4 entries" in lines[2]
-    assert lines[3].startswith(f"wrote {tmp_path}/toy_kernels-1.0-py3-none-linux_x86_64.whl")
+    assert lines[2].startswith("runtime") and "1 library" in lines[2]
+    assert lines[3].startswith("total") and "4 entries" in lines[3]
+    assert lines[4].startswith(f"wrote {tmp_path}/toy_kernels-1.0-{TAG}.whl")
     lock = ["--lock", str(toy.lock)]
     for args, msg in [
         ([*lock, "--manifest", str(toy.manifest), "--name", "ok", "--version", "1"],
@@ -305,8 +322,12 @@ def test_unpack_round_trip_into_an_empty_cache(toy: Toy, tmp_path: Path) -> None
         for name in ("meta.json", "kernel.so"):
             sub = f"entries/{key[:2]}/{key}/{name}"
             assert (cache / sub).read_bytes() == (toy.cache / sub).read_bytes()
+    [rt] = list(Store(toy.cache).runtimes())  # and the runtime library, once
+    [got] = list(Store(cache).runtimes())
+    assert got.key == rt.key and got.meta["files"] == rt.meta["files"]
+    assert run_cli("verify", "--cache-dir", str(cache)).returncode == 0
     again = unpack(tar.path, cache, allow_unsigned=True)
-    assert (len(again.imported), len(again.present)) == (0, 4)
+    assert (len(again.imported), len(again.present), again.runtimes) == (0, 4, [])
     # A wheel unpacks the same way.
     whl = pack(name="k", version="1", lock=toy.lock, out=tmp_path / "w", cache_dir=toy.cache)
     report = unpack(whl.path, tmp_path / "from-wheel", allow_unsigned=True)
@@ -330,6 +351,60 @@ def test_unpack_refuses_a_corrupted_member_and_keeps_the_rest(toy: Toy, tmp_path
     assert "error: refused scale[" in r.stderr and key[:12] in r.stderr and "SHA-256" in r.stderr
     assert r.stdout.startswith("3 imported, 0 already present, 1 refused")
     assert key not in _keys(cache) and len(_keys(cache)) == 3
+
+
+@pytest.mark.parametrize("damage", ["flip", "drop"])
+def test_unpack_refuses_entries_whose_runtime_library_is_bad_or_absent(toy: Toy, tmp_path: Path,
+                                                                       damage: str) -> None:
+    tar = pack(name="k", version="1", lock=toy.lock, out=tmp_path, cache_dir=toy.cache, fmt="tar")
+    with tarfile.open(tar.path) as tf:
+        files = {m.name: tf.extractfile(m).read() for m in tf.getmembers()}
+    [lib] = [n for n in files if "/runtimes/" in n and n.endswith(".so")]
+    if damage == "flip":
+        data = bytearray(files[lib])
+        data[1000] ^= 0xFF
+        files[lib] = bytes(data)
+    else:
+        del files[lib], files[lib.rsplit("/", 1)[0] + "/meta.json"]
+    evil = tmp_path / "evil.tar.gz"
+    evil.write_bytes(tar_bytes(files))
+    report = unpack(evil, tmp_path / "fresh", allow_unsigned=True)
+    assert report.imported == [] and report.runtimes == [] and not report.ok
+    why = dict(report.refused)
+    assert ("SHA-256" if damage == "flip" else "missing from the archive") in why.pop(next(
+        k for k in why if k.startswith("runtime")))
+    assert len(why) == 4 and all("runtime library is not in the pack" in w for w in why.values())
+    assert list(Store(tmp_path / "fresh").entries()) == []
+
+
+def test_unpack_lands_no_runtime_library_the_lock_does_not_vouch_for(toy: Toy, tmp_path: Path) -> None:
+    """Other runtime library bytes, with its meta.json and every entry's record rewritten
+    to match them: the entries are refused by their lock lines, and the runtime library
+    is not published either (entries are checked one at a time, after the runtimes)."""
+    tar = pack(name="k", version="1", lock=toy.lock, out=tmp_path, cache_dir=toy.cache, fmt="tar")
+    with tarfile.open(tar.path) as tf:
+        files = {m.name: tf.extractfile(m).read() for m in tf.getmembers()}
+    [lib] = [n for n in files if "/runtimes/" in n and n.endswith(".so")]
+    data = bytearray(files[lib])
+    data[1000] ^= 0xFF
+    files[lib] = bytes(data)
+    rec = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    rmeta_name = lib.rsplit("/", 1)[0] + "/meta.json"
+    rmeta = json.loads(files[rmeta_name])
+    rmeta["files"][lib.rsplit("/", 1)[1]].update(rec)
+    files[rmeta_name] = json.dumps(rmeta).encode()
+    for n in [n for n in files if "/entries/" in n and n.endswith("/meta.json")]:
+        meta = json.loads(files[n])
+        meta["runtime"].update(rec)
+        files[n] = json.dumps(meta).encode()
+    evil = tmp_path / "evil.tar.gz"
+    evil.write_bytes(tar_bytes(files))
+    report = unpack(evil, tmp_path / "fresh", allow_unsigned=True)
+    assert report.imported == [] and report.runtimes == [] and not report.ok
+    why = dict(report.refused)
+    assert "no entry of the pack links against it" in why.pop(next(k for k in why if k.startswith("runtime")))
+    assert len(why) == 4 and all("runtime library SHA-256" in w for w in why.values()), why
+    assert list(Store(tmp_path / "fresh").runtimes()) == [] == list(Store(tmp_path / "fresh").entries())
 
 
 def test_unpack_rejects_what_is_not_a_pack(tmp_path: Path) -> None:

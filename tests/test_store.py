@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cutecc.atomic import atomic_write
-from cutecc.entry import META
+from cutecc.entry import ENTRY_FORMAT, META, RUNTIME_FORMAT
 from cutecc.errors import CuteccError
 from cutecc.store import Store, default_cache_dir
 
@@ -30,7 +30,8 @@ def test_publish_writes_complete_entry_with_hashes(tmp_path: Path) -> None:
     assert built
     assert entry.path == tmp_path / "c" / "entries" / "ab" / KEY
     meta = json.loads((entry.path / META).read_text())
-    assert meta["key"] == KEY and meta["format"] == 1
+    assert meta["key"] == KEY and meta["format"] == ENTRY_FORMAT
+    assert store.kernel_names() == ["k"] and store.kernel_keys("k") == [KEY]  # indexed
     rec = meta["files"]["kernel.so"]
     import hashlib
     assert rec == {"sha256": hashlib.sha256(b"library bytes").hexdigest(), "size": 13}
@@ -209,3 +210,55 @@ def test_stats_add_up_and_survive_a_corrupt_file(tmp_path: Path) -> None:
     assert store.read_stats()["hits"] == 0
     store.add_stats(hits=1)
     assert json.loads((tmp_path / "stats.json").read_text())["hits"] == 1
+
+
+# The index and runtime libraries ------------------------------------------------------------
+
+
+def test_the_index_follows_publish_remove_and_quarantine(tmp_path: Path) -> None:
+    store = Store(tmp_path / "c")
+    store.ensure()
+    other = "cd" * 32
+    store.publish(KEY, _write_lib)
+    store.publish(other, _write_lib)
+    assert store.kernel_names() == ["k"] and store.kernel_keys("k") == sorted([KEY, other])
+    assert store.remove(KEY)
+    assert store.kernel_keys("k") == [other]
+    assert store.quarantine(other, "test") is not None
+    assert store.kernel_keys("k") == [] and store.kernel_names() == []  # its directory went too
+    with pytest.raises(CuteccError, match="not an identifier"):
+        store.publish(KEY, lambda d: {**_write_lib(d), "kernel": "../x"})
+    assert not store.has(KEY) and list(store.tmp_dir.iterdir()) == []
+
+
+def test_a_killed_publish_leaves_a_record_the_next_sweep_takes(tmp_path: Path) -> None:
+    store = Store(tmp_path / "c")
+    store.ensure()
+    staging = store.tmp_dir / f"{KEY}.dead"  # killed after its record, before the rename
+    staging.mkdir()
+    atomic_write(staging / META, json.dumps({"kernel": "k"}).encode())
+    store.index(KEY, {"kernel": "k"}, staging / META)
+    assert store.kernel_keys("k") == [KEY] and store.get(KEY) is None  # readers skip it
+    assert store.sweep_tmp() == 1
+    assert store.kernel_names() == [] and not staging.exists()
+
+
+def test_runtime_libraries_are_entries_of_their_own(tmp_path: Path) -> None:
+    store = Store(tmp_path / "c")
+    store.ensure()
+
+    def runtime(staging: Path) -> dict:
+        (staging / "libcutecc_rt_abababababababab.so").write_bytes(b"rt")
+        return {"kind": "runtime", "library": "libcutecc_rt_abababababababab.so"}
+
+    rt, built = store.publish(KEY, runtime, runtime=True)
+    assert built and rt.path == store.runtimes_dir / "ab" / KEY and rt.meta["format"] == RUNTIME_FORMAT
+    assert store.get(KEY) is None and store.kernel_names() == []  # not a kernel entry, not indexed
+    assert [e.key for e in store.runtimes()] == [KEY] and store.get_runtime(KEY).meta == rt.meta
+    assert store.remove(KEY, runtime=True) and store.get_runtime(KEY) is None
+
+
+def test_an_older_store_format_says_what_to_do(tmp_path: Path) -> None:
+    (tmp_path / "format").write_text("1\n")
+    with pytest.raises(CuteccError, match="an older cutecc's.*older artifact format.*remove it"):
+        Store(tmp_path).require()

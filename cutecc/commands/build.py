@@ -2,12 +2,16 @@
 and write the lock file.
 
 Planning computes each key without importing the DSL; entries already in the store are
-reported cached and cost one metadata read. With a remote cache (`cutecc.remote`), local
+reported cached and cost one read of their index record (their lock line), not of their
+metadata. With a remote cache (`cutecc.remote`), local
 misses are looked up there next, and what it has is checked and published into the local
 store (reported cached, and fetched). What is left compiles on the chosen executor
 (`cutecc.executors`: local worker processes, or Ray), whose workers upload what they
 build when remote writing is on. The manifest is parsed once; the lock is written from
-what this build saw and published, never by reading it back.
+what this build saw and published, never by reading it back. Kernels link against this
+toolchain's runtime library, linked first if the store lacks it; every entry's runtime
+library is checked to be there at the end (and linked again if gc or rm took it, or the
+entry came from the remote or a Ray worker).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 from cutecc import environ
 from cutecc import remote as remote_cache
 from cutecc.archs import parse_archs
+from cutecc.entry import runtime_record
 from cutecc.errors import CuteccError
 from cutecc.executors import Executor, choose
 from cutecc.lockfile import LOCK_NAME, LockEntry, record_build
@@ -32,7 +37,7 @@ from cutecc.plan import Planned, plan
 from cutecc.report import Report
 from cutecc.store import HASH_CACHE, Store, entry_trust_problem, manifest_id, touch_used
 from cutecc.units import human_size
-from cutecc.workers import BuildJob, Result
+from cutecc.workers import BuildJob, Result, ensure_runtime
 
 
 @dataclass
@@ -42,6 +47,7 @@ class Outcome:
     seconds: float = 0.0
     error: str | None = None
     meta: dict[str, Any] | None = None  # the entry's metadata, for the lock
+    facts: dict[str, Any] | None = None  # or, for a hit, its index record (`entry.index_facts`)
     saved: float = 0.0  # for a hit: the compile seconds it saved (its recorded build time)
     fetched: bool = False  # a hit found on the remote cache (status "cached")
 
@@ -128,6 +134,7 @@ class BuildReport(Report):
     dry_run: bool = False
     executor: str = "local"
     remote: RemoteUse | None = None
+    runtimes_built: list[str] = field(default_factory=list)  # runtime libraries this build linked
 
     def count(self, status: str) -> int:
         return sum(o.status == status for o in self.outcomes)
@@ -152,6 +159,7 @@ class BuildReport(Report):
             "executor": self.executor,
             "fetched": sum(o.fetched for o in self.outcomes),
             "remote": self.remote.to_json() if self.remote else None,
+            "runtimes_built": self.runtimes_built,
             "entries": [o.to_json() for o in self.outcomes],
         }
 
@@ -165,6 +173,7 @@ class BuildReport(Report):
         if verbose > 0:
             out += [f"{o.status:7} {o.planned.label} {o.planned.key[:12]}"
                     for o in self.outcomes if o.status in ("built", "cached")]
+        out += [f"linked runtime library {name}" for name in self.runtimes_built]
         fetched = sum(o.fetched for o in self.outcomes)
         out.append(f"{self.count('built')} built, {self.count('cached')} cached"
                    + (f" ({fetched} fetched)" if self.remote else "") + ", "
@@ -248,6 +257,17 @@ def build(
         store.check_trust()  # another user's cache never vouches for anything here
     misses: list[Planned] = []
     for p in planned:
+        facts = store.indexed_facts(p.kernel.name, p.key)
+        stamp = store.stamp(p.key) if facts is not None else None
+        if stamp is not None and facts is not None and facts.get("meta_stat") == stamp:
+            # a hit, told by its ~400-byte index record, taken from this very meta.json
+            why = entry_trust_problem(store.entry_path(p.key), [facts["library"]])
+            report.outcomes.append(
+                Outcome(p, "failed", error=f"cached entry {p.key[:12]} refused: {why}; run "
+                        "`cutecc verify --fix`") if why else
+                Outcome(p, "cached", facts=facts, saved=facts["build_seconds"]))
+            continue
+        stale_record = stamp is not None  # meta.json rewritten or copied since: read it
         try:
             entry = store.get(p.key)
         except CuteccError:  # unreadable metadata: a hit the lock cannot record
@@ -261,6 +281,8 @@ def build(
         if entry is not None:
             report.outcomes.append(Outcome(p, "cached", meta=entry.meta,
                                            saved=_build_seconds(entry.meta)))
+            if stale_record and not read_only and not dry_run:
+                _refresh_record(store, p.key)
         elif dry_run:
             report.outcomes.append(Outcome(p, "planned"))
         else:
@@ -280,7 +302,20 @@ def build(
     if misses:
         store.ensure()
         store.sweep_tmp()
+        _ensure_runtimes(store, {p.inputs["toolchain"]["runtime"] for p in misses}, report)
         _compile(misses, manifest, store, jobs or os.cpu_count() or 1, report, progress, runner, push)
+    if not dry_run:  # every entry's runtime library is there (gc or rm may have taken one)
+        needed = {o.facts["runtime_key"] for o in report.outcomes if o.facts}
+        needed |= {rec["key"] for o in report.outcomes if o.status in ("built", "cached") and o.meta
+                   for rec in [runtime_record(o.meta)] if rec is not None}
+        missing = sorted(k for k in needed if store.get_runtime(k) is None)
+        if missing and read_only:
+            raise CuteccError(f"read-only mode: runtime librar{'y' if len(missing) == 1 else 'ies'} "
+                              f"{', '.join(k[:12] for k in missing)} not in the cache",
+                              where=str(store.root), exit_code=1)
+        if missing:
+            store.ensure()
+            _ensure_runtimes(store, set(missing), report)
     order = {p.key + p.label: i for i, p in enumerate(planned)}
     report.outcomes.sort(key=lambda o: order[o.planned.key + o.planned.label])
     if not dry_run and not read_only:
@@ -329,6 +364,26 @@ def _record_generations(store: Store, manifest: Path, planned: list[Planned], *,
             (store.manifests_dir / f"{manifest_id(manifest)}.json").unlink()
 
 
+def _ensure_runtimes(store: Store, keys: set[str], report: BuildReport) -> None:
+    """Link and publish the runtime libraries of `keys` the store lacks (this toolchain's)."""
+    for key in sorted(keys):
+        entry, built = ensure_runtime(store, key)
+        if built:
+            report.runtimes_built.append(str(entry.meta.get("library")))
+
+
+def _refresh_record(store: Store, key: str) -> None:
+    """Rewrite an index record whose meta.json was rewritten or copied since (a copied
+    cache, verify's repair), from that meta.json read again under the key's lock, so the
+    next build reads the record only. Best-effort: busy, damaged or read-only, it waits."""
+    from cutecc.entry import META, meta_problem
+
+    with contextlib.suppress(Exception), store.lock(key, timeout=0):
+        entry = store.get(key)
+        if entry is not None and meta_problem(entry.meta, key) is None:
+            store.index(key, entry.meta, entry.path / META)
+
+
 def _build_seconds(meta: dict[str, Any]) -> float:
     try:
         return float(meta.get("build_seconds", 0))
@@ -338,6 +393,8 @@ def _build_seconds(meta: dict[str, Any]) -> float:
 
 def _lock_line(o: Outcome) -> LockEntry:
     p = o.planned
+    if o.facts is not None:
+        return LockEntry.from_facts(p.kernel.name, p.variant.id, p.arch, p.key, o.facts)
     return LockEntry.of(p.kernel.name, p.variant.id, p.arch, p.key, o.meta or {})
 
 
@@ -407,7 +464,7 @@ def _record_use(store: Store, report: BuildReport) -> None:
         return
     for o in report.outcomes:
         if o.status == "cached":
-            touch_used(store.entry_dir(o.planned.key))
+            touch_used(store.entry_path(o.planned.key))
     local_hits = [o for o in report.outcomes if o.status == "cached" and not o.fetched]
     remote: dict[str, float] = {}
     if report.remote is not None:

@@ -22,7 +22,8 @@ from cutecc.store import Store
 # What each extra of cutecc brings, by the distribution that marks it installed.
 EXTRAS = {"build": "nvidia-cutlass-dsl", "test": "pytest", "remote": "obstore", "ray": "ray"}
 PACKAGES = ("cutecc", "jax", "jaxlib", "apache-tvm-ffi", "jax-tvm-ffi", "nvidia-cutlass-dsl",
-            "nvidia-cuda-runtime", "cuda-python", "click", "filelock", "platformdirs", "obstore", "ray")
+            "nvidia-cuda-runtime", "ziglang", "cuda-python", "click", "filelock", "platformdirs",
+            "obstore", "ray")
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ class Row:
 class ListReport(Report):
     cache_dir: Path
     rows: tuple[Row, ...]
+    runtimes: tuple[tuple[str, str, int], ...] = ()  # (key, library, size) of runtime libraries
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(self.rows)
@@ -44,6 +45,7 @@ class ListReport(Report):
 
     def to_json(self) -> dict[str, Any]:
         return {"cache_dir": str(self.cache_dir), "entries": [asdict(r) for r in self.rows],
+                "runtimes": [{"key": k, "library": lib, "size": n} for k, lib, n in self.runtimes],
                 "total": {"entries": len(self.rows), "bytes": sum(r.size for r in self.rows)}}
 
     def lines(self, verbose: int = 0) -> list[str]:
@@ -55,7 +57,9 @@ class ListReport(Report):
         out = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
         out += [f"{r.kernel}[{r.variant}] {r.key[:12]} is the tuned winner for {w}"
                 for r in self.rows for w in r.winner_for]
-        out.append(f"{len(self.rows)} entries, {human_size(sum(r.size for r in self.rows))} "
+        rt = (f" (+ {len(self.runtimes)} runtime librar{'y' if len(self.runtimes) == 1 else 'ies'}, "
+              f"{human_size(sum(n for _, _, n in self.runtimes))})" if self.runtimes else "")
+        out.append(f"{len(self.rows)} entries, {human_size(sum(r.size for r in self.rows))}{rt} "
                    f"in {self.cache_dir}")
         return out
 
@@ -84,4 +88,5 @@ def list_entries(cache_dir: str | Path | None = None, *, kernel: str | None = No
                         e.size, str(m.get("built_at", "")), call_text(call),
                         tuple(wins.get(e.key, ()))))
     rows.sort(key=lambda r: (r.kernel, r.variant, r.arch, r.key))
-    return ListReport(store.root, tuple(rows))
+    runtimes = tuple((e.key, str(e.meta.get("library")), e.size) for e in store.runtimes())
+    return ListReport(store.root, tuple(rows), runtimes)

@@ -22,7 +22,16 @@ from cutecc import environ, trust
 from cutecc.archive import tar_bytes, wheel_bytes
 from cutecc.archs import parse_archs
 from cutecc.atomic import atomic_write
-from cutecc.entry import MAX_META_BYTES, META, STORE_FORMAT, meta_problem, parse_json
+from cutecc.elf import manylinux_tag
+from cutecc.entry import (
+    MAX_META_BYTES,
+    META,
+    STORE_FORMAT,
+    meta_problem,
+    parse_json,
+    runtime_meta_problem,
+    runtime_record,
+)
 from cutecc.errors import CuteccError
 from cutecc.lockfile import LOCK_NAME, Lock, lock_for, read_lock
 from cutecc.report import Report
@@ -30,7 +39,9 @@ from cutecc.runtime.package import PACK_DIR
 from cutecc.store import Store
 from cutecc.units import human_size
 
-WHEEL_TAG = "py3-none-linux_x86_64"  # the libraries are x86-64 Linux shared objects
+# A wheel's tag: pure Python (the libraries are loaded by cutecc, not imported), and the
+# manylinux platform its libraries' glibc symbol versions allow (`cutecc.elf`).
+WHEEL_TAG_PREFIX = "py3-none-"
 FORMATS = ("wheel", "tar")
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")  # PEP 508
 _VERSION = re.compile(r"^\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?(\+[a-z0-9]+(\.[a-z0-9]+)*)?$")
@@ -86,16 +97,19 @@ class PackReport(Report):
     package: str
     version: str
     lock: Lock
-    sizes: dict[str, dict[str, int]]  # arch -> {"entries": n, "bytes": uncompressed bytes}
+    sizes: dict[str, dict[str, int]]  # arch (or "runtime") -> {"entries": n, "bytes": uncompressed}
     file_bytes: int  # the wheel or tarball on disk
+    platform: str = ""  # the manylinux platform tag the libraries allow (wheel and tarball alike)
 
     @property
     def total_bytes(self) -> int:
         return sum(s["bytes"] for s in self.sizes.values())
 
     def lines(self, verbose: int = 0) -> list[str]:
-        out = [f"{arch:10} {s['entries']:4} entries  {human_size(s['bytes'])}"
-               for arch, s in self.sizes.items()]
+        out = []
+        for arch, s in self.sizes.items():
+            noun = "entries" if arch != "runtime" else "library" if s["entries"] == 1 else "libraries"
+            out.append(f"{arch:10} {s['entries']:4} {noun}  {human_size(s['bytes'])}")
         out.append(f"{'total':10} {len(self.lock.distinct_keys()):4} entries  "
                    f"{human_size(self.total_bytes)}")
         out.append(f"wrote {self.path} ({human_size(self.file_bytes)})")
@@ -106,6 +120,7 @@ class PackReport(Report):
                 "package": self.package, "version": self.version,
                 "entries": len(self.lock.distinct_keys()), "sizes": self.sizes,
                 "total_bytes": self.total_bytes, "file_bytes": self.file_bytes,
+                "platform": self.platform,
                 "kernels": sorted({e.kernel for e in self.lock.entries})}
 
 
@@ -180,17 +195,19 @@ def pack(*, name: str, version: str, manifest: str | Path | None = None,
         except OSError as e:
             raise CuteccError(f"cannot read the signing key: {e.strerror}", where=str(sign_key)) from None
         tree[LOCK_NAME + signing.SIG_SUFFIX] = signing.sign(tree[LOCK_NAME], key, "lock")
+    platform = manylinux_tag((k, v) for k, v in sorted(tree.items()) if k.endswith(".so"))
+    tag = WHEEL_TAG_PREFIX + platform
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if fmt == "wheel":
-        path = out / f"{dist}-{version}-{WHEEL_TAG}.whl"
+        path = out / f"{dist}-{version}-{tag}.whl"
         init = _INIT.format(name=name, version=version, package=package,
-                            archs=", ".join(sorted(sizes)),
+                            archs=", ".join(sorted(a for a in sizes if a != "runtime")),
                             kernels=tuple(sorted({e.kernel for e in chosen.entries})),
                             first=min(e.kernel for e in chosen.entries))
         import cutecc
 
-        data = wheel_bytes(name, dist, version, tag=WHEEL_TAG,
+        data = wheel_bytes(name, dist, version, tag=tag,
                            generator=f"cutecc {cutecc.__version__}",
                            requires=f"cutecc>={cutecc.__version__}",
                            files={f"{package}/__init__.py": init.encode(),
@@ -199,14 +216,16 @@ def pack(*, name: str, version: str, manifest: str | Path | None = None,
         path = out / f"{dist}-{version}.cutecc.tar.gz"
         data = tar_bytes({f"{PACK_DIR}/{k}": v for k, v in tree.items()})
     atomic_write(path, data)
-    return PackReport(path, fmt, name, package, version, chosen, sizes, len(data))
+    return PackReport(path, fmt, name, package, version, chosen, sizes, len(data), platform)
 
 
 def _tree(chosen: Lock, store: Store) -> tuple[dict[str, bytes], dict[str, dict[str, int]]]:
-    """The `_cutecc/` files (relative path -> bytes), each verified, and sizes per arch."""
+    """The `_cutecc/` files (relative path -> bytes), each verified, and sizes per arch (the
+    runtime libraries, each packed once, under "runtime")."""
     tree = {"format": f"{STORE_FORMAT}\n".encode(), LOCK_NAME: chosen.dumps()}
     sizes: dict[str, dict[str, int]] = {}
-    for entry, le in chosen.resolve_all(store):
+    runtimes: dict[str, dict[str, Any]] = {}
+    for entry, le in chosen.resolve_all(store):  # the entries and the tuned winners
         base = f"entries/{entry.key[:2]}/{entry.key}"
         parts = ("entries", entry.key[:2], entry.key)
         meta_bytes = _read(store, (*parts, META), MAX_META_BYTES, le.label)
@@ -226,7 +245,30 @@ def _tree(chosen: Lock, store: Store) -> tuple[dict[str, bytes], dict[str, dict[
         s = sizes.setdefault(le.arch, {"entries": 0, "bytes": 0})
         s["entries"] += 1
         s["bytes"] += sum(len(v) for k, v in tree.items() if k.startswith(base + "/"))
-    return tree, dict(sorted(sizes.items()))
+        rec = runtime_record(entry.meta)
+        assert rec is not None  # meta_problem checked it
+        runtimes.setdefault(rec["key"], rec)
+    for key, rec in sorted(runtimes.items()):
+        base, parts = f"runtimes/{key[:2]}/{key}", ("runtimes", key[:2], key)
+        what = f"runtime library {rec['library']}"
+        meta_bytes = _read(store, (*parts, META), MAX_META_BYTES, what)
+        try:
+            meta = parse_json(meta_bytes)
+        except ValueError as e:
+            meta = {"format": f"unreadable: {e}"}
+        why = runtime_meta_problem(meta, key)
+        data = b"" if why else _read(store, (*parts, meta["library"]), rec["size"], what)
+        if not why and (len(data) != rec["size"] or hashlib.sha256(data).hexdigest() != rec["sha256"]):
+            why = "does not match the SHA-256 its entries record"
+        if why:
+            raise CuteccError(f"{what}: {why}; run `cutecc verify --fix` and `cutecc build`",
+                              where=str(store.runtime_dir(key)), exit_code=1)
+        tree[f"{base}/{META}"] = meta_bytes
+        tree[f"{base}/{meta['library']}"] = data
+        s = sizes.setdefault("runtime", {"entries": 0, "bytes": 0})
+        s["entries"] += 1
+        s["bytes"] += len(meta_bytes) + len(data)
+    return tree, dict(sorted(sizes.items(), key=lambda kv: (kv[0] == "runtime", kv[0])))
 
 
 

@@ -34,6 +34,7 @@ class StatsReport(Report):
         remote = f" local, {s['remote_hits']} remote" if s["remote_hits"] else ""
         out = [f"cache          {s['cache_dir']}",
                f"entries        {s['entries']} ({human_size(s['bytes'])}), {s['quarantined']} quarantined",
+               f"runtimes       {s['runtimes']} ({human_size(s['runtime_bytes'])})",
                f"hits           {s['hits']}{remote} ({rate})", f"misses         {s['misses']}",
                f"failures       {s['failures']}", f"compile saved  {s['seconds_saved']:.1f} s"]
         if any(s[k] for k in ("remote_hits", "remote_misses", "remote_uploads", "remote_unavailable")):
@@ -51,9 +52,11 @@ class StatsReport(Report):
 
 
 def stats(cache_dir: str | Path | None = None) -> StatsReport:
-    """Entries, bytes on disk, quarantined entries, and the recorded build counters."""
+    """Entries and runtime libraries with their bytes on disk, quarantined entries, and the
+    recorded build counters."""
     store = Store(cache_dir).require()
     entries = list(store.entries())
+    runtimes = list(store.runtimes())
     quarantined = sum(1 for _ in store.quarantine_dir.iterdir()) if store.quarantine_dir.is_dir() else 0
     counters = store.read_stats()
     hits = counters["hits"] + counters["remote_hits"]
@@ -62,6 +65,8 @@ def stats(cache_dir: str | Path | None = None) -> StatsReport:
         "cache_dir": str(store.root),
         "entries": len(entries),
         "bytes": sum(e.disk_bytes() for e in entries),
+        "runtimes": len(runtimes),
+        "runtime_bytes": sum(e.disk_bytes() for e in runtimes),
         "quarantined": quarantined,
         **counters,
         "hit_rate": round(hits / lookups, 4) if lookups else None,  # local or remote

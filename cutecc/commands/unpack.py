@@ -2,6 +2,10 @@
 
 Each entry is checked against its meta.json, its key and the pack's lock before it is
 published atomically like a build; a bad entry is refused by name and the rest land.
+The runtime libraries the entries link against come with them (each once): one is
+checked against its own meta.json and key and against the SHA-256 every entry records
+for it, and published before the entries that need it; an entry whose runtime library
+is neither in the pack nor in the cache is refused.
 """
 
 from __future__ import annotations
@@ -18,7 +22,16 @@ from typing import Any
 
 from cutecc import environ
 from cutecc.archive import Limits, PackTree
-from cutecc.entry import META, STORE_FORMAT, is_key, meta_problem, parse_json
+from cutecc.entry import (
+    MAX_META_BYTES,
+    META,
+    STORE_FORMAT,
+    is_key,
+    meta_problem,
+    parse_json,
+    runtime_meta_problem,
+    runtime_record,
+)
 from cutecc.errors import CuteccError
 from cutecc.lockfile import LOCK_NAME, MAX_LOCK_BYTES, Lock, LockEntry
 from cutecc.report import Report
@@ -33,6 +46,7 @@ class UnpackReport(Report):
 
     cache_dir: Path
     imported: list[str] = field(default_factory=list)  # "label key" of entries published
+    runtimes: list[str] = field(default_factory=list)  # runtime libraries published
     present: list[str] = field(default_factory=list)  # already in the cache
     refused: list[tuple[str, str]] = field(default_factory=list)  # ("label key", why)
 
@@ -53,7 +67,7 @@ class UnpackReport(Report):
 
     def to_json(self) -> dict[str, Any]:
         return {"cache_dir": str(self.cache_dir), "imported": self.imported,
-                "present": self.present,
+                "present": self.present, "runtimes": self.runtimes,
                 "refused": [{"entry": e, "reason": r} for e, r in self.refused]}
 
 
@@ -104,21 +118,50 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
     report = UnpackReport(store.root)
     by_key = lock.by_key()
     entries: dict[str, list[str]] = {}
+    runtimes: dict[str, list[str]] = {}
     for n in sorted({*tree.names, *tree.bad}):
         parts = n.split("/")
-        if len(parts) == 4 and parts[0] == "entries":
-            entries.setdefault(parts[2], []).append(parts[3])
+        if len(parts) == 4 and parts[0] in ("entries", "runtimes"):
+            (entries if parts[0] == "entries" else runtimes).setdefault(parts[2], []).append(parts[3])
         elif n not in ("format", LOCK_NAME, sig_name):
             report.refused.append((n[:80], "not part of a cutecc pack's tree"))
     for key in sorted(set(entries) - set(by_key)):
         report.refused.append((key[:12], "not named by the pack's kernels.lock"))
-    for key, le in sorted(by_key.items()):
-        label = f"{le.label} {key[:12]}"
-        names = entries.get(key, [])
+    needed: dict[str, dict[str, Any]] = {}  # the runtime libraries the entries name
+    for key, le in sorted(by_key.items()):  # from their meta.json only (small; each entry is
+        rec = _runtime_named(tree, key)  # checked whole below), as far as the lock vouches
+        if rec is not None and rec["sha256"] == le.runtime:
+            needed.setdefault(rec["key"], rec)
+    for rkey in sorted(set(runtimes) - set(needed)):
+        report.refused.append((f"runtime {rkey[:12]}", "no entry of the pack links against it"))
+    usable: dict[str, str] = {}  # runtime key -> its library's SHA-256, now in the store
+    for rkey, rec in sorted(needed.items()):
+        have = store.get_runtime(rkey)
+        if have is not None and runtime_meta_problem(have.meta, rkey) is None:
+            usable[rkey] = have.meta["files"][have.meta["library"]]["sha256"]
+            continue
         try:
-            meta, files = _check_entry(tree, key, le, names)
+            rmeta, rfiles = _check_runtime(tree, rkey, rec, runtimes.get(rkey, []))
+        except ValueError as e:
+            report.refused.append((f"runtime {rkey[:12]}", str(e)))
+            continue
+        found, built = store.publish(
+            rkey, lambda staging, m=rmeta, f=rfiles: _stage(staging, m, f), runtime=True)
+        usable[rkey] = found.meta["files"][found.meta["library"]]["sha256"]
+        if built:
+            report.runtimes.append(str(found.meta["library"]))
+    for key, le in sorted(by_key.items()):  # one entry in memory at a time
+        label = f"{le.label} {key[:12]}"
+        try:
+            meta, files = _check_entry(tree, key, le, entries.get(key, []))
         except ValueError as e:
             report.refused.append((label, str(e)))
+            continue
+        rec = runtime_record(meta)
+        if rec is None or usable.get(rec["key"]) != rec["sha256"]:
+            why = ("its runtime library is not in the pack" if rec is None or rec["key"] not in usable
+                   else "the cache holds another runtime library under its key")
+            report.refused.append((label, f"{why} ({rec['library'] if rec else '?'})"))
             continue
         _, built = store.publish(key, lambda staging, m=meta, f=files: _stage(staging, m, f))
         (report.imported if built else report.present).append(label)
@@ -176,6 +219,53 @@ def _check_entry(tree: PackTree, key: str, le: LockEntry,
     if why:
         raise ValueError(why)
     return meta, files
+
+
+def _runtime_named(tree: PackTree, key: str) -> dict[str, Any] | None:
+    """The runtime library record an entry's meta.json names, or None. Unchecked but for
+    its form: the caller takes it only where the lock's line names the same SHA-256, and
+    the entry and the runtime library are each checked whole before they land."""
+    name = f"entries/{key[:2]}/{key}/{META}"
+    if not is_key(key) or name not in tree.names or tree.size(name) > MAX_META_BYTES:
+        return None
+    try:
+        meta = parse_json(tree.read(name))
+    except ValueError:
+        return None
+    return runtime_record(meta) if isinstance(meta, dict) else None
+
+
+def _check_runtime(tree: PackTree, key: str, rec: dict[str, Any],
+                   names: list[str]) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """(meta, files) of a pack's runtime library once it checks against its own meta.json
+    and key and the record `rec` of the entries that need it; else ValueError(why)."""
+    if not names:
+        raise ValueError(f"missing from the archive ({rec['library']})")
+    base = f"runtimes/{key[:2]}/{key}/"
+    if META not in names or any(f"{base}{n}" not in tree.names and f"{base}{n}" not in tree.bad
+                                for n in names):
+        raise ValueError(f"no {META}, or stored under the wrong shard directory")
+    for n in names:
+        if f"{base}{n}" in tree.bad:
+            raise ValueError(f"{n}: {tree.bad[base + n]}")
+    try:
+        meta = parse_json(tree.read(base + META))
+    except ValueError as e:
+        raise ValueError(f"malformed {META}: {e}") from None
+    why = runtime_meta_problem(meta, key)
+    if why:
+        raise ValueError(f"{META}: {why}")
+    if set(names) - {META} != {meta["library"]} or set(meta["files"]) != {meta["library"]}:
+        raise ValueError(f"files {sorted(set(names) - {META})} are not its library alone")
+    data = tree.read(base + meta["library"])
+    h = hashlib.sha256(data).hexdigest()
+    want = meta["files"][meta["library"]]
+    if h != want["sha256"] or len(data) != want["size"]:
+        raise ValueError(f"SHA-256 {h[:16]}... does not match {META}'s; refusing it")
+    if h != rec["sha256"]:
+        raise ValueError(f"SHA-256 {h[:16]}... differs from what its entries record "
+                         f"({rec['sha256'][:16]}...)")
+    return meta, {meta["library"]: data}
 
 
 def _stage(staging: Path, meta: dict[str, Any], files: dict[str, bytes]) -> dict[str, Any]:

@@ -1,14 +1,20 @@
 """`cutecc verify`: re-hash every entry against its metadata and find what does not belong.
 
-Reports missing, truncated (size differs) and altered (hash differs) files, malformed
-metadata, and orphans: files an entry's metadata does not list, entry directories
-without meta.json, and tmp/ leftovers whose key nobody has locked. `fix=True` moves
-bad entries to quarantine/ (so the next build rebuilds them) and deletes orphans; it
-never touches a healthy entry's files.
+Reports, for kernel entries and runtime libraries alike, missing, truncated (size
+differs) and altered (hash differs) files, malformed metadata, and orphans: files an
+entry's metadata does not list, entry directories without meta.json, and tmp/ leftovers
+whose key nobody has locked. It checks the index too: an entry without its record
+(`unindexed`: `cutecc.load` would not see it), a record without its entry
+(`stale-index`, also one that differs from its metadata), and an entry whose runtime
+library is not in the cache (`no-runtime`).
+`fix=True` moves bad entries to quarantine/ (so the next build rebuilds them), deletes
+orphans and stale records, restores missing records and links a missing runtime library
+again where the build extra can; it never touches a healthy entry's files.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import asdict, dataclass, field
@@ -17,7 +23,18 @@ from typing import Any
 
 import filelock
 
-from cutecc.entry import META, RESERVED_FILES, file_record, is_key, meta_problem
+from cutecc.entry import (
+    META,
+    RESERVED_FILES,
+    file_record,
+    index_facts,
+    is_kernel_name,
+    is_key,
+    meta_problem,
+    read_index_facts,
+    runtime_meta_problem,
+    runtime_record,
+)
 from cutecc.errors import CuteccError
 from cutecc.locks import Busy
 from cutecc.report import Report
@@ -28,15 +45,17 @@ BAD = frozenset({"missing", "truncated", "altered", "malformed", "untrusted"})  
 
 @dataclass
 class Problem:
-    kind: str  # one of BAD, or "orphan" (a file or dir nothing owns), "stale-tmp"
+    # one of BAD, or "orphan" (a file or dir nothing owns), "stale-tmp", "unindexed",
+    # "stale-index", "no-runtime"
+    kind: str
     path: str
     detail: str
     key: str | None = None
-    action: str = ""  # after fix: "quarantined to ...", "removed", "busy: left as is"
+    action: str = ""  # after fix: "quarantined to ...", "removed", "indexed", "busy: left as is"
 
     @property
     def fixed(self) -> bool:
-        return self.action.startswith(("quarantined", "removed", "gone"))
+        return self.action.startswith(("quarantined", "removed", "gone", "indexed", "linked"))
 
 
 @dataclass
@@ -68,8 +87,8 @@ class VerifyReport(Report):
         return out
 
 
-def check_entry(path: Path, key: str) -> list[Problem]:
-    """The problems of one entry directory (empty when healthy)."""
+def check_entry(path: Path, key: str, runtime: bool = False) -> list[Problem]:
+    """The problems of one entry (or `runtime` library entry) directory (empty when healthy)."""
     for link in (path, path / META):
         if link.is_symlink():  # cutecc publishes real files; a link's target can change under it
             return [Problem("malformed", str(link), f"a symbolic link (to {os.readlink(link)}), "
@@ -78,7 +97,8 @@ def check_entry(path: Path, key: str) -> list[Problem]:
         meta = read_meta(path)
     except (OSError, ValueError) as e:
         return [Problem("malformed", str(path / META), f"unreadable metadata: {e}", key)]
-    why = meta_problem(meta, key)  # the records, the key inputs and the fields they decide
+    # the records, the key inputs and the fields they decide
+    why = runtime_meta_problem(meta, key) if runtime else meta_problem(meta, key)
     if why:
         return [Problem("malformed", str(path / META), why, key)]
     files: dict[str, Any] = meta["files"]
@@ -126,7 +146,41 @@ def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
     store = Store(cache_dir).require()
     store.check_trust()  # another user's cache is refused whole, never "fixed"
     report = VerifyReport(str(store.root), fixed=fix)
-    for shard in _listdir(store.entries_dir):
+    kernels = _check_area(store, report, runtime=False)
+    runtimes = set(_check_area(store, report, runtime=True))
+    _check_index(store, report, kernels)
+    needs: dict[str, list[str]] = {}  # runtime key -> keys of the healthy entries linked to it
+    for key, meta in sorted(kernels.items()):
+        rec = runtime_record(meta)
+        if rec is not None:
+            needs.setdefault(rec["key"], []).append(key)
+    for rkey, keys in sorted(needs.items()):
+        if rkey not in runtimes and not (store.runtime_dir(rkey) / META).exists():
+            report.problems.append(Problem(
+                "no-runtime", str(store.runtime_dir(rkey)),
+                f"the runtime library {rkey[:12]} that {len(keys)} entr{'y' if len(keys) == 1 else 'ies'} "
+                f"link against (e.g. {keys[0][:12]}) is not in the cache", rkey))
+    for d in _listdir(store.tmp_dir):
+        key = d.name.split(".", 1)[0]
+        try:
+            with store.lock(key, timeout=0):
+                if d.exists():  # not published or removed since we listed tmp/
+                    report.problems.append(Problem("stale-tmp", str(d),
+                                                   "leftover of a killed build", key))
+        except filelock.Timeout:
+            continue  # a build (or removal) of that key is under way
+        except CuteccError as e:  # a read-only cache: nobody can be building into it here
+            report.problems.append(Problem("stale-tmp", str(d), f"leftover of a killed build? "
+                                           f"({e.message})", key))
+    if fix:
+        _fix(store, report)
+    return report
+
+
+def _check_area(store: Store, report: VerifyReport, runtime: bool) -> dict[str, dict[str, Any]]:
+    """Check every entry of entries/ (or runtimes/); returns the healthy ones' metadata."""
+    healthy: dict[str, dict[str, Any]] = {}
+    for shard in _listdir(store.runtimes_dir if runtime else store.entries_dir):
         if shard.is_symlink():  # never followed: what it points to is not the cache's
             report.problems.append(Problem("orphan", str(shard), f"a symbolic link (to "
                                            f"{os.readlink(shard)}), not a shard directory"))
@@ -145,27 +199,93 @@ def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
                     report.problems.append(Problem("orphan", str(d),
                                                    "entry directory without meta.json", key))
                 continue
-            found = check_entry(d, key)
+            found = check_entry(d, key, runtime)
             if found and not d.exists():
                 continue  # removed (gc, rm) while we looked: not damage
-            report.entries += 1
-            report.healthy += not any(p.kind in BAD for p in found)
+            report.entries += not runtime
+            good = not any(p.kind in BAD for p in found)
+            report.healthy += good and not runtime
             report.problems += found
-    for d in _listdir(store.tmp_dir):
-        key = d.name.split(".", 1)[0]
+            if good:
+                try:
+                    healthy[key] = read_meta(d)
+                except (OSError, ValueError):
+                    continue  # removed since
+    return healthy
+
+
+def _check_index(store: Store, report: VerifyReport, kernels: dict[str, dict[str, Any]]) -> None:
+    """Every healthy entry has its record in by-kernel/, and every record an entry of its
+    kernel; a record in flight (its key locked by a publish or removal) is left alone."""
+    records: set[tuple[str, str]] = set()
+    for kd in _listdir(store.index_dir):
+        if kd.is_symlink() or not kd.is_dir() or not is_kernel_name(kd.name):
+            if os.path.lexists(kd):  # else its last record went since we listed (a removal)
+                report.problems.append(Problem("orphan", str(kd), "not a kernel's index directory"))
+            continue
+        for f in _listdir(kd):
+            if f.is_symlink() or not f.is_file() or not is_key(f.name):
+                if os.path.lexists(f):  # else removed since we listed
+                    report.problems.append(Problem("orphan", str(f), "not an index record"))
+            else:
+                records.add((kd.name, f.name))
+    for key, meta in kernels.items():
+        path = store.index_record(meta["kernel"], key)
+        if (meta["kernel"], key) not in records:
+            report.problems.append(Problem("unindexed", str(path), "the entry has no index record: "
+                                           "`cutecc.load` does not see it", key))
+            continue
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue  # removed since we listed it
+        if _record_differs(data, key, meta):
+            report.problems.append(Problem("stale-index", str(path), "the index record does not "
+                                           "match the entry's metadata", key))
+    damaged = {p.key for p in report.problems if p.kind in BAD}  # quarantine takes their records
+    for kernel, key in sorted(records):
+        if kernels.get(key, {}).get("kernel") == kernel or key in damaged:
+            continue
+        entry = _meta_or_none(store, key)
         try:
             with store.lock(key, timeout=0):
-                if d.exists():  # not published or removed since we listed tmp/
-                    report.problems.append(Problem("stale-tmp", str(d),
-                                                   "leftover of a killed build", key))
+                entry = _meta_or_none(store, key)
+                if entry is not None and entry.get("kernel") == kernel:
+                    continue  # published since we looked
         except filelock.Timeout:
-            continue  # a build (or removal) of that key is under way
-        except CuteccError as e:  # a read-only cache: nobody can be building into it here
-            report.problems.append(Problem("stale-tmp", str(d), f"leftover of a killed build? "
-                                           f"({e.message})", key))
-    if fix:
-        _fix(store, report)
-    return report
+            continue  # a publish or removal of that key is under way
+        except CuteccError:
+            pass  # a read-only cache: nobody is publishing into it here
+        what = "of no entry" if entry is None else f"of an entry of kernel {entry.get('kernel')!r}"
+        report.problems.append(Problem("stale-index", str(store.index_record(kernel, key)),
+                                       f"index record {what}", key))
+
+
+def _record_differs(data: bytes, key: str, meta: dict[str, Any]) -> bool:
+    """Whether an index record says something else than the entry's metadata (its build
+    seconds aside: only `cutecc stats` reads them)."""
+    want = index_facts(key, meta)
+    got = read_index_facts(data, meta["kernel"], key) if "sha256" in want else None
+    if got is None:
+        return {k: v for k, v in _loads(data).items() if k != "meta_stat"} != want
+    hints = ("build_seconds", "meta_stat")  # a stale stamp only sends builds to meta.json
+    return {k: v for k, v in got.items() if k not in hints} != {
+        k: v for k, v in want.items() if k not in hints}
+
+
+def _loads(data: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _meta_or_none(store: Store, key: str) -> dict[str, Any] | None:
+    try:
+        return read_meta(store.entry_dir(key))
+    except (OSError, ValueError):
+        return None
 
 
 def _listdir(path: Path) -> list[Path]:
@@ -183,9 +303,10 @@ def _fix(store: Store, report: VerifyReport) -> None:
     done: dict[str, str] = {}
     for key, probs in bad.items():
         reason = "; ".join(f"{p.kind}: {Path(p.path).name}: {p.detail}" for p in probs)
+        rt = store.runtimes_dir in Path(probs[0].path).parents
         try:
-            dest = store.quarantine(key, reason, still_bad=lambda d, k=key: any(
-                p.kind in BAD for p in check_entry(d, k)))
+            dest = store.quarantine(key, reason, runtime=rt, still_bad=lambda d, k=key, r=rt: any(
+                p.kind in BAD for p in check_entry(d, k, r)))
             action = f"quarantined to {dest}" if dest else "gone: rebuilt or removed meanwhile"
         except Busy:
             action = "busy: left as is"
@@ -195,10 +316,46 @@ def _fix(store: Store, report: VerifyReport) -> None:
             p.action = done[p.key]  # its whole entry went to quarantine
         elif p.kind == "orphan":
             p.action = _remove_orphan(store, p)
+        elif p.kind in ("unindexed", "stale-index") and p.key:
+            p.action = _fix_record(store, p)
+        elif p.kind == "no-runtime" and p.key:
+            p.action = _relink_runtime(store, p.key)
     store.sweep_tmp()
     for p in report.problems:
         if p.kind == "stale-tmp":
             p.action = "busy: left as is" if Path(p.path).exists() else "removed"
+
+
+def _fix_record(store: Store, p: Problem) -> str:
+    """Create a missing index record, or delete a stale one, under the key's lock, after
+    looking at the entry again."""
+    path = Path(p.path)
+    kernel, key = path.parent.name, path.name
+    try:
+        with store.lock(key, timeout=0):
+            meta = _meta_or_none(store, key)
+            if meta is not None and meta.get("kernel") == kernel and not meta_problem(meta, key):
+                store.index(key, meta, store.entry_dir(key) / META)  # from the metadata, the truth
+                return "indexed"
+            store.unindex(kernel, key)
+            return "removed"
+    except filelock.Timeout:
+        return "busy: left as is"
+    except OSError as e:
+        raise CuteccError(f"cannot fix the index: {e.strerror}", where=str(path), exit_code=1) from None
+
+
+def _relink_runtime(store: Store, key: str) -> str:
+    """Link a missing runtime library again, where this machine has the build extra and
+    the key is its toolchain's; else say how."""
+    try:
+        from cutecc.workers import ensure_runtime
+
+        ensure_runtime(store, key)
+    except (CuteccError, ImportError) as e:
+        why = e.message if isinstance(e, CuteccError) else str(e)
+        return f"left: {why}; run `cutecc build` (with the build extra) to link it"
+    return "linked again"
 
 
 def _remove_orphan(store: Store, p: Problem) -> str:

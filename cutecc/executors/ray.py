@@ -147,16 +147,25 @@ def _collect(ray: Any, refs: dict[Any, BuildJob], pending: list[Any], store: Any
 
 def _receive(store: Any, job: BuildJob, result: Result, meta_bytes: bytes,
              files: dict[str, bytes]) -> Result:
-    """Publish an entry a task built on another node, every byte checked first."""
+    """Publish an entry a task built on another node, every byte checked first, after the
+    runtime library it links against (linked here if this cache lacks it: the link is
+    reproducible, so it is the one the task linked against, which its record checks)."""
+    from cutecc.entry import runtime_record
     from cutecc.ingest import Refused, receive
     from cutecc.remote import DEFAULT_MAX_BLOB
+    from cutecc.workers import ensure_runtime
 
     try:
+        rt, _ = ensure_runtime(store, job.key_inputs["toolchain"]["runtime"])
         entry, _ = receive(store, job.key, meta_bytes, files, DEFAULT_MAX_BLOB)
     except Refused as e:
         return Result("failed", result.seconds, f"the entry sent back by its Ray task was refused: {e.why}")
     except (CuteccError, OSError) as e:
         return Result("failed", result.seconds, f"cannot publish the entry sent back: {e}")
+    rec = runtime_record(entry.meta)
+    if rec is None or rec["sha256"] != rt.meta["files"][rt.meta["library"]]["sha256"]:
+        return Result("failed", result.seconds, "the entry sent back links against another runtime "
+                      "library than this host links (a toolchain that differs between nodes?)")
     return replace(result, meta=entry.meta)
 
 

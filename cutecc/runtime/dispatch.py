@@ -46,19 +46,25 @@ class Build:
     sha256: str
     size: int
     symbol: str
+    runtime: library.RuntimeRef | None = None  # the runtime library it links against
     record_use: bool = True  # touch the entry's `used` file at registration (not in a pack)
     call: tuple[tuple[str, Any], ...] = ()  # the call keywords that reach this build
 
     @classmethod
     def from_meta(cls, key: str, entry_dir: Path, meta: Mapping[str, Any]) -> Build:
+        """The build of a checked entry (`entry_dir` is `<root>/entries/ab/<key>`)."""
         args = args_from_json(meta["args"])
         lib = meta["library"]
         rec = meta["files"][lib]
         call = call_keywords(meta)
         if not all(isinstance(v, (bool, int, float, str)) for v in call.values()):
             raise ValueError(f"call keywords {call!r} are not a table of plain values")
+        rt = meta["runtime"]
+        runtime = library.RuntimeRef(
+            rt["key"], entry_dir.parents[2] / "runtimes" / rt["key"][:2] / rt["key"] / rt["library"],
+            rt["sha256"], int(rt["size"]))
         return cls(key, meta["variant"], meta["arch"], args, CallingConvention.of(args),
-                   entry_dir / lib, rec["sha256"], int(rec["size"]), meta["symbol"],
+                   entry_dir / lib, rec["sha256"], int(rec["size"]), meta["symbol"], runtime,
                    call=tuple(call.items()))
 
     @property
@@ -80,7 +86,7 @@ class Build:
         return library.ensure_registered(
             self.key, self.library, self.sha256, self.size, self.symbol,
             tuple(s.name for s in self.conv.scalars), f"kernel \"{kernel}\" {self.label}",
-            record_use=self.record_use)
+            record_use=self.record_use, runtime=self.runtime)
 
 
 MAX_EAGER_SIGNATURES = 256  # jitted eager calls kept per kernel (one per keyword values)

@@ -2,7 +2,13 @@
 and register it as a JAX FFI target once per process.
 
 The bytes are read once, hashed, and the very same bytes are what gets dlopened (from a
-memfd), so a file swapped between the check and the load is never run.
+memfd), so a file swapped between the check and the load is never run. A kernel library
+needs its toolchain's runtime library (`libcutecc_rt_<key16>.so`, its DT_NEEDED): that is
+verified the same way (its entry's trust, its SHA-256 as the kernel's metadata records
+it) and loaded first, once per process and never unloaded, from its own memfd under a
+fresh path; glibc then binds the kernel library's DT_NEEDED to it by its soname. Every
+load goes through a new, unique path: glibc also matches an already loaded object by the
+path string, so a reused `/proc/self/fd/N` name would return the previous library.
 """
 
 from __future__ import annotations
@@ -12,11 +18,12 @@ import os
 import sys
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cutecc import environ, trust
-from cutecc.entry import MAX_META_BYTES, META
+from cutecc.entry import MAX_META_BYTES, META, RUNTIME_ABI, parse_json, runtime_meta_problem
 from cutecc.errors import CuteccError
 from cutecc.store import touch_used
 
@@ -26,6 +33,18 @@ ENV_ALLOW_SHARED = environ.ALLOW_SHARED_CACHE
 ENV_SYNC_CHECK = environ.SYNC_CHECK
 _lock = threading.Lock()
 _registered: dict[str, Any] = {}  # target name -> tvm_ffi.Module (kept alive)
+_runtimes: dict[str, tuple[str, Any]] = {}  # soname -> (SHA-256, ctypes handle), never unloaded
+
+
+@dataclass(frozen=True)
+class RuntimeRef:
+    """The runtime library a kernel library links against, as the kernel's metadata
+    records it: `path` is `<root>/runtimes/ab/<key>/<soname>`."""
+
+    key: str
+    path: Path
+    sha256: str
+    size: int
 
 
 def target_name(key: str) -> str:
@@ -60,13 +79,13 @@ def sync_check_from_env() -> bool:
     return environ.flag(ENV_SYNC_CHECK)
 
 
-def verified_bytes(path: Path, sha256: str, size: int, label: str) -> bytes:
+def verified_bytes(path: Path, sha256: str, size: int, label: str, what: str = "kernel library") -> bytes:
     """The library's bytes, read through checked directories without following links
     (`cutecc.trust`), and only if they match the recorded size and SHA-256."""
     try:
         data = _read_library(path, size)
     except trust.Untrusted as e:
-        raise CuteccError(f"refusing to load the kernel library: {e.why}, so anyone could have "
+        raise CuteccError(f"refusing to load the {what}: {e.why}, so anyone could have "
                           "replaced it and its recorded SHA-256. Fix the permissions (chmod o-w, "
                           f"chown), or set {ENV_ALLOW_SHARED}=1 to trust this cache",
                           where=f"{label} ({path})", exit_code=1) from None
@@ -74,10 +93,10 @@ def verified_bytes(path: Path, sha256: str, size: int, label: str) -> bytes:
         if e.errno == 27:  # EFBIG: larger than recorded
             data = b"\0" * (size + 1)
         else:
-            raise CuteccError(f"cannot read the kernel library: {e.strerror}; rebuild it with "
+            raise CuteccError(f"cannot read the {what}: {e.strerror}; rebuild it with "
                               "`cutecc build`", where=f"{label} ({path})", exit_code=1) from None
     if len(data) != size or hashlib.sha256(data).hexdigest() != sha256:
-        raise CuteccError("the kernel library does not match its recorded SHA-256 "
+        raise CuteccError(f"the {what} does not match its recorded SHA-256 "
                           f"(size {len(data) if len(data) <= size else 'larger'}, expected {size}); "
                           "refusing to load it. Remove the entry and rebuild it",
                           where=f"{label} ({path})", exit_code=1)
@@ -114,28 +133,77 @@ def import_tvm_ffi() -> Any:
     return tvm_ffi
 
 
-def _load_bytes(data: bytes, name: str) -> Any:
-    tvm_ffi = import_tvm_ffi()
-
+def _through_memfd(data: bytes, name: str, load: Any) -> Any:
+    """`load(path)` of `data` written to a memfd, through a symlink of a fresh name."""
     if hasattr(os, "memfd_create"):
         fd = os.memfd_create(name, 0)
         try:
-            os.write(fd, data)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
             with tempfile.TemporaryDirectory(prefix="cutecc-") as d:
-                link = Path(d) / f"{name}.so"
+                link = Path(d) / name
                 os.symlink(f"/proc/{os.getpid()}/fd/{fd}", link)
-                return tvm_ffi.load_module(str(link))
+                return load(str(link))
         finally:
             os.close(fd)
     with tempfile.TemporaryDirectory(prefix="cutecc-") as d:  # pragma: no cover
-        p = Path(d) / f"{name}.so"
+        p = Path(d) / name
         p.write_bytes(data)
-        return tvm_ffi.load_module(str(p))
+        return load(str(p))
+
+
+def _load_bytes(data: bytes, name: str) -> Any:
+    return _through_memfd(data, f"{name}.so", import_tvm_ffi().load_module)
+
+
+def ensure_runtime(ref: RuntimeRef, label: str, *, record_use: bool = True) -> None:
+    """Verify and load the runtime library `ref` once per process (before any kernel
+    library that needs it). Its entry's metadata must be sound and its bytes must match
+    the SHA-256 the kernel's metadata records; a second runtime of the same soname but
+    other bytes is refused. Call with `_lock` held."""
+    import ctypes
+
+    soname = ref.path.name
+    held = _runtimes.get(soname)
+    if held is not None:
+        if held[0] != ref.sha256:
+            raise CuteccError(f"needs runtime library {soname} with SHA-256 {ref.sha256[:16]}..., but "
+                              f"this process already loaded one with {held[0][:16]}... under that "
+                              "name; load kernels of one build toolchain per process, or rebuild",
+                              where=label, exit_code=1)
+        return
+    where = f"{label}: runtime library ({ref.path})"
+    import_tvm_ffi()  # its libtvm_ffi.so is the runtime library's DT_NEEDED, found by soname
+    data = verified_bytes(ref.path, ref.sha256, ref.size, f"{label}: runtime library",
+                          what="runtime library")
+    try:
+        meta = parse_json(trust.read_file(ref.path.parents[3], (*ref.path.parts[-4:-1], META),
+                                          MAX_META_BYTES))
+    except (OSError, ValueError) as e:
+        raise CuteccError(f"unreadable runtime library metadata: {e}", where=where, exit_code=1) from None
+    why = runtime_meta_problem(meta, ref.key)
+    if why:
+        raise CuteccError(f"runtime library: {why}; run `cutecc verify --fix` and `cutecc build`",
+                          where=where, exit_code=1)
+    try:
+        handle = _through_memfd(data, soname, lambda p: ctypes.CDLL(p, mode=os.RTLD_LOCAL | os.RTLD_NOW))
+        abi = int(handle.cutecc_rt_abi_version())
+    except (OSError, AttributeError) as e:
+        raise CuteccError(f"cannot load the runtime library: {e}", where=where, exit_code=1) from None
+    if abi != RUNTIME_ABI:
+        raise CuteccError(f"runtime library ABI {abi}, this cutecc needs {RUNTIME_ABI}; rebuild with "
+                          "`cutecc build`", where=where, exit_code=1)
+    _runtimes[soname] = (ref.sha256, handle)
+    if record_use and not environ.read_only():
+        touch_used(ref.path.parent)
 
 
 def ensure_registered(key: str, path: Path, sha256: str, size: int, symbol: str,
-                      scalar_names: tuple[str, ...], label: str, *, record_use: bool = True) -> str:
-    """Verify, load and register the entry's kernel once; returns its target name.
+                      scalar_names: tuple[str, ...], label: str, *, record_use: bool = True,
+                      runtime: RuntimeRef | None = None) -> str:
+    """Verify, load and register the entry's kernel once (after its `runtime` library);
+    returns its target name.
 
     `record_use`: touch the entry's `used` file (for `cutecc gc`); off for installed packs.
     """
@@ -146,6 +214,8 @@ def ensure_registered(key: str, path: Path, sha256: str, size: int, symbol: str,
         if name in _registered:
             return name
         data = verified_bytes(path, sha256, size, label)
+        if runtime is not None:
+            ensure_runtime(runtime, label, record_use=record_use)
         try:
             module = _load_bytes(data, name)
             fn = getattr(module, symbol)

@@ -1,16 +1,17 @@
 """`cutecc.load`: find the entries built for this device and expose one callable per kernel.
 
-Loading reads metadata only, and checks a kernel's entries at its first use; no library
-is opened until a kernel's first call (so a cache of a thousand entries costs a thousand
-small JSON reads, not a thousand dlopens), and then only after its SHA-256 matches.
-Entries that cannot run here (another arch, another artifact format, an incompatible
-tvm-ffi) are set aside with the reason, which a call of that kernel reports.
+Loading lists the kernels' names only: the store's index (`by-kernel/<name>/<key>`), or
+the lock file's lines. A kernel's entries are found through its own records, and their
+metadata read and checked, at the kernel's first use; no library is opened until its
+first call, and then only after its SHA-256 matches. So a load costs the same at 10 or
+10,000 entries, and the kernels a program never touches cost nothing. Entries that
+cannot run here (another arch, another artifact format, an incompatible tvm-ffi) are set
+aside with the reason, which a call of that kernel reports.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import gc
 import hashlib
 import importlib.metadata
 import threading
@@ -36,19 +37,33 @@ def _tvm_ffi_series() -> str:
 class KernelSet:
     """The kernels of a cache usable on one arch; `kernels.NAME(*arrays, **scalars)`.
 
-    Each kernel's entries are checked (key, lock, arch, toolchain) and turned into
-    builds on the kernel's first use, so loading a large cache costs one metadata read
-    per entry and the kernels a program never touches cost nothing more.
+    Each kernel's entries are found, checked (key, lock, arch, toolchain) and turned into
+    builds on the kernel's first use; whether a kernel exists is asked of the index for
+    that name alone (`has`), and the whole list of names is read only when something asks
+    for it (iteration, `len`, `problems`), so loading costs the same whatever the size of
+    the cache and the kernels a program never touches cost nothing.
     """
 
     def __init__(self, root: Path, arch: str, resolve: Callable[[str], KernelFn],
-                 names: Iterable[str]) -> None:
+                 names: Callable[[], Iterable[str]], has: Callable[[str], bool]) -> None:
         self.root = root
         self.arch = arch
         self._resolve = resolve
-        self._names = frozenset(names)
+        self._list = names
+        self._has = has
+        self._all: frozenset[str] | None = None
         self._kernels: dict[str, KernelFn] = {}
         self._lock = threading.Lock()
+
+    @property
+    def _names(self) -> frozenset[str]:
+        if self._all is None:
+            self._all = frozenset(self._list())
+        return self._all
+
+    def _exists(self, name: str) -> bool:
+        return name in self._kernels or (name in self._all if self._all is not None
+                                         else self._has(name))
 
     def _kernel(self, name: str) -> KernelFn:
         fn = self._kernels.get(name)
@@ -68,7 +83,7 @@ class KernelSet:
     def __getattr__(self, name: str) -> KernelFn:
         if name.startswith("_"):
             raise AttributeError(name)
-        if name not in self._names:
+        if not self._exists(name):
             raise AttributeError(
                 f"no kernel {name!r} in {self.root} (kernels: "
                 f"{', '.join(sorted(self._names)) or 'none'})")
@@ -78,10 +93,10 @@ class KernelSet:
         return self.__getattr__(name)
 
     def get(self, name: str) -> KernelFn | None:
-        return self._kernel(name) if name in self._names else None
+        return self._kernel(name) if self._exists(name) else None
 
     def __contains__(self, name: object) -> bool:
-        return name in self._names
+        return isinstance(name, str) and self._exists(name)
 
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(self._names))
@@ -141,6 +156,7 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
     if not store.entries_dir.is_dir():
         raise CuteccError("no kernel cache here; run `cutecc build` first", where=str(store.root),
                           exit_code=1)
+    store.require()  # of this format: an older cache has no index and no runtime libraries
     target = check_arch(arch, "cutecc.load arch") if arch is not None else device_arch()
     if target is None:
         raise CuteccError("no GPU is visible to JAX: pass arch= (or set CUTECC_ARCH) to load "
@@ -161,35 +177,57 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
         wanted = set(recorded) if wanted is None else wanted & set(recorded)
         planned = {key for name in wanted for keys in recorded[name].values() for key in keys}
     series = _tvm_ffi_series()
+    pinned: dict[str, Any] = {}
     locked = None
     if lock is not None:
         from cutecc.lockfile import read_trusted_lock
 
         locked = read_trusted_lock(lock, trusted_keys=trusted_keys, allow_unsigned=allow_unsigned)
-    pinned = locked.by_key() if locked is not None else {}
-    by_kernel: dict[str, list[Entry]] = {}
-    collecting = gc.isenabled()
-    gc.disable()  # the scan makes many small objects, none cyclic: full collections only cost
-    try:
-        for e in _candidates(store, locked, planned):
-            name = e.meta.get("kernel")
-            if isinstance(name, str) and (wanted is None or name in wanted):
-                by_kernel.setdefault(name, []).append(e)
-    finally:
-        if collecting:
-            gc.enable()
+        lines: dict[str, list[str]] = {}
+        for le in locked.entries:
+            if (wanted is None or le.kernel in wanted) and (planned is None or le.key in planned):
+                lines.setdefault(le.kernel, []).append(le.key)
+        missing_keys = [le for le in locked.entries if le.key in set().union(*lines.values())
+                        and not store.has(le.key)]
+        if missing_keys:
+            n = len(missing_keys)
+            raise CuteccError(f"{n} locked entr{'y' if n == 1 else 'ies'} not in the cache: "
+                              + ", ".join(f"{le.label} {le.key[:12]}" for le in missing_keys)
+                              + "; run `cutecc build`", where=str(store.root), exit_code=1)
+        pinned = locked.by_key()
+    elif planned is not None:  # exactly the manifest's newest build (all of it must be there)
+        lines = {name: sorted({k for keys in recorded[name].values() for k in keys}) for name in wanted}
+        for key in sorted(planned):
+            if not store.has(key):
+                raise CuteccError(f"entry {key[:12]} of the manifest's newest build is not in the "
+                                  "cache (removed since); run `cutecc build`", where=str(store.root),
+                                  exit_code=1)
+    newest = lock is None and planned is None  # each kernel's newest build generation
+    if not newest:
+        def names() -> Iterable[str]:
+            return lines
+
+        def keys_of(name: str) -> list[str]:
+            return lines.get(name, [])
+    else:
+        def names() -> Iterable[str]:
+            return [n for n in store.kernel_names() if wanted is None or n in wanted]
+
+        def keys_of(name: str) -> list[str]:
+            return store.kernel_keys(name) if wanted is None or name in wanted else []
     if wanted:
-        missing = sorted(wanted - set(by_kernel))
+        missing = sorted(n for n in wanted if not keys_of(n))
         if missing:
             raise CuteccError(f"no entries for kernel(s) {', '.join(missing)}; run `cutecc build`",
                               where=str(store.root), exit_code=1)
 
     def resolve(name: str) -> KernelFn:
-        fn = _kernel_fn(name, by_kernel[name], target, series, pinned, record_use)
+        entries, unreadable = _entries_of(store, name, keys_of(name), newest)
+        fn = _kernel_fn(name, entries, target, series, pinned, record_use, unreadable)
         fn.tuning = _tuning(name, fn, store, locked, target, series, record_use)
         return fn
 
-    ks = KernelSet(store.root, target, resolve, by_kernel)
+    ks = KernelSet(store.root, target, resolve, names, lambda name: bool(keys_of(name)))
     if strict:
         problems = ks.problems
         if problems:
@@ -198,43 +236,41 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
     return ks
 
 
-def _candidates(store: Store, locked: Any, planned: set[str] | None) -> list[Entry]:
-    """The entries a load considers: a lock's, a manifest's newest build's (all of them
-    must be there), else each kernel's newest build generation (`cutecc build` records
-    it per kernel and arch; entries of kernels with no record all count)."""
-    if locked is not None:
-        out = [e for e, _ in locked.resolve(store)]
-        return out if planned is None else [e for e in out if e.key in planned]
-    if planned is not None:
-        out = []
-        for key in sorted(planned):
+def _entries_of(store: Store, name: str, keys: list[str],
+                newest: bool) -> tuple[list[Entry], list[str]]:
+    """The entries of kernel `name` under `keys`, and why any could not be read. A key
+    whose entry is gone (removed since it was listed) is skipped, and so is one whose
+    metadata names another kernel (a misplaced index record: `cutecc verify --fix`). With
+    `newest`, only the kernel's newest build generation per arch (`cutecc build` records
+    it; a kernel and arch with no record keep all their entries)."""
+    out, unreadable = [], []
+    generations: dict[str, frozenset[str] | None] = {}
+    for key in keys:
+        try:
             e = store.get(key)
-            if e is None:
-                raise CuteccError(f"entry {key[:12]} of the manifest's newest build is not in the "
-                                  "cache (removed since); run `cutecc build`", where=str(store.root),
-                                  exit_code=1)
-            out.append(e)
-        return out
-    generations: dict[tuple[str, str], frozenset[str] | None] = {}
-    out = []
-    for e in store.entries():
-        gk = (str(e.meta.get("kernel")), str(e.meta.get("arch")))
-        if gk not in generations:
-            generations[gk] = store.generation(*gk)
-        current = generations[gk]
-        if current is None or e.key in current:
-            out.append(e)
-    return out
+        except CuteccError as err:
+            unreadable.append(f"{key[:12]}: {err.message}")
+            continue
+        if e is None or e.meta.get("kernel") != name:
+            continue
+        if newest:
+            arch = str(e.meta.get("arch"))
+            if arch not in generations:
+                generations[arch] = store.generation(name, arch)
+            if generations[arch] is not None and key not in generations[arch]:
+                continue
+        out.append(e)
+    return out, unreadable
 
 
 def _kernel_fn(name: str, entries: list[Entry], target: str, series: str,
-               pinned: dict[str, Any], record_use: bool) -> KernelFn:
+               pinned: dict[str, Any], record_use: bool, unreadable: list[str]) -> KernelFn:
     """One kernel's callable: per variant the build that runs best here, the newest of
     equals (an edited kernel's older entry stays in the cache until gc); entries that
     cannot be used here are kept as reasons. An entry that differs from the lock file
     refuses the whole kernel."""
     best: dict[str, tuple[tuple[int, str], Build]] = {}
-    unusable: list[str] = []
+    unusable: list[str] = list(unreadable)
     backward: str | None = None
     refused = False
     for e in entries:

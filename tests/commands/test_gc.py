@@ -91,6 +91,18 @@ def test_size_bound_is_respected_exactly(aged) -> None:
     assert list(built.store.entries()) == []
 
 
+def test_a_runtime_library_goes_once_no_entry_links_against_it(aged) -> None:
+    built, now, old, recent = aged
+    [rt] = list(built.store.runtimes())
+    report = gc(built.cache, older_than="1d", now=now)  # threads=128 still links against it
+    assert report.removed_runtimes == [] and report.runtime_bytes == rt.disk_bytes()
+    fresh = gc(built.cache, max_size=0, now=time.time())  # unlinked, but used just now: kept
+    assert len(fresh.removed) == 1 and fresh.removed_runtimes == []
+    report = gc(built.cache, max_size=0, now=now + 2 * 3600)
+    assert [r["key"] for r in report.removed_runtimes] == [rt.key] and report.runtime_bytes == 0
+    assert list(built.store.runtimes()) == [] and not rt.path.exists()
+
+
 def test_dry_run_removes_nothing(aged) -> None:
     built, now, old, _ = aged
     report = gc(built.cache, older_than="1d", max_size="1K", now=now, dry_run=True)

@@ -135,3 +135,54 @@ def test_cli_verify_exit_codes(built) -> None:
     r = CliRunner().invoke(main, [*args, "--fix"])
     assert r.exit_code == 0 and "quarantined to" in r.stdout
     assert CliRunner().invoke(main, args).exit_code == 0
+
+
+# The index ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", ["delete", "garbage", "other-bytes", "stray", "misfiled"])
+def test_a_damaged_index_is_reported_and_rebuilt_by_fix(built, damage: str) -> None:
+    import cutecc
+
+    store = built.store
+    e = built.entries()["threads=64"]
+    record = store.index_record("scale", e.key)
+    good = record.read_bytes()
+    if damage == "delete":
+        record.unlink()
+        kind = "unindexed"
+    elif damage == "garbage":
+        record.write_bytes(b"{not json")
+        kind = "stale-index"
+    elif damage == "other-bytes":  # a record vouching for another library
+        record.write_bytes(good.replace(e.meta["files"]["kernel.so"]["sha256"].encode(), b"0" * 64))
+        kind = "stale-index"
+    elif damage == "stray":  # a record of no entry
+        store.index_record("scale", "f" * 64).write_bytes(good)
+        kind = "stale-index"
+    else:  # the entry's record under another kernel's name
+        (store.index_dir / "other").mkdir()
+        (store.index_dir / "other" / e.key).write_bytes(good)
+        kind = "stale-index"
+    report = verify(built.cache)
+    assert [p.kind for p in report.problems] == [kind] and not report.ok
+    fixed = verify(built.cache, fix=True)
+    assert fixed.ok and fixed.problems[0].action in ("indexed", "removed")
+    assert verify(built.cache).problems == []
+    # The same record; one written again is stamped with the meta.json it was taken from.
+    got, was = json.loads(record.read_bytes()), json.loads(good)
+    assert got.pop("meta_stat") in (was.pop("meta_stat"), store.stamp(e.key)) and got == was
+    assert sorted(cutecc.load(built.cache, arch="sm_90a")) == ["scale"]
+    assert sorted(cutecc.load(built.cache, arch="sm_90a").scale.variants) == ["threads=128", "threads=64"]
+
+
+def test_a_missing_runtime_library_is_linked_again_by_fix(built) -> None:
+    [rt] = list(built.store.runtimes())
+    data = (rt.path / rt.meta["library"]).read_bytes()
+    assert built.store.remove(rt.key, runtime=True)
+    [p] = verify(built.cache).problems
+    assert p.kind == "no-runtime" and p.key == rt.key and "2 entries" in p.detail
+    fixed = verify(built.cache, fix=True)
+    assert fixed.ok and fixed.problems[0].action == "linked again"
+    [again] = list(built.store.runtimes())
+    assert (again.path / again.meta["library"]).read_bytes() == data  # reproducible

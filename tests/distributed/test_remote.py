@@ -88,7 +88,9 @@ def test_a_build_publishes_and_a_second_machine_fetches_everything(s3, prefix: s
     objs = s3.objects(parse_url(prefix)[1])
     keys = sorted(_libraries(tmp_path / "ci"))
     assert [o for o in objs if o.startswith("v1/entries/")] == [f"v1/entries/{k}.json" for k in keys]
-    assert len([o for o in objs if o.startswith("v1/blobs/")]) == 2
+    [rt] = list(Store(tmp_path / "ci").runtimes())  # the runtime library, once, before its entries
+    assert [o for o in objs if o.startswith("v1/runtimes/")] == [f"v1/runtimes/{rt.key}.json"]
+    assert len([o for o in objs if o.startswith("v1/blobs/")]) == 3
     # the entry on the remote is the local meta.json, byte for byte
     key = keys[0]
     raw = bytes(obstore.get(s3.store(parse_url(prefix)[1]), f"v1/entries/{key}.json").bytes())
@@ -100,7 +102,9 @@ def test_a_build_publishes_and_a_second_machine_fetches_everything(s3, prefix: s
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert (rep["built"], rep["cached"], rep["failed"], rep["fetched"]) == (0, 2, 0, 2)
-    assert rep["remote"]["fetched"] == 2 and rep["remote"]["bytes_down"] > 2_000_000
+    assert rep["remote"]["fetched"] == 2 and rep["remote"]["bytes_down"] > 500_000  # the runtime, once
+    assert [e.key for e in Store(tmp_path / "dev").runtimes()] == [rt.key]  # fetched, not linked
+    assert rep["runtimes_built"] == []
     assert all(e["status"] == "cached" and e["fetched"] for e in rep["entries"])
     assert _libraries(tmp_path / "dev") == _libraries(tmp_path / "ci")
     verify = run_cli("verify", "--cache-dir", str(tmp_path / "dev"))
@@ -111,7 +115,7 @@ def test_a_build_publishes_and_a_second_machine_fetches_everything(s3, prefix: s
     assert "remote hits    2 of 2 looked up" in "\n".join(s.lines())
     s = stats(tmp_path / "ci")
     assert (s["misses"], s["remote_misses"], s["remote_uploads"]) == (2, 2, 2)
-    assert s["remote_bytes_up"] > 2_000_000
+    assert s["remote_bytes_up"] > 500_000
     # run again: all local hits, nothing asked of the remote
     again = build(manifest, cache_dir=tmp_path / "dev", remote=prefix, lock=False)
     assert again.count("cached") == 2 and again.remote is not None and again.remote.traffic.requests == 0
@@ -188,8 +192,10 @@ def test_concurrent_uploads_of_one_entry_create_it_once(s3, prefix: str, toy_cac
         t.join(60)
     assert sorted(created) == [False] * 5 + [True]
     objs = s3.objects(parse_url(prefix)[1])
-    assert objs == sorted([f"v1/entries/{entry.key}.json",
-                           f"v1/blobs/{entry.meta['files']['kernel.so']['sha256']}"])
+    rt = entry.meta["runtime"]
+    assert objs == sorted([f"v1/entries/{entry.key}.json", f"v1/runtimes/{rt['key']}.json",
+                           f"v1/blobs/{entry.meta['files']['kernel.so']['sha256']}",
+                           f"v1/blobs/{rt['sha256']}"])
 
 
 # A server that goes away or hangs -----------------------------------------------------
@@ -335,7 +341,8 @@ def test_fetch_fills_a_cache_with_exactly_the_locked_entries(s3, prefix: str, to
     lock = toy_cache.manifest.parent / "kernels.lock"
     keys = read_lock(lock).distinct_keys()
     rep = fetch(lock, remote=prefix, cache_dir=tmp_path / "prod", allow_unsigned=True)
-    assert rep.ok and len(rep.fetched) == 2 and rep.traffic.bytes_down > 2_000_000
+    # two ~15 KB kernel libraries and, once, the ~0.8 MB runtime library they link against
+    assert rep.ok and len(rep.fetched) == 2 and 500_000 < rep.traffic.bytes_down < 1_200_000
     assert sorted(_libraries(tmp_path / "prod")) == keys
     again = fetch(lock, remote=prefix, cache_dir=tmp_path / "prod", allow_unsigned=True)
     assert again.ok and len(again.present) == 2 and again.traffic.requests == 0

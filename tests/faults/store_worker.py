@@ -42,6 +42,31 @@ def _payload(key: str) -> bytes:
     return (block * (size // len(block) + 1))[:size]
 
 
+def _runtime() -> tuple[str, bytes]:
+    """The fake runtime library every fake entry links against: this toolchain's key (so
+    its metadata checks like a real one's) and small fixed bytes."""
+    from cutecc.key import toolchain
+
+    key = toolchain()["runtime"]
+    return key, hashlib.sha256(b"runtime" + key.encode()).digest() * 64
+
+
+def ensure_runtime(store: Store) -> None:
+    """Publish the fake runtime library (as a build does before its workers start)."""
+    from cutecc.entry import runtime_soname
+    from cutecc.linker import runtime_inputs
+
+    key, data = _runtime()
+
+    def produce(staging: Path) -> dict[str, Any]:
+        (staging / runtime_soname(key)).write_bytes(data)
+        return {"kind": "runtime", "key_inputs": runtime_inputs(), "library": runtime_soname(key),
+                "built_at": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+                "build_seconds": 0.01}
+
+    store.publish(key, produce, runtime=True)
+
+
 def producer(entry: dict[str, Any], log: Path | None, chunks: int, pause: float):
     """A `build` callback for Store.publish writing the fake library in slow chunks."""
 
@@ -58,9 +83,14 @@ def producer(entry: dict[str, Any], log: Path | None, chunks: int, pause: float)
                     time.sleep(pause)
             os.fsync(f.fileno())
         inputs = entry["inputs"]
+        from cutecc.entry import runtime_soname
+
+        rkey, rdata = _runtime()
+        runtime = {"key": rkey, "library": runtime_soname(rkey),
+                   "sha256": hashlib.sha256(rdata).hexdigest(), "size": len(rdata)}
         return {"kernel": "fake", "variant": entry["variant"], "params": {},
                 "arch": inputs["arch"], "entry": inputs["entry"], "args": inputs["args"],
-                "backward": None, "library": LIB, "symbol": "cutecc_kernel",
+                "backward": None, "library": LIB, "symbol": "cutecc_kernel", "runtime": runtime,
                 "toolchain": inputs["toolchain"], "key_inputs": inputs, "sources": [],
                 "built_at": "2026-01-01T00:00:00+00:00", "build_seconds": 0.01}
 
@@ -259,6 +289,7 @@ def main(role: str, spec_path: str, out_path: str | None = None) -> None:
     store = Store(spec["root"])
     if role.startswith("crash-"):
         store.ensure()
+        ensure_runtime(store)
         _crash(role.removeprefix("crash-"), spec, store)
         return
     out: dict[str, Any] = {"role": role, "pid": os.getpid(), "problems": []}
@@ -268,6 +299,7 @@ def main(role: str, spec_path: str, out_path: str | None = None) -> None:
     out["start"] = time.time()
     if role == "publish":
         store.ensure()
+        ensure_runtime(store)
     ROLES[role](spec, store, out)
     out["end"] = time.time()
     Path(out_path or spec_path + f".{role}.{os.getpid()}.json").write_text(json.dumps(out))

@@ -38,11 +38,17 @@ def _fake_compile(jobs: list[BuildJob], store_root: Path, workers: int, on_resul
     """Publish each job as a build worker would, with a stand-in library (no DSL)."""
     store = Store(store_root)
     for job in jobs:
-        def produce(staging: Path, job: BuildJob = job) -> dict[str, Any]:
+        rt = store.get_runtime(job.key_inputs["toolchain"]["runtime"])  # the build linked it first
+        assert rt is not None
+        lib = rt.meta["library"]
+        runtime = {"key": rt.key, "library": lib, **rt.meta["files"][lib]}
+
+        def produce(staging: Path, job: BuildJob = job, runtime: dict = runtime) -> dict[str, Any]:
             (staging / "kernel.so").write_bytes(job.key.encode())
             return {"kernel": job.kernel, "variant": job.variant.id, "params": dict(job.variant.params),
                     "arch": job.arch, "entry": job.entry, "args": args_to_json(job.variant.args),
                     "backward": job.backward, "library": "kernel.so", "symbol": "cutecc_kernel",
+                    "runtime": runtime,
                     "toolchain": job.key_inputs["toolchain"], "key_inputs": job.key_inputs,
                     "sources": list(job.sources), "built_at": now_iso(), "build_seconds": 0.0}
 

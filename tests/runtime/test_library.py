@@ -133,3 +133,46 @@ def test_first_call_does_not_import_tvm_ffis_optional_interop(
     assert r.returncode == 0, r.stderr
     assert "LOWERED" in r.stdout and "MAPPED" in r.stdout
     assert marker.exists() is allow
+
+
+# The runtime library ------------------------------------------------------------------
+
+def _runtime_lib(cache: Path) -> Path:
+    [rt] = list(Store(cache).runtimes())
+    return rt.path / rt.meta["library"]
+
+
+@pytest.mark.parametrize("damage", ["flip", "delete", "meta"])
+def test_a_damaged_runtime_library_is_refused_before_any_library_is_mapped(cache_copy: Path,
+                                                                          damage: str) -> None:
+    lib = _runtime_lib(cache_copy)
+    if damage == "flip":
+        data = bytearray(lib.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        lib.write_bytes(bytes(data))
+    elif damage == "delete":
+        lib.unlink()
+    else:  # its metadata no longer describes its key
+        meta = json.loads((lib.parent / "meta.json").read_text())
+        meta["key_inputs"]["zig"] = "0.0.0"
+        (lib.parent / "meta.json").write_text(json.dumps(meta))
+    out = _run(cache_copy)
+    assert "REFUSED" in out and "NOT-MAPPED" in out and "runtime library" in out
+    assert {"flip": "SHA-256", "delete": "cannot read", "meta": "do not hash to"}[damage] in out
+
+
+def test_one_runtime_library_serves_every_kernel_and_torch_and_cuda_python_stay_out(
+        example_cache: Path) -> None:
+    code = (
+        "import cutecc, jax, jax.numpy as jnp, sys\n"
+        "ks = cutecc.load(sys.argv[1], arch='sm_90a')\n"
+        "s = jax.ShapeDtypeStruct((16,), jnp.float32)\n"
+        "jax.jit(lambda a, b: (ks.mul(a, b), ks.axpy(a, b, alpha=2.0))).trace(s, s)"
+        ".lower(lowering_platforms=('cuda',))\n"
+        "maps = [ln.split()[-2] for ln in open('/proc/self/maps') if 'libcutecc_rt_' in ln]\n"
+        "kernels = {ln.split()[4] for ln in open('/proc/self/maps') if 'memfd:cutecc_' in ln}\n"
+        "print(len(set(maps)), len(kernels), 'cuda.bindings' in sys.modules, 'torch' in sys.modules)\n")
+    out = subprocess.run([PY, "-c", code, str(example_cache)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "2", "False", "False"], out.stdout

@@ -6,6 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 import cutecc
 from cutecc.entry import compute_key
 from cutecc.store import Store
@@ -20,6 +22,7 @@ def _restamp(store: Store, key: str, source: str, built_at: str) -> str:
     dest = store.entry_dir(new)
     shutil.copytree(store.entry_dir(key), dest)
     (dest / "meta.json").write_text(json.dumps(meta))
+    store.index(new, meta, dest / "meta.json")  # as publishing does
     return new
 
 
@@ -47,7 +50,7 @@ def test_newest_of_several_builds_of_one_variant_wins(example_cache: Path, tmp_p
 
 
 def test_a_kernel_is_checked_at_first_use_only(example_cache: Path, monkeypatch) -> None:
-    """Loading costs one metadata read per entry; the checks run for the kernels used."""
+    """Loading reads no metadata; a kernel's entries are read and checked at its first use."""
     import cutecc.runtime.loader as loader
 
     checked: list[str] = []
@@ -60,3 +63,30 @@ def test_a_kernel_is_checked_at_first_use_only(example_cache: Path, monkeypatch)
     ks.mul  # noqa: B018  (resolved once)
     assert checked == ["mul"] * 3
     assert ks.problems == [] and sorted(set(checked)) == sorted(ks)
+
+
+def test_load_reads_one_kernels_records_only(example_cache: Path, tmp_path: Path, monkeypatch) -> None:
+    """Loading lists nothing and reads no metadata; a kernel's first use reads its own index
+    records and entries, never another kernel's, so the cost does not grow with the cache."""
+    import cutecc.store
+
+    store = Store(shutil.copytree(example_cache, tmp_path / "cache"))
+    listed: list[str] = []
+    read: list[str] = []
+    real_keys, real_meta = Store.kernel_keys, cutecc.store.read_meta
+    monkeypatch.setattr(Store, "kernel_names", lambda self: listed.append("all") or [])
+    monkeypatch.setattr(Store, "kernel_keys", lambda self, k: listed.append(k) or real_keys(self, k))
+    monkeypatch.setattr(cutecc.store, "read_meta", lambda d: read.append(d.name) or real_meta(d))
+    ks = cutecc.load(store.root, arch="sm_90a")
+    assert listed == [] and read == []
+    assert len(ks.axpy.variants) == 1
+    axpy = [e.key for e in store.entries() if e.meta["kernel"] == "axpy"]
+    read.clear()  # (store.entries() above read them all)
+    assert "axpy" in listed and "all" not in listed
+    assert "mul" in ks and "nope" not in ks and ks.get("nope") is None
+    assert "all" not in listed  # whether a name exists is asked of its own records
+    ks.mul  # noqa: B018
+    assert len(read) == 3 and not set(read) & set(axpy)
+    with pytest.raises(AttributeError, match="no kernel 'nope'"):
+        ks.nope  # noqa: B018
+    assert "all" in listed  # the error lists the kernels: only now is the index listed

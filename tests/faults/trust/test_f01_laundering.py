@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from cutecc.entry import STORE_FORMAT
+
 from .conftest import (
     ARCH,
     LIB,
@@ -97,7 +99,7 @@ def test_unpack_refuses_a_destination_cache_another_user_owns(built: Cache, legi
     dest.mkdir()
     for d in ("entries", "tmp", "locks"):
         (dest / d).mkdir(exist_ok=True)
-    (dest / "format").write_text("1\n")
+    (dest / "format").write_text(f"{STORE_FORMAT}\n")
     chown_tree(dest, other_user.pw_uid, other_user.pw_gid)
     r = cli(*unpack_cmd(legit_tar, dest))
     err = one_line_error(r, (1,))

@@ -1,14 +1,17 @@
-/* cutecc's native shim, linked into every kernel library (see cutecc/linker.py).
+/* cutecc's runtime library, linked once per toolchain (see cutecc/linker.py) into
+ * libcutecc_rt_<key>.so together with the DSL's static CUDA-dialect runtime (whole archive)
+ * and the static CUDA runtime; every kernel library of that toolchain links against it.
  *
  * 1. The two symbols of libcute_dsl_runtime.so that a CuTe DSL TVM-FFI object may call
- *    (signatures from that library's CuteDSLRuntime.h), so the library need not link the
- *    43 MB runtime and depends on libtvm_ffi.so alone.
- * 2. The exported TVM-FFI entry point CUTECC_EXPORT: it calls the DSL's function
- *    CUTECC_INNER and makes every failure name the kernel (CUTECC_ENTRY, CUTECC_ARCH,
- *    CUTECC_KEY, set per artifact by the linker), adds what the GPU is when the library
- *    holds no code for it, and, with CUTECC_SYNC_CHECK set in the environment,
- *    synchronises the stream after the kernel so an asynchronous fault (an illegal
- *    address, a trap) is reported by this call instead of by XLA's next synchronisation.
+ *    (signatures from that library's CuteDSLRuntime.h), so no library links the 43 MB
+ *    runtime and the deploy host needs only libtvm_ffi.so.
+ * 2. What a kernel's wrapper (kernel_wrap.c) calls: `cutecc_rt_relabel` makes a failure name
+ *    the kernel (its label and arch come in as arguments, so nothing here depends on a
+ *    kernel) and adds what the GPU is when the library holds no code for it;
+ *    `cutecc_rt_sync_check_enabled` and `cutecc_rt_sync_check` implement CUTECC_SYNC_CHECK,
+ *    which synchronises the stream after the kernel so an asynchronous fault (an illegal
+ *    address, a trap) is reported by the call that caused it.
+ * 3. `cutecc_rt_abi_version`, which the loader checks before any kernel library binds to it.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -47,22 +50,22 @@ extern cudaError_t cudaDeviceGetAttribute(int* value, int attr, int device);
 extern cudaError_t cudaStreamIsCapturing(cudaStream_t stream, int* status);
 extern cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 
-#if !defined(CUTECC_EXPORT) || !defined(CUTECC_INNER) || !defined(CUTECC_ENTRY) || \
-    !defined(CUTECC_ARCH) || !defined(CUTECC_KEY)
-#error "cutecc.linker defines CUTECC_EXPORT, CUTECC_INNER, CUTECC_ENTRY, CUTECC_ARCH, CUTECC_KEY"
+#ifndef CUTECC_RT_LABEL
+#error "cutecc.linker defines CUTECC_RT_LABEL (the runtime's key)"
 #endif
 
-#define CUTECC_WHO "cutecc kernel " CUTECC_ENTRY " (built for " CUTECC_ARCH ", cache key " CUTECC_KEY ")"
+#define CUTECC_RT_API __attribute__((visibility("default")))
+#define CUTECC_RT_ABI 1 /* bump when a cutecc_rt_* signature or meaning changes */
 #define CUTECC_SYNC_ENV "CUTECC_SYNC_CHECK"
 
-/* Embedded in the library so `strings kernel.so` tells what it is. */
-__attribute__((used)) static const char cutecc_ident[] = "cutecc-label: " CUTECC_WHO;
+/* Embedded in the library so `strings` tells what it is. */
+__attribute__((used)) static const char cutecc_rt_ident[] = "cutecc-runtime: " CUTECC_RT_LABEL;
 
 typedef void (*cutecc_set_error_fn)(const char* kind, const char** parts, int32_t num_parts);
 
-int CUTECC_INNER(void* handle, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result);
-
-/* The CUDA error the DSL reported through the shim during this thread's current call. */
+/* The CUDA error the DSL reported during this thread's current kernel call: set by
+ * CuteDSLRT_TVMFFISetRaisedCudaError, read and cleared by the kernel's wrapper through
+ * cutecc_rt_relabel right after the call, on the same thread. */
 static _Thread_local int cutecc_cuda_error = 0;
 
 /* Errors after which the CUDA context is unusable: every later call reports them too. */
@@ -89,7 +92,7 @@ static void cutecc_format_cuda_error(char* out, size_t size, int code) {
   snprintf(out, size, "CUDA error %d (%s): %s", code, name ? name : "?", text ? text : "?");
 }
 
-void CuteDSLRT_TVMFFISetRaisedCudaError(cutecc_set_error_fn set_error, int32_t code) {
+CUTECC_RT_API void CuteDSLRT_TVMFFISetRaisedCudaError(cutecc_set_error_fn set_error, int32_t code) {
   char message[256];
   const char* parts[1] = {message};
   cutecc_cuda_error = code;
@@ -101,7 +104,7 @@ void CuteDSLRT_TVMFFISetRaisedCudaError(cutecc_set_error_fn set_error, int32_t c
   }
 }
 
-void CuteDSLRT_TVMFFISetRaisedCudaLaunchError(
+CUTECC_RT_API void CuteDSLRT_TVMFFISetRaisedCudaLaunchError(
     cutecc_set_error_fn set_error, int32_t grid_x, int32_t grid_y, int32_t grid_z,
     int32_t block_x, int32_t block_y, int32_t block_z, int32_t block_threads,
     int64_t dynamic_smem, int32_t device, int32_t max_threads, int32_t max_block_x,
@@ -142,11 +145,10 @@ static int cutecc_device_of(const TVMFFIAny* args, int32_t num_args) {
   return cudaGetDevice(&device) == cudaSuccess ? device : 0;
 }
 
-/* Whether code built for CUTECC_ARCH runs on compute capability major.minor (the rule of
- * cutecc.runtime.loader.runs_on): `sm_90a` only on 9.0, `sm_100f` on 10.x from 10.0, plain
- * `sm_80` on 8.x from 8.0. */
-static int cutecc_arch_runs_on(int major, int minor) {
-  const char* arch = CUTECC_ARCH;
+/* Whether code built for `arch` runs on compute capability major.minor (the rule of
+ * cutecc.archs.runs_on): `sm_90a` only on 9.0, `sm_100f` on 10.x from 10.0, plain `sm_80`
+ * on 8.x from 8.0. */
+static int cutecc_arch_runs_on(const char* arch, int major, int minor) {
   int number = 0;
   const char* p = arch + 3;
   if (strncmp(arch, "sm_", 3) != 0) return 1; /* unknown form: make no claim */
@@ -158,7 +160,7 @@ static int cutecc_arch_runs_on(int major, int minor) {
 
 /* " this GPU (..) cannot run it; build it for this GPU: ..." when the library has no code
  * for the device, else "". */
-static void cutecc_arch_note(char* out, size_t size, int device) {
+static void cutecc_arch_note(char* out, size_t size, const char* arch, int device) {
   int major = 0, minor = 0;
   out[0] = '\0';
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
@@ -166,20 +168,22 @@ static void cutecc_arch_note(char* out, size_t size, int device) {
     (void)cudaGetLastError();
     return;
   }
-  if (cutecc_arch_runs_on(major, minor)) return;
+  if (cutecc_arch_runs_on(arch, major, minor)) return;
   snprintf(out, size,
-           "; this library holds code for " CUTECC_ARCH " only, and GPU %d is sm_%d%d (compute "
+           "; this library holds code for %s only, and GPU %d is sm_%d%d (compute "
            "capability %d.%d), which cannot run it: build the kernel for this GPU, e.g. "
            "`cutecc build --arch sm_%d%d%s`",
-           device, major, minor, major, minor, major, minor, major >= 9 ? "a" : "");
+           arch, device, major, minor, major, minor, major, minor, major >= 9 ? "a" : "");
 }
 
 static const char kStickyNote[] =
     "; the CUDA context of this process is now unusable (a fault of this kind may also come "
     "from earlier work on the GPU): restart the process";
 
-/* Replace the error the DSL raised by one whose message starts with the kernel's name. */
-static void cutecc_relabel_raised(const TVMFFIAny* args, int32_t num_args) {
+/* Replace the error the DSL raised by one whose message starts with `who` (the kernel's
+ * label); `arch` is what the kernel's library was built for. */
+CUTECC_RT_API void cutecc_rt_relabel(const char* who, const char* arch, const TVMFFIAny* args,
+                                     int32_t num_args) {
   TVMFFIObjectHandle err = NULL;
   char kind[64] = "RuntimeError";
   char arch_note[512];
@@ -202,19 +206,18 @@ static void cutecc_relabel_raised(const TVMFFIAny* args, int32_t num_args) {
       message = copy;
     }
   }
-  cutecc_arch_note(arch_note, sizeof(arch_note), cutecc_device_of(args, num_args));
+  cutecc_arch_note(arch_note, sizeof(arch_note), arch, cutecc_device_of(args, num_args));
   {
-    const char* parts[4] = {CUTECC_WHO ": ", message, arch_note,
-                            cutecc_is_sticky(code) ? kStickyNote : ""};
-    TVMFFIErrorSetRaisedFromCStrParts(kind, parts, 4);
+    const char* parts[5] = {who, ": ", message, arch_note, cutecc_is_sticky(code) ? kStickyNote : ""};
+    TVMFFIErrorSetRaisedFromCStrParts(kind, parts, 5);
   }
   free(copy);
   if (err != NULL) TVMFFIObjectDecRef(err);
 }
 
-/* CUTECC_SYNC_CHECK, read once per library. Like cutecc's Python side: unset, or (ignoring
+/* CUTECC_SYNC_CHECK, read once per process. Like cutecc's Python side: unset, or (ignoring
  * case and surrounding blanks) "", "0", "false", "no" or "off" mean off. */
-static int cutecc_sync_check_enabled(void) {
+CUTECC_RT_API int cutecc_rt_sync_check_enabled(void) {
   static int mode = -1;
   int m = __atomic_load_n(&mode, __ATOMIC_RELAXED);
   if (m < 0) {
@@ -236,8 +239,9 @@ static int cutecc_sync_check_enabled(void) {
   return m;
 }
 
-/* Wait for the call's stream; on a CUDA error raise it, naming the kernel. */
-static int cutecc_sync_check(const TVMFFIAny* args, int32_t num_args) {
+/* Wait for the call's stream; on a CUDA error raise it, naming the kernel (`who`). */
+CUTECC_RT_API int cutecc_rt_sync_check(const char* who, const char* arch, const TVMFFIAny* args,
+                                       int32_t num_args) {
   int device = cutecc_device_of(args, num_args);
   cudaStream_t stream = (cudaStream_t)TVMFFIEnvGetStream(kDLCUDA, device);
   int capture = cudaStreamCaptureStatusNone;
@@ -252,24 +256,16 @@ static int cutecc_sync_check(const TVMFFIAny* args, int32_t num_args) {
     char cuda[256];
     char arch_note[512];
     cutecc_format_cuda_error(cuda, sizeof(cuda), (int)e);
-    cutecc_arch_note(arch_note, sizeof(arch_note), device);
-    const char* parts[5] = {
-        CUTECC_WHO ": ", cuda,
+    cutecc_arch_note(arch_note, sizeof(arch_note), arch, device);
+    const char* parts[6] = {
+        who, ": ", cuda,
         ", seen by " CUTECC_SYNC_ENV " when synchronising the stream after this kernel (the "
         "fault is in this kernel or in work queued before it)",
         arch_note, cutecc_is_sticky((int)e) ? kStickyNote : ""};
-    TVMFFIErrorSetRaisedFromCStrParts("RuntimeError", parts, 5);
+    TVMFFIErrorSetRaisedFromCStrParts("RuntimeError", parts, 6);
   }
   return -1;
 }
 
-__attribute__((visibility("default"))) int CUTECC_EXPORT(void* handle, const TVMFFIAny* args,
-                                                         int32_t num_args, TVMFFIAny* result) {
-  int rc = CUTECC_INNER(handle, args, num_args, result);
-  if (__builtin_expect(rc != 0, 0)) {
-    cutecc_relabel_raised(args, num_args);
-    return rc;
-  }
-  if (__builtin_expect(cutecc_sync_check_enabled(), 0)) return cutecc_sync_check(args, num_args);
-  return 0;
-}
+/* For the loader's check before any kernel binds to this library (calls no CUDA). */
+CUTECC_RT_API int cutecc_rt_abi_version(void) { return CUTECC_RT_ABI; }
