@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # The GPU suite, on any machine with a CUDA GPU:
-#   bash tests/gpu/run.sh [CACHE_DIR] [pytest args...]
-# With no CACHE_DIR it builds kernels.toml first (needs the build extra); on a deploy-like
-# machine without the DSL, build elsewhere and pass the cache directory.
-# Optional, each prepared on a build host when the DSL is not here:
-#   CUTECC_FAULT_CACHE=DIR  tests/gpu/faulty_kernels/kernels.toml built into DIR (the fault tests)
-#   CUTECC_LAYOUT_AB=DIR    `python benchmarks/layout_ab.py prepare DIR` done: after the suite, a
-#                           kernel's time in the old layout against the new, in one process
-#   OUT=DIR                 logs written there: gpu-suite.log, gpu-suite.xml (JUnit),
-#                           layout_ab.log, layout_ab.json
-# Exits non-zero when the suite or the layout comparison fails.
+#   bash tests/gpu/run.sh [CACHES] [pytest args...]
+# CACHES is what `bash tests/gpu/prepare.sh CACHES` made on a build host (the device needs
+# no DSL): each of its directories that is there turns on the tests that need it, unless
+# the variable is already set:
+#   root/      kernels.toml                                CUTECC_TEST_CACHE
+#   faults/    tests/gpu/faulty_kernels (+ tune candidates) CUTECC_FAULT_CACHE, CUTECC_FAULT_TUNE_CACHE
+#   layouts/   tests/gpu/layout_kernels                     CUTECC_LAYOUT_CACHE
+#   tune/      kernels.toml + its tuning candidates         CUTECC_TUNE_CACHE
+#   examples/  examples/kernels.toml (published kernels)    CUTECC_EXAMPLES_CACHE
+#   layout_ab/ benchmarks/layout_ab.py prepare: after the suite, old link layout against new
+#   examples-direct/  benchmarks/examples_parity.py build: after the suite, cutecc against
+#              the same launchers compiled directly (within 2%)
+# A CACHES without root/ is taken as the root cache itself; with no CACHES, kernels.toml is
+# built first (needs the build extra). OUT=DIR writes the logs there (gpu-suite.log, .xml,
+# layout_ab.*, examples_parity.*). Exits non-zero when the suite or a comparison fails.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY="${PYTHON:-python3}"
@@ -21,24 +26,41 @@ LOGS="${OUT:-}"
 log() {  # stdin to the terminal, and to $OUT/$1 when OUT is set
   if [ -n "$LOGS" ]; then tee "$LOGS/$1"; else cat; fi
 }
-CACHE="${1:-${CUTECC_TEST_CACHE:-}}"
-shift || true
-if [ -z "$CACHE" ]; then
-  CACHE="$(mktemp -d)"
-  "$PY" -m cutecc.cli build kernels.toml --cache-dir "$CACHE" || exit 1
+CACHES="${1:-}"
+[ $# -eq 0 ] || shift
+from() {  # VAR SUBDIR: VAR from CACHES/SUBDIR when it is there and VAR is not set
+  if [ -z "${!1:-}" ] && [ -n "$CACHES" ] && [ -d "$CACHES/$2" ]; then export "$1=$(cd "$CACHES/$2" && pwd)"; fi
+}
+if [ -n "$CACHES" ] && [ ! -d "$CACHES/root" ]; then export CUTECC_TEST_CACHE="$CACHES"; CACHES=""; fi
+from CUTECC_TEST_CACHE root
+from CUTECC_FAULT_CACHE faults
+from CUTECC_FAULT_TUNE_CACHE faults
+from CUTECC_LAYOUT_CACHE layouts
+from CUTECC_TUNE_CACHE tune
+from CUTECC_EXAMPLES_CACHE examples
+if [ -z "${CUTECC_TEST_CACHE:-}" ]; then
+  CUTECC_TEST_CACHE="$(mktemp -d)"
+  export CUTECC_TEST_CACHE
+  "$PY" -m cutecc.cli build kernels.toml --cache-dir "$CUTECC_TEST_CACHE" || exit 1
 fi
-if [ -z "${CUTECC_FAULT_CACHE:-}" ] && ! "$PY" -c 'import cutlass' 2>/dev/null; then
-  echo "note: no CUTECC_FAULT_CACHE and no DSL here: the fault tests will skip" >&2
-fi
+for v in CUTECC_FAULT_CACHE CUTECC_LAYOUT_CACHE CUTECC_TUNE_CACHE CUTECC_EXAMPLES_CACHE; do
+  [ -n "${!v:-}" ] || echo "note: no $v: the tests that need it will skip" >&2
+done
 "$PY" -c 'import jax; print("jax", jax.__version__, jax.devices())' 2>&1 | log jax.txt
-junit=() ab_json=()
-[ -z "$LOGS" ] || { junit=(--junitxml "$LOGS/gpu-suite.xml"); ab_json=(--json "$LOGS/layout_ab.json"); }
-CUTECC_TEST_CACHE="$CACHE" "$PY" -m pytest -m gpu tests/gpu -v -rs -p no:cacheprovider \
-  "${junit[@]}" "$@" 2>&1 | log gpu-suite.log
+junit=()
+[ -z "$LOGS" ] || junit=(--junitxml "$LOGS/gpu-suite.xml")
+"$PY" -m pytest -m gpu tests/gpu -v -rs -p no:cacheprovider "${junit[@]}" "$@" 2>&1 | log gpu-suite.log
 rc=${PIPESTATUS[0]}
-if [ -n "${CUTECC_LAYOUT_AB:-}" ]; then
-  "$PY" benchmarks/layout_ab.py run "$CUTECC_LAYOUT_AB" "${ab_json[@]}" 2>&1 | log layout_ab.log
-  ab=${PIPESTATUS[0]}
-  [ "$rc" -ne 0 ] || rc=$ab
+json() { [ -z "$LOGS" ] || echo --json "$LOGS/$1"; }
+if [ -n "$CACHES" ] && [ -d "$CACHES/layout_ab" ]; then
+  # shellcheck disable=SC2046
+  "$PY" benchmarks/layout_ab.py run "$CACHES/layout_ab" $(json layout_ab.json) 2>&1 | log layout_ab.log
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if [ -n "$CACHES" ] && [ -d "$CACHES/examples-direct" ] && [ -n "${CUTECC_EXAMPLES_CACHE:-}" ]; then
+  # shellcheck disable=SC2046
+  "$PY" benchmarks/examples_parity.py device "$CUTECC_EXAMPLES_CACHE" "$CACHES/examples-direct" \
+    $(json examples_parity.json) 2>&1 | log examples_parity.log
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 exit "$rc"

@@ -1,0 +1,329 @@
+"""The published-kernel examples (examples/kernels.toml) timed through cutecc next to the
+same launcher compiled directly, called in one process, in the same run.
+
+The device has no DSL, so the direct build is made here, on the build host:
+
+    python -m benchmarks.examples_parity build EXAMPLES_CACHE OUT_DIR [--manifest examples/kernels.toml]
+
+compiles every entry of EXAMPLES_CACHE's manifest again as `cute.compile(launcher, *fakes
+in the launcher's own order, **keyword fakes, options="--enable-tvm-ffi")`: no cutecc
+wrapper, the launcher's own signature (None slots, FA4's 18 parameters). It exports and
+links each (cutecc's linker, symbol `direct`) into OUT_DIR/<kernel>.<variant>.so, checks
+that its embedded cubin is byte-identical to the cutecc entry's, and writes
+OUT_DIR/parity.json: per entry, how to call the direct library (its parameters in order).
+OUT_DIR is ~1.1 MiB per entry. Then, on the GPU machine (jax, tvm-ffi; no DSL, no torch):
+
+    python benchmarks/examples_parity.py device EXAMPLES_CACHE OUT_DIR [--json PATH]
+
+loads the cache with `cutecc.load` and each direct library with `tvm_ffi.load_module`,
+checks that both give the same output on fresh random inputs, and times both, interleaved:
+per call, the wall time of N back-to-back calls between two whole-device synchronisations
+(`cuCtxSynchronize`), N = 50 ms worth of calls, at most 100; medians over 15 rounds. At
+these sizes a kernel runs longer than a call takes to issue, so this is the kernel's time.
+cutecc's side is `jax.jit` of the kernel call; the direct side calls the tvm-ffi function
+on the same arrays (via DLPack) on the default stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SYMBOL = "direct"
+ROUNDS = 15
+
+# Per kernel: the sizes timed (symbol -> extent) and the runtime scalars passed.
+SIZES: dict[str, dict[str, int]] = {
+    "quack_rmsnorm": {"m": 16384},
+    "quack_cross_entropy": {"m": 4096},
+    "fa4_fwd": {"b": 4, "s_q": 4096, "s_k": 4096, "h": 16},
+}
+SCALARS: dict[str, dict[str, float]] = {
+    "quack_rmsnorm": {"eps": 1e-6},
+    "quack_cross_entropy": {"ignore_index": -100},
+    "fa4_fwd": {"softmax_scale": 1 / math.sqrt(128)},
+}
+
+
+def label(kernel: str, variant: str) -> str:
+    return f"{kernel}[{variant}]"
+
+
+# --- build host (needs the DSL and the examples extra) -----------------------------------
+
+def _spec(a: Any) -> Any:
+    """How the device calls one launcher parameter: a tensor by name, a scalar by name,
+    None, or a tuple (a struct: its fields in the type's order)."""
+    from cutecc.compiler import import_path
+    from cutecc.contract import NoneArg, ScalarArg, StructArg, TensorArg, TupleArg
+
+    if isinstance(a, TensorArg):
+        return {"tensor": a.name}
+    if isinstance(a, ScalarArg):
+        return {"scalar": a.name, "dtype": a.dtype}
+    if isinstance(a, NoneArg):
+        return None
+    if isinstance(a, TupleArg):
+        return {"tuple": [_spec(i) for i in a.items]}
+    if isinstance(a, StructArg):
+        t = import_path(a.type)
+        names = list(getattr(t, "_fields", None) or [f.name for f in __import__("dataclasses").fields(t)])
+        given = dict(a.fields)
+        return {"tuple": [_spec(given[n]) if n in given else None for n in names]}
+    raise TypeError(f"no direct call form for {type(a).__name__}")
+
+
+def _fake(a: Any, syms: dict[str, Any]) -> Any:
+    import cutlass
+    import cutlass.cute as cute
+
+    from cutecc import dtypes
+    from cutecc.compiler import import_path, resolve_value
+    from cutecc.contract import ConstArg, NoneArg, ScalarArg, StreamArg, StructArg, TensorArg
+
+    if isinstance(a, TensorArg):
+        dims = tuple(d if isinstance(d, int) else syms.setdefault(d, cute.sym_int()) for d in a.shape)
+        return cute.runtime.make_fake_compact_tensor(
+            getattr(cutlass, dtypes.DTYPES[a.dtype].cutlass), dims,
+            stride_order=tuple(range(len(dims) - 1, -1, -1)), assumed_align=a.align)
+    if isinstance(a, ScalarArg):
+        return getattr(cutlass, dtypes.DTYPES[a.dtype].cutlass)(a.default or 0)
+    if isinstance(a, NoneArg):
+        return None
+    if isinstance(a, StreamArg):
+        return cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    if isinstance(a, ConstArg):
+        return resolve_value(a.value)
+    if isinstance(a, StructArg):
+        return import_path(a.type)(**{k: _fake(f, syms) for k, f in a.fields})
+    return tuple(_fake(i, syms) for i in a.items)
+
+
+def _call_spec(launcher: Any, args: tuple[Any, ...]) -> list[Any]:
+    """The direct library's parameters in order: the launcher's own, less the stream and
+    compile-time values; parameters the manifest leaves out keep their default (None)."""
+    import inspect
+
+    from cutecc.contract import ConstArg, StreamArg
+
+    params = [p for p in inspect.signature(launcher.__call__).parameters.values()]
+    by_name = {a.param: a for a in args if a.param}
+    positional = [a for a in args if not a.param]
+    out: list[Any] = []
+    for i, p in enumerate(params):
+        a = positional[i] if i < len(positional) else by_name.get(p.name)
+        if isinstance(a, (StreamArg, ConstArg)):
+            continue
+        if a is None:
+            if p.default is not None:
+                raise ValueError(f"{p.name}: default {p.default!r} has no direct call form")
+            out.append(None)
+        else:
+            out.append(_spec(a))
+    return out
+
+
+def build(cache: Path, out_dir: Path, manifest_path: Path) -> dict[str, Any]:
+    os.environ.setdefault("CUTE_DSL_DISABLE_FILE_CACHING", "1")
+    from cutecc.manifest import load_manifest
+    from cutecc.store import Store
+
+    entries = [e for e in Store(cache).entries() if e.meta["arch"] == "sm_90a"]
+    manifest = load_manifest(manifest_path)
+    os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+    os.environ.update(manifest.env_for("sm_90a"))  # before the DSL or any library is imported
+    for p in reversed(manifest.python_path):
+        sys.path.insert(0, str(p))
+    import cutlass.cute as cute
+
+    from benchmarks.cubin import cubins
+    from cutecc.compiler import INNER_SYMBOL, resolve_entry, resolve_value
+    from cutecc.linker import link
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {}
+    for e in sorted(entries, key=lambda e: (e.meta["kernel"], e.meta["variant"])):
+        kernel = manifest.kernel(e.meta["kernel"])
+        v = next(x for x in kernel.variants if x.id == e.meta["variant"])
+        launcher = resolve_entry(kernel.entry, v.factory_args)
+        syms: dict[str, Any] = {}
+        pos = [_fake(a, syms) for a in v.args if not a.param]
+        kw = {a.param: _fake(a, syms) for a in v.args if a.param}
+        kw.update({k: resolve_value(x) for k, x in v.constants})
+        t0 = time.perf_counter()
+        compiled = cute.compile(launcher, *pos, **kw, options="--enable-tvm-ffi")
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{kernel.name}.{v.id}")  # no "," for ld's -Wl
+        obj, lib = out_dir / f"{name}.o", out_dir / f"{name}.so"
+        compiled.export_to_c(str(obj), function_name=INNER_SYMBOL)
+        link(obj, lib, SYMBOL, entry=kernel.entry, arch="sm_90a", key="direct" + "0" * 6)
+        obj.unlink()
+        ours = cubins((e.path / e.meta["library"]).read_bytes())
+        direct = cubins(lib.read_bytes())
+        report[label(kernel.name, v.id)] = {
+            "kernel": kernel.name, "variant": v.id, "key": e.key, "library": lib.name,
+            "compile_s": round(time.perf_counter() - t0, 2),
+            "cubin_identical": len(ours) == len(direct) == 1 and ours[0] == direct[0],
+            "params": _call_spec(launcher, v.args),
+            "keywords": {k: x for k, x in v.params if k == "causal"},
+        }
+    (out_dir / "parity.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+# --- GPU machine (jax, tvm-ffi, cutecc's runtime; no DSL) --------------------------------
+
+class _Cuda:
+    """Whole-device synchronisation through the driver API (libcuda is on every GPU host)."""
+
+    def __init__(self) -> None:
+        import ctypes
+
+        self.lib = ctypes.CDLL("libcuda.so.1")
+        ctx = ctypes.c_void_p()
+        for call, args in (("cuInit", (0,)), ("cuDevicePrimaryCtxRetain", (ctypes.byref(ctx), 0)),
+                           ("cuCtxSetCurrent", (ctx,))):
+            rc = getattr(self.lib, call)(*args)
+            if rc != 0:
+                raise RuntimeError(f"{call} failed: CUresult {rc}")
+
+    def sync(self) -> None:
+        rc = self.lib.cuCtxSynchronize()
+        if rc != 0:
+            raise RuntimeError(f"cuCtxSynchronize failed: CUresult {rc}")
+
+
+def _inputs(build_: Any, kernel: str, rng: Any) -> tuple[list[Any], dict[str, Any]]:
+    """Fresh random inputs for `kernel` at its timed size, and empty result arrays, by name."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    env = {**SIZES[kernel]}
+    named: dict[str, Any] = {}
+    ins = []
+    # integer inputs are class indices into the first input's last (static) extent
+    classes = next(t.shape[-1] for t in build_.conv.inputs)
+    for t in build_.conv.inputs:
+        shape = tuple(d if isinstance(d, int) else env[d] for d in t.shape)
+        if t.dtype.startswith("int"):
+            x = jnp.asarray(rng.integers(0, classes, size=shape), dtype=t.dtype)
+        else:
+            x = jnp.asarray(rng.standard_normal(shape, dtype=np.float32)).astype(t.dtype)
+        named[t.name] = x
+        ins.append(x)
+    for t in build_.conv.results:
+        shape = tuple(d if isinstance(d, int) else env[d] for d in t.shape)
+        named[t.name] = jnp.zeros(shape, t.dtype)
+    return ins, named
+
+
+def _direct_args(spec: list[Any], named: dict[str, Any], scalars: dict[str, float],
+                 tvm_ffi: Any) -> list[Any]:
+    def one(s: Any) -> Any:
+        if s is None:
+            return None
+        if "tensor" in s:
+            return tvm_ffi.from_dlpack(named[s["tensor"]])
+        if "scalar" in s:
+            v = scalars[s["scalar"]]
+            return int(v) if s["dtype"].startswith("int") else float(v)
+        return tuple(one(x) for x in s["tuple"])
+
+    return [one(s) for s in spec]
+
+
+def _per_call(issue: Any, n: int, cuda: _Cuda) -> float:
+    cuda.sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        issue()
+    cuda.sync()
+    return (time.perf_counter() - t0) / n
+
+
+def device(cache: Path, out_dir: Path) -> dict[str, Any]:
+    import jax
+    import numpy as np
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cutecc's source, beside us
+    import cutecc
+    from cutecc.runtime.library import import_tvm_ffi
+
+    tvm_ffi = import_tvm_ffi()
+    cuda = _Cuda()
+    ks = cutecc.load(cache)
+    report = json.loads((out_dir / "parity.json").read_text())
+    rng = np.random.default_rng(0)
+    res: dict[str, Any] = {}
+    for lab, info in report.items():
+        kern = getattr(ks, info["kernel"])
+        b = next(x for x in kern.builds if x.key == info["key"])
+        ins, named = _inputs(b, info["kernel"], rng)
+        scalars = SCALARS[info["kernel"]]
+        kw = {**scalars, **info["keywords"]}
+        f = jax.jit(lambda *a, _k=kern, _kw=kw: _k(*a, **_kw))
+        fn = getattr(tvm_ffi.load_module(str(out_dir / info["library"])), SYMBOL)
+        dargs = _direct_args(info["params"], named, scalars, tvm_ffi)
+        fn(*dargs)
+        cuda.sync()
+        got = f(*ins)
+        got = got if isinstance(got, tuple) else (got,)
+        for t, g in zip(b.conv.results, got):
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(named[t.name]),
+                                          err_msg=f"{lab}: {t.name} differs between cutecc and direct")
+        sides = {"cutecc": lambda f=f, ins=ins: f(*ins), "direct": lambda fn=fn, a=dargs: fn(*a)}
+        once = _per_call(sides["direct"], 3, cuda)
+        # a cutecc call's result stays allocated until its kernel ran: at most 100 in flight
+        n = min(100, max(5, int(0.05 / max(once, 1e-6))))
+        times: dict[str, list[float]] = {"cutecc": [], "direct": []}
+        for r in range(ROUNDS):
+            order = ("cutecc", "direct") if r % 2 == 0 else ("direct", "cutecc")
+            for side in order:
+                times[side].append(_per_call(sides[side], n, cuda))
+        c, d = statistics.median(times["cutecc"]), statistics.median(times["direct"])
+        res[lab] = {"cutecc_us": c * 1e6, "direct_us": d * 1e6, "ratio": c / d, "calls_per_round": n,
+                    "cubin_identical": info["cubin_identical"], "sizes": SIZES[info["kernel"]]}
+    return res
+
+
+def table(res: dict[str, Any]) -> str:
+    lines = [f"{'entry':58} {'cutecc us':>10} {'direct us':>10} {'ratio':>7}  within 2%  cubin same"]
+    for lab, r in res.items():
+        ok = "yes" if abs(r["ratio"] - 1) <= 0.02 else "NO"
+        lines.append(f"{lab:58} {r['cutecc_us']:10.1f} {r['direct_us']:10.1f} {r['ratio']:7.4f}  "
+                     f"{ok:9}  {r['cubin_identical']}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mode", choices=("build", "device"))
+    ap.add_argument("cache", type=Path)
+    ap.add_argument("out_dir", type=Path)
+    ap.add_argument("--json", type=Path, help="device: also write the figures here")
+    ap.add_argument("--manifest", type=Path,
+                    default=Path(__file__).resolve().parents[1] / "examples/kernels.toml",
+                    help="build: the manifest the cache was built from")
+    a = ap.parse_args()
+    if a.mode == "build":
+        rep = build(a.cache, a.out_dir, a.manifest)
+        for lab, r in rep.items():
+            print(f"{lab:58} compile {r['compile_s']:5.2f} s  "
+                  f"cubin identical to cutecc's: {r['cubin_identical']}")
+        return 0 if all(r["cubin_identical"] for r in rep.values()) else 1
+    res = device(a.cache, a.out_dir)
+    print(table(res))
+    if a.json:
+        a.json.write_text(json.dumps(res, indent=1) + "\n")
+    return 0 if all(abs(r["ratio"] - 1) <= 0.02 for r in res.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

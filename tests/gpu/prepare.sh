@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Build, on a host with the build extra (no GPU needed), every cache the GPU suite uses,
+# into CACHES (see tests/gpu/run.sh), ready to carry to a GPU machine without the DSL:
+#   bash tests/gpu/prepare.sh CACHES [--examples]
+# --examples also builds examples/kernels.toml and its direct-build comparison (needs the
+# examples extra: quack-kernels, flash-attn-4, torch).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUTDIR="${1:?usage: prepare.sh CACHES [--examples]}"
+PY="${PYTHON:-python3}"
+cc() { "$PY" -m cutecc.cli -q "$@"; }
+mkdir -p "$OUTDIR"
+cc build kernels.toml --cache-dir "$OUTDIR/root" --no-lock
+cc build tests/gpu/faulty_kernels/kernels.toml --cache-dir "$OUTDIR/faults" --no-lock
+cc tune tests/gpu/faulty_kernels/kernels.toml --compile-only --cache-dir "$OUTDIR/faults"
+cc build tests/gpu/layout_kernels/kernels.toml --cache-dir "$OUTDIR/layouts" --no-lock
+cc build kernels.toml --cache-dir "$OUTDIR/tune" --no-lock
+cc tune kernels.toml --compile-only --cache-dir "$OUTDIR/tune"
+"$PY" benchmarks/layout_ab.py prepare "$OUTDIR/layout_ab"
+if [ "${2:-}" = "--examples" ]; then
+  cc build examples/kernels.toml --cache-dir "$OUTDIR/examples" --no-lock
+  "$PY" -m benchmarks.examples_parity build "$OUTDIR/examples" "$OUTDIR/examples-direct"
+fi
+du -sh "$OUTDIR"/*

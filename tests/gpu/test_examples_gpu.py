@@ -1,0 +1,149 @@
+"""The published-kernel examples (examples/kernels.toml: quack-kernels' RMSNorm and
+cross-entropy forward, flash-attn-4's Hopper attention forward) on a real GPU, under
+jax.jit, against jax.numpy references on fresh random inputs.
+
+The device has no DSL: build the examples on a build host
+(`cutecc build examples/kernels.toml --cache-dir DIR --no-lock`) and point
+CUTECC_EXAMPLES_CACHE at DIR (tests/gpu/run.sh takes it as its second argument).
+Without it these tests skip. Nothing here needs torch: the runtime loads the libraries
+with tvm-ffi only.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import cutecc
+
+pytestmark = pytest.mark.gpu
+
+# Relative to the reference's largest magnitude. bf16 has an 8-bit mantissa: one rounding
+# of the output is 2^-8 ~ 4e-3; attention and the norm add a few more.
+TOL = {"float32": 1e-5, "bfloat16": 1.6e-2}
+
+
+@pytest.fixture(scope="module")
+def ks():
+    pre = os.environ.get("CUTECC_EXAMPLES_CACHE")
+    if not pre or not Path(pre).is_dir():
+        pytest.skip("CUTECC_EXAMPLES_CACHE is not set to a built examples cache "
+                    "(cutecc build examples/kernels.toml --cache-dir DIR)")
+    k = cutecc.load(pre)  # the device's own arch
+    assert k.arch == "sm_90a", k.arch  # FA4's Sm90 forward is built for Hopper only
+    return k
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> np.random.Generator:
+    return np.random.default_rng(abs(hash(request.node.nodeid)) % (2**32))
+
+
+def poison(nbytes: int) -> None:
+    """Fill and free device memory with NaN so the allocator hands it out next."""
+    junk = jnp.full((max(nbytes // 4, 1) * 2,), jnp.nan, jnp.float32)
+    junk.block_until_ready()
+    del junk
+
+
+def rand(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> jax.Array:
+    return jnp.asarray(rng.standard_normal(shape, dtype=np.float32)).astype(dtype)
+
+
+def close(got: jax.Array, want: jax.Array, tol: float) -> None:
+    g = np.asarray(got.astype(jnp.float32))
+    w = np.asarray(want.astype(jnp.float32))
+    assert g.shape == w.shape, (g.shape, w.shape)
+    assert np.isfinite(g).all(), f"{(~np.isfinite(g)).sum()} unwritten or non-finite elements"
+    err = np.abs(g - w).max() / max(np.abs(w).max(), 1e-30)
+    assert err <= tol, f"relative error {err:.3g} > {tol}"
+
+
+# --- quack RMSNorm forward: out and rstd -------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("m", [1, 37, 1000, 4099])
+def test_quack_rmsnorm(ks, rng, dtype: str, m: int) -> None:
+    d = 4096
+    x, w = rand(rng, (m, d), dtype), rand(rng, (d,), dtype)
+    eps = float(rng.uniform(1e-6, 1e-2))
+    xf = x.astype(jnp.float32)
+    rstd = jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1) + eps)
+    want = (xf * rstd[:, None] * w.astype(jnp.float32)).astype(dtype)
+    poison(m * d * 8)
+    out, got_rstd = jax.jit(lambda x, w: ks.quack_rmsnorm(x, w, eps=eps))(x, w)
+    assert out.dtype == jnp.dtype(dtype) and got_rstd.dtype == jnp.float32
+    close(out, want, TOL[dtype])
+    close(got_rstd, rstd, 1e-5)
+
+
+# --- quack cross-entropy forward: per-row loss with ignore_index ---------------------------
+
+@pytest.mark.parametrize("m", [1, 37, 513])
+@pytest.mark.parametrize("ignore_index", [-100, 7])
+def test_quack_cross_entropy(ks, rng, m: int, ignore_index: int) -> None:
+    vocab = 32768
+    logits = (rand(rng, (m, vocab), "float32") * 3).astype(jnp.bfloat16)
+    target = rng.integers(0, vocab, size=m)
+    target[rng.random(m) < 0.25] = ignore_index  # about a quarter of the rows are ignored
+    target = jnp.asarray(target, dtype=jnp.int32)
+    lf = logits.astype(jnp.float32)
+    picked = jnp.take_along_axis(lf, jnp.clip(target, 0, vocab - 1)[:, None], axis=-1)[:, 0]
+    want = jnp.where(target == ignore_index, 0.0, jax.nn.logsumexp(lf, axis=-1) - picked)
+    poison(m * vocab * 2)
+    loss = jax.jit(lambda x, t: ks.quack_cross_entropy(x, t, ignore_index=ignore_index))(logits, target)
+    assert loss.dtype == jnp.float32 and loss.shape == (m,)
+    close(loss, want, 1e-4)  # the inputs are bf16, the arithmetic is float32
+    assert (np.asarray(loss)[np.asarray(target) == ignore_index] == 0).all()
+
+
+# --- flash-attn-4 Hopper forward, causal chosen by a call keyword --------------------------
+
+def attention_ref(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, causal: bool) -> jax.Array:
+    """XLA's attention in float32; FA4's causal mask is aligned to the bottom right."""
+    s_q, s_k = q.shape[1], k.shape[1]
+    f32 = [a.astype(jnp.float32) for a in (q, k, v)]
+    if causal and s_q == s_k:
+        return jax.nn.dot_product_attention(*f32, scale=scale, is_causal=True, implementation="xla")
+    mask = None
+    if causal:
+        mask = (jnp.arange(s_k)[None, :] <= jnp.arange(s_q)[:, None] + (s_k - s_q))[None, None]
+    return jax.nn.dot_product_attention(*f32, scale=scale, mask=mask, implementation="xla")
+
+
+# (batch, s_q, s_k, heads): tile multiples, ragged lengths (not multiples of 128), and
+# s_q != s_k; causal cases keep s_q <= s_k so that no query row is fully masked.
+SEQ = [(2, 128, 128, 4), (1, 1000, 1000, 8), (3, 77, 77, 2), (2, 200, 513, 4), (1, 1, 300, 2),
+       (1, 4096, 4096, 16)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("b, s_q, s_k, h", SEQ)
+def test_fa4_forward(ks, rng, causal: bool, b: int, s_q: int, s_k: int, h: int) -> None:
+    d = 128
+    q, k, v = rand(rng, (b, s_q, h, d), "bfloat16"), rand(rng, (b, s_k, h, d), "bfloat16"), \
+        rand(rng, (b, s_k, h, d), "bfloat16")
+    scale = 1.0 / math.sqrt(d)
+    poison(b * s_q * h * d * 2)
+    f = jax.jit(lambda q, k, v: ks.fa4_fwd(q, k, v, softmax_scale=scale, causal=causal))
+    out = f(q, k, v)
+    assert out.shape == q.shape and out.dtype == jnp.bfloat16
+    close(out, attention_ref(q, k, v, scale, causal), 2e-2)
+
+
+def test_fa4_causal_keyword_selects_a_different_kernel(ks, rng) -> None:
+    """Both variants share one tensor contract: only the keyword can tell them apart, and
+    the two results must differ (a causal call served by the non-causal kernel would not)."""
+    q, k, v = (rand(rng, (1, 256, 2, 128), "bfloat16") for _ in range(3))
+    scale = 1.0 / math.sqrt(128)
+    a = ks.fa4_fwd(q, k, v, softmax_scale=scale, causal=False)
+    c = ks.fa4_fwd(q, k, v, softmax_scale=scale, causal=True)
+    close(a, attention_ref(q, k, v, scale, False), 2e-2)
+    close(c, attention_ref(q, k, v, scale, True), 2e-2)
+    assert not np.allclose(np.asarray(a, np.float32), np.asarray(c, np.float32))

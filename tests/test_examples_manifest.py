@@ -1,0 +1,48 @@
+"""examples/kernels.toml (issue 10): the published kernels are declared with no adapter
+module, and the manifest is valid on its own (no DSL or kernel library needed to read it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cutecc.contract import NoneArg, ScalarArg, StreamArg, StructArg, TensorArg
+from cutecc.manifest import load_manifest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def test_examples_hold_no_python_of_their_own() -> None:
+    assert sorted(p.name for p in EXAMPLES.iterdir()) == ["README.md", "kernels.toml"]
+
+
+def test_examples_manifest_declares_the_three_published_launchers() -> None:
+    m = load_manifest(EXAMPLES / "kernels.toml")
+    entries = {k.name: k.entry for k in m.kernels}
+    assert entries == {
+        "quack_rmsnorm": "quack.rmsnorm:RMSNorm",
+        "quack_cross_entropy": "quack.cross_entropy:CrossEntropy",
+        "fa4_fwd": "flash_attn.cute.flash_fwd_sm90:FlashAttentionForwardSm90",
+    }
+    assert all(k.archs == ("sm_90a",) for k in m.kernels)
+    assert m.env_for("sm_90a") == {"QUACK_ARCH": "sm_90a"}  # quack's launch config on a CPU host
+
+
+def test_rmsnorm_and_xent_list_every_launcher_parameter_in_order() -> None:
+    m = load_manifest(EXAMPLES / "kernels.toml")
+    kinds = {k.name: [type(a) for a in k.variants[0].args] for k in m.kernels}
+    T, N, S, St = TensorArg, NoneArg, ScalarArg, StreamArg
+    assert kinds["quack_rmsnorm"] == [T, T, N, N, T, N, T, N, S, St]
+    assert kinds["quack_cross_entropy"] == [T, T, N, T, N, N, N, S, St]
+
+
+def test_fa4_causal_variants_share_one_contract_and_symbolic_lengths() -> None:
+    fa4 = load_manifest(EXAMPLES / "kernels.toml").kernel("fa4_fwd")
+    assert sorted(v.id for v in fa4.variants) == ["dtype=bfloat16,d=128,causal=False",
+                                                  "dtype=bfloat16,d=128,causal=True"]
+    a, b = (v.args for v in fa4.variants)
+    assert a == b  # only the factory's is_causal differs: `causal` must be a call keyword
+    assert {dict(v.factory_args)["is_causal"] for v in fa4.variants} == {False, True}
+    q = a[0]
+    assert isinstance(q, TensorArg) and q.shape == ("b", "s_q", "h", 128)
+    aux = next(x for x in a if isinstance(x, StructArg))
+    assert aux.param == "aux_data" and aux.type == "flash_attn.cute.utils:AuxData"
