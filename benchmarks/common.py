@@ -155,3 +155,27 @@ def plant(store: Any, src: Any, items: list[tuple[str, dict[str, Any]]]) -> None
         (store.index_dir / meta["kernel"]).mkdir(parents=True, exist_ok=True)
         stamp = meta_stamp(os.stat(d / META))
         (store.index_dir / meta["kernel"] / key).write_bytes(index_bytes(index_facts(key, full, stamp)))
+
+
+def link_fat(obj: Path, out: Path, symbol: str, *, entry: str, arch: str, key: str) -> None:
+    """Link a DSL object into one self-contained library (the object, cutecc's wrapper and
+    runtime code, the dialect runtime and the static CUDA runtime, exporting `symbol` alone):
+    what every kernel.so was before the runtime library, and what a direct build of a
+    launcher loads as, with nothing beside it."""
+    from cutecc import linker
+    from cutecc.compiler import INNER_SYMBOL
+
+    p = linker.toolchain_paths()
+    vs = out.with_name(out.name + ".map")
+    vs.write_text(f"{{ global: __tvm_ffi_{symbol}; local: *; }};\n")
+    try:
+        linker._zig_cc(p, [
+            "-shared", "-o", str(out), str(obj), str(linker.WRAPPER_SOURCE), str(linker.RUNTIME_SOURCE),
+            f"-DCUTECC_EXPORT=__tvm_ffi_{symbol}", f"-DCUTECC_INNER=__tvm_ffi_{INNER_SYMBOL}",
+            f"-DCUTECC_ENTRY={linker.c_string(entry)}", f"-DCUTECC_ARCH={linker.c_string(arch)}",
+            f"-DCUTECC_KEY={linker.c_string(key[:12])}", '-DCUTECC_RT_LABEL="fat"',
+            f"-I{p['tvm_include']}", "-Wl,--whole-archive", str(p["dialect_rt"]),
+            "-Wl,--no-whole-archive", str(p["cudart"]), f"-L{p['tvm_lib']}", "-ltvm_ffi", "-ldl",
+            "-lpthread", "-lrt", f"-Wl,--version-script={vs}"], out)
+    finally:
+        vs.unlink(missing_ok=True)

@@ -144,9 +144,9 @@ def build(cache: Path, out_dir: Path, manifest_path: Path) -> dict[str, Any]:
         sys.path.insert(0, str(p))
     import cutlass.cute as cute
 
+    from benchmarks.common import link_fat
     from benchmarks.cubin import cubins
     from cutecc.compiler import INNER_SYMBOL, resolve_entry, resolve_value
-    from cutecc.linker import link
 
     out_dir.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {}
@@ -163,7 +163,7 @@ def build(cache: Path, out_dir: Path, manifest_path: Path) -> dict[str, Any]:
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{kernel.name}.{v.id}")  # no "," for ld's -Wl
         obj, lib = out_dir / f"{name}.o", out_dir / f"{name}.so"
         compiled.export_to_c(str(obj), function_name=INNER_SYMBOL)
-        link(obj, lib, SYMBOL, entry=kernel.entry, arch="sm_90a", key="direct" + "0" * 6)
+        link_fat(obj, lib, SYMBOL, entry=kernel.entry, arch="sm_90a", key="direct" + "0" * 6)
         obj.unlink()
         ours = cubins((e.path / e.meta["library"]).read_bytes())
         direct = cubins(lib.read_bytes())

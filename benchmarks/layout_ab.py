@@ -33,8 +33,8 @@ if str(REPO) not in sys.path:
 
 
 def prepare(out: Path) -> None:
-    from cutecc import linker
-    from cutecc.compiler import INNER_SYMBOL, SYMBOL
+    from benchmarks.common import link_fat
+    from cutecc.compiler import SYMBOL
     from cutecc.store import Store
 
     cache, objs = out / "cache", out / "objects"
@@ -42,26 +42,14 @@ def prepare(out: Path) -> None:
                     "--cache-dir", str(cache), "--no-lock"], check=True, cwd=REPO)
     subprocess.run([sys.executable, "-m", "benchmarks.objchild", str(REPO / "kernels.toml"),
                     str(out / "objects.json"), "--keep", str(objs)], check=True, cwd=REPO)
-    p = linker.toolchain_paths()
     fat: dict[str, Any] = {}
     for e in Store(cache).entries():
         label = f"{e.meta['kernel']}[{e.meta['variant']}]"
         fake = hashlib.sha256(b"fat" + e.key.encode()).hexdigest()  # its own target name
         d = out / "fat" / "entries" / fake[:2] / fake
         d.mkdir(parents=True)
-        vs = d / "k.map"
-        vs.write_text(f"{{ global: __tvm_ffi_{SYMBOL}; local: *; }};\n")
-        linker._zig_cc(p, [
-            "-shared", "-o", str(d / "kernel.so"), str(objs / f"{label}.o"),
-            str(linker.WRAPPER_SOURCE), str(linker.RUNTIME_SOURCE),
-            f"-DCUTECC_EXPORT=__tvm_ffi_{SYMBOL}", f"-DCUTECC_INNER=__tvm_ffi_{INNER_SYMBOL}",
-            f"-DCUTECC_ENTRY={linker.c_string(e.meta['entry'])}",
-            f"-DCUTECC_ARCH={linker.c_string(e.meta['arch'])}",
-            f"-DCUTECC_KEY={linker.c_string(e.key[:12])}", '-DCUTECC_RT_LABEL="fat"',
-            f"-I{p['tvm_include']}", "-Wl,--whole-archive", str(p["dialect_rt"]),
-            "-Wl,--no-whole-archive", str(p["cudart"]), f"-L{p['tvm_lib']}", "-ltvm_ffi", "-ldl",
-            "-lpthread", "-lrt", f"-Wl,--version-script={vs}"], d / "kernel.so")
-        vs.unlink()
+        link_fat(objs / f"{label}.o", d / "kernel.so", SYMBOL, entry=e.meta["entry"],
+                 arch=e.meta["arch"], key=e.key)
         shutil.copyfile(e.path / "meta.json", d / "meta.json")  # read (not parsed) by the loader
         data = (d / "kernel.so").read_bytes()
         fat[e.key] = {"key": fake, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
