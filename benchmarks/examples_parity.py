@@ -18,10 +18,12 @@ OUT_DIR is ~1.1 MiB per entry. Then, on the GPU machine (jax, tvm-ffi; no DSL, n
 loads the cache with `cutecc.load` and each direct library with `tvm_ffi.load_module`,
 checks that both give the same output on fresh random inputs, and times both, interleaved:
 per call, the wall time of N back-to-back calls between two whole-device synchronisations
-(`cuCtxSynchronize`), N = 50 ms worth of calls, at most 100; medians over 15 rounds. At
-these sizes a kernel runs longer than a call takes to issue, so this is the kernel's time.
-cutecc's side is `jax.jit` of the kernel call; the direct side calls the tvm-ffi function
-on the same arrays (via DLPack) on the default stream.
+(`cuCtxSynchronize`), N = 50 ms worth of calls, at most 100; medians over 15 rounds.
+cutecc's side is one `jax.jit` of N calls kept apart by optimization barriers (as a model
+runs kernels: a Python dispatch per call costs about as much host time as these kernels
+run, which made a first version of this comparison host-bound on the cutecc side); the
+direct side calls the tvm-ffi function N times on the same arrays (via DLPack) on the
+default stream.
 """
 
 from __future__ import annotations
@@ -248,6 +250,18 @@ def _per_call(issue: Any, n: int, cuda: _Cuda) -> float:
     return (time.perf_counter() - t0) / n
 
 
+def _chain(kern: Any, kw: dict[str, Any], n: int, args: tuple[Any, ...]) -> Any:
+    """`n` calls of `kern` on `args`, kept apart and all kept by optimization barriers."""
+    import jax
+
+    out = None
+    for _ in range(n):
+        if out is not None:
+            args, _ = jax.lax.optimization_barrier((args, out))
+        out = kern(*args, **kw)
+    return out
+
+
 def device(cache: Path, out_dir: Path) -> dict[str, Any]:
     import jax
     import numpy as np
@@ -278,15 +292,22 @@ def device(cache: Path, out_dir: Path) -> dict[str, Any]:
         for t, g in zip(b.conv.results, got):
             np.testing.assert_array_equal(np.asarray(g), np.asarray(named[t.name]),
                                           err_msg=f"{lab}: {t.name} differs between cutecc and direct")
-        sides = {"cutecc": lambda f=f, ins=ins: f(*ins), "direct": lambda fn=fn, a=dargs: fn(*a)}
-        once = _per_call(sides["direct"], 3, cuda)
-        # a cutecc call's result stays allocated until its kernel ran: at most 100 in flight
+        once = _per_call(lambda fn=fn, a=dargs: fn(*a), 3, cuda)
         n = min(100, max(5, int(0.05 / max(once, 1e-6))))
+        # cutecc's side as a model runs it: n calls in one jit (a Python dispatch per call
+        # would cost ~70 us of host time, as much as these kernels run). Each call's inputs
+        # pass through an optimization barrier with the previous call's results, so XLA
+        # neither merges the identical calls nor drops the unused ones.
+        chain = jax.jit(lambda *a, _k=kern, _kw=kw, _n=n: _chain(_k, _kw, _n, a))
+        jax.block_until_ready(chain(*ins))
+        sides = {"cutecc": (lambda c=chain, ins=ins: c(*ins), 1),
+                 "direct": (lambda fn=fn, a=dargs: fn(*a), n)}
         times: dict[str, list[float]] = {"cutecc": [], "direct": []}
         for r in range(ROUNDS):
             order = ("cutecc", "direct") if r % 2 == 0 else ("direct", "cutecc")
             for side in order:
-                times[side].append(_per_call(sides[side], n, cuda))
+                issue, reps = sides[side]
+                times[side].append(_per_call(issue, reps, cuda) * reps / n)
         c, d = statistics.median(times["cutecc"]), statistics.median(times["direct"])
         res[lab] = {"cutecc_us": c * 1e6, "direct_us": d * 1e6, "ratio": c / d, "calls_per_round": n,
                     "cubin_identical": info["cubin_identical"], "sizes": SIZES[info["kernel"]]}

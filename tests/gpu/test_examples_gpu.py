@@ -36,7 +36,7 @@ def ks():
         pytest.skip("CUTECC_EXAMPLES_CACHE is not set to a built examples cache "
                     "(cutecc build examples/kernels.toml --cache-dir DIR)")
     k = cutecc.load(pre)  # the device's own arch
-    assert k.arch == "sm_90a", k.arch  # FA4's Sm90 forward is built for Hopper only
+    assert k.arch.startswith("sm_90"), k.arch  # FA4's Sm90 forward is built for Hopper only
     return k
 
 
