@@ -127,7 +127,7 @@ class Lock:
         """The lock lines of the tuned winners that are not default configurations."""
         defaults = {e.key for e in self.entries}
         out = {t.winner: LockEntry(t.kernel, t.winner_variant, t.arch, t.winner, t.library, t.sha256,
-                                   t.size, t.symbol, t.backward, t.contract)
+                                   t.size, t.symbol, t.backward, t.contract, t.runtime)
                for t in self.tuning if t.winner not in defaults}
         return [out[k] for k in sorted(out)]
 

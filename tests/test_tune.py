@@ -90,13 +90,14 @@ def test_bucket_lookup_at_and_between_edges(value: int, floor: int, nearest: int
 
 
 def _entry(variant: str, key: str) -> LockEntry:
-    return LockEntry("mul", variant, "sm_90a", key, "lib.so", key[:1] * 64, 1000, "__tvm_ffi_mul", None, "c" * 64)
+    return LockEntry("mul", variant, "sm_90a", key, "lib.so", key[:1] * 64, 1000, "__tvm_ffi_mul", None, "c" * 64,
+                      "d" * 64)
 
 
 def _tuned(bucket: str, winner: str, device: str = "NVIDIA H100 80GB HBM3") -> Tuned:
     return Tuned("mul", "dtype=float32", "sm_90a", device, "floor", bucket, KEY["a"], winner,
                  "dtype=float32" if winner == KEY["a"] else "dtype=float32,threads=128", "lib.so",
-                 winner[:1] * 64, 1000, "__tvm_ffi_mul", None, "c" * 64)
+                 winner[:1] * 64, 1000, "__tvm_ffi_mul", None, "c" * 64, "d" * 64)
 
 
 def test_lock_round_trip_keeps_tuning_and_a_build_preserves_it(tmp_path: Path) -> None:

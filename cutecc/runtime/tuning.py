@@ -91,6 +91,7 @@ class Tuned:
     symbol: str
     backward: str | None
     contract: str
+    runtime: str  # the SHA-256 of the runtime library the winner links against
 
     @property
     def order(self) -> tuple[Any, ...]:
@@ -132,7 +133,7 @@ class Tuned:
         if meta.get("kernel") != self.kernel or meta.get("arch") != self.arch:
             return "kernel or arch differ from the tuning record"
         acted = acted_on(dict(meta)) or {}
-        for name in ("library", "sha256", "size", "symbol", "backward", "contract"):
+        for name in ("library", "sha256", "size", "symbol", "backward", "contract", "runtime"):
             if acted.get(name) != getattr(self, name):
                 return f"{name} differs from the tuning record"
         return None

@@ -106,7 +106,7 @@ def _record(store: Store, item: dict[str, Any], bucket: str, ev: dict[str, Any],
     line = Tuned(item["kernel"], item["variant"], item["arch"], str(info["device"]), item["rule"], bucket,
                  base, winner, variant[winner], str(acted.get("library")), str(acted.get("sha256")),
                  int(acted.get("size") or 0), str(acted.get("symbol")), acted.get("backward"),
-                 str(acted.get("contract")))
+                 str(acted.get("contract")), str(acted.get("runtime")))
     dropped = {variant[k]: why for k, why in {**excluded, **ev["dropped"]}.items() if k in variant}
     return {**line.to_json(), "k": ev["k"], "driver": info["driver"],
             "toolchain": f"nvidia-cutlass-dsl {tc.get('nvidia-cutlass-dsl', '?')}",
