@@ -251,15 +251,16 @@ def _per_call(issue: Any, n: int, cuda: _Cuda) -> float:
 
 
 def _chain(kern: Any, kw: dict[str, Any], n: int, args: tuple[Any, ...]) -> Any:
-    """`n` calls of `kern` on `args`, kept apart and all kept by optimization barriers."""
+    """`n` calls of `kern` on `args`, kept apart by optimization barriers (no merging of
+    identical calls) and all returned (no dropping)."""
     import jax
 
-    out = None
+    outs: list[Any] = []
     for _ in range(n):
-        if out is not None:
-            args, _ = jax.lax.optimization_barrier((args, out))
-        out = kern(*args, **kw)
-    return out
+        if outs:
+            args, _ = jax.lax.optimization_barrier((args, outs[-1]))
+        outs.append(kern(*args, **kw))
+    return outs  # every result is returned: XLA drops a call whose result nothing uses
 
 
 def device(cache: Path, out_dir: Path) -> dict[str, Any]:
