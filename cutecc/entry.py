@@ -295,3 +295,17 @@ def runtime_meta_problem(meta: Any, key: str) -> str | None:
     if meta.get("library") != runtime_soname(key):
         return f"library {meta.get('library')!r} is not {runtime_soname(key)} (damaged metadata)"
     return _records_problem(meta)
+
+
+def bad_pin_field(d: dict[str, Any], names: list[str]) -> str | None:
+    """The first of `names` whose value in `d` is not what a pinned line (a lock line, a
+    tuning line) may hold: `size` an int in [0, 2^40), `backward` None or a string, every
+    other field a non-empty string of at most 4096 characters. None when all are fine."""
+    for name in names:
+        v = d[name]
+        ok = (type(v) is int and 0 <= v < 1 << 40 if name == "size"
+              else v is None or isinstance(v, str) if name == "backward"
+              else isinstance(v, str) and 0 < len(v) <= 4096)
+        if not ok:
+            return name
+    return None

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cutecc.atomic import atomic_write
-from cutecc.entry import acted_on, is_key, label, parse_json
+from cutecc.entry import acted_on, bad_pin_field, is_key, label, parse_json
 from cutecc.errors import CuteccError
 from cutecc.runtime.tuning import Tuned, parse_lines
 from cutecc.store import Entry, Store
@@ -200,13 +200,9 @@ def _line(e: Any, where: str, kp: str) -> LockEntry:
     names = [f.name for f in fields(LockEntry)]
     if not isinstance(e, dict) or set(e) != set(names):
         raise CuteccError(f"expected the fields {', '.join(names)}", where=where, key_path=kp)
-    for name in names:
-        v = e[name]
-        ok = (type(v) is int and 0 <= v < 1 << 40 if name == "size"
-              else v is None or isinstance(v, str) if name == "backward"
-              else isinstance(v, str) and 0 < len(v) <= 4096)
-        if not ok:
-            raise CuteccError(f"{name} is not a valid value", where=where, key_path=f"{kp}.{name}")
+    bad = bad_pin_field(e, names)
+    if bad:
+        raise CuteccError(f"{bad} is not a valid value", where=where, key_path=f"{kp}.{bad}")
     if not is_key(e["key"]):
         raise CuteccError("key is not a cache key (64 hex digits)", where=where, key_path=f"{kp}.key")
     if not is_key(e["runtime"]):

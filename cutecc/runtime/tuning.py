@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cutecc.entry import acted_on, is_key, parse_json
+from cutecc.entry import acted_on, bad_pin_field, is_key, parse_json
 from cutecc.errors import CuteccError
 
 TUNING_FORMAT = 1
@@ -111,13 +111,9 @@ class Tuned:
         names = [f.name for f in dataclasses.fields(cls)]
         if not isinstance(d, dict) or not set(names) <= set(d):
             raise CuteccError(f"expected the fields {', '.join(names)}", where=where, key_path=kp)
-        for name in names:
-            v = d[name]
-            ok = (type(v) is int and 0 <= v < 1 << 40 if name == "size"
-                  else v is None or isinstance(v, str) if name == "backward"
-                  else isinstance(v, str) and 0 < len(v) <= 4096)
-            if not ok:
-                raise CuteccError(f"{name} is not a valid value", where=where, key_path=f"{kp}.{name}")
+        bad = bad_pin_field(d, names)
+        if bad:
+            raise CuteccError(f"{bad} is not a valid value", where=where, key_path=f"{kp}.{bad}")
         if not is_key(d["base"]) or not is_key(d["winner"]):
             raise CuteccError("base and winner must be cache keys", where=where, key_path=kp)
         if d["rule"] not in RULES:
