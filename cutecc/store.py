@@ -1,6 +1,6 @@
 """The on-disk cache: content-addressed entries, shared safely between processes.
 
-Layout (format 2), under `$CUTECC_CACHE_DIR` or the user's cache directory (XDG):
+Layout (format 2), under `$CUTECC_CACHE_DIR` or `v2/` in the user's cache directory (XDG):
 
     README               who owns this directory
     CACHEDIR.TAG         tells backup tools to skip it
@@ -128,13 +128,15 @@ def _read_small_json(path: Path) -> Any:
 
 
 def default_cache_dir() -> Path:
-    """`$CUTECC_CACHE_DIR`, else the platform's user cache directory (XDG on Linux)."""
+    """`$CUTECC_CACHE_DIR`, else `v<STORE_FORMAT>` in the platform's user cache directory
+    (XDG on Linux): a cutecc of another store format keeps its own default cache beside
+    this one, so an upgrade (or two versions on one machine) never finds the other's."""
     env = os.environ.get(environ.CACHE_DIR)
     if env:
         return Path(env).expanduser()
     import platformdirs
 
-    return Path(platformdirs.user_cache_dir("cutecc", appauthor=False))
+    return Path(platformdirs.user_cache_dir("cutecc", appauthor=False)) / f"v{STORE_FORMAT}"
 
 
 def touch_used(entry_dir: str | Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cutecc.atomic import atomic_write
-from cutecc.entry import ENTRY_FORMAT, META, RUNTIME_FORMAT
+from cutecc.entry import ENTRY_FORMAT, META, RUNTIME_FORMAT, STORE_FORMAT
 from cutecc.errors import CuteccError
 from cutecc.store import Store, default_cache_dir
 
@@ -118,7 +118,7 @@ def test_default_dir_env_then_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     assert default_cache_dir() == tmp_path / "env"
     monkeypatch.delenv("CUTECC_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert default_cache_dir() == tmp_path / "xdg" / "cutecc"
+    assert default_cache_dir() == tmp_path / "xdg" / "cutecc" / f"v{STORE_FORMAT}"
 
 
 def test_atomic_write_replaces_whole_file(tmp_path: Path) -> None:
