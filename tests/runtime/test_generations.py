@@ -19,6 +19,10 @@ from cutecc.store import Store
 from cutecc.units import now_iso
 from cutecc.workers import BuildJob, Result
 
+# A build links the toolchain's runtime library with zig, even around the stand-in compile:
+# skipped where only the runtime is installed (CI's newest-JAX environment).
+pytest.importorskip("ziglang", reason="building needs the build extra (zig links the runtime library)")
+
 MANIFEST = """\
 archs = ["sm_90a"]
 
