@@ -179,6 +179,18 @@ def _read(tree: PackTree, name: str, cap: int) -> bytes:
         raise CuteccError(str(e), where=str(tree.path)) from None
 
 
+def _read_meta(tree: PackTree, base: str, names: list[str]) -> Any:
+    """The parsed meta.json of the pack directory `base`, once none of its members `names`
+    was refused while reading the archive; else ValueError(why)."""
+    for n in names:
+        if f"{base}{n}" in tree.bad:
+            raise ValueError(f"{n}: {tree.bad[base + n]}")
+    try:
+        return parse_json(tree.read(base + META))
+    except ValueError as e:
+        raise ValueError(f"malformed {META}: {e}") from None
+
+
 def _check_entry(tree: PackTree, key: str, le: LockEntry,
                  names: list[str]) -> tuple[dict[str, Any], dict[str, bytes]]:
     """(meta, files) of a pack's entry once everything checks; else ValueError(why)."""
@@ -191,13 +203,7 @@ def _check_entry(tree: PackTree, key: str, le: LockEntry,
     base = f"entries/{key[:2]}/{key}/"
     if any(f"{base}{n}" not in tree.names and f"{base}{n}" not in tree.bad for n in names):
         raise ValueError("stored under the wrong shard directory")
-    for n in names:
-        if f"{base}{n}" in tree.bad:
-            raise ValueError(f"{n}: {tree.bad[base + n]}")
-    try:
-        meta = parse_json(tree.read(base + META))
-    except ValueError as e:
-        raise ValueError(f"malformed {META}: {e}") from None
+    meta = _read_meta(tree, base, names)
     why = meta_problem(meta, key)  # the key inputs hash to the key; records well formed
     if why:
         raise ValueError(f"{META}: {why}")
@@ -245,13 +251,7 @@ def _check_runtime(tree: PackTree, key: str, rec: dict[str, Any],
     if META not in names or any(f"{base}{n}" not in tree.names and f"{base}{n}" not in tree.bad
                                 for n in names):
         raise ValueError(f"no {META}, or stored under the wrong shard directory")
-    for n in names:
-        if f"{base}{n}" in tree.bad:
-            raise ValueError(f"{n}: {tree.bad[base + n]}")
-    try:
-        meta = parse_json(tree.read(base + META))
-    except ValueError as e:
-        raise ValueError(f"malformed {META}: {e}") from None
+    meta = _read_meta(tree, base, names)
     why = runtime_meta_problem(meta, key)
     if why:
         raise ValueError(f"{META}: {why}")
