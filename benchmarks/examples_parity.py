@@ -24,6 +24,13 @@ runs kernels: a Python dispatch per call costs about as much host time as these 
 run, which made a first version of this comparison host-bound on the cutecc side); the
 direct side calls the tvm-ffi function N times on the same arrays (via DLPack) on the
 default stream.
+
+Wall time includes what each side runs around the kernel (XLA's copies and scheduling on
+cutecc's side). So the same run also takes the kernel's own time on the device clock: a
+profiler trace (CUPTI, through `jax.profiler`) of PROFILED rounds of each side, the
+launcher's kernels named by the direct side's trace (everything it launches is the
+launcher's), per call the sum of their durations; and on cutecc's side, per call, the device
+time of anything else the program ran (XLA's own kernels and copies).
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from typing import Any
 
 SYMBOL = "direct"
 ROUNDS = 15
+PROFILED = 5  # rounds per side in the device-clock trace
 
 # Per kernel: the sizes timed (symbol -> extent) and the runtime scalars passed.
 SIZES: dict[str, dict[str, int]] = {
@@ -271,6 +279,56 @@ def _chain(kern: Any, kw: dict[str, Any], n: int, args: tuple[Any, ...]) -> Any:
     return outs
 
 
+def _trace(run: Any, rounds: int) -> list[tuple[str, int, int]]:
+    """GPU kernel events (name, start ns, duration ns) of `rounds` calls of `run` (each
+    followed by a whole-device synchronisation), from a profiler trace."""
+    import glob
+    import tempfile
+
+    import jax
+
+    with tempfile.TemporaryDirectory() as d:
+        jax.profiler.start_trace(d)
+        try:
+            for _ in range(rounds):
+                run()
+        finally:
+            jax.profiler.stop_trace()
+        files = glob.glob(f"{d}/**/*.xplane.pb", recursive=True)
+        if not files:
+            raise RuntimeError("the profiler wrote no trace")
+        data = jax.profiler.ProfileData.from_file(files[0])
+        return [(e.name, int(e.start_ns), int(e.duration_ns))
+                for plane in data.planes if plane.name.startswith("/device:GPU")
+                for line in plane.lines for e in line.events]
+
+
+def _kernel_time(direct: Any, chain: Any, n: int, cuda: _Cuda) -> dict[str, float]:
+    """Per call, on the device clock: the launcher's kernels called directly, the same
+    kernels inside cutecc's chain, and the rest of cutecc's chain (XLA's own work)."""
+    def d_run() -> None:
+        for _ in range(n):
+            direct()
+        cuda.sync()
+
+    def c_run() -> None:
+        chain()
+        cuda.sync()
+
+    d_ev = _trace(d_run, PROFILED)
+    names = {name for name, _, _ in d_ev if not name.startswith(("Memset", "Memcpy"))}
+    c_ev = _trace(c_run, PROFILED)
+    calls = n * PROFILED
+    ours = [e for e in c_ev if e[0] in names]
+    if not names or len(ours) != sum(1 for e in d_ev if e[0] in names):
+        raise RuntimeError(f"kernel counts differ: direct {len(d_ev)} events of {sorted(names)}, "
+                           f"cutecc {len(ours)} of them")
+    return {"kernel_direct_us": sum(e[2] for e in d_ev if e[0] in names) / calls / 1e3,
+            "kernel_cutecc_us": sum(e[2] for e in ours) / calls / 1e3,
+            "xla_other_us": sum(e[2] for e in c_ev if e[0] not in names) / calls / 1e3,
+            "kernels_per_call": len(ours) / calls}
+
+
 def device(cache: Path, out_dir: Path) -> dict[str, Any]:
     import jax
     import numpy as np
@@ -320,15 +378,23 @@ def device(cache: Path, out_dir: Path) -> dict[str, Any]:
         c, d = statistics.median(times["cutecc"]), statistics.median(times["direct"])
         res[lab] = {"cutecc_us": c * 1e6, "direct_us": d * 1e6, "ratio": c / d, "calls_per_round": n,
                     "cubin_identical": info["cubin_identical"], "sizes": SIZES[info["kernel"]]}
+        try:
+            k = _kernel_time(sides["direct"][0], sides["cutecc"][0], n, cuda)
+            res[lab].update(k, kernel_ratio=k["kernel_cutecc_us"] / k["kernel_direct_us"])
+        except Exception as err:  # no CUPTI here: the wall-clock figures stand alone
+            res[lab]["kernel_error"] = f"{type(err).__name__}: {err}"[:300]
     return res
 
 
 def table(res: dict[str, Any]) -> str:
-    lines = [f"{'entry':58} {'cutecc us':>10} {'direct us':>10} {'ratio':>7}  within 2%  cubin same"]
+    lines = [f"{'entry':58} {'cutecc us':>10} {'direct us':>10} {'ratio':>7}  within 2%  cubin same"
+             f"  {'kernel: cutecc us':>17} {'direct us':>10} {'ratio':>7} {'XLA rest us':>11}"]
     for lab, r in res.items():
         ok = "yes" if abs(r["ratio"] - 1) <= 0.02 else "NO"
+        kern = (f"  {r['kernel_cutecc_us']:17.2f} {r['kernel_direct_us']:10.2f} {r['kernel_ratio']:7.4f} "
+                f"{r['xla_other_us']:11.2f}" if "kernel_ratio" in r else f"  ({r.get('kernel_error')})")
         lines.append(f"{lab:58} {r['cutecc_us']:10.1f} {r['direct_us']:10.1f} {r['ratio']:7.4f}  "
-                     f"{ok:9}  {r['cubin_identical']}")
+                     f"{ok:9}  {str(r['cubin_identical']):10}" + kern)
     return "\n".join(lines)
 
 

@@ -152,6 +152,10 @@ def test_leaving_the_keyword_out_is_an_error_listing_the_choices(built: tuple[Pa
         ks.attn.select(x, causal=2)
     with pytest.raises(CuteccError, match=r"causal=1 was not built"):  # 1 is not True
         ks.attn.select(x, causal=1)
+    # a misspelt keyword: the error names the call keywords, not only the runtime scalars
+    with pytest.raises(CuteccError, match=r"unknown keyword argument 'casual'; runtime scalars: "
+                                          r"none; call keywords: causal"):
+        _lower(lambda x: ks.attn(x, causal=True, casual=True), x)
 
 
 @pytest.mark.slow

@@ -288,7 +288,7 @@ class KernelFn:
         if self.tuning is not None:  # the tuned winner of the call's bucket (a table lookup)
             build = self.tuning.pick(build, env)
         _check_placement(self.name, arrays)
-        attrs = _attrs(self.name, build.conv.scalars, scalars)
+        attrs = _attrs(self.name, build.conv.scalars, scalars, tuple(self._keywords))
         target = build.register(self.name)
         # The kernel sees each tensor's buffer in its declared order (`TensorArg.perm`).
         results = tuple(
@@ -340,12 +340,16 @@ def _like(g: Any, x: Any) -> Any:
     return jax.lax.psum(g, tuple(sorted(extra))) if extra else g
 
 
-def _attrs(kernel: str, declared: Sequence[ScalarArg], given: Mapping[str, Any]) -> tuple:
+def _attrs(kernel: str, declared: Sequence[ScalarArg], given: Mapping[str, Any],
+           keywords: Sequence[str] = ()) -> tuple:
+    """The runtime scalars' FFI attributes; `keywords` (the kernel's call keywords, already
+    taken out of `given`) only name the other keywords a call may pass."""
     names = {s.name for s in declared}
     for k in given:
         if k not in names:
+            also = f"; call keywords: {', '.join(sorted(keywords))}" if keywords else ""
             raise CuteccError(f"unknown keyword argument {k!r}; runtime scalars: "
-                              f"{', '.join(sorted(names)) or 'none'}",
+                              f"{', '.join(sorted(names)) or 'none'}{also}",
                               where=f'kernel "{kernel}"', exit_code=1)
     out = []
     for s in declared:
