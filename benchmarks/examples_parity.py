@@ -303,17 +303,38 @@ def _trace(run: Any, rounds: int) -> list[tuple[str, int, int]]:
                 for line in plane.lines for e in line.events]
 
 
+GAP_NS = 2_000_000  # rounds of a trace are kept this far apart (a sleep after each)
+
+
+def _span(events: list[tuple[str, int, int]], calls: int) -> float:
+    """Median over the trace's rounds (runs of events split where the device idled more
+    than GAP_NS) of first start to last end, per call, in us: what the device spent
+    including any gap between kernels."""
+    evs = sorted(events, key=lambda e: e[1])
+    rounds: list[list[tuple[str, int, int]]] = []
+    for e in evs:
+        if rounds and e[1] - max(x[1] + x[2] for x in rounds[-1]) < GAP_NS:
+            rounds[-1].append(e)
+        else:
+            rounds.append([e])
+    spans = [(max(x[1] + x[2] for x in r) - r[0][1]) / calls / 1e3 for r in rounds]
+    return statistics.median(spans)
+
+
 def _kernel_time(direct: Any, chain: Any, n: int, cuda: _Cuda) -> dict[str, float]:
     """Per call, on the device clock: the launcher's kernels called directly, the same
-    kernels inside cutecc's chain, and the rest of cutecc's chain (XLA's own work)."""
+    kernels inside cutecc's chain, and the rest of cutecc's chain (XLA's own work); and
+    each side's span (its kernels and the gaps between them)."""
     def d_run() -> None:
         for _ in range(n):
             direct()
         cuda.sync()
+        time.sleep(2 * GAP_NS / 1e9)
 
     def c_run() -> None:
         chain()
         cuda.sync()
+        time.sleep(2 * GAP_NS / 1e9)
 
     d_ev = _trace(d_run, PROFILED)
     names = {name for name, _, _ in d_ev if not name.startswith(("Memset", "Memcpy"))}
@@ -326,7 +347,9 @@ def _kernel_time(direct: Any, chain: Any, n: int, cuda: _Cuda) -> dict[str, floa
     return {"kernel_direct_us": sum(e[2] for e in d_ev if e[0] in names) / calls / 1e3,
             "kernel_cutecc_us": sum(e[2] for e in ours) / calls / 1e3,
             "xla_other_us": sum(e[2] for e in c_ev if e[0] not in names) / calls / 1e3,
-            "kernels_per_call": len(ours) / calls}
+            "kernels_per_call": len(ours) / calls,
+            "span_direct_us": _span([e for e in d_ev if e[0] in names], n),
+            "span_cutecc_us": _span(c_ev, n)}
 
 
 def device(cache: Path, out_dir: Path) -> dict[str, Any]:
@@ -388,11 +411,13 @@ def device(cache: Path, out_dir: Path) -> dict[str, Any]:
 
 def table(res: dict[str, Any]) -> str:
     lines = [f"{'entry':58} {'cutecc us':>10} {'direct us':>10} {'ratio':>7}  within 2%  cubin same"
-             f"  {'kernel: cutecc us':>17} {'direct us':>10} {'ratio':>7} {'XLA rest us':>11}"]
+             f"  {'kernel: cutecc us':>17} {'direct us':>10} {'ratio':>7} {'XLA rest us':>11}"
+             f"  {'span: cutecc us':>15} {'direct us':>10}"]
     for lab, r in res.items():
         ok = "yes" if abs(r["ratio"] - 1) <= 0.02 else "NO"
         kern = (f"  {r['kernel_cutecc_us']:17.2f} {r['kernel_direct_us']:10.2f} {r['kernel_ratio']:7.4f} "
-                f"{r['xla_other_us']:11.2f}" if "kernel_ratio" in r else f"  ({r.get('kernel_error')})")
+                f"{r['xla_other_us']:11.2f}  {r['span_cutecc_us']:15.2f} {r['span_direct_us']:10.2f}"
+                if "kernel_ratio" in r else f"  ({r.get('kernel_error')})")
         lines.append(f"{lab:58} {r['cutecc_us']:10.1f} {r['direct_us']:10.1f} {r['ratio']:7.4f}  "
                      f"{ok:9}  {str(r['cubin_identical']):10}" + kern)
     return "\n".join(lines)
