@@ -19,7 +19,8 @@ loads the cache with `cutecc.load` and each direct library with `tvm_ffi.load_mo
 checks that both give the same output on fresh random inputs, and times both, interleaved,
 on the same arrays. Wall clock: per call, the marginal time of a call, (time of 2N calls -
 time of N calls) / N, each between two whole-device synchronisations (`cuCtxSynchronize`),
-N = 50 ms worth of calls, at most 100; medians over 15 rounds. The rest of the time of N
+N = 50 ms worth of calls, at most 100 (and fewer where 2N results would pass
+RESULT_BYTES); medians over 15 rounds. The rest of the time of N
 calls is reported apart as each side's fixed cost per batch. cutecc's side is one
 `jax.jit` of N calls kept apart by optimization barriers (as a model runs kernels: a
 Python dispatch per call costs about as much host time as these kernels run); the direct
@@ -48,6 +49,7 @@ from typing import Any
 SYMBOL = "direct"
 ROUNDS = 15
 PROFILED = 5  # rounds per side in the device-clock trace
+RESULT_BYTES = 12 << 30  # results a chain may hold
 
 # Per kernel: the sizes timed (symbol -> extent) and the runtime scalars passed.
 SIZES: dict[str, dict[str, int]] = {
@@ -259,18 +261,19 @@ def _per_call(issue: Any, n: int, cuda: _Cuda) -> float:
 
 def _chain(kern: Any, kw: dict[str, Any], n: int, args: tuple[Any, ...]) -> Any:
     """`n` calls of `kern` on the same `args`, each kept and none merged with another: each
-    call's inputs pass an optimization barrier with the previous call's results, so every
-    call is needed for the last one, which is returned. The kernel reads the same data as
-    the direct side (attention's speed depends on the values: feeding each output back as
-    the next query made FA4 3-7% faster or slower on the device clock)."""
+    call's inputs pass an optimization barrier with the previous call's results, and every
+    result is returned (XLA drops a call whose result nothing uses: with only the last one
+    returned, it ran one call in all). The kernel reads the same data as the direct side
+    (attention's speed depends on the values: feeding each output back as the next query
+    made FA4 3-7% faster or slower on the device clock)."""
     import jax
 
-    out: Any = None
+    outs: list[Any] = []
     for _ in range(n):
-        if out is not None:
-            args, _ = jax.lax.optimization_barrier((args, out))
-        out = kern(*args, **kw)
-    return out
+        if outs:
+            args, _ = jax.lax.optimization_barrier((args, outs[-1]))
+        outs.append(kern(*args, **kw))
+    return outs
 
 
 def _trace(run: Any, rounds: int) -> list[tuple[str, int, int]]:
@@ -377,7 +380,10 @@ def device(cache: Path, out_dir: Path) -> dict[str, Any]:
             np.testing.assert_array_equal(np.asarray(g), np.asarray(named[t.name]),
                                           err_msg=f"{lab}: {t.name} differs between cutecc and direct")
         once = _per_call(lambda fn=fn, a=dargs: fn(*a), 3, cuda)
-        n = min(100, max(5, int(0.05 / max(once, 1e-6))))
+        # every result of the 2N-call chain stays in memory: at most RESULT_BYTES of them
+        per_call = sum(math.prod(x.shape) * x.dtype.itemsize for t in b.conv.results
+                       for x in (named[t.name],))
+        n = min(100, max(5, int(0.05 / max(once, 1e-6))), max(2, RESULT_BYTES // (2 * per_call)))
         # cutecc's side as a model runs it: calls in one jit (a Python dispatch per call
         # would cost ~70 us of host time, as much as these kernels run). A call's cost is
         # the marginal one: (time of 2n calls - time of n calls) / n on each side, so the
