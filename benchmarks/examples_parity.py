@@ -276,9 +276,13 @@ def _chain(kern: Any, kw: dict[str, Any], n: int, args: tuple[Any, ...]) -> Any:
     return outs
 
 
-def _trace(run: Any, rounds: int) -> list[tuple[str, int, int]]:
-    """GPU kernel events (name, start ns, duration ns) of `rounds` calls of `run` (each
-    followed by a whole-device synchronisation), from a profiler trace."""
+Event = tuple[str, int, int]  # a GPU kernel: name, start ns, duration ns
+GAP_NS = 2_000_000  # runs in a trace are kept this far apart (a sleep after each)
+
+
+def _trace(runs: list[Any], cuda: _Cuda) -> list[Event]:
+    """GPU kernel events of `runs` called in turn, each followed by a whole-device
+    synchronisation and a sleep of 2 GAP_NS, from one profiler trace."""
     import glob
     import tempfile
 
@@ -287,8 +291,10 @@ def _trace(run: Any, rounds: int) -> list[tuple[str, int, int]]:
     with tempfile.TemporaryDirectory() as d:
         jax.profiler.start_trace(d)
         try:
-            for _ in range(rounds):
+            for run in runs:
                 run()
+                cuda.sync()
+                time.sleep(2 * GAP_NS / 1e9)
         finally:
             jax.profiler.stop_trace()
         files = glob.glob(f"{d}/**/*.xplane.pb", recursive=True)
@@ -300,53 +306,48 @@ def _trace(run: Any, rounds: int) -> list[tuple[str, int, int]]:
                 for line in plane.lines for e in line.events]
 
 
-GAP_NS = 2_000_000  # rounds of a trace are kept this far apart (a sleep after each)
-
-
-def _span(events: list[tuple[str, int, int]], calls: int) -> float:
-    """Median over the trace's rounds (runs of events split where the device idled more
-    than GAP_NS) of first start to last end, per call, in us: what the device spent
-    including any gap between kernels."""
-    evs = sorted(events, key=lambda e: e[1])
-    rounds: list[list[tuple[str, int, int]]] = []
-    for e in evs:
-        if rounds and e[1] - max(x[1] + x[2] for x in rounds[-1]) < GAP_NS:
-            rounds[-1].append(e)
-        else:
-            rounds.append([e])
-    spans = [(max(x[1] + x[2] for x in r) - r[0][1]) / calls / 1e3 for r in rounds]
-    return statistics.median(spans)
+def _runs(events: list[Event]) -> list[list[Event]]:
+    """`events` split where the device idled GAP_NS or more: one list per run."""
+    runs: list[list[Event]] = []
+    end = 0
+    for e in sorted(events, key=lambda e: e[1]):
+        if not runs or e[1] - end >= GAP_NS:
+            runs.append([])
+        runs[-1].append(e)
+        end = max(end, e[1] + e[2])
+    return runs
 
 
 def _kernel_time(direct: Any, chain: Any, n: int, cuda: _Cuda) -> dict[str, float]:
-    """Per call, on the device clock: the launcher's kernels called directly, the same
-    kernels inside cutecc's chain, and the rest of cutecc's chain (XLA's own work); and
-    each side's span (its kernels and the gaps between them)."""
+    """Per call, on the device clock (medians over PROFILED runs of each side, in one
+    trace, interleaved so that clock changes of a warm GPU fall on both): the launcher's
+    kernels called directly, the same kernels inside cutecc's chain, the rest of cutecc's
+    chain (XLA's own work), and each side's span (its kernels and the gaps between)."""
     def d_run() -> None:
         for _ in range(n):
             direct()
-        cuda.sync()
-        time.sleep(2 * GAP_NS / 1e9)
 
-    def c_run() -> None:
-        chain()
-        cuda.sync()
-        time.sleep(2 * GAP_NS / 1e9)
-
-    d_ev = _trace(d_run, PROFILED)
-    names = {name for name, _, _ in d_ev if not name.startswith(("Memset", "Memcpy"))}
-    c_ev = _trace(c_run, PROFILED)
-    calls = n * PROFILED
-    ours = [e for e in c_ev if e[0] in names]
-    if not names or len(ours) != sum(1 for e in d_ev if e[0] in names):
-        raise RuntimeError(f"kernel counts differ: direct {len(d_ev)} events of {sorted(names)}, "
-                           f"cutecc {len(ours)} of them")
-    return {"kernel_direct_us": sum(e[2] for e in d_ev if e[0] in names) / calls / 1e3,
-            "kernel_cutecc_us": sum(e[2] for e in ours) / calls / 1e3,
-            "xla_other_us": sum(e[2] for e in c_ev if e[0] not in names) / calls / 1e3,
-            "kernels_per_call": len(ours) / calls,
-            "span_direct_us": _span([e for e in d_ev if e[0] in names], n),
-            "span_cutecc_us": _span(c_ev, n)}
+    names = {e[0] for e in _trace([d_run], cuda) if not e[0].startswith(("Memset", "Memcpy"))}
+    order = [("direct", "cutecc")[(r + r // 2) % 2] for r in range(2 * PROFILED)]  # d c c d d c ...
+    runs = _runs(_trace([d_run if side == "direct" else chain for side in order], cuda))
+    if not names or len(runs) != len(order):
+        raise RuntimeError(f"the trace has {len(runs)} runs, not {len(order)} (kernels {sorted(names)})")
+    got: dict[str, dict[str, list[float]]] = {
+        side: {"kernel": [], "other": [], "span": [], "count": []} for side in ("direct", "cutecc")}
+    for side, evs in zip(order, runs):
+        ours = [e for e in evs if e[0] in names]
+        g = got[side]
+        g["kernel"].append(sum(e[2] for e in ours) / n / 1e3)
+        g["other"].append(sum(e[2] for e in evs if e[0] not in names) / n / 1e3)
+        g["span"].append((max(e[1] + e[2] for e in evs) - evs[0][1]) / n / 1e3)
+        g["count"].append(len(ours) / n)
+    counts = {c for side in got.values() for c in side["count"]}
+    if len(counts) != 1:
+        raise RuntimeError(f"kernels per call differ between runs: {sorted(counts)}")
+    med = {side: {k: statistics.median(v) for k, v in g.items()} for side, g in got.items()}
+    return {"kernel_direct_us": med["direct"]["kernel"], "kernel_cutecc_us": med["cutecc"]["kernel"],
+            "xla_other_us": med["cutecc"]["other"], "kernels_per_call": counts.pop(),
+            "span_direct_us": med["direct"]["span"], "span_cutecc_us": med["cutecc"]["span"]}
 
 
 def device(cache: Path, out_dir: Path) -> dict[str, Any]:
