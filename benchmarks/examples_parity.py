@@ -423,18 +423,18 @@ def device(cache: Path, out_dir: Path) -> dict[str, Any]:
 
 
 def table(res: dict[str, Any]) -> str:
-    lines = [f"{'entry':58} {'cutecc us':>10} {'direct us':>10} {'ratio':>7}  within 2%  cubin same"
+    lines = [f"{'entry':58} {'cutecc us':>10} {'direct us':>10} {'ratio':>7}  not 2% slower  cubin same"
              f"  {'kernel: cutecc us':>17} {'direct us':>10} {'ratio':>7} {'XLA rest us':>11}"
              f"  {'span: cutecc us':>15} {'direct us':>10}"
              f"  {'fixed per batch: cutecc us':>26} {'direct us':>10}"]
     for lab, r in res.items():
-        ok = "yes" if abs(r["ratio"] - 1) <= 0.02 else "NO"
+        ok = "yes" if r["ratio"] <= 1.02 else "NO"
         kern = (f"  {r['kernel_cutecc_us']:17.2f} {r['kernel_direct_us']:10.2f} {r['kernel_ratio']:7.4f} "
                 f"{r['xla_other_us']:11.2f}  {r['span_cutecc_us']:15.2f} {r['span_direct_us']:10.2f}"
                 if "kernel_ratio" in r else f"  ({r.get('kernel_error')})")
         kern += f"  {r['fixed_cutecc_us']:26.1f} {r['fixed_direct_us']:10.1f}"
         lines.append(f"{lab:58} {r['cutecc_us']:10.1f} {r['direct_us']:10.1f} {r['ratio']:7.4f}  "
-                     f"{ok:9}  {str(r['cubin_identical']):10}" + kern)
+                     f"{ok:13}  {str(r['cubin_identical']):10}" + kern)
     return "\n".join(lines)
 
 
@@ -458,8 +458,8 @@ def main() -> int:
     print(table(res))
     if a.json:
         a.json.write_text(json.dumps(res, indent=1) + "\n")
-    return 0 if all(abs(r["ratio"] - 1) <= 0.02 and abs(r.get("kernel_ratio", 1) - 1) <= 0.02
-                    for r in res.values()) else 1
+    # cutecc must not be slower than the direct call by more than 2%, on either clock
+    return 0 if all(r["ratio"] <= 1.02 and r.get("kernel_ratio", 1) <= 1.02 for r in res.values()) else 1
 
 
 if __name__ == "__main__":
