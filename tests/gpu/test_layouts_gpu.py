@@ -103,7 +103,7 @@ def test_padded_rows_copy_the_logical_block_and_keep_the_padding(ks, rng, m: int
     np.testing.assert_array_equal(np.asarray(ks.pad_rows(x, y, k=k), np.float32), want)  # eager
 
 
-@pytest.mark.parametrize("m, k, lda", [(1, 1, 1), (5, 33, 40), (129, 64, 64), (300, 1000, 1024)])
+@pytest.mark.parametrize("m, k, lda", [(1, 1, 8), (5, 33, 40), (129, 64, 64), (300, 1000, 1024)])
 def test_a_padded_operand_is_read_only_in_its_logical_block(ks, rng, m: int, k: int, lda: int) -> None:
     """out = a[:, :k] @ v with a passed whole: its padding is NaN, so a kernel that read
     past k (or used lda as the extent) would give NaN."""
@@ -129,3 +129,5 @@ def test_padded_calls_are_checked(ks, rng) -> None:
         ks.pad_rows(bf16(rng, (2, 32)), bf16(rng, (2, 64)), k=64)
     with pytest.raises(CuteccError, match=r"missing call keyword 'k'"):
         ks.pad_rows(bf16(rng, (2, 64)), bf16(rng, (2, 64)))
+    with pytest.raises(CuteccError, match=r"a: dimension 1 is 36, expected a multiple of 8 \(symbols.lda"):
+        ks.row_dot(jnp.ones((2, 36), jnp.float32), jnp.ones((33,), jnp.float32))
