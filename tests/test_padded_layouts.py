@@ -256,3 +256,24 @@ def test_a_static_padded_extent_must_be_named_at_the_call(padded_cache: Path) ->
     b, env = ks.pad_rows.select(S((3, 2048), BF), S((3, 1024), BF), k=1024)
     assert b.variant == "k=1024" and env == {"m": 3, "ldx": 2048, "ldy": 1024}
     assert "x: bfloat16['m', 1024] in ['m', 'ldx']" in repr(ks.pad_rows)
+
+
+@pytest.mark.slow
+def test_an_entry_whose_padded_extent_no_array_binds_is_refused(padded_cache: Path) -> None:
+    """A contract the manifest would refuse, read from disk (damaged or planted): the
+    runtime refuses the entry rather than fail, or guess, at call time."""
+    import json
+
+    from cutecc.runtime.dispatch import Build
+
+    meta_path = next(p for p in (padded_cache / "entries").glob("*/*/meta.json")
+                     if json.loads(p.read_text())["kernel"] == "row_dot")
+    meta = json.loads(meta_path.read_text())
+    Build.from_meta(meta["key"], meta_path.parent, meta)  # as built: fine
+    meta["args"][1]["shape"] = ["n"]
+    with pytest.raises(ValueError, match='a: extent "k" is bound by no input array'):
+        Build.from_meta(meta["key"], meta_path.parent, meta)
+    meta["args"][1]["shape"] = ["k"]
+    meta["args"][2]["shape"] = ["q"]
+    with pytest.raises(ValueError, match='out: extent "q" is bound by no input array'):
+        Build.from_meta(meta["key"], meta_path.parent, meta)

@@ -134,7 +134,8 @@ def _mismatch(b: Build, arrays: Sequence[Any]) -> tuple[dict[str, int] | None, s
                 return None, f"{t.name}: dimension {i} is empty"
             if isinstance(d, int):
                 if n != d:
-                    return None, f"{t.name}: dimension {i} is {n}, expected {d}"
+                    mine = " (the buffer's extent)" if i in t.padded else ""
+                    return None, f"{t.name}: dimension {i} is {n}, expected {d}{mine}"
             elif n > MAX_SYMBOLIC_EXTENT:
                 return None, (f"{t.name}: dimension {i} (\"{d}\") is {n}; symbolic extents are "
                               f"compiled as int32, so at most 2^31-1 = {MAX_SYMBOLIC_EXTENT}")
