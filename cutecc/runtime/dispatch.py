@@ -65,16 +65,14 @@ class Build:
             rt["key"], entry_dir.parents[2] / "runtimes" / rt["key"][:2] / rt["key"] / rt["library"],
             rt["sha256"], int(rt["size"]))
         conv = CallingConvention.of(args)
+        # What a call computes from its arrays (output shapes, padded views) must be bound
+        # by them, as the manifest ensures: a contract read from disk is checked again.
         bound = {d for t in conv.inputs for d in t.extents if isinstance(d, str)}
-        for t in conv.results:  # what a call computes from its arrays must be bound by them
-            need = t.symbols if t.role == "output" else [t.shape[i] for i in t.padded]
-            for d in need:
-                if isinstance(d, str) and d not in bound:
-                    raise ValueError(f'{t.name}: extent "{d}" is bound by no input array')
-        for t in conv.inputs:
-            for i in t.padded:
-                if isinstance(t.shape[i], str) and t.shape[i] not in bound:
-                    raise ValueError(f'{t.name}: extent "{t.shape[i]}" is bound by no input array')
+        need = [(t.name, d) for t in conv.results if t.role == "output" for d in t.symbols]
+        need += [(t.name, t.shape[i]) for t in conv.inputs for i in t.padded]
+        for name, d in need:
+            if isinstance(d, str) and d not in bound:
+                raise ValueError(f'{name}: extent "{d}" is bound by no input array')
         return cls(key, meta["variant"], meta["arch"], args, conv,
                    entry_dir / lib, rec["sha256"], int(rec["size"]), meta["symbol"], runtime,
                    call=tuple(call.items()))
