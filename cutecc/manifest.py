@@ -470,12 +470,12 @@ def _with_divisibility(a: Arg, symbols: dict[str, int]) -> Arg:
 
 
 def _selects(v: Variant) -> str:
-    """What a call's arrays select a variant by: the input tensors' contract, less the
-    static logical extents of padded dimensions (no array shows them: variants differing
-    in them are told apart by a call keyword, `ks.k(x, k=64)`)."""
-    return repr([(t.dtype, tuple("?" if i in t.padded and isinstance(d, int) else d
-                                 for i, d in enumerate(t.shape)),
-                  t.buffer, t.order, t.divisibility, t.align) for t in v.convention.inputs])
+    """What a call's arrays select a variant by: the input tensors' contract as the arrays
+    show it: their extents (a padded tensor's buffer's) and the symbols padded views take,
+    not the static logical extents of padded dimensions (variants differing in those are
+    told apart by a call keyword, `ks.k(x, k=64)`)."""
+    return repr([(t.dtype, t.extents, tuple((i, t.shape[i]) for i in t.padded if isinstance(t.shape[i], str)),
+                  t.order, t.divisibility, t.align) for t in v.convention.inputs])
 
 
 def _call_value(x: _Value) -> tuple[bool, _Value]:

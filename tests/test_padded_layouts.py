@@ -144,6 +144,17 @@ def test_a_static_padded_extent_is_a_call_keyword(tmp_path: Path) -> None:
     assert [v.call for v in vs] == [(("k", 64),), (("k", 1024),)]
 
 
+def test_a_padded_variant_and_a_dense_one_of_the_same_buffer_need_a_keyword(tmp_path: Path) -> None:
+    """With buffer = [m, 128], k = 128 is the dense (m, 128) tensor and k = 64 its padded
+    block: the same arrays fit both, so k is a call keyword (the runtime never prefers one
+    for its static view extent, which no array shows)."""
+    text = (PAD_ROWS.replace('"ldx"', "128").replace('"ldy"', "128").replace("[64, 1024]", "[64, 128]")
+            .replace("symbols = { ldx = { divisibility = 8 }, ldy = { divisibility = 8 } }\n", ""))
+    vs = load_manifest(_manifest(tmp_path, text)).kernel("pad_rows").variants
+    assert [v.args[0].buffer for v in vs] == [("m", 128), None]  # type: ignore[union-attr]
+    assert [v.call for v in vs] == [(("k", 64),), (("k", 128),)]
+
+
 def test_an_unknown_or_bad_contract_field_is_refused() -> None:
     """A newer cutecc's tensor field is refused rather than dropped (an older reader would
     otherwise serve a padded kernel as a dense one)."""

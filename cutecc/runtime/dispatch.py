@@ -152,9 +152,9 @@ def _mismatch(b: Build, arrays: Sequence[Any]) -> tuple[dict[str, int] | None, s
 
 
 def _static(b: Build) -> int:
-    """How specific a build's contract is: its static extents and divisibility facts."""
-    return sum(isinstance(d, int) for t in b.conv.inputs for d in t.shape) + sum(
-        isinstance(t.extents[i], int) for t in b.conv.inputs for i in t.padded) + sum(
+    """How specific a build's contract is: the static extents and divisibility facts of
+    its arrays (a padded view's static extent is no fact about the array passed)."""
+    return sum(isinstance(d, int) for t in b.conv.inputs for d in t.extents) + sum(
         t.multiple(i) > 1 for t in b.conv.inputs for i in range(len(t.shape)))
 
 
