@@ -136,6 +136,37 @@ def _result_param(t: TensorArg) -> str:
     return f"cutecc_out_{t.name}" if t.role == "inout" else t.name
 
 
+def _view_lines(t: TensorArg, p: str, conv: CallingConvention) -> list[str]:
+    """The wrapper's lines viewing parameter `p` (the dense buffer the call passes, its
+    dimensions in `t.perm` order) as the tensor the launcher takes: the logical dimensions
+    with the buffer's strides, and for a padded tensor the logical extents (the buffer's
+    where unpadded, else static or read from the array that binds the symbol)."""
+    if t.order is None and t.buffer is None:
+        return []
+    modes = [t.perm.index(i) for i in range(len(t.shape))]
+    logical = f"cute.select({p}.layout, mode={modes})"
+    if t.buffer is None:
+        return [f"        cutecc_view_{t.name} = cute.make_tensor({p}.iterator, {logical})\n"]
+    buf = f"cutecc_buf_{t.name}"
+    extents = []
+    for i, (d, b) in enumerate(zip(t.shape, t.buffer)):
+        extents.append(f"{buf}.shape[{i}]" if d == b else str(d) if isinstance(d, int)
+                       else _extent_of(d, conv))
+    return [f"        {buf} = {logical}\n",
+            f"        cutecc_view_{t.name} = cute.make_tensor({p}.iterator, cute.make_layout(("
+            + ", ".join(extents) + f",), stride={buf}.stride))\n"]
+
+
+def _extent_of(symbol: str, conv: CallingConvention) -> str:
+    """An expression of the wrapper for a symbolic extent's value: a dimension of an input
+    array that has it (the manifest ensures one does)."""
+    for u in conv.inputs:
+        for j, d in enumerate(u.extents):
+            if d == symbol:
+                return f"{u.name}.shape[{u.perm.index(j)}]"
+    raise ValueError(f'no input array binds the extent "{symbol}"')
+
+
 def wrapper_source(args: tuple[Arg, ...]) -> str:
     """Python source of the canonical-order `@cute.jit` wrapper for a launcher: `const`
     values are `cutecc_values[i]`, struct types `cutecc_types[j]`, in the order
@@ -147,17 +178,13 @@ def wrapper_source(args: tuple[Arg, ...]) -> str:
     params += [f"{_result_param(t)}: cute.Tensor" for t in conv.results]
     params += [f"{s.name}: cutlass.{dtypes.DTYPES[s.dtype].cutlass}" for s in conv.scalars]
 
-    views = []  # a tensor of another layout arrives as its dense buffer: view it logically
+    views = []  # a tensor of another layout or padded arrives as its dense buffer: view it
     for t in (*conv.inputs, *[r for r in conv.results if r.role == "output"]):
-        if t.order is not None:
-            p = _result_param(t) if t.role != "input" else t.name
-            modes = [t.perm.index(i) for i in range(len(t.shape))]
-            views.append(f"        cutecc_view_{t.name} = cute.make_tensor({p}.iterator, "
-                         f"cute.select({p}.layout, mode={modes}))\n")
+        views += _view_lines(t, _result_param(t) if t.role != "input" else t.name, conv)
 
     def expr(a: Arg) -> str:
         if isinstance(a, TensorArg):
-            if a.order is not None:
+            if a.order is not None or a.buffer is not None:
                 return f"cutecc_view_{a.name}"
             return _result_param(a) if a.role != "input" else a.name
         if isinstance(a, ScalarArg):
@@ -260,7 +287,7 @@ def _fake_args(conv: CallingConvention) -> list[Any]:
 
     symbols: dict[str, Any] = {}
     multiple = {d: t.multiple(i) for t in (*conv.inputs, *conv.results)
-                for i, d in enumerate(t.shape) if isinstance(d, str)}
+                for i, d in enumerate(t.extents) if isinstance(d, str)}
 
     def dim(d: int | str) -> Any:
         if isinstance(d, int):
@@ -270,12 +297,12 @@ def _fake_args(conv: CallingConvention) -> list[Any]:
         return symbols[d]
 
     def tensor(t: TensorArg) -> Any:
-        # The dense row-major buffer JAX passes: the logical tensor's dimensions in the
-        # declared order (`perm`); the wrapper views it logically.
+        # The dense row-major buffer JAX passes: the array's (a padded tensor's buffer's)
+        # dimensions in the declared order (`perm`); the wrapper views it logically.
         rank = len(t.shape)
         return cute.runtime.make_fake_compact_tensor(
             getattr(cutlass, dtypes.DTYPES[t.dtype].cutlass),
-            tuple(dim(t.shape[p]) for p in t.perm),
+            tuple(dim(t.extents[p]) for p in t.perm),
             stride_order=tuple(range(rank - 1, -1, -1)),
             assumed_align=t.align,
         )

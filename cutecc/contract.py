@@ -33,12 +33,30 @@ class TensorArg:
     # Stride order of the logical dimensions, 0 = the stride-1 one (the DSL's
     # `stride_order`); None = row-major, as JAX lays arrays out.
     order: tuple[int, ...] | None = None
-    # Per dimension, a number its extent is a multiple of (None = no such promise).
+    # Per dimension, a number the extent of the array passed (`extents`) is a multiple
+    # of (None = no such promise).
     divisibility: tuple[int, ...] | None = None
+    # A padded tensor: the shape of the array passed, in logical dimension order, of
+    # which the kernel sees the `shape` block at the origin with the buffer's strides
+    # (BLAS's `lda`). None = the array is the tensor (no padding).
+    buffer: tuple[Dim, ...] | None = None
+
+    @property
+    def extents(self) -> tuple[Dim, ...]:
+        """The shape of the array a call passes (the buffer's, for a padded tensor)."""
+        return self.shape if self.buffer is None else self.buffer
 
     @property
     def symbols(self) -> tuple[str, ...]:
-        return tuple(d for d in self.shape if isinstance(d, str))
+        """Every symbolic extent the tensor names, logical then buffer, once each."""
+        return tuple(dict.fromkeys(d for d in (*self.shape, *(self.buffer or ())) if isinstance(d, str)))
+
+    @property
+    def padded(self) -> tuple[int, ...]:
+        """The dimensions whose logical extent may be smaller than the buffer's."""
+        if self.buffer is None:
+            return ()
+        return tuple(i for i, (d, b) in enumerate(zip(self.shape, self.buffer)) if d != b)
 
     @property
     def perm(self) -> tuple[int, ...]:
@@ -140,6 +158,9 @@ class CallingConvention:
 
 # JSON form, stored in cache metadata ------------------------------------------------
 
+_TENSOR_FIELDS = frozenset({"kind", "name", "role", "dtype", "shape", "layout", "align", "param",
+                            "order", "divisibility", "buffer"})
+
 
 def arg_to_json(a: Arg) -> dict[str, Any]:
     out = _arg_json(a)
@@ -156,6 +177,8 @@ def _arg_json(a: Arg) -> dict[str, Any]:
             out["order"] = list(a.order)
         if a.divisibility is not None:
             out["divisibility"] = list(a.divisibility)
+        if a.buffer is not None:  # only when set: unpadded contracts keep their keys
+            out["buffer"] = list(a.buffer)
         return out
     if isinstance(a, ScalarArg):
         return {"kind": "scalar", "name": a.name, "dtype": a.dtype, "default": a.default}
@@ -173,16 +196,23 @@ def _arg_json(a: Arg) -> dict[str, Any]:
 def arg_from_json(d: dict[str, Any]) -> Arg:
     kind, param = d["kind"], d.get("param")
     if kind == "tensor":
-        order, div = d.get("order"), d.get("divisibility")
+        unknown = set(d) - _TENSOR_FIELDS
+        if unknown:  # a newer cutecc's contract: refuse it rather than drop what it says
+            raise ValueError(f"unknown tensor field {sorted(unknown)[0]!r} (a newer cutecc's entry?)")
+        order, div, buffer = d.get("order"), d.get("divisibility"), d.get("buffer")
         rank = len(d["shape"])
         if order is not None and sorted(int(i) for i in order) != list(range(rank)):
             raise ValueError(f"order {order!r} is not a permutation of 0..{rank - 1}")
         if div is not None and (len(div) != rank or not all(type(k) is int and k > 0 for k in div)):
             raise ValueError(f"divisibility {div!r} is not one positive int per dimension")
+        if buffer is not None and (not isinstance(buffer, list) or len(buffer) != rank or not all(
+                (type(b) is int and b > 0) or isinstance(b, str) for b in buffer)):
+            raise ValueError(f"buffer {buffer!r} is not one extent per dimension")
         return TensorArg(d["name"], d["role"], d["dtype"], tuple(d["shape"]),
                          d.get("layout", "row-major"), int(d.get("align", 16)), param,
                          None if order is None else tuple(int(i) for i in order),
-                         None if div is None else tuple(div))
+                         None if div is None else tuple(div),
+                         None if buffer is None else tuple(buffer))
     if kind == "scalar":
         return ScalarArg(d["name"], d["dtype"], d.get("default"), param)
     if kind == "none":

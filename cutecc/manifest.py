@@ -25,8 +25,10 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
                                   {dsl = "cutlass.Int32", value = 5}, {import = "m:Name"},
                                   {call = "m:f", args = [..], kwargs = {..}}, {none = true}
     args = [..]                   the launcher's arguments in its own order:
-      {name, dtype, shape, role = "input"|"output"|"inout", layout, align}  a tensor;
-        layout = "row-major" (default) | "column-major" | [stride order, 0 = stride 1]
+      {name, dtype, shape, role = "input"|"output"|"inout", buffer, layout, align}  a tensor;
+        layout = "row-major" (default) | "column-major" | [stride order, 0 = stride 1];
+        buffer = [..] (input/inout): the shape of the padded array passed, of which the
+        kernel sees the `shape` block at its origin with the buffer's strides (`lda`)
       {kind = "scalar", name, dtype, default}    a runtime scalar (keyword at the JAX side)
       {kind = "none"}   {kind = "stream"}   {kind = "tuple", items = [..]}
       {kind = "const", value = V}                a compile-time value in the launcher's order
@@ -116,7 +118,7 @@ ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs", "profile",
                 "compile_options", "grad", "description", "symbols", "tune"}
 MAX_DIVISIBILITY = 1 << 16
-_TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "layout", "align", "param"}
+_TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "buffer", "layout", "align", "param"}
 _SCALAR_KEYS = {"kind", "name", "dtype", "default", "param"}
 _Value = int | float | bool | str
 
@@ -453,9 +455,11 @@ def _symbols(ctx: _Ctx, kp: str, v: Any) -> dict[str, int]:
 
 
 def _with_divisibility(a: Arg, symbols: dict[str, int]) -> Arg:
-    """`a` with each tensor dimension's divisibility from the kernel's `symbols`."""
+    """`a` with the divisibility of each tensor dimension's array extent (the buffer's,
+    when padded: a padded logical extent is bound, and checked, where it is unpadded)
+    from the kernel's `symbols`."""
     if isinstance(a, TensorArg):
-        div = tuple(symbols.get(d, 1) if isinstance(d, str) else 1 for d in a.shape)
+        div = tuple(symbols.get(d, 1) if isinstance(d, str) else 1 for d in a.extents)
         return dataclasses.replace(a, divisibility=div if any(k > 1 for k in div) else None)
     if isinstance(a, TupleArg):
         return dataclasses.replace(a, items=tuple(_with_divisibility(i, symbols) for i in a.items))
@@ -466,8 +470,12 @@ def _with_divisibility(a: Arg, symbols: dict[str, int]) -> Arg:
 
 
 def _selects(v: Variant) -> str:
-    """What a call's arrays select a variant by: the input tensors' contract."""
-    return repr([(t.dtype, t.shape, t.order, t.divisibility, t.align) for t in v.convention.inputs])
+    """What a call's arrays select a variant by: the input tensors' contract as the arrays
+    show it: their extents (a padded tensor's buffer's) and the symbols padded views take,
+    not the static logical extents of padded dimensions (variants differing in those are
+    told apart by a call keyword, `ks.k(x, k=64)`)."""
+    return repr([(t.dtype, t.extents, tuple((i, t.shape[i]) for i in t.padded if isinstance(t.shape[i], str)),
+                  t.order, t.divisibility, t.align) for t in v.convention.inputs])
 
 
 def _call_value(x: _Value) -> tuple[bool, _Value]:
@@ -714,9 +722,25 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
     shape = a["shape"]
     if not isinstance(shape, list):
         raise ctx.fail(f"{kp}.shape", f"must be an array, got {_tname(shape)}")
+    dims = _dims(ctx, f"{kp}.shape", shape, env, hw)
+    buffer = _buffer(ctx, kp, a, dims, role, env, hw) if "buffer" in a else None
+    order = _order(ctx, f"{kp}.layout", a.get("layout", "row-major"), len(dims))
+    align = a.get("align", 16)
+    if isinstance(align, bool) or not isinstance(align, int) or align <= 0 or align & (align - 1):
+        raise ctx.fail(f"{kp}.align", f"must be a positive power of two (bytes), got {align!r}")
+    if align > MAX_ALIGN:
+        raise ctx.fail(f"{kp}.align", f"must be at most {MAX_ALIGN} (bytes), got {align}")
+    label = ("row-major" if order is None else
+             "column-major" if order == tuple(range(len(dims))) else "strided")
+    return TensorArg(name, role, dt, dims, label, align, order=order, buffer=buffer)
+
+
+def _dims(ctx: _Ctx, kp: str, shape: list[Any], env: dict[str, _Value],
+          hw: dict[str, Any]) -> tuple[Dim, ...]:
+    """A `shape` or `buffer` array: positive ints (static) and symbol names."""
     dims: list[Dim] = []
     for i, d in enumerate(shape):
-        dp = f"{kp}.shape[{i}]"
+        dp = f"{kp}[{i}]"
         d = _subst(ctx, dp, d, env, hw)
         if isinstance(d, (bool, float)):
             raise ctx.fail(dp, f"a dimension is an int or a symbol name, got {d!r}")
@@ -727,15 +751,29 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
         if isinstance(d, str) and not NAME_RE.fullmatch(d):
             raise ctx.fail(dp, f'"{d}" is not a valid symbol name')
         dims.append(d)
-    order = _order(ctx, f"{kp}.layout", a.get("layout", "row-major"), len(dims))
-    align = a.get("align", 16)
-    if isinstance(align, bool) or not isinstance(align, int) or align <= 0 or align & (align - 1):
-        raise ctx.fail(f"{kp}.align", f"must be a positive power of two (bytes), got {align!r}")
-    if align > MAX_ALIGN:
-        raise ctx.fail(f"{kp}.align", f"must be at most {MAX_ALIGN} (bytes), got {align}")
-    label = ("row-major" if order is None else
-             "column-major" if order == tuple(range(len(dims))) else "strided")
-    return TensorArg(name, role, dt, tuple(dims), label, align, order=order)
+    return tuple(dims)
+
+
+def _buffer(ctx: _Ctx, kp: str, a: dict[str, Any], shape: tuple[Dim, ...], role: str,
+            env: dict[str, _Value], hw: dict[str, Any]) -> tuple[Dim, ...] | None:
+    """A padded tensor's `buffer`: the shape of the array passed (same rank, logical order),
+    each extent at least the logical one where both are static; None when it is the shape."""
+    raw = a["buffer"]
+    if not isinstance(raw, list):
+        raise ctx.fail(f"{kp}.buffer", f"must be an array of extents, got {_tname(raw)}")
+    if role == "output":
+        raise ctx.fail(f"{kp}.buffer", "an output cannot be padded: the kernel writes only its "
+                       "logical part, so the padding handed back would be undefined; declare it "
+                       'role = "inout" (the caller passes the buffer, its padding is kept)')
+    buffer = _dims(ctx, f"{kp}.buffer", raw, env, hw)
+    if len(buffer) != len(shape):
+        raise ctx.fail(f"{kp}.buffer", f"has {len(buffer)} extents, the shape {len(shape)}: the "
+                       "buffer has the tensor's rank, in the same (logical) dimension order")
+    for i, (d, b) in enumerate(zip(shape, buffer)):
+        if isinstance(d, int) and isinstance(b, int) and d > b:
+            raise ctx.fail(f"{kp}.buffer[{i}]", f"the buffer's extent {b} is smaller than the "
+                           f"logical extent {d} (shape[{i}])")
+    return None if buffer == shape else buffer
 
 
 def _order(ctx: _Ctx, kp: str, layout: Any, rank: int) -> tuple[int, ...] | None:
@@ -778,7 +816,8 @@ def _check_args(ctx: _Ctx, kp: str, args: tuple[Arg, ...]) -> None:
     if not any(t.role in ("output", "inout") for t in tensors):
         raise ctx.fail(f"{kp}, args", "no output: at least one tensor needs role "
                        '"output" or "inout"')
-    bound = {s for t in tensors if t.role != "output" for s in t.symbols}
+    # What a call's arrays bind: the extents of the arrays passed (a padded tensor's buffer).
+    bound = {d for t in tensors if t.role != "output" for d in t.extents if isinstance(d, str)}
     for t in tensors:
         if t.role == "output":
             for s in t.symbols:
@@ -786,6 +825,13 @@ def _check_args(ctx: _Ctx, kp: str, args: tuple[Arg, ...]) -> None:
                     raise ctx.fail(f"{kp}, args ({t.name})",
                                    f'output extent "{s}" is not the extent of any input, so '
                                    "the runtime cannot compute the output shape")
+        for i in t.padded:
+            d = t.shape[i]
+            if isinstance(d, str) and d not in bound:
+                raise ctx.fail(f"{kp}, args ({t.name}).shape[{i}]",
+                               f'the logical extent "{d}" of a padded dimension is not the extent '
+                               "of any array passed (an unpadded dimension of an input), so neither "
+                               "the runtime nor the kernel can know it: make it static or bind it")
     names = {t.name for t in tensors}
     clash = names & {s for t in tensors for s in t.symbols}
     if clash:

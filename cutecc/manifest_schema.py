@@ -53,6 +53,10 @@ def schema() -> dict[str, Any]:
             "dtype": _dtype(),
             "shape": {"type": "array", "items": extent,
                       "description": "Ints are static extents, names symbolic (shared name: equal)."},
+            "buffer": {"type": "array", "items": extent,
+                       "description": "A padded input/inout: the shape of the array passed (same rank, "
+                                      "logical order); the kernel sees `shape` at its origin with the "
+                                      "buffer's strides (a leading dimension, as BLAS's lda)."},
             "layout": {"anyOf": [{"enum": list(LAYOUTS)},
                                  {"type": "array", "items": {"type": "integer", "minimum": 0}}],
                        "description": "The buffer the kernel sees: row-major (default), column-major, "

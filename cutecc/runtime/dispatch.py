@@ -1,7 +1,8 @@
 """A loaded kernel as a JAX-callable: `kernel(*inputs, **keywords) -> result(s)`.
 
 Each call checks its arrays against the contracts of the variants that were built
-(count, dtype, rank, static extents, shared symbolic extents, divisibility), keeps
+(count, dtype, rank, static extents, shared symbolic extents, divisibility, and for
+a padded tensor that its buffer holds the logical extents), keeps
 those whose call keywords (variant parameters the arrays cannot tell apart, such as
 `causal=True`) equal the call's, picks the most specific one (never one of equals:
 that is an error naming them), computes output shapes from the contract, and binds
@@ -63,7 +64,16 @@ class Build:
         runtime = library.RuntimeRef(
             rt["key"], entry_dir.parents[2] / "runtimes" / rt["key"][:2] / rt["key"] / rt["library"],
             rt["sha256"], int(rt["size"]))
-        return cls(key, meta["variant"], meta["arch"], args, CallingConvention.of(args),
+        conv = CallingConvention.of(args)
+        # What a call computes from its arrays (output shapes, padded views) must be bound
+        # by them, as the manifest ensures: a contract read from disk is checked again.
+        bound = {d for t in conv.inputs for d in t.extents if isinstance(d, str)}
+        need = [(t.name, d) for t in conv.results if t.role == "output" for d in t.symbols]
+        need += [(t.name, t.shape[i]) for t in conv.inputs for i in t.padded]
+        for name, d in need:
+            if isinstance(d, str) and d not in bound:
+                raise ValueError(f'{name}: extent "{d}" is bound by no input array')
+        return cls(key, meta["variant"], meta["arch"], args, conv,
                    entry_dir / lib, rec["sha256"], int(rec["size"]), meta["symbol"], runtime,
                    call=tuple(call.items()))
 
@@ -72,7 +82,8 @@ class Build:
         return f"[{self.variant}]@{self.arch} ({self.key[:12]})"
 
     def signature(self) -> str:
-        ins = ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}" for t in self.conv.inputs)
+        ins = ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}"
+                        + ("" if t.buffer is None else f" in {list(t.buffer)}") for t in self.conv.inputs)
         sc = "".join(f", {s.name}: {s.dtype}" for s in self.conv.scalars)
         kw = "".join(f", {k}={v!r}" for k, v in self.call)
         return f"({ins}{sc}{kw})"
@@ -109,30 +120,41 @@ def _mismatch(b: Build, arrays: Sequence[Any]) -> tuple[dict[str, int] | None, s
         dtype = jnp.dtype(a.dtype).name
         if dtype != t.dtype:
             return None, f"{t.name}: dtype {dtype}, expected {t.dtype}"
+        what = "" if t.buffer is None else " (the buffer)"
         if len(shape) != len(t.shape):
-            return None, f"{t.name}: rank {len(shape)}, expected {len(t.shape)} {list(t.shape)}"
+            return None, f"{t.name}: rank {len(shape)}, expected {len(t.shape)} {list(t.extents)}{what}"
         for i, n in enumerate(shape):
             if n % t.multiple(i):
                 return None, (f"{t.name}: dimension {i} is {n}, expected a multiple of "
-                              f"{t.multiple(i)} (symbols.{t.shape[i]}.divisibility)")
-        for i, (d, n) in enumerate(zip(t.shape, shape)):
+                              f"{t.multiple(i)} (symbols.{t.extents[i]}.divisibility)")
+        for i, (d, n) in enumerate(zip(t.extents, shape)):
             if n == 0:
                 return None, f"{t.name}: dimension {i} is empty"
             if isinstance(d, int):
                 if n != d:
-                    return None, f"{t.name}: dimension {i} is {n}, expected {d}"
+                    mine = " (the buffer's extent)" if i in t.padded else ""
+                    return None, f"{t.name}: dimension {i} is {n}, expected {d}{mine}"
             elif n > MAX_SYMBOLIC_EXTENT:
                 return None, (f"{t.name}: dimension {i} (\"{d}\") is {n}; symbolic extents are "
                               f"compiled as int32, so at most 2^31-1 = {MAX_SYMBOLIC_EXTENT}")
             elif env.setdefault(d, n) != n:
                 return None, (f"{t.name}: dimension {i} is {n}, but \"{d}\" is {env[d]} "
                               "from an earlier argument")
+    for t, a in zip(ins, arrays):  # once every symbol is bound: the views fit their buffers
+        for i in t.padded:
+            d, n = t.shape[i], a.shape[i]
+            want = d if isinstance(d, int) else env[d]
+            if want > n:
+                named = "" if isinstance(d, int) else f' ("{d}")'
+                return None, (f"{t.name}: dimension {i} of the buffer is {n}, smaller than the "
+                              f"logical extent {want}{named} the kernel views in it")
     return env, ""
 
 
 def _static(b: Build) -> int:
-    """How specific a build's contract is: its static extents and divisibility facts."""
-    return sum(isinstance(d, int) for t in b.conv.inputs for d in t.shape) + sum(
+    """How specific a build's contract is: the static extents and divisibility facts of
+    its arrays (a padded view's static extent is no fact about the array passed)."""
+    return sum(isinstance(d, int) for t in b.conv.inputs for d in t.extents) + sum(
         t.multiple(i) > 1 for t in b.conv.inputs for i in range(len(t.shape)))
 
 
@@ -224,17 +246,21 @@ class KernelFn:
 
     def _one_of(self, fits: list[tuple[Build, dict[str, int]]],
                 keywords: Mapping[str, Any]) -> tuple[Build, dict[str, int]]:
-        """The most specific of the builds a call fits; equals are refused."""
+        """The most specific of the builds a call fits; equals are refused, and so is a
+        call leaving out a keyword built with several values even where its arrays fit one
+        (a padded tensor's static logical extent: a large buffer would fit them all)."""
         top = [f for f in fits if _static(f[0]) == _static(fits[0][0])]  # builds are sorted
-        if len(top) == 1:
+        missing = sorted({k for b, _ in top for k, _ in b.call
+                          if k not in keywords and len(self._keywords[k]) > 1})
+        if len(top) == 1 and not missing:
             return top[0]
-        missing = sorted({k for b, _ in top for k, _ in b.call if k not in keywords})
         if missing:
             choices = "; ".join(f"{k} = " + " or ".join(sorted({repr(v) for b, _ in top
                                                                 for k2, v in b.call if k2 == k}))
                                 for k in missing)
+            built = "; ".join(f"{k} = " + " or ".join(map(repr, self._keywords[k])) for k in missing)
             raise CuteccError(f"missing call keyword {', '.join(map(repr, missing))}: these arrays "
-                              f"fit {len(top)} variants, chosen by {choices} "
+                              f"fit {len(top)} variant(s), chosen by {choices} (built: {built}) "
                               f"(e.g. {self.name}(..., {missing[0]}=...))",
                               where=f'kernel "{self.name}"', exit_code=1)
         raise CuteccError("the call fits several variants equally: " + ", ".join(
@@ -290,9 +316,10 @@ class KernelFn:
         _check_placement(self.name, arrays)
         attrs = _attrs(self.name, build.conv.scalars, scalars, tuple(self._keywords))
         target = build.register(self.name)
-        # The kernel sees each tensor's buffer in its declared order (`TensorArg.perm`).
+        # The kernel sees each tensor's buffer in its declared order (`TensorArg.perm`); an
+        # inout padded tensor's result is its whole buffer.
         results = tuple(
-            (tuple(d if isinstance(d, int) else env[d] for d in (t.shape[p] for p in t.perm)),
+            (tuple(d if isinstance(d, int) else env[d] for d in (t.extents[p] for p in t.perm)),
              t.dtype) for t in build.conv.results)
         buffers = [_to_buffer(a, t) for a, t in zip(arrays, build.conv.inputs)]
         out = cutecc_call_p.bind(*unify_varying(buffers), target=target, kernel=self.name,

@@ -45,7 +45,7 @@ def _inputs(build: Build, extents: dict[str, int], ranges: dict[str, list[float]
     rng = np.random.default_rng(seed)
     out = []
     for t in build.conv.inputs:
-        shape = tuple(d if isinstance(d, int) else extents[d] for d in t.shape)
+        shape = tuple(d if isinstance(d, int) else extents[d] for d in t.extents)
         lo, hi = ranges.get(t.name, (None, None))
         dt = np.dtype(jnp.dtype(t.dtype))
         if t.dtype == "bool":
@@ -123,7 +123,7 @@ def main() -> None:
         text = ",".join(f"{n}={bucket[n]}" for n in names)
         extents = {**sizes, **bucket}
         xs = _inputs(default, extents, ranges, seed + zlib.crc32(text.encode()))
-        results = [(tuple(d if isinstance(d, int) else extents[d] for d in t.shape), t.dtype)
+        results = [(tuple(d if isinstance(d, int) else extents[d] for d in t.extents), t.dtype)
                    for t in default.conv.results]
         dtypes = [t.dtype for t in default.conv.results]
         outs: dict[str, tuple[Any, ...]] = {}

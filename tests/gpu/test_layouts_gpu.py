@@ -1,5 +1,5 @@
-"""Declared layouts, divisibility and call keywords on a real GPU (issue 10, findings 6-8),
-against jax.numpy on fresh random inputs.
+"""Declared layouts, divisibility, padded leading strides and call keywords on a real GPU
+(issue 10, findings 6-8 and "Tensor layouts"), against NumPy on fresh random inputs.
 
 The kernels are tests/gpu/layout_kernels (their own manifest). Set CUTECC_LAYOUT_CACHE to
 a cache built from it (the device machine has no DSL); with the DSL installed and no
@@ -86,3 +86,48 @@ def test_stride_orders_and_call_keywords_under_jit_and_grad(ks, rng, shape, caus
 def test_a_needed_keyword_left_out_is_an_error(ks, rng) -> None:
     with pytest.raises(CuteccError, match="missing call keyword 'causal'"):
         ks.scale(jnp.ones((2, 2, 2), jnp.float32))
+
+
+@pytest.mark.parametrize("m, k, ldx, ldy", [(1, 64, 64, 64), (7, 64, 72, 128), (300, 1024, 1024, 1040),
+                                            (33, 1024, 2048, 1024)])
+def test_padded_rows_copy_the_logical_block_and_keep_the_padding(ks, rng, m: int, k: int, ldx: int,
+                                                                 ldy: int) -> None:
+    """128-bit copies of the (m, k) block of an (m, ldx) buffer into that of an inout
+    (m, ldy) buffer: ldx == k and ldx > k; the columns of y past k come back untouched."""
+    x, y = bf16(rng, (m, ldx)), bf16(rng, (m, ldy))
+    want = np.asarray(y, np.float32).copy()
+    want[:, :k] = np.asarray(x, np.float32)[:, :k]
+    out = jax.jit(lambda x, y: ks.pad_rows(x, y, k=k))(x, y)
+    assert out.shape == (m, ldy)
+    np.testing.assert_array_equal(np.asarray(out, np.float32), want)
+    np.testing.assert_array_equal(np.asarray(ks.pad_rows(x, y, k=k), np.float32), want)  # eager
+
+
+@pytest.mark.parametrize("m, k, lda", [(1, 1, 8), (5, 33, 40), (129, 64, 64), (300, 1000, 1024)])
+def test_a_padded_operand_is_read_only_in_its_logical_block(ks, rng, m: int, k: int, lda: int) -> None:
+    """out = a[:, :k] @ v with a passed whole: its padding is NaN, so a kernel that read
+    past k (or used lda as the extent) would give NaN."""
+    a = rng.standard_normal((m, lda)).astype(np.float32)
+    a[:, k:] = np.nan
+    v = rng.standard_normal(k).astype(np.float32)
+    out = jax.jit(ks.row_dot)(jnp.asarray(a), jnp.asarray(v))
+    np.testing.assert_allclose(np.asarray(out), a[:, :k].astype(np.float64) @ v, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("ldm, k", [(64, 1), (72, 5), (128, 300)])
+def test_a_padded_column_major_operand(ks, rng, ldm: int, k: int) -> None:
+    """The (ldm, k) array is the (k, ldm) buffer; the kernel copies its (64, k) block down
+    the columns into a dense column-major result."""
+    x = bf16(rng, (ldm, k))
+    y = jax.jit(ks.pad_cols)(x)
+    np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(x, np.float32)[:64])
+
+
+def test_padded_calls_are_checked(ks, rng) -> None:
+    with pytest.raises(CuteccError, match=r"x: dimension 1 of the buffer is 32, smaller than the "
+                                          r"logical extent 64"):
+        ks.pad_rows(bf16(rng, (2, 32)), bf16(rng, (2, 64)), k=64)
+    with pytest.raises(CuteccError, match=r"missing call keyword 'k'"):
+        ks.pad_rows(bf16(rng, (2, 64)), bf16(rng, (2, 64)))
+    with pytest.raises(CuteccError, match=r"a: dimension 1 is 36, expected a multiple of 8 \(symbols.lda"):
+        ks.row_dot(jnp.ones((2, 36), jnp.float32), jnp.ones((33,), jnp.float32))

@@ -61,3 +61,22 @@ def scale_bwd(x: cute.Tensor, ct: cute.Tensor, dx: cute.Tensor, stream,
     n = cute.size(x)
     _scale(ct, dx, 2.0 if causal else 1.0).launch(grid=[(n + 127) // 128, 1, 1], block=[128, 1, 1],
                                                    stream=stream)
+
+
+@cute.kernel
+def _row_dot(a: cute.Tensor, v: cute.Tensor, out: cute.Tensor):
+    b, _, _ = cute.arch.block_idx()
+    t, _, _ = cute.arch.thread_idx()
+    i = b * 128 + t
+    if i < cute.size(a, mode=[0]):
+        acc = cutlass.Float32(0.0)
+        for j in range(cute.size(a, mode=[1])):
+            acc += a[i, j] * v[j]
+        out[i] = acc
+
+
+@cute.jit
+def row_dot(a: cute.Tensor, v: cute.Tensor, out: cute.Tensor, stream):
+    """out[i] = sum over j < k of a[i, j] * v[j]: a is the (m, k) block of a padded buffer."""
+    m = cute.size(a, mode=[0])
+    _row_dot(a, v, out).launch(grid=[(m + 127) // 128, 1, 1], block=[128, 1, 1], stream=stream)
