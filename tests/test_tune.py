@@ -361,3 +361,32 @@ def test_measure_refuses_an_unknown_bucket_and_an_edited_manifest(compiled: tupl
     edited.write_text((proj / "kernels.toml").read_text() + "\n# edited\n")
     r = run_cli("tune", str(edited), "--measure", "--cache-dir", str(cache))
     assert r.returncode == 1 and "no tuning plan for the manifest as it is now" in r.stderr, r.stderr
+
+
+def test_a_candidate_that_fails_to_compile_is_dropped_and_reported_not_fatal(tmp_path: Path) -> None:
+    """tests/gpu/faulty_kernels' tuned_copy: mode=3 raises in the kernel's own code at compile
+    time. `--compile-only` compiles the rest, reports the one dropped, exits 0, and stores a
+    plan without it (its measured records name it as dropped)."""
+    pytest.importorskip("cutlass", reason="compiling needs the build extra")
+    from cutecc.tuning.plan import manifest_digest, read_plan
+
+    shutil.copytree(REPO / "tests" / "gpu" / "faulty_kernels", tmp_path / "gpu" / "faulty_kernels")
+    m = tmp_path / "gpu" / "faulty_kernels" / "kernels.toml"
+    cache = tmp_path / "c"
+    r = run_cli("tune", str(m), "--compile-only", "--kernel", "tuned_copy", "--cache-dir", str(cache), "--json",
+                timeout=900)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["failed"] == [] and doc["built"] == 3, doc
+    assert len(doc["dropped"]) == 1 and doc["dropped"][0].startswith("tuned_copy[mode=3]@sm_90a: failed to compile")
+    assert "mode 3 refuses to compile" in doc["dropped"][0]
+    assert "DROPPED tuned_copy[mode=3]" in r.stderr
+    (item,) = read_plan(cache, manifest_digest(m), "x")
+    assert [c["variant"] for c in item["candidates"]] == ["default", "mode=1", "mode=2"]
+    assert "mode 3 refuses to compile" in item["dropped"]["mode=3"]
+    from cutecc.store import Store
+    from cutecc.tuning.measure import _record
+
+    ev = {"times": {c["key"]: [1.0, 1.0, 1.0] for c in item["candidates"]}, "dropped": {}, "k": 1}
+    rec = _record(Store(cache), item, "n=1024", ev, {}, {"device": H100, "driver": "x"})
+    assert "failed to compile" in rec["dropped"]["mode=3"] and rec["clock"] == "host"

@@ -108,7 +108,9 @@ def _record(store: Store, item: dict[str, Any], bucket: str, ev: dict[str, Any],
                  int(acted.get("size") or 0), str(acted.get("symbol")), acted.get("backward"),
                  str(acted.get("contract")), str(acted.get("runtime")))
     dropped = {variant[k]: why for k, why in {**excluded, **ev["dropped"]}.items() if k in variant}
-    return {**line.to_json(), "k": ev["k"], "driver": info["driver"],
+    dropped.update(item.get("dropped") or {})  # failed to compile: not in the plan's candidates
+    return {**line.to_json(), "k": ev["k"], "driver": info["driver"], "clock": ev.get("clock", "host"),
+            **({"clock_note": ev["clock_note"]} if ev.get("clock_note") else {}),
             "toolchain": f"nvidia-cutlass-dsl {tc.get('nvidia-cutlass-dsl', '?')}",
             "times_us": {variant[k]: [round(x, 3) for x in v] for k, v in sorted(times.items())},
             "default_us": round(times[base][1], 3), "winner_us": round(times[winner][1], 3),

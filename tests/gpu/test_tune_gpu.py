@@ -105,4 +105,5 @@ def test_a_wrong_or_faulting_candidate_is_dropped(tmp_path: Path) -> None:
         assert "mode=1" in rec["dropped"] and "disagrees" in rec["dropped"]["mode=1"]
         assert "mode=2" in rec["dropped"] and ("faulted" in rec["dropped"]["mode=2"]
                                                or "killed" in rec["dropped"]["mode=2"])
+        assert "failed to compile" in rec["dropped"]["mode=3"]  # dropped by --compile-only
         assert rec["winner_variant"] == "default" and set(rec["times_us"]) == {"default"}
