@@ -390,3 +390,46 @@ def test_a_candidate_that_fails_to_compile_is_dropped_and_reported_not_fatal(tmp
     ev = {"times": {c["key"]: [1.0, 1.0, 1.0] for c in item["candidates"]}, "dropped": {}, "k": 1}
     rec = _record(Store(cache), item, "n=1024", ev, {}, {"device": H100, "driver": "x"})
     assert "failed to compile" in rec["dropped"]["mode=3"] and rec["clock"] == "host"
+
+
+SCALAR_TOML = """
+[kernel.k]
+entry = "m:f"
+args = [{{ name = "x", dtype = "float32", shape = ["n", "m"] }},
+        {{ name = "o", role = "output", dtype = "float32", shape = ["n", "m"] }},
+        {{ kind = "scalar", name = "scale", dtype = "float32" }}]
+constants = {{ t = "$t" }}
+[kernel.k.tune]
+params = {{ t = [1, 2] }}
+default = {{ t = 1 }}
+buckets = {{ n = [8, 64] }}
+{extra}
+"""
+
+
+@pytest.mark.parametrize(("extra", "where", "what"), [
+    ('sizes = { m = "n" }', "tune", 'the runtime scalar "scale" has no default'),
+    ('sizes = { m = "n" }\nscalars = { scale = 0.5, bias = 1.0 }', "tune.scalars.bias", "is not a runtime scalar"),
+    ('sizes = { m = "n" }\nscalars = { scale = "half" }', "tune.scalars.scale", "must be a number or bool"),
+    ('sizes = { m = "q" }\nscalars = { scale = 0.5 }', "tune.sizes.m", '"q" is not a bucketed extent'),
+    ('sizes = { m = 0 }\nscalars = { scale = 0.5 }', "tune.sizes.m", "must be an int in 1..2^31-1"),
+])
+def test_benchmark_scalars_and_tied_sizes_are_checked(tmp_path: Path, extra: str, where: str, what: str) -> None:
+    p = tmp_path / "kernels.toml"
+    p.write_text(SCALAR_TOML.format(extra=extra))
+    with pytest.raises(CuteccError) as e:
+        load_manifest(p)
+    assert where in (e.value.key_path or "") and what in e.value.message, e.value.render()
+
+
+def test_benchmark_scalars_and_tied_sizes_reach_the_plan(tmp_path: Path) -> None:
+    from cutecc.tuning.plan import items
+
+    p = tmp_path / "kernels.toml"
+    p.write_text(SCALAR_TOML.format(extra='sizes = { m = "n" }\nscalars = { scale = 0.5 }'))
+    (tmp_path / "m.py").write_text("def f(x, o, scale):\n    pass\n")  # planning reads, never imports it
+    (item,) = items(load_manifest(p))
+    assert item["sizes"] == {"m": "n"} and item["scalars"] == {"scale": 0.5}
+    from cutecc.tuning import bench
+
+    assert bench._extents({"n": 64}, item["sizes"]) == {"n": 64, "m": 64}

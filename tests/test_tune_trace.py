@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (synthetic traces and table rows read better unwrapped)
 """Device-clock timing of `cutecc tune` on CPU (issue 13): parsing a profiler trace's GPU
 events into per-call times (synthetic events: idle gaps, foreign XLA kernels, copies, a
 wrong launch count), and the measuring child's timing rounds against a scripted trace."""
@@ -142,3 +143,28 @@ def test_device_timing_falls_back_when_the_trace_has_no_kernels(monkeypatch: pyt
     with pytest.raises(bench.NoDeviceClock, match="no kernel") as e:
         bench._device_times({"A": lambda *xs: xs[0]}, [np.zeros(3)], ["A"], np.random.default_rng(0), 1, 3)
     assert e.value.lasting  # no CUPTI: the rest of the process times on the host clock
+
+
+def test_the_benchmark_pairs_two_runs_per_bucket_and_writes_a_markdown_table() -> None:
+    """benchmarks/tune.py's report from two runs' records: the winner of the first run, its
+    median and the best median in the second (within 2% or not), the clock, the costs."""
+    from benchmarks.tune import markdown, rows_of
+
+    def rec(bucket: str, times: dict[str, list[float]], winner: str) -> dict[str, Any]:
+        return {"kernel": "fa4_fwd", "variant": "causal=False", "arch": "sm_90a", "bucket": bucket,
+                "clock": "device", "times_us": times, "winner_variant": winner,
+                "default_us": times["causal=False"][1], "winner_us": times[winner][1], "dropped": {}}
+
+    d, t = "causal=False", "causal=False,tile_n=96"
+    first = [rec("s_k=4096", {d: [9, 10, 11], t: [7, 8, 9]}, t), rec("s_k=512", {d: [1, 2, 3], t: [2, 3, 4]}, d)]
+    second = [rec("s_k=4096", {d: [9, 10, 11], t: [7.5, 8.1, 9]}, t), rec("s_k=512", {d: [2, 2.1, 3], t: [1, 2, 3]}, d)]
+    rows = rows_of(first, second)
+    assert [r["bucket"] for r in rows] == ["s_k=512", "s_k=4096"]  # numeric order
+    assert rows[1]["gain"] == 1.25 and rows[1]["within_2pct"] and rows[1]["rerun_best_us"] == 8.1
+    assert not rows[0]["within_2pct"] and rows[0]["rerun_winner_us"] == 2.1 and rows[0]["rerun_best_us"] == 2
+    text = markdown({"device": "NVIDIA H100 80GB HBM3", "driver": "cuda 13000", "rows": rows,
+                     "runs": [{"manifest": "examples/kernels.toml", "compile_seconds_cpu": {"fa4_fwd": 37.6},
+                               "bench_seconds_gpu": [50.0, 51.0]}]})
+    assert "| fa4_fwd | causal=False | s_k=4096 | 10.00 | tile_n=96 | 8.00 | 1.25x | 8.10 / 8.10 | yes |" in text
+    assert "| fa4_fwd | causal=False | s_k=512 | 2.00 | default | 2.00 | 1.00x | 2.10 / 2.00 | no |" in text
+    assert "1 of 2 winners within 2%" in text and "clock: device" in text and "{'fa4_fwd': 37.6}" in text
