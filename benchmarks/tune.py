@@ -121,15 +121,16 @@ def main(argv: list[str] | None = None) -> int:
                                                   second.info.get("bench_seconds")]})
         out["rows"] += rows_of(first.records, second.records)
         out["failed"] += first.failed + second.failed
-    text = markdown(out)
-    print(text)
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(out, indent=1))
-    if a.markdown:
-        a.markdown.parent.mkdir(parents=True, exist_ok=True)
-        a.markdown.write_text(text)
+        _write(a.json, a.markdown, out)  # after each manifest: a run cut short keeps what it measured
+    print(markdown(out))
     return 1 if out["failed"] else 0
+
+
+def _write(json_path: Path | None, md_path: Path | None, out: dict[str, Any]) -> None:
+    for path, text in ((json_path, json.dumps(out, indent=1)), (md_path, markdown(out))):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
 
 
 if __name__ == "__main__":
