@@ -48,6 +48,8 @@ def test_real_spaces_are_measured_over_four_buckets_and_recorded(tuned: tuple[Pa
     for r in recs:
         assert r["winner_us"] <= r["default_us"] and not r["dropped"], r
         assert len(r["times_us"]) >= 3
+    # Timed on the device clock (a profiler trace's kernel durations), not the host fallback.
+    assert all(r["clock"] == "device" for r in recs), {r.get("clock_note") for r in recs}
     lock = json.loads((proj / "kernels.lock").read_text())
     assert len(lock["tuning"]) == len(recs)
 
