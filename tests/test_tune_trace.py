@@ -168,3 +168,20 @@ def test_the_benchmark_pairs_two_runs_per_bucket_and_writes_a_markdown_table() -
     assert "| fa4_fwd | causal=False | s_k=4096 | 10.00 | tile_n=96 | 8.00 | 1.25x | 8.10 / 8.10 | yes |" in text
     assert "| fa4_fwd | causal=False | s_k=512 | 2.00 | default | 2.00 | 1.00x | 2.10 / 2.00 | no |" in text
     assert "1 of 2 winners within 2%" in text and "clock: device" in text and "{'fa4_fwd': 37.6}" in text
+
+
+def test_a_real_trace_without_a_gpu_says_so_and_leaves_nothing_behind(tmp_path: Any,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real profiler round trip (start, work, stop, read the xplane file) on this CPU host:
+    no GPU plane, so the device clock is out for the process (the host clock takes over)."""
+    import tempfile
+
+    import jax.numpy as jnp
+
+    bench = pytest.importorskip("cutecc.tuning.bench")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    ran = []
+    with pytest.raises(bench.NoDeviceClock, match="no GPU plane") as e:
+        bench._traced(lambda: ran.append(jnp.ones(8).sum().block_until_ready()))
+    assert ran and e.value.lasting
+    assert list(tmp_path.iterdir()) == []  # the trace directory is removed

@@ -301,6 +301,7 @@ def main() -> None:
                 why = _agree(outs[base], outs[key], dtypes, item.get("rtol"), item.get("atol"))
                 if why:
                     dropped[key] = why
+        del outs  # the reference and the candidates' outputs (FA4's: tens of MB each) go
         _emit(event="checked", bucket=text)  # a crash from here on is no candidate's fault
         alive = [k for k in fns if k not in dropped]
         calls = {key: functools.partial(fns[key], **scalars) for key in alive}
