@@ -433,3 +433,23 @@ def test_benchmark_scalars_and_tied_sizes_reach_the_plan(tmp_path: Path) -> None
     from cutecc.tuning import bench
 
     assert bench._extents({"n": 64}, item["sizes"]) == {"n": 64, "m": 64}
+
+
+def test_check_compares_times_only_on_the_same_clock(compiled: tuple[Path, Path, dict], tmp_path: Path) -> None:
+    """Winners recorded from the host clock (dispatch included) are not compared with device-
+    clock times (kernels only): --check says to record again instead of reporting a speed-up."""
+    from cutecc.commands.tune import _drift
+
+    proj, cache, _ = compiled
+    _results(proj, cache, tmp_path / "r.json")
+    r = run_cli("tune", str(proj / "kernels.toml"), "--record", str(tmp_path / "r.json"), "--no-lock",
+                "--cache-dir", str(cache))
+    assert r.returncode == 0, r.stderr
+    recs = json.loads((tmp_path / "r.json").read_text())["records"]
+    assert all(x["clock"] == "host" for x in recs)
+    assert _drift(cache, recs, 0.05) == []  # the same measurements: no drift
+    faster = [{**x, "clock": "device", "times_us": {k: [t * 0.5 for t in v] for k, v in x["times_us"].items()}}
+              for x in recs]
+    out = _drift(cache, faster, 0.05)
+    assert len(out) == len(recs) and all("recorded on the host clock, measured now on the device clock" in o
+                                         for o in out), out

@@ -298,7 +298,12 @@ def _drift(root: Path, records: list[dict[str, Any]], threshold: float) -> list[
                        f"{r['dropped'].get(was, '?')}")
             continue
         then = old["times_us"][was][1]
-        if abs(now[1] / then - 1) > threshold:
+        clocks = (old.get("clock", "host"), r.get("clock", "host"))
+        if clocks[0] != clocks[1]:  # a host-clock time holds dispatch a device-clock one lacks
+            out.append(f"{r['kernel']}[{r['variant']}] {r['bucket']}: recorded on the {clocks[0]} clock, "
+                       f"measured now on the {clocks[1]} clock: times not compared; record again "
+                       "(`cutecc tune --measure`)")
+        elif abs(now[1] / then - 1) > threshold:
             out.append(f"{r['kernel']}[{r['variant']}] {r['bucket']}: {was} took {then:.2f} us, now "
                        f"{now[1]:.2f} us ({now[1] / then - 1:+.1%}, threshold {threshold:.0%})")
         if r["winner_variant"] != was:
