@@ -127,7 +127,12 @@ def schema() -> dict[str, Any]:
                          "properties": {"pow2": {"type": "array", "minItems": 2, "maxItems": 2,
                                                  "items": {"type": "integer", "minimum": 1}}}}]}},
                     "rule": {"enum": ["floor", "nearest"]},
-                    "sizes": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1}},
+                    "sizes": {"type": "object", "additionalProperties": {"oneOf": [
+                        {"type": "integer", "minimum": 1}, {"type": "string"}]},
+                              "description": "Benchmark extents of symbols not bucketed: a size, or a "
+                                             "bucketed extent's name (the same size)."},
+                    "scalars": {"type": "object", "additionalProperties": {"type": ["number", "boolean"]},
+                                "description": "Benchmark values of runtime scalars."},
                     "inputs": {"type": "object", "additionalProperties": {
                         "type": "object", "additionalProperties": False, "required": ["low", "high"],
                         "properties": {"low": {"type": "number"}, "high": {"type": "number"}}}},

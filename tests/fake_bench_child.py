@@ -1,7 +1,8 @@
 """A stand-in for `cutecc.tuning.bench` with scripted behaviour, for tests/test_tune.py: it
 speaks the child's protocol without a GPU. threads=64 raises (a `fault` event, exit 3),
 threads=512 kills its process with no word (as a hard crash would), threads=1024 disagrees
-with the default; the default and threads=128 get times."""
+with the default; the default and threads=128 get times. $FAKE_BENCH_HANG names a variant
+suffix that hangs instead (as a deadlocked kernel would)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 
 def main() -> None:
@@ -24,6 +26,8 @@ def main() -> None:
                 continue
             print(json.dumps({"event": "start", "key": c["key"], "bucket": text}), flush=True)
             v = c["variant"]
+            if os.environ.get("FAKE_BENCH_HANG") and v.endswith(os.environ["FAKE_BENCH_HANG"]):
+                time.sleep(3600)
             if v.endswith("threads=64"):
                 print(json.dumps({"event": "fault", "key": c["key"], "bucket": text,
                                   "error": "XlaRuntimeError: an illegal memory access"}), flush=True)

@@ -46,3 +46,39 @@ def test_fa4_causal_variants_share_one_contract_and_symbolic_lengths() -> None:
     assert isinstance(q, TensorArg) and q.shape == ("b", "s_q", "h", 128)
     aux = next(x for x in a if isinstance(x, StructArg))
     assert aux.param == "aux_data" and aux.type == "flash_attn.cute.utils:AuxData"
+
+
+def test_fa4_declares_a_tuning_space_of_its_own_knobs_over_four_sequence_buckets() -> None:
+    """FA4's Hopper knobs per bucket of s_k: the default is what FA4's interface picks for
+    head_dim 128 on sm_90 (and what `cutecc build` builds), queries as long as keys."""
+    fa4 = load_manifest(EXAMPLES / "kernels.toml").kernel("fa4_fwd")
+    spec = fa4.tuning
+    assert spec is not None and [b.extent for b in spec.buckets] == ["s_k"]
+    assert len(spec.buckets[0].edges) >= 4
+    assert dict(spec.sizes) == {"b": 4, "h": 16, "s_q": "s_k"}
+    assert dict(spec.scalars) == {"softmax_scale": 0.08838834764831845}
+    for v in fa4.variants:
+        fa = dict(v.factory_args)
+        assert (fa["tile_m"], fa["tile_n"], fa["num_stages"], fa["intra_wg_overlap"], fa["mma_pv_is_rs"]) == (
+            128, 128, 2, True, True)
+    cands = dict(fa4.candidates)
+    assert sorted(cands) == sorted(v.id for v in fa4.variants)
+    for cs in cands.values():
+        assert len(cs) == 11 and all(dict(c.factory_args)["tile_n"] % 16 == 0 for c in cs)
+        fas = [dict(c.factory_args) for c in cs]
+        assert all(fa["intra_wg_overlap"] or fa["mma_pv_is_rs"] for fa in fas)
+
+
+def test_tune_dry_run_prints_the_examples_plan_with_no_gpu_and_no_kernel_library() -> None:
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "cutecc.cli", "tune", str(EXAMPLES / "kernels.toml"), "--dry-run"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "fa4_fwd[dtype=bfloat16,d=128,causal=True]@sm_90a: 12 candidates x 4 buckets" in r.stdout
+    assert "2 tuned variant(s), 24 candidates" in r.stdout
+    r = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=300)
+    doc = json.loads(r.stdout)
+    assert list(doc["kernels"]) == ["fa4_fwd"] and len(doc["kernels"]["fa4_fwd"]) == 24 and doc["built"] == 0

@@ -361,3 +361,95 @@ def test_measure_refuses_an_unknown_bucket_and_an_edited_manifest(compiled: tupl
     edited.write_text((proj / "kernels.toml").read_text() + "\n# edited\n")
     r = run_cli("tune", str(edited), "--measure", "--cache-dir", str(cache))
     assert r.returncode == 1 and "no tuning plan for the manifest as it is now" in r.stderr, r.stderr
+
+
+def test_a_candidate_that_fails_to_compile_is_dropped_and_reported_not_fatal(tmp_path: Path) -> None:
+    """tests/gpu/faulty_kernels' tuned_copy: mode=3 raises in the kernel's own code at compile
+    time. `--compile-only` compiles the rest, reports the one dropped, exits 0, and stores a
+    plan without it (its measured records name it as dropped)."""
+    pytest.importorskip("cutlass", reason="compiling needs the build extra")
+    from cutecc.tuning.plan import manifest_digest, read_plan
+
+    shutil.copytree(REPO / "tests" / "gpu" / "faulty_kernels", tmp_path / "gpu" / "faulty_kernels")
+    m = tmp_path / "gpu" / "faulty_kernels" / "kernels.toml"
+    cache = tmp_path / "c"
+    r = run_cli("tune", str(m), "--compile-only", "--kernel", "tuned_copy", "--cache-dir", str(cache), "--json",
+                timeout=900)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["failed"] == [] and doc["built"] == 3, doc
+    assert len(doc["dropped"]) == 1 and doc["dropped"][0].startswith("tuned_copy[mode=3]@sm_90a: failed to compile")
+    assert "mode 3 refuses to compile" in doc["dropped"][0]
+    assert "DROPPED tuned_copy[mode=3]" in r.stderr
+    (item,) = read_plan(cache, manifest_digest(m), "x")
+    assert [c["variant"] for c in item["candidates"]] == ["default", "mode=1", "mode=2"]
+    assert "mode 3 refuses to compile" in item["dropped"]["mode=3"]
+    from cutecc.store import Store
+    from cutecc.tuning.measure import _record
+
+    ev = {"times": {c["key"]: [1.0, 1.0, 1.0] for c in item["candidates"]}, "dropped": {}, "k": 1}
+    rec = _record(Store(cache), item, "n=1024", ev, {}, {"device": H100, "driver": "x"})
+    assert "failed to compile" in rec["dropped"]["mode=3"] and rec["clock"] == "host"
+
+
+SCALAR_TOML = """
+[kernel.k]
+entry = "m:f"
+args = [{{ name = "x", dtype = "float32", shape = ["n", "m"] }},
+        {{ name = "o", role = "output", dtype = "float32", shape = ["n", "m"] }},
+        {{ kind = "scalar", name = "scale", dtype = "float32" }}]
+constants = {{ t = "$t" }}
+[kernel.k.tune]
+params = {{ t = [1, 2] }}
+default = {{ t = 1 }}
+buckets = {{ n = [8, 64] }}
+{extra}
+"""
+
+
+@pytest.mark.parametrize(("extra", "where", "what"), [
+    ('sizes = { m = "n" }', "tune", 'the runtime scalar "scale" has no default'),
+    ('sizes = { m = "n" }\nscalars = { scale = 0.5, bias = 1.0 }', "tune.scalars.bias", "is not a runtime scalar"),
+    ('sizes = { m = "n" }\nscalars = { scale = "half" }', "tune.scalars.scale", "must be a number or bool"),
+    ('sizes = { m = "q" }\nscalars = { scale = 0.5 }', "tune.sizes.m", '"q" is not a bucketed extent'),
+    ('sizes = { m = 0 }\nscalars = { scale = 0.5 }', "tune.sizes.m", "must be an int in 1..2^31-1"),
+])
+def test_benchmark_scalars_and_tied_sizes_are_checked(tmp_path: Path, extra: str, where: str, what: str) -> None:
+    p = tmp_path / "kernels.toml"
+    p.write_text(SCALAR_TOML.format(extra=extra))
+    with pytest.raises(CuteccError) as e:
+        load_manifest(p)
+    assert where in (e.value.key_path or "") and what in e.value.message, e.value.render()
+
+
+def test_benchmark_scalars_and_tied_sizes_reach_the_plan(tmp_path: Path) -> None:
+    from cutecc.tuning.plan import items
+
+    p = tmp_path / "kernels.toml"
+    p.write_text(SCALAR_TOML.format(extra='sizes = { m = "n" }\nscalars = { scale = 0.5 }'))
+    (tmp_path / "m.py").write_text("def f(x, o, scale):\n    pass\n")  # planning reads, never imports it
+    (item,) = items(load_manifest(p))
+    assert item["sizes"] == {"m": "n"} and item["scalars"] == {"scale": 0.5}
+    from cutecc.tuning import bench
+
+    assert bench._extents({"n": 64}, item["sizes"]) == {"n": 64, "m": 64}
+
+
+def test_check_compares_times_only_on_the_same_clock(compiled: tuple[Path, Path, dict], tmp_path: Path) -> None:
+    """Winners recorded from the host clock (dispatch included) are not compared with device-
+    clock times (kernels only): --check says to record again instead of reporting a speed-up."""
+    from cutecc.commands.tune import _drift
+
+    proj, cache, _ = compiled
+    _results(proj, cache, tmp_path / "r.json")
+    r = run_cli("tune", str(proj / "kernels.toml"), "--record", str(tmp_path / "r.json"), "--no-lock",
+                "--cache-dir", str(cache))
+    assert r.returncode == 0, r.stderr
+    recs = json.loads((tmp_path / "r.json").read_text())["records"]
+    assert all(x["clock"] == "host" for x in recs)
+    assert _drift(cache, recs, 0.05) == []  # the same measurements: no drift
+    faster = [{**x, "clock": "device", "times_us": {k: [t * 0.5 for t in v] for k, v in x["times_us"].items()}}
+              for x in recs]
+    out = _drift(cache, faster, 0.05)
+    assert len(out) == len(recs) and all("recorded on the host clock, measured now on the device clock" in o
+                                         for o in out), out

@@ -33,6 +33,7 @@ class TuneReport(Report):
     built: int = 0
     cached: int = 0
     failed: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)  # candidates that failed to compile
     compile_seconds: float = 0.0
     records: list[dict[str, Any]] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
@@ -46,11 +47,12 @@ class TuneReport(Report):
         return 1 if self.failed or self.drift else 0
 
     def warnings(self) -> list[str]:
-        return [f"FAILED {f}" for f in self.failed] + [f"DRIFT {d}" for d in self.drift]
+        return ([f"FAILED {f}" for f in self.failed] + [f"DROPPED {d}" for d in self.dropped]
+                + [f"DRIFT {d}" for d in self.drift])
 
     def to_json(self) -> dict[str, Any]:
         return {"mode": self.mode, "compile_seconds": round(self.compile_seconds, 3),
-                "built": self.built, "cached": self.cached, "failed": self.failed,
+                "built": self.built, "cached": self.cached, "failed": self.failed, "dropped": self.dropped,
                 "candidates": sum(len(i["candidates"]) for i in self.plan),
                 "kernels": _by_kernel(self.plan), "records": self.records, **self.info,
                 "lock_file": str(self.lock_file) if self.lock_file else None,
@@ -76,7 +78,8 @@ class TuneReport(Report):
             n = sum(len(i["candidates"]) for i in self.plan)
             out.append(f"{len(self.plan)} tuned variant(s), {n} candidates"
                        + (f": {self.built} built, {self.cached} cached in {self.compile_seconds:.2f}s"
-                          if self.mode != "dry-run" else ""))
+                          if self.mode != "dry-run" else "")
+                       + (f", {len(self.dropped)} dropped (failed to compile)" if self.dropped else ""))
         if self.info.get("device"):
             out.append(f"measured on {self.info['device']} in {self.info.get('bench_seconds', 0):.1f}s")
         if self.results_file:
@@ -152,7 +155,8 @@ def tune(manifest_path: str | Path, *, kernels: tuple[str, ...] = (), buckets: t
                   candidates=True)
         report.compile_seconds = time.perf_counter() - t0
         report.built, report.cached = b.count("built"), b.count("cached")
-        report.failed = [w for w in b.warnings() if w.startswith("FAILED")]
+        errors = {o.planned.key: o.error or "?" for o in b.outcomes if o.status == "failed"}
+        report.failed, report.dropped = _drop_failed(report.plan, errors)
         if report.failed:
             return report
         tplan.write_plan(store.root, digest, report.plan)
@@ -182,6 +186,26 @@ def tune(manifest_path: str | Path, *, kernels: tuple[str, ...] = (), buckets: t
         elif report.records:
             _record(report, report.plan, store.root, lock_path, lock, sign_key)
     return report
+
+
+def _drop_failed(plan: list[dict[str, Any]], errors: dict[str, str]) -> tuple[list[str], list[str]]:
+    """Take candidates that failed to compile out of the plan (each item keeps them under
+    `dropped`, so measured records name them too): a space may hold configurations the
+    kernel's own code refuses. A default that failed is a failure: its variant has nothing
+    to measure against. Returns (failures, dropped)."""
+    failed, dropped = [], []
+    for it in plan:
+        if it["base"] in errors:
+            failed.append(f"{it['kernel']}[{it['variant']}]@{it['arch']}: the default configuration failed "
+                          f"to compile: {errors[it['base']]}")
+            continue
+        gone = {c["variant"]: f"failed to compile: {errors[c['key']]}"[:1000]
+                for c in it["candidates"] if c["key"] in errors}
+        if gone:
+            it["candidates"] = [c for c in it["candidates"] if c["key"] not in errors]
+            it["dropped"] = dict(sorted(gone.items()))
+            dropped += [f"{it['kernel']}[{v}]@{it['arch']}: {why}" for v, why in sorted(gone.items())]
+    return failed, dropped
 
 
 def read_results(path: str | Path) -> list[dict[str, Any]]:
@@ -274,7 +298,12 @@ def _drift(root: Path, records: list[dict[str, Any]], threshold: float) -> list[
                        f"{r['dropped'].get(was, '?')}")
             continue
         then = old["times_us"][was][1]
-        if abs(now[1] / then - 1) > threshold:
+        clocks = (old.get("clock", "host"), r.get("clock", "host"))
+        if clocks[0] != clocks[1]:  # a host-clock time holds dispatch a device-clock one lacks
+            out.append(f"{r['kernel']}[{r['variant']}] {r['bucket']}: recorded on the {clocks[0]} clock, "
+                       f"measured now on the {clocks[1]} clock: times not compared; record again "
+                       "(`cutecc tune --measure`)")
+        elif abs(now[1] / then - 1) > threshold:
             out.append(f"{r['kernel']}[{r['variant']}] {r['bucket']}: {was} took {then:.2f} us, now "
                        f"{now[1]:.2f} us ({now[1] / then - 1:+.1%}, threshold {threshold:.0%})")
         if r["winner_variant"] != was:

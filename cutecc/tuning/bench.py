@@ -8,19 +8,33 @@ it). Uses the cache and the runtime only: no DSL, no CUDA toolkit, nothing of th
 
 Per bucket: fresh random inputs (seeded per bucket), the default configuration's outputs as
 the reference, each candidate checked against them (disagreeing ones are dropped), then the
-survivors timed in interleaved, shuffled rounds after warm-up rounds. A sample is the time of
-2K calls minus the time of K calls inside one jitted loop (each call's inputs pass through an
-optimization barrier with the previous outputs, so XLA neither merges nor hoists the calls),
-divided by K: the fixed cost of a dispatch and a synchronisation cancels out.
+survivors timed in interleaved, shuffled rounds after warm-up rounds, on one of two clocks
+(the bucket's result says which, `clock`):
+
+- `device` (preferred): inside a profiler trace (CUPTI), each candidate's chain of K calls
+  runs, then the GPU idles for GAP_SECONDS before the next chain; a sample is the sum of the
+  durations of the candidate's own kernels in its chain over K (`cutecc.tuning.trace`; the
+  kernels are learned from a trace of one call per candidate). Host dispatch, launch gaps
+  and XLA's own work never count, so 10 us kernels time as steadily as 10 ms ones.
+- `host` (the fallback where the profiler or CUPTI is unavailable, with a note saying why):
+  a sample is the time of 2K calls minus the time of K calls inside one jitted loop (each
+  call's inputs pass through an optimization barrier with the previous outputs, so XLA
+  neither merges nor hoists the calls), divided by K.
 """
 
 from __future__ import annotations
 
+import functools
+import gc
+import glob
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -29,9 +43,15 @@ import numpy as np
 
 from cutecc.runtime.dispatch import Build, KernelFn
 from cutecc.store import Store
+from cutecc.tuning import trace
 
-TARGET_SECONDS = 2e-3  # a K-call loop lasts about this long
+TARGET_SECONDS = 2e-3  # host clock: a K-call loop lasts about this long
 MAX_K = 4096
+TARGET_DEVICE_NS = 2e5  # device clock: a chain's kernels run about this long
+MAX_DEVICE_K = 64
+GAP_SECONDS = 3e-3  # the GPU idles this long between chains
+GAP_NS = 1.5e6  # an idle gap longer than this separates two chains
+ROUNDS_PER_TRACE = 12  # a trace holds this many rounds (a mismatched trace loses only these)
 _TOL = {"float64": (1e-10, 1e-12), "float32": (1e-4, 1e-5), "float16": (1e-2, 1e-2),
         "bfloat16": (2e-2, 2e-2)}
 
@@ -62,20 +82,34 @@ def _inputs(build: Build, extents: dict[str, int], ranges: dict[str, list[float]
     return out
 
 
+def _extents(bucket: dict[str, int], sizes: dict[str, int | str]) -> dict[str, int]:
+    """Every symbolic extent's benchmark size: the bucket's, and `sizes` (an int, or the name
+    of a bucketed extent whose size it takes)."""
+    return {**bucket, **{n: bucket[v] if isinstance(v, str) else v for n, v in sizes.items()}}
+
+
 def _agree(ref: tuple[Any, ...], got: tuple[Any, ...], dtypes: list[str], rtol: float | None,
            atol: float | None) -> str | None:
+    """Why `got` disagrees with `ref` (None: it agrees); compared where the arrays are, so a
+    large output (FA4's) never travels to the host whole."""
     for i, (r, g, dt) in enumerate(zip(ref, got, dtypes)):
-        r64, g64 = np.asarray(r).astype(np.float64), np.asarray(g).astype(np.float64)
         rt, at = _TOL.get(dt, (0.0, 0.0))
         rt, at = rtol if rtol is not None else rt, atol if atol is not None else at
-        if not np.allclose(g64, r64, rtol=rt, atol=at, equal_nan=True):
-            err = float(np.nanmax(np.abs(g64 - r64)))
+        # Floats of 32 bits or fewer on the device; float64 and integers exactly on the host
+        # (JAX computes in 32 bits unless x64 is on).
+        xp: Any = jnp if dt in ("float32", "float16", "bfloat16") or dt.startswith("float8") else np
+        wide = xp.float32 if xp is jnp else np.float64
+        r32, g32 = xp.asarray(r).astype(wide), xp.asarray(g).astype(wide)
+        diff = xp.abs(g32 - r32)
+        ok = xp.all((xp.isnan(r32) & xp.isnan(g32)) | (diff <= at + rt * xp.abs(r32)))
+        if not bool(ok):
+            err = float(xp.nanmax(diff))
             return f"disagrees with the default configuration: result {i} max |diff| {err:.3g} " \
                    f"(rtol {rt}, atol {at})"
     return None
 
 
-def _looped(fn: KernelFn, k: int, results: list[tuple[tuple[int, ...], str]]) -> Any:
+def _looped(fn: Callable[..., Any], k: int, results: list[tuple[tuple[int, ...], str]]) -> Any:
     def run(*xs: Any) -> Any:
         outs0 = tuple(jnp.zeros(s, d) for s, d in results)
 
@@ -93,6 +127,127 @@ def _time(f: Any, xs: list[Any]) -> float:
     t0 = time.perf_counter()
     jax.block_until_ready(f(*xs))
     return time.perf_counter() - t0
+
+
+class NoDeviceClock(RuntimeError):
+    """The profiler, CUPTI or the trace's GPU plane is not there (`lasting`), or one
+    bucket's trace could not be read: time on the host clock."""
+
+    def __init__(self, why: str, lasting: bool = True) -> None:
+        super().__init__(why)
+        self.lasting = lasting
+
+
+def _traced(work: Callable[[], None]) -> list[trace.Event]:
+    """The GPU events of one profiler trace around `work()` (kernels and copies, every stream)."""
+    d = tempfile.mkdtemp(prefix="cutecc-trace-")
+    try:
+        try:
+            opts = jax.profiler.ProfileOptions()
+            opts.python_tracer_level = 0  # tracing every Python call would slow the dispatch
+            opts.host_tracer_level = 0
+            jax.profiler.start_trace(d, profiler_options=opts)
+        except Exception as err:
+            raise NoDeviceClock(f"the profiler did not start: {type(err).__name__}: {err}") from None
+        try:
+            work()
+        finally:
+            jax.profiler.stop_trace()
+        files = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
+        if not files:
+            raise NoDeviceClock("the profiler wrote no trace")
+        return _gpu_events(jax.profiler.ProfileData.from_file(files[0]))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _gpu_events(data: Any) -> list[trace.Event]:
+    """The events of the first GPU's plane, on its stream lines (derived lines, where a
+    profiler adds them, repeat the same work under other names)."""
+    planes = [p for p in data.planes if p.name.startswith("/device:GPU:")]
+    if not planes:
+        raise NoDeviceClock("the trace has no GPU plane (is CUPTI installed?)")
+    plane = min(planes, key=lambda p: p.name)
+    lines = list(plane.lines)
+    streams = [ln for ln in lines if ln.name.startswith("Stream")] or lines
+    return [trace.Event(e.name, float(e.start_ns), float(e.duration_ns)) for ln in streams for e in ln.events]
+
+
+def _chains(calls: dict[str, Any], xs: list[Any], order: list[str], k: int) -> Callable[[], None]:
+    def work() -> None:
+        for key in order:
+            f = calls[key]
+            jax.block_until_ready([f(*xs) for _ in range(k)])
+            time.sleep(GAP_SECONDS)
+    return work
+
+
+def _device_times(calls: dict[str, Any], xs: list[Any], alive: list[str], rng: np.random.Generator,
+                  warmup: int, repeats: int) -> tuple[int, dict[str, list[float]], list[str]]:
+    """(K, samples in seconds per candidate, notes) on the device clock."""
+    for f in calls.values():  # compiled and warm before anything is traced
+        jax.block_until_ready(f(*xs))
+    events = _traced(_chains(calls, xs, alive, 1))
+    if all(trace.is_memory_op(e.name) for e in events):
+        raise NoDeviceClock("the trace's GPU plane holds no kernel (is CUPTI installed?)")
+    try:
+        own = trace.learn(events, alive, GAP_NS)
+        one, _ = trace.chain_times(events, alive, own, 1, GAP_NS)
+    except trace.TraceMismatch as err:
+        raise NoDeviceClock(f"one call per candidate: {err}", lasting=False) from None
+    # K from the first (the default) configuration: its chain's kernels last about TARGET_DEVICE_NS.
+    k = int(min(MAX_DEVICE_K, max(1, round(TARGET_DEVICE_NS / max(one[0] or 1.0, 1.0)))))
+    samples: dict[str, list[float]] = {key: [] for key in alive}
+    notes: list[str] = []
+    rounds = list(range(warmup + repeats))
+    gc.disable()  # a collection inside a chain could open a gap that splits it
+    try:
+        for at in range(0, len(rounds), ROUNDS_PER_TRACE):
+            group = rounds[at:at + ROUNDS_PER_TRACE]
+            orders = [[str(x) for x in rng.permutation(alive)] for _ in group]
+            order = [key for o in orders for key in o]
+            try:
+                times, bad = trace.chain_times(_traced(_chains(calls, xs, order, k)), order, own, k, GAP_NS)
+            except trace.TraceMismatch as err:
+                notes.append(f"rounds {group[0]}-{group[-1]} dropped: {err}")
+                continue
+            notes += bad
+            for r, o in zip(group, orders):
+                for key in o:
+                    t = times.pop(0)
+                    if r >= warmup and t is not None:
+                        samples[key].append(t * 1e-9)
+    finally:
+        gc.enable()
+    short = [key for key, s in samples.items() if len(s) < max(1, repeats // 2)]
+    if short:
+        raise NoDeviceClock(f"too few device-clock samples for {len(short)} candidate(s): "
+                            + "; ".join(notes[:3]), lasting=False)
+    return k, samples, notes[:10]
+
+
+def _host_times(fns: dict[str, Callable[..., Any]], xs: list[Any], alive: list[str], base: str,
+                results: list[tuple[tuple[int, ...], str]], rng: np.random.Generator, warmup: int,
+                repeats: int) -> tuple[int, dict[str, list[float]]]:
+    """(K, samples in seconds per candidate) on the host clock: 2K minus K calls in a loop."""
+    # K from the default configuration: a K-call loop lasts about TARGET_SECONDS.
+    one = _looped(fns[base], 1, results)
+    for _ in range(3):
+        _time(one, xs)
+    t1 = float(np.median([_time(one, xs) for _ in range(5)]))
+    k = int(min(MAX_K, max(1, round(TARGET_SECONDS / max(t1, 1e-7)))))
+    loops = {key: (_looped(fns[key], k, results), _looped(fns[key], 2 * k, results)) for key in alive}
+    samples: dict[str, list[float]] = {key: [] for key in alive}
+    for r in range(warmup + repeats):
+        for key in rng.permutation(alive):
+            f1, f2 = loops[key]
+            if r % 2:
+                a, b = _time(f2, xs), _time(f1, xs)
+            else:
+                b, a = _time(f1, xs), _time(f2, xs)
+            if r >= warmup:
+                samples[key].append((a - b) / k)
+    return k, samples
 
 
 def main() -> None:
@@ -118,10 +273,12 @@ def main() -> None:
     sizes = dict(item.get("sizes") or {})
     ranges = dict(item.get("inputs") or {})
     repeats, warmup, seed = int(job["repeats"]), int(job["warmup"]), int(job["seed"])
+    scalars = dict(item.get("scalars") or {})
     rng = np.random.default_rng(seed)
+    clock_off: str | None = None  # why the device clock is out for this process's buckets
     for bucket in job["buckets"]:
         text = ",".join(f"{n}={bucket[n]}" for n in names)
-        extents = {**sizes, **bucket}
+        extents = _extents(bucket, sizes)
         xs = _inputs(default, extents, ranges, seed + zlib.crc32(text.encode()))
         results = [(tuple(d if isinstance(d, int) else extents[d] for d in t.extents), t.dtype)
                    for t in default.conv.results]
@@ -131,7 +288,7 @@ def main() -> None:
         for key, fn in fns.items():
             _emit(event="start", key=key, bucket=text)
             try:
-                o = fn(*xs)
+                o = fn(*xs, **scalars)
                 o = o if isinstance(o, tuple) else (o,)
                 jax.block_until_ready(o)
             except Exception as err:  # a fault: this process's CUDA context may be dead
@@ -144,27 +301,27 @@ def main() -> None:
                 why = _agree(outs[base], outs[key], dtypes, item.get("rtol"), item.get("atol"))
                 if why:
                     dropped[key] = why
+        del outs  # the reference and the candidates' outputs (FA4's: tens of MB each) go
         _emit(event="checked", bucket=text)  # a crash from here on is no candidate's fault
         alive = [k for k in fns if k not in dropped]
-        # K from the default configuration: a K-call loop lasts about TARGET_SECONDS.
-        one = _looped(fns[base], 1, results)
-        for _ in range(3):
-            _time(one, xs)
-        t1 = float(np.median([_time(one, xs) for _ in range(5)]))
-        k = int(min(MAX_K, max(1, round(TARGET_SECONDS / max(t1, 1e-7)))))
-        loops = {key: (_looped(fns[key], k, results), _looped(fns[key], 2 * k, results)) for key in alive}
-        samples: dict[str, list[float]] = {key: [] for key in alive}
-        for r in range(warmup + repeats):
-            for key in rng.permutation(alive):
-                f1, f2 = loops[key]
-                if r % 2:
-                    a, b = _time(f2, xs), _time(f1, xs)
-                else:
-                    b, a = _time(f1, xs), _time(f2, xs)
-                if r >= warmup:
-                    samples[key].append((a - b) / k)
+        calls = {key: functools.partial(fns[key], **scalars) for key in alive}
+        note = None
+        if clock_off is None:
+            try:
+                k, samples, notes = _device_times({key: jax.jit(f) for key, f in calls.items()}, xs, alive,
+                                                  rng, warmup, repeats)
+                clock = "device"
+            except NoDeviceClock as err:
+                note = str(err)
+                clock_off = note if err.lasting else None
+        else:
+            note = clock_off
+        if note is not None:
+            k, samples = _host_times(calls, xs, alive, base, results, rng, warmup, repeats)
+            clock, notes = "host", []
         times = {key: [float(np.percentile(s, q)) * 1e6 for q in (25, 50, 75)] for key, s in samples.items()}
-        _emit(event="bucket", bucket=text, k=k, times=times, dropped=dropped)
+        _emit(event="bucket", bucket=text, k=k, times=times, dropped=dropped, clock=clock,
+              **({"clock_note": note} if note else {}), **({"notes": notes} if notes else {}))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Measuring a tuning plan on this host's GPU, one child process per plan item.
 
-A child (`cutecc.tuning.bench`) that faults or dies is replaced by a fresh one without the
-candidate it was running, and with the buckets it had not finished; that candidate is
-reported dropped. Imports nothing of the DSL or of JAX here (the children do the GPU work).
+A child (`cutecc.tuning.bench`) that faults, dies or hangs (no result within CHILD_TIMEOUT)
+is replaced by a fresh one without the candidate it was running, and with the buckets it
+had not finished; that candidate is reported dropped. Imports nothing of the DSL or of JAX
+here (the children do the GPU work).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from cutecc.runtime.tuning import Tuned
 from cutecc.store import Store
 
 MAX_RESTARTS = 32
+CHILD_TIMEOUT = 1200.0  # seconds one child may take for its buckets: past it, a kernel hung
 
 
 def measure(root: Path, items: list[dict[str, Any]], *, buckets: tuple[str, ...] = (),
@@ -49,10 +51,15 @@ def measure(root: Path, items: list[dict[str, Any]], *, buckets: tuple[str, ...]
                 break
             job = {"cache": str(root), "item": item, "buckets": todo, "exclude": sorted(excluded),
                    "repeats": repeats, "warmup": warmup, "seed": seed}
-            r = subprocess.run([sys.executable, "-m", child], input=json.dumps(job),
-                               capture_output=True, text=True, env=env)
+            try:
+                r = subprocess.run([sys.executable, "-m", child], input=json.dumps(job),
+                                   capture_output=True, text=True, env=env, timeout=CHILD_TIMEOUT)
+                stdout, code, stderr = r.stdout, r.returncode, r.stderr
+            except subprocess.TimeoutExpired as e:  # a hung kernel: the child was killed
+                stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+                code, stderr = -9, f"no result within {CHILD_TIMEOUT:.0f} s (hung?), killed"
             last = None
-            for line in r.stdout.splitlines():
+            for line in stdout.splitlines():
                 ev = json.loads(line)
                 if ev["event"] == "device":
                     info["device"], info["driver"] = ev["device"], ev["driver"]
@@ -65,13 +72,13 @@ def measure(root: Path, items: list[dict[str, Any]], *, buckets: tuple[str, ...]
                     last = None
                 elif ev["event"] == "bucket":
                     results[ev["bucket"]] = ev
-            if r.returncode == 0:
+            if code == 0:
                 break
-            if last is not None:  # died while running `last`, with no word: a crash
-                excluded[last] = f"killed its process (exit {r.returncode}): {r.stderr.strip()[-300:]}"
-            elif r.returncode != 3:  # 3: a `fault` event named the candidate (excluded above)
-                raise CuteccError(f"the measuring process failed (exit {r.returncode}): "
-                                  f"{r.stderr.strip()[-800:]}", where=f"kernel {item['kernel']}", exit_code=1)
+            if last is not None:  # died while running `last`, with no word: a crash (or a hang)
+                excluded[last] = f"killed its process (exit {code}): {stderr.strip()[-300:]}"
+            elif code != 3:  # 3: a `fault` event named the candidate (excluded above)
+                raise CuteccError(f"the measuring process failed (exit {code}): "
+                                  f"{stderr.strip()[-800:]}", where=f"kernel {item['kernel']}", exit_code=1)
         if item["base"] in excluded:
             info["failed"].append(f"{item['kernel']}[{item['variant']}]@{item['arch']}: the default "
                                   f"configuration {excluded[item['base']]}")
@@ -108,7 +115,9 @@ def _record(store: Store, item: dict[str, Any], bucket: str, ev: dict[str, Any],
                  int(acted.get("size") or 0), str(acted.get("symbol")), acted.get("backward"),
                  str(acted.get("contract")), str(acted.get("runtime")))
     dropped = {variant[k]: why for k, why in {**excluded, **ev["dropped"]}.items() if k in variant}
-    return {**line.to_json(), "k": ev["k"], "driver": info["driver"],
+    dropped.update(item.get("dropped") or {})  # failed to compile: not in the plan's candidates
+    return {**line.to_json(), "k": ev["k"], "driver": info["driver"], "clock": ev.get("clock", "host"),
+            **({"clock_note": ev["clock_note"]} if ev.get("clock_note") else {}),
             "toolchain": f"nvidia-cutlass-dsl {tc.get('nvidia-cutlass-dsl', '?')}",
             "times_us": {variant[k]: [round(x, 3) for x in v] for k, v in sorted(times.items())},
             "default_us": round(times[base][1], 3), "winner_us": round(times[winner][1], 3),

@@ -64,7 +64,7 @@ def items(manifest: Manifest, archs: tuple[str, ...] = (), kernels: tuple[str, .
                         {"variant": c.id, "key": by[(k.name, c.id, arch)].key, "default": False}
                         for c in cands],
                     **{f: spec.to_json()[f] for f in ("rule", "buckets", "sizes", "inputs", "rtol",
-                                                      "atol", "params", "default")}})
+                                                      "atol", "params", "default", "scalars")}})
     return out
 
 

@@ -7,6 +7,8 @@
     buckets = { n = { pow2 = [4096, 16777216] } }  # or n = [edges...]; sizes of symbolic extents
     rule = "floor"                               # a size between edges: "floor" or "nearest"
     sizes = { m = 4096 }                         # benchmark extents of other symbolic dimensions
+                                                 # (or a bucketed extent's name: the same size)
+    scalars = { eps = 1e-5 }                     # benchmark values of runtime scalars
     inputs = { target = { low = 0, high = 1000 } }   # value ranges of benchmark inputs
     tolerance = { rtol = 1e-5, atol = 1e-6 }     # agreement with the default configuration
 
@@ -33,7 +35,7 @@ from cutecc.runtime.tuning import RULES
 Fail = Callable[[str, str], CuteccError]
 _Value = int | float | bool | str
 _Axes = tuple[tuple[str, tuple[_Value, ...]], ...]
-_KEYS = {"params", "default", "constraints", "buckets", "rule", "sizes", "inputs", "tolerance"}
+_KEYS = {"params", "default", "constraints", "buckets", "rule", "sizes", "scalars", "inputs", "tolerance"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_EDGES = 64
 MAX_BUCKETS = 1024
@@ -56,10 +58,11 @@ class TuneSpec:
     constraints: tuple[str, ...]
     buckets: tuple[Bucketing, ...]
     rule: str
-    sizes: tuple[tuple[str, int], ...]
+    sizes: tuple[tuple[str, int | str], ...]
     inputs: tuple[tuple[str, tuple[float, float]], ...]
     rtol: float | None = None
     atol: float | None = None
+    scalars: tuple[tuple[str, int | float | bool], ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -85,14 +88,14 @@ class TuneSpec:
                 "constraints": list(self.constraints), "rule": self.rule,
                 "buckets": [{"extent": b.extent, "edges": list(b.edges)} for b in self.buckets],
                 "sizes": dict(self.sizes), "inputs": {k: list(v) for k, v in self.inputs},
-                "rtol": self.rtol, "atol": self.atol}
+                "rtol": self.rtol, "atol": self.atol, "scalars": dict(self.scalars)}
 
 
 def parse(fail: Fail, kp: str, doc: Any, variant_params: set[str]) -> TuneSpec:
     """The `tune` table of a kernel (`kp` is its key path)."""
     if not isinstance(doc, dict):
-        raise fail(kp, "must be a table (params, default, constraints, buckets, rule, sizes, inputs, "
-                   "tolerance)")
+        raise fail(kp, "must be a table (params, default, constraints, buckets, rule, sizes, scalars, "
+                   "inputs, tolerance)")
     for k in doc:
         if k not in _KEYS:
             raise fail(kp, f'unknown key "{k}" (allowed: {", ".join(sorted(_KEYS))})')
@@ -107,11 +110,23 @@ def parse(fail: Fail, kp: str, doc: Any, variant_params: set[str]) -> TuneSpec:
     sizes = doc.get("sizes", {})
     if not isinstance(sizes, dict):
         raise fail(f"{kp}.sizes", "must be a table of symbol = size")
+    bucketed = [b.extent for b in buckets]
     for k, v in sizes.items():
-        if type(v) is not int or not 1 <= v <= MAX_EXTENT:
-            raise fail(f"{kp}.sizes.{k}", f"must be an int in 1..2^31-1, got {v!r}")
-        if any(b.extent == k for b in buckets):
+        if isinstance(v, str):
+            if v not in bucketed:
+                raise fail(f"{kp}.sizes.{k}", f'"{v}" is not a bucketed extent (bucketed: '
+                           f'{", ".join(bucketed)}); a size is an int or a bucketed extent\'s name')
+        elif type(v) is not int or not 1 <= v <= MAX_EXTENT:
+            raise fail(f"{kp}.sizes.{k}", f"must be an int in 1..2^31-1 or a bucketed extent's name, "
+                       f"got {v!r}")
+        if k in bucketed:
             raise fail(f"{kp}.sizes.{k}", "is bucketed already")
+    scalars = doc.get("scalars", {})
+    if not isinstance(scalars, dict):
+        raise fail(f"{kp}.scalars", "must be a table of scalar = value")
+    for k, v in scalars.items():
+        if not isinstance(v, (int, float, bool)):
+            raise fail(f"{kp}.scalars.{k}", f"must be a number or bool, got {type(v).__name__}")
     inputs = _inputs(fail, f"{kp}.inputs", doc.get("inputs", {}))
     tol = doc.get("tolerance", {})
     if not isinstance(tol, dict) or not set(tol) <= {"rtol", "atol"}:
@@ -120,7 +135,7 @@ def parse(fail: Fail, kp: str, doc: Any, variant_params: set[str]) -> TuneSpec:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e6:
             raise fail(f"{kp}.tolerance.{k}", f"must be a non-negative number, got {v!r}")
     spec = TuneSpec(params, default, constraints, buckets, rule, tuple(sizes.items()), inputs,
-                    _f(tol.get("rtol")), _f(tol.get("atol")))
+                    _f(tol.get("rtol")), _f(tol.get("atol")), tuple(scalars.items()))
     n = len(spec.bucket_points())
     if n > MAX_BUCKETS:
         raise fail(f"{kp}.buckets", f"{n} buckets, over the limit of {MAX_BUCKETS}")
@@ -143,6 +158,15 @@ def check(fail: Fail, kp: str, spec: TuneSpec, env: dict[str, _Value], conv: Cal
         raise fail(kp, f'the symbolic extent "{s}" needs a bucket or a benchmark size (sizes.{s})')
     for s in sorted({k for k, _ in spec.sizes} - symbols):
         raise fail(f"{kp}.sizes.{s}", "is not a symbolic extent of any input")
+    declared = {sc.name: sc for sc in conv.scalars}
+    for k, _ in spec.scalars:
+        if k not in declared:
+            raise fail(f"{kp}.scalars.{k}", "is not a runtime scalar of the kernel (scalars: "
+                       f"{', '.join(sorted(declared)) or 'none'})")
+    for sc in conv.scalars:
+        if sc.default is None and sc.name not in dict(spec.scalars):
+            raise fail(kp, f'the runtime scalar "{sc.name}" has no default: give its benchmark value '
+                       f"(scalars.{sc.name})")
     names = {t.name for t in conv.inputs}
     for k, _ in spec.inputs:
         if k not in names:

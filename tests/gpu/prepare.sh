@@ -2,8 +2,10 @@
 # Build, on a host with the build extra (no GPU needed), every cache the GPU suite uses,
 # into CACHES (see tests/gpu/run.sh), ready to carry to a GPU machine without the DSL:
 #   bash tests/gpu/prepare.sh CACHES [--examples]
-# --examples also builds examples/kernels.toml and its direct-build comparison (needs the
-# examples extra: quack-kernels, flash-attn-4, torch).
+# --examples also builds examples/kernels.toml, compiles its tuning candidates (FA4's space:
+# `cutecc tune --compile-only`, into the same cache) and its direct-build comparison (needs
+# the examples extra: quack-kernels, flash-attn-4, torch). Each entry's metadata keeps its
+# compile seconds: benchmarks/tune.py reports them as the tuning's CPU cost.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUTDIR="${1:?usage: prepare.sh CACHES [--examples]}"
@@ -19,6 +21,7 @@ cc tune kernels.toml --compile-only --cache-dir "$OUTDIR/tune"
 "$PY" benchmarks/layout_ab.py prepare "$OUTDIR/layout_ab"
 if [ "${2:-}" = "--examples" ]; then
   cc build examples/kernels.toml --cache-dir "$OUTDIR/examples" --no-lock
+  cc tune examples/kernels.toml --compile-only --cache-dir "$OUTDIR/examples"
   "$PY" -m benchmarks.examples_parity build "$OUTDIR/examples" "$OUTDIR/examples-direct"
 fi
 du -sh "$OUTDIR"/*

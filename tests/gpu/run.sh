@@ -14,7 +14,9 @@
 #              the same launchers compiled directly (within 2%)
 # A CACHES without root/ is taken as the root cache itself; with no CACHES, kernels.toml is
 # built first (needs the build extra). OUT=DIR writes the logs there (gpu-suite.log, .xml,
-# layout_ab.*, examples_parity.*). Exits non-zero when the suite or a comparison fails.
+# layout_ab.*, examples_parity.*). TUNE_BENCH=1 also runs benchmarks/tune.py after the suite
+# on tune/ and examples/ (tune.json, tune.md, tune.log in OUT; about 4-6 minutes on an H100).
+# Exits non-zero when the suite or a comparison fails.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY="${PYTHON:-python3}"
@@ -61,6 +63,14 @@ if [ -n "$CACHES" ] && [ -d "$CACHES/examples-direct" ] && [ -n "${CUTECC_EXAMPL
   # shellcheck disable=SC2046
   "$PY" benchmarks/examples_parity.py device "$CUTECC_EXAMPLES_CACHE" "$CACHES/examples-direct" \
     $(json examples_parity.json) 2>&1 | log examples_parity.log
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if [ "${TUNE_BENCH:-}" = "1" ] && [ -n "${CUTECC_TUNE_CACHE:-}${CUTECC_EXAMPLES_CACHE:-}" ]; then
+  targs=()
+  [ -z "${CUTECC_TUNE_CACHE:-}" ] || targs+=(--cache-dir "$CUTECC_TUNE_CACHE")
+  [ -z "${CUTECC_EXAMPLES_CACHE:-}" ] || targs+=(--examples-cache "$CUTECC_EXAMPLES_CACHE")
+  [ -z "$LOGS" ] || targs+=(--json "$LOGS/tune.json" --markdown "$LOGS/tune.md")
+  "$PY" -m benchmarks.tune "${targs[@]}" 2>&1 | log tune.log
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 exit "$rc"

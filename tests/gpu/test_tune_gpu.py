@@ -48,6 +48,8 @@ def test_real_spaces_are_measured_over_four_buckets_and_recorded(tuned: tuple[Pa
     for r in recs:
         assert r["winner_us"] <= r["default_us"] and not r["dropped"], r
         assert len(r["times_us"]) >= 3
+    # Timed on the device clock (a profiler trace's kernel durations), not the host fallback.
+    assert all(r["clock"] == "device" for r in recs), {r.get("clock_note") for r in recs}
     lock = json.loads((proj / "kernels.lock").read_text())
     assert len(lock["tuning"]) == len(recs)
 
@@ -105,4 +107,5 @@ def test_a_wrong_or_faulting_candidate_is_dropped(tmp_path: Path) -> None:
         assert "mode=1" in rec["dropped"] and "disagrees" in rec["dropped"]["mode=1"]
         assert "mode=2" in rec["dropped"] and ("faulted" in rec["dropped"]["mode=2"]
                                                or "killed" in rec["dropped"]["mode=2"])
+        assert "failed to compile" in rec["dropped"]["mode=3"]  # dropped by --compile-only
         assert rec["winner_variant"] == "default" and set(rec["times_us"]) == {"default"}

@@ -81,7 +81,10 @@ def _tuned_copy_kernel(x: cute.Tensor, out: cute.Tensor, n: cutlass.Int32, mode:
 
 @cute.jit
 def tuned_copy(x: cute.Tensor, out: cute.Tensor, stream, mode: cutlass.Constexpr = 0):
-    """out = x for mode 0; mode 1 computes a wrong result, mode 2 traps (for `cutecc tune`)."""
+    """out = x for mode 0; mode 1 computes a wrong result, mode 2 traps, mode 3 fails to
+    compile (for `cutecc tune`)."""
+    if cutlass.const_expr(mode == 3):
+        raise ValueError("mode 3 refuses to compile (a tuning candidate the kernel's code rejects)")
     n = x.shape[0]
     _tuned_copy_kernel(x, out, n, mode).launch(
         grid=[(n + 127) // 128, 1, 1], block=[128, 1, 1], stream=stream)

@@ -1,0 +1,89 @@
+"""Per-call kernel times from a profiler trace's GPU events (device clock), as pure functions.
+
+The measuring child runs candidates' call chains one after another with an idle gap between
+chains, inside one profiler trace; the GPU plane's events, as `Event`s, are parsed here:
+split at idle gaps into chains, matched to the order the chains ran in, and each chain's
+time is the sum of the durations of the candidate's own kernels (learned from a trace of one
+call per candidate) divided by its number of calls. Copies and fills (`Memcpy*`,
+`Memset*`) and foreign kernels (XLA's) never count. Imports neither JAX nor the DSL, so it
+is tested on CPU with synthetic events.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+MEMORY_OPS = ("memcpy", "memset")  # CUPTI's names of copies and fills: no call's own kernel
+
+
+@dataclass(frozen=True)
+class Event:
+    """One GPU activity of a trace: its name (a kernel's, or `Memset 3`), start and duration."""
+
+    name: str
+    start_ns: float
+    duration_ns: float
+
+    @property
+    def end_ns(self) -> float:
+        return self.start_ns + self.duration_ns
+
+
+class TraceMismatch(ValueError):
+    """The trace's chains cannot be matched to the order they ran in (a lost or extra gap)."""
+
+
+def is_memory_op(name: str) -> bool:
+    return name.lower().startswith(MEMORY_OPS)
+
+
+def split(events: Iterable[Event], gap_ns: float) -> list[list[Event]]:
+    """Events in start order, split wherever the GPU idled for more than `gap_ns`."""
+    out: list[list[Event]] = []
+    end = None
+    for e in sorted(events, key=lambda e: (e.start_ns, e.duration_ns)):
+        if end is None or e.start_ns - end > gap_ns:
+            out.append([])
+            end = e.end_ns
+        out[-1].append(e)
+        end = max(end, e.end_ns)
+    return out
+
+
+def learn(events: Iterable[Event], order: Sequence[str], gap_ns: float) -> dict[str, Counter[str]]:
+    """Each candidate's own kernels (name -> launches per call) from a trace of one call per
+    candidate, run in `order` with idle gaps between: everything but copies and fills in a
+    candidate's chain is its own."""
+    chains = [c for c in split(events, gap_ns) if any(not is_memory_op(e.name) for e in c)]
+    if len(chains) != len(order):
+        raise TraceMismatch(f"{len(chains)} separate runs of kernels in the trace of one call per "
+                            f"candidate, expected {len(order)}")
+    return {key: Counter(e.name for e in c if not is_memory_op(e.name)) for key, c in zip(order, chains)}
+
+
+def chain_times(events: Iterable[Event], order: Sequence[str], own: dict[str, Counter[str]], calls: int,
+                gap_ns: float) -> tuple[list[float | None], list[str]]:
+    """Per chain run (in `order`, `calls` calls each), the per-call time in nanoseconds: the
+    sum of the candidate's own kernel durations over `calls`; None where the chain's count of
+    own kernel launches is not `calls` times the count per call (a lost or extra record).
+    Runs made only of foreign work (no candidate's kernel) are skipped. Raises
+    `TraceMismatch` when the runs left do not number the chains."""
+    names = set().union(*own.values()) if own else set()
+    chains = [c for c in split(events, gap_ns) if any(e.name in names for e in c)]
+    if len(chains) != len(order):
+        raise TraceMismatch(f"{len(chains)} separate runs of the candidates' kernels in the trace, "
+                            f"expected {len(order)} (one per chain)")
+    times: list[float | None] = []
+    notes = []
+    for i, (key, chain) in enumerate(zip(order, chains)):
+        mine = own[key]
+        got = [e for e in chain if e.name in mine]
+        want = calls * sum(mine.values())
+        if len(got) != want:
+            times.append(None)
+            notes.append(f"chain {i} ({key[:12]}): {len(got)} kernel launches, expected {want}")
+            continue
+        times.append(sum(e.duration_ns for e in got) / calls)
+    return times, notes
