@@ -163,7 +163,9 @@ def build(cache: Path, out_dir: Path, manifest_path: Path) -> dict[str, Any]:
     report: dict[str, Any] = {}
     for e in sorted(entries, key=lambda e: (e.meta["kernel"], e.meta["variant"])):
         kernel = manifest.kernel(e.meta["kernel"])
-        v = next(x for x in kernel.variants if x.id == e.meta["variant"])
+        v = next((x for x in kernel.variants if x.id == e.meta["variant"]), None)
+        if v is None:  # a tuning candidate (`cutecc tune --compile-only`): not a declared variant
+            continue
         launcher = resolve_entry(kernel.entry, v.factory_args)
         syms: dict[str, Any] = {}
         pos = [_fake(a, syms) for a in v.args if not a.param]
