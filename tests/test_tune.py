@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -453,3 +454,43 @@ def test_check_compares_times_only_on_the_same_clock(compiled: tuple[Path, Path,
     out = _drift(cache, faster, 0.05)
     assert len(out) == len(recs) and all("recorded on the host clock, measured now on the device clock" in o
                                          for o in out), out
+
+
+def _record(base: str) -> dict:
+    return {"kernel": "mul", "variant": "dtype=float32", "arch": "sm_90a", "device": H100, "rule": "floor",
+            "bucket": "n=4096", "base": base, "winner": "b" * 64, "winner_variant": "dtype=float32,threads=128",
+            "library": "kernel.so", "sha256": "c" * 64, "size": 1, "symbol": "s", "backward": None,
+            "contract": "d" * 64, "runtime": "e" * 64, "times_us": {}}
+
+
+def test_cached_results_are_read_only_through_trusted_paths(tmp_path: Path) -> None:
+    """A tuning record picks which build serves a bucket: like an entry's metadata, it is
+    believed only where nobody but this user (or root) could have written it."""
+    from cutecc import trust
+    from cutecc.runtime.tuning import dumps_records, read_cached, results_path
+
+    base = "a" * 64
+    root = tmp_path / "cache"
+    path = results_path(root, base)
+    assert read_cached(root, base) == []  # none recorded
+    path.parent.mkdir(parents=True)
+    path.write_bytes(dumps_records([_record(base)]))
+    assert [r["winner"] for r in read_cached(root, base)] == ["b" * 64]
+    os.chmod(path, 0o666)  # a record anyone could rewrite
+    with pytest.raises(trust.Untrusted, match="writable by any user"):
+        read_cached(root, base)
+    os.chmod(path, 0o644)
+    # results/ a link into a directory anyone can write: refused, not followed
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    (path.parent / f"{base}.json").rename(shared / f"{base}.json")
+    path.parent.rmdir()
+    path.parent.symlink_to(shared, target_is_directory=True)
+    with pytest.raises(trust.Untrusted):
+        read_cached(root, base)
+    path.write_bytes(b"{" * 10_000)  # damage (through the link's target) loses the tuning only
+    path.parent.unlink()
+    path.parent.mkdir()
+    (path.parent / f"{base}.json").write_bytes(b"{" * 10_000)
+    assert read_cached(root, base) == []

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cutecc import trust
 from cutecc.entry import acted_on, bad_pin_field, is_key, parse_json
 from cutecc.errors import CuteccError
 
@@ -156,11 +157,13 @@ def results_path(root: Path, base: str) -> Path:
 
 def read_cached(root: Path, base: str) -> list[dict[str, Any]]:
     """The cache's full records (lines plus times) for `base`; [] when none or unreadable
-    (a damaged record loses the tuning, never the kernel)."""
+    (a damaged record loses the tuning, never the kernel). A record picks which build
+    serves a call, so it is read as the cache's metadata is: through directories that only
+    this user or root could have written, following no link (`cutecc.trust`); one that
+    someone else could have written is refused (trust.Untrusted), not skipped."""
     path = results_path(root, base)
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_RECORD_BYTES + 1)
+        data = trust.read_file(root, (*RESULTS_DIR, f"{base}.json"), MAX_RECORD_BYTES)
         doc = parse_json(data, MAX_RECORD_BYTES, 6)
         if not isinstance(doc, dict) or doc.get("format") != TUNING_FORMAT:
             return []
@@ -169,6 +172,8 @@ def read_cached(root: Path, base: str) -> list[dict[str, Any]]:
             return []
         parse_lines(records, str(path), "records")
         return [r for r in records if r.get("base") == base]
+    except trust.Untrusted:
+        raise
     except (OSError, ValueError, CuteccError):
         return []
 
