@@ -65,8 +65,13 @@ constants = {{ t = "$t", v = "$v" }}
      'unknown key "speed"'),
 ])
 def test_a_bad_tuning_space_is_refused_with_its_key_path(tmp_path: Path, tune: str, where: str, what: str) -> None:
+    _assert_refused(tmp_path, TOML.format(tune=tune), where, what)
+
+
+def _assert_refused(tmp_path: Path, text: str, where: str, what: str) -> None:
+    """Loading the manifest `text` fails at key path `where`, saying `what`."""
     p = tmp_path / "kernels.toml"
-    p.write_text(TOML.format(tune=tune))
+    p.write_text(text)
     with pytest.raises(CuteccError) as e:
         load_manifest(p)
     assert where in (e.value.key_path or "") and what in e.value.message, e.value.render()
@@ -416,11 +421,7 @@ buckets = {{ n = [8, 64] }}
     ('sizes = { m = 0 }\nscalars = { scale = 0.5 }', "tune.sizes.m", "must be an int in 1..2^31-1"),
 ])
 def test_benchmark_scalars_and_tied_sizes_are_checked(tmp_path: Path, extra: str, where: str, what: str) -> None:
-    p = tmp_path / "kernels.toml"
-    p.write_text(SCALAR_TOML.format(extra=extra))
-    with pytest.raises(CuteccError) as e:
-        load_manifest(p)
-    assert where in (e.value.key_path or "") and what in e.value.message, e.value.render()
+    _assert_refused(tmp_path, SCALAR_TOML.format(extra=extra), where, what)
 
 
 def test_benchmark_scalars_and_tied_sizes_reach_the_plan(tmp_path: Path) -> None:
@@ -494,3 +495,26 @@ def test_cached_results_are_read_only_through_trusted_paths(tmp_path: Path) -> N
     path.parent.mkdir()
     (path.parent / f"{base}.json").write_bytes(b"{" * 10_000)
     assert read_cached(root, base) == []
+
+
+def test_a_record_others_could_rewrite_picks_nothing_and_is_named(
+        compiled: tuple[Path, Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import cutecc
+    from cutecc.runtime.tuning import results_path
+
+    proj, cache, _ = compiled
+    copy = tmp_path / "cache"
+    shutil.copytree(cache, copy, symlinks=True)
+    keys = _results(proj, copy, tmp_path / "r.json")
+    r = run_cli("tune", str(proj / "kernels.toml"), "--record", str(tmp_path / "r.json"), "--cache-dir",
+                str(copy), "--no-lock")
+    assert r.returncode == 0, r.stderr
+    default, winner = keys["dtype=float32"], keys["dtype=float32,threads=128"]
+    monkeypatch.setenv("CUTECC_DEVICE_KIND", H100)
+    assert _target(cutecc.load(copy, arch="sm_90a"), 70000) == winner[:40]
+    os.chmod(results_path(copy, default), 0o666)
+    ks = cutecc.load(copy, arch="sm_90a")
+    assert _target(ks, 70000) == default[:40]  # the default serves: the record is not believed
+    assert any("tuning records of" in p and "writable by any user" in p for p in ks.problems), ks.problems
+    listed = json.loads(run_cli("list", "--cache-dir", str(copy), "--json").stdout)
+    assert not any(e["winner_for"] for e in listed["entries"])

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from cutecc import trust
 from cutecc.archs import check_arch, device_arch, runs_on
 from cutecc.entry import ARTIFACT_FORMAT, ENTRY_FORMAT, meta_problem
 from cutecc.errors import CuteccError
@@ -308,8 +309,15 @@ def _tuning(name: str, fn: KernelFn, store: Store, locked: Any, target: str, ser
     if locked is not None:
         lines = [t for t in locked.tuning if t.kernel == name and t.base in bases]
     else:
-        lines = [Tuned.from_json(r, str(store.root), "tuning") for key in bases
-                 for r in read_cached(store.root, key)]
+        lines = []
+        for key in bases:
+            try:
+                records = read_cached(store.root, key)
+            except trust.Untrusted as e:  # a record someone else could have written picks nothing
+                fn.unusable += (f"tuning records of {key[:12]}: {e.message}; the default "
+                                "configuration serves every bucket",)
+                continue
+            lines += [Tuned.from_json(r, str(store.root), "tuning") for r in records]
     if not lines:
         return None
 

@@ -162,6 +162,8 @@ def read_cached(root: Path, base: str) -> list[dict[str, Any]]:
     this user or root could have written, following no link (`cutecc.trust`); one that
     someone else could have written is refused (trust.Untrusted), not skipped."""
     path = results_path(root, base)
+    if not path.parent.is_dir():  # nothing recorded: nothing to believe, wherever the cache is
+        return []
     try:
         data = trust.read_file(root, (*RESULTS_DIR, f"{base}.json"), MAX_RECORD_BYTES)
         doc = parse_json(data, MAX_RECORD_BYTES, 6)
@@ -193,7 +195,11 @@ def winners_in(root: Path) -> dict[str, list[str]]:
     for name in names:
         if not is_key(name[:-5]):
             continue
-        for r in read_cached(root, name[:-5]):
+        try:
+            records = read_cached(root, name[:-5])
+        except trust.Untrusted:  # not believed, so not shown (load names it as unusable)
+            continue
+        for r in records:
             out.setdefault(r["winner"], []).append(
                 f"{r['variant']} {r['bucket']} on {r['device']}")
     return out
