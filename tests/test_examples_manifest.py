@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from cutecc.contract import NoneArg, ScalarArg, StreamArg, StructArg, TensorArg
 from cutecc.manifest import load_manifest
 
@@ -69,10 +71,16 @@ def test_fa4_declares_a_tuning_space_of_its_own_knobs_over_four_sequence_buckets
         assert all(fa["intra_wg_overlap"] or fa["mma_pv_is_rs"] for fa in fas)
 
 
-def test_tune_dry_run_prints_the_examples_plan_with_no_gpu_and_no_kernel_library() -> None:
+def test_tune_dry_run_prints_the_examples_plan_with_no_gpu() -> None:
+    """Planning keys each candidate, so it finds the kernel libraries' modules (without
+    importing them): it needs the `examples` extra installed, as CI has it."""
+    import importlib.util
     import json
     import subprocess
     import sys
+
+    if not all(importlib.util.find_spec(m) for m in ("flash_attn", "quack")):
+        pytest.skip("the examples extra (flash-attn-4, quack-kernels) is not installed")
 
     cmd = [sys.executable, "-m", "cutecc.cli", "tune", str(EXAMPLES / "kernels.toml"), "--dry-run"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
