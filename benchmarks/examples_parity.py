@@ -156,8 +156,8 @@ def build(cache: Path, out_dir: Path, manifest_path: Path) -> dict[str, Any]:
     import cutlass.cute as cute
 
     from benchmarks.common import link_fat
-    from benchmarks.cubin import cubins
     from cutecc.compiler import INNER_SYMBOL, resolve_entry, resolve_value
+    from cutecc.cubin import cubins
 
     out_dir.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {}

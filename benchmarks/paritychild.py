@@ -23,7 +23,7 @@ from typing import Any
 
 from benchmarks import peers
 from benchmarks.calls import ALL, Call, chain, specs
-from benchmarks.cubin import cubins, sections
+from cutecc.cubin import cubins, sections
 
 
 def launcher_fakes(args: tuple[Any, ...]) -> list[Any]:

@@ -30,14 +30,39 @@ def _chain(t0: float, calls: int, kernels: list[tuple[str, float]], spacing: flo
     return out, t
 
 
-def test_learn_takes_each_candidates_kernels_and_leaves_copies_out() -> None:
-    a, t = _chain(0, 1, [("kernel_a_0", 3000), ("reduce_a", 1000)], extra=[("Memset 3", 200)])
-    b, t = _chain(t + 3e6, 1, [("kernel_b", 5000)])
+def test_learn_counts_the_kernels_each_library_defines_and_nothing_else() -> None:
+    """XLA's work inside a call (a transpose of a column-major operand, an in-place buffer's
+    copy) and fills are in a candidate's one-call chain, but not in its cubin: not its own."""
+    names = {"A": frozenset({"kernel_a_0", "reduce_a"}), "B": frozenset({"kernel_b"})}
+    a, t = _chain(0, 1, [("kernel_a_0", 3000), ("reduce_a", 1000)], extra=[("Memset 3", 200), ("transpose_fusion", 9000)])
+    b, t = _chain(t + 3e6, 1, [("input_copy_fusion", 9000), ("kernel_b", 5000)])
     copies, _ = _chain(t + 3e6, 1, [("MemcpyDtoH", 100)])  # copy-only run: no candidate's
-    own = trace.learn(a + b + copies, ["A", "B"], GAP)
+    own = trace.learn(a + b + copies, ["A", "B"], GAP, names)
     assert own == {"A": Counter({"kernel_a_0": 1, "reduce_a": 1}), "B": Counter({"kernel_b": 1})}
     with pytest.raises(TraceMismatch, match="expected 3"):
-        trace.learn(a + b, ["A", "B", "C"], GAP)
+        trace.learn(a + b, ["A", "B", "C"], GAP, names)
+    # A trace naming none of a library's kernels times nothing: a mismatch, not an empty count.
+    with pytest.raises(TraceMismatch, match="launched none of the kernels its library defines"):
+        trace.learn(a + b, ["A", "B"], GAP, {"A": names["A"], "B": frozenset({"kernel_b_renamed"})})
+
+
+def test_learned_kernels_time_without_xlas_work() -> None:
+    """learn's own kernels fed to chain_times: each call's XLA fusion (9 us) is not timed."""
+    names = {"A": frozenset({"ka"}), "B": frozenset({"kb"})}
+    ev: list[Event] = []
+    t = 0.0
+    for key, d in (("A", 1000), ("B", 2000)):  # one call each
+        e, t = _chain(t, 1, [(f"k{key.lower()}", d)], extra=[("transpose_fusion", 9000)])
+        ev += e
+        t += 3e6
+    own = trace.learn(ev, ["A", "B"], GAP, names)
+    chains: list[Event] = []
+    for key, d in (("B", 2000), ("A", 1000)):
+        e, t = _chain(t, 4, [(f"k{key.lower()}", d)], extra=[("transpose_fusion", 9000)])
+        chains += e
+        t += 3e6
+    times, notes = trace.chain_times(chains, ["B", "A"], own, 4, GAP)
+    assert times == [2000, 1000] and notes == []
 
 
 def test_chain_times_sum_own_kernels_over_calls_excluding_foreign_work() -> None:
@@ -128,7 +153,7 @@ def test_device_timing_rounds_learn_choose_k_and_keep_each_candidates_own_time(
     monkeypatch.setattr(bench.time, "sleep", sleep)
     calls = {"A": call("A"), "B": call("B")}
     k, samples, notes = bench._device_times(calls, [np.zeros(3)], ["A", "B"], np.random.default_rng(0),
-                                            warmup=2, repeats=11)
+                                            warmup=2, repeats=11, names={"A": frozenset({"kA"}), "B": frozenset({"kB"})})
     assert k == round(bench.TARGET_DEVICE_NS / 4000.0) == 50 and notes == []
     assert {key: len(s) for key, s in samples.items()} == {"A": 11, "B": 11}
     assert samples["A"] == pytest.approx([4e-6] * 11) and samples["B"] == pytest.approx([6e-6] * 11)
@@ -141,7 +166,8 @@ def test_device_timing_falls_back_when_the_trace_has_no_kernels(monkeypatch: pyt
     monkeypatch.setattr(bench, "_traced", lambda work: (work(), [])[1])
     monkeypatch.setattr(bench.time, "sleep", lambda s: None)
     with pytest.raises(bench.NoDeviceClock, match="no kernel") as e:
-        bench._device_times({"A": lambda *xs: xs[0]}, [np.zeros(3)], ["A"], np.random.default_rng(0), 1, 3)
+        bench._device_times({"A": lambda *xs: xs[0]}, [np.zeros(3)], ["A"], np.random.default_rng(0), 1, 3,
+                            {"A": frozenset({"kA"})})
     assert e.value.lasting  # no CUPTI: the rest of the process times on the host clock
 
 
@@ -185,3 +211,18 @@ def test_a_real_trace_without_a_gpu_says_so_and_leaves_nothing_behind(tmp_path: 
         bench._traced(lambda: ran.append(jnp.ones(8).sum().block_until_ready()))
     assert ran and e.value.lasting
     assert list(tmp_path.iterdir()) == []  # the trace directory is removed
+
+
+def test_agreement_takes_equal_infinities_as_equal() -> None:
+    """A log-sum-exp of a fully masked row is -inf in every configuration: inf - inf is nan,
+    which must not drop every candidate."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    bench = pytest.importorskip("cutecc.tuning.bench")
+    for dt in ("float32", "bfloat16", "float64"):
+        r = (jnp.array([1.0, -np.inf, np.inf, np.nan]).astype(dt) if dt != "float64"
+             else np.array([1.0, -np.inf, np.inf, np.nan]),)
+        assert bench._agree(r, r, [dt], None, None) is None, dt
+        flipped = (r[0].at[1].set(np.inf) if dt != "float64" else np.array([1.0, np.inf, np.inf, np.nan]),)
+        assert "disagrees" in bench._agree(r, flipped, [dt], None, None), dt

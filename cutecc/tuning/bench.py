@@ -13,9 +13,10 @@ survivors timed in interleaved, shuffled rounds after warm-up rounds, on one of 
 
 - `device` (preferred): inside a profiler trace (CUPTI), each candidate's chain of K calls
   runs, then the GPU idles for GAP_SECONDS before the next chain; a sample is the sum of the
-  durations of the candidate's own kernels in its chain over K (`cutecc.tuning.trace`; the
-  kernels are learned from a trace of one call per candidate). Host dispatch, launch gaps
-  and XLA's own work never count, so 10 us kernels time as steadily as 10 ms ones.
+  durations of the candidate's own kernels in its chain over K (`cutecc.tuning.trace`: the
+  kernel functions its library's cubin defines, counted per call from a trace of one call
+  per candidate). Host dispatch, launch gaps and XLA's own work never count, so 10 us
+  kernels time as steadily as 10 ms ones.
 - `host` (the fallback where the profiler or CUPTI is unavailable, with a note saying why):
   a sample is the time of 2K calls minus the time of K calls inside one jitted loop (each
   call's inputs pass through an optimization barrier with the previous outputs, so XLA
@@ -41,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cutecc import cubin
 from cutecc.runtime.dispatch import Build, KernelFn
 from cutecc.store import Store
 from cutecc.tuning import trace
@@ -49,6 +51,7 @@ TARGET_SECONDS = 2e-3  # host clock: a K-call loop lasts about this long
 MAX_K = 4096
 TARGET_DEVICE_NS = 2e5  # device clock: a chain's kernels run about this long
 MAX_DEVICE_K = 64
+MAX_LIBRARY_BYTES = 256 << 20  # read for its kernels' names
 GAP_SECONDS = 3e-3  # the GPU idles this long between chains
 GAP_NS = 1.5e6  # an idle gap longer than this separates two chains
 ROUNDS_PER_TRACE = 12  # a trace holds this many rounds (a mismatched trace loses only these)
@@ -100,8 +103,12 @@ def _agree(ref: tuple[Any, ...], got: tuple[Any, ...], dtypes: list[str], rtol: 
         xp: Any = jnp if dt in ("float32", "float16", "bfloat16") or dt.startswith("float8") else np
         wide = xp.float32 if xp is jnp else np.float64
         r32, g32 = xp.asarray(r).astype(wide), xp.asarray(g).astype(wide)
-        diff = xp.abs(g32 - r32)
-        ok = xp.all((xp.isnan(r32) & xp.isnan(g32)) | (diff <= at + rt * xp.abs(r32)))
+        with np.errstate(invalid="ignore"):  # inf - inf: nan, handled below
+            diff = xp.abs(g32 - r32)
+        # Equal values agree (infinities too: inf - inf is nan), as do nans in the same places;
+        # otherwise within tolerance, which an infinity never is (inf <= rtol * inf).
+        close = xp.isfinite(r32) & xp.isfinite(g32) & (diff <= at + rt * xp.abs(r32))
+        ok = xp.all((r32 == g32) | (xp.isnan(r32) & xp.isnan(g32)) | close)
         if not bool(ok):
             err = float(xp.nanmax(diff))
             return f"disagrees with the default configuration: result {i} max |diff| {err:.3g} " \
@@ -182,16 +189,28 @@ def _chains(calls: dict[str, Any], xs: list[Any], order: list[str], k: int) -> C
     return work
 
 
+def _kernel_names(b: Build) -> frozenset[str]:
+    """The kernel functions `b`'s library defines (read, not loaded: only names are taken,
+    so the bytes need no check here; the call that runs them checks them)."""
+    try:
+        with open(b.library, "rb") as f:
+            return cubin.kernel_names(f.read(MAX_LIBRARY_BYTES))
+    except OSError:
+        return frozenset()
+
+
 def _device_times(calls: dict[str, Any], xs: list[Any], alive: list[str], rng: np.random.Generator,
-                  warmup: int, repeats: int) -> tuple[int, dict[str, list[float]], list[str]]:
-    """(K, samples in seconds per candidate, notes) on the device clock."""
+                  warmup: int, repeats: int, names: dict[str, frozenset[str]]
+                  ) -> tuple[int, dict[str, list[float]], list[str]]:
+    """(K, samples in seconds per candidate, notes) on the device clock; `names`: each
+    candidate's kernel functions (its cubin's)."""
     for f in calls.values():  # compiled and warm before anything is traced
         jax.block_until_ready(f(*xs))
     events = _traced(_chains(calls, xs, alive, 1))
     if all(trace.is_memory_op(e.name) for e in events):
         raise NoDeviceClock("the trace's GPU plane holds no kernel (is CUPTI installed?)")
     try:
-        own = trace.learn(events, alive, GAP_NS)
+        own = trace.learn(events, alive, GAP_NS, names)
         one, _ = trace.chain_times(events, alive, own, 1, GAP_NS)
     except trace.TraceMismatch as err:
         raise NoDeviceClock(f"one call per candidate: {err}", lasting=False) from None
@@ -258,6 +277,7 @@ def main() -> None:
     _emit(event="device", device=dev.device_kind, driver=str(getattr(dev.client, "platform_version", "")))
     fns: dict[str, KernelFn] = {}
     builds: dict[str, Build] = {}
+    names: dict[str, frozenset[str]] = {}
     for c in item["candidates"]:
         if c["key"] in exclude:
             continue
@@ -266,6 +286,7 @@ def main() -> None:
             raise SystemExit(f"entry {c['key'][:12]} ({item['kernel']}[{c['variant']}]) is not in the cache")
         b = Build.from_meta(c["key"], e.path, e.meta)
         builds[c["key"]] = b
+        names[c["key"]] = _kernel_names(b)
         fns[c["key"]] = KernelFn(item["kernel"], [b], arch=item["arch"])
     base = item["base"]
     default = builds[base]
@@ -309,7 +330,7 @@ def main() -> None:
         if clock_off is None:
             try:
                 k, samples, notes = _device_times({key: jax.jit(f) for key, f in calls.items()}, xs, alive,
-                                                  rng, warmup, repeats)
+                                                  rng, warmup, repeats, names)
                 clock = "device"
             except NoDeviceClock as err:
                 note = str(err)

@@ -3,16 +3,18 @@
 The measuring child runs candidates' call chains one after another with an idle gap between
 chains, inside one profiler trace; the GPU plane's events, as `Event`s, are parsed here:
 split at idle gaps into chains, matched to the order the chains ran in, and each chain's
-time is the sum of the durations of the candidate's own kernels (learned from a trace of one
-call per candidate) divided by its number of calls. Copies and fills (`Memcpy*`,
-`Memset*`) and foreign kernels (XLA's) never count. Imports neither JAX nor the DSL, so it
-is tested on CPU with synthetic events.
+time is the sum of the durations of the candidate's own kernels divided by its number of
+calls. A candidate's own kernels are the kernel functions its library's cubin defines
+(`cutecc.cubin.kernel_names`), counted per call from a trace of one call per candidate;
+XLA's work around a call (a transpose for a column-major operand, the copy of an in-place
+buffer), copies and fills (`Memcpy*`, `Memset*`) never count. Imports neither JAX nor the
+DSL, so it is tested on CPU with synthetic events.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 MEMORY_OPS = ("memcpy", "memset")  # CUPTI's names of copies and fills: no call's own kernel
@@ -52,15 +54,25 @@ def split(events: Iterable[Event], gap_ns: float) -> list[list[Event]]:
     return out
 
 
-def learn(events: Iterable[Event], order: Sequence[str], gap_ns: float) -> dict[str, Counter[str]]:
+def learn(events: Iterable[Event], order: Sequence[str], gap_ns: float,
+          names: Mapping[str, frozenset[str]]) -> dict[str, Counter[str]]:
     """Each candidate's own kernels (name -> launches per call) from a trace of one call per
-    candidate, run in `order` with idle gaps between: everything but copies and fills in a
-    candidate's chain is its own."""
+    candidate, run in `order` with idle gaps between: the launches in its chain of the
+    kernels its cubin defines (`names[key]`). Raises `TraceMismatch` when the chains do not
+    number the candidates, or when a candidate's chain launched none of its kernels (the
+    profiler names kernels otherwise than the cubin: nothing would be timed)."""
     chains = [c for c in split(events, gap_ns) if any(not is_memory_op(e.name) for e in c)]
     if len(chains) != len(order):
         raise TraceMismatch(f"{len(chains)} separate runs of kernels in the trace of one call per "
                             f"candidate, expected {len(order)}")
-    return {key: Counter(e.name for e in c if not is_memory_op(e.name)) for key, c in zip(order, chains)}
+    own = {}
+    for key, c in zip(order, chains):
+        mine = Counter(e.name for e in c if e.name in names.get(key, ()))
+        if not mine:
+            raise TraceMismatch(f"the trace of {key[:12]}'s call launched none of the kernels its "
+                                f"library defines ({', '.join(sorted(names.get(key, ()))) or 'none found'})")
+        own[key] = mine
+    return own
 
 
 def chain_times(events: Iterable[Event], order: Sequence[str], own: dict[str, Counter[str]], calls: int,
