@@ -2,7 +2,9 @@
 speaks the child's protocol without a GPU. threads=64 raises (a `fault` event, exit 3),
 threads=512 kills its process with no word (as a hard crash would), threads=1024 disagrees
 with the default; the default and threads=128 get times. $FAKE_BENCH_HANG names a variant
-suffix that hangs instead (as a deadlocked kernel would)."""
+suffix that hangs instead (as a deadlocked kernel would); $FAKE_BENCH_HANG_TIMING names a
+bucket whose timing hangs (after `checked`); $FAKE_BENCH_SLOW is seconds each bucket's timing
+takes (a healthy, slow run). Lines that are not events (a library's print) are mixed in."""
 
 from __future__ import annotations
 
@@ -39,6 +41,10 @@ def main() -> None:
             else:
                 times[c["key"]] = [1.0, 2.0, 2.1] if c["default"] else [0.9, 1.0, 1.1]
         print(json.dumps({"event": "checked", "bucket": text}), flush=True)
+        print("a library's chatter on standard output", flush=True)
+        if os.environ.get("FAKE_BENCH_HANG_TIMING") == text:
+            time.sleep(3600)
+        time.sleep(float(os.environ.get("FAKE_BENCH_SLOW", "0")))
         print(json.dumps({"event": "bucket", "bucket": text, "k": 4, "times": times, "dropped": dropped}),
               flush=True)
 

@@ -323,6 +323,35 @@ def test_a_faulting_or_crashing_candidate_is_dropped_and_measuring_goes_on(
     assert [r["bucket"] for r in only] == ["n=65536"]
 
 
+def test_a_hang_costs_only_its_candidate_or_bucket_and_a_slow_run_is_not_cut(
+        compiled: tuple[Path, Path, dict], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child is killed after CHILD_IDLE_TIMEOUT seconds without a word, not after a
+    total: a healthy run longer than that keeps every bucket; a hang while checking drops
+    that candidate; a hang while timing drops that bucket (reported), not the others."""
+    from cutecc.tuning import measure as m
+    from cutecc.tuning.plan import manifest_digest, read_plan
+
+    proj, cache, _ = compiled
+    monkeypatch.setenv("PYTHONPATH", str(REPO / "tests"))
+    monkeypatch.setattr(m, "CHILD_IDLE_TIMEOUT", 2.0)
+    items = [it for it in read_plan(cache, manifest_digest(proj / "kernels.toml"), "x")
+             if it["kernel"] == "mul" and it["variant"] == "dtype=float32"]
+    monkeypatch.setenv("FAKE_BENCH_SLOW", "1.2")  # 4 buckets: 4.8 s in all, 1.2 s at most silent
+    records, info = m.measure(cache, items, child="fake_bench_child")
+    assert len(records) == 4 and info["failed"] == []
+    monkeypatch.setenv("FAKE_BENCH_SLOW", "0")
+    monkeypatch.setenv("FAKE_BENCH_HANG", "threads=128")
+    records, info = m.measure(cache, items, child="fake_bench_child")
+    assert len(records) == 4 and info["failed"] == []
+    assert all(r["dropped"]["dtype=float32,threads=128"].startswith("killed its process (exit -9): silent for 2 s")
+               for r in records)
+    monkeypatch.delenv("FAKE_BENCH_HANG")
+    monkeypatch.setenv("FAKE_BENCH_HANG_TIMING", "n=65536")
+    records, info = m.measure(cache, items, child="fake_bench_child")
+    assert [r["bucket"] for r in records] == ["n=1048576", "n=16777216", "n=4096"]
+    assert len(info["failed"]) == 1 and "n=65536: not measured (exit -9 while timing" in info["failed"][0]
+
+
 def test_the_timing_loop_traces_and_lowers_with_one_call_per_iteration_behind_a_barrier(
         compiled: tuple[Path, Path, dict]) -> None:
     """What the GPU child times, lowered here: K calls of the kernel in a loop whose inputs pass

@@ -22,7 +22,64 @@ from cutecc.runtime.tuning import Tuned
 from cutecc.store import Store
 
 MAX_RESTARTS = 32
-CHILD_TIMEOUT = 1200.0  # seconds one child may take for its buckets: past it, a kernel hung
+# Seconds a measuring child may go without a word (an event line): past it, a kernel hung.
+# Every event resets it, so a long healthy run over many buckets is never cut short.
+CHILD_IDLE_TIMEOUT = 600.0
+MAX_EVENT_BYTES = 1 << 20  # one event line from the child
+
+
+def _event(line: bytes) -> dict[str, Any] | None:
+    """One protocol event from a line of the child's output; None for anything else (a
+    library printing to standard output)."""
+    try:
+        ev = json.loads(line)
+    except ValueError:
+        return None
+    return ev if isinstance(ev, dict) and isinstance(ev.get("event"), str) else None
+
+
+def _run_child(cmd: list[str], job: dict[str, Any], env: dict[str, str], idle: float
+               ) -> tuple[list[dict[str, Any]], int, str]:
+    """Run one measuring child on `job`: (its events, exit code, stderr's tail). A child
+    silent for `idle` seconds is killed (exit -9); what it said before counts."""
+    import selectors
+    import tempfile
+
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env)
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(json.dumps(job).encode())
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        events: list[dict[str, Any]] = []
+        killed = False
+        buf = b""
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            while True:
+                if not sel.select(timeout=idle):
+                    proc.kill()
+                    killed = True
+                    break
+                chunk = proc.stdout.read1(1 << 16)  # type: ignore[attr-defined]
+                if not chunk:
+                    break
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                if len(buf) > MAX_EVENT_BYTES:
+                    proc.kill()
+                    raise CuteccError(f"the measuring process wrote a line of over {MAX_EVENT_BYTES} bytes",
+                                      where=" ".join(cmd[-1:]), exit_code=1)
+                events += [ev for ev in map(_event, lines) if ev is not None]
+        code = proc.wait()
+        err.seek(0, 2)
+        err.seek(max(0, err.tell() - 4096))
+        tail = err.read().decode(errors="replace")
+    if killed:
+        code, tail = -9, f"silent for {idle:.0f} s (hung?), killed. {tail.strip()[-300:]}"
+    return events, code, tail
 
 
 def measure(root: Path, items: list[dict[str, Any]], *, buckets: tuple[str, ...] = (),
@@ -45,40 +102,41 @@ def measure(root: Path, items: list[dict[str, Any]], *, buckets: tuple[str, ...]
             points = [p for p in points if ",".join(f"{n}={p[n]}" for n in names) in buckets]
         excluded: dict[str, str] = {}
         results: dict[str, dict[str, Any]] = {}
+        skipped: dict[str, str] = {}  # buckets whose timing killed the child: not tried again
         for _ in range(MAX_RESTARTS):
-            todo = [p for p in points if ",".join(f"{n}={p[n]}" for n in names) not in results]
+            todo = [p for p in points if ",".join(f"{n}={p[n]}" for n in names) not in {**results, **skipped}]
             if not todo or item["base"] in excluded:
                 break
             job = {"cache": str(root), "item": item, "buckets": todo, "exclude": sorted(excluded),
                    "repeats": repeats, "warmup": warmup, "seed": seed}
-            try:
-                r = subprocess.run([sys.executable, "-m", child], input=json.dumps(job),
-                                   capture_output=True, text=True, env=env, timeout=CHILD_TIMEOUT)
-                stdout, code, stderr = r.stdout, r.returncode, r.stderr
-            except subprocess.TimeoutExpired as e:  # a hung kernel: the child was killed
-                stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-                code, stderr = -9, f"no result within {CHILD_TIMEOUT:.0f} s (hung?), killed"
-            last = None
-            for line in stdout.splitlines():
-                ev = json.loads(line)
+            events, code, stderr = _run_child([sys.executable, "-m", child], job, env, CHILD_IDLE_TIMEOUT)
+            last = None  # the candidate running when the child stopped
+            timing = None  # the bucket being timed when it stopped
+            for ev in events:
                 if ev["event"] == "device":
                     info["device"], info["driver"] = ev["device"], ev["driver"]
                 elif ev["event"] == "start":
                     last = ev["key"]
                 elif ev["event"] == "checked":
-                    last = None
+                    last, timing = None, ev["bucket"]
                 elif ev["event"] == "fault":
                     excluded[ev["key"]] = f"faulted: {ev['error']}"
                     last = None
                 elif ev["event"] == "bucket":
                     results[ev["bucket"]] = ev
+                    timing = None
             if code == 0:
                 break
             if last is not None:  # died while running `last`, with no word: a crash (or a hang)
                 excluded[last] = f"killed its process (exit {code}): {stderr.strip()[-300:]}"
+            elif timing is not None:  # died timing a bucket's survivors: no one candidate to blame
+                skipped[timing] = f"exit {code} while timing: {stderr.strip()[-300:]}"
             elif code != 3:  # 3: a `fault` event named the candidate (excluded above)
                 raise CuteccError(f"the measuring process failed (exit {code}): "
                                   f"{stderr.strip()[-800:]}", where=f"kernel {item['kernel']}", exit_code=1)
+        for text, why in sorted(skipped.items()):
+            info["failed"].append(f"{item['kernel']}[{item['variant']}]@{item['arch']} {text}: not "
+                                  f"measured ({why})")
         if item["base"] in excluded:
             info["failed"].append(f"{item['kernel']}[{item['variant']}]@{item['arch']}: the default "
                                   f"configuration {excluded[item['base']]}")
