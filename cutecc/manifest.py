@@ -851,6 +851,11 @@ def _check_grads(ctx: _Ctx, kernels: list[Kernel]) -> None:
             raise ctx.fail(kp, "a kernel cannot be its own backward")
         fc = k.variants[0].convention
         bc = b.variants[0].convention
+        padded = [t.name for v in k.variants for t in v.convention.inputs if t.padded]
+        if padded:
+            raise ctx.fail(kp, f'forward input "{padded[0]}" is padded (buffer): its gradient would '
+                           "be the whole buffer, padding included, which no declared output can "
+                           "promise; differentiate a kernel that takes the dense array instead")
         want_in = len(fc.inputs) + len(fc.results)
         if len(bc.inputs) != want_in or len(bc.results) != len(fc.inputs) or fc.aliases:
             raise ctx.fail(kp, f'"{b.name}" must take the forward inputs then one cotangent per '

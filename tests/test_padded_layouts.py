@@ -116,6 +116,29 @@ def test_a_padded_output_error_says_to_declare_it_inout(tmp_path: Path) -> None:
         load_manifest(_manifest(tmp_path, text))
 
 
+def test_a_padded_forward_input_cannot_be_differentiated(tmp_path: Path) -> None:
+    """Its gradient would be the whole buffer, padding included: JAX asks for a cotangent
+    of the array passed, which no declared (dense, unpadded) output can promise."""
+    back = '''
+[kernel.row_dot_bwd]
+entry = "layout_kernels.ops:row_dot"
+args = [
+  { name = "a", dtype = "float32", shape = ["m", "lda"] },
+  { name = "v", dtype = "float32", shape = ["k"] },
+  { name = "ct", dtype = "float32", shape = ["m"] },
+  { name = "ga", role = "output", dtype = "float32", shape = ["m", "lda"] },
+  { name = "gv", role = "output", dtype = "float32", shape = ["k"] },
+  { kind = "stream" },
+]
+'''
+    end = '  { kind = "stream" },\n]\n'
+    text = ROW_DOT.replace(end, end + 'grad = { backward = "row_dot_bwd" }\n', 1)
+    assert text != ROW_DOT
+    with pytest.raises(CuteccError) as e:
+        load_manifest(_manifest(tmp_path, text + back))
+    assert e.value.key_path and "grad.backward" in str(e.value) and 'input "a" is padded' in str(e.value)
+
+
 def test_a_logical_extent_bound_by_an_unpadded_dimension_of_the_same_tensor(tmp_path: Path) -> None:
     """A square block (k, k) of a (k, ld) buffer: dimension 0 binds k."""
     text = ROW_DOT.replace('shape = ["m", "k"], buffer = ["m", "lda"]',
