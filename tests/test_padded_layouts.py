@@ -311,3 +311,22 @@ def test_an_entry_whose_padded_extent_no_array_binds_is_refused(padded_cache: Pa
     meta["args"][2]["shape"] = ["q"]
     with pytest.raises(ValueError, match='out: extent "q" is bound by no input array'):
         Build.from_meta(meta["key"], meta_path.parent, meta)
+
+
+def test_a_tuning_benchmark_size_smaller_than_a_padded_extent_is_refused(tmp_path: Path) -> None:
+    """The benchmark would pass a buffer narrower than the view: caught when the manifest is
+    read, not as a fault on the GPU."""
+    tune = '''
+[kernel.row_dot.tune]
+params = { t = [1, 2] }
+default = { t = 1 }
+buckets = { k = [64, 4096] }
+sizes = { m = 128, lda = SIZE }
+'''
+    ok = ROW_DOT.replace('entry = "layout_kernels.ops:row_dot"',
+                         'entry = "layout_kernels.ops:row_dot"\nconstants = { t = "$t" }')
+    load_manifest(_manifest(tmp_path / "a", ok + tune.replace("SIZE", "4096")))
+    with pytest.raises(CuteccError) as e:
+        load_manifest(_manifest(tmp_path / "b", ok + tune.replace("SIZE", "128")))
+    assert e.value.key_path and "sizes" in e.value.key_path
+    assert 'at the bucket k=4096, input "a"\'s buffer extent 128 (dimension 1) is smaller' in str(e.value)

@@ -171,6 +171,16 @@ def check(fail: Fail, kp: str, spec: TuneSpec, env: dict[str, _Value], conv: Cal
     for k, _ in spec.inputs:
         if k not in names:
             raise fail(f"{kp}.inputs.{k}", f"is not an input (inputs: {', '.join(sorted(names))})")
+    padded = [t for t in conv.inputs if t.padded]
+    for point in spec.bucket_points() if padded else ():
+        ext = {**point, **{k: point[v] if isinstance(v, str) else v for k, v in spec.sizes}}
+        for t in padded:
+            for i in t.padded:
+                d, b = (x if isinstance(x, int) else ext.get(x) for x in (t.shape[i], t.buffer[i]))  # type: ignore[index]
+                if d is not None and b is not None and b < d:
+                    where = ",".join(f"{k}={v}" for k, v in point.items())
+                    raise fail(f"{kp}.sizes", f'at the bucket {where}, input "{t.name}"\'s buffer extent '
+                               f"{b} (dimension {i}) is smaller than the extent {d} the kernel views in it")
 
 
 def _f(v: Any) -> float | None:
