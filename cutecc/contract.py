@@ -208,6 +208,11 @@ def arg_from_json(d: dict[str, Any]) -> Arg:
         if buffer is not None and (not isinstance(buffer, list) or len(buffer) != rank or not all(
                 (type(b) is int and b > 0) or isinstance(b, str) for b in buffer)):
             raise ValueError(f"buffer {buffer!r} is not one extent per dimension")
+        if buffer is not None and d["role"] == "output":
+            raise ValueError("an output cannot be padded (its padding would be undefined)")
+        if buffer is not None and any(type(x) is int and type(b) is int and b < x
+                                      for x, b in zip(d["shape"], buffer)):
+            raise ValueError(f"buffer {buffer!r} is smaller than the shape {d['shape']!r}")
         return TensorArg(d["name"], d["role"], d["dtype"], tuple(d["shape"]),
                          d.get("layout", "row-major"), int(d.get("align", 16)), param,
                          None if order is None else tuple(int(i) for i in order),

@@ -189,6 +189,11 @@ def test_an_unknown_or_bad_contract_field_is_refused() -> None:
     for bad in (["m"], "lda", ["m", 0], ["m", None]):
         with pytest.raises(ValueError, match="buffer"):
             arg_from_json({**good, "buffer": bad})
+    # what the manifest refuses, a contract read back from disk refuses too
+    with pytest.raises(ValueError, match="an output cannot be padded"):
+        arg_from_json({**good, "role": "output"})
+    with pytest.raises(ValueError, match="smaller than the shape"):
+        arg_from_json({**good, "shape": ["m", 64], "buffer": ["m", 32]})
 
 
 def test_wrapper_views_the_buffer_with_logical_extents(tmp_path: Path) -> None:
