@@ -547,3 +547,32 @@ def test_a_record_others_could_rewrite_picks_nothing_and_is_named(
     assert any("tuning records of" in p and "writable by any user" in p for p in ks.problems), ks.problems
     listed = json.loads(run_cli("list", "--cache-dir", str(copy), "--json").stdout)
     assert not any(e["winner_for"] for e in listed["entries"])
+
+
+def test_a_stored_plan_is_read_through_trusted_paths_and_checked(compiled: tuple[Path, Path, dict],
+                                                                  tmp_path: Path) -> None:
+    """The plan names what `--measure` runs and how: read like metadata (no link followed,
+    nothing others could write), and a field measuring uses that is malformed is refused
+    with its item's key path."""
+    from cutecc import trust
+    from cutecc.tuning.plan import manifest_digest, plan_path, read_plan
+
+    proj, cache, _ = compiled
+    copy = tmp_path / "cache"
+    shutil.copytree(cache, copy, symlinks=True)
+    digest = manifest_digest(proj / "kernels.toml")
+    path = plan_path(copy, digest)
+    good = json.loads(path.read_text())
+    assert read_plan(copy, digest, "x")
+    for field, value in (("scalars", {"eps": "1e-6"}), ("sizes", {"m": -1}), ("dropped", {"t=1": 3}),
+                         ("buckets", [{"extent": "n", "edges": ["8"]}]), ("inputs", {"x": [0]})):
+        doc = json.loads(json.dumps(good))
+        doc["items"][0][field] = value
+        path.write_text(json.dumps(doc))
+        with pytest.raises(CuteccError) as e:
+            read_plan(copy, digest, "x")
+        assert e.value.key_path == "items[0]" and field in e.value.message, (field, e.value.render())
+    path.write_text(json.dumps(good))
+    os.chmod(path, 0o666)
+    with pytest.raises(trust.Untrusted):
+        read_plan(copy, digest, "x")

@@ -92,11 +92,14 @@ def write_plan(root: Path, digest: str, plan_items: list[dict[str, Any]]) -> Pat
 
 def read_plan(root: Path, digest: str, where: str) -> list[dict[str, Any]]:
     """The stored plan of a manifest; an error says to compile first when there is none (the
-    manifest changed since, or was never compiled for tuning into this cache)."""
+    manifest changed since, or was never compiled for tuning into this cache). Read as the
+    cache's metadata is (`cutecc.trust`: no link followed, nothing someone else could have
+    written) and every field the measuring side uses checked."""
+    from cutecc import trust
+
     path = plan_path(root, digest)
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_PLAN_BYTES + 1)
+        data = trust.read_file(root, (*PLANS_DIR, f"{digest}.json"), MAX_PLAN_BYTES)
     except FileNotFoundError:
         raise CuteccError("this cache holds no tuning plan for the manifest as it is now; run "
                           "`cutecc tune --compile-only` (on a host with the build extra) first",
@@ -112,10 +115,49 @@ def read_plan(root: Path, digest: str, where: str) -> list[dict[str, Any]]:
             or not isinstance(doc.get("items"), list)):
         raise CuteccError(f"not a tuning plan of format {PLAN_FORMAT}", where=str(path), exit_code=1)
     for i, it in enumerate(doc["items"]):
-        ok = (isinstance(it, dict) and is_key(it.get("base")) and isinstance(it.get("candidates"), list)
-              and all(isinstance(c, dict) and is_key(c.get("key")) and isinstance(c.get("variant"), str)
-                      for c in it["candidates"])
-              and isinstance(it.get("buckets"), list) and it.get("rule") in ("floor", "nearest"))
-        if not ok:
-            raise CuteccError("malformed plan item", where=str(path), key_path=f"items[{i}]", exit_code=1)
+        bad = _bad_item(it)
+        if bad:
+            raise CuteccError(f"malformed plan item: {bad}", where=str(path), key_path=f"items[{i}]",
+                              exit_code=1)
     return doc["items"]
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _bad_item(it: Any) -> str | None:
+    """What is wrong with one plan item (None: nothing), field by field as measuring reads it."""
+    if not isinstance(it, dict):
+        return "not a table"
+    for f in ("kernel", "variant", "arch"):
+        if not isinstance(it.get(f), str):
+            return f"{f} is not a string"
+    if not is_key(it.get("base")) or it.get("rule") not in ("floor", "nearest"):
+        return "base or rule"
+    cands = it.get("candidates")
+    if not isinstance(cands, list) or not all(
+            isinstance(c, dict) and is_key(c.get("key")) and isinstance(c.get("variant"), str)
+            and isinstance(c.get("default"), bool) for c in cands):
+        return "candidates"
+    buckets = it.get("buckets")
+    if not isinstance(buckets, list) or not all(
+            isinstance(b, dict) and isinstance(b.get("extent"), str) and isinstance(b.get("edges"), list)
+            and all(type(e) is int and e > 0 for e in b["edges"]) for b in buckets):
+        return "buckets"
+    sizes, scalars, inputs = it.get("sizes", {}), it.get("scalars", {}), it.get("inputs", {})
+    if not isinstance(sizes, dict) or not all((type(v) is int and v > 0) or isinstance(v, str)
+                                              for v in sizes.values()):
+        return "sizes"
+    if not isinstance(scalars, dict) or not all(_number(v) or isinstance(v, bool) for v in scalars.values()):
+        return "scalars"
+    if not isinstance(inputs, dict) or not all(isinstance(v, list) and len(v) == 2 and all(map(_number, v))
+                                               for v in inputs.values()):
+        return "inputs"
+    dropped = it.get("dropped", {})
+    if not isinstance(dropped, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                for k, v in dropped.items()):
+        return "dropped"
+    if any(it.get(f) is not None and not _number(it.get(f)) for f in ("rtol", "atol")):
+        return "rtol or atol"
+    return None
