@@ -70,10 +70,11 @@ class SourceIndex:
         self._tops: dict[Path, set[str]] = {}
         self._closures: dict[str, set[Path]] = {}
         self._local: dict[str, bool] = {}
-        self._installed_tops: set[str] = set()
 
     def digest(self, module: str) -> tuple[str, tuple[str, ...]]:
-        """(SHA-256 over the module's local dependency closure, the files' relative paths)."""
+        """(SHA-256 over the module's local dependency closure, the files' relative paths).
+        A function of `module` alone: which other kernels the manifest holds changes nothing
+        (so `build --kernel`, `tune` and a whole build give one kernel the same key)."""
         if module not in self._digests:
             files = self._closures[module] = self._closure(module)
             h = hashlib.sha256()
@@ -99,7 +100,7 @@ class SourceIndex:
         Only a definite answer counts: a module that star-imports, defines `__getattr__` or
         touches `globals()` may make names at run time, so it never "surely lacks" one.
         """
-        f = self._find(module)
+        f = self._find(module, module.split(".")[0])
         if f is None:
             return False
         tree = self._tree(f)
@@ -149,9 +150,11 @@ class SourceIndex:
             self._found[module] = found
         return self._found[module]
 
-    def _find(self, module: str) -> Path | None:
-        """The source file of a project-local `module` (None: not local, or no source)."""
-        if not self._is_local(module.split(".")[0]):
+    def _find(self, module: str, entry_top: str) -> Path | None:
+        """The source file of `module` if it is local to the closure of an entry in top-level
+        package `entry_top` (None: not local, or no source)."""
+        top = module.split(".")[0]
+        if top != entry_top and not self._is_local(top):
             return None
         found = self._locate(module)
         if found is None or not found.origin or not found.origin.endswith(".py"):
@@ -161,10 +164,9 @@ class SourceIndex:
     def _is_local(self, top: str) -> bool:
         """Whether top-level package `top` is project-local: found directly in a root of the
         manifest's python_path (not in an environment there, such as the README's `.venv` at
-        the project's root), or the top level of a kernel's entry (wherever it is
-        installed). Everything else is keyed by its distribution (`cutecc.dists`)."""
-        if top in self._installed_tops:
-            return True
+        the project's root), or installed editable. The top level of the kernel's own entry
+        is local to its closure wherever it is installed (`_find`); everything else is keyed
+        by its distribution (`cutecc.dists`)."""
         if top not in self._local:
             found = self._locate(top)
             places = ([found.origin] if found.origin else found.locations) if found else []
@@ -174,7 +176,7 @@ class SourceIndex:
         return self._local[top]
 
     def _closure(self, module: str) -> set[Path]:
-        self._installed_tops.add(module.split(".")[0])
+        entry_top = module.split(".")[0]
         if self._locate(module) is None:
             raise CuteccError(f'cannot find module "{module}" on the manifest\'s python_path '
                               f"({', '.join(map(str, self.roots))}) or installed")
@@ -190,11 +192,12 @@ class SourceIndex:
             # Parent packages' __init__ run on import too.
             for i in range(1, len(parts) + 1):
                 name = ".".join(parts[:i])
-                f = self._find(name)
+                f = self._find(name, entry_top)
                 if f is None or f in seen:
                     continue
                 seen.add(f)
-                todo.extend(self._imports_of(f, name, f.name == "__init__.py"))
+                todo.extend(d for d in self._imports_of(f, name, f.name == "__init__.py")
+                            if self._find(d, entry_top) is not None)
         return seen
 
     def _tree(self, f: Path) -> ast.Module:
@@ -225,7 +228,7 @@ class SourceIndex:
                         deps.add(base)
                         deps.update(f"{base}.{a.name}" for a in node.names if a.name != "*")
             self._tops[f] = {d.split(".")[0] for d in deps}
-            self._imports[f] = {d for d in deps if self._find(d) is not None}
+            self._imports[f] = deps  # all of them: which are local depends on the entry
         return self._imports[f]
 
 

@@ -570,3 +570,50 @@ def test_a_virtual_environment_inside_the_project_is_not_project_source() -> Non
 
     sources = {s for p in plan(load_manifest(REPO / "kernels.toml")) for s in p.sources}
     assert sources and all(s.startswith("kernels/") for s in sources), sorted(sources)[:5]
+
+
+def test_a_kernels_key_does_not_depend_on_the_other_kernels_of_its_manifest(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two installed kernel libraries, one importing the other (flash-attn-4 imports quack):
+    the importer's key is the same whether or not a kernel of the imported library is in
+    the manifest. (It was not: an entry's package counted as project source for every
+    kernel planned after it, so `build --kernel` and `tune` keyed another artifact than a
+    whole build.)"""
+    import cutecc.dists
+
+    site = tmp_path / "site"
+    files = {
+        "fq/__init__.py": "", "fq/norm.py": "class Norm:\n    pass\n",
+        "fq-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: fq\nVersion: 1.0\n",
+        "fq-1.0.dist-info/top_level.txt": "fq\n",
+        "fa/__init__.py": "", "fa/fwd.py": "import fq.norm\n\nclass Fwd:\n    pass\n",
+        "fa-2.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: fa\nVersion: 2.0\n",
+        "fa-2.0.dist-info/top_level.txt": "fa\n",
+    }
+    for rel, text in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+    for d in ("fq-1.0", "fa-2.0"):
+        own = [rel for rel in files if rel.startswith((d.split("-")[0] + "/", d))]
+        record = "".join(f"{r},,\n" for r in own) + f"{d}.dist-info/RECORD,,\n"
+        (site / f"{d}.dist-info/RECORD").write_text(record)
+    monkeypatch.syspath_prepend(str(site))
+    for f in (cutecc.dists._installed, cutecc.dists._owners, cutecc.dists.is_editable):
+        f.cache_clear()
+    kernel = '''
+[kernel.{name}]
+entry = "{entry}"
+args = [{{ name = "x", dtype = "float32", shape = ["n"] }},
+        {{ name = "y", role = "output", dtype = "float32", shape = ["n"] }}, {{ kind = "stream" }}]
+'''
+    norm = kernel.format(name="norm", entry="fq.norm:Norm")
+    fwd = kernel.format(name="fwd", entry="fa.fwd:Fwd")
+    keys = []
+    for i, text in enumerate((norm + fwd, fwd, fwd + norm)):
+        (tmp_path / f"m{i}").mkdir()
+        (tmp_path / f"m{i}/kernels.toml").write_text('archs = ["sm_90a"]\n' + text)
+        planned = plan(load_manifest(tmp_path / f"m{i}/kernels.toml"))
+        keys.append({p.kernel.name: p.key for p in planned}["fwd"])
+    for f in (cutecc.dists._installed, cutecc.dists._owners, cutecc.dists.is_editable):
+        f.cache_clear()
+    assert keys[0] == keys[1] == keys[2]

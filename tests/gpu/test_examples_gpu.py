@@ -147,3 +147,47 @@ def test_fa4_causal_keyword_selects_a_different_kernel(ks, rng) -> None:
     close(a, attention_ref(q, k, v, scale, False), 2e-2)
     close(c, attention_ref(q, k, v, scale, True), 2e-2)
     assert not np.allclose(np.asarray(a, np.float32), np.asarray(c, np.float32))
+
+
+# --- flash-attn-4's tuning candidates: every one is right wherever its bucket serves it ---
+
+def _fa4_candidates(ks) -> list[tuple[str, object]]:  # type: ignore[no-untyped-def]
+    """Each compiled tuning candidate of fa4_fwd in the examples cache (`cutecc tune
+    --compile-only`, as tests/gpu/prepare.sh --examples runs it), callable on its own."""
+    from cutecc.runtime.dispatch import Build, KernelFn
+    from cutecc.store import Store
+
+    declared = {b.key for b in ks.fa4_fwd.builds}
+    out = []
+    for e in Store(os.environ["CUTECC_EXAMPLES_CACHE"]).entries():
+        if e.meta["kernel"] == "fa4_fwd" and e.key not in declared and e.meta["arch"] == ks.arch:
+            b = Build.from_meta(e.key, e.path, e.meta)
+            out.append((e.meta["variant"], KernelFn("fa4_fwd", [b], arch=e.meta["arch"])))
+    return sorted(out, key=lambda c: c[0])
+
+
+def test_fa4_tuning_candidates_agree_off_the_bucket_edges(ks, rng) -> None:
+    """`cutecc tune` checks a candidate against the default at each bucket's edge (s_q = s_k),
+    but a winner serves every call of its bucket: ragged lengths, s_q != s_k, causal or not.
+    Every candidate is checked against XLA's attention there."""
+    cands = _fa4_candidates(ks)
+    if not cands:
+        pytest.skip("no fa4_fwd tuning candidates in the examples cache (tune --compile-only)")
+    scale = 1.0 / math.sqrt(128)
+    wrong = []
+    for b, s_q, s_k, h in [(3, 77, 77, 2), (2, 200, 513, 4), (1, 1, 300, 2), (1, 1000, 1000, 8)]:
+        q, k, v = rand(rng, (b, s_q, h, 128), "bfloat16"), rand(rng, (b, s_k, h, 128), "bfloat16"), \
+            rand(rng, (b, s_k, h, 128), "bfloat16")
+        for causal in (False, True):
+            want = attention_ref(q, k, v, scale, causal)
+            for variant, fn in cands:
+                if f"causal={causal}" not in variant:
+                    continue
+                poison(b * s_q * h * 128 * 2)
+                call = jax.jit(lambda q, k, v, fn=fn, c=causal: fn(q, k, v, softmax_scale=scale, causal=c))
+                got = call(q, k, v)
+                try:
+                    close(got, want, 2e-2)
+                except AssertionError as err:
+                    wrong.append(f"{variant} at b={b} s_q={s_q} s_k={s_k} h={h}: {err}")
+    assert not wrong, "\n".join(wrong)
