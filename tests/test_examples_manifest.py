@@ -90,3 +90,19 @@ def test_tune_dry_run_prints_the_examples_plan_with_no_gpu() -> None:
     r = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=300)
     doc = json.loads(r.stdout)
     assert list(doc["kernels"]) == ["fa4_fwd"] and len(doc["kernels"]["fa4_fwd"]) == 24 and doc["built"] == 0
+
+
+def test_fa4s_tuning_default_is_the_builds_own_entry() -> None:
+    """`tune` plans the tuned kernels only; their defaults must keep the whole build's keys,
+    or recorded winners name a base the build never made and never apply."""
+    import importlib.util
+
+    if not all(importlib.util.find_spec(m) for m in ("flash_attn", "quack")):
+        pytest.skip("the examples extra (flash-attn-4, quack-kernels) is not installed")
+    from cutecc.plan import plan
+    from cutecc.tuning.plan import items
+
+    m = load_manifest(EXAMPLES / "kernels.toml")
+    built = {(p.kernel.name, p.variant.id, p.arch): p.key for p in plan(m)}
+    bases = {(it["kernel"], it["variant"], it["arch"]): it["base"] for it in items(m)}
+    assert bases and all(built[k] == key for k, key in bases.items())
