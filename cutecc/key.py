@@ -21,6 +21,7 @@ import ast
 import functools
 import hashlib
 import importlib.metadata
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -127,12 +128,23 @@ class SourceIndex:
         return attr not in names and "__getattr__" not in names and "globals" not in names
 
     def _rel(self, f: Path) -> str:
+        """`f`'s name in the key: relative to the python_path root holding it, else to the
+        `sys.path` entry holding it (an installed entry package), so a key is the same
+        wherever the project or the environment lives."""
         for r in self.roots:
             try:
                 return f.relative_to(r).as_posix()
             except ValueError:
                 continue
-        return f.as_posix()
+        best: Path | None = None
+        for entry in sys.path:
+            try:
+                rel = f.relative_to(Path(entry or ".").absolute())
+            except ValueError:
+                continue
+            if best is None or len(rel.parts) < len(best.parts):
+                best = rel
+        return best.as_posix() if best is not None else f.as_posix()
 
     def _hash(self, f: Path) -> str:
         if f not in self._file_hash:
@@ -164,15 +176,19 @@ class SourceIndex:
     def _is_local(self, top: str) -> bool:
         """Whether top-level package `top` is project-local: found directly in a root of the
         manifest's python_path (not in an environment there, such as the README's `.venv` at
-        the project's root), or installed editable. The top level of the kernel's own entry
-        is local to its closure wherever it is installed (`_find`); everything else is keyed
-        by its distribution (`cutecc.dists`)."""
+        the project's root), installed editable, or Python source outside the standard
+        library and any environment that no distribution owns (a directory on $PYTHONPATH).
+        The top level of the kernel's own entry is local to its closure wherever it is
+        installed (`_find`); everything else is keyed by its distribution (`cutecc.dists`)."""
         if top not in self._local:
             found = self._locate(top)
             places = ([found.origin] if found.origin else found.locations) if found else []
+            owners = dists.owners(top)
             self._local[top] = found is not None and (
                 any(_top_level_in(Path(p).absolute(), r, top) for p in places for r in self.roots)
-                or any(dists.is_editable(n) for n in dists.owners(top)))
+                or any(dists.is_editable(n) for n in owners)
+                or (not owners and top not in sys.stdlib_module_names and bool(places)
+                    and not any(_installed_place(Path(p)) for p in places)))
         return self._local[top]
 
     def _closure(self, module: str) -> set[Path]:
@@ -230,6 +246,14 @@ class SourceIndex:
             self._tops[f] = {d.split(".")[0] for d in deps}
             self._imports[f] = deps  # all of them: which are local depends on the entry
         return self._imports[f]
+
+
+def _installed_place(path: Path) -> bool:
+    """Whether `path` lies in an environment's package directory: what is there was
+    installed, and its distributions key it (the DSL's `cutlass`, installed under another
+    top-level directory through a .pth, has no owner of its own). Source elsewhere that no
+    distribution owns (a directory on $PYTHONPATH) is keyed by its content instead."""
+    return any(part in ("site-packages", "dist-packages") for part in path.parts)
 
 
 def _top_level_in(path: Path, root: Path, top: str) -> bool:

@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -572,48 +573,67 @@ def test_a_virtual_environment_inside_the_project_is_not_project_source() -> Non
     assert sources and all(s.startswith("kernels/") for s in sources), sorted(sources)[:5]
 
 
-def test_a_kernels_key_does_not_depend_on_the_other_kernels_of_its_manifest(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two installed kernel libraries, one importing the other (flash-attn-4 imports quack):
-    the importer's key is the same whether or not a kernel of the imported library is in
-    the manifest. (It was not: an entry's package counted as project source for every
-    kernel planned after it, so `build --kernel` and `tune` keyed another artifact than a
-    whole build.)"""
-    import cutecc.dists
-
-    site = tmp_path / "site"
-    files = {
-        "fq/__init__.py": "", "fq/norm.py": "class Norm:\n    pass\n",
-        "fq-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: fq\nVersion: 1.0\n",
-        "fq-1.0.dist-info/top_level.txt": "fq\n",
-        "fa/__init__.py": "", "fa/fwd.py": "import fq.norm\n\nclass Fwd:\n    pass\n",
-        "fa-2.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: fa\nVersion: 2.0\n",
-        "fa-2.0.dist-info/top_level.txt": "fa\n",
-    }
+def _two_libraries(site: Path, dist_info: bool) -> None:
+    """Two installed kernel libraries in `site`: `fa` imports `fq` (as flash-attn-4 imports
+    quack), with or without their dist-info."""
+    files = {"fq/__init__.py": "", "fq/norm.py": "class Norm:\n    pass\n",
+             "fa/__init__.py": "", "fa/fwd.py": "import fq.norm\n\nclass Fwd:\n    pass\n"}
+    if dist_info:
+        for name, version in (("fq", "1.0"), ("fa", "2.0")):
+            d = f"{name}-{version}.dist-info"
+            files[f"{d}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+            files[f"{d}/top_level.txt"] = f"{name}\n"
     for rel, text in files.items():
         (site / rel).parent.mkdir(parents=True, exist_ok=True)
         (site / rel).write_text(text)
-    for d in ("fq-1.0", "fa-2.0"):
-        own = [rel for rel in files if rel.startswith((d.split("-")[0] + "/", d))]
-        record = "".join(f"{r},,\n" for r in own) + f"{d}.dist-info/RECORD,,\n"
-        (site / f"{d}.dist-info/RECORD").write_text(record)
-    monkeypatch.syspath_prepend(str(site))
-    for f in (cutecc.dists._installed, cutecc.dists._owners, cutecc.dists.is_editable):
-        f.cache_clear()
-    kernel = '''
+    for d in site.glob("*.dist-info"):
+        top = d.name.split("-")[0]
+        own = [r for r in files if r.startswith((top + "/", d.name))]
+        (d / "RECORD").write_text("".join(f"{r},,\n" for r in own) + f"{d.name}/RECORD,,\n")
+
+
+_KERNEL = '''
 [kernel.{name}]
 entry = "{entry}"
 args = [{{ name = "x", dtype = "float32", shape = ["n"] }},
         {{ name = "y", role = "output", dtype = "float32", shape = ["n"] }}, {{ kind = "stream" }}]
 '''
-    norm = kernel.format(name="norm", entry="fq.norm:Norm")
-    fwd = kernel.format(name="fwd", entry="fa.fwd:Fwd")
-    keys = []
-    for i, text in enumerate((norm + fwd, fwd, fwd + norm)):
-        (tmp_path / f"m{i}").mkdir()
-        (tmp_path / f"m{i}/kernels.toml").write_text('archs = ["sm_90a"]\n' + text)
-        planned = plan(load_manifest(tmp_path / f"m{i}/kernels.toml"))
-        keys.append({p.kernel.name: p.key for p in planned}["fwd"])
+
+
+def _fwd_key(tmp_path: Path, text: str) -> str:
+    import cutecc.dists
+
     for f in (cutecc.dists._installed, cutecc.dists._owners, cutecc.dists.is_editable):
         f.cache_clear()
-    assert keys[0] == keys[1] == keys[2]
+    d = Path(tempfile.mkdtemp(dir=tmp_path))
+    (d / "kernels.toml").write_text('archs = ["sm_90a"]\n' + text)
+    return {p.kernel.name: p.key for p in plan(load_manifest(d / "kernels.toml"))}["fwd"]
+
+
+@pytest.mark.parametrize("dist_info", [True, False], ids=["installed", "on-PYTHONPATH"])
+def test_a_kernels_key_is_its_own_and_covers_what_it_imports(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dist_info: bool) -> None:
+    """An installed kernel library importing another (flash-attn-4 imports quack): the
+    importer's key is the same whether or not a kernel of the other library is in the
+    manifest (an entry's package used to count as project source for every kernel planned
+    after it, so `build --kernel` and `tune` keyed other artifacts than a whole build), the
+    same wherever the environment lives, and it changes when the imported library's code
+    does, with or without a distribution owning it."""
+    import cutecc.dists
+
+    norm = _KERNEL.format(name="norm", entry="fq.norm:Norm")
+    fwd = _KERNEL.format(name="fwd", entry="fa.fwd:Fwd")
+    keys = []
+    places = ("a/site-packages", "b/other/site-packages") if dist_info else ("a/lib", "b/src")
+    for where in places:
+        site = tmp_path / where
+        _two_libraries(site, dist_info)
+        with monkeypatch.context() as m:
+            m.syspath_prepend(str(site))
+            keys += [_fwd_key(tmp_path, norm + fwd), _fwd_key(tmp_path, fwd), _fwd_key(tmp_path, fwd + norm)]
+            (site / "fq/norm.py").write_text("class Norm:\n    scale = 2\n")
+            edited = _fwd_key(tmp_path, fwd)
+    for f in (cutecc.dists._installed, cutecc.dists._owners, cutecc.dists.is_editable):
+        f.cache_clear()
+    assert len(set(keys)) == 1, keys
+    assert edited != keys[0]
