@@ -9,14 +9,18 @@ may be any bytes: every offset is bounds-checked and a malformed image yields no
 
 from __future__ import annotations
 
+import contextlib
+
 EM_CUDA = 190
-MAX_IMAGES = 64  # embedded ELFs looked at per library
-MAX_SECTIONS = 1 << 16
-_TEXT = ".text."
+MAX_IMAGES = 64  # EM_CUDA headers looked at per library, well-formed or not
+MAX_SECTIONS = 4096
+MAX_NAME = 4096  # bytes of one section name
+_SHDR = 0x40  # an ELF64 section header
+_TEXT = b".text."
 
 
 class BadImage(ValueError):
-    """An ELF image whose headers point outside it."""
+    """An ELF image whose headers point outside it or exceed the bounds above."""
 
 
 def _u(b: bytes, off: int, n: int) -> int:
@@ -25,13 +29,22 @@ def _u(b: bytes, off: int, n: int) -> int:
     return int.from_bytes(b[off:off + n], "little")
 
 
+def _headers(b: bytes, at: int) -> tuple[int, int]:
+    """(offset of the section header table, number of sections) of the image at `at`,
+    checked to lie within `b` before anything is read from it."""
+    shoff, shent, shnum = _u(b, at + 0x28, 8), _u(b, at + 0x3A, 2), _u(b, at + 0x3C, 2)
+    if shent != _SHDR or shnum > MAX_SECTIONS or at + shoff + shnum * _SHDR > len(b):
+        raise BadImage(f"{shnum} section headers of {shent} bytes at {shoff}")
+    return at + shoff, shnum
+
+
 def elf_size(b: bytes, at: int = 0) -> int:
     """Bytes of the ELF image starting at `at`: the end of its furthest header or section."""
-    shoff, shent, shnum = _u(b, at + 0x28, 8), _u(b, at + 0x3A, 2), _u(b, at + 0x3C, 2)
+    table, shnum = _headers(b, at)
     phoff, phent, phnum = _u(b, at + 0x20, 8), _u(b, at + 0x36, 2), _u(b, at + 0x38, 2)
-    end = max(shoff + shent * shnum, phoff + phent * phnum)
+    end = max(table - at + shnum * _SHDR, phoff + phent * phnum)
     for i in range(shnum):
-        h = at + shoff + i * shent
+        h = table + i * _SHDR
         if _u(b, h + 4, 4) != 8:  # SHT_NOBITS occupies no bytes
             end = max(end, _u(b, h + 0x18, 8) + _u(b, h + 0x20, 8))
     if at + end > len(b):
@@ -40,52 +53,67 @@ def elf_size(b: bytes, at: int = 0) -> int:
 
 
 def cubins(blob: bytes) -> list[bytes]:
-    """Every well-formed embedded ELF whose machine is EM_CUDA, in file order (at most
-    MAX_IMAGES; a malformed one is skipped)."""
+    """The well-formed embedded ELFs whose machine is EM_CUDA, in file order; at most
+    MAX_IMAGES EM_CUDA headers are looked at (a malformed one counts and is skipped)."""
     out: list[bytes] = []
+    tried = 0
     i = blob.find(b"\x7fELF", 1)
-    while i >= 0 and len(out) < MAX_IMAGES:
-        try:
-            if _u(blob, i + 18, 2) == EM_CUDA:
+    while i >= 0 and tried < MAX_IMAGES:
+        if i + 20 <= len(blob) and _u(blob, i + 18, 2) == EM_CUDA:
+            tried += 1
+            with contextlib.suppress(BadImage):
                 out.append(blob[i:i + elf_size(blob, i)])
-        except BadImage:
-            pass
         i = blob.find(b"\x7fELF", i + 1)
+    return out
+
+
+def _names(elf: bytes) -> list[tuple[bytes, int]]:
+    """(name, header offset) of every section; BadImage if the headers lie."""
+    table, shnum = _headers(elf, 0)
+    shstr = _u(elf, 0x3E, 2)
+    if shstr >= max(shnum, 1):
+        raise BadImage(f"section names in section {shstr} of {shnum}")
+    names_at = _u(elf, table + shstr * _SHDR + 0x18, 8)
+    out = []
+    for i in range(shnum):
+        h = table + i * _SHDR
+        start = names_at + _u(elf, h, 4)
+        end = elf.find(b"\0", start, start + MAX_NAME)
+        if start >= len(elf) or end < 0:
+            raise BadImage(f"a section name at {start} is not terminated within {MAX_NAME} bytes")
+        out.append((elf[start:end], h))
     return out
 
 
 def sections(elf: bytes) -> dict[str, bytes]:
     """Section name -> contents (empty for SHT_NOBITS); BadImage if the headers lie."""
-    shoff, shent, shnum, shstr = _u(elf, 0x28, 8), _u(elf, 0x3A, 2), _u(elf, 0x3C, 2), _u(elf, 0x3E, 2)
-    if shnum > MAX_SECTIONS or shstr >= max(shnum, 1) or shent < 0x40:
-        raise BadImage(f"{shnum} sections, names in section {shstr}, {shent}-byte headers")
-    heads = [(shoff + i * shent) for i in range(shnum)]
-    names_at = _u(elf, heads[shstr] + 0x18, 8)
     out = {}
-    for h in heads:
-        start = names_at + _u(elf, h, 4)
-        end = elf.find(b"\0", start)
-        if start >= len(elf) or end < 0:
-            raise BadImage(f"a section name at {start} is not terminated")
+    for raw, h in _names(elf):
         try:
-            name = elf[start:end].decode()
+            name = raw.decode()
         except UnicodeDecodeError:
-            raise BadImage(f"a section name at {start} is not text") from None
+            raise BadImage("a section name is not text") from None
         off, size = _u(elf, h + 0x18, 8), _u(elf, h + 0x20, 8)
-        if _u(elf, h + 4, 4) != 8 and off + size > len(elf):
+        nobits = _u(elf, h + 4, 4) == 8
+        if not nobits and off + size > len(elf):
             raise BadImage(f"section {name!r} passes the end of the image")
-        out[name] = b"" if _u(elf, h + 4, 4) == 8 else elf[off:off + size]
+        out[name] = b"" if nobits else elf[off:off + size]
     return out
 
 
 def kernel_names(library: bytes) -> frozenset[str]:
     """The names of the kernel functions the library's cubins define (each has its code in
-    section `.text.<name>`); empty when there is no well-formed cubin."""
+    section `.text.<name>`); empty when there is no well-formed cubin. Reads names only."""
     names: set[str] = set()
     for image in cubins(library):
         try:
-            found = sections(image)
+            found = _names(image)
         except BadImage:
             continue
-        names.update(n[len(_TEXT):] for n in found if n.startswith(_TEXT) and len(n) > len(_TEXT))
+        for raw, _ in found:
+            if raw.startswith(_TEXT) and len(raw) > len(_TEXT):
+                try:
+                    names.add(raw[len(_TEXT):].decode())
+                except UnicodeDecodeError:
+                    continue
     return frozenset(names)

@@ -45,3 +45,23 @@ def test_malformed_bytes_give_no_names_and_no_crash() -> None:
     samples += [b"x" + bytes(elf_cuda[:n]) for n in range(0, 64, 7)]
     for s in samples:
         assert cubin.kernel_names(s) == frozenset()
+
+
+def test_hostile_libraries_are_read_in_bounded_time() -> None:
+    """Many EM_CUDA headers claiming 65,535 sections, and one image with thousands of
+    sections and unterminated names: all refused quickly (they took seconds to days)."""
+    import time
+
+    head = bytearray(b"\x7fELF" + bytes(60))
+    head[18:20] = cubin.EM_CUDA.to_bytes(2, "little")
+    head[0x3A:0x3C] = (0).to_bytes(2, "little")  # zero-byte section headers
+    head[0x3C:0x3E] = (0xFFFF).to_bytes(2, "little")
+    many = b"x" + bytes(head) * 20_000  # 1.3 MB of claimed images
+    names = bytearray(head)
+    names[0x3A:0x3C] = (0x40).to_bytes(2, "little")
+    names[0x3C:0x3E] = (4000).to_bytes(2, "little")
+    names[0x28:0x30] = (64).to_bytes(8, "little")
+    wide = b"x" + bytes(names) + b"\x01" * (4000 * 0x40 + (1 << 20))  # names never end
+    t0 = time.perf_counter()
+    assert cubin.kernel_names(many) == frozenset() and cubin.kernel_names(wide) == frozenset()
+    assert time.perf_counter() - t0 < 60  # terminates (a bound, not a speed target): it took days
