@@ -4,7 +4,9 @@ threads=512 kills its process with no word (as a hard crash would), threads=1024
 with the default; the default and threads=128 get times. $FAKE_BENCH_HANG names a variant
 suffix that hangs instead (as a deadlocked kernel would); $FAKE_BENCH_HANG_TIMING names a
 bucket whose timing hangs (after `checked`); $FAKE_BENCH_SLOW is seconds each bucket's timing
-takes (a healthy, slow run). Lines that are not events (a library's print) are mixed in."""
+takes (a healthy, slow run); $FAKE_BENCH_CHATTY names a bucket whose timing hangs while a
+library keeps printing; $FAKE_BENCH_LINGER closes standard output and lingers after its
+first bucket. Lines that are not events (a library's print) are mixed in."""
 
 from __future__ import annotations
 
@@ -44,9 +46,16 @@ def main() -> None:
         print("a library's chatter on standard output", flush=True)
         if os.environ.get("FAKE_BENCH_HANG_TIMING") == text:
             time.sleep(3600)
+        while os.environ.get("FAKE_BENCH_CHATTY") == text:
+            print("still compiling...", flush=True)
+            time.sleep(0.2)
         time.sleep(float(os.environ.get("FAKE_BENCH_SLOW", "0")))
         print(json.dumps({"event": "bucket", "bucket": text, "k": 4, "times": times, "dropped": dropped}),
               flush=True)
+        if os.environ.get("FAKE_BENCH_LINGER"):
+            sys.stdout.close()
+            os.close(1)
+            time.sleep(3600)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -343,13 +344,26 @@ def test_a_hang_costs_only_its_candidate_or_bucket_and_a_slow_run_is_not_cut(
     monkeypatch.setenv("FAKE_BENCH_HANG", "threads=128")
     records, info = m.measure(cache, items, child="fake_bench_child")
     assert len(records) == 4 and info["failed"] == []
-    assert all(r["dropped"]["dtype=float32,threads=128"].startswith("killed its process (exit -9): silent for 2 s")
+    assert all(r["dropped"]["dtype=float32,threads=128"].startswith("killed its process (exit -9): no event for 2 s")
                for r in records)
     monkeypatch.delenv("FAKE_BENCH_HANG")
     monkeypatch.setenv("FAKE_BENCH_HANG_TIMING", "n=65536")
     records, info = m.measure(cache, items, child="fake_bench_child")
     assert [r["bucket"] for r in records] == ["n=1048576", "n=16777216", "n=4096"]
     assert len(info["failed"]) == 1 and "n=65536: not measured (exit -9 while timing" in info["failed"][0]
+    monkeypatch.delenv("FAKE_BENCH_HANG_TIMING")
+    monkeypatch.setenv("FAKE_BENCH_CHATTY", "n=4096")  # hung, though its library keeps printing
+    records, info = m.measure(cache, items, child="fake_bench_child")
+    assert [r["bucket"] for r in records] == ["n=1048576", "n=16777216", "n=65536"]
+    assert len(info["failed"]) == 1 and "n=4096: not measured (exit -9 while timing" in info["failed"][0]
+    monkeypatch.delenv("FAKE_BENCH_CHATTY")
+    monkeypatch.setenv("FAKE_BENCH_LINGER", "1")  # says nothing more, exits never: stopped
+    events, code, _ = m._run_child([sys.executable, "-m", "fake_bench_child"],
+                                   {"item": items[0], "buckets": [{"n": 4096}], "exclude": [
+                                       c["key"] for c in items[0]["candidates"]
+                                       if c["variant"].endswith(("threads=64", "threads=512"))]},
+                                   {**os.environ}, 2.0)
+    assert code == -9 and [e["event"] for e in events][-1] == "bucket"
 
 
 def test_the_timing_loop_traces_and_lowers_with_one_call_per_iteration_behind_a_barrier(

@@ -26,6 +26,7 @@ MAX_RESTARTS = 32
 # Every event resets it, so a long healthy run over many buckets is never cut short.
 CHILD_IDLE_TIMEOUT = 600.0
 MAX_EVENT_BYTES = 1 << 20  # one event line from the child
+MAX_OUTPUT_BYTES = 256 << 20  # all of one child's standard output
 
 
 def _event(line: bytes) -> dict[str, Any] | None:
@@ -41,44 +42,56 @@ def _event(line: bytes) -> dict[str, Any] | None:
 def _run_child(cmd: list[str], job: dict[str, Any], env: dict[str, str], idle: float
                ) -> tuple[list[dict[str, Any]], int, str]:
     """Run one measuring child on `job`: (its events, exit code, stderr's tail). A child
-    silent for `idle` seconds is killed (exit -9); what it said before counts."""
+    that sends no event for `idle` seconds (output that is not an event does not count)
+    is killed (exit -9); what it said before counts. The job goes in through a file and
+    what comes out is bounded, so no pipe can block the parent."""
     import selectors
     import tempfile
 
-    with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env)
-        assert proc.stdin is not None and proc.stdout is not None
+    events: list[dict[str, Any]] = []
+    killed = False
+    with tempfile.TemporaryFile() as job_file, tempfile.TemporaryFile() as err:
+        job_file.write(json.dumps(job).encode())
+        job_file.seek(0)
+        proc = subprocess.Popen(cmd, stdin=job_file, stdout=subprocess.PIPE, stderr=err, env=env)
+        assert proc.stdout is not None
         try:
-            proc.stdin.write(json.dumps(job).encode())
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass
-        events: list[dict[str, Any]] = []
-        killed = False
-        buf = b""
-        with selectors.DefaultSelector() as sel:
-            sel.register(proc.stdout, selectors.EVENT_READ)
-            while True:
-                if not sel.select(timeout=idle):
-                    proc.kill()
+            buf, total = b"", 0
+            deadline = time.monotonic() + idle
+            with selectors.DefaultSelector() as sel:
+                sel.register(proc.stdout, selectors.EVENT_READ)
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not sel.select(timeout=left):
+                        killed = True
+                        break
+                    chunk = proc.stdout.read1(1 << 16)  # type: ignore[attr-defined]
+                    if not chunk:
+                        break
+                    total += len(chunk)
+                    buf += chunk
+                    *lines, buf = buf.split(b"\n")
+                    if len(buf) > MAX_EVENT_BYTES or total > MAX_OUTPUT_BYTES:
+                        raise CuteccError(f"the measuring process wrote over {MAX_EVENT_BYTES} bytes in a "
+                                          f"line or {MAX_OUTPUT_BYTES} in all", where=cmd[-1], exit_code=1)
+                    new = [ev for ev in map(_event, lines) if ev is not None]
+                    if new:
+                        events += new
+                        deadline = time.monotonic() + idle
+            if not killed:
+                try:  # stdout closed: it should be exiting; one that lingers is stopped
+                    proc.wait(timeout=idle)
+                except subprocess.TimeoutExpired:
                     killed = True
-                    break
-                chunk = proc.stdout.read1(1 << 16)  # type: ignore[attr-defined]
-                if not chunk:
-                    break
-                buf += chunk
-                *lines, buf = buf.split(b"\n")
-                if len(buf) > MAX_EVENT_BYTES:
-                    proc.kill()
-                    raise CuteccError(f"the measuring process wrote a line of over {MAX_EVENT_BYTES} bytes",
-                                      where=" ".join(cmd[-1:]), exit_code=1)
-                events += [ev for ev in map(_event, lines) if ev is not None]
-        code = proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            code = proc.wait()
         err.seek(0, 2)
         err.seek(max(0, err.tell() - 4096))
         tail = err.read().decode(errors="replace")
     if killed:
-        code, tail = -9, f"silent for {idle:.0f} s (hung?), killed. {tail.strip()[-300:]}"
+        code, tail = -9, f"no event for {idle:.0f} s (hung?), killed. {tail.strip()[-300:]}"
     return events, code, tail
 
 
