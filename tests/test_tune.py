@@ -579,7 +579,10 @@ def test_a_stored_plan_is_read_through_trusted_paths_and_checked(compiled: tuple
     good = json.loads(path.read_text())
     assert read_plan(copy, digest, "x")
     for field, value in (("scalars", {"eps": "1e-6"}), ("sizes", {"m": -1}), ("dropped", {"t=1": 3}),
-                         ("buckets", [{"extent": "n", "edges": ["8"]}]), ("inputs", {"x": [0]})):
+                         ("buckets", [{"extent": "n", "edges": ["8"]}]), ("inputs", {"x": [0]}),
+                         ("sizes", {"m": 10**30}), ("inputs", {"x": [float("nan"), 1.0]}),
+                         ("buckets", [{"extent": e, "edges": list(range(1, 40))} for e in "nmk"]),
+                         ("rtol", -1.0)):
         doc = json.loads(json.dumps(good))
         doc["items"][0][field] = value
         path.write_text(json.dumps(doc))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from cutecc.entry import is_key, parse_json
 from cutecc.errors import CuteccError
 from cutecc.manifest import Manifest
 from cutecc.plan import Planned, plan
+from cutecc.tuning.space import MAX_BUCKETS, MAX_EXTENT
 
 PLAN_FORMAT = 1
 PLANS_DIR = ("tuning", "plans")
@@ -122,8 +124,15 @@ def read_plan(root: Path, digest: str, where: str) -> list[dict[str, Any]]:
     return doc["items"]
 
 
+MAX_CANDIDATES = 100_000
+
+
 def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _extent(v: Any) -> bool:
+    return type(v) is int and 0 < v <= MAX_EXTENT
 
 
 def _bad_item(it: Any) -> str | None:
@@ -136,18 +145,19 @@ def _bad_item(it: Any) -> str | None:
     if not is_key(it.get("base")) or it.get("rule") not in ("floor", "nearest"):
         return "base or rule"
     cands = it.get("candidates")
-    if not isinstance(cands, list) or not all(
+    if not isinstance(cands, list) or len(cands) > MAX_CANDIDATES or not all(
             isinstance(c, dict) and is_key(c.get("key")) and isinstance(c.get("variant"), str)
             and isinstance(c.get("default"), bool) for c in cands):
         return "candidates"
     buckets = it.get("buckets")
     if not isinstance(buckets, list) or not all(
             isinstance(b, dict) and isinstance(b.get("extent"), str) and isinstance(b.get("edges"), list)
-            and all(type(e) is int and e > 0 for e in b["edges"]) for b in buckets):
+            and all(map(_extent, b["edges"])) for b in buckets):
         return "buckets"
+    if math.prod(len(b["edges"]) for b in buckets) > MAX_BUCKETS:
+        return f"buckets: over {MAX_BUCKETS}"
     sizes, scalars, inputs = it.get("sizes", {}), it.get("scalars", {}), it.get("inputs", {})
-    if not isinstance(sizes, dict) or not all((type(v) is int and v > 0) or isinstance(v, str)
-                                              for v in sizes.values()):
+    if not isinstance(sizes, dict) or not all(_extent(v) or isinstance(v, str) for v in sizes.values()):
         return "sizes"
     if not isinstance(scalars, dict) or not all(_number(v) or isinstance(v, bool) for v in scalars.values()):
         return "scalars"
@@ -158,6 +168,6 @@ def _bad_item(it: Any) -> str | None:
     if not isinstance(dropped, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                 for k, v in dropped.items()):
         return "dropped"
-    if any(it.get(f) is not None and not _number(it.get(f)) for f in ("rtol", "atol")):
+    if any(it.get(f) is not None and not (_number(it.get(f)) and it[f] >= 0) for f in ("rtol", "atol")):
         return "rtol or atol"
     return None
