@@ -179,3 +179,32 @@ def link_fat(obj: Path, out: Path, symbol: str, *, entry: str, arch: str, key: s
             "-lpthread", "-lrt", f"-Wl,--version-script={vs}"], out)
     finally:
         vs.unlink(missing_ok=True)
+
+
+def launcher_fake(a: Any, syms: dict[str, Any]) -> Any:
+    """The DSL placeholder of one manifest argument as the launcher itself takes it (a
+    compact row-major tensor, a scalar of its default, None, the tvm-ffi stream, a const,
+    a struct of its fields); `syms` shares symbolic extents between tensors."""
+    import cutlass
+    import cutlass.cute as cute
+
+    from cutecc import dtypes
+    from cutecc.compiler import import_path, resolve_value
+    from cutecc.contract import ConstArg, NoneArg, ScalarArg, StreamArg, StructArg, TensorArg
+
+    if isinstance(a, TensorArg):
+        dims = tuple(d if isinstance(d, int) else syms.setdefault(d, cute.sym_int()) for d in a.shape)
+        return cute.runtime.make_fake_compact_tensor(
+            getattr(cutlass, dtypes.DTYPES[a.dtype].cutlass), dims,
+            stride_order=tuple(range(len(dims) - 1, -1, -1)), assumed_align=a.align)
+    if isinstance(a, ScalarArg):
+        return getattr(cutlass, dtypes.DTYPES[a.dtype].cutlass)(a.default or 0)
+    if isinstance(a, NoneArg):
+        return None
+    if isinstance(a, StreamArg):
+        return cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    if isinstance(a, ConstArg):
+        return resolve_value(a.value)
+    if isinstance(a, StructArg):
+        return import_path(a.type)(**{k: launcher_fake(f, syms) for k, f in a.fields})
+    return tuple(launcher_fake(i, syms) for i in a.items)

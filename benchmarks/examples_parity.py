@@ -92,32 +92,6 @@ def _spec(a: Any) -> Any:
     raise TypeError(f"no direct call form for {type(a).__name__}")
 
 
-def _fake(a: Any, syms: dict[str, Any]) -> Any:
-    import cutlass
-    import cutlass.cute as cute
-
-    from cutecc import dtypes
-    from cutecc.compiler import import_path, resolve_value
-    from cutecc.contract import ConstArg, NoneArg, ScalarArg, StreamArg, StructArg, TensorArg
-
-    if isinstance(a, TensorArg):
-        dims = tuple(d if isinstance(d, int) else syms.setdefault(d, cute.sym_int()) for d in a.shape)
-        return cute.runtime.make_fake_compact_tensor(
-            getattr(cutlass, dtypes.DTYPES[a.dtype].cutlass), dims,
-            stride_order=tuple(range(len(dims) - 1, -1, -1)), assumed_align=a.align)
-    if isinstance(a, ScalarArg):
-        return getattr(cutlass, dtypes.DTYPES[a.dtype].cutlass)(a.default or 0)
-    if isinstance(a, NoneArg):
-        return None
-    if isinstance(a, StreamArg):
-        return cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    if isinstance(a, ConstArg):
-        return resolve_value(a.value)
-    if isinstance(a, StructArg):
-        return import_path(a.type)(**{k: _fake(f, syms) for k, f in a.fields})
-    return tuple(_fake(i, syms) for i in a.items)
-
-
 def _call_spec(launcher: Any, args: tuple[Any, ...]) -> list[Any]:
     """The direct library's parameters in order: the launcher's own, less the stream and
     compile-time values; parameters the manifest leaves out keep their default (None)."""
@@ -155,7 +129,7 @@ def build(cache: Path, out_dir: Path, manifest_path: Path) -> dict[str, Any]:
         sys.path.insert(0, str(p))
     import cutlass.cute as cute
 
-    from benchmarks.common import link_fat
+    from benchmarks.common import launcher_fake, link_fat
     from cutecc.compiler import INNER_SYMBOL, resolve_entry, resolve_value
     from cutecc.cubin import cubins
 
@@ -168,8 +142,8 @@ def build(cache: Path, out_dir: Path, manifest_path: Path) -> dict[str, Any]:
             continue
         launcher = resolve_entry(kernel.entry, v.factory_args)
         syms: dict[str, Any] = {}
-        pos = [_fake(a, syms) for a in v.args if not a.param]
-        kw = {a.param: _fake(a, syms) for a in v.args if a.param}
+        pos = [launcher_fake(a, syms) for a in v.args if not a.param]
+        kw = {a.param: launcher_fake(a, syms) for a in v.args if a.param}
         kw.update({k: resolve_value(x) for k, x in v.constants})
         t0 = time.perf_counter()
         compiled = cute.compile(launcher, *pos, **kw, options="--enable-tvm-ffi")

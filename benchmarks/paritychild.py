@@ -23,35 +23,14 @@ from typing import Any
 
 from benchmarks import peers
 from benchmarks.calls import ALL, Call, chain, specs
+from benchmarks.common import launcher_fake
 from cutecc.cubin import cubins, sections
 
 
 def launcher_fakes(args: tuple[Any, ...]) -> list[Any]:
     """Placeholders in the launcher's own order (same rules as cutecc's fakes)."""
-    import cutlass
-    import cutlass.cute as cute
-
-    from cutecc import dtypes
-    from cutecc.contract import NoneArg, ScalarArg, StreamArg, TensorArg
-
     syms: dict[str, Any] = {}
-
-    def one(a: Any) -> Any:
-        if isinstance(a, TensorArg):
-            dims = tuple(d if isinstance(d, int) else syms.setdefault(d, cute.sym_int())
-                         for d in a.shape)
-            return cute.runtime.make_fake_compact_tensor(
-                getattr(cutlass, dtypes.DTYPES[a.dtype].cutlass), dims,
-                stride_order=tuple(range(len(dims) - 1, -1, -1)), assumed_align=a.align)
-        if isinstance(a, ScalarArg):
-            return getattr(cutlass, dtypes.DTYPES[a.dtype].cutlass)(a.default or 0)
-        if isinstance(a, NoneArg):
-            return None
-        if isinstance(a, StreamArg):
-            return cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-        return tuple(one(i) for i in a.items)
-
-    return [one(a) for a in args]
+    return [launcher_fake(a, syms) for a in args]
 
 
 def dsl_direct(c: Call) -> bytes:

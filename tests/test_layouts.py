@@ -8,6 +8,7 @@ so declared is transposed back. Built for sm_90a, lowered on the CPU."""
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import jax
@@ -22,46 +23,11 @@ from cutecc.errors import CuteccError
 from cutecc.key import key_inputs
 from cutecc.manifest import load_manifest
 
-# Each thread copies one 128-bit vector: along rows of a row-major (m, n) tensor, or
-# down the columns of a column-major (m, k) one. The DSL refuses both unless the
-# vectorised extent is known to be a multiple of 8 bf16 elements (finding 6).
-OPS = '''
-import cutlass
-import cutlass.cute as cute
-
-
-@cute.kernel
-def _rows(x: cute.Tensor, y: cute.Tensor, vec: cutlass.Constexpr):
-    b, _, _ = cute.arch.block_idx()
-    t, _, _ = cute.arch.thread_idx()
-    atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), x.element_type, num_bits_per_copy=128)
-    cute.copy(atom, cute.zipped_divide(x, (1, vec))[(None, (b, t))],
-              cute.zipped_divide(y, (1, vec))[(None, (b, t))])
-
-
-@cute.jit
-def copy_rows(x: cute.Tensor, y: cute.Tensor, stream):
-    vec = 128 // x.element_type.width
-    _rows(x, y, vec).launch(grid=(cute.size(x, mode=[0]), 1, 1),
-                            block=(cute.size(x, mode=[1]) // vec, 1, 1), stream=stream)
-
-
-@cute.kernel
-def _cols(x: cute.Tensor, y: cute.Tensor, vec: cutlass.Constexpr):
-    b, _, _ = cute.arch.block_idx()
-    t, _, _ = cute.arch.thread_idx()
-    atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), x.element_type, num_bits_per_copy=128)
-    cute.copy(atom, cute.zipped_divide(x, (vec, 1))[(None, (t, b))],
-              cute.zipped_divide(y, (vec, 1))[(None, (t, b))])
-
-
-@cute.jit
-def copy_cols(x: cute.Tensor, y: cute.Tensor, stream):
-    """y = x for column-major x and y: mode 0 must have stride 1."""
-    vec = 128 // x.element_type.width
-    _cols(x, y, vec).launch(grid=(cute.size(x, mode=[1]), 1, 1),
-                            block=(cute.size(x, mode=[0]) // vec, 1, 1), stream=stream)
-'''
+# The GPU suite's layout kernels (tests/gpu/layout_kernels/ops.py). copy_rows copies one
+# 128-bit vector per thread along rows of a row-major (m, n) tensor, copy_cols down the
+# columns of a column-major (m, k) one. The DSL refuses both unless the vectorised extent
+# is known to be a multiple of 8 bf16 elements (finding 6).
+OPS = Path(__file__).parent / "gpu" / "layout_kernels" / "ops.py"
 
 ROWS = '''
 [kernel.rows]
@@ -88,7 +54,7 @@ symbols = { m = { divisibility = 8 } }
 def _project(root: Path, text: str) -> Path:
     (root / "lay").mkdir(parents=True, exist_ok=True)
     (root / "lay/__init__.py").write_text("")
-    (root / "lay/ops.py").write_text(OPS)
+    shutil.copy(OPS, root / "lay/ops.py")
     (root / "kernels.toml").write_text('archs = ["sm_90a"]\n' + text)
     return root / "kernels.toml"
 

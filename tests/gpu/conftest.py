@@ -1,7 +1,11 @@
-"""GPU tests: skipped cleanly on a machine where JAX sees no CUDA GPU."""
+"""GPU tests: skipped cleanly on a machine where JAX sees no CUDA GPU; and what the GPU
+test modules share: a per-test random generator, random arrays, poisoned memory."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import pytest
 
 
@@ -21,3 +25,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> np.random.Generator:
+    """Fresh random inputs per test, reproducible from its node id."""
+    return np.random.default_rng(abs(hash(request.node.nodeid)) % (2**32))
+
+
+def poison(nbytes: int) -> None:
+    """Fill and free device memory with NaN so the allocator hands it out next."""
+    import jax.numpy as jnp
+
+    junk = jnp.full((max(nbytes // 4, 1) * 2,), jnp.nan, jnp.float32)
+    junk.block_until_ready()
+    del junk
+
+
+def rand(rng: np.random.Generator, shape: Any, dtype: str) -> Any:
+    """Standard-normal values of `shape` as a JAX array of `dtype`."""
+    import jax.numpy as jnp
+
+    return jnp.asarray(rng.standard_normal(shape, dtype=np.float32)).astype(dtype)

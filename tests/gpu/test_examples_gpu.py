@@ -22,6 +22,8 @@ import pytest
 
 import cutecc
 
+from .conftest import poison, rand
+
 pytestmark = pytest.mark.gpu
 
 # Relative to the reference's largest magnitude. bf16 has an 8-bit mantissa: one rounding
@@ -38,22 +40,6 @@ def ks():
     k = cutecc.load(pre)  # the device's own arch
     assert k.arch.startswith("sm_90"), k.arch  # FA4's Sm90 forward is built for Hopper only
     return k
-
-
-@pytest.fixture
-def rng(request: pytest.FixtureRequest) -> np.random.Generator:
-    return np.random.default_rng(abs(hash(request.node.nodeid)) % (2**32))
-
-
-def poison(nbytes: int) -> None:
-    """Fill and free device memory with NaN so the allocator hands it out next."""
-    junk = jnp.full((max(nbytes // 4, 1) * 2,), jnp.nan, jnp.float32)
-    junk.block_until_ready()
-    del junk
-
-
-def rand(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> jax.Array:
-    return jnp.asarray(rng.standard_normal(shape, dtype=np.float32)).astype(dtype)
 
 
 def close(got: jax.Array, want: jax.Array, tol: float) -> None:

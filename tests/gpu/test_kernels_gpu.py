@@ -18,6 +18,8 @@ import pytest
 
 import cutecc
 
+from .conftest import poison, rand
+
 pytestmark = pytest.mark.gpu
 
 TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
@@ -29,22 +31,6 @@ def ks(example_cache: Path):
     k = cutecc.load(example_cache)  # the device's own arch
     assert k.arch.startswith("sm_9"), k.arch
     return k
-
-
-@pytest.fixture
-def rng(request: pytest.FixtureRequest) -> np.random.Generator:
-    return np.random.default_rng(abs(hash(request.node.nodeid)) % (2**32))
-
-
-def poison(nbytes: int) -> None:
-    """Fill and free device memory with NaN so the allocator hands it out next."""
-    junk = jnp.full((max(nbytes // 4, 1) * 2,), jnp.nan, jnp.float32)
-    junk.block_until_ready()
-    del junk
-
-
-def rand(rng: np.random.Generator, shape, dtype: str) -> jax.Array:
-    return jnp.asarray(rng.standard_normal(shape, dtype=np.float32)).astype(dtype)
 
 
 def close(got: jax.Array, want: jax.Array, dtype: str) -> None:

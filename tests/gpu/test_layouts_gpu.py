@@ -41,11 +41,6 @@ def ks(tmp_path_factory: pytest.TempPathFactory):
     return cutecc.load(cache)
 
 
-@pytest.fixture
-def rng(request: pytest.FixtureRequest) -> np.random.Generator:
-    return np.random.default_rng(abs(hash(request.node.nodeid)) % (2**32))
-
-
 def bf16(rng: np.random.Generator, shape: tuple[int, ...]) -> jax.Array:
     return jnp.asarray(rng.standard_normal(shape), dtype=jnp.bfloat16)
 
