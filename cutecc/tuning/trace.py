@@ -78,24 +78,45 @@ def learn(events: Iterable[Event], order: Sequence[str], gap_ns: float,
 def chain_times(events: Iterable[Event], order: Sequence[str], own: dict[str, Counter[str]], calls: int,
                 gap_ns: float) -> tuple[list[float | None], list[str]]:
     """Per chain run (in `order`, `calls` calls each), the per-call time in nanoseconds: the
-    sum of the candidate's own kernel durations over `calls`; None where the chain's count of
-    own kernel launches is not `calls` times the count per call (a lost or extra record).
-    Runs made only of foreign work (no candidate's kernel) are skipped. Raises
-    `TraceMismatch` when the runs left do not number the chains."""
+    sum of the candidate's own kernel durations over `calls`; None where the chain's launches
+    are not `calls` times its count per call of its own kernels (a lost or extra record).
+
+    Runs made only of foreign work (no candidate's kernel) are skipped. A host stall inside
+    a chain idles the GPU too and splits the chain into consecutive runs: runs are joined
+    while the launches they hold still fit the chain's count (durations are summed, so the
+    stall itself is never timed). Raises `TraceMismatch` when the runs cannot be laid onto
+    the chains in order (a lost gap, or records lost across a chain's end)."""
     names = set().union(*own.values()) if own else set()
-    chains = [c for c in split(events, gap_ns) if any(e.name in names for e in c)]
-    if len(chains) != len(order):
-        raise TraceMismatch(f"{len(chains)} separate runs of the candidates' kernels in the trace, "
-                            f"expected {len(order)} (one per chain)")
+    runs = [c for c in split(events, gap_ns) if any(e.name in names for e in c)]
+
+    def launches(run: list[Event]) -> int:
+        return sum(e.name in names for e in run)
+
     times: list[float | None] = []
     notes = []
-    for i, (key, chain) in enumerate(zip(order, chains)):
+    at = 0
+    for i, key in enumerate(order):
+        if at >= len(runs):
+            raise TraceMismatch(f"{len(runs)} separate runs of the candidates' kernels in the trace "
+                                f"end at chain {i} of {len(order)}")
         mine = own[key]
-        got = [e for e in chain if e.name in mine]
         want = calls * sum(mine.values())
-        if len(got) != want:
+        chain, joined = list(runs[at]), 1
+        at += 1
+        while at < len(runs) and launches(chain) + launches(runs[at]) <= want and launches(chain) < want:
+            chain += runs[at]
+            joined += 1
+            at += 1
+        got = [e for e in chain if e.name in mine]
+        if len(got) != want or launches(chain) != want:
             times.append(None)
-            notes.append(f"chain {i} ({key[:12]}): {len(got)} kernel launches, expected {want}")
+            notes.append(f"chain {i} ({key[:12]}): {len(got)} kernel launches of its own "
+                         f"({launches(chain)} of any candidate's) in {joined} run(s), expected {want}")
             continue
+        if joined > 1:
+            notes.append(f"chain {i} ({key[:12]}): {joined} runs joined (the host stalled inside it)")
         times.append(sum(e.duration_ns for e in got) / calls)
+    if at != len(runs):
+        raise TraceMismatch(f"{len(runs) - at} runs of the candidates' kernels in the trace after "
+                            f"the last of {len(order)} chains")
     return times, notes

@@ -144,9 +144,11 @@ def _fa4_candidates(ks) -> list[tuple[str, object]]:  # type: ignore[no-untyped-
     from cutecc.store import Store
 
     declared = {b.key for b in ks.fa4_fwd.builds}
+    # The declared builds' arch (sm_90a), not the device's (an H100 loads as sm_90).
+    arches = {b.arch for b in ks.fa4_fwd.builds}
     out = []
     for e in Store(os.environ["CUTECC_EXAMPLES_CACHE"]).entries():
-        if e.meta["kernel"] == "fa4_fwd" and e.key not in declared and e.meta["arch"] == ks.arch:
+        if e.meta["kernel"] == "fa4_fwd" and e.key not in declared and e.meta["arch"] in arches:
             b = Build.from_meta(e.key, e.path, e.meta)
             out.append((e.meta["variant"], KernelFn("fa4_fwd", [b], arch=e.meta["arch"])))
     return sorted(out, key=lambda c: c[0])
