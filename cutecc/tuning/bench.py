@@ -227,13 +227,14 @@ def _device_times(calls: dict[str, Any], xs: list[Any], alive: list[str], rng: n
     events = _first_trace(_chains(calls, xs, alive, 1))
     try:
         own = trace.learn(events, alive, GAP_NS, names)
-        one, _ = trace.chain_times(events, alive, own, 1, GAP_NS)
+        one, _, _ = trace.chain_times(events, alive, own, 1, GAP_NS)
     except trace.TraceMismatch as err:
         raise NoDeviceClock(f"one call per candidate: {err}", lasting=False) from None
     # K from the first (the default) configuration: its chain's kernels last about TARGET_DEVICE_NS.
     k = int(min(MAX_DEVICE_K, max(1, round(TARGET_DEVICE_NS / max(one[0] or 1.0, 1.0)))))
     samples: dict[str, list[float]] = {key: [] for key in alive}
-    notes: list[str] = []
+    notes: list[str] = []  # lost samples and why
+    joined = 0  # chains split by a host stall and joined again (no sample lost)
     rounds = list(range(warmup + repeats))
     gc.disable()  # a collection inside a chain could open a gap that splits it
     try:
@@ -242,11 +243,13 @@ def _device_times(calls: dict[str, Any], xs: list[Any], alive: list[str], rng: n
             orders = [[str(x) for x in rng.permutation(alive)] for _ in group]
             order = [key for o in orders for key in o]
             try:
-                times, bad = trace.chain_times(_traced(_chains(calls, xs, order, k)), order, own, k, GAP_NS)
+                traced = _traced(_chains(calls, xs, order, k))
+                times, bad, n = trace.chain_times(traced, order, own, k, GAP_NS)
             except (trace.TraceMismatch, NoDeviceClock) as err:  # these rounds alone are lost
                 notes.append(f"rounds {group[0]}-{group[-1]} dropped: {err}")
                 continue
             notes += bad
+            joined += n
             for r, o in zip(group, orders):
                 for key in o:
                     t = times.pop(0)
@@ -258,6 +261,8 @@ def _device_times(calls: dict[str, Any], xs: list[Any], alive: list[str], rng: n
     if short:
         raise NoDeviceClock(f"too few device-clock samples for {len(short)} candidate(s): "
                             + "; ".join(notes[:3]), lasting=False)
+    if joined:
+        notes = notes[:9] + [f"{joined} chain(s) split by a host stall were joined again"]
     return k, samples, notes[:10]
 
 

@@ -34,7 +34,8 @@ class Event:
 
 
 class TraceMismatch(ValueError):
-    """The trace's chains cannot be matched to the order they ran in (a lost or extra gap)."""
+    """The trace's runs cannot be laid onto the chains in the order they ran (a lost gap,
+    runs left over or missing)."""
 
 
 def is_memory_op(name: str) -> bool:
@@ -76,16 +77,20 @@ def learn(events: Iterable[Event], order: Sequence[str], gap_ns: float,
 
 
 def chain_times(events: Iterable[Event], order: Sequence[str], own: dict[str, Counter[str]], calls: int,
-                gap_ns: float) -> tuple[list[float | None], list[str]]:
-    """Per chain run (in `order`, `calls` calls each), the per-call time in nanoseconds: the
-    sum of the candidate's own kernel durations over `calls`; None where the chain's launches
-    are not `calls` times its count per call of its own kernels (a lost or extra record).
+                gap_ns: float) -> tuple[list[float | None], list[str], int]:
+    """(per-call times in nanoseconds, notes, chains joined) for the chains run in `order`,
+    `calls` calls each. A chain's time is the sum of its candidate's own kernel durations over
+    `calls`; None (with a note) where its launches are not `calls` times its own count per
+    call (a lost or extra record).
 
-    Runs made only of foreign work (no candidate's kernel) are skipped. A host stall inside
-    a chain idles the GPU too and splits the chain into consecutive runs: runs are joined
-    while the launches they hold still fit the chain's count (durations are summed, so the
-    stall itself is never timed). Raises `TraceMismatch` when the runs cannot be laid onto
-    the chains in order (a lost gap, or records lost across a chain's end)."""
+    Runs made only of foreign work (no candidate's kernel) are skipped. A host stall inside a
+    chain idles the GPU too and splits the chain into consecutive runs: a run is joined to the
+    chain before it while it launches only that chain's own kernels and the launches still fit
+    the chain's count (durations are summed, so the stall itself is never timed). Where
+    candidates share kernel names, a chain short of a lost record could take the first part of
+    the next chain; that leaves a deficit that moves forward until some chain comes up short,
+    so every joined chain just before a void chain is voided too: a lost sample, never a wrong
+    one. Raises `TraceMismatch` when the runs cannot be laid onto the chains in order."""
     names = set().union(*own.values()) if own else set()
     runs = [c for c in split(events, gap_ns) if any(e.name in names for e in c)]
 
@@ -93,7 +98,8 @@ def chain_times(events: Iterable[Event], order: Sequence[str], own: dict[str, Co
         return sum(e.name in names for e in run)
 
     times: list[float | None] = []
-    notes = []
+    joins: list[int] = []
+    notes: list[str] = []
     at = 0
     for i, key in enumerate(order):
         if at >= len(runs):
@@ -101,22 +107,29 @@ def chain_times(events: Iterable[Event], order: Sequence[str], own: dict[str, Co
                                 f"end at chain {i} of {len(order)}")
         mine = own[key]
         want = calls * sum(mine.values())
-        chain, joined = list(runs[at]), 1
+        chain, n = list(runs[at]), launches(runs[at])
+        joined = 1
         at += 1
-        while at < len(runs) and launches(chain) + launches(runs[at]) <= want and launches(chain) < want:
+        while (at < len(runs) and n < want and n + launches(runs[at]) <= want
+               and all(e.name in mine for e in runs[at] if e.name in names)):
             chain += runs[at]
+            n += launches(runs[at])
             joined += 1
             at += 1
         got = [e for e in chain if e.name in mine]
-        if len(got) != want or launches(chain) != want:
+        joins.append(joined)
+        if len(got) != want or n != want:
             times.append(None)
             notes.append(f"chain {i} ({key[:12]}): {len(got)} kernel launches of its own "
-                         f"({launches(chain)} of any candidate's) in {joined} run(s), expected {want}")
+                         f"({n} of any candidate's) in {joined} run(s), expected {want}")
             continue
-        if joined > 1:
-            notes.append(f"chain {i} ({key[:12]}): {joined} runs joined (the host stalled inside it)")
         times.append(sum(e.duration_ns for e in got) / calls)
     if at != len(runs):
         raise TraceMismatch(f"{len(runs) - at} runs of the candidates' kernels in the trace after "
                             f"the last of {len(order)} chains")
-    return times, notes
+    for i in range(len(order) - 1, 0, -1):  # a void chain voids the joined chains before it
+        if times[i] is None and joins[i - 1] > 1 and times[i - 1] is not None:
+            times[i - 1] = None
+            notes.append(f"chain {i - 1} ({order[i - 1][:12]}): joined from {joins[i - 1]} runs just "
+                         f"before void chain {i}, so it may hold that chain's launches: voided")
+    return times, notes, sum(j > 1 for j in joins)
