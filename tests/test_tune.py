@@ -439,6 +439,11 @@ def test_a_candidate_that_fails_to_compile_is_dropped_and_reported_not_fatal(tmp
     ev = {"times": {c["key"]: [1.0, 1.0, 1.0] for c in item["candidates"]}, "dropped": {}, "k": 1}
     rec = _record(Store(cache), item, "n=1024", ev, {}, {"device": H100, "driver": "x"})
     assert "failed to compile" in rec["dropped"]["mode=3"] and rec["clock"] == "host"
+    assert "timing_notes" not in rec
+    # The child's timing notes (lost samples, joined chains) reach the record, bounded.
+    ev = {**ev, "clock": "device", "notes": ["chain 3 (abc): 5 kernel launches ..."] * 12 + ["x" * 999]}
+    rec = _record(Store(cache), item, "n=1024", ev, {}, {"device": H100, "driver": "x"})
+    assert rec["timing_notes"] == ["chain 3 (abc): 5 kernel launches ..."] * 10
 
 
 SCALAR_TOML = """

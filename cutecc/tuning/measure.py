@@ -189,6 +189,9 @@ def _record(store: Store, item: dict[str, Any], bucket: str, ev: dict[str, Any],
     dropped.update(item.get("dropped") or {})  # failed to compile: not in the plan's candidates
     return {**line.to_json(), "k": ev["k"], "driver": info["driver"], "clock": ev.get("clock", "host"),
             **({"clock_note": ev["clock_note"]} if ev.get("clock_note") else {}),
+            # Samples lost on the device clock and chains joined after host stalls, and why.
+            **({"timing_notes": [str(n)[:300] for n in ev["notes"][:10]]}
+               if isinstance(ev.get("notes"), list) and ev["notes"] else {}),
             "toolchain": f"nvidia-cutlass-dsl {tc.get('nvidia-cutlass-dsl', '?')}",
             "times_us": {variant[k]: [round(x, 3) for x in v] for k, v in sorted(times.items())},
             "default_us": round(times[base][1], 3), "winner_us": round(times[winner][1], 3),
