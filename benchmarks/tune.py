@@ -41,7 +41,9 @@ def compile_seconds(cache: Path, plan: list[dict[str, Any]]) -> dict[str, float]
 
 
 def _bucket_order(text: str) -> tuple[int, ...]:
-    return tuple(int(p.split("=")[1]) for p in text.split(","))
+    from cutecc.runtime.tuning import parse_bucket
+
+    return tuple(parse_bucket(text).values())
 
 
 def rows_of(first: list[dict[str, Any]], second: list[dict[str, Any]]) -> list[dict[str, Any]]:

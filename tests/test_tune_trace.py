@@ -278,9 +278,9 @@ def test_a_real_trace_without_a_gpu_says_so_and_leaves_nothing_behind(tmp_path: 
     no GPU plane, so the device clock is out for the process (the host clock takes over)."""
     import tempfile
 
+    bench = pytest.importorskip("cutecc.tuning.bench")  # needs jax: skipped without it
     import jax.numpy as jnp
 
-    bench = pytest.importorskip("cutecc.tuning.bench")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     ran = []
     with pytest.raises(bench.NoDeviceClock, match="no GPU plane") as e:

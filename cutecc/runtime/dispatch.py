@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -314,7 +314,7 @@ class KernelFn:
         if self.tuning is not None:  # the tuned winner of the call's bucket (a table lookup)
             build = self.tuning.pick(build, env)
         _check_placement(self.name, arrays)
-        attrs = _attrs(self.name, build.conv.scalars, scalars, tuple(self._keywords))
+        attrs = _attrs(self.name, build.conv.scalars, scalars, self._keywords)
         target = build.register(self.name)
         # The kernel sees each tensor's buffer in its declared order (`TensorArg.perm`); an
         # inout padded tensor's result is its whole buffer.
@@ -368,7 +368,7 @@ def _like(g: Any, x: Any) -> Any:
 
 
 def _attrs(kernel: str, declared: Sequence[ScalarArg], given: Mapping[str, Any],
-           keywords: Sequence[str] = ()) -> tuple:
+           keywords: Collection[str] = ()) -> tuple:
     """The runtime scalars' FFI attributes; `keywords` (the kernel's call keywords, already
     taken out of `given`) only name the other keywords a call may pass."""
     names = {s.name for s in declared}

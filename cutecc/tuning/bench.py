@@ -44,8 +44,10 @@ import numpy as np
 
 from cutecc import cubin
 from cutecc.runtime.dispatch import Build, KernelFn
+from cutecc.runtime.tuning import bucket_text
 from cutecc.store import Store
 from cutecc.tuning import trace
+from cutecc.tuning.space import benchmark_extents
 
 TARGET_SECONDS = 2e-3  # host clock: a K-call loop lasts about this long
 MAX_K = 4096
@@ -87,9 +89,8 @@ def _inputs(build: Build, extents: dict[str, int], ranges: dict[str, list[float]
 
 
 def _extents(bucket: dict[str, int], sizes: dict[str, int | str]) -> dict[str, int]:
-    """Every symbolic extent's benchmark size: the bucket's, and `sizes` (an int, or the name
-    of a bucketed extent whose size it takes)."""
-    return {**bucket, **{n: bucket[v] if isinstance(v, str) else v for n, v in sizes.items()}}
+    """Every symbolic extent's benchmark size (`space.benchmark_extents`)."""
+    return benchmark_extents(bucket, sizes.items())
 
 
 def _agree(ref: tuple[Any, ...], got: tuple[Any, ...], dtypes: list[str], rtol: float | None,
@@ -195,16 +196,17 @@ def _first_trace(work: Callable[[], None]) -> list[trace.Event]:
     or without kernels is tried again: seen on an H100, one process's first trace in some
     runs held no GPU plane while its later ones did, and taking that as "no CUPTI" timed
     the whole process on the host clock. Only TRACE_TRIES such traces in a row mean it."""
-    for attempt in range(TRACE_TRIES):
+    last = NoDeviceClock("no trace")
+    for _ in range(TRACE_TRIES):
         try:
             events = _traced(work)
-            if all(trace.is_memory_op(e.name) for e in events):
-                raise NoDeviceClock("the trace's GPU plane holds no kernel (is CUPTI installed?)")
-            return events
         except NoDeviceClock as err:
-            if attempt == TRACE_TRIES - 1:
-                raise NoDeviceClock(f"{err} ({TRACE_TRIES} traces in a row)", err.lasting) from None
-    raise AssertionError("unreachable")
+            last = err
+            continue
+        if not all(trace.is_memory_op(e.name) for e in events):
+            return events
+        last = NoDeviceClock("the trace's GPU plane holds no kernel (is CUPTI installed?)")
+    raise NoDeviceClock(f"{last} ({TRACE_TRIES} traces in a row)", last.lasting)
 
 
 def _kernel_names(b: Build) -> frozenset[str]:
@@ -250,9 +252,10 @@ def _device_times(calls: dict[str, Any], xs: list[Any], alive: list[str], rng: n
                 continue
             notes += bad
             joined += n
+            each = iter(times)
             for r, o in zip(group, orders):
                 for key in o:
-                    t = times.pop(0)
+                    t = next(each)
                     if r >= warmup and t is not None:
                         samples[key].append(t * 1e-9)
     finally:
@@ -319,7 +322,7 @@ def main() -> None:
     rng = np.random.default_rng(seed)
     clock_off: str | None = None  # why the device clock is out for this process's buckets
     for bucket in job["buckets"]:
-        text = ",".join(f"{n}={bucket[n]}" for n in extent_names)
+        text = bucket_text({n: bucket[n] for n in extent_names})
         extents = _extents(bucket, sizes)
         xs = _inputs(default, extents, ranges, seed + zlib.crc32(text.encode()))
         results = [(tuple(d if isinstance(d, int) else extents[d] for d in t.extents), t.dtype)

@@ -18,7 +18,7 @@ from typing import Any
 
 from cutecc.entry import acted_on
 from cutecc.errors import CuteccError
-from cutecc.runtime.tuning import Tuned
+from cutecc.runtime.tuning import Tuned, bucket_text
 from cutecc.store import Store
 
 MAX_RESTARTS = 32
@@ -109,15 +109,15 @@ def measure(root: Path, items: list[dict[str, Any]], *, buckets: tuple[str, ...]
     env = {**os.environ, "CUTECC_SYNC_CHECK": "0",
            "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]}
     for item in items:
-        names = [b["extent"] for b in item["buckets"]]
-        points = _points(item)
+        points = _points(item)  # each in the extents' order, as bucket_text names it
         if buckets:
-            points = [p for p in points if ",".join(f"{n}={p[n]}" for n in names) in buckets]
+            points = [p for p in points if bucket_text(p) in buckets]
         excluded: dict[str, str] = {}
         results: dict[str, dict[str, Any]] = {}
         skipped: dict[str, str] = {}  # buckets whose timing killed the child: not tried again
         for _ in range(MAX_RESTARTS):
-            todo = [p for p in points if ",".join(f"{n}={p[n]}" for n in names) not in {**results, **skipped}]
+            done = results.keys() | skipped.keys()
+            todo = [p for p in points if bucket_text(p) not in done]
             if not todo or item["base"] in excluded:
                 break
             job = {"cache": str(root), "item": item, "buckets": todo, "exclude": sorted(excluded),

@@ -24,7 +24,7 @@ import itertools
 import keyword
 import operator
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,7 +173,7 @@ def check(fail: Fail, kp: str, spec: TuneSpec, env: dict[str, _Value], conv: Cal
             raise fail(f"{kp}.inputs.{k}", f"is not an input (inputs: {', '.join(sorted(names))})")
     padded = [t for t in conv.inputs if t.padded]
     for point in spec.bucket_points() if padded else ():
-        ext = {**point, **{k: point[v] if isinstance(v, str) else v for k, v in spec.sizes}}
+        ext = benchmark_extents(point, spec.sizes)
         for t in padded:
             for i in t.padded:
                 d, b = (x if isinstance(x, int) else ext.get(x) for x in (t.shape[i], t.buffer[i]))  # type: ignore[index]
@@ -340,3 +340,9 @@ def iter_points(spec: TuneSpec, env: dict[str, _Value]) -> Iterator[tuple[tuple[
     for p in spec.points(env):
         if p != spec.default:
             yield p
+
+
+def benchmark_extents(point: Mapping[str, int], sizes: Iterable[tuple[str, int | str]]) -> dict[str, int]:
+    """Every symbolic extent's benchmark size at a bucket point: the point's, and `sizes`
+    (an int, or the name of a bucketed extent whose size it takes)."""
+    return {**point, **{n: point[v] if isinstance(v, str) else v for n, v in sizes}}

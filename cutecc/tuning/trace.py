@@ -110,10 +110,12 @@ def chain_times(events: Iterable[Event], order: Sequence[str], own: dict[str, Co
         chain, n = list(runs[at]), launches(runs[at])
         joined = 1
         at += 1
-        while (at < len(runs) and n < want and n + launches(runs[at]) <= want
-               and all(e.name in mine for e in runs[at] if e.name in names)):
+        while at < len(runs) and n < want:
+            more = launches(runs[at])
+            if n + more > want or not all(e.name in mine for e in runs[at] if e.name in names):
+                break
             chain += runs[at]
-            n += launches(runs[at])
+            n += more
             joined += 1
             at += 1
         got = [e for e in chain if e.name in mine]
