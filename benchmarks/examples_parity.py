@@ -46,6 +46,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cutecc.tuning.trace import Event, is_memory_op, split
+
 SYMBOL = "direct"
 ROUNDS = 15
 PROFILED = 5  # rounds per side in the device-clock trace
@@ -252,7 +254,6 @@ def _chain(kern: Any, kw: dict[str, Any], n: int, args: tuple[Any, ...]) -> Any:
     return outs
 
 
-Event = tuple[str, int, int]  # a GPU kernel: name, start ns, duration ns
 GAP_NS = 2_000_000  # runs in a trace are kept this far apart (a sleep after each)
 
 
@@ -277,21 +278,9 @@ def _trace(runs: list[Any], cuda: _Cuda) -> list[Event]:
         if not files:
             raise RuntimeError("the profiler wrote no trace")
         data = jax.profiler.ProfileData.from_file(files[0])
-        return [(e.name, int(e.start_ns), int(e.duration_ns))
+        return [Event(e.name, float(e.start_ns), float(e.duration_ns))
                 for plane in data.planes if plane.name.startswith("/device:GPU")
                 for line in plane.lines for e in line.events]
-
-
-def _runs(events: list[Event]) -> list[list[Event]]:
-    """`events` split where the device idled GAP_NS or more: one list per run."""
-    runs: list[list[Event]] = []
-    end = 0
-    for e in sorted(events, key=lambda e: e[1]):
-        if not runs or e[1] - end >= GAP_NS:
-            runs.append([])
-        runs[-1].append(e)
-        end = max(end, e[1] + e[2])
-    return runs
 
 
 def _kernel_time(direct: Any, chain: Any, n: int, cuda: _Cuda) -> dict[str, float]:
@@ -303,19 +292,19 @@ def _kernel_time(direct: Any, chain: Any, n: int, cuda: _Cuda) -> dict[str, floa
         for _ in range(n):
             direct()
 
-    names = {e[0] for e in _trace([d_run], cuda) if not e[0].startswith(("Memset", "Memcpy"))}
+    names = {e.name for e in _trace([d_run], cuda) if not is_memory_op(e.name)}
     order = [("direct", "cutecc")[(r + r // 2) % 2] for r in range(2 * PROFILED)]  # d c c d d c ...
-    runs = _runs(_trace([d_run if side == "direct" else chain for side in order], cuda))
+    runs = split(_trace([d_run if side == "direct" else chain for side in order], cuda), GAP_NS)
     if not names or len(runs) != len(order):
         raise RuntimeError(f"the trace has {len(runs)} runs, not {len(order)} (kernels {sorted(names)})")
     got: dict[str, dict[str, list[float]]] = {
         side: {"kernel": [], "other": [], "span": [], "count": []} for side in ("direct", "cutecc")}
     for side, evs in zip(order, runs):
-        ours = [e for e in evs if e[0] in names]
+        ours = [e for e in evs if e.name in names]
         g = got[side]
-        g["kernel"].append(sum(e[2] for e in ours) / n / 1e3)
-        g["other"].append(sum(e[2] for e in evs if e[0] not in names) / n / 1e3)
-        g["span"].append((max(e[1] + e[2] for e in evs) - evs[0][1]) / n / 1e3)
+        g["kernel"].append(sum(e.duration_ns for e in ours) / n / 1e3)
+        g["other"].append(sum(e.duration_ns for e in evs if e.name not in names) / n / 1e3)
+        g["span"].append((max(e.end_ns for e in evs) - evs[0].start_ns) / n / 1e3)
         g["count"].append(len(ours) / n)
     counts = {c for side in got.values() for c in side["count"]}
     if len(counts) != 1:
