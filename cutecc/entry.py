@@ -37,25 +37,47 @@ KEY_RE = re.compile(r"[0-9a-f]{64}")
 KERNEL_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")  # a manifest's kernel names
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 MAX_META_BYTES = 1 << 20  # a meta.json is a few KB; anything larger is not ours
+# A recorded file (a kernel or runtime library) is KBs to a few MB; a record of more is not
+# ours, and nothing reads, allocates or hashes past it.
+MAX_LIBRARY_BYTES = 256 << 20
 MAX_JSON_DEPTH = 48  # meta.json and kernels.lock nest about 12 deep (tuples of tensors)
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-_JSON_NESTING = re.compile(rb"[\[\]{}]")
 # The fields the runtime acts on that must equal their copies in the key inputs.
 _KEYED_FIELDS = ("kernel", "args", "arch", "entry", "toolchain")
 
 
 def parse_json(data: bytes, max_bytes: int = MAX_META_BYTES, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """`json.loads` of a file cutecc did not necessarily write: bounded in size and in
-    nesting (checked before parsing, so no input can exhaust the stack), else ValueError."""
+    """`json.loads` of a file cutecc did not necessarily write, else ValueError.
+
+    Bounded in size (checked first), in time (the standard library's scanner does not
+    backtrack: its cost is linear in the bytes, and a nesting deeper than the
+    interpreter's recursion limit stops it with RecursionError, never a crash) and in
+    nesting (`max_depth`, checked on the parsed value without recursion).
+    """
     if len(data) > max_bytes:
         raise ValueError(f"{len(data)} bytes, over the {max_bytes}-byte limit")
-    depth = deepest = 0
-    for m in _JSON_NESTING.finditer(_JSON_STRING.sub(b"", data)):
-        depth += 1 if m.group() in b"[{" else -1
-        deepest = max(deepest, depth)
-    if deepest > max_depth:
-        raise ValueError(f"nested {deepest} deep, over the limit of {max_depth}")
-    return json.loads(data)
+    try:
+        doc = json.loads(data)
+    except RecursionError:
+        raise ValueError(f"nested deeper than the limit of {max_depth}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 text: {e.reason} at byte {e.start}") from None
+    depth = _depth_over(doc, max_depth)
+    if depth:
+        raise ValueError(f"nested {depth} deep or more, over the limit of {max_depth}")
+    return doc
+
+
+def _depth_over(doc: Any, max_depth: int) -> int:
+    """The first nesting depth past `max_depth` found in `doc` (0 when none): a walk with
+    an explicit stack, stopping at the first container too deep."""
+    stack = [(doc, 1)] if isinstance(doc, (list, dict)) else []
+    while stack:
+        node, depth = stack.pop()
+        if depth > max_depth:
+            return depth
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (list, dict)))
+    return 0
 
 
 def is_key(text: object) -> bool:
@@ -134,7 +156,8 @@ def runtime_record(meta: dict[str, Any]) -> dict[str, Any] | None:
     rec = meta.get("runtime")
     if not (isinstance(rec, dict) and set(rec) == {"key", "library", "sha256", "size"}
             and is_key(rec["key"]) and rec["library"] == runtime_soname(rec["key"])
-            and isinstance(rec["sha256"], str) and type(rec["size"]) is int and rec["size"] >= 0):
+            and isinstance(rec["sha256"], str) and type(rec["size"]) is int
+            and 0 <= rec["size"] <= MAX_LIBRARY_BYTES):
         return None
     return rec
 
@@ -213,9 +236,9 @@ def _records_problem(meta: dict[str, Any]) -> str | None:
     for name, rec in files.items():
         if not is_file_name(name):
             return f"bad file name {name!r}"
-        if not (isinstance(rec, dict) and type(rec.get("size")) is int and rec["size"] >= 0
-                and isinstance(rec.get("sha256"), str)):
-            return f"bad record for {name!r}"
+        if not (isinstance(rec, dict) and type(rec.get("size")) is int
+                and 0 <= rec["size"] <= MAX_LIBRARY_BYTES and isinstance(rec.get("sha256"), str)):
+            return f"bad record for {name!r} (a size over {MAX_LIBRARY_BYTES} bytes is not a library's)"
     if library_record(meta) is None:
         return f"library {meta.get('library')!r} is not among the recorded files"
     return None
@@ -299,11 +322,11 @@ def runtime_meta_problem(meta: Any, key: str) -> str | None:
 
 def bad_pin_field(d: dict[str, Any], names: list[str]) -> str | None:
     """The first of `names` whose value in `d` is not what a pinned line (a lock line, a
-    tuning line) may hold: `size` an int in [0, 2^40), `backward` None or a string, every
+    tuning line) may hold: `size` an int in [0, MAX_LIBRARY_BYTES], `backward` None or a string, every
     other field a non-empty string of at most 4096 characters. None when all are fine."""
     for name in names:
         v = d[name]
-        ok = (type(v) is int and 0 <= v < 1 << 40 if name == "size"
+        ok = (type(v) is int and 0 <= v <= MAX_LIBRARY_BYTES if name == "size"
               else v is None or isinstance(v, str) if name == "backward"
               else isinstance(v, str) and 0 < len(v) <= 4096)
         if not ok:

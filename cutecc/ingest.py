@@ -1,11 +1,21 @@
-"""Entries that arrive from another machine (a remote cache, a Ray worker on another
-node): every check is made before anything lands, then they are published like a build.
+"""The one verifier: every entry or runtime library that arrives or is vouched for is
+checked here before it is published, recorded, signed or served.
 
-Until checked, the bytes are hostile: meta.json is bounded in size and nesting and must
-describe the key it was asked for (`entry.meta_problem`: its key inputs hash to that
-key), it lists at most `MAX_FILES` files, none over the size cap, and every file's bytes
-must hash to its record. Only then does `Store.publish` write them, atomically, under the
-key's lock, exactly as a local build would have.
+Arrivals are a remote cache's objects, a pack's members (wheel or tarball), a Ray task's
+result (from any node, the driver's included) and, before a build signs a lock, the
+cache's own entries. Until checked, their bytes are hostile. One rule for all of them:
+
+- meta.json is bounded in size, nesting and parse time (`entry.parse_json`) and must
+  describe the key it was asked for (`entry.meta_problem`, `entry.runtime_meta_problem`:
+  its key inputs hash to that key, the fields the runtime acts on equal their keyed
+  copies, a runtime library carries its key's soname);
+- it records exactly one file, its library, within the size cap, and the files given are
+  exactly that one: no more, no fewer;
+- the library's bytes hash to its record.
+
+Only then does `Store.publish` write them, atomically, under the key's lock, exactly as a
+local build would have (`receive`), or does a caller take the metadata as true
+(`check_stored`, `check_whole`).
 """
 
 from __future__ import annotations
@@ -17,10 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cutecc.entry import MAX_META_BYTES, meta_problem, parse_json
+from cutecc import trust
+from cutecc.entry import MAX_META_BYTES, META, meta_problem, parse_json, runtime_meta_problem
 from cutecc.store import Entry, Store
 
-MAX_FILES = 16  # an entry holds one library today
+DEFAULT_MAX_FILE_BYTES = 2 << 30  # a kernel library is KBs to a few MB; a runtime ~2 MB
 
 
 class Refused(Exception):
@@ -40,43 +51,60 @@ class Blob:
     size: int
 
 
-def check_meta(key: str, data: bytes, max_file_bytes: int) -> tuple[dict[str, Any], tuple[Blob, ...]]:
-    """Parse and check an entry's meta.json bytes for `key`; its file records, each within
+def check_meta(key: str, data: bytes, max_file_bytes: int, *,
+               runtime: bool = False) -> tuple[dict[str, Any], tuple[Blob, ...]]:
+    """Parse and check the meta.json bytes of entry `key` (of runtime library `key` when
+    `runtime`): (meta, its file records). It must record its library alone, within
     `max_file_bytes`. Raises Refused."""
     try:
         meta = parse_json(data, MAX_META_BYTES)
     except ValueError as e:
-        raise Refused(f"meta.json: {e}") from None
-    why = meta_problem(meta, key)
+        raise Refused(f"{META}: {e}") from None
+    why = runtime_meta_problem(meta, key) if runtime else meta_problem(meta, key)
     if why:
-        raise Refused(f"meta.json: {why}")
+        raise Refused(f"{META}: {why}")
     files = meta["files"]
-    if len(files) > MAX_FILES:
-        raise Refused(f"meta.json lists {len(files)} files, more than {MAX_FILES}")
+    if set(files) != {meta["library"]}:
+        extra = sorted(set(files) - {meta["library"]})
+        raise Refused(f"{META} lists files other than its library: {extra[:4]}")
     blobs = tuple(Blob(n, r["sha256"], r["size"]) for n, r in sorted(files.items()))
     for b in blobs:
         if len(b.sha256) != 64 or any(c not in "0123456789abcdef" for c in b.sha256):
             raise Refused(f"{b.name}: {b.sha256[:70]!r} is not a SHA-256")
         if b.size > max_file_bytes:
-            raise Refused(f"{b.name}: {b.size} bytes, over the {max_file_bytes}-byte limit "
-                          "(CUTECC_REMOTE_MAX_BLOB)")
+            raise Refused(f"{b.name}: {b.size} bytes, over the {max_file_bytes}-byte limit")
     return meta, blobs
 
 
 def check_file(blob: Blob, data: bytes) -> None:
     """Raise Refused unless `data` is exactly the recorded file."""
     if len(data) != blob.size:
-        raise Refused(f"{blob.name}: {len(data)} bytes, meta.json records {blob.size} (truncated?)")
+        raise Refused(f"{blob.name}: {len(data)} bytes, {META} records {blob.size} (truncated?)")
     got = hashlib.sha256(data).hexdigest()
     if got != blob.sha256:
-        raise Refused(f"{blob.name}: SHA-256 {got[:16]}... differs from meta.json's "
+        raise Refused(f"{blob.name}: SHA-256 {got[:16]}... differs from {META}'s "
                       f"{blob.sha256[:16]}... (altered)")
 
 
-def publish(store: Store, key: str, meta: dict[str, Any], files: Mapping[str, bytes]) -> tuple[Entry, bool]:
+def check_whole(key: str, meta_bytes: bytes, files: Mapping[str, bytes], max_file_bytes: int, *,
+                runtime: bool = False) -> dict[str, Any]:
+    """The metadata of an entry given whole (meta.json's bytes and its files), once
+    `check_meta` passes, the files are exactly those it records and each matches its
+    record. Raises Refused."""
+    meta, blobs = check_meta(key, meta_bytes, max_file_bytes, runtime=runtime)
+    if set(files) != {b.name for b in blobs}:
+        raise Refused(f"files {sorted(files)[:4]} differ from those {META} lists "
+                      f"{sorted(b.name for b in blobs)}")
+    for b in blobs:
+        check_file(b, files[b.name])
+    return meta
+
+
+def publish(store: Store, key: str, meta: dict[str, Any], files: Mapping[str, bytes], *,
+            runtime: bool = False) -> tuple[Entry, bool]:
     """Publish a checked entry into `store` (atomic, under the key's lock); (entry, written):
     written is False when the store already had the key. The caller checked everything
-    with `check_meta` and `check_file`."""
+    with `check_whole`."""
     rest = {k: v for k, v in meta.items() if k not in ("files", "format", "key")}
 
     def stage(staging: Path) -> dict[str, Any]:
@@ -87,20 +115,41 @@ def publish(store: Store, key: str, meta: dict[str, Any], files: Mapping[str, by
                 os.fsync(f.fileno())
         return dict(rest)
 
-    entry, written = store.publish(key, stage)
+    entry, written = store.publish(key, stage, runtime=runtime)
     if written and entry.meta.get("files") != meta["files"]:  # the disk changed the bytes
-        store.remove(key, timeout=10)
+        store.remove(key, timeout=10, runtime=runtime)
         raise Refused("the files written differ from their records (a failing disk?)")
     return entry, written
 
 
 def receive(store: Store, key: str, meta_bytes: bytes, files: Mapping[str, bytes],
-            max_file_bytes: int) -> tuple[Entry, bool]:
-    """Check an entry given whole (meta.json's bytes and its files) and publish it."""
-    meta, blobs = check_meta(key, meta_bytes, max_file_bytes)
-    if set(files) != {b.name for b in blobs}:
-        raise Refused(f"files {sorted(files)} differ from those meta.json lists "
-                      f"{sorted(b.name for b in blobs)}")
+            max_file_bytes: int, *, runtime: bool = False) -> tuple[Entry, bool]:
+    """Check an entry given whole and publish it (see `check_whole`, `publish`)."""
+    meta = check_whole(key, meta_bytes, files, max_file_bytes, runtime=runtime)
+    return publish(store, key, meta, files, runtime=runtime)
+
+
+def check_stored(store: Store, key: str, *, runtime: bool = False,
+                 max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> dict[str, Any]:
+    """The metadata of the store's entry `key`, once it passes the same checks as an
+    arrival: read through directories only this user or root could have written,
+    following no link (`cutecc.trust`), its library hashed against its record. For what
+    this process is about to vouch for (a lock it signs, a Ray task's result) rather
+    than what an earlier check already recorded. Raises Refused (absent, damaged, or
+    someone else's)."""
+    d = store.runtime_dir(key) if runtime else store.entry_dir(key)
+    parts = d.relative_to(store.root).parts
+    what = "runtime library" if runtime else "entry"
+    try:
+        meta_bytes = trust.read_file(store.root, (*parts, META), MAX_META_BYTES)
+        meta, blobs = check_meta(key, meta_bytes, max_file_bytes, runtime=runtime)
+        files = {b.name: trust.read_file(store.root, (*parts, b.name), b.size) for b in blobs}
+    except FileNotFoundError:
+        raise Refused(f"{what} {key[:12]} is not in the cache") from None
+    except trust.Untrusted as e:
+        raise Refused(e.message) from None
+    except OSError as e:
+        raise Refused(f"{what} {key[:12]}: {e.strerror or e}") from None
     for b in blobs:
         check_file(b, files[b.name])
-    return publish(store, key, meta, files)
+    return meta

@@ -273,42 +273,64 @@ def lock_for(items: Iterable[tuple[str, str, str, str]], store: Store) -> Lock:
     return Lock(tuple(out))
 
 
-def record_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
-                 covered: set[tuple[str, str]], defined: set[str]) -> bool:
-    """Write the lock of a successful build; True when its content changed.
+@dataclass(frozen=True)
+class Merged:
+    """The lock a successful build would write: `lock`, and which of its lines this build
+    did not see itself (`kept` entry lines of a partial build, and every tuning line), for
+    the build to check against its cache (`cutecc.vouch`) before it writes or signs."""
+
+    lock: Lock
+    kept: tuple[LockEntry, ...] = ()
+    unchanged: bool = False  # the file already says exactly this
+
+
+def merge_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
+                covered: set[tuple[str, str]], defined: set[str]) -> Merged:
+    """The lock of a successful build, not written yet.
 
     A full build locks exactly its `lines`. A `partial` one (restricted by --kernel or
     --arch) replaces only the (kernel, arch) pairs it `covered`, keeping the old file's
-    other entries of kernels the manifest still `defined`. Never does it vouch for other
-    bytes under a key the old lock already names: an entry whose key is unchanged but whose
-    library (or anything else the runtime acts on) differs is an error (exit 1).
+    other entries of kernels the manifest still `defined`. Tuning lines stay while their
+    defaults do. Never does it vouch for other bytes under a key the old lock already
+    names: an entry whose key is unchanged but whose library (or anything else the runtime
+    acts on) differs is an error (exit 1).
     """
     new = Lock(tuple(lines))
     if not partial:  # the usual no-op build: the file says exactly this already
         try:
             if path.read_bytes() == new.dumps():
-                return False
+                return Merged(new, unchanged=True)
         except OSError:
             pass
     old = _previous(path)
-    if old is not None:
-        before = old.by_key()
-        for le in new.entries:
-            was = before.get(le.key)
-            if was is not None and (was.sha256, was.size, was.symbol, was.backward, was.contract,
-                                    was.runtime) != (le.sha256, le.size, le.symbol, le.backward,
-                                                     le.contract, le.runtime):
-                raise CuteccError(
-                    f"{le.label} {le.key[:12]}: the cache holds other bytes under a key the lock "
-                    f"already names (library SHA-256 {le.sha256[:16]}..., locked "
-                    f"{was.sha256[:16]}...); the lock is not rewritten. Run `cutecc verify --fix` "
-                    f"or `cutecc rm {le.key[:12]}`, then build again", where=str(path), exit_code=1)
-        if partial:
-            kept = tuple(e for e in old.entries
-                         if (e.kernel, e.arch) not in covered and e.kernel in defined)
-            new = Lock(new.entries + kept)
-        new = new.with_tuning(old.tuning)  # `cutecc tune`'s results stay while their defaults do
-    return write_lock(path, new)
+    if old is None:
+        return Merged(new)
+    before = old.by_key()
+    for le in new.entries:
+        was = before.get(le.key)
+        if was is not None and (was.sha256, was.size, was.symbol, was.backward, was.contract,
+                                was.runtime) != (le.sha256, le.size, le.symbol, le.backward,
+                                                 le.contract, le.runtime):
+            raise CuteccError(
+                f"{le.label} {le.key[:12]}: the cache holds other bytes under a key the lock "
+                f"already names (library SHA-256 {le.sha256[:16]}..., locked "
+                f"{was.sha256[:16]}...); the lock is not rewritten. Run `cutecc verify --fix` "
+                f"or `cutecc rm {le.key[:12]}`, then build again", where=str(path), exit_code=1)
+    kept: tuple[LockEntry, ...] = ()
+    if partial:
+        ours = {le.key for le in new.entries}
+        kept = tuple(e for e in old.entries if (e.kernel, e.arch) not in covered
+                     and e.kernel in defined and e.key not in ours)
+        new = Lock(new.entries + kept)
+    return Merged(new.with_tuning(old.tuning), kept)
+
+
+def record_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
+                 covered: set[tuple[str, str]], defined: set[str]) -> bool:
+    """`merge_build`, written as it is (nothing checked against a cache); True when the
+    file changed."""
+    merged = merge_build(path, lines, partial=partial, covered=covered, defined=defined)
+    return False if merged.unchanged else write_lock(path, merged.lock)
 
 
 def _previous(path: Path) -> Lock | None:

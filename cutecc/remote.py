@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cutecc import environ
-from cutecc.entry import MAX_META_BYTES, META, is_key, parse_json, runtime_meta_problem, runtime_record
+from cutecc.entry import MAX_META_BYTES, META, is_key, runtime_record
 from cutecc.errors import CuteccError
 from cutecc.ingest import Blob, Refused, check_file, check_meta, publish
 from cutecc.remote_url import parse_url
@@ -290,47 +290,32 @@ class Remote:
             raise Refused(f"its runtime library {rec['library']} is neither on the remote nor in "
                           "the cache")
         try:
-            rmeta = parse_json(data, MAX_META_BYTES)
-        except ValueError as e:
-            raise Refused(f"runtime {rec['key'][:12]}: meta.json: {e}") from None
-        why = runtime_meta_problem(rmeta, rec["key"])
-        if not why and rmeta["files"].get(rec["library"]) != {"sha256": rec["sha256"], "size": rec["size"]}:
-            why = "its library differs from what the entry records"
-        if why or len(rmeta["files"]) != 1:
-            raise Refused(f"runtime {rec['key'][:12]}: {why or 'meta.json lists more than its library'}")
-        blob = Blob(rec["library"], rec["sha256"], rec["size"])
-        lib = self._blob(blob)
-        rest = {k: v for k, v in rmeta.items() if k not in ("files", "format", "key")}
+            rmeta, blobs = check_meta(rec["key"], data, self.cfg.max_blob, runtime=True)
+        except Refused as e:
+            raise Refused(f"runtime {rec['key'][:12]}: {e.why}") from None
+        if blobs != (Blob(rec["library"], rec["sha256"], rec["size"]),):
+            raise Refused(f"runtime {rec['key'][:12]}: its library differs from what the entry records")
+        try:
+            publish(store, rec["key"], rmeta, {b.name: self._blob(b) for b in blobs}, runtime=True)
+        except Refused as e:
+            raise Refused(f"runtime {rec['key'][:12]}: {e.why}") from None
 
-        def stage(staging: Any) -> dict[str, Any]:
-            with open(staging / blob.name, "wb") as f:
-                f.write(lib)
-                f.flush()
-                os.fsync(f.fileno())
-            return dict(rest)
-
-        got, _ = store.publish(rec["key"], stage, runtime=True)
-        if got.meta.get("files") != rmeta["files"]:
-            raise Refused(f"runtime {rec['key'][:12]}: the file written differs from its record")
-
-    def _push_runtime(self, entry: Entry) -> None:
+    def _push_runtime(self, entry: Entry, store: Store) -> None:
         """Upload the runtime library `entry` links against (blob, then meta.json), once per
         connection. Raises Refused (not in the local store, or damaged) or Unavailable."""
         rec = runtime_record(entry.meta)
         if rec is None or rec["key"] in self._runtimes_pushed:
             return
-        rdir = entry.path.parents[2] / "runtimes" / rec["key"][:2] / rec["key"]
+        rdir = store.runtime_dir(rec["key"])
         raw = _read(rdir / META, MAX_META_BYTES)
         try:
-            rmeta = parse_json(raw, MAX_META_BYTES)
-        except ValueError as e:
-            raise Refused(f"runtime {rec['key'][:12]}: meta.json: {e}") from None
-        if runtime_meta_problem(rmeta, rec["key"]):
-            raise Refused(f"runtime {rec['key'][:12]}: damaged meta.json")
-        blob = Blob(rec["library"], rec["sha256"], rec["size"])
-        data = _read(rdir / blob.name, blob.size)
-        check_file(blob, data)
-        self._put(self.cfg.path("blobs", blob.sha256), data)
+            _, blobs = check_meta(rec["key"], raw, self.cfg.max_blob, runtime=True)
+        except Refused as e:
+            raise Refused(f"runtime {rec['key'][:12]}: {e.why}") from None
+        for b in blobs:
+            data = _read(rdir / b.name, b.size)
+            check_file(b, data)
+            self._put(self.cfg.path("blobs", b.sha256), data)
         self._put(self.cfg.path("runtimes", f"{rec['key']}.json"), raw)
         with self._lock:
             self._runtimes_pushed.add(rec["key"])
@@ -342,13 +327,13 @@ class Remote:
         check_file(b, data)
         return data
 
-    def push(self, entry: Entry) -> bool:
+    def push(self, entry: Entry, store: Store) -> bool:
         """Upload an entry of the local store (its files checked against meta.json first):
         blobs, then meta.json. True when this call created the entry on the remote.
         Raises Refused (a damaged local entry) or Unavailable."""
         raw = _read(entry.path / META, MAX_META_BYTES)
         _, blobs = check_meta(entry.key, raw, self.cfg.max_blob)
-        self._push_runtime(entry)
+        self._push_runtime(entry, store)
         for b in blobs:
             data = _read(entry.path / b.name, b.size)
             check_file(b, data)
@@ -420,12 +405,12 @@ class Pushed:
     error: str | None = None  # why the upload did not happen (the build still succeeded)
 
 
-def push_entry(cfg: RemoteConfig, entry: Entry) -> Pushed:
+def push_entry(cfg: RemoteConfig, entry: Entry, store: Store) -> Pushed:
     """Upload one freshly built entry from a worker; never raises."""
     remote = connect(cfg)
     before = remote.traffic
     try:
-        created = remote.push(entry)
+        created = remote.push(entry, store)
         error = None
     except Unavailable as e:
         created, error = False, f"remote unavailable: {e.why}"

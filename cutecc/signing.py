@@ -25,12 +25,12 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cutecc import environ
+from cutecc import environ, trust
 from cutecc.atomic import atomic_write
 from cutecc.entry import parse_json
 from cutecc.errors import CuteccError
@@ -169,19 +169,33 @@ def keygen(prefix: str | os.PathLike[str], comment: str = "") -> tuple[Path, Pat
 
 
 def read_private_key(path: str | os.PathLike[str]) -> PrivateKey:
-    """A private key file; refused when a symlink, or readable by group or others."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:
-            raise SignatureError(f"{path}: a private key must be a file only its owner can read "
-                                 f"(mode {stat.S_IMODE(st.st_mode):o}); chmod 600 it")
-        return PrivateKey.loads(f.read(MAX_KEY_BYTES + 1), str(path))
+    """A private key file, read under the cache's ownership policy (`cutecc.trust`: it and
+    every directory above it this user's or root's, not writable by others, no link
+    followed) and refused when group or others can read it."""
+    def owner_only(st: os.stat_result) -> str | None:
+        return (f"a private key must be readable by its owner alone (mode {stat.S_IMODE(st.st_mode):o}); "
+                "chmod 600 it") if st.st_mode & 0o077 else None
+
+    return PrivateKey.loads(_read_key(path, owner_only), str(path))
 
 
 def read_public_key(path: str | os.PathLike[str]) -> PublicKey:
-    with open(path, "rb") as f:
-        return PublicKey.loads(f.read(MAX_KEY_BYTES + 1), str(path))
+    """A trusted public key file, under the same ownership policy as the cache: a key that
+    someone else could have replaced vouches for nothing."""
+    return PublicKey.loads(_read_key(path), str(path))
+
+
+def _read_key(path: str | os.PathLike[str],
+              check: Callable[[os.stat_result], str | None] | None = None) -> bytes:
+    try:
+        return trust.read_path(path, MAX_KEY_BYTES, check)
+    except trust.Untrusted as e:
+        raise SignatureError(f"refusing the key file: {e.why}", where=str(path)) from None
+    except OSError as e:
+        if e.errno == 27:
+            raise SignatureError(f"over the {MAX_KEY_BYTES}-byte limit of a key file",
+                                 where=str(path)) from None
+        raise
 
 
 def read_trusted_keys(paths: Iterable[str | os.PathLike[str]]) -> list[PublicKey]:

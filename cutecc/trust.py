@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from cutecc import environ
@@ -104,10 +104,12 @@ def open_dir(path: str | Path) -> Iterator[int]:
         os.close(fd)
 
 
-def read_file(root: str | Path, parts: Sequence[str], max_bytes: int) -> bytes:
+def read_file(root: str | Path, parts: Sequence[str], max_bytes: int,
+              file_check: Callable[[os.stat_result], str | None] | None = None) -> bytes:
     """The bytes of `root/parts...`, opened through checked directories without following
-    links; refused (Untrusted) when anything on the way could be someone else's, and
-    (OSError EFBIG) when it holds more than `max_bytes`."""
+    links; refused (Untrusted) when anything on the way could be someone else's, or when
+    `file_check(stat of the opened file)` names a problem, and (OSError EFBIG) when it
+    holds more than `max_bytes`. Reads only what is there, never a recorded size."""
     with open_dir(root) as fd:
         at = Path(root)
         dfd = fd
@@ -125,6 +127,9 @@ def read_file(root: str | Path, parts: Sequence[str], max_bytes: int) -> bytes:
             if not stat.S_ISREG(st.st_mode):
                 raise Untrusted(f"{at} is not a regular file", str(at))
             _check(ffd, str(at))
+            why = file_check(st) if file_check is not None else None
+            if why:
+                raise Untrusted(f"{at}: {why}", str(at))
             if st.st_size > max_bytes:
                 raise OSError(27, f"{st.st_size} bytes, over the {max_bytes}-byte limit", str(at))
             chunks, total = [], 0
@@ -146,3 +151,11 @@ def check_dir(path: str | Path) -> None:
     """Raise Untrusted unless every directory from `/` to `path` passes (see `open_dir`)."""
     with open_dir(path):
         pass
+
+
+def read_path(path: str | Path, max_bytes: int,
+              file_check: Callable[[os.stat_result], str | None] | None = None) -> bytes:
+    """`read_file` of one path (a key file, say): its directory and every one above it
+    checked, the file opened without following a link."""
+    p = Path(os.path.abspath(path))
+    return read_file(p.parent, (p.name,), max_bytes, file_check)

@@ -253,5 +253,5 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
     if built and remote is not None and remote.write:
         from cutecc.remote import push_entry
 
-        pushed = push_entry(remote, entry)
+        pushed = push_entry(remote, entry, store)
     return Result("built" if built else "cached", seconds, None, entry.meta, pushed)

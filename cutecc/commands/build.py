@@ -30,7 +30,7 @@ from cutecc.archs import parse_archs
 from cutecc.entry import runtime_record
 from cutecc.errors import CuteccError
 from cutecc.executors import Executor, choose
-from cutecc.lockfile import LOCK_NAME, LockEntry, record_build
+from cutecc.lockfile import LOCK_NAME, Lock, LockEntry, Merged, merge_build, write_lock
 from cutecc.locks import is_held
 from cutecc.manifest import load_manifest
 from cutecc.plan import Planned, plan
@@ -135,6 +135,7 @@ class BuildReport(Report):
     executor: str = "local"
     remote: RemoteUse | None = None
     runtimes_built: list[str] = field(default_factory=list)  # runtime libraries this build linked
+    dropped_tuning: list[str] = field(default_factory=list)  # tuning lines the lock lost, and why
 
     def count(self, status: str) -> int:
         return sum(o.status == status for o in self.outcomes)
@@ -160,11 +161,13 @@ class BuildReport(Report):
             "fetched": sum(o.fetched for o in self.outcomes),
             "remote": self.remote.to_json() if self.remote else None,
             "runtimes_built": self.runtimes_built,
+            "dropped_tuning": self.dropped_tuning,
             "entries": [o.to_json() for o in self.outcomes],
         }
 
     def warnings(self) -> list[str]:
         return ([f"FAILED {o.planned.label}: {o.error}" for o in self.outcomes if o.status == "failed"]
+                + [f"warning: dropped the tuning line {d}" for d in self.dropped_tuning]
                 + (self.remote.warnings() if self.remote else []))
 
     def lines(self, verbose: int = 0) -> list[str]:
@@ -328,10 +331,12 @@ def build(
         _record_generations(store, full.path, planned, partial=bool(kernels or archs))
     if lock and not dry_run and report.ok:
         path = Path(lock_file or Path(manifest_path).parent / LOCK_NAME)
-        report.lock_changed = record_build(
+        merged = merge_build(
             path, [_lock_line(o) for o in report.outcomes],
             partial=bool(kernels or archs), covered={(p.kernel.name, p.arch) for p in planned},
             defined={k.name for k in full.kernels})
+        new_lock = _vouched(store, full, archs, merged, report, signing=key is not None, where=path)
+        report.lock_changed = write_lock(path, new_lock)
         report.lock_file = path
         if key is not None:
             from cutecc import signing
@@ -339,6 +344,51 @@ def build(
             report.signature = signing.sign_file(path, key, "lock")
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _vouched(store: Store, manifest: Any, archs: tuple[str, ...], merged: Merged,
+             report: BuildReport, *, signing: bool, where: Path) -> Lock:
+    """The lock this build may write: `merged` with every line it did not see itself
+    checked against the cache (`cutecc.vouch`), and, when it is about to be signed, every
+    line read back and hashed. A tuning line that fails is dropped with a warning (the
+    default serves its bucket); an entry line that fails is an error naming it, and
+    nothing is written or signed."""
+    from cutecc.vouch import entry_line_problem, tuning_line_problem
+
+    bad: list[str] = []
+    for le in merged.lock.entries if signing else merged.kept:
+        why = entry_line_problem(store, le, hashed=signing)
+        if why and (signing or why != "not in the cache"):
+            bad.append(f"{le.label} {le.key[:12]}: {why}")
+    if bad:
+        raise CuteccError(f"{'refusing to sign: ' if signing else ''}{len(bad)} lock line(s) this build "
+                          f"cannot vouch for: {'; '.join(bad[:5])}"
+                          + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
+                          + ". Build those kernels (or `cutecc verify --fix`, then build) first",
+                          where=str(where), exit_code=1)
+    if not merged.lock.tuning:
+        return merged.lock
+    candidates = _tuning_candidates(manifest, archs)
+    keep = []
+    for t in merged.lock.tuning:
+        why = tuning_line_problem(store, t, candidates, hashed=signing, present=signing)
+        if why:
+            report.dropped_tuning.append(f"{t.kernel}[{t.variant}]@{t.arch} {t.bucket} on {t.device}: {why}")
+        else:
+            keep.append(t)
+    return merged.lock.with_tuning(keep)
+
+
+def _tuning_candidates(manifest: Any, archs: tuple[str, ...]) -> dict[tuple[str, str, str], Any]:
+    """The manifest's tuning plan as (kernel, variant, arch) -> (default key, {candidate key:
+    variant}); {} when it declares no tuning space."""
+    from cutecc.tuning.plan import items
+
+    if not any(k.tuning is not None for k in manifest.kernels):
+        return {}
+    return {(it["kernel"], it["variant"], it["arch"]): (it["base"], {c["key"]: c["variant"]
+                                                                      for c in it["candidates"]})
+            for it in items(manifest, archs)}
 
 
 def _record_generations(store: Store, manifest: Path, planned: list[Planned], *, partial: bool) -> None:

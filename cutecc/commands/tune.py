@@ -21,7 +21,14 @@ from typing import Any
 
 from cutecc.errors import CuteccError
 from cutecc.report import Report
-from cutecc.runtime.tuning import Tuned, dumps_records, parse_lines, read_cached, results_path
+from cutecc.runtime.tuning import (
+    Tuned,
+    dumps_records,
+    parse_lines,
+    read_cached,
+    results_path,
+    sibling_problem,
+)
 
 MAX_RESULTS_BYTES = 64 << 20
 
@@ -246,8 +253,10 @@ def _record(report: TuneReport, plan_items: list[dict[str, Any]], root: Path, lo
             raise CuteccError(f"{t.kernel}[{t.variant}]@{t.arch} {t.bucket}: the winner {t.winner[:12]} is "
                               "not a candidate of the manifest as it is now (stale results?)",
                               where=str(lock_path), exit_code=1)
-        e = store.get(t.winner)
-        why = "not in the cache" if e is None else t.mismatch(e.meta)
+        e, base = store.get(t.winner), store.get(t.base)
+        why = "not in the cache" if e is None else t.mismatch(e.meta) or (
+            "its default configuration is not in the cache" if base is None
+            else sibling_problem(base.meta, e.meta))
         if why:
             raise CuteccError(f"{t.kernel}[{t.winner_variant}] {t.winner[:12]}: {why}; run "
                               "`cutecc tune --compile-only`", where=str(root), exit_code=1)

@@ -11,8 +11,6 @@ is neither in the pack nor in the cache is refused.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import os
 import secrets
 import shutil
 from collections.abc import Iterator
@@ -27,12 +25,12 @@ from cutecc.entry import (
     META,
     STORE_FORMAT,
     is_key,
-    meta_problem,
     parse_json,
     runtime_meta_problem,
     runtime_record,
 )
 from cutecc.errors import CuteccError
+from cutecc.ingest import Refused, check_whole, publish
 from cutecc.lockfile import LOCK_NAME, MAX_LOCK_BYTES, Lock, LockEntry
 from cutecc.report import Report
 from cutecc.runtime.package import PACK_DIR
@@ -145,8 +143,11 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
         except ValueError as e:
             report.refused.append((f"runtime {rkey[:12]}", str(e)))
             continue
-        found, built = store.publish(
-            rkey, lambda staging, m=rmeta, f=rfiles: _stage(staging, m, f), runtime=True)
+        try:
+            found, built = publish(store, rkey, rmeta, rfiles, runtime=True)
+        except Refused as e:
+            report.refused.append((f"runtime {rkey[:12]}", e.why))
+            continue
         usable[rkey] = found.meta["files"][found.meta["library"]]["sha256"]
         if built:
             report.runtimes.append(str(found.meta["library"]))
@@ -163,7 +164,11 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
                    else "the cache holds another runtime library under its key")
             report.refused.append((label, f"{why} ({rec['library'] if rec else '?'})"))
             continue
-        _, built = store.publish(key, lambda staging, m=meta, f=files: _stage(staging, m, f))
+        try:
+            _, built = publish(store, key, meta, files)
+        except Refused as e:
+            report.refused.append((label, e.why))
+            continue
         (report.imported if built else report.present).append(label)
     return report
 
@@ -179,48 +184,33 @@ def _read(tree: PackTree, name: str, cap: int) -> bytes:
         raise CuteccError(str(e), where=str(tree.path)) from None
 
 
-def _read_meta(tree: PackTree, base: str, names: list[str]) -> Any:
-    """The parsed meta.json of the pack directory `base`, once none of its members `names`
-    was refused while reading the archive; else ValueError(why)."""
+def _members(tree: PackTree, base: str, names: list[str], cap: int) -> tuple[bytes, dict[str, bytes]]:
+    """meta.json's bytes and the other members of the pack directory `base`, once none of
+    them was refused while reading the archive; else ValueError(why)."""
+    if META not in names or any(f"{base}{n}" not in tree.names and f"{base}{n}" not in tree.bad
+                                for n in names):
+        raise ValueError(f"no {META}, or stored under the wrong shard directory")
     for n in names:
         if f"{base}{n}" in tree.bad:
             raise ValueError(f"{n}: {tree.bad[base + n]}")
-    try:
-        return parse_json(tree.read(base + META))
-    except ValueError as e:
-        raise ValueError(f"malformed {META}: {e}") from None
+        if tree.size(base + n) > (MAX_META_BYTES if n == META else cap):
+            raise ValueError(f"{n}: {tree.size(base + n)} bytes, over the limit")
+    return tree.read(base + META), {n: tree.read(base + n) for n in names if n != META}
 
 
 def _check_entry(tree: PackTree, key: str, le: LockEntry,
                  names: list[str]) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """(meta, files) of a pack's entry once everything checks; else ValueError(why)."""
-    if not is_key(key) or key[:2] != key[:2].lower():
+    """(meta, files) of a pack's entry once the one verifier (`cutecc.ingest`) passes it
+    and it matches its line in the pack's lock; else ValueError(why)."""
+    if not is_key(key):
         raise ValueError("not a cache key")
     if not names:
         raise ValueError("missing from the archive")
-    if META not in names:
-        raise ValueError(f"no {META}")
-    base = f"entries/{key[:2]}/{key}/"
-    if any(f"{base}{n}" not in tree.names and f"{base}{n}" not in tree.bad for n in names):
-        raise ValueError("stored under the wrong shard directory")
-    meta = _read_meta(tree, base, names)
-    why = meta_problem(meta, key)  # the key inputs hash to the key; records well formed
-    if why:
-        raise ValueError(f"{META}: {why}")
-    recs = meta["files"]
-    got = set(names) - {META}
-    if got != set(recs):
-        raise ValueError(f"files {sorted(got)} differ from those {META} lists {sorted(recs)}")
-    if set(recs) != {meta["library"]}:
-        extra = sorted(set(recs) - {meta["library"]})
-        raise ValueError(f"{META} lists files other than its library: {extra}")
-    files = {}
-    for n in sorted(got):
-        data = tree.read(base + n)
-        h = hashlib.sha256(data).hexdigest()
-        if h != recs[n]["sha256"] or len(data) != recs[n]["size"]:
-            raise ValueError(f"{n}: SHA-256 {h[:16]}... does not match {META}'s; refusing it")
-        files[n] = data
+    meta_bytes, files = _members(tree, f"entries/{key[:2]}/{key}/", names, le.size)
+    try:
+        meta = check_whole(key, meta_bytes, files, le.size)
+    except Refused as e:
+        raise ValueError(e.why) from None
     why = le.mismatch(Entry(key, Path(), meta))
     if why:
         raise ValueError(why)
@@ -243,37 +233,17 @@ def _runtime_named(tree: PackTree, key: str) -> dict[str, Any] | None:
 
 def _check_runtime(tree: PackTree, key: str, rec: dict[str, Any],
                    names: list[str]) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """(meta, files) of a pack's runtime library once it checks against its own meta.json
-    and key and the record `rec` of the entries that need it; else ValueError(why)."""
+    """(meta, files) of a pack's runtime library once the one verifier passes it and its
+    library is the one the entries that need it record (`rec`); else ValueError(why)."""
     if not names:
         raise ValueError(f"missing from the archive ({rec['library']})")
-    base = f"runtimes/{key[:2]}/{key}/"
-    if META not in names or any(f"{base}{n}" not in tree.names and f"{base}{n}" not in tree.bad
-                                for n in names):
-        raise ValueError(f"no {META}, or stored under the wrong shard directory")
-    meta = _read_meta(tree, base, names)
-    why = runtime_meta_problem(meta, key)
-    if why:
-        raise ValueError(f"{META}: {why}")
-    if set(names) - {META} != {meta["library"]} or set(meta["files"]) != {meta["library"]}:
-        raise ValueError(f"files {sorted(set(names) - {META})} are not its library alone")
-    data = tree.read(base + meta["library"])
-    h = hashlib.sha256(data).hexdigest()
-    want = meta["files"][meta["library"]]
-    if h != want["sha256"] or len(data) != want["size"]:
-        raise ValueError(f"SHA-256 {h[:16]}... does not match {META}'s; refusing it")
-    if h != rec["sha256"]:
-        raise ValueError(f"SHA-256 {h[:16]}... differs from what its entries record "
+    meta_bytes, files = _members(tree, f"runtimes/{key[:2]}/{key}/", names, rec["size"])
+    try:
+        meta = check_whole(key, meta_bytes, files, rec["size"], runtime=True)
+    except Refused as e:
+        raise ValueError(e.why) from None
+    got = meta["files"][meta["library"]]["sha256"]
+    if got != rec["sha256"]:
+        raise ValueError(f"SHA-256 {got[:16]}... differs from what its entries record "
                          f"({rec['sha256'][:16]}...)")
-    return meta, {meta["library"]: data}
-
-
-def _stage(staging: Path, meta: dict[str, Any], files: dict[str, bytes]) -> dict[str, Any]:
-    """Write a verified entry's files into the store's staging directory."""
-    for n, d in files.items():
-        fd = os.open(staging / n, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            f.write(d)
-            f.flush()
-            os.fsync(f.fileno())
-    return {k: v for k, v in meta.items() if k not in ("files", "format", "key")}
+    return meta, files

@@ -6,10 +6,13 @@ entry's metadata does not list, entry directories without meta.json, and tmp/ le
 whose key nobody has locked. It checks the index too: an entry without its record
 (`unindexed`: `cutecc.load` would not see it), a record without its entry
 (`stale-index`, also one that differs from its metadata), and an entry whose runtime
-library is not in the cache (`no-runtime`).
+library is not in the cache (`no-runtime`). Tuning records are checked by the rule the
+runtime applies to them (`bad-tuning`: a winner that is not a healthy sibling of its
+default, with the same contract and call keywords, or a record it cannot read).
 `fix=True` moves bad entries to quarantine/ (so the next build rebuilds them), deletes
 orphans and stale records, restores missing records and links a missing runtime library
-again where the build extra can; it never touches a healthy entry's files.
+again where the build extra can, and removes bad tuning records (the defaults then serve);
+it never touches a healthy entry's files.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 
 import filelock
 
+from cutecc import trust
 from cutecc.entry import (
     META,
     RESERVED_FILES,
@@ -31,6 +35,7 @@ from cutecc.entry import (
     is_kernel_name,
     is_key,
     meta_problem,
+    parse_json,
     read_index_facts,
     runtime_meta_problem,
     runtime_record,
@@ -38,6 +43,13 @@ from cutecc.entry import (
 from cutecc.errors import CuteccError
 from cutecc.locks import Busy
 from cutecc.report import Report
+from cutecc.runtime.tuning import (
+    MAX_RECORD_BYTES,
+    RESULTS_DIR,
+    TUNING_FORMAT,
+    parse_lines,
+    sibling_problem,
+)
 from cutecc.store import Store, entry_trust_problem, read_meta
 
 BAD = frozenset({"missing", "truncated", "altered", "malformed", "untrusted"})  # the entry is unusable
@@ -46,7 +58,7 @@ BAD = frozenset({"missing", "truncated", "altered", "malformed", "untrusted"})  
 @dataclass
 class Problem:
     # one of BAD, or "orphan" (a file or dir nothing owns), "stale-tmp", "unindexed",
-    # "stale-index", "no-runtime"
+    # "stale-index", "no-runtime", "bad-tuning" (a tuning record load would refuse)
     kind: str
     path: str
     detail: str
@@ -160,6 +172,7 @@ def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
                 "no-runtime", str(store.runtime_dir(rkey)),
                 f"the runtime library {rkey[:12]} that {len(keys)} entr{'y' if len(keys) == 1 else 'ies'} "
                 f"link against (e.g. {keys[0][:12]}) is not in the cache", rkey))
+    _check_tuning(store, report, kernels)
     for d in _listdir(store.tmp_dir):
         key = d.name.split(".", 1)[0]
         try:
@@ -261,6 +274,54 @@ def _check_index(store: Store, report: VerifyReport, kernels: dict[str, dict[str
                                        f"index record {what}", key))
 
 
+def _check_tuning(store: Store, report: VerifyReport, kernels: dict[str, dict[str, Any]]) -> None:
+    """Each tuning record (`tuning/results/<default key>.json`) read as `load` reads it, and
+    each of its winners checked by the rule the runtime applies (`sibling_problem`: same
+    kernel, contract and call keywords as its default, bytes as recorded): a record that
+    would serve one variant's calls with another's library is `bad-tuning`."""
+    root = store.root.joinpath(*RESULTS_DIR)
+    for f in _listdir(root):
+        base = f.name[:-5] if f.name.endswith(".json") else ""
+        if not is_key(base):
+            report.problems.append(Problem("orphan", str(f), "not a tuning record"))
+            continue
+        try:
+            doc = parse_json(trust.read_file(store.root, (*RESULTS_DIR, f.name), MAX_RECORD_BYTES),
+                             MAX_RECORD_BYTES, 6)
+            if not isinstance(doc, dict) or doc.get("format") != TUNING_FORMAT:
+                raise ValueError(f"not a tuning record of format {TUNING_FORMAT}")
+            lines = parse_lines(doc.get("records"), str(f), "records")
+        except trust.Untrusted as e:
+            report.problems.append(Problem("bad-tuning", str(f), e.why, base))
+            continue
+        except (OSError, ValueError, CuteccError) as e:
+            report.problems.append(Problem("bad-tuning", str(f), f"unreadable: {e}", base))
+            continue
+        for t in lines:
+            winner, default = kernels.get(t.winner), kernels.get(t.base)
+            why = ("its default configuration is not a healthy entry" if t.base != base or default is None
+                   else "its winner is not a healthy entry" if winner is None
+                   else t.mismatch(winner) or sibling_problem(default, winner))
+            if why:
+                report.problems.append(Problem(
+                    "bad-tuning", str(f), f"{t.kernel}[{t.variant}]@{t.arch} {t.bucket} on {t.device}: "
+                    f"winner {t.winner_variant} ({t.winner[:12]}): {why}", base))
+
+
+def _fix_tuning(store: Store, p: Problem, bad: set[str]) -> str:
+    """Remove a record file with any bad line (`load` then serves the defaults, and
+    `cutecc tune` measures again): a record is one default's, whole or not at all."""
+    path = Path(p.path)
+    if str(path) in bad:
+        return "removed"
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as e:
+        raise CuteccError(f"cannot remove: {e.strerror}", where=str(path), exit_code=1) from None
+    bad.add(str(path))
+    return "removed"
+
+
 def _record_differs(data: bytes, key: str, meta: dict[str, Any]) -> bool:
     """Whether an index record says something else than the entry's metadata (its build
     seconds aside: only `cutecc stats` reads them)."""
@@ -301,6 +362,7 @@ def _fix(store: Store, report: VerifyReport) -> None:
         if p.kind in BAD and p.key:
             bad.setdefault(p.key, []).append(p)
     done: dict[str, str] = {}
+    tuning_removed: set[str] = set()
     for key, probs in bad.items():
         reason = "; ".join(f"{p.kind}: {Path(p.path).name}: {p.detail}" for p in probs)
         rt = store.runtimes_dir in Path(probs[0].path).parents
@@ -320,6 +382,8 @@ def _fix(store: Store, report: VerifyReport) -> None:
             p.action = _fix_record(store, p)
         elif p.kind == "no-runtime" and p.key:
             p.action = _relink_runtime(store, p.key)
+        elif p.kind == "bad-tuning":
+            p.action = _fix_tuning(store, p, tuning_removed)
     store.sweep_tmp()
     for p in report.problems:
         if p.kind == "stale-tmp":

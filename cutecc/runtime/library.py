@@ -23,7 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from cutecc import environ, trust
-from cutecc.entry import MAX_META_BYTES, META, RUNTIME_ABI, parse_json, runtime_meta_problem
+from cutecc.entry import (
+    MAX_LIBRARY_BYTES,
+    MAX_META_BYTES,
+    META,
+    RUNTIME_ABI,
+    parse_json,
+    runtime_meta_problem,
+)
 from cutecc.errors import CuteccError
 from cutecc.store import touch_used
 
@@ -82,8 +89,11 @@ def sync_check_from_env() -> bool:
 def verified_bytes(path: Path, sha256: str, size: int, label: str, what: str = "kernel library") -> bytes:
     """The library's bytes, read through checked directories without following links
     (`cutecc.trust`), and only if they match the recorded size and SHA-256."""
+    if not 0 <= size <= MAX_LIBRARY_BYTES:
+        raise CuteccError(f"the {what}'s recorded size {size} is over the {MAX_LIBRARY_BYTES}-byte "
+                          "limit of a library; refusing it", where=f"{label} ({path})", exit_code=1)
     try:
-        data = _read_library(path, size)
+        data = _read_library(path, size)  # reads what is there, up to `size`: never allocates it
     except trust.Untrusted as e:
         raise CuteccError(f"refusing to load the {what}: {e.why}, so anyone could have "
                           "replaced it and its recorded SHA-256. Fix the permissions (chmod o-w, "
@@ -91,13 +101,14 @@ def verified_bytes(path: Path, sha256: str, size: int, label: str, what: str = "
                           where=f"{label} ({path})", exit_code=1) from None
     except OSError as e:
         if e.errno == 27:  # EFBIG: larger than recorded
-            data = b"\0" * (size + 1)
-        else:
-            raise CuteccError(f"cannot read the {what}: {e.strerror}; rebuild it with "
+            raise CuteccError(f"the {what} is larger than its recorded size {size}; refusing to "
+                              "load it. Remove the entry and rebuild it", where=f"{label} ({path})",
+                              exit_code=1) from None
+        raise CuteccError(f"cannot read the {what}: {e.strerror}; rebuild it with "
                               "`cutecc build`", where=f"{label} ({path})", exit_code=1) from None
     if len(data) != size or hashlib.sha256(data).hexdigest() != sha256:
         raise CuteccError(f"the {what} does not match its recorded SHA-256 "
-                          f"(size {len(data) if len(data) <= size else 'larger'}, expected {size}); "
+                          f"(size {len(data)}, expected {size}); "
                           "refusing to load it. Remove the entry and rebuild it",
                           where=f"{label} ({path})", exit_code=1)
     return data

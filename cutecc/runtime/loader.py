@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.metadata
+import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -144,6 +145,8 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
     opts out with `allow_unsigned=True` (or `$CUTECC_ALLOW_UNSIGNED=1`).
     """
     record_use = True
+    if lock is None and package is None:
+        _no_keys_without_a_lock(trusted_keys)
     if package is not None:
         if cache_dir is not None or lock is not None:
             raise CuteccError("package= excludes cache_dir and lock (a pack has its own)",
@@ -299,11 +302,24 @@ def _kernel_fn(name: str, entries: list[Entry], target: str, series: str,
     return KernelFn(name, builds, backward=backward, unusable=unusable, arch=target)
 
 
+def _no_keys_without_a_lock(trusted_keys: list[str | Path] | None) -> None:
+    """Trusted keys check a lock's signature; with no lock (nor pack) they would check
+    nothing, and a deployer who set them expects a check: an error says what to pass."""
+    from cutecc import environ
+
+    given = "trusted_keys=" if trusted_keys else (
+        f"${environ.TRUSTED_KEYS}" if os.environ.get(environ.TRUSTED_KEYS, "").strip() else None)
+    if given:
+        raise CuteccError(f"{given} is set, but nothing loaded here is signed: pass lock= (a signed "
+                          "kernels.lock) or package= (a signed pack) for the keys to check, or drop "
+                          f"{given.rstrip('=')} to load the cache as it is", where="cutecc.load")
+
+
 def _tuning(name: str, fn: KernelFn, store: Store, locked: Any, target: str, series: str,
             record_use: bool) -> Any:
     """The kernel's table of tuned winners: the lock's results (with a lock), else the
     cache's records of its default entries; None when nothing was tuned."""
-    from cutecc.runtime.tuning import Tuned, TuningTable, read_cached
+    from cutecc.runtime.tuning import Tuned, TuningTable, read_cached, sibling_problem
 
     bases = {b.key: b for b in fn.builds}
     if locked is not None:
@@ -326,11 +342,12 @@ def _tuning(name: str, fn: KernelFn, store: Store, locked: Any, target: str, ser
         why = "not in the cache" if e is None else (
             t.mismatch(e.meta) or _why_unusable(e.meta, target, series) or meta_problem(e.meta, e.key))
         if why is None:
+            base = store.get(t.base)
+            why = "its default configuration is not in the cache" if base is None else (
+                meta_problem(base.meta, t.base) or sibling_problem(base.meta, e.meta))
+        if why is None:
             b = Build.from_meta(t.winner, e.path, e.meta)
-            if b.args != bases[t.base].args:
-                why = "its contract differs from the default configuration's"
-            else:
-                return b if record_use else dataclasses.replace(b, record_use=False)
+            return b if record_use else dataclasses.replace(b, record_use=False)
         fn.unusable += (f"tuned winner {t.winner_variant}@{t.arch} ({t.winner[:12]}) for {t.bucket} "
                         f"on {t.device}: {why}",)
         return None

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cutecc import trust
-from cutecc.entry import acted_on, bad_pin_field, is_key, parse_json
+from cutecc.entry import acted_on, bad_pin_field, call_keywords, contract_digest, is_key, parse_json
 from cutecc.errors import CuteccError
 
 TUNING_FORMAT = 1
@@ -134,6 +134,33 @@ class Tuned:
             if acted.get(name) != getattr(self, name):
                 return f"{name} differs from the tuning record"
         return None
+
+
+# What a tuned winner must share with the default it stands in for: a call that names the
+# default must get the same function (same kernel, launcher and pairing, same contract, the
+# same call keywords' values, e.g. FA4's `causal`), only compiled another way.
+SAME_AS_DEFAULT = ("kernel", "arch", "entry", "backward")
+
+
+def sibling_problem(base: Mapping[str, Any], winner: Mapping[str, Any]) -> str | None:
+    """Why the entry `winner` (its metadata) cannot serve the calls of the default entry
+    `base`, or None: one rule for `cutecc build`, `cutecc verify`, `cutecc tune` and the
+    runtime. Both metadata are checked entries (`entry.meta_problem`), so the call keywords
+    read from their key inputs are as trusted as their keys."""
+    for name in SAME_AS_DEFAULT:
+        if base.get(name) != winner.get(name):
+            return f"its {name} {winner.get(name)!r} differs from the default's {base.get(name)!r}"
+    if contract_digest(base.get("args")) != contract_digest(winner.get("args")):
+        return "its contract differs from the default configuration's"
+    got, want = call_keywords(dict(winner)), call_keywords(dict(base))
+    if got != want:
+        return (f"it was built for the call keywords {_kw(got)}, the default it would serve for "
+                f"{_kw(want)}")
+    return None
+
+
+def _kw(d: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in sorted(d.items()))[:200] or "none"
 
 
 def parse_lines(items: Any, where: str, kp: str) -> tuple[Tuned, ...]:

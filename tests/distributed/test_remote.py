@@ -37,9 +37,9 @@ def _cfg(url: str, **kw: object) -> RemoteConfig:
 
 def _seed(s3, url: str, cache: Path) -> None:
     """Upload every entry of `cache` to `url` (as a writing build's workers would)."""
-    remote = Remote(_cfg(url, write=True))
-    for e in Store(cache).entries():
-        assert remote.push(e) is True
+    remote, store = Remote(_cfg(url, write=True)), Store(cache)
+    for e in store.entries():
+        assert remote.push(e, store) is True
     assert remote.down is None
 
 
@@ -176,14 +176,15 @@ def test_two_builders_racing_on_one_key(s3, prefix: str, tmp_path: Path) -> None
 
 
 def test_concurrent_uploads_of_one_entry_create_it_once(s3, prefix: str, toy_cache) -> None:
-    entry = next(iter(Store(toy_cache.cache).entries()))
+    store = Store(toy_cache.cache)
+    entry = next(iter(store.entries()))
     created: list[bool] = []
     barrier = threading.Barrier(6)
 
     def push() -> None:
         remote = Remote(_cfg(prefix, write=True))  # a builder each
         barrier.wait(30)
-        created.append(remote.push(entry))
+        created.append(remote.push(entry, store))
 
     threads = [threading.Thread(target=push) for _ in range(6)]
     for t in threads:
@@ -276,7 +277,8 @@ def _tamper(s3, url: str, path: str, change) -> None:
 def test_a_truncated_or_altered_blob_is_refused(s3, prefix: str, toy_cache, tmp_path: Path,
                                                   damage, why: str) -> None:
     _seed(s3, prefix, toy_cache.cache)
-    entry = next(iter(Store(toy_cache.cache).entries()))
+    store = Store(toy_cache.cache)
+    entry = next(iter(store.entries()))
     sha = entry.meta["files"]["kernel.so"]["sha256"]
     _tamper(s3, prefix, f"v1/blobs/{sha}", damage)
     store = Store(tmp_path / "c")
@@ -298,7 +300,8 @@ def test_a_truncated_or_altered_blob_is_refused(s3, prefix: str, toy_cache, tmp_
 def test_a_build_refuses_a_damaged_entry_and_builds_it_locally(s3, prefix: str, toy_cache,
                                                                 tmp_path: Path) -> None:
     _seed(s3, prefix, toy_cache.cache)
-    entry = next(iter(Store(toy_cache.cache).entries()))
+    store = Store(toy_cache.cache)
+    entry = next(iter(store.entries()))
     _tamper(s3, prefix, f"v1/entries/{entry.key}.json",
             lambda b: b.replace(b'"threads": ', b'"threads": 1'))
     copy = toy_cache.copy(tmp_path / "p")

@@ -1,0 +1,84 @@
+"""What a build may write into, keep in or sign of a lock: every line checked against the cache.
+
+A lock line vouches that its key's entry is exactly these bytes; a tuning line, that its
+winner may serve the calls of its default. A build writes its own lines from what it just
+built or found, but a partial build keeps the old file's other lines, and a tuning line
+comes from `cutecc tune`, possibly on another host: neither was seen by this build. So:
+
+- `entry_line_problem`: the entry a line names is in this cache, healthy, trusted and
+  equal to the line in everything the runtime acts on; with `hashed`, its library and its
+  runtime library are read through `cutecc.trust` and hashed (`ingest.check_stored`), as
+  a signing build does for every line it signs;
+- `tuning_line_problem`: the winner is a candidate the manifest (as it is now) plans for
+  that default, and, when its entry is in the cache, matches the line and is a sibling of
+  the default (`runtime.tuning.sibling_problem`: same kernel, contract and call keywords).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from cutecc.entry import meta_problem
+from cutecc.errors import CuteccError
+from cutecc.ingest import Refused, check_stored
+from cutecc.lockfile import LockEntry
+from cutecc.runtime.tuning import Tuned, sibling_problem
+from cutecc.store import Entry, Store, entry_trust_problem
+
+# (kernel, variant, arch) -> (the default's key, {candidate key: candidate variant})
+Candidates = Mapping[tuple[str, str, str], tuple[str, Mapping[str, str]]]
+
+
+def _meta(store: Store, key: str, hashed: bool) -> tuple[dict[str, Any] | None, str | None]:
+    """(metadata, None) of a healthy, trusted entry, else (None, why)."""
+    if hashed:
+        try:
+            return check_stored(store, key), None
+        except Refused as e:
+            return None, e.why
+    try:
+        e = store.get(key)
+    except CuteccError as err:
+        return None, err.message
+    if e is None:
+        return None, "not in the cache"
+    why = meta_problem(e.meta, key) or entry_trust_problem(e.path, list(e.meta.get("files") or []))
+    return (None, why) if why else (e.meta, None)
+
+
+def entry_line_problem(store: Store, le: LockEntry, *, hashed: bool) -> str | None:
+    """Why this cache does not back the lock line `le` (None: it does)."""
+    meta, why = _meta(store, le.key, hashed)
+    if meta is None:
+        return why
+    why = le.mismatch(Entry(le.key, store.entry_dir(le.key), meta))
+    if why or not hashed:
+        return why
+    rt = meta["runtime"]
+    try:
+        check_stored(store, rt["key"], runtime=True)
+    except Refused as e:
+        return f"its runtime library: {e.why}"
+    return None
+
+
+def tuning_line_problem(store: Store, t: Tuned, candidates: Candidates | None, *,
+                        hashed: bool, present: bool) -> str | None:
+    """Why the tuning line `t` must not be kept (None: keep it). `candidates` is the
+    manifest's tuning plan (None: the manifest declares no tuning space). `present`: the
+    winner's entry must be in this cache (a lock about to be signed)."""
+    base, cands = (candidates or {}).get((t.kernel, t.variant, t.arch), ("", {}))
+    if base != t.base or cands.get(t.winner) != t.winner_variant:
+        return (f"the winner {t.winner_variant} ({t.winner[:12]}) is not a candidate the manifest "
+                f"plans for {t.kernel}[{t.variant}]@{t.arch}")
+    winner, why = _meta(store, t.winner, hashed)
+    if winner is None:
+        return why if present or why != "not in the cache" else None
+    why = t.mismatch(winner)
+    if why:
+        return why
+    default, why = _meta(store, t.base, hashed)
+    if default is None:
+        return f"its default configuration: {why}"
+    return sibling_problem(default, winner)

@@ -1,0 +1,93 @@
+"""Foreign JSON is parsed in time linear in its size, not only bounded in bytes and depth.
+
+Seen (issue 21, finding 1): `entry.parse_json`'s nesting pre-check stripped strings with a
+backtracking regex, so `"` followed by many `\\"` took 10.7 s at 16 KB and 177 s at 64 KB,
+before any hash or signature was looked at; every reader of foreign JSON (a pack's lock and
+signature, a remote's meta.json, tuning records, key files) went through it. Each hostile
+shape below, at a parser's own cap, must parse or fail in the stated time on the 2-core
+CPU host, and fail only with ValueError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import pytest
+
+from cutecc.entry import MAX_JSON_DEPTH, MAX_META_BYTES, parse_json
+
+MIB = 1 << 20
+
+
+def _fill(unit: bytes, size: int, head: bytes = b"", tail: bytes = b"") -> bytes:
+    return head + unit * ((size - len(head) - len(tail)) // len(unit)) + tail
+
+
+# Shapes that were (or could be) slow for a scanner that backtracks or recurses.
+HOSTILE = {
+    "escaped quotes, unterminated": lambda n: _fill(b'\\"', n, head=b'"'),
+    "escaped backslashes, unterminated": lambda n: _fill(b"\\\\", n, head=b'"'),
+    "quote and escape pairs": lambda n: _fill(b'"\\', n),
+    "lone quotes": lambda n: _fill(b'"', n),
+    "unicode escapes, unterminated": lambda n: _fill(b"\\u00e9", n, head=b'"'),
+    "open brackets": lambda n: _fill(b"[", n),
+    "open objects": lambda n: _fill(b'{"a":', n),
+    "brackets at the depth limit, repeated": lambda n: _fill(
+        b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH + b",", n, head=b"[", tail=b"0]"),
+    "many empty arrays": lambda n: _fill(b"[],", n, head=b"[", tail=b"0]"),
+    "many keys": lambda n: _fill(b'"k":1,', n, head=b"{", tail=b'"z":0}'),
+    "long digits": lambda n: _fill(b"9", n),
+    "long fraction": lambda n: _fill(b"1", n, head=b"0."),
+    "strings with brackets": lambda n: _fill(b'"[[[{{{",', n, head=b"[", tail=b"0]"),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(HOSTILE))
+def test_a_hostile_meta_json_at_its_cap_parses_or_fails_within_a_second(shape: str) -> None:
+    data = HOSTILE[shape](MAX_META_BYTES)
+    assert len(data) <= MAX_META_BYTES
+    t0 = time.perf_counter()
+    with contextlib.suppress(ValueError):
+        parse_json(data)
+    assert time.perf_counter() - t0 < 1.0, f"{shape}: {time.perf_counter() - t0:.2f} s for 1 MiB"
+
+
+@pytest.mark.parametrize("shape", ["escaped quotes, unterminated", "brackets at the depth limit, repeated"])
+def test_parse_time_grows_linearly_with_size(shape: str) -> None:
+    """8 MiB takes at most about 8 times (here: 16) what 1 MiB takes, plus slack: no
+    quadratic term hides below the 1 MiB cap of meta.json (the lock's cap is 64 MiB)."""
+    def timed(n: int) -> float:
+        data = HOSTILE[shape](n)
+        t0 = time.perf_counter()
+        with contextlib.suppress(ValueError):
+            parse_json(data, max_bytes=n)
+        return time.perf_counter() - t0
+
+    small, large = timed(MIB), timed(8 * MIB)
+    assert large < 16 * small + 0.5, f"{shape}: 1 MiB {small:.3f} s, 8 MiB {large:.3f} s"
+
+
+def test_nesting_past_the_limit_is_refused_and_at_the_limit_accepted() -> None:
+    deep = b"[" * (MAX_JSON_DEPTH + 1) + b"]" * (MAX_JSON_DEPTH + 1)
+    with pytest.raises(ValueError, match="nested"):
+        parse_json(deep)
+    ok = b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH
+    assert parse_json(ok) is not None
+    mixed = b'{"a":' * 30 + b"[" * 30 + b"1" + b"]" * 30 + b"}" * 30
+    with pytest.raises(ValueError, match="nested"):
+        parse_json(mixed)
+    brackets_in_strings = b'["' + b"[" * 5000 + b'"]'
+    assert parse_json(brackets_in_strings) == ["[" * 5000]
+
+
+def test_nesting_far_past_the_interpreters_recursion_limit_is_a_value_error() -> None:
+    for opener, closer in ((b"[", b"]"), (b'{"a":', b"}")):
+        data = opener * 200_000 + closer * 200_000
+        with pytest.raises(ValueError):
+            parse_json(data, max_bytes=4 * MIB)
+
+
+def test_over_the_byte_cap_is_refused_before_parsing() -> None:
+    with pytest.raises(ValueError, match="over the"):
+        parse_json(b" " * (MAX_META_BYTES + 1))
