@@ -156,7 +156,7 @@ def runtime_record(meta: dict[str, Any]) -> dict[str, Any] | None:
     rec = meta.get("runtime")
     if not (isinstance(rec, dict) and set(rec) == {"key", "library", "sha256", "size"}
             and is_key(rec["key"]) and rec["library"] == runtime_soname(rec["key"])
-            and isinstance(rec["sha256"], str) and type(rec["size"]) is int
+            and is_key(rec["sha256"]) and type(rec["size"]) is int
             and 0 <= rec["size"] <= MAX_LIBRARY_BYTES):
         return None
     return rec

@@ -262,8 +262,8 @@ def load_manifest(path: str | Path, *, kernels: tuple[str, ...] = ()) -> Manifes
         raise CuteccError(f"not UTF-8 (byte {e.start})", where=str(path)) from None
     try:
         doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise CuteccError(f"invalid TOML: {e}", where=str(path)) from None
+    except ValueError as e:  # TOMLDecodeError, or a value the parser refuses (a 5,000-digit int)
+        raise CuteccError(f"invalid TOML: {str(e)[:300]}", where=str(path)) from None
     except RecursionError:  # tomllib recurses per nesting level of arrays and inline tables
         raise CuteccError("arrays or tables nested too deeply to parse", where=str(path)) from None
     if path.name == "pyproject.toml":

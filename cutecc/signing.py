@@ -343,9 +343,19 @@ def _sig_doc(data: bytes, kind: str, where: str) -> dict[str, Any]:
         raise SignatureError(f"{where}: a signature of a {doc.get('kind')!r}, not of a {kind!r}")
     sigs = doc.get("signatures")
     if not isinstance(doc.get("sha256"), str) or not isinstance(sigs, list) or not sigs \
-            or not all(isinstance(s, dict) for s in sigs):
+            or len(sigs) > MAX_SIGNATURES or not all(_sig_entry_ok(s) for s in sigs):
         raise SignatureError(f"{where}: malformed signature file")
     return doc
+
+
+MAX_SIGNATURES = 64  # signers of one file (a key rotation needs two)
+
+
+def _sig_entry_ok(s: Any) -> bool:
+    """One signature of a .sig file: string fields of bounded length (a key id, an
+    algorithm name, base64); their values are judged by `verify`."""
+    return isinstance(s, dict) and all(isinstance(s.get(f), str) and len(s[f]) <= 256
+                                       for f in ("alg", "key_id", "sig"))
 
 
 def _b64(data: bytes) -> str:
