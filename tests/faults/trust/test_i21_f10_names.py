@@ -119,3 +119,27 @@ def test_the_error_of_a_name_over_the_cap_states_the_cap(tmp_path: Path) -> None
     """The refusal of a long name says the cap."""
     err = refused(_variants(tmp_path, "a" * 300), "variants")
     assert str(MAX_NAME_CHARS) in err and "300" in err, err
+
+
+def test_an_entry_whose_runtime_scalar_collides_is_set_aside(cache: Cache) -> None:
+    """Finding 10: the same for a runtime scalar read from disk: axpy's `alpha` renamed
+    `self` in its contract and key inputs (the key recomputed) is set aside, not served."""
+    from cutecc.store import Store
+
+    store = Store(cache.root)
+    shutil.rmtree(store.generations_dir, ignore_errors=True)
+    old = cache.key("axpy")
+    meta = cache.meta(old)
+    for args in (meta["args"], meta["key_inputs"]["args"]):
+        (scalar,) = [a for a in args if a.get("kind") == "scalar"]
+        scalar["name"] = "self"
+    new = meta["key"] = compute_key(meta["key_inputs"])
+    meta["built_at"] = "2099-01-01T00:00:00+00:00"  # the newest of its variant: it would win
+    shutil.copytree(cache.entry(old), cache.entry(new))
+    cache.write_meta(new, meta)
+    store.index(new, meta, cache.entry(new) / META)
+    r = py(PLANT.replace('"mul"', '"axpy"').replace("ks.mul", "ks.axpy"), cache.root, ARCH)
+    assert r.returncode == 0, out(r)
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert new not in got["keys"], got
+    assert any(new[:12] in u and "runtime scalar 'self'" in u for u in got["unusable"]), got
