@@ -12,6 +12,7 @@ import gzip
 import hashlib
 import io
 import os
+import re
 import tarfile
 import zipfile
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from cutecc.lockfile import LOCK_NAME
 from cutecc.runtime.package import PACK_DIR
 
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
+_WHEEL_INFO = re.compile(r"[^/]+\.dist-info/(METADATA|WHEEL|RECORD)")  # what wheel_bytes adds
+TWICE = "appears twice in the archive"
 
 
 def wheel_bytes(name: str, dist: str, version: str, *, tag: str, generator: str, requires: str,
@@ -96,8 +99,11 @@ class PackTree:
     the limits is copied into `staging` (a directory on disk that the caller owns), so
     memory holds one member at a time and time grows with the archive's size, whatever the
     members' order. Too many members or too many bytes in all refuse the archive
-    (CuteccError naming it); a member that is too large or not a regular file is recorded in
-    `bad` and refuses only the entry it belongs to. A size that lies is caught when read.
+    (CuteccError naming it); a member that is too large, not a regular file or present
+    twice is recorded in `bad` and refuses only the entry it belongs to. A size that lies
+    is caught when read. `outside` lists the members that are neither in the tree nor the
+    container's own (a wheel's dist-info and package `__init__.py`): a pack is ours, so
+    the reader refuses them by name, whatever the container.
     """
 
     def __init__(self, path: str | Path, limits: Limits | None = None,
@@ -127,6 +133,9 @@ class PackTree:
             raise CuteccError(f"not a cutecc pack: expected one {PACK_DIR}/{LOCK_NAME}, found "
                               f"{len(locks)}", where=str(self.path))
         self.prefix = locks[0][: -len(LOCK_NAME)]
+        own = {self.prefix[: -len(PACK_DIR) - 1] + "__init__.py"} if self._zip is not None else set()
+        self.outside = sorted(n for n in {*self._members, *self.bad} if not n.startswith(self.prefix)
+                              and n not in own and not (own and _WHEEL_INFO.fullmatch(n)))
         self.names = sorted(n[len(self.prefix):] for n in self._members if n.startswith(self.prefix))
         self.bad = {n[len(self.prefix):]: why for n, why in self.bad.items() if n.startswith(self.prefix)}
 
@@ -152,7 +161,7 @@ class PackTree:
                 continue
             total += i.file_size
             if self._admit(i.filename, i.file_size, total):
-                self._members[i.filename] = (i.file_size, i)
+                self._add(i.filename, i.file_size, i)
 
     def _stream_tar(self, staging: Path) -> None:
         total = n = 0
@@ -176,14 +185,22 @@ class PackTree:
                 if len(data) != m.size:
                     self.bad[m.name] = f"{len(data)} bytes read, {m.size} declared"
                     continue
+                if m.name in self._members or m.name in self.bad:
+                    self._add(m.name, m.size, None)
+                    continue
                 staged = staging / str(n)
                 fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
                 with os.fdopen(fd, "wb") as out:
                     out.write(data)
-                if m.name in self._members:
-                    self.bad[m.name] = "appears twice in the archive"
-                    continue
-                self._members[m.name] = (m.size, staged)
+                self._add(m.name, m.size, staged)
+
+    def _add(self, name: str, size: int, info: Any) -> None:
+        """Record a readable member; one whose name came before is bad, in every kind of
+        archive (neither copy is chosen)."""
+        if name in self._members or name in self.bad:
+            self.bad[name] = TWICE
+        else:
+            self._members[name] = (size, info)
 
     def _count(self, n: int) -> None:
         if n > self.limits.members:

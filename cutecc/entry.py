@@ -5,8 +5,9 @@ records (the kernel's shared library); its meta.json names the runtime library t
 kernel library links against (key, file, SHA-256, size), itself an entry of its own kind
 under `runtimes/ab/<key>/`. Everything that reads entries (the store, `verify`,
 `pack`/`unpack`, the lock file and the runtime's loader) asks this module what a valid
-one looks like, so the rules live in one place. It imports nothing else of cutecc, so
-the runtime can use it without pulling in the build side.
+one looks like, so the rules live in one place. It imports nothing else of cutecc but
+`cutecc.names` (which imports nothing), so the runtime can use it without pulling in the
+build side.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import json
 import re
 from pathlib import Path
 from typing import Any
+
+from cutecc.names import MAX_NAME_CHARS, call_name_problem, kernel_name_problem
 
 # The cache directory's layout (its `format` file). 2: runtimes/ and the by-kernel/ index.
 STORE_FORMAT = 2
@@ -34,7 +37,8 @@ USED = "used"  # empty; its mtime is the entry's last use (not an artifact, not 
 LIBRARY = "kernel.so"
 RESERVED_FILES = frozenset({META, USED})  # in an entry dir, besides the files meta.json lists
 KEY_RE = re.compile(r"[0-9a-f]{64}")
-KERNEL_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")  # a manifest's kernel names
+# The form of a kernel name (cutecc.names has the whole rule: is_kernel_name).
+KERNEL_NAME_RE = re.compile(rf"[A-Za-z][A-Za-z0-9_]{{0,{MAX_NAME_CHARS - 1}}}")
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 MAX_META_BYTES = 1 << 20  # a meta.json is a few KB; anything larger is not ours
 # A recorded file (a kernel or runtime library) is KBs to a few MB; a record of more is not
@@ -92,8 +96,9 @@ def compute_key(inputs: dict[str, Any]) -> str:
 
 
 def is_kernel_name(text: object) -> bool:
-    """Whether `text` can name a kernel (an identifier; also a directory of the index)."""
-    return isinstance(text, str) and KERNEL_NAME_RE.fullmatch(text) is not None
+    """Whether `text` can name a kernel: an attribute of the loaded kernel set, a directory
+    of the index (`cutecc.names.kernel_name_problem`)."""
+    return kernel_name_problem(text) is None
 
 
 def runtime_soname(runtime_key: str) -> str:
@@ -293,7 +298,11 @@ def meta_problem(meta: Any, key: str) -> str | None:
         if not isinstance(meta.get(name), str) or not meta[name]:
             return f"{name} is not a string (damaged metadata)"
     if not is_kernel_name(meta["kernel"]):
-        return f"kernel {meta['kernel']!r} is not an identifier (damaged metadata)"
+        return f"{kernel_name_problem(meta['kernel'])} (damaged metadata)"
+    for name in call_keywords(meta):
+        why = call_name_problem(name)
+        if why:
+            return f"key_inputs.call: {why}; refusing it"
     why = _records_problem(meta)
     if why:
         return why

@@ -73,8 +73,8 @@ from cutecc.contract import (
     TupleArg,
     flat_leaves,
 )
-from cutecc.entry import is_kernel_name
 from cutecc.errors import CuteccError
+from cutecc.names import KERNEL_SET_RESERVED, call_name_problem, kernel_name_problem
 from cutecc.remote_url import parse_url
 from cutecc.tuning import space
 
@@ -93,8 +93,7 @@ _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 ENTRY_RE = re.compile(rf"{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*")
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A kernel is an attribute of the loaded kernel set: these names are the set's own.
-RESERVED_KERNEL_NAMES = frozenset({"get", "problems", "register_all", "disabled_safety_checks", "root",
-                                   "arch", "keys", "items", "values"})
+RESERVED_KERNEL_NAMES = KERNEL_SET_RESERVED
 MAX_STATIC_EXTENT = 2**31 - 1  # extents and strides are 32-bit in the compiled layouts
 MAX_ALIGN = 256  # bytes: beyond any vector or TMA alignment the DSL asks for
 _INT_RANGE = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
@@ -328,12 +327,9 @@ def _parse(doc: dict[str, Any], path: Path, ctx: _Ctx, prefix: str) -> Manifest:
     kernels = []
     for name, kdoc in ktab.items():
         kp = f'kernel "{name}"'
-        if not is_kernel_name(name) or keyword.iskeyword(name):  # a Python attribute, a directory
-            raise ctx.fail(kp, "a kernel name must be an identifier (letters, digits, _) of at "
-                           "most 128 characters, not a Python keyword")
-        if name.startswith("_") or name in RESERVED_KERNEL_NAMES:
-            raise ctx.fail(kp, "this name is the loaded kernel set's own attribute (names starting "
-                           f"with _ and {', '.join(sorted(RESERVED_KERNEL_NAMES))} are reserved)")
+        why = kernel_name_problem(name)  # an attribute of the kernel set, a directory
+        if why:
+            raise ctx.fail(kp, f"{why}; rename the kernel")
         if not isinstance(kdoc, dict):
             raise ctx.fail(kp, "must be a table")
         kernels.append(_kernel(ctx, kp, name, kdoc, archs, profile, profiles, copts))
@@ -499,6 +495,9 @@ def _call_keywords(ctx: _Ctx, kp: str, axes: Any, variants: list[Variant]) -> tu
             seen.add(g)
     scalars = {s.name for v in variants for s in v.convention.scalars}
     for p in keywords:
+        why = call_name_problem(p)  # `ks.k(x, p=...)`: a keyword of KernelFn.__call__
+        if why:
+            raise ctx.fail(f"{kp}, variants.{p}", f"{why}; rename the parameter")
         if p in scalars:
             raise ctx.fail(f"{kp}, variants.{p}", f'call keyword "{p}" is also the name of a '
                            "runtime scalar; rename one")
@@ -691,6 +690,9 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
     if kind == "scalar":
         _no_unknown(ctx, a, _SCALAR_KEYS, kp)
         name = _name(ctx, kp, a)
+        why = call_name_problem(name, "runtime scalar")  # a keyword of the kernel's call
+        if why:
+            raise ctx.fail(f"{kp}.name", why)
         dt = _dtype(ctx, f"{kp}.dtype", a, env, hw)
         if dt not in dtypes.SCALAR_DTYPES:
             allowed = ", ".join(dtypes.SCALAR_DTYPES)

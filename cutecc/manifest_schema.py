@@ -7,6 +7,7 @@ schema cannot say: shared symbolic extents, backward pairings, `$param` referenc
 from __future__ import annotations
 
 import json
+import keyword
 from typing import Any
 
 from cutecc import dtypes
@@ -20,6 +21,7 @@ from cutecc.manifest import (
     MAX_DIVISIBILITY,
     RESERVED_KERNEL_NAMES,
 )
+from cutecc.names import CALL_RESERVED, MAX_NAME_CHARS
 
 SCHEMA_ID = "https://cutecc.dev/schemas/kernels.schema.json"
 _PARAM = {"type": "string", "pattern": r"^\$[A-Za-z_][A-Za-z0-9_.]*$",
@@ -30,6 +32,14 @@ _VALUE = {"oneOf": [{"type": ["integer", "number", "boolean", "string", "array"]
                      "minProperties": 1}]}
 _KW = {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*$",
        "description": "Pass this argument by keyword; parameters not declared keep their defaults."}
+
+
+def _runtime_name(reserved: frozenset[str], what: str) -> dict[str, Any]:
+    """A name the runtime exposes (cutecc.names): a kernel set's attribute, a call's keyword."""
+    return {"type": "string", "pattern": r"^[A-Za-z][A-Za-z0-9_]*$", "maxLength": MAX_NAME_CHARS,
+            "not": {"enum": sorted(reserved | set(keyword.kwlist))},
+            "description": f"{what}: starts with a letter, at most {MAX_NAME_CHARS} characters, not "
+                           "a Python keyword nor a name the runtime's object already has."}
 
 
 def _dtype() -> dict[str, Any]:
@@ -69,7 +79,7 @@ def schema() -> dict[str, Any]:
     scalar = {
         "type": "object", "additionalProperties": False, "required": ["kind", "name", "dtype"],
         "properties": {"kind": {"const": "scalar"},
-                       "name": {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*$"},
+                       "name": _runtime_name(CALL_RESERVED, "A keyword of the kernel's call"),
                        "dtype": {"anyOf": [{"enum": list(dtypes.SCALAR_DTYPES)}, _PARAM]},
                        "default": {"type": ["integer", "number", "boolean"]}, "param": _KW},
     }
@@ -101,7 +111,8 @@ def schema() -> dict[str, Any]:
             "variants": {"type": "object",
                          "additionalProperties": {"type": "array", "minItems": 1, "items": _VALUE},
                          "description": "A matrix of parameters; those the input tensors cannot "
-                                        "tell apart are call keywords."},
+                                        "tell apart are call keywords (named as a runtime "
+                                        "scalar is: cutecc.names)."},
             "symbols": {"type": "object", "additionalProperties": {
                 "type": "object", "additionalProperties": False,
                 "properties": {"divisibility": {"type": "integer", "minimum": 1,
@@ -165,8 +176,8 @@ def schema() -> dict[str, Any]:
             "hardware": {"type": "object", "additionalProperties": {
                 "type": "object", "additionalProperties": {"type": ["integer", "number", "string"]}}},
             "kernel": {"type": "object", "minProperties": 1,
-                       "propertyNames": {"pattern": r"^[A-Za-z][A-Za-z0-9_]*$",
-                                         "not": {"enum": sorted(RESERVED_KERNEL_NAMES)}},
+                       "propertyNames": _runtime_name(RESERVED_KERNEL_NAMES, "An attribute of the "
+                                                      "loaded kernel set"),
                        "additionalProperties": {"$ref": "#/$defs/kernel"}},
         },
         "$defs": {"kernel": kernel, "arg": {"oneOf": [tensor, scalar, none, stream, tup, const, struct]}},

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -127,12 +128,31 @@ class Lookup:
     down: str | None = None  # why the remote stopped being used, if it did
 
 
+_STATUS = re.compile(r"status code:? (\d{3})((?: [A-Za-z]+){0,4})")
+_S3_CODE = re.compile(r"<Code>([A-Za-z0-9.]{1,64})</Code>")
+_S3_MESSAGE = re.compile(r"<Message>([^<]{1,160})</Message>")
+
+
 def _short(e: BaseException) -> str:
-    """The useful part of an obstore error: its first line, without the request's URL."""
-    lines = [ln for ln in str(e).splitlines() if ln.strip()]
+    """The useful part of an obstore error, on one bounded line: its first line without the
+    request's URL; for an HTTP error the status and the S3 error's Code and Message (as
+    `403 Forbidden, AccessDenied: Access Denied.`), never the raw XML body."""
+    full = str(e)
+    lines = [ln for ln in full.splitlines() if ln.strip()]
     text = lines[0] if lines else type(e).__name__
     if " - " in text and "Error performing" in text:
         text = text.split(" - ", 1)[1]
+    status = _STATUS.search(text)
+    if status:
+        code, message = _S3_CODE.search(full), _S3_MESSAGE.search(full)
+        rest = text[status.end():].split("<", 1)[0].strip(" :")  # a plain-text body
+        text = f"HTTP {status.group(1)}{status.group(2)}"
+        if code:
+            text += f", {code.group(1)}" + (f": {message.group(1).strip()}" if message else "")
+        elif rest:
+            text += f": {rest}"
+    text = "".join(c if c.isprintable() else " " for c in text.split("<", 1)[0]).strip(" :")
+    text = text or type(e).__name__
     return text[:200] + ("..." if len(text) > 200 else "")
 
 

@@ -238,10 +238,13 @@ def verify(data: bytes, sig: bytes | None, trusted: Sequence[PublicKey], kind: s
                              "from the signed one); refusing it")
     by_id = {k.key_id: k for k in trusted}
     signers = [s.get("key_id") for s in doc["signatures"]]
-    failed = []
+    failed, other_alg = [], []
     for s in doc["signatures"]:
         k = by_id.get(s.get("key_id"))
-        if k is None or s.get("alg") != "ed25519":
+        if k is None:
+            continue
+        if s.get("alg") != "ed25519":
+            other_alg.append(f"key {k.key_id} uses algorithm {str(s.get('alg'))[:20]!r}")
             continue
         raw = _unb64(s.get("sig"), 64, f"{where}{SIG_SUFFIX}")
         if _ed25519_verify(k.raw, raw, message(kind, data)):
@@ -250,6 +253,9 @@ def verify(data: bytes, sig: bytes | None, trusted: Sequence[PublicKey], kind: s
     if failed:
         raise SignatureError(f"{where}: the signature by key {', '.join(failed)} does not "
                              "verify; refusing it")
+    if other_alg:
+        raise SignatureError(f"{where}: the signature by {', '.join(other_alg)}, which is not "
+                             "accepted (only 'ed25519' is); refusing it")
     raise SignatureError(f"{where} is signed by key(s) {', '.join(map(str, signers)) or 'none'}, "
                          f"none of them trusted (trusted: {', '.join(by_id)}); refusing it")
 

@@ -269,7 +269,11 @@ def test_the_schema_refuses_what_the_manifest_refuses() -> None:
     schema = json.loads((REPO / "kernels.schema.json").read_text())
     bad = [{"kernel": {"k": {"entry": "m:f", "args": [], "colour": 1}}},
            {"archs": ["sm_90a\n"], "kernel": {"k": {"entry": "m:f", "args": []}}},
-           {"kernel": {"k": {"entry": "m:f", "args": [{"name": "x", "dtype": "f8", "shape": [4]}]}}}]
+           {"kernel": {"k": {"entry": "m:f", "args": [{"name": "x", "dtype": "f8", "shape": [4]}]}}},
+           # issue 21, finding 10: names the runtime exposes are capped and never its own
+           {"kernel": {"k" * 65: {"entry": "m:f", "args": []}}},
+           {"kernel": {"k": {"entry": "m:f", "args": [{"kind": "scalar", "name": "self",
+                                                         "dtype": "float32"}]}}}]
     for doc in bad:
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(doc, schema)

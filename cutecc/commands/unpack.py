@@ -123,6 +123,8 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
             (entries if parts[0] == "entries" else runtimes).setdefault(parts[2], []).append(parts[3])
         elif n not in ("format", LOCK_NAME, sig_name):
             report.refused.append((n[:80], "not part of a cutecc pack's tree"))
+    for n in tree.outside:
+        report.refused.append((n[:80], f"outside the {PACK_DIR}/ tree: not part of a cutecc pack"))
     for key in sorted(set(entries) - set(by_key)):
         report.refused.append((key[:12], "not named by the pack's kernels.lock"))
     needed: dict[str, dict[str, Any]] = {}  # the runtime libraries the entries name

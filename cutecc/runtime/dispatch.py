@@ -30,6 +30,7 @@ from cutecc.archs import to_build
 from cutecc.contract import Arg, CallingConvention, ScalarArg, TensorArg, args_from_json
 from cutecc.entry import call_keywords
 from cutecc.errors import CuteccError
+from cutecc.names import call_name_problem
 from cutecc.runtime import library
 from cutecc.runtime.primitive import cutecc_call_p, unify_varying, varying
 
@@ -65,6 +66,10 @@ class Build:
             rt["key"], entry_dir.parents[2] / "runtimes" / rt["key"][:2] / rt["key"] / rt["library"],
             rt["sha256"], int(rt["size"]))
         conv = CallingConvention.of(args)
+        for s in conv.scalars:  # a keyword of the call, as the manifest checks
+            why = call_name_problem(s.name, "runtime scalar")
+            if why:
+                raise ValueError(why)
         # What a call computes from its arrays (output shapes, padded views) must be bound
         # by them, as the manifest ensures: a contract read from disk is checked again.
         bound = {d for t in conv.inputs for d in t.extents if isinstance(d, str)}

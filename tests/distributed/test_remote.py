@@ -23,6 +23,8 @@ from cutecc.lockfile import read_lock
 from cutecc.remote import Remote, RemoteConfig, config, parse_url
 from cutecc.store import Store
 
+from .conftest import READER, read_only_identities
+
 
 def _libraries(cache: Path) -> dict[str, bytes]:
     """key -> library bytes of every entry of a cache."""
@@ -238,6 +240,23 @@ def test_the_server_stopped_mid_build_degrades_with_one_warning(
     assert len(lines) == 1 and "unavailable" in lines[0] and "built locally" in lines[0], r.stderr
     assert "2 built" in r.stdout
     assert stats(tmp_path / "c2")["remote_unavailable"] == 1
+
+
+def test_a_read_only_credential_warns_in_one_clean_line(weed, tmp_path: Path) -> None:
+    """Issue 21, finding 11d: a writing build with a credential that may only read gets
+    403 on every upload; it still succeeds, with one warning whose reason is the status
+    and the S3 error (`403 Forbidden, AccessDenied: ...`), never a fragment of the XML."""
+    server = weed(read_only_identities(tmp_path / "s3.json"))
+    env = {**server.env, "AWS_ACCESS_KEY_ID": READER[0], "AWS_SECRET_ACCESS_KEY": READER[1]}
+    manifest = write_toy_project(tmp_path / "proj")
+    r = run_cli("build", str(manifest), "--cache-dir", str(tmp_path / "c"), "--remote",
+                f"s3://{server.bucket}/ro", "--remote-write", "--no-lock", env=env)
+    assert r.returncode == 0 and "2 built" in r.stdout, r.stdout + r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(lines) == 1, r.stderr
+    assert "403" in lines[0] and "AccessDenied" in lines[0], lines[0]
+    assert "<" not in lines[0] and "xml" not in lines[0].lower() and len(lines[0]) < 400, lines[0]
+    assert server.proc.poll() is None  # the server is up: denied, not down
 
 
 def test_a_hung_server_times_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
