@@ -360,8 +360,9 @@ MAX_SIGNATURES = 64  # signers of one file (a key rotation needs two)
 def _sig_entry_ok(s: Any) -> bool:
     """One signature of a .sig file: string fields of bounded length (a key id, an
     algorithm name, base64); their values are judged by `verify`."""
-    return isinstance(s, dict) and all(isinstance(s.get(f), str) and len(s[f]) <= 256
-                                       for f in ("alg", "key_id", "sig"))
+    return (isinstance(s, dict) and all(isinstance(s.get(f), str) and len(s[f]) <= 256
+                                        for f in ("key_id", "sig"))
+            and (s.get("alg") is None or isinstance(s["alg"], str) and len(s["alg"]) <= 256))
 
 
 def _b64(data: bytes) -> str:
