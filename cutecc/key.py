@@ -71,6 +71,8 @@ class SourceIndex:
         self._tops: dict[Path, set[str]] = {}
         self._closures: dict[str, set[Path]] = {}
         self._local: dict[str, bool] = {}
+        self._why: dict[str, str] = {}  # why a module was not found
+        self._exec_paths: dict[str, list[str]] = {}  # __path__ of packages imported to learn it
 
     def digest(self, module: str) -> tuple[str, tuple[str, ...]]:
         """(SHA-256 over the module's local dependency closure, the files' relative paths).
@@ -152,13 +154,19 @@ class SourceIndex:
         return self._file_hash[f]
 
     def _locate(self, module: str) -> modfind.Found | None:
-        """Where import would find `module` (python_path first), found without running it."""
+        """Where import would find `module` (python_path first): found by reading, and where
+        only running a parent package's `__init__` tells its `__path__` (a package that adds
+        another distribution's directory at import, as the DSL's `cutlass` adds
+        nvidia-cutlass-operators'), by importing that parent in a child process, once per
+        index. None when not found; `_why` keeps the reason."""
         if module not in self._found:
             try:
                 found: modfind.Found | None = modfind.find_module(
-                    module, [str(r) for r in self.roots], invalidate=not self._found)
-            except (ImportError, ValueError, OSError, SyntaxError, UnicodeDecodeError):
+                    module, [str(r) for r in self.roots], invalidate=not self._found,
+                    allow_exec=True, exec_cache=self._exec_paths)
+            except (ImportError, ValueError, OSError, SyntaxError, UnicodeDecodeError) as e:
                 found = None
+                self._why[module] = str(e) or type(e).__name__
             self._found[module] = found
         return self._found[module]
 
@@ -195,7 +203,8 @@ class SourceIndex:
         entry_top = module.split(".")[0]
         if self._locate(module) is None:
             raise CuteccError(f'cannot find module "{module}" on the manifest\'s python_path '
-                              f"({', '.join(map(str, self.roots))}) or installed")
+                              f"({', '.join(map(str, self.roots))}) or installed: "
+                              f"{self._why.get(module, 'not found')}")
         seen: set[Path] = set()
         todo = [module]
         done: set[str] = set()
