@@ -48,7 +48,7 @@ from cutecc.contract import (
     TupleArg,
 )
 from cutecc.errors import CuteccError
-from cutecc.manifest import Variant
+from cutecc.manifest import Variant, split_entry
 
 # The library exports `__tvm_ffi_<SYMBOL>` (recorded in each entry's metadata): the
 # linker's wrapper around the DSL's function, which the object exports as
@@ -274,10 +274,22 @@ def closure_objects(args: tuple[Arg, ...]) -> tuple[list[Any], list[Any]]:
 
 
 def resolve_entry(entry: str, factory_args: tuple[tuple[str, Any], ...] | None) -> Any:
-    """Import `package.module:attr` and, for a factory, call it with its (resolved) arguments."""
-    obj = import_path(entry)
+    """Import `package.module:attr`, for a factory call it with its (resolved) arguments,
+    then take the entry's indices (`mod:factory[1]`: one launcher of the tuple returned)."""
+    path, indices = split_entry(entry)
+    obj = import_path(path)
     if factory_args is not None:
         obj = obj(**{k: resolve_value(v) for k, v in factory_args})
+    what = "the factory returned" if factory_args is not None else f"{path} is"
+    for depth, i in enumerate(indices):
+        here = path + "".join(f"[{j}]" for j in indices[: depth + 1])
+        if isinstance(obj, (str, bytes)) or not hasattr(obj, "__getitem__") \
+                or not hasattr(obj, "__len__"):
+            raise TypeError(f"{here}: {what} a {type(obj).__name__}, not a tuple or list to index")
+        if i >= len(obj):
+            raise IndexError(f"{here}: {what} a {type(obj).__name__} of {len(obj)}, "
+                             f"no item {i}")
+        obj, what = obj[i], "its item is"
     return obj
 
 

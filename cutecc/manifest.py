@@ -18,7 +18,9 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
                                   --remote-write / $CUTECC_REMOTE_WRITE=1 (CI's choice)
   [hardware.NAME]                 custom hardware profiles: key = int | float | str
   [kernel.NAME]                   one table per kernel:
-    entry = "pkg.module:attr"     a @cute.jit launcher, or a factory if factory_args is set
+    entry = "pkg.module:attr"     a @cute.jit launcher, or a factory if factory_args is set;
+                                  "pkg.module:attr[i]" indexes into it (the factory's result
+                                  when factory_args is set): a factory returning a tuple
     factory_args = {..}           keyword arguments the factory is called with; values (here,
                                   in constants and const args) are numbers, strings, bools,
                                   arrays (tuples) or typed tables: {dtype = "bfloat16"},
@@ -90,7 +92,11 @@ MAX_VARIANTS_PER_KERNEL = 10_000
 MAX_TUPLE_DEPTH = 8  # launchers take tuples of tensors, not trees; deeper is a mistake
 # Matched in full (`fullmatch`): a `$` anchor would accept a trailing newline.
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
-ENTRY_RE = re.compile(rf"{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*")
+_IMPORT = rf"{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*"
+# An entry may index into what it names (`mod:factory[1]`: the second launcher of the tuple
+# a factory returns; the factory is called first when factory_args is set).
+ENTRY_RE = re.compile(rf"{_IMPORT}(\[(0|[1-9][0-9]{{0,5}})\])*")
+_INDEX_RE = re.compile(r"\[([0-9]+)\]")
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A kernel is an attribute of the loaded kernel set: these names are the set's own.
 RESERVED_KERNEL_NAMES = frozenset({"get", "problems", "register_all", "disabled_safety_checks", "root",
@@ -163,6 +169,15 @@ class Kernel:
     @property
     def module(self) -> str:
         return self.entry.split(":", 1)[0]
+
+
+def split_entry(entry: str) -> tuple[str, tuple[int, ...]]:
+    """An entry as ("package.module:attr[.attr]", the indices into what that names):
+    `"m:pair[1]"` -> `("m:pair", (1,))`."""
+    cut = entry.find("[")
+    if cut < 0:
+        return entry, ()
+    return entry[:cut], tuple(int(i) for i in _INDEX_RE.findall(entry[cut:]))
 
 
 @dataclass(frozen=True)
@@ -368,7 +383,8 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
         raise ctx.fail(kp, 'missing "entry" ("package.module:attr")')
     entry = _str(ctx, f"{kp}, entry", kdoc["entry"])
     if not ENTRY_RE.fullmatch(entry):
-        raise ctx.fail(f"{kp}, entry", f'"{entry}" is not of the form "package.module:attr"')
+        raise ctx.fail(f"{kp}, entry", f'"{entry}" is not of the form "package.module:attr" '
+                       '(or "package.module:attr[i]", an index into what it names or returns)')
     k_archs = _archs(ctx, f"{kp}, archs", kdoc["archs"]) if "archs" in kdoc else archs
     k_profile = _str(ctx, f"{kp}, profile", kdoc.get("profile", profile))
     if k_profile not in profiles:
@@ -576,7 +592,7 @@ def _subst(ctx: _Ctx, kp: str, v: Any, env: dict[str, _Value], hw: dict[str, Any
 
 _MARKERS = {"dtype": set(), "dsl": {"value"}, "import": set(), "call": {"args", "kwargs"},
             "none": set()}
-IMPORT_RE = ENTRY_RE  # "package.module:attr[.attr]"
+IMPORT_RE = re.compile(_IMPORT)  # "package.module:attr[.attr]"
 DSL_NAME_RE = re.compile(rf"(cutlass\.)?{_IDENT}")
 
 

@@ -15,6 +15,7 @@ from cutecc.contract import LAYOUTS, ROLES
 from cutecc.manifest import (
     BUILTIN_PROFILES,
     ENTRY_RE,
+    IMPORT_RE,
     MANIFEST_FORMAT,
     MAX_ALIGN,
     MAX_DIVISIBILITY,
@@ -84,7 +85,7 @@ def schema() -> dict[str, Any]:
              "properties": {"kind": {"const": "const"}, "value": _VALUE, "param": _KW}}
     struct = {"type": "object", "additionalProperties": False, "required": ["kind", "type"],
               "properties": {"kind": {"const": "struct"}, "param": _KW,
-                             "type": {"type": "string", "pattern": f"^{ENTRY_RE.pattern}$"},
+                             "type": {"type": "string", "pattern": f"^{IMPORT_RE.pattern}$"},
                              "fields": {"type": "object", "additionalProperties": {"$ref": "#/$defs/arg"}}}}
     table = {"type": "object", "additionalProperties": _VALUE}
     kernel = {
@@ -92,7 +93,8 @@ def schema() -> dict[str, Any]:
         "properties": {
             "entry": {"type": "string", "pattern": f"^{ENTRY_RE.pattern}$", "not": {"pattern": r"\s"},
                       "description": "A @cute.jit launcher, or a factory with factory_args: "
-                                     "\"package.module:attr\"."},
+                                     "\"package.module:attr\"; \"package.module:attr[1]\" takes "
+                                     "one item of the tuple it names or its factory returns."},
             "description": {"type": "string"},
             "factory_args": table,
             "args": {"type": "array", "items": {"$ref": "#/$defs/arg"},

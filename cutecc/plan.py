@@ -14,7 +14,7 @@ from cutecc.dists import DistIndex, HashCache, compile_env
 from cutecc.entry import compute_key, label
 from cutecc.errors import CuteccError
 from cutecc.key import SourceIndex, key_inputs
-from cutecc.manifest import Kernel, Manifest, Variant
+from cutecc.manifest import Kernel, Manifest, Variant, split_entry
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def _plan(manifest: Manifest, archs: tuple[str, ...], index: SourceIndex, instal
                 raise
             raise CuteccError(e.message, where=str(manifest.path),
                               key_path=f'kernel "{k.name}", entry') from None
-        attr = k.entry.split(":", 1)[1].split(".")[0]
+        attr = split_entry(k.entry)[0].split(":", 1)[1].split(".")[0]
         if index.lacks(k.module, attr):
             raise CuteccError(f'module "{k.module}" defines no "{attr}"', where=str(manifest.path),
                               key_path=f'kernel "{k.name}", entry')
