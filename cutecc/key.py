@@ -129,6 +129,17 @@ class SourceIndex:
                         names.add(sub.id)  # assignment targets, and globals() as a name
         return attr not in names and "__getattr__" not in names and "globals" not in names
 
+    def missing(self, module: str) -> str | None:
+        """Why import would not find `module` (None: it would)."""
+        if self._locate(module) is not None:
+            return None
+        return self._why.get(module, "not found")
+
+    def is_local(self, top: str) -> bool:
+        """Whether top-level package `top` is keyed by its source (project-local) rather than
+        by its installed distribution (see `_is_local`)."""
+        return self._is_local(top)
+
     def _rel(self, f: Path) -> str:
         """`f`'s name in the key: relative to the python_path root holding it, else to the
         `sys.path` entry holding it (an installed entry package), so a key is the same
@@ -275,9 +286,12 @@ def _top_level_in(path: Path, root: Path, top: str) -> bool:
 
 def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
                distributions: dict[str, str] | None = None,
-               env: dict[str, str] | None = None) -> dict[str, Any]:
+               env: dict[str, str] | None = None,
+               imports: dict[str, str] | None = None) -> dict[str, Any]:
     """The named inputs of one artifact's key (also stored in its metadata):
-    `distributions` and `env` as `cutecc.dists` computes them."""
+    `distributions` and `env` as `cutecc.dists` computes them; `imports`, the source digests
+    of project modules that the variant's values and struct types name and the entry's
+    closure does not reach (`cutecc.plan.references`)."""
     inputs: dict[str, Any] = {
         "distributions": distributions or {},
         "env": env or {},
@@ -291,6 +305,8 @@ def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
         "compile_options": kernel.compile_options,
         "toolchain": toolchain(),
     }
+    if imports:  # only when set: kernels whose references the entry reaches keep their keys
+        inputs["imports"] = dict(sorted(imports.items()))
     if variant.call:  # only when set: kernels without call keywords keep their keys
         inputs["call"] = dict(variant.call)  # which call reaches this entry
     return inputs

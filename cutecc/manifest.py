@@ -40,6 +40,9 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
     constants = {..}              compile-time keyword arguments of the launcher
     symbols = {n = {divisibility = 8}}   facts about symbolic extents (checked at call time)
     variants = {param = [..]}     a matrix; "$param" in dtype/shape/constants/factory_args;
+                                  values are numbers, strings, bools or, for a whole axis,
+                                  import references {import = "pkg.mod:Name"} (Python
+                                  objects; "$param" then stands in typed values only)
                                   a parameter that the input tensors cannot tell apart is
                                   a call keyword: `ks.k(q, causal=True)`
     archs, profile, compile_options   per-kernel overrides
@@ -398,7 +401,7 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
     factory = kdoc.get("factory_args")
     if factory is not None:
         factory = _table(ctx, f"{kp}, factory_args", factory)
-    axes = _variant_axes(ctx, f"{kp}, variants", kdoc.get("variants", {}))
+    axes, refs = _variant_axes(ctx, f"{kp}, variants", kdoc.get("variants", {}))
     hw = profiles[k_profile]
     grad = kdoc.get("grad")
     backward = None
@@ -414,8 +417,9 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
     if tuning is not None:
         _check_used(ctx, f"{kp}, tune", tuning.params, kdoc, "params")
 
-    def resolve(point: tuple[tuple[str, _Value], ...], env: dict[str, _Value]) -> Variant:
+    def resolve(point: tuple[tuple[str, _Value], ...], env: dict[str, Any]) -> Variant:
         vctx = f"{kp}, variant {_point_id(point)}" if point else kp
+        env = {k: {"import": x} if k in refs else x for k, x in env.items()}
         args = tuple(_with_divisibility(_arg(ctx, f"{vctx}, args[{i}]", a, env, hw), symbols)
                      for i, a in enumerate(kdoc["args"]))
         _check_args(ctx, vctx, args)
@@ -532,26 +536,47 @@ def _call_keywords(ctx: _Ctx, kp: str, axes: Any, variants: list[Variant]) -> tu
     return tuple(out)
 
 
-def _variant_axes(ctx: _Ctx, kp: str, v: Any) -> tuple[tuple[str, tuple[_Value, ...]], ...]:
+def _variant_axes(ctx: _Ctx, kp: str, v: Any
+                  ) -> tuple[tuple[tuple[str, tuple[_Value, ...]], ...], frozenset[str]]:
+    """The variant matrix's axes, and the names of those whose values are import references
+    (`op = [{ import = "pkg.mod:Double" }, ..]`: Python objects such as operator classes or
+    enum members). A reference's value is its text ("pkg.mod:Double"): it names the variant
+    and is what a call keyword compares; "$op" stands for `{ import = "pkg.mod:Double" }`."""
     if not isinstance(v, dict):
         raise ctx.fail(kp, "must be a table of parameter = [values]")
     axes = []
+    refs = set()
     total = 1
     for k, vals in v.items():
         if not NAME_RE.fullmatch(k) or keyword.iskeyword(k):
             raise ctx.fail(f"{kp}.{k}", "a variant parameter must be an identifier, not a Python keyword")
         if not isinstance(vals, list) or not vals:
             raise ctx.fail(f"{kp}.{k}", "must be a non-empty array of values")
+        is_ref = isinstance(vals[0], dict)
         for i, x in enumerate(vals):
-            if not isinstance(x, (int, float, str, bool)):
-                raise ctx.fail(f"{kp}.{k}[{i}]", f"must be a number, string or bool, got {_tname(x)}")
+            if isinstance(x, dict) and set(x) == {"import"}:
+                if not isinstance(x["import"], str) or not IMPORT_RE.fullmatch(x["import"]):
+                    raise ctx.fail(f"{kp}.{k}[{i}].import",
+                                   f'must be "package.module:attr", got {x["import"]!r}')
+                if not is_ref:
+                    raise ctx.fail(f"{kp}.{k}[{i}]", "an axis of plain values cannot mix in an "
+                                   "import reference: give it an axis of its own")
+            elif isinstance(x, dict) or not isinstance(x, (int, float, str, bool)):
+                raise ctx.fail(f"{kp}.{k}[{i}]", "must be a number, string, bool or "
+                               f'{{ import = "pkg.mod:Name" }}, got {_tname(x)}')
+            elif is_ref:
+                raise ctx.fail(f"{kp}.{k}[{i}]", "an axis of import references takes only "
+                               '{ import = ... } values')
+        if is_ref:
+            vals = [x["import"] for x in vals]
+            refs.add(k)
         if len(set(map(repr, vals))) != len(vals):
             raise ctx.fail(f"{kp}.{k}", "repeats a value")
         total *= len(vals)
         axes.append((k, tuple(vals)))
     if total > MAX_VARIANTS_PER_KERNEL:
         raise ctx.fail(kp, f"expands to {total} variants, over the {MAX_VARIANTS_PER_KERNEL} limit")
-    return tuple(axes)
+    return tuple(axes), frozenset(refs)
 
 
 def _points(axes: tuple[tuple[str, tuple[_Value, ...]], ...]) -> Iterator[tuple[tuple[str, _Value], ...]]:
@@ -572,8 +597,11 @@ def _check_used(ctx: _Ctx, kp: str, axes: Any, kdoc: dict[str, Any], table: str 
                            f'parameter "{name}" is never used (refer to it as "${name}")')
 
 
-def _subst(ctx: _Ctx, kp: str, v: Any, env: dict[str, _Value], hw: dict[str, Any]) -> _Value:
-    """Resolve "$param" (a variant parameter) and "$hw.key" (a hardware fact)."""
+def _subst(ctx: _Ctx, kp: str, v: Any, env: dict[str, Any], hw: dict[str, Any],
+           typed: bool = False) -> Any:
+    """Resolve "$param" (a variant parameter) and "$hw.key" (a hardware fact). A parameter
+    whose values are import references gives its `{"import": ..}` table, only where a typed
+    value may stand (`typed`: factory_args, constants, const arguments)."""
     if isinstance(v, str) and v.startswith("$"):
         ref = v[1:]
         if ref.startswith("hw."):
@@ -584,6 +612,9 @@ def _subst(ctx: _Ctx, kp: str, v: Any, env: dict[str, _Value], hw: dict[str, Any
         if ref not in env:
             known = ", ".join(env) or "none"
             raise ctx.fail(kp, f'"{v}" names no variant parameter (parameters: {known})')
+        if isinstance(env[ref], dict) and not typed:
+            raise ctx.fail(kp, f'"{v}" is an import reference ({env[ref]["import"]}): it can be a '
+                           "value of factory_args, constants or a const argument, not stand here")
         return env[ref]
     if not isinstance(v, (int, float, str, bool)):
         raise ctx.fail(kp, f"must be a number, string or bool, got {_tname(v)}")
@@ -608,7 +639,7 @@ def _value(ctx: _Ctx, kp: str, v: Any, env: dict[str, _Value], hw: dict[str, Any
     if isinstance(v, list):
         return [_value(ctx, f"{kp}[{i}]", x, env, hw, depth + 1) for i, x in enumerate(v)]
     if not isinstance(v, dict):
-        return _subst(ctx, kp, v, env, hw)
+        return _subst(ctx, kp, v, env, hw, typed=True)  # "$op" may be an import reference
     markers = [k for k in v if k in _MARKERS]
     if len(markers) != 1:
         raise ctx.fail(kp, "a typed value is a table with exactly one of "
@@ -631,7 +662,9 @@ def _value(ctx: _Ctx, kp: str, v: Any, env: dict[str, _Value], hw: dict[str, Any
         if "value" in v:
             out["value"] = _value(ctx, f"{kp}.value", v["value"], env, hw, depth + 1)
     elif m in ("import", "call"):
-        target = _subst(ctx, f"{kp}.{m}", v[m], env, hw)
+        target = _subst(ctx, f"{kp}.{m}", v[m], env, hw, typed=True)
+        if isinstance(target, dict):  # { import = "$op" }, op an axis of import references
+            target = target["import"]
         if not isinstance(target, str) or not IMPORT_RE.fullmatch(target):
             raise ctx.fail(f"{kp}.{m}", f'must be "package.module:attr", got {target!r}')
         out[m] = target

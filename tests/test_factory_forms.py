@@ -120,7 +120,7 @@ def test_import_references_are_variant_values_keyed_by_their_module(tmp_path: Pa
     assert dict(k.variants[1].factory_args or ()) == {"op": {"import": "pub.opsdef:Triple"}}
     assert dict(k.variants[0].call) == {"op": "pub.opsdef:Double"}  # chosen at call time by its text
     before = {p.variant.id: p for p in plan(load_manifest(manifest))}
-    assert all("pub/opsdef.py" in p.sources for p in before.values())
+    assert all("pub.opsdef" in p.inputs["imports"] for p in before.values())
     (tmp_path / "pub/opsdef.py").write_text(OPSDEF + "\n\nclass Quadruple:\n    factor = 4.0\n")
     after = {p.variant.id: p for p in plan(load_manifest(manifest))}
     assert all(after[i].key != before[i].key for i in before)  # the module's source is keyed
@@ -163,3 +163,12 @@ def test_import_variant_values_build(tmp_path: Path) -> None:
     manifest = _project(tmp_path, OPS_KERNEL)
     report = build(manifest, cache_dir=tmp_path / "cache", jobs=1, lock=False)
     assert report.ok and report.count("built") == 2, report.warnings()
+
+
+def test_an_imported_factory_value_is_keyed_by_its_module(tmp_path: Path) -> None:
+    manifest = _project(tmp_path, _kernel("op", "pub.factories:with_op",
+                                          'factory_args = { op = { import = "pub.opsdef:Double" } }\n'))
+    [before] = plan(load_manifest(manifest))
+    (tmp_path / "pub/opsdef.py").write_text(OPSDEF + "\nX = 1\n")
+    [after] = plan(load_manifest(manifest))
+    assert after.key != before.key
