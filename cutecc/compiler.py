@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cutecc import dtypes
+from cutecc import devicequery, dtypes
 from cutecc.atomic import atomic_write
 from cutecc.contract import (
     Arg,
@@ -71,6 +71,7 @@ class CompileJob:
     variant: Variant
     compile_options: str
     python_path: tuple[str, ...]
+    device: dict[str, Any] | None = None  # answers to torch's device queries (key input)
 
 
 def set_target(arch: str) -> None:
@@ -336,7 +337,8 @@ def compile_to_object(job: CompileJob, out_dir: Path) -> Path:
     for p in reversed(job.python_path):
         if p not in sys.path:
             sys.path.insert(0, p)
-    compiled = compile_variant(job.entry, job.variant, job.compile_options)
+    with devicequery.answering(job.device):  # libraries that ask the GPU while built
+        compiled = compile_variant(job.entry, job.variant, job.compile_options)
     pin_host_target(compiled)
     obj = out_dir / OBJECT
     compiled.export_to_c(str(obj), function_name=INNER_SYMBOL)

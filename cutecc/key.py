@@ -5,12 +5,13 @@ module and every project-local module it imports, found as import would (`cutecc
 by reading `import` statements, never by importing), the installed distributions that
 code reaches and the compile-affecting environment (`cutecc.dists`), the entry point
 and factory arguments, the resolved contract, the constants, the target arch, the
-compile options, and the toolchain: the versions of the DSL, tvm-ffi and the CUDA
-runtime, zig and its target, the host-code pin, the link recipe (with the native
-sources' hashes), the key of the runtime library the kernel links against (which names
-the static archives' SHA-256), and cutecc's artifact format. The build host's C
-compiler, paths, user, locale, clock and CPU decide no byte, so they are not inputs
-(tests/test_reproducible.py checks that).
+compile options, for code that reaches torch the answers its device queries get in the
+build worker (`cutecc.devicequery`, from the hardware profile), and the toolchain: the
+versions of the DSL, tvm-ffi and the CUDA runtime, zig and its target, the host-code pin,
+the link recipe (with the native sources' hashes), the key of the runtime library the
+kernel links against (which names the static archives' SHA-256), and cutecc's artifact
+format. The build host's C compiler, paths, user, locale, clock and CPU decide no byte,
+so they are not inputs (tests/test_reproducible.py checks that).
 Computing a key imports neither the DSL nor JAX, so the cache-hit path of `cutecc build`
 stays cheap.
 """
@@ -25,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cutecc import dists, modfind
+from cutecc import devicequery, dists, modfind
 from cutecc.contract import args_to_json
 from cutecc.entry import ARTIFACT_FORMAT, compute_key
 from cutecc.errors import CuteccError
@@ -305,6 +306,9 @@ def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
         "compile_options": kernel.compile_options,
         "toolchain": toolchain(),
     }
+    if "torch" in (distributions or {}):
+        # Its code can ask torch for the GPU: the build worker answers from the profile.
+        inputs["device"] = devicequery.answers(dict(kernel.hardware), arch, kernel.profile)
     if imports:  # only when set: kernels whose references the entry reaches keep their keys
         inputs["imports"] = dict(sorted(imports.items()))
     if variant.call:  # only when set: kernels without call keywords keep their keys

@@ -7,7 +7,9 @@ the file and the key path, e.g. `kernel "rmsnorm", args[2].dtype: unknown dtype 
 Schema (format 1), top level (or under `[tool.cutecc]`):
   format = 1                      optional; the manifest format version
   archs = ["sm_90a"]              default target architectures
-  profile = "h100"                default hardware profile (facts a launcher may need)
+  profile = "h100"                default hardware profile (facts a launcher may need, as
+                                  "$hw.<fact>" and as the answers to torch.cuda's device
+                                  queries while the build constructs it: cutecc.devicequery)
   python_path = ["."]             dirs, relative to the manifest, to import entries from
   compile_options = ""            extra `cute.compile` options
   [env]                           environment the build workers set before any import
@@ -108,15 +110,21 @@ MAX_STATIC_EXTENT = 2**31 - 1  # extents and strides are 32-bit in the compiled 
 MAX_ALIGN = 256  # bytes: beyond any vector or TMA alignment the DSL asks for
 _INT_RANGE = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
 
+# Facts every built-in profile shares (what torch's device properties report).
+_SM_COMMON = {"smem_per_block": 49152, "max_threads_per_sm": 2048, "regs_per_sm": 65536, "warp_size": 32}
 BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
     "h100": {"arch": "sm_90a", "sm_count": 132, "max_smem_per_block": 232448,
-             "l2_bytes": 52428800, "max_cluster_size": 8},
+             "l2_bytes": 52428800, "max_cluster_size": 8, "name": "NVIDIA H100 80GB HBM3",
+             "memory_bytes": 81559 << 20, "smem_per_sm": 233472, **_SM_COMMON},
     "h200": {"arch": "sm_90a", "sm_count": 132, "max_smem_per_block": 232448,
-             "l2_bytes": 62914560, "max_cluster_size": 8},
+             "l2_bytes": 62914560, "max_cluster_size": 8, "name": "NVIDIA H200",
+             "memory_bytes": 143771 << 20, "smem_per_sm": 233472, **_SM_COMMON},
     "a100": {"arch": "sm_80", "sm_count": 108, "max_smem_per_block": 166912,
-             "l2_bytes": 41943040, "max_cluster_size": 1},
+             "l2_bytes": 41943040, "max_cluster_size": 1, "name": "NVIDIA A100-SXM4-80GB",
+             "memory_bytes": 81920 << 20, "smem_per_sm": 167936, **_SM_COMMON},
     "b200": {"arch": "sm_100a", "sm_count": 148, "max_smem_per_block": 232448,
-             "l2_bytes": 132120576, "max_cluster_size": 16},
+             "l2_bytes": 132120576, "max_cluster_size": 16, "name": "NVIDIA B200",
+             "memory_bytes": 183359 << 20, "smem_per_sm": 233472, **_SM_COMMON},
 }
 
 _TOP_KEYS = {"format", "archs", "profile", "python_path", "compile_options", "hardware", "kernel",
@@ -168,6 +176,8 @@ class Kernel:
     tuning: space.TuneSpec | None = None
     # per variant id, its tuning candidates other than itself (the default configuration)
     candidates: tuple[tuple[str, tuple[Variant, ...]], ...] = ()
+    # the facts of its hardware profile (`profile`): what device queries are answered with
+    hardware: tuple[tuple[str, Any], ...] = ()
 
     @property
     def module(self) -> str:
@@ -453,7 +463,8 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
     # A candidate stands in for its default variant: it answers the same call keywords.
     candidates = tuple((v.id, tuple(dataclasses.replace(c, call=v.call) for c in cands))
                        for v, cands in zip(keyed, pending))
-    return Kernel(name, entry, k_archs, k_profile, k_copts, keyed, backward, tuning, candidates)
+    return Kernel(name, entry, k_archs, k_profile, k_copts, keyed, backward, tuning, candidates,
+                  tuple(sorted(hw.items())))
 
 def _symbols(ctx: _Ctx, kp: str, v: Any) -> dict[str, int]:
     """`symbols = { n = { divisibility = 8 } }`: per symbolic extent, what it is a multiple of."""

@@ -172,3 +172,88 @@ def test_an_imported_factory_value_is_keyed_by_its_module(tmp_path: Path) -> Non
     (tmp_path / "pub/opsdef.py").write_text(OPSDEF + "\nX = 1\n")
     [after] = plan(load_manifest(manifest))
     assert after.key != before.key
+
+
+# Item 5: a library that asks torch for the GPU while its launcher is constructed -------------
+
+ASKS_GPU = '''\
+import cutlass
+import cutlass.cute as cute
+import torch
+
+from toy.ops import scale
+
+
+class Sized:
+    """Picks its block size from the device's shared-memory opt-in limit, as FlashInfer does."""
+
+    def __init__(self):
+        props = torch.cuda.get_device_properties(0)
+        assert torch.cuda.is_available() and torch.cuda.device_count() == 1
+        assert torch.cuda.current_device() == 0
+        assert torch.cuda.get_device_capability("cuda:0") == (props.major, props.minor) == (9, 0)
+        assert props.multi_processor_count > 100 and torch.cuda.get_device_name().startswith("NVIDIA")
+        self.threads = 64 if props.shared_memory_per_block_optin > 200_000 else 128
+
+    @cute.jit
+    def __call__(self, x: cute.Tensor, out: cute.Tensor, factor: cutlass.Float32, stream):
+        scale(x, out, factor, stream, self.threads)
+'''
+
+
+def _gpu_project(root: Path, profile: str = "h100") -> Path:
+    pytest.importorskip("torch")
+    extra = f'profile = "{profile}"\nfactory_args = {{}}\n'
+    manifest = _project(root, _kernel("sized", "pub.asks:Sized", extra)
+                        + _kernel("plain", "toy.ops:scale", 'constants = { threads = 64 }\n'))
+    (root / "pub/asks.py").write_text(ASKS_GPU)
+    return manifest
+
+
+def test_device_answers_are_keyed_for_code_that_reaches_torch(tmp_path: Path) -> None:
+    manifest = _gpu_project(tmp_path)
+    h100 = {p.kernel.name: p for p in plan(load_manifest(manifest))}
+    assert h100["sized"].inputs["device"]["shared_memory_per_block_optin"] == 232448
+    assert h100["sized"].inputs["device"]["major"] == 9 and "device" not in h100["plain"].inputs
+    manifest.write_text(manifest.read_text().replace('profile = "h100"', 'profile = "a100"'))
+    a100 = {p.kernel.name: p for p in plan(load_manifest(manifest))}
+    assert a100["sized"].key != h100["sized"].key  # another profile, other answers, another key
+    assert a100["plain"].key == h100["plain"].key
+
+
+def test_a_launcher_that_asks_torch_for_the_gpu_builds_on_a_cpu_host(tmp_path: Path) -> None:
+    from cutecc.commands.build import build
+
+    manifest = _gpu_project(tmp_path)
+    report = build(manifest, cache_dir=tmp_path / "cache", jobs=1, lock=False)
+    by = {o.planned.kernel.name: o for o in report.outcomes}
+    assert by["sized"].status == "built", by["sized"].error
+    # a fact the profile cannot answer fails the build, saying which and where to add it
+    manifest.write_text(manifest.read_text().replace('profile = "h100"', 'profile = "bare"')
+                        + '\n[hardware.bare]\nsm_count = 132\n')
+    report = build(manifest, cache_dir=tmp_path / "cache", jobs=1, lock=False)
+    err = {o.planned.kernel.name: o for o in report.outcomes}["sized"].error or ""
+    assert "hardware profile \"bare\" cannot answer it; add name = ... to [hardware.bare]" in err, err
+
+
+def test_device_answers_are_checked_on_a_gpu_host_and_torch_is_restored(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    torch = pytest.importorskip("torch")
+    from cutecc import devicequery
+    from cutecc.manifest import BUILTIN_PROFILES
+
+    facts = devicequery.answers(BUILTIN_PROFILES["h100"], "sm_90a", "h100")
+    real = types.SimpleNamespace(multi_processor_count=132, shared_memory_per_block_optin=166912,
+                                 major=9, minor=0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a host with a GPU
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: real)
+    before = {n: getattr(torch.cuda, n) for n in ("is_available", "get_device_properties",
+                                                  "get_device_capability", "device_count")}
+    with devicequery.answering(facts):
+        props = torch.cuda.get_device_properties(0)
+        assert props.multi_processor_count == 132 and torch.cuda.get_device_capability() == (9, 0)
+        with pytest.raises(RuntimeError, match="GPU answers shared_memory_per_block_optin = 166912"):
+            _ = props.shared_memory_per_block_optin  # the key says 232448
+    assert {n: getattr(torch.cuda, n) for n in before} == before
