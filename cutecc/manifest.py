@@ -31,6 +31,7 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
     args = [..]                   the launcher's arguments in its own order:
       {name, dtype, shape, role = "input"|"output"|"inout", buffer, layout, align}  a tensor;
         layout = "row-major" (default) | "column-major" | [stride order, 0 = stride 1];
+        or mode = [..] (cutlass_call's): dimension i is dimension mode[i] of the array passed;
         buffer = [..] (input/inout): the shape of the padded array passed, of which the
         kernel sees the `shape` block at its origin with the buffer's strides (`lda`)
       {kind = "scalar", name, dtype, default}    a runtime scalar (keyword at the JAX side)
@@ -135,7 +136,7 @@ ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs", "profile",
                 "compile_options", "grad", "description", "symbols", "tune"}
 MAX_DIVISIBILITY = 1 << 16
-_TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "buffer", "layout", "align", "param"}
+_TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "buffer", "layout", "mode", "align", "param"}
 _SCALAR_KEYS = {"kind", "name", "dtype", "default", "param"}
 _Value = int | float | bool | str
 
@@ -784,7 +785,13 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
         raise ctx.fail(f"{kp}.shape", f"must be an array, got {_tname(shape)}")
     dims = _dims(ctx, f"{kp}.shape", shape, env, hw)
     buffer = _buffer(ctx, kp, a, dims, role, env, hw) if "buffer" in a else None
-    order = _order(ctx, f"{kp}.layout", a.get("layout", "row-major"), len(dims))
+    if "mode" in a:
+        if "layout" in a:
+            raise ctx.fail(f"{kp}.mode", "give mode or layout, not both (mode = [m, ..] is the "
+                           "stride order layout = [rank - 1 - m, ..] of the row-major array passed)")
+        order = _mode(ctx, f"{kp}.mode", a["mode"], len(dims))
+    else:
+        order = _order(ctx, f"{kp}.layout", a.get("layout", "row-major"), len(dims))
     align = a.get("align", 16)
     if isinstance(align, bool) or not isinstance(align, int) or align <= 0 or align & (align - 1):
         raise ctx.fail(f"{kp}.align", f"must be a positive power of two (bytes), got {align!r}")
@@ -850,6 +857,18 @@ def _order(ctx: _Ctx, kp: str, layout: Any, rank: int) -> tuple[int, ...] | None
     else:
         raise ctx.fail(kp, f'must be "row-major", "column-major" or a stride order such as '
                        f"[0, 1], got {layout!r}")
+    return None if order == tuple(range(rank - 1, -1, -1)) else order
+
+
+def _mode(ctx: _Ctx, kp: str, mode: Any, rank: int) -> tuple[int, ...] | None:
+    """cutlass_call's `mode`: the kernel's dimension i is dimension mode[i] of the (row-major)
+    array passed, a view with no copy. As a stride order (what `layout` says): dimension i
+    has stride rank `rank - 1 - mode[i]`; None for the identity (row-major)."""
+    if (not isinstance(mode, list) or len(mode) != rank or any(type(m) is not int for m in mode)
+            or sorted(mode) != list(range(rank))):
+        raise ctx.fail(kp, f"a mode is a permutation of 0..{rank - 1} (kernel dimension i is "
+                       f"dimension mode[i] of the array passed), got {mode!r}")
+    order = tuple(rank - 1 - m for m in mode)
     return None if order == tuple(range(rank - 1, -1, -1)) else order
 
 

@@ -62,6 +62,10 @@ def schema() -> dict[str, Any]:
                                  {"type": "array", "items": {"type": "integer", "minimum": 0}}],
                        "description": "The buffer the kernel sees: row-major (default), column-major, "
                                       "or a stride order per dimension (0 = stride 1)."},
+            "mode": {"type": "array", "items": {"type": "integer", "minimum": 0},
+                     "description": "cutlass_call's mode (instead of layout): the kernel's dimension i "
+                                    "is dimension mode[i] of the row-major array passed, a view with "
+                                    "no copy."},
             "align": {"enum": [1 << i for i in range(MAX_ALIGN.bit_length())],
                       "description": "Pointer alignment in bytes."},
             "param": _KW,

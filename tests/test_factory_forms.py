@@ -257,3 +257,42 @@ def test_device_answers_are_checked_on_a_gpu_host_and_torch_is_restored(
         with pytest.raises(RuntimeError, match="GPU answers shared_memory_per_block_optin = 166912"):
             _ = props.shared_memory_per_block_optin  # the key says 232448
     assert {n: getattr(torch.cuda, n) for n in before} == before
+
+
+# Item 7: cutlass_call's `mode`, a permuted view of the caller's array -----------------------
+
+def _mode_manifest(root: Path, x: str) -> Path:
+    return _project(root, f'''
+[kernel.k]
+entry = "toy.ops:scale"
+args = [
+  {x},
+  {{ name = "out", role = "output", dtype = "float32", shape = ["a", "b", "c"] }},
+  {{ kind = "stream" }},
+]
+''')
+
+
+@pytest.mark.parametrize("mode, layout", [("[1, 0, 2]", "[1, 2, 0]"), ("[2, 0, 1]", "[0, 2, 1]"),
+                                          ("[2, 1, 0]", '"column-major"'), ("[0, 1, 2]", '"row-major"')])
+def test_mode_is_the_stride_order_of_a_permuted_view(tmp_path: Path, mode: str, layout: str) -> None:
+    """`mode = [..]` (cutlass_call's): the kernel's mode i is dimension mode[i] of the array
+    passed, a view with no copy; the same contract, hence the same key, as the stride order
+    `layout = [rank - 1 - m for m in mode]`."""
+    tensor = '{{ name = "x", dtype = "float32", shape = ["a", "b", "c"], {} }}'
+    by_mode = plan(load_manifest(_mode_manifest(tmp_path / "m", tensor.format(f"mode = {mode}"))))
+    by_layout = plan(load_manifest(_mode_manifest(tmp_path / "l", tensor.format(f"layout = {layout}"))))
+    assert by_mode[0].variant.args == by_layout[0].variant.args
+    assert by_mode[0].key == by_layout[0].key
+
+
+@pytest.mark.parametrize("extra, why", [
+    ("mode = [0, 0, 1]", "a permutation of 0..2"),
+    ("mode = [1, 0]", "a permutation of 0..2"),
+    ('mode = [1, 0, 2], layout = "column-major"', "not both"),
+])
+def test_bad_modes_are_manifest_errors(tmp_path: Path, extra: str, why: str) -> None:
+    tensor = f'{{ name = "x", dtype = "float32", shape = ["a", "b", "c"], {extra} }}'
+    with pytest.raises(CuteccError, match=why) as e:
+        load_manifest(_mode_manifest(tmp_path, tensor))
+    assert e.value.exit_code == 2 and "args[0]" in (e.value.key_path or "")
