@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cutecc import dtypes
+from cutecc import devicequery, dtypes
 from cutecc.atomic import atomic_write
 from cutecc.contract import (
     Arg,
@@ -48,7 +48,7 @@ from cutecc.contract import (
     TupleArg,
 )
 from cutecc.errors import CuteccError
-from cutecc.manifest import Variant
+from cutecc.manifest import Variant, split_entry
 
 # The library exports `__tvm_ffi_<SYMBOL>` (recorded in each entry's metadata): the
 # linker's wrapper around the DSL's function, which the object exports as
@@ -71,6 +71,7 @@ class CompileJob:
     variant: Variant
     compile_options: str
     python_path: tuple[str, ...]
+    device: dict[str, Any] | None = None  # answers to torch's device queries (key input)
 
 
 def set_target(arch: str) -> None:
@@ -274,10 +275,22 @@ def closure_objects(args: tuple[Arg, ...]) -> tuple[list[Any], list[Any]]:
 
 
 def resolve_entry(entry: str, factory_args: tuple[tuple[str, Any], ...] | None) -> Any:
-    """Import `package.module:attr` and, for a factory, call it with its (resolved) arguments."""
-    obj = import_path(entry)
+    """Import `package.module:attr`, for a factory call it with its (resolved) arguments,
+    then take the entry's indices (`mod:factory[1]`: one launcher of the tuple returned)."""
+    path, indices = split_entry(entry)
+    obj = import_path(path)
     if factory_args is not None:
         obj = obj(**{k: resolve_value(v) for k, v in factory_args})
+    what = "the factory returned" if factory_args is not None else f"{path} is"
+    for depth, i in enumerate(indices):
+        here = path + "".join(f"[{j}]" for j in indices[: depth + 1])
+        if isinstance(obj, (str, bytes)) or not hasattr(obj, "__getitem__") \
+                or not hasattr(obj, "__len__"):
+            raise TypeError(f"{here}: {what} a {type(obj).__name__}, not a tuple or list to index")
+        if i >= len(obj):
+            raise IndexError(f"{here}: {what} a {type(obj).__name__} of {len(obj)}, "
+                             f"no item {i}")
+        obj, what = obj[i], "its item is"
     return obj
 
 
@@ -324,7 +337,8 @@ def compile_to_object(job: CompileJob, out_dir: Path) -> Path:
     for p in reversed(job.python_path):
         if p not in sys.path:
             sys.path.insert(0, p)
-    compiled = compile_variant(job.entry, job.variant, job.compile_options)
+    with devicequery.answering(job.device):  # libraries that ask the GPU while built
+        compiled = compile_variant(job.entry, job.variant, job.compile_options)
     pin_host_target(compiled)
     obj = out_dir / OBJECT
     compiled.export_to_c(str(obj), function_name=INNER_SYMBOL)

@@ -5,12 +5,13 @@ module and every project-local module it imports, found as import would (`cutecc
 by reading `import` statements, never by importing), the installed distributions that
 code reaches and the compile-affecting environment (`cutecc.dists`), the entry point
 and factory arguments, the resolved contract, the constants, the target arch, the
-compile options, and the toolchain: the versions of the DSL, tvm-ffi and the CUDA
-runtime, zig and its target, the host-code pin, the link recipe (with the native
-sources' hashes), the key of the runtime library the kernel links against (which names
-the static archives' SHA-256), and cutecc's artifact format. The build host's C
-compiler, paths, user, locale, clock and CPU decide no byte, so they are not inputs
-(tests/test_reproducible.py checks that).
+compile options, for code that reaches torch the answers its device queries get in the
+build worker (`cutecc.devicequery`, from the hardware profile), and the toolchain: the
+versions of the DSL, tvm-ffi and the CUDA runtime, zig and its target, the host-code pin,
+the link recipe (with the native sources' hashes), the key of the runtime library the
+kernel links against (which names the static archives' SHA-256), and cutecc's artifact
+format. The build host's C compiler, paths, user, locale, clock and CPU decide no byte,
+so they are not inputs (tests/test_reproducible.py checks that).
 Computing a key imports neither the DSL nor JAX, so the cache-hit path of `cutecc build`
 stays cheap.
 """
@@ -25,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cutecc import dists, modfind
+from cutecc import devicequery, dists, modfind
 from cutecc.contract import args_to_json
 from cutecc.entry import ARTIFACT_FORMAT, compute_key
 from cutecc.errors import CuteccError
@@ -71,6 +72,8 @@ class SourceIndex:
         self._tops: dict[Path, set[str]] = {}
         self._closures: dict[str, set[Path]] = {}
         self._local: dict[str, bool] = {}
+        self._why: dict[str, str] = {}  # why a module was not found
+        self._exec_paths: dict[str, list[str]] = {}  # __path__ of packages imported to learn it
 
     def digest(self, module: str) -> tuple[str, tuple[str, ...]]:
         """(SHA-256 over the module's local dependency closure, the files' relative paths).
@@ -127,6 +130,17 @@ class SourceIndex:
                         names.add(sub.id)  # assignment targets, and globals() as a name
         return attr not in names and "__getattr__" not in names and "globals" not in names
 
+    def missing(self, module: str) -> str | None:
+        """Why import would not find `module` (None: it would)."""
+        if self._locate(module) is not None:
+            return None
+        return self._why.get(module, "not found")
+
+    def is_local(self, top: str) -> bool:
+        """Whether top-level package `top` is keyed by its source (project-local) rather than
+        by its installed distribution (see `_is_local`)."""
+        return self._is_local(top)
+
     def _rel(self, f: Path) -> str:
         """`f`'s name in the key: relative to the python_path root holding it, else to the
         `sys.path` entry holding it (an installed entry package), so a key is the same
@@ -152,13 +166,19 @@ class SourceIndex:
         return self._file_hash[f]
 
     def _locate(self, module: str) -> modfind.Found | None:
-        """Where import would find `module` (python_path first), found without running it."""
+        """Where import would find `module` (python_path first): found by reading, and where
+        only running a parent package's `__init__` tells its `__path__` (a package that adds
+        another distribution's directory at import, as the DSL's `cutlass` adds
+        nvidia-cutlass-operators'), by importing that parent in a child process, once per
+        index. None when not found; `_why` keeps the reason."""
         if module not in self._found:
             try:
                 found: modfind.Found | None = modfind.find_module(
-                    module, [str(r) for r in self.roots], invalidate=not self._found)
-            except (ImportError, ValueError, OSError, SyntaxError, UnicodeDecodeError):
+                    module, [str(r) for r in self.roots], invalidate=not self._found,
+                    allow_exec=True, exec_cache=self._exec_paths)
+            except (ImportError, ValueError, OSError, SyntaxError, UnicodeDecodeError) as e:
                 found = None
+                self._why[module] = str(e) or type(e).__name__
             self._found[module] = found
         return self._found[module]
 
@@ -195,7 +215,8 @@ class SourceIndex:
         entry_top = module.split(".")[0]
         if self._locate(module) is None:
             raise CuteccError(f'cannot find module "{module}" on the manifest\'s python_path '
-                              f"({', '.join(map(str, self.roots))}) or installed")
+                              f"({', '.join(map(str, self.roots))}) or installed: "
+                              f"{self._why.get(module, 'not found')}")
         seen: set[Path] = set()
         todo = [module]
         done: set[str] = set()
@@ -266,9 +287,12 @@ def _top_level_in(path: Path, root: Path, top: str) -> bool:
 
 def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
                distributions: dict[str, str] | None = None,
-               env: dict[str, str] | None = None) -> dict[str, Any]:
+               env: dict[str, str] | None = None,
+               imports: dict[str, str] | None = None) -> dict[str, Any]:
     """The named inputs of one artifact's key (also stored in its metadata):
-    `distributions` and `env` as `cutecc.dists` computes them."""
+    `distributions` and `env` as `cutecc.dists` computes them; `imports`, the source digests
+    of project modules that the variant's values and struct types name and the entry's
+    closure does not reach (`cutecc.plan.references`)."""
     inputs: dict[str, Any] = {
         "distributions": distributions or {},
         "env": env or {},
@@ -282,6 +306,11 @@ def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
         "compile_options": kernel.compile_options,
         "toolchain": toolchain(),
     }
+    if "torch" in (distributions or {}):
+        # Its code can ask torch for the GPU: the build worker answers from the profile.
+        inputs["device"] = devicequery.answers(dict(kernel.hardware), arch, kernel.profile)
+    if imports:  # only when set: kernels whose references the entry reaches keep their keys
+        inputs["imports"] = dict(sorted(imports.items()))
     if variant.call:  # only when set: kernels without call keywords keep their keys
         inputs["call"] = dict(variant.call)  # which call reaches this entry
     return inputs

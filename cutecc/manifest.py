@@ -7,7 +7,9 @@ the file and the key path, e.g. `kernel "rmsnorm", args[2].dtype: unknown dtype 
 Schema (format 1), top level (or under `[tool.cutecc]`):
   format = 1                      optional; the manifest format version
   archs = ["sm_90a"]              default target architectures
-  profile = "h100"                default hardware profile (facts a launcher may need)
+  profile = "h100"                default hardware profile (facts a launcher may need, as
+                                  "$hw.<fact>" and as the answers to torch.cuda's device
+                                  queries while the build constructs it: cutecc.devicequery)
   python_path = ["."]             dirs, relative to the manifest, to import entries from
   compile_options = ""            extra `cute.compile` options
   [env]                           environment the build workers set before any import
@@ -18,7 +20,9 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
                                   --remote-write / $CUTECC_REMOTE_WRITE=1 (CI's choice)
   [hardware.NAME]                 custom hardware profiles: key = int | float | str
   [kernel.NAME]                   one table per kernel:
-    entry = "pkg.module:attr"     a @cute.jit launcher, or a factory if factory_args is set
+    entry = "pkg.module:attr"     a @cute.jit launcher, or a factory if factory_args is set;
+                                  "pkg.module:attr[i]" indexes into it (the factory's result
+                                  when factory_args is set): a factory returning a tuple
     factory_args = {..}           keyword arguments the factory is called with; values (here,
                                   in constants and const args) are numbers, strings, bools,
                                   arrays (tuples) or typed tables: {dtype = "bfloat16"},
@@ -27,6 +31,7 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
     args = [..]                   the launcher's arguments in its own order:
       {name, dtype, shape, role = "input"|"output"|"inout", buffer, layout, align}  a tensor;
         layout = "row-major" (default) | "column-major" | [stride order, 0 = stride 1];
+        or mode = [..] (cutlass_call's): dimension i is dimension mode[i] of the array passed;
         buffer = [..] (input/inout): the shape of the padded array passed, of which the
         kernel sees the `shape` block at its origin with the buffer's strides (`lda`)
       {kind = "scalar", name, dtype, default}    a runtime scalar (keyword at the JAX side)
@@ -38,6 +43,9 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
     constants = {..}              compile-time keyword arguments of the launcher
     symbols = {n = {divisibility = 8}}   facts about symbolic extents (checked at call time)
     variants = {param = [..]}     a matrix; "$param" in dtype/shape/constants/factory_args;
+                                  values are numbers, strings, bools or, for a whole axis,
+                                  import references {import = "pkg.mod:Name"} (Python
+                                  objects; "$param" then stands in typed values only)
                                   a parameter that the input tensors cannot tell apart is
                                   a call keyword: `ks.k(q, causal=True)`
     archs, profile, compile_options   per-kernel overrides
@@ -90,7 +98,11 @@ MAX_VARIANTS_PER_KERNEL = 10_000
 MAX_TUPLE_DEPTH = 8  # launchers take tuples of tensors, not trees; deeper is a mistake
 # Matched in full (`fullmatch`): a `$` anchor would accept a trailing newline.
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
-ENTRY_RE = re.compile(rf"{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*")
+_IMPORT = rf"{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*"
+# An entry may index into what it names (`mod:factory[1]`: the second launcher of the tuple
+# a factory returns; the factory is called first when factory_args is set).
+ENTRY_RE = re.compile(rf"{_IMPORT}(\[(0|[1-9][0-9]{{0,5}})\])*")
+_INDEX_RE = re.compile(r"\[([0-9]+)\]")
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A kernel is an attribute of the loaded kernel set: these names are the set's own.
 RESERVED_KERNEL_NAMES = KERNEL_SET_RESERVED
@@ -98,15 +110,21 @@ MAX_STATIC_EXTENT = 2**31 - 1  # extents and strides are 32-bit in the compiled 
 MAX_ALIGN = 256  # bytes: beyond any vector or TMA alignment the DSL asks for
 _INT_RANGE = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
 
+# Facts every built-in profile shares (what torch's device properties report).
+_SM_COMMON = {"smem_per_block": 49152, "max_threads_per_sm": 2048, "regs_per_sm": 65536, "warp_size": 32}
 BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
     "h100": {"arch": "sm_90a", "sm_count": 132, "max_smem_per_block": 232448,
-             "l2_bytes": 52428800, "max_cluster_size": 8},
+             "l2_bytes": 52428800, "max_cluster_size": 8, "name": "NVIDIA H100 80GB HBM3",
+             "memory_bytes": 81559 << 20, "smem_per_sm": 233472, **_SM_COMMON},
     "h200": {"arch": "sm_90a", "sm_count": 132, "max_smem_per_block": 232448,
-             "l2_bytes": 62914560, "max_cluster_size": 8},
+             "l2_bytes": 62914560, "max_cluster_size": 8, "name": "NVIDIA H200",
+             "memory_bytes": 143771 << 20, "smem_per_sm": 233472, **_SM_COMMON},
     "a100": {"arch": "sm_80", "sm_count": 108, "max_smem_per_block": 166912,
-             "l2_bytes": 41943040, "max_cluster_size": 1},
+             "l2_bytes": 41943040, "max_cluster_size": 1, "name": "NVIDIA A100-SXM4-80GB",
+             "memory_bytes": 81920 << 20, "smem_per_sm": 167936, **_SM_COMMON},
     "b200": {"arch": "sm_100a", "sm_count": 148, "max_smem_per_block": 232448,
-             "l2_bytes": 132120576, "max_cluster_size": 16},
+             "l2_bytes": 132120576, "max_cluster_size": 16, "name": "NVIDIA B200",
+             "memory_bytes": 183359 << 20, "smem_per_sm": 233472, **_SM_COMMON},
 }
 
 _TOP_KEYS = {"format", "archs", "profile", "python_path", "compile_options", "hardware", "kernel",
@@ -117,7 +135,7 @@ ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs", "profile",
                 "compile_options", "grad", "description", "symbols", "tune"}
 MAX_DIVISIBILITY = 1 << 16
-_TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "buffer", "layout", "align", "param"}
+_TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "buffer", "layout", "mode", "align", "param"}
 _SCALAR_KEYS = {"kind", "name", "dtype", "default", "param"}
 _Value = int | float | bool | str
 
@@ -158,10 +176,21 @@ class Kernel:
     tuning: space.TuneSpec | None = None
     # per variant id, its tuning candidates other than itself (the default configuration)
     candidates: tuple[tuple[str, tuple[Variant, ...]], ...] = ()
+    # the facts of its hardware profile (`profile`): what device queries are answered with
+    hardware: tuple[tuple[str, Any], ...] = ()
 
     @property
     def module(self) -> str:
         return self.entry.split(":", 1)[0]
+
+
+def split_entry(entry: str) -> tuple[str, tuple[int, ...]]:
+    """An entry as ("package.module:attr[.attr]", the indices into what that names):
+    `"m:pair[1]"` -> `("m:pair", (1,))`."""
+    cut = entry.find("[")
+    if cut < 0:
+        return entry, ()
+    return entry[:cut], tuple(int(i) for i in _INDEX_RE.findall(entry[cut:]))
 
 
 @dataclass(frozen=True)
@@ -364,7 +393,8 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
         raise ctx.fail(kp, 'missing "entry" ("package.module:attr")')
     entry = _str(ctx, f"{kp}, entry", kdoc["entry"])
     if not ENTRY_RE.fullmatch(entry):
-        raise ctx.fail(f"{kp}, entry", f'"{entry}" is not of the form "package.module:attr"')
+        raise ctx.fail(f"{kp}, entry", f'"{entry}" is not of the form "package.module:attr" '
+                       '(or "package.module:attr[i]", an index into what it names or returns)')
     k_archs = _archs(ctx, f"{kp}, archs", kdoc["archs"]) if "archs" in kdoc else archs
     k_profile = _str(ctx, f"{kp}, profile", kdoc.get("profile", profile))
     if k_profile not in profiles:
@@ -378,7 +408,7 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
     factory = kdoc.get("factory_args")
     if factory is not None:
         factory = _table(ctx, f"{kp}, factory_args", factory)
-    axes = _variant_axes(ctx, f"{kp}, variants", kdoc.get("variants", {}))
+    axes, refs = _variant_axes(ctx, f"{kp}, variants", kdoc.get("variants", {}))
     hw = profiles[k_profile]
     grad = kdoc.get("grad")
     backward = None
@@ -394,8 +424,9 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
     if tuning is not None:
         _check_used(ctx, f"{kp}, tune", tuning.params, kdoc, "params")
 
-    def resolve(point: tuple[tuple[str, _Value], ...], env: dict[str, _Value]) -> Variant:
+    def resolve(point: tuple[tuple[str, _Value], ...], env: dict[str, Any]) -> Variant:
         vctx = f"{kp}, variant {_point_id(point)}" if point else kp
+        env = {k: {"import": x} if k in refs else x for k, x in env.items()}
         args = tuple(_with_divisibility(_arg(ctx, f"{vctx}, args[{i}]", a, env, hw), symbols)
                      for i, a in enumerate(kdoc["args"]))
         _check_args(ctx, vctx, args)
@@ -429,7 +460,8 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
     # A candidate stands in for its default variant: it answers the same call keywords.
     candidates = tuple((v.id, tuple(dataclasses.replace(c, call=v.call) for c in cands))
                        for v, cands in zip(keyed, pending))
-    return Kernel(name, entry, k_archs, k_profile, k_copts, keyed, backward, tuning, candidates)
+    return Kernel(name, entry, k_archs, k_profile, k_copts, keyed, backward, tuning, candidates,
+                  tuple(sorted(hw.items())))
 
 def _symbols(ctx: _Ctx, kp: str, v: Any) -> dict[str, int]:
     """`symbols = { n = { divisibility = 8 } }`: per symbolic extent, what it is a multiple of."""
@@ -515,26 +547,47 @@ def _call_keywords(ctx: _Ctx, kp: str, axes: Any, variants: list[Variant]) -> tu
     return tuple(out)
 
 
-def _variant_axes(ctx: _Ctx, kp: str, v: Any) -> tuple[tuple[str, tuple[_Value, ...]], ...]:
+def _variant_axes(ctx: _Ctx, kp: str, v: Any
+                  ) -> tuple[tuple[tuple[str, tuple[_Value, ...]], ...], frozenset[str]]:
+    """The variant matrix's axes, and the names of those whose values are import references
+    (`op = [{ import = "pkg.mod:Double" }, ..]`: Python objects such as operator classes or
+    enum members). A reference's value is its text ("pkg.mod:Double"): it names the variant
+    and is what a call keyword compares; "$op" stands for `{ import = "pkg.mod:Double" }`."""
     if not isinstance(v, dict):
         raise ctx.fail(kp, "must be a table of parameter = [values]")
     axes = []
+    refs = set()
     total = 1
     for k, vals in v.items():
         if not NAME_RE.fullmatch(k) or keyword.iskeyword(k):
             raise ctx.fail(f"{kp}.{k}", "a variant parameter must be an identifier, not a Python keyword")
         if not isinstance(vals, list) or not vals:
             raise ctx.fail(f"{kp}.{k}", "must be a non-empty array of values")
+        is_ref = isinstance(vals[0], dict)
         for i, x in enumerate(vals):
-            if not isinstance(x, (int, float, str, bool)):
-                raise ctx.fail(f"{kp}.{k}[{i}]", f"must be a number, string or bool, got {_tname(x)}")
+            if isinstance(x, dict) and set(x) == {"import"}:
+                if not isinstance(x["import"], str) or not IMPORT_RE.fullmatch(x["import"]):
+                    raise ctx.fail(f"{kp}.{k}[{i}].import",
+                                   f'must be "package.module:attr", got {x["import"]!r}')
+                if not is_ref:
+                    raise ctx.fail(f"{kp}.{k}[{i}]", "an axis of plain values cannot mix in an "
+                                   "import reference: give it an axis of its own")
+            elif isinstance(x, dict) or not isinstance(x, (int, float, str, bool)):
+                raise ctx.fail(f"{kp}.{k}[{i}]", "must be a number, string, bool or "
+                               f'{{ import = "pkg.mod:Name" }}, got {_tname(x)}')
+            elif is_ref:
+                raise ctx.fail(f"{kp}.{k}[{i}]", "an axis of import references takes only "
+                               '{ import = ... } values')
+        if is_ref:
+            vals = [x["import"] for x in vals]
+            refs.add(k)
         if len(set(map(repr, vals))) != len(vals):
             raise ctx.fail(f"{kp}.{k}", "repeats a value")
         total *= len(vals)
         axes.append((k, tuple(vals)))
     if total > MAX_VARIANTS_PER_KERNEL:
         raise ctx.fail(kp, f"expands to {total} variants, over the {MAX_VARIANTS_PER_KERNEL} limit")
-    return tuple(axes)
+    return tuple(axes), frozenset(refs)
 
 
 def _points(axes: tuple[tuple[str, tuple[_Value, ...]], ...]) -> Iterator[tuple[tuple[str, _Value], ...]]:
@@ -555,8 +608,11 @@ def _check_used(ctx: _Ctx, kp: str, axes: Any, kdoc: dict[str, Any], table: str 
                            f'parameter "{name}" is never used (refer to it as "${name}")')
 
 
-def _subst(ctx: _Ctx, kp: str, v: Any, env: dict[str, _Value], hw: dict[str, Any]) -> _Value:
-    """Resolve "$param" (a variant parameter) and "$hw.key" (a hardware fact)."""
+def _subst(ctx: _Ctx, kp: str, v: Any, env: dict[str, Any], hw: dict[str, Any],
+           typed: bool = False) -> Any:
+    """Resolve "$param" (a variant parameter) and "$hw.key" (a hardware fact). A parameter
+    whose values are import references gives its `{"import": ..}` table, only where a typed
+    value may stand (`typed`: factory_args, constants, const arguments)."""
     if isinstance(v, str) and v.startswith("$"):
         ref = v[1:]
         if ref.startswith("hw."):
@@ -567,6 +623,9 @@ def _subst(ctx: _Ctx, kp: str, v: Any, env: dict[str, _Value], hw: dict[str, Any
         if ref not in env:
             known = ", ".join(env) or "none"
             raise ctx.fail(kp, f'"{v}" names no variant parameter (parameters: {known})')
+        if isinstance(env[ref], dict) and not typed:
+            raise ctx.fail(kp, f'"{v}" is an import reference ({env[ref]["import"]}): it can be a '
+                           "value of factory_args, constants or a const argument, not stand here")
         return env[ref]
     if not isinstance(v, (int, float, str, bool)):
         raise ctx.fail(kp, f"must be a number, string or bool, got {_tname(v)}")
@@ -575,7 +634,7 @@ def _subst(ctx: _Ctx, kp: str, v: Any, env: dict[str, _Value], hw: dict[str, Any
 
 _MARKERS = {"dtype": set(), "dsl": {"value"}, "import": set(), "call": {"args", "kwargs"},
             "none": set()}
-IMPORT_RE = ENTRY_RE  # "package.module:attr[.attr]"
+IMPORT_RE = re.compile(_IMPORT)  # "package.module:attr[.attr]"
 DSL_NAME_RE = re.compile(rf"(cutlass\.)?{_IDENT}")
 
 
@@ -591,7 +650,7 @@ def _value(ctx: _Ctx, kp: str, v: Any, env: dict[str, _Value], hw: dict[str, Any
     if isinstance(v, list):
         return [_value(ctx, f"{kp}[{i}]", x, env, hw, depth + 1) for i, x in enumerate(v)]
     if not isinstance(v, dict):
-        return _subst(ctx, kp, v, env, hw)
+        return _subst(ctx, kp, v, env, hw, typed=True)  # "$op" may be an import reference
     markers = [k for k in v if k in _MARKERS]
     if len(markers) != 1:
         raise ctx.fail(kp, "a typed value is a table with exactly one of "
@@ -614,7 +673,9 @@ def _value(ctx: _Ctx, kp: str, v: Any, env: dict[str, _Value], hw: dict[str, Any
         if "value" in v:
             out["value"] = _value(ctx, f"{kp}.value", v["value"], env, hw, depth + 1)
     elif m in ("import", "call"):
-        target = _subst(ctx, f"{kp}.{m}", v[m], env, hw)
+        target = _subst(ctx, f"{kp}.{m}", v[m], env, hw, typed=True)
+        if isinstance(target, dict):  # { import = "$op" }, op an axis of import references
+            target = target["import"]
         if not isinstance(target, str) or not IMPORT_RE.fullmatch(target):
             raise ctx.fail(f"{kp}.{m}", f'must be "package.module:attr", got {target!r}')
         out[m] = target
@@ -726,7 +787,13 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
         raise ctx.fail(f"{kp}.shape", f"must be an array, got {_tname(shape)}")
     dims = _dims(ctx, f"{kp}.shape", shape, env, hw)
     buffer = _buffer(ctx, kp, a, dims, role, env, hw) if "buffer" in a else None
-    order = _order(ctx, f"{kp}.layout", a.get("layout", "row-major"), len(dims))
+    if "mode" in a:
+        if "layout" in a:
+            raise ctx.fail(f"{kp}.mode", "give mode or layout, not both (mode = [m, ..] is the "
+                           "stride order layout = [rank - 1 - m, ..] of the row-major array passed)")
+        order = _mode(ctx, f"{kp}.mode", a["mode"], len(dims))
+    else:
+        order = _order(ctx, f"{kp}.layout", a.get("layout", "row-major"), len(dims))
     align = a.get("align", 16)
     if isinstance(align, bool) or not isinstance(align, int) or align <= 0 or align & (align - 1):
         raise ctx.fail(f"{kp}.align", f"must be a positive power of two (bytes), got {align!r}")
@@ -792,6 +859,18 @@ def _order(ctx: _Ctx, kp: str, layout: Any, rank: int) -> tuple[int, ...] | None
     else:
         raise ctx.fail(kp, f'must be "row-major", "column-major" or a stride order such as '
                        f"[0, 1], got {layout!r}")
+    return None if order == tuple(range(rank - 1, -1, -1)) else order
+
+
+def _mode(ctx: _Ctx, kp: str, mode: Any, rank: int) -> tuple[int, ...] | None:
+    """cutlass_call's `mode`: the kernel's dimension i is dimension mode[i] of the (row-major)
+    array passed, a view with no copy. As a stride order (what `layout` says): dimension i
+    has stride rank `rank - 1 - mode[i]`; None for the identity (row-major)."""
+    if (not isinstance(mode, list) or len(mode) != rank or any(type(m) is not int for m in mode)
+            or sorted(mode) != list(range(rank))):
+        raise ctx.fail(kp, f"a mode is a permutation of 0..{rank - 1} (kernel dimension i is "
+                       f"dimension mode[i] of the array passed), got {mode!r}")
+    order = tuple(rank - 1 - m for m in mode)
     return None if order == tuple(range(rank - 1, -1, -1)) else order
 
 

@@ -16,6 +16,7 @@ from cutecc.contract import LAYOUTS, ROLES
 from cutecc.manifest import (
     BUILTIN_PROFILES,
     ENTRY_RE,
+    IMPORT_RE,
     MANIFEST_FORMAT,
     MAX_ALIGN,
     MAX_DIVISIBILITY,
@@ -71,6 +72,10 @@ def schema() -> dict[str, Any]:
                                  {"type": "array", "items": {"type": "integer", "minimum": 0}}],
                        "description": "The buffer the kernel sees: row-major (default), column-major, "
                                       "or a stride order per dimension (0 = stride 1)."},
+            "mode": {"type": "array", "items": {"type": "integer", "minimum": 0},
+                     "description": "cutlass_call's mode (instead of layout): the kernel's dimension i "
+                                    "is dimension mode[i] of the row-major array passed, a view with "
+                                    "no copy."},
             "align": {"enum": [1 << i for i in range(MAX_ALIGN.bit_length())],
                       "description": "Pointer alignment in bytes."},
             "param": _KW,
@@ -94,7 +99,7 @@ def schema() -> dict[str, Any]:
              "properties": {"kind": {"const": "const"}, "value": _VALUE, "param": _KW}}
     struct = {"type": "object", "additionalProperties": False, "required": ["kind", "type"],
               "properties": {"kind": {"const": "struct"}, "param": _KW,
-                             "type": {"type": "string", "pattern": f"^{ENTRY_RE.pattern}$"},
+                             "type": {"type": "string", "pattern": f"^{IMPORT_RE.pattern}$"},
                              "fields": {"type": "object", "additionalProperties": {"$ref": "#/$defs/arg"}}}}
     table = {"type": "object", "additionalProperties": _VALUE}
     kernel = {
@@ -102,7 +107,8 @@ def schema() -> dict[str, Any]:
         "properties": {
             "entry": {"type": "string", "pattern": f"^{ENTRY_RE.pattern}$", "not": {"pattern": r"\s"},
                       "description": "A @cute.jit launcher, or a factory with factory_args: "
-                                     "\"package.module:attr\"."},
+                                     "\"package.module:attr\"; \"package.module:attr[1]\" takes "
+                                     "one item of the tuple it names or its factory returns."},
             "description": {"type": "string"},
             "factory_args": table,
             "args": {"type": "array", "items": {"$ref": "#/$defs/arg"},

@@ -147,21 +147,32 @@ def _extend_path(locs: list[str], name: str, search: list[str]) -> list[str]:
 
 
 def _exec_path(name: str, python_path: list[str]) -> list[str]:
-    """Import package `name` in a child process and return its real __path__."""
+    """Import package `name` in a child process and return its real __path__ (a NotFound
+    quoting the import's error when that fails)."""
     code = ("import importlib, json, sys; m = importlib.import_module(sys.argv[1]); "
-            "print(json.dumps(list(m.__path__)))")
+            "print('cutecc-path:' + json.dumps(list(m.__path__)))")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([*python_path, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    r = subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True,
-                       env=env, timeout=300)
-    if r.returncode != 0:
+    try:
+        r = subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True,
+                           env=env, timeout=300)
+    except subprocess.TimeoutExpired:
+        raise NotFound(f"importing {name} to learn its __path__ took over 300 s") from None
+    lines = [x for x in r.stdout.splitlines() if x.startswith("cutecc-path:")]
+    if r.returncode != 0 or not lines:
+        err = r.stderr.strip().splitlines()
         raise NotFound(f"importing {name} to learn its __path__ failed: "
-                       f"{r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+                       f"{err[-1] if err else f'exit status {r.returncode}'}")
+    return json.loads(lines[-1].removeprefix("cutecc-path:"))
 
 
 def find_module(name: str, python_path: list[str] | tuple[str, ...] = (), *,
-                allow_exec: bool = False, invalidate: bool = True) -> Found:
+                allow_exec: bool = False, invalidate: bool = True,
+                exec_cache: dict[str, list[str]] | None = None) -> Found:
+    """Where import finds `name` with `python_path` ahead of sys.path; NotFound says which
+    level failed and which search locations (which parent's `__path__`) were searched.
+    `exec_cache` remembers the `__path__` of parents imported in a child (`allow_exec`),
+    so one planning pass imports each at most once."""
     python_path = [str(Path(p).resolve()) for p in python_path]
     saved = sys.path[:]
     sys.path[:0] = [p for p in python_path if p not in sys.path]
@@ -181,7 +192,10 @@ def find_module(name: str, python_path: list[str] | tuple[str, ...] = (), *,
             else:
                 spec = _find_spec(full, search)
                 if spec is None:
-                    where = "sys.path" if search is None else f"{'.'.join(parts[:i])}.__path__"
+                    where = ("sys.path and the manifest's python_path" if search is None else
+                             f"{'.'.join(parts[:i])}.__path__ = {search}"
+                             + (" (learned by importing it)"
+                                if ".".join(parts[:i]) in found.executed else ""))
                     raise NotFound(f"no module named {full!r} (searched {where})")
                 locs = list(spec.submodule_search_locations or [])
                 if spec.submodule_search_locations is None:
@@ -213,7 +227,12 @@ def find_module(name: str, python_path: list[str] | tuple[str, ...] = (), *,
                             raise NotFound(f"{full}/__init__.py changes __path__ in a way only "
                                            f"running it tells ({spec.origin}); allow_exec=True "
                                            "imports it in a child process")
-                        locs = _exec_path(full, python_path)
+                        if exec_cache is not None and full in exec_cache:
+                            locs = list(exec_cache[full])
+                        else:
+                            locs = _exec_path(full, python_path)
+                            if exec_cache is not None:
+                                exec_cache[full] = list(locs)
                         found.executed.append(full)
                         kind = "package (__path__ set by running __init__)"
                 search = locs

@@ -10,11 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cutecc.contract import Arg, ConstArg, StructArg, TupleArg
 from cutecc.dists import DistIndex, HashCache, compile_env
 from cutecc.entry import compute_key, label
 from cutecc.errors import CuteccError
 from cutecc.key import SourceIndex, key_inputs
-from cutecc.manifest import Kernel, Manifest, Variant
+from cutecc.manifest import Kernel, Manifest, Variant, split_entry
 
 
 @dataclass(frozen=True)
@@ -59,17 +60,22 @@ def _plan(manifest: Manifest, archs: tuple[str, ...], index: SourceIndex, instal
                 raise
             raise CuteccError(e.message, where=str(manifest.path),
                               key_path=f'kernel "{k.name}", entry') from None
-        attr = k.entry.split(":", 1)[1].split(".")[0]
+        attr = split_entry(k.entry)[0].split(":", 1)[1].split(".")[0]
         if index.lacks(k.module, attr):
             raise CuteccError(f'module "{k.module}" defines no "{attr}"', where=str(manifest.path),
                               key_path=f'kernel "{k.name}", entry')
-        reached = installed.reached(index.reached_tops(k.module))
+        tops = index.reached_tops(k.module)
+        reached: dict[frozenset[str], dict[str, str]] = {}
         seen: dict[str, str] = {}
         for v in k.variants:
+            imports, ref_tops = _imported(manifest, index, k, v, set(sources))
+            key_tops = frozenset(tops | ref_tops)
+            if key_tops not in reached:
+                reached[key_tops] = installed.reached(key_tops)
             for arch in archs or k.archs:
                 if arch not in envs:
                     envs[arch] = compile_env(manifest.env_for(arch))
-                inputs = key_inputs(k, v, arch, digest, reached, envs[arch])
+                inputs = key_inputs(k, v, arch, digest, reached[key_tops], envs[arch], imports)
                 p = Planned(k, v, arch, compute_key(inputs), inputs, sources)
                 if p.key in seen:  # nothing tells them apart: no call could choose between them
                     raise CuteccError(f'variants "{seen[p.key]}" and "{v.id}" build the same artifact '
@@ -77,3 +83,77 @@ def _plan(manifest: Manifest, archs: tuple[str, ...], index: SourceIndex, instal
                                       where=str(manifest.path), key_path=f'kernel "{k.name}", variants')
                 seen[p.key] = v.id
                 out.append(p)
+
+
+def references(v: Variant) -> list[tuple[str, str]]:
+    """(key path, "pkg.mod:attr") of every object a variant's build imports besides its
+    entry: `{ import = .. }` and `{ call = .. }` values in factory_args, constants and const
+    arguments (variant values included), and struct types."""
+    out: list[tuple[str, str]] = []
+
+    def value(where: str, x: Any) -> None:
+        if isinstance(x, list):
+            for i, item in enumerate(x):
+                value(f"{where}[{i}]", item)
+        elif isinstance(x, dict):
+            for m in ("import", "call"):
+                if m in x:
+                    out.append((f"{where}.{m}", x[m]))
+            for i, item in enumerate(x.get("args", ())):
+                value(f"{where}.args[{i}]", item)
+            for k, item in (x.get("kwargs") or {}).items():
+                value(f"{where}.kwargs.{k}", item)
+            if "value" in x:
+                value(f"{where}.value", x["value"])
+
+    def arg(where: str, a: Arg) -> None:
+        if isinstance(a, ConstArg):
+            value(f"{where}.value", a.value)
+        elif isinstance(a, StructArg):
+            out.append((f"{where}.type", a.type))
+            for name, f in a.fields:
+                arg(f"{where}.fields.{name}", f)
+        elif isinstance(a, TupleArg):
+            for i, item in enumerate(a.items):
+                arg(f"{where}.items[{i}]", item)
+
+    for k, x in v.factory_args or ():
+        value(f"factory_args.{k}", x)
+    for k, x in v.constants:
+        value(f"constants.{k}", x)
+    for i, a in enumerate(v.args):
+        arg(f"args[{i}]", a)
+    return out
+
+
+def _imported(manifest: Manifest, index: SourceIndex, k: Kernel, v: Variant,
+              entry_sources: set[str]) -> tuple[dict[str, str], set[str]]:
+    """What a variant's references (`references`) add to its key: `{module: source digest}`
+    for each project-local module (or one of the entry's own package) whose source the
+    entry's closure does not already cover, and the top-level names of all of them, whose
+    installed distributions key the rest. A module not found, or surely lacking the name,
+    is an error naming the manifest value."""
+    imports: dict[str, str] = {}
+    tops: set[str] = set()
+    vid = f", variant {v.id}" if v.params else ""
+    for where, target in references(v):
+        module, _, attr = target.partition(":")
+        top = module.split(".")[0]
+        tops.add(top)
+        key_path = f'kernel "{k.name}"{vid}, {where}'
+        why = index.missing(module)
+        if why is not None:
+            raise CuteccError(f'cannot find module "{module}": {why}', where=str(manifest.path),
+                              key_path=key_path)
+        if index.lacks(module, attr.split(".")[0]):
+            raise CuteccError(f'module "{module}" defines no "{attr.split(".")[0]}"',
+                              where=str(manifest.path), key_path=key_path)
+        if top != k.module.split(".")[0] and not index.is_local(top):
+            continue  # installed: its distribution is keyed (`tops`)
+        try:
+            digest, rels = index.digest(module)
+        except CuteccError as e:
+            raise CuteccError(e.message, where=e.where or str(manifest.path), key_path=key_path) from None
+        if not set(rels) <= entry_sources:
+            imports[module] = digest
+    return imports, tops

@@ -17,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import errno
+import json
 import multiprocessing
 import os
 import signal
@@ -64,6 +65,17 @@ class BuildJob:
     def arch(self) -> str:
         return str(self.key_inputs["arch"])
 
+    @property
+    def device(self) -> dict[str, Any] | None:
+        """The answers its device queries get (`cutecc.devicequery`), when keyed."""
+        return self.key_inputs.get("device")
+
+    @property
+    def worker_kind(self) -> str:
+        """What a worker process is set up for: the arch, and the device answers (libraries
+        cache what they asked, so builds with other answers get other processes)."""
+        return self.arch + ("" if self.device is None else " " + json.dumps(self.device, sort_keys=True))
+
     @classmethod
     def of(cls, p: Planned, manifest: Manifest) -> BuildJob:
         return cls(p.kernel.name, p.kernel.entry, p.variant, p.kernel.compile_options,
@@ -85,16 +97,17 @@ class Result:
 def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
                 on_result: Callable[[BuildJob, Result], None],
                 remote: RemoteConfig | None = None) -> None:
-    """Build every job, one spawned pool per arch; `on_result` sees each as it finishes.
-    With a writable `remote`, each worker uploads what it built."""
-    by_arch: dict[str, list[BuildJob]] = {}
+    """Build every job, one spawned pool per arch (and per set of device answers);
+    `on_result` sees each as it finishes. With a writable `remote`, each worker uploads what
+    it built."""
+    by_kind: dict[str, list[BuildJob]] = {}
     for j in jobs:
-        by_arch.setdefault(j.arch, []).append(j)
+        by_kind.setdefault(j.worker_kind, []).append(j)
     ctx = multiprocessing.get_context("spawn")
-    for arch, items in by_arch.items():
+    for items in by_kind.values():
         n = max(1, min(workers, len(items)))
         pool = cf.ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker,
-                                      initargs=(arch, os.getpid(), dict(items[0].env)))
+                                      initargs=(items[0].arch, os.getpid(), dict(items[0].env)))
         try:
             with _sigint_ignored_while_spawning():  # workers start with Ctrl-C ignored
                 futures = {pool.submit(build_one, j, str(store_root), remote): j for j in items}
@@ -214,7 +227,7 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
         rec = library_record(runtime.meta)
         assert rec is not None  # ensure_runtime checked the metadata
         obj = compile_to_object(CompileJob(job.entry, job.variant, job.compile_options,
-                                           job.python_path), staging)
+                                           job.python_path, job.device), staging)
         link(obj, staging / LIBRARY, SYMBOL, entry=job.entry, arch=job.arch, key=job.key,
              runtime=runtime.path / rec[0])
         obj.unlink()

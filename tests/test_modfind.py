@@ -94,3 +94,76 @@ def test_a_missing_module_is_still_a_manifest_error(tree: Path) -> None:
     manifest.write_text(MANIFEST.format(entry="nsk.cute.nothere:launch"))
     with pytest.raises(CuteccError, match='cannot find module "nsk.cute.nothere"'):
         plan(load_manifest(manifest))
+
+
+# Issue 23, item 4: a package whose __init__ appends another distribution's directory to its
+# own __path__ at import time (the DSL's `cutlass` adds nvidia-cutlass-operators' `cutlass/`
+# this way: importlib.metadata finds the distribution, `locate_file` gives the directory).
+EXTENDING_INIT = """\
+import importlib.metadata as _md
+from pathlib import Path
+
+try:
+    _dist = _md.distribution("fake-hostpkg-ext")
+except _md.PackageNotFoundError:
+    _dist = None
+if _dist is not None:
+    _portion = str(_dist.locate_file("hostpkg"))
+    if Path(_portion).is_dir() and _portion not in __path__:
+        __path__.append(_portion)
+"""
+
+EXTENDED = {
+    "base/hostpkg/__init__.py": EXTENDING_INIT,
+    "base/hostpkg/own.py": "X = 1\n",
+    "ext/fake_hostpkg_ext-1.0.dist-info/METADATA":
+        "Metadata-Version: 2.1\nName: fake-hostpkg-ext\nVersion: 1.0\n",
+    "ext/fake_hostpkg_ext-1.0.dist-info/top_level.txt": "hostpkg\n",
+    "ext/fake_hostpkg_ext-1.0.dist-info/RECORD": "",
+    "ext/hostpkg/ext/__init__.py": "",
+    "ext/hostpkg/ext/ops.py": "from . import helper\n\n\ndef launch(x, out):\n    return helper.H\n",
+    "ext/hostpkg/ext/helper.py": "H = 1\n",
+}
+
+
+@pytest.fixture
+def extended(tmp_path: Path) -> Path:
+    for rel, text in EXTENDED.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    return tmp_path
+
+
+def test_a_module_a_package_adds_to_its_own_path_at_import_is_found_and_keyed(extended: Path) -> None:
+    manifest = extended / "kernels.toml"
+    manifest.write_text(MANIFEST.replace('["a", "b"]', '["base", "ext"]')
+                        .format(entry="hostpkg.ext.ops:launch"))
+    [p] = plan(load_manifest(manifest))
+    assert {"hostpkg/__init__.py", "hostpkg/ext/ops.py", "hostpkg/ext/helper.py"} <= set(p.sources), p.sources
+    helper = extended / "ext/hostpkg/ext/helper.py"
+    helper.write_text("H = 2\n")
+    [q] = plan(load_manifest(manifest))
+    assert q.key != p.key  # the extension's source is in the key
+    import builtins
+
+    assert "hostpkg" not in sys.modules and not hasattr(builtins, "CUTECC_TEST_PACKAGE_RAN")
+
+
+def test_a_module_not_found_says_which_parent_path_was_searched(extended: Path) -> None:
+    from cutecc.errors import CuteccError
+
+    manifest = extended / "kernels.toml"
+    manifest.write_text(MANIFEST.replace('["a", "b"]', '["base", "ext"]')
+                        .format(entry="hostpkg.ext.nothere:launch"))
+    with pytest.raises(CuteccError) as e:
+        plan(load_manifest(manifest))
+    text = e.value.render()
+    assert e.value.exit_code == 2 and 'cannot find module "hostpkg.ext.nothere"' in text, text
+    assert "hostpkg.ext.__path__" in text and str(extended / "ext/hostpkg/ext") in text, text
+    # a parent whose import fails: the import error is the reason given
+    (extended / "base/hostpkg/__init__.py").write_text(EXTENDING_INIT + "raise RuntimeError('no GPU here')\n")
+    manifest.write_text(MANIFEST.replace('["a", "b"]', '["base", "ext"]')
+                        .format(entry="hostpkg.ext.ops:launch"))
+    with pytest.raises(CuteccError) as e:
+        plan(load_manifest(manifest))
+    assert "RuntimeError: no GPU here" in e.value.render(), e.value.render()

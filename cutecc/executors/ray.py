@@ -107,7 +107,10 @@ def _run(ray: Any, jobs: list[BuildJob], store_root: Path,
                 sent[digest] = ray.put(_read_sources(j))
             except CuteccError as e:
                 sent[digest] = ray.put(e.render())  # only a task on another node needs them
-        ref = task.options(runtime_env={"env_vars": {"CUTE_DSL_ARCH": j.arch}},
+        env_vars = {"CUTE_DSL_ARCH": j.arch}
+        if j.device is not None:  # other device answers, other worker processes (libraries cache them)
+            env_vars["CUTECC_DEVICE_ANSWERS"] = hashlib.sha256(j.worker_kind.encode()).hexdigest()[:16]
+        ref = task.options(runtime_env={"env_vars": env_vars},
                            name=f"cutecc {j.kernel}[{j.variant.id}]@{j.arch}").remote(
             j, str(store_root), driver_node, sent[digest], remote, ship)
         refs[ref] = j
