@@ -133,7 +133,9 @@ def pin_host_target(compiled: Any) -> int:
 
 
 def _result_param(t: TensorArg) -> str:
-    return f"cutecc_out_{t.name}" if t.role == "inout" else t.name
+    """The wrapper's parameter for a result: an aliased one (inout, zeroed scratch) has
+    its operand's name taken, so the result gets its own."""
+    return f"cutecc_out_{t.name}" if t.role == "inout" or t.zero else t.name
 
 
 def _view_lines(t: TensorArg, p: str, conv: CallingConvention) -> list[str]:
@@ -174,12 +176,14 @@ def wrapper_source(args: tuple[Arg, ...]) -> str:
     conv = CallingConvention.of(args)
     counts = {"const": 0, "struct": 0}
     params = ["cutecc_stream"]
-    params += [f"{t.name}: cute.Tensor" for t in conv.inputs]
-    params += [f"{_result_param(t)}: cute.Tensor" for t in conv.results]
+    # Scratch comes after the call's own tensors (`ffi_inputs`, `ffi_results`): kernels
+    # without it keep their wrapper, and so their bytes.
+    params += [f"{t.name}: cute.Tensor" for t in conv.ffi_inputs]
+    params += [f"{_result_param(t)}: cute.Tensor" for t in conv.ffi_results]
     params += [f"{s.name}: cutlass.{dtypes.DTYPES[s.dtype].cutlass}" for s in conv.scalars]
 
     views = []  # a tensor of another layout or padded arrives as its dense buffer: view it
-    for t in (*conv.inputs, *[r for r in conv.results if r.role == "output"]):
+    for t in (*conv.ffi_inputs, *[r for r in conv.ffi_results if r not in conv.ffi_inputs]):
         views += _view_lines(t, _result_param(t) if t.role != "input" else t.name, conv)
 
     def expr(a: Arg) -> str:
@@ -286,7 +290,7 @@ def _fake_args(conv: CallingConvention) -> list[Any]:
     import cutlass.cute as cute
 
     symbols: dict[str, Any] = {}
-    multiple = {d: t.multiple(i) for t in (*conv.inputs, *conv.results)
+    multiple = {d: t.multiple(i) for t in (*conv.ffi_inputs, *conv.ffi_results)
                 for i, d in enumerate(t.extents) if isinstance(d, str)}
 
     def dim(d: int | str) -> Any:
@@ -308,8 +312,8 @@ def _fake_args(conv: CallingConvention) -> list[Any]:
         )
 
     fakes: list[Any] = [cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)]
-    fakes += [tensor(t) for t in conv.inputs]
-    fakes += [tensor(t) for t in conv.results]
+    fakes += [tensor(t) for t in conv.ffi_inputs]
+    fakes += [tensor(t) for t in conv.ffi_results]
     for s in conv.scalars:
         ctype = getattr(cutlass, dtypes.DTYPES[s.dtype].cutlass)
         fakes.append(ctype(s.default if s.default is not None else 0))

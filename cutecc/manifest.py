@@ -25,11 +25,15 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
                                   {dsl = "cutlass.Int32", value = 5}, {import = "m:Name"},
                                   {call = "m:f", args = [..], kwargs = {..}}, {none = true}
     args = [..]                   the launcher's arguments in its own order:
-      {name, dtype, shape, role = "input"|"output"|"inout", buffer, layout, align}  a tensor;
+      {name, dtype, shape, role = "input"|"output"|"inout"|"scratch", zero, buffer, layout, align}
+        a tensor; an output's or scratch's extent may be derived, an expression over symbols,
+        "$param"s and "$hw.fact"s (`cutecc.expr`); scratch is allocated (zero = true: zeroed)
+        and dropped by the runtime;
         layout = "row-major" (default) | "column-major" | [stride order, 0 = stride 1];
         buffer = [..] (input/inout): the shape of the padded array passed, of which the
         kernel sees the `shape` block at its origin with the buffer's strides (`lda`)
-      {kind = "scalar", name, dtype, default}    a runtime scalar (keyword at the JAX side)
+      {kind = "scalar", name, dtype, default}    a runtime scalar (keyword at the JAX side);
+        with value = <int or expression> instead, derived: the runtime computes and passes it
       {kind = "none"}   {kind = "stream"}   {kind = "tuple", items = [..]}
       {kind = "const", value = V}                a compile-time value in the launcher's order
       {kind = "struct", type = "pkg.mod:Name", fields = {f = <arg>, ..}}  a NamedTuple/dataclass
@@ -57,7 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cutecc import dtypes
+from cutecc import dtypes, expr
 from cutecc.archs import is_arch
 from cutecc.contract import (
     ROLES,
@@ -118,8 +122,8 @@ ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs", "profile",
                 "compile_options", "grad", "description", "symbols", "tune"}
 MAX_DIVISIBILITY = 1 << 16
-_TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "buffer", "layout", "align", "param"}
-_SCALAR_KEYS = {"kind", "name", "dtype", "default", "param"}
+_TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "buffer", "layout", "align", "param", "zero"}
+_SCALAR_KEYS = {"kind", "name", "dtype", "default", "param", "value"}
 _Value = int | float | bool | str
 
 
@@ -459,7 +463,8 @@ def _with_divisibility(a: Arg, symbols: dict[str, int]) -> Arg:
     when padded: a padded logical extent is bound, and checked, where it is unpadded)
     from the kernel's `symbols`."""
     if isinstance(a, TensorArg):
-        div = tuple(symbols.get(d, 1) if isinstance(d, str) else 1 for d in a.extents)
+        div = tuple(expr.multiple_of(d, symbols) if expr.is_derived(d) else
+                    symbols.get(d, 1) if isinstance(d, str) else 1 for d in a.extents)
         return dataclasses.replace(a, divisibility=div if any(k > 1 for k in div) else None)
     if isinstance(a, TupleArg):
         return dataclasses.replace(a, items=tuple(_with_divisibility(i, symbols) for i in a.items))
@@ -550,8 +555,8 @@ def _point_id(point: tuple[tuple[str, _Value], ...]) -> str:
 
 def _check_used(ctx: _Ctx, kp: str, axes: Any, kdoc: dict[str, Any], table: str = "variants") -> None:
     text = repr((kdoc.get("args"), kdoc.get("constants"), kdoc.get("factory_args")))
-    for name, _ in axes:
-        if f"'${name}'" not in text:
+    for name, _ in axes:  # "$name" alone, or in a derived extent's or scalar's expression
+        if f"'${name}'" not in text and not re.search(rf"\${re.escape(name)}(?![A-Za-z0-9_])", text):
             raise ctx.fail(f"{kp}, {table}.{name}",
                            f'parameter "{name}" is never used (refer to it as "${name}")')
 
@@ -696,6 +701,12 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
             allowed = ", ".join(dtypes.SCALAR_DTYPES)
             raise ctx.fail(f"{kp}.dtype", f'a runtime scalar must be one of {allowed}, got "{dt}"')
         default = a.get("default")
+        if "value" in a:
+            if default is not None:
+                raise ctx.fail(f"{kp}.value", "a derived scalar (value) has no default: the "
+                               "runtime computes it")
+            return ScalarArg(name, dt, None, value=_scalar_expr(ctx, f"{kp}.value", a["value"], dt,
+                                                                 env, hw))
         if default is not None:
             ok = isinstance(default, bool) if dt == "bool" else (
                 isinstance(default, (int, float)) and not isinstance(default, bool)
@@ -715,14 +726,20 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
     name = _name(ctx, kp, a)
     role = a.get("role", "input")
     if role not in ROLES:
-        raise ctx.fail(f"{kp}.role", f'unknown role "{role}" (input, output, inout)')
+        raise ctx.fail(f"{kp}.role", f'unknown role "{role}" (input, output, inout, scratch)')
+    zero = a.get("zero", False)
+    if type(zero) is not bool or (zero and role != "scratch"):
+        raise ctx.fail(f"{kp}.zero", 'only a scratch tensor (role = "scratch") may be zeroed: '
+                       f"zero = true, got {zero!r}" + ("" if role == "scratch" else f" on an {role}"))
     dt = _dtype(ctx, f"{kp}.dtype", a, env, hw)
     if "shape" not in a:
         raise ctx.fail(kp, 'missing "shape" (a list of ints and symbol names)')
     shape = a["shape"]
     if not isinstance(shape, list):
         raise ctx.fail(f"{kp}.shape", f"must be an array, got {_tname(shape)}")
-    dims = _dims(ctx, f"{kp}.shape", shape, env, hw)
+    dims = _dims(ctx, f"{kp}.shape", shape, env, hw, derived=role in ("output", "scratch"))
+    if role == "scratch" and "buffer" in a:
+        raise ctx.fail(f"{kp}.buffer", "a scratch tensor cannot be padded (the runtime allocates it)")
     buffer = _buffer(ctx, kp, a, dims, role, env, hw) if "buffer" in a else None
     order = _order(ctx, f"{kp}.layout", a.get("layout", "row-major"), len(dims))
     align = a.get("align", 16)
@@ -732,15 +749,58 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
         raise ctx.fail(f"{kp}.align", f"must be at most {MAX_ALIGN} (bytes), got {align}")
     label = ("row-major" if order is None else
              "column-major" if order == tuple(range(len(dims))) else "strided")
-    return TensorArg(name, role, dt, dims, label, align, order=order, buffer=buffer)
+    return TensorArg(name, role, dt, dims, label, align, order=order, buffer=buffer, zero=zero)
+
+
+_REF_RE = re.compile(r"\$(hw\.)?[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _expression(ctx: _Ctx, kp: str, text: str, env: dict[str, _Value], hw: dict[str, Any]) -> int | str:
+    """A derived extent or scalar: `$param`s and `$hw.fact`s substituted (build-time numbers),
+    checked against the grammar (`cutecc.expr`), folded to an int when it reads no symbol,
+    else its canonical text."""
+    def ref(name: str) -> Any:
+        return _subst(ctx, kp, f"${name}", env, hw)
+    try:
+        text = expr.canonical(expr.substitute(text, ref))
+        if not expr.names(text):
+            return int(expr.evaluate(text, {}))
+    except expr.ExprError as e:
+        raise ctx.fail(kp, f"{e} (an expression of ints, symbols, + - * // %, ceil_div(a, b), "
+                       "round_up(a, b), min, max, $param and $hw.fact)") from None
+    return text
+
+
+def _scalar_expr(ctx: _Ctx, kp: str, v: Any, dt: str, env: dict[str, _Value],
+                 hw: dict[str, Any]) -> int | str:
+    """A derived scalar's `value`: an int, "$hw.fact" / "$param", or an expression."""
+    if dt not in _INT_RANGE:
+        raise ctx.fail(kp, f"a derived scalar must be int32 or int64, not {dt}")
+    if isinstance(v, str):
+        v = _subst(ctx, kp, v, env, hw) if _REF_RE.fullmatch(v) else _expression(ctx, kp, v, env, hw)
+    if type(v) is not int and not isinstance(v, str):
+        raise ctx.fail(kp, f"must be an int or an expression string, got {v!r}")
+    lo, hi = _INT_RANGE[dt]
+    if type(v) is int and not lo <= v <= hi:
+        raise ctx.fail(kp, f"{v} is out of the range of {dt} ({lo}..{hi})")
+    return v
 
 
 def _dims(ctx: _Ctx, kp: str, shape: list[Any], env: dict[str, _Value],
-          hw: dict[str, Any]) -> tuple[Dim, ...]:
-    """A `shape` or `buffer` array: positive ints (static) and symbol names."""
+          hw: dict[str, Any], derived: bool = False) -> tuple[Dim, ...]:
+    """A `shape` or `buffer` array: positive ints (static), symbol names and, where
+    `derived` (outputs and scratch), expressions over symbols."""
     dims: list[Dim] = []
     for i, d in enumerate(shape):
         dp = f"{kp}[{i}]"
+        if isinstance(d, str) and not _REF_RE.fullmatch(d) and not NAME_RE.fullmatch(d):
+            if not derived:
+                raise ctx.fail(dp, f'"{d}" is not a valid symbol name (a derived extent, an '
+                               "expression, may size only an output or a scratch tensor)")
+            d = _expression(ctx, dp, d, env, hw)
+            if isinstance(d, str):
+                dims.append(d)
+                continue
         d = _subst(ctx, dp, d, env, hw)
         if isinstance(d, (bool, float)):
             raise ctx.fail(dp, f"a dimension is an int or a symbol name, got {d!r}")
@@ -817,13 +877,13 @@ def _check_args(ctx: _Ctx, kp: str, args: tuple[Arg, ...]) -> None:
         raise ctx.fail(f"{kp}, args", "no output: at least one tensor needs role "
                        '"output" or "inout"')
     # What a call's arrays bind: the extents of the arrays passed (a padded tensor's buffer).
-    bound = {d for t in tensors if t.role != "output" for d in t.extents if isinstance(d, str)}
+    bound = {d for t in tensors if t.role in ("input", "inout") for d in t.extents if isinstance(d, str)}
     for t in tensors:
-        if t.role == "output":
+        if t.role in ("output", "scratch"):
             for s in t.symbols:
                 if s not in bound:
                     raise ctx.fail(f"{kp}, args ({t.name})",
-                                   f'output extent "{s}" is not the extent of any input, so '
+                                   f'{t.role} extent "{s}" is not the extent of any input, so '
                                    "the runtime cannot compute the output shape")
         for i in t.padded:
             d = t.shape[i]
@@ -832,6 +892,14 @@ def _check_args(ctx: _Ctx, kp: str, args: tuple[Arg, ...]) -> None:
                                f'the logical extent "{d}" of a padded dimension is not the extent '
                                "of any array passed (an unpadded dimension of an input), so neither "
                                "the runtime nor the kernel can know it: make it static or bind it")
+    for sc in leaves:
+        if isinstance(sc, ScalarArg) and isinstance(sc.value, str):
+            for s in expr.names(sc.value):
+                if s not in bound:
+                    raise ctx.fail(f"{kp}, args ({sc.name}).value",
+                                   f'"{s}" is not the extent of any input, so the runtime cannot '
+                                   "compute the scalar (known symbols: "
+                                   f"{', '.join(sorted(bound)) or 'none'})")
     names = {t.name for t in tensors}
     clash = names & {s for t in tensors for s in t.symbols}
     if clash:

@@ -44,6 +44,9 @@ def schema() -> dict[str, Any]:
              "description": "Target GPU architectures, e.g. [\"sm_90a\"]."}
     extent = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
                         {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*$"}, _PARAM]}
+    derived = {"type": "string", "minLength": 1, "maxLength": 256,
+               "description": "A derived extent (outputs and scratch): an expression over symbols, "
+                              "$param and $hw.fact: ints, + - * // %, ceil_div, round_up, min, max."}
     tensor = {
         "type": "object", "additionalProperties": False, "required": ["name", "dtype", "shape"],
         "properties": {
@@ -51,8 +54,10 @@ def schema() -> dict[str, Any]:
             "name": {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*$"},
             "role": {"enum": list(ROLES), "default": "input"},
             "dtype": _dtype(),
-            "shape": {"type": "array", "items": extent,
-                      "description": "Ints are static extents, names symbolic (shared name: equal)."},
+            "shape": {"type": "array", "items": {"anyOf": [extent, derived]},
+                      "description": "Ints are static extents, names symbolic (shared name: equal); "
+                                     "an output's or scratch's extent may be an expression."},
+            "zero": {"type": "boolean", "description": "A scratch tensor the runtime hands over zeroed."},
             "buffer": {"type": "array", "items": extent,
                        "description": "A padded input/inout: the shape of the array passed (same rank, "
                                       "logical order); the kernel sees `shape` at its origin with the "
@@ -71,7 +76,11 @@ def schema() -> dict[str, Any]:
         "properties": {"kind": {"const": "scalar"},
                        "name": {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*$"},
                        "dtype": {"anyOf": [{"enum": list(dtypes.SCALAR_DTYPES)}, _PARAM]},
-                       "default": {"type": ["integer", "number", "boolean"]}, "param": _KW},
+                       "default": {"type": ["integer", "number", "boolean"]}, "param": _KW,
+                       "value": {"type": ["integer", "string"],
+                                 "description": "A derived scalar (int32/int64): an int, $hw.fact or an "
+                                                "expression over symbols; the runtime computes and passes "
+                                                "it, the call does not."}},
     }
     none = {"type": "object", "additionalProperties": False, "required": ["kind"],
             "properties": {"kind": {"const": "none"}, "param": _KW}}

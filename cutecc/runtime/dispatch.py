@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cutecc import expr
 from cutecc.archs import to_build
 from cutecc.contract import Arg, CallingConvention, ScalarArg, TensorArg, args_from_json
 from cutecc.entry import call_keywords
@@ -68,8 +69,10 @@ class Build:
         # What a call computes from its arrays (output shapes, padded views) must be bound
         # by them, as the manifest ensures: a contract read from disk is checked again.
         bound = {d for t in conv.inputs for d in t.extents if isinstance(d, str)}
-        need = [(t.name, d) for t in conv.results if t.role == "output" for d in t.symbols]
+        need = [(t.name, d) for t in conv.ffi_results if t.role != "inout" for d in t.symbols]
         need += [(t.name, t.shape[i]) for t in conv.inputs for i in t.padded]
+        need += [(s.name, d) for s in conv.scalars if isinstance(s.value, str)
+                 for d in expr.names(s.value)]
         for name, d in need:
             if isinstance(d, str) and d not in bound:
                 raise ValueError(f'{name}: extent "{d}" is bound by no input array')
@@ -84,7 +87,7 @@ class Build:
     def signature(self) -> str:
         ins = ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}"
                         + ("" if t.buffer is None else f" in {list(t.buffer)}") for t in self.conv.inputs)
-        sc = "".join(f", {s.name}: {s.dtype}" for s in self.conv.scalars)
+        sc = "".join(f", {s.name}: {s.dtype}" for s in self.conv.given)
         kw = "".join(f", {k}={v!r}" for k, v in self.call)
         return f"({ins}{sc}{kw})"
 
@@ -196,7 +199,7 @@ class KernelFn:
             for t in b.conv.inputs:
                 params.setdefault(t.name, P(t.name, P.POSITIONAL_ONLY))
         for b in self.builds:
-            for s in b.conv.scalars:
+            for s in b.conv.given:
                 params.setdefault(s.name, P(s.name, P.KEYWORD_ONLY, default=s.default))
         for k, vals in self.keywords.items():
             params[k] = P(k, P.KEYWORD_ONLY, annotation=" | ".join(map(repr, vals)))
@@ -314,22 +317,24 @@ class KernelFn:
         if self.tuning is not None:  # the tuned winner of the call's bucket (a table lookup)
             build = self.tuning.pick(build, env)
         _check_placement(self.name, arrays)
-        attrs = _attrs(self.name, build.conv.scalars, scalars, self._keywords)
+        conv = build.conv
+        attrs = _attrs(self.name, conv.scalars, scalars, self._keywords, env)
         target = build.register(self.name)
         # The kernel sees each tensor's buffer in its declared order (`TensorArg.perm`); an
-        # inout padded tensor's result is its whole buffer.
-        results = tuple(
-            (tuple(d if isinstance(d, int) else env[d] for d in (t.extents[p] for p in t.perm)),
-             t.dtype) for t in build.conv.results)
-        buffers = [_to_buffer(a, t) for a, t in zip(arrays, build.conv.inputs)]
+        # inout padded tensor's result is its whole buffer. Scratch comes last: zeroed scratch
+        # as `jnp.zeros` operands aliased to their results, the rest as results; all dropped.
+        results = tuple((_buffer_shape(self.name, t, env), t.dtype) for t in conv.ffi_results)
+        buffers = [_to_buffer(a, t) for a, t in zip(arrays, conv.inputs)]
+        buffers += [jnp.zeros(_buffer_shape(self.name, t, env), t.dtype)
+                    for t in conv.ffi_inputs[len(conv.inputs):]]
         out = cutecc_call_p.bind(*unify_varying(buffers), target=target, kernel=self.name,
-                                 results=results, aliases=build.conv.aliases, attrs=attrs)
-        out = [_from_buffer(o, t) for o, t in zip(out, build.conv.results)]
+                                 results=results, aliases=conv.ffi_aliases, attrs=attrs)
+        out = [_from_buffer(o, t) for o, t in zip(out[:len(conv.results)], conv.results)]
         return out[0] if len(out) == 1 else tuple(out)
 
     def _with_vjp(self, back: KernelFn, arrays: Sequence[Any], scalars: Mapping[str, Any],
                   keywords: Mapping[str, Any]) -> Any:
-        back_scalars = {s.name for b in back.builds for s in b.conv.scalars}
+        back_scalars = {s.name for b in back.builds for s in b.conv.given}
         bscalars = {k: v for k, v in scalars.items() if k in back_scalars}
         bkeywords = {k: v for k, v in keywords.items() if k in back._keywords}
 
@@ -350,6 +355,38 @@ class KernelFn:
         return f(*arrays)
 
 
+def _extent(kernel: str, t: TensorArg, d: Any, env: Mapping[str, Any]) -> Any:
+    """An extent's value for a call: static, bound by an input array, or derived (evaluated
+    from the bindings; under `jax.export` with symbolic shapes, a symbolic dimension)."""
+    if isinstance(d, int):
+        return d
+    if expr.is_symbol(d):
+        return env[d]
+    try:
+        n = expr.evaluate(d, env, minimum=_min_dim, maximum=_max_dim)
+    except expr.ExprError as e:
+        raise CuteccError(f"{t.name}: derived extent {d!r}: {e}", where=f'kernel "{kernel}"',
+                          exit_code=1) from None
+    if isinstance(n, int) and n <= 0:
+        raise CuteccError(f"{t.name}: derived extent {d!r} is {n} for "
+                          + ", ".join(f"{k}={env[k]}" for k in expr.names(d))
+                          + "; an extent must be positive", where=f'kernel "{kernel}"', exit_code=1)
+    return n
+
+
+def _buffer_shape(kernel: str, t: TensorArg, env: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The shape of the dense buffer of `t` the kernel sees (its dimensions in `perm` order)."""
+    return tuple(_extent(kernel, t, t.extents[p], env) for p in t.perm)
+
+
+def _min_dim(a: Any, b: Any) -> Any:
+    return min(a, b) if isinstance(a, int) and isinstance(b, int) else jax.core.min_dim(a, b)
+
+
+def _max_dim(a: Any, b: Any) -> Any:
+    return max(a, b) if isinstance(a, int) and isinstance(b, int) else jax.core.max_dim(a, b)
+
+
 def _to_buffer(a: Any, t: TensorArg) -> Any:
     """The logical array `a` as the buffer `t` declares (a transpose; none if row-major)."""
     return a if t.order is None else jnp.transpose(a, t.perm)
@@ -368,11 +405,16 @@ def _like(g: Any, x: Any) -> Any:
 
 
 def _attrs(kernel: str, declared: Sequence[ScalarArg], given: Mapping[str, Any],
-           keywords: Collection[str] = ()) -> tuple:
+           keywords: Collection[str] = (), env: Mapping[str, Any] | None = None) -> tuple:
     """The runtime scalars' FFI attributes; `keywords` (the kernel's call keywords, already
-    taken out of `given`) only name the other keywords a call may pass."""
-    names = {s.name for s in declared}
+    taken out of `given`) only name the other keywords a call may pass. A derived scalar is
+    computed from the call's symbol bindings `env`, never passed."""
+    names = {s.name for s in declared if s.value is None}
     for k in given:
+        if any(s.name == k and s.value is not None for s in declared):
+            raise CuteccError(f"runtime scalar {k!r} is derived ({declared_value(declared, k)}): "
+                              "the runtime computes and passes it, a call does not",
+                              where=f'kernel "{kernel}"', exit_code=1)
         if k not in names:
             also = f"; call keywords: {', '.join(sorted(keywords))}" if keywords else ""
             raise CuteccError(f"unknown keyword argument {k!r}; runtime scalars: "
@@ -380,6 +422,9 @@ def _attrs(kernel: str, declared: Sequence[ScalarArg], given: Mapping[str, Any],
                               where=f'kernel "{kernel}"', exit_code=1)
     out = []
     for s in declared:
+        if s.value is not None:
+            out.append((s.name, s.dtype, _derived_scalar(kernel, s, env or {})))
+            continue
         v = given.get(s.name, s.default)
         if v is None:
             raise CuteccError(f"missing runtime scalar {s.name!r} ({s.dtype})",
@@ -391,6 +436,29 @@ def _attrs(kernel: str, declared: Sequence[ScalarArg], given: Mapping[str, Any],
                               exit_code=1)
         out.append((s.name, s.dtype, _scalar_value(kernel, s, v)))
     return tuple(out)
+
+
+def declared_value(declared: Sequence[ScalarArg], name: str) -> str:
+    """How a derived scalar is declared, for messages: `value = ...`."""
+    return next(f"value = {s.value!r}" for s in declared if s.name == name)
+
+
+def _derived_scalar(kernel: str, s: ScalarArg, env: Mapping[str, Any]) -> int:
+    """A derived scalar's value for this call, as an int of its dtype's range."""
+    if isinstance(s.value, int):
+        return s.value
+    assert s.value is not None
+    try:
+        v = expr.evaluate(s.value, env, minimum=_min_dim, maximum=_max_dim)
+    except expr.ExprError as e:
+        raise CuteccError(f"runtime scalar {s.name!r} ({s.value!r}): {e}",
+                          where=f'kernel "{kernel}"', exit_code=1) from None
+    if not isinstance(v, int):  # a symbolic dimension (jax.export): no attribute can hold it
+        raise CuteccError(f"runtime scalar {s.name!r} = {s.value!r} depends on a symbolic dimension "
+                          f"({v}); it travels as an FFI attribute, which needs a number when the "
+                          "call is traced: export with that dimension concrete",
+                          where=f'kernel "{kernel}"', exit_code=1)
+    return _scalar_value(kernel, s, v)
 
 
 def _scalar_value(kernel: str, s: ScalarArg, v: Any) -> Any:

@@ -1,0 +1,88 @@
+"""Toy launchers whose contracts need derived extents, derived scalars and scratch.
+
+One thread per element, f32, simple on purpose: what they test is the contract (sizes the
+runtime computes, scalars it passes, buffers it allocates and drops), not speed.
+"""
+
+import cutlass
+import cutlass.cute as cute
+
+THREADS = 128
+
+
+@cute.kernel
+def _pad_kernel(x: cute.Tensor, out: cute.Tensor, cols: cutlass.Int32):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, row, _ = cute.arch.block_idx()
+    j = bidx * THREADS + tidx
+    n = cute.size(x, mode=[1])
+    if j < cols:
+        if j < n:
+            out[row, j] = x[row, j]
+        else:
+            out[row, j] = cutlass.Float32(0.0)
+
+
+@cute.jit
+def pad_cols(x: cute.Tensor, out: cute.Tensor, cols: cutlass.Int32, stream):
+    """out = x with its columns zero-padded to `cols` (the runtime passes cols, which is
+    out's derived width, round_up(n, 32))."""
+    m = cute.size(x, mode=[0])
+    _pad_kernel(x, out, cols).launch(grid=[(cols + THREADS - 1) // THREADS, m, 1],
+                                     block=[THREADS, 1, 1], stream=stream)
+
+
+@cute.kernel
+def _partials_kernel(x: cute.Tensor, partials: cute.Tensor, rows_per: cutlass.Int32):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, b, _ = cute.arch.block_idx()
+    j = bidx * THREADS + tidx
+    m = cute.size(x, mode=[0])
+    d = cute.size(x, mode=[1])
+    if j < d:
+        acc = cutlass.Float32(0.0)
+        lo = b * rows_per
+        for i in range(lo, lo + rows_per):
+            if i < m:
+                acc = acc + x[i, j]
+        partials[b, j] = acc
+
+
+@cute.jit
+def col_partials(stream, x: cute.Tensor, partials: cute.Tensor, blocks: cutlass.Int32,
+                 rows_per: cutlass.Int32):
+    """partials[b, :] = the sum of x's rows b*rows_per .. (b+1)*rows_per - 1 (quack's RMSNorm
+    backward writes such per-SM partial sums, which the caller adds up); blocks is the SM
+    count and rows_per = ceil_div(m, blocks), both passed by the runtime."""
+    d = cute.size(x, mode=[1])
+    _partials_kernel(x, partials, rows_per).launch(
+        grid=[(d + THREADS - 1) // THREADS, blocks, 1], block=[THREADS, 1, 1], stream=stream)
+
+
+@cute.kernel
+def _stage1(x: cute.Tensor, tmp: cute.Tensor, acc: cute.Tensor):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    i = bidx * THREADS + tidx
+    if i < cute.size(x, mode=[0]):
+        tmp[i] = x[i] * cutlass.Float32(2.0)
+        acc[i] = acc[i] + x[i]  # right only if acc arrives zeroed
+
+
+@cute.kernel
+def _stage2(tmp: cute.Tensor, acc: cute.Tensor, out: cute.Tensor):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    i = bidx * THREADS + tidx
+    if i < cute.size(out, mode=[0]):
+        out[i] = tmp[i] + acc[i]
+
+
+@cute.jit
+def triple(x: cute.Tensor, out: cute.Tensor, tmp: cute.Tensor, acc: cute.Tensor, stream):
+    """out = 3 x in two launches through scratch: tmp (uninitialised) = 2 x, acc (zeroed,
+    rounded up to 64 elements) += x, then out = tmp + acc."""
+    n = cute.size(x, mode=[0])
+    grid = [(n + THREADS - 1) // THREADS, 1, 1]
+    _stage1(x, tmp, acc).launch(grid=grid, block=[THREADS, 1, 1], stream=stream)
+    _stage2(tmp, acc, out).launch(grid=grid, block=[THREADS, 1, 1], stream=stream)

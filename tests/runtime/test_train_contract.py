@@ -1,0 +1,76 @@
+"""Derived extents and scalars, scratch, and `jax.export` with symbolic shapes, seen from
+JAX on a CPU (issue 23, items 1, 2 and 6): output shapes, the scalars the runtime passes,
+the scratch operands and results of the custom call, and symbolic export.
+
+The kernels are tests/gpu/train_kernels (built once per session, or CUTECC_TRAIN_CACHE);
+tests/gpu/test_train_gpu.py runs them on a GPU.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import cutecc
+from cutecc.errors import CuteccError
+from cutecc.runtime.library import target_name
+
+S = jax.ShapeDtypeStruct
+F32 = jnp.float32
+
+
+def lower(fn, *specs) -> str:
+    return jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def custom_calls(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "stablehlo.custom_call" in line]
+
+
+@pytest.fixture(scope="module")
+def ks(train_cache: Path):
+    return cutecc.load(train_cache, arch="sm_90a")
+
+
+@pytest.mark.parametrize(("m", "n", "width"), [(5, 33, 64), (1, 1, 32), (3, 64, 64), (2, 65, 96)])
+def test_a_derived_output_extent_and_scalar_follow_the_call(ks, m: int, n: int, width: int) -> None:
+    out = jax.eval_shape(ks.pad_cols, S((m, n), F32))
+    assert (out.shape, out.dtype) == ((m, width), F32)
+    (call,) = custom_calls(lower(ks.pad_cols, S((m, n), F32)))
+    assert f"cols = {width} : i32" in call and f"-> tensor<{m}x{width}xf32>" in call
+
+
+def test_hardware_facts_are_numbers_recorded_at_build(ks) -> None:
+    out = jax.eval_shape(ks.col_partials, S((1000, 70), F32))
+    assert out.shape == (132, 70)  # the h100 profile's sm_count
+    (call,) = custom_calls(lower(ks.col_partials, S((1000, 70), F32)))
+    assert "blocks = 132 : i32" in call and "rows_per = 8 : i32" in call  # ceil(1000 / 132)
+
+
+def test_a_derived_scalar_is_no_keyword_of_the_call(ks) -> None:
+    assert list(inspect.signature(ks.pad_cols).parameters) == ["x"]
+    assert "cols" not in ks.pad_cols.builds[0].signature()
+    with pytest.raises(CuteccError, match=r"scalar 'cols' is derived \(value = 'round_up\(n, 32\)'\)"):
+        jax.eval_shape(lambda x: ks.pad_cols(x, cols=64), S((2, 33), F32))
+
+
+def test_scratch_is_allocated_passed_and_dropped(ks) -> None:
+    out = jax.eval_shape(ks.triple, S((100,), F32))
+    assert isinstance(out, jax.ShapeDtypeStruct) and out.shape == (100,)  # only `out` comes back
+    text = lower(ks.triple, S((100,), F32))
+    (call,) = custom_calls(text)
+    # x, then acc as zeros (rounded up to 64), aliased to the last result; tmp a plain result
+    assert "(tensor<100xf32>, tensor<128xf32>) -> (tensor<100xf32>, tensor<100xf32>, tensor<128xf32>)" in call
+    assert "output_tuple_indices = [2], operand_index = 1" in call
+    assert re.search(r"constant dense<0\.0+e\+00> : tensor<f32>", text)
+    assert f"@{target_name(ks.triple.builds[0].key)}" in call
+
+
+def test_scratch_composes_under_jit_with_other_ops(ks) -> None:
+    f = jax.jit(lambda x: ks.triple(x) * 2 + ks.pad_cols(x[None, :])[0, :x.shape[0]])
+    assert jax.eval_shape(f, S((40,), F32)).shape == (40,)

@@ -1,0 +1,229 @@
+"""Derived extents and scalars, and scratch tensors, in the manifest and the contract
+(issue 23, items 1 and 2): the expression grammar, what the manifest stores, its errors
+(file and key path, exit 2), and that contracts without them keep their JSON (and keys).
+
+Pure Python: no GPU, no DSL, no compilation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cutecc import expr
+from cutecc.cli import main
+from cutecc.contract import (
+    CallingConvention,
+    ScalarArg,
+    TensorArg,
+    arg_from_json,
+    arg_to_json,
+    args_from_json,
+    args_to_json,
+)
+from cutecc.errors import CuteccError
+from cutecc.manifest import load_manifest
+
+TRAIN = Path(__file__).parent / "gpu" / "train_kernels" / "kernels.toml"
+X = '{ name = "x", dtype = "float32", shape = ["m", "n"] }'
+
+
+def manifest(*args: str, extra: str = "", profile: str = "") -> str:
+    body = ",\n  ".join(args)
+    return (f"{profile}\n[kernel.k]\nentry = \"kk.elem:f\"\nargs = [\n  {body},\n  "
+            f"{{ kind = \"stream\" }},\n]\n{extra}\n")
+
+
+def load(tmp_path: Path, text: str):
+    p = tmp_path / "kernels.toml"
+    p.write_text(text)
+    return load_manifest(p), p
+
+
+# The grammar ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "env", "value"), [
+    ("round_up(n, 32)", {"n": 33}, 64),
+    ("round_up(n, 32)", {"n": 64}, 64),
+    ("ceil_div(m, 132)", {"m": 1000}, 8),
+    ("ceil_div(m, 132)", {"m": 1}, 1),
+    ("min(n, 4) * d + 1", {"n": 7, "d": 3}, 13),
+    ("max(a, b, 2)", {"a": 1, "b": 0}, 2),
+    ("(n + 127) // 128 * 128 - n % 128", {"n": 130}, 254),
+    ("-n + 2 * n", {"n": 5}, 5),
+])
+def test_expressions_evaluate_exactly(text: str, env: dict[str, int], value: int) -> None:
+    assert expr.evaluate(text, env) == value
+    assert expr.evaluate(expr.canonical(text), env) == value
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("__import__('os')", "only calls of"),
+    ("n ** 2", "operator Pow is not allowed"),
+    ("n / 2", "operator Div is not allowed"),
+    ("x.y", "Attribute is not allowed"),
+    ("n if m else 2", "IfExp is not allowed"),
+    ("1.5 * n", "only non-negative integer literals"),
+    ("True + n", "only non-negative integer literals"),
+    ("round_up(n)", "round_up takes 2 arguments"),
+    ("min(n)", "min takes at least 2 arguments"),
+    ("ceil_div(n, k=2)", "positional"),
+    ("n < 4", "Compare is not allowed"),
+    ("lambda: 1", "Lambda is not allowed"),
+    ("+".join(["n"] * 80), "at most"),
+    ("n +", "not an expression"),
+    ("round_up", "is a function"),
+])
+def test_the_grammar_refuses_everything_else(text: str, why: str) -> None:
+    with pytest.raises(expr.ExprError, match=why):
+        expr.parse(text)
+
+
+def test_division_by_zero_is_an_error_not_a_crash() -> None:
+    with pytest.raises(expr.ExprError, match="division by zero"):
+        expr.evaluate("ceil_div(n, k)", {"n": 4, "k": 0})
+    with pytest.raises(expr.ExprError, match='symbol "k" is not bound'):
+        expr.evaluate("n // k", {"n": 4})
+
+
+def test_divisibility_of_derived_extents() -> None:
+    assert expr.multiple_of("round_up(s, 128)", {}) == 128
+    assert expr.multiple_of("round_up(s, 128) * d", {"d": 8}) == 1024
+    assert expr.multiple_of("n + 1", {"n": 8}) == 1
+    assert expr.multiple_of("2 * n + 4", {"n": 8}) == 4
+    assert expr.multiple_of("ceil_div(n, 4)", {"n": 8}) == 1
+
+
+# The manifest --------------------------------------------------------------------------
+
+def test_the_train_manifest_stores_expressions_and_profile_numbers() -> None:
+    m = load_manifest(TRAIN)
+    pad = m.kernel("pad_cols").variants[0].convention
+    assert pad.results[0].shape == ("m", "round_up(n, 32)")
+    assert pad.scalars == (ScalarArg("cols", "int32", value="round_up(n, 32)"),)
+    assert pad.given == ()  # derived: not a keyword of the call
+    part = m.kernel("col_partials").variants[0].convention
+    assert part.results[0].shape == (132, "d")  # h100's sm_count, fixed at build
+    assert [s.value for s in part.scalars] == [132, "ceil_div(m, 132)"]
+    tri = m.kernel("triple").variants[0].convention
+    assert [t.name for t in tri.inputs] == ["x"] and [t.name for t in tri.results] == ["out"]
+    assert [(t.name, t.zero) for t in tri.scratch] == [("tmp", False), ("acc", True)]
+    assert tri.scratch[1].shape == ("round_up(n, 64)",)
+    assert tri.scratch[1].divisibility == (64,)  # compiled into the kernel like a symbol's
+    assert [t.name for t in tri.ffi_inputs] == ["x", "acc"]
+    assert [t.name for t in tri.ffi_results] == ["out", "tmp", "acc"]
+    assert tri.ffi_aliases == ((1, 2),)
+
+
+def test_variant_parameters_and_hardware_facts_fold_into_expressions(tmp_path: Path) -> None:
+    m, _ = load(tmp_path, manifest(
+        X, '{ name = "out", role = "output", dtype = "float32", shape = ["ceil_div(m,  $t)", "$t * 2"] }',
+        scalar('dtype = "int64", value = "min(n, $hw.sm_count)"'),
+        extra="variants = { t = [4, 8] }", profile='profile = "a100"'))
+    v = m.kernel("k").variants
+    assert v[0].convention.results[0].shape == ("ceil_div(m, 4)", 8)
+    assert v[1].convention.results[0].shape == ("ceil_div(m, 8)", 16)
+    assert v[0].convention.scalars[0].value == "min(n, 108)"
+
+
+_OUT = '{ name = "out", role = "output", dtype = "float32", shape = ["m"] }'
+
+
+def out(*shape: str) -> str:
+    return '{ name = "out", role = "output", dtype = "float32", shape = [' + ", ".join(shape) + "] }"
+
+
+def tensor(what: str) -> str:
+    return '{ name = "t", ' + what + ', dtype = "float32", shape = ["m"] }'
+
+
+def scalar(what: str) -> str:
+    return '{ kind = "scalar", name = "s", ' + what + " }"
+
+
+BAD = [
+    pytest.param(manifest('{ name = "x", dtype = "float32", shape = ["m", "n + 1"] }', _OUT),
+                 'kernel "k", args[0].shape[1]', "may size only an output or a scratch", id="derived-input"),
+    pytest.param(manifest(X, out('"round_up(q, 2)"')),
+                 'kernel "k", args (out)', 'output extent "q" is not the extent of any input',
+                 id="unbound-symbol"),
+    pytest.param(manifest(X, out('"n ** 2"')),
+                 'kernel "k", args[1].shape[0]', "operator Pow is not allowed", id="bad-operator"),
+    pytest.param(manifest(X, out('"n * $hw.smcount"')),
+                 'kernel "k", args[1].shape[0]', 'unknown hardware fact "smcount"', id="bad-hw-fact"),
+    pytest.param(manifest(X, out('"n * $q"')),
+                 'kernel "k", args[1].shape[0]', '"$q" names no variant parameter', id="bad-param"),
+    pytest.param(manifest(X, out('"ceil_div(4, 0)"')),
+                 'kernel "k", args[1].shape[0]', "division by zero", id="static-division-by-zero"),
+    pytest.param(manifest(X, out('"4 - 5"')),
+                 'kernel "k", args[1].shape[0]', "must be positive, got -1", id="static-non-positive"),
+    pytest.param(manifest(X, _OUT, scalar('dtype = "int32", value = "ceil_div(m, q)"')),
+                 'kernel "k", args (s).value', '"q" is not the extent of any input', id="scalar-unbound"),
+    pytest.param(manifest(X, _OUT, scalar('dtype = "float32", value = "m"')),
+                 'kernel "k", args[2].value', "must be int32 or int64", id="scalar-float"),
+    pytest.param(manifest(X, _OUT, scalar('dtype = "int32", value = "m", default = 1')),
+                 'kernel "k", args[2].value', "has no default", id="scalar-value-and-default"),
+    pytest.param(manifest(X, _OUT, scalar('dtype = "int32", value = 3000000000')),
+                 'kernel "k", args[2].value', "out of the range of int32", id="scalar-range"),
+    pytest.param(manifest(X, _OUT, scalar('dtype = "int32", value = "m.real"')),
+                 'kernel "k", args[2].value', "Attribute is not allowed", id="scalar-bad-expression"),
+    pytest.param(manifest(X, _OUT, tensor('role = "output", zero = true')),
+                 'kernel "k", args[2].zero', "only a scratch tensor", id="zero-on-output"),
+    pytest.param(manifest(X, _OUT, tensor('role = "scratch", zero = 1')),
+                 'kernel "k", args[2].zero', "zero = true, got 1", id="zero-not-bool"),
+    pytest.param(manifest(X, _OUT, tensor('role = "scratch", buffer = ["m"]')),
+                 'kernel "k", args[2].buffer', "scratch tensor cannot be padded", id="padded-scratch"),
+    pytest.param(manifest(X, tensor('role = "scratch"')),
+                 'kernel "k", args', "no output", id="scratch-is-no-output"),
+    pytest.param(manifest(X, _OUT, '{ name = "t", role = "scratch", dtype = "float32", shape = ["z"] }'),
+                 'kernel "k", args (t)', 'scratch extent "z" is not the extent of any input',
+                 id="scratch-unbound"),
+]
+
+
+@pytest.mark.parametrize(("text", "key_path", "fragment"), BAD)
+def test_bad_derived_and_scratch_declarations_name_file_and_key_path(
+        tmp_path: Path, text: str, key_path: str, fragment: str) -> None:
+    p = tmp_path / "kernels.toml"
+    p.write_text(text)
+    with pytest.raises(CuteccError) as info:
+        load_manifest(p)
+    err = info.value
+    assert (err.where, err.key_path, err.exit_code) == (str(p.resolve()), key_path, 2)
+    assert fragment in err.message, err.message
+    r = CliRunner().invoke(main, ["build", str(p), "--cache-dir", str(tmp_path / "c")])
+    assert r.exit_code == 2 and f": {key_path}: " in r.stderr and not (tmp_path / "c").exists()
+
+
+def test_a_parameter_used_only_inside_an_expression_is_used(tmp_path: Path) -> None:
+    m, _ = load(tmp_path, manifest(X, '{ name = "out", role = "output", dtype = "float32", '
+                                      'shape = ["m", "round_up(n, $t)"] }', extra="variants = { t = [8] }"))
+    assert m.kernel("k").variants[0].convention.results[0].shape == ("m", "round_up(n, 8)")
+
+
+# The contract's JSON (what keys are made of) ------------------------------------------
+
+def test_contracts_without_the_new_fields_keep_their_json() -> None:
+    t = TensorArg("x", "input", "float32", ("n",))
+    s = ScalarArg("eps", "float32", 1e-6)
+    assert arg_to_json(t) == {"kind": "tensor", "name": "x", "role": "input", "dtype": "float32",
+                              "shape": ["n"], "layout": "row-major", "align": 16}
+    assert arg_to_json(s) == {"kind": "scalar", "name": "eps", "dtype": "float32", "default": 1e-6}
+
+
+def test_new_fields_round_trip_and_a_damaged_contract_is_refused() -> None:
+    m = load_manifest(TRAIN)
+    for k in m.kernels:
+        args = k.variants[0].args
+        assert args_from_json(args_to_json(args)) == args
+    bad = {"kind": "tensor", "name": "x", "role": "input", "dtype": "float32", "shape": ["n + 1"]}
+    with pytest.raises(ValueError, match="derived extent"):
+        arg_from_json(bad)
+    with pytest.raises(ValueError, match="only a scratch tensor"):
+        arg_from_json({**bad, "shape": ["n"], "zero": True})
+    with pytest.raises(ValueError, match="not allowed"):
+        arg_from_json({"kind": "scalar", "name": "s", "dtype": "int32", "value": "m.real"})
+    conv = CallingConvention.of(args_from_json(args_to_json(m.kernel("triple").variants[0].args)))
+    assert conv.ffi_aliases == ((1, 2),)
