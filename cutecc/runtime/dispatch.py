@@ -127,17 +127,20 @@ def _mismatch(b: Build, arrays: Sequence[Any]) -> tuple[dict[str, int] | None, s
         if len(shape) != len(t.shape):
             return None, f"{t.name}: rank {len(shape)}, expected {len(t.shape)} {list(t.extents)}{what}"
         for i, n in enumerate(shape):
-            if n % t.multiple(i):
+            # A symbolic dimension (jax.export) must be provably a multiple: `8*k`, not `n`.
+            if n % t.multiple(i) != 0:  # symbolic: `==` is True only when JAX proves it
                 return None, (f"{t.name}: dimension {i} is {n}, expected a multiple of "
-                              f"{t.multiple(i)} (symbols.{t.extents[i]}.divisibility)")
+                              f"{t.multiple(i)} (symbols.{t.extents[i]}.divisibility)"
+                              + ("" if _concrete(n) else "; export it with a symbolic shape that is "
+                                 f"one, e.g. \"{t.multiple(i)}*{n}\""))
         for i, (d, n) in enumerate(zip(t.extents, shape)):
-            if n == 0:
+            if _concrete(n) and n == 0:
                 return None, f"{t.name}: dimension {i} is empty"
             if isinstance(d, int):
                 if n != d:
                     mine = " (the buffer's extent)" if i in t.padded else ""
                     return None, f"{t.name}: dimension {i} is {n}, expected {d}{mine}"
-            elif n > MAX_SYMBOLIC_EXTENT:
+            elif _exceeds(n, MAX_SYMBOLIC_EXTENT):
                 return None, (f"{t.name}: dimension {i} (\"{d}\") is {n}; symbolic extents are "
                               f"compiled as int32, so at most 2^31-1 = {MAX_SYMBOLIC_EXTENT}")
             elif env.setdefault(d, n) != n:
@@ -147,11 +150,40 @@ def _mismatch(b: Build, arrays: Sequence[Any]) -> tuple[dict[str, int] | None, s
         for i in t.padded:
             d, n = t.shape[i], a.shape[i]
             want = d if isinstance(d, int) else env[d]
-            if want > n:
+            # A view JAX cannot prove inside its buffer (symbolic shapes) is refused: nothing
+            # checks it at run time.
+            if not _at_least(n, want):
                 named = "" if isinstance(d, int) else f' ("{d}")'
                 return None, (f"{t.name}: dimension {i} of the buffer is {n}, smaller than the "
                               f"logical extent {want}{named} the kernel views in it")
     return env, ""
+
+
+def _concrete(n: Any) -> bool:
+    """Whether a dimension is a number (not a symbolic one of `jax.export`)."""
+    return isinstance(n, (int, np.integer))
+
+
+def _at_least(n: Any, want: Any) -> bool:
+    """Whether `n >= want` holds, for symbolic dimensions whether JAX proves it (it raises
+    when it cannot decide, which counts as not proved)."""
+    try:
+        return bool(n >= want)
+    except jax.errors.InconclusiveDimensionOperation:
+        return False
+
+
+def _exceeds(n: Any, limit: int) -> bool:
+    """Whether extent `n` is over `limit`. A symbolic dimension (`jax.export`) is checked
+    only as far as its constraints decide it: its size is known at run time, where the
+    kernel's own argument check (the DSL's TVM-FFI function) refuses an extent outside
+    int32 and any divisibility it was compiled with."""
+    if _concrete(n):
+        return n > limit
+    try:
+        return bool(n > limit)
+    except jax.errors.InconclusiveDimensionOperation:
+        return False
 
 
 def _static(b: Build) -> int:
