@@ -1,0 +1,91 @@
+"""Derived extents and scalars, scratch and symbolic `jax.export` on a real GPU (issue 23,
+items 1, 2 and 6), against NumPy on fresh random inputs.
+
+The kernels are tests/gpu/train_kernels (their own manifest). Set CUTECC_TRAIN_CACHE to a
+cache built from it (tests/gpu/prepare.sh builds it into CACHES/train; the device machine
+has no DSL); with the DSL installed and no CUTECC_TRAIN_CACHE, it is built here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import cutecc
+
+from .conftest import poison, rand
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def ks(train_cache: Path):
+    return cutecc.load(train_cache)
+
+
+@pytest.mark.parametrize(("m", "n"), [(1, 1), (7, 33), (300, 1000), (3, 64)])
+def test_derived_output_extent_and_scalar(ks, rng, m: int, n: int) -> None:
+    x = rand(rng, (m, n), "float32")
+    poison(4 * m * (n + 64))
+    y = jax.jit(ks.pad_cols)(x)
+    width = -(-n // 32) * 32
+    assert y.shape == (m, width)
+    np.testing.assert_array_equal(np.asarray(y), np.pad(np.asarray(x), ((0, 0), (0, width - n))))
+
+
+@pytest.mark.parametrize(("m", "d"), [(1000, 70), (5, 3), (132 * 3 + 1, 257), (1, 1)])
+def test_per_sm_partials_with_hardware_scalars(ks, rng, m: int, d: int) -> None:
+    x = rand(rng, (m, d), "float32")
+    poison(4 * 132 * d)
+    p = np.asarray(jax.jit(ks.col_partials)(x))
+    rows = -(-m // 132)
+    xs = np.asarray(x, np.float64)
+    want = np.stack([xs[b * rows:(b + 1) * rows].sum(0) if b * rows < m else np.zeros(d)
+                     for b in range(132)])
+    assert p.shape == (132, d)
+    np.testing.assert_allclose(p, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(p.sum(0), xs.sum(0), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("n", [1, 100, 64 * 1000 + 3, 1 << 20])
+def test_scratch_zeroed_and_not(ks, rng, n: int) -> None:
+    x = rand(rng, (n,), "float32")
+    for _ in range(2):  # NaN in the memory the allocator hands out next: acc must be zeroed
+        poison(4 * (n + 64) * 3)
+        out = jax.jit(ks.triple)(x)
+        np.testing.assert_allclose(np.asarray(out), 3 * np.asarray(x), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(ks.triple(x)), 3 * np.asarray(x), rtol=1e-6, atol=1e-6)
+
+
+def test_scratch_kernel_in_a_loop(ks, rng) -> None:
+    x = rand(rng, (4096,), "float32")
+    y = jax.jit(lambda x: jax.lax.fori_loop(0, 3, lambda i, v: ks.triple(v), x))(x)
+    np.testing.assert_allclose(np.asarray(y), 27 * np.asarray(x), rtol=1e-5, atol=1e-5)
+
+
+def test_symbolic_export_runs_at_several_sizes(ks, rng) -> None:
+    (n,) = jax.export.symbolic_shape("n")
+    exp = jax.export.export(jax.jit(lambda x: ks.triple(x) + 1), platforms=["cuda"],
+                            disabled_checks=ks.disabled_safety_checks())(
+        jax.ShapeDtypeStruct((n,), jnp.float32))
+    back = jax.export.deserialize(exp.serialize())
+    ks.register_all()
+    for size in (1, 1000, 70001):
+        x = rand(rng, (size,), "float32")
+        np.testing.assert_allclose(np.asarray(back.call(x)), 3 * np.asarray(x) + 1, rtol=1e-6, atol=1e-6)
+
+
+def test_symbolic_export_of_rows_with_a_derived_width(ks, rng) -> None:
+    (m,) = jax.export.symbolic_shape("m")
+    exp = jax.export.export(jax.jit(ks.pad_cols), platforms=["cuda"],
+                            disabled_checks=ks.disabled_safety_checks())(
+        jax.ShapeDtypeStruct((m, 33), jnp.float32))
+    back = jax.export.deserialize(exp.serialize())
+    ks.register_all()
+    for rows in (1, 513):
+        x = rand(rng, (rows, 33), "float32")
+        np.testing.assert_array_equal(np.asarray(back.call(x)), np.pad(np.asarray(x), ((0, 0), (0, 31))))
