@@ -49,6 +49,11 @@ class TensorArg:
     # (BLAS's `lda`). None = the array is the tensor (no padding).
     buffer: tuple[Dim, ...] | None = None
     zero: bool = False  # a scratch tensor the runtime hands over zeroed
+    # An output saved for the backward kernel (a residual: FA4's lse, RMSNorm's rstd): a
+    # result of the custom call, not of the JAX call.
+    saved: bool = False
+    # "sum": the call returns this output summed over its leading axis (per-SM partials).
+    reduce: str | None = None
 
     @property
     def extents(self) -> tuple[Dim, ...]:
@@ -172,6 +177,11 @@ class CallingConvention:
         return cls(inputs, results, scalars, aliases, scratch)
 
     @property
+    def visible(self) -> tuple[TensorArg, ...]:
+        """The results a call returns: all but the saved ones (residuals)."""
+        return tuple(t for t in self.results if not t.saved)
+
+    @property
     def given(self) -> tuple[ScalarArg, ...]:
         """The scalars a call passes (keywords): those not derived."""
         return tuple(s for s in self.scalars if s.value is None)
@@ -198,7 +208,7 @@ class CallingConvention:
 # JSON form, stored in cache metadata ------------------------------------------------
 
 _TENSOR_FIELDS = frozenset({"kind", "name", "role", "dtype", "shape", "layout", "align", "param",
-                            "order", "divisibility", "buffer", "zero"})
+                            "order", "divisibility", "buffer", "zero", "saved", "reduce"})
 
 
 def arg_to_json(a: Arg) -> dict[str, Any]:
@@ -220,6 +230,10 @@ def _arg_json(a: Arg) -> dict[str, Any]:
             out["buffer"] = list(a.buffer)
         if a.zero:  # only when set: contracts without zeroed scratch keep their keys
             out["zero"] = True
+        if a.saved:
+            out["saved"] = True
+        if a.reduce is not None:
+            out["reduce"] = a.reduce
         return out
     if isinstance(a, ScalarArg):
         out = {"kind": "scalar", "name": a.name, "dtype": a.dtype, "default": a.default}
@@ -255,6 +269,11 @@ def arg_from_json(d: dict[str, Any]) -> Arg:
         zero = d.get("zero", False)
         if zero is not False and (zero is not True or d["role"] != "scratch"):
             raise ValueError(f"zero {zero!r}: only a scratch tensor may be zeroed (zero = true)")
+        saved, reduce = d.get("saved", False), d.get("reduce")
+        if saved is not False and (saved is not True or d["role"] != "output"):
+            raise ValueError(f"saved {saved!r}: only an output may be saved (saved = true)")
+        if reduce is not None and (reduce != "sum" or d["role"] != "output" or len(d["shape"]) < 1):
+            raise ValueError(f"reduce {reduce!r}: only an output may be reduced, by \"sum\"")
         for x in (*d["shape"], *(buffer or ())):
             if isinstance(x, str) and not expr.is_symbol(x):
                 try:
@@ -272,7 +291,7 @@ def arg_from_json(d: dict[str, Any]) -> Arg:
                          d.get("layout", "row-major"), int(d.get("align", 16)), param,
                          None if order is None else tuple(int(i) for i in order),
                          None if div is None else tuple(div),
-                         None if buffer is None else tuple(buffer), zero)
+                         None if buffer is None else tuple(buffer), zero, saved, reduce)
     if kind == "scalar":
         value = d.get("value")
         if value is not None and not (type(value) is int or isinstance(value, str)):

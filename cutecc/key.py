@@ -282,6 +282,8 @@ def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
         "compile_options": kernel.compile_options,
         "toolchain": toolchain(),
     }
+    if kernel.grad is not None:  # only when set: grad = { backward } alone keeps its keys
+        inputs["grad"] = kernel.grad  # the named pairing the runtime reads from the entry
     if variant.call:  # only when set: kernels without call keywords keep their keys
         inputs["call"] = dict(variant.call)  # which call reaches this entry
     return inputs

@@ -122,7 +122,9 @@ ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs", "profile",
                 "compile_options", "grad", "description", "symbols", "tune"}
 MAX_DIVISIBILITY = 1 << 16
-_TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "buffer", "layout", "align", "param", "zero"}
+_TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "buffer", "layout", "align", "param", "zero",
+                "saved", "reduce"}
+COTANGENT = "cotangent."  # grad.args: "cotangent.out" is the cotangent of forward output "out"
 _SCALAR_KEYS = {"kind", "name", "dtype", "default", "param", "value"}
 _Value = int | float | bool | str
 
@@ -163,6 +165,19 @@ class Kernel:
     tuning: space.TuneSpec | None = None
     # per variant id, its tuning candidates other than itself (the default configuration)
     candidates: tuple[tuple[str, tuple[Variant, ...]], ...] = ()
+    # grad.args / grad.returns: the backward's inputs by name (forward inputs, forward
+    # outputs saved or not, "cotangent.<output>") and which forward input each of its
+    # results is the gradient of. None: inputs then cotangents, one gradient per input.
+    grad_args: tuple[str, ...] | None = None
+    grad_returns: tuple[str, ...] | None = None
+
+    @property
+    def grad(self) -> dict[str, Any] | None:
+        """The named pairing as stored in entries (and keyed), None when not declared."""
+        if self.grad_args is None:
+            return None
+        return {"backward": self.backward, "args": list(self.grad_args),
+                "returns": None if self.grad_returns is None else list(self.grad_returns)}
 
     @property
     def module(self) -> str:
@@ -390,10 +405,22 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
     hw = profiles[k_profile]
     grad = kdoc.get("grad")
     backward = None
+    grad_args = grad_returns = None
     if grad is not None:
-        if not isinstance(grad, dict) or set(grad) != {"backward"}:
-            raise ctx.fail(f"{kp}, grad", 'must be a table { backward = "KERNEL" }')
+        if not isinstance(grad, dict) or "backward" not in grad or not set(grad) <= {
+                "backward", "args", "returns"}:
+            raise ctx.fail(f"{kp}, grad", 'must be a table { backward = "KERNEL" } (optionally '
+                           "args = [names], returns = [input names])")
         backward = _str(ctx, f"{kp}, grad.backward", grad["backward"])
+        if "returns" in grad and "args" not in grad:
+            raise ctx.fail(f"{kp}, grad.returns", "needs grad.args (the backward's inputs by name)")
+        for key in ("args", "returns"):
+            if key in grad:
+                v = grad[key]
+                if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                    raise ctx.fail(f"{kp}, grad.{key}", "must be an array of names")
+        grad_args = tuple(grad["args"]) if "args" in grad else None
+        grad_returns = tuple(grad["returns"]) if "returns" in grad else None
 
     _check_used(ctx, kp, axes, kdoc)
     symbols = _symbols(ctx, f"{kp}, symbols", kdoc.get("symbols", {}))
@@ -437,7 +464,8 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
     # A candidate stands in for its default variant: it answers the same call keywords.
     candidates = tuple((v.id, tuple(dataclasses.replace(c, call=v.call) for c in cands))
                        for v, cands in zip(keyed, pending))
-    return Kernel(name, entry, k_archs, k_profile, k_copts, keyed, backward, tuning, candidates)
+    return Kernel(name, entry, k_archs, k_profile, k_copts, keyed, backward, tuning, candidates,
+                  grad_args, grad_returns)
 
 def _symbols(ctx: _Ctx, kp: str, v: Any) -> dict[str, int]:
     """`symbols = { n = { divisibility = 8 } }`: per symbolic extent, what it is a multiple of."""
@@ -727,6 +755,16 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
     role = a.get("role", "input")
     if role not in ROLES:
         raise ctx.fail(f"{kp}.role", f'unknown role "{role}" (input, output, inout, scratch)')
+    saved, reduce = a.get("saved", False), a.get("reduce")
+    if type(saved) is not bool or (saved and role != "output"):
+        raise ctx.fail(f"{kp}.saved", "only an output may be saved for the backward (saved = true), "
+                       f"got {saved!r}" + ("" if role == "output" else f" on an {role}"))
+    if reduce is not None and (reduce != "sum" or role != "output"):
+        raise ctx.fail(f"{kp}.reduce", 'only an output may be reduced, by "sum" (over its leading '
+                       f"axis), got {reduce!r}" + ("" if role == "output" else f" on an {role}"))
+    if saved and reduce is not None:
+        raise ctx.fail(f"{kp}.reduce", "a saved output is handed to the backward as written: "
+                       "it cannot be reduced")
     zero = a.get("zero", False)
     if type(zero) is not bool or (zero and role != "scratch"):
         raise ctx.fail(f"{kp}.zero", 'only a scratch tensor (role = "scratch") may be zeroed: '
@@ -749,7 +787,10 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
         raise ctx.fail(f"{kp}.align", f"must be at most {MAX_ALIGN} (bytes), got {align}")
     label = ("row-major" if order is None else
              "column-major" if order == tuple(range(len(dims))) else "strided")
-    return TensorArg(name, role, dt, dims, label, align, order=order, buffer=buffer, zero=zero)
+    if reduce is not None and not dims:
+        raise ctx.fail(f"{kp}.reduce", "a scalar (rank 0) output has no leading axis to sum over")
+    return TensorArg(name, role, dt, dims, label, align, order=order, buffer=buffer, zero=zero,
+                     saved=saved, reduce=reduce)
 
 
 _REF_RE = re.compile(r"\$(hw\.)?[A-Za-z_][A-Za-z0-9_]*")
@@ -924,13 +965,49 @@ def _check_grads(ctx: _Ctx, kernels: list[Kernel]) -> None:
             raise ctx.fail(kp, f'forward input "{padded[0]}" is padded (buffer): its gradient would '
                            "be the whole buffer, padding included, which no declared output can "
                            "promise; differentiate a kernel that takes the dense array instead")
-        want_in = len(fc.inputs) + len(fc.results)
+        if fc.aliases:
+            raise ctx.fail(kp, "in-place forwards cannot be differentiated")
+        if k.grad_args is not None:
+            _check_named_grad(ctx, f'kernel "{k.name}", grad', k, fc, b.name, bc)
+            continue
+        if any(t.saved for t in fc.results):
+            raise ctx.fail(kp, f'forward output "{[t.name for t in fc.results if t.saved][0]}" is '
+                           "saved for the backward: say what the backward takes by name "
+                           '(grad.args = ["x", "rstd", "cotangent.out", ...])')
+        want_in = len(fc.inputs) + len(fc.visible)
         if len(bc.inputs) != want_in or len(bc.results) != len(fc.inputs) or fc.aliases:
             raise ctx.fail(kp, f'"{b.name}" must take the forward inputs then one cotangent per '
                            f"forward output ({want_in} inputs) and return one gradient per "
                            f"forward input ({len(fc.inputs)} outputs); it takes "
                            f"{len(bc.inputs)} and returns {len(bc.results)}"
                            + ("; in-place forwards cannot be differentiated" if fc.aliases else ""))
+
+
+def _check_named_grad(ctx: _Ctx, kp: str, k: Kernel, fc: CallingConvention, bname: str,
+                      bc: CallingConvention) -> None:
+    """`grad.args` names forward inputs, forward outputs (saved or not) and cotangents of the
+    outputs a call returns, one per backward input; `grad.returns` names a forward input per
+    backward result (inputs not named get no gradient: zero)."""
+    inputs = [t.name for t in fc.inputs]
+    known = [*inputs, *(t.name for t in fc.results), *(COTANGENT + t.name for t in fc.visible)]
+    args = k.grad_args or ()
+    for i, n in enumerate(args):
+        if n not in known:
+            raise ctx.fail(f"{kp}.args[{i}]", f'"{n}" is no forward input, output or cotangent '
+                           f"(known: {', '.join(known)})")
+    if len(args) != len(bc.inputs):
+        raise ctx.fail(f"{kp}.args", f'"{bname}" takes {len(bc.inputs)} input(s), grad.args names '
+                       f"{len(args)}")
+    returns = k.grad_returns if k.grad_returns is not None else tuple(inputs)
+    for i, n in enumerate(returns):
+        if n not in inputs:
+            raise ctx.fail(f"{kp}.returns[{i}]", f'"{n}" is no forward input (inputs: '
+                           f"{', '.join(inputs)})")
+    if len(set(returns)) != len(returns):
+        raise ctx.fail(f"{kp}.returns", "names a forward input twice")
+    if len(returns) != len(bc.visible):
+        raise ctx.fail(f"{kp}.returns", f'"{bname}" returns {len(bc.visible)} result(s), one per '
+                       f"name of grad.returns ({len(returns)}: {', '.join(returns)})")
 
 
 # Small validators --------------------------------------------------------------------

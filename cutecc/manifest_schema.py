@@ -58,6 +58,10 @@ def schema() -> dict[str, Any]:
                       "description": "Ints are static extents, names symbolic (shared name: equal); "
                                      "an output's or scratch's extent may be an expression."},
             "zero": {"type": "boolean", "description": "A scratch tensor the runtime hands over zeroed."},
+            "saved": {"type": "boolean", "description": "An output saved for the backward (a residual), "
+                                                        "not returned to the caller."},
+            "reduce": {"enum": ["sum"], "description": "The call returns this output summed over its "
+                                                       "leading axis (per-SM partials)."},
             "buffer": {"type": "array", "items": extent,
                        "description": "A padded input/inout: the shape of the array passed (same rank, "
                                       "logical order); the kernel sees `shape` at its origin with the "
@@ -120,7 +124,14 @@ def schema() -> dict[str, Any]:
             "profile": {"type": "string"},
             "compile_options": {"type": "string"},
             "grad": {"type": "object", "additionalProperties": False, "required": ["backward"],
-                     "properties": {"backward": {"type": "string"}}},
+                     "properties": {
+                         "backward": {"type": "string"},
+                         "args": {"type": "array", "items": {"type": "string"},
+                                  "description": "The backward's inputs by name: forward inputs, "
+                                                 "forward outputs (saved ones too), cotangent.<output>."},
+                         "returns": {"type": "array", "items": {"type": "string"},
+                                     "description": "The forward input each backward result is the "
+                                                    "gradient of (default: all, in order)."}}},
             "tune": {
                 "type": "object", "additionalProperties": False,
                 "required": ["params", "default", "buckets"],

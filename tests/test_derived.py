@@ -227,3 +227,71 @@ def test_new_fields_round_trip_and_a_damaged_contract_is_refused() -> None:
         arg_from_json({"kind": "scalar", "name": "s", "dtype": "int32", "value": "m.real"})
     conv = CallingConvention.of(args_from_json(args_to_json(m.kernel("triple").variants[0].args)))
     assert conv.ffi_aliases == ((1, 2),)
+
+
+# Residuals, named grad pairing, reductions ---------------------------------------------
+
+FWD = ('{ name = "x", dtype = "float32", shape = ["n"] }', '{ name = "w", dtype = "float32", shape = ["n"] }',
+       '{ name = "out", role = "output", dtype = "float32", shape = ["n"] }',
+       '{ name = "r", role = "output", saved = true, dtype = "float32", shape = ["n"] }')
+BWD = ('{ name = "a", dtype = "float32", shape = ["n"] }', '{ name = "b", dtype = "float32", shape = ["n"] }',
+       '{ name = "dx", role = "output", dtype = "float32", shape = ["n"] }')
+
+
+def pair(grad: str, fwd: tuple[str, ...] = FWD, bwd: tuple[str, ...] = BWD) -> str:
+    def table(name: str, args: tuple[str, ...], extra: str = "") -> str:
+        body = ",\n  ".join((*args, '{ kind = "stream" }'))
+        return f'\n[kernel.{name}]\nentry = "kk.elem:f"\nargs = [\n  {body},\n]\n{extra}\n'
+    return table("f", fwd, f"grad = {grad}") + table("f_bwd", bwd)
+
+
+def test_named_pairing_is_parsed_and_keyed_only_when_declared(tmp_path: Path) -> None:
+    from cutecc.key import key_inputs
+
+    m, _ = load(tmp_path, pair('{ backward = "f_bwd", args = ["r", "cotangent.out"], returns = ["x"] }'))
+    f = m.kernel("f")
+    assert f.grad == {"backward": "f_bwd", "args": ["r", "cotangent.out"], "returns": ["x"]}
+    conv = f.variants[0].convention
+    assert [t.name for t in conv.visible] == ["out"] and [t.name for t in conv.results] == ["out", "r"]
+    assert key_inputs(f, f.variants[0], "sm_90a", "0" * 64)["grad"] == f.grad
+    plain = load_manifest(Path(__file__).parents[1] / "kernels.toml").kernel("mul")
+    assert plain.backward == "mul_bwd" and plain.grad is None
+    assert "grad" not in key_inputs(plain, plain.variants[0], "sm_90a", "0" * 64)
+
+
+GRAD_BAD = [
+    pytest.param(pair('{ backward = "f_bwd" }'), 'kernel "f", grad.backward',
+                 'forward output "r" is saved for the backward: say what the backward takes by name',
+                 id="saved-needs-named-args"),
+    pytest.param(pair('{ backward = "f_bwd", args = ["r", "cotangent.r"] }'), 'kernel "f", grad.args[1]',
+                 '"cotangent.r" is no forward input, output or cotangent', id="no-cotangent-of-saved"),
+    pytest.param(pair('{ backward = "f_bwd", args = ["r"] }'), 'kernel "f", grad.args',
+                 '"f_bwd" takes 2 input(s), grad.args names 1', id="arg-count"),
+    pytest.param(pair('{ backward = "f_bwd", args = ["r", "x"], returns = ["q"] }'),
+                 'kernel "f", grad.returns[0]', '"q" is no forward input', id="returns-unknown"),
+    pytest.param(pair('{ backward = "f_bwd", args = ["r", "x"] }'), 'kernel "f", grad.returns',
+                 '"f_bwd" returns 1 result(s), one per name of grad.returns (2: x, w)', id="returns-count"),
+    pytest.param(pair('{ backward = "f_bwd", args = ["r", "x"], returns = ["x", "x"] }'),
+                 'kernel "f", grad.returns', "names a forward input twice", id="returns-twice"),
+    pytest.param(pair('{ backward = "f_bwd", returns = ["x"] }'), 'kernel "f", grad.returns',
+                 "needs grad.args", id="returns-without-args"),
+    pytest.param(pair('{ backward = "f_bwd", args = "r" }'), 'kernel "f", grad.args',
+                 "must be an array of names", id="args-not-a-list"),
+    pytest.param(manifest(X, tensor('role = "scratch", saved = true')), 'kernel "k", args[1].saved',
+                 "only an output may be saved", id="saved-scratch"),
+    pytest.param(manifest(X, tensor('role = "output", reduce = "max"')), 'kernel "k", args[1].reduce',
+                 'only an output may be reduced, by "sum"', id="reduce-max"),
+    pytest.param(manifest(X, tensor('role = "output", reduce = "sum", saved = true')),
+                 'kernel "k", args[1].reduce', "cannot be reduced", id="reduce-saved"),
+]
+
+
+@pytest.mark.parametrize(("text", "key_path", "fragment"), GRAD_BAD)
+def test_bad_grad_pairings_name_file_and_key_path(tmp_path: Path, text: str, key_path: str,
+                                                  fragment: str) -> None:
+    p = tmp_path / "kernels.toml"
+    p.write_text(text)
+    with pytest.raises(CuteccError) as info:
+        load_manifest(p)
+    assert (info.value.key_path, info.value.exit_code) == (key_path, 2)
+    assert fragment in info.value.message, info.value.message

@@ -197,8 +197,14 @@ class KernelFn:
     """A kernel of the cache, callable from JAX with the canonical convention."""
 
     def __init__(self, name: str, builds: Sequence[Build], *, backward: str | None = None,
-                 owner: Any = None, unusable: Sequence[str] = (), arch: str = "?") -> None:
+                 owner: Any = None, unusable: Sequence[str] = (), arch: str = "?",
+                 grad: Mapping[str, Any] | None = None) -> None:
         self.name = name
+        # A named pairing (manifest grad.args / grad.returns): what the backward takes by
+        # name (forward inputs, outputs saved or not, "cotangent.<output>") and which forward
+        # input each of its results is the gradient of. None: inputs then cotangents.
+        self.grad = None if grad is None else {"args": tuple(grad["args"]),
+                                               "returns": grad.get("returns")}
         # More static extents first: the most specific variant wins.
         self.builds = sorted(builds, key=lambda b: -_static(b))
         self.backward = backward
@@ -344,7 +350,9 @@ class KernelFn:
         return self._with_vjp(back, arrays, scalars, keywords)
 
     def _plain(self, arrays: Sequence[Any], scalars: Mapping[str, Any],
-               keywords: Mapping[str, Any]) -> Any:
+               keywords: Mapping[str, Any], every: bool = False) -> Any:
+        """The call's results (a tuple of several, else the one); with `every`, the tuple
+        of all the kernel's results by name, saved ones included, for a backward."""
         build, env = self.select(*arrays, **keywords)
         if self.tuning is not None:  # the tuned winner of the call's bucket (a table lookup)
             build = self.tuning.pick(build, env)
@@ -362,6 +370,12 @@ class KernelFn:
         out = cutecc_call_p.bind(*unify_varying(buffers), target=target, kernel=self.name,
                                  results=results, aliases=conv.ffi_aliases, attrs=attrs)
         out = [_from_buffer(o, t) for o, t in zip(out[:len(conv.results)], conv.results)]
+        # A declared reduction: per-SM partial sums and the like, summed over the leading axis.
+        out = [jnp.sum(o, axis=0, dtype=o.dtype) if t.reduce == "sum" else o
+               for o, t in zip(out, conv.results)]
+        if every:
+            return {t.name: o for t, o in zip(conv.results, out)}
+        out = [o for o, t in zip(out, conv.results) if not t.saved]
         return out[0] if len(out) == 1 else tuple(out)
 
     def _with_vjp(self, back: KernelFn, arrays: Sequence[Any], scalars: Mapping[str, Any],
@@ -369,6 +383,9 @@ class KernelFn:
         back_scalars = {s.name for b in back.builds for s in b.conv.given}
         bscalars = {k: v for k, v in scalars.items() if k in back_scalars}
         bkeywords = {k: v for k, v in keywords.items() if k in back._keywords}
+
+        if self.grad is not None:
+            return self._with_named_vjp(back, arrays, scalars, keywords, bscalars, bkeywords)
 
         @jax.custom_vjp
         def f(*xs: Any) -> Any:
@@ -382,6 +399,43 @@ class KernelFn:
             g = back._plain((*xs, *cts), bscalars, bkeywords)
             g = tuple(g) if isinstance(g, (tuple, list)) else (g,)
             return tuple(_like(gi, x) for gi, x in zip(g, xs))
+
+        f.defvjp(fwd, bwd)
+        return f(*arrays)
+
+    def _with_named_vjp(self, back: KernelFn, arrays: Sequence[Any], scalars: Mapping[str, Any],
+                        keywords: Mapping[str, Any], bscalars: Mapping[str, Any],
+                        bkeywords: Mapping[str, Any]) -> Any:
+        """`custom_vjp` for a named pairing: the forward's residuals are its inputs and every
+        output (saved ones, which the caller never sees, included); the backward's arguments
+        are picked by name, and its results go to the inputs `returns` names (the others
+        get no gradient)."""
+        build, _ = self.select(*arrays, **keywords)
+        names = [t.name for t in build.conv.inputs]
+        visible = [t.name for t in build.conv.visible]
+        returns = tuple(self.grad["returns"] or names)  # type: ignore[index]
+        args = self.grad["args"]  # type: ignore[index]
+
+        def visible_of(outs: Mapping[str, Any]) -> Any:
+            v = tuple(outs[n] for n in visible)
+            return v[0] if len(v) == 1 else v
+
+        @jax.custom_vjp
+        def f(*xs: Any) -> Any:
+            return self._plain(xs, scalars, keywords)
+
+        def fwd(*xs: Any) -> Any:
+            outs = self._plain(xs, scalars, keywords, every=True)
+            return visible_of(outs), (xs, outs)
+
+        def bwd(res: Any, cts: Any) -> Any:
+            xs, outs = res
+            cts = tuple(cts) if len(visible) > 1 else (cts,)
+            have = {**dict(zip(names, xs)), **outs,
+                    **{f"cotangent.{n}": c for n, c in zip(visible, cts)}}
+            g = back._plain(tuple(have[n] for n in args), bscalars, bkeywords)
+            g = dict(zip(returns, tuple(g) if isinstance(g, (tuple, list)) else (g,)))
+            return tuple(None if n not in g else _like(g[n], x) for n, x in zip(names, xs))
 
         f.defvjp(fwd, bwd)
         return f(*arrays)

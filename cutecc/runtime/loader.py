@@ -273,6 +273,7 @@ def _kernel_fn(name: str, entries: list[Entry], target: str, series: str,
     best: dict[str, tuple[tuple[int, str], Build]] = {}
     unusable: list[str] = list(unreadable)
     backward: str | None = None
+    grad: dict[str, Any] | None = None  # a named pairing (grad.args), see KernelFn
     refused = False
     for e in entries:
         m = e.meta
@@ -295,8 +296,9 @@ def _kernel_fn(name: str, entries: list[Entry], target: str, series: str,
         if b.variant not in best or score > best[b.variant][0]:
             best[b.variant] = (score, b)
         backward = m.get("backward")
+        grad = m.get("key_inputs", {}).get("grad") or grad
     builds = [] if refused else [b for _, (_, b) in sorted(best.items())]
-    return KernelFn(name, builds, backward=backward, unusable=unusable, arch=target)
+    return KernelFn(name, builds, backward=backward, grad=grad, unusable=unusable, arch=target)
 
 
 def _tuning(name: str, fn: KernelFn, store: Store, locked: Any, target: str, series: str,

@@ -89,3 +89,35 @@ def test_symbolic_export_of_rows_with_a_derived_width(ks, rng) -> None:
     for rows in (1, 513):
         x = rand(rng, (rows, 33), "float32")
         np.testing.assert_array_equal(np.asarray(back.call(x)), np.pad(np.asarray(x), ((0, 0), (0, 31))))
+
+
+def _expw_ref(x, w):
+    return jnp.exp(x) * w
+
+
+@pytest.mark.parametrize(("m", "d"), [(1, 1), (300, 70), (1000, 257), (131, 5)])
+def test_grad_through_a_saved_residual_and_reduced_partials(ks, rng, m: int, d: int) -> None:
+    x = rand(rng, (m, d), "float32") * 0.5
+    w = rand(rng, (d,), "float32")
+    t = rand(rng, (m, d), "float32")  # a loss that gives every element its own cotangent
+
+    def loss(f):
+        return lambda x, w: jnp.sum((f(x, w) - t) ** 2)
+
+    poison(4 * m * d * 4)
+    val, (gx, gw) = jax.jit(jax.value_and_grad(loss(ks.expw), argnums=(0, 1)))(x, w)
+    rval, (rx, rw) = jax.jit(jax.value_and_grad(loss(_expw_ref), argnums=(0, 1)))(x, w)
+    np.testing.assert_allclose(float(val), float(rval), rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(gx), np.asarray(rx), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(gw), np.asarray(rw), rtol=1e-4, atol=1e-3)
+    out = ks.expw(x, w)  # eagerly: the saved e is not returned
+    assert out.shape == (m, d)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(_expw_ref(x, w)), rtol=1e-5, atol=1e-6)
+
+
+def test_grad_of_x_only_and_under_a_loop(ks, rng) -> None:
+    x = rand(rng, (64, 32), "float32") * 0.5
+    w = rand(rng, (32,), "float32")
+    gx = jax.jit(jax.grad(lambda x: jnp.sum(jnp.sin(ks.expw(x, w)))))(x)
+    rx = jax.grad(lambda x: jnp.sum(jnp.sin(_expw_ref(x, w))))(x)
+    np.testing.assert_allclose(np.asarray(gx), np.asarray(rx), rtol=1e-4, atol=1e-4)

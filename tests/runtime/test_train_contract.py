@@ -74,3 +74,42 @@ def test_scratch_is_allocated_passed_and_dropped(ks) -> None:
 def test_scratch_composes_under_jit_with_other_ops(ks) -> None:
     f = jax.jit(lambda x: ks.triple(x) * 2 + ks.pad_cols(x[None, :])[0, :x.shape[0]])
     assert jax.eval_shape(f, S((40,), F32)).shape == (40,)
+
+
+# Residuals, named grad pairing and declared reductions ----------------------------------
+
+def test_a_saved_output_is_not_returned(ks) -> None:
+    out = jax.eval_shape(ks.expw, S((6, 10), F32), S((10,), F32))
+    assert isinstance(out, jax.ShapeDtypeStruct) and out.shape == (6, 10)  # e stays hidden
+    (call,) = custom_calls(lower(ks.expw, S((6, 10), F32), S((10,), F32)))
+    assert "-> (tensor<6x10xf32>, tensor<6x10xf32>)" in call  # out and e
+
+
+def test_a_declared_reduction_sums_the_partials(ks) -> None:
+    dx, dw = jax.eval_shape(ks.expw_bwd, S((10,), F32), S((6, 10), F32), S((6, 10), F32))
+    assert dx.shape == (6, 10) and dw.shape == (10,)
+    text = lower(ks.expw_bwd, S((10,), F32), S((6, 10), F32), S((6, 10), F32))
+    (call,) = custom_calls(text)
+    assert "tensor<132x10xf32>" in call and "rows_per = 1 : i32" in call
+    assert "stablehlo.reduce" in text
+
+
+def test_grad_through_a_named_pairing_with_a_residual(ks) -> None:
+    loss = lambda x, w: (ks.expw(x, w) ** 2).sum()  # noqa: E731
+    gx, gw = jax.eval_shape(jax.grad(loss, argnums=(0, 1)), S((300, 70), F32), S((70,), F32))
+    assert (gx.shape, gw.shape) == ((300, 70), (70,))
+    text = lower(jax.value_and_grad(loss, argnums=(0, 1)), S((300, 70), F32), S((70,), F32))
+    calls = custom_calls(text)
+    fwd, bwd = ks.expw.builds[0], ks.expw_bwd.builds[0]
+    assert [target_name(fwd.key) in c for c in calls] == [True, False]
+    assert target_name(bwd.key) in calls[1]
+    # the backward takes (w, e, cotangent): three operands, the second the forward's hidden e
+    assert "(tensor<70xf32>, tensor<300x70xf32>, tensor<300x70xf32>) -> (tensor<300x70xf32>, " \
+           "tensor<132x70xf32>)" in calls[1]
+    assert re.search(r"%(\w+):2 = stablehlo.custom_call @" + target_name(fwd.key), text)
+
+
+def test_an_input_no_returns_names_gets_no_gradient(ks) -> None:
+    """Only x's gradient requested: w's backward result is computed but not used."""
+    g = jax.eval_shape(jax.grad(lambda x, w: ks.expw(x, w).sum()), S((4, 8), F32), S((8,), F32))
+    assert g.shape == (4, 8)

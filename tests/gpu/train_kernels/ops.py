@@ -13,8 +13,8 @@ THREADS = 128
 @cute.kernel
 def _pad_kernel(x: cute.Tensor, out: cute.Tensor, cols: cutlass.Int32):
     tidx, _, _ = cute.arch.thread_idx()
-    bidx, row, _ = cute.arch.block_idx()
-    j = bidx * THREADS + tidx
+    row, bidy, _ = cute.arch.block_idx()
+    j = bidy * THREADS + tidx
     n = cute.size(x, mode=[1])
     if j < cols:
         if j < n:
@@ -28,7 +28,7 @@ def pad_cols(x: cute.Tensor, out: cute.Tensor, cols: cutlass.Int32, stream):
     """out = x with its columns zero-padded to `cols` (the runtime passes cols, which is
     out's derived width, round_up(n, 32))."""
     m = cute.size(x, mode=[0])
-    _pad_kernel(x, out, cols).launch(grid=[(cols + THREADS - 1) // THREADS, m, 1],
+    _pad_kernel(x, out, cols).launch(grid=[m, (cols + THREADS - 1) // THREADS, 1],
                                      block=[THREADS, 1, 1], stream=stream)
 
 
@@ -86,3 +86,52 @@ def triple(x: cute.Tensor, out: cute.Tensor, tmp: cute.Tensor, acc: cute.Tensor,
     grid = [(n + THREADS - 1) // THREADS, 1, 1]
     _stage1(x, tmp, acc).launch(grid=grid, block=[THREADS, 1, 1], stream=stream)
     _stage2(tmp, acc, out).launch(grid=grid, block=[THREADS, 1, 1], stream=stream)
+
+
+@cute.kernel
+def _expw_kernel(x: cute.Tensor, w: cute.Tensor, out: cute.Tensor, e: cute.Tensor):
+    tidx, _, _ = cute.arch.thread_idx()
+    row, bidy, _ = cute.arch.block_idx()
+    j = bidy * THREADS + tidx
+    if j < cute.size(x, mode=[1]):
+        v = cute.math.exp(x[row, j])
+        e[row, j] = v
+        out[row, j] = v * w[j]
+
+
+@cute.jit
+def expw(x: cute.Tensor, w: cute.Tensor, out: cute.Tensor, e: cute.Tensor, stream):
+    """out = exp(x) * w (w broadcast over rows); e = exp(x) is saved for the backward."""
+    m = cute.size(x, mode=[0])
+    d = cute.size(x, mode=[1])
+    _expw_kernel(x, w, out, e).launch(grid=[m, (d + THREADS - 1) // THREADS, 1],
+                                      block=[THREADS, 1, 1], stream=stream)
+
+
+@cute.kernel
+def _expw_bwd_kernel(w: cute.Tensor, e: cute.Tensor, dout: cute.Tensor, dx: cute.Tensor,
+                     dw: cute.Tensor, rows_per: cutlass.Int32):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, b, _ = cute.arch.block_idx()
+    j = bidx * THREADS + tidx
+    m = cute.size(e, mode=[0])
+    if j < cute.size(e, mode=[1]):
+        acc = cutlass.Float32(0.0)
+        lo = b * rows_per
+        for i in range(lo, lo + rows_per):
+            if i < m:
+                g = dout[i, j] * e[i, j]
+                dx[i, j] = g * w[j]
+                acc = acc + g
+        dw[b, j] = acc
+
+
+@cute.jit
+def expw_bwd(w: cute.Tensor, e: cute.Tensor, dout: cute.Tensor, dx: cute.Tensor, dw: cute.Tensor,
+             rows_per: cutlass.Int32, stream):
+    """Backward of expw from the saved e: dx = dout * e * w, and dw as per-SM partial sums
+    over rows (dw[b, :], b < SM count) that the runtime sums (reduce = "sum")."""
+    d = cute.size(e, mode=[1])
+    blocks = cute.size(dw, mode=[0])
+    _expw_bwd_kernel(w, e, dout, dx, dw, rows_per).launch(
+        grid=[(d + THREADS - 1) // THREADS, blocks, 1], block=[THREADS, 1, 1], stream=stream)
