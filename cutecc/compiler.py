@@ -154,9 +154,13 @@ def _view_lines(t: TensorArg, p: str, conv: CallingConvention) -> list[str]:
     for i, (d, b) in enumerate(zip(t.shape, t.buffer)):
         extents.append(f"{buf}.shape[{i}]" if d == b else str(d) if isinstance(d, int)
                        else _extent_of(d, conv))
+    stride = f"{buf}.stride"
+    if t.broadcast:  # stride 0 where broadcast: every index reads the array's one element there
+        stride = "(" + "".join("0, " if i in t.broadcast else f"{buf}.stride[{i}], "
+                               for i in range(len(t.shape))) + ")"
     return [f"        {buf} = {logical}\n",
             f"        cutecc_view_{t.name} = cute.make_tensor({p}.iterator, cute.make_layout(("
-            + ", ".join(extents) + f",), stride={buf}.stride))\n"]
+            + ", ".join(extents) + f",), stride={stride}))\n"]
 
 
 def _extent_of(symbol: str, conv: CallingConvention) -> str:
@@ -292,12 +296,14 @@ def _fake_args(conv: CallingConvention) -> list[Any]:
     symbols: dict[str, Any] = {}
     multiple = {d: t.multiple(i) for t in (*conv.ffi_inputs, *conv.ffi_results)
                 for i, d in enumerate(t.extents) if isinstance(d, str)}
+    wide = {t.extents[i] for t in (*conv.ffi_inputs, *conv.ffi_results) for i in (t.wide or ())}
 
     def dim(d: int | str) -> Any:
         if isinstance(d, int):
             return d
         if d not in symbols:  # its divisibility reaches the strides derived from it
-            symbols[d] = cute.sym_int(divisibility=multiple[d])
+            make = cute.sym_int64 if d in wide else cute.sym_int
+            symbols[d] = make(divisibility=multiple[d])
         return symbols[d]
 
     def tensor(t: TensorArg) -> Any:

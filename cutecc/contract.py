@@ -54,6 +54,12 @@ class TensorArg:
     saved: bool = False
     # "sum": the call returns this output summed over its leading axis (per-SM partials).
     reduce: str | None = None
+    # The dimensions (of `extents`) whose symbolic extent is compiled as a 64-bit integer
+    # (`symbols.n.bits = 64`); None: all 32-bit.
+    wide: tuple[int, ...] | None = None
+    # Broadcast dimensions: the array passed has extent 1 there (`buffer`), and the kernel
+    # sees the logical extent with stride 0 (a `dloss` broadcast over rows).
+    broadcast: tuple[int, ...] | None = None
 
     @property
     def extents(self) -> tuple[Dim, ...]:
@@ -208,7 +214,8 @@ class CallingConvention:
 # JSON form, stored in cache metadata ------------------------------------------------
 
 _TENSOR_FIELDS = frozenset({"kind", "name", "role", "dtype", "shape", "layout", "align", "param",
-                            "order", "divisibility", "buffer", "zero", "saved", "reduce"})
+                            "order", "divisibility", "buffer", "zero", "saved", "reduce", "wide",
+                            "broadcast"})
 
 
 def arg_to_json(a: Arg) -> dict[str, Any]:
@@ -234,6 +241,10 @@ def _arg_json(a: Arg) -> dict[str, Any]:
             out["saved"] = True
         if a.reduce is not None:
             out["reduce"] = a.reduce
+        if a.wide is not None:
+            out["wide"] = list(a.wide)
+        if a.broadcast is not None:
+            out["broadcast"] = list(a.broadcast)
         return out
     if isinstance(a, ScalarArg):
         out = {"kind": "scalar", "name": a.name, "dtype": a.dtype, "default": a.default}
@@ -274,6 +285,14 @@ def arg_from_json(d: dict[str, Any]) -> Arg:
             raise ValueError(f"saved {saved!r}: only an output may be saved (saved = true)")
         if reduce is not None and (reduce != "sum" or d["role"] != "output" or len(d["shape"]) < 1):
             raise ValueError(f"reduce {reduce!r}: only an output may be reduced, by \"sum\"")
+        wide, bcast = d.get("wide"), d.get("broadcast")
+        for what, dims in (("wide", wide), ("broadcast", bcast)):
+            if dims is not None and (not isinstance(dims, list) or not all(
+                    type(i) is int and 0 <= i < rank for i in dims) or len(set(dims)) != len(dims)):
+                raise ValueError(f"{what} {dims!r} is not a list of dimensions")
+        if bcast is not None and (buffer is None or d["role"] != "input"
+                                  or any(buffer[i] != 1 for i in bcast)):
+            raise ValueError(f"broadcast {bcast!r}: only an input, whose buffer has extent 1 there")
         for x in (*d["shape"], *(buffer or ())):
             if isinstance(x, str) and not expr.is_symbol(x):
                 try:
@@ -291,7 +310,8 @@ def arg_from_json(d: dict[str, Any]) -> Arg:
                          d.get("layout", "row-major"), int(d.get("align", 16)), param,
                          None if order is None else tuple(int(i) for i in order),
                          None if div is None else tuple(div),
-                         None if buffer is None else tuple(buffer), zero, saved, reduce)
+                         None if buffer is None else tuple(buffer), zero, saved, reduce,
+                         None if wide is None else tuple(wide), None if bcast is None else tuple(bcast))
     if kind == "scalar":
         value = d.get("value")
         if value is not None and not (type(value) is int or isinstance(value, str)):

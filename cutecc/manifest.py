@@ -123,7 +123,7 @@ _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs
                 "compile_options", "grad", "description", "symbols", "tune"}
 MAX_DIVISIBILITY = 1 << 16
 _TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "buffer", "layout", "align", "param", "zero",
-                "saved", "reduce"}
+                "saved", "reduce", "broadcast"}
 COTANGENT = "cotangent."  # grad.args: "cotangent.out" is the cotangent of forward output "out"
 _SCALAR_KEYS = {"kind", "name", "dtype", "default", "param", "value"}
 _Value = int | float | bool | str
@@ -423,7 +423,7 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
         grad_returns = tuple(grad["returns"]) if "returns" in grad else None
 
     _check_used(ctx, kp, axes, kdoc)
-    symbols = _symbols(ctx, f"{kp}, symbols", kdoc.get("symbols", {}))
+    symbols, wide = _symbols(ctx, f"{kp}, symbols", kdoc.get("symbols", {}))
     tuning = None if "tune" not in kdoc else space.parse(ctx.fail, f"{kp}, tune", kdoc["tune"],
                                                           {a for a, _ in axes})
     if tuning is not None:
@@ -431,7 +431,7 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
 
     def resolve(point: tuple[tuple[str, _Value], ...], env: dict[str, _Value]) -> Variant:
         vctx = f"{kp}, variant {_point_id(point)}" if point else kp
-        args = tuple(_with_divisibility(_arg(ctx, f"{vctx}, args[{i}]", a, env, hw), symbols)
+        args = tuple(_with_divisibility(_arg(ctx, f"{vctx}, args[{i}]", a, env, hw), symbols, wide)
                      for i, a in enumerate(kdoc["args"]))
         _check_args(ctx, vctx, args)
         unused = set(symbols) - {s for t in flat_leaves(args) if isinstance(t, TensorArg)
@@ -467,37 +467,46 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
     return Kernel(name, entry, k_archs, k_profile, k_copts, keyed, backward, tuning, candidates,
                   grad_args, grad_returns)
 
-def _symbols(ctx: _Ctx, kp: str, v: Any) -> dict[str, int]:
-    """`symbols = { n = { divisibility = 8 } }`: per symbolic extent, what it is a multiple of."""
+def _symbols(ctx: _Ctx, kp: str, v: Any) -> tuple[dict[str, int], frozenset[str]]:
+    """`symbols = { n = { divisibility = 8, bits = 64 } }`: per symbolic extent, what it is a
+    multiple of; and the symbols compiled as 64-bit integers (extents of 2^31 and more)."""
     if not isinstance(v, dict):
-        raise ctx.fail(kp, "must be a table of symbol = { divisibility = k }")
+        raise ctx.fail(kp, "must be a table of symbol = { divisibility = k, bits = 32 | 64 }")
     out = {}
+    wide = set()
     for name, facts in v.items():
         if not NAME_RE.fullmatch(name):
             raise ctx.fail(f"{kp}.{name}", "not a valid symbol name")
         if not isinstance(facts, dict):
             raise ctx.fail(f"{kp}.{name}", f"must be a table {{ divisibility = k }}, got {_tname(facts)}")
-        _no_unknown(ctx, facts, {"divisibility"}, f"{kp}.{name}")
+        _no_unknown(ctx, facts, {"divisibility", "bits"}, f"{kp}.{name}")
+        bits = facts.get("bits", 32)
+        if type(bits) is not int or bits not in (32, 64):
+            raise ctx.fail(f"{kp}.{name}.bits", f"must be 32 or 64, got {bits!r}")
+        if bits == 64:
+            wide.add(name)
         k = facts.get("divisibility", 1)
         if type(k) is not int or not 1 <= k <= MAX_DIVISIBILITY:
             raise ctx.fail(f"{kp}.{name}.divisibility",
                            f"must be an int from 1 to {MAX_DIVISIBILITY}, got {k!r}")
         out[name] = k
-    return out
+    return out, frozenset(wide)
 
 
-def _with_divisibility(a: Arg, symbols: dict[str, int]) -> Arg:
+def _with_divisibility(a: Arg, symbols: dict[str, int], wide: frozenset[str] = frozenset()) -> Arg:
     """`a` with the divisibility of each tensor dimension's array extent (the buffer's,
     when padded: a padded logical extent is bound, and checked, where it is unpadded)
     from the kernel's `symbols`."""
     if isinstance(a, TensorArg):
         div = tuple(expr.multiple_of(d, symbols) if expr.is_derived(d) else
                     symbols.get(d, 1) if isinstance(d, str) else 1 for d in a.extents)
-        return dataclasses.replace(a, divisibility=div if any(k > 1 for k in div) else None)
+        a = dataclasses.replace(a, divisibility=div if any(k > 1 for k in div) else None)
+        w = tuple(i for i, d in enumerate(a.extents) if d in wide)
+        return dataclasses.replace(a, wide=w or None)
     if isinstance(a, TupleArg):
-        return dataclasses.replace(a, items=tuple(_with_divisibility(i, symbols) for i in a.items))
+        return dataclasses.replace(a, items=tuple(_with_divisibility(i, symbols, wide) for i in a.items))
     if isinstance(a, StructArg):
-        return dataclasses.replace(a, fields=tuple((k, _with_divisibility(f, symbols))
+        return dataclasses.replace(a, fields=tuple((k, _with_divisibility(f, symbols, wide))
                                                    for k, f in a.fields))
     return a
 
@@ -779,6 +788,11 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
     if role == "scratch" and "buffer" in a:
         raise ctx.fail(f"{kp}.buffer", "a scratch tensor cannot be padded (the runtime allocates it)")
     buffer = _buffer(ctx, kp, a, dims, role, env, hw) if "buffer" in a else None
+    bcast = _broadcast(ctx, f"{kp}.broadcast", a["broadcast"], dims, role) if "broadcast" in a else None
+    if bcast is not None:
+        if "buffer" in a:
+            raise ctx.fail(f"{kp}.broadcast", "a broadcast tensor cannot be padded too (buffer)")
+        buffer = tuple(1 if i in bcast else d for i, d in enumerate(dims))
     order = _order(ctx, f"{kp}.layout", a.get("layout", "row-major"), len(dims))
     align = a.get("align", 16)
     if isinstance(align, bool) or not isinstance(align, int) or align <= 0 or align & (align - 1):
@@ -790,7 +804,19 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
     if reduce is not None and not dims:
         raise ctx.fail(f"{kp}.reduce", "a scalar (rank 0) output has no leading axis to sum over")
     return TensorArg(name, role, dt, dims, label, align, order=order, buffer=buffer, zero=zero,
-                     saved=saved, reduce=reduce)
+                     saved=saved, reduce=reduce, broadcast=bcast)
+
+
+def _broadcast(ctx: _Ctx, kp: str, v: Any, dims: tuple[Dim, ...], role: str) -> tuple[int, ...] | None:
+    """`broadcast = [0]`: dimensions the kernel sees with stride 0; the array passed has
+    extent 1 there (an input only: a broadcast output would be written by many threads)."""
+    if role != "input":
+        raise ctx.fail(kp, f"only an input may be broadcast (stride 0), not an {role}")
+    if not isinstance(v, list) or not v or not all(type(i) is int for i in v):
+        raise ctx.fail(kp, f"must be a non-empty array of dimension indices, got {v!r}")
+    if len(set(v)) != len(v) or not all(0 <= i < len(dims) for i in v):
+        raise ctx.fail(kp, f"dimensions must be distinct, from 0 to {len(dims) - 1}, got {v!r}")
+    return tuple(sorted(v))
 
 
 _REF_RE = re.compile(r"\$(hw\.)?[A-Za-z_][A-Za-z0-9_]*")

@@ -60,6 +60,9 @@ def schema() -> dict[str, Any]:
             "zero": {"type": "boolean", "description": "A scratch tensor the runtime hands over zeroed."},
             "saved": {"type": "boolean", "description": "An output saved for the backward (a residual), "
                                                         "not returned to the caller."},
+            "broadcast": {"type": "array", "items": {"type": "integer", "minimum": 0},
+                          "description": "Input dimensions the kernel sees with stride 0; the array "
+                                         "passed has extent 1 there."},
             "reduce": {"enum": ["sum"], "description": "The call returns this output summed over its "
                                                        "leading axis (per-SM partials)."},
             "buffer": {"type": "array", "items": extent,
@@ -118,7 +121,9 @@ def schema() -> dict[str, Any]:
             "symbols": {"type": "object", "additionalProperties": {
                 "type": "object", "additionalProperties": False,
                 "properties": {"divisibility": {"type": "integer", "minimum": 1,
-                                                "maximum": MAX_DIVISIBILITY}}},
+                                                "maximum": MAX_DIVISIBILITY},
+                               "bits": {"enum": [32, 64], "description": "64: compiled as a 64-bit "
+                                                                         "integer (extents >= 2^31)."}}},
                         "description": "Facts about symbolic extents, e.g. n = { divisibility = 8 }."},
             "archs": archs,
             "profile": {"type": "string"},

@@ -295,3 +295,40 @@ def test_bad_grad_pairings_name_file_and_key_path(tmp_path: Path, text: str, key
         load_manifest(p)
     assert (info.value.key_path, info.value.exit_code) == (key_path, 2)
     assert fragment in info.value.message, info.value.message
+
+
+BCAST_BAD = [
+    pytest.param(manifest(X, '{ name = "out", role = "output", dtype = "float32", shape = ["m", "n"], '
+                          'broadcast = [0] }'), 'kernel "k", args[1].broadcast',
+                 "only an input may be broadcast", id="broadcast-output"),
+    pytest.param(manifest('{ name = "x", dtype = "float32", shape = ["m", "n"], broadcast = [2] }', _OUT),
+                 'kernel "k", args[0].broadcast', "from 0 to 1", id="broadcast-out-of-range"),
+    pytest.param(manifest(X, '{ name = "y", dtype = "float32", shape = ["m", "q"], broadcast = [1] }', _OUT),
+                 'kernel "k", args (y).shape[1]', 'the logical extent "q" of a padded dimension',
+                 id="broadcast-unbound"),
+    pytest.param(manifest('{ name = "x", dtype = "float32", shape = ["m", "n"], broadcast = [0], '
+                          'buffer = ["m", "n"] }', _OUT), 'kernel "k", args[0].broadcast',
+                 "cannot be padded too", id="broadcast-and-buffer"),
+    pytest.param(manifest(X, _OUT, extra="symbols = { m = { bits = 48 } }"), 'kernel "k", symbols.m.bits',
+                 "must be 32 or 64", id="bits-48"),
+]
+
+
+@pytest.mark.parametrize(("text", "key_path", "fragment"), BCAST_BAD)
+def test_bad_broadcasts_and_bits_name_file_and_key_path(tmp_path: Path, text: str, key_path: str,
+                                                        fragment: str) -> None:
+    p = tmp_path / "kernels.toml"
+    p.write_text(text)
+    with pytest.raises(CuteccError) as info:
+        load_manifest(p)
+    assert (info.value.key_path, info.value.exit_code) == (key_path, 2)
+    assert fragment in info.value.message, info.value.message
+
+
+def test_broadcast_and_wide_are_in_the_contract() -> None:
+    m = load_manifest(TRAIN)
+    b = m.kernel("add_bias").variants[0].convention.inputs[1]
+    assert (b.shape, b.buffer, b.broadcast) == (("m", "d"), (1, "d"), (0,))
+    x = m.kernel("plus_one_wide").variants[0].convention.inputs[0]
+    assert x.wide == (0,)
+    assert arg_from_json(arg_to_json(b)) == b and arg_from_json(arg_to_json(x)) == x

@@ -140,7 +140,7 @@ def _mismatch(b: Build, arrays: Sequence[Any]) -> tuple[dict[str, int] | None, s
                 if n != d:
                     mine = " (the buffer's extent)" if i in t.padded else ""
                     return None, f"{t.name}: dimension {i} is {n}, expected {d}{mine}"
-            elif _exceeds(n, MAX_SYMBOLIC_EXTENT):
+            elif i not in (t.wide or ()) and _exceeds(n, MAX_SYMBOLIC_EXTENT):
                 return None, (f"{t.name}: dimension {i} (\"{d}\") is {n}; symbolic extents are "
                               f"compiled as int32, so at most 2^31-1 = {MAX_SYMBOLIC_EXTENT}")
             elif env.setdefault(d, n) != n:
@@ -148,6 +148,8 @@ def _mismatch(b: Build, arrays: Sequence[Any]) -> tuple[dict[str, int] | None, s
                               "from an earlier argument")
     for t, a in zip(ins, arrays):  # once every symbol is bound: the views fit their buffers
         for i in t.padded:
+            if i in (t.broadcast or ()):  # stride 0: any logical extent reads the one element
+                continue
             d, n = t.shape[i], a.shape[i]
             want = d if isinstance(d, int) else env[d]
             # A view JAX cannot prove inside its buffer (symbolic shapes) is refused: nothing

@@ -121,3 +121,21 @@ def test_grad_of_x_only_and_under_a_loop(ks, rng) -> None:
     gx = jax.jit(jax.grad(lambda x: jnp.sum(jnp.sin(ks.expw(x, w)))))(x)
     rx = jax.grad(lambda x: jnp.sum(jnp.sin(_expw_ref(x, w))))(x)
     np.testing.assert_allclose(np.asarray(gx), np.asarray(rx), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("m", "d"), [(1, 1), (300, 70), (4097, 33)])
+def test_broadcast_input_reads_one_row_through_stride_0(ks, rng, m: int, d: int) -> None:
+    x = rand(rng, (m, d), "float32")
+    b = rand(rng, (1, d), "float32")
+    out = jax.jit(ks.add_bias)(x, b)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(x) + np.asarray(b))
+
+
+def test_a_64_bit_extent_runs_past_2_to_the_31(ks, rng) -> None:
+    n = 2**31 + 77
+    x = jnp.asarray(rng.integers(0, 255, size=(1 << 20,), dtype=np.uint8))
+    x = jnp.tile(x, n // (1 << 20) + 1)[:n]  # about 2 GiB, built on the device
+    out = jax.jit(ks.plus_one_wide)(x)
+    assert out.shape == (n,)
+    assert bool(jax.jit(lambda a, b: jnp.array_equal(a + jnp.uint8(1), b))(x, out))
+    np.testing.assert_array_equal(np.asarray(out[-100:]), np.asarray(x[-100:]) + 1)

@@ -113,3 +113,22 @@ def test_an_input_no_returns_names_gets_no_gradient(ks) -> None:
     """Only x's gradient requested: w's backward result is computed but not used."""
     g = jax.eval_shape(jax.grad(lambda x, w: ks.expw(x, w).sum()), S((4, 8), F32), S((8,), F32))
     assert g.shape == (4, 8)
+
+
+# Broadcast (stride 0) inputs and 64-bit extents ------------------------------------------
+
+def test_a_broadcast_input_is_passed_with_extent_one(ks) -> None:
+    out = jax.eval_shape(ks.add_bias, S((300, 70), F32), S((1, 70), F32))
+    assert out.shape == (300, 70)
+    (call,) = custom_calls(lower(ks.add_bias, S((300, 70), F32), S((1, 70), F32)))
+    assert "(tensor<300x70xf32>, tensor<1x70xf32>) -> tensor<300x70xf32>" in call
+    with pytest.raises(CuteccError, match=r"b: dimension 0 is 300, expected 1 \(the buffer's extent\)"):
+        jax.eval_shape(ks.add_bias, S((300, 70), F32), S((300, 70), F32))
+
+
+def test_a_64_bit_extent_passes_where_a_32_bit_one_is_refused(ks) -> None:
+    big = S((2**31 + 5,), jnp.uint8)
+    assert jax.eval_shape(ks.plus_one_wide, big).shape == (2**31 + 5,)
+    assert "tensor<2147483653xui8>" in custom_calls(lower(ks.plus_one_wide, big))[0]
+    with pytest.raises(CuteccError, match="compiled as int32"):
+        jax.eval_shape(ks.triple, S((2**31 + 5,), F32))

@@ -135,3 +135,38 @@ def expw_bwd(w: cute.Tensor, e: cute.Tensor, dout: cute.Tensor, dx: cute.Tensor,
     blocks = cute.size(dw, mode=[0])
     _expw_bwd_kernel(w, e, dout, dx, dw, rows_per).launch(
         grid=[(d + THREADS - 1) // THREADS, blocks, 1], block=[THREADS, 1, 1], stream=stream)
+
+
+@cute.kernel
+def _bias_kernel(x: cute.Tensor, b: cute.Tensor, out: cute.Tensor):
+    tidx, _, _ = cute.arch.thread_idx()
+    row, bidy, _ = cute.arch.block_idx()
+    j = bidy * THREADS + tidx
+    if j < cute.size(x, mode=[1]):
+        out[row, j] = x[row, j] + b[row, j]
+
+
+@cute.jit
+def add_bias(x: cute.Tensor, b: cute.Tensor, out: cute.Tensor, stream):
+    """out = x + b, with b seen as (m, d) but read through row stride 0 (one row in memory)."""
+    m = cute.size(x, mode=[0])
+    d = cute.size(x, mode=[1])
+    _bias_kernel(x, b, out).launch(grid=[m, (d + THREADS - 1) // THREADS, 1],
+                                   block=[THREADS, 1, 1], stream=stream)
+
+
+@cute.kernel
+def _wide_kernel(x: cute.Tensor, out: cute.Tensor):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    i = cutlass.Int64(bidx) * THREADS + cutlass.Int64(tidx)
+    if i < cute.size(x, mode=[0]):
+        out[i] = x[i] + cutlass.Uint8(1)
+
+
+@cute.jit
+def plus_one_wide(x: cute.Tensor, out: cute.Tensor, stream):
+    """out = x + 1 over a 1-D uint8 array whose length may be 2^31 or more (64-bit extent)."""
+    n = cute.size(x, mode=[0])
+    _wide_kernel(x, out).launch(grid=[(n + THREADS - 1) // THREADS, 1, 1], block=[THREADS, 1, 1],
+                                stream=stream)
