@@ -115,3 +115,16 @@ def test_a_padded_view_must_provably_fit_its_symbolic_buffer() -> None:
     m, k, lda = jax.export.symbolic_shape("m, k, lda")
     assert "smaller than the logical extent" in _fits(c, (m, lda), (k,))[1]
     assert _fits(c, (m, k + 64), (k,))[0] == {"m": m, "lda": k + 64, "k": k}
+
+
+def test_derived_extents_evaluate_over_symbolic_dimensions() -> None:
+    from cutecc.runtime.dispatch import _buffer_shape
+
+    n, k = jax.export.symbolic_shape("n, k")
+    t = TensorArg("s", "scratch", "float32", ("round_up(n, 128)", "min(k, 4) * 2", "max(n, 3)", 5))
+    shape = _buffer_shape("toy", t, {"n": n, "k": k})
+    assert [str(d) for d in shape[:2]] == [str(-(-n // 128) * 128), str(jax.core.min_dim(k, 4) * 2)]
+    assert shape[3] == 5
+    assert _buffer_shape("toy", t, {"n": 130, "k": 9}) == (256, 8, 130, 5)
+    with pytest.raises(CuteccError, match='derived extent .* is 0 for'):
+        _buffer_shape("toy", TensorArg("s", "scratch", "float32", ("n - 4",)), {"n": 4})
