@@ -185,6 +185,23 @@ class Kernel:
 
 
 @dataclass(frozen=True)
+class Composite:
+    """A kernel declared as an ordered list of launches of other kernels (each built and
+    keyed as any kernel), sharing tensors by name: the call's `inputs`, then each launch's
+    results (saved ones too), from which `outputs` are returned. Nothing of its own is
+    built; `cutecc build` records it in the cache (`composites/NAME.json`) for the runtime."""
+
+    name: str
+    launches: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"launches": list(self.launches), "inputs": list(self.inputs),
+                "outputs": list(self.outputs)}
+
+
+@dataclass(frozen=True)
 class BuildSettings:
     """The manifest's `[build]` table: defaults for where a build runs. Command-line flags
     and `$CUTECC_EXECUTOR` / `$CUTECC_RAY_ADDRESS` / `$CUTECC_REMOTE` take precedence."""
@@ -201,6 +218,7 @@ class Manifest:
     kernels: tuple[Kernel, ...]
     env: tuple[tuple[str, str], ...] = ()
     build: BuildSettings = BuildSettings()
+    composites: tuple[Composite, ...] = ()
 
     def env_for(self, arch: str) -> dict[str, str]:
         """The `[env]` a build worker for `arch` sets ("$arch" substituted)."""
@@ -221,11 +239,18 @@ class Manifest:
         """This manifest restricted to `kernels` and their backward kernels (an unknown
         name is an error naming the manifest)."""
         wanted = set(kernels)
+        comps = {c.name: c for c in self.composites}
         for name in kernels:
+            if name in comps:
+                wanted |= set(comps[name].launches)
+                continue
             back = self.kernel(name).backward  # raises for unknown names
-            if back:
+            if back in comps:
+                wanted |= set(comps[back].launches) | {back}
+            elif back:
                 wanted.add(back)
-        return dataclasses.replace(self, kernels=tuple(k for k in self.kernels if k.name in wanted))
+        return dataclasses.replace(self, kernels=tuple(k for k in self.kernels if k.name in wanted),
+                                   composites=tuple(c for c in self.composites if c.name in wanted))
 
 
 class _Ctx:
@@ -345,6 +370,7 @@ def _parse(doc: dict[str, Any], path: Path, ctx: _Ctx, prefix: str) -> Manifest:
     if not ktab:
         raise ctx.fail(f"{prefix}kernel", "the manifest declares no kernels")
     kernels = []
+    composites: list[Composite] = []
     for name, kdoc in ktab.items():
         kp = f'kernel "{name}"'
         if not is_kernel_name(name) or keyword.iskeyword(name):  # a Python attribute, a directory
@@ -355,10 +381,68 @@ def _parse(doc: dict[str, Any], path: Path, ctx: _Ctx, prefix: str) -> Manifest:
                            f"with _ and {', '.join(sorted(RESERVED_KERNEL_NAMES))} are reserved)")
         if not isinstance(kdoc, dict):
             raise ctx.fail(kp, "must be a table")
+        if "launches" in kdoc:
+            composites.append(_composite(ctx, kp, name, kdoc))
+            continue
         kernels.append(_kernel(ctx, kp, name, kdoc, archs, profile, profiles, copts))
-    _check_grads(ctx, kernels)
+    conventions = _check_composites(ctx, composites, kernels)
+    _check_grads(ctx, kernels, conventions)
     return Manifest(path, python_path, tuple(kernels), tuple(sorted(env.items())),
-                    _build_settings(ctx, f"{prefix}build", doc.get("build", {})))
+                    _build_settings(ctx, f"{prefix}build", doc.get("build", {})), tuple(composites))
+
+
+def _composite(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any]) -> Composite:
+    """`[kernel.NAME] launches = [..], inputs = [..], outputs = [..]`."""
+    _no_unknown(ctx, kdoc, {"launches", "inputs", "outputs", "description"}, kp)
+    out = []
+    for key in ("launches", "inputs", "outputs"):
+        v = kdoc.get(key)
+        if not isinstance(v, list) or not v or not all(isinstance(x, str) and NAME_RE.fullmatch(x)
+                                                       for x in v):
+            raise ctx.fail(f"{kp}, {key}", "must be a non-empty array of names")
+        if len(set(v)) != len(v):
+            raise ctx.fail(f"{kp}, {key}", "names something twice")
+        out.append(tuple(v))
+    return Composite(name, *out)
+
+
+def _check_composites(ctx: _Ctx, composites: list[Composite],
+                      kernels: list[Kernel]) -> dict[str, CallingConvention]:
+    """Each launch is a kernel of the manifest (not a composite; its first variant's
+    contract stands for all), each launch input is a composite input or an earlier launch's
+    result, and each output some launch's result. Returns each composite's convention, for
+    grad pairing."""
+    by_name = {k.name: k for k in kernels}
+    out = {}
+    for c in composites:
+        kp = f'kernel "{c.name}"'
+        have: dict[str, TensorArg | None] = dict.fromkeys(c.inputs)
+        for i, ln in enumerate(c.launches):
+            k = by_name.get(ln)
+            if k is None:
+                raise ctx.fail(f"{kp}, launches[{i}]", f'no kernel "{ln}" in the manifest'
+                               + (" (a composite cannot launch a composite)"
+                                  if ln in {x.name for x in composites} else ""))
+            conv = k.variants[0].convention
+            for t in conv.inputs:
+                if t.name not in have:
+                    raise ctx.fail(f"{kp}, launches[{i}]", f'"{ln}" takes "{t.name}", which is no '
+                                   "input of the composite and no result of an earlier launch")
+                if have[t.name] is None:
+                    have[t.name] = t
+            for t in conv.results:
+                have[t.name] = t
+        unused = [n for n in c.inputs if have[n] is None]
+        if unused:
+            raise ctx.fail(f"{kp}, inputs", f'"{unused[0]}" is taken by no launch')
+        for i, n in enumerate(c.outputs):
+            if have.get(n) is None or n in c.inputs:
+                raise ctx.fail(f"{kp}, outputs[{i}]", f'"{n}" is no launch result')
+        ins = tuple(t for t in (have[n] for n in c.inputs) if t is not None)
+        res = tuple(dataclasses.replace(t, role="output", saved=False)
+                    for t in (have[n] for n in c.outputs) if t is not None)
+        out[c.name] = CallingConvention(ins, res, (), ())
+    return out
 
 
 def _build_settings(ctx: _Ctx, kp: str, doc: Any) -> BuildSettings:
@@ -973,19 +1057,21 @@ def _check_args(ctx: _Ctx, kp: str, args: tuple[Arg, ...]) -> None:
         raise ctx.fail(f"{kp}, args", f'"{sorted(clash)[0]}" is both an argument and a symbol')
 
 
-def _check_grads(ctx: _Ctx, kernels: list[Kernel]) -> None:
+def _check_grads(ctx: _Ctx, kernels: list[Kernel],
+                 composites: dict[str, CallingConvention] | None = None) -> None:
     by_name = {k.name: k for k in kernels}
+    composites = composites or {}
     for k in kernels:
         if not k.backward:
             continue
         kp = f'kernel "{k.name}", grad.backward'
         b = by_name.get(k.backward)
-        if b is None:
+        if b is None and k.backward not in composites:
             raise ctx.fail(kp, f'no kernel "{k.backward}" in the manifest')
-        if b.name == k.name:
+        if k.backward == k.name:
             raise ctx.fail(kp, "a kernel cannot be its own backward")
         fc = k.variants[0].convention
-        bc = b.variants[0].convention
+        bc = composites[k.backward] if b is None else b.variants[0].convention
         padded = [t.name for v in k.variants for t in v.convention.inputs if t.padded]
         if padded:
             raise ctx.fail(kp, f'forward input "{padded[0]}" is padded (buffer): its gradient would '
@@ -994,7 +1080,7 @@ def _check_grads(ctx: _Ctx, kernels: list[Kernel]) -> None:
         if fc.aliases:
             raise ctx.fail(kp, "in-place forwards cannot be differentiated")
         if k.grad_args is not None:
-            _check_named_grad(ctx, f'kernel "{k.name}", grad', k, fc, b.name, bc)
+            _check_named_grad(ctx, f'kernel "{k.name}", grad', k, fc, k.backward, bc)
             continue
         if any(t.saved for t in fc.results):
             raise ctx.fail(kp, f'forward output "{[t.name for t in fc.results if t.saved][0]}" is '
@@ -1002,7 +1088,7 @@ def _check_grads(ctx: _Ctx, kernels: list[Kernel]) -> None:
                            '(grad.args = ["x", "rstd", "cotangent.out", ...])')
         want_in = len(fc.inputs) + len(fc.visible)
         if len(bc.inputs) != want_in or len(bc.results) != len(fc.inputs) or fc.aliases:
-            raise ctx.fail(kp, f'"{b.name}" must take the forward inputs then one cotangent per '
+            raise ctx.fail(kp, f'"{k.backward}" must take the forward inputs then one cotangent per '
                            f"forward output ({want_in} inputs) and return one gradient per "
                            f"forward input ({len(fc.inputs)} outputs); it takes "
                            f"{len(bc.inputs)} and returns {len(bc.results)}"

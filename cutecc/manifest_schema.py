@@ -103,6 +103,16 @@ def schema() -> dict[str, Any]:
                              "type": {"type": "string", "pattern": f"^{ENTRY_RE.pattern}$"},
                              "fields": {"type": "object", "additionalProperties": {"$ref": "#/$defs/arg"}}}}
     table = {"type": "object", "additionalProperties": _VALUE}
+    names = {"type": "array", "minItems": 1, "uniqueItems": True,
+             "items": {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*$"}}
+    composite = {
+        "type": "object", "additionalProperties": False, "required": ["launches", "inputs", "outputs"],
+        "description": "A kernel made of launches of other kernels, sharing tensors by name.",
+        "properties": {"launches": {**names, "description": "Kernels of this manifest, run in order."},
+                       "inputs": {**names, "description": "The call's arrays, by name."},
+                       "outputs": {**names, "description": "What the call returns, by name."},
+                       "description": {"type": "string"}},
+    }
     kernel = {
         "type": "object", "additionalProperties": False, "required": ["entry", "args"],
         "properties": {
@@ -192,9 +202,11 @@ def schema() -> dict[str, Any]:
             "kernel": {"type": "object", "minProperties": 1,
                        "propertyNames": {"pattern": r"^[A-Za-z][A-Za-z0-9_]*$",
                                          "not": {"enum": sorted(RESERVED_KERNEL_NAMES)}},
-                       "additionalProperties": {"$ref": "#/$defs/kernel"}},
+                       "additionalProperties": {"oneOf": [{"$ref": "#/$defs/kernel"},
+                                                          {"$ref": "#/$defs/composite"}]}},
         },
-        "$defs": {"kernel": kernel, "arg": {"oneOf": [tensor, scalar, none, stream, tup, const, struct]}},
+        "$defs": {"kernel": kernel, "composite": composite,
+                  "arg": {"oneOf": [tensor, scalar, none, stream, tup, const, struct]}},
     }
 
 

@@ -332,3 +332,72 @@ def test_broadcast_and_wide_are_in_the_contract() -> None:
     x = m.kernel("plus_one_wide").variants[0].convention.inputs[0]
     assert x.wide == (0,)
     assert arg_from_json(arg_to_json(b)) == b and arg_from_json(arg_to_json(x)) == x
+
+
+# Composite kernels ----------------------------------------------------------------------
+
+def _comp(table: str) -> str:
+    a = ('{ name = "x", dtype = "float32", shape = ["n"] }',
+         '{ name = "g", role = "output", dtype = "float32", shape = ["n"] }')
+    b = ('{ name = "g", dtype = "float32", shape = ["n"] }',
+         '{ name = "y", dtype = "float32", shape = ["n"] }',
+         '{ name = "out", role = "output", dtype = "float32", shape = ["n"] }')
+
+    def k(name: str, args: tuple[str, ...]) -> str:
+        return f'\n[kernel.{name}]\nentry = "kk.elem:f"\nargs = [{", ".join((*args, STREAM))}]\n'
+    return k("la", a) + k("lb", b) + "\n[kernel.c]\n" + table + "\n"
+
+
+STREAM = '{ kind = "stream" }'
+
+
+def test_a_composite_is_parsed_and_selected_with_its_launches(tmp_path: Path) -> None:
+    m, p = load(tmp_path, _comp('launches = ["la", "lb"]\ninputs = ["x", "y"]\noutputs = ["out", "g"]'))
+    (c,) = m.composites
+    assert (c.launches, c.inputs, c.outputs) == (("la", "lb"), ("x", "y"), ("out", "g"))
+    assert [k.name for k in m.kernels] == ["la", "lb"]
+    sel = load_manifest(p, kernels=("c",))
+    assert [k.name for k in sel.kernels] == ["la", "lb"] and [x.name for x in sel.composites] == ["c"]
+
+
+COMP_BAD = [
+    pytest.param('launches = ["la", "zz"]\ninputs = ["x", "y"]\noutputs = ["out"]', 'kernel "c", launches[1]',
+                 'no kernel "zz"', id="unknown-launch"),
+    pytest.param('launches = ["lb", "la"]\ninputs = ["x", "y"]\noutputs = ["out"]', 'kernel "c", launches[0]',
+                 '"lb" takes "g", which is no input of the composite and no result of an earlier launch',
+                 id="order"),
+    pytest.param('launches = ["la", "lb"]\ninputs = ["x", "y", "z"]\noutputs = ["out"]', 'kernel "c", inputs',
+                 '"z" is taken by no launch', id="unused-input"),
+    pytest.param('launches = ["la", "lb"]\ninputs = ["x", "y"]\noutputs = ["q"]', 'kernel "c", outputs[0]',
+                 '"q" is no launch result', id="unknown-output"),
+    pytest.param('launches = ["la", "lb"]\ninputs = ["x", "y"]\noutputs = ["out"]\nentry = "a:b"',
+                 'kernel "c"', 'unknown key "entry"', id="composite-with-entry"),
+    pytest.param('launches = []\ninputs = ["x"]\noutputs = ["out"]', 'kernel "c", launches',
+                 "must be a non-empty array of names", id="no-launches"),
+]
+
+
+@pytest.mark.parametrize(("table", "key_path", "fragment"), COMP_BAD)
+def test_bad_composites_name_file_and_key_path(tmp_path: Path, table: str, key_path: str,
+                                               fragment: str) -> None:
+    p = tmp_path / "kernels.toml"
+    p.write_text(_comp(table))
+    with pytest.raises(CuteccError) as info:
+        load_manifest(p)
+    assert (info.value.key_path, info.value.exit_code) == (key_path, 2)
+    assert fragment in info.value.message, info.value.message
+
+
+def test_a_composite_backward_is_checked_like_a_kernel(tmp_path: Path) -> None:
+    text = _comp('launches = ["la", "lb"]\ninputs = ["x", "y"]\noutputs = ["out"]') + (
+        '\n[kernel.f]\nentry = "kk.elem:f"\nargs = [{ name = "a", dtype = "float32", shape = ["n"] }, '
+        '{ name = "o", role = "output", dtype = "float32", shape = ["n"] }, ' + STREAM + "]\n"
+        'grad = { backward = "c", args = ["a", "cotangent.o"] }\n')
+    m, _ = load(tmp_path, text)
+    assert m.kernel("f").backward == "c"
+    assert load_manifest(tmp_path / "kernels.toml", kernels=("f",)).composites[0].name == "c"
+    bad = text.replace('grad = { backward = "c", args = ["a", "cotangent.o"] }', 'grad = { backward = "c" }')
+    bad = bad.replace('outputs = ["out"]', 'outputs = ["out", "g"]')
+    (tmp_path / "kernels.toml").write_text(bad)
+    with pytest.raises(CuteccError, match='"c" must take the forward inputs then one cotangent'):
+        load_manifest(tmp_path / "kernels.toml")

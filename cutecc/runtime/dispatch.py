@@ -249,6 +249,16 @@ class KernelFn:
     def variants(self) -> list[str]:
         return [b.variant for b in self.builds]
 
+    def scalar_names(self) -> set[str]:
+        """The runtime scalars a call may pass (derived ones are not passed)."""
+        return {s.name for b in self.builds for s in b.conv.given}
+
+    def input_names(self) -> tuple[str, ...]:
+        """The call's arrays by name (of the first build: variants name them alike)."""
+        if not self.builds:
+            self.select()  # raises: no usable build, and why
+        return tuple(t.name for t in self.builds[0].conv.inputs)
+
     def select(self, *arrays: Any, **keywords: Any) -> tuple[Build, dict[str, int]]:
         """The build whose contract the arrays fit and whose call keywords are those
         given, and the symbol bindings. Among several fits the most specific (most
@@ -382,7 +392,7 @@ class KernelFn:
 
     def _with_vjp(self, back: KernelFn, arrays: Sequence[Any], scalars: Mapping[str, Any],
                   keywords: Mapping[str, Any]) -> Any:
-        back_scalars = {s.name for b in back.builds for s in b.conv.given}
+        back_scalars = back.scalar_names()
         bscalars = {k: v for k, v in scalars.items() if k in back_scalars}
         bkeywords = {k: v for k, v in keywords.items() if k in back._keywords}
 
@@ -441,6 +451,93 @@ class KernelFn:
 
         f.defvjp(fwd, bwd)
         return f(*arrays)
+
+
+class CompositeFn:
+    """A kernel declared as an ordered list of launches of other kernels sharing tensors by
+    name (`[kernel.NAME] launches = [..]`): called as one kernel, `fn(*inputs, **keywords)`,
+    each launch takes its arrays by name from the call's inputs and the results of earlier
+    launches (saved ones too), and the declared outputs are returned. Pairable as a backward.
+    Runtime scalars and call keywords go to each launch that takes them."""
+
+    builds: tuple[Build, ...] = ()  # nothing of its own: its launches are kernels
+    unusable: tuple[str, ...] = ()
+    backward = None
+    grad = None
+    tuning = None
+
+    def __init__(self, name: str, launches: Sequence[str], inputs: Sequence[str],
+                 outputs: Sequence[str], owner: Any = None) -> None:
+        self.name = name
+        self.launches, self.inputs, self.outputs = tuple(launches), tuple(inputs), tuple(outputs)
+        self._owner = owner
+        self._eager: dict[tuple, Any] = {}
+
+    def __repr__(self) -> str:
+        return (f"<cutecc kernel {self.name}: ({', '.join(self.inputs)}) -> "
+                f"({', '.join(self.outputs)}) through {' -> '.join(self.launches)}>")
+
+    def _fns(self) -> list[KernelFn]:
+        fns = [self._owner.get(n) if self._owner is not None else None for n in self.launches]
+        missing = [n for n, f in zip(self.launches, fns) if f is None]
+        if missing:
+            raise CuteccError(f"launch kernel {missing[0]!r} is not in this cache; run `cutecc build`",
+                              where=f'kernel "{self.name}"', exit_code=1)
+        return fns  # type: ignore[return-value]
+
+    @property
+    def _keywords(self) -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = {}
+        for f in self._fns():
+            for k, vals in f._keywords.items():
+                out.setdefault(k, []).extend(v for v in vals if not any(_same(v, w) for w in out[k]))
+        return out
+
+    @property
+    def keywords(self) -> dict[str, list[Any]]:
+        return {k: list(v) for k, v in self._keywords.items()}
+
+    def scalar_names(self) -> set[str]:
+        return set().union(*(f.scalar_names() for f in self._fns()))
+
+    def __call__(self, *arrays: Any, **kw: Any) -> Any:
+        known = self._keywords
+        keywords = {k: v for k, v in kw.items() if k in known}
+        scalars = {k: v for k, v in kw.items() if k not in known}
+        if not any(isinstance(a, jax.core.Tracer) for a in arrays) and not _several_devices():
+            try:
+                key = tuple(sorted((k, type(v), v) for k, v in kw.items()))
+                fn = self._eager.get(key)
+            except TypeError:
+                fn, key = None, None
+            if key is not None:
+                if fn is None:
+                    fn = self._eager[key] = jax.jit(lambda *xs: self._plain(xs, scalars, keywords))
+                return fn(*arrays)
+        return self._plain(arrays, scalars, keywords)
+
+    def _plain(self, arrays: Sequence[Any], scalars: Mapping[str, Any],
+               keywords: Mapping[str, Any], every: bool = False) -> Any:
+        if len(arrays) != len(self.inputs):
+            raise CuteccError(f"takes {len(self.inputs)} array(s) ({', '.join(self.inputs)}), got "
+                              f"{len(arrays)}", where=f'kernel "{self.name}"', exit_code=1)
+        fns = self._fns()
+        taken = set().union(*(f.scalar_names() for f in fns))
+        unknown = sorted(set(scalars) - taken)
+        if unknown:
+            raise CuteccError(f"unknown keyword argument {unknown[0]!r}; runtime scalars of the "
+                              f"launches: {', '.join(sorted(taken)) or 'none'}",
+                              where=f'kernel "{self.name}"', exit_code=1)
+        have = dict(zip(self.inputs, arrays))
+        for f in fns:
+            args = tuple(have[n] for n in f.input_names())
+            sc = {k: v for k, v in scalars.items() if k in f.scalar_names()}
+            kw = {k: v for k, v in keywords.items() if k in f._keywords}
+            have.update(f._plain(args, sc, kw, every=True))
+        if every:
+            return {n: have[n] for n in self.outputs}
+        out = tuple(have[n] for n in self.outputs)
+        return out[0] if len(out) == 1 else out
 
 
 def _extent(kernel: str, t: TensorArg, d: Any, env: Mapping[str, Any]) -> Any:

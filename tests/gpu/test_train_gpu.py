@@ -139,3 +139,20 @@ def test_a_64_bit_extent_runs_past_2_to_the_31(ks, rng) -> None:
     assert out.shape == (n,)
     assert bool(jax.jit(lambda a, b: jnp.array_equal(a + jnp.uint8(1), b))(x, out))
     np.testing.assert_array_equal(np.asarray(out[-100:]), np.asarray(x[-100:]) + 1)
+
+
+@pytest.mark.parametrize(("m", "d"), [(1, 1), (300, 70), (1000, 257)])
+def test_composite_backward_of_two_launches(ks, rng, m: int, d: int) -> None:
+    x = rand(rng, (m, d), "float32") * 0.5
+    w = rand(rng, (d,), "float32")
+    dout = rand(rng, (m, d), "float32")
+    e = jnp.exp(x)
+    dx, dw = jax.jit(ks.expw2_bwd)(w, e, dout)
+    np.testing.assert_allclose(np.asarray(dx), np.asarray(dout * e * w), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(dw), np.asarray((dout * e).sum(0)), rtol=1e-4, atol=1e-3)
+    t = rand(rng, (m, d), "float32")
+    loss = lambda f: (lambda x, w: jnp.sum((f(x, w) - t) ** 2))  # noqa: E731
+    gx, gw = jax.jit(jax.grad(loss(ks.expw2), argnums=(0, 1)))(x, w)
+    rx, rw = jax.grad(loss(_expw_ref), argnums=(0, 1))(x, w)
+    np.testing.assert_allclose(np.asarray(gx), np.asarray(rx), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(gw), np.asarray(rw), rtol=1e-4, atol=1e-3)

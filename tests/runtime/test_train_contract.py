@@ -132,3 +132,31 @@ def test_a_64_bit_extent_passes_where_a_32_bit_one_is_refused(ks) -> None:
     assert "tensor<2147483653xui8>" in custom_calls(lower(ks.plus_one_wide, big))[0]
     with pytest.raises(CuteccError, match="compiled as int32"):
         jax.eval_shape(ks.triple, S((2**31 + 5,), F32))
+
+
+# Composite kernels: ordered launches sharing tensors by name ------------------------------
+
+def test_a_composite_is_one_callable_over_its_launches(ks) -> None:
+    assert "expw2_bwd" in ks and "expw2_bwd" in list(ks)
+    fn = ks.expw2_bwd
+    assert "bwd_g -> bwd_dxdw" in repr(fn)
+    dx, dw = jax.eval_shape(fn, S((70,), F32), S((300, 70), F32), S((300, 70), F32))
+    assert (dx.shape, dw.shape) == ((300, 70), (70,))
+    text = lower(fn, S((70,), F32), S((300, 70), F32), S((300, 70), F32))
+    calls = custom_calls(text)
+    assert len(calls) == 2
+    assert target_name(ks.bwd_g.builds[0].key) in calls[0]
+    assert target_name(ks.bwd_dxdw.builds[0].key) in calls[1]
+    assert "rows_per = 3 : i32" in calls[1]
+    with pytest.raises(CuteccError, match=r"takes 3 array\(s\) \(w, e, dout\), got 2"):
+        jax.eval_shape(fn, S((70,), F32), S((300, 70), F32))
+
+
+def test_a_composite_pairs_as_a_backward(ks) -> None:
+    loss = lambda x, w: (ks.expw2(x, w) ** 2).sum()  # noqa: E731
+    gx, gw = jax.eval_shape(jax.grad(loss, argnums=(0, 1)), S((300, 70), F32), S((70,), F32))
+    assert (gx.shape, gw.shape) == ((300, 70), (70,))
+    calls = custom_calls(lower(jax.value_and_grad(loss, argnums=(0, 1)), S((300, 70), F32),
+                               S((70,), F32)))
+    keys = [ks.expw2.builds[0].key, ks.bwd_g.builds[0].key, ks.bwd_dxdw.builds[0].key]
+    assert [[target_name(k) in c for k in keys].index(True) for c in calls] == [0, 1, 2]

@@ -170,3 +170,48 @@ def plus_one_wide(x: cute.Tensor, out: cute.Tensor, stream):
     n = cute.size(x, mode=[0])
     _wide_kernel(x, out).launch(grid=[(n + THREADS - 1) // THREADS, 1, 1], block=[THREADS, 1, 1],
                                 stream=stream)
+
+
+@cute.kernel
+def _mul2d_kernel(a: cute.Tensor, b: cute.Tensor, out: cute.Tensor):
+    tidx, _, _ = cute.arch.thread_idx()
+    row, bidy, _ = cute.arch.block_idx()
+    j = bidy * THREADS + tidx
+    if j < cute.size(a, mode=[1]):
+        out[row, j] = a[row, j] * b[row, j]
+
+
+@cute.jit
+def mul2d(a: cute.Tensor, b: cute.Tensor, out: cute.Tensor, stream):
+    """out = a * b (2-D): the first launch of a composite backward."""
+    m = cute.size(a, mode=[0])
+    d = cute.size(a, mode=[1])
+    _mul2d_kernel(a, b, out).launch(grid=[m, (d + THREADS - 1) // THREADS, 1],
+                                    block=[THREADS, 1, 1], stream=stream)
+
+
+@cute.kernel
+def _scale_partials_kernel(w: cute.Tensor, g: cute.Tensor, dx: cute.Tensor, dw: cute.Tensor,
+                           rows_per: cutlass.Int32):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, b, _ = cute.arch.block_idx()
+    j = bidx * THREADS + tidx
+    m = cute.size(g, mode=[0])
+    if j < cute.size(g, mode=[1]):
+        acc = cutlass.Float32(0.0)
+        lo = b * rows_per
+        for i in range(lo, lo + rows_per):
+            if i < m:
+                dx[i, j] = g[i, j] * w[j]
+                acc = acc + g[i, j]
+        dw[b, j] = acc
+
+
+@cute.jit
+def scale_partials(w: cute.Tensor, g: cute.Tensor, dx: cute.Tensor, dw: cute.Tensor,
+                   rows_per: cutlass.Int32, stream):
+    """dx = g * w and per-SM partial column sums of g: the second launch."""
+    d = cute.size(g, mode=[1])
+    blocks = cute.size(dw, mode=[0])
+    _scale_partials_kernel(w, g, dx, dw, rows_per).launch(
+        grid=[(d + THREADS - 1) // THREADS, blocks, 1], block=[THREADS, 1, 1], stream=stream)
