@@ -564,12 +564,23 @@ def _buffer_shape(kernel: str, t: TensorArg, env: Mapping[str, Any]) -> tuple[An
     return tuple(_extent(kernel, t, t.extents[p], env) for p in t.perm)
 
 
+def _dim_op(name: str) -> Any:
+    """`jax.core.min_dim` / `max_dim` (min and max of symbolic dimensions), wherever this
+    JAX keeps them."""
+    op = getattr(jax.core, name, None)
+    if op is None:  # pragma: no cover  (a JAX that dropped the public alias)
+        from jax._src import core
+
+        op = getattr(core, name)
+    return op
+
+
 def _min_dim(a: Any, b: Any) -> Any:
-    return min(a, b) if isinstance(a, int) and isinstance(b, int) else jax.core.min_dim(a, b)
+    return min(a, b) if _concrete(a) and _concrete(b) else _dim_op("min_dim")(a, b)
 
 
 def _max_dim(a: Any, b: Any) -> Any:
-    return max(a, b) if isinstance(a, int) and isinstance(b, int) else jax.core.max_dim(a, b)
+    return max(a, b) if _concrete(a) and _concrete(b) else _dim_op("max_dim")(a, b)
 
 
 def _to_buffer(a: Any, t: TensorArg) -> Any:
@@ -597,7 +608,7 @@ def _attrs(kernel: str, declared: Sequence[ScalarArg], given: Mapping[str, Any],
     names = {s.name for s in declared if s.value is None}
     for k in given:
         if any(s.name == k and s.value is not None for s in declared):
-            raise CuteccError(f"runtime scalar {k!r} is derived ({declared_value(declared, k)}): "
+            raise CuteccError(f"runtime scalar {k!r} is derived ({_declared_value(declared, k)}): "
                               "the runtime computes and passes it, a call does not",
                               where=f'kernel "{kernel}"', exit_code=1)
         if k not in names:
@@ -623,7 +634,7 @@ def _attrs(kernel: str, declared: Sequence[ScalarArg], given: Mapping[str, Any],
     return tuple(out)
 
 
-def declared_value(declared: Sequence[ScalarArg], name: str) -> str:
+def _declared_value(declared: Sequence[ScalarArg], name: str) -> str:
     """How a derived scalar is declared, for messages: `value = ...`."""
     return next(f"value = {s.value!r}" for s in declared if s.name == name)
 
