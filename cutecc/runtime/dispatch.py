@@ -363,8 +363,8 @@ class KernelFn:
 
     def _plain(self, arrays: Sequence[Any], scalars: Mapping[str, Any],
                keywords: Mapping[str, Any], every: bool = False) -> Any:
-        """The call's results (a tuple of several, else the one); with `every`, the tuple
-        of all the kernel's results by name, saved ones included, for a backward."""
+        """The call's results (a tuple of several, else the one); with `every`, a dict of
+        all the kernel's results by name, saved ones included (for a backward, a composite)."""
         build, env = self.select(*arrays, **keywords)
         if self.tuning is not None:  # the tuned winner of the call's bucket (a table lookup)
             build = self.tuning.pick(build, env)
