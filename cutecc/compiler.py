@@ -134,7 +134,9 @@ def pin_host_target(compiled: Any) -> int:
 
 
 def _result_param(t: TensorArg) -> str:
-    return f"cutecc_out_{t.name}" if t.role == "inout" else t.name
+    """The wrapper's parameter for a result: an aliased one (inout, zeroed scratch) has
+    its operand's name taken, so the result gets its own."""
+    return f"cutecc_out_{t.name}" if t.role == "inout" or t.zero else t.name
 
 
 def _view_lines(t: TensorArg, p: str, conv: CallingConvention) -> list[str]:
@@ -153,9 +155,13 @@ def _view_lines(t: TensorArg, p: str, conv: CallingConvention) -> list[str]:
     for i, (d, b) in enumerate(zip(t.shape, t.buffer)):
         extents.append(f"{buf}.shape[{i}]" if d == b else str(d) if isinstance(d, int)
                        else _extent_of(d, conv))
+    stride = f"{buf}.stride"
+    if t.broadcast:  # stride 0 where broadcast: every index reads the array's one element there
+        stride = "(" + "".join("0, " if i in t.broadcast else f"{buf}.stride[{i}], "
+                               for i in range(len(t.shape))) + ")"
     return [f"        {buf} = {logical}\n",
             f"        cutecc_view_{t.name} = cute.make_tensor({p}.iterator, cute.make_layout(("
-            + ", ".join(extents) + f",), stride={buf}.stride))\n"]
+            + ", ".join(extents) + f",), stride={stride}))\n"]
 
 
 def _extent_of(symbol: str, conv: CallingConvention) -> str:
@@ -175,12 +181,14 @@ def wrapper_source(args: tuple[Arg, ...]) -> str:
     conv = CallingConvention.of(args)
     counts = {"const": 0, "struct": 0}
     params = ["cutecc_stream"]
-    params += [f"{t.name}: cute.Tensor" for t in conv.inputs]
-    params += [f"{_result_param(t)}: cute.Tensor" for t in conv.results]
+    # Scratch comes after the call's own tensors (`ffi_inputs`, `ffi_results`): kernels
+    # without it keep their wrapper, and so their bytes.
+    params += [f"{t.name}: cute.Tensor" for t in conv.ffi_inputs]
+    params += [f"{_result_param(t)}: cute.Tensor" for t in conv.ffi_results]
     params += [f"{s.name}: cutlass.{dtypes.DTYPES[s.dtype].cutlass}" for s in conv.scalars]
 
     views = []  # a tensor of another layout or padded arrives as its dense buffer: view it
-    for t in (*conv.inputs, *[r for r in conv.results if r.role == "output"]):
+    for t in (*conv.ffi_inputs, *[r for r in conv.ffi_results if r not in conv.ffi_inputs]):
         views += _view_lines(t, _result_param(t) if t.role != "input" else t.name, conv)
 
     def expr(a: Arg) -> str:
@@ -299,14 +307,16 @@ def _fake_args(conv: CallingConvention) -> list[Any]:
     import cutlass.cute as cute
 
     symbols: dict[str, Any] = {}
-    multiple = {d: t.multiple(i) for t in (*conv.inputs, *conv.results)
+    multiple = {d: t.multiple(i) for t in (*conv.ffi_inputs, *conv.ffi_results)
                 for i, d in enumerate(t.extents) if isinstance(d, str)}
+    wide = {t.extents[i] for t in (*conv.ffi_inputs, *conv.ffi_results) for i in (t.wide or ())}
 
     def dim(d: int | str) -> Any:
         if isinstance(d, int):
             return d
         if d not in symbols:  # its divisibility reaches the strides derived from it
-            symbols[d] = cute.sym_int(divisibility=multiple[d])
+            make = cute.sym_int64 if d in wide else cute.sym_int
+            symbols[d] = make(divisibility=multiple[d])
         return symbols[d]
 
     def tensor(t: TensorArg) -> Any:
@@ -321,8 +331,8 @@ def _fake_args(conv: CallingConvention) -> list[Any]:
         )
 
     fakes: list[Any] = [cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)]
-    fakes += [tensor(t) for t in conv.inputs]
-    fakes += [tensor(t) for t in conv.results]
+    fakes += [tensor(t) for t in conv.ffi_inputs]
+    fakes += [tensor(t) for t in conv.ffi_results]
     for s in conv.scalars:
         ctype = getattr(cutlass, dtypes.DTYPES[s.dtype].cutlass)
         fakes.append(ctype(s.default if s.default is not None else 0))

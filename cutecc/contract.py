@@ -7,7 +7,11 @@ is stored as JSON in each cache entry, so the runtime never imports a kernel's P
 The JAX-side calling convention derived from it is fixed, whatever the launcher's order:
 `kernel(*inputs, **scalars) -> results`, where inputs are the tensors of role
 "input" or "inout" and results those of role "output" or "inout", each in launcher
-order (tuples flattened); "inout" tensors alias their input buffer.
+order (tuples flattened); "inout" tensors alias their input buffer. Tensors of role
+"scratch" are neither: the runtime allocates them (zeroed ones as aliased inputs made
+by `jnp.zeros`, the others as extra results) and drops them. An extent may be derived
+(an expression over symbols, `cutecc.expr`), and so may a scalar's value: the runtime
+computes such a scalar, the caller does not pass it.
 """
 
 from __future__ import annotations
@@ -15,9 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-Dim = int | str  # an int is a static extent, a str names a symbolic one
+from cutecc import expr
 
-ROLES = ("input", "output", "inout")
+# An int is a static extent; a str names a symbolic one, or is an expression over
+# symbols (a derived extent, `cutecc.expr`; outputs and scratch only).
+Dim = int | str
+
+ROLES = ("input", "output", "inout", "scratch")
 LAYOUTS = ("row-major", "column-major")  # or a stride order, see `TensorArg.order`
 
 
@@ -40,6 +48,18 @@ class TensorArg:
     # which the kernel sees the `shape` block at the origin with the buffer's strides
     # (BLAS's `lda`). None = the array is the tensor (no padding).
     buffer: tuple[Dim, ...] | None = None
+    zero: bool = False  # a scratch tensor the runtime hands over zeroed
+    # An output saved for the backward kernel (a residual: FA4's lse, RMSNorm's rstd): a
+    # result of the custom call, not of the JAX call.
+    saved: bool = False
+    # "sum": the call returns this output summed over its leading axis (per-SM partials).
+    reduce: str | None = None
+    # The dimensions (of `extents`) whose symbolic extent is compiled as a 64-bit integer
+    # (`symbols.n.bits = 64`); None: all 32-bit.
+    wide: tuple[int, ...] | None = None
+    # Broadcast dimensions: the array passed has extent 1 there (`buffer`), and the kernel
+    # sees the logical extent with stride 0 (a `dloss` broadcast over rows).
+    broadcast: tuple[int, ...] | None = None
 
     @property
     def extents(self) -> tuple[Dim, ...]:
@@ -48,8 +68,10 @@ class TensorArg:
 
     @property
     def symbols(self) -> tuple[str, ...]:
-        """Every symbolic extent the tensor names, logical then buffer, once each."""
-        return tuple(dict.fromkeys(d for d in (*self.shape, *(self.buffer or ())) if isinstance(d, str)))
+        """Every symbol the tensor's extents name (those a derived extent reads included),
+        logical then buffer, once each."""
+        return tuple(dict.fromkeys(n for d in (*self.shape, *(self.buffer or ())) if isinstance(d, str)
+                                   for n in ((d,) if expr.is_symbol(d) else expr.names(d))))
 
     @property
     def padded(self) -> tuple[int, ...]:
@@ -77,6 +99,9 @@ class ScalarArg:
     dtype: str
     default: float | int | bool | None = None
     param: str | None = None
+    # A derived scalar: an int, or an expression over the contract's symbols, that the
+    # runtime computes and passes (not a keyword of the call). None: the caller's.
+    value: int | str | None = None
 
 
 @dataclass(frozen=True)
@@ -139,9 +164,10 @@ class CallingConvention:
 
     inputs: tuple[TensorArg, ...]
     results: tuple[TensorArg, ...]
-    scalars: tuple[ScalarArg, ...]
+    scalars: tuple[ScalarArg, ...]  # every runtime scalar, derived ones included
     # (input index, result index) for every "inout" tensor
     aliases: tuple[tuple[int, int], ...]
+    scratch: tuple[TensorArg, ...] = ()  # role "scratch": allocated by the runtime, dropped
 
     @classmethod
     def of(cls, args: tuple[Arg, ...]) -> CallingConvention:
@@ -153,13 +179,43 @@ class CallingConvention:
             (inputs.index(t), results.index(t)) for t in tensors if t.role == "inout"
         )
         scalars = tuple(a for a in leaves if isinstance(a, ScalarArg))
-        return cls(inputs, results, scalars, aliases)
+        scratch = tuple(t for t in tensors if t.role == "scratch")
+        return cls(inputs, results, scalars, aliases, scratch)
+
+    @property
+    def visible(self) -> tuple[TensorArg, ...]:
+        """The results a call returns: all but the saved ones (residuals)."""
+        return tuple(t for t in self.results if not t.saved)
+
+    @property
+    def given(self) -> tuple[ScalarArg, ...]:
+        """The scalars a call passes (keywords): those not derived."""
+        return tuple(s for s in self.scalars if s.value is None)
+
+    @property
+    def ffi_inputs(self) -> tuple[TensorArg, ...]:
+        """The custom call's operands: the call's inputs, then the zeroed scratch (made by
+        `jnp.zeros` and aliased to its result, so the kernel may write it)."""
+        return self.inputs + tuple(t for t in self.scratch if t.zero)
+
+    @property
+    def ffi_results(self) -> tuple[TensorArg, ...]:
+        """The custom call's results: the call's results, then every scratch tensor (XLA
+        allocates it; the runtime drops it)."""
+        return self.results + self.scratch
+
+    @property
+    def ffi_aliases(self) -> tuple[tuple[int, int], ...]:
+        zeroed = [t for t in self.scratch if t.zero]
+        return self.aliases + tuple((len(self.inputs) + i, len(self.results) + self.scratch.index(t))
+                                    for i, t in enumerate(zeroed))
 
 
 # JSON form, stored in cache metadata ------------------------------------------------
 
 _TENSOR_FIELDS = frozenset({"kind", "name", "role", "dtype", "shape", "layout", "align", "param",
-                            "order", "divisibility", "buffer"})
+                            "order", "divisibility", "buffer", "zero", "saved", "reduce", "wide",
+                            "broadcast"})
 
 
 def arg_to_json(a: Arg) -> dict[str, Any]:
@@ -179,9 +235,22 @@ def _arg_json(a: Arg) -> dict[str, Any]:
             out["divisibility"] = list(a.divisibility)
         if a.buffer is not None:  # only when set: unpadded contracts keep their keys
             out["buffer"] = list(a.buffer)
+        if a.zero:  # only when set: contracts without zeroed scratch keep their keys
+            out["zero"] = True
+        if a.saved:
+            out["saved"] = True
+        if a.reduce is not None:
+            out["reduce"] = a.reduce
+        if a.wide is not None:
+            out["wide"] = list(a.wide)
+        if a.broadcast is not None:
+            out["broadcast"] = list(a.broadcast)
         return out
     if isinstance(a, ScalarArg):
-        return {"kind": "scalar", "name": a.name, "dtype": a.dtype, "default": a.default}
+        out = {"kind": "scalar", "name": a.name, "dtype": a.dtype, "default": a.default}
+        if a.value is not None:  # only when set: contracts without derived scalars keep their keys
+            out["value"] = a.value
+        return out
     if isinstance(a, NoneArg):
         return {"kind": "none"}
     if isinstance(a, StreamArg):
@@ -208,6 +277,30 @@ def arg_from_json(d: dict[str, Any]) -> Arg:
         if buffer is not None and (not isinstance(buffer, list) or len(buffer) != rank or not all(
                 (type(b) is int and b > 0) or isinstance(b, str) for b in buffer)):
             raise ValueError(f"buffer {buffer!r} is not one extent per dimension")
+        zero = d.get("zero", False)
+        if zero is not False and (zero is not True or d["role"] != "scratch"):
+            raise ValueError(f"zero {zero!r}: only a scratch tensor may be zeroed (zero = true)")
+        saved, reduce = d.get("saved", False), d.get("reduce")
+        if saved is not False and (saved is not True or d["role"] != "output"):
+            raise ValueError(f"saved {saved!r}: only an output may be saved (saved = true)")
+        if reduce is not None and (reduce != "sum" or d["role"] != "output" or len(d["shape"]) < 1):
+            raise ValueError(f"reduce {reduce!r}: only an output may be reduced, by \"sum\"")
+        wide, bcast = d.get("wide"), d.get("broadcast")
+        for what, dims in (("wide", wide), ("broadcast", bcast)):
+            if dims is not None and (not isinstance(dims, list) or not all(
+                    type(i) is int and 0 <= i < rank for i in dims) or len(set(dims)) != len(dims)):
+                raise ValueError(f"{what} {dims!r} is not a list of dimensions")
+        if bcast is not None and (buffer is None or d["role"] != "input"
+                                  or any(buffer[i] != 1 for i in bcast)):
+            raise ValueError(f"broadcast {bcast!r}: only an input, whose buffer has extent 1 there")
+        for x in (*d["shape"], *(buffer or ())):
+            if isinstance(x, str) and not expr.is_symbol(x):
+                try:
+                    expr.parse(x)
+                except expr.ExprError as e:
+                    raise ValueError(f"extent {x!r}: {e}") from None
+                if d["role"] in ("input", "inout") or buffer is not None:
+                    raise ValueError(f"derived extent {x!r} in an {d['role']} (outputs and scratch only)")
         if buffer is not None and d["role"] == "output":
             raise ValueError("an output cannot be padded (its padding would be undefined)")
         if buffer is not None and any(type(x) is int and type(b) is int and b < x
@@ -217,9 +310,18 @@ def arg_from_json(d: dict[str, Any]) -> Arg:
                          d.get("layout", "row-major"), int(d.get("align", 16)), param,
                          None if order is None else tuple(int(i) for i in order),
                          None if div is None else tuple(div),
-                         None if buffer is None else tuple(buffer))
+                         None if buffer is None else tuple(buffer), zero, saved, reduce,
+                         None if wide is None else tuple(wide), None if bcast is None else tuple(bcast))
     if kind == "scalar":
-        return ScalarArg(d["name"], d["dtype"], d.get("default"), param)
+        value = d.get("value")
+        if value is not None and not (type(value) is int or isinstance(value, str)):
+            raise ValueError(f"scalar value {value!r} is not an int or an expression")
+        if isinstance(value, str):
+            try:
+                expr.parse(value)
+            except expr.ExprError as e:
+                raise ValueError(f"scalar {d['name']!r}: {e}") from None
+        return ScalarArg(d["name"], d["dtype"], d.get("default"), param, value)
     if kind == "none":
         return NoneArg(param)
     if kind == "stream":

@@ -311,6 +311,8 @@ def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
         inputs["device"] = devicequery.answers(dict(kernel.hardware), arch, kernel.profile)
     if imports:  # only when set: kernels whose references the entry reaches keep their keys
         inputs["imports"] = dict(sorted(imports.items()))
+    if kernel.grad is not None:  # only when set: grad = { backward } alone keeps its keys
+        inputs["grad"] = kernel.grad  # the named pairing the runtime reads from the entry
     if variant.call:  # only when set: kernels without call keywords keep their keys
         inputs["call"] = dict(variant.call)  # which call reaches this entry
     return inputs

@@ -29,12 +29,16 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
                                   {dsl = "cutlass.Int32", value = 5}, {import = "m:Name"},
                                   {call = "m:f", args = [..], kwargs = {..}}, {none = true}
     args = [..]                   the launcher's arguments in its own order:
-      {name, dtype, shape, role = "input"|"output"|"inout", buffer, layout, align}  a tensor;
+      {name, dtype, shape, role = "input"|"output"|"inout"|"scratch", zero, buffer, layout, align}
+        a tensor; an output's or scratch's extent may be derived, an expression over symbols,
+        "$param"s and "$hw.fact"s (`cutecc.expr`); scratch is allocated (zero = true: zeroed)
+        and dropped by the runtime;
         layout = "row-major" (default) | "column-major" | [stride order, 0 = stride 1];
         or mode = [..] (cutlass_call's): dimension i is dimension mode[i] of the array passed;
         buffer = [..] (input/inout): the shape of the padded array passed, of which the
         kernel sees the `shape` block at its origin with the buffer's strides (`lda`)
-      {kind = "scalar", name, dtype, default}    a runtime scalar (keyword at the JAX side)
+      {kind = "scalar", name, dtype, default}    a runtime scalar (keyword at the JAX side);
+        with value = <int or expression> instead, derived: the runtime computes and passes it
       {kind = "none"}   {kind = "stream"}   {kind = "tuple", items = [..]}
       {kind = "const", value = V}                a compile-time value in the launcher's order
       {kind = "struct", type = "pkg.mod:Name", fields = {f = <arg>, ..}}  a NamedTuple/dataclass
@@ -65,7 +69,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cutecc import dtypes
+from cutecc import dtypes, expr
 from cutecc.archs import is_arch
 from cutecc.contract import (
     ROLES,
@@ -135,8 +139,10 @@ ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs", "profile",
                 "compile_options", "grad", "description", "symbols", "tune"}
 MAX_DIVISIBILITY = 1 << 16
-_TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "buffer", "layout", "mode", "align", "param"}
-_SCALAR_KEYS = {"kind", "name", "dtype", "default", "param"}
+_TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "buffer", "layout", "mode", "align", "param",
+                "zero", "saved", "reduce", "broadcast"}
+COTANGENT = "cotangent."  # grad.args: "cotangent.out" is the cotangent of forward output "out"
+_SCALAR_KEYS = {"kind", "name", "dtype", "default", "param", "value"}
 _Value = int | float | bool | str
 
 
@@ -178,6 +184,19 @@ class Kernel:
     candidates: tuple[tuple[str, tuple[Variant, ...]], ...] = ()
     # the facts of its hardware profile (`profile`): what device queries are answered with
     hardware: tuple[tuple[str, Any], ...] = ()
+    # grad.args / grad.returns: the backward's inputs by name (forward inputs, forward
+    # outputs saved or not, "cotangent.<output>") and which forward input each of its
+    # results is the gradient of. None: inputs then cotangents, one gradient per input.
+    grad_args: tuple[str, ...] | None = None
+    grad_returns: tuple[str, ...] | None = None
+
+    @property
+    def grad(self) -> dict[str, Any] | None:
+        """The named pairing as stored in entries (and keyed), None when not declared."""
+        if self.grad_args is None:
+            return None
+        return {"backward": self.backward, "args": list(self.grad_args),
+                "returns": None if self.grad_returns is None else list(self.grad_returns)}
 
     @property
     def module(self) -> str:
@@ -191,6 +210,23 @@ def split_entry(entry: str) -> tuple[str, tuple[int, ...]]:
     if cut < 0:
         return entry, ()
     return entry[:cut], tuple(int(i) for i in _INDEX_RE.findall(entry[cut:]))
+
+
+@dataclass(frozen=True)
+class Composite:
+    """A kernel declared as an ordered list of launches of other kernels (each built and
+    keyed as any kernel), sharing tensors by name: the call's `inputs`, then each launch's
+    results (saved ones too), from which `outputs` are returned. Nothing of its own is
+    built; `cutecc build` records it in the cache (`composites/NAME.json`) for the runtime."""
+
+    name: str
+    launches: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"launches": list(self.launches), "inputs": list(self.inputs),
+                "outputs": list(self.outputs)}
 
 
 @dataclass(frozen=True)
@@ -210,6 +246,7 @@ class Manifest:
     kernels: tuple[Kernel, ...]
     env: tuple[tuple[str, str], ...] = ()
     build: BuildSettings = BuildSettings()
+    composites: tuple[Composite, ...] = ()
 
     def env_for(self, arch: str) -> dict[str, str]:
         """The `[env]` a build worker for `arch` sets ("$arch" substituted)."""
@@ -230,11 +267,18 @@ class Manifest:
         """This manifest restricted to `kernels` and their backward kernels (an unknown
         name is an error naming the manifest)."""
         wanted = set(kernels)
+        comps = {c.name: c for c in self.composites}
         for name in kernels:
+            if name in comps:
+                wanted |= set(comps[name].launches)
+                continue
             back = self.kernel(name).backward  # raises for unknown names
-            if back:
+            if back in comps:
+                wanted |= set(comps[back].launches) | {back}
+            elif back:
                 wanted.add(back)
-        return dataclasses.replace(self, kernels=tuple(k for k in self.kernels if k.name in wanted))
+        return dataclasses.replace(self, kernels=tuple(k for k in self.kernels if k.name in wanted),
+                                   composites=tuple(c for c in self.composites if c.name in wanted))
 
 
 class _Ctx:
@@ -354,6 +398,7 @@ def _parse(doc: dict[str, Any], path: Path, ctx: _Ctx, prefix: str) -> Manifest:
     if not ktab:
         raise ctx.fail(f"{prefix}kernel", "the manifest declares no kernels")
     kernels = []
+    composites: list[Composite] = []
     for name, kdoc in ktab.items():
         kp = f'kernel "{name}"'
         why = kernel_name_problem(name)  # an attribute of the kernel set, a directory
@@ -361,10 +406,68 @@ def _parse(doc: dict[str, Any], path: Path, ctx: _Ctx, prefix: str) -> Manifest:
             raise ctx.fail(kp, f"{why}; rename the kernel")
         if not isinstance(kdoc, dict):
             raise ctx.fail(kp, "must be a table")
+        if "launches" in kdoc:
+            composites.append(_composite(ctx, kp, name, kdoc))
+            continue
         kernels.append(_kernel(ctx, kp, name, kdoc, archs, profile, profiles, copts))
-    _check_grads(ctx, kernels)
+    conventions = _check_composites(ctx, composites, kernels)
+    _check_grads(ctx, kernels, conventions)
     return Manifest(path, python_path, tuple(kernels), tuple(sorted(env.items())),
-                    _build_settings(ctx, f"{prefix}build", doc.get("build", {})))
+                    _build_settings(ctx, f"{prefix}build", doc.get("build", {})), tuple(composites))
+
+
+def _composite(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any]) -> Composite:
+    """`[kernel.NAME] launches = [..], inputs = [..], outputs = [..]`."""
+    _no_unknown(ctx, kdoc, {"launches", "inputs", "outputs", "description"}, kp)
+    out = []
+    for key in ("launches", "inputs", "outputs"):
+        v = kdoc.get(key)
+        if not isinstance(v, list) or not v or not all(isinstance(x, str) and NAME_RE.fullmatch(x)
+                                                       for x in v):
+            raise ctx.fail(f"{kp}, {key}", "must be a non-empty array of names")
+        if len(set(v)) != len(v):
+            raise ctx.fail(f"{kp}, {key}", "names something twice")
+        out.append(tuple(v))
+    return Composite(name, *out)
+
+
+def _check_composites(ctx: _Ctx, composites: list[Composite],
+                      kernels: list[Kernel]) -> dict[str, CallingConvention]:
+    """Each launch is a kernel of the manifest (not a composite; its first variant's
+    contract stands for all), each launch input is a composite input or an earlier launch's
+    result, and each output some launch's result. Returns each composite's convention, for
+    grad pairing."""
+    by_name = {k.name: k for k in kernels}
+    out = {}
+    for c in composites:
+        kp = f'kernel "{c.name}"'
+        have: dict[str, TensorArg | None] = dict.fromkeys(c.inputs)
+        for i, ln in enumerate(c.launches):
+            k = by_name.get(ln)
+            if k is None:
+                raise ctx.fail(f"{kp}, launches[{i}]", f'no kernel "{ln}" in the manifest'
+                               + (" (a composite cannot launch a composite)"
+                                  if ln in {x.name for x in composites} else ""))
+            conv = k.variants[0].convention
+            for t in conv.inputs:
+                if t.name not in have:
+                    raise ctx.fail(f"{kp}, launches[{i}]", f'"{ln}" takes "{t.name}", which is no '
+                                   "input of the composite and no result of an earlier launch")
+                if have[t.name] is None:
+                    have[t.name] = t
+            for t in conv.results:
+                have[t.name] = t
+        unused = [n for n in c.inputs if have[n] is None]
+        if unused:
+            raise ctx.fail(f"{kp}, inputs", f'"{unused[0]}" is taken by no launch')
+        for i, n in enumerate(c.outputs):
+            if have.get(n) is None or n in c.inputs:
+                raise ctx.fail(f"{kp}, outputs[{i}]", f'"{n}" is no launch result')
+        ins = tuple(t for t in (have[n] for n in c.inputs) if t is not None)
+        res = tuple(dataclasses.replace(t, role="output", saved=False)
+                    for t in (have[n] for n in c.outputs) if t is not None)
+        out[c.name] = CallingConvention(ins, res, (), ())
+    return out
 
 
 def _build_settings(ctx: _Ctx, kp: str, doc: Any) -> BuildSettings:
@@ -412,13 +515,25 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
     hw = profiles[k_profile]
     grad = kdoc.get("grad")
     backward = None
+    grad_args = grad_returns = None
     if grad is not None:
-        if not isinstance(grad, dict) or set(grad) != {"backward"}:
-            raise ctx.fail(f"{kp}, grad", 'must be a table { backward = "KERNEL" }')
+        if not isinstance(grad, dict) or "backward" not in grad or not set(grad) <= {
+                "backward", "args", "returns"}:
+            raise ctx.fail(f"{kp}, grad", 'must be a table { backward = "KERNEL" } (optionally '
+                           "args = [names], returns = [input names])")
         backward = _str(ctx, f"{kp}, grad.backward", grad["backward"])
+        if "returns" in grad and "args" not in grad:
+            raise ctx.fail(f"{kp}, grad.returns", "needs grad.args (the backward's inputs by name)")
+        for key in ("args", "returns"):
+            if key in grad:
+                v = grad[key]
+                if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                    raise ctx.fail(f"{kp}, grad.{key}", "must be an array of names")
+        grad_args = tuple(grad["args"]) if "args" in grad else None
+        grad_returns = tuple(grad["returns"]) if "returns" in grad else None
 
     _check_used(ctx, kp, axes, kdoc)
-    symbols = _symbols(ctx, f"{kp}, symbols", kdoc.get("symbols", {}))
+    symbols, wide = _symbols(ctx, f"{kp}, symbols", kdoc.get("symbols", {}))
     tuning = None if "tune" not in kdoc else space.parse(ctx.fail, f"{kp}, tune", kdoc["tune"],
                                                           {a for a, _ in axes})
     if tuning is not None:
@@ -427,7 +542,7 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
     def resolve(point: tuple[tuple[str, _Value], ...], env: dict[str, Any]) -> Variant:
         vctx = f"{kp}, variant {_point_id(point)}" if point else kp
         env = {k: {"import": x} if k in refs else x for k, x in env.items()}
-        args = tuple(_with_divisibility(_arg(ctx, f"{vctx}, args[{i}]", a, env, hw), symbols)
+        args = tuple(_with_divisibility(_arg(ctx, f"{vctx}, args[{i}]", a, env, hw), symbols, wide)
                      for i, a in enumerate(kdoc["args"]))
         _check_args(ctx, vctx, args)
         unused = set(symbols) - {s for t in flat_leaves(args) if isinstance(t, TensorArg)
@@ -461,38 +576,48 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
     candidates = tuple((v.id, tuple(dataclasses.replace(c, call=v.call) for c in cands))
                        for v, cands in zip(keyed, pending))
     return Kernel(name, entry, k_archs, k_profile, k_copts, keyed, backward, tuning, candidates,
-                  tuple(sorted(hw.items())))
+                  hardware=tuple(sorted(hw.items())), grad_args=grad_args, grad_returns=grad_returns)
 
-def _symbols(ctx: _Ctx, kp: str, v: Any) -> dict[str, int]:
-    """`symbols = { n = { divisibility = 8 } }`: per symbolic extent, what it is a multiple of."""
+def _symbols(ctx: _Ctx, kp: str, v: Any) -> tuple[dict[str, int], frozenset[str]]:
+    """`symbols = { n = { divisibility = 8, bits = 64 } }`: per symbolic extent, what it is a
+    multiple of; and the symbols compiled as 64-bit integers (extents of 2^31 and more)."""
     if not isinstance(v, dict):
-        raise ctx.fail(kp, "must be a table of symbol = { divisibility = k }")
+        raise ctx.fail(kp, "must be a table of symbol = { divisibility = k, bits = 32 | 64 }")
     out = {}
+    wide = set()
     for name, facts in v.items():
         if not NAME_RE.fullmatch(name):
             raise ctx.fail(f"{kp}.{name}", "not a valid symbol name")
         if not isinstance(facts, dict):
             raise ctx.fail(f"{kp}.{name}", f"must be a table {{ divisibility = k }}, got {_tname(facts)}")
-        _no_unknown(ctx, facts, {"divisibility"}, f"{kp}.{name}")
+        _no_unknown(ctx, facts, {"divisibility", "bits"}, f"{kp}.{name}")
+        bits = facts.get("bits", 32)
+        if type(bits) is not int or bits not in (32, 64):
+            raise ctx.fail(f"{kp}.{name}.bits", f"must be 32 or 64, got {bits!r}")
+        if bits == 64:
+            wide.add(name)
         k = facts.get("divisibility", 1)
         if type(k) is not int or not 1 <= k <= MAX_DIVISIBILITY:
             raise ctx.fail(f"{kp}.{name}.divisibility",
                            f"must be an int from 1 to {MAX_DIVISIBILITY}, got {k!r}")
         out[name] = k
-    return out
+    return out, frozenset(wide)
 
 
-def _with_divisibility(a: Arg, symbols: dict[str, int]) -> Arg:
+def _with_divisibility(a: Arg, symbols: dict[str, int], wide: frozenset[str] = frozenset()) -> Arg:
     """`a` with the divisibility of each tensor dimension's array extent (the buffer's,
     when padded: a padded logical extent is bound, and checked, where it is unpadded)
     from the kernel's `symbols`."""
     if isinstance(a, TensorArg):
-        div = tuple(symbols.get(d, 1) if isinstance(d, str) else 1 for d in a.extents)
-        return dataclasses.replace(a, divisibility=div if any(k > 1 for k in div) else None)
+        div = tuple(expr.multiple_of(d, symbols) if expr.is_derived(d) else
+                    symbols.get(d, 1) if isinstance(d, str) else 1 for d in a.extents)
+        a = dataclasses.replace(a, divisibility=div if any(k > 1 for k in div) else None)
+        w = tuple(i for i, d in enumerate(a.extents) if d in wide)
+        return dataclasses.replace(a, wide=w or None)
     if isinstance(a, TupleArg):
-        return dataclasses.replace(a, items=tuple(_with_divisibility(i, symbols) for i in a.items))
+        return dataclasses.replace(a, items=tuple(_with_divisibility(i, symbols, wide) for i in a.items))
     if isinstance(a, StructArg):
-        return dataclasses.replace(a, fields=tuple((k, _with_divisibility(f, symbols))
+        return dataclasses.replace(a, fields=tuple((k, _with_divisibility(f, symbols, wide))
                                                    for k, f in a.fields))
     return a
 
@@ -602,8 +727,8 @@ def _point_id(point: tuple[tuple[str, _Value], ...]) -> str:
 
 def _check_used(ctx: _Ctx, kp: str, axes: Any, kdoc: dict[str, Any], table: str = "variants") -> None:
     text = repr((kdoc.get("args"), kdoc.get("constants"), kdoc.get("factory_args")))
-    for name, _ in axes:
-        if f"'${name}'" not in text:
+    for name, _ in axes:  # "$name" alone, or in a derived extent's or scalar's expression
+        if f"'${name}'" not in text and not re.search(rf"\${re.escape(name)}(?![A-Za-z0-9_])", text):
             raise ctx.fail(f"{kp}, {table}.{name}",
                            f'parameter "{name}" is never used (refer to it as "${name}")')
 
@@ -759,6 +884,12 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
             allowed = ", ".join(dtypes.SCALAR_DTYPES)
             raise ctx.fail(f"{kp}.dtype", f'a runtime scalar must be one of {allowed}, got "{dt}"')
         default = a.get("default")
+        if "value" in a:
+            if default is not None:
+                raise ctx.fail(f"{kp}.value", "a derived scalar (value) has no default: the "
+                               "runtime computes it")
+            return ScalarArg(name, dt, None, value=_scalar_expr(ctx, f"{kp}.value", a["value"], dt,
+                                                                 env, hw))
         if default is not None:
             ok = isinstance(default, bool) if dt == "bool" else (
                 isinstance(default, (int, float)) and not isinstance(default, bool)
@@ -778,15 +909,36 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
     name = _name(ctx, kp, a)
     role = a.get("role", "input")
     if role not in ROLES:
-        raise ctx.fail(f"{kp}.role", f'unknown role "{role}" (input, output, inout)')
+        raise ctx.fail(f"{kp}.role", f'unknown role "{role}" (input, output, inout, scratch)')
+    saved, reduce = a.get("saved", False), a.get("reduce")
+    if type(saved) is not bool or (saved and role != "output"):
+        raise ctx.fail(f"{kp}.saved", "only an output may be saved for the backward (saved = true), "
+                       f"got {saved!r}" + ("" if role == "output" else f" on an {role}"))
+    if reduce is not None and (reduce != "sum" or role != "output"):
+        raise ctx.fail(f"{kp}.reduce", 'only an output may be reduced, by "sum" (over its leading '
+                       f"axis), got {reduce!r}" + ("" if role == "output" else f" on an {role}"))
+    if saved and reduce is not None:
+        raise ctx.fail(f"{kp}.reduce", "a saved output is handed to the backward as written: "
+                       "it cannot be reduced")
+    zero = a.get("zero", False)
+    if type(zero) is not bool or (zero and role != "scratch"):
+        raise ctx.fail(f"{kp}.zero", 'only a scratch tensor (role = "scratch") may be zeroed: '
+                       f"zero = true, got {zero!r}" + ("" if role == "scratch" else f" on an {role}"))
     dt = _dtype(ctx, f"{kp}.dtype", a, env, hw)
     if "shape" not in a:
         raise ctx.fail(kp, 'missing "shape" (a list of ints and symbol names)')
     shape = a["shape"]
     if not isinstance(shape, list):
         raise ctx.fail(f"{kp}.shape", f"must be an array, got {_tname(shape)}")
-    dims = _dims(ctx, f"{kp}.shape", shape, env, hw)
+    dims = _dims(ctx, f"{kp}.shape", shape, env, hw, derived=role in ("output", "scratch"))
+    if role == "scratch" and "buffer" in a:
+        raise ctx.fail(f"{kp}.buffer", "a scratch tensor cannot be padded (the runtime allocates it)")
     buffer = _buffer(ctx, kp, a, dims, role, env, hw) if "buffer" in a else None
+    bcast = _broadcast(ctx, f"{kp}.broadcast", a["broadcast"], dims, role) if "broadcast" in a else None
+    if bcast is not None:
+        if "buffer" in a:
+            raise ctx.fail(f"{kp}.broadcast", "a broadcast tensor cannot be padded too (buffer)")
+        buffer = tuple(1 if i in bcast else d for i, d in enumerate(dims))
     if "mode" in a:
         if "layout" in a:
             raise ctx.fail(f"{kp}.mode", "give mode or layout, not both (mode = [m, ..] is the "
@@ -801,15 +953,73 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
         raise ctx.fail(f"{kp}.align", f"must be at most {MAX_ALIGN} (bytes), got {align}")
     label = ("row-major" if order is None else
              "column-major" if order == tuple(range(len(dims))) else "strided")
-    return TensorArg(name, role, dt, dims, label, align, order=order, buffer=buffer)
+    if reduce is not None and not dims:
+        raise ctx.fail(f"{kp}.reduce", "a scalar (rank 0) output has no leading axis to sum over")
+    return TensorArg(name, role, dt, dims, label, align, order=order, buffer=buffer, zero=zero,
+                     saved=saved, reduce=reduce, broadcast=bcast)
+
+
+def _broadcast(ctx: _Ctx, kp: str, v: Any, dims: tuple[Dim, ...], role: str) -> tuple[int, ...] | None:
+    """`broadcast = [0]`: dimensions the kernel sees with stride 0; the array passed has
+    extent 1 there (an input only: a broadcast output would be written by many threads)."""
+    if role != "input":
+        raise ctx.fail(kp, f"only an input may be broadcast (stride 0), not an {role}")
+    if not isinstance(v, list) or not v or not all(type(i) is int for i in v):
+        raise ctx.fail(kp, f"must be a non-empty array of dimension indices, got {v!r}")
+    if len(set(v)) != len(v) or not all(0 <= i < len(dims) for i in v):
+        raise ctx.fail(kp, f"dimensions must be distinct, from 0 to {len(dims) - 1}, got {v!r}")
+    return tuple(sorted(v))
+
+
+_REF_RE = re.compile(r"\$(hw\.)?[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _expression(ctx: _Ctx, kp: str, text: str, env: dict[str, _Value], hw: dict[str, Any]) -> int | str:
+    """A derived extent or scalar: `$param`s and `$hw.fact`s substituted (build-time numbers),
+    checked against the grammar (`cutecc.expr`), folded to an int when it reads no symbol,
+    else its canonical text."""
+    def ref(name: str) -> Any:
+        return _subst(ctx, kp, f"${name}", env, hw)
+    try:
+        text = expr.canonical(expr.substitute(text, ref))
+        if not expr.names(text):
+            return int(expr.evaluate(text, {}))
+    except expr.ExprError as e:
+        raise ctx.fail(kp, f"{e} (an expression of ints, symbols, + - * // %, ceil_div(a, b), "
+                       "round_up(a, b), min, max, $param and $hw.fact)") from None
+    return text
+
+
+def _scalar_expr(ctx: _Ctx, kp: str, v: Any, dt: str, env: dict[str, _Value],
+                 hw: dict[str, Any]) -> int | str:
+    """A derived scalar's `value`: an int, "$hw.fact" / "$param", or an expression."""
+    if dt not in _INT_RANGE:
+        raise ctx.fail(kp, f"a derived scalar must be int32 or int64, not {dt}")
+    if isinstance(v, str):
+        v = _subst(ctx, kp, v, env, hw) if _REF_RE.fullmatch(v) else _expression(ctx, kp, v, env, hw)
+    if type(v) is not int and not isinstance(v, str):
+        raise ctx.fail(kp, f"must be an int or an expression string, got {v!r}")
+    lo, hi = _INT_RANGE[dt]
+    if type(v) is int and not lo <= v <= hi:
+        raise ctx.fail(kp, f"{v} is out of the range of {dt} ({lo}..{hi})")
+    return v
 
 
 def _dims(ctx: _Ctx, kp: str, shape: list[Any], env: dict[str, _Value],
-          hw: dict[str, Any]) -> tuple[Dim, ...]:
-    """A `shape` or `buffer` array: positive ints (static) and symbol names."""
+          hw: dict[str, Any], derived: bool = False) -> tuple[Dim, ...]:
+    """A `shape` or `buffer` array: positive ints (static), symbol names and, where
+    `derived` (outputs and scratch), expressions over symbols."""
     dims: list[Dim] = []
     for i, d in enumerate(shape):
         dp = f"{kp}[{i}]"
+        if isinstance(d, str) and not _REF_RE.fullmatch(d) and not NAME_RE.fullmatch(d):
+            if not derived:
+                raise ctx.fail(dp, f'"{d}" is not a valid symbol name (a derived extent, an '
+                               "expression, may size only an output or a scratch tensor)")
+            d = _expression(ctx, dp, d, env, hw)
+            if isinstance(d, str):
+                dims.append(d)
+                continue
         d = _subst(ctx, dp, d, env, hw)
         if isinstance(d, (bool, float)):
             raise ctx.fail(dp, f"a dimension is an int or a symbol name, got {d!r}")
@@ -898,13 +1108,13 @@ def _check_args(ctx: _Ctx, kp: str, args: tuple[Arg, ...]) -> None:
         raise ctx.fail(f"{kp}, args", "no output: at least one tensor needs role "
                        '"output" or "inout"')
     # What a call's arrays bind: the extents of the arrays passed (a padded tensor's buffer).
-    bound = {d for t in tensors if t.role != "output" for d in t.extents if isinstance(d, str)}
+    bound = {d for t in tensors if t.role in ("input", "inout") for d in t.extents if isinstance(d, str)}
     for t in tensors:
-        if t.role == "output":
+        if t.role in ("output", "scratch"):
             for s in t.symbols:
                 if s not in bound:
                     raise ctx.fail(f"{kp}, args ({t.name})",
-                                   f'output extent "{s}" is not the extent of any input, so '
+                                   f'{t.role} extent "{s}" is not the extent of any input, so '
                                    "the runtime cannot compute the output shape")
         for i in t.padded:
             d = t.shape[i]
@@ -913,37 +1123,83 @@ def _check_args(ctx: _Ctx, kp: str, args: tuple[Arg, ...]) -> None:
                                f'the logical extent "{d}" of a padded dimension is not the extent '
                                "of any array passed (an unpadded dimension of an input), so neither "
                                "the runtime nor the kernel can know it: make it static or bind it")
+    for sc in leaves:
+        if isinstance(sc, ScalarArg) and isinstance(sc.value, str):
+            for s in expr.names(sc.value):
+                if s not in bound:
+                    raise ctx.fail(f"{kp}, args ({sc.name}).value",
+                                   f'"{s}" is not the extent of any input, so the runtime cannot '
+                                   "compute the scalar (known symbols: "
+                                   f"{', '.join(sorted(bound)) or 'none'})")
     names = {t.name for t in tensors}
     clash = names & {s for t in tensors for s in t.symbols}
     if clash:
         raise ctx.fail(f"{kp}, args", f'"{sorted(clash)[0]}" is both an argument and a symbol')
 
 
-def _check_grads(ctx: _Ctx, kernels: list[Kernel]) -> None:
+def _check_grads(ctx: _Ctx, kernels: list[Kernel],
+                 composites: dict[str, CallingConvention] | None = None) -> None:
     by_name = {k.name: k for k in kernels}
+    composites = composites or {}
     for k in kernels:
         if not k.backward:
             continue
         kp = f'kernel "{k.name}", grad.backward'
         b = by_name.get(k.backward)
-        if b is None:
+        if b is None and k.backward not in composites:
             raise ctx.fail(kp, f'no kernel "{k.backward}" in the manifest')
-        if b.name == k.name:
+        if k.backward == k.name:
             raise ctx.fail(kp, "a kernel cannot be its own backward")
         fc = k.variants[0].convention
-        bc = b.variants[0].convention
+        bc = composites[k.backward] if b is None else b.variants[0].convention
         padded = [t.name for v in k.variants for t in v.convention.inputs if t.padded]
         if padded:
             raise ctx.fail(kp, f'forward input "{padded[0]}" is padded (buffer): its gradient would '
                            "be the whole buffer, padding included, which no declared output can "
                            "promise; differentiate a kernel that takes the dense array instead")
-        want_in = len(fc.inputs) + len(fc.results)
+        if fc.aliases:
+            raise ctx.fail(kp, "in-place forwards cannot be differentiated")
+        if k.grad_args is not None:
+            _check_named_grad(ctx, f'kernel "{k.name}", grad', k, fc, k.backward, bc)
+            continue
+        if any(t.saved for t in fc.results):
+            raise ctx.fail(kp, f'forward output "{[t.name for t in fc.results if t.saved][0]}" is '
+                           "saved for the backward: say what the backward takes by name "
+                           '(grad.args = ["x", "rstd", "cotangent.out", ...])')
+        want_in = len(fc.inputs) + len(fc.visible)
         if len(bc.inputs) != want_in or len(bc.results) != len(fc.inputs) or fc.aliases:
-            raise ctx.fail(kp, f'"{b.name}" must take the forward inputs then one cotangent per '
+            raise ctx.fail(kp, f'"{k.backward}" must take the forward inputs then one cotangent per '
                            f"forward output ({want_in} inputs) and return one gradient per "
                            f"forward input ({len(fc.inputs)} outputs); it takes "
                            f"{len(bc.inputs)} and returns {len(bc.results)}"
                            + ("; in-place forwards cannot be differentiated" if fc.aliases else ""))
+
+
+def _check_named_grad(ctx: _Ctx, kp: str, k: Kernel, fc: CallingConvention, bname: str,
+                      bc: CallingConvention) -> None:
+    """`grad.args` names forward inputs, forward outputs (saved or not) and cotangents of the
+    outputs a call returns, one per backward input; `grad.returns` names a forward input per
+    backward result (inputs not named get no gradient: zero)."""
+    inputs = [t.name for t in fc.inputs]
+    known = [*inputs, *(t.name for t in fc.results), *(COTANGENT + t.name for t in fc.visible)]
+    args = k.grad_args or ()
+    for i, n in enumerate(args):
+        if n not in known:
+            raise ctx.fail(f"{kp}.args[{i}]", f'"{n}" is no forward input, output or cotangent '
+                           f"(known: {', '.join(known)})")
+    if len(args) != len(bc.inputs):
+        raise ctx.fail(f"{kp}.args", f'"{bname}" takes {len(bc.inputs)} input(s), grad.args names '
+                       f"{len(args)}")
+    returns = k.grad_returns if k.grad_returns is not None else tuple(inputs)
+    for i, n in enumerate(returns):
+        if n not in inputs:
+            raise ctx.fail(f"{kp}.returns[{i}]", f'"{n}" is no forward input (inputs: '
+                           f"{', '.join(inputs)})")
+    if len(set(returns)) != len(returns):
+        raise ctx.fail(f"{kp}.returns", "names a forward input twice")
+    if len(returns) != len(bc.visible):
+        raise ctx.fail(f"{kp}.returns", f'"{bname}" returns {len(bc.visible)} result(s), one per '
+                       f"name of grad.returns ({len(returns)}: {', '.join(returns)})")
 
 
 # Small validators --------------------------------------------------------------------

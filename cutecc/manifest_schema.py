@@ -55,6 +55,9 @@ def schema() -> dict[str, Any]:
              "description": "Target GPU architectures, e.g. [\"sm_90a\"]."}
     extent = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
                         {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*$"}, _PARAM]}
+    derived = {"type": "string", "minLength": 1, "maxLength": 256,
+               "description": "A derived extent (outputs and scratch): an expression over symbols, "
+                              "$param and $hw.fact: ints, + - * // %, ceil_div, round_up, min, max."}
     tensor = {
         "type": "object", "additionalProperties": False, "required": ["name", "dtype", "shape"],
         "properties": {
@@ -62,8 +65,17 @@ def schema() -> dict[str, Any]:
             "name": {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*$"},
             "role": {"enum": list(ROLES), "default": "input"},
             "dtype": _dtype(),
-            "shape": {"type": "array", "items": extent,
-                      "description": "Ints are static extents, names symbolic (shared name: equal)."},
+            "shape": {"type": "array", "items": {"anyOf": [extent, derived]},
+                      "description": "Ints are static extents, names symbolic (shared name: equal); "
+                                     "an output's or scratch's extent may be an expression."},
+            "zero": {"type": "boolean", "description": "A scratch tensor the runtime hands over zeroed."},
+            "saved": {"type": "boolean", "description": "An output saved for the backward (a residual), "
+                                                        "not returned to the caller."},
+            "broadcast": {"type": "array", "items": {"type": "integer", "minimum": 0},
+                          "description": "Input dimensions the kernel sees with stride 0; the array "
+                                         "passed has extent 1 there."},
+            "reduce": {"enum": ["sum"], "description": "The call returns this output summed over its "
+                                                       "leading axis (per-SM partials)."},
             "buffer": {"type": "array", "items": extent,
                        "description": "A padded input/inout: the shape of the array passed (same rank, "
                                       "logical order); the kernel sees `shape` at its origin with the "
@@ -86,7 +98,11 @@ def schema() -> dict[str, Any]:
         "properties": {"kind": {"const": "scalar"},
                        "name": _runtime_name(CALL_RESERVED, "A keyword of the kernel's call"),
                        "dtype": {"anyOf": [{"enum": list(dtypes.SCALAR_DTYPES)}, _PARAM]},
-                       "default": {"type": ["integer", "number", "boolean"]}, "param": _KW},
+                       "default": {"type": ["integer", "number", "boolean"]}, "param": _KW,
+                       "value": {"type": ["integer", "string"],
+                                 "description": "A derived scalar (int32/int64): an int, $hw.fact or an "
+                                                "expression over symbols; the runtime computes and passes "
+                                                "it, the call does not."}},
     }
     none = {"type": "object", "additionalProperties": False, "required": ["kind"],
             "properties": {"kind": {"const": "none"}, "param": _KW}}
@@ -102,6 +118,16 @@ def schema() -> dict[str, Any]:
                              "type": {"type": "string", "pattern": f"^{IMPORT_RE.pattern}$"},
                              "fields": {"type": "object", "additionalProperties": {"$ref": "#/$defs/arg"}}}}
     table = {"type": "object", "additionalProperties": _VALUE}
+    names = {"type": "array", "minItems": 1, "uniqueItems": True,
+             "items": {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*$"}}
+    composite = {
+        "type": "object", "additionalProperties": False, "required": ["launches", "inputs", "outputs"],
+        "description": "A kernel made of launches of other kernels, sharing tensors by name.",
+        "properties": {"launches": {**names, "description": "Kernels of this manifest, run in order."},
+                       "inputs": {**names, "description": "The call's arrays, by name."},
+                       "outputs": {**names, "description": "What the call returns, by name."},
+                       "description": {"type": "string"}},
+    }
     kernel = {
         "type": "object", "additionalProperties": False, "required": ["entry", "args"],
         "properties": {
@@ -122,13 +148,22 @@ def schema() -> dict[str, Any]:
             "symbols": {"type": "object", "additionalProperties": {
                 "type": "object", "additionalProperties": False,
                 "properties": {"divisibility": {"type": "integer", "minimum": 1,
-                                                "maximum": MAX_DIVISIBILITY}}},
+                                                "maximum": MAX_DIVISIBILITY},
+                               "bits": {"enum": [32, 64], "description": "64: compiled as a 64-bit "
+                                                                         "integer (extents >= 2^31)."}}},
                         "description": "Facts about symbolic extents, e.g. n = { divisibility = 8 }."},
             "archs": archs,
             "profile": {"type": "string"},
             "compile_options": {"type": "string"},
             "grad": {"type": "object", "additionalProperties": False, "required": ["backward"],
-                     "properties": {"backward": {"type": "string"}}},
+                     "properties": {
+                         "backward": {"type": "string"},
+                         "args": {"type": "array", "items": {"type": "string"},
+                                  "description": "The backward's inputs by name: forward inputs, "
+                                                 "forward outputs (saved ones too), cotangent.<output>."},
+                         "returns": {"type": "array", "items": {"type": "string"},
+                                     "description": "The forward input each backward result is the "
+                                                    "gradient of (default: all, in order)."}}},
             "tune": {
                 "type": "object", "additionalProperties": False,
                 "required": ["params", "default", "buckets"],
@@ -184,9 +219,11 @@ def schema() -> dict[str, Any]:
             "kernel": {"type": "object", "minProperties": 1,
                        "propertyNames": _runtime_name(RESERVED_KERNEL_NAMES, "An attribute of the "
                                                       "loaded kernel set"),
-                       "additionalProperties": {"$ref": "#/$defs/kernel"}},
+                       "additionalProperties": {"oneOf": [{"$ref": "#/$defs/kernel"},
+                                                          {"$ref": "#/$defs/composite"}]}},
         },
-        "$defs": {"kernel": kernel, "arg": {"oneOf": [tensor, scalar, none, stream, tup, const, struct]}},
+        "$defs": {"kernel": kernel, "composite": composite,
+                  "arg": {"oneOf": [tensor, scalar, none, stream, tup, const, struct]}},
     }
 
 

@@ -207,6 +207,7 @@ class Store:
         self.quarantine_dir = self.root / "quarantine"
         self.generations_dir = self.root / "generations"
         self.manifests_dir = self.root / "manifests"
+        self.composites_dir = self.root / "composites"
 
     # Creation --------------------------------------------------------------------
 
@@ -401,6 +402,31 @@ class Store:
         doc = {"format": GENERATION_FORMAT, "kernel": kernel, "arch": arch, "keys": sorted(set(keys)),
                "manifest": manifest, "built_at": now_iso()}
         atomic_write(self.generations_dir / f"{kernel}@{arch}.json", _json_bytes(doc), FILE_MODE)
+
+    def record_composite(self, name: str, doc: dict[str, Any], manifest: str) -> None:
+        """Record composite kernel `name` (its launches, inputs and outputs by name): it has
+        no entry of its own, its launches are kernels with theirs."""
+        self.composites_dir.mkdir(mode=DIR_MODE, exist_ok=True)
+        atomic_write(self.composites_dir / f"{name}.json", _json_bytes(
+            {"format": GENERATION_FORMAT, "name": name, **doc, "manifest": manifest}), FILE_MODE)
+
+    def composite(self, name: str) -> dict[str, Any] | None:
+        """Composite `name`'s record, or None."""
+        if not is_kernel_name(name):
+            return None
+        doc = _read_small_json(self.composites_dir / f"{name}.json")
+        if not isinstance(doc, dict) or doc.get("format") != GENERATION_FORMAT:
+            return None
+        ok = all(isinstance(doc.get(k), list) and all(isinstance(x, str) for x in doc[k])
+                 for k in ("launches", "inputs", "outputs"))
+        return doc if ok else None
+
+    def composite_names(self) -> list[str]:
+        try:
+            return sorted(n[:-5] for n in os.listdir(self.composites_dir)
+                          if n.endswith(".json") and is_kernel_name(n[:-5]))
+        except OSError:
+            return []
 
     def generation(self, kernel: str, arch: str) -> frozenset[str] | None:
         """The keys of `kernel`'s newest build for `arch`, or None when none was recorded

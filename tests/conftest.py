@@ -17,7 +17,8 @@ import pytest
 from helpers import REPO, TOY_KERNEL, run_cli, toy_manifest, write_toy_project
 
 # Fixtures that compile kernels through the DSL (directly or through another of these).
-COMPILING_FIXTURES = frozenset({"example_cache", "toy_cache", "built_once", "built", "toy8", "toy"})
+COMPILING_FIXTURES = frozenset({"example_cache", "toy_cache", "built_once", "built", "toy8", "toy",
+                                "train_cache"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -79,5 +80,22 @@ def example_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cache = tmp_path_factory.mktemp("example-cache")
     r = run_cli("build", str(REPO / "kernels.toml"), "--cache-dir", str(cache), "--arch", "sm_90a",
                 "--no-lock")  # leave the repository's kernels.lock to `cutecc build` runs
+    assert r.returncode == 0, r.stderr + r.stdout
+    return cache
+
+
+@pytest.fixture(scope="session")
+def train_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/gpu/train_kernels (derived extents and scalars, scratch) built once for sm_90a.
+
+    Set CUTECC_TRAIN_CACHE to reuse a cache built beforehand (the GPU suite does).
+    """
+    pre = os.environ.get("CUTECC_TRAIN_CACHE")
+    if pre:
+        return Path(pre)
+    pytest.importorskip("cutlass", reason="building needs the build extra (nvidia-cutlass-dsl)")
+    cache = tmp_path_factory.mktemp("train-cache")
+    r = run_cli("build", str(REPO / "tests" / "gpu" / "train_kernels" / "kernels.toml"),
+                "--cache-dir", str(cache), "--arch", "sm_90a", "--no-lock")
     assert r.returncode == 0, r.stderr + r.stdout
     return cache

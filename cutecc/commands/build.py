@@ -329,6 +329,9 @@ def build(
         _record_use(store, report)
     if not dry_run and not read_only and report.ok and not candidates:
         _record_generations(store, full.path, planned, partial=bool(kernels or archs))
+        for c in manifest.composites:  # best-effort, like the generations
+            with contextlib.suppress(OSError):
+                store.record_composite(c.name, c.to_json(), str(full.path))
     if lock and not dry_run and report.ok:
         path = Path(lock_file or Path(manifest_path).parent / LOCK_NAME)
         merged = merge_build(

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cutecc import expr
 from cutecc.archs import to_build
 from cutecc.contract import Arg, CallingConvention, ScalarArg, TensorArg, args_from_json
 from cutecc.entry import call_keywords
@@ -73,8 +74,10 @@ class Build:
         # What a call computes from its arrays (output shapes, padded views) must be bound
         # by them, as the manifest ensures: a contract read from disk is checked again.
         bound = {d for t in conv.inputs for d in t.extents if isinstance(d, str)}
-        need = [(t.name, d) for t in conv.results if t.role == "output" for d in t.symbols]
+        need = [(t.name, d) for t in conv.ffi_results if t.role != "inout" for d in t.symbols]
         need += [(t.name, t.shape[i]) for t in conv.inputs for i in t.padded]
+        need += [(s.name, d) for s in conv.scalars if isinstance(s.value, str)
+                 for d in expr.names(s.value)]
         for name, d in need:
             if isinstance(d, str) and d not in bound:
                 raise ValueError(f'{name}: extent "{d}" is bound by no input array')
@@ -89,7 +92,7 @@ class Build:
     def signature(self) -> str:
         ins = ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}"
                         + ("" if t.buffer is None else f" in {list(t.buffer)}") for t in self.conv.inputs)
-        sc = "".join(f", {s.name}: {s.dtype}" for s in self.conv.scalars)
+        sc = "".join(f", {s.name}: {s.dtype}" for s in self.conv.given)
         kw = "".join(f", {k}={v!r}" for k, v in self.call)
         return f"({ins}{sc}{kw})"
 
@@ -129,17 +132,20 @@ def _mismatch(b: Build, arrays: Sequence[Any]) -> tuple[dict[str, int] | None, s
         if len(shape) != len(t.shape):
             return None, f"{t.name}: rank {len(shape)}, expected {len(t.shape)} {list(t.extents)}{what}"
         for i, n in enumerate(shape):
-            if n % t.multiple(i):
+            # A symbolic dimension (jax.export) must be provably a multiple: `8*k`, not `n`.
+            if n % t.multiple(i) != 0:  # symbolic: `==` is True only when JAX proves it
                 return None, (f"{t.name}: dimension {i} is {n}, expected a multiple of "
-                              f"{t.multiple(i)} (symbols.{t.extents[i]}.divisibility)")
+                              f"{t.multiple(i)} (symbols.{t.extents[i]}.divisibility)"
+                              + ("" if _concrete(n) else "; export it with a symbolic shape that is "
+                                 f"one, e.g. \"{t.multiple(i)}*{n}\""))
         for i, (d, n) in enumerate(zip(t.extents, shape)):
-            if n == 0:
+            if _concrete(n) and n == 0:
                 return None, f"{t.name}: dimension {i} is empty"
             if isinstance(d, int):
                 if n != d:
                     mine = " (the buffer's extent)" if i in t.padded else ""
                     return None, f"{t.name}: dimension {i} is {n}, expected {d}{mine}"
-            elif n > MAX_SYMBOLIC_EXTENT:
+            elif i not in (t.wide or ()) and _exceeds(n, MAX_SYMBOLIC_EXTENT):
                 return None, (f"{t.name}: dimension {i} (\"{d}\") is {n}; symbolic extents are "
                               f"compiled as int32, so at most 2^31-1 = {MAX_SYMBOLIC_EXTENT}")
             elif env.setdefault(d, n) != n:
@@ -147,13 +153,44 @@ def _mismatch(b: Build, arrays: Sequence[Any]) -> tuple[dict[str, int] | None, s
                               "from an earlier argument")
     for t, a in zip(ins, arrays):  # once every symbol is bound: the views fit their buffers
         for i in t.padded:
+            if i in (t.broadcast or ()):  # stride 0: any logical extent reads the one element
+                continue
             d, n = t.shape[i], a.shape[i]
             want = d if isinstance(d, int) else env[d]
-            if want > n:
+            # A view JAX cannot prove inside its buffer (symbolic shapes) is refused: nothing
+            # checks it at run time.
+            if not _at_least(n, want):
                 named = "" if isinstance(d, int) else f' ("{d}")'
                 return None, (f"{t.name}: dimension {i} of the buffer is {n}, smaller than the "
                               f"logical extent {want}{named} the kernel views in it")
     return env, ""
+
+
+def _concrete(n: Any) -> bool:
+    """Whether a dimension is a number (not a symbolic one of `jax.export`)."""
+    return isinstance(n, (int, np.integer))
+
+
+def _at_least(n: Any, want: Any) -> bool:
+    """Whether `n >= want` holds, for symbolic dimensions whether JAX proves it (it raises
+    when it cannot decide, which counts as not proved)."""
+    try:
+        return bool(n >= want)
+    except jax.errors.InconclusiveDimensionOperation:
+        return False
+
+
+def _exceeds(n: Any, limit: int) -> bool:
+    """Whether extent `n` is over `limit`. A symbolic dimension (`jax.export`) is checked
+    only as far as its constraints decide it: its size is known at run time, where the
+    kernel's own argument check (the DSL's TVM-FFI function) refuses an extent outside
+    int32 and any divisibility it was compiled with."""
+    if _concrete(n):
+        return n > limit
+    try:
+        return bool(n > limit)
+    except jax.errors.InconclusiveDimensionOperation:
+        return False
 
 
 def _static(b: Build) -> int:
@@ -167,8 +204,14 @@ class KernelFn:
     """A kernel of the cache, callable from JAX with the canonical convention."""
 
     def __init__(self, name: str, builds: Sequence[Build], *, backward: str | None = None,
-                 owner: Any = None, unusable: Sequence[str] = (), arch: str = "?") -> None:
+                 owner: Any = None, unusable: Sequence[str] = (), arch: str = "?",
+                 grad: Mapping[str, Any] | None = None) -> None:
         self.name = name
+        # A named pairing (manifest grad.args / grad.returns): what the backward takes by
+        # name (forward inputs, outputs saved or not, "cotangent.<output>") and which forward
+        # input each of its results is the gradient of. None: inputs then cotangents.
+        self.grad = None if grad is None else {"args": tuple(grad["args"]),
+                                               "returns": grad.get("returns")}
         # More static extents first: the most specific variant wins.
         self.builds = sorted(builds, key=lambda b: -_static(b))
         self.backward = backward
@@ -201,7 +244,7 @@ class KernelFn:
             for t in b.conv.inputs:
                 params.setdefault(t.name, P(t.name, P.POSITIONAL_ONLY))
         for b in self.builds:
-            for s in b.conv.scalars:
+            for s in b.conv.given:
                 params.setdefault(s.name, P(s.name, P.KEYWORD_ONLY, default=s.default))
         for k, vals in self.keywords.items():
             params[k] = P(k, P.KEYWORD_ONLY, annotation=" | ".join(map(repr, vals)))
@@ -210,6 +253,16 @@ class KernelFn:
     @property
     def variants(self) -> list[str]:
         return [b.variant for b in self.builds]
+
+    def scalar_names(self) -> set[str]:
+        """The runtime scalars a call may pass (derived ones are not passed)."""
+        return {s.name for b in self.builds for s in b.conv.given}
+
+    def input_names(self) -> tuple[str, ...]:
+        """The call's arrays by name (of the first build: variants name them alike)."""
+        if not self.builds:
+            self.select()  # raises: no usable build, and why
+        return tuple(t.name for t in self.builds[0].conv.inputs)
 
     def select(self, *arrays: Any, **keywords: Any) -> tuple[Build, dict[str, int]]:
         """The build whose contract the arrays fit and whose call keywords are those
@@ -314,29 +367,42 @@ class KernelFn:
         return self._with_vjp(back, arrays, scalars, keywords)
 
     def _plain(self, arrays: Sequence[Any], scalars: Mapping[str, Any],
-               keywords: Mapping[str, Any]) -> Any:
+               keywords: Mapping[str, Any], every: bool = False) -> Any:
+        """The call's results (a tuple of several, else the one); with `every`, a dict of
+        all the kernel's results by name, saved ones included (for a backward, a composite)."""
         build, env = self.select(*arrays, **keywords)
         if self.tuning is not None:  # the tuned winner of the call's bucket (a table lookup)
             build = self.tuning.pick(build, env)
         _check_placement(self.name, arrays)
-        attrs = _attrs(self.name, build.conv.scalars, scalars, self._keywords)
+        conv = build.conv
+        attrs = _attrs(self.name, conv.scalars, scalars, self._keywords, env)
         target = build.register(self.name)
         # The kernel sees each tensor's buffer in its declared order (`TensorArg.perm`); an
-        # inout padded tensor's result is its whole buffer.
-        results = tuple(
-            (tuple(d if isinstance(d, int) else env[d] for d in (t.extents[p] for p in t.perm)),
-             t.dtype) for t in build.conv.results)
-        buffers = [_to_buffer(a, t) for a, t in zip(arrays, build.conv.inputs)]
+        # inout padded tensor's result is its whole buffer. Scratch comes last: zeroed scratch
+        # as `jnp.zeros` operands aliased to their results, the rest as results; all dropped.
+        results = tuple((_buffer_shape(self.name, t, env), t.dtype) for t in conv.ffi_results)
+        buffers = [_to_buffer(a, t) for a, t in zip(arrays, conv.inputs)]
+        buffers += [jnp.zeros(_buffer_shape(self.name, t, env), t.dtype)
+                    for t in conv.ffi_inputs[len(conv.inputs):]]
         out = cutecc_call_p.bind(*unify_varying(buffers), target=target, kernel=self.name,
-                                 results=results, aliases=build.conv.aliases, attrs=attrs)
-        out = [_from_buffer(o, t) for o, t in zip(out, build.conv.results)]
+                                 results=results, aliases=conv.ffi_aliases, attrs=attrs)
+        out = [_from_buffer(o, t) for o, t in zip(out[:len(conv.results)], conv.results)]
+        # A declared reduction: per-SM partial sums and the like, summed over the leading axis.
+        out = [jnp.sum(o, axis=0, dtype=o.dtype) if t.reduce == "sum" else o
+               for o, t in zip(out, conv.results)]
+        if every:
+            return {t.name: o for t, o in zip(conv.results, out)}
+        out = [o for o, t in zip(out, conv.results) if not t.saved]
         return out[0] if len(out) == 1 else tuple(out)
 
     def _with_vjp(self, back: KernelFn, arrays: Sequence[Any], scalars: Mapping[str, Any],
                   keywords: Mapping[str, Any]) -> Any:
-        back_scalars = {s.name for b in back.builds for s in b.conv.scalars}
+        back_scalars = back.scalar_names()
         bscalars = {k: v for k, v in scalars.items() if k in back_scalars}
         bkeywords = {k: v for k, v in keywords.items() if k in back._keywords}
+
+        if self.grad is not None:
+            return self._with_named_vjp(back, arrays, scalars, keywords, bscalars, bkeywords)
 
         @jax.custom_vjp
         def f(*xs: Any) -> Any:
@@ -353,6 +419,173 @@ class KernelFn:
 
         f.defvjp(fwd, bwd)
         return f(*arrays)
+
+    def _with_named_vjp(self, back: KernelFn, arrays: Sequence[Any], scalars: Mapping[str, Any],
+                        keywords: Mapping[str, Any], bscalars: Mapping[str, Any],
+                        bkeywords: Mapping[str, Any]) -> Any:
+        """`custom_vjp` for a named pairing: the forward's residuals are its inputs and every
+        output (saved ones, which the caller never sees, included); the backward's arguments
+        are picked by name, and its results go to the inputs `returns` names (the others
+        get no gradient)."""
+        build, _ = self.select(*arrays, **keywords)
+        names = [t.name for t in build.conv.inputs]
+        visible = [t.name for t in build.conv.visible]
+        returns = tuple(self.grad["returns"] or names)  # type: ignore[index]
+        args = self.grad["args"]  # type: ignore[index]
+
+        def visible_of(outs: Mapping[str, Any]) -> Any:
+            v = tuple(outs[n] for n in visible)
+            return v[0] if len(v) == 1 else v
+
+        @jax.custom_vjp
+        def f(*xs: Any) -> Any:
+            return self._plain(xs, scalars, keywords)
+
+        def fwd(*xs: Any) -> Any:
+            outs = self._plain(xs, scalars, keywords, every=True)
+            return visible_of(outs), (xs, outs)
+
+        def bwd(res: Any, cts: Any) -> Any:
+            xs, outs = res
+            cts = tuple(cts) if len(visible) > 1 else (cts,)
+            have = {**dict(zip(names, xs)), **outs,
+                    **{f"cotangent.{n}": c for n, c in zip(visible, cts)}}
+            g = back._plain(tuple(have[n] for n in args), bscalars, bkeywords)
+            g = dict(zip(returns, tuple(g) if isinstance(g, (tuple, list)) else (g,)))
+            return tuple(None if n not in g else _like(g[n], x) for n, x in zip(names, xs))
+
+        f.defvjp(fwd, bwd)
+        return f(*arrays)
+
+
+class CompositeFn:
+    """A kernel declared as an ordered list of launches of other kernels sharing tensors by
+    name (`[kernel.NAME] launches = [..]`): called as one kernel, `fn(*inputs, **keywords)`,
+    each launch takes its arrays by name from the call's inputs and the results of earlier
+    launches (saved ones too), and the declared outputs are returned. Pairable as a backward.
+    Runtime scalars and call keywords go to each launch that takes them."""
+
+    builds: tuple[Build, ...] = ()  # nothing of its own: its launches are kernels
+    unusable: tuple[str, ...] = ()
+    backward = None
+    grad = None
+    tuning = None
+
+    def __init__(self, name: str, launches: Sequence[str], inputs: Sequence[str],
+                 outputs: Sequence[str], owner: Any = None) -> None:
+        self.name = name
+        self.launches, self.inputs, self.outputs = tuple(launches), tuple(inputs), tuple(outputs)
+        self._owner = owner
+        self._eager: dict[tuple, Any] = {}
+
+    def __repr__(self) -> str:
+        return (f"<cutecc kernel {self.name}: ({', '.join(self.inputs)}) -> "
+                f"({', '.join(self.outputs)}) through {' -> '.join(self.launches)}>")
+
+    def _fns(self) -> list[KernelFn]:
+        fns = [self._owner.get(n) if self._owner is not None else None for n in self.launches]
+        missing = [n for n, f in zip(self.launches, fns) if f is None]
+        if missing:
+            raise CuteccError(f"launch kernel {missing[0]!r} is not in this cache; run `cutecc build`",
+                              where=f'kernel "{self.name}"', exit_code=1)
+        return fns  # type: ignore[return-value]
+
+    @property
+    def _keywords(self) -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = {}
+        for f in self._fns():
+            for k, vals in f._keywords.items():
+                out.setdefault(k, []).extend(v for v in vals if not any(_same(v, w) for w in out[k]))
+        return out
+
+    @property
+    def keywords(self) -> dict[str, list[Any]]:
+        return {k: list(v) for k, v in self._keywords.items()}
+
+    def scalar_names(self) -> set[str]:
+        return set().union(*(f.scalar_names() for f in self._fns()))
+
+    def __call__(self, *arrays: Any, **kw: Any) -> Any:
+        known = self._keywords
+        keywords = {k: v for k, v in kw.items() if k in known}
+        scalars = {k: v for k, v in kw.items() if k not in known}
+        if not any(isinstance(a, jax.core.Tracer) for a in arrays) and not _several_devices():
+            try:
+                key = tuple(sorted((k, type(v), v) for k, v in kw.items()))
+                fn = self._eager.get(key)
+            except TypeError:
+                fn, key = None, None
+            if key is not None:
+                if fn is None:
+                    fn = self._eager[key] = jax.jit(lambda *xs: self._plain(xs, scalars, keywords))
+                return fn(*arrays)
+        return self._plain(arrays, scalars, keywords)
+
+    def _plain(self, arrays: Sequence[Any], scalars: Mapping[str, Any],
+               keywords: Mapping[str, Any], every: bool = False) -> Any:
+        if len(arrays) != len(self.inputs):
+            raise CuteccError(f"takes {len(self.inputs)} array(s) ({', '.join(self.inputs)}), got "
+                              f"{len(arrays)}", where=f'kernel "{self.name}"', exit_code=1)
+        fns = self._fns()
+        taken = set().union(*(f.scalar_names() for f in fns))
+        unknown = sorted(set(scalars) - taken)
+        if unknown:
+            raise CuteccError(f"unknown keyword argument {unknown[0]!r}; runtime scalars of the "
+                              f"launches: {', '.join(sorted(taken)) or 'none'}",
+                              where=f'kernel "{self.name}"', exit_code=1)
+        have = dict(zip(self.inputs, arrays))
+        for f in fns:
+            args = tuple(have[n] for n in f.input_names())
+            sc = {k: v for k, v in scalars.items() if k in f.scalar_names()}
+            kw = {k: v for k, v in keywords.items() if k in f._keywords}
+            have.update(f._plain(args, sc, kw, every=True))
+        if every:
+            return {n: have[n] for n in self.outputs}
+        out = tuple(have[n] for n in self.outputs)
+        return out[0] if len(out) == 1 else out
+
+
+def _extent(kernel: str, t: TensorArg, d: Any, env: Mapping[str, Any]) -> Any:
+    """An extent's value for a call: static, bound by an input array, or derived (evaluated
+    from the bindings; under `jax.export` with symbolic shapes, a symbolic dimension)."""
+    if isinstance(d, int):
+        return d
+    if expr.is_symbol(d):
+        return env[d]
+    try:
+        n = expr.evaluate(d, env, minimum=_min_dim, maximum=_max_dim)
+    except expr.ExprError as e:
+        raise CuteccError(f"{t.name}: derived extent {d!r}: {e}", where=f'kernel "{kernel}"',
+                          exit_code=1) from None
+    if isinstance(n, int) and n <= 0:
+        raise CuteccError(f"{t.name}: derived extent {d!r} is {n} for "
+                          + ", ".join(f"{k}={env[k]}" for k in expr.names(d))
+                          + "; an extent must be positive", where=f'kernel "{kernel}"', exit_code=1)
+    return n
+
+
+def _buffer_shape(kernel: str, t: TensorArg, env: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The shape of the dense buffer of `t` the kernel sees (its dimensions in `perm` order)."""
+    return tuple(_extent(kernel, t, t.extents[p], env) for p in t.perm)
+
+
+def _dim_op(name: str) -> Any:
+    """`jax.core.min_dim` / `max_dim` (min and max of symbolic dimensions), wherever this
+    JAX keeps them."""
+    op = getattr(jax.core, name, None)
+    if op is None:  # pragma: no cover  (a JAX that dropped the public alias)
+        from jax._src import core
+
+        op = getattr(core, name)
+    return op
+
+
+def _min_dim(a: Any, b: Any) -> Any:
+    return min(a, b) if _concrete(a) and _concrete(b) else _dim_op("min_dim")(a, b)
+
+
+def _max_dim(a: Any, b: Any) -> Any:
+    return max(a, b) if _concrete(a) and _concrete(b) else _dim_op("max_dim")(a, b)
 
 
 def _to_buffer(a: Any, t: TensorArg) -> Any:
@@ -373,11 +606,16 @@ def _like(g: Any, x: Any) -> Any:
 
 
 def _attrs(kernel: str, declared: Sequence[ScalarArg], given: Mapping[str, Any],
-           keywords: Collection[str] = ()) -> tuple:
+           keywords: Collection[str] = (), env: Mapping[str, Any] | None = None) -> tuple:
     """The runtime scalars' FFI attributes; `keywords` (the kernel's call keywords, already
-    taken out of `given`) only name the other keywords a call may pass."""
-    names = {s.name for s in declared}
+    taken out of `given`) only name the other keywords a call may pass. A derived scalar is
+    computed from the call's symbol bindings `env`, never passed."""
+    names = {s.name for s in declared if s.value is None}
     for k in given:
+        if any(s.name == k and s.value is not None for s in declared):
+            raise CuteccError(f"runtime scalar {k!r} is derived ({_declared_value(declared, k)}): "
+                              "the runtime computes and passes it, a call does not",
+                              where=f'kernel "{kernel}"', exit_code=1)
         if k not in names:
             also = f"; call keywords: {', '.join(sorted(keywords))}" if keywords else ""
             raise CuteccError(f"unknown keyword argument {k!r}; runtime scalars: "
@@ -385,6 +623,9 @@ def _attrs(kernel: str, declared: Sequence[ScalarArg], given: Mapping[str, Any],
                               where=f'kernel "{kernel}"', exit_code=1)
     out = []
     for s in declared:
+        if s.value is not None:
+            out.append((s.name, s.dtype, _derived_scalar(kernel, s, env or {})))
+            continue
         v = given.get(s.name, s.default)
         if v is None:
             raise CuteccError(f"missing runtime scalar {s.name!r} ({s.dtype})",
@@ -396,6 +637,29 @@ def _attrs(kernel: str, declared: Sequence[ScalarArg], given: Mapping[str, Any],
                               exit_code=1)
         out.append((s.name, s.dtype, _scalar_value(kernel, s, v)))
     return tuple(out)
+
+
+def _declared_value(declared: Sequence[ScalarArg], name: str) -> str:
+    """How a derived scalar is declared, for messages: `value = ...`."""
+    return next(f"value = {s.value!r}" for s in declared if s.name == name)
+
+
+def _derived_scalar(kernel: str, s: ScalarArg, env: Mapping[str, Any]) -> int:
+    """A derived scalar's value for this call, as an int of its dtype's range."""
+    if isinstance(s.value, int):
+        return s.value
+    assert s.value is not None
+    try:
+        v = expr.evaluate(s.value, env, minimum=_min_dim, maximum=_max_dim)
+    except expr.ExprError as e:
+        raise CuteccError(f"runtime scalar {s.name!r} ({s.value!r}): {e}",
+                          where=f'kernel "{kernel}"', exit_code=1) from None
+    if not isinstance(v, int):  # a symbolic dimension (jax.export): no attribute can hold it
+        raise CuteccError(f"runtime scalar {s.name!r} = {s.value!r} depends on a symbolic dimension "
+                          f"({v}); it travels as an FFI attribute, which needs a number when the "
+                          "call is traced: export with that dimension concrete",
+                          where=f'kernel "{kernel}"', exit_code=1)
+    return _scalar_value(kernel, s, v)
 
 
 def _scalar_value(kernel: str, s: ScalarArg, v: Any) -> Any:

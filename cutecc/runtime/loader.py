@@ -24,7 +24,7 @@ from cutecc import trust
 from cutecc.archs import check_arch, device_arch, runs_on
 from cutecc.entry import ARTIFACT_FORMAT, ENTRY_FORMAT, meta_problem
 from cutecc.errors import CuteccError
-from cutecc.runtime.dispatch import Build, KernelFn
+from cutecc.runtime.dispatch import Build, CompositeFn, KernelFn
 from cutecc.store import Entry, Store
 
 
@@ -46,7 +46,7 @@ class KernelSet:
     the cache and the kernels a program never touches cost nothing.
     """
 
-    def __init__(self, root: Path, arch: str, resolve: Callable[[str], KernelFn],
+    def __init__(self, root: Path, arch: str, resolve: Callable[[str], KernelFn | CompositeFn],
                  names: Callable[[], Iterable[str]], has: Callable[[str], bool]) -> None:
         self.root = root
         self.arch = arch
@@ -54,7 +54,7 @@ class KernelSet:
         self._list = names
         self._has = has
         self._all: frozenset[str] | None = None
-        self._kernels: dict[str, KernelFn] = {}
+        self._kernels: dict[str, KernelFn | CompositeFn] = {}
         self._lock = threading.Lock()
 
     @property
@@ -225,13 +225,29 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
             raise CuteccError(f"no entries for kernel(s) {', '.join(missing)}; run `cutecc build`",
                               where=str(store.root), exit_code=1)
 
-    def resolve(name: str) -> KernelFn:
+    def composite(name: str) -> dict[str, Any] | None:
+        """A composite kernel recorded by a build, when its launches are kernels loaded here."""
+        if wanted is not None and name not in wanted:
+            return None
+        doc = store.composite(name)
+        if doc is None or keys_of(name) or not all(keys_of(n) for n in doc["launches"]):
+            return None
+        return doc
+
+    def all_names() -> Iterable[str]:
+        return sorted({*names(), *(n for n in store.composite_names() if composite(n))})
+
+    def resolve(name: str) -> KernelFn | CompositeFn:
+        doc = composite(name)
+        if doc is not None:
+            return CompositeFn(name, doc["launches"], doc["inputs"], doc["outputs"])
         entries, unreadable = _entries_of(store, name, keys_of(name), newest)
         fn = _kernel_fn(name, entries, target, series, pinned, record_use, unreadable)
         fn.tuning = _tuning(name, fn, store, locked, target, series, record_use)
         return fn
 
-    ks = KernelSet(store.root, target, resolve, names, lambda name: bool(keys_of(name)))
+    ks = KernelSet(store.root, target, resolve, all_names,
+                   lambda name: bool(keys_of(name)) or composite(name) is not None)
     if strict:
         problems = ks.problems
         if problems:
@@ -276,6 +292,7 @@ def _kernel_fn(name: str, entries: list[Entry], target: str, series: str,
     best: dict[str, tuple[tuple[int, str], Build]] = {}
     unusable: list[str] = list(unreadable)
     backward: str | None = None
+    grad: dict[str, Any] | None = None  # a named pairing (grad.args), see KernelFn
     refused = False
     for e in entries:
         m = e.meta
@@ -298,8 +315,9 @@ def _kernel_fn(name: str, entries: list[Entry], target: str, series: str,
         if b.variant not in best or score > best[b.variant][0]:
             best[b.variant] = (score, b)
         backward = m.get("backward")
+        grad = m.get("key_inputs", {}).get("grad") or grad
     builds = [] if refused else [b for _, (_, b) in sorted(best.items())]
-    return KernelFn(name, builds, backward=backward, unusable=unusable, arch=target)
+    return KernelFn(name, builds, backward=backward, grad=grad, unusable=unusable, arch=target)
 
 
 def _no_keys_without_a_lock(trusted_keys: list[str | Path] | None) -> None:

@@ -16,6 +16,7 @@ cc build kernels.toml --cache-dir "$OUTDIR/root" --no-lock
 cc build tests/gpu/faulty_kernels/kernels.toml --cache-dir "$OUTDIR/faults" --no-lock
 cc tune tests/gpu/faulty_kernels/kernels.toml --compile-only --cache-dir "$OUTDIR/faults"
 cc build tests/gpu/layout_kernels/kernels.toml --cache-dir "$OUTDIR/layouts" --no-lock
+cc build tests/gpu/train_kernels/kernels.toml --cache-dir "$OUTDIR/train" --no-lock
 cc build kernels.toml --cache-dir "$OUTDIR/tune" --no-lock
 cc tune kernels.toml --compile-only --cache-dir "$OUTDIR/tune"
 "$PY" benchmarks/layout_ab.py prepare "$OUTDIR/layout_ab"

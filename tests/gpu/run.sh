@@ -7,6 +7,7 @@
 #   root/      kernels.toml                                CUTECC_TEST_CACHE
 #   faults/    tests/gpu/faulty_kernels (+ tune candidates) CUTECC_FAULT_CACHE, CUTECC_FAULT_TUNE_CACHE
 #   layouts/   tests/gpu/layout_kernels                     CUTECC_LAYOUT_CACHE
+#   train/     tests/gpu/train_kernels (derived, scratch)   CUTECC_TRAIN_CACHE
 #   tune/      kernels.toml + its tuning candidates         CUTECC_TUNE_CACHE
 #   examples/  examples/kernels.toml (published kernels)    CUTECC_EXAMPLES_CACHE
 #   layout_ab/ benchmarks/layout_ab.py prepare: after the suite, old link layout against new
@@ -38,6 +39,7 @@ from CUTECC_TEST_CACHE root
 from CUTECC_FAULT_CACHE faults
 from CUTECC_FAULT_TUNE_CACHE faults
 from CUTECC_LAYOUT_CACHE layouts
+from CUTECC_TRAIN_CACHE train
 from CUTECC_TUNE_CACHE tune
 from CUTECC_EXAMPLES_CACHE examples
 if [ -z "${CUTECC_TEST_CACHE:-}" ]; then
@@ -45,7 +47,7 @@ if [ -z "${CUTECC_TEST_CACHE:-}" ]; then
   export CUTECC_TEST_CACHE
   "$PY" -m cutecc.cli build kernels.toml --cache-dir "$CUTECC_TEST_CACHE" || exit 1
 fi
-for v in CUTECC_FAULT_CACHE CUTECC_LAYOUT_CACHE CUTECC_TUNE_CACHE CUTECC_EXAMPLES_CACHE; do
+for v in CUTECC_FAULT_CACHE CUTECC_LAYOUT_CACHE CUTECC_TRAIN_CACHE CUTECC_TUNE_CACHE CUTECC_EXAMPLES_CACHE; do
   [ -n "${!v:-}" ] || echo "note: no $v: the tests that need it will skip" >&2
 done
 "$PY" -c 'import jax; print("jax", jax.__version__, jax.devices())' 2>&1 | log jax.txt

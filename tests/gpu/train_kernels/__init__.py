@@ -1,0 +1,1 @@
+"""Toy kernels for derived extents, derived scalars and scratch (issue 23)."""
