@@ -411,10 +411,21 @@ class Store:
             {"format": GENERATION_FORMAT, "name": name, **doc, "manifest": manifest}), FILE_MODE)
 
     def composite(self, name: str) -> dict[str, Any] | None:
-        """Composite `name`'s record, or None."""
-        if not is_kernel_name(name):
+        """Composite `name`'s record, or None. It decides what a call runs, so it is read as
+        the cache's metadata is: through directories only this user or root could have
+        written, following no link (a record someone else could have written raises
+        trust.Untrusted), bounded in size and nesting."""
+        if not is_kernel_name(name) or not self.composites_dir.is_dir():
             return None
-        doc = _read_small_json(self.composites_dir / f"{name}.json")
+        try:
+            doc = parse_json(trust.read_file(self.root, ("composites", f"{name}.json"), MAX_META_BYTES),
+                             MAX_META_BYTES, 3)
+        except (FileNotFoundError, ValueError):
+            return None
+        except OSError as e:
+            if e.errno == 27:  # over the cap: not a record of ours
+                return None
+            raise
         if not isinstance(doc, dict) or doc.get("format") != GENERATION_FORMAT:
             return None
         ok = all(isinstance(doc.get(k), list) and all(isinstance(x, str) for x in doc[k])

@@ -226,8 +226,10 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
                               where=str(store.root), exit_code=1)
 
     def composite(name: str) -> dict[str, Any] | None:
-        """A composite kernel recorded by a build, when its launches are kernels loaded here."""
-        if wanted is not None and name not in wanted:
+        """A composite kernel recorded by a build, when its launches are kernels loaded here.
+        Not under a lock (or a pack's): a lock does not pin composites yet, and a record it
+        does not vouch for never decides what runs."""
+        if (wanted is not None and name not in wanted) or locked is not None:
             return None
         doc = store.composite(name)
         if doc is None or keys_of(name) or not all(keys_of(n) for n in doc["launches"]):

@@ -210,3 +210,25 @@ def test_a_signing_build_hashes_every_library_it_signs(project: Path, key_pair: 
     with pytest.raises(CuteccError, match="refusing to sign.*other\\[default\\]@sm_90a.*altered"):
         build(project / "kernels.toml", cache_dir=project / "cache", sign_key=key_pair[0])
     assert not (project / "kernels.lock.sig").exists()
+
+
+def test_a_composite_record_is_read_under_the_trust_rules_and_never_under_a_lock(
+        project: Path) -> None:
+    """A composite's record decides which launches a call runs: a record behind a link (or
+    someone else's) is refused, and a lock, which does not pin composites, offers none."""
+    from cutecc import trust
+
+    record = {"format": 1, "name": "both", "launches": ["other", "other"], "inputs": ["x"],
+              "outputs": ["out"], "manifest": str(project / "kernels.toml")}
+    d = project / "cache/composites"
+    d.mkdir()
+    (project / "elsewhere.json").write_text(json.dumps(record))
+    (d / "both.json").symlink_to(project / "elsewhere.json")
+    with pytest.raises(trust.Untrusted, match="symbolic link"):
+        cutecc.load(project / "cache", arch="sm_90a").both  # noqa: B018
+    (d / "both.json").unlink()
+    (d / "both.json").write_text(json.dumps(record))
+    assert "both" in cutecc.load(project / "cache", arch="sm_90a")
+    locked = cutecc.load(project / "cache", arch="sm_90a", lock=project / "kernels.lock",
+                         allow_unsigned=True)
+    assert "both" not in locked
