@@ -28,7 +28,7 @@ from cutecc.store import Entry, Store
 LOCK_FORMAT = 2
 _ACTED = ("library", "sha256", "size", "symbol", "backward", "contract", "runtime")  # from acted_on
 LOCK_NAME = "kernels.lock"
-MAX_LOCK_BYTES = 64 << 20  # 10,000 lines of ~600 bytes fit many times over
+MAX_LOCK_BYTES = 16 << 20  # 10,000 entry lines (~600 bytes) and as many tuning lines (~800)
 MAX_LOCK_DEPTH = 4
 # The optional "tuning" list (`cutecc tune`'s winners, see cutecc.runtime.tuning) is absent
 # until something is tuned, so untuned locks keep their bytes; readers that predate it

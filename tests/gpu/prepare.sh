@@ -19,6 +19,7 @@ cc build tests/gpu/layout_kernels/kernels.toml --cache-dir "$OUTDIR/layouts" --n
 cc build tests/gpu/train_kernels/kernels.toml --cache-dir "$OUTDIR/train" --no-lock
 cc build kernels.toml --cache-dir "$OUTDIR/tune" --no-lock
 cc tune kernels.toml --compile-only --cache-dir "$OUTDIR/tune"
+rm -rf "$OUTDIR/layout_ab"  # its prepare step builds into fresh directories
 "$PY" benchmarks/layout_ab.py prepare "$OUTDIR/layout_ab"
 if [ "${2:-}" = "--examples" ]; then
   cc build examples/kernels.toml --cache-dir "$OUTDIR/examples" --no-lock
