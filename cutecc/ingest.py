@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cutecc.entry import MAX_META_BYTES, meta_problem, parse_json
-from cutecc.store import Entry, Store
+from cutecc.store import Entry, Store, entry_trust_problem, read_meta
 
 MAX_FILES = 16  # an entry holds one library today
 
@@ -104,3 +105,43 @@ def receive(store: Store, key: str, meta_bytes: bytes, files: Mapping[str, bytes
     for b in blobs:
         check_file(b, files[b.name])
     return publish(store, key, meta, files)
+
+
+def check_stored(store: Store, key: str) -> dict[str, Any]:
+    """The metadata of `key`'s entry as this process finds it in `store`, checked whole, not
+    as whoever published it says (a Ray task on this node publishes here itself): meta.json
+    read without following links and parsed bounded (`store.read_meta`), the key's
+    (`entry.meta_problem`), owned as the cache must be (`store.entry_trust_problem`), and
+    every file it records hashed against its record, streamed (never the recorded size
+    allocated). Raises Refused."""
+    d = store.entry_dir(key)
+    try:
+        meta = read_meta(d)
+    except FileNotFoundError:
+        raise Refused(f"no entry {key[:12]} in {store.root}") from None
+    except (OSError, ValueError) as e:
+        raise Refused(f"meta.json: {e}") from None
+    why = meta_problem(meta, key)
+    if why:
+        raise Refused(f"meta.json: {why}")
+    why = entry_trust_problem(d, list(meta["files"]))
+    if why:
+        raise Refused(why)
+    for name, rec in sorted(meta["files"].items()):
+        h, size = hashlib.sha256(), 0
+        try:
+            fd = os.open(d / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            raise Refused(f"{name}: {e.strerror}") from None
+        with os.fdopen(fd, "rb", buffering=0) as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise Refused(f"{name} is not a regular file")
+            while size <= rec["size"] and (chunk := f.read(1 << 20)):
+                h.update(chunk)
+                size += len(chunk)
+        if size != rec["size"]:
+            raise Refused(f"{name}: {size} bytes or more, meta.json records {rec['size']}")
+        if h.hexdigest() != rec["sha256"]:
+            raise Refused(f"{name}: SHA-256 {h.hexdigest()[:16]}... differs from meta.json's "
+                          f"{rec['sha256'][:16]}... (altered)")
+    return meta
