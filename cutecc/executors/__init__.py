@@ -44,7 +44,7 @@ class Executor:
             from cutecc.executors import ray
 
             ray.compile_all(jobs, store_root, workers, on_result, remote=remote,
-                            address=self.ray_address)
+                            address=self.ray_address, limits=self.limits)
         else:
             from cutecc.executors import local
 
