@@ -159,7 +159,7 @@ class _Pool:
     def _spawn(self) -> _Slot:
         mine, theirs = self.ctx.Pipe()
         proc = self.ctx.Process(target=_serve, args=(theirs, self.arch, os.getpid(), self.env,
-                                                     self.limits.memory), daemon=True)
+                                                     self.limits.memory))
         with _sigint_ignored_while_spawning():  # workers start with Ctrl-C ignored
             proc.start()
         theirs.close()

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 TASK_TIMEOUT = 3600.0  # seconds without any task finishing before the rest are failed
 MAX_SOURCE_BYTES = 16 << 20  # a kernel's source closure sent to other nodes
 STOP_GRACE = 30.0  # after the time limit, a task's watchdog process kills its worker
+INIT_TIMEOUT = 120.0  # seconds to start or join the cluster (ray.init retries for ever)
 Sources = dict[str, bytes]  # relative path -> bytes
 
 
@@ -134,12 +135,17 @@ def _in_driver_process(jobs: list[BuildJob], store_root: Path, workers: int,
                              task_timeout, limits, temp))
     reported: set[int] = set()
     error = None
+    ended = started = False
     try:
         proc.start()
         theirs.close()
-        ended = False
+        deadline = time.monotonic() + INIT_TIMEOUT
         while not ended:
-            ready = multiprocessing.connection.wait([mine, proc.sentinel])
+            ready = multiprocessing.connection.wait(
+                [mine, proc.sentinel], None if started else max(0.0, deadline - time.monotonic()))
+            if not ready and not started:  # ray.init retries an unreachable address for ever
+                error = f"cannot start or join a Ray cluster: no answer within {INIT_TIMEOUT:.0f} s"
+                break
             while True:
                 try:
                     if not mine.poll():
@@ -148,7 +154,9 @@ def _in_driver_process(jobs: list[BuildJob], store_root: Path, workers: int,
                 except (EOFError, OSError):
                     ended = True
                     break
-                if kind == "result":
+                if kind == "started":
+                    started = True
+                elif kind == "result":
                     reported.add(i)
                     on_result(jobs[i], payload)
                 elif kind == "error":
@@ -156,9 +164,9 @@ def _in_driver_process(jobs: list[BuildJob], store_root: Path, workers: int,
                 else:
                     ended = True
             ended = ended or proc.sentinel in ready
-        proc.join(60)
+        proc.join(60 if started else 0)  # a driver stuck in ray.init is killed below
     finally:  # done, Ctrl-C, or the caller's callback failed: the driver stops its cluster
-        if proc.is_alive():
+        if proc.is_alive() and started:
             proc.terminate()
             proc.join(30)
         if proc.is_alive():
@@ -168,13 +176,14 @@ def _in_driver_process(jobs: list[BuildJob], store_root: Path, workers: int,
             shutil.rmtree(temp, ignore_errors=True)
     if len(reported) == len(jobs):
         return
-    if error and error.startswith("cannot start") and not reported:
-        raise CuteccError(error, where=address or "ray.init", exit_code=1)
     code = proc.exitcode
     how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
            else f"exit status {code}")
-    why = (f"the Ray cluster failed before this task reported ({error or 'its driver ended: ' + how}; "
-           "Ray's messages are on stderr)")
+    if error and error.startswith("cannot start"):  # each entry says so: the report stays whole
+        why = f"{error} ({address or 'a private local cluster'}; Ray's messages are on stderr)"
+    else:
+        why = (f"the Ray cluster failed before this task reported ({error or 'its driver ended: ' + how}; "
+               "Ray's messages are on stderr)")
     for i, job in enumerate(jobs):
         if i not in reported:  # what a task published here before the failure still counts
             meta = _stored(store_root, job.key)
@@ -203,7 +212,10 @@ def _driver(conn: Any, jobs: list[BuildJob], store_root: str, workers: int, remo
     with contextlib.suppress(Exception):
         import ctypes
 
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG: dies with the build
+        # PR_SET_PDEATHSIG: dies with the build (SIGKILL: Ray's SIGTERM handler waits for the
+        # interpreter, which a connecting ray.init does not give back); Ray's reaper then
+        # stops the cluster it started
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     os.environ.pop("RAY_ADDRESS", None)  # only an explicit address joins another cluster
@@ -219,6 +231,7 @@ def _driver(conn: Any, jobs: list[BuildJob], store_root: str, workers: int, remo
     except Exception as e:
         conn.send(("error", -1, f"cannot start or join a Ray cluster: {type(e).__name__}: {_first_line(e)}"))
         return
+    conn.send(("started", -1, None))
     index = {id(j): i for i, j in enumerate(jobs)}
     try:
         client = bool(address and address.startswith("ray://")) or _client_connected()
