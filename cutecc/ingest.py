@@ -140,7 +140,8 @@ def check_stored(store: Store, key: str) -> dict[str, Any]:
                 h.update(chunk)
                 size += len(chunk)
         if size != rec["size"]:
-            raise Refused(f"{name}: {size} bytes or more, meta.json records {rec['size']}")
+            more = " or more" if size > rec["size"] else " (truncated?)"
+            raise Refused(f"{name}: {size} bytes{more}, meta.json records {rec['size']}")
         if h.hexdigest() != rec["sha256"]:
             raise Refused(f"{name}: SHA-256 {h.hexdigest()[:16]}... differs from meta.json's "
                           f"{rec['sha256'][:16]}... (altered)")

