@@ -350,7 +350,8 @@ def _parse(doc: dict[str, Any], path: Path, ctx: _Ctx, prefix: str) -> Manifest:
 def _build_settings(ctx: _Ctx, kp: str, doc: Any) -> BuildSettings:
     """The `[build]` table, checked; values are strings a build's flags would take."""
     if not isinstance(doc, dict):
-        raise ctx.fail(kp, "must be a table (executor, ray_address, remote)")
+        raise ctx.fail(kp, "must be a table (executor, ray_address, remote, compile_timeout, "
+                       "compile_memory)")
     _no_unknown(ctx, doc, _BUILD_KEYS, kp)
     limits: dict[str, Any] = {}
     t = doc.get("compile_timeout")

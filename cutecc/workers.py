@@ -176,7 +176,7 @@ class _Pool:
                     if s.ready and s.job is None and queue:
                         s.job, s.started = queue.popleft(), time.monotonic()
                         s.conn.send((s.job, str(store_root), remote))
-                for s, result in self._wait():
+                for s, result in self._wait(refill=bool(queue)):
                     job, s.job = s.job, None
                     if job is not None and result is not None:
                         on_result(job, result)
@@ -193,8 +193,9 @@ class _Pool:
                 s.proc.join(5 if s.job is None else 0)
                 _kill(s)
 
-    def _wait(self) -> list[tuple[_Slot, Result | None]]:
-        """Wait for a message, a worker's death or the next deadline; what finished."""
+    def _wait(self, refill: bool) -> list[tuple[_Slot, Result | None]]:
+        """Wait for a message, a worker's death or the next deadline; what finished. A slot
+        whose worker was stopped or died is refilled when `refill` (jobs are waiting)."""
         limit = self.limits.seconds
         busy = [s.started + limit for s in self.slots if s.job is not None and limit]
         timeout = max(0.0, min(busy) - time.monotonic()) if busy else None
@@ -224,7 +225,7 @@ class _Pool:
                 elif not s.ready:
                     self.failed_starts += 1
                 # the slot is refilled, so later jobs still run (not after repeated failed starts)
-                fresh = s.job is not None or self.failed_starts < self.MAX_FAILED_STARTS
+                fresh = refill and (s.job is not None or self.failed_starts < self.MAX_FAILED_STARTS)
                 self.slots[i] = self._spawn() if fresh else None
         self.slots = [s for s in self.slots if s is not None]
         return out
@@ -282,7 +283,6 @@ def limit_memory(memory: int | None) -> None:
     import resource
 
     _memory_limit = memory
-
     soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
     cap = memory if hard == resource.RLIM_INFINITY else min(memory, hard)
     if soft == resource.RLIM_INFINITY or cap < soft:

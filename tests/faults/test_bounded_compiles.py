@@ -83,4 +83,11 @@ def test_the_limits_are_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
     b = load_manifest(manifest).build
     assert (b.compile_timeout, b.compile_memory) == (45.0, 3 << 30)
+    for bad in ("compile_timeout = -1", 'compile_timeout = "soon"', 'compile_memory = "lots"'):
+        manifest.write_text(manifest.read_text().replace("[build]\n", f"[build]\n{bad}\n", 1)
+                            .replace("compile_timeout = 45\n", "").replace('compile_memory = "3G"\n', ""))
+        with pytest.raises(CuteccError) as e:
+            load_manifest(manifest)
+        assert e.value.exit_code == 2 and "build.compile_" in str(e.value.render()), e.value.render()
+        manifest.write_text(manifest.read_text().replace(f"{bad}\n", ""))
     assert os.environ.get("CUTECC_COMPILE_TIMEOUT") == "0"
