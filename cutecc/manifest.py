@@ -18,6 +18,8 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
     executor = "local" | "ray"    ray_address = "ray://host:10001"
     remote = "s3://bucket/prefix" a shared cache, read-only here: writing stays an explicit
                                   --remote-write / $CUTECC_REMOTE_WRITE=1 (CI's choice)
+    compile_timeout = 3600        seconds one compile may run before it is stopped (0: none)
+    compile_memory = "16G"        data memory one compile may use (default: no limit)
   [hardware.NAME]                 custom hardware profiles: key = int | float | str
   [kernel.NAME]                   one table per kernel:
     entry = "pkg.module:attr"     a @cute.jit launcher, or a factory if factory_args is set;
@@ -89,6 +91,7 @@ from cutecc.errors import CuteccError
 from cutecc.names import KERNEL_SET_RESERVED, call_name_problem, kernel_name_problem
 from cutecc.remote_url import parse_url
 from cutecc.tuning import space
+from cutecc.units import parse_size
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -133,7 +136,7 @@ BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
 
 _TOP_KEYS = {"format", "archs", "profile", "python_path", "compile_options", "hardware", "kernel",
              "env", "build"}
-_BUILD_KEYS = {"executor", "ray_address", "remote"}
+_BUILD_KEYS = {"executor", "ray_address", "remote", "compile_timeout", "compile_memory"}
 EXECUTORS = ("local", "ray")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs", "profile",
@@ -237,6 +240,8 @@ class BuildSettings:
     executor: str | None = None
     ray_address: str | None = None
     remote: str | None = None
+    compile_timeout: float | None = None  # 0: no limit; None: not set here
+    compile_memory: int | None = None  # 0: no limit; None: not set here
 
 
 @dataclass(frozen=True)
@@ -473,9 +478,22 @@ def _check_composites(ctx: _Ctx, composites: list[Composite],
 def _build_settings(ctx: _Ctx, kp: str, doc: Any) -> BuildSettings:
     """The `[build]` table, checked; values are strings a build's flags would take."""
     if not isinstance(doc, dict):
-        raise ctx.fail(kp, "must be a table (executor, ray_address, remote)")
+        raise ctx.fail(kp, "must be a table (executor, ray_address, remote, compile_timeout, "
+                       "compile_memory)")
     _no_unknown(ctx, doc, _BUILD_KEYS, kp)
-    got = {k: _str(ctx, f"{kp}.{k}", v).strip() for k, v in doc.items()}
+    limits: dict[str, Any] = {}
+    t = doc.get("compile_timeout")
+    if t is not None:
+        if type(t) not in (int, float) or not 0 <= t < float("inf"):
+            raise ctx.fail(f"{kp}.compile_timeout", "must be a number of seconds (0: no limit)")
+        limits["compile_timeout"] = float(t)
+    if doc.get("compile_memory") is not None:
+        m = doc["compile_memory"]
+        try:
+            limits["compile_memory"] = parse_size(m if type(m) is int and m >= 0 else str(m))
+        except CuteccError as e:
+            raise ctx.fail(f"{kp}.compile_memory", e.message) from None
+    got = {k: _str(ctx, f"{kp}.{k}", v).strip() for k, v in doc.items() if k not in limits}
     if "executor" in got and got["executor"] not in EXECUTORS:
         raise ctx.fail(f"{kp}.executor", f'unknown executor "{got["executor"]}" '
                        f"(known: {', '.join(EXECUTORS)})")
@@ -486,7 +504,7 @@ def _build_settings(ctx: _Ctx, kp: str, doc: Any) -> BuildSettings:
             parse_url(got["remote"])
         except CuteccError as e:
             raise ctx.fail(f"{kp}.remote", e.message) from None
-    return BuildSettings(**{k: v or None for k, v in got.items()})
+    return BuildSettings(**{k: v or None for k, v in got.items()}, **limits)
 
 
 def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[str, ...],

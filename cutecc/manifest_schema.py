@@ -213,7 +213,15 @@ def schema() -> dict[str, Any]:
                                      "Remote writing is never set here (--remote-write).",
                       "properties": {"executor": {"enum": ["local", "ray"]},
                                      "ray_address": {"type": "string"},
-                                     "remote": {"type": "string", "pattern": "^s3://"}}},
+                                     "remote": {"type": "string", "pattern": "^s3://"},
+                                     "compile_timeout": {
+                                         "type": "number", "minimum": 0,
+                                         "description": "Seconds one compile may run before it is "
+                                                        "stopped and fails (default 3600; 0: none)."},
+                                     "compile_memory": {
+                                         "type": ["string", "integer"],
+                                         "description": "Data memory one compile may use, e.g. "
+                                                        "\"16G\" (RLIMIT_DATA; default: none)."}}},
             "hardware": {"type": "object", "additionalProperties": {
                 "type": "object", "additionalProperties": {"type": ["integer", "number", "string"]}}},
             "kernel": {"type": "object", "minProperties": 1,
