@@ -16,7 +16,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from cutecc.names import MAX_NAME_CHARS, call_name_problem, kernel_name_problem
 
@@ -93,7 +93,7 @@ def _depth_over(doc: Any, max_depth: int) -> int:
     return 0
 
 
-def is_key(text: object) -> bool:
+def is_key(text: object) -> TypeGuard[str]:
     """Whether `text` is a cache key: 64 lowercase hex digits, nothing else."""
     return isinstance(text, str) and KEY_RE.fullmatch(text) is not None
 
@@ -104,7 +104,7 @@ def compute_key(inputs: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def is_kernel_name(text: object) -> bool:
+def is_kernel_name(text: object) -> TypeGuard[str]:
     """Whether `text` can name a kernel: an attribute of the loaded kernel set, a directory
     of the index (`cutecc.names.kernel_name_problem`)."""
     return kernel_name_problem(text) is None
@@ -152,7 +152,7 @@ def library_record(meta: dict[str, Any]) -> tuple[str, str, int] | None:
     """(file name, SHA-256, size) of the entry's library, or None when not recorded."""
     lib, files = meta.get("library"), meta.get("files")
     rec = files.get(lib) if isinstance(files, dict) and isinstance(lib, str) else None
-    if not (isinstance(rec, dict) and isinstance(rec.get("sha256"), str)
+    if not (isinstance(lib, str) and isinstance(rec, dict) and isinstance(rec.get("sha256"), str)
             and type(rec.get("size")) is int):
         return None
     return lib, rec["sha256"], rec["size"]

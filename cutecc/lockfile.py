@@ -144,10 +144,11 @@ class Lock:
         items = doc.get("entries")
         if not isinstance(items, list):
             raise CuteccError("entries is not a list", where=where, key_path="entries")
-        out, seen = [], {}
-        for i, e in enumerate(items):
+        out: list[LockEntry] = []
+        seen: dict[str, int] = {}
+        for i, item in enumerate(items):
             kp = f"entries[{i}]"
-            le = _line(e, where, kp)
+            le = _line(item, where, kp)
             if le.key in seen:
                 raise CuteccError(f"key {le.key[:12]} is locked twice (also entries[{seen[le.key]}]); "
                                   "a lock names each entry once", where=where, key_path=kp)
