@@ -173,7 +173,7 @@ class _Pool:
         mine, theirs = self.ctx.Pipe()
         proc = self.ctx.Process(target=_serve, args=(theirs, self.arch, os.getpid(), self.env,
                                                      self.limits.memory))
-        with _sigint_ignored_while_spawning():  # workers start with Ctrl-C ignored
+        with _sigint_held_while_spawning():  # workers start with Ctrl-C blocked
             proc.start()
         theirs.close()
         return _Slot(proc, mine)
@@ -303,18 +303,22 @@ def limit_memory(memory: int | None) -> None:
 
 
 @contextlib.contextmanager
-def _sigint_ignored_while_spawning() -> Iterator[None]:
-    """Ignore SIGINT while the pool spawns its workers: an ignored signal stays ignored
-    across exec, so a Ctrl-C during a worker's start-up (before its initializer runs)
-    cannot print a traceback from it. The build itself is interrupted after, as usual."""
+def _sigint_held_while_spawning() -> Iterator[None]:
+    """Ignore SIGINT while a worker is spawned, and block it too: an ignored signal stays
+    ignored across exec, so a Ctrl-C during the worker's start-up (before `_init_worker`)
+    cannot print a traceback from it; and a blocked one is kept pending even while ignored
+    (Linux discards only unblocked ignored signals), so a Ctrl-C at the build meanwhile is
+    delivered (KeyboardInterrupt) once the handler is back, never lost."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     old = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, old)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _init_worker(arch: str, parent: int, env: dict[str, str] | None = None) -> None:
@@ -325,6 +329,7 @@ def _init_worker(arch: str, parent: int, env: dict[str, str] | None = None) -> N
     from cutecc.compiler import set_target
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # if the spawn left it blocked
     with contextlib.suppress(Exception):
         import ctypes
 
