@@ -435,13 +435,15 @@ def _check_composites(ctx: _Ctx, composites: list[Composite],
                       kernels: list[Kernel]) -> dict[str, CallingConvention]:
     """Each launch is a kernel of the manifest (not a composite; its first variant's
     contract stands for all), each launch input is a composite input or an earlier launch's
-    result, and each output some launch's result. Returns each composite's convention, for
-    grad pairing."""
+    result, and each output some launch's result (a composite input too, once a launch has
+    written it in place: FA4's postprocess writes dq over dout's buffer). Returns each
+    composite's convention, for grad pairing."""
     by_name = {k.name: k for k in kernels}
     out = {}
     for c in composites:
         kp = f'kernel "{c.name}"'
         have: dict[str, TensorArg | None] = dict.fromkeys(c.inputs)
+        written: set[str] = set()  # launch results, those written in place (inout) included
         for i, ln in enumerate(c.launches):
             k = by_name.get(ln)
             if k is None:
@@ -457,11 +459,12 @@ def _check_composites(ctx: _Ctx, composites: list[Composite],
                     have[t.name] = t
             for t in conv.results:
                 have[t.name] = t
+                written.add(t.name)
         unused = [n for n in c.inputs if have[n] is None]
         if unused:
             raise ctx.fail(f"{kp}, inputs", f'"{unused[0]}" is taken by no launch')
         for i, n in enumerate(c.outputs):
-            if have.get(n) is None or n in c.inputs:
+            if n not in written:
                 raise ctx.fail(f"{kp}, outputs[{i}]", f'"{n}" is no launch result')
         ins = tuple(t for t in (have[n] for n in c.inputs) if t is not None)
         res = tuple(dataclasses.replace(t, role="output", saved=False)

@@ -360,6 +360,15 @@ def test_a_composite_is_parsed_and_selected_with_its_launches(tmp_path: Path) ->
     assert [k.name for k in sel.kernels] == ["la", "lb"] and [x.name for x in sel.composites] == ["c"]
 
 
+def test_a_composite_may_return_an_input_a_launch_wrote_in_place(tmp_path: Path) -> None:
+    """FA4's postprocess writes dq over dout's buffer (inout): dout is then a launch result."""
+    text = _comp('launches = ["la", "lb", "lc"]\ninputs = ["x", "y"]\noutputs = ["out", "y"]') + (
+        '\n[kernel.lc]\nentry = "kk.elem:f"\nargs = [{ name = "g", dtype = "float32", shape = ["n"] }, '
+        '{ name = "y", role = "inout", dtype = "float32", shape = ["n"] }, ' + STREAM + "]\n")
+    m, _ = load(tmp_path, text)
+    assert m.composites[0].outputs == ("out", "y")
+
+
 COMP_BAD = [
     pytest.param('launches = ["la", "zz"]\ninputs = ["x", "y"]\noutputs = ["out"]', 'kernel "c", launches[1]',
                  'no kernel "zz"', id="unknown-launch"),
@@ -370,6 +379,8 @@ COMP_BAD = [
                  '"z" is taken by no launch', id="unused-input"),
     pytest.param('launches = ["la", "lb"]\ninputs = ["x", "y"]\noutputs = ["q"]', 'kernel "c", outputs[0]',
                  '"q" is no launch result', id="unknown-output"),
+    pytest.param('launches = ["la", "lb"]\ninputs = ["x", "y"]\noutputs = ["y"]', 'kernel "c", outputs[0]',
+                 '"y" is no launch result', id="input-as-output"),
     pytest.param('launches = ["la", "lb"]\ninputs = ["x", "y"]\noutputs = ["out"]\nentry = "a:b"',
                  'kernel "c"', 'unknown key "entry"', id="composite-with-entry"),
     pytest.param('launches = []\ninputs = ["x"]\noutputs = ["out"]', 'kernel "c", launches',
