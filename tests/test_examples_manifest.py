@@ -14,8 +14,13 @@ from cutecc.manifest import load_manifest
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-def test_examples_hold_no_python_of_their_own() -> None:
-    assert sorted(p.name for p in EXAMPLES.iterdir()) == ["README.md", "kernels.toml"]
+def test_examples_hold_no_adapter_python() -> None:
+    """Every kernel is a published launcher; the one Python file is the model that uses them,
+    and it imports neither the DSL nor the kernel libraries."""
+    assert sorted(p.name for p in EXAMPLES.iterdir() if p.name != "__pycache__") == [
+        "README.md", "kernels.toml", "llama_block.py"]
+    src = (EXAMPLES / "llama_block.py").read_text()
+    assert not re.search(r"^\s*(import|from)\s+(cutlass|quack|flash_attn|torch)\b", src, re.M)
 
 
 def test_examples_manifest_declares_the_published_launchers() -> None:
@@ -243,3 +248,56 @@ def test_grad_of_fa4_runs_its_three_launches_on_rounded_fp32_scratch(eks, causal
     assert all("softmax_scale = 1.000000e-01 : f32" in c for c in (fwd, pre, main, post))
     builds = {b.key for b in eks.fa4_bwd_main.builds if dict(b.call)["causal"] is causal}
     assert any(f"cutecc_{k[:40]}" in main for k in builds)  # the call keyword picks the backward
+
+
+def test_the_llama_block_differentiates_through_cutecc_kernels_only_where_published(eks) -> None:
+    import jax
+
+    from examples import llama_block as lb
+
+    cfg = lb.Config()
+    params = jax.eval_shape(lambda: lb.init_params(jax.random.key(0), cfg))
+    x, t = jax.eval_shape(lambda: lb.init_batch(jax.random.key(1), 2, 256, cfg))
+    f = jax.value_and_grad(lambda p, x, t: lb.loss_cutecc(p, x, t, eks, cfg), argnums=(0, 1))
+    loss, (gp, gx) = jax.eval_shape(f, params, x, t)
+    assert loss.shape == () and gx.shape == x.shape and gx.dtype == x.dtype
+    like = lambda tree: {k: (v.shape, v.dtype) for k, v in tree.items()}  # noqa: E731
+    assert like(gp) == like(params)
+    assert _called(eks, _lower(f, params, x, t)) == [
+        "quack_rmsnorm", "fa4_fwd", "quack_rmsnorm", "quack_cross_entropy",
+        "quack_cross_entropy_bwd", "quack_rmsnorm_bwd", "fa4_bwd_pre", "fa4_bwd_main", "fa4_bwd_post",
+        "quack_rmsnorm_bwd"]
+
+
+def test_the_plain_jax_block_runs_on_cpu_and_ignores_rows() -> None:
+    """With a zero vocabulary projection every logit is 0: each counted row's loss is
+    log(vocab), each ignored row's 0."""
+    import math
+
+    import jax
+    import jax.numpy as jnp
+
+    from examples import llama_block as lb
+
+    cfg = lb.Config(d_model=64, n_heads=2, d_ff=96, vocab=50)
+    p = lb.init_params(jax.random.key(0), cfg, jnp.float32)
+    x, t = lb.init_batch(jax.random.key(1), 2, 16, cfg, jnp.float32, ignored=0.25)
+    counted = float(jnp.mean(t != lb.IGNORE_INDEX))
+    assert 0 < counted < 1
+    loss = lb.loss_jax({**p, "w_out": jnp.zeros_like(p["w_out"])}, x, t, cfg)
+    assert abs(float(loss) - counted * math.log(cfg.vocab)) < 1e-5
+    g = jax.grad(lb.loss_jax)(p, x, t, cfg)
+    assert all(bool(jnp.isfinite(v).all()) and float(jnp.abs(v).max()) > 0 for v in g.values())
+
+
+def test_the_training_step_benchmark_lowers_its_cutecc_side_with_no_gpu(examples_build: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "training_step.py"
+    r = subprocess.run([sys.executable, str(script), str(examples_build), "--dry-run", "--batch", "1",
+                        "--seq", "128"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)["dry_run"]
+    assert doc["cutecc"] == {"custom_calls": 10} and doc["jax_xla"] == {"custom_calls": 0}
