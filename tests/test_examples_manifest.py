@@ -301,3 +301,13 @@ def test_the_training_step_benchmark_lowers_its_cutecc_side_with_no_gpu(examples
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(r.stdout)["dry_run"]
     assert doc["cutecc"] == {"custom_calls": 10} and doc["jax_xla"] == {"custom_calls": 0}
+
+
+def test_tuning_measures_fa4_by_what_a_call_returns(eks) -> None:
+    """The tuning bench loops a kernel feeding each call's results back as a carry: the
+    carry is what a call returns (out), not the lse FA4 saves for its backward."""
+    from cutecc.tuning.bench import returned
+
+    (build,) = [b for b in eks.fa4_fwd.builds if dict(b.call)["causal"]]
+    assert [t.name for t in build.conv.results] == ["out", "lse"]
+    assert returned(build, {"b": 4, "s_q": 512, "s_k": 512, "h": 16}) == [((4, 512, 16, 128), "bfloat16")]
