@@ -71,16 +71,21 @@ def test_forwards_pair_with_their_backwards_through_saved_residuals() -> None:
 def test_backward_sizes_are_derived_from_the_hardware_profile_and_the_query_length() -> None:
     """quack's per-SM dw partials (2 x SMs rows for N = 4096 on Hopper) and their count as a
     scalar agree by construction; FA4's fp32 statistics and accumulators are rounded up to
-    its 64-row tile."""
+    its backward tile, which follows `causal` as FA4 picks it (80 rows, or 64 when causal)."""
     m = load_manifest(EXAMPLES / "kernels.toml")
     rms = m.kernel("quack_rmsnorm_bwd").variants[0].convention
     dw = next(t for t in rms.results if t.name == "dw")
     assert dw.shape == (264, 4096) and dw.reduce == "sum" and dw.dtype == "float32"
     assert [(s.name, s.value) for s in rms.scalars] == [("sm_count", 264)]
-    pre = m.kernel("fa4_bwd_pre").variants[0].convention
-    assert {t.name: t.shape for t in pre.results} == {
-        "dpsum": ("b", "h", "round_up(s_q, 64)"), "lse_log2": ("b", "h", "round_up(s_q, 64)"),
-        "dq_accum": ("b", "h", "round_up(s_q, 64) * 128")}
+    for launch in ("fa4_bwd_pre", "fa4_bwd_main", "fa4_bwd_post"):
+        tiles = {v.call: dict(v.factory_args)["tile_m"] for v in m.kernel(launch).variants}
+        assert tiles == {(("causal", False),): 80, (("causal", True),): 64}, launch
+    swaps = {v.call: dict(v.factory_args)["dQ_swapAB"] for v in m.kernel("fa4_bwd_main").variants}
+    assert swaps == {(("causal", False),): True, (("causal", True),): False}
+    for v in m.kernel("fa4_bwd_pre").variants:
+        r = f"round_up(s_q, {dict(v.factory_args)['tile_m']})"
+        assert {t.name: t.shape for t in v.convention.results} == {
+            "dpsum": ("b", "h", r), "lse_log2": ("b", "h", r), "dq_accum": ("b", "h", f"{r} * 128")}
     main = m.kernel("fa4_bwd_main").variants[0].convention
     assert main.aliases and main.inputs[main.aliases[0][0]].name == "dq_accum"
     bcast = m.kernel("quack_cross_entropy_bwd_bcast").variants[0].convention.inputs[2]
@@ -223,11 +228,12 @@ def test_the_broadcast_backward_takes_one_dloss_for_every_row(eks) -> None:
         eks.quack_cross_entropy_bwd_bcast, *specs)
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_grad_of_fa4_runs_its_three_launches_on_rounded_fp32_scratch(eks, causal: bool) -> None:
-    """s_q = 200 is rounded up to FA4's 64-row tile: 256 rows of statistics and 256 * 128
-    accumulators per (batch, head), made by the preprocess, accumulated in place by the main
-    kernel, read by the postprocess, which writes dq over dout's buffer."""
+@pytest.mark.parametrize(("causal", "rows"), [(False, 240), (True, 256)])
+def test_grad_of_fa4_runs_its_three_launches_on_rounded_fp32_scratch(eks, causal: bool, rows: int) -> None:
+    """s_q = 200 is rounded up to FA4's backward tile (80 rows, 64 when causal): `rows` of
+    statistics and rows * 128 accumulators per (batch, head), made by the preprocess,
+    accumulated in place by the main kernel, read by the postprocess, which writes dq over
+    dout's buffer."""
     import jax
     import jax.numpy as jnp
 
@@ -241,13 +247,15 @@ def test_grad_of_fa4_runs_its_three_launches_on_rounded_fp32_scratch(eks, causal
     assert _called(eks, text) == ["fa4_fwd", "fa4_bwd_pre", "fa4_bwd_main", "fa4_bwd_post"]
     fwd, pre, main, post = [ln for ln in text.splitlines() if "custom_call" in ln]
     assert "-> (tensor<2x200x4x128xbf16>, tensor<2x4x200xf32>)" in fwd  # out and the saved lse
-    assert "-> (tensor<2x4x256xf32>, tensor<2x4x256xf32>, tensor<2x4x32768xf32>)" in pre
+    acc = f"tensor<2x4x{rows * 128}xf32>"
+    assert f"-> (tensor<2x4x{rows}xf32>, tensor<2x4x{rows}xf32>, {acc})" in pre
     assert "output_tuple_indices = [0], operand_index = 6" in main  # dq_accum in place
-    assert "-> (tensor<2x4x32768xf32>, tensor<2x300x4x128xbf16>, tensor<2x300x4x128xbf16>)" in main
-    assert "(tensor<2x4x32768xf32>, tensor<2x200x4x128xbf16>) -> tensor<2x200x4x128xbf16>" in post
+    assert f"-> ({acc}, tensor<2x300x4x128xbf16>, tensor<2x300x4x128xbf16>)" in main
+    assert f"({acc}, tensor<2x200x4x128xbf16>) -> tensor<2x200x4x128xbf16>" in post
     assert all("softmax_scale = 1.000000e-01 : f32" in c for c in (fwd, pre, main, post))
-    builds = {b.key for b in eks.fa4_bwd_main.builds if dict(b.call)["causal"] is causal}
-    assert any(f"cutecc_{k[:40]}" in main for k in builds)  # the call keyword picks the backward
+    for launch, call in (("fa4_bwd_pre", pre), ("fa4_bwd_main", main), ("fa4_bwd_post", post)):
+        (b,) = [b for b in getattr(eks, launch).builds if dict(b.call)["causal"] is causal]
+        assert f"cutecc_{b.key[:40]}" in call  # the call keyword picks each launch's variant
 
 
 def test_the_llama_block_differentiates_through_cutecc_kernels_only_where_published(eks) -> None:
