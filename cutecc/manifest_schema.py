@@ -145,6 +145,14 @@ def schema() -> dict[str, Any]:
                          "description": "A matrix of parameters; those the input tensors cannot "
                                         "tell apart are call keywords (named as a runtime "
                                         "scalar is: cutecc.names)."},
+            "derive": {"type": "object", "additionalProperties": {
+                "type": "object", "minProperties": 1, "maxProperties": 1,
+                "additionalProperties": {"type": "object", "additionalProperties": {
+                    "type": ["integer", "number", "boolean", "string"]}}},
+                       "description": "Parameters that follow a variant axis: tile_m = { causal = "
+                                      "{ false = 80, true = 64 } }; \"$tile_m\" then stands where "
+                                      "\"$param\" may. Not an axis: no variant of its own, no call "
+                                      "keyword."},
             "symbols": {"type": "object", "additionalProperties": {
                 "type": "object", "additionalProperties": False,
                 "properties": {"divisibility": {"type": "integer", "minimum": 1,

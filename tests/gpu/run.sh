@@ -13,6 +13,8 @@
 #   layout_ab/ benchmarks/layout_ab.py prepare: after the suite, old link layout against new
 #   examples-direct/  benchmarks/examples_parity.py build: after the suite, cutecc against
 #              the same launchers compiled directly (within 2%)
+# With examples/, benchmarks/training_step.py also times a training step of
+# examples/llama_block.py through cutecc against plain JAX (figures only, never a failure).
 # A CACHES without root/ is taken as the root cache itself; with no CACHES, kernels.toml is
 # built first (needs the build extra). OUT=DIR writes the logs there (gpu-suite.log, .xml,
 # layout_ab.*, examples_parity.*). TUNE_BENCH=1 also runs benchmarks/tune.py after the suite
@@ -66,6 +68,11 @@ if [ -n "$CACHES" ] && [ -d "$CACHES/examples-direct" ] && [ -n "${CUTECC_EXAMPL
   "$PY" benchmarks/examples_parity.py device "$CUTECC_EXAMPLES_CACHE" "$CACHES/examples-direct" \
     $(json examples_parity.json) 2>&1 | log examples_parity.log
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if [ -n "${CUTECC_EXAMPLES_CACHE:-}" ]; then
+  # shellcheck disable=SC2046
+  "$PY" benchmarks/training_step.py "$CUTECC_EXAMPLES_CACHE" $(json training_step.json) 2>&1 \
+    | log training_step.log
 fi
 if [ "${TUNE_BENCH:-}" = "1" ] && [ -n "${CUTECC_TUNE_CACHE:-}${CUTECC_EXAMPLES_CACHE:-}" ]; then
   targs=()
