@@ -2,8 +2,12 @@
 
 A kernel's key covers, besides the project's own modules (`cutecc.key.SourceIndex`):
 
-- every installed distribution that owns a top-level module the kernel's code imports
-  (the entry's own package included), every DSL distribution (`nvidia-cutlass-dsl*`) and
+- every installed distribution whose code the kernel's imports run (`DistIndex.reaches`):
+  one that installs a top-level module the kernel's code imports (the entry's own package
+  included), or a module at some level of an imported name (a sub-package added to
+  another distribution's package, as nvidia-cutlass-operators adds `cutlass.operators`
+  to the DSL's `cutlass`, counts only where imported), every DSL distribution
+  (`nvidia-cutlass-dsl*`, whole: whatever it imports of its own at run time) and
   the toolchain's (`apache-tvm-ffi`, `nvidia-cuda-runtime`, `cuda-bindings`), each by
   name, version and a digest of its installed files: small ones by content, large ones
   (torch, triton, the DSL's native libraries) by their RECORD plus the hash of any file
@@ -11,12 +15,14 @@ A kernel's key covers, besides the project's own modules (`cutecc.key.SourceInde
   wheel installed anywhere gives the same digest (no times; the committed kernels.lock
   must reproduce on CI). A build remembers each digest in its store under the stamps
   (size, mtime, ctime, inode, device) of the distribution's files (`HashCache`), so a
-  no-op build stats installed files and reads none. Byte code, files outside site-packages (console scripts: their first
-  line names the interpreter) and the dist-info's files (written or rewritten by the
-  installer: INSTALLER, REQUESTED, direct_url.json naming where the wheel came from; the
-  version stands for them) are left out;
+  no-op build stats installed files and reads none. Byte code, files outside
+  site-packages (console scripts: their first line names the interpreter) and the
+  dist-info's files (written or rewritten by the installer: INSTALLER, REQUESTED,
+  direct_url.json naming where the wheel came from; the version stands for them) are
+  left out;
 - the distributions those require (Requires-Dist, transitively), by name, version and
-  RECORD digest;
+  RECORD digest (installed code outside the walked closure reaches others through
+  these: what it imports without declaring it, as the DSL imports numpy, is not keyed);
 - the compile-affecting environment: `CUTE_DSL_*`, `CUTLASS_*`, `QUACK_*`,
   `FLASH_ATTENTION_*`, `FA_*`, less `ENV_EXCLUDED` (caches, dumps, logs), and the
   manifest's `[env]`, which the build workers set.
@@ -38,6 +44,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
+from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +67,8 @@ MAX_FACTS_BYTES = 64 << 20
 MAX_HASHES_BYTES = 256 << 20
 DIGEST_VERSION = 1  # what a remembered digest was computed by: bumped with `_compute`
 SETTLE_NS = 2_000_000_000  # stamps younger than this are not remembered (`settled`)
+_MODULE_ENDS = ("/__init__.py", ".py", *(f"/__init__{s}" for s in EXTENSION_SUFFIXES),
+                *EXTENSION_SUFFIXES)
 _REQ_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -308,17 +317,18 @@ class DistIndex:
     def __init__(self, hash_cache: HashCache | None = None) -> None:
         self.hashes = hash_cache or HashCache(None)
         self._digest: dict[tuple[str, bool], str] = {}
+        self._rows: dict[str, dict[str, tuple[str, str]]] = {}
 
     def reached(self, modules: Iterable[str]) -> dict[str, str]:
         """`{distribution: "version digest"}` for what code importing `modules` (dotted
-        names) reaches: the owners of their top-level names, the DSL and
+        names) reaches: the distributions installing them (`reaches`), the DSL and
         toolchain distributions (content or stat digests), and their Requires-Dist closure
         (RECORD digests)."""
         installed = _installed()
         by_top: dict[str, set[str]] = {}
         for m in modules:
             by_top.setdefault(m.split(".")[0], set()).add(m)
-        direct = {n for top in by_top for n in owners(top)}
+        direct = {n for top, mods in by_top.items() for n in owners(top) if self.reaches(n, top, mods)}
         direct |= {n for n in installed if n.startswith(DSL_PREFIX)}
         direct |= {n for n in TOOLCHAIN_DISTS if n in installed}
         out = {}
@@ -336,6 +346,39 @@ class DistIndex:
                 out[name] = f"{_version(name)} {self.digest(name, full=name in direct)}"
         return out
 
+    def reaches(self, name: str, top: str, modules: Iterable[str]) -> bool:
+        """Whether importing `modules` (all under `top`) runs code of distribution `name`,
+        one of `top`'s owners: it installs `top` itself (its `__init__`, which every import
+        under it runs), or one of the modules at some level of their dotted names (a
+        sub-package it adds to another distribution's package, as nvidia-cutlass-operators
+        adds `cutlass/operators/` to the DSL's `cutlass`: keyed only where imported). Told by
+        the paths in its RECORD; one whose RECORD puts nothing at `top/` (installed
+        elsewhere, through a .pth) counts as reached."""
+        rows = self._record_rows(name)
+        if rows is None:
+            return True
+        if any(f"{top}{end}" in rows for end in _MODULE_ENDS):
+            return True
+        if not any(r.startswith((f"{top}/", f"{top}.")) for r in rows):
+            return True
+        for m in modules:
+            parts = m.split(".")
+            for i in range(2, len(parts) + 1):
+                p = "/".join(parts[:i])
+                if any(f"{p}{end}" in rows for end in _MODULE_ENDS) or any(
+                        r.startswith(f"{p}/") for r in rows):
+                    return True
+        return False
+
+    def _record_rows(self, name: str) -> dict[str, tuple[str, str]] | None:
+        """`_portable_rows` of distribution `name`'s RECORD (None: not installed)."""
+        if name not in self._rows:
+            d = _installed().get(name)
+            if d is None:
+                return None
+            self._rows[name] = _portable_rows(d.read_text("RECORD") or "")
+        return self._rows[name]
+
     def digest(self, name: str, *, full: bool) -> str:
         """A distribution's digest: its files' contents (small, `full`), else its RECORD
         plus (if `full`) the hash of every installed file that no longer matches it (no
@@ -348,7 +391,7 @@ class DistIndex:
         d = _installed()[name]
         h = hashlib.sha256()
         text = d.read_text("RECORD") or ""
-        rows = _portable_rows(text)
+        rows = self._rows.get(name) or _portable_rows(text)
         record = "".join(f"{rel},{digest},{size}\n" for rel, (digest, size) in sorted(rows.items()))
         if not full:
             h.update(b"record\0" + record.encode())

@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 import cutecc.dists
 import cutecc.key
@@ -181,3 +182,38 @@ def test_reinstalling_another_version_rekeys(tmp_path: Path, site: Path) -> None
     after = planned(m, cache)
     assert all(after[n].key != before[n] for n in before)
     assert after["imports_lib"].inputs["distributions"]["fakelib"].startswith("1.1 ")
+
+
+def test_a_distribution_adding_a_sub_package_to_the_dsls_leaves_keys_unchanged(
+        tmp_path: Path, site: Path) -> None:
+    """nvidia-cutlass-operators installs `cutlass/operators/` (the DSL's `cutlass` appends
+    it to its `__path__`) and requires networkx: kernels that do not import it keep their
+    keys, and neither it nor what it requires shows in their inputs."""
+    m = project(tmp_path, KERNEL.format(name="uses_cutlass", entry="kp.uses_cutlass:kern")
+                + KERNEL.format(name="in_dsl_only", entry="kp.uses_lib:kern"))
+    install(site, "fakelib", "1.0", LIB)
+    before = {n: p.key for n, p in planned(m, None).items()}
+    root = {p.label: p.key for p in plan(load_manifest(REPO / "kernels.toml"))}
+    install(site, "fake-cutlass-operators", "0.1", OPS, requires=("fakenx",), top="cutlass")
+    install(site, "fakenx", "3.0", NX)
+    after = planned(m, None)
+    assert {n: p.key for n, p in after.items()} == before
+    assert {p.label: p.key for p in plan(load_manifest(REPO / "kernels.toml"))} == root
+    assert not {"fake-cutlass-operators", "fakenx"} & set(after["uses_cutlass"].inputs["distributions"])
+
+
+def test_a_sub_package_a_kernel_imports_is_keyed_and_its_edits_rekey(tmp_path: Path, site: Path) -> None:
+    m = project(tmp_path, KERNEL.format(name="uses_ops", entry="kp.uses_ops:kern")
+                + KERNEL.format(name="uses_cutlass", entry="kp.uses_cutlass:kern"))
+    install(site, "fake-cutlass-operators", "0.1", OPS, requires=("fakenx",), top="cutlass")
+    install(site, "fakenx", "3.0", NX)
+    cache = tmp_path / "cache/filehashes.json"
+    cache.parent.mkdir()
+    before = planned(m, cache)
+    dists = before["uses_ops"].inputs["distributions"]
+    assert dists["fake-cutlass-operators"].startswith("0.1 ") and dists["fakenx"].startswith("3.0 ")
+    gemm = site / "cutlass/operators/gemm.py"
+    gemm.write_text(gemm.read_text() + "# edited\n")
+    after = planned(m, cache)
+    assert after["uses_ops"].key != before["uses_ops"].key
+    assert after["uses_cutlass"].key == before["uses_cutlass"].key
