@@ -35,6 +35,8 @@ from __future__ import annotations
 import base64
 import contextlib
 import csv
+import email.message
+import email.parser
 import fnmatch
 import functools
 import hashlib
@@ -97,14 +99,13 @@ class _Installed(dict):
         self.every: list[tuple[str, md.Distribution, tuple[str, ...]]] = []
         self.meta: dict[str, Any] = {}  # name -> parsed METADATA of the one import uses
         self.inferred: dict[int, set[str]] = {}  # id(distribution) -> `_inferred_tops`
-        self.records: dict[int, str] = {}  # id(distribution) -> its RECORD, where read
 
 
 @functools.lru_cache(maxsize=1)
 def _installed() -> _Installed:
     out = _Installed()
     for d in md.distributions():  # first on sys.path wins, as import would
-        meta = d.metadata
+        meta = _headers(d)
         name = meta["Name"]
         if name:
             out.every.append((normalize(name), d, tuple((d.read_text("top_level.txt") or "").split())))
@@ -112,6 +113,14 @@ def _installed() -> _Installed:
                 out[normalize(name)] = d
                 out.meta[normalize(name)] = meta
     return out
+
+
+def _headers(d: md.Distribution) -> email.message.Message:
+    """`d.metadata`'s headers, read as it reads them, less the body it parses too (torch's
+    long description: a fifth of the planning time)."""
+    text = d.read_text("METADATA") or d.read_text("PKG-INFO") or d.read_text("") or ""
+    head = text.split("\n\n", 1)[0] if "\r" not in text else text
+    return email.parser.HeaderParser().parsestr(head)
 
 
 def _version(name: str) -> str:
@@ -122,39 +131,34 @@ def _version(name: str) -> str:
 def _owners(top: str) -> tuple[str, ...]:
     """Names of the distributions that install top-level module `top`, as
     `importlib.metadata.packages_distributions` tells them (top_level.txt, else the first
-    component of each `.py` file in RECORD), computed for this name alone: reading every
-    RECORD (ziglang's 19,500 rows) took a tenth of a second of every no-op build."""
+    component of each `.py` file in RECORD), without building a path object per RECORD
+    row as it does (ziglang's 19,500: a tenth of a second of every no-op build)."""
     out = set()
     for name, d, declared in _installed().every:
-        if top in (declared or _inferred_tops(d, top)):
+        if top in (declared or _inferred_tops(d)):
             out.add(name)
     return tuple(sorted(out))
 
 
-def _inferred_tops(d: md.Distribution, top: str) -> set[str]:
-    """The top-level names `packages_distributions` infers for `d` from its RECORD, or the
-    empty set when its RECORD surely names none called `top` (told by a substring test;
-    RECORD parsed once per process at most)."""
+def _inferred_tops(d: md.Distribution) -> set[str]:
+    """The top-level names `packages_distributions` infers for `d` from its RECORD (the
+    first component of each `.py` file), read once per process."""
     memo = _installed().inferred
-    if id(d) in memo:
-        return memo[id(d)]
-    if not isinstance(d, md.PathDistribution):
-        memo[id(d)] = {f.parts[0] if len(f.parts) > 1 else f.with_suffix("").name
-                       for f in d.files or () if f.suffix == ".py"}
-        return memo[id(d)]
-    if id(d) not in _installed().records:
-        _installed().records[id(d)] = d.read_text("RECORD") or ""
-    text = _installed().records[id(d)]
-    if f"{top}/" not in text and f"{top}.py" not in text:
-        return set()
-    out = set()
-    for row in csv.reader(text.splitlines()):
-        if row and ".py" in row[0]:  # only these can end in .py once normalized
-            _, parts = _parts(row[0])
+    if id(d) not in memo:
+        if not isinstance(d, md.PathDistribution):
+            files = [f for f in d.files or () if f.suffix == ".py"]
+            memo[id(d)] = {f.parts[0] if len(f.parts) > 1 else f.with_suffix("").name for f in files}
+            return memo[id(d)]
+        out = set()
+        for line in (d.read_text("RECORD") or "").splitlines():
+            if ".py" not in line:  # only these can name a .py file once normalized
+                continue
+            name = next(csv.reader([line]))[0] if line.startswith('"') else line.partition(",")[0]
+            _, parts = _parts(name)
             if parts and _suffix(parts[-1]) == ".py":
                 out.add(parts[0] if len(parts) > 1 else parts[0][: parts[0].rfind(".")])
-    memo[id(d)] = out
-    return out
+        memo[id(d)] = out
+    return memo[id(d)]
 
 
 def owners(top: str) -> tuple[str, ...]:
@@ -445,10 +449,10 @@ def _listed(d: md.Distribution, record: str, rows: Mapping[str, tuple[str, str]]
         return out
     base = str(d.locate_file(""))
     out = []
-    for row in csv.reader(record.splitlines()):
-        if not row:
-            continue
-        name, parts = _parts(row[0])
+    for line in record.splitlines():
+        if not line:
+            continue  # (`files` would fail on it)
+        name, parts = _parts(next(csv.reader([line]))[0] if line.startswith('"') else line.partition(",")[0])
         if "__pycache__" in parts or _suffix(parts[-1] if parts else "") == ".pyc" or name not in rows:
             continue
         out.append((name, os.path.join(base, name)))

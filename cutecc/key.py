@@ -67,6 +67,7 @@ class SourceIndex:
         self._cache = cache or dists.HashCache(None)
         self._digests: dict[str, tuple[str, tuple[str, ...]]] = {}
         self._facts: dict[Path, dict[str, Any]] = {}
+        self._rels: dict[Path, str] = {}
         self._imports: dict[Path, set[str]] = {}
         self._found: dict[str, modfind.Found | None] = {}
         self._closures: dict[str, set[Path]] = {}
@@ -125,6 +126,11 @@ class SourceIndex:
         """`f`'s name in the key: relative to the python_path root holding it, else to the
         `sys.path` entry holding it (an installed entry package), so a key is the same
         wherever the project or the environment lives."""
+        if f not in self._rels:
+            self._rels[f] = self._rel_of(f)
+        return self._rels[f]
+
+    def _rel_of(self, f: Path) -> str:
         for r in self.roots:
             try:
                 return f.relative_to(r).as_posix()
