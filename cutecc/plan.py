@@ -35,11 +35,12 @@ class Planned:
 
 
 def plan(manifest: Manifest, archs: tuple[str, ...] = (), *,
-         hash_cache: Path | None = None) -> list[Planned]:
+         hash_cache: Path | HashCache | None = None) -> list[Planned]:
     """Every artifact of the manifest with its key; `archs` overrides the manifest's.
     `hash_cache`: a file remembering files' digests and parsed facts across runs, by their
-    stamps (`cutecc.dists.HashCache`), so that a no-op build reads no unchanged source."""
-    cache = HashCache(hash_cache)
+    stamps (`cutecc.dists.HashCache`), so that a no-op build reads no unchanged source; or
+    such a cache, which the caller may save again (once the store exists)."""
+    cache = hash_cache if isinstance(hash_cache, HashCache) else HashCache(hash_cache)
     index = SourceIndex(manifest.python_path, cache)
     installed = DistIndex(cache)
     envs: dict[str, dict[str, str]] = {}

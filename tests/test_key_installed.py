@@ -217,3 +217,22 @@ def test_a_sub_package_a_kernel_imports_is_keyed_and_its_edits_rekey(tmp_path: P
     after = planned(m, cache)
     assert after["uses_ops"].key != before["uses_ops"].key
     assert after["uses_cutlass"].key == before["uses_cutlass"].key
+
+
+def test_the_first_build_into_a_new_cache_keeps_what_planning_learned(
+        tmp_path: Path, site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build into a cache directory that does not exist yet plans before creating it; what
+    planning learned is written once the store is there, so the next (no-op) build is the
+    fast one, not the one after it."""
+    import cutecc.commands.build as b
+
+    install(site, "fakelib", "1.0", LIB)
+    m = project(tmp_path, BOTH)
+    monkeypatch.setattr(b, "_compile", lambda *a, **k: None)  # nothing compiled: planning only
+    monkeypatch.setattr(b, "_ensure_runtimes", lambda *a, **k: None)
+    cache = tmp_path / "new-cache"
+    forget()
+    b.build(m, cache_dir=cache, lock=False)
+    assert (cache / "planfacts.json").is_file()
+    facts = (cache / "planfacts.json").read_text()
+    assert str(site / "fakelib" / "core.py") in facts and "fakelib-1.0.dist-info" in facts
