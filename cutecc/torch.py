@@ -1,0 +1,575 @@
+"""`cutecc.torch`: the kernels of a cutecc cache or pack, called from PyTorch.
+
+The same libraries the JAX runtime runs, found, checked and verified by the same loader
+(`cutecc.runtime.loader.load_with`) and chosen per call by the same contract logic
+(`cutecc.runtime.calls`); this module adds only how torch calls them. Imports torch and
+apache-tvm-ffi, never JAX nor the DSL.
+
+Each build's kernel is a `tvm_ffi.Function` taking the kernel's dense buffers (inputs,
+then results, then runtime scalars); tvm-ffi accepts torch tensors through DLPack and
+sets torch's current CUDA stream as the call's environment stream, which is the stream
+the kernels launch on. Two ways reach it:
+
+- eager (not compiling, no autograd needed, plain tensors): the function is called
+  directly, with outputs allocated from the contract; a call costs the contract check
+  (cached per signature) and the launch;
+- otherwise through a `torch.library` custom op per kernel and contract
+  (`torch.ops.cutecc.<kernel>_<contract digest>`), with a fake implementation computing
+  output shapes from the contract, `inout` tensors declared mutated and autograd from the
+  manifest's `grad` pairing: `torch.compile(fullgraph=True)` traces it without a graph
+  break and `torch.autograd` differentiates it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cutecc.contract import ScalarArg, TensorArg
+from cutecc.entry import contract_digest
+from cutecc.errors import CuteccError
+from cutecc.runtime import calls, library
+from cutecc.runtime.calls import Build
+from cutecc.runtime.loader import FrontEnd, KernelSet, load_with
+
+__all__ = ["KernelCallError", "KernelTypeError", "TorchKernelFn", "TorchKernelSet", "load"]
+
+NAMESPACE = "cutecc"  # torch.ops.cutecc.<kernel>_<12 hex of the contract's digest>
+DEVICE_TYPES = ("cuda", "meta")  # where a call's tensors may live (meta: shapes only)
+MAX_PLANS = 1024  # eager call plans kept per kernel (one per shapes, dtypes, device, keywords)
+
+
+class KernelCallError(CuteccError, ValueError):
+    """A call whose tensors fit no built contract: wrong dtype, shape, device or layout."""
+
+
+class KernelTypeError(CuteccError, TypeError):
+    """A call passing something that is not a tensor where the kernel takes one."""
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def _dtype_name(dt: torch.dtype) -> str:
+    return str(dt).removeprefix("torch.")
+
+
+class TorchDims(calls.Dims):
+    """torch's dimensions: ints, or `SymInt`s under `torch.compile(dynamic=True)` (a
+    comparison guards on them, so it is always decided)."""
+
+    def concrete(self, n: Any) -> bool:
+        return isinstance(n, int)
+
+
+TORCH_DIMS = TorchDims()
+
+
+def _torch_scalar(kernel: str, s: ScalarArg, v: Any) -> Any:
+    """A runtime scalar as torch may pass it: a Python number; a tensor would need a
+    device-to-host copy (it travels by value), so it is refused."""
+    if isinstance(v, torch.Tensor):
+        raise KernelTypeError(f"runtime scalar {s.name!r} must be a Python number (it is passed by "
+                              "value to the kernel), not a tensor; use .item() if you mean it",
+                              where=f'kernel "{kernel}"', exit_code=1)
+    return calls.plain_scalar(kernel, s, v)
+
+
+def _as_call_error(e: CuteccError) -> CuteccError:
+    """The shared checks' CuteccError as the torch front end's ValueError subclass."""
+    if isinstance(e, (KernelCallError, KernelTypeError)):
+        return e
+    return KernelCallError(e.message, where=e.where, key_path=e.key_path, exit_code=e.exit_code)
+
+
+# -- custom ops ----------------------------------------------------------------------------
+
+_ops_lock = threading.RLock()
+_library: torch.library.Library | None = None
+_ops: dict[str, Any] = {}  # op name -> torch.ops overload
+_builds: dict[str, tuple[TorchKernelFn, Build]] = {}  # build key -> (kernel, build)
+
+_SCALAR_SCHEMA = {"float32": "float", "float64": "float", "int32": "int", "int64": "int", "bool": "bool"}
+
+
+def op_name(kernel: str, build: Build) -> str:
+    """The custom op's name: the kernel's and 12 hex of its contract's digest, so every
+    build of one contract (any toolchain, any tuning) is the same op in every process."""
+    from cutecc.contract import args_to_json
+
+    return f"{kernel}_{contract_digest(args_to_json(build.args))[:12]}"
+
+
+def op_schema(build: Build) -> str:
+    """The op's schema: the call's input buffers (`inout` ones mutated), its runtime
+    scalars (derived ones too: the runtime computes them), the build's key; it returns
+    the non-`inout` results' buffers (saved ones too, for the backward)."""
+    conv = build.conv
+    letters = iter("abcdefghijklmnopqrstuvwxyz")
+    params = [f"Tensor({next(letters)}!) {t.name}" if t.role == "inout" else f"Tensor {t.name}"
+              for t in conv.inputs]
+    params += [f"{_SCALAR_SCHEMA[s.dtype]} {s.name}" for s in conv.scalars]
+    params.append("str cutecc_build")
+    outs = [t for t in conv.results if t.role != "inout"]
+    ret = "()" if not outs else "Tensor" if len(outs) == 1 else "(" + ", ".join(["Tensor"] * len(outs)) + ")"
+    return f"({', '.join(params)}) -> {ret}"
+
+
+def _op(fn: TorchKernelFn, build: Build) -> Any:
+    """The custom op serving `build` (defined on first use, once per process)."""
+    global _library
+    name = op_name(fn.name, build)
+    with _ops_lock:
+        _builds[build.key] = (fn, build)
+        op = _ops.get(name)
+        if op is not None:
+            return op
+        if _library is None:
+            _library = torch.library.Library(NAMESPACE, "FRAGMENT")
+        qual = f"{NAMESPACE}::{name}"
+        _library.define(name + op_schema(build))
+        torch.library.impl(qual, "CUDA", _op_impl, lib=_library)
+        torch.library.register_fake(qual, _op_fake, lib=_library)
+        if not build.conv.aliases:  # torch differentiates no op that mutates (nor may a pairing)
+            torch.library.register_autograd(qual, _op_backward, setup_context=_op_setup, lib=_library)
+        op = _ops[name] = getattr(getattr(torch.ops, NAMESPACE), name).default
+        return op
+
+
+def _split(build: Build, args: Sequence[Any]) -> tuple[list[Any], list[Any], str]:
+    n = len(build.conv.inputs)
+    return list(args[:n]), list(args[n:-1]), args[-1]
+
+
+def _built(key: str) -> tuple[TorchKernelFn, Build]:
+    got = _builds.get(key)
+    if got is None:
+        raise CuteccError(f"no cutecc build {key[:12]} is loaded in this process; cutecc.torch.load "
+                          "the cache or pack holding it first", where="cutecc custom op", exit_code=1)
+    return got
+
+
+def _env_of(build: Build, buffers: Sequence[Any]) -> dict[str, Any]:
+    """The symbol bindings of a call from its input buffers (each in its `perm` order)."""
+    env: dict[str, Any] = {}
+    for t, b in zip(build.conv.inputs, buffers):
+        for j, p in enumerate(t.perm):
+            d = t.extents[p]
+            if isinstance(d, str):
+                env.setdefault(d, b.shape[j])
+    return env
+
+
+def _op_fake(*args: Any) -> Any:
+    """Output buffers of the contract's shapes, computed from the inputs' (no kernel runs)."""
+    fn, build = _built(args[-1])
+    ins, _, _ = _split(build, args)
+    env = _env_of(build, ins)
+    outs = [torch.empty(calls.buffer_shape(fn.name, t, env, TORCH_DIMS), dtype=_torch_dtype(t.dtype),
+                        device=ins[0].device if ins else "cuda")
+            for t in build.conv.results if t.role != "inout"]
+    return None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _op_impl(*args: Any) -> Any:
+    fn, build = _built(args[-1])
+    ins, scalars, _ = _split(build, args)
+    outs = fn._launch(build, ins, scalars, _env_of(build, ins))
+    outs = [o for o, t in zip(outs, build.conv.results) if t.role != "inout"]
+    return None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _op_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    fn, build = _built(inputs[-1])
+    ins, scalars, key = _split(build, inputs)
+    outs = output if isinstance(output, tuple) else (output,) if output is not None else ()
+    ctx.cutecc = (key, scalars)
+    ctx.save_for_backward(*ins, *outs)
+
+
+def _op_backward(ctx: Any, *grads: Any) -> Any:
+    """Gradients of the op's input buffers: the paired backward kernel called on the
+    logical tensors (through its own op, so it compiles too), as the JAX side calls it."""
+    key, scalars = ctx.cutecc
+    fn, build = _built(key)
+    conv = build.conv
+    saved = ctx.saved_tensors
+    n = len(conv.inputs)
+    xs = [_from_buffer(b, t) for b, t in zip(saved[:n], conv.inputs)]
+    outs = {t.name: _from_buffer(b, t) for b, t in zip(saved[n:], conv.results)}
+    cts = {t.name: (torch.zeros_like(outs[t.name]) if g is None else _from_buffer(g, t).contiguous())
+           for g, t in zip(grads, conv.results)}  # a cotangent may be expanded (stride 0)
+    gx = fn._backward(build, xs, outs, cts, dict(zip((s.name for s in conv.scalars), scalars)))
+    return (*(None if g is None else _to_buffer(g, t) for g, t in zip(gx, conv.inputs)),
+            *([None] * (len(scalars) + 1)))
+
+
+def _to_buffer(a: Any, t: TensorArg) -> Any:
+    """The logical tensor as the dense buffer `t` declares (its dimensions in `perm` order)."""
+    if t.order is None:
+        return a
+    return a.permute(t.perm).contiguous()
+
+
+def _from_buffer(b: Any, t: TensorArg) -> Any:
+    """A buffer in `t`'s declared order as the logical tensor (a view)."""
+    if t.order is None:
+        return b
+    inv = sorted(range(len(t.perm)), key=lambda i: t.perm[i])
+    return b.permute(inv)
+
+
+# -- kernels -------------------------------------------------------------------------------
+
+
+class _Spec:
+    """A tensor's shape and dtype name, all the contract checks read of it."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: str) -> None:
+        self.shape, self.dtype = shape, dtype
+
+
+_kernels: dict[int, TorchKernelFn] = {}  # id -> kernel, for `_op_plan` (its arguments are constants)
+
+
+@torch.compiler.assume_constant_result
+def _op_plan(kernel: int, shapes: tuple, dtypes: tuple, devices: tuple, kw: tuple) -> tuple:
+    return _kernels[kernel]._op_plan(shapes, dtypes, devices, kw)
+
+
+class TorchKernelFn(calls.KernelBase):
+    """A kernel of the cache, callable from PyTorch: `kernel(*tensors, **keywords)` returns
+    the result tensor, or a tuple of them; an `inout` tensor is written in place and
+    returned (the tensor passed)."""
+
+    dims = TORCH_DIMS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._plans: dict[tuple, tuple] = {}
+        self._plans_lock = threading.Lock()
+        self._id = id(self)
+        _kernels[self._id] = self
+
+    @staticmethod
+    def _dtype_name(a: Any) -> str:
+        return a.dtype if isinstance(a, _Spec) else _dtype_name(a.dtype)
+
+    def select(self, *arrays: Any, **keywords: Any) -> tuple[Build, dict[str, int]]:
+        try:
+            return super().select(*arrays, **keywords)
+        except CuteccError as e:
+            raise _as_call_error(e) from None
+
+    def __call__(self, *tensors: Any, **kw: Any) -> Any:
+        if not torch.compiler.is_compiling():
+            plan = self._plan_of(tensors, kw)
+            if plan is not None:
+                return self._run_plan(plan, tensors)
+        return self._through_op(tensors, kw)
+
+    # The eager path ----------------------------------------------------------------------
+
+    def _plan_of(self, tensors: Sequence[Any], kw: Mapping[str, Any]) -> tuple | None:
+        """The cached plan of an eager call (build, function, what to allocate), or None
+        where the call must take the op: fake or meta tensors, autograd, an unhashable
+        keyword. Keyed by shapes, dtypes, device and keywords."""
+        grad = torch.is_grad_enabled()
+        for i, a in enumerate(tensors):
+            if type(a) is not torch.Tensor and type(a) is not torch.nn.Parameter:
+                if not isinstance(a, torch.Tensor):
+                    raise KernelTypeError(f"argument {i} is a {type(a).__name__}, not a "
+                                          "tensor (runtime scalars are keyword arguments)",
+                                          where=f'kernel "{self.name}"', exit_code=1)
+                return None  # a tensor subclass (fake tensors): the op sees it through
+            if grad and a.requires_grad:
+                return None
+        try:
+            key = (tuple((a.shape, a.dtype, a.device) for a in tensors), tuple(sorted(kw.items())))
+            plan = self._plans.get(key)
+        except TypeError:
+            return None
+        if plan is None:
+            plan = self._make_plan(tensors, kw)
+            with self._plans_lock:
+                if len(self._plans) >= MAX_PLANS:
+                    self._plans.clear()
+                self._plans[key] = plan
+        return plan
+
+    def _make_plan(self, tensors: Sequence[Any], kw: Mapping[str, Any]) -> tuple | None:
+        device = self._device_of(tensors)
+        if device.type != "cuda":
+            return None  # meta tensors: the op's fake implementation
+        build, env, scalars = self._choose(tensors, kw)
+        fn = build_function(self.name, build)
+        conv = build.conv
+        shapes = [(calls.buffer_shape(self.name, t, env, TORCH_DIMS), _torch_dtype(t.dtype))
+                  for t in conv.ffi_results]
+        zeroed = [shapes[len(conv.results) + conv.scratch.index(t)] for t in conv.scratch if t.zero]
+        return (build, fn, shapes, zeroed, tuple(scalars), device)
+
+    def _run_plan(self, plan: tuple, tensors: Sequence[Any]) -> Any:
+        build, fn, shapes, zeroed, scalars, device = plan
+        conv = build.conv
+        bufs = [self._buffer(a, t) for a, t in zip(tensors, conv.inputs)]
+        outs = self._call_fn(fn, conv, bufs, shapes, zeroed, scalars, device)
+        for i, r in conv.aliases:
+            if bufs[i] is not tensors[i]:  # an inout laid out otherwise: written back
+                tensors[i].copy_(_from_buffer(outs[r], conv.results[r]))
+            outs[r] = tensors[i]
+        return self._finish(conv, outs, every=False, logical_inout=True)
+
+    def _call_fn(self, fn: Any, conv: Any, bufs: list[Any], shapes: list[tuple], zeroed: list[tuple],
+                 scalars: Sequence[Any], device: Any) -> list[Any]:
+        """Allocate results and scratch, launch on torch's current stream (tvm-ffi passes
+        it), and return the results' buffers (an inout's is its input buffer)."""
+        zs = [torch.zeros(s, dtype=d, device=device) for s, d in zeroed]
+        ffi_inputs = [*bufs, *zs]
+        res: list[Any] = []
+        aliased = dict((r, i) for i, r in conv.ffi_aliases)
+        for j, (s, d) in enumerate(shapes):
+            res.append(ffi_inputs[aliased[j]] if j in aliased else torch.empty(s, dtype=d, device=device))
+        if device.index is not None and device.index != torch.cuda.current_device():
+            with torch.cuda.device(device):
+                fn(*ffi_inputs, *res, *scalars)
+        else:
+            fn(*ffi_inputs, *res, *scalars)
+        return res[:len(conv.results)]
+
+    def _buffer(self, a: Any, t: TensorArg) -> Any:
+        """The dense buffer the kernel reads for argument `t`, or an error naming it."""
+        b = _to_buffer(a, t)
+        if not b.is_contiguous():
+            what = ("the padded tensor (whole, not a slice of it)" if t.buffer is not None
+                    else "a dense tensor")
+            raise KernelCallError(f"{t.name}: not contiguous (strides {tuple(a.stride())}); the kernel "
+                                  f"reads {what}: pass {t.name}.contiguous()",
+                                  where=f'kernel "{self.name}"', exit_code=1)
+        return b
+
+    def _device_of(self, tensors: Sequence[Any]) -> Any:
+        devices = {a.device for a in tensors}
+        if len(devices) > 1:
+            raise KernelCallError(f"tensors on several devices ({', '.join(sorted(map(str, devices)))}); "
+                                  "a call needs all of them on one CUDA device",
+                                  where=f'kernel "{self.name}"', exit_code=1)
+        device = next(iter(devices)) if devices else torch.device("cuda", torch.cuda.current_device())
+        if device.type not in DEVICE_TYPES:
+            raise KernelCallError(f"tensors on {device}; cutecc kernels run on CUDA devices: move them "
+                                  f"with .cuda() (built for {self.arch}:{self._signatures()})",
+                                  where=f'kernel "{self.name}"', exit_code=1)
+        return device
+
+    def _signatures(self) -> str:
+        return "".join(f"\n  {b.variant}{b.signature()}" for b in self.builds)
+
+    def _choose(self, tensors: Sequence[Any], kw: Mapping[str, Any]) -> tuple[Build, dict[str, Any], list]:
+        """The build, symbol bindings and runtime scalars (values, launcher order) of a call."""
+        keywords = {k: v for k, v in kw.items() if k in self._keywords}
+        given = {k: v for k, v in kw.items() if k not in self._keywords}
+        build, env = self.select(*tensors, **keywords)
+        if self.tuning is not None:
+            build = self.tuning.pick(build, env)
+        try:
+            sc = calls.attrs(self.name, build.conv.scalars, given, self._keywords, env, TORCH_DIMS,
+                             _torch_scalar)
+        except CuteccError as e:
+            raise _as_call_error(e) from None
+        return build, env, [v for _, _, v in sc]
+
+    def _finish(self, conv: Any, outs: list[Any], every: bool, logical_inout: bool = False) -> Any:
+        """Results from their buffers: laid out logically, declared reductions summed, saved
+        ones dropped (kept with `every`, which returns all by name)."""
+        done = []
+        for o, t in zip(outs, conv.results):
+            if not (logical_inout and t.role == "inout"):
+                o = _from_buffer(o, t)
+            done.append(o.sum(dim=0, dtype=o.dtype) if t.reduce == "sum" else o)
+        if every:
+            return {t.name: o for t, o in zip(conv.results, done)}
+        done = [o for o, t in zip(done, conv.results) if not t.saved]
+        return done[0] if len(done) == 1 else tuple(done)
+
+    def _launch(self, build: Build, bufs: Sequence[Any], scalars: Sequence[Any],
+                env: Mapping[str, Any]) -> list[Any]:
+        """The op's real implementation: run `build` on the input buffers."""
+        device = self._device_of(bufs)
+        conv = build.conv
+        shapes = [(calls.buffer_shape(self.name, t, env, TORCH_DIMS), _torch_dtype(t.dtype))
+                  for t in conv.ffi_results]
+        zeroed = [shapes[len(conv.results) + conv.scratch.index(t)] for t in conv.scratch if t.zero]
+        return self._call_fn(build_function(self.name, build), conv, list(bufs), shapes, zeroed,
+                             scalars, device)
+
+    # The custom-op path (compiling, autograd, fake tensors) ----------------------------------
+
+    def _through_op(self, tensors: Sequence[Any], kw: Mapping[str, Any]) -> Any:
+        """The call through the build's custom op. What the contract decides (the build,
+        scalars, layouts) is computed by `_op_plan` from the tensors' shapes, dtypes and
+        device, which torch.compile treats as a constant of the trace (no graph break);
+        what stays traced is the op and the torch ops around it (layouts, reductions)."""
+        for i, a in enumerate(tensors):
+            if not isinstance(a, torch.Tensor):
+                raise KernelTypeError(f"argument {i} is a {type(a).__name__}, not a tensor (runtime "
+                                      "scalars are keyword arguments)", where=f'kernel "{self.name}"',
+                                      exit_code=1)
+        name, key, scalars, perms, results = _op_plan(
+            self._id, tuple(tuple(int(d) for d in a.shape) for a in tensors),
+            tuple(_dtype_name(a.dtype) for a in tensors), tuple(str(a.device) for a in tensors),
+            tuple(sorted(kw.items())))
+        bufs = []
+        for a, (perm, arg, padded) in zip(tensors, perms):
+            b = a if perm is None else a.permute(perm).contiguous()
+            if not b.is_contiguous():
+                what = "the padded tensor (whole, not a slice of it)" if padded else "a dense tensor"
+                raise KernelCallError(f"{arg}: not contiguous (strides {tuple(a.stride())}); the kernel "
+                                      f"reads {what}: pass {arg}.contiguous()",
+                                      where=f'kernel "{self.name}"', exit_code=1)
+            bufs.append(b)
+        got = getattr(getattr(torch.ops, NAMESPACE), name).default(*bufs, *scalars, key)
+        got = [] if got is None else list(got) if isinstance(got, (tuple, list)) else [got]
+        outs: list[Any] = []
+        for inout, perm, reduce, saved in results:
+            if inout is not None:
+                if bufs[inout] is not tensors[inout]:  # laid out otherwise: written back
+                    tensors[inout].copy_(bufs[inout].permute(perm))
+                o = tensors[inout]
+            else:
+                o = got.pop(0)
+                o = o if perm is None else o.permute(perm)
+            o = o.sum(dim=0, dtype=o.dtype) if reduce else o
+            if not saved:
+                outs.append(o)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _op_plan(self, shapes: tuple, dtypes: tuple, devices: tuple, kw: tuple) -> tuple:
+        """What a call through the op needs, as constants: the op's name, the build's key,
+        the runtime scalars' values, per input (buffer permutation or None, name, padded)
+        and per result (index of the input it is written into or None, the permutation
+        back to logical or None, whether it is summed, whether it is saved)."""
+        if len(set(devices)) > 1:
+            raise KernelCallError(f"tensors on several devices ({', '.join(sorted(set(devices)))}); "
+                                  "a call needs all of them on one CUDA device",
+                                  where=f'kernel "{self.name}"', exit_code=1)
+        if devices and devices[0].split(":")[0] not in DEVICE_TYPES:
+            raise KernelCallError(f"tensors on {devices[0]}; cutecc kernels run on CUDA devices: move "
+                                  f"them with .cuda() (built for {self.arch}:{self._signatures()})",
+                                  where=f'kernel "{self.name}"', exit_code=1)
+        specs = [_Spec(sh, dt) for sh, dt in zip(shapes, dtypes)]
+        build, _, scalars = self._choose(specs, dict(kw))
+        conv = build.conv
+        name = op_name(self.name, build)
+        _op(self, build)
+        perms = tuple((None if t.order is None else t.perm, t.name, t.buffer is not None)
+                      for t in conv.inputs)
+        results = []
+        for t in conv.results:
+            inv = None if t.order is None else tuple(sorted(range(len(t.perm)), key=lambda i: t.perm[i]))
+            results.append((conv.inputs.index(t) if t.role == "inout" else None, inv,
+                            t.reduce == "sum", t.saved))
+        return name, build.key, tuple(scalars), perms, tuple(results)
+
+    def _backward(self, build: Build, xs: Sequence[Any], outs: Mapping[str, Any],
+                  cts: Mapping[str, Any], scalars: Mapping[str, Any]) -> list[Any]:
+        """The gradients of the forward's logical inputs (None where none is given), from
+        the paired backward kernel: inputs then cotangents, or a named pairing's arguments."""
+        back = self._owner.get(self.backward) if self._owner is not None and self.backward else None
+        if back is None:
+            raise NotImplementedError(
+                f"cutecc kernel '{self.name}' has no derivative rule. Pair it with a backward kernel "
+                f'in the manifest (grad = {{ backward = "..." }}) to use torch.autograd, or wrap the '
+                "call in a torch.autograd.Function yourself.")
+        conv = build.conv
+        bkw = {k: v for k, v in build.call if k in back._keywords}
+        bkw.update({k: v for k, v in scalars.items()
+                    if k in back.scalar_names() and any(s.name == k for s in conv.given)})
+        visible = [t.name for t in conv.visible]
+        names = [t.name for t in conv.inputs]
+        if self.grad is None:
+            g = back._through_op((*xs, *(cts[n] for n in visible)), bkw)
+            g = list(g) if isinstance(g, tuple) else [g]
+            return g + [None] * (len(xs) - len(g))
+        have = {**dict(zip(names, xs)), **outs, **{f"cotangent.{n}": cts[n] for n in visible}}
+        g = back._through_op(tuple(have[n] for n in self.grad["args"]), bkw)
+        g = dict(zip(self.grad["returns"] or names, g if isinstance(g, tuple) else (g,)))
+        return [g.get(n) for n in names]
+
+
+def build_function(kernel: str, build: Build) -> Any:
+    """The build's `tvm_ffi.Function`, verified and loaded once per process (as for JAX)."""
+    return library.load_function(build.key, build.library, build.sha256, build.size, build.symbol,
+                                 f"kernel \"{kernel}\" {build.label}", record_use=build.record_use,
+                                 runtime=build.runtime)
+
+
+class TorchKernelSet(KernelSet):
+    """The kernels of a cache usable on this GPU's arch, callable from PyTorch:
+    `ks.rmsnorm(x, w, eps=1e-5)`."""
+
+    def register_all(self) -> list[str]:
+        """Define every usable build's custom op (e.g. before loading a compiled artifact
+        that calls them); returns their qualified names."""
+        out = []
+        for n in sorted(self._names):
+            fn = self._kernel(n)
+            for b in fn.builds:
+                _op(fn, b)
+                out.append(f"{NAMESPACE}::{op_name(n, b)}")
+        return out
+
+    def disabled_safety_checks(self) -> list[Any]:
+        raise AttributeError("disabled_safety_checks is for jax.export; the PyTorch kernel set has none")
+
+
+def device_arch() -> str | None:
+    """`$CUTECC_ARCH`, else the current CUDA device's arch as torch sees it (`sm_90` for
+    compute capability 9.0), else None."""
+    import os
+
+    from cutecc import environ
+    from cutecc.archs import check_arch
+
+    env = os.environ.get(environ.ARCH)
+    if env:
+        return check_arch(env, f"${environ.ARCH}")
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+def device_kind() -> str | None:
+    """The current GPU's name as the tuning records name it (`NVIDIA H100 80GB HBM3`);
+    without a GPU, `$CUTECC_DEVICE_KIND`, else None."""
+    import os
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return os.environ.get("CUTECC_DEVICE_KIND") or None
+
+
+FRONT = FrontEnd("PyTorch", TorchKernelFn, None, TorchKernelSet, device_arch, device_kind)
+
+
+def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
+         kernels: tuple[str, ...] | list[str] | None = None,
+         manifest: str | Path | None = None, strict: bool = False,
+         lock: str | Path | None = None, package: str | None = None,
+         trusted_keys: list[str | Path] | None = None, allow_unsigned: bool = False) -> TorchKernelSet:
+    """Load the kernels of a cache (or an installed pack) for this GPU, or for `arch`
+    (e.g. `sm_90a`, to trace with fake tensors on a machine without one). Arguments,
+    sources, integrity and trust checks are `cutecc.load`'s (see its docstring): the same
+    entries are chosen and their bytes verified before any library is opened."""
+    ks = load_with(FRONT, cache_dir, arch=arch, kernels=kernels, manifest=manifest, strict=strict,
+                   lock=lock, package=package, trusted_keys=trusted_keys,
+                   allow_unsigned=allow_unsigned)
+    assert isinstance(ks, TorchKernelSet)
+    for name in ks:  # each kernel's entries read now (no library is opened), so that a first
+        ks.get(name)  # use inside torch.compile traces no file access
+    return ks
