@@ -180,7 +180,6 @@ def _op_impl(*args: Any) -> Any:
     fn, build = _built(args[-1])
     ins, scalars, _ = _split(build, args)
     outs = fn._launch(build, ins, scalars, _env_of(build, ins))
-    outs = [o for o, t in zip(outs, build.conv.results) if t.role != "inout"]
     return None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -234,6 +233,49 @@ class _Spec:
         self.shape, self.dtype = shape, dtype
 
 
+def _layouts(build: Build) -> tuple[tuple, tuple]:
+    """Per input (its buffer permutation or None, its name, whether padded) and per result
+    (the input it is written into or None, the permutation back to logical or None,
+    whether it is summed over its leading axis, whether it is saved, not returned)."""
+    conv = build.conv
+    inputs = tuple((None if t.order is None else t.perm, t.name, t.buffer is not None)
+                   for t in conv.inputs)
+    results = tuple((conv.inputs.index(t) if t.role == "inout" else None,
+                     None if t.order is None else tuple(sorted(range(len(t.perm)), key=t.perm.__getitem__)),
+                     t.reduce == "sum", t.saved) for t in conv.results)
+    return inputs, results
+
+
+class _Eager:
+    """A build's launch for one call signature: the function, what to allocate (shape and
+    dtype, or the index of the operand an aliased result is), the scalars' values."""
+
+    def __init__(self, fn: TorchKernelFn, build: Build, env: Mapping[str, Any], scalars: Sequence[Any],
+                 device: Any) -> None:
+        conv = build.conv
+        self.device = device
+        self.function = build_function(fn.name, build)
+        self.scalars = tuple(scalars)
+        self.inputs, self.results = _layouts(build)
+        shapes = [(calls.buffer_shape(fn.name, t, env, TORCH_DIMS), _torch_dtype(t.dtype))
+                  for t in conv.ffi_results]
+        self.zeroed = [shapes[len(conv.results) + conv.scratch.index(t)] for t in conv.scratch if t.zero]
+        aliased = {r: i for i, r in conv.ffi_aliases}
+        self.allocs = [aliased.get(j, sh) for j, sh in enumerate(shapes)]
+        self.own = [j < len(conv.results) and conv.results[j].role != "inout" for j in range(len(shapes))]
+        self.simple = not (conv.scratch or conv.aliases or any(t.order is not None for t in conv.inputs)
+                           or any(t.order is not None or t.reduce or t.saved for t in conv.results))
+        self.index = device.index
+
+    def launch(self, *args: Any) -> None:
+        """The call on this device (made current for it if it is not)."""
+        if self.index is None or self.index == torch.cuda.current_device():
+            self.function(*args)
+        else:
+            with torch.cuda.device(self.device):
+                self.function(*args)
+
+
 _kernels: dict[int, TorchKernelFn] = {}  # id -> kernel, for `_op_plan` (its arguments are constants)
 
 
@@ -270,31 +312,32 @@ class TorchKernelFn(calls.KernelBase):
         if not torch.compiler.is_compiling():
             plan = self._plan_of(tensors, kw)
             if plan is not None:
-                return self._run_plan(plan, tensors)
+                return self._run(plan, tensors)
         return self._through_op(tensors, kw)
 
-    # The eager path ----------------------------------------------------------------------
+    # The eager path: the tvm-ffi function called directly ----------------------------------
 
-    def _plan_of(self, tensors: Sequence[Any], kw: Mapping[str, Any]) -> tuple | None:
-        """The cached plan of an eager call (build, function, what to allocate), or None
-        where the call must take the op: fake or meta tensors, autograd, an unhashable
-        keyword. Keyed by shapes, dtypes, device and keywords."""
+    def _plan_of(self, tensors: Sequence[Any], kw: Mapping[str, Any]) -> _Eager | None:
+        """The cached plan of an eager call, or None where the call must take the op: fake
+        or meta tensors, autograd, an unhashable keyword. Keyed by shapes, dtypes, device
+        and keywords, so the contract is checked once per signature."""
         grad = torch.is_grad_enabled()
         for i, a in enumerate(tensors):
             if type(a) is not torch.Tensor and type(a) is not torch.nn.Parameter:
                 if not isinstance(a, torch.Tensor):
-                    raise KernelTypeError(f"argument {i} is a {type(a).__name__}, not a "
-                                          "tensor (runtime scalars are keyword arguments)",
-                                          where=f'kernel "{self.name}"', exit_code=1)
+                    raise KernelTypeError(f"argument {i} is a {type(a).__name__}, not a tensor (runtime "
+                                          "scalars are keyword arguments)", where=f'kernel "{self.name}"',
+                                          exit_code=1)
                 return None  # a tensor subclass (fake tensors): the op sees it through
             if grad and a.requires_grad:
                 return None
         try:
-            key = (tuple((a.shape, a.dtype, a.device) for a in tensors), tuple(sorted(kw.items())))
-            plan = self._plans.get(key)
+            key = (tuple((a.shape, a.dtype, a.device) for a in tensors),
+                   tuple(sorted(kw.items())) if kw else ())
+            plan = self._plans.get(key, False)
         except TypeError:
             return None
-        if plan is None:
+        if plan is False:
             plan = self._make_plan(tensors, kw)
             with self._plans_lock:
                 if len(self._plans) >= MAX_PLANS:
@@ -302,56 +345,68 @@ class TorchKernelFn(calls.KernelBase):
                 self._plans[key] = plan
         return plan
 
-    def _make_plan(self, tensors: Sequence[Any], kw: Mapping[str, Any]) -> tuple | None:
+    def _make_plan(self, tensors: Sequence[Any], kw: Mapping[str, Any]) -> _Eager | None:
         device = self._device_of(tensors)
-        if device.type != "cuda":
-            return None  # meta tensors: the op's fake implementation
+        if device.type == "meta":
+            return None  # shapes only: the op's fake implementation
         build, env, scalars = self._choose(tensors, kw)
-        fn = build_function(self.name, build)
-        conv = build.conv
-        shapes = [(calls.buffer_shape(self.name, t, env, TORCH_DIMS), _torch_dtype(t.dtype))
-                  for t in conv.ffi_results]
-        zeroed = [shapes[len(conv.results) + conv.scratch.index(t)] for t in conv.scratch if t.zero]
-        return (build, fn, shapes, zeroed, tuple(scalars), device)
+        return _Eager(self, build, env, scalars, device)
 
-    def _run_plan(self, plan: tuple, tensors: Sequence[Any]) -> Any:
-        build, fn, shapes, zeroed, scalars, device = plan
-        conv = build.conv
-        bufs = [self._buffer(a, t) for a, t in zip(tensors, conv.inputs)]
-        outs = self._call_fn(fn, conv, bufs, shapes, zeroed, scalars, device)
-        for i, r in conv.aliases:
-            if bufs[i] is not tensors[i]:  # an inout laid out otherwise: written back
-                tensors[i].copy_(_from_buffer(outs[r], conv.results[r]))
-            outs[r] = tensors[i]
-        return self._finish(conv, outs, every=False, logical_inout=True)
+    def _run(self, plan: _Eager, tensors: Sequence[Any]) -> Any:
+        """An eager call: buffers checked, results allocated from the contract, the kernel
+        launched on torch's current stream (tvm-ffi passes it to the call)."""
+        if plan.simple:  # dense row-major tensors in, fresh outputs out
+            for i, a in enumerate(tensors):
+                if not a.is_contiguous():
+                    self._not_contiguous(a, plan.inputs[i])
+            outs = [torch.empty(s, dtype=d, device=plan.device) for s, d in plan.allocs]
+            plan.launch(*tensors, *outs, *plan.scalars)
+            return outs[0] if len(outs) == 1 else tuple(outs)
+        bufs = self._buffers(tensors, plan.inputs)
+        ffi_in = bufs + [torch.zeros(s, dtype=d, device=plan.device) for s, d in plan.zeroed]
+        res = [ffi_in[a] if isinstance(a, int) else torch.empty(a[0], dtype=a[1], device=plan.device)
+               for a in plan.allocs]
+        plan.launch(*ffi_in, *res, *plan.scalars)
+        return self._post(plan.results, tensors, bufs, [r for r, keep in zip(res, plan.own) if keep])
 
-    def _call_fn(self, fn: Any, conv: Any, bufs: list[Any], shapes: list[tuple], zeroed: list[tuple],
-                 scalars: Sequence[Any], device: Any) -> list[Any]:
-        """Allocate results and scratch, launch on torch's current stream (tvm-ffi passes
-        it), and return the results' buffers (an inout's is its input buffer)."""
-        zs = [torch.zeros(s, dtype=d, device=device) for s, d in zeroed]
-        ffi_inputs = [*bufs, *zs]
-        res: list[Any] = []
-        aliased = dict((r, i) for i, r in conv.ffi_aliases)
-        for j, (s, d) in enumerate(shapes):
-            res.append(ffi_inputs[aliased[j]] if j in aliased else torch.empty(s, dtype=d, device=device))
-        if device.index is not None and device.index != torch.cuda.current_device():
-            with torch.cuda.device(device):
-                fn(*ffi_inputs, *res, *scalars)
-        else:
-            fn(*ffi_inputs, *res, *scalars)
-        return res[:len(conv.results)]
+    def _buffers(self, tensors: Sequence[Any], inputs: tuple) -> list[Any]:
+        """The dense buffers the kernel reads (each in its declared order), or an error
+        naming the argument that is not one."""
+        bufs = []
+        for a, spec in zip(tensors, inputs):
+            perm = spec[0]
+            b = a if perm is None else a.permute(perm).contiguous()
+            if not b.is_contiguous():
+                self._not_contiguous(a, spec)
+            bufs.append(b)
+        return bufs
 
-    def _buffer(self, a: Any, t: TensorArg) -> Any:
-        """The dense buffer the kernel reads for argument `t`, or an error naming it."""
-        b = _to_buffer(a, t)
-        if not b.is_contiguous():
-            what = ("the padded tensor (whole, not a slice of it)" if t.buffer is not None
-                    else "a dense tensor")
-            raise KernelCallError(f"{t.name}: not contiguous (strides {tuple(a.stride())}); the kernel "
-                                  f"reads {what}: pass {t.name}.contiguous()",
-                                  where=f'kernel "{self.name}"', exit_code=1)
-        return b
+    def _not_contiguous(self, a: Any, spec: tuple) -> None:
+        _, name, padded = spec
+        what = "the padded tensor (whole, not a slice of it)" if padded else "a dense tensor"
+        raise KernelCallError(f"{name}: not contiguous (strides {tuple(a.stride())}); the kernel reads "
+                              f"{what}: pass {name}.contiguous()", where=f'kernel "{self.name}"',
+                              exit_code=1)
+
+    @staticmethod
+    def _post(results: tuple, tensors: Sequence[Any], bufs: Sequence[Any], got: list[Any]) -> Any:
+        """What the call returns from the kernel's result buffers `got` (the non-inout ones):
+        logical layouts, inout tensors (written back where laid out otherwise: the tensor
+        passed is what comes back), declared reductions summed, saved results dropped."""
+        got = list(got)
+        outs: list[Any] = []
+        for inout, perm, reduce, saved in results:
+            if inout is not None:
+                if bufs[inout] is not tensors[inout]:
+                    tensors[inout].copy_(bufs[inout].permute(perm))
+                o = tensors[inout]
+            else:
+                o = got.pop(0)
+                o = o if perm is None else o.permute(perm)
+            o = o.sum(dim=0, dtype=o.dtype) if reduce else o
+            if not saved:
+                outs.append(o)
+        return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _device_of(self, tensors: Sequence[Any]) -> Any:
         devices = {a.device for a in tensors}
@@ -383,76 +438,30 @@ class TorchKernelFn(calls.KernelBase):
             raise _as_call_error(e) from None
         return build, env, [v for _, _, v in sc]
 
-    def _finish(self, conv: Any, outs: list[Any], every: bool, logical_inout: bool = False) -> Any:
-        """Results from their buffers: laid out logically, declared reductions summed, saved
-        ones dropped (kept with `every`, which returns all by name)."""
-        done = []
-        for o, t in zip(outs, conv.results):
-            if not (logical_inout and t.role == "inout"):
-                o = _from_buffer(o, t)
-            done.append(o.sum(dim=0, dtype=o.dtype) if t.reduce == "sum" else o)
-        if every:
-            return {t.name: o for t, o in zip(conv.results, done)}
-        done = [o for o, t in zip(done, conv.results) if not t.saved]
-        return done[0] if len(done) == 1 else tuple(done)
-
-    def _launch(self, build: Build, bufs: Sequence[Any], scalars: Sequence[Any],
-                env: Mapping[str, Any]) -> list[Any]:
-        """The op's real implementation: run `build` on the input buffers."""
-        device = self._device_of(bufs)
-        conv = build.conv
-        shapes = [(calls.buffer_shape(self.name, t, env, TORCH_DIMS), _torch_dtype(t.dtype))
-                  for t in conv.ffi_results]
-        zeroed = [shapes[len(conv.results) + conv.scratch.index(t)] for t in conv.scratch if t.zero]
-        return self._call_fn(build_function(self.name, build), conv, list(bufs), shapes, zeroed,
-                             scalars, device)
-
     # The custom-op path (compiling, autograd, fake tensors) ----------------------------------
 
     def _through_op(self, tensors: Sequence[Any], kw: Mapping[str, Any]) -> Any:
         """The call through the build's custom op. What the contract decides (the build,
         scalars, layouts) is computed by `_op_plan` from the tensors' shapes, dtypes and
-        device, which torch.compile treats as a constant of the trace (no graph break);
-        what stays traced is the op and the torch ops around it (layouts, reductions)."""
+        devices, which torch.compile takes as a constant of the trace (no graph break);
+        what is traced is the op and the torch ops around it (layouts, reductions)."""
         for i, a in enumerate(tensors):
             if not isinstance(a, torch.Tensor):
                 raise KernelTypeError(f"argument {i} is a {type(a).__name__}, not a tensor (runtime "
                                       "scalars are keyword arguments)", where=f'kernel "{self.name}"',
                                       exit_code=1)
-        name, key, scalars, perms, results = _op_plan(
+        name, key, scalars, inputs, results = _op_plan(
             self._id, tuple(tuple(int(d) for d in a.shape) for a in tensors),
             tuple(_dtype_name(a.dtype) for a in tensors), tuple(str(a.device) for a in tensors),
             tuple(sorted(kw.items())))
-        bufs = []
-        for a, (perm, arg, padded) in zip(tensors, perms):
-            b = a if perm is None else a.permute(perm).contiguous()
-            if not b.is_contiguous():
-                what = "the padded tensor (whole, not a slice of it)" if padded else "a dense tensor"
-                raise KernelCallError(f"{arg}: not contiguous (strides {tuple(a.stride())}); the kernel "
-                                      f"reads {what}: pass {arg}.contiguous()",
-                                      where=f'kernel "{self.name}"', exit_code=1)
-            bufs.append(b)
+        bufs = self._buffers(tensors, inputs)
         got = getattr(getattr(torch.ops, NAMESPACE), name).default(*bufs, *scalars, key)
         got = [] if got is None else list(got) if isinstance(got, (tuple, list)) else [got]
-        outs: list[Any] = []
-        for inout, perm, reduce, saved in results:
-            if inout is not None:
-                if bufs[inout] is not tensors[inout]:  # laid out otherwise: written back
-                    tensors[inout].copy_(bufs[inout].permute(perm))
-                o = tensors[inout]
-            else:
-                o = got.pop(0)
-                o = o if perm is None else o.permute(perm)
-            o = o.sum(dim=0, dtype=o.dtype) if reduce else o
-            if not saved:
-                outs.append(o)
-        return outs[0] if len(outs) == 1 else tuple(outs)
+        return self._post(results, tensors, bufs, got)
 
     def _op_plan(self, shapes: tuple, dtypes: tuple, devices: tuple, kw: tuple) -> tuple:
         """What a call through the op needs, as constants: the op's name, the build's key,
-        the runtime scalars' values, per input (buffer permutation or None, name, padded)
-        and per result (index of the input it is written into or None, the permutation
-        back to logical or None, whether it is summed, whether it is saved)."""
+        the runtime scalars' values, and the build's `_layouts`."""
         if len(set(devices)) > 1:
             raise KernelCallError(f"tensors on several devices ({', '.join(sorted(set(devices)))}); "
                                   "a call needs all of them on one CUDA device",
@@ -461,19 +470,20 @@ class TorchKernelFn(calls.KernelBase):
             raise KernelCallError(f"tensors on {devices[0]}; cutecc kernels run on CUDA devices: move "
                                   f"them with .cuda() (built for {self.arch}:{self._signatures()})",
                                   where=f'kernel "{self.name}"', exit_code=1)
-        specs = [_Spec(sh, dt) for sh, dt in zip(shapes, dtypes)]
-        build, _, scalars = self._choose(specs, dict(kw))
-        conv = build.conv
-        name = op_name(self.name, build)
+        build, _, scalars = self._choose([_Spec(sh, dt) for sh, dt in zip(shapes, dtypes)], dict(kw))
         _op(self, build)
-        perms = tuple((None if t.order is None else t.perm, t.name, t.buffer is not None)
-                      for t in conv.inputs)
-        results = []
-        for t in conv.results:
-            inv = None if t.order is None else tuple(sorted(range(len(t.perm)), key=lambda i: t.perm[i]))
-            results.append((conv.inputs.index(t) if t.role == "inout" else None, inv,
-                            t.reduce == "sum", t.saved))
-        return name, build.key, tuple(scalars), perms, tuple(results)
+        return (op_name(self.name, build), build.key, tuple(scalars), *_layouts(build))
+
+    def _launch(self, build: Build, bufs: Sequence[Any], scalars: Sequence[Any],
+                env: Mapping[str, Any]) -> list[Any]:
+        """The op's real implementation: run `build` on the input buffers; returns the
+        buffers of its non-inout results."""
+        plan = _Eager(self, build, env, scalars, self._device_of(bufs))
+        ffi_in = list(bufs) + [torch.zeros(s, dtype=d, device=plan.device) for s, d in plan.zeroed]
+        res = [ffi_in[a] if isinstance(a, int) else torch.empty(a[0], dtype=a[1], device=plan.device)
+               for a in plan.allocs]
+        plan.launch(*ffi_in, *res, *plan.scalars)
+        return [r for r, keep in zip(res, plan.own) if keep]
 
     def _backward(self, build: Build, xs: Sequence[Any], outs: Mapping[str, Any],
                   cts: Mapping[str, Any], scalars: Mapping[str, Any]) -> list[Any]:

@@ -179,6 +179,46 @@ def test_cpu_reference_through_the_kernel_call_and_autograd(ks: ct.TorchKernelSe
         out.sum().backward()
 
 
+def _stand_in(kernel: str):
+    """A Python stand-in for a kernel's tvm-ffi function: the same arguments (input buffers,
+    result buffers, runtime scalars, in that order), results written in place."""
+    def mul(x, y, out):
+        out.copy_(x * y)
+
+    def mul_bwd(x, y, dout, dx, dy):
+        dx.copy_(dout * y)
+        dy.copy_(dout * x)
+
+    def rmsnorm(x, w, out, eps):
+        out.copy_(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w)
+
+    def axpy(x, y, out_y, alpha):
+        assert out_y is y  # the inout buffer is passed twice, as operand and result
+        y.add_(alpha * x)
+
+    return {"mul": mul, "mul_bwd": mul_bwd, "rmsnorm": rmsnorm, "axpy": axpy}[kernel]
+
+
+def test_eager_path_passes_buffers_results_and_scalars_in_the_kernels_order(
+        example_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ks = ct.load(example_cache, arch="sm_90a")  # its eager plans hold the stand-ins: not shared
+    monkeypatch.setattr(ct, "DEVICE_TYPES", ("cuda", "meta", "cpu"))
+    monkeypatch.setattr(ct, "build_function", lambda kernel, build: _stand_in(kernel))
+    x, y = torch.randn(100), torch.randn(100)
+    torch.testing.assert_close(ks.mul(x, y), x * y)
+    dx, dy = ks.mul_bwd(x, y, torch.ones(100))
+    torch.testing.assert_close((dx, dy), (y, x))
+    a, w = torch.randn(3, 1024), torch.randn(1024)
+    want = a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-3) * w
+    torch.testing.assert_close(ks.rmsnorm(a, w, eps=1e-3), want)
+    y0 = y.clone()
+    assert ks.axpy(x, y, alpha=2.0) is y
+    torch.testing.assert_close(y, y0 + 2 * x)
+    assert len(ks.mul._plans) == 1 and ks.mul(x, y) is not None and len(ks.mul._plans) == 1
+    with pytest.raises(ValueError, match="x: not contiguous"):
+        ks.mul(torch.randn(200)[::2], y)
+
+
 IMPORT = r'''
 import sys
 before = set(sys.modules)
