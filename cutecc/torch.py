@@ -322,6 +322,7 @@ class TorchKernelFn(calls.KernelBase):
         or meta tensors, autograd, an unhashable keyword. Keyed by shapes, dtypes, device
         and keywords, so the contract is checked once per signature."""
         grad = torch.is_grad_enabled()
+        key: list[Any] = []
         for i, a in enumerate(tensors):
             if type(a) is not torch.Tensor and type(a) is not torch.nn.Parameter:
                 if not isinstance(a, torch.Tensor):
@@ -331,10 +332,11 @@ class TorchKernelFn(calls.KernelBase):
                 return None  # a tensor subclass (fake tensors): the op sees it through
             if grad and a.requires_grad:
                 return None
+            key += (a.shape, a.dtype, a.device)
+        if kw:
+            key.append(tuple(sorted(kw.items())))
         try:
-            key = (tuple((a.shape, a.dtype, a.device) for a in tensors),
-                   tuple(sorted(kw.items())) if kw else ())
-            plan = self._plans.get(key, False)
+            plan = self._plans.get(tuple(key), False)
         except TypeError:
             return None
         if plan is False:
@@ -342,7 +344,7 @@ class TorchKernelFn(calls.KernelBase):
             with self._plans_lock:
                 if len(self._plans) >= MAX_PLANS:
                     self._plans.clear()
-                self._plans[key] = plan
+                self._plans[tuple(key)] = plan
         return plan
 
     def _make_plan(self, tensors: Sequence[Any], kw: Mapping[str, Any]) -> _Eager | None:
@@ -521,6 +523,11 @@ def build_function(kernel: str, build: Build) -> Any:
 class TorchKernelSet(KernelSet):
     """The kernels of a cache usable on this GPU's arch, callable from PyTorch:
     `ks.rmsnorm(x, w, eps=1e-5)`."""
+
+    def _kernel(self, name: str) -> Any:
+        fn = super()._kernel(name)
+        self.__dict__[name] = fn  # later `ks.name` is a plain attribute lookup (eager calls)
+        return fn
 
     def register_all(self) -> list[str]:
         """Define every usable build's custom op (e.g. before loading a compiled artifact
