@@ -23,6 +23,7 @@ the kernels launch on. Two ways reach it:
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -276,12 +277,14 @@ class _Eager:
                 self.function(*args)
 
 
-_kernels: dict[int, TorchKernelFn] = {}  # id -> kernel, for `_op_plan` (its arguments are constants)
+# id -> kernel, for `_op_plan` (whose arguments must be constants); a kernel set dropped is freed
+_kernels: weakref.WeakValueDictionary[str, TorchKernelFn] = weakref.WeakValueDictionary()
 
 
 @torch.compiler.assume_constant_result
-def _op_plan(kernel: int, shapes: tuple, dtypes: tuple, devices: tuple, kw: tuple) -> tuple:
-    return _kernels[kernel]._op_plan(shapes, dtypes, devices, kw)
+def _op_plan(kernel: str, shapes: tuple, dtypes: tuple, devices: tuple, keywords: tuple,
+             given: tuple) -> tuple:
+    return _kernels[kernel]._op_plan(shapes, dtypes, devices, keywords, given)
 
 
 class TorchKernelFn(calls.KernelBase):
@@ -295,7 +298,7 @@ class TorchKernelFn(calls.KernelBase):
         super().__init__(*args, **kwargs)
         self._plans: dict[tuple, tuple] = {}
         self._plans_lock = threading.Lock()
-        self._id = id(self)
+        self._id = f"{self.name}@{id(self):x}"  # a str: torch.compile never makes it a dynamic int
         _kernels[self._id] = self
 
     @staticmethod
@@ -444,26 +447,41 @@ class TorchKernelFn(calls.KernelBase):
 
     def _through_op(self, tensors: Sequence[Any], kw: Mapping[str, Any]) -> Any:
         """The call through the build's custom op. What the contract decides (the build,
-        scalars, layouts) is computed by `_op_plan` from the tensors' shapes, dtypes and
-        devices, which torch.compile takes as a constant of the trace (no graph break);
-        what is traced is the op and the torch ops around it (layouts, reductions)."""
+        layouts, which scalars go where) is computed by `_op_plan` from the tensors' shapes,
+        dtypes and devices and the call keywords, which torch.compile takes as a constant of
+        the trace (no graph break); the runtime scalars' values stay values of the trace (a
+        new `eps` is no new plan). What is traced is the op and the torch ops around it."""
         for i, a in enumerate(tensors):
             if not isinstance(a, torch.Tensor):
                 raise KernelTypeError(f"argument {i} is a {type(a).__name__}, not a tensor (runtime "
                                       "scalars are keyword arguments)", where=f'kernel "{self.name}"',
                                       exit_code=1)
+        keywords, given = [], []
+        for k in sorted(kw):
+            v = kw[k]
+            if k in self._keywords:  # the built value equal to it: a constant even if traced
+                v = next((w for w in self._keywords[k] if calls._same(w, v)), v)
+                keywords.append((k, v))
+            else:
+                given.append((k, "Tensor" if isinstance(v, torch.Tensor) else type(v).__name__))
         name, key, scalars, inputs, results = _op_plan(
             self._id, tuple(tuple(int(d) for d in a.shape) for a in tensors),
             tuple(_dtype_name(a.dtype) for a in tensors), tuple(str(a.device) for a in tensors),
-            tuple(sorted(kw.items())))
+            tuple(keywords), tuple(given))
+        if not torch.compiler.is_compiling():  # values known: checked as the eager path checks them
+            self._choose(tensors, kw)
+        values = [kw.get(n, d) for n, d in scalars]
         bufs = self._buffers(tensors, inputs)
-        got = getattr(getattr(torch.ops, NAMESPACE), name).default(*bufs, *scalars, key)
+        got = getattr(getattr(torch.ops, NAMESPACE), name).default(*bufs, *values, key)
         got = [] if got is None else list(got) if isinstance(got, (tuple, list)) else [got]
         return self._post(results, tensors, bufs, got)
 
-    def _op_plan(self, shapes: tuple, dtypes: tuple, devices: tuple, kw: tuple) -> tuple:
+    def _op_plan(self, shapes: tuple, dtypes: tuple, devices: tuple, keywords: tuple,
+                 given: tuple) -> tuple:
         """What a call through the op needs, as constants: the op's name, the build's key,
-        the runtime scalars' values, and the build's `_layouts`."""
+        per runtime scalar (launcher order) its name and its value when the call does not
+        pass it (default or derived), and the build's `_layouts`. `given` names the scalars
+        the call passes, with their Python types (checked against the dtypes)."""
         if len(set(devices)) > 1:
             raise KernelCallError(f"tensors on several devices ({', '.join(sorted(set(devices)))}); "
                                   "a call needs all of them on one CUDA device",
@@ -472,9 +490,15 @@ class TorchKernelFn(calls.KernelBase):
             raise KernelCallError(f"tensors on {devices[0]}; cutecc kernels run on CUDA devices: move "
                                   f"them with .cuda() (built for {self.arch}:{self._signatures()})",
                                   where=f'kernel "{self.name}"', exit_code=1)
-        build, _, scalars = self._choose([_Spec(sh, dt) for sh, dt in zip(shapes, dtypes)], dict(kw))
+        stand_in = {"float": 0.0, "int": 0, "bool": False, "SymFloat": 0.0, "SymInt": 0, "SymBool": False,
+                    "Tensor": torch.zeros(())}
+        kw = {**dict(keywords), **{k: stand_in.get(t, t) for k, t in given}}
+        build, _, values = self._choose([_Spec(sh, dt) for sh, dt in zip(shapes, dtypes)], kw)
         _op(self, build)
-        return (op_name(self.name, build), build.key, tuple(scalars), *_layouts(build))
+        passed = dict(given)
+        scalars = tuple((s.name, None if s.name in passed and s.value is None else v)
+                        for s, v in zip(build.conv.scalars, values))
+        return (op_name(self.name, build), build.key, scalars, *_layouts(build))
 
     def _launch(self, build: Build, bufs: Sequence[Any], scalars: Sequence[Any],
                 env: Mapping[str, Any]) -> list[Any]:
@@ -492,6 +516,10 @@ class TorchKernelFn(calls.KernelBase):
         """The gradients of the forward's logical inputs (None where none is given), from
         the paired backward kernel: inputs then cotangents, or a named pairing's arguments."""
         back = self._owner.get(self.backward) if self._owner is not None and self.backward else None
+        if back is None and self.backward:
+            raise NotImplementedError(
+                f"cutecc kernel '{self.name}' is paired with '{self.backward}', which cutecc.torch "
+                "cannot call (not in this kernel set; composite kernels are not offered from torch yet)")
         if back is None:
             raise NotImplementedError(
                 f"cutecc kernel '{self.name}' has no derivative rule. Pair it with a backward kernel "
