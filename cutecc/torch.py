@@ -82,9 +82,12 @@ def _torch_scalar(kernel: str, s: ScalarArg, v: Any) -> Any:
 
 
 def _as_call_error(e: CuteccError) -> CuteccError:
-    """The shared checks' CuteccError as the torch front end's ValueError subclass."""
+    """The shared checks' CuteccError as the torch front end's ValueError subclass (a runtime
+    scalar of the wrong type as its TypeError subclass)."""
     if isinstance(e, (KernelCallError, KernelTypeError)):
         return e
+    if e.message.startswith("runtime scalar") and ": got " in e.message:  # a str for a float: a type
+        return KernelTypeError(e.message, where=e.where, key_path=e.key_path, exit_code=e.exit_code)
     return KernelCallError(e.message, where=e.where, key_path=e.key_path, exit_code=e.exit_code)
 
 

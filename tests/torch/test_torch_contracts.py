@@ -260,3 +260,29 @@ def test_a_composite_backward_is_named_when_torch_cannot_call_it(train) -> None:
     out = train.expw2(x, torch.randn(3))
     with pytest.raises(NotImplementedError, match="expw2_bwd.*composite"):
         out.sum().backward()
+
+
+ROOT = {
+    "mul": lambda b, i, r, s: r["out"].copy_(i["x"] * i["y"]),
+    "mul_bwd": lambda b, i, r, s: (r["dx"].copy_(i["dout"] * i["y"]), r["dy"].copy_(i["dout"] * i["x"])),
+    "rmsnorm": lambda b, i, r, s: r["out"].copy_(
+        i["x"] * torch.rsqrt(i["x"].pow(2).mean(-1, keepdim=True) + s["eps"]) * i["w"]),
+    "axpy": lambda b, i, r, s: r["y"].add_(s["alpha"] * i["x"]),
+}
+
+
+def test_a_runtime_scalar_is_a_value_of_the_compiled_trace(monkeypatch: pytest.MonkeyPatch,
+                                                           example_cache: Path) -> None:
+    ks = _on_cpu(monkeypatch, example_cache, ROOT)
+    x, w = torch.randn(4, 1024), torch.randn(1024)
+    f = torch.compile(lambda x, w, eps: ks.rmsnorm(x, w, eps=eps), backend="aot_eager", fullgraph=True)
+    for eps in (1e-5, 1e-2, 0.5, 2.0):
+        want = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+        torch.testing.assert_close(f(x, w, eps), want)
+    y = torch.zeros(64)
+    g = torch.compile(lambda x, y, a: ks.axpy(x, y, alpha=a), backend="aot_eager", fullgraph=True)
+    g(torch.ones(64), y, 1.5)
+    g(torch.ones(64), y, 2.5)
+    torch.testing.assert_close(y, torch.full((64,), 4.0))
+    with pytest.raises(TypeError, match="runtime scalar 'alpha'.*must be a number"):
+        ks.axpy(torch.ones(64), y, alpha="2")

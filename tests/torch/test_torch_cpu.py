@@ -243,3 +243,14 @@ def test_import_pulls_in_neither_jax_nor_the_dsl(example_cache: Path) -> None:
                                                       "nvidia_cutlass_dsl")]
     assert bad == [], bad
     assert "cutecc.runtime.dispatch" not in modules and "cutecc.runtime.primitive" not in modules
+
+
+def test_the_jax_runtime_imports_no_torch(example_cache: Path) -> None:
+    code = ("import sys, jax, jax.numpy as jnp, cutecc\n"
+            "ks = cutecc.load(sys.argv[1], arch='sm_90a')\n"
+            "s = jax.ShapeDtypeStruct((8,), jnp.float32)\n"
+            "jax.jit(ks.mul).trace(s, s).lower(lowering_platforms=('cuda',))\n"
+            "print('torch' in sys.modules, 'cutecc.torch' in sys.modules)")
+    r = subprocess.run([PY, "-c", code, str(example_cache)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "False"]
