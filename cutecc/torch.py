@@ -270,6 +270,7 @@ class _Eager:
         self.simple = not (conv.scratch or conv.aliases or any(t.order is not None for t in conv.inputs)
                            or any(t.order is not None or t.reduce or t.saved for t in conv.results))
         self.index = device.index
+        self.aligns = tuple(t.align for t in conv.inputs)
 
     def launch(self, *args: Any) -> None:
         """The call on this device (made current for it if it is not)."""
@@ -367,10 +368,13 @@ class TorchKernelFn(calls.KernelBase):
             for i, a in enumerate(tensors):
                 if not a.is_contiguous():
                     self._not_contiguous(a, plan.inputs[i])
+                if a.data_ptr() % plan.aligns[i]:
+                    self._misaligned(a, plan.inputs[i], plan.aligns[i])
             outs = [torch.empty(s, dtype=d, device=plan.device) for s, d in plan.allocs]
             plan.launch(*tensors, *outs, *plan.scalars)
             return outs[0] if len(outs) == 1 else tuple(outs)
         bufs = self._buffers(tensors, plan.inputs)
+        self._check_aligned(bufs, plan)
         ffi_in = bufs + [torch.zeros(s, dtype=d, device=plan.device) for s, d in plan.zeroed]
         res = [ffi_in[a] if isinstance(a, int) else torch.empty(a[0], dtype=a[1], device=plan.device)
                for a in plan.allocs]
@@ -388,6 +392,19 @@ class TorchKernelFn(calls.KernelBase):
                 self._not_contiguous(a, spec)
             bufs.append(b)
         return bufs
+
+    def _check_aligned(self, bufs: Sequence[Any], plan: _Eager) -> None:
+        for b, spec, align in zip(bufs, plan.inputs, plan.aligns):
+            if b.data_ptr() % align:
+                self._misaligned(b, spec, align)
+
+    def _misaligned(self, a: Any, spec: tuple, align: int) -> None:
+        """The kernel was compiled assuming `align`-byte aligned data (the contract's `align`,
+        16 by default: 128-bit vector accesses); a view at an offset may not be."""
+        raise KernelCallError(f"{spec[1]}: its data starts at an address that is not a multiple of "
+                              f"{align} bytes (a view at offset {a.storage_offset()}), which the kernel "
+                              f"assumes: pass {spec[1]}.clone()", where=f'kernel "{self.name}"',
+                              exit_code=1)
 
     def _not_contiguous(self, a: Any, spec: tuple) -> None:
         _, name, padded = spec
@@ -508,6 +525,7 @@ class TorchKernelFn(calls.KernelBase):
         """The op's real implementation: run `build` on the input buffers; returns the
         buffers of its non-inout results."""
         plan = _Eager(self, build, env, scalars, self._device_of(bufs))
+        self._check_aligned(bufs, plan)
         ffi_in = list(bufs) + [torch.zeros(s, dtype=d, device=plan.device) for s, d in plan.zeroed]
         res = [ffi_in[a] if isinstance(a, int) else torch.empty(a[0], dtype=a[1], device=plan.device)
                for a in plan.allocs]

@@ -10,7 +10,6 @@ replay. Outputs land in memory filled with NaN just before, so an unwritten elem
 
 from __future__ import annotations
 
-import zlib
 from pathlib import Path
 
 import pytest
@@ -32,14 +31,6 @@ def ks(example_cache: Path):
     k = ct.load(example_cache)  # the device's own arch, as torch sees it
     assert k.arch.startswith("sm_9"), k.arch
     return k
-
-
-@pytest.fixture
-def gen(request: pytest.FixtureRequest) -> torch.Generator:
-    """Fresh random inputs per test, reproducible from its node id."""
-    g = torch.Generator(device="cuda")
-    g.manual_seed(zlib.crc32(request.node.nodeid.encode()))
-    return g
 
 
 def rand(gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

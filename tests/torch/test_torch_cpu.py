@@ -217,6 +217,8 @@ def test_eager_path_passes_buffers_results_and_scalars_in_the_kernels_order(
     assert len(ks.mul._plans) == 1 and ks.mul(x, y) is not None and len(ks.mul._plans) == 1
     with pytest.raises(ValueError, match="x: not contiguous"):
         ks.mul(torch.randn(200)[::2], y)
+    with pytest.raises(ValueError, match=r"y: its data starts at an address that is not a multiple of 16"):
+        ks.mul(x[:99], torch.randn(100)[1:])  # a view 4 bytes in: the kernel assumes 16
 
 
 IMPORT = r'''
