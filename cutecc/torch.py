@@ -328,7 +328,6 @@ class TorchKernelFn(calls.KernelBase):
         """The cached plan of an eager call, or None where the call must take the op: fake
         or meta tensors, autograd, an unhashable keyword. Keyed by shapes, dtypes, device
         and keywords, so the contract is checked once per signature."""
-        grad = torch.is_grad_enabled()
         key: list[Any] = []
         for i, a in enumerate(tensors):
             if type(a) is not torch.Tensor and type(a) is not torch.nn.Parameter:
@@ -337,7 +336,7 @@ class TorchKernelFn(calls.KernelBase):
                                           "scalars are keyword arguments)", where=f'kernel "{self.name}"',
                                           exit_code=1)
                 return None  # a tensor subclass (fake tensors): the op sees it through
-            if grad and a.requires_grad:
+            if a.requires_grad:  # autograd, or (under no_grad) a tensor DLPack exports detached
                 return None
             key += (a.shape, a.dtype, a.device)
         if kw:
@@ -523,13 +522,25 @@ class TorchKernelFn(calls.KernelBase):
     def _launch(self, build: Build, bufs: Sequence[Any], scalars: Sequence[Any],
                 env: Mapping[str, Any]) -> list[Any]:
         """The op's real implementation: run `build` on the input buffers; returns the
-        buffers of its non-inout results."""
+        buffers of its non-inout results. The call checked its tensors; a compiler may still
+        hand the op other strides or a view at an offset (inductor's buffers): such an input
+        is copied to a fresh dense buffer (and an inout one written back after). Tensors that
+        require grad are passed detached (DLPack exports no autograd state)."""
         plan = _Eager(self, build, env, scalars, self._device_of(bufs))
-        self._check_aligned(bufs, plan)
-        ffi_in = list(bufs) + [torch.zeros(s, dtype=d, device=plan.device) for s, d in plan.zeroed]
+        fixed = []
+        for b, align in zip(bufs, plan.aligns):
+            if b.requires_grad:
+                b = b.detach()
+            if not b.is_contiguous() or b.data_ptr() % align:
+                b = torch.empty(b.shape, dtype=b.dtype, device=b.device).copy_(b)
+            fixed.append(b)
+        ffi_in = fixed + [torch.zeros(s, dtype=d, device=plan.device) for s, d in plan.zeroed]
         res = [ffi_in[a] if isinstance(a, int) else torch.empty(a[0], dtype=a[1], device=plan.device)
                for a in plan.allocs]
         plan.launch(*ffi_in, *res, *plan.scalars)
+        for i, _ in build.conv.aliases:
+            if fixed[i].data_ptr() != bufs[i].data_ptr():
+                bufs[i].copy_(fixed[i])
         return [r for r, keep in zip(res, plan.own) if keep]
 
     def _backward(self, build: Build, xs: Sequence[Any], outs: Mapping[str, Any],

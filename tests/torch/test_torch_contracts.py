@@ -286,3 +286,27 @@ def test_a_runtime_scalar_is_a_value_of_the_compiled_trace(monkeypatch: pytest.M
     torch.testing.assert_close(y, torch.full((64,), 4.0))
     with pytest.raises(TypeError, match="runtime scalar 'alpha'.*must be a number"):
         ks.axpy(torch.ones(64), y, alpha="2")
+
+
+def test_the_op_takes_what_a_compiler_hands_it(monkeypatch: pytest.MonkeyPatch, example_cache: Path) -> None:
+    """Called directly (as compiled code calls it), the op copies a strided or offset input to
+    a dense buffer and writes an inout one back; the call itself refuses those (eagerly)."""
+    ks = _on_cpu(monkeypatch, example_cache, ROOT)
+    b = ks.axpy.builds[0]
+    op = getattr(torch.ops.cutecc, ct.op_name("axpy", b)).default
+    base = torch.zeros(130)
+    y = base[2:130:2]  # 64 elements, stride 2, 8 bytes in
+    x = torch.arange(64.0)
+    op(x, y, 0.5, b.key)
+    torch.testing.assert_close(y, 0.5 * x)
+    assert (base[3::2] == 0).all()
+    m = ks.mul.builds[0]
+    mul = getattr(torch.ops.cutecc, ct.op_name("mul", m)).default
+    dt = getattr(torch, m.conv.inputs[0].dtype)
+    a = torch.randn(101).to(dt)
+    torch.testing.assert_close(mul(a[1:], a[1:], m.key), a[1:] * a[1:])
+    with torch.no_grad():  # a tensor that requires grad, outside autograd: passed detached
+        w = torch.randn(64, requires_grad=True)
+        out = ks.mul(w, w)
+        assert not out.requires_grad
+        torch.testing.assert_close(out, w * w)
