@@ -45,11 +45,14 @@ MAX_PLANS = 1024  # eager call plans kept per kernel (one per shapes, dtypes, de
 
 
 class KernelCallError(CuteccError, ValueError):
-    """A call whose tensors fit no built contract: wrong dtype, shape, device or layout."""
+    """A call whose tensors fit no built contract (dtype, shape, device, layout, alignment),
+    or an unknown or unbuilt keyword: the message names the argument and the built
+    signatures."""
 
 
 class KernelTypeError(CuteccError, TypeError):
-    """A call passing something that is not a tensor where the kernel takes one."""
+    """A call passing what the kernel cannot take: no tensor where it takes one, a tensor or
+    a value of the wrong type as a runtime scalar."""
 
 
 def _torch_dtype(name: str) -> torch.dtype:
