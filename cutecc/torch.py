@@ -299,7 +299,7 @@ class TorchKernelFn(calls.KernelBase):
     the result tensor, or a tuple of them; an `inout` tensor is written in place and
     returned (the tensor passed)."""
 
-    dims = TORCH_DIMS
+    _dims = TORCH_DIMS
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

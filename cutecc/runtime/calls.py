@@ -211,7 +211,7 @@ class KernelBase:
     call; each front end adds how it is called (`cutecc.runtime.dispatch.KernelFn` for JAX,
     `cutecc.torch` for PyTorch)."""
 
-    dims: Dims = PLAIN
+    _dims: Dims = PLAIN  # how its dimensions compare (private: kernel attributes are reserved names)
 
     @staticmethod
     def _dtype_name(a: Any) -> str:
@@ -303,7 +303,7 @@ class KernelBase:
         fits: list[tuple[Build, dict[str, int]]] = []
         for b in self.builds:
             env, why = mismatch(b, [tuple(a.shape) for a in arrays],
-                                [self._dtype_name(a) for a in arrays], self.dims)
+                                [self._dtype_name(a) for a in arrays], self._dims)
             if env is not None and b.takes(keywords):
                 fits.append((b, env))
             elif env is not None:

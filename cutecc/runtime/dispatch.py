@@ -92,7 +92,7 @@ def _attrs(kernel: str, declared: Sequence[ScalarArg], given: Mapping[str, Any],
 class KernelFn(calls.KernelBase):
     """A kernel of the cache, callable from JAX with the canonical convention."""
 
-    dims = JAX_DIMS
+    _dims = JAX_DIMS
 
     @staticmethod
     def _dtype_name(a: Any) -> str:
