@@ -36,6 +36,8 @@ MANIFEST = REPO / "examples" / "kernels.toml"
 # Symbolic extents at lowering (ragged on purpose); scalars as a caller would pass them.
 SIZES = {"m": 1000, "b": 2, "s_q": 200, "s_k": 513, "h": 4}
 SCALARS = {"eps": 1e-6, "ignore_index": -100, "softmax_scale": 0.08838834764831845}
+# The forward kernels (five entries); the backward launches are not what a first call lowers.
+KERNELS = ("fa4_fwd", "quack_cross_entropy", "quack_rmsnorm")
 
 
 def _shape(t: Any) -> tuple[int, ...]:
@@ -50,7 +52,7 @@ def _cutecc_fns(cache: str) -> tuple[list[Any], list[Any]]:
 
     ks = cutecc.load(cache, arch="sm_90a")
     fns, specs = [], []
-    for name in sorted(ks):
+    for name in KERNELS:
         for b in ks[name].builds:
             kw = {s.name: SCALARS[s.name] for s in b.conv.scalars} | dict(b.call)
             fns.append(lambda *a, _k=ks[name], _kw=kw: _k(*a, **_kw))
@@ -87,7 +89,7 @@ def _cutlass_call_fns() -> tuple[list[Any], list[Any]]:
         return a
 
     fns, specs = [], []
-    for k in sorted(m.kernels, key=lambda k: k.name):
+    for k in (m.kernel(n) for n in KERNELS):
         for v in k.variants:
             args = tuple(bake(a) for a in v.args)
             conv = CallingConvention.of(args)

@@ -142,6 +142,8 @@ def build(cache: Path, out_dir: Path, manifest_path: Path) -> dict[str, Any]:
         v = next((x for x in kernel.variants if x.id == e.meta["variant"]), None)
         if v is None:  # a tuning candidate (`cutecc tune --compile-only`): not a declared variant
             continue
+        if kernel.name not in SIZES:  # a backward launch: benchmarks/training_step.py times them
+            continue
         launcher = resolve_entry(kernel.entry, v.factory_args)
         syms: dict[str, Any] = {}
         pos = [launcher_fake(a, syms) for a in v.args if not a.param]

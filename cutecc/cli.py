@@ -216,16 +216,20 @@ def init(directory: Path, name: str, as_json: bool) -> None:
               help="Compile misses in local processes or as Ray tasks (default: $CUTECC_EXECUTOR, "
                    "else local).")
 @click.option("--ray-address", default=None,
-              help="The Ray cluster to submit to (also $CUTECC_RAY_ADDRESS); else a local one.")
+              help="The Ray cluster to submit to (also $CUTECC_RAY_ADDRESS); else a private local one.")
 @_remote_opt
 @click.option("--remote-write", is_flag=True, default=None,
               help="Upload what this build compiles to the remote (also $CUTECC_REMOTE_WRITE=1).")
+@click.option("--compile-timeout", default=None, metavar="SECONDS",
+              help="Stop a compile running longer (also $CUTECC_COMPILE_TIMEOUT; default 3600; 0: none).")
+@click.option("--compile-memory", default=None, metavar="SIZE",
+              help="Data memory one compile may use, e.g. 16G (also $CUTECC_COMPILE_MEMORY; default none).")
 @_json_opt
 def build(manifest: Path | None, manifest_opt: Path | None, archs: tuple[str, ...],
           cache_dir: Path | None, jobs: int | None, kernels: tuple[str, ...], dry_run: bool,
           read_only: bool, lock: bool, lock_file: Path | None, sign_key: Path | None,
           executor: str | None, ray_address: str | None, remote: str | None, remote_write: bool | None,
-          as_json: bool) -> None:
+          compile_timeout: str | None, compile_memory: str | None, as_json: bool) -> None:
     """Compile every kernel, variant and arch of the manifest that is not in the cache."""
     from cutecc.commands.build import build as run
     from cutecc.progress import BuildProgress
@@ -236,7 +240,8 @@ def build(manifest: Path | None, manifest_opt: Path | None, archs: tuple[str, ..
         report = run(_manifest(manifest, manifest_opt), archs=archs, cache_dir=cache_dir, jobs=jobs,
                      kernels=kernels, dry_run=dry_run, progress=progress, read_only=read_only,
                      lock=lock, lock_file=lock_file, sign_key=sign_key, executor=executor,
-                     ray_address=ray_address, remote=remote, remote_write=remote_write)
+                     ray_address=ray_address, remote=remote, remote_write=remote_write,
+                     compile_timeout=compile_timeout, compile_memory=compile_memory)
     finally:
         progress.close()
     _emit(report, as_json)

@@ -16,7 +16,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from cutecc.names import MAX_NAME_CHARS, call_name_problem, kernel_name_problem
 
@@ -45,6 +45,8 @@ MAX_META_BYTES = 1 << 20  # a meta.json is a few KB; anything larger is not ours
 # ours, and nothing reads, allocates or hashes past it.
 MAX_LIBRARY_BYTES = 256 << 20
 MAX_JSON_DEPTH = 48  # meta.json and kernels.lock nest about 12 deep (tuples of tensors)
+MAX_CONTAINERS_FREE = 1024  # arrays and objects any JSON file may hold, whatever its size
+BYTES_PER_CONTAINER = 32  # past those, at most one per this many bytes
 # The fields the runtime acts on that must equal their copies in the key inputs.
 _KEYED_FIELDS = ("kernel", "args", "arch", "entry", "toolchain")
 
@@ -59,6 +61,13 @@ def parse_json(data: bytes, max_bytes: int = MAX_META_BYTES, max_depth: int = MA
     """
     if len(data) > max_bytes:
         raise ValueError(f"{len(data)} bytes, over the {max_bytes}-byte limit")
+    # Time is linear in the bytes, but building millions of tiny arrays costs ~0.25 s per
+    # MiB: cutecc's files hold one array or object per 100 bytes or more, so a file denser
+    # than one per 32 (brackets inside strings counted too) is refused before parsing.
+    containers = data.count(b"[") + data.count(b"{")
+    if containers > MAX_CONTAINERS_FREE + len(data) // BYTES_PER_CONTAINER:
+        raise ValueError(f"{containers} arrays and objects in {len(data)} bytes: not a file cutecc "
+                         f"writes (at most {MAX_CONTAINERS_FREE} plus one per {BYTES_PER_CONTAINER} bytes)")
     try:
         doc = json.loads(data)
     except RecursionError:
@@ -84,7 +93,7 @@ def _depth_over(doc: Any, max_depth: int) -> int:
     return 0
 
 
-def is_key(text: object) -> bool:
+def is_key(text: object) -> TypeGuard[str]:
     """Whether `text` is a cache key: 64 lowercase hex digits, nothing else."""
     return isinstance(text, str) and KEY_RE.fullmatch(text) is not None
 
@@ -95,7 +104,7 @@ def compute_key(inputs: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def is_kernel_name(text: object) -> bool:
+def is_kernel_name(text: object) -> TypeGuard[str]:
     """Whether `text` can name a kernel: an attribute of the loaded kernel set, a directory
     of the index (`cutecc.names.kernel_name_problem`)."""
     return kernel_name_problem(text) is None
@@ -143,7 +152,7 @@ def library_record(meta: dict[str, Any]) -> tuple[str, str, int] | None:
     """(file name, SHA-256, size) of the entry's library, or None when not recorded."""
     lib, files = meta.get("library"), meta.get("files")
     rec = files.get(lib) if isinstance(files, dict) and isinstance(lib, str) else None
-    if not (isinstance(rec, dict) and isinstance(rec.get("sha256"), str)
+    if not (isinstance(lib, str) and isinstance(rec, dict) and isinstance(rec.get("sha256"), str)
             and type(rec.get("size")) is int):
         return None
     return lib, rec["sha256"], rec["size"]

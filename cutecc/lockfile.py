@@ -28,7 +28,7 @@ from cutecc.store import Entry, Store
 LOCK_FORMAT = 2
 _ACTED = ("library", "sha256", "size", "symbol", "backward", "contract", "runtime")  # from acted_on
 LOCK_NAME = "kernels.lock"
-MAX_LOCK_BYTES = 64 << 20  # 10,000 lines of ~600 bytes fit many times over
+MAX_LOCK_BYTES = 16 << 20  # 10,000 entry lines (~600 bytes) and as many tuning lines (~800)
 MAX_LOCK_DEPTH = 4
 # The optional "tuning" list (`cutecc tune`'s winners, see cutecc.runtime.tuning) is absent
 # until something is tuned, so untuned locks keep their bytes; readers that predate it
@@ -144,10 +144,11 @@ class Lock:
         items = doc.get("entries")
         if not isinstance(items, list):
             raise CuteccError("entries is not a list", where=where, key_path="entries")
-        out, seen = [], {}
-        for i, e in enumerate(items):
+        out: list[LockEntry] = []
+        seen: dict[str, int] = {}
+        for i, item in enumerate(items):
             kp = f"entries[{i}]"
-            le = _line(e, where, kp)
+            le = _line(item, where, kp)
             if le.key in seen:
                 raise CuteccError(f"key {le.key[:12]} is locked twice (also entries[{seen[le.key]}]); "
                                   "a lock names each entry once", where=where, key_path=kp)

@@ -18,6 +18,8 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
     executor = "local" | "ray"    ray_address = "ray://host:10001"
     remote = "s3://bucket/prefix" a shared cache, read-only here: writing stays an explicit
                                   --remote-write / $CUTECC_REMOTE_WRITE=1 (CI's choice)
+    compile_timeout = 3600        seconds one compile may run before it is stopped (0: none)
+    compile_memory = "16G"        data memory one compile may use (default: no limit)
   [hardware.NAME]                 custom hardware profiles: key = int | float | str
   [kernel.NAME]                   one table per kernel:
     entry = "pkg.module:attr"     a @cute.jit launcher, or a factory if factory_args is set;
@@ -45,6 +47,7 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
       any argument may carry param = "NAME": passed by that keyword; undeclared parameters
       in between keep their Python defaults
     constants = {..}              compile-time keyword arguments of the launcher
+    derive = {p = {axis = {value = v, ..}}}   a parameter that follows one axis (no axis itself)
     symbols = {n = {divisibility = 8}}   facts about symbolic extents (checked at call time)
     variants = {param = [..]}     a matrix; "$param" in dtype/shape/constants/factory_args;
                                   values are numbers, strings, bools or, for a whole axis,
@@ -61,6 +64,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import keyword
 import re
 import sys
@@ -89,6 +93,7 @@ from cutecc.errors import CuteccError
 from cutecc.names import KERNEL_SET_RESERVED, call_name_problem, kernel_name_problem
 from cutecc.remote_url import parse_url
 from cutecc.tuning import space
+from cutecc.units import parse_size
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -133,11 +138,11 @@ BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
 
 _TOP_KEYS = {"format", "archs", "profile", "python_path", "compile_options", "hardware", "kernel",
              "env", "build"}
-_BUILD_KEYS = {"executor", "ray_address", "remote"}
+_BUILD_KEYS = {"executor", "ray_address", "remote", "compile_timeout", "compile_memory"}
 EXECUTORS = ("local", "ray")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs", "profile",
-                "compile_options", "grad", "description", "symbols", "tune"}
+                "compile_options", "grad", "description", "symbols", "tune", "derive"}
 MAX_DIVISIBILITY = 1 << 16
 _TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "buffer", "layout", "mode", "align", "param",
                 "zero", "saved", "reduce", "broadcast"}
@@ -237,6 +242,8 @@ class BuildSettings:
     executor: str | None = None
     ray_address: str | None = None
     remote: str | None = None
+    compile_timeout: float | None = None  # 0: no limit; None: not set here
+    compile_memory: int | None = None  # 0: no limit; None: not set here
 
 
 @dataclass(frozen=True)
@@ -435,13 +442,15 @@ def _check_composites(ctx: _Ctx, composites: list[Composite],
                       kernels: list[Kernel]) -> dict[str, CallingConvention]:
     """Each launch is a kernel of the manifest (not a composite; its first variant's
     contract stands for all), each launch input is a composite input or an earlier launch's
-    result, and each output some launch's result. Returns each composite's convention, for
-    grad pairing."""
+    result, and each output some launch's result (a composite input too, once a launch has
+    written it in place: FA4's postprocess writes dq over dout's buffer). Returns each
+    composite's convention, for grad pairing."""
     by_name = {k.name: k for k in kernels}
     out = {}
     for c in composites:
         kp = f'kernel "{c.name}"'
         have: dict[str, TensorArg | None] = dict.fromkeys(c.inputs)
+        written: set[str] = set()  # launch results, those written in place (inout) included
         for i, ln in enumerate(c.launches):
             k = by_name.get(ln)
             if k is None:
@@ -457,11 +466,12 @@ def _check_composites(ctx: _Ctx, composites: list[Composite],
                     have[t.name] = t
             for t in conv.results:
                 have[t.name] = t
+                written.add(t.name)
         unused = [n for n in c.inputs if have[n] is None]
         if unused:
             raise ctx.fail(f"{kp}, inputs", f'"{unused[0]}" is taken by no launch')
         for i, n in enumerate(c.outputs):
-            if have.get(n) is None or n in c.inputs:
+            if n not in written:
                 raise ctx.fail(f"{kp}, outputs[{i}]", f'"{n}" is no launch result')
         ins = tuple(t for t in (have[n] for n in c.inputs) if t is not None)
         res = tuple(dataclasses.replace(t, role="output", saved=False)
@@ -473,9 +483,22 @@ def _check_composites(ctx: _Ctx, composites: list[Composite],
 def _build_settings(ctx: _Ctx, kp: str, doc: Any) -> BuildSettings:
     """The `[build]` table, checked; values are strings a build's flags would take."""
     if not isinstance(doc, dict):
-        raise ctx.fail(kp, "must be a table (executor, ray_address, remote)")
+        raise ctx.fail(kp, "must be a table (executor, ray_address, remote, compile_timeout, "
+                       "compile_memory)")
     _no_unknown(ctx, doc, _BUILD_KEYS, kp)
-    got = {k: _str(ctx, f"{kp}.{k}", v).strip() for k, v in doc.items()}
+    limits: dict[str, Any] = {}
+    t = doc.get("compile_timeout")
+    if t is not None:
+        if type(t) not in (int, float) or not 0 <= t < float("inf"):
+            raise ctx.fail(f"{kp}.compile_timeout", "must be a number of seconds (0: no limit)")
+        limits["compile_timeout"] = float(t)
+    if doc.get("compile_memory") is not None:
+        m = doc["compile_memory"]
+        try:
+            limits["compile_memory"] = parse_size(m if type(m) is int and m >= 0 else str(m))
+        except CuteccError as e:
+            raise ctx.fail(f"{kp}.compile_memory", e.message) from None
+    got = {k: _str(ctx, f"{kp}.{k}", v).strip() for k, v in doc.items() if k not in limits}
     if "executor" in got and got["executor"] not in EXECUTORS:
         raise ctx.fail(f"{kp}.executor", f'unknown executor "{got["executor"]}" '
                        f"(known: {', '.join(EXECUTORS)})")
@@ -486,7 +509,7 @@ def _build_settings(ctx: _Ctx, kp: str, doc: Any) -> BuildSettings:
             parse_url(got["remote"])
         except CuteccError as e:
             raise ctx.fail(f"{kp}.remote", e.message) from None
-    return BuildSettings(**{k: v or None for k, v in got.items()})
+    return BuildSettings(**{k: v or None for k, v in got.items()}, **limits)
 
 
 def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[str, ...],
@@ -532,15 +555,23 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
         grad_args = tuple(grad["args"]) if "args" in grad else None
         grad_returns = tuple(grad["returns"]) if "returns" in grad else None
 
-    _check_used(ctx, kp, axes, kdoc)
+    derive = _derive(ctx, f"{kp}, derive", kdoc.get("derive", {}), axes)
+    followed = {axis for axis, _ in derive.values()}  # an axis a derived parameter follows is used
+    _check_used(ctx, kp, tuple(a for a in axes if a[0] not in followed), kdoc)
+    _check_used(ctx, kp, tuple((d, ()) for d in derive), kdoc, "derive")
     symbols, wide = _symbols(ctx, f"{kp}, symbols", kdoc.get("symbols", {}))
     tuning = None if "tune" not in kdoc else space.parse(ctx.fail, f"{kp}, tune", kdoc["tune"],
                                                           {a for a, _ in axes})
     if tuning is not None:
         _check_used(ctx, f"{kp}, tune", tuning.params, kdoc, "params")
+        clash = sorted(set(derive) & {p for p, _ in tuning.params})
+        if clash:
+            raise ctx.fail(f"{kp}, derive.{clash[0]}", "is also a tuning parameter: tune it or derive it")
 
     def resolve(point: tuple[tuple[str, _Value], ...], env: dict[str, Any]) -> Variant:
         vctx = f"{kp}, variant {_point_id(point)}" if point else kp
+        at = dict(point)
+        env = {**{d: table[_value_key(at[axis])] for d, (axis, table) in derive.items()}, **env}
         env = {k: {"import": x} if k in refs else x for k, x in env.items()}
         args = tuple(_with_divisibility(_arg(ctx, f"{vctx}, args[{i}]", a, env, hw), symbols, wide)
                      for i, a in enumerate(kdoc["args"]))
@@ -713,6 +744,48 @@ def _variant_axes(ctx: _Ctx, kp: str, v: Any
     if total > MAX_VARIANTS_PER_KERNEL:
         raise ctx.fail(kp, f"expands to {total} variants, over the {MAX_VARIANTS_PER_KERNEL} limit")
     return tuple(axes), frozenset(refs)
+
+
+def _value_key(v: _Value) -> str:
+    """A variant value as a `derive` table writes it as a key: `true`, `64`, `bfloat16`."""
+    return json.dumps(v) if isinstance(v, bool) else str(v)
+
+
+def _derive(ctx: _Ctx, kp: str, v: Any, axes: Any) -> dict[str, tuple[str, dict[str, _Value]]]:
+    """`derive = { tile_m = { causal = { false = 80, true = 64 } } }`: parameters whose value
+    follows one variant axis's, by a table with a value for each of the axis's values (FA4's
+    backward tile for causal and non-causal attention). They are no axis of their own: they
+    name no variant and are no call keyword; "$tile_m" stands where "$param" may."""
+    if not isinstance(v, dict):
+        raise ctx.fail(kp, "must be a table of parameter = { axis = { value = derived value } }")
+    values = {name: vals for name, vals in axes}
+    out = {}
+    for name, spec in v.items():
+        if not NAME_RE.fullmatch(name) or keyword.iskeyword(name):
+            raise ctx.fail(f"{kp}.{name}", "a derived parameter must be an identifier, not a Python keyword")
+        if name in values:
+            raise ctx.fail(f"{kp}.{name}", "is a variant axis already")
+        if not isinstance(spec, dict) or len(spec) != 1:
+            raise ctx.fail(f"{kp}.{name}", "must be a table with one variant axis: "
+                           "{ axis = { value = derived value, .. } }")
+        (axis, table), = spec.items()
+        if axis not in values:
+            raise ctx.fail(f"{kp}.{name}.{axis}",
+                           f'names no variant axis (axes: {", ".join(values) or "none"})')
+        if not isinstance(table, dict):
+            raise ctx.fail(f"{kp}.{name}.{axis}", f"must be a table of {axis} value = derived value")
+        keys = [_value_key(x) for x in values[axis]]
+        for k, x in table.items():
+            if k not in keys:
+                raise ctx.fail(f"{kp}.{name}.{axis}.{k}", f'is no value of "{axis}" ({", ".join(keys)})')
+            if not isinstance(x, (int, float, str, bool)):
+                raise ctx.fail(f"{kp}.{name}.{axis}.{k}",
+                               f"must be a number, string or bool, got {_tname(x)}")
+        missing = [k for k in keys if k not in table]
+        if missing:
+            raise ctx.fail(f"{kp}.{name}.{axis}", f'has no value for {axis} = {missing[0]}')
+        out[name] = (axis, dict(table))
+    return out
 
 
 def _points(axes: tuple[tuple[str, tuple[_Value, ...]], ...]) -> Iterator[tuple[tuple[str, _Value], ...]]:

@@ -145,6 +145,14 @@ def schema() -> dict[str, Any]:
                          "description": "A matrix of parameters; those the input tensors cannot "
                                         "tell apart are call keywords (named as a runtime "
                                         "scalar is: cutecc.names)."},
+            "derive": {"type": "object", "additionalProperties": {
+                "type": "object", "minProperties": 1, "maxProperties": 1,
+                "additionalProperties": {"type": "object", "additionalProperties": {
+                    "type": ["integer", "number", "boolean", "string"]}}},
+                       "description": "Parameters that follow a variant axis: tile_m = { causal = "
+                                      "{ false = 80, true = 64 } }; \"$tile_m\" then stands where "
+                                      "\"$param\" may. Not an axis: no variant of its own, no call "
+                                      "keyword."},
             "symbols": {"type": "object", "additionalProperties": {
                 "type": "object", "additionalProperties": False,
                 "properties": {"divisibility": {"type": "integer", "minimum": 1,
@@ -213,7 +221,15 @@ def schema() -> dict[str, Any]:
                                      "Remote writing is never set here (--remote-write).",
                       "properties": {"executor": {"enum": ["local", "ray"]},
                                      "ray_address": {"type": "string"},
-                                     "remote": {"type": "string", "pattern": "^s3://"}}},
+                                     "remote": {"type": "string", "pattern": "^s3://"},
+                                     "compile_timeout": {
+                                         "type": "number", "minimum": 0,
+                                         "description": "Seconds one compile may run before it is "
+                                                        "stopped and fails (default 3600; 0: none)."},
+                                     "compile_memory": {
+                                         "type": ["string", "integer"],
+                                         "description": "Data memory one compile may use, e.g. "
+                                                        "\"16G\" (RLIMIT_DATA; default: none)."}}},
             "hardware": {"type": "object", "additionalProperties": {
                 "type": "object", "additionalProperties": {"type": ["integer", "number", "string"]}}},
             "kernel": {"type": "object", "minProperties": 1,

@@ -28,7 +28,8 @@ KERNEL_SET_RESERVED = frozenset({"arch", "disabled_safety_checks", "get", "items
 # The public attributes of a loaded kernel (cutecc.runtime.dispatch.KernelFn) and the
 # parameters of its `__call__(self, *arrays, **scalars)`.
 CALL_RESERVED = frozenset({"arch", "backward", "builds", "keywords", "name", "select", "tuning",
-                           "unusable", "variants", "self", "arrays", "scalars"})
+                           "unusable", "variants", "self", "arrays", "scalars", "grad", "input_names",
+                           "scalar_names", "launches", "inputs", "outputs", "kw"})
 
 
 def _problem(name: object, reserved: frozenset[str], what: str) -> str | None:

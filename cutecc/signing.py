@@ -274,7 +274,7 @@ def sign_file(path: str | os.PathLike[str], key: PrivateKey, kind: str) -> Path:
 
 
 def verify_file(path: str | os.PathLike[str], trusted: Sequence[PublicKey], kind: str, *,
-                max_bytes: int = 64 << 20) -> bytes:
+                max_bytes: int = 16 << 20) -> bytes:
     """The file's bytes, once its PATH.sig verifies: the caller must use exactly these bytes
     (read once, verified, returned: no check-then-reread gap)."""
     with open(path, "rb") as f:

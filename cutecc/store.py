@@ -532,8 +532,9 @@ class Store:
                 return
             cur = self.read_stats()
             now = now_iso()
-            doc = {k: v for k, v in old.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-                   } if isinstance(old, dict) else {}  # a newer cutecc's counters stay
+            doc: dict[str, Any] = {
+                k: v for k, v in old.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+            } if isinstance(old, dict) else {}  # a newer cutecc's counters stay
             doc.update({"format": STATS_FORMAT, "since": cur.get("since", now), "updated_at": now})
             for k in _COUNTERS:
                 doc[k] = cur[k] + delta.get(k, 0)

@@ -38,13 +38,14 @@ def _meta(store: Store, key: str, hashed: bool) -> tuple[dict[str, Any] | None, 
         except Refused as e:
             return None, e.why
     try:
-        e = store.get(key)
+        found = store.get(key)
     except CuteccError as err:
         return None, err.message
-    if e is None:
+    if found is None:
         return None, "not in the cache"
-    why = meta_problem(e.meta, key) or entry_trust_problem(e.path, list(e.meta.get("files") or []))
-    return (None, why) if why else (e.meta, None)
+    files = list(found.meta.get("files") or [])
+    why = meta_problem(found.meta, key) or entry_trust_problem(found.path, files)
+    return (None, why) if why else (found.meta, None)
 
 
 def entry_line_problem(store: Store, le: LockEntry, *, hashed: bool) -> str | None:

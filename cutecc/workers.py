@@ -9,16 +9,19 @@ worker that built an entry also uploads it (`cutecc.remote`); an upload that fai
 reported, never a failed build. `cutecc.executors` chooses who runs `build_one`: this
 module's pools (the local executor) or Ray. Kernel libraries link against the
 toolchain's runtime library, which `ensure_runtime` publishes (once, under its own key's
-lock) before any worker needs it.
+lock) before any worker needs it. Each compile is bounded (`Limits`): a worker whose job
+runs past the time limit is killed and replaced, and one under a memory limit has its
+data segment capped (RLIMIT_DATA), so a runaway kernel fails alone.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
+import collections
 import contextlib
 import errno
 import json
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import threading
@@ -27,8 +30,9 @@ import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from cutecc import environ
 from cutecc.contract import args_to_json
 from cutecc.entry import LIBRARY, library_record, runtime_meta_problem, runtime_soname
 from cutecc.errors import CuteccError
@@ -36,7 +40,7 @@ from cutecc.key import toolchain
 from cutecc.manifest import Manifest, Variant
 from cutecc.plan import Planned
 from cutecc.store import Store
-from cutecc.units import now_iso
+from cutecc.units import human_size, now_iso
 
 if TYPE_CHECKING:
     from cutecc.remote import Pushed, RemoteConfig
@@ -44,6 +48,10 @@ if TYPE_CHECKING:
 # errnos that mean "the cache cannot take the artifact" (not a compile error): no traceback
 _STORAGE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES,
                              errno.EPERM, errno.EIO})
+DEFAULT_COMPILE_TIMEOUT = 3600.0  # seconds one compile may run (FA4-sized ones take ~1 min)
+COMPILE_TIMEOUT_VAR, COMPILE_MEMORY_VAR = environ.COMPILE_TIMEOUT, environ.COMPILE_MEMORY
+_OUT_OF_MEMORY = ("MemoryError", "Cannot allocate memory", "bad_alloc")
+_memory_limit: int | None = None  # this worker's, once `limit_memory` set it
 
 
 @dataclass(frozen=True)
@@ -94,59 +102,223 @@ class Result:
     pushed: Pushed | None = None  # what uploading it to the remote cache did, if asked to
 
 
+class Limits(NamedTuple):
+    """What one compile may take: `seconds` of wall time from when its worker takes it, and
+    `memory` bytes of data (RLIMIT_DATA: heap and private mappings, what a runaway compile
+    grows; not address space, of which the DSL maps ~2.3 times its resident size); None
+    is no limit. Chosen by `cutecc.executors.compile_limits`."""
+
+    seconds: float | None = DEFAULT_COMPILE_TIMEOUT
+    memory: int | None = None
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def stopped_error(limits: Limits) -> str:
+    """The error of a compile stopped at the time limit (one line)."""
+    return (f"stopped: its compile ran past the {limits.seconds:g} s limit "
+            f"(${COMPILE_TIMEOUT_VAR}, [build] compile_timeout, --compile-timeout)")
+
+
+def died_error(what: str, limits: Limits) -> str:
+    """The error of a compile whose worker died (`what`: how), naming the memory limit."""
+    hint = (f"; it may have run past the {human_size(limits.memory)} memory limit "
+            f"(${COMPILE_MEMORY_VAR})" if limits.memory else "")
+    return f"build worker died ({what}){hint}"
+
+
 def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
                 on_result: Callable[[BuildJob, Result], None],
-                remote: RemoteConfig | None = None) -> None:
-    """Build every job, one spawned pool per arch (and per set of device answers);
-    `on_result` sees each as it finishes. With a writable `remote`, each worker uploads what
-    it built."""
+                remote: RemoteConfig | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
+    """Build every job, one pool of spawned processes per arch (and per set of device
+    answers: libraries cache what they asked); `on_result` sees each as it finishes. With a
+    writable `remote`, each worker uploads what it built. A compile past `limits.seconds` has
+    its worker killed and replaced (what it staged is swept, never published) and is reported
+    failed; so is one whose worker dies."""
     by_kind: dict[str, list[BuildJob]] = {}
     for j in jobs:
         by_kind.setdefault(j.worker_kind, []).append(j)
-    ctx = multiprocessing.get_context("spawn")
     for items in by_kind.values():
-        n = max(1, min(workers, len(items)))
-        pool = cf.ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker,
-                                      initargs=(items[0].arch, os.getpid(), dict(items[0].env)))
+        _Pool(items[0].arch, max(1, min(workers, len(items))), dict(items[0].env), limits).run(
+            items, store_root, remote, on_result)
+
+
+@dataclass
+class _Slot:
+    """One worker process, its end of the pipe, and the job it compiles (with its start)."""
+
+    proc: Any
+    conn: Any
+    ready: bool = False
+    job: BuildJob | None = None
+    started: float = 0.0
+
+
+class _Pool:
+    """Spawned worker processes for one arch, each fed one job at a time over a pipe, so a
+    job past its time limit can be stopped by killing its worker alone and the slot refilled
+    (a ProcessPoolExecutor breaks as a whole when one of its workers is killed)."""
+
+    MAX_FAILED_STARTS = 3  # workers that died before taking any job: the rest fail
+
+    def __init__(self, arch: str, n: int, env: dict[str, str], limits: Limits) -> None:
+        self.arch, self.n, self.env, self.limits = arch, n, env, limits
+        self.ctx = multiprocessing.get_context("spawn")
+        self.slots: list[Any] = []
+        self.failed_starts = 0
+        self.store_root = Path()
+
+    def _spawn(self) -> _Slot:
+        mine, theirs = self.ctx.Pipe()
+        proc = self.ctx.Process(target=_serve, args=(theirs, self.arch, os.getpid(), self.env,
+                                                     self.limits.memory))
+        with _sigint_held_while_spawning():  # workers start with Ctrl-C blocked
+            proc.start()
+        theirs.close()
+        return _Slot(proc, mine)
+
+    def run(self, jobs: list[BuildJob], store_root: Path, remote: RemoteConfig | None,
+            on_result: Callable[[BuildJob, Result], None]) -> None:
+        queue = collections.deque(jobs)
+        self.store_root = store_root
         try:
-            with _sigint_ignored_while_spawning():  # workers start with Ctrl-C ignored
-                futures = {pool.submit(build_one, j, str(store_root), remote): j for j in items}
-            for fut in cf.as_completed(futures):
-                try:
-                    result = fut.result()
-                except Exception as e:  # a worker died (killed, out of memory)
-                    result = Result("failed", 0.0, f"build worker died: {e!r}")
-                on_result(futures[fut], result)
-        except BaseException:  # Ctrl-C, or the caller's callback failed: stop the workers now
-            _kill_workers(pool)
-            raise
-        pool.shutdown(wait=True)
+            self.slots = [self._spawn() for _ in range(self.n)]
+            while queue or any(s.job for s in self.slots):
+                for s in self.slots:
+                    if s.ready and s.job is None and queue:
+                        s.job, s.started = queue.popleft(), time.monotonic()
+                        s.conn.send((s.job, str(store_root), remote))
+                for s, result in self._wait(refill=bool(queue)):
+                    job, s.job = s.job, None
+                    if job is not None and result is not None:
+                        on_result(job, result)
+                if queue and not self.slots:
+                    for job in queue:
+                        on_result(job, Result("failed", 0.0, "build workers could not start "
+                                              f"({self.failed_starts} died before taking a job)"))
+                    queue.clear()
+        finally:  # done, Ctrl-C, or the caller's callback failed: no worker outlives the pool
+            for s in self.slots:
+                with contextlib.suppress(Exception):
+                    s.conn.send(None)
+            for s in self.slots:
+                s.proc.join(5 if s.job is None else 0)
+                _kill(s)
+
+    def _wait(self, refill: bool) -> list[tuple[_Slot, Result | None]]:
+        """Wait for a message, a worker's death or the next deadline; what finished. A slot
+        whose worker was stopped or died is refilled when `refill` (jobs are waiting)."""
+        limit = self.limits.seconds
+        busy = [s.started + limit for s in self.slots if s.job is not None and limit]
+        timeout = max(0.0, min(busy) - time.monotonic()) if busy else None
+        waitables = [s.conn for s in self.slots] + [s.proc.sentinel for s in self.slots]
+        multiprocessing.connection.wait(waitables, timeout)
+        out: list[tuple[_Slot, Result | None]] = []
+        for i, s in enumerate(self.slots):
+            msg: Any = "dead"
+            with contextlib.suppress(EOFError, OSError):
+                if s.conn.poll():
+                    msg = s.conn.recv()
+                elif s.proc.is_alive():
+                    msg = None
+            if msg == "ready":
+                s.ready = True
+            elif isinstance(msg, Result):
+                out.append((s, msg))
+            elif msg == "dead" or (s.job is not None and limit and time.monotonic() - s.started >= limit):
+                stopped = msg != "dead"
+                _kill(s)
+                if s.job is not None:
+                    why = stopped_error(self.limits) if stopped else died_error(_exit_text(s.proc.exitcode),
+                                                                                self.limits)
+                    out.append((s, Result("failed", time.monotonic() - s.started, why)))
+                    with contextlib.suppress(Exception):  # what it staged (its key's lock died with it)
+                        Store(self.store_root).sweep_tmp()
+                elif not s.ready:
+                    self.failed_starts += 1
+                # the slot is refilled, so later jobs still run (not after repeated failed starts)
+                fresh = refill and (s.job is not None or self.failed_starts < self.MAX_FAILED_STARTS)
+                self.slots[i] = self._spawn() if fresh else None
+        self.slots = [s for s in self.slots if s is not None]
+        return out
+
+
+def _kill(s: _Slot) -> None:
+    with contextlib.suppress(Exception):
+        if s.proc.is_alive():
+            s.proc.kill()
+        s.proc.join(5)
+    with contextlib.suppress(Exception):
+        s.conn.close()
+
+
+def _exit_text(code: int | None) -> str:
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exit status {code}"
+
+
+def _serve(conn: Any, arch: str, parent: int, env: dict[str, str], memory: int | None) -> None:
+    """A worker: set up once for `arch`, then build each job sent until told to stop."""
+    _init_worker(arch, parent, env)
+    limit_memory(memory)
+    conn.send("ready")
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        job, store_root, remote = msg
+        try:
+            result = build_one(job, store_root, remote)
+        except BaseException as e:  # MemoryError outside the compile, ...
+            result = Result("failed", 0.0, f"{type(e).__name__}: {e}")
+        conn.send(result)
+
+
+def _memory_hint(error: str) -> str:
+    """`error`, naming the memory limit when it reads like running out of memory under one."""
+    if _memory_limit and any(m in error for m in _OUT_OF_MEMORY):
+        return (f"{error}\n  (over the compile memory limit of {human_size(_memory_limit)}: "
+                f"${COMPILE_MEMORY_VAR}, [build] compile_memory, --compile-memory)")
+    return error
+
+
+def limit_memory(memory: int | None) -> None:
+    """Lower this process's data limit (RLIMIT_DATA) to `memory` bytes; never raise it."""
+    global _memory_limit
+    if not memory:
+        return
+    import resource
+
+    _memory_limit = memory
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    cap = memory if hard == resource.RLIM_INFINITY else min(memory, hard)
+    if soft == resource.RLIM_INFINITY or cap < soft:
+        resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
 
 
 @contextlib.contextmanager
-def _sigint_ignored_while_spawning() -> Iterator[None]:
-    """Ignore SIGINT while the pool spawns its workers: an ignored signal stays ignored
-    across exec, so a Ctrl-C during a worker's start-up (before its initializer runs)
-    cannot print a traceback from it. The build itself is interrupted after, as usual."""
+def _sigint_held_while_spawning() -> Iterator[None]:
+    """Ignore SIGINT while a worker is spawned, and block it too: an ignored signal stays
+    ignored across exec, so a Ctrl-C during the worker's start-up (before `_init_worker`)
+    cannot print a traceback from it; and a blocked one is kept pending even while ignored
+    (Linux discards only unblocked ignored signals), so a Ctrl-C at the build meanwhile is
+    delivered (KeyboardInterrupt) once the handler is back, never lost."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     old = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, old)
-
-
-def _kill_workers(pool: cf.ProcessPoolExecutor) -> None:
-    procs = list((getattr(pool, "_processes", None) or {}).values())
-    pool.shutdown(wait=False, cancel_futures=True)
-    for p in procs:
-        with contextlib.suppress(Exception):
-            p.kill()
-    for p in procs:
-        with contextlib.suppress(Exception):
-            p.join(5)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _init_worker(arch: str, parent: int, env: dict[str, str] | None = None) -> None:
@@ -157,6 +329,7 @@ def _init_worker(arch: str, parent: int, env: dict[str, str] | None = None) -> N
     from cutecc.compiler import set_target
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # if the spawn left it blocked
     with contextlib.suppress(Exception):
         import ctypes
 
@@ -252,7 +425,7 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
     try:
         entry, built = store.publish(job.key, produce)
     except CuteccError as e:
-        return Result("failed", time.perf_counter() - t0, e.render())
+        return Result("failed", time.perf_counter() - t0, _memory_hint(e.render()))
     except Exception as e:
         if isinstance(e, OSError) and e.errno in _STORAGE_ERRORS:  # a full or read-only cache
             where = f" ({e.filename})" if e.filename else ""
@@ -260,7 +433,7 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
                           f"cannot write the artifact into {store.root}: {e.strerror}{where}")
         tb = traceback.format_exception(type(e), e, e.__traceback__)
         return Result("failed", time.perf_counter() - t0,
-                      f"{type(e).__name__}: {e}\n{''.join(tb[-6:])}")
+                      _memory_hint(f"{type(e).__name__}: {e}\n{''.join(tb[-6:])}"))
     seconds = time.perf_counter() - t0
     pushed = None
     if built and remote is not None and remote.write:

@@ -18,7 +18,7 @@ from helpers import REPO, TOY_KERNEL, run_cli, toy_manifest, write_toy_project
 
 # Fixtures that compile kernels through the DSL (directly or through another of these).
 COMPILING_FIXTURES = frozenset({"example_cache", "toy_cache", "built_once", "built", "toy8", "toy",
-                                "train_cache", "layout_cache"})
+                                "train_cache", "examples_build", "layout_cache"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -114,5 +114,25 @@ def train_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cache = tmp_path_factory.mktemp("train-cache")
     r = run_cli("build", str(REPO / "tests" / "gpu" / "train_kernels" / "kernels.toml"),
                 "--cache-dir", str(cache), "--arch", "sm_90a", "--no-lock")
+    assert r.returncode == 0, r.stderr + r.stdout
+    return cache
+
+
+@pytest.fixture(scope="session")
+def examples_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/kernels.toml (published kernels, forward and backward) built once for sm_90a.
+
+    Set CUTECC_EXAMPLES_CACHE to reuse a cache built beforehand (the GPU suite does); else
+    it needs the build extra and the examples extra (quack-kernels, flash-attn-4, torch).
+    """
+    pre = os.environ.get("CUTECC_EXAMPLES_CACHE")
+    if pre:
+        return Path(pre)
+    pytest.importorskip("cutlass", reason="building needs the build extra (nvidia-cutlass-dsl)")
+    for mod in ("quack", "flash_attn.cute"):
+        pytest.importorskip(mod, reason="the examples extra (quack-kernels, flash-attn-4) is not installed")
+    cache = tmp_path_factory.mktemp("examples-cache")
+    r = run_cli("build", str(REPO / "examples" / "kernels.toml"), "--cache-dir", str(cache),
+                "--no-lock")
     assert r.returncode == 0, r.stderr + r.stdout
     return cache

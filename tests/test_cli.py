@@ -257,7 +257,8 @@ def test_the_committed_schema_is_what_cutecc_schema_prints() -> None:
 
 @pytest.mark.parametrize("manifest", [REPO / "kernels.toml",
                                       REPO / "tests" / "gpu" / "faulty_kernels" / "kernels.toml",
-                                      REPO / "tests" / "gpu" / "train_kernels" / "kernels.toml"],
+                                      REPO / "tests" / "gpu" / "train_kernels" / "kernels.toml",
+                                      REPO / "examples" / "kernels.toml"],
                          ids=lambda p: str(p.relative_to(REPO)))
 def test_the_schema_accepts_the_projects_manifests(manifest: Path) -> None:
     import tomllib

@@ -360,6 +360,15 @@ def test_a_composite_is_parsed_and_selected_with_its_launches(tmp_path: Path) ->
     assert [k.name for k in sel.kernels] == ["la", "lb"] and [x.name for x in sel.composites] == ["c"]
 
 
+def test_a_composite_may_return_an_input_a_launch_wrote_in_place(tmp_path: Path) -> None:
+    """FA4's postprocess writes dq over dout's buffer (inout): dout is then a launch result."""
+    text = _comp('launches = ["la", "lb", "lc"]\ninputs = ["x", "y"]\noutputs = ["out", "y"]') + (
+        '\n[kernel.lc]\nentry = "kk.elem:f"\nargs = [{ name = "g", dtype = "float32", shape = ["n"] }, '
+        '{ name = "y", role = "inout", dtype = "float32", shape = ["n"] }, ' + STREAM + "]\n")
+    m, _ = load(tmp_path, text)
+    assert m.composites[0].outputs == ("out", "y")
+
+
 COMP_BAD = [
     pytest.param('launches = ["la", "zz"]\ninputs = ["x", "y"]\noutputs = ["out"]', 'kernel "c", launches[1]',
                  'no kernel "zz"', id="unknown-launch"),
@@ -370,6 +379,8 @@ COMP_BAD = [
                  '"z" is taken by no launch', id="unused-input"),
     pytest.param('launches = ["la", "lb"]\ninputs = ["x", "y"]\noutputs = ["q"]', 'kernel "c", outputs[0]',
                  '"q" is no launch result', id="unknown-output"),
+    pytest.param('launches = ["la", "lb"]\ninputs = ["x", "y"]\noutputs = ["y"]', 'kernel "c", outputs[0]',
+                 '"y" is no launch result', id="input-as-output"),
     pytest.param('launches = ["la", "lb"]\ninputs = ["x", "y"]\noutputs = ["out"]\nentry = "a:b"',
                  'kernel "c"', 'unknown key "entry"', id="composite-with-entry"),
     pytest.param('launches = []\ninputs = ["x"]\noutputs = ["out"]', 'kernel "c", launches',
@@ -401,3 +412,58 @@ def test_a_composite_backward_is_checked_like_a_kernel(tmp_path: Path) -> None:
     (tmp_path / "kernels.toml").write_text(bad)
     with pytest.raises(CuteccError, match='"c" must take the forward inputs then one cotangent'):
         load_manifest(tmp_path / "kernels.toml")
+
+
+# Parameters that follow a variant axis (derive) -----------------------------------------
+
+TILED = (X, '{ name = "acc", role = "output", dtype = "float32", shape = ["m", "round_up(n, $tile)"] }')
+
+
+def test_a_derived_parameter_follows_its_axis_and_is_no_keyword_of_its_own(tmp_path: Path) -> None:
+    """FA4's backward: causal attention takes a 64-row tile, non-causal an 80-row one. The
+    tile sizes the scratch and reaches the factory; `causal` stays the one call keyword."""
+    extra = ('factory_args = { is_causal = "$causal", tile_m = "$tile" }\n'
+             "variants = { causal = [false, true] }\n"
+             "derive = { tile = { causal = { false = 80, true = 64 } } }\n")
+    m, _ = load(tmp_path, manifest(*TILED, extra=extra))
+    got = {v.id: (dict(v.factory_args)["tile_m"], v.convention.results[0].shape, v.call)
+           for v in m.kernel("k").variants}
+    assert got == {"causal=False": (80, ("m", "round_up(n, 80)"), (("causal", False),)),
+                   "causal=True": (64, ("m", "round_up(n, 64)"), (("causal", True),))}
+
+
+def test_an_axis_followed_only_by_a_derived_parameter_is_used(tmp_path: Path) -> None:
+    extra = ("variants = { causal = [false, true] }\n"
+             "derive = { tile = { causal = { false = 80, true = 64 } } }\n")
+    m, _ = load(tmp_path, manifest(*TILED, extra=extra))
+    assert [v.call for v in m.kernel("k").variants] == [(("causal", False),), (("causal", True),)]
+
+
+DERIVE_BAD = [
+    pytest.param("derive = { tile = { causal = { false = 80 } } }", "derive.tile.causal",
+                 "has no value for causal = true", id="missing-value"),
+    pytest.param("derive = { tile = { causal = { false = 80, true = 64, maybe = 1 } } }",
+                 "derive.tile.causal.maybe", 'is no value of "causal" (false, true)', id="extra-value"),
+    pytest.param("derive = { tile = { colour = { red = 1 } } }", "derive.tile.colour",
+                 "names no variant axis (axes: causal)", id="unknown-axis"),
+    pytest.param("derive = { causal = { causal = { false = 1, true = 2 } } }", "derive.causal",
+                 "is a variant axis already", id="clash"),
+    pytest.param("derive = { tile = { causal = { false = [1], true = 2 } } }", "derive.tile.causal.false",
+                 "must be a number, string or bool, got an array", id="array-value"),
+    pytest.param("derive = { tile = { causal = { false = 80, true = 64 }, d = { x = 1 } } }",
+                 "derive.tile", "must be a table with one variant axis", id="two-axes"),
+    pytest.param("derive = { tile = { causal = { false = 80, true = 64 } }, unused = "
+                 "{ causal = { false = 1, true = 2 } } }", "derive.unused",
+                 'parameter "unused" is never used', id="unused"),
+]
+
+
+@pytest.mark.parametrize(("line", "key", "fragment"), DERIVE_BAD)
+def test_bad_derived_parameters_name_file_and_key_path(tmp_path: Path, line: str, key: str,
+                                                      fragment: str) -> None:
+    p = tmp_path / "kernels.toml"
+    p.write_text(manifest(*TILED, extra="variants = { causal = [false, true] }\n" + line + "\n"))
+    with pytest.raises(CuteccError) as info:
+        load_manifest(p)
+    assert (info.value.key_path, info.value.exit_code) == (f'kernel "k", {key}', 2)
+    assert fragment in info.value.message, info.value.message

@@ -17,6 +17,7 @@ entry came from the remote or a Ray worker).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import time
@@ -29,7 +30,7 @@ from cutecc import remote as remote_cache
 from cutecc.archs import parse_archs
 from cutecc.entry import runtime_record
 from cutecc.errors import CuteccError
-from cutecc.executors import Executor, choose
+from cutecc.executors import Executor, choose, compile_limits
 from cutecc.lockfile import LOCK_NAME, Lock, LockEntry, Merged, merge_build, write_lock
 from cutecc.locks import is_held
 from cutecc.manifest import load_manifest
@@ -210,6 +211,8 @@ def build(
     remote: str | None = None,
     remote_write: bool | None = None,
     candidates: bool = False,
+    compile_timeout: str | float | None = None,
+    compile_memory: str | int | None = None,
 ) -> BuildReport:
     """Build a manifest into a cache; see the module docstring.
 
@@ -225,6 +228,8 @@ def build(
     `remote_write` (else `$CUTECC_REMOTE_WRITE`; never the manifest) uploads what is built.
     `candidates`: build the tuning candidates of kernels with a tuning space too (for
     `cutecc tune`; same keys, nothing recorded as the kernels' current build, no lock).
+    `compile_timeout` (seconds) and `compile_memory` (a size; else `$CUTECC_COMPILE_*`, else
+    `[build]`) bound each compile: one past a limit is stopped and fails alone.
     """
     t0 = time.perf_counter()
     progress = progress or Progress()
@@ -244,8 +249,10 @@ def build(
     archs = parse_archs(archs) if archs else ()
     full = load_manifest(manifest_path)
     settings = full.build  # the manifest's [build] table: below flags and environment
-    runner = choose(executor, ray_address, default_kind=settings.executor,
-                    default_address=settings.ray_address)
+    runner = dataclasses.replace(
+        choose(executor, ray_address, default_kind=settings.executor, default_address=settings.ray_address),
+        limits=compile_limits(compile_timeout, compile_memory, default_seconds=settings.compile_timeout,
+                              default_memory=settings.compile_memory))
     remote_cfg = remote_cache.config(remote, remote_write, default=settings.remote)
     manifest = full.select(kernels) if kernels else full
     if candidates:

@@ -5,7 +5,8 @@
 executor runs the same `workers.build_one` for each job and calls the same
 `on_result(job, result)` as each finishes, so a build reports alike whoever compiled.
 Chosen by `cutecc build --executor`, else `$CUTECC_EXECUTOR`; Ray is imported only when
-asked for (`pip install 'cutecc[ray]'`).
+asked for (`pip install 'cutecc[ray]'`). Either way each compile is bounded in time and,
+if asked, memory (`compile_limits`): one past its limit is stopped and reported failed.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cutecc import environ
 from cutecc.errors import CuteccError
-from cutecc.workers import BuildJob, Result
+from cutecc.units import parse_size
+from cutecc.workers import DEFAULT_COMPILE_TIMEOUT, DEFAULT_LIMITS, BuildJob, Limits, Result
 
 if TYPE_CHECKING:
     from cutecc.remote import RemoteConfig
@@ -33,6 +35,7 @@ class Executor:
 
     kind: str = "local"
     ray_address: str | None = None
+    limits: Limits = DEFAULT_LIMITS
 
     def compile_all(self, jobs: list[BuildJob], store_root: Path, workers: int, on_result: OnResult,
                     remote: RemoteConfig | None = None) -> None:
@@ -41,11 +44,11 @@ class Executor:
             from cutecc.executors import ray
 
             ray.compile_all(jobs, store_root, workers, on_result, remote=remote,
-                            address=self.ray_address)
+                            address=self.ray_address, limits=self.limits)
         else:
             from cutecc.executors import local
 
-            local.compile_all(jobs, store_root, workers, on_result, remote=remote)
+            local.compile_all(jobs, store_root, workers, on_result, remote=remote, limits=self.limits)
 
 
 def choose(kind: str | None = None, ray_address: str | None = None, *,
@@ -63,3 +66,35 @@ def choose(kind: str | None = None, ray_address: str | None = None, *,
     if address and kind != "ray":
         raise CuteccError("a Ray address needs --executor ray", where="--ray-address")
     return Executor(kind, address)
+
+
+_OFF = ("0", "off", "none", "no")
+
+
+def compile_limits(seconds: str | float | None = None, memory: str | int | None = None, *,
+                   default_seconds: str | float | None = None,
+                   default_memory: str | int | None = None) -> Limits:
+    """What one compile may take: from the arguments (flags), else `$CUTECC_COMPILE_TIMEOUT` /
+    `$CUTECC_COMPILE_MEMORY`, else the manifest's `[build]` (`default_*`), else an hour and no
+    memory limit. Seconds > 0, a size such as `8G`; 0 or `off` turns a limit off."""
+    def pick(given: Any, var: str, default: Any) -> Any:
+        if given is not None and str(given).strip():
+            return given, f"--{var.lower().removeprefix('cutecc_').replace('_', '-')}"
+        env = os.environ.get(var, "").strip()
+        return (env, f"${var}") if env else (default, f"[build] {var.lower().removeprefix('cutecc_')}")
+
+    t, where = pick(seconds, environ.COMPILE_TIMEOUT, default_seconds)
+    secs: float | None = DEFAULT_COMPILE_TIMEOUT
+    if t is not None:
+        text = str(t).strip().lower()
+        try:
+            secs = None if text in _OFF else float(text) or None
+        except ValueError:
+            secs = -1.0
+        if secs is not None and not 0 < secs < float("inf"):
+            raise CuteccError(f'"{t}" is not a number of seconds (0 or off: no limit)', where=where)
+    m, where = pick(memory, environ.COMPILE_MEMORY, default_memory)
+    mem = None if m is None or str(m).strip().lower() in _OFF else parse_size(m, where) or None
+    if mem is not None and mem < 1 << 26:
+        raise CuteccError(f"{m}: under 64M, too little for any compile", where=where)
+    return Limits(secs, mem)

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cutecc import workers
-from cutecc.workers import BuildJob, Result
+from cutecc.workers import DEFAULT_LIMITS, BuildJob, Limits, Result
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -16,6 +16,6 @@ if TYPE_CHECKING:
 
 def compile_all(jobs: list[BuildJob], store_root: Path, n: int,
                 on_result: Callable[[BuildJob, Result], None],
-                remote: RemoteConfig | None = None) -> None:
-    """`workers.compile_all`: one pool of `n` processes per arch."""
-    workers.compile_all(jobs, store_root, n, on_result, remote)
+                remote: RemoteConfig | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
+    """`workers.compile_all`: one pool of `n` processes per arch, each compile bounded."""
+    workers.compile_all(jobs, store_root, n, on_result, remote, limits)

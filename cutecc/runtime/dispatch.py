@@ -348,8 +348,12 @@ def _from_buffer(b: Any, t: TensorArg) -> Any:
 
 
 def _like(g: Any, x: Any) -> Any:
-    """A gradient typed like its primal input inside `shard_map`: summed over the manual axes
-    it varies over and the input does not (the input was the same on every shard)."""
+    """A gradient typed like its primal input: in its dtype (a backward may return a wider
+    one, e.g. quack RMSNorm's dw summed from fp32 partials for a bf16 weight, and jax.grad
+    promises the input's dtype), and inside `shard_map` summed over the manual axes it
+    varies over and the input does not (the input was the same on every shard)."""
+    if jnp.issubdtype(x.dtype, jnp.inexact) and g.dtype != x.dtype:
+        g = g.astype(x.dtype)
     extra = varying(jax.typeof(g)) - varying(jax.typeof(x))
     return jax.lax.psum(g, tuple(sorted(extra))) if extra else g
 

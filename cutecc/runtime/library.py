@@ -103,9 +103,9 @@ def verified_bytes(path: Path, sha256: str, size: int, label: str, what: str = "
                           where=f"{label} ({path})", exit_code=1) from None
     except OSError as e:
         if e.errno == 27:  # EFBIG: larger than recorded
-            raise CuteccError(f"the {what} is larger than its recorded size {size}; refusing to "
-                              "load it. Remove the entry and rebuild it", where=f"{label} ({path})",
-                              exit_code=1) from None
+            raise CuteccError(f"the {what} does not match its recorded SHA-256 (larger than its "
+                              f"recorded {size} bytes); refusing to load it. Remove the entry and "
+                              "rebuild it", where=f"{label} ({path})", exit_code=1) from None
         raise CuteccError(f"cannot read the {what}: {e.strerror}; rebuild it with "
                               "`cutecc build`", where=f"{label} ({path})", exit_code=1) from None
     if len(data) != size or hashlib.sha256(data).hexdigest() != sha256:

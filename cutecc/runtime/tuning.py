@@ -28,7 +28,7 @@ TUNING_FORMAT = 1
 RULES = ("floor", "nearest")
 RESULTS_DIR = ("tuning", "results")
 MAX_RECORD_BYTES = 4 << 20
-MAX_LINES = 100_000
+MAX_LINES = 20_000  # tuning lines in one lock or record: buckets x variants x devices
 _log = logging.getLogger("cutecc")
 
 

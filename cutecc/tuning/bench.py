@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cutecc import cubin
+from cutecc import cubin, expr
 from cutecc.runtime.dispatch import Build, KernelFn
 from cutecc.runtime.tuning import bucket_text
 from cutecc.store import Store
@@ -116,6 +116,15 @@ def _agree(ref: tuple[Any, ...], got: tuple[Any, ...], dtypes: list[str], rtol: 
             return f"disagrees with the default configuration: result {i} max |diff| {err:.3g} " \
                    f"(rtol {rt}, atol {at})"
     return None
+
+
+def returned(build: Build, extents: dict[str, int]) -> list[tuple[tuple[int, ...], str]]:
+    """(shape, dtype) of each array a call of `build` returns at `extents`: its visible
+    results (a saved residual, FA4's lse, stays inside the call), a derived extent evaluated."""
+    def extent(d: int | str) -> int:
+        return d if isinstance(d, int) else extents[d] if expr.is_symbol(d) else expr.evaluate(d, extents)
+
+    return [(tuple(extent(d) for d in t.extents), t.dtype) for t in build.conv.visible]
 
 
 def _looped(fn: Callable[..., Any], k: int, results: list[tuple[tuple[int, ...], str]]) -> Any:
@@ -325,9 +334,8 @@ def main() -> None:
         text = bucket_text({n: bucket[n] for n in extent_names})
         extents = _extents(bucket, sizes)
         xs = _inputs(default, extents, ranges, seed + zlib.crc32(text.encode()))
-        results = [(tuple(d if isinstance(d, int) else extents[d] for d in t.extents), t.dtype)
-                   for t in default.conv.results]
-        dtypes = [t.dtype for t in default.conv.results]
+        results = returned(default, extents)
+        dtypes = [d for _, d in results]
         outs: dict[str, tuple[Any, ...]] = {}
         dropped: dict[str, str] = {}
         for key, fn in fns.items():

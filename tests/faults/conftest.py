@@ -215,3 +215,76 @@ def assert_clean_failure(r: subprocess.CompletedProcess[str], code: int, *fragme
     assert "Traceback" not in out, out
     for f in fragments:
         assert f in out, (f, out)
+
+
+# A kernel whose compile never ends (issue 21: Ray failures, bounded compiles) ---------------
+
+HANG_MODULE = '''\
+import mmap
+import os
+import time
+
+_marker = os.environ.get("HANG_MARKER")
+if _marker:  # say that this compile started (and in which process)
+    with open(_marker, "a") as f:
+        f.write(f"{os.getpid()}\\n")
+if os.environ.get("HANG_MAP_BYTES"):  # a compile that asks for more memory than it may have
+    _area = mmap.mmap(-1, int(os.environ["HANG_MAP_BYTES"]), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+time.sleep(float(os.environ.get("HANG_SECONDS", "3600")))
+from toy.ops import scale  # noqa: E402,F401
+'''
+
+HANG_KERNEL = '''
+[kernel.hang]
+entry = "toy.hang:scale"
+args = [
+  { name = "x", dtype = "float32", shape = ["n"] },
+  { name = "out", role = "output", dtype = "float32", shape = ["n"] },
+  { kind = "scalar", name = "factor", dtype = "float32", default = 1.0 },
+  { kind = "stream" },
+]
+constants = { threads = 32 }
+'''
+
+
+def write_hang_project(root: Path, threads: tuple[int, ...] = (64, 128)) -> Path:
+    """The toy project plus a kernel `hang` (declared first, so it compiles first) whose
+    module, imported by its compile, appends its pid to $HANG_MARKER, maps $HANG_MAP_BYTES
+    of memory if set, then sleeps $HANG_SECONDS (default an hour)."""
+    manifest = write_toy_project(root, threads=threads)
+    (root / "toy" / "hang.py").write_text(HANG_MODULE)
+    head, _, rest = manifest.read_text().partition("\n")
+    manifest.write_text(head + "\n" + HANG_KERNEL + rest)
+    return manifest
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (children, theirs, ...)."""
+    by_parent: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            by_parent.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in by_parent.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def run_bounded(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run `cmd` in its own session; past `timeout` s kill its whole group and fail the test
+    saying so (a build that should have stopped a compile but did not)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, **env}, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, 9)
+        out, err = p.communicate()
+        pytest.fail(f"still running after {timeout:.0f} s (killed):\n{out[-1500:]}\n{err[-1500:]}")
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)

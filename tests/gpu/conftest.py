@@ -3,12 +3,18 @@ test modules share: a per-test random generator, random arrays, poisoned memory.
 
 from __future__ import annotations
 
+import os
 import zlib
 from typing import Any
 
 import numpy as np
 import pytest
 
+# The suite starts GPU processes of its own (tune's measuring children, a packed wheel's
+# interpreter) while this one holds the device: XLA's default takes 75% of its memory up
+# front, and a measuring child then got profiler traces without a GPU plane in two full-suite
+# runs (the tuning tests alone passed). Each process takes what it uses.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 def _has_gpu() -> bool:
     try:

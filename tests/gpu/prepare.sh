@@ -2,7 +2,9 @@
 # Build, on a host with the build extra (no GPU needed), every cache the GPU suite uses,
 # into CACHES (see tests/gpu/run.sh), ready to carry to a GPU machine without the DSL:
 #   bash tests/gpu/prepare.sh CACHES [--examples]
-# --examples also builds examples/kernels.toml, compiles its tuning candidates (FA4's space:
+# --examples also builds examples/kernels.toml (forward and backward kernels: what
+# test_examples_gpu.py, test_training_gpu.py and benchmarks/training_step.py call), compiles
+# its tuning candidates (FA4's space:
 # `cutecc tune --compile-only`, into the same cache) and its direct-build comparison (needs
 # the examples extra: quack-kernels, flash-attn-4, torch). Each entry's metadata keeps its
 # compile seconds: benchmarks/tune.py reports them as the tuning's CPU cost.
@@ -19,6 +21,7 @@ cc build tests/gpu/layout_kernels/kernels.toml --cache-dir "$OUTDIR/layouts" --n
 cc build tests/gpu/train_kernels/kernels.toml --cache-dir "$OUTDIR/train" --no-lock
 cc build kernels.toml --cache-dir "$OUTDIR/tune" --no-lock
 cc tune kernels.toml --compile-only --cache-dir "$OUTDIR/tune"
+rm -rf "$OUTDIR/layout_ab"  # its prepare step builds into fresh directories
 "$PY" benchmarks/layout_ab.py prepare "$OUTDIR/layout_ab"
 if [ "${2:-}" = "--examples" ]; then
   cc build examples/kernels.toml --cache-dir "$OUTDIR/examples" --no-lock

@@ -68,7 +68,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     import cutecc.executors.local
 
     monkeypatch.setattr(cutecc.executors.local, "compile_all",
-                        lambda *a, remote=None: _fake_compile(*a))
+                        lambda *a, remote=None, limits=None: _fake_compile(*a))
     m = tmp_path / "kernels.toml"
     m.write_text(MANIFEST.format(threads=[64, 128]))
     return m

@@ -160,3 +160,13 @@ def test_a_composite_pairs_as_a_backward(ks) -> None:
                                S((70,), F32)))
     keys = [ks.expw2.builds[0].key, ks.bwd_g.builds[0].key, ks.bwd_dxdw.builds[0].key]
     assert [[target_name(k) in c for k in keys].index(True) for c in calls] == [0, 1, 2]
+
+
+def test_a_wider_gradient_is_cast_to_its_inputs_dtype() -> None:
+    """quack RMSNorm's dw is summed from fp32 partials for a bf16 weight; jax.grad promises
+    the input's dtype, so the runtime casts (an integer input's gradient is left alone)."""
+    from cutecc.runtime.dispatch import _like
+
+    assert _like(jnp.ones(3, F32), jnp.ones(3, jnp.bfloat16)).dtype == jnp.bfloat16
+    assert _like(jnp.ones(3, F32), jnp.ones(3, F32)).dtype == F32
+    assert _like(jnp.ones(3, F32), jnp.ones(3, jnp.int32)).dtype == F32

@@ -56,7 +56,7 @@ def test_a_hostile_meta_json_at_its_cap_parses_or_fails_within_a_second(shape: s
 @pytest.mark.parametrize("shape", ["escaped quotes, unterminated", "brackets at the depth limit, repeated"])
 def test_parse_time_grows_linearly_with_size(shape: str) -> None:
     """8 MiB takes at most about 8 times (here: 16) what 1 MiB takes, plus slack: no
-    quadratic term hides below the 1 MiB cap of meta.json (the lock's cap is 64 MiB)."""
+    quadratic term hides below the 1 MiB cap of meta.json (the lock's cap is 16 MiB)."""
     def timed(n: int) -> float:
         data = HOSTILE[shape](n)
         t0 = time.perf_counter()
@@ -77,8 +77,18 @@ def test_nesting_past_the_limit_is_refused_and_at_the_limit_accepted() -> None:
     mixed = b'{"a":' * 30 + b"[" * 30 + b"1" + b"]" * 30 + b"}" * 30
     with pytest.raises(ValueError, match="nested"):
         parse_json(mixed)
-    brackets_in_strings = b'["' + b"[" * 5000 + b'"]'
-    assert parse_json(brackets_in_strings) == ["[" * 5000]
+    brackets_in_strings = b'["' + b"[" * 500 + b'"]'
+    assert parse_json(brackets_in_strings) == ["[" * 500]
+
+
+def test_a_file_denser_in_arrays_than_cutecc_writes_is_refused_before_parsing() -> None:
+    """Building millions of tiny arrays is what costs (0.25 s a MiB): past 1,024, at most one
+    array or object per 32 bytes (brackets in strings count: an over-approximation)."""
+    with pytest.raises(ValueError, match="arrays and objects in"):
+        parse_json(b"[" + b"[]," * 2000 + b"0]")
+    with pytest.raises(ValueError, match="arrays and objects in"):
+        parse_json(b'["' + b"[" * 5000 + b'"]')
+    assert len(parse_json(b"[" + b'{"abcdefghijklmnopqrstuvw":1},' * 3000 + b"0]")) == 3001
 
 
 def test_nesting_far_past_the_interpreters_recursion_limit_is_a_value_error() -> None:

@@ -70,12 +70,16 @@ def test_the_name_rules_cover_the_runtime_classes() -> None:
     """The constants the manifest checks against (it must not import JAX) cover what the
     runtime's classes really have: every public attribute and every call parameter."""
     pytest.importorskip("jax")
-    from cutecc.runtime.dispatch import KernelFn
+    from cutecc.runtime.dispatch import CompositeFn, KernelFn
     from cutecc.runtime.loader import KernelSet
 
     fn = KernelFn("k", [])
     mine = {n for n in dir(fn) if not n.startswith("_")}
     mine |= set(inspect.signature(KernelFn.__call__).parameters)
+    assert mine <= CALL_RESERVED, sorted(mine - CALL_RESERVED)
+    composite = CompositeFn("c", ["k"], ["x"], ["out"])
+    mine = {n for n in dir(composite) if not n.startswith("_")}
+    mine |= set(inspect.signature(CompositeFn.__call__).parameters)
     assert mine <= CALL_RESERVED, sorted(mine - CALL_RESERVED)
     ks = KernelSet(Path("/nonexistent"), ARCH, lambda n: fn, lambda: [], lambda n: False)
     theirs = {n for n in dir(ks) if not n.startswith("_")}
