@@ -211,8 +211,15 @@ def _op_backward(ctx: Any, *grads: Any) -> Any:
     cts = {t.name: (torch.zeros_like(outs[t.name]) if g is None else _from_buffer(g, t).contiguous())
            for g, t in zip(grads, conv.results)}  # a cotangent may be expanded (stride 0)
     gx = fn._backward(build, xs, outs, cts, dict(zip((s.name for s in conv.scalars), scalars)))
-    return (*(None if g is None else _to_buffer(g, t) for g, t in zip(gx, conv.inputs)),
+    return (*(None if g is None else _grad_like(_to_buffer(g, t), x)
+              for g, t, x in zip(gx, conv.inputs, saved[:n])),
             *([None] * (len(scalars) + 1)))
+
+
+def _grad_like(g: Any, x: Any) -> Any:
+    """A gradient in its input's dtype (a backward may return a wider one, e.g. quack
+    RMSNorm's dw summed from fp32 partials for a bf16 weight), as the JAX side does."""
+    return g.to(x.dtype) if x.dtype.is_floating_point and g.dtype != x.dtype else g
 
 
 def _to_buffer(a: Any, t: TensorArg) -> Any:
