@@ -37,7 +37,8 @@ from cutecc.runtime import calls, library
 from cutecc.runtime.calls import Build
 from cutecc.runtime.loader import FrontEnd, KernelSet, load_with
 
-__all__ = ["KernelCallError", "KernelTypeError", "TorchKernelFn", "TorchKernelSet", "load"]
+__all__ = ["KernelCallError", "KernelTypeError", "TorchCompositeFn", "TorchKernelFn", "TorchKernelSet",
+           "load"]
 
 NAMESPACE = "cutecc"  # torch.ops.cutecc.<kernel>_<12 hex of the contract's digest>
 DEVICE_TYPES = ("cuda", "meta")  # where a call's tensors may live (meta: shapes only)
@@ -250,13 +251,13 @@ class _Spec:
 def _layouts(build: Build) -> tuple[tuple, tuple]:
     """Per input (its buffer permutation or None, its name, whether padded) and per result
     (the input it is written into or None, the permutation back to logical or None,
-    whether it is summed over its leading axis, whether it is saved, not returned)."""
+    whether it is summed over its leading axis, whether it is saved, not returned; its name)."""
     conv = build.conv
     inputs = tuple((None if t.order is None else t.perm, t.name, t.buffer is not None)
                    for t in conv.inputs)
     results = tuple((conv.inputs.index(t) if t.role == "inout" else None,
                      None if t.order is None else tuple(sorted(range(len(t.perm)), key=t.perm.__getitem__)),
-                     t.reduce == "sum", t.saved) for t in conv.results)
+                     t.reduce == "sum", t.saved, t.name) for t in conv.results)
     return inputs, results
 
 
@@ -326,11 +327,16 @@ class TorchKernelFn(calls.KernelBase):
             raise _as_call_error(e) from None
 
     def __call__(self, *tensors: Any, **kw: Any) -> Any:
+        return self._call(tensors, kw)
+
+    def _call(self, tensors: Sequence[Any], kw: Mapping[str, Any], every: bool = False) -> Any:
+        """The call, eagerly where it can be, else through the op; with `every`, all the
+        kernel's results by name, saved ones too (for a composite's later launches)."""
         if not torch.compiler.is_compiling():
             plan = self._plan_of(tensors, kw)
             if plan is not None:
-                return self._run(plan, tensors)
-        return self._through_op(tensors, kw)
+                return self._run(plan, tensors, every)
+        return self._through_op(tensors, kw, every)
 
     # The eager path: the tvm-ffi function called directly ----------------------------------
 
@@ -370,7 +376,7 @@ class TorchKernelFn(calls.KernelBase):
         build, env, scalars = self._choose(tensors, kw)
         return _Eager(self, build, env, scalars, device)
 
-    def _run(self, plan: _Eager, tensors: Sequence[Any]) -> Any:
+    def _run(self, plan: _Eager, tensors: Sequence[Any], every: bool = False) -> Any:
         """An eager call: buffers checked, results allocated from the contract, the kernel
         launched on torch's current stream (tvm-ffi passes it to the call)."""
         if plan.simple:  # dense row-major tensors in, fresh outputs out
@@ -381,6 +387,8 @@ class TorchKernelFn(calls.KernelBase):
                     self._misaligned(a, plan.inputs[i], plan.aligns[i])
             outs = [torch.empty(s, dtype=d, device=plan.device) for s, d in plan.allocs]
             plan.launch(*tensors, *outs, *plan.scalars)
+            if every:
+                return {r[-1]: o for r, o in zip(plan.results, outs)}
             return outs[0] if len(outs) == 1 else tuple(outs)
         bufs = self._buffers(tensors, plan.inputs)
         self._check_aligned(bufs, plan)
@@ -388,7 +396,8 @@ class TorchKernelFn(calls.KernelBase):
         res = [ffi_in[a] if isinstance(a, int) else torch.empty(a[0], dtype=a[1], device=plan.device)
                for a in plan.allocs]
         plan.launch(*ffi_in, *res, *plan.scalars)
-        return self._post(plan.results, tensors, bufs, [r for r, keep in zip(res, plan.own) if keep])
+        return self._post(plan.results, tensors, bufs, [r for r, keep in zip(res, plan.own) if keep],
+                          every)
 
     def _buffers(self, tensors: Sequence[Any], inputs: tuple) -> list[Any]:
         """The dense buffers the kernel reads (each in its declared order), or an error
@@ -423,13 +432,16 @@ class TorchKernelFn(calls.KernelBase):
                               exit_code=1)
 
     @staticmethod
-    def _post(results: tuple, tensors: Sequence[Any], bufs: Sequence[Any], got: list[Any]) -> Any:
+    def _post(results: tuple, tensors: Sequence[Any], bufs: Sequence[Any], got: list[Any],
+              every: bool = False) -> Any:
         """What the call returns from the kernel's result buffers `got` (the non-inout ones):
         logical layouts, inout tensors (written back where laid out otherwise: the tensor
-        passed is what comes back), declared reductions summed, saved results dropped."""
+        passed is what comes back), declared reductions summed, saved results dropped (with
+        `every`, all by name)."""
         got = list(got)
         outs: list[Any] = []
-        for inout, perm, reduce, saved in results:
+        named: dict[str, Any] = {}
+        for inout, perm, reduce, saved, name in results:
             if inout is not None:
                 if bufs[inout] is not tensors[inout]:
                     tensors[inout].copy_(bufs[inout].permute(perm))
@@ -438,8 +450,11 @@ class TorchKernelFn(calls.KernelBase):
                 o = got.pop(0)
                 o = o if perm is None else o.permute(perm)
             o = o.sum(dim=0, dtype=o.dtype) if reduce else o
+            named[name] = o
             if not saved:
                 outs.append(o)
+        if every:
+            return named
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _device_of(self, tensors: Sequence[Any]) -> Any:
@@ -474,7 +489,7 @@ class TorchKernelFn(calls.KernelBase):
 
     # The custom-op path (compiling, autograd, fake tensors) ----------------------------------
 
-    def _through_op(self, tensors: Sequence[Any], kw: Mapping[str, Any]) -> Any:
+    def _through_op(self, tensors: Sequence[Any], kw: Mapping[str, Any], every: bool = False) -> Any:
         """The call through the build's custom op. What the contract decides (the build,
         layouts, which scalars go where) is computed by `_op_plan` from the tensors' shapes,
         dtypes and devices and the call keywords, which torch.compile takes as a constant of
@@ -503,7 +518,7 @@ class TorchKernelFn(calls.KernelBase):
         bufs = self._buffers(tensors, inputs)
         got = getattr(getattr(torch.ops, NAMESPACE), name).default(*bufs, *values, key)
         got = [] if got is None else list(got) if isinstance(got, (tuple, list)) else [got]
-        return self._post(results, tensors, bufs, got)
+        return self._post(results, tensors, bufs, got, every)
 
     def _op_plan(self, shapes: tuple, dtypes: tuple, devices: tuple, keywords: tuple,
                  given: tuple) -> tuple:
@@ -560,8 +575,8 @@ class TorchKernelFn(calls.KernelBase):
         back = self._owner.get(self.backward) if self._owner is not None and self.backward else None
         if back is None and self.backward:
             raise NotImplementedError(
-                f"cutecc kernel '{self.name}' is paired with '{self.backward}', which cutecc.torch "
-                "cannot call (not in this kernel set; composite kernels are not offered from torch yet)")
+                f"cutecc kernel '{self.name}' is paired with '{self.backward}', which is not in this "
+                "kernel set (load it too)")
         if back is None:
             raise NotImplementedError(
                 f"cutecc kernel '{self.name}' has no derivative rule. Pair it with a backward kernel "
@@ -574,13 +589,86 @@ class TorchKernelFn(calls.KernelBase):
         visible = [t.name for t in conv.visible]
         names = [t.name for t in conv.inputs]
         if self.grad is None:
-            g = back._through_op((*xs, *(cts[n] for n in visible)), bkw)
+            g = back._call((*xs, *(cts[n] for n in visible)), bkw)
             g = list(g) if isinstance(g, tuple) else [g]
             return g + [None] * (len(xs) - len(g))
         have = {**dict(zip(names, xs)), **outs, **{f"cotangent.{n}": cts[n] for n in visible}}
-        g = back._through_op(tuple(have[n] for n in self.grad["args"]), bkw)
+        g = back._call(tuple(have[n] for n in self.grad["args"]), bkw)
         g = dict(zip(self.grad["returns"] or names, g if isinstance(g, tuple) else (g,)))
         return [g.get(n) for n in names]
+
+
+class TorchCompositeFn:
+    """A composite kernel (`launches = [..]`) from PyTorch: its launches called in order, each
+    taking its tensors by name from the call's inputs and earlier launches' results (saved
+    ones too), as `cutecc.runtime.dispatch.CompositeFn` does for JAX. Each launch is a kernel
+    of the set (eager or through its op), so a composite compiles and serves as a backward."""
+
+    builds: tuple[Build, ...] = ()  # nothing of its own: its launches are kernels
+    unusable: tuple[str, ...] = ()
+    backward = None
+    grad = None
+    tuning = None
+
+    def __init__(self, name: str, launches: Sequence[str], inputs: Sequence[str],
+                 outputs: Sequence[str], owner: Any = None) -> None:
+        self.name = name
+        self.launches, self.inputs, self.outputs = tuple(launches), tuple(inputs), tuple(outputs)
+        self._owner = owner
+
+    def __repr__(self) -> str:
+        return (f"<cutecc kernel {self.name}: ({', '.join(self.inputs)}) -> "
+                f"({', '.join(self.outputs)}) through {' -> '.join(self.launches)}>")
+
+    def _fns(self) -> list[TorchKernelFn]:
+        fns = [self._owner.get(n) if self._owner is not None else None for n in self.launches]
+        missing = [n for n, f in zip(self.launches, fns) if f is None]
+        if missing:
+            raise KernelCallError(f"launch kernel {missing[0]!r} is not in this kernel set",
+                                  where=f'kernel "{self.name}"', exit_code=1)
+        return fns  # type: ignore[return-value]
+
+    @property
+    def _keywords(self) -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = {}
+        for f in self._fns():
+            for k, vals in f._keywords.items():
+                out.setdefault(k, []).extend(v for v in vals if not any(calls._same(v, w) for w in out[k]))
+        return out
+
+    @property
+    def keywords(self) -> dict[str, list[Any]]:
+        return {k: list(v) for k, v in self._keywords.items()}
+
+    def scalar_names(self) -> set[str]:
+        return set().union(*(f.scalar_names() for f in self._fns()))
+
+    def input_names(self) -> tuple[str, ...]:
+        return self.inputs
+
+    def __call__(self, *tensors: Any, **kw: Any) -> Any:
+        return self._call(tensors, kw)
+
+    def _call(self, tensors: Sequence[Any], kw: Mapping[str, Any], every: bool = False) -> Any:
+        if len(tensors) != len(self.inputs):
+            raise KernelCallError(f"takes {len(self.inputs)} tensor(s) ({', '.join(self.inputs)}), got "
+                                  f"{len(tensors)}", where=f'kernel "{self.name}"', exit_code=1)
+        fns = self._fns()
+        taken = set().union(*(f.scalar_names() for f in fns), *(f._keywords for f in fns))
+        unknown = sorted(set(kw) - taken)
+        if unknown:
+            raise KernelCallError(f"unknown keyword argument {unknown[0]!r}; runtime scalars and call "
+                                  f"keywords of the launches: {', '.join(sorted(taken)) or 'none'}",
+                                  where=f'kernel "{self.name}"', exit_code=1)
+        have = dict(zip(self.inputs, tensors))
+        for f in fns:
+            mine = f.scalar_names() | set(f._keywords)
+            have.update(f._call(tuple(have[n] for n in f.input_names()),
+                                {k: v for k, v in kw.items() if k in mine}, every=True))
+        if every:
+            return {n: have[n] for n in self.outputs}
+        out = tuple(have[n] for n in self.outputs)
+        return out[0] if len(out) == 1 else out
 
 
 def build_function(kernel: str, build: Build) -> Any:
@@ -641,7 +729,7 @@ def device_kind() -> str | None:
     return os.environ.get("CUTECC_DEVICE_KIND") or None
 
 
-FRONT = FrontEnd("PyTorch", TorchKernelFn, None, TorchKernelSet, device_arch, device_kind)
+FRONT = FrontEnd("PyTorch", TorchKernelFn, TorchCompositeFn, TorchKernelSet, device_arch, device_kind)
 
 
 def load(cache_dir: str | Path | None = None, *, arch: str | None = None,

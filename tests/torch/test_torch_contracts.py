@@ -104,6 +104,17 @@ TRAIN = {
     "add_bias": lambda b, i, r, s: r["out"].copy_(i["x"] + i["b"]),
 }
 TRAIN["expw2"] = TRAIN["expw"]
+TRAIN["bwd_g"] = lambda b, i, r, s: r["g"].copy_(i["e"] * i["dout"])
+
+
+def _bwd_dxdw(b: Any, i: dict, r: dict, s: dict) -> None:
+    r["dx"].copy_(i["g"] * i["w"])
+    r["dw"].zero_()
+    for k in range(SM):
+        r["dw"][k] = i["g"][k * s["rows_per"]:(k + 1) * s["rows_per"]].sum(0)
+
+
+TRAIN["bwd_dxdw"] = _bwd_dxdw
 
 
 def _on_cpu(monkeypatch: pytest.MonkeyPatch, cache: Path, refs: dict) -> ct.TorchKernelSet:
@@ -255,11 +266,24 @@ def test_saved_residual_reduced_partials_and_a_named_pairing(train) -> None:
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-3)
 
 
-def test_a_composite_backward_is_named_when_torch_cannot_call_it(train) -> None:
-    x = torch.randn(4, 3, requires_grad=True)
-    out = train.expw2(x, torch.randn(3))
-    with pytest.raises(NotImplementedError, match="expw2_bwd.*composite"):
-        out.sum().backward()
+def test_a_composite_kernel_and_a_composite_backward(train) -> None:
+    """expw2 is paired with expw2_bwd, two launches sharing g by name (bwd_g, bwd_dxdw)."""
+    w, e, dout = torch.randn(5), torch.randn(300, 5), torch.randn(300, 5)
+    dx, dw = train.expw2_bwd(w, e, dout)
+    torch.testing.assert_close(dx, dout * e * w)
+    torch.testing.assert_close(dw, (dout * e).sum(0), rtol=1e-5, atol=1e-5)
+    x = (torch.randn(300, 5) * 0.5).requires_grad_(True)
+    wg = w.clone().requires_grad_(True)
+    got = torch.autograd.grad((train.expw2(x, wg) ** 2).sum(), (x, wg))
+    want = torch.autograd.grad(((x.exp() * wg) ** 2).sum(), (x, wg))
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-3)
+    f = torch.compile(lambda a, b: (train.expw2(a, b) ** 2).sum(), backend="aot_eager", fullgraph=True)
+    got = torch.autograd.grad(f(x, wg), (x, wg))
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-3)
+    with pytest.raises(ValueError, match="takes 3 tensor"):
+        train.expw2_bwd(w, e)
 
 
 ROOT = {
