@@ -123,17 +123,28 @@ def test_named_pairing_through_a_saved_residual(train, gen, compiled: bool) -> N
 
 @pytest.mark.parametrize("dtype", [BF16, torch.float32])
 @pytest.mark.parametrize("m", [1, 37, 4099])
-def test_quack_rmsnorm(ex, gen, dtype, m: int) -> None:
-    x, w = rand(gen, (m, 4096), dtype), rand(gen, (4096,), dtype)
+def test_quack_rmsnorm_and_its_gradient(ex, gen, dtype, m: int) -> None:
+    """Forward (rstd saved, not returned) and backward (named pairing; dw from per-SM fp32
+    partials, summed and cast to w's dtype) against torch's own RMSNorm."""
+    x, w, c = rand(gen, (m, 4096), dtype), rand(gen, (4096,), dtype), rand(gen, (m, 4096), dtype)
     eps = 1e-5
-    rstd = torch.rsqrt(x.float().pow(2).mean(-1) + eps)
-    want = (x.float() * rstd[:, None] * w.float()).to(dtype)
+
+    def ref(x, w):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
     poison(m * 4096 * 8)
     for call in both(ex.quack_rmsnorm):
-        out, got_rstd = call(x, w, eps=eps)
-        assert out.dtype == dtype and got_rstd.dtype == torch.float32
-        close(out, want, dtype)
-        close(got_rstd, rstd, torch.float32)
+        out = call(x, w, eps=eps)
+        assert isinstance(out, torch.Tensor) and out.dtype == dtype
+        close(out, ref(x, w), dtype)
+    xg, wg = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    got = torch.autograd.grad((ex.quack_rmsnorm(xg, wg, eps=eps).float() * c.float()).sum(), (xg, wg))
+    want = torch.autograd.grad((ref(xg, wg).float() * c.float()).sum(), (xg, wg))
+    for g, r in zip(got, want):
+        assert g.dtype == dtype
+        err = ((g.float() - r.float()).abs().max() / r.float().abs().max()).item()
+        assert err <= (2e-2 if dtype == BF16 else 1e-4), err
 
 
 @pytest.mark.parametrize("ignore_index", [-100, 7])
@@ -148,6 +159,13 @@ def test_quack_cross_entropy(ex, gen, ignore_index: int) -> None:
         loss = call(logits, target, ignore_index=ignore_index)
         assert loss.dtype == torch.float32 and loss.shape == (m,)
         torch.testing.assert_close(loss, want, rtol=1e-4, atol=1e-4)
+    lg = logits.clone().requires_grad_(True)
+    (got,) = torch.autograd.grad(ex.quack_cross_entropy(lg, target, ignore_index=ignore_index).sum(), (lg,))
+    lf = logits.float().requires_grad_(True)
+    (ref,) = torch.autograd.grad(torch.nn.functional.cross_entropy(
+        lf, target.long(), reduction="sum", ignore_index=ignore_index), (lf,))
+    assert got.dtype == BF16
+    torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=2e-3)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -172,3 +190,15 @@ def test_fa4_forward(ex, gen, causal: bool, b: int, s_q: int, s_k: int, h: int) 
     compiled = torch.compile(lambda q, k, v: ex.fa4_fwd(q, k, v, softmax_scale=scale, causal=causal),
                              backend="aot_eager", fullgraph=True)
     assert torch.equal(compiled(q, k, v), ex.fa4_fwd(q, k, v, softmax_scale=scale, causal=causal))
+    # the gradient through FA4's three-launch backward (a composite kernel)
+    qkv = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    do = rand(gen, q.shape, BF16)
+    got = torch.autograd.grad(
+        (ex.fa4_fwd(*qkv, softmax_scale=scale, causal=causal).float() * do.float()).sum(), qkv)
+    f32 = [t.float().requires_grad_(True) for t in (q, k, v)]
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        *(t.transpose(1, 2) for t in f32), attn_mask=mask, scale=scale).transpose(1, 2)
+    want = torch.autograd.grad((ref * do.float()).sum(), f32)
+    for g, r in zip(got, want):
+        err = ((g.float() - r).abs().max() / r.abs().max()).item()
+        assert err <= 3e-2, err
