@@ -137,7 +137,11 @@ def test_compile_fullgraph_two_kernels(ks, gen) -> None:
             pytest.importorskip("triton")
         torch._dynamo.reset()
         compiled = torch.compile(f, backend=backend, fullgraph=True)
-        assert torch.equal(compiled(x, y, w), eager), backend
+        got = compiled(x, y, w)
+        if backend == "aot_eager":  # the same ops: the same bits
+            assert torch.equal(got, eager)
+        else:  # inductor fuses `* 2 + 1` in fp32 and rounds to bf16 once, eager twice
+            torch.testing.assert_close(got, eager, rtol=1.6e-2, atol=1.6e-2)
     r = torch._dynamo.explain(f)(x, y, w)
     assert r.graph_break_count == 0, r.break_reasons
 
