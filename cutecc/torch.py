@@ -22,6 +22,7 @@ the kernels launch on. Two ways reach it:
 
 from __future__ import annotations
 
+import operator
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
@@ -509,7 +510,7 @@ class TorchKernelFn(calls.KernelBase):
             else:
                 given.append((k, "Tensor" if isinstance(v, torch.Tensor) else type(v).__name__))
         name, key, scalars, inputs, results = _op_plan(
-            self._id, tuple(tuple(int(d) for d in a.shape) for a in tensors),
+            self._id, tuple(tuple(operator.index(d) for d in a.shape) for a in tensors),  # a SymInt: guarded
             tuple(_dtype_name(a.dtype) for a in tensors), tuple(str(a.device) for a in tensors),
             tuple(keywords), tuple(given))
         if not torch.compiler.is_compiling():  # values known: checked as the eager path checks them

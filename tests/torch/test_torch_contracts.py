@@ -334,3 +334,14 @@ def test_the_op_takes_what_a_compiler_hands_it(monkeypatch: pytest.MonkeyPatch, 
         out = ks.mul(w, w)
         assert not out.requires_grad
         torch.testing.assert_close(out, w * w)
+
+
+def test_compile_dynamic_specializes_the_shapes_a_call_reads(monkeypatch: pytest.MonkeyPatch,
+                                                             example_cache: Path) -> None:
+    """Under dynamic=True the contract's choice guards on the shapes (each is a constant of
+    the trace), so the call compiles and stays right as sizes change."""
+    ks = _on_cpu(monkeypatch, example_cache, ROOT)
+    f = torch.compile(lambda a, b: ks.mul(a, b) + 1, backend="aot_eager", fullgraph=True, dynamic=True)
+    for n in (8, 16, 33):
+        x = torch.randn(n)
+        torch.testing.assert_close(f(x, x), x * x + 1)
