@@ -209,13 +209,20 @@ def _op_backward(ctx: Any, *grads: Any) -> Any:
     saved = ctx.saved_tensors
     n = len(conv.inputs)
     xs = [_from_buffer(b, t) for b, t in zip(saved[:n], conv.inputs)]
-    outs = {t.name: _from_buffer(b, t) for b, t in zip(saved[n:], conv.results)}
-    cts = {t.name: (torch.zeros_like(outs[t.name]) if g is None else _from_buffer(g, t).contiguous())
+    # What the call returned: a declared reduction summed over its leading axis, and the
+    # cotangent of that sum (the op's unsummed result got it broadcast: any row is it).
+    outs = {t.name: _summed(_from_buffer(b, t), t) for b, t in zip(saved[n:], conv.results)}
+    cts = {t.name: (torch.zeros_like(outs[t.name]) if g is None
+                    else _from_buffer(g, t)[0 if t.reduce == "sum" else ...].contiguous())
            for g, t in zip(grads, conv.results)}  # a cotangent may be expanded (stride 0)
     gx = fn._backward(build, xs, outs, cts, dict(zip((s.name for s in conv.scalars), scalars)))
     return (*(None if g is None else _grad_like(_to_buffer(g, t), x)
               for g, t, x in zip(gx, conv.inputs, saved[:n])),
             *([None] * (len(scalars) + 1)))
+
+
+def _summed(o: Any, t: TensorArg) -> Any:
+    return o.sum(dim=0, dtype=o.dtype) if t.reduce == "sum" else o
 
 
 def _grad_like(g: Any, x: Any) -> Any:

@@ -345,3 +345,44 @@ def test_compile_dynamic_specializes_the_shapes_a_call_reads(monkeypatch: pytest
     for n in (8, 16, 33):
         x = torch.randn(n)
         torch.testing.assert_close(f(x, x), x * x + 1)
+
+
+def test_the_gradient_of_a_forward_that_declares_a_reduction(monkeypatch: pytest.MonkeyPatch,
+                                                             train_cache: Path) -> None:
+    """A forward returning per-block partials summed by the runtime (`reduce = "sum"`), paired
+    with a backward taking the cotangent of the sum: the op's unsummed result receives that
+    cotangent broadcast, and the backward gets it once, as the JAX side hands it over.
+    Contracts made here (a column sum and its backward), run by stand-ins."""
+    import dataclasses
+
+    from cutecc.contract import CallingConvention, StreamArg, TensorArg
+
+    def build(args: tuple, key: str) -> Any:
+        base = ct.load(train_cache, arch="sm_90a").col_partials.builds[0]
+        return dataclasses.replace(base, key=key, args=args, conv=CallingConvention.of(args),
+                                   variant="default", call=())
+
+    fwd = build((TensorArg("x", "input", "float32", ("m", "d")),
+                 TensorArg("parts", "output", "float32", (4, "d"), reduce="sum"), StreamArg()), "f" * 64)
+    bwd = build((TensorArg("x", "input", "float32", ("m", "d")),
+                 TensorArg("dparts", "input", "float32", ("d",)),
+                 TensorArg("dx", "output", "float32", ("m", "d")), StreamArg()), "b" * 64)
+    refs = {"colsum": lambda b, i, r, s: [r["parts"][k].copy_(i["x"][k::4].sum(0)) for k in range(4)],
+            "colsum_bwd": lambda b, i, r, s: r["dx"].copy_(i["dparts"].expand_as(i["x"]))}
+    monkeypatch.setattr(ct, "DEVICE_TYPES", ("cuda", "meta", "cpu"))
+    monkeypatch.setattr(ct, "build_function", lambda k, b: lambda *a: refs[k](b, *_views(b, a)))
+    fns = {"colsum": ct.TorchKernelFn("colsum", [fwd], backward="colsum_bwd", arch="sm_90a"),
+           "colsum_bwd": ct.TorchKernelFn("colsum_bwd", [bwd], arch="sm_90a")}
+    ks = ct.TorchKernelSet(Path("/nonexistent"), "sm_90a", fns.__getitem__, lambda: list(fns),
+                           fns.__contains__)
+    libs = []
+    for name in ks.register_all():
+        lib = torch.library.Library("cutecc", "IMPL")
+        lib.impl(name.split("::")[1], ct._op_impl, "CPU")
+        libs.append(lib)
+    x = torch.randn(10, 3, requires_grad=True)
+    c = torch.randn(3)
+    out = ks.colsum(x)
+    torch.testing.assert_close(out, x.detach().sum(0))
+    (g,) = torch.autograd.grad((out * c).sum(), (x,))
+    torch.testing.assert_close(g, c.expand(10, 3))
