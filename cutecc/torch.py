@@ -330,6 +330,7 @@ class TorchKernelFn(calls.KernelBase):
         super().__init__(*args, **kwargs)
         self._plans: dict[tuple, tuple] = {}
         self._plans_lock = threading.Lock()
+        self._op_plans: dict[tuple, tuple] = {}  # the op path's plans, called eagerly (autograd)
         self._id = f"{self.name}@{id(self):x}"  # a str: torch.compile never makes it a dynamic int
         _kernels[self._id] = self
 
@@ -526,12 +527,26 @@ class TorchKernelFn(calls.KernelBase):
                 keywords.append((k, v))
             else:
                 given.append((k, "Tensor" if isinstance(v, torch.Tensor) else type(v).__name__))
-        name, key, scalars, inputs, results = _op_plan(
-            self._id, tuple(tuple(operator.index(d) for d in a.shape) for a in tensors),  # a SymInt: guarded
-            tuple(_dtype_name(a.dtype) for a in tensors), tuple(str(a.device) for a in tensors),
-            tuple(keywords), tuple(given))
-        if not torch.compiler.is_compiling():  # values known: checked as the eager path checks them
-            self._choose(tensors, kw)
+        args = (tuple(tuple(operator.index(d) for d in a.shape) for a in tensors),  # a SymInt: guarded
+                tuple(_dtype_name(a.dtype) for a in tensors), tuple(str(a.device) for a in tensors),
+                tuple(keywords), tuple(given))
+        if torch.compiler.is_compiling():
+            name, key, scalars, inputs, results = _op_plan(self._id, *args)
+        else:  # eagerly (autograd): planned once per signature, values checked as eagerly
+            try:
+                ck = (args, tuple(sorted(kw.items())))
+                plan = self._op_plans.get(ck)
+            except TypeError:
+                ck, plan = None, None
+            if plan is None:
+                plan = self._op_plan(*args)
+                self._choose(tensors, kw)
+                if ck is not None:
+                    with self._plans_lock:
+                        if len(self._op_plans) >= MAX_PLANS:
+                            self._op_plans.clear()
+                        self._op_plans[ck] = plan
+            name, key, scalars, inputs, results = plan
         values = [kw.get(n, d) for n, d in scalars]
         bufs = self._buffers(tensors, inputs)
         got = getattr(getattr(torch.ops, NAMESPACE), name).default(*bufs, *values, key)
