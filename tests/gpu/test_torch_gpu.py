@@ -146,6 +146,24 @@ def test_compile_fullgraph_two_kernels(ks, gen) -> None:
     assert r.graph_break_count == 0, r.break_reasons
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compile_an_in_place_kernel(ks, gen, backend: str) -> None:
+    """axpy's op mutates y (declared `Tensor(a!)`): compiled, the write reaches the caller's y."""
+    if backend == "inductor":
+        pytest.importorskip("triton")
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        ks.axpy(x, y, alpha=2.0)
+        return ks.mul(y, x)
+
+    x, y = rand(gen, (4099,), torch.float32), rand(gen, (4099,), torch.float32)
+    y0 = y.clone()
+    torch._dynamo.reset()
+    out = torch.compile(f, backend=backend, fullgraph=True)(x, y)
+    close(y, y0 + 2 * x, torch.float32)
+    close(out, (y0 + 2 * x) * x, torch.float32)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("compiled", [False, True])
 def test_autograd_of_mul(ks, gen, dtype, compiled: bool) -> None:

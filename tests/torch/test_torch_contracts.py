@@ -386,3 +386,17 @@ def test_the_gradient_of_a_forward_that_declares_a_reduction(monkeypatch: pytest
     torch.testing.assert_close(out, x.detach().sum(0))
     (g,) = torch.autograd.grad((out * c).sum(), (x,))
     torch.testing.assert_close(g, c.expand(10, 3))
+
+
+def test_compile_an_in_place_kernel(monkeypatch: pytest.MonkeyPatch, example_cache: Path) -> None:
+    ks = _on_cpu(monkeypatch, example_cache, ROOT)
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        ks.axpy(x, y, alpha=2.0)
+        return ks.mul(y, x)
+
+    x, y = torch.randn(64), torch.randn(64)
+    y0 = y.clone()
+    out = torch.compile(f, backend="aot_eager", fullgraph=True)(x, y)
+    torch.testing.assert_close(y, y0 + 2 * x)
+    torch.testing.assert_close(out, (y0 + 2 * x) * x)
