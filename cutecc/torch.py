@@ -694,10 +694,17 @@ class TorchCompositeFn:
                                   f"keywords of the launches: {', '.join(sorted(taken)) or 'none'}",
                                   where=f'kernel "{self.name}"', exit_code=1)
         have = dict(zip(self.inputs, tensors))
+        callers = {id(t) for t in tensors}
         for f in fns:
             mine = f.scalar_names() | set(f._keywords)
-            have.update(f._call(tuple(have[n] for n in f.input_names()),
-                                {k: v for k, v in kw.items() if k in mine}, every=True))
+            args = tuple(have[n] for n in f.input_names())
+            # A launch writing a tensor in place (FA4's postprocess writes dq over dout) gets
+            # a copy of one the caller passed: the call is functional, as for JAX (the caller's
+            # dout may be autograd's cotangent or the user's own tensor).
+            written = {t.name for b in f.builds for t in b.conv.inputs if t.role == "inout"}
+            args = tuple(a.clone() if n in written and id(a) in callers else a
+                         for n, a in zip(f.input_names(), args))
+            have.update(f._call(args, {k: v for k, v in kw.items() if k in mine}, every=True))
         if every:
             return {n: have[n] for n in self.outputs}
         out = tuple(have[n] for n in self.outputs)

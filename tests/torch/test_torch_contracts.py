@@ -400,3 +400,15 @@ def test_compile_an_in_place_kernel(monkeypatch: pytest.MonkeyPatch, example_cac
     out = torch.compile(f, backend="aot_eager", fullgraph=True)(x, y)
     torch.testing.assert_close(y, y0 + 2 * x)
     torch.testing.assert_close(out, (y0 + 2 * x) * x)
+
+
+def test_a_composite_does_not_write_the_callers_tensors(monkeypatch: pytest.MonkeyPatch,
+                                                        example_cache: Path) -> None:
+    """A launch that writes in place (as FA4's postprocess writes dq over dout) gets a copy of
+    a tensor the caller passed; the composite returns the written copy."""
+    ks = _on_cpu(monkeypatch, example_cache, ROOT)
+    comp = ct.TorchCompositeFn("axpy_twice", ["axpy", "axpy"], ["x", "y"], ["y"], owner=ks)
+    x, y = torch.ones(64), torch.zeros(64)
+    out = comp(x, y, alpha=1.5)
+    assert (y == 0).all()
+    torch.testing.assert_close(out, torch.full((64,), 3.0))
