@@ -4,7 +4,10 @@ Cold: `cutecc build kernels.toml --cache-dir FRESH --no-lock -j J` in a fresh pr
 (wall time), into a new empty cache each time. No-op: the generated manifests of
 benchmarks/noop_rebuild.py with 1,000 and 10,000 variants, their caches seeded from one
 compiled entry (`common.plant`; the no-op path reads each key's index record and stats
-its meta.json), timed as whole `cutecc build` processes (which write kernels.lock).
+its meta.json), timed as whole `cutecc build` processes (which write kernels.lock). And
+the no-op builds of examples/kernels.toml (published kernels, keyed by the installed code
+they reach) and of kernels.toml (`noop_installed.py`, which compares with another revision
+on its own).
 """
 
 from __future__ import annotations
@@ -13,11 +16,12 @@ import os
 import tempfile
 from pathlib import Path
 
-from benchmarks import noop_rebuild
+from benchmarks import noop_installed, noop_rebuild
 from benchmarks.common import REPO, GroupResult, Row, dsl_available, run_child, sample_row, summary
 
 G = "build"
 NOOP_TARGET_S = 2.0
+NOOP_INSTALLED_TARGET_S = 0.5  # issue 27: examples/ as fast as the root manifest
 
 
 def cold(jobs: int, root: Path) -> tuple[float, dict]:
@@ -79,4 +83,13 @@ def run(repeats: int, cold_repeats: int) -> GroupResult:
             res.rows.append(sample_row(G, f"no-op rebuild, {n} variants, whole process", w, note=note))
             res.rows.append(sample_row(G, f"no-op rebuild, {n} variants, inside build()", inside,
                                        "ms"))
+        got = noop_installed.measure({"this-tree": REPO}, repeats, root)
+        res.data["noop_installed"] = got
+        for name, r in got["results"].items():
+            res.rows.append(sample_row(G, f"no-op build, {name.split()[0]} manifest ({r['entries']} "
+                                       "entries), whole process", r["walls"],
+                                       note=f"target < {NOOP_INSTALLED_TARGET_S} s"))
+        if got["skipped"]:
+            res.rows.append(Row(G, "no-op build, examples manifest", "s", value=None,
+                                note="skipped: needs the examples extra (quack-kernels, flash-attn-4)"))
     return res

@@ -2,20 +2,27 @@
 
 A kernel's key covers, besides the project's own modules (`cutecc.key.SourceIndex`):
 
-- every installed distribution that owns a top-level module the kernel's code imports
-  (the entry's own package included), every DSL distribution (`nvidia-cutlass-dsl*`) and
+- every installed distribution whose code the kernel's imports run (`DistIndex.reaches`):
+  one that installs a top-level module the kernel's code imports (the entry's own package
+  included), or a module at some level of an imported name (a sub-package added to
+  another distribution's package, as nvidia-cutlass-operators adds `cutlass.operators`
+  to the DSL's `cutlass`, counts only where imported), every DSL distribution
+  (`nvidia-cutlass-dsl*`, whole: whatever it imports of its own at run time) and
   the toolchain's (`apache-tvm-ffi`, `nvidia-cuda-runtime`, `cuda-bindings`), each by
   name, version and a digest of its installed files: small ones by content, large ones
   (torch, triton, the DSL's native libraries) by their RECORD plus the hash of any file
-  that no longer matches it, both through a persistent per-file hash cache keyed by path,
-  size, mtime and inode, so an edited installed file changes the key, and the same wheel
-  installed anywhere gives the same digest (no times; the committed kernels.lock must
-  reproduce on CI). Byte code, files outside site-packages (console scripts: their first
-  line names the interpreter) and the dist-info's files (written or rewritten by the
-  installer: INSTALLER, REQUESTED, direct_url.json naming where the wheel came from; the
-  version stands for them) are left out;
+  that no longer matches it, so an edited installed file changes the key, and the same
+  wheel installed anywhere gives the same digest (no times; the committed kernels.lock
+  must reproduce on CI). A build remembers each digest in its store under the stamps
+  (size, mtime, ctime, inode, device) of the distribution's files (`HashCache`), so a
+  no-op build stats installed files and reads none. Byte code, files outside
+  site-packages (console scripts: their first line names the interpreter) and the
+  dist-info's files (written or rewritten by the installer: INSTALLER, REQUESTED,
+  direct_url.json naming where the wheel came from; the version stands for them) are
+  left out;
 - the distributions those require (Requires-Dist, transitively), by name, version and
-  RECORD digest;
+  RECORD digest (installed code outside the walked closure reaches others through
+  these: what it imports without declaring it, as the DSL imports numpy, is not keyed);
 - the compile-affecting environment: `CUTE_DSL_*`, `CUTLASS_*`, `QUACK_*`,
   `FLASH_ATTENTION_*`, `FA_*`, less `ENV_EXCLUDED` (caches, dumps, logs), and the
   manifest's `[env]`, which the build workers set.
@@ -27,6 +34,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import csv
+import email.message
+import email.parser
 import fnmatch
 import functools
 import hashlib
@@ -34,10 +44,13 @@ import importlib.metadata as md
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
+from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 from typing import Any
 
+from cutecc import trust
 from cutecc.atomic import atomic_write
 
 DSL_PREFIX = "nvidia-cutlass-dsl"
@@ -50,7 +63,14 @@ ENV_EXCLUDED = ("CUTE_DSL_ARCH", "CUTE_DSL_CACHE_DIR", "CUTE_DSL_DISABLE_FILE_CA
                 "CUTE_DSL_DUMP_DIR", "CUTE_DSL_KEEP*", "CUTE_DSL_FILTER_STACKTRACE",
                 "CUTE_DSL_SHOW_STACKTRACE", "CUTE_DSL_LOG_*", "QUACK_CACHE_*",
                 "QUACK_COMPILE_WORKERS", "QUACK_ASYNC_COMPILE_START", "FLASH_ATTENTION_CUTE_DSL_CACHE_*")
-HASH_CACHE_FORMAT = 1
+HASH_CACHE_FORMAT = 2  # 2: stamps with ctime and device; planfacts.json beside it
+FACTS = "planfacts.json"  # beside the hash cache: what a no-op build reads (`HashCache`)
+MAX_FACTS_BYTES = 64 << 20
+MAX_HASHES_BYTES = 256 << 20
+DIGEST_VERSION = 1  # what a remembered digest was computed by: bumped with `_compute`
+SETTLE_NS = 2_000_000_000  # stamps younger than this are not remembered (`settled`)
+_MODULE_ENDS = ("/__init__.py", ".py", *(f"/__init__{s}" for s in EXTENSION_SUFFIXES),
+                *EXTENSION_SUFFIXES)
 _REQ_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -69,28 +89,81 @@ def compile_env(manifest_env: Mapping[str, str] = (), environ: Mapping[str, str]
     return dict(sorted(env.items()))
 
 
+class _Installed(dict):
+    """Distribution name -> the distribution import would use (first on sys.path), with
+    `every`: all of them, shadowed ones too, as `(name, distribution, the top-level names
+    its top_level.txt declares)`, and what was read of them (METADATA parsed once each)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.every: list[tuple[str, md.Distribution, tuple[str, ...]]] = []
+        self.meta: dict[str, Any] = {}  # name -> parsed METADATA of the one import uses
+        self.inferred: dict[int, set[str]] = {}  # id(distribution) -> `_inferred_tops`
+
+
 @functools.lru_cache(maxsize=1)
-def _installed() -> dict[str, md.Distribution]:
-    out: dict[str, md.Distribution] = {}
+def _installed() -> _Installed:
+    out = _Installed()
     for d in md.distributions():  # first on sys.path wins, as import would
-        name = d.metadata["Name"]
-        if name and normalize(name) not in out:
-            out[normalize(name)] = d
+        meta = _headers(d)
+        name = meta["Name"]
+        if name:
+            out.every.append((normalize(name), d, tuple((d.read_text("top_level.txt") or "").split())))
+            if normalize(name) not in out:
+                out[normalize(name)] = d
+                out.meta[normalize(name)] = meta
     return out
 
 
-@functools.lru_cache(maxsize=1)
-def _owners() -> dict[str, tuple[str, ...]]:
-    """Top-level module name -> names of the distributions that install it."""
-    out: dict[str, tuple[str, ...]] = {}
-    for top, names in md.packages_distributions().items():
-        out[top] = tuple(sorted({normalize(n) for n in names}))
-    return out
+def _headers(d: md.Distribution) -> email.message.Message:
+    """`d.metadata`'s headers, read as it reads them, less the body it parses too (torch's
+    long description: a fifth of the planning time)."""
+    text = d.read_text("METADATA") or d.read_text("PKG-INFO") or d.read_text("") or ""
+    head = text.split("\n\n", 1)[0] if "\r" not in text else text
+    return email.parser.HeaderParser().parsestr(head)
+
+
+def _version(name: str) -> str:
+    return _installed().meta[name]["Version"]
+
+
+@functools.cache
+def _owners(top: str) -> tuple[str, ...]:
+    """Names of the distributions that install top-level module `top`, as
+    `importlib.metadata.packages_distributions` tells them (top_level.txt, else the first
+    component of each `.py` file in RECORD), without building a path object per RECORD
+    row as it does (ziglang's 19,500: a tenth of a second of every no-op build)."""
+    out = set()
+    for name, d, declared in _installed().every:
+        if top in (declared or _inferred_tops(d)):
+            out.add(name)
+    return tuple(sorted(out))
+
+
+def _inferred_tops(d: md.Distribution) -> set[str]:
+    """The top-level names `packages_distributions` infers for `d` from its RECORD (the
+    first component of each `.py` file), read once per process."""
+    memo = _installed().inferred
+    if id(d) not in memo:
+        if not isinstance(d, md.PathDistribution):
+            files = [f for f in d.files or () if f.suffix == ".py"]
+            memo[id(d)] = {f.parts[0] if len(f.parts) > 1 else f.with_suffix("").name for f in files}
+            return memo[id(d)]
+        out = set()
+        for line in (d.read_text("RECORD") or "").splitlines():
+            if ".py" not in line:  # only these can name a .py file once normalized
+                continue
+            name = next(csv.reader([line]))[0] if line.startswith('"') else line.partition(",")[0]
+            _, parts = _parts(name)
+            if parts and _suffix(parts[-1]) == ".py":
+                out.add(parts[0] if len(parts) > 1 else parts[0][: parts[0].rfind(".")])
+        memo[id(d)] = out
+    return memo[id(d)]
 
 
 def owners(top: str) -> tuple[str, ...]:
     """The distributions installing top-level module `top` (none: the stdlib or the project)."""
-    return _owners().get(top, ())
+    return _owners(top)
 
 
 @functools.cache
@@ -108,8 +181,11 @@ def is_editable(name: str) -> bool:
 
 def _requires(name: str) -> list[str]:
     d = _installed().get(name)
+    if d is None:
+        return []
+    reqs = _installed().meta[name].get_all("Requires-Dist")
     out = []
-    for req in (d.requires or []) if d is not None else []:
+    for req in d.requires or [] if reqs is None else reqs:  # None: egg-info's requires.txt
         if "extra ==" in req.replace('"', "").replace("'", ""):
             continue  # only with an extra; not what the distribution itself needs
         m = _REQ_NAME.match(req.strip())
@@ -118,40 +194,125 @@ def _requires(name: str) -> list[str]:
     return out
 
 
+def stamp(st: os.stat_result) -> list[int]:
+    """What tells a file unchanged without reading it: size, mtime, ctime, inode and device.
+    An edit that keeps the size and puts the mtime back still moves the ctime, which only
+    the clock sets; a reinstall makes a new inode."""
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def settled(st: os.stat_result) -> bool:
+    """Whether a stamp may be remembered: its ctime is SETTLE_NS old, so an edit within the
+    same tick of the file system's clock (which could leave every field as it was) is over."""
+    return time.time_ns() - st.st_ctime_ns >= SETTLE_NS
+
+
+def _read_stamped(f: str) -> tuple[bytes, os.stat_result | None]:
+    """A file's bytes, and its stat if nothing changed it while it was read (else None)."""
+    with open(f, "rb") as fh:
+        before = os.fstat(fh.fileno())
+        data = fh.read()
+        after = os.fstat(fh.fileno())
+    return data, (after if stamp(before) == stamp(after) else None)
+
+
 class HashCache:
-    """SHA-256 of files, remembered across runs by (path, size, mtime_ns, inode)."""
+    """What planning learned about files, remembered across runs by their stamps (`stamp`),
+    so that a no-op build reads no installed code, only stats it. Two files in the store:
+    `path` holds the SHA-256 of installed files (large: torch's 14,000; loaded only when a
+    distribution's stamps changed), and `planfacts.json` beside it what the no-op path
+    reads: each distribution's digest under a fingerprint of its RECORD and its files'
+    stamps, and each source file's SHA-256 and parsed facts (imports, top-level names).
+    Only settled stamps are remembered. Read through `cutecc.trust` (refused: planning
+    starts from nothing and writes nothing back); `path=None` remembers within the run."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self._data: dict[str, list[Any]] = {}
-        self._dirty = False
-        if path is not None:
-            with contextlib.suppress(OSError, ValueError):
-                doc = json.loads(path.read_bytes())
-                if isinstance(doc, dict) and doc.get("format") == HASH_CACHE_FORMAT:
-                    self._data = dict(doc.get("files") or {})
+        self.facts_path = None if path is None else path.with_name(FACTS)
+        self._hashes: dict[str, list[Any]] | None = None if path is not None else {}
+        self._refused = False
+        self._dirty: set[str] = set()
+        doc = self._load(self.facts_path, MAX_FACTS_BYTES)
+        self._dists: dict[str, list[Any]] = dict(doc.get("dists") or {})
+        self._sources: dict[str, list[Any]] = dict(doc.get("sources") or {})
 
-    def sha256(self, f: str, st: os.stat_result) -> str:
-        stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
-        rec = self._data.get(f)
-        if isinstance(rec, list) and rec[:3] == stamp and isinstance(rec[3], str):
-            return rec[3]
+    def _load(self, path: Path | None, limit: int) -> dict[str, Any]:
+        if path is None:
+            return {}
+        try:
+            doc = json.loads(trust.read_path(path, limit))
+        except trust.Untrusted:
+            self._refused = True
+            return {}
+        except (OSError, ValueError):
+            return {}
+        return doc if isinstance(doc, dict) and doc.get("format") == HASH_CACHE_FORMAT else {}
+
+    def sha256(self, f: str) -> str:
+        """SHA-256 of installed file `f` ("missing" when it cannot be read)."""
+        if self._hashes is None:
+            self._hashes = dict(self._load(self.path, MAX_HASHES_BYTES).get("files") or {})
+        try:
+            st = os.stat(f)
+        except OSError:
+            return "missing"
+        rec = self._hashes.get(f)
+        if isinstance(rec, list) and rec[:-1] == stamp(st) and isinstance(rec[-1], str):
+            return rec[-1]
         h = hashlib.sha256()
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-        self._data[f] = [*stamp, h.hexdigest()]
-        self._dirty = True
+        try:
+            with open(f, "rb") as fh:
+                before = os.fstat(fh.fileno())
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+                after = os.fstat(fh.fileno())
+        except OSError:
+            return "missing"
+        if stamp(before) == stamp(after) and settled(after):
+            self._hashes[f] = [*stamp(after), h.hexdigest()]
+            self._dirty.add("files")
         return h.hexdigest()
 
+    def source(self, f: str, parse: Callable[[bytes], dict[str, Any]], kind: str = "source"
+               ) -> dict[str, Any]:
+        """Facts of source file `f`: `parse(its bytes)` plus its "sha256", from the cache
+        while its stamp holds (`kind` names what `parse` reads). `parse` raising (a syntax
+        error) is not remembered."""
+        key = f"{kind}:{f}"
+        rec = self._sources.get(key)
+        if isinstance(rec, list) and len(rec) == 2:
+            with contextlib.suppress(OSError):
+                if rec[0] == stamp(os.stat(f)):
+                    return rec[1]
+        data, st = _read_stamped(f)
+        facts = {**parse(data), "sha256": hashlib.sha256(data).hexdigest()}
+        if st is not None and settled(st):
+            self._sources[key] = [stamp(st), facts]
+            self._dirty.add("facts")
+        return facts
+
+    def dist_digest(self, where: str, fingerprint: str) -> str | None:
+        """The digest remembered for the distribution at `where` under `fingerprint`."""
+        rec = self._dists.get(where)
+        return rec[1] if isinstance(rec, list) and len(rec) == 2 and rec[0] == fingerprint else None
+
+    def remember_dist(self, where: str, fingerprint: str, digest: str) -> None:
+        self._dists[where] = [fingerprint, digest]
+        self._dirty.add("facts")
+
     def save(self) -> None:
-        """Write the cache if it learned anything (best-effort: a read-only cache is fine)."""
-        if self.path is None or not self._dirty:
+        """Write what was learned (best-effort: a read-only cache is fine)."""
+        if self.path is None or self._refused:
             return
         with contextlib.suppress(OSError):
-            atomic_write(self.path, json.dumps({"format": HASH_CACHE_FORMAT, "files": self._data},
-                                               separators=(",", ":")).encode())
-            self._dirty = False
+            if "files" in self._dirty and self._hashes is not None:
+                atomic_write(self.path, json.dumps({"format": HASH_CACHE_FORMAT, "files": self._hashes},
+                                                   separators=(",", ":")).encode())
+            if "facts" in self._dirty and self.facts_path is not None:
+                atomic_write(self.facts_path, json.dumps(
+                    {"format": HASH_CACHE_FORMAT, "dists": self._dists, "sources": self._sources},
+                    separators=(",", ":")).encode())
+            self._dirty.clear()
 
 
 class DistIndex:
@@ -160,13 +321,18 @@ class DistIndex:
     def __init__(self, hash_cache: HashCache | None = None) -> None:
         self.hashes = hash_cache or HashCache(None)
         self._digest: dict[tuple[str, bool], str] = {}
+        self._rows: dict[str, dict[str, tuple[str, str]]] = {}
 
-    def reached(self, tops: Iterable[str]) -> dict[str, str]:
-        """`{distribution: "version digest"}` for what code importing `tops` reaches: the
-        owners of those tops, the DSL and toolchain distributions (content or stat
-        digests), and their Requires-Dist closure (RECORD digests)."""
+    def reached(self, modules: Iterable[str]) -> dict[str, str]:
+        """`{distribution: "version digest"}` for what code importing `modules` (dotted
+        names) reaches: the distributions installing them (`reaches`), the DSL and
+        toolchain distributions (content or stat digests), and their Requires-Dist closure
+        (RECORD digests)."""
         installed = _installed()
-        direct = {n for t in tops for n in owners(t)}
+        by_top: dict[str, set[str]] = {}
+        for m in modules:
+            by_top.setdefault(m.split(".")[0], set()).add(m)
+        direct = {n for top, mods in by_top.items() for n in owners(top) if self.reaches(n, top, mods)}
         direct |= {n for n in installed if n.startswith(DSL_PREFIX)}
         direct |= {n for n in TOOLCHAIN_DISTS if n in installed}
         out = {}
@@ -181,8 +347,41 @@ class DistIndex:
                     todo.append(dep)
         for name in sorted(seen):
             if name in installed:
-                out[name] = f"{installed[name].version} {self.digest(name, full=name in direct)}"
+                out[name] = f"{_version(name)} {self.digest(name, full=name in direct)}"
         return out
+
+    def reaches(self, name: str, top: str, modules: Iterable[str]) -> bool:
+        """Whether importing `modules` (all under `top`) runs code of distribution `name`,
+        one of `top`'s owners: it installs `top` itself (its `__init__`, which every import
+        under it runs), or one of the modules at some level of their dotted names (a
+        sub-package it adds to another distribution's package, as nvidia-cutlass-operators
+        adds `cutlass/operators/` to the DSL's `cutlass`: keyed only where imported). Told by
+        the paths in its RECORD; one whose RECORD puts nothing at `top/` (installed
+        elsewhere, through a .pth) counts as reached."""
+        rows = self._record_rows(name)
+        if rows is None:
+            return True
+        if any(f"{top}{end}" in rows for end in _MODULE_ENDS):
+            return True
+        if not any(r.startswith((f"{top}/", f"{top}.")) for r in rows):
+            return True
+        for m in modules:
+            parts = m.split(".")
+            for i in range(2, len(parts) + 1):
+                p = "/".join(parts[:i])
+                if any(f"{p}{end}" in rows for end in _MODULE_ENDS) or any(
+                        r.startswith(f"{p}/") for r in rows):
+                    return True
+        return False
+
+    def _record_rows(self, name: str) -> dict[str, tuple[str, str]] | None:
+        """`_portable_rows` of distribution `name`'s RECORD (None: not installed)."""
+        if name not in self._rows:
+            d = _installed().get(name)
+            if d is None:
+                return None
+            self._rows[name] = _portable_rows(d.read_text("RECORD") or "")
+        return self._rows[name]
 
     def digest(self, name: str, *, full: bool) -> str:
         """A distribution's digest: its files' contents (small, `full`), else its RECORD
@@ -195,38 +394,85 @@ class DistIndex:
     def _compute(self, name: str, full: bool) -> str:
         d = _installed()[name]
         h = hashlib.sha256()
-        rows = _portable_rows(d.read_text("RECORD") or "")
+        text = d.read_text("RECORD") or ""
+        rows = self._rows.get(name) or _portable_rows(text)
         record = "".join(f"{rel},{digest},{size}\n" for rel, (digest, size) in sorted(rows.items()))
         if not full:
             h.update(b"record\0" + record.encode())
             return h.hexdigest()
         stats = []
-        for f in d.files or []:
-            rel = f.as_posix()
-            if "__pycache__" in f.parts or f.suffix == ".pyc" or rel not in rows:
-                continue  # not what pip wrote from the wheel, or an installer's own record
-            p = str(f.locate())
+        for rel, p in _listed(d, text, rows):
             try:
                 stats.append((rel, p, os.stat(p)))
             except OSError:
                 stats.append((rel, p, None))  # a listed file is gone: part of the digest
         stats.sort(key=lambda x: x[0])
+        # The files' stamps tell the digest unchanged without reading a file (`HashCache`).
+        fp = hashlib.sha256(f"{DIGEST_VERSION}\0{FULL_HASH_LIMIT}\0".encode() + text.encode())
+        for rel, _, st in stats:
+            fp.update(f"\0{rel}\0{stamp(st) if st else 'missing'}".encode())
+        where = str(getattr(d, "_path", name))
+        known = self.hashes.dist_digest(where, fp.hexdigest())
+        if known is not None:
+            return known
         size = sum(st.st_size for _, _, st in stats if st is not None)
         if size > FULL_HASH_LIMIT:
             # The RECORD, which names every file's SHA-256, stands for the contents, so the
             # digest is the same on every machine that installed the same wheel; each file
-            # is checked against it (hashed once per change of its stat, through the hash
+            # is checked against it (hashed once per change of its stamp, through the hash
             # cache), and one that differs (edited after install) adds its own hash.
             h.update(b"record\0" + record.encode())
             for rel, p, st in stats:
-                got = self.hashes.sha256(p, st) if st else "missing"
+                got = self.hashes.sha256(p) if st else "missing"
                 if rows[rel][0] != _record_digest(got):
                     h.update(f"{rel}\0{got}\0".encode())
         else:
             h.update(b"content\0")
             for rel, p, st in stats:
-                h.update(f"{rel}\0{self.hashes.sha256(p, st) if st else 'missing'}\0".encode())
+                h.update(f"{rel}\0{self.hashes.sha256(p) if st else 'missing'}\0".encode())
+        if all(st is not None and settled(st) for _, _, st in stats):
+            self.hashes.remember_dist(where, fp.hexdigest(), h.hexdigest())
         return h.hexdigest()
+
+
+def _listed(d: md.Distribution, record: str, rows: Mapping[str, tuple[str, str]]) -> list[tuple[str, str]]:
+    """`(path in RECORD, path on disk)` of each file of `d` its digest covers: the files its
+    RECORD lists (as `Distribution.files` reads them) that `rows` keeps, less byte code.
+    Read without building a path object per file (torch lists 14,000)."""
+    if not isinstance(d, md.PathDistribution) or not record:
+        out = []
+        for f in d.files or []:
+            rel = f.as_posix()
+            if "__pycache__" in f.parts or f.suffix == ".pyc" or rel not in rows:
+                continue  # not what pip wrote from the wheel, or an installer's own record
+            out.append((rel, str(f.locate())))
+        return out
+    base = str(d.locate_file(""))
+    out = []
+    for line in record.splitlines():
+        if not line:
+            continue  # (`files` would fail on it)
+        name, parts = _parts(next(csv.reader([line]))[0] if line.startswith('"') else line.partition(",")[0])
+        if "__pycache__" in parts or _suffix(parts[-1] if parts else "") == ".pyc" or name not in rows:
+            continue
+        out.append((name, os.path.join(base, name)))
+    return out
+
+
+def _parts(name: str) -> tuple[str, tuple[str, ...]]:
+    """A RECORD path as `PackagePath` (pathlib) normalizes it, and its parts, without
+    building a path object for the usual, already normal, path."""
+    if (not name or name.startswith(("/", "./")) or "//" in name or "/./" in name
+            or name.endswith(("/", "/.")) or name == "."):
+        f = md.PackagePath(name)
+        return f.as_posix(), f.parts
+    return name, tuple(name.split("/"))
+
+
+def _suffix(last: str) -> str:
+    """A file name's suffix as pathlib tells it ("" for ".pyc" itself or "a.")."""
+    i = last.rfind(".")
+    return last[i:] if 0 < i < len(last) - 1 else ""
 
 
 def _portable_rows(record: str) -> dict[str, tuple[str, str]]:
@@ -239,8 +485,9 @@ def _portable_rows(record: str) -> dict[str, tuple[str, str]]:
     for line in record.splitlines():
         rel, _, rest = line.partition(",")
         digest, _, size = rest.partition(",")
-        if (not rel or rel.startswith("..") or "__pycache__" in rel.split("/")
-                or any(part.endswith(".dist-info") for part in rel.split("/"))):
+        if not rel or rel.startswith("..") or (
+                "__pycache__" in rel and "__pycache__" in rel.split("/")) or (
+                ".dist-info" in rel and any(part.endswith(".dist-info") for part in rel.split("/"))):
             continue
         out[rel] = (digest, size)
     return out

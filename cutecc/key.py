@@ -62,14 +62,14 @@ def runtime_key() -> str:
 class SourceIndex:
     """Finds and hashes the project-local source files a module depends on."""
 
-    def __init__(self, roots: tuple[Path, ...]) -> None:
+    def __init__(self, roots: tuple[Path, ...], cache: dists.HashCache | None = None) -> None:
         self.roots = tuple(roots)
+        self._cache = cache or dists.HashCache(None)
         self._digests: dict[str, tuple[str, tuple[str, ...]]] = {}
-        self._file_hash: dict[Path, str] = {}
+        self._facts: dict[Path, dict[str, Any]] = {}
+        self._rels: dict[Path, str] = {}
         self._imports: dict[Path, set[str]] = {}
-        self._trees: dict[Path, ast.Module] = {}
         self._found: dict[str, modfind.Found | None] = {}
-        self._tops: dict[Path, set[str]] = {}
         self._closures: dict[str, set[Path]] = {}
         self._local: dict[str, bool] = {}
         self._why: dict[str, str] = {}  # why a module was not found
@@ -90,12 +90,13 @@ class SourceIndex:
             self._digests[module] = (h.hexdigest(), tuple(rels))
         return self._digests[module]
 
-    def reached_tops(self, module: str) -> set[str]:
-        """Top-level modules that `module`'s local closure imports, its own included."""
+    def reached_modules(self, module: str) -> set[str]:
+        """Dotted names that `module`'s local closure imports, its own included (each
+        `from a import b` counts `a` and `a.b`: `b` may be a module)."""
         self.digest(module)
-        out = {module.split(".")[0]}
+        out = {module}
         for f in self._closures[module]:
-            out |= self._tops.get(f, set())
+            out |= self._imports.get(f, set())
         return out
 
     def lacks(self, module: str, attr: str) -> bool:
@@ -107,28 +108,8 @@ class SourceIndex:
         f = self._find(module, module.split(".")[0])
         if f is None:
             return False
-        tree = self._tree(f)
-        names: set[str] = set()
-        todo = list(tree.body)
-        while todo:
-            node = todo.pop()
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                names.add(node.name)
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                for a in node.names:
-                    if a.name == "*":
-                        return False
-                    names.add(a.asname or a.name.split(".")[0])
-            elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
-                for field in ("body", "orelse", "finalbody", "handlers"):
-                    todo.extend(getattr(node, field, []))
-            elif isinstance(node, ast.ExceptHandler):
-                todo.extend(node.body)
-            else:
-                for sub in ast.walk(node):
-                    if isinstance(sub, ast.Name):
-                        names.add(sub.id)  # assignment targets, and globals() as a name
-        return attr not in names and "__getattr__" not in names and "globals" not in names
+        names = self._facts_of(f)["names"]
+        return names is not None and not {attr, "__getattr__", "globals"} & set(names)
 
     def missing(self, module: str) -> str | None:
         """Why import would not find `module` (None: it would)."""
@@ -145,6 +126,11 @@ class SourceIndex:
         """`f`'s name in the key: relative to the python_path root holding it, else to the
         `sys.path` entry holding it (an installed entry package), so a key is the same
         wherever the project or the environment lives."""
+        if f not in self._rels:
+            self._rels[f] = self._rel_of(f)
+        return self._rels[f]
+
+    def _rel_of(self, f: Path) -> str:
         for r in self.roots:
             try:
                 return f.relative_to(r).as_posix()
@@ -161,9 +147,21 @@ class SourceIndex:
         return best.as_posix() if best is not None else f.as_posix()
 
     def _hash(self, f: Path) -> str:
-        if f not in self._file_hash:
-            self._file_hash[f] = hashlib.sha256(f.read_bytes()).hexdigest()
-        return self._file_hash[f]
+        return self._facts_of(f)["sha256"]
+
+    def _path_effect(self, init_file: str) -> str:
+        """`modfind.path_effect` of a package's `__init__`, remembered by its stamp."""
+        try:
+            return self._cache.source(init_file, _path_effect_facts, kind="path_effect")["effect"]
+        except OSError:
+            return "unknown"
+
+    def _facts_of(self, f: Path) -> dict[str, Any]:
+        """`f`'s SHA-256, import statements and top-level names (`_parse`), read and parsed
+        once per change of its stamp (`dists.HashCache.source`), once per index at most."""
+        if f not in self._facts:
+            self._facts[f] = self._cache.source(str(f), lambda data: _parse(data, f))
+        return self._facts[f]
 
     def _locate(self, module: str) -> modfind.Found | None:
         """Where import would find `module` (python_path first): found by reading, and where
@@ -175,7 +173,7 @@ class SourceIndex:
             try:
                 found: modfind.Found | None = modfind.find_module(
                     module, [str(r) for r in self.roots], invalidate=not self._found,
-                    allow_exec=True, exec_cache=self._exec_paths)
+                    allow_exec=True, exec_cache=self._exec_paths, effect_of=self._path_effect)
             except (ImportError, ValueError, OSError, SyntaxError, UnicodeDecodeError) as e:
                 found = None
                 self._why[module] = str(e) or type(e).__name__
@@ -237,36 +235,66 @@ class SourceIndex:
                             if self._find(d, entry_top) is not None)
         return seen
 
-    def _tree(self, f: Path) -> ast.Module:
-        """`f` parsed, once per index (imports and entry attributes both read it)."""
-        if f not in self._trees:
-            try:
-                self._trees[f] = ast.parse(f.read_bytes(), filename=str(f))
-            except SyntaxError as e:
-                raise CuteccError(f"syntax error: {e.msg} (line {e.lineno})", where=str(f)) from None
-        return self._trees[f]
-
     def _imports_of(self, f: Path, mod: str, is_pkg: bool) -> set[str]:
         if f not in self._imports:
-            tree = self._tree(f)
             pkg = mod if is_pkg else mod.rpartition(".")[0]
             deps: set[str] = set()
-            for node in ast.walk(tree):
-                if isinstance(node, ast.Import):
-                    deps.update(a.name for a in node.names)
-                elif isinstance(node, ast.ImportFrom):
-                    if node.level:
-                        base_parts = pkg.split(".") if pkg else []
-                        base_parts = base_parts[: len(base_parts) - (node.level - 1)]
-                        base = ".".join(base_parts + ([node.module] if node.module else []))
-                    else:
-                        base = node.module or ""
-                    if base:
-                        deps.add(base)
-                        deps.update(f"{base}.{a.name}" for a in node.names if a.name != "*")
-            self._tops[f] = {d.split(".")[0] for d in deps}
+            for level, module, names in self._facts_of(f)["imports"]:
+                if names is None:  # import a.b.c
+                    deps.add(module)
+                    continue
+                if level:
+                    base_parts = pkg.split(".") if pkg else []
+                    base_parts = base_parts[: len(base_parts) - (level - 1)]
+                    base = ".".join(base_parts + ([module] if module else []))
+                else:
+                    base = module
+                if base:
+                    deps.add(base)
+                    deps.update(f"{base}.{a}" for a in names if a != "*")
             self._imports[f] = deps  # all of them: which are local depends on the entry
         return self._imports[f]
+
+
+def _path_effect_facts(data: bytes) -> dict[str, Any]:
+    return {"effect": modfind.path_effect(data.decode("utf-8", errors="replace"))}
+
+
+def _parse(data: bytes, f: Path) -> dict[str, Any]:
+    """What the key reads of a source file: its import statements, anywhere in it, as
+    `[level, module, names or None for a plain import]`, and the names its top level surely
+    binds (None when it may make names at run time: a star import)."""
+    try:
+        tree = ast.parse(data, filename=str(f))
+    except SyntaxError as e:
+        raise CuteccError(f"syntax error: {e.msg} (line {e.lineno})", where=str(f)) from None
+    imports: list[list[Any]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imports.extend([0, a.name, None] for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            imports.append([node.level, node.module or "", [a.name for a in node.names]])
+    names: set[str] = set()
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for a in node.names:
+                if a.name == "*":
+                    return {"imports": imports, "names": None}
+                names.add(a.asname or a.name.split(".")[0])
+        elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                todo.extend(getattr(node, field, []))
+        elif isinstance(node, ast.ExceptHandler):
+            todo.extend(node.body)
+        else:
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Name):
+                    names.add(sub.id)  # assignment targets, and globals() as a name
+    return {"imports": imports, "names": sorted(names)}
 
 
 def _installed_place(path: Path) -> bool:

@@ -25,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,12 +85,17 @@ def _find_spec(fullname: str, path: list[str] | None):
 
 
 def _path_effect(init_file: str) -> str:
-    """What running this __init__ would do to __path__: "none", "extend" (pkgutil /
-    pkg_resources idiom), "append" (only __path__.append/extend) or "unknown"."""
+    """What running this __init__ would do to __path__ (`path_effect`), read from disk."""
     try:
         src = Path(init_file).read_text(encoding="utf-8", errors="replace")
     except OSError:
         return "unknown"
+    return path_effect(src)
+
+
+def path_effect(src: str) -> str:
+    """What running an __init__ of source `src` would do to __path__: "none", "extend"
+    (pkgutil / pkg_resources idiom), "append" (only __path__.append/extend) or "unknown"."""
     if "__path__" not in src and "declare_namespace" not in src:
         return "none"
     try:
@@ -168,11 +174,13 @@ def _exec_path(name: str, python_path: list[str]) -> list[str]:
 
 def find_module(name: str, python_path: list[str] | tuple[str, ...] = (), *,
                 allow_exec: bool = False, invalidate: bool = True,
-                exec_cache: dict[str, list[str]] | None = None) -> Found:
+                exec_cache: dict[str, list[str]] | None = None,
+                effect_of: Callable[[str], str] = _path_effect) -> Found:
     """Where import finds `name` with `python_path` ahead of sys.path; NotFound says which
     level failed and which search locations (which parent's `__path__`) were searched.
     `exec_cache` remembers the `__path__` of parents imported in a child (`allow_exec`),
-    so one planning pass imports each at most once."""
+    so one planning pass imports each at most once. `effect_of(__init__ file)` tells what
+    running it does to `__path__` (`path_effect`; a caller may remember it by the file's stamp)."""
     python_path = [str(Path(p).resolve()) for p in python_path]
     saved = sys.path[:]
     sys.path[:0] = [p for p in python_path if p not in sys.path]
@@ -209,7 +217,7 @@ def find_module(name: str, python_path: list[str] | tuple[str, ...] = (), *,
                 if spec.submodule_search_locations is None:
                     raise NotFound(f"{full!r} is a module, not a package ({spec.origin})")
                 if kind == "package":
-                    effect = _path_effect(spec.origin)
+                    effect = effect_of(spec.origin)
                     if effect == "extend":
                         parent_search = sys.path if search is None else search
                         locs = _extend_path(locs, full, parent_search)

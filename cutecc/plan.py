@@ -35,11 +35,13 @@ class Planned:
 
 
 def plan(manifest: Manifest, archs: tuple[str, ...] = (), *,
-         hash_cache: Path | None = None) -> list[Planned]:
+         hash_cache: Path | HashCache | None = None) -> list[Planned]:
     """Every artifact of the manifest with its key; `archs` overrides the manifest's.
-    `hash_cache`: a file remembering installed files' digests across runs."""
-    index = SourceIndex(manifest.python_path)
-    cache = HashCache(hash_cache)
+    `hash_cache`: a file remembering files' digests and parsed facts across runs, by their
+    stamps (`cutecc.dists.HashCache`), so that a no-op build reads no unchanged source; or
+    such a cache, which the caller may save again (once the store exists)."""
+    cache = hash_cache if isinstance(hash_cache, HashCache) else HashCache(hash_cache)
+    index = SourceIndex(manifest.python_path, cache)
     installed = DistIndex(cache)
     envs: dict[str, dict[str, str]] = {}
     out = []
@@ -64,18 +66,18 @@ def _plan(manifest: Manifest, archs: tuple[str, ...], index: SourceIndex, instal
         if index.lacks(k.module, attr):
             raise CuteccError(f'module "{k.module}" defines no "{attr}"', where=str(manifest.path),
                               key_path=f'kernel "{k.name}", entry')
-        tops = index.reached_tops(k.module)
+        modules = index.reached_modules(k.module)
         reached: dict[frozenset[str], dict[str, str]] = {}
         seen: dict[str, str] = {}
         for v in k.variants:
-            imports, ref_tops = _imported(manifest, index, k, v, set(sources))
-            key_tops = frozenset(tops | ref_tops)
-            if key_tops not in reached:
-                reached[key_tops] = installed.reached(key_tops)
+            imports, ref_modules = _imported(manifest, index, k, v, set(sources))
+            key_modules = frozenset(modules | ref_modules)
+            if key_modules not in reached:
+                reached[key_modules] = installed.reached(key_modules)
             for arch in archs or k.archs:
                 if arch not in envs:
                     envs[arch] = compile_env(manifest.env_for(arch))
-                inputs = key_inputs(k, v, arch, digest, reached[key_tops], envs[arch], imports)
+                inputs = key_inputs(k, v, arch, digest, reached[key_modules], envs[arch], imports)
                 p = Planned(k, v, arch, compute_key(inputs), inputs, sources)
                 if p.key in seen:  # nothing tells them apart: no call could choose between them
                     raise CuteccError(f'variants "{seen[p.key]}" and "{v.id}" build the same artifact '
@@ -130,16 +132,16 @@ def _imported(manifest: Manifest, index: SourceIndex, k: Kernel, v: Variant,
               entry_sources: set[str]) -> tuple[dict[str, str], set[str]]:
     """What a variant's references (`references`) add to its key: `{module: source digest}`
     for each project-local module (or one of the entry's own package) whose source the
-    entry's closure does not already cover, and the top-level names of all of them, whose
-    installed distributions key the rest. A module not found, or surely lacking the name,
+    entry's closure does not already cover, and the names of all of them, whose installed
+    distributions key the rest. A module not found, or surely lacking the name,
     is an error naming the manifest value."""
     imports: dict[str, str] = {}
-    tops: set[str] = set()
+    modules: set[str] = set()
     vid = f", variant {v.id}" if v.params else ""
     for where, target in references(v):
         module, _, attr = target.partition(":")
         top = module.split(".")[0]
-        tops.add(top)
+        modules.add(module)
         key_path = f'kernel "{k.name}"{vid}, {where}'
         why = index.missing(module)
         if why is not None:
@@ -149,11 +151,12 @@ def _imported(manifest: Manifest, index: SourceIndex, k: Kernel, v: Variant,
             raise CuteccError(f'module "{module}" defines no "{attr.split(".")[0]}"',
                               where=str(manifest.path), key_path=key_path)
         if top != k.module.split(".")[0] and not index.is_local(top):
-            continue  # installed: its distribution is keyed (`tops`)
+            continue  # installed: its distribution is keyed (`modules`)
         try:
             digest, rels = index.digest(module)
         except CuteccError as e:
             raise CuteccError(e.message, where=e.where or str(manifest.path), key_path=key_path) from None
         if not set(rels) <= entry_sources:
             imports[module] = digest
-    return imports, tops
+        modules |= index.reached_modules(module)  # what its own imports reach is keyed too
+    return imports, modules

@@ -22,7 +22,9 @@ Layout (format 2), under `$CUTECC_CACHE_DIR` or `v2/` in the user's cache direct
                          stay callable by lock until gc)
     manifests/<sha>.json the keys the newest build of a manifest (by path) planned, with
                          the manifest's SHA-256: what `cutecc.load(manifest=)` loads
-    filehashes.json      remembered digests of installed kernel libraries' files (a cache)
+    filehashes.json      remembered SHA-256s of installed files, by stamp (a cache)
+    planfacts.json       remembered distribution digests and parsed sources, by their
+                         files' stamps: what a no-op build plans from (a cache, `cutecc.dists`)
 
 An entry is visible only once complete: it is built in `tmp/`, every file fsynced,
 then renamed into place. Builders take the key's lock and look again before
@@ -84,7 +86,7 @@ FILE_MODE = 0o644  # and its files
 
 INDEX = "by-kernel"  # by-kernel/<kernel>/<key>: which entries serve a kernel
 STATS = "stats.json"
-HASH_CACHE = "filehashes.json"  # digests of installed files by (path, size, mtime, inode): `cutecc.dists`
+HASH_CACHE = "filehashes.json"  # file digests by stamp; planfacts.json beside it: `cutecc.dists`
 STATS_FORMAT = 1
 QUARANTINE_FORMAT = 1  # the layout of why.json in a quarantined entry
 # Format 1 counters. Counters were added without a format change (remote_*: the remote

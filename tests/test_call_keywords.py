@@ -10,35 +10,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+from call_keyword_kernels import OPS
 
 import cutecc
 from cutecc.commands.build import build
 from cutecc.errors import CuteccError
 from cutecc.manifest import load_manifest
 from cutecc.runtime.library import target_name
-
-OPS = '''
-import cutlass
-import cutlass.cute as cute
-
-
-@cute.kernel
-def _k(x: cute.Tensor, out: cute.Tensor, f: cutlass.Constexpr):
-    i, _, _ = cute.arch.thread_idx()
-    if i < cute.size(x):
-        out[i] = x[i] * f
-
-
-@cute.jit
-def attn(x: cute.Tensor, out: cute.Tensor, stream, causal: cutlass.Constexpr = False):
-    _k(x, out, 2 if causal else 1).launch(grid=[1, 1, 1], block=[128, 1, 1], stream=stream)
-
-
-@cute.jit
-def attn_bwd(x: cute.Tensor, ct: cute.Tensor, dx: cute.Tensor, stream,
-             causal: cutlass.Constexpr = False):
-    _k(ct, dx, 2 if causal else 1).launch(grid=[1, 1, 1], block=[128, 1, 1], stream=stream)
-'''
 
 MANIFEST = '''archs = ["sm_90a"]
 

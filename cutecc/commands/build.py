@@ -28,6 +28,7 @@ from typing import Any
 from cutecc import environ
 from cutecc import remote as remote_cache
 from cutecc.archs import parse_archs
+from cutecc.dists import HashCache
 from cutecc.entry import runtime_record
 from cutecc.errors import CuteccError
 from cutecc.executors import Executor, choose, compile_limits
@@ -261,8 +262,9 @@ def build(
         manifest, lock = with_candidates(manifest), False
     store = Store(cache_dir)
     report = BuildReport(cache_dir=store.root, dry_run=dry_run, executor=runner.kind)
-    planned = plan(manifest, archs, hash_cache=None if read_only or dry_run or not store.root.is_dir()
-                   else store.root / HASH_CACHE)
+    # What planning learns is kept in the store: in a new one, once the build has made it.
+    hashes = None if read_only or dry_run else HashCache(store.root / HASH_CACHE)
+    planned = plan(manifest, archs, hash_cache=hashes)
     if store.entries_dir.is_dir():
         store.check_trust()  # another user's cache never vouches for anything here
     misses: list[Planned] = []
@@ -334,6 +336,8 @@ def build(
                 if store.locks_dir.is_dir():
                     store.sweep_tmp()
         _record_use(store, report)
+        if hashes is not None and store.root.is_dir():
+            hashes.save()  # a no-op if planning saved it already (an existing store)
     if not dry_run and not read_only and report.ok and not candidates:
         _record_generations(store, full.path, planned, partial=bool(kernels or archs))
         for c in manifest.composites:  # best-effort, like the generations

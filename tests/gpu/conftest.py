@@ -65,3 +65,20 @@ def rand(rng: np.random.Generator, shape: Any, dtype: str) -> Any:
     import jax.numpy as jnp
 
     return jnp.asarray(rng.standard_normal(shape, dtype=np.float32)).astype(dtype)
+
+
+@pytest.fixture(scope="module")
+def examples_ks():
+    """The published examples (examples/kernels.toml) loaded from `$CUTECC_EXAMPLES_CACHE`
+    for this device; skipped when that cache is not given."""
+    from pathlib import Path
+
+    import cutecc
+
+    pre = os.environ.get("CUTECC_EXAMPLES_CACHE")
+    if not pre or not Path(pre).is_dir():
+        pytest.skip("CUTECC_EXAMPLES_CACHE is not set to a built examples cache "
+                    "(cutecc build examples/kernels.toml --cache-dir DIR)")
+    k = cutecc.load(pre)  # the device's own arch
+    assert k.arch.startswith("sm_90"), k.arch  # FA4's Sm90 kernels are built for Hopper only
+    return k

@@ -18,6 +18,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+from call_keyword_kernels import OPS
 
 import cutecc
 from cutecc import signing
@@ -30,22 +31,6 @@ from cutecc.runtime.tuning import dumps_records
 
 pytestmark = pytest.mark.slow
 
-OPS = '''
-import cutlass
-import cutlass.cute as cute
-
-
-@cute.kernel
-def _k(x: cute.Tensor, out: cute.Tensor, f: cutlass.Constexpr):
-    i, _, _ = cute.arch.thread_idx()
-    if i < cute.size(x):
-        out[i] = x[i] * f
-
-
-@cute.jit
-def attn(x: cute.Tensor, out: cute.Tensor, stream, causal: cutlass.Constexpr = False):
-    _k(x, out, 2 if causal else 1).launch(grid=[1, 1, 1], block=[128, 1, 1], stream=stream)
-'''
 
 MANIFEST = '''archs = ["sm_90a"]
 
