@@ -18,7 +18,7 @@ from helpers import REPO, TOY_KERNEL, run_cli, toy_manifest, write_toy_project
 
 # Fixtures that compile kernels through the DSL (directly or through another of these).
 COMPILING_FIXTURES = frozenset({"example_cache", "toy_cache", "built_once", "built", "toy8", "toy",
-                                "train_cache", "examples_build"})
+                                "train_cache", "examples_build", "layout_cache"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -80,6 +80,23 @@ def example_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cache = tmp_path_factory.mktemp("example-cache")
     r = run_cli("build", str(REPO / "kernels.toml"), "--cache-dir", str(cache), "--arch", "sm_90a",
                 "--no-lock")  # leave the repository's kernels.lock to `cutecc build` runs
+    assert r.returncode == 0, r.stderr + r.stdout
+    return cache
+
+
+@pytest.fixture(scope="session")
+def layout_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/gpu/layout_kernels (layouts, padded buffers, call keywords) built once for sm_90a.
+
+    Set CUTECC_LAYOUT_CACHE to reuse a cache built beforehand (the GPU suite does).
+    """
+    pre = os.environ.get("CUTECC_LAYOUT_CACHE")
+    if pre:
+        return Path(pre)
+    pytest.importorskip("cutlass", reason="building needs the build extra (nvidia-cutlass-dsl)")
+    cache = tmp_path_factory.mktemp("layout-cache")
+    r = run_cli("build", str(REPO / "tests" / "gpu" / "layout_kernels" / "kernels.toml"),
+                "--cache-dir", str(cache), "--arch", "sm_90a", "--no-lock")
     assert r.returncode == 0, r.stderr + r.stdout
     return cache
 

@@ -3,6 +3,7 @@ verbosity, color, completion, `init`, `env` and `schema`."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -204,6 +205,8 @@ def test_env_names_versions_cache_and_extras(tmp_path: Path) -> None:
     doc = json.loads(r.stdout)
     assert doc["packages"]["cutecc"] == cutecc.__version__ and doc["cache_dir"] == str(tmp_path)
     assert doc["extras"]["test"] is True and doc["cache"] == "no cache yet"
+    torch_version = importlib.metadata.version("torch")  # cutecc.torch's framework (issue 24)
+    assert doc["packages"]["torch"] == torch_version and doc["extras"]["torch"] is True
     text = invoke("env", "--cache-dir", str(tmp_path)).stdout
     assert "apache-tvm-ffi" in text and "python" in text
 

@@ -20,8 +20,9 @@ from cutecc.report import Report
 from cutecc.store import Store
 
 # What each extra of cutecc brings, by the distribution that marks it installed.
-EXTRAS = {"build": "nvidia-cutlass-dsl", "test": "pytest", "remote": "obstore", "ray": "ray"}
-PACKAGES = ("cutecc", "jax", "jaxlib", "apache-tvm-ffi", "jax-tvm-ffi", "nvidia-cutlass-dsl",
+EXTRAS = {"build": "nvidia-cutlass-dsl", "test": "pytest", "remote": "obstore", "ray": "ray",
+          "torch": "torch"}
+PACKAGES = ("cutecc", "jax", "jaxlib", "torch", "apache-tvm-ffi", "jax-tvm-ffi", "nvidia-cutlass-dsl",
             "nvidia-cuda-runtime", "ziglang", "cuda-python", "click", "filelock", "platformdirs",
             "obstore", "ray")
 

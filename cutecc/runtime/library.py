@@ -1,5 +1,6 @@
 """Open a cache entry's shared library, only after its bytes match the recorded SHA-256,
-and register it as a JAX FFI target once per process.
+and register it as a JAX FFI target once per process (PyTorch calls the same loaded
+function directly: `load_function`).
 
 The bytes are read once, hashed, and the very same bytes are what gets dlopened (from a
 memfd), so a file swapped between the check and the load is never run. A kernel library
@@ -39,7 +40,8 @@ ENV_ALLOW_SHARED = environ.ALLOW_SHARED_CACHE
 # (cutecc/native reads the same variable).
 ENV_SYNC_CHECK = environ.SYNC_CHECK
 _lock = threading.Lock()
-_registered: dict[str, Any] = {}  # target name -> tvm_ffi.Module (kept alive)
+_registered: dict[str, Any] = {}  # target name -> tvm_ffi.Module registered with JAX
+_functions: dict[str, tuple[Any, Any]] = {}  # target name -> (tvm_ffi.Module kept alive, function)
 _runtimes: dict[str, tuple[str, Any]] = {}  # soname -> (SHA-256, ctypes handle), never unloaded
 
 
@@ -210,6 +212,42 @@ def ensure_runtime(ref: RuntimeRef, label: str, *, record_use: bool = True) -> N
         touch_used(ref.path.parent)
 
 
+def load_function(key: str, path: Path, sha256: str, size: int, symbol: str, label: str, *,
+                  record_use: bool = True, runtime: RuntimeRef | None = None) -> Any:
+    """The entry's kernel as a `tvm_ffi.Function`: verified and loaded once per process (after
+    its `runtime` library), the one copy that JAX registers and PyTorch calls directly.
+
+    `record_use`: touch the entry's `used` file (for `cutecc gc`); off for installed packs.
+    """
+    got = _functions.get(target_name(key))
+    if got is not None:
+        return got[1]
+    with _lock:
+        return _load_locked(key, path, sha256, size, symbol, label, record_use, runtime)[1]
+
+
+def _load_locked(key: str, path: Path, sha256: str, size: int, symbol: str, label: str,
+                 record_use: bool, runtime: RuntimeRef | None) -> tuple[Any, Any]:
+    """(module, function) of the entry, loaded on first use; call with `_lock` held."""
+    name = target_name(key)
+    got = _functions.get(name)
+    if got is not None:
+        return got
+    data = verified_bytes(path, sha256, size, label)
+    if runtime is not None:
+        ensure_runtime(runtime, label, record_use=record_use)
+    try:
+        module = _load_bytes(data, name)
+        fn = getattr(module, symbol)
+    except Exception as e:
+        raise CuteccError(f"cannot load the kernel library: {e}", where=f"{label} ({path})",
+                          exit_code=1) from None
+    _functions[name] = (module, fn)
+    if record_use and not environ.read_only():
+        touch_used(path.parent)  # once per process per entry, for `cutecc gc`
+    return module, fn
+
+
 def ensure_registered(key: str, path: Path, sha256: str, size: int, symbol: str,
                       scalar_names: tuple[str, ...], label: str, *, record_use: bool = True,
                       runtime: RuntimeRef | None = None) -> str:
@@ -224,15 +262,7 @@ def ensure_registered(key: str, path: Path, sha256: str, size: int, symbol: str,
     with _lock:
         if name in _registered:
             return name
-        data = verified_bytes(path, sha256, size, label)
-        if runtime is not None:
-            ensure_runtime(runtime, label, record_use=record_use)
-        try:
-            module = _load_bytes(data, name)
-            fn = getattr(module, symbol)
-        except Exception as e:
-            raise CuteccError(f"cannot load the kernel library: {e}", where=f"{label} ({path})",
-                              exit_code=1) from None
+        module, fn = _load_locked(key, path, sha256, size, symbol, label, record_use, runtime)
         import jax_tvm_ffi
 
         arg_spec = ["args", "rets"] + [f"attrs.{s}" for s in scalar_names]
@@ -241,6 +271,4 @@ def ensure_registered(key: str, path: Path, sha256: str, size: int, symbol: str,
         jax_tvm_ffi.register_ffi_target(name, fn, arg_spec, platform="gpu",
                                         allow_cuda_graph=not sync_check_from_env())
         _registered[name] = module
-        if record_use and not environ.read_only():
-            touch_used(path.parent)  # once per process per entry, for `cutecc gc`
     return name

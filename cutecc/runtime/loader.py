@@ -7,6 +7,9 @@ first call, and then only after its SHA-256 matches. So a load costs the same at
 10,000 entries, and the kernels a program never touches cost nothing. Entries that
 cannot run here (another arch, another artifact format, an incompatible tvm-ffi) are set
 aside with the reason, which a call of that kernel reports.
+
+Importing this module imports no framework: what JAX (`cutecc.load`) or PyTorch
+(`cutecc.torch.load`) adds is a `FrontEnd`, so both select, check and verify alike.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import importlib.metadata
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +28,7 @@ from cutecc import trust
 from cutecc.archs import check_arch, device_arch, runs_on
 from cutecc.entry import ARTIFACT_FORMAT, ENTRY_FORMAT, meta_problem
 from cutecc.errors import CuteccError
-from cutecc.runtime.dispatch import Build, CompositeFn, KernelFn
+from cutecc.runtime.calls import Build, KernelBase
 from cutecc.store import Entry, Store
 
 
@@ -46,7 +50,7 @@ class KernelSet:
     the cache and the kernels a program never touches cost nothing.
     """
 
-    def __init__(self, root: Path, arch: str, resolve: Callable[[str], KernelFn | CompositeFn],
+    def __init__(self, root: Path, arch: str, resolve: Callable[[str], Any],
                  names: Callable[[], Iterable[str]], has: Callable[[str], bool]) -> None:
         self.root = root
         self.arch = arch
@@ -54,7 +58,7 @@ class KernelSet:
         self._list = names
         self._has = has
         self._all: frozenset[str] | None = None
-        self._kernels: dict[str, KernelFn | CompositeFn] = {}
+        self._kernels: dict[str, Any] = {}
         self._lock = threading.Lock()
 
     @property
@@ -67,7 +71,7 @@ class KernelSet:
         return name in self._kernels or (name in self._all if self._all is not None
                                          else self._has(name))
 
-    def _kernel(self, name: str) -> KernelFn:
+    def _kernel(self, name: str) -> Any:
         fn = self._kernels.get(name)
         if fn is None:
             with self._lock:
@@ -82,7 +86,7 @@ class KernelSet:
         """Every entry set aside, as `kernel: variant@arch (key): why` (checks all kernels)."""
         return [f"{n}: {w}" for n in sorted(self._names) for w in self._kernel(n).unusable]
 
-    def __getattr__(self, name: str) -> KernelFn:
+    def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
         if not self._exists(name):
@@ -91,10 +95,10 @@ class KernelSet:
                 f"{', '.join(sorted(self._names)) or 'none'})")
         return self._kernel(name)
 
-    def __getitem__(self, name: str) -> KernelFn:
+    def __getitem__(self, name: str) -> Any:
         return self.__getattr__(name)
 
-    def get(self, name: str) -> KernelFn | None:
+    def get(self, name: str) -> Any:
         return self._kernel(name) if self._exists(name) else None
 
     def __contains__(self, name: object) -> bool:
@@ -123,6 +127,29 @@ class KernelSet:
                 for n in sorted(self._names) for b in self._kernel(n).builds]
 
 
+@dataclass(frozen=True)
+class FrontEnd:
+    """What a framework adds to loading: `kernel(name, builds, backward=, grad=, unusable=,
+    arch=)` makes one kernel's callable, `composite(name, launches, inputs, outputs)` a
+    composite's (None: not offered), `kernel_set` the set's class, and this process's GPU
+    as `device_arch()` (`sm_90`, None without one) and `device_kind()` (the name tuning
+    results are recorded under)."""
+
+    framework: str
+    kernel: Callable[..., Any]
+    composite: Callable[..., Any] | None
+    kernel_set: type[KernelSet]
+    device_arch: Callable[[], str | None]
+    device_kind: Callable[[], str | None]
+
+
+def _jax() -> FrontEnd:
+    from cutecc.runtime.dispatch import CompositeFn, KernelFn
+    from cutecc.runtime.tuning import device_kind
+
+    return FrontEnd("JAX", KernelFn, CompositeFn, KernelSet, device_arch, device_kind)
+
+
 def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
          kernels: tuple[str, ...] | list[str] | None = None,
          manifest: str | Path | None = None, strict: bool = False,
@@ -144,6 +171,18 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
     else `$CUTECC_TRUSTED_KEYS`) before any of its lines is believed, unless the deployer
     opts out with `allow_unsigned=True` (or `$CUTECC_ALLOW_UNSIGNED=1`).
     """
+    return load_with(_jax(), cache_dir, arch=arch, kernels=kernels, manifest=manifest, strict=strict,
+                     lock=lock, package=package, trusted_keys=trusted_keys,
+                     allow_unsigned=allow_unsigned)
+
+
+def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str | None = None,
+              kernels: tuple[str, ...] | list[str] | None = None,
+              manifest: str | Path | None = None, strict: bool = False,
+              lock: str | Path | None = None, package: str | None = None,
+              trusted_keys: list[str | Path] | None = None,
+              allow_unsigned: bool = False) -> KernelSet:
+    """`load` for a framework's `front` end: the same sources, checks and selection."""
     record_use = True
     if lock is None and package is None:
         _no_keys_without_a_lock(trusted_keys)
@@ -161,9 +200,9 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
         raise CuteccError("no kernel cache here; run `cutecc build` first", where=str(store.root),
                           exit_code=1)
     store.require()  # of this format: an older cache has no index and no runtime libraries
-    target = check_arch(arch, "cutecc.load arch") if arch is not None else device_arch()
+    target = check_arch(arch, "cutecc.load arch") if arch is not None else front.device_arch()
     if target is None:
-        raise CuteccError("no GPU is visible to JAX: pass arch= (or set CUTECC_ARCH) to load "
+        raise CuteccError(f"no GPU is visible to {front.framework}: pass arch= (or set CUTECC_ARCH) to load "
                           "kernels for lowering without one", where="cutecc.load", exit_code=1)
     wanted: set[str] | None = set(kernels) if kernels else None
     planned: set[str] | None = None  # a manifest's: exactly these keys
@@ -229,7 +268,7 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
         """A composite kernel recorded by a build, when its launches are kernels loaded here.
         Not under a lock (or a pack's): a lock does not pin composites yet, and a record it
         does not vouch for never decides what runs."""
-        if (wanted is not None and name not in wanted) or locked is not None:
+        if (wanted is not None and name not in wanted) or locked is not None or front.composite is None:
             return None
         doc = store.composite(name)
         if doc is None or keys_of(name) or not all(keys_of(n) for n in doc["launches"]):
@@ -239,16 +278,16 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
     def all_names() -> Iterable[str]:
         return sorted({*names(), *(n for n in store.composite_names() if composite(n))})
 
-    def resolve(name: str) -> KernelFn | CompositeFn:
+    def resolve(name: str) -> Any:
         doc = composite(name)
         if doc is not None:
-            return CompositeFn(name, doc["launches"], doc["inputs"], doc["outputs"])
+            return front.composite(name, doc["launches"], doc["inputs"], doc["outputs"])
         entries, unreadable = _entries_of(store, name, keys_of(name), newest)
-        fn = _kernel_fn(name, entries, target, series, pinned, record_use, unreadable)
-        fn.tuning = _tuning(name, fn, store, locked, target, series, record_use)
+        fn = _kernel_fn(front, name, entries, target, series, pinned, record_use, unreadable)
+        fn.tuning = _tuning(name, fn, store, locked, target, series, record_use, front.device_kind)
         return fn
 
-    ks = KernelSet(store.root, target, resolve, all_names,
+    ks = front.kernel_set(store.root, target, resolve, all_names,
                    lambda name: bool(keys_of(name)) or composite(name) is not None)
     if strict:
         problems = ks.problems
@@ -285,8 +324,8 @@ def _entries_of(store: Store, name: str, keys: list[str],
     return out, unreadable
 
 
-def _kernel_fn(name: str, entries: list[Entry], target: str, series: str,
-               pinned: dict[str, Any], record_use: bool, unreadable: list[str]) -> KernelFn:
+def _kernel_fn(front: FrontEnd, name: str, entries: list[Entry], target: str, series: str,
+               pinned: dict[str, Any], record_use: bool, unreadable: list[str]) -> KernelBase:
     """One kernel's callable: per variant the build that runs best here, the newest of
     equals (an edited kernel's older entry stays in the cache until gc); entries that
     cannot be used here are kept as reasons. An entry that differs from the lock file
@@ -319,7 +358,7 @@ def _kernel_fn(name: str, entries: list[Entry], target: str, series: str,
         backward = m.get("backward")
         grad = m.get("key_inputs", {}).get("grad") or grad
     builds = [] if refused else [b for _, (_, b) in sorted(best.items())]
-    return KernelFn(name, builds, backward=backward, grad=grad, unusable=unusable, arch=target)
+    return front.kernel(name, builds, backward=backward, grad=grad, unusable=unusable, arch=target)
 
 
 def _no_keys_without_a_lock(trusted_keys: list[str | Path] | None) -> None:
@@ -335,8 +374,8 @@ def _no_keys_without_a_lock(trusted_keys: list[str | Path] | None) -> None:
                           f"{given.rstrip('=')} to load the cache as it is", where="cutecc.load")
 
 
-def _tuning(name: str, fn: KernelFn, store: Store, locked: Any, target: str, series: str,
-            record_use: bool) -> Any:
+def _tuning(name: str, fn: KernelBase, store: Store, locked: Any, target: str, series: str,
+            record_use: bool, device_kind: Callable[[], str | None]) -> Any:
     """The kernel's table of tuned winners: the lock's results (with a lock), else the
     cache's records of its default entries; None when nothing was tuned."""
     from cutecc.runtime.tuning import Tuned, TuningTable, read_cached, sibling_problem
@@ -372,7 +411,7 @@ def _tuning(name: str, fn: KernelFn, store: Store, locked: Any, target: str, ser
                         f"on {t.device}: {why}",)
         return None
 
-    return TuningTable(name, lines, winner)
+    return TuningTable(name, lines, winner, device_kind)
 
 
 def _why_unusable(m: dict[str, Any], target: str, series: str) -> str | None:

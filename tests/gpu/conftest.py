@@ -40,6 +40,17 @@ def rng(request: pytest.FixtureRequest) -> np.random.Generator:
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))  # hash() is salted per process
 
 
+@pytest.fixture
+def gen(request: pytest.FixtureRequest) -> Any:
+    """A torch CUDA generator for fresh random inputs per test, seeded from its node id
+    (the cutecc.torch tests)."""
+    import torch
+
+    g = torch.Generator(device="cuda")
+    g.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+    return g
+
+
 def poison(nbytes: int) -> None:
     """Fill and free device memory with NaN so the allocator hands it out next."""
     import jax.numpy as jnp

@@ -17,8 +17,10 @@
 # examples/llama_block.py through cutecc against plain JAX (figures only, never a failure).
 # A CACHES without root/ is taken as the root cache itself; with no CACHES, kernels.toml is
 # built first (needs the build extra). OUT=DIR writes the logs there (gpu-suite.log, .xml,
-# layout_ab.*, examples_parity.*). TUNE_BENCH=1 also runs benchmarks/tune.py after the suite
-# on tune/ and examples/ (tune.json, tune.md, tune.log in OUT; about 4-6 minutes on an H100).
+# layout_ab.*, examples_parity.*). Where torch sees the GPU, benchmarks/torch_calls.py runs
+# after the suite on the root cache (torch_calls.json, torch_calls.log in OUT). TUNE_BENCH=1
+# also runs benchmarks/tune.py after the suite on tune/ and examples/ (tune.json, tune.md,
+# tune.log in OUT; about 4-6 minutes on an H100).
 # Exits non-zero when the suite or a comparison fails.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -73,6 +75,12 @@ if [ -n "${CUTECC_EXAMPLES_CACHE:-}" ]; then
   # shellcheck disable=SC2046
   "$PY" benchmarks/training_step.py "$CUTECC_EXAMPLES_CACHE" $(json training_step.json) 2>&1 \
     | log training_step.log
+fi
+if "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  # cutecc.torch's call costs against torch's own ops and the JAX path (issue 24; ~1 minute)
+  # shellcheck disable=SC2046
+  "$PY" benchmarks/torch_calls.py "$CUTECC_TEST_CACHE" $(json torch_calls.json) 2>&1 | log torch_calls.log
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if [ "${TUNE_BENCH:-}" = "1" ] && [ -n "${CUTECC_TUNE_CACHE:-}${CUTECC_EXAMPLES_CACHE:-}" ]; then
   targs=()

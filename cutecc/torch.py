@@ -1,0 +1,790 @@
+"""`cutecc.torch`: the kernels of a cutecc cache or pack, called from PyTorch.
+
+The same libraries the JAX runtime runs, found, checked and verified by the same loader
+(`cutecc.runtime.loader.load_with`) and chosen per call by the same contract logic
+(`cutecc.runtime.calls`); this module adds only how torch calls them. Imports torch and
+apache-tvm-ffi, never JAX nor the DSL.
+
+Each build's kernel is a `tvm_ffi.Function` taking the kernel's dense buffers (inputs,
+then results, then runtime scalars); tvm-ffi accepts torch tensors through DLPack and
+sets torch's current CUDA stream as the call's environment stream, which is the stream
+the kernels launch on. Two ways reach it:
+
+- eager (not compiling, no autograd needed, plain tensors): the function is called
+  directly, with outputs allocated from the contract; a call costs the contract check
+  (cached per signature) and the launch;
+- otherwise through a `torch.library` custom op per kernel and contract
+  (`torch.ops.cutecc.<kernel>_<contract digest>`), with a fake implementation computing
+  output shapes from the contract, `inout` tensors declared mutated and autograd from the
+  manifest's `grad` pairing: `torch.compile(fullgraph=True)` traces it without a graph
+  break and `torch.autograd` differentiates it.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cutecc.contract import ScalarArg, TensorArg
+from cutecc.entry import contract_digest
+from cutecc.errors import CuteccError
+from cutecc.runtime import calls, library
+from cutecc.runtime.calls import Build
+from cutecc.runtime.loader import FrontEnd, KernelSet, load_with
+
+__all__ = ["KernelCallError", "KernelTypeError", "TorchCompositeFn", "TorchKernelFn", "TorchKernelSet",
+           "load"]
+
+NAMESPACE = "cutecc"  # torch.ops.cutecc.<kernel>_<12 hex of the contract's digest>
+DEVICE_TYPES = ("cuda", "meta")  # where a call's tensors may live (meta: shapes only)
+MAX_PLANS = 1024  # eager call plans kept per kernel (one per shapes, dtypes, device, keywords)
+
+
+class KernelCallError(CuteccError, ValueError):
+    """A call whose tensors fit no built contract (dtype, shape, device, layout, alignment),
+    or an unknown or unbuilt keyword: the message names the argument and the built
+    signatures."""
+
+
+class KernelTypeError(CuteccError, TypeError):
+    """A call passing what the kernel cannot take: no tensor where it takes one, a tensor or
+    a value of the wrong type as a runtime scalar."""
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def _dtype_name(dt: torch.dtype) -> str:
+    return str(dt).removeprefix("torch.")
+
+
+class TorchDims(calls.Dims):
+    """torch's dimensions: ints, or `SymInt`s under `torch.compile(dynamic=True)` (a
+    comparison guards on them, so it is always decided)."""
+
+    def concrete(self, n: Any) -> bool:
+        return isinstance(n, int)
+
+
+TORCH_DIMS = TorchDims()
+
+
+def _torch_scalar(kernel: str, s: ScalarArg, v: Any) -> Any:
+    """A runtime scalar as torch may pass it: a Python number; a tensor would need a
+    device-to-host copy (it travels by value), so it is refused."""
+    if isinstance(v, torch.Tensor):
+        raise KernelTypeError(f"runtime scalar {s.name!r} must be a Python number (it is passed by "
+                              "value to the kernel), not a tensor; use .item() if you mean it",
+                              where=f'kernel "{kernel}"', exit_code=1)
+    return calls.plain_scalar(kernel, s, v)
+
+
+def _as_call_error(e: CuteccError) -> CuteccError:
+    """The shared checks' CuteccError as the torch front end's ValueError subclass (a runtime
+    scalar of the wrong type as its TypeError subclass)."""
+    if isinstance(e, (KernelCallError, KernelTypeError)):
+        return e
+    if e.message.startswith("runtime scalar") and ": got " in e.message:  # a str for a float: a type
+        return KernelTypeError(e.message, where=e.where, key_path=e.key_path, exit_code=e.exit_code)
+    return KernelCallError(e.message, where=e.where, key_path=e.key_path, exit_code=e.exit_code)
+
+
+# -- custom ops ----------------------------------------------------------------------------
+
+_ops_lock = threading.RLock()
+_library: torch.library.Library | None = None
+_ops: dict[str, Any] = {}  # op name -> torch.ops overload
+_builds: dict[str, tuple[TorchKernelFn, Build]] = {}  # build key -> (kernel, build)
+
+_SCALAR_SCHEMA = {"float32": "float", "float64": "float", "int32": "int", "int64": "int", "bool": "bool"}
+
+
+def op_name(kernel: str, build: Build) -> str:
+    """The custom op's name: the kernel's and 12 hex of its contract's digest, so every
+    build of one contract (any toolchain, any tuning) is the same op in every process."""
+    from cutecc.contract import args_to_json
+
+    return f"{kernel}_{contract_digest(args_to_json(build.args))[:12]}"
+
+
+def op_schema(build: Build) -> str:
+    """The op's schema: the call's input buffers (`inout` ones mutated), its runtime
+    scalars (derived ones too: the runtime computes them), the build's key; it returns
+    the non-`inout` results' buffers (saved ones too, for the backward)."""
+    conv = build.conv
+    letters = iter("abcdefghijklmnopqrstuvwxyz")
+    params = [f"Tensor({next(letters)}!) {t.name}" if t.role == "inout" else f"Tensor {t.name}"
+              for t in conv.inputs]
+    params += [f"{_SCALAR_SCHEMA[s.dtype]} {s.name}" for s in conv.scalars]
+    params.append("str cutecc_build")
+    outs = [t for t in conv.results if t.role != "inout"]
+    ret = "()" if not outs else "Tensor" if len(outs) == 1 else "(" + ", ".join(["Tensor"] * len(outs)) + ")"
+    return f"({', '.join(params)}) -> {ret}"
+
+
+def _op(fn: TorchKernelFn, build: Build) -> Any:
+    """The custom op serving `build` (defined on first use, once per process)."""
+    global _library
+    name = op_name(fn.name, build)
+    with _ops_lock:
+        _builds[build.key] = (fn, build)
+        op = _ops.get(name)
+        if op is not None:
+            return op
+        if _library is None:
+            _library = torch.library.Library(NAMESPACE, "FRAGMENT")
+        qual = f"{NAMESPACE}::{name}"
+        _library.define(name + op_schema(build))
+        torch.library.impl(qual, "CUDA", _op_impl, lib=_library)
+        torch.library.register_fake(qual, _op_fake, lib=_library)
+        if not build.conv.aliases:  # torch differentiates no op that mutates (nor may a pairing)
+            torch.library.register_autograd(qual, _op_backward, setup_context=_op_setup, lib=_library)
+        op = _ops[name] = getattr(getattr(torch.ops, NAMESPACE), name).default
+        return op
+
+
+def _split(build: Build, args: Sequence[Any]) -> tuple[list[Any], list[Any], str]:
+    n = len(build.conv.inputs)
+    return list(args[:n]), list(args[n:-1]), args[-1]
+
+
+def _built(key: str) -> tuple[TorchKernelFn, Build]:
+    got = _builds.get(key)
+    if got is None:
+        raise CuteccError(f"no cutecc build {key[:12]} is loaded in this process; cutecc.torch.load "
+                          "the cache or pack holding it first", where="cutecc custom op", exit_code=1)
+    return got
+
+
+def _env_of(build: Build, buffers: Sequence[Any]) -> dict[str, Any]:
+    """The symbol bindings of a call from its input buffers (each in its `perm` order)."""
+    env: dict[str, Any] = {}
+    for t, b in zip(build.conv.inputs, buffers):
+        for j, p in enumerate(t.perm):
+            d = t.extents[p]
+            if isinstance(d, str):
+                env.setdefault(d, b.shape[j])
+    return env
+
+
+def _op_fake(*args: Any) -> Any:
+    """Output buffers of the contract's shapes, computed from the inputs' (no kernel runs)."""
+    fn, build = _built(args[-1])
+    ins, _, _ = _split(build, args)
+    env = _env_of(build, ins)
+    outs = [torch.empty(calls.buffer_shape(fn.name, t, env, TORCH_DIMS), dtype=_torch_dtype(t.dtype),
+                        device=ins[0].device if ins else "cuda")
+            for t in build.conv.results if t.role != "inout"]
+    return None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _op_impl(*args: Any) -> Any:
+    fn, build = _built(args[-1])
+    ins, scalars, _ = _split(build, args)
+    outs = fn._launch(build, ins, scalars, _env_of(build, ins))
+    return None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _op_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    fn, build = _built(inputs[-1])
+    ins, scalars, key = _split(build, inputs)
+    outs = output if isinstance(output, tuple) else (output,) if output is not None else ()
+    ctx.cutecc = (key, scalars)
+    ctx.save_for_backward(*ins, *outs)
+
+
+def _op_backward(ctx: Any, *grads: Any) -> Any:
+    """Gradients of the op's input buffers: the paired backward kernel called on the
+    logical tensors (through its own op, so it compiles too), as the JAX side calls it."""
+    key, scalars = ctx.cutecc
+    fn, build = _built(key)
+    conv = build.conv
+    saved = ctx.saved_tensors
+    n = len(conv.inputs)
+    xs = [_from_buffer(b, t) for b, t in zip(saved[:n], conv.inputs)]
+    # What the call returned: a declared reduction summed over its leading axis, and the
+    # cotangent of that sum (the op's unsummed result got it broadcast: any row is it).
+    outs = {t.name: _summed(_from_buffer(b, t), t) for b, t in zip(saved[n:], conv.results)}
+    cts = {t.name: (torch.zeros_like(outs[t.name]) if g is None
+                    else _from_buffer(g, t)[0 if t.reduce == "sum" else ...].contiguous())
+           for g, t in zip(grads, conv.results)}  # a cotangent may be expanded (stride 0)
+    gx = fn._backward(build, xs, outs, cts, dict(zip((s.name for s in conv.scalars), scalars)))
+    return (*(None if g is None else _grad_like(_to_buffer(g, t), x)
+              for g, t, x in zip(gx, conv.inputs, saved[:n])),
+            *([None] * (len(scalars) + 1)))
+
+
+def _summed(o: Any, t: TensorArg) -> Any:
+    return o.sum(dim=0, dtype=o.dtype) if t.reduce == "sum" else o
+
+
+def _grad_like(g: Any, x: Any) -> Any:
+    """A gradient in its input's dtype (a backward may return a wider one, e.g. quack
+    RMSNorm's dw summed from fp32 partials for a bf16 weight), as the JAX side does."""
+    return g.to(x.dtype) if x.dtype.is_floating_point and g.dtype != x.dtype else g
+
+
+def _to_buffer(a: Any, t: TensorArg) -> Any:
+    """The logical tensor as the dense buffer `t` declares (its dimensions in `perm` order)."""
+    if t.order is None:
+        return a
+    return a.permute(t.perm).contiguous()
+
+
+def _from_buffer(b: Any, t: TensorArg) -> Any:
+    """A buffer in `t`'s declared order as the logical tensor (a view)."""
+    if t.order is None:
+        return b
+    inv = sorted(range(len(t.perm)), key=lambda i: t.perm[i])
+    return b.permute(inv)
+
+
+# -- kernels -------------------------------------------------------------------------------
+
+
+class _Spec:
+    """A tensor's shape and dtype name, all the contract checks read of it."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: str) -> None:
+        self.shape, self.dtype = shape, dtype
+
+
+def _layouts(build: Build) -> tuple[tuple, tuple]:
+    """Per input (its buffer permutation or None, its name, whether padded) and per result
+    (the input it is written into or None, the permutation back to logical or None,
+    whether it is summed over its leading axis, whether it is saved, not returned; its name)."""
+    conv = build.conv
+    inputs = tuple((None if t.order is None else t.perm, t.name, t.buffer is not None)
+                   for t in conv.inputs)
+    results = tuple((conv.inputs.index(t) if t.role == "inout" else None,
+                     None if t.order is None else tuple(sorted(range(len(t.perm)), key=t.perm.__getitem__)),
+                     t.reduce == "sum", t.saved, t.name) for t in conv.results)
+    return inputs, results
+
+
+class _Eager:
+    """A build's launch for one call signature: the function, what to allocate (shape and
+    dtype, or the index of the operand an aliased result is), the scalars' values."""
+
+    def __init__(self, fn: TorchKernelFn, build: Build, env: Mapping[str, Any], scalars: Sequence[Any],
+                 device: Any) -> None:
+        conv = build.conv
+        self.device = device
+        self.function = build_function(fn.name, build)
+        self.scalars = tuple(scalars)
+        self.inputs, self.results = _layouts(build)
+        shapes = [(calls.buffer_shape(fn.name, t, env, TORCH_DIMS), _torch_dtype(t.dtype))
+                  for t in conv.ffi_results]
+        self.zeroed = [shapes[len(conv.results) + conv.scratch.index(t)] for t in conv.scratch if t.zero]
+        aliased = {r: i for i, r in conv.ffi_aliases}
+        self.allocs = [aliased.get(j, sh) for j, sh in enumerate(shapes)]
+        self.own = [j < len(conv.results) and conv.results[j].role != "inout" for j in range(len(shapes))]
+        self.simple = not (conv.scratch or conv.aliases or any(t.order is not None for t in conv.inputs)
+                           or any(t.order is not None or t.reduce or t.saved for t in conv.results))
+        self.index = device.index
+        self.aligns = tuple(t.align for t in conv.inputs)
+        # Per result, an input of its shape and dtype (dense, checked per call): torch.empty_like
+        # of it allocates with less argument parsing than torch.empty (~0.5 us a call)
+        ins = [(tuple(t.extents), t.dtype) for t in conv.inputs]
+        self.like = [None if isinstance(a, int) or t.order is not None else next(
+            (i for i, (e, dt) in enumerate(ins) if dt == t.dtype and conv.inputs[i].order is None
+             and conv.inputs[i].buffer is None and tuple(env.get(x, x) for x in e) == tuple(a[0])), None)
+            for a, t in zip(self.allocs, conv.ffi_results)]
+        if self.index is None or torch.cuda.device_count() <= 1:
+            self.launch = self.function  # one device: it is the current one, no check per call
+
+    def launch(self, *args: Any) -> None:
+        """The call on this device (made current for it if it is not)."""
+        if self.index == torch.cuda.current_device():
+            self.function(*args)
+        else:
+            with torch.cuda.device(self.device):
+                self.function(*args)
+
+
+# id -> kernel, for `_op_plan` (whose arguments must be constants); a kernel set dropped is freed
+_kernels: weakref.WeakValueDictionary[str, TorchKernelFn] = weakref.WeakValueDictionary()
+
+
+@torch.compiler.assume_constant_result
+def _op_plan(kernel: str, shapes: tuple, dtypes: tuple, devices: tuple, keywords: tuple,
+             given: tuple) -> tuple:
+    return _kernels[kernel]._op_plan(shapes, dtypes, devices, keywords, given)
+
+
+class TorchKernelFn(calls.KernelBase):
+    """A kernel of the cache, callable from PyTorch: `kernel(*tensors, **keywords)` returns
+    the result tensor, or a tuple of them; an `inout` tensor is written in place and
+    returned (the tensor passed)."""
+
+    _dims = TORCH_DIMS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._plans: dict[tuple, tuple] = {}
+        self._plans_lock = threading.Lock()
+        self._op_plans: dict[tuple, tuple] = {}  # the op path's plans, called eagerly (autograd)
+        self._id = f"{self.name}@{id(self):x}"  # a str: torch.compile never makes it a dynamic int
+        _kernels[self._id] = self
+
+    @staticmethod
+    def _dtype_name(a: Any) -> str:
+        return a.dtype if isinstance(a, _Spec) else _dtype_name(a.dtype)
+
+    def select(self, *arrays: Any, **keywords: Any) -> tuple[Build, dict[str, int]]:
+        try:
+            return super().select(*arrays, **keywords)
+        except CuteccError as e:
+            raise _as_call_error(e) from None
+
+    def __call__(self, *tensors: Any, **kw: Any) -> Any:
+        return self._call(tensors, kw)
+
+    def _call(self, tensors: Sequence[Any], kw: Mapping[str, Any], every: bool = False) -> Any:
+        """The call, eagerly where it can be, else through the op; with `every`, all the
+        kernel's results by name, saved ones too (for a composite's later launches)."""
+        if not torch.compiler.is_compiling():
+            plan = self._plan_of(tensors, kw)
+            if plan is not None:
+                return self._run(plan, tensors, every)
+        return self._through_op(tensors, kw, every)
+
+    # The eager path: the tvm-ffi function called directly ----------------------------------
+
+    def _plan_of(self, tensors: Sequence[Any], kw: Mapping[str, Any]) -> _Eager | None:
+        """The cached plan of an eager call, or None where the call must take the op: fake
+        or meta tensors, autograd, an unhashable keyword. Keyed by shapes, dtypes, device
+        and keywords, so the contract is checked once per signature."""
+        key: list[Any] = []
+        for i, a in enumerate(tensors):
+            if type(a) is not torch.Tensor and type(a) is not torch.nn.Parameter:
+                if not isinstance(a, torch.Tensor):
+                    raise KernelTypeError(f"argument {i} is a {type(a).__name__}, not a tensor (runtime "
+                                          "scalars are keyword arguments)", where=f'kernel "{self.name}"',
+                                          exit_code=1)
+                return None  # a tensor subclass (fake tensors): the op sees it through
+            if a.requires_grad:  # autograd, or (under no_grad) a tensor DLPack exports detached
+                return None
+            key += (a.shape, a.dtype, a.device)
+        if kw:
+            key.append(tuple(sorted(kw.items())))
+        try:
+            plan = self._plans.get(tuple(key), False)
+        except TypeError:
+            return None
+        if plan is False:
+            plan = self._make_plan(tensors, kw)
+            with self._plans_lock:
+                if len(self._plans) >= MAX_PLANS:
+                    self._plans.clear()
+                self._plans[tuple(key)] = plan
+        return plan
+
+    def _make_plan(self, tensors: Sequence[Any], kw: Mapping[str, Any]) -> _Eager | None:
+        device = self._device_of(tensors)
+        if device.type == "meta":
+            return None  # shapes only: the op's fake implementation
+        build, env, scalars = self._choose(tensors, kw)
+        return _Eager(self, build, env, scalars, device)
+
+    def _run(self, plan: _Eager, tensors: Sequence[Any], every: bool = False) -> Any:
+        """An eager call: buffers checked, results allocated from the contract, the kernel
+        launched on torch's current stream (tvm-ffi passes it to the call)."""
+        if plan.simple:  # dense row-major tensors in, fresh outputs out
+            for i, a in enumerate(tensors):
+                if not a.is_contiguous():
+                    self._not_contiguous(a, plan.inputs[i])
+                if a.data_ptr() % plan.aligns[i]:
+                    self._misaligned(a, plan.inputs[i], plan.aligns[i])
+            outs = [torch.empty(s, dtype=d, device=plan.device) if like is None
+                    else torch.empty_like(tensors[like]) for (s, d), like in zip(plan.allocs, plan.like)]
+            plan.launch(*tensors, *outs, *plan.scalars)
+            if every:
+                return {r[-1]: o for r, o in zip(plan.results, outs)}
+            return outs[0] if len(outs) == 1 else tuple(outs)
+        bufs = self._buffers(tensors, plan.inputs)
+        self._check_aligned(bufs, plan)
+        ffi_in = bufs + [torch.zeros(s, dtype=d, device=plan.device) for s, d in plan.zeroed]
+        res = [ffi_in[a] if isinstance(a, int) else torch.empty(a[0], dtype=a[1], device=plan.device)
+               for a in plan.allocs]
+        plan.launch(*ffi_in, *res, *plan.scalars)
+        return self._post(plan.results, tensors, bufs, [r for r, keep in zip(res, plan.own) if keep],
+                          every)
+
+    def _buffers(self, tensors: Sequence[Any], inputs: tuple) -> list[Any]:
+        """The dense buffers the kernel reads (each in its declared order), or an error
+        naming the argument that is not one."""
+        bufs = []
+        for a, spec in zip(tensors, inputs):
+            perm = spec[0]
+            b = a if perm is None else a.permute(perm).contiguous()
+            if not b.is_contiguous():
+                self._not_contiguous(a, spec)
+            bufs.append(b)
+        return bufs
+
+    def _check_aligned(self, bufs: Sequence[Any], plan: _Eager) -> None:
+        for b, spec, align in zip(bufs, plan.inputs, plan.aligns):
+            if b.data_ptr() % align:
+                self._misaligned(b, spec, align)
+
+    def _misaligned(self, a: Any, spec: tuple, align: int) -> None:
+        """The kernel was compiled assuming `align`-byte aligned data (the contract's `align`,
+        16 by default: 128-bit vector accesses); a view at an offset may not be."""
+        raise KernelCallError(f"{spec[1]}: its data starts at an address that is not a multiple of "
+                              f"{align} bytes (a view at offset {a.storage_offset()}), which the kernel "
+                              f"assumes: pass {spec[1]}.clone()", where=f'kernel "{self.name}"',
+                              exit_code=1)
+
+    def _not_contiguous(self, a: Any, spec: tuple) -> None:
+        _, name, padded = spec
+        what = "the padded tensor (whole, not a slice of it)" if padded else "a dense tensor"
+        raise KernelCallError(f"{name}: not contiguous (strides {tuple(a.stride())}); the kernel reads "
+                              f"{what}: pass {name}.contiguous()", where=f'kernel "{self.name}"',
+                              exit_code=1)
+
+    @staticmethod
+    def _post(results: tuple, tensors: Sequence[Any], bufs: Sequence[Any], got: list[Any],
+              every: bool = False) -> Any:
+        """What the call returns from the kernel's result buffers `got` (the non-inout ones):
+        logical layouts, inout tensors (written back where laid out otherwise: the tensor
+        passed is what comes back), declared reductions summed, saved results dropped (with
+        `every`, all by name)."""
+        got = list(got)
+        outs: list[Any] = []
+        named: dict[str, Any] = {}
+        for inout, perm, reduce, saved, name in results:
+            if inout is not None:
+                if bufs[inout] is not tensors[inout]:
+                    tensors[inout].copy_(bufs[inout].permute(perm))
+                o = tensors[inout]
+            else:
+                o = got.pop(0)
+                o = o if perm is None else o.permute(perm)
+            o = o.sum(dim=0, dtype=o.dtype) if reduce else o
+            named[name] = o
+            if not saved:
+                outs.append(o)
+        if every:
+            return named
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _device_of(self, tensors: Sequence[Any]) -> Any:
+        devices = {a.device for a in tensors}
+        if len(devices) > 1:
+            raise KernelCallError(f"tensors on several devices ({', '.join(sorted(map(str, devices)))}); "
+                                  "a call needs all of them on one CUDA device",
+                                  where=f'kernel "{self.name}"', exit_code=1)
+        device = next(iter(devices)) if devices else torch.device("cuda", torch.cuda.current_device())
+        if device.type not in DEVICE_TYPES:
+            raise KernelCallError(f"tensors on {device}; cutecc kernels run on CUDA devices: move them "
+                                  f"with .cuda() (built for {self.arch}:{self._signatures()})",
+                                  where=f'kernel "{self.name}"', exit_code=1)
+        return device
+
+    def _signatures(self) -> str:
+        return "".join(f"\n  {b.variant}{b.signature()}" for b in self.builds)
+
+    def _choose(self, tensors: Sequence[Any], kw: Mapping[str, Any]) -> tuple[Build, dict[str, Any], list]:
+        """The build, symbol bindings and runtime scalars (values, launcher order) of a call."""
+        keywords = {k: v for k, v in kw.items() if k in self._keywords}
+        given = {k: v for k, v in kw.items() if k not in self._keywords}
+        build, env = self.select(*tensors, **keywords)
+        if self.tuning is not None:
+            build = self.tuning.pick(build, env)
+        try:
+            sc = calls.attrs(self.name, build.conv.scalars, given, self._keywords, env, TORCH_DIMS,
+                             _torch_scalar)
+        except CuteccError as e:
+            raise _as_call_error(e) from None
+        return build, env, [v for _, _, v in sc]
+
+    # The custom-op path (compiling, autograd, fake tensors) ----------------------------------
+
+    def _through_op(self, tensors: Sequence[Any], kw: Mapping[str, Any], every: bool = False) -> Any:
+        """The call through the build's custom op. What the contract decides (the build,
+        layouts, which scalars go where) is computed by `_op_plan` from the tensors' shapes,
+        dtypes and devices and the call keywords, which torch.compile takes as a constant of
+        the trace (no graph break); the runtime scalars' values stay values of the trace (a
+        new `eps` is no new plan). What is traced is the op and the torch ops around it."""
+        for i, a in enumerate(tensors):
+            if not isinstance(a, torch.Tensor):
+                raise KernelTypeError(f"argument {i} is a {type(a).__name__}, not a tensor (runtime "
+                                      "scalars are keyword arguments)", where=f'kernel "{self.name}"',
+                                      exit_code=1)
+        keywords, given = [], []
+        for k in sorted(kw):
+            v = kw[k]
+            if k in self._keywords:  # the built value equal to it: a constant even if traced
+                v = next((w for w in self._keywords[k] if calls._same(w, v)), v)
+                keywords.append((k, v))
+            else:
+                given.append((k, "Tensor" if isinstance(v, torch.Tensor) else type(v).__name__))
+        args = (tuple(tuple(operator.index(d) for d in a.shape) for a in tensors),  # a SymInt: guarded
+                tuple(_dtype_name(a.dtype) for a in tensors), tuple(str(a.device) for a in tensors),
+                tuple(keywords), tuple(given))
+        if torch.compiler.is_compiling():
+            name, key, scalars, inputs, results = _op_plan(self._id, *args)
+        else:  # eagerly (autograd): planned once per signature, values checked as eagerly
+            try:
+                ck = (args, tuple(sorted(kw.items())))
+                plan = self._op_plans.get(ck)
+            except TypeError:
+                ck, plan = None, None
+            if plan is None:
+                plan = self._op_plan(*args)
+                self._choose(tensors, kw)
+                if ck is not None:
+                    with self._plans_lock:
+                        if len(self._op_plans) >= MAX_PLANS:
+                            self._op_plans.clear()
+                        self._op_plans[ck] = plan
+            name, key, scalars, inputs, results = plan
+        values = [kw.get(n, d) for n, d in scalars]
+        bufs = self._buffers(tensors, inputs)
+        got = getattr(getattr(torch.ops, NAMESPACE), name).default(*bufs, *values, key)
+        got = [] if got is None else list(got) if isinstance(got, (tuple, list)) else [got]
+        return self._post(results, tensors, bufs, got, every)
+
+    def _op_plan(self, shapes: tuple, dtypes: tuple, devices: tuple, keywords: tuple,
+                 given: tuple) -> tuple:
+        """What a call through the op needs, as constants: the op's name, the build's key,
+        per runtime scalar (launcher order) its name and its value when the call does not
+        pass it (default or derived), and the build's `_layouts`. `given` names the scalars
+        the call passes, with their Python types (checked against the dtypes)."""
+        if len(set(devices)) > 1:
+            raise KernelCallError(f"tensors on several devices ({', '.join(sorted(set(devices)))}); "
+                                  "a call needs all of them on one CUDA device",
+                                  where=f'kernel "{self.name}"', exit_code=1)
+        if devices and devices[0].split(":")[0] not in DEVICE_TYPES:
+            raise KernelCallError(f"tensors on {devices[0]}; cutecc kernels run on CUDA devices: move "
+                                  f"them with .cuda() (built for {self.arch}:{self._signatures()})",
+                                  where=f'kernel "{self.name}"', exit_code=1)
+        stand_in = {"float": 0.0, "int": 0, "bool": False, "SymFloat": 0.0, "SymInt": 0, "SymBool": False,
+                    "Tensor": torch.zeros(())}
+        kw = {**dict(keywords), **{k: stand_in.get(t, t) for k, t in given}}
+        build, _, values = self._choose([_Spec(sh, dt) for sh, dt in zip(shapes, dtypes)], kw)
+        _op(self, build)
+        passed = dict(given)
+        scalars = tuple((s.name, None if s.name in passed and s.value is None else v)
+                        for s, v in zip(build.conv.scalars, values))
+        return (op_name(self.name, build), build.key, scalars, *_layouts(build))
+
+    def _launch(self, build: Build, bufs: Sequence[Any], scalars: Sequence[Any],
+                env: Mapping[str, Any]) -> list[Any]:
+        """The op's real implementation: run `build` on the input buffers; returns the
+        buffers of its non-inout results. The call checked its tensors; a compiler may still
+        hand the op other strides or a view at an offset (inductor's buffers): such an input
+        is copied to a fresh dense buffer (and an inout one written back after). Tensors that
+        require grad are passed detached (DLPack exports no autograd state)."""
+        plan = _Eager(self, build, env, scalars, self._device_of(bufs))
+        fixed = []
+        for b, align in zip(bufs, plan.aligns):
+            if b.requires_grad:
+                b = b.detach()
+            if not b.is_contiguous() or b.data_ptr() % align:
+                b = torch.empty(b.shape, dtype=b.dtype, device=b.device).copy_(b)
+            fixed.append(b)
+        ffi_in = fixed + [torch.zeros(s, dtype=d, device=plan.device) for s, d in plan.zeroed]
+        res = [ffi_in[a] if isinstance(a, int) else torch.empty(a[0], dtype=a[1], device=plan.device)
+               for a in plan.allocs]
+        plan.launch(*ffi_in, *res, *plan.scalars)
+        for i, _ in build.conv.aliases:
+            if fixed[i].data_ptr() != bufs[i].data_ptr():
+                bufs[i].copy_(fixed[i])
+        return [r for r, keep in zip(res, plan.own) if keep]
+
+    def _backward(self, build: Build, xs: Sequence[Any], outs: Mapping[str, Any],
+                  cts: Mapping[str, Any], scalars: Mapping[str, Any]) -> list[Any]:
+        """The gradients of the forward's logical inputs (None where none is given), from
+        the paired backward kernel: inputs then cotangents, or a named pairing's arguments."""
+        back = self._owner.get(self.backward) if self._owner is not None and self.backward else None
+        if back is None and self.backward:
+            raise NotImplementedError(
+                f"cutecc kernel '{self.name}' is paired with '{self.backward}', which is not in this "
+                "kernel set (load it too)")
+        if back is None:
+            raise NotImplementedError(
+                f"cutecc kernel '{self.name}' has no derivative rule. Pair it with a backward kernel "
+                f'in the manifest (grad = {{ backward = "..." }}) to use torch.autograd, or wrap the '
+                "call in a torch.autograd.Function yourself.")
+        conv = build.conv
+        bkw = {k: v for k, v in build.call if k in back._keywords}
+        bkw.update({k: v for k, v in scalars.items()
+                    if k in back.scalar_names() and any(s.name == k for s in conv.given)})
+        visible = [t.name for t in conv.visible]
+        names = [t.name for t in conv.inputs]
+        if self.grad is None:
+            g = back._call((*xs, *(cts[n] for n in visible)), bkw)
+            g = list(g) if isinstance(g, tuple) else [g]
+            return g + [None] * (len(xs) - len(g))
+        have = {**dict(zip(names, xs)), **outs, **{f"cotangent.{n}": cts[n] for n in visible}}
+        g = back._call(tuple(have[n] for n in self.grad["args"]), bkw)
+        g = dict(zip(self.grad["returns"] or names, g if isinstance(g, tuple) else (g,)))
+        return [g.get(n) for n in names]
+
+
+class TorchCompositeFn:
+    """A composite kernel (`launches = [..]`) from PyTorch: its launches called in order, each
+    taking its tensors by name from the call's inputs and earlier launches' results (saved
+    ones too), as `cutecc.runtime.dispatch.CompositeFn` does for JAX. Each launch is a kernel
+    of the set (eager or through its op), so a composite compiles and serves as a backward."""
+
+    builds: tuple[Build, ...] = ()  # nothing of its own: its launches are kernels
+    unusable: tuple[str, ...] = ()
+    backward = None
+    grad = None
+    tuning = None
+
+    def __init__(self, name: str, launches: Sequence[str], inputs: Sequence[str],
+                 outputs: Sequence[str], owner: Any = None) -> None:
+        self.name = name
+        self.launches, self.inputs, self.outputs = tuple(launches), tuple(inputs), tuple(outputs)
+        self._owner = owner
+
+    def __repr__(self) -> str:
+        return (f"<cutecc kernel {self.name}: ({', '.join(self.inputs)}) -> "
+                f"({', '.join(self.outputs)}) through {' -> '.join(self.launches)}>")
+
+    def _fns(self) -> list[TorchKernelFn]:
+        fns = [self._owner.get(n) if self._owner is not None else None for n in self.launches]
+        missing = [n for n, f in zip(self.launches, fns) if f is None]
+        if missing:
+            raise KernelCallError(f"launch kernel {missing[0]!r} is not in this kernel set",
+                                  where=f'kernel "{self.name}"', exit_code=1)
+        return fns  # type: ignore[return-value]
+
+    @property
+    def _keywords(self) -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = {}
+        for f in self._fns():
+            for k, vals in f._keywords.items():
+                out.setdefault(k, []).extend(v for v in vals if not any(calls._same(v, w) for w in out[k]))
+        return out
+
+    @property
+    def keywords(self) -> dict[str, list[Any]]:
+        return {k: list(v) for k, v in self._keywords.items()}
+
+    def scalar_names(self) -> set[str]:
+        return set().union(*(f.scalar_names() for f in self._fns()))
+
+    def input_names(self) -> tuple[str, ...]:
+        return self.inputs
+
+    def __call__(self, *tensors: Any, **kw: Any) -> Any:
+        return self._call(tensors, kw)
+
+    def _call(self, tensors: Sequence[Any], kw: Mapping[str, Any], every: bool = False) -> Any:
+        if len(tensors) != len(self.inputs):
+            raise KernelCallError(f"takes {len(self.inputs)} tensor(s) ({', '.join(self.inputs)}), got "
+                                  f"{len(tensors)}", where=f'kernel "{self.name}"', exit_code=1)
+        fns = self._fns()
+        taken = set().union(*(f.scalar_names() for f in fns), *(f._keywords for f in fns))
+        unknown = sorted(set(kw) - taken)
+        if unknown:
+            raise KernelCallError(f"unknown keyword argument {unknown[0]!r}; runtime scalars and call "
+                                  f"keywords of the launches: {', '.join(sorted(taken)) or 'none'}",
+                                  where=f'kernel "{self.name}"', exit_code=1)
+        have = dict(zip(self.inputs, tensors))
+        callers = {id(t) for t in tensors}
+        for f in fns:
+            mine = f.scalar_names() | set(f._keywords)
+            args = tuple(have[n] for n in f.input_names())
+            # A launch writing a tensor in place (FA4's postprocess writes dq over dout) gets
+            # a copy of one the caller passed: the call is functional, as for JAX (the caller's
+            # dout may be autograd's cotangent or the user's own tensor).
+            written = {t.name for b in f.builds for t in b.conv.inputs if t.role == "inout"}
+            args = tuple(a.clone() if n in written and id(a) in callers else a
+                         for n, a in zip(f.input_names(), args))
+            have.update(f._call(args, {k: v for k, v in kw.items() if k in mine}, every=True))
+        if every:
+            return {n: have[n] for n in self.outputs}
+        out = tuple(have[n] for n in self.outputs)
+        return out[0] if len(out) == 1 else out
+
+
+def build_function(kernel: str, build: Build) -> Any:
+    """The build's `tvm_ffi.Function`, verified and loaded once per process (as for JAX)."""
+    return library.load_function(build.key, build.library, build.sha256, build.size, build.symbol,
+                                 f"kernel \"{kernel}\" {build.label}", record_use=build.record_use,
+                                 runtime=build.runtime)
+
+
+class TorchKernelSet(KernelSet):
+    """The kernels of a cache usable on this GPU's arch, callable from PyTorch:
+    `ks.rmsnorm(x, w, eps=1e-5)`."""
+
+    def _kernel(self, name: str) -> Any:
+        fn = super()._kernel(name)
+        self.__dict__[name] = fn  # later `ks.name` is a plain attribute lookup (eager calls)
+        return fn
+
+    def register_all(self) -> list[str]:
+        """Define every usable build's custom op (e.g. before loading a compiled artifact
+        that calls them); returns their qualified names."""
+        out = []
+        for n in sorted(self._names):
+            fn = self._kernel(n)
+            for b in fn.builds:
+                _op(fn, b)
+                out.append(f"{NAMESPACE}::{op_name(n, b)}")
+        return out
+
+    def disabled_safety_checks(self) -> list[Any]:
+        raise AttributeError("disabled_safety_checks is for jax.export; the PyTorch kernel set has none")
+
+
+def device_arch() -> str | None:
+    """`$CUTECC_ARCH`, else the current CUDA device's arch as torch sees it (`sm_90` for
+    compute capability 9.0), else None."""
+    import os
+
+    from cutecc import environ
+    from cutecc.archs import check_arch
+
+    env = os.environ.get(environ.ARCH)
+    if env:
+        return check_arch(env, f"${environ.ARCH}")
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+def device_kind() -> str | None:
+    """The current GPU's name as the tuning records name it (`NVIDIA H100 80GB HBM3`);
+    without a GPU, `$CUTECC_DEVICE_KIND`, else None."""
+    import os
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return os.environ.get("CUTECC_DEVICE_KIND") or None
+
+
+FRONT = FrontEnd("PyTorch", TorchKernelFn, TorchCompositeFn, TorchKernelSet, device_arch, device_kind)
+
+
+def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
+         kernels: tuple[str, ...] | list[str] | None = None,
+         manifest: str | Path | None = None, strict: bool = False,
+         lock: str | Path | None = None, package: str | None = None,
+         trusted_keys: list[str | Path] | None = None, allow_unsigned: bool = False) -> TorchKernelSet:
+    """Load the kernels of a cache (or an installed pack) for this GPU, or for `arch`
+    (e.g. `sm_90a`, to trace with fake tensors on a machine without one). Arguments,
+    sources, integrity and trust checks are `cutecc.load`'s (see its docstring): the same
+    entries are chosen and their bytes verified before any library is opened."""
+    ks = load_with(FRONT, cache_dir, arch=arch, kernels=kernels, manifest=manifest, strict=strict,
+                   lock=lock, package=package, trusted_keys=trusted_keys,
+                   allow_unsigned=allow_unsigned)
+    assert isinstance(ks, TorchKernelSet)
+    for name in ks:  # each kernel's entries read now (no library is opened), so that a first
+        ks.get(name)  # use inside torch.compile traces no file access
+    return ks
