@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -275,7 +276,7 @@ def _key_problem(meta: dict[str, Any], key: str, fmt: int, what: str) -> str | N
     return None
 
 
-def call_keywords(meta: dict[str, Any]) -> dict[str, Any]:
+def call_keywords(meta: Mapping[str, Any]) -> dict[str, Any]:
     """The call keywords that reach an entry (`causal=True`), read from its key inputs
     (so they are as trusted as the key itself); {} when it has none."""
     inputs = meta.get("key_inputs")

@@ -25,6 +25,7 @@ from cutecc.entry import call_keywords
 from cutecc.errors import CuteccError
 from cutecc.names import call_name_problem
 from cutecc.runtime import library
+from cutecc.runtime.library import RuntimeRef
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class Build:
     sha256: str
     size: int
     symbol: str
-    runtime: library.RuntimeRef | None = None  # the runtime library it links against
+    runtime: RuntimeRef | None = None  # the runtime library it links against
     record_use: bool = True  # touch the entry's `used` file at registration (not in a pack)
     call: tuple[tuple[str, Any], ...] = ()  # the call keywords that reach this build
 
@@ -65,7 +66,8 @@ class Build:
         # What a call computes from its arrays (output shapes, padded views) must be bound
         # by them, as the manifest ensures: a contract read from disk is checked again.
         bound = {d for t in conv.inputs for d in t.extents if isinstance(d, str)}
-        need = [(t.name, d) for t in conv.ffi_results if t.role != "inout" for d in t.symbols]
+        need: list[tuple[str, Any]] = [(t.name, d) for t in conv.ffi_results if t.role != "inout"
+                                       for d in t.symbols]
         need += [(t.name, t.shape[i]) for t in conv.inputs for i in t.padded]
         need += [(s.name, d) for s in conv.scalars if isinstance(s.value, str)
                  for d in expr.names(s.value)]

@@ -204,7 +204,7 @@ class KernelFn(calls.KernelBase):
         names = [t.name for t in build.conv.inputs]
         visible = [t.name for t in build.conv.visible]
         returns = tuple(self.grad["returns"] or names)  # type: ignore[index]
-        args = self.grad["args"]  # type: ignore[index]
+        args: tuple[str, ...] = tuple(self.grad["args"])  # type: ignore[index, arg-type]
 
         def visible_of(outs: Mapping[str, Any]) -> Any:
             v = tuple(outs[n] for n in visible)

@@ -239,6 +239,7 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
                               + "; run `cutecc build`", where=str(store.root), exit_code=1)
         pinned = locked.by_key()
     elif planned is not None:  # exactly the manifest's newest build (all of it must be there)
+        assert recorded is not None and wanted is not None  # set with `planned`
         lines = {name: sorted({k for keys in recorded[name].values() for k in keys}) for name in wanted}
         for key in sorted(planned):
             if not store.has(key):
@@ -280,7 +281,7 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
 
     def resolve(name: str) -> Any:
         doc = composite(name)
-        if doc is not None:
+        if doc is not None and front.composite is not None:
             return front.composite(name, doc["launches"], doc["inputs"], doc["outputs"])
         entries, unreadable = _entries_of(store, name, keys_of(name), newest)
         fn = _kernel_fn(front, name, entries, target, series, pinned, record_use, unreadable)
@@ -318,7 +319,8 @@ def _entries_of(store: Store, name: str, keys: list[str],
             arch = str(e.meta.get("arch"))
             if arch not in generations:
                 generations[arch] = store.generation(name, arch)
-            if generations[arch] is not None and key not in generations[arch]:
+            current = generations[arch]
+            if current is not None and key not in current:
                 continue
         out.append(e)
     return out, unreadable
@@ -398,13 +400,15 @@ def _tuning(name: str, fn: KernelBase, store: Store, locked: Any, target: str, s
 
     def winner(t: Tuned) -> Build | None:
         e = store.get(t.winner)
-        why = "not in the cache" if e is None else (
-            t.mismatch(e.meta) or _why_unusable(e.meta, target, series) or meta_problem(e.meta, e.key))
-        if why is None:
+        if e is None:
+            why: str | None = "not in the cache"
+        else:
+            why = t.mismatch(e.meta) or _why_unusable(e.meta, target, series) or meta_problem(e.meta, e.key)
+        if why is None and e is not None:
             base = store.get(t.base)
             why = "its default configuration is not in the cache" if base is None else (
                 meta_problem(base.meta, t.base) or sibling_problem(base.meta, e.meta))
-        if why is None:
+        if why is None and e is not None:
             b = Build.from_meta(t.winner, e.path, e.meta)
             return b if record_use else dataclasses.replace(b, record_use=False)
         fn.unusable += (f"tuned winner {t.winner_variant}@{t.arch} ({t.winner[:12]}) for {t.bucket} "

@@ -52,7 +52,7 @@ def to_varying(x: Any, axes: tuple[str, ...]) -> Any:
     """`x` made to vary over `axes` (its transpose sums over them)."""
     if hasattr(jax.lax, "pcast"):
         return jax.lax.pcast(x, axes, to="varying")
-    return jax.lax.pvary(x, axes)  # older spelling
+    return jax.lax.pvary(x, axes)  # type: ignore[attr-defined]  # older spelling
 
 
 def unify_varying(arrays: Any) -> list[Any]:
