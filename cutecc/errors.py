@@ -1,4 +1,11 @@
-"""The one exception type cutecc raises for bad input, with where it was found."""
+"""cutecc's one exception family, each carrying where it was found (file, key path, argument).
+
+`CuteccError` is the base the CLI renders as one line (exit 2 for bad input, 1 for failures
+at work); `InputError` and `WorkError` say which. A kernel call that does not fit raises
+`CallError` (a ValueError: no built contract takes these arrays or values) or
+`CallTypeError` (a TypeError: an unknown or missing keyword, a non-array argument, a scalar
+of the wrong type), so JAX and torch users catch what they would catch from any function.
+"""
 
 from __future__ import annotations
 
@@ -24,3 +31,26 @@ class CuteccError(Exception):
         parts = [p for p in (self.where, self.key_path) if p]
         prefix = ": ".join(parts)
         return f"{prefix}: {self.message}" if prefix else self.message
+
+
+class InputError(CuteccError):
+    """Bad input (a manifest, an argument, a file given): exit 2."""
+
+
+class WorkError(CuteccError):
+    """A failure at work (a build, a cache, a network): exit 1."""
+
+    def __init__(self, message: str, *, where: str | None = None, key_path: str | None = None,
+                 exit_code: int = 1) -> None:
+        super().__init__(message, where=where, key_path=key_path, exit_code=exit_code)
+
+
+class CallError(CuteccError, ValueError):
+    """A kernel call whose arrays or values no built contract takes (dtype, shape, device,
+    layout, a call keyword's value that was not built): the message names the argument and
+    the built signatures."""
+
+
+class CallTypeError(CuteccError, TypeError):
+    """A kernel call passing what the kernel cannot take: an unknown or missing keyword, a
+    non-array where an array goes, a runtime scalar of the wrong type."""

@@ -33,7 +33,7 @@ import torch
 
 from cutecc.contract import ScalarArg, TensorArg
 from cutecc.entry import contract_digest
-from cutecc.errors import CuteccError
+from cutecc.errors import CallError, CallTypeError, CuteccError
 from cutecc.runtime import calls, library
 from cutecc.runtime.calls import Build
 from cutecc.runtime.loader import FrontEnd, KernelSet, load_with
@@ -46,15 +46,9 @@ DEVICE_TYPES = ("cuda", "meta")  # where a call's tensors may live (meta: shapes
 MAX_PLANS = 1024  # eager call plans kept per kernel (one per shapes, dtypes, device, keywords)
 
 
-class KernelCallError(CuteccError, ValueError):
-    """A call whose tensors fit no built contract (dtype, shape, device, layout, alignment),
-    or an unknown or unbuilt keyword: the message names the argument and the built
-    signatures."""
-
-
-class KernelTypeError(CuteccError, TypeError):
-    """A call passing what the kernel cannot take: no tensor where it takes one, a tensor or
-    a value of the wrong type as a runtime scalar."""
+# The torch front end's names for the runtime's call errors (the same classes as the JAX side's).
+KernelCallError = CallError
+KernelTypeError = CallTypeError
 
 
 def _torch_dtype(name: str) -> torch.dtype:
@@ -87,12 +81,10 @@ def _torch_scalar(kernel: str, s: ScalarArg, v: Any) -> Any:
 
 
 def _as_call_error(e: CuteccError) -> CuteccError:
-    """The shared checks' CuteccError as the torch front end's ValueError subclass (a runtime
-    scalar of the wrong type as its TypeError subclass)."""
+    """A CuteccError of the shared checks as a call error: those raise CallError or
+    CallTypeError themselves; anything else is a ValueError subclass here."""
     if isinstance(e, (KernelCallError, KernelTypeError)):
         return e
-    if e.message.startswith("runtime scalar") and ": got " in e.message:  # a str for a float: a type
-        return KernelTypeError(e.message, where=e.where, key_path=e.key_path, exit_code=e.exit_code)
     return KernelCallError(e.message, where=e.where, key_path=e.key_path, exit_code=e.exit_code)
 
 

@@ -22,7 +22,7 @@ from cutecc import expr
 from cutecc.archs import to_build
 from cutecc.contract import Arg, CallingConvention, ScalarArg, TensorArg, args_from_json
 from cutecc.entry import call_keywords
-from cutecc.errors import CuteccError
+from cutecc.errors import CallError, CallTypeError
 from cutecc.names import call_name_problem
 from cutecc.runtime import library
 from cutecc.runtime.library import RuntimeRef
@@ -288,19 +288,19 @@ class KernelBase:
         static extents) wins; equals are an error, never a silent pick."""
         if not self.builds:
             why = "; ".join(self.unusable) or "nothing was built for it"
-            raise CuteccError(f"no usable build for arch {self.arch}: {why}. Build it with "
-                              f"`cutecc build --arch {to_build(self.arch)} --kernel {self.name}`",
-                              where=f'kernel "{self.name}"', exit_code=1)
+            raise CallError(f"no usable build for arch {self.arch}: {why}. Build it with "
+                            f"`cutecc build --arch {to_build(self.arch)} --kernel {self.name}`",
+                            where=f'kernel "{self.name}"', exit_code=1)
         known = self._keywords
         for k, v in keywords.items():
             if k not in known:
-                raise CuteccError(f"unknown keyword argument {k!r}; call keywords: "
-                                  f"{', '.join(sorted(known)) or 'none'}",
-                                  where=f'kernel "{self.name}"', exit_code=1)
+                raise CallTypeError(f"unknown keyword argument {k!r}; call keywords: "
+                                    f"{', '.join(sorted(known)) or 'none'}",
+                                    where=f'kernel "{self.name}"', exit_code=1)
             if not any(_same(v, w) for w in known[k]):
-                raise CuteccError(f"{k}={v!r} was not built; built: "
-                                  + ", ".join(f"{k}={w!r}" for w in known[k]),
-                                  where=f'kernel "{self.name}"', exit_code=1)
+                raise CallError(f"{k}={v!r} was not built; built: "
+                                + ", ".join(f"{k}={w!r}" for w in known[k]),
+                                where=f'kernel "{self.name}"', exit_code=1)
         reasons = []
         fits: list[tuple[Build, dict[str, int]]] = []
         for b in self.builds:
@@ -315,7 +315,9 @@ class KernelBase:
         if fits:
             return self._one_of(fits, keywords)
         got = ", ".join(f"{self._dtype_name(a)}{list(a.shape)}" for a in arrays)
-        raise CuteccError(
+        # No build takes this many arrays: a wrong call, as a wrong count of arguments is.
+        cls = CallTypeError if all(len(arrays) != len(b.conv.inputs) for b in self.builds) else CallError
+        raise cls(
             f"no built variant matches the call ({got}). Built for {self.arch}:\n"
             + "\n".join(reasons)
             + f"\nTo add one, extend [kernel.{self.name}] variants in the manifest and run "
@@ -336,13 +338,13 @@ class KernelBase:
                                                                 for k2, v in b.call if k2 == k}))
                                 for k in missing)
             built = "; ".join(f"{k} = " + " or ".join(map(repr, self._keywords[k])) for k in missing)
-            raise CuteccError(f"missing call keyword {', '.join(map(repr, missing))}: these arrays "
-                              f"fit {len(top)} variant(s), chosen by {choices} (built: {built}) "
-                              f"(e.g. {self.name}(..., {missing[0]}=...))",
-                              where=f'kernel "{self.name}"', exit_code=1)
-        raise CuteccError("the call fits several variants equally: " + ", ".join(
+            raise CallTypeError(f"missing call keyword {', '.join(map(repr, missing))}: these arrays "
+                                f"fit {len(top)} variant(s), chosen by {choices} (built: {built}) "
+                                f"(e.g. {self.name}(..., {missing[0]}=...))",
+                                where=f'kernel "{self.name}"', exit_code=1)
+        raise CallError("the call fits several variants equally: " + ", ".join(
             b.variant for b, _ in top) + "; declare contracts that tell them apart",
-                          where=f'kernel "{self.name}"', exit_code=1)
+                        where=f'kernel "{self.name}"', exit_code=1)
 
 
 def extent(kernel: str, t: TensorArg, d: Any, env: Mapping[str, Any], dims: Dims = PLAIN) -> Any:
@@ -355,12 +357,12 @@ def extent(kernel: str, t: TensorArg, d: Any, env: Mapping[str, Any], dims: Dims
     try:
         n = expr.evaluate(d, env, minimum=dims.min, maximum=dims.max)
     except expr.ExprError as e:
-        raise CuteccError(f"{t.name}: derived extent {d!r}: {e}", where=f'kernel "{kernel}"',
-                          exit_code=1) from None
+        raise CallError(f"{t.name}: derived extent {d!r}: {e}", where=f'kernel "{kernel}"',
+                        exit_code=1) from None
     if isinstance(n, int) and n <= 0:
-        raise CuteccError(f"{t.name}: derived extent {d!r} is {n} for "
-                          + ", ".join(f"{k}={env[k]}" for k in expr.names(d))
-                          + "; an extent must be positive", where=f'kernel "{kernel}"', exit_code=1)
+        raise CallError(f"{t.name}: derived extent {d!r} is {n} for "
+                        + ", ".join(f"{k}={env[k]}" for k in expr.names(d))
+                        + "; an extent must be positive", where=f'kernel "{kernel}"', exit_code=1)
     return n
 
 
@@ -388,14 +390,14 @@ def attrs(kernel: str, declared: Sequence[ScalarArg], given: Mapping[str, Any],
     names = {s.name for s in declared if s.value is None}
     for k in given:
         if any(s.name == k and s.value is not None for s in declared):
-            raise CuteccError(f"runtime scalar {k!r} is derived ({_declared_value(declared, k)}): "
-                              "the runtime computes and passes it, a call does not",
-                              where=f'kernel "{kernel}"', exit_code=1)
+            raise CallTypeError(f"runtime scalar {k!r} is derived ({_declared_value(declared, k)}): "
+                                "the runtime computes and passes it, a call does not",
+                                where=f'kernel "{kernel}"', exit_code=1)
         if k not in names:
             also = f"; call keywords: {', '.join(sorted(keywords))}" if keywords else ""
-            raise CuteccError(f"unknown keyword argument {k!r}; runtime scalars: "
-                              f"{', '.join(sorted(names)) or 'none'}{also}",
-                              where=f'kernel "{kernel}"', exit_code=1)
+            raise CallTypeError(f"unknown keyword argument {k!r}; runtime scalars: "
+                                f"{', '.join(sorted(names)) or 'none'}{also}",
+                                where=f'kernel "{kernel}"', exit_code=1)
     out = []
     for s in declared:
         if s.value is not None:
@@ -403,8 +405,8 @@ def attrs(kernel: str, declared: Sequence[ScalarArg], given: Mapping[str, Any],
             continue
         v = given.get(s.name, s.default)
         if v is None:
-            raise CuteccError(f"missing runtime scalar {s.name!r} ({s.dtype})",
-                              where=f'kernel "{kernel}"', exit_code=1)
+            raise CallTypeError(f"missing runtime scalar {s.name!r} ({s.dtype})",
+                                where=f'kernel "{kernel}"', exit_code=1)
         out.append((s.name, s.dtype, _scalar_value(kernel, s, scalar(kernel, s, v))))
     return tuple(out)
 
@@ -422,13 +424,13 @@ def _derived_scalar(kernel: str, s: ScalarArg, env: Mapping[str, Any], dims: Dim
     try:
         v = expr.evaluate(s.value, env, minimum=dims.min, maximum=dims.max)
     except expr.ExprError as e:
-        raise CuteccError(f"runtime scalar {s.name!r} ({s.value!r}): {e}",
-                          where=f'kernel "{kernel}"', exit_code=1) from None
+        raise CallError(f"runtime scalar {s.name!r} ({s.value!r}): {e}",
+                        where=f'kernel "{kernel}"', exit_code=1) from None
     if not isinstance(v, int):  # a symbolic dimension (jax.export): no attribute can hold it
-        raise CuteccError(f"runtime scalar {s.name!r} = {s.value!r} depends on a symbolic dimension "
-                          f"({v}); it travels as an FFI attribute, which needs a number when the "
-                          "call is traced: export with that dimension concrete",
-                          where=f'kernel "{kernel}"', exit_code=1)
+        raise CallError(f"runtime scalar {s.name!r} = {s.value!r} depends on a symbolic dimension "
+                        f"({v}); it travels as an FFI attribute, which needs a number when the "
+                        "call is traced: export with that dimension concrete",
+                        where=f'kernel "{kernel}"', exit_code=1)
     return _scalar_value(kernel, s, v)
 
 
@@ -450,7 +452,8 @@ def _scalar_value(kernel: str, s: ScalarArg, v: Any) -> Any:
         why = f"{v!r} is out of range for {s.dtype}"
     else:
         why = f"got {type(v).__name__} {v!r}"[:120]
-    raise CuteccError(f"runtime scalar {s.name!r} ({s.dtype}) must be {want}: {why}",
-                      where=f'kernel "{kernel}"', exit_code=1)
+    cls = CallError if ok else CallTypeError  # a value out of range, or a value of another type
+    raise cls(f"runtime scalar {s.name!r} ({s.dtype}) must be {want}: {why}",
+              where=f'kernel "{kernel}"', exit_code=1)
 
 

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cutecc.contract import ScalarArg, TensorArg
-from cutecc.errors import CuteccError
+from cutecc.errors import CallError, CallTypeError, CuteccError
 from cutecc.runtime import calls
 from cutecc.runtime.calls import (  # noqa: F401  (re-exported: tests and tools import them here)
     MAX_SYMBOLIC_EXTENT,
@@ -74,10 +74,10 @@ def _jax_scalar(kernel: str, s: ScalarArg, v: Any) -> Any:
     """A runtime scalar as JAX may pass it: a Python, NumPy or concrete 0-d JAX number, never
     a traced value (it travels as an FFI attribute, fixed when the call is traced)."""
     if isinstance(v, jax.core.Tracer) or (isinstance(v, jax.Array) and v.ndim):
-        raise CuteccError(f"runtime scalar {s.name!r} must be a Python or NumPy number "
-                          "known when the call is traced (it travels as an FFI attribute), "
-                          "not a traced or array value", where=f'kernel "{kernel}"',
-                          exit_code=1)
+        raise CallTypeError(f"runtime scalar {s.name!r} must be a Python or NumPy number "
+                            "known when the call is traced (it travels as an FFI attribute), "
+                            "not a traced or array value", where=f'kernel "{kernel}"',
+                            exit_code=1)
     if isinstance(v, jax.Array):
         return v.item()
     return calls.plain_scalar(kernel, s, v)
@@ -101,9 +101,9 @@ class KernelFn(calls.KernelBase):
     def __call__(self, *arrays: Any, **scalars: Any) -> Any:
         for i, a in enumerate(arrays):
             if not hasattr(a, "shape") or not hasattr(a, "dtype"):
-                raise CuteccError(f"argument {i} is a {type(a).__name__}, not an array "
-                                  "(runtime scalars are keyword arguments)",
-                                  where=f'kernel "{self.name}"', exit_code=1)
+                raise CallTypeError(f"argument {i} is a {type(a).__name__}, not an array "
+                                    "(runtime scalars are keyword arguments)",
+                                    where=f'kernel "{self.name}"', exit_code=1)
         if not any(isinstance(a, jax.core.Tracer) for a in arrays) and not _several_devices():
             fn = self._eager_fn(scalars)
             if fn is not None:
@@ -297,15 +297,15 @@ class CompositeFn:
     def _plain(self, arrays: Sequence[Any], scalars: Mapping[str, Any],
                keywords: Mapping[str, Any], every: bool = False) -> Any:
         if len(arrays) != len(self.inputs):
-            raise CuteccError(f"takes {len(self.inputs)} array(s) ({', '.join(self.inputs)}), got "
-                              f"{len(arrays)}", where=f'kernel "{self.name}"', exit_code=1)
+            raise CallTypeError(f"takes {len(self.inputs)} array(s) ({', '.join(self.inputs)}), got "
+                                f"{len(arrays)}", where=f'kernel "{self.name}"', exit_code=1)
         fns = self._fns()
         taken = set().union(*(f.scalar_names() for f in fns))
         unknown = sorted(set(scalars) - taken)
         if unknown:
-            raise CuteccError(f"unknown keyword argument {unknown[0]!r}; runtime scalars of the "
-                              f"launches: {', '.join(sorted(taken)) or 'none'}",
-                              where=f'kernel "{self.name}"', exit_code=1)
+            raise CallTypeError(f"unknown keyword argument {unknown[0]!r}; runtime scalars of the "
+                                f"launches: {', '.join(sorted(taken)) or 'none'}",
+                                where=f'kernel "{self.name}"', exit_code=1)
         have = dict(zip(self.inputs, arrays))
         for f in fns:
             args = tuple(have[n] for n in f.input_names())
@@ -371,10 +371,10 @@ def _check_placement(kernel: str, arrays: Sequence[Any]) -> None:
         if isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer):
             devices |= set(a.devices())
     if len(devices) > 1:
-        raise CuteccError(f"arrays are spread over {len(devices)} devices; a call needs all "
-                          "of them on one device (use jax.shard_map to run per shard)",
-                          where=f'kernel "{kernel}"', exit_code=1)
+        raise CallError(f"arrays are spread over {len(devices)} devices; a call needs all "
+                        "of them on one device (use jax.shard_map to run per shard)",
+                        where=f'kernel "{kernel}"', exit_code=1)
     if jax.device_count() > 1 and not jax.sharding.get_abstract_mesh().manual_axes:
-        raise CuteccError(f"{jax.device_count()} accelerators are visible: call cutecc kernels "
-                          "inside jax.shard_map, where each call runs on one device's shard",
-                          where=f'kernel "{kernel}"', exit_code=1)
+        raise CallError(f"{jax.device_count()} accelerators are visible: call cutecc kernels "
+                        "inside jax.shard_map, where each call runs on one device's shard",
+                        where=f'kernel "{kernel}"', exit_code=1)

@@ -231,7 +231,7 @@ def test_arrays_on_several_devices_are_refused_and_shard_map_is_the_way(example_
                        timeout=300, env=env)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out["spread"].startswith("CuteccError") and "spread over 2 devices" in out["spread"]
+    assert out["spread"].startswith("CallError") and "spread over 2 devices" in out["spread"]
     assert "2 accelerators are visible: call cutecc kernels inside jax.shard_map" in \
         out["outside_shard_map"]
     # Inside shard_map the placement is accepted; what stops it is the CPU, said plainly.

@@ -186,7 +186,7 @@ def test_stride_orders_call_keywords_and_grad(lay, causal: bool) -> None:
     f = torch.compile(lambda a: lay.scale(a, causal=causal).sum(), backend="aot_eager", fullgraph=True)
     (g2,) = torch.autograd.grad(f(xg), (xg,))
     torch.testing.assert_close(g2, torch.full_like(x, 2.0 if causal else 1.0))
-    with pytest.raises(ValueError, match="missing call keyword 'causal'"):
+    with pytest.raises(TypeError, match="missing call keyword 'causal'"):
         lay.scale(x)
 
 
