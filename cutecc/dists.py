@@ -52,6 +52,7 @@ from typing import Any
 
 from cutecc import trust
 from cutecc.atomic import atomic_write
+from cutecc.entry import parse_json
 
 DSL_PREFIX = "nvidia-cutlass-dsl"
 TOOLCHAIN_DISTS = ("apache-tvm-ffi", "nvidia-cuda-runtime", "cuda-bindings")
@@ -240,13 +241,16 @@ class HashCache:
         if path is None:
             return {}
         try:
-            doc = json.loads(trust.read_path(path, limit))
+            doc = parse_json(trust.read_path(path, limit), limit)
         except trust.Untrusted:
             self._refused = True
             return {}
         except (OSError, ValueError):
             return {}
-        return doc if isinstance(doc, dict) and doc.get("format") == HASH_CACHE_FORMAT else {}
+        if not (isinstance(doc, dict) and doc.get("format") == HASH_CACHE_FORMAT
+                and all(isinstance(doc.get(k, {}), dict) for k in ("dists", "sources"))):
+            return {}  # damaged or another format: planned afresh, and written anew
+        return doc
 
     def sha256(self, f: str) -> str:
         """SHA-256 of installed file `f` ("missing" when it cannot be read)."""

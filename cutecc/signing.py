@@ -40,6 +40,7 @@ SIG_FORMAT = 1
 DOMAIN = b"cutecc-signature-v1\0"
 KINDS = ("lock", "meta")
 SIG_SUFFIX = ".sig"
+MAX_SIGNED_BYTES = 16 << 20  # a lock (its cap)
 MAX_SIG_BYTES = 64 * 1024  # a .sig of a few signatures is < 1 KiB
 MAX_KEY_BYTES = 16 * 1024
 _PRIVATE = "cutecc-ed25519-private"
@@ -188,7 +189,7 @@ def read_public_key(path: str | os.PathLike[str]) -> PublicKey:
 def _read_key(path: str | os.PathLike[str],
               check: Callable[[os.stat_result], str | None] | None = None) -> bytes:
     try:
-        return trust.read_path(path, MAX_KEY_BYTES, check)
+        return trust.read_path(path, MAX_KEY_BYTES, check, always=True)
     except trust.Untrusted as e:
         raise SignatureError(f"refusing the key file: {e.why}", where=str(path)) from None
     except OSError as e:
@@ -260,9 +261,16 @@ def verify(data: bytes, sig: bytes | None, trusted: Sequence[PublicKey], kind: s
                          f"none of them trusted (trusted: {', '.join(by_id)}); refusing it")
 
 
-def sign_file(path: str | os.PathLike[str], key: PrivateKey, kind: str) -> Path:
-    """Write PATH.sig for the file's current bytes (adding to a valid existing one)."""
-    data = Path(path).read_bytes()
+def sign_file(path: str | os.PathLike[str], key: PrivateKey, kind: str,
+              data: bytes | None = None) -> Path:
+    """Write PATH.sig for `data` (a build passes the bytes it checked and wrote, so a file
+    rewritten meanwhile by another process is never what gets signed), else for the file's
+    current bytes, read bounded; added to a valid existing signature of the same bytes."""
+    if data is None:
+        with open(path, "rb") as f:
+            data = f.read(MAX_SIGNED_BYTES + 1)
+        if len(data) > MAX_SIGNED_BYTES:
+            raise SignatureError(f"over the {MAX_SIGNED_BYTES}-byte limit of a signed file", where=str(path))
     out = Path(f"{os.fspath(path)}{SIG_SUFFIX}")
     try:
         existing = out.read_bytes()

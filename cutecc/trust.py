@@ -50,8 +50,8 @@ def stat_problem(st: os.stat_result, what: str) -> str | None:
     return None
 
 
-def _check(fd: int, what: str) -> None:
-    if enforced():
+def _check(fd: int, what: str, always: bool = False) -> None:
+    if always or enforced():
         why = stat_problem(os.fstat(fd), what)
         if why:
             raise Untrusted(why, what)
@@ -67,7 +67,7 @@ def _open(name: str, flags: int, dir_fd: int | None, what: str) -> int:
 
 
 @contextlib.contextmanager
-def open_dir(path: str | Path) -> Iterator[int]:
+def open_dir(path: str | Path, always: bool = False) -> Iterator[int]:
     """A descriptor of directory `path`, every directory from `/` to it checked.
 
     Symbolic links in `path` as given are followed once, to find the real directory, and
@@ -75,7 +75,7 @@ def open_dir(path: str | Path) -> Iterator[int]:
     by component without following links.
     """
     given = Path(os.path.abspath(path))
-    if enforced():  # a link on the way decides where we go: so must its owner and directory
+    if always or enforced():  # a link on the way decides where we go: so must its owner and directory
         for p in (given, *given.parents):
             try:
                 st = os.lstat(p)
@@ -91,26 +91,29 @@ def open_dir(path: str | Path) -> Iterator[int]:
     real = Path(os.path.realpath(given))
     fd = os.open("/", _DIR)
     try:
-        _check(fd, "/")
+        _check(fd, "/", always)
         at = Path("/")
         for part in real.parts[1:]:
             at = at / part
             nfd = _open(part, _DIR, fd, str(at))
             os.close(fd)
             fd = nfd
-            _check(fd, str(at))
+            _check(fd, str(at), always)
         yield fd
     finally:
         os.close(fd)
 
 
 def read_file(root: str | Path, parts: Sequence[str], max_bytes: int,
-              file_check: Callable[[os.stat_result], str | None] | None = None) -> bytes:
+              file_check: Callable[[os.stat_result], str | None] | None = None,
+              always: bool = False) -> bytes:
     """The bytes of `root/parts...`, opened through checked directories without following
     links; refused (Untrusted) when anything on the way could be someone else's, or when
     `file_check(stat of the opened file)` names a problem, and (OSError EFBIG) when it
-    holds more than `max_bytes`. Reads only what is there, never a recorded size."""
-    with open_dir(root) as fd:
+    holds more than `max_bytes`. Reads only what is there, never a recorded size. `always`:
+    the ownership rules apply even where `$CUTECC_ALLOW_SHARED_CACHE` turns them off (trust
+    anchors: a shared cache is an opt-in for caches, never for keys)."""
+    with open_dir(root, always) as fd:
         at = Path(root)
         dfd = fd
         opened: list[int] = []
@@ -119,14 +122,14 @@ def read_file(root: str | Path, parts: Sequence[str], max_bytes: int,
                 at = at / part
                 dfd = _open(part, _DIR, dfd, str(at))
                 opened.append(dfd)
-                _check(dfd, str(at))
+                _check(dfd, str(at), always)
             at = at / parts[-1]
             ffd = _open(parts[-1], _FILE, dfd, str(at))
             opened.append(ffd)
             st = os.fstat(ffd)
             if not stat.S_ISREG(st.st_mode):
                 raise Untrusted(f"{at} is not a regular file", str(at))
-            _check(ffd, str(at))
+            _check(ffd, str(at), always)
             why = file_check(st) if file_check is not None else None
             if why:
                 raise Untrusted(f"{at}: {why}", str(at))
@@ -154,8 +157,9 @@ def check_dir(path: str | Path) -> None:
 
 
 def read_path(path: str | Path, max_bytes: int,
-              file_check: Callable[[os.stat_result], str | None] | None = None) -> bytes:
+              file_check: Callable[[os.stat_result], str | None] | None = None,
+              always: bool = False) -> bytes:
     """`read_file` of one path (a key file, say): its directory and every one above it
     checked, the file opened without following a link."""
     p = Path(os.path.abspath(path))
-    return read_file(p.parent, (p.name,), max_bytes, file_check)
+    return read_file(p.parent, (p.name,), max_bytes, file_check, always)

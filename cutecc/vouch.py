@@ -30,13 +30,28 @@ from cutecc.store import Entry, Store, entry_trust_problem
 Candidates = Mapping[tuple[str, str, str], tuple[str, Mapping[str, str]]]
 
 
-def _meta(store: Store, key: str, hashed: bool) -> tuple[dict[str, Any] | None, str | None]:
+Found = tuple[dict[str, Any] | None, str | None]  # (metadata, None) or (None, why)
+Checked = dict[tuple[str, bool], Found]
+
+
+def _stored(store: Store, key: str, runtime: bool, memo: Checked | None) -> Found:
+    """`ingest.check_stored` of an entry (or runtime library), once per build: a signing
+    build's lines share one runtime library, and tuning lines share their defaults."""
+    if memo is not None and (key, runtime) in memo:
+        return memo[(key, runtime)]
+    try:
+        got: Found = (check_stored(store, key, runtime=runtime), None)
+    except Refused as e:
+        got = (None, e.why)
+    if memo is not None:
+        memo[(key, runtime)] = got
+    return got
+
+
+def _meta(store: Store, key: str, hashed: bool, memo: Checked | None = None) -> Found:
     """(metadata, None) of a healthy, trusted entry, else (None, why)."""
     if hashed:
-        try:
-            return check_stored(store, key), None
-        except Refused as e:
-            return None, e.why
+        return _stored(store, key, False, memo)
     try:
         found = store.get(key)
     except CuteccError as err:
@@ -48,24 +63,22 @@ def _meta(store: Store, key: str, hashed: bool) -> tuple[dict[str, Any] | None, 
     return (None, why) if why else (found.meta, None)
 
 
-def entry_line_problem(store: Store, le: LockEntry, *, hashed: bool) -> str | None:
-    """Why this cache does not back the lock line `le` (None: it does)."""
-    meta, why = _meta(store, le.key, hashed)
+def entry_line_problem(store: Store, le: LockEntry, *, hashed: bool,
+                       memo: Checked | None = None) -> str | None:
+    """Why this cache does not back the lock line `le` (None: it does). `memo` keeps what
+    was read and hashed across the lines of one build."""
+    meta, why = _meta(store, le.key, hashed, memo)
     if meta is None:
         return why
     why = le.mismatch(Entry(le.key, store.entry_dir(le.key), meta))
     if why or not hashed:
         return why
-    rt = meta["runtime"]
-    try:
-        check_stored(store, rt["key"], runtime=True)
-    except Refused as e:
-        return f"its runtime library: {e.why}"
-    return None
+    _, why = _stored(store, meta["runtime"]["key"], True, memo)
+    return None if why is None else f"its runtime library: {why}"
 
 
 def tuning_line_problem(store: Store, t: Tuned, candidates: Candidates | None, *,
-                        hashed: bool, present: bool) -> str | None:
+                        hashed: bool, present: bool, memo: Checked | None = None) -> str | None:
     """Why the tuning line `t` must not be kept (None: keep it). `candidates` is the
     manifest's tuning plan (None: the manifest declares no tuning space). `present`: the
     winner's entry must be in this cache (a lock about to be signed)."""
@@ -73,13 +86,13 @@ def tuning_line_problem(store: Store, t: Tuned, candidates: Candidates | None, *
     if base != t.base or cands.get(t.winner) != t.winner_variant:
         return (f"the winner {t.winner_variant} ({t.winner[:12]}) is not a candidate the manifest "
                 f"plans for {t.kernel}[{t.variant}]@{t.arch}")
-    winner, why = _meta(store, t.winner, hashed)
+    winner, why = _meta(store, t.winner, hashed, memo)
     if winner is None:
         return why if present or why != "not in the cache" else None
     why = t.mismatch(winner)
     if why:
         return why
-    default, why = _meta(store, t.base, hashed)
+    default, why = _meta(store, t.base, hashed, memo)
     if default is None:
         return f"its default configuration: {why}"
     return sibling_problem(default, winner)

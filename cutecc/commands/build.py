@@ -349,18 +349,18 @@ def build(
             path, [_lock_line(o) for o in report.outcomes],
             partial=bool(kernels or archs), covered={(p.kernel.name, p.arch) for p in planned},
             defined={k.name for k in full.kernels})
-        new_lock = _vouched(store, full, archs, merged, report, signing=key is not None, where=path)
+        new_lock = _vouched(store, full, hashes, merged, report, signing=key is not None, where=path)
         report.lock_changed = write_lock(path, new_lock)
         report.lock_file = path
         if key is not None:
             from cutecc import signing
 
-            report.signature = signing.sign_file(path, key, "lock")
+            report.signature = signing.sign_file(path, key, "lock", data=new_lock.dumps())
     report.seconds = time.perf_counter() - t0
     return report
 
 
-def _vouched(store: Store, manifest: Any, archs: tuple[str, ...], merged: Merged,
+def _vouched(store: Store, manifest: Any, hashes: Any, merged: Merged,
              report: BuildReport, *, signing: bool, where: Path) -> Lock:
     """The lock this build may write: `merged` with every line it did not see itself
     checked against the cache (`cutecc.vouch`), and, when it is about to be signed, every
@@ -370,8 +370,9 @@ def _vouched(store: Store, manifest: Any, archs: tuple[str, ...], merged: Merged
     from cutecc.vouch import entry_line_problem, tuning_line_problem
 
     bad: list[str] = []
+    memo: dict[Any, Any] = {}  # each library and runtime library read and hashed once
     for le in merged.lock.entries if signing else merged.kept:
-        why = entry_line_problem(store, le, hashed=signing)
+        why = entry_line_problem(store, le, hashed=signing, memo=memo)
         if why and (signing or why != "not in the cache"):
             bad.append(f"{le.label} {le.key[:12]}: {why}")
     if bad:
@@ -382,10 +383,10 @@ def _vouched(store: Store, manifest: Any, archs: tuple[str, ...], merged: Merged
                           where=str(where), exit_code=1)
     if not merged.lock.tuning:
         return merged.lock
-    candidates = _tuning_candidates(manifest, archs)
+    candidates = _tuning_candidates(manifest, hashes)
     keep = []
     for t in merged.lock.tuning:
-        why = tuning_line_problem(store, t, candidates, hashed=signing, present=signing)
+        why = tuning_line_problem(store, t, candidates, hashed=signing, present=signing, memo=memo)
         if why:
             report.dropped_tuning.append(f"{t.kernel}[{t.variant}]@{t.arch} {t.bucket} on {t.device}: {why}")
         else:
@@ -393,16 +394,18 @@ def _vouched(store: Store, manifest: Any, archs: tuple[str, ...], merged: Merged
     return merged.lock.with_tuning(keep)
 
 
-def _tuning_candidates(manifest: Any, archs: tuple[str, ...]) -> dict[tuple[str, str, str], Any]:
-    """The manifest's tuning plan as (kernel, variant, arch) -> (default key, {candidate key:
-    variant}); {} when it declares no tuning space."""
+def _tuning_candidates(manifest: Any, hashes: Any) -> dict[tuple[str, str, str], Any]:
+    """The manifest's tuning plan, every arch (a build restricted by --arch keeps the other
+    archs' tuning lines), as (kernel, variant, arch) -> (default key, {candidate key:
+    variant}); {} when it declares no tuning space. Planned with the build's own hash cache,
+    so a no-op build reads no unchanged file for it."""
     from cutecc.tuning.plan import items
 
     if not any(k.tuning is not None for k in manifest.kernels):
         return {}
     return {(it["kernel"], it["variant"], it["arch"]): (it["base"], {c["key"]: c["variant"]
                                                                       for c in it["candidates"]})
-            for it in items(manifest, archs)}
+            for it in items(manifest, hash_cache=hashes)}
 
 
 def _record_generations(store: Store, manifest: Path, planned: list[Planned], *, partial: bool) -> None:

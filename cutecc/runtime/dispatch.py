@@ -135,9 +135,34 @@ class KernelFn(calls.KernelBase):
         if self._keywords:
             keywords = {k: v for k, v in scalars.items() if k in self._keywords}
             scalars = {k: v for k, v in scalars.items() if k not in self._keywords}
+        if back is None and self.backward:  # declared, but not in this kernel set
+            return self._without_backward(arrays, scalars, keywords)
         if back is None:
             return self._plain(arrays, scalars, keywords)
         return self._with_vjp(back, arrays, scalars, keywords)
+
+    def _without_backward(self, arrays: Sequence[Any], scalars: Mapping[str, Any],
+                          keywords: Mapping[str, Any]) -> Any:
+        """The forward of a kernel whose declared backward is not loaded here: the call
+        works, and `jax.grad` of it says which backward is missing and why, rather than
+        that the kernel has none."""
+        missing = self.backward
+
+        @jax.custom_vjp
+        def f(*xs: Any) -> Any:
+            return self._plain(xs, scalars, keywords)
+
+        def fwd(*xs: Any) -> Any:
+            return self._plain(xs, scalars, keywords), None
+
+        def bwd(res: Any, cts: Any) -> Any:
+            raise CallError(f"its backward kernel {missing!r} is not in this kernel set: it was not "
+                            "loaded (kernels=), or it is a composite, which a lock or a pack does not "
+                            "pin yet (load the cache without lock=/package= to differentiate it)",
+                            where=f'kernel "{self.name}"')
+
+        f.defvjp(fwd, bwd)
+        return f(*arrays)
 
     def _plain(self, arrays: Sequence[Any], scalars: Mapping[str, Any],
                keywords: Mapping[str, Any], every: bool = False) -> Any:
@@ -290,6 +315,8 @@ class CompositeFn:
                 fn, key = None, None
             if key is not None:
                 if fn is None:
+                    if len(self._eager) >= MAX_EAGER_SIGNATURES:  # a scalar that changes every call
+                        self._eager.clear()
                     fn = self._eager[key] = jax.jit(lambda *xs: self._plain(xs, scalars, keywords))
                 return fn(*arrays)
         return self._plain(arrays, scalars, keywords)

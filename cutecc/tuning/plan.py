@@ -35,8 +35,8 @@ def with_candidates(manifest: Manifest) -> Manifest:
     return dataclasses.replace(manifest, kernels=tuple(kernels))
 
 
-def items(manifest: Manifest, archs: tuple[str, ...] = (), kernels: tuple[str, ...] = ()
-          ) -> list[dict[str, Any]]:
+def items(manifest: Manifest, archs: tuple[str, ...] = (), kernels: tuple[str, ...] = (), *,
+          hash_cache: Any = None) -> list[dict[str, Any]]:
     """One plan item per tuned (kernel, variant, arch): its default key, its candidates'
     keys and the space's benchmark settings (JSON, as the plan file stores it)."""
     tuned = tuple(k.name for k in manifest.kernels if k.tuning is not None
@@ -51,7 +51,7 @@ def items(manifest: Manifest, archs: tuple[str, ...] = (), kernels: tuple[str, .
                           where=str(manifest.path))
     sub = Manifest(manifest.path, manifest.python_path,
                    tuple(k for k in manifest.kernels if k.name in tuned), manifest.env)
-    planned = plan(with_candidates(sub), archs)
+    planned = plan(with_candidates(sub), archs, hash_cache=hash_cache)
     by: dict[tuple[str, str, str], Planned] = {(p.kernel.name, p.variant.id, p.arch): p for p in planned}
     out = []
     for k in sub.kernels:

@@ -45,3 +45,13 @@ def test_arrays_no_build_takes_are_a_value_error(ks) -> None:
         _trace(lambda x: ks.mul(x, x), x)
     assert isinstance(e.value, CallError)
     assert "int8" in str(e.value)
+
+
+def test_grad_without_the_declared_backward_names_it(example_cache: Path) -> None:
+    """mul is paired with mul_bwd; a set loaded without mul_bwd still calls mul, and
+    `jax.grad` says which backward is missing instead of "no derivative rule"."""
+    only = cutecc.load(example_cache, arch="sm_90a", kernels=["mul"])
+    x = jax.ShapeDtypeStruct((64,), jnp.float32)
+    assert "custom_call" in _trace(lambda a: only.mul(a, a), x).as_text()
+    with pytest.raises(ValueError, match="its backward kernel 'mul_bwd' is not in this kernel set"):
+        _trace(jax.grad(lambda a: only.mul(a, a).sum()), x)

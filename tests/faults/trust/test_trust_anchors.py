@@ -53,7 +53,7 @@ def test_a_trusted_key_in_a_world_writable_directory_is_refused(tmp_path: Path,
         signing.read_public_key(shared / "ci.pub")
 
 
-def test_a_trusted_key_behind_a_link_is_read_as_its_target_only_when_the_link_is_ours(
+def test_a_trusted_key_behind_a_link_is_refused(
         tmp_path: Path, keys: tuple[Path, Path]) -> None:
     (tmp_path / "link.pub").symlink_to(keys[1])
     with pytest.raises(signing.SignatureError, match="symbolic link"):
@@ -88,3 +88,13 @@ def test_trusted_keys_without_a_lock_are_an_error_naming_what_to_pass(
         cutecc.load(cache.root, arch=ARCH)
     monkeypatch.delenv("CUTECC_TRUSTED_KEYS")
     assert cutecc.load(cache.root, arch=ARCH).mul is not None  # no keys: the cache as it is
+
+
+def test_the_shared_cache_opt_in_does_not_reach_trust_anchors(keys: tuple[Path, Path],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """`$CUTECC_ALLOW_SHARED_CACHE=1` accepts a cache others can write; a key they can write
+    is still refused (a shared cache is an opt-in for caches, never for what vouches)."""
+    monkeypatch.setenv("CUTECC_ALLOW_SHARED_CACHE", "1")
+    os.chmod(keys[1], 0o666)
+    with pytest.raises(signing.SignatureError, match="writable by any user"):
+        signing.read_public_key(keys[1])
