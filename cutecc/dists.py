@@ -234,6 +234,8 @@ class HashCache:
         self._refused = False
         self._dirty: set[str] = set()
         doc = self._load(self.facts_path, MAX_FACTS_BYTES)
+        if doc.get("parser") != parser_id():  # facts another cutecc's parsing produced
+            doc = {}
         self._dists: dict[str, list[Any]] = dict(doc.get("dists") or {})
         self._sources: dict[str, list[Any]] = dict(doc.get("sources") or {})
 
@@ -284,7 +286,7 @@ class HashCache:
         error) is not remembered."""
         key = f"{kind}:{f}"
         rec = self._sources.get(key)
-        if isinstance(rec, list) and len(rec) == 2:
+        if isinstance(rec, list) and len(rec) == 2 and isinstance(rec[1], dict):
             with contextlib.suppress(OSError):
                 if rec[0] == stamp(os.stat(f)):
                     return rec[1]
@@ -314,9 +316,23 @@ class HashCache:
                                                    separators=(",", ":")).encode())
             if "facts" in self._dirty and self.facts_path is not None:
                 atomic_write(self.facts_path, json.dumps(
-                    {"format": HASH_CACHE_FORMAT, "dists": self._dists, "sources": self._sources},
+                    {"format": HASH_CACHE_FORMAT, "parser": parser_id(), "dists": self._dists,
+                     "sources": self._sources},
                     separators=(",", ":")).encode())
             self._dirty.clear()
+
+
+@functools.lru_cache(maxsize=1)
+def parser_id() -> str:
+    """Which cutecc's parsing produced remembered facts: a digest of the modules that
+    compute them (imports and names of sources, path effects, distribution digests), so
+    facts from another version of that code are never served as this one's."""
+    here = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for name in ("dists.py", "key.py", "modfind.py"):
+        with contextlib.suppress(OSError):
+            h.update(name.encode() + b"\0" + (here / name).read_bytes())
+    return h.hexdigest()[:16]
 
 
 class DistIndex:

@@ -236,3 +236,32 @@ def test_the_first_build_into_a_new_cache_keeps_what_planning_learned(
     assert (cache / "planfacts.json").is_file()
     facts = (cache / "planfacts.json").read_text()
     assert str(site / "fakelib" / "core.py") in facts and "fakelib-1.0.dist-info" in facts
+
+
+def test_remembered_facts_of_another_parser_are_parsed_again(tmp_path: Path, monkeypatch) -> None:
+    """Facts are what cutecc's own parsing made of a file: a planning cache written by
+    another version of that code (its `parser` digest differs) is never served."""
+    import json
+
+    from cutecc import dists
+    from cutecc.dists import FACTS, HashCache
+
+    monkeypatch.setattr(dists, "SETTLE_NS", 0)  # remember a stamp made just now
+    src = tmp_path / "m.py"
+    src.write_text("import os\n")
+    calls: list[int] = []
+
+    def parse(data: bytes) -> dict:
+        calls.append(1)
+        return {"imports": ["os"]}
+
+    first = HashCache(tmp_path / "filehashes.json")
+    first.source(str(src), parse)
+    first.save()
+    HashCache(tmp_path / "filehashes.json").source(str(src), parse)
+    assert len(calls) == 1  # remembered
+    doc = json.loads((tmp_path / FACTS).read_text())
+    doc["parser"] = "0" * 16
+    (tmp_path / FACTS).write_text(json.dumps(doc))
+    HashCache(tmp_path / "filehashes.json").source(str(src), parse)
+    assert len(calls) == 2  # another parser's facts: parsed again
