@@ -80,12 +80,14 @@ def entry_line_problem(store: Store, le: LockEntry, *, hashed: bool,
 def tuning_line_problem(store: Store, t: Tuned, candidates: Candidates | None, *,
                         hashed: bool, present: bool, memo: Checked | None = None) -> str | None:
     """Why the tuning line `t` must not be kept (None: keep it). `candidates` is the
-    manifest's tuning plan (None: the manifest declares no tuning space). `present`: the
-    winner's entry must be in this cache (a lock about to be signed)."""
-    base, cands = (candidates or {}).get((t.kernel, t.variant, t.arch), ("", {}))
-    if base != t.base or cands.get(t.winner) != t.winner_variant:
-        return (f"the winner {t.winner_variant} ({t.winner[:12]}) is not a candidate the manifest "
-                f"plans for {t.kernel}[{t.variant}]@{t.arch}")
+    manifest's tuning plan ({} when it declares no tuning space; None: no manifest at hand,
+    as for `cutecc pack --lock`, so only the cache's entries are checked). `present`: the
+    winner's entry must be in this cache (a lock about to be signed or packed)."""
+    if candidates is not None:
+        base, cands = candidates.get((t.kernel, t.variant, t.arch), ("", {}))
+        if base != t.base or cands.get(t.winner) != t.winner_variant:
+            return (f"the winner {t.winner_variant} ({t.winner[:12]}) is not a candidate the "
+                    f"manifest plans for {t.kernel}[{t.variant}]@{t.arch}")
     winner, why = _meta(store, t.winner, hashed, memo)
     if winner is None:
         return why if present or why != "not in the cache" else None

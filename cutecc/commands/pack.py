@@ -24,15 +24,17 @@ from cutecc.archs import parse_archs
 from cutecc.atomic import atomic_write
 from cutecc.elf import manylinux_tag
 from cutecc.entry import (
+    MAX_LIBRARY_BYTES,
     MAX_META_BYTES,
     META,
     STORE_FORMAT,
-    meta_problem,
+    is_file_name,
     parse_json,
     runtime_meta_problem,
     runtime_record,
 )
 from cutecc.errors import CuteccError
+from cutecc.ingest import Refused, check_whole
 from cutecc.lockfile import LOCK_NAME, Lock, lock_for, read_lock
 from cutecc.report import Report
 from cutecc.runtime.package import PACK_DIR
@@ -171,6 +173,14 @@ def select(store: Store, *, manifest: str | Path | None = None, lock: str | Path
         why = le.mismatch(entry)
         if why:
             raise CuteccError(f"{le.label}: {why}", where=str(entry.path), exit_code=1)
+    from cutecc.vouch import tuning_line_problem
+
+    for t in chosen.tuning:  # a pack's lock vouches for its tuning lines too (and is signed)
+        why = tuning_line_problem(store, t, None, hashed=False, present=True)
+        if why:
+            raise CuteccError(f"tuning line {t.kernel}[{t.variant}]@{t.arch} {t.bucket} on {t.device}: "
+                              f"{why}; run `cutecc build` (which drops it) or `cutecc tune` again",
+                              where=str(lock or manifest), exit_code=1)
     return chosen
 
 
@@ -229,18 +239,18 @@ def _tree(chosen: Lock, store: Store) -> tuple[dict[str, bytes], dict[str, dict[
         base = f"entries/{entry.key[:2]}/{entry.key}"
         parts = ("entries", entry.key[:2], entry.key)
         meta_bytes = _read(store, (*parts, META), MAX_META_BYTES, le.label)
-        why = meta_problem(entry.meta, entry.key) or (
-            None if parse_json(meta_bytes) == entry.meta else "meta.json changed while packing")
+        try:  # the one verifier's rule, on exactly the bytes that go into the pack
+            files = {n: _read(store, (*parts, n), r["size"], le.label)
+                     for n, r in sorted(entry.meta["files"].items()) if is_file_name(n)}
+            meta = check_whole(entry.key, meta_bytes, files, MAX_LIBRARY_BYTES)
+            why = None if meta == entry.meta else "meta.json changed while packing"
+        except (Refused, KeyError, TypeError, AttributeError) as e:
+            why = e.why if isinstance(e, Refused) else f"malformed meta.json ({type(e).__name__})"
         if why:
             raise CuteccError(f"{le.label}: {why}; run `cutecc verify --fix` and rebuild",
                               where=str(entry.path), exit_code=1)
         tree[f"{base}/{META}"] = meta_bytes
-        for fname, rec in sorted(entry.meta["files"].items()):
-            data = _read(store, (*parts, fname), rec["size"], le.label)
-            if len(data) != rec.get("size") or hashlib.sha256(data).hexdigest() != rec.get("sha256"):
-                raise CuteccError(f"{le.label}: {fname} does not match its recorded SHA-256; "
-                                  "run `cutecc verify --fix` and rebuild", where=str(entry.path),
-                                  exit_code=1)
+        for fname, data in files.items():
             tree[f"{base}/{fname}"] = data
         s = sizes.setdefault(le.arch, {"entries": 0, "bytes": 0})
         s["entries"] += 1

@@ -217,3 +217,15 @@ def test_a_composite_record_is_read_under_the_trust_rules_and_never_under_a_lock
     locked = cutecc.load(project / "cache", arch="sm_90a", lock=project / "kernels.lock",
                          allow_unsigned=True)
     assert "both" not in locked
+
+
+def test_pack_refuses_a_lock_whose_tuning_line_serves_a_sibling(project: Path, tmp_path: Path) -> None:
+    """`cutecc pack --lock` ships (and may sign) the lock's tuning lines: the same rule as
+    `build` and `load` holds there, with no manifest at hand (the cache's entries decide)."""
+    from cutecc.commands.pack import pack
+
+    _plant_in_lock(project, _sibling_tuning_line(project))
+    with pytest.raises(CuteccError, match="tuning line attn\\[causal=False\\].*call keywords causal=True"):
+        pack(name="p", version="1.0", lock=project / "kernels.lock", out=tmp_path / "out",
+             cache_dir=project / "cache")
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
