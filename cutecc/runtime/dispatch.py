@@ -157,9 +157,9 @@ class KernelFn(calls.KernelBase):
 
         def bwd(res: Any, cts: Any) -> Any:
             raise CallError(f"its backward kernel {missing!r} is not in this kernel set: it was not "
-                            "loaded (kernels=), or it is a composite, which a lock or a pack does not "
-                            "pin yet (load the cache without lock=/package= to differentiate it)",
-                            where=f'kernel "{self.name}"')
+                            "loaded (kernels=), or its lock (a pack's) pins neither it nor, for a "
+                            "composite, every one of its launches (build and lock it with this "
+                            "kernel)", where=f'kernel "{self.name}"')
 
         f.defvjp(fwd, bwd)
         return f(*arrays)
@@ -335,10 +335,19 @@ class CompositeFn:
                                 where=f'kernel "{self.name}"', exit_code=1)
         have = dict(zip(self.inputs, arrays))
         for f in fns:
+            gone = [n for n in f.input_names() if n not in have]
+            if gone:  # the launch's contract is not the one the composite was declared over
+                raise CallError(f'launch "{f.name}" takes "{gone[0]}", which is no input of the '
+                                "composite and no result of an earlier launch; rebuild and lock "
+                                "them together", where=f'kernel "{self.name}"', exit_code=1)
             args = tuple(have[n] for n in f.input_names())
             sc = {k: v for k, v in scalars.items() if k in f.scalar_names()}
             kw = {k: v for k, v in keywords.items() if k in f._keywords}
             have.update(f._plain(args, sc, kw, every=True))
+        gone = [n for n in self.outputs if n not in have]
+        if gone:
+            raise CallError(f'output "{gone[0]}" is no result of its launches; rebuild and lock them '
+                            "together", where=f'kernel "{self.name}"', exit_code=1)
         if every:
             return {n: have[n] for n in self.outputs}
         out = tuple(have[n] for n in self.outputs)
