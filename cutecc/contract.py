@@ -341,3 +341,49 @@ def args_to_json(args: tuple[Arg, ...]) -> list[dict[str, Any]]:
 
 def args_from_json(items: list[dict[str, Any]]) -> tuple[Arg, ...]:
     return tuple(arg_from_json(d) for d in items)
+
+
+def _result_dims(t: TensorArg) -> tuple[Dim, ...]:
+    """The dimensions of the array a call returns for result `t`: the buffer (an inout
+    padded tensor's result is its whole buffer), less the leading axis a reduction sums."""
+    return t.extents[1:] if t.reduce == "sum" else t.extents
+
+
+def shard_factors(t: TensorArg, shard: tuple[str, ...], result: bool = False) -> tuple[str | None, ...]:
+    """Per dimension of the array passed for input `t` (or returned for result `t`): the
+    declared independent symbol it may be split along, or None (replicated). A broadcast
+    dimension (passed with extent 1) is never split."""
+    dims = _result_dims(t) if result else t.extents
+    bcast = () if result else (t.broadcast or ())
+    return tuple(d if isinstance(d, str) and d in shard and i not in bcast else None
+                 for i, d in enumerate(dims))
+
+
+def shard_problem(conv: CallingConvention, shard: tuple[str, ...]) -> str | None:
+    """Why `shard` (symbols a kernel declares it is independent along) cannot be a sound
+    rule for splitting its calls, or None. Each must be a plain symbolic extent of some
+    input, never read by a derived extent of a tensor the call passes or returns, never an
+    extent of a padded tensor, at most once per tensor, and a dimension of every result:
+    a result without it would be a sum or a choice over all of its indices, which no
+    device holds alone. (Scratch and derived scalars follow the local shapes: free.)"""
+    if len(set(shard)) != len(shard):
+        return "names a symbol twice"
+    for s in shard:
+        if not expr.is_symbol(s):
+            return f'"{s}" is not a symbolic extent'
+        if not any(s in t.extents for t in conv.inputs):
+            return f'"{s}" is no extent of an input array'
+        for t in (*conv.inputs, *conv.results):
+            dims = [d for d in t.extents if isinstance(d, str)]
+            if dims.count(s) > 1:
+                return f'"{s}" is the extent of two dimensions of "{t.name}"'
+            if any(not expr.is_symbol(d) and s in expr.names(d) for d in (*t.shape, *t.extents)
+                   if isinstance(d, str)):
+                return f'"{s}" is read by a derived extent of "{t.name}"'
+            if t.buffer is not None and s in t.symbols:
+                return f'"{s}" is an extent of "{t.name}", a padded tensor'
+        for t in conv.results:
+            if s not in _result_dims(t):
+                return (f'result "{t.name}" has no dimension "{s}": each of its elements may read '
+                        f'every index of "{s}", which no one device holds')
+    return None

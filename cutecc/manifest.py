@@ -88,6 +88,7 @@ from cutecc.contract import (
     TensorArg,
     TupleArg,
     flat_leaves,
+    shard_problem,
 )
 from cutecc.errors import CuteccError
 from cutecc.names import KERNEL_SET_RESERVED, call_name_problem, kernel_name_problem
@@ -142,7 +143,7 @@ _BUILD_KEYS = {"executor", "ray_address", "remote", "compile_timeout", "compile_
 EXECUTORS = ("local", "ray")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs", "profile",
-                "compile_options", "grad", "description", "symbols", "tune", "derive"}
+                "compile_options", "grad", "description", "symbols", "tune", "derive", "shard"}
 MAX_DIVISIBILITY = 1 << 16
 _TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "buffer", "layout", "mode", "align", "param",
                 "zero", "saved", "reduce", "broadcast"}
@@ -194,6 +195,9 @@ class Kernel:
     # results is the gradient of. None: inputs then cotangents, one gradient per input.
     grad_args: tuple[str, ...] | None = None
     grad_returns: tuple[str, ...] | None = None
+    # `shard = ["b", "h"]`: symbolic extents the kernel is independent along, so a call
+    # under several devices may run per shard of them (`cutecc.runtime.sharding`)
+    shard: tuple[str, ...] = ()
 
     @property
     def grad(self) -> dict[str, Any] | None:
@@ -602,12 +606,20 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
         if total > MAX_VARIANTS_PER_KERNEL:
             raise ctx.fail(f"{kp}, tune", f"over {MAX_VARIANTS_PER_KERNEL} candidates")
         pending.append(cands)
+    shard = kdoc.get("shard", [])
+    if not isinstance(shard, list) or not all(isinstance(x, str) for x in shard):
+        raise ctx.fail(f"{kp}, shard", "must be an array of symbolic extents")
+    for v in variants:
+        why = shard_problem(v.convention, tuple(shard))
+        if why:
+            raise ctx.fail(f"{kp}, shard", why + (f" (variant {v.id})" if v.params else ""))
     keyed = _call_keywords(ctx, kp, axes, variants)
     # A candidate stands in for its default variant: it answers the same call keywords.
     candidates = tuple((v.id, tuple(dataclasses.replace(c, call=v.call) for c in cands))
                        for v, cands in zip(keyed, pending))
     return Kernel(name, entry, k_archs, k_profile, k_copts, keyed, backward, tuning, candidates,
-                  hardware=tuple(sorted(hw.items())), grad_args=grad_args, grad_returns=grad_returns)
+                  hardware=tuple(sorted(hw.items())), grad_args=grad_args, grad_returns=grad_returns,
+                  shard=tuple(shard))
 
 def _symbols(ctx: _Ctx, kp: str, v: Any) -> tuple[dict[str, int], frozenset[str]]:
     """`symbols = { n = { divisibility = 8, bits = 64 } }`: per symbolic extent, what it is a

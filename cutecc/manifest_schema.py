@@ -163,6 +163,10 @@ def schema() -> dict[str, Any]:
             "archs": archs,
             "profile": {"type": "string"},
             "compile_options": {"type": "string"},
+            "shard": {"type": "array", "items": {"type": "string"}, "uniqueItems": True,
+                      "description": "Symbolic extents the kernel is independent along (rows, "
+                                     "batch, heads): under jax.jit with several devices each "
+                                     "device calls it on its shard of those axes."},
             "grad": {"type": "object", "additionalProperties": False, "required": ["backward"],
                      "properties": {
                          "backward": {"type": "string"},

@@ -10,7 +10,9 @@ the `cutecc_call` primitive. Arrays are logical; a tensor declared with another
 layout is transposed to the buffer order the kernel was compiled for (XLA folds a
 caller's own `.T` into it), and results back.
 Works eagerly and under `jax.jit`; placement follows the seed API `cute_call`: all
-arrays on one device, and with several accelerators only inside `jax.shard_map`.
+arrays on one device, and with several accelerators only inside `jax.shard_map`, unless
+the kernel declares the axes it is independent along (`shard = [..]`): then a call under
+several devices runs on each device's shard of them (`cutecc.runtime.sharding`).
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cutecc.contract import ScalarArg, TensorArg
+from cutecc.contract import ScalarArg, TensorArg, shard_factors
 from cutecc.errors import CallError, CallTypeError, CuteccError
-from cutecc.runtime import calls
+from cutecc.runtime import calls, sharding
 from cutecc.runtime.calls import (  # noqa: F401  (re-exported: tests and tools import them here)
     MAX_SYMBOLIC_EXTENT,
     Build,
@@ -104,7 +106,8 @@ class KernelFn(calls.KernelBase):
                 raise CallTypeError(f"argument {i} is a {type(a).__name__}, not an array "
                                     "(runtime scalars are keyword arguments)",
                                     where=f'kernel "{self.name}"', exit_code=1)
-        if not any(isinstance(a, jax.core.Tracer) for a in arrays) and not _several_devices():
+        if not any(isinstance(a, jax.core.Tracer) for a in arrays) and (
+                not _several_devices() or any(b.shard for b in self.builds)):
             fn = self._eager_fn(scalars)
             if fn is not None:
                 return fn(*arrays)
@@ -169,9 +172,29 @@ class KernelFn(calls.KernelBase):
         """The call's results (a tuple of several, else the one); with `every`, a dict of
         all the kernel's results by name, saved ones included (for a backward, a composite)."""
         build, env = self.select(*arrays, **keywords)
+        conv = build.conv
+        if build.shard and not jax.sharding.get_abstract_mesh().manual_axes:
+            # Declared independent along some axes: under several devices each runs its shard
+            # (a call of the local arrays, which picks its own build), whatever the placement.
+            out = sharding.call(lambda *xs: self._results(xs, scalars, keywords), arrays,
+                                [shard_factors(t, build.shard) for t in conv.inputs],
+                                [shard_factors(t, build.shard, result=True) for t in conv.results])
+        else:
+            _check_placement(self.name, arrays)
+            out = self._results(arrays, scalars, keywords, (build, env))
+        if every:
+            return {t.name: o for t, o in zip(conv.results, out)}
+        out = [o for o, t in zip(out, conv.results) if not t.saved]
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def _results(self, arrays: Sequence[Any], scalars: Mapping[str, Any], keywords: Mapping[str, Any],
+                 chosen: tuple[Build, dict[str, Any]] | None = None) -> list[Any]:
+        """Every result of one call of the kernel on `arrays` (on one device, or one shard),
+        saved ones included, in contract order; `chosen` is the build and bindings when
+        already selected for these arrays."""
+        build, env = chosen if chosen is not None else self.select(*arrays, **keywords)
         if self.tuning is not None:  # the tuned winner of the call's bucket (a table lookup)
             build = self.tuning.pick(build, env)
-        _check_placement(self.name, arrays)
         conv = build.conv
         attrs = _attrs(self.name, conv.scalars, scalars, self._keywords, env)
         target = build.register(self.name)
@@ -186,12 +209,8 @@ class KernelFn(calls.KernelBase):
                                  results=results, aliases=conv.ffi_aliases, attrs=attrs)
         out = [_from_buffer(o, t) for o, t in zip(out[:len(conv.results)], conv.results)]
         # A declared reduction: per-SM partial sums and the like, summed over the leading axis.
-        out = [jnp.sum(o, axis=0, dtype=o.dtype) if t.reduce == "sum" else o
-               for o, t in zip(out, conv.results)]
-        if every:
-            return {t.name: o for t, o in zip(conv.results, out)}
-        out = [o for o, t in zip(out, conv.results) if not t.saved]
-        return out[0] if len(out) == 1 else tuple(out)
+        return [jnp.sum(o, axis=0, dtype=o.dtype) if t.reduce == "sum" else o
+                for o, t in zip(out, conv.results)]
 
     def _with_vjp(self, back: KernelFn, arrays: Sequence[Any], scalars: Mapping[str, Any],
                   keywords: Mapping[str, Any]) -> Any:
@@ -412,5 +431,6 @@ def _check_placement(kernel: str, arrays: Sequence[Any]) -> None:
                         where=f'kernel "{kernel}"', exit_code=1)
     if jax.device_count() > 1 and not jax.sharding.get_abstract_mesh().manual_axes:
         raise CallError(f"{jax.device_count()} accelerators are visible: call cutecc kernels "
-                        "inside jax.shard_map, where each call runs on one device's shard",
-                        where=f'kernel "{kernel}"', exit_code=1)
+                        "inside jax.shard_map, where each call runs on one device's shard, or "
+                        "declare the axes the kernel is independent along (shard = [..] in the "
+                        "manifest) to call it under jax.jit", where=f'kernel "{kernel}"', exit_code=1)
