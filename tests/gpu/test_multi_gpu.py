@@ -18,7 +18,14 @@ import sys
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import cutecc
+
+from .conftest import rand
 
 pytestmark = pytest.mark.gpu
 
@@ -57,14 +64,6 @@ def test_a_declared_shard_rule_runs_each_gpus_rows_under_jit(n: int, train_cache
     """`expw_rows` declares `shard = ["m"]`: under `jax.jit` on a mesh of n GPUs (1 included:
     a one-device mesh), rows split over the mesh run per device, a split of the other axis is
     gathered first, and both equal the reference."""
-    import numpy as np
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    import cutecc
-
-    from .conftest import rand
-
     visible = len(jax.devices("gpu"))
     if n > visible:
         pytest.skip(f"needs {n} GPUs, JAX sees {visible}")

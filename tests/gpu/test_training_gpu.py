@@ -21,12 +21,18 @@ block, whose gradients pass through a dozen bf16 roundings of activations and ma
 from __future__ import annotations
 
 import math
+import os
+import zipfile
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import cutecc
+from cutecc.commands.pack import pack
+from cutecc.signing import keygen
 from examples import llama_block as lb
 
 from .conftest import poison, rand
@@ -182,14 +188,6 @@ def test_fa4_grad_through_the_composite_from_a_lock_or_a_pack(ks, rng, tmp_path,
     """The committed examples/kernels.lock carries the backward composite's line: loaded
     from it (or from a signed pack of fa4_fwd made from it), jax.grad runs the three-launch
     backward, with the numbers of the reference."""
-    import os
-    import zipfile
-    from pathlib import Path
-
-    import cutecc
-    from cutecc.commands.pack import pack
-    from cutecc.signing import keygen
-
     cache = os.environ["CUTECC_EXAMPLES_CACHE"]  # set: `ks` skips without it
     lock = Path(__file__).resolve().parents[2] / "examples" / "kernels.lock"
     if source == "lock":
