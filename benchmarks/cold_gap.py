@@ -66,7 +66,7 @@ def importtime(src: Path) -> list[tuple[str, float]]:
 
 def measure(cache: Path, before: Path | None, before_cache: Path | None, repeats: int) -> dict[str, Any]:
     sides = [("jnp", REPO, "jnp", cache), ("cutecc", REPO, "cutecc", cache),
-             ("jnp phases", REPO, "jnp_phases", cache), ("cutecc phases", REPO, "cutecc_phases", cache)]
+             ("cutecc phases", REPO, "cutecc_phases", cache)]
     if before is not None:
         bc = before_cache or cache
         sides += [("cutecc before", before, "cutecc", bc),
