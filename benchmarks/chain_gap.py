@@ -71,7 +71,7 @@ def chain(kern: Any, kw: dict[str, Any], n: int, args: tuple[Any, ...]) -> Any:
     return outs
 
 
-def sides(ks: Any, case: str, n: int) -> tuple[dict[str, Any], Any]:
+def sides(ks: Any, case: str, n: int, cuda: Cuda) -> tuple[dict[str, Any], Any]:
     """side -> {calls: fn running that many calls}, and a check of equal results."""
     import jax
     import jax.numpy as jnp
@@ -119,6 +119,7 @@ def sides(ks: Any, case: str, n: int) -> tuple[dict[str, Any], Any]:
 
     def check() -> float:
         direct(1)
+        cuda.sync()  # XLA's streams may not wait for the default stream the direct call used
         want = np.asarray(outs[0], dtype=np.float32)
         got = [np.asarray(jits[n](*ins)[-1], dtype=np.float32),
                np.asarray(bares[n](*ins)[-1], dtype=np.float32),
@@ -141,7 +142,7 @@ def measure(ks: Any, n: int, cuda: Cuda) -> dict[str, Any]:
 
     res: dict[str, Any] = {}
     for case in CASES:
-        fns, check = sides(ks, case, n)
+        fns, check = sides(ks, case, n, cuda)
         err = check()  # the same kernel on the same arrays: equal results expected
         for f in fns.values():  # warm: compile both chain lengths
             f(n), f(2 * n)
