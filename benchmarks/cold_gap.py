@@ -8,8 +8,11 @@ of f32 `x * y` on 2^20 elements (the child of benchmarks/device.py): a jnp progr
 cutecc program (`import cutecc`, `cutecc.load`, `jax.jit(ks.mul)`) with this tree's cutecc
 and, with --before, with the cutecc source tree SRC (the same cache); and each taken apart
 into phases (load, `import tvm_ffi` + `jax_tvm_ffi`, trace with verify + dlopen + register,
-lower, compile, first call). One `python -X importtime` child lists what importing the
-runtime and tvm-ffi costs, module by module (the largest).
+lower, compile, first call). Both source trees are byte-compiled first, as pip does for an
+installed cutecc: with $PYTHONDONTWRITEBYTECODE set (the GPU machines set it) a source tree
+is otherwise compiled again in every process, ~85 ms of the runtime's import on the CPU host.
+One `python -X importtime` child lists what importing the runtime and tvm-ffi costs, module
+by module (the largest).
 """
 
 from __future__ import annotations
@@ -71,6 +74,10 @@ def measure(cache: Path, before: Path | None, before_cache: Path | None, repeats
         bc = before_cache or cache
         sides += [("cutecc before", before, "cutecc", bc),
                   ("cutecc phases before", before, "cutecc_phases", bc)]
+    import compileall
+
+    for src in {REPO, before or REPO}:  # as an installed cutecc: its bytecode written (pip does)
+        compileall.compile_dir(str(src / "cutecc"), quiet=1)
     got: dict[str, dict[str, Any]] = {label: {"wall_s": [], "children": []} for label, *_ in sides}
     for _, src, mode, c in sides:  # untimed: bytecode caches written, files in the page cache
         child(c, src, mode)
