@@ -81,3 +81,15 @@ def test_in_place_is_one_view_and_refused_where_nothing_may_alias(example_cache:
     with pytest.raises(CallError, match="may_alias") as info:
         ks.axpy.in_place  # noqa: B018  (its y is inout: always in place)
     assert "donate" in info.value.message and "axpy" in str(info.value)
+
+
+def test_an_eager_in_place_call_runs_the_plain_call(example_cache: Path) -> None:
+    """Outside jit nothing can be reused (the arguments stay the caller's): the plain call's
+    cached jit runs, never one that would copy its argument first."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("checks the path on a CPU, where the call itself cannot run")
+    ks = cutecc.load(example_cache, arch="sm_90a")
+    before = len(ks.mul._eager)
+    with pytest.raises(NotImplementedError, match="runs on CUDA GPUs only"):
+        ks.mul.in_place(jnp.ones(4), jnp.ones(4))
+    assert len(ks.mul._eager) == before + 1 and ks.mul.in_place._eager == {}
