@@ -112,6 +112,8 @@ class KernelFn(calls.KernelBase):
             return self
         view = self.__dict__.get("_in_place_view")
         if view is None:
+            if not self.builds:
+                self.select()  # raises: no usable build here, and why
             if not any(b.conv.may_aliases for b in self.builds):
                 inout = [t.name for b in self.builds[:1] for t in b.conv.inputs if t.role == "inout"]
                 raise CallError("no output of it may be written in an input's memory: declare "
