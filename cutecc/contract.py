@@ -60,6 +60,10 @@ class TensorArg:
     # Broadcast dimensions: the array passed has extent 1 there (`buffer`), and the kernel
     # sees the logical extent with stride 0 (a `dloss` broadcast over rows).
     broadcast: tuple[int, ...] | None = None
+    # An output the kernel may write in the memory of this input (by name), because it
+    # reads each element before writing it (elementwise, per-row norms). Nothing of the
+    # bytes: what the runtime may ask of XLA (`KernelFn.in_place`). None: never.
+    may_alias: str | None = None
 
     @property
     def extents(self) -> tuple[Dim, ...]:
@@ -205,6 +209,14 @@ class CallingConvention:
         return self.results + self.scratch
 
     @property
+    def may_aliases(self) -> tuple[tuple[int, int], ...]:
+        """(input index, result index) for every output declared `may_alias`: pairs an
+        in-place call adds to `ffi_aliases` (checked by `may_alias_problem`)."""
+        names = [t.name for t in self.inputs]
+        return tuple((names.index(t.may_alias), i) for i, t in enumerate(self.results)
+                     if t.may_alias is not None and t.may_alias in names)
+
+    @property
     def ffi_aliases(self) -> tuple[tuple[int, int], ...]:
         zeroed = [t for t in self.scratch if t.zero]
         return self.aliases + tuple((len(self.inputs) + i, len(self.results) + self.scratch.index(t))
@@ -215,7 +227,7 @@ class CallingConvention:
 
 _TENSOR_FIELDS = frozenset({"kind", "name", "role", "dtype", "shape", "layout", "align", "param",
                             "order", "divisibility", "buffer", "zero", "saved", "reduce", "wide",
-                            "broadcast"})
+                            "broadcast", "may_alias"})
 
 
 def arg_to_json(a: Arg) -> dict[str, Any]:
@@ -245,6 +257,8 @@ def _arg_json(a: Arg) -> dict[str, Any]:
             out["wide"] = list(a.wide)
         if a.broadcast is not None:
             out["broadcast"] = list(a.broadcast)
+        if a.may_alias is not None:  # only when set: contracts without it keep their keys
+            out["may_alias"] = a.may_alias
         return out
     if isinstance(a, ScalarArg):
         out = {"kind": "scalar", "name": a.name, "dtype": a.dtype, "default": a.default}
@@ -301,6 +315,10 @@ def arg_from_json(d: dict[str, Any]) -> Arg:
                     raise ValueError(f"extent {x!r}: {e}") from None
                 if d["role"] in ("input", "inout") or buffer is not None:
                     raise ValueError(f"derived extent {x!r} in an {d['role']} (outputs and scratch only)")
+        may_alias = d.get("may_alias")
+        if may_alias is not None and (not isinstance(may_alias, str) or d["role"] != "output"):
+            raise ValueError(f"may_alias {may_alias!r}: only an output may name an input to be "
+                             "written in")
         if buffer is not None and d["role"] == "output":
             raise ValueError("an output cannot be padded (its padding would be undefined)")
         if buffer is not None and any(type(x) is int and type(b) is int and b < x
@@ -311,7 +329,8 @@ def arg_from_json(d: dict[str, Any]) -> Arg:
                          None if order is None else tuple(int(i) for i in order),
                          None if div is None else tuple(div),
                          None if buffer is None else tuple(buffer), zero, saved, reduce,
-                         None if wide is None else tuple(wide), None if bcast is None else tuple(bcast))
+                         None if wide is None else tuple(wide), None if bcast is None else tuple(bcast),
+                         may_alias)
     if kind == "scalar":
         value = d.get("value")
         if value is not None and not (type(value) is int or isinstance(value, str)):
@@ -333,6 +352,33 @@ def arg_from_json(d: dict[str, Any]) -> Arg:
     if kind == "struct":
         return StructArg(d["type"], tuple((k, arg_from_json(f)) for k, f in d["fields"].items()), param)
     raise ValueError(f"unknown argument kind {kind!r}")
+
+
+def may_alias_problem(args: tuple[Arg, ...]) -> tuple[str, str] | None:
+    """(output name, why) for the first `may_alias` XLA could not honour, or None: it must
+    name an input (role "input", not padded nor broadcast) of the output's dtype, shape and
+    layout, and no input may be named twice. The manifest reports it with its key path; the
+    runtime refuses an entry whose contract says otherwise."""
+    tensors = [a for a in flat_leaves(args) if isinstance(a, TensorArg)]
+    by_name = {t.name: t for t in tensors}
+    taken: dict[str, str] = {}
+    for t in tensors:
+        if t.may_alias is None:
+            continue
+        src = by_name.get(t.may_alias)
+        if src is None or src.role != "input":
+            return t.name, f'"{t.may_alias}" is not an input of the kernel (role "input")'
+        if src.buffer is not None:
+            return t.name, f'input "{src.name}" is padded or broadcast: its buffer is not the output\'s'
+        if (src.dtype, src.shape, src.order) != (t.dtype, t.shape, t.order):
+            return t.name, (f'input "{src.name}" ({src.dtype}{list(src.shape)}) differs from the '
+                            f"output ({t.dtype}{list(t.shape)}) in dtype, shape or layout")
+        if t.reduce is not None:
+            return t.name, "a reduced output is not what the kernel writes: it cannot alias an input"
+        if src.name in taken:
+            return t.name, f'input "{src.name}" is already named by output "{taken[src.name]}"'
+        taken[src.name] = t.name
+    return None
 
 
 def args_to_json(args: tuple[Arg, ...]) -> list[dict[str, Any]]:

@@ -20,7 +20,15 @@ import numpy as np
 
 from cutecc import expr
 from cutecc.archs import to_build
-from cutecc.contract import Arg, CallingConvention, ScalarArg, TensorArg, args_from_json, shard_problem
+from cutecc.contract import (
+    Arg,
+    CallingConvention,
+    ScalarArg,
+    TensorArg,
+    args_from_json,
+    may_alias_problem,
+    shard_problem,
+)
 from cutecc.entry import call_keywords
 from cutecc.errors import CallError, CallTypeError
 from cutecc.names import call_name_problem
@@ -60,6 +68,9 @@ class Build:
             rt["key"], entry_dir.parents[2] / "runtimes" / rt["key"][:2] / rt["key"] / rt["library"],
             rt["sha256"], int(rt["size"]))
         conv = CallingConvention.of(args)
+        bad = may_alias_problem(args)  # XLA is asked to reuse buffers by it: checked again
+        if bad is not None:
+            raise ValueError(f"{bad[0]}.may_alias: {bad[1]}")
         for s in conv.scalars:  # a keyword of the call, as the manifest checks
             why = call_name_problem(s.name, "runtime scalar")
             if why:

@@ -17,6 +17,7 @@ several devices runs on each device's shard of them (`cutecc.runtime.sharding`).
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
@@ -95,10 +96,38 @@ class KernelFn(calls.KernelBase):
     """A kernel of the cache, callable from JAX with the canonical convention."""
 
     _dims = JAX_DIMS
+    _out_of_place: KernelFn | None = None  # set on the view `in_place` returns: the kernel itself
 
     @staticmethod
     def _dtype_name(a: Any) -> str:
         return jnp.dtype(a.dtype).name
+
+    @property
+    def in_place(self) -> KernelFn:
+        """This kernel with each output declared `may_alias = "x"` written in the memory of
+        input x: XLA reuses x's buffer where x is dead after the call (a loop carry, a
+        donated argument, an intermediate used once) and copies x first where it stays live
+        (a jit argument not donated, a value used again). Use it where the input is dead;
+        the plain call never costs such a copy. An eager call runs the plain call (its
+        arguments stay the caller's: nothing to reuse)."""
+        if self._out_of_place is not None:
+            return self
+        view = self.__dict__.get("_in_place_view")
+        if view is None:
+            if not self.builds:
+                self.select()  # raises: no usable build here, and why
+            if not any(b.conv.may_aliases for b in self.builds):
+                inout = [t.name for b in self.builds[:1] for t in b.conv.inputs if t.role == "inout"]
+                raise CallError("no output of it may be written in an input's memory: declare "
+                                'one in the manifest (may_alias = "<input>" on the output) '
+                                + (f"; its inout {', '.join(inout)} is always written in place "
+                                   "(donate it: jax.jit(..., donate_argnums=...))" if inout else ""),
+                                where=f'kernel "{self.name}"', exit_code=1)
+            view = copy.copy(self)
+            view._out_of_place = self
+            view._eager = {}
+            self.__dict__["_in_place_view"] = view
+        return view
 
     def __call__(self, *arrays: Any, **scalars: Any) -> Any:
         for i, a in enumerate(arrays):
@@ -108,7 +137,7 @@ class KernelFn(calls.KernelBase):
                                     where=f'kernel "{self.name}"', exit_code=1)
         if not any(isinstance(a, jax.core.Tracer) for a in arrays) and (
                 not _several_devices() or any(b.shard for b in self.builds)):
-            fn = self._eager_fn(scalars)
+            fn = (self._out_of_place or self)._eager_fn(scalars)
             if fn is not None:
                 return fn(*arrays)
         return self._traced(arrays, scalars)
@@ -205,8 +234,15 @@ class KernelFn(calls.KernelBase):
         buffers = [_to_buffer(a, t) for a, t in zip(arrays, conv.inputs)]
         buffers += [jnp.zeros(_buffer_shape(self.name, t, env), t.dtype)
                     for t in conv.ffi_inputs[len(conv.inputs):]]
+        aliases = conv.ffi_aliases
+        if self._out_of_place is not None:  # `in_place`: the declared outputs too
+            if not conv.may_aliases:
+                raise CallError(f"variant {build.variant} declares no output that may be written "
+                                "in an input's memory (may_alias): call it without .in_place",
+                                where=f'kernel "{self.name}"', exit_code=1)
+            aliases += conv.may_aliases
         out = cutecc_call_p.bind(*unify_varying(buffers), target=target, kernel=self.name,
-                                 results=results, aliases=conv.ffi_aliases, attrs=attrs)
+                                 results=results, aliases=aliases, attrs=attrs)
         out = [_from_buffer(o, t) for o, t in zip(out[:len(conv.results)], conv.results)]
         # A declared reduction: per-SM partial sums and the like, summed over the leading axis.
         return [jnp.sum(o, axis=0, dtype=o.dtype) if t.reduce == "sum" else o
