@@ -10,7 +10,7 @@ from helpers import PY
 
 # Modules of cutecc that only building, planning or packing need.
 BUILD_SIDE = ("cutecc.manifest", "cutecc.key", "cutecc.plan", "cutecc.compiler", "cutecc.linker",
-              "cutecc.workers", "cutecc.commands", "cutecc.archive", "cutecc.manifest_schema",
+              "cutecc.workers", "cutecc.commands", "cutecc.archive",
               "cutecc.cli", "cutecc.progress")
 DSL = ("cutlass", "nvidia_cutlass_dsl")
 

@@ -28,9 +28,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cutecc.buckets import RULES
 from cutecc.contract import CallingConvention
 from cutecc.errors import CuteccError
-from cutecc.runtime.tuning import RULES
 
 Fail = Callable[[str, str], CuteccError]
 _Value = int | float | bool | str
