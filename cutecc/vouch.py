@@ -22,8 +22,8 @@ from typing import Any
 from cutecc.entry import meta_problem
 from cutecc.errors import CuteccError
 from cutecc.ingest import Refused, check_stored
-from cutecc.lockfile import LockEntry
-from cutecc.runtime.tuning import Tuned, sibling_problem
+from cutecc.lockfile import LockEntry, Tuned
+from cutecc.runtime.tuning import sibling_problem
 from cutecc.store import Entry, Store, entry_trust_problem
 
 # (kernel, variant, arch) -> (the default's key, {candidate key: candidate variant})

@@ -380,7 +380,8 @@ def _tuning(name: str, fn: KernelBase, store: Store, locked: Any, target: str, s
             record_use: bool, device_kind: Callable[[], str | None]) -> Any:
     """The kernel's table of tuned winners: the lock's results (with a lock), else the
     cache's records of its default entries; None when nothing was tuned."""
-    from cutecc.runtime.tuning import Tuned, TuningTable, read_cached, sibling_problem
+    from cutecc.lockfile import Tuned
+    from cutecc.runtime.tuning import TuningTable, read_cached, sibling_problem
 
     bases = {b.key: b for b in fn.builds}
     if locked is not None:
