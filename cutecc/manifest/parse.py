@@ -371,7 +371,8 @@ def _build_settings(ctx: _Ctx, kp: str, doc: Any) -> BuildSettings:
             parse_url(got["remote"])
         except CuteccError as e:
             raise ctx.fail(f"{kp}.remote", e.message) from None
-    return BuildSettings(**{k: v or None for k, v in got.items()}, **limits)
+    named: dict[str, Any] = {k: v or None for k, v in got.items()}
+    return BuildSettings(**named, **limits)
 
 
 def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[str, ...],
@@ -555,12 +556,12 @@ def _call_keywords(ctx: _Ctx, kp: str, axes: Any, variants: list[Variant]) -> tu
     first: dict[tuple[str, tuple[tuple[bool, _Value], ...]], Variant] = {}
     for v in variants:
         call = tuple((p, x) for p, x in v.params if p in keywords)
-        g = (_selects(v), tuple(_call_value(x) for _, x in call))
-        if g in first:
-            raise ctx.fail(f"{kp}, variants", f'variants "{first[g].id}" and "{v.id}" cannot be '
+        told = (_selects(v), tuple(_call_value(x) for _, x in call))
+        if told in first:
+            raise ctx.fail(f"{kp}, variants", f'variants "{first[told].id}" and "{v.id}" cannot be '
                            "told apart by any call: same input tensors and the same call "
                            f"keywords ({', '.join(keywords) or 'none'})")
-        first[g] = v
+        first[told] = v
         out.append(dataclasses.replace(v, call=call))
     return tuple(out)
 
