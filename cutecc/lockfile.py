@@ -79,7 +79,7 @@ class Pin:
 PIN_FIELDS = tuple(f.name for f in dataclasses.fields(Pin))
 
 
-def _fields_problem(d: Any, names: tuple[str, ...], exact: bool, where: str, kp: str) -> None:
+def _check_fields(d: Any, names: tuple[str, ...], exact: bool, where: str, kp: str) -> None:
     """Refuse a line that is not an object of `names` (`exact`: and nothing else) with
     values a pinned line may hold (`entry.bad_pin_field`)."""
     if not isinstance(d, dict) or not (set(d) == set(names) if exact else set(names) <= set(d)):
@@ -144,7 +144,7 @@ class LockEntry:
     @classmethod
     def from_json(cls, e: Any, where: str, kp: str) -> LockEntry:
         """A line read from a lock: exactly its fields, each checked."""
-        _fields_problem(e, LOCK_LINE_FIELDS, True, where, kp)
+        _check_fields(e, LOCK_LINE_FIELDS, True, where, kp)
         if not is_key(e["key"]):
             raise CuteccError("key is not a cache key (64 hex digits)", where=where, key_path=f"{kp}.key")
         if not is_key(e["runtime"]):
@@ -191,7 +191,7 @@ class Tuned:
     def from_json(cls, d: Any, where: str, kp: str) -> Tuned:
         """A line read from a lock, a results file or the cache: every field checked (a
         cache record carries more: its times)."""
-        _fields_problem(d, TUNED_FIELDS, False, where, kp)
+        _check_fields(d, TUNED_FIELDS, False, where, kp)
         if not is_key(d["base"]) or not is_key(d["winner"]):
             raise CuteccError("base and winner must be cache keys", where=where, key_path=kp)
         if d["rule"] not in RULES:
