@@ -22,13 +22,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from cutecc.composite_line import CompositeLine, flow_problem
 from cutecc.contract import CallingConvention, args_from_json
 from cutecc.entry import meta_problem
 from cutecc.errors import CuteccError
 from cutecc.ingest import Refused, check_stored
-from cutecc.lockfile import Lock, LockEntry
-from cutecc.runtime.composite import CompositeLine, flow_problem
-from cutecc.runtime.tuning import Tuned, sibling_problem
+from cutecc.lockfile import Lock, LockEntry, Tuned
+from cutecc.runtime.tuning import sibling_problem
 from cutecc.store import Entry, Store, entry_trust_problem
 
 # (kernel, variant, arch) -> (the default's key, {candidate key: candidate variant})

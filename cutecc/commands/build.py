@@ -28,6 +28,7 @@ from typing import Any
 from cutecc import environ
 from cutecc import remote as remote_cache
 from cutecc.archs import parse_archs
+from cutecc.composite_line import CompositeLine
 from cutecc.dists import HashCache
 from cutecc.entry import runtime_record
 from cutecc.errors import CuteccError
@@ -37,7 +38,6 @@ from cutecc.locks import is_held
 from cutecc.manifest import load_manifest
 from cutecc.plan import Planned, plan
 from cutecc.report import Report
-from cutecc.runtime.composite import CompositeLine
 from cutecc.store import HASH_CACHE, Store, entry_trust_problem, manifest_id, touch_used
 from cutecc.units import human_size
 from cutecc.workers import BuildJob, Result, ensure_runtime

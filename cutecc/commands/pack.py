@@ -22,6 +22,7 @@ from cutecc import environ, trust
 from cutecc.archive import tar_bytes, wheel_bytes
 from cutecc.archs import parse_archs
 from cutecc.atomic import atomic_write
+from cutecc.composite_line import CompositeLine
 from cutecc.elf import manylinux_tag
 from cutecc.entry import (
     MAX_LIBRARY_BYTES,
@@ -37,7 +38,6 @@ from cutecc.errors import CuteccError
 from cutecc.ingest import Refused, check_whole
 from cutecc.lockfile import LOCK_NAME, Lock, lock_for, read_lock
 from cutecc.report import Report
-from cutecc.runtime.composite import CompositeLine
 from cutecc.runtime.package import PACK_DIR
 from cutecc.store import Store
 from cutecc.units import human_size

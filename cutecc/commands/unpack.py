@@ -133,7 +133,7 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
     needed: dict[str, dict[str, Any]] = {}  # the runtime libraries the entries name
     for key, le in sorted(by_key.items()):  # from their meta.json only (small; each entry is
         rec = _runtime_named(tree, key)  # checked whole below), as far as the lock vouches
-        if rec is not None and rec["sha256"] == le.runtime:
+        if rec is not None and rec["sha256"] == le.pin.runtime:
             needed.setdefault(rec["key"], rec)
     for rkey in sorted(set(runtimes) - set(needed)):
         report.refused.append((f"runtime {rkey[:12]}", "no entry of the pack links against it"))
@@ -223,9 +223,9 @@ def _check_entry(tree: PackTree, key: str, le: LockEntry,
         raise ValueError("not a cache key")
     if not names:
         raise ValueError("missing from the archive")
-    meta_bytes, files = _members(tree, f"entries/{key[:2]}/{key}/", names, le.size)
+    meta_bytes, files = _members(tree, f"entries/{key[:2]}/{key}/", names, le.pin.size)
     try:
-        meta = check_whole(key, meta_bytes, files, le.size)
+        meta = check_whole(key, meta_bytes, files, le.pin.size)
     except Refused as e:
         raise ValueError(e.why) from None
     why = le.mismatch(Entry(key, Path(), meta))

@@ -26,10 +26,10 @@ from typing import Any
 
 from cutecc import trust
 from cutecc.archs import check_arch, device_arch, runs_on
+from cutecc.composite_line import CompositeLine
 from cutecc.entry import ARTIFACT_FORMAT, ENTRY_FORMAT, meta_problem
 from cutecc.errors import CuteccError
 from cutecc.runtime.calls import Build, KernelBase
-from cutecc.runtime.composite import CompositeLine
 from cutecc.store import Entry, Store
 
 
@@ -391,7 +391,8 @@ def _tuning(name: str, fn: KernelBase, store: Store, locked: Any, target: str, s
             record_use: bool, device_kind: Callable[[], str | None]) -> Any:
     """The kernel's table of tuned winners: the lock's results (with a lock), else the
     cache's records of its default entries; None when nothing was tuned."""
-    from cutecc.runtime.tuning import Tuned, TuningTable, read_cached, sibling_problem
+    from cutecc.lockfile import Tuned
+    from cutecc.runtime.tuning import TuningTable, read_cached, sibling_problem
 
     bases = {b.key: b for b in fn.builds}
     if locked is not None:

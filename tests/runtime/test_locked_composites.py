@@ -23,10 +23,10 @@ import pytest
 import cutecc
 from cutecc.commands.pack import pack
 from cutecc.commands.unpack import unpack
+from cutecc.composite_line import CompositeLine
 from cutecc.errors import CuteccError
 from cutecc.lockfile import Lock, lock_for, merge_build, read_lock, write_lock
 from cutecc.manifest import load_manifest
-from cutecc.runtime.composite import CompositeLine
 from cutecc.runtime.library import target_name
 from cutecc.signing import SIG_SUFFIX, keygen, read_private_key, sign_file
 from cutecc.store import Store
