@@ -36,6 +36,7 @@ from cutecc.entry import contract_digest
 from cutecc.errors import CallError, CallTypeError, CuteccError
 from cutecc.runtime import calls, library
 from cutecc.runtime.calls import Build
+from cutecc.runtime.composite import CompositeBase
 from cutecc.runtime.loader import FrontEnd, KernelSet, load_with
 
 __all__ = ["KernelCallError", "KernelTypeError", "TorchCompositeFn", "TorchKernelFn", "TorchKernelSet",
@@ -623,84 +624,30 @@ class TorchKernelFn(calls.KernelBase):
         return [g.get(n) for n in names]
 
 
-class TorchCompositeFn:
-    """A composite kernel (`launches = [..]`) from PyTorch: its launches called in order, each
-    taking its tensors by name from the call's inputs and earlier launches' results (saved
-    ones too), as `cutecc.runtime.dispatch.CompositeFn` does for JAX. Each launch is a kernel
-    of the set (eager or through its op), so a composite compiles and serves as a backward."""
+class TorchCompositeFn(CompositeBase):
+    """A composite kernel from PyTorch (see `cutecc.runtime.composite`). Each launch is a
+    kernel of the set (eager or through its op), so a composite compiles and serves as a
+    backward."""
 
-    builds: tuple[Build, ...] = ()  # nothing of its own: its launches are kernels
-    unusable: tuple[str, ...] = ()
-    backward = None
-    grad = None
-    tuning = None
-
-    def __init__(self, name: str, launches: Sequence[str], inputs: Sequence[str],
-                 outputs: Sequence[str], owner: Any = None) -> None:
-        self.name = name
-        self.launches, self.inputs, self.outputs = tuple(launches), tuple(inputs), tuple(outputs)
-        self._owner = owner
-
-    def __repr__(self) -> str:
-        return (f"<cutecc kernel {self.name}: ({', '.join(self.inputs)}) -> "
-                f"({', '.join(self.outputs)}) through {' -> '.join(self.launches)}>")
-
-    def _fns(self) -> list[TorchKernelFn]:
-        fns = [self._owner.get(n) if self._owner is not None else None for n in self.launches]
-        missing = [n for n, f in zip(self.launches, fns) if f is None]
-        if missing:
-            raise KernelCallError(f"launch kernel {missing[0]!r} is not in this kernel set",
-                                  where=f'kernel "{self.name}"', exit_code=1)
-        return fns  # type: ignore[return-value]
-
-    @property
-    def _keywords(self) -> dict[str, list[Any]]:
-        out: dict[str, list[Any]] = {}
-        for f in self._fns():
-            for k, vals in f._keywords.items():
-                out.setdefault(k, []).extend(v for v in vals if not any(calls._same(v, w) for w in out[k]))
-        return out
-
-    @property
-    def keywords(self) -> dict[str, list[Any]]:
-        return {k: list(v) for k, v in self._keywords.items()}
-
-    def scalar_names(self) -> set[str]:
-        return set().union(*(f.scalar_names() for f in self._fns()))
-
-    def input_names(self) -> tuple[str, ...]:
-        return self.inputs
+    _noun = "tensor"
 
     def __call__(self, *tensors: Any, **kw: Any) -> Any:
         return self._call(tensors, kw)
 
     def _call(self, tensors: Sequence[Any], kw: Mapping[str, Any], every: bool = False) -> Any:
-        if len(tensors) != len(self.inputs):
-            raise KernelCallError(f"takes {len(self.inputs)} tensor(s) ({', '.join(self.inputs)}), got "
-                                  f"{len(tensors)}", where=f'kernel "{self.name}"', exit_code=1)
-        fns = self._fns()
-        taken = set().union(*(f.scalar_names() for f in fns), *(f._keywords for f in fns))
-        unknown = sorted(set(kw) - taken)
-        if unknown:
-            raise KernelCallError(f"unknown keyword argument {unknown[0]!r}; runtime scalars and call "
-                                  f"keywords of the launches: {', '.join(sorted(taken)) or 'none'}",
-                                  where=f'kernel "{self.name}"', exit_code=1)
-        have = dict(zip(self.inputs, tensors))
-        callers = {id(t) for t in tensors}
-        for f in fns:
-            mine = f.scalar_names() | set(f._keywords)
-            args = tuple(have[n] for n in f.input_names())
-            # A launch writing a tensor in place (FA4's postprocess writes dq over dout) gets
-            # a copy of one the caller passed: the call is functional, as for JAX (the caller's
-            # dout may be autograd's cotangent or the user's own tensor).
-            written = {t.name for b in f.builds for t in b.conv.inputs if t.role == "inout"}
+        return self._run(tensors, kw, every)
+
+    def _launch(self, fn: Any, args: tuple[Any, ...], kw: Mapping[str, Any],
+                given: Sequence[Any]) -> Mapping[str, Any]:
+        # A launch writing a tensor in place (FA4's postprocess writes dq over dout) gets a
+        # copy of one the caller passed: the call is functional, as for JAX (the caller's
+        # dout may be autograd's cotangent or the user's own tensor).
+        written = {t.name for b in fn.builds for t in b.conv.inputs if t.role == "inout"}
+        if written:
+            callers = {id(t) for t in given}
             args = tuple(a.clone() if n in written and id(a) in callers else a
-                         for n, a in zip(f.input_names(), args))
-            have.update(f._call(args, {k: v for k, v in kw.items() if k in mine}, every=True))
-        if every:
-            return {n: have[n] for n in self.outputs}
-        out = tuple(have[n] for n in self.outputs)
-        return out[0] if len(out) == 1 else out
+                         for n, a in zip(fn.input_names(), args))
+        return fn._call(args, kw, every=True)
 
 
 def build_function(kernel: str, build: Build) -> Any:
