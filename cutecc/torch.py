@@ -181,7 +181,7 @@ def _op_fake(*args: Any) -> Any:
 def _op_impl(*args: Any) -> Any:
     fn, build = _built(args[-1])
     ins, scalars, _ = _split(build, args)
-    outs = fn._launch(build, ins, scalars, _env_of(build, ins))
+    outs = fn._launch(build, ins, scalars)
     return None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -379,6 +379,7 @@ class TorchKernelFn(calls.KernelBase):
         self._plans: dict[tuple, _Eager | None] = {}  # signature -> eager plan (None: the op)
         self._plans_lock = threading.Lock()
         self._op_plans: dict[tuple, tuple] = {}  # the op path's plans, called eagerly (autograd)
+        self._op_launches: dict[tuple, _Eager] = {}  # the op's implementation's plans
         self._id = f"{self.name}@{id(self):x}"  # a str: torch.compile never makes it a dynamic int
         _kernels[self._id] = self
 
@@ -579,27 +580,16 @@ class TorchKernelFn(calls.KernelBase):
                 raise KernelTypeError(f"argument {i} is a {type(a).__name__}, not a tensor (runtime "
                                       "scalars are keyword arguments)", where=f'kernel "{self.name}"',
                                       exit_code=1)
-        keywords, given = [], []
-        for k in sorted(kw):
-            v = kw[k]
-            if k in self._keywords:  # the built value equal to it: a constant even if traced
-                v = next((w for w in self._keywords[k] if calls._same(w, v)), v)
-                keywords.append((k, v))
-            else:
-                given.append((k, "Tensor" if isinstance(v, torch.Tensor) else type(v).__name__))
-        args = (tuple(tuple(operator.index(d) for d in a.shape) for a in tensors),  # a SymInt: guarded
-                tuple(_dtype_name(a.dtype) for a in tensors), tuple(str(a.device) for a in tensors),
-                tuple(keywords), tuple(given))
-        if torch.compiler.is_compiling():
-            name, key, scalars, inputs, results = _op_plan(self._id, *args)
+        if _is_compiling():
+            name, key, scalars, inputs, results = _op_plan(self._id, *self._op_args(tensors, kw))
         else:  # eagerly (autograd): planned once per signature, values checked as eagerly
             try:
-                ck = (args, tuple(sorted(kw.items())))
-                plan = self._op_plans.get(ck)
+                ck: tuple | None = _signature(tensors, kw)
+                plan = self._op_plans.get(ck)  # type: ignore[arg-type]
             except TypeError:
                 ck, plan = None, None
             if plan is None:
-                plan = self._op_plan(*args)
+                plan = self._op_plan(*self._op_args(tensors, kw))
                 self._choose(tensors, kw)
                 if ck is not None:
                     with self._plans_lock:
@@ -612,6 +602,22 @@ class TorchKernelFn(calls.KernelBase):
         got = getattr(getattr(torch.ops, NAMESPACE), name).default(*bufs, *values, key)
         got = [] if got is None else list(got) if isinstance(got, (tuple, list)) else [got]
         return self._post(results, tensors, bufs, got, every)
+
+    def _op_args(self, tensors: Sequence[Any], kw: Mapping[str, Any]) -> tuple:
+        """`_op_plan`'s arguments for a call: the tensors' shapes (a SymInt is guarded to
+        a constant), dtypes and devices, the call keywords (each the built value equal to
+        it: a constant even if traced) and the runtime scalars passed, with their types."""
+        keywords, given = [], []
+        for k in sorted(kw):
+            v = kw[k]
+            if k in self._keywords:
+                v = next((w for w in self._keywords[k] if calls._same(w, v)), v)
+                keywords.append((k, v))
+            else:
+                given.append((k, "Tensor" if isinstance(v, torch.Tensor) else type(v).__name__))
+        return (tuple(tuple(operator.index(d) for d in a.shape) for a in tensors),
+                tuple(_dtype_name(a.dtype) for a in tensors), tuple(str(a.device) for a in tensors),
+                tuple(keywords), tuple(given))
 
     def _op_plan(self, shapes: tuple, dtypes: tuple, devices: tuple, keywords: tuple,
                  given: tuple) -> tuple:
@@ -637,14 +643,25 @@ class TorchKernelFn(calls.KernelBase):
                         for s, v in zip(build.conv.scalars, values))
         return (op_name(self.name, build), build.key, scalars, *_layouts(build))
 
-    def _launch(self, build: Build, bufs: Sequence[Any], scalars: Sequence[Any],
-                env: Mapping[str, Any]) -> list[Any]:
+    def _launch(self, build: Build, bufs: Sequence[Any], scalars: Sequence[Any]) -> list[Any]:
         """The op's real implementation: run `build` on the input buffers; returns the
         buffers of its non-inout results. The call checked its tensors; a compiler may still
         hand the op other strides or a view at an offset (inductor's buffers): such an input
         is copied to a fresh dense buffer (and an inout one written back after). Tensors that
-        require grad are passed detached (DLPack exports no autograd state)."""
-        plan = _Eager(self, build, env, scalars, self._device_of(bufs))
+        require grad are passed detached (DLPack exports no autograd state). What to
+        allocate is planned once per build, buffers' signature and scalars' values."""
+        key: tuple | None = (build.key, tuple(map(_TENSOR_FACTS, bufs)), tuple(scalars))
+        try:
+            plan = self._op_launches.get(key)  # type: ignore[arg-type]
+        except TypeError:  # a symbolic shape, an unhashable scalar
+            key, plan = None, None
+        if plan is None:
+            plan = _Eager(self, build, _env_of(build, bufs), scalars, self._device_of(bufs))
+            if key is not None:
+                with self._plans_lock:
+                    if len(self._op_launches) >= MAX_PLANS:
+                        self._op_launches.clear()
+                    self._op_launches[key] = plan
         fixed = []
         for b, align in zip(bufs, plan.aligns):
             if b.requires_grad:
