@@ -36,7 +36,7 @@ from cutecc.entry import contract_digest
 from cutecc.errors import CallError, CallTypeError, CuteccError
 from cutecc.runtime import calls, library
 from cutecc.runtime.calls import Build
-from cutecc.runtime.composite import CompositeBase
+from cutecc.runtime.composite_call import CompositeBase
 from cutecc.runtime.loader import FrontEnd, KernelSet, load_with
 
 __all__ = ["KernelCallError", "KernelTypeError", "TorchCompositeFn", "TorchKernelFn", "TorchKernelSet",

@@ -33,7 +33,7 @@ from cutecc.runtime.calls import (  # noqa: F401  (re-exported: tests and tools 
     _same,
     _static,
 )
-from cutecc.runtime.composite import CompositeBase
+from cutecc.runtime.composite_call import CompositeBase
 from cutecc.runtime.primitive import cutecc_call_p, unify_varying, varying
 
 MAX_EAGER_SIGNATURES = 256  # jitted eager calls kept per kernel (one per keyword values)
