@@ -341,6 +341,8 @@ def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
         inputs["imports"] = dict(sorted(imports.items()))
     if kernel.grad is not None:  # only when set: grad = { backward } alone keeps its keys
         inputs["grad"] = kernel.grad  # the named pairing the runtime reads from the entry
+    if kernel.shard:  # only when set: kernels without a sharding rule keep their keys
+        inputs["shard"] = list(kernel.shard)  # the independent symbols the runtime splits on
     if variant.call:  # only when set: kernels without call keywords keep their keys
         inputs["call"] = dict(variant.call)  # which call reaches this entry
     return inputs

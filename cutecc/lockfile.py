@@ -5,7 +5,9 @@
 and everything the runtime acts on besides it: the library's SHA-256 and size, the
 exported symbol, the backward pairing, the contract's digest and the SHA-256 of the
 runtime library it links against, so no edit of meta.json changes what runs without the
-lock refusing it. One line per key; duplicates are refused.
+lock refusing it. One line per key; duplicates are refused. A composite kernel (launches
+of other kernels, sharing tensors by name) is one line of its own, kept only where every
+launch is a kernel the lock pins (`cutecc.runtime.composite`).
 The file is JSON with one entry per line, sorted, with a format version and no
 timestamps, so it is byte-identical until an artifact changes and its diffs read one line
 per changed artifact. Importing this imports neither the DSL nor JAX.
@@ -22,6 +24,7 @@ from typing import Any
 from cutecc.atomic import atomic_write
 from cutecc.entry import acted_on, bad_pin_field, is_key, label, parse_json
 from cutecc.errors import CuteccError
+from cutecc.runtime.composite import CompositeLine
 from cutecc.runtime.tuning import Tuned, parse_lines
 from cutecc.store import Entry, Store
 
@@ -32,7 +35,9 @@ MAX_LOCK_BYTES = 16 << 20  # 10,000 entry lines (~600 bytes) and as many tuning 
 MAX_LOCK_DEPTH = 4
 # The optional "tuning" list (`cutecc tune`'s winners, see cutecc.runtime.tuning) is absent
 # until something is tuned, so untuned locks keep their bytes; readers that predate it
-# ignore it and serve the default configurations.
+# ignore it and serve the default configurations. So is the optional "composites" list
+# (`cutecc.runtime.composite`): one line per composite kernel whose launches the lock pins.
+MAX_COMPOSITES = 10_000
 
 
 @dataclass(frozen=True)
@@ -92,15 +97,18 @@ class LockEntry:
 
 @dataclass(frozen=True)
 class Lock:
-    """A parsed lock file: its entries, sorted by kernel, variant, arch; one per key; and
-    the tuning winners recorded for them (one line per kernel, variant, arch, device, bucket)."""
+    """A parsed lock file: its entries, sorted by kernel, variant, arch; one per key; the
+    tuning winners recorded for them (one line per kernel, variant, arch, device, bucket);
+    and the composite kernels whose launches they are (one line per composite, by name)."""
 
     entries: tuple[LockEntry, ...]
     tuning: tuple[Tuned, ...] = ()
+    composites: tuple[CompositeLine, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "entries", tuple(sorted(set(self.entries), key=lambda e: e.order)))
         object.__setattr__(self, "tuning", tuple(sorted(set(self.tuning), key=lambda t: t.order)))
+        object.__setattr__(self, "composites", tuple(sorted(set(self.composites), key=lambda c: c.name)))
 
     def dumps(self) -> bytes:
         """The file's bytes: deterministic, one entry (and one tuning result) per line."""
@@ -108,12 +116,16 @@ class Lock:
         lines = [json.dumps({n: getattr(e, n) for n in names}, separators=(", ", ": "))
                  for e in self.entries]
         body = ",\n  ".join(lines)
+        comps = ""
+        if self.composites:
+            cl = ",\n  ".join(json.dumps(c.to_json(), separators=(", ", ": ")) for c in self.composites)
+            comps = f',\n "composites": [\n  {cl}\n ]'
         tuned = ""
         if self.tuning:
             tl = ",\n  ".join(json.dumps(t.to_json(), separators=(", ", ": ")) for t in self.tuning)
             tuned = f',\n "tuning": [\n  {tl}\n ]'
-        return (f'{{\n "format": {LOCK_FORMAT},\n "entries": [\n  {body}\n ]{tuned}\n}}\n'
-                if lines else f'{{\n "format": {LOCK_FORMAT},\n "entries": []{tuned}\n}}\n').encode()
+        return (f'{{\n "format": {LOCK_FORMAT},\n "entries": [\n  {body}\n ]{comps}{tuned}\n}}\n'
+                if lines else f'{{\n "format": {LOCK_FORMAT},\n "entries": []{comps}{tuned}\n}}\n').encode()
 
     def with_tuning(self, tuning: Iterable[Tuned]) -> Lock:
         """This lock with `tuning` as its results, less those whose default configuration
@@ -121,7 +133,20 @@ class Lock:
         kernel's results are stale: `cutecc tune` measures it again)."""
         here = {(e.kernel, e.variant, e.arch, e.key) for e in self.entries}
         return Lock(self.entries, tuple(t for t in tuning
-                                        if (t.kernel, t.variant, t.arch, t.base) in here))
+                                        if (t.kernel, t.variant, t.arch, t.base) in here),
+                    self.composites)
+
+    def with_composites(self, composites: Iterable[CompositeLine]) -> Lock:
+        """This lock with `composites` as its composite lines, less those it cannot serve:
+        one with a launch whose kernel the lock pins no entry of, or named like a kernel
+        it pins (a partial selection, `--kernel`/`--arch`, drops them)."""
+        pinned = {e.kernel for e in self.entries}
+        return Lock(self.entries, self.tuning,
+                    tuple(c for c in composites if c.name not in pinned and set(c.launches) <= pinned))
+
+    def composite(self, name: str) -> CompositeLine | None:
+        """The composite line named `name`, or None."""
+        return next((c for c in self.composites if c.name == name), None)
 
     def winners(self) -> list[LockEntry]:
         """The lock lines of the tuned winners that are not default configurations."""
@@ -155,7 +180,8 @@ class Lock:
             seen[le.key] = i
             out.append(le)
         tuning = parse_lines(doc["tuning"], where, "tuning") if "tuning" in doc else ()
-        return cls(tuple(out)).with_tuning(tuning)
+        lock = cls(tuple(out)).with_tuning(tuning)
+        return lock.with_composites(_composites(doc.get("composites", []), lock, where))
 
     def distinct_keys(self) -> list[str]:
         """The keys (tuned winners' too), sorted."""
@@ -168,8 +194,9 @@ class Lock:
     def select(self, archs: Iterable[str] = (), kernels: Iterable[str] = ()) -> Lock:
         """Only the entries of these archs and kernels (all when empty)."""
         a, k = set(archs), set(kernels)
-        return Lock(tuple(e for e in self.entries
-                          if (not a or e.arch in a) and (not k or e.kernel in k))).with_tuning(self.tuning)
+        return Lock(tuple(e for e in self.entries if (not a or e.arch in a) and (not k or e.kernel in k))
+                    ).with_tuning(self.tuning).with_composites(
+                        c for c in self.composites if not k or c.name in k)
 
     def resolve(self, store: Store) -> Iterator[tuple[Entry, LockEntry]]:
         """Each locked entry of `store` with its lock line (not the tuned winners: see
@@ -195,6 +222,30 @@ class Lock:
 
 def _short(v: Any) -> str:
     return f"{v[:16]}..." if isinstance(v, str) and len(v) == 64 else repr(v)
+
+
+def _composites(items: Any, lock: Lock, where: str) -> list[CompositeLine]:
+    """The "composites" lines: each well formed, named once and not like a kernel the lock
+    pins, and each launch a kernel whose entries the lock pins (a line that asks for
+    anything else decides nothing: the lock is refused)."""
+    if not isinstance(items, list) or len(items) > MAX_COMPOSITES:
+        raise CuteccError(f"composites is not a list of at most {MAX_COMPOSITES} lines", where=where,
+                          key_path="composites")
+    pinned = {e.kernel for e in lock.entries}
+    out: dict[str, CompositeLine] = {}
+    for i, item in enumerate(items):
+        kp = f"composites[{i}]"
+        c = CompositeLine.from_json(item, where, kp)
+        if c.name in out or c.name in pinned:
+            raise CuteccError(f"composite {c.name!r} is named twice (a composite, or a kernel the lock "
+                              "pins)", where=where, key_path=f"{kp}.name")
+        for j, ln in enumerate(c.launches):
+            if ln not in pinned:
+                raise CuteccError(f"composite {c.name!r} launches {ln!r}, a kernel this lock pins no "
+                                  "entry of; a composite runs only entries its lock vouches for",
+                                  where=where, key_path=f"{kp}.launches[{j}]")
+        out[c.name] = c
+    return list(out.values())
 
 
 def _line(e: Any, where: str, kp: str) -> LockEntry:
@@ -286,7 +337,8 @@ class Merged:
 
 
 def merge_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
-                covered: set[tuple[str, str]], defined: set[str]) -> Merged:
+                covered: set[tuple[str, str]], defined: set[str],
+                composites: Iterable[CompositeLine] = ()) -> Merged:
     """The lock of a successful build, not written yet.
 
     A full build locks exactly its `lines`. A `partial` one (restricted by --kernel or
@@ -294,9 +346,11 @@ def merge_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
     other entries of kernels the manifest still `defined`. Tuning lines stay while their
     defaults do. Never does it vouch for other bytes under a key the old lock already
     names: an entry whose key is unchanged but whose library (or anything else the runtime
-    acts on) differs is an error (exit 1).
+    acts on) differs is an error (exit 1). The manifest's `composites` are locked where
+    the lock pins every launch's kernel.
     """
-    new = Lock(tuple(lines))
+    composites = tuple(composites)
+    new = Lock(tuple(lines)).with_composites(composites)
     if not partial:  # the usual no-op build: the file says exactly this already
         try:
             if path.read_bytes() == new.dumps():
@@ -322,15 +376,17 @@ def merge_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
         ours = {le.key for le in new.entries}
         kept = tuple(e for e in old.entries if (e.kernel, e.arch) not in covered
                      and e.kernel in defined and e.key not in ours)
-        new = Lock(new.entries + kept)
+        new = Lock(new.entries + kept).with_composites(composites)
     return Merged(new.with_tuning(old.tuning), kept)
 
 
 def record_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
-                 covered: set[tuple[str, str]], defined: set[str]) -> bool:
+                 covered: set[tuple[str, str]], defined: set[str],
+                 composites: Iterable[CompositeLine] = ()) -> bool:
     """`merge_build`, written as it is (nothing checked against a cache); True when the
     file changed."""
-    merged = merge_build(path, lines, partial=partial, covered=covered, defined=defined)
+    merged = merge_build(path, lines, partial=partial, covered=covered, defined=defined,
+                         composites=composites)
     return False if merged.unchanged else write_lock(path, merged.lock)
 
 

@@ -31,14 +31,17 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
                                   {dsl = "cutlass.Int32", value = 5}, {import = "m:Name"},
                                   {call = "m:f", args = [..], kwargs = {..}}, {none = true}
     args = [..]                   the launcher's arguments in its own order:
-      {name, dtype, shape, role = "input"|"output"|"inout"|"scratch", zero, buffer, layout, align}
+      {name, dtype, shape, role = "input"|"output"|"inout"|"scratch", zero, buffer, layout, align,
+       may_alias}
         a tensor; an output's or scratch's extent may be derived, an expression over symbols,
         "$param"s and "$hw.fact"s (`cutecc.expr`); scratch is allocated (zero = true: zeroed)
         and dropped by the runtime;
         layout = "row-major" (default) | "column-major" | [stride order, 0 = stride 1];
         or mode = [..] (cutlass_call's): dimension i is dimension mode[i] of the array passed;
         buffer = [..] (input/inout): the shape of the padded array passed, of which the
-        kernel sees the `shape` block at its origin with the buffer's strides (`lda`)
+        kernel sees the `shape` block at its origin with the buffer's strides (`lda`);
+        may_alias = "x" (output): the kernel may write it in input x's memory (it reads each
+        element before writing it): `ks.k.in_place(..)` lets XLA reuse x's buffer
       {kind = "scalar", name, dtype, default}    a runtime scalar (keyword at the JAX side);
         with value = <int or expression> instead, derived: the runtime computes and passes it
       {kind = "none"}   {kind = "stream"}   {kind = "tuple", items = [..]}
@@ -88,6 +91,8 @@ from cutecc.contract import (
     TensorArg,
     TupleArg,
     flat_leaves,
+    may_alias_problem,
+    shard_problem,
 )
 from cutecc.errors import CuteccError
 from cutecc.names import KERNEL_SET_RESERVED, call_name_problem, kernel_name_problem
@@ -142,10 +147,10 @@ _BUILD_KEYS = {"executor", "ray_address", "remote", "compile_timeout", "compile_
 EXECUTORS = ("local", "ray")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs", "profile",
-                "compile_options", "grad", "description", "symbols", "tune", "derive"}
+                "compile_options", "grad", "description", "symbols", "tune", "derive", "shard"}
 MAX_DIVISIBILITY = 1 << 16
 _TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "buffer", "layout", "mode", "align", "param",
-                "zero", "saved", "reduce", "broadcast"}
+                "zero", "saved", "reduce", "broadcast", "may_alias"}
 COTANGENT = "cotangent."  # grad.args: "cotangent.out" is the cotangent of forward output "out"
 _SCALAR_KEYS = {"kind", "name", "dtype", "default", "param", "value"}
 _Value = int | float | bool | str
@@ -194,6 +199,9 @@ class Kernel:
     # results is the gradient of. None: inputs then cotangents, one gradient per input.
     grad_args: tuple[str, ...] | None = None
     grad_returns: tuple[str, ...] | None = None
+    # `shard = ["b", "h"]`: symbolic extents the kernel is independent along, so a call
+    # under several devices may run per shard of them (`cutecc.runtime.sharding`)
+    shard: tuple[str, ...] = ()
 
     @property
     def grad(self) -> dict[str, Any] | None:
@@ -474,7 +482,7 @@ def _check_composites(ctx: _Ctx, composites: list[Composite],
             if n not in written:
                 raise ctx.fail(f"{kp}, outputs[{i}]", f'"{n}" is no launch result')
         ins = tuple(t for t in (have[n] for n in c.inputs) if t is not None)
-        res = tuple(dataclasses.replace(t, role="output", saved=False)
+        res = tuple(dataclasses.replace(t, role="output", saved=False, may_alias=None)
                     for t in (have[n] for n in c.outputs) if t is not None)
         out[c.name] = CallingConvention(ins, res, (), ())
     return out
@@ -602,12 +610,20 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
         if total > MAX_VARIANTS_PER_KERNEL:
             raise ctx.fail(f"{kp}, tune", f"over {MAX_VARIANTS_PER_KERNEL} candidates")
         pending.append(cands)
+    shard = kdoc.get("shard", [])
+    if not isinstance(shard, list) or not all(isinstance(x, str) for x in shard):
+        raise ctx.fail(f"{kp}, shard", "must be an array of symbolic extents")
+    for v in variants:
+        why = shard_problem(v.convention, tuple(shard))
+        if why:
+            raise ctx.fail(f"{kp}, shard", why + (f" (variant {v.id})" if v.params else ""))
     keyed = _call_keywords(ctx, kp, axes, variants)
     # A candidate stands in for its default variant: it answers the same call keywords.
     candidates = tuple((v.id, tuple(dataclasses.replace(c, call=v.call) for c in cands))
                        for v, cands in zip(keyed, pending))
     return Kernel(name, entry, k_archs, k_profile, k_copts, keyed, backward, tuning, candidates,
-                  hardware=tuple(sorted(hw.items())), grad_args=grad_args, grad_returns=grad_returns)
+                  hardware=tuple(sorted(hw.items())), grad_args=grad_args, grad_returns=grad_returns,
+                  shard=tuple(shard))
 
 def _symbols(ctx: _Ctx, kp: str, v: Any) -> tuple[dict[str, int], frozenset[str]]:
     """`symbols = { n = { divisibility = 8, bits = 64 } }`: per symbolic extent, what it is a
@@ -993,6 +1009,11 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
     if saved and reduce is not None:
         raise ctx.fail(f"{kp}.reduce", "a saved output is handed to the backward as written: "
                        "it cannot be reduced")
+    may_alias = a.get("may_alias")
+    if may_alias is not None and (not isinstance(may_alias, str) or role != "output"):
+        raise ctx.fail(f"{kp}.may_alias", 'only an output may be written in an input\'s memory: '
+                       f'may_alias = "<input name>", got {may_alias!r}'
+                       + ("" if role == "output" else f" on an {role}"))
     zero = a.get("zero", False)
     if type(zero) is not bool or (zero and role != "scratch"):
         raise ctx.fail(f"{kp}.zero", 'only a scratch tensor (role = "scratch") may be zeroed: '
@@ -1029,7 +1050,7 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
     if reduce is not None and not dims:
         raise ctx.fail(f"{kp}.reduce", "a scalar (rank 0) output has no leading axis to sum over")
     return TensorArg(name, role, dt, dims, label, align, order=order, buffer=buffer, zero=zero,
-                     saved=saved, reduce=reduce, broadcast=bcast)
+                     saved=saved, reduce=reduce, broadcast=bcast, may_alias=may_alias)
 
 
 def _broadcast(ctx: _Ctx, kp: str, v: Any, dims: tuple[Dim, ...], role: str) -> tuple[int, ...] | None:
@@ -1204,6 +1225,9 @@ def _check_args(ctx: _Ctx, kp: str, args: tuple[Arg, ...]) -> None:
                                    f'"{s}" is not the extent of any input, so the runtime cannot '
                                    "compute the scalar (known symbols: "
                                    f"{', '.join(sorted(bound)) or 'none'})")
+    bad = may_alias_problem(args)
+    if bad is not None:
+        raise ctx.fail(f"{kp}, args ({bad[0]}).may_alias", bad[1])
     names = {t.name for t in tensors}
     clash = names & {s for t in tensors for s in t.symbols}
     if clash:

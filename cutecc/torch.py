@@ -709,7 +709,7 @@ class TorchKernelFn(calls.KernelBase):
 
 
 class TorchCompositeFn(CompositeBase):
-    """A composite kernel from PyTorch (see `cutecc.runtime.composite`). Each launch is a
+    """A composite kernel from PyTorch (see `cutecc.runtime.composite_call`). Each launch is a
     kernel of the set (eager or through its op), so a composite compiles and serves as a
     backward."""
 

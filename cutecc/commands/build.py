@@ -37,6 +37,7 @@ from cutecc.locks import is_held
 from cutecc.manifest import load_manifest
 from cutecc.plan import Planned, plan
 from cutecc.report import Report
+from cutecc.runtime.composite import CompositeLine
 from cutecc.store import HASH_CACHE, Store, entry_trust_problem, manifest_id, touch_used
 from cutecc.units import human_size
 from cutecc.workers import BuildJob, Result, ensure_runtime
@@ -348,7 +349,8 @@ def build(
         merged = merge_build(
             path, [_lock_line(o) for o in report.outcomes],
             partial=bool(kernels or archs), covered={(p.kernel.name, p.arch) for p in planned},
-            defined={k.name for k in full.kernels})
+            defined={k.name for k in full.kernels},
+            composites=[CompositeLine(c.name, c.launches, c.inputs, c.outputs) for c in full.composites])
         new_lock = _vouched(store, full, hashes, merged, report, signing=key is not None, where=path)
         report.lock_changed = write_lock(path, new_lock)
         report.lock_file = path
@@ -367,7 +369,7 @@ def _vouched(store: Store, manifest: Any, hashes: Any, merged: Merged,
     line read back and hashed. A tuning line that fails is dropped with a warning (the
     default serves its bucket); an entry line that fails is an error naming it, and
     nothing is written or signed."""
-    from cutecc.vouch import entry_line_problem, tuning_line_problem
+    from cutecc.vouch import composite_line_problem, entry_line_problem, tuning_line_problem
 
     bad: list[str] = []
     memo: dict[Any, Any] = {}  # each library and runtime library read and hashed once
@@ -375,6 +377,10 @@ def _vouched(store: Store, manifest: Any, hashes: Any, merged: Merged,
         why = entry_line_problem(store, le, hashed=signing, memo=memo)
         if why and (signing or why != "not in the cache"):
             bad.append(f"{le.label} {le.key[:12]}: {why}")
+    for c in merged.lock.composites:
+        why = composite_line_problem(store, merged.lock, c, hashed=signing, present=signing, memo=memo)
+        if why:
+            bad.append(f"composite {c.name}: {why}")
     if bad:
         raise CuteccError(f"{'refusing to sign: ' if signing else ''}{len(bad)} lock line(s) this build "
                           f"cannot vouch for: {'; '.join(bad[:5])}"

@@ -1,5 +1,6 @@
-"""A composite kernel: an ordered list of launches of other kernels of the set, sharing
-tensors by name (`[kernel.NAME] launches = [..]`), called as one kernel.
+"""How a composite kernel is called: an ordered list of launches of other kernels of the
+set, sharing tensors by name (`[kernel.NAME] launches = [..]`; its definition as a lock pins
+it is `cutecc.runtime.composite.CompositeLine`), called as one kernel.
 
 What a composite call is, whichever framework calls it: its arity and keywords checked,
 each launch given its arrays by name from the call's inputs and earlier launches' results
@@ -85,9 +86,18 @@ class CompositeBase:
                                 where=f'kernel "{self.name}"', exit_code=1)
         have = dict(zip(self.inputs, args))
         for f in fns:
+            gone = [n for n in f.input_names() if n not in have]
+            if gone:  # the launch's contract is not the one the composite was declared over
+                raise CallError(f'launch "{f.name}" takes "{gone[0]}", which is no input of the '
+                                "composite and no result of an earlier launch; rebuild and lock "
+                                "them together", where=f'kernel "{self.name}"', exit_code=1)
             mine = f.scalar_names() | set(f._keywords)
             have.update(self._launch(f, tuple(have[n] for n in f.input_names()),
                                      {k: v for k, v in kw.items() if k in mine}, args))
+        gone = [n for n in self.outputs if n not in have]
+        if gone:
+            raise CallError(f'output "{gone[0]}" is no result of its launches; rebuild and lock them '
+                            "together", where=f'kernel "{self.name}"', exit_code=1)
         if every:
             return {n: have[n] for n in self.outputs}
         out = tuple(have[n] for n in self.outputs)
