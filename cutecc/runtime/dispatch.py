@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cutecc.contract import ScalarArg, TensorArg, shard_factors
-from cutecc.errors import CallError, CallTypeError, CuteccError
+from cutecc.errors import CallError, CallTypeError
 from cutecc.runtime import calls, sharding
 from cutecc.runtime.calls import (  # noqa: F401  (re-exported: tests and tools import them here)
     MAX_SYMBOLIC_EXTENT,
@@ -36,6 +36,7 @@ from cutecc.runtime.calls import (  # noqa: F401  (re-exported: tests and tools 
     _same,
     _static,
 )
+from cutecc.runtime.composite_call import CompositeBase
 from cutecc.runtime.primitive import cutecc_call_p, unify_varying, varying
 
 MAX_EAGER_SIGNATURES = 256  # jitted eager calls kept per kernel (one per keyword values)
@@ -311,52 +312,14 @@ class KernelFn(calls.KernelBase):
         return f(*arrays)
 
 
-class CompositeFn:
-    """A kernel declared as an ordered list of launches of other kernels sharing tensors by
-    name (`[kernel.NAME] launches = [..]`): called as one kernel, `fn(*inputs, **keywords)`,
-    each launch takes its arrays by name from the call's inputs and the results of earlier
-    launches (saved ones too), and the declared outputs are returned. Pairable as a backward.
-    Runtime scalars and call keywords go to each launch that takes them."""
-
-    builds: tuple[Build, ...] = ()  # nothing of its own: its launches are kernels
-    unusable: tuple[str, ...] = ()
-    backward = None
-    grad = None
-    tuning = None
+class CompositeFn(CompositeBase):
+    """A composite kernel from JAX (see `cutecc.runtime.composite_call`): called outside any
+    transformation, one cached `jax.jit` of the whole call, as for a kernel."""
 
     def __init__(self, name: str, launches: Sequence[str], inputs: Sequence[str],
                  outputs: Sequence[str], owner: Any = None) -> None:
-        self.name = name
-        self.launches, self.inputs, self.outputs = tuple(launches), tuple(inputs), tuple(outputs)
-        self._owner = owner
+        super().__init__(name, launches, inputs, outputs, owner)
         self._eager: dict[tuple, Any] = {}
-
-    def __repr__(self) -> str:
-        return (f"<cutecc kernel {self.name}: ({', '.join(self.inputs)}) -> "
-                f"({', '.join(self.outputs)}) through {' -> '.join(self.launches)}>")
-
-    def _fns(self) -> list[KernelFn]:
-        fns = [self._owner.get(n) if self._owner is not None else None for n in self.launches]
-        missing = [n for n, f in zip(self.launches, fns) if f is None]
-        if missing:
-            raise CuteccError(f"launch kernel {missing[0]!r} is not in this cache; run `cutecc build`",
-                              where=f'kernel "{self.name}"', exit_code=1)
-        return fns  # type: ignore[return-value]
-
-    @property
-    def _keywords(self) -> dict[str, list[Any]]:
-        out: dict[str, list[Any]] = {}
-        for f in self._fns():
-            for k, vals in f._keywords.items():
-                out.setdefault(k, []).extend(v for v in vals if not any(_same(v, w) for w in out[k]))
-        return out
-
-    @property
-    def keywords(self) -> dict[str, list[Any]]:
-        return {k: list(v) for k, v in self._keywords.items()}
-
-    def scalar_names(self) -> set[str]:
-        return set().union(*(f.scalar_names() for f in self._fns()))
 
     def __call__(self, *arrays: Any, **kw: Any) -> Any:
         known = self._keywords
@@ -378,35 +341,12 @@ class CompositeFn:
 
     def _plain(self, arrays: Sequence[Any], scalars: Mapping[str, Any],
                keywords: Mapping[str, Any], every: bool = False) -> Any:
-        if len(arrays) != len(self.inputs):
-            raise CallTypeError(f"takes {len(self.inputs)} array(s) ({', '.join(self.inputs)}), got "
-                                f"{len(arrays)}", where=f'kernel "{self.name}"', exit_code=1)
-        fns = self._fns()
-        taken = set().union(*(f.scalar_names() for f in fns))
-        unknown = sorted(set(scalars) - taken)
-        if unknown:
-            raise CallTypeError(f"unknown keyword argument {unknown[0]!r}; runtime scalars of the "
-                                f"launches: {', '.join(sorted(taken)) or 'none'}",
-                                where=f'kernel "{self.name}"', exit_code=1)
-        have = dict(zip(self.inputs, arrays))
-        for f in fns:
-            gone = [n for n in f.input_names() if n not in have]
-            if gone:  # the launch's contract is not the one the composite was declared over
-                raise CallError(f'launch "{f.name}" takes "{gone[0]}", which is no input of the '
-                                "composite and no result of an earlier launch; rebuild and lock "
-                                "them together", where=f'kernel "{self.name}"', exit_code=1)
-            args = tuple(have[n] for n in f.input_names())
-            sc = {k: v for k, v in scalars.items() if k in f.scalar_names()}
-            kw = {k: v for k, v in keywords.items() if k in f._keywords}
-            have.update(f._plain(args, sc, kw, every=True))
-        gone = [n for n in self.outputs if n not in have]
-        if gone:
-            raise CallError(f'output "{gone[0]}" is no result of its launches; rebuild and lock them '
-                            "together", where=f'kernel "{self.name}"', exit_code=1)
-        if every:
-            return {n: have[n] for n in self.outputs}
-        out = tuple(have[n] for n in self.outputs)
-        return out[0] if len(out) == 1 else out
+        return self._run(arrays, {**scalars, **keywords}, every)
+
+    def _launch(self, fn: Any, args: tuple[Any, ...], kw: Mapping[str, Any],
+                given: Sequence[Any]) -> Mapping[str, Any]:
+        scalars = {k: v for k, v in kw.items() if k not in fn._keywords}
+        return fn._plain(args, scalars, {k: v for k, v in kw.items() if k in fn._keywords}, every=True)
 
 
 def _dim_op(name: str) -> Any:
