@@ -14,7 +14,7 @@ comes from `cutecc tune`, possibly on another host: neither was seen by this bui
   the default (`runtime.tuning.sibling_problem`: same kernel, contract and call keywords);
 - `composite_line_problem`: every launch of a composite line is a kernel the lock pins
   (as `Lock.loads` insists) and its tensors flow through the contracts of those pinned
-  entries (`runtime.composite.flow_problem`), read from this cache.
+  entries (`composite_line.flow_problem`), read from this cache.
 """
 
 from __future__ import annotations
