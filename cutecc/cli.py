@@ -110,7 +110,7 @@ def _complete_keys(ctx: click.Context, param: click.Parameter, incomplete: str) 
     from click.shell_completion import CompletionItem
 
     from cutecc.entry import label_of
-    from cutecc.store import Store
+    from cutecc.store.writer import Store
 
     try:
         store = Store(ctx.params.get("cache_dir"))

@@ -22,7 +22,7 @@ from typing import Any
 from cutecc.entry import label_of, runtime_record
 from cutecc.locks import Busy
 from cutecc.report import Report
-from cutecc.store import Store
+from cutecc.store.writer import Store
 from cutecc.units import human_size, iso, parse_age, parse_size
 
 RUNTIME_GRACE_S = 3600.0

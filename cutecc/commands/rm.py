@@ -15,7 +15,8 @@ from cutecc.entry import label_of
 from cutecc.errors import CuteccError
 from cutecc.locks import Busy
 from cutecc.report import Report
-from cutecc.store import Entry, Store
+from cutecc.store.view import Entry
+from cutecc.store.writer import Store
 from cutecc.units import human_size
 
 

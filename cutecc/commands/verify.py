@@ -45,12 +45,12 @@ from cutecc.locks import Busy
 from cutecc.report import Report
 from cutecc.runtime.tuning import (
     MAX_RECORD_BYTES,
-    RESULTS_DIR,
     TUNING_FORMAT,
     parse_lines,
     sibling_problem,
 )
-from cutecc.store import Store, entry_trust_problem, read_meta
+from cutecc.store.view import entry_trust_problem, read_meta
+from cutecc.store.writer import Store
 
 BAD = frozenset({"missing", "truncated", "altered", "malformed", "untrusted"})  # the entry is unusable
 
@@ -279,15 +279,15 @@ def _check_tuning(store: Store, report: VerifyReport, kernels: dict[str, dict[st
     each of its winners checked by the rule the runtime applies (`sibling_problem`: same
     kernel, contract and call keywords as its default, bytes as recorded): a record that
     would serve one variant's calls with another's library is `bad-tuning`."""
-    root = store.root.joinpath(*RESULTS_DIR)
+    root = store.layout.tuning_results()
     for f in _listdir(root):
         base = f.name[:-5] if f.name.endswith(".json") else ""
         if not is_key(base):
             report.problems.append(Problem("orphan", str(f), "not a tuning record"))
             continue
         try:
-            doc = parse_json(trust.read_file(store.root, (*RESULTS_DIR, f.name), MAX_RECORD_BYTES),
-                             MAX_RECORD_BYTES, 6)
+            data = trust.read_file(store.root, store.layout.tuning_result_parts(base), MAX_RECORD_BYTES)
+            doc = parse_json(data, MAX_RECORD_BYTES, 6)
             if not isinstance(doc, dict) or doc.get("format") != TUNING_FORMAT:
                 raise ValueError(f"not a tuning record of format {TUNING_FORMAT}")
             lines = parse_lines(doc.get("records"), str(f), "records")

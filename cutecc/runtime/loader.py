@@ -29,7 +29,7 @@ from cutecc.archs import check_arch, device_arch, runs_on
 from cutecc.entry import ARTIFACT_FORMAT, ENTRY_FORMAT, meta_problem
 from cutecc.errors import CuteccError
 from cutecc.runtime.calls import Build, KernelBase
-from cutecc.store import Entry, Store
+from cutecc.store.view import Entry, StoreView
 
 
 def _tvm_ffi_series() -> str:
@@ -195,7 +195,7 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
 
         cache_dir = package_root(package)
         lock, record_use = cache_dir / LOCK_NAME, False
-    store = Store(cache_dir)
+    store = StoreView(cache_dir)
     if not store.entries_dir.is_dir():
         raise CuteccError("no kernel cache here; run `cutecc build` first", where=str(store.root),
                           exit_code=1)
@@ -298,7 +298,7 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
     return ks
 
 
-def _entries_of(store: Store, name: str, keys: list[str],
+def _entries_of(store: StoreView, name: str, keys: list[str],
                 newest: bool) -> tuple[list[Entry], list[str]]:
     """The entries of kernel `name` under `keys`, and why any could not be read. A key
     whose entry is gone (removed since it was listed) is skipped, and so is one whose
@@ -376,7 +376,7 @@ def _no_keys_without_a_lock(trusted_keys: list[str | Path] | None) -> None:
                           f"{given.rstrip('=')} to load the cache as it is", where="cutecc.load")
 
 
-def _tuning(name: str, fn: KernelBase, store: Store, locked: Any, target: str, series: str,
+def _tuning(name: str, fn: KernelBase, store: StoreView, locked: Any, target: str, series: str,
             record_use: bool, device_kind: Callable[[], str | None]) -> Any:
     """The kernel's table of tuned winners: the lock's results (with a lock), else the
     cache's records of its default entries; None when nothing was tuned."""

@@ -23,10 +23,9 @@ from typing import Any
 from cutecc import trust
 from cutecc.entry import acted_on, bad_pin_field, call_keywords, contract_digest, is_key, parse_json
 from cutecc.errors import CuteccError
+from cutecc.store.layout import TUNING_FORMAT, Layout
 
-TUNING_FORMAT = 1
 RULES = ("floor", "nearest")
-RESULTS_DIR = ("tuning", "results")
 MAX_RECORD_BYTES = 4 << 20
 MAX_LINES = 20_000  # tuning lines in one lock or record: buckets x variants x devices
 _log = logging.getLogger("cutecc")
@@ -179,7 +178,7 @@ def parse_lines(items: Any, where: str, kp: str) -> tuple[Tuned, ...]:
 
 def results_path(root: Path, base: str) -> Path:
     """The cache's record of the tuning results for one default entry."""
-    return root.joinpath(*RESULTS_DIR, f"{base}.json")
+    return Layout(root).tuning_result(base)
 
 
 def read_cached(root: Path, base: str) -> list[dict[str, Any]]:
@@ -192,7 +191,7 @@ def read_cached(root: Path, base: str) -> list[dict[str, Any]]:
     if not path.parent.is_dir():  # nothing recorded: nothing to believe, wherever the cache is
         return []
     try:
-        data = trust.read_file(root, (*RESULTS_DIR, f"{base}.json"), MAX_RECORD_BYTES)
+        data = trust.read_file(root, Layout(root).tuning_result_parts(base), MAX_RECORD_BYTES)
         doc = parse_json(data, MAX_RECORD_BYTES, 6)
         if not isinstance(doc, dict) or doc.get("format") != TUNING_FORMAT:
             return []
@@ -214,7 +213,7 @@ def winners_in(root: Path) -> dict[str, list[str]]:
     """What the cache's tuning records say each entry wins: key -> [`n=65536 on DEVICE`, ..]
     (for `cutecc list` and `show`)."""
     out: dict[str, list[str]] = {}
-    d = root.joinpath(*RESULTS_DIR)
+    d = Layout(root).tuning_results()
     try:
         names = sorted(p.name for p in d.iterdir() if p.name.endswith(".json"))[:MAX_RESULT_FILES]
     except OSError:

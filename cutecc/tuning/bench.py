@@ -45,7 +45,7 @@ import numpy as np
 from cutecc import cubin, expr
 from cutecc.runtime.dispatch import Build, KernelFn
 from cutecc.runtime.tuning import bucket_text
-from cutecc.store import Store
+from cutecc.store.writer import Store
 from cutecc.tuning import trace
 from cutecc.tuning.space import benchmark_extents
 

@@ -68,15 +68,16 @@ def test_a_kernel_is_checked_at_first_use_only(example_cache: Path, monkeypatch)
 def test_load_reads_one_kernels_records_only(example_cache: Path, tmp_path: Path, monkeypatch) -> None:
     """Loading lists nothing and reads no metadata; a kernel's first use reads its own index
     records and entries, never another kernel's, so the cost does not grow with the cache."""
-    import cutecc.store
+    import cutecc.store.view
 
     store = Store(shutil.copytree(example_cache, tmp_path / "cache"))
     listed: list[str] = []
     read: list[str] = []
-    real_keys, real_meta = Store.kernel_keys, cutecc.store.read_meta
-    monkeypatch.setattr(Store, "kernel_names", lambda self: listed.append("all") or [])
-    monkeypatch.setattr(Store, "kernel_keys", lambda self, k: listed.append(k) or real_keys(self, k))
-    monkeypatch.setattr(cutecc.store, "read_meta", lambda d: read.append(d.name) or real_meta(d))
+    view = cutecc.store.view.StoreView  # what the runtime reads through
+    real_keys, real_meta = view.kernel_keys, cutecc.store.view.read_meta
+    monkeypatch.setattr(view, "kernel_names", lambda self: listed.append("all") or [])
+    monkeypatch.setattr(view, "kernel_keys", lambda self, k: listed.append(k) or real_keys(self, k))
+    monkeypatch.setattr(cutecc.store.view, "read_meta", lambda d: read.append(d.name) or real_meta(d))
     ks = cutecc.load(store.root, arch="sm_90a")
     assert listed == [] and read == []
     assert len(ks.axpy.variants) == 1
