@@ -52,9 +52,10 @@ from cutecc.entry import (
 )
 
 __all__ = [
-    "AREAS", "ENTRY_FORMAT", "GENERATION_FORMAT", "INDEX_FORMAT", "META", "PLAN_FORMAT",
-    "QUARANTINE_FORMAT", "RUNTIME_FORMAT", "STATS_FORMAT", "STORE_FORMAT", "TUNING_FORMAT", "USED",
-    "Layout", "entry_file_parts", "entry_parts", "manifest_id", "runtime_parts",
+    "AREAS", "ENTRY_FORMAT", "GENERATION_FORMAT", "INDEX_FORMAT", "MAX_PLAN_BYTES", "META",
+    "PLAN_FORMAT", "QUARANTINE_FORMAT", "RUNTIME_FORMAT", "STATS_FORMAT", "STORE_FORMAT",
+    "TUNING_FORMAT", "USED", "Layout", "entry_file_parts", "entry_parts", "manifest_id",
+    "runtime_parts",
 ]
 
 STATS_FORMAT = 1
@@ -62,6 +63,7 @@ QUARANTINE_FORMAT = 1  # the layout of why.json in a quarantined entry
 GENERATION_FORMAT = 1  # generations/*.json, manifests/*.json and composites/*.json
 PLAN_FORMAT = 1  # tuning/plans/*.json
 TUNING_FORMAT = 1  # tuning/results/*.json (and a lock's tuning lines)
+MAX_PLAN_BYTES = 16 << 20  # a tuning plan or record larger than this is not ours
 
 # The names of the cache's areas, relative to its root.
 ENTRIES = "entries"

@@ -35,7 +35,14 @@ from cutecc.entry import (
     read_index_facts,
 )
 from cutecc.errors import CuteccError
-from cutecc.store.layout import GENERATION_FORMAT, STATS_FORMAT, Layout
+from cutecc.store.layout import (
+    GENERATION_FORMAT,
+    MAX_PLAN_BYTES,
+    PLAN_FORMAT,
+    STATS_FORMAT,
+    TUNING_FORMAT,
+    Layout,
+)
 
 # Format 1 counters of stats.json. Counters were added without a format change (remote_*:
 # the remote cache); a reader takes the ones it knows, and a writer keeps the numbers it
@@ -48,11 +55,12 @@ COUNTERS = ("hits", "misses", "failures", "seconds_saved",
 _S = TypeVar("_S", bound="StoreView")
 
 
-def read_small_json(path: Path) -> Any:
-    """A small JSON record of the cache, None when absent, unreadable or not JSON."""
+def read_small_json(path: Path, limit: int = MAX_META_BYTES) -> Any:
+    """A small JSON record of the cache (at most `limit` bytes), None when absent,
+    unreadable, larger or not JSON."""
     try:
         with open(path, "rb") as f:
-            return parse_json(f.read(MAX_META_BYTES + 1))
+            return parse_json(f.read(limit + 1), limit)
     except (OSError, ValueError):
         return None
 
@@ -368,18 +376,24 @@ class StoreView:
 
 
     def recorded_keys(self) -> frozenset[str]:
-        """Every key a recorded build names: the generations of every kernel and arch, and
-        the newest build of every manifest (`cutecc gc --unreachable` keeps these). Records
-        unreadable or of another format name nothing."""
+        """Every key a record in the cache names: the newest build of every kernel and arch
+        (`generations/`) and of every manifest (`manifests/`), every candidate of a stored
+        tuning plan (`tuning/plans/`), and every default and winner of a tuning record
+        (`tuning/results/`). What `cutecc gc --unreachable` keeps; a record unreadable or
+        of another format names nothing (reading more only keeps more)."""
         keys: set[str] = set()
-        for d, read in ((self.generations_dir, _generation_keys), (self.manifests_dir, _manifest_keys)):
+        areas = ((self.generations_dir, GENERATION_FORMAT, MAX_META_BYTES, _generation_keys),
+                 (self.manifests_dir, GENERATION_FORMAT, MAX_META_BYTES, _manifest_keys),
+                 (self.layout.tuning_plans(), PLAN_FORMAT, MAX_PLAN_BYTES, _plan_keys),
+                 (self.layout.tuning_results(), TUNING_FORMAT, MAX_PLAN_BYTES, _result_keys))
+        for d, fmt, limit, read in areas:
             try:
                 names = sorted(n for n in os.listdir(d) if n.endswith(".json"))
             except OSError:
                 continue
             for n in names:
-                doc = read_small_json(d / n)
-                if isinstance(doc, dict) and doc.get("format") == GENERATION_FORMAT:
+                doc = read_small_json(d / n, limit)
+                if isinstance(doc, dict) and doc.get("format") == fmt:
                     keys.update(k for k in read(doc) if is_key(k))
         return frozenset(keys)
 
@@ -413,6 +427,21 @@ class StoreView:
 def _generation_keys(doc: dict[str, Any]) -> list[Any]:
     keys = doc.get("keys")
     return keys if isinstance(keys, list) else []
+
+
+def _plan_keys(doc: dict[str, Any]) -> list[Any]:
+    items = doc.get("items")
+    out = []
+    for it in items if isinstance(items, list) else ():
+        cands = it.get("candidates") if isinstance(it, dict) else None
+        out += [c.get("key") for c in (cands if isinstance(cands, list) else ()) if isinstance(c, dict)]
+    return out
+
+
+def _result_keys(doc: dict[str, Any]) -> list[Any]:
+    records = doc.get("records")
+    return [r.get(f) for r in (records if isinstance(records, list) else ()) if isinstance(r, dict)
+            for f in ("base", "winner")]
 
 
 def _manifest_keys(doc: dict[str, Any]) -> list[Any]:

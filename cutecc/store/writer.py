@@ -189,6 +189,14 @@ class Store(StoreView):
         atomic_write(path, data)
         return path
 
+    def remove_tuning_results(self, base: str) -> bool:
+        """Delete the tuning record of default entry `base`; False when there was none."""
+        try:
+            self.layout.tuning_result(base).unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
     # Stats, removal, quarantine, the index, publishing, sweeping ---------------------
 
     def add_stats(self, **delta: float) -> None:

@@ -18,10 +18,8 @@ from cutecc.entry import is_key, parse_json
 from cutecc.errors import CuteccError
 from cutecc.manifest import Manifest
 from cutecc.plan import Planned, plan
-from cutecc.store.layout import PLAN_FORMAT, Layout
+from cutecc.store.layout import MAX_PLAN_BYTES, PLAN_FORMAT, Layout
 from cutecc.tuning.space import MAX_BUCKETS, MAX_EXTENT
-
-MAX_PLAN_BYTES = 16 << 20
 
 
 def with_candidates(manifest: Manifest) -> Manifest:
