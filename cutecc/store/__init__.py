@@ -31,6 +31,8 @@ __all__ = ["HASH_CACHE", "Entry", "Layout", "Store", "StoreView", "default_cache
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("layout", "view", "writer"):  # `import cutecc.store` then `cutecc.store.view`
+        return importlib.import_module(f"cutecc.store.{name}")
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'cutecc.store' has no attribute {name!r}")

@@ -35,6 +35,7 @@ import filelock
 from cutecc.atomic import TMP_NAME, atomic_write, fsync_dir
 from cutecc.entry import (
     ENTRY_FORMAT,
+    MAX_META_BYTES,
     META,
     RUNTIME_FORMAT,
     STORE_FORMAT,
@@ -42,6 +43,7 @@ from cutecc.entry import (
     index_bytes,
     index_facts,
     is_kernel_name,
+    is_key,
     meta_stamp,
     parse_json,
 )
@@ -49,12 +51,14 @@ from cutecc.errors import CuteccError
 from cutecc.locks import Busy, held, is_held
 from cutecc.store.layout import (
     GENERATION_FORMAT,
+    MAX_PLAN_BYTES,
     PLAN_FORMAT,
     QUARANTINE_FORMAT,
     STATS,
     STATS_FORMAT,
+    TUNING_FORMAT,
 )
-from cutecc.store.view import COUNTERS, Entry, StoreView, read_meta
+from cutecc.store.view import COUNTERS, Entry, StoreView, read_meta, read_small_json
 from cutecc.units import now_iso
 
 DIR_MODE = 0o755  # what the cache's directories get, whatever the umask
@@ -169,6 +173,28 @@ class Store(StoreView):
                 self.layout.generation(kernel, arch).unlink()
         with contextlib.suppress(OSError):
             self.layout.manifest_record(manifest).unlink()
+
+    def recorded_keys(self) -> frozenset[str]:
+        """Every key a record in the cache names: the newest build of every kernel and arch
+        (`generations/`) and of every manifest (`manifests/`), every candidate of a stored
+        tuning plan (`tuning/plans/`), and every default and winner of a tuning record
+        (`tuning/results/`). What `cutecc gc --unreachable` keeps; a record unreadable or
+        of another format names nothing (reading more only keeps more)."""
+        keys: set[str] = set()
+        areas = ((self.generations_dir, GENERATION_FORMAT, MAX_META_BYTES, _generation_keys),
+                 (self.manifests_dir, GENERATION_FORMAT, MAX_META_BYTES, _manifest_keys),
+                 (self.layout.tuning_plans(), PLAN_FORMAT, MAX_PLAN_BYTES, _plan_keys),
+                 (self.layout.tuning_results(), TUNING_FORMAT, MAX_PLAN_BYTES, _result_keys))
+        for d, fmt, limit, read in areas:
+            try:
+                names = sorted(n for n in os.listdir(d) if n.endswith(".json"))
+            except OSError:
+                continue
+            for n in names:
+                doc = read_small_json(d / n, limit)
+                if isinstance(doc, dict) and doc.get("format") == fmt:
+                    keys.update(k for k in read(doc) if is_key(k))
+        return frozenset(keys)
 
     # Tuning ------------------------------------------------------------------------
 
@@ -468,6 +494,33 @@ class Store(StoreView):
                     continue
         return n
 
+
+
+def _generation_keys(doc: dict[str, Any]) -> list[Any]:
+    keys = doc.get("keys")
+    return keys if isinstance(keys, list) else []
+
+
+def _plan_keys(doc: dict[str, Any]) -> list[Any]:
+    items = doc.get("items")
+    out = []
+    for it in items if isinstance(items, list) else ():
+        cands = it.get("candidates") if isinstance(it, dict) else None
+        out += [c.get("key") for c in (cands if isinstance(cands, list) else ()) if isinstance(c, dict)]
+    return out
+
+
+def _result_keys(doc: dict[str, Any]) -> list[Any]:
+    records = doc.get("records")
+    return [r.get(f) for r in (records if isinstance(records, list) else ()) if isinstance(r, dict)
+            for f in ("base", "winner")]
+
+
+def _manifest_keys(doc: dict[str, Any]) -> list[Any]:
+    per_kernel = doc.get("entries")
+    return [k for per_arch in (per_kernel.values() if isinstance(per_kernel, dict) else ())
+            if isinstance(per_arch, dict) for keys in per_arch.values() if isinstance(keys, list)
+            for k in keys]
 
 
 def _copy_tree(src: Path, dest: Path) -> None:
