@@ -24,6 +24,7 @@ from cutecc.entry import (
     MAX_META_BYTES,
     META,
     STORE_FORMAT,
+    RuntimeMeta,
     is_key,
     parse_json,
     runtime_record,
@@ -248,7 +249,7 @@ def _check_runtime(tree: PackTree, key: str, rec: dict[str, Any],
         meta = check_whole(key, meta_bytes, files, rec["size"], runtime=True)
     except Refused as e:
         raise ValueError(e.why) from None
-    got = meta["files"][meta["library"]]["sha256"]
+    got = RuntimeMeta.parse(meta, key).library.sha256  # check_whole checked it: typed here
     if got != rec["sha256"]:
         raise ValueError(f"SHA-256 {got[:16]}... differs from what its entries record "
                          f"({rec['sha256'][:16]}...)")

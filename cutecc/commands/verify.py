@@ -37,6 +37,8 @@ from cutecc.entry import (
     MAX_META_BYTES,
     META,
     RESERVED_FILES,
+    EntryMeta,
+    RuntimeMeta,
     file_record,
     index_facts,
     is_kernel_name,
@@ -44,7 +46,6 @@ from cutecc.entry import (
     meta_problem,
     parse_json,
     read_index_facts,
-    runtime_meta_problem,
     runtime_record,
 )
 from cutecc.errors import CuteccError
@@ -118,11 +119,11 @@ def check_entry(path: Path, key: str, runtime: bool = False) -> list[Problem]:
         meta = read_meta(path)
     except (OSError, ValueError) as e:
         return [Problem("malformed", str(path / META), f"unreadable metadata: {e}", key)]
-    # the records, the key inputs and the fields they decide
-    why = runtime_meta_problem(meta, key) if runtime else meta_problem(meta, key)
-    if why:
-        return [Problem("malformed", str(path / META), why, key)]
-    files: dict[str, Any] = meta["files"]
+    try:  # the records, the key inputs and the fields they decide
+        records = (RuntimeMeta.parse(meta, key) if runtime else EntryMeta.parse(meta, key)).files
+    except ValueError as e:
+        return [Problem("malformed", str(path / META), str(e), key)]
+    files = {r.name: r for r in records}
     out = []
     for name, rec in sorted(files.items()):
         f = path / name
@@ -138,11 +139,11 @@ def check_entry(path: Path, key: str, runtime: bool = False) -> list[Problem]:
         except OSError as e:
             out.append(Problem("missing", str(f), f"unreadable: {e.strerror}", key))
             continue
-        if got["size"] != rec["size"]:
-            out.append(Problem("truncated", str(f), f"{got['size']} bytes, recorded {rec['size']}", key))
-        elif got["sha256"] != rec["sha256"]:
+        if got["size"] != rec.size:
+            out.append(Problem("truncated", str(f), f"{got['size']} bytes, recorded {rec.size}", key))
+        elif got["sha256"] != rec.sha256:
             out.append(Problem("altered", str(f), f"sha256 {got['sha256'][:16]}.., recorded "
-                               f"{rec['sha256'][:16]}..", key))
+                               f"{rec.sha256[:16]}..", key))
     if not any(p.kind in BAD for p in out):
         why = entry_trust_problem(path, list(files))
         if why:  # whoever could write it could have written its hashes too
