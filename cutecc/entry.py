@@ -5,7 +5,8 @@ records (the kernel's shared library); its meta.json names the runtime library t
 kernel library links against (key, file, SHA-256, size), itself an entry of its own kind
 under `runtimes/ab/<key>/`. Everything that reads entries (the store, `verify`,
 `pack`/`unpack`, the lock file and the runtime's loader) asks this module what a valid
-one looks like, so the rules live in one place. It imports nothing else of cutecc but
+one looks like, so the rules live in one place; a checked meta.json is read as a typed,
+frozen record (`EntryMeta`, `RuntimeMeta`). It imports nothing else of cutecc but
 `cutecc.names` (which imports nothing), so the runtime can use it without pulling in the
 build side.
 """
