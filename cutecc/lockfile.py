@@ -30,7 +30,7 @@ from cutecc.buckets import RULES, parse_bucket
 from cutecc.composite_line import CompositeLine
 from cutecc.entry import acted_on, bad_pin_field, is_key, label, parse_json
 from cutecc.errors import CuteccError
-from cutecc.store import Entry, Store
+from cutecc.store.view import Entry, StoreView
 
 LOCK_FORMAT = 2
 LOCK_NAME = "kernels.lock"
@@ -334,7 +334,7 @@ class Lock:
                     ).with_tuning(self.tuning).with_composites(
                         c for c in self.composites if not k or c.name in k)
 
-    def resolve(self, store: Store) -> Iterator[tuple[Entry, LockEntry]]:
+    def resolve(self, store: StoreView) -> Iterator[tuple[Entry, LockEntry]]:
         """Each locked entry of `store` with its lock line (not the tuned winners: see
         `resolve_all`); an error names any it lacks."""
         found, missing = [], []
@@ -350,7 +350,7 @@ class Lock:
                               where=str(store.root), exit_code=1)
         yield from found
 
-    def resolve_all(self, store: Store) -> Iterator[tuple[Entry, LockEntry]]:
+    def resolve_all(self, store: StoreView) -> Iterator[tuple[Entry, LockEntry]]:
         """`resolve`, then each tuned winner's entry (what a pack ships besides defaults)."""
         yield from self.resolve(store)
         yield from Lock(tuple(self.winners())).resolve(store)
@@ -434,7 +434,7 @@ def write_lock(path: str | Path, lock: Lock) -> bool:
     return True
 
 
-def lock_for(items: Iterable[tuple[str, str, str, str]], store: Store) -> Lock:
+def lock_for(items: Iterable[tuple[str, str, str, str]], store: StoreView) -> Lock:
     """The lock of (kernel, variant, arch, key) artifacts, read from the store's metadata."""
     out = []
     for kernel, variant, arch, key in items:

@@ -29,7 +29,8 @@ from cutecc.errors import CuteccError
 from cutecc.ingest import Refused, check_stored
 from cutecc.lockfile import Lock, LockEntry, Tuned
 from cutecc.runtime.tuning import sibling_problem
-from cutecc.store import Entry, Store, entry_trust_problem
+from cutecc.store.view import Entry, entry_trust_problem
+from cutecc.store.writer import Store
 
 # (kernel, variant, arch) -> (the default's key, {candidate key: candidate variant})
 Candidates = Mapping[tuple[str, str, str], tuple[str, Mapping[str, str]]]

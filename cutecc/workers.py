@@ -39,7 +39,7 @@ from cutecc.errors import CuteccError
 from cutecc.key import toolchain
 from cutecc.manifest import Manifest, Variant
 from cutecc.plan import Planned
-from cutecc.store import Store
+from cutecc.store.writer import Store
 from cutecc.units import human_size, now_iso
 
 if TYPE_CHECKING:
@@ -364,7 +364,7 @@ def ensure_runtime(store: Store, key: str) -> tuple[Any, bool]:
     builds use it."""
     from cutecc.key import runtime_key
     from cutecc.linker import link_runtime
-    from cutecc.store import touch_used
+    from cutecc.store.view import touch_used
     from cutecc.toolchain import runtime_inputs
 
     if key != runtime_key():

@@ -34,11 +34,11 @@ from cutecc.entry import runtime_record
 from cutecc.errors import CuteccError
 from cutecc.executors import Executor, choose, compile_limits
 from cutecc.lockfile import LOCK_NAME, Lock, LockEntry, Merged, merge_build, write_lock
-from cutecc.locks import is_held
 from cutecc.manifest import load_manifest
 from cutecc.plan import Planned, plan
 from cutecc.report import Report
-from cutecc.store import HASH_CACHE, Store, entry_trust_problem, manifest_id, touch_used
+from cutecc.store.view import entry_trust_problem, touch_used
+from cutecc.store.writer import Store
 from cutecc.units import human_size
 from cutecc.workers import BuildJob, Result, ensure_runtime
 
@@ -264,7 +264,7 @@ def build(
     store = Store(cache_dir)
     report = BuildReport(cache_dir=store.root, dry_run=dry_run, executor=runner.kind)
     # What planning learns is kept in the store: in a new one, once the build has made it.
-    hashes = None if read_only or dry_run else HashCache(store.root / HASH_CACHE)
+    hashes = None if read_only or dry_run else HashCache(store.layout.hash_cache())
     planned = plan(manifest, archs, hash_cache=hashes)
     if store.entries_dir.is_dir():
         store.check_trust()  # another user's cache never vouches for anything here
@@ -334,7 +334,7 @@ def build(
     if not dry_run and not read_only:
         if not misses:  # leftovers of killed builds go even when everything is cached
             with contextlib.suppress(CuteccError, OSError):
-                if store.locks_dir.is_dir():
+                if store.created():
                     store.sweep_tmp()
         _record_use(store, report)
         if hashes is not None and store.root.is_dir():
@@ -429,12 +429,7 @@ def _record_generations(store: Store, manifest: Path, planned: list[Planned], *,
         store.record_manifest(manifest, hashlib.sha256(manifest.read_bytes()).hexdigest(), by,
                               partial=partial)
     except OSError:  # a full or read-only cache: drop the records rather than keep stale ones
-        for kernel, per_arch in by.items():
-            for arch in per_arch:
-                with contextlib.suppress(OSError):
-                    (store.generations_dir / f"{kernel}@{arch}.json").unlink()
-        with contextlib.suppress(OSError):
-            (store.manifests_dir / f"{manifest_id(manifest)}.json").unlink()
+        store.forget_build_records(manifest, [(k, a) for k, per_arch in by.items() for a in per_arch])
 
 
 def _ensure_runtimes(store: Store, keys: set[str], report: BuildReport) -> None:
@@ -508,7 +503,7 @@ def _compile(misses: list[Planned], manifest: Any, store: Store, workers: int,
     unique = {p.key: p for p in misses}
     progress.start(len(misses))
     for p in unique.values():
-        if is_held(store.locks_dir / f"{p.key}.lock"):
+        if store.is_busy(p.key):
             progress.waiting(p)
 
     def on_result(job: BuildJob, r: Result) -> None:
@@ -533,7 +528,7 @@ def _record_use(store: Store, report: BuildReport) -> None:
 
     Best-effort: a cache on a read-only mount still serves its hits.
     """
-    if not store.locks_dir.is_dir():
+    if not store.created():
         return
     for o in report.outcomes:
         if o.status == "cached":

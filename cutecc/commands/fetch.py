@@ -24,7 +24,8 @@ from cutecc.entry import file_record
 from cutecc.errors import CuteccError
 from cutecc.lockfile import LockEntry, read_trusted_lock
 from cutecc.report import Report
-from cutecc.store import Entry, Store, entry_trust_problem
+from cutecc.store.view import Entry, entry_trust_problem
+from cutecc.store.writer import Store
 from cutecc.units import human_size
 
 

@@ -39,7 +39,7 @@ from cutecc.ingest import Refused, check_whole
 from cutecc.lockfile import LOCK_NAME, Lock, lock_for, read_lock
 from cutecc.report import Report
 from cutecc.runtime.package import PACK_DIR
-from cutecc.store import Store
+from cutecc.store.writer import Store
 from cutecc.units import human_size
 
 # A wheel's tag: pure Python (the libraries are loaded by cutecc, not imported), and the
@@ -251,8 +251,8 @@ def _tree(chosen: Lock, store: Store) -> tuple[dict[str, bytes], dict[str, dict[
     sizes: dict[str, dict[str, int]] = {}
     runtimes: dict[str, dict[str, Any]] = {}
     for entry, le in chosen.resolve_all(store):  # the entries and the tuned winners
-        base = f"entries/{entry.key[:2]}/{entry.key}"
-        parts = ("entries", entry.key[:2], entry.key)
+        parts = store.layout.entry_parts(entry.key)  # the pack's tree is a cache's
+        base = "/".join(parts)
         meta_bytes = _read(store, (*parts, META), MAX_META_BYTES, le.label)
         try:  # the one verifier's rule, on exactly the bytes that go into the pack
             files = {n: _read(store, (*parts, n), r["size"], le.label)
@@ -274,7 +274,8 @@ def _tree(chosen: Lock, store: Store) -> tuple[dict[str, bytes], dict[str, dict[
         assert rec is not None  # meta_problem checked it
         runtimes.setdefault(rec["key"], rec)
     for key, rec in sorted(runtimes.items()):
-        base, parts = f"runtimes/{key[:2]}/{key}", ("runtimes", key[:2], key)
+        parts = store.layout.runtime_parts(key)
+        base = "/".join(parts)
         what = f"runtime library {rec['library']}"
         meta_bytes = _read(store, (*parts, META), MAX_META_BYTES, what)
         try:

@@ -13,7 +13,7 @@ from cutecc.contract import TensorArg, args_from_json, flat_leaves
 from cutecc.entry import call_keywords, label_of
 from cutecc.errors import CuteccError
 from cutecc.report import Report
-from cutecc.store import Entry, Store
+from cutecc.store.view import Entry, StoreView
 from cutecc.units import human_size, iso
 
 
@@ -68,7 +68,7 @@ def in_place_notes(meta: dict[str, Any]) -> list[str]:
     return notes
 
 
-def resolve(store: Store, prefix: str) -> str:
+def resolve(store: StoreView, prefix: str) -> str:
     """The one key that starts with `prefix`.
 
     A prefix that is not hex, or that matches several entries (the error lists them),
@@ -89,7 +89,7 @@ def resolve(store: Store, prefix: str) -> str:
     return keys[0]
 
 
-def _label_of(store: Store, key: str) -> str:
+def _label_of(store: StoreView, key: str) -> str:
     try:
         entry = store.get(key)
     except CuteccError:
@@ -97,7 +97,7 @@ def _label_of(store: Store, key: str) -> str:
     return label_of(entry.meta) if entry else "(removed)"
 
 
-def get_entry(store: Store, prefix: str) -> Entry:
+def get_entry(store: StoreView, prefix: str) -> Entry:
     """The entry for KEY|PREFIX (see `resolve`); unreadable metadata is an error naming it."""
     entry = store.get(resolve(store, prefix))
     if entry is None:  # removed between the two looks
@@ -109,7 +109,7 @@ def show(key: str, cache_dir: str | Path | None = None) -> ShowReport:
     """The entry for KEY|PREFIX: its metadata, its files (name, size, sha256), its last use."""
     from cutecc.runtime.tuning import winners_in
 
-    store = Store(cache_dir).require()
+    store = StoreView(cache_dir).require()
     entry = get_entry(store, key)
     recs = entry.meta.get("files")
     recs = recs if isinstance(recs, dict) else {}  # damaged metadata: `cutecc verify` says how

@@ -25,7 +25,6 @@ from cutecc.report import Report
 from cutecc.runtime.tuning import (
     dumps_records,
     read_cached,
-    results_path,
     sibling_problem,
 )
 
@@ -119,7 +118,7 @@ def tune(manifest_path: str | Path, *, kernels: tuple[str, ...] = (), buckets: t
     """Run the steps of `cutecc tune` (see the module docstring). `sign_key` (or
     `$CUTECC_SIGNING_KEY`) signs the lock when recording changes it."""
     from cutecc.lockfile import LOCK_NAME
-    from cutecc.store import Store
+    from cutecc.store.writer import Store
     from cutecc.tuning import plan as tplan
 
     if sum(map(bool, (dry_run, compile_only, measure, record, check))) > 1:
@@ -237,9 +236,8 @@ def _record(report: TuneReport, plan_items: list[dict[str, Any]], root: Path, lo
     """Merge records into the cache (full records) and the lock (winner lines). A winner is
     recorded only if it is a candidate the plan (the manifest's, as it is now) has for that
     default, and its entry in this cache matches the record's bytes."""
-    from cutecc.atomic import atomic_write
     from cutecc.lockfile import read_lock, write_lock
-    from cutecc.store import Store
+    from cutecc.store.writer import Store
 
     store = Store(root)
     plan = {(it["kernel"], it["variant"], it["arch"]): it for it in plan_items}
@@ -266,9 +264,7 @@ def _record(report: TuneReport, plan_items: list[dict[str, Any]], root: Path, lo
     for base, recs in by_base.items():
         new = {(r["device"], r["bucket"]): r for r in read_cached(root, base)}
         new.update({(r["device"], r["bucket"]): r for r in recs})
-        path = results_path(root, base)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, dumps_records([new[k] for k in sorted(new)]))
+        store.write_tuning_results(base, dumps_records([new[k] for k in sorted(new)]))
     if lock:
         old = read_lock(lock_path)
         keep = {t.order: t for t in old.tuning}

@@ -26,9 +26,9 @@ from cutecc.entry import (
     MAX_META_BYTES,
     META,
     STORE_FORMAT,
+    RuntimeMeta,
     is_key,
     parse_json,
-    runtime_meta_problem,
     runtime_record,
 )
 from cutecc.errors import CuteccError
@@ -37,7 +37,9 @@ from cutecc.lockfile import LOCK_NAME, MAX_LOCK_BYTES, Lock, LockEntry
 from cutecc.report import Report
 from cutecc.runtime.package import PACK_DIR
 from cutecc.signing import MAX_SIG_BYTES, SIG_SUFFIX, check_lock
-from cutecc.store import Entry, Store
+from cutecc.store.layout import ENTRIES, RUNTIMES, entry_parts, runtime_parts
+from cutecc.store.view import Entry
+from cutecc.store.writer import Store
 
 
 @dataclass
@@ -90,7 +92,7 @@ def unpack(archive: str | Path, cache_dir: str | Path | None = None, *,
     store = Store(cache_dir)
     store.ensure()
     tag = secrets.token_hex(8)  # its staging dir is swept only when nobody holds this lock
-    with store.lock(tag), _staging(store.tmp_dir / f"{tag}.unpack") as staging, \
+    with store.lock(tag), _staging(store.layout.staging(f"{tag}.unpack")) as staging, \
             PackTree(archive, limits, staging) as tree:
         return _unpack(archive, tree, store, trusted_keys, allow_unsigned)
 
@@ -122,8 +124,8 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
     runtimes: dict[str, list[str]] = {}
     for n in sorted({*tree.names, *tree.bad}):
         parts = n.split("/")
-        if len(parts) == 4 and parts[0] in ("entries", "runtimes"):
-            (entries if parts[0] == "entries" else runtimes).setdefault(parts[2], []).append(parts[3])
+        if len(parts) == 4 and parts[0] in (ENTRIES, RUNTIMES):  # a cache's layout
+            (entries if parts[0] == ENTRIES else runtimes).setdefault(parts[2], []).append(parts[3])
         elif n not in ("format", LOCK_NAME, sig_name):
             report.refused.append((n[:80], "not part of a cutecc pack's tree"))
     for n in tree.outside:
@@ -140,9 +142,12 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
     usable: dict[str, str] = {}  # runtime key -> its library's SHA-256, now in the store
     for rkey, rec in sorted(needed.items()):
         have = store.get_runtime(rkey)
-        if have is not None and runtime_meta_problem(have.meta, rkey) is None:
-            usable[rkey] = have.meta["files"][have.meta["library"]]["sha256"]
-            continue
+        try:
+            if have is not None:
+                usable[rkey] = have.checked_runtime.library.sha256
+                continue
+        except ValueError:
+            pass  # damaged: the pack's copy replaces it below
         try:
             rmeta, rfiles = _check_runtime(tree, rkey, rec, runtimes.get(rkey, []))
         except ValueError as e:
@@ -153,7 +158,7 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
         except Refused as e:
             report.refused.append((f"runtime {rkey[:12]}", e.why))
             continue
-        usable[rkey] = found.meta["files"][found.meta["library"]]["sha256"]
+        usable[rkey] = found.checked_runtime.library.sha256
         if built:
             report.runtimes.append(str(found.meta["library"]))
     ok: set[str] = set()  # the keys now in the cache
@@ -223,7 +228,7 @@ def _check_entry(tree: PackTree, key: str, le: LockEntry,
         raise ValueError("not a cache key")
     if not names:
         raise ValueError("missing from the archive")
-    meta_bytes, files = _members(tree, f"entries/{key[:2]}/{key}/", names, le.pin.size)
+    meta_bytes, files = _members(tree, "/".join(entry_parts(key)) + "/", names, le.pin.size)
     try:
         meta = check_whole(key, meta_bytes, files, le.pin.size)
     except Refused as e:
@@ -238,7 +243,7 @@ def _runtime_named(tree: PackTree, key: str) -> dict[str, Any] | None:
     """The runtime library record an entry's meta.json names, or None. Unchecked but for
     its form: the caller takes it only where the lock's line names the same SHA-256, and
     the entry and the runtime library are each checked whole before they land."""
-    name = f"entries/{key[:2]}/{key}/{META}"
+    name = "/".join((*entry_parts(key), META))
     if not is_key(key) or name not in tree.names or tree.size(name) > MAX_META_BYTES:
         return None
     try:
@@ -254,12 +259,12 @@ def _check_runtime(tree: PackTree, key: str, rec: dict[str, Any],
     library is the one the entries that need it record (`rec`); else ValueError(why)."""
     if not names:
         raise ValueError(f"missing from the archive ({rec['library']})")
-    meta_bytes, files = _members(tree, f"runtimes/{key[:2]}/{key}/", names, rec["size"])
+    meta_bytes, files = _members(tree, "/".join(runtime_parts(key)) + "/", names, rec["size"])
     try:
         meta = check_whole(key, meta_bytes, files, rec["size"], runtime=True)
     except Refused as e:
         raise ValueError(e.why) from None
-    got = meta["files"][meta["library"]]["sha256"]
+    got = RuntimeMeta.parse(meta, key).library.sha256  # check_whole checked it: typed here
     if got != rec["sha256"]:
         raise ValueError(f"SHA-256 {got[:16]}... differs from what its entries record "
                          f"({rec['sha256'][:16]}...)")

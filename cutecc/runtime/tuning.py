@@ -24,9 +24,8 @@ from cutecc.buckets import bucket_of, bucket_text
 from cutecc.entry import call_keywords, contract_digest, is_key, parse_json
 from cutecc.errors import CuteccError
 from cutecc.lockfile import Tuned, parse_tuning_lines
+from cutecc.store.layout import TUNING_FORMAT, Layout
 
-TUNING_FORMAT = 1
-RESULTS_DIR = ("tuning", "results")
 MAX_RECORD_BYTES = 4 << 20
 _log = logging.getLogger("cutecc")
 
@@ -60,7 +59,7 @@ def _kw(d: Mapping[str, Any]) -> str:
 
 def results_path(root: Path, base: str) -> Path:
     """The cache's record of the tuning results for one default entry."""
-    return root.joinpath(*RESULTS_DIR, f"{base}.json")
+    return Layout(root).tuning_result(base)
 
 
 def read_cached(root: Path, base: str) -> list[dict[str, Any]]:
@@ -73,7 +72,7 @@ def read_cached(root: Path, base: str) -> list[dict[str, Any]]:
     if not path.parent.is_dir():  # nothing recorded: nothing to believe, wherever the cache is
         return []
     try:
-        data = trust.read_file(root, (*RESULTS_DIR, f"{base}.json"), MAX_RECORD_BYTES)
+        data = trust.read_file(root, Layout(root).tuning_result_parts(base), MAX_RECORD_BYTES)
         doc = parse_json(data, MAX_RECORD_BYTES, 6)
         if not isinstance(doc, dict) or doc.get("format") != TUNING_FORMAT:
             return []
@@ -95,7 +94,7 @@ def winners_in(root: Path) -> dict[str, list[str]]:
     """What the cache's tuning records say each entry wins: key -> [`n=65536 on DEVICE`, ..]
     (for `cutecc list` and `show`)."""
     out: dict[str, list[str]] = {}
-    d = root.joinpath(*RESULTS_DIR)
+    d = Layout(root).tuning_results()
     try:
         names = sorted(p.name for p in d.iterdir() if p.name.endswith(".json"))[:MAX_RESULT_FILES]
     except OSError:

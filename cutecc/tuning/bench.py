@@ -46,7 +46,7 @@ from cutecc import cubin, expr
 from cutecc.buckets import bucket_text
 from cutecc.manifest.tune_space import benchmark_extents
 from cutecc.runtime.dispatch import Build, KernelFn
-from cutecc.store import Store
+from cutecc.store.writer import Store
 from cutecc.tuning import trace
 
 TARGET_SECONDS = 2e-3  # host clock: a K-call loop lasts about this long

@@ -19,7 +19,7 @@ from typing import Any
 from cutecc.buckets import bucket_text
 from cutecc.errors import CuteccError, WorkError
 from cutecc.lockfile import Pin, Tuned
-from cutecc.store import Store
+from cutecc.store.writer import Store
 
 MAX_RESTARTS = 32
 # Seconds a measuring child may go without a word (an event line): past it, a kernel hung.

@@ -14,16 +14,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from cutecc.atomic import atomic_write
 from cutecc.entry import is_key, parse_json
 from cutecc.errors import CuteccError
 from cutecc.manifest import Manifest
 from cutecc.manifest.tune_space import MAX_BUCKETS, MAX_EXTENT
 from cutecc.plan import Planned, plan
-
-PLAN_FORMAT = 1
-PLANS_DIR = ("tuning", "plans")
-MAX_PLAN_BYTES = 16 << 20
+from cutecc.store.layout import MAX_PLAN_BYTES, PLAN_FORMAT, Layout
 
 
 def with_candidates(manifest: Manifest) -> Manifest:
@@ -78,18 +74,15 @@ def manifest_digest(path: Path) -> str:
 
 
 def plan_path(root: Path, digest: str) -> Path:
-    return root.joinpath(*PLANS_DIR, f"{digest}.json")
+    """The cache's stored plan of the manifest whose bytes hash to `digest`."""
+    return Layout(root).tuning_plan(digest)
 
 
 def write_plan(root: Path, digest: str, plan_items: list[dict[str, Any]]) -> Path:
     """Store the plan of a manifest (by its bytes' digest) in the cache."""
-    import json
+    from cutecc.store.writer import Store
 
-    path = plan_path(root, digest)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps({"format": PLAN_FORMAT, "manifest_sha256": digest, "items": plan_items},
-                                  sort_keys=True, indent=1).encode())
-    return path
+    return Store(root).write_tuning_plan(digest, plan_items)
 
 
 def read_plan(root: Path, digest: str, where: str) -> list[dict[str, Any]]:
@@ -101,7 +94,7 @@ def read_plan(root: Path, digest: str, where: str) -> list[dict[str, Any]]:
 
     path = plan_path(root, digest)
     try:
-        data = trust.read_file(root, (*PLANS_DIR, f"{digest}.json"), MAX_PLAN_BYTES)
+        data = trust.read_file(root, Layout(root).tuning_plan_parts(digest), MAX_PLAN_BYTES)
     except FileNotFoundError:
         raise CuteccError("this cache holds no tuning plan for the manifest as it is now; run "
                           "`cutecc tune --compile-only` (on a host with the build extra) first",

@@ -32,9 +32,10 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "runtime": (("cutecc", "cutecc.runtime", "cutecc.torch"), ("base", "store", "lock")),
     # kernels.toml: its grammar, records and tuning spaces; knows nothing of cache or runtime.
     "manifest": (("cutecc.manifest",), ("base",)),
-    # What the build reads of its tools and of the build host.
+    # What the build reads of its tools and of the build host (the installed code's facts
+    # are remembered in the cache's planning area, named by the store's layout).
     "toolchain": (("cutecc.toolchain", "cutecc.devicequery", "cutecc.dists", "cutecc.modfind",
-                   "cutecc.elf", "cutecc.cubin"), ("base",)),
+                   "cutecc.elf", "cutecc.cubin"), ("base", "store")),
     # What to build: keys, the build plan, the tuning plan.
     "plan": (("cutecc.key", "cutecc.plan", "cutecc.tuning.plan"),
              ("base", "store", "lock", "manifest", "toolchain")),
