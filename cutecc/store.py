@@ -78,7 +78,7 @@ from cutecc.entry import (
     read_index_facts,
 )
 from cutecc.errors import CuteccError
-from cutecc.locks import Busy, held
+from cutecc.locks import Busy, held, is_held
 from cutecc.units import now_iso
 
 DIR_MODE = 0o755  # what the cache's directories get, whatever the umask
@@ -396,6 +396,15 @@ class Store:
                     continue
                 yield Entry(d.name, Path(d.path), meta)
 
+    def exists(self) -> bool:
+        """Whether the store was created (its locks area is there): where a build may keep
+        its bookkeeping (stats, `used` marks) and sweep its leftovers."""
+        return self.locks_dir.is_dir()
+
+    def is_held(self, key: str) -> bool:
+        """Whether another process holds `key`'s lock right now (a look, not a promise)."""
+        return is_held(self.locks_dir / f"{key}.lock")
+
     # Build generations ---------------------------------------------------------------
 
     def record_generation(self, kernel: str, arch: str, keys: list[str], manifest: str) -> None:
@@ -404,6 +413,17 @@ class Store:
         doc = {"format": GENERATION_FORMAT, "kernel": kernel, "arch": arch, "keys": sorted(set(keys)),
                "manifest": manifest, "built_at": now_iso()}
         atomic_write(self.generations_dir / f"{kernel}@{arch}.json", _json_bytes(doc), FILE_MODE)
+
+    def forget_generation(self, kernel: str, arch: str) -> None:
+        """Drop the record of `kernel`'s newest build for `arch` (best-effort): every entry
+        of it counts again, as before records existed."""
+        with contextlib.suppress(OSError):
+            (self.generations_dir / f"{kernel}@{arch}.json").unlink()
+
+    def forget_manifest(self, manifest: Path) -> None:
+        """Drop the record of the keys the newest build of `manifest` planned (best-effort)."""
+        with contextlib.suppress(OSError):
+            (self.manifests_dir / f"{manifest_id(manifest)}.json").unlink()
 
     def record_composite(self, name: str, doc: dict[str, Any], manifest: str) -> None:
         """Record composite kernel `name` (its launches, inputs and outputs by name): it has
