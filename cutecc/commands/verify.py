@@ -40,7 +40,7 @@ from cutecc.entry import (
     runtime_meta_problem,
     runtime_record,
 )
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
 from cutecc.locks import Busy
 from cutecc.report import Report
 from cutecc.runtime.tuning import (
@@ -317,7 +317,7 @@ def _fix_tuning(store: Store, p: Problem, bad: set[str]) -> str:
     try:
         path.unlink(missing_ok=True)
     except OSError as e:
-        raise CuteccError(f"cannot remove: {e.strerror}", where=str(path), exit_code=1) from None
+        raise WorkError(f"cannot remove: {e.strerror}", where=str(path)) from None
     bad.add(str(path))
     return "removed"
 
@@ -406,7 +406,7 @@ def _fix_record(store: Store, p: Problem) -> str:
     except filelock.Timeout:
         return "busy: left as is"
     except OSError as e:
-        raise CuteccError(f"cannot fix the index: {e.strerror}", where=str(path), exit_code=1) from None
+        raise WorkError(f"cannot fix the index: {e.strerror}", where=str(path)) from None
 
 
 def _relink_runtime(store: Store, key: str) -> str:
@@ -439,5 +439,5 @@ def _remove_orphan(store: Store, p: Problem) -> str:
     except filelock.Timeout:
         return "busy: left as is"
     except OSError as e:
-        raise CuteccError(f"cannot remove: {e.strerror}", where=str(path), exit_code=1) from None
+        raise WorkError(f"cannot remove: {e.strerror}", where=str(path)) from None
     return "removed"
