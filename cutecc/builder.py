@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -182,8 +183,6 @@ def settings(manifest: Manifest, *, jobs: int | None = None, executor: str | Non
     """The settings asked for by arguments, else the environment, else the manifest's
     `[build]` table (`cutecc.executors.choose`, `compile_limits`, `cutecc.remote.config`);
     `jobs` defaults to this machine's CPUs."""
-    import os
-
     b = manifest.build
     runner = dataclasses.replace(
         choose(executor, ray_address, default_kind=b.executor, default_address=b.ray_address),
