@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cutecc import remote as remote_cache
+from cutecc.composite_line import CompositeLine
 from cutecc.dists import HashCache
 from cutecc.entry import runtime_record
 from cutecc.errors import CuteccError, WorkError
@@ -485,7 +486,8 @@ def record(store: Store, t: Target, built: Built, *, hashes: HashCache | None = 
 def _write_lock(store: Store, t: Target, built: Built, hashes: HashCache | None, req: LockRequest) -> None:
     merged = merge_build(
         req.path, [_lock_line(o) for o in built.outcomes], partial=t.partial,
-        covered={(p.kernel.name, p.arch) for p in t.planned}, defined={k.name for k in t.manifest.kernels})
+        covered={(p.kernel.name, p.arch) for p in t.planned}, defined={k.name for k in t.manifest.kernels},
+        composites=[CompositeLine(c.name, c.launches, c.inputs, c.outputs) for c in t.manifest.composites])
     signing = req.signing_key is not None
     new_lock = _vouched(store, t.manifest, hashes, merged, built, signing=signing, where=req.path)
     built.lock_changed = write_lock(req.path, new_lock)
@@ -510,7 +512,7 @@ def _vouched(store: Store, manifest: Manifest, hashes: HashCache | None, merged:
     line read back and hashed. A tuning line that fails is dropped with a warning (the
     default serves its bucket); an entry line that fails is an error naming it, and
     nothing is written or signed."""
-    from cutecc.vouch import entry_line_problem, tuning_line_problem
+    from cutecc.vouch import composite_line_problem, entry_line_problem, tuning_line_problem
 
     bad: list[str] = []
     memo: dict[Any, Any] = {}  # each library and runtime library read and hashed once
@@ -518,6 +520,10 @@ def _vouched(store: Store, manifest: Manifest, hashes: HashCache | None, merged:
         why = entry_line_problem(store, le, hashed=signing, memo=memo)
         if why and (signing or why != "not in the cache"):
             bad.append(f"{le.label} {le.key[:12]}: {why}")
+    for c in merged.lock.composites:
+        why = composite_line_problem(store, merged.lock, c, hashed=signing, present=signing, memo=memo)
+        if why:
+            bad.append(f"composite {c.name}: {why}")
     if bad:
         raise WorkError(f"{'refusing to sign: ' if signing else ''}{len(bad)} lock line(s) this build "
                         f"cannot vouch for: {'; '.join(bad[:5])}"

@@ -496,7 +496,7 @@ def env(cache_dir: Path | None, as_json: bool) -> None:
 @main.command(short_help="Print the JSON Schema of kernels.toml.")
 def schema() -> None:
     """Print the JSON Schema of kernels.toml (for editors through taplo or SchemaStore)."""
-    from cutecc.manifest_schema import schema_json
+    from cutecc.manifest.schema import schema_json
 
     click.echo(schema_json(), nl=False)
 

@@ -29,8 +29,8 @@ ENTRY_FORMAT = 2  # the layout of meta.json; 2: the `runtime` record
 # 2: kernel libraries link against a shared runtime library (they no longer carry the
 # CUDA runtime and the DSL's dialect runtime), host code is baseline x86-64, zig links.
 ARTIFACT_FORMAT = 2
-RUNTIME_FORMAT = 1  # the layout of a runtime library's meta.json
-RUNTIME_ABI = 1  # what a runtime library's cutecc_rt_abi_version() must return
+RUNTIME_ENTRY_FORMAT = 1  # the layout of a runtime library's meta.json (ENTRY_FORMAT's twin)
+RUNTIME_ABI = 1  # what a runtime library's cutecc_rt_abi_version() must return (native/cutecc_rt.c)
 INDEX_FORMAT = 1  # the layout of an index record (by-kernel/<kernel>/<key>)
 MAX_INDEX_BYTES = 4096
 META = "meta.json"
@@ -331,7 +331,7 @@ def runtime_meta_problem(meta: Any, key: str) -> str | None:
     must carry the soname of its key."""
     if not isinstance(meta, dict):
         return "meta.json is not an object"
-    why = _key_problem(meta, key, RUNTIME_FORMAT, "runtime")
+    why = _key_problem(meta, key, RUNTIME_ENTRY_FORMAT, "runtime")
     if why:
         return why
     if meta.get("library") != runtime_soname(key):

@@ -65,7 +65,7 @@ from cutecc.entry import (
     MAX_INDEX_BYTES,
     MAX_META_BYTES,
     META,
-    RUNTIME_FORMAT,
+    RUNTIME_ENTRY_FORMAT,
     STORE_FORMAT,
     USED,
     file_record,
@@ -725,7 +725,7 @@ class Store:
                 for f in staging.iterdir():  # the linker's output follows the umask
                     os.chmod(f, FILE_MODE, follow_symlinks=False)
                 meta["files"] = {p.name: file_record(p) for p in sorted(staging.iterdir())}
-                meta["format"] = RUNTIME_FORMAT if runtime else ENTRY_FORMAT
+                meta["format"] = RUNTIME_ENTRY_FORMAT if runtime else ENTRY_FORMAT
                 meta["key"] = key
                 atomic_write(staging / META, json.dumps(meta, indent=1, sort_keys=True).encode())
                 fsync_dir(staging)

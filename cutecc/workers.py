@@ -156,8 +156,9 @@ def ensure_runtime(store: Store, key: str) -> tuple[Any, bool]:
     store lacks it: (entry, built). Its `used` file is touched, so `cutecc gc` keeps it while
     builds use it."""
     from cutecc.key import runtime_key
-    from cutecc.linker import link_runtime, runtime_inputs
+    from cutecc.linker import link_runtime
     from cutecc.store import touch_used
+    from cutecc.toolchain import runtime_inputs
 
     if key != runtime_key():
         raise WorkError(f"runtime library {key[:12]} is not this toolchain's ({runtime_key()[:12]});"

@@ -368,14 +368,14 @@ def test_toolchain_is_cached_and_has_the_tool_versions() -> None:
 
 
 def test_the_runtime_key_names_every_input_of_the_runtime_library(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cutecc import linker
+    from cutecc import toolchain
 
-    inputs = linker.runtime_inputs()
+    inputs = toolchain.runtime_inputs()
     assert cutecc.key.toolchain()["runtime"] == cutecc.key.runtime_key() == compute_key(inputs)
     assert {"runtime_format", "recipe", "source", "exports", "zig", "target", "apache-tvm-ffi",
             "dialect_rt", "cudart"} == set(inputs)
     for name in inputs:  # each one changes the key
-        monkeypatch.setattr(linker, "runtime_inputs", lambda n=name: {**inputs, n: inputs[n] + "+x"})
+        monkeypatch.setattr(toolchain, "runtime_inputs", lambda n=name: {**inputs, n: inputs[n] + "+x"})
         assert cutecc.key.runtime_key() != compute_key(inputs), name
 
 

@@ -22,6 +22,7 @@ from cutecc import environ, trust
 from cutecc.archive import tar_bytes, wheel_bytes
 from cutecc.archs import parse_archs
 from cutecc.atomic import atomic_write
+from cutecc.composite_line import CompositeLine
 from cutecc.elf import manylinux_tag
 from cutecc.entry import (
     MAX_LIBRARY_BYTES,
@@ -145,7 +146,9 @@ def select(store: Store, *, manifest: str | Path | None = None, lock: str | Path
     """The lock of what to pack: a manifest's planned entries, or a lock file's, filtered.
 
     Every entry must be in the cache with the library the lock names (else exit 1).
-    Backward kernels of selected kernels come along (`jax.grad` needs them).
+    Backward kernels of selected kernels come along (`jax.grad` needs them), a composite's
+    launches with it, and so do the composite lines whose launches all come (each checked
+    against the cache's contracts, `cutecc.vouch`, as the lock that ships them is signed).
     """
     if (manifest is None) == (lock is None):
         raise CuteccError("pass exactly one of --manifest and --lock", where="cutecc pack")
@@ -157,6 +160,8 @@ def select(store: Store, *, manifest: str | Path | None = None, lock: str | Path
         m = load_manifest(manifest, kernels=kernels)
         planned = plan(m, parse_archs(archs) if archs else ())
         chosen = lock_for([(p.kernel.name, p.variant.id, p.arch, p.key) for p in planned], store)
+        chosen = chosen.with_composites(CompositeLine(c.name, c.launches, c.inputs, c.outputs)
+                                        for c in m.composites)
     else:
         full = read_lock(lock)  # type: ignore[arg-type]
         chosen = full.select(archs, kernels)
@@ -165,6 +170,9 @@ def select(store: Store, *, manifest: str | Path | None = None, lock: str | Path
             for entry, _ in chosen.resolve(store):
                 if isinstance(entry.meta.get("backward"), str):
                     wanted.add(entry.meta["backward"])
+            for c in full.composites:  # a composite asked for, or a selected kernel's backward
+                if c.name in wanted:
+                    wanted |= set(c.launches)
             chosen = full.select(archs, wanted)
     if not chosen.entries:
         raise CuteccError("nothing to pack: no entry matches the --arch/--kernel filters",
@@ -173,7 +181,12 @@ def select(store: Store, *, manifest: str | Path | None = None, lock: str | Path
         why = le.mismatch(entry)
         if why:
             raise WorkError(f"{le.label}: {why}", where=str(entry.path))
-    from cutecc.vouch import tuning_line_problem
+    from cutecc.vouch import composite_line_problem, tuning_line_problem
+
+    for c in chosen.composites:  # the pack's signed lock vouches for how their tensors flow
+        why = composite_line_problem(store, chosen, c, hashed=False, present=True)
+        if why:
+            raise WorkError(f"composite {c.name}: {why}; run `cutecc build`", where=str(lock or manifest))
 
     for t in chosen.tuning:  # a pack's lock vouches for its tuning lines too (and is signed)
         why = tuning_line_problem(store, t, None, hashed=False, present=True)
@@ -213,7 +226,8 @@ def pack(*, name: str, version: str, manifest: str | Path | None = None,
         path = out / f"{dist}-{version}-{tag}.whl"
         init = _INIT.format(name=name, version=version, package=package,
                             archs=", ".join(sorted(a for a in sizes if a != "runtime")),
-                            kernels=tuple(sorted({e.kernel for e in chosen.entries})),
+                            kernels=tuple(sorted({*(e.kernel for e in chosen.entries),
+                                                  *(c.name for c in chosen.composites)})),
                             first=min(e.kernel for e in chosen.entries))
         import cutecc
 

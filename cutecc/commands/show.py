@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from cutecc.commands.list import call_text
+from cutecc.contract import TensorArg, args_from_json, flat_leaves
 from cutecc.entry import call_keywords, label_of
 from cutecc.errors import CuteccError, WorkError
 from cutecc.report import Report
@@ -33,6 +34,7 @@ class ShowReport(Report):
         call = call_text(call_keywords(info["meta"]))
         if call:
             out.append(f"call with  {call}")
+        out += [f"in place   {note}" for note in info.get("in_place", [])]
         out.append("files")
         out += [f"  {f['name']}  {f['size']} B  sha256 {f['sha256']}" for f in info["files"]]
         out += [f"tuned winner for {w}" for w in info.get("winner_for", [])]
@@ -44,6 +46,26 @@ class ShowReport(Report):
             elif k != "files":
                 out.append(f"  {k}: {v if isinstance(v, str) else json.dumps(v, sort_keys=True)}")
         return out
+
+
+def in_place_notes(meta: dict[str, Any]) -> list[str]:
+    """What the entry's contract lets a caller do about copies: an `inout` tensor is written
+    in its input's buffer on every call (XLA copies that input first unless it is dead:
+    donate it), an output declared `may_alias` is written in its input's buffer when the
+    call asks (`kernel.in_place`). Nothing for a contract that cannot be read."""
+    try:
+        tensors = [a for a in flat_leaves(args_from_json(meta["args"])) if isinstance(a, TensorArg)]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return []
+    kernel = meta.get("kernel", "k")
+    notes = [f"{t.name} is inout: written in the caller's array, which XLA copies first unless "
+             f"it is dead; under jit donate it (jax.jit(f, donate_argnums=...)) or pass an "
+             f"intermediate used once" for t in tensors if t.role == "inout"]
+    notes += [f"{t.name} may be written in {t.may_alias}'s memory: ks.{kernel}.in_place(...) under "
+              f"jit reuses {t.may_alias}'s buffer where it is dead (a loop carry, a donated "
+              f"argument); where {t.may_alias} stays live XLA copies it first, so call plainly there"
+              for t in tensors if t.role == "output" and t.may_alias]
+    return notes
 
 
 def resolve(store: Store, prefix: str) -> str:
@@ -100,5 +122,6 @@ def show(key: str, cache_dir: str | Path | None = None) -> ShowReport:
         "last_used": iso(entry.last_used()),
         "files": files,
         "meta": entry.meta,
+        "in_place": in_place_notes(entry.meta),
         "winner_for": winners_in(store.root).get(entry.key, []),
     })

@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cutecc.errors import CuteccError, WorkError
+from cutecc.lockfile import Tuned, parse_tuning_lines
 from cutecc.report import Report
 from cutecc.runtime.tuning import (
-    Tuned,
     dumps_records,
-    parse_lines,
     read_cached,
     results_path,
     sibling_problem,
@@ -253,7 +252,7 @@ def read_results(path: str | Path) -> list[dict[str, Any]]:
         raise CuteccError(f"not a results file: {e}", where=str(path)) from None
     if not isinstance(doc, dict) or doc.get("format") != 1 or not isinstance(doc.get("records"), list):
         raise CuteccError("not a `cutecc tune` results file of format 1", where=str(path))
-    parse_lines(doc["records"], str(path), "records")
+    parse_tuning_lines(doc["records"], str(path), "records")
     return doc["records"]
 
 

@@ -5,7 +5,9 @@ published atomically like a build; a bad entry is refused by name and the rest l
 The runtime libraries the entries link against come with them (each once): one is
 checked against its own meta.json and key and against the SHA-256 every entry records
 for it, and published before the entries that need it; an entry whose runtime library
-is neither in the pack nor in the cache is refused.
+is neither in the pack nor in the cache is refused. The lock's composite lines, signed with
+it, are recorded in the cache (as a build records them) once every entry the lock pins of
+their launches is there, so the cache offers them as the pack does.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class UnpackReport(Report):
     runtimes: list[str] = field(default_factory=list)  # runtime libraries published
     present: list[str] = field(default_factory=list)  # already in the cache
     refused: list[tuple[str, str]] = field(default_factory=list)  # ("label key", why)
+    composites: list[str] = field(default_factory=list)  # composite kernels recorded
 
     @property
     def ok(self) -> bool:
@@ -65,7 +68,7 @@ class UnpackReport(Report):
 
     def to_json(self) -> dict[str, Any]:
         return {"cache_dir": str(self.cache_dir), "imported": self.imported,
-                "present": self.present, "runtimes": self.runtimes,
+                "present": self.present, "runtimes": self.runtimes, "composites": self.composites,
                 "refused": [{"entry": e, "reason": r} for e, r in self.refused]}
 
 
@@ -130,7 +133,7 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
     needed: dict[str, dict[str, Any]] = {}  # the runtime libraries the entries name
     for key, le in sorted(by_key.items()):  # from their meta.json only (small; each entry is
         rec = _runtime_named(tree, key)  # checked whole below), as far as the lock vouches
-        if rec is not None and rec["sha256"] == le.runtime:
+        if rec is not None and rec["sha256"] == le.pin.runtime:
             needed.setdefault(rec["key"], rec)
     for rkey in sorted(set(runtimes) - set(needed)):
         report.refused.append((f"runtime {rkey[:12]}", "no entry of the pack links against it"))
@@ -153,6 +156,7 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
         usable[rkey] = found.meta["files"][found.meta["library"]]["sha256"]
         if built:
             report.runtimes.append(str(found.meta["library"]))
+    ok: set[str] = set()  # the keys now in the cache
     for key, le in sorted(by_key.items()):  # one entry in memory at a time
         label = f"{le.label} {key[:12]}"
         try:
@@ -172,6 +176,17 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
             report.refused.append((label, e.why))
             continue
         (report.imported if built else report.present).append(label)
+        ok.add(key)
+    landed = {le.kernel for le in lock.entries} - {le.kernel for le in lock.entries if le.key not in ok}
+    for c in lock.composites:  # each launch's pinned entries all landed (or were there)
+        if set(c.launches) <= landed:
+            try:
+                store.record_composite(c.name, {"launches": list(c.launches), "inputs": list(c.inputs),
+                                                "outputs": list(c.outputs)}, str(archive))
+            except OSError as e:
+                report.refused.append((f"composite {c.name}", f"cannot record it: {e.strerror}"))
+                continue
+            report.composites.append(c.name)
     return report
 
 
@@ -208,9 +223,9 @@ def _check_entry(tree: PackTree, key: str, le: LockEntry,
         raise ValueError("not a cache key")
     if not names:
         raise ValueError("missing from the archive")
-    meta_bytes, files = _members(tree, f"entries/{key[:2]}/{key}/", names, le.size)
+    meta_bytes, files = _members(tree, f"entries/{key[:2]}/{key}/", names, le.pin.size)
     try:
-        meta = check_whole(key, meta_bytes, files, le.size)
+        meta = check_whole(key, meta_bytes, files, le.pin.size)
     except Refused as e:
         raise ValueError(e.why) from None
     why = le.mismatch(Entry(key, Path(), meta))

@@ -41,13 +41,13 @@ from cutecc.entry import (
     runtime_record,
 )
 from cutecc.errors import CuteccError, WorkError
+from cutecc.lockfile import parse_tuning_lines
 from cutecc.locks import Busy
 from cutecc.report import Report
 from cutecc.runtime.tuning import (
     MAX_RECORD_BYTES,
     RESULTS_DIR,
     TUNING_FORMAT,
-    parse_lines,
     sibling_problem,
 )
 from cutecc.store import Store, entry_trust_problem, read_meta
@@ -290,7 +290,7 @@ def _check_tuning(store: Store, report: VerifyReport, kernels: dict[str, dict[st
                              MAX_RECORD_BYTES, 6)
             if not isinstance(doc, dict) or doc.get("format") != TUNING_FORMAT:
                 raise ValueError(f"not a tuning record of format {TUNING_FORMAT}")
-            lines = parse_lines(doc.get("records"), str(f), "records")
+            lines = parse_tuning_lines(doc.get("records"), str(f), "records")
         except trust.Untrusted as e:
             report.problems.append(Problem("bad-tuning", str(f), e.why, base))
             continue

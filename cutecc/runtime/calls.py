@@ -20,7 +20,15 @@ import numpy as np
 
 from cutecc import expr
 from cutecc.archs import to_build
-from cutecc.contract import Arg, CallingConvention, ScalarArg, TensorArg, args_from_json
+from cutecc.contract import (
+    Arg,
+    CallingConvention,
+    ScalarArg,
+    TensorArg,
+    args_from_json,
+    may_alias_problem,
+    shard_problem,
+)
 from cutecc.entry import call_keywords
 from cutecc.errors import CallError, CallTypeError
 from cutecc.names import call_name_problem
@@ -44,6 +52,7 @@ class Build:
     runtime: RuntimeRef | None = None  # the runtime library it links against
     record_use: bool = True  # touch the entry's `used` file at registration (not in a pack)
     call: tuple[tuple[str, Any], ...] = ()  # the call keywords that reach this build
+    shard: tuple[str, ...] = ()  # the symbols a call may be split along (`runtime.sharding`)
 
     @classmethod
     def from_meta(cls, key: str, entry_dir: Path, meta: Mapping[str, Any]) -> Build:
@@ -59,6 +68,9 @@ class Build:
             rt["key"], entry_dir.parents[2] / "runtimes" / rt["key"][:2] / rt["key"] / rt["library"],
             rt["sha256"], int(rt["size"]))
         conv = CallingConvention.of(args)
+        bad = may_alias_problem(args)  # XLA is asked to reuse buffers by it: checked again
+        if bad is not None:
+            raise ValueError(f"{bad[0]}.may_alias: {bad[1]}")
         for s in conv.scalars:  # a keyword of the call, as the manifest checks
             why = call_name_problem(s.name, "runtime scalar")
             if why:
@@ -74,9 +86,15 @@ class Build:
         for name, d in need:
             if isinstance(d, str) and d not in bound:
                 raise ValueError(f'{name}: extent "{d}" is bound by no input array')
+        shard = (meta.get("key_inputs") or {}).get("shard") or []
+        if not isinstance(shard, list) or not all(isinstance(s, str) for s in shard):
+            raise ValueError(f"shard {shard!r} is not a list of symbols")
+        why = shard_problem(conv, tuple(shard)) if shard else None  # read from disk: checked again
+        if why:
+            raise ValueError(f"shard: {why}")
         return cls(key, meta["variant"], meta["arch"], args, conv,
                    entry_dir / lib, rec["sha256"], int(rec["size"]), meta["symbol"], runtime,
-                   call=tuple(call.items()))
+                   call=tuple(call.items()), shard=tuple(shard))
 
     @property
     def label(self) -> str:

@@ -26,6 +26,7 @@ from typing import Any
 
 from cutecc import trust
 from cutecc.archs import check_arch, device_arch, runs_on
+from cutecc.composite_line import CompositeLine
 from cutecc.entry import ARTIFACT_FORMAT, ENTRY_FORMAT, meta_problem
 from cutecc.errors import CuteccError
 from cutecc.runtime.calls import Build, KernelBase
@@ -265,24 +266,34 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
             raise CuteccError(f"no entries for kernel(s) {', '.join(missing)}; run `cutecc build`",
                               where=str(store.root), exit_code=1)
 
-    def composite(name: str) -> dict[str, Any] | None:
-        """A composite kernel recorded by a build, when its launches are kernels loaded here.
-        Not under a lock (or a pack's): a lock does not pin composites yet, and a record it
-        does not vouch for never decides what runs."""
-        if (wanted is not None and name not in wanted) or locked is not None or front.composite is None:
+    def composite(name: str) -> CompositeLine | None:
+        """A composite kernel, when its launches are kernels loaded here: under a lock (or a
+        pack's) the lock's own line, signed with it (the cache's record, which the lock does
+        not vouch for, never decides what runs there); else the cache's record of a build."""
+        if (wanted is not None and name not in wanted) or front.composite is None:
             return None
-        doc = store.composite(name)
-        if doc is None or keys_of(name) or not all(keys_of(n) for n in doc["launches"]):
+        if locked is not None:
+            line = locked.composite(name)
+        else:
+            doc = store.composite(name)
+            try:
+                line = None if doc is None else CompositeLine.from_record(doc, str(store.composites_dir))
+            except CuteccError:
+                line = None  # a malformed record offers nothing, as an unreadable one
+        if line is None or keys_of(name) or not all(keys_of(n) for n in line.launches):
             return None
-        return doc
+        return line
+
+    def composite_names() -> Iterable[str]:
+        return [c.name for c in locked.composites] if locked is not None else store.composite_names()
 
     def all_names() -> Iterable[str]:
-        return sorted({*names(), *(n for n in store.composite_names() if composite(n))})
+        return sorted({*names(), *(n for n in composite_names() if composite(n))})
 
     def resolve(name: str) -> Any:
-        doc = composite(name)
-        if doc is not None and front.composite is not None:
-            return front.composite(name, doc["launches"], doc["inputs"], doc["outputs"])
+        line = composite(name)
+        if line is not None and front.composite is not None:
+            return front.composite(name, line.launches, line.inputs, line.outputs)
         entries, unreadable = _entries_of(store, name, keys_of(name), newest)
         fn = _kernel_fn(front, name, entries, target, series, pinned, record_use, unreadable)
         fn.tuning = _tuning(name, fn, store, locked, target, series, record_use, front.device_kind)
@@ -380,7 +391,8 @@ def _tuning(name: str, fn: KernelBase, store: Store, locked: Any, target: str, s
             record_use: bool, device_kind: Callable[[], str | None]) -> Any:
     """The kernel's table of tuned winners: the lock's results (with a lock), else the
     cache's records of its default entries; None when nothing was tuned."""
-    from cutecc.runtime.tuning import Tuned, TuningTable, read_cached, sibling_problem
+    from cutecc.lockfile import Tuned
+    from cutecc.runtime.tuning import TuningTable, read_cached, sibling_problem
 
     bases = {b.key: b for b in fn.builds}
     if locked is not None:

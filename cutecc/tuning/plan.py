@@ -19,8 +19,8 @@ from cutecc.atomic import atomic_write
 from cutecc.entry import is_key, parse_json
 from cutecc.errors import CuteccError
 from cutecc.manifest import Manifest
+from cutecc.manifest.tune_space import MAX_BUCKETS, MAX_EXTENT
 from cutecc.plan import Planned, plan
-from cutecc.tuning.space import MAX_BUCKETS, MAX_EXTENT
 
 PLAN_FORMAT = 1
 PLANS_DIR = ("tuning", "plans")
