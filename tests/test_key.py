@@ -20,6 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 import cutecc.commands.build
+import cutecc.executors.local
 import cutecc.key
 import cutecc.workers
 from cutecc.cli import main
@@ -393,7 +394,7 @@ def _no_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(*a: object, **k: object) -> None:
         raise AssertionError("a dry run must not compile")
 
-    monkeypatch.setattr(cutecc.workers, "compile_all", boom)
+    monkeypatch.setattr(cutecc.executors.local, "compile_all", boom)
     monkeypatch.setattr(cutecc.workers, "build_one", boom)
 
 

@@ -34,7 +34,7 @@ from cutecc.entry import (
     runtime_meta_problem,
     runtime_record,
 )
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
 from cutecc.ingest import Refused, check_whole
 from cutecc.lockfile import LOCK_NAME, Lock, lock_for, read_lock
 from cutecc.report import Report
@@ -180,21 +180,20 @@ def select(store: Store, *, manifest: str | Path | None = None, lock: str | Path
     for entry, le in chosen.resolve_all(store):  # tuned winners ship too, the rest of a space not
         why = le.mismatch(entry)
         if why:
-            raise CuteccError(f"{le.label}: {why}", where=str(entry.path), exit_code=1)
+            raise WorkError(f"{le.label}: {why}", where=str(entry.path))
     from cutecc.vouch import composite_line_problem, tuning_line_problem
 
     for c in chosen.composites:  # the pack's signed lock vouches for how their tensors flow
         why = composite_line_problem(store, chosen, c, hashed=False, present=True)
         if why:
-            raise CuteccError(f"composite {c.name}: {why}; run `cutecc build`", where=str(lock or manifest),
-                              exit_code=1)
+            raise WorkError(f"composite {c.name}: {why}; run `cutecc build`", where=str(lock or manifest))
 
     for t in chosen.tuning:  # a pack's lock vouches for its tuning lines too (and is signed)
         why = tuning_line_problem(store, t, None, hashed=False, present=True)
         if why:
-            raise CuteccError(f"tuning line {t.kernel}[{t.variant}]@{t.arch} {t.bucket} on {t.device}: "
-                              f"{why}; run `cutecc build` (which drops it) or `cutecc tune` again",
-                              where=str(lock or manifest), exit_code=1)
+            raise WorkError(f"tuning line {t.kernel}[{t.variant}]@{t.arch} {t.bucket} on {t.device}: "
+                            f"{why}; run `cutecc build` (which drops it) or `cutecc tune` again",
+                            where=str(lock or manifest))
     return chosen
 
 
@@ -262,8 +261,8 @@ def _tree(chosen: Lock, store: Store) -> tuple[dict[str, bytes], dict[str, dict[
         except (Refused, KeyError, TypeError, AttributeError) as e:
             why = e.why if isinstance(e, Refused) else f"malformed meta.json ({type(e).__name__})"
         if why:
-            raise CuteccError(f"{le.label}: {why}; run `cutecc verify --fix` and rebuild",
-                              where=str(entry.path), exit_code=1)
+            raise WorkError(f"{le.label}: {why}; run `cutecc verify --fix` and rebuild",
+                            where=str(entry.path))
         tree[f"{base}/{META}"] = meta_bytes
         for fname, data in files.items():
             tree[f"{base}/{fname}"] = data
@@ -287,8 +286,8 @@ def _tree(chosen: Lock, store: Store) -> tuple[dict[str, bytes], dict[str, dict[
         if not why and (len(data) != rec["size"] or hashlib.sha256(data).hexdigest() != rec["sha256"]):
             why = "does not match the SHA-256 its entries record"
         if why:
-            raise CuteccError(f"{what}: {why}; run `cutecc verify --fix` and `cutecc build`",
-                              where=str(store.runtime_dir(key)), exit_code=1)
+            raise WorkError(f"{what}: {why}; run `cutecc verify --fix` and `cutecc build`",
+                            where=str(store.runtime_dir(key)))
         tree[f"{base}/{META}"] = meta_bytes
         tree[f"{base}/{meta['library']}"] = data
         s = sizes.setdefault("runtime", {"entries": 0, "bytes": 0})
@@ -304,5 +303,5 @@ def _read(store: Store, parts: tuple[str, ...], max_bytes: int, label: str) -> b
     try:
         return trust.read_file(store.root, parts, max_bytes)
     except OSError as e:
-        raise CuteccError(f"{label}: cannot read {parts[-1]}: {e.strerror}; run `cutecc verify --fix` "
-                          "and rebuild", where=str(store.root.joinpath(*parts)), exit_code=1) from None
+        raise WorkError(f"{label}: cannot read {parts[-1]}: {e.strerror}; run `cutecc verify --fix` "
+                        "and rebuild", where=str(store.root.joinpath(*parts))) from None

@@ -14,7 +14,7 @@ from typing import Any
 
 from cutecc.commands.show import resolve
 from cutecc.entry import label_of
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
 from cutecc.locks import Busy
 from cutecc.report import Report
 from cutecc.store.view import Entry
@@ -71,8 +71,7 @@ def select(store: Store, keys: tuple[str, ...] = (), kernel: str | None = None,
              if (not kernel or e.meta.get("kernel") == kernel) and (not arch or e.meta.get("arch") == arch)]
     if not found:
         what = " and ".join(f"{n} {v!r}" for n, v in (("kernel", kernel), ("arch", arch)) if v)
-        raise CuteccError(f"no entry matches {what} (see `cutecc list`)", where=str(store.root),
-                          exit_code=1)
+        raise WorkError(f"no entry matches {what} (see `cutecc list`)", where=str(store.root))
     return found
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from cutecc.commands.list import call_text
 from cutecc.contract import TensorArg, args_from_json, flat_leaves
 from cutecc.entry import call_keywords, label_of
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
 from cutecc.report import Report
 from cutecc.store.view import Entry, StoreView
 from cutecc.units import human_size, iso
@@ -79,8 +79,7 @@ def resolve(store: StoreView, prefix: str) -> str:
         raise CuteccError(f'"{prefix}" is not a key or key prefix (hex digits)', where="KEY")
     keys = store.match(p)
     if not keys:
-        raise CuteccError(f'no entry matches "{prefix}" (see `cutecc list`)', where=str(store.root),
-                          exit_code=1)
+        raise WorkError(f'no entry matches "{prefix}" (see `cutecc list`)', where=str(store.root))
     if len(keys) > 1:
         shown = [f"{k[:16]} {_label_of(store, k)}" for k in keys[:20]]
         more = f" (and {len(keys) - 20} more)" if len(keys) > 20 else ""
@@ -101,7 +100,7 @@ def get_entry(store: StoreView, prefix: str) -> Entry:
     """The entry for KEY|PREFIX (see `resolve`); unreadable metadata is an error naming it."""
     entry = store.get(resolve(store, prefix))
     if entry is None:  # removed between the two looks
-        raise CuteccError(f'no entry matches "{prefix}"', where=str(store.root), exit_code=1)
+        raise WorkError(f'no entry matches "{prefix}"', where=str(store.root))
     return entry
 
 

@@ -31,7 +31,7 @@ from cutecc.entry import (
     parse_json,
     runtime_record,
 )
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
 from cutecc.ingest import Refused, check_whole, publish
 from cutecc.lockfile import LOCK_NAME, MAX_LOCK_BYTES, Lock, LockEntry
 from cutecc.report import Report
@@ -87,8 +87,8 @@ def unpack(archive: str | Path, cache_dir: str | Path | None = None, *,
     the pack's lock differs, is refused (reported, not imported); the others still land.
     """
     if environ.read_only():
-        raise CuteccError("read-only mode ($CUTECC_READ_ONLY): unpack writes to the cache",
-                          where="cutecc unpack", exit_code=1)
+        raise WorkError("read-only mode ($CUTECC_READ_ONLY): unpack writes to the cache",
+                        where="cutecc unpack")
     store = Store(cache_dir)
     store.ensure()
     tag = secrets.token_hex(8)  # its staging dir is swept only when nobody holds this lock

@@ -48,7 +48,7 @@ from cutecc.entry import (
     read_index_facts,
     runtime_record,
 )
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
 from cutecc.lockfile import parse_tuning_lines
 from cutecc.locks import Busy
 from cutecc.report import Report
@@ -370,7 +370,7 @@ def _fix_tuning(store: Store, p: Problem, bad: set[str]) -> str:
     try:
         path.unlink(missing_ok=True)
     except OSError as e:
-        raise CuteccError(f"cannot remove: {e.strerror}", where=str(path), exit_code=1) from None
+        raise WorkError(f"cannot remove: {e.strerror}", where=str(path)) from None
     bad.add(str(path))
     return "removed"
 
@@ -459,7 +459,7 @@ def _fix_record(store: Store, p: Problem) -> str:
     except filelock.Timeout:
         return "busy: left as is"
     except OSError as e:
-        raise CuteccError(f"cannot fix the index: {e.strerror}", where=str(path), exit_code=1) from None
+        raise WorkError(f"cannot fix the index: {e.strerror}", where=str(path)) from None
 
 
 def _relink_runtime(store: Store, key: str) -> str:
@@ -492,5 +492,5 @@ def _remove_orphan(store: Store, p: Problem) -> str:
     except filelock.Timeout:
         return "busy: left as is"
     except OSError as e:
-        raise CuteccError(f"cannot remove: {e.strerror}", where=str(path), exit_code=1) from None
+        raise WorkError(f"cannot remove: {e.strerror}", where=str(path)) from None
     return "removed"

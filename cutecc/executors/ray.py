@@ -43,11 +43,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
 from cutecc.workers import DEFAULT_LIMITS, BuildJob, Limits, Result
 
 if TYPE_CHECKING:
@@ -58,6 +58,23 @@ MAX_SOURCE_BYTES = 16 << 20  # a kernel's source closure sent to other nodes
 STOP_GRACE = 30.0  # after the time limit, a task's watchdog process kills its worker
 INIT_TIMEOUT = 120.0  # seconds to start or join the cluster (ray.init retries for ever)
 Sources = dict[str, bytes]  # relative path -> bytes
+
+
+@dataclass(frozen=True)
+class RayExecutor:
+    """A Ray cluster (`ray_address`; None starts a private local one) compiling one task
+    per job (`compile_all`), each within `limits`."""
+
+    ray_address: str | None = None
+    limits: Limits = DEFAULT_LIMITS
+    kind: str = field(default="ray", init=False)
+
+    def compile_all(self, jobs: list[BuildJob], store_root: Path, workers: int,
+                    on_result: Callable[[BuildJob, Result], None],
+                    remote: RemoteConfig | None = None) -> None:
+        """Build every job as a Ray task; `on_result` sees each as it finishes, checked."""
+        compile_all(jobs, store_root, workers, on_result, remote=remote, address=self.ray_address,
+                    limits=self.limits)
 
 
 def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
@@ -75,8 +92,8 @@ def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
     try:
         import ray
     except ImportError:
-        raise CuteccError("the ray executor needs Ray: pip install 'cutecc[ray]'",
-                          where="--executor ray", exit_code=1) from None
+        raise WorkError("the ray executor needs Ray: pip install 'cutecc[ray]'",
+                        where="--executor ray") from None
     from cutecc.store.writer import Store
 
     store = Store(store_root)
@@ -479,8 +496,8 @@ def _materialize(root: Path, job: BuildJob, files: Sources) -> Path:
     """Write the sources into `root/<source digest>/` (once; checked against the key)."""
     digest = str(job.key_inputs.get("source"))
     if _source_digest(files) != digest:
-        raise CuteccError("the sources sent differ from those the key was computed from",
-                          where=job.kernel, exit_code=1)
+        raise WorkError("the sources sent differ from those the key was computed from",
+                        where=job.kernel)
     final = root / digest
     if final.is_dir():
         return final
@@ -488,7 +505,7 @@ def _materialize(root: Path, job: BuildJob, files: Sources) -> Path:
     tmp.mkdir(parents=True)
     for rel, data in files.items():
         if rel.startswith("/") or ".." in rel.split("/"):
-            raise CuteccError(f"bad source path {rel!r}", where=job.kernel, exit_code=1)
+            raise WorkError(f"bad source path {rel!r}", where=job.kernel)
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp / rel).write_bytes(data)
     try:

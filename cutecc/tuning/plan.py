@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,22 +36,38 @@ def items(manifest: Manifest, archs: tuple[str, ...] = (), kernels: tuple[str, .
           hash_cache: Any = None) -> list[dict[str, Any]]:
     """One plan item per tuned (kernel, variant, arch): its default key, its candidates'
     keys and the space's benchmark settings (JSON, as the plan file stores it)."""
-    tuned = tuple(k.name for k in manifest.kernels if k.tuning is not None
+    names = tuned(manifest, kernels)
+    sub = Manifest(manifest.path, manifest.python_path,
+                   tuple(k for k in manifest.kernels if k.name in names), manifest.env)
+    return items_of(manifest, names, plan(with_candidates(sub), archs, hash_cache=hash_cache), archs)
+
+
+def tuned(manifest: Manifest, kernels: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The kernels of `manifest` (of `kernels`, if given) that declare a tuning space; an
+    error names a kernel asked for without one, or a manifest with none."""
+    names = tuple(k.name for k in manifest.kernels if k.tuning is not None
                   and (not kernels or k.name in kernels))
     if kernels:
         for name in kernels:
             if manifest.kernel(name).tuning is None:
                 raise CuteccError(f'kernel "{name}" declares no tuning space ([kernel.{name}.tune])',
                                   where=str(manifest.path))
-    if not tuned:
+    if not names:
         raise CuteccError("no kernel declares a tuning space ([kernel.NAME.tune])",
                           where=str(manifest.path))
-    sub = Manifest(manifest.path, manifest.python_path,
-                   tuple(k for k in manifest.kernels if k.name in tuned), manifest.env)
-    planned = plan(with_candidates(sub), archs, hash_cache=hash_cache)
+    return names
+
+
+def items_of(manifest: Manifest, names: tuple[str, ...], planned: Sequence[Planned],
+             archs: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The plan items of the tuned kernels `names`, from a plan of (at least) their
+    candidates (`plan(with_candidates(...), archs)`): a build that plans them once reads
+    both its jobs and the tuning plan from it."""
     by: dict[tuple[str, str, str], Planned] = {(p.kernel.name, p.variant.id, p.arch): p for p in planned}
     out = []
-    for k in sub.kernels:
+    for k in manifest.kernels:
+        if k.name not in names:
+            continue
         spec = k.tuning
         assert spec is not None
         for vid, cands in k.candidates:

@@ -41,9 +41,9 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
              ("base", "store", "lock", "manifest", "toolchain")),
     # One artifact: compile a variant, link it.
     "compile": (("cutecc.compiler", "cutecc.linker"), ("base", "manifest", "toolchain")),
-    # Building many, anywhere: workers, executors, the remote cache, checking foreign entries,
-    # what a lock may vouch for, archives.
-    "work": (("cutecc.workers", "cutecc.executors", "cutecc.remote", "cutecc.ingest",
+    # Building many, anywhere: the build pipeline, workers, executors, the remote cache,
+    # checking foreign entries, what a lock may vouch for, archives.
+    "work": (("cutecc.builder", "cutecc.workers", "cutecc.executors", "cutecc.remote", "cutecc.ingest",
               "cutecc.vouch", "cutecc.archive"),
              ("base", "store", "lock", "runtime", "manifest", "toolchain", "plan", "compile")),
     # Measuring tuning candidates on a GPU (the child runs the runtime).
