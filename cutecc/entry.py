@@ -19,7 +19,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from cutecc import platforms
 from cutecc.names import MAX_NAME_CHARS, call_name_problem, kernel_name_problem
+from cutecc.platforms import BUILD_PLATFORM
 
 # The cache directory's layout (its `format` file). 2: runtimes/ and the by-kernel/ index.
 STORE_FORMAT = 2
@@ -117,14 +119,22 @@ def runtime_soname(runtime_key: str) -> str:
     return f"libcutecc_rt_{runtime_key[:16]}.so"
 
 
-def label(kernel: object, variant: object, arch: object) -> str:
-    """`kernel[variant]@arch`, how every command names one artifact."""
-    return f"{kernel}[{variant}]@{arch}"
+def label(kernel: object, variant: object, arch: object, platform: str = BUILD_PLATFORM) -> str:
+    """`kernel[variant]@arch`, how every command names one artifact; with `/platform`
+    after it for host code of another platform than the build's (`cutecc.platforms`)."""
+    return f"{kernel}[{variant}]@{arch}{platforms.suffix(platform)}"
+
+
+def platform_of(meta: dict[str, Any]) -> str:
+    """The host platform an entry's library is for: its metadata's `platform` (entries
+    built before platforms existed have none: they are the build platform's)."""
+    p = meta.get("platform", BUILD_PLATFORM)
+    return p if isinstance(p, str) else repr(p)
 
 
 def label_of(meta: dict[str, Any]) -> str:
     """The label of an entry from its metadata (damaged fields print as they are)."""
-    return label(meta.get("kernel"), meta.get("variant"), meta.get("arch"))
+    return label(meta.get("kernel"), meta.get("variant"), meta.get("arch"), platform_of(meta))
 
 
 def is_file_name(name: object) -> bool:
@@ -307,6 +317,10 @@ def meta_problem(meta: Any, key: str) -> str | None:
     for name in ("kernel", "variant", "symbol"):
         if not isinstance(meta.get(name), str) or not meta[name]:
             return f"{name} is not a string (damaged metadata)"
+    tc = inputs.get("toolchain")
+    keyed = tc.get("platform", BUILD_PLATFORM) if isinstance(tc, dict) else None
+    if platform_of(meta) != keyed:
+        return f"platform {meta.get('platform')!r} differs from the key's {keyed!r} (damaged metadata)"
     if not is_kernel_name(meta["kernel"]):
         return f"{kernel_name_problem(meta['kernel'])} (damaged metadata)"
     for name in call_keywords(meta):

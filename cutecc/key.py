@@ -31,32 +31,50 @@ from cutecc.contract import args_to_json
 from cutecc.entry import ARTIFACT_FORMAT, compute_key
 from cutecc.errors import CuteccError
 from cutecc.manifest import Kernel, Variant
+from cutecc.platforms import BUILD_PLATFORM
 
 _TOOL_PACKAGES = ("nvidia-cutlass-dsl", "apache-tvm-ffi", "nvidia-cuda-runtime", "ziglang")
 
 
-@functools.lru_cache(maxsize=1)
-def toolchain() -> dict[str, str]:
-    """Versions and hashes of everything outside the kernel's source that shapes the artifact."""
-    from cutecc.compiler import HOST_TARGET
-    from cutecc.linker import RECIPE_VERSION, ZIG_TARGET
+@functools.lru_cache(maxsize=4)
+def toolchain(platform: str = BUILD_PLATFORM) -> dict[str, str]:
+    """Versions and hashes of everything outside the kernel's source that shapes the
+    artifact, for host code of `platform`. The build platform's names no platform (its
+    keys are those of every build before platforms existed: its host target and zig
+    target say x86-64); another's names it, its host target and zig target, and the
+    pins of the wheels it links against (`cutecc.targetlibs`) in place of the installed
+    CUDA runtime's and tvm-ffi's versions."""
+    from cutecc.compiler import host_target
+    from cutecc.linker import RECIPE_VERSION, zig_target
 
     out = {"cutecc_artifact_format": str(ARTIFACT_FORMAT), "link_recipe": str(RECIPE_VERSION),
-           "host_target": HOST_TARGET, "runtime": runtime_key()}
+           "host_target": host_target(platform), "runtime": runtime_key(platform)}
     for pkg in _TOOL_PACKAGES:
         try:
             out[pkg] = importlib.metadata.version(pkg)
         except importlib.metadata.PackageNotFoundError:
             out[pkg] = "absent"
-    out["zig"] = f"{out.pop('ziglang')} {ZIG_TARGET}"
+    out["zig"] = f"{out.pop('ziglang')} {zig_target(platform)}"
+    if platform != BUILD_PLATFORM:
+        from cutecc.targetlibs import pins
+
+        p = pins(platform)
+        out.update({"platform": platform, "nvidia-cuda-runtime": p["nvidia-cuda-runtime"],
+                    "apache-tvm-ffi": p["apache-tvm-ffi"].split()[0],
+                    "platform_libs": compute_key(p)})
     return out
 
 
-def runtime_key() -> str:
-    """The key of the runtime library this toolchain links kernels against."""
+def runtime_key(platform: str = BUILD_PLATFORM) -> str:
+    """The key of the runtime library this toolchain links kernels of `platform` against."""
     from cutecc.linker import runtime_inputs
 
-    return compute_key(runtime_inputs())
+    return compute_key(runtime_inputs(platform))
+
+
+def toolchain_platform(toolchain: dict[str, Any]) -> str:
+    """The host platform a key's toolchain (or an entry's) is for."""
+    return str(toolchain.get("platform", BUILD_PLATFORM))
 
 
 class SourceIndex:
@@ -316,8 +334,10 @@ def _top_level_in(path: Path, root: Path, top: str) -> bool:
 def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
                distributions: dict[str, str] | None = None,
                env: dict[str, str] | None = None,
-               imports: dict[str, str] | None = None) -> dict[str, Any]:
-    """The named inputs of one artifact's key (also stored in its metadata):
+               imports: dict[str, str] | None = None,
+               platform: str = BUILD_PLATFORM) -> dict[str, Any]:
+    """The named inputs of one artifact's key (also stored in its metadata), for host code
+    of `platform` (its toolchain names it: `toolchain`):
     `distributions` and `env` as `cutecc.dists` computes them; `imports`, the source digests
     of project modules that the variant's values and struct types name and the entry's
     closure does not reach (`cutecc.plan.references`)."""
@@ -332,7 +352,7 @@ def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
         "constants": dict(variant.constants),
         "arch": arch,
         "compile_options": kernel.compile_options,
-        "toolchain": toolchain(),
+        "toolchain": toolchain(platform),
     }
     if "torch" in (distributions or {}):
         # Its code can ask torch for the GPU: the build worker answers from the profile.

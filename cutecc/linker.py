@@ -29,8 +29,10 @@ import re
 import subprocess
 from pathlib import Path
 
+from cutecc import platforms, targetlibs
 from cutecc.compiler import INNER_SYMBOL
 from cutecc.errors import CuteccError
+from cutecc.platforms import BUILD_PLATFORM
 
 NATIVE = Path(__file__).with_name("native")
 RUNTIME_SOURCE = NATIVE / "cutecc_rt.c"
@@ -75,8 +77,12 @@ def _find(what: str, candidates: list[Path], hint: str) -> Path:
     raise CuteccError(f"cannot find {what}; {hint}", where="link", exit_code=1)
 
 
-def toolchain_paths(cuda: str = "cu13") -> dict[str, Path]:
-    """Where the link inputs and zig live in the build extra's wheels."""
+def toolchain_paths(cuda: str = "cu13", platform: str = BUILD_PLATFORM) -> dict[str, Path]:
+    """Where the link inputs and zig live: in the build extra's wheels, and for another
+    platform than the build's, in that platform's pinned wheels (`cutecc.targetlibs`)."""
+    if platform != BUILD_PLATFORM:
+        zig = toolchain_paths(cuda)["zig"]
+        return {"zig": zig, **targetlibs.paths(platform)}
     hint = "install the build extra: pip install 'cutecc[build]'"
     dsl = _package_dirs("nvidia_cutlass_dsl")
     nv = _package_dirs("nvidia")
@@ -100,12 +106,25 @@ def _version(pkg: str) -> str:
         return "absent"
 
 
-@functools.lru_cache(maxsize=1)
-def runtime_inputs() -> dict[str, str]:
+def zig_target(platform: str) -> str:
+    """`zig cc -target` for a platform."""
+    return ZIG_TARGET if platform == BUILD_PLATFORM else platforms.get(platform).zig_target
+
+
+@functools.lru_cache(maxsize=4)
+def runtime_inputs(platform: str = BUILD_PLATFORM) -> dict[str, str]:
     """Everything that decides the runtime library's bytes (its key's inputs): the recipe
     and its source, zig and its target, the two static archives' SHA-256 and tvm-ffi's
     version (its headers and its library's soname). Empty values when the build extra is
-    missing ("absent"): such a key is never built."""
+    missing ("absent"): such a key is never built. For another platform, the pins of its
+    wheels (`cutecc.targetlibs.pins`) name the archives, library and headers: known
+    without fetching them, and checked against them before they are linked."""
+    if platform != BUILD_PLATFORM:
+        pins = targetlibs.pins(platform)
+        return {"runtime_format": str(RUNTIME_FORMAT), "recipe": RECIPE_VERSION,
+                "source": _sha(RUNTIME_SOURCE), "exports": ",".join(RUNTIME_EXPORTS),
+                "zig": _version("ziglang"), "target": zig_target(platform), "platform": platform,
+                "apache-tvm-ffi": pins["apache-tvm-ffi"].split()[0], **pins}
     out = {"runtime_format": str(RUNTIME_FORMAT), "recipe": RECIPE_VERSION,
            "source": _sha(RUNTIME_SOURCE), "exports": ",".join(RUNTIME_EXPORTS),
            "zig": _version("ziglang"), "target": ZIG_TARGET,
@@ -148,13 +167,15 @@ def zig_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("cutecc-zig", appauthor=False))
 
 
-def _zig_cc(p: dict[str, Path], args: list[str], out: Path) -> None:
-    """Run `zig cc` for the pinned target in a scrubbed environment (no CFLAGS, locale or
-    user settings reach it), writing `out`."""
+def _zig_cc(p: dict[str, Path], args: list[str], out: Path, platform: str = BUILD_PLATFORM) -> None:
+    """Run `zig cc` for the pinned target of `platform` in a scrubbed environment (no
+    CFLAGS, locale or user settings reach it), writing `out`."""
     cache = zig_cache_dir()
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C",
            "ZIG_GLOBAL_CACHE_DIR": str(cache), "ZIG_LOCAL_CACHE_DIR": str(cache)}
-    cmd = [str(p["zig"]), "cc", "-target", ZIG_TARGET, *CFLAGS, *args, *LDFLAGS]
+    # Retargeted IR names the generic triple, which zig refines (OS and glibc versions).
+    quiet = () if platform == BUILD_PLATFORM else ("-Wno-override-module",)
+    cmd = [str(p["zig"]), "cc", "-target", zig_target(platform), *CFLAGS, *quiet, *args, *LDFLAGS]
     try:
         cache.mkdir(parents=True, exist_ok=True)
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
@@ -182,10 +203,10 @@ def _free_bytes(d: Path) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def link_runtime(out_dir: Path, runtime_key: str) -> Path:
-    """Link the runtime library for `runtime_key` (the key of `runtime_inputs()`) into
-    `out_dir`; returns its path (named by `runtime_soname`)."""
-    p = toolchain_paths()
+def link_runtime(out_dir: Path, runtime_key: str, platform: str = BUILD_PLATFORM) -> Path:
+    """Link the runtime library for `runtime_key` (the key of `runtime_inputs(platform)`)
+    into `out_dir`; returns its path (named by `runtime_soname`)."""
+    p = toolchain_paths(platform=platform)
     name = runtime_soname(runtime_key)
     out = out_dir / name
     vs = out_dir / "runtime.map"  # its path is not recorded in the output
@@ -199,21 +220,21 @@ def link_runtime(out_dir: Path, runtime_key: str) -> Path:
             "-Wl,--whole-archive", str(p["dialect_rt"]), "-Wl,--no-whole-archive",
             str(p["cudart"]), f"-L{p['tvm_lib']}", "-ltvm_ffi", "-ldl", "-lpthread", "-lrt",
             f"-Wl,--version-script={vs}",
-        ], out)
+        ], out, platform)
     finally:
         vs.unlink(missing_ok=True)
     return out
 
 
 def link(obj: Path, out: Path, symbol: str, *, entry: str, arch: str, key: str,
-         runtime: Path) -> None:
-    """Link `obj` (which defines `__tvm_ffi_<INNER_SYMBOL>`) into the kernel library `out`
-    against the runtime library `runtime`, exporting only `__tvm_ffi_<symbol>`: the
-    wrapper, whose errors name the kernel by `entry`, `arch` and the first 12 hex digits of
-    `key`."""
+         runtime: Path, platform: str = BUILD_PLATFORM) -> None:
+    """Link `obj` (which defines `__tvm_ffi_<INNER_SYMBOL>`; for another platform, the
+    retargeted IR that does) into the kernel library `out` against the runtime library
+    `runtime`, exporting only `__tvm_ffi_<symbol>`: the wrapper, whose errors name the
+    kernel by `entry`, `arch` and the first 12 hex digits of `key`."""
     if not _C_SYMBOL.match(symbol):
         raise CuteccError(f"{symbol!r} is not a C identifier", where="link", exit_code=1)
-    p = toolchain_paths()
+    p = toolchain_paths(platform=platform)
     vs = out.with_name(out.name + ".map")
     vs.write_text(f"{{ global: __tvm_ffi_{symbol}; local: *; }};\n")
     try:
@@ -224,6 +245,6 @@ def link(obj: Path, out: Path, symbol: str, *, entry: str, arch: str, key: str,
             f"-DCUTECC_KEY={c_string(key[:12])}", f"-I{p['tvm_include']}",
             f"-L{runtime.parent}", f"-l:{runtime.name}", f"-L{p['tvm_lib']}", "-ltvm_ffi",
             f"-Wl,--version-script={vs}",
-        ], out)
+        ], out, platform)
     finally:
         vs.unlink(missing_ok=True)

@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from cutecc.atomic import atomic_write
-from cutecc.entry import acted_on, bad_pin_field, is_key, label, parse_json
+from cutecc.entry import acted_on, bad_pin_field, is_key, label, parse_json, platform_of
 from cutecc.errors import CuteccError
+from cutecc.platforms import BUILD_PLATFORM, PLATFORMS
 from cutecc.runtime.tuning import Tuned, parse_lines
 from cutecc.store import Entry, Store
 
-LOCK_FORMAT = 2
+LOCK_FORMAT = 3  # 3: each line names its host platform
 _ACTED = ("library", "sha256", "size", "symbol", "backward", "contract", "runtime")  # from acted_on
 LOCK_NAME = "kernels.lock"
 MAX_LOCK_BYTES = 16 << 20  # 10,000 entry lines (~600 bytes) and as many tuning lines (~800)
@@ -42,6 +43,7 @@ class LockEntry:
     kernel: str
     variant: str
     arch: str
+    platform: str  # the host platform of the library's host code (`cutecc.platforms`)
     key: str
     library: str
     sha256: str
@@ -53,27 +55,28 @@ class LockEntry:
 
     @property
     def label(self) -> str:
-        return label(self.kernel, self.variant, self.arch)
+        return label(self.kernel, self.variant, self.arch, self.platform)
 
     @property
-    def order(self) -> tuple[str, str, str, str]:
-        return (self.kernel, self.variant, self.arch, self.key)
+    def order(self) -> tuple[str, str, str, str, str]:
+        return (self.kernel, self.variant, self.arch, self.platform, self.key)
 
     @classmethod
     def of(cls, kernel: str, variant: str, arch: str, key: str, meta: dict[str, Any]) -> LockEntry:
         """The lock line for an entry, from its metadata."""
         acted = acted_on(meta)
+        platform = platform_of(meta)
         if acted is None or acted["symbol"] is None or acted["runtime"] is None:
-            raise CuteccError(f"{label(kernel, variant, arch)} {key[:12]}: malformed metadata (no "
+            raise CuteccError(f"{label(kernel, variant, arch, platform)} {key[:12]}: malformed metadata (no "
                               "library file record, symbol or runtime library record)",
                               where="kernels.lock", exit_code=1)
-        return cls(kernel, variant, arch, key, **acted)
+        return cls(kernel, variant, arch, platform, key, **acted)
 
     @classmethod
     def from_facts(cls, kernel: str, variant: str, arch: str, key: str,
-                   facts: dict[str, Any]) -> LockEntry:
-        """The lock line for an entry, from its index record (`entry.index_facts`)."""
-        return cls(kernel, variant, arch, key, **{f: facts[f] for f in _ACTED})
+                   facts: dict[str, Any], platform: str = BUILD_PLATFORM) -> LockEntry:
+        """The lock line for an entry of `platform`, from its index record (`entry.index_facts`)."""
+        return cls(kernel, variant, arch, platform, key, **{f: facts[f] for f in _ACTED})
 
     def mismatch(self, entry: Entry) -> str | None:
         """Why the entry differs from this line (in anything the runtime acts on), or None."""
@@ -81,6 +84,8 @@ class LockEntry:
         for name in ("kernel", "variant", "arch"):
             if m.get(name) != getattr(self, name):
                 return f"{name} {m.get(name)!r}, the lock says {getattr(self, name)!r}; refusing it"
+        if platform_of(m) != self.platform:
+            return f"platform {platform_of(m)!r}, the lock says {self.platform!r}; refusing it"
         acted = acted_on(m) or {}
         for name in _ACTED:
             got, want = acted.get(name), getattr(self, name)
@@ -125,9 +130,10 @@ class Lock:
 
     def winners(self) -> list[LockEntry]:
         """The lock lines of the tuned winners that are not default configurations."""
-        defaults = {e.key for e in self.entries}
-        out = {t.winner: LockEntry(t.kernel, t.winner_variant, t.arch, t.winner, t.library, t.sha256,
-                                   t.size, t.symbol, t.backward, t.contract, t.runtime)
+        defaults = {e.key: e.platform for e in self.entries}  # a winner's is its default's
+        out = {t.winner: LockEntry(t.kernel, t.winner_variant, t.arch, defaults[t.base], t.winner,
+                                   t.library, t.sha256, t.size, t.symbol, t.backward, t.contract,
+                                   t.runtime)
                for t in self.tuning if t.winner not in defaults}
         return [out[k] for k in sorted(out)]
 
@@ -139,7 +145,7 @@ class Lock:
             raise CuteccError(f"not a lock file: {e}", where=where) from None
         if not isinstance(doc, dict) or doc.get("format") != LOCK_FORMAT:
             got = doc.get("format") if isinstance(doc, dict) else None
-            hint = "; run `cutecc build` to write it anew" if got == 1 else ""
+            hint = "; run `cutecc build` to write it anew" if got in (1, 2) else ""
             raise CuteccError(f"lock format {got!r}, this cutecc reads {LOCK_FORMAT}{hint}", where=where)
         items = doc.get("entries")
         if not isinstance(items, list):
@@ -165,11 +171,18 @@ class Lock:
         """The line of each key the lock vouches for: its entries and its tuned winners."""
         return {**{e.key: e for e in self.winners()}, **{e.key: e for e in self.entries}}
 
-    def select(self, archs: Iterable[str] = (), kernels: Iterable[str] = ()) -> Lock:
-        """Only the entries of these archs and kernels (all when empty)."""
-        a, k = set(archs), set(kernels)
+    def select(self, archs: Iterable[str] = (), kernels: Iterable[str] = (),
+               platforms: Iterable[str] = ()) -> Lock:
+        """Only the entries of these archs, kernels and platforms (all when empty)."""
+        a, k, p = set(archs), set(kernels), set(platforms)
         return Lock(tuple(e for e in self.entries
-                          if (not a or e.arch in a) and (not k or e.kernel in k))).with_tuning(self.tuning)
+                          if (not a or e.arch in a) and (not k or e.kernel in k)
+                          and (not p or e.platform in p))).with_tuning(self.tuning)
+
+    @property
+    def platforms(self) -> tuple[str, ...]:
+        """The host platforms the lock's entries are for, sorted."""
+        return tuple(sorted({e.platform for e in self.entries}))
 
     def resolve(self, store: Store) -> Iterator[tuple[Entry, LockEntry]]:
         """Each locked entry of `store` with its lock line (not the tuned winners: see
@@ -209,6 +222,9 @@ def _line(e: Any, where: str, kp: str) -> LockEntry:
     if not is_key(e["runtime"]):
         raise CuteccError("runtime is not a SHA-256 (64 hex digits)", where=where,
                           key_path=f"{kp}.runtime")
+    if e["platform"] not in PLATFORMS:
+        raise CuteccError(f"platform {e['platform']!r} is not one of {', '.join(sorted(PLATFORMS))}",
+                          where=where, key_path=f"{kp}.platform")
     return LockEntry(**e)
 
 
@@ -342,6 +358,6 @@ def _previous(path: Path) -> Lock | None:
         return read_lock(path)
     except CuteccError:
         data = path.read_bytes()
-        if b'"format": 1' in data[:64] or (b'"format": 2' in data[:64] and b'"runtime"' not in data):
-            return None  # an older format (or format 2 before the runtime field): written anew
+        if b'"format": 1' in data[:64] or b'"format": 2' in data[:64]:
+            return None  # an older format (before the runtime or platform fields): written anew
         raise

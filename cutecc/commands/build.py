@@ -55,7 +55,8 @@ class Outcome:
 
     def to_json(self) -> dict[str, Any]:
         p = self.planned
-        return {"kernel": p.kernel.name, "variant": p.variant.id, "arch": p.arch, "key": p.key,
+        return {"kernel": p.kernel.name, "variant": p.variant.id, "arch": p.arch,
+                "platform": p.platform, "key": p.key,
                 "status": self.status, "seconds": round(self.seconds, 3), "error": self.error,
                 "fetched": self.fetched}
 
@@ -461,7 +462,7 @@ def _build_seconds(meta: dict[str, Any]) -> float:
 def _lock_line(o: Outcome) -> LockEntry:
     p = o.planned
     if o.facts is not None:
-        return LockEntry.from_facts(p.kernel.name, p.variant.id, p.arch, p.key, o.facts)
+        return LockEntry.from_facts(p.kernel.name, p.variant.id, p.arch, p.key, o.facts, p.platform)
     return LockEntry.of(p.kernel.name, p.variant.id, p.arch, p.key, o.meta or {})
 
 
