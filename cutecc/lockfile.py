@@ -302,12 +302,12 @@ class Merged:
 
 
 def merge_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
-                covered: set[tuple[str, str]], defined: set[str]) -> Merged:
+                covered: set[tuple[str, str, str]], defined: set[str]) -> Merged:
     """The lock of a successful build, not written yet.
 
-    A full build locks exactly its `lines`. A `partial` one (restricted by --kernel or
-    --arch) replaces only the (kernel, arch) pairs it `covered`, keeping the old file's
-    other entries of kernels the manifest still `defined`. Tuning lines stay while their
+    A full build locks exactly its `lines`. A `partial` one (restricted by --kernel,
+    --arch or --platform) replaces only the (kernel, arch, platform) it `covered`, keeping
+    the old file's other entries of kernels the manifest still `defined`. Tuning lines stay while their
     defaults do. Never does it vouch for other bytes under a key the old lock already
     names: an entry whose key is unchanged but whose library (or anything else the runtime
     acts on) differs is an error (exit 1).
@@ -336,14 +336,14 @@ def merge_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
     kept: tuple[LockEntry, ...] = ()
     if partial:
         ours = {le.key for le in new.entries}
-        kept = tuple(e for e in old.entries if (e.kernel, e.arch) not in covered
+        kept = tuple(e for e in old.entries if (e.kernel, e.arch, e.platform) not in covered
                      and e.kernel in defined and e.key not in ours)
         new = Lock(new.entries + kept)
     return Merged(new.with_tuning(old.tuning), kept)
 
 
 def record_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
-                 covered: set[tuple[str, str]], defined: set[str]) -> bool:
+                 covered: set[tuple[str, str, str]], defined: set[str]) -> bool:
     """`merge_build`, written as it is (nothing checked against a cache); True when the
     file changed."""
     merged = merge_build(path, lines, partial=partial, covered=covered, defined=defined)

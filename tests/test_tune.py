@@ -97,7 +97,7 @@ def test_bucket_lookup_at_and_between_edges(value: int, floor: int, nearest: int
 
 
 def _entry(variant: str, key: str) -> LockEntry:
-    return LockEntry("mul", variant, "sm_90a", key, "lib.so", key[:1] * 64, 1000, "__tvm_ffi_mul", None, "c" * 64,
+    return LockEntry("mul", variant, "sm_90a", "x86_64", key, "lib.so", key[:1] * 64, 1000, "__tvm_ffi_mul", None, "c" * 64,
                       "d" * 64)
 
 

@@ -36,6 +36,7 @@ from cutecc.lockfile import LOCK_NAME, Lock, LockEntry, Merged, merge_build, wri
 from cutecc.locks import is_held
 from cutecc.manifest import load_manifest
 from cutecc.plan import Planned, plan
+from cutecc.platforms import check_platform
 from cutecc.report import Report
 from cutecc.store import HASH_CACHE, Store, entry_trust_problem, manifest_id, touch_used
 from cutecc.units import human_size
@@ -199,6 +200,7 @@ def build(
     manifest_path: str | Path,
     *,
     archs: tuple[str, ...] = (),
+    platforms: tuple[str, ...] = (),
     cache_dir: str | Path | None = None,
     jobs: int | None = None,
     kernels: tuple[str, ...] = (),
@@ -228,6 +230,7 @@ def build(
     Ray cluster, else a local one is started. `remote` (`s3://bucket/prefix`, else
     `$CUTECC_REMOTE`, else `[build]`) is a shared cache looked up for local misses;
     `remote_write` (else `$CUTECC_REMOTE_WRITE`; never the manifest) uploads what is built.
+    `platforms`: the host platforms to build for, overriding the manifest's.
     `candidates`: build the tuning candidates of kernels with a tuning space too (for
     `cutecc tune`; same keys, nothing recorded as the kernels' current build, no lock).
     `compile_timeout` (seconds) and `compile_memory` (a size; else `$CUTECC_COMPILE_*`, else
@@ -265,7 +268,8 @@ def build(
     report = BuildReport(cache_dir=store.root, dry_run=dry_run, executor=runner.kind)
     # What planning learns is kept in the store: in a new one, once the build has made it.
     hashes = None if read_only or dry_run else HashCache(store.root / HASH_CACHE)
-    planned = plan(manifest, archs, hash_cache=hashes)
+    planned = plan(manifest, archs, hash_cache=hashes,
+                   platforms=tuple(check_platform(p, "--platform") for p in platforms))
     if store.entries_dir.is_dir():
         store.check_trust()  # another user's cache never vouches for anything here
     misses: list[Planned] = []
@@ -340,7 +344,7 @@ def build(
         if hashes is not None and store.root.is_dir():
             hashes.save()  # a no-op if planning saved it already (an existing store)
     if not dry_run and not read_only and report.ok and not candidates:
-        _record_generations(store, full.path, planned, partial=bool(kernels or archs))
+        _record_generations(store, full.path, planned, partial=bool(kernels or archs or platforms))
         for c in manifest.composites:  # best-effort, like the generations
             with contextlib.suppress(OSError):
                 store.record_composite(c.name, c.to_json(), str(full.path))
@@ -348,7 +352,8 @@ def build(
         path = Path(lock_file or Path(manifest_path).parent / LOCK_NAME)
         merged = merge_build(
             path, [_lock_line(o) for o in report.outcomes],
-            partial=bool(kernels or archs), covered={(p.kernel.name, p.arch) for p in planned},
+            partial=bool(kernels or archs or platforms),
+            covered={(p.kernel.name, p.arch, p.platform) for p in planned},
             defined={k.name for k in full.kernels})
         new_lock = _vouched(store, full, hashes, merged, report, signing=key is not None, where=path)
         report.lock_changed = write_lock(path, new_lock)
