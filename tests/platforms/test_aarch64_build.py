@@ -1,0 +1,227 @@
+"""The root manifest built for aarch64 (Grace) hosts on this x86-64 host.
+
+Every library is checked from its ELF headers (machine, needed libraries, exported
+symbols, glibc symbol versions); a second build from another directory gives the same
+bytes; and, where qemu-user and an aarch64 glibc are installed (Debian: qemu-user,
+libc6-arm64-cross, libstdc++6-arm64-cross), every kernel is loaded and called under
+qemu-aarch64 against the pinned aarch64 libtvm_ffi.so: tvm-ffi's argument checks must
+refuse a wrong call by argument, and pass a right one, which then fails only for lack of
+a CUDA driver. No GPU runs here: README.md says how a Grace user checks a pack.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+from helpers import REPO
+
+pytestmark = pytest.mark.slow
+
+QEMU = shutil.which("qemu-aarch64")
+SYSROOT = Path("/usr/aarch64-linux-gnu")
+HARNESS = Path(__file__).with_name("qemu_call.c")
+EXPORTED_BY_KERNELS = {"__tvm_ffi_cutecc_kernel"}
+GLIBC_LIBS = {"libc.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1", "libm.so.6",
+              "ld-linux-aarch64.so.1"}
+# DLDataTypeCode and bits of each dtype a root kernel takes.
+DL_DTYPES = {"float32": (2, 32), "float16": (2, 16), "bfloat16": (4, 16), "int32": (0, 32)}
+
+
+def _project(dest: Path) -> Path:
+    proj = dest / "proj"
+    proj.mkdir(parents=True)
+    shutil.copytree(REPO / "kernels", proj / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "kernels.toml", proj / "kernels.toml")
+    return proj / "kernels.toml"
+
+
+def _build(manifest: Path, cache: Path, kernels: tuple[str, ...] = ()) -> None:
+    pytest.importorskip("cutlass", reason="building needs the build extra (nvidia-cutlass-dsl)")
+    from cutecc.commands.build import build
+
+    report = build(manifest, cache_dir=cache, platforms=("aarch64",), kernels=kernels, jobs=2)
+    assert report.ok, [o.error for o in report.outcomes if o.error]
+
+
+@pytest.fixture(scope="module")
+def grace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The root manifest built for aarch64 only: (manifest, cache)."""
+    root = tmp_path_factory.mktemp("grace")
+    manifest = _project(root)
+    _build(manifest, root / "c")
+    return manifest, root / "c"
+
+
+def _libraries(cache: Path) -> tuple[list[tuple[object, Path]], list[Path]]:
+    """(lock line, kernel library) of each locked entry, and the runtime libraries."""
+    from cutecc.lockfile import read_lock
+    from cutecc.store import Store
+
+    store = Store(cache)
+    lock = read_lock(cache.parent / "proj" / "kernels.lock")
+    kernels = [(le, e.path / le.library) for e, le in lock.resolve(store)]
+    runtimes = sorted(cache.glob("runtimes/*/*/libcutecc_rt_*.so"))
+    return kernels, runtimes
+
+
+def _dynamic(data: bytes) -> tuple[int, list[str], set[str]]:
+    """(e_machine, DT_NEEDED names, defined global/weak default-visibility dynamic symbols)."""
+    assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1
+    e_type, machine = struct.unpack_from("<HH", data, 16)
+    assert e_type == 3  # ET_DYN
+    shoff, = struct.unpack_from("<Q", data, 40)
+    shentsize, shnum = struct.unpack_from("<HH", data, 58)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+
+    def string(table: tuple[int, ...], at: int) -> str:
+        start = table[4] + at
+        return data[start:data.index(b"\0", start)].decode()
+
+    needed, exported = [], set()
+    for sh in sections:
+        if sh[1] == 6:  # SHT_DYNAMIC
+            strtab = sections[sh[6]]
+            for off in range(sh[4], sh[4] + sh[5], 16):
+                tag, val = struct.unpack_from("<qQ", data, off)
+                if tag == 1:
+                    needed.append(string(strtab, val))
+        if sh[1] == 11:  # SHT_DYNSYM
+            strtab = sections[sh[6]]
+            for off in range(sh[4], sh[4] + sh[5], 24):
+                name, info, other, shndx = struct.unpack_from("<IBBH", data, off)
+                if shndx != 0 and info >> 4 in (1, 2) and other & 3 == 0 and name:
+                    exported.add(string(strtab, name))
+    return machine, needed, exported
+
+
+def test_every_root_kernel_is_locked_for_aarch64(grace: tuple[Path, Path]) -> None:
+    from cutecc.lockfile import read_lock
+
+    manifest, _ = grace
+    lock = read_lock(manifest.parent / "kernels.lock")
+    x86 = read_lock(REPO / "kernels.lock")
+    assert {e.platform for e in lock.entries} == {"aarch64"}
+    assert {(e.kernel, e.variant, e.arch) for e in lock.entries} == \
+        {(e.kernel, e.variant, e.arch) for e in x86.entries}
+    assert not {e.key for e in lock.entries} & {e.key for e in x86.entries}
+
+
+def test_every_aarch64_library_is_an_aarch64_shared_object_that_needs_only_what_it_should(
+        grace: tuple[Path, Path]) -> None:
+    from cutecc.elf import glibc_minor, manylinux_tag
+    from cutecc.linker import RUNTIME_EXPORTS
+
+    kernels, runtimes = _libraries(grace[1])
+    assert len(runtimes) == 1 and kernels
+    rt = runtimes[0]
+    machine, needed, exported = _dynamic(rt.read_bytes())
+    assert machine == 183  # EM_AARCH64
+    assert "libtvm_ffi.so" in needed and set(needed) - {"libtvm_ffi.so"} <= GLIBC_LIBS, needed
+    assert "cutecc_rt_abi_version" in exported and "CuteDSLRT_TVMFFISetRaisedCudaError" in exported
+    assert all(any(s.startswith(g.rstrip("*")) for g in RUNTIME_EXPORTS) for s in exported), exported
+    for le, lib in kernels:
+        machine, needed, exported = _dynamic(lib.read_bytes())
+        assert machine == 183, le
+        assert needed == [rt.name, "libtvm_ffi.so"] or sorted(needed) == sorted([rt.name, "libtvm_ffi.so"])
+        assert exported == EXPORTED_BY_KERNELS, (le, exported)
+    libs = [(p.name, p.read_bytes()) for _, p in kernels] + [(rt.name, rt.read_bytes())]
+    assert glibc_minor(libs) <= 28  # zig's target: glibc 2.28 at most
+    assert manylinux_tag(libs).endswith("_aarch64")
+
+
+def test_an_entry_whose_platform_is_not_its_keys_is_refused(grace: tuple[Path, Path]) -> None:
+    from cutecc.entry import meta_problem
+    from cutecc.store import Store
+
+    kernels, _ = _libraries(grace[1])
+    le = kernels[0][0]
+    meta = Store(grace[1]).get(le.key).meta  # type: ignore[attr-defined, union-attr]
+    assert meta["platform"] == "aarch64" and meta_problem(meta, le.key) is None  # type: ignore[attr-defined]
+    for damaged in ({**meta, "platform": "x86_64"}, {k: v for k, v in meta.items() if k != "platform"}):
+        assert "differs from the key's 'aarch64'" in str(meta_problem(damaged, le.key))  # type: ignore[attr-defined]
+
+
+def test_a_second_build_elsewhere_gives_the_same_bytes(grace: tuple[Path, Path],
+                                                       tmp_path: Path) -> None:
+    """Reproducible across builds: another project directory and cache, same keys and bytes
+    (two kernels: one with a runtime scalar and an inout tensor, one with a factory)."""
+    from cutecc.lockfile import read_lock
+
+    manifest = _project(tmp_path)
+    _build(manifest, tmp_path / "c", kernels=("axpy", "rmsnorm"))
+    first = {e.key: (e.sha256, e.runtime) for e in read_lock(grace[0].parent / "kernels.lock").entries}
+    again = read_lock(manifest.parent / "kernels.lock").entries
+    assert len(again) == 5
+    assert all(first[e.key] == (e.sha256, e.runtime) for e in again)
+
+
+def _harness(tmp: Path) -> tuple[Path, Path]:
+    """The qemu_call harness built for aarch64, and the directory of libtvm_ffi.so."""
+    from cutecc import targetlibs
+    from cutecc.linker import toolchain_paths
+
+    zig, libs = toolchain_paths()["zig"], targetlibs.paths("aarch64")
+    out = tmp / "qemu_call"
+    r = subprocess.run([str(zig), "cc", "-target", "aarch64-linux-gnu.2.28", "-O1", "-o", str(out),
+                        str(HARNESS), f"-I{libs['tvm_include']}", f"-L{libs['tvm_lib']}", "-ltvm_ffi",
+                        "-ldl"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    return out, libs["tvm_lib"]
+
+
+def _call_args(meta: dict[str, object], wrong_dtype: bool = False) -> list[str]:
+    """The harness's arguments for a right call of the entry (its canonical order: inputs,
+    results, scalars), every symbolic extent 4096; `wrong_dtype`: the first tensor of
+    another dtype."""
+    from cutecc.contract import CallingConvention, args_from_json
+
+    conv = CallingConvention.of(args_from_json(meta["args"]))  # type: ignore[arg-type]
+    out = []
+    for t in (*conv.ffi_inputs, *conv.ffi_results):
+        dims = [d if isinstance(d, int) else 4096 for d in (t.extents[p] for p in t.perm)]
+        code, bits = DL_DTYPES[t.dtype]
+        if wrong_dtype and not out:
+            code, bits = (2, 64)
+        out.append(f"t:{code}:{bits}:" + "x".join(map(str, dims)))
+    for s in conv.scalars:
+        out.append("f:1.0" if s.dtype.startswith(("float", "bfloat")) else "i:1")
+    return out
+
+
+@pytest.mark.skipif(QEMU is None or not (SYSROOT / "lib" / "libstdc++.so.6").is_file(),
+                    reason="needs qemu-user, libc6-arm64-cross and libstdc++6-arm64-cross")
+def test_every_kernel_loads_and_checks_its_arguments_under_qemu(grace: tuple[Path, Path],
+                                                                tmp_path: Path) -> None:
+    from cutecc.store import Store
+
+    harness, tvm_lib = _harness(tmp_path)
+    kernels, runtimes = _libraries(grace[1])
+    env = {**os.environ, "LD_LIBRARY_PATH": f"{runtimes[0].parent}:{tvm_lib}"}
+    store = Store(grace[1])
+
+    def call(lib: Path, *args: str) -> dict[str, str]:
+        r = subprocess.run([str(QEMU), "-L", str(SYSROOT), str(harness), str(lib),
+                            "__tvm_ffi_cutecc_kernel", *args], capture_output=True, text=True,
+                           timeout=120, env=env)
+        assert r.returncode == 0, (lib, r.stdout, r.stderr)
+        lines = r.stdout.splitlines()
+        assert lines[0] == "LOADED", r.stdout
+        return dict(x.split(" ", 1) for x in lines[1:])
+
+    for le, lib in kernels:
+        entry = store.get(le.key)  # type: ignore[attr-defined]
+        assert entry is not None
+        meta = entry.meta
+        right = _call_args(meta)
+        none = call(lib)
+        assert none["KIND"] == "TypeError" and f"Expects {len(right)} parameters" in none["MESSAGE"], none
+        assert le.kernel in none["MESSAGE"]  # cutecc's wrapper names the kernel
+        wrong = call(lib, *_call_args(meta, wrong_dtype=True))
+        assert wrong["KIND"] == "ValueError" and "argument #0" in wrong["MESSAGE"], wrong
+        ok = call(lib, *right)
+        assert ok["KIND"] == "RuntimeError" and "cudaErrorInsufficientDriver" in ok["MESSAGE"], (le, ok)
