@@ -11,6 +11,7 @@ a CUDA driver. No GPU runs here: README.md says how a Grace user checks a pack.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import struct
@@ -40,11 +41,13 @@ def _project(dest: Path) -> Path:
     return proj / "kernels.toml"
 
 
-def _build(manifest: Path, cache: Path, kernels: tuple[str, ...] = ()) -> None:
+def _build(manifest: Path, cache: Path, kernels: tuple[str, ...] = (),
+           lock_file: Path | None = None) -> None:
     pytest.importorskip("cutlass", reason="building needs the build extra (nvidia-cutlass-dsl)")
     from cutecc.commands.build import build
 
-    report = build(manifest, cache_dir=cache, platforms=("aarch64",), kernels=kernels, jobs=2)
+    report = build(manifest, cache_dir=cache, platforms=("aarch64",), kernels=kernels, jobs=2,
+                   lock_file=lock_file)
     assert report.ok, [o.error for o in report.outcomes if o.error]
 
 
@@ -57,16 +60,34 @@ def grace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return manifest, root / "c"
 
 
-def _libraries(cache: Path) -> tuple[list[tuple[object, Path]], list[Path]]:
+@pytest.fixture(scope="module")
+def grace_examples(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """examples/kernels.toml built for aarch64 only: (lock file, cache). The cache is
+    $CUTECC_GRACE_EXAMPLES_CACHE when set (built beforehand: this build then only plans)."""
+    for mod in ("quack", "flash_attn.cute"):
+        pytest.importorskip(mod, reason="the examples extra (quack-kernels, flash-attn-4) is not installed")
+    root = tmp_path_factory.mktemp("grace-examples")
+    cache = Path(os.environ.get("CUTECC_GRACE_EXAMPLES_CACHE") or root / "c")
+    _build(REPO / "examples" / "kernels.toml", cache, lock_file=root / "kernels.lock")
+    return root / "kernels.lock", cache
+
+
+def _libraries(cache: Path, lock_path: Path | None = None) -> tuple[list[tuple[object, Path]], list[Path]]:
     """(lock line, kernel library) of each locked entry, and the runtime libraries."""
     from cutecc.lockfile import read_lock
     from cutecc.store import Store
 
     store = Store(cache)
-    lock = read_lock(cache.parent / "proj" / "kernels.lock")
+    lock = read_lock(lock_path or cache.parent / "proj" / "kernels.lock")
     kernels = [(le, e.path / le.library) for e, le in lock.resolve(store)]
-    runtimes = sorted(cache.glob("runtimes/*/*/libcutecc_rt_*.so"))
+    runtimes = sorted(p for p in cache.glob("runtimes/*/*/libcutecc_rt_*.so") if _machine(p) == 183)
     return kernels, runtimes
+
+
+def _machine(path: Path) -> int:
+    with open(path, "rb") as f:
+        head = f.read(20)
+    return int(struct.unpack_from("<H", head, 18)[0])
 
 
 def _dynamic(data: bytes) -> tuple[int, list[str], set[str]]:
@@ -176,14 +197,20 @@ def _harness(tmp: Path) -> tuple[Path, Path]:
 
 def _call_args(meta: dict[str, object], wrong_dtype: bool = False) -> list[str]:
     """The harness's arguments for a right call of the entry (its canonical order: inputs,
-    results, scalars), every symbolic extent 4096; `wrong_dtype`: the first tensor of
+    results, scalars), every symbolic extent 4096 or a multiple of it; `wrong_dtype`: the first tensor of
     another dtype."""
     from cutecc.contract import CallingConvention, args_from_json
 
     conv = CallingConvention.of(args_from_json(meta["args"]))  # type: ignore[arg-type]
+    tensors = (*conv.ffi_inputs, *conv.ffi_results)
+    value: dict[str, int] = {}  # each symbol: 4096, or a multiple of what it is declared a multiple of
+    for t in tensors:
+        for i, d in enumerate(t.extents):
+            if isinstance(d, str):
+                value[d] = math.lcm(value.get(d, 4096), t.multiple(i))
     out = []
-    for t in (*conv.ffi_inputs, *conv.ffi_results):
-        dims = [d if isinstance(d, int) else 4096 for d in (t.extents[p] for p in t.perm)]
+    for t in tensors:
+        dims = [d if isinstance(d, int) else value[d] for d in (t.extents[p] for p in t.perm)]
         code, bits = DL_DTYPES[t.dtype]
         if wrong_dtype and not out:
             code, bits = (2, 64)
@@ -193,16 +220,22 @@ def _call_args(meta: dict[str, object], wrong_dtype: bool = False) -> list[str]:
     return out
 
 
-@pytest.mark.skipif(QEMU is None or not (SYSROOT / "lib" / "libstdc++.so.6").is_file(),
-                    reason="needs qemu-user, libc6-arm64-cross and libstdc++6-arm64-cross")
-def test_every_kernel_loads_and_checks_its_arguments_under_qemu(grace: tuple[Path, Path],
-                                                                tmp_path: Path) -> None:
+needs_qemu = pytest.mark.skipif(
+    QEMU is None or not (SYSROOT / "lib" / "libstdc++.so.6").is_file(),
+    reason="needs qemu-user, libc6-arm64-cross and libstdc++6-arm64-cross")
+
+
+def _check_under_qemu(cache: Path, lock_path: Path | None, tmp: Path) -> int:
+    """Load and call every locked kernel of `cache` under qemu-aarch64 three ways: no
+    arguments and a mistyped first tensor (tvm-ffi refuses both, naming the count or the
+    argument), and a right call (the checks pass; the CUDA call fails: no driver here).
+    Returns how many kernels were checked."""
     from cutecc.store import Store
 
-    harness, tvm_lib = _harness(tmp_path)
-    kernels, runtimes = _libraries(grace[1])
-    env = {**os.environ, "LD_LIBRARY_PATH": f"{runtimes[0].parent}:{tvm_lib}"}
-    store = Store(grace[1])
+    harness, tvm_lib = _harness(tmp)
+    kernels, runtimes = _libraries(cache, lock_path)
+    env = {**os.environ, "LD_LIBRARY_PATH": ":".join([*(str(r.parent) for r in runtimes), str(tvm_lib)])}
+    store = Store(cache)
 
     def call(lib: Path, *args: str) -> dict[str, str]:
         r = subprocess.run([str(QEMU), "-L", str(SYSROOT), str(harness), str(lib),
@@ -220,8 +253,23 @@ def test_every_kernel_loads_and_checks_its_arguments_under_qemu(grace: tuple[Pat
         right = _call_args(meta)
         none = call(lib)
         assert none["KIND"] == "TypeError" and f"Expects {len(right)} parameters" in none["MESSAGE"], none
-        assert le.kernel in none["MESSAGE"]  # cutecc's wrapper names the kernel
+        assert f"cutecc kernel {meta['entry']} " in none["MESSAGE"]  # cutecc's wrapper names it
         wrong = call(lib, *_call_args(meta, wrong_dtype=True))
-        assert wrong["KIND"] == "ValueError" and "argument #0" in wrong["MESSAGE"], wrong
+        assert wrong["KIND"] == "ValueError" and "argument #0" in wrong["MESSAGE"], (le, wrong)
         ok = call(lib, *right)
         assert ok["KIND"] == "RuntimeError" and "cudaErrorInsufficientDriver" in ok["MESSAGE"], (le, ok)
+    return len(kernels)
+
+
+@needs_qemu
+def test_every_root_kernel_loads_and_checks_its_arguments_under_qemu(grace: tuple[Path, Path],
+                                                                     tmp_path: Path) -> None:
+    assert _check_under_qemu(grace[1], None, tmp_path) == 11
+
+
+@needs_qemu
+def test_every_examples_kernel_loads_and_checks_its_arguments_under_qemu(
+        grace_examples: tuple[Path, Path], tmp_path: Path) -> None:
+    """The published kernels (quack, flash-attn-4 forward and backward) retarget too."""
+    lock_path, cache = grace_examples
+    assert _check_under_qemu(cache, lock_path, tmp_path) == 15
