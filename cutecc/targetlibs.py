@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cutecc.errors import InputError, WorkError
+from cutecc.locks import held
 
 CACHE_VAR = "CUTECC_PLATFORM_LIBS"
 MAX_TREE_FILES = 1000  # the header tree: ~60 files today
@@ -157,16 +158,18 @@ def cache_dir() -> Path:
 def paths(platform: str) -> dict[str, Path]:
     """The checked link inputs of `platform` by role (`dialect_rt`, `cudart`, `tvm_ffi_so`,
     `tvm_include`, and `tvm_lib`, the directory of `libtvm_ffi.so`), fetched and
-    extracted first where missing. Checked once per process."""
+    extracted first where missing, under a lock that build workers share. Checked once
+    per process."""
     root = cache_dir()
     out: dict[str, Path] = {}
     for w in wheels(platform):
         where = root / platform / w.sha256[:16]
-        if not _extracted_ok(w, where):
-            _extract(w, _wheel_file(w, root), where)
+        with held(root / f".{w.sha256[:16]}.lock"):  # build workers check and extract one at a time
             if not _extracted_ok(w, where):
-                raise WorkError(f"{w.filename}: the extracted files are not the pinned ones",
-                                where=str(where))
+                _extract(w, _wheel_file(w, root), where)
+                if not _extracted_ok(w, where):
+                    raise WorkError(f"{w.filename}: the extracted files are not the pinned ones",
+                                    where=str(where))
         for role, member, _ in w.files:
             out[role] = where / member
         if w.tree is not None:
