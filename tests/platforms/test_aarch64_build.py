@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
+from cutecc.errors import CuteccError
+
 pytestmark = pytest.mark.slow
 
 QEMU = shutil.which("qemu-aarch64")
@@ -273,3 +275,39 @@ def test_every_examples_kernel_loads_and_checks_its_arguments_under_qemu(
     """The published kernels (quack, flash-attn-4 forward and backward) retarget too."""
     lock_path, cache = grace_examples
     assert _check_under_qemu(cache, lock_path, tmp_path) == 15
+
+
+def test_packs_hold_one_platform_and_the_runtime_serves_only_its_own(grace: tuple[Path, Path],
+                                                                    tmp_path: Path) -> None:
+    """A lock naming both platforms (the aarch64 build plus an x86-64 build of axpy) packs
+    one platform per wheel, tagged for it; loading it on this x86-64 host serves axpy and
+    sets every aarch64 entry aside with the reason."""
+    import cutecc
+    from cutecc.commands.pack import pack
+    from cutecc.lockfile import read_lock
+
+    manifest, cache = grace
+    lock = tmp_path / "kernels.lock"
+    shutil.copy(manifest.parent / "kernels.lock", lock)
+    from cutecc.commands.build import build
+
+    report = build(manifest, cache_dir=cache, platforms=("x86_64",), kernels=("axpy",), lock_file=lock)
+    assert report.ok
+    both = read_lock(lock)
+    assert both.platforms == ("aarch64", "x86_64") and len(both.entries) == 12
+    with pytest.raises(CuteccError, match="entries for aarch64 and x86_64; .*pass --platform"):
+        pack(name="grace-kernels", version="1.0", lock=lock, cache_dir=cache, out=tmp_path / "d")
+    arm = pack(name="grace-kernels", version="1.0", lock=lock, cache_dir=cache, out=tmp_path / "a",
+               platform="aarch64")
+    assert arm.path.name.endswith("-py3-none-manylinux2014_aarch64.manylinux_2_17_aarch64.whl")
+    assert {e.platform for e in arm.lock.entries} == {"aarch64"} and len(arm.lock.entries) == 11
+    x86 = pack(name="grace-kernels", version="1.0", lock=lock, cache_dir=cache, out=tmp_path / "x",
+               platform="x86_64")
+    assert x86.path.name.endswith("_x86_64.whl") and [e.kernel for e in x86.lock.entries] == ["axpy"]
+
+    ks = cutecc.load(cache, arch="sm_90a", lock=lock, allow_unsigned=True)
+    assert ks.axpy.variants == ["default"]
+    problems = ks.problems
+    assert len(problems) == 11 and all("built for aarch64 hosts, this host is x86_64" in p for p in problems)
+    with pytest.raises(CuteccError, match="built for aarch64 hosts"):
+        ks.mul(*[])
