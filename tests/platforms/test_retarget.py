@@ -81,3 +81,32 @@ def test_the_pinned_data_layouts_are_zigs(tmp_path: Path) -> None:
                             str(tmp_path / "x.c")], capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         assert f'target datalayout = "{p.datalayout}"' in out.read_text(), p.name
+
+
+class _Compiled:
+    """Stands for the DSL's compiled function: `export_to_c` writes the given IR."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def export_to_c(self, path: str, function_name: str) -> None:
+        assert path.endswith(".ll") and function_name == "cutecc_impl"
+        Path(path).write_text(self.text)
+
+
+def test_a_kernel_whose_host_ir_cannot_be_retargeted_fails_its_build_by_name(tmp_path: Path) -> None:
+    from helpers import REPO
+
+    from cutecc.compiler import CompileJob, _export_retargeted
+    from cutecc.errors import CuteccError
+    from cutecc.manifest import load_manifest
+
+    k = load_manifest(REPO / "kernels.toml").kernels[0]
+    job = CompileJob(k.entry, k.variants[0], "", (), platform="aarch64")
+    good = _export_retargeted(job, _Compiled(ir()), tmp_path)
+    assert f'target triple = "{AARCH64.triple}"' in good.read_text()
+    with pytest.raises(CuteccError) as e:
+        _export_retargeted(job, _Compiled(ir("declare void @take({ ptr, i64 })")), tmp_path)
+    msg = str(e.value)
+    assert e.value.exit_code == 1 and f'kernel "{k.name}", variant {k.variants[0].id}' in msg
+    assert "cannot be built for aarch64" in msg and "@take" in msg and "line " in msg
