@@ -66,7 +66,7 @@ HOST_TARGET = f"x86_64-unknown-linux-gnu;cpu={HOST_CPU};features={','.join(HOST_
 # Host code for another platform: the DSL's host IR, retargeted (`cutecc.retarget`) and
 # compiled by zig for that platform's baseline CPU (part of every key of that platform).
 IR_FILE = "kernel.ll"
-RETARGET_VERSION = 1  # bump when `cutecc.retarget` changes what it emits
+RETARGET_VERSION = 2  # bump when `cutecc.retarget` or what is exported for it changes
 
 
 def host_target(platform: str) -> str:
@@ -376,12 +376,18 @@ def compile_to_object(job: CompileJob, out_dir: Path) -> Path:
 
 def _export_retargeted(job: CompileJob, compiled: Any, out_dir: Path) -> Path:
     """The host IR of `compiled` (the DSL's `export_to_c` writes LLVM IR for a `.ll` path),
-    retargeted to `job.platform`. No CPU pin: the IR must carry no CPU attribute at all."""
+    retargeted to `job.platform`. The IR is exported pinned to baseline x86-64 like an
+    object (the DSL optimises it before export, for the CPU the IR names), so it is the
+    same on every build host; the pin's CPU becomes the target's baseline one (zig's
+    `-mcpu=baseline` too) and its features go."""
+    pin_host_target(compiled)
     ir = out_dir / IR_FILE
     compiled.export_to_c(str(ir), function_name=INNER_SYMBOL)
+    features = ",".join(HOST_FEATURES)
     try:
         text = ir.read_text(encoding="utf-8")
-        ir.write_text(retarget(text, platforms.get(job.platform)), encoding="utf-8")
+        ir.write_text(retarget(text, platforms.get(job.platform), pinned_cpu=f'"target-cpu"="{HOST_CPU}"',
+                               pinned_features=f'"target-features"="{features}"'), encoding="utf-8")
     except (RetargetError, UnicodeDecodeError) as e:
         arch = os.environ.get("CUTE_DSL_ARCH", "?")
         raise CuteccError(f'kernel "{job.variant.kernel}", variant {job.variant.id}, arch {arch} '

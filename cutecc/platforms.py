@@ -28,14 +28,15 @@ class Platform:
     datalayout: str  # the LLVM data layout of that triple (what zig's clang emits for it)
     elf_machine: int  # e_machine of its ELF files
     wheel_arch: str  # the arch part of its manylinux wheel tags
+    cpu: str  # the baseline CPU its host code is compiled for (LLVM's name)
 
 
 X86_64 = Platform("x86_64", "x86_64-linux-gnu.2.28", "x86_64-unknown-linux-gnu",
                   "e-m:e-p270:32:32-p271:32:32-p272:64:64-i64:64-i128:128-f80:128-n8:16:32:64-S128",
-                  62, "x86_64")
+                  62, "x86_64", "x86-64")
 AARCH64 = Platform("aarch64", "aarch64-linux-gnu.2.28", "aarch64-unknown-linux-gnu",
                    "e-m:e-p270:32:32-p271:32:32-p272:64:64-i8:8:32-i16:16:32-i64:64-i128:128-n32:64-S128-Fn32",
-                   183, "aarch64")
+                   183, "aarch64", "generic")
 PLATFORMS = {p.name: p for p in (X86_64, AARCH64)}
 BUILD_PLATFORM = X86_64.name  # where builds run, and the host code a build emits unless told
 _MACHINES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}

@@ -40,23 +40,35 @@ class RetargetError(ValueError):
     """Host IR that cannot be compiled for another platform: what and where."""
 
 
-def retarget(ir: str, target: Platform) -> str:
+def retarget(ir: str, target: Platform, *, pinned_cpu: str | None = None,
+             pinned_features: str | None = None) -> str:
     """`ir` (x86-64 host IR) for `target`: its data layout and triple replaced, after
     checking it holds nothing whose meaning differs between the platforms (RetargetError
-    naming the construct and its line)."""
+    naming the construct and its line). `pinned_cpu` and `pinned_features`: the exact
+    attribute texts the build itself set (the baseline x86-64 pin, which makes the DSL's
+    optimiser the same on every build host); the CPU becomes the target's baseline one
+    and the features go. Any other CPU attribute is refused."""
+    pinned = [t for t in (pinned_cpu, pinned_features) if t]
+    checked = ir
+    for text in pinned:
+        checked = checked.replace(text, "")
     for pattern, what in _REFUSED:
-        m = pattern.search(ir)
+        m = pattern.search(checked)
         if m is not None:
-            raise RetargetError(f"{what} ({_snippet(ir, m.start())})")
-    for m in _DECLARE.finditer(ir):
+            raise RetargetError(f"{what} ({_snippet(checked, m.start())})")
+    for m in _DECLARE.finditer(checked):
         ret, name, params = m.group(1), m.group(2), m.group(3)
         if name.startswith("llvm."):
             continue  # intrinsics are lowered by the target, not called through the C ABI
         if _aggregate(ret) or _aggregate(params) or _ABI_ATTRS.search(ret + params):
             raise RetargetError("an aggregate passed by value to or from the external function "
-                                f"@{name} ({_snippet(ir, m.start())})")
+                                f"@{name} ({_snippet(checked, m.start())})")
     if len(_DATALAYOUT.findall(ir)) != 1 or len(_TRIPLE.findall(ir)) != 1:
         raise RetargetError("the IR does not name exactly one data layout and target triple")
+    if pinned_cpu:
+        ir = ir.replace(pinned_cpu, f'"target-cpu"="{target.cpu}"')
+    if pinned_features:
+        ir = ir.replace(f" {pinned_features}", "").replace(pinned_features, "")
     ir = _DATALAYOUT.sub(f'target datalayout = "{target.datalayout}"', ir)
     return _TRIPLE.sub(f'target triple = "{target.triple}"', ir)
 

@@ -63,6 +63,17 @@ def test_what_cannot_be_retargeted_is_refused_by_name(extra: str, what: str) -> 
     assert what in str(e.value)
 
 
+def test_only_the_builds_own_cpu_pin_is_replaced_by_the_targets_baseline() -> None:
+    pin = {"pinned_cpu": '"target-cpu"="x86-64"', "pinned_features": '"target-features"="+sse2"'}
+    out = retarget(ir('attributes #1 = { "target-cpu"="x86-64" "target-features"="+sse2" }'), AARCH64, **pin)
+    assert 'attributes #1 = { "target-cpu"="generic" }' in out and "sse2" not in out
+    with pytest.raises(RetargetError, match="a CPU attribute"):  # another CPU than the pin's
+        retarget(ir('attributes #1 = { "target-cpu"="znver4" "target-features"="+sse2" }'), AARCH64, **pin)
+    with pytest.raises(RetargetError, match="a CPU attribute"):  # features the pin did not set
+        retarget(ir('attributes #1 = { "target-cpu"="x86-64" "target-features"="+avx512f" }'), AARCH64,
+                 **pin)
+
+
 def test_ir_without_exactly_one_triple_is_refused() -> None:
     with pytest.raises(RetargetError, match="exactly one"):
         retarget(ir().replace('target triple = "x86_64-unknown-linux-gnu"\n', ""), AARCH64)
@@ -94,17 +105,25 @@ class _Compiled:
         Path(path).write_text(self.text)
 
 
-def test_a_kernel_whose_host_ir_cannot_be_retargeted_fails_its_build_by_name(tmp_path: Path) -> None:
+def test_a_kernel_whose_host_ir_cannot_be_retargeted_fails_its_build_by_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from helpers import REPO
 
+    from cutecc import compiler
     from cutecc.compiler import CompileJob, _export_retargeted
+
+    pins: list[object] = []
+    monkeypatch.setattr(compiler, "pin_host_target", pins.append)  # the fake has no DSL module
     from cutecc.errors import CuteccError
     from cutecc.manifest import load_manifest
 
     k = load_manifest(REPO / "kernels.toml").kernels[0]
     job = CompileJob(k.entry, k.variants[0], "", (), platform="aarch64")
-    good = _export_retargeted(job, _Compiled(ir()), tmp_path)
-    assert f'target triple = "{AARCH64.triple}"' in good.read_text()
+    pinned = ir('attributes #1 = { noinline "target-cpu"="x86-64" "target-features"="+sse2" }')
+    good = _export_retargeted(job, _Compiled(pinned), tmp_path).read_text()
+    assert len(pins) == 1  # exported pinned, so the DSL optimises alike on every build host
+    assert f'target triple = "{AARCH64.triple}"' in good
+    assert 'attributes #1 = { noinline "target-cpu"="generic" }' in good
     with pytest.raises(CuteccError) as e:
         _export_retargeted(job, _Compiled(ir("declare void @take({ ptr, i64 })")), tmp_path)
     msg = str(e.value)
