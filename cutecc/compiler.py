@@ -383,6 +383,10 @@ def _export_retargeted(job: CompileJob, compiled: Any, out_dir: Path) -> Path:
     pin_host_target(compiled)
     ir = out_dir / IR_FILE
     compiled.export_to_c(str(ir), function_name=INNER_SYMBOL)
+    head = ir.read_bytes()[:4096]
+    if head.startswith(b"\x7fELF") or b"target triple" not in head:
+        raise RuntimeError("the DSL's export_to_c wrote no LLVM IR for a .ll path (a DSL change; "
+                           "update cutecc.compiler._export_retargeted)")
     features = ",".join(HOST_FEATURES)
     try:
         text = ir.read_text(encoding="utf-8")

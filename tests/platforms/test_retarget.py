@@ -124,6 +124,8 @@ def test_a_kernel_whose_host_ir_cannot_be_retargeted_fails_its_build_by_name(
     assert len(pins) == 1  # exported pinned, so the DSL optimises alike on every build host
     assert f'target triple = "{AARCH64.triple}"' in good
     assert 'attributes #1 = { noinline "target-cpu"="generic" }' in good
+    with pytest.raises(RuntimeError, match="wrote no LLVM IR for a .ll path"):  # a DSL that changed
+        _export_retargeted(job, _Compiled("\x7fELF\x02\x01 an object"), tmp_path)
     with pytest.raises(CuteccError) as e:
         _export_retargeted(job, _Compiled(ir("declare void @take({ ptr, i64 })")), tmp_path)
     msg = str(e.value)
