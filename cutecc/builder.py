@@ -43,6 +43,7 @@ from cutecc.executors import Executor, choose, compile_limits
 from cutecc.lockfile import Lock, LockEntry, Merged, merge_build, write_lock
 from cutecc.manifest import Manifest
 from cutecc.plan import Planned, plan
+from cutecc.platforms import check_platform
 from cutecc.store.view import entry_trust_problem, touch_used
 from cutecc.store.writer import Store
 from cutecc.units import human_size
@@ -68,9 +69,9 @@ class Outcome:
 
     def to_json(self) -> dict[str, Any]:
         p = self.planned
-        return {"kernel": p.kernel.name, "variant": p.variant.id, "arch": p.arch, "key": p.key,
-                "status": self.status, "seconds": round(self.seconds, 3), "error": self.error,
-                "fetched": self.fetched}
+        return {"kernel": p.kernel.name, "variant": p.variant.id, "arch": p.arch,
+                "platform": p.platform, "key": p.key, "status": self.status,
+                "seconds": round(self.seconds, 3), "error": self.error, "fetched": self.fetched}
 
 
 @dataclass
@@ -148,22 +149,25 @@ class Target:
     manifest: Manifest  # as parsed, whole: what generations, the lock and its tuning lines cover
     selected: Manifest  # what was planned: the --kernel selection, with tuning candidates for tune
     planned: tuple[Planned, ...]
-    partial: bool  # a --kernel or --arch subset of the manifest
+    partial: bool  # a --kernel, --arch or --platform subset of the manifest
     candidates: bool  # tuning candidates: nothing recorded as the kernels' current build, no lock
 
 
 def target(manifest: Manifest, *, archs: tuple[str, ...] = (), kernels: tuple[str, ...] = (),
-           candidates: bool = False, hashes: HashCache | None = None) -> Target:
+           candidates: bool = False, hashes: HashCache | None = None,
+           platforms: tuple[str, ...] = ()) -> Target:
     """`manifest` restricted to `kernels` (and their backward kernels), with each tuned
-    kernel's candidates as extra variants when `candidates`, planned for `archs` (else the
-    manifest's) with `hashes` (what planning learned before; None: nothing kept)."""
+    kernel's candidates as extra variants when `candidates`, planned for `archs` and host
+    `platforms` (else the manifest's; `cutecc.platforms`) with `hashes` (what planning
+    learned before; None: nothing kept)."""
     selected = manifest.select(kernels) if kernels else manifest
     if candidates:
         from cutecc.tuning.plan import with_candidates
 
         selected = with_candidates(selected)
-    return Target(manifest, selected, tuple(plan(selected, archs, hash_cache=hashes)),
-                  partial=bool(kernels or archs), candidates=candidates)
+    platforms = tuple(check_platform(p, "--platform") for p in platforms)
+    return Target(manifest, selected, tuple(plan(selected, archs, hash_cache=hashes, platforms=platforms)),
+                  partial=bool(kernels or archs or platforms), candidates=candidates)
 
 
 @dataclass(frozen=True)
@@ -487,7 +491,8 @@ def record(store: Store, t: Target, built: Built, *, hashes: HashCache | None = 
 def _write_lock(store: Store, t: Target, built: Built, hashes: HashCache | None, req: LockRequest) -> None:
     merged = merge_build(
         req.path, [_lock_line(o) for o in built.outcomes], partial=t.partial,
-        covered={(p.kernel.name, p.arch) for p in t.planned}, defined={k.name for k in t.manifest.kernels},
+        covered={(p.kernel.name, p.arch, p.platform) for p in t.planned},
+        defined={k.name for k in t.manifest.kernels},
         composites=[CompositeLine(c.name, c.launches, c.inputs, c.outputs) for c in t.manifest.composites])
     signing = req.signing_key is not None
     new_lock = _vouched(store, t.manifest, hashes, merged, built, signing=signing, where=req.path)
@@ -502,7 +507,7 @@ def _write_lock(store: Store, t: Target, built: Built, hashes: HashCache | None,
 def _lock_line(o: Outcome) -> LockEntry:
     p = o.planned
     if o.facts is not None:
-        return LockEntry.from_facts(p.kernel.name, p.variant.id, p.arch, p.key, o.facts)
+        return LockEntry.from_facts(p.kernel.name, p.variant.id, p.arch, p.key, o.facts, p.platform)
     return LockEntry.of(p.kernel.name, p.variant.id, p.arch, p.key, o.meta or {})
 
 

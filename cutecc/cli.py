@@ -199,6 +199,8 @@ def init(directory: Path, name: str, as_json: bool) -> None:
 @_manifest_opt
 @click.option("--arch", "archs", multiple=True, shell_complete=_complete_archs,
               help="Target arch(s), e.g. sm_90a; overrides the manifest.")
+@click.option("--platform", "platforms", multiple=True, type=click.Choice(["x86_64", "aarch64"]),
+              help="Host platform(s) of the libraries; overrides the manifest's `platforms`.")
 @_cache_opt
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
               help="Parallel compile workers (default: all cores).")
@@ -226,7 +228,8 @@ def init(directory: Path, name: str, as_json: bool) -> None:
               help="Data memory one compile may use, e.g. 16G (also $CUTECC_COMPILE_MEMORY; default none).")
 @_json_opt
 def build(manifest: Path | None, manifest_opt: Path | None, archs: tuple[str, ...],
-          cache_dir: Path | None, jobs: int | None, kernels: tuple[str, ...], dry_run: bool,
+          platforms: tuple[str, ...], cache_dir: Path | None, jobs: int | None,
+          kernels: tuple[str, ...], dry_run: bool,
           read_only: bool, lock: bool, lock_file: Path | None, sign_key: Path | None,
           executor: str | None, ray_address: str | None, remote: str | None, remote_write: bool | None,
           compile_timeout: str | None, compile_memory: str | None, as_json: bool) -> None:
@@ -237,7 +240,8 @@ def build(manifest: Path | None, manifest_opt: Path | None, archs: tuple[str, ..
     ctx = click.get_current_context()
     progress = BuildProgress(quiet=as_json or _verbosity(ctx) < 0)
     try:
-        report = run(_manifest(manifest, manifest_opt), archs=archs, cache_dir=cache_dir, jobs=jobs,
+        report = run(_manifest(manifest, manifest_opt), archs=archs, platforms=platforms,
+                     cache_dir=cache_dir, jobs=jobs,
                      kernels=kernels, dry_run=dry_run, progress=progress, read_only=read_only,
                      lock=lock, lock_file=lock_file, sign_key=sign_key, executor=executor,
                      ray_address=ray_address, remote=remote, remote_write=remote_write,
@@ -399,6 +403,8 @@ def stats(cache_dir: Path | None, as_json: bool) -> None:
 @click.option("--version", "version", required=True, help="Distribution version, e.g. 1.0.0.")
 @click.option("--arch", "archs", multiple=True, shell_complete=_complete_archs,
               help="Only these archs (one wheel per GPU family).")
+@click.option("--platform", "platform", type=click.Choice(["x86_64", "aarch64"]), default=None,
+              help="The host platform to pack (one per wheel; needed when the lock has several).")
 @click.option("--kernel", "kernels", multiple=True, shell_complete=_complete_kernels,
               help="Only these kernels (and their backward).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("dist"),
@@ -409,14 +415,15 @@ def stats(cache_dir: Path | None, as_json: bool) -> None:
 @_sign_opt
 @_json_opt
 def pack(manifest_opt: Path | None, lock: Path | None, name: str, version: str,
-         archs: tuple[str, ...], kernels: tuple[str, ...], out: Path, cache_dir: Path | None,
-         fmt: str, sign_key: Path | None, as_json: bool) -> None:
+         archs: tuple[str, ...], platform: str | None, kernels: tuple[str, ...], out: Path,
+         cache_dir: Path | None, fmt: str, sign_key: Path | None, as_json: bool) -> None:
     """Write built entries (those --manifest plans, or --lock names) into a reproducible
     wheel (or tarball) for deploy hosts."""
     from cutecc.commands.pack import pack as run
 
     _emit(run(name=name, version=version, manifest=manifest_opt, lock=lock, archs=archs,
-              kernels=kernels, out=out, cache_dir=cache_dir, fmt=fmt, sign_key=sign_key), as_json)
+              kernels=kernels, out=out, cache_dir=cache_dir, fmt=fmt, sign_key=sign_key,
+              platform=platform), as_json)
 
 
 @main.command(short_help="Import a pack's entries into a cache.")

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cutecc import devicequery, dtypes
+from cutecc import devicequery, dtypes, platforms
 from cutecc.atomic import atomic_write
 from cutecc.contract import (
     Arg,
@@ -49,6 +49,8 @@ from cutecc.contract import (
 )
 from cutecc.errors import CuteccError
 from cutecc.manifest import Variant, split_entry
+from cutecc.platforms import BUILD_PLATFORM
+from cutecc.retarget import RetargetError, retarget
 from cutecc.toolchain import HOST_CPU, HOST_FEATURES
 
 # The library exports `__tvm_ffi_<SYMBOL>` (recorded in each entry's metadata): the
@@ -57,6 +59,9 @@ from cutecc.toolchain import HOST_CPU, HOST_FEATURES
 SYMBOL = "cutecc_kernel"
 INNER_SYMBOL = "cutecc_impl"
 OBJECT = "kernel.o"
+# Host code for another platform: the DSL's host IR, retargeted (`cutecc.retarget`) and
+# compiled by zig (`cutecc.toolchain.host_target` names it in the keys).
+IR_FILE = "kernel.ll"
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,7 @@ class CompileJob:
     compile_options: str
     python_path: tuple[str, ...]
     device: dict[str, Any] | None = None  # answers to torch's device queries (key input)
+    platform: str = BUILD_PLATFORM  # the host platform the library's host code is for
 
 
 def set_target(arch: str) -> None:
@@ -337,7 +343,10 @@ def _fake_args(conv: CallingConvention) -> list[Any]:
 
 def compile_to_object(job: CompileJob, out_dir: Path) -> Path:
     """Compile `job` for this process's target (`set_target`) and export its object file
-    into `out_dir`, defining `__tvm_ffi_<INNER_SYMBOL>` (the linker wraps it)."""
+    into `out_dir`, defining `__tvm_ffi_<INNER_SYMBOL>` (the linker wraps it). For another
+    host platform than the build's, the export is the host code's LLVM IR retargeted to
+    that platform (`cutecc.retarget`), which the linker compiles; IR that cannot be
+    retargeted is an error naming the kernel and the construct."""
     if not os.environ.get("CUTE_DSL_ARCH"):
         raise RuntimeError("no target arch: call cutecc.compiler.set_target first")
     for p in reversed(job.python_path):
@@ -345,10 +354,38 @@ def compile_to_object(job: CompileJob, out_dir: Path) -> Path:
             sys.path.insert(0, p)
     with devicequery.answering(job.device):  # libraries that ask the GPU while built
         compiled = compile_variant(job.entry, job.variant, job.compile_options)
+    if job.platform != BUILD_PLATFORM:
+        return _export_retargeted(job, compiled, out_dir)
     pin_host_target(compiled)
     obj = out_dir / OBJECT
     compiled.export_to_c(str(obj), function_name=INNER_SYMBOL)
     return obj
+
+
+def _export_retargeted(job: CompileJob, compiled: Any, out_dir: Path) -> Path:
+    """The host IR of `compiled` (the DSL's `export_to_c` writes LLVM IR for a `.ll` path),
+    retargeted to `job.platform`. The IR is exported pinned to baseline x86-64 like an
+    object (the DSL optimises it before export, for the CPU the IR names), so it is the
+    same on every build host; the pin's CPU becomes the target's baseline one (zig's
+    `-mcpu=baseline` too) and its features go."""
+    pin_host_target(compiled)
+    ir = out_dir / IR_FILE
+    compiled.export_to_c(str(ir), function_name=INNER_SYMBOL)
+    head = ir.read_bytes()[:4096]
+    if head.startswith(b"\x7fELF") or b"target triple" not in head:
+        raise RuntimeError("the DSL's export_to_c wrote no LLVM IR for a .ll path (a DSL change; "
+                           "update cutecc.compiler._export_retargeted)")
+    features = ",".join(HOST_FEATURES)
+    try:
+        text = ir.read_text(encoding="utf-8")
+        ir.write_text(retarget(text, platforms.get(job.platform), pinned_cpu=f'"target-cpu"="{HOST_CPU}"',
+                               pinned_features=f'"target-features"="{features}"'), encoding="utf-8")
+    except (RetargetError, UnicodeDecodeError) as e:
+        arch = os.environ.get("CUTE_DSL_ARCH", "?")
+        raise CuteccError(f'kernel "{job.variant.kernel}", variant {job.variant.id}, arch {arch} '
+                          f"({job.entry}): its host code cannot be built for {job.platform}: {e}",
+                          where=job.variant.kernel, exit_code=1) from None
+    return ir
 
 
 def compile_variant(entry: str, variant: Variant, compile_options: str = "") -> Any:

@@ -3,8 +3,9 @@
 A wheel's platform tag must promise no more than its libraries need: the manylinux tag
 (PEP 600) `manylinux_2_<minor>_x86_64` names the oldest glibc they run on, which is the
 highest `GLIBC_2.<minor>` symbol version any of them requires (the `.gnu.version_r`
-section). Only x86-64 ELF shared objects are accepted, and only glibc's own versions
-(libstdc++ and other libraries outside the manylinux policy cannot be promised).
+section). Only x86-64 and aarch64 ELF shared objects are accepted (one machine per set of
+libraries), and only glibc's own versions (libstdc++ and other libraries outside the
+manylinux policy cannot be promised).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Iterable
 from cutecc.errors import CuteccError
 
 _SHT_GNU_VERNEED = 0x6FFFFFFE
-_EM_X86_64 = 62
+_MACHINES = {62: "x86_64", 183: "aarch64"}  # e_machine -> the wheel tags' arch
 _ET_DYN = 3
 _GLIBC = re.compile(r"GLIBC_2\.(\d+)(?:\.\d+)?")
 MIN_GLIBC_MINOR = 17  # manylinux2014, the oldest x86-64 baseline pip still installs
@@ -26,18 +27,25 @@ _ALLOWED_OTHER = re.compile(r"(GLIBC_PRIVATE)")
 _LEGACY = {5: "manylinux1", 12: "manylinux2010", 17: "manylinux2014"}
 
 
+def machine(data: bytes, name: str = "library") -> str:
+    """The wheel-tag arch (`x86_64`, `aarch64`) of a 64-bit little-endian ELF shared object."""
+    if len(data) < 64 or data[:4] != b"\x7fELF":
+        raise CuteccError(f"{name}: not an ELF file", where="pack", exit_code=1)
+    if data[4] != 2 or data[5] != 1:
+        raise CuteccError(f"{name}: not a 64-bit little-endian ELF file", where="pack", exit_code=1)
+    e_type, e_machine = struct.unpack_from("<HH", data, 16)
+    if e_machine not in _MACHINES or e_type != _ET_DYN:
+        raise CuteccError(f"{name}: not an x86-64 or aarch64 shared object (type {e_type}, machine "
+                          f"{e_machine})", where="pack", exit_code=1)
+    return _MACHINES[e_machine]
+
+
 def needed_versions(data: bytes, name: str = "library") -> dict[str, set[str]]:
-    """The symbol versions an x86-64 ELF shared object requires: {DT_NEEDED file: versions}."""
+    """The symbol versions an ELF shared object (`machine`) requires: {DT_NEEDED file: versions}."""
     def bad(why: str) -> CuteccError:
         return CuteccError(f"{name}: {why}", where="pack", exit_code=1)
 
-    if len(data) < 64 or data[:4] != b"\x7fELF":
-        raise bad("not an ELF file")
-    if data[4] != 2 or data[5] != 1:
-        raise bad("not a 64-bit little-endian ELF file")
-    e_type, e_machine = struct.unpack_from("<HH", data, 16)
-    if e_machine != _EM_X86_64 or e_type != _ET_DYN:
-        raise bad(f"not an x86-64 shared object (type {e_type}, machine {e_machine})")
+    machine(data, name)
     e_shoff, = struct.unpack_from("<Q", data, 40)
     e_shentsize, e_shnum = struct.unpack_from("<HH", data, 58)
     try:
@@ -86,11 +94,17 @@ def glibc_minor(libraries: Iterable[tuple[str, bytes]]) -> int:
 
 
 def manylinux_tag(libraries: Iterable[tuple[str, bytes]]) -> str:
-    """The wheel platform tag for these x86-64 libraries, e.g.
+    """The wheel platform tag for these libraries (all of one machine), e.g.
     `manylinux2014_x86_64.manylinux_2_17_x86_64` (the legacy alias first, as auditwheel
-    writes it) or `manylinux_2_34_x86_64`."""
+    writes it), `manylinux_2_28_aarch64`. Libraries of two machines are an error."""
+    libraries = list(libraries)
+    arches = {machine(data, name) for name, data in libraries} or {"x86_64"}
+    if len(arches) > 1:
+        raise CuteccError(f"libraries for {' and '.join(sorted(arches))} in one pack; pack one host "
+                          "platform at a time (--platform)", where="pack", exit_code=1)
+    arch = arches.pop()
     minor = glibc_minor(libraries)
-    tags = [f"manylinux_2_{minor}_x86_64"]
-    if minor in _LEGACY:
-        tags.insert(0, f"{_LEGACY[minor]}_x86_64")
+    tags = [f"manylinux_2_{minor}_{arch}"]
+    if minor in _LEGACY and (minor == 17 or arch == "x86_64"):  # manylinux1/2010: x86 only
+        tags.insert(0, f"{_LEGACY[minor]}_{arch}")
     return ".".join(tags)

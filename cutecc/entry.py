@@ -7,8 +7,8 @@ under `runtimes/ab/<key>/`. Everything that reads entries (the store, `verify`,
 `pack`/`unpack`, the lock file and the runtime's loader) asks this module what a valid
 one looks like, so the rules live in one place; a checked meta.json is read as a typed,
 frozen record (`EntryMeta`, `RuntimeMeta`). It imports nothing else of cutecc but
-`cutecc.names` (which imports nothing), so the runtime can use it without pulling in the
-build side.
+`cutecc.names` and `cutecc.platforms` (base records), so the runtime can use it without
+pulling in the build side.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from cutecc import platforms
 from cutecc.names import MAX_NAME_CHARS, call_name_problem, kernel_name_problem
+from cutecc.platforms import BUILD_PLATFORM
 
 # The cache directory's layout (its `format` file). 2: runtimes/ and the by-kernel/ index.
 STORE_FORMAT = 2
@@ -119,14 +121,22 @@ def runtime_soname(runtime_key: str) -> str:
     return f"libcutecc_rt_{runtime_key[:16]}.so"
 
 
-def label(kernel: object, variant: object, arch: object) -> str:
-    """`kernel[variant]@arch`, how every command names one artifact."""
-    return f"{kernel}[{variant}]@{arch}"
+def label(kernel: object, variant: object, arch: object, platform: str = BUILD_PLATFORM) -> str:
+    """`kernel[variant]@arch`, how every command names one artifact; with `/platform`
+    after it for host code of another platform than the build's (`cutecc.platforms`)."""
+    return f"{kernel}[{variant}]@{arch}{platforms.suffix(platform)}"
+
+
+def platform_of(meta: Mapping[str, Any]) -> str:
+    """The host platform an entry's library is for: its metadata's `platform` (entries
+    built before platforms existed have none: they are the build platform's)."""
+    p = meta.get("platform", BUILD_PLATFORM)
+    return p if isinstance(p, str) else repr(p)
 
 
 def label_of(meta: dict[str, Any]) -> str:
     """The label of an entry from its metadata (damaged fields print as they are)."""
-    return label(meta.get("kernel"), meta.get("variant"), meta.get("arch"))
+    return label(meta.get("kernel"), meta.get("variant"), meta.get("arch"), platform_of(meta))
 
 
 def is_file_name(name: object) -> bool:
@@ -309,6 +319,11 @@ def meta_problem(meta: Any, key: str) -> str | None:
     for name in ("kernel", "variant", "symbol"):
         if not isinstance(meta.get(name), str) or not meta[name]:
             return f"{name} is not a string (damaged metadata)"
+    tc = inputs.get("toolchain")
+    keyed_platform = tc.get("platform", BUILD_PLATFORM) if isinstance(tc, dict) else None
+    if platform_of(meta) != keyed_platform:
+        return (f"platform {meta.get('platform')!r} differs from the key's {keyed_platform!r} "
+                "(damaged metadata)")
     if not is_kernel_name(meta["kernel"]):
         return f"{kernel_name_problem(meta['kernel'])} (damaged metadata)"
     for name in call_keywords(meta):
@@ -391,6 +406,7 @@ class EntryMeta:
     kernel: str
     variant: str
     arch: str
+    platform: str  # the host platform of the library's host code (`platform_of`)
     symbol: str
     library: FileRec
     files: tuple[FileRec, ...]
@@ -411,7 +427,8 @@ class EntryMeta:
         rt = runtime_record(meta)
         assert lib is not None and rt is not None  # meta_problem checked both
         backward, built, secs = meta.get("backward"), meta.get("built_at"), meta.get("build_seconds")
-        return cls(key, meta["kernel"], meta["variant"], str(meta["arch"]), meta["symbol"],
+        return cls(key, meta["kernel"], meta["variant"], str(meta["arch"]), platform_of(meta),
+                   meta["symbol"],
                    FileRec(*lib), _files(meta),
                    RuntimeLink(rt["key"], rt["library"], rt["sha256"], rt["size"]),
                    backward if isinstance(backward, str) else None,
@@ -440,7 +457,7 @@ class EntryMeta:
 
     @property
     def label(self) -> str:
-        return label(self.kernel, self.variant, self.arch)
+        return label(self.kernel, self.variant, self.arch, self.platform)
 
 
 @dataclass(frozen=True)

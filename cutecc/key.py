@@ -10,8 +10,10 @@ build worker (`cutecc.devicequery`, from the hardware profile), and the toolchai
 versions of the DSL, tvm-ffi and the CUDA runtime, zig and its target, the host-code pin,
 the link recipe (with the native sources' hashes), the key of the runtime library the
 kernel links against (which names the static archives' SHA-256), and cutecc's artifact
-format. The build host's C compiler, paths, user, locale, clock and CPU decide no byte,
-so they are not inputs (tests/test_reproducible.py checks that).
+format; for host code of another platform than the build's (aarch64), that platform and
+the pins of the wheels it links against (x86-64 keys name no platform: unchanged). The
+build host's C compiler, paths, user, locale, clock and CPU decide no byte, so they are not
+inputs (tests/test_reproducible.py checks that).
 Computing a key imports neither the DSL nor JAX, so the cache-hit path of `cutecc build`
 stays cheap.
 """
@@ -27,21 +29,38 @@ from typing import Any
 
 from cutecc import devicequery, dists, modfind
 from cutecc.contract import args_to_json
-from cutecc.entry import ARTIFACT_FORMAT
+from cutecc.entry import ARTIFACT_FORMAT, compute_key
 from cutecc.errors import CuteccError
 from cutecc.manifest import Kernel, Variant
-from cutecc.toolchain import HOST_TARGET, RECIPE_VERSION, ZIG_TARGET, runtime_key, tool_versions
+from cutecc.platforms import BUILD_PLATFORM
+from cutecc.toolchain import RECIPE_VERSION, host_target, runtime_key, tool_versions, zig_target
 
 
-@functools.lru_cache(maxsize=1)
-def toolchain() -> dict[str, str]:
+@functools.lru_cache(maxsize=4)
+def toolchain(platform: str = BUILD_PLATFORM) -> dict[str, str]:
     """Versions and hashes of everything outside the kernel's source that shapes the
-    artifact, as keyed (`cutecc.toolchain` owns each of them)."""
+    artifact, as keyed (`cutecc.toolchain` owns each of them), for host code of `platform`.
+    The build platform's names no platform (its keys are those of every build before
+    platforms existed: its host target and zig target say x86-64); another's names it, its
+    host target and zig target, and the pins of the wheels it links against
+    (`cutecc.targetlibs`) in place of the installed CUDA runtime's and tvm-ffi's versions."""
     out = {"cutecc_artifact_format": str(ARTIFACT_FORMAT), "link_recipe": str(RECIPE_VERSION),
-           "host_target": HOST_TARGET, "runtime": runtime_key()}
+           "host_target": host_target(platform), "runtime": runtime_key(platform)}
     out.update(tool_versions())
-    out["zig"] = f"{out.pop('ziglang')} {ZIG_TARGET}"
+    out["zig"] = f"{out.pop('ziglang')} {zig_target(platform)}"
+    if platform != BUILD_PLATFORM:
+        from cutecc.targetlibs import pins
+
+        p = pins(platform)
+        out.update({"platform": platform, "nvidia-cuda-runtime": p["nvidia-cuda-runtime"],
+                    "apache-tvm-ffi": p["apache-tvm-ffi"].split()[0],
+                    "platform_libs": compute_key(p)})
     return out
+
+
+def toolchain_platform(toolchain: dict[str, Any]) -> str:
+    """The host platform a key's toolchain (or an entry's) is for."""
+    return str(toolchain.get("platform", BUILD_PLATFORM))
 
 
 class SourceIndex:
@@ -301,8 +320,10 @@ def _top_level_in(path: Path, root: Path, top: str) -> bool:
 def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
                distributions: dict[str, str] | None = None,
                env: dict[str, str] | None = None,
-               imports: dict[str, str] | None = None) -> dict[str, Any]:
-    """The named inputs of one artifact's key (also stored in its metadata):
+               imports: dict[str, str] | None = None,
+               platform: str = BUILD_PLATFORM) -> dict[str, Any]:
+    """The named inputs of one artifact's key (also stored in its metadata), for host code
+    of `platform` (its toolchain names it: `toolchain`):
     `distributions` and `env` as `cutecc.dists` computes them; `imports`, the source digests
     of project modules that the variant's values and struct types name and the entry's
     closure does not reach (`cutecc.plan.references`)."""
@@ -317,7 +338,7 @@ def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
         "constants": dict(variant.constants),
         "arch": arch,
         "compile_options": kernel.compile_options,
-        "toolchain": toolchain(),
+        "toolchain": toolchain(platform),
     }
     if "torch" in (distributions or {}):
         # Its code can ask torch for the GPU: the build worker answers from the profile.

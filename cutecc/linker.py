@@ -30,14 +30,15 @@ from pathlib import Path
 from cutecc.compiler import INNER_SYMBOL
 from cutecc.entry import runtime_soname
 from cutecc.errors import CuteccError
+from cutecc.platforms import BUILD_PLATFORM
 from cutecc.toolchain import (
     CFLAGS,
     LDFLAGS,
     RUNTIME_EXPORTS,
     RUNTIME_SOURCE,
     WRAPPER_SOURCE,
-    ZIG_TARGET,
     toolchain_paths,
+    zig_target,
 )
 
 _C_SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -68,13 +69,15 @@ def zig_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("cutecc-zig", appauthor=False))
 
 
-def _zig_cc(p: dict[str, Path], args: list[str], out: Path) -> None:
-    """Run `zig cc` for the pinned target in a scrubbed environment (no CFLAGS, locale or
-    user settings reach it), writing `out`."""
+def _zig_cc(p: dict[str, Path], args: list[str], out: Path, platform: str = BUILD_PLATFORM) -> None:
+    """Run `zig cc` for the pinned target of `platform` in a scrubbed environment (no
+    CFLAGS, locale or user settings reach it), writing `out`."""
     cache = zig_cache_dir()
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C",
            "ZIG_GLOBAL_CACHE_DIR": str(cache), "ZIG_LOCAL_CACHE_DIR": str(cache)}
-    cmd = [str(p["zig"]), "cc", "-target", ZIG_TARGET, *CFLAGS, *args, *LDFLAGS]
+    # Retargeted IR names the generic triple, which zig refines (OS and glibc versions).
+    quiet = () if platform == BUILD_PLATFORM else ("-Wno-override-module",)
+    cmd = [str(p["zig"]), "cc", "-target", zig_target(platform), *CFLAGS, *quiet, *args, *LDFLAGS]
     try:
         cache.mkdir(parents=True, exist_ok=True)
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
@@ -102,10 +105,10 @@ def _free_bytes(d: Path) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def link_runtime(out_dir: Path, runtime_key: str) -> Path:
-    """Link the runtime library for `runtime_key` (the key of `toolchain.runtime_inputs()`) into
-    `out_dir`; returns its path (named by `runtime_soname`)."""
-    p = toolchain_paths()
+def link_runtime(out_dir: Path, runtime_key: str, platform: str = BUILD_PLATFORM) -> Path:
+    """Link the runtime library for `runtime_key` (the key of `toolchain.runtime_inputs(platform)`)
+    into `out_dir`; returns its path (named by `runtime_soname`)."""
+    p = toolchain_paths(platform=platform)
     name = runtime_soname(runtime_key)
     out = out_dir / name
     vs = out_dir / "runtime.map"  # its path is not recorded in the output
@@ -119,21 +122,21 @@ def link_runtime(out_dir: Path, runtime_key: str) -> Path:
             "-Wl,--whole-archive", str(p["dialect_rt"]), "-Wl,--no-whole-archive",
             str(p["cudart"]), f"-L{p['tvm_lib']}", "-ltvm_ffi", "-ldl", "-lpthread", "-lrt",
             f"-Wl,--version-script={vs}",
-        ], out)
+        ], out, platform)
     finally:
         vs.unlink(missing_ok=True)
     return out
 
 
 def link(obj: Path, out: Path, symbol: str, *, entry: str, arch: str, key: str,
-         runtime: Path) -> None:
-    """Link `obj` (which defines `__tvm_ffi_<INNER_SYMBOL>`) into the kernel library `out`
-    against the runtime library `runtime`, exporting only `__tvm_ffi_<symbol>`: the
-    wrapper, whose errors name the kernel by `entry`, `arch` and the first 12 hex digits of
-    `key`."""
+         runtime: Path, platform: str = BUILD_PLATFORM) -> None:
+    """Link `obj` (which defines `__tvm_ffi_<INNER_SYMBOL>`; for another platform, the
+    retargeted IR that does) into the kernel library `out` against the runtime library
+    `runtime`, exporting only `__tvm_ffi_<symbol>`: the wrapper, whose errors name the
+    kernel by `entry`, `arch` and the first 12 hex digits of `key`."""
     if not _C_SYMBOL.match(symbol):
         raise CuteccError(f"{symbol!r} is not a C identifier", where="link", exit_code=1)
-    p = toolchain_paths()
+    p = toolchain_paths(platform=platform)
     vs = out.with_name(out.name + ".map")
     vs.write_text(f"{{ global: __tvm_ffi_{symbol}; local: *; }};\n")
     try:
@@ -144,6 +147,6 @@ def link(obj: Path, out: Path, symbol: str, *, entry: str, arch: str, key: str,
             f"-DCUTECC_KEY={c_string(key[:12])}", f"-I{p['tvm_include']}",
             f"-L{runtime.parent}", f"-l:{runtime.name}", f"-L{p['tvm_lib']}", "-ltvm_ffi",
             f"-Wl,--version-script={vs}",
-        ], out)
+        ], out, platform)
     finally:
         vs.unlink(missing_ok=True)

@@ -28,11 +28,12 @@ from typing import Any
 from cutecc.atomic import atomic_write
 from cutecc.buckets import RULES, parse_bucket
 from cutecc.composite_line import CompositeLine
-from cutecc.entry import acted_on, bad_pin_field, is_key, label, parse_json
+from cutecc.entry import acted_on, bad_pin_field, is_key, label, parse_json, platform_of
 from cutecc.errors import CuteccError
+from cutecc.platforms import BUILD_PLATFORM, PLATFORMS
 from cutecc.store.view import Entry, StoreView
 
-LOCK_FORMAT = 2
+LOCK_FORMAT = 3  # 3: each line names its host platform
 LOCK_NAME = "kernels.lock"
 MAX_LOCK_BYTES = 16 << 20  # 10,000 entry lines (~600 bytes) and as many tuning lines (~800)
 MAX_LOCK_DEPTH = 4
@@ -101,32 +102,34 @@ class LockEntry:
     kernel: str
     variant: str
     arch: str
+    platform: str  # the host platform of the library's host code (`cutecc.platforms`)
     key: str
     pin: Pin
 
     @property
     def label(self) -> str:
-        return label(self.kernel, self.variant, self.arch)
+        return label(self.kernel, self.variant, self.arch, self.platform)
 
     @property
-    def order(self) -> tuple[str, str, str, str]:
-        return (self.kernel, self.variant, self.arch, self.key)
+    def order(self) -> tuple[str, str, str, str, str]:
+        return (self.kernel, self.variant, self.arch, self.platform, self.key)
 
     @classmethod
     def of(cls, kernel: str, variant: str, arch: str, key: str, meta: dict[str, Any]) -> LockEntry:
         """The lock line for an entry, from its metadata."""
         pin = Pin.of(meta)
+        platform = platform_of(meta)
         if pin is None:
-            raise CuteccError(f"{label(kernel, variant, arch)} {key[:12]}: malformed metadata (no "
+            raise CuteccError(f"{label(kernel, variant, arch, platform)} {key[:12]}: malformed metadata (no "
                               "library file record, symbol or runtime library record)",
                               where="kernels.lock", exit_code=1)
-        return cls(kernel, variant, arch, key, pin)
+        return cls(kernel, variant, arch, platform, key, pin)
 
     @classmethod
     def from_facts(cls, kernel: str, variant: str, arch: str, key: str,
-                   facts: dict[str, Any]) -> LockEntry:
-        """The lock line for an entry, from its index record (`entry.index_facts`)."""
-        return cls(kernel, variant, arch, key, Pin(**{f: facts[f] for f in PIN_FIELDS}))
+                   facts: dict[str, Any], platform: str = BUILD_PLATFORM) -> LockEntry:
+        """The lock line for an entry of `platform`, from its index record (`entry.index_facts`)."""
+        return cls(kernel, variant, arch, platform, key, Pin(**{f: facts[f] for f in PIN_FIELDS}))
 
     def mismatch(self, entry: Entry) -> str | None:
         """Why the entry differs from this line (in anything the runtime acts on), or None."""
@@ -134,6 +137,8 @@ class LockEntry:
         for name in ("kernel", "variant", "arch"):
             if m.get(name) != getattr(self, name):
                 return f"{name} {m.get(name)!r}, the lock says {getattr(self, name)!r}; refusing it"
+        if platform_of(m) != self.platform:
+            return f"platform {platform_of(m)!r}, the lock says {self.platform!r}; refusing it"
         diff = self.pin.difference(m)
         if diff is not None:
             name, got, want = diff
@@ -143,8 +148,8 @@ class LockEntry:
 
     def to_json(self) -> dict[str, Any]:
         """The line as the file holds it: the entry's identity, then its pin, flat."""
-        return {"kernel": self.kernel, "variant": self.variant, "arch": self.arch, "key": self.key,
-                **self.pin.to_json()}
+        return {"kernel": self.kernel, "variant": self.variant, "arch": self.arch,
+                "platform": self.platform, "key": self.key, **self.pin.to_json()}
 
     @classmethod
     def from_json(cls, e: Any, where: str, kp: str) -> LockEntry:
@@ -155,11 +160,14 @@ class LockEntry:
         if not is_key(e["runtime"]):
             raise CuteccError("runtime is not a SHA-256 (64 hex digits)", where=where,
                               key_path=f"{kp}.runtime")
-        return cls(e["kernel"], e["variant"], e["arch"], e["key"],
+        if e["platform"] not in PLATFORMS:
+            raise CuteccError(f"platform {e['platform']!r} is not one of {', '.join(sorted(PLATFORMS))}",
+                              where=where, key_path=f"{kp}.platform")
+        return cls(e["kernel"], e["variant"], e["arch"], e["platform"], e["key"],
                    Pin(**{f: e[f] for f in PIN_FIELDS}))
 
 
-LOCK_LINE_FIELDS = ("kernel", "variant", "arch", "key", *PIN_FIELDS)
+LOCK_LINE_FIELDS = ("kernel", "variant", "arch", "platform", "key", *PIN_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -287,8 +295,8 @@ class Lock:
 
     def winners(self) -> list[LockEntry]:
         """The lock lines of the tuned winners that are not default configurations."""
-        defaults = {e.key for e in self.entries}
-        out = {t.winner: LockEntry(t.kernel, t.winner_variant, t.arch, t.winner, t.pin)
+        defaults = {e.key: e.platform for e in self.entries}  # a winner's is its default's
+        out = {t.winner: LockEntry(t.kernel, t.winner_variant, t.arch, defaults[t.base], t.winner, t.pin)
                for t in self.tuning if t.winner not in defaults}
         return [out[k] for k in sorted(out)]
 
@@ -300,7 +308,7 @@ class Lock:
             raise CuteccError(f"not a lock file: {e}", where=where) from None
         if not isinstance(doc, dict) or doc.get("format") != LOCK_FORMAT:
             got = doc.get("format") if isinstance(doc, dict) else None
-            hint = "; run `cutecc build` to write it anew" if got == 1 else ""
+            hint = "; run `cutecc build` to write it anew" if got in (1, 2) else ""
             raise CuteccError(f"lock format {got!r}, this cutecc reads {LOCK_FORMAT}{hint}", where=where)
         items = doc.get("entries")
         if not isinstance(items, list):
@@ -327,12 +335,20 @@ class Lock:
         """The line of each key the lock vouches for: its entries and its tuned winners."""
         return {**{e.key: e for e in self.winners()}, **{e.key: e for e in self.entries}}
 
-    def select(self, archs: Iterable[str] = (), kernels: Iterable[str] = ()) -> Lock:
-        """Only the entries of these archs and kernels (all when empty)."""
-        a, k = set(archs), set(kernels)
-        return Lock(tuple(e for e in self.entries if (not a or e.arch in a) and (not k or e.kernel in k))
+    def select(self, archs: Iterable[str] = (), kernels: Iterable[str] = (),
+               platforms: Iterable[str] = ()) -> Lock:
+        """Only the entries of these archs, kernels and platforms (all when empty)."""
+        a, k, p = set(archs), set(kernels), set(platforms)
+        return Lock(tuple(e for e in self.entries
+                          if (not a or e.arch in a) and (not k or e.kernel in k)
+                          and (not p or e.platform in p))
                     ).with_tuning(self.tuning).with_composites(
                         c for c in self.composites if not k or c.name in k)
+
+    @property
+    def platforms(self) -> tuple[str, ...]:
+        """The host platforms the lock's entries are for, sorted."""
+        return tuple(sorted({e.platform for e in self.entries}))
 
     def resolve(self, store: StoreView) -> Iterator[tuple[Entry, LockEntry]]:
         """Each locked entry of `store` with its lock line (not the tuned winners: see
@@ -458,13 +474,13 @@ class Merged:
 
 
 def merge_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
-                covered: set[tuple[str, str]], defined: set[str],
+                covered: set[tuple[str, str, str]], defined: set[str],
                 composites: Iterable[CompositeLine] = ()) -> Merged:
     """The lock of a successful build, not written yet.
 
-    A full build locks exactly its `lines`. A `partial` one (restricted by --kernel or
-    --arch) replaces only the (kernel, arch) pairs it `covered`, keeping the old file's
-    other entries of kernels the manifest still `defined`. Tuning lines stay while their
+    A full build locks exactly its `lines`. A `partial` one (restricted by --kernel,
+    --arch or --platform) replaces only the (kernel, arch, platform) it `covered`, keeping
+    the old file's other entries of kernels the manifest still `defined`. Tuning lines stay while their
     defaults do. Never does it vouch for other bytes under a key the old lock already
     names: an entry whose key is unchanged but whose library (or anything else the runtime
     acts on) differs is an error (exit 1). The manifest's `composites` are locked where
@@ -493,14 +509,14 @@ def merge_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
     kept: tuple[LockEntry, ...] = ()
     if partial:
         ours = {le.key for le in new.entries}
-        kept = tuple(e for e in old.entries if (e.kernel, e.arch) not in covered
+        kept = tuple(e for e in old.entries if (e.kernel, e.arch, e.platform) not in covered
                      and e.kernel in defined and e.key not in ours)
         new = Lock(new.entries + kept).with_composites(composites)
     return Merged(new.with_tuning(old.tuning), kept)
 
 
 def record_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
-                 covered: set[tuple[str, str]], defined: set[str],
+                 covered: set[tuple[str, str, str]], defined: set[str],
                  composites: Iterable[CompositeLine] = ()) -> bool:
     """`merge_build`, written as it is (nothing checked against a cache); True when the
     file changed."""
@@ -517,6 +533,6 @@ def _previous(path: Path) -> Lock | None:
         return read_lock(path)
     except CuteccError:
         data = path.read_bytes()
-        if b'"format": 1' in data[:64] or (b'"format": 2' in data[:64] and b'"runtime"' not in data):
-            return None  # an older format (or format 2 before the runtime field): written anew
+        if b'"format": 1' in data[:64] or b'"format": 2' in data[:64]:
+            return None  # an older format (before the runtime or platform fields): written anew
         raise

@@ -1,4 +1,4 @@
-"""Planning: every (kernel, variant, arch) a manifest asks for, with its cache key.
+"""Planning: every (kernel, variant, arch, platform) a manifest asks for, with its cache key.
 
 Reads source files to key them (never imports them), so planning needs neither the DSL
 nor JAX: `build`, `explain` and `pack --manifest` all start here.
@@ -16,6 +16,7 @@ from cutecc.entry import compute_key, label
 from cutecc.errors import CuteccError
 from cutecc.key import SourceIndex, key_inputs
 from cutecc.manifest import Kernel, Manifest, Variant, split_entry
+from cutecc.platforms import BUILD_PLATFORM
 
 
 @dataclass(frozen=True)
@@ -28,15 +29,18 @@ class Planned:
     key: str
     inputs: dict[str, Any]
     sources: tuple[str, ...]
+    platform: str = BUILD_PLATFORM  # the host platform of the library's host code
 
     @property
     def label(self) -> str:
-        return label(self.kernel.name, self.variant.id, self.arch)
+        return label(self.kernel.name, self.variant.id, self.arch, self.platform)
 
 
 def plan(manifest: Manifest, archs: tuple[str, ...] = (), *,
-         hash_cache: Path | HashCache | None = None) -> list[Planned]:
-    """Every artifact of the manifest with its key; `archs` overrides the manifest's.
+         hash_cache: Path | HashCache | None = None,
+         platforms: tuple[str, ...] = ()) -> list[Planned]:
+    """Every artifact of the manifest with its key; `archs` and `platforms` override the
+    manifest's.
     `hash_cache`: a file remembering files' digests and parsed facts across runs, by their
     stamps (`cutecc.dists.HashCache`), so that a no-op build reads no unchanged source; or
     such a cache, which the caller may save again (once the store exists)."""
@@ -46,14 +50,14 @@ def plan(manifest: Manifest, archs: tuple[str, ...] = (), *,
     envs: dict[str, dict[str, str]] = {}
     out = []
     try:
-        _plan(manifest, archs, index, installed, envs, out)
+        _plan(manifest, archs, platforms or manifest.platforms, index, installed, envs, out)
     finally:
         cache.save()
     return out
 
 
-def _plan(manifest: Manifest, archs: tuple[str, ...], index: SourceIndex, installed: DistIndex,
-          envs: dict[str, dict[str, str]], out: list[Planned]) -> None:
+def _plan(manifest: Manifest, archs: tuple[str, ...], platforms: tuple[str, ...], index: SourceIndex,
+          installed: DistIndex, envs: dict[str, dict[str, str]], out: list[Planned]) -> None:
     for k in manifest.kernels:
         try:
             digest, sources = index.digest(k.module)
@@ -74,11 +78,12 @@ def _plan(manifest: Manifest, archs: tuple[str, ...], index: SourceIndex, instal
             key_modules = frozenset(modules | ref_modules)
             if key_modules not in reached:
                 reached[key_modules] = installed.reached(key_modules)
-            for arch in archs or k.archs:
+            for arch, platform in [(a, p) for a in archs or k.archs for p in platforms]:
                 if arch not in envs:
                     envs[arch] = compile_env(manifest.env_for(arch))
-                inputs = key_inputs(k, v, arch, digest, reached[key_modules], envs[arch], imports)
-                p = Planned(k, v, arch, compute_key(inputs), inputs, sources)
+                inputs = key_inputs(k, v, arch, digest, reached[key_modules], envs[arch], imports,
+                                    platform)
+                p = Planned(k, v, arch, compute_key(inputs), inputs, sources, platform)
                 if p.key in seen:  # nothing tells them apart: no call could choose between them
                     raise CuteccError(f'variants "{seen[p.key]}" and "{v.id}" build the same artifact '
                                       "(their parameters change nothing the kernel is compiled with)",

@@ -2,7 +2,10 @@
 
 - versions: of the DSL, tvm-ffi, the CUDA runtime and zig (`tool_versions`);
 - targets: zig's target of every link (glibc 2.28, baseline x86-64) and the CPU the kernels'
-  host-side code is pinned to whatever the build machine is (`HOST_TARGET`);
+  host-side code is pinned to whatever the build machine is (`HOST_TARGET`); per host
+  platform (`cutecc.platforms`), `zig_target` and `host_target` (aarch64's host code is the
+  DSL's IR retargeted, `cutecc.retarget`, and linked against pinned wheels,
+  `cutecc.targetlibs`);
 - the recipe: the native sources, the flags and the runtime library's exports, named in
   every key by `RECIPE_VERSION` (with the sources' hashes) and `RUNTIME_RECIPE_VERSION`;
 - where the link inputs live (`toolchain_paths`), and the runtime library's key inputs
@@ -23,8 +26,10 @@ import importlib.metadata
 import importlib.util
 from pathlib import Path
 
+from cutecc import platforms, targetlibs
 from cutecc.entry import compute_key
 from cutecc.errors import CuteccError
+from cutecc.platforms import BUILD_PLATFORM
 
 NATIVE = Path(__file__).with_name("native")
 RUNTIME_SOURCE = NATIVE / "cutecc_rt.c"
@@ -38,6 +43,21 @@ ZIG_TARGET = "x86_64-linux-gnu.2.28"  # glibc 2.28 symbols at most; the CPU is b
 HOST_CPU = "x86-64"
 HOST_FEATURES = ("+sse2",)
 HOST_TARGET = f"x86_64-unknown-linux-gnu;cpu={HOST_CPU};features={','.join(HOST_FEATURES)};pin=1"
+# Host code for another platform: the DSL's host IR, retargeted (`cutecc.retarget`) and
+# compiled by zig for that platform's baseline CPU (part of every key of that platform).
+RETARGET_VERSION = 2  # bump when `cutecc.retarget` or what is exported for it changes
+
+
+def zig_target(platform: str) -> str:
+    """`zig cc -target` for a platform."""
+    return ZIG_TARGET if platform == BUILD_PLATFORM else platforms.get(platform).zig_target
+
+
+def host_target(platform: str) -> str:
+    """The host-code target string of a platform's keys (the x86-64 one as it always was)."""
+    if platform == BUILD_PLATFORM:
+        return HOST_TARGET
+    return f"{platforms.get(platform).triple};cpu=baseline;from=ll;retarget={RETARGET_VERSION}"
 
 # The recipe ---------------------------------------------------------------------------
 CFLAGS = ("-O2", "-fPIC", "-std=gnu11", "-fno-ident", "-mcpu=baseline")
@@ -98,8 +118,11 @@ def _find(what: str, candidates: list[Path], hint: str) -> Path:
     raise CuteccError(f"cannot find {what}; {hint}", where="link", exit_code=1)
 
 
-def toolchain_paths(cuda: str = "cu13") -> dict[str, Path]:
-    """Where the link inputs and zig live in the build extra's wheels."""
+def toolchain_paths(cuda: str = "cu13", platform: str = BUILD_PLATFORM) -> dict[str, Path]:
+    """Where the link inputs and zig live: in the build extra's wheels, and for another
+    platform than the build's, in that platform's pinned wheels (`cutecc.targetlibs`)."""
+    if platform != BUILD_PLATFORM:
+        return {"zig": toolchain_paths(cuda)["zig"], **targetlibs.paths(platform)}
     hint = "install the build extra: pip install 'cutecc[build]'"
     dsl = _package_dirs("nvidia_cutlass_dsl")
     nv = _package_dirs("nvidia")
@@ -119,12 +142,20 @@ def toolchain_paths(cuda: str = "cu13") -> dict[str, Path]:
 # The runtime library's identity ------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=1)
-def runtime_inputs() -> dict[str, str]:
+@functools.lru_cache(maxsize=4)
+def runtime_inputs(platform: str = BUILD_PLATFORM) -> dict[str, str]:
     """Everything that decides the runtime library's bytes (its key's inputs): the recipe
     and its source, zig and its target, the two static archives' SHA-256 and tvm-ffi's
     version (its headers and its library's soname). Empty values when the build extra is
-    missing ("absent"): such a key is never built."""
+    missing ("absent"): such a key is never built. For another platform, the pins of its
+    wheels (`cutecc.targetlibs.pins`) name the archives, library and headers: known
+    without fetching them, and checked against them before they are linked."""
+    if platform != BUILD_PLATFORM:
+        pins = targetlibs.pins(platform)
+        return {"runtime_format": str(RUNTIME_RECIPE_VERSION), "recipe": RECIPE_VERSION,
+                "source": _sha(RUNTIME_SOURCE), "exports": ",".join(RUNTIME_EXPORTS),
+                "zig": version("ziglang"), "target": zig_target(platform), "platform": platform,
+                "apache-tvm-ffi": pins["apache-tvm-ffi"].split()[0], **pins}
     out = {"runtime_format": str(RUNTIME_RECIPE_VERSION), "recipe": RECIPE_VERSION,
            "source": _sha(RUNTIME_SOURCE), "exports": ",".join(RUNTIME_EXPORTS),
            "zig": version("ziglang"), "target": ZIG_TARGET,
@@ -136,6 +167,6 @@ def runtime_inputs() -> dict[str, str]:
     return {**out, "dialect_rt": _sha(p["dialect_rt"]), "cudart": _sha(p["cudart"])}
 
 
-def runtime_key() -> str:
-    """The key of the runtime library this toolchain links kernels against."""
-    return compute_key(runtime_inputs())
+def runtime_key(platform: str = BUILD_PLATFORM) -> str:
+    """The key of the runtime library this toolchain links kernels of `platform` against."""
+    return compute_key(runtime_inputs(platform))

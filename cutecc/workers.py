@@ -26,7 +26,7 @@ from cutecc import environ
 from cutecc.contract import args_to_json
 from cutecc.entry import LIBRARY, library_record, runtime_meta_problem, runtime_soname
 from cutecc.errors import CuteccError, WorkError
-from cutecc.key import toolchain
+from cutecc.key import toolchain, toolchain_platform
 from cutecc.manifest import Manifest, Variant
 from cutecc.plan import Planned
 from cutecc.store.writer import Store
@@ -62,6 +62,11 @@ class BuildJob:
     @property
     def arch(self) -> str:
         return str(self.key_inputs["arch"])
+
+    @property
+    def platform(self) -> str:
+        """The host platform of the library's host code (its toolchain names it)."""
+        return toolchain_platform(self.key_inputs["toolchain"])
 
     @property
     def device(self) -> dict[str, Any] | None:
@@ -143,7 +148,7 @@ def limit_memory(memory: int | None) -> None:
         resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
 
 def _check_toolchain(planned: dict[str, Any]) -> dict[str, str]:
-    now = toolchain()
+    now = toolchain(toolchain_platform(planned))
     if now != planned:  # the key would not describe what builds the artifact
         changed = sorted(k for k in {*planned, *now} if planned.get(k) != now.get(k))
         raise WorkError(f"the toolchain changed after the build was planned ({', '.join(changed)});"
@@ -151,23 +156,38 @@ def _check_toolchain(planned: dict[str, Any]) -> dict[str, str]:
     return now
 
 
+def runtime_platform(key: str) -> str:
+    """The platform whose runtime library this toolchain keys `key` (an error if none)."""
+    from cutecc.platforms import BUILD_PLATFORM, PLATFORMS
+    from cutecc.toolchain import runtime_key
+
+    ours = runtime_key(BUILD_PLATFORM)
+    if key == ours:
+        return BUILD_PLATFORM
+    for name in PLATFORMS:
+        try:
+            if name != BUILD_PLATFORM and key == runtime_key(name):
+                return name
+        except CuteccError:  # no pins for this DSL: not that platform's
+            continue
+    raise WorkError(f"runtime library {key[:12]} is not this toolchain's ({ours[:12]});"
+                    " run the build again", where="build")
+
+
 def ensure_runtime(store: Store, key: str) -> tuple[Any, bool]:
     """The runtime library entry of `key` (this toolchain's), linked and published if the
     store lacks it: (entry, built). Its `used` file is touched, so `cutecc gc` keeps it while
     builds use it."""
-    from cutecc.key import runtime_key
     from cutecc.linker import link_runtime
     from cutecc.store.view import touch_used
     from cutecc.toolchain import runtime_inputs
 
-    if key != runtime_key():
-        raise WorkError(f"runtime library {key[:12]} is not this toolchain's ({runtime_key()[:12]});"
-                        " run the build again", where="build")
+    platform = runtime_platform(key)
 
     def produce(staging: Path) -> dict[str, Any]:
         t0 = time.perf_counter()
-        link_runtime(staging, key)
-        return {"kind": "runtime", "key_inputs": runtime_inputs(), "library": runtime_soname(key),
+        link_runtime(staging, key, platform)
+        return {"kind": "runtime", "key_inputs": runtime_inputs(platform), "library": runtime_soname(key),
                 "built_at": now_iso(), "build_seconds": round(time.perf_counter() - t0, 3)}
 
     entry, built = store.publish(key, produce, runtime=True)
@@ -194,15 +214,16 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
         rec = library_record(runtime.meta)
         assert rec is not None  # ensure_runtime checked the metadata
         obj = compile_to_object(CompileJob(job.entry, job.variant, job.compile_options,
-                                           job.python_path, job.device), staging)
+                                           job.python_path, job.device, job.platform), staging)
         link(obj, staging / LIBRARY, SYMBOL, entry=job.entry, arch=job.arch, key=job.key,
-             runtime=runtime.path / rec[0])
+             runtime=runtime.path / rec[0], platform=job.platform)
         obj.unlink()
         return {
             "kernel": job.kernel,
             "variant": job.variant.id,
             "params": dict(job.variant.params),
             "arch": job.arch,
+            "platform": job.platform,
             "entry": job.entry,
             "args": args_to_json(job.variant.args),
             "backward": job.backward,

@@ -55,11 +55,19 @@ def test_the_tag_is_the_highest_glibc_any_library_needs(versions: list[str], tag
     assert elf.manylinux_tag(libs) == tag
 
 
+@pytest.mark.parametrize(("versions", "tag"), [
+    ([], "manylinux2014_aarch64.manylinux_2_17_aarch64"),
+    (["GLIBC_2.17", "GLIBC_2.28"], "manylinux_2_28_aarch64"),
+])
+def test_aarch64_libraries_get_aarch64_tags(versions: list[str], tag: str) -> None:
+    assert elf.manylinux_tag([("a.so", fake_so({"libc.so.6": versions}, machine=183))]) == tag
+
+
 def test_what_no_manylinux_tag_covers_is_refused() -> None:
     with pytest.raises(CuteccError, match="GLIBCXX_3.4.30 of libstdc"):
         elf.manylinux_tag([("k.so", fake_so({"libstdc++.so.6": ["GLIBCXX_3.4.30"]}))])
-    with pytest.raises(CuteccError, match="not an x86-64 shared object"):
-        elf.needed_versions(fake_so({}, machine=183))  # aarch64
+    with pytest.raises(CuteccError, match="not an x86-64 or aarch64 shared object"):
+        elf.needed_versions(fake_so({}, machine=40))  # 32-bit ARM
     with pytest.raises(CuteccError, match="not an ELF file"):
         elf.needed_versions(b"#!/bin/sh\n" * 10)
     with pytest.raises(CuteccError, match="malformed"):

@@ -151,7 +151,7 @@ def test_a_kernel_restricted_build_updates_only_its_part(toy: Toy, tmp_path: Pat
 def test_bad_lock_files_are_input_errors(tmp_path: Path) -> None:
     p = tmp_path / "kernels.lock"
     for text, msg in [("{", "not a lock file"), ('{"format": 9, "entries": []}', "lock format 9"),
-                      ('{"format": 2, "entries": [{"kernel": "k"}]}', "expected the fields")]:
+                      ('{"format": 3, "entries": [{"kernel": "k"}]}', "expected the fields")]:
         p.write_text(text)
         with pytest.raises(CuteccError, match=msg) as e:
             read_lock(p)
@@ -175,7 +175,7 @@ def test_load_with_a_lock_uses_exactly_its_entries(toy: Toy, tmp_path: Path) -> 
     one = Lock(tuple(e for e in full.entries if e.variant == "threads=64"))
     write_lock(tmp_path / "one.lock", one)
     assert _load(toy.cache, tmp_path / "one.lock").scale.variants == ["threads=64"]
-    ghost = LockEntry("scale", "threads=7", "sm_90a", "f" * 64,
+    ghost = LockEntry("scale", "threads=7", "sm_90a", "x86_64", "f" * 64,
                       Pin("kernel.so", "0" * 64, 1, "cutecc_kernel", None, "0" * 64, "0" * 64))
     write_lock(tmp_path / "ghost.lock", Lock((*full.entries, ghost)))
     with pytest.raises(CuteccError, match=r"1 locked entry not in the cache: scale\[threads=7\]"):

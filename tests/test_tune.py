@@ -98,8 +98,8 @@ def test_bucket_lookup_at_and_between_edges(value: int, floor: int, nearest: int
 
 
 def _entry(variant: str, key: str) -> LockEntry:
-    return LockEntry("mul", variant, "sm_90a", key, Pin("lib.so", key[:1] * 64, 1000, "__tvm_ffi_mul", None,
-                                                        "c" * 64, "d" * 64))
+    return LockEntry("mul", variant, "sm_90a", "x86_64", key,
+                     Pin("lib.so", key[:1] * 64, 1000, "__tvm_ffi_mul", None, "c" * 64, "d" * 64))
 
 
 def _tuned(bucket: str, winner: str, device: str = "NVIDIA H100 80GB HBM3") -> Tuned:
@@ -132,13 +132,14 @@ def test_lock_and_tuning_lines_are_flat_in_the_format_order_and_share_one_pin() 
     lock = Lock((_entry("dtype=float32", KEY["a"]),), (_tuned("n=65536", KEY["b"]),))
     doc = json.loads(lock.dumps())
     pinned = ["library", "sha256", "size", "symbol", "backward", "contract", "runtime"]
-    assert list(doc["entries"][0]) == ["kernel", "variant", "arch", "key", *pinned]
+    assert list(doc["entries"][0]) == ["kernel", "variant", "arch", "platform", "key", *pinned]
     assert list(doc["tuning"][0]) == ["kernel", "variant", "arch", "device", "rule", "bucket", "base",
                                       "winner", "winner_variant", *pinned]
     assert doc["tuning"][0]["sha256"] == KEY["b"][:1] * 64 and doc["entries"][0]["size"] == 1000
     (winner,) = lock.winners()
     assert winner.pin == lock.tuning[0].pin and winner.key == KEY["b"]
     assert winner.variant == "dtype=float32,threads=128"
+    assert winner.platform == "x86_64"  # a winner's host platform is its default's
     head, tail = lock.dumps().split(b'"tuning"')
     with pytest.raises(CuteccError, match=r"tuning\[0\]\.size"):  # the pin is checked in either line
         Lock.loads(head + b'"tuning"' + tail.replace(b'"size": 1000', b'"size": -1'), "x")

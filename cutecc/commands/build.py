@@ -100,6 +100,7 @@ def build(
     manifest_path: str | Path,
     *,
     archs: tuple[str, ...] = (),
+    platforms: tuple[str, ...] = (),
     cache_dir: str | Path | None = None,
     jobs: int | None = None,
     kernels: tuple[str, ...] = (),
@@ -128,6 +129,7 @@ def build(
     Ray cluster, else a local one is started. `remote` (`s3://bucket/prefix`, else
     `$CUTECC_REMOTE`, else `[build]`) is a shared cache looked up for local misses;
     `remote_write` (else `$CUTECC_REMOTE_WRITE`; never the manifest) uploads what is built.
+    `platforms`: the host platforms to build for (`cutecc.platforms`), overriding the manifest's.
     `compile_timeout` (seconds) and `compile_memory` (a size; else `$CUTECC_COMPILE_*`, else
     `[build]`) bound each compile: one past a limit is stopped and fails alone.
     """
@@ -153,7 +155,8 @@ def build(
     store = Store(cache_dir)
     # What planning learns is kept in the store: in a new one, once the build has made it.
     hashes = None if read_only or dry_run else HashCache(store.layout.hash_cache())
-    target = builder.target(full, archs=archs, kernels=kernels, hashes=hashes)
+    target = builder.target(full, archs=archs, kernels=kernels, hashes=hashes,
+                            platforms=platforms)
     lock_to = (builder.LockRequest(Path(lock_file or Path(manifest_path).parent / LOCK_NAME), key)
                if lock and not dry_run else None)
     done = builder.run(target, store, how, hashes=hashes, lock=lock_to, progress=progress)

@@ -7,7 +7,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from cutecc.entry import call_keywords
+from cutecc import platforms
+from cutecc.entry import call_keywords, platform_of
+from cutecc.platforms import BUILD_PLATFORM
 from cutecc.report import Report
 from cutecc.store.view import StoreView
 from cutecc.units import human_age, human_size
@@ -23,6 +25,7 @@ class Row:
     built_at: str
     call: str = ""  # the call keywords that reach this entry, "causal=True"
     winner_for: tuple[str, ...] = ()  # tuning buckets this entry wins (`cutecc tune`)
+    platform: str = BUILD_PLATFORM  # the host platform of its host code
 
     def age_seconds(self, now: dt.datetime) -> float:
         try:
@@ -51,7 +54,8 @@ class ListReport(Report):
     def lines(self, verbose: int = 0) -> list[str]:
         now = dt.datetime.now(dt.timezone.utc)
         table = [("KERNEL", "VARIANT", "ARCH", "KEY", "SIZE", "AGE", "CALL WITH")] + [
-            (r.kernel, r.variant, r.arch, r.key[: 64 if verbose > 0 else 12], human_size(r.size),
+            (r.kernel, r.variant, r.arch + platforms.suffix(r.platform), r.key[: 64 if verbose > 0 else 12],
+             human_size(r.size),
              human_age(r.age_seconds(now)), r.call) for r in self.rows]
         widths = [max(len(row[i]) for row in table) for i in range(7)]
         out = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
@@ -86,7 +90,7 @@ def list_entries(cache_dir: str | Path | None = None, *, kernel: str | None = No
         call = call_keywords(m)
         rows.append(Row(e.key, str(m.get("kernel")), str(m.get("variant")), str(m.get("arch")),
                         e.size, str(m.get("built_at", "")), call_text(call),
-                        tuple(wins.get(e.key, ()))))
-    rows.sort(key=lambda r: (r.kernel, r.variant, r.arch, r.key))
+                        tuple(wins.get(e.key, ())), platform_of(m)))
+    rows.sort(key=lambda r: (r.kernel, r.variant, r.arch, r.platform, r.key))
     runtimes = tuple((e.key, str(e.meta.get("library")), e.size) for e in store.runtimes())
     return ListReport(store.root, tuple(rows), runtimes)

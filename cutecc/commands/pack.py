@@ -37,6 +37,7 @@ from cutecc.entry import (
 from cutecc.errors import CuteccError, WorkError
 from cutecc.ingest import Refused, check_whole
 from cutecc.lockfile import LOCK_NAME, Lock, lock_for, read_lock
+from cutecc.platforms import check_platform
 from cutecc.report import Report
 from cutecc.runtime.package import PACK_DIR
 from cutecc.store.writer import Store
@@ -200,14 +201,24 @@ def select(store: Store, *, manifest: str | Path | None = None, lock: str | Path
 def pack(*, name: str, version: str, manifest: str | Path | None = None,
          lock: str | Path | None = None, archs: Iterable[str] = (), kernels: Iterable[str] = (),
          out: str | Path = ".", cache_dir: str | Path | None = None,
-         fmt: str = "wheel", sign_key: str | Path | None = None) -> PackReport:
-    """Write a wheel (or a .tar.gz) of the selected entries into `out`; see the module doc."""
+         fmt: str = "wheel", sign_key: str | Path | None = None,
+         platform: str | None = None) -> PackReport:
+    """Write a wheel (or a .tar.gz) of the selected entries into `out`; see the module doc.
+    A wheel holds one host platform's libraries (its tag names it): `platform`, which may
+    be left out when the selection holds one platform only."""
     if fmt not in FORMATS:
         raise CuteccError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})", where="--format")
     dist, package = names(name, version)
     store = Store(cache_dir).require()
     store.check_trust()
     chosen = select(store, manifest=manifest, lock=lock, archs=archs, kernels=kernels)
+    if platform is not None:
+        chosen = chosen.select(platforms=[check_platform(platform, "--platform")])
+        if not chosen.entries:
+            raise CuteccError(f"nothing selected is built for {platform}", where="--platform")
+    elif len(chosen.platforms) > 1:
+        raise CuteccError(f"the selection holds entries for {' and '.join(chosen.platforms)}; a wheel "
+                          "is for one host platform: pass --platform", where="pack")
     tree, sizes = _tree(chosen, store)
     sign_key = sign_key or os.environ.get(environ.SIGNING_KEY) or None
     if sign_key:  # the packed lock's signature: what `unpack` and `load(package=)` check

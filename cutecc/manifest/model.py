@@ -15,6 +15,7 @@ from typing import Any
 from cutecc.contract import Arg, CallingConvention
 from cutecc.errors import CuteccError
 from cutecc.manifest.tune_space import TuneSpec
+from cutecc.platforms import BUILD_PLATFORM
 
 Value = int | float | bool | str  # a variant parameter's, a constant's or a call keyword's value
 _INDEX_RE = re.compile(r"\[([0-9]+)\]")
@@ -126,6 +127,7 @@ class Manifest:
     env: tuple[tuple[str, str], ...] = ()
     build: BuildSettings = BuildSettings()
     composites: tuple[Composite, ...] = ()
+    platforms: tuple[str, ...] = (BUILD_PLATFORM,)  # host platforms of the libraries
 
     def env_for(self, arch: str) -> dict[str, str]:
         """The `[env]` a build worker for `arch` sets ("$arch" substituted)."""

@@ -7,6 +7,8 @@ the file and the key path, e.g. `kernel "rmsnorm", args[2].dtype: unknown dtype 
 Schema (format 1), top level (or under `[tool.cutecc]`):
   format = 1                      optional; the manifest format version
   archs = ["sm_90a"]              default target architectures
+  platforms = ["x86_64"]          host platforms of the libraries (default: the build
+                                  host's; "aarch64" for Grace hosts: cutecc.platforms)
   profile = "h100"                default hardware profile (facts a launcher may need, as
                                   "$hw.<fact>" and as the answers to torch.cuda's device
                                   queries while the build constructs it: cutecc.devicequery)
@@ -98,6 +100,7 @@ from cutecc.manifest import tune_space as space
 from cutecc.manifest.model import BuildSettings, Composite, Kernel, Manifest, Variant
 from cutecc.manifest.model import Value as _Value
 from cutecc.names import KERNEL_SET_RESERVED, call_name_problem, kernel_name_problem
+from cutecc.platforms import BUILD_PLATFORM, PLATFORMS
 from cutecc.remote_url import parse_url
 from cutecc.units import parse_size
 
@@ -141,8 +144,8 @@ BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
              "memory_bytes": 183359 << 20, "smem_per_sm": 233472, **_SM_COMMON},
 }
 
-_TOP_KEYS = {"format", "archs", "profile", "python_path", "compile_options", "hardware", "kernel",
-             "env", "build"}
+_TOP_KEYS = {"format", "archs", "platforms", "profile", "python_path", "compile_options", "hardware",
+             "kernel", "env", "build"}
 _BUILD_KEYS = {"executor", "ray_address", "remote", "compile_timeout", "compile_memory"}
 EXECUTORS = ("local", "ray")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -234,6 +237,7 @@ def _parse(doc: dict[str, Any], path: Path, ctx: _Ctx, prefix: str) -> Manifest:
         raise ctx.fail(f"{prefix}format",
                        f"manifest format {fmt!r} is not supported (this cutecc reads {MANIFEST_FORMAT})")
     archs = _archs(ctx, f"{prefix}archs", doc.get("archs", ["sm_90a"]))
+    plats = _platforms(ctx, f"{prefix}platforms", doc.get("platforms", [BUILD_PLATFORM]))
     profiles = dict(BUILTIN_PROFILES)
     hw = doc.get("hardware", {})
     if not isinstance(hw, dict):
@@ -287,7 +291,8 @@ def _parse(doc: dict[str, Any], path: Path, ctx: _Ctx, prefix: str) -> Manifest:
     conventions = _check_composites(ctx, composites, kernels)
     _check_grads(ctx, kernels, conventions)
     return Manifest(path, python_path, tuple(kernels), tuple(sorted(env.items())),
-                    _build_settings(ctx, f"{prefix}build", doc.get("build", {})), tuple(composites))
+                    _build_settings(ctx, f"{prefix}build", doc.get("build", {})), tuple(composites),
+                    plats)
 
 
 def _composite(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any]) -> Composite:
@@ -1172,6 +1177,20 @@ def _str(ctx: _Ctx, kp: str, v: Any) -> str:
     if not isinstance(v, str):
         raise ctx.fail(kp, f"must be a string, got {_tname(v)}")
     return v
+
+
+def _platforms(ctx: _Ctx, kp: str, v: Any) -> tuple[str, ...]:
+    """The manifest's `platforms`: host platforms cutecc builds for, each once."""
+    if not isinstance(v, list) or not v:
+        raise ctx.fail(kp, f'must be a non-empty array of platforms such as ["{BUILD_PLATFORM}"]')
+    out: list[str] = []
+    for i, p in enumerate(v):
+        if p not in PLATFORMS:
+            raise ctx.fail(f"{kp}[{i}]", f"{json.dumps(p) if isinstance(p, str) else _tname(p)} is "
+                           f"not a platform cutecc builds for (one of: {', '.join(sorted(PLATFORMS))})")
+        if p not in out:
+            out.append(p)
+    return tuple(out)
 
 
 def _archs(ctx: _Ctx, kp: str, v: Any) -> tuple[str, ...]:

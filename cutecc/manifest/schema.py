@@ -23,6 +23,7 @@ from cutecc.manifest.parse import (
     RESERVED_KERNEL_NAMES,
 )
 from cutecc.names import CALL_RESERVED, MAX_NAME_CHARS
+from cutecc.platforms import PLATFORMS
 
 SCHEMA_ID = "https://cutecc.dev/schemas/kernels.schema.json"
 _PARAM = {"type": "string", "pattern": r"^\$[A-Za-z_][A-Za-z0-9_.]*$",
@@ -220,6 +221,10 @@ def schema() -> dict[str, Any]:
         "properties": {
             "format": {"const": MANIFEST_FORMAT},
             "archs": archs,
+            "platforms": {"type": "array", "minItems": 1, "uniqueItems": True,
+                          "items": {"enum": sorted(PLATFORMS)},
+                          "description": "Host platforms of the libraries' host code; default "
+                                         "[\"x86_64\"], the build host's. \"aarch64\": Grace hosts."},
             "profile": {"type": "string", "examples": sorted(BUILTIN_PROFILES)},
             "python_path": {"type": "array", "items": {"type": "string"}},
             "compile_options": {"type": "string"},

@@ -5,8 +5,8 @@ the lock file's lines. A kernel's entries are found through its own records, and
 metadata read and checked, at the kernel's first use; no library is opened until its
 first call, and then only after its SHA-256 matches. So a load costs the same at 10 or
 10,000 entries, and the kernels a program never touches cost nothing. Entries that
-cannot run here (another arch, another artifact format, an incompatible tvm-ffi) are set
-aside with the reason, which a call of that kernel reports.
+cannot run here (another arch or host platform, another artifact format, an incompatible
+tvm-ffi) are set aside with the reason, which a call of that kernel reports.
 
 Importing this module imports no framework: what JAX (`cutecc.load`) or PyTorch
 (`cutecc.torch.load`) adds is a `FrontEnd`, so both select, check and verify alike.
@@ -27,8 +27,9 @@ from typing import Any
 from cutecc import trust
 from cutecc.archs import check_arch, device_arch, runs_on
 from cutecc.composite_line import CompositeLine
-from cutecc.entry import ARTIFACT_FORMAT, ENTRY_FORMAT
+from cutecc.entry import ARTIFACT_FORMAT, ENTRY_FORMAT, platform_of
 from cutecc.errors import CuteccError
+from cutecc.platforms import host_platform
 from cutecc.runtime.calls import Build, KernelBase
 from cutecc.store.view import Entry, StoreView
 
@@ -454,4 +455,7 @@ def _why_unusable(m: dict[str, Any], target: str, series: str) -> str | None:
     arch = str(m.get("arch"))
     if not runs_on(arch, target):
         return f"built for {arch}, cannot run on {target}"
+    built_for, here = platform_of(m), host_platform()
+    if built_for != here:
+        return f"built for {built_for} hosts, this host is {here}"
     return None

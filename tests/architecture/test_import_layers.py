@@ -23,7 +23,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "base": (("cutecc.errors", "cutecc.names", "cutecc.environ", "cutecc.atomic", "cutecc.locks",
               "cutecc.units", "cutecc.expr", "cutecc.dtypes", "cutecc.archs", "cutecc.contract",
               "cutecc.trust", "cutecc.remote_url", "cutecc.entry", "cutecc.buckets",
-              "cutecc.composite_line"), ()),
+              "cutecc.composite_line", "cutecc.platforms"), ()),
     # The cache directory.
     "store": (("cutecc.store",), ("base",)),
     # kernels.lock, its lines (`Pin`, `LockEntry`, `Tuned`) and its signature.
@@ -35,12 +35,12 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # What the build reads of its tools and of the build host (the installed code's facts
     # are remembered in the cache's planning area, named by the store's layout).
     "toolchain": (("cutecc.toolchain", "cutecc.devicequery", "cutecc.dists", "cutecc.modfind",
-                   "cutecc.elf", "cutecc.cubin"), ("base", "store")),
+                   "cutecc.elf", "cutecc.cubin", "cutecc.targetlibs"), ("base", "store")),
     # What to build: keys, the build plan, the tuning plan.
     "plan": (("cutecc.key", "cutecc.plan", "cutecc.tuning.plan"),
              ("base", "store", "lock", "manifest", "toolchain")),
     # One artifact: compile a variant, link it.
-    "compile": (("cutecc.compiler", "cutecc.linker"), ("base", "manifest", "toolchain")),
+    "compile": (("cutecc.compiler", "cutecc.linker", "cutecc.retarget"), ("base", "manifest", "toolchain")),
     # Building many, anywhere: the build pipeline, workers, executors, the remote cache,
     # checking foreign entries, what a lock may vouch for, archives.
     "work": (("cutecc.builder", "cutecc.workers", "cutecc.executors", "cutecc.remote", "cutecc.ingest",

@@ -109,7 +109,7 @@ def _mutate(files: dict[str, bytes], rng: random.Random, private_other: Path) ->
         f[f"entries/zz/{key}/{META}"] = f.pop(f"{base}/{META}")
         f[f"entries/zz/{key}/kernel.so"] = f.pop(f"{base}/kernel.so")
     elif kind == "lock-garbage":
-        f[LOCK_NAME] = rng.choice([b"{", b"[]", b'{"format": 2, "entries": 7}', rng.randbytes(50)])
+        f[LOCK_NAME] = rng.choice([b"{", b"[]", b'{"format": 3, "entries": 7}', rng.randbytes(50)])
     elif kind == "lock-duplicate":
         lock = json.loads(f[LOCK_NAME])
         lock["entries"].append(dict(lock["entries"][0], kernel="other"))

@@ -91,14 +91,15 @@ def _meta_doc() -> tuple[str, dict[str, Any]]:
 
 
 def _lock_doc() -> dict[str, Any]:
-    line = {"kernel": "k", "variant": "default", "arch": "sm_90a", "key": "ab" * 32, "library": "kernel.so",
+    line = {"kernel": "k", "variant": "default", "arch": "sm_90a", "platform": "x86_64", "key": "ab" * 32,
+            "library": "kernel.so",
             "sha256": "cd" * 32, "size": 10, "symbol": "s", "backward": None, "contract": "ef" * 32,
             "runtime": "12" * 32}
     tuned = {"kernel": "k", "variant": "default", "arch": "sm_90a", "device": "H100", "rule": "floor",
              "bucket": "n=4096", "base": "ab" * 32, "winner": "34" * 32, "winner_variant": "t=1",
              **{f: line[f] for f in ("library", "sha256", "size", "symbol", "backward", "contract",
                                      "runtime")}}
-    return {"format": 2, "entries": [line], "tuning": [tuned]}
+    return {"format": 3, "entries": [line], "tuning": [tuned]}
 
 
 Parser = tuple[Callable[[bytes], Any], tuple[type[BaseException], ...], Any, int]
