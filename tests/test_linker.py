@@ -28,6 +28,7 @@ from cutecc.compiler import INNER_SYMBOL, SYMBOL
 from cutecc.errors import CuteccError
 from cutecc.key import toolchain
 from cutecc.store import Store
+from cutecc.toolchain import ZIG_TARGET
 
 try:
     TOOLS = linker.toolchain_paths()
@@ -92,7 +93,7 @@ WHO = f"cutecc kernel {ENTRY} (built for {ARCH}, cache key {KEY[:12]}): "
 
 def compile_c(source: Path, out: Path) -> None:
     """An object file of a C stand-in, compiled by the link's own zig."""
-    subprocess.run([str(TOOLS["zig"]), "cc", "-target", linker.ZIG_TARGET, "-c", "-fPIC", "-O2",
+    subprocess.run([str(TOOLS["zig"]), "cc", "-target", ZIG_TARGET, "-c", "-fPIC", "-O2",
                     f"-I{TOOLS['tvm_include']}", "-o", str(out), str(source)], check=True,
                    env={**os.environ, "ZIG_GLOBAL_CACHE_DIR": str(linker.zig_cache_dir()),
                         "ZIG_LOCAL_CACHE_DIR": str(linker.zig_cache_dir())})
@@ -249,7 +250,7 @@ def test_the_link_recipe_in_the_key_follows_the_native_sources() -> None:
 @pytest.mark.parametrize("text", ['plain', 'quo"te and back\\slash', "tri??graph", "tab\tnew\nline é"])
 def test_labels_reach_c_unchanged(tmp_path: Path, text: str) -> None:
     (tmp_path / "p.c").write_text('#include <stdio.h>\nint main(void) { fputs(S, stdout); return 0; }\n')
-    subprocess.run([str(TOOLS["zig"]), "cc", "-target", linker.ZIG_TARGET, f"-DS={linker.c_string(text)}",
+    subprocess.run([str(TOOLS["zig"]), "cc", "-target", ZIG_TARGET, f"-DS={linker.c_string(text)}",
                     "-o", str(tmp_path / "p"), str(tmp_path / "p.c")], check=True,
                    env={**os.environ, "ZIG_GLOBAL_CACHE_DIR": str(linker.zig_cache_dir())})
     out = subprocess.run([str(tmp_path / "p")], capture_output=True, check=True).stdout
