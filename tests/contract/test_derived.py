@@ -26,7 +26,7 @@ from cutecc.contract import (
 from cutecc.errors import CuteccError
 from cutecc.manifest import load_manifest
 
-TRAIN = Path(__file__).parent / "gpu" / "train_kernels" / "kernels.toml"
+TRAIN = Path(__file__).parents[1] / "gpu" / "train_kernels" / "kernels.toml"
 X = '{ name = "x", dtype = "float32", shape = ["m", "n"] }'
 
 
@@ -254,7 +254,7 @@ def test_named_pairing_is_parsed_and_keyed_only_when_declared(tmp_path: Path) ->
     conv = f.variants[0].convention
     assert [t.name for t in conv.visible] == ["out"] and [t.name for t in conv.results] == ["out", "r"]
     assert key_inputs(f, f.variants[0], "sm_90a", "0" * 64)["grad"] == f.grad
-    plain = load_manifest(Path(__file__).parents[1] / "kernels.toml").kernel("mul")
+    plain = load_manifest(Path(__file__).parents[2] / "kernels.toml").kernel("mul")
     assert plain.backward == "mul_bwd" and plain.grad is None
     assert "grad" not in key_inputs(plain, plain.variants[0], "sm_90a", "0" * 64)
 

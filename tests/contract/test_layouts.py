@@ -27,7 +27,7 @@ from cutecc.manifest import load_manifest
 # 128-bit vector per thread along rows of a row-major (m, n) tensor, copy_cols down the
 # columns of a column-major (m, k) one. The DSL refuses both unless the vectorised extent
 # is known to be a multiple of 8 bf16 elements (finding 6).
-OPS = Path(__file__).parent / "gpu" / "layout_kernels" / "ops.py"
+OPS = Path(__file__).parents[1] / "gpu" / "layout_kernels" / "ops.py"
 
 ROWS = '''
 [kernel.rows]

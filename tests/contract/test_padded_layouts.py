@@ -22,7 +22,7 @@ from cutecc.errors import CuteccError
 from cutecc.key import key_inputs
 from cutecc.manifest import load_manifest
 
-GPU_KERNELS = Path(__file__).parent / "gpu"
+GPU_KERNELS = Path(__file__).parents[1] / "gpu"
 
 ROW_DOT = '''
 [kernel.row_dot]

@@ -1,7 +1,7 @@
 """Generated bad manifests: each is rejected by `cutecc build` (dry run and real) with one
 line naming the file and the key path, exit status 2, and nothing written.
 
-tests/test_manifest.py holds the hand-written cases; here hypothesis generates them: a
+tests/manifest/test_validation.py holds the hand-written cases; here hypothesis generates them: a
 valid manifest (as data) takes one mutation drawn from a catalogue (wrong types at every
 typed key, unknown dtypes, non-positive extents, duplicate and invalid names, unknown keys,
 malformed or missing entry points, backward graphs with cycles, self-loops and missing

@@ -380,7 +380,7 @@ def test_the_runtime_key_names_every_input_of_the_runtime_library(monkeypatch: p
 
 def test_no_host_detail_is_a_key_input() -> None:
     """What differs between build hosts (their C compiler, paths, user, time) is no input:
-    the bytes do not depend on it (tests/test_reproducible.py)."""
+    the bytes do not depend on it (tests/toolchain/test_reproducible.py)."""
     tc = cutecc.key.toolchain()
     assert not any("/" in v for v in tc.values()), tc  # no paths
     assert "cc" not in tc and "gcc" not in json.dumps(tc).lower()  # zig links, not the host's cc

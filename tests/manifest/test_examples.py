@@ -11,7 +11,7 @@ import pytest
 from cutecc.contract import NoneArg, ScalarArg, StreamArg, StructArg, TensorArg
 from cutecc.manifest import load_manifest
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def test_examples_hold_no_adapter_python() -> None:
@@ -303,7 +303,7 @@ def test_the_training_step_benchmark_lowers_its_cutecc_side_with_no_gpu(examples
     import subprocess
     import sys
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "training_step.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "training_step.py"
     r = subprocess.run([sys.executable, str(script), str(examples_build), "--dry-run", "--batch", "1",
                         "--seq", "128"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]

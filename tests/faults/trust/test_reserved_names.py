@@ -21,7 +21,7 @@ from cutecc.entry import compute_key
 from cutecc.names import CALL_RESERVED, KERNEL_SET_RESERVED, MAX_NAME_CHARS
 
 from .conftest import ARCH, META, Cache, cli, out, py
-from .test_f11_input_edges import manifest, refused
+from .test_input_edges import manifest, refused
 
 BAD_CALL_NAMES = ["self", "arrays", "scalars", "__class__", "_", "_x", "name", "builds", "select",
                   "a" * 300, "a" * (MAX_NAME_CHARS + 1)]
