@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import PY, TOY_KERNEL, run_cli, toy_manifest
+from helpers import PY, TOY_KERNEL, run_cli, toy_manifest, write_toy_project
 
 from cutecc.commands.build import build
 from cutecc.store import Store
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.usefixtures("dsl")
 pytest.importorskip("cutlass", reason="compiling needs the build extra")
 
 
@@ -112,10 +112,7 @@ def test_a_rewritten_metadata_is_read_not_its_older_index_record(toy_cache, tmp_
 
 
 def test_editing_one_kernel_rebuilds_only_it(tmp_path: Path) -> None:
-    proj = tmp_path / "proj"
-    (proj / "toy").mkdir(parents=True)
-    (proj / "toy" / "__init__.py").write_text("")
-    (proj / "toy" / "ops.py").write_text(TOY_KERNEL)
+    proj = write_toy_project(tmp_path / "proj").parent
     (proj / "toy" / "ops2.py").write_text(TOY_KERNEL)
     text = toy_manifest(threads=(128,), kernels=("a", "b"))
     text = text.replace('[kernel.b]\nentry = "toy.ops:scale"', '[kernel.b]\nentry = "toy.ops2:scale"')
@@ -145,11 +142,7 @@ def test_a_failing_kernel_keeps_the_others_and_exits_nonzero(toy_project: Path, 
 
 
 def test_two_processes_building_one_manifest_build_each_entry_once(tmp_path: Path) -> None:
-    proj = tmp_path / "proj"
-    (proj / "toy").mkdir(parents=True)
-    (proj / "toy" / "__init__.py").write_text("")
-    (proj / "toy" / "ops.py").write_text(TOY_KERNEL)
-    (proj / "kernels.toml").write_text(toy_manifest(threads=(32, 64, 128, 256)))
+    proj = write_toy_project(tmp_path / "proj", threads=(32, 64, 128, 256)).parent
     cache = tmp_path / "cache"
     cmd = [PY, "-m", "cutecc.cli", "build", str(proj / "kernels.toml"), "--cache-dir", str(cache),
            "--json", "-j", "2"]
@@ -166,11 +159,7 @@ def test_two_processes_building_one_manifest_build_each_entry_once(tmp_path: Pat
 
 
 def test_a_build_killed_midway_loses_nothing_and_the_next_completes(tmp_path: Path) -> None:
-    proj = tmp_path / "proj"
-    (proj / "toy").mkdir(parents=True)
-    (proj / "toy" / "__init__.py").write_text("")
-    (proj / "toy" / "ops.py").write_text(TOY_KERNEL)
-    (proj / "kernels.toml").write_text(toy_manifest(threads=(32, 64, 96, 128, 160, 192)))
+    proj = write_toy_project(tmp_path / "proj", threads=(32, 64, 96, 128, 160, 192)).parent
     cache = tmp_path / "cache"
     cmd = [PY, "-m", "cutecc.cli", "build", str(proj / "kernels.toml"), "--cache-dir", str(cache), "-j", "2"]
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import PY, REPO, run_cli, write_toy_project
+from helpers import PY, REPO, Toy, run_cli, write_toy_project
 
 import cutecc
 from cutecc.cli import main
@@ -109,8 +109,8 @@ def test_every_command_names_the_manifest_with_dash_m(tmp_path: Path,
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00")
 
 
-def test_every_json_report_has_a_format_and_iso_times(built_toy: tuple[Path, Path]) -> None:
-    manifest, cache = built_toy
+def test_every_json_report_has_a_format_and_iso_times(built: Toy) -> None:
+    manifest, cache = built.manifest, built.cache
     c = ["--cache-dir", str(cache)]
     key = next(iter(Store(cache).entries())).key
     reports = {
@@ -136,14 +136,8 @@ def test_every_json_report_has_a_format_and_iso_times(built_toy: tuple[Path, Pat
     assert gc_doc["removed"] and all(ISO.fullmatch(r["last_used"]) for r in gc_doc["removed"])
 
 
-@pytest.fixture
-def built_toy(toy_cache, tmp_path: Path) -> tuple[Path, Path]:
-    copy = toy_cache.copy(tmp_path)
-    return copy.manifest, copy.cache
-
-
-def test_quiet_and_verbose(built_toy: tuple[Path, Path]) -> None:
-    manifest, cache = built_toy
+def test_quiet_and_verbose(built: Toy) -> None:
+    manifest, cache = built.manifest, built.cache
     args = ["build", "-m", str(manifest), "--cache-dir", str(cache)]
     def lines(*flags: str) -> list[str]:  # without the timing, which differs per run
         return [re.sub(r" in \d+\.\d+s ", " in Ts ", x) for x in invoke(*flags, *args).stdout.splitlines()]
@@ -161,7 +155,7 @@ def test_color_always_and_never(tmp_path: Path) -> None:
     assert "\x1b[" not in invoke(*args).stderr  # auto: not a terminal
 
 
-@pytest.mark.slow  # compiles the toy kernel
+@pytest.mark.usefixtures("dsl")  # compiles the toy kernel
 def test_progress_is_one_plain_line_per_entry_off_a_terminal(tmp_path: Path) -> None:
     manifest = write_toy_project(tmp_path / "proj")
     r = run_cli("build", str(manifest), "--cache-dir", str(tmp_path / "c"))
@@ -173,7 +167,7 @@ def test_progress_is_one_plain_line_per_entry_off_a_terminal(tmp_path: Path) -> 
     assert q.returncode == 0 and q.stderr == ""
 
 
-@pytest.mark.slow  # compiles the toy kernel
+@pytest.mark.usefixtures("dsl")  # compiles the toy kernel
 def test_a_build_says_when_it_waits_for_another_process(tmp_path: Path) -> None:
     manifest = write_toy_project(tmp_path / "proj", threads=(64,))
     store = Store(tmp_path / "c")
@@ -225,7 +219,7 @@ def test_init_writes_a_starter_that_plans_and_never_overwrites(tmp_path: Path) -
         init(tmp_path / "other", name="_bad")
 
 
-@pytest.mark.slow  # compiles the starter kernel
+@pytest.mark.usefixtures("dsl")  # compiles the starter kernel
 def test_the_starter_kernel_builds(tmp_path: Path) -> None:
     init(tmp_path)
     r = run_cli("build", "--cache-dir", str(tmp_path / "c"), cwd=tmp_path)
@@ -240,8 +234,8 @@ def _complete(words: str, cwd: Path, env: dict[str, str] | None = None) -> list[
     return [line.split(",", 1)[1] for line in r.stdout.splitlines() if "," in line]
 
 
-def test_shell_completion_of_kernels_keys_and_archs(built_toy: tuple[Path, Path]) -> None:
-    manifest, cache = built_toy
+def test_shell_completion_of_kernels_keys_and_archs(built: Toy) -> None:
+    manifest, cache = built.manifest, built.cache
     proj = manifest.parent
     assert _complete("cutecc build --kernel s", proj) == ["scale"]
     assert _complete("cutecc build --arch sm_90", proj) == ["sm_90", "sm_90a"]

@@ -10,11 +10,11 @@ import subprocess
 import sysconfig
 import tarfile
 import zipfile
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import PY, REPO, TOY_KERNEL, run_cli, toy_manifest
+from helpers import PY, REPO, Toy, run_cli
 
 from cutecc.archive import tar_bytes
 from cutecc.commands.pack import pack
@@ -25,35 +25,14 @@ from cutecc.lockfile import read_lock
 from cutecc.runtime.package import package_root
 from cutecc.store import Store
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.usefixtures("dsl")
 ARCHS = ("sm_90a", "sm_100a")
 
 
-@dataclass(frozen=True)
-class Toy:
-    manifest: Path
-    cache: Path
-
-    @property
-    def lock(self) -> Path:
-        return self.manifest.parent / "kernels.lock"
-
-
 @pytest.fixture(scope="module")
-def toy(tmp_path_factory: pytest.TempPathFactory) -> Toy:
-    """The toy project (threads=64 and 128) built for two archs into a module-wide cache."""
-    pytest.importorskip("cutlass", reason="building needs the build extra (nvidia-cutlass-dsl)")
-    from cutecc.commands.build import build
-
-    base = tmp_path_factory.mktemp("pack")
-    (base / "proj" / "toy").mkdir(parents=True)
-    (base / "proj" / "toy" / "__init__.py").write_text("")
-    (base / "proj" / "toy" / "ops.py").write_text(TOY_KERNEL)
-    manifest = base / "proj" / "kernels.toml"
-    manifest.write_text(toy_manifest())
-    report = build(manifest, cache_dir=base / "cache", archs=ARCHS)
-    assert report.ok and report.count("built") == 4
-    return Toy(manifest, base / "cache")
+def toy(toy_builds: Callable[..., Toy], tmp_path_factory: pytest.TempPathFactory) -> Toy:
+    """The toy project (threads=64 and 128) built for two archs, copied for this module."""
+    return toy_builds(archs=ARCHS).copy(tmp_path_factory.mktemp("pack"))
 
 
 # What the libraries need: glibc symbol versions up to 2.17 (zig links for glibc 2.28)

@@ -88,7 +88,7 @@ def test_a_keyword_that_is_also_a_scalar_is_a_manifest_error(tmp_path: Path) -> 
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def built(dsl: None, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("kw")
     manifest = _project(root)
     report = build(manifest, cache_dir=root / "cache", jobs=2)
@@ -105,7 +105,7 @@ def _targets(text: str) -> list[str]:
     return re.findall(r"stablehlo.custom_call @(\w+)", text)
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_a_call_keyword_reaches_each_variant_under_jit(built: tuple[Path, Path]) -> None:
     _, cache = built
     ks = cutecc.load(cache, arch="sm_90a")
@@ -120,7 +120,7 @@ def test_a_call_keyword_reaches_each_variant_under_jit(built: tuple[Path, Path])
     assert ks.attn.keywords == {"causal": [False, True]}
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_leaving_the_keyword_out_is_an_error_listing_the_choices(built: tuple[Path, Path]) -> None:
     ks = cutecc.load(built[1], arch="sm_90a")
     x = jax.ShapeDtypeStruct((100,), jnp.float32)
@@ -136,7 +136,7 @@ def test_leaving_the_keyword_out_is_an_error_listing_the_choices(built: tuple[Pa
         _lower(lambda x: ks.attn(x, causal=True, casual=True), x)
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_grad_pairs_the_backward_of_the_same_keyword(built: tuple[Path, Path]) -> None:
     ks = cutecc.load(built[1], arch="sm_90a")
     x = jax.ShapeDtypeStruct((64,), jnp.float32)
@@ -148,7 +148,7 @@ def test_grad_pairs_the_backward_of_the_same_keyword(built: tuple[Path, Path]) -
         assert _targets(text) == [target_name(fwd[v]), target_name(bwd[v])]
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_keywords_survive_the_lock(built: tuple[Path, Path]) -> None:
     manifest, cache = built
     lock = manifest.parent / "kernels.lock"
@@ -159,7 +159,7 @@ def test_keywords_survive_the_lock(built: tuple[Path, Path]) -> None:
     assert b.variant == "dtype=int32,causal=True"
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_list_and_show_name_the_call_keywords(built: tuple[Path, Path]) -> None:
     from cutecc.commands.list import list_entries
     from cutecc.commands.show import show

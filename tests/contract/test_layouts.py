@@ -105,7 +105,7 @@ def test_layout_and_divisibility_are_in_the_key(tmp_path: Path) -> None:
     assert args(ROWS.replace('shape = ["m", "n"] }', 'shape = ["m", "n"], layout = [1, 0] }')) == plain
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_a_vectorised_copy_over_a_symbolic_extent_needs_its_divisibility(tmp_path: Path) -> None:
     """Finding 6: without `divisibility` the DSL refuses the 128-bit copy; with it, it compiles."""
     without = build(_project(tmp_path / "a", ROWS), cache_dir=tmp_path / "ca", jobs=1, lock=False)
@@ -127,7 +127,7 @@ def _lower(fn, *specs) -> str:
     return jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",)).as_text()
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_a_column_major_operand_compiles_and_travels_as_its_transposed_buffer(cols_cache: Path) -> None:
     """The caller passes the logical (m, k) array; the kernel gets the dense (k, m) buffer
     and sees it as (m, k) with stride 1 down the columns; the (k, m) result comes back
@@ -147,7 +147,7 @@ def test_a_column_major_operand_compiles_and_travels_as_its_transposed_buffer(co
     assert "5x24xbf16" in text
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_the_call_checks_divisibility_naming_argument_dimension_and_symbol(cols_cache: Path) -> None:
     ks = cutecc.load(cols_cache, arch="sm_90a")
     with pytest.raises(CuteccError) as e:

@@ -209,7 +209,7 @@ def test_wrapper_views_the_buffer_with_logical_extents(tmp_path: Path) -> None:
     assert "cute.make_layout((64, cutecc_buf_x.shape[1],), stride=cutecc_buf_x.stride)" in src, src
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_a_vectorised_copy_in_a_padded_buffer_needs_the_stride_divisibility(tmp_path: Path) -> None:
     """128-bit copies along rows of an (m, ldx) buffer need each row 16-byte aligned: the
     DSL refuses them unless ldx is declared a multiple of 8 bf16 (and builds them then)."""
@@ -243,7 +243,7 @@ S = jax.ShapeDtypeStruct
 BF, F32 = jnp.bfloat16, jnp.float32
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_the_padded_buffer_travels_as_is(padded_cache: Path) -> None:
     """The caller's (m, lda) array is the kernel's operand, with no slice or copy; an inout
     padded tensor gives back its whole buffer."""
@@ -261,7 +261,7 @@ def test_the_padded_buffer_travels_as_is(padded_cache: Path) -> None:
     assert jax.eval_shape(ks.pad_cols, S((72, 5), BF)).shape == (64, 5)
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 @pytest.mark.parametrize("kernel, keywords, specs, why", [
     ("row_dot", {}, ((5, 40, F32), (41,)),
      'a: dimension 1 of the buffer is 40, smaller than the logical extent 41 ("k") the kernel views in it'),
@@ -285,7 +285,7 @@ def test_call_time_checks_name_argument_and_dimension(padded_cache: Path, kernel
     assert why in str(e.value), str(e.value)
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_a_static_padded_extent_must_be_named_at_the_call(padded_cache: Path) -> None:
     """(3, 72) fits only k = 64, but a wider buffer would fit k = 1024 too: the call says
     which, always, rather than the runtime guessing from the buffer's width."""
@@ -297,7 +297,7 @@ def test_a_static_padded_extent_must_be_named_at_the_call(padded_cache: Path) ->
     assert "x: bfloat16['m', 1024] in ['m', 'ldx']" in repr(ks.pad_rows)
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_an_entry_whose_padded_extent_no_array_binds_is_refused(padded_cache: Path) -> None:
     """A contract the manifest would refuse, read from disk (damaged or planted): the
     runtime refuses the entry rather than fail, or guess, at call time."""

@@ -20,7 +20,7 @@ from cutecc.store import Store
 from cutecc.workers import BuildJob, Result
 
 # Ray starts its processes with fork+exec, which JAX (imported by earlier tests) warns about.
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")]
+pytestmark = [pytest.mark.usefixtures("dsl"), pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")]
 
 
 def _libraries(cache: Path) -> dict[str, bytes]:

@@ -522,7 +522,7 @@ def test_edge_case_manifests_plan_exactly_what_they_declare(names, sizes, archs,
     tally.add("manifests", valid_edge_cases_planned=1)
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_an_entry_attribute_the_module_lacks_is_caught_before_compiling(tmp_path: Path) -> None:
     pytest.importorskip("cutlass", reason="a real build needs the build extra")
     from .conftest import write_toy_project

@@ -18,7 +18,7 @@ from cutecc.store import Store
 
 from .conftest import run_bounded, write_hang_project
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.usefixtures("dsl")]
 LIMIT = 6
 
 

@@ -19,7 +19,7 @@ from helpers import PY
 from .conftest import descendants, write_hang_project
 from .trust.conftest import proc_cmdline, wait_for
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.usefixtures("dsl")]
 
 
 def test_a_raylet_killed_mid_build_leaves_one_whole_json_report(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from helpers import PY, write_toy_project
 
 from .conftest import run_bounded
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.usefixtures("dsl")]
 
 
 def test_a_build_without_an_address_never_joins_the_shared_temp_dirs_cluster(tmp_path: Path) -> None:

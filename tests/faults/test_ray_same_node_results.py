@@ -19,7 +19,7 @@ from helpers import write_toy_project
 from cutecc.commands.build import build
 from cutecc.store import Store
 
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")]
+pytestmark = [pytest.mark.usefixtures("dsl"), pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")]
 
 
 def test_check_stored_reads_the_entry_back_and_refuses_what_does_not_match(toy_cache, tmp_path: Path) -> None:

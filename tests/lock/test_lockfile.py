@@ -4,49 +4,30 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import TOY_KERNEL, run_cli, toy_manifest
+from helpers import Toy, run_cli, toy_manifest, write_toy_project
 
 from cutecc.errors import CuteccError
 from cutecc.lockfile import LOCK_FORMAT, Lock, LockEntry, read_lock, write_lock
 from cutecc.store import Store
 
-pytestmark = pytest.mark.slow
-
-
-@dataclass(frozen=True)
-class Toy:
-    manifest: Path
-    cache: Path
-
-    @property
-    def lock(self) -> Path:
-        return self.manifest.parent / "kernels.lock"
+pytestmark = pytest.mark.usefixtures("dsl")
 
 
 def make_project(root: Path, text: str) -> Path:
-    (root / "toy").mkdir(parents=True)
-    (root / "toy" / "__init__.py").write_text("")
-    (root / "toy" / "ops.py").write_text(TOY_KERNEL)
-    (root / "kernels.toml").write_text(text)
-    return root / "kernels.toml"
+    """The toy kernel package under `root`, with `text` as its kernels.toml."""
+    manifest = write_toy_project(root)
+    manifest.write_text(text)
+    return manifest
 
 
 @pytest.fixture(scope="module")
-def toy(tmp_path_factory: pytest.TempPathFactory) -> Toy:
-    """The toy project (threads=64 and 128), built once into a cache shared by the module."""
-    pytest.importorskip("cutlass", reason="building needs the build extra (nvidia-cutlass-dsl)")
-    from cutecc.commands.build import build
-
-    base = tmp_path_factory.mktemp("lock")
-    manifest = make_project(base / "proj", toy_manifest())
-    report = build(manifest, cache_dir=base / "cache")
-    assert report.ok and report.count("built") == 2
-    assert report.lock_file == manifest.parent / "kernels.lock" and report.lock_changed
-    return Toy(manifest, base / "cache")
+def toy(toy_cache: Toy, tmp_path_factory: pytest.TempPathFactory) -> Toy:
+    """The session's toy build (threads=64 and 128, its lock written by that build), copied
+    into a cache shared by the module."""
+    return toy_cache.copy(tmp_path_factory.mktemp("lock"))
 
 
 def sibling(toy: Toy, tmp_path: Path, text: str | None = None) -> Path:

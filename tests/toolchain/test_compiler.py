@@ -45,7 +45,7 @@ def _compile(manifest: Path, out: Path, env: dict[str, str]) -> dict:
     return json.loads(r.stdout.splitlines()[-1])
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_host_code_is_baseline_x86_64_and_no_process_detail_reaches_the_object(tmp_path: Path) -> None:
     pytest.importorskip("cutlass", reason="compiling needs the DSL")
     manifest = write_toy_project(tmp_path / "proj", threads=(64,))

@@ -306,7 +306,7 @@ def test_check_mode_keeps_kernels_out_of_cuda_graphs(monkeypatch: pytest.MonkeyP
 
 
 @needs_link
-@pytest.mark.slow  # compiles the fault kernels
+@pytest.mark.usefixtures("dsl")  # compiles the fault kernels
 def test_the_fault_kernels_build_and_lower_and_other_archs_are_set_aside(tmp_path: Path) -> None:
     pytest.importorskip("cutlass", reason="building needs the DSL")
     from helpers import run_cli

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from helpers import PY, write_toy_project
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.usefixtures("dsl")
 TIMES = ("built_at", "build_seconds")  # the only metadata allowed to differ
 # An index record's stamp of its meta.json (size, inode, ctime): this file system's, not
 # the artifact's (the lock and meta.json never carry it).

@@ -185,7 +185,7 @@ class Cache:
 
 
 @pytest.fixture(scope="session")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Cache:
+def built(dsl: None, tmp_path_factory: pytest.TempPathFactory) -> Cache:
     """The repository's kernels.toml built once for sm_90a (about 6 s), with its lock."""
     if cutecc is None:
         pytest.skip("cutecc is not importable by this interpreter")

@@ -20,7 +20,7 @@ import pytest
 
 from .conftest import CLI, LIB, Cache, child_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.needs_root]
+pytestmark = [pytest.mark.usefixtures("dsl"), pytest.mark.needs_root]
 
 SCRIPT = r'''
 M="$1"; SRC="$2"; ENTRIES="$3"; shift 3

@@ -28,7 +28,7 @@ from .conftest import (
     write_tar,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.usefixtures("dsl")
 
 DEPTH = 1100
 DEEP = ("[" * DEPTH + "]" * DEPTH).encode()  # 2.2 KB

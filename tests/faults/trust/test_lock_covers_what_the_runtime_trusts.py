@@ -15,7 +15,7 @@ import pytest
 
 from .conftest import ARCH, UNSIGNED_OK, Cache, cli, lock_entries, one_line_error, out, py
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.usefixtures("dsl")
 
 PROBE = r'''
 import json, re, sys

@@ -12,7 +12,7 @@ import pytest
 
 from .conftest import ARCH, REPO_MANIFEST, cli, out, py, unpack_cmd
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.usefixtures("dsl")
 
 
 def writable_by_others(root: Path) -> list[str]:

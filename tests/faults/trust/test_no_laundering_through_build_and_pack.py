@@ -29,7 +29,7 @@ from .conftest import (
     unpack_cmd,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.usefixtures("dsl")
 
 
 def test_build_refuses_a_cached_entry_whose_library_differs_from_the_lock(cache: Cache) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from .conftest import ARCH, LIB, PY, Cache, run_measured
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.usefixtures("dsl")
 
 GIB = 1 << 30
 MIB = 1 << 20

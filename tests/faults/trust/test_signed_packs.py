@@ -39,7 +39,7 @@ from .conftest import (
     write_tar,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.usefixtures("dsl")
 
 
 def hostile(files: dict[str, bytes], key: str, lib: bytes) -> dict[str, bytes]:

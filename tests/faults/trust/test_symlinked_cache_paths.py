@@ -24,7 +24,7 @@ from cutecc.entry import STORE_FORMAT, index_bytes, index_facts
 
 from .conftest import ARCH, LIB, META, Cache, as_user, chown_tree, compute_key, marker_runs, out, py, record
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.usefixtures("dsl")
 
 PROBE = r'''
 import json, sys

@@ -38,7 +38,7 @@ from .conftest import (
     write_tar,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.usefixtures("dsl")
 MAX_RSS_MB = int(os.environ.get("R11_UNPACK_MAX_RSS_MB", "128"))
 MAX_SECONDS = float(os.environ.get("R11_UNPACK_MAX_SECONDS", "30"))
 

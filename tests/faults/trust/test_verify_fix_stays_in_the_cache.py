@@ -12,7 +12,7 @@ import pytest
 
 from .conftest import Cache, assert_no_traceback, cli, out
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.usefixtures("dsl")
 
 
 def _outside(tmp_path: Path) -> Path:

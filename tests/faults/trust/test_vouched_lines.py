@@ -29,7 +29,7 @@ from cutecc.lockfile import read_lock
 from cutecc.runtime.library import target_name
 from cutecc.runtime.tuning import dumps_records
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.usefixtures("dsl")
 
 
 MANIFEST = '''archs = ["sm_90a"]

@@ -15,7 +15,7 @@ import pytest
 
 from .conftest import CLI, REPO_MANIFEST, child_env, children_of, proc_alive, proc_cmdline, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.usefixtures("dsl")
 
 
 def _start_build(cache: Path) -> tuple[subprocess.Popen, list[int]]:
