@@ -1,4 +1,4 @@
-"""The command line's conventions (issue 9): errors, discovery, output formats, help,
+"""The command line's conventions: errors, discovery, output formats, help,
 verbosity, color, completion, `init`, `env` and `schema`."""
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def test_env_names_versions_cache_and_extras(tmp_path: Path) -> None:
     doc = json.loads(r.stdout)
     assert doc["packages"]["cutecc"] == cutecc.__version__ and doc["cache_dir"] == str(tmp_path)
     assert doc["extras"]["test"] is True and doc["cache"] == "no cache yet"
-    torch_version = importlib.metadata.version("torch")  # cutecc.torch's framework (issue 24)
+    torch_version = importlib.metadata.version("torch")  # cutecc.torch's framework
     assert doc["packages"]["torch"] == torch_version and doc["extras"]["torch"] is True
     text = invoke("env", "--cache-dir", str(tmp_path)).stdout
     assert "apache-tvm-ffi" in text and "python" in text
@@ -269,7 +269,7 @@ def test_the_schema_refuses_what_the_manifest_refuses() -> None:
     bad = [{"kernel": {"k": {"entry": "m:f", "args": [], "colour": 1}}},
            {"archs": ["sm_90a\n"], "kernel": {"k": {"entry": "m:f", "args": []}}},
            {"kernel": {"k": {"entry": "m:f", "args": [{"name": "x", "dtype": "f8", "shape": [4]}]}}},
-           # issue 21, finding 10: names the runtime exposes are capped and never its own
+           # Names the runtime exposes are capped and never its own
            {"kernel": {"k" * 65: {"entry": "m:f", "args": []}}},
            {"kernel": {"k": {"entry": "m:f", "args": [{"kind": "scalar", "name": "self",
                                                          "dtype": "float32"}]}}}]

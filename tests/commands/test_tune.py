@@ -1,5 +1,5 @@
 # ruff: noqa: E501  (tuning tables as one-line TOML strings read better unwrapped)
-"""Build-time autotuning on the CPU side (issue 13): the tuning space, buckets, the lock's
+"""Build-time autotuning on the CPU side: the tuning space, buckets, the lock's
 tuning results, the runtime's lookup and fallback, and `cutecc tune --dry-run/--compile-only`."""
 
 from __future__ import annotations

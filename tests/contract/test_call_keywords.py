@@ -1,4 +1,4 @@
-"""Issue 10, finding 8: variant parameters the input tensors cannot tell apart (FA4's
+"""Variant parameters the input tensors cannot tell apart (FA4's
 `causal`) are call keywords; two variants no call can tell apart are a manifest error;
 the runtime never picks one of equals silently. Built for sm_90a, lowered on the CPU."""
 

@@ -1,5 +1,5 @@
-"""Derived extents and scalars, and scratch tensors, in the manifest and the contract
-(issue 23, items 1 and 2): the expression grammar, what the manifest stores, its errors
+"""Derived extents and scalars, and scratch tensors, in the manifest and the contract:
+the expression grammar, what the manifest stores, its errors
 (file and key path, exit 2), and that contracts without them keep their JSON (and keys).
 
 Pure Python: no GPU, no DSL, no compilation.

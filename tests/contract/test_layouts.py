@@ -1,4 +1,4 @@
-"""Issue 10, findings 6 and 7: tensor layouts (column-major, any stride order) and the
+"""Tensor layouts (column-major, any stride order) and the
 divisibility of symbolic extents reach the compile, the key and the call-time check.
 
 The caller passes logical arrays; a tensor declared in another layout is handed to the
@@ -26,7 +26,7 @@ from cutecc.manifest import load_manifest
 # The GPU suite's layout kernels (tests/gpu/layout_kernels/ops.py). copy_rows copies one
 # 128-bit vector per thread along rows of a row-major (m, n) tensor, copy_cols down the
 # columns of a column-major (m, k) one. The DSL refuses both unless the vectorised extent
-# is known to be a multiple of 8 bf16 elements (finding 6).
+# is known to be a multiple of 8 bf16 elements.
 OPS = Path(__file__).parents[1] / "gpu" / "layout_kernels" / "ops.py"
 
 ROWS = '''
@@ -107,7 +107,7 @@ def test_layout_and_divisibility_are_in_the_key(tmp_path: Path) -> None:
 
 @pytest.mark.usefixtures("dsl")
 def test_a_vectorised_copy_over_a_symbolic_extent_needs_its_divisibility(tmp_path: Path) -> None:
-    """Finding 6: without `divisibility` the DSL refuses the 128-bit copy; with it, it compiles."""
+    """Without `divisibility` the DSL refuses the 128-bit copy; with it, it compiles."""
     without = build(_project(tmp_path / "a", ROWS), cache_dir=tmp_path / "ca", jobs=1, lock=False)
     (o,) = without.outcomes
     assert o.status == "failed" and "alignment" in (o.error or ""), o.error

@@ -1,4 +1,4 @@
-"""Issue 10, "Tensor layouts": padded leading strides. A tensor declared with `buffer` is
+"""Padded leading strides. A tensor declared with `buffer` is
 the `shape` block at the origin of a larger array (BLAS's `lda`): the caller passes the
 whole buffer, the kernel sees the logical extents with the buffer's strides.
 

@@ -1,4 +1,4 @@
-"""The executor seam (issue 14): the local pools and a real local Ray cluster build the same
+"""The executor seam: the local pools and a real local Ray cluster build the same
 keys and bytes; each Ray task gets its arch from its runtime environment; a task whose
 key is published does no work; a failing task fails only itself; results stream."""
 

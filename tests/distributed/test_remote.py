@@ -1,4 +1,4 @@
-"""The remote cache (issue 14) against a real S3-compatible server (SeaweedFS on 127.0.0.1):
+"""The remote cache against a real S3-compatible server (SeaweedFS on 127.0.0.1):
 publish, fetch on a second machine, races, a server that stops or hangs, damaged and
 hostile objects, read-only mode, `cutecc fetch --lock` and the stats it all records."""
 
@@ -243,7 +243,7 @@ def test_the_server_stopped_mid_build_degrades_with_one_warning(
 
 
 def test_a_read_only_credential_warns_in_one_clean_line(weed, tmp_path: Path) -> None:
-    """Issue 21, finding 11d: a writing build with a credential that may only read gets
+    """A writing build with a credential that may only read gets
     403 on every upload; it still succeeds, with one warning whose reason is the status
     and the S3 error (`403 Forbidden, AccessDenied: ...`), never a fragment of the XML."""
     server = weed(read_only_identities(tmp_path / "s3.json"))

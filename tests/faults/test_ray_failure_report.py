@@ -1,4 +1,6 @@
-"""Issue 21, finding 8: when the raylet died mid-build, `build --json` printed Ray's coloured
+"""A build whose Ray cluster dies still prints one whole JSON report.
+
+Seen: when the raylet died mid-build, `build --json` printed Ray's coloured
 "Raylet is terminated" text on stdout and exited 1 with no report at all. The report must
 stay whole: stdout is exactly one JSON document, entries built before the failure stay
 built, each entry the cluster failed is cutecc's own one-line error, and Ray's chatter

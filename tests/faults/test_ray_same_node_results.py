@@ -1,4 +1,6 @@
-"""Issue 21, finding 6: a Ray task on the driver's node publishes into the driver's cache
+"""A Ray task's report never becomes a lock line unchecked: the driver reads the entry back.
+
+Seen: a Ray task on the driver's node publishes into the driver's cache
 itself, and what it returns (its Result's metadata) became the lock line. A task whose
 report names other bytes than the cache holds must fail, and no lock line may name bytes
 the cache does not hold: the driver reads the entry back from its own store, checks it

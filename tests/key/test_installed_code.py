@@ -120,7 +120,7 @@ BOTH = (KERNEL.format(name="imports_lib", entry="kp.uses_lib:kern")
 def test_a_warm_cache_reads_and_parses_no_installed_source(
         tmp_path: Path, site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The no-op build's planning: installed files are told unchanged by their stat alone
-    (issue 27: ~1,400 installed files re-parsed and re-hashed on every no-op build)."""
+    (seen: ~1,400 installed files re-parsed and re-hashed on every no-op build)."""
     install(site, "fakelib", "1.0", LIB)
     m = project(tmp_path, BOTH)
     cache = tmp_path / "cache/filehashes.json"

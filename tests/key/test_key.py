@@ -484,7 +484,7 @@ def test_two_kernels_defined_alike_get_their_own_entries(proj: Path) -> None:
     assert diff == {"kernel"}
 
 
-# Installed code and the environment (issue 10, finding 9) ----------------------------
+# Installed code and the environment ----------------------------
 
 FAKE_LIB = {
     "fakequack/__init__.py": "",

@@ -1,4 +1,4 @@
-"""Finding modules as Python's import system does (issue 10, findings 1 and 2): namespace
+"""Finding modules as Python's import system does: namespace
 packages and packages split over several directories are found, keyed, and nothing of
 theirs is run while planning."""
 
@@ -29,17 +29,17 @@ args = [
 RAN = "import builtins\nbuiltins.CUTECC_TEST_PACKAGE_RAN = True\n"
 
 FILES = {
-    # finding 1: a PEP 420 namespace top level (as flash-attn-4's flash_attn/), a regular
+    # A PEP 420 namespace top level (as flash-attn-4's flash_attn/), a regular
     # subpackage whose __init__ must not run, then the launcher's module
     "a/nsk/cute/__init__.py": RAN,
     "a/nsk/cute/fwd.py": "from . import helper\n\n\ndef launch(x, out):\n    return helper.H\n",
     "a/nsk/cute/helper.py": "H = 1\n",
-    # finding 2: a pkgutil-style package split over a/ and b/ (its subpackage lives in b/)
+    # A pkgutil-style package split over a/ and b/ (its subpackage lives in b/)
     "a/splitk/__init__.py": "from pkgutil import extend_path\n__path__ = extend_path(__path__, __name__)\n",
     "a/splitk/one.py": "X = 1\n",
     "b/splitk/__init__.py": "from pkgutil import extend_path\n__path__ = extend_path(__path__, __name__)\n",
     "b/splitk/two.py": "def launch(x, out):\n    return 2\n",
-    # finding 2: PEP 420 portions in a/ and b/
+    # PEP 420 portions in a/ and b/
     "a/nsp/x.py": "X = 1\n",
     "b/nsp/sub/y.py": "def launch(x, out):\n    return 3\n",
 }
@@ -96,7 +96,7 @@ def test_a_missing_module_is_still_a_manifest_error(tree: Path) -> None:
         plan(load_manifest(manifest))
 
 
-# Issue 23, item 4: a package whose __init__ appends another distribution's directory to its
+# A package whose __init__ appends another distribution's directory to its
 # own __path__ at import time (the DSL's `cutlass` adds nvidia-cutlass-operators' `cutlass/`
 # this way: importlib.metadata finds the distribution, `locate_file` gives the directory).
 EXTENDING_INIT = """\

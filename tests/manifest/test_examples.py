@@ -1,4 +1,4 @@
-"""examples/kernels.toml (issue 10): the published kernels are declared with no adapter
+"""examples/kernels.toml: the published kernels are declared with no adapter
 module, and the manifest is valid on its own (no DSL or kernel library needed to read it)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Published launchers that need more than `entry` and plain factory values (issue 23, items
-5 and 7): a factory returning a tuple of launchers (`entry = "mod:factory[1]"`), Python
+"""Published launchers that need more than `entry` and plain factory values: a
+factory returning a tuple of launchers (`entry = "mod:factory[1]"`), Python
 objects as variant values (`{ import = "pkg.mod:Name" }`, keyed by the module's source), and
 a library that asks torch for the GPU's properties while it is constructed, answered on this
 CPU host from the hardware profile (the answers keyed). Toy kernels under tmp_path; the

@@ -1,4 +1,4 @@
-"""Declaring published launchers with no adapter module (issue 10, findings 3, 4, 5, 11):
+"""Declaring published launchers with no adapter module:
 typed factory values (a DSL type, a tuple), a NamedTuple argument with a tensor field, a
 compile-time positional argument mid-signature, a keyword-passed scalar with a parameter
 left at its default, and a DSL failure reported with the manifest values that caused it.

@@ -614,7 +614,7 @@ def test_kernel_selection_keeps_the_backward(proj: Path) -> None:
         "mul", "mul_bwd", "other"]
 
 
-# [build]: where a project builds (issue 14) ------------------------------------------
+# [build]: where a project builds ------------------------------------------
 
 
 def test_build_table_sets_executor_address_and_remote(proj: Path) -> None:

@@ -1,5 +1,5 @@
 """The runtime stays thin: loading a cache and lowering a call imports no build-side module
-of cutecc and nothing of the DSL (issue 9)."""
+of cutecc and nothing of the DSL."""
 
 from __future__ import annotations
 

@@ -317,7 +317,7 @@ def test_the_fault_kernels_build_and_lower_and_other_archs_are_set_aside(tmp_pat
     built = {(e["kernel"], e["arch"]) for e in json.loads(r.stdout)["entries"]}
     assert built == {("shifted_copy", "sm_90a"), ("doubled_or_trap", "sm_90a"),
                      ("copy_elsewhere", "sm_100a"), ("copy_elsewhere", "sm_80"),
-                     ("tuned_copy", "sm_90a")}  # its tuning candidates: `cutecc tune` (issue 13)
+                     ("tuned_copy", "sm_90a")}  # its tuning candidates: `cutecc tune`
     code = (
         "import sys, jax, jax.numpy as jnp, cutecc\n"
         "ks = cutecc.load(sys.argv[1], arch='sm_90a')\n"

@@ -1,5 +1,5 @@
 # ruff: noqa: E501  (synthetic traces and table rows read better unwrapped)
-"""Device-clock timing of `cutecc tune` on CPU (issue 13): parsing a profiler trace's GPU
+"""Device-clock timing of `cutecc tune` on CPU: parsing a profiler trace's GPU
 events into per-call times (synthetic events: idle gaps, foreign XLA kernels, copies, a
 wrong launch count), and the measuring child's timing rounds against a scripted trace."""
 

@@ -1,4 +1,4 @@
-"""Hostile archives for finding 6 (unbounded unpack), built from a genuine pack.
+"""Hostile archives for the unpack-bounds tests (test_unpack_bounds.py), built from a genuine pack.
 
 Each is a genuine `cutecc pack` (11 entries) with one thing changed, so a bounded,
 per-entry unpack refuses that one thing and imports the rest:

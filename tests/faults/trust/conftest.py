@@ -1,13 +1,11 @@
-"""Fixtures of the issue-11 tests (trust boundaries).
+"""Fixtures of the trust-boundary tests (who may have written what runs).
 
 They use only the layout-independent surface of cutecc: the CLI (in a subprocess),
 `cutecc.load(...)` (in a subprocess, so each test starts with an empty registry of loaded
 libraries), and the on-disk layout (entries/ab/<key>/{meta.json,kernel.so}, kernels.lock).
 
-Which cutecc is tested: whatever `import cutecc` gives this interpreter. `run_tests.sh`
-puts /work/r11/base (a snapshot of main at 485460e, "today's code") first on PYTHONPATH;
-`CUTECC_SRC=/work/main ./run_tests.sh` tests a working tree instead. Every subprocess gets
-the same PYTHONPATH, so it imports the same cutecc.
+Which cutecc is tested: whatever `import cutecc` gives this interpreter. Every subprocess
+gets the same PYTHONPATH, so it imports the same cutecc.
 """
 
 from __future__ import annotations

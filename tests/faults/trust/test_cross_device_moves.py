@@ -1,4 +1,6 @@
-"""Finding 9: `entries/` or a shard on another filesystem: `rm`, `gc` (which stops partway),
+"""Moves across filesystems fall back safely: no `Invalid cross-device link` tracebacks.
+
+Seen: with `entries/` or a shard on another filesystem, `rm`, `gc` (which stops partway),
 `verify --fix` and `build` die with `OSError: [Errno 18] Invalid cross-device link`
 tracebacks, because every move is one rename(2) between entries/ and tmp/ or quarantine/.
 Moves that cross filesystems must fall back safely (stage on the destination's
@@ -72,7 +74,7 @@ def _check(rc: int, text: str) -> None:
 
 
 def test_rm_with_entries_on_another_filesystem(cache: Cache) -> None:
-    """Finding 9: `cutecc rm KEY` where entries/ is a tmpfs: removed, exit 0, no traceback."""
+    """`cutecc rm KEY` where entries/ is a tmpfs: removed, exit 0, no traceback."""
     key = cache.key("axpy")
     rc, text, left = on_tmpfs(cache.root / "entries", cache.root / "entries", "rm", key[:16],
                               "--cache-dir", cache.root)
@@ -81,7 +83,7 @@ def test_rm_with_entries_on_another_filesystem(cache: Cache) -> None:
 
 
 def test_rm_with_one_shard_on_another_filesystem(cache: Cache) -> None:
-    """Finding 9: the same with only the entry's shard (entries/ab) on a tmpfs."""
+    """The same with only the entry's shard (entries/ab) on a tmpfs."""
     key = cache.key("axpy")
     rc, text, left = on_tmpfs(cache.root / "entries" / key[:2], cache.root / "entries", "rm",
                               key[:16], "--cache-dir", cache.root)
@@ -90,7 +92,7 @@ def test_rm_with_one_shard_on_another_filesystem(cache: Cache) -> None:
 
 
 def test_gc_with_entries_on_another_filesystem(cache: Cache) -> None:
-    """Finding 9: `cutecc gc --max-size 0` removes every entry (it stopped at the first)."""
+    """`cutecc gc --max-size 0` removes every entry (it stopped at the first)."""
     rc, text, left = on_tmpfs(cache.root / "entries", cache.root / "entries", "gc", "--max-size",
                               "0", "--cache-dir", cache.root)
     _check(rc, text)
@@ -98,7 +100,7 @@ def test_gc_with_entries_on_another_filesystem(cache: Cache) -> None:
 
 
 def test_verify_fix_with_entries_on_another_filesystem(cache: Cache) -> None:
-    """Finding 9: `verify --fix` quarantines a damaged entry across filesystems."""
+    """`verify --fix` quarantines a damaged entry across filesystems."""
     key = cache.key("mul", "float16")
     lib = cache.entry(key) / LIB
     data = bytearray(lib.read_bytes())
@@ -111,7 +113,7 @@ def test_verify_fix_with_entries_on_another_filesystem(cache: Cache) -> None:
 
 
 def test_build_with_entries_on_another_filesystem(cache: Cache) -> None:
-    """Finding 9: `cutecc build` publishes across filesystems (tmp/ -> entries/)."""
+    """`cutecc build` publishes across filesystems (tmp/ -> entries/)."""
     key = cache.key("axpy")
     shutil.rmtree(cache.entry(key))
     rc, text, left = on_tmpfs(cache.root / "entries", cache.root / "entries", "build",

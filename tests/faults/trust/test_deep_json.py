@@ -1,6 +1,8 @@
-"""Finding 5: deeply nested JSON (about 1,100 levels, a 2.2 KB file) in a meta.json or a
-lock raises RecursionError tracebacks from every command that reads it, and from
-`cutecc.load`; `verify --fix` cannot remove the entry.
+"""Deeply nested JSON is a one-line problem, never a RecursionError.
+
+Seen: deeply nested JSON (about 1,100 levels, a 2.2 KB file) in a meta.json or a lock raised
+RecursionError tracebacks from every command that reads it, and from `cutecc.load`; `verify
+--fix` could not remove the entry.
 
 Every reader must be bounded: a malformed file is a one-line problem for that entry (or,
 for a lock, a one-line input error), and `verify --fix` quarantines such an entry.
@@ -57,7 +59,7 @@ META_COMMANDS = {
 @pytest.mark.parametrize("name", sorted(META_COMMANDS))
 def test_a_deeply_nested_meta_json_breaks_no_command(deep_entry: tuple[Cache, str], name: str,
                                                      tmp_path: Path) -> None:
-    """Finding 5: each command reading metadata answers without a traceback (exit 0 or 1);
+    """Each command reading metadata answers without a traceback (exit 0 or 1);
     the nested file is someone's problem to report, not a crash."""
     cache, key = deep_entry
     args = [a.format(key=key, manifest=cache.manifest, tmp=tmp_path) for a in META_COMMANDS[name]]
@@ -67,7 +69,7 @@ def test_a_deeply_nested_meta_json_breaks_no_command(deep_entry: tuple[Cache, st
 
 
 def test_verify_reports_a_deeply_nested_meta_json_as_malformed(deep_entry: tuple[Cache, str]) -> None:
-    """Finding 5: verify names the entry (kind malformed), exit 1, no traceback."""
+    """Verify names the entry (kind malformed), exit 1, no traceback."""
     cache, key = deep_entry
     r = cli("verify", "--json", "--cache-dir", cache.root)
     assert_no_traceback(r)
@@ -77,7 +79,7 @@ def test_verify_reports_a_deeply_nested_meta_json_as_malformed(deep_entry: tuple
 
 
 def test_verify_fix_quarantines_a_deeply_nested_meta_json(deep_entry: tuple[Cache, str]) -> None:
-    """Finding 5: `verify --fix` moves the entry out of entries/ (exit 0) and a second
+    """`verify --fix` moves the entry out of entries/ (exit 0) and a second
     verify is clean."""
     cache, key = deep_entry
     r = cli("verify", "--fix", "--cache-dir", cache.root)
@@ -88,7 +90,7 @@ def test_verify_fix_quarantines_a_deeply_nested_meta_json(deep_entry: tuple[Cach
 
 
 def test_load_sets_aside_a_deeply_nested_meta_json(deep_entry: tuple[Cache, str]) -> None:
-    """Finding 5: `cutecc.load` of the cache works (the entry set aside or skipped), or
+    """`cutecc.load` of the cache works (the entry set aside or skipped), or
     raises a CuteccError, never a RecursionError."""
     cache, _ = deep_entry
     r = py("import sys, cutecc\nfrom cutecc.errors import CuteccError\n"
@@ -108,7 +110,7 @@ def deep_lock(cache: Cache) -> Cache:
 
 
 def test_build_reading_a_deeply_nested_lock_fails_cleanly(deep_lock: Cache) -> None:
-    """Finding 5: a build narrowed by --kernel reads the old lock to keep its other lines:
+    """A build narrowed by --kernel reads the old lock to keep its other lines:
     a nested one is a one-line input error (exit 2)."""
     r = cli("build", deep_lock.manifest, "--kernel", "axpy", "--cache-dir", deep_lock.root,
             "--lock-file", deep_lock.lock)
@@ -116,14 +118,14 @@ def test_build_reading_a_deeply_nested_lock_fails_cleanly(deep_lock: Cache) -> N
 
 
 def test_pack_reading_a_deeply_nested_lock_fails_cleanly(deep_lock: Cache, tmp_path: Path) -> None:
-    """Finding 5: `cutecc pack --lock` of a nested lock: one-line input error (exit 2)."""
+    """`cutecc pack --lock` of a nested lock: one-line input error (exit 2)."""
     r = cli("pack", "--lock", deep_lock.lock, "--name", "k", "--version", "1.0",
             "--out", tmp_path / "d", "--cache-dir", deep_lock.root)
     one_line_error(r, (2,))
 
 
 def test_load_of_a_deeply_nested_lock_raises_cuteccerror(deep_lock: Cache) -> None:
-    """Finding 5: `cutecc.load(lock=...)` of a nested lock raises CuteccError."""
+    """`cutecc.load(lock=...)` of a nested lock raises CuteccError."""
     r = py("import sys, cutecc\nfrom cutecc.errors import CuteccError\n"
            "try:\n    cutecc.load(sys.argv[1], lock=sys.argv[2], arch=sys.argv[3])\n    print('LOADED')\n"
            "except CuteccError as e:\n    print('REFUSED', e)\n", deep_lock.root, deep_lock.lock, ARCH,
@@ -134,7 +136,7 @@ def test_load_of_a_deeply_nested_lock_raises_cuteccerror(deep_lock: Cache) -> No
 
 def test_unpack_of_an_archive_with_a_deeply_nested_lock_fails_cleanly(legit_tar: Path,
                                                                       tmp_path: Path) -> None:
-    """Finding 5: the archive's own kernels.lock nested 1,100 deep: refused in one line."""
+    """The archive's own kernels.lock nested 1,100 deep: refused in one line."""
     files = read_tar(legit_tar)
     files["_cutecc/kernels.lock"] = DEEP
     archive = write_tar(tmp_path / "deep-lock.tar.gz", files)
@@ -144,7 +146,7 @@ def test_unpack_of_an_archive_with_a_deeply_nested_lock_fails_cleanly(legit_tar:
 
 def test_unpack_of_an_archive_with_a_deeply_nested_meta_json_refuses_that_entry(
         built: Cache, legit_tar: Path, tmp_path: Path) -> None:
-    """Finding 5: an archive entry's meta.json nested 1,100 deep refuses that entry; the
+    """An archive entry's meta.json nested 1,100 deep refuses that entry; the
     other ten land."""
     key = built.key("axpy")
     files = read_tar(legit_tar)

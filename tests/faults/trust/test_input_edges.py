@@ -1,6 +1,7 @@
-"""Finding 11: input edges accepted that should not be.
+"""Input edges are refused: trailing newlines in archs, reserved kernel names, out-of-range
+defaults, extents and alignments, symbolic extents of 2^31 and more.
 
-`archs = ["sm_90a\\n"]` passes the arch check (a `$` anchor matches before a final
+Seen: `archs = ["sm_90a\\n"]` passes the arch check (a `$` anchor matches before a final
 newline) and every compile then fails with a DSL KeyError traceback; `load(arch="sm_90a\\n")`
 is accepted; kernel names `_private` or `get` shadow the kernel set's own attributes; an
 int32 scalar default of 2^40 is accepted (the DSL truncates it to 0); static extents from
@@ -59,19 +60,19 @@ def test_the_dry_run_of_a_good_manifest_plans_one_entry(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("archs", ['["sm_90a\\n"]', '"sm_90a\\n"'])
 def test_an_arch_with_a_trailing_newline_is_refused(tmp_path: Path, archs: str) -> None:
-    """Finding 11: `archs = ["sm_90a\\n"]` is not an arch (full-match regexes)."""
+    """`archs = ["sm_90a\\n"]` is not an arch (full-match regexes)."""
     refused(manifest(tmp_path, archs=archs), "archs")
 
 
 def test_a_kernel_arch_with_a_trailing_newline_is_refused(tmp_path: Path) -> None:
-    """Finding 11: the same in a kernel's own `archs`."""
+    """The same in a kernel's own `archs`."""
     path = manifest(tmp_path)
     path.write_text(path.read_text() + 'archs = ["sm_90a\\n"]\n')
     refused(path, "archs")
 
 
 def test_load_refuses_an_arch_with_a_trailing_newline(built: Cache) -> None:
-    """Finding 11: `cutecc.load(arch="sm_90a\\n")` is a CuteccError, not an arch."""
+    """`cutecc.load(arch="sm_90a\\n")` is a CuteccError, not an arch."""
     r = py("import sys, cutecc\nfrom cutecc.errors import CuteccError\n"
            "try:\n    ks = cutecc.load(sys.argv[1], arch='sm_90a\\n')\n    print('ACCEPTED', repr(ks.arch))\n"
            "except CuteccError as e:\n    print('REFUSED', e)\n", built.root)
@@ -80,7 +81,7 @@ def test_load_refuses_an_arch_with_a_trailing_newline(built: Cache) -> None:
 
 @pytest.mark.parametrize("name", ["_private", "get", "register_all", "problems", "arch"])
 def test_a_kernel_name_that_shadows_the_kernel_set_is_refused(tmp_path: Path, name: str) -> None:
-    """Finding 11: a kernel is an attribute of the kernel set (`kernels.NAME`): names
+    """A kernel is an attribute of the kernel set (`kernels.NAME`): names
     starting with `_` and the set's own attributes are reserved."""
     refused(manifest(tmp_path, name=name), name)
 
@@ -89,7 +90,7 @@ def test_a_kernel_name_that_shadows_the_kernel_set_is_refused(tmp_path: Path, na
                                          ("float32", 1e39)])
 def test_a_scalar_default_out_of_its_dtypes_range_is_refused(tmp_path: Path, dtype: str,
                                                              value: float) -> None:
-    """Finding 11: an int32 default of 2^40 (the DSL truncates it to 0) is refused, and so
+    """An int32 default of 2^40 (the DSL truncates it to 0) is refused, and so
     is a float32 default that overflows to inf."""
     scalar = f'{{ kind = "scalar", name = "count", dtype = "{dtype}", default = {value} }}'
     refused(manifest(tmp_path, scalar=scalar), "default")
@@ -97,13 +98,13 @@ def test_a_scalar_default_out_of_its_dtypes_range_is_refused(tmp_path: Path, dty
 
 @pytest.mark.parametrize("extent", [2**31, 2**40, 2**63 - 1])
 def test_a_static_extent_of_2_31_or_more_is_refused(tmp_path: Path, extent: int) -> None:
-    """Finding 11: static extents are range-checked for what the DSL compiles (32-bit)."""
+    """Static extents are range-checked for what the DSL compiles (32-bit)."""
     refused(manifest(tmp_path, x_shape=str(extent)), "shape")
 
 
 @pytest.mark.parametrize("align", [2**40, 2**32])
 def test_an_alignment_beyond_what_the_dsl_accepts_is_refused(tmp_path: Path, align: int) -> None:
-    """Finding 11: `align = 2^40` is refused (and 2^32: beyond any 32-bit field; XLA itself
+    """`align = 2^40` is refused (and 2^32: beyond any 32-bit field; XLA itself
     guarantees only 16-byte aligned entry parameters, see NOTES.md)."""
     refused(manifest(tmp_path, align=f"align = {align}"), "align")
 
@@ -125,7 +126,7 @@ except CuteccError as e:
 
 def test_a_call_with_a_symbolic_extent_of_2_31_is_refused_or_the_contract_is_64_bit(
         built: Cache) -> None:
-    """Finding 11: mul's symbolic `n` is compiled as a 32-bit `cute.sym_int()`: lowering a
+    """The symbolic `n` is compiled as a 32-bit `cute.sym_int()`: lowering a
     call with n = 2^31 must be refused by dispatch (naming the extent), unless the entry's
     contract records 64-bit symbolic extents (a field such as `extent_bits: 64` or
     `index_dtype: "int64"` in its args)."""

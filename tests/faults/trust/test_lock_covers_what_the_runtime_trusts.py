@@ -1,6 +1,6 @@
-"""Finding 4: the lock does not cover everything the runtime trusts.
+"""The lock covers everything the runtime acts on, and names each key once.
 
-meta.json's `backward` and `variant` are neither key inputs nor lock fields, so editing
+Seen: meta.json's `backward` and `variant` are neither key inputs nor lock fields, so editing
 them goes unnoticed by `load(lock=...)`: `jax.grad` of `mul` dispatched to `axpy`, and a
 variant vanished with `problems: []`. A second lock line with the same key under another
 kernel name is accepted.
@@ -53,7 +53,7 @@ def target(key: str) -> str:
 
 
 def test_editing_backward_in_meta_json_is_caught_by_the_lock(cache: Cache) -> None:
-    """Finding 4: with `load(lock=...)`, a meta.json whose `backward` was edited (mul ->
+    """With `load(lock=...)`, a meta.json whose `backward` was edited (mul ->
     axpy) is refused (named in problems, or load raises), or the lock's pairing is used:
     `jax.grad` of mul must lower to mul_bwd, never reach axpy."""
     mul = cache.keys_of("mul")
@@ -74,7 +74,7 @@ def test_editing_backward_in_meta_json_is_caught_by_the_lock(cache: Cache) -> No
 
 
 def test_editing_variant_in_meta_json_is_caught_by_the_lock(cache: Cache) -> None:
-    """Finding 4: with `load(lock=...)`, a meta.json whose `variant` was edited to another
+    """With `load(lock=...)`, a meta.json whose `variant` was edited to another
     variant's id must not make a variant vanish silently: the entry is refused by name, or
     the lock's variant is used."""
     f16 = cache.key("mul", "float16")
@@ -102,7 +102,7 @@ def _with_duplicate_line(cache: Cache) -> Path:
 
 
 def test_load_refuses_a_lock_naming_one_key_twice(cache: Cache) -> None:
-    """Finding 4: one line per key; a lock naming a key under two kernels is refused."""
+    """One line per key; a lock naming a key under two kernels is refused."""
     _with_duplicate_line(cache)
     got = probe(cache)
     assert "load_error" in got, f"a lock naming one key twice was accepted: {got}"
@@ -111,7 +111,7 @@ def test_load_refuses_a_lock_naming_one_key_twice(cache: Cache) -> None:
 
 
 def test_pack_refuses_a_lock_naming_one_key_twice(cache: Cache, tmp_path: Path) -> None:
-    """Finding 4: `cutecc pack --lock` refuses a lock with a duplicated key (exit 2, input)."""
+    """`cutecc pack --lock` refuses a lock with a duplicated key (exit 2, input)."""
     _with_duplicate_line(cache)
     r = cli("pack", "--lock", cache.lock, "--name", "k", "--version", "1.0", "--kernel", "axpy",
             "--out", tmp_path / "d", "--cache-dir", cache.root)
@@ -121,7 +121,7 @@ def test_pack_refuses_a_lock_naming_one_key_twice(cache: Cache, tmp_path: Path) 
 
 
 def test_the_lock_records_every_field_the_runtime_acts_on(built: Cache) -> None:
-    """Finding 4: each lock line carries the fields the runtime acts on besides the key and
+    """Each lock line carries the fields the runtime acts on besides the key and
     library hash: the backward pairing, the symbol and the contract (as `args` or a
     `contract...` digest); kernel and variant are there already."""
     line = lock_entries(built.lock)[0]

@@ -1,4 +1,6 @@
-"""Finding 10: under `umask 000` the build silently creates a cache of 777 directories and
+"""The cache gets safe modes whatever the umask.
+
+Seen: under `umask 000` the build silently created a cache of 777 directories and
 666 files (and a 666 kernels.lock), which the runtime then refuses as its own. The cache
 (and what is written into it or beside it) must get safe modes whatever the umask.
 """
@@ -32,7 +34,7 @@ REGISTER = ("import sys, cutecc\nfrom cutecc.errors import CuteccError\n"
 
 
 def test_a_build_under_umask_000_makes_a_cache_the_runtime_accepts(tmp_path: Path) -> None:
-    """Finding 10: `umask 000; cutecc build --kernel axpy` into a fresh cache: nothing in
+    """`umask 000; cutecc build --kernel axpy` into a fresh cache: nothing in
     the cache or the lock is group/world-writable, and the runtime loads it."""
     cache, lock = tmp_path / "cache", tmp_path / "kernels.lock"
     r = cli("build", REPO_MANIFEST, "--kernel", "axpy", "--cache-dir", cache, "--lock-file", lock,
@@ -46,7 +48,7 @@ def test_a_build_under_umask_000_makes_a_cache_the_runtime_accepts(tmp_path: Pat
 
 def test_an_unpack_under_umask_000_makes_a_cache_the_runtime_accepts(legit_tar: Path,
                                                                     tmp_path: Path) -> None:
-    """Finding 10: the same for `cutecc unpack` into a fresh cache."""
+    """The same for `cutecc unpack` into a fresh cache."""
     cache = tmp_path / "cache"
     r = cli(*unpack_cmd(legit_tar, cache), umask=0)
     assert r.returncode == 0, out(r)

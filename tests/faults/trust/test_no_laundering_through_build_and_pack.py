@@ -1,6 +1,8 @@
-"""Finding 1: laundering through build and pack.
+"""No laundering through build and pack: `build`, `pack`, `unpack` and `verify` apply the
+runtime's ownership policy, and a changed library under an unchanged key never rewrites its
+lock line.
 
-`build`, `pack` and `unpack` never apply the runtime's ownership/permission check, and when
+Seen: `build`, `pack` and `unpack` never applied the runtime's ownership/permission check, and when
 an unchanged key's library hash changes, `cutecc build` silently rewrites that lock line.
 """
 
@@ -33,7 +35,7 @@ pytestmark = pytest.mark.usefixtures("dsl")
 
 
 def test_build_refuses_a_cached_entry_whose_library_differs_from_the_lock(cache: Cache) -> None:
-    """Finding 1: an entry whose key is unchanged but whose library differs from the lock's
+    """An entry whose key is unchanged but whose library differs from the lock's
     line is an error naming it (exit 1), and the lock is not rewritten to vouch for it."""
     mul = cache.key("mul", "float32")
     other = (cache.entry(cache.key("axpy")) / LIB).read_bytes()  # a real ELF, not mul's
@@ -46,7 +48,7 @@ def test_build_refuses_a_cached_entry_whose_library_differs_from_the_lock(cache:
 
 
 def test_build_refuses_a_world_writable_cached_entry(cache: Cache, tmp_path: Path) -> None:
-    """Finding 1: build applies the runtime's trust policy to the entries it reports
+    """Build applies the runtime's trust policy to the entries it reports
     cached and locks: an entry directory anyone can write is refused, the lock not written."""
     mul = cache.key("mul", "float32")
     os.chmod(cache.entry(mul), 0o777)
@@ -59,7 +61,7 @@ def test_build_refuses_a_world_writable_cached_entry(cache: Cache, tmp_path: Pat
 
 @pytest.mark.needs_root
 def test_build_refuses_a_cache_another_user_owns(cache: Cache, other_user, tmp_path: Path) -> None:
-    """Finding 1: root's `cutecc build` over a cache another uid owns must not report its
+    """Root's `cutecc build` over a cache another uid owns must not report its
     entries cached and lock them."""
     chown_tree(cache.root, other_user.pw_uid, other_user.pw_gid)
     lock = tmp_path / "fresh.lock"
@@ -70,7 +72,7 @@ def test_build_refuses_a_cache_another_user_owns(cache: Cache, other_user, tmp_p
 
 
 def test_pack_refuses_a_world_writable_entry(cache: Cache, tmp_path: Path) -> None:
-    """Finding 1: pack applies the trust policy too (a wheel is what production runs)."""
+    """Pack applies the trust policy too (a wheel is what production runs)."""
     os.chmod(cache.entry(cache.key("axpy")) / LIB, 0o666)
     r = cli("pack", "--lock", cache.lock, "--name", "k", "--version", "1.0", "--out", tmp_path / "d",
             "--cache-dir", cache.root)
@@ -81,7 +83,7 @@ def test_pack_refuses_a_world_writable_entry(cache: Cache, tmp_path: Path) -> No
 
 @pytest.mark.needs_root
 def test_pack_refuses_a_cache_another_user_owns(cache: Cache, other_user, tmp_path: Path) -> None:
-    """Finding 1: `cutecc pack` by root from another uid's cache is refused."""
+    """`cutecc pack` by root from another uid's cache is refused."""
     chown_tree(cache.root, other_user.pw_uid, other_user.pw_gid)
     r = cli("pack", "--lock", cache.lock, "--name", "k", "--version", "1.0", "--out", tmp_path / "d",
             "--cache-dir", cache.root)
@@ -93,7 +95,7 @@ def test_pack_refuses_a_cache_another_user_owns(cache: Cache, other_user, tmp_pa
 @pytest.mark.needs_root
 def test_unpack_refuses_a_destination_cache_another_user_owns(built: Cache, legit_tar: Path,
                                                               other_user, tmp_path: Path) -> None:
-    """Finding 1: unpack does not publish into a cache another uid owns (its owner could
+    """Unpack does not publish into a cache another uid owns (its owner could
     swap what lands)."""
     dest = tmp_path / "theirs"
     dest.mkdir()
@@ -107,7 +109,7 @@ def test_unpack_refuses_a_destination_cache_another_user_owns(built: Cache, legi
 
 
 def test_verify_reports_a_world_writable_entry(cache: Cache) -> None:
-    """Finding 1: `cutecc verify` applies the trust policy: it does not call an entry that
+    """`cutecc verify` applies the trust policy: it does not call an entry that
     anyone can write healthy."""
     key = cache.key("rmsnorm", "float32,d=1024")
     os.chmod(cache.entry(key), 0o777)
@@ -121,7 +123,7 @@ def test_verify_reports_a_world_writable_entry(cache: Cache) -> None:
 def test_the_laundering_chain_never_runs_the_other_users_library(cache: Cache, other_user,
                                                                  evil_so: bytes,
                                                                  tmp_path: Path) -> None:
-    """Finding 1, the chain of the issue: another uid's cache with a planted (self-consistent)
+    """The whole chain: another uid's cache with a planted (self-consistent)
     library -> root's `cutecc build` -> `cutecc pack --lock` -> installed wheel ->
     `load(package=...)`: the planted ELF's constructor must never run."""
     cache.plant_library(cache.key("mul", "float32"), evil_so)

@@ -1,7 +1,8 @@
-"""Finding 2: a self-consistent hostile archive.
+"""Packs carry provenance: a self-consistent hostile archive is refused unless signed by a
+trusted key.
 
-A tarball whose entry holds a different ELF under a legitimate key, with meta.json and the
-archive's own lock rewritten to match, is imported by `cutecc unpack`; an archive can only
+Seen: a tarball whose entry holds a different ELF under a legitimate key, with meta.json and
+the archive's own lock rewritten to match, was imported by `cutecc unpack`; an archive can only
 vouch for itself. The fix is provenance: a pack signed by the builder, verified at unpack
 against a key the deployer trusts; an unsigned archive is refused unless the deployer opts
 out explicitly.
@@ -62,7 +63,7 @@ def hostile(files: dict[str, bytes], key: str, lib: bytes) -> dict[str, bytes]:
 def test_unpack_does_not_import_a_self_consistent_hostile_archive(built: Cache, legit_tar: Path,
                                                                   evil_so: bytes,
                                                                   tmp_path: Path) -> None:
-    """Finding 2: with no trusted key given and no explicit opt-out, `cutecc unpack` refuses
+    """With no trusted key given and no explicit opt-out, `cutecc unpack` refuses
     an archive that carries no builder's signature, so a planted ELF never lands and never
     runs (today: "11 imported, 0 refused", then its constructor runs at registration)."""
     key = built.key("mul", "float32")
@@ -83,7 +84,7 @@ def test_unpack_does_not_import_a_self_consistent_hostile_archive(built: Cache, 
 
 
 def test_unpack_refuses_an_unsigned_archive_by_default(legit_tar: Path, tmp_path: Path) -> None:
-    """Finding 2: even a genuine pack is refused when unsigned and no opt-out is given: an
+    """Even a genuine pack is refused when unsigned and no opt-out is given: an
     archive can only vouch for itself."""
     r = cli("unpack", legit_tar, "--cache-dir", tmp_path / "cache")
     err = one_line_error(r, (1, 2))
@@ -114,7 +115,7 @@ def signed(cache: Cache, tmp_path: Path) -> dict[str, Path]:
 
 @pytest.mark.proposed_interface
 def test_a_signed_pack_unpacks_with_the_trusted_key(signed: dict[str, Path], tmp_path: Path) -> None:
-    """Finding 2 (proposed interface): the round trip works when the key is trusted."""
+    """Proposed interface: the round trip works when the key is trusted."""
     r = cli("unpack", signed["archive"], "--cache-dir", tmp_path / "d", "--trusted-key", signed["pub"])
     assert r.returncode == 0 and "11 imported" in r.stdout, out(r)
 
@@ -122,7 +123,7 @@ def test_a_signed_pack_unpacks_with_the_trusted_key(signed: dict[str, Path], tmp
 @pytest.mark.proposed_interface
 def test_a_signed_pack_rewritten_after_signing_is_refused(signed: dict[str, Path], evil_so: bytes,
                                                           tmp_path: Path) -> None:
-    """Finding 2 (proposed interface): the hostile rewrite of a signed pack (entry, meta.json
+    """Proposed interface: the hostile rewrite of a signed pack (entry, meta.json
     and lock all consistent, old signature kept) is refused, and nothing lands."""
     key = lock_entries(signed["lock"])[0]["key"]
     archive = write_tar(tmp_path / "h.tar.gz", hostile(read_tar(signed["archive"]), key, evil_so))
@@ -134,7 +135,7 @@ def test_a_signed_pack_rewritten_after_signing_is_refused(signed: dict[str, Path
 
 @pytest.mark.proposed_interface
 def test_a_pack_signed_by_another_key_is_refused(signed: dict[str, Path], tmp_path: Path) -> None:
-    """Finding 2 (proposed interface): a valid signature by a key the deployer does not
+    """Proposed interface: a valid signature by a key the deployer does not
     trust is no better than none."""
     r = cli("keygen", "--out", tmp_path / "mallory")
     assert r.returncode == 0, out(r)
@@ -147,7 +148,7 @@ def test_a_pack_signed_by_another_key_is_refused(signed: dict[str, Path], tmp_pa
 @pytest.mark.proposed_interface
 def test_load_with_trusted_keys_refuses_a_lock_edited_after_signing(signed: dict[str, Path],
                                                                     cache: Cache) -> None:
-    """Finding 2 (proposed interface): `cutecc.load(lock=..., trusted_keys=[...])` verifies
+    """Proposed interface: `cutecc.load(lock=..., trusted_keys=[...])` verifies
     kernels.lock.sig before trusting any line of the lock."""
     lock = json.loads(signed["lock"].read_text())
     lock["entries"] = lock["entries"][1:]  # any edit: a dropped line
@@ -162,7 +163,7 @@ def test_load_with_trusted_keys_refuses_a_lock_edited_after_signing(signed: dict
 @pytest.mark.proposed_interface
 def test_load_of_a_package_with_trusted_keys_refuses_an_unsigned_pack(legit_wheel: Path,
                                                                       tmp_path: Path) -> None:
-    """Finding 2 (proposed interface): `load(package=..., trusted_keys=[...])` refuses a
+    """Proposed interface: `load(package=..., trusted_keys=[...])` refuses a
     wheel without `_cutecc/kernels.lock.sig`."""
     import zipfile
 

@@ -1,6 +1,7 @@
-"""Finding 3: the ownership check is bypassed through symlinks.
+"""The ownership check holds through symlinks: every directory on the way to a library is
+checked, and the library is opened through the path that was checked.
 
-The runtime checks the *resolved* path while it opens the library through the unresolved
+Seen: the runtime checked the *resolved* path while it opens the library through the unresolved
 one, and never looks at the directory holding a symlink on the way. A cache (or its
 entries/) reached through a symlink that others can replace passes; flipping that symlink
 between the check and the open got root to dlopen another user's library.
@@ -47,7 +48,7 @@ def probe(root: Path) -> dict:
 
 def test_a_cache_symlinked_from_a_world_writable_directory_is_refused(cache: Cache,
                                                                       tmp_path: Path) -> None:
-    """Finding 3: the cache path is `W/cache`, a symlink in a directory anyone can write
+    """The cache path is `W/cache`, a symlink in a directory anyone can write
     (mode 0777, not sticky): anyone can point it elsewhere, so nothing is loaded through it."""
     w = tmp_path / "shared"
     w.mkdir()
@@ -59,7 +60,7 @@ def test_a_cache_symlinked_from_a_world_writable_directory_is_refused(cache: Cac
 
 def test_an_entries_dir_symlinked_from_a_world_writable_cache_root_is_refused(cache: Cache,
                                                                              tmp_path: Path) -> None:
-    """Finding 3: the cache root is writable by anyone and its entries/ is a symlink to a
+    """The cache root is writable by anyone and its entries/ is a symlink to a
     safe place: the check looks only at the resolved path, which is safe, and passes."""
     safe = tmp_path / "safe"
     safe.mkdir()
@@ -128,7 +129,7 @@ def shared_tmp() -> Iterator[Path]:
 @pytest.mark.needs_root
 def test_flipping_the_cache_symlink_never_gets_root_to_run_the_other_users_library(
         cache: Cache, other_user, evil_so: bytes, shared_tmp: Path) -> None:
-    """Finding 3, the race: root loads `W/cache` (W world-writable); the other user flips
+    """The race: root loads `W/cache` (W world-writable); the other user flips
     that link between his own cache (self-consistent entries of his ELF) and root's. The
     check must be made on what is opened: 0 of 1,000 registrations may run his library
     (today about 1 in 60 does, more on an idle host: the check resolves to root's cache,

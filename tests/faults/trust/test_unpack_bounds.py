@@ -1,12 +1,12 @@
-"""Finding 6: unbounded unpack, and per-entry checks that are not per entry.
+"""Unpack is bounded (memory, time, members) and checks each entry on its own.
 
-`cutecc unpack` reads every regular member of an archive into memory before looking at
+Seen: `cutecc unpack` read every regular member of an archive into memory before looking at
 it: a small archive holding a 1 GiB member (gz, xz, a sparse tar member, a zip) costs
 over 1 GB; 200,000 members cost 160 MB and are accepted. A malformed file record aborts
 the whole unpack with AttributeError; an entry whose meta.json disagrees with its key
 inputs, or lists extra files, lands.
 
-Each bomb is a genuine pack with one thing changed (tests/bombs.py), so a bounded,
+Each bomb is a genuine pack with one thing changed (bombs.py), so a bounded,
 per-entry unpack refuses that thing (exit 1, one line per refusal) and imports the other
 ten entries. Peak memory (ru_maxrss of the unpack process) must stay under
 $R11_UNPACK_MAX_RSS_MB (default 128; a genuine 11-entry pack peaks at 40 MB today).
@@ -72,7 +72,7 @@ def bomb(bomb_dir: Path, legit_tar: Path, legit_wheel: Path):
 @pytest.mark.parametrize("name", ["gz-1GiB", "xz-1GiB", "sparse-1GiB", "zip-1GiB"])
 def test_a_1gib_member_is_refused_in_bounded_memory_and_the_rest_land(bomb, name: str,
                                                                       tmp_path: Path) -> None:
-    """Finding 6: a member over the size cap refuses its entry without being read whole;
+    """A member over the size cap refuses its entry without being read whole;
     the ten other entries land; peak RSS stays under the bound."""
     archive = bomb(name)
     code, text, rss_kb = run_measured([*CLI, *unpack_cmd(archive, tmp_path / "cache")])
@@ -84,7 +84,7 @@ def test_a_1gib_member_is_refused_in_bounded_memory_and_the_rest_land(bomb, name
 
 
 def test_an_archive_of_200000_members_is_refused_in_bounded_memory(bomb, tmp_path: Path) -> None:
-    """Finding 6: a member-count cap refuses the archive (exit 1 or 2, one line), early."""
+    """A member-count cap refuses the archive (exit 1 or 2, one line), early."""
     archive = bomb("members-200k")
     code, text, rss_kb = run_measured([*CLI, *unpack_cmd(archive, tmp_path / "cache")])
     assert "Traceback" not in text, text[-2000:]
@@ -104,7 +104,7 @@ def _unpack_edited(legit_tar: Path, tmp_path: Path, key: str, edit) -> tuple:
 
 def test_a_malformed_file_record_refuses_only_that_entry(built: Cache, legit_tar: Path,
                                                          tmp_path: Path) -> None:
-    """Finding 6: `"files": {"kernel.so": 5}` in one entry's meta.json refuses that entry by
+    """`"files": {"kernel.so": 5}` in one entry's meta.json refuses that entry by
     name (exit 1, no AttributeError traceback); the ten others land, as the README says."""
     key = built.key("axpy")
 
@@ -123,7 +123,7 @@ def test_a_malformed_file_record_refuses_only_that_entry(built: Cache, legit_tar
 def test_an_entry_whose_meta_json_disagrees_with_its_key_inputs_is_refused(built: Cache,
                                                                            legit_tar: Path,
                                                                            tmp_path: Path) -> None:
-    """Finding 6: the contract the runtime acts on (`args`) edited, key_inputs left alone
+    """The contract the runtime acts on (`args`) edited, key_inputs left alone
     (so the key still checks): the entry is refused before it lands."""
     key = built.key("mul", "float32")
 
@@ -140,7 +140,7 @@ def test_an_entry_whose_meta_json_disagrees_with_its_key_inputs_is_refused(built
 
 def test_an_entry_listing_extra_files_is_refused(built: Cache, legit_tar: Path,
                                                  tmp_path: Path) -> None:
-    """Finding 6: an entry carrying a `payload.sh` it lists in meta.json (with the right
+    """An entry carrying a `payload.sh` it lists in meta.json (with the right
     hash) is not what a build publishes: refused, and the file never lands."""
     key = built.key("axpy")
     payload = b"#!/bin/sh\necho owned\n"
@@ -158,7 +158,7 @@ def test_an_entry_listing_extra_files_is_refused(built: Cache, legit_tar: Path,
 
 
 def test_members_out_of_order_behind_a_large_pad_unpack_in_bounded_time(bomb, tmp_path: Path) -> None:
-    """Finding 6 (time, not memory): a 1 GiB member of zeros first, then the pack's members in
+    """Time, not memory: a 1 GiB member of zeros first, then the pack's members in
     reverse order (5 MB). A reader that lists the members, then seeks back to each one in name
     order, re-inflates the pad per member (an 11-entry pack: 89 s on 0602d35; 25,000 entries
     behind a 4 GiB pad: days). One forward pass (tarfile "r|*", staging each entry) costs one
@@ -203,7 +203,7 @@ def big_pack(built: Cache, legit_tar: Path, tmp_path_factory: pytest.TempPathFac
 
 def test_a_pack_of_311_entries_unpacks_in_linear_time_and_bounded_memory(big_pack: Path,
                                                                          tmp_path: Path) -> None:
-    """Finding 6 (bounded, not quadratic): a genuine-looking 311-entry pack (300 MB). Reading
+    """Bounded, not quadratic: a genuine-looking 311-entry pack (300 MB). Reading
     all of it into memory (485460e) costs its size; reading each entry by seeking back into a
     .tar.gz (0602d35: meta.json is read before kernel.so, which precedes it in the archive)
     re-inflates the archive from the start for every entry: time grows with N^2 (200 entries

@@ -1,4 +1,6 @@
-"""Finding 8: `cutecc verify --fix` deletes files outside the cache when a shard
+"""`cutecc verify --fix` never deletes anything outside the cache.
+
+Seen: `cutecc verify --fix` deleted files outside the cache when a shard
 directory (entries/ab) is a symlink to elsewhere: it lists the shard through the link,
 calls what it finds orphans, and unlinks or rmtrees them where they really are.
 """
@@ -31,7 +33,7 @@ def _intact(victim: Path) -> list[str]:
 
 
 def test_verify_fix_never_deletes_through_a_symlinked_shard(cache: Cache, tmp_path: Path) -> None:
-    """Finding 8: a shard `entries/ff` that is a symlink to a directory outside the cache:
+    """A shard `entries/ff` that is a symlink to a directory outside the cache:
     verify reports the link, and --fix removes at most the link itself, never a file
     behind it."""
     victim = _outside(tmp_path)
@@ -44,7 +46,7 @@ def test_verify_fix_never_deletes_through_a_symlinked_shard(cache: Cache, tmp_pa
 
 def test_verify_fix_never_deletes_through_a_symlinked_entries_dir(cache: Cache,
                                                                    tmp_path: Path) -> None:
-    """Finding 8: the same with a shard directory holding a symlinked stray subdirectory
+    """The same with a shard directory holding a symlinked stray subdirectory
     and entries/ itself pointing elsewhere: nothing outside the cache is removed."""
     victim = _outside(tmp_path)
     real = tmp_path / "real-entries"

@@ -1,4 +1,6 @@
-"""Finding 7: killing the main `cutecc build` process leaks its workers: they go on
+"""Build workers die with their build, and Ctrl-C is one line and exit 130.
+
+Seen: killing the main `cutecc build` process leaked its workers: they go on
 compiling and publishing, then stay resident (~280 MB each). Workers must die with their
 build (a parent-death signal or a watchdog pipe), and Ctrl-C must print one line and
 exit 130 with no worker tracebacks.
@@ -41,7 +43,7 @@ def _kill_leftovers(pids: list[int]) -> None:
 
 
 def test_workers_die_when_the_build_is_killed(tmp_path: Path) -> None:
-    """Finding 7: `kill -9` of the main build process; within 3 s none of its compile
+    """`kill -9` of the main build process; within 3 s none of its compile
     workers is still running, and none publishes afterwards."""
     cache = tmp_path / "cache"
     p, workers = _start_build(cache)
@@ -62,7 +64,7 @@ def test_workers_die_when_the_build_is_killed(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_prints_one_line_and_exits_130(tmp_path: Path) -> None:
-    """Finding 7: SIGINT to the build's process group (what Ctrl-C does) stops it with exit
+    """SIGINT to the build's process group (what Ctrl-C does) stops it with exit
     130 and at most one line on stderr, no worker tracebacks, no worker left."""
     p, workers = _start_build(tmp_path / "cache")
     try:
