@@ -105,6 +105,11 @@ def stats(xs: list[float], scale: float = 1.0) -> dict[str, float]:
 # --- cold start -----------------------------------------------------------------------
 
 def cold_start(cache: Path, repeats: int) -> dict[str, Any]:
+    import compileall
+
+    # As an installed cutecc (pip writes its bytecode): with $PYTHONDONTWRITEBYTECODE set, as
+    # on the GPU machines, the source tree would be compiled again in every child.
+    compileall.compile_dir(str(REPO / "cutecc"), quiet=1)
     out: dict[str, Any] = {}
     for which in ("cutecc", "jnp", "cutecc_phases", "jnp_phases"):
         walls, kids = [], []

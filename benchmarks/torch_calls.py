@@ -8,12 +8,15 @@ Without a GPU it prints "skipped: no GPU" and exits 0; --dry-run instead runs th
 rows on the CPU, a Python function standing in for the kernel (to check the script; the
 figures are the host's Python costs, not a GPU's). Figures:
   per_call   host time per call of f32 mul on n elements, K calls back to back then one
-             synchronize, median of R repeats after warm-up: cutecc eager (the direct
-             tvm-ffi call), cutecc through its custom op (what autograd takes),
-             torch.compile(fullgraph=True) of the cutecc call, and torch.mul / torch.add
-             of the same tensors (the same work, torch's own kernels). At small n this is
-             the dispatch cost (the GPU waits on the host); the goal is eager within 2 us
-             of torch's op.
+             synchronize, median of R rounds after warm-up (the rows take turns in each
+             round): cutecc eager (the direct tvm-ffi call), cutecc through its custom op
+             (what autograd takes), torch.compile(fullgraph=True) of the cutecc call, and
+             torch.mul / torch.add of the same tensors (the same work, torch's own
+             kernels). At small n this is the dispatch cost (the GPU waits on the host);
+             the goal is eager within 2 us of torch's op. Its parts: the build's tvm_ffi
+             function called on a preallocated result (ffi_function_out), torch.empty_like,
+             torch.mul(out=) (torch's launch alone); eager_python is what cutecc's Python
+             adds to the first two.
   kernel     device time of the cutecc kernel (torch.profiler's CUDA kernel events, the
              device clock) called from torch and the same library called from JAX under
              jax.jit, and torch's own op, at large sizes: the goal is equal times.
@@ -36,19 +39,24 @@ if str(REPO) not in sys.path:
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX and torch share the GPU
 
 
-def per_call(fn: Any, k: int, repeats: int, sync: Any) -> float:
-    """Microseconds per call: k calls then one synchronize, median of `repeats`."""
-    for _ in range(max(k // 10, 20)):
-        fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for _ in range(k):
+def per_call(rows: dict[str, Any], k: int, repeats: int, sync: Any) -> dict[str, float]:
+    """Microseconds per call of each row: k calls then one synchronize, median of `repeats`
+    rounds. The rows take turns within each round, so a drift of the host's speed during the
+    run (seen on the device machines: one row's figure moving by 5 us between sizes) reaches
+    every row alike and their differences stay meaningful."""
+    for fn in rows.values():
+        for _ in range(max(k // 10, 20)):
             fn()
-        sync()
-        times.append((time.perf_counter() - t) / k * 1e6)
-    return statistics.median(times)
+    sync()
+    times: dict[str, list[float]] = {name: [] for name in rows}
+    for _ in range(repeats):
+        for name, fn in rows.items():
+            t = time.perf_counter()
+            for _ in range(k):
+                fn()
+            sync()
+            times[name].append((time.perf_counter() - t) / k * 1e6)
+    return {name: round(statistics.median(v), 3) for name, v in times.items()}
 
 
 def kernel_times(fn: Any, calls: int, sync: Any) -> dict[str, float]:
@@ -113,6 +121,8 @@ def main() -> int:
         y = torch.randn(n, device=device)
         assert torch.equal(mul(x, y), x * y) and torch.equal(mul._through_op((x, y), {}), x * y)
         assert torch.equal(compiled(x, y), x * y)
+        out = torch.empty_like(x)
+        function = mul._plan_of((x, y), {}).function  # the build's tvm_ffi.Function itself
         rows = {
             "cutecc_eager": lambda x=x, y=y: mul(x, y),
             "cutecc_custom_op": lambda x=x, y=y: mul._through_op((x, y), {}),
@@ -120,9 +130,18 @@ def main() -> int:
             "torch_mul": lambda x=x, y=y: torch.mul(x, y),
             "torch_add": lambda x=x, y=y: torch.add(x, y),
             "torch_mul_compiled": lambda x=x, y=y: tmul(x, y),
+            # the parts of an eager call: the kernel's function on a preallocated result
+            # (tvm-ffi's conversion, the DSL wrapper's checks, the launch), an allocation,
+            # and torch's own launch into a preallocated result
+            "ffi_function_out": lambda x=x, y=y, out=out, f=function: f(x, y, out),
+            "torch_empty_like": lambda x=x: torch.empty_like(x),
+            "torch_mul_out": lambda x=x, y=y, out=out: torch.mul(x, y, out=out),
         }
-        got = {name: round(per_call(f, k, repeats, sync), 3) for name, f in rows.items()}
+        got = per_call(rows, k, repeats, sync)
         got["eager_minus_torch_mul"] = round(got["cutecc_eager"] - got["torch_mul"], 3)
+        # what cutecc's Python adds to the function call and the allocation
+        got["eager_python"] = round(got["cutecc_eager"] - got["ffi_function_out"]
+                                    - got["torch_empty_like"], 3)
         doc["per_call_us"][str(n)] = got
         print(f"n={n:>8}: " + "  ".join(f"{name} {v:.2f}" for name, v in got.items()), flush=True)
 

@@ -41,7 +41,7 @@ def compile_seconds(cache: Path, plan: list[dict[str, Any]]) -> dict[str, float]
 
 
 def _bucket_order(text: str) -> tuple[int, ...]:
-    from cutecc.runtime.tuning import parse_bucket
+    from cutecc.buckets import parse_bucket
 
     return tuple(parse_bucket(text).values())
 

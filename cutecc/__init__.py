@@ -6,19 +6,16 @@ thin runtime (JAX + tvm-ffi) on first use.
 
 from __future__ import annotations
 
-import importlib.metadata
 from typing import TYPE_CHECKING, Any
 
 from cutecc.errors import CuteccError
 
-try:
-    __version__ = importlib.metadata.version("cutecc")  # written once, in pyproject.toml
-except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "0+unknown"
 __all__ = ["CuteccError", "__version__", "load"]
 
 if TYPE_CHECKING:
     from cutecc.runtime.loader import KernelSet
+
+    __version__: str
 
 
 def load(*args: Any, **kwargs: Any) -> KernelSet:
@@ -26,3 +23,19 @@ def load(*args: Any, **kwargs: Any) -> KernelSet:
     from cutecc.runtime.loader import load as _load
 
     return _load(*args, **kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    """`__version__`, looked up on first use: `importlib.metadata` and its search of every
+    installed distribution cost 45 ms of a bare `import cutecc` that a program calling
+    kernels never needs."""
+    if name == "__version__":
+        import importlib.metadata
+
+        try:
+            version = importlib.metadata.version("cutecc")  # written once, in pyproject.toml
+        except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
+            version = "0+unknown"
+        globals()["__version__"] = version
+        return version
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

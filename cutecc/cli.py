@@ -110,7 +110,7 @@ def _complete_keys(ctx: click.Context, param: click.Parameter, incomplete: str) 
     from click.shell_completion import CompletionItem
 
     from cutecc.entry import label_of
-    from cutecc.store import Store
+    from cutecc.store.writer import Store
 
     try:
         store = Store(ctx.params.get("cache_dir"))
@@ -347,15 +347,20 @@ def verify(fix: bool, cache_dir: Path | None, as_json: bool) -> None:
 @click.option("--max-size", default=None, help="Evict least recently used entries down to this "
               "size (500M, 2G, 1024K, bytes).")
 @click.option("--older-than", default=None, help="Remove entries unused for this long (30d, 12h, 90m).")
+@click.option("--unreachable", is_flag=True, help="Remove entries that no recorded build, tuning "
+              "or --keep-lock file names.")
+@click.option("--keep-lock", "keep_locks", multiple=True, type=click.Path(path_type=Path),
+              help="With --unreachable: also keep every entry this kernels.lock names (repeatable).")
 @click.option("--dry-run", is_flag=True, help="Show what would be removed; remove nothing.")
 @_cache_opt
 @_json_opt
-def gc(max_size: str | None, older_than: str | None, dry_run: bool, cache_dir: Path | None,
-       as_json: bool) -> None:
-    """Evict entries by least recent use; sweep leftovers of killed builds."""
+def gc(max_size: str | None, older_than: str | None, unreachable: bool, keep_locks: tuple[Path, ...],
+       dry_run: bool, cache_dir: Path | None, as_json: bool) -> None:
+    """Evict entries by least recent use, age or reachability; sweep leftovers of killed builds."""
     from cutecc.commands.gc import gc as run
 
-    _emit(run(cache_dir, max_size=max_size, older_than=older_than, dry_run=dry_run), as_json)
+    _emit(run(cache_dir, max_size=max_size, older_than=older_than, unreachable=unreachable,
+              keep_locks=keep_locks, dry_run=dry_run), as_json)
 
 
 @main.command(short_help="Remove entries by key, kernel or arch.")
@@ -496,7 +501,7 @@ def env(cache_dir: Path | None, as_json: bool) -> None:
 @main.command(short_help="Print the JSON Schema of kernels.toml.")
 def schema() -> None:
     """Print the JSON Schema of kernels.toml (for editors through taplo or SchemaStore)."""
-    from cutecc.manifest_schema import schema_json
+    from cutecc.manifest.schema import schema_json
 
     click.echo(schema_json(), nl=False)
 

@@ -49,6 +49,7 @@ from cutecc.contract import (
 )
 from cutecc.errors import CuteccError
 from cutecc.manifest import Variant, split_entry
+from cutecc.toolchain import HOST_CPU, HOST_FEATURES
 
 # The library exports `__tvm_ffi_<SYMBOL>` (recorded in each entry's metadata): the
 # linker's wrapper around the DSL's function, which the object exports as
@@ -56,11 +57,6 @@ from cutecc.manifest import Variant, split_entry
 SYMBOL = "cutecc_kernel"
 INNER_SYMBOL = "cutecc_impl"
 OBJECT = "kernel.o"
-# The kernel's host-side code is compiled for this CPU and feature set whatever the build
-# machine is (part of every key; see `pin_host_target`).
-HOST_CPU = "x86-64"
-HOST_FEATURES = ("+sse2",)
-HOST_TARGET = f"x86_64-unknown-linux-gnu;cpu={HOST_CPU};features={','.join(HOST_FEATURES)};pin=1"
 
 
 @dataclass(frozen=True)
@@ -100,7 +96,7 @@ def pin_host_target(compiled: Any) -> int:
 
     Relies on a DSL internal (the compiled function's `ir_module`, read again by
     `export_to_c`); raises RuntimeError if the DSL no longer offers it, so a DSL upgrade
-    cannot silently bring back host-dependent bytes (tests/test_compiler.py checks the
+    cannot silently bring back host-dependent bytes (tests/toolchain/test_compiler.py checks the
     exported object for VEX/EVEX instructions too).
     """
     from cutlass._mlir import ir
@@ -239,7 +235,7 @@ def import_path(path: str) -> Any:
 
 
 def resolve_value(v: Any) -> Any:
-    """A manifest value (see `cutecc.manifest._value`) as the Python object it stands for."""
+    """A manifest value (see `cutecc.manifest.parse._value`) as the Python object it stands for."""
     import cutlass
 
     if isinstance(v, list):

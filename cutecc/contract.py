@@ -60,6 +60,10 @@ class TensorArg:
     # Broadcast dimensions: the array passed has extent 1 there (`buffer`), and the kernel
     # sees the logical extent with stride 0 (a `dloss` broadcast over rows).
     broadcast: tuple[int, ...] | None = None
+    # An output the kernel may write in the memory of this input (by name), because it
+    # reads each element before writing it (elementwise, per-row norms). Nothing of the
+    # bytes: what the runtime may ask of XLA (`KernelFn.in_place`). None: never.
+    may_alias: str | None = None
 
     @property
     def extents(self) -> tuple[Dim, ...]:
@@ -205,6 +209,14 @@ class CallingConvention:
         return self.results + self.scratch
 
     @property
+    def may_aliases(self) -> tuple[tuple[int, int], ...]:
+        """(input index, result index) for every output declared `may_alias`: pairs an
+        in-place call adds to `ffi_aliases` (checked by `may_alias_problem`)."""
+        names = [t.name for t in self.inputs]
+        return tuple((names.index(t.may_alias), i) for i, t in enumerate(self.results)
+                     if t.may_alias is not None and t.may_alias in names)
+
+    @property
     def ffi_aliases(self) -> tuple[tuple[int, int], ...]:
         zeroed = [t for t in self.scratch if t.zero]
         return self.aliases + tuple((len(self.inputs) + i, len(self.results) + self.scratch.index(t))
@@ -215,7 +227,7 @@ class CallingConvention:
 
 _TENSOR_FIELDS = frozenset({"kind", "name", "role", "dtype", "shape", "layout", "align", "param",
                             "order", "divisibility", "buffer", "zero", "saved", "reduce", "wide",
-                            "broadcast"})
+                            "broadcast", "may_alias"})
 
 
 def arg_to_json(a: Arg) -> dict[str, Any]:
@@ -245,6 +257,8 @@ def _arg_json(a: Arg) -> dict[str, Any]:
             out["wide"] = list(a.wide)
         if a.broadcast is not None:
             out["broadcast"] = list(a.broadcast)
+        if a.may_alias is not None:  # only when set: contracts without it keep their keys
+            out["may_alias"] = a.may_alias
         return out
     if isinstance(a, ScalarArg):
         out = {"kind": "scalar", "name": a.name, "dtype": a.dtype, "default": a.default}
@@ -301,6 +315,10 @@ def arg_from_json(d: dict[str, Any]) -> Arg:
                     raise ValueError(f"extent {x!r}: {e}") from None
                 if d["role"] in ("input", "inout") or buffer is not None:
                     raise ValueError(f"derived extent {x!r} in an {d['role']} (outputs and scratch only)")
+        may_alias = d.get("may_alias")
+        if may_alias is not None and (not isinstance(may_alias, str) or d["role"] != "output"):
+            raise ValueError(f"may_alias {may_alias!r}: only an output may name an input to be "
+                             "written in")
         if buffer is not None and d["role"] == "output":
             raise ValueError("an output cannot be padded (its padding would be undefined)")
         if buffer is not None and any(type(x) is int and type(b) is int and b < x
@@ -311,7 +329,8 @@ def arg_from_json(d: dict[str, Any]) -> Arg:
                          None if order is None else tuple(int(i) for i in order),
                          None if div is None else tuple(div),
                          None if buffer is None else tuple(buffer), zero, saved, reduce,
-                         None if wide is None else tuple(wide), None if bcast is None else tuple(bcast))
+                         None if wide is None else tuple(wide), None if bcast is None else tuple(bcast),
+                         may_alias)
     if kind == "scalar":
         value = d.get("value")
         if value is not None and not (type(value) is int or isinstance(value, str)):
@@ -335,9 +354,82 @@ def arg_from_json(d: dict[str, Any]) -> Arg:
     raise ValueError(f"unknown argument kind {kind!r}")
 
 
+def may_alias_problem(args: tuple[Arg, ...]) -> tuple[str, str] | None:
+    """(output name, why) for the first `may_alias` XLA could not honour, or None: it must
+    name an input (role "input", not padded nor broadcast) of the output's dtype, shape and
+    layout, and no input may be named twice. The manifest reports it with its key path; the
+    runtime refuses an entry whose contract says otherwise."""
+    tensors = [a for a in flat_leaves(args) if isinstance(a, TensorArg)]
+    by_name = {t.name: t for t in tensors}
+    taken: dict[str, str] = {}
+    for t in tensors:
+        if t.may_alias is None:
+            continue
+        src = by_name.get(t.may_alias)
+        if src is None or src.role != "input":
+            return t.name, f'"{t.may_alias}" is not an input of the kernel (role "input")'
+        if src.buffer is not None:
+            return t.name, f'input "{src.name}" is padded or broadcast: its buffer is not the output\'s'
+        if (src.dtype, src.shape, src.order) != (t.dtype, t.shape, t.order):
+            return t.name, (f'input "{src.name}" ({src.dtype}{list(src.shape)}) differs from the '
+                            f"output ({t.dtype}{list(t.shape)}) in dtype, shape or layout")
+        if t.reduce is not None:
+            return t.name, "a reduced output is not what the kernel writes: it cannot alias an input"
+        if src.name in taken:
+            return t.name, f'input "{src.name}" is already named by output "{taken[src.name]}"'
+        taken[src.name] = t.name
+    return None
+
+
 def args_to_json(args: tuple[Arg, ...]) -> list[dict[str, Any]]:
     return [arg_to_json(a) for a in args]
 
 
 def args_from_json(items: list[dict[str, Any]]) -> tuple[Arg, ...]:
     return tuple(arg_from_json(d) for d in items)
+
+
+def _result_dims(t: TensorArg) -> tuple[Dim, ...]:
+    """The dimensions of the array a call returns for result `t`: the buffer (an inout
+    padded tensor's result is its whole buffer), less the leading axis a reduction sums."""
+    return t.extents[1:] if t.reduce == "sum" else t.extents
+
+
+def shard_factors(t: TensorArg, shard: tuple[str, ...], result: bool = False) -> tuple[str | None, ...]:
+    """Per dimension of the array passed for input `t` (or returned for result `t`): the
+    declared independent symbol it may be split along, or None (replicated). A broadcast
+    dimension (passed with extent 1) is never split."""
+    dims = _result_dims(t) if result else t.extents
+    bcast = () if result else (t.broadcast or ())
+    return tuple(d if isinstance(d, str) and d in shard and i not in bcast else None
+                 for i, d in enumerate(dims))
+
+
+def shard_problem(conv: CallingConvention, shard: tuple[str, ...]) -> str | None:
+    """Why `shard` (symbols a kernel declares it is independent along) cannot be a sound
+    rule for splitting its calls, or None. Each must be a plain symbolic extent of some
+    input, never read by a derived extent of a tensor the call passes or returns, never an
+    extent of a padded tensor, at most once per tensor, and a dimension of every result:
+    a result without it would be a sum or a choice over all of its indices, which no
+    device holds alone. (Scratch and derived scalars follow the local shapes: free.)"""
+    if len(set(shard)) != len(shard):
+        return "names a symbol twice"
+    for s in shard:
+        if not expr.is_symbol(s):
+            return f'"{s}" is not a symbolic extent'
+        if not any(s in t.extents for t in conv.inputs):
+            return f'"{s}" is no extent of an input array'
+        for t in (*conv.inputs, *conv.results):
+            dims = [d for d in t.extents if isinstance(d, str)]
+            if dims.count(s) > 1:
+                return f'"{s}" is the extent of two dimensions of "{t.name}"'
+            if any(not expr.is_symbol(d) and s in expr.names(d) for d in (*t.shape, *t.extents)
+                   if isinstance(d, str)):
+                return f'"{s}" is read by a derived extent of "{t.name}"'
+            if t.buffer is not None and s in t.symbols:
+                return f'"{s}" is an extent of "{t.name}", a padded tensor'
+        for t in conv.results:
+            if s not in _result_dims(t):
+                return (f'result "{t.name}" has no dimension "{s}": each of its elements may read '
+                        f'every index of "{s}", which no one device holds')
+    return None

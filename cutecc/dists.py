@@ -53,6 +53,7 @@ from typing import Any
 from cutecc import trust
 from cutecc.atomic import atomic_write
 from cutecc.entry import parse_json
+from cutecc.store.layout import PLAN_FACTS
 
 DSL_PREFIX = "nvidia-cutlass-dsl"
 TOOLCHAIN_DISTS = ("apache-tvm-ffi", "nvidia-cuda-runtime", "cuda-bindings")
@@ -65,7 +66,7 @@ ENV_EXCLUDED = ("CUTE_DSL_ARCH", "CUTE_DSL_CACHE_DIR", "CUTE_DSL_DISABLE_FILE_CA
                 "CUTE_DSL_SHOW_STACKTRACE", "CUTE_DSL_LOG_*", "QUACK_CACHE_*",
                 "QUACK_COMPILE_WORKERS", "QUACK_ASYNC_COMPILE_START", "FLASH_ATTENTION_CUTE_DSL_CACHE_*")
 HASH_CACHE_FORMAT = 2  # 2: stamps with ctime and device; planfacts.json beside it
-FACTS = "planfacts.json"  # beside the hash cache: what a no-op build reads (`HashCache`)
+FACTS = PLAN_FACTS  # beside the hash cache: what a no-op build reads (`HashCache`)
 MAX_FACTS_BYTES = 64 << 20
 MAX_HASHES_BYTES = 256 << 20
 DIGEST_VERSION = 1  # what a remembered digest was computed by: bumped with `_compute`

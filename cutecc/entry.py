@@ -5,7 +5,8 @@ records (the kernel's shared library); its meta.json names the runtime library t
 kernel library links against (key, file, SHA-256, size), itself an entry of its own kind
 under `runtimes/ab/<key>/`. Everything that reads entries (the store, `verify`,
 `pack`/`unpack`, the lock file and the runtime's loader) asks this module what a valid
-one looks like, so the rules live in one place. It imports nothing else of cutecc but
+one looks like, so the rules live in one place; a checked meta.json is read as a typed,
+frozen record (`EntryMeta`, `RuntimeMeta`). It imports nothing else of cutecc but
 `cutecc.names` (which imports nothing), so the runtime can use it without pulling in the
 build side.
 """
@@ -16,6 +17,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -29,8 +31,8 @@ ENTRY_FORMAT = 2  # the layout of meta.json; 2: the `runtime` record
 # 2: kernel libraries link against a shared runtime library (they no longer carry the
 # CUDA runtime and the DSL's dialect runtime), host code is baseline x86-64, zig links.
 ARTIFACT_FORMAT = 2
-RUNTIME_FORMAT = 1  # the layout of a runtime library's meta.json
-RUNTIME_ABI = 1  # what a runtime library's cutecc_rt_abi_version() must return
+RUNTIME_ENTRY_FORMAT = 1  # the layout of a runtime library's meta.json (ENTRY_FORMAT's twin)
+RUNTIME_ABI = 1  # what a runtime library's cutecc_rt_abi_version() must return (native/cutecc_rt.c)
 INDEX_FORMAT = 1  # the layout of an index record (by-kernel/<kernel>/<key>)
 MAX_INDEX_BYTES = 4096
 META = "meta.json"
@@ -299,11 +301,11 @@ def meta_problem(meta: Any, key: str) -> str | None:
     if why:
         return why
     inputs = meta["key_inputs"]
-    for field in _KEYED_FIELDS:
-        if field == "kernel" and field not in inputs:
+    for keyed in _KEYED_FIELDS:
+        if keyed == "kernel" and keyed not in inputs:
             continue  # keyed before the kernel's name was a key input
-        if meta.get(field) != inputs.get(field):
-            return f"{field} differs from key_inputs.{field} (damaged metadata)"
+        if meta.get(keyed) != inputs.get(keyed):
+            return f"{keyed} differs from key_inputs.{keyed} (damaged metadata)"
     for name in ("kernel", "variant", "symbol"):
         if not isinstance(meta.get(name), str) or not meta[name]:
             return f"{name} is not a string (damaged metadata)"
@@ -331,7 +333,7 @@ def runtime_meta_problem(meta: Any, key: str) -> str | None:
     must carry the soname of its key."""
     if not isinstance(meta, dict):
         return "meta.json is not an object"
-    why = _key_problem(meta, key, RUNTIME_FORMAT, "runtime")
+    why = _key_problem(meta, key, RUNTIME_ENTRY_FORMAT, "runtime")
     if why:
         return why
     if meta.get("library") != runtime_soname(key):
@@ -351,3 +353,114 @@ def bad_pin_field(d: dict[str, Any], names: list[str]) -> str | None:
         if not ok:
             return name
     return None
+
+
+# Typed records: meta.json parsed once, after its checks ------------------------------
+
+
+@dataclass(frozen=True)
+class FileRec:
+    """One recorded file of an entry: its name in the entry's directory, SHA-256 and size."""
+
+    name: str
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
+class RuntimeLink:
+    """An entry's record of the runtime library its kernel library links against."""
+
+    key: str
+    library: str  # its soname, `runtime_soname(key)`
+    sha256: str
+    size: int
+
+
+def _files(meta: Mapping[str, Any]) -> tuple[FileRec, ...]:
+    return tuple(FileRec(n, r["sha256"], r["size"]) for n, r in sorted(meta["files"].items()))
+
+
+@dataclass(frozen=True)
+class EntryMeta:
+    """A kernel entry's meta.json, checked (`meta_problem`) and typed. `raw` is the parsed
+    JSON as it was read (what a lock line and the index are derived from): the file's
+    format is unchanged, only its reading is typed."""
+
+    key: str
+    kernel: str
+    variant: str
+    arch: str
+    symbol: str
+    library: FileRec
+    files: tuple[FileRec, ...]
+    runtime: RuntimeLink
+    backward: str | None
+    built_at: str | None
+    build_seconds: float
+    raw: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def parse(cls, meta: Any, key: str) -> EntryMeta:
+        """The record of `meta` as the entry of `key`; ValueError (the `meta_problem`) when
+        it cannot be trusted as that."""
+        why = meta_problem(meta, key)
+        if why:
+            raise ValueError(why)
+        lib = library_record(meta)
+        rt = runtime_record(meta)
+        assert lib is not None and rt is not None  # meta_problem checked both
+        backward, built, secs = meta.get("backward"), meta.get("built_at"), meta.get("build_seconds")
+        return cls(key, meta["kernel"], meta["variant"], str(meta["arch"]), meta["symbol"],
+                   FileRec(*lib), _files(meta),
+                   RuntimeLink(rt["key"], rt["library"], rt["sha256"], rt["size"]),
+                   backward if isinstance(backward, str) else None,
+                   built if isinstance(built, str) else None,
+                   float(secs) if isinstance(secs, (int, float)) and not isinstance(secs, bool) else 0.0,
+                   meta)
+
+    @property
+    def args(self) -> Any:
+        """The contract (JSON, `cutecc.contract.args_from_json` reads it)."""
+        return self.raw["args"]
+
+    @property
+    def key_inputs(self) -> Mapping[str, Any]:
+        return self.raw["key_inputs"]
+
+    @property
+    def toolchain(self) -> Mapping[str, Any]:
+        tc = self.raw.get("toolchain")
+        return tc if isinstance(tc, dict) else {}
+
+    @property
+    def call(self) -> dict[str, Any]:
+        """The call keywords that reach this entry (`call_keywords`)."""
+        return call_keywords(self.raw)
+
+    @property
+    def label(self) -> str:
+        return label(self.kernel, self.variant, self.arch)
+
+
+@dataclass(frozen=True)
+class RuntimeMeta:
+    """A runtime library entry's meta.json, checked (`runtime_meta_problem`) and typed."""
+
+    key: str
+    library: FileRec
+    files: tuple[FileRec, ...]
+    built_at: str | None
+    raw: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def parse(cls, meta: Any, key: str) -> RuntimeMeta:
+        """The record of `meta` as the runtime library of `key`; ValueError when it cannot
+        be trusted as that."""
+        why = runtime_meta_problem(meta, key)
+        if why:
+            raise ValueError(why)
+        lib = library_record(meta)
+        assert lib is not None  # runtime_meta_problem checked it
+        built = meta.get("built_at")
+        return cls(key, FileRec(*lib), _files(meta), built if isinstance(built, str) else None, meta)

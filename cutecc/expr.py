@@ -16,7 +16,7 @@ import functools
 import math
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 MAX_TEXT = 256  # characters
 MAX_NODES = 64
@@ -34,7 +34,7 @@ def is_symbol(d: Any) -> bool:
     return isinstance(d, str) and _SYMBOL_RE.fullmatch(d) is not None
 
 
-def is_derived(d: Any) -> bool:
+def is_derived(d: Any) -> TypeGuard[str]:
     """Whether an extent is an expression (a string that is not a plain symbol)."""
     return isinstance(d, str) and not is_symbol(d)
 

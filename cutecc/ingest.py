@@ -29,7 +29,8 @@ from typing import Any
 
 from cutecc import trust
 from cutecc.entry import MAX_META_BYTES, META, meta_problem, parse_json, runtime_meta_problem
-from cutecc.store import Entry, Store
+from cutecc.store.view import Entry
+from cutecc.store.writer import Store
 
 DEFAULT_MAX_FILE_BYTES = 2 << 30  # a kernel library is KBs to a few MB; a runtime ~2 MB
 
@@ -137,8 +138,7 @@ def check_stored(store: Store, key: str, *, runtime: bool = False,
     this process is about to vouch for (a lock it signs, a Ray task's result) rather
     than what an earlier check already recorded. Raises Refused (absent, damaged, or
     someone else's)."""
-    d = store.runtime_dir(key) if runtime else store.entry_dir(key)
-    parts = d.relative_to(store.root).parts
+    parts = store.layout.runtime_parts(key) if runtime else store.layout.entry_parts(key)
     what = "runtime library" if runtime else "entry"
     try:
         meta_bytes = trust.read_file(store.root, (*parts, META), MAX_META_BYTES)

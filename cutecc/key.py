@@ -11,7 +11,7 @@ versions of the DSL, tvm-ffi and the CUDA runtime, zig and its target, the host-
 the link recipe (with the native sources' hashes), the key of the runtime library the
 kernel links against (which names the static archives' SHA-256), and cutecc's artifact
 format. The build host's C compiler, paths, user, locale, clock and CPU decide no byte,
-so they are not inputs (tests/test_reproducible.py checks that).
+so they are not inputs (tests/toolchain/test_reproducible.py checks that).
 Computing a key imports neither the DSL nor JAX, so the cache-hit path of `cutecc build`
 stays cheap.
 """
@@ -21,42 +21,27 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
-import importlib.metadata
 import sys
 from pathlib import Path
 from typing import Any
 
 from cutecc import devicequery, dists, modfind
 from cutecc.contract import args_to_json
-from cutecc.entry import ARTIFACT_FORMAT, compute_key
+from cutecc.entry import ARTIFACT_FORMAT
 from cutecc.errors import CuteccError
 from cutecc.manifest import Kernel, Variant
-
-_TOOL_PACKAGES = ("nvidia-cutlass-dsl", "apache-tvm-ffi", "nvidia-cuda-runtime", "ziglang")
+from cutecc.toolchain import HOST_TARGET, RECIPE_VERSION, ZIG_TARGET, runtime_key, tool_versions
 
 
 @functools.lru_cache(maxsize=1)
 def toolchain() -> dict[str, str]:
-    """Versions and hashes of everything outside the kernel's source that shapes the artifact."""
-    from cutecc.compiler import HOST_TARGET
-    from cutecc.linker import RECIPE_VERSION, ZIG_TARGET
-
+    """Versions and hashes of everything outside the kernel's source that shapes the
+    artifact, as keyed (`cutecc.toolchain` owns each of them)."""
     out = {"cutecc_artifact_format": str(ARTIFACT_FORMAT), "link_recipe": str(RECIPE_VERSION),
            "host_target": HOST_TARGET, "runtime": runtime_key()}
-    for pkg in _TOOL_PACKAGES:
-        try:
-            out[pkg] = importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            out[pkg] = "absent"
+    out.update(tool_versions())
     out["zig"] = f"{out.pop('ziglang')} {ZIG_TARGET}"
     return out
-
-
-def runtime_key() -> str:
-    """The key of the runtime library this toolchain links kernels against."""
-    from cutecc.linker import runtime_inputs
-
-    return compute_key(runtime_inputs())
 
 
 class SourceIndex:
@@ -341,6 +326,8 @@ def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
         inputs["imports"] = dict(sorted(imports.items()))
     if kernel.grad is not None:  # only when set: grad = { backward } alone keeps its keys
         inputs["grad"] = kernel.grad  # the named pairing the runtime reads from the entry
+    if kernel.shard:  # only when set: kernels without a sharding rule keep their keys
+        inputs["shard"] = list(kernel.shard)  # the independent symbols the runtime splits on
     if variant.call:  # only when set: kernels without call keywords keep their keys
         inputs["call"] = dict(variant.call)  # which call reaches this entry
     return inputs

@@ -4,7 +4,7 @@ The runtime library (`libcutecc_rt_<key>.so`, `native/cutecc_rt.c`) holds what e
 kernel needs and nothing of any kernel: the symbols of `libcute_dsl_runtime.so` the DSL's
 objects call, the DSL's static CUDA-dialect runtime (whole archive) and the static CUDA
 runtime, behind a version script that exports only what kernel libraries bind to. Its
-key (`runtime_inputs`) names everything that decides its bytes, and its soname carries
+key (`toolchain.runtime_inputs`) names everything that decides its bytes, and its soname carries
 the key. A kernel library is the DSL's object plus the small wrapper of
 `native/kernel_wrap.c`, linked against the runtime library by soname; it exports only
 its TVM-FFI entry symbol. Both depend on `libtvm_ffi.so` and glibc alone, so the deploy
@@ -14,113 +14,33 @@ The C compiler and linker are zig's (`zig cc`, PyPI `ziglang`, in the build extr
 targeting glibc 2.28: the output is a function of the inputs and the zig version alone,
 never of the build host's gcc, binutils, glibc or crt files, and needs at most the glibc
 symbol versions the manylinux tag of a pack names (`cutecc.elf`). Every flag that could
-differ between hosts is explicit, and the link runs in a scrubbed environment.
+differ between hosts is explicit, and the link runs in a scrubbed environment. The
+target, flags, sources and the runtime library's key inputs are `cutecc.toolchain`'s;
+its file name (`runtime_soname`) is `cutecc.entry`'s, which the runtime checks on load.
 """
 
 from __future__ import annotations
 
 import errno
-import functools
-import hashlib
-import importlib.metadata
-import importlib.util
 import os
 import re
 import subprocess
 from pathlib import Path
 
 from cutecc.compiler import INNER_SYMBOL
+from cutecc.entry import runtime_soname
 from cutecc.errors import CuteccError
-
-NATIVE = Path(__file__).with_name("native")
-RUNTIME_SOURCE = NATIVE / "cutecc_rt.c"
-WRAPPER_SOURCE = NATIVE / "kernel_wrap.c"
-ZIG_TARGET = "x86_64-linux-gnu.2.28"  # glibc 2.28 symbols at most; the CPU is baseline x86-64
-CFLAGS = ("-O2", "-fPIC", "-std=gnu11", "-fno-ident", "-mcpu=baseline")
-LDFLAGS = (
-    "-Wl,--build-id=sha1",  # a hash of the output: deterministic, kept for debuggers
-    "-Wl,--hash-style=gnu",
-    "-Wl,-z,defs",  # an unresolved symbol fails here, not at dlopen on the GPU host
-    "-Wl,--no-undefined-version",
-    "-s",  # no symbol table: local names are a third of an unstripped library
+from cutecc.toolchain import (
+    CFLAGS,
+    LDFLAGS,
+    RUNTIME_EXPORTS,
+    RUNTIME_SOURCE,
+    WRAPPER_SOURCE,
+    ZIG_TARGET,
+    toolchain_paths,
 )
-# What the runtime library exports: the dialect runtime's entry points the DSL's objects
-# call (`_cu*`, `cuda_dialect_*`), the DSL runtime's error hooks, and cutecc's own.
-RUNTIME_EXPORTS = ("_cu*", "cuda_dialect_*", "CuteDSLRT_*", "cutecc_rt_*")
-RUNTIME_ABI = 1  # what cutecc_rt_abi_version() returns (native/cutecc_rt.c)
-RUNTIME_FORMAT = 1  # the runtime entry's layout and recipe; part of its key
 
-
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-# Part of every key: bump the number when the flags above change; the sources' own hashes
-# are included so an edited source can never reuse an old artifact.
-RECIPE_VERSION = (f"3+rt.{_sha(RUNTIME_SOURCE)[:16]}+wrap.{_sha(WRAPPER_SOURCE)[:16]}")
 _C_SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def _package_dirs(name: str) -> list[Path]:
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    return [Path(p) for p in spec.submodule_search_locations]
-
-
-def _find(what: str, candidates: list[Path], hint: str) -> Path:
-    for c in candidates:
-        if c.exists():
-            return c
-    raise CuteccError(f"cannot find {what}; {hint}", where="link", exit_code=1)
-
-
-def toolchain_paths(cuda: str = "cu13") -> dict[str, Path]:
-    """Where the link inputs and zig live in the build extra's wheels."""
-    hint = "install the build extra: pip install 'cutecc[build]'"
-    dsl = _package_dirs("nvidia_cutlass_dsl")
-    nv = _package_dirs("nvidia")
-    tvm = _package_dirs("tvm_ffi")
-    zig = _package_dirs("ziglang")
-    return {
-        "zig": _find("zig (PyPI ziglang)", [d / "zig" for d in zig], hint),
-        "dialect_rt": _find("libcuda_dialect_runtime_static.a",
-                            [d / cuda / "lib" / "libcuda_dialect_runtime_static.a" for d in dsl], hint),
-        "cudart": _find("libcudart_static.a",
-                        [d / cuda / "lib" / "libcudart_static.a" for d in nv], hint),
-        "tvm_lib": _find("libtvm_ffi.so", [d / "lib" / "libtvm_ffi.so" for d in tvm], hint).parent,
-        "tvm_include": _find("tvm-ffi headers", [d / "include" for d in tvm], hint),
-    }
-
-
-def _version(pkg: str) -> str:
-    try:
-        return importlib.metadata.version(pkg)
-    except importlib.metadata.PackageNotFoundError:
-        return "absent"
-
-
-@functools.lru_cache(maxsize=1)
-def runtime_inputs() -> dict[str, str]:
-    """Everything that decides the runtime library's bytes (its key's inputs): the recipe
-    and its source, zig and its target, the two static archives' SHA-256 and tvm-ffi's
-    version (its headers and its library's soname). Empty values when the build extra is
-    missing ("absent"): such a key is never built."""
-    out = {"runtime_format": str(RUNTIME_FORMAT), "recipe": RECIPE_VERSION,
-           "source": _sha(RUNTIME_SOURCE), "exports": ",".join(RUNTIME_EXPORTS),
-           "zig": _version("ziglang"), "target": ZIG_TARGET,
-           "apache-tvm-ffi": _version("apache-tvm-ffi")}
-    try:
-        p = toolchain_paths()
-    except CuteccError:
-        return {**out, "dialect_rt": "absent", "cudart": "absent"}
-    return {**out, "dialect_rt": _sha(p["dialect_rt"]), "cudart": _sha(p["cudart"])}
-
-
-def runtime_soname(runtime_key: str) -> str:
-    """The runtime library's file name and DT_SONAME: unique per key (glibc binds a kernel
-    library's DT_NEEDED to an already loaded library of that soname)."""
-    return f"libcutecc_rt_{runtime_key[:16]}.so"
 
 
 def c_string(text: str) -> str:
@@ -183,7 +103,7 @@ def _free_bytes(d: Path) -> int:
 
 
 def link_runtime(out_dir: Path, runtime_key: str) -> Path:
-    """Link the runtime library for `runtime_key` (the key of `runtime_inputs()`) into
+    """Link the runtime library for `runtime_key` (the key of `toolchain.runtime_inputs()`) into
     `out_dir`; returns its path (named by `runtime_soname`)."""
     p = toolchain_paths()
     name = runtime_soname(runtime_key)

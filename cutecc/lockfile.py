@@ -1,38 +1,97 @@
-"""`kernels.lock`: exactly which cache entry serves every (kernel, variant, arch).
+"""`kernels.lock`: exactly which cache entry serves every (kernel, variant, arch), and the
+tuning lines that say which built configuration serves a call's shape bucket.
 
 `cutecc build` writes it beside the manifest for CI to commit; `cutecc pack` and
 `cutecc.load(lock=...)` read it to use exactly those entries. A line pins the entry's key
-and everything the runtime acts on besides it: the library's SHA-256 and size, the
+and everything the runtime acts on besides it (`Pin`): the library's SHA-256 and size, the
 exported symbol, the backward pairing, the contract's digest and the SHA-256 of the
 runtime library it links against, so no edit of meta.json changes what runs without the
-lock refusing it. One line per key; duplicates are refused.
+lock refusing it. One line per key; duplicates are refused. A tuning line (`Tuned`, from
+`cutecc tune`) pins its winner the same way; the cache's tuning records hold the same lines.
+A composite kernel (launches of other kernels, sharing tensors by name) is one line of its
+own (`cutecc.composite_line`), kept only where every launch is a kernel the lock pins.
 The file is JSON with one entry per line, sorted, with a format version and no
 timestamps, so it is byte-identical until an artifact changes and its diffs read one line
-per changed artifact. Importing this imports neither the DSL nor JAX.
+per changed artifact. Importing this imports neither the DSL nor JAX, nor the runtime:
+the runtime reads these records.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, fields
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cutecc.atomic import atomic_write
+from cutecc.buckets import RULES, parse_bucket
+from cutecc.composite_line import CompositeLine
 from cutecc.entry import acted_on, bad_pin_field, is_key, label, parse_json
 from cutecc.errors import CuteccError
-from cutecc.runtime.tuning import Tuned, parse_lines
-from cutecc.store import Entry, Store
+from cutecc.store.view import Entry, StoreView
 
 LOCK_FORMAT = 2
-_ACTED = ("library", "sha256", "size", "symbol", "backward", "contract", "runtime")  # from acted_on
 LOCK_NAME = "kernels.lock"
 MAX_LOCK_BYTES = 16 << 20  # 10,000 entry lines (~600 bytes) and as many tuning lines (~800)
 MAX_LOCK_DEPTH = 4
-# The optional "tuning" list (`cutecc tune`'s winners, see cutecc.runtime.tuning) is absent
-# until something is tuned, so untuned locks keep their bytes; readers that predate it
-# ignore it and serve the default configurations.
+MAX_TUNING_LINES = 20_000  # tuning lines in one lock or record: buckets x variants x devices
+# The optional "tuning" list (`cutecc tune`'s winners) is absent until something is tuned,
+# so untuned locks keep their bytes; readers that predate it ignore it and serve the
+# default configurations. So is the optional "composites" list (`cutecc.composite_line`):
+# one line per composite kernel whose launches the lock pins.
+MAX_COMPOSITES = 10_000
+
+
+@dataclass(frozen=True)
+class Pin:
+    """What a line pins of an entry besides its key: everything the runtime acts on
+    (`entry.acted_on`). A lock line pins its entry, a tuning line its winner; an entry
+    whose metadata says otherwise in any of these is refused."""
+
+    library: str
+    sha256: str
+    size: int
+    symbol: str
+    backward: str | None
+    contract: str
+    runtime: str  # the SHA-256 of the runtime library the kernel library links against
+
+    @classmethod
+    def of(cls, meta: Mapping[str, Any]) -> Pin | None:
+        """The pin of an entry from its metadata; None when it records no library, symbol
+        or runtime library."""
+        acted = acted_on(dict(meta))
+        if acted is None or acted["symbol"] is None or acted["runtime"] is None:
+            return None
+        return cls(**acted)
+
+    def difference(self, meta: Mapping[str, Any]) -> tuple[str, Any, Any] | None:
+        """The first field in which an entry's metadata differs from this pin, as (field,
+        the entry's value, the pinned value); None when it matches."""
+        acted = acted_on(dict(meta)) or {}
+        for name in PIN_FIELDS:
+            got, want = acted.get(name), getattr(self, name)
+            if got != want:
+                return name, got, want
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+PIN_FIELDS = tuple(f.name for f in dataclasses.fields(Pin))
+
+
+def _check_fields(d: Any, names: tuple[str, ...], exact: bool, where: str, kp: str) -> None:
+    """Refuse a line that is not an object of `names` (`exact`: and nothing else) with
+    values a pinned line may hold (`entry.bad_pin_field`)."""
+    if not isinstance(d, dict) or not (set(d) == set(names) if exact else set(names) <= set(d)):
+        raise CuteccError(f"expected the fields {', '.join(names)}", where=where, key_path=kp)
+    bad = bad_pin_field(d, list(names))
+    if bad:
+        raise CuteccError(f"{bad} is not a valid value", where=where, key_path=f"{kp}.{bad}")
 
 
 @dataclass(frozen=True)
@@ -43,13 +102,7 @@ class LockEntry:
     variant: str
     arch: str
     key: str
-    library: str
-    sha256: str
-    size: int
-    symbol: str
-    backward: str | None
-    contract: str
-    runtime: str  # the SHA-256 of the runtime library the kernel library links against
+    pin: Pin
 
     @property
     def label(self) -> str:
@@ -62,18 +115,18 @@ class LockEntry:
     @classmethod
     def of(cls, kernel: str, variant: str, arch: str, key: str, meta: dict[str, Any]) -> LockEntry:
         """The lock line for an entry, from its metadata."""
-        acted = acted_on(meta)
-        if acted is None or acted["symbol"] is None or acted["runtime"] is None:
+        pin = Pin.of(meta)
+        if pin is None:
             raise CuteccError(f"{label(kernel, variant, arch)} {key[:12]}: malformed metadata (no "
                               "library file record, symbol or runtime library record)",
                               where="kernels.lock", exit_code=1)
-        return cls(kernel, variant, arch, key, **acted)
+        return cls(kernel, variant, arch, key, pin)
 
     @classmethod
     def from_facts(cls, kernel: str, variant: str, arch: str, key: str,
                    facts: dict[str, Any]) -> LockEntry:
         """The lock line for an entry, from its index record (`entry.index_facts`)."""
-        return cls(kernel, variant, arch, key, **{f: facts[f] for f in _ACTED})
+        return cls(kernel, variant, arch, key, Pin(**{f: facts[f] for f in PIN_FIELDS}))
 
     def mismatch(self, entry: Entry) -> str | None:
         """Why the entry differs from this line (in anything the runtime acts on), or None."""
@@ -81,39 +134,135 @@ class LockEntry:
         for name in ("kernel", "variant", "arch"):
             if m.get(name) != getattr(self, name):
                 return f"{name} {m.get(name)!r}, the lock says {getattr(self, name)!r}; refusing it"
-        acted = acted_on(m) or {}
-        for name in _ACTED:
-            got, want = acted.get(name), getattr(self, name)
-            if got != want:
-                what = {"sha256": "library SHA-256", "runtime": "runtime library SHA-256"}.get(name, name)
-                return f"{what} {_short(got)} differs from the lock's {_short(want)}; refusing it"
+        diff = self.pin.difference(m)
+        if diff is not None:
+            name, got, want = diff
+            what = {"sha256": "library SHA-256", "runtime": "runtime library SHA-256"}.get(name, name)
+            return f"{what} {_short(got)} differs from the lock's {_short(want)}; refusing it"
         return None
+
+    def to_json(self) -> dict[str, Any]:
+        """The line as the file holds it: the entry's identity, then its pin, flat."""
+        return {"kernel": self.kernel, "variant": self.variant, "arch": self.arch, "key": self.key,
+                **self.pin.to_json()}
+
+    @classmethod
+    def from_json(cls, e: Any, where: str, kp: str) -> LockEntry:
+        """A line read from a lock: exactly its fields, each checked."""
+        _check_fields(e, LOCK_LINE_FIELDS, True, where, kp)
+        if not is_key(e["key"]):
+            raise CuteccError("key is not a cache key (64 hex digits)", where=where, key_path=f"{kp}.key")
+        if not is_key(e["runtime"]):
+            raise CuteccError("runtime is not a SHA-256 (64 hex digits)", where=where,
+                              key_path=f"{kp}.runtime")
+        return cls(e["kernel"], e["variant"], e["arch"], e["key"],
+                   Pin(**{f: e[f] for f in PIN_FIELDS}))
+
+
+LOCK_LINE_FIELDS = ("kernel", "variant", "arch", "key", *PIN_FIELDS)
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """One recorded winner: what serves (kernel, variant, arch) on `device` for a bucket
+    (`cutecc.buckets`). `base` is the default configuration's key; `pin` is what a lock
+    line would pin of the winner (so the runtime refuses a winner whose bytes differ)."""
+
+    kernel: str
+    variant: str
+    arch: str
+    device: str
+    rule: str
+    bucket: str
+    base: str
+    winner: str
+    winner_variant: str
+    pin: Pin
+
+    @property
+    def order(self) -> tuple[Any, ...]:
+        """Sort order: buckets by size, not by text (a lock lists n=4096 before n=65536)."""
+        return (self.kernel, self.variant, self.arch, self.device, tuple(self.extents.items()))
+
+    @property
+    def extents(self) -> dict[str, int]:
+        return parse_bucket(self.bucket)
+
+    def to_json(self) -> dict[str, Any]:
+        """The line as a lock or a record holds it: its own fields, then the winner's pin, flat."""
+        return {n: getattr(self, n) for n in _TUNED_OWN} | self.pin.to_json()
+
+    @classmethod
+    def from_json(cls, d: Any, where: str, kp: str) -> Tuned:
+        """A line read from a lock, a results file or the cache: every field checked (a
+        cache record carries more: its times)."""
+        _check_fields(d, TUNED_FIELDS, False, where, kp)
+        if not is_key(d["base"]) or not is_key(d["winner"]):
+            raise CuteccError("base and winner must be cache keys", where=where, key_path=kp)
+        if d["rule"] not in RULES:
+            raise CuteccError(f"rule must be one of {', '.join(RULES)}", where=where, key_path=f"{kp}.rule")
+        try:
+            parse_bucket(d["bucket"])
+        except ValueError as e:
+            raise CuteccError(str(e), where=where, key_path=f"{kp}.bucket") from None
+        return cls(**{n: d[n] for n in _TUNED_OWN}, pin=Pin(**{f: d[f] for f in PIN_FIELDS}))
+
+    def mismatch(self, meta: Mapping[str, Any]) -> str | None:
+        """Why the winner entry's metadata differs from this line, or None."""
+        if meta.get("kernel") != self.kernel or meta.get("arch") != self.arch:
+            return "kernel or arch differ from the tuning record"
+        diff = self.pin.difference(meta)
+        return None if diff is None else f"{diff[0]} differs from the tuning record"
+
+
+_TUNED_OWN = tuple(f.name for f in dataclasses.fields(Tuned) if f.name != "pin")
+TUNED_FIELDS = (*_TUNED_OWN, *PIN_FIELDS)
+
+
+def parse_tuning_lines(items: Any, where: str, kp: str) -> tuple[Tuned, ...]:
+    """A list of tuning lines; one per (kernel, variant, arch, device, bucket)."""
+    if not isinstance(items, list) or len(items) > MAX_TUNING_LINES:
+        raise CuteccError(f"must be a list of at most {MAX_TUNING_LINES} tuning lines", where=where,
+                          key_path=kp)
+    out: dict[tuple[Any, ...], Tuned] = {}
+    for i, d in enumerate(items):
+        t = Tuned.from_json(d, where, f"{kp}[{i}]")
+        if t.order in out:
+            raise CuteccError(f"{t.kernel}[{t.variant}]@{t.arch} {t.bucket} on {t.device} is recorded "
+                              "twice", where=where, key_path=f"{kp}[{i}]")
+        out[t.order] = t
+    return tuple(sorted(out.values(), key=lambda t: t.order))
 
 
 @dataclass(frozen=True)
 class Lock:
-    """A parsed lock file: its entries, sorted by kernel, variant, arch; one per key; and
-    the tuning winners recorded for them (one line per kernel, variant, arch, device, bucket)."""
+    """A parsed lock file: its entries, sorted by kernel, variant, arch; one per key; the
+    tuning winners recorded for them (one line per kernel, variant, arch, device, bucket);
+    and the composite kernels whose launches they are (one line per composite, by name)."""
 
     entries: tuple[LockEntry, ...]
     tuning: tuple[Tuned, ...] = ()
+    composites: tuple[CompositeLine, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "entries", tuple(sorted(set(self.entries), key=lambda e: e.order)))
         object.__setattr__(self, "tuning", tuple(sorted(set(self.tuning), key=lambda t: t.order)))
+        object.__setattr__(self, "composites", tuple(sorted(set(self.composites), key=lambda c: c.name)))
 
     def dumps(self) -> bytes:
         """The file's bytes: deterministic, one entry (and one tuning result) per line."""
-        names = [f.name for f in fields(LockEntry)]
-        lines = [json.dumps({n: getattr(e, n) for n in names}, separators=(", ", ": "))
-                 for e in self.entries]
+        lines = [json.dumps(e.to_json(), separators=(", ", ": ")) for e in self.entries]
         body = ",\n  ".join(lines)
+        comps = ""
+        if self.composites:
+            cl = ",\n  ".join(json.dumps(c.to_json(), separators=(", ", ": ")) for c in self.composites)
+            comps = f',\n "composites": [\n  {cl}\n ]'
         tuned = ""
         if self.tuning:
             tl = ",\n  ".join(json.dumps(t.to_json(), separators=(", ", ": ")) for t in self.tuning)
             tuned = f',\n "tuning": [\n  {tl}\n ]'
-        return (f'{{\n "format": {LOCK_FORMAT},\n "entries": [\n  {body}\n ]{tuned}\n}}\n'
-                if lines else f'{{\n "format": {LOCK_FORMAT},\n "entries": []{tuned}\n}}\n').encode()
+        return (f'{{\n "format": {LOCK_FORMAT},\n "entries": [\n  {body}\n ]{comps}{tuned}\n}}\n'
+                if lines else f'{{\n "format": {LOCK_FORMAT},\n "entries": []{comps}{tuned}\n}}\n').encode()
 
     def with_tuning(self, tuning: Iterable[Tuned]) -> Lock:
         """This lock with `tuning` as its results, less those whose default configuration
@@ -121,13 +270,25 @@ class Lock:
         kernel's results are stale: `cutecc tune` measures it again)."""
         here = {(e.kernel, e.variant, e.arch, e.key) for e in self.entries}
         return Lock(self.entries, tuple(t for t in tuning
-                                        if (t.kernel, t.variant, t.arch, t.base) in here))
+                                        if (t.kernel, t.variant, t.arch, t.base) in here),
+                    self.composites)
+
+    def with_composites(self, composites: Iterable[CompositeLine]) -> Lock:
+        """This lock with `composites` as its composite lines, less those it cannot serve:
+        one with a launch whose kernel the lock pins no entry of, or named like a kernel
+        it pins (a partial selection, `--kernel`/`--arch`, drops them)."""
+        pinned = {e.kernel for e in self.entries}
+        return Lock(self.entries, self.tuning,
+                    tuple(c for c in composites if c.name not in pinned and set(c.launches) <= pinned))
+
+    def composite(self, name: str) -> CompositeLine | None:
+        """The composite line named `name`, or None."""
+        return next((c for c in self.composites if c.name == name), None)
 
     def winners(self) -> list[LockEntry]:
         """The lock lines of the tuned winners that are not default configurations."""
         defaults = {e.key for e in self.entries}
-        out = {t.winner: LockEntry(t.kernel, t.winner_variant, t.arch, t.winner, t.library, t.sha256,
-                                   t.size, t.symbol, t.backward, t.contract, t.runtime)
+        out = {t.winner: LockEntry(t.kernel, t.winner_variant, t.arch, t.winner, t.pin)
                for t in self.tuning if t.winner not in defaults}
         return [out[k] for k in sorted(out)]
 
@@ -148,14 +309,15 @@ class Lock:
         seen: dict[str, int] = {}
         for i, item in enumerate(items):
             kp = f"entries[{i}]"
-            le = _line(item, where, kp)
+            le = LockEntry.from_json(item, where, kp)
             if le.key in seen:
                 raise CuteccError(f"key {le.key[:12]} is locked twice (also entries[{seen[le.key]}]); "
                                   "a lock names each entry once", where=where, key_path=kp)
             seen[le.key] = i
             out.append(le)
-        tuning = parse_lines(doc["tuning"], where, "tuning") if "tuning" in doc else ()
-        return cls(tuple(out)).with_tuning(tuning)
+        tuning = parse_tuning_lines(doc["tuning"], where, "tuning") if "tuning" in doc else ()
+        lock = cls(tuple(out)).with_tuning(tuning)
+        return lock.with_composites(_composites(doc.get("composites", []), lock, where))
 
     def distinct_keys(self) -> list[str]:
         """The keys (tuned winners' too), sorted."""
@@ -168,10 +330,11 @@ class Lock:
     def select(self, archs: Iterable[str] = (), kernels: Iterable[str] = ()) -> Lock:
         """Only the entries of these archs and kernels (all when empty)."""
         a, k = set(archs), set(kernels)
-        return Lock(tuple(e for e in self.entries
-                          if (not a or e.arch in a) and (not k or e.kernel in k))).with_tuning(self.tuning)
+        return Lock(tuple(e for e in self.entries if (not a or e.arch in a) and (not k or e.kernel in k))
+                    ).with_tuning(self.tuning).with_composites(
+                        c for c in self.composites if not k or c.name in k)
 
-    def resolve(self, store: Store) -> Iterator[tuple[Entry, LockEntry]]:
+    def resolve(self, store: StoreView) -> Iterator[tuple[Entry, LockEntry]]:
         """Each locked entry of `store` with its lock line (not the tuned winners: see
         `resolve_all`); an error names any it lacks."""
         found, missing = [], []
@@ -187,7 +350,7 @@ class Lock:
                               where=str(store.root), exit_code=1)
         yield from found
 
-    def resolve_all(self, store: Store) -> Iterator[tuple[Entry, LockEntry]]:
+    def resolve_all(self, store: StoreView) -> Iterator[tuple[Entry, LockEntry]]:
         """`resolve`, then each tuned winner's entry (what a pack ships besides defaults)."""
         yield from self.resolve(store)
         yield from Lock(tuple(self.winners())).resolve(store)
@@ -197,19 +360,28 @@ def _short(v: Any) -> str:
     return f"{v[:16]}..." if isinstance(v, str) and len(v) == 64 else repr(v)
 
 
-def _line(e: Any, where: str, kp: str) -> LockEntry:
-    names = [f.name for f in fields(LockEntry)]
-    if not isinstance(e, dict) or set(e) != set(names):
-        raise CuteccError(f"expected the fields {', '.join(names)}", where=where, key_path=kp)
-    bad = bad_pin_field(e, names)
-    if bad:
-        raise CuteccError(f"{bad} is not a valid value", where=where, key_path=f"{kp}.{bad}")
-    if not is_key(e["key"]):
-        raise CuteccError("key is not a cache key (64 hex digits)", where=where, key_path=f"{kp}.key")
-    if not is_key(e["runtime"]):
-        raise CuteccError("runtime is not a SHA-256 (64 hex digits)", where=where,
-                          key_path=f"{kp}.runtime")
-    return LockEntry(**e)
+def _composites(items: Any, lock: Lock, where: str) -> list[CompositeLine]:
+    """The "composites" lines: each well formed, named once and not like a kernel the lock
+    pins, and each launch a kernel whose entries the lock pins (a line that asks for
+    anything else decides nothing: the lock is refused)."""
+    if not isinstance(items, list) or len(items) > MAX_COMPOSITES:
+        raise CuteccError(f"composites is not a list of at most {MAX_COMPOSITES} lines", where=where,
+                          key_path="composites")
+    pinned = {e.kernel for e in lock.entries}
+    out: dict[str, CompositeLine] = {}
+    for i, item in enumerate(items):
+        kp = f"composites[{i}]"
+        c = CompositeLine.from_json(item, where, kp)
+        if c.name in out or c.name in pinned:
+            raise CuteccError(f"composite {c.name!r} is named twice (a composite, or a kernel the lock "
+                              "pins)", where=where, key_path=f"{kp}.name")
+        for j, ln in enumerate(c.launches):
+            if ln not in pinned:
+                raise CuteccError(f"composite {c.name!r} launches {ln!r}, a kernel this lock pins no "
+                                  "entry of; a composite runs only entries its lock vouches for",
+                                  where=where, key_path=f"{kp}.launches[{j}]")
+        out[c.name] = c
+    return list(out.values())
 
 
 def read_lock_bytes(path: str | Path) -> bytes:
@@ -262,7 +434,7 @@ def write_lock(path: str | Path, lock: Lock) -> bool:
     return True
 
 
-def lock_for(items: Iterable[tuple[str, str, str, str]], store: Store) -> Lock:
+def lock_for(items: Iterable[tuple[str, str, str, str]], store: StoreView) -> Lock:
     """The lock of (kernel, variant, arch, key) artifacts, read from the store's metadata."""
     out = []
     for kernel, variant, arch, key in items:
@@ -286,7 +458,8 @@ class Merged:
 
 
 def merge_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
-                covered: set[tuple[str, str]], defined: set[str]) -> Merged:
+                covered: set[tuple[str, str]], defined: set[str],
+                composites: Iterable[CompositeLine] = ()) -> Merged:
     """The lock of a successful build, not written yet.
 
     A full build locks exactly its `lines`. A `partial` one (restricted by --kernel or
@@ -294,9 +467,11 @@ def merge_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
     other entries of kernels the manifest still `defined`. Tuning lines stay while their
     defaults do. Never does it vouch for other bytes under a key the old lock already
     names: an entry whose key is unchanged but whose library (or anything else the runtime
-    acts on) differs is an error (exit 1).
+    acts on) differs is an error (exit 1). The manifest's `composites` are locked where
+    the lock pins every launch's kernel.
     """
-    new = Lock(tuple(lines))
+    composites = tuple(composites)
+    new = Lock(tuple(lines)).with_composites(composites)
     if not partial:  # the usual no-op build: the file says exactly this already
         try:
             if path.read_bytes() == new.dumps():
@@ -309,28 +484,28 @@ def merge_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
     before = old.by_key()
     for le in new.entries:
         was = before.get(le.key)
-        if was is not None and (was.sha256, was.size, was.symbol, was.backward, was.contract,
-                                was.runtime) != (le.sha256, le.size, le.symbol, le.backward,
-                                                 le.contract, le.runtime):
+        if was is not None and dataclasses.replace(was.pin, library=le.pin.library) != le.pin:
             raise CuteccError(
                 f"{le.label} {le.key[:12]}: the cache holds other bytes under a key the lock "
-                f"already names (library SHA-256 {le.sha256[:16]}..., locked "
-                f"{was.sha256[:16]}...); the lock is not rewritten. Run `cutecc verify --fix` "
+                f"already names (library SHA-256 {le.pin.sha256[:16]}..., locked "
+                f"{was.pin.sha256[:16]}...); the lock is not rewritten. Run `cutecc verify --fix` "
                 f"or `cutecc rm {le.key[:12]}`, then build again", where=str(path), exit_code=1)
     kept: tuple[LockEntry, ...] = ()
     if partial:
         ours = {le.key for le in new.entries}
         kept = tuple(e for e in old.entries if (e.kernel, e.arch) not in covered
                      and e.kernel in defined and e.key not in ours)
-        new = Lock(new.entries + kept)
+        new = Lock(new.entries + kept).with_composites(composites)
     return Merged(new.with_tuning(old.tuning), kept)
 
 
 def record_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
-                 covered: set[tuple[str, str]], defined: set[str]) -> bool:
+                 covered: set[tuple[str, str]], defined: set[str],
+                 composites: Iterable[CompositeLine] = ()) -> bool:
     """`merge_build`, written as it is (nothing checked against a cache); True when the
     file changed."""
-    merged = merge_build(path, lines, partial=partial, covered=covered, defined=defined)
+    merged = merge_build(path, lines, partial=partial, covered=covered, defined=defined,
+                         composites=composites)
     return False if merged.unchanged else write_lock(path, merged.lock)
 
 

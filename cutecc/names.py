@@ -29,7 +29,7 @@ KERNEL_SET_RESERVED = frozenset({"arch", "disabled_safety_checks", "get", "items
 # parameters of its `__call__(self, *arrays, **scalars)`.
 CALL_RESERVED = frozenset({"arch", "backward", "builds", "keywords", "name", "select", "tuning",
                            "unusable", "variants", "self", "arrays", "scalars", "grad", "input_names",
-                           "scalar_names", "launches", "inputs", "outputs", "kw"})
+                           "scalar_names", "launches", "inputs", "outputs", "kw", "in_place"})
 
 
 def _problem(name: object, reserved: frozenset[str], what: str) -> str | None:

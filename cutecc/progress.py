@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from cutecc.commands.build import Outcome, Progress
+from cutecc.builder import Outcome, Progress
 from cutecc.plan import Planned
 
 

@@ -39,7 +39,8 @@ from cutecc.entry import MAX_META_BYTES, META, is_key, runtime_record
 from cutecc.errors import CuteccError
 from cutecc.ingest import Blob, Refused, check_file, check_meta, publish
 from cutecc.remote_url import parse_url
-from cutecc.store import Entry, Store
+from cutecc.store.view import Entry
+from cutecc.store.writer import Store
 from cutecc.units import parse_size
 
 LAYOUT = "v1"

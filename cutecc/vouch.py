@@ -11,7 +11,10 @@ comes from `cutecc tune`, possibly on another host: neither was seen by this bui
   a signing build does for every line it signs;
 - `tuning_line_problem`: the winner is a candidate the manifest (as it is now) plans for
   that default, and, when its entry is in the cache, matches the line and is a sibling of
-  the default (`runtime.tuning.sibling_problem`: same kernel, contract and call keywords).
+  the default (`runtime.tuning.sibling_problem`: same kernel, contract and call keywords);
+- `composite_line_problem`: every launch of a composite line is a kernel the lock pins
+  (as `Lock.loads` insists) and its tensors flow through the contracts of those pinned
+  entries (`composite_line.flow_problem`), read from this cache.
 """
 
 from __future__ import annotations
@@ -19,12 +22,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from cutecc.composite_line import CompositeLine, flow_problem
+from cutecc.contract import CallingConvention, args_from_json
 from cutecc.entry import meta_problem
 from cutecc.errors import CuteccError
 from cutecc.ingest import Refused, check_stored
-from cutecc.lockfile import LockEntry
-from cutecc.runtime.tuning import Tuned, sibling_problem
-from cutecc.store import Entry, Store, entry_trust_problem
+from cutecc.lockfile import Lock, LockEntry, Tuned
+from cutecc.runtime.tuning import sibling_problem
+from cutecc.store.view import Entry, entry_trust_problem
+from cutecc.store.writer import Store
 
 # (kernel, variant, arch) -> (the default's key, {candidate key: candidate variant})
 Candidates = Mapping[tuple[str, str, str], tuple[str, Mapping[str, str]]]
@@ -98,3 +104,38 @@ def tuning_line_problem(store: Store, t: Tuned, candidates: Candidates | None, *
     if default is None:
         return f"its default configuration: {why}"
     return sibling_problem(default, winner)
+
+
+def composite_line_problem(store: Store, lock: Lock, c: CompositeLine, *, hashed: bool,
+                           present: bool, memo: Checked | None = None) -> str | None:
+    """Why the composite line `c` of `lock` must not be kept (None: keep it): a launch whose
+    kernel `lock` pins no entry of, variants of a launch that name their tensors unlike
+    each other, or tensors that do not flow through the launches' contracts. Each pinned
+    entry of a launch is read from this cache (`present`: it must be there)."""
+    flows: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+    for ln in c.launches:
+        lines = [le for le in lock.entries if le.kernel == ln]
+        if not lines:
+            return f'launch "{ln}" is a kernel this lock pins no entry of'
+        seen: set[tuple[tuple[str, ...], tuple[str, ...]]] = set()
+        for le in lines:
+            meta, why = _meta(store, le.key, hashed, memo)
+            if meta is None:
+                if present or why != "not in the cache":
+                    return f'launch "{ln}" ({le.label} {le.key[:12]}): {why}'
+                continue
+            why = le.mismatch(Entry(le.key, store.entry_dir(le.key), meta))
+            if why:
+                return f'launch "{ln}" ({le.label} {le.key[:12]}): {why}'
+            try:
+                conv = CallingConvention.of(args_from_json(meta["args"]))
+            except (KeyError, TypeError, ValueError) as e:
+                return f'launch "{ln}" ({le.key[:12]}): malformed contract ({e!r})'
+            seen.add((tuple(t.name for t in conv.inputs), tuple(t.name for t in conv.results)))
+        if len(seen) > 1:
+            return f'the variants of launch "{ln}" name their tensors differently'
+        if seen:
+            flows[ln] = seen.pop()
+    if len(flows) < len(c.launches):  # some launch's entries are elsewhere: nothing to check here
+        return None
+    return flow_problem(c, flows)

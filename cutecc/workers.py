@@ -1,33 +1,23 @@
-"""The build's worker processes: compile, link and publish one entry each.
+"""One entry's work: compile, link and publish it (`build_one`), whoever runs it.
 
-The DSL fixes its target arch when it is imported (`CUTE_DSL_ARCH`), so misses are
-compiled in one pool of spawned processes per arch, the arch given to the pool once, at
-start. Each worker publishes its entry into the store under the key's lock, so two
-builds never build one key twice, and returns the entry's metadata so the lock file is
-written without reading back what was just published. With a writable remote cache, the
-worker that built an entry also uploads it (`cutecc.remote`); an upload that fails is
-reported, never a failed build. `cutecc.executors` chooses who runs `build_one`: this
-module's pools (the local executor) or Ray. Kernel libraries link against the
-toolchain's runtime library, which `ensure_runtime` publishes (once, under its own key's
-lock) before any worker needs it. Each compile is bounded (`Limits`): a worker whose job
-runs past the time limit is killed and replaced, and one under a memory limit has its
-data segment capped (RLIMIT_DATA), so a runaway kernel fails alone.
+Every executor (`cutecc.executors`: this machine's process pools, or Ray) runs
+`build_one` for each job, in a process whose DSL targets the job's arch. It publishes its
+entry into the store under the key's lock, so two builds never build one key twice, and
+returns the entry's metadata so the lock file is written without reading back what was
+just published. With a writable remote cache, the worker that built an entry also uploads
+it (`cutecc.remote`); an upload that fails is reported, never a failed build. Kernel
+libraries link against the toolchain's runtime library, which `ensure_runtime` publishes
+(once, under its own key's lock) before any worker needs it. Each compile is bounded
+(`Limits`); the executors enforce the time limit, `limit_memory` the memory one.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import errno
 import json
-import multiprocessing
-import multiprocessing.connection
-import os
-import signal
-import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -35,11 +25,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from cutecc import environ
 from cutecc.contract import args_to_json
 from cutecc.entry import LIBRARY, library_record, runtime_meta_problem, runtime_soname
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
 from cutecc.key import toolchain
 from cutecc.manifest import Manifest, Variant
 from cutecc.plan import Planned
-from cutecc.store import Store
+from cutecc.store.writer import Store
 from cutecc.units import human_size, now_iso
 
 if TYPE_CHECKING:
@@ -102,6 +92,9 @@ class Result:
     pushed: Pushed | None = None  # what uploading it to the remote cache did, if asked to
 
 
+OnResult = Callable[[BuildJob, Result], None]  # what an executor calls as each job finishes
+
+
 class Limits(NamedTuple):
     """What one compile may take: `seconds` of wall time from when its worker takes it, and
     `memory` bytes of data (RLIMIT_DATA: heap and private mappings, what a runaway compile
@@ -128,158 +121,6 @@ def died_error(what: str, limits: Limits) -> str:
     return f"build worker died ({what}){hint}"
 
 
-def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
-                on_result: Callable[[BuildJob, Result], None],
-                remote: RemoteConfig | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
-    """Build every job, one pool of spawned processes per arch (and per set of device
-    answers: libraries cache what they asked); `on_result` sees each as it finishes. With a
-    writable `remote`, each worker uploads what it built. A compile past `limits.seconds` has
-    its worker killed and replaced (what it staged is swept, never published) and is reported
-    failed; so is one whose worker dies."""
-    by_kind: dict[str, list[BuildJob]] = {}
-    for j in jobs:
-        by_kind.setdefault(j.worker_kind, []).append(j)
-    for items in by_kind.values():
-        _Pool(items[0].arch, max(1, min(workers, len(items))), dict(items[0].env), limits).run(
-            items, store_root, remote, on_result)
-
-
-@dataclass
-class _Slot:
-    """One worker process, its end of the pipe, and the job it compiles (with its start)."""
-
-    proc: Any
-    conn: Any
-    ready: bool = False
-    job: BuildJob | None = None
-    started: float = 0.0
-
-
-class _Pool:
-    """Spawned worker processes for one arch, each fed one job at a time over a pipe, so a
-    job past its time limit can be stopped by killing its worker alone and the slot refilled
-    (a ProcessPoolExecutor breaks as a whole when one of its workers is killed)."""
-
-    MAX_FAILED_STARTS = 3  # workers that died before taking any job: the rest fail
-
-    def __init__(self, arch: str, n: int, env: dict[str, str], limits: Limits) -> None:
-        self.arch, self.n, self.env, self.limits = arch, n, env, limits
-        self.ctx = multiprocessing.get_context("spawn")
-        self.slots: list[Any] = []
-        self.failed_starts = 0
-        self.store_root = Path()
-
-    def _spawn(self) -> _Slot:
-        mine, theirs = self.ctx.Pipe()
-        proc = self.ctx.Process(target=_serve, args=(theirs, self.arch, os.getpid(), self.env,
-                                                     self.limits.memory))
-        with _sigint_held_while_spawning():  # workers start with Ctrl-C blocked
-            proc.start()
-        theirs.close()
-        return _Slot(proc, mine)
-
-    def run(self, jobs: list[BuildJob], store_root: Path, remote: RemoteConfig | None,
-            on_result: Callable[[BuildJob, Result], None]) -> None:
-        queue = collections.deque(jobs)
-        self.store_root = store_root
-        try:
-            self.slots = [self._spawn() for _ in range(self.n)]
-            while queue or any(s.job for s in self.slots):
-                for s in self.slots:
-                    if s.ready and s.job is None and queue:
-                        s.job, s.started = queue.popleft(), time.monotonic()
-                        s.conn.send((s.job, str(store_root), remote))
-                for s, result in self._wait(refill=bool(queue)):
-                    job, s.job = s.job, None
-                    if job is not None and result is not None:
-                        on_result(job, result)
-                if queue and not self.slots:
-                    for job in queue:
-                        on_result(job, Result("failed", 0.0, "build workers could not start "
-                                              f"({self.failed_starts} died before taking a job)"))
-                    queue.clear()
-        finally:  # done, Ctrl-C, or the caller's callback failed: no worker outlives the pool
-            for s in self.slots:
-                with contextlib.suppress(Exception):
-                    s.conn.send(None)
-            for s in self.slots:
-                s.proc.join(5 if s.job is None else 0)
-                _kill(s)
-
-    def _wait(self, refill: bool) -> list[tuple[_Slot, Result | None]]:
-        """Wait for a message, a worker's death or the next deadline; what finished. A slot
-        whose worker was stopped or died is refilled when `refill` (jobs are waiting)."""
-        limit = self.limits.seconds
-        busy = [s.started + limit for s in self.slots if s.job is not None and limit]
-        timeout = max(0.0, min(busy) - time.monotonic()) if busy else None
-        waitables = [s.conn for s in self.slots] + [s.proc.sentinel for s in self.slots]
-        multiprocessing.connection.wait(waitables, timeout)
-        out: list[tuple[_Slot, Result | None]] = []
-        for i, s in enumerate(self.slots):
-            msg: Any = "dead"
-            with contextlib.suppress(EOFError, OSError):
-                if s.conn.poll():
-                    msg = s.conn.recv()
-                elif s.proc.is_alive():
-                    msg = None
-            if msg == "ready":
-                s.ready = True
-            elif isinstance(msg, Result):
-                out.append((s, msg))
-            elif msg == "dead" or (s.job is not None and limit and time.monotonic() - s.started >= limit):
-                stopped = msg != "dead"
-                _kill(s)
-                if s.job is not None:
-                    why = stopped_error(self.limits) if stopped else died_error(_exit_text(s.proc.exitcode),
-                                                                                self.limits)
-                    out.append((s, Result("failed", time.monotonic() - s.started, why)))
-                    with contextlib.suppress(Exception):  # what it staged (its key's lock died with it)
-                        Store(self.store_root).sweep_tmp()
-                elif not s.ready:
-                    self.failed_starts += 1
-                # the slot is refilled, so later jobs still run (not after repeated failed starts)
-                fresh = refill and (s.job is not None or self.failed_starts < self.MAX_FAILED_STARTS)
-                self.slots[i] = self._spawn() if fresh else None
-        self.slots = [s for s in self.slots if s is not None]
-        return out
-
-
-def _kill(s: _Slot) -> None:
-    with contextlib.suppress(Exception):
-        if s.proc.is_alive():
-            s.proc.kill()
-        s.proc.join(5)
-    with contextlib.suppress(Exception):
-        s.conn.close()
-
-
-def _exit_text(code: int | None) -> str:
-    if code is not None and code < 0:
-        with contextlib.suppress(ValueError):
-            return f"killed by {signal.Signals(-code).name}"
-    return f"exit status {code}"
-
-
-def _serve(conn: Any, arch: str, parent: int, env: dict[str, str], memory: int | None) -> None:
-    """A worker: set up once for `arch`, then build each job sent until told to stop."""
-    _init_worker(arch, parent, env)
-    limit_memory(memory)
-    conn.send("ready")
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        if msg is None:
-            return
-        job, store_root, remote = msg
-        try:
-            result = build_one(job, store_root, remote)
-        except BaseException as e:  # MemoryError outside the compile, ...
-            result = Result("failed", 0.0, f"{type(e).__name__}: {e}")
-        conn.send(result)
-
-
 def _memory_hint(error: str) -> str:
     """`error`, naming the memory limit when it reads like running out of memory under one."""
     if _memory_limit and any(m in error for m in _OUT_OF_MEMORY):
@@ -301,60 +142,12 @@ def limit_memory(memory: int | None) -> None:
     if soft == resource.RLIM_INFINITY or cap < soft:
         resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
 
-
-@contextlib.contextmanager
-def _sigint_held_while_spawning() -> Iterator[None]:
-    """Ignore SIGINT while a worker is spawned, and block it too: an ignored signal stays
-    ignored across exec, so a Ctrl-C during the worker's start-up (before `_init_worker`)
-    cannot print a traceback from it; and a blocked one is kept pending even while ignored
-    (Linux discards only unblocked ignored signals), so a Ctrl-C at the build meanwhile is
-    delivered (KeyboardInterrupt) once the handler is back, never lost."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-
-
-def _init_worker(arch: str, parent: int, env: dict[str, str] | None = None) -> None:
-    """Set the manifest's [env] and the DSL's target (before any import), and tie the
-    worker's life to the build's: it dies with its parent (a parent-death signal, and a
-    watchdog for where that is not available), and leaves Ctrl-C to the parent, which
-    stops the pool itself."""
-    from cutecc.compiler import set_target
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # if the spawn left it blocked
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # the parent died before the signal was armed
-        os._exit(1)
-    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
-    os.environ.update(env or {})
-    set_target(arch)
-
-
-def _watch_parent(parent: int) -> None:
-    while True:
-        time.sleep(1.0)
-        if os.getppid() != parent:
-            os._exit(1)
-
-
 def _check_toolchain(planned: dict[str, Any]) -> dict[str, str]:
     now = toolchain()
     if now != planned:  # the key would not describe what builds the artifact
         changed = sorted(k for k in {*planned, *now} if planned.get(k) != now.get(k))
-        raise CuteccError(f"the toolchain changed after the build was planned ({', '.join(changed)});"
-                          " run the build again", where="build", exit_code=1)
+        raise WorkError(f"the toolchain changed after the build was planned ({', '.join(changed)});"
+                        " run the build again", where="build")
     return now
 
 
@@ -363,12 +156,13 @@ def ensure_runtime(store: Store, key: str) -> tuple[Any, bool]:
     store lacks it: (entry, built). Its `used` file is touched, so `cutecc gc` keeps it while
     builds use it."""
     from cutecc.key import runtime_key
-    from cutecc.linker import link_runtime, runtime_inputs
-    from cutecc.store import touch_used
+    from cutecc.linker import link_runtime
+    from cutecc.store.view import touch_used
+    from cutecc.toolchain import runtime_inputs
 
     if key != runtime_key():
-        raise CuteccError(f"runtime library {key[:12]} is not this toolchain's ({runtime_key()[:12]});"
-                          " run the build again", where="build", exit_code=1)
+        raise WorkError(f"runtime library {key[:12]} is not this toolchain's ({runtime_key()[:12]});"
+                        " run the build again", where="build")
 
     def produce(staging: Path) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -379,8 +173,8 @@ def ensure_runtime(store: Store, key: str) -> tuple[Any, bool]:
     entry, built = store.publish(key, produce, runtime=True)
     why = runtime_meta_problem(entry.meta, key)
     if why:
-        raise CuteccError(f"runtime library {key[:12]}: {why}; run `cutecc verify --fix`",
-                          where=str(entry.path), exit_code=1)
+        raise WorkError(f"runtime library {key[:12]}: {why}; run `cutecc verify --fix`",
+                        where=str(entry.path))
     touch_used(entry.path)
     return entry, built
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from cutecc import environ
 from cutecc.report import Report
-from cutecc.store import Store
+from cutecc.store.view import StoreView
 
 # What each extra of cutecc brings, by the distribution that marks it installed.
 EXTRAS = {"build": "nvidia-cutlass-dsl", "test": "pytest", "remote": "obstore", "ray": "ray",
@@ -68,8 +68,8 @@ def _device_arch() -> str | None:
 
 
 def env(cache_dir: str | Path | None = None) -> EnvReport:
-    store = Store(cache_dir)
-    fmt = store.root / "format"
+    store = StoreView(cache_dir)
+    fmt = store.layout.format_file()
     cache = "a cache" if fmt.is_file() else "no cache yet"
     names = (environ.CACHE_DIR, environ.READ_ONLY, environ.ARCH, environ.ALLOW_SHARED_CACHE,
              environ.SYNC_CHECK, environ.TVM_FFI_TORCH, environ.EXECUTOR, environ.RAY_ADDRESS,

@@ -20,7 +20,7 @@ from cutecc.errors import CuteccError
 from cutecc.manifest import find_manifest, load_manifest
 from cutecc.plan import plan
 from cutecc.report import Report
-from cutecc.store import HASH_CACHE, Entry, Store
+from cutecc.store.view import Entry, StoreView
 
 
 @dataclass(frozen=True)
@@ -113,8 +113,8 @@ def explain(kernel: str, manifest: str | Path | None = None, *, variant: str | N
             arch: str | None = None, cache_dir: str | Path | None = None) -> ExplainReport:
     """One explanation per planned (variant, arch) of `kernel`, in plan order."""
     m = load_manifest(manifest or find_manifest(), kernels=(kernel,))
-    store = Store(cache_dir).require()
-    planned = [p for p in plan(m, parse_archs((arch,)) if arch else (), hash_cache=store.root / HASH_CACHE)
+    store = StoreView(cache_dir).require()
+    planned = [p for p in plan(m, parse_archs((arch,)) if arch else (), hash_cache=store.layout.hash_cache())
                if p.kernel.name == kernel]
     if variant is not None:
         ids = sorted({p.variant.id for p in planned})

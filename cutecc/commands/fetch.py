@@ -21,10 +21,11 @@ from typing import Any
 from cutecc import environ
 from cutecc import remote as remote_cache
 from cutecc.entry import file_record
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
 from cutecc.lockfile import LockEntry, read_trusted_lock
 from cutecc.report import Report
-from cutecc.store import Entry, Store, entry_trust_problem
+from cutecc.store.view import Entry, entry_trust_problem
+from cutecc.store.writer import Store
 from cutecc.units import human_size
 
 
@@ -82,8 +83,8 @@ def fetch(lock: str | Path, *, remote: str | None = None, cache_dir: str | Path 
     once the lock's signature verifies (see the module docstring)."""
     t0 = time.perf_counter()
     if environ.read_only():
-        raise CuteccError(f"read-only mode (${environ.READ_ONLY}): fetch writes to the cache",
-                          where="cutecc fetch", exit_code=1)
+        raise WorkError(f"read-only mode (${environ.READ_ONLY}): fetch writes to the cache",
+                        where="cutecc fetch")
     cfg = remote_cache.config(remote, write=False)
     if cfg is None:
         raise CuteccError(f"no remote cache: give --remote s3://BUCKET/PREFIX or set ${environ.REMOTE}",

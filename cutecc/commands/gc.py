@@ -1,4 +1,5 @@
-"""`cutecc gc`: evict least recently used entries to fit a size, or those unused for an age.
+"""`cutecc gc`: evict least recently used entries to fit a size, those unused for an age, or
+those nothing recorded names (`--unreachable`).
 
 Last use is the later of an entry's `used` mtime (touched by `cutecc build` on a hit and
 by the runtime at registration) and its `built_at`. Removal goes through
@@ -8,6 +9,14 @@ library goes once no entry links against it and it has not been used (linked aga
 a build, loaded by a program) for RUNTIME_GRACE_S: a build may be about to publish
 entries that need it. `--max-size` bounds the entries' bytes; the runtime libraries (one
 per toolchain, shared by its entries) are reported beside them.
+
+`--unreachable` evicts, as pre-commit's and uv's gc do, what no record names: an entry is
+reachable when the newest build of a kernel and arch (`generations/`) or of a manifest
+(`manifests/`), a stored tuning plan, a tuning record, or a lock file given with
+`--keep-lock` names it (`StoreView.recorded_keys`). An entry built or used within the
+grace period stays (a build records its generation only when it ends). The other areas
+follow the entries: a tuning record goes with its default entry, and (with `older_than`)
+tuning plans, received sources (`src/`) and quarantined entries of that age go.
 """
 
 from __future__ import annotations
@@ -20,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from cutecc.entry import label_of, runtime_record
+from cutecc.errors import CuteccError
 from cutecc.locks import Busy
 from cutecc.report import Report
-from cutecc.store import Store
+from cutecc.store.writer import Store
 from cutecc.units import human_size, iso, parse_age, parse_size
 
 RUNTIME_GRACE_S = 3600.0
@@ -40,6 +50,10 @@ class GcReport(Report):
     quarantine_removed: int = 0
     removed_runtimes: list[dict[str, Any]] = field(default_factory=list)  # key, library, bytes
     runtime_bytes: int = 0  # of the runtime libraries kept
+    unreachable: bool = False  # evicting what no record names
+    removed_tuning: list[str] = field(default_factory=list)  # default keys whose records went
+    removed_plans: int = 0  # tuning plans older than `older_than`
+    removed_sources: int = 0  # src/ trees older than `older_than`
 
     def to_json(self) -> dict[str, Any]:
         removed = [dict(r, last_used=iso(r["last_used"])) for r in self.removed]
@@ -51,7 +65,13 @@ class GcReport(Report):
 
     def lines(self, verbose: int = 0) -> list[str]:
         verb = "would remove" if self.dry_run else "removed"
-        out = [f"{verb} {r['label']} {r['key'][:12]} ({human_size(r['bytes'])})" for r in self.removed]
+        out = [f"{verb} {r['label']} {r['key'][:12]} ({human_size(r['bytes'])})"
+               + (": no recorded build, tuning or lock names it" if r.get("unreachable") else "")
+               for r in self.removed]
+        out += [f"{verb} the tuning record of {k[:12]}: its default entry went" for k in self.removed_tuning]
+        if self.removed_plans or self.removed_sources:
+            out.append(f"{verb} {self.removed_plans} tuning plan(s) and {self.removed_sources} "
+                       "received source tree(s) past the age")
         out += [f"{verb} runtime library {r['library']} ({human_size(r['bytes'])}): no entry links "
                 "against it" for r in self.removed_runtimes]
         out.append(f"{verb} {len(self.removed)} entries "
@@ -63,22 +83,30 @@ class GcReport(Report):
 
 
 def gc(cache_dir: str | Path | None = None, *, max_size: str | int | None = None,
-       older_than: str | float | None = None, dry_run: bool = False, now: float | None = None,
+       older_than: str | float | None = None, unreachable: bool = False,
+       keep_locks: tuple[str | Path, ...] = (), dry_run: bool = False, now: float | None = None,
        lock_timeout: float = 0) -> GcReport:
-    """Remove entries unused for `older_than`, then the least recently used until the cache
-    holds at most `max_size` bytes; also sweep tmp/ leftovers and (with `older_than`) old
-    quarantined entries. `dry_run` only reports what would go."""
+    """Remove entries unused for `older_than`, with `unreachable` those no record (nor a lock
+    of `keep_locks`) names, then the least recently used until the cache holds at most
+    `max_size` bytes; also sweep tmp/ leftovers, the tuning records of removed defaults and
+    (with `older_than`) old quarantined entries, tuning plans and received sources.
+    `dry_run` only reports what would go."""
     limit = None if max_size is None else parse_size(max_size)
     age = None if older_than is None else parse_age(older_than)
+    if keep_locks and not unreachable:
+        raise CuteccError("--keep-lock keeps entries from --unreachable eviction; give both",
+                          where="cutecc gc")
     store = Store(cache_dir).require()
     now = time.time() if now is None else now
-    report = GcReport(str(store.root), dry_run)
+    report = GcReport(str(store.root), dry_run, unreachable=unreachable)
+    reachable = _reachable(store, keep_locks) if unreachable else None
     entries = sorted(((e.last_used(), e.key, e) for e in store.entries()), key=lambda t: t[:2])
     sizes = {e.key: e.disk_bytes() for _, _, e in entries}
     total = sum(sizes.values())
     for used, key, e in entries:  # oldest first
         stale = age is not None and now - used > age
-        if not stale and (limit is None or total <= limit):
+        orphan = reachable is not None and key not in reachable and now - used >= RUNTIME_GRACE_S
+        if not stale and not orphan and (limit is None or total <= limit):
             report.kept += 1
             continue
         try:
@@ -90,7 +118,7 @@ def gc(cache_dir: str | Path | None = None, *, max_size: str | int | None = None
         if gone:
             total -= sizes[key]
             report.removed.append({"key": key, "label": label_of(e.meta), "bytes": sizes[key],
-                                   "last_used": used})
+                                   "last_used": used, "unreachable": orphan and not stale})
     gone = {r["key"] for r in report.removed}
     linked = {rec["key"] for _, key, e in entries if key not in gone
               for rec in [runtime_record(e.meta)] if rec is not None}
@@ -109,20 +137,49 @@ def gc(cache_dir: str | Path | None = None, *, max_size: str | int | None = None
             report.removed_runtimes.append({"key": rt.key, "library": rt.meta.get("library"),
                                             "bytes": size})
     report.kept_bytes = total
+    for key in sorted(gone):  # a tuning record of a default that went serves nothing
+        if store.layout.tuning_result(key).is_file() and (dry_run or store.remove_tuning_results(key)):
+            report.removed_tuning.append(key)
+    if age is not None:
+        report.removed_plans = _prune(store.layout.tuning_plans(), now - age, dry_run)
+        report.removed_sources = _prune(store.layout.sources(), now - age, dry_run)
     if not dry_run:
         report.swept_tmp = store.sweep_tmp()
         if age is not None:
-            report.quarantine_removed = _prune_quarantine(store, now - age)
+            report.quarantine_removed = _prune(store.quarantine_dir, now - age, dry_run)
     return report
 
 
-def _prune_quarantine(store: Store, before: float) -> int:
+def _reachable(store: Store, locks: tuple[str | Path, ...]) -> frozenset[str]:
+    """The keys the cache's records name, and every key (tuned winners too) of `locks`."""
+    from cutecc.lockfile import read_lock
+
+    keys = set(store.recorded_keys())
+    for path in locks:
+        lock = read_lock(path)
+        keys.update(lock.distinct_keys())
+        keys.update(t.base for t in lock.tuning)
+    return frozenset(keys)
+
+
+def _prune(area: Path, before: float, dry_run: bool) -> int:
+    """Remove what `area` holds that was last changed before `before` (epoch seconds):
+    files and directories alike, never following a link; returns how many."""
     n = 0
-    for d in sorted(store.quarantine_dir.glob("*")) if store.quarantine_dir.is_dir() else []:
+    try:
+        items = sorted(area.iterdir())
+    except OSError:
+        return 0
+    for d in items:
         try:
-            if os.stat(d).st_mtime < before:
-                shutil.rmtree(d, ignore_errors=True)
-                n += 1
+            if os.lstat(d).st_mtime >= before:
+                continue
+            if not dry_run:
+                if d.is_dir() and not d.is_symlink():
+                    shutil.rmtree(d, ignore_errors=True)
+                else:
+                    d.unlink(missing_ok=True)
+            n += 1
         except OSError:
             continue
     return n

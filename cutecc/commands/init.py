@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from cutecc.atomic import atomic_write
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
 from cutecc.report import Report
 
 PACKAGE = "starter_kernels"
@@ -93,13 +93,12 @@ def init(directory: str | Path = ".", *, name: str = "scale") -> InitReport:
              root / PACKAGE / f"{name}.py": _KERNEL.format(name=name)}
     existing = [str(p) for p in files if p.exists()]
     if existing:
-        raise CuteccError(f"already exists: {', '.join(existing)}; nothing written",
-                          where=str(root), exit_code=1)
+        raise WorkError(f"already exists: {', '.join(existing)}; nothing written",
+                        where=str(root))
     try:
         for path, text in files.items():
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, text.encode())
     except OSError as e:
-        raise CuteccError(f"cannot write: {e.strerror}", where=str(e.filename or root),
-                          exit_code=1) from None
+        raise WorkError(f"cannot write: {e.strerror}", where=str(e.filename or root)) from None
     return InitReport(root, tuple(files))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cutecc.errors import CuteccError
+from cutecc.errors import WorkError
 from cutecc.report import Report
 
 
@@ -34,11 +34,10 @@ def keygen(prefix: str | os.PathLike[str], comment: str = "") -> KeygenReport:
     from cutecc import signing
 
     if Path(f"{os.fspath(prefix)}.key").exists() or Path(f"{os.fspath(prefix)}.pub").exists():
-        raise CuteccError("a key of that name exists; nothing written (choose another --out)",
-                          where=os.fspath(prefix), exit_code=1)
+        raise WorkError("a key of that name exists; nothing written (choose another --out)",
+                        where=os.fspath(prefix))
     try:
         private, public = signing.keygen(prefix, comment)
     except OSError as e:
-        raise CuteccError(f"cannot write the key: {e.strerror}", where=str(e.filename or prefix),
-                          exit_code=1) from None
+        raise WorkError(f"cannot write the key: {e.strerror}", where=str(e.filename or prefix)) from None
     return KeygenReport(private, public, signing.read_public_key(public).key_id)

@@ -9,7 +9,7 @@ from typing import Any
 
 from cutecc.entry import call_keywords
 from cutecc.report import Report
-from cutecc.store import Store
+from cutecc.store.view import StoreView
 from cutecc.units import human_age, human_size
 
 
@@ -76,7 +76,7 @@ def list_entries(cache_dir: str | Path | None = None, *, kernel: str | None = No
     """One row per published entry, sorted by kernel, variant and arch (no cache: exit 1)."""
     from cutecc.runtime.tuning import winners_in
 
-    store = Store(cache_dir).require()
+    store = StoreView(cache_dir).require()
     wins = winners_in(store.root)
     rows = []
     for e in store.entries():

@@ -22,6 +22,7 @@ from cutecc import environ, trust
 from cutecc.archive import tar_bytes, wheel_bytes
 from cutecc.archs import parse_archs
 from cutecc.atomic import atomic_write
+from cutecc.composite_line import CompositeLine
 from cutecc.elf import manylinux_tag
 from cutecc.entry import (
     MAX_LIBRARY_BYTES,
@@ -33,12 +34,12 @@ from cutecc.entry import (
     runtime_meta_problem,
     runtime_record,
 )
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
 from cutecc.ingest import Refused, check_whole
 from cutecc.lockfile import LOCK_NAME, Lock, lock_for, read_lock
 from cutecc.report import Report
 from cutecc.runtime.package import PACK_DIR
-from cutecc.store import Store
+from cutecc.store.writer import Store
 from cutecc.units import human_size
 
 # A wheel's tag: pure Python (the libraries are loaded by cutecc, not imported), and the
@@ -145,7 +146,9 @@ def select(store: Store, *, manifest: str | Path | None = None, lock: str | Path
     """The lock of what to pack: a manifest's planned entries, or a lock file's, filtered.
 
     Every entry must be in the cache with the library the lock names (else exit 1).
-    Backward kernels of selected kernels come along (`jax.grad` needs them).
+    Backward kernels of selected kernels come along (`jax.grad` needs them), a composite's
+    launches with it, and so do the composite lines whose launches all come (each checked
+    against the cache's contracts, `cutecc.vouch`, as the lock that ships them is signed).
     """
     if (manifest is None) == (lock is None):
         raise CuteccError("pass exactly one of --manifest and --lock", where="cutecc pack")
@@ -157,6 +160,8 @@ def select(store: Store, *, manifest: str | Path | None = None, lock: str | Path
         m = load_manifest(manifest, kernels=kernels)
         planned = plan(m, parse_archs(archs) if archs else ())
         chosen = lock_for([(p.kernel.name, p.variant.id, p.arch, p.key) for p in planned], store)
+        chosen = chosen.with_composites(CompositeLine(c.name, c.launches, c.inputs, c.outputs)
+                                        for c in m.composites)
     else:
         full = read_lock(lock)  # type: ignore[arg-type]
         chosen = full.select(archs, kernels)
@@ -165,6 +170,9 @@ def select(store: Store, *, manifest: str | Path | None = None, lock: str | Path
             for entry, _ in chosen.resolve(store):
                 if isinstance(entry.meta.get("backward"), str):
                     wanted.add(entry.meta["backward"])
+            for c in full.composites:  # a composite asked for, or a selected kernel's backward
+                if c.name in wanted:
+                    wanted |= set(c.launches)
             chosen = full.select(archs, wanted)
     if not chosen.entries:
         raise CuteccError("nothing to pack: no entry matches the --arch/--kernel filters",
@@ -172,15 +180,20 @@ def select(store: Store, *, manifest: str | Path | None = None, lock: str | Path
     for entry, le in chosen.resolve_all(store):  # tuned winners ship too, the rest of a space not
         why = le.mismatch(entry)
         if why:
-            raise CuteccError(f"{le.label}: {why}", where=str(entry.path), exit_code=1)
-    from cutecc.vouch import tuning_line_problem
+            raise WorkError(f"{le.label}: {why}", where=str(entry.path))
+    from cutecc.vouch import composite_line_problem, tuning_line_problem
+
+    for c in chosen.composites:  # the pack's signed lock vouches for how their tensors flow
+        why = composite_line_problem(store, chosen, c, hashed=False, present=True)
+        if why:
+            raise WorkError(f"composite {c.name}: {why}; run `cutecc build`", where=str(lock or manifest))
 
     for t in chosen.tuning:  # a pack's lock vouches for its tuning lines too (and is signed)
         why = tuning_line_problem(store, t, None, hashed=False, present=True)
         if why:
-            raise CuteccError(f"tuning line {t.kernel}[{t.variant}]@{t.arch} {t.bucket} on {t.device}: "
-                              f"{why}; run `cutecc build` (which drops it) or `cutecc tune` again",
-                              where=str(lock or manifest), exit_code=1)
+            raise WorkError(f"tuning line {t.kernel}[{t.variant}]@{t.arch} {t.bucket} on {t.device}: "
+                            f"{why}; run `cutecc build` (which drops it) or `cutecc tune` again",
+                            where=str(lock or manifest))
     return chosen
 
 
@@ -213,7 +226,8 @@ def pack(*, name: str, version: str, manifest: str | Path | None = None,
         path = out / f"{dist}-{version}-{tag}.whl"
         init = _INIT.format(name=name, version=version, package=package,
                             archs=", ".join(sorted(a for a in sizes if a != "runtime")),
-                            kernels=tuple(sorted({e.kernel for e in chosen.entries})),
+                            kernels=tuple(sorted({*(e.kernel for e in chosen.entries),
+                                                  *(c.name for c in chosen.composites)})),
                             first=min(e.kernel for e in chosen.entries))
         import cutecc
 
@@ -236,8 +250,8 @@ def _tree(chosen: Lock, store: Store) -> tuple[dict[str, bytes], dict[str, dict[
     sizes: dict[str, dict[str, int]] = {}
     runtimes: dict[str, dict[str, Any]] = {}
     for entry, le in chosen.resolve_all(store):  # the entries and the tuned winners
-        base = f"entries/{entry.key[:2]}/{entry.key}"
-        parts = ("entries", entry.key[:2], entry.key)
+        parts = store.layout.entry_parts(entry.key)  # the pack's tree is a cache's
+        base = "/".join(parts)
         meta_bytes = _read(store, (*parts, META), MAX_META_BYTES, le.label)
         try:  # the one verifier's rule, on exactly the bytes that go into the pack
             files = {n: _read(store, (*parts, n), r["size"], le.label)
@@ -247,8 +261,8 @@ def _tree(chosen: Lock, store: Store) -> tuple[dict[str, bytes], dict[str, dict[
         except (Refused, KeyError, TypeError, AttributeError) as e:
             why = e.why if isinstance(e, Refused) else f"malformed meta.json ({type(e).__name__})"
         if why:
-            raise CuteccError(f"{le.label}: {why}; run `cutecc verify --fix` and rebuild",
-                              where=str(entry.path), exit_code=1)
+            raise WorkError(f"{le.label}: {why}; run `cutecc verify --fix` and rebuild",
+                            where=str(entry.path))
         tree[f"{base}/{META}"] = meta_bytes
         for fname, data in files.items():
             tree[f"{base}/{fname}"] = data
@@ -259,7 +273,8 @@ def _tree(chosen: Lock, store: Store) -> tuple[dict[str, bytes], dict[str, dict[
         assert rec is not None  # meta_problem checked it
         runtimes.setdefault(rec["key"], rec)
     for key, rec in sorted(runtimes.items()):
-        base, parts = f"runtimes/{key[:2]}/{key}", ("runtimes", key[:2], key)
+        parts = store.layout.runtime_parts(key)
+        base = "/".join(parts)
         what = f"runtime library {rec['library']}"
         meta_bytes = _read(store, (*parts, META), MAX_META_BYTES, what)
         try:
@@ -271,8 +286,8 @@ def _tree(chosen: Lock, store: Store) -> tuple[dict[str, bytes], dict[str, dict[
         if not why and (len(data) != rec["size"] or hashlib.sha256(data).hexdigest() != rec["sha256"]):
             why = "does not match the SHA-256 its entries record"
         if why:
-            raise CuteccError(f"{what}: {why}; run `cutecc verify --fix` and `cutecc build`",
-                              where=str(store.runtime_dir(key)), exit_code=1)
+            raise WorkError(f"{what}: {why}; run `cutecc verify --fix` and `cutecc build`",
+                            where=str(store.runtime_dir(key)))
         tree[f"{base}/{META}"] = meta_bytes
         tree[f"{base}/{meta['library']}"] = data
         s = sizes.setdefault("runtime", {"entries": 0, "bytes": 0})
@@ -288,5 +303,5 @@ def _read(store: Store, parts: tuple[str, ...], max_bytes: int, label: str) -> b
     try:
         return trust.read_file(store.root, parts, max_bytes)
     except OSError as e:
-        raise CuteccError(f"{label}: cannot read {parts[-1]}: {e.strerror}; run `cutecc verify --fix` "
-                          "and rebuild", where=str(store.root.joinpath(*parts)), exit_code=1) from None
+        raise WorkError(f"{label}: cannot read {parts[-1]}: {e.strerror}; run `cutecc verify --fix` "
+                        "and rebuild", where=str(store.root.joinpath(*parts))) from None

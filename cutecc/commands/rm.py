@@ -2,6 +2,8 @@
 
 Removal goes through `Store.remove`: under the key's lock and by rename out of entries/
 first, so a concurrent build never interleaves and a reader sees an entry whole or absent.
+A removed entry's tuning record (`tuning/results/<key>.json`, when it was a tuned default)
+goes with it: it would pick builds for a default that is gone.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from typing import Any
 
 from cutecc.commands.show import resolve
 from cutecc.entry import label_of
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
 from cutecc.locks import Busy
 from cutecc.report import Report
-from cutecc.store import Entry, Store
+from cutecc.store.view import Entry
+from cutecc.store.writer import Store
 from cutecc.units import human_size
 
 
@@ -25,6 +28,7 @@ class RmReport(Report):
     dry_run: bool
     removed: list[dict[str, Any]] = field(default_factory=list)  # key, label, bytes
     busy: list[str] = field(default_factory=list)
+    removed_tuning: list[str] = field(default_factory=list)  # defaults whose tuning record went
 
     @property
     def ok(self) -> bool:
@@ -36,7 +40,7 @@ class RmReport(Report):
 
     def to_json(self) -> dict[str, Any]:
         return {"cache_dir": self.cache_dir, "dry_run": self.dry_run, "removed": self.removed,
-                "busy": self.busy, "ok": self.ok}
+                "busy": self.busy, "removed_tuning": self.removed_tuning, "ok": self.ok}
 
     def warnings(self) -> list[str]:
         return [f"error: {k[:12]}: locked by another process (a build?); not removed"
@@ -44,7 +48,8 @@ class RmReport(Report):
 
     def lines(self, verbose: int = 0) -> list[str]:
         verb = "would remove" if self.dry_run else "removed"
-        return [f"{verb} {r['label']} {r['key'][:12]} ({human_size(r['bytes'])})" for r in self.removed]
+        return [f"{verb} {r['label']} {r['key'][:12]} ({human_size(r['bytes'])})" for r in self.removed] + [
+            f"{verb} the tuning record of {k[:12]}" for k in self.removed_tuning]
 
 
 def select(store: Store, keys: tuple[str, ...] = (), kernel: str | None = None,
@@ -66,8 +71,7 @@ def select(store: Store, keys: tuple[str, ...] = (), kernel: str | None = None,
              if (not kernel or e.meta.get("kernel") == kernel) and (not arch or e.meta.get("arch") == arch)]
     if not found:
         what = " and ".join(f"{n} {v!r}" for n, v in (("kernel", kernel), ("arch", arch)) if v)
-        raise CuteccError(f"no entry matches {what} (see `cutecc list`)", where=str(store.root),
-                          exit_code=1)
+        raise WorkError(f"no entry matches {what} (see `cutecc list`)", where=str(store.root))
     return found
 
 
@@ -85,4 +89,7 @@ def rm(cache_dir: str | Path | None = None, *, keys: tuple[str, ...] = (), kerne
             continue
         if gone:
             report.removed.append({"key": e.key, "label": label_of(e.meta), "bytes": size})
+            tuned = store.layout.tuning_result(e.key).is_file()
+            if tuned and (dry_run or store.remove_tuning_results(e.key)):
+                report.removed_tuning.append(e.key)
     return report

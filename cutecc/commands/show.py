@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from cutecc.commands.list import call_text
+from cutecc.contract import TensorArg, args_from_json, flat_leaves
 from cutecc.entry import call_keywords, label_of
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
 from cutecc.report import Report
-from cutecc.store import Entry, Store
+from cutecc.store.view import Entry, StoreView
 from cutecc.units import human_size, iso
 
 
@@ -33,6 +34,7 @@ class ShowReport(Report):
         call = call_text(call_keywords(info["meta"]))
         if call:
             out.append(f"call with  {call}")
+        out += [f"in place   {note}" for note in info.get("in_place", [])]
         out.append("files")
         out += [f"  {f['name']}  {f['size']} B  sha256 {f['sha256']}" for f in info["files"]]
         out += [f"tuned winner for {w}" for w in info.get("winner_for", [])]
@@ -46,7 +48,27 @@ class ShowReport(Report):
         return out
 
 
-def resolve(store: Store, prefix: str) -> str:
+def in_place_notes(meta: dict[str, Any]) -> list[str]:
+    """What the entry's contract lets a caller do about copies: an `inout` tensor is written
+    in its input's buffer on every call (XLA copies that input first unless it is dead:
+    donate it), an output declared `may_alias` is written in its input's buffer when the
+    call asks (`kernel.in_place`). Nothing for a contract that cannot be read."""
+    try:
+        tensors = [a for a in flat_leaves(args_from_json(meta["args"])) if isinstance(a, TensorArg)]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return []
+    kernel = meta.get("kernel", "k")
+    notes = [f"{t.name} is inout: written in the caller's array, which XLA copies first unless "
+             f"it is dead; under jit donate it (jax.jit(f, donate_argnums=...)) or pass an "
+             f"intermediate used once" for t in tensors if t.role == "inout"]
+    notes += [f"{t.name} may be written in {t.may_alias}'s memory: ks.{kernel}.in_place(...) under "
+              f"jit reuses {t.may_alias}'s buffer where it is dead (a loop carry, a donated "
+              f"argument); where {t.may_alias} stays live XLA copies it first, so call plainly there"
+              for t in tensors if t.role == "output" and t.may_alias]
+    return notes
+
+
+def resolve(store: StoreView, prefix: str) -> str:
     """The one key that starts with `prefix`.
 
     A prefix that is not hex, or that matches several entries (the error lists them),
@@ -57,8 +79,7 @@ def resolve(store: Store, prefix: str) -> str:
         raise CuteccError(f'"{prefix}" is not a key or key prefix (hex digits)', where="KEY")
     keys = store.match(p)
     if not keys:
-        raise CuteccError(f'no entry matches "{prefix}" (see `cutecc list`)', where=str(store.root),
-                          exit_code=1)
+        raise WorkError(f'no entry matches "{prefix}" (see `cutecc list`)', where=str(store.root))
     if len(keys) > 1:
         shown = [f"{k[:16]} {_label_of(store, k)}" for k in keys[:20]]
         more = f" (and {len(keys) - 20} more)" if len(keys) > 20 else ""
@@ -67,7 +88,7 @@ def resolve(store: Store, prefix: str) -> str:
     return keys[0]
 
 
-def _label_of(store: Store, key: str) -> str:
+def _label_of(store: StoreView, key: str) -> str:
     try:
         entry = store.get(key)
     except CuteccError:
@@ -75,11 +96,11 @@ def _label_of(store: Store, key: str) -> str:
     return label_of(entry.meta) if entry else "(removed)"
 
 
-def get_entry(store: Store, prefix: str) -> Entry:
+def get_entry(store: StoreView, prefix: str) -> Entry:
     """The entry for KEY|PREFIX (see `resolve`); unreadable metadata is an error naming it."""
     entry = store.get(resolve(store, prefix))
     if entry is None:  # removed between the two looks
-        raise CuteccError(f'no entry matches "{prefix}"', where=str(store.root), exit_code=1)
+        raise WorkError(f'no entry matches "{prefix}"', where=str(store.root))
     return entry
 
 
@@ -87,7 +108,7 @@ def show(key: str, cache_dir: str | Path | None = None) -> ShowReport:
     """The entry for KEY|PREFIX: its metadata, its files (name, size, sha256), its last use."""
     from cutecc.runtime.tuning import winners_in
 
-    store = Store(cache_dir).require()
+    store = StoreView(cache_dir).require()
     entry = get_entry(store, key)
     recs = entry.meta.get("files")
     recs = recs if isinstance(recs, dict) else {}  # damaged metadata: `cutecc verify` says how
@@ -101,5 +122,6 @@ def show(key: str, cache_dir: str | Path | None = None) -> ShowReport:
         "last_used": iso(entry.last_used()),
         "files": files,
         "meta": entry.meta,
+        "in_place": in_place_notes(entry.meta),
         "winner_for": winners_in(store.root).get(entry.key, []),
     })

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cutecc.report import Report
-from cutecc.store import Store
+from cutecc.store.view import StoreView
 from cutecc.units import human_size
 
 
@@ -54,7 +54,7 @@ class StatsReport(Report):
 def stats(cache_dir: str | Path | None = None) -> StatsReport:
     """Entries and runtime libraries with their bytes on disk, quarantined entries, and the
     recorded build counters."""
-    store = Store(cache_dir).require()
+    store = StoreView(cache_dir).require()
     entries = list(store.entries())
     runtimes = list(store.runtimes())
     quarantined = sum(1 for _ in store.quarantine_dir.iterdir()) if store.quarantine_dir.is_dir() else 0

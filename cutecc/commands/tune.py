@@ -17,18 +17,19 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
+from cutecc.lockfile import Tuned, parse_tuning_lines
 from cutecc.report import Report
 from cutecc.runtime.tuning import (
-    Tuned,
     dumps_records,
-    parse_lines,
     read_cached,
-    results_path,
     sibling_problem,
 )
+
+if TYPE_CHECKING:
+    from cutecc.store.writer import Store
 
 MAX_RESULTS_BYTES = 64 << 20
 
@@ -120,7 +121,7 @@ def tune(manifest_path: str | Path, *, kernels: tuple[str, ...] = (), buckets: t
     """Run the steps of `cutecc tune` (see the module docstring). `sign_key` (or
     `$CUTECC_SIGNING_KEY`) signs the lock when recording changes it."""
     from cutecc.lockfile import LOCK_NAME
-    from cutecc.store import Store
+    from cutecc.store.writer import Store
     from cutecc.tuning import plan as tplan
 
     if sum(map(bool, (dry_run, compile_only, measure, record, check))) > 1:
@@ -148,22 +149,12 @@ def tune(manifest_path: str | Path, *, kernels: tuple[str, ...] = (), buckets: t
     if mode in ("measure", "check"):
         report.plan = [it for it in tplan.read_plan(store.root, digest, str(manifest_path))
                        if (not kernels or it["kernel"] in kernels) and (not archs or it["arch"] in archs)]
-    else:
+    elif mode == "dry-run":
         from cutecc.manifest import load_manifest
 
-        m = load_manifest(manifest_path)
-        report.plan = tplan.items(m, archs, kernels)
-    if mode in ("compile", "all"):
-        from cutecc.commands.build import build
-
-        t0 = time.perf_counter()
-        names = tuple(sorted({it["kernel"] for it in report.plan}))
-        b = build(manifest_path, archs=archs, cache_dir=cache_dir, jobs=jobs, kernels=names,
-                  candidates=True)
-        report.compile_seconds = time.perf_counter() - t0
-        report.built, report.cached = b.count("built"), b.count("cached")
-        errors = {o.planned.key: o.error or "?" for o in b.outcomes if o.status == "failed"}
-        report.failed, report.dropped = _drop_failed(report.plan, errors)
+        report.plan = tplan.items(load_manifest(manifest_path), archs, kernels)
+    else:
+        _compile(report, manifest_path, store, archs, kernels, jobs)
         if report.failed:
             return report
         tplan.write_plan(store.root, digest, report.plan)
@@ -193,6 +184,36 @@ def tune(manifest_path: str | Path, *, kernels: tuple[str, ...] = (), buckets: t
         elif report.records:
             _record(report, report.plan, store.root, lock_path, lock, sign_key)
     return report
+
+
+def _compile(report: TuneReport, manifest_path: Path, store: Store, archs: tuple[str, ...],
+             kernels: tuple[str, ...], jobs: int | None) -> None:
+    """Compile every candidate of the tuned kernels (and what `cutecc build` would build
+    with them: their backward kernels) through the build pipeline, under the keys `build`
+    gives them; the manifest parsed once, and planned once for both the jobs and the tuning
+    plan. Nothing is recorded as the kernels' current build, and no lock is written.
+    Candidates that fail to compile are dropped from `report.plan`."""
+    from cutecc import builder, environ
+    from cutecc.archs import parse_archs
+    from cutecc.dists import HashCache
+    from cutecc.manifest import load_manifest
+    from cutecc.tuning import plan as tplan
+
+    t0 = time.perf_counter()
+    full = load_manifest(manifest_path)
+    names = tplan.tuned(full, kernels)
+    read_only = environ.read_only()
+    archs = parse_archs(archs) if archs else ()
+    how = builder.settings(full, jobs=jobs, read_only=read_only)
+    hashes = None if read_only else HashCache(store.layout.hash_cache())
+    target = builder.target(full, archs=archs, kernels=names, candidates=True, hashes=hashes)
+    report.plan = tplan.items_of(full, names, target.planned, archs)
+    done = builder.run(target, store, how, hashes=hashes)
+    report.compile_seconds = time.perf_counter() - t0
+    report.built = sum(o.status == "built" for o in done.outcomes)
+    report.cached = sum(o.status == "cached" for o in done.outcomes)
+    errors = {o.planned.key: o.error or "?" for o in done.outcomes if o.status == "failed"}
+    report.failed, report.dropped = _drop_failed(report.plan, errors)
 
 
 def _drop_failed(plan: list[dict[str, Any]], errors: dict[str, str]) -> tuple[list[str], list[str]]:
@@ -229,7 +250,7 @@ def read_results(path: str | Path) -> list[dict[str, Any]]:
         raise CuteccError(f"not a results file: {e}", where=str(path)) from None
     if not isinstance(doc, dict) or doc.get("format") != 1 or not isinstance(doc.get("records"), list):
         raise CuteccError("not a `cutecc tune` results file of format 1", where=str(path))
-    parse_lines(doc["records"], str(path), "records")
+    parse_tuning_lines(doc["records"], str(path), "records")
     return doc["records"]
 
 
@@ -238,9 +259,8 @@ def _record(report: TuneReport, plan_items: list[dict[str, Any]], root: Path, lo
     """Merge records into the cache (full records) and the lock (winner lines). A winner is
     recorded only if it is a candidate the plan (the manifest's, as it is now) has for that
     default, and its entry in this cache matches the record's bytes."""
-    from cutecc.atomic import atomic_write
     from cutecc.lockfile import read_lock, write_lock
-    from cutecc.store import Store
+    from cutecc.store.writer import Store
 
     store = Store(root)
     plan = {(it["kernel"], it["variant"], it["arch"]): it for it in plan_items}
@@ -250,16 +270,16 @@ def _record(report: TuneReport, plan_items: list[dict[str, Any]], root: Path, lo
         it = plan.get((t.kernel, t.variant, t.arch))
         cands = {c["key"]: c["variant"] for c in it["candidates"]} if it else {}
         if it is None or it["base"] != t.base or cands.get(t.winner) != t.winner_variant:
-            raise CuteccError(f"{t.kernel}[{t.variant}]@{t.arch} {t.bucket}: the winner {t.winner[:12]} is "
-                              "not a candidate of the manifest as it is now (stale results?)",
-                              where=str(lock_path), exit_code=1)
+            raise WorkError(f"{t.kernel}[{t.variant}]@{t.arch} {t.bucket}: the winner {t.winner[:12]} is "
+                            "not a candidate of the manifest as it is now (stale results?)",
+                            where=str(lock_path))
         e, base = store.get(t.winner), store.get(t.base)
         why = "not in the cache" if e is None else t.mismatch(e.meta) or (
             "its default configuration is not in the cache" if base is None
             else sibling_problem(base.meta, e.meta))
         if why:
-            raise CuteccError(f"{t.kernel}[{t.winner_variant}] {t.winner[:12]}: {why}; run "
-                              "`cutecc tune --compile-only`", where=str(root), exit_code=1)
+            raise WorkError(f"{t.kernel}[{t.winner_variant}] {t.winner[:12]}: {why}; run "
+                            "`cutecc tune --compile-only`", where=str(root))
         lines.append(t)
     by_base: dict[str, list[dict[str, Any]]] = {}
     for r in report.records:
@@ -267,9 +287,7 @@ def _record(report: TuneReport, plan_items: list[dict[str, Any]], root: Path, lo
     for base, recs in by_base.items():
         new = {(r["device"], r["bucket"]): r for r in read_cached(root, base)}
         new.update({(r["device"], r["bucket"]): r for r in recs})
-        path = results_path(root, base)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, dumps_records([new[k] for k in sorted(new)]))
+        store.write_tuning_results(base, dumps_records([new[k] for k in sorted(new)]))
     if lock:
         old = read_lock(lock_path)
         keep = {t.order: t for t in old.tuning}
@@ -277,8 +295,8 @@ def _record(report: TuneReport, plan_items: list[dict[str, Any]], root: Path, lo
         new_lock = old.with_tuning(keep.values())
         dropped = len(keep) - len(new_lock.tuning)
         if dropped:
-            raise CuteccError(f"{dropped} result(s) name default configurations the lock does not "
-                              "lock; run `cutecc build` first", where=str(lock_path), exit_code=1)
+            raise WorkError(f"{dropped} result(s) name default configurations the lock does not "
+                            "lock; run `cutecc build` first", where=str(lock_path))
         report.lock_changed = write_lock(lock_path, new_lock)
         report.lock_file = lock_path
         if sign_key and report.lock_changed:  # the old signature no longer covers these bytes

@@ -5,7 +5,9 @@ published atomically like a build; a bad entry is refused by name and the rest l
 The runtime libraries the entries link against come with them (each once): one is
 checked against its own meta.json and key and against the SHA-256 every entry records
 for it, and published before the entries that need it; an entry whose runtime library
-is neither in the pack nor in the cache is refused.
+is neither in the pack nor in the cache is refused. The lock's composite lines, signed with
+it, are recorded in the cache (as a build records them) once every entry the lock pins of
+their launches is there, so the cache offers them as the pack does.
 """
 
 from __future__ import annotations
@@ -24,18 +26,20 @@ from cutecc.entry import (
     MAX_META_BYTES,
     META,
     STORE_FORMAT,
+    RuntimeMeta,
     is_key,
     parse_json,
-    runtime_meta_problem,
     runtime_record,
 )
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
 from cutecc.ingest import Refused, check_whole, publish
 from cutecc.lockfile import LOCK_NAME, MAX_LOCK_BYTES, Lock, LockEntry
 from cutecc.report import Report
 from cutecc.runtime.package import PACK_DIR
 from cutecc.signing import MAX_SIG_BYTES, SIG_SUFFIX, check_lock
-from cutecc.store import Entry, Store
+from cutecc.store.layout import ENTRIES, RUNTIMES, entry_parts, runtime_parts
+from cutecc.store.view import Entry
+from cutecc.store.writer import Store
 
 
 @dataclass
@@ -47,6 +51,7 @@ class UnpackReport(Report):
     runtimes: list[str] = field(default_factory=list)  # runtime libraries published
     present: list[str] = field(default_factory=list)  # already in the cache
     refused: list[tuple[str, str]] = field(default_factory=list)  # ("label key", why)
+    composites: list[str] = field(default_factory=list)  # composite kernels recorded
 
     @property
     def ok(self) -> bool:
@@ -65,7 +70,7 @@ class UnpackReport(Report):
 
     def to_json(self) -> dict[str, Any]:
         return {"cache_dir": str(self.cache_dir), "imported": self.imported,
-                "present": self.present, "runtimes": self.runtimes,
+                "present": self.present, "runtimes": self.runtimes, "composites": self.composites,
                 "refused": [{"entry": e, "reason": r} for e, r in self.refused]}
 
 
@@ -82,12 +87,12 @@ def unpack(archive: str | Path, cache_dir: str | Path | None = None, *,
     the pack's lock differs, is refused (reported, not imported); the others still land.
     """
     if environ.read_only():
-        raise CuteccError("read-only mode ($CUTECC_READ_ONLY): unpack writes to the cache",
-                          where="cutecc unpack", exit_code=1)
+        raise WorkError("read-only mode ($CUTECC_READ_ONLY): unpack writes to the cache",
+                        where="cutecc unpack")
     store = Store(cache_dir)
     store.ensure()
     tag = secrets.token_hex(8)  # its staging dir is swept only when nobody holds this lock
-    with store.lock(tag), _staging(store.tmp_dir / f"{tag}.unpack") as staging, \
+    with store.lock(tag), _staging(store.layout.staging(f"{tag}.unpack")) as staging, \
             PackTree(archive, limits, staging) as tree:
         return _unpack(archive, tree, store, trusted_keys, allow_unsigned)
 
@@ -119,8 +124,8 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
     runtimes: dict[str, list[str]] = {}
     for n in sorted({*tree.names, *tree.bad}):
         parts = n.split("/")
-        if len(parts) == 4 and parts[0] in ("entries", "runtimes"):
-            (entries if parts[0] == "entries" else runtimes).setdefault(parts[2], []).append(parts[3])
+        if len(parts) == 4 and parts[0] in (ENTRIES, RUNTIMES):  # a cache's layout
+            (entries if parts[0] == ENTRIES else runtimes).setdefault(parts[2], []).append(parts[3])
         elif n not in ("format", LOCK_NAME, sig_name):
             report.refused.append((n[:80], "not part of a cutecc pack's tree"))
     for n in tree.outside:
@@ -130,16 +135,19 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
     needed: dict[str, dict[str, Any]] = {}  # the runtime libraries the entries name
     for key, le in sorted(by_key.items()):  # from their meta.json only (small; each entry is
         rec = _runtime_named(tree, key)  # checked whole below), as far as the lock vouches
-        if rec is not None and rec["sha256"] == le.runtime:
+        if rec is not None and rec["sha256"] == le.pin.runtime:
             needed.setdefault(rec["key"], rec)
     for rkey in sorted(set(runtimes) - set(needed)):
         report.refused.append((f"runtime {rkey[:12]}", "no entry of the pack links against it"))
     usable: dict[str, str] = {}  # runtime key -> its library's SHA-256, now in the store
     for rkey, rec in sorted(needed.items()):
         have = store.get_runtime(rkey)
-        if have is not None and runtime_meta_problem(have.meta, rkey) is None:
-            usable[rkey] = have.meta["files"][have.meta["library"]]["sha256"]
-            continue
+        try:
+            if have is not None:
+                usable[rkey] = have.checked_runtime.library.sha256
+                continue
+        except ValueError:
+            pass  # damaged: the pack's copy replaces it below
         try:
             rmeta, rfiles = _check_runtime(tree, rkey, rec, runtimes.get(rkey, []))
         except ValueError as e:
@@ -150,9 +158,10 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
         except Refused as e:
             report.refused.append((f"runtime {rkey[:12]}", e.why))
             continue
-        usable[rkey] = found.meta["files"][found.meta["library"]]["sha256"]
+        usable[rkey] = found.checked_runtime.library.sha256
         if built:
             report.runtimes.append(str(found.meta["library"]))
+    ok: set[str] = set()  # the keys now in the cache
     for key, le in sorted(by_key.items()):  # one entry in memory at a time
         label = f"{le.label} {key[:12]}"
         try:
@@ -172,6 +181,17 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
             report.refused.append((label, e.why))
             continue
         (report.imported if built else report.present).append(label)
+        ok.add(key)
+    landed = {le.kernel for le in lock.entries} - {le.kernel for le in lock.entries if le.key not in ok}
+    for c in lock.composites:  # each launch's pinned entries all landed (or were there)
+        if set(c.launches) <= landed:
+            try:
+                store.record_composite(c.name, {"launches": list(c.launches), "inputs": list(c.inputs),
+                                                "outputs": list(c.outputs)}, str(archive))
+            except OSError as e:
+                report.refused.append((f"composite {c.name}", f"cannot record it: {e.strerror}"))
+                continue
+            report.composites.append(c.name)
     return report
 
 
@@ -208,9 +228,9 @@ def _check_entry(tree: PackTree, key: str, le: LockEntry,
         raise ValueError("not a cache key")
     if not names:
         raise ValueError("missing from the archive")
-    meta_bytes, files = _members(tree, f"entries/{key[:2]}/{key}/", names, le.size)
+    meta_bytes, files = _members(tree, "/".join(entry_parts(key)) + "/", names, le.pin.size)
     try:
-        meta = check_whole(key, meta_bytes, files, le.size)
+        meta = check_whole(key, meta_bytes, files, le.pin.size)
     except Refused as e:
         raise ValueError(e.why) from None
     why = le.mismatch(Entry(key, Path(), meta))
@@ -223,7 +243,7 @@ def _runtime_named(tree: PackTree, key: str) -> dict[str, Any] | None:
     """The runtime library record an entry's meta.json names, or None. Unchecked but for
     its form: the caller takes it only where the lock's line names the same SHA-256, and
     the entry and the runtime library are each checked whole before they land."""
-    name = f"entries/{key[:2]}/{key}/{META}"
+    name = "/".join((*entry_parts(key), META))
     if not is_key(key) or name not in tree.names or tree.size(name) > MAX_META_BYTES:
         return None
     try:
@@ -239,12 +259,12 @@ def _check_runtime(tree: PackTree, key: str, rec: dict[str, Any],
     library is the one the entries that need it record (`rec`); else ValueError(why)."""
     if not names:
         raise ValueError(f"missing from the archive ({rec['library']})")
-    meta_bytes, files = _members(tree, f"runtimes/{key[:2]}/{key}/", names, rec["size"])
+    meta_bytes, files = _members(tree, "/".join(runtime_parts(key)) + "/", names, rec["size"])
     try:
         meta = check_whole(key, meta_bytes, files, rec["size"], runtime=True)
     except Refused as e:
         raise ValueError(e.why) from None
-    got = meta["files"][meta["library"]]["sha256"]
+    got = RuntimeMeta.parse(meta, key).library.sha256  # check_whole checked it: typed here
     if got != rec["sha256"]:
         raise ValueError(f"SHA-256 {got[:16]}... differs from what its entries record "
                          f"({rec['sha256'][:16]}...)")

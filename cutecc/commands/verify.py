@@ -8,10 +8,15 @@ whose key nobody has locked. It checks the index too: an entry without its recor
 (`stale-index`, also one that differs from its metadata), and an entry whose runtime
 library is not in the cache (`no-runtime`). Tuning records are checked by the rule the
 runtime applies to them (`bad-tuning`: a winner that is not a healthy sibling of its
-default, with the same contract and call keywords, or a record it cannot read).
+default, with the same contract and call keywords, or a record it cannot read). Every
+other area of the cache (`cutecc.store.layout`) is checked for what does not belong: a
+top-level name the layout does not know, a file in `generations/`, `manifests/`,
+`composites/`, `tuning/` or `src/` not named as the layout names them (`orphan`), and a
+build record or tuning plan that is not a JSON object of a format (`bad-record`).
 `fix=True` moves bad entries to quarantine/ (so the next build rebuilds them), deletes
 orphans and stale records, restores missing records and links a missing runtime library
-again where the build extra can, and removes bad tuning records (the defaults then serve);
+again where the build extra can, and removes bad tuning records (the defaults then serve)
+and bad build records (the next build writes them again);
 it never touches a healthy entry's files.
 """
 
@@ -27,9 +32,13 @@ from typing import Any
 import filelock
 
 from cutecc import trust
+from cutecc.atomic import TMP_NAME
 from cutecc.entry import (
+    MAX_META_BYTES,
     META,
     RESERVED_FILES,
+    EntryMeta,
+    RuntimeMeta,
     file_record,
     index_facts,
     is_kernel_name,
@@ -37,20 +46,20 @@ from cutecc.entry import (
     meta_problem,
     parse_json,
     read_index_facts,
-    runtime_meta_problem,
     runtime_record,
 )
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
+from cutecc.lockfile import parse_tuning_lines
 from cutecc.locks import Busy
 from cutecc.report import Report
 from cutecc.runtime.tuning import (
     MAX_RECORD_BYTES,
-    RESULTS_DIR,
     TUNING_FORMAT,
-    parse_lines,
     sibling_problem,
 )
-from cutecc.store import Store, entry_trust_problem, read_meta
+from cutecc.store import layout
+from cutecc.store.view import entry_trust_problem, read_meta, read_small_json
+from cutecc.store.writer import Store
 
 BAD = frozenset({"missing", "truncated", "altered", "malformed", "untrusted"})  # the entry is unusable
 
@@ -58,7 +67,8 @@ BAD = frozenset({"missing", "truncated", "altered", "malformed", "untrusted"})  
 @dataclass
 class Problem:
     # one of BAD, or "orphan" (a file or dir nothing owns), "stale-tmp", "unindexed",
-    # "stale-index", "no-runtime", "bad-tuning" (a tuning record load would refuse)
+    # "stale-index", "no-runtime", "bad-tuning" (a tuning record load would refuse),
+    # "bad-record" (a build record or tuning plan that is not one)
     kind: str
     path: str
     detail: str
@@ -109,11 +119,11 @@ def check_entry(path: Path, key: str, runtime: bool = False) -> list[Problem]:
         meta = read_meta(path)
     except (OSError, ValueError) as e:
         return [Problem("malformed", str(path / META), f"unreadable metadata: {e}", key)]
-    # the records, the key inputs and the fields they decide
-    why = runtime_meta_problem(meta, key) if runtime else meta_problem(meta, key)
-    if why:
-        return [Problem("malformed", str(path / META), why, key)]
-    files: dict[str, Any] = meta["files"]
+    try:  # the records, the key inputs and the fields they decide
+        records = (RuntimeMeta.parse(meta, key) if runtime else EntryMeta.parse(meta, key)).files
+    except ValueError as e:
+        return [Problem("malformed", str(path / META), str(e), key)]
+    files = {r.name: r for r in records}
     out = []
     for name, rec in sorted(files.items()):
         f = path / name
@@ -129,11 +139,11 @@ def check_entry(path: Path, key: str, runtime: bool = False) -> list[Problem]:
         except OSError as e:
             out.append(Problem("missing", str(f), f"unreadable: {e.strerror}", key))
             continue
-        if got["size"] != rec["size"]:
-            out.append(Problem("truncated", str(f), f"{got['size']} bytes, recorded {rec['size']}", key))
-        elif got["sha256"] != rec["sha256"]:
+        if got["size"] != rec.size:
+            out.append(Problem("truncated", str(f), f"{got['size']} bytes, recorded {rec.size}", key))
+        elif got["sha256"] != rec.sha256:
             out.append(Problem("altered", str(f), f"sha256 {got['sha256'][:16]}.., recorded "
-                               f"{rec['sha256'][:16]}..", key))
+                               f"{rec.sha256[:16]}..", key))
     if not any(p.kind in BAD for p in out):
         why = entry_trust_problem(path, list(files))
         if why:  # whoever could write it could have written its hashes too
@@ -173,6 +183,7 @@ def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
                 f"the runtime library {rkey[:12]} that {len(keys)} entr{'y' if len(keys) == 1 else 'ies'} "
                 f"link against (e.g. {keys[0][:12]}) is not in the cache", rkey))
     _check_tuning(store, report, kernels)
+    _check_areas(store, report)
     for d in _listdir(store.tmp_dir):
         key = d.name.split(".", 1)[0]
         try:
@@ -279,18 +290,18 @@ def _check_tuning(store: Store, report: VerifyReport, kernels: dict[str, dict[st
     each of its winners checked by the rule the runtime applies (`sibling_problem`: same
     kernel, contract and call keywords as its default, bytes as recorded): a record that
     would serve one variant's calls with another's library is `bad-tuning`."""
-    root = store.root.joinpath(*RESULTS_DIR)
+    root = store.layout.tuning_results()
     for f in _listdir(root):
         base = f.name[:-5] if f.name.endswith(".json") else ""
         if not is_key(base):
             report.problems.append(Problem("orphan", str(f), "not a tuning record"))
             continue
         try:
-            doc = parse_json(trust.read_file(store.root, (*RESULTS_DIR, f.name), MAX_RECORD_BYTES),
-                             MAX_RECORD_BYTES, 6)
+            data = trust.read_file(store.root, store.layout.tuning_result_parts(base), MAX_RECORD_BYTES)
+            doc = parse_json(data, MAX_RECORD_BYTES, 6)
             if not isinstance(doc, dict) or doc.get("format") != TUNING_FORMAT:
                 raise ValueError(f"not a tuning record of format {TUNING_FORMAT}")
-            lines = parse_lines(doc.get("records"), str(f), "records")
+            lines = parse_tuning_lines(doc.get("records"), str(f), "records")
         except trust.Untrusted as e:
             report.problems.append(Problem("bad-tuning", str(f), e.why, base))
             continue
@@ -308,16 +319,58 @@ def _check_tuning(store: Store, report: VerifyReport, kernels: dict[str, dict[st
                     f"winner {t.winner_variant} ({t.winner[:12]}): {why}", base))
 
 
+def _name_ok(area: str, name: str) -> bool:
+    """Whether `name` is what the layout names a file of `area`."""
+    stem = name[:-5] if name.endswith(".json") else None
+    if area == layout.GENERATIONS:
+        kernel, _, arch = (stem or "").partition("@")
+        return is_kernel_name(kernel) and bool(arch) and "/" not in arch
+    if area == layout.COMPOSITES:
+        return is_kernel_name(stem)
+    return is_key(stem)  # manifests/, tuning/plans/
+
+
+def _check_areas(store: Store, report: VerifyReport) -> None:
+    """What does not belong in the cache's other areas (see the module docstring). The
+    temporary file of an atomic write under way (`.<name>.<hex>.tmp`) is left to it."""
+    lay = store.layout
+    for f in _listdir(store.root):
+        if f.name not in layout.AREAS and not TMP_NAME.fullmatch(f.name):
+            report.problems.append(Problem("orphan", str(f), "not part of a cutecc cache"))
+    for f in _listdir(lay.tuning()):
+        if f.name not in (layout.TUNING_PLANS[1], layout.TUNING_RESULTS[1]):
+            report.problems.append(Problem("orphan", str(f), "not a tuning area"))
+    for f in _listdir(lay.sources()):
+        if not (is_key(f.name) and f.is_dir() and not f.is_symlink()) and not f.name.startswith("."):
+            report.problems.append(Problem("orphan", str(f), "not a received source tree"))
+    records = ((layout.GENERATIONS, lay.generations(), MAX_META_BYTES),
+               (layout.MANIFESTS, lay.manifests(), MAX_META_BYTES),
+               (layout.COMPOSITES, lay.composites(), MAX_META_BYTES),
+               ("tuning/plans", lay.tuning_plans(), layout.MAX_PLAN_BYTES))
+    for area, d, limit in records:
+        for f in _listdir(d):
+            if TMP_NAME.fullmatch(f.name):
+                continue
+            if f.is_symlink() or not f.is_file() or not _name_ok(area, f.name):
+                report.problems.append(Problem("orphan", str(f), f"not a record of {area}/"))
+                continue
+            doc = read_small_json(f, limit)
+            if not (isinstance(doc, dict) and type(doc.get("format")) is int):
+                report.problems.append(Problem("bad-record", str(f), "not a JSON object with a "
+                                               "format: unreadable or damaged"))
+
+
 def _fix_tuning(store: Store, p: Problem, bad: set[str]) -> str:
     """Remove a record file with any bad line (`load` then serves the defaults, and
-    `cutecc tune` measures again): a record is one default's, whole or not at all."""
+    `cutecc tune` measures again): a record is one default's, whole or not at all. A bad
+    build record or plan goes the same way (the next build or tune writes it again)."""
     path = Path(p.path)
     if str(path) in bad:
         return "removed"
     try:
         path.unlink(missing_ok=True)
     except OSError as e:
-        raise CuteccError(f"cannot remove: {e.strerror}", where=str(path), exit_code=1) from None
+        raise WorkError(f"cannot remove: {e.strerror}", where=str(path)) from None
     bad.add(str(path))
     return "removed"
 
@@ -382,7 +435,7 @@ def _fix(store: Store, report: VerifyReport) -> None:
             p.action = _fix_record(store, p)
         elif p.kind == "no-runtime" and p.key:
             p.action = _relink_runtime(store, p.key)
-        elif p.kind == "bad-tuning":
+        elif p.kind in ("bad-tuning", "bad-record"):
             p.action = _fix_tuning(store, p, tuning_removed)
     store.sweep_tmp()
     for p in report.problems:
@@ -406,7 +459,7 @@ def _fix_record(store: Store, p: Problem) -> str:
     except filelock.Timeout:
         return "busy: left as is"
     except OSError as e:
-        raise CuteccError(f"cannot fix the index: {e.strerror}", where=str(path), exit_code=1) from None
+        raise WorkError(f"cannot fix the index: {e.strerror}", where=str(path)) from None
 
 
 def _relink_runtime(store: Store, key: str) -> str:
@@ -439,5 +492,5 @@ def _remove_orphan(store: Store, p: Problem) -> str:
     except filelock.Timeout:
         return "busy: left as is"
     except OSError as e:
-        raise CuteccError(f"cannot remove: {e.strerror}", where=str(path), exit_code=1) from None
+        raise WorkError(f"cannot remove: {e.strerror}", where=str(path)) from None
     return "removed"

@@ -1,9 +1,10 @@
 """Who compiles a build's misses: the executor seam.
 
-`local` (the default) is this machine's process pools, one per arch (`cutecc.workers`);
-`ray` submits one task per miss to a Ray cluster (`cutecc.executors.ray`). Every
-executor runs the same `workers.build_one` for each job and calls the same
-`on_result(job, result)` as each finishes, so a build reports alike whoever compiled.
+`local` (the default) is this machine's process pools, one per arch
+(`cutecc.executors.local`); `ray` submits one task per miss to a Ray cluster
+(`cutecc.executors.ray`). Both are an `Executor` (the protocol the build pipeline,
+`cutecc.builder`, takes): each runs the same `workers.build_one` for each job and calls the
+same `on_result(job, result)` as each finishes, so a build reports alike whoever compiled.
 Chosen by `cutecc build --executor`, else `$CUTECC_EXECUTOR`; Ray is imported only when
 asked for (`pip install 'cutecc[ray]'`). Either way each compile is bounded in time and,
 if asked, memory (`compile_limits`): one past its limit is stopped and reported failed.
@@ -12,49 +13,46 @@ if asked, memory (`compile_limits`): one past its limit is stopped and reported 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from cutecc import environ
 from cutecc.errors import CuteccError
+from cutecc.executors.local import LocalExecutor
+from cutecc.executors.ray import RayExecutor
 from cutecc.units import parse_size
-from cutecc.workers import DEFAULT_COMPILE_TIMEOUT, DEFAULT_LIMITS, BuildJob, Limits, Result
+from cutecc.workers import DEFAULT_COMPILE_TIMEOUT, DEFAULT_LIMITS, BuildJob, Limits, OnResult
 
 if TYPE_CHECKING:
     from cutecc.remote import RemoteConfig
 
 KINDS = ("local", "ray")
-OnResult = Callable[[BuildJob, Result], None]
 
 
-@dataclass(frozen=True)
-class Executor:
-    """Which executor, and where its cluster is (Ray: None starts a local one)."""
+@runtime_checkable
+class Executor(Protocol):
+    """Who compiles a build's misses: what the build pipeline's compile stage takes
+    (`cutecc.executors.local.LocalExecutor`, `cutecc.executors.ray.RayExecutor`)."""
 
-    kind: str = "local"
-    ray_address: str | None = None
-    limits: Limits = DEFAULT_LIMITS
+    @property
+    def kind(self) -> str:
+        """Its name in reports ("local", "ray")."""
+        ...
 
     def compile_all(self, jobs: list[BuildJob], store_root: Path, workers: int, on_result: OnResult,
                     remote: RemoteConfig | None = None) -> None:
-        """Build every job; `on_result` sees each as it finishes, in this process."""
-        if self.kind == "ray":
-            from cutecc.executors import ray
-
-            ray.compile_all(jobs, store_root, workers, on_result, remote=remote,
-                            address=self.ray_address, limits=self.limits)
-        else:
-            from cutecc.executors import local
-
-            local.compile_all(jobs, store_root, workers, on_result, remote=remote, limits=self.limits)
+        """Build every job into the store at `store_root`, up to `workers` at a time;
+        `on_result` sees each as it finishes, in this process. With a writable `remote`,
+        whoever built an entry uploads it."""
+        ...
 
 
 def choose(kind: str | None = None, ray_address: str | None = None, *,
-           default_kind: str | None = None, default_address: str | None = None) -> Executor:
+           default_kind: str | None = None, default_address: str | None = None,
+           limits: Limits = DEFAULT_LIMITS) -> LocalExecutor | RayExecutor:
     """The executor asked for by arguments, else by the environment, else by the manifest's
-    `[build]` table (`default_kind`, `default_address`); local when none says."""
+    `[build]` table (`default_kind`, `default_address`); local when none says. Each
+    compile within `limits` (`compile_limits`)."""
     kind = kind or os.environ.get(environ.EXECUTOR, "").strip() or None
     address = ray_address or os.environ.get(environ.RAY_ADDRESS) or None
     if kind is None and default_kind:  # the manifest's choice, with its own cluster
@@ -65,7 +63,9 @@ def choose(kind: str | None = None, ray_address: str | None = None, *,
                           where=f"--executor or ${environ.EXECUTOR}")
     if address and kind != "ray":
         raise CuteccError("a Ray address needs --executor ray", where="--ray-address")
-    return Executor(kind, address)
+    if kind == "ray":
+        return RayExecutor(address, limits)
+    return LocalExecutor(limits)
 
 
 _OFF = ("0", "off", "none", "no")

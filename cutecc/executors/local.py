@@ -1,21 +1,258 @@
-"""The local executor: this machine's spawned process pools, one per arch."""
+"""The local executor: this machine's spawned process pools, one per arch.
+
+The DSL fixes its target arch when it is imported (`CUTE_DSL_ARCH`), so misses are
+compiled in one pool of spawned processes per arch (and per set of device answers), the
+arch given to the pool once, at start. Each worker runs `workers.build_one` for one job at
+a time: it publishes its entry into the store under the key's lock, and returns the
+entry's metadata. Each compile is bounded (`workers.Limits`): a worker whose job runs past
+the time limit is killed and replaced, and one under a memory limit has its data segment
+capped (RLIMIT_DATA), so a runaway kernel fails alone. `LocalExecutor` is this module
+behind `cutecc.executors.Executor`, the protocol the build pipeline takes.
+"""
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from cutecc import workers
-from cutecc.workers import DEFAULT_LIMITS, BuildJob, Limits, Result
+from cutecc.store.writer import Store
+from cutecc.workers import (
+    DEFAULT_LIMITS,
+    BuildJob,
+    Limits,
+    Result,
+    build_one,
+    died_error,
+    limit_memory,
+    stopped_error,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from cutecc.remote import RemoteConfig
 
 
-def compile_all(jobs: list[BuildJob], store_root: Path, n: int,
+@dataclass(frozen=True)
+class LocalExecutor:
+    """This machine's process pools (`compile_all`), each compile within `limits`."""
+
+    limits: Limits = DEFAULT_LIMITS
+    kind: str = field(default="local", init=False)
+
+    def compile_all(self, jobs: list[BuildJob], store_root: Path, workers: int,
+                    on_result: Callable[[BuildJob, Result], None],
+                    remote: RemoteConfig | None = None) -> None:
+        """Build every job in pools of up to `workers` processes; `on_result` sees each as it
+        finishes, in this process."""
+        compile_all(jobs, store_root, workers, on_result, remote=remote, limits=self.limits)
+
+
+def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
                 on_result: Callable[[BuildJob, Result], None],
                 remote: RemoteConfig | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
-    """`workers.compile_all`: one pool of `n` processes per arch, each compile bounded."""
-    workers.compile_all(jobs, store_root, n, on_result, remote, limits)
+    """Build every job, one pool of spawned processes per arch (and per set of device
+    answers: libraries cache what they asked); `on_result` sees each as it finishes. With a
+    writable `remote`, each worker uploads what it built. A compile past `limits.seconds` has
+    its worker killed and replaced (what it staged is swept, never published) and is reported
+    failed; so is one whose worker dies."""
+    by_kind: dict[str, list[BuildJob]] = {}
+    for j in jobs:
+        by_kind.setdefault(j.worker_kind, []).append(j)
+    for items in by_kind.values():
+        _Pool(items[0].arch, max(1, min(workers, len(items))), dict(items[0].env), limits).run(
+            items, store_root, remote, on_result)
+
+
+@dataclass
+class _Slot:
+    """One worker process, its end of the pipe, and the job it compiles (with its start)."""
+
+    proc: Any
+    conn: Any
+    ready: bool = False
+    job: BuildJob | None = None
+    started: float = 0.0
+
+
+class _Pool:
+    """Spawned worker processes for one arch, each fed one job at a time over a pipe, so a
+    job past its time limit can be stopped by killing its worker alone and the slot refilled
+    (a ProcessPoolExecutor breaks as a whole when one of its workers is killed)."""
+
+    MAX_FAILED_STARTS = 3  # workers that died before taking any job: the rest fail
+
+    def __init__(self, arch: str, n: int, env: dict[str, str], limits: Limits) -> None:
+        self.arch, self.n, self.env, self.limits = arch, n, env, limits
+        self.ctx = multiprocessing.get_context("spawn")
+        self.slots: list[Any] = []
+        self.failed_starts = 0
+        self.store_root = Path()
+
+    def _spawn(self) -> _Slot:
+        mine, theirs = self.ctx.Pipe()
+        proc = self.ctx.Process(target=_serve, args=(theirs, self.arch, os.getpid(), self.env,
+                                                     self.limits.memory))
+        with _sigint_held_while_spawning():  # workers start with Ctrl-C blocked
+            proc.start()
+        theirs.close()
+        return _Slot(proc, mine)
+
+    def run(self, jobs: list[BuildJob], store_root: Path, remote: RemoteConfig | None,
+            on_result: Callable[[BuildJob, Result], None]) -> None:
+        queue = collections.deque(jobs)
+        self.store_root = store_root
+        try:
+            self.slots = [self._spawn() for _ in range(self.n)]
+            while queue or any(s.job for s in self.slots):
+                for s in self.slots:
+                    if s.ready and s.job is None and queue:
+                        s.job, s.started = queue.popleft(), time.monotonic()
+                        s.conn.send((s.job, str(store_root), remote))
+                for s, result in self._wait(refill=bool(queue)):
+                    job, s.job = s.job, None
+                    if job is not None and result is not None:
+                        on_result(job, result)
+                if queue and not self.slots:
+                    for job in queue:
+                        on_result(job, Result("failed", 0.0, "build workers could not start "
+                                              f"({self.failed_starts} died before taking a job)"))
+                    queue.clear()
+        finally:  # done, Ctrl-C, or the caller's callback failed: no worker outlives the pool
+            for s in self.slots:
+                with contextlib.suppress(Exception):
+                    s.conn.send(None)
+            for s in self.slots:
+                s.proc.join(5 if s.job is None else 0)
+                _kill(s)
+
+    def _wait(self, refill: bool) -> list[tuple[_Slot, Result | None]]:
+        """Wait for a message, a worker's death or the next deadline; what finished. A slot
+        whose worker was stopped or died is refilled when `refill` (jobs are waiting)."""
+        limit = self.limits.seconds
+        busy = [s.started + limit for s in self.slots if s.job is not None and limit]
+        timeout = max(0.0, min(busy) - time.monotonic()) if busy else None
+        waitables = [s.conn for s in self.slots] + [s.proc.sentinel for s in self.slots]
+        multiprocessing.connection.wait(waitables, timeout)
+        out: list[tuple[_Slot, Result | None]] = []
+        for i, s in enumerate(self.slots):
+            msg: Any = "dead"
+            with contextlib.suppress(EOFError, OSError):
+                if s.conn.poll():
+                    msg = s.conn.recv()
+                elif s.proc.is_alive():
+                    msg = None
+            if msg == "ready":
+                s.ready = True
+            elif isinstance(msg, Result):
+                out.append((s, msg))
+            elif msg == "dead" or (s.job is not None and limit and time.monotonic() - s.started >= limit):
+                stopped = msg != "dead"
+                _kill(s)
+                if s.job is not None:
+                    why = stopped_error(self.limits) if stopped else died_error(_exit_text(s.proc.exitcode),
+                                                                                self.limits)
+                    out.append((s, Result("failed", time.monotonic() - s.started, why)))
+                    with contextlib.suppress(Exception):  # what it staged (its key's lock died with it)
+                        Store(self.store_root).sweep_tmp()
+                elif not s.ready:
+                    self.failed_starts += 1
+                # the slot is refilled, so later jobs still run (not after repeated failed starts)
+                fresh = refill and (s.job is not None or self.failed_starts < self.MAX_FAILED_STARTS)
+                self.slots[i] = self._spawn() if fresh else None
+        self.slots = [s for s in self.slots if s is not None]
+        return out
+
+
+def _kill(s: _Slot) -> None:
+    with contextlib.suppress(Exception):
+        if s.proc.is_alive():
+            s.proc.kill()
+        s.proc.join(5)
+    with contextlib.suppress(Exception):
+        s.conn.close()
+
+
+def _exit_text(code: int | None) -> str:
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exit status {code}"
+
+
+def _serve(conn: Any, arch: str, parent: int, env: dict[str, str], memory: int | None) -> None:
+    """A worker: set up once for `arch`, then build each job sent until told to stop."""
+    _init_worker(arch, parent, env)
+    limit_memory(memory)
+    conn.send("ready")
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        job, store_root, remote = msg
+        try:
+            result = build_one(job, store_root, remote)
+        except BaseException as e:  # MemoryError outside the compile, ...
+            result = Result("failed", 0.0, f"{type(e).__name__}: {e}")
+        conn.send(result)
+
+
+
+@contextlib.contextmanager
+def _sigint_held_while_spawning() -> Iterator[None]:
+    """Ignore SIGINT while a worker is spawned, and block it too: an ignored signal stays
+    ignored across exec, so a Ctrl-C during the worker's start-up (before `_init_worker`)
+    cannot print a traceback from it; and a blocked one is kept pending even while ignored
+    (Linux discards only unblocked ignored signals), so a Ctrl-C at the build meanwhile is
+    delivered (KeyboardInterrupt) once the handler is back, never lost."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _init_worker(arch: str, parent: int, env: dict[str, str] | None = None) -> None:
+    """Set the manifest's [env] and the DSL's target (before any import), and tie the
+    worker's life to the build's: it dies with its parent (a parent-death signal, and a
+    watchdog for where that is not available), and leaves Ctrl-C to the parent, which
+    stops the pool itself."""
+    from cutecc.compiler import set_target
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # if the spawn left it blocked
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    os.environ.update(env or {})
+    set_target(arch)
+
+
+def _watch_parent(parent: int) -> None:
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+

@@ -43,11 +43,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
 from cutecc.workers import DEFAULT_LIMITS, BuildJob, Limits, Result
 
 if TYPE_CHECKING:
@@ -58,6 +58,23 @@ MAX_SOURCE_BYTES = 16 << 20  # a kernel's source closure sent to other nodes
 STOP_GRACE = 30.0  # after the time limit, a task's watchdog process kills its worker
 INIT_TIMEOUT = 120.0  # seconds to start or join the cluster (ray.init retries for ever)
 Sources = dict[str, bytes]  # relative path -> bytes
+
+
+@dataclass(frozen=True)
+class RayExecutor:
+    """A Ray cluster (`ray_address`; None starts a private local one) compiling one task
+    per job (`compile_all`), each within `limits`."""
+
+    ray_address: str | None = None
+    limits: Limits = DEFAULT_LIMITS
+    kind: str = field(default="ray", init=False)
+
+    def compile_all(self, jobs: list[BuildJob], store_root: Path, workers: int,
+                    on_result: Callable[[BuildJob, Result], None],
+                    remote: RemoteConfig | None = None) -> None:
+        """Build every job as a Ray task; `on_result` sees each as it finishes, checked."""
+        compile_all(jobs, store_root, workers, on_result, remote=remote, address=self.ray_address,
+                    limits=self.limits)
 
 
 def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
@@ -75,9 +92,9 @@ def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
     try:
         import ray
     except ImportError:
-        raise CuteccError("the ray executor needs Ray: pip install 'cutecc[ray]'",
-                          where="--executor ray", exit_code=1) from None
-    from cutecc.store import Store
+        raise WorkError("the ray executor needs Ray: pip install 'cutecc[ray]'",
+                        where="--executor ray") from None
+    from cutecc.store.writer import Store
 
     store = Store(store_root)
 
@@ -194,7 +211,7 @@ def _in_driver_process(jobs: list[BuildJob], store_root: Path, workers: int,
 def _stored(store_root: Path, key: str) -> dict[str, Any] | None:
     """The checked metadata of `key`'s entry in the store, or None (absent or refused)."""
     from cutecc.ingest import Refused, check_stored
-    from cutecc.store import Store
+    from cutecc.store.writer import Store
 
     try:
         return check_stored(Store(store_root), key)
@@ -258,7 +275,7 @@ def _client_connected() -> bool:
 def _run(ray: Any, jobs: list[BuildJob], store_root: Path,
          on_result: Callable[[BuildJob, Result], None], remote: RemoteConfig | None, ship: bool,
          task_timeout: float, limits: Limits) -> None:
-    from cutecc.store import Store
+    from cutecc.store.writer import Store
 
     store = Store(store_root)
     driver_node = ray.get_runtime_context().get_node_id()
@@ -321,7 +338,6 @@ def _receive(store: Any, job: BuildJob, result: Result, meta_bytes: bytes,
     """Publish an entry a task built on another node, every byte checked first, after the
     runtime library it links against (linked here if this cache lacks it: the link is
     reproducible, so it is the one the task linked against, which its record checks)."""
-    from cutecc.entry import runtime_record
     from cutecc.ingest import Refused, receive
     from cutecc.remote import DEFAULT_MAX_BLOB
     from cutecc.workers import ensure_runtime
@@ -333,8 +349,11 @@ def _receive(store: Any, job: BuildJob, result: Result, meta_bytes: bytes,
         return Result("failed", result.seconds, f"the entry sent back by its Ray task was refused: {e.why}")
     except (CuteccError, OSError) as e:
         return Result("failed", result.seconds, f"cannot publish the entry sent back: {e}")
-    rec = runtime_record(entry.meta)
-    if rec is None or rec["sha256"] != rt.meta["files"][rt.meta["library"]]["sha256"]:
+    try:  # both checked on arrival: typed here
+        same = entry.checked.runtime.sha256 == rt.checked_runtime.library.sha256
+    except ValueError:
+        same = False
+    if not same:
         return Result("failed", result.seconds, "the entry sent back links against another runtime "
                       "library than this host links (a toolchain that differs between nodes?)")
     return replace(result, meta=entry.meta)
@@ -418,12 +437,13 @@ def _task(job: BuildJob, store_root: str, driver_node: str, sources: Sources | s
     if isinstance(sources, str):
         return Result("failed", 0.0, f"cannot send the kernel's sources to another node: {sources}"), \
             None, None
-    from cutecc.store import Store, default_cache_dir
+    from cutecc.store.view import default_cache_dir
+    from cutecc.store.writer import Store
 
     node_store = Store(default_cache_dir())
     try:
         node_store.ensure()
-        src = _materialize(node_store.root / "src", job, sources)
+        src = _materialize(node_store.layout.sources(), job, sources)
     except (CuteccError, OSError) as e:
         node = ray.get_runtime_context().get_node_id()[:12]
         return Result("failed", time.perf_counter() - t0, f"on node {node}: {e}"), None, None
@@ -431,8 +451,10 @@ def _task(job: BuildJob, store_root: str, driver_node: str, sources: Sources | s
                                                 str(node_store.root), remote))
     if result.status == "failed":
         return result, None, None
+    from cutecc.entry import META
+
     d = node_store.entry_dir(job.key)
-    meta_bytes = (d / "meta.json").read_bytes()
+    meta_bytes = (d / META).read_bytes()
     files = {name: (d / name).read_bytes() for name in (result.meta or {}).get("files", {})}
     return result, meta_bytes, files
 
@@ -474,8 +496,8 @@ def _materialize(root: Path, job: BuildJob, files: Sources) -> Path:
     """Write the sources into `root/<source digest>/` (once; checked against the key)."""
     digest = str(job.key_inputs.get("source"))
     if _source_digest(files) != digest:
-        raise CuteccError("the sources sent differ from those the key was computed from",
-                          where=job.kernel, exit_code=1)
+        raise WorkError("the sources sent differ from those the key was computed from",
+                        where=job.kernel)
     final = root / digest
     if final.is_dir():
         return final
@@ -483,7 +505,7 @@ def _materialize(root: Path, job: BuildJob, files: Sources) -> Path:
     tmp.mkdir(parents=True)
     for rel, data in files.items():
         if rel.startswith("/") or ".." in rel.split("/"):
-            raise CuteccError(f"bad source path {rel!r}", where=job.kernel, exit_code=1)
+            raise WorkError(f"bad source path {rel!r}", where=job.kernel)
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp / rel).write_bytes(data)
     try:

@@ -20,12 +20,27 @@ import numpy as np
 
 from cutecc import expr
 from cutecc.archs import to_build
-from cutecc.contract import Arg, CallingConvention, ScalarArg, TensorArg, args_from_json
-from cutecc.entry import call_keywords
+from cutecc.contract import (
+    Arg,
+    CallingConvention,
+    ScalarArg,
+    TensorArg,
+    args_from_json,
+    may_alias_problem,
+    shard_problem,
+)
+from cutecc.entry import EntryMeta, FileRec, RuntimeLink, call_keywords
 from cutecc.errors import CallError, CallTypeError
 from cutecc.names import call_name_problem
 from cutecc.runtime import library
 from cutecc.runtime.library import RuntimeRef
+from cutecc.store.layout import Layout
+
+
+def _shard_of(meta: Mapping[str, Any]) -> Any:
+    """The `shard` symbols an entry's key inputs record (None: not declared); unchecked."""
+    ki = meta.get("key_inputs")
+    return ki.get("shard") if isinstance(ki, Mapping) else None
 
 
 @dataclass(frozen=True)
@@ -44,21 +59,36 @@ class Build:
     runtime: RuntimeRef | None = None  # the runtime library it links against
     record_use: bool = True  # touch the entry's `used` file at registration (not in a pack)
     call: tuple[tuple[str, Any], ...] = ()  # the call keywords that reach this build
+    shard: tuple[str, ...] = ()  # the symbols a call may be split along (`runtime.sharding`)
+
+    @classmethod
+    def of(cls, rec: EntryMeta, entry_dir: Path) -> Build:
+        """The build of a checked entry (`entry_dir` is its directory in the cache)."""
+        return cls._make(rec.key, entry_dir, rec.args, rec.library, rec.runtime, rec.call, rec.variant,
+                         rec.arch, rec.symbol, _shard_of(rec.raw))
 
     @classmethod
     def from_meta(cls, key: str, entry_dir: Path, meta: Mapping[str, Any]) -> Build:
-        """The build of a checked entry (`entry_dir` is `<root>/entries/ab/<key>`)."""
-        args = args_from_json(meta["args"])
+        """The build of an entry whose metadata the caller checked (`entry.meta_problem`);
+        `Build.of` takes the typed record instead."""
         lib = meta["library"]
-        rec = meta["files"][lib]
-        call = call_keywords(meta)
+        rec, rt = meta["files"][lib], meta["runtime"]
+        return cls._make(key, entry_dir, meta["args"], FileRec(lib, rec["sha256"], int(rec["size"])),
+                         RuntimeLink(rt["key"], rt["library"], rt["sha256"], int(rt["size"])),
+                         call_keywords(meta), meta["variant"], meta["arch"], meta["symbol"], _shard_of(meta))
+
+    @classmethod
+    def _make(cls, key: str, entry_dir: Path, args_json: Any, lib: FileRec, rt: RuntimeLink,
+              call: Mapping[str, Any], variant: str, arch: str, symbol: str, shard_json: Any) -> Build:
+        args = args_from_json(args_json)
         if not all(isinstance(v, (bool, int, float, str)) for v in call.values()):
             raise ValueError(f"call keywords {call!r} are not a table of plain values")
-        rt = meta["runtime"]
         runtime = library.RuntimeRef(
-            rt["key"], entry_dir.parents[2] / "runtimes" / rt["key"][:2] / rt["key"] / rt["library"],
-            rt["sha256"], int(rt["size"]))
+            rt.key, Layout.of_entry(entry_dir).runtime_library(rt.key, rt.library), rt.sha256, rt.size)
         conv = CallingConvention.of(args)
+        bad = may_alias_problem(args)  # XLA is asked to reuse buffers by it: checked again
+        if bad is not None:
+            raise ValueError(f"{bad[0]}.may_alias: {bad[1]}")
         for s in conv.scalars:  # a keyword of the call, as the manifest checks
             why = call_name_problem(s.name, "runtime scalar")
             if why:
@@ -74,9 +104,14 @@ class Build:
         for name, d in need:
             if isinstance(d, str) and d not in bound:
                 raise ValueError(f'{name}: extent "{d}" is bound by no input array')
-        return cls(key, meta["variant"], meta["arch"], args, conv,
-                   entry_dir / lib, rec["sha256"], int(rec["size"]), meta["symbol"], runtime,
-                   call=tuple(call.items()))
+        shard = shard_json or []
+        if not isinstance(shard, list) or not all(isinstance(s, str) for s in shard):
+            raise ValueError(f"shard {shard!r} is not a list of symbols")
+        why = shard_problem(conv, tuple(shard)) if shard else None  # read from disk: checked again
+        if why:
+            raise ValueError(f"shard: {why}")
+        return cls(key, variant, arch, args, conv, entry_dir / lib.name, lib.sha256, lib.size, symbol,
+                   runtime, call=tuple(call.items()), shard=tuple(shard))
 
     @property
     def label(self) -> str:

@@ -10,11 +10,14 @@ the `cutecc_call` primitive. Arrays are logical; a tensor declared with another
 layout is transposed to the buffer order the kernel was compiled for (XLA folds a
 caller's own `.T` into it), and results back.
 Works eagerly and under `jax.jit`; placement follows the seed API `cute_call`: all
-arrays on one device, and with several accelerators only inside `jax.shard_map`.
+arrays on one device, and with several accelerators only inside `jax.shard_map`, unless
+the kernel declares the axes it is independent along (`shard = [..]`): then a call under
+several devices runs on each device's shard of them (`cutecc.runtime.sharding`).
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
@@ -23,9 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cutecc.contract import ScalarArg, TensorArg
-from cutecc.errors import CallError, CallTypeError, CuteccError
-from cutecc.runtime import calls
+from cutecc.contract import ScalarArg, TensorArg, shard_factors
+from cutecc.errors import CallError, CallTypeError
+from cutecc.runtime import calls, sharding
 from cutecc.runtime.calls import (  # noqa: F401  (re-exported: tests and tools import them here)
     MAX_SYMBOLIC_EXTENT,
     Build,
@@ -33,6 +36,7 @@ from cutecc.runtime.calls import (  # noqa: F401  (re-exported: tests and tools 
     _same,
     _static,
 )
+from cutecc.runtime.composite_call import CompositeBase
 from cutecc.runtime.primitive import cutecc_call_p, unify_varying, varying
 
 MAX_EAGER_SIGNATURES = 256  # jitted eager calls kept per kernel (one per keyword values)
@@ -93,10 +97,38 @@ class KernelFn(calls.KernelBase):
     """A kernel of the cache, callable from JAX with the canonical convention."""
 
     _dims = JAX_DIMS
+    _out_of_place: KernelFn | None = None  # set on the view `in_place` returns: the kernel itself
 
     @staticmethod
     def _dtype_name(a: Any) -> str:
         return jnp.dtype(a.dtype).name
+
+    @property
+    def in_place(self) -> KernelFn:
+        """This kernel with each output declared `may_alias = "x"` written in the memory of
+        input x: XLA reuses x's buffer where x is dead after the call (a loop carry, a
+        donated argument, an intermediate used once) and copies x first where it stays live
+        (a jit argument not donated, a value used again). Use it where the input is dead;
+        the plain call never costs such a copy. An eager call runs the plain call (its
+        arguments stay the caller's: nothing to reuse)."""
+        if self._out_of_place is not None:
+            return self
+        view = self.__dict__.get("_in_place_view")
+        if view is None:
+            if not self.builds:
+                self.select()  # raises: no usable build here, and why
+            if not any(b.conv.may_aliases for b in self.builds):
+                inout = [t.name for b in self.builds[:1] for t in b.conv.inputs if t.role == "inout"]
+                raise CallError("no output of it may be written in an input's memory: declare "
+                                'one in the manifest (may_alias = "<input>" on the output) '
+                                + (f"; its inout {', '.join(inout)} is always written in place "
+                                   "(donate it: jax.jit(..., donate_argnums=...))" if inout else ""),
+                                where=f'kernel "{self.name}"', exit_code=1)
+            view = copy.copy(self)
+            view._out_of_place = self
+            view._eager = {}
+            self.__dict__["_in_place_view"] = view
+        return view
 
     def __call__(self, *arrays: Any, **scalars: Any) -> Any:
         for i, a in enumerate(arrays):
@@ -104,8 +136,9 @@ class KernelFn(calls.KernelBase):
                 raise CallTypeError(f"argument {i} is a {type(a).__name__}, not an array "
                                     "(runtime scalars are keyword arguments)",
                                     where=f'kernel "{self.name}"', exit_code=1)
-        if not any(isinstance(a, jax.core.Tracer) for a in arrays) and not _several_devices():
-            fn = self._eager_fn(scalars)
+        if not any(isinstance(a, jax.core.Tracer) for a in arrays) and (
+                not _several_devices() or any(b.shard for b in self.builds)):
+            fn = (self._out_of_place or self)._eager_fn(scalars)
             if fn is not None:
                 return fn(*arrays)
         return self._traced(arrays, scalars)
@@ -157,9 +190,9 @@ class KernelFn(calls.KernelBase):
 
         def bwd(res: Any, cts: Any) -> Any:
             raise CallError(f"its backward kernel {missing!r} is not in this kernel set: it was not "
-                            "loaded (kernels=), or it is a composite, which a lock or a pack does not "
-                            "pin yet (load the cache without lock=/package= to differentiate it)",
-                            where=f'kernel "{self.name}"')
+                            "loaded (kernels=), or its lock (a pack's) pins neither it nor, for a "
+                            "composite, every one of its launches (build and lock it with this "
+                            "kernel)", where=f'kernel "{self.name}"')
 
         f.defvjp(fwd, bwd)
         return f(*arrays)
@@ -169,9 +202,29 @@ class KernelFn(calls.KernelBase):
         """The call's results (a tuple of several, else the one); with `every`, a dict of
         all the kernel's results by name, saved ones included (for a backward, a composite)."""
         build, env = self.select(*arrays, **keywords)
+        conv = build.conv
+        if build.shard and not jax.sharding.get_abstract_mesh().manual_axes:
+            # Declared independent along some axes: under several devices each runs its shard
+            # (a call of the local arrays, which picks its own build), whatever the placement.
+            out = sharding.call(lambda *xs: self._results(xs, scalars, keywords), arrays,
+                                [shard_factors(t, build.shard) for t in conv.inputs],
+                                [shard_factors(t, build.shard, result=True) for t in conv.results])
+        else:
+            _check_placement(self.name, arrays)
+            out = self._results(arrays, scalars, keywords, (build, env))
+        if every:
+            return {t.name: o for t, o in zip(conv.results, out)}
+        out = [o for o, t in zip(out, conv.results) if not t.saved]
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def _results(self, arrays: Sequence[Any], scalars: Mapping[str, Any], keywords: Mapping[str, Any],
+                 chosen: tuple[Build, dict[str, Any]] | None = None) -> list[Any]:
+        """Every result of one call of the kernel on `arrays` (on one device, or one shard),
+        saved ones included, in contract order; `chosen` is the build and bindings when
+        already selected for these arrays."""
+        build, env = chosen if chosen is not None else self.select(*arrays, **keywords)
         if self.tuning is not None:  # the tuned winner of the call's bucket (a table lookup)
             build = self.tuning.pick(build, env)
-        _check_placement(self.name, arrays)
         conv = build.conv
         attrs = _attrs(self.name, conv.scalars, scalars, self._keywords, env)
         target = build.register(self.name)
@@ -182,16 +235,19 @@ class KernelFn(calls.KernelBase):
         buffers = [_to_buffer(a, t) for a, t in zip(arrays, conv.inputs)]
         buffers += [jnp.zeros(_buffer_shape(self.name, t, env), t.dtype)
                     for t in conv.ffi_inputs[len(conv.inputs):]]
+        aliases = conv.ffi_aliases
+        if self._out_of_place is not None:  # `in_place`: the declared outputs too
+            if not conv.may_aliases:
+                raise CallError(f"variant {build.variant} declares no output that may be written "
+                                "in an input's memory (may_alias): call it without .in_place",
+                                where=f'kernel "{self.name}"', exit_code=1)
+            aliases += conv.may_aliases
         out = cutecc_call_p.bind(*unify_varying(buffers), target=target, kernel=self.name,
-                                 results=results, aliases=conv.ffi_aliases, attrs=attrs)
+                                 results=results, aliases=aliases, attrs=attrs)
         out = [_from_buffer(o, t) for o, t in zip(out[:len(conv.results)], conv.results)]
         # A declared reduction: per-SM partial sums and the like, summed over the leading axis.
-        out = [jnp.sum(o, axis=0, dtype=o.dtype) if t.reduce == "sum" else o
-               for o, t in zip(out, conv.results)]
-        if every:
-            return {t.name: o for t, o in zip(conv.results, out)}
-        out = [o for o, t in zip(out, conv.results) if not t.saved]
-        return out[0] if len(out) == 1 else tuple(out)
+        return [jnp.sum(o, axis=0, dtype=o.dtype) if t.reduce == "sum" else o
+                for o, t in zip(out, conv.results)]
 
     def _with_vjp(self, back: KernelFn, arrays: Sequence[Any], scalars: Mapping[str, Any],
                   keywords: Mapping[str, Any]) -> Any:
@@ -256,52 +312,14 @@ class KernelFn(calls.KernelBase):
         return f(*arrays)
 
 
-class CompositeFn:
-    """A kernel declared as an ordered list of launches of other kernels sharing tensors by
-    name (`[kernel.NAME] launches = [..]`): called as one kernel, `fn(*inputs, **keywords)`,
-    each launch takes its arrays by name from the call's inputs and the results of earlier
-    launches (saved ones too), and the declared outputs are returned. Pairable as a backward.
-    Runtime scalars and call keywords go to each launch that takes them."""
-
-    builds: tuple[Build, ...] = ()  # nothing of its own: its launches are kernels
-    unusable: tuple[str, ...] = ()
-    backward = None
-    grad = None
-    tuning = None
+class CompositeFn(CompositeBase):
+    """A composite kernel from JAX (see `cutecc.runtime.composite_call`): called outside any
+    transformation, one cached `jax.jit` of the whole call, as for a kernel."""
 
     def __init__(self, name: str, launches: Sequence[str], inputs: Sequence[str],
                  outputs: Sequence[str], owner: Any = None) -> None:
-        self.name = name
-        self.launches, self.inputs, self.outputs = tuple(launches), tuple(inputs), tuple(outputs)
-        self._owner = owner
+        super().__init__(name, launches, inputs, outputs, owner)
         self._eager: dict[tuple, Any] = {}
-
-    def __repr__(self) -> str:
-        return (f"<cutecc kernel {self.name}: ({', '.join(self.inputs)}) -> "
-                f"({', '.join(self.outputs)}) through {' -> '.join(self.launches)}>")
-
-    def _fns(self) -> list[KernelFn]:
-        fns = [self._owner.get(n) if self._owner is not None else None for n in self.launches]
-        missing = [n for n, f in zip(self.launches, fns) if f is None]
-        if missing:
-            raise CuteccError(f"launch kernel {missing[0]!r} is not in this cache; run `cutecc build`",
-                              where=f'kernel "{self.name}"', exit_code=1)
-        return fns  # type: ignore[return-value]
-
-    @property
-    def _keywords(self) -> dict[str, list[Any]]:
-        out: dict[str, list[Any]] = {}
-        for f in self._fns():
-            for k, vals in f._keywords.items():
-                out.setdefault(k, []).extend(v for v in vals if not any(_same(v, w) for w in out[k]))
-        return out
-
-    @property
-    def keywords(self) -> dict[str, list[Any]]:
-        return {k: list(v) for k, v in self._keywords.items()}
-
-    def scalar_names(self) -> set[str]:
-        return set().union(*(f.scalar_names() for f in self._fns()))
 
     def __call__(self, *arrays: Any, **kw: Any) -> Any:
         known = self._keywords
@@ -323,26 +341,12 @@ class CompositeFn:
 
     def _plain(self, arrays: Sequence[Any], scalars: Mapping[str, Any],
                keywords: Mapping[str, Any], every: bool = False) -> Any:
-        if len(arrays) != len(self.inputs):
-            raise CallTypeError(f"takes {len(self.inputs)} array(s) ({', '.join(self.inputs)}), got "
-                                f"{len(arrays)}", where=f'kernel "{self.name}"', exit_code=1)
-        fns = self._fns()
-        taken = set().union(*(f.scalar_names() for f in fns))
-        unknown = sorted(set(scalars) - taken)
-        if unknown:
-            raise CallTypeError(f"unknown keyword argument {unknown[0]!r}; runtime scalars of the "
-                                f"launches: {', '.join(sorted(taken)) or 'none'}",
-                                where=f'kernel "{self.name}"', exit_code=1)
-        have = dict(zip(self.inputs, arrays))
-        for f in fns:
-            args = tuple(have[n] for n in f.input_names())
-            sc = {k: v for k, v in scalars.items() if k in f.scalar_names()}
-            kw = {k: v for k, v in keywords.items() if k in f._keywords}
-            have.update(f._plain(args, sc, kw, every=True))
-        if every:
-            return {n: have[n] for n in self.outputs}
-        out = tuple(have[n] for n in self.outputs)
-        return out[0] if len(out) == 1 else out
+        return self._run(arrays, {**scalars, **keywords}, every)
+
+    def _launch(self, fn: Any, args: tuple[Any, ...], kw: Mapping[str, Any],
+                given: Sequence[Any]) -> Mapping[str, Any]:
+        scalars = {k: v for k, v in kw.items() if k not in fn._keywords}
+        return fn._plain(args, scalars, {k: v for k, v in kw.items() if k in fn._keywords}, every=True)
 
 
 def _dim_op(name: str) -> Any:
@@ -403,5 +407,6 @@ def _check_placement(kernel: str, arrays: Sequence[Any]) -> None:
                         where=f'kernel "{kernel}"', exit_code=1)
     if jax.device_count() > 1 and not jax.sharding.get_abstract_mesh().manual_axes:
         raise CallError(f"{jax.device_count()} accelerators are visible: call cutecc kernels "
-                        "inside jax.shard_map, where each call runs on one device's shard",
-                        where=f'kernel "{kernel}"', exit_code=1)
+                        "inside jax.shard_map, where each call runs on one device's shard, or "
+                        "declare the axes the kernel is independent along (shard = [..] in the "
+                        "manifest) to call it under jax.jit", where=f'kernel "{kernel}"', exit_code=1)

@@ -29,11 +29,12 @@ from cutecc.entry import (
     MAX_META_BYTES,
     META,
     RUNTIME_ABI,
+    RuntimeMeta,
     parse_json,
-    runtime_meta_problem,
 )
 from cutecc.errors import CuteccError
-from cutecc.store import touch_used
+from cutecc.store.layout import entry_file_parts
+from cutecc.store.view import touch_used
 
 ENV_ALLOW_SHARED = environ.ALLOW_SHARED_CACHE
 # Check mode: each kernel's native wrapper waits for its kernel and reports a fault by name
@@ -78,7 +79,7 @@ def untrusted(path: Path) -> str | None:
 def _read_library(path: Path, max_bytes: int) -> bytes:
     """The library's bytes through checked directories; its meta.json is checked too (who
     can write it can change what the library is trusted to be)."""
-    root, parts = path.parents[3], path.parts[-4:]
+    root, parts = entry_file_parts(path)
     trust.read_file(root, (*parts[:-1], META), MAX_META_BYTES)
     return trust.read_file(root, parts, max_bytes)
 
@@ -190,15 +191,16 @@ def ensure_runtime(ref: RuntimeRef, label: str, *, record_use: bool = True) -> N
     import_tvm_ffi()  # its libtvm_ffi.so is the runtime library's DT_NEEDED, found by soname
     data = verified_bytes(ref.path, ref.sha256, ref.size, f"{label}: runtime library",
                           what="runtime library")
+    root, parts = entry_file_parts(ref.path)
     try:
-        meta = parse_json(trust.read_file(ref.path.parents[3], (*ref.path.parts[-4:-1], META),
-                                          MAX_META_BYTES))
+        meta = parse_json(trust.read_file(root, (*parts[:-1], META), MAX_META_BYTES))
     except (OSError, ValueError) as e:
         raise CuteccError(f"unreadable runtime library metadata: {e}", where=where, exit_code=1) from None
-    why = runtime_meta_problem(meta, ref.key)
-    if why:
-        raise CuteccError(f"runtime library: {why}; run `cutecc verify --fix` and `cutecc build`",
-                          where=where, exit_code=1)
+    try:
+        RuntimeMeta.parse(meta, ref.key)
+    except ValueError as e:
+        raise CuteccError(f"runtime library: {e}; run `cutecc verify --fix` and `cutecc build`",
+                          where=where, exit_code=1) from None
     try:
         handle = _through_memfd(data, soname, lambda p: ctypes.CDLL(p, mode=os.RTLD_LOCAL | os.RTLD_NOW))
         abi = int(handle.cutecc_rt_abi_version())

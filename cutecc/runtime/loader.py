@@ -26,10 +26,11 @@ from typing import Any
 
 from cutecc import trust
 from cutecc.archs import check_arch, device_arch, runs_on
-from cutecc.entry import ARTIFACT_FORMAT, ENTRY_FORMAT, meta_problem
+from cutecc.composite_line import CompositeLine
+from cutecc.entry import ARTIFACT_FORMAT, ENTRY_FORMAT
 from cutecc.errors import CuteccError
 from cutecc.runtime.calls import Build, KernelBase
-from cutecc.store import Entry, Store
+from cutecc.store.view import Entry, StoreView
 
 
 def _tvm_ffi_series() -> str:
@@ -195,7 +196,7 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
 
         cache_dir = package_root(package)
         lock, record_use = cache_dir / LOCK_NAME, False
-    store = Store(cache_dir)
+    store = StoreView(cache_dir)
     if not store.entries_dir.is_dir():
         raise CuteccError("no kernel cache here; run `cutecc build` first", where=str(store.root),
                           exit_code=1)
@@ -265,24 +266,34 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
             raise CuteccError(f"no entries for kernel(s) {', '.join(missing)}; run `cutecc build`",
                               where=str(store.root), exit_code=1)
 
-    def composite(name: str) -> dict[str, Any] | None:
-        """A composite kernel recorded by a build, when its launches are kernels loaded here.
-        Not under a lock (or a pack's): a lock does not pin composites yet, and a record it
-        does not vouch for never decides what runs."""
-        if (wanted is not None and name not in wanted) or locked is not None or front.composite is None:
+    def composite(name: str) -> CompositeLine | None:
+        """A composite kernel, when its launches are kernels loaded here: under a lock (or a
+        pack's) the lock's own line, signed with it (the cache's record, which the lock does
+        not vouch for, never decides what runs there); else the cache's record of a build."""
+        if (wanted is not None and name not in wanted) or front.composite is None:
             return None
-        doc = store.composite(name)
-        if doc is None or keys_of(name) or not all(keys_of(n) for n in doc["launches"]):
+        if locked is not None:
+            line = locked.composite(name)
+        else:
+            doc = store.composite(name)
+            try:
+                line = None if doc is None else CompositeLine.from_record(doc, str(store.composites_dir))
+            except CuteccError:
+                line = None  # a malformed record offers nothing, as an unreadable one
+        if line is None or keys_of(name) or not all(keys_of(n) for n in line.launches):
             return None
-        return doc
+        return line
+
+    def composite_names() -> Iterable[str]:
+        return [c.name for c in locked.composites] if locked is not None else store.composite_names()
 
     def all_names() -> Iterable[str]:
-        return sorted({*names(), *(n for n in store.composite_names() if composite(n))})
+        return sorted({*names(), *(n for n in composite_names() if composite(n))})
 
     def resolve(name: str) -> Any:
-        doc = composite(name)
-        if doc is not None and front.composite is not None:
-            return front.composite(name, doc["launches"], doc["inputs"], doc["outputs"])
+        line = composite(name)
+        if line is not None and front.composite is not None:
+            return front.composite(name, line.launches, line.inputs, line.outputs)
         entries, unreadable = _entries_of(store, name, keys_of(name), newest)
         fn = _kernel_fn(front, name, entries, target, series, pinned, record_use, unreadable)
         fn.tuning = _tuning(name, fn, store, locked, target, series, record_use, front.device_kind)
@@ -298,7 +309,7 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
     return ks
 
 
-def _entries_of(store: Store, name: str, keys: list[str],
+def _entries_of(store: StoreView, name: str, keys: list[str],
                 newest: bool) -> tuple[list[Entry], list[str]]:
     """The entries of kernel `name` under `keys`, and why any could not be read. A key
     whose entry is gone (removed since it was listed) is skipped, and so is one whose
@@ -343,22 +354,23 @@ def _kernel_fn(front: FrontEnd, name: str, entries: list[Entry], target: str, se
         if why:
             refused = True
         else:
-            why = _why_unusable(m, target, series) or meta_problem(m, e.key)
+            why = _why_unusable(m, target, series) or _problem(e)
         if why:
             unusable.append(f"{m.get('variant')}@{m.get('arch')} ({e.key[:12]}): {why}")
             continue
+        rec = e.checked  # typed from here on
         try:
-            b = Build.from_meta(e.key, e.path, m)
+            b = Build.of(rec, e.path)
         except (KeyError, TypeError, ValueError) as err:
             unusable.append(f"{e.key[:12]}: malformed metadata ({err!r})")
             continue
         if not record_use:
             b = dataclasses.replace(b, record_use=False)
-        score = (runs_on(b.arch, target), str(m.get("built_at", "")))
+        score = (runs_on(b.arch, target), rec.built_at or "")
         if b.variant not in best or score > best[b.variant][0]:
             best[b.variant] = (score, b)
-        backward = m.get("backward")
-        grad = m.get("key_inputs", {}).get("grad") or grad
+        backward = rec.backward
+        grad = rec.key_inputs.get("grad") or grad
     builds = [] if refused else [b for _, (_, b) in sorted(best.items())]
     return front.kernel(name, builds, backward=backward, grad=grad, unusable=unusable, arch=target)
 
@@ -376,11 +388,12 @@ def _no_keys_without_a_lock(trusted_keys: list[str | Path] | None) -> None:
                           f"{given.rstrip('=')} to load the cache as it is", where="cutecc.load")
 
 
-def _tuning(name: str, fn: KernelBase, store: Store, locked: Any, target: str, series: str,
+def _tuning(name: str, fn: KernelBase, store: StoreView, locked: Any, target: str, series: str,
             record_use: bool, device_kind: Callable[[], str | None]) -> Any:
     """The kernel's table of tuned winners: the lock's results (with a lock), else the
     cache's records of its default entries; None when nothing was tuned."""
-    from cutecc.runtime.tuning import Tuned, TuningTable, read_cached, sibling_problem
+    from cutecc.lockfile import Tuned
+    from cutecc.runtime.tuning import TuningTable, read_cached, sibling_problem
 
     bases = {b.key: b for b in fn.builds}
     if locked is not None:
@@ -403,19 +416,29 @@ def _tuning(name: str, fn: KernelBase, store: Store, locked: Any, target: str, s
         if e is None:
             why: str | None = "not in the cache"
         else:
-            why = t.mismatch(e.meta) or _why_unusable(e.meta, target, series) or meta_problem(e.meta, e.key)
+            why = t.mismatch(e.meta) or _why_unusable(e.meta, target, series) or _problem(e)
         if why is None and e is not None:
             base = store.get(t.base)
             why = "its default configuration is not in the cache" if base is None else (
-                meta_problem(base.meta, t.base) or sibling_problem(base.meta, e.meta))
+                _problem(base) or sibling_problem(base.meta, e.meta))
         if why is None and e is not None:
-            b = Build.from_meta(t.winner, e.path, e.meta)
+            b = Build.of(e.checked, e.path)
             return b if record_use else dataclasses.replace(b, record_use=False)
         fn.unusable += (f"tuned winner {t.winner_variant}@{t.arch} ({t.winner[:12]}) for {t.bucket} "
                         f"on {t.device}: {why}",)
         return None
 
     return TuningTable(name, lines, winner, device_kind)
+
+
+def _problem(e: Entry) -> str | None:
+    """Why the entry's metadata cannot be trusted as its key's (`EntryMeta.parse`), or None
+    (its typed record, `e.checked`, is then there to read)."""
+    try:
+        e.checked  # noqa: B018  (parsed once, kept on the entry)
+    except ValueError as err:
+        return str(err)
+    return None
 
 
 def _why_unusable(m: dict[str, Any], target: str, series: str) -> str | None:

@@ -1,7 +1,8 @@
 """Tuning results at run time: which built configuration serves a call's shape bucket.
 
 `cutecc tune` records, per (kernel, variant, arch, device kind, bucket), the winner among a
-kernel's candidate configurations (`Tuned`), in `kernels.lock` and in the cache
+kernel's candidate configurations (a `cutecc.lockfile.Tuned` line, its bucket as
+`cutecc.buckets` names it), in `kernels.lock` and in the cache
 (`tuning/results/<default key>.json`). Dispatch asks `TuningTable.pick` for the call's
 build: a table lookup on the call's symbolic extents, nothing timed, so every rank and
 process with the same lock and device kind makes the same choice. Results of one device
@@ -11,129 +12,22 @@ so once. Imports neither JAX (until a device kind is asked for) nor the build si
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cutecc import trust
-from cutecc.entry import acted_on, bad_pin_field, call_keywords, contract_digest, is_key, parse_json
+from cutecc.buckets import bucket_of, bucket_text
+from cutecc.entry import call_keywords, contract_digest, is_key, parse_json
 from cutecc.errors import CuteccError
+from cutecc.lockfile import Tuned, parse_tuning_lines
+from cutecc.store.layout import TUNING_FORMAT, Layout
 
-TUNING_FORMAT = 1
-RULES = ("floor", "nearest")
-RESULTS_DIR = ("tuning", "results")
 MAX_RECORD_BYTES = 4 << 20
-MAX_LINES = 20_000  # tuning lines in one lock or record: buckets x variants x devices
 _log = logging.getLogger("cutecc")
-
-
-def bucket_of(value: int, edges: tuple[int, ...], rule: str) -> int:
-    """The bucket edge a size falls in. `floor`: the largest edge <= value (the first edge
-    below it); `nearest`: the edge nearest in log scale (ties go to the lower edge).
-    `edges` is sorted ascending and non-empty."""
-    if rule == "nearest":
-        best = edges[0]
-        for e in edges:
-            if abs(_log2(value) - _log2(e)) < abs(_log2(value) - _log2(best)):
-                best = e
-        return best
-    out = edges[0]
-    for e in edges:
-        if e <= value:
-            out = e
-    return out
-
-
-def _log2(x: int) -> float:
-    import math
-
-    return math.log2(max(x, 1))
-
-
-def bucket_text(bucket: Mapping[str, int]) -> str:
-    """`n=65536` (several extents: `m=1024,n=8`, in the tuning space's order)."""
-    return ",".join(f"{k}={v}" for k, v in bucket.items())
-
-
-def parse_bucket(text: str) -> dict[str, int]:
-    """The inverse of `bucket_text`; ValueError for anything else."""
-    out: dict[str, int] = {}
-    for part in text.split(","):
-        name, _, num = part.partition("=")
-        if not name.isidentifier() or not num.isdigit() or len(num) > 12 or name in out:
-            raise ValueError(f"bad bucket {text!r}")
-        out[name] = int(num)
-    return out
-
-
-@dataclass(frozen=True)
-class Tuned:
-    """One recorded winner: what serves (kernel, variant, arch) on `device` for a bucket.
-    `base` is the default configuration's key; the winner's own fields are what a lock
-    line pins (so the runtime refuses a winner whose bytes differ)."""
-
-    kernel: str
-    variant: str
-    arch: str
-    device: str
-    rule: str
-    bucket: str
-    base: str
-    winner: str
-    winner_variant: str
-    library: str
-    sha256: str
-    size: int
-    symbol: str
-    backward: str | None
-    contract: str
-    runtime: str  # the SHA-256 of the runtime library the winner links against
-
-    @property
-    def order(self) -> tuple[Any, ...]:
-        """Sort order: buckets by size, not by text (a lock lists n=4096 before n=65536)."""
-        return (self.kernel, self.variant, self.arch, self.device, tuple(self.extents.items()))
-
-    @property
-    def extents(self) -> dict[str, int]:
-        return parse_bucket(self.bucket)
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, d: Any, where: str, kp: str) -> Tuned:
-        """A line read from a lock, a results file or the cache: every field checked."""
-        names = [f.name for f in dataclasses.fields(cls)]
-        if not isinstance(d, dict) or not set(names) <= set(d):
-            raise CuteccError(f"expected the fields {', '.join(names)}", where=where, key_path=kp)
-        bad = bad_pin_field(d, names)
-        if bad:
-            raise CuteccError(f"{bad} is not a valid value", where=where, key_path=f"{kp}.{bad}")
-        if not is_key(d["base"]) or not is_key(d["winner"]):
-            raise CuteccError("base and winner must be cache keys", where=where, key_path=kp)
-        if d["rule"] not in RULES:
-            raise CuteccError(f"rule must be one of {', '.join(RULES)}", where=where, key_path=f"{kp}.rule")
-        try:
-            parse_bucket(d["bucket"])
-        except ValueError as e:
-            raise CuteccError(str(e), where=where, key_path=f"{kp}.bucket") from None
-        return cls(**{n: d[n] for n in names})
-
-    def mismatch(self, meta: Mapping[str, Any]) -> str | None:
-        """Why the winner entry's metadata differs from this line, or None."""
-        if meta.get("kernel") != self.kernel or meta.get("arch") != self.arch:
-            return "kernel or arch differ from the tuning record"
-        acted = acted_on(dict(meta)) or {}
-        for name in ("library", "sha256", "size", "symbol", "backward", "contract", "runtime"):
-            if acted.get(name) != getattr(self, name):
-                return f"{name} differs from the tuning record"
-        return None
 
 
 # What a tuned winner must share with the default it stands in for: a call that names the
@@ -163,23 +57,9 @@ def _kw(d: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in sorted(d.items()))[:200] or "none"
 
 
-def parse_lines(items: Any, where: str, kp: str) -> tuple[Tuned, ...]:
-    """A list of tuning lines; one per (kernel, variant, arch, device, bucket)."""
-    if not isinstance(items, list) or len(items) > MAX_LINES:
-        raise CuteccError(f"must be a list of at most {MAX_LINES} tuning lines", where=where, key_path=kp)
-    out: dict[tuple[Any, ...], Tuned] = {}
-    for i, d in enumerate(items):
-        t = Tuned.from_json(d, where, f"{kp}[{i}]")
-        if t.order in out:
-            raise CuteccError(f"{t.kernel}[{t.variant}]@{t.arch} {t.bucket} on {t.device} is recorded "
-                              "twice", where=where, key_path=f"{kp}[{i}]")
-        out[t.order] = t
-    return tuple(sorted(out.values(), key=lambda t: t.order))
-
-
 def results_path(root: Path, base: str) -> Path:
     """The cache's record of the tuning results for one default entry."""
-    return root.joinpath(*RESULTS_DIR, f"{base}.json")
+    return Layout(root).tuning_result(base)
 
 
 def read_cached(root: Path, base: str) -> list[dict[str, Any]]:
@@ -192,14 +72,14 @@ def read_cached(root: Path, base: str) -> list[dict[str, Any]]:
     if not path.parent.is_dir():  # nothing recorded: nothing to believe, wherever the cache is
         return []
     try:
-        data = trust.read_file(root, (*RESULTS_DIR, f"{base}.json"), MAX_RECORD_BYTES)
+        data = trust.read_file(root, Layout(root).tuning_result_parts(base), MAX_RECORD_BYTES)
         doc = parse_json(data, MAX_RECORD_BYTES, 6)
         if not isinstance(doc, dict) or doc.get("format") != TUNING_FORMAT:
             return []
         records = doc.get("records")
         if not isinstance(records, list):
             return []
-        parse_lines(records, str(path), "records")
+        parse_tuning_lines(records, str(path), "records")
         return [r for r in records if r.get("base") == base]
     except trust.Untrusted:
         raise
@@ -214,7 +94,7 @@ def winners_in(root: Path) -> dict[str, list[str]]:
     """What the cache's tuning records say each entry wins: key -> [`n=65536 on DEVICE`, ..]
     (for `cutecc list` and `show`)."""
     out: dict[str, list[str]] = {}
-    d = root.joinpath(*RESULTS_DIR)
+    d = Layout(root).tuning_results()
     try:
         names = sorted(p.name for p in d.iterdir() if p.name.endswith(".json"))[:MAX_RESULT_FILES]
     except OSError:

@@ -43,11 +43,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from cutecc import cubin, expr
+from cutecc.buckets import bucket_text
+from cutecc.manifest.tune_space import benchmark_extents
 from cutecc.runtime.dispatch import Build, KernelFn
-from cutecc.runtime.tuning import bucket_text
-from cutecc.store import Store
+from cutecc.store.writer import Store
 from cutecc.tuning import trace
-from cutecc.tuning.space import benchmark_extents
 
 TARGET_SECONDS = 2e-3  # host clock: a K-call loop lasts about this long
 MAX_K = 4096
@@ -89,7 +89,7 @@ def _inputs(build: Build, extents: dict[str, int], ranges: dict[str, list[float]
 
 
 def _extents(bucket: dict[str, int], sizes: dict[str, int | str]) -> dict[str, int]:
-    """Every symbolic extent's benchmark size (`space.benchmark_extents`)."""
+    """Every symbolic extent's benchmark size (`tune_space.benchmark_extents`)."""
     return benchmark_extents(bucket, sizes.items())
 
 

@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cutecc.entry import acted_on
-from cutecc.errors import CuteccError
-from cutecc.runtime.tuning import Tuned, bucket_text
-from cutecc.store import Store
+from cutecc.buckets import bucket_text
+from cutecc.errors import CuteccError, WorkError
+from cutecc.lockfile import Pin, Tuned
+from cutecc.store.writer import Store
 
 MAX_RESTARTS = 32
 # Seconds a measuring child may go without a word (an event line): past it, a kernel hung.
@@ -179,12 +179,13 @@ def _record(store: Store, item: dict[str, Any], bucket: str, ev: dict[str, Any],
     winner = best if times[base][1] - times[best][1] > noise else base
     e = store.get(winner)
     meta = e.meta if e is not None else {}
-    acted = acted_on(meta) or {}
+    pin = Pin.of(meta)
+    if pin is None:  # just built or found healthy by the child: not expected
+        raise WorkError(f"the winner {winner[:12]} records no library, symbol or runtime library",
+                        where=f"kernel {item['kernel']}")
     tc = meta.get("toolchain") or {}
     line = Tuned(item["kernel"], item["variant"], item["arch"], str(info["device"]), item["rule"], bucket,
-                 base, winner, variant[winner], str(acted.get("library")), str(acted.get("sha256")),
-                 int(acted.get("size") or 0), str(acted.get("symbol")), acted.get("backward"),
-                 str(acted.get("contract")), str(acted.get("runtime")))
+                 base, winner, variant[winner], pin)
     dropped = {variant[k]: why for k, why in {**excluded, **ev["dropped"]}.items() if k in variant}
     dropped.update(item.get("dropped") or {})  # failed to compile: not in the plan's candidates
     return {**line.to_json(), "k": ev["k"], "driver": info["driver"], "clock": ev.get("clock", "host"),

@@ -11,19 +11,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cutecc.atomic import atomic_write
 from cutecc.entry import is_key, parse_json
 from cutecc.errors import CuteccError
 from cutecc.manifest import Manifest
+from cutecc.manifest.tune_space import MAX_BUCKETS, MAX_EXTENT
 from cutecc.plan import Planned, plan
-from cutecc.tuning.space import MAX_BUCKETS, MAX_EXTENT
-
-PLAN_FORMAT = 1
-PLANS_DIR = ("tuning", "plans")
-MAX_PLAN_BYTES = 16 << 20
+from cutecc.store.layout import MAX_PLAN_BYTES, PLAN_FORMAT, Layout
 
 
 def with_candidates(manifest: Manifest) -> Manifest:
@@ -39,22 +36,38 @@ def items(manifest: Manifest, archs: tuple[str, ...] = (), kernels: tuple[str, .
           hash_cache: Any = None) -> list[dict[str, Any]]:
     """One plan item per tuned (kernel, variant, arch): its default key, its candidates'
     keys and the space's benchmark settings (JSON, as the plan file stores it)."""
-    tuned = tuple(k.name for k in manifest.kernels if k.tuning is not None
+    names = tuned(manifest, kernels)
+    sub = Manifest(manifest.path, manifest.python_path,
+                   tuple(k for k in manifest.kernels if k.name in names), manifest.env)
+    return items_of(manifest, names, plan(with_candidates(sub), archs, hash_cache=hash_cache), archs)
+
+
+def tuned(manifest: Manifest, kernels: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The kernels of `manifest` (of `kernels`, if given) that declare a tuning space; an
+    error names a kernel asked for without one, or a manifest with none."""
+    names = tuple(k.name for k in manifest.kernels if k.tuning is not None
                   and (not kernels or k.name in kernels))
     if kernels:
         for name in kernels:
             if manifest.kernel(name).tuning is None:
                 raise CuteccError(f'kernel "{name}" declares no tuning space ([kernel.{name}.tune])',
                                   where=str(manifest.path))
-    if not tuned:
+    if not names:
         raise CuteccError("no kernel declares a tuning space ([kernel.NAME.tune])",
                           where=str(manifest.path))
-    sub = Manifest(manifest.path, manifest.python_path,
-                   tuple(k for k in manifest.kernels if k.name in tuned), manifest.env)
-    planned = plan(with_candidates(sub), archs, hash_cache=hash_cache)
+    return names
+
+
+def items_of(manifest: Manifest, names: tuple[str, ...], planned: Sequence[Planned],
+             archs: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The plan items of the tuned kernels `names`, from a plan of (at least) their
+    candidates (`plan(with_candidates(...), archs)`): a build that plans them once reads
+    both its jobs and the tuning plan from it."""
     by: dict[tuple[str, str, str], Planned] = {(p.kernel.name, p.variant.id, p.arch): p for p in planned}
     out = []
-    for k in sub.kernels:
+    for k in manifest.kernels:
+        if k.name not in names:
+            continue
         spec = k.tuning
         assert spec is not None
         for vid, cands in k.candidates:
@@ -78,18 +91,15 @@ def manifest_digest(path: Path) -> str:
 
 
 def plan_path(root: Path, digest: str) -> Path:
-    return root.joinpath(*PLANS_DIR, f"{digest}.json")
+    """The cache's stored plan of the manifest whose bytes hash to `digest`."""
+    return Layout(root).tuning_plan(digest)
 
 
 def write_plan(root: Path, digest: str, plan_items: list[dict[str, Any]]) -> Path:
     """Store the plan of a manifest (by its bytes' digest) in the cache."""
-    import json
+    from cutecc.store.writer import Store
 
-    path = plan_path(root, digest)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps({"format": PLAN_FORMAT, "manifest_sha256": digest, "items": plan_items},
-                                  sort_keys=True, indent=1).encode())
-    return path
+    return Store(root).write_tuning_plan(digest, plan_items)
 
 
 def read_plan(root: Path, digest: str, where: str) -> list[dict[str, Any]]:
@@ -101,7 +111,7 @@ def read_plan(root: Path, digest: str, where: str) -> list[dict[str, Any]]:
 
     path = plan_path(root, digest)
     try:
-        data = trust.read_file(root, (*PLANS_DIR, f"{digest}.json"), MAX_PLAN_BYTES)
+        data = trust.read_file(root, Layout(root).tuning_plan_parts(digest), MAX_PLAN_BYTES)
     except FileNotFoundError:
         raise CuteccError("this cache holds no tuning plan for the manifest as it is now; run "
                           "`cutecc tune --compile-only` (on a host with the build extra) first",

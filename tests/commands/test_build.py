@@ -49,16 +49,16 @@ def test_build_then_rebuild_is_all_cached_and_imports_no_dsl(toy_project: Path, 
 
 def test_a_hit_reads_its_index_record_not_its_metadata(toy_cache, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    import cutecc.store
+    import cutecc.store.view
 
     toy = toy_cache.copy(tmp_path)
     lock = toy.manifest.with_name("kernels.lock")
     first = build(toy.manifest, cache_dir=toy.cache)
     assert first.count("cached") == 2 and lock.is_file()
     locked = lock.read_bytes()
-    real = cutecc.store.read_meta
+    real = cutecc.store.view.read_meta
     read: list[str] = []
-    monkeypatch.setattr(cutecc.store, "read_meta",  # an entry's; its runtime library's is read once
+    monkeypatch.setattr(cutecc.store.view, "read_meta",  # an entry's; its runtime library's is read once
                         lambda d: "/entries/" in str(d) and read.append(str(d)) or real(d))
     again = build(toy.manifest, cache_dir=toy.cache)
     assert again.count("cached") == 2 and read == [] and lock.read_bytes() == locked
@@ -76,16 +76,16 @@ def test_a_rewritten_metadata_is_read_not_its_older_index_record(toy_cache, tmp_
     """An index record keeps the stamp of the meta.json it came from: once that file is
     rewritten (a copied cache, a relinked entry), a build reads it instead of the record,
     so it never locks what the entry no longer holds, and writes the record again."""
-    import cutecc.store
+    import cutecc.store.view
     from cutecc.entry import file_record
     from cutecc.errors import CuteccError
 
     toy = toy_cache.copy(tmp_path)  # copied: every meta.json has another inode than its record says
     lock = toy.manifest.with_name("kernels.lock")
     store = Store(toy.cache)
-    real = cutecc.store.read_meta
+    real = cutecc.store.view.read_meta
     read: list[str] = []
-    monkeypatch.setattr(cutecc.store, "read_meta",
+    monkeypatch.setattr(cutecc.store.view, "read_meta",
                         lambda d: "/entries/" in str(d) and read.append(str(d)) or real(d))
     assert build(toy.manifest, cache_dir=toy.cache).count("cached") == 2 and len(set(read)) == 2
     keys = sorted(e.key for e in store.entries())

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 from helpers import REPO, run_cli
 
+from cutecc.buckets import bucket_of
 from cutecc.errors import CuteccError
-from cutecc.lockfile import Lock, LockEntry, read_lock, record_build
+from cutecc.lockfile import Lock, LockEntry, Pin, Tuned, read_lock, record_build
 from cutecc.manifest import load_manifest
-from cutecc.runtime.tuning import Tuned, TuningTable, bucket_of
+from cutecc.runtime.tuning import TuningTable
 
 KEY = {c: c * 64 for c in "abcdef"}
 
@@ -97,14 +98,14 @@ def test_bucket_lookup_at_and_between_edges(value: int, floor: int, nearest: int
 
 
 def _entry(variant: str, key: str) -> LockEntry:
-    return LockEntry("mul", variant, "sm_90a", key, "lib.so", key[:1] * 64, 1000, "__tvm_ffi_mul", None, "c" * 64,
-                      "d" * 64)
+    return LockEntry("mul", variant, "sm_90a", key, Pin("lib.so", key[:1] * 64, 1000, "__tvm_ffi_mul", None,
+                                                        "c" * 64, "d" * 64))
 
 
 def _tuned(bucket: str, winner: str, device: str = "NVIDIA H100 80GB HBM3") -> Tuned:
     return Tuned("mul", "dtype=float32", "sm_90a", device, "floor", bucket, KEY["a"], winner,
-                 "dtype=float32" if winner == KEY["a"] else "dtype=float32,threads=128", "lib.so",
-                 winner[:1] * 64, 1000, "__tvm_ffi_mul", None, "c" * 64, "d" * 64)
+                 "dtype=float32" if winner == KEY["a"] else "dtype=float32,threads=128",
+                 Pin("lib.so", winner[:1] * 64, 1000, "__tvm_ffi_mul", None, "c" * 64, "d" * 64))
 
 
 def test_lock_round_trip_keeps_tuning_and_a_build_preserves_it(tmp_path: Path) -> None:
@@ -123,6 +124,24 @@ def test_lock_round_trip_keeps_tuning_and_a_build_preserves_it(tmp_path: Path) -
     # A rebuilt default (new key) makes its results stale: they go.
     record_build(path, [_entry("dtype=float32", KEY["c"])], partial=False, covered=set(), defined={"mul"})
     assert read_lock(path).tuning == ()
+
+
+def test_lock_and_tuning_lines_are_flat_in_the_format_order_and_share_one_pin() -> None:
+    """A line's pinned fields are one `Pin`, written flat after the line's own fields: the
+    file's bytes are the format's, and a tuned winner's lock line pins what its tuning line does."""
+    lock = Lock((_entry("dtype=float32", KEY["a"]),), (_tuned("n=65536", KEY["b"]),))
+    doc = json.loads(lock.dumps())
+    pinned = ["library", "sha256", "size", "symbol", "backward", "contract", "runtime"]
+    assert list(doc["entries"][0]) == ["kernel", "variant", "arch", "key", *pinned]
+    assert list(doc["tuning"][0]) == ["kernel", "variant", "arch", "device", "rule", "bucket", "base",
+                                      "winner", "winner_variant", *pinned]
+    assert doc["tuning"][0]["sha256"] == KEY["b"][:1] * 64 and doc["entries"][0]["size"] == 1000
+    (winner,) = lock.winners()
+    assert winner.pin == lock.tuning[0].pin and winner.key == KEY["b"]
+    assert winner.variant == "dtype=float32,threads=128"
+    head, tail = lock.dumps().split(b'"tuning"')
+    with pytest.raises(CuteccError, match=r"tuning\[0\]\.size"):  # the pin is checked in either line
+        Lock.loads(head + b'"tuning"' + tail.replace(b'"size": 1000', b'"size": -1'), "x")
 
 
 @dataclass(frozen=True)

@@ -373,7 +373,7 @@ def test_fetch_fills_a_cache_with_exactly_the_locked_entries(s3, prefix: str, to
     assert one.ok and one.fetched == [] and one.present == []
     # a lock line the remote's entry does not match is refused
     text = lock.read_text()
-    sha = read_lock(lock).entries[0].sha256
+    sha = read_lock(lock).entries[0].pin.sha256
     bad = tmp_path / "bad.lock"
     bad.write_text(text.replace(sha, "0" * 64))
     r = run_cli("fetch", "--lock", str(bad), "--remote", prefix, "--cache-dir", str(tmp_path / "x"), "--json",
@@ -417,7 +417,7 @@ def test_fetch_checks_the_locks_signature_first(s3, prefix: str, toy_cache, tmp_
     rep = fetch(lock, remote=prefix, cache_dir=tmp_path / "a", trusted_keys=[pub])
     assert rep.ok and len(rep.fetched) == 2
     # a lock edited after signing (another library for a key) is refused, exit 1
-    lock.write_text(lock.read_text().replace(read_lock(lock).entries[0].sha256, "0" * 64))
+    lock.write_text(lock.read_text().replace(read_lock(lock).entries[0].pin.sha256, "0" * 64))
     r = run_cli("fetch", "--lock", str(lock), "--remote", prefix, "--cache-dir", str(tmp_path / "b"),
                 "--trusted-key", str(pub))
     assert r.returncode == 1 and "changed after it was signed" in r.stderr, r.stderr

@@ -54,7 +54,7 @@ def _runtime() -> tuple[str, bytes]:
 def ensure_runtime(store: Store) -> None:
     """Publish the fake runtime library (as a build does before its workers start)."""
     from cutecc.entry import runtime_soname
-    from cutecc.linker import runtime_inputs
+    from cutecc.toolchain import runtime_inputs
 
     key, data = _runtime()
 

@@ -211,7 +211,7 @@ def test_hostile_archives_never_land_unverified_bytes(legit: dict, fmt: str, tmp
             assert compute_key(meta["key_inputs"]) == d.name, (kind, i)
             if signed:
                 sha = meta["files"]["kernel.so"]["sha256"]
-                assert d.name in locked and locked[d.name].sha256 == sha, (kind, i)
+                assert d.name in locked and locked[d.name].pin.sha256 == sha, (kind, i)
         assert len(imported) == len(list((cache / "entries").glob("*/*"))) or not imported, (kind, i)
         archive.unlink()
     assert _tree(sentinel) == {"keep"} and (sentinel / "keep").read_text() == "untouched"

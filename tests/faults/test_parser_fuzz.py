@@ -4,7 +4,7 @@ never another exception, and each in bounded time.
 The parsers are the ones a deployer's process runs on what it did not write: an entry's
 meta.json (`ingest.check_meta`, for remote objects, pack members, Ray results and the
 cache), a lock (`Lock.loads`), a lock's signature file (`signing.verify`), a tuning record
-(`runtime.tuning.parse_lines` of a record file's JSON) and a manifest (`load_manifest`).
+(`lockfile.parse_tuning_lines` of a record file's JSON) and a manifest (`load_manifest`).
 Inputs are mutations of a valid document (byte flips, cuts, splices of hostile fragments,
 JSON values swapped for hostile ones) plus the worst shapes at each parser's byte cap.
 The worst parse time of each is recorded in the fault report (docs/faults.md).
@@ -24,8 +24,7 @@ import pytest
 from cutecc.entry import MAX_META_BYTES, compute_key
 from cutecc.errors import CuteccError
 from cutecc.ingest import Refused, check_meta
-from cutecc.lockfile import Lock
-from cutecc.runtime.tuning import parse_lines
+from cutecc.lockfile import Lock, parse_tuning_lines
 
 from .conftest import SEED, soak
 
@@ -127,7 +126,7 @@ def _parsers(tmp: Path) -> tuple[dict[str, Parser], bytes]:
         from cutecc.entry import parse_json
 
         doc = parse_json(data, 4 << 20, 6)
-        return parse_lines(doc.get("records") if isinstance(doc, dict) else doc, "record", "records")
+        return parse_tuning_lines(doc.get("records") if isinstance(doc, dict) else doc, "record", "records")
 
     toml = (b'archs = ["sm_90a"]\n[kernel.k]\nentry = "m:k"\nargs = [\n  { kind = "stream" },\n'
             b'  { name = "x", dtype = "float32", shape = ["n"] },\n'

@@ -232,3 +232,11 @@ def test_errors_on_the_device(ks, gen) -> None:
         ks.mul(x.double(), x.double())
     with pytest.raises(ValueError, match=r"x: not contiguous"):
         ks.mul(x[::2], x[::2])
+    # The eager path leaves strides and addresses to the kernel's own checks (its TVM-FFI
+    # wrapper), then names the argument: a signature already planned, then a view of it.
+    ks.mul(x[:50].clone(), x[:50].clone())
+    with pytest.raises(ValueError, match=r"y: not contiguous") as e:
+        ks.mul(x[:50], x[::2])
+    assert e.value.__cause__ is not None  # the kernel's refusal
+    with pytest.raises(ValueError, match=r"x: its data starts at an address that is not a multiple of 16"):
+        ks.mul(x[1:51], x[:50])

@@ -21,12 +21,18 @@ block, whose gradients pass through a dozen bf16 roundings of activations and ma
 from __future__ import annotations
 
 import math
+import os
+import zipfile
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import cutecc
+from cutecc.commands.pack import pack
+from cutecc.signing import keygen
 from examples import llama_block as lb
 
 from .conftest import poison, rand
@@ -174,6 +180,44 @@ def test_fa4_backward_called_as_one_kernel_matches_its_grad(ks, rng) -> None:
     direct = ks.fa4_bwd(q, k, v, out, lse, ct, softmax_scale=scale, causal=True)
     for name, g, r in zip(("dq", "dk", "dv"), direct, vjp(ct)):
         assert rel(g, r) <= 1e-2, name  # only lse differs: its own float32 rounding
+
+
+@pytest.mark.parametrize("source", ["lock", "pack"])
+def test_fa4_grad_through_the_composite_from_a_lock_or_a_pack(ks, rng, tmp_path, monkeypatch,
+                                                                source: str) -> None:
+    """The committed examples/kernels.lock carries the backward composite's line: loaded
+    from it (or from a signed pack of fa4_fwd made from it), jax.grad runs the three-launch
+    backward, with the numbers of the reference."""
+    cache = os.environ["CUTECC_EXAMPLES_CACHE"]  # set: `ks` skips without it
+    lock = Path(__file__).resolve().parents[2] / "examples" / "kernels.lock"
+    if source == "lock":
+        locked = cutecc.load(cache, lock=lock, allow_unsigned=True)
+    else:
+        private, public = keygen(tmp_path / "ci")
+        report = pack(name="fa4-train", version="1.0", lock=lock, kernels=("fa4_fwd",),
+                      cache_dir=cache, out=tmp_path / "dist", sign_key=private)
+        with zipfile.ZipFile(report.path) as zf:
+            zf.extractall(tmp_path / "site")
+        monkeypatch.syspath_prepend(str(tmp_path / "site"))
+        locked = cutecc.load(package="fa4_train", trusted_keys=[public])
+        assert sorted(locked) == ["fa4_bwd", "fa4_bwd_main", "fa4_bwd_post", "fa4_bwd_pre", "fa4_fwd"]
+    assert locked.fa4_bwd.launches == ("fa4_bwd_pre", "fa4_bwd_main", "fa4_bwd_post")
+    b, s_q, s_k, h, d = 2, 200, 513, 4, 128
+    scale = 1 / math.sqrt(d)
+    q = rand(rng, (b, s_q, h, d), "bfloat16")
+    k, v = rand(rng, (b, s_k, h, d), "bfloat16"), rand(rng, (b, s_k, h, d), "bfloat16")
+    ct = rand(rng, (b, s_q, h, d), "bfloat16")
+    poison(b * h * (s_q + 64) * d * 4 * 3)
+
+    def grads(attend, *args):
+        return jax.jit(lambda q, k, v, ct: jax.grad(lambda q, k, v: jnp.vdot(
+            attend(q, k, v).astype(F32), ct.astype(F32)), argnums=(0, 1, 2))(q, k, v))(*args)
+
+    got = grads(lambda q, k, v: locked.fa4_fwd(q, k, v, softmax_scale=scale, causal=True), q, k, v, ct)
+    ref = grads(lambda q, k, v: attention(q, k, v, scale, True), *up(q, k, v, ct))
+    xla = grads(lambda q, k, v: attention(q, k, v, scale, True), q, k, v, ct)
+    for name, g, r, x in zip(("dq", "dk", "dv"), got, ref, xla):
+        check(f"{name} from the {source}", g, r, x, FLOOR_KERNEL)
 
 
 # --- the Llama-style block: loss and every gradient ----------------------------------------

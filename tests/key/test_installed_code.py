@@ -224,12 +224,14 @@ def test_the_first_build_into_a_new_cache_keeps_what_planning_learned(
     """A build into a cache directory that does not exist yet plans before creating it; what
     planning learned is written once the store is there, so the next (no-op) build is the
     fast one, not the one after it."""
+    import cutecc.builder
     import cutecc.commands.build as b
+    import cutecc.executors.local
 
     install(site, "fakelib", "1.0", LIB)
     m = project(tmp_path, BOTH)
-    monkeypatch.setattr(b, "_compile", lambda *a, **k: None)  # nothing compiled: planning only
-    monkeypatch.setattr(b, "_ensure_runtimes", lambda *a, **k: None)
+    monkeypatch.setattr(cutecc.executors.local, "compile_all", lambda *a, **k: None)  # planning only
+    monkeypatch.setattr(cutecc.builder, "_ensure_runtimes", lambda *a, **k: [])
     cache = tmp_path / "new-cache"
     forget()
     b.build(m, cache_dir=cache, lock=False)

@@ -20,6 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 import cutecc.commands.build
+import cutecc.executors.local
 import cutecc.key
 import cutecc.workers
 from cutecc.cli import main
@@ -367,14 +368,14 @@ def test_toolchain_is_cached_and_has_the_tool_versions() -> None:
 
 
 def test_the_runtime_key_names_every_input_of_the_runtime_library(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cutecc import linker
+    from cutecc import toolchain
 
-    inputs = linker.runtime_inputs()
+    inputs = toolchain.runtime_inputs()
     assert cutecc.key.toolchain()["runtime"] == cutecc.key.runtime_key() == compute_key(inputs)
     assert {"runtime_format", "recipe", "source", "exports", "zig", "target", "apache-tvm-ffi",
             "dialect_rt", "cudart"} == set(inputs)
     for name in inputs:  # each one changes the key
-        monkeypatch.setattr(linker, "runtime_inputs", lambda n=name: {**inputs, n: inputs[n] + "+x"})
+        monkeypatch.setattr(toolchain, "runtime_inputs", lambda n=name: {**inputs, n: inputs[n] + "+x"})
         assert cutecc.key.runtime_key() != compute_key(inputs), name
 
 
@@ -393,7 +394,7 @@ def _no_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(*a: object, **k: object) -> None:
         raise AssertionError("a dry run must not compile")
 
-    monkeypatch.setattr(cutecc.workers, "compile_all", boom)
+    monkeypatch.setattr(cutecc.executors.local, "compile_all", boom)
     monkeypatch.setattr(cutecc.workers, "build_one", boom)
 
 

@@ -10,7 +10,7 @@ import pytest
 from helpers import Toy, run_cli, toy_manifest, write_toy_project
 
 from cutecc.errors import CuteccError
-from cutecc.lockfile import LOCK_FORMAT, Lock, LockEntry, read_lock, write_lock
+from cutecc.lockfile import LOCK_FORMAT, Lock, LockEntry, Pin, read_lock, write_lock
 from cutecc.store import Store
 
 pytestmark = pytest.mark.usefixtures("dsl")
@@ -156,8 +156,8 @@ def test_load_with_a_lock_uses_exactly_its_entries(toy: Toy, tmp_path: Path) -> 
     one = Lock(tuple(e for e in full.entries if e.variant == "threads=64"))
     write_lock(tmp_path / "one.lock", one)
     assert _load(toy.cache, tmp_path / "one.lock").scale.variants == ["threads=64"]
-    ghost = LockEntry("scale", "threads=7", "sm_90a", "f" * 64, "kernel.so", "0" * 64, 1, "cutecc_kernel",
-                      None, "0" * 64, "0" * 64)
+    ghost = LockEntry("scale", "threads=7", "sm_90a", "f" * 64,
+                      Pin("kernel.so", "0" * 64, 1, "cutecc_kernel", None, "0" * 64, "0" * 64))
     write_lock(tmp_path / "ghost.lock", Lock((*full.entries, ghost)))
     with pytest.raises(CuteccError, match=r"1 locked entry not in the cache: scale\[threads=7\]"):
         _load(toy.cache, tmp_path / "ghost.lock")

@@ -51,11 +51,11 @@ def test_newest_of_several_builds_of_one_variant_wins(example_cache: Path, tmp_p
 
 def test_a_kernel_is_checked_at_first_use_only(example_cache: Path, monkeypatch) -> None:
     """Loading reads no metadata; a kernel's entries are read and checked at its first use."""
-    import cutecc.runtime.loader as loader
+    import cutecc.entry as entry  # the runtime checks through EntryMeta.parse, which asks meta_problem
 
     checked: list[str] = []
-    real = loader.meta_problem
-    monkeypatch.setattr(loader, "meta_problem", lambda m, key: checked.append(m["kernel"]) or real(m, key))
+    real = entry.meta_problem
+    monkeypatch.setattr(entry, "meta_problem", lambda m, key: checked.append(m["kernel"]) or real(m, key))
     ks = cutecc.load(example_cache, arch="sm_90a")
     assert checked == [] and set(ks) == {"mul", "mul_bwd", "rmsnorm", "axpy"}
     assert len(ks.mul.variants) == 3
@@ -68,15 +68,16 @@ def test_a_kernel_is_checked_at_first_use_only(example_cache: Path, monkeypatch)
 def test_load_reads_one_kernels_records_only(example_cache: Path, tmp_path: Path, monkeypatch) -> None:
     """Loading lists nothing and reads no metadata; a kernel's first use reads its own index
     records and entries, never another kernel's, so the cost does not grow with the cache."""
-    import cutecc.store
+    import cutecc.store.view
 
     store = Store(shutil.copytree(example_cache, tmp_path / "cache"))
     listed: list[str] = []
     read: list[str] = []
-    real_keys, real_meta = Store.kernel_keys, cutecc.store.read_meta
-    monkeypatch.setattr(Store, "kernel_names", lambda self: listed.append("all") or [])
-    monkeypatch.setattr(Store, "kernel_keys", lambda self, k: listed.append(k) or real_keys(self, k))
-    monkeypatch.setattr(cutecc.store, "read_meta", lambda d: read.append(d.name) or real_meta(d))
+    view = cutecc.store.view.StoreView  # what the runtime reads through
+    real_keys, real_meta = view.kernel_keys, cutecc.store.view.read_meta
+    monkeypatch.setattr(view, "kernel_names", lambda self: listed.append("all") or [])
+    monkeypatch.setattr(view, "kernel_keys", lambda self, k: listed.append(k) or real_keys(self, k))
+    monkeypatch.setattr(cutecc.store.view, "read_meta", lambda d: read.append(d.name) or real_meta(d))
     ks = cutecc.load(store.root, arch="sm_90a")
     assert listed == [] and read == []
     assert len(ks.axpy.variants) == 1

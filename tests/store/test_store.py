@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cutecc.atomic import atomic_write
-from cutecc.entry import ENTRY_FORMAT, META, RUNTIME_FORMAT, STORE_FORMAT
+from cutecc.entry import ENTRY_FORMAT, META, RUNTIME_ENTRY_FORMAT, STORE_FORMAT
 from cutecc.errors import CuteccError
 from cutecc.store import Store, default_cache_dir
 
@@ -252,7 +252,7 @@ def test_runtime_libraries_are_entries_of_their_own(tmp_path: Path) -> None:
         return {"kind": "runtime", "library": "libcutecc_rt_abababababababab.so"}
 
     rt, built = store.publish(KEY, runtime, runtime=True)
-    assert built and rt.path == store.runtimes_dir / "ab" / KEY and rt.meta["format"] == RUNTIME_FORMAT
+    assert built and rt.path == store.runtimes_dir / "ab" / KEY and rt.meta["format"] == RUNTIME_ENTRY_FORMAT
     assert store.get(KEY) is None and store.kernel_names() == []  # not a kernel entry, not indexed
     assert [e.key for e in store.runtimes()] == [KEY] and store.get_runtime(KEY).meta == rt.meta
     assert store.remove(KEY, runtime=True) and store.get_runtime(KEY) is None

@@ -238,9 +238,11 @@ def test_the_link_recipe_in_the_key_follows_the_native_sources() -> None:
     def short(p: Path) -> str:
         return hashlib.sha256(p.read_bytes()).hexdigest()[:16]
 
-    assert f"3+rt.{short(linker.RUNTIME_SOURCE)}+wrap.{short(linker.WRAPPER_SOURCE)}" == linker.RECIPE_VERSION
-    assert toolchain()["link_recipe"] == linker.RECIPE_VERSION
-    assert linker.runtime_inputs()["source"] == hashlib.sha256(linker.RUNTIME_SOURCE.read_bytes()).hexdigest()
+    from cutecc import toolchain as tc
+
+    assert f"3+rt.{short(tc.RUNTIME_SOURCE)}+wrap.{short(tc.WRAPPER_SOURCE)}" == tc.RECIPE_VERSION
+    assert toolchain()["link_recipe"] == tc.RECIPE_VERSION
+    assert tc.runtime_inputs()["source"] == hashlib.sha256(tc.RUNTIME_SOURCE.read_bytes()).hexdigest()
 
 
 @needs_link

@@ -200,10 +200,11 @@ def test_a_signing_build_hashes_every_library_it_signs(project: Path, key_pair: 
 def test_a_composite_record_is_read_under_the_trust_rules_and_never_under_a_lock(
         project: Path) -> None:
     """A composite's record decides which launches a call runs: a record behind a link (or
-    someone else's) is refused, and a lock, which does not pin composites, offers none."""
+    someone else's) is refused, and a lock offers only the composites it pins itself (its
+    own signed lines, none here), never the cache's record."""
     from cutecc import trust
 
-    record = {"format": 1, "name": "both", "launches": ["other", "other"], "inputs": ["x"],
+    record = {"format": 1, "name": "both", "launches": ["other"], "inputs": ["x"],
               "outputs": ["out"], "manifest": str(project / "kernels.toml")}
     d = project / "cache/composites"
     d.mkdir()

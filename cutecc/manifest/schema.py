@@ -1,6 +1,6 @@
 """The JSON Schema of `kernels.toml`, for editors (taplo, SchemaStore) to complete and check.
 
-The schema is a guide; `cutecc.manifest` stays the one validator (it also checks what a
+The schema is a guide; `cutecc.manifest.parse` stays the one validator (it also checks what a
 schema cannot say: shared symbolic extents, backward pairings, `$param` references).
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 from cutecc import dtypes
 from cutecc.archs import ARCH_RE
 from cutecc.contract import LAYOUTS, ROLES
-from cutecc.manifest import (
+from cutecc.manifest.parse import (
     BUILTIN_PROFILES,
     ENTRY_RE,
     IMPORT_RE,
@@ -76,6 +76,11 @@ def schema() -> dict[str, Any]:
                                          "passed has extent 1 there."},
             "reduce": {"enum": ["sum"], "description": "The call returns this output summed over its "
                                                        "leading axis (per-SM partials)."},
+            "may_alias": {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*$",
+                          "description": "An output the kernel may write in the memory of this input "
+                                         "(same dtype, shape, layout): it reads each element before "
+                                         "writing it. `kernel.in_place(...)` then lets XLA reuse the "
+                                         "input's buffer where it is dead."},
             "buffer": {"type": "array", "items": extent,
                        "description": "A padded input/inout: the shape of the array passed (same rank, "
                                       "logical order); the kernel sees `shape` at its origin with the "
@@ -163,6 +168,10 @@ def schema() -> dict[str, Any]:
             "archs": archs,
             "profile": {"type": "string"},
             "compile_options": {"type": "string"},
+            "shard": {"type": "array", "items": {"type": "string"}, "uniqueItems": True,
+                      "description": "Symbolic extents the kernel is independent along (rows, "
+                                     "batch, heads): under jax.jit with several devices each "
+                                     "device calls it on its shard of those axes."},
             "grad": {"type": "object", "additionalProperties": False, "required": ["backward"],
                      "properties": {
                          "backward": {"type": "string"},

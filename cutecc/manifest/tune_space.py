@@ -28,9 +28,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cutecc.buckets import RULES
 from cutecc.contract import CallingConvention
 from cutecc.errors import CuteccError
-from cutecc.runtime.tuning import RULES
 
 Fail = Callable[[str, str], CuteccError]
 _Value = int | float | bool | str
@@ -176,11 +176,12 @@ def check(fail: Fail, kp: str, spec: TuneSpec, env: dict[str, _Value], conv: Cal
         ext = benchmark_extents(point, spec.sizes)
         for t in padded:
             for i in t.padded:
-                d, b = (x if isinstance(x, int) else ext.get(x) for x in (t.shape[i], t.buffer[i]))  # type: ignore[index]
-                if d is not None and b is not None and b < d:
+                buffer = t.buffer or t.shape  # a padded tensor has a buffer
+                d, e = (x if isinstance(x, int) else ext.get(x) for x in (t.shape[i], buffer[i]))
+                if d is not None and e is not None and e < d:
                     where = ",".join(f"{k}={v}" for k, v in point.items())
                     raise fail(f"{kp}.sizes", f'at the bucket {where}, input "{t.name}"\'s buffer extent '
-                               f"{b} (dimension {i}) is smaller than the extent {d} the kernel views in it")
+                               f"{e} (dimension {i}) is smaller than the extent {d} the kernel views in it")
 
 
 def _f(v: Any) -> float | None:

@@ -31,14 +31,17 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
                                   {dsl = "cutlass.Int32", value = 5}, {import = "m:Name"},
                                   {call = "m:f", args = [..], kwargs = {..}}, {none = true}
     args = [..]                   the launcher's arguments in its own order:
-      {name, dtype, shape, role = "input"|"output"|"inout"|"scratch", zero, buffer, layout, align}
+      {name, dtype, shape, role = "input"|"output"|"inout"|"scratch", zero, buffer, layout, align,
+       may_alias}
         a tensor; an output's or scratch's extent may be derived, an expression over symbols,
         "$param"s and "$hw.fact"s (`cutecc.expr`); scratch is allocated (zero = true: zeroed)
         and dropped by the runtime;
         layout = "row-major" (default) | "column-major" | [stride order, 0 = stride 1];
         or mode = [..] (cutlass_call's): dimension i is dimension mode[i] of the array passed;
         buffer = [..] (input/inout): the shape of the padded array passed, of which the
-        kernel sees the `shape` block at its origin with the buffer's strides (`lda`)
+        kernel sees the `shape` block at its origin with the buffer's strides (`lda`);
+        may_alias = "x" (output): the kernel may write it in input x's memory (it reads each
+        element before writing it): `ks.k.in_place(..)` lets XLA reuse x's buffer
       {kind = "scalar", name, dtype, default}    a runtime scalar (keyword at the JAX side);
         with value = <int or expression> instead, derived: the runtime computes and passes it
       {kind = "none"}   {kind = "stream"}   {kind = "tuple", items = [..]}
@@ -57,7 +60,7 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
                                   a call keyword: `ks.k(q, causal=True)`
     archs, profile, compile_options   per-kernel overrides
     grad = {backward = "NAME"}    pair with a backward kernel for jax.grad
-    tune = {..}                   a tuning space for `cutecc tune` (see cutecc.tuning.space)
+    tune = {..}                   a tuning space for `cutecc tune` (see cutecc.manifest.tune_space)
 """
 
 from __future__ import annotations
@@ -69,7 +72,6 @@ import keyword
 import re
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -88,11 +90,15 @@ from cutecc.contract import (
     TensorArg,
     TupleArg,
     flat_leaves,
+    may_alias_problem,
+    shard_problem,
 )
 from cutecc.errors import CuteccError
+from cutecc.manifest import tune_space as space
+from cutecc.manifest.model import BuildSettings, Composite, Kernel, Manifest, Variant
+from cutecc.manifest.model import Value as _Value
 from cutecc.names import KERNEL_SET_RESERVED, call_name_problem, kernel_name_problem
 from cutecc.remote_url import parse_url
-from cutecc.tuning import space
 from cutecc.units import parse_size
 
 if sys.version_info >= (3, 11):
@@ -111,7 +117,6 @@ _IMPORT = rf"{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*"
 # An entry may index into what it names (`mod:factory[1]`: the second launcher of the tuple
 # a factory returns; the factory is called first when factory_args is set).
 ENTRY_RE = re.compile(rf"{_IMPORT}(\[(0|[1-9][0-9]{{0,5}})\])*")
-_INDEX_RE = re.compile(r"\[([0-9]+)\]")
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A kernel is an attribute of the loaded kernel set: these names are the set's own.
 RESERVED_KERNEL_NAMES = KERNEL_SET_RESERVED
@@ -142,150 +147,12 @@ _BUILD_KEYS = {"executor", "ray_address", "remote", "compile_timeout", "compile_
 EXECUTORS = ("local", "ray")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs", "profile",
-                "compile_options", "grad", "description", "symbols", "tune", "derive"}
+                "compile_options", "grad", "description", "symbols", "tune", "derive", "shard"}
 MAX_DIVISIBILITY = 1 << 16
 _TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "buffer", "layout", "mode", "align", "param",
-                "zero", "saved", "reduce", "broadcast"}
+                "zero", "saved", "reduce", "broadcast", "may_alias"}
 COTANGENT = "cotangent."  # grad.args: "cotangent.out" is the cotangent of forward output "out"
 _SCALAR_KEYS = {"kind", "name", "dtype", "default", "param", "value"}
-_Value = int | float | bool | str
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One point of a kernel's variant matrix, fully resolved."""
-
-    kernel: str
-    params: tuple[tuple[str, _Value], ...]
-    args: tuple[Arg, ...]
-    constants: tuple[tuple[str, _Value], ...]
-    factory_args: tuple[tuple[str, _Value], ...] | None
-    # The variant parameters a call names by keyword (those the input tensors cannot
-    # tell apart), with this variant's values; see `_call_keywords`.
-    call: tuple[tuple[str, _Value], ...] = ()
-
-    @property
-    def id(self) -> str:
-        if not self.params:
-            return "default"
-        return ",".join(f"{k}={v}" for k, v in self.params)
-
-    @property
-    def convention(self) -> CallingConvention:
-        return CallingConvention.of(self.args)
-
-
-@dataclass(frozen=True)
-class Kernel:
-    name: str
-    entry: str
-    archs: tuple[str, ...]
-    profile: str
-    compile_options: str
-    variants: tuple[Variant, ...]
-    backward: str | None = None
-    tuning: space.TuneSpec | None = None
-    # per variant id, its tuning candidates other than itself (the default configuration)
-    candidates: tuple[tuple[str, tuple[Variant, ...]], ...] = ()
-    # the facts of its hardware profile (`profile`): what device queries are answered with
-    hardware: tuple[tuple[str, Any], ...] = ()
-    # grad.args / grad.returns: the backward's inputs by name (forward inputs, forward
-    # outputs saved or not, "cotangent.<output>") and which forward input each of its
-    # results is the gradient of. None: inputs then cotangents, one gradient per input.
-    grad_args: tuple[str, ...] | None = None
-    grad_returns: tuple[str, ...] | None = None
-
-    @property
-    def grad(self) -> dict[str, Any] | None:
-        """The named pairing as stored in entries (and keyed), None when not declared."""
-        if self.grad_args is None:
-            return None
-        return {"backward": self.backward, "args": list(self.grad_args),
-                "returns": None if self.grad_returns is None else list(self.grad_returns)}
-
-    @property
-    def module(self) -> str:
-        return self.entry.split(":", 1)[0]
-
-
-def split_entry(entry: str) -> tuple[str, tuple[int, ...]]:
-    """An entry as ("package.module:attr[.attr]", the indices into what that names):
-    `"m:pair[1]"` -> `("m:pair", (1,))`."""
-    cut = entry.find("[")
-    if cut < 0:
-        return entry, ()
-    return entry[:cut], tuple(int(i) for i in _INDEX_RE.findall(entry[cut:]))
-
-
-@dataclass(frozen=True)
-class Composite:
-    """A kernel declared as an ordered list of launches of other kernels (each built and
-    keyed as any kernel), sharing tensors by name: the call's `inputs`, then each launch's
-    results (saved ones too), from which `outputs` are returned. Nothing of its own is
-    built; `cutecc build` records it in the cache (`composites/NAME.json`) for the runtime."""
-
-    name: str
-    launches: tuple[str, ...]
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"launches": list(self.launches), "inputs": list(self.inputs),
-                "outputs": list(self.outputs)}
-
-
-@dataclass(frozen=True)
-class BuildSettings:
-    """The manifest's `[build]` table: defaults for where a build runs. Command-line flags
-    and `$CUTECC_EXECUTOR` / `$CUTECC_RAY_ADDRESS` / `$CUTECC_REMOTE` take precedence."""
-
-    executor: str | None = None
-    ray_address: str | None = None
-    remote: str | None = None
-    compile_timeout: float | None = None  # 0: no limit; None: not set here
-    compile_memory: int | None = None  # 0: no limit; None: not set here
-
-
-@dataclass(frozen=True)
-class Manifest:
-    path: Path
-    python_path: tuple[Path, ...]
-    kernels: tuple[Kernel, ...]
-    env: tuple[tuple[str, str], ...] = ()
-    build: BuildSettings = BuildSettings()
-    composites: tuple[Composite, ...] = ()
-
-    def env_for(self, arch: str) -> dict[str, str]:
-        """The `[env]` a build worker for `arch` sets ("$arch" substituted)."""
-        return {k: v.replace("$arch", arch) for k, v in self.env}
-
-    @property
-    def root(self) -> Path:
-        return self.path.parent
-
-    def kernel(self, name: str) -> Kernel:
-        for k in self.kernels:
-            if k.name == name:
-                return k
-        known = ", ".join(k.name for k in self.kernels) or "none"
-        raise CuteccError(f'no kernel "{name}" (kernels: {known})', where=str(self.path))
-
-    def select(self, kernels: tuple[str, ...] | list[str]) -> Manifest:
-        """This manifest restricted to `kernels` and their backward kernels (an unknown
-        name is an error naming the manifest)."""
-        wanted = set(kernels)
-        comps = {c.name: c for c in self.composites}
-        for name in kernels:
-            if name in comps:
-                wanted |= set(comps[name].launches)
-                continue
-            back = self.kernel(name).backward  # raises for unknown names
-            if back in comps:
-                wanted |= set(comps[back].launches) | {back}
-            elif back:
-                wanted.add(back)
-        return dataclasses.replace(self, kernels=tuple(k for k in self.kernels if k.name in wanted),
-                                   composites=tuple(c for c in self.composites if c.name in wanted))
 
 
 class _Ctx:
@@ -474,7 +341,7 @@ def _check_composites(ctx: _Ctx, composites: list[Composite],
             if n not in written:
                 raise ctx.fail(f"{kp}, outputs[{i}]", f'"{n}" is no launch result')
         ins = tuple(t for t in (have[n] for n in c.inputs) if t is not None)
-        res = tuple(dataclasses.replace(t, role="output", saved=False)
+        res = tuple(dataclasses.replace(t, role="output", saved=False, may_alias=None)
                     for t in (have[n] for n in c.outputs) if t is not None)
         out[c.name] = CallingConvention(ins, res, (), ())
     return out
@@ -509,7 +376,8 @@ def _build_settings(ctx: _Ctx, kp: str, doc: Any) -> BuildSettings:
             parse_url(got["remote"])
         except CuteccError as e:
             raise ctx.fail(f"{kp}.remote", e.message) from None
-    return BuildSettings(**{k: v or None for k, v in got.items()}, **limits)
+    named: dict[str, Any] = {k: v or None for k, v in got.items()}
+    return BuildSettings(**named, **limits)
 
 
 def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[str, ...],
@@ -602,12 +470,20 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
         if total > MAX_VARIANTS_PER_KERNEL:
             raise ctx.fail(f"{kp}, tune", f"over {MAX_VARIANTS_PER_KERNEL} candidates")
         pending.append(cands)
+    shard = kdoc.get("shard", [])
+    if not isinstance(shard, list) or not all(isinstance(x, str) for x in shard):
+        raise ctx.fail(f"{kp}, shard", "must be an array of symbolic extents")
+    for v in variants:
+        why = shard_problem(v.convention, tuple(shard))
+        if why:
+            raise ctx.fail(f"{kp}, shard", why + (f" (variant {v.id})" if v.params else ""))
     keyed = _call_keywords(ctx, kp, axes, variants)
     # A candidate stands in for its default variant: it answers the same call keywords.
     candidates = tuple((v.id, tuple(dataclasses.replace(c, call=v.call) for c in cands))
                        for v, cands in zip(keyed, pending))
     return Kernel(name, entry, k_archs, k_profile, k_copts, keyed, backward, tuning, candidates,
-                  hardware=tuple(sorted(hw.items())), grad_args=grad_args, grad_returns=grad_returns)
+                  hardware=tuple(sorted(hw.items())), grad_args=grad_args, grad_returns=grad_returns,
+                  shard=tuple(shard))
 
 def _symbols(ctx: _Ctx, kp: str, v: Any) -> tuple[dict[str, int], frozenset[str]]:
     """`symbols = { n = { divisibility = 8, bits = 64 } }`: per symbolic extent, what it is a
@@ -693,12 +569,12 @@ def _call_keywords(ctx: _Ctx, kp: str, axes: Any, variants: list[Variant]) -> tu
     first: dict[tuple[str, tuple[tuple[bool, _Value], ...]], Variant] = {}
     for v in variants:
         call = tuple((p, x) for p, x in v.params if p in keywords)
-        g = (_selects(v), tuple(_call_value(x) for _, x in call))
-        if g in first:
-            raise ctx.fail(f"{kp}, variants", f'variants "{first[g].id}" and "{v.id}" cannot be '
+        told = (_selects(v), tuple(_call_value(x) for _, x in call))
+        if told in first:
+            raise ctx.fail(f"{kp}, variants", f'variants "{first[told].id}" and "{v.id}" cannot be '
                            "told apart by any call: same input tensors and the same call "
                            f"keywords ({', '.join(keywords) or 'none'})")
-        first[g] = v
+        first[told] = v
         out.append(dataclasses.replace(v, call=call))
     return tuple(out)
 
@@ -993,6 +869,11 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
     if saved and reduce is not None:
         raise ctx.fail(f"{kp}.reduce", "a saved output is handed to the backward as written: "
                        "it cannot be reduced")
+    may_alias = a.get("may_alias")
+    if may_alias is not None and (not isinstance(may_alias, str) or role != "output"):
+        raise ctx.fail(f"{kp}.may_alias", 'only an output may be written in an input\'s memory: '
+                       f'may_alias = "<input name>", got {may_alias!r}'
+                       + ("" if role == "output" else f" on an {role}"))
     zero = a.get("zero", False)
     if type(zero) is not bool or (zero and role != "scratch"):
         raise ctx.fail(f"{kp}.zero", 'only a scratch tensor (role = "scratch") may be zeroed: '
@@ -1029,7 +910,7 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
     if reduce is not None and not dims:
         raise ctx.fail(f"{kp}.reduce", "a scalar (rank 0) output has no leading axis to sum over")
     return TensorArg(name, role, dt, dims, label, align, order=order, buffer=buffer, zero=zero,
-                     saved=saved, reduce=reduce, broadcast=bcast)
+                     saved=saved, reduce=reduce, broadcast=bcast, may_alias=may_alias)
 
 
 def _broadcast(ctx: _Ctx, kp: str, v: Any, dims: tuple[Dim, ...], role: str) -> tuple[int, ...] | None:
@@ -1204,6 +1085,9 @@ def _check_args(ctx: _Ctx, kp: str, args: tuple[Arg, ...]) -> None:
                                    f'"{s}" is not the extent of any input, so the runtime cannot '
                                    "compute the scalar (known symbols: "
                                    f"{', '.join(sorted(bound)) or 'none'})")
+    bad = may_alias_problem(args)
+    if bad is not None:
+        raise ctx.fail(f"{kp}, args ({bad[0]}).may_alias", bad[1])
     names = {t.name for t in tensors}
     clash = names & {s for t in tensors for s in t.symbols}
     if clash:

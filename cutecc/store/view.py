@@ -1,0 +1,439 @@
+"""The cache read-only: what the runtime, `list`, `show`, `explain` and every reader need.
+
+Nothing here creates, moves or deletes anything in the cache, except `touch_used` (a use
+mark on an entry, never one of its hashed files, best-effort): the runtime imports this
+module and `layout`, never `cutecc.store.writer`. Every path comes from
+`cutecc.store.layout`. Metadata is read bounded, without following links, and typed on
+demand (`Entry.checked`: `cutecc.entry.EntryMeta`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import functools
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from cutecc import environ, trust
+from cutecc.entry import (
+    MAX_INDEX_BYTES,
+    MAX_META_BYTES,
+    META,
+    STORE_FORMAT,
+    USED,
+    EntryMeta,
+    RuntimeMeta,
+    is_kernel_name,
+    is_key,
+    meta_stamp,
+    parse_json,
+    read_index_facts,
+)
+from cutecc.errors import CuteccError
+from cutecc.store.layout import (
+    GENERATION_FORMAT,
+    STATS_FORMAT,
+    Layout,
+)
+
+# Format 1 counters of stats.json. Counters were added without a format change (remote_*:
+# the remote cache); a reader takes the ones it knows, and a writer keeps the numbers it
+# does not.
+COUNTERS = ("hits", "misses", "failures", "seconds_saved",
+            "remote_hits", "remote_misses", "remote_refused", "remote_unavailable",
+            "remote_uploads", "remote_requests", "remote_bytes_down", "remote_bytes_up",
+            "remote_seconds", "remote_seconds_saved")
+
+_S = TypeVar("_S", bound="StoreView")
+
+
+def read_small_json(path: Path, limit: int = MAX_META_BYTES) -> Any:
+    """A small JSON record of the cache (at most `limit` bytes), None when absent,
+    unreadable, larger or not JSON."""
+    try:
+        with open(path, "rb") as f:
+            return parse_json(f.read(limit + 1), limit)
+    except (OSError, ValueError):
+        return None
+
+
+def default_cache_dir() -> Path:
+    """`$CUTECC_CACHE_DIR`, else `v<STORE_FORMAT>` in the platform's user cache directory
+    (XDG on Linux): a cutecc of another store format keeps its own default cache beside
+    this one, so an upgrade (or two versions on one machine) never finds the other's."""
+    env = os.environ.get(environ.CACHE_DIR)
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("cutecc", appauthor=False)) / f"v{STORE_FORMAT}"
+
+
+def touch_used(entry_dir: str | Path) -> None:
+    """Record a use of the entry by setting its `used` file's mtime to now.
+
+    Best-effort (a read-only cache or a concurrently removed entry is fine): errors are
+    ignored. It never changes the entry's hashed files, so it is safe beside readers.
+    """
+    used = os.path.join(entry_dir, USED)
+    try:
+        os.utime(used)
+    except FileNotFoundError:
+        with contextlib.suppress(OSError):
+            os.close(os.open(used, os.O_WRONLY | os.O_CREAT, 0o644))
+    except OSError:
+        pass
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A published cache entry: its directory and its parsed metadata."""
+
+    key: str
+    path: Path
+    meta: dict[str, Any]
+
+    @property
+    def size(self) -> int:
+        """Bytes the metadata records (damaged records count as 0; `cutecc verify` names them)."""
+        files = self.meta.get("files")
+        recs = files.values() if isinstance(files, dict) else ()
+        return sum(r["size"] for r in recs
+                   if isinstance(r, dict) and type(r.get("size")) is int and r["size"] > 0)
+
+    def disk_bytes(self) -> int:
+        """Bytes of every file in the entry's directory (what removing it frees)."""
+        total = 0
+        with contextlib.suppress(OSError):
+            for f in os.scandir(self.path):
+                with contextlib.suppress(OSError):
+                    total += f.stat(follow_symlinks=False).st_size
+        return total
+
+    def last_used(self) -> float:
+        """Epoch seconds of the last use: the later of the `used` mtime and `built_at`."""
+        times = []
+        with contextlib.suppress(OSError):
+            times.append(os.stat(self.path / USED).st_mtime)
+        try:
+            times.append(dt.datetime.fromisoformat(str(self.meta.get("built_at"))).timestamp())
+        except ValueError:
+            with contextlib.suppress(OSError):
+                times.append(os.stat(self.path / META).st_mtime)
+        return max(times, default=0.0)
+
+    @functools.cached_property
+    def checked(self) -> EntryMeta:
+        """The entry's metadata checked and typed (`EntryMeta.parse`), once; ValueError
+        saying why it cannot be trusted as the entry of its key."""
+        return EntryMeta.parse(self.meta, self.key)
+
+    @functools.cached_property
+    def checked_runtime(self) -> RuntimeMeta:
+        """The same for a runtime library entry (`RuntimeMeta.parse`)."""
+        return RuntimeMeta.parse(self.meta, self.key)
+
+
+class StoreView:
+    """A cutecc cache directory, read-only (`cutecc.store.writer.Store` adds the writing)."""
+
+    def __init__(self, root: str | Path | None = None) -> None:
+        self.root = Path(root).expanduser() if root else default_cache_dir()
+        self.layout = Layout(self.root)
+        lay = self.layout
+        self.entries_dir = lay.entries()
+        self.runtimes_dir = lay.runtimes()
+        self.index_dir = lay.index()
+        self.tmp_dir = lay.tmp()
+        self.locks_dir = lay.locks()
+        self.quarantine_dir = lay.quarantine()
+        self.generations_dir = lay.generations()
+        self.manifests_dir = lay.manifests()
+        self.composites_dir = lay.composites()
+
+    def check_trust(self) -> None:
+        """Refuse (trust.Untrusted, exit 1) a cache that someone other than this user or
+        root could have written: its directories from `/` down, and its own top-level
+        directories, which must not be symbolic links."""
+        trust.check_dir(self.root)
+        for d in (self.entries_dir, self.runtimes_dir, self.index_dir, self.tmp_dir,
+                  self.locks_dir, self.quarantine_dir):
+            try:
+                st = os.lstat(d)
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                raise CuteccError(f"cannot read: {e.strerror}", where=str(d), exit_code=1) from None
+            if not stat.S_ISDIR(st.st_mode):
+                what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
+                raise trust.Untrusted(f"{d} is {what}", str(d))
+            why = trust.stat_problem(st, str(d)) if trust.enforced() else None
+            if why:
+                raise trust.Untrusted(why, str(d))
+
+    def _check_format(self, fmt: Path) -> None:
+        got = fmt.read_text().strip()
+        if got != str(STORE_FORMAT):
+            older = got.isdigit() and int(got) < STORE_FORMAT
+            why = (" (an older cutecc's: its entries are of an older artifact format, which this "
+                   "cutecc cannot run)" if older else "")
+            raise CuteccError(f"cache format {got!r} is not the format this cutecc uses "
+                              f"({STORE_FORMAT}){why}; point --cache-dir elsewhere or remove it",
+                              where=str(self.root), exit_code=1)
+
+    def require(self: _S) -> _S:
+        """This store if it exists and is of this format, else a CuteccError (exit 1).
+
+        For commands that inspect or prune a cache: a mistyped --cache-dir is an error,
+        not an empty cache.
+        """
+        fmt = self.layout.format_file()
+        if not fmt.is_file():
+            raise CuteccError("no cutecc cache here; run `cutecc build` first", where=str(self.root),
+                              exit_code=1)
+        self._check_format(fmt)
+        return self
+
+    def created(self) -> bool:
+        """Whether the store's directories were created here (`Store.ensure`): a cache
+        that does not exist yet gets no use marks, sweeps or counters."""
+        return self.locks_dir.is_dir()
+
+    # Entries ---------------------------------------------------------------------
+
+    def entry_dir(self, key: str) -> Path:
+        """`entries/ab/<key>/` (`Layout.entry`)."""
+        return self.layout.entry(key)
+
+    def entry_path(self, key: str) -> str:
+        """`entry_dir` as a string (cheaper where a build handles 10,000 keys)."""
+        return self.layout.entry_str(key)
+
+    def runtime_dir(self, key: str) -> Path:
+        """`runtimes/ab/<key>/` (`Layout.runtime`)."""
+        return self.layout.runtime(key)
+
+    def has(self, key: str) -> bool:
+        """Whether the entry of `key` is published (its meta.json is there)."""
+        return os.path.isfile(os.path.join(self.layout.entry_str(key), META))
+
+    def stamp(self, key: str) -> list[int] | None:
+        """The stamp (`entry.meta_stamp`) of the entry's meta.json, None when absent."""
+        try:
+            return meta_stamp(os.stat(os.path.join(self.layout.entry_str(key), META)))
+        except OSError:
+            return None
+
+    def get(self, key: str) -> Entry | None:
+        return self._get(self.entry_dir(key), key)
+
+    def get_runtime(self, key: str) -> Entry | None:
+        """The runtime library entry of `key`, or None."""
+        return self._get(self.runtime_dir(key), key)
+
+    def kernel_names(self) -> list[str]:
+        """The kernels the index names (one directory listing, no metadata read)."""
+        try:
+            return sorted(n for n in os.listdir(self.index_dir) if is_kernel_name(n))
+        except OSError:
+            return []
+
+    def kernel_keys(self, kernel: str) -> list[str]:
+        """The keys of the index's records for `kernel` (an entry may have gone since)."""
+        if not is_kernel_name(kernel):
+            return []
+        d = self.layout.index_kernel(kernel)
+        try:
+            if stat.S_ISLNK(os.lstat(d).st_mode):
+                return []
+            return sorted(f.name for f in os.scandir(d) if is_key(f.name))
+        except OSError:
+            return []
+
+    def index_record(self, kernel: str, key: str) -> Path:
+        """`by-kernel/<kernel>/<key>` (`Layout.index_record`)."""
+        return self.layout.index_record(kernel, key)
+
+    def indexed_facts(self, kernel: str, key: str) -> dict[str, Any] | None:
+        """The facts the index records for `kernel`/`key` (see `entry.index_facts`) when
+        its record is there, whole, a regular file and trusted, else None."""
+        if not is_kernel_name(kernel):
+            return None
+        try:  # strings, not Paths: a no-op build reads 10,000 of these
+            fd = os.open(self.layout.index_record_str(kernel, key),
+                         os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or (trust.enforced() and trust.stat_problem(st, "")):
+                return None
+            data = os.read(fd, MAX_INDEX_BYTES + 1)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        return read_index_facts(data, kernel, key)
+
+    def _get(self, path: Path, key: str) -> Entry | None:
+        try:
+            meta = read_meta(path)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise CuteccError(f"unreadable metadata: {e}", where=str(path / META), exit_code=1) from None
+        return Entry(key, path, meta)
+
+    def entries(self) -> Iterator[Entry]:
+        """Every published entry, in key order; unreadable ones, and shards or entries that
+        are symbolic links, are skipped (`cutecc verify` reports them)."""
+        return self._scan(self.entries_dir)
+
+    def runtimes(self) -> Iterator[Entry]:
+        """Every published runtime library entry, in key order (unreadable ones skipped)."""
+        return self._scan(self.runtimes_dir)
+
+    def _scan(self, area: Path) -> Iterator[Entry]:
+        try:
+            shards = sorted(os.scandir(area), key=lambda e: e.name)
+        except OSError:
+            return
+        for shard in shards:
+            if not shard.is_dir(follow_symlinks=False):
+                continue
+            try:
+                dirs = sorted(os.scandir(shard.path), key=lambda e: e.name)
+            except OSError:
+                continue
+            for d in dirs:
+                if not d.is_dir(follow_symlinks=False):
+                    continue
+                try:
+                    meta = read_meta(Path(d.path))
+                except (OSError, ValueError):
+                    continue
+                yield Entry(d.name, Path(d.path), meta)
+
+    # What builds recorded ------------------------------------------------------------
+
+    def composite(self, name: str) -> dict[str, Any] | None:
+        """Composite `name`'s record, or None. It decides what a call runs, so it is read as
+        the cache's metadata is: through directories only this user or root could have
+        written, following no link (a record someone else could have written raises
+        trust.Untrusted), bounded in size and nesting."""
+        if not is_kernel_name(name) or not self.composites_dir.is_dir():
+            return None
+        try:
+            doc = parse_json(trust.read_file(self.root, self.layout.composite_parts(name), MAX_META_BYTES),
+                             MAX_META_BYTES, 3)
+        except (FileNotFoundError, ValueError):
+            return None
+        except OSError as e:
+            if e.errno == 27:  # over the cap: not a record of ours
+                return None
+            raise
+        if not isinstance(doc, dict) or doc.get("format") != GENERATION_FORMAT:
+            return None
+        ok = all(isinstance(doc.get(k), list) and all(isinstance(x, str) for x in doc[k])
+                 for k in ("launches", "inputs", "outputs"))
+        return doc if ok else None
+
+    def composite_names(self) -> list[str]:
+        try:
+            return sorted(n[:-5] for n in os.listdir(self.composites_dir)
+                          if n.endswith(".json") and is_kernel_name(n[:-5]))
+        except OSError:
+            return []
+
+    def generation(self, kernel: str, arch: str) -> frozenset[str] | None:
+        """The keys of `kernel`'s newest build for `arch`, or None when none was recorded
+        (a cache from before generations: every entry counts)."""
+        doc = read_small_json(self.layout.generation(kernel, arch))
+        keys = doc.get("keys") if isinstance(doc, dict) and doc.get("format") == GENERATION_FORMAT else None
+        return frozenset(k for k in keys if isinstance(k, str)) if isinstance(keys, list) else None
+
+
+    def manifest_entries(self, manifest: Path, sha256: str) -> dict[str, dict[str, list[str]]] | None:
+        """{kernel: {arch: [keys]}} of the newest build of these manifest bytes, or None."""
+        doc = read_small_json(self.layout.manifest_record(manifest))
+        if not (isinstance(doc, dict) and doc.get("format") == GENERATION_FORMAT
+                and doc.get("sha256") == sha256 and isinstance(doc.get("entries"), dict)):
+            return None
+        out: dict[str, dict[str, list[str]]] = {}
+        for k, per_arch in doc["entries"].items():
+            if isinstance(per_arch, dict):
+                out[k] = {a: [x for x in v if isinstance(x, str)] for a, v in per_arch.items()
+                          if isinstance(v, list)}
+        return out
+
+
+    def match(self, prefix: str) -> list[str]:
+        """Keys of the entries (directories with a meta.json) that start with `prefix`."""
+        prefix = prefix.lower()
+        if not self.entries_dir.is_dir():
+            return []
+        shards = ([self.entries_dir / prefix[:2]] if len(prefix) >= 2
+                  else [Path(d.path) for d in os.scandir(self.entries_dir) if d.name.startswith(prefix)])
+        out = []
+        for shard in shards:
+            with contextlib.suppress(OSError):
+                out += [d.name for d in os.scandir(shard)
+                        if d.name.startswith(prefix) and os.path.isfile(os.path.join(d.path, META))]
+        return sorted(out)
+
+    def read_stats(self) -> dict[str, Any]:
+        """The counters builds record (zeros when absent, unreadable or of another format)."""
+        out: dict[str, Any] = dict.fromkeys(COUNTERS, 0)
+        try:
+            doc = parse_json(self.layout.stats().read_bytes())
+        except (OSError, ValueError):
+            return out
+        if isinstance(doc, dict) and doc.get("format") == STATS_FORMAT:
+            out.update({k: doc[k] for k in COUNTERS if isinstance(doc.get(k), (int, float))})
+            out.update({k: doc[k] for k in ("since", "updated_at") if isinstance(doc.get(k), str)})
+        return out
+
+
+def entry_trust_problem(entry_dir: str | Path, files: list[str]) -> str | None:
+    """Why an entry (its shard, its directory, meta.json and `files`) could have been
+    written by someone other than this user or root, or None (also when the rules are off).
+    The cache above it is `Store.check_trust`'s."""
+    if not trust.enforced():
+        return None
+    d = os.fspath(entry_dir)  # strings, not Paths: a no-op build checks 10,000 of these
+    for p in (os.path.dirname(d), d, os.path.join(d, META), *(os.path.join(d, f) for f in files)):
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            return f"{p} is a symbolic link"
+        why = trust.stat_problem(st, str(p))
+        if why:
+            return why
+    return None
+
+
+def read_meta(entry_dir: Path) -> dict[str, Any]:
+    """An entry's parsed meta.json: opened without following a link (nor a linked shard or
+    entry directory), bounded in size and nesting. Raises OSError or ValueError."""
+    for d in (entry_dir.parent, entry_dir):  # the shard and the entry: real directories
+        if stat.S_ISLNK(os.lstat(d).st_mode):
+            raise ValueError(f"{d} is a symbolic link")
+    fd = os.open(entry_dir / META, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("meta.json is not a regular file")
+        data = os.read(fd, MAX_META_BYTES + 1)
+    finally:
+        os.close(fd)
+    meta = parse_json(data)
+    if not isinstance(meta, dict):
+        raise ValueError("not a JSON object")
+    return meta

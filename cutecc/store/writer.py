@@ -1,0 +1,549 @@
+"""Writing the cache: publish, quarantine, remove, the index, build records, stats,
+tuning plans and results, sweeping.
+
+An entry is visible only once complete: it is built in `tmp/`, every file fsynced,
+then renamed into place. Builders take the key's lock and look again before
+building (another process may have done the work), so nothing is built twice;
+leftovers of killed builds are swept by the next build that can take their lock.
+
+The index stays correct under concurrent publish, removal and unpack without a lock of
+its own: under the key's lock, a publish creates the entry's record before the rename
+that makes the entry visible, and a removal deletes it only after the rename that hides
+the entry. So every visible entry has its record; a record without its entry (left by a
+crash) is skipped by readers, and `cutecc verify --fix` removes it or restores a record
+someone deleted.
+
+The runtime never imports this module (`cutecc.store.view` is what it reads through).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import errno
+import json
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import filelock
+
+from cutecc.atomic import TMP_NAME, atomic_write, fsync_dir
+from cutecc.entry import (
+    ENTRY_FORMAT,
+    MAX_META_BYTES,
+    META,
+    RUNTIME_ENTRY_FORMAT,
+    STORE_FORMAT,
+    file_record,
+    index_bytes,
+    index_facts,
+    is_kernel_name,
+    is_key,
+    meta_stamp,
+    parse_json,
+)
+from cutecc.errors import CuteccError
+from cutecc.locks import Busy, held, is_held
+from cutecc.store.layout import (
+    GENERATION_FORMAT,
+    MAX_PLAN_BYTES,
+    PLAN_FORMAT,
+    QUARANTINE_FORMAT,
+    STATS,
+    STATS_FORMAT,
+    TUNING_FORMAT,
+)
+from cutecc.store.view import COUNTERS, Entry, StoreView, read_meta, read_small_json
+from cutecc.units import now_iso
+
+DIR_MODE = 0o755  # what the cache's directories get, whatever the umask
+FILE_MODE = 0o644  # and its files
+_SECONDS = ("seconds_saved", "remote_seconds", "remote_seconds_saved")
+
+_README = """\
+This directory is a cache of CuTe DSL kernels built ahead of time by cutecc.
+It is owned by cutecc: entries/ holds one directory per compiled artifact, named by
+the SHA-256 key of everything that decided its bytes. Inspect it with `cutecc list`.
+Deleting the whole directory is safe; the next `cutecc build` rebuilds what it needs.
+"""
+_CACHEDIR_TAG = (
+    "Signature: 8a477f597d28d172789f06886806bc55\n"
+    "# This file marks a cache directory created by cutecc.\n"
+)
+
+
+def _json_bytes(doc: Any) -> bytes:
+    return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+
+
+class Store(StoreView):
+    """A cutecc cache directory, read and written."""
+
+    # Creation --------------------------------------------------------------------
+
+    def ensure(self) -> None:
+        """Create the store if needed, and refuse one of another format."""
+        fmt = self.layout.format_file()
+        if fmt.is_file():
+            self._check_format(fmt)
+            self.check_trust()
+            self._check_writable()
+            return
+        try:
+            for d in (self.root, self.entries_dir, self.runtimes_dir, self.index_dir, self.tmp_dir,
+                      self.locks_dir):
+                make_dir(d)
+            self.check_trust()
+            with filelock.FileLock(self.layout.store_lock(), timeout=60, mode=FILE_MODE):
+                if not fmt.is_file():
+                    atomic_write(self.layout.readme(), _README.encode())
+                    atomic_write(self.layout.cachedir_tag(), _CACHEDIR_TAG.encode())
+                    atomic_write(fmt, f"{STORE_FORMAT}\n".encode())
+        except OSError as e:
+            raise CuteccError(f"cannot create the cache: {e.strerror}", where=str(self.root),
+                              exit_code=1) from None
+        self._check_format(fmt)
+
+    def _check_writable(self) -> None:
+        """Refuse, before any compile starts, a cache where nothing can be published (a
+        read-only mount, no permission): a probe file in locks/ (where nothing scans), and
+        access(2) for entries/ and tmp/."""
+        try:
+            for d in (self.entries_dir, self.runtimes_dir, self.index_dir, self.tmp_dir,
+                      self.locks_dir):
+                make_dir(d)
+                if not os.access(d, os.W_OK | os.X_OK):
+                    ro = os.statvfs(d).f_flag & os.ST_RDONLY
+                    code = errno.EROFS if ro else errno.EACCES
+                    raise OSError(code, os.strerror(code), str(d))
+            fd, probe = tempfile.mkstemp(prefix="probe.", dir=self.locks_dir)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            raise CuteccError(f"cannot write to the cache: {e.strerror}; build into a writable "
+                              "--cache-dir, or use --read-only to use only what it holds",
+                              where=str(self.root), exit_code=1) from None
+
+
+    # Build records ---------------------------------------------------------------
+
+    def record_generation(self, kernel: str, arch: str, keys: list[str], manifest: str) -> None:
+        """Record `keys` as the current entries of `kernel` for `arch` (the newest build)."""
+        self.generations_dir.mkdir(mode=DIR_MODE, exist_ok=True)
+        doc = {"format": GENERATION_FORMAT, "kernel": kernel, "arch": arch, "keys": sorted(set(keys)),
+               "manifest": manifest, "built_at": now_iso()}
+        atomic_write(self.layout.generation(kernel, arch), _json_bytes(doc), FILE_MODE)
+
+    def record_composite(self, name: str, doc: dict[str, Any], manifest: str) -> None:
+        """Record composite kernel `name` (its launches, inputs and outputs by name): it has
+        no entry of its own, its launches are kernels with theirs."""
+        self.composites_dir.mkdir(mode=DIR_MODE, exist_ok=True)
+        atomic_write(self.layout.composite(name), _json_bytes(
+            {"format": GENERATION_FORMAT, "name": name, **doc, "manifest": manifest}), FILE_MODE)
+
+
+    def record_manifest(self, manifest: Path, sha256: str, entries: dict[str, dict[str, list[str]]],
+                        *, partial: bool) -> None:
+        """Record the keys a build of `manifest` (whose bytes hash to `sha256`) planned, per
+        kernel and arch; a `partial` build adds to the record of the same bytes."""
+        self.manifests_dir.mkdir(mode=DIR_MODE, exist_ok=True)
+        path = self.layout.manifest_record(manifest)
+        merged: dict[str, dict[str, list[str]]] = {}
+        old = self.manifest_entries(manifest, sha256) if partial else None
+        for k, per_arch in (old or {}).items():
+            merged[k] = {a: list(v) for a, v in per_arch.items()}
+        for k, per_arch in entries.items():
+            merged.setdefault(k, {}).update({a: sorted(set(v)) for a, v in per_arch.items()})
+        doc = {"format": GENERATION_FORMAT, "manifest": str(manifest), "sha256": sha256,
+               "entries": merged, "built_at": now_iso()}
+        atomic_write(path, _json_bytes(doc), FILE_MODE)
+
+
+    def forget_build_records(self, manifest: Path, kernel_archs: list[tuple[str, str]]) -> None:
+        """Delete the generation records of `kernel_archs` and the record of `manifest`
+        (best-effort): a build that could not write them drops the old ones rather than
+        leave them stale."""
+        for kernel, arch in kernel_archs:
+            with contextlib.suppress(OSError):
+                self.layout.generation(kernel, arch).unlink()
+        with contextlib.suppress(OSError):
+            self.layout.manifest_record(manifest).unlink()
+
+    def recorded_keys(self) -> frozenset[str]:
+        """Every key a record in the cache names: the newest build of every kernel and arch
+        (`generations/`) and of every manifest (`manifests/`), every candidate of a stored
+        tuning plan (`tuning/plans/`), and every default and winner of a tuning record
+        (`tuning/results/`). What `cutecc gc --unreachable` keeps; a record unreadable or
+        of another format names nothing (reading more only keeps more)."""
+        keys: set[str] = set()
+        areas = ((self.generations_dir, GENERATION_FORMAT, MAX_META_BYTES, _generation_keys),
+                 (self.manifests_dir, GENERATION_FORMAT, MAX_META_BYTES, _manifest_keys),
+                 (self.layout.tuning_plans(), PLAN_FORMAT, MAX_PLAN_BYTES, _plan_keys),
+                 (self.layout.tuning_results(), TUNING_FORMAT, MAX_PLAN_BYTES, _result_keys))
+        for d, fmt, limit, read in areas:
+            try:
+                names = sorted(n for n in os.listdir(d) if n.endswith(".json"))
+            except OSError:
+                continue
+            for n in names:
+                doc = read_small_json(d / n, limit)
+                if isinstance(doc, dict) and doc.get("format") == fmt:
+                    keys.update(k for k in read(doc) if is_key(k))
+        return frozenset(keys)
+
+    # Tuning ------------------------------------------------------------------------
+
+    def write_tuning_plan(self, digest: str, items: list[dict[str, Any]]) -> Path:
+        """Store `cutecc tune`'s plan of a manifest (by its bytes' `digest`): the measuring
+        step reads it from the cache alone."""
+        path = self.layout.tuning_plan(digest)
+        make_dir(path.parent)
+        atomic_write(path, json.dumps({"format": PLAN_FORMAT, "manifest_sha256": digest, "items": items},
+                                      sort_keys=True, indent=1).encode())
+        return path
+
+    def write_tuning_results(self, base: str, data: bytes) -> Path:
+        """Replace the tuning record of default entry `base` with `data` (a document of
+        `TUNING_FORMAT`, `cutecc.runtime.tuning.dumps_records`)."""
+        path = self.layout.tuning_result(base)
+        make_dir(path.parent)
+        atomic_write(path, data)
+        return path
+
+    def remove_tuning_results(self, base: str) -> bool:
+        """Delete the tuning record of default entry `base`; False when there was none."""
+        try:
+            self.layout.tuning_result(base).unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    # Stats, removal, quarantine, the index, publishing, sweeping ---------------------
+
+    def add_stats(self, **delta: float) -> None:
+        """Add to the build counters in stats.json, under locks/stats.lock, atomically.
+
+        A stats.json of another format is left alone (a newer cutecc owns it).
+        """
+        path = self.layout.stats()
+        with filelock.FileLock(self.layout.stats_lock(), timeout=10, mode=FILE_MODE):
+            try:
+                old = parse_json(path.read_bytes())
+            except (OSError, ValueError):
+                old = None  # absent or unreadable: start over
+            if isinstance(old, dict) and isinstance(old.get("format"), int) \
+                    and old["format"] != STATS_FORMAT:
+                return
+            cur = self.read_stats()
+            now = now_iso()
+            doc: dict[str, Any] = {
+                k: v for k, v in old.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+            } if isinstance(old, dict) else {}  # a newer cutecc's counters stay
+            doc.update({"format": STATS_FORMAT, "since": cur.get("since", now), "updated_at": now})
+            for k in COUNTERS:
+                doc[k] = cur[k] + delta.get(k, 0)
+            for k in _SECONDS:
+                doc[k] = round(doc[k], 3)
+            atomic_write(path, json.dumps(doc, indent=1, sort_keys=True).encode())
+
+    def remove(self, key: str, *, timeout: float = 0, runtime: bool = False) -> bool:
+        """Delete the entry (or with `runtime`, the runtime library entry) for `key`; False
+        if there is none. Raises Busy.
+
+        Under the key's lock (so it cannot interleave with a build of that key), the
+        entry directory is first renamed out of entries/ into tmp/, so a reader sees it
+        whole or not at all, then its index record goes, and only then is it deleted. A
+        process that already loaded its library keeps running it (the runtime loads from
+        a memfd copy).
+        """
+        with self._locked(key, timeout):
+            src = self.runtime_dir(key) if runtime else self.entry_dir(key)
+            moved = self._move_out(key, self.layout.staging(f"{key}.rm-{secrets.token_hex(6)}"), src)
+            if moved is None:
+                return False
+            if not runtime:
+                self._unindex(key, moved)
+            # Still under the lock, so nobody mistakes it for a killed build's leftovers;
+            # whatever survives (a failing disk) is swept like those.
+            shutil.rmtree(moved, ignore_errors=True)
+        return True
+
+    def quarantine(self, key: str, reason: str, *, timeout: float = 0,
+                   still_bad: Callable[[Path], bool] | None = None,
+                   runtime: bool = False) -> Path | None:
+        """Move the entry (or runtime library entry) for `key` to quarantine/<key>.<time>/
+        so the next build rebuilds it.
+
+        By rename under the key's lock; `still_bad(entry_dir)` is asked again under the
+        lock, so an entry rebuilt meanwhile is left alone. Writes why.json beside the
+        files. Returns the new place, or None if absent or no longer bad. Raises Busy.
+        """
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+        dest = self.layout.quarantined(key, stamp)
+        src = self.runtime_dir(key) if runtime else self.entry_dir(key)
+        with self._locked(key, timeout):
+            if still_bad is not None and src.is_dir() and not still_bad(src):
+                return None
+            moved = self._move_out(key, dest, src)
+            if moved is not None and not runtime:
+                self._unindex(key, moved)
+        if moved is not None:
+            with contextlib.suppress(OSError):
+                why = {"format": QUARANTINE_FORMAT, "key": key, "reason": reason, "at": now_iso()}
+                atomic_write(moved / "why.json", json.dumps(why, indent=1).encode())
+        return moved
+
+    @contextlib.contextmanager
+    def _locked(self, key: str, timeout: float) -> Iterator[None]:
+        try:
+            with self.lock(key, timeout=timeout):
+                yield
+        except filelock.Timeout:
+            raise Busy(key) from None
+
+    def _unindex(self, key: str, moved: Path) -> None:
+        """Delete the index record of an entry just moved out to `moved` (under its lock):
+        found through its metadata's kernel name, else by looking in every kernel's records."""
+        try:
+            kernel = read_meta(moved).get("kernel")
+        except (OSError, ValueError):
+            kernel = None
+        names = [kernel] if is_kernel_name(kernel) else self.kernel_names()
+        for name in names:
+            self.unindex(name, key)
+
+    def index(self, key: str, meta: dict[str, Any], meta_file: Path) -> None:
+        """Write the index record of the entry `key` with metadata `meta`, read from
+        `meta_file` (whose stamp it keeps), durably (the caller holds the key's lock).
+        Written in place, not renamed in: a record is read only for a published entry, and
+        a torn one (a crash, or a reader racing a rewrite) fails to parse, which readers
+        take as "read meta.json"."""
+        kernel = meta.get("kernel")
+        if not is_kernel_name(kernel):
+            raise CuteccError(f"kernel name {kernel!r} is not an identifier", where=str(self.root),
+                              exit_code=1)
+        d = self.layout.index_kernel(kernel)
+        data = index_bytes(index_facts(key, meta, meta_stamp(os.stat(meta_file))))
+        for _ in range(100):
+            make_dir(d)
+            try:
+                fd = os.open(d / key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             FILE_MODE)
+            except FileNotFoundError:
+                continue  # the kernel's last record went and its directory with it: again
+            try:
+                os.fchmod(fd, FILE_MODE)
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsync_dir(d)
+            return
+        raise OSError(errno.ENOENT, "the index directory keeps disappearing", str(d))
+
+    def unindex(self, kernel: str, key: str) -> None:
+        """Delete the index record (absent is fine), and the kernel's directory if empty."""
+        if not is_kernel_name(kernel):
+            return
+        d = self.layout.index_kernel(kernel)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(d / key)
+        with contextlib.suppress(OSError):
+            os.rmdir(d)  # only when no other record is left
+
+    def _move_out(self, key: str, dest: Path, src: Path | None = None) -> Path | None:
+        """Move the entry directory (`src`, by default the entry of `key`) to `dest` (caller
+        holds the key's lock): one rename, so readers see it whole or gone. Across file
+        systems it is first renamed aside within its shard (still one rename out of
+        readers' sight), then copied to `dest`."""
+        src = self.entry_dir(key) if src is None else src
+        if not os.path.lexists(src):
+            return None  # a symbolic link is moved itself, never what it points to
+        make_dir(dest.parent)
+        try:
+            os.rename(src, dest)
+        except OSError as e:
+            if e.errno != errno.EXDEV:
+                raise
+            aside = src.parent / f".{key}.{secrets.token_hex(6)}.tmp"
+            os.rename(src, aside)
+            fsync_dir(src.parent)
+            _copy_tree(aside, dest)
+            shutil.rmtree(aside, ignore_errors=True)
+        fsync_dir(src.parent)
+        fsync_dir(dest.parent)
+        return dest
+
+    def is_busy(self, key: str) -> bool:
+        """Whether another process holds the lock of `key` (a build of it under way)."""
+        return is_held(self.layout.key_lock(key))
+
+    @contextlib.contextmanager
+    def lock(self, key: str, timeout: float = -1) -> Iterator[None]:
+        """Hold `locks/<key>.lock`. Raises filelock.Timeout, or CuteccError (exit 1) when the
+        lock file cannot be created or opened (a read-only or full cache)."""
+        with held(self.layout.key_lock(key), timeout):
+            yield
+
+    def publish(self, key: str, build: Callable[[Path], dict[str, Any]], *,
+                runtime: bool = False) -> tuple[Entry, bool]:
+        """Return the entry for `key`, building it with `build(staging_dir)` if absent.
+
+        `build` writes its files into the staging directory and returns the metadata;
+        the store adds file hashes, writes meta.json, creates the entry's index record
+        and publishes by rename. With `runtime`, a runtime library entry (no index record).
+        Returns (entry, built): built is False when another process had it.
+        """
+        get = self.get_runtime if runtime else self.get
+        found = get(key)
+        if found is not None:
+            return found, False
+        with self.lock(key):
+            found = get(key)
+            if found is not None:
+                return found, False
+            self._sweep_key(key, runtime)
+            staging = self.layout.staging(f"{key}.{secrets.token_hex(6)}")
+            make_dir(staging)
+            final = self.runtime_dir(key) if runtime else self.entry_dir(key)
+            try:
+                meta = build(staging)
+                for f in staging.iterdir():  # the linker's output follows the umask
+                    os.chmod(f, FILE_MODE, follow_symlinks=False)
+                meta["files"] = {p.name: file_record(p) for p in sorted(staging.iterdir())}
+                meta["format"] = RUNTIME_ENTRY_FORMAT if runtime else ENTRY_FORMAT
+                meta["key"] = key
+                atomic_write(staging / META, json.dumps(meta, indent=1, sort_keys=True).encode())
+                fsync_dir(staging)
+                if not runtime:  # before the entry is visible: every visible entry is indexed
+                    self.index(key, meta, staging / META)
+                make_dir(final.parent)
+                try:
+                    os.rename(staging, final)
+                except OSError as e:
+                    if e.errno != errno.EXDEV:
+                        raise
+                    # entries/ is on another file system than tmp/: copy the staged entry
+                    # next to its place first, so that the publishing rename stays atomic.
+                    near = final.parent / f".{key}.{secrets.token_hex(6)}.tmp"
+                    _copy_tree(staging, near)
+                    os.rename(near, final)
+                    shutil.rmtree(staging, ignore_errors=True)
+                fsync_dir(final.parent)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+        return Entry(key, final, meta), True
+
+    def _sweep_key(self, key: str, runtime: bool = False) -> None:
+        """Remove a killed build's leftovers for `key` (we hold its lock)."""
+        final = self.runtime_dir(key) if runtime else self.entry_dir(key)
+        for d in (*self.tmp_dir.glob(f"{key}.*"), *final.parent.glob(f".{key}.*.tmp")):
+            if d.is_dir() and not d.is_symlink():
+                self._drop_leftover(key, d)
+
+    def _drop_leftover(self, key: str, d: Path) -> None:
+        """Delete a killed build's or removal's directory (we hold the key's lock), and the
+        index record it may have left (created before a publish's rename, deleted after a
+        removal's) when the entry is not published."""
+        if not os.path.lexists(self.entry_dir(key)):
+            with contextlib.suppress(OSError, ValueError):
+                kernel = read_meta(d).get("kernel")
+                if is_kernel_name(kernel):
+                    self.unindex(kernel, key)
+        shutil.rmtree(d, ignore_errors=True)
+
+    def sweep_tmp(self) -> int:
+        """Remove leftovers of killed builds whose lock nobody holds; returns how many.
+
+        Also removes the temporary files of an `atomic_write` killed in the root
+        (`.stats.json.<hex>.tmp`, ...), under the lock that guards that file.
+        """
+        n = self._sweep_root()
+        if not self.tmp_dir.is_dir():
+            return n
+        for d in list(self.tmp_dir.iterdir()):
+            key = d.name.split(".", 1)[0]
+            try:
+                with self.lock(key, timeout=0):
+                    if d.exists():
+                        self._drop_leftover(key, d)
+                        n += 1
+            except filelock.Timeout:
+                continue
+        return n
+
+    def _sweep_root(self) -> int:
+        n = 0
+        with contextlib.suppress(OSError):
+            for f in list(self.root.iterdir()):
+                m = TMP_NAME.fullmatch(f.name)
+                if not m:
+                    continue
+                guard = self.layout.stats_lock() if m.group(1) == STATS else self.layout.store_lock()
+                try:
+                    with filelock.FileLock(guard, timeout=0):
+                        f.unlink(missing_ok=True)
+                        n += 1
+                except (filelock.Timeout, OSError):
+                    continue
+        return n
+
+
+
+def _generation_keys(doc: dict[str, Any]) -> list[Any]:
+    keys = doc.get("keys")
+    return keys if isinstance(keys, list) else []
+
+
+def _plan_keys(doc: dict[str, Any]) -> list[Any]:
+    items = doc.get("items")
+    out = []
+    for it in items if isinstance(items, list) else ():
+        cands = it.get("candidates") if isinstance(it, dict) else None
+        out += [c.get("key") for c in (cands if isinstance(cands, list) else ()) if isinstance(c, dict)]
+    return out
+
+
+def _result_keys(doc: dict[str, Any]) -> list[Any]:
+    records = doc.get("records")
+    return [r.get(f) for r in (records if isinstance(records, list) else ()) if isinstance(r, dict)
+            for f in ("base", "winner")]
+
+
+def _manifest_keys(doc: dict[str, Any]) -> list[Any]:
+    per_kernel = doc.get("entries")
+    return [k for per_arch in (per_kernel.values() if isinstance(per_kernel, dict) else ())
+            if isinstance(per_arch, dict) for keys in per_arch.values() if isinstance(keys, list)
+            for k in keys]
+
+
+def _copy_tree(src: Path, dest: Path) -> None:
+    """Copy an entry directory (regular files only), fsynced, with the cache's modes."""
+    make_dir(dest)
+    for f in src.iterdir():
+        if f.is_file() and not f.is_symlink():
+            with open(f, "rb") as r, open(dest / f.name, "wb") as w:
+                shutil.copyfileobj(r, w)
+                w.flush()
+                os.fsync(w.fileno())
+            os.chmod(dest / f.name, FILE_MODE)
+    fsync_dir(dest)
+
+
+def make_dir(path: Path) -> None:
+    """`mkdir -p` with DIR_MODE for what it creates, whatever the umask."""
+    if path.is_dir():
+        return
+    make_dir(path.parent)
+    try:
+        os.mkdir(path, DIR_MODE)
+    except FileExistsError:
+        return
+    os.chmod(path, DIR_MODE)
+

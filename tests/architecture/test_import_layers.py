@@ -1,0 +1,161 @@
+"""The package's import graph: no cycles, and no import that climbs back up the layers.
+
+The graph is read from the source (never by importing it) and counts every import of a
+cutecc module: at module level, inside functions (lazy imports), and under
+`if TYPE_CHECKING:`. `from cutecc.x import y` depends on `cutecc.x.y` when that is a
+module, else on `cutecc.x`.
+
+Every module belongs to exactly one layer below; a layer may import its own modules and
+those of the layers it names, all listed before it (so the layers themselves form no
+cycle). A new module joins a layer here, or the test says where it is missing.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2] / "cutecc"
+
+# layer: (the modules it holds: a name and everything under it), (the layers it may import)
+LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    # Records and rules every side shares; no I/O beyond reading a file it is handed.
+    "base": (("cutecc.errors", "cutecc.names", "cutecc.environ", "cutecc.atomic", "cutecc.locks",
+              "cutecc.units", "cutecc.expr", "cutecc.dtypes", "cutecc.archs", "cutecc.contract",
+              "cutecc.trust", "cutecc.remote_url", "cutecc.entry", "cutecc.buckets",
+              "cutecc.composite_line"), ()),
+    # The cache directory.
+    "store": (("cutecc.store",), ("base",)),
+    # kernels.lock, its lines (`Pin`, `LockEntry`, `Tuned`) and its signature.
+    "lock": (("cutecc.lockfile", "cutecc.signing"), ("base", "store")),
+    # What a deploy host runs: load a cache or a lock, call kernels (JAX, torch).
+    "runtime": (("cutecc", "cutecc.runtime", "cutecc.torch"), ("base", "store", "lock")),
+    # kernels.toml: its grammar, records and tuning spaces; knows nothing of cache or runtime.
+    "manifest": (("cutecc.manifest",), ("base",)),
+    # What the build reads of its tools and of the build host (the installed code's facts
+    # are remembered in the cache's planning area, named by the store's layout).
+    "toolchain": (("cutecc.toolchain", "cutecc.devicequery", "cutecc.dists", "cutecc.modfind",
+                   "cutecc.elf", "cutecc.cubin"), ("base", "store")),
+    # What to build: keys, the build plan, the tuning plan.
+    "plan": (("cutecc.key", "cutecc.plan", "cutecc.tuning.plan"),
+             ("base", "store", "lock", "manifest", "toolchain")),
+    # One artifact: compile a variant, link it.
+    "compile": (("cutecc.compiler", "cutecc.linker"), ("base", "manifest", "toolchain")),
+    # Building many, anywhere: the build pipeline, workers, executors, the remote cache,
+    # checking foreign entries, what a lock may vouch for, archives.
+    "work": (("cutecc.builder", "cutecc.workers", "cutecc.executors", "cutecc.remote", "cutecc.ingest",
+              "cutecc.vouch", "cutecc.archive"),
+             ("base", "store", "lock", "runtime", "manifest", "toolchain", "plan", "compile")),
+    # Measuring tuning candidates on a GPU (the child runs the runtime).
+    "measure": (("cutecc.tuning",),
+                ("base", "store", "lock", "runtime", "manifest", "toolchain", "plan", "compile", "work")),
+    # One library function per command, each returning a report.
+    "commands": (("cutecc.commands", "cutecc.report"),
+                 ("base", "store", "lock", "runtime", "manifest", "toolchain", "plan", "compile", "work",
+                  "measure")),
+    # The command line: parsing, rendering, progress.
+    "cli": (("cutecc.cli", "cutecc.progress"),
+            ("base", "store", "lock", "runtime", "manifest", "toolchain", "plan", "compile", "work",
+             "measure", "commands")),
+}
+
+
+def _modules(root: Path = ROOT) -> dict[str, Path]:
+    out = {}
+    for f in root.rglob("*.py"):
+        name = ".".join(f.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__")
+        out[name] = f
+    return out
+
+
+def _graph(root: Path = ROOT) -> dict[str, dict[str, int]]:
+    """module -> {cutecc module it imports: the line of the first such import}."""
+    modules = _modules(root)
+    graph: dict[str, dict[str, int]] = {}
+    for mod, f in modules.items():
+        deps: dict[str, int] = {}
+        package = mod if f.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the importing module's package
+                    up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join([*up, *([base] if base else [])])
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                           for a in node.names]
+            for t in targets:
+                while t and t not in modules:  # `import cutecc.x.y` names a module; an attribute is not one
+                    t = t.rpartition(".")[0]
+                if t.startswith("cutecc") and t != mod:
+                    deps.setdefault(t, node.lineno)
+        graph[mod] = deps
+    return graph
+
+
+def _layer_of(module: str) -> str | None:
+    best, found = -1, None
+    for layer, (names, _) in LAYERS.items():
+        for n in names:
+            if (module == n or module.startswith(n + ".")) and len(n) > best:
+                best, found = len(n), layer
+    return found
+
+
+def test_every_module_is_in_one_layer_and_layers_import_only_layers_before_them() -> None:
+    order = list(LAYERS)
+    for layer, (_, allowed) in LAYERS.items():
+        assert all(a in order[: order.index(layer)] for a in allowed), (layer, allowed)
+    missing = sorted(m for m in _modules() if _layer_of(m) is None)
+    assert not missing, f"modules in no layer (add them to LAYERS in {__file__}): {missing}"
+
+
+def test_no_import_climbs_back_up_the_layers() -> None:
+    """0 imports (lazy ones included) of a layer a module's layer may not import."""
+    upward = []
+    for mod, deps in sorted(_graph().items()):
+        here = _layer_of(mod)
+        assert here is not None
+        for dep, line in sorted(deps.items()):
+            there = _layer_of(dep)
+            if there != here and there not in LAYERS[here][1]:
+                upward.append(f"{mod}:{line} ({here}) imports {dep} ({there})")
+    assert upward == [], "\n".join(upward)
+
+
+def test_the_package_has_no_import_cycle_lazy_imports_included() -> None:
+    """No module reaches itself through imports, whether at module level or inside functions
+    (a lazy import hides a cycle from Python, not from the reader)."""
+    graph = _graph()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(m: str, path: list[str]) -> None:
+        if state.get(m) == 2:
+            return
+        assert state.get(m) != 1, " -> ".join([*path[path.index(m):], m])
+        state[m] = 1
+        for d in sorted(graph.get(m, ())):
+            visit(d, [*path, m])
+        state[m] = 2
+
+    for m in sorted(graph):
+        visit(m, [])
+
+
+def test_the_checker_sees_lazy_relative_and_type_only_imports(tmp_path: Path) -> None:
+    """The graph's reader, on a package written for it: an import in a function, a relative
+    one, one under TYPE_CHECKING, and `from pkg import module` vs `from pkg import name`."""
+    pkg = tmp_path / "cutecc"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("def load():\n    from cutecc.sub import b\n")
+    (pkg / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                              "    from cutecc.sub.b import X\nfrom cutecc import errors\n")
+    (pkg / "errors.py").write_text("VALUE = 1\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "b.py").write_text("from .. import a\nfrom cutecc.errors import VALUE\n")
+    g = _graph(pkg)
+    assert set(g["cutecc"]) == {"cutecc.sub.b"}
+    assert set(g["cutecc.a"]) == {"cutecc.sub.b", "cutecc.errors"}
+    assert set(g["cutecc.sub.b"]) == {"cutecc.a", "cutecc.errors"}

@@ -1,0 +1,65 @@
+"""meta.json read once into typed, frozen records (`EntryMeta`, `RuntimeMeta`), after the
+same checks as before; a damaged file is refused with the reason, never half-typed."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from cutecc.entry import META, EntryMeta, RuntimeMeta, meta_problem, runtime_soname
+from cutecc.store.view import StoreView
+
+
+def test_an_entrys_record_is_typed_and_equals_its_file(fake_cache, add_entries) -> None:
+    e, = add_entries("v1")
+    got = StoreView(fake_cache.store.root).get(e.key)
+    assert got is not None
+    rec = got.checked
+    raw = json.loads((e.path / META).read_text())
+    assert (rec.key, rec.kernel, rec.variant, rec.arch, rec.symbol) == (
+        e.key, "k", "v1", "sm_90a", "__tvm_ffi_fn")
+    assert rec.library.name == "kernel.so"
+    assert (rec.library.sha256, rec.library.size) == (raw["files"]["kernel.so"]["sha256"],
+                                                       raw["files"]["kernel.so"]["size"])
+    assert rec.runtime.key == fake_cache.runtime.key
+    assert rec.runtime.library == runtime_soname(fake_cache.runtime.key)
+    assert rec.build_seconds == 1.5 and rec.backward is None and rec.raw == raw
+    assert got.checked is rec  # parsed once per entry read
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rec.kernel = "other"  # type: ignore[misc]
+
+
+def test_a_runtime_record_is_typed(fake_cache) -> None:
+    rt = StoreView(fake_cache.store.root).get_runtime(fake_cache.runtime.key)
+    assert rt is not None
+    rec = rt.checked_runtime
+    assert isinstance(rec, RuntimeMeta) and rec.library.name == runtime_soname(rt.key)
+    assert rec.library == next(f for f in rec.files if f.name == rec.library.name)
+
+
+@pytest.mark.parametrize("damage, why", [
+    (lambda m: m.update(kernel="other"), "kernel differs from key_inputs.kernel"),
+    (lambda m: m["files"].pop("kernel.so"), "no file records"),
+    (lambda m: m.pop("runtime"), "no runtime library record"),
+    (lambda m: m.update(key="0" * 64), "records key 0000000000000000"),
+])
+def test_damaged_metadata_is_refused_with_the_checks_reason(fake_cache, add_entries, damage, why) -> None:
+    e, = add_entries("v1")
+    meta = json.loads((e.path / META).read_text())
+    damage(meta)
+    assert why in str(meta_problem(meta, e.key))
+    with pytest.raises(ValueError, match=why):
+        EntryMeta.parse(meta, e.key)
+    (e.path / META).write_text(json.dumps(meta))
+    got = StoreView(fake_cache.store.root).get(e.key)
+    assert got is not None
+    with pytest.raises(ValueError, match=why):
+        got.checked  # noqa: B018
+
+
+def test_a_runtime_entry_is_not_an_entry(fake_cache) -> None:
+    rt = fake_cache.runtime
+    with pytest.raises(ValueError, match="format"):
+        EntryMeta.parse(rt.meta, rt.key)

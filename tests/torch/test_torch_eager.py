@@ -1,0 +1,95 @@
+"""cutecc.torch's eager path without a GPU: a call's plan is made once per signature
+(tensor classes, shapes, dtypes, devices, grad, keywords and their types), and a call the
+kernel refuses is explained in torch's terms naming the argument, or else passed on as the
+kernel's own error. CPU tensors and a Python function stand in for the device and the
+kernel's tvm-ffi function."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import cutecc.torch as ct  # noqa: E402
+
+
+class Kernel:
+    """A stand-in for mul's tvm-ffi function (x, y, out): it records its calls and, like the
+    kernel's DSL-generated wrapper, refuses a tensor that is not dense (a ValueError)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.refusal: str | None = None  # a refusal of its own, for any call
+
+    def __call__(self, x: Any, y: Any, out: Any) -> None:
+        self.calls += 1
+        for i, a in enumerate((x, y, out)):
+            if not a.is_contiguous():
+                raise ValueError(f"Mismatched Tensor on argument #{i}, expected contiguous")
+        if self.refusal:
+            raise ValueError(self.refusal)
+        out.copy_(x * y)
+
+
+@pytest.fixture
+def setup(example_cache: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Kernel]:
+    kernel = Kernel()
+    monkeypatch.setattr(ct, "DEVICE_TYPES", ("cuda", "meta", "cpu"))
+    monkeypatch.setattr(ct, "build_function", lambda name, build: kernel)
+    return ct.load(example_cache, arch="sm_90a"), kernel
+
+
+def test_a_signature_is_planned_once(setup) -> None:
+    ks, kernel = setup
+    x, y = torch.randn(100), torch.randn(100)
+    for _ in range(3):
+        torch.testing.assert_close(ks.mul(x, y), x * y)
+    assert len(ks.mul._plans) == 1 and kernel.calls == 3
+    a, b = torch.randn(64), torch.randn(64)  # another shape: another plan
+    torch.testing.assert_close(ks.mul(a, b), a * b)
+    ks.mul(x.half(), y.half())  # another dtype: another build
+    assert len(ks.mul._plans) == 3
+    with pytest.raises(ValueError, match="dimension 0 is 99"):
+        ks.mul(x, y[:99])  # a signature no build takes: refused when planned, and not kept
+    assert len(ks.mul._plans) == 3
+
+
+def test_keywords_are_keyed_with_their_types(setup) -> None:
+    ks, _ = setup
+    w = torch.randn(1024)
+    x = torch.randn(2, 1024)
+    rms = ks.rmsnorm
+    rms._plans.clear()
+    ks_plan = [rms._plan_of((x, w), {"eps": v}) for v in (1e-6, 1e-6, 1.0, 1)]
+    assert ks_plan[0] is ks_plan[1] and ks_plan[2] is not ks_plan[3]  # 1.0 == 1, not the same call
+    assert len(rms._plans) == 3
+
+
+def test_a_refused_call_names_the_argument(setup) -> None:
+    ks, kernel = setup
+    x, y = torch.randn(100), torch.randn(100)
+    ks.mul(x, y)
+    with pytest.raises(ct.KernelCallError, match=r"y: not contiguous \(strides \(2,\)\)") as e:
+        ks.mul(x, torch.randn(200)[::2])  # the same signature: the kernel's check refuses it
+    assert "argument #1, expected contiguous" in str(e.value.__cause__)
+
+
+def test_a_refusal_the_checks_cannot_explain_is_the_kernels_own(setup) -> None:
+    ks, kernel = setup
+    kernel.refusal = "Mismatched Shape on argument #0, something only the kernel checks"
+    with pytest.raises(ValueError, match="something only the kernel checks"):
+        ks.mul(torch.randn(8), torch.randn(8))
+
+
+def test_what_the_kernel_cannot_take_goes_through_the_op(setup) -> None:
+    ks, kernel = setup
+    x = torch.randn(100, requires_grad=True)
+    m = torch.empty(100, device="meta")
+    out = ks.mul(m, m)  # shapes only: the op's fake implementation
+    assert out.device.type == "meta" and out.shape == (100,) and kernel.calls == 0
+    assert ks.mul._plan_of((m, m), {}) is None and ks.mul._plan_of((x, x), {}) is None
+    with pytest.raises(TypeError, match="argument 1 is a float, not a tensor"):
+        ks.mul(m, 2.0)
