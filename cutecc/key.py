@@ -13,7 +13,7 @@ kernel links against (which names the static archives' SHA-256), and cutecc's ar
 format; for host code of another platform than the build's (aarch64), that platform and
 the pins of the wheels it links against (x86-64 keys name no platform: unchanged). The
 build host's C compiler, paths, user, locale, clock and CPU decide no byte, so they are not
-inputs (tests/test_reproducible.py checks that).
+inputs (tests/toolchain/test_reproducible.py checks that).
 Computing a key imports neither the DSL nor JAX, so the cache-hit path of `cutecc build`
 stays cheap.
 """

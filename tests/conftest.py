@@ -1,69 +1,73 @@
-"""Shared fixtures: a tiny kernel project, and real builds made once per session.
+"""Shared fixtures: the toy project, and real builds made once per session.
 
 The keyed store makes sharing builds safe: a test that needs a built cache copies the
 session's (sources are keyed by their path relative to the manifest, so the copy keeps
-its keys). A test that uses a fixture which compiles is marked `slow` automatically, so
-`pytest -m "not slow"` never compiles.
+its keys).
+
+`slow` has one rule: a test is slow when it compiles kernels through the DSL, which it
+says by requesting the `dsl` fixture (as an argument, through a fixture that requests it,
+or with `pytest.mark.usefixtures("dsl")`), or by using one of the session builds below
+that a GPU host may take prebuilt. The marker is derived here; no test sets it by hand.
+So `pytest -m "not slow"` never compiles (the quick selection, README "Tests").
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import REPO, TOY_KERNEL, run_cli, toy_manifest, write_toy_project
+from helpers import REPO, Toy, build_toy, run_cli, write_toy_project
 
-# Fixtures that compile kernels through the DSL (directly or through another of these).
-COMPILING_FIXTURES = frozenset({"example_cache", "toy_cache", "built_once", "built", "toy8", "toy",
-                                "train_cache", "examples_build", "layout_cache"})
+# What compiles: `dsl`, and the session builds that read a prebuilt cache from the
+# environment when one is given (so they cannot request `dsl`: the GPU host has no DSL).
+COMPILING_FIXTURES = frozenset({"dsl", "example_cache", "layout_cache", "train_cache", "examples_build",
+                                "fault_cache"})  # the last: tests/gpu/test_faults_gpu.py
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if COMPILING_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        elif item.get_closest_marker("slow"):
+            raise pytest.UsageError(f"{item.nodeid}: `slow` is derived (tests/conftest.py); request "
+                                    "the `dsl` fixture instead of marking a test slow by hand")
+
+
+@pytest.fixture(scope="session")
+def dsl() -> None:
+    """Declares that a test or fixture compiles kernels through the DSL: the test is marked
+    slow, and skipped where the build extra is not installed."""
+    pytest.importorskip("cutlass", reason="building needs the build extra (nvidia-cutlass-dsl)")
 
 
 @pytest.fixture
 def toy_project(tmp_path: Path) -> Path:
-    """A project with one small kernel (two variants); returns its manifest path."""
-    pkg = tmp_path / "proj" / "toy"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "ops.py").write_text(TOY_KERNEL)
-    manifest = tmp_path / "proj" / "kernels.toml"
-    manifest.write_text(toy_manifest())
-    return manifest
-
-
-@dataclass(frozen=True)
-class ToyBuild:
-    """The toy project (threads=64 and 128) and a cache holding its two entries."""
-
-    manifest: Path
-    cache: Path
-
-    def copy(self, dest: Path) -> ToyBuild:
-        """A private copy of project and cache under `dest`, with the same keys."""
-        shutil.copytree(self.manifest.parent, dest / "proj")
-        shutil.copytree(self.cache, dest / "c")
-        return ToyBuild(dest / "proj" / self.manifest.name, dest / "c")
+    """A project with one small kernel (two variants), not built; returns its manifest path."""
+    return write_toy_project(tmp_path / "proj")
 
 
 @pytest.fixture(scope="session")
-def toy_cache(tmp_path_factory: pytest.TempPathFactory) -> ToyBuild:
-    """The toy project built once per session (copy it before changing anything)."""
-    pytest.importorskip("cutlass", reason="building needs the build extra (nvidia-cutlass-dsl)")
-    from cutecc.commands.build import build
+def toy_builds(dsl: None, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Toy]:
+    """`toy_builds(threads=(64, 128), archs=None, lock=True)`: the toy project built once per
+    session for those arguments (copy it before changing anything: `.copy(tmp_path)`)."""
+    made: dict[tuple[object, ...], Toy] = {}
 
-    base = tmp_path_factory.mktemp("toy-cache")
-    manifest = write_toy_project(base / "proj")
-    report = build(manifest, cache_dir=base / "c", jobs=2)
-    assert report.ok and report.count("built") == 2, report.warnings()
-    return ToyBuild(manifest, base / "c")
+    def get(threads: tuple[int, ...] = (64, 128), archs: tuple[str, ...] | None = None,
+            lock: bool = True) -> Toy:
+        args = (threads, archs, lock)
+        if args not in made:
+            made[args] = build_toy(tmp_path_factory.mktemp("toy"), threads, archs, lock)
+        return made[args]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def toy_cache(toy_builds: Callable[..., Toy]) -> Toy:
+    """The toy project (threads=64 and 128, sm_90a, locked) built once per session."""
+    return toy_builds()
 
 
 @pytest.fixture(scope="session")

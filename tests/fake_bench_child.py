@@ -1,4 +1,4 @@
-"""A stand-in for `cutecc.tuning.bench` with scripted behaviour, for tests/test_tune.py: it
+"""A stand-in for `cutecc.tuning.bench` with scripted behaviour, for tests/commands/test_tune.py: it
 speaks the child's protocol without a GPU. threads=64 raises (a `fault` event, exit 3),
 threads=512 kills its process with no word (as a hard crash would), threads=1024 disagrees
 with the default; the default and threads=128 get times. $FAKE_BENCH_HANG names a variant

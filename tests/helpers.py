@@ -1,5 +1,5 @@
 """Helpers shared by the tests (import them: `from helpers import ...`): the repository's
-paths, a tiny real kernel project, and the CLI in a subprocess."""
+paths, a tiny real kernel project (the "toy") and its built cache, and the CLI in a subprocess."""
 
 from __future__ import annotations
 
@@ -8,8 +8,12 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cutecc.store import Entry, Store
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -93,3 +97,51 @@ def write_toy_project(root: Path, threads: tuple[int, ...] = (64, 128),
         (pkg / "ops.py").write_text(TOY_KERNEL)
     (root / name).write_text(toy_manifest(threads=threads))
     return root / name
+
+
+@dataclass(frozen=True)
+class Toy:
+    """The toy project (one manifest beside its `toy` package) and a cache holding its build.
+
+    Sources are keyed by their path relative to the manifest, so a copy keeps every key:
+    tests copy a session's build (`copy`) rather than compile it again.
+    """
+
+    manifest: Path
+    cache: Path
+
+    @property
+    def lock(self) -> Path:
+        return self.manifest.parent / "kernels.lock"
+
+    @property
+    def store(self) -> Store:
+        from cutecc.store import Store
+
+        return Store(self.cache)
+
+    def entries(self) -> dict[str, Entry]:
+        """The cache's entries by variant id ("threads=64", ...)."""
+        return {e.meta["variant"]: e for e in self.store.entries()}
+
+    def copy(self, dest: Path, cache: str = "cache") -> Toy:
+        """A private copy under `dest`: the project in dest/proj, the cache in dest/`cache`."""
+        shutil.copytree(self.manifest.parent, dest / "proj")
+        shutil.copytree(self.cache, dest / cache, symlinks=True)
+        return Toy(dest / "proj" / self.manifest.name, dest / cache)
+
+
+def build_toy(base: Path, threads: tuple[int, ...] = (64, 128), archs: tuple[str, ...] | None = None,
+              lock: bool = True) -> Toy:
+    """Write the toy project under base/proj and build it (all of `archs`, else the
+    manifest's sm_90a) into base/cache, checking that every variant was built (and, with
+    `lock`, that the build wrote the project's kernels.lock)."""
+    from cutecc.commands.build import build
+
+    manifest = write_toy_project(base / "proj", threads=threads)
+    report = build(manifest, cache_dir=base / "cache", jobs=2, archs=archs or (), lock=lock)
+    assert report.ok and report.count("built") == len(threads) * len(archs or ("sm_90a",)), \
+        report.warnings()
+    if lock:
+        assert report.lock_file == manifest.parent / "kernels.lock" and report.lock_changed
+    return Toy(manifest, base / "cache")

@@ -21,7 +21,7 @@ _MANIFEST = '''\
 # kernels.toml: the CuTe DSL kernels cutecc builds ahead of time.
 # `cutecc build` compiles every kernel x variant x arch below into the cache and writes
 # kernels.lock; `cutecc list` shows what was built; in JAX, `cutecc.load().{name}(x, factor=2.0)`.
-# Reference: README.md "The manifest", and `cutecc schema` for editor completion.
+# Reference: docs/manifest.md in the cutecc repository, and `cutecc schema` for editor completion.
 format = 1
 archs = ["sm_90a"]          # target GPUs; `cutecc build --arch sm_100a` overrides
 python_path = ["."]         # where entry modules are imported from, relative to this file

@@ -1,50 +1,23 @@
-"""Fixtures for the cache lifecycle commands: a real toy build, made once per module."""
+"""Fixtures for the commands' tests: copies of the session's toy build (tests/conftest.py)."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import PY
+from helpers import PY, Toy
 
-from cutecc.store import Entry, Store
-
-
-@dataclass(frozen=True)
-class Built:
-    """A toy project (two variants: threads=64 and threads=128) and its built cache."""
-
-    manifest: Path
-    cache: Path
-
-    @property
-    def store(self) -> Store:
-        return Store(self.cache)
-
-    def entries(self) -> dict[str, Entry]:
-        """Entries by variant id."""
-        return {e.meta["variant"]: e for e in self.store.entries()}
-
-
-@pytest.fixture(scope="module")
-def built_once(toy_cache, tmp_path_factory: pytest.TempPathFactory) -> Built:
-    """The session's toy build, copied once for this module."""
-    copy = toy_cache.copy(tmp_path_factory.mktemp("built"))
-    return Built(copy.manifest, copy.cache)
+from cutecc.store import Store
 
 
 @pytest.fixture
-def built(built_once: Built, tmp_path: Path) -> Built:
-    """A private copy of the module's built project and cache (same keys: sources are
+def built(toy_cache: Toy, tmp_path: Path) -> Toy:
+    """A private copy of the session's toy build, free to change (same keys: sources are
     hashed by their path relative to the manifest)."""
-    shutil.copytree(built_once.manifest.parent, tmp_path / "proj")
-    shutil.copytree(built_once.cache, tmp_path / "c")
-    return Built(tmp_path / "proj" / "kernels.toml", tmp_path / "c")
+    return toy_cache.copy(tmp_path, cache="c")
 
 
 def snapshot(root: Path) -> dict[str, tuple[int, int, int]]:

@@ -52,7 +52,7 @@ def calls(*functions: Callable[..., Any]) -> Iterator[Counter[str]]:
         sys.setprofile(old)
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_tune_parses_the_manifest_once_and_plans_the_candidates_once(tmp_path: Path) -> None:
     pytest.importorskip("cutlass", reason="compiling needs the build extra")
     from cutecc.commands.build import build

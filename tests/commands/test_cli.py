@@ -39,7 +39,7 @@ def test_gc_bad_age_is_bad_input(tmp_path: Path) -> None:
     assert r.exit_code == 2 and r.stderr.startswith("error: --older-than: ")
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_the_real_entry_point(built) -> None:
     r = run_cli("verify", "--cache-dir", str(built.cache))
     assert r.returncode == 0 and "2 healthy" in r.stdout

@@ -14,7 +14,7 @@ from cutecc.commands.explain import Difference, differences, explain
 from cutecc.errors import CuteccError
 from cutecc.store import Store
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.usefixtures("dsl")
 
 
 def test_everything_cached(built) -> None:

@@ -19,7 +19,7 @@ from cutecc.entry import USED
 from cutecc.errors import CuteccError
 from cutecc.units import parse_age, parse_size
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.usefixtures("dsl")
 DAY = 86400.0
 
 

@@ -17,7 +17,7 @@ from cutecc.errors import CuteccError
 
 from .conftest import snapshot
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.usefixtures("dsl")
 
 
 @pytest.mark.parametrize("via", ["argument", "env"])

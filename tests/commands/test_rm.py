@@ -12,7 +12,7 @@ from cutecc.commands.build import build
 from cutecc.commands.rm import rm
 from cutecc.errors import CuteccError
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.usefixtures("dsl")
 
 
 def test_rm_by_prefix_removes_exactly_that_entry_and_build_brings_it_back(built) -> None:

@@ -13,7 +13,7 @@ from cutecc.cli import main
 from cutecc.commands.show import show
 from cutecc.errors import CuteccError
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.usefixtures("dsl")
 
 
 def test_show_by_key_and_by_prefix_gives_metadata_and_real_file_hashes(built) -> None:

@@ -16,7 +16,7 @@ from cutecc.commands.stats import stats
 from cutecc.errors import CuteccError
 from cutecc.store import Store
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.usefixtures("dsl")
 
 
 def test_builds_record_hits_misses_and_seconds_saved(built) -> None:

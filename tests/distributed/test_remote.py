@@ -1,4 +1,4 @@
-"""The remote cache (issue 14) against a real S3-compatible server (SeaweedFS on 127.0.0.1):
+"""The remote cache against a real S3-compatible server (SeaweedFS on 127.0.0.1):
 publish, fetch on a second machine, races, a server that stops or hangs, damaged and
 hostile objects, read-only mode, `cutecc fetch --lock` and the stats it all records."""
 
@@ -81,7 +81,7 @@ def test_import_cutecc_and_a_plain_build_import_neither_obstore_nor_ray(toy_cach
 # Publish, fetch, stats ----------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_a_build_publishes_and_a_second_machine_fetches_everything(s3, prefix: str, tmp_path: Path) -> None:
     manifest = write_toy_project(tmp_path / "proj")
     first = build(manifest, cache_dir=tmp_path / "ci", remote=prefix, remote_write=True, lock=False)
@@ -123,7 +123,7 @@ def test_a_build_publishes_and_a_second_machine_fetches_everything(s3, prefix: s
     assert again.count("cached") == 2 and again.remote is not None and again.remote.traffic.requests == 0
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_read_only_mode_writes_nothing_to_the_remote(s3, prefix: str, tmp_path: Path) -> None:
     manifest = write_toy_project(tmp_path / "proj")
     rep = build(manifest, cache_dir=tmp_path / "c", remote=prefix, lock=False)
@@ -133,7 +133,7 @@ def test_read_only_mode_writes_nothing_to_the_remote(s3, prefix: str, tmp_path: 
     assert "read-only" in "\n".join(rep.lines())
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_the_manifests_remote_is_used_read_only_and_a_flag_overrides_it(
         s3, prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CUTECC_REMOTE", raising=False)
@@ -154,7 +154,7 @@ def test_the_manifests_remote_is_used_read_only_and_a_flag_overrides_it(
 # Races --------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_two_builders_racing_on_one_key(s3, prefix: str, tmp_path: Path) -> None:
     manifest = write_toy_project(tmp_path / "proj", threads=(64,))
     procs = [subprocess.Popen([PY, "-m", "cutecc.cli", "build", str(manifest), "--cache-dir",
@@ -214,7 +214,7 @@ class _StopsServer(Progress):
         self.server.stop()
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_the_server_stopped_mid_build_degrades_with_one_warning(
         weed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     server = weed()
@@ -243,7 +243,7 @@ def test_the_server_stopped_mid_build_degrades_with_one_warning(
 
 
 def test_a_read_only_credential_warns_in_one_clean_line(weed, tmp_path: Path) -> None:
-    """Issue 21, finding 11d: a writing build with a credential that may only read gets
+    """A writing build with a credential that may only read gets
     403 on every upload; it still succeeds, with one warning whose reason is the status
     and the S3 error (`403 Forbidden, AccessDenied: ...`), never a fragment of the XML."""
     server = weed(read_only_identities(tmp_path / "s3.json"))
@@ -315,7 +315,7 @@ def test_a_truncated_or_altered_blob_is_refused(s3, prefix: str, toy_cache, tmp_
     assert len(list(Store(tmp_path / "d").entries())) == 1
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_a_build_refuses_a_damaged_entry_and_builds_it_locally(s3, prefix: str, toy_cache,
                                                                 tmp_path: Path) -> None:
     _seed(s3, prefix, toy_cache.cache)

@@ -1,11 +1,12 @@
-"""Fixtures of the fault suite (issue #6).
+"""Fixtures of the fault suite.
 
 - `tally`: counts of what the suite did (processes, kills, planted damage, manifests, calls),
   written as JSON to `$CUTECC_FAULT_REPORT` at the end of the session (docs/faults.md's table).
 - `SOAK` (`CUTECC_SOAK=1`): more rounds, processes and examples; `soak(default, long)` picks.
 - `fake_entries(n)`: entries with real, self-consistent metadata and small fake libraries, for
   the store-level rounds (see store_worker.py).
-- `toy8`: a toy project with eight variants of one small kernel, built once per session.
+- `toy8`: the toy project with eight variants of its kernel, built once per session
+  (through tests/conftest.py's `toy_builds`).
 - `in_mount_namespace`: whether this process may mount a tmpfs or a read-only bind in a
   private mount namespace (root, or CAP_SYS_ADMIN), for the full-disk and read-only cases.
 """
@@ -20,15 +21,13 @@ import shutil
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import PY, write_toy_project
-
-from cutecc.store import Store
+from helpers import PY, Toy, write_toy_project
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "store_worker.py"
@@ -160,33 +159,10 @@ def max_overlap(results: list[dict[str, Any]]) -> int:
     return best
 
 
-@dataclass(frozen=True)
-class Toy:
-    """A toy project (one kernel `scale`, variants threads=TOY_THREADS) and its built cache."""
-
-    manifest: Path
-    cache: Path
-
-    @property
-    def store(self) -> Store:
-        return Store(self.cache)
-
-    def copy(self, dest: Path) -> Toy:
-        shutil.copytree(self.manifest.parent, dest / "proj")
-        shutil.copytree(self.cache, dest / "cache", symlinks=True)
-        return Toy(dest / "proj" / self.manifest.name, dest / "cache")
-
-
 @pytest.fixture(scope="session")
-def toy8(tmp_path_factory: pytest.TempPathFactory) -> Toy:
-    pytest.importorskip("cutlass", reason="building needs the build extra (nvidia-cutlass-dsl)")
-    from cutecc.commands.build import build
-
-    base = tmp_path_factory.mktemp("toy8")
-    manifest = write_toy_project(base / "proj", threads=TOY_THREADS)
-    report = build(manifest, cache_dir=base / "cache", jobs=2, lock=False)
-    assert report.ok and report.count("built") == len(TOY_THREADS)
-    return Toy(manifest, base / "cache")
+def toy8(toy_builds: Callable[..., Toy]) -> Toy:
+    """The toy project with eight variants (threads=TOY_THREADS), no lock, built once."""
+    return toy_builds(threads=TOY_THREADS, lock=False)
 
 
 @functools.lru_cache(maxsize=1)
@@ -217,7 +193,7 @@ def assert_clean_failure(r: subprocess.CompletedProcess[str], code: int, *fragme
         assert f in out, (f, out)
 
 
-# A kernel whose compile never ends (issue 21: Ray failures, bounded compiles) ---------------
+# A kernel whose compile never ends (Ray failures, bounded compiles) ---------------
 
 HANG_MODULE = '''\
 import mmap

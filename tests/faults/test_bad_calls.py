@@ -118,7 +118,7 @@ def calls(draw: st.DrawFn, contracts: dict[str, list[dict[str, Any]]]) -> tuple[
     return name, specs
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_generated_calls_pick_the_predicted_variant_or_say_what_was_expected(ks, contracts,
                                                                               tally) -> None:
     accepted = rejected = 0
@@ -160,7 +160,7 @@ def test_generated_calls_pick_the_predicted_variant_or_say_what_was_expected(ks,
               rejected_as_predicted=rejected)
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 @pytest.mark.parametrize(("value", "fragment"), [
     ("1e-5", "must be a number: got str '1e-5'"),
     ([1e-5], "must be a number: got list"),
@@ -186,7 +186,7 @@ def test_runtime_scalars_are_checked_not_coerced(ks, value: Any, fragment: str |
     tally.add("calls", bad_scalars_refused=1)
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_an_eager_call_on_the_cpu_says_the_kernel_needs_a_cuda_gpu(ks, tally) -> None:
     if jax.default_backend() != "cpu":
         pytest.skip("checks the CPU-only message")
@@ -222,7 +222,7 @@ print(json.dumps(out))
 '''
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_arrays_on_several_devices_are_refused_and_shard_map_is_the_way(example_cache: Path,
                                                                         tally) -> None:
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
@@ -240,7 +240,7 @@ def test_arrays_on_several_devices_are_refused_and_shard_map_is_the_way(example_
     tally.add("calls", placement_refused=2, shard_map_placement_accepted=1)
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 @pytest.mark.parametrize("arch", ["sm_100a", "sm_89", "sm_91a", "sm_80", "sm_120"])
 @pytest.mark.parametrize("how", ["eager", "jit", "grad", "vmap", "scalar"])
 def test_a_gpu_arch_without_a_build_says_which_build_to_run(example_cache: Path, arch: str,
@@ -294,7 +294,7 @@ def test_a_non_array_argument_is_named_by_position(ks, value: Any) -> None:
 # Layout and alignment: what JAX guarantees, checked where it can be -------------------
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_non_contiguous_and_misaligned_numpy_inputs_reach_the_kernel_dense_and_row_major(ks) -> None:
     """A kernel never sees strides: a JAX array is dense and row-major, and XLA passes the
     custom call row-major buffers (operand_layouts). NumPy views that are transposed,

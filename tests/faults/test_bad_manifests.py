@@ -1,7 +1,7 @@
 """Generated bad manifests: each is rejected by `cutecc build` (dry run and real) with one
 line naming the file and the key path, exit status 2, and nothing written.
 
-tests/test_manifest.py holds the hand-written cases; here hypothesis generates them: a
+tests/manifest/test_validation.py holds the hand-written cases; here hypothesis generates them: a
 valid manifest (as data) takes one mutation drawn from a catalogue (wrong types at every
 typed key, unknown dtypes, non-positive extents, duplicate and invalid names, unknown keys,
 malformed or missing entry points, backward graphs with cycles, self-loops and missing
@@ -216,7 +216,7 @@ TYPED = [
     ("kernel/k/args/1/align", f"{K}, args[1].align", (int,)),
     ("kernel/k/args/3/default", f"{K}, args[3].default", (int, float)),
     ("kernel/k/constants", f"{K}, constants", (dict,)),
-    # arrays are tuples, tables typed values (issue 10): both may be valid there
+    # arrays are tuples, tables typed values: both may be valid there
     ("kernel/k/constants/threads", f"{K}, constants.threads", (int, float, str, bool, list, dict)),
     ("kernel/k/variants", f"{K}, variants", (dict,)),
     ("kernel/k/grad", f"{K}, grad", (dict,)),
@@ -249,7 +249,7 @@ def test_an_unknown_dtype_lists_the_known_ones(dtype: str, where: int, tally) ->
 @SETTINGS
 @given(extent=st.integers(2 ** 31, 2 ** 63 - 1), arg=st.sampled_from([1, 2]), dim=st.sampled_from([0, 1]))
 def test_an_extent_of_2_31_or_more_is_refused(extent: int, arg: int, dim: int, tally) -> None:
-    """Issue 11: extents are 32-bit in the compiled layouts."""
+    """Extents are 32-bit in the compiled layouts."""
     doc = base()
     doc["kernel"]["k"]["args"][arg]["shape"][dim] = extent
     rejected(toml(doc), f"{K}, args[{arg}].shape[{dim}]", "a static extent must be at most 2^31-1")
@@ -259,7 +259,7 @@ def test_an_extent_of_2_31_or_more_is_refused(extent: int, arg: int, dim: int, t
 @SETTINGS
 @given(dtype=st.sampled_from(["int32", "int64"]), data=st.data())
 def test_a_scalar_default_out_of_its_dtype_is_refused(dtype: str, data, tally) -> None:
-    """Issue 11: the DSL would truncate an int32 default of 2^40 to 0."""
+    """The DSL would truncate an int32 default of 2^40 to 0."""
     lo, hi = (-(2 ** 31), 2 ** 31 - 1) if dtype == "int32" else (-(2 ** 63), 2 ** 63 - 1)
     value = data.draw(st.one_of(st.integers(hi + 1, hi * 4), st.integers(lo * 4, lo - 1)))
     doc = base()
@@ -273,7 +273,7 @@ def test_a_scalar_default_out_of_its_dtype_is_refused(dtype: str, data, tally) -
 @SETTINGS
 @given(name=st.sampled_from(["_k", "_", "get", "problems", "register_all", "arch", "root"]))
 def test_a_kernel_name_the_kernel_set_owns_is_refused(name: str, tally) -> None:
-    """Issue 11: `ks._private` or `ks.get` must stay the kernel set's own."""
+    """`ks._private` or `ks.get` must stay the kernel set's own."""
     doc = base()
     doc["kernel"] = {name: doc["kernel"]["k"]}
     rejected(toml(doc), f'kernel "{name}"', "reserved")
@@ -522,7 +522,7 @@ def test_edge_case_manifests_plan_exactly_what_they_declare(names, sizes, archs,
     tally.add("manifests", valid_edge_cases_planned=1)
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_an_entry_attribute_the_module_lacks_is_caught_before_compiling(tmp_path: Path) -> None:
     pytest.importorskip("cutlass", reason="a real build needs the build extra")
     from .conftest import write_toy_project

@@ -1,4 +1,4 @@
-"""Issue 21, bounded compiles: a kernel whose compile runs past the time limit
+"""Bounded compiles: a kernel whose compile runs past the time limit
 (`$CUTECC_COMPILE_TIMEOUT`, `[build] compile_timeout`, `--compile-timeout`) or asks for
 more memory than the memory limit (`$CUTECC_COMPILE_MEMORY`, ...) is stopped, named and
 reported failed; the rest of the build goes on (with one worker: the stopped worker's
@@ -18,7 +18,7 @@ from cutecc.store import Store
 
 from .conftest import run_bounded, write_hang_project
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.usefixtures("dsl")]
 LIMIT = 6
 
 

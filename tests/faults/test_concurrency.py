@@ -132,7 +132,7 @@ out.write_text(json.dumps({"problems": problems, "counts": counts}))
 '''
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_concurrent_real_builds_compile_each_variant_once(tmp_path: Path, tally) -> None:
     pytest.importorskip("cutlass", reason="building needs the build extra (nvidia-cutlass-dsl)")
     proj = tmp_path / "proj"

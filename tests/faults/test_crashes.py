@@ -171,7 +171,7 @@ def _wait_group_gone(pgid: int, timeout: float = 30) -> None:
     raise AssertionError(f"processes of group {pgid} survived SIGKILL")
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_killed_real_builds_leave_whole_entries_and_the_next_build_completes(toy8, tmp_path: Path,
                                                                             tally) -> None:
     rng = random.Random(SEED)
@@ -205,7 +205,7 @@ def test_killed_real_builds_leave_whole_entries_and_the_next_build_completes(toy
               builds_completed_after=1)
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("dsl")
 def test_a_later_build_sweeps_leftovers_even_when_everything_is_cached(toy8, tmp_path: Path) -> None:
     """What a kill leaves (a staging directory, a removal in progress, the temporary file of
     an atomic write in the root) goes with the next build, even one that compiles nothing;

@@ -32,7 +32,7 @@ from cutecc.store import Store
 
 from .conftest import SEED, SOAK, Toy, cli, soak
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.usefixtures("dsl")
 LIB = "kernel.so"
 
 # Fields of meta.json the runtime acts on or that tie it to its key: a flip in any of them

@@ -1,4 +1,4 @@
-"""Hostile archives (issue 11): generated mutations of a real, signed pack, as tarballs and
+"""Hostile archives: generated mutations of a real, signed pack, as tarballs and
 wheels, each unpacked into a fresh cache. Whatever the mutation, `unpack` ends in a report
 or a CuteccError (never another exception), writes nothing outside the cache, never
 imports an entry the signed lock does not vouch for when a trusted key is given, leaves

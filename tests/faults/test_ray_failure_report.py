@@ -1,4 +1,6 @@
-"""Issue 21, finding 8: when the raylet died mid-build, `build --json` printed Ray's coloured
+"""A build whose Ray cluster dies still prints one whole JSON report.
+
+Seen: when the raylet died mid-build, `build --json` printed Ray's coloured
 "Raylet is terminated" text on stdout and exited 1 with no report at all. The report must
 stay whole: stdout is exactly one JSON document, entries built before the failure stay
 built, each entry the cluster failed is cutecc's own one-line error, and Ray's chatter
@@ -19,7 +21,7 @@ from helpers import PY
 from .conftest import descendants, write_hang_project
 from .trust.conftest import proc_cmdline, wait_for
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.usefixtures("dsl")]
 
 
 def test_a_raylet_killed_mid_build_leaves_one_whole_json_report(tmp_path: Path) -> None:

@@ -1,4 +1,6 @@
-"""Issue 21, finding 7: `--executor ray` without an address joined whatever the shared Ray
+"""`--executor ray` without an address starts a private cluster, never a shared one.
+
+Seen: `--executor ray` without an address joined whatever the shared Ray
 temp directory names (`<tmp>/ray/ray_current_cluster`, which any local user can write on
 a host whose /tmp/ray is world-writable), then failed (`num_cpus ... must not be
 provided`). Without an explicit address a build must start a private cluster in a fresh
@@ -17,7 +19,7 @@ from helpers import PY, write_toy_project
 
 from .conftest import run_bounded
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.usefixtures("dsl")]
 
 
 def test_a_build_without_an_address_never_joins_the_shared_temp_dirs_cluster(tmp_path: Path) -> None:

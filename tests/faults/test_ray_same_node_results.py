@@ -1,4 +1,6 @@
-"""Issue 21, finding 6: a Ray task on the driver's node publishes into the driver's cache
+"""A Ray task's report never becomes a lock line unchecked: the driver reads the entry back.
+
+Seen: a Ray task on the driver's node publishes into the driver's cache
 itself, and what it returns (its Result's metadata) became the lock line. A task whose
 report names other bytes than the cache holds must fail, and no lock line may name bytes
 the cache does not hold: the driver reads the entry back from its own store, checks it
@@ -19,7 +21,7 @@ from helpers import write_toy_project
 from cutecc.commands.build import build
 from cutecc.store import Store
 
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")]
+pytestmark = [pytest.mark.usefixtures("dsl"), pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")]
 
 
 def test_check_stored_reads_the_entry_back_and_refuses_what_does_not_match(toy_cache, tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from helpers import PY
 
 from .conftest import HERE, Toy, in_mount_namespace, write_toy_project
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.usefixtures("dsl")
 DRIVER = HERE / "storage_driver.py"
 
 

@@ -77,7 +77,7 @@ if [ -n "${CUTECC_EXAMPLES_CACHE:-}" ]; then
     | log training_step.log
 fi
 if "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-  # cutecc.torch's call costs against torch's own ops and the JAX path (issue 24; ~1 minute)
+  # cutecc.torch's call costs against torch's own ops and the JAX path (~1 minute)
   # shellcheck disable=SC2046
   "$PY" benchmarks/torch_calls.py "$CUTECC_TEST_CACHE" $(json torch_calls.json) 2>&1 | log torch_calls.log
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1

@@ -1,4 +1,4 @@
-"""Kernel faults and arch mismatch on a real GPU (issue #6).
+"""Kernel faults and arch mismatch on a real GPU.
 
 A kernel that reads far out of bounds, or executes PTX `trap`, must end in a Python
 exception (from the call or from the next synchronisation), never in a crash or a silent

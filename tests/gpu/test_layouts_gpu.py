@@ -1,5 +1,5 @@
-"""Declared layouts, divisibility, padded leading strides and call keywords on a real GPU
-(issue 10, findings 6-8 and "Tensor layouts"), against NumPy on fresh random inputs.
+"""Declared layouts, divisibility, padded leading strides and call keywords on a real GPU,
+against NumPy on fresh random inputs.
 
 The kernels are tests/gpu/layout_kernels (their own manifest). Set CUTECC_LAYOUT_CACHE to
 a cache built from it (the device machine has no DSL); with the DSL installed and no

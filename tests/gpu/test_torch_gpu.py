@@ -1,4 +1,4 @@
-"""The root kernels called from PyTorch on a real GPU (issue 24), from the same cache the
+"""The root kernels called from PyTorch on a real GPU, from the same cache the
 JAX tests use (`CUTECC_TEST_CACHE`, built elsewhere: nothing is rebuilt here).
 
 Each kernel on fresh random inputs against a torch reference, eagerly (the direct tvm-ffi

@@ -1,4 +1,4 @@
-"""From PyTorch on a real GPU, beyond the root kernels (issue 24): layouts, padded buffers and
+"""From PyTorch on a real GPU, beyond the root kernels: layouts, padded buffers and
 call keywords (tests/gpu/layout_kernels, CUTECC_LAYOUT_CACHE), derived extents, scratch,
 saved residuals, reductions and a named pairing (train_kernels, CUTECC_TRAIN_CACHE), and the
 published examples (quack RMSNorm and cross-entropy, FA4's Hopper forward;

@@ -1,5 +1,5 @@
-"""Derived extents and scalars, scratch and symbolic `jax.export` on a real GPU (issue 23,
-items 1, 2 and 6), against NumPy on fresh random inputs.
+"""Derived extents and scalars, scratch and symbolic `jax.export` on a real GPU,
+against NumPy on fresh random inputs.
 
 The kernels are tests/gpu/train_kernels (their own manifest). Set CUTECC_TRAIN_CACHE to a
 cache built from it (tests/gpu/prepare.sh builds it into CACHES/train; the device machine

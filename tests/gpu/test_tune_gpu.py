@@ -1,4 +1,4 @@
-"""`cutecc tune --measure` on a real GPU (issue 13), from a cache built elsewhere.
+"""`cutecc tune --measure` on a real GPU, from a cache built elsewhere.
 
 Needs CUTECC_TUNE_CACHE: a cache where `cutecc build` and `cutecc tune --compile-only` ran
 for the root kernels.toml (the device machine has no DSL). Measures the real spaces of mul

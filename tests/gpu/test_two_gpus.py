@@ -1,4 +1,4 @@
-"""Two GPUs (issue 15): placement rules, `shard_map` forward, `jax.grad` of a grad-paired
+"""Two GPUs: placement rules, `shard_map` forward, `jax.grad` of a grad-paired
 kernel, an `inout` kernel and `vmap`, each inside `shard_map` over both GPUs, against
 references on fresh random inputs. Skipped with fewer than two GPUs; run on nvidia-h200-x2."""
 

@@ -23,7 +23,7 @@ from helpers import REPO
 
 from cutecc.errors import CuteccError
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.usefixtures("dsl")  # it compiles: slow by the one rule
 
 QEMU = shutil.which("qemu-aarch64")
 SYSROOT = Path("/usr/aarch64-linux-gnu")

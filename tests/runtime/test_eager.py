@@ -1,5 +1,5 @@
 """Eager calls (no `jit`, no transformation) run as one cached `jax.jit` of the whole call
-(issue 15: an eager grad-paired call cost 9-13x XLA's eager op, a plain one 4-6x): the
+(seen: an eager grad-paired call cost 9-13x XLA's eager op, a plain one 4-6x): the
 variant is chosen, the scalars checked and the `custom_vjp` built once per signature, and
 the checks still say what was wrong. Run on the CPU in a subprocess with a stand-in
 lowering of the primitive (a CUDA kernel cannot run here), so only cutecc's side is timed

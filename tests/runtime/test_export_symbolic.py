@@ -1,4 +1,4 @@
-"""`jax.export` with symbolic shapes (issue 23, item 6): the checks of a call that need
+"""`jax.export` with symbolic shapes: the checks of a call that need
 concrete sizes (the 2^31 limit of a symbolic extent, divisibility) are left, for a symbolic
 dimension, to where the size is concrete: the kernel's own argument check at run time (the
 DSL's TVM-FFI function checks each symbolic extent's int32 range and declared divisibility).

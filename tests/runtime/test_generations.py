@@ -1,4 +1,4 @@
-"""Loading what the manifest says (issue 10, finding 10): after a manifest change and a
+"""Loading what the manifest says: after a manifest change and a
 rebuild, a plain `cutecc.load()` offers only the newest build of each kernel and
 `load(manifest=)` exactly that manifest's planned entries; an older entry stays callable
 through a lock that names it."""

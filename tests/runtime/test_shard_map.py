@@ -1,5 +1,5 @@
 """Inside `jax.shard_map`, a cutecc call's results carry the manual axes its inputs vary
-over, so `jax.grad` of a grad-paired kernel type-checks (issue 15: "the bwd rule produced
+over, so `jax.grad` of a grad-paired kernel type-checks (seen: "the bwd rule produced
 an output of type float32[...] corresponding to an input of type float32[...]{V:d}").
 Traced and lowered for CUDA on two host devices; the 2-GPU run is tests/gpu/test_two_gpus.py."""
 

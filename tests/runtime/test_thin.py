@@ -1,6 +1,6 @@
 """The runtime stays thin: loading a cache and lowering a call imports no build-side module
-of cutecc and nothing of the DSL (issue 9). The import graph read from the source (no
-cycles, lazy imports included; no import up the layers) is tests/architecture's."""
+of cutecc and nothing of the DSL. The import graph read from the source (no cycles, lazy
+imports included; no import up the layers) is tests/architecture's."""
 
 from __future__ import annotations
 

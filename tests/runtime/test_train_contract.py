@@ -1,5 +1,5 @@
 """Derived extents and scalars, scratch, and `jax.export` with symbolic shapes, seen from
-JAX on a CPU (issue 23, items 1, 2 and 6): output shapes, the scalars the runtime passes,
+JAX on a CPU: output shapes, the scalars the runtime passes,
 the scratch operands and results of the custom call, and symbolic export.
 
 The kernels are tests/gpu/train_kernels (built once per session, or CUTECC_TRAIN_CACHE);

@@ -1,6 +1,6 @@
 """cutecc.torch without a GPU: op schemas, fake implementations, shape inference for every
 root kernel, torch.compile(fullgraph=True) with no graph break, autograd's graph, errors in
-torch's terms, and an import that pulls in neither JAX nor the DSL (issue 24).
+torch's terms, and an import that pulls in neither JAX nor the DSL.
 
 Fake CUDA tensors (`FakeTensorMode`) stand for the device; `opcheck` runs each op for real
 on CPU tensors through a torch reference registered for the CPU in place of the kernel."""

@@ -1,4 +1,4 @@
-"""Hostile archives for finding 6 (unbounded unpack), built from a genuine pack.
+"""Hostile archives for the unpack-bounds tests (test_unpack_bounds.py), built from a genuine pack.
 
 Each is a genuine `cutecc pack` (11 entries) with one thing changed, so a bounded,
 per-entry unpack refuses that one thing and imports the rest:
@@ -10,7 +10,7 @@ per-entry unpack refuses that one thing and imports the rest:
   reversed+1GiB-pad  a 1 GiB member of zeros first, then the pack's members in reverse
                      order: a CPU bomb for a reader that seeks back to each member
 
-Used by tests/test_f06_unpack_bounds.py and tools/measure_unpack.py.
+Used by tests/faults/trust/test_unpack_bounds.py and tools/measure_unpack.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Issue 21, finding 11 (the smaller ones; the 403 warning is tested against a real S3
-server in tests/distributed/test_remote.py).
+"""Archive and signature edges: an `alg: none` signature, duplicate members in a wheel, and
+members outside the pack's tree are refused with their name (the remote's 403 warning is
+tested against a real S3 server in tests/distributed/test_remote.py).
 
 (a) a signature with `alg: none` was refused as "signed by key X, none of them trusted
 (trusted: X)"; (b) a wheel silently took the last of two members of one name where a

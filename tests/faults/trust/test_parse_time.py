@@ -1,6 +1,6 @@
 """Foreign JSON is parsed in time linear in its size, not only bounded in bytes and depth.
 
-Seen (issue 21, finding 1): `entry.parse_json`'s nesting pre-check stripped strings with a
+Seen: `entry.parse_json`'s nesting pre-check stripped strings with a
 backtracking regex, so `"` followed by many `\\"` took 10.7 s at 16 KB and 177 s at 64 KB,
 before any hash or signature was looked at; every reader of foreign JSON (a pack's lock and
 signature, a remote's meta.json, tuning records, key files) went through it. Each hostile

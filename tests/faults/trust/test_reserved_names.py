@@ -1,4 +1,4 @@
-"""Issue 21, finding 10: names that collide with the call's own Python signature.
+"""Names that collide with the call's own Python signature.
 
 A variant parameter that is a call keyword becomes a keyword of `KernelFn.__call__`, a
 runtime scalar too, and a kernel name an attribute of the loaded kernel set. `self` was
@@ -21,7 +21,7 @@ from cutecc.entry import compute_key
 from cutecc.names import CALL_RESERVED, KERNEL_SET_RESERVED, MAX_NAME_CHARS
 
 from .conftest import ARCH, META, Cache, cli, out, py
-from .test_f11_input_edges import manifest, refused
+from .test_input_edges import manifest, refused
 
 BAD_CALL_NAMES = ["self", "arrays", "scalars", "__class__", "_", "_x", "name", "builds", "select",
                   "a" * 300, "a" * (MAX_NAME_CHARS + 1)]
@@ -45,7 +45,7 @@ def test_a_call_keyword_of_ordinary_name_is_planned(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", BAD_CALL_NAMES, ids=lambda n: n if len(n) < 20 else f"{len(n)}chars")
 def test_a_call_keyword_that_collides_with_the_call_is_refused(tmp_path: Path, name: str) -> None:
-    """Finding 10: a call keyword named as the call's own parameters (`self`), an attribute
+    """A call keyword named as the call's own parameters (`self`), an attribute
     of the kernel object, starting with `_` or over the length cap: exit 2, key path."""
     err = refused(_variants(tmp_path, name), "kernels.toml", f"variants.{name[:40]}")
     assert "call keyword" in err, err
@@ -54,7 +54,7 @@ def test_a_call_keyword_that_collides_with_the_call_is_refused(tmp_path: Path, n
 @pytest.mark.parametrize("name", ["self", "_x", "a" * (MAX_NAME_CHARS + 1)],
                          ids=["self", "_x", "long"])
 def test_a_runtime_scalar_that_collides_with_the_call_is_refused(tmp_path: Path, name: str) -> None:
-    """Finding 10: a runtime scalar is a keyword of the same call (`ax(x, y, alpha=2.0)`)."""
+    """A runtime scalar is a keyword of the same call (`ax(x, y, alpha=2.0)`)."""
     scalar = f'{{ kind = "scalar", name = "{name}", dtype = "float32", default = 1.0 }}'
     refused(manifest(tmp_path, scalar=scalar), "kernels.toml", "name")
 
@@ -62,7 +62,7 @@ def test_a_runtime_scalar_that_collides_with_the_call_is_refused(tmp_path: Path,
 @pytest.mark.parametrize("name", ["k" * (MAX_NAME_CHARS + 1), "k" * 300, "_", "__class__"],
                          ids=["65chars", "300chars", "_", "__class__"])
 def test_a_kernel_name_over_the_cap_or_private_is_refused(tmp_path: Path, name: str) -> None:
-    """Finding 10: kernel names are capped and never start with `_`."""
+    """Kernel names are capped and never start with `_`."""
     refused(manifest(tmp_path, name=name), "kernels.toml", name[:40])
 
 
@@ -98,7 +98,7 @@ print(json.dumps({"keys": [b.key for b in fn.builds], "keywords": sorted(fn.keyw
 
 @pytest.mark.parametrize("name", ["self", "_x", "a" * 300], ids=["self", "_x", "300chars"])
 def test_an_entry_whose_call_keyword_collides_is_set_aside(cache: Cache, name: str) -> None:
-    """Finding 10: a planted meta.json whose key inputs give it the call keyword `self`
+    """A planted meta.json whose key inputs give it the call keyword `self`
     (self-consistent: the key is recomputed) is unusable with the reason, never served."""
     from cutecc.store import Store
 
@@ -126,7 +126,7 @@ def test_the_error_of_a_name_over_the_cap_states_the_cap(tmp_path: Path) -> None
 
 
 def test_an_entry_whose_runtime_scalar_collides_is_set_aside(cache: Cache) -> None:
-    """Finding 10: the same for a runtime scalar read from disk: axpy's `alpha` renamed
+    """The same for a runtime scalar read from disk: axpy's `alpha` renamed
     `self` in its contract and key inputs (the key recomputed) is set aside, not served."""
     from cutecc.store import Store
 

@@ -1,7 +1,7 @@
 """Trust anchors (signing and trusted public keys) are held to the cache's ownership policy,
 and trusted keys given where they check nothing are an error.
 
-Seen (issue 21, findings 4 and 5): a trusted public key owned by another uid with mode 666
+Seen: a trusted public key owned by another uid with mode 666
 was accepted by `load` and `unpack`, and a signing key owned by another uid was used to
 sign, though the cache itself would be refused for the same ownership; and
 `cutecc.load(cache, trusted_keys=[...])` (or `$CUTECC_TRUSTED_KEYS` with `load(cache)`)

@@ -1,6 +1,6 @@
 """A build signs, and the runtime and `verify` serve, only lines that were checked.
 
-Seen (issue 21, findings 2 and 3), for a kernel whose variants differ only in a call
+Seen, for a kernel whose variants differ only in a call
 keyword (FA4's `causal`): a tuning line naming the sibling variant as the winner survived
 `cutecc build --sign-key` (kept verbatim and re-signed), and `load(lock=...)` then lowered
 `attn(x, causal=False)` to the `causal=True` library; a planted cache record did the same
@@ -29,7 +29,7 @@ from cutecc.lockfile import read_lock
 from cutecc.runtime.library import target_name
 from cutecc.runtime.tuning import dumps_records
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.usefixtures("dsl")
 
 
 MANIFEST = '''archs = ["sm_90a"]

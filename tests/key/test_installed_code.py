@@ -1,0 +1,269 @@
+"""Installed code in the key, through the planning cache a build keeps in its store: a warm
+cache re-reads no installed source, yet every change of installed code the compile reaches
+still changes the key (an edit, a same-size edit with its mtime put back, a reinstall of
+another version), and a distribution that merely adds a sub-package to another's top-level
+package (nvidia-cutlass-operators into the DSL's `cutlass`) changes no key until a kernel
+imports it.
+
+Pure Python: fake distributions in a temporary site directory, no DSL import, no compile.
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import hashlib
+import importlib
+import io
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers import REPO
+
+import cutecc.dists
+import cutecc.key
+from cutecc.manifest import load_manifest
+from cutecc.plan import Planned, plan
+
+LIB = {
+    "fakelib/__init__.py": "from . import core\n",
+    "fakelib/core.py": "import fakelib.util\n\n\ndef kern(x, out, stream):\n    return fakelib.util.K\n",
+    "fakelib/util.py": "K = 1\n",
+}
+OPS = {  # a sibling: a sub-package of the DSL's `cutlass`, as nvidia-cutlass-operators ships
+    "cutlass/operators/__init__.py": "",
+    "cutlass/operators/gemm.py": "import fakenx\n\n\ndef gemm(x, out, stream):\n    return 1\n",
+}
+NX = {"fakenx/__init__.py": "GRAPH = 1\n"}
+
+KERNEL = '''
+[kernel.{name}]
+entry = "{entry}"
+args = [{{ name = "x", dtype = "float32", shape = ["n"] }},
+        {{ name = "out", role = "output", dtype = "float32", shape = ["n"] }}, {{ kind = "stream" }}]
+'''
+
+
+def _record_digest(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def install(site: Path, name: str, version: str, files: dict[str, str], *,
+            requires: tuple[str, ...] = (), top: str | None = None) -> Path:
+    """Install a fake distribution into `site` as pip would: its files, METADATA and a
+    RECORD naming every file's SHA-256 and size. Returns its dist-info directory."""
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    rows = []
+    for rel, text in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+        rows.append(f"{rel},{_record_digest(text.encode())},{len(text.encode())}\n")
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    meta += "".join(f"Requires-Dist: {r}\n" for r in requires)
+    (info / "METADATA").write_text(meta)
+    if top:
+        (info / "top_level.txt").write_text(top + "\n")
+    (info / "RECORD").write_text("".join(rows) + f"{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
+    forget()
+    return info
+
+
+def forget() -> None:
+    """Drop what this process remembers of the installed distributions (an install or an
+    edit happened): the metadata finders' and cutecc's own lookups."""
+    importlib.invalidate_caches()
+    for f in vars(cutecc.dists).values():
+        if callable(getattr(f, "cache_clear", None)):
+            f.cache_clear()
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """An empty site directory ahead of everything on sys.path; installed stamps count as
+    settled at once (they are younger than the settling time the real cache waits for)."""
+    d = tmp_path / "site"
+    d.mkdir()
+    monkeypatch.syspath_prepend(str(d))
+    monkeypatch.setattr(cutecc.dists, "SETTLE_NS", 0, raising=False)
+    forget()
+    yield d
+    forget()
+
+
+def project(tmp_path: Path, body: str) -> Path:
+    """A manifest of `body`'s kernels over a project package `kp` (python_path = its root)."""
+    root = tmp_path / "proj"
+    (root / "kp").mkdir(parents=True, exist_ok=True)
+    (root / "kp/__init__.py").write_text("")
+    (root / "kp/uses_lib.py").write_text("import fakelib.core\n\n\ndef kern(x, out, stream):\n    pass\n")
+    (root / "kp/uses_cutlass.py").write_text(
+        "import cutlass\nimport cutlass.cute as cute\n\n\ndef kern(x, out, stream):\n    pass\n")
+    (root / "kp/uses_ops.py").write_text(
+        "from cutlass.operators import gemm\n\n\ndef kern(x, out, stream):\n    pass\n")
+    m = root / "kernels.toml"
+    m.write_text('format = 1\narchs = ["sm_90a"]\n' + body)
+    return m
+
+
+def planned(manifest: Path, cache: Path | None) -> dict[str, Planned]:
+    forget()
+    return {p.kernel.name: p for p in plan(load_manifest(manifest), hash_cache=cache)}
+
+
+BOTH = (KERNEL.format(name="imports_lib", entry="kp.uses_lib:kern")
+        + KERNEL.format(name="in_lib", entry="fakelib.core:kern"))
+
+
+def test_a_warm_cache_reads_and_parses_no_installed_source(
+        tmp_path: Path, site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The no-op build's planning: installed files are told unchanged by their stat alone
+    (seen: ~1,400 installed files re-parsed and re-hashed on every no-op build)."""
+    install(site, "fakelib", "1.0", LIB)
+    m = project(tmp_path, BOTH)
+    cache = tmp_path / "cache/filehashes.json"
+    cache.parent.mkdir()
+    cold = planned(m, cache)
+    touched: list[str] = []
+    real_open, real_parse = builtins.open, cutecc.key.ast.parse
+
+    def spy_open(f, *a, **k):
+        touched.append(str(f))
+        return real_open(f, *a, **k)
+
+    def spy_parse(src, filename="<unknown>", *a, **k):
+        touched.append(str(filename))
+        return real_parse(src, filename, *a, **k)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(builtins, "open", spy_open)
+        mp.setattr(io, "open", spy_open)
+        mp.setattr(cutecc.key.ast, "parse", spy_parse)
+        warm = planned(m, cache)
+    assert {n: p.key for n, p in warm.items()} == {n: p.key for n, p in cold.items()}
+    assert [f for f in touched if f.startswith(str(site / "fakelib") + os.sep)] == []
+
+
+@pytest.mark.parametrize("large", [False, True], ids=["by-content", "by-record"])
+@pytest.mark.parametrize("kernel", ["imports_lib", "in_lib"])
+def test_a_same_size_edit_with_its_mtime_put_back_rekeys(
+        tmp_path: Path, site: Path, monkeypatch: pytest.MonkeyPatch, large: bool, kernel: str) -> None:
+    """Size, mtime and inode are all the same after such an edit; the ctime is not."""
+    if large:  # the RECORD path (torch, triton): digest of RECORD + files that differ from it
+        monkeypatch.setattr(cutecc.dists, "FULL_HASH_LIMIT", 0)
+    install(site, "fakelib", "1.0", LIB)
+    m = project(tmp_path, BOTH)
+    cache = tmp_path / "cache/filehashes.json"
+    cache.parent.mkdir()
+    before = planned(m, cache)[kernel].key
+    assert planned(m, cache)[kernel].key == before  # the cache is warm now
+    f = site / "fakelib/util.py"
+    st = f.stat()
+    f.write_text("K = 2\n")
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    now = f.stat()
+    assert (now.st_size, now.st_mtime_ns, now.st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
+    after = planned(m, cache)[kernel]
+    assert after.key != before
+    assert planned(m, None)[kernel].key == after.key  # what planning without a cache says
+
+
+def test_reinstalling_another_version_rekeys(tmp_path: Path, site: Path) -> None:
+    info = install(site, "fakelib", "1.0", LIB)
+    m = project(tmp_path, BOTH)
+    cache = tmp_path / "cache/filehashes.json"
+    cache.parent.mkdir()
+    before = {n: p.key for n, p in planned(m, cache).items()}
+    shutil.rmtree(info)
+    shutil.rmtree(site / "fakelib")
+    install(site, "fakelib", "1.1", {**LIB, "fakelib/util.py": "K = 3\n"})
+    after = planned(m, cache)
+    assert all(after[n].key != before[n] for n in before)
+    assert after["imports_lib"].inputs["distributions"]["fakelib"].startswith("1.1 ")
+
+
+def test_a_distribution_adding_a_sub_package_to_the_dsls_leaves_keys_unchanged(
+        tmp_path: Path, site: Path) -> None:
+    """nvidia-cutlass-operators installs `cutlass/operators/` (the DSL's `cutlass` appends
+    it to its `__path__`) and requires networkx: kernels that do not import it keep their
+    keys, and neither it nor what it requires shows in their inputs."""
+    m = project(tmp_path, KERNEL.format(name="uses_cutlass", entry="kp.uses_cutlass:kern")
+                + KERNEL.format(name="in_dsl_only", entry="kp.uses_lib:kern"))
+    install(site, "fakelib", "1.0", LIB)
+    before = {n: p.key for n, p in planned(m, None).items()}
+    root = {p.label: p.key for p in plan(load_manifest(REPO / "kernels.toml"))}
+    install(site, "fake-cutlass-operators", "0.1", OPS, requires=("fakenx",), top="cutlass")
+    install(site, "fakenx", "3.0", NX)
+    after = planned(m, None)
+    assert {n: p.key for n, p in after.items()} == before
+    assert {p.label: p.key for p in plan(load_manifest(REPO / "kernels.toml"))} == root
+    assert not {"fake-cutlass-operators", "fakenx"} & set(after["uses_cutlass"].inputs["distributions"])
+
+
+def test_a_sub_package_a_kernel_imports_is_keyed_and_its_edits_rekey(tmp_path: Path, site: Path) -> None:
+    m = project(tmp_path, KERNEL.format(name="uses_ops", entry="kp.uses_ops:kern")
+                + KERNEL.format(name="uses_cutlass", entry="kp.uses_cutlass:kern"))
+    install(site, "fake-cutlass-operators", "0.1", OPS, requires=("fakenx",), top="cutlass")
+    install(site, "fakenx", "3.0", NX)
+    cache = tmp_path / "cache/filehashes.json"
+    cache.parent.mkdir()
+    before = planned(m, cache)
+    dists = before["uses_ops"].inputs["distributions"]
+    assert dists["fake-cutlass-operators"].startswith("0.1 ") and dists["fakenx"].startswith("3.0 ")
+    gemm = site / "cutlass/operators/gemm.py"
+    gemm.write_text(gemm.read_text() + "# edited\n")
+    after = planned(m, cache)
+    assert after["uses_ops"].key != before["uses_ops"].key
+    assert after["uses_cutlass"].key == before["uses_cutlass"].key
+
+
+def test_the_first_build_into_a_new_cache_keeps_what_planning_learned(
+        tmp_path: Path, site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build into a cache directory that does not exist yet plans before creating it; what
+    planning learned is written once the store is there, so the next (no-op) build is the
+    fast one, not the one after it."""
+    import cutecc.builder
+    import cutecc.commands.build as b
+    import cutecc.executors.local
+
+    install(site, "fakelib", "1.0", LIB)
+    m = project(tmp_path, BOTH)
+    monkeypatch.setattr(cutecc.executors.local, "compile_all", lambda *a, **k: None)  # planning only
+    monkeypatch.setattr(cutecc.builder, "_ensure_runtimes", lambda *a, **k: [])
+    cache = tmp_path / "new-cache"
+    forget()
+    b.build(m, cache_dir=cache, lock=False)
+    assert (cache / "planfacts.json").is_file()
+    facts = (cache / "planfacts.json").read_text()
+    assert str(site / "fakelib" / "core.py") in facts and "fakelib-1.0.dist-info" in facts
+
+
+def test_remembered_facts_of_another_parser_are_parsed_again(tmp_path: Path, monkeypatch) -> None:
+    """Facts are what cutecc's own parsing made of a file: a planning cache written by
+    another version of that code (its `parser` digest differs) is never served."""
+    import json
+
+    from cutecc import dists
+    from cutecc.dists import FACTS, HashCache
+
+    monkeypatch.setattr(dists, "SETTLE_NS", 0)  # remember a stamp made just now
+    src = tmp_path / "m.py"
+    src.write_text("import os\n")
+    calls: list[int] = []
+
+    def parse(data: bytes) -> dict:
+        calls.append(1)
+        return {"imports": ["os"]}
+
+    first = HashCache(tmp_path / "filehashes.json")
+    first.source(str(src), parse)
+    first.save()
+    HashCache(tmp_path / "filehashes.json").source(str(src), parse)
+    assert len(calls) == 1  # remembered
+    doc = json.loads((tmp_path / FACTS).read_text())
+    doc["parser"] = "0" * 16
+    (tmp_path / FACTS).write_text(json.dumps(doc))
+    HashCache(tmp_path / "filehashes.json").source(str(src), parse)
+    assert len(calls) == 2  # another parser's facts: parsed again

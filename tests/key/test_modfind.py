@@ -1,0 +1,169 @@
+"""Finding modules as Python's import system does: namespace
+packages and packages split over several directories are found, keyed, and nothing of
+theirs is run while planning."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cutecc import modfind
+from cutecc.manifest import load_manifest
+from cutecc.plan import plan
+
+MANIFEST = """\
+archs = ["sm_90a"]
+python_path = ["a", "b"]
+
+[kernel.k]
+entry = "{entry}"
+args = [
+  {{ name = "x", dtype = "float32", shape = ["n"] }},
+  {{ name = "out", role = "output", dtype = "float32", shape = ["n"] }},
+]
+"""
+
+RAN = "import builtins\nbuiltins.CUTECC_TEST_PACKAGE_RAN = True\n"
+
+FILES = {
+    # A PEP 420 namespace top level (as flash-attn-4's flash_attn/), a regular
+    # subpackage whose __init__ must not run, then the launcher's module
+    "a/nsk/cute/__init__.py": RAN,
+    "a/nsk/cute/fwd.py": "from . import helper\n\n\ndef launch(x, out):\n    return helper.H\n",
+    "a/nsk/cute/helper.py": "H = 1\n",
+    # A pkgutil-style package split over a/ and b/ (its subpackage lives in b/)
+    "a/splitk/__init__.py": "from pkgutil import extend_path\n__path__ = extend_path(__path__, __name__)\n",
+    "a/splitk/one.py": "X = 1\n",
+    "b/splitk/__init__.py": "from pkgutil import extend_path\n__path__ = extend_path(__path__, __name__)\n",
+    "b/splitk/two.py": "def launch(x, out):\n    return 2\n",
+    # PEP 420 portions in a/ and b/
+    "a/nsp/x.py": "X = 1\n",
+    "b/nsp/sub/y.py": "def launch(x, out):\n    return 3\n",
+}
+
+ENTRIES = {"nsk.cute.fwd": "nsk/cute/fwd.py", "splitk.two": "splitk/two.py", "nsp.sub.y": "nsp/sub/y.py"}
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    for rel, text in FILES.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    return tmp_path
+
+
+def _real_file(root: Path, module: str) -> str:
+    code = "import importlib, sys; print(importlib.import_module(sys.argv[1]).__file__)"
+    env = {"PYTHONPATH": f"{root / 'a'}:{root / 'b'}", "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, "-c", code, module], capture_output=True, text=True, env=env,
+                       cwd=root, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+@pytest.mark.parametrize("module", sorted(ENTRIES))
+def test_modules_are_found_where_import_finds_them(tree: Path, module: str) -> None:
+    found = modfind.find_module(module, [str(tree / "a"), str(tree / "b")])
+    assert found.origin is not None
+    assert Path(found.origin).resolve() == Path(_real_file(tree, module)).resolve()
+    import builtins
+
+    assert not any(m.startswith(("nsk", "splitk", "nsp")) for m in sys.modules)
+    assert not hasattr(builtins, "CUTECC_TEST_PACKAGE_RAN")  # nothing of theirs ran here
+
+
+@pytest.mark.parametrize("module", sorted(ENTRIES))
+def test_namespace_and_split_packages_plan_and_key_their_source(tree: Path, module: str) -> None:
+    manifest = tree / "kernels.toml"
+    manifest.write_text(MANIFEST.format(entry=f"{module}:launch"))
+    [p] = plan(load_manifest(manifest))
+    assert any(s.endswith(ENTRIES[module].split("/", 1)[1]) for s in p.sources), p.sources
+    src = tree / ("a" if module == "nsk.cute.fwd" else "b") / ENTRIES[module]
+    src.write_text(src.read_text() + "# edited\n")
+    [q] = plan(load_manifest(manifest))
+    assert q.key != p.key  # the found module's source is in the key
+
+
+def test_a_missing_module_is_still_a_manifest_error(tree: Path) -> None:
+    from cutecc.errors import CuteccError
+
+    manifest = tree / "kernels.toml"
+    manifest.write_text(MANIFEST.format(entry="nsk.cute.nothere:launch"))
+    with pytest.raises(CuteccError, match='cannot find module "nsk.cute.nothere"'):
+        plan(load_manifest(manifest))
+
+
+# A package whose __init__ appends another distribution's directory to its
+# own __path__ at import time (the DSL's `cutlass` adds nvidia-cutlass-operators' `cutlass/`
+# this way: importlib.metadata finds the distribution, `locate_file` gives the directory).
+EXTENDING_INIT = """\
+import importlib.metadata as _md
+from pathlib import Path
+
+try:
+    _dist = _md.distribution("fake-hostpkg-ext")
+except _md.PackageNotFoundError:
+    _dist = None
+if _dist is not None:
+    _portion = str(_dist.locate_file("hostpkg"))
+    if Path(_portion).is_dir() and _portion not in __path__:
+        __path__.append(_portion)
+"""
+
+EXTENDED = {
+    "base/hostpkg/__init__.py": EXTENDING_INIT,
+    "base/hostpkg/own.py": "X = 1\n",
+    "ext/fake_hostpkg_ext-1.0.dist-info/METADATA":
+        "Metadata-Version: 2.1\nName: fake-hostpkg-ext\nVersion: 1.0\n",
+    "ext/fake_hostpkg_ext-1.0.dist-info/top_level.txt": "hostpkg\n",
+    "ext/fake_hostpkg_ext-1.0.dist-info/RECORD": "",
+    "ext/hostpkg/ext/__init__.py": "",
+    "ext/hostpkg/ext/ops.py": "from . import helper\n\n\ndef launch(x, out):\n    return helper.H\n",
+    "ext/hostpkg/ext/helper.py": "H = 1\n",
+}
+
+
+@pytest.fixture
+def extended(tmp_path: Path) -> Path:
+    for rel, text in EXTENDED.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    return tmp_path
+
+
+def test_a_module_a_package_adds_to_its_own_path_at_import_is_found_and_keyed(extended: Path) -> None:
+    manifest = extended / "kernels.toml"
+    manifest.write_text(MANIFEST.replace('["a", "b"]', '["base", "ext"]')
+                        .format(entry="hostpkg.ext.ops:launch"))
+    [p] = plan(load_manifest(manifest))
+    assert {"hostpkg/__init__.py", "hostpkg/ext/ops.py", "hostpkg/ext/helper.py"} <= set(p.sources), p.sources
+    helper = extended / "ext/hostpkg/ext/helper.py"
+    helper.write_text("H = 2\n")
+    [q] = plan(load_manifest(manifest))
+    assert q.key != p.key  # the extension's source is in the key
+    import builtins
+
+    assert "hostpkg" not in sys.modules and not hasattr(builtins, "CUTECC_TEST_PACKAGE_RAN")
+
+
+def test_a_module_not_found_says_which_parent_path_was_searched(extended: Path) -> None:
+    from cutecc.errors import CuteccError
+
+    manifest = extended / "kernels.toml"
+    manifest.write_text(MANIFEST.replace('["a", "b"]', '["base", "ext"]')
+                        .format(entry="hostpkg.ext.nothere:launch"))
+    with pytest.raises(CuteccError) as e:
+        plan(load_manifest(manifest))
+    text = e.value.render()
+    assert e.value.exit_code == 2 and 'cannot find module "hostpkg.ext.nothere"' in text, text
+    assert "hostpkg.ext.__path__" in text and str(extended / "ext/hostpkg/ext") in text, text
+    # a parent whose import fails: the import error is the reason given
+    (extended / "base/hostpkg/__init__.py").write_text(EXTENDING_INIT + "raise RuntimeError('no GPU here')\n")
+    manifest.write_text(MANIFEST.replace('["a", "b"]', '["base", "ext"]')
+                        .format(entry="hostpkg.ext.ops:launch"))
+    with pytest.raises(CuteccError) as e:
+        plan(load_manifest(manifest))
+    assert "RuntimeError: no GPU here" in e.value.render(), e.value.render()
