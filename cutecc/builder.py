@@ -559,8 +559,7 @@ def _tuning_candidates(manifest: Manifest, hashes: HashCache | None) -> dict[tup
 
     if not any(k.tuning is not None for k in manifest.kernels):
         return {}
-    return {(it["kernel"], it["variant"], it["arch"]): (it["base"], {c["key"]: c["variant"]
-                                                                      for c in it["candidates"]})
+    return {(it.kernel, it.variant, it.arch): (it.base, {c.key: c.variant for c in it.candidates})
             for it in items(manifest, hash_cache=hashes)}
 
 

@@ -19,14 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cutecc.buckets import bucket_text
 from cutecc.errors import CuteccError, WorkError
-from cutecc.lockfile import Tuned, parse_tuning_lines
+from cutecc.lockfile import Tuned
 from cutecc.report import Report
 from cutecc.runtime.tuning import (
+    TuningResult,
     dumps_records,
+    parse_results,
     read_cached,
     sibling_problem,
 )
+from cutecc.tuning.plan import PlanItem
 
 if TYPE_CHECKING:
     from cutecc.store.writer import Store
@@ -37,13 +41,13 @@ MAX_RESULTS_BYTES = 64 << 20
 @dataclass
 class TuneReport(Report):
     mode: str
-    plan: list[dict[str, Any]] = field(default_factory=list)
+    plan: list[PlanItem] = field(default_factory=list)
     built: int = 0
     cached: int = 0
     failed: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)  # candidates that failed to compile
     compile_seconds: float = 0.0
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[TuningResult] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     lock_file: Path | None = None
     lock_changed: bool = False
@@ -61,8 +65,8 @@ class TuneReport(Report):
     def to_json(self) -> dict[str, Any]:
         return {"mode": self.mode, "compile_seconds": round(self.compile_seconds, 3),
                 "built": self.built, "cached": self.cached, "failed": self.failed, "dropped": self.dropped,
-                "candidates": sum(len(i["candidates"]) for i in self.plan),
-                "kernels": _by_kernel(self.plan), "records": self.records, **self.info,
+                "candidates": sum(len(i.candidates) for i in self.plan),
+                "kernels": _by_kernel(self.plan), "records": [r.to_json() for r in self.records], **self.info,
                 "lock_file": str(self.lock_file) if self.lock_file else None,
                 "lock_changed": self.lock_changed,
                 "results_file": str(self.results_file) if self.results_file else None,
@@ -71,19 +75,18 @@ class TuneReport(Report):
     def lines(self, verbose: int = 0) -> list[str]:
         out = []
         for it in self.plan if self.mode in ("dry-run", "compile") else []:
-            nb = len(_edges(it))
-            out.append(f"{it['kernel']}[{it['variant']}]@{it['arch']}: {len(it['candidates'])} candidates "
-                       f"x {nb} buckets")
+            out.append(f"{it.label}: {len(it.candidates)} candidates x {len(it.points())} buckets")
             if verbose > 0:
-                out += [f"  {c['variant']} {c['key'][:12]}{' (default)' if c['default'] else ''}"
-                        for c in it["candidates"]]
+                out += [f"  {c.variant} {c.key[:12]}{' (default)' if c.default else ''}"
+                        for c in it.candidates]
         for r in self.records:
-            gain = r["default_us"] / r["winner_us"] if r["winner_us"] else 0.0
-            out.append(f"{r['kernel']}[{r['variant']}] {r['bucket']}: default {r['default_us']:.2f} us, "
-                       f"winner {r['winner_variant']} {r['winner_us']:.2f} us ({gain:.2f}x)"
-                       + (f", dropped {len(r['dropped'])}" if r["dropped"] else ""))
+            t = r.line
+            gain = r.default_us / r.winner_us if r.winner_us else 0.0
+            out.append(f"{t.kernel}[{t.variant}] {t.bucket}: default {r.default_us:.2f} us, "
+                       f"winner {t.winner_variant} {r.winner_us:.2f} us ({gain:.2f}x)"
+                       + (f", dropped {len(r.dropped)}" if r.dropped else ""))
         if self.mode in ("dry-run", "compile", "all"):
-            n = sum(len(i["candidates"]) for i in self.plan)
+            n = sum(len(i.candidates) for i in self.plan)
             out.append(f"{len(self.plan)} tuned variant(s), {n} candidates"
                        + (f": {self.built} built, {self.cached} cached in {self.compile_seconds:.2f}s"
                           if self.mode != "dry-run" else "")
@@ -97,18 +100,12 @@ class TuneReport(Report):
         return out
 
 
-def _edges(item: dict[str, Any]) -> list[tuple[int, ...]]:
-    import itertools
-
-    return list(itertools.product(*(b["edges"] for b in item["buckets"])))
-
-
-def _by_kernel(plan: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def _by_kernel(plan: list[PlanItem]) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for it in plan:
-        out.setdefault(it["kernel"], []).extend(
-            {"variant": c["variant"], "base": it["variant"], "arch": it["arch"], "key": c["key"],
-             "default": c["default"]} for c in it["candidates"])
+        out.setdefault(it.kernel, []).extend(
+            {"variant": c.variant, "base": it.variant, "arch": it.arch, "key": c.key,
+             "default": c.default} for c in it.candidates)
     return out
 
 
@@ -148,7 +145,7 @@ def tune(manifest_path: str | Path, *, kernels: tuple[str, ...] = (), buckets: t
     digest = tplan.manifest_digest(manifest_path)
     if mode in ("measure", "check"):
         report.plan = [it for it in tplan.read_plan(store.root, digest, str(manifest_path))
-                       if (not kernels or it["kernel"] in kernels) and (not archs or it["arch"] in archs)]
+                       if (not kernels or it.kernel in kernels) and (not archs or it.arch in archs)]
     elif mode == "dry-run":
         from cutecc.manifest import load_manifest
 
@@ -161,8 +158,7 @@ def tune(manifest_path: str | Path, *, kernels: tuple[str, ...] = (), buckets: t
     if mode in ("measure", "all", "check"):
         from cutecc.tuning.measure import measure as run
 
-        known = {",".join(f"{b['extent']}={v}" for b, v in zip(it["buckets"], e))
-                 for it in report.plan for e in _edges(it)}
+        known = {bucket_text(p) for it in report.plan for p in it.points()}
         for b in buckets:
             if b not in known:
                 raise CuteccError(f"no bucket {b!r} in the tuning spaces (buckets: "
@@ -177,7 +173,8 @@ def tune(manifest_path: str | Path, *, kernels: tuple[str, ...] = (), buckets: t
             report.results_file = Path(results)
             atomic_write(report.results_file, json.dumps(
                 {"format": 1, "device": report.info.get("device"), "driver": report.info.get("driver"),
-                 "bench_seconds": report.info.get("bench_seconds"), "records": report.records},
+                 "bench_seconds": report.info.get("bench_seconds"),
+                 "records": [r.to_json() for r in report.records]},
                 indent=1, sort_keys=True).encode())
         if mode == "check":
             report.drift = _drift(store.root, report.records, threshold)
@@ -213,30 +210,35 @@ def _compile(report: TuneReport, manifest_path: Path, store: Store, archs: tuple
     report.built = sum(o.status == "built" for o in done.outcomes)
     report.cached = sum(o.status == "cached" for o in done.outcomes)
     errors = {o.planned.key: o.error or "?" for o in done.outcomes if o.status == "failed"}
-    report.failed, report.dropped = _drop_failed(report.plan, errors)
+    report.plan, report.failed, report.dropped = _drop_failed(report.plan, errors)
 
 
-def _drop_failed(plan: list[dict[str, Any]], errors: dict[str, str]) -> tuple[list[str], list[str]]:
+def _drop_failed(plan: list[PlanItem], errors: dict[str, str]
+                 ) -> tuple[list[PlanItem], list[str], list[str]]:
     """Take candidates that failed to compile out of the plan (each item keeps them under
     `dropped`, so measured records name them too): a space may hold configurations the
     kernel's own code refuses. A default that failed is a failure: its variant has nothing
-    to measure against. Returns (failures, dropped)."""
+    to measure against. Returns (the plan, failures, dropped)."""
+    import dataclasses
+
+    kept: list[PlanItem] = []
     failed, dropped = [], []
     for it in plan:
-        if it["base"] in errors:
-            failed.append(f"{it['kernel']}[{it['variant']}]@{it['arch']}: the default configuration failed "
-                          f"to compile: {errors[it['base']]}")
+        if it.base in errors:
+            failed.append(f"{it.label}: the default configuration failed to compile: {errors[it.base]}")
+            kept.append(it)
             continue
-        gone = {c["variant"]: f"failed to compile: {errors[c['key']]}"[:1000]
-                for c in it["candidates"] if c["key"] in errors}
+        gone = {c.variant: f"failed to compile: {errors[c.key]}"[:1000]
+                for c in it.candidates if c.key in errors}
         if gone:
-            it["candidates"] = [c for c in it["candidates"] if c["key"] not in errors]
-            it["dropped"] = dict(sorted(gone.items()))
-            dropped += [f"{it['kernel']}[{v}]@{it['arch']}: {why}" for v, why in sorted(gone.items())]
-    return failed, dropped
+            it = dataclasses.replace(it, candidates=tuple(c for c in it.candidates if c.key not in errors),
+                                     dropped=dict(sorted(gone.items())))
+            dropped += [f"{it.kernel}[{v}]@{it.arch}: {why}" for v, why in sorted(gone.items())]
+        kept.append(it)
+    return kept, failed, dropped
 
 
-def read_results(path: str | Path) -> list[dict[str, Any]]:
+def read_results(path: str | Path) -> list[TuningResult]:
     """A results file's records, every line checked (it may come from another host)."""
     from cutecc.entry import parse_json
 
@@ -250,11 +252,10 @@ def read_results(path: str | Path) -> list[dict[str, Any]]:
         raise CuteccError(f"not a results file: {e}", where=str(path)) from None
     if not isinstance(doc, dict) or doc.get("format") != 1 or not isinstance(doc.get("records"), list):
         raise CuteccError("not a `cutecc tune` results file of format 1", where=str(path))
-    parse_tuning_lines(doc["records"], str(path), "records")
-    return doc["records"]
+    return list(parse_results(doc["records"], str(path), "records"))
 
 
-def _record(report: TuneReport, plan_items: list[dict[str, Any]], root: Path, lock_path: Path,
+def _record(report: TuneReport, plan_items: list[PlanItem], root: Path, lock_path: Path,
             lock: bool, sign_key: str | Path | None = None) -> None:
     """Merge records into the cache (full records) and the lock (winner lines). A winner is
     recorded only if it is a candidate the plan (the manifest's, as it is now) has for that
@@ -263,13 +264,13 @@ def _record(report: TuneReport, plan_items: list[dict[str, Any]], root: Path, lo
     from cutecc.store.writer import Store
 
     store = Store(root)
-    plan = {(it["kernel"], it["variant"], it["arch"]): it for it in plan_items}
-    lines = []
-    for i, r in enumerate(report.records):
-        t = Tuned.from_json(r, "results", f"records[{i}]")
+    plan = {(it.kernel, it.variant, it.arch): it for it in plan_items}
+    lines: list[Tuned] = []
+    for r in report.records:
+        t = r.line
         it = plan.get((t.kernel, t.variant, t.arch))
-        cands = {c["key"]: c["variant"] for c in it["candidates"]} if it else {}
-        if it is None or it["base"] != t.base or cands.get(t.winner) != t.winner_variant:
+        cands = {c.key: c.variant for c in it.candidates} if it else {}
+        if it is None or it.base != t.base or cands.get(t.winner) != t.winner_variant:
             raise WorkError(f"{t.kernel}[{t.variant}]@{t.arch} {t.bucket}: the winner {t.winner[:12]} is "
                             "not a candidate of the manifest as it is now (stale results?)",
                             where=str(lock_path))
@@ -281,13 +282,13 @@ def _record(report: TuneReport, plan_items: list[dict[str, Any]], root: Path, lo
             raise WorkError(f"{t.kernel}[{t.winner_variant}] {t.winner[:12]}: {why}; run "
                             "`cutecc tune --compile-only`", where=str(root))
         lines.append(t)
-    by_base: dict[str, list[dict[str, Any]]] = {}
+    by_base: dict[str, list[TuningResult]] = {}
     for r in report.records:
-        by_base.setdefault(r["base"], []).append(r)
-    for base, recs in by_base.items():
-        new = {(r["device"], r["bucket"]): r for r in read_cached(root, base)}
-        new.update({(r["device"], r["bucket"]): r for r in recs})
-        store.write_tuning_results(base, dumps_records([new[k] for k in sorted(new)]))
+        by_base.setdefault(r.base, []).append(r)
+    for key, recs in by_base.items():
+        new = {r.slot: r for r in read_cached(root, key)}
+        new.update({r.slot: r for r in recs})
+        store.write_tuning_results(key, dumps_records([new[k] for k in sorted(new)]))
     if lock:
         old = read_lock(lock_path)
         keep = {t.order: t for t in old.tuning}
@@ -303,37 +304,40 @@ def _record(report: TuneReport, plan_items: list[dict[str, Any]], root: Path, lo
             from cutecc import signing
 
             try:
-                key = signing.read_private_key(sign_key)
+                private = signing.read_private_key(sign_key)
             except OSError as e:
                 raise CuteccError(f"cannot read the signing key: {e.strerror}", where=str(sign_key)) from None
-            signing.sign_file(lock_path, key, "lock")
+            signing.sign_file(lock_path, private, "lock")
 
 
-def _drift(root: Path, records: list[dict[str, Any]], threshold: float) -> list[str]:
+def _drift(root: Path, records: list[TuningResult], threshold: float) -> list[str]:
     """Recorded winners whose time moved by more than `threshold`, or that another candidate
     now beats by more than the measured noise."""
     out = []
     for r in records:
-        cached = {(c["device"], c["bucket"]): c for c in read_cached(root, r["base"])}
-        old = cached.get((r["device"], r["bucket"]))
+        t = r.line
+        what = f"{t.kernel}[{t.variant}] {t.bucket}"
+        old = {c.slot: c for c in read_cached(root, r.base)}.get(r.slot)
         if old is None:
-            out.append(f"{r['kernel']}[{r['variant']}] {r['bucket']} on {r['device']}: never recorded")
+            out.append(f"{what} on {t.device}: never recorded")
             continue
-        was, now = old["winner_variant"], r["times_us"].get(old["winner_variant"])
+        was = old.line.winner_variant
+        now = r.times_us.get(was)
         if now is None:
-            out.append(f"{r['kernel']}[{r['variant']}] {r['bucket']}: the winner {was} was dropped: "
-                       f"{r['dropped'].get(was, '?')}")
+            out.append(f"{what}: the winner {was} was dropped: {r.dropped.get(was, '?')}")
             continue
-        then = old["times_us"][was][1]
-        clocks = (old.get("clock", "host"), r.get("clock", "host"))
-        if clocks[0] != clocks[1]:  # a host-clock time holds dispatch a device-clock one lacks
-            out.append(f"{r['kernel']}[{r['variant']}] {r['bucket']}: recorded on the {clocks[0]} clock, "
-                       f"measured now on the {clocks[1]} clock: times not compared; record again "
+        if was not in old.times_us:  # a record that lacks its own winner's times: nothing to compare
+            out.append(f"{what}: the recorded times hold none for its winner {was}; record again "
                        "(`cutecc tune --measure`)")
+            continue
+        then = old.times_us[was][1]
+        if old.clock != r.clock:  # a host-clock time holds dispatch a device-clock one lacks
+            out.append(f"{what}: recorded on the {old.clock} clock, measured now on the {r.clock} clock: "
+                       "times not compared; record again (`cutecc tune --measure`)")
         elif abs(now[1] / then - 1) > threshold:
-            out.append(f"{r['kernel']}[{r['variant']}] {r['bucket']}: {was} took {then:.2f} us, now "
+            out.append(f"{what}: {was} took {then:.2f} us, now "
                        f"{now[1]:.2f} us ({now[1] / then - 1:+.1%}, threshold {threshold:.0%})")
-        if r["winner_variant"] != was:
-            out.append(f"{r['kernel']}[{r['variant']}] {r['bucket']}: {r['winner_variant']} now beats "
-                       f"{was} beyond the noise ({r['winner_us']:.2f} vs {now[1]:.2f} us)")
+        if t.winner_variant != was:
+            out.append(f"{what}: {t.winner_variant} now beats "
+                       f"{was} beyond the noise ({r.winner_us:.2f} vs {now[1]:.2f} us)")
     return out

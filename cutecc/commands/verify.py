@@ -49,12 +49,12 @@ from cutecc.entry import (
     runtime_record,
 )
 from cutecc.errors import CuteccError, WorkError
-from cutecc.lockfile import parse_tuning_lines
 from cutecc.locks import Busy
 from cutecc.report import Report
 from cutecc.runtime.tuning import (
     MAX_RECORD_BYTES,
     TUNING_FORMAT,
+    parse_results,
     sibling_problem,
 )
 from cutecc.store import layout
@@ -301,7 +301,7 @@ def _check_tuning(store: Store, report: VerifyReport, kernels: dict[str, dict[st
             doc = parse_json(data, MAX_RECORD_BYTES, 6)
             if not isinstance(doc, dict) or doc.get("format") != TUNING_FORMAT:
                 raise ValueError(f"not a tuning record of format {TUNING_FORMAT}")
-            lines = parse_tuning_lines(doc.get("records"), str(f), "records")
+            lines = [r.line for r in parse_results(doc.get("records"), str(f), "records")]
         except trust.Untrusted as e:
             report.problems.append(Problem("bad-tuning", str(f), e.why, base))
             continue

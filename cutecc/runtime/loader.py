@@ -408,7 +408,7 @@ def _tuning(name: str, fn: KernelBase, store: StoreView, locked: Any, target: st
                 fn.unusable += (f"tuning records of {key[:12]}: {e.message}; the default "
                                 "configuration serves every bucket",)
                 continue
-            lines += [Tuned.from_json(r, str(store.root), "tuning") for r in records]
+            lines += [r.line for r in records]
     if not lines:
         return None
 

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,12 +59,113 @@ def _kw(d: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in sorted(d.items()))[:200] or "none"
 
 
+# A cache record's (and a results file's) measurements besides its tuning line, in the
+# order `cutecc.tuning.measure` writes them; a record may lack any (only the line is
+# required: what serves a call), and keeps exactly those it had.
+MEASURED = ("k", "driver", "clock", "clock_note", "timing_notes", "toolchain", "times_us", "default_us",
+            "winner_us", "dropped")
+MAX_NOTES = 10
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _text(v: Any) -> bool:  # bounded by the file's bound
+    return isinstance(v, str)
+
+
+# What each measured field must hold (a description for the error, a check).
+_MEASURED_CHECKS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "k": ("a count of calls", lambda v: type(v) is int and v >= 0),
+    "driver": ("a string or null", lambda v: v is None or _text(v)),
+    "clock": ("a string", _text),
+    "clock_note": ("a string", _text),
+    "timing_notes": (f"a list of at most {MAX_NOTES} strings",
+                     lambda v: isinstance(v, list) and len(v) <= MAX_NOTES and all(map(_text, v))),
+    "toolchain": ("a string", _text),
+    "times_us": ("a table of variant -> [q1, median, q3] (finite numbers)",
+                 lambda v: isinstance(v, dict) and all(
+                     isinstance(t, list) and len(t) == 3 and all(map(_finite, t)) for t in v.values())),
+    "default_us": ("a finite number", _finite),
+    "winner_us": ("a finite number", _finite),
+    "dropped": ("a table of variant -> reason",
+                lambda v: isinstance(v, dict) and all(map(_text, v.values()))),
+}
+
+
+@dataclass(frozen=True)
+class TuningResult:
+    """One measured winner, as a cache record (`tuning/results/<default key>.json`,
+    TUNING_FORMAT) or a `cutecc tune` results file holds it: the tuning line (what serves
+    the bucket) and what was measured: K calls per sample, the driver, the clock timed on
+    and its notes, the DSL version, each candidate's quartiles in microseconds by variant,
+    the default's and the winner's medians, and the candidates dropped and why. `present`
+    names the measured fields the record had (a record may lack some; its JSON keeps
+    exactly those)."""
+
+    line: Tuned
+    k: int | None = None
+    driver: str | None = None
+    clock: str = "host"
+    clock_note: str | None = None
+    timing_notes: tuple[str, ...] = ()
+    toolchain: str | None = None
+    times_us: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)
+    default_us: float = 0.0
+    winner_us: float = 0.0
+    dropped: Mapping[str, str] = field(default_factory=dict)
+    present: frozenset[str] = field(default=frozenset(MEASURED), compare=False, repr=False)
+
+    @property
+    def base(self) -> str:
+        return self.line.base
+
+    @property
+    def slot(self) -> tuple[str, str]:
+        """(device, bucket): what one default's record holds once."""
+        return self.line.device, self.line.bucket
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as written: its line's fields, then the measured fields it has."""
+        values = {"k": self.k, "driver": self.driver, "clock": self.clock, "clock_note": self.clock_note,
+                  "timing_notes": list(self.timing_notes), "toolchain": self.toolchain,
+                  "times_us": {v: list(t) for v, t in self.times_us.items()},
+                  "default_us": self.default_us, "winner_us": self.winner_us,
+                  "dropped": dict(self.dropped)}
+        return {**self.line.to_json(), **{n: values[n] for n in MEASURED if n in self.present}}
+
+    @classmethod
+    def parse(cls, doc: Any, where: str, key_path: str) -> TuningResult:
+        """A record read from disk: its line checked as a lock's is (`Tuned.from_json`),
+        each measured field it has checked and bounded; an error names `where` and the
+        field's key path. Fields neither kind knows are not kept."""
+        line = Tuned.from_json(doc, where, key_path)
+        have = frozenset(n for n in MEASURED if n in doc)
+        for name in sorted(have, key=MEASURED.index):
+            what, ok = _MEASURED_CHECKS[name]
+            if not ok(doc[name]):
+                raise CuteccError(f"must be {what}", where=where, key_path=f"{key_path}.{name}")
+        get = doc.get
+        return cls(line, get("k"), get("driver"), get("clock", "host"), get("clock_note"),
+                   tuple(get("timing_notes", ())), get("toolchain"),
+                   {v: (t[0], t[1], t[2]) for v, t in get("times_us", {}).items()},
+                   get("default_us", 0.0), get("winner_us", 0.0), dict(get("dropped", {})), have)
+
+
+def parse_results(items: Any, where: str, key_path: str) -> tuple[TuningResult, ...]:
+    """A list of records, in their order; one per (kernel, variant, arch, device, bucket)
+    (`parse_tuning_lines` checks that and the bound on their number)."""
+    parse_tuning_lines(items, where, key_path)
+    return tuple(TuningResult.parse(d, where, f"{key_path}[{i}]") for i, d in enumerate(items))
+
+
 def results_path(root: Path, base: str) -> Path:
     """The cache's record of the tuning results for one default entry."""
     return Layout(root).tuning_result(base)
 
 
-def read_cached(root: Path, base: str) -> list[dict[str, Any]]:
+def read_cached(root: Path, base: str) -> list[TuningResult]:
     """The cache's full records (lines plus times) for `base`; [] when none or unreadable
     (a damaged record loses the tuning, never the kernel). A record picks which build
     serves a call, so it is read as the cache's metadata is: through directories that only
@@ -79,8 +182,7 @@ def read_cached(root: Path, base: str) -> list[dict[str, Any]]:
         records = doc.get("records")
         if not isinstance(records, list):
             return []
-        parse_tuning_lines(records, str(path), "records")
-        return [r for r in records if r.get("base") == base]
+        return [r for r in parse_results(records, str(path), "records") if r.base == base]
     except trust.Untrusted:
         raise
     except (OSError, ValueError, CuteccError):
@@ -107,8 +209,8 @@ def winners_in(root: Path) -> dict[str, list[str]]:
         except trust.Untrusted:  # not believed, so not shown (load names it as unusable)
             continue
         for r in records:
-            out.setdefault(r["winner"], []).append(
-                f"{r['variant']} {r['bucket']} on {r['device']}")
+            t = r.line
+            out.setdefault(t.winner, []).append(f"{t.variant} {t.bucket} on {t.device}")
     return out
 
 
@@ -194,7 +296,7 @@ class TuningTable:
         _log.warning("cutecc: %s", text)
 
 
-def dumps_records(records: list[dict[str, Any]]) -> bytes:
+def dumps_records(records: Iterable[TuningResult]) -> bytes:
     """A cache record file: deterministic, one record per line."""
-    body = ",\n  ".join(json.dumps(r, sort_keys=True) for r in records)
+    body = ",\n  ".join(json.dumps(r.to_json(), sort_keys=True) for r in records)
     return f'{{\n "format": {TUNING_FORMAT},\n "records": [\n  {body}\n ]\n}}\n'.encode()

@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -80,7 +80,7 @@ def _inputs(build: Build, extents: dict[str, int], ranges: dict[str, list[float]
             info = np.iinfo(dt)
             a = rng.integers(max(info.min, -100) if lo is None else int(lo),
                              min(info.max, 100) if hi is None else int(hi), shape).astype(dt)
-        elif lo is not None:
+        elif lo is not None and hi is not None:  # a range gives both ends
             a = rng.uniform(lo, hi, shape).astype(np.float32)
         else:
             a = rng.standard_normal(shape, dtype=np.float32)
@@ -278,7 +278,7 @@ def _device_times(calls: dict[str, Any], xs: list[Any], alive: list[str], rng: n
     return k, samples, notes[:10]
 
 
-def _host_times(fns: dict[str, Callable[..., Any]], xs: list[Any], alive: list[str], base: str,
+def _host_times(fns: Mapping[str, Callable[..., Any]], xs: list[Any], alive: list[str], base: str,
                 results: list[tuple[tuple[int, ...], str]], rng: np.random.Generator, warmup: int,
                 repeats: int) -> tuple[int, dict[str, list[float]]]:
     """(K, samples in seconds per candidate) on the host clock: 2K minus K calls in a loop."""

@@ -19,7 +19,9 @@ from typing import Any
 from cutecc.buckets import bucket_text
 from cutecc.errors import CuteccError, WorkError
 from cutecc.lockfile import Pin, Tuned
+from cutecc.runtime.tuning import MEASURED, TuningResult
 from cutecc.store.writer import Store
+from cutecc.tuning.plan import PlanItem
 
 MAX_RESTARTS = 32
 # Seconds a measuring child may go without a word (an event line): past it, a kernel hung.
@@ -95,21 +97,21 @@ def _run_child(cmd: list[str], job: dict[str, Any], env: dict[str, str], idle: f
     return events, code, tail
 
 
-def measure(root: Path, items: list[dict[str, Any]], *, buckets: tuple[str, ...] = (),
+def measure(root: Path, items: list[PlanItem], *, buckets: tuple[str, ...] = (),
             repeats: int = 30, warmup: int = 3, seed: int = 0, child: str = "cutecc.tuning.bench"
-            ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+            ) -> tuple[list[TuningResult], dict[str, Any]]:
     """Time every candidate of `items` per bucket; returns (records, info). A record is a
     `Tuned` line plus what was measured (median, quartiles per candidate, dropped ones).
     `child` is the measuring module run per item (`python -m CHILD`)."""
     store = Store(root)
-    records: list[dict[str, Any]] = []
+    records: list[TuningResult] = []
     info: dict[str, Any] = {"device": None, "driver": None, "bench_seconds": 0.0, "failed": []}
     t0 = time.perf_counter()
     # One GPU: a kernel call outside shard_map is refused when several are visible.
     env = {**os.environ, "CUTECC_SYNC_CHECK": "0",
            "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]}
     for item in items:
-        points = _points(item)  # each in the extents' order, as bucket_text names it
+        points = item.points()  # each in the extents' order, as bucket_text names it
         if buckets:
             points = [p for p in points if bucket_text(p) in buckets]
         excluded: dict[str, str] = {}
@@ -118,9 +120,9 @@ def measure(root: Path, items: list[dict[str, Any]], *, buckets: tuple[str, ...]
         for _ in range(MAX_RESTARTS):
             done = results.keys() | skipped.keys()
             todo = [p for p in points if bucket_text(p) not in done]
-            if not todo or item["base"] in excluded:
+            if not todo or item.base in excluded:
                 break
-            job = {"cache": str(root), "item": item, "buckets": todo, "exclude": sorted(excluded),
+            job = {"cache": str(root), "item": item.to_json(), "buckets": todo, "exclude": sorted(excluded),
                    "repeats": repeats, "warmup": warmup, "seed": seed}
             events, code, stderr = _run_child([sys.executable, "-m", child], job, env, CHILD_IDLE_TIMEOUT)
             last = None  # the candidate running when the child stopped
@@ -146,13 +148,11 @@ def measure(root: Path, items: list[dict[str, Any]], *, buckets: tuple[str, ...]
                 skipped[timing] = f"exit {code} while timing: {stderr.strip()[-300:]}"
             elif code != 3:  # 3: a `fault` event named the candidate (excluded above)
                 raise CuteccError(f"the measuring process failed (exit {code}): "
-                                  f"{stderr.strip()[-800:]}", where=f"kernel {item['kernel']}", exit_code=1)
+                                  f"{stderr.strip()[-800:]}", where=f"kernel {item.kernel}", exit_code=1)
         for text, why in sorted(skipped.items()):
-            info["failed"].append(f"{item['kernel']}[{item['variant']}]@{item['arch']} {text}: not "
-                                  f"measured ({why})")
-        if item["base"] in excluded:
-            info["failed"].append(f"{item['kernel']}[{item['variant']}]@{item['arch']}: the default "
-                                  f"configuration {excluded[item['base']]}")
+            info["failed"].append(f"{item.label} {text}: not measured ({why})")
+        if item.base in excluded:
+            info["failed"].append(f"{item.label}: the default configuration {excluded[item.base]}")
             continue
         for text, ev in sorted(results.items()):
             records.append(_record(store, item, text, ev, excluded, info))
@@ -160,19 +160,12 @@ def measure(root: Path, items: list[dict[str, Any]], *, buckets: tuple[str, ...]
     return records, info
 
 
-def _points(item: dict[str, Any]) -> list[dict[str, int]]:
-    import itertools
-
-    names = [b["extent"] for b in item["buckets"]]
-    return [dict(zip(names, c)) for c in itertools.product(*(b["edges"] for b in item["buckets"]))]
-
-
-def _record(store: Store, item: dict[str, Any], bucket: str, ev: dict[str, Any], excluded: dict[str, str],
-            info: dict[str, Any]) -> dict[str, Any]:
-    variant = {c["key"]: c["variant"] for c in item["candidates"]}
+def _record(store: Store, item: PlanItem, bucket: str, ev: dict[str, Any], excluded: dict[str, str],
+            info: dict[str, Any]) -> TuningResult:
+    variant = {c.key: c.variant for c in item.candidates}
     times = {k: v for k, v in ev["times"].items()}
     best = min(times, key=lambda k: times[k][1])
-    base = item["base"]
+    base = item.base
     # The default stays the winner unless the best beats it by more than their spread: a
     # winner within noise would flip between runs and churn the lock.
     noise = max((times[best][2] - times[best][0]) / 2, (times[base][2] - times[base][0]) / 2)
@@ -182,18 +175,19 @@ def _record(store: Store, item: dict[str, Any], bucket: str, ev: dict[str, Any],
     pin = Pin.of(meta)
     if pin is None:  # just built or found healthy by the child: not expected
         raise WorkError(f"the winner {winner[:12]} records no library, symbol or runtime library",
-                        where=f"kernel {item['kernel']}")
+                        where=f"kernel {item.kernel}")
     tc = meta.get("toolchain") or {}
-    line = Tuned(item["kernel"], item["variant"], item["arch"], str(info["device"]), item["rule"], bucket,
+    line = Tuned(item.kernel, item.variant, item.arch, str(info["device"]), item.rule, bucket,
                  base, winner, variant[winner], pin)
     dropped = {variant[k]: why for k, why in {**excluded, **ev["dropped"]}.items() if k in variant}
-    dropped.update(item.get("dropped") or {})  # failed to compile: not in the plan's candidates
-    return {**line.to_json(), "k": ev["k"], "driver": info["driver"], "clock": ev.get("clock", "host"),
-            **({"clock_note": ev["clock_note"]} if ev.get("clock_note") else {}),
-            # Samples lost on the device clock and chains joined after host stalls, and why.
-            **({"timing_notes": [str(n)[:300] for n in ev["notes"][:10]]}
-               if isinstance(ev.get("notes"), list) and ev["notes"] else {}),
-            "toolchain": f"nvidia-cutlass-dsl {tc.get('nvidia-cutlass-dsl', '?')}",
-            "times_us": {variant[k]: [round(x, 3) for x in v] for k, v in sorted(times.items())},
-            "default_us": round(times[base][1], 3), "winner_us": round(times[winner][1], 3),
-            "dropped": dict(sorted(dropped.items()))}
+    dropped.update(item.dropped or {})  # failed to compile: not in the plan's candidates
+    note = ev.get("clock_note")
+    # Samples lost on the device clock and chains joined after host stalls, and why.
+    notes = ev["notes"] if isinstance(ev.get("notes"), list) else []
+    absent = {n for n, has in (("clock_note", note), ("timing_notes", notes)) if not has}
+    return TuningResult(
+        line, ev["k"], info["driver"], ev.get("clock", "host"), note or None,
+        tuple(str(n)[:300] for n in notes[:10]), f"nvidia-cutlass-dsl {tc.get('nvidia-cutlass-dsl', '?')}",
+        {variant[k]: (round(v[0], 3), round(v[1], 3), round(v[2], 3)) for k, v in sorted(times.items())},
+        round(times[base][1], 3), round(times[winner][1], 3), dict(sorted(dropped.items())),
+        frozenset(MEASURED) - absent)

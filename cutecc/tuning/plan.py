@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +35,9 @@ def with_candidates(manifest: Manifest) -> Manifest:
 
 
 def items(manifest: Manifest, archs: tuple[str, ...] = (), kernels: tuple[str, ...] = (), *,
-          hash_cache: Any = None) -> list[dict[str, Any]]:
+          hash_cache: Any = None) -> list[PlanItem]:
     """One plan item per tuned (kernel, variant, arch): its default key, its candidates'
-    keys and the space's benchmark settings (JSON, as the plan file stores it)."""
+    keys and the space's benchmark settings."""
     names = tuned(manifest, kernels)
     sub = Manifest(manifest.path, manifest.python_path,
                    tuple(k for k in manifest.kernels if k.name in names), manifest.env)
@@ -59,12 +61,12 @@ def tuned(manifest: Manifest, kernels: tuple[str, ...] = ()) -> tuple[str, ...]:
 
 
 def items_of(manifest: Manifest, names: tuple[str, ...], planned: Sequence[Planned],
-             archs: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+             archs: tuple[str, ...] = ()) -> list[PlanItem]:
     """The plan items of the tuned kernels `names`, from a plan of (at least) their
     candidates (`plan(with_candidates(...), archs)`): a build that plans them once reads
     both its jobs and the tuning plan from it."""
     by: dict[tuple[str, str, str], Planned] = {(p.kernel.name, p.variant.id, p.arch): p for p in planned}
-    out = []
+    out: list[PlanItem] = []
     for k in manifest.kernels:
         if k.name not in names:
             continue
@@ -73,13 +75,14 @@ def items_of(manifest: Manifest, names: tuple[str, ...], planned: Sequence[Plann
         for vid, cands in k.candidates:
             for arch in archs or k.archs:
                 base = by[(k.name, vid, arch)]
-                out.append({
-                    "kernel": k.name, "variant": vid, "arch": arch, "base": base.key,
-                    "candidates": [{"variant": vid, "key": base.key, "default": True}] + [
-                        {"variant": c.id, "key": by[(k.name, c.id, arch)].key, "default": False}
-                        for c in cands],
-                    **{f: spec.to_json()[f] for f in ("rule", "buckets", "sizes", "inputs", "rtol",
-                                                      "atol", "params", "default", "scalars")}})
+                s = spec.to_json()
+                out.append(PlanItem(
+                    k.name, vid, arch, base.key,
+                    (Candidate(vid, base.key, True),) + tuple(
+                        Candidate(c.id, by[(k.name, c.id, arch)].key, False) for c in cands),
+                    s["rule"], tuple(BucketEdges(b["extent"], tuple(b["edges"])) for b in s["buckets"]),
+                    s["sizes"], {n: (r[0], r[1]) for n, r in s["inputs"].items()}, s["rtol"], s["atol"],
+                    s["params"], s["default"], s["scalars"]))
     return out
 
 
@@ -95,14 +98,14 @@ def plan_path(root: Path, digest: str) -> Path:
     return Layout(root).tuning_plan(digest)
 
 
-def write_plan(root: Path, digest: str, plan_items: list[dict[str, Any]]) -> Path:
+def write_plan(root: Path, digest: str, plan_items: Sequence[PlanItem]) -> Path:
     """Store the plan of a manifest (by its bytes' digest) in the cache."""
     from cutecc.store.writer import Store
 
-    return Store(root).write_tuning_plan(digest, plan_items)
+    return Store(root).write_tuning_plan(digest, [it.to_json() for it in plan_items])
 
 
-def read_plan(root: Path, digest: str, where: str) -> list[dict[str, Any]]:
+def read_plan(root: Path, digest: str, where: str) -> list[PlanItem]:
     """The stored plan of a manifest; an error says to compile first when there is none (the
     manifest changed since, or was never compiled for tuning into this cache). Read as the
     cache's metadata is (`cutecc.trust`: no link followed, nothing someone else could have
@@ -126,12 +129,7 @@ def read_plan(root: Path, digest: str, where: str) -> list[dict[str, Any]]:
     if (not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT
             or not isinstance(doc.get("items"), list)):
         raise CuteccError(f"not a tuning plan of format {PLAN_FORMAT}", where=str(path), exit_code=1)
-    for i, it in enumerate(doc["items"]):
-        bad = _bad_item(it)
-        if bad:
-            raise CuteccError(f"malformed plan item: {bad}", where=str(path), key_path=f"items[{i}]",
-                              exit_code=1)
-    return doc["items"]
+    return [PlanItem.parse(it, str(path), f"items[{i}]") for i, it in enumerate(doc["items"])]
 
 
 MAX_CANDIDATES = 100_000
@@ -143,6 +141,93 @@ def _number(v: Any) -> bool:
 
 def _extent(v: Any) -> bool:
     return type(v) is int and 0 < v <= MAX_EXTENT
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration of a plan item: its variant id, its cache key, and whether it is
+    the default configuration (the one every other is measured against)."""
+
+    variant: str
+    key: str
+    default: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"variant": self.variant, "key": self.key, "default": self.default}
+
+
+@dataclass(frozen=True)
+class BucketEdges:
+    """One bucketed extent of a plan item and the edges its buckets are measured at."""
+
+    extent: str
+    edges: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"extent": self.extent, "edges": list(self.edges)}
+
+
+@dataclass(frozen=True)
+class PlanItem:
+    """One tuned (kernel, variant, arch) of a tuning plan: its default's key (`base`), its
+    candidates, and the space's benchmark settings, as the plan file
+    (`tuning/plans/<manifest sha256>.json`, PLAN_FORMAT) and a measuring child's job hold
+    it. `params` and `default` are carried as the manifest gave them (nothing measuring
+    acts on); `dropped` (candidates that failed to compile, variant -> why) is None when
+    none did, and then absent from the JSON."""
+
+    kernel: str
+    variant: str
+    arch: str
+    base: str
+    candidates: tuple[Candidate, ...]
+    rule: str
+    buckets: tuple[BucketEdges, ...]
+    sizes: Mapping[str, int | str]
+    inputs: Mapping[str, tuple[float, float]]
+    rtol: float | None
+    atol: float | None
+    params: Any
+    default: Any
+    scalars: Mapping[str, float | bool]
+    dropped: Mapping[str, str] | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.kernel}[{self.variant}]@{self.arch}"
+
+    def points(self) -> list[dict[str, int]]:
+        """Every bucket to measure, as {extent: edge} in the extents' order (as
+        `cutecc.buckets.bucket_text` names it)."""
+        names = [b.extent for b in self.buckets]
+        return [dict(zip(names, c)) for c in itertools.product(*(b.edges for b in self.buckets))]
+
+    def to_json(self) -> dict[str, Any]:
+        """The item as the plan file holds it (the same keys, values and order as ever)."""
+        out = {"kernel": self.kernel, "variant": self.variant, "arch": self.arch, "base": self.base,
+               "candidates": [c.to_json() for c in self.candidates], "rule": self.rule,
+               "buckets": [b.to_json() for b in self.buckets], "sizes": dict(self.sizes),
+               "inputs": {k: list(v) for k, v in self.inputs.items()}, "rtol": self.rtol,
+               "atol": self.atol, "params": self.params, "default": self.default,
+               "scalars": dict(self.scalars)}
+        if self.dropped is not None:
+            out["dropped"] = dict(self.dropped)
+        return out
+
+    @classmethod
+    def parse(cls, doc: Any, where: str, key_path: str) -> PlanItem:
+        """A plan item read from disk (or a job), every field measuring acts on checked;
+        an error names `where` and `key_path`."""
+        bad = _bad_item(doc)
+        if bad:
+            raise CuteccError(f"malformed plan item: {bad}", where=where, key_path=key_path, exit_code=1)
+        dropped = doc.get("dropped")
+        return cls(doc["kernel"], doc["variant"], doc["arch"], doc["base"],
+                   tuple(Candidate(c["variant"], c["key"], c["default"]) for c in doc["candidates"]),
+                   doc["rule"], tuple(BucketEdges(b["extent"], tuple(b["edges"])) for b in doc["buckets"]),
+                   dict(doc.get("sizes", {})), {k: (v[0], v[1]) for k, v in doc.get("inputs", {}).items()},
+                   doc.get("rtol"), doc.get("atol"), doc.get("params"), doc.get("default"),
+                   dict(doc.get("scalars", {})), None if dropped is None else dict(dropped))
 
 
 def _bad_item(it: Any) -> str | None:

@@ -4,6 +4,7 @@ tuning results, the runtime's lookup and fallback, and `cutecc tune --dry-run/--
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -230,8 +231,8 @@ def _results(proj: Path, cache: Path, path: Path) -> dict[str, str]:
     from cutecc.tuning.plan import manifest_digest, read_plan
 
     items = read_plan(cache, manifest_digest(proj / "kernels.toml"), "x")
-    item = next(it for it in items if it["kernel"] == "mul" and it["variant"] == "dtype=float32")
-    keys = {c["variant"]: c["key"] for c in item["candidates"]}
+    item = next(it for it in items if it.kernel == "mul" and it.variant == "dtype=float32")
+    keys = {c.variant: c.key for c in item.candidates}
     recs = []
     for n in (4096, 65536, 1048576, 16777216):
         times = {k: [19.0, 20.0, 21.0] for k in keys.values()}
@@ -242,7 +243,7 @@ def _results(proj: Path, cache: Path, path: Path) -> dict[str, str]:
             times[keys["dtype=float32,threads=512"]] = [9.0, 9.5, 10.0]
         ev = {"times": times, "dropped": {}, "k": 8}
         recs.append(_record(Store(cache), item, f"n={n}", ev, {}, {"device": H100, "driver": "cuda 12080"}))
-    path.write_text(json.dumps({"format": 1, "records": recs}))
+    path.write_text(json.dumps({"format": 1, "records": [r.to_json() for r in recs]}))
     return keys
 
 
@@ -329,19 +330,19 @@ def test_a_faulting_or_crashing_candidate_is_dropped_and_measuring_goes_on(
     proj, cache, _ = compiled
     monkeypatch.setenv("PYTHONPATH", str(REPO / "tests"))
     items = [it for it in read_plan(cache, manifest_digest(proj / "kernels.toml"), "x")
-             if it["kernel"] == "mul" and it["variant"] == "dtype=float32"]
+             if it.kernel == "mul" and it.variant == "dtype=float32"]
     records, info = measure(cache, items, child="fake_bench_child")
     assert info["device"] == "Fake GPU" and info["failed"] == []
-    assert [r["bucket"] for r in records] == ["n=1048576", "n=16777216", "n=4096", "n=65536"]
+    assert [r.line.bucket for r in records] == ["n=1048576", "n=16777216", "n=4096", "n=65536"]
     for r in records:
-        assert set(r["times_us"]) == {"dtype=float32", "dtype=float32,threads=128"}
-        assert r["winner_variant"] == "dtype=float32,threads=128"
-        d = r["dropped"]
+        assert set(r.times_us) == {"dtype=float32", "dtype=float32,threads=128"}
+        assert r.line.winner_variant == "dtype=float32,threads=128"
+        d = r.dropped
         assert d["dtype=float32,threads=64"].startswith("faulted: XlaRuntimeError")
         assert d["dtype=float32,threads=512"].startswith("killed its process (exit -9)")
         assert d["dtype=float32,threads=1024"].startswith("disagrees")
     only = measure(cache, items, child="fake_bench_child", buckets=("n=65536",))[0]
-    assert [r["bucket"] for r in only] == ["n=65536"]
+    assert [r.line.bucket for r in only] == ["n=65536"]
 
 
 def test_a_hang_costs_only_its_candidate_or_bucket_and_a_slow_run_is_not_cut(
@@ -356,7 +357,7 @@ def test_a_hang_costs_only_its_candidate_or_bucket_and_a_slow_run_is_not_cut(
     monkeypatch.setenv("PYTHONPATH", str(REPO / "tests"))
     monkeypatch.setattr(m, "CHILD_IDLE_TIMEOUT", 2.0)
     items = [it for it in read_plan(cache, manifest_digest(proj / "kernels.toml"), "x")
-             if it["kernel"] == "mul" and it["variant"] == "dtype=float32"]
+             if it.kernel == "mul" and it.variant == "dtype=float32"]
     monkeypatch.setenv("FAKE_BENCH_SLOW", "1.2")  # 4 buckets: 4.8 s in all, 1.2 s at most silent
     records, info = m.measure(cache, items, child="fake_bench_child")
     assert len(records) == 4 and info["failed"] == []
@@ -364,24 +365,24 @@ def test_a_hang_costs_only_its_candidate_or_bucket_and_a_slow_run_is_not_cut(
     monkeypatch.setenv("FAKE_BENCH_HANG", "threads=128")
     records, info = m.measure(cache, items, child="fake_bench_child")
     assert len(records) == 4 and info["failed"] == []
-    assert all(r["dropped"]["dtype=float32,threads=128"].startswith("killed its process (exit -9): no event for 2 s")
+    assert all(r.dropped["dtype=float32,threads=128"].startswith("killed its process (exit -9): no event for 2 s")
                for r in records)
     monkeypatch.delenv("FAKE_BENCH_HANG")
     monkeypatch.setenv("FAKE_BENCH_HANG_TIMING", "n=65536")
     records, info = m.measure(cache, items, child="fake_bench_child")
-    assert [r["bucket"] for r in records] == ["n=1048576", "n=16777216", "n=4096"]
+    assert [r.line.bucket for r in records] == ["n=1048576", "n=16777216", "n=4096"]
     assert len(info["failed"]) == 1 and "n=65536: not measured (exit -9 while timing" in info["failed"][0]
     monkeypatch.delenv("FAKE_BENCH_HANG_TIMING")
     monkeypatch.setenv("FAKE_BENCH_CHATTY", "n=4096")  # hung, though its library keeps printing
     records, info = m.measure(cache, items, child="fake_bench_child")
-    assert [r["bucket"] for r in records] == ["n=1048576", "n=16777216", "n=65536"]
+    assert [r.line.bucket for r in records] == ["n=1048576", "n=16777216", "n=65536"]
     assert len(info["failed"]) == 1 and "n=4096: not measured (exit -9 while timing" in info["failed"][0]
     monkeypatch.delenv("FAKE_BENCH_CHATTY")
     monkeypatch.setenv("FAKE_BENCH_LINGER", "1")  # says nothing more, exits never: stopped
     events, code, _ = m._run_child([sys.executable, "-m", "fake_bench_child"],
-                                   {"item": items[0], "buckets": [{"n": 4096}], "exclude": [
-                                       c["key"] for c in items[0]["candidates"]
-                                       if c["variant"].endswith(("threads=64", "threads=512"))]},
+                                   {"item": items[0].to_json(), "buckets": [{"n": 4096}], "exclude": [
+                                       c.key for c in items[0].candidates
+                                       if c.variant.endswith(("threads=64", "threads=512"))]},
                                    {**os.environ}, 2.0)
     assert code == -9 and [e["event"] for e in events][-1] == "bucket"
 
@@ -401,13 +402,13 @@ def test_the_timing_loop_traces_and_lowers_with_one_call_per_iteration_behind_a_
     proj, cache, _ = compiled
     store = Store(cache)
     for it in read_plan(cache, manifest_digest(proj / "kernels.toml"), "x"):
-        if it["variant"] not in ("dtype=float32", "dtype=bfloat16,d=4096"):
+        if it.variant not in ("dtype=float32", "dtype=bfloat16,d=4096"):
             continue
-        c = it["candidates"][-1]
-        e = store.get(c["key"])
-        b = Build.from_meta(c["key"], e.path, e.meta)
-        fn = KernelFn(it["kernel"], [b], arch="sm_90a")
-        extents = {it["buckets"][0]["extent"]: 1024}
+        c = it.candidates[-1]
+        e = store.get(c.key)
+        b = Build.from_meta(c.key, e.path, e.meta)
+        fn = KernelFn(it.kernel, [b], arch="sm_90a")
+        extents = {it.buckets[0].extent: 1024}
         xs = bench._inputs(b, extents, {}, seed=3)
         assert all(isinstance(d, int) or d in extents for t in b.conv.inputs for d in t.shape)
         assert len({float(np.asarray(x, np.float32).ravel()[0]) for x in xs}) == len(xs)  # fresh, not zeros
@@ -415,7 +416,7 @@ def test_the_timing_loop_traces_and_lowers_with_one_call_per_iteration_behind_a_
                    for t in b.conv.results]
         text = bench._looped(fn, 7, results).trace(*xs).lower(lowering_platforms=("cuda",)).as_text()
         body = text.split("stablehlo.while")[1]
-        assert body.count(f"custom_call @cutecc_{c['key'][:40]}") == 1 and "optimization_barrier" in body
+        assert body.count(f"custom_call @cutecc_{c.key[:40]}") == 1 and "optimization_barrier" in body
         got = tuple(x + 1 for x in xs[:1])
         assert bench._agree(tuple(xs[:1]), tuple(xs[:1]), [b.conv.inputs[0].dtype], None, None) is None
         assert "disagrees" in bench._agree(tuple(xs[:1]), got, [b.conv.inputs[0].dtype], None, None)
@@ -451,19 +452,19 @@ def test_a_candidate_that_fails_to_compile_is_dropped_and_reported_not_fatal(tmp
     assert "mode 3 refuses to compile" in doc["dropped"][0]
     assert "DROPPED tuned_copy[mode=3]" in r.stderr
     (item,) = read_plan(cache, manifest_digest(m), "x")
-    assert [c["variant"] for c in item["candidates"]] == ["default", "mode=1", "mode=2"]
-    assert "mode 3 refuses to compile" in item["dropped"]["mode=3"]
+    assert [c.variant for c in item.candidates] == ["default", "mode=1", "mode=2"]
+    assert item.dropped is not None and "mode 3 refuses to compile" in item.dropped["mode=3"]
     from cutecc.store import Store
     from cutecc.tuning.measure import _record
 
-    ev = {"times": {c["key"]: [1.0, 1.0, 1.0] for c in item["candidates"]}, "dropped": {}, "k": 1}
+    ev = {"times": {c.key: [1.0, 1.0, 1.0] for c in item.candidates}, "dropped": {}, "k": 1}
     rec = _record(Store(cache), item, "n=1024", ev, {}, {"device": H100, "driver": "x"})
-    assert "failed to compile" in rec["dropped"]["mode=3"] and rec["clock"] == "host"
-    assert "timing_notes" not in rec
+    assert "failed to compile" in rec.dropped["mode=3"] and rec.clock == "host"
+    assert "timing_notes" not in rec.to_json()
     # The child's timing notes (lost samples, joined chains) reach the record, bounded.
     ev = {**ev, "clock": "device", "notes": ["chain 3 (abc): 5 kernel launches ..."] * 12 + ["x" * 999]}
     rec = _record(Store(cache), item, "n=1024", ev, {}, {"device": H100, "driver": "x"})
-    assert rec["timing_notes"] == ["chain 3 (abc): 5 kernel launches ..."] * 10
+    assert rec.to_json()["timing_notes"] == ["chain 3 (abc): 5 kernel launches ..."] * 10
 
 
 SCALAR_TOML = """
@@ -499,26 +500,27 @@ def test_benchmark_scalars_and_tied_sizes_reach_the_plan(tmp_path: Path) -> None
     p.write_text(SCALAR_TOML.format(extra='sizes = { m = "n" }\nscalars = { scale = 0.5 }'))
     (tmp_path / "m.py").write_text("def f(x, o, scale):\n    pass\n")  # planning reads, never imports it
     (item,) = items(load_manifest(p))
-    assert item["sizes"] == {"m": "n"} and item["scalars"] == {"scale": 0.5}
+    assert item.sizes == {"m": "n"} and item.scalars == {"scale": 0.5}
     from cutecc.tuning import bench
 
-    assert bench._extents({"n": 64}, item["sizes"]) == {"n": 64, "m": 64}
+    assert bench._extents({"n": 64}, dict(item.sizes)) == {"n": 64, "m": 64}
 
 
 def test_check_compares_times_only_on_the_same_clock(compiled: tuple[Path, Path, dict], tmp_path: Path) -> None:
     """Winners recorded from the host clock (dispatch included) are not compared with device-
     clock times (kernels only): --check says to record again instead of reporting a speed-up."""
-    from cutecc.commands.tune import _drift
+    from cutecc.commands.tune import _drift, read_results
 
     proj, cache, _ = compiled
     _results(proj, cache, tmp_path / "r.json")
     r = run_cli("tune", str(proj / "kernels.toml"), "--record", str(tmp_path / "r.json"), "--no-lock",
                 "--cache-dir", str(cache))
     assert r.returncode == 0, r.stderr
-    recs = json.loads((tmp_path / "r.json").read_text())["records"]
-    assert all(x["clock"] == "host" for x in recs)
+    recs = read_results(tmp_path / "r.json")
+    assert all(x.clock == "host" for x in recs)
     assert _drift(cache, recs, 0.05) == []  # the same measurements: no drift
-    faster = [{**x, "clock": "device", "times_us": {k: [t * 0.5 for t in v] for k, v in x["times_us"].items()}}
+    faster = [dataclasses.replace(x, clock="device", times_us={k: (v[0] * 0.5, v[1] * 0.5, v[2] * 0.5)
+                                                              for k, v in x.times_us.items()})
               for x in recs]
     out = _drift(cache, faster, 0.05)
     assert len(out) == len(recs) and all("recorded on the host clock, measured now on the device clock" in o
@@ -536,15 +538,15 @@ def test_cached_results_are_read_only_through_trusted_paths(tmp_path: Path) -> N
     """A tuning record picks which build serves a bucket: like an entry's metadata, it is
     believed only where nobody but this user (or root) could have written it."""
     from cutecc import trust
-    from cutecc.runtime.tuning import dumps_records, read_cached, results_path
+    from cutecc.runtime.tuning import TuningResult, dumps_records, read_cached, results_path
 
     base = "a" * 64
     root = tmp_path / "cache"
     path = results_path(root, base)
     assert read_cached(root, base) == []  # none recorded
     path.parent.mkdir(parents=True)
-    path.write_bytes(dumps_records([_record(base)]))
-    assert [r["winner"] for r in read_cached(root, base)] == ["b" * 64]
+    path.write_bytes(dumps_records([TuningResult.parse(_record(base), "test", "record")]))
+    assert [r.line.winner for r in read_cached(root, base)] == ["b" * 64]
     os.chmod(path, 0o666)  # a record anyone could rewrite
     with pytest.raises(trust.Untrusted, match="writable by any user"):
         read_cached(root, base)
