@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -48,6 +48,7 @@ from cutecc.manifest.tune_space import benchmark_extents
 from cutecc.runtime.dispatch import Build, KernelFn
 from cutecc.store.writer import Store
 from cutecc.tuning import trace
+from cutecc.tuning.plan import PlanItem
 
 TARGET_SECONDS = 2e-3  # host clock: a K-call loop lasts about this long
 MAX_K = 4096
@@ -67,7 +68,8 @@ def _emit(**event: Any) -> None:
     sys.stdout.flush()
 
 
-def _inputs(build: Build, extents: dict[str, int], ranges: dict[str, list[float]], seed: int) -> list[Any]:
+def _inputs(build: Build, extents: dict[str, int], ranges: Mapping[str, Sequence[float]], seed: int
+            ) -> list[Any]:
     rng = np.random.default_rng(seed)
     out = []
     for t in build.conv.inputs:
@@ -304,30 +306,30 @@ def _host_times(fns: Mapping[str, Callable[..., Any]], xs: list[Any], alive: lis
 
 def main() -> None:
     job = json.loads(sys.stdin.read())
-    item, exclude = job["item"], set(job.get("exclude", ()))
+    item, exclude = PlanItem.parse(job["item"], "the measuring job", "item"), set(job.get("exclude", ()))
     store = Store(job["cache"])
     dev = jax.devices("gpu")[0]
     _emit(event="device", device=dev.device_kind, driver=str(getattr(dev.client, "platform_version", "")))
     fns: dict[str, KernelFn] = {}
     builds: dict[str, Build] = {}
     names: dict[str, frozenset[str]] = {}
-    for c in item["candidates"]:
-        if c["key"] in exclude:
+    for c in item.candidates:
+        if c.key in exclude:
             continue
-        e = store.get(c["key"])
+        e = store.get(c.key)
         if e is None:
-            raise SystemExit(f"entry {c['key'][:12]} ({item['kernel']}[{c['variant']}]) is not in the cache")
-        b = Build.from_meta(c["key"], e.path, e.meta)
-        builds[c["key"]] = b
-        names[c["key"]] = _kernel_names(b)
-        fns[c["key"]] = KernelFn(item["kernel"], [b], arch=item["arch"])
-    base = item["base"]
+            raise SystemExit(f"entry {c.key[:12]} ({item.kernel}[{c.variant}]) is not in the cache")
+        b = Build.from_meta(c.key, e.path, e.meta)
+        builds[c.key] = b
+        names[c.key] = _kernel_names(b)
+        fns[c.key] = KernelFn(item.kernel, [b], arch=item.arch)
+    base = item.base
     default = builds[base]
-    extent_names = [b["extent"] for b in item["buckets"]]
-    sizes = dict(item.get("sizes") or {})
-    ranges = dict(item.get("inputs") or {})
+    extent_names = [b.extent for b in item.buckets]
+    sizes = dict(item.sizes)
+    ranges = dict(item.inputs)
     repeats, warmup, seed = int(job["repeats"]), int(job["warmup"]), int(job["seed"])
-    scalars = dict(item.get("scalars") or {})
+    scalars = dict(item.scalars)
     rng = np.random.default_rng(seed)
     clock_off: str | None = None  # why the device clock is out for this process's buckets
     for bucket in job["buckets"]:
@@ -351,7 +353,7 @@ def main() -> None:
             outs[key] = o
         for key in fns:
             if key != base:
-                why = _agree(outs[base], outs[key], dtypes, item.get("rtol"), item.get("atol"))
+                why = _agree(outs[base], outs[key], dtypes, item.rtol, item.atol)
                 if why:
                     dropped[key] = why
         del outs  # the reference and the candidates' outputs (FA4's: tens of MB each) go
