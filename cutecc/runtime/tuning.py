@@ -101,8 +101,8 @@ class TuningResult:
     the bucket) and what was measured: K calls per sample, the driver, the clock timed on
     and its notes, the DSL version, each candidate's quartiles in microseconds by variant,
     the default's and the winner's medians, and the candidates dropped and why. `present`
-    names the measured fields the record had (a record may lack some; its JSON keeps
-    exactly those)."""
+    names the measured fields the record holds (a record may lack some, or all: a bare
+    line; its JSON keeps exactly those)."""
 
     line: Tuned
     k: int | None = None
@@ -115,7 +115,7 @@ class TuningResult:
     default_us: float = 0.0
     winner_us: float = 0.0
     dropped: Mapping[str, str] = field(default_factory=dict)
-    present: frozenset[str] = field(default=frozenset(MEASURED), compare=False, repr=False)
+    present: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     @property
     def base(self) -> str:

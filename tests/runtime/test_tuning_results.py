@@ -57,6 +57,9 @@ def test_a_record_keeps_exactly_the_measured_fields_it_had() -> None:
         r = TuningResult.parse(part, "x", "records[0]")
         # as text, so an int written back as a float (1 == 1.0) would show
         assert json.dumps(r.to_json(), sort_keys=True) == json.dumps(part, sort_keys=True)
+    bare = TuningResult.parse(d, "x", "r").line  # a record may be its line alone
+    assert TuningResult.parse(TuningResult(bare).to_json(), "x", "r") == TuningResult(bare)
+    assert TuningResult(bare).to_json() == bare.to_json()
     notes = {**d, "driver": None, "clock": "device", "clock_note": "why", "timing_notes": ["a", "b"]}
     assert TuningResult.parse(notes, "x", "r").to_json() == notes
 

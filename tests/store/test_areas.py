@@ -17,8 +17,8 @@ from cutecc.cli import main
 from cutecc.commands.gc import RUNTIME_GRACE_S, gc
 from cutecc.commands.rm import rm
 from cutecc.commands.verify import verify
-from cutecc.lockfile import lock_for, write_lock
-from cutecc.runtime.tuning import dumps_records
+from cutecc.lockfile import Pin, Tuned, lock_for, write_lock
+from cutecc.runtime.tuning import TuningResult, dumps_records
 from cutecc.store import layout
 from cutecc.store.layout import Layout
 from cutecc.units import now_iso
@@ -37,8 +37,10 @@ def _cli(*args: str) -> tuple[int, dict]:
 
 def _result(base: str, winner: str) -> bytes:
     """A tuning record of `base` naming `winner`, as `cutecc tune` writes it (only the fields
-    gc reads matter here)."""
-    return dumps_records([{"base": base, "winner": winner}])
+    gc reads matter here: the rest made up)."""
+    pin = Pin("kernel.so", "c" * 64, 1, "s", None, "d" * 64, "e" * 64)
+    line = Tuned("k", "v", "sm_90a", "GPU", "floor", "n=8", base, winner, "v", pin)
+    return dumps_records([TuningResult(line)])
 
 
 def test_every_path_of_the_layout_is_under_a_known_area(tmp_path: Path) -> None:
