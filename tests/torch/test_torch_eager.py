@@ -93,3 +93,47 @@ def test_what_the_kernel_cannot_take_goes_through_the_op(setup) -> None:
     assert ks.mul._plan_of((m, m), {}) is None and ks.mul._plan_of((x, x), {}) is None
     with pytest.raises(TypeError, match="argument 1 is a float, not a tensor"):
         ks.mul(m, 2.0)
+
+
+def test_a_signature_seen_is_found_again_by_the_eager_lookup(
+        example_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The eager call builds its key inline (by the number of tensors); `_plan_of` stores
+    plans under `_signature`'s: the two must agree, or every call would plan again."""
+    monkeypatch.setattr(ct, "DEVICE_TYPES", ("cuda", "meta", "cpu"))
+    monkeypatch.setattr(ct, "build_function", lambda name, build: lambda *a: None)
+    ks = ct.load(example_cache, arch="sm_90a")
+    x, y, d = torch.randn(64), torch.randn(64), torch.randn(64)
+    a, w = torch.randn(2, 1024), torch.randn(1024)
+    calls = [(ks.mul, (x, y), {}), (ks.mul_bwd, (x, y, d), {}), (ks.rmsnorm, (a, w), {"eps": 1e-5})]
+    for fn, tensors, kw in calls:
+        made, slow = [], []
+        real, call = fn._make_plan, fn._call
+        monkeypatch.setattr(fn, "_make_plan", lambda t, k, real=real, made=made: made.append(1) or real(t, k))
+        monkeypatch.setattr(fn, "_call", lambda t, k, call=call, slow=slow: slow.append(1) or call(t, k))
+        for _ in range(3):
+            fn(*tensors, **kw)
+        # planned once, and only the first call missed the fast path's lookup
+        assert len(made) == 1 and len(slow) == 1 and len(fn._plans) == 1, fn.name
+        assert fn._plan_of(tensors, kw) is fn._plans[ct._signature(tensors, kw)] and len(made) == 1
+    ks.rmsnorm(a, w, eps=1)  # an int where a float was: another key, planned anew
+    assert len(ks.rmsnorm._plans) == 2
+
+
+def test_the_eager_path_steps_aside_while_torch_compiles_or_exports(
+        setup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.export (and a torch.compile session) set `torch.compiler._is_compiling_flag`; the
+    eager call's cheaper test reads it as `torch.compiler.is_compiling()` does, so a signature
+    planned eagerly still takes the op then."""
+    ks, kernel = setup
+    x, y = torch.randn(32), torch.randn(32)
+    ks.mul(x, y)
+    assert kernel.calls == 1 and len(ks.mul._plans) == 1
+    seen = []
+    monkeypatch.setattr(ks.mul, "_through_op", lambda t, kw, every=False: seen.append(t) or "op")
+    monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True)
+    assert torch.compiler.is_compiling()
+    assert ks.mul(x, y) == "op" and kernel.calls == 1 and len(seen) == 1
+    monkeypatch.setattr(torch.compiler, "_is_compiling_flag", False)
+    assert not torch.compiler.is_compiling()
+    torch.testing.assert_close(ks.mul(x, y), x * y)
+    assert kernel.calls == 2 and len(seen) == 1
