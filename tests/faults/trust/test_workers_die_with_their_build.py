@@ -20,11 +20,20 @@ from .conftest import CLI, REPO_MANIFEST, child_env, children_of, proc_alive, pr
 pytestmark = pytest.mark.usefixtures("dsl")
 
 
+def _sigint_as_at_a_terminal() -> None:
+    """SIGINT's default action in the build, as a shell at a terminal gives it: a test run
+    started in the background of a non-interactive shell inherits SIGINT ignored, and Python
+    then never installs its handler, so Ctrl-C would be tested against a build that cannot
+    see it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_build(cache: Path) -> tuple[subprocess.Popen, list[int]]:
     """`cutecc build` of the example manifest into a fresh cache, in its own session; returns
     it and its worker pids once at least one worker has started."""
     p = subprocess.Popen([*CLI, "build", str(REPO_MANIFEST), "--cache-dir", str(cache), "--no-lock",
                           "-j", "2"], env=child_env(), start_new_session=True,
+                         preexec_fn=_sigint_as_at_a_terminal,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def workers() -> list[int]:
