@@ -66,11 +66,11 @@ def test_tune_parses_the_manifest_once_and_plans_the_candidates_once(tmp_path: P
     assert seen == {"load_manifest": 1, "plan": 1}, seen
     assert report.exit_code == 0 and (report.built, report.cached) == (2, 0), report.warnings()
     (item,) = report.plan
-    assert [c["variant"] for c in item["candidates"]] == ["default", "threads=128"]
+    assert [c.variant for c in item.candidates] == ["default", "threads=128"]
     assert not (manifest.parent / "kernels.lock").exists()  # candidates lock nothing
     # `cutecc build` plans the default under the key tune compiled it with: nothing to build.
     again = build(manifest, cache_dir=cache, lock=False)
-    assert [(o.status, o.planned.key) for o in again.outcomes] == [("cached", item["base"])]
+    assert [(o.status, o.planned.key) for o in again.outcomes] == [("cached", item.base)]
 
 
 def test_probe_tells_hits_by_their_index_records_and_publish_rewrites_a_stale_one(

@@ -159,7 +159,7 @@ def test_fa4s_tuning_default_is_the_builds_own_entry() -> None:
 
     m = load_manifest(EXAMPLES / "kernels.toml")
     built = {(p.kernel.name, p.variant.id, p.arch): p.key for p in plan(m)}
-    bases = {(it["kernel"], it["variant"], it["arch"]): it["base"] for it in items(m)}
+    bases = {(it.kernel, it.variant, it.arch): it.base for it in items(m)}
     assert bases and all(built[k] == key for k, key in bases.items())
 
 
