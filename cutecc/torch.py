@@ -402,20 +402,29 @@ class _NoFlag:
 
 if not hasattr(_compiler, "_is_compiling_flag"):
     _is_dynamo_compiling, _compiler = _is_compiling, _NoFlag
-# What a call's signature reads of each tensor, in one C call: its class (a subclass, such as
-# a fake tensor, takes the op), shape, dtype, device and whether it requires grad (autograd
-# takes the op); a non-tensor has no such attributes (AttributeError).
+# What the op path's plans are keyed by, per tensor, in one C call: its class, shape, dtype,
+# device and whether it requires grad.
 _TENSOR_FACTS = operator.attrgetter("__class__", "shape", "dtype", "device", "requires_grad")
 
 
 def _signature(tensors: Sequence[Any], kw: Mapping[str, Any]) -> tuple:
-    """The key of a call's plan: each tensor's `_TENSOR_FACTS`, then the keywords' (name,
-    value) pairs, then their values' types (1, 1.0 and True are equal keys but not the same
-    call), in one flat tuple (no nested tuples to build: ~70 ns a call with keywords). It
-    reads back one way: facts are 5-tuples, pairs 2-tuples, types no tuples. Hashing it
-    raises a TypeError where a value is unhashable (or a shape symbolic).
-    `TorchKernelFn.__call__` builds the same key inline."""
-    key = tuple(map(_TENSOR_FACTS, tensors))
+    """The key of an eager call's plan, one flat tuple: per tensor its class (a subclass,
+    such as a fake tensor, takes the op), shape, dtype, device index (`get_device()`: -1
+    off CUDA) and whether it requires grad (autograd takes the op); then the keywords'
+    (name, value) pairs, then their values' types (1, 1.0 and True are equal keys but not
+    the same call). Flat, with the device as an int, it costs ~120 ns less a call than
+    per-tensor tuples holding `torch.device`s (hashing and comparing those dominates).
+    It reads back one way: a tensor's five facts start with a type, a keyword's pair is a
+    2-tuple. The device index alone cannot tell a CPU tensor from a meta one (both -1):
+    no plan is ever made for a CPU tensor (the call is refused), and a meta tensor's is
+    None (the op), whose plans are keyed by the devices themselves: it refuses CPU
+    tensors in the same words. A torch build has one
+    accelerator device type, so a non-negative index is a CUDA device. Hashing the key
+    raises a TypeError where a value is unhashable (or a shape symbolic); a non-tensor
+    raises AttributeError. `TorchKernelFn.__call__` builds the same key inline."""
+    key: tuple = ()
+    for a in tensors:
+        key = (*key, a.__class__, a.shape, a.dtype, a.get_device(), a.requires_grad)
     if kw:
         key = (*key, *kw.items(), *map(type, kw.values()))
     return key
@@ -462,13 +471,22 @@ class TorchKernelFn(calls.KernelBase):
         # here without its calls for one to three tensors) gives the plan the contract
         # decided for it, checked when the signature was first seen.
         if not (_is_dynamo_compiling() or _compiler._is_compiling_flag):
-            facts = _TENSOR_FACTS
             n = len(tensors)
             try:
-                key = ((facts(tensors[0]), facts(tensors[1])) if n == 2 else
-                       (facts(tensors[0]),) if n == 1 else
-                       (facts(tensors[0]), facts(tensors[1]), facts(tensors[2])) if n == 3 else
-                       tuple(map(facts, tensors)))
+                if n == 2:
+                    a, b = tensors
+                    key = (a.__class__, a.shape, a.dtype, a.get_device(), a.requires_grad,
+                           b.__class__, b.shape, b.dtype, b.get_device(), b.requires_grad)
+                elif n == 1:
+                    a, = tensors
+                    key = (a.__class__, a.shape, a.dtype, a.get_device(), a.requires_grad)
+                elif n == 3:
+                    a, b, c = tensors
+                    key = (a.__class__, a.shape, a.dtype, a.get_device(), a.requires_grad,
+                           b.__class__, b.shape, b.dtype, b.get_device(), b.requires_grad,
+                           c.__class__, c.shape, c.dtype, c.get_device(), c.requires_grad)
+                else:
+                    key = _signature(tensors, {})
                 if kw:
                     key = (*key, *kw.items(), *map(type, kw.values()))
                 plan = self._plans[key]
@@ -657,7 +675,8 @@ class TorchKernelFn(calls.KernelBase):
             name, key, scalars, inputs, results = _op_plan(self._id, *self._op_args(tensors, kw))
         else:  # eagerly (autograd): planned once per signature, values checked as eagerly
             try:
-                ck: tuple | None = _signature(tensors, kw)
+                # keyed by the devices themselves: a CPU call must not find a meta call's plan
+                ck: tuple | None = (*map(_TENSOR_FACTS, tensors), *_signature((), kw))
                 plan = self._op_plans.get(ck)  # type: ignore[arg-type]
             except TypeError:
                 ck, plan = None, None

@@ -137,3 +137,24 @@ def test_the_eager_path_steps_aside_while_torch_compiles_or_exports(
     assert not torch.compiler.is_compiling()
     torch.testing.assert_close(ks.mul(x, y), x * y)
     assert kernel.calls == 2 and len(seen) == 1
+
+
+def test_a_cpu_call_after_a_meta_call_of_the_same_shape_is_refused(
+        example_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The eager key holds a tensor's device index, -1 for CPU and meta tensors alike: a
+    meta call's plan (None: the op's fake implementation) is found again by a CPU call of
+    the same shapes, which the op then refuses as the eager path would, naming CUDA."""
+    kernel = Kernel()
+    monkeypatch.setattr(ct, "build_function", lambda name, build: kernel)
+    ks = ct.load(example_cache, arch="sm_90a")  # production devices: CUDA (and meta)
+    m = torch.empty(64, device="meta")
+    assert ks.mul(m, m).device.type == "meta"
+    x, y = torch.randn(64), torch.randn(64)
+    for _ in range(2):  # the lookup hit, then again
+        with pytest.raises(ValueError, match=r"tensors on cpu; cutecc kernels run on CUDA devices"):
+            ks.mul(x, y)
+    assert kernel.calls == 0
+    fresh = ct.load(example_cache, arch="sm_90a")  # and CPU first: refused by the eager path
+    with pytest.raises(ValueError, match=r"\.cuda\(\)"):
+        fresh.mul(x, y)
+    assert kernel.calls == 0
