@@ -13,7 +13,8 @@ figures are the host's Python costs, not a GPU's). Figures:
              (what autograd takes), torch.compile(fullgraph=True) of the cutecc call, and
              torch.mul / torch.add of the same tensors (the same work, torch's own
              kernels). At small n this is the dispatch cost (the GPU waits on the host);
-             the goal is eager within 2 us of torch's op. Its parts: the build's tvm_ffi
+             the goal is eager within 2 us of torch's op (eager_minus_torch_mul, and
+             _paired: the difference within each round, median over rounds). Its parts: the build's tvm_ffi
              function called on a preallocated result (ffi_function_out), torch.empty_like,
              torch.mul(out=) (torch's launch alone); eager_python is what cutecc's Python
              adds to the first two.
@@ -39,11 +40,13 @@ if str(REPO) not in sys.path:
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX and torch share the GPU
 
 
-def per_call(rows: dict[str, Any], k: int, repeats: int, sync: Any) -> dict[str, float]:
+def per_call(rows: dict[str, Any], k: int, repeats: int, sync: Any,
+             rounds: dict[str, list[float]] | None = None) -> dict[str, float]:
     """Microseconds per call of each row: k calls then one synchronize, median of `repeats`
     rounds. The rows take turns within each round, so a drift of the host's speed during the
     run (seen on the device machines: one row's figure moving by 5 us between sizes) reaches
-    every row alike and their differences stay meaningful."""
+    every row alike and their differences stay meaningful. `rounds`, when given, receives
+    each row's per-round figures (for differences taken round by round)."""
     for fn in rows.values():
         for _ in range(max(k // 10, 20)):
             fn()
@@ -56,6 +59,8 @@ def per_call(rows: dict[str, Any], k: int, repeats: int, sync: Any) -> dict[str,
                 fn()
             sync()
             times[name].append((time.perf_counter() - t) / k * 1e6)
+    if rounds is not None:
+        rounds.update(times)
     return {name: round(statistics.median(v), 3) for name, v in times.items()}
 
 
@@ -84,6 +89,7 @@ def main() -> int:
     p.add_argument("cache")
     p.add_argument("--json", type=Path)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--repeats", type=int, default=9, help="rounds per size (default 9)")
     p.add_argument("--dry-run", action="store_true")
     a = p.parse_args()
     import torch
@@ -99,7 +105,7 @@ def main() -> int:
     ks = ct.load(a.cache, arch="sm_90a" if a.dry_run else None)
     if a.dry_run:
         held += _cpu_ops(ct, ks)
-    k, repeats = (200, 5) if a.quick or a.dry_run else (2000, 9)
+    k, repeats = (200, 5) if a.quick or a.dry_run else (2000, a.repeats)
     doc: dict[str, Any] = {"device": "dry run (CPU)" if a.dry_run else torch.cuda.get_device_name(),
                            "torch": torch.__version__, "k": k, "repeats": repeats, "per_call_us": {},
                            "kernel_us": {}, "notes": []}
@@ -137,8 +143,13 @@ def main() -> int:
             "torch_empty_like": lambda x=x: torch.empty_like(x),
             "torch_mul_out": lambda x=x, y=y, out=out: torch.mul(x, y, out=out),
         }
-        got = per_call(rows, k, repeats, sync)
+        per_round: dict[str, list[float]] = {}
+        got = per_call(rows, k, repeats, sync, per_round)
         got["eager_minus_torch_mul"] = round(got["cutecc_eager"] - got["torch_mul"], 3)
+        # the same difference taken within each round (the rows ran back to back), then the
+        # median over rounds: less moved by the host's drift between rounds
+        got["eager_minus_torch_mul_paired"] = round(statistics.median(
+            e - t for e, t in zip(per_round["cutecc_eager"], per_round["torch_mul"])), 3)
         # what cutecc's Python adds to the function call and the allocation
         got["eager_python"] = round(got["cutecc_eager"] - got["ffi_function_out"]
                                     - got["torch_empty_like"], 3)
