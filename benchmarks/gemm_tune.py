@@ -288,9 +288,11 @@ def device_times(fns: dict[str, Any], a: Any, b: Any, rounds: int, k: int, seed:
 
 
 def compare(cache: Path, lock: Path | None, records: dict[Any, Any], rounds: int, seed: int,
-            dry_run: bool = False) -> list[dict[str, Any]]:
+            dry_run: bool = False, on_row: Callable[[list[dict[str, Any]]], None] | None = None
+            ) -> list[dict[str, Any]]:
     """Per shape: the dispatched kernel (the winner under `lock`), the default configuration
-    and XLA's dot, checked and timed (dry run: lowered for sm_90a only)."""
+    and XLA's dot, checked and timed (dry run: lowered for sm_90a only). A shape whose run
+    raises keeps its error (`error`) and the next one runs; `on_row(rows)` after each shape."""
     import jax
 
     import cutecc
@@ -333,42 +335,54 @@ def compare(cache: Path, lock: Path | None, records: dict[Any, Any], rounds: int
             row["lowered"] = lowered
             rows.append(row)
             continue
-        a, b = inputs(s, seed + i)
-        picked, env = kfn.select(a, b)
-        row["dispatched_key"] = kfn.tuning.pick(picked, env).key if kfn.tuning else picked.key
-        row["dispatch_is_winner"] = row["dispatched_key"] == row.get("winner_key", base_key)
-        outs, errors = {}, {}
-        for name, f in list(fns.items()):
-            try:
-                outs[name] = jax.block_until_ready(f(a, b))
-            except Exception as err:  # e.g. an XLA algorithm this build refuses
-                errors[name] = f"{type(err).__name__}: {err}"[:400]
-                del fns[name]
-        row["errors"] = errors
-        # The reference: XLA's dot as declared ("xla"), else the first XLA form that ran.
-        xla_names = [n for n in outs if n.startswith("xla")]
-        row["reference"] = ref_name = "xla" if "xla" in outs else (xla_names[0] if xla_names else None)
-        f32 = jax.block_until_ready(reference_f32(a, b))
-        row["check"] = {n: agree(o, outs[ref_name], s.k) for n, o in outs.items()
-                        if ref_name is not None and n != ref_name}
-        row["vs_f32"] = {n: agree(o, f32, s.k) for n, o in outs.items()}
-        del outs, f32
-        k = chain_length(fns, a, b)
-        for f in fns.values():  # warm: compiled, autotuned, caches hot
-            jax.block_until_ready([f(a, b) for _ in range(k)])
-        times, kernels = device_times(fns, a, b, rounds, k, seed + i)
-        row["k"], row["kernels"] = k, kernels
-        row["us"] = {n: statistics.median(t) for n, t in times.items() if t}
-        row["us_spread"] = {n: [min(t), max(t)] for n, t in times.items() if t}
-        flops = 2.0 * s.m * s.n * s.k
-        row["tflops"] = {n: flops / (u * 1e-6) / 1e12 for n, u in row["us"].items()}
-        cu, xu = row["us"].get("cutecc"), row["us"].get(ref_name) if ref_name else None
-        row["ratio"] = cu / xu if cu and xu else None
-        row["within_goal"] = bool(row["ratio"] is not None and row["ratio"] <= GOAL)
-        row["correct"] = bool(row["check"].get("cutecc", {}).get("ok"))
-        del a, b
+        try:
+            _measure(row, s, kfn, fns, base_key, rounds, seed + i)
+        except Exception as err:  # a fault, a trace that cannot be read: the next shape still runs
+            row["error"] = f"{type(err).__name__}: {err}"[:1000]
         rows.append(row)
+        if on_row is not None:
+            on_row(rows)
     return rows
+
+
+def _measure(row: dict[str, Any], s: Shape, kfn: Any, fns: dict[str, Any], base_key: str, rounds: int,
+             seed: int) -> None:
+    """One shape on the GPU: dispatch checked, results checked, functions timed (into `row`)."""
+    import jax
+
+    a, b = inputs(s, seed)
+    picked, env = kfn.select(a, b)
+    row["dispatched_key"] = kfn.tuning.pick(picked, env).key if kfn.tuning else picked.key
+    row["dispatch_is_winner"] = row["dispatched_key"] == row.get("winner_key", base_key)
+    outs, errors = {}, {}
+    for name, f in list(fns.items()):
+        try:
+            outs[name] = jax.block_until_ready(f(a, b))
+        except Exception as err:  # e.g. an XLA algorithm this build refuses
+            errors[name] = f"{type(err).__name__}: {err}"[:400]
+            del fns[name]
+    row["errors"] = errors
+    # The reference: XLA's dot as declared ("xla"), else the first XLA form that ran.
+    xla_names = [n for n in outs if n.startswith("xla")]
+    row["reference"] = ref_name = "xla" if "xla" in outs else (xla_names[0] if xla_names else None)
+    f32 = jax.block_until_ready(reference_f32(a, b))
+    row["check"] = {n: agree(o, outs[ref_name], s.k) for n, o in outs.items()
+                    if ref_name is not None and n != ref_name}
+    row["vs_f32"] = {n: agree(o, f32, s.k) for n, o in outs.items()}
+    del outs, f32
+    k = chain_length(fns, a, b)
+    for f in fns.values():  # warm: compiled, autotuned, caches hot
+        jax.block_until_ready([f(a, b) for _ in range(k)])
+    times, kernels = device_times(fns, a, b, rounds, k, seed)
+    row["k"], row["kernels"] = k, kernels
+    row["us"] = {n: statistics.median(t) for n, t in times.items() if t}
+    row["us_spread"] = {n: [min(t), max(t)] for n, t in times.items() if t}
+    flops = 2.0 * s.m * s.n * s.k
+    row["tflops"] = {n: flops / (u * 1e-6) / 1e12 for n, u in row["us"].items()}
+    cu, xu = row["us"].get("cutecc"), row["us"].get(ref_name) if ref_name else None
+    row["ratio"] = cu / xu if cu and xu else None
+    row["within_goal"] = bool(row["ratio"] is not None and row["ratio"] <= GOAL)
+    row["correct"] = bool(row["check"].get("cutecc", {}).get("ok"))
 
 
 def self_check() -> dict[str, Any]:
@@ -455,9 +469,14 @@ def main(argv: list[str] | None = None) -> int:
         doc["tvm_ffi"] = version("apache-tvm-ffi")
         if not a.dry_run:
             doc["device"] = jax.devices()[0].device_kind
-        doc["rows"] = compare(a.cache_dir, lock, records, a.rounds, seed, dry_run=a.dry_run)
+        def partial(rows: list[dict[str, Any]]) -> None:  # a run cut short keeps its shapes
+            (out_dir / "gemm_tune.json").write_text(json.dumps({**doc, "rows": rows}, indent=1, default=str))
+
+        doc["rows"] = compare(a.cache_dir, lock, records, a.rounds, seed, dry_run=a.dry_run, on_row=partial)
         for r in doc["rows"]:
-            if not a.dry_run and not r.get("correct"):
+            if r.get("error"):
+                doc["failed"].append(f"{r['label']}: {r['error']}")
+            elif not a.dry_run and not r.get("correct"):
                 doc["failed"].append(f"{r['label']}: the kernel's result disagrees with XLA's: "
                                      f"{r.get('check')}")
             if a.dry_run and not all(r["lowered"].values()):
