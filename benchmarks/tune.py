@@ -27,16 +27,17 @@ from typing import Any
 from benchmarks.common import REPO
 
 
-def compile_seconds(cache: Path, plan: list[dict[str, Any]]) -> dict[str, float]:
-    """Per kernel, the CPU seconds its candidates took to compile (from entry metadata)."""
+def compile_seconds(cache: Path, plan: list[Any]) -> dict[str, float]:
+    """Per kernel, the CPU seconds its candidates took to compile (from entry metadata);
+    `plan` is the tuning plan's items (`cutecc.tuning.plan.PlanItem`)."""
     from cutecc.store import Store
 
     store, out = Store(cache), {}
     for it in plan:
-        for c in it["candidates"]:
-            e = store.get(c["key"])
+        for c in it.candidates:
+            e = store.get(c.key)
             secs = float((e.meta if e else {}).get("build_seconds", 0))
-            out[it["kernel"]] = out.get(it["kernel"], 0.0) + secs
+            out[it.kernel] = out.get(it.kernel, 0.0) + secs
     return {k: round(v, 2) for k, v in out.items()}
 
 
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                             "compile_seconds_cpu": compile_seconds(cache, first.plan),
                             "bench_seconds_gpu": [first.info.get("bench_seconds"),
                                                   second.info.get("bench_seconds")]})
-        out["rows"] += rows_of(first.records, second.records)
+        out["rows"] += rows_of([r.to_json() for r in first.records], [r.to_json() for r in second.records])
         out["failed"] += first.failed + second.failed
         _write(a.json, a.markdown, out)  # after each manifest: a run cut short keeps what it measured
     print(markdown(out))

@@ -158,12 +158,17 @@ def check(fail: Fail, kp: str, spec: TuneSpec, env: dict[str, _Value], conv: Cal
         raise fail(kp, f'the symbolic extent "{s}" needs a bucket or a benchmark size (sizes.{s})')
     for s in sorted({k for k, _ in spec.sizes} - symbols):
         raise fail(f"{kp}.sizes.{s}", "is not a symbolic extent of any input")
-    declared = {sc.name: sc for sc in conv.scalars}
+    # A derived scalar (`value`) is computed by the runtime and never passed by a call.
+    declared = {sc.name: sc for sc in conv.given}
+    derived = {sc.name for sc in conv.scalars} - set(declared)
     for k, _ in spec.scalars:
+        if k in derived:
+            raise fail(f"{kp}.scalars.{k}", "is a derived scalar: the runtime computes it, a call "
+                       "never passes it")
         if k not in declared:
             raise fail(f"{kp}.scalars.{k}", "is not a runtime scalar of the kernel (scalars: "
                        f"{', '.join(sorted(declared)) or 'none'})")
-    for sc in conv.scalars:
+    for sc in conv.given:
         if sc.default is None and sc.name not in dict(spec.scalars):
             raise fail(kp, f'the runtime scalar "{sc.name}" has no default: give its benchmark value '
                        f"(scalars.{sc.name})")

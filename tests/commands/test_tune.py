@@ -506,6 +506,35 @@ def test_benchmark_scalars_and_tied_sizes_reach_the_plan(tmp_path: Path) -> None
     assert bench._extents({"n": 64}, dict(item.sizes)) == {"n": 64, "m": 64}
 
 
+DERIVED_TOML = """
+[kernel.k]
+entry = "m:f"
+args = [{{ name = "x", dtype = "float32", shape = ["n"] }},
+        {{ name = "o", role = "output", dtype = "float32", shape = ["n"] }},
+        {{ kind = "scalar", name = "groups", dtype = "int32", value = "$hw.sm_count // $t" }}]
+[kernel.k.tune]
+params = {{ t = [1, 2] }}
+default = {{ t = 1 }}
+buckets = {{ n = [8, 64] }}
+{extra}
+"""
+
+
+def test_a_derived_scalar_needs_no_benchmark_value_and_takes_none(tmp_path: Path) -> None:
+    """A derived scalar (`value`, quack's max_active_clusters from the profile and the tuned
+    cluster shape) is computed by the runtime and never passed: the space needs no benchmark
+    value for it, and one given is refused, as a call passing it is."""
+    from cutecc.tuning.plan import items
+
+    p = tmp_path / "kernels.toml"
+    p.write_text(DERIVED_TOML.format(extra=""))
+    (tmp_path / "m.py").write_text("def f(x, o, groups):\n    pass\n")  # planning reads, never imports it
+    (item,) = items(load_manifest(p))
+    assert item.scalars == {}
+    _assert_refused(tmp_path, DERIVED_TOML.format(extra="scalars = { groups = 3 }"), "tune.scalars.groups",
+                    "derived")
+
+
 def test_check_compares_times_only_on_the_same_clock(compiled: tuple[Path, Path, dict], tmp_path: Path) -> None:
     """Winners recorded from the host clock (dispatch included) are not compared with device-
     clock times (kernels only): --check says to record again instead of reporting a speed-up."""

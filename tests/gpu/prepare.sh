@@ -7,7 +7,8 @@
 # its tuning candidates (FA4's space:
 # `cutecc tune --compile-only`, into the same cache) and its direct-build comparison (needs
 # the examples extra: quack-kernels, flash-attn-4, torch). Each entry's metadata keeps its
-# compile seconds: benchmarks/tune.py reports them as the tuning's CPU cost.
+# compile seconds: benchmarks/tune.py reports them as the tuning's CPU cost. It also builds
+# examples/gemm/kernels.toml (quack's Hopper GEMM) and its tuning candidates into CACHES/gemm.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUTDIR="${1:?usage: prepare.sh CACHES [--examples]}"
@@ -27,5 +28,8 @@ if [ "${2:-}" = "--examples" ]; then
   cc build examples/kernels.toml --cache-dir "$OUTDIR/examples" --no-lock
   cc tune examples/kernels.toml --compile-only --cache-dir "$OUTDIR/examples"
   "$PY" -m benchmarks.examples_parity build "$OUTDIR/examples" "$OUTDIR/examples-direct"
+  # quack's Hopper GEMM and its 24 tuning candidates (test_gemm_gpu.py, benchmarks/gemm_tune.py)
+  cc build examples/gemm/kernels.toml --cache-dir "$OUTDIR/gemm" --no-lock
+  cc tune examples/gemm/kernels.toml --compile-only --cache-dir "$OUTDIR/gemm"
 fi
 du -sh "$OUTDIR"/*

@@ -10,6 +10,7 @@
 #   train/     tests/gpu/train_kernels (derived, scratch)   CUTECC_TRAIN_CACHE
 #   tune/      kernels.toml + its tuning candidates         CUTECC_TUNE_CACHE
 #   examples/  examples/kernels.toml (published kernels)    CUTECC_EXAMPLES_CACHE
+#   gemm/      examples/gemm/kernels.toml (+ tune candidates) CUTECC_GEMM_CACHE
 #   layout_ab/ benchmarks/layout_ab.py prepare: after the suite, old link layout against new
 #   examples-direct/  benchmarks/examples_parity.py build: after the suite, cutecc against
 #              the same launchers compiled directly (within 2%)
@@ -46,12 +47,14 @@ from CUTECC_LAYOUT_CACHE layouts
 from CUTECC_TRAIN_CACHE train
 from CUTECC_TUNE_CACHE tune
 from CUTECC_EXAMPLES_CACHE examples
+from CUTECC_GEMM_CACHE gemm
 if [ -z "${CUTECC_TEST_CACHE:-}" ]; then
   CUTECC_TEST_CACHE="$(mktemp -d)"
   export CUTECC_TEST_CACHE
   "$PY" -m cutecc.cli build kernels.toml --cache-dir "$CUTECC_TEST_CACHE" || exit 1
 fi
-for v in CUTECC_FAULT_CACHE CUTECC_LAYOUT_CACHE CUTECC_TRAIN_CACHE CUTECC_TUNE_CACHE CUTECC_EXAMPLES_CACHE; do
+for v in CUTECC_FAULT_CACHE CUTECC_LAYOUT_CACHE CUTECC_TRAIN_CACHE CUTECC_TUNE_CACHE CUTECC_EXAMPLES_CACHE \
+         CUTECC_GEMM_CACHE; do
   [ -n "${!v:-}" ] || echo "note: no $v: the tests that need it will skip" >&2
 done
 "$PY" -c 'import jax; print("jax", jax.__version__, jax.devices())' 2>&1 | log jax.txt

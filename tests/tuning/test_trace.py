@@ -272,6 +272,43 @@ def test_the_benchmark_pairs_two_runs_per_bucket_and_writes_a_markdown_table() -
     assert "1 of 2 winners within 2%" in text and "clock: device" in text and "{'fa4_fwd': 37.6}" in text
 
 
+def test_the_benchmark_reads_the_typed_records_and_plan_that_tune_returns(tmp_path: Any,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/tune.py's main over what `cutecc tune --measure` returns: typed records
+    (TuningResult) and plan items (PlanItem), not the dicts of their JSON."""
+    import json
+
+    import benchmarks.tune as bt
+    from cutecc.commands import tune as cmd
+    from cutecc.runtime.tuning import TuningResult
+    from cutecc.tuning.plan import BucketEdges, Candidate, PlanItem
+
+    base, other = "a" * 64, "b" * 64
+    d, t = "causal=False", "causal=False,tile_n=96"
+    item = PlanItem("fa4_fwd", d, "sm_90a", base, (Candidate(d, base, True), Candidate(t, other, False)),
+                    "floor", (BucketEdges("s_k", (512,)),), {}, {}, None, None, None, None, {})
+    line = {"kernel": "fa4_fwd", "variant": d, "arch": "sm_90a", "device": "NVIDIA H100 80GB HBM3",
+            "rule": "floor", "bucket": "s_k=512", "base": base, "winner": other, "winner_variant": t,
+            "library": "kernel.so", "sha256": "c" * 64, "size": 1, "symbol": "s", "backward": None,
+            "contract": "d" * 64, "runtime": "e" * 64, "clock": "device",
+            "times_us": {d: [9.0, 10.0, 11.0], t: [7.0, 8.0, 9.0]}, "default_us": 10.0, "winner_us": 8.0,
+            "dropped": {}}
+    rec = TuningResult.parse(line, "test", "record")
+
+    def measured(manifest: Any, **kw: Any) -> cmd.TuneReport:
+        report = cmd.TuneReport("measure", plan=[item], records=[rec])
+        report.info = {"device": line["device"], "driver": "cuda 13000", "bench_seconds": 1.5}
+        return report
+
+    monkeypatch.setattr(cmd, "tune", measured)
+    out = tmp_path / "tune.json"
+    assert bt.main(["--examples-cache", str(tmp_path / "cache"), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    (row,) = doc["rows"]
+    assert row["winner"] == t and row["gain"] == 1.25 and row["within_2pct"]
+    assert doc["runs"][0]["compile_seconds_cpu"] == {"fa4_fwd": 0.0}  # no entries in that cache
+
+
 def test_a_real_trace_without_a_gpu_says_so_and_leaves_nothing_behind(tmp_path: Any,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The real profiler round trip (start, work, stop, read the xplane file) on this CPU host:
