@@ -65,13 +65,18 @@ def to_build(device: str) -> str:
 
 
 def device_arch() -> str | None:
-    """`$CUTECC_ARCH`, else the first GPU's arch as JAX sees it (`sm_90` for compute
-    capability 9.0), else None. Imports JAX only when the variable is unset."""
+    """`$CUTECC_ARCH`, else the first GPU's arch (`sm_90` for compute capability 9.0):
+    asked of the CUDA driver where JAX would use that same GPU (`driver_arch`), else of
+    JAX, else None. Imports JAX only when the variable is unset."""
     env = os.environ.get(environ.ARCH)
     if env:
         return check_arch(env, f"${environ.ARCH}")
     import jax
 
+    if jax_uses_driver_order(jax.config):
+        arch = driver_arch()
+        if arch is not None:
+            return arch
     try:
         gpus = jax.devices("gpu")
     except RuntimeError:
@@ -79,3 +84,61 @@ def device_arch() -> str | None:
     cc = str(getattr(gpus[0], "compute_capability", ""))
     m = re.fullmatch(r"(\d+)\.(\d+)", cc)
     return f"sm_{m.group(1)}{m.group(2)}" if m else None
+
+
+def jax_uses_driver_order(config: object) -> bool:
+    """Whether JAX would run on the CUDA driver's device 0: a CUDA plugin installed, no
+    `jax_platforms` that leaves CUDA out, no `jax_cuda_visible_devices` subset (a flag,
+    read where JAX keeps it, else from its environment variable)."""
+    platforms = str(getattr(config, "jax_platforms", None) or "")
+    if platforms and not {"cuda", "gpu"} & {p.strip() for p in platforms.split(",")}:
+        return False
+    try:
+        from jax._src import xla_bridge
+
+        visible = str(xla_bridge.CUDA_VISIBLE_DEVICES.value)
+    except (ImportError, AttributeError):
+        visible = os.environ.get("JAX_CUDA_VISIBLE_DEVICES", "all")
+    return visible == "all" and _has_cuda_plugin()
+
+
+def _has_cuda_plugin() -> bool:
+    """Whether a JAX CUDA plugin (`jax_plugins.xla_cuda12`, `xla_cuda13`, ...) is installed."""
+    import importlib.util
+    import pkgutil
+
+    spec = importlib.util.find_spec("jax_plugins")
+    if spec is None or spec.submodule_search_locations is None:
+        return False
+    return any(m.name.startswith("xla_cuda") for m in pkgutil.iter_modules(spec.submodule_search_locations))
+
+
+# CUdevice_attribute values of the CUDA driver API (stable since CUDA 2)
+_CC_MAJOR, _CC_MINOR = 75, 76
+
+
+def driver_arch(library: str = "libcuda.so.1") -> str | None:
+    """The arch of the CUDA driver's device 0 (its compute capability), or None where
+    there is no driver or no device. Asking the driver (cuInit, which JAX's GPU backend
+    runs later at no extra cost) instead of `jax.devices("gpu")` leaves JAX's backend to
+    start where the program first needs it: on an H100, a process that called
+    `jax.devices("gpu")` before its first transfer took ~80 ms longer to its first
+    result than one that did not (benchmarks/backend_start.py)."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL(library)
+        if cuda.cuInit(0) != 0:
+            return None
+        count, dev, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+        if cuda.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value < 1:
+            return None
+        if (cuda.cuDeviceGet(ctypes.byref(dev), 0) != 0
+                or cuda.cuDeviceGetAttribute(ctypes.byref(major), _CC_MAJOR, dev) != 0
+                or cuda.cuDeviceGetAttribute(ctypes.byref(minor), _CC_MINOR, dev) != 0):
+            return None
+    except (OSError, AttributeError):
+        return None
+    if not (0 < major.value < 100 and 0 <= minor.value < 10):
+        return None
+    return f"sm_{major.value}{minor.value}"
