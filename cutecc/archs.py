@@ -119,11 +119,10 @@ _CC_MAJOR, _CC_MINOR = 75, 76
 
 def driver_arch(library: str = "libcuda.so.1") -> str | None:
     """The arch of the CUDA driver's device 0 (its compute capability), or None where
-    there is no driver or no device. Asking the driver (cuInit, which JAX's GPU backend
-    runs later at no extra cost) instead of `jax.devices("gpu")` leaves JAX's backend to
-    start where the program first needs it: on an H100, a process that called
-    `jax.devices("gpu")` before its first transfer took ~80 ms longer to its first
-    result than one that did not (benchmarks/backend_start.py)."""
+    there is no driver or no device. Asked of the driver (cuInit, which JAX's GPU backend
+    then runs at no extra cost) instead of `jax.devices("gpu")`, `cutecc.load` starts no
+    JAX backend: on an H100 it took 142 ms instead of 427 ms, the backend starting at the
+    program's first transfer as in a jnp program (benchmarks/backend_start.py)."""
     import ctypes
 
     try:
