@@ -9,10 +9,12 @@ tree's cutecc against another revision's, in one run on one machine (issue 27).
 by the installed code its entries reach (quack's and FA4's sources, torch's 14,000 files,
 triton, the DSL); the root manifest by the DSL and the toolchain alone. Each version (this
 tree; `--before REF`'s `cutecc/` from `git archive`, first on PYTHONPATH) builds each
-manifest once into a cache of its own, untimed (two versions may key differently), then the
-timed no-op builds (`--no-lock`, whole process, wall clock) alternate between the versions,
-repeat by repeat. Prints one JSON document: per manifest and version the walls, their
-median, min and max, `build()`'s own seconds, and the load average before and after.
+manifest into a cache of its own, untimed (two versions may key differently), twice (planning
+remembers only stamps older than its start, and the working directory, the cache's parent,
+was made a moment ago), then the timed no-op builds (`--no-lock`, whole process, wall clock)
+alternate between the versions, repeat by repeat. Prints one JSON document: the machine
+and command, per manifest and version the walls, their median, min and max, `build()`'s own
+seconds, what the keys cover (`keyed`), and the load average before and after.
 `benchmarks/manifests/published.toml` (21 entries: quack, FA4, FlashInfer's and cuDNN
 frontend's CuTe launchers) is keyed by those libraries too. A manifest whose libraries are not
 installed is skipped, its reason in `skip_reasons`. `--seed-cache DIR` copies a cache built
@@ -128,6 +130,9 @@ def measure(versions: dict[str, Path], repeats: int, root: Path, only: list[str]
             shutil.copytree(seed, cache, symlinks=True)
         _, rep = build(versions[v], MANIFESTS[m], cache)  # fills the cache: untimed
         assert rep["failed"] == 0, rep
+        # and once more, untimed: planning remembers only stamps settled before it began (a
+        # cache directory made a moment ago is searched as the working directory)
+        build(versions[v], MANIFESTS[m], cache)
     walls: dict[tuple[str, str], list[float]] = {k: [] for k in caches}
     inside: dict[tuple[str, str], list[float]] = {k: [] for k in caches}
     entries: dict[tuple[str, str], int] = {}
