@@ -543,9 +543,12 @@ class DistIndex:
             return known
         text = d.read_text("RECORD") or ""
         rows = self._rows.get(name) or _portable_rows(text)
-        record = "".join(f"{rel},{digest},{size}\n" for rel, (digest, size) in sorted(rows.items()))
+
+        def record() -> str:  # only where no remembered digest answers
+            return "".join(f"{rel},{digest},{size}\n" for rel, (digest, size) in sorted(rows.items()))
+
         if not full:
-            h.update(b"record\0" + record.encode())
+            h.update(b"record\0" + record().encode())
             if before is not None and record_file and path_stamp(record_file) == before and \
                     time.time_ns() - before[2] >= SETTLE_NS:
                 self.hashes.remember_dist(f"{record_file}\0record", fp, h.hexdigest())
@@ -559,7 +562,10 @@ class DistIndex:
         stats.sort(key=lambda x: x[0])
         # The files' stamps tell the digest unchanged without reading a file (`HashCache`).
         fp = hashlib.sha256(f"{DIGEST_VERSION}\0{FULL_HASH_LIMIT}\0".encode() + text.encode())
-        fp.update("".join([f"\0{rel}\0{stamp(st) if st else 'missing'}" for rel, _, st in stats]).encode())
+        # (each stamp as str(stamp(st)) spells it, formatted at once: torch lists 14,000 files)
+        fp.update("".join([
+            f"\0{rel}\0[{st.st_size}, {st.st_mtime_ns}, {st.st_ctime_ns}, {st.st_ino}, {st.st_dev}]"
+            if st else f"\0{rel}\0missing" for rel, _, st in stats]).encode())
         where = str(getattr(d, "_path", name))
         known = self.hashes.dist_digest(where, fp.hexdigest())
         if known is not None:
@@ -570,7 +576,7 @@ class DistIndex:
             # digest is the same on every machine that installed the same wheel; each file
             # is checked against it (hashed once per change of its stamp, through the hash
             # cache), and one that differs (edited after install) adds its own hash.
-            h.update(b"record\0" + record.encode())
+            h.update(b"record\0" + record().encode())
             for rel, p, st in stats:
                 got = self.hashes.sha256(p) if st else "missing"
                 if rows[rel][0] != _record_digest(got):

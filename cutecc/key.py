@@ -86,6 +86,7 @@ class SourceIndex:
         self._touched: set[str] | None = None  # names located by the closure being walked
         self._context: str | None = None
         self._bases: tuple[list[str], list[str]] | None = None  # `_rel_of`'s prefixes
+        self._paths: dict[str, Path] = {}  # remembered closures' members, as Paths
         self._resolved_roots = [str(Path(r).resolve()) for r in self.roots]
 
     def digest(self, module: str) -> tuple[str, tuple[str, ...]]:
@@ -243,9 +244,13 @@ class SourceIndex:
         ckey = "\0".join([module, *self._resolved_roots])
         cached = self._cache.closure(ckey, self._closure_context())
         if cached is not None:
-            for f, name, is_pkg in cached:
-                self._imports_of(Path(f), name, is_pkg)
-            return {Path(f) for f, _, _ in cached}
+            out: set[Path] = set()
+            for f, name, is_pkg in cached:  # one Path per file (published closures share them)
+                if (path := self._paths.get(f)) is None:
+                    path = self._paths[f] = Path(f)
+                    self._imports_of(path, name, is_pkg)
+                out.add(path)
+            return out
         start = time.time_ns()
         self._touched = set()
         try:
