@@ -12,7 +12,8 @@ tree; `--before REF`'s `cutecc/` from `git archive`, first on PYTHONPATH) builds
 manifest into a cache of its own, untimed (two versions may key differently), twice (planning
 remembers only stamps older than its start, and the working directory, the cache's parent,
 was made a moment ago), then the timed no-op builds (`--no-lock`, whole process, wall clock)
-alternate between the versions, repeat by repeat. Prints one JSON document: the machine
+alternate between the versions, repeat by repeat; each version's `cutecc/` byte-compiled
+first, as an installed package is. Prints one JSON document: the machine
 and command, per manifest and version the walls, their median, min and max, `build()`'s own
 seconds, what the keys cover (`keyed`), and the load average before and after.
 `benchmarks/manifests/published.toml` (21 entries: quack, FA4, FlashInfer's and cuDNN
@@ -39,10 +40,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO, machine, summary
+from benchmarks.common import REPO, machine, summary, version
 
 MANIFESTS = {"examples": REPO / "examples" / "kernels.toml", "root": REPO / "kernels.toml",
              "published": REPO / "benchmarks" / "manifests" / "published.toml"}
+LIBRARIES = ("torch", "triton", "quack-kernels", "flash-attn-4", "flashinfer-python", "nvidia-cudnn-frontend")
 # The top-level packages each manifest's entries import (found, not imported), and the
 # distributions that install them: a manifest runs only where all are installed.
 NEEDS = {"examples": {"quack": "quack-kernels", "flash_attn": "flash-attn-4"},
@@ -125,6 +127,10 @@ def measure(versions: dict[str, Path], repeats: int, root: Path, only: list[str]
     caches = {(m, v): root / f"cache-{m}-{v}" for m in names for v in versions}
     for code in versions.values():
         check(code, root)
+        # byte-compiled as an installed package is (else a host with PYTHONDONTWRITEBYTECODE,
+        # as the CPU build machine has, compiles `--before`'s extracted modules every run)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(code / "cutecc")], check=True,
+                       capture_output=True)
     for (m, v), cache in caches.items():
         if seed is not None:
             shutil.copytree(seed, cache, symlinks=True)
@@ -182,7 +188,9 @@ def main() -> None:
         if ns.before:
             versions = {"before": checkout(ns.before, root / "before"), **versions}
         doc = {"machine": {**machine(), "command": " ".join(
-                   [Path(sys.executable).name, "-m", "benchmarks.noop_installed", *sys.argv[1:]])},
+                   [Path(sys.executable).name, "-m", "benchmarks.noop_installed", *sys.argv[1:]]),
+                   "libraries": {p: version(p) for p in LIBRARIES},
+                   "PYTHONDONTWRITEBYTECODE": os.environ.get("PYTHONDONTWRITEBYTECODE")},
                "before": ns.before, "repeats": ns.repeats,
                **measure(versions, ns.repeats, root, only, ns.seed_cache)}
     text = json.dumps(doc, indent=1)
