@@ -349,9 +349,14 @@ class HashCache:
         A file read for its effect on `__path__` has no candidates: any change counts."""
         try:
             members, dirs = body
-            if any(self._stamp(f) != st for f, _, _, st in members):
-                return False
+            for f, name, is_pkg, st in members:
+                if not (isinstance(f, str) and isinstance(name, str) and isinstance(is_pkg, bool)
+                        and os.path.isabs(f)) or self._stamp(f) != st:
+                    return False
             for p, st, tails, present in dirs:
+                if not (isinstance(p, str) and isinstance(tails, list) and isinstance(present, dict)
+                        and all(isinstance(t, str) for t in tails)):
+                    return False
                 if self._stamp(p) == st:
                     continue
                 if not tails or any(self._stamp(c) != present.get(c)

@@ -323,3 +323,29 @@ def test_a_module_appearing_where_an_import_looked_rekeys(
     assert after.key != before and walked != []
     assert str(new.relative_to(site if where == "installed" else m.parent)) in after.sources
     assert planned(m, None)[kernel].key == after.key  # what planning without a cache says
+
+
+def test_a_damaged_remembered_closure_is_walked_afresh(
+        tmp_path: Path, site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planning cache is read from disk: a closure record of the wrong shape (a member
+    that is no absolute path, a directory without its lookups) is not served, and planning
+    gives the keys it gives without a cache."""
+    import json
+
+    from cutecc.dists import FACTS
+
+    install(site, "fakelib", "1.0", LIB)
+    m = project(tmp_path, BOTH)
+    cache = tmp_path / "cache/filehashes.json"
+    cache.parent.mkdir()
+    keys = {n: p.key for n, p in planned(m, cache).items()}
+    facts = cache.parent / FACTS
+    doc = json.loads(facts.read_text())
+    assert doc["closure_bodies"]
+    for body in doc["closure_bodies"].values():
+        body[0][0][0] = 5  # a file descriptor's number where a path belongs
+        body[1][0][2] = "not a list"
+    facts.write_text(json.dumps(doc))
+    walked = _walks(monkeypatch)
+    assert {n: p.key for n, p in planned(m, cache).items()} == keys
+    assert sorted(walked) == sorted({"fakelib.core", "kp.uses_lib"})
