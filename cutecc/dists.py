@@ -375,13 +375,13 @@ class HashCache:
 
     def remember_closure(self, key: str, context: str, members: list[tuple[str, str, bool]],
                          consulted: Iterable[tuple[str, str]], since_ns: int) -> None:
-        """Remember a closure walked from `since_ns` on, under the stamps of its member
-        files, of the directories its lookups searched with the paths in them that decided
-        each (`modfind.candidates`; only those present are written), and of the `__init__`
-        files read for their effect on `__path__` (`(file, "")` in `consulted`); only when
-        none of them changed within SETTLE_NS before the walk began, so no stamp taken now
-        can belong to content the walk did not see. Closures alike (modules of one package)
-        share one record."""
+        """Remember a closure whose lookups and reads all happened from `since_ns` on, under
+        the stamps of its member files, of the directories its lookups searched with the
+        paths in them that decided each (`modfind.candidates`; only those present are
+        written), and of the `__init__` files read for their effect on `__path__` (`(file, "")`
+        in `consulted`); only when none of them changed within SETTLE_NS before `since_ns`,
+        so no stamp taken now can belong to content the walk did not see. Closures alike
+        (modules of one package) share one record."""
         tails: dict[str, set[str]] = {}
         for p, tail in consulted:
             tails.setdefault(p, set())

@@ -88,6 +88,9 @@ class SourceIndex:
         self._bases: tuple[list[str], list[str]] | None = None  # `_rel_of`'s prefixes
         self._paths: dict[str, Path] = {}  # remembered closures' members, as Paths
         self._resolved_roots = [str(Path(r).resolve()) for r in self.roots]
+        # before any lookup: a walk may reuse answers found for an earlier one (`_found`),
+        # so what it remembers must not have changed since this, not since the walk began
+        self._born = time.time_ns()
 
     def digest(self, module: str) -> tuple[str, tuple[str, ...]]:
         """(SHA-256 over the module's local dependency closure, the files' relative paths).
@@ -251,7 +254,6 @@ class SourceIndex:
                     self._imports_of(path, name, is_pkg)
                 out.add(path)
             return out
-        start = time.time_ns()
         self._touched = set()
         try:
             members = self._walk(module)
@@ -264,7 +266,7 @@ class SourceIndex:
             if got is None:
                 return {Path(f) for f, _, _ in members}  # a parent ran: not remembered
             paths |= got
-        self._cache.remember_closure(ckey, self._closure_context(), members, paths, start)
+        self._cache.remember_closure(ckey, self._closure_context(), members, paths, self._born)
         return {Path(f) for f, _, _ in members}
 
     def _closure_context(self) -> str:
