@@ -1,18 +1,28 @@
-"""No-op `cutecc build` of a manifest of published kernels and of the root manifest, this
+"""No-op `cutecc build` of manifests of published kernels and of the root manifest, this
 tree's cutecc against another revision's, in one run on one machine (issue 27).
 
     python -m benchmarks.noop_installed --before 0d9c562 [--repeats 9] [--json PATH]
     python -m benchmarks.noop_installed                 # this tree only
+    python -m benchmarks.noop_installed --only published --seed-cache DIR --json PATH
 
 `examples/kernels.toml` (quack RMSNorm and cross-entropy, FA4's Hopper forward) is keyed
 by the installed code its entries reach (quack's and FA4's sources, torch's 14,000 files,
 triton, the DSL); the root manifest by the DSL and the toolchain alone. Each version (this
 tree; `--before REF`'s `cutecc/` from `git archive`, first on PYTHONPATH) builds each
-manifest once into a cache of its own, untimed (two versions may key differently), then the
-timed no-op builds (`--no-lock`, whole process, wall clock) alternate between the versions,
-repeat by repeat. Prints one JSON document: per manifest and version the walls, their
-median, min and max, `build()`'s own seconds, and the load average before and after.
-Skips examples/ without the `examples` extra (quack-kernels, flash-attn-4).
+manifest into a cache of its own, untimed (two versions may key differently), twice (planning
+remembers only stamps older than its start, and the working directory, the cache's parent,
+was made a moment ago), then the timed no-op builds (`--no-lock`, whole process, wall clock)
+alternate between the versions, repeat by repeat; each version's `cutecc/` byte-compiled
+first, as an installed package is. Prints one JSON document: the machine
+and command, per manifest and version the walls, their median, min and max, `build()`'s own
+seconds, what the keys cover (`keyed`), and the load average before and after.
+`benchmarks/manifests/published.toml` (21 entries: quack, FA4, FlashInfer's and cuDNN
+frontend's CuTe launchers) is keyed by those libraries too. A manifest whose libraries are not
+installed is skipped, its reason in `skip_reasons`. `--seed-cache DIR` copies a cache built
+before (e.g. by `cutecc build benchmarks/manifests/published.toml --cache-dir DIR`) into each
+version's cache first, so the untimed build compiles nothing that DIR has (FA4's compiles take
+minutes). `keyed` counts what the keys cover: distributions, their installed files (RECORD
+rows, the files a no-op build stats) and the source files of the entries' import closures.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -29,9 +40,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO, summary
+from benchmarks.common import REPO, machine, summary, version
 
-MANIFESTS = {"examples": REPO / "examples" / "kernels.toml", "root": REPO / "kernels.toml"}
+MANIFESTS = {"examples": REPO / "examples" / "kernels.toml", "root": REPO / "kernels.toml",
+             "published": REPO / "benchmarks" / "manifests" / "published.toml"}
+LIBRARIES = ("torch", "triton", "quack-kernels", "flash-attn-4", "flashinfer-python", "nvidia-cudnn-frontend")
+# The top-level packages each manifest's entries import (found, not imported), and the
+# distributions that install them: a manifest runs only where all are installed.
+NEEDS = {"examples": {"quack": "quack-kernels", "flash_attn": "flash-attn-4"},
+         "root": {},
+         "published": {"quack": "quack-kernels", "flash_attn": "flash-attn-4",
+                       "flashinfer": "flashinfer-python", "cudnn": "nvidia-cudnn-frontend"}}
 
 
 def checkout(ref: str, into: Path) -> Path:
@@ -71,16 +90,55 @@ def build(code: Path, manifest: Path, cache: Path) -> tuple[float, dict[str, Any
     return wall, json.loads(r.stdout)
 
 
-def measure(versions: dict[str, Path], repeats: int, root: Path) -> dict[str, Any]:
-    """The no-op builds of every manifest by every version, interleaved (see the module)."""
-    names = [n for n in MANIFESTS if n != "examples" or examples_available()]
-    out: dict[str, Any] = {"load_before": os.getloadavg(), "skipped": sorted(set(MANIFESTS) - set(names))}
+def keyed(code: Path, manifest: Path, cache: Path) -> dict[str, int]:
+    """What the keys of `manifest`'s entries cover, planned by `code`'s cutecc in a child:
+    distributions (union over entries), their installed files (RECORD rows outside
+    `__pycache__`) and the entries' closure source files."""
+    prog = (
+        "import json, sys, importlib.metadata as md\n"
+        "from pathlib import Path\n"
+        "from cutecc.dists import HashCache\n"
+        "from cutecc.manifest import load_manifest\n"
+        "from cutecc.plan import plan\n"
+        "from cutecc.store.layout import HASH_CACHE\n"
+        "hc = HashCache(Path(sys.argv[2]) / HASH_CACHE)\n"
+        "ps = plan(load_manifest(Path(sys.argv[1])), hash_cache=hc)\n"
+        "dists = sorted({d for p in ps for d in p.inputs['distributions']})\n"
+        "files = 0\n"
+        "for d in dists:\n"
+        "    rec = md.distribution(d).read_text('RECORD') or ''\n"
+        "    files += sum(1 for r in rec.splitlines() if r and '__pycache__' not in r)\n"
+        "print(json.dumps({'entries': len(ps), 'distributions': len(dists), 'installed_files': files,\n"
+        "                  'closure_sources': len({s for p in ps for s in p.sources})}))\n")
+    r = subprocess.run([sys.executable, "-c", prog, str(manifest), str(cache)], capture_output=True,
+                       text=True, env=_env(code), cwd=cache.parent, check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def measure(versions: dict[str, Path], repeats: int, root: Path, only: list[str] | None = None,
+            seed: Path | None = None) -> dict[str, Any]:
+    """The no-op builds of every manifest (or those in `only`) whose libraries are installed,
+    by every version, interleaved (see the module)."""
+    asked = [n for n in MANIFESTS if only is None or n in only]
+    reasons = {m: why for m in asked if (why := unavailable(m)) is not None}
+    names = [n for n in asked if n not in reasons]
+    out: dict[str, Any] = {"load_before": os.getloadavg(), "skipped": sorted(reasons),
+                           "skip_reasons": reasons}
     caches = {(m, v): root / f"cache-{m}-{v}" for m in names for v in versions}
     for code in versions.values():
         check(code, root)
+        # byte-compiled as an installed package is (else a host with PYTHONDONTWRITEBYTECODE,
+        # as the CPU build machine has, compiles `--before`'s extracted modules every run)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(code / "cutecc")], check=True,
+                       capture_output=True)
     for (m, v), cache in caches.items():
+        if seed is not None:
+            shutil.copytree(seed, cache, symlinks=True)
         _, rep = build(versions[v], MANIFESTS[m], cache)  # fills the cache: untimed
         assert rep["failed"] == 0, rep
+        # and once more, untimed: planning remembers only stamps settled before it began (a
+        # cache directory made a moment ago is searched as the working directory)
+        build(versions[v], MANIFESTS[m], cache)
     walls: dict[tuple[str, str], list[float]] = {k: [] for k in caches}
     inside: dict[tuple[str, str], list[float]] = {k: [] for k in caches}
     entries: dict[tuple[str, str], int] = {}
@@ -94,14 +152,22 @@ def measure(versions: dict[str, Path], repeats: int, root: Path) -> dict[str, An
     out["load_after"] = os.getloadavg()
     out["results"] = {f"{m} {v}": {"walls": walls[(m, v)], "wall": summary(walls[(m, v)]),
                                    "build_seconds": summary(inside[(m, v)]),
-                                   "entries": entries[(m, v)]}
-                      for (m, v) in caches}
+                                   "entries": entries[(m, v)],
+                                   "keyed": keyed(versions[v], MANIFESTS[m], cache)}
+                      for (m, v), cache in caches.items()}
     return out
+
+
+def unavailable(manifest: str) -> str | None:
+    """Why `manifest` cannot be built here (None: it can): the distributions its entries
+    import that are not installed (their packages found, not imported)."""
+    missing = [dist for top, dist in NEEDS[manifest].items() if importlib.util.find_spec(top) is None]
+    return f"not installed: {', '.join(missing)}" if missing else None
 
 
 def examples_available() -> bool:
     """Whether the `examples` extra is installed (found, not imported)."""
-    return all(importlib.util.find_spec(m) is not None for m in ("quack", "flash_attn"))
+    return unavailable("examples") is None
 
 
 def main() -> None:
@@ -109,13 +175,24 @@ def main() -> None:
     ap.add_argument("--before", default=None, help="a git revision to compare with")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--only", default=None, help=f"comma-separated, of {', '.join(MANIFESTS)}")
+    ap.add_argument("--seed-cache", type=Path, default=None,
+                    help="a cache to copy into each version's before its untimed build")
     ns = ap.parse_args()
+    only = ns.only.split(",") if ns.only else None
+    if only and set(only) - set(MANIFESTS):
+        ap.error(f"--only: unknown manifest(s) {sorted(set(only) - set(MANIFESTS))}")
     with tempfile.TemporaryDirectory(prefix="bench-noop-installed-") as d:
         root = Path(d)
         versions = {"after": REPO}
         if ns.before:
             versions = {"before": checkout(ns.before, root / "before"), **versions}
-        doc = {"before": ns.before, "repeats": ns.repeats, **measure(versions, ns.repeats, root)}
+        doc = {"machine": {**machine(), "command": " ".join(
+                   [Path(sys.executable).name, "-m", "benchmarks.noop_installed", *sys.argv[1:]]),
+                   "libraries": {p: version(p) for p in LIBRARIES},
+                   "PYTHONDONTWRITEBYTECODE": os.environ.get("PYTHONDONTWRITEBYTECODE")},
+               "before": ns.before, "repeats": ns.repeats,
+               **measure(versions, ns.repeats, root, only, ns.seed_cache)}
     text = json.dumps(doc, indent=1)
     if ns.json:
         ns.json.write_text(text + "\n")

@@ -15,7 +15,9 @@ A kernel's key covers, besides the project's own modules (`cutecc.key.SourceInde
   wheel installed anywhere gives the same digest (no times; the committed kernels.lock
   must reproduce on CI). A build remembers each digest in its store under the stamps
   (size, mtime, ctime, inode, device) of the distribution's files (`HashCache`), so a
-  no-op build stats installed files and reads none. Byte code, files outside
+  no-op build stats installed files and reads none (a RECORD-only digest: under the
+  RECORD's stamp; an entry's import closure: under its files' and searched directories'
+  stamps, `HashCache.closure`). Byte code, files outside
   site-packages (console scripts: their first line names the interpreter) and the
   dist-info's files (written or rewritten by the installer: INSTALLER, REQUESTED,
   direct_url.json naming where the wheel came from; the version stands for them) are
@@ -50,7 +52,7 @@ from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 from typing import Any
 
-from cutecc import trust
+from cutecc import modfind, trust
 from cutecc.atomic import atomic_write
 from cutecc.entry import parse_json
 from cutecc.store.layout import PLAN_FACTS
@@ -70,6 +72,7 @@ FACTS = PLAN_FACTS  # beside the hash cache: what a no-op build reads (`HashCach
 MAX_FACTS_BYTES = 64 << 20
 MAX_HASHES_BYTES = 256 << 20
 DIGEST_VERSION = 1  # what a remembered digest was computed by: bumped with `_compute`
+CLOSURE_CONTEXTS = 4  # closures remembered per module and python_path (`HashCache.closure`)
 SETTLE_NS = 2_000_000_000  # stamps younger than this are not remembered (`settled`)
 _MODULE_ENDS = ("/__init__.py", ".py", *(f"/__init__{s}" for s in EXTENSION_SUFFIXES),
                 *EXTENSION_SUFFIXES)
@@ -203,6 +206,25 @@ def stamp(st: os.stat_result) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
 
 
+def path_stamp(p: str) -> list[int] | None:
+    """`stamp` of path `p`, a file's or a directory's (whose mtime and ctime move with every
+    entry added, removed or renamed in it); None when there is nothing there."""
+    try:
+        return stamp(os.stat(p))
+    except OSError:
+        return None
+
+
+def installed_fingerprint() -> list[Any]:
+    """Which distributions are installed where, and their RECORDs' stamps: what says which
+    packages a distribution owns and which are editable (`owners`, `is_editable`)."""
+    out = []
+    for name, d, tops in _installed().every:
+        where = str(getattr(d, "_path", ""))
+        out.append([name, where, list(tops), path_stamp(os.path.join(where, "RECORD")) if where else None])
+    return out
+
+
 def settled(st: os.stat_result) -> bool:
     """Whether a stamp may be remembered: its ctime is SETTLE_NS old, so an edit within the
     same tick of the file system's clock (which could leave every field as it was) is over."""
@@ -239,6 +261,12 @@ class HashCache:
             doc = {}
         self._dists: dict[str, list[Any]] = dict(doc.get("dists") or {})
         self._sources: dict[str, list[Any]] = dict(doc.get("sources") or {})
+        # import closures (`closure`): {key and context: [key, body digest]}, {digest: body}
+        closures, bodies = doc.get("closures"), doc.get("closure_bodies")
+        self._closures: dict[str, list[Any]] = dict(closures) if isinstance(closures, dict) else {}
+        self._bodies: dict[str, Any] = dict(bodies) if isinstance(bodies, dict) else {}
+        self._stamps: dict[str, str | None] = {}  # this pass's (`_stamp`)
+        self._valid: dict[str, bool] = {}  # body digest -> `_holds`, this pass
 
     def _load(self, path: Path | None, limit: int) -> dict[str, Any]:
         if path is None:
@@ -298,6 +326,101 @@ class HashCache:
             self._dirty.add("facts")
         return facts
 
+    def closure(self, key: str, context: str) -> list[tuple[str, str, bool]] | None:
+        """The import closure remembered under `key` (`cutecc.key.SourceIndex._closure`):
+        `(file, module, is a package)` per member, while the context is the same and every
+        member file and every path its lookups read has the stamp it had then. None otherwise."""
+        rec = self._closures.get(f"{key}\0{context}")
+        body = self._bodies.get(rec[1]) if isinstance(rec, list) and len(rec) == 2 and rec[0] == key \
+            and isinstance(rec[1], str) else None
+        if not (isinstance(body, list) and len(body) == 2):
+            return None
+        if rec[1] not in self._valid:
+            self._valid[rec[1]] = self._holds(body)
+        if not self._valid[rec[1]]:
+            return None
+        return [(str(f), str(name), bool(is_pkg)) for f, name, is_pkg, _ in body[0]]
+
+    def _holds(self, body: list[Any]) -> bool:
+        """Whether nothing a remembered closure depends on has changed: its member files'
+        stamps, and for each directory searched either its stamp (the same listing) or, when
+        it changed (a lock written beside the manifest), the stamps of the paths in it that
+        decided the lookups (`modfind.candidates`: present as they were, absent still absent).
+        A file read for its effect on `__path__` has no candidates: any change counts."""
+        try:
+            members, dirs = body
+            for f, name, is_pkg, st in members:
+                if not (isinstance(f, str) and isinstance(name, str) and isinstance(is_pkg, bool)
+                        and os.path.isabs(f)) or self._stamp(f) != st:
+                    return False
+            for p, st, tails, present in dirs:
+                if not (isinstance(p, str) and isinstance(tails, list) and isinstance(present, dict)
+                        and all(isinstance(t, str) for t in tails)):
+                    return False
+                if self._stamp(p) == st:
+                    continue
+                if not tails or any(self._stamp(c) != present.get(c)
+                                    for t in tails for c in modfind.candidates(p, t)):
+                    return False
+        except (TypeError, ValueError, AttributeError):
+            return False  # damaged: walked afresh
+        return True
+
+    def _stamp(self, p: str) -> str | None:
+        """`path_stamp` as text, once per path and planning pass."""
+        if p not in self._stamps:
+            st = path_stamp(p)
+            self._stamps[p] = None if st is None else ":".join(map(str, st))
+        return self._stamps[p]
+
+    def remember_closure(self, key: str, context: str, members: list[tuple[str, str, bool]],
+                         consulted: Iterable[tuple[str, str]], since_ns: int) -> None:
+        """Remember a closure whose lookups and reads all happened from `since_ns` on, under
+        the stamps of its member files, of the directories its lookups searched with the
+        paths in them that decided each (`modfind.candidates`; only those present are
+        written), and of the `__init__` files read for their effect on `__path__` (`(file, "")`
+        in `consulted`); only when none of them changed within SETTLE_NS before `since_ns`,
+        so no stamp taken now can belong to content the walk did not see. Closures alike
+        (modules of one package) share one record."""
+        tails: dict[str, set[str]] = {}
+        for p, tail in consulted:
+            tails.setdefault(p, set())
+            if tail:
+                tails[p].add(tail)
+        times: list[list[int] | None] = []
+
+        def text(p: str) -> str | None:
+            st = path_stamp(p)
+            times.append(st)
+            return None if st is None else ":".join(map(str, st))
+
+        rows = [[f, name, is_pkg, text(f)] for f, name, is_pkg in sorted(members)]
+        dirs = []
+        for p, ts in sorted(tails.items()):
+            present = {c: got for t in sorted(ts) for c in modfind.candidates(p, t)
+                       if (got := text(c)) is not None}
+            dirs.append([p, text(p), sorted(ts), present])
+        if any(r[3] is None for r in rows) or any(
+                st is not None and st[2] > since_ns - SETTLE_NS for st in times):
+            return
+        body = [rows, dirs]
+        digest = hashlib.sha256(json.dumps(body, separators=(",", ":")).encode()).hexdigest()
+        # One record per context (`python -m cutecc` and the `cutecc` script search from
+        # different first entries of sys.path): the newest CLOSURE_CONTEXTS of each key.
+        mine = [k for k, v in self._closures.items() if isinstance(v, list) and v[:1] == [key]]
+        for k in mine[: max(0, len(mine) + 1 - CLOSURE_CONTEXTS)]:
+            del self._closures[k]
+        self._closures.pop(f"{key}\0{context}", None)
+        self._closures[f"{key}\0{context}"] = [key, digest]
+        self._bodies[digest] = body
+        self._valid[digest] = True
+        self._dirty.add("facts")
+
+    def _live_bodies(self) -> dict[str, Any]:
+        """The closure bodies some remembered closure still names."""
+        live = {v[1] for v in self._closures.values() if isinstance(v, list) and len(v) == 2}
+        return {k: v for k, v in self._bodies.items() if k in live}
+
     def dist_digest(self, where: str, fingerprint: str) -> str | None:
         """The digest remembered for the distribution at `where` under `fingerprint`."""
         rec = self._dists.get(where)
@@ -318,7 +441,8 @@ class HashCache:
             if "facts" in self._dirty and self.facts_path is not None:
                 atomic_write(self.facts_path, json.dumps(
                     {"format": HASH_CACHE_FORMAT, "parser": parser_id(), "dists": self._dists,
-                     "sources": self._sources},
+                     "sources": self._sources, "closures": self._closures,
+                     "closure_bodies": self._live_bodies()},
                     separators=(",", ":")).encode())
             self._dirty.clear()
 
@@ -415,11 +539,24 @@ class DistIndex:
     def _compute(self, name: str, full: bool) -> str:
         d = _installed()[name]
         h = hashlib.sha256()
+        # A RECORD digest is a function of the RECORD alone: remembered under its stamp
+        # (the thirty-odd distributions torch and the DSL require, read on every no-op).
+        record_file = os.path.join(str(d._path), "RECORD") if isinstance(d, md.PathDistribution) else None
+        before = path_stamp(record_file) if record_file and not full else None
+        fp = f"record\0{DIGEST_VERSION}\0{before}"
+        if before is not None and (known := self.hashes.dist_digest(f"{record_file}\0record", fp)):
+            return known
         text = d.read_text("RECORD") or ""
         rows = self._rows.get(name) or _portable_rows(text)
-        record = "".join(f"{rel},{digest},{size}\n" for rel, (digest, size) in sorted(rows.items()))
+
+        def record() -> str:  # only where no remembered digest answers
+            return "".join(f"{rel},{digest},{size}\n" for rel, (digest, size) in sorted(rows.items()))
+
         if not full:
-            h.update(b"record\0" + record.encode())
+            h.update(b"record\0" + record().encode())
+            if before is not None and record_file and path_stamp(record_file) == before and \
+                    time.time_ns() - before[2] >= SETTLE_NS:
+                self.hashes.remember_dist(f"{record_file}\0record", fp, h.hexdigest())
             return h.hexdigest()
         stats = []
         for rel, p in _listed(d, text, rows):
@@ -430,8 +567,10 @@ class DistIndex:
         stats.sort(key=lambda x: x[0])
         # The files' stamps tell the digest unchanged without reading a file (`HashCache`).
         fp = hashlib.sha256(f"{DIGEST_VERSION}\0{FULL_HASH_LIMIT}\0".encode() + text.encode())
-        for rel, _, st in stats:
-            fp.update(f"\0{rel}\0{stamp(st) if st else 'missing'}".encode())
+        # (each stamp as str(stamp(st)) spells it, formatted at once: torch lists 14,000 files)
+        fp.update("".join([
+            f"\0{rel}\0[{st.st_size}, {st.st_mtime_ns}, {st.st_ctime_ns}, {st.st_ino}, {st.st_dev}]"
+            if st else f"\0{rel}\0missing" for rel, _, st in stats]).encode())
         where = str(getattr(d, "_path", name))
         known = self.hashes.dist_digest(where, fp.hexdigest())
         if known is not None:
@@ -442,7 +581,7 @@ class DistIndex:
             # digest is the same on every machine that installed the same wheel; each file
             # is checked against it (hashed once per change of its stamp, through the hash
             # cache), and one that differs (edited after install) adds its own hash.
-            h.update(b"record\0" + record.encode())
+            h.update(b"record\0" + record().encode())
             for rel, p, st in stats:
                 got = self.hashes.sha256(p) if st else "missing"
                 if rows[rel][0] != _record_digest(got):
@@ -469,22 +608,37 @@ def _listed(d: md.Distribution, record: str, rows: Mapping[str, tuple[str, str]]
             out.append((rel, str(f.locate())))
         return out
     base = str(d.locate_file(""))
+    prefix = base if base.endswith("/") else base + "/"
     out = []
     for line in record.splitlines():
         if not line:
             continue  # (`files` would fail on it)
-        name, parts = _parts(next(csv.reader([line]))[0] if line.startswith('"') else line.partition(",")[0])
+        raw = next(csv.reader([line]))[0] if line.startswith('"') else line.partition(",")[0]
+        if raw in rows and _normal(raw):
+            # The usual row, already as `PackagePath` spells it and kept by `rows` (so not
+            # under __pycache__): only byte code is left out (`_suffix`), and the path is
+            # os.path.join's.
+            last = raw.rpartition("/")[2]
+            if not (last.endswith(".pyc") and last != ".pyc"):
+                out.append((raw, prefix + raw))
+            continue
+        name, parts = _parts(raw)
         if "__pycache__" in parts or _suffix(parts[-1] if parts else "") == ".pyc" or name not in rows:
             continue
         out.append((name, os.path.join(base, name)))
     return out
 
 
+def _normal(name: str) -> bool:
+    """Whether a RECORD path is already as `PackagePath` (pathlib) spells it, relative."""
+    return not (not name or name.startswith(("/", "./")) or "//" in name or "/./" in name
+                or name.endswith(("/", "/.")) or name == ".")
+
+
 def _parts(name: str) -> tuple[str, tuple[str, ...]]:
     """A RECORD path as `PackagePath` (pathlib) normalizes it, and its parts, without
     building a path object for the usual, already normal, path."""
-    if (not name or name.startswith(("/", "./")) or "//" in name or "/./" in name
-            or name.endswith(("/", "/.")) or name == "."):
+    if not _normal(name):
         f = md.PackagePath(name)
         return f.as_posix(), f.parts
     return name, tuple(name.split("/"))

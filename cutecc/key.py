@@ -23,7 +23,9 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +80,17 @@ class SourceIndex:
         self._local: dict[str, bool] = {}
         self._why: dict[str, str] = {}  # why a module was not found
         self._exec_paths: dict[str, list[str]] = {}  # __path__ of packages imported to learn it
+        # per located name: the paths its answer depends on (`modfind.find_module`'s
+        # `consulted`), None when a parent had to run (no stamp tells that answer unchanged)
+        self._consulted: dict[str, set[tuple[str, str]] | None] = {}
+        self._touched: set[str] | None = None  # names located by the closure being walked
+        self._context: str | None = None
+        self._bases: tuple[list[str], list[str]] | None = None  # `_rel_of`'s prefixes
+        self._paths: dict[str, Path] = {}  # remembered closures' members, as Paths
+        self._resolved_roots = [str(Path(r).resolve()) for r in self.roots]
+        # before any lookup: a walk may reuse answers found for an earlier one (`_found`),
+        # so what it remembers must not have changed since this, not since the walk began
+        self._born = time.time_ns()
 
     def digest(self, module: str) -> tuple[str, tuple[str, ...]]:
         """(SHA-256 over the module's local dependency closure, the files' relative paths).
@@ -135,20 +148,23 @@ class SourceIndex:
         return self._rels[f]
 
     def _rel_of(self, f: Path) -> str:
-        for r in self.roots:
-            try:
-                return f.relative_to(r).as_posix()
-            except ValueError:
-                continue
-        best: Path | None = None
-        for entry in sys.path:
-            try:
-                rel = f.relative_to(Path(entry or ".").absolute())
-            except ValueError:
-                continue
-            if best is None or len(rel.parts) < len(best.parts):
+        # Path.relative_to, on strings: both sides are normal absolute paths (as Path
+        # spells them), so "under" is a prefix ending at a separator (a thousand files of
+        # a published library, each against every sys.path entry, on every no-op build).
+        if self._bases is None:
+            self._bases = ([str(r) for r in self.roots],
+                           [str(Path(entry or ".").absolute()) for entry in sys.path])
+        roots, entries = self._bases
+        text = str(f)
+        for r in roots:
+            if (rel := _under(text, r)) is not None:
+                return Path(rel).as_posix()
+        best: str | None = None
+        for entry in entries:
+            rel = _under(text, entry)
+            if rel is not None and (best is None or _depth(rel) < _depth(best)):
                 best = rel
-        return best.as_posix() if best is not None else f.as_posix()
+        return Path(best).as_posix() if best is not None else f.as_posix()
 
     def _hash(self, f: Path) -> str:
         return self._facts_of(f)["sha256"]
@@ -173,14 +189,22 @@ class SourceIndex:
         another distribution's directory at import, as the DSL's `cutlass` adds
         nvidia-cutlass-operators'), by importing that parent in a child process, once per
         index. None when not found; `_why` keeps the reason."""
+        if self._touched is not None:
+            self._touched.add(module)
         if module not in self._found:
+            consulted: set[tuple[str, str]] = set()
             try:
                 found: modfind.Found | None = modfind.find_module(
-                    module, [str(r) for r in self.roots], invalidate=not self._found,
-                    allow_exec=True, exec_cache=self._exec_paths, effect_of=self._path_effect)
+                    module, self._resolved_roots, invalidate=not self._found, resolved=True,
+                    allow_exec=True, exec_cache=self._exec_paths, effect_of=self._path_effect,
+                    consulted=consulted)
+                self._consulted[module] = None if found.executed else consulted
             except (ImportError, ValueError, OSError, SyntaxError, UnicodeDecodeError) as e:
                 found = None
                 self._why[module] = str(e) or type(e).__name__
+                # a parent run in a child (exec_cache) or a failure outside the search: not kept
+                self._consulted[module] = None if (self._exec_paths or not isinstance(
+                    e, modfind.NotFound)) else consulted
             self._found[module] = found
         return self._found[module]
 
@@ -202,6 +226,8 @@ class SourceIndex:
         library and any environment that no distribution owns (a directory on $PYTHONPATH).
         The top level of the kernel's own entry is local to its closure wherever it is
         installed (`_find`); everything else is keyed by its distribution (`cutecc.dists`)."""
+        if self._touched is not None:
+            self._touched.add(top)  # its answer decides the closure: remembered with it
         if top not in self._local:
             found = self._locate(top)
             places = ([found.origin] if found.origin else found.locations) if found else []
@@ -214,12 +240,63 @@ class SourceIndex:
         return self._local[top]
 
     def _closure(self, module: str) -> set[Path]:
+        """The source files of `module`'s local closure: walked, or as a run before walked
+        it while none of the files and directories that walk read has changed since
+        (`dists.HashCache.closure`; a published library's closure is thousands of
+        lookups, the bulk of a no-op build otherwise)."""
+        ckey = "\0".join([module, *self._resolved_roots])
+        cached = self._cache.closure(ckey, self._closure_context())
+        if cached is not None:
+            out: set[Path] = set()
+            for f, name, is_pkg in cached:  # one Path per file (published closures share them)
+                if (path := self._paths.get(f)) is None:
+                    path = self._paths[f] = Path(f)
+                    self._imports_of(path, name, is_pkg)
+                out.add(path)
+            return out
+        self._touched = set()
+        try:
+            members = self._walk(module)
+            touched = self._touched
+        finally:
+            self._touched = None
+        paths: set[tuple[str, str]] = set()
+        for name in touched:
+            got = self._consulted.get(name)
+            if got is None:
+                return {Path(f) for f, _, _ in members}  # a parent ran: not remembered
+            paths |= got
+        self._cache.remember_closure(ckey, self._closure_context(), members, paths, self._born)
+        return {Path(f) for f, _, _ in members}
+
+    def _closure_context(self) -> str:
+        """What every answer of the import system also depends on besides the files and
+        directories a walk reads: the search path, the finders and path hooks (and the
+        files defining them: an editable install's finder holds its mapping), the
+        installed distributions (which packages are keyed by source: `_is_local`)."""
+        if self._context is None:
+            def where(obj: Any) -> list[Any]:
+                cls = obj if isinstance(obj, type) else type(obj)
+                mod = sys.modules.get(cls.__module__)
+                f = getattr(mod, "__file__", None)
+                return [cls.__module__, cls.__qualname__, f, dists.path_stamp(f) if f else None]
+
+            doc = [sys.version, list(map(str, sys.path)), self._resolved_roots,
+                   [where(f) for f in sys.meta_path],
+                   [getattr(h, "__qualname__", None) or where(h) for h in sys.path_hooks],
+                   dists.installed_fingerprint()]
+            self._context = hashlib.sha256(json.dumps(doc, default=str).encode()).hexdigest()
+        return self._context
+
+    def _walk(self, module: str) -> list[tuple[str, str, bool]]:
+        """(file, module name, is a package) of each source file in `module`'s closure."""
         entry_top = module.split(".")[0]
         if self._locate(module) is None:
             raise CuteccError(f'cannot find module "{module}" on the manifest\'s python_path '
                               f"({', '.join(map(str, self.roots))}) or installed: "
                               f"{self._why.get(module, 'not found')}")
         seen: set[Path] = set()
+        members: list[tuple[str, str, bool]] = []
         todo = [module]
         done: set[str] = set()
         while todo:
@@ -235,9 +312,11 @@ class SourceIndex:
                 if f is None or f in seen:
                     continue
                 seen.add(f)
-                todo.extend(d for d in self._imports_of(f, name, f.name == "__init__.py")
+                is_pkg = f.name == "__init__.py"
+                members.append((str(f), name, is_pkg))
+                todo.extend(d for d in self._imports_of(f, name, is_pkg)
                             if self._find(d, entry_top) is not None)
-        return seen
+        return members
 
     def _imports_of(self, f: Path, mod: str, is_pkg: bool) -> set[str]:
         if f not in self._imports:
@@ -258,6 +337,20 @@ class SourceIndex:
                     deps.update(f"{base}.{a}" for a in names if a != "*")
             self._imports[f] = deps  # all of them: which are local depends on the entry
         return self._imports[f]
+
+
+def _under(path: str, base: str) -> str | None:
+    """`path` relative to `base` as `Path(path).relative_to(base)` spells it for normal
+    absolute paths ("." for `base` itself), None when it is not under `base`."""
+    if path == base:
+        return "."
+    prefix = base if base.endswith("/") else base + "/"
+    return path[len(prefix):] if path.startswith(prefix) else None
+
+
+def _depth(rel: str) -> int:
+    """How many parts `Path(rel)` has."""
+    return 0 if rel == "." else rel.count("/") + 1
 
 
 def _path_effect_facts(data: bytes) -> dict[str, Any]:

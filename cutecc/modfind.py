@@ -172,16 +172,43 @@ def _exec_path(name: str, python_path: list[str]) -> list[str]:
     return json.loads(lines[-1].removeprefix("cutecc-path:"))
 
 
+def _consult(consulted: set[tuple[str, str]] | None, search: list[str], tail: str) -> None:
+    """Record what a path-based lookup of `tail` over `search` reads of the file system:
+    `(directory, tail)` for each directory searched (`candidates` says which paths in it
+    decide the answer)."""
+    if consulted is None:
+        return
+    for entry in search:
+        if isinstance(entry, str):
+            consulted.add((entry or os.getcwd(), tail))
+
+
+def candidates(directory: str, tail: str) -> list[str]:
+    """The paths whose presence decides what a path-based finder finds for `tail` in
+    `directory` (`importlib.machinery.FileFinder`): `tail` as a directory (a package, whose
+    listing says whether it has an `__init__`, or a namespace portion) and as a module
+    file of each suffix import knows."""
+    base = os.path.join(directory, tail)
+    return [base, *(base + suffix for suffix in importlib.machinery.all_suffixes())]
+
+
 def find_module(name: str, python_path: list[str] | tuple[str, ...] = (), *,
                 allow_exec: bool = False, invalidate: bool = True,
                 exec_cache: dict[str, list[str]] | None = None,
-                effect_of: Callable[[str], str] = _path_effect) -> Found:
+                effect_of: Callable[[str], str] = _path_effect,
+                consulted: set[tuple[str, str]] | None = None, resolved: bool = False) -> Found:
     """Where import finds `name` with `python_path` ahead of sys.path; NotFound says which
     level failed and which search locations (which parent's `__path__`) were searched.
     `exec_cache` remembers the `__path__` of parents imported in a child (`allow_exec`),
     so one planning pass imports each at most once. `effect_of(__init__ file)` tells what
-    running it does to `__path__` (`path_effect`; a caller may remember it by the file's stamp)."""
-    python_path = [str(Path(p).resolve()) for p in python_path]
+    running it does to `__path__` (`path_effect`; a caller may remember it by the file's stamp).
+    `consulted` (when given) collects what the answer depends on: `(directory, name)` for
+    each name looked up in each directory searched (`candidates`), and `(file, "")` for
+    each `__init__` whose effect on `__path__` was read; a caller may remember the answer
+    while none of them changes (an answer that ran a parent, `Found.executed`, depends on
+    more). `resolved`: `python_path` is already absolute and resolved."""
+    if not resolved:
+        python_path = [str(Path(p).resolve()) for p in python_path]
     saved = sys.path[:]
     sys.path[:0] = [p for p in python_path if p not in sys.path]
     if invalidate:  # FileFinder caches directory listings; one call per planning pass is enough
@@ -192,6 +219,7 @@ def find_module(name: str, python_path: list[str] | tuple[str, ...] = (), *,
         search: list[str] | None = None  # None: the top level, i.e. sys.path
         for i in range(len(parts)):
             full = ".".join(parts[: i + 1])
+            _consult(consulted, sys.path if search is None else search, parts[i])
             mod = sys.modules.get(full)
             if mod is not None and getattr(mod, "__spec__", None) is not None:
                 spec = mod.__spec__  # already imported here: import would use it
@@ -218,14 +246,20 @@ def find_module(name: str, python_path: list[str] | tuple[str, ...] = (), *,
                     raise NotFound(f"{full!r} is a module, not a package ({spec.origin})")
                 if kind == "package":
                     effect = effect_of(spec.origin)
+                    if consulted is not None and spec.origin:
+                        consulted.add((spec.origin, ""))
                     if effect == "extend":
                         parent_search = sys.path if search is None else search
+                        if consulted is not None:  # its portions and .pkg files
+                            _consult(consulted, parent_search, parts[i])
+                            _consult(consulted, parent_search, parts[i] + ".pkg")
                         locs = _extend_path(locs, full, parent_search)
                         kind = "package (pkgutil/pkg_resources portion)"
                     elif effect == "append":
                         # __init__ only appends: a hit in the static locations is exact; a miss
                         # there needs the appended entries, i.e. running __init__ (below).
                         nxt = ".".join(parts[: i + 2])
+                        _consult(consulted, locs, parts[i + 1])
                         if _find_spec(nxt, locs) is None:
                             effect = "unknown"
                         else:

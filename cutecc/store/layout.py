@@ -29,7 +29,7 @@ has its format number, named beside its path). The cache directory is
     src/<digest>/          kernel sources a Ray worker on another node received, by their
                            source digest (a node's own cache only)
     filehashes.json        planning cache: SHA-256s of installed files by stamp
-    planfacts.json         planning cache: distribution digests and parsed sources
+    planfacts.json         planning cache: distribution digests, parsed sources, import closures
 
 An entry's files are named by its meta.json; everything else in the cache is one of the
 above (`cutecc verify` reports anything else as an orphan).
@@ -147,7 +147,7 @@ class Layout:
         return self.root / HASH_CACHE
 
     def plan_facts(self) -> Path:
-        """`planfacts.json`: remembered distribution digests and parsed sources."""
+        """`planfacts.json`: remembered distribution digests, parsed sources and import closures."""
         return self.root / PLAN_FACTS
 
     # Entries -------------------------------------------------------------------------

@@ -267,3 +267,85 @@ def test_remembered_facts_of_another_parser_are_parsed_again(tmp_path: Path, mon
     (tmp_path / FACTS).write_text(json.dumps(doc))
     HashCache(tmp_path / "filehashes.json").source(str(src), parse)
     assert len(calls) == 2  # another parser's facts: parsed again
+
+
+def _walks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The modules whose import closure planning walks from here on (not served remembered)."""
+    walked: list[str] = []
+    real = cutecc.key.SourceIndex._walk
+
+    def spy(self, module: str):
+        walked.append(module)
+        return real(self, module)
+
+    monkeypatch.setattr(cutecc.key.SourceIndex, "_walk", spy)
+    return walked
+
+
+def test_a_warm_cache_walks_no_import_closure(
+        tmp_path: Path, site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The closure of a published library's entry is thousands of module lookups (FlashInfer's
+    RMSNorm: 956 files): a warm cache serves it, and a file written beside the manifest (the
+    lock, in the directory every top-level lookup searches) does not stop it."""
+    install(site, "fakelib", "1.0", LIB)
+    m = project(tmp_path, BOTH)
+    cache = tmp_path / "cache/filehashes.json"
+    cache.parent.mkdir()
+    cold = {n: p.key for n, p in planned(m, cache).items()}
+    walked = _walks(monkeypatch)
+    assert {n: p.key for n, p in planned(m, cache).items()} == cold
+    (m.parent / "kernels.lock").write_text("written after the build\n")
+    assert {n: p.key for n, p in planned(m, cache).items()} == cold
+    assert walked == []
+
+
+@pytest.mark.parametrize("where", ["installed", "project"])
+def test_a_module_appearing_where_an_import_looked_rekeys(
+        tmp_path: Path, site: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """`from pkg import name` finds no module `pkg.name` (an attribute) until a file of that
+    name appears: then the closure has one more file and the key changes, though no file the
+    remembered closure holds changed (an installed one outside RECORD changes no digest of
+    its distribution either)."""
+    lib = {**LIB, "fakelib/core.py": "from fakelib import extra\n\n\ndef kern(x, out, stream):\n    pass\n"}
+    install(site, "fakelib", "1.0", lib)
+    m = project(tmp_path, BOTH)
+    (m.parent / "kp/uses_lib.py").write_text(
+        "from kp import helper\n\n\ndef kern(x, out, stream):\n    pass\n")
+    cache = tmp_path / "cache/filehashes.json"
+    cache.parent.mkdir()
+    kernel, new = (("in_lib", site / "fakelib/extra.py") if where == "installed"
+                   else ("imports_lib", m.parent / "kp/helper.py"))
+    before = planned(m, cache)[kernel].key
+    walked = _walks(monkeypatch)
+    assert planned(m, cache)[kernel].key == before and walked == []  # served remembered
+    new.write_text("X = 1\n")
+    after = planned(m, cache)[kernel]
+    assert after.key != before and walked != []
+    assert str(new.relative_to(site if where == "installed" else m.parent)) in after.sources
+    assert planned(m, None)[kernel].key == after.key  # what planning without a cache says
+
+
+def test_a_damaged_remembered_closure_is_walked_afresh(
+        tmp_path: Path, site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planning cache is read from disk: a closure record of the wrong shape (a member
+    that is no absolute path, a directory without its lookups) is not served, and planning
+    gives the keys it gives without a cache."""
+    import json
+
+    from cutecc.dists import FACTS
+
+    install(site, "fakelib", "1.0", LIB)
+    m = project(tmp_path, BOTH)
+    cache = tmp_path / "cache/filehashes.json"
+    cache.parent.mkdir()
+    keys = {n: p.key for n, p in planned(m, cache).items()}
+    facts = cache.parent / FACTS
+    doc = json.loads(facts.read_text())
+    assert doc["closure_bodies"]
+    for body in doc["closure_bodies"].values():
+        body[0][0][0] = 5  # a file descriptor's number where a path belongs
+        body[1][0][2] = "not a list"
+    facts.write_text(json.dumps(doc))
+    walked = _walks(monkeypatch)
+    assert {n: p.key for n, p in planned(m, cache).items()} == keys
+    assert sorted(walked) == sorted({"fakelib.core", "kp.uses_lib"})
