@@ -33,6 +33,19 @@ def test_builds_record_hits_misses_and_seconds_saved(built) -> None:
     assert doc["format"] == 1 and doc["hits"] == 2
 
 
+def test_the_record_areas_are_counted(built) -> None:
+    """Beside entries: each build's generation records and its manifest's record, counted
+    with their bytes (and shown by the CLI); areas the build did not write count 0."""
+    s = stats(built.cache)
+    gens = list((built.cache / "generations").iterdir())
+    assert s["records"]["generations"] == {
+        "count": len(gens), "bytes": sum(p.stat().st_size for p in gens)} and gens
+    assert s["records"]["manifests"]["count"] == 1
+    assert s["records"]["tuning_plans"] == s["records"]["sources"] == {"count": 0, "bytes": 0}
+    r = CliRunner().invoke(main, ["stats", "--cache-dir", str(built.cache)])
+    assert r.exit_code == 0 and f"records        {len(gens)} generations, 1 manifests" in r.output, r.output
+
+
 def test_failures_are_counted(built) -> None:
     text = built.manifest.read_text() + toy_manifest(threads=(32,), kernels=("broken",)).split("\n", 1)[1]
     built.manifest.write_text(text.replace('[kernel.broken]\nentry = "toy.ops:scale"',
