@@ -42,7 +42,7 @@ CLI = [PY, "-c", "from cutecc.cli import main; main(prog_name='cutecc')"]
 LIB = "kernel.so"
 META = "meta.json"
 ARCH = "sm_90a"
-ATTACKER = "r11attacker"  # the second user the ownership attacks create
+ATTACKER = "cuteccattacker"  # the second user the ownership attacks create
 # The name of the flag that opts out of signature checks at unpack (proposed in NOTES.md).
 # Passed only when the CLI has it, so the per-entry unpack tests test the per-entry checks
 # both today (no signatures yet) and after signing is required by default.
@@ -207,7 +207,7 @@ def cache(built: Cache, tmp_path: Path) -> Cache:
 def legit_tar(built: Cache, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`cutecc pack --format tar` of the whole built cache (unsigned, as today)."""
     d = tmp_path_factory.mktemp("legit-pack")
-    r = cli("pack", "--lock", built.lock, "--name", "r11kernels", "--version", "1.0.0",
+    r = cli("pack", "--lock", built.lock, "--name", "trustkernels", "--version", "1.0.0",
             "--format", "tar", "--out", d, "--cache-dir", built.root)
     assert r.returncode == 0, out(r)
     (path,) = d.glob("*.tar.gz")
@@ -217,7 +217,7 @@ def legit_tar(built: Cache, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def legit_wheel(built: Cache, tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("legit-wheel")
-    r = cli("pack", "--lock", built.lock, "--name", "r11kernels", "--version", "1.0.0",
+    r = cli("pack", "--lock", built.lock, "--name", "trustkernels", "--version", "1.0.0",
             "--out", d, "--cache-dir", built.root)
     assert r.returncode == 0, out(r)
     (path,) = d.glob("*.whl")
@@ -287,19 +287,19 @@ EVIL_C = r'''
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-__attribute__((constructor)) static void r11_ran(void) {
-    const char *m = getenv("R11_MARKER");
+__attribute__((constructor)) static void planted_ran(void) {
+    const char *m = getenv("CUTECC_TEST_MARKER");
     if (!m) return;
     int fd = open(m, O_WRONLY | O_CREAT | O_APPEND, 0644);
     if (fd >= 0) { write(fd, "ran\n", 4); close(fd); }
 }
-int r11_evil_symbol(void) { return 42; }
+int planted_symbol(void) { return 42; }
 '''
 
 
 @pytest.fixture(scope="session")
 def evil_so(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    """A shared library whose constructor appends "ran" to $R11_MARKER when dlopened."""
+    """A shared library whose constructor appends "ran" to $CUTECC_TEST_MARKER when dlopened."""
     if not shutil.which("cc"):
         pytest.skip("needs a C compiler for the planted library")
     d = tmp_path_factory.mktemp("evil")
@@ -335,7 +335,7 @@ def run_measured(cmd: list[str], *, env: dict[str, str] | None = None, timeout: 
     """
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="r11-measure-") as d:
+    with tempfile.TemporaryDirectory(prefix="trust-measure-") as d:
         res = Path(d) / "rusage"
         p = subprocess.Popen([PY, "-c", _MEASURE, str(res), *cmd], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, env=child_env(env), cwd=cwd,
@@ -386,27 +386,6 @@ def wait_for(pred, timeout: float, step: float = 0.05) -> bool:
             return True
         time.sleep(step)
     return pred()
-
-
-# Recording failures (for NOTES.md): R11_FAILURES=path.json ./run_tests.sh -------------------
-
-_failures: dict[str, str] = {}
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if report.failed and report.when in ("setup", "call"):
-        crash = getattr(report.longrepr, "reprcrash", None)
-        if crash is not None:
-            first = crash.message.strip().splitlines()[0] if crash.message.strip() else ""
-            _failures[report.nodeid] = f"{Path(crash.path).name}:{crash.lineno}: {first}"[:400]
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    path = os.environ.get("R11_FAILURES")
-    if path:
-        old = json.loads(Path(path).read_text()) if Path(path).exists() else {}
-        old.update(_failures)
-        Path(path).write_text(json.dumps(old, indent=1, sort_keys=True) + "\n")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -140,7 +140,7 @@ def test_the_laundering_chain_never_runs_the_other_users_library(cache: Cache, o
         py("import sys, cutecc\nsys.path.insert(0, sys.argv[1])\n"
            "ks = cutecc.load(package='laundered', arch=sys.argv[2])\n"
            "try:\n    ks.register_all()\nexcept Exception as e:\n    print(type(e).__name__, e)\n",
-           site, ARCH, env={"R11_MARKER": str(marker), **UNSIGNED_OK})
+           site, ARCH, env={"CUTECC_TEST_MARKER": str(marker), **UNSIGNED_OK})
     assert marker_runs(marker) == 0, (
         "the other user's library ran in root's process; build said: "
         f"{r1.stdout.strip()[-200:]!r}, pack said: {r2.stdout.strip()[-200:]!r}")

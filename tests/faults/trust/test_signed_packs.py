@@ -75,7 +75,7 @@ def test_unpack_does_not_import_a_self_consistent_hostile_archive(built: Cache, 
     if landed.exists():
         py("import sys, cutecc\nks = cutecc.load(sys.argv[1], arch=sys.argv[2])\n"
            "try:\n    ks.register_all()\nexcept Exception as e:\n    print(e)\n", dest, ARCH,
-           env={"R11_MARKER": str(marker)})
+           env={"CUTECC_TEST_MARKER": str(marker)})
     assert not landed.exists() or landed.read_bytes() != evil_so, (
         f"the hostile library was imported ({r.stdout.strip()}); it then ran "
         f"{marker_runs(marker)} time(s) at registration")
@@ -173,7 +173,7 @@ def test_load_of_a_package_with_trusted_keys_refuses_an_unsigned_pack(legit_whee
     with zipfile.ZipFile(legit_wheel) as zf:
         zf.extractall(site)
     r = py("import sys, cutecc\nsys.path.insert(0, sys.argv[1])\nfrom cutecc.errors import CuteccError\n"
-           "try:\n    cutecc.load(package='r11kernels', arch='sm_90a', trusted_keys=[sys.argv[2]])\n"
+           "try:\n    cutecc.load(package='trustkernels', arch='sm_90a', trusted_keys=[sys.argv[2]])\n"
            "    print('LOADED')\nexcept CuteccError as e:\n    print('REFUSED', e)\n",
            site, tmp_path / "ci.pub")
     assert "REFUSED" in r.stdout and "sign" in r.stdout.lower(), out(r)

@@ -78,7 +78,7 @@ from cutecc.errors import CuteccError
 root, arch, n, kinds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 outcome = {"tries": 0, "registered": 0, "refused": 0, "load_retries": 0}
 for i in range(n):
-    if os.path.exists(os.environ["R11_MARKER"]):
+    if os.path.exists(os.environ["CUTECC_TEST_MARKER"]):
         break  # his library ran: no need to go on
     outcome["tries"] += 1
     name = f"evil{i % kinds}"  # a refused kernel is not registered, so it can be tried again
@@ -120,7 +120,7 @@ def shared_tmp() -> Iterator[Path]:
     """A directory a second user can reach (pytest's tmp_path is 0700), on a tmpfs when
     there is one (/dev/shm): a link flips there in about 9 us, against 180 us on this disk."""
     base = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
-    d = Path(tempfile.mkdtemp(prefix="r11-", dir=base))
+    d = Path(tempfile.mkdtemp(prefix="trust-", dir=base))
     os.chmod(d, 0o755)
     yield d
     shutil.rmtree(d, ignore_errors=True)
@@ -162,7 +162,7 @@ def test_flipping_the_cache_symlink_never_gets_root_to_run_the_other_users_libra
     try:
         time.sleep(0.2)
         assert flipper.poll() is None, "the flipper did not start"
-        r = py(RACE, link, ARCH, str(n), str(kinds), env={"R11_MARKER": str(marker)}, timeout=600)
+        r = py(RACE, link, ARCH, str(n), str(kinds), env={"CUTECC_TEST_MARKER": str(marker)}, timeout=600)
     finally:
         stop.write_text("")
         flipper.wait(timeout=30)

@@ -9,7 +9,7 @@ inputs, or lists extra files, lands.
 Each bomb is a genuine pack with one thing changed (bombs.py), so a bounded,
 per-entry unpack refuses that thing (exit 1, one line per refusal) and imports the other
 ten entries. Peak memory (ru_maxrss of the unpack process) must stay under
-$R11_UNPACK_MAX_RSS_MB (default 128; a genuine 11-entry pack peaks at 40 MB today).
+$CUTECC_TEST_UNPACK_MAX_RSS_MB (default 128; a genuine 11-entry pack peaks at 40 MB today).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from .conftest import (
 )
 
 pytestmark = pytest.mark.usefixtures("dsl")
-MAX_RSS_MB = int(os.environ.get("R11_UNPACK_MAX_RSS_MB", "128"))
-MAX_SECONDS = float(os.environ.get("R11_UNPACK_MAX_SECONDS", "30"))
+MAX_RSS_MB = int(os.environ.get("CUTECC_TEST_UNPACK_MAX_RSS_MB", "128"))
+MAX_SECONDS = float(os.environ.get("CUTECC_TEST_UNPACK_MAX_SECONDS", "30"))
 
 
 @pytest.fixture(scope="session")
@@ -162,7 +162,7 @@ def test_members_out_of_order_behind_a_large_pad_unpack_in_bounded_time(bomb, tm
     reverse order (5 MB). A reader that lists the members, then seeks back to each one in name
     order, re-inflates the pad per member (an 11-entry pack: 89 s on 0602d35; 25,000 entries
     behind a 4 GiB pad: days). One forward pass (tarfile "r|*", staging each entry) costs one
-    inflate; refusing out-of-order members is fine too. Bound: $R11_UNPACK_MAX_SECONDS (30)."""
+    inflate; refusing out-of-order members is fine too. Bound: $CUTECC_TEST_UNPACK_MAX_SECONDS (30)."""
     archive = bomb("reversed+1GiB-pad")
     t0 = time.monotonic()
     code, text, rss_kb = run_measured([*CLI, *unpack_cmd(archive, tmp_path / "cache")],
@@ -207,7 +207,7 @@ def test_a_pack_of_311_entries_unpacks_in_linear_time_and_bounded_memory(big_pac
     all of it into memory (485460e) costs its size; reading each entry by seeking back into a
     .tar.gz (0602d35: meta.json is read before kernel.so, which precedes it in the archive)
     re-inflates the archive from the start for every entry: time grows with N^2 (200 entries
-    25 s, 100 entries 8 s on this host). Bound: $R11_UNPACK_MAX_SECONDS (30)."""
+    25 s, 100 entries 8 s on this host). Bound: $CUTECC_TEST_UNPACK_MAX_SECONDS (30)."""
     t0 = time.monotonic()
     code, text, rss_kb = run_measured([*CLI, *unpack_cmd(big_pack, tmp_path / "cache")],
                                       timeout=MAX_SECONDS)
