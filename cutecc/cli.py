@@ -338,13 +338,15 @@ def explain(kernel: str, manifest: Path | None, manifest_opt: Path | None, varia
 @main.command(short_help="Re-hash every entry; find damage and orphans.")
 @click.option("--fix", is_flag=True,
               help="Move bad entries to quarantine/ (rebuilt by the next build); delete orphans.")
+@click.option("--lock", "lock_file", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Also name the distributions this kernels.lock was made with that differ here.")
 @_cache_opt
 @_json_opt
-def verify(fix: bool, cache_dir: Path | None, as_json: bool) -> None:
+def verify(fix: bool, lock_file: Path | None, cache_dir: Path | None, as_json: bool) -> None:
     """Re-hash every entry against its metadata; find orphans. Exit 1 if anything is wrong."""
     from cutecc.commands.verify import verify as run
 
-    _emit(run(cache_dir, fix=fix), as_json)
+    _emit(run(cache_dir, fix=fix, lock=lock_file), as_json)
 
 
 @main.command(short_help="Evict least recently used entries.")
