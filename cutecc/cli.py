@@ -414,18 +414,21 @@ def stats(cache_dir: Path | None, as_json: bool) -> None:
 @_cache_opt
 @click.option("--format", "fmt", type=click.Choice(["wheel", "tar"]), default="wheel",
               show_default=True, help="A pip-installable wheel, or a .tar.gz for `cutecc unpack`.")
+@click.option("--runtime-wheel/--no-runtime-wheel", "with_runtime", default=True, show_default=True,
+              help="Also write cutecc's own wheel beside a wheel (the runtime the pack requires).")
 @_sign_opt
 @_json_opt
 def pack(manifest_opt: Path | None, lock: Path | None, name: str, version: str,
          archs: tuple[str, ...], platform: str | None, kernels: tuple[str, ...], out: Path,
-         cache_dir: Path | None, fmt: str, sign_key: Path | None, as_json: bool) -> None:
+         cache_dir: Path | None, fmt: str, with_runtime: bool, sign_key: Path | None,
+         as_json: bool) -> None:
     """Write built entries (those --manifest plans, or --lock names) into a reproducible
     wheel (or tarball) for deploy hosts."""
     from cutecc.commands.pack import pack as run
 
     _emit(run(name=name, version=version, manifest=manifest_opt, lock=lock, archs=archs,
               kernels=kernels, out=out, cache_dir=cache_dir, fmt=fmt, sign_key=sign_key,
-              platform=platform), as_json)
+              platform=platform, with_runtime=with_runtime), as_json)
 
 
 @main.command(short_help="Import a pack's entries into a cache.")

@@ -259,7 +259,8 @@ class Drift:
         def ver(v: str | None) -> str:
             return "absent" if v is None else v.split(" ")[0]
 
-        same = self.locked is not None and self.installed is not None and ver(self.locked) == ver(self.installed)
+        same = (self.locked is not None and self.installed is not None
+                and ver(self.locked) == ver(self.installed))
         return f"{self.name} {ver(self.locked)} -> {ver(self.installed)}" + (" (other files)" if same else "")
 
 
@@ -361,11 +362,12 @@ class Lock:
             tuned = f',\n "tuning": [\n  {tl}\n ]'
         env = ""
         if self.environment is not None:  # one distribution per line: a drift diffs as one line
-            dl = ",\n   ".join(f"{json.dumps(n)}: {json.dumps(v)}" for n, v in self.environment.distributions)
+            dl = ",\n   ".join(f"{json.dumps(n)}: {json.dumps(v)}"
+                               for n, v in self.environment.distributions)
             env = (f',\n "environment": {{\n  "format": {ENVIRONMENT_FORMAT},\n  "distributions": {{'
                    + (f"\n   {dl}\n  }}" if dl else "}") + "\n }")
-        return (f'{{\n "format": {LOCK_FORMAT},\n "entries": [\n  {body}\n ]{comps}{tuned}{env}\n}}\n'
-                if lines else f'{{\n "format": {LOCK_FORMAT},\n "entries": []{comps}{tuned}{env}\n}}\n').encode()
+        entries = f"[\n  {body}\n ]" if lines else "[]"
+        return f'{{\n "format": {LOCK_FORMAT},\n "entries": {entries}{comps}{tuned}{env}\n}}\n'.encode()
 
     def with_environment(self, environment: Environment | None) -> Lock:
         """This lock, recording `environment` as what its keys were planned with."""
