@@ -14,7 +14,7 @@ they sit on (committed there or by default), whatever the number of devices; a c
 over several devices calls the kernel inside `jax.shard_map` (each device on its shard), or
 under `jax.jit` when the kernel declares the axes it is independent along (`shard = [..]`:
 `cutecc.runtime.sharding`), and is refused otherwise when it is lowered
-(`cutecc.runtime.primitive.check_placement`). Calls from several threads at once, each on
+(`cutecc.runtime.placement`). Calls from several threads at once, each on
 its own device, share one loaded and registered library per build (`cutecc.runtime.library`).
 """
 
@@ -396,9 +396,9 @@ def _like(g: Any, x: Any) -> Any:
 
 def _check_placement(kernel: str, arrays: Sequence[Any]) -> None:
     """Refuse concrete arrays committed to different devices (JAX cannot run one call on
-    them), naming the devices. Where the call's computation spans several devices is
-    decided when it is lowered (`cutecc.runtime.primitive.check_placement`), from the
-    lowering's own devices: a call on arrays on one device runs there, whichever it is."""
+    them), naming the devices. Whether the call's computation spans several devices is
+    decided when it is lowered (`cutecc.runtime.placement`), from the lowering's own
+    devices: a call on arrays on one device runs there, whichever it is."""
     placements = {tuple(sorted(d.id for d in a.devices())) for a in arrays
                   if isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer)
                   and getattr(a, "committed", True)}

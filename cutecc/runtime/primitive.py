@@ -4,16 +4,15 @@ It carries the FFI target and the output contract as static parameters, so abstr
 evaluation needs no kernel code, and it lowers to one `stablehlo.custom_call` through
 `jax.ffi.ffi_call`. A call runs where its arrays are: the lowering is refused only where the
 computation being lowered spans several devices and the call is no single device's part of
-it (`jax.shard_map`, a shard rule's per-device body): decided from the lowering's own device
-context, never from how many devices the process sees. Differentiation and batching of a
-bare call raise errors that name the kernel and say what to do (pair a backward kernel; add
-a batch dimension to the contract), rather than JAX's generic ones.
+it (`jax.shard_map`, a shard rule's per-device body), see `cutecc.runtime.placement`.
+Differentiation and batching of a bare call raise errors that name the kernel and say what
+to do (pair a backward kernel; add a batch dimension to the contract), rather than JAX's
+generic ones.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +22,7 @@ import numpy as np
 from jax.core import ShapedArray
 from jax.interpreters import ad, batching, mlir
 
-from cutecc.errors import CallError
+from cutecc.runtime.placement import check_lowering
 
 try:  # what jax.extend.core.Primitive is; `import jax.extend` also imports Pallas (~30 ms)
     from jax._src.core import Primitive
@@ -96,44 +95,13 @@ def _impl(*args: Any, **params: Any) -> Any:
     return _eager(tuple(sorted(params.items())))(*args)
 
 
-def devices_spanned(axis_context: Any) -> int:
-    """How many devices one `cutecc_call` lowered in `axis_context` (a lowering's
-    `ctx.module_context.axis_context`) would have to compute across: under `jax.jit`, the
-    computation's device count (1 when its arrays are on one device, whichever it is);
-    inside `jax.shard_map` (or a shard rule's body) the product of the mesh axes not in
-    manual mode (1 when every axis is: each device runs its own shard); 1 for a `pmap`
-    replica. Read by duck typing: JAX's context classes are private."""
-    n = getattr(axis_context, "num_devices", None)
-    if n is not None:
-        return int(n)
-    mesh = getattr(axis_context, "mesh", None)
-    if mesh is not None:
-        manual = set(getattr(axis_context, "manual_axes", ()))
-        return math.prod(int(size) for name, size in dict(mesh.shape).items() if name not in manual)
-    return 1
-
-
-def check_placement(ctx: Any, kernel: str) -> None:
-    """Refuse a call whose computation spans several devices with no per-device rule: the
-    kernel computes on whole arrays, so XLA would have to gather them onto every device
-    (never done silently); the error says the three ways to place it."""
-    n = devices_spanned(ctx.module_context.axis_context)
-    if n > 1:
-        raise CallError(
-            f"this call is part of a computation over {n} devices, and the kernel has no rule "
-            "for running on shards of its arrays. Put all of the call's arrays on one device "
-            "(jax.device_put(x, jax.devices()[k]): the call then runs on device k, eagerly or "
-            "under jax.jit), call it inside jax.shard_map (each device runs it on its shard), or "
-            "declare the axes it is independent along (shard = [..] in the manifest)",
-            where=f'kernel "{kernel}"', exit_code=1)
-
-
 def placed(rule: Callable[..., Any]) -> Callable[..., Any]:
-    """The lowering `rule` of `cutecc_call`, behind `check_placement` (every platform's
-    lowering is registered through it; a test's CPU stand-in too)."""
+    """The lowering `rule` of `cutecc_call`, behind the placement check
+    (`cutecc.runtime.placement.check_lowering`): every platform's lowering is registered
+    through it, and so is a test's CPU stand-in."""
 
     def lower(ctx: Any, *args: Any, kernel: str, **params: Any) -> Any:
-        check_placement(ctx, kernel)
+        check_lowering(ctx.module_context.axis_context, kernel)
         return rule(ctx, *args, kernel=kernel, **params)
 
     return lower

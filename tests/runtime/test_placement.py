@@ -10,16 +10,19 @@ tests/gpu/test_every_gpu.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from cutecc.runtime.primitive import devices_spanned
+from cutecc.runtime.placement import device_launcher, devices_spanned
 
 CHILD = Path(__file__).with_name("placement_child.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -59,3 +62,55 @@ class _Mesh:
 ])
 def test_devices_a_call_spans_come_from_the_lowering_context(context: object, n: int) -> None:
     assert devices_spanned(context) == n
+
+
+class _Cuda:
+    """torch.cuda's current device as it behaves: one per thread, 0 until set, restored on
+    leaving `device(k)`."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self.switches = 0
+
+    def current_device(self) -> int:
+        return getattr(self._local, "device", 0)
+
+    @contextlib.contextmanager
+    def device(self, k: int) -> Iterator[None]:
+        before, self._local.device = self.current_device(), k
+        self.switches += 1
+        try:
+            yield
+        finally:
+            self._local.device = before
+
+
+def test_a_launch_runs_on_its_tensors_device_in_every_thread() -> None:
+    cuda = _Cuda()
+    seen: list[tuple[int, int]] = []  # (the tensors' device, the current device at the launch)
+
+    def kernel(k: int) -> None:
+        seen.append((k, cuda.current_device()))
+
+    launches = {k: device_launcher(kernel, k, 4, cuda.current_device, cuda.device) for k in range(4)}
+    barrier = threading.Barrier(4)
+
+    def worker(k: int) -> None:
+        barrier.wait()
+        for _ in range(50):
+            launches[k](k)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(seen) == 200 and all(k == current for k, current in seen)
+    assert cuda.switches == 150  # device 0 is every thread's current one: no switch there
+    assert cuda.current_device() == 0  # restored after each launch
+
+
+def test_with_one_device_or_no_index_the_launch_is_the_function_itself() -> None:
+    cuda = _Cuda()
+    assert device_launcher(print, 0, 1, cuda.current_device, cuda.device) is print
+    assert device_launcher(print, None, 4, cuda.current_device, cuda.device) is print
