@@ -144,8 +144,10 @@ class KernelFn(calls.KernelBase):
                 try:
                     return fn(*arrays)
                 except ValueError:  # JAX's refusal of committed arrays on different devices
-                    _check_placement(self.name, arrays)
-                    raise
+                    spread = _spread(self.name, arrays)
+                    if spread is None:
+                        raise
+                raise spread from None  # in cutecc's words: which devices, and what to do
         return self._traced(arrays, scalars)
 
     def _eager_fn(self, scalars: Mapping[str, Any]) -> Any:
@@ -399,11 +401,19 @@ def _check_placement(kernel: str, arrays: Sequence[Any]) -> None:
     them), naming the devices. Whether the call's computation spans several devices is
     decided when it is lowered (`cutecc.runtime.placement`), from the lowering's own
     devices: a call on arrays on one device runs there, whichever it is."""
+    spread = _spread(kernel, arrays)
+    if spread is not None:
+        raise spread
+
+
+def _spread(kernel: str, arrays: Sequence[Any]) -> CallError | None:
+    """The error for concrete arrays committed to different devices, or None."""
     placements = {tuple(sorted(d.id for d in a.devices())) for a in arrays
                   if isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer)
                   and getattr(a, "committed", True)}
     if len(placements) > 1:
         where = ", ".join("device " + "+".join(map(str, p)) for p in sorted(placements))
-        raise CallError(f"its arrays are committed to different devices ({where}); a call needs "
-                        "them on one device (jax.device_put them there) or, sharded alike over a "
-                        "mesh, inside jax.shard_map", where=f'kernel "{kernel}"', exit_code=1)
+        return CallError(f"its arrays are committed to different devices ({where}); a call needs "
+                         "them on one device (jax.device_put them there) or, sharded alike over a "
+                         "mesh, inside jax.shard_map", where=f'kernel "{kernel}"', exit_code=1)
+    return None
