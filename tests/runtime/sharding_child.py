@@ -113,6 +113,9 @@ def check_kernel(cache: str) -> None:
         emit("expw refused", ok="computation over 8 devices" in e.message, message=e.message)
     got = jax.jit(ks.expw)(x, w)  # on one device of the eight: runs there
     emit("expw on one device", ok=bool(np.allclose(got, want, rtol=1e-6)) and len(got.devices()) == 1)
+    five = jax.devices()[5]  # with a rule too: all on device 5, the whole call runs there
+    got = jax.jit(ks.expw_rows)(jax.device_put(x, five), jax.device_put(w, five))
+    emit("expw_rows on device 5", ok=bool(np.allclose(got, want, rtol=1e-6)) and got.devices() == {five})
 
 
 if __name__ == "__main__":
