@@ -31,8 +31,43 @@ def _error(message: str) -> None:
     click.echo(f"{click.style('error:', fg='red', bold=True)} {message}", err=True, color=_color)
 
 
+def _more_verbose(by: int) -> Any:
+    """A callback adding a command's own -q/-v count to the group's (`_verbosity`)."""
+    def callback(ctx: click.Context, param: click.Parameter, value: int) -> None:
+        if value:
+            root = ctx.find_root()
+            root.obj = {**(root.obj or {}), "verbose": int((root.obj or {}).get("verbose", 0)) + by * value}
+    return callback
+
+
+def _set_color(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    global _color
+    if value is not None:
+        _color = None if value == "auto" else value == "always"
+        ctx.color = ctx.find_root().color = _color
+
+
+class _Command(click.Command):
+    """A subcommand that also takes the group's options after its name (`cutecc build -q`),
+    as pip, pytest and ruff do."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.params += [
+            click.Option(["-q", "--quiet"], count=True, expose_value=False, callback=_more_verbose(-1),
+                         help="Print less (also before the command)."),
+            click.Option(["-v", "--verbose"], count=True, expose_value=False, callback=_more_verbose(1),
+                         help="Print more (also before the command)."),
+            click.Option(["--color"], type=click.Choice(["auto", "always", "never"]), default=None,
+                         expose_value=False, callback=_set_color,
+                         help="Color in terminal output (also before the command)."),
+        ]
+
+
 class _Group(click.Group):
     """Lists commands in workflow order, and renders every error as one line."""
+
+    command_class = _Command
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         names = super().list_commands(ctx)
