@@ -157,6 +157,7 @@ def test_a_missing_imported_name_is_a_planning_error(tmp_path: Path) -> None:
     assert e.value.exit_code == 2 and "factory_args.op" in (e.value.key_path or "")
 
 
+@pytest.mark.usefixtures("dsl")
 def test_import_variant_values_build(tmp_path: Path) -> None:
     from cutecc.commands.build import build
 
@@ -223,6 +224,7 @@ def test_device_answers_are_keyed_for_code_that_reaches_torch(tmp_path: Path) ->
 
 
 @pytest.mark.extra
+@pytest.mark.usefixtures("dsl")
 def test_a_launcher_that_asks_torch_for_the_gpu_builds_on_a_cpu_host(tmp_path: Path) -> None:
     from cutecc.commands.build import build
 
