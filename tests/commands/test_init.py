@@ -49,7 +49,8 @@ def test_inits_project_builds_in_a_fresh_venv_installed_from_its_own_pins(tmp_pa
     (tmp_path / name).write_bytes(data)
     r = subprocess.run([*pip, "--no-deps", str(tmp_path / name)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
-    cmd = [str(venv / "bin" / "cutecc"), "build", str(proj / "kernels.toml"), "--cache-dir", str(tmp_path / "c")]
+    cmd = [str(venv / "bin" / "cutecc"), "build", str(proj / "kernels.toml"),
+           "--cache-dir", str(tmp_path / "c")]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert r.returncode == 0 and "1 built" in r.stdout, r.stdout + r.stderr
     lock = json.loads((proj / "kernels.lock").read_text())
