@@ -191,6 +191,16 @@ def _op_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     outs = output if isinstance(output, tuple) else (output,) if output is not None else ()
     ctx.cutecc = (key, scalars)
     ctx.save_for_backward(*ins, *outs)
+    # Returned outputs whose cotangent the paired backward does not take (declared nondiff
+    # or stop_gradient, `cutecc.cotangents`) come back with requires_grad=False, as torch's
+    # own non-differentiable outputs do: backward() of a loss on one alone is torch's error,
+    # never a silent zero. (Eager or compiled alike: AOTAutograd hands a compiled backward
+    # every tangent materialized, so a gradient's presence cannot be told there.)
+    pairing = fn._cotangents(build) if fn.backward else None
+    if pairing is not None and not pairing.complete:
+        names = [t.name for t in build.conv.results if t.role != "inout"]
+        dropped = {*pairing.nondiff, *pairing.stopped}
+        ctx.mark_non_differentiable(*(o for o, n in zip(outs, names) if n in dropped))
 
 
 def _op_backward(ctx: Any, *grads: Any) -> Any:

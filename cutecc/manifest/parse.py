@@ -61,7 +61,9 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
                                   a parameter that the input tensors cannot tell apart is
                                   a call keyword: `ks.k(q, causal=True)`
     archs, profile, compile_options   per-kernel overrides
-    grad = {backward = "NAME"}    pair with a backward kernel for jax.grad
+    grad = {backward = "NAME"}    pair with a backward kernel for jax.grad (args, returns:
+                                  by name; nondiff, stop_gradient: returned outputs whose
+                                  cotangent the backward does not take, see cutecc.cotangents)
     tune = {..}                   a tuning space for `cutecc tune` (see cutecc.manifest.tune_space)
 """
 
@@ -95,6 +97,7 @@ from cutecc.contract import (
     may_alias_problem,
     shard_problem,
 )
+from cutecc.cotangents import COTANGENT, STOP_GRADIENT, undeclared
 from cutecc.errors import CuteccError
 from cutecc.manifest import tune_space as space
 from cutecc.manifest.model import BuildSettings, Composite, Kernel, Manifest, Variant
@@ -154,7 +157,6 @@ _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs
 MAX_DIVISIBILITY = 1 << 16
 _TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "buffer", "layout", "mode", "align", "param",
                 "zero", "saved", "reduce", "broadcast", "may_alias"}
-COTANGENT = "cotangent."  # grad.args: "cotangent.out" is the cotangent of forward output "out"
 _SCALAR_KEYS = {"kind", "name", "dtype", "default", "param", "value"}
 
 
@@ -412,21 +414,27 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
     grad = kdoc.get("grad")
     backward = None
     grad_args = grad_returns = None
+    grad_nondiff: tuple[str, ...] = ()
+    grad_stop: tuple[str, ...] = ()
     if grad is not None:
         if not isinstance(grad, dict) or "backward" not in grad or not set(grad) <= {
-                "backward", "args", "returns"}:
+                "backward", "args", "returns", "nondiff", STOP_GRADIENT}:
             raise ctx.fail(f"{kp}, grad", 'must be a table { backward = "KERNEL" } (optionally '
-                           "args = [names], returns = [input names])")
+                           "args = [names], returns = [input names], nondiff = [output names], "
+                           "stop_gradient = [output names])")
         backward = _str(ctx, f"{kp}, grad.backward", grad["backward"])
-        if "returns" in grad and "args" not in grad:
-            raise ctx.fail(f"{kp}, grad.returns", "needs grad.args (the backward's inputs by name)")
-        for key in ("args", "returns"):
+        for key in ("returns", "nondiff", STOP_GRADIENT):
+            if key in grad and "args" not in grad:
+                raise ctx.fail(f"{kp}, grad.{key}", "needs grad.args (the backward's inputs by name)")
+        for key in ("args", "returns", "nondiff", STOP_GRADIENT):
             if key in grad:
                 v = grad[key]
                 if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
                     raise ctx.fail(f"{kp}, grad.{key}", "must be an array of names")
         grad_args = tuple(grad["args"]) if "args" in grad else None
         grad_returns = tuple(grad["returns"]) if "returns" in grad else None
+        grad_nondiff = tuple(grad.get("nondiff", ()))
+        grad_stop = tuple(grad.get(STOP_GRADIENT, ()))
 
     derive = _derive(ctx, f"{kp}, derive", kdoc.get("derive", {}), axes)
     followed = {axis for axis, _ in derive.values()}  # an axis a derived parameter follows is used
@@ -488,7 +496,7 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
                        for v, cands in zip(keyed, pending))
     return Kernel(name, entry, k_archs, k_profile, k_copts, keyed, backward, tuning, candidates,
                   hardware=tuple(sorted(hw.items())), grad_args=grad_args, grad_returns=grad_returns,
-                  shard=tuple(shard))
+                  grad_nondiff=grad_nondiff, grad_stop=grad_stop, shard=tuple(shard))
 
 def _symbols(ctx: _Ctx, kp: str, v: Any) -> tuple[dict[str, int], frozenset[str]]:
     """`symbols = { n = { divisibility = 8, bits = 64 } }`: per symbolic extent, what it is a
@@ -1162,6 +1170,42 @@ def _check_named_grad(ctx: _Ctx, kp: str, k: Kernel, fc: CallingConvention, bnam
     if len(returns) != len(bc.visible):
         raise ctx.fail(f"{kp}.returns", f'"{bname}" returns {len(bc.visible)} result(s), one per '
                        f"name of grad.returns ({len(returns)}: {', '.join(returns)})")
+    _check_declared_cotangents(ctx, kp, k, fc)
+
+
+def _check_declared_cotangents(ctx: _Ctx, kp: str, k: Kernel, fc: CallingConvention) -> None:
+    """Every cotangent or an error: a returned output whose cotangent `grad.args` leaves
+    out is declared `nondiff` or `stop_gradient` (else jax.grad of a loss on it would be
+    a silent zero); what those lists name is a returned output the backward takes no
+    cotangent of, in one list only."""
+    returned = [t.name for t in fc.visible]
+    saved = {t.name for t in fc.results if t.saved}
+    args = k.grad_args or ()
+    for key, names in (("nondiff", k.grad_nondiff), (STOP_GRADIENT, k.grad_stop)):
+        for i, n in enumerate(names):
+            where = f"{kp}.{key}[{i}]"
+            if n in saved:
+                raise ctx.fail(where, f'"{n}" is saved (not returned): no cotangent ever reaches it, '
+                               "leave it out")
+            if n not in returned:
+                raise ctx.fail(where, f'"{n}" is no output the forward returns (returned: '
+                               f"{', '.join(returned) or 'none'})")
+            if COTANGENT + n in args:
+                raise ctx.fail(where, f'the backward takes "{COTANGENT}{n}" (grad.args): "{n}" is '
+                               "differentiable, leave it out")
+            if names.index(n) != i:
+                raise ctx.fail(where, f'names "{n}" twice')
+    both = sorted(set(k.grad_nondiff) & set(k.grad_stop))
+    if both:
+        raise ctx.fail(f"{kp}.{STOP_GRADIENT}", f'"{both[0]}" is also in grad.nondiff: declare it in '
+                       "one of them")
+    left = undeclared(returned, args, k.grad_nondiff, k.grad_stop)
+    if left:
+        n = left[0]
+        raise ctx.fail(f"{kp}.args", f'takes no cotangent of returned output "{n}", so jax.grad of a '
+                       f'loss on "{n}" would be a silent zero: pass "{COTANGENT}{n}" to the backward, '
+                       f'or declare it: nondiff = ["{n}"] (a gradient through it is an error) or '
+                       f'stop_gradient = ["{n}"] (its cotangent is dropped)')
 
 
 # Small validators --------------------------------------------------------------------

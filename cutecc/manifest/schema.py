@@ -181,7 +181,15 @@ def schema() -> dict[str, Any]:
                                                  "forward outputs (saved ones too), cotangent.<output>."},
                          "returns": {"type": "array", "items": {"type": "string"},
                                      "description": "The forward input each backward result is the "
-                                                    "gradient of (default: all, in order)."}}},
+                                                    "gradient of (default: all, in order)."},
+                         "nondiff": {"type": "array", "items": {"type": "string"}, "uniqueItems": True,
+                                     "description": "Returned outputs whose cotangent the backward does "
+                                                    "not take: a gradient through one is an error."},
+                         "stop_gradient": {"type": "array", "items": {"type": "string"},
+                                           "uniqueItems": True,
+                                           "description": "Returned outputs whose cotangent the "
+                                                          "backward does not take, dropped as "
+                                                          "lax.stop_gradient would."}}},
             "tune": {
                 "type": "object", "additionalProperties": False,
                 "required": ["params", "default", "buckets"],

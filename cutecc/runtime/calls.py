@@ -29,6 +29,7 @@ from cutecc.contract import (
     may_alias_problem,
     shard_problem,
 )
+from cutecc.cotangents import STOP_GRADIENT, Cotangents
 from cutecc.entry import EntryMeta, FileRec, RuntimeLink, call_keywords
 from cutecc.errors import CallError, CallTypeError
 from cutecc.names import call_name_problem
@@ -262,9 +263,11 @@ class KernelBase:
         self.name = name
         # A named pairing (manifest grad.args / grad.returns): what the backward takes by
         # name (forward inputs, outputs saved or not, "cotangent.<output>") and which forward
-        # input each of its results is the gradient of. None: inputs then cotangents.
+        # input each of its results is the gradient of; the returned outputs declared
+        # stop-gradient (`cutecc.cotangents`). None: inputs then cotangents.
         self.grad = None if grad is None else {"args": tuple(grad["args"]),
-                                               "returns": grad.get("returns")}
+                                               "returns": grad.get("returns"),
+                                               STOP_GRADIENT: tuple(grad.get(STOP_GRADIENT) or ())}
         # More static extents first: the most specific variant wins.
         self.builds = sorted(builds, key=lambda b: -_static(b))
         self.backward = backward
@@ -316,6 +319,12 @@ class KernelBase:
         if not self.builds:
             self.select()  # raises: no usable build, and why
         return tuple(t.name for t in self.builds[0].conv.inputs)
+
+    def _cotangents(self, build: Build) -> Cotangents:
+        """Which returned outputs' cotangents the paired backward takes, for `build`'s
+        contract (the rest are non-differentiable or stop-gradient)."""
+        return Cotangents.of_pairing(self.backward or "", [t.name for t in build.conv.visible],
+                                     self.grad)
 
     def select(self, *arrays: Any, **keywords: Any) -> tuple[Build, dict[str, int]]:
         """The build whose contract the arrays fit and whose call keywords are those
