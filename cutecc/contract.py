@@ -64,6 +64,24 @@ class TensorArg:
     # reads each element before writing it (elementwise, per-row norms). Nothing of the
     # bytes: what the runtime may ask of XLA (`KernelFn.in_place`). None: never.
     may_alias: str | None = None
+    # Declared with `mode` (cutlass_call's): the array a call passes, and gets back for a
+    # result, is the buffer itself in its own dimension order (`held`), which the kernel
+    # views through `order` with no copy. False: the call's array is in the kernel's
+    # (logical) order, transposed to the buffer `order` declares.
+    mode: bool = False
+
+    @property
+    def held(self) -> tuple[int, ...]:
+        """The kernel's dimensions in the order of the array a call passes (or gets back):
+        the buffer's (`perm`) for a tensor declared with `mode`, else the kernel's own."""
+        return self.perm if self.mode else tuple(range(len(self.shape)))
+
+    @property
+    def transpose(self) -> tuple[int, ...] | None:
+        """The permutation that takes the array a call passes to the dense buffer the kernel
+        sees (`jnp.transpose(a, transpose)`); None when the array is that buffer (row-major,
+        or declared with `mode`)."""
+        return None if self.order is None or self.mode else self.perm
 
     @property
     def extents(self) -> tuple[Dim, ...]:
@@ -227,7 +245,7 @@ class CallingConvention:
 
 _TENSOR_FIELDS = frozenset({"kind", "name", "role", "dtype", "shape", "layout", "align", "param",
                             "order", "divisibility", "buffer", "zero", "saved", "reduce", "wide",
-                            "broadcast", "may_alias"})
+                            "broadcast", "may_alias", "mode"})
 
 
 def arg_to_json(a: Arg) -> dict[str, Any]:
@@ -259,6 +277,8 @@ def _arg_json(a: Arg) -> dict[str, Any]:
             out["broadcast"] = list(a.broadcast)
         if a.may_alias is not None:  # only when set: contracts without it keep their keys
             out["may_alias"] = a.may_alias
+        if a.mode:  # only when set: contracts declared with `layout` keep their keys
+            out["mode"] = True
         return out
     if isinstance(a, ScalarArg):
         out = {"kind": "scalar", "name": a.name, "dtype": a.dtype, "default": a.default}
@@ -319,6 +339,11 @@ def arg_from_json(d: dict[str, Any]) -> Arg:
         if may_alias is not None and (not isinstance(may_alias, str) or d["role"] != "output"):
             raise ValueError(f"may_alias {may_alias!r}: only an output may name an input to be "
                              "written in")
+        mode = d.get("mode", False)
+        if mode is not False and (mode is not True or order is None or d["role"] == "scratch"
+                                  or reduce is not None):
+            raise ValueError(f"mode {mode!r}: only a tensor a call passes or gets back, in an order "
+                             "other than row-major and not reduced, is viewed as the caller holds it")
         if buffer is not None and d["role"] == "output":
             raise ValueError("an output cannot be padded (its padding would be undefined)")
         if buffer is not None and any(type(x) is int and type(b) is int and b < x
@@ -330,7 +355,7 @@ def arg_from_json(d: dict[str, Any]) -> Arg:
                          None if div is None else tuple(div),
                          None if buffer is None else tuple(buffer), zero, saved, reduce,
                          None if wide is None else tuple(wide), None if bcast is None else tuple(bcast),
-                         may_alias)
+                         may_alias, mode)
     if kind == "scalar":
         value = d.get("value")
         if value is not None and not (type(value) is int or isinstance(value, str)):
@@ -370,7 +395,7 @@ def may_alias_problem(args: tuple[Arg, ...]) -> tuple[str, str] | None:
             return t.name, f'"{t.may_alias}" is not an input of the kernel (role "input")'
         if src.buffer is not None:
             return t.name, f'input "{src.name}" is padded or broadcast: its buffer is not the output\'s'
-        if (src.dtype, src.shape, src.order) != (t.dtype, t.shape, t.order):
+        if (src.dtype, src.shape, src.order, src.mode) != (t.dtype, t.shape, t.order, t.mode):
             return t.name, (f'input "{src.name}" ({src.dtype}{list(src.shape)}) differs from the '
                             f"output ({t.dtype}{list(t.shape)}) in dtype, shape or layout")
         if t.reduce is not None:
@@ -401,8 +426,9 @@ def shard_factors(t: TensorArg, shard: tuple[str, ...], result: bool = False) ->
     dimension (passed with extent 1) is never split."""
     dims = _result_dims(t) if result else t.extents
     bcast = () if result else (t.broadcast or ())
-    return tuple(d if isinstance(d, str) and d in shard and i not in bcast else None
-                 for i, d in enumerate(dims))
+    logical = tuple(d if isinstance(d, str) and d in shard and i not in bcast else None
+                    for i, d in enumerate(dims))
+    return tuple(logical[p] for p in t.held) if t.mode else logical  # `mode`: the buffer's order
 
 
 def shard_problem(conv: CallingConvention, shard: tuple[str, ...]) -> str | None:

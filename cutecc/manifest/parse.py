@@ -911,6 +911,9 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
             raise ctx.fail(f"{kp}.mode", "give mode or layout, not both (mode = [m, ..] is the "
                            "stride order layout = [rank - 1 - m, ..] of the row-major array passed)")
         order = _mode(ctx, f"{kp}.mode", a["mode"], len(dims))
+        if role == "scratch" or reduce is not None:
+            raise ctx.fail(f"{kp}.mode", "a mode says how the caller holds an array it passes or gets "
+                           "back: not for " + ("scratch" if role == "scratch" else "a reduced output"))
     else:
         order = _order(ctx, f"{kp}.layout", a.get("layout", "row-major"), len(dims))
     align = a.get("align", 16)
@@ -923,7 +926,8 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
     if reduce is not None and not dims:
         raise ctx.fail(f"{kp}.reduce", "a scalar (rank 0) output has no leading axis to sum over")
     return TensorArg(name, role, dt, dims, label, align, order=order, buffer=buffer, zero=zero,
-                     saved=saved, reduce=reduce, broadcast=bcast, may_alias=may_alias)
+                     saved=saved, reduce=reduce, broadcast=bcast, may_alias=may_alias,
+                     mode="mode" in a and order is not None)
 
 
 def _broadcast(ctx: _Ctx, kp: str, v: Any, dims: tuple[Dim, ...], role: str) -> tuple[int, ...] | None:
@@ -1042,7 +1046,9 @@ def _order(ctx: _Ctx, kp: str, layout: Any, rank: int) -> tuple[int, ...] | None
 def _mode(ctx: _Ctx, kp: str, mode: Any, rank: int) -> tuple[int, ...] | None:
     """cutlass_call's `mode`: the kernel's dimension i is dimension mode[i] of the (row-major)
     array passed, a view with no copy. As a stride order (what `layout` says): dimension i
-    has stride rank `rank - 1 - mode[i]`; None for the identity (row-major)."""
+    has stride rank `rank - 1 - mode[i]`; None for the identity (row-major). Unlike
+    `layout`, the call passes that array as it holds it and gets results in its order
+    (`TensorArg.mode`)."""
     if (not isinstance(mode, list) or len(mode) != rank or any(type(m) is not int for m in mode)
             or sorted(mode) != list(range(rank))):
         raise ctx.fail(kp, f"a mode is a permutation of 0..{rank - 1} (kernel dimension i is "

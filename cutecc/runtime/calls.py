@@ -194,34 +194,38 @@ def mismatch(b: Build, shapes: Sequence[tuple[Any, ...]], dtypes: Sequence[str],
     if len(shapes) != len(ins):
         return None, f"takes {len(ins)} array(s), got {len(shapes)}"
     env: dict[str, int] = {}
+    ordered = []  # each shape in the kernel's dimension order (`mode`: passed as held)
     for t, shape, dtype in zip(ins, shapes, dtypes):
-        shape = tuple(shape)
         if dtype != t.dtype:
             return None, f"{t.name}: dtype {dtype}, expected {t.dtype}"
         what = "" if t.buffer is None else " (the buffer)"
         if len(shape) != len(t.shape):
-            return None, f"{t.name}: rank {len(shape)}, expected {len(t.shape)} {list(t.extents)}{what}"
+            held = [t.extents[p] for p in t.held]
+            return None, f"{t.name}: rank {len(shape)}, expected {len(t.shape)} {held}{what}"
+        shape = _kernel_order(t, tuple(shape))
+        ordered.append(shape)
+        at = _caller_dims(t)  # a message names the dimension of the array passed
         for i, n in enumerate(shape):
             # A symbolic dimension (jax.export) must be provably a multiple: `8*k`, not `n`.
             if n % t.multiple(i) != 0:  # symbolic: `==` is True only when JAX proves it
-                return None, (f"{t.name}: dimension {i} is {n}, expected a multiple of "
+                return None, (f"{t.name}: dimension {at[i]} is {n}, expected a multiple of "
                               f"{t.multiple(i)} (symbols.{t.extents[i]}.divisibility)"
                               + ("" if dims.concrete(n) else "; export it with a symbolic shape that is "
                                  f"one, e.g. \"{t.multiple(i)}*{n}\""))
         for i, (d, n) in enumerate(zip(t.extents, shape)):
             if dims.concrete(n) and n == 0:
-                return None, f"{t.name}: dimension {i} is empty"
+                return None, f"{t.name}: dimension {at[i]} is empty"
             if isinstance(d, int):
                 if n != d:
                     mine = " (the buffer's extent)" if i in t.padded else ""
-                    return None, f"{t.name}: dimension {i} is {n}, expected {d}{mine}"
+                    return None, f"{t.name}: dimension {at[i]} is {n}, expected {d}{mine}"
             elif i not in (t.wide or ()) and dims.exceeds(n, MAX_SYMBOLIC_EXTENT):
-                return None, (f"{t.name}: dimension {i} (\"{d}\") is {n}; symbolic extents are "
+                return None, (f"{t.name}: dimension {at[i]} (\"{d}\") is {n}; symbolic extents are "
                               f"compiled as int32, so at most 2^31-1 = {MAX_SYMBOLIC_EXTENT}")
             elif env.setdefault(d, n) != n:
-                return None, (f"{t.name}: dimension {i} is {n}, but \"{d}\" is {env[d]} "
+                return None, (f"{t.name}: dimension {at[i]} is {n}, but \"{d}\" is {env[d]} "
                               "from an earlier argument")
-    for t, shape in zip(ins, shapes):  # once every symbol is bound: the views fit their buffers
+    for t, shape in zip(ins, ordered):  # once every symbol is bound: the views fit their buffers
         for i in t.padded:
             if i in (t.broadcast or ()):  # stride 0: any logical extent reads the one element
                 continue
@@ -231,9 +235,25 @@ def mismatch(b: Build, shapes: Sequence[tuple[Any, ...]], dtypes: Sequence[str],
             # checks it at run time.
             if not dims.at_least(n, want):
                 named = "" if isinstance(d, int) else f' ("{d}")'
-                return None, (f"{t.name}: dimension {i} of the buffer is {n}, smaller than the "
-                              f"logical extent {want}{named} the kernel views in it")
+                return None, (f"{t.name}: dimension {_caller_dims(t)[i]} of the buffer is {n}, smaller "
+                              f"than the logical extent {want}{named} the kernel views in it")
     return env, ""
+
+
+def _kernel_order(t: TensorArg, shape: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The shape of the array a call passes for `t`, in the kernel's dimension order (a
+    tensor declared with `mode` is passed as the caller holds it: the buffer's order)."""
+    if not t.mode:
+        return shape
+    out: list[Any] = [None] * len(shape)
+    for j, p in enumerate(t.held):
+        out[p] = shape[j]
+    return tuple(out)
+
+
+def _caller_dims(t: TensorArg) -> tuple[int, ...]:
+    """Per kernel dimension of `t`, its index in the array the caller passes."""
+    return tuple(t.held.index(i) for i in range(len(t.shape)))
 
 
 def _static(b: Build) -> int:

@@ -8,7 +8,9 @@ those whose call keywords (variant parameters the arrays cannot tell apart, such
 that is an error naming them), computes output shapes from the contract, and binds
 the `cutecc_call` primitive. Arrays are logical; a tensor declared with another
 layout is transposed to the buffer order the kernel was compiled for (XLA folds a
-caller's own `.T` into it), and results back.
+caller's own `.T` into it), and results back. A tensor declared with `mode`
+(cutlass_call's) is passed and returned as the caller holds it: the kernel views it
+through the mode, nothing is transposed.
 Works eagerly and under `jax.jit`; placement follows the seed API `cute_call`: all
 arrays on one device, and with several accelerators only inside `jax.shard_map`, unless
 the kernel declares the axes it is independent along (`shard = [..]`): then a call under
@@ -384,13 +386,15 @@ def _max_dim(a: Any, b: Any) -> Any:
 
 
 def _to_buffer(a: Any, t: TensorArg) -> Any:
-    """The logical array `a` as the buffer `t` declares (a transpose; none if row-major)."""
-    return a if t.order is None else jnp.transpose(a, t.perm)
+    """The array passed as the buffer `t` declares (a transpose; none if row-major, or if
+    declared with `mode`: the caller passes the buffer as it holds it)."""
+    return a if t.transpose is None else jnp.transpose(a, t.transpose)
 
 
 def _from_buffer(b: Any, t: TensorArg) -> Any:
-    """A result buffer in `t`'s declared order as the logical array."""
-    return b if t.order is None else jnp.transpose(b, np.argsort(t.perm).tolist())
+    """A result buffer in `t`'s declared order as the call returns it (the logical array;
+    with `mode`, the buffer itself, in the caller's order)."""
+    return b if t.transpose is None else jnp.transpose(b, np.argsort(t.transpose).tolist())
 
 
 def _symbolic_zero(c: Any) -> bool:

@@ -10,7 +10,6 @@ but never run.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -18,11 +17,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import unbuilt_kernels, unbuilt_target
 
 from cutecc.errors import CallError
-from cutecc.manifest import load_manifest
-from cutecc.manifest.model import Kernel
-from cutecc.runtime.dispatch import Build, KernelFn
 
 S = jax.ShapeDtypeStruct
 F32 = jnp.float32
@@ -51,32 +48,15 @@ args = [
 TAKES_OUT = 'args = ["x", "rstd", "cotangent.out"]'
 
 
-class _Unbuilt(Build):
-    """A build of a contract with nothing behind it: its FFI target is a name only."""
-
-    def register(self, kernel: str) -> str:
-        return f"cutecc_{kernel}_{self.key[:8]}"
-
-
-def _kernels(tmp_path: Path, grad: str | None) -> dict[str, KernelFn]:
+def _kernels(tmp_path: Path, grad: str | None) -> dict[str, Any]:
     """rownorm and its backward as the runtime sees them; `grad` is the pairing's table.
     None: the pairing as an entry built before declarations existed records it (its args
     leave out rstd's cotangent, and nothing says so)."""
     table = grad or f'{{ backward = "rownorm_bwd", {TAKES_OUT}, nondiff = ["rstd"] }}'
     p = tmp_path / "kernels.toml"
     p.write_text(FWD + f"grad = {table}\n" + BWD)
-    m = load_manifest(p)
-    owner: dict[str, KernelFn] = {}
-    for i, k in enumerate(m.kernels):
-        v = k.variants[0]
-        build = _Unbuilt(f"{i}" * 64, v.id, "sm_90a", v.args, v.convention, tmp_path / "none.so",
-                         "0" * 64, 0, "f")
-        pairing: Any = k.grad
-        if grad is None and pairing is not None:
-            pairing = {"backward": "rownorm_bwd", "args": ["x", "rstd", "cotangent.out"], "returns": None}
-        owner[k.name] = KernelFn(k.name, [build], backward=k.backward, owner=owner, grad=pairing,
-                                 arch="sm_90a")
-    return owner
+    old = {"backward": "rownorm_bwd", "args": ["x", "rstd", "cotangent.out"], "returns": None}
+    return unbuilt_kernels(p, {"rownorm": old} if grad is None else None)
 
 
 def _targets(fn: Any, *specs: Any) -> list[str]:
@@ -112,7 +92,7 @@ def test_an_unused_output_costs_nothing_and_the_result_differentiates(tmp_path: 
         return (out ** 2).sum() + jax.lax.stop_gradient(rstd).sum()
 
     assert jax.eval_shape(jax.grad(loss), X).shape == (6, 40)
-    fwd, bwd = (ks[n].builds[0].register(n) for n in ("rownorm", "rownorm_bwd"))
+    fwd, bwd = (unbuilt_target(n, ks[n].builds[0].key) for n in ("rownorm", "rownorm_bwd"))
     assert _targets(jax.value_and_grad(loss), X) == [fwd, bwd]
     # the backward takes (x, rstd, cotangent of out): the forward's rstd, not a zero
     text = jax.jit(jax.grad(loss)).trace(X).lower(lowering_platforms=("cuda",)).as_text()
@@ -122,7 +102,7 @@ def test_an_unused_output_costs_nothing_and_the_result_differentiates(tmp_path: 
 def test_declared_stop_gradient_drops_the_cotangent(tmp_path: Path) -> None:
     ks = _kernels(tmp_path, f'{{ backward = "rownorm_bwd", {TAKES_OUT}, stop_gradient = ["rstd"] }}')
     assert ks["rownorm"].grad["stop_gradient"] == ("rstd",)
-    fwd, bwd = (ks[n].builds[0].register(n) for n in ("rownorm", "rownorm_bwd"))
+    fwd, bwd = (unbuilt_target(n, ks[n].builds[0].key) for n in ("rownorm", "rownorm_bwd"))
     both = lambda x: sum(o.sum() for o in ks["rownorm"](x))  # noqa: E731
     assert jax.eval_shape(jax.grad(both), X).shape == (6, 40)
     assert _targets(jax.value_and_grad(both), X) == [fwd, bwd]
@@ -140,12 +120,9 @@ def test_a_pairing_that_takes_every_cotangent_keeps_plain_custom_vjp(tmp_path: P
     p = tmp_path / "kernels.toml"
     p.write_text(FWD + 'grad = { backward = "rownorm_bwd", args = ["x", "rstd", "cotangent.rstd", '
                  '"cotangent.out"] }\n' + bwd4)
-    k: Kernel = load_manifest(p).kernel("rownorm")
-    assert k.grad == {"backward": "rownorm_bwd", "args": ["x", "rstd", "cotangent.rstd", "cotangent.out"],
-                      "returns": None}
-    fn = KernelFn("rownorm", [dataclasses.replace(_Unbuilt("1" * 64, "default", "sm_90a", k.variants[0].args,
-                                                           k.variants[0].convention, tmp_path, "0" * 64,
-                                                           0, "f"))],
-                  backward="rownorm_bwd", grad=k.grad)
+    fn = unbuilt_kernels(p)["rownorm"]
+    assert fn.grad == {"args": ("x", "rstd", "cotangent.rstd", "cotangent.out"), "returns": None,
+                       "stop_gradient": ()}
     pairing = fn._cotangents(fn.builds[0])
     assert pairing.complete and pairing.taken == ("out", "rstd")
+    assert jax.eval_shape(jax.grad(lambda x: fn(x)[1].sum()), X).shape == (6, 40)
