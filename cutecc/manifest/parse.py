@@ -90,6 +90,8 @@ from cutecc.contract import (
     NoneArg,
     ScalarArg,
     StreamArg,
+    Stride,
+    StrideSymbol,
     StructArg,
     TensorArg,
     TupleArg,
@@ -156,7 +158,7 @@ _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs
                 "compile_options", "grad", "description", "symbols", "tune", "derive", "shard"}
 MAX_DIVISIBILITY = 1 << 16
 _TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "buffer", "layout", "mode", "align", "param",
-                "zero", "saved", "reduce", "broadcast", "may_alias"}
+                "zero", "saved", "reduce", "broadcast", "may_alias", "stride"}
 _SCALAR_KEYS = {"kind", "name", "dtype", "default", "param", "value"}
 
 
@@ -458,7 +460,7 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
                      for i, a in enumerate(kdoc["args"]))
         _check_args(ctx, vctx, args)
         unused = set(symbols) - {s for t in flat_leaves(args) if isinstance(t, TensorArg)
-                                 for s in t.symbols}
+                                 for s in (*t.symbols, *t.stride_symbols)}
         if unused:
             raise ctx.fail(f"{kp}, symbols.{sorted(unused)[0]}", "names no symbolic extent of "
                            f"the arguments{' of variant ' + _point_id(point) if point else ''}")
@@ -533,6 +535,10 @@ def _with_divisibility(a: Arg, symbols: dict[str, int], wide: frozenset[str] = f
                     symbols.get(d, 1) if isinstance(d, str) else 1 for d in a.extents)
         a = dataclasses.replace(a, divisibility=div if any(k > 1 for k in div) else None)
         w = tuple(i for i, d in enumerate(a.extents) if d in wide)
+        if a.stride is not None:
+            a = dataclasses.replace(a, stride=tuple(
+                StrideSymbol(d.name, symbols.get(d.name, 1), 64 if d.name in wide else 32)
+                if isinstance(d, StrideSymbol) else d for d in a.stride))
         return dataclasses.replace(a, wide=w or None)
     if isinstance(a, TupleArg):
         return dataclasses.replace(a, items=tuple(_with_divisibility(i, symbols, wide) for i in a.items))
@@ -916,6 +922,8 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
                            "back: not for " + ("scratch" if role == "scratch" else "a reduced output"))
     else:
         order = _order(ctx, f"{kp}.layout", a.get("layout", "row-major"), len(dims))
+    stride = _stride(ctx, f"{kp}.stride", a["stride"], dims, role, "buffer" in a or bcast is not None) \
+        if "stride" in a else None
     align = a.get("align", 16)
     if isinstance(align, bool) or not isinstance(align, int) or align <= 0 or align & (align - 1):
         raise ctx.fail(f"{kp}.align", f"must be a positive power of two (bytes), got {align!r}")
@@ -927,7 +935,7 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
         raise ctx.fail(f"{kp}.reduce", "a scalar (rank 0) output has no leading axis to sum over")
     return TensorArg(name, role, dt, dims, label, align, order=order, buffer=buffer, zero=zero,
                      saved=saved, reduce=reduce, broadcast=bcast, may_alias=may_alias,
-                     mode="mode" in a and order is not None)
+                     mode="mode" in a and order is not None, stride=stride)
 
 
 def _broadcast(ctx: _Ctx, kp: str, v: Any, dims: tuple[Dim, ...], role: str) -> tuple[int, ...] | None:
@@ -1043,6 +1051,33 @@ def _order(ctx: _Ctx, kp: str, layout: Any, rank: int) -> tuple[int, ...] | None
     return None if order == tuple(range(rank - 1, -1, -1)) else order
 
 
+def _stride(ctx: _Ctx, kp: str, v: Any, dims: tuple[Dim, ...], role: str,
+            padded: bool) -> tuple[Stride, ...]:
+    """`stride = ["ldx", 1]`: per dimension, the stride the kernel is compiled with, an int
+    (static) or a symbol (a runtime value, as published kernels' own builds compile row
+    strides; its facts come from `symbols`, see `_with_divisibility`). The array a call
+    passes stays dense: the runtime checks its strides against these."""
+    if padded or role == "scratch":
+        raise ctx.fail(kp, "a padded, broadcast or scratch tensor takes its buffer's strides: "
+                       "declare stride on a dense input or output")
+    if not isinstance(v, list) or len(v) != len(dims):
+        raise ctx.fail(kp, f"must be one stride per dimension ({len(dims)}): an int or a symbol name, "
+                       f"got {v!r}")
+    out: list[Stride] = []
+    for i, d in enumerate(v):
+        if type(d) is int and d >= 0:
+            out.append(d)
+        elif isinstance(d, str) and NAME_RE.fullmatch(d):
+            if d in dims:
+                raise ctx.fail(f"{kp}[{i}]", f'"{d}" is an extent of this tensor; a stride symbol names '
+                               "a stride of its own")
+            out.append(StrideSymbol(d))
+        else:
+            raise ctx.fail(f"{kp}[{i}]", f"must be an int (static) or a symbol name (a runtime "
+                           f"stride), got {d!r}")
+    return tuple(out)
+
+
 def _mode(ctx: _Ctx, kp: str, mode: Any, rank: int) -> tuple[int, ...] | None:
     """cutlass_call's `mode`: the kernel's dimension i is dimension mode[i] of the (row-major)
     array passed, a view with no copy. As a stride order (what `layout` says): dimension i
@@ -1107,6 +1142,12 @@ def _check_args(ctx: _Ctx, kp: str, args: tuple[Arg, ...]) -> None:
     bad = may_alias_problem(args)
     if bad is not None:
         raise ctx.fail(f"{kp}, args ({bad[0]}).may_alias", bad[1])
+    extents = {s for t in tensors for s in t.symbols}
+    for t in tensors:
+        both = sorted(set(t.stride_symbols) & extents)
+        if both:
+            raise ctx.fail(f"{kp}, args ({t.name}).stride", f'"{both[0]}" is an extent of the kernel; '
+                           "a stride symbol names a stride of its own")
     names = {t.name for t in tensors}
     clash = names & {s for t in tensors for s in t.symbols}
     if clash:

@@ -26,8 +26,10 @@ from cutecc.contract import (
     ScalarArg,
     TensorArg,
     args_from_json,
+    dense_strides,
     may_alias_problem,
     shard_problem,
+    stride_text,
 )
 from cutecc.cotangents import STOP_GRADIENT, Cotangents
 from cutecc.entry import EntryMeta, FileRec, RuntimeLink, call_keywords
@@ -237,7 +239,45 @@ def mismatch(b: Build, shapes: Sequence[tuple[Any, ...]], dtypes: Sequence[str],
                 named = "" if isinstance(d, int) else f' ("{d}")'
                 return None, (f"{t.name}: dimension {_caller_dims(t)[i]} of the buffer is {n}, smaller "
                               f"than the logical extent {want}{named} the kernel views in it")
+    # Declared strides (`stride = [..]`): the dense arrays a call passes and gets must have them.
+    seen: dict[str, Any] = {}
+    for t, shape in zip(ins, ordered):
+        if t.stride is not None:
+            why = _stride_problem(t, tuple(shape[p] for p in t.perm), seen, dims)
+            if why:
+                return None, why
+    for t in b.conv.results:
+        if t.stride is not None and t.role != "inout":
+            try:
+                buf = buffer_shape("", t, env, dims)
+            except CallError:  # a derived extent that fails says so when the call is made
+                continue
+            why = _stride_problem(t, buf, seen, dims)
+            if why:
+                return None, why
     return env, ""
+
+
+def _stride_problem(t: TensorArg, buffer: tuple[Any, ...], seen: dict[str, Any], dims: Dims) -> str:
+    """Why the dense buffer of shape `buffer` (`perm` order) has strides other than `t`
+    declares, or "": a static stride must be its stride, a symbolic one a multiple of its
+    divisibility and, named twice, the same each time (`seen` collects them)."""
+    at = _caller_dims(t)
+    for i, (want, got) in enumerate(zip(t.stride or (), dense_strides(t, buffer))):
+        try:
+            if isinstance(want, int):
+                if got != want:
+                    return (f"{t.name}: dimension {at[i]} has stride {got} in the dense array, but the "
+                            f"kernel was compiled for stride {want} (stride = {list(stride_text(t))})")
+            elif got % want.divisibility != 0:
+                return (f"{t.name}: dimension {at[i]} has stride {got}, not a multiple of "
+                        f"{want.divisibility} (symbols.{want.name}.divisibility)")
+            elif seen.setdefault(want.name, got) != got:
+                return (f"{t.name}: dimension {at[i]} has stride {got}, but stride \"{want.name}\" is "
+                        f"{seen[want.name]} from an earlier argument")
+        except dims.inconclusive:  # symbolic shapes: the kernel's own check decides at run time
+            continue
+    return ""
 
 
 def _kernel_order(t: TensorArg, shape: tuple[Any, ...]) -> tuple[Any, ...]:

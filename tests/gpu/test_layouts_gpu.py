@@ -141,3 +141,14 @@ def test_modes_take_and_give_the_callers_arrays(ks, rng, batches: int, m: int, n
         np.testing.assert_allclose(np.asarray(c), want, rtol=1e-4, atol=1e-4)
     text = jax.jit(ks.gemm_mkl).lower(a, b).as_text()
     assert "stablehlo.transpose" not in text
+
+
+@pytest.mark.parametrize("m", [1, 7, 300, 4097])
+def test_a_symbolic_row_stride_reads_the_dense_array(ks, rng, m: int) -> None:
+    """row_dot_ld is row_dot over (m, 64) rows compiled with a runtime row stride (lda, a
+    multiple of 4): the dense array's 64 reaches the kernel as a value, not a constant."""
+    a = jnp.asarray(rng.standard_normal((m, 64)), dtype=jnp.float32)
+    v = jnp.asarray(rng.standard_normal(64), dtype=jnp.float32)
+    want = np.asarray(a, np.float64) @ np.asarray(v, np.float64)
+    for out in (jax.jit(ks.row_dot_ld)(a, v), ks.row_dot_ld(a, v)):
+        np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-4)
