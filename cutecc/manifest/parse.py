@@ -39,7 +39,9 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
         "$param"s and "$hw.fact"s (`cutecc.expr`); scratch is allocated (zero = true: zeroed)
         and dropped by the runtime;
         layout = "row-major" (default) | "column-major" | [stride order, 0 = stride 1];
-        or mode = [..] (cutlass_call's): dimension i is dimension mode[i] of the array passed;
+        or mode = [..] (cutlass_call's): dimension i is dimension mode[i] of the array the
+        caller holds, which the call takes and returns as held (no transpose);
+        stride = [..]: per dimension an int or a symbol (a runtime stride; facts in symbols);
         buffer = [..] (input/inout): the shape of the padded array passed, of which the
         kernel sees the `shape` block at its origin with the buffer's strides (`lda`);
         may_alias = "x" (output): the kernel may write it in input x's memory (it reads each
