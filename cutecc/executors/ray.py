@@ -447,7 +447,9 @@ def _task(job: BuildJob, store_root: str, driver_node: str, sources: Sources | s
     except (CuteccError, OSError) as e:
         node = ray.get_runtime_context().get_node_id()[:12]
         return Result("failed", time.perf_counter() - t0, f"on node {node}: {e}"), None, None
-    result = _bounded(limits, lambda: build_one(replace(job, python_path=(str(src),)),
+    # compiled from the checked copy (the closure sent): the worker re-checks its files
+    here = tuple(f._replace(path=str(src / f.rel)) for f in job.keyed_files if f.rel in job.sources)
+    result = _bounded(limits, lambda: build_one(replace(job, python_path=(str(src),), keyed_files=here),
                                                 str(node_store.root), remote))
     if result.status == "failed":
         return result, None, None
