@@ -70,7 +70,11 @@ def _keys(manifest: Path, cache: Path) -> list[str]:
 
 
 @pytest.mark.usefixtures("dsl")
-def test_a_source_edited_during_its_compile_is_not_published_under_the_old_key(tmp_path: Path) -> None:
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_a_source_edited_during_its_compile_is_not_published_under_the_old_key(
+        tmp_path: Path, executor: str) -> None:
+    if executor == "ray":
+        pytest.importorskip("ray", reason="the Ray executor needs Ray (pip install 'cutecc[ray]')")
     manifest = write_toy_project(tmp_path / "p")
     manifest.write_text(RACE_MANIFEST)
     (tmp_path / "p" / "toy" / "race.py").write_text(RACE_MODULE)
@@ -78,7 +82,7 @@ def test_a_source_edited_during_its_compile_is_not_published_under_the_old_key(t
     [old] = _keys(manifest, cache)
     env = {"RACE_FLAG": str(tmp_path / "edited")}
     r = cli("build", str(manifest), "--cache-dir", str(cache), "--no-lock", "--json", "-j", "1",
-            env=env, timeout=600)
+            "--executor", executor, env=env, timeout=600)
     rep = _json_of(r)
     [e] = rep["entries"]
     assert r.returncode == 1 and e["status"] == "failed", rep
@@ -90,7 +94,7 @@ def test_a_source_edited_during_its_compile_is_not_published_under_the_old_key(t
     [new] = _keys(manifest, cache)
     assert new != old
     r = cli("build", str(manifest), "--cache-dir", str(cache), "--no-lock", "--json", "-j", "1",
-            env=env, timeout=600)
+            "--executor", executor, env=env, timeout=600)
     [e] = _json_of(r)["entries"]
     assert r.returncode == 0 and e["status"] == "built" and e["key"] == new, e
     assert Store(cache).get(old) is None and Store(cache).get(new) is not None
