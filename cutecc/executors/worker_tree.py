@@ -28,10 +28,11 @@ def detach(token: str) -> None:
     os.environ[WORKER_MARK] = token
 
 
-def kill_tree(pid: int, token: str) -> None:
-    """SIGKILL worker `pid`'s process group and every process carrying its mark."""
+def kill_tree(pid: int, token: str, group: bool = True) -> None:
+    """SIGKILL worker `pid`'s process group (with `group`, when `detach` made it its own)
+    and every process carrying its mark."""
     with contextlib.suppress(OSError):
-        if os.getpgid(pid) == pid:  # its own group (`detach` ran): never the build's
+        if group and os.getpgid(pid) == pid:  # its own group: never the build's
             os.killpg(pid, signal.SIGKILL)
     for _ in range(ROUNDS):
         marked = _marked(token)

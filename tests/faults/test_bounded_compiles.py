@@ -60,12 +60,17 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_compile_stopped_at_the_time_limit_takes_its_processes_with_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_a_compile_stopped_at_the_time_limit_takes_its_processes_with_it(
+        tmp_path: Path, executor: str) -> None:
+    if executor == "ray":
+        pytest.importorskip("ray", reason="the Ray executor needs Ray (pip install 'cutecc[ray]')")
     manifest = write_hang_project(tmp_path / "p")
     kids = tmp_path / "kids"
     try:
         r = _build(manifest, tmp_path / "c", {"CUTECC_COMPILE_TIMEOUT": str(LIMIT),
-                                              "HANG_CHILDREN": str(kids)}, "--kernel", "hang")
+                                              "HANG_CHILDREN": str(kids)}, "--kernel", "hang",
+                   "--executor", executor, timeout=300)
         assert "Traceback" not in r.stderr, r.stderr[-3000:]
         [hang] = json.loads(r.stdout)["entries"]
         assert hang["status"] == "failed" and f"{LIMIT} s" in hang["error"], hang
