@@ -91,6 +91,7 @@ class SourceIndex:
         self._bases: tuple[list[str], list[str]] | None = None  # `_rel_of`'s prefixes
         self._paths: dict[str, Path] = {}  # remembered closures' members, as Paths
         self._names: dict[Path, str] = {}  # each closure member's module name
+        self._files: dict[str, tuple[KeyedFile, ...]] = {}  # `files`, per module
         self._resolved_roots = [str(Path(r).resolve()) for r in self.roots]
         # before any lookup: a walk may reuse answers found for an earlier one (`_found`),
         # so what it remembers must not have changed since this, not since the walk began
@@ -114,9 +115,12 @@ class SourceIndex:
     def files(self, module: str) -> tuple[KeyedFile, ...]:
         """The files `module`'s digest read, as a build worker re-checks them after its
         compile (`cutecc.keyed_sources`): path, module name, name in the key, SHA-256."""
-        self.digest(module)
-        return tuple(KeyedFile(str(f), self._names[f], self._rel(f), self._hash(f))
-                     for f in sorted(self._closures[module], key=lambda p: self._rel(p)))
+        if module not in self._files:
+            self.digest(module)
+            self._files[module] = tuple(
+                KeyedFile(str(f), self._names[f], self._rel(f), self._hash(f))
+                for f in sorted(self._closures[module], key=lambda p: self._rel(p)))
+        return self._files[module]
 
     def reached_modules(self, module: str) -> set[str]:
         """Dotted names that `module`'s local closure imports, its own included (each

@@ -79,8 +79,11 @@ def _plan(manifest: Manifest, archs: tuple[str, ...], platforms: tuple[str, ...]
         seen: dict[str, str] = {}
         for v in k.variants:
             imports, ref_modules = _imported(manifest, index, k, v, set(sources))
-            keyed = {f.path: f for m in sorted(imports) for f in index.files(m)}
-            keyed.update((f.path, f) for f in entry_files)
+            keyed = entry_files
+            if imports:  # modules the variant's values name beyond the entry's closure
+                more = {f.path: f for m in sorted(imports) for f in index.files(m)}
+                more.update((f.path, f) for f in entry_files)
+                keyed = tuple(more.values())
             key_modules = frozenset(modules | ref_modules)
             if key_modules not in reached:
                 reached[key_modules] = installed.reached(key_modules)
@@ -89,8 +92,7 @@ def _plan(manifest: Manifest, archs: tuple[str, ...], platforms: tuple[str, ...]
                     envs[arch] = compile_env(manifest.env_for(arch))
                 inputs = key_inputs(k, v, arch, digest, reached[key_modules], envs[arch], imports,
                                     platform)
-                p = Planned(k, v, arch, compute_key(inputs), inputs, sources, platform,
-                            tuple(keyed.values()))
+                p = Planned(k, v, arch, compute_key(inputs), inputs, sources, platform, keyed)
                 if p.key in seen:  # nothing tells them apart: no call could choose between them
                     raise CuteccError(f'variants "{seen[p.key]}" and "{v.id}" build the same artifact '
                                       "(their parameters change nothing the kernel is compiled with)",
