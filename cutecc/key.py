@@ -376,6 +376,8 @@ def _not_in_a_directory(module: str, origin: str) -> str:
     holder = Path(origin)
     while holder != holder.parent and not holder.exists():
         holder = holder.parent
+    if holder.is_dir():  # removed since it was found
+        return f'module "{module}": {origin} is gone (removed while planning?); run the build again'
     what = "a zip archive" if zipfile.is_zipfile(holder) else "not a directory"
     return (f'module "{module}" is found in {holder} ({what}) on sys.path, as {origin}: cutecc '
             "keys project sources only from files in directories; extract the archive into a "
