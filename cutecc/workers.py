@@ -2,7 +2,8 @@
 
 Every executor (`cutecc.executors`: this machine's process pools, or Ray) runs
 `build_one` for each job, in a process whose DSL targets the job's arch. It publishes its
-entry into the store under the key's lock, so two builds never build one key twice, and
+entry into the store under the key's lock, so two builds never build one key twice, only
+once the sources it compiled are checked to be those its key read (`keyed_sources`), and
 returns the entry's metadata so the lock file is written without reading back what was
 just published. With a writable remote cache, the worker that built an entry also uploads
 it (`cutecc.remote`); an upload that fails is reported, never a failed build. Kernel
