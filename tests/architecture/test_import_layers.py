@@ -37,7 +37,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "toolchain": (("cutecc.toolchain", "cutecc.devicequery", "cutecc.dists", "cutecc.modfind",
                    "cutecc.elf", "cutecc.cubin", "cutecc.targetlibs"), ("base", "store")),
     # What to build: keys, the build plan, the tuning plan.
-    "plan": (("cutecc.key", "cutecc.plan", "cutecc.tuning.plan"),
+    "plan": (("cutecc.key", "cutecc.keyed_sources", "cutecc.plan", "cutecc.tuning.plan"),
              ("base", "store", "lock", "manifest", "toolchain")),
     # One artifact: compile a variant, link it.
     "compile": (("cutecc.compiler", "cutecc.linker", "cutecc.retarget"), ("base", "manifest", "toolchain")),
