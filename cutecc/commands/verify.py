@@ -22,9 +22,10 @@ it never touches a healthy entry's files.
 
 from __future__ import annotations
 
-import json
+import errno
 import os
 import shutil
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ import filelock
 from cutecc import trust
 from cutecc.atomic import TMP_NAME
 from cutecc.entry import (
+    MAX_INDEX_BYTES,
     MAX_META_BYTES,
     META,
     RESERVED_FILES,
@@ -58,7 +60,14 @@ from cutecc.runtime.tuning import (
     sibling_problem,
 )
 from cutecc.store import layout
-from cutecc.store.view import entry_trust_problem, read_meta, read_small_json
+from cutecc.store.view import (
+    INDEX_DEPTH,
+    MAX_STATS_BYTES,
+    STATS_DEPTH,
+    entry_trust_problem,
+    read_meta,
+    record_problem,
+)
 from cutecc.store.writer import Store
 
 BAD = frozenset({"missing", "truncated", "altered", "malformed", "untrusted"})  # the entry is unusable
@@ -259,10 +268,18 @@ def _check_index(store: Store, report: VerifyReport, kernels: dict[str, dict[str
             report.problems.append(Problem("unindexed", str(path), "the entry has no index record: "
                                            "`cutecc.load` does not see it", key))
             continue
-        try:
-            data = path.read_bytes()
-        except OSError:
+        try:  # as every record is read: a regular file of ours, bounded (`read_record`)
+            data = trust.read_path(path, MAX_INDEX_BYTES)
+        except FileNotFoundError:
             continue  # removed since we listed it
+        except trust.Untrusted as e:
+            report.problems.append(Problem("stale-index", str(path), e.why, key))
+            continue
+        except OSError as e:
+            why = (f"over the {MAX_INDEX_BYTES}-byte limit of an index record" if e.errno == errno.EFBIG
+                   else f"unreadable: {e.strerror}")
+            report.problems.append(Problem("stale-index", str(path), why, key))
+            continue
         if _record_differs(data, key, meta):
             report.problems.append(Problem("stale-index", str(path), "the index record does not "
                                            "match the entry's metadata", key))
@@ -343,6 +360,7 @@ def _check_areas(store: Store, report: VerifyReport) -> None:
     for f in _listdir(lay.sources()):
         if not (is_key(f.name) and f.is_dir() and not f.is_symlink()) and not f.name.startswith("."):
             report.problems.append(Problem("orphan", str(f), "not a received source tree"))
+    _check_stats(store, report)
     records = ((layout.GENERATIONS, lay.generations(), MAX_META_BYTES),
                (layout.MANIFESTS, lay.manifests(), MAX_META_BYTES),
                (layout.COMPOSITES, lay.composites(), MAX_META_BYTES),
@@ -354,10 +372,32 @@ def _check_areas(store: Store, report: VerifyReport) -> None:
             if f.is_symlink() or not f.is_file() or not _name_ok(area, f.name):
                 report.problems.append(Problem("orphan", str(f), f"not a record of {area}/"))
                 continue
-            doc = read_small_json(f, limit)
-            if not (isinstance(doc, dict) and type(doc.get("format")) is int):
-                report.problems.append(Problem("bad-record", str(f), "not a JSON object with a "
-                                               "format: unreadable or damaged"))
+            doc, why = record_problem(f, limit)
+            if why is None and not (isinstance(doc, dict) and type(doc.get("format")) is int):
+                why = "not a JSON object with a format: damaged"
+            if why is not None and os.path.lexists(f):  # else removed since we listed it
+                report.problems.append(Problem("bad-record", str(f), why))
+
+
+def _check_stats(store: Store, report: VerifyReport) -> None:
+    """stats.json read as the builds read it (`read_record`): what is not a regular file
+    is an orphan (a build leaves it as it is; `--fix` removes it), a damaged or oversized
+    one a bad record (the next build starts its counters over)."""
+    path = store.layout.stats()
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "something else"
+        report.problems.append(Problem("orphan", str(path), f"{what}, not a regular file of build "
+                                       "counters (builds leave it as it is and count nothing)"))
+        return
+    doc, why = record_problem(path, MAX_STATS_BYTES, STATS_DEPTH)
+    if why is None and not (isinstance(doc, dict) and type(doc.get("format")) is int):
+        why = "not a JSON object with a format: damaged"
+    if why is not None:
+        report.problems.append(Problem("bad-record", str(path), why))
 
 
 def _fix_tuning(store: Store, p: Problem, bad: set[str]) -> str:
@@ -389,7 +429,7 @@ def _record_differs(data: bytes, key: str, meta: dict[str, Any]) -> bool:
 
 def _loads(data: bytes) -> dict[str, Any]:
     try:
-        doc = json.loads(data)
+        doc = parse_json(data, MAX_INDEX_BYTES, INDEX_DEPTH)
     except ValueError:
         return {}
     return doc if isinstance(doc, dict) else {}
