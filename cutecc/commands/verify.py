@@ -52,6 +52,7 @@ from cutecc.entry import (
 )
 from cutecc.errors import CuteccError, WorkError
 from cutecc.locks import Busy
+from cutecc.platforms import machine_problem
 from cutecc.report import Report
 from cutecc.runtime.tuning import (
     MAX_RECORD_BYTES,
@@ -129,9 +130,10 @@ def check_entry(path: Path, key: str, runtime: bool = False) -> list[Problem]:
     except (OSError, ValueError) as e:
         return [Problem("malformed", str(path / META), f"unreadable metadata: {e}", key)]
     try:  # the records, the key inputs and the fields they decide
-        records = (RuntimeMeta.parse(meta, key) if runtime else EntryMeta.parse(meta, key)).files
+        parsed = RuntimeMeta.parse(meta, key) if runtime else EntryMeta.parse(meta, key)
     except ValueError as e:
         return [Problem("malformed", str(path / META), str(e), key)]
+    records = parsed.files
     files = {r.name: r for r in records}
     out = []
     for name, rec in sorted(files.items()):
@@ -153,6 +155,10 @@ def check_entry(path: Path, key: str, runtime: bool = False) -> list[Problem]:
         elif got["sha256"] != rec.sha256:
             out.append(Problem("altered", str(f), f"sha256 {got['sha256'][:16]}.., recorded "
                                f"{rec.sha256[:16]}..", key))
+    if not out and isinstance(parsed, EntryMeta):  # whole: is it a library of its platform?
+        why = _machine_problem(path / parsed.library.name, parsed.platform)
+        if why:
+            out.append(Problem("malformed", str(path / parsed.library.name), why, key))
     if not any(p.kind in BAD for p in out):
         why = entry_trust_problem(path, list(files))
         if why:  # whoever could write it could have written its hashes too
@@ -165,6 +171,22 @@ def check_entry(path: Path, key: str, runtime: bool = False) -> list[Problem]:
         if name not in files and name not in RESERVED_FILES:
             out.append(Problem("orphan", str(path / name), "not listed in meta.json", key))
     return out
+
+
+def _machine_problem(library: Path, platform: str) -> str | None:
+    """Why `library`'s ELF header says it cannot load on `platform`'s hosts (`platforms.
+    machine_problem`): an aarch64 library under an x86-64 entry fails only at dlopen."""
+    try:
+        fd = os.open(library, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None  # the hash check said what it is
+    try:
+        head = os.read(fd, 64)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return machine_problem(head, platform)
 
 
 def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
