@@ -105,7 +105,7 @@ def verified_bytes(path: Path, sha256: str, size: int, label: str, what: str = "
         data = _read_library(path, size)  # reads what is there, up to `size`: never allocates it
     except trust.Untrusted as e:
         raise CuteccError(f"refusing to load the {what}: {e.why}, so anyone could have "
-                          "replaced it and its recorded SHA-256. Fix the permissions (chmod o-w, "
+                          "replaced it and its recorded SHA-256. Fix the permissions (chmod go-w, "
                           f"chown), or set {ENV_ALLOW_SHARED}=1 to trust this cache",
                           where=f"{label} ({path})", exit_code=1) from None
     except OSError as e:
