@@ -165,8 +165,11 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
 
     Without a lock or manifest, each kernel offers the entries of its newest build (per
     arch), so variants removed from the manifest are not callable after a rebuild.
-    `kernels` restricts which kernels are exposed; a `manifest` uses exactly the entries
-    its newest build planned (an unbuilt or since-edited manifest is an error).
+    `kernels` restricts which kernels are exposed (a composite named there brings the
+    kernels it launches); a `manifest` uses exactly the entries its newest build planned
+    (an unbuilt or since-edited manifest is an error), and offers the composites that
+    build recorded. A key this process already loaded from other bytes (another cache,
+    pack or lock) is refused at the call, naming both (`cutecc.runtime.library`).
     `strict` raises if any entry of those kernels cannot be used here instead of setting
     it aside.
     `lock` (a `kernels.lock`): use exactly the entries it names (any the cache lacks is an
