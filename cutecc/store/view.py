@@ -216,7 +216,16 @@ class StoreView:
                 raise trust.Untrusted(why, str(d))
 
     def _check_format(self, fmt: Path) -> None:
-        got = fmt.read_text().strip()
+        try:  # one short line: read as a record is, no link followed, never blocking, bounded
+            fd = os.open(fmt, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                raw = os.read(fd, 64) if stat.S_ISREG(os.fstat(fd).st_mode) else b"?"
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise CuteccError(f"cannot read the cache's format file: {e.strerror}", where=str(fmt),
+                              exit_code=1) from None
+        got = raw.decode(errors="replace").strip()
         if got != str(STORE_FORMAT):
             older = got.isdigit() and int(got) < STORE_FORMAT
             why = (" (an older cutecc's: its entries are of an older artifact format, which this "
