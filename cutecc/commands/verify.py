@@ -430,7 +430,10 @@ def _fix_tuning(store: Store, p: Problem, bad: set[str]) -> str:
     if str(path) in bad:
         return "removed"
     try:
-        path.unlink(missing_ok=True)
+        if path.is_dir() and not path.is_symlink():  # a directory in a record's place
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
     except OSError as e:
         raise WorkError(f"cannot remove: {e.strerror}", where=str(path)) from None
     bad.add(str(path))

@@ -147,3 +147,20 @@ def test_a_huge_index_record_is_not_read_whole(cache: Path) -> None:
     lines = r.stdout.strip().splitlines()
     assert ["stale-index", str(rec)] in json.loads(lines[-2])
     assert int(lines[-1]) < 200_000, f"peak RSS {int(lines[-1]) >> 10} MB: the record was read whole"
+
+
+# Tuning results ------------------------------------------------------------------------------
+
+
+def test_a_fifo_or_directory_among_tuning_results_is_named_and_removed(cache: Path) -> None:
+    """(Before: `verify --fix` stopped at the directory with "cannot remove: Is a directory".)"""
+    results = cache / "tuning" / "results"
+    results.mkdir(parents=True)
+    keys = sorted(p.name for p in (cache / "by-kernel" / "k").iterdir())
+    (results / f"{keys[0]}.json").mkdir()
+    os.mkfifo(results / f"{keys[1]}.json")
+    code, problems = _problems(cache)
+    assert code == 1 and sorted(p["kind"] for p in problems) == ["bad-tuning", "bad-tuning"], problems
+    assert all("regular file" in p["detail"] for p in problems), problems
+    code, problems = _problems(cache, "--fix")
+    assert code == 0 and not any(results.iterdir()), problems
