@@ -86,6 +86,21 @@ def test_a_bad_stats_file_hangs_nothing_and_verify_names_it(cache: Path, plant: 
         assert json.loads(stats.read_text())["hits"] == 1
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("plant", ["fifo", "dev-zero"])
+def test_a_no_op_build_over_a_bad_stats_file_finishes(toy_cache, tmp_path: Path, plant: str) -> None:
+    """The real build (its counter update after the work) on a cache whose stats.json is a
+    FIFO or a link to /dev/zero: every key served from the cache, nothing waits or grows."""
+    toy = toy_cache.copy(tmp_path)
+    stats = toy.cache / "stats.json"
+    stats.unlink(missing_ok=True)
+    os.mkfifo(stats) if plant == "fifo" else stats.symlink_to("/dev/zero")
+    r = cli("build", str(toy.manifest), "--cache-dir", str(toy.cache), "--json", timeout=TIMEOUT)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert json.loads(r.stdout)["cached"] == 2, r.stdout[-2000:]
+    assert os.path.islink(stats) or not stats.is_file()  # left as it was, for verify to name
+
+
 # composites/ --------------------------------------------------------------------------------
 
 
