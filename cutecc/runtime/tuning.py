@@ -7,7 +7,10 @@ kernel's candidate configurations (a `cutecc.lockfile.Tuned` line, its bucket as
 build: a table lookup on the call's symbolic extents, nothing timed, so every rank and
 process with the same lock and device kind makes the same choice. Results of one device
 kind never apply to another: an untuned device runs the default configuration, and says
-so once. Imports neither JAX (until a device kind is asked for) nor the build side.
+so once; a line whose winner's bytes or DSL differ from what was measured (`line_problem`)
+serves nothing, with a note. Nothing here measures or draws: every process reading one
+lock picks the same winners (one winner on every rank). Imports neither JAX (until a
+device kind is asked for) nor the build side.
 """
 
 from __future__ import annotations
@@ -97,9 +100,10 @@ _MEASURED_CHECKS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "samples": ("a table of variant -> a count of samples",
                 lambda v: isinstance(v, dict) and all(type(t) is int and t >= 0 for t in v.values())),
     "within_noise": ("a list of variants", lambda v: isinstance(v, list) and all(map(_text, v))),
-    "measurement": (f"a table of at most {MAX_POLICY_FIELDS} fields of strings, numbers, null or lists of them",
-               lambda v: isinstance(v, dict) and len(v) <= MAX_POLICY_FIELDS and all(
-                   _scalar(x) or (isinstance(x, list) and all(map(_scalar, x))) for x in v.values())),
+    "measurement": (f"a table of at most {MAX_POLICY_FIELDS} fields of strings, numbers, null or "
+                    "lists of them",
+                    lambda v: isinstance(v, dict) and len(v) <= MAX_POLICY_FIELDS and all(
+                        _scalar(x) or (isinstance(x, list) and all(map(_scalar, x))) for x in v.values())),
 }
 
 
