@@ -308,6 +308,15 @@ def test_the_benchmark_pairs_two_runs_per_bucket_and_writes_a_markdown_table() -
     assert "| fa4_fwd | causal=False | s_k=4096 | 10.00 | tile_n=96 | 8.00 | 1.25x | 8.10 / 8.10 | yes |" in text
     assert "| fa4_fwd | causal=False | s_k=512 | 2.00 | default | 2.00 | 1.00x | 2.10 / 2.00 | no |" in text
     assert "1 of 2 winners within 2%" in text and "clock: device" in text and "{'fa4_fwd': 37.6}" in text
+    assert all(r["same_winner"] for r in rows) and "2 of 2 buckets recorded the same winner" in text
+    # A second run that picks another winner: named within the noise by one run, or not at all.
+    second[1] = {**rec("s_k=512", {d: [2, 2.1, 3], t: [1, 2, 3]}, t), "within_noise": [t]}
+    second[0] = rec("s_k=4096", {d: [9, 10, 11], t: [9, 10.1, 11]}, d)
+    rows = rows_of(first, second)
+    assert [(r["same_winner"], r["within_noise"]) for r in rows] == [(False, [t]), (False, [])]
+    text = markdown({"device": "x", "driver": "y", "rows": rows, "runs": []})
+    assert "differing within the noise: fa4_fwd[causal=False] s_k=512; differing beyond it: " \
+           "fa4_fwd[causal=False] s_k=4096" in text
 
 
 def test_the_benchmark_reads_the_typed_records_and_plan_that_tune_returns(tmp_path: Any,
