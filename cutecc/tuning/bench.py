@@ -293,7 +293,9 @@ def _settled(samples: Mapping[str, Sequence[float]]) -> bool:
 
 def sm_clock_mhz() -> float | None:
     """The SM clock of this process's GPU now (MHz), from nvidia-smi; None where it cannot
-    be read (no nvidia-smi, a GPU it does not name by the visible index, a MIG slice)."""
+    be read (no nvidia-smi, a GPU it does not name by the visible index, a MIG slice). The
+    index is nvidia-smi's (PCI order): on a host of mixed GPUs it may name another card than
+    CUDA's ordering does; the record keeps the value as a reading, never a decision's input."""
     import subprocess
 
     idx = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"

@@ -92,12 +92,12 @@ def decide(timings: Mapping[str, Timing], base: str, order: Sequence[str],
     candidate in the plan's order (those without timings are skipped)."""
     d = timings[base]
     rank = {k: i for i, k in enumerate(order)}
-    others = sorted((k for k in timings if k != base), key=lambda k: rank.get(k, len(rank)))
+    others = sorted((k for k in timings if k != base), key=lambda k: (rank.get(k, len(rank)), k))
     beat = [k for k in others if d.median - timings[k].median > noise(timings[k], d, d, min_gain)]
     inside = [k for k in others if k not in beat and timings[k].median < d.median]
     if not beat:
         return Decision(base, tuple(inside))
-    best = min(beat, key=lambda k: (timings[k].median, rank.get(k, len(rank))))
+    best = min(beat, key=lambda k: (timings[k].median, rank.get(k, len(rank)), k))
     ties = [k for k in beat
             if timings[k].median - timings[best].median <= noise(timings[k], timings[best], d, min_gain)]
     winner = ties[0]  # plan order
