@@ -8,7 +8,9 @@ whose key nobody has locked. It checks the index too: an entry without its recor
 (`stale-index`, also one that differs from its metadata), and an entry whose runtime
 library is not in the cache (`no-runtime`). Tuning records are checked by the rule the
 runtime applies to them (`bad-tuning`: a winner that is not a healthy sibling of its
-default, with the same contract and call keywords, or a record it cannot read). Every
+default, with the same contract and call keywords, bytes and toolchain as recorded, or a
+record it cannot read); with a lock (`--lock`), so are the lock's tuning lines
+(`stale-tuning`: a line load would ignore; lines of another device kind are noted). Every
 other area of the cache (`cutecc.store.layout`) is checked for what does not belong: a
 top-level name the layout does not know, a file in `generations/`, `manifests/`,
 `composites/`, `tuning/` or `src/` not named as the layout names them (`orphan`), and a
@@ -57,6 +59,7 @@ from cutecc.report import Report
 from cutecc.runtime.tuning import (
     MAX_RECORD_BYTES,
     TUNING_FORMAT,
+    line_problem,
     parse_results,
     sibling_problem,
 )
@@ -78,7 +81,8 @@ BAD = frozenset({"missing", "truncated", "altered", "malformed", "untrusted"})  
 class Problem:
     # one of BAD, or "orphan" (a file or dir nothing owns), "stale-tmp", "unindexed",
     # "stale-index", "no-runtime", "bad-tuning" (a tuning record load would refuse),
-    # "bad-record" (a build record or tuning plan that is not one)
+    # "bad-record" (a build record or tuning plan that is not one), "stale-tuning" (a lock's
+    # tuning line load would ignore: record again with `cutecc tune`)
     kind: str
     path: str
     detail: str
@@ -98,6 +102,7 @@ class VerifyReport(Report):
     problems: list[Problem] = field(default_factory=list)
     fixed: bool = False
     drift_note: str | None = None  # `--lock`: its key-deciding distributions unlike these here
+    tuning_notes: list[str] = field(default_factory=list)  # `--lock`: its tuning lines this device ignores
 
     @property
     def ok(self) -> bool:
@@ -111,10 +116,11 @@ class VerifyReport(Report):
     def to_json(self) -> dict[str, Any]:
         return {"cache_dir": self.cache_dir, "entries": self.entries, "healthy": self.healthy,
                 "ok": self.ok, "fixed": self.fixed, "problems": [asdict(p) for p in self.problems],
-                "drift": self.drift_note}
+                "drift": self.drift_note, "tuning_notes": self.tuning_notes}
 
     def lines(self, verbose: int = 0) -> list[str]:
         out = [f"warning: {self.drift_note}"] if self.drift_note else []
+        out += [f"note: {n}" for n in self.tuning_notes]
         out += [f"{p.kind:9}  {p.path}: {p.detail}" + (f" -> {p.action}" if p.action else "")
                 for p in self.problems]
         out.append(f"{self.entries} entries, {self.healthy} healthy, {len(self.problems)} problem(s)"
@@ -242,6 +248,8 @@ def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
                 f"the runtime library {rkey[:12]} that {len(keys)} entr{'y' if len(keys) == 1 else 'ies'} "
                 f"link against (e.g. {keys[0][:12]}) is not in the cache", rkey))
     _check_tuning(store, report, kernels)
+    if lock is not None:
+        _check_lock_tuning(report, kernels, Path(lock))
     _check_areas(store, report)
     for d in _listdir(store.tmp_dir):
         key = d.name.split(".", 1)[0]
@@ -379,11 +387,46 @@ def _check_tuning(store: Store, report: VerifyReport, kernels: dict[str, dict[st
             winner, default = kernels.get(t.winner), kernels.get(t.base)
             why = ("its default configuration is not a healthy entry" if t.base != base or default is None
                    else "its winner is not a healthy entry" if winner is None
-                   else t.mismatch(winner) or sibling_problem(default, winner))
+                   else line_problem(t, default, winner) or sibling_problem(default, winner))
             if why:
                 report.problems.append(Problem(
                     "bad-tuning", str(f), f"{t.kernel}[{t.variant}]@{t.arch} {t.bucket} on {t.device}: "
                     f"winner {t.winner_variant} ({t.winner[:12]}): {why}", base))
+
+
+def _check_lock_tuning(report: VerifyReport, kernels: dict[str, dict[str, Any]], lock: Path,
+                       kind: str | None = None) -> None:
+    """The lock's tuning lines that load would ignore here: one whose winner's bytes or
+    toolchain differ from what was measured (`line_problem`) or that could not serve its
+    default's calls is `stale-tuning` (record again: `cutecc tune`); lines of another device
+    kind than this host's (`kind`, else the GPU's or $CUTECC_DEVICE_KIND, where one is known)
+    are named as notes (a lock may serve several kinds). Lines whose default is not in this
+    cache are another cache's business."""
+    from cutecc.lockfile import read_lock
+
+    if kind is None:
+        try:
+            from cutecc.runtime.tuning import device_kind
+
+            kind = device_kind()
+        except ImportError:  # no JAX here: no device kind to compare
+            kind = None
+    other: dict[str, int] = {}
+    for t in read_lock(lock).tuning:
+        what = f"{t.kernel}[{t.variant}]@{t.arch} {t.bucket} on {t.device}"
+        if kind is not None and t.device != kind:
+            other[t.device] = other.get(t.device, 0) + 1
+        default, winner = kernels.get(t.base), kernels.get(t.winner)
+        if default is None:
+            continue
+        why = ("its winner is not a healthy entry of this cache" if winner is None
+               else line_problem(t, default, winner) or sibling_problem(default, winner))
+        if why:
+            report.problems.append(Problem("stale-tuning", str(lock), f"{what}: winner {t.winner_variant} "
+                                           f"({t.winner[:12]}): {why}; ignored at load", t.base))
+    for dev, n in sorted(other.items()):
+        report.tuning_notes.append(f"{lock}: {n} tuning line(s) recorded for {dev}, not this device "
+                                   f"({kind}): ignored here (the default configurations serve)")
 
 
 def _name_ok(area: str, name: str) -> bool:

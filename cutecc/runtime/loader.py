@@ -439,7 +439,7 @@ def _tuning(name: str, fn: KernelBase, store: StoreView, locked: Any, target: st
     """The kernel's table of tuned winners: the lock's results (with a lock), else the
     cache's records of its default entries; None when nothing was tuned."""
     from cutecc.lockfile import Tuned
-    from cutecc.runtime.tuning import TuningTable, read_cached, sibling_problem
+    from cutecc.runtime.tuning import TuningTable, line_problem, read_cached, sibling_problem
 
     bases = {b.key: b for b in fn.builds}
     if locked is not None:
@@ -466,7 +466,7 @@ def _tuning(name: str, fn: KernelBase, store: StoreView, locked: Any, target: st
         if why is None and e is not None:
             base = store.get(t.base)
             why = "its default configuration is not in the cache" if base is None else (
-                _problem(base) or sibling_problem(base.meta, e.meta))
+                _problem(base) or line_problem(t, base.meta, e.meta) or sibling_problem(base.meta, e.meta))
         if why is None and e is not None:
             b = Build.of(e.checked, e.path)
             return b if record_use else dataclasses.replace(b, record_use=False)
