@@ -28,7 +28,7 @@ import shutil
 import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import filelock
 
@@ -71,6 +71,9 @@ from cutecc.store.view import (
 )
 from cutecc.store.writer import Store
 
+if TYPE_CHECKING:
+    from cutecc.commands.retrace import DeepReport
+
 BAD = frozenset({"missing", "truncated", "altered", "malformed", "untrusted"})  # the entry is unusable
 
 
@@ -98,11 +101,18 @@ class VerifyReport(Report):
     problems: list[Problem] = field(default_factory=list)
     fixed: bool = False
     drift_note: str | None = None  # `--lock`: its key-deciding distributions unlike these here
+    deep: DeepReport | None = None  # `--deep`: the entries compiled again (`cutecc.commands.retrace`)
+
+    @property
+    def cache_ok(self) -> bool:
+        """The cache clean, or (after a fix) nothing left wrong in it."""
+        return all(p.fixed for p in self.problems) if self.fixed else not self.problems
 
     @property
     def ok(self) -> bool:
-        """Clean, or (after a fix) nothing left wrong."""
-        return all(p.fixed for p in self.problems) if self.fixed else not self.problems
+        """`cache_ok`, and with `--deep` every entry reproduced (what it finds is reported,
+        never fixed)."""
+        return self.cache_ok and (self.deep is None or self.deep.ok)
 
     @property
     def exit_code(self) -> int:
@@ -111,15 +121,15 @@ class VerifyReport(Report):
     def to_json(self) -> dict[str, Any]:
         return {"cache_dir": self.cache_dir, "entries": self.entries, "healthy": self.healthy,
                 "ok": self.ok, "fixed": self.fixed, "problems": [asdict(p) for p in self.problems],
-                "drift": self.drift_note}
+                "drift": self.drift_note, **({"deep": self.deep.to_json()} if self.deep else {})}
 
     def lines(self, verbose: int = 0) -> list[str]:
         out = [f"warning: {self.drift_note}"] if self.drift_note else []
         out += [f"{p.kind:9}  {p.path}: {p.detail}" + (f" -> {p.action}" if p.action else "")
                 for p in self.problems]
         out.append(f"{self.entries} entries, {self.healthy} healthy, {len(self.problems)} problem(s)"
-                   f"{' (fixed)' if self.fixed and self.ok else ''} in {self.cache_dir}")
-        return out
+                   f"{' (fixed)' if self.fixed and self.cache_ok else ''} in {self.cache_dir}")
+        return out + (self.deep.lines(verbose) if self.deep else [])
 
 
 def lock_drift(lock: str | Path) -> str | None:
@@ -215,10 +225,13 @@ def _machine_problem(library: Path, platform: str) -> str | None:
 
 
 def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
-           lock_timeout: float = 0, lock: str | Path | None = None) -> VerifyReport:
+           lock_timeout: float = 0, lock: str | Path | None = None,
+           deep: str | Path | None = None, jobs: int | None = None) -> VerifyReport:
     """Check the whole cache; with `fix`, quarantine bad entries and delete orphans.
     `lock`: also say which key-deciding distributions that lock was made with differ, by
-    version, from those installed here (`lock_drift`).
+    version, from those installed here (`lock_drift`). `deep` (a manifest): then compile
+    again every entry it plans that the cache holds, on `jobs` local workers, and report
+    those whose artifact differs from what their key promised (`cutecc.commands.retrace`).
 
     Fixing takes each key's lock (waiting up to `lock_timeout` s); a key held longer,
     e.g. by a build, is left as is and reported busy.
@@ -257,6 +270,10 @@ def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
                                            f"({e.message})", key))
     if fix:
         _fix(store, report)
+    if deep is not None:
+        from cutecc.commands.retrace import retrace
+
+        report.deep = retrace(store, deep, jobs=jobs)
     return report
 
 
