@@ -135,3 +135,12 @@ def test_deep_verify_reproduces_the_root_manifest(example_cache: Path) -> None:
     deep = doc["deep"]
     assert deep["entries"] and all(e["status"] == "reproduced" and e["note"] is None
                                    for e in deep["entries"]), deep
+
+
+def test_deep_verify_reproduces_the_examples(examples_build: Path) -> None:
+    """The same for examples/kernels.toml (the published kernels; needs the examples extra)."""
+    r, doc = _deep(REPO / "examples" / "kernels.toml", examples_build)
+    assert r.returncode == 0, r.stdout + r.stderr
+    deep = doc["deep"]
+    assert deep["entries"] and all(e["status"] == "reproduced" and e["note"] is None
+                                   for e in deep["entries"]), deep
