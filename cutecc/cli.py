@@ -394,8 +394,18 @@ def verify(manifest: Path | None, fix: bool, lock_file: Path | None, deep: bool,
         raise CuteccError("MANIFEST is what --deep compiles again: give --deep too", where="MANIFEST")
     if jobs is not None and not deep:
         raise CuteccError("--jobs is for --deep", where="--jobs")
-    _emit(run(cache_dir, fix=fix, lock=lock_file, deep=_manifest(manifest, None) if deep else None,
-              jobs=jobs), as_json)
+    if not deep:
+        _emit(run(cache_dir, fix=fix, lock=lock_file), as_json)
+        return
+    from cutecc.progress import BuildProgress
+
+    progress = BuildProgress(quiet=as_json or _verbosity(click.get_current_context()) < 0)
+    try:
+        report = run(cache_dir, fix=fix, lock=lock_file, deep=_manifest(manifest, None), jobs=jobs,
+                     progress=progress)
+    finally:
+        progress.close()
+    _emit(report, as_json)
 
 
 @main.command(short_help="Evict least recently used entries.")

@@ -28,7 +28,7 @@ from typing import Any
 from cutecc import builder
 from cutecc.artifact import difference
 from cutecc.entry import EntryMeta, artifact_of, library_record
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
 from cutecc.executors import LocalExecutor, compile_limits
 from cutecc.manifest import load_manifest
 from cutecc.plan import Planned
@@ -86,15 +86,31 @@ class DeepReport:
         return out
 
 
-def retrace(store: Store, manifest_path: str | Path, *, jobs: int | None = None) -> DeepReport:
-    """Compile again each entry `manifest_path` plans that `store` holds, and compare (see
-    the module docstring). Needs the build extra (the DSL)."""
+@dataclass(frozen=True)
+class PlannedAgain:
+    """A manifest planned anew for `retrace` (before the cache is read, so that a bad
+    manifest or a host without the DSL fails at once)."""
+
+    path: str
+    target: builder.Target
+
+
+def plan_again(manifest_path: str | Path) -> PlannedAgain:
+    """`manifest_path` parsed and planned with every source hashed again (no planning facts
+    remembered); an error when this host cannot compile (no build extra)."""
     if importlib.util.find_spec("cutlass") is None:
-        raise CuteccError("`verify --deep` compiles the entries again: it needs the build extra "
-                          "(nvidia-cutlass-dsl) on this host", where="--deep")
-    full = load_manifest(manifest_path)
-    target = builder.target(full)  # every source hashed again: no planning facts remembered
-    report = DeepReport(str(manifest_path))
+        raise WorkError("`verify --deep` compiles the entries again: it needs the build extra "
+                        "(nvidia-cutlass-dsl) on this host", where="--deep")
+    return PlannedAgain(str(manifest_path), builder.target(load_manifest(manifest_path)))
+
+
+def retrace(store: Store, planned: PlannedAgain, *, jobs: int | None = None,
+            progress: builder.Progress | None = None) -> DeepReport:
+    """Compile again each entry `planned` plans that `store` holds, and compare (see the
+    module docstring); `progress` sees each compile finish."""
+    target = planned.target
+    full = target.manifest
+    report = DeepReport(planned.path)
     held: dict[str, tuple[Planned, EntryMeta]] = {}
     for p in target.planned:
         if p.key in held:
@@ -109,14 +125,14 @@ def retrace(store: Store, manifest_path: str | Path, *, jobs: int | None = None)
             continue  # damaged: the plain checks report it
     if not held:
         return report
-    again = _compile_again(target, [p for p, _ in held.values()], full, jobs)
+    again = _compile_again(target, [p for p, _ in held.values()], full, jobs, progress)
     for key, (p, meta) in held.items():
         report.results.append(_compare(p, meta, again.get(key)))
     return report
 
 
 def _compile_again(target: builder.Target, planned: list[Planned], manifest: Any,
-                   jobs: int | None) -> dict[str, builder.Outcome]:
+                   jobs: int | None, progress: builder.Progress | None) -> dict[str, builder.Outcome]:
     """Build `planned` into a throwaway cache with local workers (each compile bounded as
     the manifest's builds are); their outcomes by key."""
     b = manifest.build
@@ -125,7 +141,7 @@ def _compile_again(target: builder.Target, planned: list[Planned], manifest: Any
     only = dataclasses.replace(target, planned=tuple(planned), partial=True, candidates=True)
     scratch = Path(tempfile.mkdtemp(prefix="cutecc-retrace-"))
     try:
-        done = builder.run(only, Store(scratch / "cache"), how)
+        done = builder.run(only, Store(scratch / "cache"), how, progress=progress)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return {o.planned.key: o for o in done.outcomes}

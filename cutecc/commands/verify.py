@@ -72,6 +72,7 @@ from cutecc.store.view import (
 from cutecc.store.writer import Store
 
 if TYPE_CHECKING:
+    from cutecc.builder import Progress
     from cutecc.commands.retrace import DeepReport
 
 BAD = frozenset({"missing", "truncated", "altered", "malformed", "untrusted"})  # the entry is unusable
@@ -226,17 +227,25 @@ def _machine_problem(library: Path, platform: str) -> str | None:
 
 def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
            lock_timeout: float = 0, lock: str | Path | None = None,
-           deep: str | Path | None = None, jobs: int | None = None) -> VerifyReport:
+           deep: str | Path | None = None, jobs: int | None = None,
+           progress: Progress | None = None) -> VerifyReport:
     """Check the whole cache; with `fix`, quarantine bad entries and delete orphans.
     `lock`: also say which key-deciding distributions that lock was made with differ, by
     version, from those installed here (`lock_drift`). `deep` (a manifest): then compile
     again every entry it plans that the cache holds, on `jobs` local workers, and report
-    those whose artifact differs from what their key promised (`cutecc.commands.retrace`).
+    those whose artifact differs from what their key promised (`cutecc.commands.retrace`;
+    the manifest is planned first, so a bad one fails before anything is read); `progress`
+    sees each of those compiles finish.
 
     Fixing takes each key's lock (waiting up to `lock_timeout` s); a key held longer,
     e.g. by a build, is left as is and reported busy.
     """
     drift = lock_drift(lock) if lock is not None else None
+    again = None
+    if deep is not None:
+        from cutecc.commands.retrace import plan_again
+
+        again = plan_again(deep)
     store = Store(cache_dir).require()
     store.check_trust()  # another user's cache is refused whole, never "fixed"
     report = VerifyReport(str(store.root), fixed=fix, drift_note=drift)
@@ -270,10 +279,10 @@ def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
                                            f"({e.message})", key))
     if fix:
         _fix(store, report)
-    if deep is not None:
+    if again is not None:
         from cutecc.commands.retrace import retrace
 
-        report.deep = retrace(store, deep, jobs=jobs)
+        report.deep = retrace(store, again, jobs=jobs, progress=progress)
     return report
 
 
