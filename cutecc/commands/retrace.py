@@ -30,7 +30,7 @@ from cutecc.artifact import difference
 from cutecc.entry import EntryMeta, artifact_of, library_record
 from cutecc.errors import CuteccError, WorkError
 from cutecc.executors import LocalExecutor, compile_limits
-from cutecc.manifest import load_manifest
+from cutecc.manifest import Manifest, load_manifest
 from cutecc.plan import Planned
 from cutecc.store.writer import Store
 
@@ -112,9 +112,11 @@ def retrace(store: Store, planned: PlannedAgain, *, jobs: int | None = None,
     full = target.manifest
     report = DeepReport(planned.path)
     held: dict[str, tuple[Planned, EntryMeta]] = {}
+    seen: set[str] = set()  # variants that share a key are one entry
     for p in target.planned:
-        if p.key in held:
+        if p.key in seen:
             continue
+        seen.add(p.key)
         try:
             entry = store.get(p.key)
             if entry is None:
@@ -131,7 +133,7 @@ def retrace(store: Store, planned: PlannedAgain, *, jobs: int | None = None,
     return report
 
 
-def _compile_again(target: builder.Target, planned: list[Planned], manifest: Any,
+def _compile_again(target: builder.Target, planned: list[Planned], manifest: Manifest,
                    jobs: int | None, progress: builder.Progress | None) -> dict[str, builder.Outcome]:
     """Build `planned` into a throwaway cache with local workers (each compile bounded as
     the manifest's builds are); their outcomes by key."""
