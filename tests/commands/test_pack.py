@@ -156,6 +156,15 @@ sys.meta_path.insert(0, _NoDSL())
 '''
 
 
+def bare_venv(where: Path) -> tuple[Path, Path]:
+    """A new venv without pip: its python and its site-packages directory."""
+    subprocess.run([PY, "-m", "venv", "--without-pip", str(where)], check=True)
+    python = where / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                                "['purelib'])"], capture_output=True, text=True, check=True).stdout.strip())
+    return python, site
+
+
 def fresh_venv(where: Path) -> Path:
     """A new venv that sees this venv's runtime dependencies and cutecc, never the DSL.
 
@@ -163,10 +172,7 @@ def fresh_venv(where: Path) -> Path:
     the DSL's included, are not processed) and a directory holding only `cutecc`, and a
     meta-path finder blocks the DSL's packages should anything reach for them.
     """
-    subprocess.run([PY, "-m", "venv", "--without-pip", str(where)], check=True)
-    python = where / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
-                                "['purelib'])"], capture_output=True, text=True, check=True).stdout.strip())
+    python, site = bare_venv(where)
     only_cutecc = where / "cutecc-src"
     only_cutecc.mkdir()
     (only_cutecc / "cutecc").symlink_to(REPO / "cutecc")
@@ -409,10 +415,7 @@ _NOT_DEPLOYED = ("cutecc", "_cutecc", "__editable__", "nvidia_cutlass_dsl", "cut
 def runtime_only_venv(where: Path) -> Path:
     """A new venv as a deploy host has it: jax, tvm-ffi and the runtime's other dependencies
     installed (this environment's, linked in through a .pth), and no cutecc, no DSL, no index."""
-    subprocess.run([PY, "-m", "venv", "--without-pip", str(where)], check=True)
-    python = where / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
-                                "['purelib'])"], capture_output=True, text=True, check=True).stdout.strip())
+    python, site = bare_venv(where)
     deps = where / "deps"
     deps.mkdir()
     for p in Path(sysconfig.get_paths()["purelib"]).iterdir():
