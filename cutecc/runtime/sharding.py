@@ -25,7 +25,7 @@ import numpy as np
 Factors = tuple[str | None, ...]  # per dimension: the declared symbol it may be split on, or None
 
 
-def _spec_axes(entry: Any) -> tuple[str, ...]:
+def spec_axes(entry: Any) -> tuple[str, ...]:
     """A PartitionSpec entry as a tuple of mesh axis names."""
     if entry is None:
         return ()
@@ -48,7 +48,7 @@ def choose_axes(mesh: Any, shapes: Sequence[tuple[int, ...]], specs: Sequence[tu
         for i, f in enumerate(fs):
             if f is None or f in chosen or i >= len(spec):
                 continue
-            axes = _spec_axes(spec[i])
+            axes = spec_axes(spec[i])
             if not axes or used & set(axes) or any(a not in sizes for a in axes):
                 continue
             if shape[i] % int(np.prod([sizes[a] for a in axes])):
