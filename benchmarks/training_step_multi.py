@@ -17,8 +17,11 @@ Modes, each one `jax.jit` of a `jax.shard_map` over a one-axis mesh ("data") of 
 A cutecc kernel inside `shard_map` runs on each device's shard (every mesh axis manual, see
 cutecc/runtime/placement.py); the examples declare no shard rule (quack's RMSNorm backward
 sums per-SM partials into dw, which no per-shard rule can express), so `shard_map` is the
-declared way to split them. Sides: `cutecc` (loss_cutecc) and `jax_cudnn` (loss_jax with
-cuDNN's fused attention). Per N the global batch is --batch x N (weak scaling).
+declared way to split them (under `jax.jit` with shardings alone they are refused, which
+--dry-run shows). Sides: `cutecc` (loss_cutecc) and `jax_cudnn` (loss_jax with cuDNN's
+fused attention) by that shard_map, and `jax_cudnn_jit`, the plain-JAX step by `jax.jit`
+with the same in/out shardings alone (XLA's SPMD partitioner picks the collectives, and
+cuDNN attention's own partitioning rule). Per N the global batch is --batch x N (weak scaling).
 
 Checks, per N, mode and side: loss and every gradient (each weight and dx) against the same
 side's unsharded step on one GPU on the same global batch (relative L2 error, in float64;
@@ -29,8 +32,9 @@ span from the first GPU activity on any device to the last one's end, the busy t
 GPU, and the collectives' share). Raw JSON to --json. Without a GPU it says so and exits 0;
 --dry-run instead uses the CPU's devices (XLA_FLAGS=--xla_force_host_platform_device_count=4):
 lowers the cutecc side for sm_90a on each N and mode and says which kernels each device's
-program calls inside the shard_map, and runs the plain-JAX side at a small size, its loss
-and gradients against the one-device step, to check the sharding itself.
+program calls inside the shard_map (and that jax.jit with shardings alone refuses them), and
+runs the plain-JAX block (XLA attention) at a small size both ways, its loss and gradients
+against the one-device step, to check the sharding itself.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import re
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -52,7 +57,7 @@ if str(REPO) not in sys.path:
 
 AXIS = "data"
 MODES = ("dp", "fsdp")
-SIDES = ("cutecc", "jax_cudnn")
+SIDES = ("cutecc", "jax_cudnn", "jax_cudnn_jit")
 PROFILED = 5
 LOSS_TOL = 2e-3  # relative, against the one-GPU step of the same side
 GRAD_TOL = 3e-2  # relative L2 per gradient (bf16; the block's own floor in tests/gpu)
@@ -106,6 +111,32 @@ def sharded_step(loss: Callable[..., Any], mesh: Any, specs: Mapping[str, Any]) 
     specs = dict(specs)
     return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(specs, P(AXIS), P(AXIS)),
                                  out_specs=(P(), (specs, P(AXIS)))))
+
+
+def jit_step(loss: Callable[..., Any], mesh: Any, specs: Mapping[str, Any]) -> Any:
+    """The same step as `sharded_step` by `jax.jit` with shardings alone (XLA's SPMD
+    partitioner decides the collectives): x and targets split along the batch, weights and
+    their gradients as `specs` say."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    ws = {k: NamedSharding(mesh, s) for k, s in specs.items()}
+    rows = NamedSharding(mesh, P(AXIS))
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)), in_shardings=(ws, rows, rows),
+                   out_shardings=(NamedSharding(mesh, P()), (ws, rows)))
+
+
+def step_of(side: str, fns_of: Mapping[str, Callable[..., Any]], mesh: Any, specs: Mapping[str, Any]) -> Any:
+    """A side's sharded step: `NAME_jit` is loss NAME by `jit_step`, any other by `sharded_step`."""
+    if side.endswith("_jit"):
+        return jit_step(fns_of[side[:-len("_jit")]], mesh, specs)
+    return sharded_step(fns_of[side], mesh, specs)
+
+
+def base(side: str) -> str:
+    """The loss a side computes (its one-GPU reference)."""
+    return side[:-len("_jit")] if side.endswith("_jit") else side
 
 
 def single_step(loss: Callable[..., Any]) -> Any:
@@ -169,8 +200,9 @@ def compare(got: Any, ref: Any) -> dict[str, Any]:
 
 
 def custom_calls(text: str) -> dict[str, Any]:
-    """The cutecc custom calls of a lowered program, and how many lie inside its
-    shard_map (Shardy's manual computation: each device runs them on its shard)."""
+    """The cutecc custom calls of a lowered program, how many lie inside its shard_map
+    (Shardy's manual computation: each device runs them on its shard), each one's first
+    operand type, and how many of each collective the program holds."""
     calls = re.findall(r"custom_call @(cutecc_\w+)", text)
     start = text.find("sdy.manual_computation")
     inside = len(re.findall(r"custom_call @cutecc_", text[start:])) if start >= 0 else 0
@@ -180,9 +212,10 @@ def custom_calls(text: str) -> dict[str, Any]:
         m = re.search(rf"func\.func private @{b}\b(.*?)\n  }}", text, re.S)
         inside += len(re.findall(r"custom_call @cutecc_", m.group(1))) if m else 0
     first = re.findall(r"custom_call @cutecc_\w+\(.*?:\s*\((tensor<[^>]*>)", text)
+    kinds = Counter(re.findall(r"stablehlo\.(all_gather|all_reduce|reduce_scatter|all_to_all|"
+                               r"collective_permute)", text))
     return {"calls": len(calls), "inside_shard_map": min(inside, len(calls)), "first_operands": first,
-            "collectives": sorted(set(re.findall(r"stablehlo\.(all_gather|all_reduce|reduce_scatter|"
-                                                 r"all_to_all|collective_permute)", text)))}
+            "collectives": dict(sorted(kinds.items()))}
 
 
 def dry_run(cache: Path, batch: int, seq: int, counts: list[int]) -> dict[str, Any]:
@@ -211,11 +244,18 @@ def dry_run(cache: Path, batch: int, seq: int, counts: list[int]) -> dict[str, A
             text = sharded_step(losses(ks, cfg)["cutecc"], mesh, specs).trace(p, x, t).lower(
                 lowering_platforms=("cuda",)).as_text()
             res["lowered"][f"{n} {mode}"] = custom_calls(text)
+            try:  # without a shard rule, under jax.jit with shardings alone: refused, never gathered
+                jit_step(losses(ks, cfg)["cutecc"], mesh, specs).trace(p, x, t).lower(
+                    lowering_platforms=("cuda",))
+                res["lowered"][f"{n} {mode}"]["under_jit"] = "lowered"
+            except Exception as e:
+                res["lowered"][f"{n} {mode}"]["under_jit"] = f"{type(e).__name__}: {e}"[:300]
             sspecs = param_specs(sp, mode, n)
-            got = sharded_step(losses(None, small)["jax_xla"], mesh, sspecs)(*place(mesh, sspecs, sp, sx, st))
-            res["checked"][f"{n} {mode}"] = {
-                **compare(got, ref),
-                "grad_specs": {k: str(v.sharding.spec) for k, v in got[1][0].items()}}
+            for side in ("jax_xla", "jax_xla_jit"):
+                got = step_of(side, losses(None, small), mesh, sspecs)(*place(mesh, sspecs, sp, sx, st))
+                res["checked"][f"{n} {mode}" + (" jit" if side.endswith("_jit") else "")] = {
+                    **compare(got, ref),
+                    "grad_specs": {k: str(v.sharding.spec) for k, v in got[1][0].items()}}
     return res
 
 
@@ -272,7 +312,7 @@ def run(cache: Path, batch: int, seq: int, rounds: int, counts: list[int]) -> di
     for n in counts:
         x, t = lb.init_batch(jax.random.fold_in(kx, n), batch * n, seq, cfg)
         refs: dict[str, Any] = {}
-        for side in SIDES:
+        for side in {base(s) for s in SIDES}:
             try:  # the one-GPU step of the same global batch, on device 0
                 refs[side] = jax.device_get(single_step(fns_of[side])(params, x, t))
             except Exception as e:
@@ -285,13 +325,13 @@ def run(cache: Path, batch: int, seq: int, rounds: int, counts: list[int]) -> di
             placed = place(mesh, specs, params, x, t)
             for side in SIDES:
                 try:
-                    f = sharded_step(fns_of[side], mesh, specs)
+                    f = step_of(side, fns_of, mesh, specs)
                     got = jax.block_until_ready(f(*placed))  # compiles; the first call
                     jax.block_until_ready(f(*placed))
                 except Exception as e:  # reported, not timed
                     entry["errors"][side] = f"{type(e).__name__}: {e}"[:500]
                     continue
-                ref = refs[side]
+                ref = refs[base(side)]
                 entry["checks"][side] = (compare(got, ref) if not isinstance(ref, str)
                                          else {"ok": False, "one_gpu_error": ref})
                 fns[side], args[side] = f, placed
@@ -316,10 +356,9 @@ def report_line(n: int, mode: str, e: dict[str, Any]) -> str:
         cols.append(f"{s}: wall {d.get('wall_us', nan):8.0f} us, span {d.get('span_us', nan):8.0f} us, "
                     f"busy/gpu {d.get('busy_per_gpu_us', nan):8.0f} us, "
                     f"{'ok' if c.get('ok') else 'MISMATCH'} (worst rel err {worst:.2e})")
-    ratio = ""
-    if all(s in t and "span_us" in t[s] for s in SIDES):
-        ratio = f" | cutecc/jax_cudnn span {t['cutecc']['span_us'] / t['jax_cudnn']['span_us']:.3f}"
-    return f"{n} GPU {mode:4}  " + "  ".join(cols) + ratio
+    ratio = "".join(f" | cutecc/{s} span {t['cutecc']['span_us'] / t[s]['span_us']:.3f}"
+                    for s in SIDES[1:] if "span_us" in t.get("cutecc", {}) and "span_us" in t.get(s, {}))
+    return f"{n} GPU {mode:4}  " + "\n    ".join(["", *cols]) + ratio
 
 
 def main() -> int:

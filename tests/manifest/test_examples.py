@@ -311,7 +311,8 @@ def test_the_multi_gpu_training_step_runs_every_kernel_on_each_devices_shard(exa
     """benchmarks/training_step_multi.py on four CPU devices: the cutecc step, data-parallel
     and FSDP on 2 and 4 devices, lowers for sm_90a with every kernel inside the shard_map on
     the device's rows (never gathered), and the same sharding of the plain-JAX block gives
-    the one-device loss and gradients, FSDP's gradients left sharded."""
+    the one-device loss and gradients (by shard_map and by jax.jit with shardings alone),
+    FSDP's gradients left sharded."""
     import json
     import os
     import subprocess
@@ -332,12 +333,19 @@ def test_the_multi_gpu_training_step_runs_every_kernel_on_each_devices_shard(exa
             # the global batch is n sequences of 128: each device's norms see its 128 rows
             assert low["first_operands"].count("tensor<128x4096xbf16>") == 4, low
             assert f"tensor<{n * 128}x4096xbf16>" not in low["first_operands"], low
-            assert low["collectives"] == (["all_reduce"] if mode == "dp"
-                                          else ["all_gather", "all_reduce", "reduce_scatter"]), low
+            # one all-reduce for the loss; per weight, one all-reduce of its gradient (dp: no
+            # gradient summed twice, the norms' by cutecc's backward included) or a gather
+            # and a reduce-scatter (fsdp)
+            assert low["collectives"] == ({"all_reduce": 11} if mode == "dp" else
+                                          {"all_gather": 10, "all_reduce": 1, "reduce_scatter": 10}), low
+            # the examples declare no shard rule: jax.jit with shardings alone is refused
+            assert f"computation over {n} devices" in low["under_jit"], low
+    assert set(doc["checked"]) == {f"{n} {m}{how}" for n in (1, 2, 4) for m in ("dp", "fsdp")
+                                   for how in ("", " jit")}
     for name, c in doc["checked"].items():
         assert c["ok"] and c["rel_err"]["loss"] < 1e-5 and max(c["rel_err"].values()) < 1e-5, (name, c)
         assert len(c["rel_err"]) == 12  # loss, ten weights, dx
-        if name in ("2 fsdp", "4 fsdp"):
+        if name in ("2 fsdp", "4 fsdp", "2 fsdp jit", "4 fsdp jit"):
             assert set(c["grad_specs"].values()) == {"P('data',)"}, c
         if name.split()[1] == "dp":
             assert set(c["grad_specs"].values()) == {"P()"}, c
