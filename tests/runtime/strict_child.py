@@ -121,6 +121,13 @@ def main(cache: str) -> None:
     got = f(acols, w)
     emit("auto mesh unchanged",
          np.allclose(got, want, rtol=1e-6) and collectives(f, acols, w) == ["all-gather"])
+    arows = jax.device_put(x, NamedSharding(auto, P("x")))
+    msg = refusal(lambda: jax.jit(lambda a, b: ks.expw(a, b))(arows, w))
+    ks.expw.builds = [dataclasses.replace(b, reshard="allow") for b in ks.expw.builds]
+    h = jax.jit(lambda a, b: ks.expw(a, b))
+    got = h(arows, w)
+    emit("auto mesh, no rule: refused unless allowed", "computation over 4 devices" in msg
+         and np.allclose(got, want, rtol=1e-6) and collectives(h, arows, w) == ["all-gather"], message=msg)
 
 
 if __name__ == "__main__":

@@ -96,6 +96,7 @@ def test_four_devices_under_an_explicit_mesh_refuse_or_run_as_the_manifest_says(
     assert set(checks) == {
         "rule, declared split, jit", "rule, declared split, eager", "rule, other split, jit",
         "rule, other split, eager", "no rule, split", "no rule, replicated", "warn", "allow, no rule",
-        "allow, no rule, replicated", "inside shard_map", "auto mesh unchanged"}
+        "allow, no rule, replicated", "inside shard_map", "auto mesh unchanged",
+        "auto mesh, no rule: refused unless allowed"}
     bad = [c for c in checks.values() if not c["ok"]]
     assert not bad, bad
