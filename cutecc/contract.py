@@ -511,6 +511,11 @@ def shard_factors(t: TensorArg, shard: tuple[str, ...], result: bool = False) ->
     return tuple(logical[p] for p in t.held) if t.mode else logical  # `mode`: the buffer's order
 
 
+# What a kernel's call does under an explicit mesh when its inputs are split where its shard
+# rule does not allow (`reshard` in the manifest; `cutecc.runtime.strict`): the first is the default.
+RESHARD = ("error", "warn", "allow")
+
+
 def shard_problem(conv: CallingConvention, shard: tuple[str, ...]) -> str | None:
     """Why `shard` (symbols a kernel declares it is independent along) cannot be a sound
     rule for splitting its calls, or None. Each must be a plain symbolic extent of some

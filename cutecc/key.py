@@ -509,6 +509,8 @@ def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
         inputs["grad"] = kernel.grad  # the named pairing the runtime reads from the entry
     if kernel.shard:  # only when set: kernels without a sharding rule keep their keys
         inputs["shard"] = list(kernel.shard)  # the independent symbols the runtime splits on
+    if kernel.reshard != "error":  # only when set: strict kernels keep their keys
+        inputs["reshard"] = kernel.reshard  # what the runtime does with a call XLA would reshard
     if variant.call:  # only when set: kernels without call keywords keep their keys
         inputs["call"] = dict(variant.call)  # which call reaches this entry
     return inputs

@@ -73,6 +73,10 @@ class Kernel:
     # `shard = ["b", "h"]`: symbolic extents the kernel is independent along, so a call
     # under several devices may run per shard of them (`cutecc.runtime.sharding`)
     shard: tuple[str, ...] = ()
+    # `reshard = "error" | "warn" | "allow"`: under an explicit mesh, a call whose inputs are
+    # split where `shard` does not allow (so XLA would insert a collective before it) is an
+    # error (the default), one warning, or allowed (`cutecc.runtime.strict`)
+    reshard: str = "error"
 
     @property
     def grad(self) -> dict[str, Any] | None:

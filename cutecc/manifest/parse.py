@@ -86,6 +86,7 @@ from typing import Any
 from cutecc import dtypes, expr
 from cutecc.archs import is_arch
 from cutecc.contract import (
+    RESHARD,
     ROLES,
     Arg,
     CallingConvention,
@@ -159,7 +160,8 @@ _BUILD_KEYS = {"executor", "ray_address", "remote", "compile_timeout", "compile_
 EXECUTORS = ("local", "ray")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs", "profile",
-                "compile_options", "grad", "description", "symbols", "tune", "derive", "shard"}
+                "compile_options", "grad", "description", "symbols", "tune", "derive", "shard",
+                "reshard"}
 MAX_DIVISIBILITY = 1 << 16
 _TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "buffer", "layout", "mode", "align", "param",
                 "zero", "saved", "reduce", "broadcast", "may_alias", "stride"}
@@ -498,13 +500,16 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
         why = shard_problem(v.convention, tuple(shard))
         if why:
             raise ctx.fail(f"{kp}, shard", why + (f" (variant {v.id})" if v.params else ""))
+    reshard = kdoc.get("reshard", "error")
+    if reshard not in RESHARD:
+        raise ctx.fail(f"{kp}, reshard", f"must be one of {', '.join(map(repr, RESHARD))}, not {reshard!r}")
     keyed = _call_keywords(ctx, kp, axes, variants)
     # A candidate stands in for its default variant: it answers the same call keywords.
     candidates = tuple((v.id, tuple(dataclasses.replace(c, call=v.call) for c in cands))
                        for v, cands in zip(keyed, pending))
     return Kernel(name, entry, k_archs, k_profile, k_copts, keyed, backward, tuning, candidates,
                   hardware=tuple(sorted(hw.items())), grad_args=grad_args, grad_returns=grad_returns,
-                  grad_nondiff=grad_nondiff, grad_stop=grad_stop, shard=tuple(shard))
+                  grad_nondiff=grad_nondiff, grad_stop=grad_stop, shard=tuple(shard), reshard=reshard)
 
 def _symbols(ctx: _Ctx, kp: str, v: Any) -> tuple[dict[str, int], frozenset[str]]:
     """`symbols = { n = { divisibility = 8, bits = 64 } }`: per symbolic extent, what it is a

@@ -177,6 +177,11 @@ def schema() -> dict[str, Any]:
                       "description": "Symbolic extents the kernel is independent along (rows, "
                                      "batch, heads): under jax.jit with several devices each "
                                      "device calls it on its shard of those axes."},
+            "reshard": {"enum": ["error", "warn", "allow"],
+                        "description": "Under an explicit mesh, a call whose inputs are split "
+                                       "where the shard rule does not allow (XLA would insert a "
+                                       "collective before it): an error (default), one warning, "
+                                       "or allowed."},
             "grad": {"type": "object", "additionalProperties": False, "required": ["backward"],
                      "properties": {
                          "backward": {"type": "string"},

@@ -21,6 +21,7 @@ import numpy as np
 from cutecc import expr
 from cutecc.archs import to_build
 from cutecc.contract import (
+    RESHARD,
     Arg,
     CallingConvention,
     ScalarArg,
@@ -46,6 +47,12 @@ def _shard_of(meta: Mapping[str, Any]) -> Any:
     return ki.get("shard") if isinstance(ki, Mapping) else None
 
 
+def _reshard_of(meta: Mapping[str, Any]) -> Any:
+    """The `reshard` choice an entry's key inputs record ("error" when not declared); unchecked."""
+    ki = meta.get("key_inputs")
+    return ki.get("reshard", RESHARD[0]) if isinstance(ki, Mapping) else RESHARD[0]
+
+
 @dataclass(frozen=True)
 class Build:
     """One usable cache entry of a kernel, as the runtime needs it."""
@@ -63,12 +70,13 @@ class Build:
     record_use: bool = True  # touch the entry's `used` file at registration (not in a pack)
     call: tuple[tuple[str, Any], ...] = ()  # the call keywords that reach this build
     shard: tuple[str, ...] = ()  # the symbols a call may be split along (`runtime.sharding`)
+    reshard: str = RESHARD[0]  # a call split otherwise, under an explicit mesh (`runtime.strict`)
 
     @classmethod
     def of(cls, rec: EntryMeta, entry_dir: Path) -> Build:
         """The build of a checked entry (`entry_dir` is its directory in the cache)."""
         return cls._make(rec.key, entry_dir, rec.args, rec.library, rec.runtime, rec.call, rec.variant,
-                         rec.arch, rec.symbol, _shard_of(rec.raw))
+                         rec.arch, rec.symbol, _shard_of(rec.raw), _reshard_of(rec.raw))
 
     @classmethod
     def from_meta(cls, key: str, entry_dir: Path, meta: Mapping[str, Any]) -> Build:
@@ -78,11 +86,13 @@ class Build:
         rec, rt = meta["files"][lib], meta["runtime"]
         return cls._make(key, entry_dir, meta["args"], FileRec(lib, rec["sha256"], int(rec["size"])),
                          RuntimeLink(rt["key"], rt["library"], rt["sha256"], int(rt["size"])),
-                         call_keywords(meta), meta["variant"], meta["arch"], meta["symbol"], _shard_of(meta))
+                         call_keywords(meta), meta["variant"], meta["arch"], meta["symbol"], _shard_of(meta),
+                         _reshard_of(meta))
 
     @classmethod
     def _make(cls, key: str, entry_dir: Path, args_json: Any, lib: FileRec, rt: RuntimeLink,
-              call: Mapping[str, Any], variant: str, arch: str, symbol: str, shard_json: Any) -> Build:
+              call: Mapping[str, Any], variant: str, arch: str, symbol: str, shard_json: Any,
+              reshard: Any = RESHARD[0]) -> Build:
         args = args_from_json(args_json)
         if not all(isinstance(v, (bool, int, float, str)) for v in call.values()):
             raise ValueError(f"call keywords {call!r} are not a table of plain values")
@@ -113,8 +123,10 @@ class Build:
         why = shard_problem(conv, tuple(shard)) if shard else None  # read from disk: checked again
         if why:
             raise ValueError(f"shard: {why}")
+        if reshard not in RESHARD:
+            raise ValueError(f"reshard {reshard!r} is not one of {', '.join(RESHARD)}")
         return cls(key, variant, arch, args, conv, entry_dir / lib.name, lib.sha256, lib.size, symbol,
-                   runtime, call=tuple(call.items()), shard=tuple(shard))
+                   runtime, call=tuple(call.items()), shard=tuple(shard), reshard=reshard)
 
     @property
     def label(self) -> str:

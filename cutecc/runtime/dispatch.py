@@ -34,7 +34,7 @@ from jax.custom_derivatives import SymbolicZero
 from cutecc.contract import ScalarArg, TensorArg, shard_factors
 from cutecc.cotangents import COTANGENT
 from cutecc.errors import CallError, CallTypeError
-from cutecc.runtime import calls, sharding
+from cutecc.runtime import calls, sharding, strict
 from cutecc.runtime.calls import (  # noqa: F401  (re-exported: tests and tools import them here)
     MAX_SYMBOLIC_EXTENT,
     Build,
@@ -214,11 +214,17 @@ class KernelFn(calls.KernelBase):
         all the kernel's results by name, saved ones included (for a backward, a composite)."""
         build, env = self.select(*arrays, **keywords)
         conv = build.conv
-        if build.shard and not jax.sharding.get_abstract_mesh().manual_axes:
-            # Declared independent along some axes: under several devices each runs its shard
-            # (a call of the local arrays, which picks its own build), whatever the placement.
-            out = sharding.call(lambda *xs: self._results(xs, scalars, keywords), arrays,
-                                [shard_factors(t, build.shard) for t in conv.inputs],
+        factors = [shard_factors(t, build.shard) for t in conv.inputs]
+        explicit = _explicit_specs(arrays)
+        if explicit is not None:  # never a silent collective, unless the manifest allows it
+            found = strict.reshards([t.name for t in conv.inputs], [tuple(a.shape) for a in arrays],
+                                    explicit[0], factors, explicit[1])
+            strict.check(self.name, build.reshard, build.shard, found)
+        if (build.shard or build.reshard != "error") and not jax.sharding.get_abstract_mesh().manual_axes:
+            # Declared independent along some axes (or allowed to be gathered): under several
+            # devices each runs its shard (a call of the local arrays, which picks its own
+            # build), whatever the placement.
+            out = sharding.call(lambda *xs: self._results(xs, scalars, keywords), arrays, factors,
                                 [shard_factors(t, build.shard, result=True) for t in conv.results])
         else:
             _check_placement(self.name, arrays)  # concrete arrays; the lowering checks the rest
@@ -419,6 +425,31 @@ def _like(g: Any, x: Any) -> Any:
         g = g.astype(x.dtype)
     extra = varying(jax.typeof(g)) - varying(jax.typeof(x))
     return jax.lax.psum(g, tuple(sorted(extra))) if extra else g
+
+
+def _explicit_specs(arrays: Sequence[Any]) -> tuple[list[tuple[Any, ...] | None], dict[str, int]] | None:
+    """Under an explicit mesh: each array's PartitionSpec entries over the mesh's Explicit
+    axes (from its type; None for one with none) and those axes' sizes. None when no array
+    is typed over Explicit axes (Auto axes, inside `shard_map`, one device)."""
+    specs: list[tuple[Any, ...] | None] = []
+    sizes: dict[str, int] = {}
+    for a in arrays:
+        s = getattr(jax.typeof(a), "sharding", None)
+        mesh = getattr(s, "mesh", None)
+        names = getattr(mesh, "axis_names", ())
+        explicit = {n for n, t in zip(names, getattr(mesh, "axis_types", ()))
+                    if t == jax.sharding.AxisType.Explicit}
+        spec = getattr(s, "spec", None)
+        if not explicit or mesh is None or spec is None:
+            specs.append(None)
+            continue
+        sizes.update((n, int(z)) for n, z in zip(names, mesh.axis_sizes) if n in explicit)
+        entries = []
+        for e in spec:
+            kept = tuple(x for x in sharding.spec_axes(e) if isinstance(x, str) and x in explicit)
+            entries.append(None if not kept else kept[0] if len(kept) == 1 else kept)
+        specs.append(tuple(entries))
+    return (specs, sizes) if sizes else None
 
 
 def _check_placement(kernel: str, arrays: Sequence[Any]) -> None:

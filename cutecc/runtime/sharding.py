@@ -10,7 +10,7 @@ first sharded operand dimension has (when they divide the extent and no other sy
 took them), every other dimension of every operand and result replicated. XLA then
 gathers or reslices the operands to that, never the other way round: a call computes on
 exactly what its contract says, so a sharding the rule does not allow costs a collective,
-never a wrong answer. Each device's shard is then a call of `body` on local arrays: the
+never a wrong answer (under an explicit mesh, never a silent one: `cutecc.runtime.strict`). Each device's shard is then a call of `body` on local arrays: the
 ordinary single-device call (its own variant choice, derived scalars and scratch from
 the local shapes). Inside `jax.shard_map`, and with one device, JAX inlines `body`.
 """
@@ -25,7 +25,7 @@ import numpy as np
 Factors = tuple[str | None, ...]  # per dimension: the declared symbol it may be split on, or None
 
 
-def _spec_axes(entry: Any) -> tuple[str, ...]:
+def spec_axes(entry: Any) -> tuple[str, ...]:
     """A PartitionSpec entry as a tuple of mesh axis names."""
     if entry is None:
         return ()
@@ -48,7 +48,7 @@ def choose_axes(mesh: Any, shapes: Sequence[tuple[int, ...]], specs: Sequence[tu
         for i, f in enumerate(fs):
             if f is None or f in chosen or i >= len(spec):
                 continue
-            axes = _spec_axes(spec[i])
+            axes = spec_axes(spec[i])
             if not axes or used & set(axes) or any(a not in sizes for a in axes):
                 continue
             if shape[i] % int(np.prod([sizes[a] for a in axes])):

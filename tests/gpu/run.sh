@@ -15,7 +15,10 @@
 #   examples-direct/  benchmarks/examples_parity.py build: after the suite, cutecc against
 #              the same launchers compiled directly (within 2%)
 # With examples/, benchmarks/training_step.py also times a training step of
-# examples/llama_block.py through cutecc against plain JAX (figures only, never a failure).
+# examples/llama_block.py through cutecc against plain JAX (figures only, never a failure);
+# with 2 or more GPUs, benchmarks/training_step_multi.py times it data-parallel and FSDP on
+# 1, 2 and 4 GPUs (training_step_multi.json), failing when a step's loss or gradients
+# differ from the one-GPU step's.
 # A CACHES without root/ is taken as the root cache itself; with no CACHES, kernels.toml is
 # built first (needs the build extra). OUT=DIR writes the logs there (gpu-suite.log, .xml,
 # layout_ab.*, examples_parity.*). Where torch sees the GPU, benchmarks/torch_calls.py runs
@@ -78,6 +81,13 @@ if [ -n "${CUTECC_EXAMPLES_CACHE:-}" ]; then
   # shellcheck disable=SC2046
   "$PY" benchmarks/training_step.py "$CUTECC_EXAMPLES_CACHE" $(json training_step.json) 2>&1 \
     | log training_step.log
+  if [ "$("$PY" -c 'import jax; print(len(jax.devices("gpu")))' 2>/dev/null || echo 0)" -ge 2 ]; then
+    # the same step data-parallel and FSDP on 1, 2 and 4 GPUs, checked against one GPU's
+    # shellcheck disable=SC2046
+    "$PY" benchmarks/training_step_multi.py "$CUTECC_EXAMPLES_CACHE" $(json training_step_multi.json) \
+      2>&1 | log training_step_multi.log
+    [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  fi
 fi
 if "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   # cutecc.torch's call costs against torch's own ops and the JAX path (~1 minute)

@@ -307,6 +307,50 @@ def test_the_training_step_benchmark_lowers_its_cutecc_side_with_no_gpu(examples
     assert doc["cutecc"] == {"custom_calls": 10} and doc["jax_xla"] == {"custom_calls": 0}
 
 
+def test_the_multi_gpu_training_step_runs_every_kernel_on_each_devices_shard(examples_build: Path) -> None:
+    """benchmarks/training_step_multi.py on four CPU devices: the cutecc step, data-parallel
+    and FSDP on 2 and 4 devices, lowers for sm_90a with every kernel inside the shard_map on
+    the device's rows (never gathered), and the same sharding of the plain-JAX block gives
+    the one-device loss and gradients (by shard_map and by jax.jit with shardings alone),
+    FSDP's gradients left sharded."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "training_step_multi.py"
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    r = subprocess.run([sys.executable, str(script), str(examples_build), "--dry-run", "--batch", "1",
+                        "--seq", "128"], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)["dry_run"]
+    assert doc["devices"] == 4
+    assert set(doc["lowered"]) == {f"{n} {m}" for n in (1, 2, 4) for m in ("dp", "fsdp")}
+    for n in (2, 4):
+        for mode in ("dp", "fsdp"):
+            low = doc["lowered"][f"{n} {mode}"]
+            assert low["calls"] == low["inside_shard_map"] == 10, low
+            # the global batch is n sequences of 128: each device's norms see its 128 rows
+            assert low["first_operands"].count("tensor<128x4096xbf16>") == 4, low
+            assert f"tensor<{n * 128}x4096xbf16>" not in low["first_operands"], low
+            # one all-reduce for the loss; per weight, one all-reduce of its gradient (dp: no
+            # gradient summed twice, the norms' by cutecc's backward included) or a gather
+            # and a reduce-scatter (fsdp)
+            assert low["collectives"] == ({"all_reduce": 11} if mode == "dp" else
+                                          {"all_gather": 10, "all_reduce": 1, "reduce_scatter": 10}), low
+            # the examples declare no shard rule: jax.jit with shardings alone is refused
+            assert f"computation over {n} devices" in low["under_jit"], low
+    assert set(doc["checked"]) == {f"{n} {m}{how}" for n in (1, 2, 4) for m in ("dp", "fsdp")
+                                   for how in ("", " jit")}
+    for name, c in doc["checked"].items():
+        assert c["ok"] and c["rel_err"]["loss"] < 1e-5 and max(c["rel_err"].values()) < 1e-5, (name, c)
+        assert len(c["rel_err"]) == 12  # loss, ten weights, dx
+        if name in ("2 fsdp", "4 fsdp", "2 fsdp jit", "4 fsdp jit"):
+            assert set(c["grad_specs"].values()) == {"P('data',)"}, c
+        if name.split()[1] == "dp":
+            assert set(c["grad_specs"].values()) == {"P()"}, c
+
+
 def test_tuning_measures_fa4_by_what_a_call_returns(eks) -> None:
     """The tuning bench loops a kernel feeding each call's results back as a carry: the
     carry is what a call returns (out), not the lse FA4 saves for its backward."""

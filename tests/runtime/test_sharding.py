@@ -133,3 +133,34 @@ def test_eight_devices_run_their_shards_and_agree_with_the_reference(train_cache
     for name, shape in local.items():  # what each device's call saw (the last trace: the shard's)
         assert checks[name]["shapes"][-1] == shape, checks[name]
     assert checks["expw_rows P('x',)"]["out_spec"] == "P('x',)"
+
+
+def test_a_kernel_is_strict_unless_its_manifest_chooses_a_warning_or_allows_the_collective(
+        tmp_path: Path) -> None:
+    from cutecc.key import key_inputs
+
+    (k,) = load_manifest(manifest(tmp_path, X + W + OUT, '["m"]')).kernels
+    assert k.reshard == "error" and "reshard" not in key_inputs(k, k.variants[0], "sm_90a", "0" * 64)
+    for choice in ("warn", "allow"):
+        path = manifest(tmp_path, X + W + OUT, f'["m"]\nreshard = "{choice}"')
+        (k,) = load_manifest(path).kernels
+        assert k.reshard == choice
+        assert key_inputs(k, k.variants[0], "sm_90a", "0" * 64)["reshard"] == choice  # the runtime reads it
+    path = manifest(tmp_path, X + OUT, '[]\nreshard = "gather"')
+    with pytest.raises(CuteccError, match="must be one of 'error', 'warn', 'allow', not 'gather'") as err:
+        load_manifest(path)
+    assert err.value.key_path == 'kernel "k", reshard'
+
+
+def test_an_entry_carries_its_reshard_choice_and_is_checked_again(train_cache: Path) -> None:
+    store = Store(train_cache)
+    ks = cutecc.load(train_cache, arch="sm_90a")
+    (rows,) = ks.expw_rows.builds
+    assert rows.reshard == "error"
+    entry = store.get(rows.key)
+    assert entry is not None
+    meta = {**entry.meta, "key_inputs": {**entry.meta["key_inputs"], "reshard": "warn"}}
+    assert Build.from_meta(rows.key, entry.path, meta).reshard == "warn"
+    bad = {**entry.meta, "key_inputs": {**entry.meta["key_inputs"], "reshard": "sometimes"}}
+    with pytest.raises(ValueError, match="reshard 'sometimes' is not one of error, warn, allow"):
+        Build.from_meta(rows.key, entry.path, bad)
