@@ -10,8 +10,8 @@ first sharded operand dimension has (when they divide the extent and no other sy
 took them), every other dimension of every operand and result replicated. XLA then
 gathers or reslices the operands to that, never the other way round: a call computes on
 exactly what its contract says, so a sharding the rule does not allow costs a collective,
-never a wrong answer (under an explicit mesh, never a silent one: `cutecc.runtime.strict`). Each device's shard is then a call of `body` on local arrays: the
-ordinary single-device call (its own variant choice, derived scalars and scratch from
+never a wrong answer (under an explicit mesh, never a silent one: `cutecc.runtime.strict`).
+Each device's shard is then a call of `body` on local arrays: the ordinary single-device call (its own variant choice, derived scalars and scratch from
 the local shapes). Inside `jax.shard_map`, and with one device, JAX inlines `body`.
 """
 
