@@ -12,7 +12,8 @@ gathers or reslices the operands to that, never the other way round: a call comp
 exactly what its contract says, so a sharding the rule does not allow costs a collective,
 never a wrong answer (under an explicit mesh, never a silent one: `cutecc.runtime.strict`).
 Each device's shard is then a call of `body` on local arrays: the ordinary single-device
-call (its own variant choice, derived scalars and scratch from the local shapes). Inside `jax.shard_map`, and with one device, JAX inlines `body`.
+call (its own variant choice, derived scalars and scratch from the local shapes). Inside
+`jax.shard_map`, and with one device, JAX inlines `body`.
 """
 
 from __future__ import annotations
