@@ -67,6 +67,11 @@ class Kernel:
     # `shard = ["b", "h"]`: symbolic extents the kernel is independent along, so a call
     # under several devices may run per shard of them (`cutecc.runtime.sharding`)
     shard: tuple[str, ...] = ()
+    # `fallback = "pkg.mod:fn"` (and `fallback_torch` for cutecc.torch): a plain function
+    # with the kernel's calling convention, served where no build fits a call. Not part
+    # of the key (it changes no artifact); recorded in the lock and the build records.
+    fallback: str | None = None
+    fallback_torch: str | None = None
 
     @property
     def grad(self) -> dict[str, Any] | None:

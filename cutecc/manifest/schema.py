@@ -173,6 +173,13 @@ def schema() -> dict[str, Any]:
                       "description": "Symbolic extents the kernel is independent along (rows, "
                                      "batch, heads): under jax.jit with several devices each "
                                      "device calls it on its shard of those axes."},
+            "fallback": {"type": "string", "pattern": f"^{IMPORT_RE.pattern}$",
+                         "description": "\"pkg.mod:fn\": a plain JAX function with the kernel's "
+                                        "calling convention (arrays positionally, runtime scalars "
+                                        "and call keywords by keyword, same results), served where "
+                                        "no build fits a call or this GPU has none."},
+            "fallback_torch": {"type": "string", "pattern": f"^{IMPORT_RE.pattern}$",
+                               "description": "The same for cutecc.torch: a plain PyTorch function."},
             "grad": {"type": "object", "additionalProperties": False, "required": ["backward"],
                      "properties": {
                          "backward": {"type": "string"},

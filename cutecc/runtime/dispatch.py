@@ -163,11 +163,16 @@ class KernelFn(calls.KernelBase):
         return fn
 
     def _traced(self, arrays: Sequence[Any], scalars: Mapping[str, Any]) -> Any:
-        back = self._owner.get(self.backward) if self._owner and self.backward else None
         keywords: dict[str, Any] = {}
+        given = scalars
         if self._keywords:
             keywords = {k: v for k, v in scalars.items() if k in self._keywords}
             scalars = {k: v for k, v in scalars.items() if k not in self._keywords}
+        if self._fallback is not None:  # a plain JAX function: jit, grad, vmap and export trace it
+            served, out = self._served_by_fallback(arrays, given, keywords)
+            if served:
+                return out
+        back = self._owner.get(self.backward) if self._owner and self.backward else None
         if back is None and self.backward:  # declared, but not in this kernel set
             return self._without_backward(arrays, scalars, keywords)
         if back is None:

@@ -358,6 +358,25 @@ class StoreView:
         return frozenset(k for k in keys if isinstance(k, str)) if isinstance(keys, list) else None
 
 
+    def generation_fallbacks(self, kernel: str, arch: str) -> tuple[str, dict[str, Any]] | None:
+        """(built_at, the fallback fields) of `kernel`'s newest build for `arch`, read with
+        the checks of any record that decides what runs (`trust.read_file`: a file others
+        could have written names no module to import); None when none is recorded."""
+        try:
+            doc = parse_json(trust.read_file(self.root, self.layout.generation_parts(kernel, arch),
+                                             MAX_META_BYTES), MAX_META_BYTES, 3)
+        except (FileNotFoundError, ValueError):
+            return None
+        except OSError as e:
+            if e.errno == 27:  # over the cap: not a record of ours
+                return None
+            raise
+        if not (isinstance(doc, dict) and doc.get("format") == GENERATION_FORMAT
+                and doc.get("kernel") == kernel and doc.get("arch") == arch):
+            return None
+        found = {f: doc[f] for f in ("fallback", "fallback_torch") if f in doc}
+        return (str(doc.get("built_at", "")), found) if found else None
+
     def manifest_entries(self, manifest: Path, sha256: str) -> dict[str, dict[str, list[str]]] | None:
         """{kernel: {arch: [keys]}} of the newest build of these manifest bytes, or None."""
         doc = read_small_json(self.layout.manifest_record(manifest))
