@@ -21,7 +21,7 @@ _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 REF_RE = re.compile(rf"{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*")  # "pkg.mod:fn[.attr]"
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
 FIELDS = ("fallback", "fallback_torch")  # the manifest's keys, the lock line's fields
-FRONT_ENDS = {"JAX": "fallback", "torch": "fallback_torch"}  # which field each front end serves
+FRONT_ENDS = {"JAX": "fallback", "PyTorch": "fallback_torch"}  # which field each front end serves
 
 
 @dataclass(frozen=True)

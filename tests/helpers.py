@@ -183,10 +183,19 @@ def scale(x, *, factor=1.0):
 '''
 
 
+FALLBACK_TORCH = '''\
+import torch
+
+
+def scale(x, *, factor=1.0):
+    return torch.sin(x) * factor
+'''
+
+
 def fallback_manifest(ds: list[int] = [64], archs: list[str] = ["sm_90a"],  # noqa: B006
-              fallback: str | None = "toyfb.ref:scale") -> str:
-    return FALLBACK_MANIFEST.format(ds=ds, archs=json.dumps(archs),
-                           fallback="" if fallback is None else f'fallback = "{fallback}"')
+                      fallback: str | None = "toyfb.ref:scale", fallback_torch: str | None = None) -> str:
+    lines = [f'{k} = "{v}"' for k, v in (("fallback", fallback), ("fallback_torch", fallback_torch)) if v]
+    return FALLBACK_MANIFEST.format(ds=ds, archs=json.dumps(archs), fallback="\n".join(lines))
 
 
 def write_fallback_project(root: Path) -> Path:
@@ -197,6 +206,7 @@ def write_fallback_project(root: Path) -> Path:
     (pkg / "__init__.py").write_text("")
     (pkg / "ops.py").write_text("def scale(x, out, factor, stream, threads=128):\n    pass\n")
     (pkg / "ref.py").write_text(FALLBACK)
+    (pkg / "ref_torch.py").write_text(FALLBACK_TORCH)
     (root / "kernels.toml").write_text(fallback_manifest())
     return root / "kernels.toml"
 

@@ -368,18 +368,18 @@ class KernelBase:
             "`cutecc build`.", where=f'kernel "{self.name}"', exit_code=1)
 
     def _served_by_fallback(self, arrays: Sequence[Any], kwargs: Mapping[str, Any],
-                            keywords: Mapping[str, Any]) -> tuple[bool, Any]:
+                            keywords: Mapping[str, Any], once: bool = False) -> tuple[bool, Any]:
         """(True, the fallback's result) when no build serves this call and the kernel
         declares a fallback (strict: its error); (False, None) when a build fits, or when
         there is no fallback (the call then raises as it always did). `kwargs` are all the
-        call's keywords, `keywords` its call keywords among them."""
+        call's keywords, `keywords` its call keywords among them; `once`: see `Fallback.serve`."""
         if self._fallback is None:
             return False, None
         try:
             self.select(*arrays, **keywords)
         except NoBuildFits as miss:
             sig = [(self._dtype_name(a), tuple(a.shape)) for a in arrays]
-            return True, self._fallback.serve(arrays, kwargs, miss, sig, not self.builds)
+            return True, self._fallback.serve(arrays, kwargs, miss, sig, not self.builds, once)
         return False, None
 
     def _one_of(self, fits: list[tuple[Build, dict[str, int]]],

@@ -89,10 +89,12 @@ class Fallback:
         return fn  # type: ignore[no-any-return]
 
     def serve(self, arrays: Sequence[Any], kwargs: Mapping[str, Any], miss: NoBuildFits,
-              arrays_sig: list[tuple[str, tuple[Any, ...]]], no_builds: bool) -> Any:
+              arrays_sig: list[tuple[str, tuple[Any, ...]]], no_builds: bool, once: bool = False) -> Any:
         """The fallback's result for a call no build serves (`miss` says why), after the
         strict check, the warning and the count. `arrays_sig` is the arrays' (dtype name,
-        shape); `no_builds`: the kernel has no build usable on this arch at all."""
+        shape); `no_builds`: the kernel has no build usable on this arch at all. Counted at
+        each call (JAX asks once per trace), or with `once` at the signature's first miss
+        in this process only (PyTorch asks at every eager call)."""
         if self.strict or environ.flag(environ.STRICT):
             why = "load(strict=True)" if self.strict else f"${environ.STRICT}"
             raise NoBuildFits(f"{miss.message}\n(strict, {why}: the declared fallback {self.ref.ref} "
@@ -101,11 +103,12 @@ class Fallback:
         keywords = {k: v for k, v in kwargs.items() if k in self.call_keywords}
         m = miss_of(self.kernel, self.arch, arrays_sig, keywords, reason)
         fn = self.function()
-        if m.ident not in self._warned:
+        first = m.ident not in self._warned
+        if first:
             self._warned.add(m.ident)
             warnings.warn(f'cutecc kernel "{self.kernel}" {m.signature}: {reason} on {self.arch}; '
                           f"served by its fallback {self.ref.ref} (`cutecc misses --toml` prints "
                           "the variants that would cover it)", FallbackWarning, stacklevel=4)
-        if self.misses_root is not None:
+        if self.misses_root is not None and (first or not once):
             record_miss(self.misses_root, m)
         return fn(*arrays, **kwargs)
