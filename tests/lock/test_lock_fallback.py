@@ -20,7 +20,9 @@ SHA = "ab" * 32
 def test_the_committed_locks_read_and_write_byte_for_byte(path: str) -> None:
     data = (REPO / path).read_bytes()
     lock = Lock.loads(data, path)
-    assert lock.dumps() == data and all(not le.fallbacks for le in lock.entries)
+    assert lock.dumps() == data
+    # only the examples' FA4 forward declares one (examples/fa4_reference.py)
+    assert {le.kernel for le in lock.entries if le.fallbacks} <= {"fa4_fwd"}
 
 
 def _with(field: object) -> bytes:
