@@ -236,3 +236,17 @@ def fake_compile(jobs: list[Any], store_root: Path, workers: int, on_result: Any
 
         entry, _ = store.publish(job.key, produce)
         on_result(job, Result("built", 0.0, None, entry.meta))
+
+
+def planted_cubin(sm: int, abi: int = 8, extra_flags: int = 0) -> bytes:
+    """A minimal well-formed EM_CUDA ELF image recording `sm` as CUDA ELF ABI `abi` does:
+    ABI 7 in e_flags' low byte, ABI 8 in its second byte."""
+    head = bytearray(b"\x7fELF" + bytes(60))
+    head[4], head[5], head[8] = 2, 1, abi  # ELF64, little-endian, EI_ABIVERSION
+    head[18:20] = (190).to_bytes(2, "little")  # EM_CUDA
+    flags = (sm if abi == 7 else sm << 8) | extra_flags
+    head[0x30:0x34] = flags.to_bytes(4, "little")
+    head[0x28:0x30] = (64).to_bytes(8, "little")  # one (null) section header right after
+    head[0x3A:0x3C] = (0x40).to_bytes(2, "little")
+    head[0x3C:0x3E] = (1).to_bytes(2, "little")
+    return bytes(head) + bytes(64)

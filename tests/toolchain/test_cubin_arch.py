@@ -8,22 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import planted_cubin as planted
 
 from cutecc import cubin
-
-
-def planted(sm: int, abi: int = 8, extra_flags: int = 0) -> bytes:
-    """A minimal well-formed EM_CUDA ELF image recording `sm` as CUDA ELF ABI `abi` does:
-    ABI 7 in e_flags' low byte, ABI 8 in its second byte."""
-    head = bytearray(b"\x7fELF" + bytes(60))
-    head[4], head[5], head[8] = 2, 1, abi  # ELF64, little-endian, EI_ABIVERSION
-    head[18:20] = cubin.EM_CUDA.to_bytes(2, "little")
-    flags = (sm if abi == 7 else sm << 8) | extra_flags
-    head[0x30:0x34] = flags.to_bytes(4, "little")
-    head[0x28:0x30] = (64).to_bytes(8, "little")  # one (null) section header right after
-    head[0x3A:0x3C] = (0x40).to_bytes(2, "little")
-    head[0x3C:0x3E] = (1).to_bytes(2, "little")
-    return bytes(head) + bytes(64)
 
 
 @pytest.mark.parametrize(("image", "sm"), [
@@ -82,3 +69,4 @@ def test_a_build_handed_a_wrong_arch_cubin_refuses_to_publish(tmp_path: Path, to
     assert Store(cache).get(job.key) is None and not list((cache / "tmp").iterdir())
     sm["value"] = 90
     assert build_one(job, str(cache)).status == "built" and Store(cache).get(job.key) is not None
+
