@@ -168,7 +168,8 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
     `kernels` restricts which kernels are exposed; a `manifest` uses exactly the entries
     its newest build planned (an unbuilt or since-edited manifest is an error).
     `strict` raises if any entry of those kernels cannot be used here instead of setting
-    it aside.
+    it aside, and makes a call no build serves an error even where the kernel declares a
+    fallback (`$CUTECC_STRICT=1` does the latter alone; `cutecc.runtime.fallback`).
     `lock` (a `kernels.lock`): use exactly the entries it names (any the cache lacks is an
     error) and refuse a kernel whose library's recorded SHA-256 differs from the lock's.
     `package`: an installed `cutecc pack` wheel, found without importing it; its `_cutecc/`

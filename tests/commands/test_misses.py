@@ -49,6 +49,9 @@ def test_misses_lists_the_calls_fallbacks_served(fallback_project: Path) -> None
     assert (m["kernel"], m["arch"], m["signature"], m["count"]) == ("scale", "sm_90a", "(float32[3, 32])", 1)
     assert "scale(float32[3, 32]) on sm_90a: no built variant fits, 1 time(s)" in _cli(
         "misses", "--cache-dir", str(cache))
+    # the record and its lock are names the cache's layout knows: no orphans, nothing damaged
+    verify = json.loads(_cli("verify", "--cache-dir", str(cache), "--json"))
+    assert verify["ok"] and not verify["problems"] and (cache / "misses.json").is_file(), verify
 
 
 def test_misses_toml_prints_a_variant_that_once_built_serves_the_call(fallback_project: Path) -> None:
