@@ -15,6 +15,7 @@ import os
 import re
 import tarfile
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,21 +29,27 @@ _WHEEL_INFO = re.compile(r"[^/]+\.dist-info/(METADATA|WHEEL|RECORD)")  # what wh
 TWICE = "appears twice in the archive"
 
 
-def wheel_bytes(name: str, dist: str, version: str, *, tag: str, generator: str, requires: str,
-                files: dict[str, bytes]) -> bytes:
-    """A reproducible wheel of `files` (archive path -> bytes) with its dist-info."""
-    info = f"{dist}-{version}.dist-info"
+def wheel_bytes(name: str, dist: str, version: str, *, tag: str, generator: str,
+                requires: str | Sequence[str], files: dict[str, bytes],
+                summary: str = "CuTe DSL kernels prebuilt by cutecc", extras: Sequence[str] = (),
+                purelib: bool = False, info: dict[str, bytes] | None = None) -> bytes:
+    """A reproducible wheel of `files` (archive path -> bytes) with its dist-info (`info`:
+    more dist-info files, e.g. entry_points.txt)."""
+    dist_info = f"{dist}-{version}.dist-info"
+    reqs = [requires] if isinstance(requires, str) else list(requires)
     meta = {
-        f"{info}/METADATA": (
+        f"{dist_info}/METADATA": (
             f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-            f"Summary: CuTe DSL kernels prebuilt by cutecc\nRequires-Python: >=3.10\n"
-            f"Requires-Dist: {requires}\n").encode(),
-        f"{info}/WHEEL": (f"Wheel-Version: 1.0\nGenerator: {generator}\n"
-                          f"Root-Is-Purelib: false\nTag: {tag}\n").encode(),
+            f"Summary: {summary}\nRequires-Python: >=3.10\n"
+            + "".join(f"Provides-Extra: {e}\n" for e in extras)
+            + "".join(f"Requires-Dist: {r}\n" for r in reqs)).encode(),
+        f"{dist_info}/WHEEL": (f"Wheel-Version: 1.0\nGenerator: {generator}\n"
+                               f"Root-Is-Purelib: {'true' if purelib else 'false'}\nTag: {tag}\n").encode(),
+        **{f"{dist_info}/{n}": d for n, d in (info or {}).items()},
     }
     ordered = [(n, files[n]) for n in sorted(files)] + [(n, meta[n]) for n in sorted(meta)]
     record = "".join(f"{n},sha256={_b64sha(d)},{len(d)}\n" for n, d in ordered)
-    ordered.append((f"{info}/RECORD", (record + f"{info}/RECORD,,\n").encode()))
+    ordered.append((f"{dist_info}/RECORD", (record + f"{dist_info}/RECORD,,\n").encode()))
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
         for n, d in ordered:
@@ -52,6 +59,32 @@ def wheel_bytes(name: str, dist: str, version: str, *, tag: str, generator: str,
             zi.external_attr = 0o100644 << 16
             zf.writestr(zi, d)
     return buf.getvalue()
+
+
+RUNTIME_WHEEL_SUFFIXES = (".py", ".c", ".typed")  # cutecc's package files: sources, native sources
+
+
+def runtime_wheel() -> tuple[str, bytes]:
+    """cutecc's own wheel, made from the package this process runs (its file name, bytes):
+    what `cutecc pack` writes beside a pack, so a deploy host with no index that serves
+    cutecc installs the runtime its pack requires from the same directory. Pure Python; its
+    metadata (dependencies, extras, the `cutecc` command) is the installed distribution's."""
+    import importlib.metadata as md
+
+    import cutecc
+
+    root = Path(cutecc.__file__).parent
+    files = {f"cutecc/{p.relative_to(root).as_posix()}": p.read_bytes()
+             for p in sorted(root.rglob("*"))
+             if p.is_file() and "__pycache__" not in p.parts and p.suffix in RUNTIME_WHEEL_SUFFIXES}
+    meta = md.metadata("cutecc")
+    version = cutecc.__version__
+    data = wheel_bytes("cutecc", "cutecc", version, tag="py3-none-any", generator=f"cutecc {version}",
+                       requires=meta.get_all("Requires-Dist") or [], files=files,
+                       summary=meta.get("Summary") or "cutecc",
+                       extras=meta.get_all("Provides-Extra") or [], purelib=True,
+                       info={"entry_points.txt": b"[console_scripts]\ncutecc = cutecc.cli:main\n"})
+    return f"cutecc-{version}-py3-none-any.whl", data
 
 
 def tar_bytes(files: dict[str, bytes]) -> bytes:

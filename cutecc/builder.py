@@ -41,7 +41,7 @@ from cutecc.entry import runtime_record
 from cutecc.errors import CuteccError, WorkError
 from cutecc.executors import Executor, choose, compile_limits
 from cutecc.fallbacks import FallbackRef, refs_to_json
-from cutecc.lockfile import Lock, LockEntry, Merged, merge_build, write_lock
+from cutecc.lockfile import Environment, Lock, LockEntry, Merged, merge_build, write_lock
 from cutecc.manifest import Manifest
 from cutecc.plan import Planned, plan
 from cutecc.platforms import check_platform
@@ -521,7 +521,8 @@ def _write_lock(store: Store, t: Target, built: Built, hashes: HashCache | None,
         req.path, [_lock_line(o, t.fallbacks) for o in built.outcomes], partial=t.partial,
         covered={(p.kernel.name, p.arch, p.platform) for p in t.planned},
         defined={k.name for k in t.manifest.kernels},
-        composites=[CompositeLine(c.name, c.launches, c.inputs, c.outputs) for c in t.manifest.composites])
+        composites=[CompositeLine(c.name, c.launches, c.inputs, c.outputs) for c in t.manifest.composites],
+        environment=environment_of(t.planned))
     signing = req.signing_key is not None
     new_lock = _vouched(store, t.manifest, hashes, merged, built, signing=signing, where=req.path)
     built.lock_changed = write_lock(req.path, new_lock)
@@ -530,6 +531,11 @@ def _write_lock(store: Store, t: Target, built: Built, hashes: HashCache | None,
         from cutecc import signing as sig
 
         built.signature = sig.sign_file(req.path, req.signing_key, "lock", data=new_lock.dumps())
+
+
+def environment_of(planned: Sequence[Planned]) -> Environment:
+    """The key-deciding distributions `planned` was keyed with (what the lock records)."""
+    return Environment.of(p.inputs.get("distributions") or {} for p in planned)
 
 
 def _lock_line(o: Outcome, fallbacks: dict[str, dict[str, FallbackRef]]) -> LockEntry:

@@ -31,8 +31,43 @@ def _error(message: str) -> None:
     click.echo(f"{click.style('error:', fg='red', bold=True)} {message}", err=True, color=_color)
 
 
+def _more_verbose(by: int) -> Any:
+    """A callback adding a command's own -q/-v count to the group's (`_verbosity`)."""
+    def callback(ctx: click.Context, param: click.Parameter, value: int) -> None:
+        if value:
+            root = ctx.find_root()
+            root.obj = {**(root.obj or {}), "verbose": int((root.obj or {}).get("verbose", 0)) + by * value}
+    return callback
+
+
+def _set_color(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    global _color
+    if value is not None:
+        _color = None if value == "auto" else value == "always"
+        ctx.color = ctx.find_root().color = _color
+
+
+class _Command(click.Command):
+    """A subcommand that also takes the group's options after its name (`cutecc build -q`),
+    as pip, pytest and ruff do."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.params += [
+            click.Option(["-q", "--quiet"], count=True, expose_value=False, callback=_more_verbose(-1),
+                         help="Print less (also before the command)."),
+            click.Option(["-v", "--verbose"], count=True, expose_value=False, callback=_more_verbose(1),
+                         help="Print more (also before the command)."),
+            click.Option(["--color"], type=click.Choice(["auto", "always", "never"]), default=None,
+                         expose_value=False, callback=_set_color,
+                         help="Color in terminal output (also before the command)."),
+        ]
+
+
 class _Group(click.Group):
     """Lists commands in workflow order, and renders every error as one line."""
+
+    command_class = _Command
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         names = super().list_commands(ctx)
@@ -338,13 +373,15 @@ def explain(kernel: str, manifest: Path | None, manifest_opt: Path | None, varia
 @main.command(short_help="Re-hash every entry; find damage and orphans.")
 @click.option("--fix", is_flag=True,
               help="Move bad entries to quarantine/ (rebuilt by the next build); delete orphans.")
+@click.option("--lock", "lock_file", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Also name the distributions this kernels.lock was made with that differ here.")
 @_cache_opt
 @_json_opt
-def verify(fix: bool, cache_dir: Path | None, as_json: bool) -> None:
+def verify(fix: bool, lock_file: Path | None, cache_dir: Path | None, as_json: bool) -> None:
     """Re-hash every entry against its metadata; find orphans. Exit 1 if anything is wrong."""
     from cutecc.commands.verify import verify as run
 
-    _emit(run(cache_dir, fix=fix), as_json)
+    _emit(run(cache_dir, fix=fix, lock=lock_file), as_json)
 
 
 @main.command(short_help="Evict least recently used entries.")
@@ -426,18 +463,21 @@ def misses(cache_dir: Path | None, manifest_opt: Path | None, as_toml: bool, as_
 @_cache_opt
 @click.option("--format", "fmt", type=click.Choice(["wheel", "tar"]), default="wheel",
               show_default=True, help="A pip-installable wheel, or a .tar.gz for `cutecc unpack`.")
+@click.option("--runtime-wheel/--no-runtime-wheel", "with_runtime", default=True, show_default=True,
+              help="Also write cutecc's own wheel beside a wheel (the runtime the pack requires).")
 @_sign_opt
 @_json_opt
 def pack(manifest_opt: Path | None, lock: Path | None, name: str, version: str,
          archs: tuple[str, ...], platform: str | None, kernels: tuple[str, ...], out: Path,
-         cache_dir: Path | None, fmt: str, sign_key: Path | None, as_json: bool) -> None:
+         cache_dir: Path | None, fmt: str, with_runtime: bool, sign_key: Path | None,
+         as_json: bool) -> None:
     """Write built entries (those --manifest plans, or --lock names) into a reproducible
     wheel (or tarball) for deploy hosts."""
     from cutecc.commands.pack import pack as run
 
     _emit(run(name=name, version=version, manifest=manifest_opt, lock=lock, archs=archs,
               kernels=kernels, out=out, cache_dir=cache_dir, fmt=fmt, sign_key=sign_key,
-              platform=platform), as_json)
+              platform=platform, with_runtime=with_runtime), as_json)
 
 
 @main.command(short_help="Import a pack's entries into a cache.")

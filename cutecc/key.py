@@ -24,6 +24,7 @@ import ast
 import functools
 import hashlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -85,7 +86,7 @@ class SourceIndex:
         self._consulted: dict[str, set[tuple[str, str]] | None] = {}
         self._touched: set[str] | None = None  # names located by the closure being walked
         self._context: str | None = None
-        self._bases: tuple[list[str], list[str]] | None = None  # `_rel_of`'s prefixes
+        self._bases: tuple[list[str], list[str], list[str]] | None = None  # `_rel_of`'s prefixes
         self._paths: dict[str, Path] = {}  # remembered closures' members, as Paths
         self._resolved_roots = [str(Path(r).resolve()) for r in self.roots]
         # before any lookup: a walk may reuse answers found for an earlier one (`_found`),
@@ -152,19 +153,20 @@ class SourceIndex:
         # spells them), so "under" is a prefix ending at a separator (a thousand files of
         # a published library, each against every sys.path entry, on every no-op build).
         if self._bases is None:
-            self._bases = ([str(r) for r in self.roots],
-                           [str(Path(entry or ".").absolute()) for entry in sys.path])
-        roots, entries = self._bases
+            entries = [str(Path(entry or ".").absolute()) for entry in sys.path]
+            self._bases = ([str(r) for r in self.roots], entries,
+                           [e for e in entries if _holds_installs(e)])
+        roots, entries, envs = self._bases
         text = str(f)
+        # Installed code first: a distribution's file is named as it lies in its
+        # environment, wherever that environment is (a venv inside the project included).
+        if (rel := _shortest_under(text, envs)) is not None:
+            return rel
         for r in roots:
             if (rel := _under(text, r)) is not None:
                 return Path(rel).as_posix()
-        best: str | None = None
-        for entry in entries:
-            rel = _under(text, entry)
-            if rel is not None and (best is None or _depth(rel) < _depth(best)):
-                best = rel
-        return Path(best).as_posix() if best is not None else f.as_posix()
+        best = _shortest_under(text, entries)
+        return best if best is not None else f.as_posix()
 
     def _hash(self, f: Path) -> str:
         return self._facts_of(f)["sha256"]
@@ -348,9 +350,30 @@ def _under(path: str, base: str) -> str | None:
     return path[len(prefix):] if path.startswith(prefix) else None
 
 
+def _shortest_under(path: str, bases: list[str]) -> str | None:
+    """`path` relative to the deepest of `bases` holding it (`Path.as_posix`), or None."""
+    best: str | None = None
+    for base in bases:
+        rel = _under(path, base)
+        if rel is not None and (best is None or _depth(rel) < _depth(best)):
+            best = rel
+    return Path(best).as_posix() if best is not None else None
+
+
 def _depth(rel: str) -> int:
     """How many parts `Path(rel)` has."""
     return 0 if rel == "." else rel.count("/") + 1
+
+
+def _holds_installs(entry: str) -> bool:
+    """Whether `sys.path` entry `entry` is an environment's package directory: one holding
+    a distribution's `.dist-info` (site-packages, a --user or --target directory, a conda
+    environment's), wherever it lies."""
+    try:
+        with os.scandir(entry) as it:
+            return any(d.name.endswith(".dist-info") and d.is_dir() for d in it)
+    except OSError:
+        return False
 
 
 def _path_effect_facts(data: bytes) -> dict[str, Any]:

@@ -44,6 +44,11 @@ MAX_TUNING_LINES = 20_000  # tuning lines in one lock or record: buckets x varia
 # default configurations. So is the optional "composites" list (`cutecc.composite_line`):
 # one line per composite kernel whose launches the lock pins.
 MAX_COMPOSITES = 10_000
+# The optional "environment" object (`Environment`): the key-deciding distributions the
+# lock's keys were planned with, so a build or verify elsewhere names what differs before
+# it compiles. Versioned on its own: readers that predate it ignore it.
+ENVIRONMENT_FORMAT = 1
+MAX_ENV_DISTRIBUTIONS = 5_000
 
 
 @dataclass(frozen=True)
@@ -251,6 +256,91 @@ def parse_tuning_lines(items: Any, where: str, kp: str) -> tuple[Tuned, ...]:
 
 
 @dataclass(frozen=True)
+class Drift:
+    """One key-deciding distribution that differs from the lock's environment."""
+
+    name: str
+    locked: str | None  # "version digest" as the lock records it (None: not in the lock)
+    installed: str | None  # as planning reads it here (None: not installed)
+
+    def __str__(self) -> str:
+        def ver(v: str | None) -> str:
+            return "absent" if v is None else v.split(" ")[0]
+
+        same = (self.locked is not None and self.installed is not None
+                and ver(self.locked) == ver(self.installed))
+        return f"{self.name} {ver(self.locked)} -> {ver(self.installed)}" + (" (other files)" if same else "")
+
+
+@dataclass(frozen=True)
+class Environment:
+    """The installed distributions that decided the lock's keys, as `{name: "version
+    digest"}` (`cutecc.dists.DistIndex.reached`): what every locked key was planned with."""
+
+    distributions: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def of(cls, reached: Iterable[Mapping[str, str]]) -> Environment:
+        """The environment of planned entries, from each one's keyed distributions."""
+        out: dict[str, str] = {}
+        for d in reached:
+            out.update(d)
+        return cls(tuple(sorted(out.items())))
+
+    def merged(self, older: Environment) -> Environment:
+        """This environment, with `older`'s distributions that this one does not name (a
+        partial build keeps lines planned in the older one)."""
+        return Environment(tuple(sorted({**dict(older.distributions), **dict(self.distributions)}.items())))
+
+    def drift(self, here: Environment) -> list[Drift]:
+        """What differs between this (the lock's) and the environment `here` planned in,
+        over the distributions `here` names, and those this names that are gone."""
+        mine, theirs = dict(self.distributions), dict(here.distributions)
+        return [Drift(n, mine.get(n), theirs.get(n)) for n in sorted(set(mine) | set(theirs))
+                if mine.get(n) != theirs.get(n) and (n in theirs or _gone(n))]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": ENVIRONMENT_FORMAT, "distributions": dict(self.distributions)}
+
+    @classmethod
+    def from_json(cls, d: Any, where: str) -> Environment | None:
+        """The lock's environment; None for one of a later format (it decides nothing)."""
+        if not isinstance(d, dict) or not isinstance(d.get("format"), int):
+            raise CuteccError("environment is not an object with a format", where=where,
+                              key_path="environment")
+        if d["format"] != ENVIRONMENT_FORMAT:
+            return None
+        dists = d.get("distributions")
+        if not isinstance(dists, dict) or len(dists) > MAX_ENV_DISTRIBUTIONS or not all(
+                isinstance(k, str) and isinstance(v, str) and 0 < len(k) <= 200 and 0 < len(v) <= 200
+                for k, v in dists.items()):
+            raise CuteccError(f"distributions must map at most {MAX_ENV_DISTRIBUTIONS} names to "
+                              "\"version digest\" strings", where=where, key_path="environment.distributions")
+        return cls(tuple(sorted(dists.items())))
+
+
+def _gone(name: str) -> bool:
+    """Whether distribution `name` is not installed here."""
+    import importlib.metadata as md
+
+    try:
+        md.distribution(name)
+    except md.PackageNotFoundError:
+        return True
+    return False
+
+
+def drift_line(lock_path: str | Path, drift: list[Drift], *, pins: str | None = None) -> str:
+    """The one line a build or verify says when the key-deciding distributions differ from
+    the environment the lock at `lock_path` was made in."""
+    shown = ", ".join(map(str, drift[:6])) + (f" and {len(drift) - 6} more" if len(drift) > 6 else "")
+    back = (f"`pip install --require-hashes -r {pins}`" if pins
+            else "the pinned environment it was made in")
+    return (f"{lock_path} was made in another environment ({shown}): its keys will not match; "
+            f"install {back} to reproduce it, or build anyway to re-lock on purpose")
+
+
+@dataclass(frozen=True)
 class Lock:
     """A parsed lock file: its entries, sorted by kernel, variant, arch; one per key; the
     tuning winners recorded for them (one line per kernel, variant, arch, device, bucket);
@@ -259,6 +349,7 @@ class Lock:
     entries: tuple[LockEntry, ...]
     tuning: tuple[Tuned, ...] = ()
     composites: tuple[CompositeLine, ...] = ()
+    environment: Environment | None = None  # what its keys were planned with (absent: unknown)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "entries", tuple(sorted(set(self.entries), key=lambda e: e.order)))
@@ -277,8 +368,18 @@ class Lock:
         if self.tuning:
             tl = ",\n  ".join(json.dumps(t.to_json(), separators=(", ", ": ")) for t in self.tuning)
             tuned = f',\n "tuning": [\n  {tl}\n ]'
-        return (f'{{\n "format": {LOCK_FORMAT},\n "entries": [\n  {body}\n ]{comps}{tuned}\n}}\n'
-                if lines else f'{{\n "format": {LOCK_FORMAT},\n "entries": []{comps}{tuned}\n}}\n').encode()
+        env = ""
+        if self.environment is not None:  # one distribution per line: a drift diffs as one line
+            dl = ",\n   ".join(f"{json.dumps(n)}: {json.dumps(v)}"
+                               for n, v in self.environment.distributions)
+            env = (f',\n "environment": {{\n  "format": {ENVIRONMENT_FORMAT},\n  "distributions": {{'
+                   + (f"\n   {dl}\n  }}" if dl else "}") + "\n }")
+        entries = f"[\n  {body}\n ]" if lines else "[]"
+        return f'{{\n "format": {LOCK_FORMAT},\n "entries": {entries}{comps}{tuned}{env}\n}}\n'.encode()
+
+    def with_environment(self, environment: Environment | None) -> Lock:
+        """This lock, recording `environment` as what its keys were planned with."""
+        return dataclasses.replace(self, environment=environment)
 
     def with_tuning(self, tuning: Iterable[Tuned]) -> Lock:
         """This lock with `tuning` as its results, less those whose default configuration
@@ -287,7 +388,7 @@ class Lock:
         here = {(e.kernel, e.variant, e.arch, e.key) for e in self.entries}
         return Lock(self.entries, tuple(t for t in tuning
                                         if (t.kernel, t.variant, t.arch, t.base) in here),
-                    self.composites)
+                    self.composites, self.environment)
 
     def with_composites(self, composites: Iterable[CompositeLine]) -> Lock:
         """This lock with `composites` as its composite lines, less those it cannot serve:
@@ -295,7 +396,8 @@ class Lock:
         it pins (a partial selection, `--kernel`/`--arch`, drops them)."""
         pinned = {e.kernel for e in self.entries}
         return Lock(self.entries, self.tuning,
-                    tuple(c for c in composites if c.name not in pinned and set(c.launches) <= pinned))
+                    tuple(c for c in composites if c.name not in pinned and set(c.launches) <= pinned),
+                    self.environment)
 
     def composite(self, name: str) -> CompositeLine | None:
         """The composite line named `name`, or None."""
@@ -332,7 +434,8 @@ class Lock:
             seen[le.key] = i
             out.append(le)
         tuning = parse_tuning_lines(doc["tuning"], where, "tuning") if "tuning" in doc else ()
-        lock = cls(tuple(out)).with_tuning(tuning)
+        env = Environment.from_json(doc["environment"], where) if "environment" in doc else None
+        lock = cls(tuple(out), environment=env).with_tuning(tuning)
         return lock.with_composites(_composites(doc.get("composites", []), lock, where))
 
     def distinct_keys(self) -> list[str]:
@@ -349,7 +452,7 @@ class Lock:
         a, k, p = set(archs), set(kernels), set(platforms)
         return Lock(tuple(e for e in self.entries
                           if (not a or e.arch in a) and (not k or e.kernel in k)
-                          and (not p or e.platform in p))
+                          and (not p or e.platform in p)), environment=self.environment
                     ).with_tuning(self.tuning).with_composites(
                         c for c in self.composites if not k or c.name in k)
 
@@ -483,7 +586,8 @@ class Merged:
 
 def merge_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
                 covered: set[tuple[str, str, str]], defined: set[str],
-                composites: Iterable[CompositeLine] = ()) -> Merged:
+                composites: Iterable[CompositeLine] = (),
+                environment: Environment | None = None) -> Merged:
     """The lock of a successful build, not written yet.
 
     A full build locks exactly its `lines`. A `partial` one (restricted by --kernel,
@@ -492,10 +596,11 @@ def merge_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
     defaults do. Never does it vouch for other bytes under a key the old lock already
     names: an entry whose key is unchanged but whose library (or anything else the runtime
     acts on) differs is an error (exit 1). The manifest's `composites` are locked where
-    the lock pins every launch's kernel.
+    the lock pins every launch's kernel. `environment`: what this build's keys were planned
+    with (a partial build keeps the old file's record of the distributions it did not reach).
     """
     composites = tuple(composites)
-    new = Lock(tuple(lines)).with_composites(composites)
+    new = Lock(tuple(lines), environment=environment).with_composites(composites)
     if not partial:  # the usual no-op build: the file says exactly this already
         try:
             if path.read_bytes() == new.dumps():
@@ -519,18 +624,38 @@ def merge_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
         ours = {le.key for le in new.entries}
         kept = tuple(e for e in old.entries if (e.kernel, e.arch, e.platform) not in covered
                      and e.kernel in defined and e.key not in ours)
-        new = Lock(new.entries + kept).with_composites(composites)
+        env = (environment.merged(old.environment) if environment is not None and old.environment
+               else environment)
+        new = Lock(new.entries + kept, environment=env).with_composites(composites)
     return Merged(new.with_tuning(old.tuning), kept)
 
 
 def record_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
                  covered: set[tuple[str, str, str]], defined: set[str],
-                 composites: Iterable[CompositeLine] = ()) -> bool:
+                 composites: Iterable[CompositeLine] = (),
+                 environment: Environment | None = None) -> bool:
     """`merge_build`, written as it is (nothing checked against a cache); True when the
     file changed."""
     merged = merge_build(path, lines, partial=partial, covered=covered, defined=defined,
-                         composites=composites)
+                         composites=composites, environment=environment)
     return False if merged.unchanged else write_lock(path, merged.lock)
+
+
+def previous(path: Path) -> Lock | None:
+    """The lock file a build is about to rewrite, as it is: None when there is none or it
+    is of an older format (written anew); an unreadable or malformed one is an error, which
+    a build raises before its first compile."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise CuteccError(f"cannot read the lock file: {e.strerror}", where=str(path)) from None
+    import stat
+
+    if not stat.S_ISREG(st.st_mode):
+        raise CuteccError("is not a regular file; the build would have to replace it", where=str(path))
+    return _previous(path)
 
 
 def _previous(path: Path) -> Lock | None:
@@ -540,7 +665,10 @@ def _previous(path: Path) -> Lock | None:
     try:
         return read_lock(path)
     except CuteccError:
-        data = path.read_bytes()
-        if b'"format": 1' in data[:64] or b'"format": 2' in data[:64]:
+        try:
+            doc = parse_json(read_lock_bytes(path), MAX_LOCK_BYTES, MAX_LOCK_DEPTH)
+        except (ValueError, CuteccError):
+            doc = None
+        if isinstance(doc, dict) and doc.get("format") in (1, 2):
             return None  # an older format (before the runtime or platform fields): written anew
         raise

@@ -38,6 +38,7 @@ from cutecc.runtime import calls, library
 from cutecc.runtime.calls import Build
 from cutecc.runtime.composite_call import CompositeBase
 from cutecc.runtime.loader import FrontEnd, KernelSet, load_with
+from cutecc.runtime.placement import device_launcher
 
 __all__ = ["KernelCallError", "KernelTypeError", "TorchCompositeFn", "TorchKernelFn", "TorchKernelSet",
            "load"]
@@ -290,17 +291,12 @@ class _Eager:
             (i for i, (e, dt) in enumerate(ins) if dt == t.dtype and conv.inputs[i].order is None
              and conv.inputs[i].buffer is None and tuple(env.get(x, x) for x in e) == tuple(a[0])), None)
             for a, t in zip(self.allocs, conv.ffi_results)]
-        if self.index is None or torch.cuda.device_count() <= 1:
-            self.launch = self.function  # one device: it is the current one, no check per call
+        # On the tensors' device, made current for the launch where it is not (one device:
+        # the function itself, no check per call): the kernel then runs in that device's
+        # context, and tvm-ffi passes that device's current torch stream.
+        self.launch = device_launcher(self.function, self.index, torch.cuda.device_count(),
+                                      torch.cuda.current_device, torch.cuda.device)
         self.run = _simple_run(fn, self) if self.simple else (lambda tensors: fn._run(self, tensors))
-
-    def launch(self, *args: Any) -> None:
-        """The call on this device (made current for it if it is not)."""
-        if self.index == torch.cuda.current_device():
-            self.function(*args)
-        else:
-            with torch.cuda.device(self.device):
-                self.function(*args)
 
 
 def _simple_run(fn: TorchKernelFn, plan: _Eager) -> Any:

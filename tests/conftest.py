@@ -25,10 +25,17 @@ from helpers import REPO, Toy, build_toy, fake_compile, run_cli, write_fallback_
 # environment when one is given (so they cannot request `dsl`: the GPU host has no DSL).
 COMPILING_FIXTURES = frozenset({"dsl", "example_cache", "layout_cache", "train_cache", "examples_build",
                                 "fault_cache"})  # the last: tests/gpu/test_faults_gpu.py
+# What needs the examples extra (torch, quack-kernels, flash-attn-4, triton): marked `extra`,
+# which CI runs again once it has added the extra to the README's install (`pytest -m extra`).
+# A module that imports torch at its top is marked by hand (`pytestmark`): without torch it
+# is skipped before its tests exist.
+EXTRA_FIXTURES = frozenset({"examples_extra", "examples_build", "grace_examples"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
+        if EXTRA_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.extra)
         if COMPILING_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
         elif item.get_closest_marker("slow"):
@@ -144,7 +151,16 @@ def train_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def examples_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def examples_extra() -> None:
+    """Declares that a test needs the examples extra installed (the published kernels'
+    libraries, and torch): marked `extra`, skipped with the reason where it is absent."""
+    for mod in ("quack", "flash_attn.cute", "torch"):
+        pytest.importorskip(mod, reason="the examples extra (quack-kernels, flash-attn-4, torch) is "
+                            "not installed")
+
+
+@pytest.fixture(scope="session")
+def examples_build(tmp_path_factory: pytest.TempPathFactory, examples_extra: None) -> Path:
     """examples/kernels.toml (published kernels, forward and backward) built once for sm_90a.
 
     Set CUTECC_EXAMPLES_CACHE to reuse a cache built beforehand (the GPU suite does); else
@@ -154,8 +170,6 @@ def examples_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if pre:
         return Path(pre)
     pytest.importorskip("cutlass", reason="building needs the build extra (nvidia-cutlass-dsl)")
-    for mod in ("quack", "flash_attn.cute"):
-        pytest.importorskip(mod, reason="the examples extra (quack-kernels, flash-attn-4) is not installed")
     cache = tmp_path_factory.mktemp("examples-cache")
     r = run_cli("build", str(REPO / "examples" / "kernels.toml"), "--cache-dir", str(cache),
                 "--no-lock")

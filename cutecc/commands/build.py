@@ -21,7 +21,7 @@ from cutecc.archs import parse_archs
 from cutecc.builder import Outcome, Progress, RemoteUse
 from cutecc.dists import HashCache
 from cutecc.errors import CuteccError
-from cutecc.lockfile import LOCK_NAME
+from cutecc.lockfile import LOCK_NAME, Drift, drift_line, previous
 from cutecc.manifest import load_manifest
 from cutecc.report import Report
 from cutecc.store.writer import Store
@@ -40,6 +40,8 @@ class BuildReport(Report):
     remote: RemoteUse | None = None
     runtimes_built: list[str] = field(default_factory=list)  # runtime libraries this build linked
     dropped_tuning: list[str] = field(default_factory=list)  # tuning lines the lock lost, and why
+    drift: list[Drift] = field(default_factory=list)  # key-deciding distributions unlike the lock's
+    drift_note: str | None = None  # the line that named them, before any compile
 
     def count(self, status: str) -> int:
         return sum(o.status == status for o in self.outcomes)
@@ -66,11 +68,14 @@ class BuildReport(Report):
             "remote": self.remote.to_json() if self.remote else None,
             "runtimes_built": self.runtimes_built,
             "dropped_tuning": self.dropped_tuning,
+            "drift": [{"distribution": d.name, "locked": d.locked, "installed": d.installed}
+                      for d in self.drift],
             "entries": [o.to_json() for o in self.outcomes],
         }
 
     def warnings(self) -> list[str]:
-        return ([f"FAILED {o.planned.label}: {o.error}" for o in self.outcomes if o.status == "failed"]
+        return ([f"warning: {self.drift_note}"] if self.drift_note else []) + (
+                [f"FAILED {o.planned.label}: {o.error}" for o in self.outcomes if o.status == "failed"]
                 + [f"warning: dropped the tuning line {d}" for d in self.dropped_tuning]
                 + (self.remote.warnings() if self.remote else []))
 
@@ -149,6 +154,16 @@ def build(
     read_only = read_only or environ.read_only()
     archs = parse_archs(archs) if archs else ()
     full = load_manifest(manifest_path)
+    lock_path = Path(lock_file or Path(manifest_path).parent / LOCK_NAME)
+    # The lock this build rewrites, read before any work: a bad one fails in a second, not
+    # after every compile (a dry run only reads it for the drift line, and never fails on it).
+    old_lock = None
+    if lock:
+        try:
+            old_lock = previous(lock_path)
+        except CuteccError:
+            if not dry_run:
+                raise
     how = builder.settings(full, jobs=jobs, executor=executor, ray_address=ray_address, remote=remote,
                            remote_write=remote_write, compile_timeout=compile_timeout,
                            compile_memory=compile_memory, dry_run=dry_run, read_only=read_only)
@@ -157,11 +172,19 @@ def build(
     hashes = None if read_only or dry_run else HashCache(store.layout.hash_cache())
     target = builder.target(full, archs=archs, kernels=kernels, hashes=hashes,
                             platforms=platforms)
-    lock_to = (builder.LockRequest(Path(lock_file or Path(manifest_path).parent / LOCK_NAME), key)
-               if lock and not dry_run else None)
+    lock_to = builder.LockRequest(lock_path, key) if lock and not dry_run else None
+    drift: list[Drift] = []
+    note = None
+    if old_lock is not None and old_lock.environment is not None:
+        drift = old_lock.environment.drift(builder.environment_of(target.planned))
+        if drift:  # said once, before the first compile
+            pins = str(Path(manifest_path).parent / full.build.pins) if full.build.pins else None
+            note = drift_line(lock_path, drift, pins=pins)
+            (progress or builder.Progress()).note(f"warning: {note}")
     done = builder.run(target, store, how, hashes=hashes, lock=lock_to, progress=progress)
     return BuildReport(
         outcomes=done.outcomes, seconds=time.perf_counter() - t0, cache_dir=store.root,
         lock_file=done.lock_file, lock_changed=done.lock_changed, signature=done.signature,
         dry_run=dry_run, executor=how.executor.kind, remote=done.remote,
-        runtimes_built=done.runtimes_built, dropped_tuning=done.dropped_tuning)
+        runtimes_built=done.runtimes_built, dropped_tuning=done.dropped_tuning, drift=drift,
+        drift_note=note)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cutecc import environ, trust
-from cutecc.archive import tar_bytes, wheel_bytes
+from cutecc.archive import runtime_wheel, tar_bytes, wheel_bytes
 from cutecc.archs import parse_archs
 from cutecc.atomic import atomic_write
 from cutecc.composite_line import CompositeLine
@@ -104,6 +104,7 @@ class PackReport(Report):
     sizes: dict[str, dict[str, int]]  # arch (or "runtime") -> {"entries": n, "bytes": uncompressed}
     file_bytes: int  # the wheel or tarball on disk
     platform: str = ""  # the manylinux platform tag the libraries allow (wheel and tarball alike)
+    runtime: Path | None = None  # cutecc's own wheel, written beside a wheel
 
     @property
     def total_bytes(self) -> int:
@@ -117,6 +118,8 @@ class PackReport(Report):
         out.append(f"{'total':10} {len(self.lock.distinct_keys()):4} entries  "
                    f"{human_size(self.total_bytes)}")
         out.append(f"wrote {self.path} ({human_size(self.file_bytes)})")
+        if self.runtime is not None:
+            out.append(f"wrote {self.runtime} (the runtime it requires)")
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -124,7 +127,7 @@ class PackReport(Report):
                 "package": self.package, "version": self.version,
                 "entries": len(self.lock.distinct_keys()), "sizes": self.sizes,
                 "total_bytes": self.total_bytes, "file_bytes": self.file_bytes,
-                "platform": self.platform,
+                "platform": self.platform, "runtime": str(self.runtime) if self.runtime else None,
                 "kernels": sorted({e.kernel for e in self.lock.entries})}
 
 
@@ -202,10 +205,12 @@ def pack(*, name: str, version: str, manifest: str | Path | None = None,
          lock: str | Path | None = None, archs: Iterable[str] = (), kernels: Iterable[str] = (),
          out: str | Path = ".", cache_dir: str | Path | None = None,
          fmt: str = "wheel", sign_key: str | Path | None = None,
-         platform: str | None = None) -> PackReport:
+         platform: str | None = None, with_runtime: bool = True) -> PackReport:
     """Write a wheel (or a .tar.gz) of the selected entries into `out`; see the module doc.
     A wheel holds one host platform's libraries (its tag names it): `platform`, which may
-    be left out when the selection holds one platform only."""
+    be left out when the selection holds one platform only. `with_runtime`: also write
+    cutecc's own wheel (`cutecc.archive.runtime_wheel`) beside a wheel, so the pack's
+    `Requires-Dist: cutecc` is met from the same directory where no index serves cutecc."""
     if fmt not in FORMATS:
         raise CuteccError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})", where="--format")
     dist, package = names(name, version)
@@ -251,7 +256,13 @@ def pack(*, name: str, version: str, manifest: str | Path | None = None,
         path = out / f"{dist}-{version}.cutecc.tar.gz"
         data = tar_bytes({f"{PACK_DIR}/{k}": v for k, v in tree.items()})
     atomic_write(path, data)
-    return PackReport(path, fmt, name, package, version, chosen, sizes, len(data), platform)
+    runtime_path = None
+    if fmt == "wheel" and with_runtime:
+        runtime_name, runtime_data = runtime_wheel()
+        runtime_path = out / runtime_name
+        atomic_write(runtime_path, runtime_data)
+    return PackReport(path, fmt, name, package, version, chosen, sizes, len(data), platform,
+                      runtime_path)
 
 
 def _tree(chosen: Lock, store: Store) -> tuple[dict[str, bytes], dict[str, dict[str, int]]]:

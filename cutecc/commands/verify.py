@@ -87,6 +87,7 @@ class VerifyReport(Report):
     healthy: int = 0
     problems: list[Problem] = field(default_factory=list)
     fixed: bool = False
+    drift_note: str | None = None  # `--lock`: its key-deciding distributions unlike these here
 
     @property
     def ok(self) -> bool:
@@ -99,14 +100,38 @@ class VerifyReport(Report):
 
     def to_json(self) -> dict[str, Any]:
         return {"cache_dir": self.cache_dir, "entries": self.entries, "healthy": self.healthy,
-                "ok": self.ok, "fixed": self.fixed, "problems": [asdict(p) for p in self.problems]}
+                "ok": self.ok, "fixed": self.fixed, "problems": [asdict(p) for p in self.problems],
+                "drift": self.drift_note}
 
     def lines(self, verbose: int = 0) -> list[str]:
-        out = [f"{p.kind:9}  {p.path}: {p.detail}" + (f" -> {p.action}" if p.action else "")
-               for p in self.problems]
+        out = [f"warning: {self.drift_note}"] if self.drift_note else []
+        out += [f"{p.kind:9}  {p.path}: {p.detail}" + (f" -> {p.action}" if p.action else "")
+                for p in self.problems]
         out.append(f"{self.entries} entries, {self.healthy} healthy, {len(self.problems)} problem(s)"
                    f"{' (fixed)' if self.fixed and self.ok else ''} in {self.cache_dir}")
         return out
+
+
+def lock_drift(lock: str | Path) -> str | None:
+    """The line naming the distributions whose installed version differs from the one the
+    lock's environment records (None: none, or the lock records no environment). Versions
+    only: a build, which plans, also compares their files."""
+    import importlib.metadata as md
+
+    from cutecc.lockfile import Drift, drift_line, read_lock
+
+    env = read_lock(lock).environment
+    if env is None:
+        return None
+    drift = []
+    for name, locked in env.distributions:
+        try:
+            here: str | None = md.version(name)
+        except md.PackageNotFoundError:
+            here = None
+        if here != locked.split(" ")[0]:
+            drift.append(Drift(name, locked, here))
+    return drift_line(lock, drift) if drift else None
 
 
 def check_entry(path: Path, key: str, runtime: bool = False) -> list[Problem]:
@@ -159,15 +184,18 @@ def check_entry(path: Path, key: str, runtime: bool = False) -> list[Problem]:
 
 
 def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
-           lock_timeout: float = 0) -> VerifyReport:
+           lock_timeout: float = 0, lock: str | Path | None = None) -> VerifyReport:
     """Check the whole cache; with `fix`, quarantine bad entries and delete orphans.
+    `lock`: also say which key-deciding distributions that lock was made with differ, by
+    version, from those installed here (`lock_drift`).
 
     Fixing takes each key's lock (waiting up to `lock_timeout` s); a key held longer,
     e.g. by a build, is left as is and reported busy.
     """
+    drift = lock_drift(lock) if lock is not None else None
     store = Store(cache_dir).require()
     store.check_trust()  # another user's cache is refused whole, never "fixed"
-    report = VerifyReport(str(store.root), fixed=fix)
+    report = VerifyReport(str(store.root), fixed=fix, drift_note=drift)
     kernels = _check_area(store, report, runtime=False)
     runtimes = set(_check_area(store, report, runtime=True))
     _check_index(store, report, kernels)

@@ -122,6 +122,7 @@ class BuildSettings:
     remote: str | None = None
     compile_timeout: float | None = None  # 0: no limit; None: not set here
     compile_memory: int | None = None  # 0: no limit; None: not set here
+    pins: str | None = None  # the requirements file pinning the build environment (as written)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
                                   --remote-write / $CUTECC_REMOTE_WRITE=1 (CI's choice)
     compile_timeout = 3600        seconds one compile may run before it is stopped (0: none)
     compile_memory = "16G"        data memory one compile may use (default: no limit)
+    pins = "requirements.txt"     the file pinning the build environment (hashes): named
+                                  when a build finds other distributions than its lock's
   [hardware.NAME]                 custom hardware profiles: key = int | float | str
   [kernel.NAME]                   one table per kernel:
     entry = "pkg.module:attr"     a @cute.jit launcher, or a factory if factory_args is set;
@@ -146,7 +148,7 @@ BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
 
 _TOP_KEYS = {"format", "archs", "platforms", "profile", "python_path", "compile_options", "hardware",
              "kernel", "env", "build"}
-_BUILD_KEYS = {"executor", "ray_address", "remote", "compile_timeout", "compile_memory"}
+_BUILD_KEYS = {"executor", "ray_address", "remote", "compile_timeout", "compile_memory", "pins"}
 EXECUTORS = ("local", "ray")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs", "profile",
@@ -365,7 +367,7 @@ def _build_settings(ctx: _Ctx, kp: str, doc: Any) -> BuildSettings:
     """The `[build]` table, checked; values are strings a build's flags would take."""
     if not isinstance(doc, dict):
         raise ctx.fail(kp, "must be a table (executor, ray_address, remote, compile_timeout, "
-                       "compile_memory)")
+                       "compile_memory, pins)")
     _no_unknown(ctx, doc, _BUILD_KEYS, kp)
     limits: dict[str, Any] = {}
     t = doc.get("compile_timeout")
@@ -383,6 +385,8 @@ def _build_settings(ctx: _Ctx, kp: str, doc: Any) -> BuildSettings:
     if "executor" in got and got["executor"] not in EXECUTORS:
         raise ctx.fail(f"{kp}.executor", f'unknown executor "{got["executor"]}" '
                        f"(known: {', '.join(EXECUTORS)})")
+    if "pins" in got and (not got["pins"] or "\n" in got["pins"] or len(got["pins"]) > 500):
+        raise ctx.fail(f"{kp}.pins", "must name a requirements file, relative to the manifest")
     if "ray_address" in got and got.get("executor") != "ray":
         raise ctx.fail(f"{kp}.ray_address", 'a Ray address needs executor = "ray"')
     if "remote" in got:

@@ -250,7 +250,13 @@ def schema() -> dict[str, Any]:
                                      "compile_memory": {
                                          "type": ["string", "integer"],
                                          "description": "Data memory one compile may use, e.g. "
-                                                        "\"16G\" (RLIMIT_DATA; default: none)."}}},
+                                                        "\"16G\" (RLIMIT_DATA; default: none)."},
+                                     "pins": {
+                                         "type": "string", "minLength": 1,
+                                         "description": "The requirements file (relative to the "
+                                                        "manifest) pinning the build environment, "
+                                                        "named when a build finds other "
+                                                        "key-deciding distributions than its lock's."}}},
             "hardware": {"type": "object", "additionalProperties": {
                 "type": "object", "additionalProperties": {"type": ["integer", "number", "string"]}}},
             "kernel": {"type": "object", "minProperties": 1,

@@ -9,16 +9,18 @@ that is an error naming them), computes output shapes from the contract, and bin
 the `cutecc_call` primitive. Arrays are logical; a tensor declared with another
 layout is transposed to the buffer order the kernel was compiled for (XLA folds a
 caller's own `.T` into it), and results back.
-Works eagerly and under `jax.jit`; placement follows the seed API `cute_call`: all
-arrays on one device, and with several accelerators only inside `jax.shard_map`, unless
-the kernel declares the axes it is independent along (`shard = [..]`): then a call under
-several devices runs on each device's shard of them (`cutecc.runtime.sharding`).
+Works eagerly and under `jax.jit`, and a call runs where its arrays are: on the one device
+they sit on (committed there or by default), whatever the number of devices; a computation
+over several devices calls the kernel inside `jax.shard_map` (each device on its shard), or
+under `jax.jit` when the kernel declares the axes it is independent along (`shard = [..]`:
+`cutecc.runtime.sharding`), and is refused otherwise when it is lowered
+(`cutecc.runtime.placement`). Calls from several threads at once, each on
+its own device, share one loaded and registered library per build (`cutecc.runtime.library`).
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -136,11 +138,16 @@ class KernelFn(calls.KernelBase):
                 raise CallTypeError(f"argument {i} is a {type(a).__name__}, not an array "
                                     "(runtime scalars are keyword arguments)",
                                     where=f'kernel "{self.name}"', exit_code=1)
-        if not any(isinstance(a, jax.core.Tracer) for a in arrays) and (
-                not _several_devices() or any(b.shard for b in self.builds)):
+        if not any(isinstance(a, jax.core.Tracer) for a in arrays):
             fn = (self._out_of_place or self)._eager_fn(scalars)
             if fn is not None:
-                return fn(*arrays)
+                try:
+                    return fn(*arrays)
+                except ValueError:  # JAX's refusal of committed arrays on different devices
+                    spread = _spread(self.name, arrays)
+                    if spread is None:
+                        raise
+                raise spread from None  # in cutecc's words: which devices, and what to do
         return self._traced(arrays, scalars)
 
     def _eager_fn(self, scalars: Mapping[str, Any]) -> Any:
@@ -215,7 +222,7 @@ class KernelFn(calls.KernelBase):
                                 [shard_factors(t, build.shard) for t in conv.inputs],
                                 [shard_factors(t, build.shard, result=True) for t in conv.results])
         else:
-            _check_placement(self.name, arrays)
+            _check_placement(self.name, arrays)  # concrete arrays; the lowering checks the rest
             out = self._results(arrays, scalars, keywords, (build, env))
         if every:
             return {t.name: o for t, o in zip(conv.results, out)}
@@ -330,7 +337,7 @@ class CompositeFn(CompositeBase):
         known = self._keywords
         keywords = {k: v for k, v in kw.items() if k in known}
         scalars = {k: v for k, v in kw.items() if k not in known}
-        if not any(isinstance(a, jax.core.Tracer) for a in arrays) and not _several_devices():
+        if not any(isinstance(a, jax.core.Tracer) for a in arrays):
             try:
                 key = tuple(sorted((k, type(v), v) for k, v in kw.items()))
                 fn = self._eager.get(key)
@@ -394,24 +401,24 @@ def _like(g: Any, x: Any) -> Any:
     return jax.lax.psum(g, tuple(sorted(extra))) if extra else g
 
 
-@functools.cache
-def _several_devices() -> bool:
-    """Whether more than one device is visible (fixed once JAX's backends are up): eager
-    calls then take the checked path, which explains a call outside `shard_map`."""
-    return jax.device_count() > 1
-
-
 def _check_placement(kernel: str, arrays: Sequence[Any]) -> None:
-    devices = set()
-    for a in arrays:
-        if isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer):
-            devices |= set(a.devices())
-    if len(devices) > 1:
-        raise CallError(f"arrays are spread over {len(devices)} devices; a call needs all "
-                        "of them on one device (use jax.shard_map to run per shard)",
-                        where=f'kernel "{kernel}"', exit_code=1)
-    if jax.device_count() > 1 and not jax.sharding.get_abstract_mesh().manual_axes:
-        raise CallError(f"{jax.device_count()} accelerators are visible: call cutecc kernels "
-                        "inside jax.shard_map, where each call runs on one device's shard, or "
-                        "declare the axes the kernel is independent along (shard = [..] in the "
-                        "manifest) to call it under jax.jit", where=f'kernel "{kernel}"', exit_code=1)
+    """Refuse concrete arrays committed to different devices (JAX cannot run one call on
+    them), naming the devices. Whether the call's computation spans several devices is
+    decided when it is lowered (`cutecc.runtime.placement`), from the lowering's own
+    devices: a call on arrays on one device runs there, whichever it is."""
+    spread = _spread(kernel, arrays)
+    if spread is not None:
+        raise spread
+
+
+def _spread(kernel: str, arrays: Sequence[Any]) -> CallError | None:
+    """The error for concrete arrays committed to different devices, or None."""
+    placements = {tuple(sorted(d.id for d in a.devices())) for a in arrays
+                  if isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer)
+                  and getattr(a, "committed", True)}
+    if len(placements) > 1:
+        where = ", ".join("device " + "+".join(map(str, p)) for p in sorted(placements))
+        return CallError(f"its arrays are committed to different devices ({where}); a call needs "
+                         "them on one device (jax.device_put them there) or, sharded alike over a "
+                         "mesh, inside jax.shard_map", where=f'kernel "{kernel}"', exit_code=1)
+    return None

@@ -10,6 +10,12 @@ it) and loaded first, once per process and never unloaded, from its own memfd un
 fresh path; glibc then binds the kernel library's DT_NEEDED to it by its soname. Every
 load goes through a new, unique path: glibc also matches an already loaded object by the
 path string, so a reused `/proc/self/fd/N` name would return the previous library.
+
+Threads (one per GPU, say, their first calls at once): a build's first use verifies, loads
+and registers it under one process-wide lock, so a thread arriving meanwhile waits and then
+finds it done (each library is loaded and registered once per process); later uses read the
+registry without the lock. Nothing launches under it: XLA, or torch's eager call, launches
+the kernel after its registration or load has returned.
 """
 
 from __future__ import annotations

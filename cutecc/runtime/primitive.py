@@ -2,14 +2,18 @@
 
 It carries the FFI target and the output contract as static parameters, so abstract
 evaluation needs no kernel code, and it lowers to one `stablehlo.custom_call` through
-`jax.ffi.ffi_call`. Differentiation and batching of a bare call raise errors that name
-the kernel and say what to do (pair a backward kernel; add a batch dimension to the
-contract), rather than JAX's generic ones.
+`jax.ffi.ffi_call`. A call runs where its arrays are: the lowering is refused only where the
+computation being lowered spans several devices and the call is no single device's part of
+it (`jax.shard_map`, a shard rule's per-device body), see `cutecc.runtime.placement`.
+Differentiation and batching of a bare call raise errors that name the kernel and say what
+to do (pair a backward kernel; add a batch dimension to the contract), rather than JAX's
+generic ones.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -17,6 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import ShapedArray
 from jax.interpreters import ad, batching, mlir
+
+from cutecc.runtime.placement import check_lowering
 
 try:  # what jax.extend.core.Primitive is; `import jax.extend` also imports Pallas (~30 ms)
     from jax._src.core import Primitive
@@ -89,6 +95,18 @@ def _impl(*args: Any, **params: Any) -> Any:
     return _eager(tuple(sorted(params.items())))(*args)
 
 
+def placed(rule: Callable[..., Any]) -> Callable[..., Any]:
+    """The lowering `rule` of `cutecc_call`, behind the placement check
+    (`cutecc.runtime.placement.check_lowering`): every platform's lowering is registered
+    through it, and so is a test's CPU stand-in."""
+
+    def lower(ctx: Any, *args: Any, kernel: str, **params: Any) -> Any:
+        check_lowering(ctx.module_context.axis_context, kernel)
+        return rule(ctx, *args, kernel=kernel, **params)
+
+    return lower
+
+
 def _no_lowering(ctx: Any, *args: Any, kernel: str, **_: Any) -> Any:
     platforms = getattr(ctx.module_context, "platforms", ("this platform",))
     raise NotImplementedError(
@@ -111,7 +129,7 @@ def _no_batch(args: Any, dims: Any, *, kernel: str, **_: Any) -> Any:
 
 cutecc_call_p.def_abstract_eval(_abstract_eval)
 cutecc_call_p.def_impl(_impl)
-mlir.register_lowering(cutecc_call_p, _no_lowering)
-mlir.register_lowering(cutecc_call_p, mlir.lower_fun(_ffi, multiple_results=True), platform="cuda")
+mlir.register_lowering(cutecc_call_p, placed(_no_lowering))
+mlir.register_lowering(cutecc_call_p, placed(mlir.lower_fun(_ffi, multiple_results=True)), platform="cuda")
 ad.primitive_jvps[cutecc_call_p] = _no_jvp
 batching.primitive_batchers[cutecc_call_p] = _no_batch

@@ -399,3 +399,53 @@ def test_unpack_rejects_what_is_not_a_pack(tmp_path: Path) -> None:
     other.write_bytes(tar_bytes({"_cutecc/kernels.lock": b"{}", "_cutecc/format": b"9\n"}))
     with pytest.raises(CuteccError, match="pack format"):
         unpack(other, tmp_path / "c", allow_unsigned=True)
+
+
+# Never seen by the deploy venv: cutecc itself (it must come from the runtime wheel), the
+# DSL, and every .pth (an editable install's finder, the DSL's path entry).
+_NOT_DEPLOYED = ("cutecc", "_cutecc", "__editable__", "nvidia_cutlass_dsl", "cutlass", "_no_dsl")
+
+
+def runtime_only_venv(where: Path) -> Path:
+    """A new venv as a deploy host has it: jax, tvm-ffi and the runtime's other dependencies
+    installed (this environment's, linked in through a .pth), and no cutecc, no DSL, no index."""
+    subprocess.run([PY, "-m", "venv", "--without-pip", str(where)], check=True)
+    python = where / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                                "['purelib'])"], capture_output=True, text=True, check=True).stdout.strip())
+    deps = where / "deps"
+    deps.mkdir()
+    for p in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not p.name.startswith(_NOT_DEPLOYED) and p.suffix != ".pth":
+            (deps / p.name).symlink_to(p)
+    (site / "_no_dsl.py").write_text(BLOCK_DSL)
+    (site / "_0_no_dsl.pth").write_text("import _no_dsl\n")
+    (site / "_1_deps.pth").write_text(f"{deps}\n")
+    return python
+
+
+def test_a_pack_and_its_runtime_wheel_install_with_no_index_and_load_without_the_dsl(
+        toy: Toy, tmp_path: Path) -> None:
+    """The README's deploy: `cutecc pack` writes the kernels' wheel and cutecc's own beside it;
+    `pip install --no-index --find-links dist NAME` on a host with no cutecc and no DSL
+    installs both, and the kernels load and lower from the installed runtime."""
+    dist = tmp_path / "dist"
+    report = pack(name="Toy-Kernels", version="1.2.0", lock=toy.lock, archs=("sm_90a",), out=dist,
+                  cache_dir=toy.cache)
+    assert report.runtime is not None and report.runtime.name == "cutecc-0.1.0-py3-none-any.whl"
+    again = pack(name="Toy-Kernels", version="1.2.0", lock=toy.lock, archs=("sm_90a",),
+                 out=tmp_path / "again", cache_dir=toy.cache)
+    assert again.runtime is not None and again.runtime.read_bytes() == report.runtime.read_bytes()
+    python = runtime_only_venv(tmp_path / "venv")
+    assert run_in(python, "import cutecc").returncode != 0  # nothing to import before the install
+    r = subprocess.run([PY, "-m", "pip", "--python", str(python), "install", "--no-index",
+                        "--find-links", str(dist), "toy-kernels"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run_in(python, LOAD_AND_LOWER, CUTECC_ARCH="sm_90a", CUTECC_ALLOW_UNSIGNED="1")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.splitlines()[-1])
+    assert got["cutecc"].startswith(str(tmp_path / "venv" / "lib"))  # the runtime wheel's
+    assert got["custom_call"] and got["dsl"] == []
+    # the command it installed runs too
+    r = subprocess.run([str(tmp_path / "venv/bin/cutecc"), "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "build" in r.stdout

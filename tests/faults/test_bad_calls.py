@@ -208,8 +208,11 @@ d0, d1 = jax.devices()[:2]
 x0 = jax.device_put(jnp.ones(8, jnp.float32), d0)
 x1 = jax.device_put(jnp.ones(8, jnp.float32), d1)
 out = {}
+both = jax.device_put(jnp.ones(16, jnp.float32),
+                      jax.sharding.NamedSharding(Mesh(np.array([d0, d1]), ("d",)), P("d")))
 for case, f in {"spread": lambda: ks.mul(x0, x1),
-                "outside_shard_map": lambda: ks.mul(x1, x1),
+                "one_device": lambda: ks.mul(x1, x1),
+                "spanning": lambda: ks.mul(both, both),
                 "inside_shard_map": lambda: jax.jit(jax.shard_map(
                     ks.mul, mesh=Mesh(np.array([d0, d1]), ("d",)), in_specs=(P("d"), P("d")),
                     out_specs=P("d")))(jnp.ones(16, jnp.float32), jnp.ones(16, jnp.float32))}.items():
@@ -223,21 +226,23 @@ print(json.dumps(out))
 
 
 @pytest.mark.usefixtures("dsl")
-def test_arrays_on_several_devices_are_refused_and_shard_map_is_the_way(example_cache: Path,
-                                                                        tally) -> None:
+def test_arrays_on_several_devices_are_refused_and_one_device_is_accepted(example_cache: Path,
+                                                                          tally) -> None:
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
            "JAX_PLATFORMS": "cpu"}
     r = subprocess.run([PY, "-c", MULTI, str(example_cache)], capture_output=True, text=True,
                        timeout=300, env=env)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out["spread"].startswith("CallError") and "spread over 2 devices" in out["spread"]
-    assert "2 accelerators are visible: call cutecc kernels inside jax.shard_map" in \
-        out["outside_shard_map"]
-    # Inside shard_map the placement is accepted; what stops it is the CPU, said plainly.
-    assert out["inside_shard_map"].startswith("NotImplementedError") and "CUDA GPUs only" in \
-        out["inside_shard_map"]
-    tally.add("calls", placement_refused=2, shard_map_placement_accepted=1)
+    assert out["spread"].startswith("CallError") and "committed to different devices (device 0, device 1)" \
+        in out["spread"]
+    assert out["spanning"].startswith("CallError") and "computation over 2 devices" in out["spanning"] \
+        and "jax.shard_map" in out["spanning"] and "jax.device_put" in out["spanning"]
+    # On one device of two, and inside shard_map, the placement is accepted; what stops
+    # them is the CPU, said plainly.
+    for case in ("one_device", "inside_shard_map"):
+        assert out[case].startswith("NotImplementedError") and "CUDA GPUs only" in out[case], out
+    tally.add("calls", placement_refused=2, shard_map_placement_accepted=1, one_device_placement_accepted=1)
 
 
 @pytest.mark.usefixtures("dsl")

@@ -1,4 +1,5 @@
-"""Two GPUs: placement rules, `shard_map` forward, `jax.grad` of a grad-paired
+"""Two GPUs: placement rules (a call runs on its arrays' GPU; arrays over both are refused
+without a shard rule), `shard_map` forward, `jax.grad` of a grad-paired
 kernel, an `inout` kernel and `vmap`, each inside `shard_map` over both GPUs, against
 references on fresh random inputs. Skipped with fewer than two GPUs; run on nvidia-h200-x2."""
 
@@ -73,15 +74,22 @@ def test_vmap_inside_shard_map_says_what_to_do(two) -> None:
         jax.jit(f)(x)
 
 
-def test_a_call_outside_shard_map_with_two_gpus_is_an_error(two) -> None:
+@pytest.mark.parametrize("k", [0, 1])
+def test_a_call_outside_shard_map_runs_on_its_arrays_gpu(two, k: int) -> None:
     ks, mesh = two
-    a = jax.device_put(jnp.ones(1024, jnp.float32), jax.devices("gpu")[0])
-    with pytest.raises(CuteccError, match="shard_map"):
-        ks.mul(a, a)
+    gpu = jax.devices("gpu")[k]
+    rng = np.random.default_rng(20 + k)
+    x, y = (jax.device_put(rng.standard_normal(1 << 16, dtype=np.float32), gpu) for _ in range(2))
+    for out in (ks.mul(x, y), jax.jit(ks.mul)(x, y)):
+        assert out.devices() == {gpu}
+        np.testing.assert_allclose(np.asarray(out), np.asarray(x) * np.asarray(y), rtol=1e-6)
 
 
 def test_arrays_on_two_devices_fail_clearly(two) -> None:
     ks, mesh = two
     x = _rand(8, 1 << 12, mesh, P("d"))
-    with pytest.raises(CuteccError):
+    with pytest.raises(CuteccError, match="computation over 2 devices.*jax.shard_map"):
         ks.mul(x, x)
+    gpus = jax.devices("gpu")
+    with pytest.raises(CuteccError, match="committed to different devices"):
+        ks.mul(jax.device_put(jnp.ones(8), gpus[0]), jax.device_put(jnp.ones(8), gpus[1]))

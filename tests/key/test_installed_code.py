@@ -349,3 +349,27 @@ def test_a_damaged_remembered_closure_is_walked_afresh(
     walked = _walks(monkeypatch)
     assert {n: p.key for n, p in planned(m, cache).items()} == keys
     assert sorted(walked) == sorted({"fakelib.core", "kp.uses_lib"})
+
+
+@pytest.mark.parametrize("inside", [".venv/lib/python3.11/site-packages",  # the README's venv
+                                    "vendor",  # `pip install --target vendor`
+                                    "env/conda/lib/python3.11/site-packages"])
+def test_the_same_distribution_keys_the_same_wherever_it_is_installed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inside: str) -> None:
+    """A distribution is keyed by what it is (name, version, its files), not by where it
+    lies: installed inside the project's directory (a venv at its root, a --target
+    directory, a conda environment) or outside it (another prefix, a --user install), an
+    entry in it and a kernel importing it get the same keys."""
+    monkeypatch.setattr(cutecc.dists, "SETTLE_NS", 0, raising=False)
+    m = project(tmp_path, BOTH)
+    keys = {}
+    for where in (tmp_path / "elsewhere/lib/python3.11/site-packages", tmp_path / "user-site",
+                  m.parent / inside):
+        where.mkdir(parents=True)
+        install(where, "fakelib", "1.0", LIB)
+        with monkeypatch.context() as mp:
+            mp.syspath_prepend(str(where))
+            keys[str(where)] = {n: p.key for n, p in planned(m, None).items()}
+        forget()
+    first, *rest = keys.values()
+    assert all(k == first for k in rest), keys

@@ -38,7 +38,8 @@ def sibling(toy: Toy, tmp_path: Path, text: str | None = None) -> Path:
 def test_build_locks_every_entry_with_its_library_hash_one_per_line(toy: Toy) -> None:
     data = toy.lock.read_bytes()
     doc = json.loads(data)
-    assert doc["format"] == LOCK_FORMAT and set(doc) == {"format", "entries"}
+    assert doc["format"] == LOCK_FORMAT and set(doc) == {"format", "entries", "environment"}
+    assert "nvidia-cutlass-dsl" in doc["environment"]["distributions"]
     rows = doc["entries"]
     assert [(r["kernel"], r["variant"], r["arch"]) for r in rows] == sorted(
         [("scale", "threads=128", "sm_90a"), ("scale", "threads=64", "sm_90a")])
@@ -47,7 +48,8 @@ def test_build_locks_every_entry_with_its_library_hash_one_per_line(toy: Toy) ->
         rec = store.get(r["key"]).meta["files"]["kernel.so"]
         assert (r["library"], r["sha256"], r["size"]) == ("kernel.so", rec["sha256"], rec["size"])
     lines = data.decode().splitlines()
-    assert sum('"key": ' in line for line in lines) == 2 and len(lines) == 7  # one line each
+    assert sum('"key": ' in line for line in lines) == 2  # one line each, entries and distributions
+    assert len(lines) == 7 + 5 + len(doc["environment"]["distributions"])
     assert read_lock(toy.lock).dumps() == data
     assert b"built_at" not in data and b"seconds" not in data
 

@@ -128,16 +128,13 @@ def test_fa4_declares_a_tuning_space_of_its_own_knobs_over_four_sequence_buckets
         assert all(fa["intra_wg_overlap"] or fa["mma_pv_is_rs"] for fa in fas)
 
 
+@pytest.mark.usefixtures("examples_extra")
 def test_tune_dry_run_prints_the_examples_plan_with_no_gpu() -> None:
     """Planning keys each candidate, so it finds the kernel libraries' modules (without
     importing them): it needs the `examples` extra installed, as CI has it."""
-    import importlib.util
     import json
     import subprocess
     import sys
-
-    if not all(importlib.util.find_spec(m) for m in ("flash_attn", "quack")):
-        pytest.skip("the examples extra (flash-attn-4, quack-kernels) is not installed")
 
     cmd = [sys.executable, "-m", "cutecc.cli", "tune", str(EXAMPLES / "kernels.toml"), "--dry-run"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -149,13 +146,10 @@ def test_tune_dry_run_prints_the_examples_plan_with_no_gpu() -> None:
     assert list(doc["kernels"]) == ["fa4_fwd"] and len(doc["kernels"]["fa4_fwd"]) == 24 and doc["built"] == 0
 
 
+@pytest.mark.usefixtures("examples_extra")
 def test_fa4s_tuning_default_is_the_builds_own_entry() -> None:
     """`tune` plans the tuned kernels only; their defaults must keep the whole build's keys,
     or recorded winners name a base the build never made and never apply."""
-    import importlib.util
-
-    if not all(importlib.util.find_spec(m) for m in ("flash_attn", "quack")):
-        pytest.skip("the examples extra (flash-attn-4, quack-kernels) is not installed")
     from cutecc.plan import plan
     from cutecc.tuning.plan import items
 

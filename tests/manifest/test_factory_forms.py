@@ -202,7 +202,7 @@ class Sized:
 
 
 def _gpu_project(root: Path, profile: str = "h100") -> Path:
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="needs torch (the examples extra)")
     extra = f'profile = "{profile}"\nfactory_args = {{}}\n'
     manifest = _project(root, _kernel("sized", "pub.asks:Sized", extra)
                         + _kernel("plain", "toy.ops:scale", 'constants = { threads = 64 }\n'))
@@ -210,6 +210,7 @@ def _gpu_project(root: Path, profile: str = "h100") -> Path:
     return manifest
 
 
+@pytest.mark.extra
 def test_device_answers_are_keyed_for_code_that_reaches_torch(tmp_path: Path) -> None:
     manifest = _gpu_project(tmp_path)
     h100 = {p.kernel.name: p for p in plan(load_manifest(manifest))}
@@ -221,6 +222,7 @@ def test_device_answers_are_keyed_for_code_that_reaches_torch(tmp_path: Path) ->
     assert a100["plain"].key == h100["plain"].key
 
 
+@pytest.mark.extra
 def test_a_launcher_that_asks_torch_for_the_gpu_builds_on_a_cpu_host(tmp_path: Path) -> None:
     from cutecc.commands.build import build
 
@@ -236,11 +238,12 @@ def test_a_launcher_that_asks_torch_for_the_gpu_builds_on_a_cpu_host(tmp_path: P
     assert "hardware profile \"bare\" cannot answer it; add name = ... to [hardware.bare]" in err, err
 
 
+@pytest.mark.extra
 def test_device_answers_are_checked_on_a_gpu_host_and_torch_is_restored(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import types
 
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="needs torch (the examples extra)")
     from cutecc import devicequery
     from cutecc.manifest import BUILTIN_PROFILES
 

@@ -63,11 +63,9 @@ def grace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def grace_examples(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def grace_examples(tmp_path_factory: pytest.TempPathFactory, examples_extra: None) -> tuple[Path, Path]:
     """examples/kernels.toml built for aarch64 only: (lock file, cache). The cache is
     $CUTECC_GRACE_EXAMPLES_CACHE when set (built beforehand: this build then only plans)."""
-    for mod in ("quack", "flash_attn.cute"):
-        pytest.importorskip(mod, reason="the examples extra (quack-kernels, flash-attn-4) is not installed")
     root = tmp_path_factory.mktemp("grace-examples")
     cache = Path(os.environ.get("CUTECC_GRACE_EXAMPLES_CACHE") or root / "c")
     _build(REPO / "examples" / "kernels.toml", cache, lock_file=root / "kernels.lock")

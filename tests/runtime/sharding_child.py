@@ -8,7 +8,8 @@ collectives the compiled HLO holds.
 Two kinds of calls. `sharding.call` with a jnp body (the production partitioning code, a
 reference computation per shard), and a loaded kernel (`expw_rows`, `shard = ["m"]`) called
 through the whole production dispatch, whose custom call alone is lowered for the CPU by a
-stand-in computing what the kernel computes (out = exp(x) * w, e = exp(x)).
+stand-in computing what the kernel computes (out = exp(x) * w, e = exp(x)), behind the
+production placement check.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ if len(sys.argv) > 2 and sys.argv[2] == "gspmd":
 import cutecc  # noqa: E402
 from cutecc.errors import CallError  # noqa: E402
 from cutecc.runtime import sharding  # noqa: E402
-from cutecc.runtime.primitive import cutecc_call_p  # noqa: E402
+from cutecc.runtime.primitive import cutecc_call_p, placed  # noqa: E402
 
 COLLECTIVES = ("all-gather", "all-to-all", "all-reduce", "collective-permute")
 rng = np.random.default_rng(7)
@@ -86,7 +87,8 @@ def stand_in(x, w, *, target, kernel, results, aliases, attrs):
 
 
 def check_kernel(cache: str) -> None:
-    mlir.register_lowering(cutecc_call_p, mlir.lower_fun(stand_in, multiple_results=True), platform="cpu")
+    mlir.register_lowering(cutecc_call_p, placed(mlir.lower_fun(stand_in, multiple_results=True)),
+                           platform="cpu")
     ks = cutecc.load(cache, arch="sm_90a")
     mesh = jax.make_mesh((8,), ("x",))
     x = jnp.asarray(rng.standard_normal((64, 16), dtype=np.float32))
@@ -104,11 +106,16 @@ def check_kernel(cache: str) -> None:
     got = ks.expw_rows(jax.device_put(x, NamedSharding(mesh, P("x"))), w)  # eagerly
     emit("expw_rows eager", ok=bool(np.allclose(got, want, rtol=1e-6)), shapes=seen,
          out_spec=str(got.sharding.spec))
-    try:
-        jax.jit(ks.expw)(x, w)
+    try:  # no shard rule: rows split over the mesh are refused, never gathered silently
+        jax.jit(ks.expw)(jax.device_put(x, NamedSharding(mesh, P("x"))), w)
         emit("expw refused", ok=False)
     except CallError as e:
-        emit("expw refused", ok="8 accelerators are visible" in e.message, message=e.message)
+        emit("expw refused", ok="computation over 8 devices" in e.message, message=e.message)
+    got = jax.jit(ks.expw)(x, w)  # on one device of the eight: runs there
+    emit("expw on one device", ok=bool(np.allclose(got, want, rtol=1e-6)) and len(got.devices()) == 1)
+    five = jax.devices()[5]  # with a rule too: all on device 5, the whole call runs there
+    got = jax.jit(ks.expw_rows)(jax.device_put(x, five), jax.device_put(w, five))
+    emit("expw_rows on device 5", ok=bool(np.allclose(got, want, rtol=1e-6)) and got.devices() == {five})
 
 
 if __name__ == "__main__":

@@ -120,7 +120,7 @@ def test_eight_devices_run_their_shards_and_agree_with_the_reference(train_cache
     assert r.returncode == 0, r.stderr[-5000:]
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
     checks = {c["check"]: c for c in map(json.loads, lines)}
-    assert len(checks) == 10, list(checks)
+    assert len(checks) == 12, list(checks)
     for c in checks.values():
         assert c["ok"], c
         if "want_gather" in c:  # sharded on declared axes: no collective; else gathered first

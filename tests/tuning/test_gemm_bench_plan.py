@@ -4,7 +4,6 @@ product and refuses a wrong entry, and its dry run plans both spaces and writes 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -72,9 +71,8 @@ def rng() -> np.random.Generator:
     return np.random.default_rng()
 
 
+@pytest.mark.usefixtures("examples_extra")
 def test_the_dry_run_without_a_cache_plans_both_spaces_and_writes_its_json(tmp_path: Path) -> None:
-    if importlib.util.find_spec("quack") is None:
-        pytest.skip("planning examples/gemm needs quack-kernels (the examples extra)")
     assert gemm_tune.main(["--dry-run", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "gemm_tune.json").read_text())
     assert doc["dry_run"] and doc["failed"] == [] and doc["shapes"] == 8

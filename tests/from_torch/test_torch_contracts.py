@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="cutecc.torch needs torch (the torch or examples extra)")
+pytestmark = pytest.mark.extra
 
 import cutecc.torch as ct  # noqa: E402
 from cutecc.runtime import calls  # noqa: E402

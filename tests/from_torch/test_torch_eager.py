@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="cutecc.torch needs torch (the torch or examples extra)")
+pytestmark = pytest.mark.extra
 
 import cutecc.torch as ct  # noqa: E402
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="cutecc.torch needs torch (the torch or examples extra)")
+pytestmark = pytest.mark.extra
 
 from helpers import PY  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402

@@ -1,0 +1,160 @@
+"""The lock's environment: which key-deciding distributions its keys were planned with, so a
+build (or verify) elsewhere names, in one line and before any compile, what differs; and a
+lock the build could not rewrite refused before any compile."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from helpers import write_toy_project
+
+from cutecc import builder
+from cutecc.cli import main
+from cutecc.commands.build import build
+from cutecc.errors import CuteccError
+from cutecc.lockfile import Environment, Lock, read_lock, write_lock
+from cutecc.manifest import load_manifest
+from cutecc.plan import plan
+from tests.key.test_installed_code import BOTH, LIB, forget, install, project
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    d = tmp_path / "site"
+    d.mkdir()
+    monkeypatch.syspath_prepend(str(d))
+    forget()
+    yield d
+    forget()
+
+
+def _lock_planned_in_this_environment(manifest: Path) -> Path:
+    forget()
+    planned = plan(load_manifest(manifest))
+    path = manifest.parent / "kernels.lock"
+    write_lock(path, Lock((), environment=builder.environment_of(planned)))
+    return path
+
+
+def test_a_lock_records_the_distributions_its_keys_were_planned_with(tmp_path: Path, site: Path) -> None:
+    install(site, "fakelib", "1.0", LIB)
+    m = project(tmp_path, BOTH)
+    lock = read_lock(_lock_planned_in_this_environment(m))
+    assert lock.environment is not None
+    got = dict(lock.environment.distributions)
+    assert got["fakelib"].startswith("1.0 ") and "nvidia-cutlass-dsl" in got
+    # written once per line, sorted: a drift diffs as one line per distribution
+    text = (m.parent / "kernels.lock").read_text()
+    assert '   "fakelib": "1.0 ' in text
+    assert read_lock(m.parent / "kernels.lock") == lock
+
+
+def test_a_build_in_another_environment_names_what_differs_before_compiling(
+        tmp_path: Path, site: Path) -> None:
+    info = install(site, "fakelib", "1.0", LIB)
+    m = project(tmp_path, BOTH)
+    _lock_planned_in_this_environment(m)
+    shutil.rmtree(info)
+    shutil.rmtree(site / "fakelib")
+    install(site, "fakelib", "1.1", {**LIB, "fakelib/util.py": "K = 3\n"})
+    notes: list[str] = []
+
+    class Notes(builder.Progress):
+        def note(self, text: str) -> None:
+            notes.append(text)
+
+        def start(self, total: int) -> None:
+            notes.append(f"start {total}")
+
+    report = build(m, cache_dir=tmp_path / "cache", dry_run=True, progress=Notes())
+    assert [str(d) for d in report.drift] == ["fakelib 1.0 -> 1.1"]
+    assert len(notes) == 1 and "fakelib 1.0 -> 1.1" in notes[0] and "kernels.lock" in notes[0]
+    assert report.to_json()["drift"][0]["distribution"] == "fakelib"
+
+
+def test_the_drift_line_names_the_manifests_pins(tmp_path: Path, site: Path) -> None:
+    info = install(site, "fakelib", "1.0", LIB)
+    m = project(tmp_path, BOTH)
+    m.write_text(m.read_text().replace('archs = ["sm_90a"]\n',
+                                       'archs = ["sm_90a"]\n[build]\npins = "pins/build.txt"\n'))
+    _lock_planned_in_this_environment(m)
+    shutil.rmtree(info)
+    install(site, "fakelib", "1.0.post1", LIB)
+    report = build(m, cache_dir=tmp_path / "cache", dry_run=True)
+    assert [str(d) for d in report.drift] == ["fakelib 1.0 -> 1.0.post1"]
+    assert f"pip install --require-hashes -r {m.parent / 'pins/build.txt'}" in (report.drift_note or "")
+
+
+def test_the_same_environment_says_nothing(tmp_path: Path, site: Path) -> None:
+    install(site, "fakelib", "1.0", LIB)
+    m = project(tmp_path, BOTH)
+    _lock_planned_in_this_environment(m)
+    report = build(m, cache_dir=tmp_path / "cache", dry_run=True)
+    assert report.drift == [] and report.drift_note is None
+
+
+@pytest.mark.parametrize("content", [b"{not json", b'{"format": 3, "entries": 7}', b"\xff" * 100,
+                                     b'{"format": 3, "entries": [], "environment": {"format": 1, '
+                                     b'"distributions": {"x": 5}}}'])
+def test_a_bad_lock_is_refused_before_anything_compiles(tmp_path: Path, content: bytes) -> None:
+    m = write_toy_project(tmp_path / "proj")
+    (m.parent / "kernels.lock").write_bytes(content)
+    t0 = time.monotonic()
+    with pytest.raises(CuteccError) as e:
+        build(m, cache_dir=tmp_path / "cache")
+    assert time.monotonic() - t0 < 5
+    assert "kernels.lock" in str(e.value.where)
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("meta.json"))
+    assert (m.parent / "kernels.lock").read_bytes() == content  # nothing lost
+
+
+def test_a_lock_that_is_no_regular_file_is_refused_before_anything_compiles(tmp_path: Path) -> None:
+    m = write_toy_project(tmp_path / "proj")
+    os.mkfifo(m.parent / "kernels.lock")  # reading it would block forever
+    r = CliRunner().invoke(main, ["build", str(m), "--cache-dir", str(tmp_path / "cache")])
+    assert r.exit_code == 2, r.output
+    assert "kernels.lock" in r.output and "regular file" in r.output
+
+
+def test_an_environment_of_a_later_format_decides_nothing(tmp_path: Path) -> None:
+    p = tmp_path / "kernels.lock"
+    p.write_text(json.dumps({"format": 3, "entries": [],
+                             "environment": {"format": 99, "anything": [1]}}))
+    assert read_lock(p).environment is None
+
+
+def test_a_drift_says_gone_and_same_version_other_files() -> None:
+    from cutecc.lockfile import Drift
+
+    assert str(Drift("a", "1.0 x", None)) == "a 1.0 -> absent"
+    assert str(Drift("a", None, "2 y")) == "a absent -> 2"
+    assert str(Drift("a", "1.0 x", "1.0 y")) == "a 1.0 -> 1.0 (other files)"
+
+
+def test_a_partial_build_keeps_the_distributions_it_did_not_reach() -> None:
+    old = Environment((("a", "1 x"), ("b", "2 y")))
+    new = Environment((("b", "3 z"),))
+    assert new.merged(old).distributions == (("a", "1 x"), ("b", "3 z"))
+
+
+def test_verify_names_the_distributions_whose_version_differs_from_the_locks(tmp_path: Path) -> None:
+    import importlib.metadata as md
+
+    from cutecc.commands.verify import verify
+    from cutecc.store.writer import Store
+
+    click_version = md.version("click")
+    lock = tmp_path / "kernels.lock"
+    write_lock(lock, Lock((), environment=Environment((("click", f"{click_version} d"),
+                                                       ("filelock", "0.0.1 d")))))
+    Store(tmp_path / "cache").ensure()
+    r = CliRunner().invoke(main, ["verify", "--lock", str(lock), "--cache-dir", str(tmp_path / "cache")])
+    assert r.exit_code == 0, r.output
+    assert f"filelock 0.0.1 -> {md.version('filelock')}" in r.output and "click" not in r.output
+    assert verify(tmp_path / "cache").drift_note is None
