@@ -43,6 +43,7 @@ from cutecc.contract import (
     NoneArg,
     ScalarArg,
     StreamArg,
+    Stride,
     StructArg,
     TensorArg,
     TupleArg,
@@ -321,10 +322,25 @@ def _fake_args(conv: CallingConvention) -> list[Any]:
             symbols[d] = make(divisibility=multiple[d])
         return symbols[d]
 
+    def stride(d: Stride) -> Any:
+        if isinstance(d, int):
+            return d
+        if d.name not in symbols:  # one runtime value however many tensors name it
+            make = cute.sym_int64 if d.bits == 64 else cute.sym_int
+            symbols[d.name] = make(divisibility=d.divisibility)
+        return symbols[d.name]
+
     def tensor(t: TensorArg) -> Any:
         # The dense row-major buffer JAX passes: the array's (a padded tensor's buffer's)
         # dimensions in the declared order (`perm`); the wrapper views it logically.
         rank = len(t.shape)
+        if t.stride is not None:  # declared strides: runtime values where symbolic
+            return cute.runtime.make_fake_tensor(
+                getattr(cutlass, dtypes.DTYPES[t.dtype].cutlass),
+                tuple(dim(t.extents[p]) for p in t.perm),
+                tuple(stride(t.stride[p]) for p in t.perm),
+                assumed_align=t.align,
+            )
         return cute.runtime.make_fake_compact_tensor(
             getattr(cutlass, dtypes.DTYPES[t.dtype].cutlass),
             tuple(dim(t.extents[p]) for p in t.perm),

@@ -30,6 +30,20 @@ LAYOUTS = ("row-major", "column-major")  # or a stride order, see `TensorArg.ord
 
 
 @dataclass(frozen=True)
+class StrideSymbol:
+    """A stride compiled as a runtime value (`cute.sym_int`), as published kernels' own
+    builds compile their row strides: the kernel takes the stride the array has, a multiple
+    of `divisibility`, as a `bits`-bit integer."""
+
+    name: str
+    divisibility: int = 1
+    bits: int = 32
+
+
+Stride = int | StrideSymbol
+
+
+@dataclass(frozen=True)
 class TensorArg:
     name: str
     role: str
@@ -64,6 +78,28 @@ class TensorArg:
     # reads each element before writing it (elementwise, per-row norms). Nothing of the
     # bytes: what the runtime may ask of XLA (`KernelFn.in_place`). None: never.
     may_alias: str | None = None
+    # Declared with `mode` (cutlass_call's): the array a call passes, and gets back for a
+    # result, is the buffer itself in its own dimension order (`held`), which the kernel
+    # views through `order` with no copy. False: the call's array is in the kernel's
+    # (logical) order, transposed to the buffer `order` declares.
+    mode: bool = False
+    # Per logical dimension, the stride the kernel is compiled with: static (an int) or a
+    # runtime value (`StrideSymbol`). None: derived from the extents, as a dense buffer's
+    # (static wherever the extents after it are).
+    stride: tuple[Stride, ...] | None = None
+
+    @property
+    def held(self) -> tuple[int, ...]:
+        """The kernel's dimensions in the order of the array a call passes (or gets back):
+        the buffer's (`perm`) for a tensor declared with `mode`, else the kernel's own."""
+        return self.perm if self.mode else tuple(range(len(self.shape)))
+
+    @property
+    def transpose(self) -> tuple[int, ...] | None:
+        """The permutation that takes the array a call passes to the dense buffer the kernel
+        sees (`jnp.transpose(a, transpose)`); None when the array is that buffer (row-major,
+        or declared with `mode`)."""
+        return None if self.order is None or self.mode else self.perm
 
     @property
     def extents(self) -> tuple[Dim, ...]:
@@ -95,6 +131,44 @@ class TensorArg:
     def multiple(self, i: int) -> int:
         """What dimension `i`'s extent is declared a multiple of (1: nothing)."""
         return 1 if self.divisibility is None else self.divisibility[i]
+
+    @property
+    def stride_symbols(self) -> tuple[str, ...]:
+        """The names of the strides declared symbolic."""
+        return tuple(d.name for d in self.stride or () if isinstance(d, StrideSymbol))
+
+
+def dense_strides(t: TensorArg, buffer: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Per logical dimension of `t`, its stride in the dense buffer of shape `buffer` (its
+    dimensions in `perm` order, as a call passes it); ints, or products of them (symbolic
+    dimensions under `jax.export`)."""
+    out: list[Any] = [1] * len(buffer)
+    step: Any = 1
+    for j in range(len(buffer) - 1, -1, -1):
+        out[t.perm[j]] = step
+        step = step * buffer[j]
+    return tuple(out)
+
+
+def stride_text(t: TensorArg) -> list[str]:
+    """Per logical dimension, the stride the kernel is compiled with, as `cutecc show` says
+    it: an int where static, else the symbol or the product of extents it is read from."""
+    if t.stride is not None:
+        return [str(d) if isinstance(d, int) else d.name for d in t.stride]
+    ext = t.extents
+    out = [""] * len(ext)
+    factors: list[Dim] = []
+    for p in reversed(t.perm):
+        static = 1
+        names = []
+        for f in reversed(factors):  # slowest first, as the dimensions read
+            if isinstance(f, int):
+                static *= f
+            else:
+                names.append(f if expr.is_symbol(f) else f"({f})")
+        out[p] = "*".join(([str(static)] if static != 1 or not names else []) + names)
+        factors.append(ext[p])
+    return out
 
 
 @dataclass(frozen=True)
@@ -227,7 +301,7 @@ class CallingConvention:
 
 _TENSOR_FIELDS = frozenset({"kind", "name", "role", "dtype", "shape", "layout", "align", "param",
                             "order", "divisibility", "buffer", "zero", "saved", "reduce", "wide",
-                            "broadcast", "may_alias"})
+                            "broadcast", "may_alias", "mode", "stride"})
 
 
 def arg_to_json(a: Arg) -> dict[str, Any]:
@@ -259,6 +333,12 @@ def _arg_json(a: Arg) -> dict[str, Any]:
             out["broadcast"] = list(a.broadcast)
         if a.may_alias is not None:  # only when set: contracts without it keep their keys
             out["may_alias"] = a.may_alias
+        if a.mode:  # only when set: contracts declared with `layout` keep their keys
+            out["mode"] = True
+        if a.stride is not None:  # only when set: contracts with dense strides keep their keys
+            out["stride"] = [d if isinstance(d, int) else
+                             {"symbol": d.name, "divisibility": d.divisibility, "bits": d.bits}
+                             for d in a.stride]
         return out
     if isinstance(a, ScalarArg):
         out = {"kind": "scalar", "name": a.name, "dtype": a.dtype, "default": a.default}
@@ -319,6 +399,14 @@ def arg_from_json(d: dict[str, Any]) -> Arg:
         if may_alias is not None and (not isinstance(may_alias, str) or d["role"] != "output"):
             raise ValueError(f"may_alias {may_alias!r}: only an output may name an input to be "
                              "written in")
+        mode = d.get("mode", False)
+        if mode is not False and (mode is not True or order is None or d["role"] == "scratch"
+                                  or reduce is not None):
+            raise ValueError(f"mode {mode!r}: only a tensor a call passes or gets back, in an order "
+                             "other than row-major and not reduced, is viewed as the caller holds it")
+        stride = None if d.get("stride") is None else _stride_from_json(d["stride"], rank)
+        if stride is not None and (buffer is not None or d["role"] == "scratch"):
+            raise ValueError("stride: a padded, broadcast or scratch tensor takes its buffer's strides")
         if buffer is not None and d["role"] == "output":
             raise ValueError("an output cannot be padded (its padding would be undefined)")
         if buffer is not None and any(type(x) is int and type(b) is int and b < x
@@ -330,7 +418,7 @@ def arg_from_json(d: dict[str, Any]) -> Arg:
                          None if div is None else tuple(div),
                          None if buffer is None else tuple(buffer), zero, saved, reduce,
                          None if wide is None else tuple(wide), None if bcast is None else tuple(bcast),
-                         may_alias)
+                         may_alias, mode, stride)
     if kind == "scalar":
         value = d.get("value")
         if value is not None and not (type(value) is int or isinstance(value, str)):
@@ -354,6 +442,22 @@ def arg_from_json(d: dict[str, Any]) -> Arg:
     raise ValueError(f"unknown argument kind {kind!r}")
 
 
+def _stride_from_json(v: Any, rank: int) -> tuple[Stride, ...]:
+    if not isinstance(v, list) or len(v) != rank:
+        raise ValueError(f"stride {v!r} is not one stride per dimension")
+    out: list[Stride] = []
+    for d in v:
+        if type(d) is int and d >= 0:
+            out.append(d)
+        elif (isinstance(d, dict) and set(d) == {"symbol", "divisibility", "bits"}
+              and isinstance(d["symbol"], str) and expr.is_symbol(d["symbol"])
+              and type(d["divisibility"]) is int and d["divisibility"] > 0 and d["bits"] in (32, 64)):
+            out.append(StrideSymbol(d["symbol"], d["divisibility"], d["bits"]))
+        else:
+            raise ValueError(f"stride {d!r} is neither an int nor a symbol")
+    return tuple(out)
+
+
 def may_alias_problem(args: tuple[Arg, ...]) -> tuple[str, str] | None:
     """(output name, why) for the first `may_alias` XLA could not honour, or None: it must
     name an input (role "input", not padded nor broadcast) of the output's dtype, shape and
@@ -370,7 +474,8 @@ def may_alias_problem(args: tuple[Arg, ...]) -> tuple[str, str] | None:
             return t.name, f'"{t.may_alias}" is not an input of the kernel (role "input")'
         if src.buffer is not None:
             return t.name, f'input "{src.name}" is padded or broadcast: its buffer is not the output\'s'
-        if (src.dtype, src.shape, src.order) != (t.dtype, t.shape, t.order):
+        if (src.dtype, src.shape, src.order, src.mode, src.stride) != (t.dtype, t.shape, t.order, t.mode,
+                                                                     t.stride):
             return t.name, (f'input "{src.name}" ({src.dtype}{list(src.shape)}) differs from the '
                             f"output ({t.dtype}{list(t.shape)}) in dtype, shape or layout")
         if t.reduce is not None:
@@ -401,8 +506,9 @@ def shard_factors(t: TensorArg, shard: tuple[str, ...], result: bool = False) ->
     dimension (passed with extent 1) is never split."""
     dims = _result_dims(t) if result else t.extents
     bcast = () if result else (t.broadcast or ())
-    return tuple(d if isinstance(d, str) and d in shard and i not in bcast else None
-                 for i, d in enumerate(dims))
+    logical = tuple(d if isinstance(d, str) and d in shard and i not in bcast else None
+                    for i, d in enumerate(dims))
+    return tuple(logical[p] for p in t.held) if t.mode else logical  # `mode`: the buffer's order
 
 
 def shard_problem(conv: CallingConvention, shard: tuple[str, ...]) -> str | None:

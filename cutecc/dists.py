@@ -55,6 +55,7 @@ from typing import Any
 from cutecc import modfind, trust
 from cutecc.atomic import atomic_write
 from cutecc.entry import parse_json
+from cutecc.errors import CuteccError
 from cutecc.store.layout import PLAN_FACTS
 
 DSL_PREFIX = "nvidia-cutlass-dsl"
@@ -74,6 +75,11 @@ MAX_HASHES_BYTES = 256 << 20
 DIGEST_VERSION = 1  # what a remembered digest was computed by: bumped with `_compute`
 CLOSURE_CONTEXTS = 4  # closures remembered per module and python_path (`HashCache.closure`)
 SETTLE_NS = 2_000_000_000  # stamps younger than this are not remembered (`settled`)
+# The largest source file planning reads (`HashCache.source`): parsing Python costs about
+# 200 times its size in memory (a 4 MiB literal-dense module: ~0.9 GB, ~6 s, once per
+# change of its stamp), so bigger ones are refused by name. The largest real one known, a
+# generated MLIR ops module of the DSL, is 1.1 MB.
+MAX_SOURCE_FILE_BYTES = 4 << 20
 _MODULE_ENDS = ("/__init__.py", ".py", *(f"/__init__{s}" for s in EXTENSION_SUFFIXES),
                 *EXTENSION_SUFFIXES)
 _REQ_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -231,13 +237,28 @@ def settled(st: os.stat_result) -> bool:
     return time.time_ns() - st.st_ctime_ns >= SETTLE_NS
 
 
-def _read_stamped(f: str) -> tuple[bytes, os.stat_result | None]:
-    """A file's bytes, and its stat if nothing changed it while it was read (else None)."""
+def _read_stamped(f: str) -> tuple[bytes, str, os.stat_result | None]:
+    """A source file's bytes, their SHA-256 (hashed as read, in chunks), and its stat if
+    nothing changed it while it was read (else None); over MAX_SOURCE_FILE_BYTES, a
+    CuteccError naming it (without reading it)."""
     with open(f, "rb") as fh:
         before = os.fstat(fh.fileno())
-        data = fh.read()
+        _check_size(f, before.st_size)
+        h, buf = hashlib.sha256(), bytearray()
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+            buf += chunk
+            _check_size(f, len(buf))  # it grew while read
         after = os.fstat(fh.fileno())
-    return data, (after if stamp(before) == stamp(after) else None)
+    return bytes(buf), h.hexdigest(), (after if stamp(before) == stamp(after) else None)
+
+
+def _check_size(f: str, size: int) -> None:
+    if size > MAX_SOURCE_FILE_BYTES:
+        raise CuteccError(f"source file of {size / (1 << 20):.1f} MiB, over the "
+                          f"{MAX_SOURCE_FILE_BYTES >> 20} MiB a source file in a kernel's closure may "
+                          "have (planning parses each); keep large data out of Python source (a "
+                          "file the kernel reads at build time)", where=f)
 
 
 class HashCache:
@@ -312,15 +333,16 @@ class HashCache:
                ) -> dict[str, Any]:
         """Facts of source file `f`: `parse(its bytes)` plus its "sha256", from the cache
         while its stamp holds (`kind` names what `parse` reads). `parse` raising (a syntax
-        error) is not remembered."""
+        error) is not remembered; a file over MAX_SOURCE_FILE_BYTES is refused by name."""
         key = f"{kind}:{f}"
         rec = self._sources.get(key)
         if isinstance(rec, list) and len(rec) == 2 and isinstance(rec[1], dict):
             with contextlib.suppress(OSError):
                 if rec[0] == stamp(os.stat(f)):
                     return rec[1]
-        data, st = _read_stamped(f)
-        facts = {**parse(data), "sha256": hashlib.sha256(data).hexdigest()}
+        data, sha256, st = _read_stamped(f)
+        facts = {**parse(data), "sha256": sha256}
+        del data
         if st is not None and settled(st):
             self._sources[key] = [stamp(st), facts]
             self._dirty.add("facts")
@@ -346,7 +368,8 @@ class HashCache:
         stamps, and for each directory searched either its stamp (the same listing) or, when
         it changed (a lock written beside the manifest), the stamps of the paths in it that
         decided the lookups (`modfind.candidates`: present as they were, absent still absent).
-        A file read for its effect on `__path__` has no candidates: any change counts."""
+        A file read for its effect on `__path__` has no candidates, nor a path entry that is not
+        a directory (a zip archive): any change counts."""
         try:
             members, dirs = body
             for f, name, is_pkg, st in members:
@@ -359,7 +382,9 @@ class HashCache:
                     return False
                 if self._stamp(p) == st:
                     continue
-                if not tails or any(self._stamp(c) != present.get(c)
+                # a zip archive (or other file) on the path: its candidates have no stamps
+                # of their own (a module added inside leaves them all absent), so any change counts
+                if not tails or not os.path.isdir(p) or any(self._stamp(c) != present.get(c)
                                     for t in tails for c in modfind.candidates(p, t)):
                     return False
         except (TypeError, ValueError, AttributeError):

@@ -27,6 +27,7 @@ import json
 import os
 import sys
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from cutecc import devicequery, dists, modfind
 from cutecc.contract import args_to_json
 from cutecc.entry import ARTIFACT_FORMAT, compute_key
 from cutecc.errors import CuteccError
+from cutecc.keyed_sources import KeyedFile
 from cutecc.manifest import Kernel, Variant
 from cutecc.platforms import BUILD_PLATFORM
 from cutecc.toolchain import RECIPE_VERSION, host_target, runtime_key, tool_versions, zig_target
@@ -88,6 +90,8 @@ class SourceIndex:
         self._context: str | None = None
         self._bases: tuple[list[str], list[str], list[str]] | None = None  # `_rel_of`'s prefixes
         self._paths: dict[str, Path] = {}  # remembered closures' members, as Paths
+        self._names: dict[Path, str] = {}  # each closure member's module name
+        self._files: dict[str, tuple[KeyedFile, ...]] = {}  # `files`, per module
         self._resolved_roots = [str(Path(r).resolve()) for r in self.roots]
         # before any lookup: a walk may reuse answers found for an earlier one (`_found`),
         # so what it remembers must not have changed since this, not since the walk began
@@ -107,6 +111,16 @@ class SourceIndex:
                 h.update(rel.encode() + b"\0" + self._hash(f).encode() + b"\0")
             self._digests[module] = (h.hexdigest(), tuple(rels))
         return self._digests[module]
+
+    def files(self, module: str) -> tuple[KeyedFile, ...]:
+        """The files `module`'s digest read, as a build worker re-checks them after its
+        compile (`cutecc.keyed_sources`): path, module name, name in the key, SHA-256."""
+        if module not in self._files:
+            self.digest(module)
+            self._files[module] = tuple(
+                KeyedFile(str(f), self._names[f], self._rel(f), self._hash(f))
+                for f in sorted(self._closures[module], key=lambda p: self._rel(p)))
+        return self._files[module]
 
     def reached_modules(self, module: str) -> set[str]:
         """Dotted names that `module`'s local closure imports, its own included (each
@@ -175,7 +189,7 @@ class SourceIndex:
         """`modfind.path_effect` of a package's `__init__`, remembered by its stamp."""
         try:
             return self._cache.source(init_file, _path_effect_facts, kind="path_effect")["effect"]
-        except OSError:
+        except (OSError, CuteccError):  # unreadable, or over the size cap: only running it tells
             return "unknown"
 
     def _facts_of(self, f: Path) -> dict[str, Any]:
@@ -186,7 +200,8 @@ class SourceIndex:
         return self._facts[f]
 
     def _locate(self, module: str) -> modfind.Found | None:
-        """Where import would find `module` (python_path first): found by reading, and where
+        """Where import in a fresh process (the build worker) would find `module`
+        (python_path first; never what this process already imported): found by reading, and where
         only running a parent package's `__init__` tells its `__path__` (a package that adds
         another distribution's directory at import, as the DSL's `cutlass` adds
         nvidia-cutlass-operators'), by importing that parent in a child process, once per
@@ -199,7 +214,7 @@ class SourceIndex:
                 found: modfind.Found | None = modfind.find_module(
                     module, self._resolved_roots, invalidate=not self._found, resolved=True,
                     allow_exec=True, exec_cache=self._exec_paths, effect_of=self._path_effect,
-                    consulted=consulted)
+                    consulted=consulted, imported=False)  # as the build worker will import it
                 self._consulted[module] = None if found.executed else consulted
             except (ImportError, ValueError, OSError, SyntaxError, UnicodeDecodeError) as e:
                 found = None
@@ -219,6 +234,8 @@ class SourceIndex:
         found = self._locate(module)
         if found is None or not found.origin or not found.origin.endswith(".py"):
             return None
+        if not os.path.isfile(found.origin):
+            raise CuteccError(_not_in_a_directory(module, found.origin))
         return Path(found.origin).absolute()  # not resolve(): a symlinked package keeps its path
 
     def _is_local(self, top: str) -> bool:
@@ -254,6 +271,7 @@ class SourceIndex:
                 if (path := self._paths.get(f)) is None:
                     path = self._paths[f] = Path(f)
                     self._imports_of(path, name, is_pkg)
+                self._names[path] = name
                 out.add(path)
             return out
         self._touched = set()
@@ -266,10 +284,19 @@ class SourceIndex:
         for name in touched:
             got = self._consulted.get(name)
             if got is None:
-                return {Path(f) for f, _, _ in members}  # a parent ran: not remembered
+                return self._member_paths(members)  # a parent ran: not remembered
             paths |= got
         self._cache.remember_closure(ckey, self._closure_context(), members, paths, self._born)
-        return {Path(f) for f, _, _ in members}
+        return self._member_paths(members)
+
+    def _member_paths(self, members: list[tuple[str, str, bool]]) -> set[Path]:
+        """A walk's members as Paths, their module names remembered (`files`)."""
+        out = set()
+        for f, name, _ in members:
+            path = Path(f)
+            self._names[path] = name
+            out.add(path)
+        return out
 
     def _closure_context(self) -> str:
         """What every answer of the import system also depends on besides the files and
@@ -283,7 +310,10 @@ class SourceIndex:
                 f = getattr(mod, "__file__", None)
                 return [cls.__module__, cls.__qualname__, f, dists.path_stamp(f) if f else None]
 
-            doc = [sys.version, list(map(str, sys.path)), self._resolved_roots,
+            # '' (python -c, a REPL, a notebook) and relative entries mean the current
+            # directory: a closure found in one is not another's
+            search = [os.path.abspath(p) if isinstance(p, str) else str(p) for p in sys.path]
+            doc = [sys.version, search, self._resolved_roots,
                    [where(f) for f in sys.meta_path],
                    [getattr(h, "__qualname__", None) or where(h) for h in sys.path_hooks],
                    dists.installed_fingerprint()]
@@ -339,6 +369,20 @@ class SourceIndex:
                     deps.update(f"{base}.{a}" for a in names if a != "*")
             self._imports[f] = deps  # all of them: which are local depends on the entry
         return self._imports[f]
+
+
+def _not_in_a_directory(module: str, origin: str) -> str:
+    """Why `module`, found at `origin` (no file there: inside a zip archive on `sys.path`, or
+    another path entry that is not a directory), cannot be keyed."""
+    holder = Path(origin)
+    while holder != holder.parent and not holder.exists():
+        holder = holder.parent
+    if holder.is_dir():  # removed since it was found
+        return f'module "{module}": {origin} is gone (removed while planning?); run the build again'
+    what = "a zip archive" if zipfile.is_zipfile(holder) else "not a directory"
+    return (f'module "{module}" is found in {holder} ({what}) on sys.path, as {origin}: cutecc '
+            "keys project sources only from files in directories; extract the archive into a "
+            "directory on the path, or install it as a distribution")
 
 
 def _under(path: str, base: str) -> str | None:

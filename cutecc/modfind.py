@@ -13,7 +13,9 @@ locations unless its `__init__` (read, not run) changes it:
   they hold the submodule;
 - anything else: only running it tells; with `allow_exec=True` the parent is imported
   in a child process (never here) and `Found.executed` says so.
-Modules already imported in this process are taken from `sys.modules`, as import would.
+Modules already imported in this process are taken from `sys.modules`, as import would
+(unless asked to answer for a fresh process, `imported=False`, as planning does: the
+build worker that compiles the module is one).
 """
 
 from __future__ import annotations
@@ -196,7 +198,8 @@ def find_module(name: str, python_path: list[str] | tuple[str, ...] = (), *,
                 allow_exec: bool = False, invalidate: bool = True,
                 exec_cache: dict[str, list[str]] | None = None,
                 effect_of: Callable[[str], str] = _path_effect,
-                consulted: set[tuple[str, str]] | None = None, resolved: bool = False) -> Found:
+                consulted: set[tuple[str, str]] | None = None, resolved: bool = False,
+                imported: bool = True) -> Found:
     """Where import finds `name` with `python_path` ahead of sys.path; NotFound says which
     level failed and which search locations (which parent's `__path__`) were searched.
     `exec_cache` remembers the `__path__` of parents imported in a child (`allow_exec`),
@@ -206,7 +209,9 @@ def find_module(name: str, python_path: list[str] | tuple[str, ...] = (), *,
     each name looked up in each directory searched (`candidates`), and `(file, "")` for
     each `__init__` whose effect on `__path__` was read; a caller may remember the answer
     while none of them changes (an answer that ran a parent, `Found.executed`, depends on
-    more). `resolved`: `python_path` is already absolute and resolved."""
+    more). `resolved`: `python_path` is already absolute and resolved. `imported=False`
+    answers as a fresh process would (a build worker): modules this process already
+    imported, from wherever, are looked up on the path like any other."""
     if not resolved:
         python_path = [str(Path(p).resolve()) for p in python_path]
     saved = sys.path[:]
@@ -220,7 +225,7 @@ def find_module(name: str, python_path: list[str] | tuple[str, ...] = (), *,
         for i in range(len(parts)):
             full = ".".join(parts[: i + 1])
             _consult(consulted, sys.path if search is None else search, parts[i])
-            mod = sys.modules.get(full)
+            mod = sys.modules.get(full) if imported else None
             if mod is not None and getattr(mod, "__spec__", None) is not None:
                 spec = mod.__spec__  # already imported here: import would use it
                 locs = list(getattr(mod, "__path__", []) or [])

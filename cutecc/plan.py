@@ -15,6 +15,7 @@ from cutecc.dists import DistIndex, HashCache, compile_env
 from cutecc.entry import compute_key, label
 from cutecc.errors import CuteccError
 from cutecc.key import SourceIndex, key_inputs
+from cutecc.keyed_sources import KeyedFile
 from cutecc.manifest import Kernel, Manifest, Variant, split_entry
 from cutecc.platforms import BUILD_PLATFORM
 
@@ -30,6 +31,8 @@ class Planned:
     inputs: dict[str, Any]
     sources: tuple[str, ...]
     platform: str = BUILD_PLATFORM  # the host platform of the library's host code
+    # the source files the key read, which the build worker checks again after compiling
+    keyed_files: tuple[KeyedFile, ...] = ()
 
     @property
     def label(self) -> str:
@@ -71,10 +74,16 @@ def _plan(manifest: Manifest, archs: tuple[str, ...], platforms: tuple[str, ...]
             raise CuteccError(f'module "{k.module}" defines no "{attr}"', where=str(manifest.path),
                               key_path=f'kernel "{k.name}", entry')
         modules = index.reached_modules(k.module)
+        entry_files = index.files(k.module)
         reached: dict[frozenset[str], dict[str, str]] = {}
         seen: dict[str, str] = {}
         for v in k.variants:
             imports, ref_modules = _imported(manifest, index, k, v, set(sources))
+            keyed = entry_files
+            if imports:  # modules the variant's values name beyond the entry's closure
+                more = {f.path: f for m in sorted(imports) for f in index.files(m)}
+                more.update((f.path, f) for f in entry_files)
+                keyed = tuple(more.values())
             key_modules = frozenset(modules | ref_modules)
             if key_modules not in reached:
                 reached[key_modules] = installed.reached(key_modules)
@@ -83,7 +92,7 @@ def _plan(manifest: Manifest, archs: tuple[str, ...], platforms: tuple[str, ...]
                     envs[arch] = compile_env(manifest.env_for(arch))
                 inputs = key_inputs(k, v, arch, digest, reached[key_modules], envs[arch], imports,
                                     platform)
-                p = Planned(k, v, arch, compute_key(inputs), inputs, sources, platform)
+                p = Planned(k, v, arch, compute_key(inputs), inputs, sources, platform, keyed)
                 if p.key in seen:  # nothing tells them apart: no call could choose between them
                     raise CuteccError(f'variants "{seen[p.key]}" and "{v.id}" build the same artifact '
                                       "(their parameters change nothing the kernel is compiled with)",

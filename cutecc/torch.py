@@ -192,6 +192,16 @@ def _op_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     outs = output if isinstance(output, tuple) else (output,) if output is not None else ()
     ctx.cutecc = (key, scalars)
     ctx.save_for_backward(*ins, *outs)
+    # Returned outputs whose cotangent the paired backward does not take (declared nondiff
+    # or stop_gradient, `cutecc.cotangents`) come back with requires_grad=False, as torch's
+    # own non-differentiable outputs do: backward() of a loss on one alone is torch's error,
+    # never a silent zero. (Eager or compiled alike: AOTAutograd hands a compiled backward
+    # every tangent materialized, so a gradient's presence cannot be told there.)
+    pairing = fn._cotangents(build) if fn.backward else None
+    if pairing is not None and not pairing.complete:
+        names = [t.name for t in build.conv.results if t.role != "inout"]
+        dropped = {*pairing.nondiff, *pairing.stopped}
+        ctx.mark_non_differentiable(*(o for o, n in zip(outs, names) if n in dropped))
 
 
 def _op_backward(ctx: Any, *grads: Any) -> Any:
@@ -226,17 +236,18 @@ def _grad_like(g: Any, x: Any) -> Any:
 
 
 def _to_buffer(a: Any, t: TensorArg) -> Any:
-    """The logical tensor as the dense buffer `t` declares (its dimensions in `perm` order)."""
-    if t.order is None:
+    """The tensor passed as the dense buffer `t` declares (its dimensions in `perm` order;
+    declared with `mode`, the caller passes that buffer as it holds it)."""
+    if t.transpose is None:
         return a
-    return a.permute(t.perm).contiguous()
+    return a.permute(t.transpose).contiguous()
 
 
 def _from_buffer(b: Any, t: TensorArg) -> Any:
     """A buffer in `t`'s declared order as the logical tensor (a view)."""
-    if t.order is None:
+    if t.transpose is None:
         return b
-    inv = sorted(range(len(t.perm)), key=lambda i: t.perm[i])
+    inv = sorted(range(len(t.transpose)), key=t.transpose.__getitem__)
     return b.permute(inv)
 
 
@@ -255,10 +266,10 @@ def _layouts(build: Build) -> tuple[tuple, tuple]:
     (the input it is written into or None, the permutation back to logical or None,
     whether it is summed over its leading axis, whether it is saved, not returned; its name)."""
     conv = build.conv
-    inputs = tuple((None if t.order is None else t.perm, t.name, t.buffer is not None)
-                   for t in conv.inputs)
+    inputs = tuple((t.transpose, t.name, t.buffer is not None) for t in conv.inputs)
     results = tuple((conv.inputs.index(t) if t.role == "inout" else None,
-                     None if t.order is None else tuple(sorted(range(len(t.perm)), key=t.perm.__getitem__)),
+                     None if t.transpose is None else tuple(sorted(range(len(t.transpose)),
+                                                                   key=t.transpose.__getitem__)),
                      t.reduce == "sum", t.saved, t.name) for t in conv.results)
     return inputs, results
 
@@ -280,15 +291,15 @@ class _Eager:
         aliased = {r: i for i, r in conv.ffi_aliases}
         self.allocs = [aliased.get(j, sh) for j, sh in enumerate(shapes)]
         self.own = [j < len(conv.results) and conv.results[j].role != "inout" for j in range(len(shapes))]
-        self.simple = not (conv.scratch or conv.aliases or any(t.order is not None for t in conv.inputs)
-                           or any(t.order is not None or t.reduce or t.saved for t in conv.results))
+        self.simple = not (conv.scratch or conv.aliases or any(t.transpose is not None for t in conv.inputs)
+                           or any(t.transpose is not None or t.reduce or t.saved for t in conv.results))
         self.index = device.index
         self.aligns = tuple(t.align for t in conv.inputs)
         # Per result, an input of its shape and dtype (dense, checked per call): torch.empty_like
         # of it allocates with less argument parsing than torch.empty (~0.5 us a call)
-        ins = [(tuple(t.extents), t.dtype) for t in conv.inputs]
-        self.like = [None if isinstance(a, int) or t.order is not None else next(
-            (i for i, (e, dt) in enumerate(ins) if dt == t.dtype and conv.inputs[i].order is None
+        ins = [(tuple(t.extents[p] for p in t.held), t.dtype) for t in conv.inputs]  # as passed
+        self.like = [None if isinstance(a, int) or t.transpose is not None else next(
+            (i for i, (e, dt) in enumerate(ins) if dt == t.dtype and conv.inputs[i].transpose is None
              and conv.inputs[i].buffer is None and tuple(env.get(x, x) for x in e) == tuple(a[0])), None)
             for a, t in zip(self.allocs, conv.ffi_results)]
         # On the tensors' device, made current for the launch where it is not (one device:

@@ -2,7 +2,8 @@
 
 Every executor (`cutecc.executors`: this machine's process pools, or Ray) runs
 `build_one` for each job, in a process whose DSL targets the job's arch. It publishes its
-entry into the store under the key's lock, so two builds never build one key twice, and
+entry into the store under the key's lock, so two builds never build one key twice, only
+once the sources it compiled are checked to be those its key read (`keyed_sources`), and
 returns the entry's metadata so the lock file is written without reading back what was
 just published. With a writable remote cache, the worker that built an entry also uploads
 it (`cutecc.remote`); an upload that fails is reported, never a failed build. Kernel
@@ -22,11 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cutecc import environ
+from cutecc import environ, keyed_sources
 from cutecc.contract import args_to_json
 from cutecc.entry import LIBRARY, library_record, runtime_meta_problem, runtime_soname
 from cutecc.errors import CuteccError, WorkError
 from cutecc.key import toolchain, toolchain_platform
+from cutecc.keyed_sources import KeyedFile
 from cutecc.manifest import Manifest, Variant
 from cutecc.plan import Planned
 from cutecc.store.writer import Store
@@ -58,6 +60,8 @@ class BuildJob:
     sources: tuple[str, ...]
     backward: str | None
     env: tuple[tuple[str, str], ...] = ()  # the manifest's [env] for this arch
+    # the source files the key read: checked again after the compile (`keyed_sources`)
+    keyed_files: tuple[KeyedFile, ...] = ()
 
     @property
     def arch(self) -> str:
@@ -83,7 +87,7 @@ class BuildJob:
     def of(cls, p: Planned, manifest: Manifest) -> BuildJob:
         return cls(p.kernel.name, p.kernel.entry, p.variant, p.kernel.compile_options,
                    tuple(str(x) for x in manifest.python_path), p.key, p.inputs, p.sources,
-                   p.kernel.backward, tuple(manifest.env_for(p.arch).items()))
+                   p.kernel.backward, tuple(manifest.env_for(p.arch).items()), p.keyed_files)
 
 
 @dataclass(frozen=True)
@@ -219,6 +223,9 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
         link(obj, staging / LIBRARY, SYMBOL, entry=job.entry, arch=job.arch, key=job.key,
              runtime=runtime.path / rec[0], platform=job.platform)
         obj.unlink()
+        changed = keyed_sources.problem(job.keyed_files)  # compiled what was keyed, or nothing
+        if changed:
+            raise WorkError(f"not published: {changed}", where=job.kernel)
         wrong = arch_problem((staging / LIBRARY).read_bytes(), job.arch)
         if wrong:  # never published: the key would name code for another GPU
             raise CuteccError(f"refusing to publish: {wrong}",

@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 
 UV="${UV:-}"
 if [ -z "$UV" ]; then
-  if command -v uv >/dev/null; then UV=uv; else
+  if [ -x .venv/bin/uv ]; then UV=.venv/bin/uv; elif command -v uv >/dev/null; then UV=uv; else
     python3 -m venv .venv-uv && .venv-uv/bin/pip install -q uv && UV=.venv-uv/bin/uv
   fi
 fi

@@ -250,3 +250,33 @@ def planted_cubin(sm: int, abi: int = 8, extra_flags: int = 0) -> bytes:
     head[0x3A:0x3C] = (0x40).to_bytes(2, "little")
     head[0x3C:0x3E] = (1).to_bytes(2, "little")
     return bytes(head) + bytes(64)
+
+
+def unbuilt_kernels(manifest: Path, grads: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every kernel of `manifest` as the JAX runtime sees it, each variant's contract under a
+    made-up key with nothing built behind it: calls trace and lower (to a custom call named
+    `cutecc_<kernel>_<key prefix>`, see `unbuilt_target`) but never run. `grads` replaces a
+    kernel's pairing by what an entry records (e.g. one built before a manifest rule)."""
+    import hashlib
+
+    from cutecc.manifest import load_manifest
+    from cutecc.runtime.dispatch import Build, KernelFn
+
+    class Unbuilt(Build):
+        def register(self, kernel: str) -> str:
+            return unbuilt_target(kernel, self.key)
+
+    owner: dict[str, Any] = {}
+    for k in load_manifest(manifest).kernels:
+        builds = [Unbuilt(hashlib.sha256(f"{k.name}/{v.id}".encode()).hexdigest(), v.id, "sm_90a", v.args,
+                          v.convention, manifest.parent / "none.so", "0" * 64, 0, "f", call=v.call)
+                  for v in k.variants]
+        pairing = (grads or {}).get(k.name, k.grad)
+        owner[k.name] = KernelFn(k.name, builds, backward=k.backward, owner=owner, grad=pairing,
+                                 arch="sm_90a")
+    return owner
+
+
+def unbuilt_target(kernel: str, key: str) -> str:
+    """The FFI target an `unbuilt_kernels` build lowers to."""
+    return f"cutecc_{kernel}_{key[:8]}"

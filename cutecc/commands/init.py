@@ -1,7 +1,9 @@
 """`cutecc init`: a commented starter manifest and one CuTe DSL kernel to build from.
 
-Writes `kernels.toml` and `starter_kernels/<name>.py` (plus its `__init__.py`) into a
-directory, and refuses to overwrite anything that is already there.
+Writes `kernels.toml`, `starter_kernels/<name>.py` (plus its `__init__.py`) and
+`requirements.in` (the build environment to pin: every installed distribution a kernel
+reaches is a key input, so a team's committed kernels.lock reproduces only in pinned
+environments) into a directory, and refuses to overwrite anything that is already there.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ _MANIFEST = '''\
 format = 1
 archs = ["sm_90a"]          # target GPUs; `cutecc build --arch sm_100a` overrides
 python_path = ["."]         # where entry modules are imported from, relative to this file
+
+[build]
+# The pinned build environment (from requirements.in, see there): a build in another one
+# names the distributions that differ, before it compiles, and points here.
+pins = "requirements.txt"
 
 [kernel.{name}]
 # A @cute.jit launcher, "module:attribute".
@@ -69,6 +76,35 @@ def {name}(x: cute.Tensor, out: cute.Tensor, factor: cutlass.Float32, stream,
 '''
 
 
+_REQUIREMENTS = """\
+# The build environment of this project's kernels. Every installed distribution their code
+# reaches is part of their keys, so kernels.lock reproduces only in one environment: pin it
+# whole, with hashes, and commit the pins with kernels.lock.
+#   uv pip compile requirements.in --generate-hashes -o requirements.txt
+# CI installs exactly that, then cutecc itself (a checkout or its wheel) without dependencies:
+#   pip install --require-hashes -r requirements.txt && pip install --no-deps CUTECC
+# Refresh on purpose, pins and locks together: the same compile with --upgrade, then
+# `cutecc build`, and commit both files. Add what your kernels import below.
+{requirements}
+"""
+
+
+def build_requirements() -> list[str]:
+    """What cutecc's build side needs (its own dependencies and its `build` extra's), as
+    its installed metadata names them, without the extra's marker."""
+    import importlib.metadata as md
+
+    out = []
+    for r in md.requires("cutecc") or []:
+        spec, _, marker = r.partition(";")
+        marker = marker.strip()
+        if "extra ==" not in marker:
+            out.append(r.strip())
+        elif marker.replace(" ", "") in ('extra=="build"', "extra=='build'"):
+            out.append(spec.strip())
+    return out
+
+
 @dataclass(frozen=True)
 class InitReport(Report):
     directory: Path
@@ -90,7 +126,8 @@ def init(directory: str | Path = ".", *, name: str = "scale") -> InitReport:
     root = Path(directory)
     files = {root / "kernels.toml": _MANIFEST.format(name=name, package=PACKAGE),
              root / PACKAGE / "__init__.py": "",
-             root / PACKAGE / f"{name}.py": _KERNEL.format(name=name)}
+             root / PACKAGE / f"{name}.py": _KERNEL.format(name=name),
+             root / "requirements.in": _REQUIREMENTS.format(requirements="\n".join(build_requirements()))}
     existing = [str(p) for p in files if p.exists()]
     if existing:
         raise WorkError(f"already exists: {', '.join(existing)}; nothing written",

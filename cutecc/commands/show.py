@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from cutecc.commands.list import call_text
-from cutecc.contract import TensorArg, args_from_json, flat_leaves
+from cutecc.contract import CallingConvention, TensorArg, args_from_json, flat_leaves, stride_text
+from cutecc.cotangents import Cotangents
 from cutecc.entry import call_keywords, label_of
 from cutecc.errors import CuteccError, WorkError
 from cutecc.report import Report
@@ -35,6 +36,15 @@ class ShowReport(Report):
         if call:
             out.append(f"call with  {call}")
         out += [f"in place   {note}" for note in info.get("in_place", [])]
+        for name, st in (info.get("strides") or {}).items():
+            dyn = [x for x, static in zip(st["strides"], st["static"]) if not static]
+            out.append(f"strides    {name}: ({', '.join(st['strides'])}) "
+                       + ("all static" if not dyn else f"runtime: {', '.join(dyn)}"))
+        grad = info.get("gradient")
+        if grad:
+            out += [f"gradient   {line}" for line in Cotangents(grad["backward"], tuple(grad["taken"]),
+                                                                tuple(grad["nondiff"]),
+                                                                tuple(grad["stop_gradient"])).lines()]
         out.append("files")
         out += [f"  {f['name']}  {f['size']} B  sha256 {f['sha256']}" for f in info["files"]]
         out += [f"tuned winner for {w}" for w in info.get("winner_for", [])]
@@ -66,6 +76,39 @@ def in_place_notes(meta: dict[str, Any]) -> list[str]:
               f"argument); where {t.may_alias} stays live XLA copies it first, so call plainly there"
               for t in tensors if t.role == "output" and t.may_alias]
     return notes
+
+
+def strides(meta: dict[str, Any]) -> dict[str, Any]:
+    """Per tensor a call passes or gets, the strides the kernel was compiled with, logical
+    dimension by dimension, and which are static (compiled in) rather than runtime values
+    (declared `stride` symbols, or read from symbolic extents). Empty for a contract that
+    cannot be read."""
+    try:
+        tensors = [a for a in flat_leaves(args_from_json(meta["args"]))
+                   if isinstance(a, TensorArg) and a.role != "scratch"]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return {}
+    out = {}
+    for t in tensors:
+        text = stride_text(t)
+        out[t.name] = {"strides": text, "static": [x.isdigit() for x in text]}
+    return out
+
+
+def gradient(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """For a forward paired with a backward: which returned outputs' cotangents the
+    backward takes, and which it does not (non-differentiable, or stop-gradient by
+    declaration). None for an unpaired entry or a contract that cannot be read."""
+    backward = meta.get("backward")
+    if not isinstance(backward, str):
+        return None
+    try:
+        conv = CallingConvention.of(args_from_json(meta["args"]))
+        key_inputs = meta.get("key_inputs")
+        pairing = key_inputs.get("grad") if isinstance(key_inputs, dict) else None
+        return Cotangents.of_pairing(backward, [t.name for t in conv.visible], pairing).to_json()
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
 
 
 def resolve(store: StoreView, prefix: str) -> str:
@@ -123,5 +166,7 @@ def show(key: str, cache_dir: str | Path | None = None) -> ShowReport:
         "files": files,
         "meta": entry.meta,
         "in_place": in_place_notes(entry.meta),
+        "gradient": gradient(entry.meta),
+        "strides": strides(entry.meta),
         "winner_for": winners_in(store.root).get(entry.key, []),
     })

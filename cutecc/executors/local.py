@@ -6,7 +6,9 @@ arch given to the pool once, at start. Each worker runs `workers.build_one` for 
 a time: it publishes its entry into the store under the key's lock, and returns the
 entry's metadata. Each compile is bounded (`workers.Limits`): a worker whose job runs past
 the time limit is killed and replaced, and one under a memory limit has its data segment
-capped (RLIMIT_DATA), so a runaway kernel fails alone. `LocalExecutor` is this module
+capped (RLIMIT_DATA), so a runaway kernel fails alone. A worker runs in a session of its
+own and marks what it starts, so stopping it stops every process its compile started,
+detached ones included (`cutecc.executors.worker_tree`). `LocalExecutor` is this module
 behind `cutecc.executors.Executor`, the protocol the build pipeline takes.
 """
 
@@ -17,6 +19,7 @@ import contextlib
 import multiprocessing
 import multiprocessing.connection
 import os
+import secrets
 import signal
 import threading
 import time
@@ -25,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cutecc.executors import worker_tree
 from cutecc.store.writer import Store
 from cutecc.workers import (
     DEFAULT_LIMITS,
@@ -78,6 +82,7 @@ class _Slot:
 
     proc: Any
     conn: Any
+    token: str  # the mark of what its compiles start (`worker_tree`)
     ready: bool = False
     job: BuildJob | None = None
     started: float = 0.0
@@ -99,12 +104,13 @@ class _Pool:
 
     def _spawn(self) -> _Slot:
         mine, theirs = self.ctx.Pipe()
+        token = secrets.token_hex(8)
         proc = self.ctx.Process(target=_serve, args=(theirs, self.arch, os.getpid(), self.env,
-                                                     self.limits.memory))
+                                                     self.limits.memory, token))
         with _sigint_held_while_spawning():  # workers start with Ctrl-C blocked
             proc.start()
         theirs.close()
-        return _Slot(proc, mine)
+        return _Slot(proc, mine, token)
 
     def run(self, jobs: list[BuildJob], store_root: Path, remote: RemoteConfig | None,
             on_result: Callable[[BuildJob, Result], None]) -> None:
@@ -173,7 +179,9 @@ class _Pool:
 
 
 def _kill(s: _Slot) -> None:
+    """Stop a worker and every process its compiles started (`worker_tree`)."""
     with contextlib.suppress(Exception):
+        worker_tree.kill_tree(s.proc.pid, s.token)
         if s.proc.is_alive():
             s.proc.kill()
         s.proc.join(5)
@@ -188,8 +196,12 @@ def _exit_text(code: int | None) -> str:
     return f"exit status {code}"
 
 
-def _serve(conn: Any, arch: str, parent: int, env: dict[str, str], memory: int | None) -> None:
-    """A worker: set up once for `arch`, then build each job sent until told to stop."""
+def _serve(conn: Any, arch: str, parent: int, env: dict[str, str], memory: int | None,
+           token: str = "") -> None:
+    """A worker: set up once for `arch`, then build each job sent until told to stop; in a
+    session of its own, marking what it starts with `token` (`worker_tree.detach`)."""
+    if token:
+        worker_tree.detach(token)
     _init_worker(arch, parent, env)
     limit_memory(memory)
     conn.send("ready")

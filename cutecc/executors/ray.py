@@ -47,7 +47,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cutecc.environ import WORKER_MARK
 from cutecc.errors import CuteccError, WorkError
+from cutecc.executors import worker_tree
 from cutecc.workers import DEFAULT_LIMITS, BuildJob, Limits, Result
 
 if TYPE_CHECKING:
@@ -373,12 +375,20 @@ def _first_line(e: BaseException) -> str:
 def _bounded(limits: Limits, build: Callable[[], Result]) -> Result:
     """`build()` within the compile time limit: run in a thread this task waits for; past the
     limit the task fails by name and its worker, whose compile runs on, ends (a watchdog
-    process kills it STOP_GRACE s later should the compile hold the interpreter meanwhile)."""
+    process kills it STOP_GRACE s later should the compile hold the interpreter meanwhile),
+    and with it every process the compile started (marked with this task's token:
+    `worker_tree`; a Ray worker is not alone in its process group)."""
     from cutecc.workers import stopped_error
 
     if not limits.seconds:
         return build()
     box: list[Result] = []
+    token = secrets.token_hex(8)
+    os.environ[WORKER_MARK] = token  # what the compile starts carries it
+
+    def stop() -> None:  # once this result is on its way back
+        worker_tree.kill_tree(os.getpid(), token, group=False)
+        os._exit(1)
 
     def work() -> None:
         try:
@@ -387,7 +397,7 @@ def _bounded(limits: Limits, build: Callable[[], Result]) -> Result:
             box.append(Result("failed", 0.0, f"{type(e).__name__}: {e}"))
 
     watchdog = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()),
-                                 str(limits.seconds + STOP_GRACE)], stdin=subprocess.DEVNULL,
+                                 str(limits.seconds + STOP_GRACE), token], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         thread = threading.Thread(target=work, name="cutecc-compile", daemon=True)
@@ -395,14 +405,17 @@ def _bounded(limits: Limits, build: Callable[[], Result]) -> Result:
         thread.join(limits.seconds)
         if box:
             return box[0]
-        threading.Timer(2.0, os._exit, args=(1,)).start()  # once this result is on its way back
+        threading.Timer(2.0, stop).start()
         return Result("failed", limits.seconds, stopped_error(limits))
     finally:
         watchdog.kill()
         watchdog.wait()
+        if box:  # the next task in this worker marks its own
+            os.environ.pop(WORKER_MARK, None)
 
 
-# Kills its parent (argv[1]) after argv[2] seconds, unless the parent is gone by then.
+# Kills its parent (argv[1]) after argv[2] seconds, unless the parent is gone by then, and
+# the processes its compile started (marked with argv[3]: `worker_tree`).
 _WATCHDOG = """
 import os, signal, sys, time
 parent, end = int(sys.argv[1]), time.monotonic() + float(sys.argv[2])
@@ -411,6 +424,8 @@ while time.monotonic() < end:
     if os.getppid() != parent:
         sys.exit(0)
 os.kill(parent, signal.SIGKILL)
+from cutecc.executors import worker_tree
+worker_tree.kill_tree(parent, sys.argv[3], group=False)
 """
 
 
@@ -447,7 +462,9 @@ def _task(job: BuildJob, store_root: str, driver_node: str, sources: Sources | s
     except (CuteccError, OSError) as e:
         node = ray.get_runtime_context().get_node_id()[:12]
         return Result("failed", time.perf_counter() - t0, f"on node {node}: {e}"), None, None
-    result = _bounded(limits, lambda: build_one(replace(job, python_path=(str(src),)),
+    # compiled from the checked copy (the closure sent): the worker re-checks its files
+    here = tuple(f._replace(path=str(src / f.rel)) for f in job.keyed_files if f.rel in job.sources)
+    result = _bounded(limits, lambda: build_one(replace(job, python_path=(str(src),), keyed_files=here),
                                                 str(node_store.root), remote))
     if result.status == "failed":
         return result, None, None

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cutecc.contract import Arg, CallingConvention
+from cutecc.cotangents import STOP_GRADIENT
 from cutecc.errors import CuteccError
 from cutecc.manifest.tune_space import TuneSpec
 from cutecc.platforms import BUILD_PLATFORM
@@ -64,6 +65,11 @@ class Kernel:
     # results is the gradient of. None: inputs then cotangents, one gradient per input.
     grad_args: tuple[str, ...] | None = None
     grad_returns: tuple[str, ...] | None = None
+    # grad.nondiff / grad.stop_gradient: returned outputs whose cotangent the backward does
+    # not take, declared so (`cutecc.cotangents`). nondiff follows from grad.args (the
+    # runtime derives it), so only stop_gradient, a choice, is stored with the entries.
+    grad_nondiff: tuple[str, ...] = ()
+    grad_stop: tuple[str, ...] = ()
     # `shard = ["b", "h"]`: symbolic extents the kernel is independent along, so a call
     # under several devices may run per shard of them (`cutecc.runtime.sharding`)
     shard: tuple[str, ...] = ()
@@ -78,8 +84,11 @@ class Kernel:
         """The named pairing as stored in entries (and keyed), None when not declared."""
         if self.grad_args is None:
             return None
-        return {"backward": self.backward, "args": list(self.grad_args),
-                "returns": None if self.grad_returns is None else list(self.grad_returns)}
+        pairing: dict[str, Any] = {"backward": self.backward, "args": list(self.grad_args),
+                                   "returns": None if self.grad_returns is None else list(self.grad_returns)}
+        if self.grad_stop:  # only when set: pairings without it keep their keys
+            pairing[STOP_GRADIENT] = list(self.grad_stop)
+        return pairing
 
     @property
     def module(self) -> str:

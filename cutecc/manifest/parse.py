@@ -41,7 +41,9 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
         "$param"s and "$hw.fact"s (`cutecc.expr`); scratch is allocated (zero = true: zeroed)
         and dropped by the runtime;
         layout = "row-major" (default) | "column-major" | [stride order, 0 = stride 1];
-        or mode = [..] (cutlass_call's): dimension i is dimension mode[i] of the array passed;
+        or mode = [..] (cutlass_call's): dimension i is dimension mode[i] of the array the
+        caller holds, which the call takes and returns as held (no transpose);
+        stride = [..]: per dimension an int or a symbol (a runtime stride; facts in symbols);
         buffer = [..] (input/inout): the shape of the padded array passed, of which the
         kernel sees the `shape` block at its origin with the buffer's strides (`lda`);
         may_alias = "x" (output): the kernel may write it in input x's memory (it reads each
@@ -63,7 +65,9 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
                                   a parameter that the input tensors cannot tell apart is
                                   a call keyword: `ks.k(q, causal=True)`
     archs, profile, compile_options   per-kernel overrides
-    grad = {backward = "NAME"}    pair with a backward kernel for jax.grad
+    grad = {backward = "NAME"}    pair with a backward kernel for jax.grad (args, returns:
+                                  by name; nondiff, stop_gradient: returned outputs whose
+                                  cotangent the backward does not take, see cutecc.cotangents)
     tune = {..}                   a tuning space for `cutecc tune` (see cutecc.manifest.tune_space)
 """
 
@@ -90,6 +94,8 @@ from cutecc.contract import (
     NoneArg,
     ScalarArg,
     StreamArg,
+    Stride,
+    StrideSymbol,
     StructArg,
     TensorArg,
     TupleArg,
@@ -97,6 +103,7 @@ from cutecc.contract import (
     may_alias_problem,
     shard_problem,
 )
+from cutecc.cotangents import COTANGENT, STOP_GRADIENT, undeclared
 from cutecc.errors import CuteccError
 from cutecc.manifest import tune_space as space
 from cutecc.manifest.model import BuildSettings, Composite, Kernel, Manifest, Variant
@@ -156,8 +163,7 @@ _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs
                 "fallback", "fallback_torch"}
 MAX_DIVISIBILITY = 1 << 16
 _TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "buffer", "layout", "mode", "align", "param",
-                "zero", "saved", "reduce", "broadcast", "may_alias"}
-COTANGENT = "cotangent."  # grad.args: "cotangent.out" is the cotangent of forward output "out"
+                "zero", "saved", "reduce", "broadcast", "may_alias", "stride"}
 _SCALAR_KEYS = {"kind", "name", "dtype", "default", "param", "value"}
 
 
@@ -425,21 +431,27 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
     grad = kdoc.get("grad")
     backward = None
     grad_args = grad_returns = None
+    grad_nondiff: tuple[str, ...] = ()
+    grad_stop: tuple[str, ...] = ()
     if grad is not None:
         if not isinstance(grad, dict) or "backward" not in grad or not set(grad) <= {
-                "backward", "args", "returns"}:
+                "backward", "args", "returns", "nondiff", STOP_GRADIENT}:
             raise ctx.fail(f"{kp}, grad", 'must be a table { backward = "KERNEL" } (optionally '
-                           "args = [names], returns = [input names])")
+                           "args = [names], returns = [input names], nondiff = [output names], "
+                           "stop_gradient = [output names])")
         backward = _str(ctx, f"{kp}, grad.backward", grad["backward"])
-        if "returns" in grad and "args" not in grad:
-            raise ctx.fail(f"{kp}, grad.returns", "needs grad.args (the backward's inputs by name)")
-        for key in ("args", "returns"):
+        for key in ("returns", "nondiff", STOP_GRADIENT):
+            if key in grad and "args" not in grad:
+                raise ctx.fail(f"{kp}, grad.{key}", "needs grad.args (the backward's inputs by name)")
+        for key in ("args", "returns", "nondiff", STOP_GRADIENT):
             if key in grad:
                 v = grad[key]
                 if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
                     raise ctx.fail(f"{kp}, grad.{key}", "must be an array of names")
         grad_args = tuple(grad["args"]) if "args" in grad else None
         grad_returns = tuple(grad["returns"]) if "returns" in grad else None
+        grad_nondiff = tuple(grad.get("nondiff", ()))
+        grad_stop = tuple(grad.get(STOP_GRADIENT, ()))
 
     derive = _derive(ctx, f"{kp}, derive", kdoc.get("derive", {}), axes)
     followed = {axis for axis, _ in derive.values()}  # an axis a derived parameter follows is used
@@ -463,7 +475,7 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
                      for i, a in enumerate(kdoc["args"]))
         _check_args(ctx, vctx, args)
         unused = set(symbols) - {s for t in flat_leaves(args) if isinstance(t, TensorArg)
-                                 for s in t.symbols}
+                                 for s in (*t.symbols, *t.stride_symbols)}
         if unused:
             raise ctx.fail(f"{kp}, symbols.{sorted(unused)[0]}", "names no symbolic extent of "
                            f"the arguments{' of variant ' + _point_id(point) if point else ''}")
@@ -509,8 +521,8 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
                        for v, cands in zip(keyed, pending))
     return Kernel(name, entry, k_archs, k_profile, k_copts, keyed, backward, tuning, candidates,
                   hardware=tuple(sorted(hw.items())), grad_args=grad_args, grad_returns=grad_returns,
-                  shard=tuple(shard), fallback=fallbacks.get("fallback"),
-                  fallback_torch=fallbacks.get("fallback_torch"))
+                  grad_nondiff=grad_nondiff, grad_stop=grad_stop, shard=tuple(shard),
+                  fallback=fallbacks.get("fallback"), fallback_torch=fallbacks.get("fallback_torch"))
 
 def _symbols(ctx: _Ctx, kp: str, v: Any) -> tuple[dict[str, int], frozenset[str]]:
     """`symbols = { n = { divisibility = 8, bits = 64 } }`: per symbolic extent, what it is a
@@ -547,6 +559,10 @@ def _with_divisibility(a: Arg, symbols: dict[str, int], wide: frozenset[str] = f
                     symbols.get(d, 1) if isinstance(d, str) else 1 for d in a.extents)
         a = dataclasses.replace(a, divisibility=div if any(k > 1 for k in div) else None)
         w = tuple(i for i, d in enumerate(a.extents) if d in wide)
+        if a.stride is not None:
+            a = dataclasses.replace(a, stride=tuple(
+                StrideSymbol(d.name, symbols.get(d.name, 1), 64 if d.name in wide else 32)
+                if isinstance(d, StrideSymbol) else d for d in a.stride))
         return dataclasses.replace(a, wide=w or None)
     if isinstance(a, TupleArg):
         return dataclasses.replace(a, items=tuple(_with_divisibility(i, symbols, wide) for i in a.items))
@@ -925,8 +941,13 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
             raise ctx.fail(f"{kp}.mode", "give mode or layout, not both (mode = [m, ..] is the "
                            "stride order layout = [rank - 1 - m, ..] of the row-major array passed)")
         order = _mode(ctx, f"{kp}.mode", a["mode"], len(dims))
+        if role == "scratch" or reduce is not None:
+            raise ctx.fail(f"{kp}.mode", "a mode says how the caller holds an array it passes or gets "
+                           "back: not for " + ("scratch" if role == "scratch" else "a reduced output"))
     else:
         order = _order(ctx, f"{kp}.layout", a.get("layout", "row-major"), len(dims))
+    stride = _stride(ctx, f"{kp}.stride", a["stride"], dims, role, "buffer" in a or bcast is not None) \
+        if "stride" in a else None
     align = a.get("align", 16)
     if isinstance(align, bool) or not isinstance(align, int) or align <= 0 or align & (align - 1):
         raise ctx.fail(f"{kp}.align", f"must be a positive power of two (bytes), got {align!r}")
@@ -937,7 +958,8 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
     if reduce is not None and not dims:
         raise ctx.fail(f"{kp}.reduce", "a scalar (rank 0) output has no leading axis to sum over")
     return TensorArg(name, role, dt, dims, label, align, order=order, buffer=buffer, zero=zero,
-                     saved=saved, reduce=reduce, broadcast=bcast, may_alias=may_alias)
+                     saved=saved, reduce=reduce, broadcast=bcast, may_alias=may_alias,
+                     mode="mode" in a and order is not None, stride=stride)
 
 
 def _broadcast(ctx: _Ctx, kp: str, v: Any, dims: tuple[Dim, ...], role: str) -> tuple[int, ...] | None:
@@ -1053,10 +1075,39 @@ def _order(ctx: _Ctx, kp: str, layout: Any, rank: int) -> tuple[int, ...] | None
     return None if order == tuple(range(rank - 1, -1, -1)) else order
 
 
+def _stride(ctx: _Ctx, kp: str, v: Any, dims: tuple[Dim, ...], role: str,
+            padded: bool) -> tuple[Stride, ...]:
+    """`stride = ["ldx", 1]`: per dimension, the stride the kernel is compiled with, an int
+    (static) or a symbol (a runtime value, as published kernels' own builds compile row
+    strides; its facts come from `symbols`, see `_with_divisibility`). The array a call
+    passes stays dense: the runtime checks its strides against these."""
+    if padded or role == "scratch":
+        raise ctx.fail(kp, "a padded, broadcast or scratch tensor takes its buffer's strides: "
+                       "declare stride on a dense input or output")
+    if not isinstance(v, list) or len(v) != len(dims):
+        raise ctx.fail(kp, f"must be one stride per dimension ({len(dims)}): an int or a symbol name, "
+                       f"got {v!r}")
+    out: list[Stride] = []
+    for i, d in enumerate(v):
+        if type(d) is int and d >= 0:
+            out.append(d)
+        elif isinstance(d, str) and NAME_RE.fullmatch(d):
+            if d in dims:
+                raise ctx.fail(f"{kp}[{i}]", f'"{d}" is an extent of this tensor; a stride symbol names '
+                               "a stride of its own")
+            out.append(StrideSymbol(d))
+        else:
+            raise ctx.fail(f"{kp}[{i}]", f"must be an int (static) or a symbol name (a runtime "
+                           f"stride), got {d!r}")
+    return tuple(out)
+
+
 def _mode(ctx: _Ctx, kp: str, mode: Any, rank: int) -> tuple[int, ...] | None:
     """cutlass_call's `mode`: the kernel's dimension i is dimension mode[i] of the (row-major)
     array passed, a view with no copy. As a stride order (what `layout` says): dimension i
-    has stride rank `rank - 1 - mode[i]`; None for the identity (row-major)."""
+    has stride rank `rank - 1 - mode[i]`; None for the identity (row-major). Unlike
+    `layout`, the call passes that array as it holds it and gets results in its order
+    (`TensorArg.mode`)."""
     if (not isinstance(mode, list) or len(mode) != rank or any(type(m) is not int for m in mode)
             or sorted(mode) != list(range(rank))):
         raise ctx.fail(kp, f"a mode is a permutation of 0..{rank - 1} (kernel dimension i is "
@@ -1115,6 +1166,12 @@ def _check_args(ctx: _Ctx, kp: str, args: tuple[Arg, ...]) -> None:
     bad = may_alias_problem(args)
     if bad is not None:
         raise ctx.fail(f"{kp}, args ({bad[0]}).may_alias", bad[1])
+    extents = {s for t in tensors for s in t.symbols}
+    for t in tensors:
+        both = sorted(set(t.stride_symbols) & extents)
+        if both:
+            raise ctx.fail(f"{kp}, args ({t.name}).stride", f'"{both[0]}" is an extent of the kernel; '
+                           "a stride symbol names a stride of its own")
     names = {t.name for t in tensors}
     clash = names & {s for t in tensors for s in t.symbols}
     if clash:
@@ -1184,6 +1241,42 @@ def _check_named_grad(ctx: _Ctx, kp: str, k: Kernel, fc: CallingConvention, bnam
     if len(returns) != len(bc.visible):
         raise ctx.fail(f"{kp}.returns", f'"{bname}" returns {len(bc.visible)} result(s), one per '
                        f"name of grad.returns ({len(returns)}: {', '.join(returns)})")
+    _check_declared_cotangents(ctx, kp, k, fc)
+
+
+def _check_declared_cotangents(ctx: _Ctx, kp: str, k: Kernel, fc: CallingConvention) -> None:
+    """Every cotangent or an error: a returned output whose cotangent `grad.args` leaves
+    out is declared `nondiff` or `stop_gradient` (else jax.grad of a loss on it would be
+    a silent zero); what those lists name is a returned output the backward takes no
+    cotangent of, in one list only."""
+    returned = [t.name for t in fc.visible]
+    saved = {t.name for t in fc.results if t.saved}
+    args = k.grad_args or ()
+    for key, names in (("nondiff", k.grad_nondiff), (STOP_GRADIENT, k.grad_stop)):
+        for i, n in enumerate(names):
+            where = f"{kp}.{key}[{i}]"
+            if n in saved:
+                raise ctx.fail(where, f'"{n}" is saved (not returned): no cotangent ever reaches it, '
+                               "leave it out")
+            if n not in returned:
+                raise ctx.fail(where, f'"{n}" is no output the forward returns (returned: '
+                               f"{', '.join(returned) or 'none'})")
+            if COTANGENT + n in args:
+                raise ctx.fail(where, f'the backward takes "{COTANGENT}{n}" (grad.args): "{n}" is '
+                               "differentiable, leave it out")
+            if names.index(n) != i:
+                raise ctx.fail(where, f'names "{n}" twice')
+    both = sorted(set(k.grad_nondiff) & set(k.grad_stop))
+    if both:
+        raise ctx.fail(f"{kp}.{STOP_GRADIENT}", f'"{both[0]}" is also in grad.nondiff: declare it in '
+                       "one of them")
+    left = undeclared(returned, args, k.grad_nondiff, k.grad_stop)
+    if left:
+        n = left[0]
+        raise ctx.fail(f"{kp}.args", f'takes no cotangent of returned output "{n}", so jax.grad of a '
+                       f'loss on "{n}" would be a silent zero: pass "{COTANGENT}{n}" to the backward, '
+                       f'or declare it: nondiff = ["{n}"] (a gradient through it is an error) or '
+                       f'stop_gradient = ["{n}"] (its cotangent is dropped)')
 
 
 # Small validators --------------------------------------------------------------------

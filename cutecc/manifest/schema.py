@@ -92,8 +92,12 @@ def schema() -> dict[str, Any]:
                                       "or a stride order per dimension (0 = stride 1)."},
             "mode": {"type": "array", "items": {"type": "integer", "minimum": 0},
                      "description": "cutlass_call's mode (instead of layout): the kernel's dimension i "
-                                    "is dimension mode[i] of the row-major array passed, a view with "
-                                    "no copy."},
+                                    "is dimension mode[i] of the row-major array the caller holds, a "
+                                    "view with no copy; the call takes and returns arrays as held."},
+            "stride": {"type": "array", "items": {"anyOf": [{"type": "integer", "minimum": 0},
+                                                            {"type": "string"}]},
+                       "description": "The stride the kernel is compiled with, per dimension: an int "
+                                      "(static) or a symbol (a runtime value; facts in symbols)."},
             "align": {"enum": [1 << i for i in range(MAX_ALIGN.bit_length())],
                       "description": "Pointer alignment in bytes."},
             "param": _KW,
@@ -188,7 +192,15 @@ def schema() -> dict[str, Any]:
                                                  "forward outputs (saved ones too), cotangent.<output>."},
                          "returns": {"type": "array", "items": {"type": "string"},
                                      "description": "The forward input each backward result is the "
-                                                    "gradient of (default: all, in order)."}}},
+                                                    "gradient of (default: all, in order)."},
+                         "nondiff": {"type": "array", "items": {"type": "string"}, "uniqueItems": True,
+                                     "description": "Returned outputs whose cotangent the backward does "
+                                                    "not take: a gradient through one is an error."},
+                         "stop_gradient": {"type": "array", "items": {"type": "string"},
+                                           "uniqueItems": True,
+                                           "description": "Returned outputs whose cotangent the "
+                                                          "backward does not take, dropped as "
+                                                          "lax.stop_gradient would."}}},
             "tune": {
                 "type": "object", "additionalProperties": False,
                 "required": ["params", "default", "buckets"],

@@ -26,9 +26,12 @@ from cutecc.contract import (
     ScalarArg,
     TensorArg,
     args_from_json,
+    dense_strides,
     may_alias_problem,
     shard_problem,
+    stride_text,
 )
+from cutecc.cotangents import STOP_GRADIENT, Cotangents
 from cutecc.entry import EntryMeta, FileRec, RuntimeLink, call_keywords
 from cutecc.errors import CallError, CallTypeError, NoBuildFits
 from cutecc.names import call_name_problem
@@ -199,34 +202,38 @@ def conv_mismatch(conv: CallingConvention, shapes: Sequence[tuple[Any, ...]], dt
     if len(shapes) != len(ins):
         return None, f"takes {len(ins)} array(s), got {len(shapes)}"
     env: dict[str, int] = {}
+    ordered = []  # each shape in the kernel's dimension order (`mode`: passed as held)
     for t, shape, dtype in zip(ins, shapes, dtypes):
-        shape = tuple(shape)
         if dtype != t.dtype:
             return None, f"{t.name}: dtype {dtype}, expected {t.dtype}"
         what = "" if t.buffer is None else " (the buffer)"
         if len(shape) != len(t.shape):
-            return None, f"{t.name}: rank {len(shape)}, expected {len(t.shape)} {list(t.extents)}{what}"
+            held = [t.extents[p] for p in t.held]
+            return None, f"{t.name}: rank {len(shape)}, expected {len(t.shape)} {held}{what}"
+        shape = _kernel_order(t, tuple(shape))
+        ordered.append(shape)
+        at = _caller_dims(t)  # a message names the dimension of the array passed
         for i, n in enumerate(shape):
             # A symbolic dimension (jax.export) must be provably a multiple: `8*k`, not `n`.
             if n % t.multiple(i) != 0:  # symbolic: `==` is True only when JAX proves it
-                return None, (f"{t.name}: dimension {i} is {n}, expected a multiple of "
+                return None, (f"{t.name}: dimension {at[i]} is {n}, expected a multiple of "
                               f"{t.multiple(i)} (symbols.{t.extents[i]}.divisibility)"
                               + ("" if dims.concrete(n) else "; export it with a symbolic shape that is "
                                  f"one, e.g. \"{t.multiple(i)}*{n}\""))
         for i, (d, n) in enumerate(zip(t.extents, shape)):
             if dims.concrete(n) and n == 0:
-                return None, f"{t.name}: dimension {i} is empty"
+                return None, f"{t.name}: dimension {at[i]} is empty"
             if isinstance(d, int):
                 if n != d:
                     mine = " (the buffer's extent)" if i in t.padded else ""
-                    return None, f"{t.name}: dimension {i} is {n}, expected {d}{mine}"
+                    return None, f"{t.name}: dimension {at[i]} is {n}, expected {d}{mine}"
             elif i not in (t.wide or ()) and dims.exceeds(n, MAX_SYMBOLIC_EXTENT):
-                return None, (f"{t.name}: dimension {i} (\"{d}\") is {n}; symbolic extents are "
+                return None, (f"{t.name}: dimension {at[i]} (\"{d}\") is {n}; symbolic extents are "
                               f"compiled as int32, so at most 2^31-1 = {MAX_SYMBOLIC_EXTENT}")
             elif env.setdefault(d, n) != n:
-                return None, (f"{t.name}: dimension {i} is {n}, but \"{d}\" is {env[d]} "
+                return None, (f"{t.name}: dimension {at[i]} is {n}, but \"{d}\" is {env[d]} "
                               "from an earlier argument")
-    for t, shape in zip(ins, shapes):  # once every symbol is bound: the views fit their buffers
+    for t, shape in zip(ins, ordered):  # once every symbol is bound: the views fit their buffers
         for i in t.padded:
             if i in (t.broadcast or ()):  # stride 0: any logical extent reads the one element
                 continue
@@ -236,9 +243,63 @@ def conv_mismatch(conv: CallingConvention, shapes: Sequence[tuple[Any, ...]], dt
             # checks it at run time.
             if not dims.at_least(n, want):
                 named = "" if isinstance(d, int) else f' ("{d}")'
-                return None, (f"{t.name}: dimension {i} of the buffer is {n}, smaller than the "
-                              f"logical extent {want}{named} the kernel views in it")
+                return None, (f"{t.name}: dimension {_caller_dims(t)[i]} of the buffer is {n}, smaller "
+                              f"than the logical extent {want}{named} the kernel views in it")
+    # Declared strides (`stride = [..]`): the dense arrays a call passes and gets must have them.
+    seen: dict[str, Any] = {}
+    for t, shape in zip(ins, ordered):
+        if t.stride is not None:
+            why = _stride_problem(t, tuple(shape[p] for p in t.perm), seen, dims)
+            if why:
+                return None, why
+    for t in b.conv.results:
+        if t.stride is not None and t.role != "inout":
+            try:
+                buf = buffer_shape("", t, env, dims)
+            except CallError:  # a derived extent that fails says so when the call is made
+                continue
+            why = _stride_problem(t, buf, seen, dims)
+            if why:
+                return None, why
     return env, ""
+
+
+def _stride_problem(t: TensorArg, buffer: tuple[Any, ...], seen: dict[str, Any], dims: Dims) -> str:
+    """Why the dense buffer of shape `buffer` (`perm` order) has strides other than `t`
+    declares, or "": a static stride must be its stride, a symbolic one a multiple of its
+    divisibility and, named twice, the same each time (`seen` collects them)."""
+    at = _caller_dims(t)
+    for i, (want, got) in enumerate(zip(t.stride or (), dense_strides(t, buffer))):
+        try:
+            if isinstance(want, int):
+                if got != want:
+                    return (f"{t.name}: dimension {at[i]} has stride {got} in the dense array, but the "
+                            f"kernel was compiled for stride {want} (stride = {list(stride_text(t))})")
+            elif got % want.divisibility != 0:
+                return (f"{t.name}: dimension {at[i]} has stride {got}, not a multiple of "
+                        f"{want.divisibility} (symbols.{want.name}.divisibility)")
+            elif seen.setdefault(want.name, got) != got:
+                return (f"{t.name}: dimension {at[i]} has stride {got}, but stride \"{want.name}\" is "
+                        f"{seen[want.name]} from an earlier argument")
+        except dims.inconclusive:  # symbolic shapes: the kernel's own check decides at run time
+            continue
+    return ""
+
+
+def _kernel_order(t: TensorArg, shape: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The shape of the array a call passes for `t`, in the kernel's dimension order (a
+    tensor declared with `mode` is passed as the caller holds it: the buffer's order)."""
+    if not t.mode:
+        return shape
+    out: list[Any] = [None] * len(shape)
+    for j, p in enumerate(t.held):
+        out[p] = shape[j]
+    return tuple(out)
+
+
+def _caller_dims(t: TensorArg) -> tuple[int, ...]:
+    """Per kernel dimension of `t`, its index in the array the caller passes."""
+    return tuple(t.held.index(i) for i in range(len(t.shape)))
 
 
 def _static(b: Build) -> int:
@@ -268,9 +329,11 @@ class KernelBase:
         self.name = name
         # A named pairing (manifest grad.args / grad.returns): what the backward takes by
         # name (forward inputs, outputs saved or not, "cotangent.<output>") and which forward
-        # input each of its results is the gradient of. None: inputs then cotangents.
+        # input each of its results is the gradient of; the returned outputs declared
+        # stop-gradient (`cutecc.cotangents`). None: inputs then cotangents.
         self.grad = None if grad is None else {"args": tuple(grad["args"]),
-                                               "returns": grad.get("returns")}
+                                               "returns": grad.get("returns"),
+                                               STOP_GRADIENT: tuple(grad.get(STOP_GRADIENT) or ())}
         # More static extents first: the most specific variant wins.
         self.builds = sorted(builds, key=lambda b: -_static(b))
         self.backward = backward
@@ -325,6 +388,12 @@ class KernelBase:
         if not self.builds:
             self.select()  # raises: no usable build, and why
         return tuple(t.name for t in self.builds[0].conv.inputs)
+
+    def _cotangents(self, build: Build) -> Cotangents:
+        """Which returned outputs' cotangents the paired backward takes, for `build`'s
+        contract (the rest are non-differentiable or stop-gradient)."""
+        return Cotangents.of_pairing(self.backward or "", [t.name for t in build.conv.visible],
+                                     self.grad)
 
     def select(self, *arrays: Any, **keywords: Any) -> tuple[Build, dict[str, int]]:
         """The build whose contract the arrays fit and whose call keywords are those

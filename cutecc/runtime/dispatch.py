@@ -8,7 +8,9 @@ those whose call keywords (variant parameters the arrays cannot tell apart, such
 that is an error naming them), computes output shapes from the contract, and binds
 the `cutecc_call` primitive. Arrays are logical; a tensor declared with another
 layout is transposed to the buffer order the kernel was compiled for (XLA folds a
-caller's own `.T` into it), and results back.
+caller's own `.T` into it), and results back. A tensor declared with `mode`
+(cutlass_call's) is passed and returned as the caller holds it: the kernel views it
+through the mode, nothing is transposed.
 Works eagerly and under `jax.jit`, and a call runs where its arrays are: on the one device
 they sit on (committed there or by default), whatever the number of devices; a computation
 over several devices calls the kernel inside `jax.shard_map` (each device on its shard), or
@@ -27,8 +29,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
 
 from cutecc.contract import ScalarArg, TensorArg, shard_factors
+from cutecc.cotangents import COTANGENT
 from cutecc.errors import CallError, CallTypeError
 from cutecc.runtime import calls, sharding
 from cutecc.runtime.calls import (  # noqa: F401  (re-exported: tests and tools import them here)
@@ -298,6 +302,11 @@ class KernelFn(calls.KernelBase):
         visible = [t.name for t in build.conv.visible]
         returns = tuple(self.grad["returns"] or names)  # type: ignore[index]
         args: tuple[str, ...] = tuple(self.grad["args"])  # type: ignore[index, arg-type]
+        # A returned output whose cotangent the backward does not take: JAX's symbolic zeros
+        # tell an unused output (fine) from one a gradient flows into (an error if it is
+        # non-differentiable, dropped if declared stop-gradient); never a silent zero.
+        pairing = self._cotangents(build)
+        symbolic = not pairing.complete
 
         def visible_of(outs: Mapping[str, Any]) -> Any:
             v = tuple(outs[n] for n in visible)
@@ -308,19 +317,27 @@ class KernelFn(calls.KernelBase):
             return self._plain(xs, scalars, keywords)
 
         def fwd(*xs: Any) -> Any:
+            if symbolic:  # primals come wrapped, with whether each is perturbed
+                xs = tuple(x.value for x in xs)
             outs = self._plain(xs, scalars, keywords, every=True)
             return visible_of(outs), (xs, outs)
 
         def bwd(res: Any, cts: Any) -> Any:
             xs, outs = res
-            cts = tuple(cts) if len(visible) > 1 else (cts,)
+            cts = dict(zip(visible, tuple(cts) if len(visible) > 1 else (cts,)))
+            if symbolic:
+                pairing.check(self.name, [n for n, c in cts.items() if not _symbolic_zero(c)])
+                if all(_symbolic_zero(cts[n]) for n in pairing.taken):
+                    return tuple(None for _ in xs)  # no gradient reaches the backward
+                cts = {n: jnp.zeros(c.shape, c.dtype) if _symbolic_zero(c) else c
+                       for n, c in cts.items()}
             have = {**dict(zip(names, xs)), **outs,
-                    **{f"cotangent.{n}": c for n, c in zip(visible, cts)}}
+                    **{f"{COTANGENT}{n}": c for n, c in cts.items()}}
             g = back._plain(tuple(have[n] for n in args), bscalars, bkeywords)
             g = dict(zip(returns, tuple(g) if isinstance(g, (tuple, list)) else (g,)))
             return tuple(None if n not in g else _like(g[n], x) for n, x in zip(names, xs))
 
-        f.defvjp(fwd, bwd)
+        f.defvjp(fwd, bwd, symbolic_zeros=symbolic)
         return f(*arrays)
 
 
@@ -381,13 +398,21 @@ def _max_dim(a: Any, b: Any) -> Any:
 
 
 def _to_buffer(a: Any, t: TensorArg) -> Any:
-    """The logical array `a` as the buffer `t` declares (a transpose; none if row-major)."""
-    return a if t.order is None else jnp.transpose(a, t.perm)
+    """The array passed as the buffer `t` declares (a transpose; none if row-major, or if
+    declared with `mode`: the caller passes the buffer as it holds it)."""
+    return a if t.transpose is None else jnp.transpose(a, t.transpose)
 
 
 def _from_buffer(b: Any, t: TensorArg) -> Any:
-    """A result buffer in `t`'s declared order as the logical array."""
-    return b if t.order is None else jnp.transpose(b, np.argsort(t.perm).tolist())
+    """A result buffer in `t`'s declared order as the call returns it (the logical array;
+    with `mode`, the buffer itself, in the caller's order)."""
+    return b if t.transpose is None else jnp.transpose(b, np.argsort(t.transpose).tolist())
+
+
+def _symbolic_zero(c: Any) -> bool:
+    """Whether a cotangent `custom_vjp` hands over (with symbolic zeros) is JAX's marker
+    for "no gradient flows here" (or an integer output's float0 zero), not an array."""
+    return isinstance(c, SymbolicZero) or jnp.dtype(c.dtype) == jax.dtypes.float0
 
 
 def _like(g: Any, x: Any) -> Any:

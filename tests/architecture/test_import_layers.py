@@ -23,7 +23,8 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "base": (("cutecc.errors", "cutecc.names", "cutecc.environ", "cutecc.atomic", "cutecc.locks",
               "cutecc.units", "cutecc.expr", "cutecc.dtypes", "cutecc.archs", "cutecc.contract",
               "cutecc.trust", "cutecc.remote_url", "cutecc.entry", "cutecc.buckets",
-              "cutecc.composite_line", "cutecc.platforms", "cutecc.fallbacks"), ()),
+              "cutecc.composite_line", "cutecc.platforms", "cutecc.cotangents",
+              "cutecc.fallbacks"), ()),
     # The cache directory.
     "store": (("cutecc.store",), ("base",)),
     # kernels.lock, its lines (`Pin`, `LockEntry`, `Tuned`) and its signature.
@@ -37,7 +38,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "toolchain": (("cutecc.toolchain", "cutecc.devicequery", "cutecc.dists", "cutecc.modfind",
                    "cutecc.elf", "cutecc.cubin", "cutecc.targetlibs"), ("base", "store")),
     # What to build: keys, the build plan, the tuning plan.
-    "plan": (("cutecc.key", "cutecc.plan", "cutecc.tuning.plan"),
+    "plan": (("cutecc.key", "cutecc.keyed_sources", "cutecc.plan", "cutecc.tuning.plan"),
              ("base", "store", "lock", "manifest", "toolchain")),
     # One artifact: compile a variant, link it.
     "compile": (("cutecc.compiler", "cutecc.linker", "cutecc.retarget"), ("base", "manifest", "toolchain")),

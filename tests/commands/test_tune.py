@@ -190,7 +190,7 @@ def test_tune_of_a_kernel_without_a_space_is_an_error() -> None:
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
+def compiled(tmp_path_factory: pytest.TempPathFactory, dsl: None) -> tuple[Path, Path, dict]:
     """A copy of the example project, built and `tune --compile-only`d once."""
     pytest.importorskip("cutlass", reason="compiling needs the build extra")
     base = tmp_path_factory.mktemp("tune")
@@ -433,6 +433,7 @@ def test_measure_refuses_an_unknown_bucket_and_an_edited_manifest(compiled: tupl
     assert r.returncode == 1 and "no tuning plan for the manifest as it is now" in r.stderr, r.stderr
 
 
+@pytest.mark.usefixtures("dsl")
 def test_a_candidate_that_fails_to_compile_is_dropped_and_reported_not_fatal(tmp_path: Path) -> None:
     """tests/gpu/faulty_kernels' tuned_copy: mode=3 raises in the kernel's own code at compile
     time. `--compile-only` compiles the rest, reports the one dropped, exits 0, and stores a

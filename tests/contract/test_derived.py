@@ -259,7 +259,52 @@ def test_named_pairing_is_parsed_and_keyed_only_when_declared(tmp_path: Path) ->
     assert "grad" not in key_inputs(plain, plain.variants[0], "sm_90a", "0" * 64)
 
 
+# The residual r returned beside out (not saved): a backward taking only out's cotangent
+# must say what becomes of r's.
+FWD_R = (*FWD[:3], FWD[3].replace("saved = true, ", ""))
+TAKES_OUT = '{ backward = "f_bwd", args = ["r", "cotangent.out"], returns = ["x"]'
+
+
+def test_a_returned_output_without_its_cotangent_is_declared(tmp_path: Path) -> None:
+    from cutecc.cotangents import Cotangents
+    from cutecc.key import key_inputs
+
+    m, _ = load(tmp_path, pair(TAKES_OUT + ', nondiff = ["r"] }', FWD_R))
+    f = m.kernel("f")
+    assert (f.grad_nondiff, f.grad_stop) == (("r",), ())
+    # nondiff follows from grad.args: the pairing (and so the key) is what it was before
+    assert f.grad == {"backward": "f_bwd", "args": ["r", "cotangent.out"], "returns": ["x"]}
+    assert key_inputs(f, f.variants[0], "sm_90a", "0" * 64)["grad"] == f.grad
+    c = Cotangents.of_pairing("f_bwd", ["out", "r"], f.grad)
+    assert (c.taken, c.nondiff, c.stopped) == (("out",), ("r",), ())
+    m, _ = load(tmp_path, pair(TAKES_OUT + ', stop_gradient = ["r"] }', FWD_R))
+    f = m.kernel("f")
+    assert f.grad == {"backward": "f_bwd", "args": ["r", "cotangent.out"], "returns": ["x"],
+                      "stop_gradient": ["r"]}  # a choice the runtime must know: stored and keyed
+    c = Cotangents.of_pairing("f_bwd", ["out", "r"], f.grad)
+    assert (c.taken, c.nondiff, c.stopped) == (("out",), (), ("r",))
+
+
 GRAD_BAD = [
+    pytest.param(pair(TAKES_OUT + " }", FWD_R), 'kernel "f", grad.args',
+                 'takes no cotangent of returned output "r", so jax.grad of a loss on "r" would be a '
+                 'silent zero: pass "cotangent.r" to the backward, or declare it: nondiff = ["r"]',
+                 id="undeclared-dropped-cotangent"),
+    pytest.param(pair(TAKES_OUT + ', nondiff = ["r"] }'), 'kernel "f", grad.nondiff[0]',
+                 '"r" is saved (not returned): no cotangent ever reaches it', id="nondiff-saved"),
+    pytest.param(pair(TAKES_OUT + ', stop_gradient = ["q"] }', FWD_R), 'kernel "f", grad.stop_gradient[0]',
+                 '"q" is no output the forward returns (returned: out, r)', id="stop-unknown"),
+    pytest.param(pair(TAKES_OUT + ', nondiff = ["out", "r"] }', FWD_R), 'kernel "f", grad.nondiff[0]',
+                 'the backward takes "cotangent.out" (grad.args): "out" is differentiable',
+                 id="nondiff-taken"),
+    pytest.param(pair(TAKES_OUT + ', nondiff = ["r"], stop_gradient = ["r"] }', FWD_R),
+                 'kernel "f", grad.stop_gradient', '"r" is also in grad.nondiff', id="nondiff-and-stop"),
+    pytest.param(pair(TAKES_OUT + ', nondiff = ["r", "r"] }', FWD_R), 'kernel "f", grad.nondiff[1]',
+                 'names "r" twice', id="nondiff-twice"),
+    pytest.param(pair('{ backward = "f_bwd", nondiff = ["r"] }', FWD_R), 'kernel "f", grad.nondiff',
+                 "needs grad.args", id="nondiff-without-args"),
+    pytest.param(pair(TAKES_OUT + ', nondiff = "r" }', FWD_R), 'kernel "f", grad.nondiff',
+                 "must be an array of names", id="nondiff-not-a-list"),
     pytest.param(pair('{ backward = "f_bwd" }'), 'kernel "f", grad.backward',
                  'forward output "r" is saved for the backward: say what the backward takes by name',
                  id="saved-needs-named-args"),

@@ -204,6 +204,14 @@ _marker = os.environ.get("HANG_MARKER")
 if _marker:  # say that this compile started (and in which process)
     with open(_marker, "a") as f:
         f.write(f"{os.getpid()}\\n")
+if os.environ.get("HANG_CHILDREN"):  # a compile that starts processes: a plain and a detached one
+    import subprocess
+    import sys
+    _sleep = [sys.executable, "-c", "import time; time.sleep(3600)"]
+    _quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    _kids = [subprocess.Popen(_sleep, **_quiet), subprocess.Popen(_sleep, start_new_session=True, **_quiet)]
+    with open(os.environ["HANG_CHILDREN"], "a") as f:
+        f.write("".join(f"{k.pid}\\n" for k in _kids))
 if os.environ.get("HANG_MAP_BYTES"):  # a compile that asks for more memory than it may have
     _area = mmap.mmap(-1, int(os.environ["HANG_MAP_BYTES"]), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 time.sleep(float(os.environ.get("HANG_SECONDS", "3600")))
@@ -225,8 +233,10 @@ constants = { threads = 32 }
 
 def write_hang_project(root: Path, threads: tuple[int, ...] = (64, 128)) -> Path:
     """The toy project plus a kernel `hang` (declared first, so it compiles first) whose
-    module, imported by its compile, appends its pid to $HANG_MARKER, maps $HANG_MAP_BYTES
-    of memory if set, then sleeps $HANG_SECONDS (default an hour)."""
+    module, imported by its compile, appends its pid to $HANG_MARKER, starts two sleeping
+    processes (a plain child and a detached one, in a session of its own) and appends their
+    pids to $HANG_CHILDREN if set, maps $HANG_MAP_BYTES of memory if set, then sleeps
+    $HANG_SECONDS (default an hour)."""
     manifest = write_toy_project(root, threads=threads)
     (root / "toy" / "hang.py").write_text(HANG_MODULE)
     head, _, rest = manifest.read_text().partition("\n")

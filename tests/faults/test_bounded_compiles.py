@@ -6,8 +6,10 @@ slot is replaced), and nothing of the stopped compile is published."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -48,6 +50,40 @@ def test_a_compile_past_the_time_limit_is_stopped_and_the_build_goes_on(tmp_path
     hang = _check(r, tmp_path / "c", f"{LIMIT} s")
     assert "hang" not in hang["error"] or "limit" in hang["error"], hang
     assert time.monotonic() - t0 < 200
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead and waiting to be reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_a_compile_stopped_at_the_time_limit_takes_its_processes_with_it(
+        tmp_path: Path, executor: str) -> None:
+    if executor == "ray":
+        pytest.importorskip("ray", reason="the Ray executor needs Ray (pip install 'cutecc[ray]')")
+    manifest = write_hang_project(tmp_path / "p")
+    kids = tmp_path / "kids"
+    try:
+        r = _build(manifest, tmp_path / "c", {"CUTECC_COMPILE_TIMEOUT": str(LIMIT),
+                                              "HANG_CHILDREN": str(kids)}, "--kernel", "hang",
+                   "--executor", executor, timeout=300)
+        assert "Traceback" not in r.stderr, r.stderr[-3000:]
+        [hang] = json.loads(r.stdout)["entries"]
+        assert hang["status"] == "failed" and f"{LIMIT} s" in hang["error"], hang
+        pids = [int(x) for x in kids.read_text().split()]
+        assert len(pids) == 2, pids  # the plain child and the detached one
+        deadline = time.monotonic() + 10
+        while any(map(_alive, pids)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in pids if _alive(p)], "the stopped compile's processes still run"
+    finally:
+        for pid in [int(x) for x in kids.read_text().split()] if kids.exists() else []:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_compile_over_the_memory_limit_fails_by_name(tmp_path: Path) -> None:

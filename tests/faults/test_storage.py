@@ -58,6 +58,7 @@ def _projects(tmp_path: Path, extra: int = 256) -> tuple[str, str]:
     return str(small), str(more)
 
 
+@pytest.mark.usefixtures("dsl")
 def test_a_full_disk_fails_cleanly_keeps_every_entry_and_recovers(tmp_path: Path, tally) -> None:
     pytest.importorskip("cutlass", reason="building needs the build extra (nvidia-cutlass-dsl)")
     small, more = _projects(tmp_path)

@@ -104,7 +104,7 @@ TRAIN = {
     "expw_bwd": _expw_bwd,
     "add_bias": lambda b, i, r, s: r["out"].copy_(i["x"] + i["b"]),
 }
-TRAIN["expw2"] = TRAIN["expw"]
+TRAIN["expw2"] = TRAIN["expw_r"] = TRAIN["expw_rs"] = TRAIN["expw"]
 TRAIN["bwd_g"] = lambda b, i, r, s: r["g"].copy_(i["e"] * i["dout"])
 
 
@@ -263,6 +263,25 @@ def test_saved_residual_reduced_partials_and_a_named_pairing(train) -> None:
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-3)
     compiled = torch.compile(loss(train.expw), backend="aot_eager", fullgraph=True)
     got = torch.autograd.grad(compiled(x, w), (x, w))
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["expw_r", "expw_rs"])
+def test_an_output_whose_cotangent_the_backward_drops_is_not_differentiable(train, name: str) -> None:
+    """expw_r / expw_rs return e beside out; their backward takes no cotangent of e
+    (declared nondiff / stop_gradient): e comes back with requires_grad=False, so a loss on
+    e alone is torch's error rather than a silent zero, and out differentiates as expw's."""
+    x = (torch.randn(300, 70) * 0.5).requires_grad_(True)
+    w = torch.randn(70).requires_grad_(True)
+    t = torch.randn(300, 70)
+    out, e = getattr(train, name)(x, w)
+    assert out.requires_grad and not e.requires_grad
+    torch.testing.assert_close(e, x.detach().exp(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        e.sum().backward()
+    got = torch.autograd.grad(((out - t) ** 2).sum(), (x, w))
+    want = torch.autograd.grad((((x.exp() * w) - t) ** 2).sum(), (x, w))
     for g, r in zip(got, want):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-3)
 

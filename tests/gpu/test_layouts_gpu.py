@@ -126,3 +126,29 @@ def test_padded_calls_are_checked(ks, rng) -> None:
         ks.pad_rows(bf16(rng, (2, 64)), bf16(rng, (2, 64)))
     with pytest.raises(CuteccError, match=r"a: dimension 1 is 36, expected a multiple of 8 \(symbols.lda"):
         ks.row_dot(jnp.ones((2, 36), jnp.float32), jnp.ones((33,), jnp.float32))
+
+
+@pytest.mark.parametrize("batches, m, n, k", [(1, 1, 1, 1), (3, 32, 24, 16), (2, 65, 130, 33),
+                                              (8, 128, 256, 64)])
+def test_modes_take_and_give_the_callers_arrays(ks, rng, batches: int, m: int, n: int, k: int) -> None:
+    """cutlass_call's GEMM modes: batch-first a (l, m, k) and b (l, n, k) in, c (l, m, n)
+    out, against einsum on fresh random inputs; jitted and eager, no transposes around it."""
+    a = jnp.asarray(rng.standard_normal((batches, m, k)), dtype=jnp.float32)
+    b = jnp.asarray(rng.standard_normal((batches, n, k)), dtype=jnp.float32)
+    want = np.einsum("lmk,lnk->lmn", np.asarray(a, np.float64), np.asarray(b, np.float64))
+    for c in (jax.jit(ks.gemm_mkl)(a, b), ks.gemm_mkl(a, b)):
+        assert c.shape == (batches, m, n)
+        np.testing.assert_allclose(np.asarray(c), want, rtol=1e-4, atol=1e-4)
+    text = jax.jit(ks.gemm_mkl).lower(a, b).as_text()
+    assert "stablehlo.transpose" not in text
+
+
+@pytest.mark.parametrize("m", [1, 7, 300, 4097])
+def test_a_symbolic_row_stride_reads_the_dense_array(ks, rng, m: int) -> None:
+    """row_dot_ld is row_dot over (m, 64) rows compiled with a runtime row stride (lda, a
+    multiple of 4): the dense array's 64 reaches the kernel as a value, not a constant."""
+    a = jnp.asarray(rng.standard_normal((m, 64)), dtype=jnp.float32)
+    v = jnp.asarray(rng.standard_normal(64), dtype=jnp.float32)
+    want = np.asarray(a, np.float64) @ np.asarray(v, np.float64)
+    for out in (jax.jit(ks.row_dot_ld)(a, v), ks.row_dot_ld(a, v)):
+        np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-4)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import cutecc
+from cutecc.errors import CallError
 
 from .conftest import poison, rand
 
@@ -113,6 +114,43 @@ def test_grad_through_a_saved_residual_and_reduced_partials(ks, rng, m: int, d: 
     out = ks.expw(x, w)  # eagerly: the saved e is not returned
     assert out.shape == (m, d)
     np.testing.assert_allclose(np.asarray(out), np.asarray(_expw_ref(x, w)), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("m", "d"), [(1, 1), (300, 70), (1000, 257)])
+def test_an_output_the_backward_takes_no_cotangent_of_is_never_a_silent_zero(ks, rng, m: int,
+                                                                            d: int) -> None:
+    """expw_r / expw_rs return e = exp(x) beside out; their backward takes no cotangent of e.
+    A loss on out differentiates as plain JAX's; a gradient into e is an error (nondiff), or
+    dropped as lax.stop_gradient would (stop_gradient), never a silent zero."""
+    x = rand(rng, (m, d), "float32") * 0.5
+    w = rand(rng, (d,), "float32")
+    t = rand(rng, (m, d), "float32")
+    c = rand(rng, (m, d), "float32")
+
+    def on_out(f):
+        return lambda x, w: jnp.sum((f(x, w)[0] - t) ** 2)
+
+    def ref(x, w):
+        return _expw_ref(x, w), jnp.exp(x)
+
+    poison(4 * m * d * 4)
+    want = jax.jit(jax.value_and_grad(on_out(ref), argnums=(0, 1)))(x, w)
+    for name in ("expw_r", "expw_rs"):
+        got = jax.jit(jax.value_and_grad(on_out(ks[name]), argnums=(0, 1)))(x, w)
+        np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=1e-4)
+        for g, r in zip(got[1], want[1]):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-3)
+    with pytest.raises(CallError, match='output "e"'):
+        jax.grad(lambda x: jnp.sum(ks.expw_r(x, w)[1] * c))(x)
+    # stop-gradient by declaration: a loss on both is the reference with e held constant
+    both = lambda f: lambda x, w: jnp.sum((f(x, w)[0] - t) ** 2) + jnp.sum(f(x, w)[1] * c)  # noqa: E731
+    stopped = lambda x, w: (_expw_ref(x, w), jax.lax.stop_gradient(jnp.exp(x)))  # noqa: E731
+    got = jax.jit(jax.grad(both(ks.expw_rs), argnums=(0, 1)))(x, w)
+    want = jax.jit(jax.grad(both(stopped), argnums=(0, 1)))(x, w)
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-3)
+    gx = jax.jit(jax.grad(lambda x: jnp.sum(ks.expw_rs(x, w)[1] * c)))(x)
+    assert not np.asarray(gx).any()  # only e in the loss: declared stop-gradient, so zero
 
 
 def test_grad_of_x_only_and_under_a_loop(ks, rng) -> None:

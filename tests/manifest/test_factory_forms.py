@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import TOY_KERNEL
 
+from cutecc.contract import TensorArg
 from cutecc.errors import CuteccError
 from cutecc.manifest import load_manifest
 from cutecc.plan import plan
@@ -157,6 +158,7 @@ def test_a_missing_imported_name_is_a_planning_error(tmp_path: Path) -> None:
     assert e.value.exit_code == 2 and "factory_args.op" in (e.value.key_path or "")
 
 
+@pytest.mark.usefixtures("dsl")
 def test_import_variant_values_build(tmp_path: Path) -> None:
     from cutecc.commands.build import build
 
@@ -223,6 +225,7 @@ def test_device_answers_are_keyed_for_code_that_reaches_torch(tmp_path: Path) ->
 
 
 @pytest.mark.extra
+@pytest.mark.usefixtures("dsl")
 def test_a_launcher_that_asks_torch_for_the_gpu_builds_on_a_cpu_host(tmp_path: Path) -> None:
     from cutecc.commands.build import build
 
@@ -280,19 +283,26 @@ args = [
                                           ("[2, 1, 0]", '"column-major"'), ("[0, 1, 2]", '"row-major"')])
 def test_mode_is_the_stride_order_of_a_permuted_view(tmp_path: Path, mode: str, layout: str) -> None:
     """`mode = [..]` (cutlass_call's): the kernel's mode i is dimension mode[i] of the array
-    passed, a view with no copy; the same contract, hence the same key, as the stride order
-    `layout = [rank - 1 - m for m in mode]`."""
+    passed, a view with no copy: the kernel sees the stride order `layout = [rank - 1 - m for
+    m in mode]`. Unlike `layout`, the call passes the array as the caller holds it (and gets
+    results in its order): another contract, so another key, except for the identity."""
     tensor = '{{ name = "x", dtype = "float32", shape = ["a", "b", "c"], {} }}'
     by_mode = plan(load_manifest(_mode_manifest(tmp_path / "m", tensor.format(f"mode = {mode}"))))
     by_layout = plan(load_manifest(_mode_manifest(tmp_path / "l", tensor.format(f"layout = {layout}"))))
-    assert by_mode[0].variant.args == by_layout[0].variant.args
-    assert by_mode[0].key == by_layout[0].key
+    x, y = by_mode[0].variant.args[0], by_layout[0].variant.args[0]
+    assert isinstance(x, TensorArg) and isinstance(y, TensorArg)
+    assert x.order == y.order and x.perm == y.perm
+    identity = mode == "[0, 1, 2]"
+    assert x.mode is not identity and not y.mode
+    assert x.transpose is None and (y.transpose is None) is identity
+    assert (by_mode[0].key == by_layout[0].key) is identity
 
 
 @pytest.mark.parametrize("extra, why", [
     ("mode = [0, 0, 1]", "a permutation of 0..2"),
     ("mode = [1, 0]", "a permutation of 0..2"),
     ('mode = [1, 0, 2], layout = "column-major"', "not both"),
+    ('mode = [1, 0, 2], role = "scratch"', "not for scratch"),
 ])
 def test_bad_modes_are_manifest_errors(tmp_path: Path, extra: str, why: str) -> None:
     tensor = f'{{ name = "x", dtype = "float32", shape = ["a", "b", "c"], {extra} }}'

@@ -111,6 +111,7 @@ def test_a_positional_after_a_keyword_is_a_manifest_error(project: Path) -> None
         load_manifest(project)
 
 
+@pytest.mark.usefixtures("dsl")
 def test_published_forms_compile_and_dsl_errors_name_the_manifest(project: Path, tmp_path: Path) -> None:
     report = build(project, cache_dir=tmp_path / "cache", jobs=2, lock=False)
     by = {o.planned.kernel.name: o for o in report.outcomes}

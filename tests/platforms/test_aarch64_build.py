@@ -54,7 +54,7 @@ def _build(manifest: Path, cache: Path, kernels: tuple[str, ...] = (),
 
 
 @pytest.fixture(scope="module")
-def grace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def grace(tmp_path_factory: pytest.TempPathFactory, dsl: None) -> tuple[Path, Path]:
     """The root manifest built for aarch64 only: (manifest, cache)."""
     root = tmp_path_factory.mktemp("grace")
     manifest = _project(root)
@@ -63,7 +63,8 @@ def grace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def grace_examples(tmp_path_factory: pytest.TempPathFactory, examples_extra: None) -> tuple[Path, Path]:
+def grace_examples(tmp_path_factory: pytest.TempPathFactory, examples_extra: None,
+                   dsl: None) -> tuple[Path, Path]:
     """examples/kernels.toml built for aarch64 only: (lock file, cache). The cache is
     $CUTECC_GRACE_EXAMPLES_CACHE when set (built beforehand: this build then only plans)."""
     root = tmp_path_factory.mktemp("grace-examples")

@@ -115,6 +115,23 @@ def test_grad_of_one_input_only(ks) -> None:
     assert g.shape == (4, 8)
 
 
+def test_a_returned_residual_without_its_cotangent_is_declared_in_the_entry(ks) -> None:
+    """expw_r returns e beside out and declares it nondiff; expw_rs declares it stop-gradient
+    (recorded with its entry, which the runtime reads). A gradient into e is an error for the
+    first; for the second it is dropped, and with only e in the loss no backward runs."""
+    assert ks.expw_r.grad["stop_gradient"] == () and ks.expw_rs.grad["stop_gradient"] == ("e",)
+    x, w = S((300, 70), F32), S((70,), F32)
+    with pytest.raises(CuteccError, match='output "e"'):
+        jax.eval_shape(jax.grad(lambda x, w: ks.expw_r(x, w)[1].sum()), x, w)
+    on_out = lambda x, w: (ks.expw_r(x, w)[0] ** 2).sum()  # noqa: E731
+    calls = custom_calls(lower(jax.value_and_grad(on_out, argnums=(0, 1)), x, w))
+    fwd, bwd = (target_name(ks[n].builds[0].key) for n in ("expw_r", "expw_bwd"))
+    assert len(calls) == 2 and fwd in calls[0] and bwd in calls[1]
+    only_e = lambda x, w: ks.expw_rs(x, w)[1].sum()  # noqa: E731
+    calls = custom_calls(lower(jax.value_and_grad(only_e, argnums=(0, 1)), x, w))
+    assert len(calls) == 1 and target_name(ks.expw_rs.builds[0].key) in calls[0]
+
+
 # Broadcast (stride 0) inputs and 64-bit extents ------------------------------------------
 
 def test_a_broadcast_input_is_passed_with_extent_one(ks) -> None:

@@ -10,6 +10,7 @@ from helpers import REPO
 from cutecc import cubin
 
 
+@pytest.mark.usefixtures("dsl")
 def test_kernel_names_of_a_built_library(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A real build (axpy of the root manifest, compiled here on the CPU): one cubin, whose
     one kernel is named as the profiler names its launches; the same bytes damaged at

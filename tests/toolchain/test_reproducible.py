@@ -111,6 +111,7 @@ def _artifacts(cache: Path) -> dict[str, bytes | dict]:
     return out
 
 
+@pytest.mark.usefixtures("dsl")
 def test_two_builds_in_different_environments_give_the_same_bytes(tmp_path: Path) -> None:
     pytest.importorskip("cutlass", reason="building needs the build extra")
     a = write_toy_project(tmp_path / "a" / "proj", threads=(64, 256))

@@ -80,3 +80,25 @@ def row_dot(a: cute.Tensor, v: cute.Tensor, out: cute.Tensor, stream):
     """out[i] = sum over j < k of a[i, j] * v[j]: a is the (m, k) block of a padded buffer."""
     m = cute.size(a, mode=[0])
     _row_dot(a, v, out).launch(grid=[(m + 127) // 128, 1, 1], block=[128, 1, 1], stream=stream)
+
+
+@cute.kernel
+def _gemm_mkl(a: cute.Tensor, b: cute.Tensor, c: cute.Tensor):
+    i, by, batch = cute.arch.block_idx()
+    t, _, _ = cute.arch.thread_idx()
+    j = by * 128 + t
+    if j < cute.size(c, mode=[1]):
+        acc = cutlass.Float32(0.0)
+        for kk in range(cute.size(a, mode=[1])):
+            acc += a[i, kk, batch] * b[j, kk, batch]
+        c[i, j, batch] = acc
+
+
+@cute.jit
+def gemm_mkl(a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, stream):
+    """c[m, n, l] = sum over k of a[m, k, l] * b[n, k, l]: cutlass_call's GEMM modes, A as
+    [M][K][L], B as [N][K][L], C as [M][N][L], whatever strides the views have."""
+    m = cute.size(c, mode=[0])
+    n = cute.size(c, mode=[1])
+    batches = cute.size(c, mode=[2])
+    _gemm_mkl(a, b, c).launch(grid=[m, (n + 127) // 128, batches], block=[128, 1, 1], stream=stream)

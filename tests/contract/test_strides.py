@@ -1,0 +1,150 @@
+"""Symbolic strides in contracts (`stride = ["lda", 1]`): what the manifest stores (and keys
+only when declared), its errors, the runtime's check of the dense arrays a call passes and
+gets, `cutecc show`'s account of which strides are static, and (slow) that the compiled
+kernel takes the stride as a runtime value where a dense contract compiles it in.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+from helpers import REPO, run_cli, unbuilt_kernels
+
+from cutecc.commands.show import ShowReport, strides
+from cutecc.contract import StrideSymbol, TensorArg, arg_from_json, arg_to_json, args_to_json
+from cutecc.errors import CuteccError
+from cutecc.manifest import load_manifest
+
+S = jax.ShapeDtypeStruct
+F32 = jnp.float32
+
+
+def _manifest(a: str, extra: str = 'symbols = { lda = { divisibility = 4 } }', out: str = "") -> str:
+    return f"""
+[kernel.k]
+entry = "kk.elem:row_dot"
+args = [
+  {{ name = "a", dtype = "float32", shape = ["m", "k"], {a} }},
+  {{ name = "v", dtype = "float32", shape = ["k"] }},
+  {{ name = "out", role = "output", dtype = "float32", shape = ["m", "k"]{out} }},
+  {{ kind = "stream" }},
+]
+{extra}
+"""
+
+
+def _load(tmp_path: Path, text: str):
+    p = tmp_path / "kernels.toml"
+    p.write_text(text)
+    return p, load_manifest(p)
+
+
+def test_a_declared_stride_is_stored_and_keyed_only_when_declared(tmp_path: Path) -> None:
+    _, m = _load(tmp_path, _manifest('stride = ["lda", 1]'))
+    a = m.kernel("k").variants[0].args[0]
+    assert isinstance(a, TensorArg) and a.stride == (StrideSymbol("lda", 4, 32), 1)
+    assert arg_to_json(a)["stride"] == [{"symbol": "lda", "divisibility": 4, "bits": 32}, 1]
+    assert arg_from_json(arg_to_json(a)) == a
+    _, plain = _load(tmp_path, _manifest('align = 16', extra=""))
+    assert all("stride" not in d for d in args_to_json(plain.kernel("k").variants[0].args))
+    _, wide = _load(tmp_path, _manifest('stride = ["lda", 1]', 'symbols = { lda = { bits = 64 } }'))
+    assert wide.kernel("k").variants[0].args[0].stride == (StrideSymbol("lda", 1, 64), 1)
+
+
+@pytest.mark.parametrize(("a", "extra", "key_path", "fragment"), [
+    ('stride = ["lda"]', "", 'args[0].stride', "one stride per dimension (2)"),
+    ('stride = ["lda", 1.5]', "", "args[0].stride[1]", "an int (static) or a symbol name"),
+    ('stride = ["k", 1]', "", "args[0].stride[0]", '"k" is an extent of this tensor'),
+    ('stride = ["lda", 1], buffer = ["m", "ldb"]', "", "args[0].stride", "takes its buffer's strides"),
+    ('stride = ["lda", -1]', "", "args[0].stride[1]", "an int (static) or a symbol name"),
+    ('align = 16', 'symbols = { lda = { divisibility = 4 } }', "symbols.lda", "names no symbolic extent"),
+])
+def test_bad_strides_name_the_key(tmp_path: Path, a: str, extra: str, key_path: str, fragment: str) -> None:
+    with pytest.raises(CuteccError) as info:
+        _load(tmp_path, _manifest(a, extra))
+    assert info.value.exit_code == 2 and key_path in (info.value.key_path or ""), info.value.key_path
+    assert fragment in info.value.message, info.value.message
+
+
+def test_a_stride_symbol_that_is_another_tensors_extent_is_refused(tmp_path: Path) -> None:
+    text = _manifest("align = 16", "").replace('shape = ["k"] }', 'shape = ["k"], stride = ["m"] }')
+    with pytest.raises(CuteccError) as info:
+        _load(tmp_path, text)
+    assert info.value.key_path == 'kernel "k", args (v).stride'
+    assert '"m" is an extent of the kernel' in info.value.message
+
+
+def test_a_call_passes_dense_arrays_whose_strides_fit(tmp_path: Path) -> None:
+    p, _ = _load(tmp_path, _manifest('stride = ["lda", 1]', out=', stride = ["lda", 1]'))
+    k = unbuilt_kernels(p)["k"]
+    assert jax.eval_shape(k, S((5, 12), F32), S((12,), F32)).shape == (5, 12)
+    with pytest.raises(CuteccError, match=r"a: dimension 0 has stride 10, not a multiple of 4 "
+                                          r"\(symbols.lda.divisibility\)"):
+        jax.eval_shape(k, S((5, 10), F32), S((10,), F32))
+
+
+def test_a_static_stride_must_be_the_dense_arrays(tmp_path: Path) -> None:
+    p, _ = _load(tmp_path, _manifest('stride = [64, 1]', ""))
+    k = unbuilt_kernels(p)["k"]
+    assert jax.eval_shape(k, S((3, 64), F32), S((64,), F32)).shape == (3, 64)
+    with pytest.raises(CuteccError, match=r"a: dimension 0 has stride 32 in the dense array, but the "
+                                          r"kernel was compiled for stride 64"):
+        jax.eval_shape(k, S((3, 32), F32), S((32,), F32))
+
+
+def test_show_says_which_strides_are_static(tmp_path: Path) -> None:
+    _, m = _load(tmp_path, _manifest('stride = ["lda", 1]'))
+    meta = {"args": args_to_json(m.kernel("k").variants[0].args)}
+    got = strides(meta)
+    assert got["a"] == {"strides": ["lda", "1"], "static": [False, True]}
+    assert got["out"] == {"strides": ["k", "1"], "static": [False, True]}  # dense over a symbolic k
+    assert got["v"] == {"strides": ["1"], "static": [True]}
+    info = {"key": "k" * 64, "label": "k[default]@sm_90a", "path": "/c", "last_used": "never",
+            "disk_bytes": 0, "meta": meta, "files": [], "strides": got}
+    lines = ShowReport(info).lines()
+    assert "strides    a: (lda, 1) runtime: lda" in lines and "strides    v: (1) all static" in lines
+    static = strides({"args": [{**meta["args"][0], "shape": ["m", 4096]}]})
+    assert static["a"]["strides"] == ["lda", "1"]
+    unstrided = {k: v for k, v in meta["args"][0].items() if k != "stride"}
+    dense = strides({"args": [{**unstrided, "shape": ["m", 4096]}]})
+    assert dense["a"] == {"strides": ["4096", "1"], "static": [True, True]}  # what quack's bwd got
+
+
+def test_the_compiled_kernel_takes_a_symbolic_stride_as_a_runtime_value(dsl: None, tmp_path: Path) -> None:
+    """The same launcher over (m, 64) rows: from a dense contract the row stride is compiled
+    in (64); declared `stride = ["lda", 1]` it is a runtime value, a multiple of 4, as the
+    kernel's mangled name (its layout) shows."""
+    from cutecc.cubin import kernel_names
+
+    p = tmp_path / "kernels.toml"
+    p.write_text(f'archs = ["sm_90a"]\npython_path = ["{REPO / "tests" / "gpu"}"]\n' + """
+[kernel.dense64]
+entry = "layout_kernels.ops:row_dot"
+args = [
+  { name = "a", dtype = "float32", shape = ["m", 64] },
+  { name = "v", dtype = "float32", shape = [64] },
+  { name = "out", role = "output", dtype = "float32", shape = ["m"] },
+  { kind = "stream" },
+]
+
+[kernel.sym64]
+entry = "layout_kernels.ops:row_dot"
+args = [
+  { name = "a", dtype = "float32", shape = ["m", 64], stride = ["lda", 1] },
+  { name = "v", dtype = "float32", shape = [64] },
+  { name = "out", role = "output", dtype = "float32", shape = ["m"] },
+  { kind = "stream" },
+]
+symbols = { lda = { divisibility = 4 } }
+""")
+    r = run_cli("build", str(p), "--cache-dir", str(tmp_path / "c"), "--no-lock")
+    assert r.returncode == 0, r.stderr + r.stdout
+    import cutecc
+
+    ks = cutecc.load(tmp_path / "c", arch="sm_90a")
+    dense, sym = (kernel_names(ks[n].builds[0].library.read_bytes()) for n in ("dense64", "sym64"))
+    assert any("o64641_" in n for n in dense), dense  # (?, 64):(64, 1), static row stride
+    assert any("o64div41_" in n for n in sym), sym  # (?, 64):(?{div=4}, 1)
