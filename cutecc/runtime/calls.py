@@ -252,7 +252,7 @@ def conv_mismatch(conv: CallingConvention, shapes: Sequence[tuple[Any, ...]], dt
             why = _stride_problem(t, tuple(shape[p] for p in t.perm), seen, dims)
             if why:
                 return None, why
-    for t in b.conv.results:
+    for t in conv.results:
         if t.stride is not None and t.role != "inout":
             try:
                 buf = buffer_shape("", t, env, dims)
