@@ -24,9 +24,14 @@ from the cache alone:
    benchmarks/gputrace.py does), rounds of each function's chain of K calls in shuffled order,
    the GPU idle between chains; a sample is the GPU busy time of a chain over K (every kernel
    XLA runs for the call counts, on both sides); the median is kept;
-3. DIR/gemm_tune.json: per shape cutecc us, XLA us, their ratio (goal <= 1.05), the winner's
+3. DIR/gemm_tune.json: per shape cutecc us, XLA us, their ratio (goal <= 1.03), the winner's
    configuration, the default's time, the check, the kernels each side ran, the compile
-   seconds (CPU, from the entries' metadata) and the tuning's GPU seconds.
+   seconds (CPU, from the entries' metadata) and the tuning's GPU seconds;
+4. with `--tunes 2` (the default), a second, independent tune into DIR/second/ and
+   `stability` in the JSON: whether the two locks are identical, the buckets whose winners
+   differ (each must be named within the noise by one of the runs, else the run fails), the
+   within-noise buckets, and every first-run winner timed again by the second run against
+   the default (slower beyond the noise fails the run).
 
 CPU host, once (the build and examples extras; -j 1 compiles the 24 configurations in ~1 min):
     cutecc build examples/gemm/kernels.toml --cache-dir .devcache/gemm -j 1
@@ -70,7 +75,7 @@ if str(REPO) not in sys.path:
 
 MANIFEST = REPO / "examples" / "gemm" / "kernels.toml"
 ARCH = "sm_90a"
-GOAL = 1.05  # cutecc within 5% of XLA's dot
+GOAL = 1.03  # cutecc within 3% of XLA's dot (issue 37; issue 27 asked 5%)
 RTOL = 2e-2  # |d - x| <= RTOL * (|x| + sqrt(k)): bf16 rounding of outputs of size ~sqrt(k)
 MIN_CHAIN_S = 1e-3  # a timed chain runs at least this long on the device
 MAX_K = 32
@@ -169,9 +174,12 @@ def check_plan(items: list[Any], cache: Path | None) -> dict[str, Any]:
 
 def tune_measure(cache: Path, out: Path, repeats: int) -> dict[str, Any]:
     """Run the measuring step of `cutecc tune` per kernel on its shapes' buckets; winners go
-    into out/kernels.lock (a copy of the committed lock), results into out/tune-KERNEL.json."""
+    into out/kernels.lock (a copy of the committed lock, its tuning lines replaced by this
+    run's: `--replace-tuning`, so lines of another policy or device never mix in), results
+    into out/tune-KERNEL.json."""
     from cutecc.commands.tune import tune
 
+    out.mkdir(parents=True, exist_ok=True)
     lock = out / "kernels.lock"
     shutil.copyfile(MANIFEST.parent / "kernels.lock", lock)
     done: dict[str, Any] = {"records": {}, "bench_seconds_gpu": {}, "failed": [], "device": None}
@@ -179,7 +187,8 @@ def tune_measure(cache: Path, out: Path, repeats: int) -> dict[str, Any]:
         buckets = tuple(s.bucket for s in SHAPES if s.kernel == kernel)
         try:
             rep = tune(MANIFEST, measure=True, kernels=(kernel,), buckets=buckets, cache_dir=cache,
-                       lock_file=lock, repeats=repeats, results=out / f"tune-{kernel}.json")
+                       lock_file=lock, repeats=repeats, results=out / f"tune-{kernel}.json",
+                       replace_tuning=True)
         except Exception as err:  # the comparison still runs, with the defaults
             done["failed"].append(f"{kernel}: cutecc tune --measure: {type(err).__name__}: {err}")
             continue
@@ -189,6 +198,42 @@ def tune_measure(cache: Path, out: Path, repeats: int) -> dict[str, Any]:
         for r in rep.records:
             done["records"][(kernel, r.line.bucket)] = r.to_json()
     return done
+
+
+def stability(first: dict[Any, Any], second: dict[Any, Any], lock1: Path, lock2: Path) -> dict[str, Any]:
+    """Two independent tunes of the same buckets (records by (kernel, bucket), the locks they
+    wrote): whether the locks are identical; else every bucket whose winners differ must be
+    named within the noise by either run (`within_noise`), or it is `unexplained`. And each
+    winner of the first run, timed again by the second, is at least as fast as the default
+    there within the noise (the second run's spreads plus the rule's 1%): `slower` lists
+    those that are not."""
+    from cutecc.tuning.decide import MIN_GAIN
+
+    out: dict[str, Any] = {"identical_locks": lock1.read_bytes() == lock2.read_bytes(), "differing": [],
+                           "within_noise": [], "unexplained": [], "slower": [], "missing": []}
+    for key in sorted(first.keys() | second.keys()):
+        a, b = first.get(key), second.get(key)
+        label = f"{key[0]} {key[1]}"
+        if a is None or b is None:
+            out["missing"].append(label)
+            continue
+        close = sorted(set(a.get("within_noise", [])) | set(b.get("within_noise", [])))
+        if close:
+            out["within_noise"].append(f"{label}: {', '.join(close)}")
+        if a["winner_variant"] != b["winner_variant"]:
+            out["differing"].append(f"{label}: {a['winner_variant']} vs {b['winner_variant']}")
+            if not close:
+                out["unexplained"].append(label)
+        w, d = b["times_us"].get(a["winner_variant"]), b["times_us"].get(b["variant"])
+        if w is None or d is None:
+            continue
+        spread = b.get("spread_us", {})
+        noise = (spread.get(a["winner_variant"], (w[2] - w[0]) / 2)
+                 + spread.get(b["variant"], (d[2] - d[0]) / 2) + MIN_GAIN * d[1])
+        if w[1] > d[1] + noise:
+            out["slower"].append(f"{label}: {a['winner_variant']} {w[1]:.2f} us vs the default's "
+                                 f"{d[1]:.2f} us (noise {noise:.2f})")
+    return out
 
 
 # The comparison -------------------------------------------------------------------------
@@ -415,7 +460,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     def f(x: Any, digits: int = 1) -> str:
         return f"{x:.{digits}f}" if isinstance(x, (int, float)) else "-"
 
-    lines = ["| shape | what | winner | cutecc us | default us | XLA us | cutecc / XLA | within 5% "
+    lines = ["| shape | what | winner | cutecc us | default us | XLA us | cutecc / XLA | within 3% "
              "| correct |", "| --- " * 9 + "|"]
     for r in rows:
         us = r.get("us", {})
@@ -435,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="a cache with examples/gemm built and its candidates compiled")
     ap.add_argument("--out", type=Path, default=None, help="where gemm_tune.json, the lock and results go")
     ap.add_argument("--repeats", type=int, default=20, help="cutecc tune --measure rounds per bucket")
+    ap.add_argument("--tunes", type=int, choices=(1, 2), default=2,
+                    help="independent tunes (2: check they agree or name the within-noise buckets)")
     ap.add_argument("--rounds", type=int, default=15, help="timed rounds of the comparison per shape")
     ap.add_argument("--no-tune", action="store_true", help="compare only, with the lock at --lock")
     ap.add_argument("--lock", type=Path, default=None, help="with --no-tune: the lock to dispatch by")
@@ -458,6 +505,15 @@ def main(argv: list[str] | None = None) -> int:
         records, lock = tuned.pop("records"), out_dir / "kernels.lock"
         doc["failed"] += tuned.pop("failed")
         doc["tune"] = tuned
+        if a.tunes == 2:
+            again = tune_measure(a.cache_dir, out_dir / "second", a.repeats)
+            doc["failed"] += [f"second tune: {f}" for f in again.pop("failed")]
+            st = stability(records, again.pop("records"), lock, out_dir / "second" / "kernels.lock")
+            doc["stability"] = st
+            doc["failed"] += [f"winners differ beyond the noise between two tunes: {x}"
+                              for x in st["unexplained"]]
+            doc["failed"] += [f"a winner slower than the default beyond the noise: {x}" for x in st["slower"]]
+            doc["failed"] += [f"measured by one tune only: {x}" for x in st["missing"]]
     if a.dry_run:
         doc["self_check"] = self_check()
     if a.cache_dir is not None:

@@ -1,6 +1,8 @@
 """Build-time tuning on the device (issue 13): per bucket, the default against the winner,
 the tuning cost split into compile seconds (CPU) and benchmark seconds (GPU), and a second,
-separate measurement checking each recorded winner is within 2% of the best candidate.
+separate measurement checking each recorded winner is within 2% of the best candidate, and
+whether both runs recorded the same winner per bucket or named the bucket within the noise
+(`cutecc.tuning.decide`; issue 37).
 
 On a CPU host with the build extra (the caches travel to the GPU host):
     bash tests/gpu/prepare.sh CACHES --examples    # CACHES/tune and CACHES/examples
@@ -63,7 +65,12 @@ def rows_of(first: list[dict[str, Any]], second: list[dict[str, Any]]) -> list[d
                      "gain": round(r["default_us"] / r["winner_us"], 3) if r["winner_us"] else None,
                      "dropped": r["dropped"], "rerun_winner_us": w2, "rerun_best_us": best,
                      "rerun_clock": s.get("clock", "host") if s else None,
-                     "within_2pct": bool(w2 is not None and best is not None and w2 <= best * 1.02)})
+                     "within_2pct": bool(w2 is not None and best is not None and w2 <= best * 1.02),
+                     # Stable (issue 37): both runs recorded the same winner, or one named the
+                     # bucket's decision within the noise.
+                     "same_winner": bool(s and s["winner_variant"] == r["winner_variant"]),
+                     "within_noise": sorted({*r.get("within_noise", []),
+                                             *(s or {}).get("within_noise", [])})})
     rows.sort(key=lambda x: (x["kernel"], x["variant"], _bucket_order(x["bucket"])))
     return rows
 
@@ -83,6 +90,13 @@ def markdown(out: dict[str, Any]) -> str:
     n, ok = len(out["rows"]), sum(x["within_2pct"] for x in out["rows"])
     clocks = sorted({x["clock"] for x in out["rows"]} | {x["rerun_clock"] or "-" for x in out["rows"]})
     lines.append("")
+    same = sum(x.get("same_winner", False) for x in out["rows"])
+    named = [f"{x['kernel']}[{x['variant']}] {x['bucket']}" for x in out["rows"]
+             if not x.get("same_winner") and x.get("within_noise")]
+    unexplained = [f"{x['kernel']}[{x['variant']}] {x['bucket']}" for x in out["rows"]
+                   if not x.get("same_winner") and not x.get("within_noise")]
+    lines.append(f"{same} of {n} buckets recorded the same winner in both runs; differing within the noise: "
+                 f"{', '.join(named) or 'none'}; differing beyond it: {', '.join(unexplained) or 'none'}")
     lines.append(f"{ok} of {n} winners within 2% of the second run's best; clock: {', '.join(clocks)}; "
                  f"on {out['device']} ({out['driver']}).")
     for run in out["runs"]:

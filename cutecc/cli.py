@@ -309,7 +309,11 @@ def build(manifest: Path | None, manifest_opt: Path | None, archs: tuple[str, ..
 @click.option("--lock-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="The lock to record into (default: beside the manifest).")
 @click.option("--repeats", type=click.IntRange(min=3), default=30, show_default=True,
-              help="Timed rounds per bucket.")
+              help="Timed rounds per bucket (at least; more until the medians settle).")
+@click.option("--max-rounds", type=click.IntRange(min=3), default=None,
+              help="Timed rounds per bucket at most [default: 4 x --repeats].")
+@click.option("--replace-tuning", is_flag=True,
+              help="Drop the lock's tuning lines measured under another policy (else refused).")
 @click.option("--threshold", type=click.FloatRange(min=0), default=0.05, show_default=True,
               help="--check: relative drift reported.")
 @_sign_opt
@@ -317,8 +321,8 @@ def build(manifest: Path | None, manifest_opt: Path | None, archs: tuple[str, ..
 def tune(manifest: Path | None, manifest_opt: Path | None, kernels: tuple[str, ...],
          buckets: tuple[str, ...], archs: tuple[str, ...], cache_dir: Path | None, jobs: int | None,
          dry_run: bool, compile_only: bool, measure: bool, record: Path | None, check: bool,
-         results: Path | None, lock: bool, lock_file: Path | None, repeats: int, threshold: float,
-         sign_key: Path | None, as_json: bool) -> None:
+         results: Path | None, lock: bool, lock_file: Path | None, repeats: int, max_rounds: int | None,
+         replace_tuning: bool, threshold: float, sign_key: Path | None, as_json: bool) -> None:
     """Tune kernels with a [kernel.NAME.tune] space: compile every candidate (CPU), time them
     against the default on a GPU, record the winner per bucket in kernels.lock and the cache."""
     from cutecc.commands.tune import tune as run
@@ -326,7 +330,8 @@ def tune(manifest: Path | None, manifest_opt: Path | None, kernels: tuple[str, .
     _emit(run(_manifest(manifest, manifest_opt), kernels=kernels, buckets=buckets, archs=archs,
               cache_dir=cache_dir, jobs=jobs, dry_run=dry_run, compile_only=compile_only,
               measure=measure, record=record, check=check, results=results, lock=lock,
-              lock_file=lock_file, repeats=repeats, threshold=threshold, sign_key=sign_key), as_json)
+              lock_file=lock_file, repeats=repeats, threshold=threshold, sign_key=sign_key,
+              max_rounds=max_rounds, replace_tuning=replace_tuning), as_json)
 
 
 @main.command("list", short_help="List the cache's entries.")

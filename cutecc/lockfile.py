@@ -187,7 +187,12 @@ LOCK_LINE_FIELDS = ("kernel", "variant", "arch", "platform", "key", *PIN_FIELDS)
 class Tuned:
     """One recorded winner: what serves (kernel, variant, arch) on `device` for a bucket
     (`cutecc.buckets`). `base` is the default configuration's key; `pin` is what a lock
-    line would pin of the winner (so the runtime refuses a winner whose bytes differ)."""
+    line would pin of the winner (so the runtime refuses a winner whose bytes differ).
+
+    `policy` (how it was measured: launches, clock, warm-up, rounds, the noise rule, as
+    `cutecc.tuning.policy` names it) and `built_with` (the DSL that built the candidates,
+    `cutecc.runtime.tuning.toolchain_of`) are optional: lines recorded before they existed
+    lack both, keep their bytes and serve as before (a lock then holds no policy to mix)."""
 
     kernel: str
     variant: str
@@ -199,6 +204,8 @@ class Tuned:
     winner: str
     winner_variant: str
     pin: Pin
+    policy: str | None = None
+    built_with: str | None = None
 
     @property
     def order(self) -> tuple[Any, ...]:
@@ -210,8 +217,10 @@ class Tuned:
         return parse_bucket(self.bucket)
 
     def to_json(self) -> dict[str, Any]:
-        """The line as a lock or a record holds it: its own fields, then the winner's pin, flat."""
-        return {n: getattr(self, n) for n in _TUNED_OWN} | self.pin.to_json()
+        """The line as a lock or a record holds it: its own fields, then the winner's pin, flat,
+        then the policy and the DSL where it has them (a line without keeps its bytes)."""
+        extra = {n: getattr(self, n) for n in TUNED_OPTIONAL if getattr(self, n) is not None}
+        return {n: getattr(self, n) for n in _TUNED_OWN} | self.pin.to_json() | extra
 
     @classmethod
     def from_json(cls, d: Any, where: str, kp: str) -> Tuned:
@@ -226,7 +235,13 @@ class Tuned:
             parse_bucket(d["bucket"])
         except ValueError as e:
             raise CuteccError(str(e), where=where, key_path=f"{kp}.bucket") from None
-        return cls(**{n: d[n] for n in _TUNED_OWN}, pin=Pin(**{f: d[f] for f in PIN_FIELDS}))
+        for n in TUNED_OPTIONAL:
+            v = d.get(n)
+            if v is not None and not (isinstance(v, str) and 0 < len(v) <= MAX_TUNED_TEXT):
+                raise CuteccError(f"must be a string of 1 to {MAX_TUNED_TEXT} characters or absent",
+                                  where=where, key_path=f"{kp}.{n}")
+        return cls(**{n: d[n] for n in _TUNED_OWN}, pin=Pin(**{f: d[f] for f in PIN_FIELDS}),
+                   **{n: d.get(n) for n in TUNED_OPTIONAL})
 
     def mismatch(self, meta: Mapping[str, Any]) -> str | None:
         """Why the winner entry's metadata differs from this line, or None."""
@@ -236,7 +251,9 @@ class Tuned:
         return None if diff is None else f"{diff[0]} differs from the tuning record"
 
 
-_TUNED_OWN = tuple(f.name for f in dataclasses.fields(Tuned) if f.name != "pin")
+TUNED_OPTIONAL = ("policy", "built_with")  # absent from lines recorded before them
+MAX_TUNED_TEXT = 300
+_TUNED_OWN = tuple(f.name for f in dataclasses.fields(Tuned) if f.name not in ("pin", *TUNED_OPTIONAL))
 TUNED_FIELDS = (*_TUNED_OWN, *PIN_FIELDS)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import platform as _platform
+import struct
 from dataclasses import dataclass
 
 from cutecc.errors import InputError
@@ -67,3 +68,17 @@ def suffix(name: str) -> str:
     """What a label adds for a platform: nothing for the build platform (so the labels of
     x86-64 entries read as they always did), `/aarch64` otherwise."""
     return "" if name == BUILD_PLATFORM else f"/{name}"
+
+
+def machine_problem(head: bytes, platform: str) -> str | None:
+    """Why a library whose first bytes are `head` cannot be loaded on `platform`'s hosts
+    (its ELF machine is another's), or None; also None when `head` is no ELF header (the
+    hash check and the loader say what that is) or the platform is unknown here."""
+    if len(head) < 20 or head[:4] != b"\x7fELF" or platform not in PLATFORMS:
+        return None
+    (got,) = struct.unpack_from("<H" if head[5] != 2 else ">H", head, 18)
+    if got == PLATFORMS[platform].elf_machine:
+        return None
+    names = {p.elf_machine: p.name for p in PLATFORMS.values()}
+    return (f"its ELF machine is {names.get(got, f'number {got}')}, but the entry is for {platform} "
+            "hosts: it cannot be loaded there; rebuild it")

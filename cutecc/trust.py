@@ -2,8 +2,10 @@
 
 A SHA-256 recorded beside a file proves nothing against someone who can write both, so
 before a cache's metadata or libraries are believed, every directory from `/` down to the
-file must be owned by this user or root and not writable by others (a sticky directory
-such as /tmp excepted), and so must the file. The check is made on what is actually
+file must be owned by this user or root and not writable by others, nor by a group
+anyone else is in (a sticky directory such as /tmp excepted), and so must the file. A group
+this user alone can be in (a user-private group, as under umask 002) writes nothing someone
+else could. The check is made on what is actually
 opened: the path is resolved once, then opened one component at a time relative to the
 directory already checked, never following a symbolic link, so swapping a component for
 a link after the check opens nothing else. `$CUTECC_ALLOW_SHARED_CACHE=1` turns the
@@ -13,7 +15,10 @@ ownership rules off (not the no-follow opens).
 from __future__ import annotations
 
 import contextlib
+import functools
+import grp
 import os
+import pwd
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -30,7 +35,7 @@ class Untrusted(CuteccError):
 
     def __init__(self, why: str, where: str) -> None:
         super().__init__(f"{why}; refusing to trust it. Fix the ownership or permissions "
-                         f"(chown, chmod o-w), or set {environ.ALLOW_SHARED_CACHE}=1 to trust it",
+                         f"(chown, chmod go-w), or set {environ.ALLOW_SHARED_CACHE}=1 to trust it",
                          where=where, exit_code=1)
         self.why = why
 
@@ -45,9 +50,35 @@ def stat_problem(st: os.stat_result, what: str) -> str | None:
     me = os.geteuid()
     if st.st_uid not in (me, 0):
         return f"{what} is owned by uid {st.st_uid}, not by this user (uid {me}) or root"
-    if st.st_mode & stat.S_IWOTH and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
+    sticky = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
+    if st.st_mode & stat.S_IWOTH and not sticky:
         return f"{what} is writable by any user (mode {stat.S_IMODE(st.st_mode):o})"
+    if st.st_mode & stat.S_IWGRP and not sticky and not _private_group(st.st_gid):
+        return (f"{what} is writable by group {_group_name(st.st_gid)} (gid {st.st_gid}), which "
+                f"users other than this one can be in (mode {stat.S_IMODE(st.st_mode):o})")
     return None
+
+
+@functools.lru_cache(maxsize=64)
+def _private_group(gid: int) -> bool:
+    """Whether this user alone can be in group `gid`: it lists no other member and is no
+    other user's primary group (a user-private group). Unknown groups are not."""
+    me = os.geteuid()
+    try:
+        members = grp.getgrgid(gid).gr_mem
+        name = pwd.getpwuid(me).pw_name
+    except KeyError:
+        return False
+    if any(m != name for m in members):
+        return False
+    return all(p.pw_uid == me for p in pwd.getpwall() if p.pw_gid == gid)
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
 
 
 def _check(fd: int, what: str, always: bool = False) -> None:

@@ -8,7 +8,12 @@ Steps (all by default; each alone with a flag, so a CPU host and a GPU host can 
                    write `--results FILE`, and record winners into the lock and the cache
   --record FILE    record a results file (measured elsewhere) into the lock and the cache
   --check          measure again and report recorded winners whose time drifted beyond
-                   `--threshold`, or that another candidate now beats beyond the noise
+                   `--threshold`, that no longer beat the default beyond the noise, or that
+                   another candidate now beats (`cutecc.tuning.drift`)
+
+Recording (`--measure`, `--record`, the default run) refuses a lock whose tuning lines would
+be measured under different policies (`cutecc.tuning.policy`); `--replace-tuning` drops the
+lock's lines of other policies instead (old lines without a policy among them).
 """
 
 from __future__ import annotations
@@ -21,11 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 from cutecc.buckets import bucket_text
 from cutecc.errors import CuteccError, WorkError
-from cutecc.lockfile import Tuned
+from cutecc.lockfile import Lock, Tuned
 from cutecc.report import Report
 from cutecc.runtime.tuning import (
     TuningResult,
     dumps_records,
+    line_problem,
     parse_results,
     read_cached,
     sibling_problem,
@@ -62,8 +68,15 @@ class TuneReport(Report):
         return ([f"FAILED {f}" for f in self.failed] + [f"DROPPED {d}" for d in self.dropped]
                 + [f"DRIFT {d}" for d in self.drift])
 
+    def within_noise(self) -> list[str]:
+        """The buckets whose decision was inside the noise (`decide.Decision.close`): where
+        two runs may record different winners; every other bucket's decision was clear."""
+        return [f"{r.line.kernel}[{r.line.variant}]@{r.line.arch} {r.line.bucket}" for r in self.records
+                if r.within_noise]
+
     def to_json(self) -> dict[str, Any]:
-        return {"mode": self.mode, "compile_seconds": round(self.compile_seconds, 3),
+        return {"mode": self.mode, "within_noise": self.within_noise(),
+                "compile_seconds": round(self.compile_seconds, 3),
                 "built": self.built, "cached": self.cached, "failed": self.failed, "dropped": self.dropped,
                 "candidates": sum(len(i.candidates) for i in self.plan),
                 "kernels": _by_kernel(self.plan), "records": [r.to_json() for r in self.records], **self.info,
@@ -84,7 +97,12 @@ class TuneReport(Report):
             gain = r.default_us / r.winner_us if r.winner_us else 0.0
             out.append(f"{t.kernel}[{t.variant}] {t.bucket}: default {r.default_us:.2f} us, "
                        f"winner {t.winner_variant} {r.winner_us:.2f} us ({gain:.2f}x)"
-                       + (f", dropped {len(r.dropped)}" if r.dropped else ""))
+                       + (f", dropped {len(r.dropped)}" if r.dropped else "")
+                       + (f", within the noise: {', '.join(r.within_noise)}" if r.within_noise else ""))
+        close = self.within_noise()
+        if close:
+            out.append(f"{len(close)} bucket(s) decided within the noise (a rerun may pick otherwise): "
+                       + "; ".join(close))
         if self.mode in ("dry-run", "compile", "all"):
             n = sum(len(i.candidates) for i in self.plan)
             out.append(f"{len(self.plan)} tuned variant(s), {n} candidates"
@@ -114,7 +132,8 @@ def tune(manifest_path: str | Path, *, kernels: tuple[str, ...] = (), buckets: t
          dry_run: bool = False, compile_only: bool = False, measure: bool = False,
          record: str | Path | None = None, check: bool = False, results: str | Path | None = None,
          lock_file: str | Path | None = None, lock: bool = True, repeats: int = 30, warmup: int = 3,
-         threshold: float = 0.05, seed: int = 0, sign_key: str | Path | None = None) -> TuneReport:
+         threshold: float = 0.05, seed: int = 0, sign_key: str | Path | None = None,
+         max_rounds: int | None = None, replace_tuning: bool = False) -> TuneReport:
     """Run the steps of `cutecc tune` (see the module docstring). `sign_key` (or
     `$CUTECC_SIGNING_KEY`) signs the lock when recording changes it."""
     from cutecc.lockfile import LOCK_NAME
@@ -137,7 +156,8 @@ def tune(manifest_path: str | Path, *, kernels: tuple[str, ...] = (), buckets: t
         report.records = read_results(record)
         from cutecc.manifest import load_manifest
 
-        _record(report, tplan.items(load_manifest(manifest_path)), store.root, lock_path, lock, sign_key)
+        _record(report, tplan.items(load_manifest(manifest_path)), store.root, lock_path, lock, sign_key,
+                replace_tuning)
         return report
     mode = ("dry-run" if dry_run else "compile" if compile_only else "measure" if measure
             else "check" if check else "all")
@@ -165,7 +185,7 @@ def tune(manifest_path: str | Path, *, kernels: tuple[str, ...] = (), buckets: t
                                   f"{', '.join(sorted(known))})", where="--bucket")
 
         report.records, report.info = run(store.root, report.plan, buckets=buckets, repeats=repeats,
-                                          warmup=warmup, seed=seed)
+                                          warmup=warmup, seed=seed, max_rounds=max_rounds)
         report.failed += report.info.pop("failed", [])
         if results is not None:
             from cutecc.atomic import atomic_write
@@ -179,7 +199,7 @@ def tune(manifest_path: str | Path, *, kernels: tuple[str, ...] = (), buckets: t
         if mode == "check":
             report.drift = _drift(store.root, report.records, threshold)
         elif report.records:
-            _record(report, report.plan, store.root, lock_path, lock, sign_key)
+            _record(report, report.plan, store.root, lock_path, lock, sign_key, replace_tuning)
     return report
 
 
@@ -256,11 +276,13 @@ def read_results(path: str | Path) -> list[TuningResult]:
 
 
 def _record(report: TuneReport, plan_items: list[PlanItem], root: Path, lock_path: Path,
-            lock: bool, sign_key: str | Path | None = None) -> None:
+            lock: bool, sign_key: str | Path | None = None, replace_tuning: bool = False) -> None:
     """Merge records into the cache (full records) and the lock (winner lines). A winner is
     recorded only if it is a candidate the plan (the manifest's, as it is now) has for that
-    default, and its entry in this cache matches the record's bytes."""
-    from cutecc.lockfile import read_lock, write_lock
+    default, and its entry in this cache matches the record's bytes; and only into a lock
+    whose tuning lines then share one measurement policy (`replace_tuning`: the lock's lines
+    of other policies are dropped instead). Nothing is written when anything is refused."""
+    from cutecc.lockfile import write_lock
     from cutecc.store.writer import Store
 
     store = Store(root)
@@ -275,13 +297,14 @@ def _record(report: TuneReport, plan_items: list[PlanItem], root: Path, lock_pat
                             "not a candidate of the manifest as it is now (stale results?)",
                             where=str(lock_path))
         e, base = store.get(t.winner), store.get(t.base)
-        why = "not in the cache" if e is None else t.mismatch(e.meta) or (
+        why = "not in the cache" if e is None else (
             "its default configuration is not in the cache" if base is None
-            else sibling_problem(base.meta, e.meta))
+            else line_problem(t, base.meta, e.meta) or sibling_problem(base.meta, e.meta))
         if why:
             raise WorkError(f"{t.kernel}[{t.winner_variant}] {t.winner[:12]}: {why}; run "
                             "`cutecc tune --compile-only`", where=str(root))
         lines.append(t)
+    new_lock = _merged_lock(lines, lock_path, replace_tuning) if lock else None
     by_base: dict[str, list[TuningResult]] = {}
     for r in report.records:
         by_base.setdefault(r.base, []).append(r)
@@ -289,15 +312,7 @@ def _record(report: TuneReport, plan_items: list[PlanItem], root: Path, lock_pat
         new = {r.slot: r for r in read_cached(root, key)}
         new.update({r.slot: r for r in recs})
         store.write_tuning_results(key, dumps_records([new[k] for k in sorted(new)]))
-    if lock:
-        old = read_lock(lock_path)
-        keep = {t.order: t for t in old.tuning}
-        keep.update({t.order: t for t in lines})
-        new_lock = old.with_tuning(keep.values())
-        dropped = len(keep) - len(new_lock.tuning)
-        if dropped:
-            raise WorkError(f"{dropped} result(s) name default configurations the lock does not "
-                            "lock; run `cutecc build` first", where=str(lock_path))
+    if new_lock is not None:
         report.lock_changed = write_lock(lock_path, new_lock)
         report.lock_file = lock_path
         if sign_key and report.lock_changed:  # the old signature no longer covers these bytes
@@ -310,34 +325,37 @@ def _record(report: TuneReport, plan_items: list[PlanItem], root: Path, lock_pat
             signing.sign_file(lock_path, private, "lock")
 
 
+def _merged_lock(lines: list[Tuned], lock_path: Path, replace_tuning: bool) -> Lock:
+    """The lock at `lock_path` with `lines` recorded into it (each replacing the line of its
+    slot); refused when a line names a default the lock does not lock, or when the lines
+    would not share one measurement policy (unless `replace_tuning`: the others go)."""
+    from collections import Counter
+
+    from cutecc.lockfile import read_lock
+    from cutecc.tuning.policy import mixed
+
+    old = read_lock(lock_path)
+    keep = {t.order: t for t in old.tuning}
+    keep.update({t.order: t for t in lines})
+    new_lock = old.with_tuning(keep.values())
+    dropped = len(keep) - len(new_lock.tuning)
+    if dropped:
+        raise WorkError(f"{dropped} result(s) name default configurations the lock does not "
+                        "lock; run `cutecc build` first", where=str(lock_path))
+    ours = {t.policy for t in lines}
+    if replace_tuning and len(ours) == 1:
+        new_lock = new_lock.with_tuning(t for t in new_lock.tuning if t.policy in ours)
+    why = mixed(Counter(t.policy for t in new_lock.tuning))
+    if why:
+        raise WorkError(f"{why}; measure every bucket again under one policy, or pass --replace-tuning "
+                        "to drop the lock's lines of the other policies", where=str(lock_path))
+    return new_lock
+
+
 def _drift(root: Path, records: list[TuningResult], threshold: float) -> list[str]:
-    """Recorded winners whose time moved by more than `threshold`, or that another candidate
-    now beats by more than the measured noise."""
-    out = []
-    for r in records:
-        t = r.line
-        what = f"{t.kernel}[{t.variant}] {t.bucket}"
-        old = {c.slot: c for c in read_cached(root, r.base)}.get(r.slot)
-        if old is None:
-            out.append(f"{what} on {t.device}: never recorded")
-            continue
-        was = old.line.winner_variant
-        now = r.times_us.get(was)
-        if now is None:
-            out.append(f"{what}: the winner {was} was dropped: {r.dropped.get(was, '?')}")
-            continue
-        if was not in old.times_us:  # a record that lacks its own winner's times: nothing to compare
-            out.append(f"{what}: the recorded times hold none for its winner {was}; record again "
-                       "(`cutecc tune --measure`)")
-            continue
-        then = old.times_us[was][1]
-        if old.clock != r.clock:  # a host-clock time holds dispatch a device-clock one lacks
-            out.append(f"{what}: recorded on the {old.clock} clock, measured now on the {r.clock} clock: "
-                       "times not compared; record again (`cutecc tune --measure`)")
-        elif abs(now[1] / then - 1) > threshold:
-            out.append(f"{what}: {was} took {then:.2f} us, now "
-                       f"{now[1]:.2f} us ({now[1] / then - 1:+.1%}, threshold {threshold:.0%})")
-        if t.winner_variant != was:
-            out.append(f"{what}: {t.winner_variant} now beats "
-                       f"{was} beyond the noise ({r.winner_us:.2f} vs {now[1]:.2f} us)")
-    return out
+    """`cutecc.tuning.drift.report` of `records` (measured now) against the cache's records
+    of the same buckets."""
+    from cutecc.tuning import drift
+
+    recorded = {drift.key(c): c for r in records for c in read_cached(root, r.base)}
+    return drift.report(recorded, records, threshold)

@@ -8,7 +8,9 @@ whose key nobody has locked. It checks the index too: an entry without its recor
 (`stale-index`, also one that differs from its metadata), and an entry whose runtime
 library is not in the cache (`no-runtime`). Tuning records are checked by the rule the
 runtime applies to them (`bad-tuning`: a winner that is not a healthy sibling of its
-default, with the same contract and call keywords, or a record it cannot read). Every
+default, with the same contract and call keywords, bytes and toolchain as recorded, or a
+record it cannot read); with a lock (`--lock`), so are the lock's tuning lines
+(`stale-tuning`: a line load would ignore; lines of another device kind are noted). Every
 other area of the cache (`cutecc.store.layout`) is checked for what does not belong: a
 top-level name the layout does not know, a file in `generations/`, `manifests/`,
 `composites/`, `tuning/` or `src/` not named as the layout names them (`orphan`), and a
@@ -22,9 +24,10 @@ it never touches a healthy entry's files.
 
 from __future__ import annotations
 
-import json
+import errno
 import os
 import shutil
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,7 @@ import filelock
 from cutecc import trust
 from cutecc.atomic import TMP_NAME
 from cutecc.entry import (
+    MAX_INDEX_BYTES,
     MAX_META_BYTES,
     META,
     RESERVED_FILES,
@@ -50,15 +54,24 @@ from cutecc.entry import (
 )
 from cutecc.errors import CuteccError, WorkError
 from cutecc.locks import Busy
+from cutecc.platforms import machine_problem
 from cutecc.report import Report
 from cutecc.runtime.tuning import (
     MAX_RECORD_BYTES,
     TUNING_FORMAT,
+    line_problem,
     parse_results,
     sibling_problem,
 )
 from cutecc.store import layout
-from cutecc.store.view import entry_trust_problem, read_meta, read_small_json
+from cutecc.store.view import (
+    INDEX_DEPTH,
+    MAX_STATS_BYTES,
+    STATS_DEPTH,
+    entry_trust_problem,
+    read_meta,
+    record_problem,
+)
 from cutecc.store.writer import Store
 
 BAD = frozenset({"missing", "truncated", "altered", "malformed", "untrusted"})  # the entry is unusable
@@ -68,7 +81,8 @@ BAD = frozenset({"missing", "truncated", "altered", "malformed", "untrusted"})  
 class Problem:
     # one of BAD, or "orphan" (a file or dir nothing owns), "stale-tmp", "unindexed",
     # "stale-index", "no-runtime", "bad-tuning" (a tuning record load would refuse),
-    # "bad-record" (a build record or tuning plan that is not one)
+    # "bad-record" (a build record or tuning plan that is not one), "stale-tuning" (a lock's
+    # tuning line load would ignore: record again with `cutecc tune`)
     kind: str
     path: str
     detail: str
@@ -88,6 +102,7 @@ class VerifyReport(Report):
     problems: list[Problem] = field(default_factory=list)
     fixed: bool = False
     drift_note: str | None = None  # `--lock`: its key-deciding distributions unlike these here
+    tuning_notes: list[str] = field(default_factory=list)  # `--lock`: its tuning lines this device ignores
 
     @property
     def ok(self) -> bool:
@@ -101,10 +116,11 @@ class VerifyReport(Report):
     def to_json(self) -> dict[str, Any]:
         return {"cache_dir": self.cache_dir, "entries": self.entries, "healthy": self.healthy,
                 "ok": self.ok, "fixed": self.fixed, "problems": [asdict(p) for p in self.problems],
-                "drift": self.drift_note}
+                "drift": self.drift_note, "tuning_notes": self.tuning_notes}
 
     def lines(self, verbose: int = 0) -> list[str]:
         out = [f"warning: {self.drift_note}"] if self.drift_note else []
+        out += [f"note: {n}" for n in self.tuning_notes]
         out += [f"{p.kind:9}  {p.path}: {p.detail}" + (f" -> {p.action}" if p.action else "")
                 for p in self.problems]
         out.append(f"{self.entries} entries, {self.healthy} healthy, {len(self.problems)} problem(s)"
@@ -145,9 +161,10 @@ def check_entry(path: Path, key: str, runtime: bool = False) -> list[Problem]:
     except (OSError, ValueError) as e:
         return [Problem("malformed", str(path / META), f"unreadable metadata: {e}", key)]
     try:  # the records, the key inputs and the fields they decide
-        records = (RuntimeMeta.parse(meta, key) if runtime else EntryMeta.parse(meta, key)).files
+        parsed = RuntimeMeta.parse(meta, key) if runtime else EntryMeta.parse(meta, key)
     except ValueError as e:
         return [Problem("malformed", str(path / META), str(e), key)]
+    records = parsed.files
     files = {r.name: r for r in records}
     out = []
     for name, rec in sorted(files.items()):
@@ -169,6 +186,10 @@ def check_entry(path: Path, key: str, runtime: bool = False) -> list[Problem]:
         elif got["sha256"] != rec.sha256:
             out.append(Problem("altered", str(f), f"sha256 {got['sha256'][:16]}.., recorded "
                                f"{rec.sha256[:16]}..", key))
+    if not out and isinstance(parsed, EntryMeta):  # whole: is it a library of its platform?
+        why = _machine_problem(path / parsed.library.name, parsed.platform)
+        if why:
+            out.append(Problem("malformed", str(path / parsed.library.name), why, key))
     if not any(p.kind in BAD for p in out):
         why = entry_trust_problem(path, list(files))
         if why:  # whoever could write it could have written its hashes too
@@ -181,6 +202,22 @@ def check_entry(path: Path, key: str, runtime: bool = False) -> list[Problem]:
         if name not in files and name not in RESERVED_FILES:
             out.append(Problem("orphan", str(path / name), "not listed in meta.json", key))
     return out
+
+
+def _machine_problem(library: Path, platform: str) -> str | None:
+    """Why `library`'s ELF header says it cannot load on `platform`'s hosts (`platforms.
+    machine_problem`): an aarch64 library under an x86-64 entry fails only at dlopen."""
+    try:
+        fd = os.open(library, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None  # the hash check said what it is
+    try:
+        head = os.read(fd, 64)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return machine_problem(head, platform)
 
 
 def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
@@ -211,6 +248,8 @@ def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
                 f"the runtime library {rkey[:12]} that {len(keys)} entr{'y' if len(keys) == 1 else 'ies'} "
                 f"link against (e.g. {keys[0][:12]}) is not in the cache", rkey))
     _check_tuning(store, report, kernels)
+    if lock is not None:
+        _check_lock_tuning(report, kernels, Path(lock))
     _check_areas(store, report)
     for d in _listdir(store.tmp_dir):
         key = d.name.split(".", 1)[0]
@@ -287,10 +326,18 @@ def _check_index(store: Store, report: VerifyReport, kernels: dict[str, dict[str
             report.problems.append(Problem("unindexed", str(path), "the entry has no index record: "
                                            "`cutecc.load` does not see it", key))
             continue
-        try:
-            data = path.read_bytes()
-        except OSError:
+        try:  # as every record is read: a regular file of ours, bounded (`read_record`)
+            data = trust.read_path(path, MAX_INDEX_BYTES)
+        except FileNotFoundError:
             continue  # removed since we listed it
+        except trust.Untrusted as e:
+            report.problems.append(Problem("stale-index", str(path), e.why, key))
+            continue
+        except OSError as e:
+            why = (f"over the {MAX_INDEX_BYTES}-byte limit of an index record" if e.errno == errno.EFBIG
+                   else f"unreadable: {e.strerror}")
+            report.problems.append(Problem("stale-index", str(path), why, key))
+            continue
         if _record_differs(data, key, meta):
             report.problems.append(Problem("stale-index", str(path), "the index record does not "
                                            "match the entry's metadata", key))
@@ -340,11 +387,46 @@ def _check_tuning(store: Store, report: VerifyReport, kernels: dict[str, dict[st
             winner, default = kernels.get(t.winner), kernels.get(t.base)
             why = ("its default configuration is not a healthy entry" if t.base != base or default is None
                    else "its winner is not a healthy entry" if winner is None
-                   else t.mismatch(winner) or sibling_problem(default, winner))
+                   else line_problem(t, default, winner) or sibling_problem(default, winner))
             if why:
                 report.problems.append(Problem(
                     "bad-tuning", str(f), f"{t.kernel}[{t.variant}]@{t.arch} {t.bucket} on {t.device}: "
                     f"winner {t.winner_variant} ({t.winner[:12]}): {why}", base))
+
+
+def _check_lock_tuning(report: VerifyReport, kernels: dict[str, dict[str, Any]], lock: Path,
+                       kind: str | None = None) -> None:
+    """The lock's tuning lines that load would ignore here: one whose winner's bytes or
+    toolchain differ from what was measured (`line_problem`) or that could not serve its
+    default's calls is `stale-tuning` (record again: `cutecc tune`); lines of another device
+    kind than this host's (`kind`, else the GPU's or $CUTECC_DEVICE_KIND, where one is known)
+    are named as notes (a lock may serve several kinds). Lines whose default is not in this
+    cache are another cache's business."""
+    from cutecc.lockfile import read_lock
+
+    if kind is None:
+        try:
+            from cutecc.runtime.tuning import device_kind
+
+            kind = device_kind()
+        except ImportError:  # no JAX here: no device kind to compare
+            kind = None
+    other: dict[str, int] = {}
+    for t in read_lock(lock).tuning:
+        what = f"{t.kernel}[{t.variant}]@{t.arch} {t.bucket} on {t.device}"
+        if kind is not None and t.device != kind:
+            other[t.device] = other.get(t.device, 0) + 1
+        default, winner = kernels.get(t.base), kernels.get(t.winner)
+        if default is None:
+            continue
+        why = ("its winner is not a healthy entry of this cache" if winner is None
+               else line_problem(t, default, winner) or sibling_problem(default, winner))
+        if why:
+            report.problems.append(Problem("stale-tuning", str(lock), f"{what}: winner {t.winner_variant} "
+                                           f"({t.winner[:12]}): {why}; ignored at load", t.base))
+    for dev, n in sorted(other.items()):
+        report.tuning_notes.append(f"{lock}: {n} tuning line(s) recorded for {dev}, not this device "
+                                   f"({kind}): ignored here (the default configurations serve)")
 
 
 def _name_ok(area: str, name: str) -> bool:
@@ -371,6 +453,7 @@ def _check_areas(store: Store, report: VerifyReport) -> None:
     for f in _listdir(lay.sources()):
         if not (is_key(f.name) and f.is_dir() and not f.is_symlink()) and not f.name.startswith("."):
             report.problems.append(Problem("orphan", str(f), "not a received source tree"))
+    _check_stats(store, report)
     records = ((layout.GENERATIONS, lay.generations(), MAX_META_BYTES),
                (layout.MANIFESTS, lay.manifests(), MAX_META_BYTES),
                (layout.COMPOSITES, lay.composites(), MAX_META_BYTES),
@@ -382,10 +465,32 @@ def _check_areas(store: Store, report: VerifyReport) -> None:
             if f.is_symlink() or not f.is_file() or not _name_ok(area, f.name):
                 report.problems.append(Problem("orphan", str(f), f"not a record of {area}/"))
                 continue
-            doc = read_small_json(f, limit)
-            if not (isinstance(doc, dict) and type(doc.get("format")) is int):
-                report.problems.append(Problem("bad-record", str(f), "not a JSON object with a "
-                                               "format: unreadable or damaged"))
+            doc, why = record_problem(f, limit)
+            if why is None and not (isinstance(doc, dict) and type(doc.get("format")) is int):
+                why = "not a JSON object with a format: damaged"
+            if why is not None and os.path.lexists(f):  # else removed since we listed it
+                report.problems.append(Problem("bad-record", str(f), why))
+
+
+def _check_stats(store: Store, report: VerifyReport) -> None:
+    """stats.json read as the builds read it (`read_record`): what is not a regular file
+    is an orphan (a build leaves it as it is; `--fix` removes it), a damaged or oversized
+    one a bad record (the next build starts its counters over)."""
+    path = store.layout.stats()
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "something else"
+        report.problems.append(Problem("orphan", str(path), f"{what}, not a regular file of build "
+                                       "counters (builds leave it as it is and count nothing)"))
+        return
+    doc, why = record_problem(path, MAX_STATS_BYTES, STATS_DEPTH)
+    if why is None and not (isinstance(doc, dict) and type(doc.get("format")) is int):
+        why = "not a JSON object with a format: damaged"
+    if why is not None:
+        report.problems.append(Problem("bad-record", str(path), why))
 
 
 def _fix_tuning(store: Store, p: Problem, bad: set[str]) -> str:
@@ -396,7 +501,10 @@ def _fix_tuning(store: Store, p: Problem, bad: set[str]) -> str:
     if str(path) in bad:
         return "removed"
     try:
-        path.unlink(missing_ok=True)
+        if path.is_dir() and not path.is_symlink():  # a directory in a record's place
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
     except OSError as e:
         raise WorkError(f"cannot remove: {e.strerror}", where=str(path)) from None
     bad.add(str(path))
@@ -417,7 +525,7 @@ def _record_differs(data: bytes, key: str, meta: dict[str, Any]) -> bool:
 
 def _loads(data: bytes) -> dict[str, Any]:
     try:
-        doc = json.loads(data)
+        doc = parse_json(data, MAX_INDEX_BYTES, INDEX_DEPTH)
     except ValueError:
         return {}
     return doc if isinstance(doc, dict) else {}

@@ -16,6 +16,11 @@ and registers it under one process-wide lock, so a thread arriving meanwhile wai
 finds it done (each library is loaded and registered once per process); later uses read the
 registry without the lock. Nothing launches under it: XLA, or torch's eager call, launches
 the kernel after its registration or load has returned.
+
+A process holds kernel libraries by content: a key is loaded once, with the bytes it was
+first loaded with, and a later load of that key with other bytes (another cache, a pack,
+a lock pinning another SHA-256) is an error naming both sources, never served by the
+library already loaded under the key's FFI target name.
 """
 
 from __future__ import annotations
@@ -48,7 +53,8 @@ ENV_ALLOW_SHARED = environ.ALLOW_SHARED_CACHE
 ENV_SYNC_CHECK = environ.SYNC_CHECK
 _lock = threading.Lock()
 _registered: dict[str, Any] = {}  # target name -> tvm_ffi.Module registered with JAX
-_functions: dict[str, tuple[Any, Any]] = {}  # target name -> (tvm_ffi.Module kept alive, function)
+# target name -> (tvm_ffi.Module kept alive, function, SHA-256 of its bytes, where they came from)
+_functions: dict[str, tuple[Any, Any, str, Path]] = {}
 _runtimes: dict[str, tuple[str, Any]] = {}  # soname -> (SHA-256, ctypes handle), never unloaded
 
 
@@ -105,7 +111,7 @@ def verified_bytes(path: Path, sha256: str, size: int, label: str, what: str = "
         data = _read_library(path, size)  # reads what is there, up to `size`: never allocates it
     except trust.Untrusted as e:
         raise CuteccError(f"refusing to load the {what}: {e.why}, so anyone could have "
-                          "replaced it and its recorded SHA-256. Fix the permissions (chmod o-w, "
+                          "replaced it and its recorded SHA-256. Fix the permissions (chmod go-w, "
                           f"chown), or set {ENV_ALLOW_SHARED}=1 to trust this cache",
                           where=f"{label} ({path})", exit_code=1) from None
     except OSError as e:
@@ -228,10 +234,21 @@ def load_function(key: str, path: Path, sha256: str, size: int, symbol: str, lab
     `record_use`: touch the entry's `used` file (for `cutecc gc`); off for installed packs.
     """
     got = _functions.get(target_name(key))
-    if got is not None:
+    if got is not None and got[2] == sha256:
         return got[1]
     with _lock:
         return _load_locked(key, path, sha256, size, symbol, label, record_use, runtime)[1]
+
+
+def _other_bytes(held: tuple[Any, Any, str, Path], key: str, path: Path, sha256: str,
+                 label: str) -> CuteccError:
+    """The error of a key this process already runs from other bytes than `sha256`."""
+    return CuteccError(
+        f"entry {key[:12]} is already loaded in this process from {held[3]} (SHA-256 "
+        f"{held[2][:16]}...), and this call asks for other bytes under the same key: {path} "
+        f"(SHA-256 {sha256[:16]}...); one key runs one library per process, so this is refused "
+        "rather than run the first. Load one of the two caches (or packs) per process, or "
+        "remove the entry that differs and rebuild it", where=label, exit_code=1)
 
 
 def _load_locked(key: str, path: Path, sha256: str, size: int, symbol: str, label: str,
@@ -240,7 +257,9 @@ def _load_locked(key: str, path: Path, sha256: str, size: int, symbol: str, labe
     name = target_name(key)
     got = _functions.get(name)
     if got is not None:
-        return got
+        if got[2] != sha256:
+            raise _other_bytes(got, key, path, sha256, label)
+        return got[0], got[1]
     data = verified_bytes(path, sha256, size, label)
     if runtime is not None:
         ensure_runtime(runtime, label, record_use=record_use)
@@ -250,7 +269,7 @@ def _load_locked(key: str, path: Path, sha256: str, size: int, symbol: str, labe
     except Exception as e:
         raise CuteccError(f"cannot load the kernel library: {e}", where=f"{label} ({path})",
                           exit_code=1) from None
-    _functions[name] = (module, fn)
+    _functions[name] = (module, fn, sha256, path)
     if record_use and not environ.read_only():
         touch_used(path.parent)  # once per process per entry, for `cutecc gc`
     return module, fn
@@ -265,10 +284,12 @@ def ensure_registered(key: str, path: Path, sha256: str, size: int, symbol: str,
     `record_use`: touch the entry's `used` file (for `cutecc gc`); off for installed packs.
     """
     name = target_name(key)
-    if name in _registered:
+    got = _functions.get(name)
+    if name in _registered and got is not None and got[2] == sha256:
         return name
     with _lock:
         if name in _registered:
+            _load_locked(key, path, sha256, size, symbol, label, record_use, runtime)  # same bytes?
             return name
         module, fn = _load_locked(key, path, sha256, size, symbol, label, record_use, runtime)
         import jax_tvm_ffi

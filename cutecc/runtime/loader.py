@@ -57,12 +57,14 @@ class KernelSet:
     """
 
     def __init__(self, root: Path, arch: str, resolve: Callable[[str], Any],
-                 names: Callable[[], Iterable[str]], has: Callable[[str], bool]) -> None:
+                 names: Callable[[], Iterable[str]], has: Callable[[str], bool],
+                 notes: Callable[[], list[str]] = list) -> None:
         self.root = root
         self.arch = arch
         self._resolve = resolve
         self._list = names
         self._has = has
+        self._notes = notes  # records set aside while listing (a composite unreadable here)
         self._all: frozenset[str] | None = None
         self._kernels: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -89,8 +91,10 @@ class KernelSet:
 
     @property
     def problems(self) -> list[str]:
-        """Every entry set aside, as `kernel: variant@arch (key): why` (checks all kernels)."""
-        return [f"{n}: {w}" for n in sorted(self._names) for w in self._kernel(n).unusable]
+        """Every entry set aside, as `kernel: variant@arch (key): why` (checks all kernels),
+        then every record set aside while listing the kernels, with why."""
+        names = sorted(self._names)
+        return [f"{n}: {w}" for n in names for w in self._kernel(n).unusable] + self._notes()
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
@@ -165,8 +169,11 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
 
     Without a lock or manifest, each kernel offers the entries of its newest build (per
     arch), so variants removed from the manifest are not callable after a rebuild.
-    `kernels` restricts which kernels are exposed; a `manifest` uses exactly the entries
-    its newest build planned (an unbuilt or since-edited manifest is an error).
+    `kernels` restricts which kernels are exposed (a composite named there brings the
+    kernels it launches); a `manifest` uses exactly the entries its newest build planned
+    (an unbuilt or since-edited manifest is an error), and offers the composites that
+    build recorded. A key this process already loaded from other bytes (another cache,
+    pack or lock) is refused at the call, naming both (`cutecc.runtime.library`).
     `strict` raises if any entry of those kernels cannot be used here instead of setting
     it aside, and makes a call no build serves an error even where the kernel declares a
     fallback (`$CUTECC_STRICT=1` does the latter alone; `cutecc.runtime.fallback`).
@@ -211,8 +218,11 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
     if target is None:
         raise CuteccError(f"no GPU is visible to {front.framework}: pass arch= (or set CUTECC_ARCH) to load "
                           "kernels for lowering without one", where="cutecc.load", exit_code=1)
-    wanted: set[str] | None = set(kernels) if kernels else None
+    asked: set[str] | None = set(kernels) if kernels else None
+    wanted = None if asked is None else set(asked)  # the kernels whose entries are looked up
     planned: set[str] | None = None  # a manifest's: exactly these keys
+    mpath: Path | None = None
+    recorded: dict[str, dict[str, list[str]]] | None = None
     if manifest is not None:
         mpath = Path(manifest).resolve()
         try:
@@ -224,15 +234,52 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
         if recorded is None:
             raise CuteccError("this manifest, as it is now, was never built into this cache; run "
                               "`cutecc build`", where=f"{mpath} (cache {store.root})", exit_code=1)
-        wanted = set(recorded) if wanted is None else wanted & set(recorded)
-        planned = {key for name in wanted for keys in recorded[name].values() for key in keys}
-    series = _tvm_ffi_series()
-    pinned: dict[str, Any] = {}
     locked = None
     if lock is not None:
         from cutecc.lockfile import read_trusted_lock
 
         locked = read_trusted_lock(lock, trusted_keys=trusted_keys, allow_unsigned=allow_unsigned)
+    set_aside: dict[str, str] = {}  # composite records that cannot be read, and why
+
+    def composite_line(name: str) -> CompositeLine | None:
+        """Composite `name` as defined here: under a lock (or a pack's) the lock's own line,
+        signed with it (the cache's record, which the lock does not vouch for, never decides
+        what runs there); else the cache's record of a build (of `manifest`, when given). A
+        record that cannot be read as one is set aside with why, never raised."""
+        if front.composite is None:
+            return None
+        if locked is not None:
+            return locked.composite(name)
+        try:
+            doc = store.composite(name)
+        except (trust.Untrusted, OSError) as e:
+            why = e.why if isinstance(e, trust.Untrusted) else f"unreadable: {e.strerror}"
+            set_aside[name] = f"composite {name} ({store.layout.composite(name)}): {why}; set aside"
+            return None
+        if doc is None or (mpath is not None and not _same_path(doc.get("manifest"), mpath)):
+            return None
+        try:
+            return CompositeLine.from_record(doc, str(store.composites_dir))
+        except CuteccError:
+            return None  # a malformed record offers nothing, as an unreadable one
+
+    def is_kernel(name: str) -> bool:
+        if locked is not None:
+            return any(le.kernel == name for le in locked.entries)
+        return name in recorded if recorded is not None else bool(store.kernel_keys(name))
+
+    if asked is not None and wanted is not None:  # a composite asked for brings what it launches
+        for name in sorted(asked):
+            line = None if is_kernel(name) else composite_line(name)
+            if line is not None:
+                wanted.discard(name)
+                wanted.update(line.launches)
+    if recorded is not None:
+        wanted = set(recorded) if wanted is None else wanted & set(recorded)
+        planned = {key for name in wanted for keys in recorded[name].values() for key in keys}
+    series = _tvm_ffi_series()
+    pinned: dict[str, Any] = {}
+    if locked is not None:
         lines: dict[str, list[str]] = {}
         for le in locked.entries:
             if (wanted is None or le.kernel in wanted) and (planned is None or le.key in planned):
@@ -273,19 +320,11 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
                               where=str(store.root), exit_code=1)
 
     def composite(name: str) -> CompositeLine | None:
-        """A composite kernel, when its launches are kernels loaded here: under a lock (or a
-        pack's) the lock's own line, signed with it (the cache's record, which the lock does
-        not vouch for, never decides what runs there); else the cache's record of a build."""
-        if (wanted is not None and name not in wanted) or front.composite is None:
+        """A composite kernel offered here: asked for (or nothing was asked), defined here
+        (`composite_line`), no kernel of its own name, and its launches kernels loaded here."""
+        if asked is not None and name not in asked:
             return None
-        if locked is not None:
-            line = locked.composite(name)
-        else:
-            doc = store.composite(name)
-            try:
-                line = None if doc is None else CompositeLine.from_record(doc, str(store.composites_dir))
-            except CuteccError:
-                line = None  # a malformed record offers nothing, as an unreadable one
+        line = composite_line(name)
         if line is None or keys_of(name) or not all(keys_of(n) for n in line.launches):
             return None
         return line
@@ -308,13 +347,19 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
         return fn
 
     ks = front.kernel_set(store.root, target, resolve, all_names,
-                   lambda name: bool(keys_of(name)) or composite(name) is not None)
+                          lambda name: bool(keys_of(name)) or composite(name) is not None,
+                          notes=lambda: sorted(set_aside.values()))
     if strict:
         problems = ks.problems
         if problems:
             raise CuteccError("entries unusable here:\n  " + "\n  ".join(problems),
                               where=str(store.root), exit_code=1)
     return ks
+
+
+def _same_path(recorded: object, path: Path) -> bool:
+    """Whether a record's path (a string a build wrote) names `path`."""
+    return isinstance(recorded, str) and bool(recorded) and Path(recorded).resolve() == path
 
 
 def _entries_of(store: StoreView, name: str, keys: list[str],
@@ -432,7 +477,7 @@ def _tuning(name: str, fn: KernelBase, store: StoreView, locked: Any, target: st
     """The kernel's table of tuned winners: the lock's results (with a lock), else the
     cache's records of its default entries; None when nothing was tuned."""
     from cutecc.lockfile import Tuned
-    from cutecc.runtime.tuning import TuningTable, read_cached, sibling_problem
+    from cutecc.runtime.tuning import TuningTable, line_problem, read_cached, sibling_problem
 
     bases = {b.key: b for b in fn.builds}
     if locked is not None:
@@ -459,7 +504,7 @@ def _tuning(name: str, fn: KernelBase, store: StoreView, locked: Any, target: st
         if why is None and e is not None:
             base = store.get(t.base)
             why = "its default configuration is not in the cache" if base is None else (
-                _problem(base) or sibling_problem(base.meta, e.meta))
+                _problem(base) or line_problem(t, base.meta, e.meta) or sibling_problem(base.meta, e.meta))
         if why is None and e is not None:
             b = Build.of(e.checked, e.path)
             return b if record_use else dataclasses.replace(b, record_use=False)

@@ -7,7 +7,10 @@ kernel's candidate configurations (a `cutecc.lockfile.Tuned` line, its bucket as
 build: a table lookup on the call's symbolic extents, nothing timed, so every rank and
 process with the same lock and device kind makes the same choice. Results of one device
 kind never apply to another: an untuned device runs the default configuration, and says
-so once. Imports neither JAX (until a device kind is asked for) nor the build side.
+so once; a line whose winner's bytes or DSL differ from what was measured (`line_problem`)
+serves nothing, with a note. Nothing here measures or draws: every process reading one
+lock picks the same winners (one winner on every rank). Imports neither JAX (until a
+device kind is asked for) nor the build side.
 """
 
 from __future__ import annotations
@@ -63,8 +66,9 @@ def _kw(d: Mapping[str, Any]) -> str:
 # order `cutecc.tuning.measure` writes them; a record may lack any (only the line is
 # required: what serves a call), and keeps exactly those it had.
 MEASURED = ("k", "driver", "clock", "clock_note", "timing_notes", "toolchain", "times_us", "default_us",
-            "winner_us", "dropped")
+            "winner_us", "dropped", "spread_us", "samples", "within_noise", "measurement")
 MAX_NOTES = 10
+MAX_POLICY_FIELDS = 32
 
 
 def _finite(v: Any) -> bool:
@@ -91,7 +95,44 @@ _MEASURED_CHECKS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "winner_us": ("a finite number", _finite),
     "dropped": ("a table of variant -> reason",
                 lambda v: isinstance(v, dict) and all(map(_text, v.values()))),
+    "spread_us": ("a table of variant -> the median's spread (a finite number >= 0)",
+                  lambda v: isinstance(v, dict) and all(_finite(t) and t >= 0 for t in v.values())),
+    "samples": ("a table of variant -> a count of samples",
+                lambda v: isinstance(v, dict) and all(type(t) is int and t >= 0 for t in v.values())),
+    "within_noise": ("a list of variants", lambda v: isinstance(v, list) and all(map(_text, v))),
+    "measurement": (f"a table of at most {MAX_POLICY_FIELDS} fields of strings, numbers, null or "
+                    "lists of them",
+                    lambda v: isinstance(v, dict) and len(v) <= MAX_POLICY_FIELDS and all(
+                        _scalar(x) or (isinstance(x, list) and all(map(_scalar, x))) for x in v.values())),
 }
+
+
+def _scalar(v: Any) -> bool:
+    return v is None or _text(v) or _finite(v)
+
+
+def toolchain_of(meta: Mapping[str, Any]) -> str | None:
+    """What a tuning line names as the toolchain of an entry (its metadata): the DSL's
+    version that compiled it (`nvidia-cutlass-dsl 4.3.1`); None where the entry says none."""
+    tc = meta.get("toolchain")
+    v = tc.get("nvidia-cutlass-dsl") if isinstance(tc, dict) else None
+    return f"nvidia-cutlass-dsl {v}" if isinstance(v, str) and v else None
+
+
+def line_problem(line: Tuned, base: Mapping[str, Any], winner: Mapping[str, Any]) -> str | None:
+    """Why a tuning line measured what is no longer here, or None: its winner's bytes differ
+    from those it pins, or it names a toolchain other than its default's or its winner's
+    (`toolchain_of`; a line without one, recorded before lines named it, is not checked).
+    One rule for load (which ignores such a line with a note) and `cutecc verify` (which
+    names it)."""
+    if line.mismatch(winner):
+        return f"{line.mismatch(winner)} (other kernel bytes than were measured)"
+    if line.built_with is not None:
+        for what, meta in (("default", base), ("winner", winner)):
+            have = toolchain_of(meta)
+            if have is not None and have != line.built_with:
+                return f"recorded for {line.built_with}, its {what} was built by {have}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -100,7 +141,10 @@ class TuningResult:
     TUNING_FORMAT) or a `cutecc tune` results file holds it: the tuning line (what serves
     the bucket) and what was measured: K calls per sample, the driver, the clock timed on
     and its notes, the DSL version, each candidate's quartiles in microseconds by variant,
-    the default's and the winner's medians, and the candidates dropped and why. `present`
+    the default's and the winner's medians, the candidates dropped and why, each candidate's
+    median spread and sample count, the candidates within the noise (`cutecc.tuning.decide`)
+    and how it was measured (`measurement`: the policy's method and setting,
+    `cutecc.tuning.policy`; the line's `policy` names the method). `present`
     names the measured fields the record holds (a record may lack some, or all: a bare
     line; its JSON keeps exactly those)."""
 
@@ -115,6 +159,10 @@ class TuningResult:
     default_us: float = 0.0
     winner_us: float = 0.0
     dropped: Mapping[str, str] = field(default_factory=dict)
+    spread_us: Mapping[str, float] = field(default_factory=dict)
+    samples: Mapping[str, int] = field(default_factory=dict)
+    within_noise: tuple[str, ...] = ()
+    measurement: Mapping[str, Any] = field(default_factory=dict)
     present: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     @property
@@ -132,7 +180,9 @@ class TuningResult:
                   "timing_notes": list(self.timing_notes), "toolchain": self.toolchain,
                   "times_us": {v: list(t) for v, t in self.times_us.items()},
                   "default_us": self.default_us, "winner_us": self.winner_us,
-                  "dropped": dict(self.dropped)}
+                  "dropped": dict(self.dropped), "spread_us": dict(self.spread_us),
+                  "samples": dict(self.samples), "within_noise": list(self.within_noise),
+                  "measurement": dict(self.measurement)}
         return {**self.line.to_json(), **{n: values[n] for n in MEASURED if n in self.present}}
 
     @classmethod
@@ -150,7 +200,9 @@ class TuningResult:
         return cls(line, get("k"), get("driver"), get("clock", "host"), get("clock_note"),
                    tuple(get("timing_notes", ())), get("toolchain"),
                    {v: (t[0], t[1], t[2]) for v, t in get("times_us", {}).items()},
-                   get("default_us", 0.0), get("winner_us", 0.0), dict(get("dropped", {})), have)
+                   get("default_us", 0.0), get("winner_us", 0.0), dict(get("dropped", {})),
+                   dict(get("spread_us", {})), dict(get("samples", {})), tuple(get("within_noise", ())),
+                   dict(get("measurement", {})), have)
 
 
 def parse_results(items: Any, where: str, key_path: str) -> tuple[TuningResult, ...]:

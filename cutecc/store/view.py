@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import functools
 import os
 import stat
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 from cutecc import environ, trust
 from cutecc.entry import (
     MAX_INDEX_BYTES,
+    MAX_JSON_DEPTH,
     MAX_META_BYTES,
     META,
     STORE_FORMAT,
@@ -52,14 +54,51 @@ COUNTERS = ("hits", "misses", "failures", "seconds_saved",
 _S = TypeVar("_S", bound="StoreView")
 
 
-def read_small_json(path: Path, limit: int = MAX_META_BYTES) -> Any:
-    """A small JSON record of the cache (at most `limit` bytes), None when absent,
-    unreadable, larger or not JSON."""
+MAX_STATS_BYTES = 64 << 10  # stats.json holds a few counters; anything larger is not ours
+STATS_DEPTH = 1  # one flat object
+COMPOSITE_DEPTH = 3
+INDEX_DEPTH = 2  # one object and its stamp (`entry.read_index_facts`)
+
+
+def read_record(path: str | Path, limit: int = MAX_META_BYTES, depth: int = MAX_JSON_DEPTH) -> Any:
+    """A JSON record of the cache (stats.json, an index record, a build record, a composite),
+    opened as meta.json is: through directories only this user or root could have written,
+    following no link, only if a regular file (a FIFO never blocks the read) that no one
+    else could have written (group write included, `cutecc.trust`), and bounded in size
+    (never more than `limit` bytes read) and in nesting (`depth`).
+
+    Raises FileNotFoundError when absent, trust.Untrusted when it is not a regular file
+    or someone else could have written it, ValueError when over `limit`, deeper than
+    `depth` or not JSON, OSError when unreadable."""
     try:
-        with open(path, "rb") as f:
-            return parse_json(f.read(limit + 1), limit)
-    except (OSError, ValueError):
-        return None
+        data = trust.read_path(path, limit)
+    except OSError as e:
+        if e.errno == errno.EFBIG:
+            raise ValueError(f"over the {limit}-byte limit of this record") from None
+        raise
+    return parse_json(data, limit, depth)
+
+
+def record_problem(path: str | Path, limit: int = MAX_META_BYTES,
+                   depth: int = MAX_JSON_DEPTH) -> tuple[Any, str | None]:
+    """(`read_record`'s value, None), or (None, why it cannot be read as a record);
+    (None, None) when absent."""
+    try:
+        return read_record(path, limit, depth), None
+    except FileNotFoundError:
+        return None, None
+    except trust.Untrusted as e:
+        return None, e.why
+    except ValueError as e:
+        return None, f"unreadable: {e}"
+    except OSError as e:
+        return None, f"unreadable: {e.strerror}"
+
+
+def read_small_json(path: Path, limit: int = MAX_META_BYTES, depth: int = MAX_JSON_DEPTH) -> Any:
+    """A small JSON record of the cache (`read_record`), None when absent, unreadable,
+    untrusted, larger, deeper or not JSON."""
+    return record_problem(path, limit, depth)[0]
 
 
 def default_cache_dir() -> Path:
@@ -177,7 +216,16 @@ class StoreView:
                 raise trust.Untrusted(why, str(d))
 
     def _check_format(self, fmt: Path) -> None:
-        got = fmt.read_text().strip()
+        try:  # one short line: read as a record is, no link followed, never blocking, bounded
+            fd = os.open(fmt, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                raw = os.read(fd, 64) if stat.S_ISREG(os.fstat(fd).st_mode) else b"?"
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise CuteccError(f"cannot read the cache's format file: {e.strerror}", where=str(fmt),
+                              exit_code=1) from None
+        got = raw.decode(errors="replace").strip()
         if got != str(STORE_FORMAT):
             older = got.isdigit() and int(got) < STORE_FORMAT
             why = (" (an older cutecc's: its entries are of an older artifact format, which this "
@@ -266,7 +314,7 @@ class StoreView:
             return None
         try:  # strings, not Paths: a no-op build reads 10,000 of these
             fd = os.open(self.layout.index_record_str(kernel, key),
-                         os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                         os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError:
             return None
         try:
@@ -325,18 +373,14 @@ class StoreView:
         """Composite `name`'s record, or None. It decides what a call runs, so it is read as
         the cache's metadata is: through directories only this user or root could have
         written, following no link (a record someone else could have written raises
-        trust.Untrusted), bounded in size and nesting."""
+        trust.Untrusted, and so does one that is not a regular file), bounded in size and
+        nesting (`read_record`)."""
         if not is_kernel_name(name) or not self.composites_dir.is_dir():
             return None
         try:
-            doc = parse_json(trust.read_file(self.root, self.layout.composite_parts(name), MAX_META_BYTES),
-                             MAX_META_BYTES, 3)
+            doc = read_record(self.layout.composite(name), MAX_META_BYTES, COMPOSITE_DEPTH)
         except (FileNotFoundError, ValueError):
             return None
-        except OSError as e:
-            if e.errno == 27:  # over the cap: not a record of ours
-                return None
-            raise
         if not isinstance(doc, dict) or doc.get("format") != GENERATION_FORMAT:
             return None
         ok = all(isinstance(doc.get(k), list) and all(isinstance(x, str) for x in doc[k])
@@ -408,10 +452,7 @@ class StoreView:
     def read_stats(self) -> dict[str, Any]:
         """The counters builds record (zeros when absent, unreadable or of another format)."""
         out: dict[str, Any] = dict.fromkeys(COUNTERS, 0)
-        try:
-            doc = parse_json(self.layout.stats().read_bytes())
-        except (OSError, ValueError):
-            return out
+        doc = read_small_json(self.layout.stats(), MAX_STATS_BYTES, STATS_DEPTH)
         if isinstance(doc, dict) and doc.get("format") == STATS_FORMAT:
             out.update({k: doc[k] for k in COUNTERS if isinstance(doc.get(k), (int, float))})
             out.update({k: doc[k] for k in ("since", "updated_at") if isinstance(doc.get(k), str)})
@@ -444,7 +485,7 @@ def read_meta(entry_dir: Path) -> dict[str, Any]:
     for d in (entry_dir.parent, entry_dir):  # the shard and the entry: real directories
         if stat.S_ISLNK(os.lstat(d).st_mode):
             raise ValueError(f"{d} is a symbolic link")
-    fd = os.open(entry_dir / META, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = os.open(entry_dir / META, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

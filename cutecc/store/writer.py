@@ -32,6 +32,7 @@ from typing import Any
 
 import filelock
 
+from cutecc import trust
 from cutecc.atomic import TMP_NAME, atomic_write, fsync_dir
 from cutecc.entry import (
     ENTRY_FORMAT,
@@ -45,7 +46,6 @@ from cutecc.entry import (
     is_kernel_name,
     is_key,
     meta_stamp,
-    parse_json,
 )
 from cutecc.errors import CuteccError
 from cutecc.locks import Busy, held, is_held
@@ -59,7 +59,16 @@ from cutecc.store.layout import (
     STATS_FORMAT,
     TUNING_FORMAT,
 )
-from cutecc.store.view import COUNTERS, Entry, StoreView, read_meta, read_small_json
+from cutecc.store.view import (
+    COUNTERS,
+    MAX_STATS_BYTES,
+    STATS_DEPTH,
+    Entry,
+    StoreView,
+    read_meta,
+    read_record,
+    read_small_json,
+)
 from cutecc.units import now_iso
 
 DIR_MODE = 0o755  # what the cache's directories get, whatever the umask
@@ -231,12 +240,17 @@ class Store(StoreView):
     def add_stats(self, **delta: float) -> None:
         """Add to the build counters in stats.json, under locks/stats.lock, atomically.
 
-        A stats.json of another format is left alone (a newer cutecc owns it).
+        A stats.json of another format is left alone (a newer cutecc owns it), and so is
+        one that is not a regular file or that someone else could have written (`cutecc
+        verify` names it, `--fix` removes it); one that is damaged, too large or too deep
+        is started over. It is read as every record of the cache is (`read_record`).
         """
         path = self.layout.stats()
         with filelock.FileLock(self.layout.stats_lock(), timeout=10, mode=FILE_MODE):
             try:
-                old = parse_json(path.read_bytes())
+                old = read_record(path, MAX_STATS_BYTES, STATS_DEPTH)
+            except trust.Untrusted:
+                return
             except (OSError, ValueError):
                 old = None  # absent or unreadable: start over
             if isinstance(old, dict) and isinstance(old.get("format"), int) \

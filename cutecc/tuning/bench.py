@@ -8,8 +8,11 @@ it). Uses the cache and the runtime only: no DSL, no CUDA toolkit, nothing of th
 
 Per bucket: fresh random inputs (seeded per bucket), the default configuration's outputs as
 the reference, each candidate checked against them (disagreeing ones are dropped), then the
-survivors timed in interleaved, shuffled rounds after warm-up rounds, on one of two clocks
-(the bucket's result says which, `clock`):
+survivors timed in interleaved, shuffled rounds after warm-up rounds (at least `repeats`,
+then more until every median's spread has settled, `cutecc.tuning.decide`, at most
+`max_rounds`), on one of two clocks (the bucket's result says which, `clock`, with each
+candidate's quartiles, median spread and sample count, and the SM clock read before and after
+where nvidia-smi can read it):
 
 - `device` (preferred): inside a profiler trace (CUPTI), each candidate's chain of K calls
   runs, then the GPU idles for GAP_SECONDS before the next chain; a sample is the sum of the
@@ -47,7 +50,7 @@ from cutecc.buckets import bucket_text
 from cutecc.manifest.tune_space import benchmark_extents
 from cutecc.runtime.dispatch import Build, KernelFn
 from cutecc.store.writer import Store
-from cutecc.tuning import trace
+from cutecc.tuning import decide, trace
 from cutecc.tuning.plan import PlanItem
 
 TARGET_SECONDS = 2e-3  # host clock: a K-call loop lasts about this long
@@ -231,10 +234,12 @@ def _kernel_names(b: Build) -> frozenset[str]:
 
 
 def _device_times(calls: dict[str, Any], xs: list[Any], alive: list[str], rng: np.random.Generator,
-                  warmup: int, repeats: int, names: dict[str, frozenset[str]]
+                  warmup: int, repeats: int, names: dict[str, frozenset[str]], max_rounds: int = 0
                   ) -> tuple[int, dict[str, list[float]], list[str]]:
     """(K, samples in seconds per candidate, notes) on the device clock; `names`: each
-    candidate's kernel functions (its cubin's)."""
+    candidate's kernel functions (its cubin's). At least `repeats` rounds after warm-up, then
+    more, a trace at a time, until every median's spread has settled (`decide.settled`) or
+    `max_rounds` rounds were run (0: `repeats`)."""
     for f in calls.values():  # compiled and warm before anything is traced
         jax.block_until_ready(f(*xs))
     events = _first_trace(_chains(calls, xs, alive, 1))
@@ -248,11 +253,12 @@ def _device_times(calls: dict[str, Any], xs: list[Any], alive: list[str], rng: n
     samples: dict[str, list[float]] = {key: [] for key in alive}
     notes: list[str] = []  # lost samples and why
     joined = 0  # chains split by a host stall and joined again (no sample lost)
-    rounds = list(range(warmup + repeats))
+    at, last = 0, warmup + max(repeats, max_rounds)
     gc.disable()  # a collection inside a chain could open a gap that splits it
     try:
-        for at in range(0, len(rounds), ROUNDS_PER_TRACE):
-            group = rounds[at:at + ROUNDS_PER_TRACE]
+        while at < last and not (at >= warmup + repeats and _settled(samples)):
+            group = list(range(at, min(at + ROUNDS_PER_TRACE, last)))
+            at += len(group)
             orders = [[str(x) for x in rng.permutation(alive)] for _ in group]
             order = [key for o in orders for key in o]
             try:
@@ -280,10 +286,32 @@ def _device_times(calls: dict[str, Any], xs: list[Any], alive: list[str], rng: n
     return k, samples, notes[:10]
 
 
+def _settled(samples: Mapping[str, Sequence[float]]) -> bool:
+    """Whether every candidate has samples and its median's spread has settled."""
+    return all(samples.values()) and decide.settled({k: decide.timing(s) for k, s in samples.items()})
+
+
+def sm_clock_mhz() -> float | None:
+    """The SM clock of this process's GPU now (MHz), from nvidia-smi; None where it cannot
+    be read (no nvidia-smi, a GPU it does not name by the visible index, a MIG slice). The
+    index is nvidia-smi's (PCI order): on a host of mixed GPUs it may name another card than
+    CUDA's ordering does; the record keeps the value as a reading, never a decision's input."""
+    import subprocess
+
+    idx = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits",
+                              "-i", idx], capture_output=True, text=True, timeout=10, check=True).stdout
+        return float(out.strip().splitlines()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
 def _host_times(fns: Mapping[str, Callable[..., Any]], xs: list[Any], alive: list[str], base: str,
                 results: list[tuple[tuple[int, ...], str]], rng: np.random.Generator, warmup: int,
-                repeats: int) -> tuple[int, dict[str, list[float]]]:
-    """(K, samples in seconds per candidate) on the host clock: 2K minus K calls in a loop."""
+                repeats: int, max_rounds: int = 0) -> tuple[int, dict[str, list[float]]]:
+    """(K, samples in seconds per candidate) on the host clock: 2K minus K calls in a loop;
+    rounds as on the device clock (at least `repeats`, until settled, at most `max_rounds`)."""
     # K from the default configuration: a K-call loop lasts about TARGET_SECONDS.
     one = _looped(fns[base], 1, results)
     for _ in range(3):
@@ -292,14 +320,16 @@ def _host_times(fns: Mapping[str, Callable[..., Any]], xs: list[Any], alive: lis
     k = int(min(MAX_K, max(1, round(TARGET_SECONDS / max(t1, 1e-7)))))
     loops = {key: (_looped(fns[key], k, results), _looped(fns[key], 2 * k, results)) for key in alive}
     samples: dict[str, list[float]] = {key: [] for key in alive}
-    for r in range(warmup + repeats):
+    r, last = 0, warmup + max(repeats, max_rounds)
+    while r < last and not (r >= warmup + repeats and _settled(samples)):
+        r += 1
         for key in rng.permutation(alive):
             f1, f2 = loops[key]
             if r % 2:
                 a, b = _time(f2, xs), _time(f1, xs)
             else:
                 b, a = _time(f1, xs), _time(f2, xs)
-            if r >= warmup:
+            if r > warmup:
                 samples[key].append((a - b) / k)
     return k, samples
 
@@ -329,6 +359,7 @@ def main() -> None:
     sizes = dict(item.sizes)
     ranges = dict(item.inputs)
     repeats, warmup, seed = int(job["repeats"]), int(job["warmup"]), int(job["seed"])
+    max_rounds = int(job.get("max_rounds", repeats))
     scalars = dict(item.scalars)
     rng = np.random.default_rng(seed)
     clock_off: str | None = None  # why the device clock is out for this process's buckets
@@ -361,10 +392,11 @@ def main() -> None:
         alive = [k for k in fns if k not in dropped]
         calls = {key: functools.partial(fns[key], **scalars) for key in alive}
         note = None
+        clocks = [c for c in (sm_clock_mhz(),) if c is not None]
         if clock_off is None:
             try:
                 k, samples, notes = _device_times({key: jax.jit(f) for key, f in calls.items()}, xs, alive,
-                                                  rng, warmup, repeats, names)
+                                                  rng, warmup, repeats, names, max_rounds)
                 clock = "device"
             except NoDeviceClock as err:
                 note = str(err)
@@ -372,10 +404,15 @@ def main() -> None:
         else:
             note = clock_off
         if note is not None:
-            k, samples = _host_times(calls, xs, alive, base, results, rng, warmup, repeats)
+            k, samples = _host_times(calls, xs, alive, base, results, rng, warmup, repeats, max_rounds)
             clock, notes = "host", []
-        times = {key: [float(np.percentile(s, q)) * 1e6 for q in (25, 50, 75)] for key, s in samples.items()}
+        clocks += [c for c in (sm_clock_mhz(),) if c is not None]
+        stats = {key: decide.timing([x * 1e6 for x in s]) for key, s in samples.items() if s}
+        times = {key: [t.q1, t.median, t.q3] for key, t in stats.items()}
         _emit(event="bucket", bucket=text, k=k, times=times, dropped=dropped, clock=clock,
+              spread={key: t.spread for key, t in stats.items()},
+              samples={key: t.n for key, t in stats.items()},
+              warmup=warmup, rounds=repeats, max_rounds=max_rounds, sm_clock_mhz=clocks,
               **({"clock_note": note} if note else {}), **({"notes": notes} if notes else {}))
 
 

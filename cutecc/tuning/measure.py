@@ -19,9 +19,11 @@ from typing import Any
 from cutecc.buckets import bucket_text
 from cutecc.errors import CuteccError, WorkError
 from cutecc.lockfile import Pin, Tuned
-from cutecc.runtime.tuning import MEASURED, TuningResult
+from cutecc.runtime.tuning import MEASURED, TuningResult, toolchain_of
 from cutecc.store.writer import Store
+from cutecc.tuning import decide
 from cutecc.tuning.plan import PlanItem
+from cutecc.tuning.policy import LAUNCH, Policy
 
 MAX_RESTARTS = 32
 # Seconds a measuring child may go without a word (an event line): past it, a kernel hung.
@@ -98,14 +100,18 @@ def _run_child(cmd: list[str], job: dict[str, Any], env: dict[str, str], idle: f
 
 
 def measure(root: Path, items: list[PlanItem], *, buckets: tuple[str, ...] = (),
-            repeats: int = 30, warmup: int = 3, seed: int = 0, child: str = "cutecc.tuning.bench"
-            ) -> tuple[list[TuningResult], dict[str, Any]]:
+            repeats: int = 30, warmup: int = 3, seed: int = 0, max_rounds: int | None = None,
+            child: str = "cutecc.tuning.bench") -> tuple[list[TuningResult], dict[str, Any]]:
     """Time every candidate of `items` per bucket; returns (records, info). A record is a
-    `Tuned` line plus what was measured (median, quartiles per candidate, dropped ones).
-    `child` is the measuring module run per item (`python -m CHILD`)."""
+    `Tuned` line plus what was measured (quartiles, the median's spread per candidate,
+    dropped ones, the policy). Rounds: at least `repeats`, more until the medians settle, at
+    most `max_rounds` (default 4 x `repeats`). `child` is the measuring module run per item
+    (`python -m CHILD`)."""
+    max_rounds = max(repeats, max_rounds if max_rounds is not None else 4 * repeats)
     store = Store(root)
     records: list[TuningResult] = []
-    info: dict[str, Any] = {"device": None, "driver": None, "bench_seconds": 0.0, "failed": []}
+    info: dict[str, Any] = {"device": None, "driver": None, "bench_seconds": 0.0, "failed": [],
+                            "warmup": warmup, "rounds": repeats, "max_rounds": max_rounds}
     t0 = time.perf_counter()
     # One GPU: a kernel call outside shard_map is refused when several are visible.
     env = {**os.environ, "CUTECC_SYNC_CHECK": "0",
@@ -123,7 +129,7 @@ def measure(root: Path, items: list[PlanItem], *, buckets: tuple[str, ...] = (),
             if not todo or item.base in excluded:
                 break
             job = {"cache": str(root), "item": item.to_json(), "buckets": todo, "exclude": sorted(excluded),
-                   "repeats": repeats, "warmup": warmup, "seed": seed}
+                   "repeats": repeats, "warmup": warmup, "seed": seed, "max_rounds": max_rounds}
             events, code, stderr = _run_child([sys.executable, "-m", child], job, env, CHILD_IDLE_TIMEOUT)
             last = None  # the candidate running when the child stopped
             timing = None  # the bucket being timed when it stopped
@@ -160,34 +166,52 @@ def measure(root: Path, items: list[PlanItem], *, buckets: tuple[str, ...] = (),
     return records, info
 
 
+def _timings(ev: dict[str, Any]) -> dict[str, decide.Timing]:
+    """Each candidate's timing from a child's `bucket` event; an event without spreads (a
+    child that predates them) takes half the quartiles' distance as the spread."""
+    spread, counts = ev.get("spread") or {}, ev.get("samples") or {}
+    return {k: decide.Timing(v[0], v[1], v[2], float(spread.get(k, (v[2] - v[0]) / 2)), int(counts.get(k, 0)))
+            for k, v in ev["times"].items()}
+
+
 def _record(store: Store, item: PlanItem, bucket: str, ev: dict[str, Any], excluded: dict[str, str],
             info: dict[str, Any]) -> TuningResult:
+    """The record of one measured bucket: the winner by the noise rule (`decide`), the
+    policy it was measured under, each candidate's median and spread."""
     variant = {c.key: c.variant for c in item.candidates}
-    times = {k: v for k, v in ev["times"].items()}
-    best = min(times, key=lambda k: times[k][1])
+    timings = _timings(ev)
     base = item.base
-    # The default stays the winner unless the best beats it by more than their spread: a
-    # winner within noise would flip between runs and churn the lock.
-    noise = max((times[best][2] - times[best][0]) / 2, (times[base][2] - times[base][0]) / 2)
-    winner = best if times[base][1] - times[best][1] > noise else base
+    decision = decide.decide(timings, base, [c.key for c in item.candidates])
+    winner = decision.winner
     e = store.get(winner)
     meta = e.meta if e is not None else {}
     pin = Pin.of(meta)
     if pin is None:  # just built or found healthy by the child: not expected
         raise WorkError(f"the winner {winner[:12]} records no library, symbol or runtime library",
                         where=f"kernel {item.kernel}")
-    tc = meta.get("toolchain") or {}
+    toolchain = toolchain_of(meta)
+    clock = ev.get("clock", "host")
+    pol = Policy(LAUNCH, clock, int(ev.get("warmup", info.get("warmup", 0))),
+                 int(ev.get("rounds", info.get("rounds", 0))),
+                 int(ev.get("max_rounds", info.get("max_rounds", ev.get("rounds", info.get("rounds", 0))))))
     line = Tuned(item.kernel, item.variant, item.arch, str(info["device"]), item.rule, bucket,
-                 base, winner, variant[winner], pin)
+                 base, winner, variant[winner], pin, pol.method, toolchain)
     dropped = {variant[k]: why for k, why in {**excluded, **ev["dropped"]}.items() if k in variant}
     dropped.update(item.dropped or {})  # failed to compile: not in the plan's candidates
     note = ev.get("clock_note")
     # Samples lost on the device clock and chains joined after host stalls, and why.
     notes = ev["notes"] if isinstance(ev.get("notes"), list) else []
-    absent = {n for n, has in (("clock_note", note), ("timing_notes", notes)) if not has}
+    clocks = [float(c) for c in ev.get("sm_clock_mhz") or () if isinstance(c, (int, float))]
+    absent = {n for n, has in (("clock_note", note), ("timing_notes", notes), ("toolchain", toolchain))
+              if not has}
     return TuningResult(
-        line, ev["k"], info["driver"], ev.get("clock", "host"), note or None,
-        tuple(str(n)[:300] for n in notes[:10]), f"nvidia-cutlass-dsl {tc.get('nvidia-cutlass-dsl', '?')}",
-        {variant[k]: (round(v[0], 3), round(v[1], 3), round(v[2], 3)) for k, v in sorted(times.items())},
-        round(times[base][1], 3), round(times[winner][1], 3), dict(sorted(dropped.items())),
+        line, ev["k"], info["driver"], clock, note or None,
+        tuple(str(n)[:300] for n in notes[:10]), toolchain,
+        {variant[k]: (round(t.q1, 3), round(t.median, 3), round(t.q3, 3))
+         for k, t in sorted(timings.items())},
+        round(timings[base].median, 3), round(timings[winner].median, 3), dict(sorted(dropped.items())),
+        {variant[k]: round(t.spread, 3) for k, t in sorted(timings.items())},
+        {variant[k]: t.n for k, t in sorted(timings.items())},
+        tuple(variant[k] for k in decision.close),
+        pol.record(info["device"], info["driver"], toolchain, clocks),
         frozenset(MEASURED) - absent)

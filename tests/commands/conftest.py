@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import PY, Toy
+from helpers import PY, REPO, Toy, run_cli
 
 from cutecc.store import Store
 
@@ -50,3 +52,23 @@ def hold_lock() -> Iterator:
     for p in procs:
         p.kill()
         p.wait()
+
+
+@pytest.fixture(scope="session")
+def compiled(tmp_path_factory: pytest.TempPathFactory, dsl: None) -> tuple[Path, Path, dict]:
+    """A copy of the example project, built and `tune --compile-only`d once per session
+    (tests that change its lock or cache work on copies, or come after those that read them)."""
+    pytest.importorskip("cutlass", reason="compiling needs the build extra")
+    base = tmp_path_factory.mktemp("tune")
+    proj = base / "proj"
+    shutil.copytree(REPO / "kernels", proj / "kernels")
+    shutil.copy(REPO / "kernels.toml", proj / "kernels.toml")
+    shutil.copy(REPO / "kernels.lock", proj / "kernels.lock")
+    cache = base / "c"
+    b = run_cli("build", str(proj / "kernels.toml"), "--cache-dir", str(cache), "--json", timeout=900)
+    assert b.returncode == 0, b.stderr
+    assert (proj / "kernels.lock").read_bytes() == (REPO / "kernels.lock").read_bytes()
+    first = run_cli("tune", str(proj / "kernels.toml"), "--compile-only", "--cache-dir", str(cache), "--json",
+                    timeout=900)
+    assert first.returncode == 0, first.stderr
+    return proj, cache, json.loads(first.stdout)

@@ -189,25 +189,6 @@ def test_tune_of_a_kernel_without_a_space_is_an_error() -> None:
     assert r.returncode == 2 and 'kernel "axpy" declares no tuning space' in r.stderr
 
 
-@pytest.fixture(scope="module")
-def compiled(tmp_path_factory: pytest.TempPathFactory, dsl: None) -> tuple[Path, Path, dict]:
-    """A copy of the example project, built and `tune --compile-only`d once."""
-    pytest.importorskip("cutlass", reason="compiling needs the build extra")
-    base = tmp_path_factory.mktemp("tune")
-    proj = base / "proj"
-    shutil.copytree(REPO / "kernels", proj / "kernels")
-    shutil.copy(REPO / "kernels.toml", proj / "kernels.toml")
-    shutil.copy(REPO / "kernels.lock", proj / "kernels.lock")
-    cache = base / "c"
-    b = run_cli("build", str(proj / "kernels.toml"), "--cache-dir", str(cache), "--json", timeout=900)
-    assert b.returncode == 0, b.stderr
-    assert (proj / "kernels.lock").read_bytes() == (REPO / "kernels.lock").read_bytes()
-    first = run_cli("tune", str(proj / "kernels.toml"), "--compile-only", "--cache-dir", str(cache), "--json",
-                    timeout=900)
-    assert first.returncode == 0, first.stderr
-    return proj, cache, json.loads(first.stdout)
-
-
 def test_compile_only_uses_builds_keys_and_a_rerun_compiles_nothing(compiled: tuple[Path, Path, dict]) -> None:
     proj, cache, d1 = compiled
     # The defaults were built by `cutecc build` under the same keys: only the others compile.

@@ -1,5 +1,8 @@
 """Every parser of foreign input, fed 1,000 hostile inputs each: a clean error or a value,
-never another exception, and each in bounded time.
+never another exception, and each in bounded time. The record areas of a cache (index
+records, stats.json, composite records, planning facts) are fed the same way, through the
+files their readers open (issue 32: a 1,100-deep index record ended verify in a
+RecursionError).
 
 The parsers are the ones a deployer's process runs on what it did not write: an entry's
 meta.json (`ingest.check_meta`, for remote objects, pack members, Ray results and the
@@ -155,6 +158,92 @@ def test_hostile_inputs_fail_cleanly_and_quickly(name: str, tmp_path: Path, tall
         inputs[:2] = [b'a = "' + b'\\"' * (cap // 2), b"a = " + b"[" * (cap - 4)]
     else:
         inputs = _inputs(doc, seed_bytes, cap, rng)
+    worst, accepted = 0.0, 0
+    for i, data in enumerate(inputs):
+        t0 = time.perf_counter()
+        try:
+            parse(data)
+            accepted += 1
+        except errors:
+            pass
+        except Exception as e:  # noqa: BLE001 - any other exception is the finding
+            raise AssertionError(f"{name} input {i} ({len(data)} bytes, seed {SEED}): "
+                                 f"{type(e).__name__}: {e}"[:500]) from e
+        took = time.perf_counter() - t0
+        worst = max(worst, took)
+        assert took < LIMIT_S, f"{name} input {i} ({len(data)} bytes): {took:.2f} s"
+    tally.add("parsers", **{f"{name} inputs": len(inputs), f"{name} accepted": accepted})
+    tally.peak("parsers", f"{name} worst ms", int(worst * 1000))
+    print(f"{name}: {len(inputs)} inputs, {accepted} accepted, worst {worst * 1000:.0f} ms")
+
+
+# The record areas of a cache (issue 32): every reader of a record someone may have damaged
+# (the index a no-op build and verify read, stats.json every build updates, a composite
+# record `load` exposes, the planning facts a no-op build trusts) fed the same mutations,
+# through the file itself: a value or a clean error, never another exception, never slow.
+
+
+def _areas(tmp: Path) -> dict[str, Parser]:
+    """name -> (read the bytes as that record, the errors it may raise, a valid doc, its cap)."""
+    from cutecc.commands.verify import _record_differs
+    from cutecc.composite_line import CompositeLine
+    from cutecc.dists import FACTS, HashCache
+    from cutecc.entry import MAX_INDEX_BYTES, index_bytes, index_facts
+    from cutecc.store.view import MAX_STATS_BYTES, StoreView
+
+    from .fake_store import add, new_store
+
+    store, rt = new_store(tmp / "cache")
+    entry = add(store, rt, "k", "a")
+    view = StoreView(store.root)
+    record = view.index_record("k", entry.key)
+    facts = json.loads(index_bytes(index_facts(entry.key, entry.meta)))
+    composite = {"format": 1, "name": "both", "launches": ["k", "j"], "inputs": ["x"], "outputs": ["out"],
+                 "manifest": "/m/kernels.toml"}
+    store.composites_dir.mkdir(exist_ok=True)
+    hashes = store.layout.hash_cache()
+    planfacts = {"format": 2, "parser": "p", "dists": {"d": ["f", "ab" * 32]},
+                 "sources": {"/s.py": [[1, 2, 3], "ab" * 32, {"imports": ["os"]}]},
+                 "closures": {"k": ["ab" * 32, "cd" * 32]},
+                 "closure_bodies": {"cd" * 32: [["/s.py", "x", True]]}}
+
+    def index(data: bytes) -> Any:
+        record.write_bytes(data)
+        view.indexed_facts("k", entry.key)
+        return _record_differs(data, entry.key, entry.meta)
+
+    def stats(data: bytes) -> Any:
+        store.layout.stats().write_bytes(data)
+        got = view.read_stats()
+        store.add_stats(hits=1)
+        return got
+
+    def comp(data: bytes) -> Any:
+        store.layout.composite("both").write_bytes(data)
+        doc = view.composite("both")
+        return None if doc is None else CompositeLine.from_record(doc, "both")
+
+    def plan_facts(data: bytes) -> Any:
+        hashes.with_name(FACTS).write_bytes(data)
+        cache = HashCache(hashes)
+        cache.dist_digest("d", "f")
+        return cache.closure("k", "")
+
+    return {
+        "index record": (index, (), facts, MAX_INDEX_BYTES),
+        "stats.json": (stats, (), {"format": 1, "hits": 3, "misses": 1}, MAX_STATS_BYTES),
+        "composite record": (comp, (CuteccError,), composite, MAX_META_BYTES),
+        "planning facts": (plan_facts, (), planfacts, 1 << 20),
+    }
+
+
+@pytest.mark.parametrize("name", ["index record", "stats.json", "composite record", "planning facts"])
+def test_hostile_records_fail_cleanly_and_quickly(name: str, tmp_path: Path, tally: Any) -> None:
+    parse, errors, doc, cap = _areas(tmp_path)[name]
+    rng = random.Random(f"{SEED}:{name}")
+    seed_bytes = json.dumps(doc, indent=1).encode()
+    inputs = _inputs(doc, seed_bytes, cap, rng)
+    inputs += [b"[" * 1100 + b"]" * 1100, b" " * (cap + 1)]  # 2.2 KB deep; one byte over the cap
     worst, accepted = 0.0, 0
     for i, data in enumerate(inputs):
         t0 = time.perf_counter()

@@ -77,3 +77,53 @@ def test_every_compiled_configuration_computes_the_same_product(gemm_cache: Path
             _close(fn(a, b), a, b)
             seen += 1
     assert seen == 24
+
+
+def _tune(cache: Path, out: Path) -> dict:
+    """One independent `cutecc tune --measure` of examples/gemm over benchmarks/gemm_tune.py's
+    8 shapes (its buckets), into a fresh copy of the committed lock (`--replace-tuning`: its
+    older lines go); the report's JSON."""
+    import json
+    import shutil
+
+    from helpers import run_cli
+
+    from benchmarks.gemm_tune import SHAPES
+
+    out.mkdir(parents=True)
+    shutil.copy(MANIFEST.parent / "kernels.lock", out / "kernels.lock")
+    buckets = [a for s in SHAPES for a in ("--bucket", s.bucket)]
+    r = run_cli("tune", str(MANIFEST), "--measure", "--cache-dir", str(cache), "--lock-file",
+                str(out / "kernels.lock"), "--replace-tuning", "--repeats", "20", *buckets, "--json",
+                timeout=3000)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+def test_two_independent_tunes_agree_or_name_the_within_noise_buckets(gemm_cache: Path,
+                                                                       tmp_path: Path) -> None:
+    """Two tunes of the same buckets on this GPU: identical locks, or every bucket whose
+    winner differs is named within the noise by one of them; and every winner of the first,
+    timed again by the second, is at least as fast as the default within the noise."""
+    import shutil
+
+    from benchmarks.gemm_tune import stability
+
+    cache = tmp_path / "c"
+    shutil.copytree(gemm_cache, cache)  # the tunes write records into the cache
+    first, second = _tune(cache, tmp_path / "1"), _tune(cache, tmp_path / "2")
+    for doc in (first, second):
+        assert len(doc["records"]) == 8
+        for r in doc["records"]:
+            assert r["clock"] == "device", r.get("clock_note")
+            assert r["policy"] == first["records"][0]["policy"] and r["measurement"]["launch"] == "eager"
+            assert set(r["spread_us"]) == set(r["times_us"]) and r["winner_us"] <= r["default_us"]
+    by = [{(r["kernel"], r["bucket"]): r for r in doc["records"]} for doc in (first, second)]
+    st = stability(by[0], by[1], tmp_path / "1" / "kernels.lock", tmp_path / "2" / "kernels.lock")
+    print(f"identical locks: {st['identical_locks']}; within the noise: {st['within_noise']}; "
+          f"differing: {st['differing']}")
+    assert st["unexplained"] == [] and st["missing"] == [], st
+    assert st["slower"] == [], st
+    assert st["identical_locks"] or st["differing"], st  # bytes differ only where winners do
+    assert first["within_noise"] == [f"{k}[{r['variant']}]@{r['arch']} {r['bucket']}"
+                                     for (k, _), r in by[0].items() if r["within_noise"]]

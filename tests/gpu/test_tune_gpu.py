@@ -2,8 +2,10 @@
 
 Needs CUTECC_TUNE_CACHE: a cache where `cutecc build` and `cutecc tune --compile-only` ran
 for the root kernels.toml (the device machine has no DSL). Measures the real spaces of mul
-and rmsnorm over their 4 buckets each, then checks the recorded winners: each is within 2%
-of the best candidate measured again, and dispatch serves it for its bucket.
+and rmsnorm over their 4 buckets each, then checks the records (the measurement policy, each
+candidate's median spread, winners beyond the noise) and the recorded winners: each is within
+2% of the best candidate measured again and at least as fast as the default within the noise,
+and dispatch serves it for its bucket.
 """
 
 from __future__ import annotations
@@ -48,6 +50,16 @@ def test_real_spaces_are_measured_over_four_buckets_and_recorded(tuned: tuple[Pa
     for r in recs:
         assert r["winner_us"] <= r["default_us"] and not r["dropped"], r
         assert len(r["times_us"]) >= 3
+        # The policy on the line and in the record; each candidate's median spread and samples.
+        m = r["measurement"]
+        assert r["policy"] == m["method"] and m["launch"] == "eager" and m["clock"] == r["clock"]
+        assert m["device"] == r["device"] and m["driver"] and m["toolchain"] == r["built_with"]
+        assert set(r["spread_us"]) == set(r["times_us"]) == set(r["samples"])
+        assert all(n >= 15 for n in r["samples"].values()), r["samples"]  # at least repeats // 2
+        # A winner other than the default beat it beyond both spreads plus 1%.
+        if r["winner_variant"] != r["variant"]:
+            w, d = r["times_us"][r["winner_variant"]][1], r["times_us"][r["variant"]][1]
+            assert d - w > r["spread_us"][r["winner_variant"]] + r["spread_us"][r["variant"]] + 0.01 * d, r
     # Timed on the device clock (a profiler trace's kernel durations), not the host fallback.
     assert all(r["clock"] == "device" for r in recs), {r.get("clock_note") for r in recs}
     lock = json.loads((proj / "kernels.lock").read_text())
@@ -72,6 +84,14 @@ def test_a_second_run_finds_the_winners_within_two_percent(tuned: tuple[Path, Pa
             bad.append((x["kernel"], x["variant"], x["bucket"], w, win, best))
     print(f"{strict} of {len(again['records'])} winners within 2% of the best median")
     assert not bad, bad
+    # Every recorded winner, timed again, is at least as fast as the default within the noise.
+    slower = []
+    for x in again["records"]:
+        w = first[(x["kernel"], x["variant"], x["bucket"])]["winner_variant"]
+        win, d = x["times_us"][w], x["times_us"][x["variant"]]
+        if win[1] > d[1] + x["spread_us"][w] + x["spread_us"][x["variant"]] + 0.01 * d[1]:
+            slower.append((x["kernel"], x["variant"], x["bucket"], w, win, d))
+    assert not slower, slower
 
 
 def test_dispatch_serves_the_recorded_winner(tuned: tuple[Path, Path, dict]) -> None:

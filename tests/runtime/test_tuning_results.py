@@ -73,6 +73,11 @@ def test_a_record_keeps_exactly_the_measured_fields_it_had() -> None:
     ("dropped", {"t=1": 3}),
     ("timing_notes", ["n"] * 11),
     ("driver", 12080),
+    ("spread_us", {"dtype=float32": -0.1}),
+    ("samples", {"dtype=float32": 2.5}),
+    ("within_noise", "dtype=float32"),
+    ("measurement", {"sm_clock_mhz": [{"min": 1}]}),
+    ("measurement", {f"f{i}": 1 for i in range(33)}),
 ])
 def test_a_malformed_measured_field_is_refused_and_loses_only_the_tuning(
         tmp_path: Path, field: str, value: object) -> None:

@@ -81,3 +81,34 @@ def test_the_dry_run_without_a_cache_plans_both_spaces_and_writes_its_json(tmp_p
     assert doc["plan"]["candidates"]["quack_gemm"][0] == "dtype=bfloat16"  # the default first
     for dtype, got in doc["self_check"].items():
         assert "skipped" in got or (got["xla_vs_f32"]["ok"] and not got["perturbed"]["ok"]), (dtype, got)
+
+
+def _rec(winner: str, times: dict[str, float], close: tuple[str, ...] = ()) -> dict:
+    return {"variant": "dtype=bfloat16", "winner_variant": winner, "within_noise": list(close),
+            "times_us": {v: [t - 0.1, t, t + 0.1] for v, t in times.items()},
+            "spread_us": {v: 0.05 for v in times}}
+
+
+def test_two_tunes_agree_or_name_the_within_noise_buckets_and_winners_stay_at_least_as_fast(
+        tmp_path: Path) -> None:
+    d, a, b = "dtype=bfloat16", "dtype=bfloat16,tile_m=256", "dtype=bfloat16,tile_n=128"
+    lock1, lock2 = tmp_path / "1", tmp_path / "2"
+    lock1.write_text("x")
+    lock2.write_text("x")
+    m1, m2 = ("quack_gemm", "m=1"), ("quack_gemm", "m=2")
+    first = {m1: _rec(a, {d: 10.0, a: 8.0}), m2: _rec(d, {d: 10.0, b: 9.95}, (b,))}
+    second = {m1: _rec(a, {d: 10.0, a: 8.1}), m2: _rec(d, {d: 10.0, b: 10.0})}
+    st = gemm_tune.stability(first, second, lock1, lock2)
+    assert st["identical_locks"] and st["differing"] == [] and st["unexplained"] == [] and st["slower"] == []
+    assert st["within_noise"] == [f"quack_gemm m=2: {b}"]
+    # The second run picks b at m=2: named within the noise by the first, so explained.
+    second[m2] = _rec(b, {d: 10.0, b: 9.0})
+    lock2.write_text("y")
+    st = gemm_tune.stability(first, second, lock1, lock2)
+    assert not st["identical_locks"] and st["differing"] == [f"quack_gemm m=2: {d} vs {b}"]
+    assert st["unexplained"] == []
+    # A flip that neither run saw coming, and a first-run winner slower than the default the second time.
+    second[m1] = _rec(b, {d: 10.0, a: 11.0, b: 8.0})
+    st = gemm_tune.stability(first, second, lock1, lock2)
+    assert st["unexplained"] == ["quack_gemm m=1"]
+    assert st["slower"] and st["slower"][0].startswith(f"quack_gemm m=1: {a} 11.00 us vs the default's 10.00")

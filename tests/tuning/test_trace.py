@@ -204,6 +204,44 @@ def test_device_timing_rounds_learn_choose_k_and_keep_each_candidates_own_time(
     assert samples["A"] == pytest.approx([4e-6] * 11) and samples["B"] == pytest.approx([6e-6] * 11)
 
 
+def test_device_timing_runs_more_rounds_until_the_medians_settle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At least `repeats` rounds; then, a trace of rounds at a time, more while a median's
+    spread is over 1% of it (`decide.settled`), up to `max_rounds`."""
+    import numpy as np
+
+    bench = pytest.importorskip("cutecc.tuning.bench")
+    jitter = {"A": 0.0}
+    rng = np.random.default_rng(5)
+    clock: dict[str, Any] = {"t": 0.0, "events": []}
+
+    def f(*xs: Any) -> Any:
+        d = max(100.0, 4000.0 * (1 + jitter["A"] * rng.standard_normal()))
+        clock["events"].append(Event("kA", clock["t"], d))
+        clock["t"] += 1e5
+        return xs[0]
+
+    def traced(work: Any) -> list[Event]:
+        clock["events"] = []
+        work()
+        return list(clock["events"])
+
+    monkeypatch.setattr(bench, "_traced", traced)
+    monkeypatch.setattr(bench.time, "sleep", lambda s: clock.__setitem__("t", clock["t"] + s * 1e9))
+
+    def rounds() -> int:
+        _, samples, _ = bench._device_times({"A": f}, [np.zeros(3)], ["A"], np.random.default_rng(0), warmup=1,
+                                            repeats=11, names={"A": frozenset({"kA"})}, max_rounds=120)
+        return len(samples["A"])
+
+    assert rounds() == 11  # steady: settled at the minimum
+    # A sample averages K = 50 calls: a call's jitter over sqrt(50) is a sample's.
+    jitter["A"] = 0.8  # samples spread ~10%: the median's spread stays over 1% up to the limit
+    assert rounds() == 120
+    jitter["A"] = 0.25  # samples spread ~3.5%: settles on the way (~60), a trace of rounds at a time
+    n = rounds()
+    assert 11 < n < 120 and n % bench.ROUNDS_PER_TRACE == 11, n
+
+
 def test_device_timing_falls_back_when_the_trace_has_no_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     import numpy as np
 
@@ -270,6 +308,15 @@ def test_the_benchmark_pairs_two_runs_per_bucket_and_writes_a_markdown_table() -
     assert "| fa4_fwd | causal=False | s_k=4096 | 10.00 | tile_n=96 | 8.00 | 1.25x | 8.10 / 8.10 | yes |" in text
     assert "| fa4_fwd | causal=False | s_k=512 | 2.00 | default | 2.00 | 1.00x | 2.10 / 2.00 | no |" in text
     assert "1 of 2 winners within 2%" in text and "clock: device" in text and "{'fa4_fwd': 37.6}" in text
+    assert all(r["same_winner"] for r in rows) and "2 of 2 buckets recorded the same winner" in text
+    # A second run that picks another winner: named within the noise by one run, or not at all.
+    second[1] = {**rec("s_k=512", {d: [2, 2.1, 3], t: [1, 2, 3]}, t), "within_noise": [t]}
+    second[0] = rec("s_k=4096", {d: [9, 10, 11], t: [9, 10.1, 11]}, d)
+    rows = rows_of(first, second)
+    assert [(r["same_winner"], r["within_noise"]) for r in rows] == [(False, [t]), (False, [])]
+    text = markdown({"device": "x", "driver": "y", "rows": rows, "runs": []})
+    assert "differing within the noise: fa4_fwd[causal=False] s_k=512; differing beyond it: " \
+           "fa4_fwd[causal=False] s_k=4096" in text
 
 
 def test_the_benchmark_reads_the_typed_records_and_plan_that_tune_returns(tmp_path: Any,

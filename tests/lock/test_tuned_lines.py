@@ -1,0 +1,55 @@
+"""A lock's tuning lines with and without their measurement policy: lines recorded before
+policies existed (the committed examples' locks) read and write back byte for byte, new
+lines carry `policy` and `built_with` after the pin, and bad values are refused by key path."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from helpers import REPO
+
+from cutecc.errors import CuteccError
+from cutecc.lockfile import Lock, LockEntry, Pin, Tuned
+
+KEY = {c: c * 64 for c in "ab"}
+PIN = Pin("lib.so", "e" * 64, 1000, "__tvm_ffi_mul", None, "c" * 64, "d" * 64)
+METHOD = "eager launches, device clock, warmup 3, rounds 30..120, median-ci95+0.01"
+
+
+def _lock(**extra: str) -> Lock:
+    line = Tuned("mul", "dtype=float32", "sm_90a", "NVIDIA H100 80GB HBM3", "floor", "n=4096", KEY["a"],
+                 KEY["b"], "dtype=float32,threads=128", PIN, **extra)  # type: ignore[arg-type]
+    return Lock((LockEntry("mul", "dtype=float32", "sm_90a", "x86_64", KEY["a"], PIN),), (line,))
+
+
+@pytest.mark.parametrize("path", ["examples/gemm/kernels.lock", "kernels.lock"])
+def test_committed_locks_read_and_write_back_byte_for_byte(path: str) -> None:
+    data = (REPO / path).read_bytes()
+    lock = Lock.loads(data, path)
+    assert lock.dumps() == data
+    assert all(t.policy is None and t.built_with is None for t in lock.tuning)
+
+
+def test_a_line_without_a_policy_keeps_its_fields_and_one_with_it_adds_two_after_the_pin() -> None:
+    old = json.loads(_lock().dumps())["tuning"][0]
+    assert "policy" not in old and "built_with" not in old
+    new = _lock(policy=METHOD, built_with="nvidia-cutlass-dsl 4.3.1")
+    doc = json.loads(new.dumps())["tuning"][0]
+    assert list(doc)[: len(old)] == list(old) and list(doc)[len(old):] == ["policy", "built_with"]
+    assert doc["policy"] == METHOD and doc["built_with"] == "nvidia-cutlass-dsl 4.3.1"
+    again = Lock.loads(new.dumps(), "x")
+    assert again == new and again.tuning[0].policy == METHOD
+    # The policy is part of the line: the same winner measured by another method is another line.
+    assert dataclasses.replace(new.tuning[0], policy="other") != new.tuning[0]
+
+
+@pytest.mark.parametrize(("field", "value"), [("policy", ""), ("policy", 3), ("built_with", "x" * 301),
+                                              ("built_with", ["a"])])
+def test_a_bad_policy_or_toolchain_is_refused_with_its_key_path(field: str, value: object) -> None:
+    doc = json.loads(_lock(policy=METHOD).dumps())
+    doc["tuning"][0][field] = value
+    with pytest.raises(CuteccError) as e:
+        Lock.loads(json.dumps(doc).encode(), "x")
+    assert e.value.key_path == f"tuning[0].{field}", e.value.render()
