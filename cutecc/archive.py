@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
 from cutecc.lockfile import LOCK_NAME
 from cutecc.runtime.package import PACK_DIR
 
@@ -68,23 +68,53 @@ def runtime_wheel() -> tuple[str, bytes]:
     """cutecc's own wheel, made from the package this process runs (its file name, bytes):
     what `cutecc pack` writes beside a pack, so a deploy host with no index that serves
     cutecc installs the runtime its pack requires from the same directory. Pure Python; its
-    metadata (dependencies, extras, the `cutecc` command) is the installed distribution's."""
-    import importlib.metadata as md
-
+    metadata (dependencies, extras, the `cutecc` command) is the installed distribution's,
+    or, run from a source checkout that is not installed, its `pyproject.toml`'s."""
     import cutecc
 
     root = Path(cutecc.__file__).parent
     files = {f"cutecc/{p.relative_to(root).as_posix()}": p.read_bytes()
              for p in sorted(root.rglob("*"))
              if p.is_file() and "__pycache__" not in p.parts and p.suffix in RUNTIME_WHEEL_SUFFIXES}
-    meta = md.metadata("cutecc")
+    summary, requires, extras = _own_metadata(root)
     version = cutecc.__version__
     data = wheel_bytes("cutecc", "cutecc", version, tag="py3-none-any", generator=f"cutecc {version}",
-                       requires=meta.get_all("Requires-Dist") or [], files=files,
-                       summary=meta.get("Summary") or "cutecc",
-                       extras=meta.get_all("Provides-Extra") or [], purelib=True,
+                       requires=requires, files=files, summary=summary, extras=extras, purelib=True,
                        info={"entry_points.txt": b"[console_scripts]\ncutecc = cutecc.cli:main\n"})
     return f"cutecc-{version}-py3-none-any.whl", data
+
+
+def _own_metadata(package: Path) -> tuple[str, list[str], list[str]]:
+    """cutecc's summary, Requires-Dist and extras: the installed distribution's, else those
+    of the checkout's pyproject.toml beside `package`; neither is an error (nothing written)."""
+    import importlib.metadata as md
+
+    try:
+        meta = md.metadata("cutecc")
+        return (meta.get("Summary") or "cutecc", meta.get_all("Requires-Dist") or [],
+                meta.get_all("Provides-Extra") or [])
+    except md.PackageNotFoundError:
+        pass
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        project = tomllib.loads((package.parent / "pyproject.toml").read_text())["project"]
+        extras = project.get("optional-dependencies", {})
+        requires = list(project.get("dependencies", []))
+        for extra, reqs in sorted(extras.items()):
+            for r in reqs:
+                spec, _, marker = r.partition(";")
+                m = marker.strip()
+                m = f"({m})" if " or " in m else m
+                cond = (f"{m} and " if m else "") + f'extra == "{extra}"'
+                requires.append(f"{spec.strip()}; {cond}")
+        return str(project.get("description", "cutecc")), requires, sorted(extras)
+    except (OSError, KeyError, ValueError) as e:
+        raise WorkError(f"cannot tell cutecc's own dependencies (not installed, and no readable "
+                        f"pyproject.toml beside the package: {e}); pass --no-runtime-wheel",
+                        where=str(package)) from None
 
 
 def tar_bytes(files: dict[str, bytes]) -> bytes:

@@ -376,17 +376,41 @@ def explain(kernel: str, manifest: Path | None, manifest_opt: Path | None, varia
 
 
 @main.command(short_help="Re-hash every entry; find damage and orphans.")
+@click.argument("manifest", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--fix", is_flag=True,
               help="Move bad entries to quarantine/ (rebuilt by the next build); delete orphans.")
 @click.option("--lock", "lock_file", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Also name the distributions this kernels.lock was made with that differ here.")
+@click.option("--deep", is_flag=True, help="Also compile again every entry MANIFEST plans that the "
+              "cache holds (needs the DSL) and report any whose artifact differs from its record.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
+              help="With --deep: parallel compile workers (default: all cores).")
 @_cache_opt
 @_json_opt
-def verify(fix: bool, lock_file: Path | None, cache_dir: Path | None, as_json: bool) -> None:
-    """Re-hash every entry against its metadata; find orphans. Exit 1 if anything is wrong."""
+def verify(manifest: Path | None, fix: bool, lock_file: Path | None, deep: bool, jobs: int | None,
+           cache_dir: Path | None, as_json: bool) -> None:
+    """Re-hash every entry against its metadata; find orphans. Exit 1 if anything is wrong.
+
+    With --deep, also compile again what MANIFEST (default: the one found from here) plans
+    and the cache holds, in a throwaway directory, and compare each entry's artifact digest."""
     from cutecc.commands.verify import verify as run
 
-    _emit(run(cache_dir, fix=fix, lock=lock_file), as_json)
+    if manifest is not None and not deep:
+        raise CuteccError("MANIFEST is what --deep compiles again: give --deep too", where="MANIFEST")
+    if jobs is not None and not deep:
+        raise CuteccError("--jobs is for --deep", where="--jobs")
+    if not deep:
+        _emit(run(cache_dir, fix=fix, lock=lock_file), as_json)
+        return
+    from cutecc.progress import BuildProgress
+
+    progress = BuildProgress(quiet=as_json or _verbosity(click.get_current_context()) < 0)
+    try:
+        report = run(cache_dir, fix=fix, lock=lock_file, deep=_manifest(manifest, None), jobs=jobs,
+                     progress=progress)
+    finally:
+        progress.close()
+    _emit(report, as_json)
 
 
 @main.command(short_help="Evict least recently used entries.")

@@ -171,6 +171,35 @@ def library_record(meta: dict[str, Any]) -> tuple[str, str, int] | None:
     return lib, rec["sha256"], rec["size"]
 
 
+@dataclass(frozen=True)
+class ArtifactRec:
+    """What the DSL compiled for an entry, as its build recorded it (meta.json's `artifact`):
+    the exported file handed to the linker (`file`: an object, or LLVM IR for another
+    platform), its SHA-256 and size, and the SHA-256 of the device code (the cubins) in it
+    when it embeds any. A build output like the library's hash: no key input, never read
+    by the runtime; `cutecc verify --deep` compiles the entry again and compares."""
+
+    file: str
+    sha256: str
+    size: int
+    device_sha256: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "sha256": self.sha256, "size": self.size,
+                "device_sha256": self.device_sha256}
+
+
+def artifact_of(meta: Mapping[str, Any]) -> ArtifactRec | None:
+    """The entry's artifact digest (`ArtifactRec`), or None when it has none (built before
+    cutecc recorded it) or a malformed one."""
+    rec = meta.get("artifact")
+    if not (isinstance(rec, dict) and set(rec) == {"file", "sha256", "size", "device_sha256"}
+            and is_file_name(rec["file"]) and is_key(rec["sha256"]) and type(rec["size"]) is int
+            and rec["size"] >= 0 and (rec["device_sha256"] is None or is_key(rec["device_sha256"]))):
+        return None
+    return ArtifactRec(rec["file"], rec["sha256"], rec["size"], rec["device_sha256"])
+
+
 def contract_digest(args: Any) -> str:
     """SHA-256 of a contract's canonical JSON (the `args` of meta.json)."""
     blob = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
@@ -414,6 +443,7 @@ class EntryMeta:
     backward: str | None
     built_at: str | None
     build_seconds: float
+    artifact: ArtifactRec | None  # what the DSL compiled (`artifact_of`); None: not recorded
     raw: Mapping[str, Any] = field(repr=False, compare=False)
 
     @classmethod
@@ -434,7 +464,7 @@ class EntryMeta:
                    backward if isinstance(backward, str) else None,
                    built if isinstance(built, str) else None,
                    float(secs) if isinstance(secs, (int, float)) and not isinstance(secs, bool) else 0.0,
-                   meta)
+                   artifact_of(meta), meta)
 
     @property
     def args(self) -> Any:

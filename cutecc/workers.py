@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cutecc import environ, keyed_sources
+from cutecc import artifact, environ, keyed_sources
 from cutecc.contract import args_to_json
 from cutecc.entry import LIBRARY, library_record, runtime_meta_problem, runtime_soname
 from cutecc.errors import CuteccError, WorkError
@@ -220,6 +220,7 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
         assert rec is not None  # ensure_runtime checked the metadata
         obj = compile_to_object(CompileJob(job.entry, job.variant, job.compile_options,
                                            job.python_path, job.device, job.platform), staging)
+        compiled = artifact.digest(obj)  # what the DSL compiled, for `cutecc verify --deep`
         link(obj, staging / LIBRARY, SYMBOL, entry=job.entry, arch=job.arch, key=job.key,
              runtime=runtime.path / rec[0], platform=job.platform)
         obj.unlink()
@@ -245,6 +246,7 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
             "toolchain": now,
             "key_inputs": job.key_inputs,
             "sources": list(job.sources),
+            "artifact": compiled.to_json(),
             "built_at": now_iso(),
             "build_seconds": round(time.perf_counter() - t0, 3),
         }

@@ -30,7 +30,7 @@ import shutil
 import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import filelock
 
@@ -74,6 +74,10 @@ from cutecc.store.view import (
 )
 from cutecc.store.writer import Store
 
+if TYPE_CHECKING:
+    from cutecc.builder import Progress
+    from cutecc.commands.retrace import DeepReport
+
 BAD = frozenset({"missing", "truncated", "altered", "malformed", "untrusted"})  # the entry is unusable
 
 
@@ -103,11 +107,18 @@ class VerifyReport(Report):
     fixed: bool = False
     drift_note: str | None = None  # `--lock`: its key-deciding distributions unlike these here
     tuning_notes: list[str] = field(default_factory=list)  # `--lock`: its tuning lines this device ignores
+    deep: DeepReport | None = None  # `--deep`: the entries compiled again (`cutecc.commands.retrace`)
+
+    @property
+    def cache_ok(self) -> bool:
+        """The cache clean, or (after a fix) nothing left wrong in it."""
+        return all(p.fixed for p in self.problems) if self.fixed else not self.problems
 
     @property
     def ok(self) -> bool:
-        """Clean, or (after a fix) nothing left wrong."""
-        return all(p.fixed for p in self.problems) if self.fixed else not self.problems
+        """`cache_ok`, and with `--deep` every entry reproduced (what it finds is reported,
+        never fixed)."""
+        return self.cache_ok and (self.deep is None or self.deep.ok)
 
     @property
     def exit_code(self) -> int:
@@ -116,7 +127,8 @@ class VerifyReport(Report):
     def to_json(self) -> dict[str, Any]:
         return {"cache_dir": self.cache_dir, "entries": self.entries, "healthy": self.healthy,
                 "ok": self.ok, "fixed": self.fixed, "problems": [asdict(p) for p in self.problems],
-                "drift": self.drift_note, "tuning_notes": self.tuning_notes}
+                "drift": self.drift_note, "tuning_notes": self.tuning_notes,
+                **({"deep": self.deep.to_json()} if self.deep else {})}
 
     def lines(self, verbose: int = 0) -> list[str]:
         out = [f"warning: {self.drift_note}"] if self.drift_note else []
@@ -124,8 +136,8 @@ class VerifyReport(Report):
         out += [f"{p.kind:9}  {p.path}: {p.detail}" + (f" -> {p.action}" if p.action else "")
                 for p in self.problems]
         out.append(f"{self.entries} entries, {self.healthy} healthy, {len(self.problems)} problem(s)"
-                   f"{' (fixed)' if self.fixed and self.ok else ''} in {self.cache_dir}")
-        return out
+                   f"{' (fixed)' if self.fixed and self.cache_ok else ''} in {self.cache_dir}")
+        return out + (self.deep.lines(verbose) if self.deep else [])
 
 
 def lock_drift(lock: str | Path) -> str | None:
@@ -221,15 +233,26 @@ def _machine_problem(library: Path, platform: str) -> str | None:
 
 
 def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
-           lock_timeout: float = 0, lock: str | Path | None = None) -> VerifyReport:
+           lock_timeout: float = 0, lock: str | Path | None = None,
+           deep: str | Path | None = None, jobs: int | None = None,
+           progress: Progress | None = None) -> VerifyReport:
     """Check the whole cache; with `fix`, quarantine bad entries and delete orphans.
     `lock`: also say which key-deciding distributions that lock was made with differ, by
-    version, from those installed here (`lock_drift`).
+    version, from those installed here (`lock_drift`). `deep` (a manifest): then compile
+    again every entry it plans that the cache holds, on `jobs` local workers, and report
+    those whose artifact differs from what their key promised (`cutecc.commands.retrace`;
+    the manifest is planned first, so a bad one fails before anything is read); `progress`
+    sees each of those compiles finish.
 
     Fixing takes each key's lock (waiting up to `lock_timeout` s); a key held longer,
     e.g. by a build, is left as is and reported busy.
     """
     drift = lock_drift(lock) if lock is not None else None
+    again = None
+    if deep is not None:
+        from cutecc.commands.retrace import plan_again
+
+        again = plan_again(deep)
     store = Store(cache_dir).require()
     store.check_trust()  # another user's cache is refused whole, never "fixed"
     report = VerifyReport(str(store.root), fixed=fix, drift_note=drift)
@@ -265,6 +288,10 @@ def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
                                            f"({e.message})", key))
     if fix:
         _fix(store, report)
+    if again is not None:
+        from cutecc.commands.retrace import retrace
+
+        report.deep = retrace(store, again, jobs=jobs, progress=progress)
     return report
 
 

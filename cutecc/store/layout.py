@@ -269,10 +269,6 @@ class Layout:
         """`generations/<kernel>@<arch>.json` (`GENERATION_FORMAT`)."""
         return self.root / GENERATIONS / f"{kernel}@{arch}.json"
 
-    def generation_parts(self, kernel: str, arch: str) -> tuple[str, str]:
-        """`generation`'s parts under the root (for `cutecc.trust.read_file`)."""
-        return (GENERATIONS, f"{kernel}@{arch}.json")
-
     def manifests(self) -> Path:
         """`manifests/`: per manifest (by path), the keys of its newest build."""
         return self.root / MANIFESTS

@@ -5,8 +5,8 @@ The runtime records a miss when it serves a fallback (once per traced signature)
 never imports the store's writer, so this small record owns its own writing, with the
 writer's rules: under `locks/misses.lock`, read, bounded (`MAX_MISSES` signatures, the
 least recently seen dropped first), written atomically. Recording is best-effort: a
-read-only cache, a full disk or a busy lock loses a count, never a call. Read through
-`trust.read_file` like every record that reaches a report: a file someone else could
+read-only cache, a full disk or a busy lock loses a count, never a call. Read as every
+record of the cache is (`cutecc.store.view.read_record`): a file someone else could
 have written, a link, an oversized or malformed one is refused, never believed.
 """
 
@@ -21,8 +21,9 @@ from typing import Any
 
 from cutecc import trust
 from cutecc.atomic import atomic_write
-from cutecc.entry import is_kernel_name, parse_json
-from cutecc.store.layout import LOCKS, MISSES, MISSES_FORMAT, Layout
+from cutecc.entry import is_kernel_name
+from cutecc.store.layout import LOCKS, MISSES_FORMAT, Layout
+from cutecc.store.view import read_record
 from cutecc.units import now_iso
 
 MAX_MISSES = 1000  # signatures kept; the least recently seen go first
@@ -95,16 +96,10 @@ def read_misses(root: str | Path) -> list[Miss]:
     A record someone else could have written raises `trust.Untrusted`; a malformed one
     (or one of another format) reads as empty, and its malformed lines are skipped."""
     try:
-        data = trust.read_file(root, (MISSES,), MAX_MISSES_BYTES)
-    except FileNotFoundError:
-        return []
-    except OSError as e:
-        if e.errno == 27:  # over the cap: not a record of ours
-            return []
+        doc = read_record(Layout(Path(root)).misses(), MAX_MISSES_BYTES, 6)
+    except trust.Untrusted:
         raise
-    try:
-        doc = parse_json(data, MAX_MISSES_BYTES, 6)
-    except ValueError:
+    except (OSError, ValueError):  # absent, unreadable, oversized or not JSON: nothing recorded
         return []
     if not (isinstance(doc, dict) and doc.get("format") == MISSES_FORMAT
             and isinstance(doc.get("misses"), list)):

@@ -403,18 +403,16 @@ class StoreView:
 
 
     def generation_fallbacks(self, kernel: str, arch: str) -> tuple[str, dict[str, Any]] | None:
-        """(built_at, the fallback fields) of `kernel`'s newest build for `arch`, read with
-        the checks of any record that decides what runs (`trust.read_file`: a file others
-        could have written names no module to import); None when none is recorded."""
+        """(built_at, the fallback fields) of `kernel`'s newest build for `arch`, read as any
+        record that decides what runs is (`read_record`: a file others could have written
+        names no module to import, it raises trust.Untrusted); None when none is recorded
+        or it cannot be read."""
         try:
-            doc = parse_json(trust.read_file(self.root, self.layout.generation_parts(kernel, arch),
-                                             MAX_META_BYTES), MAX_META_BYTES, 3)
-        except (FileNotFoundError, ValueError):
-            return None
-        except OSError as e:
-            if e.errno == 27:  # over the cap: not a record of ours
-                return None
+            doc = read_record(self.layout.generation(kernel, arch), MAX_META_BYTES, 3)
+        except trust.Untrusted:
             raise
+        except (OSError, ValueError):
+            return None
         if not (isinstance(doc, dict) and doc.get("format") == GENERATION_FORMAT
                 and doc.get("kernel") == kernel and doc.get("arch") == arch):
             return None

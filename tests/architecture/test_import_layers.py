@@ -41,7 +41,8 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "plan": (("cutecc.key", "cutecc.keyed_sources", "cutecc.plan", "cutecc.tuning.plan"),
              ("base", "store", "lock", "manifest", "toolchain")),
     # One artifact: compile a variant, link it.
-    "compile": (("cutecc.compiler", "cutecc.linker", "cutecc.retarget"), ("base", "manifest", "toolchain")),
+    "compile": (("cutecc.compiler", "cutecc.linker", "cutecc.retarget", "cutecc.artifact"),
+                ("base", "manifest", "toolchain")),
     # Building many, anywhere: the build pipeline, workers, executors, the remote cache,
     # checking foreign entries, what a lock may vouch for, archives.
     "work": (("cutecc.builder", "cutecc.workers", "cutecc.executors", "cutecc.remote", "cutecc.ingest",

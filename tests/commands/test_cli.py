@@ -40,6 +40,53 @@ def test_gc_bad_age_is_bad_input(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("dsl")
+@pytest.mark.parametrize("args", [["kernels.toml"], ["-j", "2"]])
+def test_verify_takes_a_manifest_and_jobs_only_with_deep(args: list[str], tmp_path: Path) -> None:
+    r = CliRunner().invoke(main, ["verify", *args, "--cache-dir", str(tmp_path)])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.output
+    assert ("give --deep too" if args[0] == "kernels.toml" else "--jobs is for --deep") in r.stderr
+
+
+def test_deep_verify_checks_the_host_and_the_manifest_before_the_cache(
+        tmp_path: Path, toy_project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad manifest or a host without the DSL fails at once (exit 2 / 1), naming it,
+    before the cache (missing here) is looked at."""
+    import importlib.util
+
+    from cutecc.commands.verify import verify
+    from cutecc.errors import CuteccError, WorkError
+
+    with pytest.raises(CuteccError, match="cannot read manifest") as err:
+        verify(tmp_path / "none", deep=tmp_path / "nope.toml")
+    assert err.value.exit_code == 2
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "cutlass"
+                        else real(name, *a))
+    with pytest.raises(WorkError, match="needs the build extra") as err:
+        verify(tmp_path / "none", deep=toy_project)
+    assert err.value.exit_code == 1 and err.value.where == "--deep"
+
+
+def test_plain_verify_compiles_nothing_and_reads_no_manifest(tmp_path: Path) -> None:
+    """Without --deep, verify neither imports the DSL nor the re-trace, and its report has
+    no `deep` part: as fast as it was."""
+    import json
+    import subprocess
+    import sys
+
+    from cutecc.store.writer import Store
+
+    Store(tmp_path / "cache").ensure()
+    script = ("import json, sys\nfrom cutecc.commands.verify import verify\n"
+              f"r = verify({str(tmp_path / 'cache')!r})\n"
+              "print(json.dumps([r.ok, 'deep' in r.to_json(), 'cutlass' in sys.modules,"
+              " 'cutecc.commands.retrace' in sys.modules, 'cutecc.builder' in sys.modules]))")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [True, False, False, False, False]
+
+
 def test_the_real_entry_point(built) -> None:
     r = run_cli("verify", "--cache-dir", str(built.cache))
     assert r.returncode == 0 and "2 healthy" in r.stdout

@@ -449,3 +449,40 @@ def test_a_pack_and_its_runtime_wheel_install_with_no_index_and_load_without_the
     # the command it installed runs too
     r = subprocess.run([str(tmp_path / "venv/bin/cutecc"), "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "build" in r.stdout
+
+
+def test_the_runtime_wheel_of_an_uninstalled_checkout_declares_what_an_installed_one_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run from a source tree that was never installed (a GPU host's PYTHONPATH checkout),
+    cutecc's own wheel takes its dependencies from the checkout's pyproject.toml: the same
+    requirements, extras included, as the installed distribution declares."""
+    import importlib.metadata as md
+
+    from packaging.requirements import Requirement
+
+    from cutecc.archive import runtime_wheel
+
+    def metadata_of(whl: bytes) -> list[str]:
+        with zipfile.ZipFile(__import__("io").BytesIO(whl)) as z:
+            text = z.read("cutecc-0.1.0.dist-info/METADATA").decode()
+        return [ln for ln in text.splitlines() if ln.startswith(("Requires-Dist:", "Provides-Extra:"))]
+
+    def normal(lines: list[str]) -> set[str]:
+        out = set()
+        for ln in lines:
+            key, _, value = ln.partition(": ")
+            out.add(f"{key} {Requirement(value)}" if key == "Requires-Dist" else ln)
+        return out
+
+    installed = metadata_of(runtime_wheel()[1])
+    real = md.metadata
+
+    def not_installed(name: str):  # type: ignore[no-untyped-def]
+        if name == "cutecc":
+            raise md.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(md, "metadata", not_installed)
+    checkout = metadata_of(runtime_wheel()[1])
+    assert any("extra == \"build\"" in ln for ln in checkout)
+    assert normal(checkout) == normal(installed)
