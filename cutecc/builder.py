@@ -40,6 +40,7 @@ from cutecc.dists import HashCache
 from cutecc.entry import runtime_record
 from cutecc.errors import CuteccError, WorkError
 from cutecc.executors import Executor, choose, compile_limits
+from cutecc.fallbacks import FallbackRef, refs_to_json
 from cutecc.lockfile import Environment, Lock, LockEntry, Merged, merge_build, write_lock
 from cutecc.manifest import Manifest
 from cutecc.plan import Planned, plan
@@ -151,6 +152,8 @@ class Target:
     planned: tuple[Planned, ...]
     partial: bool  # a --kernel, --arch or --platform subset of the manifest
     candidates: bool  # tuning candidates: nothing recorded as the kernels' current build, no lock
+    # per kernel that declares one, its fallbacks with their modules' digests (`cutecc.fallbacks`)
+    fallbacks: dict[str, dict[str, FallbackRef]] = field(default_factory=dict)
 
 
 def target(manifest: Manifest, *, archs: tuple[str, ...] = (), kernels: tuple[str, ...] = (),
@@ -167,7 +170,32 @@ def target(manifest: Manifest, *, archs: tuple[str, ...] = (), kernels: tuple[st
         selected = with_candidates(selected)
     platforms = tuple(check_platform(p, "--platform") for p in platforms)
     return Target(manifest, selected, tuple(plan(selected, archs, hash_cache=hashes, platforms=platforms)),
-                  partial=bool(kernels or archs or platforms), candidates=candidates)
+                  partial=bool(kernels or archs or platforms), candidates=candidates,
+                  fallbacks=fallback_refs(selected))
+
+
+def fallback_refs(manifest: Manifest) -> dict[str, dict[str, FallbackRef]]:
+    """Each kernel's declared fallbacks with the SHA-256 of the module file each names,
+    found as import would find it, without importing it (a fallback may need a framework
+    the build host lacks); a module that cannot be found fails the build before any compile."""
+    from cutecc.modfind import NotFound, find_module
+
+    out: dict[str, dict[str, FallbackRef]] = {}
+    for k in manifest.kernels:
+        for fld, ref in (("fallback", k.fallback), ("fallback_torch", k.fallback_torch)):
+            if ref is None:
+                continue
+            module = ref.split(":", 1)[0]
+            try:
+                found = find_module(module, [str(p) for p in manifest.python_path])
+                if found.origin is None:
+                    raise NotFound(f"{module!r} is a namespace package, not a module file")
+                digest = hashlib.sha256(Path(found.origin).read_bytes()).hexdigest()
+            except (NotFound, OSError) as e:
+                raise CuteccError(f"cannot find the fallback's module: {e}", where=str(manifest.path),
+                                  key_path=f'kernel "{k.name}", {fld}') from None
+            out.setdefault(k.name, {})[fld] = FallbackRef(ref, digest)
+    return out
 
 
 @dataclass(frozen=True)
@@ -480,7 +508,7 @@ def record(store: Store, t: Target, built: Built, *, hashes: HashCache | None = 
     if dry_run or not built.ok:
         return
     if not read_only and not t.candidates:
-        _record_generations(store, t.manifest.path, t.planned, partial=t.partial)
+        _record_generations(store, t.manifest.path, t.planned, partial=t.partial, fallbacks=t.fallbacks)
         for c in t.selected.composites:  # best-effort, like the generations
             with contextlib.suppress(OSError):
                 store.record_composite(c.name, c.to_json(), str(t.manifest.path))
@@ -490,7 +518,7 @@ def record(store: Store, t: Target, built: Built, *, hashes: HashCache | None = 
 
 def _write_lock(store: Store, t: Target, built: Built, hashes: HashCache | None, req: LockRequest) -> None:
     merged = merge_build(
-        req.path, [_lock_line(o) for o in built.outcomes], partial=t.partial,
+        req.path, [_lock_line(o, t.fallbacks) for o in built.outcomes], partial=t.partial,
         covered={(p.kernel.name, p.arch, p.platform) for p in t.planned},
         defined={k.name for k in t.manifest.kernels},
         composites=[CompositeLine(c.name, c.launches, c.inputs, c.outputs) for c in t.manifest.composites],
@@ -510,11 +538,14 @@ def environment_of(planned: Sequence[Planned]) -> Environment:
     return Environment.of(p.inputs.get("distributions") or {} for p in planned)
 
 
-def _lock_line(o: Outcome) -> LockEntry:
+def _lock_line(o: Outcome, fallbacks: dict[str, dict[str, FallbackRef]]) -> LockEntry:
     p = o.planned
     if o.facts is not None:
-        return LockEntry.from_facts(p.kernel.name, p.variant.id, p.arch, p.key, o.facts, p.platform)
-    return LockEntry.of(p.kernel.name, p.variant.id, p.arch, p.key, o.meta or {})
+        le = LockEntry.from_facts(p.kernel.name, p.variant.id, p.arch, p.key, o.facts, p.platform)
+    else:
+        le = LockEntry.of(p.kernel.name, p.variant.id, p.arch, p.key, o.meta or {})
+    refs = fallbacks.get(p.kernel.name)
+    return dataclasses.replace(le, fallbacks=tuple(sorted(refs.items()))) if refs else le
 
 
 def _vouched(store: Store, manifest: Manifest, hashes: HashCache | None, merged: Merged,
@@ -569,7 +600,8 @@ def _tuning_candidates(manifest: Manifest, hashes: HashCache | None) -> dict[tup
             for it in items(manifest, hash_cache=hashes)}
 
 
-def _record_generations(store: Store, manifest: Path, planned: tuple[Planned, ...], *, partial: bool) -> None:
+def _record_generations(store: Store, manifest: Path, planned: tuple[Planned, ...], *, partial: bool,
+                        fallbacks: dict[str, dict[str, FallbackRef]] | None = None) -> None:
     """Record what this build planned as each (kernel, arch)'s current entries, and as the
     manifest's: `cutecc.load` then offers only these (older entries stay for locks).
     Best-effort: where they cannot be written, the old records go (load then offers every
@@ -580,7 +612,8 @@ def _record_generations(store: Store, manifest: Path, planned: tuple[Planned, ..
     try:
         for kernel, per_arch in by.items():
             for arch, keys in per_arch.items():
-                store.record_generation(kernel, arch, keys, str(manifest))
+                store.record_generation(kernel, arch, keys, str(manifest),
+                                        refs_to_json((fallbacks or {}).get(kernel, {})))
         store.record_manifest(manifest, hashlib.sha256(manifest.read_bytes()).hexdigest(), by,
                               partial=partial)
     except OSError:  # a full or read-only cache: drop the records rather than keep stale ones

@@ -19,8 +19,8 @@ import click
 from cutecc.errors import CuteccError
 
 # Workflow order, for `cutecc -h`.
-_ORDER = ("init", "build", "list", "show", "explain", "verify", "gc", "rm", "stats", "tune", "pack",
-          "unpack", "keygen", "fetch", "env", "schema")
+_ORDER = ("init", "build", "list", "show", "explain", "verify", "gc", "rm", "stats", "misses", "tune",
+          "pack", "unpack", "keygen", "fetch", "env", "schema")
 
 
 _color: bool | None = None  # --color: None follows the terminal
@@ -458,6 +458,20 @@ def stats(cache_dir: Path | None, as_json: bool) -> None:
     from cutecc.commands.stats import stats as run
 
     _emit(run(cache_dir), as_json)
+
+
+@main.command(short_help="Calls kernels' fallbacks served, and the variants to cover them.")
+@_cache_opt
+@_manifest_opt
+@click.option("--toml", "as_toml", is_flag=True,
+              help="Print the manifest's [kernel.NAME] variants (or archs) that would cover them.")
+@_json_opt
+def misses(cache_dir: Path | None, manifest_opt: Path | None, as_toml: bool, as_json: bool) -> None:
+    """The calls no build served, each served by its kernel's declared fallback, counted
+    per kernel, call signature and arch (the cache's misses.json)."""
+    from cutecc.commands.misses import misses as run
+
+    _emit(run(cache_dir, toml=as_toml, manifest=manifest_opt), as_json)
 
 
 @main.command(short_help="Write built entries into a wheel or tarball.")

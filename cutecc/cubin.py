@@ -117,3 +117,38 @@ def kernel_names(library: bytes) -> frozenset[str]:
                 except UnicodeDecodeError:
                     continue
     return frozenset(names)
+
+
+# The SM a cubin was compiled for, as its ELF header records it (EI_ABIVERSION at e_ident[8]
+# says where): ABI 7 keeps it in e_flags' low byte, ABI 8 (CUDA 12.8 on) in its second byte;
+# 90 for sm_90 and sm_90a alike (the arch-specific feature is another flag, not read here).
+_SM_BYTE = {7: 0, 8: 8}
+
+
+def sm_of(image: bytes) -> int | None:
+    """The SM number (major * 10 + minor) a cubin's header records; None for an ELF ABI
+    version this does not know or a header too short to hold one."""
+    if len(image) < 0x34 or image[8] not in _SM_BYTE:
+        return None
+    return (_u(image, 0x30, 4) >> _SM_BYTE[image[8]]) & 0xFF
+
+
+def arch_problem(library: bytes, arch: str) -> str | None:
+    """Why a kernel library cannot be the entry of a key whose arch is `arch` (`sm_90a`):
+    a cubin in it whose recorded SM is another (or that records none we can read); None
+    when every cubin's SM is the arch's. Read before publishing, so a wrong-arch object
+    (a worker whose DSL targeted another GPU) is refused at build, never served."""
+    from cutecc.archs import ARCH_RE
+
+    m = ARCH_RE.fullmatch(arch)
+    if m is None:
+        return f"{arch!r} is not an arch name"
+    want = int(m.group(1)) * 10 + int(m.group(2))
+    for i, image in enumerate(cubins(library)):
+        sm = sm_of(image)
+        if sm is None:
+            return (f"cubin {i} records no SM this cutecc reads (ELF ABI version {image[8]}); "
+                    f"the key's arch is {arch}")
+        if sm != want:
+            return f"cubin {i} is for sm_{sm}, the key's arch is {arch} (sm_{want})"
+    return None

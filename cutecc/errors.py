@@ -51,6 +51,18 @@ class CallError(CuteccError, ValueError):
     the built signatures."""
 
 
+class NoBuildFits(CallError):
+    """No build of the kernel serves the call here: no variant fits its arrays or call
+    keywords, or none was built for this GPU's arch. A kernel with a declared fallback
+    serves the call with it instead (unless strict); without one, this is the error."""
+
+
+class FallbackWarning(UserWarning):
+    """A kernel call was served by the kernel's declared fallback, not a built kernel
+    (warned once per kernel and call signature; filter or escalate it as any warning:
+    `warnings.simplefilter("error", cutecc.FallbackWarning)`)."""
+
+
 class CallTypeError(CuteccError, TypeError):
     """A kernel call passing what the kernel cannot take: an unknown or missing keyword, a
     non-array where an array goes, a runtime scalar of the wrong type."""

@@ -11,7 +11,8 @@ cache's own entries. Until checked, their bytes are hostile. One rule for all of
   copies, a runtime library carries its key's soname);
 - it records exactly one file, its library, within the size cap, and the files given are
   exactly that one: no more, no fewer;
-- the library's bytes hash to its record.
+- the library's bytes hash to its record;
+- a kernel library's cubins record the SM of its key's arch (`cutecc.cubin.arch_problem`).
 
 Only then does `Store.publish` write them, atomically, under the key's lock, exactly as a
 local build would have (`receive`), or does a caller take the metadata as true
@@ -98,6 +99,12 @@ def check_whole(key: str, meta_bytes: bytes, files: Mapping[str, bytes], max_fil
                       f"{sorted(b.name for b in blobs)}")
     for b in blobs:
         check_file(b, files[b.name])
+    if not runtime:  # code for another GPU than its key says is never served
+        from cutecc.cubin import arch_problem
+
+        wrong = arch_problem(files[meta["library"]], str(meta.get("arch")))
+        if wrong:
+            raise Refused(wrong)
     return meta
 
 
@@ -152,4 +159,10 @@ def check_stored(store: Store, key: str, *, runtime: bool = False,
         raise Refused(f"{what} {key[:12]}: {e.strerror or e}") from None
     for b in blobs:
         check_file(b, files[b.name])
+    if not runtime:  # code for another GPU than its key says is never served
+        from cutecc.cubin import arch_problem
+
+        wrong = arch_problem(files[meta["library"]], str(meta.get("arch")))
+        if wrong:
+            raise Refused(wrong)
     return meta

@@ -30,6 +30,7 @@ from cutecc.buckets import RULES, parse_bucket
 from cutecc.composite_line import CompositeLine
 from cutecc.entry import acted_on, bad_pin_field, is_key, label, parse_json, platform_of
 from cutecc.errors import CuteccError
+from cutecc.fallbacks import FallbackRef, refs_from_json, refs_to_json
 from cutecc.platforms import BUILD_PLATFORM, PLATFORMS
 from cutecc.store.view import Entry, StoreView
 
@@ -110,6 +111,9 @@ class LockEntry:
     platform: str  # the host platform of the library's host code (`cutecc.platforms`)
     key: str
     pin: Pin
+    # the kernel's declared fallbacks by field ("fallback", "fallback_torch"), only when
+    # declared: what a call no entry fits runs (`cutecc.fallbacks`)
+    fallbacks: tuple[tuple[str, FallbackRef], ...] = ()
 
     @property
     def label(self) -> str:
@@ -154,11 +158,15 @@ class LockEntry:
     def to_json(self) -> dict[str, Any]:
         """The line as the file holds it: the entry's identity, then its pin, flat."""
         return {"kernel": self.kernel, "variant": self.variant, "arch": self.arch,
-                "platform": self.platform, "key": self.key, **self.pin.to_json()}
+                "platform": self.platform, "key": self.key, **self.pin.to_json(),
+                **refs_to_json(dict(self.fallbacks))}
 
     @classmethod
     def from_json(cls, e: Any, where: str, kp: str) -> LockEntry:
-        """A line read from a lock: exactly its fields, each checked."""
+        """A line read from a lock: exactly its fields (the fallback fields optional), each checked."""
+        refs = refs_from_json(e, where, f"{kp}.") if isinstance(e, dict) else {}
+        if refs:
+            e = {k: v for k, v in e.items() if k not in refs}
         _check_fields(e, LOCK_LINE_FIELDS, True, where, kp)
         if not is_key(e["key"]):
             raise CuteccError("key is not a cache key (64 hex digits)", where=where, key_path=f"{kp}.key")
@@ -169,7 +177,7 @@ class LockEntry:
             raise CuteccError(f"platform {e['platform']!r} is not one of {', '.join(sorted(PLATFORMS))}",
                               where=where, key_path=f"{kp}.platform")
         return cls(e["kernel"], e["variant"], e["arch"], e["platform"], e["key"],
-                   Pin(**{f: e[f] for f in PIN_FIELDS}))
+                   Pin(**{f: e[f] for f in PIN_FIELDS}), tuple(sorted(refs.items())))
 
 
 LOCK_LINE_FIELDS = ("kernel", "variant", "arch", "platform", "key", *PIN_FIELDS)

@@ -505,7 +505,14 @@ class TorchKernelFn(calls.KernelBase):
 
     def _call(self, tensors: Sequence[Any], kw: Mapping[str, Any], every: bool = False) -> Any:
         """The call, eagerly where it can be, else through the op; with `every`, all the
-        kernel's results by name, saved ones too (for a composite's later launches)."""
+        kernel's results by name, saved ones too (for a composite's later launches). A call
+        no build serves goes to the kernel's declared `fallback_torch` (a plain PyTorch
+        function: autograd differentiates it), where there is one."""
+        if self._fallback is not None and not every:
+            served, out = self._served_by_fallback(
+                tensors, kw, {k: v for k, v in kw.items() if k in self._keywords}, once=True)
+            if served:
+                return out
         if not _is_compiling():
             plan = self._plan_of(tensors, kw)
             if plan is not None:

@@ -207,6 +207,7 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
     """Compile, link and publish one entry (in a worker whose DSL targets `job.arch`);
     then, with a writable `remote`, upload it if this call built it."""
     from cutecc.compiler import SYMBOL, CompileJob, compile_to_object
+    from cutecc.cubin import arch_problem
     from cutecc.linker import link
 
     t0 = time.perf_counter()
@@ -226,6 +227,10 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
         changed = keyed_sources.problem(job.keyed_files)  # compiled what was keyed, or nothing
         if changed:
             raise WorkError(f"not published: {changed}", where=job.kernel)
+        wrong = arch_problem((staging / LIBRARY).read_bytes(), job.arch)
+        if wrong:  # never published: the key would name code for another GPU
+            raise CuteccError(f"refusing to publish: {wrong}",
+                              where=f"{job.kernel}[{job.variant.id}]@{job.arch}", exit_code=1)
         return {
             "kernel": job.kernel,
             "variant": job.variant.id,

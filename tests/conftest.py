@@ -14,11 +14,12 @@ So `pytest -m "not slow"` never compiles (the quick selection, README "Tests").
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers import REPO, Toy, build_toy, run_cli, write_toy_project
+from helpers import REPO, Toy, build_toy, fake_compile, run_cli, write_fallback_project, write_toy_project
 
 # What compiles: `dsl`, and the session builds that read a prebuilt cache from the
 # environment when one is given (so they cannot request `dsl`: the GPU host has no DSL).
@@ -53,6 +54,26 @@ def dsl() -> None:
 def toy_project(tmp_path: Path) -> Path:
     """A project with one small kernel (two variants), not built; returns its manifest path."""
     return write_toy_project(tmp_path / "proj")
+
+
+@pytest.fixture
+def fallback_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The fallback project (`helpers.write_fallback_project`) in tmp_path/proj: builds
+    compile stand-ins (`helpers.fake_compile`), its fallback module is importable, and
+    $CUTECC_STRICT is unset. Returns its manifest; its cache goes in tmp_path/cache."""
+    import cutecc.executors.local
+
+    manifest = write_fallback_project(tmp_path / "proj")
+    monkeypatch.setattr(cutecc.executors.local, "compile_all",
+                        lambda *a, remote=None, limits=None: fake_compile(*a))
+    monkeypatch.syspath_prepend(str(tmp_path / "proj"))
+    monkeypatch.delenv("CUTECC_STRICT", raising=False)
+    mods = ("toyfb", "toyfb.ref", "toyfb.ops")
+    for m in mods:
+        sys.modules.pop(m, None)
+    yield manifest
+    for m in mods:
+        sys.modules.pop(m, None)
 
 
 @pytest.fixture(scope="session")

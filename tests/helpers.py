@@ -3,6 +3,7 @@ paths, a tiny real kernel project (the "toy") and its built cache, and the CLI i
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -145,6 +146,110 @@ def build_toy(base: Path, threads: tuple[int, ...] = (64, 128), archs: tuple[str
     if lock:
         assert report.lock_file == manifest.parent / "kernels.lock" and report.lock_changed
     return Toy(manifest, base / "cache")
+
+
+FALLBACK_MANIFEST = """\
+archs = {archs}
+
+[kernel.scale]
+entry = "toyfb.ops:scale"
+args = [
+  {{ name = "x", dtype = "float32", shape = ["m", "$d"] }},
+  {{ name = "out", role = "output", dtype = "float32", shape = ["m", "$d"] }},
+  {{ kind = "scalar", name = "factor", dtype = "float32", default = 1.0 }},
+  {{ kind = "stream" }},
+]
+variants = {{ d = {ds} }}
+{fallback}
+
+[kernel.plain]
+entry = "toyfb.ops:scale"
+args = [
+  {{ name = "x", dtype = "float32", shape = ["m", "$d"] }},
+  {{ name = "out", role = "output", dtype = "float32", shape = ["m", "$d"] }},
+  {{ kind = "scalar", name = "factor", dtype = "float32", default = 1.0 }},
+  {{ kind = "stream" }},
+]
+variants = {{ d = [64] }}
+"""
+
+FALLBACK = '''\
+import jax.numpy as jnp
+
+
+def scale(x, *, factor=1.0):
+    """The kernel's calling convention: arrays positionally, scalars by keyword."""
+    return jnp.sin(x) * factor
+'''
+
+
+FALLBACK_TORCH = '''\
+import torch
+
+
+def scale(x, *, factor=1.0):
+    return torch.sin(x) * factor
+'''
+
+
+def fallback_manifest(ds: list[int] = [64], archs: list[str] = ["sm_90a"],  # noqa: B006
+                      fallback: str | None = "toyfb.ref:scale", fallback_torch: str | None = None) -> str:
+    lines = [f'{k} = "{v}"' for k, v in (("fallback", fallback), ("fallback_torch", fallback_torch)) if v]
+    return FALLBACK_MANIFEST.format(ds=ds, archs=json.dumps(archs), fallback="\n".join(lines))
+
+
+def write_fallback_project(root: Path) -> Path:
+    """A project under `root` whose kernel `scale` declares the fallback `toyfb.ref:scale`
+    (and `plain` none); its kernels are stand-ins for `fake_compile`. Returns its manifest."""
+    pkg = root / "toyfb"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "ops.py").write_text("def scale(x, out, factor, stream, threads=128):\n    pass\n")
+    (pkg / "ref.py").write_text(FALLBACK)
+    (pkg / "ref_torch.py").write_text(FALLBACK_TORCH)
+    (root / "kernels.toml").write_text(fallback_manifest())
+    return root / "kernels.toml"
+
+
+def fake_compile(jobs: list[Any], store_root: Path, workers: int, on_result: Any) -> None:
+    """Publish each job as a build worker would, with a stand-in library (no DSL)."""
+    from cutecc.contract import args_to_json
+    from cutecc.store import Store
+    from cutecc.units import now_iso
+    from cutecc.workers import Result
+
+    store = Store(store_root)
+    for job in jobs:
+        rt = store.get_runtime(job.key_inputs["toolchain"]["runtime"])  # the build linked it first
+        assert rt is not None
+        lib = rt.meta["library"]
+        runtime = {"key": rt.key, "library": lib, **rt.meta["files"][lib]}
+
+        def produce(staging: Path, job: Any = job, runtime: dict = runtime) -> dict[str, Any]:
+            (staging / "kernel.so").write_bytes(job.key.encode())
+            return {"kernel": job.kernel, "variant": job.variant.id, "params": dict(job.variant.params),
+                    "arch": job.arch, "entry": job.entry, "args": args_to_json(job.variant.args),
+                    "backward": job.backward, "library": "kernel.so", "symbol": "cutecc_kernel",
+                    "runtime": runtime,
+                    "toolchain": job.key_inputs["toolchain"], "key_inputs": job.key_inputs,
+                    "sources": list(job.sources), "built_at": now_iso(), "build_seconds": 0.0}
+
+        entry, _ = store.publish(job.key, produce)
+        on_result(job, Result("built", 0.0, None, entry.meta))
+
+
+def planted_cubin(sm: int, abi: int = 8, extra_flags: int = 0) -> bytes:
+    """A minimal well-formed EM_CUDA ELF image recording `sm` as CUDA ELF ABI `abi` does:
+    ABI 7 in e_flags' low byte, ABI 8 in its second byte."""
+    head = bytearray(b"\x7fELF" + bytes(60))
+    head[4], head[5], head[8] = 2, 1, abi  # ELF64, little-endian, EI_ABIVERSION
+    head[18:20] = (190).to_bytes(2, "little")  # EM_CUDA
+    flags = (sm if abi == 7 else sm << 8) | extra_flags
+    head[0x30:0x34] = flags.to_bytes(4, "little")
+    head[0x28:0x30] = (64).to_bytes(8, "little")  # one (null) section header right after
+    head[0x3A:0x3C] = (0x40).to_bytes(2, "little")
+    head[0x3C:0x3E] = (1).to_bytes(2, "little")
+    return bytes(head) + bytes(64)
 
 
 def unbuilt_kernels(manifest: Path, grads: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from cutecc.manifest.parse import (
     RESERVED_KERNEL_NAMES,
     find_manifest,
     load_manifest,
+    parse_document,
 )
 from cutecc.manifest.tune_space import Bucketing, TuneSpec
 
@@ -45,5 +46,5 @@ __all__ = [
     "MANIFEST_NAMES", "MAX_ALIGN", "MAX_DIVISIBILITY", "MAX_MANIFEST_BYTES", "MAX_STATIC_EXTENT",
     "MAX_TUPLE_DEPTH", "MAX_VARIANTS_PER_KERNEL", "NAME_RE", "RESERVED_KERNEL_NAMES",
     "BuildSettings", "Bucketing", "Composite", "Kernel", "Manifest", "TuneSpec", "Value", "Variant",
-    "find_manifest", "load_manifest", "split_entry",
+    "find_manifest", "load_manifest", "parse_document", "split_entry",
 ]

@@ -77,6 +77,11 @@ class Kernel:
     # split where `shard` does not allow (so XLA would insert a collective before it) is an
     # error (the default), one warning, or allowed (`cutecc.runtime.strict`)
     reshard: str = "error"
+    # `fallback = "pkg.mod:fn"` (and `fallback_torch` for cutecc.torch): a plain function
+    # with the kernel's calling convention, served where no build fits a call. Not part
+    # of the key (it changes no artifact); recorded in the lock and the build records.
+    fallback: str | None = None
+    fallback_torch: str | None = None
 
     @property
     def grad(self) -> dict[str, Any] | None:

@@ -161,7 +161,7 @@ EXECUTORS = ("local", "ray")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs", "profile",
                 "compile_options", "grad", "description", "symbols", "tune", "derive", "shard",
-                "reshard"}
+                "reshard", "fallback", "fallback_torch"}
 MAX_DIVISIBILITY = 1 << 16
 _TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "buffer", "layout", "mode", "align", "param",
                 "zero", "saved", "reduce", "broadcast", "may_alias", "stride"}
@@ -238,6 +238,14 @@ def load_manifest(path: str | Path, *, kernels: tuple[str, ...] = ()) -> Manifes
     except RecursionError:
         raise CuteccError("values nested too deeply", where=str(path)) from None
     return manifest.select(kernels) if kernels else manifest
+
+
+def parse_document(doc: dict[str, Any], path: Path, prefix: str = "") -> Manifest:
+    """A manifest from its parsed TOML document (`prefix`: "tool.cutecc." for a
+    pyproject.toml's table), checked as `load_manifest` checks a file: for a tool that
+    tries an edit of a manifest (`cutecc misses --toml`) before printing it."""
+    path = Path(path)
+    return _parse(doc, path, _Ctx(path), prefix)
 
 
 def _parse(doc: dict[str, Any], path: Path, ctx: _Ctx, prefix: str) -> Manifest:
@@ -493,6 +501,14 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
         if total > MAX_VARIANTS_PER_KERNEL:
             raise ctx.fail(f"{kp}, tune", f"over {MAX_VARIANTS_PER_KERNEL} candidates")
         pending.append(cands)
+    fallbacks = {}
+    for fk in ("fallback", "fallback_torch"):
+        if fk in kdoc:
+            ref = _str(ctx, f"{kp}, {fk}", kdoc[fk])
+            if not IMPORT_RE.fullmatch(ref):
+                raise ctx.fail(f"{kp}, {fk}", f'"{ref}" is not of the form "package.module:function" '
+                               "(a plain function with the kernel's calling convention)")
+            fallbacks[fk] = ref
     shard = kdoc.get("shard", [])
     if not isinstance(shard, list) or not all(isinstance(x, str) for x in shard):
         raise ctx.fail(f"{kp}, shard", "must be an array of symbolic extents")
@@ -509,7 +525,8 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
                        for v, cands in zip(keyed, pending))
     return Kernel(name, entry, k_archs, k_profile, k_copts, keyed, backward, tuning, candidates,
                   hardware=tuple(sorted(hw.items())), grad_args=grad_args, grad_returns=grad_returns,
-                  grad_nondiff=grad_nondiff, grad_stop=grad_stop, shard=tuple(shard), reshard=reshard)
+                  grad_nondiff=grad_nondiff, grad_stop=grad_stop, shard=tuple(shard), reshard=reshard,
+                  fallback=fallbacks.get("fallback"), fallback_torch=fallbacks.get("fallback_torch"))
 
 def _symbols(ctx: _Ctx, kp: str, v: Any) -> tuple[dict[str, int], frozenset[str]]:
     """`symbols = { n = { divisibility = 8, bits = 64 } }`: per symbolic extent, what it is a

@@ -182,6 +182,13 @@ def schema() -> dict[str, Any]:
                                        "where the shard rule does not allow (XLA would insert a "
                                        "collective before it): an error (default), one warning, "
                                        "or allowed."},
+            "fallback": {"type": "string", "pattern": f"^{IMPORT_RE.pattern}$",
+                         "description": "\"pkg.mod:fn\": a plain JAX function with the kernel's "
+                                        "calling convention (arrays positionally, runtime scalars "
+                                        "and call keywords by keyword, same results), served where "
+                                        "no build fits a call or this GPU has none."},
+            "fallback_torch": {"type": "string", "pattern": f"^{IMPORT_RE.pattern}$",
+                               "description": "The same for cutecc.torch: a plain PyTorch function."},
             "grad": {"type": "object", "additionalProperties": False, "required": ["backward"],
                      "properties": {
                          "backward": {"type": "string"},

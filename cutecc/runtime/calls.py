@@ -34,7 +34,7 @@ from cutecc.contract import (
 )
 from cutecc.cotangents import STOP_GRADIENT, Cotangents
 from cutecc.entry import EntryMeta, FileRec, RuntimeLink, call_keywords
-from cutecc.errors import CallError, CallTypeError
+from cutecc.errors import CallError, CallTypeError, NoBuildFits
 from cutecc.names import call_name_problem
 from cutecc.runtime import library
 from cutecc.runtime.library import RuntimeRef
@@ -204,7 +204,13 @@ def mismatch(b: Build, shapes: Sequence[tuple[Any, ...]], dtypes: Sequence[str],
              dims: Dims = PLAIN) -> tuple[dict[str, int] | None, str]:
     """(symbol bindings, "") if arrays of these shapes and dtype names fit `b`'s inputs,
     else (None, why not)."""
-    ins = b.conv.inputs
+    return conv_mismatch(b.conv, shapes, dtypes, dims)
+
+
+def conv_mismatch(conv: CallingConvention, shapes: Sequence[tuple[Any, ...]], dtypes: Sequence[str],
+                  dims: Dims = PLAIN) -> tuple[dict[str, int] | None, str]:
+    """`mismatch` against a calling convention (a manifest's variant, before any build)."""
+    ins = conv.inputs
     if len(shapes) != len(ins):
         return None, f"takes {len(ins)} array(s), got {len(shapes)}"
     env: dict[str, int] = {}
@@ -258,7 +264,7 @@ def mismatch(b: Build, shapes: Sequence[tuple[Any, ...]], dtypes: Sequence[str],
             why = _stride_problem(t, tuple(shape[p] for p in t.perm), seen, dims)
             if why:
                 return None, why
-    for t in b.conv.results:
+    for t in conv.results:
         if t.stride is not None and t.role != "inout":
             try:
                 buf = buffer_shape("", t, env, dims)
@@ -353,6 +359,9 @@ class KernelBase:
                 if not any(_same(v, w) for w in self._keywords.setdefault(k, [])):
                     self._keywords[k].append(v)
         self.tuning: Any = None  # a cutecc.runtime.tuning.TuningTable: recorded winners per bucket
+        # a cutecc.runtime.fallback.Fallback: what serves a call no build fits (the loader
+        # sets it where the kernel declares one); private: kernel attributes are reserved names
+        self._fallback: Any = None
 
     def __repr__(self) -> str:
         sigs = "".join(f"\n  {b.variant}{b.signature()}" for b in self.builds)
@@ -404,7 +413,7 @@ class KernelBase:
         static extents) wins; equals are an error, never a silent pick."""
         if not self.builds:
             why = "; ".join(self.unusable) or "nothing was built for it"
-            raise CallError(f"no usable build for arch {self.arch}: {why}. Build it with "
+            raise NoBuildFits(f"no usable build for arch {self.arch}: {why}. Build it with "
                             f"`cutecc build --arch {to_build(self.arch)} --kernel {self.name}`",
                             where=f'kernel "{self.name}"', exit_code=1)
         known = self._keywords
@@ -414,7 +423,7 @@ class KernelBase:
                                     f"{', '.join(sorted(known)) or 'none'}",
                                     where=f'kernel "{self.name}"', exit_code=1)
             if not any(_same(v, w) for w in known[k]):
-                raise CallError(f"{k}={v!r} was not built; built: "
+                raise NoBuildFits(f"{k}={v!r} was not built; built: "
                                 + ", ".join(f"{k}={w!r}" for w in known[k]),
                                 where=f'kernel "{self.name}"', exit_code=1)
         reasons = []
@@ -432,12 +441,27 @@ class KernelBase:
             return self._one_of(fits, keywords)
         got = ", ".join(f"{self._dtype_name(a)}{list(a.shape)}" for a in arrays)
         # No build takes this many arrays: a wrong call, as a wrong count of arguments is.
-        cls = CallTypeError if all(len(arrays) != len(b.conv.inputs) for b in self.builds) else CallError
+        cls = CallTypeError if all(len(arrays) != len(b.conv.inputs) for b in self.builds) else NoBuildFits
         raise cls(
             f"no built variant matches the call ({got}). Built for {self.arch}:\n"
             + "\n".join(reasons)
             + f"\nTo add one, extend [kernel.{self.name}] variants in the manifest and run "
             "`cutecc build`.", where=f'kernel "{self.name}"', exit_code=1)
+
+    def _served_by_fallback(self, arrays: Sequence[Any], kwargs: Mapping[str, Any],
+                            keywords: Mapping[str, Any], once: bool = False) -> tuple[bool, Any]:
+        """(True, the fallback's result) when no build serves this call and the kernel
+        declares a fallback (strict: its error); (False, None) when a build fits, or when
+        there is no fallback (the call then raises as it always did). `kwargs` are all the
+        call's keywords, `keywords` its call keywords among them; `once`: see `Fallback.serve`."""
+        if self._fallback is None:
+            return False, None
+        try:
+            self.select(*arrays, **keywords)
+        except NoBuildFits as miss:
+            sig = [(self._dtype_name(a), tuple(a.shape)) for a in arrays]
+            return True, self._fallback.serve(arrays, kwargs, miss, sig, not self.builds, once)
+        return False, None
 
     def _one_of(self, fits: list[tuple[Build, dict[str, int]]],
                 keywords: Mapping[str, Any]) -> tuple[Build, dict[str, int]]:

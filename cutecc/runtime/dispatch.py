@@ -174,11 +174,16 @@ class KernelFn(calls.KernelBase):
         return fn
 
     def _traced(self, arrays: Sequence[Any], scalars: Mapping[str, Any]) -> Any:
-        back = self._owner.get(self.backward) if self._owner and self.backward else None
         keywords: dict[str, Any] = {}
+        given = scalars
         if self._keywords:
             keywords = {k: v for k, v in scalars.items() if k in self._keywords}
             scalars = {k: v for k, v in scalars.items() if k not in self._keywords}
+        if self._fallback is not None:  # a plain JAX function: jit, grad, vmap and export trace it
+            served, out = self._served_by_fallback(arrays, given, keywords)
+            if served:
+                return out
+        back = self._owner.get(self.backward) if self._owner and self.backward else None
         if back is None and self.backward:  # declared, but not in this kernel set
             return self._without_backward(arrays, scalars, keywords)
         if back is None:
@@ -284,7 +289,7 @@ class KernelFn(calls.KernelBase):
 
         def bwd(xs: Any, cts: Any) -> Any:
             cts = tuple(cts) if isinstance(cts, (tuple, list)) else (cts,)
-            g = back._plain((*xs, *cts), bscalars, bkeywords)
+            g = _backward_call(back, (*xs, *cts), bscalars, bkeywords)
             g = tuple(g) if isinstance(g, (tuple, list)) else (g,)
             return tuple(_like(gi, x) for gi, x in zip(g, xs))
 
@@ -334,7 +339,7 @@ class KernelFn(calls.KernelBase):
                        for n, c in cts.items()}
             have = {**dict(zip(names, xs)), **outs,
                     **{f"{COTANGENT}{n}": c for n, c in cts.items()}}
-            g = back._plain(tuple(have[n] for n in args), bscalars, bkeywords)
+            g = _backward_call(back, tuple(have[n] for n in args), bscalars, bkeywords)
             g = dict(zip(returns, tuple(g) if isinstance(g, (tuple, list)) else (g,)))
             return tuple(None if n not in g else _like(g[n], x) for n, x in zip(names, xs))
 
@@ -377,6 +382,17 @@ class CompositeFn(CompositeBase):
                 given: Sequence[Any]) -> Mapping[str, Any]:
         scalars = {k: v for k, v in kw.items() if k not in fn._keywords}
         return fn._plain(args, scalars, {k: v for k, v in kw.items() if k in fn._keywords}, every=True)
+
+
+def _backward_call(back: Any, arrays: Sequence[Any], scalars: Mapping[str, Any],
+                   keywords: Mapping[str, Any]) -> Any:
+    """The paired backward's results for `arrays`: its build's, or where none takes them (a
+    backward built for fewer shapes than its forward) its own declared fallback's."""
+    if getattr(back, "_fallback", None) is not None:
+        served, out = back._served_by_fallback(arrays, {**scalars, **keywords}, keywords)
+        if served:
+            return out
+    return back._plain(arrays, scalars, keywords)
 
 
 def _dim_op(name: str) -> Any:

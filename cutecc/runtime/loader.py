@@ -22,15 +22,19 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cutecc import trust
 from cutecc.archs import check_arch, device_arch, runs_on
 from cutecc.composite_line import CompositeLine
-from cutecc.entry import ARTIFACT_FORMAT, ENTRY_FORMAT, platform_of
+from cutecc.entry import ARTIFACT_FORMAT, ENTRY_FORMAT, call_keywords, platform_of
+from cutecc.environ import read_only
 from cutecc.errors import CuteccError
 from cutecc.platforms import host_platform
 from cutecc.runtime.calls import Build, KernelBase
+
+if TYPE_CHECKING:
+    from cutecc.runtime.fallback import Fallback
 from cutecc.store.view import Entry, StoreView
 
 
@@ -171,7 +175,8 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
     build recorded. A key this process already loaded from other bytes (another cache,
     pack or lock) is refused at the call, naming both (`cutecc.runtime.library`).
     `strict` raises if any entry of those kernels cannot be used here instead of setting
-    it aside.
+    it aside, and makes a call no build serves an error even where the kernel declares a
+    fallback (`$CUTECC_STRICT=1` does the latter alone; `cutecc.runtime.fallback`).
     `lock` (a `kernels.lock`): use exactly the entries it names (any the cache lacks is an
     error) and refuse a kernel whose library's recorded SHA-256 differs from the lock's.
     `package`: an installed `cutecc pack` wheel, found without importing it; its `_cutecc/`
@@ -337,6 +342,8 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
         entries, unreadable = _entries_of(store, name, keys_of(name), newest)
         fn = _kernel_fn(front, name, entries, target, series, pinned, record_use, unreadable)
         fn.tuning = _tuning(name, fn, store, locked, target, series, record_use, front.device_kind)
+        fn._fallback = _fallback(front, name, fn, entries, store, locked, target, strict,
+                                 misses_root=store.root if record_use and not read_only() else None)
         return fn
 
     ks = front.kernel_set(store.root, target, resolve, all_names,
@@ -419,6 +426,37 @@ def _kernel_fn(front: FrontEnd, name: str, entries: list[Entry], target: str, se
         grad = rec.key_inputs.get("grad") or grad
     builds = [] if refused else [b for _, (_, b) in sorted(best.items())]
     return front.kernel(name, builds, backward=backward, grad=grad, unusable=unusable, arch=target)
+
+
+def _fallback(front: FrontEnd, name: str, fn: KernelBase, entries: list[Entry], store: StoreView,
+              locked: Any, target: str, strict: bool, misses_root: Path | None) -> Fallback | None:
+    """The kernel's declared fallback for this front end, or None: under a lock, the one its
+    lines record (and its module must hash as recorded); else the one the newest build
+    records for any arch the kernel has entries of (a build for another GPU declares what
+    serves this one). Its module is not imported here."""
+    from cutecc.fallbacks import FRONT_ENDS, FallbackRef
+    from cutecc.runtime.fallback import Fallback
+
+    field = FRONT_ENDS.get(front.framework, "fallback")
+    ref: FallbackRef | None = None
+    if locked is not None:
+        ref = next((dict(le.fallbacks)[field] for le in locked.entries
+                    if le.kernel == name and field in dict(le.fallbacks)), None)
+    else:
+        newest = ""
+        for arch in sorted({str(e.meta.get("arch")) for e in entries}):
+            try:
+                rec = store.generation_fallbacks(name, arch)
+                if rec is None or field not in rec[1] or rec[0] < newest:
+                    continue
+                ref, newest = FallbackRef.from_json(rec[1][field], "generations", field), rec[0]
+            except CuteccError as e:  # someone else's record, or a malformed one: no fallback
+                fn.unusable += (f"fallback recorded for {arch}: {e.message}",)
+    if ref is None:
+        return None
+    names = {k for e in entries for k in call_keywords(e.meta)}
+    return Fallback(name, ref, arch=target, check_digest=locked is not None, strict=strict,
+                    misses_root=misses_root, call_keywords=names)
 
 
 def _no_keys_without_a_lock(trusted_keys: list[str | Path] | None) -> None:

@@ -14,11 +14,13 @@ has its format number, named beside its path). The cache directory is
                            of its toolchain
     by-kernel/<kernel>/<key>  the index: one record (INDEX_FORMAT) per entry of a kernel
     tmp/<key>.<rand>/      an entry being built, removed or unpacked
-    locks/<key>.lock       held while a key is built, removed or quarantined; store.lock
-                           and stats.lock guard the root's files
+    locks/<key>.lock       held while a key is built, removed or quarantined; store.lock,
+                           stats.lock and misses.lock guard the root's files
     quarantine/<key>.<time>/  entries `cutecc verify --fix` set aside, with why.json
                            (QUARANTINE_FORMAT)
     stats.json             build counters (STATS_FORMAT)
+    misses.json            calls the runtime served by a kernel's fallback, per kernel, call
+                           signature and arch (MISSES_FORMAT; bounded; never an entry)
     generations/<kernel>@<arch>.json  the keys the newest build planned (GENERATION_FORMAT)
     manifests/<sha>.json   the keys the newest build of a manifest planned, by its path's
                            SHA-256 (GENERATION_FORMAT)
@@ -52,13 +54,15 @@ from cutecc.entry import (
 )
 
 __all__ = [
-    "AREAS", "ENTRY_FORMAT", "GENERATION_FORMAT", "INDEX_FORMAT", "MAX_PLAN_BYTES", "META",
+    "AREAS", "ENTRY_FORMAT", "GENERATION_FORMAT", "INDEX_FORMAT", "MAX_PLAN_BYTES", "META", "MISSES",
+    "MISSES_FORMAT",
     "PLAN_FORMAT", "QUARANTINE_FORMAT", "RUNTIME_ENTRY_FORMAT", "STATS_FORMAT", "STORE_FORMAT",
     "TUNING_FORMAT", "USED", "Layout", "entry_file_parts", "entry_parts", "manifest_id",
     "runtime_parts",
 ]
 
 STATS_FORMAT = 1
+MISSES_FORMAT = 1  # misses.json
 QUARANTINE_FORMAT = 1  # the layout of why.json in a quarantined entry
 GENERATION_FORMAT = 1  # generations/*.json, manifests/*.json and composites/*.json
 PLAN_FORMAT = 1  # tuning/plans/*.json
@@ -79,6 +83,7 @@ TUNING_PLANS = ("tuning", "plans")
 TUNING_RESULTS = ("tuning", "results")
 SOURCES = "src"
 STATS = "stats.json"
+MISSES = "misses.json"
 HASH_CACHE = "filehashes.json"
 PLAN_FACTS = "planfacts.json"  # beside HASH_CACHE (`cutecc.dists.HashCache` derives it)
 FORMAT = "format"
@@ -87,7 +92,7 @@ CACHEDIR_TAG = "CACHEDIR.TAG"
 
 # Every top-level name of the cache: what `cutecc verify`, `gc` and `rm` know.
 AREAS: tuple[str, ...] = (README, CACHEDIR_TAG, FORMAT, ENTRIES, RUNTIMES, INDEX, TMP, LOCKS,
-                          QUARANTINE, STATS, GENERATIONS, MANIFESTS, COMPOSITES, "tuning", SOURCES,
+                          QUARANTINE, STATS, MISSES, GENERATIONS, MANIFESTS, COMPOSITES, "tuning", SOURCES,
                           HASH_CACHE, PLAN_FACTS)
 
 
@@ -237,6 +242,14 @@ class Layout:
     def stats_lock(self) -> Path:
         """`locks/stats.lock`: guards `stats.json`."""
         return self.root / LOCKS / "stats.lock"
+
+    def misses(self) -> Path:
+        """`misses.json`: the calls fallbacks served (`MISSES_FORMAT`), guarded by `misses_lock`."""
+        return self.root / MISSES
+
+    def misses_lock(self) -> Path:
+        """`locks/misses.lock`: guards `misses.json`."""
+        return self.root / LOCKS / "misses.lock"
 
     def quarantine(self) -> Path:
         """`quarantine/`: entries `cutecc verify --fix` set aside."""

@@ -402,6 +402,23 @@ class StoreView:
         return frozenset(k for k in keys if isinstance(k, str)) if isinstance(keys, list) else None
 
 
+    def generation_fallbacks(self, kernel: str, arch: str) -> tuple[str, dict[str, Any]] | None:
+        """(built_at, the fallback fields) of `kernel`'s newest build for `arch`, read as any
+        record that decides what runs is (`read_record`: a file others could have written
+        names no module to import, it raises trust.Untrusted); None when none is recorded
+        or it cannot be read."""
+        try:
+            doc = read_record(self.layout.generation(kernel, arch), MAX_META_BYTES, 3)
+        except trust.Untrusted:
+            raise
+        except (OSError, ValueError):
+            return None
+        if not (isinstance(doc, dict) and doc.get("format") == GENERATION_FORMAT
+                and doc.get("kernel") == kernel and doc.get("arch") == arch):
+            return None
+        found = {f: doc[f] for f in ("fallback", "fallback_torch") if f in doc}
+        return (str(doc.get("built_at", "")), found) if found else None
+
     def manifest_entries(self, manifest: Path, sha256: str) -> dict[str, dict[str, list[str]]] | None:
         """{kernel: {arch: [keys]}} of the newest build of these manifest bytes, or None."""
         doc = read_small_json(self.layout.manifest_record(manifest))

@@ -52,6 +52,7 @@ from cutecc.locks import Busy, held, is_held
 from cutecc.store.layout import (
     GENERATION_FORMAT,
     MAX_PLAN_BYTES,
+    MISSES,
     PLAN_FORMAT,
     QUARANTINE_FORMAT,
     STATS,
@@ -141,11 +142,13 @@ class Store(StoreView):
 
     # Build records ---------------------------------------------------------------
 
-    def record_generation(self, kernel: str, arch: str, keys: list[str], manifest: str) -> None:
-        """Record `keys` as the current entries of `kernel` for `arch` (the newest build)."""
+    def record_generation(self, kernel: str, arch: str, keys: list[str], manifest: str,
+                          fallbacks: dict[str, dict[str, str]] | None = None) -> None:
+        """Record `keys` as the current entries of `kernel` for `arch` (the newest build),
+        and the kernel's declared `fallbacks` (`cutecc.fallbacks`; the fields only when set)."""
         self.generations_dir.mkdir(mode=DIR_MODE, exist_ok=True)
         doc = {"format": GENERATION_FORMAT, "kernel": kernel, "arch": arch, "keys": sorted(set(keys)),
-               "manifest": manifest, "built_at": now_iso()}
+               "manifest": manifest, "built_at": now_iso(), **(fallbacks or {})}
         atomic_write(self.layout.generation(kernel, arch), _json_bytes(doc), FILE_MODE)
 
     def record_composite(self, name: str, doc: dict[str, Any], manifest: str) -> None:
@@ -499,7 +502,8 @@ class Store(StoreView):
                 m = TMP_NAME.fullmatch(f.name)
                 if not m:
                     continue
-                guard = self.layout.stats_lock() if m.group(1) == STATS else self.layout.store_lock()
+                guard = {STATS: self.layout.stats_lock(), MISSES: self.layout.misses_lock()}.get(
+                    m.group(1), self.layout.store_lock())
                 try:
                     with filelock.FileLock(guard, timeout=0):
                         f.unlink(missing_ok=True)

@@ -15,14 +15,41 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def test_examples_hold_no_adapter_python() -> None:
-    """Every kernel is a published launcher; the one Python file is the model that uses them,
-    and it imports neither the DSL nor the kernel libraries. gemm/ (quack's GEMM and its
-    tuning space) is a manifest and its lock only."""
+    """Every kernel is a published launcher; the Python files are the model that uses them
+    and FA4's fallback (a jnp attention), and neither imports the DSL or the kernel
+    libraries. gemm/ (quack's GEMM and its tuning space) is a manifest and its lock only."""
     assert sorted(p.name for p in EXAMPLES.iterdir() if p.name != "__pycache__") == [
-        "README.md", "gemm", "kernels.aarch64.lock", "kernels.lock", "kernels.toml", "llama_block.py"]
+        "README.md", "fa4_reference.py", "gemm", "kernels.aarch64.lock", "kernels.lock", "kernels.toml",
+        "llama_block.py"]
     assert sorted(p.name for p in (EXAMPLES / "gemm").iterdir()) == ["kernels.lock", "kernels.toml"]
-    src = (EXAMPLES / "llama_block.py").read_text()
-    assert not re.search(r"^\s*(import|from)\s+(cutlass|quack|flash_attn|torch)\b", src, re.M)
+    for name in ("llama_block.py", "fa4_reference.py"):
+        src = (EXAMPLES / name).read_text()
+        assert not re.search(r"^\s*(import|from)\s+(cutlass|quack|flash_attn|torch)\b", src, re.M), name
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fa4s_fallback_is_attention(causal: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """examples/fa4_reference.py, fa4_fwd's declared fallback, against attention written out
+    (bottom-right causal mask, s_q != s_k) on fresh random inputs, in bf16 as FA4 is called."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    from fa4_reference import fa4_fwd
+
+    rng = np.random.default_rng()
+    q, k, v = (jnp.asarray(rng.standard_normal((2, n, 3, 64)), jnp.bfloat16) for n in (37, 50, 50))
+    qf, kf, vf = (a.astype(jnp.float32) for a in (q, k, v))
+    s = jnp.einsum("bqhd,bkhd->bhqk", qf, kf) * 0.125
+    if causal:
+        s = jnp.where(jnp.arange(50)[None, :] <= jnp.arange(37)[:, None] + 13, s, -jnp.inf)
+    want = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), vf)
+    got = fa4_fwd(q, k, v, softmax_scale=0.125, causal=causal)
+    assert got.dtype == jnp.bfloat16 and got.shape == (2, 37, 3, 64)
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), atol=2e-2, rtol=2e-2)
+    declared = {k.name: k.fallback for k in load_manifest(EXAMPLES / "kernels.toml").kernels if k.fallback}
+    assert declared == {"fa4_fwd": "fa4_reference:fa4_fwd"}
 
 
 def test_examples_manifest_declares_the_published_launchers() -> None:

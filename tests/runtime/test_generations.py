@@ -9,15 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import fake_compile
 
 import cutecc
 import cutecc.commands.build
 from cutecc.commands.build import build
-from cutecc.contract import args_to_json
 from cutecc.errors import CuteccError
 from cutecc.store import Store
-from cutecc.units import now_iso
-from cutecc.workers import BuildJob, Result
 
 # A build links the toolchain's runtime library with zig, even around the stand-in compile:
 # skipped where only the runtime is installed (CI's newest-JAX environment).
@@ -38,28 +36,6 @@ variants = {{ threads = {threads} }}
 """
 
 
-def _fake_compile(jobs: list[BuildJob], store_root: Path, workers: int, on_result: Any) -> None:
-    """Publish each job as a build worker would, with a stand-in library (no DSL)."""
-    store = Store(store_root)
-    for job in jobs:
-        rt = store.get_runtime(job.key_inputs["toolchain"]["runtime"])  # the build linked it first
-        assert rt is not None
-        lib = rt.meta["library"]
-        runtime = {"key": rt.key, "library": lib, **rt.meta["files"][lib]}
-
-        def produce(staging: Path, job: BuildJob = job, runtime: dict = runtime) -> dict[str, Any]:
-            (staging / "kernel.so").write_bytes(job.key.encode())
-            return {"kernel": job.kernel, "variant": job.variant.id, "params": dict(job.variant.params),
-                    "arch": job.arch, "entry": job.entry, "args": args_to_json(job.variant.args),
-                    "backward": job.backward, "library": "kernel.so", "symbol": "cutecc_kernel",
-                    "runtime": runtime,
-                    "toolchain": job.key_inputs["toolchain"], "key_inputs": job.key_inputs,
-                    "sources": list(job.sources), "built_at": now_iso(), "build_seconds": 0.0}
-
-        entry, _ = store.publish(job.key, produce)
-        on_result(job, Result("built", 0.0, None, entry.meta))
-
-
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "toy").mkdir()
@@ -68,7 +44,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     import cutecc.executors.local
 
     monkeypatch.setattr(cutecc.executors.local, "compile_all",
-                        lambda *a, remote=None, limits=None: _fake_compile(*a))
+                        lambda *a, remote=None, limits=None: fake_compile(*a))
     m = tmp_path / "kernels.toml"
     m.write_text(MANIFEST.format(threads=[64, 128]))
     return m

@@ -1,0 +1,92 @@
+"""The examples' FA4 forward outside its built contract, on a real GPU: its declared jnp
+attention fallback (examples/fa4_reference.py) serves the call, forward and under
+jax.grad, correct against an independent reference on fresh random inputs; a call the
+built kernel takes still runs the kernel (no fallback warning).
+
+FA4's sequence lengths are symbolic (any s_q, s_k is inside its contract), so the calls
+outside it here are another head_dim (64: only 128 was built) and another dtype (float16:
+only bfloat16 was built). Needs `$CUTECC_EXAMPLES_CACHE` (tests/gpu/run.sh), built from
+an examples/kernels.toml that declares the fallback.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cutecc.errors import FallbackWarning
+
+from .conftest import rand
+
+pytestmark = pytest.mark.gpu
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.fixture(scope="module")
+def ks(examples_ks):
+    import sys
+
+    if str(EXAMPLES) not in sys.path:  # where a deployment installs its fallback module
+        sys.path.insert(0, str(EXAMPLES))
+    if examples_ks.fa4_fwd._fallback is None:
+        pytest.skip("the examples cache was built from a kernels.toml without FA4's fallback")
+    return examples_ks
+
+
+def reference(q, k, v, scale: float, causal: bool):  # type: ignore[no-untyped-def]
+    """Attention written out in float32 (not the fallback's jax.nn call), bottom-right causal."""
+    q, k, v = (a.astype(jnp.float32) for a in (q, k, v))
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if causal:
+        s_q, s_k = q.shape[1], k.shape[1]
+        keep = jnp.arange(s_k)[None, :] <= jnp.arange(s_q)[:, None] + (s_k - s_q)
+        s = jnp.where(keep[None, None], s, -jnp.inf)
+    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), v)
+
+
+def close(got, want, tol: float) -> None:  # type: ignore[no-untyped-def]
+    g, w = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    assert g.shape == w.shape and np.isfinite(g).all()
+    err = np.abs(g - w).max() / max(np.abs(w).max(), 1e-30)
+    assert err <= tol, f"relative error {err:.3g} > {tol}"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("dtype", "d", "tol"), [("bfloat16", 64, 1.6e-2), ("float16", 128, 2e-3)])
+def test_fa4_outside_its_contract_is_served_by_its_fallback(ks, rng, dtype: str, d: int, tol: float,
+                                                            causal: bool) -> None:
+    b, s_q, s_k, h = 2, 200, 333, 4
+    q = rand(rng, (b, s_q, h, d), dtype)
+    k, v = rand(rng, (b, s_k, h, d), dtype), rand(rng, (b, s_k, h, d), dtype)
+    scale = 1 / math.sqrt(d)
+    with pytest.warns(FallbackWarning, match="fa4_reference:fa4_fwd"):
+        out = jax.jit(lambda q, k, v: ks.fa4_fwd(q, k, v, softmax_scale=scale, causal=causal))(q, k, v)
+    assert out.dtype == jnp.dtype(dtype) and out.shape == (b, s_q, h, d)
+    close(out, reference(q, k, v, scale, causal), tol)
+
+    def loss(f):  # type: ignore[no-untyped-def]
+        return lambda q, k, v: (f(q, k, v).astype(jnp.float32) ** 2).sum()
+
+    got = jax.jit(jax.grad(loss(lambda q, k, v: ks.fa4_fwd(q, k, v, softmax_scale=scale, causal=causal)),
+                           argnums=(0, 1, 2)))(q, k, v)
+    want = jax.grad(loss(lambda q, k, v: reference(q, k, v, scale, causal).astype(dtype)),
+                    argnums=(0, 1, 2))(q, k, v)
+    for g, w in zip(got, want):
+        assert g.dtype == jnp.dtype(dtype)
+        close(g, w, 4 * tol)
+
+
+def test_a_call_the_build_takes_runs_the_kernel(ks, rng) -> None:
+    q, k, v = (rand(rng, (1, 256, 2, 128), "bfloat16") for _ in range(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        out = jax.jit(lambda q, k, v: ks.fa4_fwd(q, k, v, softmax_scale=0.088, causal=False))(q, k, v)
+        lowered = jax.jit(lambda q, k, v: ks.fa4_fwd(q, k, v, softmax_scale=0.088)).lower(q, k, v).as_text()
+    assert "cutecc_" in lowered  # the kernel's custom call, not the fallback's XLA ops
+    close(out, reference(q, k, v, 0.088, False), 1.6e-2)

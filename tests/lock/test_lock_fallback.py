@@ -1,0 +1,51 @@
+"""A lock line carries the kernel's fallback only when one is declared: a lock without one
+reads and writes byte for byte as before (the committed locks included), one with it round
+trips, and a malformed fallback field is refused naming its key path."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import REPO
+
+from cutecc.errors import CuteccError
+from cutecc.fallbacks import FallbackRef
+from cutecc.lockfile import Lock
+
+SHA = "ab" * 32
+
+
+@pytest.mark.parametrize("path", ["kernels.lock", "examples/kernels.lock", "kernels.aarch64.lock"])
+def test_the_committed_locks_read_and_write_byte_for_byte(path: str) -> None:
+    data = (REPO / path).read_bytes()
+    lock = Lock.loads(data, path)
+    assert lock.dumps() == data
+    # only the examples' FA4 forward declares one (examples/fa4_reference.py)
+    assert {le.kernel for le in lock.entries if le.fallbacks} <= {"fa4_fwd"}
+
+
+def _with(field: object) -> bytes:
+    doc = json.loads((REPO / "kernels.lock").read_bytes())
+    doc["entries"][0]["fallback"] = field
+    return json.dumps(doc).encode()
+
+
+def test_a_fallback_field_round_trips() -> None:
+    lock = Lock.loads(_with({"ref": "pkg.ref:attention", "sha256": SHA}), "l")
+    assert dict(lock.entries[0].fallbacks) == {"fallback": FallbackRef("pkg.ref:attention", SHA)}
+    again = Lock.loads(lock.dumps(), "l")
+    assert again == lock
+    assert b'"fallback": {"ref": "pkg.ref:attention", "sha256": "' + SHA.encode() in lock.dumps()
+
+
+@pytest.mark.parametrize(("field", "where"), [
+    ("pkg.ref:attention", "entries[0].fallback"),
+    ({"ref": "not a ref", "sha256": SHA}, "entries[0].fallback.ref"),
+    ({"ref": "pkg.ref:attention", "sha256": "xyz"}, "entries[0].fallback.sha256"),
+    ({"ref": "pkg.ref:attention", "sha256": SHA, "extra": 1}, "entries[0].fallback"),
+])
+def test_a_malformed_fallback_field_is_refused(field: object, where: str) -> None:
+    with pytest.raises(CuteccError) as e:
+        Lock.loads(_with(field), "l")
+    assert e.value.key_path == where
