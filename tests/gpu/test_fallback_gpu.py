@@ -87,6 +87,7 @@ def test_a_call_the_build_takes_runs_the_kernel(ks, rng) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", FallbackWarning)
         out = jax.jit(lambda q, k, v: ks.fa4_fwd(q, k, v, softmax_scale=0.088, causal=False))(q, k, v)
-        lowered = jax.jit(lambda q, k, v: ks.fa4_fwd(q, k, v, softmax_scale=0.088)).lower(q, k, v).as_text()
+        lowered = jax.jit(lambda q, k, v: ks.fa4_fwd(q, k, v, softmax_scale=0.088, causal=False)).lower(
+            q, k, v).as_text()
     assert "cutecc_" in lowered  # the kernel's custom call, not the fallback's XLA ops
     close(out, reference(q, k, v, 0.088, False), 1.6e-2)
