@@ -351,10 +351,10 @@ def drift_line(lock_path: str | Path, drift: list[Drift], *, pins: str | None = 
     """The one line a build or verify says when the key-deciding distributions differ from
     the environment the lock at `lock_path` was made in."""
     shown = ", ".join(map(str, drift[:6])) + (f" and {len(drift) - 6} more" if len(drift) > 6 else "")
-    back = (f"`pip install --require-hashes -r {pins}`" if pins
-            else "the pinned environment it was made in")
+    back = (f"run `pip install --require-hashes -r {pins}`" if pins
+            else "install the pinned environment it was made in")
     return (f"{lock_path} was made in another environment ({shown}): its keys will not match; "
-            f"install {back} to reproduce it, or build anyway to re-lock on purpose")
+            f"{back} to reproduce it, or build anyway to re-lock on purpose")
 
 
 @dataclass(frozen=True)
