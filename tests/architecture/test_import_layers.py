@@ -23,7 +23,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "base": (("cutecc.errors", "cutecc.names", "cutecc.environ", "cutecc.atomic", "cutecc.locks",
               "cutecc.units", "cutecc.expr", "cutecc.dtypes", "cutecc.archs", "cutecc.contract",
               "cutecc.trust", "cutecc.remote_url", "cutecc.entry", "cutecc.buckets",
-              "cutecc.composite_line", "cutecc.platforms", "cutecc.cotangents"), ()),
+              "cutecc.composite_line", "cutecc.platforms", "cutecc.cotangents", "cutecc.timings"), ()),
     # The cache directory.
     "store": (("cutecc.store",), ("base",)),
     # kernels.lock, its lines (`Pin`, `LockEntry`, `Tuned`) and its signature.
