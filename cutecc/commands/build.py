@@ -189,8 +189,9 @@ def build(
                            remote_write=remote_write, compile_timeout=compile_timeout,
                            compile_memory=compile_memory, dry_run=dry_run, read_only=read_only)
     store = Store(cache_dir)
-    # What planning learns is kept in the store: in a new one, once the build has made it.
-    hashes = None if read_only or dry_run else HashCache(store.layout.hash_cache())
+    # What planning learns is kept in the store: in a new one, once the build has made it. A
+    # dry run or a read-only build plans with what was remembered, and writes nothing back.
+    hashes = HashCache(store.layout.hash_cache(), write=not (read_only or dry_run))
     with clock.stage("plan"):
         target = builder.target(full, archs=archs, kernels=kernels, hashes=hashes,
                                 platforms=platforms)
