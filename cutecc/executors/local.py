@@ -90,6 +90,7 @@ class _Slot:
     proc: Any
     conn: Any
     token: str  # the mark of what its compiles start (`worker_tree`)
+    kind: str  # how it started: "fork", or "spawn (why)"
     asked: float = 0.0  # when its start was asked for
     startup: float | None = None  # seconds from then to ready, until its first result names it
     ready: bool = False
@@ -122,13 +123,14 @@ class _Pool:
         if how != "fork":
             self.worker = f"spawn ({why})"
             return
-        svc = service.Service(self.ctx, _init_worker, (self.arch, os.getpid(), self.env, False),
-                              _serve_forked, self.limits.memory, self.modules)
-        problem = svc.ready()
+        with _sigint_held_while_spawning():  # it starts with Ctrl-C blocked, as a worker does
+            self.service = service.Service(self.ctx, _init_worker, (self.arch, os.getpid(), self.env, False),
+                                           _serve_forked, self.limits.memory, self.modules)
+        problem = self.service.ready()  # a Ctrl-C meanwhile stops the pool (and the service)
         if problem is None:
-            self.service, self.worker = svc, "fork"
+            self.worker = "fork"
         else:
-            self.worker = f"spawn ({problem})"
+            self.service, self.worker = None, f"spawn ({problem})"
 
     def _spawn(self) -> _Slot:
         token = secrets.token_hex(8)
@@ -136,7 +138,7 @@ class _Pool:
             try:
                 with _sigint_held_while_spawning():
                     forked = self.service.fork(token)
-                return _Slot(forked, forked.conn, token, time.monotonic())
+                return _Slot(forked, forked.conn, token, "fork", time.monotonic())
             except service.ServiceGone as e:
                 self.service.close()
                 self.service, self.worker = None, f"spawn ({e})"
@@ -147,7 +149,7 @@ class _Pool:
         with _sigint_held_while_spawning():  # workers start with Ctrl-C blocked
             proc.start()
         theirs.close()
-        return _Slot(proc, mine, token, asked)
+        return _Slot(proc, mine, token, self.worker, asked)
 
     def run(self, jobs: list[BuildJob], store_root: Path, remote: RemoteConfig | None,
             on_result: Callable[[BuildJob, Result], None]) -> None:
@@ -155,8 +157,7 @@ class _Pool:
         self.store_root = store_root
         try:
             t0 = time.monotonic()
-            with _sigint_held_while_spawning():
-                self._start_service()
+            self._start_service()
             self.slots = [self._spawn() for _ in range(self.n)]
             for s in self.slots:  # the first workers' start includes the service's
                 s.asked = t0
@@ -169,7 +170,7 @@ class _Pool:
                     job, s.job = s.job, None
                     if job is not None and result is not None:
                         startup, s.startup = s.startup, None
-                        on_result(job, with_startup(result, self.worker, startup))
+                        on_result(job, with_startup(result, s.kind, startup))
                 if queue and not self.slots:
                     for job in queue:
                         on_result(job, Result("failed", 0.0, "build workers could not start "
