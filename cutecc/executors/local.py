@@ -3,16 +3,17 @@
 The DSL fixes its target arch when it is imported (`CUTE_DSL_ARCH`), so misses are
 compiled in one pool of processes per arch (and per set of device answers), the arch given
 to the pool once, at start. The pool's workers are forked from a compile service that has
-imported the DSL (and torch, when the kernels reach it) once, so a compile pays only the
-compile; where forking is unsafe they are spawned, and import the same before their first
-job (`cutecc.executors.service`; each result names which). Each worker runs `workers.build_one` for one job at
-a time: it publishes its entry into the store under the key's lock, and returns the
-entry's metadata. Each compile is bounded (`workers.Limits`): a worker whose job runs past
-the time limit is killed and replaced, and one under a memory limit has its data segment
-capped (RLIMIT_DATA), so a runaway kernel fails alone. A worker runs in a session of its
-own and marks what it starts, so stopping it stops every process its compile started,
-detached ones included (`cutecc.executors.worker_tree`). `LocalExecutor` is this module
-behind `cutecc.executors.Executor`, the protocol the build pipeline takes.
+imported the DSL (torch and installed libraries' entry modules, when the kernels reach
+them) once, so a compile pays only the compile; where forking is unsafe they are spawned,
+and import the same before their first job (`cutecc.executors.service`; each result names
+which). Each worker runs `workers.build_one` for one job at a time: it publishes its
+entry into the store under the key's lock, and returns the entry's metadata. Each compile
+is bounded (`workers.Limits`): a worker whose job runs past the time limit is killed and
+replaced, and one under a memory limit has its data segment capped (RLIMIT_DATA), so a
+runaway kernel fails alone. A worker runs in a session of its own and marks what it
+starts, so stopping it stops every process its compile started, detached ones included
+(`cutecc.executors.worker_tree`). `LocalExecutor` is this module behind
+`cutecc.executors.Executor`, the protocol the build pipeline takes.
 """
 
 from __future__ import annotations
@@ -77,10 +78,8 @@ def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
     for j in jobs:
         by_kind.setdefault(j.worker_kind, []).append(j)
     for items in by_kind.values():
-        torch = any(j.device is not None or "torch" in (j.key_inputs.get("distributions") or {})
-                    for j in items)
         _Pool(items[0].arch, max(1, min(workers, len(items))), dict(items[0].env), limits,
-              service.preloads(torch)).run(items, store_root, remote, on_result)
+              service.preloads(items)).run(items, store_root, remote, on_result)
 
 
 @dataclass
@@ -108,7 +107,7 @@ class _Pool:
     MAX_FAILED_STARTS = 3  # workers that died before taking any job: the rest fail
 
     def __init__(self, arch: str, n: int, env: dict[str, str], limits: Limits,
-                 modules: tuple[str, ...] = ()) -> None:
+                 modules: service.Preload = service.NOTHING) -> None:
         self.arch, self.n, self.env, self.limits, self.modules = arch, n, env, limits, modules
         self.ctx = multiprocessing.get_context("spawn")
         self.slots: list[Any] = []
@@ -246,7 +245,7 @@ def _exit_text(code: int | None) -> str:
 
 
 def _serve(conn: Any, arch: str, parent: int, env: dict[str, str], memory: int | None,
-           token: str = "", modules: tuple[str, ...] = ()) -> None:
+           token: str = "", modules: service.Preload = service.NOTHING) -> None:
     """A spawned worker: set up once for `arch`, import what a forked one has
     (`service.preloads`), then build each job sent until told to stop; in a session of its
     own, marking what it starts with `token` (`worker_tree.detach`)."""

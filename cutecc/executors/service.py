@@ -2,14 +2,16 @@
 
 A spawned worker pays the interpreter's start and the DSL's imports (and torch's, for
 kernels that reach it: seconds) before its first compile. The service is one spawned
-process per pool (`start`), set up as a worker is (the manifest's [env], the DSL's target
+process per pool (`Service`), set up as a worker is (the manifest's [env], the DSL's target
 arch, Ctrl-C left to the build, tied to the build's life, the memory limit), which imports
-the DSL and, when the pool's kernels reach it, torch, then forks a worker per request
-(`Service.fork`): a compile then pays only the compile. The kernels' own modules are left
+what a worker needs (`Preload`: the DSL, torch when the pool's kernels reach it, and the
+kernels' entry modules that installed libraries provide), then forks a worker per request
+(`Service.fork`): a compile then pays only the compile. The project's own modules are left
 to the workers: a module that hangs, crashes or starts processes at import is one entry's
 failure, bounded like its compile, never the pool's.
 
-The service stays GPU-blind as workers are: it asks no device anything, and a worker
+The service stays GPU-blind: it asks no device anything (the entry modules it imports get
+the profile's answers without torch being asked whether it has a GPU), and a worker
 answers device queries from the hardware profile (`cutecc.devicequery`) per compile.
 Forking is safe only from a process running one thread, on Linux (a parent-death signal
 ties each process to its parent); where the service finds otherwise it says why and the
@@ -34,7 +36,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing import reduction
+from pathlib import Path
 from typing import Any
 
 from cutecc import environ
@@ -58,18 +62,59 @@ def mode() -> tuple[str, str]:
     return "fork", "default"
 
 
-def preloads(torch: bool) -> tuple[str, ...]:
-    """The modules a worker imports before it says ready: the DSL, cutecc's compile side,
-    and torch when the pool's kernels reach it (a spawned worker imports the same, in the
-    same order, so both kinds of worker compile from alike state)."""
-    return ("cutlass", "cutlass.cute", *(("torch",) if torch else ()), "cutecc.compiler", "cutecc.linker")
+@dataclass(frozen=True)
+class Preload:
+    """What a worker imports before it says ready, forked or spawned alike (so both kinds
+    of worker compile from the same state): the DSL, cutecc's compile side, torch when the
+    pool's kernels reach it, then the kernels' entry modules that come from installed
+    libraries (quack, FA4: seconds of imports), with the manifest's python_path ahead on
+    sys.path and the pool's device answers given, as a compile imports them. The project's
+    own modules are left to the compiles: one that hangs, crashes or starts processes at
+    import fails its entry alone, within its compile's bounds."""
+
+    modules: tuple[str, ...] = ()
+    entries: tuple[str, ...] = ()
+    python_path: tuple[str, ...] = ()
+    device: dict[str, Any] | None = None
 
 
-def preload(modules: tuple[str, ...]) -> None:
-    """Import `modules`; one that fails is left for the compile that needs it to report."""
-    for m in modules:
+NOTHING = Preload()
+
+
+def preloads(jobs: list[Any]) -> Preload:
+    """The `Preload` of a pool's `jobs` (`cutecc.workers.BuildJob`s of one worker kind)."""
+    from cutecc.manifest import split_entry
+
+    torch = any(j.device is not None or "torch" in (j.key_inputs.get("distributions") or {}) for j in jobs)
+    entries: list[str] = []
+    for j in jobs:
+        module = split_entry(j.entry)[0].partition(":")[0]
+        top = module.split(".")[0]
+        local = any((Path(r) / top).exists() or (Path(r) / f"{top}.py").exists() for r in j.python_path)
+        if not local and module not in entries:
+            entries.append(module)
+    modules = ("cutlass", "cutlass.cute", *(("torch",) if torch else ()), "cutecc.compiler", "cutecc.linker")
+    return Preload(modules, tuple(entries), jobs[0].python_path if jobs else (),
+                   jobs[0].device if jobs else None)
+
+
+def preload(what: Preload) -> None:
+    """Import what `what` names; a module that fails is left for the compile that needs it
+    to report."""
+    for m in what.modules:
         with contextlib.suppress(Exception):
             importlib.import_module(m)
+    if not what.entries:
+        return
+    from cutecc import devicequery
+
+    for p in reversed(what.python_path):  # as `cutecc.compiler.compile_to_object` puts them
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    with devicequery.answering(what.device, probe=False):
+        for m in what.entries:
+            with contextlib.suppress(Exception):
+                importlib.import_module(m)
 
 
 class ServiceGone(Exception):
@@ -80,7 +125,7 @@ class Service:
     """The build's end of one compile service (see the module docstring)."""
 
     def __init__(self, ctx: Any, setup: Callable[..., None], setup_args: tuple[Any, ...],
-                 serve: Callable[..., None], memory: int | None, modules: tuple[str, ...]) -> None:
+                 serve: Callable[..., None], memory: int | None, modules: Preload) -> None:
         self.conn, theirs = ctx.Pipe()
         self.token = secrets.token_hex(8)
         self.proc = ctx.Process(target=_main, args=(theirs, setup, setup_args, serve, memory, modules,
@@ -195,7 +240,7 @@ class ForkedWorker:
 
 
 def _main(conn: Any, setup: Callable[..., None], setup_args: tuple[Any, ...],
-          serve: Callable[..., None], memory: int | None, modules: tuple[str, ...],
+          serve: Callable[..., None], memory: int | None, modules: Preload,
           token: str) -> None:
     """The service: set up as a worker, import `modules`, then fork a worker per token
     received (each runs `serve(conn, parent, token)`) and report their exits."""

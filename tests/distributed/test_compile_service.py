@@ -51,6 +51,27 @@ def test_a_forked_worker_builds_the_same_keys_and_bytes_as_a_spawned_one(tmp_pat
 
 
 @pytest.mark.usefixtures("dsl")
+def test_an_installed_librarys_kernels_built_by_forked_workers_match_spawned_ones_and_the_lock(
+        tmp_path: Path) -> None:
+    """quack's module is imported by the compile service before it forks (an installed
+    library: `service.Preload`), with the device answers a compile gives: the libraries
+    are the spawned workers' bytes, and the committed lock's where its keys are ours."""
+    pytest.importorskip("quack", reason="needs the examples extra (quack-kernels, torch)")
+    from helpers import REPO
+
+    manifest = REPO / "examples" / "kernels.toml"
+    args = ("--kernel", "quack_rmsnorm", "-j", "2")
+    forked = _build(manifest, tmp_path / "fork", "fork", *args)
+    _build(manifest, tmp_path / "spawn", "spawn", *args)
+    a, b = _digests(tmp_path / "fork"), _digests(tmp_path / "spawn")
+    assert forked["workers"] == "fork" and forked["built"] == len(a) == 4  # with its backward
+    assert a == b
+    lock = json.loads((REPO / "examples" / "kernels.lock").read_text())
+    locked = {e["key"]: e["sha256"] for e in lock["entries"]}
+    assert all(locked[k] == h for k, h in a.items() if k in locked)
+
+
+@pytest.mark.usefixtures("dsl")
 def test_a_build_says_where_its_time_went(tmp_path: Path) -> None:
     manifest = write_toy_project(tmp_path / "p", threads=(64,))
     rep = _build(manifest, tmp_path / "c", "fork", "-j", "1")
@@ -74,6 +95,27 @@ def test_the_worker_mode_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
         service.mode()
 
 
+def test_a_worker_imports_the_dsl_torch_and_installed_libraries_not_the_projects_modules(
+        tmp_path: Path) -> None:
+    """What the compile service (and a spawned worker) imports before the first compile: a
+    project module that hangs or starts processes at import must stay one entry's failure."""
+    from types import SimpleNamespace
+
+    (tmp_path / "proj" / "mine").mkdir(parents=True)
+    (tmp_path / "proj" / "solo.py").write_text("")
+
+    def job(entry: str, device: Any = None, dists: Any = None) -> Any:
+        return SimpleNamespace(entry=entry, python_path=(str(tmp_path / "proj"),), device=device,
+                               key_inputs={"distributions": dists or {}})
+
+    plain = service.preloads([job("mine.k:launch"), job("solo:f")])
+    assert plain.modules[:2] == ("cutlass", "cutlass.cute") and "torch" not in plain.modules
+    assert plain.entries == ()
+    lib = service.preloads([job("quack.rmsnorm:rmsnorm_fwd", {"major": 9}, {"torch": "2"}),
+                            job("quack.rmsnorm:rmsnorm_fwd", {"major": 9}), job("mine.k:launch")])
+    assert "torch" in lib.modules and lib.entries == ("quack.rmsnorm",) and lib.device == {"major": 9}
+
+
 # A service whose set-up does these, and workers that do these (module level: spawned).
 def _setup_plain() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -91,7 +133,8 @@ def _serve_then_die(conn: Any, parent: int, token: str) -> None:
 
 
 def _service(setup: Any) -> service.Service:
-    return service.Service(multiprocessing.get_context("spawn"), setup, (), _serve_then_die, None, ())
+    return service.Service(multiprocessing.get_context("spawn"), setup, (), _serve_then_die, None,
+                           service.NOTHING)
 
 
 def test_a_forked_worker_is_the_services_child_and_its_death_is_told() -> None:
