@@ -47,6 +47,7 @@ from cutecc.plan import Planned, plan
 from cutecc.platforms import check_platform
 from cutecc.store.view import entry_trust_problem, touch_used
 from cutecc.store.writer import Store
+from cutecc.timings import Timings
 from cutecc.units import human_size
 from cutecc.workers import BuildJob, Result, ensure_runtime
 
@@ -67,12 +68,15 @@ class Outcome:
     facts: dict[str, Any] | None = None  # or, for a hit, its index record (`entry.index_facts`)
     saved: float = 0.0  # for a hit: the compile seconds it saved (its recorded build time)
     fetched: bool = False  # a hit found on the remote cache (status "cached")
+    timings: dict[str, float] = field(default_factory=dict)  # a compile's parts (`cutecc.timings`)
+    worker: str | None = None  # what compiled it: "fork", "spawn" or "ray"
 
     def to_json(self) -> dict[str, Any]:
         p = self.planned
         return {"kernel": p.kernel.name, "variant": p.variant.id, "arch": p.arch,
                 "platform": p.platform, "key": p.key, "status": self.status,
-                "seconds": round(self.seconds, 3), "error": self.error, "fetched": self.fetched}
+                "seconds": round(self.seconds, 3), "error": self.error, "fetched": self.fetched,
+                "worker": self.worker, "timings": {k: round(v, 4) for k, v in self.timings.items()}}
 
 
 @dataclass
@@ -245,6 +249,7 @@ class Built:
     lock_changed: bool = False
     signature: Path | None = None  # the lock's signature, when signed
     dropped_tuning: list[str] = field(default_factory=list)  # tuning lines the lock lost, and why
+    timings: Timings = field(default_factory=Timings)  # wall seconds per stage
 
     @property
     def ok(self) -> bool:
@@ -252,27 +257,36 @@ class Built:
 
 
 def run(t: Target, store: Store, s: Settings, *, hashes: HashCache | None = None,
-        lock: LockRequest | None = None, progress: Progress | None = None) -> Built:
+        lock: LockRequest | None = None, progress: Progress | None = None,
+        timings: Timings | None = None) -> Built:
     """Probe, fetch, compile, publish and record `t` into `store` (see the module docstring);
-    `lock`: write the lock there after a fully successful build (not for candidates)."""
+    `lock`: write the lock there after a fully successful build (not for candidates).
+    Each stage's wall time is added to `timings` (the caller's, holding its own stages)."""
     progress = progress or Progress()
-    probed = probe(store, t.planned, dry_run=s.dry_run)
-    if s.read_only:
-        refuse_misses(store, probed)
-    fetched = (fetch(store, probed.misses, s.remote, progress)
-               if s.remote is not None and not s.dry_run and not s.read_only else None)
+    clock = timings if timings is not None else Timings()
+    with clock.stage("probe"):
+        probed = probe(store, t.planned, dry_run=s.dry_run)
+        if s.read_only:
+            refuse_misses(store, probed)
+    fetched = None
+    if s.remote is not None and not s.dry_run and not s.read_only:
+        with clock.stage("fetch"):
+            fetched = fetch(store, probed.misses, s.remote, progress)
     misses = fetched.left if fetched is not None else probed.misses
     use = fetched.use if fetched is not None else None
     push = s.remote if s.remote is not None and s.remote.write and use is not None and not use.down else None
-    compiled = compile_misses(store, misses, t.selected, s, progress, push, use)
+    with clock.stage("compile"):
+        compiled = compile_misses(store, misses, t.selected, s, progress, push, use)
     outcomes = probed.outcomes + (fetched.outcomes if fetched else []) + compiled.outcomes
-    linked = publish(store, outcomes, stale=probed.stale, swept=bool(misses), dry_run=s.dry_run,
-                     read_only=s.read_only)
+    with clock.stage("publish"):
+        linked = publish(store, outcomes, stale=probed.stale, swept=bool(misses), dry_run=s.dry_run,
+                         read_only=s.read_only)
     order = {p.key + p.label: i for i, p in enumerate(t.planned)}
     outcomes.sort(key=lambda o: order[o.planned.key + o.planned.label])
-    built = Built(outcomes, use, compiled.runtimes_built + linked)
-    record(store, t, built, hashes=hashes, lock=None if t.candidates else lock, dry_run=s.dry_run,
-           read_only=s.read_only)
+    built = Built(outcomes, use, compiled.runtimes_built + linked, timings=clock)
+    with clock.stage("lock"):
+        record(store, t, built, hashes=hashes, lock=None if t.candidates else lock, dry_run=s.dry_run,
+               read_only=s.read_only)
     return built
 
 
@@ -420,7 +434,8 @@ def compile_misses(store: Store, misses: list[Planned], manifest: Manifest, s: S
                 use.upload_errors.append(f"{job.kernel}[{job.variant.id}]@{job.arch}: {r.pushed.error}")
         for q in misses:
             if q.key == job.key:
-                o = Outcome(q, r.status, r.seconds, r.error, r.meta)
+                o = Outcome(q, r.status, r.seconds, r.error, r.meta, timings=dict(r.timings),
+                            worker=r.worker)
                 out.append(o)
                 progress.done(o)
 

@@ -261,13 +261,15 @@ def init(directory: Path, name: str, as_json: bool) -> None:
               help="Stop a compile running longer (also $CUTECC_COMPILE_TIMEOUT; default 3600; 0: none).")
 @click.option("--compile-memory", default=None, metavar="SIZE",
               help="Data memory one compile may use, e.g. 16G (also $CUTECC_COMPILE_MEMORY; default none).")
+@click.option("--timings", is_flag=True,
+              help="Say where the build spent its time: per stage, and per compiled entry.")
 @_json_opt
 def build(manifest: Path | None, manifest_opt: Path | None, archs: tuple[str, ...],
           platforms: tuple[str, ...], cache_dir: Path | None, jobs: int | None,
           kernels: tuple[str, ...], dry_run: bool,
           read_only: bool, lock: bool, lock_file: Path | None, sign_key: Path | None,
           executor: str | None, ray_address: str | None, remote: str | None, remote_write: bool | None,
-          compile_timeout: str | None, compile_memory: str | None, as_json: bool) -> None:
+          compile_timeout: str | None, compile_memory: str | None, timings: bool, as_json: bool) -> None:
     """Compile every kernel, variant and arch of the manifest that is not in the cache."""
     from cutecc.commands.build import build as run
     from cutecc.progress import BuildProgress
@@ -280,7 +282,7 @@ def build(manifest: Path | None, manifest_opt: Path | None, archs: tuple[str, ..
                      kernels=kernels, dry_run=dry_run, progress=progress, read_only=read_only,
                      lock=lock, lock_file=lock_file, sign_key=sign_key, executor=executor,
                      ray_address=ray_address, remote=remote, remote_write=remote_write,
-                     compile_timeout=compile_timeout, compile_memory=compile_memory)
+                     compile_timeout=compile_timeout, compile_memory=compile_memory, timings=timings)
     finally:
         progress.close()
     _emit(report, as_json)

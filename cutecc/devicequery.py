@@ -107,10 +107,12 @@ def _index(device: Any) -> int:
 
 
 @contextlib.contextmanager
-def answering(facts: dict[str, Any] | None) -> Iterator[None]:
+def answering(facts: dict[str, Any] | None, probe: bool = True) -> Iterator[None]:
     """Within: torch's device queries answered from `facts` (`answers`), when `facts` is set
     and torch is installed; torch is restored after. Imports torch (the kernels given
-    answers reach it anyway)."""
+    answers reach it anyway). `probe=False` asks torch nothing, not even whether it has a
+    GPU (the compile service, which must not touch CUDA before it forks): the profile's
+    answers are given as on a host without one."""
     if facts is None:
         yield
         return
@@ -121,7 +123,7 @@ def answering(facts: dict[str, Any] | None) -> Iterator[None]:
         return
     saved = {name: getattr(tc, name) for name in _PATCHED}
     try:
-        has_gpu = bool(saved["is_available"]())
+        has_gpu = probe and bool(saved["is_available"]())
     except Exception:
         has_gpu = False
     for name, fn in _functions(facts, saved, has_gpu).items():

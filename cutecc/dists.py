@@ -269,10 +269,12 @@ class HashCache:
     reads: each distribution's digest under a fingerprint of its RECORD and its files'
     stamps, and each source file's SHA-256 and parsed facts (imports, top-level names).
     Only settled stamps are remembered. Read through `cutecc.trust` (refused: planning
-    starts from nothing and writes nothing back); `path=None` remembers within the run."""
+    starts from nothing and writes nothing back); `path=None` remembers within the run;
+    `write=False` (a dry run, a read-only build) reads what was remembered and writes nothing."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, write: bool = True) -> None:
         self.path = path
+        self.write = write
         self.facts_path = None if path is None else path.with_name(FACTS)
         self._hashes: dict[str, list[Any]] | None = None if path is not None else {}
         self._refused = False
@@ -457,7 +459,7 @@ class HashCache:
 
     def save(self) -> None:
         """Write what was learned (best-effort: a read-only cache is fine)."""
-        if self.path is None or self._refused:
+        if self.path is None or self._refused or not self.write:
             return
         with contextlib.suppress(OSError):
             if "files" in self._dirty and self._hashes is not None:

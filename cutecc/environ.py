@@ -27,6 +27,7 @@ REMOTE_WRITE = "CUTECC_REMOTE_WRITE"  # builds upload what they compile to the r
 REMOTE_MAX_BLOB = "CUTECC_REMOTE_MAX_BLOB"  # the largest blob accepted from the remote (size)
 REMOTE_TIMEOUT = "CUTECC_REMOTE_TIMEOUT"  # seconds one remote request may take
 REMOTE_JOBS = "CUTECC_REMOTE_JOBS"  # parallel remote requests
+WORKERS = "CUTECC_WORKERS"  # how local build workers start: fork (from the compile service) or spawn
 WORKER_MARK = "CUTECC_WORKER_MARK"  # set by a local build worker: marks what its compiles start
 _OFF = ("", "0", "false", "no", "off")
 

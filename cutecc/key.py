@@ -82,9 +82,10 @@ class SourceIndex:
         self._closures: dict[str, set[Path]] = {}
         self._local: dict[str, bool] = {}
         self._why: dict[str, str] = {}  # why a module was not found
-        self._exec_paths: dict[str, list[str]] = {}  # __path__ of packages imported to learn it
+        self._exec_paths: dict[str, modfind.Executed] = {}  # packages imported to learn __path__
         # per located name: the paths its answer depends on (`modfind.find_module`'s
-        # `consulted`), None when a parent had to run (no stamp tells that answer unchanged)
+        # `consulted`, with what decided a parent's `__path__` learned by running it), None
+        # when no stamp tells the answer unchanged (a failed child import, another error)
         self._consulted: dict[str, set[tuple[str, str]] | None] = {}
         self._touched: set[str] | None = None  # names located by the closure being walked
         self._context: str | None = None
@@ -137,11 +138,19 @@ class SourceIndex:
         Only a definite answer counts: a module that star-imports, defines `__getattr__` or
         touches `globals()` may make names at run time, so it never "surely lacks" one.
         """
-        f = self._find(module, module.split(".")[0])
+        f = self._member(module) or self._find(module, module.split(".")[0])
         if f is None:
             return False
         names = self._facts_of(f)["names"]
         return names is not None and not {attr, "__getattr__", "globals"} & set(names)
+
+    def _member(self, module: str) -> Path | None:
+        """`module`'s own file, from its closure when `digest` took it (a remembered one is
+        not located again: a parent whose `__path__` only its import tells would run)."""
+        for f in self._closures.get(module, ()):
+            if self._names.get(f) == module:
+                return f
+        return None
 
     def missing(self, module: str) -> str | None:
         """Why import would not find `module` (None: it would)."""
@@ -215,13 +224,13 @@ class SourceIndex:
                     module, self._resolved_roots, invalidate=not self._found, resolved=True,
                     allow_exec=True, exec_cache=self._exec_paths, effect_of=self._path_effect,
                     consulted=consulted, imported=False)  # as the build worker will import it
-                self._consulted[module] = None if found.executed else consulted
+                self._consulted[module] = consulted
             except (ImportError, ValueError, OSError, SyntaxError, UnicodeDecodeError) as e:
                 found = None
                 self._why[module] = str(e) or type(e).__name__
-                # a parent run in a child (exec_cache) or a failure outside the search: not kept
-                self._consulted[module] = None if (self._exec_paths or not isinstance(
-                    e, modfind.NotFound)) else consulted
+                # a failed child import or a failure outside the search: not kept
+                self._consulted[module] = consulted if isinstance(e, modfind.NotFound) and not \
+                    isinstance(e, modfind.ExecFailed) else None
             self._found[module] = found
         return self._found[module]
 

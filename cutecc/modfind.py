@@ -12,7 +12,11 @@ locations unless its `__init__` (read, not run) changes it:
 - an `__init__` that only appends to `__path__` (cutlass): the static locations, when
   they hold the submodule;
 - anything else: only running it tells; with `allow_exec=True` the parent is imported
-  in a child process (never here) and `Found.executed` says so.
+  in a child process (never here) and `Found.executed` says so. The child also tells what
+  decided the answer (`Executed.depends`): the package's `__init__` files it ran, the
+  directories of the `__path__` it learned, and the path entries holding distributions'
+  metadata (what `importlib.metadata` reads), so a caller may remember the answer while
+  none of them changes.
 Modules already imported in this process are taken from `sys.modules`, as import would
 (unless asked to answer for a fresh process, `imported=False`, as planning does: the
 build worker that compiles the module is one).
@@ -30,6 +34,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 _EXTEND_MARKERS = ("extend_path", "declare_namespace")
 
@@ -46,6 +51,19 @@ class Found:
 
 class NotFound(ImportError):
     """No such module, as import would say."""
+
+
+class ExecFailed(NotFound):
+    """Importing a parent in a child to learn its `__path__` failed (or took too long): an
+    answer no stamp tells unchanged."""
+
+
+class Executed(NamedTuple):
+    """What importing a package in a child told: its `__path__`, and `(path, "")` for each
+    file or directory whose change may change it (`consulted`'s form)."""
+
+    path: list[str]
+    depends: list[tuple[str, str]]
 
 
 def _path_spec(fullname: str, path: list[str] | None):
@@ -154,24 +172,45 @@ def _extend_path(locs: list[str], name: str, search: list[str]) -> list[str]:
     return out
 
 
-def _exec_path(name: str, python_path: list[str]) -> list[str]:
-    """Import package `name` in a child process and return its real __path__ (a NotFound
-    quoting the import's error when that fails)."""
-    code = ("import importlib, json, sys; m = importlib.import_module(sys.argv[1]); "
-            "print('cutecc-path:' + json.dumps(list(m.__path__)))")
+_EXEC_CHILD = """\
+import importlib, json, os, sys
+name = sys.argv[1]
+m = importlib.import_module(name)
+inits = sorted({f for k, v in list(sys.modules.items()) if k == name or k.startswith(name + ".")
+                for f in [getattr(v, "__file__", None)] if f and os.path.basename(f) == "__init__.py"})
+meta = []
+for d in sys.path:
+    try:
+        if d and any(e.endswith((".dist-info", ".egg-info")) for e in os.listdir(d)):
+            meta.append(d)
+    except OSError:
+        pass
+print("cutecc-path:" + json.dumps({"path": list(m.__path__), "inits": inits, "meta": meta}))
+"""
+
+
+def _exec_path(name: str, python_path: list[str]) -> Executed:
+    """Import package `name` in a child process: its real __path__ and what decided it
+    (`Executed`); an ExecFailed quoting the import's error when that fails."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([*python_path, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     try:
-        r = subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True,
+        r = subprocess.run([sys.executable, "-c", _EXEC_CHILD, name], capture_output=True, text=True,
                            env=env, timeout=300)
     except subprocess.TimeoutExpired:
-        raise NotFound(f"importing {name} to learn its __path__ took over 300 s") from None
+        raise ExecFailed(f"importing {name} to learn its __path__ took over 300 s") from None
     lines = [x for x in r.stdout.splitlines() if x.startswith("cutecc-path:")]
     if r.returncode != 0 or not lines:
         err = r.stderr.strip().splitlines()
-        raise NotFound(f"importing {name} to learn its __path__ failed: "
-                       f"{err[-1] if err else f'exit status {r.returncode}'}")
-    return json.loads(lines[-1].removeprefix("cutecc-path:"))
+        raise ExecFailed(f"importing {name} to learn its __path__ failed: "
+                         f"{err[-1] if err else f'exit status {r.returncode}'}")
+    told = json.loads(lines[-1].removeprefix("cutecc-path:"))
+    # a directory is named with a trailing separator: any change of its listing counts, even
+    # where lookups searched it too (those record only the names they looked up in it)
+    depends = {(str(f), "") for f in told["inits"] if isinstance(f, str) and os.path.isabs(f)}
+    depends |= {(str(d).rstrip(os.sep) + os.sep, "") for d in [*told["path"], *told["meta"]]
+                if isinstance(d, str) and os.path.isabs(d)}
+    return Executed([str(x) for x in told["path"]], sorted(depends))
 
 
 def _consult(consulted: set[tuple[str, str]] | None, search: list[str], tail: str) -> None:
@@ -196,20 +235,20 @@ def candidates(directory: str, tail: str) -> list[str]:
 
 def find_module(name: str, python_path: list[str] | tuple[str, ...] = (), *,
                 allow_exec: bool = False, invalidate: bool = True,
-                exec_cache: dict[str, list[str]] | None = None,
+                exec_cache: dict[str, Executed] | None = None,
                 effect_of: Callable[[str], str] = _path_effect,
                 consulted: set[tuple[str, str]] | None = None, resolved: bool = False,
                 imported: bool = True) -> Found:
     """Where import finds `name` with `python_path` ahead of sys.path; NotFound says which
     level failed and which search locations (which parent's `__path__`) were searched.
-    `exec_cache` remembers the `__path__` of parents imported in a child (`allow_exec`),
-    so one planning pass imports each at most once. `effect_of(__init__ file)` tells what
+    `exec_cache` remembers what parents imported in a child (`allow_exec`) told, so one
+    planning pass imports each at most once. `effect_of(__init__ file)` tells what
     running it does to `__path__` (`path_effect`; a caller may remember it by the file's stamp).
     `consulted` (when given) collects what the answer depends on: `(directory, name)` for
     each name looked up in each directory searched (`candidates`), and `(file, "")` for
-    each `__init__` whose effect on `__path__` was read; a caller may remember the answer
-    while none of them changes (an answer that ran a parent, `Found.executed`, depends on
-    more). `resolved`: `python_path` is already absolute and resolved. `imported=False`
+    each `__init__` whose effect on `__path__` was read, and for a parent run in a child
+    what decided its `__path__` (`Executed.depends`); a caller may remember the answer while
+    none of them changes. `resolved`: `python_path` is already absolute and resolved. `imported=False`
     answers as a fresh process would (a build worker): modules this process already
     imported, from wherever, are looked up on the path like any other."""
     if not resolved:
@@ -275,11 +314,14 @@ def find_module(name: str, python_path: list[str] | tuple[str, ...] = (), *,
                                            f"running it tells ({spec.origin}); allow_exec=True "
                                            "imports it in a child process")
                         if exec_cache is not None and full in exec_cache:
-                            locs = list(exec_cache[full])
+                            told = exec_cache[full]
                         else:
-                            locs = _exec_path(full, python_path)
+                            told = _exec_path(full, python_path)
                             if exec_cache is not None:
-                                exec_cache[full] = list(locs)
+                                exec_cache[full] = told
+                        locs = list(told.path)
+                        if consulted is not None:
+                            consulted.update(told.depends)
                         found.executed.append(full)
                         kind = "package (__path__ set by running __init__)"
                 search = locs

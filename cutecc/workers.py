@@ -19,7 +19,7 @@ import json
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -99,6 +99,9 @@ class Result:
     error: str | None = None
     meta: dict[str, Any] | None = None  # the published entry's metadata (for the lock)
     pushed: Pushed | None = None  # what uploading it to the remote cache did, if asked to
+    # where its time went (`cutecc.timings.ENTRY_PARTS`), and what ran it ("fork", "spawn", "ray")
+    timings: dict[str, float] = field(default_factory=dict)
+    worker: str | None = None
 
 
 OnResult = Callable[[BuildJob, Result], None]  # what an executor calls as each job finishes
@@ -212,17 +215,21 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
 
     t0 = time.perf_counter()
     store = Store(store_root)
+    parts: dict[str, float] = {}
 
     def produce(staging: Path) -> dict[str, Any]:
         now = _check_toolchain(job.key_inputs["toolchain"])
         runtime, _ = ensure_runtime(store, now["runtime"])  # normally the build published it
         rec = library_record(runtime.meta)
         assert rec is not None  # ensure_runtime checked the metadata
+        t1 = time.perf_counter()
         obj = compile_to_object(CompileJob(job.entry, job.variant, job.compile_options,
                                            job.python_path, job.device, job.platform), staging)
         compiled = artifact.digest(obj)  # what the DSL compiled, for `cutecc verify --deep`
+        t2 = time.perf_counter()
         link(obj, staging / LIBRARY, SYMBOL, entry=job.entry, arch=job.arch, key=job.key,
              runtime=runtime.path / rec[0], platform=job.platform)
+        parts["compile"], parts["link"] = t2 - t1, time.perf_counter() - t2
         obj.unlink()
         changed = keyed_sources.problem(job.keyed_files)  # compiled what was keyed, or nothing
         if changed:
@@ -264,9 +271,20 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
         return Result("failed", time.perf_counter() - t0,
                       _memory_hint(f"{type(e).__name__}: {e}\n{''.join(tb[-6:])}"))
     seconds = time.perf_counter() - t0
+    if parts:
+        parts["publish"] = max(0.0, seconds - parts["compile"] - parts["link"])
     pushed = None
     if built and remote is not None and remote.write:
         from cutecc.remote import push_entry
 
         pushed = push_entry(remote, entry, store)
-    return Result("built" if built else "cached", seconds, None, entry.meta, pushed)
+    return Result("built" if built else "cached", seconds, None, entry.meta, pushed, parts)
+
+
+def with_startup(result: Result, worker: str, startup: float | None) -> Result:
+    """`result` naming the `worker` kind that ran it and, for a worker's first entry, the
+    seconds its start took (process and imports)."""
+    timings = dict(result.timings)
+    if startup is not None:
+        timings = {"startup": startup, **timings}
+    return replace(result, timings=timings, worker=worker)

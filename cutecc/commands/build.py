@@ -25,6 +25,7 @@ from cutecc.lockfile import LOCK_NAME, Drift, drift_line, previous
 from cutecc.manifest import load_manifest
 from cutecc.report import Report
 from cutecc.store.writer import Store
+from cutecc.timings import Timings, entry_line
 
 
 @dataclass
@@ -42,6 +43,14 @@ class BuildReport(Report):
     dropped_tuning: list[str] = field(default_factory=list)  # tuning lines the lock lost, and why
     drift: list[Drift] = field(default_factory=list)  # key-deciding distributions unlike the lock's
     drift_note: str | None = None  # the line that named them, before any compile
+    timings: Timings = field(default_factory=Timings)  # wall seconds per stage (`cutecc.timings`)
+    show_timings: bool = False  # print them (`--timings`); the JSON report always has them
+
+    @property
+    def workers(self) -> str | None:
+        """What compiled this build's entries ("fork", "spawn (why)", "ray"), if any did."""
+        kinds = sorted({o.worker for o in self.outcomes if o.worker})
+        return ", ".join(kinds) or None
 
     def count(self, status: str) -> int:
         return sum(o.status == status for o in self.outcomes)
@@ -70,6 +79,8 @@ class BuildReport(Report):
             "dropped_tuning": self.dropped_tuning,
             "drift": [{"distribution": d.name, "locked": d.locked, "installed": d.installed}
                       for d in self.drift],
+            "timings": self.timings.to_json(),
+            "workers": self.workers,
             "entries": [o.to_json() for o in self.outcomes],
         }
 
@@ -98,6 +109,12 @@ class BuildReport(Report):
             out.append(f"wrote {self.lock_file}")
         if self.signature:
             out.append(f"signed {self.lock_file} ({self.signature})")
+        if self.show_timings or verbose > 0:
+            out.append(f"timings: {self.timings.line()}; total {self.seconds:.2f}s")
+            if self.workers:
+                out.append(f"workers: {self.workers}")
+        if self.show_timings:
+            out += [f"  {o.planned.label}: {entry_line(o.timings)}" for o in self.outcomes if o.timings]
         return out
 
 
@@ -121,6 +138,7 @@ def build(
     remote_write: bool | None = None,
     compile_timeout: str | float | None = None,
     compile_memory: str | int | None = None,
+    timings: bool = False,
 ) -> BuildReport:
     """Build a manifest into a cache; see the module docstring and `cutecc.builder`.
 
@@ -137,8 +155,10 @@ def build(
     `platforms`: the host platforms to build for (`cutecc.platforms`), overriding the manifest's.
     `compile_timeout` (seconds) and `compile_memory` (a size; else `$CUTECC_COMPILE_*`, else
     `[build]`) bound each compile: one past a limit is stopped and fails alone.
+    `timings`: the text report says where the build spent its time (always in the JSON).
     """
     t0 = time.perf_counter()
+    clock = Timings()
     sign_key = sign_key or os.environ.get(environ.SIGNING_KEY) or None
     if sign_key and (not lock or dry_run):
         raise CuteccError("signing needs the lock this build writes (not --no-lock or --dry-run)",
@@ -153,7 +173,8 @@ def build(
             raise CuteccError(f"cannot read the signing key: {e.strerror}", where=str(sign_key)) from None
     read_only = read_only or environ.read_only()
     archs = parse_archs(archs) if archs else ()
-    full = load_manifest(manifest_path)
+    with clock.stage("parse"):
+        full = load_manifest(manifest_path)
     lock_path = Path(lock_file or Path(manifest_path).parent / LOCK_NAME)
     # The lock this build rewrites, read before any work: a bad one fails in a second, not
     # after every compile (a dry run only reads it for the drift line, and never fails on it).
@@ -168,10 +189,12 @@ def build(
                            remote_write=remote_write, compile_timeout=compile_timeout,
                            compile_memory=compile_memory, dry_run=dry_run, read_only=read_only)
     store = Store(cache_dir)
-    # What planning learns is kept in the store: in a new one, once the build has made it.
-    hashes = None if read_only or dry_run else HashCache(store.layout.hash_cache())
-    target = builder.target(full, archs=archs, kernels=kernels, hashes=hashes,
-                            platforms=platforms)
+    # What planning learns is kept in the store: in a new one, once the build has made it. A
+    # dry run or a read-only build plans with what was remembered, and writes nothing back.
+    hashes = HashCache(store.layout.hash_cache(), write=not (read_only or dry_run))
+    with clock.stage("plan"):
+        target = builder.target(full, archs=archs, kernels=kernels, hashes=hashes,
+                                platforms=platforms)
     lock_to = builder.LockRequest(lock_path, key) if lock and not dry_run else None
     drift: list[Drift] = []
     note = None
@@ -181,10 +204,11 @@ def build(
             pins = str(Path(manifest_path).parent / full.build.pins) if full.build.pins else None
             note = drift_line(lock_path, drift, pins=pins)
             (progress or builder.Progress()).note(f"warning: {note}")
-    done = builder.run(target, store, how, hashes=hashes, lock=lock_to, progress=progress)
+    done = builder.run(target, store, how, hashes=hashes, lock=lock_to, progress=progress,
+                       timings=clock)
     return BuildReport(
         outcomes=done.outcomes, seconds=time.perf_counter() - t0, cache_dir=store.root,
         lock_file=done.lock_file, lock_changed=done.lock_changed, signature=done.signature,
         dry_run=dry_run, executor=how.executor.kind, remote=done.remote,
         runtimes_built=done.runtimes_built, dropped_tuning=done.dropped_tuning, drift=drift,
-        drift_note=note)
+        drift_note=note, timings=clock, show_timings=timings)

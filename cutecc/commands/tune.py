@@ -222,7 +222,7 @@ def _compile(report: TuneReport, manifest_path: Path, store: Store, archs: tuple
     read_only = environ.read_only()
     archs = parse_archs(archs) if archs else ()
     how = builder.settings(full, jobs=jobs, read_only=read_only)
-    hashes = None if read_only else HashCache(store.layout.hash_cache())
+    hashes = HashCache(store.layout.hash_cache(), write=not read_only)  # read-only: read, never written
     target = builder.target(full, archs=archs, kernels=names, candidates=True, hashes=hashes)
     report.plan = tplan.items_of(full, names, target.planned, archs)
     done = builder.run(target, store, how, hashes=hashes)

@@ -1,15 +1,19 @@
-"""The local executor: this machine's spawned process pools, one per arch.
+"""The local executor: this machine's process pools, one per arch.
 
 The DSL fixes its target arch when it is imported (`CUTE_DSL_ARCH`), so misses are
-compiled in one pool of spawned processes per arch (and per set of device answers), the
-arch given to the pool once, at start. Each worker runs `workers.build_one` for one job at
-a time: it publishes its entry into the store under the key's lock, and returns the
-entry's metadata. Each compile is bounded (`workers.Limits`): a worker whose job runs past
-the time limit is killed and replaced, and one under a memory limit has its data segment
-capped (RLIMIT_DATA), so a runaway kernel fails alone. A worker runs in a session of its
-own and marks what it starts, so stopping it stops every process its compile started,
-detached ones included (`cutecc.executors.worker_tree`). `LocalExecutor` is this module
-behind `cutecc.executors.Executor`, the protocol the build pipeline takes.
+compiled in one pool of processes per arch (and per set of device answers), the arch given
+to the pool once, at start. The pool's workers are forked from a compile service that has
+imported the DSL (torch and installed libraries' entry modules, when the kernels reach
+them) once, so a compile pays only the compile; where forking is unsafe they are spawned,
+and import the same before their first job (`cutecc.executors.service`; each result names
+which). Each worker runs `workers.build_one` for one job at a time: it publishes its
+entry into the store under the key's lock, and returns the entry's metadata. Each compile
+is bounded (`workers.Limits`): a worker whose job runs past the time limit is killed and
+replaced, and one under a memory limit has its data segment capped (RLIMIT_DATA), so a
+runaway kernel fails alone. A worker runs in a session of its own and marks what it
+starts, so stopping it stops every process its compile started, detached ones included
+(`cutecc.executors.worker_tree`). `LocalExecutor` is this module behind
+`cutecc.executors.Executor`, the protocol the build pipeline takes.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cutecc.executors import worker_tree
+from cutecc.executors import service, worker_tree
 from cutecc.store.writer import Store
 from cutecc.workers import (
     DEFAULT_LIMITS,
@@ -39,6 +43,7 @@ from cutecc.workers import (
     died_error,
     limit_memory,
     stopped_error,
+    with_startup,
 )
 
 if TYPE_CHECKING:
@@ -63,8 +68,9 @@ class LocalExecutor:
 def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
                 on_result: Callable[[BuildJob, Result], None],
                 remote: RemoteConfig | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
-    """Build every job, one pool of spawned processes per arch (and per set of device
-    answers: libraries cache what they asked); `on_result` sees each as it finishes. With a
+    """Build every job, one pool of workers per arch (and per set of device answers:
+    libraries cache what they asked), forked from a compile service where that is safe,
+    else spawned (`cutecc.executors.service`); `on_result` sees each as it finishes. With a
     writable `remote`, each worker uploads what it built. A compile past `limits.seconds` has
     its worker killed and replaced (what it staged is swept, never published) and is reported
     failed; so is one whose worker dies."""
@@ -72,8 +78,8 @@ def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
     for j in jobs:
         by_kind.setdefault(j.worker_kind, []).append(j)
     for items in by_kind.values():
-        _Pool(items[0].arch, max(1, min(workers, len(items))), dict(items[0].env), limits).run(
-            items, store_root, remote, on_result)
+        _Pool(items[0].arch, max(1, min(workers, len(items))), dict(items[0].env), limits,
+              service.preloads(items)).run(items, store_root, remote, on_result)
 
 
 @dataclass
@@ -83,41 +89,77 @@ class _Slot:
     proc: Any
     conn: Any
     token: str  # the mark of what its compiles start (`worker_tree`)
+    kind: str  # how it started: "fork", or "spawn (why)"
+    asked: float = 0.0  # when its start was asked for
+    startup: float | None = None  # seconds from then to ready, until its first result names it
     ready: bool = False
     job: BuildJob | None = None
     started: float = 0.0
 
 
 class _Pool:
-    """Spawned worker processes for one arch, each fed one job at a time over a pipe, so a
-    job past its time limit can be stopped by killing its worker alone and the slot refilled
-    (a ProcessPoolExecutor breaks as a whole when one of its workers is killed)."""
+    """Worker processes for one arch, each fed one job at a time over a pipe, so a job past
+    its time limit can be stopped by killing its worker alone and the slot refilled (a
+    ProcessPoolExecutor breaks as a whole when one of its workers is killed). Workers are
+    forked from a compile service (`service`) or, where that is unsafe, spawned; `worker`
+    says which, and why not fork."""
 
     MAX_FAILED_STARTS = 3  # workers that died before taking any job: the rest fail
 
-    def __init__(self, arch: str, n: int, env: dict[str, str], limits: Limits) -> None:
-        self.arch, self.n, self.env, self.limits = arch, n, env, limits
+    def __init__(self, arch: str, n: int, env: dict[str, str], limits: Limits,
+                 modules: service.Preload = service.NOTHING) -> None:
+        self.arch, self.n, self.env, self.limits, self.modules = arch, n, env, limits, modules
         self.ctx = multiprocessing.get_context("spawn")
         self.slots: list[Any] = []
         self.failed_starts = 0
         self.store_root = Path()
+        self.service: service.Service | None = None
+        self.worker = "spawn"
+
+    def _start_service(self) -> None:
+        """Start the compile service if forking is asked for and safe; else say why not."""
+        how, why = service.mode()
+        if how != "fork":
+            self.worker = f"spawn ({why})"
+            return
+        with _sigint_held_while_spawning():  # it starts with Ctrl-C blocked, as a worker does
+            self.service = service.Service(self.ctx, _init_worker, (self.arch, os.getpid(), self.env, False),
+                                           _serve_forked, self.limits.memory, self.modules)
+        problem = self.service.ready()  # a Ctrl-C meanwhile stops the pool (and the service)
+        if problem is None:
+            self.worker = "fork"
+        else:
+            self.service, self.worker = None, f"spawn ({problem})"
 
     def _spawn(self) -> _Slot:
-        mine, theirs = self.ctx.Pipe()
         token = secrets.token_hex(8)
+        if self.service is not None:
+            try:
+                with _sigint_held_while_spawning():
+                    forked = self.service.fork(token)
+                return _Slot(forked, forked.conn, token, "fork", time.monotonic())
+            except service.ServiceGone as e:
+                self.service.close()
+                self.service, self.worker = None, f"spawn ({e})"
+        mine, theirs = self.ctx.Pipe()
         proc = self.ctx.Process(target=_serve, args=(theirs, self.arch, os.getpid(), self.env,
-                                                     self.limits.memory, token))
+                                                     self.limits.memory, token, self.modules))
+        asked = time.monotonic()
         with _sigint_held_while_spawning():  # workers start with Ctrl-C blocked
             proc.start()
         theirs.close()
-        return _Slot(proc, mine, token)
+        return _Slot(proc, mine, token, self.worker, asked)
 
     def run(self, jobs: list[BuildJob], store_root: Path, remote: RemoteConfig | None,
             on_result: Callable[[BuildJob, Result], None]) -> None:
         queue = collections.deque(jobs)
         self.store_root = store_root
         try:
+            t0 = time.monotonic()
+            self._start_service()
             self.slots = [self._spawn() for _ in range(self.n)]
+            for s in self.slots:  # the first workers' start includes the service's
+                s.asked = t0
             while queue or any(s.job for s in self.slots):
                 for s in self.slots:
                     if s.ready and s.job is None and queue:
@@ -126,11 +168,13 @@ class _Pool:
                 for s, result in self._wait(refill=bool(queue)):
                     job, s.job = s.job, None
                     if job is not None and result is not None:
-                        on_result(job, result)
+                        startup, s.startup = s.startup, None
+                        on_result(job, with_startup(result, s.kind, startup))
                 if queue and not self.slots:
                     for job in queue:
                         on_result(job, Result("failed", 0.0, "build workers could not start "
-                                              f"({self.failed_starts} died before taking a job)"))
+                                              f"({self.failed_starts} died before taking a job)",
+                                              worker=self.worker))
                     queue.clear()
         finally:  # done, Ctrl-C, or the caller's callback failed: no worker outlives the pool
             for s in self.slots:
@@ -139,6 +183,8 @@ class _Pool:
             for s in self.slots:
                 s.proc.join(5 if s.job is None else 0)
                 _kill(s)
+            if self.service is not None:
+                self.service.close()
 
     def _wait(self, refill: bool) -> list[tuple[_Slot, Result | None]]:
         """Wait for a message, a worker's death or the next deadline; what finished. A slot
@@ -157,7 +203,7 @@ class _Pool:
                 elif s.proc.is_alive():
                     msg = None
             if msg == "ready":
-                s.ready = True
+                s.ready, s.startup = True, time.monotonic() - s.asked
             elif isinstance(msg, Result):
                 out.append((s, msg))
             elif msg == "dead" or (s.job is not None and limit and time.monotonic() - s.started >= limit):
@@ -187,6 +233,8 @@ def _kill(s: _Slot) -> None:
         s.proc.join(5)
     with contextlib.suppress(Exception):
         s.conn.close()
+    if isinstance(s.proc, service.ForkedWorker):
+        s.proc.close()
 
 
 def _exit_text(code: int | None) -> str:
@@ -197,13 +245,28 @@ def _exit_text(code: int | None) -> str:
 
 
 def _serve(conn: Any, arch: str, parent: int, env: dict[str, str], memory: int | None,
-           token: str = "") -> None:
-    """A worker: set up once for `arch`, then build each job sent until told to stop; in a
-    session of its own, marking what it starts with `token` (`worker_tree.detach`)."""
+           token: str = "", modules: service.Preload = service.NOTHING) -> None:
+    """A spawned worker: set up once for `arch`, import what a forked one has
+    (`service.preloads`), then build each job sent until told to stop; in a session of its
+    own, marking what it starts with `token` (`worker_tree.detach`)."""
     if token:
         worker_tree.detach(token)
     _init_worker(arch, parent, env)
     limit_memory(memory)
+    service.preload(modules)
+    _jobs(conn)
+
+
+def _serve_forked(conn: Any, parent: int, token: str) -> None:
+    """A worker forked by the compile service (set up and imported there; the service gave
+    it a session of its own and its mark, `token`): tied to the service's life, then as
+    `_serve`."""
+    _tie_to(parent)
+    _jobs(conn)
+
+
+def _jobs(conn: Any) -> None:
+    """Say ready, then build each job sent until told to stop."""
     conn.send("ready")
     while True:
         try:
@@ -218,7 +281,6 @@ def _serve(conn: Any, arch: str, parent: int, env: dict[str, str], memory: int |
         except BaseException as e:  # MemoryError outside the compile, ...
             result = Result("failed", 0.0, f"{type(e).__name__}: {e}")
         conn.send(result)
-
 
 
 @contextlib.contextmanager
@@ -240,15 +302,24 @@ def _sigint_held_while_spawning() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
-def _init_worker(arch: str, parent: int, env: dict[str, str] | None = None) -> None:
+def _init_worker(arch: str, parent: int, env: dict[str, str] | None = None,
+                 watchdog: bool = True) -> None:
     """Set the manifest's [env] and the DSL's target (before any import), and tie the
-    worker's life to the build's: it dies with its parent (a parent-death signal, and a
-    watchdog for where that is not available), and leaves Ctrl-C to the parent, which
-    stops the pool itself."""
+    worker's life to the build's (`_tie_to`; without `watchdog`, the compile service's
+    case, by the parent-death signal alone: it must stay one thread to fork), and leave
+    Ctrl-C to the parent, which stops the pool itself."""
     from cutecc.compiler import set_target
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # if the spawn left it blocked
+    _tie_to(parent, watchdog)
+    os.environ.update(env or {})
+    set_target(arch)
+
+
+def _tie_to(parent: int, watchdog: bool = True) -> None:
+    """Die with `parent`: a parent-death signal (cleared by fork, so armed again in each
+    process), and a watchdog thread for where that is not available."""
     with contextlib.suppress(Exception):
         import ctypes
 
@@ -256,9 +327,8 @@ def _init_worker(arch: str, parent: int, env: dict[str, str] | None = None) -> N
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # the parent died before the signal was armed
         os._exit(1)
-    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
-    os.environ.update(env or {})
-    set_target(arch)
+    if watchdog:
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
 
 
 def _watch_parent(parent: int) -> None:

@@ -31,6 +31,7 @@ local pools' (`workers.Limits`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
@@ -74,8 +75,12 @@ class RayExecutor:
     def compile_all(self, jobs: list[BuildJob], store_root: Path, workers: int,
                     on_result: Callable[[BuildJob, Result], None],
                     remote: RemoteConfig | None = None) -> None:
-        """Build every job as a Ray task; `on_result` sees each as it finishes, checked."""
-        compile_all(jobs, store_root, workers, on_result, remote=remote, address=self.ray_address,
+        """Build every job as a Ray task; `on_result` sees each as it finishes, checked (and
+        named as a Ray task's, `Result.worker`)."""
+        def tagged(job: BuildJob, result: Result) -> None:
+            on_result(job, dataclasses.replace(result, worker="ray"))
+
+        compile_all(jobs, store_root, workers, tagged, remote=remote, address=self.ray_address,
                     limits=self.limits)
 
 

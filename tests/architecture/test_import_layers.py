@@ -24,7 +24,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
               "cutecc.units", "cutecc.expr", "cutecc.dtypes", "cutecc.archs", "cutecc.contract",
               "cutecc.trust", "cutecc.remote_url", "cutecc.entry", "cutecc.buckets",
               "cutecc.composite_line", "cutecc.platforms", "cutecc.cotangents",
-              "cutecc.fallbacks"), ()),
+              "cutecc.fallbacks", "cutecc.timings"), ()),
     # The cache directory.
     "store": (("cutecc.store",), ("base",)),
     # kernels.lock, its lines (`Pin`, `LockEntry`, `Tuned`) and its signature.

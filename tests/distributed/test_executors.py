@@ -73,6 +73,7 @@ def test_ray_builds_the_same_keys_and_bytes_as_local_with_per_arch_environments(
     rep = build(copy.manifest, cache_dir=tmp_path / "ray", executor="ray", lock=False,
                 archs=("sm_90a", "sm_80"))
     assert rep.ok and rep.count("built") == 4 and rep.executor == "ray", rep.warnings()
+    assert rep.workers == "ray" and all(o.timings["compile"] > 0 for o in rep.outcomes)
     libs = _libraries(tmp_path / "ray")
     local = _libraries(toy_cache.cache)  # built by the local pools
     assert {k: libs[k] for k in local} == local  # the same keys, byte for byte

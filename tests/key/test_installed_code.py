@@ -24,6 +24,7 @@ from helpers import REPO
 
 import cutecc.dists
 import cutecc.key
+from cutecc.errors import CuteccError
 from cutecc.manifest import load_manifest
 from cutecc.plan import Planned, plan
 
@@ -373,3 +374,35 @@ def test_the_same_distribution_keys_the_same_wherever_it_is_installed(
         forget()
     first, *rest = keys.values()
     assert all(k == first for k in rest), keys
+
+
+@pytest.mark.parametrize("mode", ["dry_run", "read_only"])
+def test_a_dry_run_or_read_only_build_plans_with_what_was_remembered_and_writes_nothing(
+        tmp_path: Path, site: Path, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """`--dry-run` and `--read-only` plan from the planning caches a build left (no closure
+    walked again: seen 18 s for the published manifest's dry run), and leave them as they were."""
+    import cutecc.builder
+    import cutecc.commands.build as b
+    import cutecc.executors.local
+
+    install(site, "fakelib", "1.0", LIB)
+    m = project(tmp_path, BOTH)
+    monkeypatch.setattr(cutecc.executors.local, "compile_all", lambda *a, **k: None)  # planning only
+    monkeypatch.setattr(cutecc.builder, "_ensure_runtimes", lambda *a, **k: [])
+    cache = tmp_path / "cache"
+    forget()
+    b.build(m, cache_dir=cache, lock=False)
+    facts = (cache / "planfacts.json").read_bytes()
+    walked = _walks(monkeypatch)
+    forget()
+    if mode == "dry_run":
+        rep = b.build(m, cache_dir=cache, lock=False, dry_run=True)
+        assert rep.count("planned") == 2
+    else:
+        with pytest.raises(CuteccError, match="read-only mode"):  # its misses (nothing compiled)
+            b.build(m, cache_dir=cache, lock=False, read_only=True)
+    assert walked == []
+    assert (cache / "planfacts.json").read_bytes() == facts
+    forget()
+    b.build(m, cache_dir=tmp_path / "fresh", lock=False, dry_run=True)  # a new cache: nothing written
+    assert not (tmp_path / "fresh").exists()

@@ -37,11 +37,19 @@ def _start_build(cache: Path) -> tuple[subprocess.Popen, list[int]]:
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def workers() -> list[int]:
-        return [c for c in children_of(p.pid) if "spawn_main" in proc_cmdline(c)]
+        """The build's worker processes: its children, and theirs (workers forked by the
+        compile service are its children, not the build's)."""
+        out, todo = [], [p.pid]
+        while todo:
+            for c in children_of(todo.pop()):
+                if "spawn_main" in proc_cmdline(c):
+                    out.append(c)
+                    todo.append(c)
+        return out
 
     assert wait_for(lambda: len(workers()) >= 1 or p.poll() is not None, 60), "no worker started"
     assert p.poll() is None, "the build ended before a worker was seen"
-    wait_for(lambda: len(workers()) >= 2, 5)
+    wait_for(lambda: len(workers()) >= 3, 10)  # the compile service and its two workers
     return p, workers()
 
 

@@ -1,0 +1,182 @@
+"""What a cold `cutecc build` costs over the compiles inside it (issue 35).
+
+    python -m benchmarks.build_overhead [--manifest examples root] [--jobs 1 2]
+                                        [--modes fork spawn] [--json PATH]
+
+Per manifest, in one run on one machine:
+- direct: one fresh process (`direct` below) imports the DSL, torch and the kernels'
+  modules untimed, then per planned entry times what its author's script does: construct
+  the launcher (factory call), make the DSL's fake arguments in the launcher's own order,
+  `cute.compile(launcher, ..., options="--enable-tvm-ffi")` and `export_to_c` to an object,
+  with device queries answered from the manifest's hardware profile as cutecc's workers
+  answer them. The sum of those seconds is the floor a build is measured against; the
+  process's own wall (imports included) is reported beside it.
+- cutecc: `cutecc build MANIFEST --no-lock --json` into an empty cache (cold: planning, the
+  runtime library's link, every compile, link and publish), whole process: wall clock here,
+  CPU as the children's user + system time (`RUSAGE_CHILDREN`, every worker included), for
+  each `-j` and worker mode (`$CUTECC_WORKERS`: fork from the compile service, or spawn),
+  with the build's own `--timings` (its JSON `timings` and per-entry parts).
+An entry whose launcher cannot be compiled from fakes in its own order (the manifest's
+views give alignment or strides the bare fakes lack: FA4's backward pre-processing) is
+compiled as cutecc's wrapper calls it, in the same process (`how` says which). Each entry's
+wall and CPU seconds (`time.process_time`) are summed. The load average (1 min) is read
+before and after every measurement: the build host is shared, and a figure taken under
+load says so (wall clocks there mostly measure the neighbours; CPU seconds less so).
+The ratios are cutecc's wall over the direct wall sum and cutecc's CPU over the direct CPU
+sum; at `-j 2` the floor is still the sum (the direct compiles ran one at a time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import REPO, machine
+
+MANIFESTS = {"examples": REPO / "examples" / "kernels.toml", "root": REPO / "kernels.toml",
+             "published": REPO / "benchmarks" / "manifests" / "published.toml"}
+
+
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def _cpu_children() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _timed(cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """Run `cmd`; its wall, CPU (it and its waited-for descendants), load before and after,
+    and the JSON it printed last."""
+    before, cpu0, t0 = _load(), _cpu_children(), time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env}, cwd=REPO,
+                       timeout=3600)
+    wall, cpu = time.perf_counter() - t0, _cpu_children() - cpu0
+    out: dict[str, Any] = {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "load_before": before,
+                           "load_after": _load(), "returncode": r.returncode}
+    try:
+        out["report"] = json.loads(r.stdout)
+    except json.JSONDecodeError:
+        out["stderr"] = r.stderr[-2000:]
+    if r.returncode != 0:
+        out["stderr"] = r.stderr[-2000:]
+    return out
+
+
+def direct(manifest_path: Path) -> dict[str, Any]:
+    """In this (fresh) process: every planned entry of the manifest compiled directly, timed
+    one by one (imports untimed, first)."""
+    from cutecc.manifest import load_manifest, split_entry
+    from cutecc.plan import plan
+
+    manifest = load_manifest(manifest_path)
+    planned = [p for p in plan(manifest) if p.platform == "x86_64"]
+    archs = sorted({p.arch for p in planned})
+    arch = archs[0]  # one arch per process: the DSL reads it once
+    os.environ["CUTE_DSL_ARCH"] = arch
+    os.environ["CUTE_DSL_DISABLE_FILE_CACHING"] = "1"
+    os.environ.update(manifest.env_for(arch))
+    for p in reversed(manifest.python_path):
+        sys.path.insert(0, str(p))
+    t0 = time.perf_counter()
+    import importlib
+
+    import cutlass.cute as cute
+
+    from benchmarks.common import launcher_fake
+    from cutecc import devicequery
+    from cutecc.compiler import compile_variant, resolve_entry, resolve_value
+
+    for p in planned:
+        if p.inputs.get("device") is not None:
+            import torch  # noqa: F401
+        with devicequery.answering(p.inputs.get("device")), contextlib.suppress(Exception):
+            importlib.import_module(split_entry(p.kernel.entry)[0].partition(":")[0])  # its compile says why
+    imports = time.perf_counter() - t0
+    out: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, p in enumerate(q for q in planned if q.arch == arch):
+            v = p.variant
+            t1, c1 = time.perf_counter(), time.process_time()
+            row: dict[str, Any] = {"entry": p.label, "how": "direct"}
+            try:
+                with devicequery.answering(p.inputs.get("device")):
+                    launcher = resolve_entry(p.kernel.entry, v.factory_args)
+                    syms: dict[str, Any] = {}
+                    pos = [launcher_fake(a, syms) for a in v.args if not a.param]
+                    kw = {a.param: launcher_fake(a, syms) for a in v.args if a.param}
+                    kw.update({k: resolve_value(x) for k, x in v.constants})
+                    compiled = cute.compile(launcher, *pos, **kw, options="--enable-tvm-ffi")
+            except Exception as e:
+                # fakes in the launcher's own order cannot say what the manifest's views
+                # do (alignment, strides): this one is compiled as cutecc's wrapper calls it
+                row.update(how="cutecc wrapper, in process", direct_error=f"{type(e).__name__}: {e}"[:300])
+                t1, c1 = time.perf_counter(), time.process_time()
+                with devicequery.answering(p.inputs.get("device")):
+                    compiled = compile_variant(p.kernel.entry, v, p.kernel.compile_options)
+            compiled.export_to_c(str(Path(tmp) / f"{i}.o"), function_name="direct")
+            row.update(seconds=round(time.perf_counter() - t1, 3), cpu_s=round(time.process_time() - c1, 3))
+            out.append(row)
+    return {"arch": arch, "archs": archs, "imports_s": round(imports, 2), "entries": out}
+
+
+def measure(name: str, jobs: list[int], modes: list[str]) -> dict[str, Any]:
+    path = MANIFESTS[name]
+    res: dict[str, Any] = {"manifest": str(path.relative_to(REPO))}
+    d = _timed([sys.executable, "-m", "benchmarks.build_overhead", "direct", str(path)], {})
+    res["direct"] = d
+    rep = d.get("report") or {}
+    ok = rep.get("entries", [])
+    res["direct_sum_s"] = round(sum(e["seconds"] for e in ok), 2)
+    res["direct_cpu_sum_s"] = round(sum(e["cpu_s"] for e in ok), 2)
+    res["builds"] = []
+    for j in jobs:
+        for mode in modes:
+            with tempfile.TemporaryDirectory(prefix="cutecc-overhead-") as cache:
+                b = _timed([sys.executable, "-m", "cutecc.cli", "build", str(path), "--cache-dir", cache,
+                            "--no-lock", "--json", "-j", str(j)], {"CUTECC_WORKERS": mode})
+            b.update({"jobs": j, "mode": mode})
+            r = b.get("report") or {}
+            b["built"] = r.get("built")
+            b["ratio_to_direct_sum"] = (round(b["wall_s"] / res["direct_sum_s"], 2)
+                                        if res["direct_sum_s"] else None)
+            b["cpu_ratio_to_direct_cpu_sum"] = (round(b["cpu_s"] / res["direct_cpu_sum_s"], 2)
+                                                if res["direct_cpu_sum_s"] else None)
+            res["builds"].append(b)
+            print(f"{name} -j {j} {mode}: {b['wall_s']} s wall, {b['cpu_s']} s CPU; direct sum "
+                  f"{res['direct_sum_s']} s wall, {res['direct_cpu_sum_s']} s CPU "
+                  f"(load {b['load_before']} -> {b['load_after']})", file=sys.stderr)
+    return res
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "direct":
+        print(json.dumps(direct(Path(sys.argv[2]))))
+        return
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--manifest", nargs="+", default=["examples", "root"], choices=sorted(MANIFESTS))
+    ap.add_argument("--jobs", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--modes", nargs="+", default=["fork", "spawn"], choices=["fork", "spawn"])
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    doc = {"benchmark": "build_overhead", "machine": machine(), "command": sys.argv,
+           "note": "shared 2-core host, other engineers' builds and tests running: loads vary",
+           "manifests": {m: measure(m, a.jobs, a.modes) for m in a.manifest}}
+    text = json.dumps(doc, indent=1)
+    if a.json:
+        a.json.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""The compile service: workers forked from one process that has imported the DSL build
+the same keys and bytes as spawned ones; the build says which kind ran and where its time
+went; a service that cannot fork safely, or that dies, leaves the build to spawned
+workers; a forked worker's death is reported with its exit status, as a spawned one's."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import PY, write_toy_project
+
+from cutecc.errors import CuteccError
+from cutecc.executors import service
+from cutecc.store import Store
+
+
+def _build(manifest: Path, cache: Path, workers: str, *extra: str) -> dict[str, Any]:
+    import subprocess
+
+    r = subprocess.run([PY, "-m", "cutecc.cli", "build", str(manifest), "--cache-dir", str(cache),
+                        "--no-lock", "--json", *extra], capture_output=True, text=True,
+                       env={**os.environ, "CUTECC_WORKERS": workers}, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+def _digests(cache: Path) -> dict[str, str]:
+    return {e.key: hashlib.sha256((e.path / e.meta["library"]).read_bytes()).hexdigest()
+            for e in Store(cache).entries()}
+
+
+@pytest.mark.usefixtures("dsl")
+def test_a_forked_worker_builds_the_same_keys_and_bytes_as_a_spawned_one(tmp_path: Path) -> None:
+    manifest = write_toy_project(tmp_path / "p", threads=(64, 96, 128))
+    forked = _build(manifest, tmp_path / "fork", "fork", "-j", "2")
+    spawned = _build(manifest, tmp_path / "spawn", "spawn", "-j", "2")
+    assert {e["worker"] for e in forked["entries"]} == {"fork"}, forked["entries"]
+    assert {e["worker"] for e in spawned["entries"]} == {"spawn ($CUTECC_WORKERS)"}
+    assert forked["workers"] == "fork"
+    a, b = _digests(tmp_path / "fork"), _digests(tmp_path / "spawn")
+    assert len(a) == 3 and a == b  # same keys, and each library's SHA-256 the same
+
+
+@pytest.mark.usefixtures("dsl")
+def test_an_installed_librarys_kernels_built_by_forked_workers_match_spawned_ones_and_the_lock(
+        tmp_path: Path) -> None:
+    """quack's module is imported by the compile service before it forks (an installed
+    library: `service.Preload`), with the device answers a compile gives: the libraries
+    are the spawned workers' bytes, and the committed lock's where its keys are ours."""
+    pytest.importorskip("quack", reason="needs the examples extra (quack-kernels, torch)")
+    from helpers import REPO
+
+    manifest = REPO / "examples" / "kernels.toml"
+    args = ("--kernel", "quack_rmsnorm", "-j", "2")
+    forked = _build(manifest, tmp_path / "fork", "fork", *args)
+    _build(manifest, tmp_path / "spawn", "spawn", *args)
+    a, b = _digests(tmp_path / "fork"), _digests(tmp_path / "spawn")
+    assert forked["workers"] == "fork" and forked["built"] == len(a) == 4  # with its backward
+    assert a == b
+    lock = json.loads((REPO / "examples" / "kernels.lock").read_text())
+    locked = {e["key"]: e["sha256"] for e in lock["entries"]}
+    assert all(locked[k] == h for k, h in a.items() if k in locked)
+
+
+@pytest.mark.usefixtures("dsl")
+def test_a_build_says_where_its_time_went(tmp_path: Path) -> None:
+    manifest = write_toy_project(tmp_path / "p", threads=(64,))
+    rep = _build(manifest, tmp_path / "c", "fork", "-j", "1")
+    assert {"parse", "plan", "probe", "compile", "publish", "lock"} <= set(rep["timings"])
+    assert rep["timings"]["compile"] > 0
+    [e] = rep["entries"]
+    assert set(e["timings"]) == {"startup", "compile", "link", "publish"}, e
+    assert e["timings"]["compile"] > 0 and e["timings"]["link"] > 0
+    assert sum(e["timings"].values()) <= rep["timings"]["compile"] + 0.05
+    again = _build(manifest, tmp_path / "c", "fork", "-j", "1")  # a no-op compiles nothing
+    assert again["cached"] == 1 and again["workers"] is None and again["entries"][0]["timings"] == {}
+
+
+def test_the_worker_mode_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUTECC_WORKERS", raising=False)
+    assert service.mode() == ("fork", "default")
+    monkeypatch.setenv("CUTECC_WORKERS", "spawn")
+    assert service.mode()[0] == "spawn"
+    monkeypatch.setenv("CUTECC_WORKERS", "vfork")
+    with pytest.raises(CuteccError, match="vfork.*not a worker mode"):
+        service.mode()
+
+
+def test_a_worker_imports_the_dsl_torch_and_installed_libraries_not_the_projects_modules(
+        tmp_path: Path) -> None:
+    """What the compile service (and a spawned worker) imports before the first compile: a
+    project module that hangs or starts processes at import must stay one entry's failure."""
+    from types import SimpleNamespace
+
+    (tmp_path / "proj" / "mine").mkdir(parents=True)
+    (tmp_path / "proj" / "solo.py").write_text("")
+
+    def job(entry: str, device: Any = None, dists: Any = None) -> Any:
+        return SimpleNamespace(entry=entry, python_path=(str(tmp_path / "proj"),), device=device,
+                               key_inputs={"distributions": dists or {}})
+
+    plain = service.preloads([job("mine.k:launch"), job("solo:f")])
+    assert plain.modules[:2] == ("cutlass", "cutlass.cute") and "torch" not in plain.modules
+    assert plain.entries == ()
+    lib = service.preloads([job("quack.rmsnorm:rmsnorm_fwd", {"major": 9}, {"torch": "2"}),
+                            job("quack.rmsnorm:rmsnorm_fwd", {"major": 9}), job("mine.k:launch")])
+    assert "torch" in lib.modules and lib.entries == ("quack.rmsnorm",) and lib.device == {"major": 9}
+
+
+# A service whose set-up does these, and workers that do these (module level: spawned).
+def _setup_plain() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _setup_with_a_thread() -> None:
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+
+
+def _serve_then_die(conn: Any, parent: int, token: str) -> None:
+    conn.send(("ready", os.getppid() == parent, os.environ.get("CUTECC_WORKER_MARK")))
+    if conn.recv() == "segfault":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    conn.send("bye")
+
+
+def _service(setup: Any) -> service.Service:
+    return service.Service(multiprocessing.get_context("spawn"), setup, (), _serve_then_die, None,
+                           service.NOTHING)
+
+
+def test_a_forked_worker_is_the_services_child_and_its_death_is_told() -> None:
+    svc = _service(_setup_plain)
+    try:
+        assert svc.ready(60) is None
+        w = svc.fork("tok1")
+        ready, child_of_service, mark = w.conn.recv()
+        assert ready == "ready" and child_of_service and mark == "tok1"
+        assert w.is_alive() and w.pid != os.getpid()
+        w.conn.send("segfault")
+        w.join(10)
+        assert not w.is_alive() and w.exitcode == -signal.SIGSEGV
+        other = svc.fork("tok2")  # the service forks on after a worker died
+        assert other.conn.recv()[0] == "ready"
+        other.conn.send("stop")
+        assert other.conn.recv() == "bye"
+        other.join(10)
+        assert other.exitcode == 0
+    finally:
+        svc.close()
+    assert not svc.proc.is_alive()
+
+
+def test_a_service_that_runs_threads_refuses_to_fork() -> None:
+    svc = _service(_setup_with_a_thread)
+    try:
+        why = svc.ready(60)
+        assert why is not None and "not safe" in why and "2 threads" in why
+    finally:
+        svc.close()
+
+
+def test_a_dead_service_is_told_not_waited_for() -> None:
+    svc = _service(_setup_plain)
+    try:
+        assert svc.ready(60) is None
+        svc.proc.kill()
+        svc.proc.join(5)
+        with pytest.raises(service.ServiceGone):
+            svc.fork("tok")
+    finally:
+        svc.close()
