@@ -136,7 +136,11 @@ def refused(f: Any) -> str:
 
 
 def check_refusals(ks: Any) -> None:
-    mesh = jax.make_mesh((N,), ("d",))
+    # Auto axes, whatever this JAX's default: under Explicit ones the refusal names the
+    # sharding and the collective instead (cutecc.runtime.strict, tests/runtime/test_strict.py)
+    from jax.sharding import AxisType
+
+    mesh = jax.make_mesh((N,), ("d",), axis_types=(AxisType.Auto,))
     x = np.arange(64, dtype=np.float32)
     for name, spec in (("sharded", P("d")), ("replicated", P())):
         xs = jax.device_put(x, NamedSharding(mesh, spec))
