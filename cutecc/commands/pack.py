@@ -268,7 +268,10 @@ def pack(*, name: str, version: str, manifest: str | Path | None = None,
 def _tree(chosen: Lock, store: Store) -> tuple[dict[str, bytes], dict[str, dict[str, int]]]:
     """The `_cutecc/` files (relative path -> bytes), each verified, and sizes per arch (the
     runtime libraries, each packed once, under "runtime")."""
-    tree = {"format": f"{STORE_FORMAT}\n".encode(), LOCK_NAME: chosen.dumps()}
+    # The pack's lock names its entries; the build environment the lock was planned in is
+    # build-side (`lockfile.Environment`): left out, so a pack is the same bytes whether it
+    # was selected from a manifest or a lock.
+    tree = {"format": f"{STORE_FORMAT}\n".encode(), LOCK_NAME: chosen.with_environment(None).dumps()}
     sizes: dict[str, dict[str, int]] = {}
     runtimes: dict[str, dict[str, Any]] = {}
     for entry, le in chosen.resolve_all(store):  # the entries and the tuned winners
