@@ -15,6 +15,7 @@ cannot be told apart from the keyed bytes by looking at the files afterwards.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import sys
 from collections.abc import Iterable
@@ -60,6 +61,24 @@ def problem(files: Iterable[KeyedFile]) -> str | None:
             return (f"module {f.module} was imported from {got}, but its key read {f.path}; "
                     "run the build from a process that imports it from there (or again)")
     return None
+
+
+def evict_stale(files: Iterable[KeyedFile]) -> list[str]:
+    """Forget the packages this process (a long-lived Ray worker, say) imported from other
+    files than the keyed ones, every module under them too, so the compile imports the
+    files the key read; the top-level names forgotten."""
+    stale = set()
+    for f in files:
+        mod = sys.modules.get(f.module)
+        got = getattr(mod, "__file__", None) if mod is not None else None
+        if isinstance(got, str) and not _same(got, f.path):
+            stale.add(f.module.split(".")[0])
+    for name in list(sys.modules):
+        if name.split(".")[0] in stale:
+            del sys.modules[name]
+    if stale:
+        importlib.invalidate_caches()
+    return sorted(stale)
 
 
 def _same(a: str, b: str) -> bool:

@@ -223,6 +223,7 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
         rec = library_record(runtime.meta)
         assert rec is not None  # ensure_runtime checked the metadata
         t1 = time.perf_counter()
+        keyed_sources.evict_stale(job.keyed_files)  # a reused worker imports what was keyed
         obj = compile_to_object(CompileJob(job.entry, job.variant, job.compile_options,
                                            job.python_path, job.device, job.platform), staging)
         compiled = artifact.digest(obj)  # what the DSL compiled, for `cutecc verify --deep`

@@ -220,7 +220,7 @@ def legit_wheel(built: Cache, tmp_path_factory: pytest.TempPathFactory) -> Path:
     r = cli("pack", "--lock", built.lock, "--name", "trustkernels", "--version", "1.0.0",
             "--out", d, "--cache-dir", built.root)
     assert r.returncode == 0, out(r)
-    (path,) = d.glob("*.whl")
+    (path,) = d.glob("trustkernels-*.whl")  # beside it: cutecc's own runtime wheel
     return path
 
 

@@ -132,7 +132,7 @@ def test_the_laundering_chain_never_runs_the_other_users_library(cache: Cache, o
     r1 = cli("build", cache.manifest, "--cache-dir", cache.root, "--lock-file", cache.lock)
     r2 = cli("pack", "--lock", cache.lock, "--name", "laundered", "--version", "1.0",
              "--out", tmp_path / "dist", "--cache-dir", cache.root)
-    wheels = list((tmp_path / "dist").glob("*.whl"))
+    wheels = list((tmp_path / "dist").glob("laundered-*.whl"))
     if wheels:  # the chain went through: install the wheel (pip install --target) and load it
         site = tmp_path / "site"
         with zipfile.ZipFile(wheels[0]) as zf:
