@@ -123,7 +123,7 @@ def direct(manifest_path: Path) -> dict[str, Any]:
                 row.update(how="cutecc wrapper, in process", direct_error=f"{type(e).__name__}: {e}"[:300])
                 t1, c1 = time.perf_counter(), time.process_time()
                 with devicequery.answering(p.inputs.get("device")):
-                    compiled = compile_variant(p.kernel.entry, v, p.kernel.compile_options)
+                    compiled = compile_variant(p.kernel.entry, v, p.kernel.compile_options, engine=True)
             compiled.export_to_c(str(Path(tmp) / f"{i}.o"), function_name="direct")
             row.update(seconds=round(time.perf_counter() - t1, 3), cpu_s=round(time.process_time() - c1, 3))
             out.append(row)

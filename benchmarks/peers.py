@@ -94,7 +94,7 @@ def compile_inprocess(kernel: Any, variant: Any) -> Any:
     """cute.compile of the launcher through cutecc's canonical wrapper, for TVM-FFI."""
     from cutecc.compiler import compile_variant
 
-    return compile_variant(kernel.entry, variant, kernel.compile_options)
+    return compile_variant(kernel.entry, variant, kernel.compile_options, engine=True)
 
 
 _count = 0

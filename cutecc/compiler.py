@@ -404,12 +404,16 @@ def _export_retargeted(job: CompileJob, compiled: Any, out_dir: Path) -> Path:
     return ir
 
 
-def compile_variant(entry: str, variant: Variant, compile_options: str = "") -> Any:
+def compile_variant(entry: str, variant: Variant, compile_options: str = "", *,
+                    engine: bool = False) -> Any:
     """`cute.compile` of one variant of a launcher for TVM-FFI, in this process, through
     the generated wrapper that takes the canonical order (stream, inputs, results, scalars).
-    The DSL must already be importable for the target arch (`CUTE_DSL_ARCH`)."""
+    The DSL must already be importable for the target arch (`CUTE_DSL_ARCH`). Without
+    `engine` the result can be exported (`export_to_c`) but not called here: the DSL skips
+    its in-process JIT of the host code (and that JIT's second LLVM codegen); the exported
+    bytes are the same either way."""
     try:
-        return _compile_variant(entry, variant, compile_options)
+        return _compile_variant(entry, variant, compile_options, engine)
     except Exception as e:
         raise CuteccError(_compile_failure(entry, variant, e), where=variant.kernel, exit_code=1) from e
 
@@ -446,7 +450,7 @@ def _looks_like_dsl_type(text: str) -> bool:
                                    {d.cutlass for d in dtypes.DTYPES.values()})
 
 
-def _compile_variant(entry: str, variant: Variant, compile_options: str) -> Any:
+def _compile_variant(entry: str, variant: Variant, compile_options: str, engine: bool) -> Any:
     import cutlass.cute as cute
 
     launcher = resolve_entry(entry, variant.factory_args)
@@ -461,7 +465,8 @@ def _compile_variant(entry: str, variant: Variant, compile_options: str) -> Any:
         entry_fn = module.make(launcher, {k: resolve_value(v) for k, v in variant.constants},
                                values, types)
         options = " ".join(o for o in ("--enable-tvm-ffi", compile_options) if o)
-        return cute.compile(entry_fn, *_fake_args(variant.convention), options=options)
+        return cute.compile(entry_fn, *_fake_args(variant.convention), options=options,
+                            no_jit_engine=not engine)
     finally:
         sys.modules.pop(src.stem, None)
 

@@ -87,3 +87,35 @@ def test_set_target_refuses_another_arch_once_the_dsl_is_imported(monkeypatch: p
     compiler.set_target("sm_90a")  # same arch: nothing to do
     with pytest.raises(RuntimeError, match="imported for sm_90a, not sm_100a"):
         compiler.set_target("sm_100a")
+
+
+ENGINES = r'''
+import sys
+from pathlib import Path
+from cutecc.compiler import INNER_SYMBOL, compile_variant, pin_host_target, set_target
+from cutecc.manifest import load_manifest
+
+set_target("sm_90a")
+m = load_manifest(sys.argv[1])
+sys.path[:0] = [str(p) for p in m.python_path]
+k = m.kernels[0]
+for engine in (True, False):
+    compiled = compile_variant(k.entry, k.variants[0], k.compile_options, engine=engine)
+    assert (getattr(compiled, "engine", None) is not None) == engine, engine
+    pin_host_target(compiled)
+    compiled.export_to_c(str(Path(sys.argv[2]) / f"{engine}.o"), function_name=INNER_SYMBOL)
+'''
+
+
+@pytest.mark.usefixtures("dsl")
+@pytest.mark.parametrize("lineinfo", ["0", "1"])
+def test_a_compile_without_the_jit_engine_exports_the_same_object(tmp_path: Path, lineinfo: str) -> None:
+    """Workers compile without the DSL's in-process JIT engine (nothing runs the kernel
+    there): the exported object is byte for byte the one a compile with it exports."""
+    pytest.importorskip("cutlass", reason="compiling needs the DSL")
+    manifest = write_toy_project(tmp_path / "proj", threads=(64,))
+    r = subprocess.run([PY, "-c", ENGINES, str(manifest), str(tmp_path)], capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "CUTE_DSL_LINEINFO": lineinfo})
+    assert r.returncode == 0, r.stderr[-3000:]
+    with_engine, without = (tmp_path / "True.o").read_bytes(), (tmp_path / "False.o").read_bytes()
+    assert with_engine == without and len(without) > 1000
