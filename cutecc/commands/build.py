@@ -21,8 +21,9 @@ from cutecc.archs import parse_archs
 from cutecc.builder import Outcome, Progress, RemoteUse
 from cutecc.dists import HashCache
 from cutecc.errors import CuteccError
-from cutecc.lockfile import LOCK_NAME, Drift, drift_line, previous
-from cutecc.manifest import load_manifest
+from cutecc.executors.local import LocalExecutor, discard_prestarted, prestart
+from cutecc.lockfile import LOCK_NAME, Drift, Lock, drift_line, previous
+from cutecc.manifest import Manifest, load_manifest
 from cutecc.report import Report
 from cutecc.store.writer import Store
 from cutecc.timings import Timings, entry_line
@@ -192,10 +193,29 @@ def build(
     # What planning learns is kept in the store: in a new one, once the build has made it. A
     # dry run or a read-only build plans with what was remembered, and writes nothing back.
     hashes = HashCache(store.layout.hash_cache(), write=not (read_only or dry_run))
+    # A cold plan (nothing remembered: a new cache) takes seconds, and its build most likely
+    # compiles: the compile service imports meanwhile (`cutecc.executors.local.prestart`).
+    early = not (dry_run or read_only or archs or platforms) and isinstance(how.executor, LocalExecutor) \
+        and not any(p.exists() for p in (store.layout.hash_cache(), store.layout.plan_facts())) \
+        and prestart(full.select(kernels) if kernels else full, how.executor.limits)
+    try:
+        return _build(full, manifest_path, store, how, hashes, clock, t0, archs=archs, kernels=kernels,
+                      platforms=platforms, lock_to=builder.LockRequest(lock_path, key) if lock and not dry_run
+                      else None, old_lock=old_lock, lock_path=lock_path, progress=progress,
+                      dry_run=dry_run, timings=timings)
+    finally:
+        if early:
+            discard_prestarted()
+
+
+def _build(full: Manifest, manifest_path: str | Path, store: Store, how: builder.Settings, hashes: HashCache,
+           clock: Timings, t0: float, *, archs: tuple[str, ...], kernels: tuple[str, ...],
+           platforms: tuple[str, ...], lock_to: builder.LockRequest | None, old_lock: Lock | None,
+           lock_path: Path, progress: Progress | None, dry_run: bool, timings: bool) -> BuildReport:
+    """Plan and run the build (`build`'s second half)."""
     with clock.stage("plan"):
         target = builder.target(full, archs=archs, kernels=kernels, hashes=hashes,
                                 platforms=platforms)
-    lock_to = builder.LockRequest(lock_path, key) if lock and not dry_run else None
     drift: list[Drift] = []
     note = None
     if old_lock is not None and old_lock.environment is not None:

@@ -117,15 +117,20 @@ class _Pool:
         self.worker = "spawn"
 
     def _start_service(self) -> None:
-        """Start the compile service if forking is asked for and safe; else say why not."""
+        """Start the compile service (or adopt the one `prestart` started, if it fits) if
+        forking is asked for and safe; else say why not."""
         how, why = service.mode()
         if how != "fork":
             self.worker = f"spawn ({why})"
             return
-        with _sigint_held_while_spawning():  # it starts with Ctrl-C blocked, as a worker does
-            self.service = service.Service(self.ctx, _init_worker, (self.arch, os.getpid(), self.env, False),
-                                           _serve_forked, self.limits.memory, self.modules)
-        problem = self.service.ready()  # a Ctrl-C meanwhile stops the pool (and the service)
+        self.service = _adopt(self.arch, self.env, self.limits.memory, self.modules)
+        if self.service is None:
+            with _sigint_held_while_spawning():  # it starts with Ctrl-C blocked, as a worker does
+                self.service = service.Service(self.ctx, _init_worker,
+                                               (self.arch, os.getpid(), self.env, False),
+                                               _serve_forked, self.limits.memory, self.modules)
+        # a Ctrl-C meanwhile stops the pool (and the service)
+        problem = self.service.ready(final=self.modules)
         if problem is None:
             self.worker = "fork"
         else:
@@ -224,6 +229,44 @@ class _Pool:
         return out
 
 
+# services started before planning (`prestart`): (arch, env, memory limit, what it imports, it)
+_PRESTARTED: list[tuple[str, dict[str, str], int | None, service.Preload, service.Service]] = []
+
+
+def prestart(manifest: Any, limits: Limits = DEFAULT_LIMITS) -> bool:
+    """Start the compile service of the first pool `manifest` will most likely need
+    (`service.guess`) now, so that its imports (the DSL, torch, installed libraries:
+    seconds) run while the build plans (seconds too, when cold). The pool adopts it if
+    planning agreed with the guess (`service.covers`); `discard_prestarted` stops it
+    otherwise. Only where workers fork; whether one was started."""
+    if _PRESTARTED or service.mode()[0] != "fork":
+        return False
+    guessed = service.guess(manifest)
+    if guessed is None:
+        return False
+    arch, env, modules = guessed
+    with _sigint_held_while_spawning():
+        svc = service.Service(multiprocessing.get_context("spawn"), _init_worker,
+                              (arch, os.getpid(), env, False), _serve_forked, limits.memory, modules)
+    _PRESTARTED.append((arch, env, limits.memory, modules, svc))
+    return True
+
+
+def discard_prestarted() -> None:
+    """Stop the services `prestart` started that no pool adopted."""
+    while _PRESTARTED:
+        _PRESTARTED.pop()[-1].close()
+
+
+def _adopt(arch: str, env: dict[str, str], memory: int | None,
+           final: service.Preload) -> service.Service | None:
+    for i, (a, e, m, guessed, svc) in enumerate(_PRESTARTED):
+        if (a, e, m) == (arch, env, memory) and service.covers(final, guessed):
+            del _PRESTARTED[i]
+            return svc
+    return None
+
+
 def _kill(s: _Slot) -> None:
     """Stop a worker and every process its compiles started (`worker_tree`)."""
     with contextlib.suppress(Exception):
@@ -255,6 +298,7 @@ def _serve(conn: Any, arch: str, parent: int, env: dict[str, str], memory: int |
     limit_memory(memory)
     service.preload(modules)
     _jobs(conn)
+    service.quit_now()
 
 
 def _serve_forked(conn: Any, parent: int, token: str) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -81,21 +82,69 @@ class Preload:
 NOTHING = Preload()
 
 
-def preloads(jobs: list[Any]) -> Preload:
-    """The `Preload` of a pool's `jobs` (`cutecc.workers.BuildJob`s of one worker kind)."""
+def _installed_module(entry: str, python_path: tuple[str, ...]) -> str | None:
+    """The module of `entry` when an installed library provides it (not the project's)."""
     from cutecc.manifest import split_entry
 
+    module = split_entry(entry)[0].partition(":")[0]
+    top = module.split(".")[0]
+    local = any((Path(r) / top).exists() or (Path(r) / f"{top}.py").exists() for r in python_path)
+    return None if local else module
+
+
+def _modules(torch: bool) -> tuple[str, ...]:
+    return ("cutlass", "cutlass.cute", *(("torch",) if torch else ()), "cutecc.compiler", "cutecc.linker")
+
+
+def preloads(jobs: list[Any]) -> Preload:
+    """The `Preload` of a pool's `jobs` (`cutecc.workers.BuildJob`s of one worker kind)."""
     torch = any(j.device is not None or "torch" in (j.key_inputs.get("distributions") or {}) for j in jobs)
     entries: list[str] = []
     for j in jobs:
-        module = split_entry(j.entry)[0].partition(":")[0]
-        top = module.split(".")[0]
-        local = any((Path(r) / top).exists() or (Path(r) / f"{top}.py").exists() for r in j.python_path)
-        if not local and module not in entries:
+        module = _installed_module(j.entry, j.python_path)
+        if module is not None and module not in entries:
             entries.append(module)
-    modules = ("cutlass", "cutlass.cute", *(("torch",) if torch else ()), "cutecc.compiler", "cutecc.linker")
-    return Preload(modules, tuple(entries), jobs[0].python_path if jobs else (),
+    return Preload(_modules(torch), tuple(entries), jobs[0].python_path if jobs else (),
                    jobs[0].device if jobs else None)
+
+
+def guess(manifest: Any) -> tuple[str, dict[str, str], Preload] | None:
+    """Before planning: the arch, [env] and `Preload` of the first pool planning will most
+    likely give `manifest` (`preloads` of its jobs): a kernel from an installed library
+    reaches torch when torch is installed, a project's own kernel does not. Its service can
+    then import while the build plans (`cutecc.executors.local.prestart`); `covers` tells
+    whether the guess held. None for a manifest without kernels."""
+    from cutecc import devicequery
+
+    if not manifest.kernels:
+        return None
+    first = manifest.kernels[0]
+    if not first.archs:
+        return None
+    arch = first.archs[0]
+    path = tuple(str(p) for p in manifest.python_path)
+    torch = importlib.util.find_spec("torch") is not None
+
+    def device(k: Any) -> dict[str, Any] | None:
+        if not torch or _installed_module(k.entry, path) is None:
+            return None
+        return devicequery.answers(dict(k.hardware), arch, k.profile)
+
+    dev = device(first)
+    entries: list[str] = []
+    for k in manifest.kernels:
+        module = _installed_module(k.entry, path)
+        if arch in k.archs and device(k) == dev and module is not None and module not in entries:
+            entries.append(module)
+    return arch, manifest.env_for(arch), Preload(_modules(dev is not None), tuple(entries), path, dev)
+
+
+def covers(final: Preload, guessed: Preload) -> bool:
+    """Whether a service that imported `guessed` can serve a pool of `final`: the same path
+    and device answers, nothing imported that `final` does not name (the rest it imports
+    before it says ready)."""
+    return (guessed.python_path == final.python_path and guessed.device == final.device
+            and set(guessed.modules) <= set(final.modules) and set(guessed.entries) <= set(final.entries))
 
 
 def preload(what: Preload) -> None:
@@ -133,10 +182,16 @@ class Service:
         self.proc.start()
         theirs.close()
         self.exits: dict[int, int] = {}
+        self.asked = self.is_ready = False
 
-    def ready(self, timeout: float = READY_SECONDS) -> str | None:
-        """Wait for the service's imports: None once it can fork, else why it cannot."""
+    def ready(self, timeout: float = READY_SECONDS, final: Preload = NOTHING) -> str | None:
+        """Have the service import `final` too (after what it was started with), and wait
+        for its imports: None once it can fork, else why it cannot."""
         deadline = time.monotonic() + timeout
+        if not self.asked:
+            self.asked = True
+            with contextlib.suppress(OSError):  # a dead service is told below
+                self.conn.send(final)
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -147,6 +202,7 @@ class Service:
                 if self.conn.poll():
                     msg = self.conn.recv()
                     if msg == "ready":
+                        self.is_ready = True
                         return None
                     self.close()
                     return str(msg)
@@ -190,10 +246,12 @@ class Service:
         return self.exits[pid]
 
     def close(self) -> None:
-        """Stop the service (its workers die with it: their parent-death signal)."""
+        """Stop the service (its workers die with it: their parent-death signal); one still
+        importing is killed at once."""
         with contextlib.suppress(Exception):
             self.conn.send(None)
-        self.proc.join(2)
+        if self.is_ready:
+            self.proc.join(2)
         with contextlib.suppress(Exception):
             worker_tree.kill_tree(self.proc.pid, self.token)
             if self.proc.is_alive():
@@ -242,14 +300,22 @@ class ForkedWorker:
 def _main(conn: Any, setup: Callable[..., None], setup_args: tuple[Any, ...],
           serve: Callable[..., None], memory: int | None, modules: Preload,
           token: str) -> None:
-    """The service: set up as a worker, import `modules`, then fork a worker per token
-    received (each runs `serve(conn, parent, token)`) and report their exits."""
+    """The service: set up as a worker, import `modules` and then the `Preload` the build
+    sends (`Service.ready`), then fork a worker per token received (each runs
+    `serve(conn, parent, token)`) and report their exits."""
     from cutecc.workers import limit_memory
 
     worker_tree.detach(token)
     setup(*setup_args)
     limit_memory(memory)
     preload(modules)
+    try:
+        final = conn.recv()
+    except (EOFError, OSError):
+        final = None
+    if final is None:
+        quit_now()
+    preload(final)
     threads = threading.active_count()
     if threads != 1:
         conn.send(f"fork is not safe: the compile service runs {threads} threads after its imports")
@@ -264,9 +330,9 @@ def _main(conn: Any, setup: Callable[..., None], setup_args: tuple[Any, ...],
         try:
             wtoken = conn.recv()
         except (EOFError, OSError):
-            return
+            wtoken = None
         if wtoken is None:
-            return
+            quit_now()
         mine, theirs = multiprocessing.Pipe()
         dead_r, dead_w = os.pipe()
         pid = os.fork()
@@ -292,6 +358,16 @@ def _main(conn: Any, setup: Callable[..., None], setup_args: tuple[Any, ...],
         finally:
             mine.close()
             os.close(dead_r)
+
+
+def quit_now() -> None:
+    """Exit at once, output flushed: a process that imported the DSL and torch spends a
+    second or more tearing them down at a normal exit, which the build would wait for; its
+    files are all written and closed by then."""
+    for f in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            f.flush()
+    os._exit(0)
 
 
 def _reap(conn: Any) -> None:

@@ -178,3 +178,38 @@ def test_a_dead_service_is_told_not_waited_for() -> None:
             svc.fork("tok")
     finally:
         svc.close()
+
+
+def test_the_guess_before_planning_is_what_planning_gives_a_project_kernel(tmp_path: Path) -> None:
+    """A cold build starts the compile service before it plans (`local.prestart`), from a
+    guess of the first pool's imports; for a project's own kernel the guess is the plan's."""
+    from cutecc.manifest import load_manifest
+    from cutecc.plan import plan
+    from cutecc.workers import BuildJob
+
+    manifest = load_manifest(write_toy_project(tmp_path / "p", threads=(64, 96)))
+    guessed = service.guess(manifest)
+    assert guessed is not None
+    arch, env, modules = guessed
+    jobs = [BuildJob.of(p, manifest) for p in plan(manifest)]
+    final = service.preloads(jobs)
+    assert arch == jobs[0].arch and env == dict(jobs[0].env)
+    assert service.covers(final, modules) and modules.entries == () and modules.device is None
+    # a guess that imported what the pool would not, or other device answers, is not adopted
+    path = modules.python_path
+    assert not service.covers(final, service.Preload(modules.modules, ("quack.rmsnorm",), path))
+    assert not service.covers(final, service.Preload(modules.modules, (), path, {"major": 9}))
+
+
+def test_a_prestarted_service_no_pool_adopts_is_stopped(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from cutecc.executors import local
+    from cutecc.manifest import load_manifest
+
+    monkeypatch.delenv("CUTECC_WORKERS", raising=False)
+    manifest = load_manifest(write_toy_project(tmp_path / "p", threads=(64,)))
+    assert local.prestart(manifest)
+    (svc,) = [x[-1] for x in local._PRESTARTED]
+    assert not local.prestart(manifest)  # one at a time
+    local.discard_prestarted()
+    assert local._PRESTARTED == [] and not svc.proc.is_alive()
