@@ -21,6 +21,7 @@ stays cheap.
 from __future__ import annotations
 
 import ast
+import collections
 import functools
 import hashlib
 import json
@@ -433,6 +434,9 @@ def _path_effect_facts(data: bytes) -> dict[str, Any]:
     return {"effect": modfind.path_effect(data.decode("utf-8", errors="replace"))}
 
 
+_HOLDS_STATEMENTS = (ast.stmt, ast.excepthandler, ast.match_case)
+
+
 def _parse(data: bytes, f: Path) -> dict[str, Any]:
     """What the key reads of a source file: its import statements, anywhere in it, as
     `[level, module, names or None for a plain import]`, and the names its top level surely
@@ -442,11 +446,22 @@ def _parse(data: bytes, f: Path) -> dict[str, Any]:
     except SyntaxError as e:
         raise CuteccError(f"syntax error: {e.msg} (line {e.lineno})", where=str(f)) from None
     imports: list[list[Any]] = []
-    for node in ast.walk(tree):
+    # In `ast.walk`'s order (breadth first), visiting statements and the clauses that hold
+    # them only: an expression holds no statement, and expressions are most of a tree.
+    queue = collections.deque(tree.body)
+    while queue:
+        node = queue.popleft()
         if isinstance(node, ast.Import):
             imports.extend([0, a.name, None] for a in node.names)
         elif isinstance(node, ast.ImportFrom):
             imports.append([node.level, node.module or "", [a.name for a in node.names]])
+        else:
+            for field in node._fields:
+                value = getattr(node, field, None)
+                if isinstance(value, list):
+                    queue.extend(x for x in value if isinstance(x, _HOLDS_STATEMENTS))
+                elif isinstance(value, _HOLDS_STATEMENTS):
+                    queue.append(value)
     names: set[str] = set()
     todo = list(tree.body)
     while todo:
