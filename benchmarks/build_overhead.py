@@ -1,7 +1,7 @@
 """What a cold `cutecc build` costs over the compiles inside it (issue 35).
 
     python -m benchmarks.build_overhead [--manifest examples root] [--jobs 1 2]
-                                        [--modes fork spawn] [--json PATH]
+                                        [--modes fork spawn] [--before REV] [--json PATH]
 
 Per manifest, in one run on one machine:
 - direct: one fresh process (`direct` below) imports the DSL, torch and the kernels'
@@ -15,7 +15,9 @@ Per manifest, in one run on one machine:
   runtime library's link, every compile, link and publish), whole process: wall clock here,
   CPU as the children's user + system time (`RUSAGE_CHILDREN`, every worker included), for
   each `-j` and worker mode (`$CUTECC_WORKERS`: fork from the compile service, or spawn),
-  with the build's own `--timings` (its JSON `timings` and per-entry parts).
+  with the build's own `--timings` (its JSON `timings` and per-entry parts). With
+  `--before REV`, that revision's `cutecc/` (extracted, byte-compiled) builds too, each
+  measurement alternating between the versions.
 An entry whose launcher cannot be compiled from fakes in its own order (the manifest's
 views give alignment or strides the bare fakes lack: FA4's backward pre-processing) is
 compiled as cutecc's wrapper calls it, in the same process (`how` says which). Each entry's
@@ -55,11 +57,11 @@ def _cpu_children() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _timed(cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
+def _timed(cmd: list[str], env: dict[str, str], cwd: Path = REPO) -> dict[str, Any]:
     """Run `cmd`; its wall, CPU (it and its waited-for descendants), load before and after,
     and the JSON it printed last."""
     before, cpu0, t0 = _load(), _cpu_children(), time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env}, cwd=REPO,
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env}, cwd=cwd,
                        timeout=3600)
     wall, cpu = time.perf_counter() - t0, _cpu_children() - cpu0
     out: dict[str, Any] = {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "load_before": before,
@@ -130,7 +132,7 @@ def direct(manifest_path: Path) -> dict[str, Any]:
     return {"arch": arch, "archs": archs, "imports_s": round(imports, 2), "entries": out}
 
 
-def measure(name: str, jobs: list[int], modes: list[str]) -> dict[str, Any]:
+def measure(name: str, jobs: list[int], modes: list[str], versions: dict[str, Path]) -> dict[str, Any]:
     path = MANIFESTS[name]
     res: dict[str, Any] = {"manifest": str(path.relative_to(REPO))}
     d = _timed([sys.executable, "-m", "benchmarks.build_overhead", "direct", str(path)], {})
@@ -140,22 +142,24 @@ def measure(name: str, jobs: list[int], modes: list[str]) -> dict[str, Any]:
     res["direct_sum_s"] = round(sum(e["seconds"] for e in ok), 2)
     res["direct_cpu_sum_s"] = round(sum(e["cpu_s"] for e in ok), 2)
     res["builds"] = []
-    for j in jobs:
-        for mode in modes:
-            with tempfile.TemporaryDirectory(prefix="cutecc-overhead-") as cache:
-                b = _timed([sys.executable, "-m", "cutecc.cli", "build", str(path), "--cache-dir", cache,
-                            "--no-lock", "--json", "-j", str(j)], {"CUTECC_WORKERS": mode})
-            b.update({"jobs": j, "mode": mode})
-            r = b.get("report") or {}
-            b["built"] = r.get("built")
-            b["ratio_to_direct_sum"] = (round(b["wall_s"] / res["direct_sum_s"], 2)
-                                        if res["direct_sum_s"] else None)
-            b["cpu_ratio_to_direct_cpu_sum"] = (round(b["cpu_s"] / res["direct_cpu_sum_s"], 2)
-                                                if res["direct_cpu_sum_s"] else None)
-            res["builds"].append(b)
-            print(f"{name} -j {j} {mode}: {b['wall_s']} s wall, {b['cpu_s']} s CPU; direct sum "
-                  f"{res['direct_sum_s']} s wall, {res['direct_cpu_sum_s']} s CPU "
-                  f"(load {b['load_before']} -> {b['load_after']})", file=sys.stderr)
+    for j, mode, (version, code) in [(j, m, v) for j in jobs for m in modes for v in versions.items()]:
+        with tempfile.TemporaryDirectory(prefix="cutecc-overhead-") as cache:
+            b = _timed([sys.executable, "-m", "cutecc.cli", "build", str(path), "--cache-dir", cache,
+                        "--no-lock", "--json", "-j", str(j)],
+                       {"CUTECC_WORKERS": mode,
+                        "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])},
+                       Path(cache))  # not the repository: `-m` puts the working directory first
+        b.update({"jobs": j, "mode": mode, "version": version})
+        r = b.get("report") or {}
+        b["built"] = r.get("built")
+        b["ratio_to_direct_sum"] = (round(b["wall_s"] / res["direct_sum_s"], 2)
+                                    if res["direct_sum_s"] else None)
+        b["cpu_ratio_to_direct_cpu_sum"] = (round(b["cpu_s"] / res["direct_cpu_sum_s"], 2)
+                                            if res["direct_cpu_sum_s"] else None)
+        res["builds"].append(b)
+        print(f"{name} {version} -j {j} {mode}: {b['wall_s']} s wall, {b['cpu_s']} s CPU; direct sum "
+              f"{res['direct_sum_s']} s wall, {res['direct_cpu_sum_s']} s CPU "
+              f"(load {b['load_before']} -> {b['load_after']})", file=sys.stderr)
     return res
 
 
@@ -167,11 +171,22 @@ def main() -> None:
     ap.add_argument("--manifest", nargs="+", default=["examples", "root"], choices=sorted(MANIFESTS))
     ap.add_argument("--jobs", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--modes", nargs="+", default=["fork", "spawn"], choices=["fork", "spawn"])
+    ap.add_argument("--before", default=None, help="a git revision whose cutecc/ builds too, alternating")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
-    doc = {"benchmark": "build_overhead", "machine": machine(), "command": sys.argv,
-           "note": "shared 2-core host, other engineers' builds and tests running: loads vary",
-           "manifests": {m: measure(m, a.jobs, a.modes) for m in a.manifest}}
+    with tempfile.TemporaryDirectory(prefix="cutecc-overhead-code-") as d:
+        versions = {"after": REPO}
+        if a.before:
+            from benchmarks.noop_installed import checkout
+
+            versions = {"before": checkout(a.before, Path(d) / "before"), **versions}
+        for code in versions.values():  # byte-compiled, as an installed package is
+            subprocess.run([sys.executable, "-m", "compileall", "-q", str(code / "cutecc")], check=True,
+                           capture_output=True)
+        doc = {"benchmark": "build_overhead", "machine": machine(), "command": sys.argv,
+               "before": a.before, "pythonpath": os.environ.get("PYTHONPATH"),
+               "note": "shared 2-core host, other engineers' builds and tests running: loads vary",
+               "manifests": {m: measure(m, a.jobs, a.modes, versions) for m in a.manifest}}
     text = json.dumps(doc, indent=1)
     if a.json:
         a.json.write_text(text + "\n")

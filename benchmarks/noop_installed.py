@@ -43,12 +43,18 @@ from typing import Any
 from benchmarks.common import REPO, machine, summary, version
 
 MANIFESTS = {"examples": REPO / "examples" / "kernels.toml", "root": REPO / "kernels.toml",
-             "published": REPO / "benchmarks" / "manifests" / "published.toml"}
+             "published": REPO / "benchmarks" / "manifests" / "published.toml",
+             "gemm": REPO / "examples" / "gemm" / "kernels.toml",
+             "gpu-faulty": REPO / "tests" / "gpu" / "faulty_kernels" / "kernels.toml",
+             "gpu-layout": REPO / "tests" / "gpu" / "layout_kernels" / "kernels.toml",
+             "gpu-train": REPO / "tests" / "gpu" / "train_kernels" / "kernels.toml",
+             "pathpkg": Path("pathpkg") / "kernels.toml"}  # made under the run's directory (`path_package`)
 LIBRARIES = ("torch", "triton", "quack-kernels", "flash-attn-4", "flashinfer-python", "nvidia-cudnn-frontend")
 # The top-level packages each manifest's entries import (found, not imported), and the
 # distributions that install them: a manifest runs only where all are installed.
 NEEDS = {"examples": {"quack": "quack-kernels", "flash_attn": "flash-attn-4"},
-         "root": {},
+         "root": {}, "gemm": {"quack": "quack-kernels"}, "gpu-faulty": {}, "gpu-layout": {},
+         "gpu-train": {}, "pathpkg": {},
          "published": {"quack": "quack-kernels", "flash_attn": "flash-attn-4",
                        "flashinfer": "flashinfer-python", "cudnn": "nvidia-cudnn-frontend"}}
 
@@ -77,17 +83,68 @@ def check(code: Path, cwd: Path) -> None:
     assert Path(r.stdout.strip()).is_relative_to(code), (code, r.stdout)
 
 
+# A package that extends its own `__path__` at import with another distribution's directory
+# (as the DSL's `cutlass` adds nvidia-cutlass-operators'), holding the root's elementwise
+# kernels: planning learns the extended path by importing the package in a child process.
+PATH_INIT = """\
+import importlib.metadata as _md
+from pathlib import Path
+
+try:
+    _dist = _md.distribution("bench-hostpkg-ext")
+except _md.PackageNotFoundError:
+    _dist = None
+if _dist is not None:
+    _portion = str(_dist.locate_file("hostpkg"))
+    if Path(_portion).is_dir() and _portion not in __path__:
+        __path__.append(_portion)
+"""
+
+
+def path_package(root: Path) -> Path:
+    """`root/pathpkg`: the `__path__`-extending package (`PATH_INIT`) in `base/`, its extension
+    distribution in `ext/` with `hostpkg.ext.elementwise` (a copy of `kernels/elementwise.py`),
+    and a manifest of its mul, mul_bwd and axpy kernels; returns the manifest."""
+    d = root / "pathpkg"
+    files = {"base/hostpkg/__init__.py": PATH_INIT,
+             "ext/bench_hostpkg_ext-1.0.dist-info/METADATA":
+                 "Metadata-Version: 2.1\nName: bench-hostpkg-ext\nVersion: 1.0\n",
+             "ext/bench_hostpkg_ext-1.0.dist-info/top_level.txt": "hostpkg\n",
+             "ext/bench_hostpkg_ext-1.0.dist-info/RECORD": "",
+             "ext/hostpkg/ext/__init__.py": "",
+             "ext/hostpkg/ext/elementwise.py": (REPO / "kernels" / "elementwise.py").read_text()}
+    for rel, text in files.items():
+        (d / rel).parent.mkdir(parents=True, exist_ok=True)
+        (d / rel).write_text(text)
+    root_manifest = (REPO / "kernels.toml").read_text()
+    keep = [part for part in root_manifest.split("\n[kernel.")[1:]
+            if part.split("]")[0].split(".")[0] in ("mul", "mul_bwd", "axpy")]
+    text = ('format = 1\narchs = ["sm_90a"]\nprofile = "h100"\npython_path = ["base", "ext"]\n\n'
+            + "".join("[kernel." + part.replace('"kernels.elementwise:', '"hostpkg.ext.elementwise:') + "\n"
+                      for part in keep))
+    (d / "kernels.toml").write_text(text)
+    return d / "kernels.toml"
+
+
+def _cpu_children() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def build(code: Path, manifest: Path, cache: Path) -> tuple[float, dict[str, Any]]:
     """`cutecc build MANIFEST --no-lock` with `code`'s cutecc, in a fresh process started in
-    the cache's parent (`-m` puts the working directory first on sys.path): (wall s, report)."""
-    t0 = time.perf_counter()
+    the cache's parent (`-m` puts the working directory first on sys.path): (wall s, report);
+    the report's `cpu_s` is the process's CPU time (user + system, its children included)."""
+    t0, c0 = time.perf_counter(), _cpu_children()
     r = subprocess.run([sys.executable, "-m", "cutecc.cli", "build", str(manifest), "--cache-dir",
                         str(cache), "--no-lock", "--json"], capture_output=True, text=True,
                        env=_env(code), cwd=cache.parent)
     wall = time.perf_counter() - t0
     if r.returncode != 0:
         raise SystemExit(f"{manifest} with {code}: exit {r.returncode}\n{r.stderr[-3000:]}")
-    return wall, json.loads(r.stdout)
+    return wall, {**json.loads(r.stdout), "cpu_s": _cpu_children() - c0}
 
 
 def keyed(code: Path, manifest: Path, cache: Path) -> dict[str, int]:
@@ -125,6 +182,7 @@ def measure(versions: dict[str, Path], repeats: int, root: Path, only: list[str]
     out: dict[str, Any] = {"load_before": os.getloadavg(), "skipped": sorted(reasons),
                            "skip_reasons": reasons}
     caches = {(m, v): root / f"cache-{m}-{v}" for m in names for v in versions}
+    paths = {m: path_package(root) if m == "pathpkg" else MANIFESTS[m] for m in names}
     for code in versions.values():
         check(code, root)
         # byte-compiled as an installed package is (else a host with PYTHONDONTWRITEBYTECODE,
@@ -134,26 +192,29 @@ def measure(versions: dict[str, Path], repeats: int, root: Path, only: list[str]
     for (m, v), cache in caches.items():
         if seed is not None:
             shutil.copytree(seed, cache, symlinks=True)
-        _, rep = build(versions[v], MANIFESTS[m], cache)  # fills the cache: untimed
+        _, rep = build(versions[v], paths[m], cache)  # fills the cache: untimed
         assert rep["failed"] == 0, rep
         # and once more, untimed: planning remembers only stamps settled before it began (a
         # cache directory made a moment ago is searched as the working directory)
-        build(versions[v], MANIFESTS[m], cache)
+        build(versions[v], paths[m], cache)
     walls: dict[tuple[str, str], list[float]] = {k: [] for k in caches}
+    cpus: dict[tuple[str, str], list[float]] = {k: [] for k in caches}
     inside: dict[tuple[str, str], list[float]] = {k: [] for k in caches}
     entries: dict[tuple[str, str], int] = {}
     for _ in range(repeats):
         for (m, v), cache in caches.items():
-            wall, rep = build(versions[v], MANIFESTS[m], cache)
+            wall, rep = build(versions[v], paths[m], cache)
             assert rep["built"] == 0 and rep["failed"] == 0, rep
             walls[(m, v)].append(wall)
+            cpus[(m, v)].append(rep["cpu_s"])
             inside[(m, v)].append(rep["seconds"])
             entries[(m, v)] = rep["cached"]
     out["load_after"] = os.getloadavg()
     out["results"] = {f"{m} {v}": {"walls": walls[(m, v)], "wall": summary(walls[(m, v)]),
+                                   "cpus": cpus[(m, v)], "cpu": summary(cpus[(m, v)]),
                                    "build_seconds": summary(inside[(m, v)]),
                                    "entries": entries[(m, v)],
-                                   "keyed": keyed(versions[v], MANIFESTS[m], cache)}
+                                   "keyed": keyed(versions[v], paths[m], cache)}
                       for (m, v), cache in caches.items()}
     return out
 
