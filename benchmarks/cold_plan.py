@@ -1,0 +1,78 @@
+"""The first, cold planning of a manifest (issue 35): `cutecc build MANIFEST --dry-run` into an
+empty cache (nothing remembered: every closure source parsed, every installed file of a
+full-digest distribution hashed), whole process, this tree against another revision's, the
+versions alternating.
+
+    python -m benchmarks.cold_plan [--manifest published examples] [--before REV]
+                                   [--repeats 3] [--json PATH]
+
+Per run: wall, CPU (the child's user + system), the build's own `plan` seconds, and the load
+average before and after (the build host is shared: read the CPU column).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.build_overhead import MANIFESTS, _cpu_children, _load
+from benchmarks.common import REPO, machine, summary
+
+
+def once(code: Path, manifest: Path) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="cutecc-coldplan-") as cache:
+        before, c0, t0 = _load(), _cpu_children(), time.perf_counter()
+        r = subprocess.run([sys.executable, "-m", "cutecc.cli", "build", str(manifest), "--cache-dir", cache,
+                            "--dry-run", "--json"], capture_output=True, text=True, cwd=cache,
+                           env={**os.environ,
+                                "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])})
+        wall, cpu = time.perf_counter() - t0, _cpu_children() - c0
+    if r.returncode != 0:
+        raise SystemExit(f"{manifest} with {code}: exit {r.returncode}\n{r.stderr[-3000:]}")
+    rep = json.loads(r.stdout)
+    return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "plan_s": rep["timings"].get("plan"),
+            "planned": rep["planned"], "load_before": before, "load_after": _load()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--manifest", nargs="+", default=["published", "examples"], choices=sorted(MANIFESTS))
+    ap.add_argument("--before", default=None)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="cutecc-coldplan-code-") as d:
+        versions = {"after": REPO}
+        if a.before:
+            from benchmarks.noop_installed import checkout
+
+            versions = {"before": checkout(a.before, Path(d) / "before"), **versions}
+        for code in versions.values():  # byte-compiled, as an installed package is
+            subprocess.run([sys.executable, "-m", "compileall", "-q", str(code / "cutecc")], check=True,
+                           capture_output=True)
+        runs: dict[str, dict[str, list[dict[str, Any]]]] = {m: {v: [] for v in versions} for m in a.manifest}
+        for m in a.manifest:
+            for _ in range(a.repeats):
+                for v, code in versions.items():
+                    runs[m][v].append(once(code, MANIFESTS[m]))
+                    print(m, v, runs[m][v][-1], file=sys.stderr)
+    doc = {"benchmark": "cold_plan", "machine": machine(), "command": sys.argv, "before": a.before,
+           "pythonpath": os.environ.get("PYTHONPATH"),
+           "results": {m: {v: {"runs": rs, "cpu": summary([x["cpu_s"] for x in rs]),
+                               "wall": summary([x["wall_s"] for x in rs])} for v, rs in per.items()}
+                       for m, per in runs.items()}}
+    text = json.dumps(doc, indent=1)
+    if a.json:
+        a.json.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
