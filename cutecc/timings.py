@@ -3,7 +3,8 @@ stage), printed by `cutecc build --timings` and carried by its JSON report.
 
 A build's stages are `STAGES` (parse, plan, probe, fetch, compile, publish, lock); an
 entry's compile splits into `ENTRY_PARTS`: the worker's start (its process and imports,
-counted on the first entry it took), the compile, the link, and the publish (the key's
+counted on the first entry it took; for a service started before planning, what was left
+of its start once planning was done), the compile, the link, and the publish (the key's
 lock, the source re-check, the move into the store).
 """
 

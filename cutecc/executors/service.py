@@ -6,7 +6,10 @@ process per pool (`Service`), set up as a worker is (the manifest's [env], the D
 arch, Ctrl-C left to the build, tied to the build's life, the memory limit), which imports
 what a worker needs (`Preload`: the DSL, torch when the pool's kernels reach it, and the
 kernels' entry modules that installed libraries provide), then forks a worker per request
-(`Service.fork`): a compile then pays only the compile. The project's own modules are left
+(`Service.fork`): a compile then pays only the compile. A cold build starts it before it
+plans, from a guess of what the pool will import (`guess`, `cutecc.executors.local.prestart`),
+and sends it the planned list once planning is done (`Service.ready`), so its imports overlap
+planning. The project's own modules are left
 to the workers: a module that hangs, crashes or starts processes at import is one entry's
 failure, bounded like its compile, never the pool's.
 
