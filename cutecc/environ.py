@@ -18,6 +18,7 @@ SIGNING_KEY = "CUTECC_SIGNING_KEY"  # the private key `build` and `pack` sign lo
 TRUSTED_KEYS = "CUTECC_TRUSTED_KEYS"  # public keys (paths, `:`-separated) a lock must verify with
 ALLOW_UNSIGNED = "CUTECC_ALLOW_UNSIGNED"  # accept packs and locks without a trusted signature
 STRICT = "CUTECC_STRICT"  # a call no build serves is an error, even where a fallback is declared
+JIT = "CUTECC_JIT"  # development: a call no build fits compiles its variant into the cache (needs the DSL)
 EXECUTOR = "CUTECC_EXECUTOR"  # where misses compile: local (default) or ray
 RAY_ADDRESS = "CUTECC_RAY_ADDRESS"  # the Ray cluster to submit to (else a private local one)
 COMPILE_TIMEOUT = "CUTECC_COMPILE_TIMEOUT"  # seconds one compile may run (0 or off: no limit)

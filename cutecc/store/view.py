@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from cutecc import environ, trust
+from cutecc.archs import is_arch
 from cutecc.entry import (
     MAX_INDEX_BYTES,
     MAX_JSON_DEPTH,
@@ -401,6 +402,26 @@ class StoreView:
         keys = doc.get("keys") if isinstance(doc, dict) and doc.get("format") == GENERATION_FORMAT else None
         return frozenset(k for k in keys if isinstance(k, str)) if isinstance(keys, list) else None
 
+
+    def generation_manifest(self, kernel: str) -> Path | None:
+        """The manifest the newest recorded build of `kernel` (any arch) was built from, or
+        None (no record, or none that says)."""
+        best: tuple[str, str] | None = None
+        try:
+            names = sorted(f.name for f in os.scandir(self.generations_dir))
+        except OSError:
+            return None
+        for name in names:
+            arch = name.removeprefix(f"{kernel}@").removesuffix(".json")
+            if not (name.startswith(f"{kernel}@") and is_arch(arch)):
+                continue
+            doc = read_small_json(self.layout.generation(kernel, arch))
+            if (isinstance(doc, dict) and doc.get("format") == GENERATION_FORMAT
+                    and doc.get("kernel") == kernel and isinstance(doc.get("manifest"), str)):
+                when = str(doc.get("built_at", ""))
+                if best is None or when > best[0]:
+                    best = (when, doc["manifest"])
+        return Path(best[1]) if best else None
 
     def generation_fallbacks(self, kernel: str, arch: str) -> tuple[str, dict[str, Any]] | None:
         """(built_at, the fallback fields) of `kernel`'s newest build for `arch`, read as any
