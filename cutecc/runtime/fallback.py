@@ -108,7 +108,8 @@ class Fallback:
         first = m.ident not in self._warned
         if first:
             self._warned.add(m.ident)
-            warnings.warn(f'cutecc kernel "{self.kernel}" {m.signature}: {reason} on {self.arch}; '
+            said = reason if no_builds else f"{reason} on {self.arch}"
+            warnings.warn(f'cutecc kernel "{self.kernel}" {m.signature}: {said}; '
                           f"served by its fallback {self.ref.ref} (`cutecc misses --toml` prints "
                           "the variants that would cover it)" + (f"; {note}" if note else ""),
                           FallbackWarning, stacklevel=4)
