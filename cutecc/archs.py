@@ -14,14 +14,30 @@ import re
 from cutecc import environ
 from cutecc.errors import CuteccError
 
-# sm_<major><minor>[a|f]: sm_80, sm_90a, sm_100a, sm_100f, sm_120
-ARCH_RE = re.compile(r"sm_([1-9]\d?)(\d)([af]?)")
+# sm_<major><minor>[a|f]: sm_80, sm_90a, sm_100a, sm_100f, sm_120 (machine code, SASS);
+# compute_<major><minor>: compute_80, portable PTX the driver compiles for the GPU it runs on
+ARCH_RE = re.compile(r"(?:sm|compute)_([1-9]\d?)(\d)([af]?)")
+PTX_RE = re.compile(r"compute_([1-9]\d?)(\d)")
+PATTERN = r"sm_[1-9]\d?\d[af]?|compute_[1-9]\d?\d"  # exactly the names `is_arch` accepts
 KNOWN = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_100f", "sm_103a",
-         "sm_120a")  # offered by shell completion; any name ARCH_RE accepts is valid
+         "sm_120a", "compute_80", "compute_90")  # offered by shell completion
 
 
 def is_arch(text: object) -> bool:
-    return isinstance(text, str) and ARCH_RE.fullmatch(text) is not None
+    """`sm_90a`-style machine code, or portable PTX (`compute_80`: no `a`/`f` suffix)."""
+    return isinstance(text, str) and (text.startswith("sm_") and ARCH_RE.fullmatch(text) is not None
+                                      or PTX_RE.fullmatch(text) is not None)
+
+
+def is_ptx(arch: str) -> bool:
+    """Whether `arch` names portable PTX (`compute_80`) rather than machine code."""
+    return PTX_RE.fullmatch(arch) is not None
+
+
+def dsl_arch(arch: str) -> str:
+    """The arch the DSL compiles for a target: `compute_80`'s PTX is the DSL's `sm_80` build's."""
+    m = PTX_RE.fullmatch(arch)
+    return f"sm_{m.group(1)}{m.group(2)}" if m else arch
 
 
 def check_arch(text: object, where: str) -> str:
@@ -32,6 +48,15 @@ def check_arch(text: object, where: str) -> str:
     return text  # type: ignore[return-value]
 
 
+def check_device_arch(text: object, where: str) -> str:
+    """`text` if it names a GPU (`sm_90`, not portable PTX), else a CuteccError naming `where`."""
+    arch = check_arch(text, where)
+    if is_ptx(arch):
+        raise CuteccError(f'"{arch}" names portable PTX, not a GPU: give the GPU\'s arch, e.g. "sm_90"',
+                          where=where)
+    return arch
+
+
 def parse_archs(values: tuple[str, ...] | list[str], where: str = "--arch") -> tuple[str, ...]:
     """Arch names from the command line (comma-separated allowed), checked, deduplicated."""
     flat = [a.strip() for v in values for a in v.split(",") if a.strip()]
@@ -39,22 +64,37 @@ def parse_archs(values: tuple[str, ...] | list[str], where: str = "--arch") -> t
 
 
 def runs_on(built: str, device: str) -> int:
-    """0 if code for `built` cannot run on `device`; higher is a better match.
+    """0 if code for `built` cannot run on `device`; higher is a better match: exact
+    arch-specific machine code (4), exact plain or family code (3), plain or family code of
+    an older minor (2), portable PTX (1), which the driver compiles at load.
 
     `sm_90a`-style arch-specific code runs only on that exact chip; `sm_100f` on its
-    family (same major, minor at least); plain `sm_80` on the same major, minor at least.
+    family (same major, minor at least); plain `sm_80` on the same major, minor at least;
+    `compute_80` PTX on any GPU of compute capability 8.0 or newer.
     """
     b, d = ARCH_RE.fullmatch(built), ARCH_RE.fullmatch(device)
-    if not b or not d:
+    if not b or not d or not is_arch(built) or not device.startswith("sm_"):
         return 0
     bmaj, bmin, suffix = int(b.group(1)), int(b.group(2)), b.group(3)
     dmaj, dmin = int(d.group(1)), int(d.group(2))
+    if is_ptx(built):
+        return 1 if (dmaj, dmin) >= (bmaj, bmin) else 0
     if bmaj != dmaj or bmin > dmin:
         return 0
     exact = bmin == dmin
     if suffix == "a":
-        return 3 if exact else 0
-    return 2 if exact else 1
+        return 4 if exact else 0
+    return 3 if exact else 2
+
+
+RUNS = {4: "yes: arch-specific code, exact chip", 3: "yes: machine code, exact",
+        2: "yes: machine code of an older minor", 1: "yes: PTX, compiled by the driver at load",
+        0: "no"}
+
+
+def how_runs(built: str, device: str) -> str:
+    """What a GPU of arch `device` does with code built for `built`, in words (`runs_on`)."""
+    return RUNS[runs_on(built, device)]
 
 
 def to_build(device: str) -> str:
@@ -70,7 +110,7 @@ def device_arch() -> str | None:
     JAX, else None. Imports JAX only when the variable is unset."""
     env = os.environ.get(environ.ARCH)
     if env:
-        return check_arch(env, f"${environ.ARCH}")
+        return check_device_arch(env, f"${environ.ARCH}")
     import jax
 
     if jax_uses_driver_order(jax.config):

@@ -340,23 +340,28 @@ def tune(manifest: Path | None, manifest_opt: Path | None, kernels: tuple[str, .
 @_cache_opt
 @click.option("--kernel", default=None, shell_complete=_complete_kernels, help="Only this kernel.")
 @click.option("--arch", default=None, shell_complete=_complete_archs, help="Only this arch.")
+@click.option("--gpu", default=None, metavar="ARCH",
+              help="Say how a GPU of this arch (sm_90) runs each entry, and mark what it loads.")
 @_json_opt
-def list_cmd(cache_dir: Path | None, kernel: str | None, arch: str | None, as_json: bool) -> None:
+def list_cmd(cache_dir: Path | None, kernel: str | None, arch: str | None, gpu: str | None,
+             as_json: bool) -> None:
     """List the cache's entries: kernel, variant, arch, key, size, age."""
     from cutecc.commands.list import list_entries
 
-    _emit(list_entries(cache_dir, kernel=kernel, arch=arch), as_json)
+    _emit(list_entries(cache_dir, kernel=kernel, arch=arch, gpu=gpu), as_json)
 
 
 @main.command(short_help="Show one entry's metadata and files.")
 @click.argument("key", shell_complete=_complete_keys)
 @_cache_opt
+@click.option("--gpu", default=None, metavar="ARCH",
+              help="Say whether and how a GPU of this arch (sm_90) runs it.")
 @_json_opt
-def show(key: str, cache_dir: Path | None, as_json: bool) -> None:
+def show(key: str, cache_dir: Path | None, gpu: str | None, as_json: bool) -> None:
     """Show one entry (by KEY or a unique key prefix): metadata and files."""
     from cutecc.commands.show import show as run
 
-    _emit(run(key, cache_dir), as_json)
+    _emit(run(key, cache_dir, gpu), as_json)
 
 
 @main.command(short_help="Say why a kernel's entries are (not) cached.")

@@ -209,6 +209,7 @@ def ensure_runtime(store: Store, key: str) -> tuple[Any, bool]:
 def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None) -> Result:
     """Compile, link and publish one entry (in a worker whose DSL targets `job.arch`);
     then, with a writable `remote`, upload it if this call built it."""
+    from cutecc.archs import is_ptx
     from cutecc.compiler import SYMBOL, CompileJob, compile_to_object
     from cutecc.cubin import arch_problem
     from cutecc.linker import link
@@ -225,7 +226,8 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
         t1 = time.perf_counter()
         keyed_sources.evict_stale(job.keyed_files)  # a reused worker imports what was keyed
         obj = compile_to_object(CompileJob(job.entry, job.variant, job.compile_options,
-                                           job.python_path, job.device, job.platform), staging)
+                                           job.python_path, job.device, job.platform,
+                                           ptx=is_ptx(job.arch)), staging)
         compiled = artifact.digest(obj)  # what the DSL compiled, for `cutecc verify --deep`
         t2 = time.perf_counter()
         link(obj, staging / LIBRARY, SYMBOL, entry=job.entry, arch=job.arch, key=job.key,

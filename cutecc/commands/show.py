@@ -32,6 +32,8 @@ class ShowReport(Report):
         info = self.info
         out = [f"key        {info['key']}", f"entry      {info['label']}", f"path       {info['path']}",
                f"last used  {info['last_used']}", f"on disk    {human_size(info['disk_bytes'])}"]
+        if "on_gpu" in info:
+            out.append(f"on {info['on_gpu']['gpu']:<7} {info['on_gpu']['runs']}")
         call = call_text(call_keywords(info["meta"]))
         if call:
             out.append(f"call with  {call}")
@@ -147,8 +149,10 @@ def get_entry(store: StoreView, prefix: str) -> Entry:
     return entry
 
 
-def show(key: str, cache_dir: str | Path | None = None) -> ShowReport:
-    """The entry for KEY|PREFIX: its metadata, its files (name, size, sha256), its last use."""
+def show(key: str, cache_dir: str | Path | None = None, gpu: str | None = None) -> ShowReport:
+    """The entry for KEY|PREFIX: its metadata, its files (name, size, sha256), its last use;
+    with `gpu` (a device arch, `sm_90`), whether and how that GPU runs it (`archs.how_runs`)."""
+    from cutecc.archs import check_device_arch, how_runs
     from cutecc.runtime.tuning import winners_in
 
     store = StoreView(cache_dir).require()
@@ -169,4 +173,6 @@ def show(key: str, cache_dir: str | Path | None = None) -> ShowReport:
         "gradient": gradient(entry.meta),
         "strides": strides(entry.meta),
         "winner_for": winners_in(store.root).get(entry.key, []),
+        **({"on_gpu": {"gpu": gpu, "runs": how_runs(str(entry.meta.get("arch")), gpu)}}
+           if (gpu := None if gpu is None else check_device_arch(gpu, "--gpu")) else {}),
     })

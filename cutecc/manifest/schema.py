@@ -11,7 +11,7 @@ import keyword
 from typing import Any
 
 from cutecc import dtypes
-from cutecc.archs import ARCH_RE
+from cutecc.archs import PATTERN as ARCH_PATTERN
 from cutecc.contract import LAYOUTS, ROLES
 from cutecc.manifest.parse import (
     BUILTIN_PROFILES,
@@ -52,8 +52,8 @@ def _dtype() -> dict[str, Any]:
 def schema() -> dict[str, Any]:
     """The schema as a JSON-able dict (draft 2020-12)."""
     archs = {"type": "array", "minItems": 1, "uniqueItems": True,
-             "items": {"type": "string", "pattern": f"^{ARCH_RE.pattern}$", "not": {"pattern": r"\s"}},
-             "description": "Target GPU architectures, e.g. [\"sm_90a\"]."}
+             "items": {"type": "string", "pattern": f"^({ARCH_PATTERN})$", "not": {"pattern": r"\s"}},
+             "description": "Target GPU architectures, e.g. [\"sm_90a\"]; \"compute_80\" is portable PTX."}
     extent = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
                         {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*$"}, _PARAM]}
     derived = {"type": "string", "minLength": 1, "maxLength": 256,

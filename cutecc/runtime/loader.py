@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cutecc import trust
-from cutecc.archs import check_arch, device_arch, runs_on
+from cutecc.archs import check_device_arch, device_arch, runs_on
 from cutecc.composite_line import CompositeLine
 from cutecc.entry import ARTIFACT_FORMAT, ENTRY_FORMAT, call_keywords, platform_of
 from cutecc.environ import read_only
@@ -220,7 +220,7 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
         raise CuteccError("no kernel cache here; run `cutecc build` first", where=str(store.root),
                           exit_code=1)
     store.require()  # of this format: an older cache has no index and no runtime libraries
-    target = check_arch(arch, "cutecc.load arch") if arch is not None else front.device_arch()
+    target = check_device_arch(arch, "cutecc.load arch") if arch is not None else front.device_arch()
     if target is None:
         raise CuteccError(f"no GPU is visible to {front.framework}: pass arch= (or set CUTECC_ARCH) to load "
                           "kernels for lowering without one", where="cutecc.load", exit_code=1)
