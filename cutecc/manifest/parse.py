@@ -163,8 +163,8 @@ _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs
                 "compile_options", "grad", "description", "symbols", "tune", "derive", "shard",
                 "reshard", "fallback", "fallback_torch"}
 MAX_DIVISIBILITY = 1 << 16
-_TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "buffer", "layout", "mode", "align", "param",
-                "zero", "saved", "reduce", "broadcast", "may_alias", "stride"}
+_TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "runtime", "buffer", "layout", "mode", "align",
+                "param", "zero", "saved", "reduce", "broadcast", "may_alias", "stride"}
 _SCALAR_KEYS = {"kind", "name", "dtype", "default", "param", "value"}
 
 
@@ -472,7 +472,8 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
         at = dict(point)
         env = {**{d: table[_value_key(at[axis])] for d, (axis, table) in derive.items()}, **env}
         env = {k: {"import": x} if k in refs else x for k, x in env.items()}
-        args = tuple(_with_divisibility(_arg(ctx, f"{vctx}, args[{i}]", a, env, hw), symbols, wide)
+        vsymbols = _variant_symbols(ctx, f"{vctx}, symbols", symbols, env, hw)
+        args = tuple(_with_divisibility(_arg(ctx, f"{vctx}, args[{i}]", a, env, hw), vsymbols, wide)
                      for i, a in enumerate(kdoc["args"]))
         _check_args(ctx, vctx, args)
         unused = set(symbols) - {s for t in flat_leaves(args) if isinstance(t, TensorArg)
@@ -528,12 +529,12 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
                   grad_nondiff=grad_nondiff, grad_stop=grad_stop, shard=tuple(shard), reshard=reshard,
                   fallback=fallbacks.get("fallback"), fallback_torch=fallbacks.get("fallback_torch"))
 
-def _symbols(ctx: _Ctx, kp: str, v: Any) -> tuple[dict[str, int], frozenset[str]]:
+def _symbols(ctx: _Ctx, kp: str, v: Any) -> tuple[dict[str, int | str], frozenset[str]]:
     """`symbols = { n = { divisibility = 8, bits = 64 } }`: per symbolic extent, what it is a
     multiple of; and the symbols compiled as 64-bit integers (extents of 2^31 and more)."""
     if not isinstance(v, dict):
         raise ctx.fail(kp, "must be a table of symbol = { divisibility = k, bits = 32 | 64 }")
-    out = {}
+    out: dict[str, int | str] = {}
     wide = set()
     for name, facts in v.items():
         if not NAME_RE.fullmatch(name):
@@ -547,11 +548,30 @@ def _symbols(ctx: _Ctx, kp: str, v: Any) -> tuple[dict[str, int], frozenset[str]
         if bits == 64:
             wide.add(name)
         k = facts.get("divisibility", 1)
-        if type(k) is not int or not 1 <= k <= MAX_DIVISIBILITY:
-            raise ctx.fail(f"{kp}.{name}.divisibility",
-                           f"must be an int from 1 to {MAX_DIVISIBILITY}, got {k!r}")
+        if isinstance(k, str) and _REF_RE.fullmatch(k):  # "$param": resolved per variant
+            out[name] = k
+            continue
+        _check_divisibility(ctx, f"{kp}.{name}.divisibility", k)
         out[name] = k
     return out, frozenset(wide)
+
+
+def _check_divisibility(ctx: _Ctx, kp: str, k: Any) -> int:
+    if type(k) is not int or not 1 <= k <= MAX_DIVISIBILITY:
+        raise ctx.fail(kp, f"must be an int from 1 to {MAX_DIVISIBILITY} or a \"$param\", got {k!r}")
+    return k
+
+
+def _variant_symbols(ctx: _Ctx, kp: str, symbols: dict[str, int | str], env: dict[str, Any],
+                     hw: dict[str, Any]) -> dict[str, int]:
+    """The kernel's `symbols` divisibilities for one variant: a "$param" (a variant or
+    derived parameter, e.g. 16 bytes in elements of the variant's dtype) substituted."""
+    def one(n: str, k: int | str) -> int:
+        if isinstance(k, int):
+            return k
+        where = f"{kp}.{n}.divisibility"
+        return _check_divisibility(ctx, where, _subst(ctx, where, k, env, hw))
+    return {n: one(n, k) for n, k in symbols.items()}
 
 
 def _with_divisibility(a: Arg, symbols: dict[str, int], wide: frozenset[str] = frozenset()) -> Arg:
@@ -559,7 +579,8 @@ def _with_divisibility(a: Arg, symbols: dict[str, int], wide: frozenset[str] = f
     when padded: a padded logical extent is bound, and checked, where it is unpadded)
     from the kernel's `symbols`."""
     if isinstance(a, TensorArg):
-        div = tuple(expr.multiple_of(d, symbols) if expr.is_derived(d) else
+        # a derived extent that reads no symbol is a runtime value promising nothing (`runtime`)
+        div = tuple((expr.multiple_of(d, symbols) if expr.names(d) else 1) if expr.is_derived(d) else
                     symbols.get(d, 1) if isinstance(d, str) else 1 for d in a.extents)
         a = dataclasses.replace(a, divisibility=div if any(k > 1 for k in div) else None)
         w = tuple(i for i, d in enumerate(a.extents) if d in wide)
@@ -722,7 +743,7 @@ def _point_id(point: tuple[tuple[str, _Value], ...]) -> str:
 
 
 def _check_used(ctx: _Ctx, kp: str, axes: Any, kdoc: dict[str, Any], table: str = "variants") -> None:
-    text = repr((kdoc.get("args"), kdoc.get("constants"), kdoc.get("factory_args")))
+    text = repr((kdoc.get("args"), kdoc.get("constants"), kdoc.get("factory_args"), kdoc.get("symbols")))
     for name, _ in axes:  # "$name" alone, or in a derived extent's or scalar's expression
         if f"'${name}'" not in text and not re.search(rf"\${re.escape(name)}(?![A-Za-z0-9_])", text):
             raise ctx.fail(f"{kp}, {table}.{name}",
@@ -931,7 +952,8 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
     shape = a["shape"]
     if not isinstance(shape, list):
         raise ctx.fail(f"{kp}.shape", f"must be an array, got {_tname(shape)}")
-    dims = _dims(ctx, f"{kp}.shape", shape, env, hw, derived=role in ("output", "scratch"))
+    runtime = _runtime_dims(ctx, f"{kp}.runtime", a["runtime"], shape, role) if "runtime" in a else ()
+    dims = _dims(ctx, f"{kp}.shape", shape, env, hw, derived=role in ("output", "scratch"), runtime=runtime)
     if role == "scratch" and "buffer" in a:
         raise ctx.fail(f"{kp}.buffer", "a scratch tensor cannot be padded (the runtime allocates it)")
     buffer = _buffer(ctx, kp, a, dims, role, env, hw) if "buffer" in a else None
@@ -952,7 +974,7 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
         order = _order(ctx, f"{kp}.layout", a.get("layout", "row-major"), len(dims))
     stride = _stride(ctx, f"{kp}.stride", a["stride"], dims, role, "buffer" in a or bcast is not None) \
         if "stride" in a else None
-    align = a.get("align", 16)
+    align = _subst(ctx, f"{kp}.align", a.get("align", 16), env, hw)
     if isinstance(align, bool) or not isinstance(align, int) or align <= 0 or align & (align - 1):
         raise ctx.fail(f"{kp}.align", f"must be a positive power of two (bytes), got {align!r}")
     if align > MAX_ALIGN:
@@ -981,15 +1003,18 @@ def _broadcast(ctx: _Ctx, kp: str, v: Any, dims: tuple[Dim, ...], role: str) -> 
 _REF_RE = re.compile(r"\$(hw\.)?[A-Za-z_][A-Za-z0-9_]*")
 
 
-def _expression(ctx: _Ctx, kp: str, text: str, env: dict[str, _Value], hw: dict[str, Any]) -> int | str:
+def _expression(ctx: _Ctx, kp: str, text: str, env: dict[str, _Value], hw: dict[str, Any],
+                fold: bool = True) -> int | str:
     """A derived extent or scalar: `$param`s and `$hw.fact`s substituted (build-time numbers),
-    checked against the grammar (`cutecc.expr`), folded to an int when it reads no symbol,
-    else its canonical text."""
+    checked against the grammar (`cutecc.expr`), folded to an int when it reads no symbol
+    (and `fold`), else its canonical text."""
     def ref(name: str) -> Any:
         return _subst(ctx, kp, f"${name}", env, hw)
     try:
         text = expr.canonical(expr.substitute(text, ref))
-        if not expr.names(text):
+        if not fold and int(expr.evaluate(text, {})) <= 0:
+            raise ctx.fail(kp, f"a static extent must be positive, got {text}")
+        if fold and not expr.names(text):
             return int(expr.evaluate(text, {}))
     except expr.ExprError as e:
         raise ctx.fail(kp, f"{e} (an expression of ints, symbols, + - * // %, ceil_div(a, b), "
@@ -1012,10 +1037,30 @@ def _scalar_expr(ctx: _Ctx, kp: str, v: Any, dt: str, env: dict[str, _Value],
     return v
 
 
+def _runtime_dims(ctx: _Ctx, kp: str, v: Any, shape: list[Any], role: str) -> tuple[int, ...]:
+    """`runtime = [0]` (an output or scratch): dimensions whose derived extent is compiled as a
+    runtime value even where it reads no symbol (quack's dw partial rows, `2 * $hw.sm_count`:
+    its own build compiles them symbolic). The runtime computes it per call, as any derived
+    extent."""
+    if role not in ("output", "scratch"):
+        raise ctx.fail(kp, "only an output's or scratch's derived extent is computed per call, "
+                       f"not an {role}'s")
+    if not isinstance(v, list) or not v or not all(type(i) is int for i in v) \
+            or len(set(v)) != len(v) or not all(0 <= i < len(shape) for i in v):
+        raise ctx.fail(kp, f"must be an array of distinct dimension indices from 0 to {len(shape) - 1}, "
+                       f"got {v!r}")
+    for i in v:
+        d = shape[i]
+        if not isinstance(d, str) or _REF_RE.fullmatch(d) or NAME_RE.fullmatch(d):
+            raise ctx.fail(kp, f"dimension {i} ({d!r}) is not a derived extent (an expression)")
+    return tuple(v)
+
+
 def _dims(ctx: _Ctx, kp: str, shape: list[Any], env: dict[str, _Value],
-          hw: dict[str, Any], derived: bool = False) -> tuple[Dim, ...]:
+          hw: dict[str, Any], derived: bool = False, runtime: tuple[int, ...] = ()) -> tuple[Dim, ...]:
     """A `shape` or `buffer` array: positive ints (static), symbol names and, where
-    `derived` (outputs and scratch), expressions over symbols."""
+    `derived` (outputs and scratch), expressions over symbols (folded to an int when they
+    read none, except in the `runtime` dimensions)."""
     dims: list[Dim] = []
     for i, d in enumerate(shape):
         dp = f"{kp}[{i}]"
@@ -1023,7 +1068,7 @@ def _dims(ctx: _Ctx, kp: str, shape: list[Any], env: dict[str, _Value],
             if not derived:
                 raise ctx.fail(dp, f'"{d}" is not a valid symbol name (a derived extent, an '
                                "expression, may size only an output or a scratch tensor)")
-            d = _expression(ctx, dp, d, env, hw)
+            d = _expression(ctx, dp, d, env, hw, fold=i not in runtime)
             if isinstance(d, str):
                 dims.append(d)
                 continue
