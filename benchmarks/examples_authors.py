@@ -16,6 +16,7 @@ Needs the build extra and the examples extra; no GPU.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -71,6 +72,56 @@ def _cross_entropy_bwd(v: Any) -> Any:
     return CrossEntropyBackward.compile.__wrapped__(_dtype(v), cutlass.Int32, dict(v.params)["vocab"], None)
 
 
+FA4_SIZES = {"b": 4, "s": 4096, "h": 16}  # benchmarks/examples_parity.py's; FA4's fakes are all dynamic
+_fa4_builds: dict[tuple[str, bool, int], dict[str, Any]] = {}
+
+
+def _fa4_interface(which: str, causal: bool, d: int) -> dict[str, Any]:
+    """What FA4's interface compiles for sm_90 (`_flash_attn_fwd` or `_flash_attn_bwd`, as
+    its autograd function calls them) when called on torch fake tensors (FlashAttention's
+    own way to compile ahead of time, `flash_attn.cute.testing.maybe_fake_tensor_mode`),
+    with torch's device queries answered from the manifest's profile as cutecc's build
+    workers answer them. Per cache of the interface (`fwd`, `bwd_pre`, `bwd`, `bwd_post`),
+    the function compiled."""
+    key = (which, causal, d)
+    if key in _fa4_builds:
+        return _fa4_builds[key]
+    import torch
+    from flash_attn.cute import interface as fi
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from cutecc import devicequery
+
+    caches = {"fwd": fi._flash_attn_fwd, "bwd_pre": fi._bwd_preprocess, "bwd": fi._flash_attn_bwd,
+              "bwd_post": fi._bwd_postprocess_convert}
+    for f in caches.values():
+        f.compile_cache.clear()
+    b, s, h = FA4_SIZES["b"], FA4_SIZES["s"], FA4_SIZES["h"]
+    with devicequery.answering(_DEVICE), FakeTensorMode():
+        q, k, v, out, dout = (torch.empty(b, s, h, d, dtype=torch.bfloat16, device="cuda") for _ in range(5))
+        lse = torch.empty(b, h, s, dtype=torch.float32, device="cuda")
+        scale = 1 / math.sqrt(d)
+        if which == "fwd":
+            fi._flash_attn_fwd(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)
+        else:
+            fi._flash_attn_bwd(q, k, v, out, dout, lse, softmax_scale=scale, causal=causal)
+    got = {}
+    for name, f in caches.items():
+        fns = list(f.compile_cache.cache.values())
+        if fns:
+            assert len(fns) == 1, f"FA4's {name} cache holds {len(fns)} functions, not one"
+            got[name] = fns[0]
+    _fa4_builds[key] = got
+    return got
+
+
+def _fa4(which: str, cache: str) -> Callable[[Any], Any]:
+    def build(v: Any) -> Any:
+        p = dict(v.params)
+        return _fa4_interface(which, bool(p["causal"]), int(p["d"]))[cache]
+    return build
+
+
 # kernel name -> how its library compiles the same call
 AUTHORS: dict[str, Callable[[Any], Any]] = {
     "quack_rmsnorm": _rmsnorm_fwd,
@@ -78,7 +129,12 @@ AUTHORS: dict[str, Callable[[Any], Any]] = {
     "quack_cross_entropy": _cross_entropy,
     "quack_cross_entropy_bwd": _cross_entropy_bwd,
     "quack_cross_entropy_bwd_bcast": _cross_entropy_bwd,
+    "fa4_fwd": _fa4("fwd", "fwd"),
+    "fa4_bwd_pre": _fa4("bwd", "bwd_pre"),
+    "fa4_bwd_main": _fa4("bwd", "bwd"),
+    "fa4_bwd_post": _fa4("bwd", "bwd_post"),
 }
+_DEVICE: dict[str, Any] | None = None  # torch's device answers for the manifest's profile (`setup`)
 
 
 def setup(manifest_path: Path) -> Any:
@@ -87,7 +143,12 @@ def setup(manifest_path: Path) -> Any:
     os.environ.setdefault("CUTE_DSL_DISABLE_FILE_CACHING", "1")
     from cutecc.manifest import load_manifest
 
+    global _DEVICE
+    from cutecc import devicequery
+
     manifest = load_manifest(manifest_path)
+    k = manifest.kernels[0]  # every kernel of the examples builds for one profile
+    _DEVICE = devicequery.answers(dict(k.hardware), ARCH, k.profile)
     os.environ["CUTE_DSL_ARCH"] = ARCH
     os.environ.update(manifest.env_for(ARCH))
     for p in reversed(manifest.python_path):
@@ -115,9 +176,13 @@ def compare(cache: Path, manifest_path: Path, out: Path | None = None,
 
     manifest = setup(manifest_path)
     res: dict[str, bool | None] = {}
-    entries = sorted((e for e in Store(cache).entries() if e.meta["arch"] == ARCH),
-                     key=lambda e: (e.meta["kernel"], e.meta["variant"]))
-    for e in entries:
+    newest: dict[tuple[str, str], Any] = {}  # an older build of a variant is left out, as `cutecc.load` does
+    for e in Store(cache).entries():
+        at = (e.meta["kernel"], e.meta["variant"])
+        if e.meta["arch"] == ARCH and (at not in newest or
+                                       e.meta.get("built_at", "") > newest[at].meta.get("built_at", "")):
+            newest[at] = e
+    for _, e in sorted(newest.items()):
         name = e.meta["kernel"]
         if kernels is not None and name not in kernels:
             continue

@@ -579,8 +579,7 @@ def _with_divisibility(a: Arg, symbols: dict[str, int], wide: frozenset[str] = f
     when padded: a padded logical extent is bound, and checked, where it is unpadded)
     from the kernel's `symbols`."""
     if isinstance(a, TensorArg):
-        # a derived extent that reads no symbol is a runtime value promising nothing (`runtime`)
-        div = tuple((expr.multiple_of(d, symbols) if expr.names(d) else 1) if expr.is_derived(d) else
+        div = tuple(expr.multiple_of(d, symbols) if expr.is_derived(d) else
                     symbols.get(d, 1) if isinstance(d, str) else 1 for d in a.extents)
         a = dataclasses.replace(a, divisibility=div if any(k > 1 for k in div) else None)
         w = tuple(i for i, d in enumerate(a.extents) if d in wide)
@@ -952,8 +951,10 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
     shape = a["shape"]
     if not isinstance(shape, list):
         raise ctx.fail(f"{kp}.shape", f"must be an array, got {_tname(shape)}")
-    runtime = _runtime_dims(ctx, f"{kp}.runtime", a["runtime"], shape, role) if "runtime" in a else ()
-    dims = _dims(ctx, f"{kp}.shape", shape, env, hw, derived=role in ("output", "scratch"), runtime=runtime)
+    dims = _dims(ctx, f"{kp}.shape", shape, env, hw, derived=role in ("output", "scratch"))
+    runtime = _runtime_dims(ctx, f"{kp}.runtime", a["runtime"], dims, role) if "runtime" in a else None
+    if runtime is not None and ("buffer" in a or "broadcast" in a):
+        raise ctx.fail(f"{kp}.runtime", "a padded or broadcast tensor's extents are read from its buffer")
     if role == "scratch" and "buffer" in a:
         raise ctx.fail(f"{kp}.buffer", "a scratch tensor cannot be padded (the runtime allocates it)")
     buffer = _buffer(ctx, kp, a, dims, role, env, hw) if "buffer" in a else None
@@ -985,7 +986,7 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
         raise ctx.fail(f"{kp}.reduce", "a scalar (rank 0) output has no leading axis to sum over")
     return TensorArg(name, role, dt, dims, label, align, order=order, buffer=buffer, zero=zero,
                      saved=saved, reduce=reduce, broadcast=bcast, may_alias=may_alias,
-                     mode="mode" in a and order is not None, stride=stride)
+                     mode="mode" in a and order is not None, stride=stride, runtime=runtime)
 
 
 def _broadcast(ctx: _Ctx, kp: str, v: Any, dims: tuple[Dim, ...], role: str) -> tuple[int, ...] | None:
@@ -1003,18 +1004,15 @@ def _broadcast(ctx: _Ctx, kp: str, v: Any, dims: tuple[Dim, ...], role: str) -> 
 _REF_RE = re.compile(r"\$(hw\.)?[A-Za-z_][A-Za-z0-9_]*")
 
 
-def _expression(ctx: _Ctx, kp: str, text: str, env: dict[str, _Value], hw: dict[str, Any],
-                fold: bool = True) -> int | str:
+def _expression(ctx: _Ctx, kp: str, text: str, env: dict[str, _Value], hw: dict[str, Any]) -> int | str:
     """A derived extent or scalar: `$param`s and `$hw.fact`s substituted (build-time numbers),
-    checked against the grammar (`cutecc.expr`), folded to an int when it reads no symbol
-    (and `fold`), else its canonical text."""
+    checked against the grammar (`cutecc.expr`), folded to an int when it reads no symbol,
+    else its canonical text."""
     def ref(name: str) -> Any:
         return _subst(ctx, kp, f"${name}", env, hw)
     try:
         text = expr.canonical(expr.substitute(text, ref))
-        if not fold and int(expr.evaluate(text, {})) <= 0:
-            raise ctx.fail(kp, f"a static extent must be positive, got {text}")
-        if fold and not expr.names(text):
+        if not expr.names(text):
             return int(expr.evaluate(text, {}))
     except expr.ExprError as e:
         raise ctx.fail(kp, f"{e} (an expression of ints, symbols, + - * // %, ceil_div(a, b), "
@@ -1037,30 +1035,27 @@ def _scalar_expr(ctx: _Ctx, kp: str, v: Any, dt: str, env: dict[str, _Value],
     return v
 
 
-def _runtime_dims(ctx: _Ctx, kp: str, v: Any, shape: list[Any], role: str) -> tuple[int, ...]:
-    """`runtime = [0]` (an output or scratch): dimensions whose derived extent is compiled as a
-    runtime value even where it reads no symbol (quack's dw partial rows, `2 * $hw.sm_count`:
-    its own build compiles them symbolic). The runtime computes it per call, as any derived
-    extent."""
-    if role not in ("output", "scratch"):
-        raise ctx.fail(kp, "only an output's or scratch's derived extent is computed per call, "
-                       f"not an {role}'s")
+def _runtime_dims(ctx: _Ctx, kp: str, v: Any, dims: tuple[Dim, ...], role: str) -> tuple[int, ...]:
+    """`runtime = [3]`: dimensions whose extent is static (the call checks it, or computes it
+    for an output) or derived (computed per call) but compiled as a runtime value of its own
+    that promises no divisibility, as the kernel's own build compiles it (FA4's head
+    dimension and rounded lengths, quack's dw partial rows)."""
+    if role == "scratch":
+        raise ctx.fail(kp, "a scratch tensor is the runtime's own: compile its extents as declared")
     if not isinstance(v, list) or not v or not all(type(i) is int for i in v) \
-            or len(set(v)) != len(v) or not all(0 <= i < len(shape) for i in v):
-        raise ctx.fail(kp, f"must be an array of distinct dimension indices from 0 to {len(shape) - 1}, "
+            or len(set(v)) != len(v) or not all(0 <= i < len(dims) for i in v):
+        raise ctx.fail(kp, f"must be an array of distinct dimension indices from 0 to {len(dims) - 1}, "
                        f"got {v!r}")
     for i in v:
-        d = shape[i]
-        if not isinstance(d, str) or _REF_RE.fullmatch(d) or NAME_RE.fullmatch(d):
-            raise ctx.fail(kp, f"dimension {i} ({d!r}) is not a derived extent (an expression)")
-    return tuple(v)
+        if expr.is_symbol(dims[i]):
+            raise ctx.fail(kp, f"dimension {i} ({dims[i]!r}) is a symbol, a runtime value already")
+    return tuple(sorted(v))
 
 
 def _dims(ctx: _Ctx, kp: str, shape: list[Any], env: dict[str, _Value],
-          hw: dict[str, Any], derived: bool = False, runtime: tuple[int, ...] = ()) -> tuple[Dim, ...]:
+          hw: dict[str, Any], derived: bool = False) -> tuple[Dim, ...]:
     """A `shape` or `buffer` array: positive ints (static), symbol names and, where
-    `derived` (outputs and scratch), expressions over symbols (folded to an int when they
-    read none, except in the `runtime` dimensions)."""
+    `derived` (outputs and scratch), expressions over symbols."""
     dims: list[Dim] = []
     for i, d in enumerate(shape):
         dp = f"{kp}[{i}]"
@@ -1068,7 +1063,7 @@ def _dims(ctx: _Ctx, kp: str, shape: list[Any], env: dict[str, _Value],
             if not derived:
                 raise ctx.fail(dp, f'"{d}" is not a valid symbol name (a derived extent, an '
                                "expression, may size only an output or a scratch tensor)")
-            d = _expression(ctx, dp, d, env, hw, fold=i not in runtime)
+            d = _expression(ctx, dp, d, env, hw)
             if isinstance(d, str):
                 dims.append(d)
                 continue

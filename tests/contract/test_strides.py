@@ -6,6 +6,7 @@ kernel takes the stride as a runtime value where a dense contract compiles it in
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import jax
@@ -14,7 +15,7 @@ import pytest
 from helpers import REPO, run_cli, unbuilt_kernels
 
 from cutecc.commands.show import ShowReport, strides
-from cutecc.contract import StrideSymbol, TensorArg, arg_from_json, arg_to_json, args_to_json
+from cutecc.contract import StrideSymbol, TensorArg, arg_from_json, arg_to_json, args_to_json, stride_text
 from cutecc.errors import CuteccError
 from cutecc.manifest import load_manifest
 
@@ -181,8 +182,8 @@ def test_divisibility_and_align_may_follow_a_variant(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("dw", "extra", "key_path", "fragment"), [
     ('align = "$nope"', "", "args[1].align", '"$nope" names no variant parameter'),
-    ("runtime = [1]", "", "args[1].runtime", "dimension 1 (64) is not a derived extent"),
     ("runtime = [2]", "", "args[1].runtime", "distinct dimension indices from 0 to 1"),
+    ("runtime = [0, 0]", "", "args[1].runtime", "distinct dimension indices from 0 to 1"),
     ("align = 16", ', n = { divisibility = "$dtype" }', "symbols.n.divisibility", "must be an int from 1"),
 ])
 def test_bad_variant_facts_name_the_key(tmp_path: Path, dw: str, extra: str, key_path: str,
@@ -193,19 +194,35 @@ def test_bad_variant_facts_name_the_key(tmp_path: Path, dw: str, extra: str, key
     assert fragment in info.value.message, info.value.message
 
 
-def test_a_runtime_extent_is_compiled_symbolic_and_computed_per_call(tmp_path: Path) -> None:
-    """`runtime = [0]`: the partial rows stay an expression (a runtime value of the kernel,
-    promising no divisibility), the call computes them from the profile and sums them."""
+def test_runtime_names_no_symbol_and_no_padded_tensor(tmp_path: Path) -> None:
+    for a, fragment in (('runtime = [0]', 'dimension 0 (\'m\') is a symbol'),
+                        ('runtime = [1], buffer = ["m", "lda"]', "a padded or broadcast tensor")):
+        with pytest.raises(CuteccError) as info:
+            _load(tmp_path, _manifest(a, "").replace('"k"]', "64]", 1))
+        assert "args[0].runtime" in (info.value.key_path or "") and fragment in info.value.message, info.value
+
+
+def test_a_runtime_extent_is_checked_or_computed_per_call_and_keyed(tmp_path: Path) -> None:
+    """`runtime = [i]`: the extent stays static (or derived) in the contract, so the call
+    checks it (an output's is computed, the partials summed), and the contract records
+    which dimensions the kernel compiles as values of their own."""
     p = _partials(tmp_path, "runtime = [0]")
     bf16 = load_manifest(p).kernel("bwd").variants[0]
     dw = bf16.args[1]
-    assert dw.shape == ("2 * 132", 64) and dw.divisibility is None
-    assert arg_from_json(arg_to_json(dw)) == dw
+    assert dw.shape == (264, 64) and dw.runtime == (0,)
+    assert arg_to_json(dw)["runtime"] == [0] and arg_from_json(arg_to_json(dw)) == dw
+    assert "runtime" not in arg_to_json(bf16.args[0])
+    assert stride_text(dw) == ["64", "1"]
+    assert stride_text(dataclasses.replace(dw, runtime=(1,))) == ["dim1", "1"]  # rows as long as a value
     k = unbuilt_kernels(p)["bwd"]
     got = jax.eval_shape(lambda x: k(x), S((7, 64), jnp.bfloat16))
     assert got.shape == (64,)  # the (264, 64) partials summed over their rows
     lowered = jax.jit(lambda x: k(x)).trace(S((7, 64), jnp.bfloat16)).lower(lowering_platforms=("cuda",))
     assert "tensor<264x64xf32>" in lowered.as_text()
+    with pytest.raises(CuteccError, match="64"):  # a static extent compiled as a value is still checked
+        jax.eval_shape(lambda x: k(x), S((7, 32), jnp.bfloat16))
+    with pytest.raises(ValueError, match="not indices of static or derived"):
+        arg_from_json({**arg_to_json(bf16.args[0]), "runtime": [0]})
 
 
 def test_the_examples_compile_quacks_strides_as_its_own_build_does() -> None:
@@ -216,7 +233,7 @@ def test_the_examples_compile_quacks_strides_as_its_own_build_does() -> None:
         div = 8 if dict(v.params)["dtype"] == "bfloat16" else 4
         x, dw = v.args[0], v.args[7]
         assert isinstance(x, TensorArg) and x.stride == (StrideSymbol("ldx", div, 64), 1)
-        assert isinstance(dw, TensorArg) and dw.name == "dw" and dw.shape[0] == "2 * 132"
+        assert isinstance(dw, TensorArg) and dw.name == "dw" and dw.shape[0] == 264 and dw.runtime == (0,)
         assert dw.align == div * 4 and dw.stride == (StrideSymbol("lddw", div, 64), 1)
     bwd = m.kernel("quack_cross_entropy_bwd").variants[0]
     logits, dlogits = bwd.args[0], bwd.args[3]
