@@ -156,11 +156,16 @@ def setup(manifest_path: Path) -> Any:
     return manifest
 
 
+def authors_compile(kernel: str, variant: Any) -> Any:
+    """The authors' build of `variant` of `kernel` (a TVM-FFI compiled function)."""
+    return AUTHORS[kernel](variant)
+
+
 def authors_cubins(kernel: str, variant: Any, obj: Path | None = None) -> list[bytes]:
     """The cubins of the authors' build of `variant` of `kernel` (exported to `obj` if given)."""
     from cutecc.cubin import cubins
 
-    compiled = AUTHORS[kernel](variant)
+    compiled = authors_compile(kernel, variant)
     with tempfile.TemporaryDirectory() as d:
         path = obj or Path(d) / "k.o"
         compiled.export_to_c(str(path), function_name="direct")
