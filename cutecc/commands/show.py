@@ -39,7 +39,9 @@ class ShowReport(Report):
         for name, st in (info.get("strides") or {}).items():
             dyn = [x for x, static in zip(st["strides"], st["static"]) if not static]
             out.append(f"strides    {name}: ({', '.join(st['strides'])}) "
-                       + ("all static" if not dyn else f"runtime: {', '.join(dyn)}"))
+                       + ("all static" if not dyn else f"runtime: {', '.join(dyn)}")
+                       + "".join(f"; extent {i} ({st['shape'][i]}) compiled as a runtime value"
+                                 for i in st.get("runtime", ())))
         sh = info.get("sharding")
         if sh:
             out.append(f"sharding   {sharding_text(sh)}")
@@ -94,7 +96,8 @@ def strides(meta: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for t in tensors:
         text = stride_text(t)
-        out[t.name] = {"strides": text, "static": [x.isdigit() for x in text]}
+        out[t.name] = {"strides": text, "static": [x.isdigit() for x in text],
+                       **({"runtime": list(t.runtime), "shape": list(t.shape)} if t.runtime else {})}
     return out
 
 

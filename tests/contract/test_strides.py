@@ -214,6 +214,12 @@ def test_a_runtime_extent_is_checked_or_computed_per_call_and_keyed(tmp_path: Pa
     assert "runtime" not in arg_to_json(bf16.args[0])
     assert stride_text(dw) == ["64", "1"]
     assert stride_text(dataclasses.replace(dw, runtime=(1,))) == ["dim1", "1"]  # rows as long as a value
+    st = strides({"args": args_to_json(bf16.args)})
+    assert st["dw"] == {"strides": ["64", "1"], "static": [True, True], "runtime": [0], "shape": [264, 64]}
+    info = {"key": "k" * 64, "label": "bwd@sm_90a", "path": "/c", "last_used": "never", "disk_bytes": 0,
+            "meta": {}, "files": [], "strides": st}
+    assert ("strides    dw: (64, 1) all static; extent 0 (264) compiled as a runtime value"
+            in ShowReport(info).lines())
     k = unbuilt_kernels(p)["bwd"]
     got = jax.eval_shape(lambda x: k(x), S((7, 64), jnp.bfloat16))
     assert got.shape == (64,)  # the (264, 64) partials summed over their rows
