@@ -44,6 +44,8 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
         or mode = [..] (cutlass_call's): dimension i is dimension mode[i] of the array the
         caller holds, which the call takes and returns as held (no transpose);
         stride = [..]: per dimension an int or a symbol (a runtime stride; facts in symbols);
+        runtime = [i, ..]: static or derived extents compiled as runtime values of their own;
+        align = bytes or "$param";
         buffer = [..] (input/inout): the shape of the padded array passed, of which the
         kernel sees the `shape` block at its origin with the buffer's strides (`lda`);
         may_alias = "x" (output): the kernel may write it in input x's memory (it reads each
@@ -57,7 +59,8 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
       in between keep their Python defaults
     constants = {..}              compile-time keyword arguments of the launcher
     derive = {p = {axis = {value = v, ..}}}   a parameter that follows one axis (no axis itself)
-    symbols = {n = {divisibility = 8}}   facts about symbolic extents (checked at call time)
+    symbols = {n = {divisibility = 8}}   facts about symbolic extents (checked at call time);
+                                  a divisibility may be a "$param" (per variant)
     variants = {param = [..]}     a matrix; "$param" in dtype/shape/constants/factory_args;
                                   values are numbers, strings, bools or, for a whole axis,
                                   import references {import = "pkg.mod:Name"} (Python
