@@ -335,18 +335,18 @@ def _fake_args(conv: CallingConvention) -> list[Any]:
 
     def tensor(t: TensorArg) -> Any:
         # The dense row-major buffer JAX passes: the array's (a padded tensor's buffer's)
-        # dimensions in the declared order (`perm`); the wrapper views it logically.
+        # dimensions in the declared order (`perm`); the wrapper views it logically. A
+        # `runtime` dimension is a symbol of its own (the call checks its static extent).
         rank = len(t.shape)
+        dims = tuple(cute.sym_int() if p in (t.runtime or ()) else dim(t.extents[p]) for p in t.perm)
         if t.stride is not None:  # declared strides: runtime values where symbolic
             return cute.runtime.make_fake_tensor(
-                getattr(cutlass, dtypes.DTYPES[t.dtype].cutlass),
-                tuple(dim(t.extents[p]) for p in t.perm),
+                getattr(cutlass, dtypes.DTYPES[t.dtype].cutlass), dims,
                 tuple(stride(t.stride[p]) for p in t.perm),
                 assumed_align=t.align,
             )
         return cute.runtime.make_fake_compact_tensor(
-            getattr(cutlass, dtypes.DTYPES[t.dtype].cutlass),
-            tuple(dim(t.extents[p]) for p in t.perm),
+            getattr(cutlass, dtypes.DTYPES[t.dtype].cutlass), dims,
             stride_order=tuple(range(rank - 1, -1, -1)),
             assumed_align=t.align,
         )

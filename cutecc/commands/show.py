@@ -41,7 +41,12 @@ class ShowReport(Report):
         for name, st in (info.get("strides") or {}).items():
             dyn = [x for x, static in zip(st["strides"], st["static"]) if not static]
             out.append(f"strides    {name}: ({', '.join(st['strides'])}) "
-                       + ("all static" if not dyn else f"runtime: {', '.join(dyn)}"))
+                       + ("all static" if not dyn else f"runtime: {', '.join(dyn)}")
+                       + "".join(f"; extent {i} ({st['shape'][i]}) compiled as a runtime value"
+                                 for i in st.get("runtime", ())))
+        sh = info.get("sharding")
+        if sh:
+            out.append(f"sharding   {sharding_text(sh)}")
         grad = info.get("gradient")
         if grad:
             out += [f"gradient   {line}" for line in Cotangents(grad["backward"], tuple(grad["taken"]),
@@ -93,8 +98,33 @@ def strides(meta: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for t in tensors:
         text = stride_text(t)
-        out[t.name] = {"strides": text, "static": [x.isdigit() for x in text]}
+        out[t.name] = {"strides": text, "static": [x.isdigit() for x in text],
+                       **({"runtime": list(t.runtime), "shape": list(t.shape)} if t.runtime else {})}
     return out
+
+
+def sharding(meta: dict[str, Any]) -> dict[str, Any]:
+    """The entry's sharding choices, as the runtime reads them from its key inputs: the
+    `shard` rule (None: none declared) and `reshard` ("error" when not declared)."""
+    from cutecc.runtime.calls import _reshard_of, _shard_of
+
+    shard = _shard_of(meta)
+    return {"shard": list(shard) if isinstance(shard, (list, tuple)) else None, "reshard": _reshard_of(meta)}
+
+
+_RESHARD_MEANS = {
+    "error": "a call split elsewhere under an explicit mesh is an error",
+    "warn": "a call split elsewhere under an explicit mesh warns once, then is gathered",
+    "allow": "a call split elsewhere is gathered silently",
+}
+
+
+def sharding_text(sh: dict[str, Any]) -> str:
+    """One line: `shard = [..]` (or no rule) and `reshard = ...` with what it means."""
+    rule = (f"shard = [{', '.join(map(str, sh['shard']))}]" if sh.get("shard")
+            else "no shard rule (one device per call)")
+    r = sh.get("reshard")
+    return f"{rule}; reshard = {r}" + (f": {_RESHARD_MEANS[r]}" if r in _RESHARD_MEANS else "")
 
 
 def gradient(meta: dict[str, Any]) -> dict[str, Any] | None:
@@ -171,6 +201,7 @@ def show(key: str, cache_dir: str | Path | None = None, gpu: str | None = None) 
         "meta": entry.meta,
         "in_place": in_place_notes(entry.meta),
         "gradient": gradient(entry.meta),
+        "sharding": sharding(entry.meta),
         "strides": strides(entry.meta),
         "winner_for": winners_in(store.root).get(entry.key, []),
         **({"on_gpu": {"gpu": gpu, "runs": how_runs(str(entry.meta.get("arch")), gpu)}}

@@ -44,6 +44,8 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
         or mode = [..] (cutlass_call's): dimension i is dimension mode[i] of the array the
         caller holds, which the call takes and returns as held (no transpose);
         stride = [..]: per dimension an int or a symbol (a runtime stride; facts in symbols);
+        runtime = [i, ..]: static or derived extents compiled as runtime values of their own;
+        align = bytes or "$param";
         buffer = [..] (input/inout): the shape of the padded array passed, of which the
         kernel sees the `shape` block at its origin with the buffer's strides (`lda`);
         may_alias = "x" (output): the kernel may write it in input x's memory (it reads each
@@ -57,7 +59,8 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
       in between keep their Python defaults
     constants = {..}              compile-time keyword arguments of the launcher
     derive = {p = {axis = {value = v, ..}}}   a parameter that follows one axis (no axis itself)
-    symbols = {n = {divisibility = 8}}   facts about symbolic extents (checked at call time)
+    symbols = {n = {divisibility = 8}}   facts about symbolic extents (checked at call time);
+                                  a divisibility may be a "$param" (per variant)
     variants = {param = [..]}     a matrix; "$param" in dtype/shape/constants/factory_args;
                                   values are numbers, strings, bools or, for a whole axis,
                                   import references {import = "pkg.mod:Name"} (Python
@@ -163,8 +166,8 @@ _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs
                 "compile_options", "grad", "description", "symbols", "tune", "derive", "shard",
                 "reshard", "fallback", "fallback_torch"}
 MAX_DIVISIBILITY = 1 << 16
-_TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "buffer", "layout", "mode", "align", "param",
-                "zero", "saved", "reduce", "broadcast", "may_alias", "stride"}
+_TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "runtime", "buffer", "layout", "mode", "align",
+                "param", "zero", "saved", "reduce", "broadcast", "may_alias", "stride"}
 _SCALAR_KEYS = {"kind", "name", "dtype", "default", "param", "value"}
 
 
@@ -472,7 +475,8 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
         at = dict(point)
         env = {**{d: table[_value_key(at[axis])] for d, (axis, table) in derive.items()}, **env}
         env = {k: {"import": x} if k in refs else x for k, x in env.items()}
-        args = tuple(_with_divisibility(_arg(ctx, f"{vctx}, args[{i}]", a, env, hw), symbols, wide)
+        vsymbols = _variant_symbols(ctx, f"{vctx}, symbols", symbols, env, hw)
+        args = tuple(_with_divisibility(_arg(ctx, f"{vctx}, args[{i}]", a, env, hw), vsymbols, wide)
                      for i, a in enumerate(kdoc["args"]))
         _check_args(ctx, vctx, args)
         unused = set(symbols) - {s for t in flat_leaves(args) if isinstance(t, TensorArg)
@@ -528,12 +532,12 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
                   grad_nondiff=grad_nondiff, grad_stop=grad_stop, shard=tuple(shard), reshard=reshard,
                   fallback=fallbacks.get("fallback"), fallback_torch=fallbacks.get("fallback_torch"))
 
-def _symbols(ctx: _Ctx, kp: str, v: Any) -> tuple[dict[str, int], frozenset[str]]:
+def _symbols(ctx: _Ctx, kp: str, v: Any) -> tuple[dict[str, int | str], frozenset[str]]:
     """`symbols = { n = { divisibility = 8, bits = 64 } }`: per symbolic extent, what it is a
     multiple of; and the symbols compiled as 64-bit integers (extents of 2^31 and more)."""
     if not isinstance(v, dict):
         raise ctx.fail(kp, "must be a table of symbol = { divisibility = k, bits = 32 | 64 }")
-    out = {}
+    out: dict[str, int | str] = {}
     wide = set()
     for name, facts in v.items():
         if not NAME_RE.fullmatch(name):
@@ -547,11 +551,30 @@ def _symbols(ctx: _Ctx, kp: str, v: Any) -> tuple[dict[str, int], frozenset[str]
         if bits == 64:
             wide.add(name)
         k = facts.get("divisibility", 1)
-        if type(k) is not int or not 1 <= k <= MAX_DIVISIBILITY:
-            raise ctx.fail(f"{kp}.{name}.divisibility",
-                           f"must be an int from 1 to {MAX_DIVISIBILITY}, got {k!r}")
+        if isinstance(k, str) and _REF_RE.fullmatch(k):  # "$param": resolved per variant
+            out[name] = k
+            continue
+        _check_divisibility(ctx, f"{kp}.{name}.divisibility", k)
         out[name] = k
     return out, frozenset(wide)
+
+
+def _check_divisibility(ctx: _Ctx, kp: str, k: Any) -> int:
+    if type(k) is not int or not 1 <= k <= MAX_DIVISIBILITY:
+        raise ctx.fail(kp, f"must be an int from 1 to {MAX_DIVISIBILITY} or a \"$param\", got {k!r}")
+    return k
+
+
+def _variant_symbols(ctx: _Ctx, kp: str, symbols: dict[str, int | str], env: dict[str, Any],
+                     hw: dict[str, Any]) -> dict[str, int]:
+    """The kernel's `symbols` divisibilities for one variant: a "$param" (a variant or
+    derived parameter, e.g. 16 bytes in elements of the variant's dtype) substituted."""
+    def one(n: str, k: int | str) -> int:
+        if isinstance(k, int):
+            return k
+        where = f"{kp}.{n}.divisibility"
+        return _check_divisibility(ctx, where, _subst(ctx, where, k, env, hw))
+    return {n: one(n, k) for n, k in symbols.items()}
 
 
 def _with_divisibility(a: Arg, symbols: dict[str, int], wide: frozenset[str] = frozenset()) -> Arg:
@@ -722,7 +745,7 @@ def _point_id(point: tuple[tuple[str, _Value], ...]) -> str:
 
 
 def _check_used(ctx: _Ctx, kp: str, axes: Any, kdoc: dict[str, Any], table: str = "variants") -> None:
-    text = repr((kdoc.get("args"), kdoc.get("constants"), kdoc.get("factory_args")))
+    text = repr((kdoc.get("args"), kdoc.get("constants"), kdoc.get("factory_args"), kdoc.get("symbols")))
     for name, _ in axes:  # "$name" alone, or in a derived extent's or scalar's expression
         if f"'${name}'" not in text and not re.search(rf"\${re.escape(name)}(?![A-Za-z0-9_])", text):
             raise ctx.fail(f"{kp}, {table}.{name}",
@@ -932,6 +955,9 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
     if not isinstance(shape, list):
         raise ctx.fail(f"{kp}.shape", f"must be an array, got {_tname(shape)}")
     dims = _dims(ctx, f"{kp}.shape", shape, env, hw, derived=role in ("output", "scratch"))
+    runtime = _runtime_dims(ctx, f"{kp}.runtime", a["runtime"], dims, role) if "runtime" in a else None
+    if runtime is not None and ("buffer" in a or "broadcast" in a):
+        raise ctx.fail(f"{kp}.runtime", "a padded or broadcast tensor's extents are read from its buffer")
     if role == "scratch" and "buffer" in a:
         raise ctx.fail(f"{kp}.buffer", "a scratch tensor cannot be padded (the runtime allocates it)")
     buffer = _buffer(ctx, kp, a, dims, role, env, hw) if "buffer" in a else None
@@ -952,7 +978,7 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
         order = _order(ctx, f"{kp}.layout", a.get("layout", "row-major"), len(dims))
     stride = _stride(ctx, f"{kp}.stride", a["stride"], dims, role, "buffer" in a or bcast is not None) \
         if "stride" in a else None
-    align = a.get("align", 16)
+    align = _subst(ctx, f"{kp}.align", a.get("align", 16), env, hw)
     if isinstance(align, bool) or not isinstance(align, int) or align <= 0 or align & (align - 1):
         raise ctx.fail(f"{kp}.align", f"must be a positive power of two (bytes), got {align!r}")
     if align > MAX_ALIGN:
@@ -963,7 +989,7 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
         raise ctx.fail(f"{kp}.reduce", "a scalar (rank 0) output has no leading axis to sum over")
     return TensorArg(name, role, dt, dims, label, align, order=order, buffer=buffer, zero=zero,
                      saved=saved, reduce=reduce, broadcast=bcast, may_alias=may_alias,
-                     mode="mode" in a and order is not None, stride=stride)
+                     mode="mode" in a and order is not None, stride=stride, runtime=runtime)
 
 
 def _broadcast(ctx: _Ctx, kp: str, v: Any, dims: tuple[Dim, ...], role: str) -> tuple[int, ...] | None:
@@ -1010,6 +1036,23 @@ def _scalar_expr(ctx: _Ctx, kp: str, v: Any, dt: str, env: dict[str, _Value],
     if type(v) is int and not lo <= v <= hi:
         raise ctx.fail(kp, f"{v} is out of the range of {dt} ({lo}..{hi})")
     return v
+
+
+def _runtime_dims(ctx: _Ctx, kp: str, v: Any, dims: tuple[Dim, ...], role: str) -> tuple[int, ...]:
+    """`runtime = [3]`: dimensions whose extent is static (the call checks it, or computes it
+    for an output) or derived (computed per call) but compiled as a runtime value of its own
+    that promises no divisibility, as the kernel's own build compiles it (FA4's head
+    dimension and rounded lengths, quack's dw partial rows)."""
+    if role == "scratch":
+        raise ctx.fail(kp, "a scratch tensor is the runtime's own: compile its extents as declared")
+    if not isinstance(v, list) or not v or not all(type(i) is int for i in v) \
+            or len(set(v)) != len(v) or not all(0 <= i < len(dims) for i in v):
+        raise ctx.fail(kp, f"must be an array of distinct dimension indices from 0 to {len(dims) - 1}, "
+                       f"got {v!r}")
+    for i in v:
+        if expr.is_symbol(dims[i]):
+            raise ctx.fail(kp, f"dimension {i} ({dims[i]!r}) is a symbol, a runtime value already")
+    return tuple(sorted(v))
 
 
 def _dims(ctx: _Ctx, kp: str, shape: list[Any], env: dict[str, _Value],

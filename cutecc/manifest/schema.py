@@ -98,8 +98,12 @@ def schema() -> dict[str, Any]:
                                                             {"type": "string"}]},
                        "description": "The stride the kernel is compiled with, per dimension: an int "
                                       "(static) or a symbol (a runtime value; facts in symbols)."},
-            "align": {"enum": [1 << i for i in range(MAX_ALIGN.bit_length())],
-                      "description": "Pointer alignment in bytes."},
+            "runtime": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1,
+                        "description": "Dimensions (of an output or scratch) whose derived extent is "
+                                       "compiled as a runtime value even where it reads no symbol."},
+            "align": {"oneOf": [{"enum": [1 << i for i in range(MAX_ALIGN.bit_length())]},
+                                {"type": "string", "pattern": r"^\$[A-Za-z_][A-Za-z0-9_]*$"}],
+                      "description": "Pointer alignment in bytes (or a \"$param\")."},
             "param": _KW,
         },
     }
@@ -165,8 +169,10 @@ def schema() -> dict[str, Any]:
                                       "keyword."},
             "symbols": {"type": "object", "additionalProperties": {
                 "type": "object", "additionalProperties": False,
-                "properties": {"divisibility": {"type": "integer", "minimum": 1,
-                                                "maximum": MAX_DIVISIBILITY},
+                "properties": {"divisibility": {"oneOf": [
+                    {"type": "integer", "minimum": 1, "maximum": MAX_DIVISIBILITY},
+                    {"type": "string", "pattern": r"^\$[A-Za-z_][A-Za-z0-9_]*$",
+                     "description": "a variant or derived parameter (\"$div\")"}]},
                                "bits": {"enum": [32, 64], "description": "64: compiled as a 64-bit "
                                                                          "integer (extents >= 2^31)."}}},
                         "description": "Facts about symbolic extents, e.g. n = { divisibility = 8 }."},
