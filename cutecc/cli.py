@@ -145,10 +145,10 @@ def _complete_keys(ctx: click.Context, param: click.Parameter, incomplete: str) 
     from click.shell_completion import CompletionItem
 
     from cutecc.entry import label_of
-    from cutecc.store.writer import Store
+    from cutecc.store.view import StoreView
 
     try:
-        store = Store(ctx.params.get("cache_dir"))
+        store = StoreView(ctx.params.get("cache_dir"))
         return [CompletionItem(e.key, help=label_of(e.meta)) for e in store.entries()
                 if e.key.startswith(incomplete.lower())][:200]
     except Exception:

@@ -53,7 +53,6 @@ from pathlib import Path
 from typing import Any
 
 from cutecc import modfind, trust
-from cutecc.atomic import atomic_write
 from cutecc.entry import parse_json
 from cutecc.errors import CuteccError
 from cutecc.store.layout import PLAN_FACTS
@@ -461,12 +460,14 @@ class HashCache:
         """Write what was learned (best-effort: a read-only cache is fine)."""
         if self.path is None or self._refused or not self.write:
             return
+        from cutecc.store.writer import write_planning
+
         with contextlib.suppress(OSError):
             if "files" in self._dirty and self._hashes is not None:
-                atomic_write(self.path, json.dumps({"format": HASH_CACHE_FORMAT, "files": self._hashes},
+                write_planning(self.path, json.dumps({"format": HASH_CACHE_FORMAT, "files": self._hashes},
                                                    separators=(",", ":")).encode())
             if "facts" in self._dirty and self.facts_path is not None:
-                atomic_write(self.facts_path, json.dumps(
+                write_planning(self.facts_path, json.dumps(
                     {"format": HASH_CACHE_FORMAT, "parser": parser_id(), "dists": self._dists,
                      "sources": self._sources, "closures": self._closures,
                      "closure_bodies": self._live_bodies()},

@@ -21,8 +21,6 @@ tuning plans, received sources (`src/`) and quarantined entries of that age go.
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,12 +139,12 @@ def gc(cache_dir: str | Path | None = None, *, max_size: str | int | None = None
         if store.layout.tuning_result(key).is_file() and (dry_run or store.remove_tuning_results(key)):
             report.removed_tuning.append(key)
     if age is not None:
-        report.removed_plans = _prune(store.layout.tuning_plans(), now - age, dry_run)
-        report.removed_sources = _prune(store.layout.sources(), now - age, dry_run)
+        report.removed_plans = store.prune(store.layout.tuning_plans(), now - age, dry_run)
+        report.removed_sources = store.prune(store.layout.sources(), now - age, dry_run)
     if not dry_run:
         report.swept_tmp = store.sweep_tmp()
         if age is not None:
-            report.quarantine_removed = _prune(store.quarantine_dir, now - age, dry_run)
+            report.quarantine_removed = store.prune(store.quarantine_dir, now - age, dry_run)
     return report
 
 
@@ -160,26 +158,3 @@ def _reachable(store: Store, locks: tuple[str | Path, ...]) -> frozenset[str]:
         keys.update(lock.distinct_keys())
         keys.update(t.base for t in lock.tuning)
     return frozenset(keys)
-
-
-def _prune(area: Path, before: float, dry_run: bool) -> int:
-    """Remove what `area` holds that was last changed before `before` (epoch seconds):
-    files and directories alike, never following a link; returns how many."""
-    n = 0
-    try:
-        items = sorted(area.iterdir())
-    except OSError:
-        return 0
-    for d in items:
-        try:
-            if os.lstat(d).st_mtime >= before:
-                continue
-            if not dry_run:
-                if d.is_dir() and not d.is_symlink():
-                    shutil.rmtree(d, ignore_errors=True)
-                else:
-                    d.unlink(missing_ok=True)
-            n += 1
-        except OSError:
-            continue
-    return n

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -528,10 +527,7 @@ def _fix_tuning(store: Store, p: Problem, bad: set[str]) -> str:
     if str(path) in bad:
         return "removed"
     try:
-        if path.is_dir() and not path.is_symlink():  # a directory in a record's place
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
+        store.discard(path)  # a directory in a record's place too
     except OSError as e:
         raise WorkError(f"cannot remove: {e.strerror}", where=str(path)) from None
     bad.add(str(path))
@@ -643,15 +639,13 @@ def _remove_orphan(store: Store, p: Problem) -> str:
     try:
         if p.key and path.parent == store.entry_dir(p.key):  # a stray file in an entry
             with store.lock(p.key, timeout=0):
-                path.unlink(missing_ok=True)
+                store.discard(path, ignore_errors=True)
         elif p.key and path == store.entry_dir(p.key):  # an entry dir without meta.json
             with store.lock(p.key, timeout=0):
                 if not (path / META).exists():
-                    shutil.rmtree(path, ignore_errors=True)
-        elif path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)  # never follows a link inside
-        else:
-            path.unlink(missing_ok=True)  # a file, or a link itself (not its target)
+                    store.discard(path, ignore_errors=True)
+        else:  # a directory (never following a link inside), a file or a link itself
+            store.discard(path, ignore_errors=True)
     except filelock.Timeout:
         return "busy: left as is"
     except OSError as e:

@@ -1,5 +1,8 @@
 """Writing the cache: publish, quarantine, remove, the index, build records, stats,
-tuning plans and results, sweeping.
+tuning plans and results, planning facts, sources a Ray node received, staging, pruning
+and discarding what does not belong, sweeping. Every create and delete under a cache
+root is here (`cutecc.store.misses`, which the runtime writes, aside); a test checks that
+no other module that knows the store writes or deletes files.
 
 An entry is visible only once complete: it is built in `tmp/`, every file fsynced,
 then renamed into place. Builders take the key's lock and look again before
@@ -26,7 +29,7 @@ import os
 import secrets
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -382,19 +385,83 @@ class Store(StoreView):
         if not os.path.lexists(src):
             return None  # a symbolic link is moved itself, never what it points to
         make_dir(dest.parent)
-        try:
-            os.rename(src, dest)
-        except OSError as e:
-            if e.errno != errno.EXDEV:
-                raise
-            aside = src.parent / f".{key}.{secrets.token_hex(6)}.tmp"
-            os.rename(src, aside)
-            fsync_dir(src.parent)
-            _copy_tree(aside, dest)
-            shutil.rmtree(aside, ignore_errors=True)
+        move_dir(src, dest, key, hide_first=True)
         fsync_dir(src.parent)
         fsync_dir(dest.parent)
         return dest
+
+    # Areas kept by age, things that do not belong, received sources, staging ------
+
+    def prune(self, area: Path, before: float, dry_run: bool = False) -> int:
+        """Remove what the cache area `area` (tuning plans, received sources, quarantine)
+        holds that was last changed before `before` (epoch seconds): files and directories
+        alike, never following a link; returns how many (with `dry_run`, would remove)."""
+        self._inside(area)
+        n = 0
+        try:
+            items = sorted(area.iterdir())
+        except OSError:
+            return 0
+        for d in items:
+            try:
+                if os.lstat(d).st_mtime >= before:
+                    continue
+                if not dry_run:
+                    self.discard(d, ignore_errors=True)
+                n += 1
+            except OSError:
+                continue
+        return n
+
+    def discard(self, path: Path, *, ignore_errors: bool = False) -> None:
+        """Delete `path` under the cache root, something that does not belong there (or a
+        damaged record): a directory with all it holds, never following a link inside; a
+        file, or a link itself (never its target). Absent is fine; else raises OSError,
+        for a directory only without `ignore_errors`. The caller holds what lock guards it."""
+        self._inside(path)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=ignore_errors)
+        else:
+            path.unlink(missing_ok=True)
+
+    def receive_sources(self, digest: str, files: Mapping[str, bytes]) -> Path:
+        """`src/<digest>/`: kernel sources a Ray worker on another node received (the
+        caller checked them against the key's source digest, and each relative path),
+        written once: into a fresh directory beside it, then renamed into place; a
+        concurrent writer's copy (the same bytes) wins where it came first."""
+        final = self.layout.source_tree(digest)
+        if final.is_dir():
+            return final
+        tmp = final.parent / f".{digest}.{secrets.token_hex(6)}.tmp"
+        tmp.mkdir(parents=True)
+        for rel, data in files.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_bytes(data)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not final.is_dir():
+                raise
+        return final
+
+    @contextlib.contextmanager
+    def staging_dir(self, name: str) -> Iterator[Path]:
+        """`tmp/<name>`, a private directory (0700) for the caller's work, deleted with all
+        it holds on leaving (swept like a build's leftovers if the process dies: hold the
+        lock of the key `name` starts with)."""
+        path = self.layout.staging(name)
+        path.mkdir(mode=0o700)
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def _inside(self, path: Path) -> None:
+        """Refuse a path outside this cache (a caller's bug, never the user's input)."""
+        if not Path(os.path.abspath(path)).is_relative_to(os.path.abspath(self.root)) \
+                or os.path.abspath(path) == os.path.abspath(self.root):
+            raise ValueError(f"{path} is not inside the cache {self.root}")
 
     def is_busy(self, key: str) -> bool:
         """Whether another process holds the lock of `key` (a build of it under way)."""
@@ -440,17 +507,7 @@ class Store(StoreView):
                 if not runtime:  # before the entry is visible: every visible entry is indexed
                     self.index(key, meta, staging / META)
                 make_dir(final.parent)
-                try:
-                    os.rename(staging, final)
-                except OSError as e:
-                    if e.errno != errno.EXDEV:
-                        raise
-                    # entries/ is on another file system than tmp/: copy the staged entry
-                    # next to its place first, so that the publishing rename stays atomic.
-                    near = final.parent / f".{key}.{secrets.token_hex(6)}.tmp"
-                    _copy_tree(staging, near)
-                    os.rename(near, final)
-                    shutil.rmtree(staging, ignore_errors=True)
+                move_dir(staging, final, key, hide_first=False)
                 fsync_dir(final.parent)
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
@@ -539,6 +596,39 @@ def _manifest_keys(doc: dict[str, Any]) -> list[Any]:
     return [k for per_arch in (per_kernel.values() if isinstance(per_kernel, dict) else ())
             if isinstance(per_arch, dict) for keys in per_arch.values() if isinstance(keys, list)
             for k in keys]
+
+
+def move_dir(src: Path, dest: Path, tag: str, *, hide_first: bool) -> None:
+    """Rename the directory `src` to `dest`: one rename, so readers see it whole or not at
+    all. Across file systems (EXDEV) the one rename stays on the side readers look at:
+    with `hide_first` (moving an entry out of their sight), `src` is first renamed aside
+    in its own directory, then copied to `dest`; else (publishing) it is copied next to
+    `dest` first, then renamed into place. Either way the copy's source is deleted after.
+    `tag` starts the name of the directory aside (`.<tag>.<hex>.tmp`, swept with the key's
+    leftovers). Flat directories only (an entry's files) where a copy is needed."""
+    try:
+        os.rename(src, dest)
+        return
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+    if hide_first:
+        aside = src.parent / f".{tag}.{secrets.token_hex(6)}.tmp"
+        os.rename(src, aside)
+        fsync_dir(src.parent)
+        _copy_tree(aside, dest)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        near = dest.parent / f".{tag}.{secrets.token_hex(6)}.tmp"
+        _copy_tree(src, near)
+        os.rename(near, dest)
+        shutil.rmtree(src, ignore_errors=True)
+
+
+def write_planning(path: Path, data: bytes) -> None:
+    """Write one of the planning caches beside the cache's root files (`filehashes.json`,
+    `planfacts.json`: `cutecc.dists.HashCache`), atomically, with the cache's file mode."""
+    atomic_write(path, data, FILE_MODE)
 
 
 def _copy_tree(src: Path, dest: Path) -> None:
