@@ -89,7 +89,8 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def compile_env(manifest_env: Mapping[str, str] = (), environ: Mapping[str, str] | None = None
+def compile_env(manifest_env: Mapping[str, str] | Iterable[tuple[str, str]] = (),
+                environ: Mapping[str, str] | None = None
                 ) -> dict[str, str]:
     """The environment that decides what a build compiles: the keyed variables of the
     build's environment, and all of the manifest's `[env]` (which workers set)."""
@@ -354,13 +355,14 @@ class HashCache:
         `(file, module, is a package)` per member, while the context is the same and every
         member file and every path its lookups read has the stamp it had then. None otherwise."""
         rec = self._closures.get(f"{key}\0{context}")
-        body = self._bodies.get(rec[1]) if isinstance(rec, list) and len(rec) == 2 and rec[0] == key \
+        digest = rec[1] if isinstance(rec, list) and len(rec) == 2 and rec[0] == key \
             and isinstance(rec[1], str) else None
-        if not (isinstance(body, list) and len(body) == 2):
+        body = self._bodies.get(digest) if digest is not None else None
+        if digest is None or not (isinstance(body, list) and len(body) == 2):
             return None
-        if rec[1] not in self._valid:
-            self._valid[rec[1]] = self._holds(body)
-        if not self._valid[rec[1]]:
+        if digest not in self._valid:
+            self._valid[digest] = self._holds(body)
+        if not self._valid[digest]:
             return None
         return [(str(f), str(name), bool(is_pkg)) for f, name, is_pkg, _ in body[0]]
 
@@ -571,8 +573,8 @@ class DistIndex:
         # (the thirty-odd distributions torch and the DSL require, read on every no-op).
         record_file = os.path.join(str(d._path), "RECORD") if isinstance(d, md.PathDistribution) else None
         before = path_stamp(record_file) if record_file and not full else None
-        fp = f"record\0{DIGEST_VERSION}\0{before}"
-        if before is not None and (known := self.hashes.dist_digest(f"{record_file}\0record", fp)):
+        record_fp = f"record\0{DIGEST_VERSION}\0{before}"
+        if before is not None and (known := self.hashes.dist_digest(f"{record_file}\0record", record_fp)):
             return known
         text = d.read_text("RECORD") or ""
         rows = self._rows.get(name) or _portable_rows(text)
@@ -584,9 +586,9 @@ class DistIndex:
             h.update(b"record\0" + record().encode())
             if before is not None and record_file and path_stamp(record_file) == before and \
                     time.time_ns() - before[2] >= SETTLE_NS:
-                self.hashes.remember_dist(f"{record_file}\0record", fp, h.hexdigest())
+                self.hashes.remember_dist(f"{record_file}\0record", record_fp, h.hexdigest())
             return h.hexdigest()
-        stats = []
+        stats: list[tuple[str, str, os.stat_result | None]] = []
         for rel, p in _listed(d, text, rows):
             try:
                 stats.append((rel, p, os.stat(p)))

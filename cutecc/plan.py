@@ -51,7 +51,7 @@ def plan(manifest: Manifest, archs: tuple[str, ...] = (), *,
     index = SourceIndex(manifest.python_path, cache)
     installed = DistIndex(cache)
     envs: dict[str, dict[str, str]] = {}
-    out = []
+    out: list[Planned] = []
     try:
         _plan(manifest, archs, platforms or manifest.platforms, index, installed, envs, out)
     finally:

@@ -117,8 +117,8 @@ def gc(cache_dir: str | Path | None = None, *, max_size: str | int | None = None
             total -= sizes[key]
             report.removed.append({"key": key, "label": label_of(e.meta), "bytes": sizes[key],
                                    "last_used": used, "unreachable": orphan and not stale})
-    gone = {r["key"] for r in report.removed}
-    linked = {rec["key"] for _, key, e in entries if key not in gone
+    removed_keys = {r["key"] for r in report.removed}
+    linked = {rec["key"] for _, key, e in entries if key not in removed_keys
               for rec in [runtime_record(e.meta)] if rec is not None}
     for rt in store.runtimes():
         size = rt.disk_bytes()
@@ -135,7 +135,7 @@ def gc(cache_dir: str | Path | None = None, *, max_size: str | int | None = None
             report.removed_runtimes.append({"key": rt.key, "library": rt.meta.get("library"),
                                             "bytes": size})
     report.kept_bytes = total
-    for key in sorted(gone):  # a tuning record of a default that went serves nothing
+    for key in sorted(removed_keys):  # a tuning record of a default that went serves nothing
         if store.layout.tuning_result(key).is_file() and (dry_run or store.remove_tuning_results(key)):
             report.removed_tuning.append(key)
     if age is not None:

@@ -578,9 +578,11 @@ def _fix(store: Store, report: VerifyReport) -> None:
     for key, probs in bad.items():
         reason = "; ".join(f"{p.kind}: {Path(p.path).name}: {p.detail}" for p in probs)
         rt = store.runtimes_dir in Path(probs[0].path).parents
+        def still_bad(d: Path, k: str = key, r: bool = rt) -> bool:
+            return any(p.kind in BAD for p in check_entry(d, k, r))
+
         try:
-            dest = store.quarantine(key, reason, runtime=rt, still_bad=lambda d, k=key, r=rt: any(
-                p.kind in BAD for p in check_entry(d, k, r)))
+            dest = store.quarantine(key, reason, runtime=rt, still_bad=still_bad)
             action = f"quarantined to {dest}" if dest else "gone: rebuilt or removed meanwhile"
         except Busy:
             action = "busy: left as is"
