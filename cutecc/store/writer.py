@@ -39,7 +39,6 @@ from cutecc import trust
 from cutecc.atomic import TMP_NAME, atomic_write, fsync_dir
 from cutecc.entry import (
     ENTRY_FORMAT,
-    MAX_META_BYTES,
     META,
     RUNTIME_ENTRY_FORMAT,
     STORE_FORMAT,
@@ -47,20 +46,17 @@ from cutecc.entry import (
     index_bytes,
     index_facts,
     is_kernel_name,
-    is_key,
     meta_stamp,
 )
 from cutecc.errors import CuteccError
 from cutecc.locks import Busy, held, is_held
 from cutecc.store.layout import (
     GENERATION_FORMAT,
-    MAX_PLAN_BYTES,
     MISSES,
     PLAN_FORMAT,
     QUARANTINE_FORMAT,
     STATS,
     STATS_FORMAT,
-    TUNING_FORMAT,
 )
 from cutecc.store.view import (
     COUNTERS,
@@ -70,7 +66,6 @@ from cutecc.store.view import (
     StoreView,
     read_meta,
     read_record,
-    read_small_json,
 )
 from cutecc.units import now_iso
 
@@ -188,28 +183,6 @@ class Store(StoreView):
                 self.layout.generation(kernel, arch).unlink()
         with contextlib.suppress(OSError):
             self.layout.manifest_record(manifest).unlink()
-
-    def recorded_keys(self) -> frozenset[str]:
-        """Every key a record in the cache names: the newest build of every kernel and arch
-        (`generations/`) and of every manifest (`manifests/`), every candidate of a stored
-        tuning plan (`tuning/plans/`), and every default and winner of a tuning record
-        (`tuning/results/`). What `cutecc gc --unreachable` keeps; a record unreadable or
-        of another format names nothing (reading more only keeps more)."""
-        keys: set[str] = set()
-        areas = ((self.generations_dir, GENERATION_FORMAT, MAX_META_BYTES, _generation_keys),
-                 (self.manifests_dir, GENERATION_FORMAT, MAX_META_BYTES, _manifest_keys),
-                 (self.layout.tuning_plans(), PLAN_FORMAT, MAX_PLAN_BYTES, _plan_keys),
-                 (self.layout.tuning_results(), TUNING_FORMAT, MAX_PLAN_BYTES, _result_keys))
-        for d, fmt, limit, read in areas:
-            try:
-                names = sorted(n for n in os.listdir(d) if n.endswith(".json"))
-            except OSError:
-                continue
-            for n in names:
-                doc = read_small_json(d / n, limit)
-                if isinstance(doc, dict) and doc.get("format") == fmt:
-                    keys.update(k for k in read(doc) if is_key(k))
-        return frozenset(keys)
 
     # Tuning ------------------------------------------------------------------------
 
@@ -425,10 +398,8 @@ class Store(StoreView):
             path.unlink(missing_ok=True)
 
     def receive_sources(self, digest: str, files: Mapping[str, bytes]) -> Path:
-        """`src/<digest>/`: kernel sources a Ray worker on another node received (the
-        caller checked them against the key's source digest, and each relative path),
-        written once: into a fresh directory beside it, then renamed into place; a
-        concurrent writer's copy (the same bytes) wins where it came first."""
+        """`src/<digest>/`: the kernel sources a Ray worker on another node received (checked
+        by the caller against the key), written once: beside it, then renamed into place."""
         final = self.layout.source_tree(digest)
         if final.is_dir():
             return final
@@ -447,9 +418,8 @@ class Store(StoreView):
 
     @contextlib.contextmanager
     def staging_dir(self, name: str) -> Iterator[Path]:
-        """`tmp/<name>`, a private directory (0700) for the caller's work, deleted with all
-        it holds on leaving (swept like a build's leftovers if the process dies: hold the
-        lock of the key `name` starts with)."""
+        """`tmp/<name>`, a private directory (0700) for the caller's work, deleted on leaving
+        (swept if the process dies: hold the lock of the key `name` starts with)."""
         path = self.layout.staging(name)
         path.mkdir(mode=0o700)
         try:
@@ -571,41 +541,13 @@ class Store(StoreView):
 
 
 
-def _generation_keys(doc: dict[str, Any]) -> list[Any]:
-    keys = doc.get("keys")
-    return keys if isinstance(keys, list) else []
-
-
-def _plan_keys(doc: dict[str, Any]) -> list[Any]:
-    items = doc.get("items")
-    out = []
-    for it in items if isinstance(items, list) else ():
-        cands = it.get("candidates") if isinstance(it, dict) else None
-        out += [c.get("key") for c in (cands if isinstance(cands, list) else ()) if isinstance(c, dict)]
-    return out
-
-
-def _result_keys(doc: dict[str, Any]) -> list[Any]:
-    records = doc.get("records")
-    return [r.get(f) for r in (records if isinstance(records, list) else ()) if isinstance(r, dict)
-            for f in ("base", "winner")]
-
-
-def _manifest_keys(doc: dict[str, Any]) -> list[Any]:
-    per_kernel = doc.get("entries")
-    return [k for per_arch in (per_kernel.values() if isinstance(per_kernel, dict) else ())
-            if isinstance(per_arch, dict) for keys in per_arch.values() if isinstance(keys, list)
-            for k in keys]
-
-
 def move_dir(src: Path, dest: Path, tag: str, *, hide_first: bool) -> None:
     """Rename the directory `src` to `dest`: one rename, so readers see it whole or not at
     all. Across file systems (EXDEV) the one rename stays on the side readers look at:
     with `hide_first` (moving an entry out of their sight), `src` is first renamed aside
     in its own directory, then copied to `dest`; else (publishing) it is copied next to
-    `dest` first, then renamed into place. Either way the copy's source is deleted after.
-    `tag` starts the name of the directory aside (`.<tag>.<hex>.tmp`, swept with the key's
-    leftovers). Flat directories only (an entry's files) where a copy is needed."""
+    `dest` first, then renamed into place; the copy's source is deleted after. `tag` starts
+    the name aside (`.<tag>.<hex>.tmp`, swept with the key's leftovers). Flat directories."""
     try:
         os.rename(src, dest)
         return
