@@ -569,7 +569,7 @@ def move_dir(src: Path, dest: Path, tag: str, *, hide_first: bool) -> None:
 
 def write_planning(path: Path, data: bytes) -> None:
     """Write one of the planning caches beside the cache's root files (`filehashes.json`,
-    `planfacts.json`: `cutecc.dists.HashCache`), atomically, with the cache's file mode."""
+    `planfacts.json`: `cutecc.hashcache.HashCache`), atomically, with the cache's file mode."""
     atomic_write(path, data, FILE_MODE)
 
 

@@ -35,8 +35,8 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "manifest": (("cutecc.manifest",), ("base",)),
     # What the build reads of its tools and of the build host (the installed code's facts
     # are remembered in the cache's planning area, named by the store's layout).
-    "toolchain": (("cutecc.toolchain", "cutecc.devicequery", "cutecc.dists", "cutecc.modfind",
-                   "cutecc.elf", "cutecc.cubin", "cutecc.targetlibs"), ("base", "store")),
+    "toolchain": (("cutecc.toolchain", "cutecc.devicequery", "cutecc.dists", "cutecc.hashcache",
+                   "cutecc.modfind", "cutecc.elf", "cutecc.cubin", "cutecc.targetlibs"), ("base", "store")),
     # What to build: keys, the build plan, the tuning plan.
     "plan": (("cutecc.key", "cutecc.keyed_sources", "cutecc.plan", "cutecc.tuning.plan"),
              ("base", "store", "lock", "manifest", "toolchain")),
