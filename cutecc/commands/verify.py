@@ -58,7 +58,8 @@ def lock_drift(lock: str | Path) -> str | None:
     only: a build, which plans, also compares their files."""
     import importlib.metadata as md
 
-    from cutecc.lockfile import Drift, drift_line, read_lock
+    from cutecc.lock_env import Drift, drift_line
+    from cutecc.lockfile import read_lock
 
     env = read_lock(lock).environment
     if env is None:

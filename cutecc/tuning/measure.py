@@ -18,7 +18,8 @@ from typing import Any
 
 from cutecc.buckets import bucket_text
 from cutecc.errors import CuteccError, WorkError
-from cutecc.lockfile import Pin, Tuned
+from cutecc.lock_lines import Pin
+from cutecc.lockfile import Tuned
 from cutecc.runtime.tuning import MEASURED, TuningResult, toolchain_of
 from cutecc.store.view import StoreView
 from cutecc.tuning import decide

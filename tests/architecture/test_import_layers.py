@@ -28,7 +28,8 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # The cache directory.
     "store": (("cutecc.store",), ("base",)),
     # kernels.lock, its lines (`Pin`, `LockEntry`, `Tuned`) and its signature.
-    "lock": (("cutecc.lockfile", "cutecc.signing"), ("base", "store")),
+    "lock": (("cutecc.lockfile", "cutecc.lock_lines", "cutecc.lock_env", "cutecc.signing"),
+             ("base", "store")),
     # What a deploy host runs: load a cache or a lock, call kernels (JAX, torch).
     "runtime": (("cutecc", "cutecc.runtime", "cutecc.torch"), ("base", "store", "lock")),
     # kernels.toml: its grammar, records and tuning spaces; knows nothing of cache or runtime.
@@ -56,7 +57,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
                  ("base", "store", "lock", "runtime", "manifest", "toolchain", "plan", "compile", "work",
                   "measure")),
     # The command line: parsing, rendering, progress.
-    "cli": (("cutecc.cli", "cutecc.progress"),
+    "cli": (("cutecc.cli", "cutecc.cli_options", "cutecc.progress"),
             ("base", "store", "lock", "runtime", "manifest", "toolchain", "plan", "compile", "work",
              "measure", "commands")),
 }
