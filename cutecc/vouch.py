@@ -75,7 +75,7 @@ def entry_line_problem(store: StoreView, le: LockEntry, *, hashed: bool,
     meta, why = _meta(store, le.key, hashed, memo)
     if meta is None:
         return why
-    why = le.mismatch(Entry(le.key, store.entry_dir(le.key), meta))
+    why = le.mismatch(Entry(le.key, store.layout.entry(le.key), meta))
     if why or not hashed:
         return why
     _, why = _stored(store, meta["runtime"]["key"], True, memo)
@@ -123,7 +123,7 @@ def composite_line_problem(store: StoreView, lock: Lock, c: CompositeLine, *, ha
                 if present or why != "not in the cache":
                     return f'launch "{ln}" ({le.label} {le.key[:12]}): {why}'
                 continue
-            why = le.mismatch(Entry(le.key, store.entry_dir(le.key), meta))
+            why = le.mismatch(Entry(le.key, store.layout.entry(le.key), meta))
             if why:
                 return f'launch "{ln}" ({le.label} {le.key[:12]}): {why}'
             try:

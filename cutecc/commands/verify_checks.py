@@ -434,7 +434,7 @@ def _loads(data: bytes) -> dict[str, Any]:
 
 def _meta_or_none(store: StoreView, key: str) -> dict[str, Any] | None:
     try:
-        return read_meta(store.entry_dir(key))
+        return read_meta(store.layout.entry(key))
     except (OSError, ValueError):
         return None
 

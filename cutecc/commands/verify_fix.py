@@ -75,7 +75,7 @@ def _fix_record(store: Store, p: Problem) -> str:
         with store.lock(key, timeout=0):
             meta = _meta_or_none(store, key)
             if meta is not None and meta.get("kernel") == kernel and not meta_problem(meta, key):
-                store.index(key, meta, store.entry_dir(key) / META)  # from the metadata, the truth
+                store.index(key, meta, store.layout.entry(key) / META)  # from the metadata, the truth
                 return "indexed"
             store.unindex(kernel, key)
             return "removed"
@@ -101,10 +101,10 @@ def _relink_runtime(store: Store, key: str) -> str:
 def _remove_orphan(store: Store, p: Problem) -> str:
     path = Path(p.path)
     try:
-        if p.key and path.parent == store.entry_dir(p.key):  # a stray file in an entry
+        if p.key and path.parent == store.layout.entry(p.key):  # a stray file in an entry
             with store.lock(p.key, timeout=0):
                 store.discard(path, ignore_errors=True)
-        elif p.key and path == store.entry_dir(p.key):  # an entry dir without meta.json
+        elif p.key and path == store.layout.entry(p.key):  # an entry dir without meta.json
             with store.lock(p.key, timeout=0):
                 if not (path / META).exists():
                     store.discard(path, ignore_errors=True)

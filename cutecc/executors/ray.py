@@ -476,7 +476,7 @@ def _task(job: BuildJob, store_root: str, driver_node: str, sources: Sources | s
         return result, None, None
     from cutecc.entry import META
 
-    d = node_store.entry_dir(job.key)
+    d = node_store.layout.entry(job.key)
     meta_bytes = (d / META).read_bytes()
     files = {name: (d / name).read_bytes() for name in (result.meta or {}).get("files", {})}
     return result, meta_bytes, files

@@ -257,12 +257,8 @@ class StoreView:
 
     # Entries ---------------------------------------------------------------------
 
-    def entry_dir(self, key: str) -> Path:
-        """`entries/ab/<key>/` (`Layout.entry`)."""
-        return self.layout.entry(key)
-
     def entry_path(self, key: str) -> str:
-        """`entry_dir` as a string (cheaper where a build handles 10,000 keys)."""
+        """`layout.entry(key)` as a string (cheaper where a build handles 10,000 keys)."""
         return self.layout.entry_str(key)
 
     def runtime_dir(self, key: str) -> Path:
@@ -281,7 +277,7 @@ class StoreView:
             return None
 
     def get(self, key: str) -> Entry | None:
-        return self._get(self.entry_dir(key), key)
+        return self._get(self.layout.entry(key), key)
 
     def get_runtime(self, key: str) -> Entry | None:
         """The runtime library entry of `key`, or None."""
