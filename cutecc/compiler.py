@@ -245,7 +245,7 @@ def import_path(path: str) -> Any:
 
 
 def resolve_value(v: Any) -> Any:
-    """A manifest value (see `cutecc.manifest.parse._value`) as the Python object it stands for."""
+    """A manifest value (see `cutecc.manifest.values._value`) as the Python object it stands for."""
     import cutlass
 
     if isinstance(v, list):

@@ -21,7 +21,8 @@ from cutecc.archs import parse_archs
 from cutecc.builder import Outcome, Progress, RemoteUse
 from cutecc.dists import HashCache
 from cutecc.errors import CuteccError
-from cutecc.lockfile import LOCK_NAME, Drift, drift_line, previous
+from cutecc.lock_env import Drift, drift_line
+from cutecc.lockfile import LOCK_NAME, previous
 from cutecc.manifest import load_manifest
 from cutecc.report import Report
 from cutecc.store.writer import Store

@@ -1,7 +1,7 @@
 """The JSON Schema of `kernels.toml`, for editors (taplo, SchemaStore) to complete and check.
 
-The schema is a guide; `cutecc.manifest.parse` stays the one validator (it also checks what a
-schema cannot say: shared symbolic extents, backward pairings, `$param` references).
+The schema is a guide; `cutecc.manifest.parse` (with the modules it calls) stays the one validator (it
+also checks what a schema cannot say: shared symbolic extents, backward pairings, `$param` references).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from cutecc import dtypes
 from cutecc.archs import PATTERN as ARCH_PATTERN
 from cutecc.contract import LAYOUTS, ROLES
-from cutecc.manifest.parse import (
+from cutecc.manifest.grammar import (
     BUILTIN_PROFILES,
     ENTRY_RE,
     IMPORT_RE,

@@ -343,9 +343,9 @@ class KernelBase:
         # name (forward inputs, outputs saved or not, "cotangent.<output>") and which forward
         # input each of its results is the gradient of; the returned outputs declared
         # stop-gradient (`cutecc.cotangents`). None: inputs then cotangents.
-        self.grad = None if grad is None else {"args": tuple(grad["args"]),
-                                               "returns": grad.get("returns"),
-                                               STOP_GRADIENT: tuple(grad.get(STOP_GRADIENT) or ())}
+        self.grad: dict[str, Any] | None = None if grad is None else {
+            "args": tuple(grad["args"]), "returns": grad.get("returns"),
+            STOP_GRADIENT: tuple(grad.get(STOP_GRADIENT) or ())}
         # More static extents first: the most specific variant wins.
         self.builds = sorted(builds, key=lambda b: -_static(b))
         self.backward = backward

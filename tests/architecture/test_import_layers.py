@@ -28,15 +28,16 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # The cache directory.
     "store": (("cutecc.store",), ("base",)),
     # kernels.lock, its lines (`Pin`, `LockEntry`, `Tuned`) and its signature.
-    "lock": (("cutecc.lockfile", "cutecc.signing"), ("base", "store")),
+    "lock": (("cutecc.lockfile", "cutecc.lock_lines", "cutecc.lock_env", "cutecc.signing"),
+             ("base", "store")),
     # What a deploy host runs: load a cache or a lock, call kernels (JAX, torch).
     "runtime": (("cutecc", "cutecc.runtime", "cutecc.torch"), ("base", "store", "lock")),
     # kernels.toml: its grammar, records and tuning spaces; knows nothing of cache or runtime.
     "manifest": (("cutecc.manifest",), ("base",)),
     # What the build reads of its tools and of the build host (the installed code's facts
     # are remembered in the cache's planning area, named by the store's layout).
-    "toolchain": (("cutecc.toolchain", "cutecc.devicequery", "cutecc.dists", "cutecc.modfind",
-                   "cutecc.elf", "cutecc.cubin", "cutecc.targetlibs"), ("base", "store")),
+    "toolchain": (("cutecc.toolchain", "cutecc.devicequery", "cutecc.dists", "cutecc.hashcache",
+                   "cutecc.modfind", "cutecc.elf", "cutecc.cubin", "cutecc.targetlibs"), ("base", "store")),
     # What to build: keys, the build plan, the tuning plan.
     "plan": (("cutecc.key", "cutecc.keyed_sources", "cutecc.plan", "cutecc.tuning.plan"),
              ("base", "store", "lock", "manifest", "toolchain")),
@@ -61,7 +62,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
                 ("base", "store", "lock", "runtime", "manifest", "toolchain", "plan", "compile", "work",
                  "measure", "commands")),
     # The command line: parsing, rendering, progress.
-    "cli": (("cutecc.cli", "cutecc.progress"),
+    "cli": (("cutecc.cli", "cutecc.cli_options", "cutecc.progress"),
             ("base", "store", "lock", "runtime", "manifest", "toolchain", "plan", "compile", "work",
              "measure", "commands", "develop")),
 }
