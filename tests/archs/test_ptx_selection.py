@@ -56,7 +56,8 @@ def test_list_and_show_say_what_a_gpu_gets(cache: Path) -> None:
     assert "ON sm_90" in "\n".join(list_entries(cache, gpu="sm_90").lines())
     key = next(r.key for r in list_entries(cache, kernel="scale") if r.arch == "compute_80")
     shown = show(key[:12], cache, gpu="sm_90")
-    assert shown["on_gpu"] == {"gpu": "sm_90", "runs": "yes: PTX, compiled by the driver at load"}
+    assert shown["on_gpu"] == {"gpu": "sm_90", "ptx_isa": "9.4", "runs": "yes: PTX, compiled by the driver "
+                               "at load (PTX ISA 9.4: a CUDA 13.4 driver or newer)"}
     assert "on sm_90   yes: PTX" in "\n".join(shown.lines())
     with pytest.raises(CuteccError, match="names portable PTX, not a GPU"):
         list_entries(cache, gpu="compute_80")
