@@ -165,6 +165,22 @@ def ptx_targets(library: bytes) -> list[str]:
     return [f"sm_{m.group(1).decode()}{m.group(2).decode()}" for m in _PTX_TARGET.finditer(library)]
 
 
+_PTX_VERSION = re.compile(rb"^\.version\s+(\d{1,2})\.(\d{1,2})\b", re.M)
+
+
+def ptx_versions(library: bytes) -> list[str]:
+    """The PTX ISA version (`.version 9.4`, read as "9.4") of each PTX module embedded in
+    a library, in file order; read as `ptx_targets` reads the `.target`."""
+    return [f"{int(m.group(1))}.{int(m.group(2))}" for m in _PTX_VERSION.finditer(library)]
+
+
+def ptx_isa(library: bytes) -> str | None:
+    """The PTX ISA a driver must know to compile every PTX module of a library: the
+    highest `.version` in it ("9.4"), None when it carries none."""
+    found = ptx_versions(library)
+    return max(found, key=lambda v: tuple(int(x) for x in v.split("."))) if found else None
+
+
 def ptx_problem(library: bytes, sm: int, arch: str) -> str | None:
     """Why a library cannot be a `compute_<sm>` entry: it carries a cubin (machine code for
     one GPU, not portable), no PTX, or PTX for another target; None when it carries PTX

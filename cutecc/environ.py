@@ -11,6 +11,7 @@ import os
 CACHE_DIR = "CUTECC_CACHE_DIR"  # the cache directory
 READ_ONLY = "CUTECC_READ_ONLY"  # write nothing to the cache
 ARCH = "CUTECC_ARCH"  # the arch to load for, without (or instead of) a GPU
+DRIVER_VERSION = "CUTECC_DRIVER_VERSION"  # the CUDA driver to judge PTX by (13.0), not libcuda's
 ALLOW_SHARED_CACHE = "CUTECC_ALLOW_SHARED_CACHE"  # trust a cache others can write
 SYNC_CHECK = "CUTECC_SYNC_CHECK"  # each kernel waits for its stream and reports faults
 TVM_FFI_TORCH = "CUTECC_TVM_FFI_TORCH"  # let tvm-ffi import torch and cuda-python (its interop)

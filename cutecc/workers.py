@@ -211,7 +211,7 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
     then, with a writable `remote`, upload it if this call built it."""
     from cutecc.archs import is_ptx
     from cutecc.compiler import SYMBOL, CompileJob, compile_to_object
-    from cutecc.cubin import arch_problem
+    from cutecc.cubin import arch_problem, ptx_isa
     from cutecc.linker import link
 
     t0 = time.perf_counter()
@@ -237,10 +237,13 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
         changed = keyed_sources.problem(job.keyed_files)  # compiled what was keyed, or nothing
         if changed:
             raise WorkError(f"not published: {changed}", where=job.kernel)
-        wrong = arch_problem((staging / LIBRARY).read_bytes(), job.arch)
+        library = (staging / LIBRARY).read_bytes()
+        wrong = arch_problem(library, job.arch)
         if wrong:  # never published: the key would name code for another GPU
             raise CuteccError(f"refusing to publish: {wrong}",
                               where=f"{job.kernel}[{job.variant.id}]@{job.arch}", exit_code=1)
+        # the PTX ISA a driver must JIT-compile (`.version`), read as the check read `.target`
+        isa = {"ptx_isa": ptx_isa(library)} if is_ptx(job.arch) else {}
         return {
             "kernel": job.kernel,
             "variant": job.variant.id,
@@ -257,6 +260,7 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
             "key_inputs": job.key_inputs,
             "sources": list(job.sources),
             "artifact": compiled.to_json(),
+            **isa,
             "built_at": now_iso(),
             "build_seconds": round(time.perf_counter() - t0, 3),
         }

@@ -182,7 +182,7 @@ def get_entry(store: StoreView, prefix: str) -> Entry:
 def show(key: str, cache_dir: str | Path | None = None, gpu: str | None = None) -> ShowReport:
     """The entry for KEY|PREFIX: its metadata, its files (name, size, sha256), its last use;
     with `gpu` (a device arch, `sm_90`), whether and how that GPU runs it (`archs.how_runs`)."""
-    from cutecc.archs import check_device_arch, how_runs
+    from cutecc.archs import check_device_arch
     from cutecc.runtime.tuning import winners_in
 
     store = StoreView(cache_dir).require()
@@ -204,6 +204,26 @@ def show(key: str, cache_dir: str | Path | None = None, gpu: str | None = None) 
         "sharding": sharding(entry.meta),
         "strides": strides(entry.meta),
         "winner_for": winners_in(store.root).get(entry.key, []),
-        **({"on_gpu": {"gpu": gpu, "runs": how_runs(str(entry.meta.get("arch")), gpu)}}
+        **({"on_gpu": _on_gpu(entry, gpu)}
            if (gpu := None if gpu is None else check_device_arch(gpu, "--gpu")) else {}),
     })
+
+
+def _on_gpu(entry: Any, gpu: str) -> dict[str, Any]:
+    """How a GPU of arch `gpu` runs the entry (`archs.how_runs`); for PTX, the PTX ISA its
+    build recorded and the oldest CUDA driver that JIT-compiles it (`archs.PTX_ISA_OF_DRIVER`)."""
+    from cutecc.archs import driver_for_ptx_isa, how_runs, is_ptx, parse_version, show_version
+    from cutecc.entry import ptx_isa_of
+
+    arch = str(entry.meta.get("arch"))
+    out: dict[str, Any] = {"gpu": gpu, "runs": how_runs(arch, gpu)}
+    isa = ptx_isa_of(entry.meta)
+    if is_ptx(arch):
+        out["ptx_isa"] = isa
+        want = parse_version(isa)
+        needs = driver_for_ptx_isa(want) if want else None
+        if out["runs"] != "no":
+            out["runs"] += (f" (PTX ISA {isa}: a CUDA {show_version(needs)} driver or newer)" if needs
+                            else f" (PTX ISA {isa}: a newer CUDA driver)" if isa
+                            else " (PTX ISA not recorded)")
+    return out

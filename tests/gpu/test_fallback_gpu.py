@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -179,9 +180,44 @@ def _median_ms(f, *args, n: int = 50) -> float:  # type: ignore[no-untyped-def]
     return float(np.median(times) * 1e3)
 
 
+def _ptx_isa_of(ks, kernel: str) -> str | None:  # type: ignore[no-untyped-def]
+    """The PTX ISA of `kernel`'s compute_80 entry, read from its library's PTX."""
+    from cutecc.commands.list import list_entries
+    from cutecc.cubin import ptx_isa
+    from cutecc.store.view import StoreView
+
+    (row,) = [r for r in list_entries(ks.root, kernel=kernel) if r.arch == "compute_80"]
+    e = StoreView(ks.root).get(row.key)
+    assert e is not None
+    return ptx_isa((e.path / e.checked.library.name).read_bytes())
+
+
 def test_a_ptx_only_build_runs_here_compiled_by_the_driver(arch_ks, rng, record_property) -> None:
-    """scale_ptx is built as compute_80 PTX only: the driver compiles it for this GPU when
-    its library is loaded; it serves calls (no fallback), exactly, at a measured speed."""
+    """scale_ptx is built as compute_80 PTX only: where this process's CUDA driver knows its
+    PTX ISA, the driver compiles it for this GPU when its library is loaded; it serves calls
+    (no fallback), exactly, at a measured speed. Where the driver is older than the PTX (a
+    CUDA 13.0 driver takes PTX ISA up to 9.0; nvidia-cutlass-dsl 4.8.1 writes 9.4), the
+    entry is set aside at load with that reason and the declared fallback serves, exactly."""
+    from cutecc.archs import driver_version, max_ptx_isa, parse_version, show_version
+
+    driver, isa = driver_version(), _ptx_isa_of(arch_ks, "scale_ptx")
+    want = parse_version(isa)
+    assert driver is not None and isa is not None and want is not None, (driver, isa)
+    most = max_ptx_isa(driver)
+    record_property("cuda_driver", show_version(driver))
+    record_property("ptx_isa", isa)
+    if most is not None and want > most:
+        k = arch_ks.scale_ptx
+        assert not k.builds, k.builds
+        why = (f"PTX ISA {isa} needs a CUDA .* driver or newer to JIT-compile it; this driver "
+               f"\\({show_version(driver)}\\) takes PTX ISA up to {show_version(most)}")
+        assert any(re.search(r"@compute_80 \(\w+\): " + why, p) for p in arch_ks.problems), arch_ks.problems
+        x = rand(rng, (100_003,), "float32")
+        with pytest.warns(FallbackWarning, match=f"no build for {arch_ks.arch}.*arch_kernels.ref:scale"):
+            out = jax.jit(lambda x: k(x, factor=2.5))(x)
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(x) * np.float32(2.5))
+        print(f"\ncompute_80 PTX ISA {isa} set aside on CUDA driver {show_version(driver)}: fallback served")
+        return
     k = arch_ks.scale_ptx
     (b,) = k.builds
     assert b.arch == "compute_80", b
