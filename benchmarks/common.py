@@ -143,7 +143,7 @@ def plant(store: Any, src: Any, items: list[tuple[str, dict[str, Any]]]) -> None
                         store.runtime_dir(rec["key"]))
     lib = src.meta["library"]
     for key, meta in items:
-        d = store.entry_dir(key)
+        d = store.layout.entry(key)
         d.mkdir(parents=True, exist_ok=True)
         if not (d / lib).exists():
             try:

@@ -5,15 +5,23 @@ The device has no DSL, so the direct build is made here, on the build host:
 
     python -m benchmarks.examples_parity build EXAMPLES_CACHE OUT_DIR [--manifest examples/kernels.toml]
 
-compiles every entry of EXAMPLES_CACHE's manifest again as `cute.compile(launcher, *fakes
-in the launcher's own order, **keyword fakes, options="--enable-tvm-ffi")`: no cutecc
-wrapper, the launcher's own signature (None slots, FA4's 18 parameters). It exports and
-links each (cutecc's linker, symbol `direct`) into OUT_DIR/<kernel>.<variant>.so, checks
-that its embedded cubin is byte-identical to the cutecc entry's, and writes
-OUT_DIR/parity.json: per entry, how to call the direct library (its parameters in order).
+compiles every timed entry (`SIZES`) of EXAMPLES_CACHE's manifest again the way its
+authors' library compiles it (`benchmarks.examples_authors`: quack's compile helpers and
+their fake tensors, FA4's interface on torch fake tensors): no cutecc wrapper, the
+launcher's own signature (None slots, FA4's 18 parameters). A kernel with no authors' build
+known is compiled as `cute.compile(launcher, *fakes of its contract in the launcher's own
+order, **keyword fakes)`. It exports and links each (cutecc's linker, symbol `direct`) into
+OUT_DIR/<kernel>.<variant>.so, checks that its embedded cubin is byte-identical to the
+cutecc entry's, and writes OUT_DIR/parity.json: per entry, how to call the direct library
+(its parameters in order).
 OUT_DIR is ~1.1 MiB per entry. Then, on the GPU machine (jax, tvm-ffi; no DSL, no torch):
 
-    python benchmarks/examples_parity.py device EXAMPLES_CACHE OUT_DIR [--json PATH]
+    python benchmarks/examples_parity.py device EXAMPLES_CACHE OUT_DIR [--json PATH] [--dry-run]
+
+(--dry-run, on the build host: lower every timed call of both sides' specs for sm_90a,
+running nothing, to check SIZES, SCALARS and the direct call specs). A backward is timed
+like a forward; its partial sums (`reduce = "sum"`, RMSNorm's dw) are summed by cutecc's
+call and compared with the direct side's partials summed, to a float32 tolerance.
 
 loads the cache with `cutecc.load` and each direct library with `tvm_ffi.load_module`,
 checks that both give the same output on fresh random inputs, and times both, interleaved,
@@ -38,7 +46,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import statistics
 import sys
@@ -56,12 +63,18 @@ RESULT_BYTES = 12 << 30  # results a chain may hold
 # Per kernel: the sizes timed (symbol -> extent) and the runtime scalars passed.
 SIZES: dict[str, dict[str, int]] = {
     "quack_rmsnorm": {"m": 16384},
+    "quack_rmsnorm_bwd": {"m": 16384},
     "quack_cross_entropy": {"m": 4096},
+    "quack_cross_entropy_bwd": {"m": 4096},
     "fa4_fwd": {"b": 4, "s_q": 4096, "s_k": 4096, "h": 16},
 }
+# (a derived scalar, RMSNorm backward's sm_count, is the contract's: the direct side passes
+# the value the entry records, cutecc's call computes it)
 SCALARS: dict[str, dict[str, float]] = {
     "quack_rmsnorm": {"eps": 1e-6},
+    "quack_rmsnorm_bwd": {},
     "quack_cross_entropy": {"ignore_index": -100},
+    "quack_cross_entropy_bwd": {"ignore_index": -100},
     "fa4_fwd": {"softmax_scale": 1 / math.sqrt(128)},
 }
 
@@ -80,8 +93,8 @@ def _spec(a: Any) -> Any:
 
     if isinstance(a, TensorArg):
         return {"tensor": a.name}
-    if isinstance(a, ScalarArg):
-        return {"scalar": a.name, "dtype": a.dtype}
+    if isinstance(a, ScalarArg):  # a derived one with the value the contract computes
+        return {"scalar": a.name, "dtype": a.dtype, **({} if a.value is None else {"value": a.value})}
     if isinstance(a, NoneArg):
         return None
     if isinstance(a, TupleArg):
@@ -119,16 +132,17 @@ def _call_spec(launcher: Any, args: tuple[Any, ...]) -> list[Any]:
 
 
 def build(cache: Path, out_dir: Path, manifest_path: Path) -> dict[str, Any]:
-    os.environ.setdefault("CUTE_DSL_DISABLE_FILE_CACHING", "1")
-    from cutecc.manifest import load_manifest
+    from benchmarks import examples_authors
     from cutecc.store import Store
 
-    entries = [e for e in Store(cache).entries() if e.meta["arch"] == "sm_90a"]
-    manifest = load_manifest(manifest_path)
-    os.environ["CUTE_DSL_ARCH"] = "sm_90a"
-    os.environ.update(manifest.env_for("sm_90a"))  # before the DSL or any library is imported
-    for p in reversed(manifest.python_path):
-        sys.path.insert(0, str(p))
+    newest: dict[tuple[str, str], Any] = {}  # an older build of a variant is left out, as `cutecc.load` does
+    for e in Store(cache).entries():
+        at = (e.meta["kernel"], e.meta["variant"])
+        if e.meta["arch"] == "sm_90a" and (at not in newest or
+                                           e.meta.get("built_at", "") > newest[at].meta.get("built_at", "")):
+            newest[at] = e
+    entries = list(newest.values())
+    manifest = examples_authors.setup(manifest_path)  # before the DSL or any library is imported
     import cutlass.cute as cute
 
     from benchmarks.common import launcher_fake, link_fat
@@ -145,12 +159,15 @@ def build(cache: Path, out_dir: Path, manifest_path: Path) -> dict[str, Any]:
         if kernel.name not in SIZES:  # a backward launch: benchmarks/training_step.py times them
             continue
         launcher = resolve_entry(kernel.entry, v.factory_args)
-        syms: dict[str, Any] = {}
-        pos = [launcher_fake(a, syms) for a in v.args if not a.param]
-        kw = {a.param: launcher_fake(a, syms) for a in v.args if a.param}
-        kw.update({k: resolve_value(x) for k, x in v.constants})
         t0 = time.perf_counter()
-        compiled = cute.compile(launcher, *pos, **kw, options="--enable-tvm-ffi")
+        if kernel.name in examples_authors.AUTHORS:
+            compiled, how = examples_authors.authors_compile(kernel.name, v), "authors"
+        else:
+            syms: dict[str, Any] = {}
+            pos = [launcher_fake(a, syms) for a in v.args if not a.param]
+            kw = {a.param: launcher_fake(a, syms) for a in v.args if a.param}
+            kw.update({k: resolve_value(x) for k, x in v.constants})
+            compiled, how = cute.compile(launcher, *pos, **kw, options="--enable-tvm-ffi"), "contract"
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{kernel.name}.{v.id}")  # no "," for ld's -Wl
         obj, lib = out_dir / f"{name}.o", out_dir / f"{name}.so"
         compiled.export_to_c(str(obj), function_name=INNER_SYMBOL)
@@ -160,7 +177,7 @@ def build(cache: Path, out_dir: Path, manifest_path: Path) -> dict[str, Any]:
         direct = cubins(lib.read_bytes())
         report[label(kernel.name, v.id)] = {
             "kernel": kernel.name, "variant": v.id, "key": e.key, "library": lib.name,
-            "compile_s": round(time.perf_counter() - t0, 2),
+            "compile_s": round(time.perf_counter() - t0, 2), "direct_build": how,
             "cubin_identical": len(ours) == len(direct) == 1 and ours[0] == direct[0],
             "params": _call_spec(launcher, v.args),
             "keywords": {k: x for k, x in v.params if k == "causal"},
@@ -210,9 +227,16 @@ def _inputs(build_: Any, kernel: str, rng: Any) -> tuple[list[Any], dict[str, An
         named[t.name] = x
         ins.append(x)
     for t in build_.conv.results:
-        shape = tuple(d if isinstance(d, int) else env[d] for d in t.shape)
-        named[t.name] = jnp.zeros(shape, t.dtype)
+        named[t.name] = jnp.zeros(_shape(t, env), t.dtype)
     return ins, named
+
+
+def _shape(t: Any, env: dict[str, int]) -> tuple[int, ...]:
+    """A result's extents at the timed sizes (derived ones evaluated)."""
+    from cutecc import expr
+
+    return tuple(d if isinstance(d, int) else env[d] if d in env else int(expr.evaluate(d, env))
+                 for d in t.shape)
 
 
 def _direct_args(spec: list[Any], named: dict[str, Any], scalars: dict[str, float],
@@ -223,7 +247,7 @@ def _direct_args(spec: list[Any], named: dict[str, Any], scalars: dict[str, floa
         if "tensor" in s:
             return tvm_ffi.from_dlpack(named[s["tensor"]])
         if "scalar" in s:
-            v = scalars[s["scalar"]]
+            v = s["value"] if "value" in s else scalars[s["scalar"]]  # a derived one: the contract's
             return int(v) if s["dtype"].startswith("int") else float(v)
         return tuple(one(x) for x in s["tuple"])
 
@@ -344,9 +368,14 @@ def device(cache: Path, out_dir: Path) -> dict[str, Any]:
         cuda.sync()
         got = f(*ins)
         got = got if isinstance(got, tuple) else (got,)
-        for t, g in zip(b.conv.results, got):
-            np.testing.assert_array_equal(np.asarray(g), np.asarray(named[t.name]),
-                                          err_msg=f"{lab}: {t.name} differs between cutecc and direct")
+        for t, g in zip(b.conv.visible, got):
+            want = np.asarray(named[t.name])
+            if t.reduce == "sum":  # partials: cutecc's call sums them (XLA's order), the direct side not
+                np.testing.assert_allclose(np.asarray(g), want.sum(axis=0, dtype=np.float64), rtol=1e-4,
+                                           atol=1e-3, err_msg=f"{lab}: {t.name} (summed) differs")
+            else:
+                np.testing.assert_array_equal(np.asarray(g), want,
+                                              err_msg=f"{lab}: {t.name} differs between cutecc and direct")
         once = _per_call(lambda fn=fn, a=dargs: fn(*a), 3, cuda)
         # every result of the 2N-call chain stays in memory: at most RESULT_BYTES of them
         per_call = sum(math.prod(x.shape) * x.dtype.itemsize for t in b.conv.results
@@ -389,6 +418,48 @@ def device(cache: Path, out_dir: Path) -> dict[str, Any]:
     return res
 
 
+def dry_run(cache: Path, out_dir: Path) -> dict[str, Any]:
+    """On the build host, no GPU: per entry of parity.json, lower cutecc's timed call (one
+    `jax.jit` at SIZES, SCALARS and its call keywords) for sm_90a and check that every
+    parameter of the direct call resolves (a tensor cutecc's call takes or returns, a scalar
+    of SCALARS or the contract's own value). What it found, per entry; raises on a gap."""
+    import jax
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import cutecc
+
+    ks = cutecc.load(cache, arch="sm_90a")
+    report = json.loads((out_dir / "parity.json").read_text())
+    res: dict[str, Any] = {}
+    for lab, info in report.items():
+        kern = getattr(ks, info["kernel"])
+        b = next(x for x in kern.builds if x.key == info["key"])
+        env = SIZES[info["kernel"]]
+        specs = [jax.ShapeDtypeStruct(_shape(t, env), t.dtype) for t in b.conv.inputs]
+        kw = {**SCALARS[info["kernel"]], **info["keywords"]}
+        text = jax.jit(lambda *a, _k=kern, _kw=kw: _k(*a, **_kw)).trace(*specs).lower(
+            lowering_platforms=("cuda",)).as_text()
+        names = {t.name for t in (*b.conv.inputs, *b.conv.results)}
+
+        def check(sp: Any, lab: str = lab, names: set[str] = names, sc: dict[str, float] = kw) -> int:
+            if sp is None:
+                return 0
+            if "tensor" in sp:
+                if sp["tensor"] not in names:
+                    raise KeyError(f"{lab}: the direct call's tensor {sp['tensor']!r} is not the call's")
+                return 1
+            if "scalar" in sp:
+                if "value" not in sp and sp["scalar"] not in sc:
+                    raise KeyError(f"{lab}: no value for scalar {sp['scalar']!r} (add it to SCALARS)")
+                return 1
+            return sum(check(x) for x in sp["tuple"])
+
+        res[lab] = {"lowered": "custom_call" in text, "direct_params": len(info["params"]),
+                    "direct_values": sum(check(sp) for sp in info["params"]),
+                    "cubin_identical": info["cubin_identical"]}
+    return res
+
+
 def table(res: dict[str, Any]) -> str:
     lines = [f"{'entry':58} {'cutecc us':>10} {'direct us':>10} {'ratio':>7}  not 2% slower  cubin same"
              f"  {'kernel: cutecc us':>17} {'direct us':>10} {'ratio':>7} {'XLA rest us':>11}"
@@ -411,6 +482,8 @@ def main() -> int:
     ap.add_argument("cache", type=Path)
     ap.add_argument("out_dir", type=Path)
     ap.add_argument("--json", type=Path, help="device: also write the figures here")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="device: lower every timed call for sm_90a on this host instead of running")
     ap.add_argument("--manifest", type=Path,
                     default=Path(__file__).resolve().parents[1] / "examples/kernels.toml",
                     help="build: the manifest the cache was built from")
@@ -418,9 +491,15 @@ def main() -> int:
     if a.mode == "build":
         rep = build(a.cache, a.out_dir, a.manifest)
         for lab, r in rep.items():
-            print(f"{lab:58} compile {r['compile_s']:5.2f} s  "
+            print(f"{lab:58} compile {r['compile_s']:5.2f} s ({r['direct_build']} build)  "
                   f"cubin identical to cutecc's: {r['cubin_identical']}")
         return 0 if all(r["cubin_identical"] for r in rep.values()) else 1
+    if a.dry_run:
+        dry = dry_run(a.cache, a.out_dir)
+        for lab, r in dry.items():
+            print(f"{lab:58} lowered {r['lowered']}  direct parameters {r['direct_params']} "
+                  f"({r['direct_values']} values)  cubin identical {r['cubin_identical']}")
+        return 0 if all(r["lowered"] and r["cubin_identical"] for r in dry.values()) else 1
     res = device(a.cache, a.out_dir)
     print(table(res))
     if a.json:

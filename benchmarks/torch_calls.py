@@ -208,8 +208,11 @@ def _write(path: Path | None, doc: dict[str, Any]) -> None:
 
 def _stand_in(ct: Any) -> list[Any]:
     """--dry-run: CPU tensors allowed, and mul's function a Python one (out = x * y)."""
-    ct.DEVICE_TYPES = (*ct.DEVICE_TYPES, "cpu")
-    ct.build_function = lambda kernel, build: (lambda x, y, out: out.copy_(x * y))
+    from cutecc.runtime.torch import eager as torch_eager
+    from cutecc.runtime.torch import kernel as torch_kernel
+
+    torch_kernel.DEVICE_TYPES = (*torch_kernel.DEVICE_TYPES, "cpu")
+    torch_eager.build_function = lambda kernel, build: (lambda x, y, out: out.copy_(x * y))
     return []
 
 
@@ -217,10 +220,12 @@ def _cpu_ops(ct: Any, ks: Any) -> list[Any]:
     """--dry-run: each op's implementation registered for the CPU too (kept alive by the caller)."""
     import torch
 
+    from cutecc.runtime.torch import op
+
     libs = []
     for name in ks.register_all():
         lib = torch.library.Library("cutecc", "IMPL")
-        lib.impl(name.split("::")[1], ct._op_impl, "CPU")
+        lib.impl(name.split("::")[1], op._op_impl, "CPU")
         libs.append(lib)
     return libs
 

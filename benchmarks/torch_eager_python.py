@@ -39,11 +39,22 @@ def _module(path: Path, name: str) -> Any:
     return mod
 
 
+def _seams(ct: Any) -> tuple[Any, Any]:
+    """The modules holding DEVICE_TYPES and build_function: an older single-file
+    cutecc/torch.py (--against) holds both; this tree's are in cutecc.runtime.torch."""
+    if hasattr(ct, "build_function"):
+        return ct, ct
+    from cutecc.runtime.torch import eager, kernel
+
+    return kernel, eager
+
+
 def _rows(tag: str, ct: Any, cache: str) -> dict[str, Any]:
     import torch
 
-    ct.DEVICE_TYPES = (*ct.DEVICE_TYPES, "cpu")
-    ct.build_function = lambda kernel, build: _nothing
+    kernels, eager = _seams(ct)
+    kernels.DEVICE_TYPES = (*kernels.DEVICE_TYPES, "cpu")
+    eager.build_function = lambda kernel, build: _nothing
     ks = ct.load(cache, arch="sm_90a")
     x, y = torch.randn(256), torch.randn(256)
     z, w = torch.randn(8, 1024), torch.randn(1024)

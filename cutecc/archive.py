@@ -18,7 +18,7 @@ import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from cutecc.errors import CuteccError, WorkError
 from cutecc.lockfile import LOCK_NAME
@@ -90,7 +90,8 @@ def _own_metadata(package: Path) -> tuple[str, list[str], list[str]]:
     import importlib.metadata as md
 
     try:
-        meta = md.metadata("cutecc")
+        # an email.message.Message at run time (typeshed's PackageMetadata declares no .get)
+        meta = cast(Any, md.metadata("cutecc"))
         return (meta.get("Summary") or "cutecc", meta.get_all("Requires-Dist") or [],
                 meta.get_all("Provides-Extra") or [])
     except md.PackageNotFoundError:
@@ -196,7 +197,7 @@ class PackTree:
             raise CuteccError(f"not a cutecc pack: expected one {PACK_DIR}/{LOCK_NAME}, found "
                               f"{len(locks)}", where=str(self.path))
         self.prefix = locks[0][: -len(LOCK_NAME)]
-        own = {self.prefix[: -len(PACK_DIR) - 1] + "__init__.py"} if self._zip is not None else set()
+        own: set[str] = set() if self._zip is None else {self.prefix[: -len(PACK_DIR) - 1] + "__init__.py"}
         self.outside = sorted(n for n in {*self._members, *self.bad} if not n.startswith(self.prefix)
                               and n not in own and not (own and _WHEEL_INFO.fullmatch(n)))
         self.names = sorted(n[len(self.prefix):] for n in self._members if n.startswith(self.prefix))

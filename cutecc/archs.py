@@ -14,14 +14,30 @@ import re
 from cutecc import environ
 from cutecc.errors import CuteccError
 
-# sm_<major><minor>[a|f]: sm_80, sm_90a, sm_100a, sm_100f, sm_120
-ARCH_RE = re.compile(r"sm_([1-9]\d?)(\d)([af]?)")
+# sm_<major><minor>[a|f]: sm_80, sm_90a, sm_100a, sm_100f, sm_120 (machine code, SASS);
+# compute_<major><minor>: compute_80, portable PTX the driver compiles for the GPU it runs on
+ARCH_RE = re.compile(r"(?:sm|compute)_([1-9]\d?)(\d)([af]?)")
+PTX_RE = re.compile(r"compute_([1-9]\d?)(\d)")
+PATTERN = r"sm_[1-9]\d?\d[af]?|compute_[1-9]\d?\d"  # exactly the names `is_arch` accepts
 KNOWN = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_100f", "sm_103a",
-         "sm_120a")  # offered by shell completion; any name ARCH_RE accepts is valid
+         "sm_120a", "compute_80", "compute_90")  # offered by shell completion
 
 
 def is_arch(text: object) -> bool:
-    return isinstance(text, str) and ARCH_RE.fullmatch(text) is not None
+    """`sm_90a`-style machine code, or portable PTX (`compute_80`: no `a`/`f` suffix)."""
+    return isinstance(text, str) and (text.startswith("sm_") and ARCH_RE.fullmatch(text) is not None
+                                      or PTX_RE.fullmatch(text) is not None)
+
+
+def is_ptx(arch: str) -> bool:
+    """Whether `arch` names portable PTX (`compute_80`) rather than machine code."""
+    return PTX_RE.fullmatch(arch) is not None
+
+
+def dsl_arch(arch: str) -> str:
+    """The arch the DSL compiles for a target: `compute_80`'s PTX is the DSL's `sm_80` build's."""
+    m = PTX_RE.fullmatch(arch)
+    return f"sm_{m.group(1)}{m.group(2)}" if m else arch
 
 
 def check_arch(text: object, where: str) -> str:
@@ -32,6 +48,15 @@ def check_arch(text: object, where: str) -> str:
     return text  # type: ignore[return-value]
 
 
+def check_device_arch(text: object, where: str) -> str:
+    """`text` if it names a GPU (`sm_90`, not portable PTX), else a CuteccError naming `where`."""
+    arch = check_arch(text, where)
+    if is_ptx(arch):
+        raise CuteccError(f'"{arch}" names portable PTX, not a GPU: give the GPU\'s arch, e.g. "sm_90"',
+                          where=where)
+    return arch
+
+
 def parse_archs(values: tuple[str, ...] | list[str], where: str = "--arch") -> tuple[str, ...]:
     """Arch names from the command line (comma-separated allowed), checked, deduplicated."""
     flat = [a.strip() for v in values for a in v.split(",") if a.strip()]
@@ -39,22 +64,37 @@ def parse_archs(values: tuple[str, ...] | list[str], where: str = "--arch") -> t
 
 
 def runs_on(built: str, device: str) -> int:
-    """0 if code for `built` cannot run on `device`; higher is a better match.
+    """0 if code for `built` cannot run on `device`; higher is a better match: exact
+    arch-specific machine code (4), exact plain or family code (3), plain or family code of
+    an older minor (2), portable PTX (1), which the driver compiles at load.
 
     `sm_90a`-style arch-specific code runs only on that exact chip; `sm_100f` on its
-    family (same major, minor at least); plain `sm_80` on the same major, minor at least.
+    family (same major, minor at least); plain `sm_80` on the same major, minor at least;
+    `compute_80` PTX on any GPU of compute capability 8.0 or newer.
     """
     b, d = ARCH_RE.fullmatch(built), ARCH_RE.fullmatch(device)
-    if not b or not d:
+    if not b or not d or not is_arch(built) or not device.startswith("sm_"):
         return 0
     bmaj, bmin, suffix = int(b.group(1)), int(b.group(2)), b.group(3)
     dmaj, dmin = int(d.group(1)), int(d.group(2))
+    if is_ptx(built):
+        return 1 if (dmaj, dmin) >= (bmaj, bmin) else 0
     if bmaj != dmaj or bmin > dmin:
         return 0
     exact = bmin == dmin
     if suffix == "a":
-        return 3 if exact else 0
-    return 2 if exact else 1
+        return 4 if exact else 0
+    return 3 if exact else 2
+
+
+RUNS = {4: "yes: arch-specific code, exact chip", 3: "yes: machine code, exact",
+        2: "yes: machine code of an older minor", 1: "yes: PTX, compiled by the driver at load",
+        0: "no"}
+
+
+def how_runs(built: str, device: str) -> str:
+    """What a GPU of arch `device` does with code built for `built`, in words (`runs_on`)."""
+    return RUNS[runs_on(built, device)]
 
 
 def to_build(device: str) -> str:
@@ -70,7 +110,7 @@ def device_arch() -> str | None:
     JAX, else None. Imports JAX only when the variable is unset."""
     env = os.environ.get(environ.ARCH)
     if env:
-        return check_arch(env, f"${environ.ARCH}")
+        return check_device_arch(env, f"${environ.ARCH}")
     import jax
 
     if jax_uses_driver_order(jax.config):
@@ -141,3 +181,98 @@ def driver_arch(library: str = "libcuda.so.1") -> str | None:
     if not (0 < major.value < 100 and 0 <= minor.value < 10):
         return None
     return f"sm_{major.value}{minor.value}"
+
+
+# The newest PTX ISA each CUDA driver JIT-compiles, (driver major, minor) -> (ISA major,
+# minor): NVIDIA's PTX ISA release history (docs.nvidia.com/cuda/parallel-thread-execution,
+# "PTX Release History"; the same table as cuda-python's `cuda.bindings.utils`), each PTX
+# ISA first shipped with that CUDA release. No CUDA 12.6 PTX ISA: 12.6 takes 8.5, 12.7 8.6.
+# 13.2 and 13.3 follow the release-for-release rule of 13.0 and 13.1; 13.4 (PTX ISA 9.4, what
+# nvidia-cutlass-dsl 4.8.1 writes) and 13.5 as their release notes name them. A driver
+# between rows takes its lower row's; one newer than the last row is taken to know any PTX.
+PTX_ISA_OF_DRIVER: tuple[tuple[tuple[int, int], tuple[int, int]], ...] = (
+    ((11, 0), (7, 0)), ((11, 1), (7, 1)), ((11, 2), (7, 2)), ((11, 3), (7, 3)),
+    ((11, 4), (7, 4)), ((11, 5), (7, 5)), ((11, 6), (7, 6)), ((11, 7), (7, 7)),
+    ((11, 8), (7, 8)), ((12, 0), (8, 0)), ((12, 1), (8, 1)), ((12, 2), (8, 2)),
+    ((12, 3), (8, 3)), ((12, 4), (8, 4)), ((12, 5), (8, 5)), ((12, 7), (8, 6)),
+    ((12, 8), (8, 7)), ((12, 9), (8, 8)), ((13, 0), (9, 0)), ((13, 1), (9, 1)),
+    ((13, 2), (9, 2)), ((13, 3), (9, 3)), ((13, 4), (9, 4)), ((13, 5), (9, 5)),
+)
+_VERSION_RE = re.compile(r"([1-9]\d?)\.(\d{1,2})")
+
+
+def parse_version(text: object) -> tuple[int, int] | None:
+    """("9.4" ->) (9, 4); None for anything that is not `major.minor`."""
+    m = _VERSION_RE.fullmatch(text) if isinstance(text, str) else None
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def show_version(v: tuple[int, int]) -> str:
+    return f"{v[0]}.{v[1]}"
+
+
+def max_ptx_isa(driver: tuple[int, int]) -> tuple[int, int] | None:
+    """The newest PTX ISA a CUDA driver of version `driver` (13, 0) JIT-compiles; None for
+    a driver newer than the table's last row (taken to know any PTX) or older than its first."""
+    if driver > PTX_ISA_OF_DRIVER[-1][0]:
+        return None
+    rows = [isa for d, isa in PTX_ISA_OF_DRIVER if d <= driver]
+    return rows[-1] if rows else (0, 0)
+
+
+def driver_for_ptx_isa(isa: tuple[int, int]) -> tuple[int, int] | None:
+    """The oldest CUDA driver that JIT-compiles PTX ISA `isa`; None past the table."""
+    return next((d for d, known in PTX_ISA_OF_DRIVER if known >= isa), None)
+
+
+def ptx_driver_problem(arch: str, isa: str | None, driver: tuple[int, int] | None) -> str | None:
+    """Why this process's CUDA driver (`driver`, (13, 0)) cannot JIT-compile the PTX of an
+    entry built for `arch` whose PTX ISA is `isa` ("9.4"); None when it can, when `arch` is
+    machine code, when the ISA is unknown (an old entry whose library holds none: the
+    driver decides) or when there is no driver (lowering on a CPU host)."""
+    want = parse_version(isa)
+    if not is_ptx(arch) or want is None or driver is None:
+        return None
+    most = max_ptx_isa(driver)
+    if most is None or want <= most:
+        return None
+    needs = driver_for_ptx_isa(want)
+    needed = f"CUDA {show_version(needs)} driver or newer" if needs else "newer CUDA driver"
+    return (f"PTX ISA {show_version(want)} needs a {needed} to JIT-compile it; this driver "
+            f"({show_version(driver)}) takes PTX ISA up to {show_version(most)}")
+
+
+_DRIVER: list[tuple[int, int] | None] = []  # libcuda's answer, asked once per process
+
+
+def driver_version(library: str = "libcuda.so.1") -> tuple[int, int] | None:
+    """The CUDA driver version of this process, (13, 0): `$CUTECC_DRIVER_VERSION` ("13.0",
+    or cuDriverGetVersion's 13000; "none": no driver), else libcuda's `cuDriverGetVersion`
+    (asked once); None where there is no driver (a CPU host: PTX is then not judged)."""
+    env = os.environ.get(environ.DRIVER_VERSION, "").strip()
+    if env:
+        if env.lower() == "none":
+            return None
+        v = parse_version(env)
+        if v is None and env.isdigit() and int(env) >= 1000:
+            v = (int(env) // 1000, int(env) % 1000 // 10)  # cuDriverGetVersion's form
+        if v is None:
+            raise CuteccError(f"{env!r} is not a CUDA driver version such as 13.0 or 13000",
+                              where=f"${environ.DRIVER_VERSION}")
+        return v
+    if not _DRIVER:
+        _DRIVER.append(_libcuda_version(library))
+    return _DRIVER[0]
+
+
+def _libcuda_version(library: str) -> tuple[int, int] | None:
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL(library)
+        version = ctypes.c_int()
+        if cuda.cuDriverGetVersion(ctypes.byref(version)) != 0 or version.value < 1000:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return version.value // 1000, version.value % 1000 // 10

@@ -9,194 +9,27 @@ at work; the manifest is found by walking up from the working directory, or name
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
+from cutecc import cli_options
+from cutecc.cli_options import (
+    _cache_opt,
+    _complete_archs,
+    _complete_kernels,
+    _complete_keys,
+    _emit,
+    _Group,
+    _json_opt,
+    _manifest,
+    _manifest_opt,
+    _remote_opt,
+    _sign_opt,
+    _trust_opts,
+    _verbosity,
+)
 from cutecc.errors import CuteccError
-
-# Workflow order, for `cutecc -h`.
-_ORDER = ("init", "build", "list", "show", "explain", "verify", "gc", "rm", "stats", "misses", "tune",
-          "pack", "unpack", "keygen", "fetch", "env", "schema")
-
-
-_color: bool | None = None  # --color: None follows the terminal
-
-
-def _error(message: str) -> None:
-    """One error line on stderr, `error:` in red where color is on."""
-    click.echo(f"{click.style('error:', fg='red', bold=True)} {message}", err=True, color=_color)
-
-
-def _more_verbose(by: int) -> Any:
-    """A callback adding a command's own -q/-v count to the group's (`_verbosity`)."""
-    def callback(ctx: click.Context, param: click.Parameter, value: int) -> None:
-        if value:
-            root = ctx.find_root()
-            root.obj = {**(root.obj or {}), "verbose": int((root.obj or {}).get("verbose", 0)) + by * value}
-    return callback
-
-
-def _set_color(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-    global _color
-    if value is not None:
-        _color = None if value == "auto" else value == "always"
-        ctx.color = ctx.find_root().color = _color
-
-
-class _Command(click.Command):
-    """A subcommand that also takes the group's options after its name (`cutecc build -q`),
-    as pip, pytest and ruff do."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.params += [
-            click.Option(["-q", "--quiet"], count=True, expose_value=False, callback=_more_verbose(-1),
-                         help="Print less (also before the command)."),
-            click.Option(["-v", "--verbose"], count=True, expose_value=False, callback=_more_verbose(1),
-                         help="Print more (also before the command)."),
-            click.Option(["--color"], type=click.Choice(["auto", "always", "never"]), default=None,
-                         expose_value=False, callback=_set_color,
-                         help="Color in terminal output (also before the command)."),
-        ]
-
-
-class _Group(click.Group):
-    """Lists commands in workflow order, and renders every error as one line."""
-
-    command_class = _Command
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        names = super().list_commands(ctx)
-        return sorted(names, key=lambda n: (_ORDER.index(n) if n in _ORDER else len(_ORDER), n))
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except CuteccError as e:
-            _error(e.render())
-            ctx.exit(e.exit_code)
-        except KeyboardInterrupt:  # the build stopped its workers; one line, no traceback
-            _error("interrupted")
-            ctx.exit(130)
-
-    def main(self, *args: Any, **kwargs: Any) -> Any:
-        kwargs["standalone_mode"] = False
-        try:
-            rv = super().main(*args, **kwargs)
-        except click.exceptions.Exit as e:
-            sys.exit(e.exit_code)
-        except (click.Abort, KeyboardInterrupt):
-            _error("interrupted")
-            sys.exit(130)
-        except click.UsageError as e:  # one style for every input error
-            if type(e).__name__ == "NoArgsIsHelpError":  # plain `cutecc`: the help, as asked
-                click.echo(e.ctx.get_help() if e.ctx else e.format_message())
-                sys.exit(0)
-            where = e.ctx.command_path if e.ctx else "cutecc"
-            _error(f"{where}: {e.format_message()} (see `{where} -h`)")
-            sys.exit(e.exit_code)
-        except click.ClickException as e:
-            _error(e.format_message())
-            sys.exit(e.exit_code)
-        sys.exit(rv if isinstance(rv, int) else 0)
-
-
-def _verbosity(ctx: click.Context) -> int:
-    return int((ctx.find_root().obj or {}).get("verbose", 0))
-
-
-def _emit(report: Any, as_json: bool) -> None:
-    """Print a command's report (warnings to stderr first) and exit with its code."""
-    ctx = click.get_current_context()
-    for line in report.warnings():
-        if line.startswith("error: "):
-            _error(line[len("error: "):])
-        else:
-            click.echo(line, err=True, color=_color)
-    if as_json:
-        click.echo(json.dumps(report.json(), indent=1, sort_keys=False, default=str))
-    else:
-        for line in report.lines(_verbosity(ctx)):
-            click.echo(line)
-    ctx.exit(report.exit_code)
-
-
-# Completion -------------------------------------------------------------------------
-
-
-def _complete_kernels(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
-    from click.shell_completion import CompletionItem
-
-    try:
-        from cutecc.manifest import find_manifest, load_manifest
-
-        path = ctx.params.get("manifest") or ctx.params.get("manifest_opt") or find_manifest()
-        names = [k.name for k in load_manifest(path).kernels]
-    except Exception:
-        return []
-    return [CompletionItem(n) for n in names if n.startswith(incomplete)]
-
-
-def _complete_keys(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
-    from click.shell_completion import CompletionItem
-
-    from cutecc.entry import label_of
-    from cutecc.store.writer import Store
-
-    try:
-        store = Store(ctx.params.get("cache_dir"))
-        return [CompletionItem(e.key, help=label_of(e.meta)) for e in store.entries()
-                if e.key.startswith(incomplete.lower())][:200]
-    except Exception:
-        return []
-
-
-def _complete_archs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
-    from click.shell_completion import CompletionItem
-
-    from cutecc.archs import KNOWN
-
-    return [CompletionItem(a) for a in KNOWN if a.startswith(incomplete)]
-
-
-# Shared options -----------------------------------------------------------------------
-
-_cache_opt = click.option(
-    "--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-    help="Cache directory (default: $CUTECC_CACHE_DIR, else the user cache dir).")
-_json_opt = click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-_remote_opt = click.option(
-    "--remote", default=None, metavar="s3://BUCKET/PREFIX",
-    help="A shared remote cache (also $CUTECC_REMOTE); endpoint and credentials from the "
-         "AWS_* variables.")
-_manifest_opt = click.option(
-    "-m", "--manifest", "manifest_opt", type=click.Path(dir_okay=False, path_type=Path), default=None,
-    help="The manifest (default: kernels.toml or pyproject.toml [tool.cutecc], found by walking "
-         "up from the working directory).")
-
-
-_sign_opt = click.option(
-    "--sign-key", type=click.Path(dir_okay=False, path_type=Path), default=None,
-    help="Sign the lock with this private key (cutecc keygen; also $CUTECC_SIGNING_KEY).")
-_trust_opts = [
-    click.option("--trusted-key", "trusted_keys", multiple=True,
-                 type=click.Path(dir_okay=False, path_type=Path),
-                 help="A public key the lock must be signed by (also $CUTECC_TRUSTED_KEYS)."),
-    click.option("--allow-unsigned", is_flag=True,
-                 help="Accept a lock no trusted key signed (also $CUTECC_ALLOW_UNSIGNED=1)."),
-]
-
-
-def _manifest(positional: Path | None, option: Path | None) -> Path:
-    from cutecc.manifest import find_manifest
-
-    if positional is not None and option is not None and positional != option:
-        raise CuteccError("give the manifest once, as MANIFEST or --manifest", where="MANIFEST")
-    return positional or option or find_manifest()
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -211,10 +44,9 @@ def main(ctx: click.Context, quiet: int, verbose: int, color: str) -> None:
 
     Shell completion: eval "$(_CUTECC_COMPLETE=bash_source cutecc)" (zsh_source, fish_source).
     """
-    global _color
     ctx.obj = {"verbose": verbose - quiet}
-    _color = None if color == "auto" else color == "always"
-    ctx.color = _color
+    cli_options._color = None if color == "auto" else color == "always"
+    ctx.color = cli_options._color
 
 
 @main.command(short_help="Write a starter kernels.toml and kernel.")
@@ -340,23 +172,28 @@ def tune(manifest: Path | None, manifest_opt: Path | None, kernels: tuple[str, .
 @_cache_opt
 @click.option("--kernel", default=None, shell_complete=_complete_kernels, help="Only this kernel.")
 @click.option("--arch", default=None, shell_complete=_complete_archs, help="Only this arch.")
+@click.option("--gpu", default=None, metavar="ARCH",
+              help="Say how a GPU of this arch (sm_90) runs each entry, and mark what it loads.")
 @_json_opt
-def list_cmd(cache_dir: Path | None, kernel: str | None, arch: str | None, as_json: bool) -> None:
+def list_cmd(cache_dir: Path | None, kernel: str | None, arch: str | None, gpu: str | None,
+             as_json: bool) -> None:
     """List the cache's entries: kernel, variant, arch, key, size, age."""
     from cutecc.commands.list import list_entries
 
-    _emit(list_entries(cache_dir, kernel=kernel, arch=arch), as_json)
+    _emit(list_entries(cache_dir, kernel=kernel, arch=arch, gpu=gpu), as_json)
 
 
 @main.command(short_help="Show one entry's metadata and files.")
 @click.argument("key", shell_complete=_complete_keys)
 @_cache_opt
+@click.option("--gpu", default=None, metavar="ARCH",
+              help="Say whether and how a GPU of this arch (sm_90) runs it.")
 @_json_opt
-def show(key: str, cache_dir: Path | None, as_json: bool) -> None:
+def show(key: str, cache_dir: Path | None, gpu: str | None, as_json: bool) -> None:
     """Show one entry (by KEY or a unique key prefix): metadata and files."""
     from cutecc.commands.show import show as run
 
-    _emit(run(key, cache_dir), as_json)
+    _emit(run(key, cache_dir, gpu), as_json)
 
 
 @main.command(short_help="Say why a kernel's entries are (not) cached.")

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from cutecc import devicequery, dtypes, platforms
+from cutecc.archs import dsl_arch
 from cutecc.atomic import atomic_write
 from cutecc.contract import (
     Arg,
@@ -75,6 +76,7 @@ class CompileJob:
     python_path: tuple[str, ...]
     device: dict[str, Any] | None = None  # answers to torch's device queries (key input)
     platform: str = BUILD_PLATFORM  # the host platform the library's host code is for
+    ptx: bool = False  # embed the kernel's PTX, not its cubin (a `compute_80` target)
 
 
 def set_target(arch: str) -> None:
@@ -83,6 +85,7 @@ def set_target(arch: str) -> None:
     turns the DSL's file cache off; the other compile-affecting `CUTE_DSL_*` variables stay
     as the build's environment or the manifest's `[env]` set them (they are key inputs).
     Refuses a build host that is not x86-64 (the kernels' host code is x86-64)."""
+    arch = dsl_arch(arch)  # `compute_80`: the PTX of the DSL's sm_80 build
     current = os.environ.get("CUTE_DSL_ARCH")
     if "cutlass" in sys.modules:
         if current != arch:
@@ -242,7 +245,7 @@ def import_path(path: str) -> Any:
 
 
 def resolve_value(v: Any) -> Any:
-    """A manifest value (see `cutecc.manifest.parse._value`) as the Python object it stands for."""
+    """A manifest value (see `cutecc.manifest.values._value`) as the Python object it stands for."""
     import cutlass
 
     if isinstance(v, list):
@@ -332,18 +335,18 @@ def _fake_args(conv: CallingConvention) -> list[Any]:
 
     def tensor(t: TensorArg) -> Any:
         # The dense row-major buffer JAX passes: the array's (a padded tensor's buffer's)
-        # dimensions in the declared order (`perm`); the wrapper views it logically.
+        # dimensions in the declared order (`perm`); the wrapper views it logically. A
+        # `runtime` dimension is a symbol of its own (the call checks its static extent).
         rank = len(t.shape)
+        dims = tuple(cute.sym_int() if p in (t.runtime or ()) else dim(t.extents[p]) for p in t.perm)
         if t.stride is not None:  # declared strides: runtime values where symbolic
             return cute.runtime.make_fake_tensor(
-                getattr(cutlass, dtypes.DTYPES[t.dtype].cutlass),
-                tuple(dim(t.extents[p]) for p in t.perm),
+                getattr(cutlass, dtypes.DTYPES[t.dtype].cutlass), dims,
                 tuple(stride(t.stride[p]) for p in t.perm),
                 assumed_align=t.align,
             )
         return cute.runtime.make_fake_compact_tensor(
-            getattr(cutlass, dtypes.DTYPES[t.dtype].cutlass),
-            tuple(dim(t.extents[p]) for p in t.perm),
+            getattr(cutlass, dtypes.DTYPES[t.dtype].cutlass), dims,
             stride_order=tuple(range(rank - 1, -1, -1)),
             assumed_align=t.align,
         )
@@ -368,6 +371,8 @@ def compile_to_object(job: CompileJob, out_dir: Path) -> Path:
     for p in reversed(job.python_path):
         if p not in sys.path:
             sys.path.insert(0, p)
+    if job.ptx:
+        return _export_ptx(job, out_dir)
     with devicequery.answering(job.device):  # libraries that ask the GPU while built
         compiled = compile_variant(job.entry, job.variant, job.compile_options)
     if job.platform != BUILD_PLATFORM:
@@ -376,6 +381,36 @@ def compile_to_object(job: CompileJob, out_dir: Path) -> Path:
     obj = out_dir / OBJECT
     compiled.export_to_c(str(obj), function_name=INNER_SYMBOL)
     return obj
+
+
+# The device code the DSL embeds in the host IR, loaded by `cudaLibraryLoadData`, which
+# takes a cubin, a fatbin or NUL-terminated PTX alike.
+_BINARY = re.compile(r'^@kernels_binary = internal constant \[(\d+) x i8\] c"[^"\n]*"', re.M)
+
+
+def _export_ptx(job: CompileJob, out_dir: Path) -> Path:
+    """The host IR of `job` compiled with its PTX (the DSL's `--keep-ptx`, read back as
+    `compiled.__ptx__`) embedded instead of its cubin, so the CUDA driver compiles it for
+    the GPU that loads it (a newer one included). The IR is `_export_retargeted`'s."""
+    with tempfile.TemporaryDirectory(prefix="cutecc-ptx-") as dump:
+        options = " ".join(o for o in (job.compile_options, "--keep-ptx", f"--dump-dir={dump}") if o)
+        with devicequery.answering(job.device):
+            compiled = compile_variant(job.entry, job.variant, options)
+        ptx = getattr(compiled, "__ptx__", None)
+    if not isinstance(ptx, str) or ".target" not in ptx:
+        raise RuntimeError("the DSL gave no PTX for --keep-ptx (`__ptx__`; a DSL change: update "
+                           "cutecc.compiler._export_ptx)")
+    ir = _export_retargeted(job, compiled, out_dir)
+    text = ir.read_text(encoding="utf-8")
+    found = _BINARY.findall(text)
+    if len(found) != 1:
+        raise RuntimeError(f"the host IR holds {len(found)} embedded device binaries, not one (a DSL "
+                           "change: update cutecc.compiler._export_ptx)")
+    data = ptx.encode() + b"\0"
+    body = "".join(chr(b) if 32 <= b < 127 and b not in (34, 92) else f"\\{b:02X}" for b in data)
+    ir.write_text(_BINARY.sub(lambda _: f'@kernels_binary = internal constant [{len(data)} x i8] c"{body}"',
+                              text, count=1), encoding="utf-8")
+    return ir
 
 
 def _export_retargeted(job: CompileJob, compiled: Any, out_dir: Path) -> Path:

@@ -87,6 +87,10 @@ class TensorArg:
     # runtime value (`StrideSymbol`). None: derived from the extents, as a dense buffer's
     # (static wherever the extents after it are).
     stride: tuple[Stride, ...] | None = None
+    # Dimensions whose static or derived extent is compiled as a runtime value (each its own
+    # symbol, no divisibility), as the kernel's own build compiles it; the call still checks
+    # (for an output: computes) the extent. None: compiled as declared.
+    runtime: tuple[int, ...] | None = None
 
     @property
     def held(self) -> tuple[int, ...]:
@@ -167,7 +171,8 @@ def stride_text(t: TensorArg) -> list[str]:
             else:
                 names.append(f if expr.is_symbol(f) else f"({f})")
         out[p] = "*".join(([str(static)] if static != 1 or not names else []) + names)
-        factors.append(ext[p])
+        # a `runtime` dimension is compiled as a value of its own: `dim1` for dimension 1
+        factors.append(f"dim{p}" if p in (t.runtime or ()) and not expr.is_derived(ext[p]) else ext[p])
     return out
 
 
@@ -301,7 +306,7 @@ class CallingConvention:
 
 _TENSOR_FIELDS = frozenset({"kind", "name", "role", "dtype", "shape", "layout", "align", "param",
                             "order", "divisibility", "buffer", "zero", "saved", "reduce", "wide",
-                            "broadcast", "may_alias", "mode", "stride"})
+                            "broadcast", "may_alias", "mode", "stride", "runtime"})
 
 
 def arg_to_json(a: Arg) -> dict[str, Any]:
@@ -339,6 +344,8 @@ def _arg_json(a: Arg) -> dict[str, Any]:
             out["stride"] = [d if isinstance(d, int) else
                              {"symbol": d.name, "divisibility": d.divisibility, "bits": d.bits}
                              for d in a.stride]
+        if a.runtime is not None:  # only when set: contracts with static extents compiled in keep their keys
+            out["runtime"] = list(a.runtime)
         return out
     if isinstance(a, ScalarArg):
         out = {"kind": "scalar", "name": a.name, "dtype": a.dtype, "default": a.default}
@@ -407,6 +414,10 @@ def arg_from_json(d: dict[str, Any]) -> Arg:
         stride = None if d.get("stride") is None else _stride_from_json(d["stride"], rank)
         if stride is not None and (buffer is not None or d["role"] == "scratch"):
             raise ValueError("stride: a padded, broadcast or scratch tensor takes its buffer's strides")
+        runtime = d.get("runtime")
+        if runtime is not None and (not isinstance(runtime, list) or not runtime or any(
+                type(i) is not int or not 0 <= i < rank or expr.is_symbol(d["shape"][i]) for i in runtime)):
+            raise ValueError(f"runtime {runtime!r}: not indices of static or derived dimensions")
         if buffer is not None and d["role"] == "output":
             raise ValueError("an output cannot be padded (its padding would be undefined)")
         if buffer is not None and any(type(x) is int and type(b) is int and b < x
@@ -418,7 +429,7 @@ def arg_from_json(d: dict[str, Any]) -> Arg:
                          None if div is None else tuple(div),
                          None if buffer is None else tuple(buffer), zero, saved, reduce,
                          None if wide is None else tuple(wide), None if bcast is None else tuple(bcast),
-                         may_alias, mode, stride)
+                         may_alias, mode, stride, None if runtime is None else tuple(runtime))
     if kind == "scalar":
         value = d.get("value")
         if value is not None and not (type(value) is int or isinstance(value, str)):

@@ -10,6 +10,7 @@ may be any bytes: every offset is bounds-checked and a malformed image yields no
 from __future__ import annotations
 
 import contextlib
+import re
 
 EM_CUDA = 190
 MAX_IMAGES = 64  # EM_CUDA headers looked at per library, well-formed or not
@@ -138,12 +139,14 @@ def arch_problem(library: bytes, arch: str) -> str | None:
     a cubin in it whose recorded SM is another (or that records none we can read); None
     when every cubin's SM is the arch's. Read before publishing, so a wrong-arch object
     (a worker whose DSL targeted another GPU) is refused at build, never served."""
-    from cutecc.archs import ARCH_RE
+    from cutecc.archs import ARCH_RE, is_ptx
 
     m = ARCH_RE.fullmatch(arch)
     if m is None:
         return f"{arch!r} is not an arch name"
     want = int(m.group(1)) * 10 + int(m.group(2))
+    if is_ptx(arch):  # portable PTX: its `.target`, and no machine code beside it
+        return ptx_problem(library, want, arch)
     for i, image in enumerate(cubins(library)):
         sm = sm_of(image)
         if sm is None:
@@ -151,4 +154,44 @@ def arch_problem(library: bytes, arch: str) -> str | None:
                     f"the key's arch is {arch}")
         if sm != want:
             return f"cubin {i} is for sm_{sm}, the key's arch is {arch} (sm_{want})"
+    return None
+
+
+_PTX_TARGET = re.compile(rb"^\.target\s+sm_(\d+)([af]?)\b", re.M)
+
+
+def ptx_targets(library: bytes) -> list[str]:
+    """The `.target` of each PTX module embedded in a library (`sm_80`), in file order."""
+    return [f"sm_{m.group(1).decode()}{m.group(2).decode()}" for m in _PTX_TARGET.finditer(library)]
+
+
+_PTX_VERSION = re.compile(rb"^\.version\s+(\d{1,2})\.(\d{1,2})\b", re.M)
+
+
+def ptx_versions(library: bytes) -> list[str]:
+    """The PTX ISA version (`.version 9.4`, read as "9.4") of each PTX module embedded in
+    a library, in file order; read as `ptx_targets` reads the `.target`."""
+    return [f"{int(m.group(1))}.{int(m.group(2))}" for m in _PTX_VERSION.finditer(library)]
+
+
+def ptx_isa(library: bytes) -> str | None:
+    """The PTX ISA a driver must know to compile every PTX module of a library: the
+    highest `.version` in it ("9.4"), None when it carries none."""
+    found = ptx_versions(library)
+    return max(found, key=lambda v: tuple(int(x) for x in v.split("."))) if found else None
+
+
+def ptx_problem(library: bytes, sm: int, arch: str) -> str | None:
+    """Why a library cannot be a `compute_<sm>` entry: it carries a cubin (machine code for
+    one GPU, not portable), no PTX, or PTX for another target; None when it carries PTX
+    for exactly `sm_<sm>` and nothing else."""
+    found = cubins(library)
+    if found:
+        return f"it carries {len(found)} cubin(s), the key's arch {arch} is portable PTX only"
+    targets = ptx_targets(library)
+    if not targets:
+        return f"it carries no PTX, the key's arch is {arch}"
+    other = [t for t in targets if t != f"sm_{sm}"]
+    if other:
+        return f"its PTX targets {other[0]}, the key's arch is {arch} (.target sm_{sm})"
     return None

@@ -23,6 +23,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from cutecc.archs import dsl_arch
+
 # torch's device property -> the profile fact that answers it.
 TORCH_FIELDS = {
     "name": "name",
@@ -45,7 +47,7 @@ def answers(profile: dict[str, Any], arch: str, profile_name: str = "") -> dict[
     """The device answers for a build for `arch` under `profile`'s facts (a key input):
     torch's property names, `major`/`minor` from the arch, and the profile's name (for
     messages). Facts the profile lacks are left out; reading one fails the build."""
-    m = _ARCH.fullmatch(arch)
+    m = _ARCH.fullmatch(dsl_arch(arch))  # `compute_80` is compiled as `sm_80`
     out: dict[str, Any] = {"profile": profile_name}
     if m:
         out["major"], out["minor"] = int(m.group(1)), int(m.group(2))

@@ -200,6 +200,16 @@ def artifact_of(meta: Mapping[str, Any]) -> ArtifactRec | None:
     return ArtifactRec(rec["file"], rec["sha256"], rec["size"], rec["device_sha256"])
 
 
+_PTX_ISA = re.compile(r"[1-9]\d?\.\d{1,2}")
+
+
+def ptx_isa_of(meta: Mapping[str, Any]) -> str | None:
+    """The PTX ISA a build recorded for its `compute_` entry ("9.4"), or None when it
+    recorded none (machine code, an entry built before cutecc recorded it) or a malformed one."""
+    isa = meta.get("ptx_isa")
+    return isa if isinstance(isa, str) and _PTX_ISA.fullmatch(isa) else None
+
+
 def contract_digest(args: Any) -> str:
     """SHA-256 of a contract's canonical JSON (the `args` of meta.json)."""
     blob = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
@@ -444,6 +454,9 @@ class EntryMeta:
     built_at: str | None
     build_seconds: float
     artifact: ArtifactRec | None  # what the DSL compiled (`artifact_of`); None: not recorded
+    # the PTX ISA of a `compute_` entry's PTX ("9.4", its `.version`), which the CUDA driver
+    # must know to JIT-compile it; None: machine code, or built before cutecc recorded it
+    ptx_isa: str | None
     raw: Mapping[str, Any] = field(repr=False, compare=False)
 
     @classmethod
@@ -464,7 +477,7 @@ class EntryMeta:
                    backward if isinstance(backward, str) else None,
                    built if isinstance(built, str) else None,
                    float(secs) if isinstance(secs, (int, float)) and not isinstance(secs, bool) else 0.0,
-                   artifact_of(meta), meta)
+                   artifact_of(meta), ptx_isa_of(meta), meta)
 
     @property
     def args(self) -> Any:

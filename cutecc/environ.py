@@ -11,6 +11,7 @@ import os
 CACHE_DIR = "CUTECC_CACHE_DIR"  # the cache directory
 READ_ONLY = "CUTECC_READ_ONLY"  # write nothing to the cache
 ARCH = "CUTECC_ARCH"  # the arch to load for, without (or instead of) a GPU
+DRIVER_VERSION = "CUTECC_DRIVER_VERSION"  # the CUDA driver to judge PTX by (13.0), not libcuda's
 ALLOW_SHARED_CACHE = "CUTECC_ALLOW_SHARED_CACHE"  # trust a cache others can write
 SYNC_CHECK = "CUTECC_SYNC_CHECK"  # each kernel waits for its stream and reports faults
 TVM_FFI_TORCH = "CUTECC_TVM_FFI_TORCH"  # let tvm-ffi import torch and cuda-python (its interop)
@@ -18,6 +19,7 @@ SIGNING_KEY = "CUTECC_SIGNING_KEY"  # the private key `build` and `pack` sign lo
 TRUSTED_KEYS = "CUTECC_TRUSTED_KEYS"  # public keys (paths, `:`-separated) a lock must verify with
 ALLOW_UNSIGNED = "CUTECC_ALLOW_UNSIGNED"  # accept packs and locks without a trusted signature
 STRICT = "CUTECC_STRICT"  # a call no build serves is an error, even where a fallback is declared
+JIT = "CUTECC_JIT"  # development: a call no build fits compiles its variant into the cache (needs the DSL)
 EXECUTOR = "CUTECC_EXECUTOR"  # where misses compile: local (default) or ray
 RAY_ADDRESS = "CUTECC_RAY_ADDRESS"  # the Ray cluster to submit to (else a private local one)
 COMPILE_TIMEOUT = "CUTECC_COMPILE_TIMEOUT"  # seconds one compile may run (0 or off: no limit)

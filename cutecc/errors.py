@@ -63,6 +63,12 @@ class FallbackWarning(UserWarning):
     `warnings.simplefilter("error", cutecc.FallbackWarning)`)."""
 
 
+class JitBuildWarning(UserWarning):
+    """A kernel call no built variant fit was compiled just in time (`cutecc.load(jit=True)`
+    or `$CUTECC_JIT=1`), once per kernel and call signature: add the variant to the
+    manifest (`cutecc misses --toml` prints it) so that `cutecc build` ships it."""
+
+
 class CallTypeError(CuteccError, TypeError):
     """A kernel call passing what the kernel cannot take: an unknown or missing keyword, a
     non-array where an array goes, a runtime scalar of the wrong type."""

@@ -146,7 +146,7 @@ def multiple_of(text: str, divisibility: Mapping[str, int]) -> int:
     divisibility (compiled into the kernel like a symbol's: `round_up(s, 128)` is a
     multiple of 128). 1 when nothing is known."""
     def m(n: ast.expr) -> int:
-        if isinstance(n, ast.Constant):
+        if isinstance(n, ast.Constant) and isinstance(n.value, int):  # parsing allows no other
             return n.value or 1
         if isinstance(n, ast.Name):
             return divisibility.get(n.id, 1)
@@ -161,7 +161,7 @@ def multiple_of(text: str, divisibility: Mapping[str, int]) -> int:
         assert isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
         if n.func.id == "round_up":
             b = n.args[1]
-            return b.value if isinstance(b, ast.Constant) and b.value else 1
+            return b.value if isinstance(b, ast.Constant) and isinstance(b.value, int) and b.value else 1
         if n.func.id in ("min", "max"):
             return functools.reduce(math.gcd, (m(x) for x in n.args))
         return 1

@@ -30,7 +30,7 @@ from typing import Any
 
 from cutecc import trust
 from cutecc.entry import MAX_META_BYTES, META, meta_problem, parse_json, runtime_meta_problem
-from cutecc.store.view import Entry
+from cutecc.store.view import Entry, StoreView
 from cutecc.store.writer import Store
 
 DEFAULT_MAX_FILE_BYTES = 2 << 30  # a kernel library is KBs to a few MB; a runtime ~2 MB
@@ -137,7 +137,7 @@ def receive(store: Store, key: str, meta_bytes: bytes, files: Mapping[str, bytes
     return publish(store, key, meta, files, runtime=runtime)
 
 
-def check_stored(store: Store, key: str, *, runtime: bool = False,
+def check_stored(store: StoreView, key: str, *, runtime: bool = False,
                  max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> dict[str, Any]:
     """The metadata of the store's entry `key`, once it passes the same checks as an
     arrival: read through directories only this user or root could have written,

@@ -462,7 +462,7 @@ def _parse_tree(data: bytes, f: Path) -> dict[str, Any]:
     imports: list[list[Any]] = []
     # In `ast.walk`'s order (breadth first), visiting statements and the clauses that hold
     # them only: an expression holds no statement, and expressions are most of a tree.
-    queue = collections.deque(tree.body)
+    queue: collections.deque[ast.AST] = collections.deque(tree.body)
     while queue:
         node = queue.popleft()
         if isinstance(node, ast.Import):

@@ -31,7 +31,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -74,7 +74,8 @@ def _path_spec(fullname: str, path: list[str] | None):
     for entry in sys.path if path is None else path:
         if not isinstance(entry, str):
             continue
-        finder = importlib.machinery.PathFinder._path_importer_cache(entry or os.getcwd())
+        finder = importlib.machinery.PathFinder._path_importer_cache(  # type: ignore[attr-defined]
+            entry or os.getcwd())  # private, undeclared in typeshed: the finder import would use
         if finder is None:
             continue
         spec = finder.find_spec(fullname, None)
@@ -155,7 +156,7 @@ def _extend_path(locs: list[str], name: str, search: list[str]) -> list[str]:
     for entry in search:
         if not isinstance(entry, str) or not os.path.isdir(entry):
             continue
-        finder = importlib.machinery.PathFinder._path_importer_cache(entry)
+        finder = importlib.machinery.PathFinder._path_importer_cache(entry)  # type: ignore[attr-defined]
         if finder is None or not hasattr(finder, "find_spec"):
             continue
         spec = finder.find_spec(final)
@@ -189,7 +190,7 @@ print("cutecc-path:" + json.dumps({"path": list(m.__path__), "inits": inits, "me
 """
 
 
-def _exec_path(name: str, python_path: list[str]) -> Executed:
+def _exec_path(name: str, python_path: Sequence[str]) -> Executed:
     """Import package `name` in a child process: its real __path__ and what decided it
     (`Executed`); an ExecFailed quoting the import's error when that fails."""
     env = dict(os.environ)
@@ -265,8 +266,9 @@ def find_module(name: str, python_path: list[str] | tuple[str, ...] = (), *,
             full = ".".join(parts[: i + 1])
             _consult(consulted, sys.path if search is None else search, parts[i])
             mod = sys.modules.get(full) if imported else None
-            if mod is not None and getattr(mod, "__spec__", None) is not None:
-                spec = mod.__spec__  # already imported here: import would use it
+            known = getattr(mod, "__spec__", None) if mod is not None else None
+            if known is not None:
+                spec = known  # already imported here: import would use it
                 locs = list(getattr(mod, "__path__", []) or [])
                 kind = "imported"
             else:

@@ -46,13 +46,13 @@ def plan(manifest: Manifest, archs: tuple[str, ...] = (), *,
     """Every artifact of the manifest with its key; `archs` and `platforms` override the
     manifest's.
     `hash_cache`: a file remembering files' digests and parsed facts across runs, by their
-    stamps (`cutecc.dists.HashCache`), so that a no-op build reads no unchanged source; or
+    stamps (`cutecc.hashcache.HashCache`), so that a no-op build reads no unchanged source; or
     such a cache, which the caller may save again (once the store exists)."""
     cache = hash_cache if isinstance(hash_cache, HashCache) else HashCache(hash_cache)
     index = SourceIndex(manifest.python_path, cache)
     installed = DistIndex(cache)
     envs: dict[str, dict[str, str]] = {}
-    out = []
+    out: list[Planned] = []
     paused = gc.isenabled()  # planning makes ~a million short-lived objects and few cycles:
     gc.disable()  # the collector's passes over all it holds cost more than they free
     try:

@@ -187,7 +187,7 @@ def check_dir(path: str | Path) -> None:
         pass
 
 
-def read_path(path: str | Path, max_bytes: int,
+def read_path(path: str | os.PathLike[str], max_bytes: int,
               file_check: Callable[[os.stat_result], str | None] | None = None,
               always: bool = False) -> bytes:
     """`read_file` of one path (a key file, say): its directory and every one above it

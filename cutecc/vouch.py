@@ -29,8 +29,7 @@ from cutecc.errors import CuteccError
 from cutecc.ingest import Refused, check_stored
 from cutecc.lockfile import Lock, LockEntry, Tuned
 from cutecc.runtime.tuning import sibling_problem
-from cutecc.store.view import Entry, entry_trust_problem
-from cutecc.store.writer import Store
+from cutecc.store.view import Entry, StoreView, entry_trust_problem
 
 # (kernel, variant, arch) -> (the default's key, {candidate key: candidate variant})
 Candidates = Mapping[tuple[str, str, str], tuple[str, Mapping[str, str]]]
@@ -40,7 +39,7 @@ Found = tuple[dict[str, Any] | None, str | None]  # (metadata, None) or (None, w
 Checked = dict[tuple[str, bool], Found]
 
 
-def _stored(store: Store, key: str, runtime: bool, memo: Checked | None) -> Found:
+def _stored(store: StoreView, key: str, runtime: bool, memo: Checked | None) -> Found:
     """`ingest.check_stored` of an entry (or runtime library), once per build: a signing
     build's lines share one runtime library, and tuning lines share their defaults."""
     if memo is not None and (key, runtime) in memo:
@@ -54,7 +53,7 @@ def _stored(store: Store, key: str, runtime: bool, memo: Checked | None) -> Foun
     return got
 
 
-def _meta(store: Store, key: str, hashed: bool, memo: Checked | None = None) -> Found:
+def _meta(store: StoreView, key: str, hashed: bool, memo: Checked | None = None) -> Found:
     """(metadata, None) of a healthy, trusted entry, else (None, why)."""
     if hashed:
         return _stored(store, key, False, memo)
@@ -69,21 +68,21 @@ def _meta(store: Store, key: str, hashed: bool, memo: Checked | None = None) -> 
     return (None, why) if why else (found.meta, None)
 
 
-def entry_line_problem(store: Store, le: LockEntry, *, hashed: bool,
+def entry_line_problem(store: StoreView, le: LockEntry, *, hashed: bool,
                        memo: Checked | None = None) -> str | None:
     """Why this cache does not back the lock line `le` (None: it does). `memo` keeps what
     was read and hashed across the lines of one build."""
     meta, why = _meta(store, le.key, hashed, memo)
     if meta is None:
         return why
-    why = le.mismatch(Entry(le.key, store.entry_dir(le.key), meta))
+    why = le.mismatch(Entry(le.key, store.layout.entry(le.key), meta))
     if why or not hashed:
         return why
     _, why = _stored(store, meta["runtime"]["key"], True, memo)
     return None if why is None else f"its runtime library: {why}"
 
 
-def tuning_line_problem(store: Store, t: Tuned, candidates: Candidates | None, *,
+def tuning_line_problem(store: StoreView, t: Tuned, candidates: Candidates | None, *,
                         hashed: bool, present: bool, memo: Checked | None = None) -> str | None:
     """Why the tuning line `t` must not be kept (None: keep it). `candidates` is the
     manifest's tuning plan ({} when it declares no tuning space; None: no manifest at hand,
@@ -106,7 +105,7 @@ def tuning_line_problem(store: Store, t: Tuned, candidates: Candidates | None, *
     return sibling_problem(default, winner)
 
 
-def composite_line_problem(store: Store, lock: Lock, c: CompositeLine, *, hashed: bool,
+def composite_line_problem(store: StoreView, lock: Lock, c: CompositeLine, *, hashed: bool,
                            present: bool, memo: Checked | None = None) -> str | None:
     """Why the composite line `c` of `lock` must not be kept (None: keep it): a launch whose
     kernel `lock` pins no entry of, variants of a launch that name their tensors unlike
@@ -124,7 +123,7 @@ def composite_line_problem(store: Store, lock: Lock, c: CompositeLine, *, hashed
                 if present or why != "not in the cache":
                     return f'launch "{ln}" ({le.label} {le.key[:12]}): {why}'
                 continue
-            why = le.mismatch(Entry(le.key, store.entry_dir(le.key), meta))
+            why = le.mismatch(Entry(le.key, store.layout.entry(le.key), meta))
             if why:
                 return f'launch "{ln}" ({le.label} {le.key[:12]}): {why}'
             try:

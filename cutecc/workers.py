@@ -209,8 +209,9 @@ def ensure_runtime(store: Store, key: str) -> tuple[Any, bool]:
 def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None) -> Result:
     """Compile, link and publish one entry (in a worker whose DSL targets `job.arch`);
     then, with a writable `remote`, upload it if this call built it."""
+    from cutecc.archs import is_ptx
     from cutecc.compiler import SYMBOL, CompileJob, compile_to_object
-    from cutecc.cubin import arch_problem
+    from cutecc.cubin import arch_problem, ptx_isa
     from cutecc.linker import link
 
     t0 = time.perf_counter()
@@ -225,7 +226,8 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
         t1 = time.perf_counter()
         keyed_sources.evict_stale(job.keyed_files)  # a reused worker imports what was keyed
         obj = compile_to_object(CompileJob(job.entry, job.variant, job.compile_options,
-                                           job.python_path, job.device, job.platform), staging)
+                                           job.python_path, job.device, job.platform,
+                                           ptx=is_ptx(job.arch)), staging)
         compiled = artifact.digest(obj)  # what the DSL compiled, for `cutecc verify --deep`
         t2 = time.perf_counter()
         link(obj, staging / LIBRARY, SYMBOL, entry=job.entry, arch=job.arch, key=job.key,
@@ -235,10 +237,13 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
         changed = keyed_sources.problem(job.keyed_files)  # compiled what was keyed, or nothing
         if changed:
             raise WorkError(f"not published: {changed}", where=job.kernel)
-        wrong = arch_problem((staging / LIBRARY).read_bytes(), job.arch)
+        library = (staging / LIBRARY).read_bytes()
+        wrong = arch_problem(library, job.arch)
         if wrong:  # never published: the key would name code for another GPU
             raise CuteccError(f"refusing to publish: {wrong}",
                               where=f"{job.kernel}[{job.variant.id}]@{job.arch}", exit_code=1)
+        # the PTX ISA a driver must JIT-compile (`.version`), read as the check read `.target`
+        isa = {"ptx_isa": ptx_isa(library)} if is_ptx(job.arch) else {}
         return {
             "kernel": job.kernel,
             "variant": job.variant.id,
@@ -255,6 +260,7 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
             "key_inputs": job.key_inputs,
             "sources": list(job.sources),
             "artifact": compiled.to_json(),
+            **isa,
             "built_at": now_iso(),
             "build_seconds": round(time.perf_counter() - t0, 3),
         }

@@ -211,6 +211,9 @@ def write_fallback_project(root: Path) -> Path:
     return root / "kernels.toml"
 
 
+FAKE_PTX_ISA = "9.4"  # the PTX ISA of fake_compile's `compute_` libraries (nvidia-cutlass-dsl 4.8.1's)
+
+
 def fake_compile(jobs: list[Any], store_root: Path, workers: int, on_result: Any) -> None:
     """Publish each job as a build worker would, with a stand-in library (no DSL)."""
     from cutecc.contract import args_to_json
@@ -226,13 +229,17 @@ def fake_compile(jobs: list[Any], store_root: Path, workers: int, on_result: Any
         runtime = {"key": rt.key, "library": lib, **rt.meta["files"][lib]}
 
         def produce(staging: Path, job: Any = job, runtime: dict = runtime) -> dict[str, Any]:
-            (staging / "kernel.so").write_bytes(job.key.encode())
+            ptx = job.arch.startswith("compute_")  # PTX as the DSL 4.8.1 writes it: ISA 9.4
+            sm = job.arch.removeprefix("compute_")
+            (staging / "kernel.so").write_bytes(job.key.encode() + (
+                f"\n.version {FAKE_PTX_ISA}\n.target sm_{sm}\n".encode() if ptx else b""))
+            isa = {"ptx_isa": FAKE_PTX_ISA} if ptx else {}
             return {"kernel": job.kernel, "variant": job.variant.id, "params": dict(job.variant.params),
                     "arch": job.arch, "entry": job.entry, "args": args_to_json(job.variant.args),
                     "backward": job.backward, "library": "kernel.so", "symbol": "cutecc_kernel",
                     "runtime": runtime,
                     "toolchain": job.key_inputs["toolchain"], "key_inputs": job.key_inputs,
-                    "sources": list(job.sources), "built_at": now_iso(), "build_seconds": 0.0}
+                    "sources": list(job.sources), "built_at": now_iso(), "build_seconds": 0.0, **isa}
 
         entry, _ = store.publish(job.key, produce)
         on_result(job, Result("built", 0.0, None, entry.meta))

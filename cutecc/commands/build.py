@@ -22,7 +22,8 @@ from cutecc.builder import Outcome, Progress, RemoteUse
 from cutecc.dists import HashCache
 from cutecc.errors import CuteccError
 from cutecc.executors.local import LocalExecutor, discard_prestarted, prestart
-from cutecc.lockfile import LOCK_NAME, Drift, Lock, drift_line, previous
+from cutecc.lock_env import Drift, drift_line
+from cutecc.lockfile import LOCK_NAME, Lock, previous
 from cutecc.manifest import Manifest, load_manifest
 from cutecc.report import Report
 from cutecc.store.writer import Store

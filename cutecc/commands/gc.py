@@ -21,8 +21,6 @@ tuning plans, received sources (`src/`) and quarantined entries of that age go.
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,8 +117,8 @@ def gc(cache_dir: str | Path | None = None, *, max_size: str | int | None = None
             total -= sizes[key]
             report.removed.append({"key": key, "label": label_of(e.meta), "bytes": sizes[key],
                                    "last_used": used, "unreachable": orphan and not stale})
-    gone = {r["key"] for r in report.removed}
-    linked = {rec["key"] for _, key, e in entries if key not in gone
+    removed_keys = {r["key"] for r in report.removed}
+    linked = {rec["key"] for _, key, e in entries if key not in removed_keys
               for rec in [runtime_record(e.meta)] if rec is not None}
     for rt in store.runtimes():
         size = rt.disk_bytes()
@@ -137,16 +135,16 @@ def gc(cache_dir: str | Path | None = None, *, max_size: str | int | None = None
             report.removed_runtimes.append({"key": rt.key, "library": rt.meta.get("library"),
                                             "bytes": size})
     report.kept_bytes = total
-    for key in sorted(gone):  # a tuning record of a default that went serves nothing
+    for key in sorted(removed_keys):  # a tuning record of a default that went serves nothing
         if store.layout.tuning_result(key).is_file() and (dry_run or store.remove_tuning_results(key)):
             report.removed_tuning.append(key)
     if age is not None:
-        report.removed_plans = _prune(store.layout.tuning_plans(), now - age, dry_run)
-        report.removed_sources = _prune(store.layout.sources(), now - age, dry_run)
+        report.removed_plans = store.prune(store.layout.tuning_plans(), now - age, dry_run)
+        report.removed_sources = store.prune(store.layout.sources(), now - age, dry_run)
     if not dry_run:
         report.swept_tmp = store.sweep_tmp()
         if age is not None:
-            report.quarantine_removed = _prune(store.quarantine_dir, now - age, dry_run)
+            report.quarantine_removed = store.prune(store.quarantine_dir, now - age, dry_run)
     return report
 
 
@@ -160,26 +158,3 @@ def _reachable(store: Store, locks: tuple[str | Path, ...]) -> frozenset[str]:
         keys.update(lock.distinct_keys())
         keys.update(t.base for t in lock.tuning)
     return frozenset(keys)
-
-
-def _prune(area: Path, before: float, dry_run: bool) -> int:
-    """Remove what `area` holds that was last changed before `before` (epoch seconds):
-    files and directories alike, never following a link; returns how many."""
-    n = 0
-    try:
-        items = sorted(area.iterdir())
-    except OSError:
-        return 0
-    for d in items:
-        try:
-            if os.lstat(d).st_mtime >= before:
-                continue
-            if not dry_run:
-                if d.is_dir() and not d.is_symlink():
-                    shutil.rmtree(d, ignore_errors=True)
-                else:
-                    d.unlink(missing_ok=True)
-            n += 1
-        except OSError:
-            continue
-    return n

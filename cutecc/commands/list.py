@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from cutecc import platforms
+from cutecc.archs import check_device_arch, how_runs, runs_on
 from cutecc.entry import call_keywords, platform_of
 from cutecc.platforms import BUILD_PLATFORM
 from cutecc.report import Report
@@ -26,6 +27,7 @@ class Row:
     call: str = ""  # the call keywords that reach this entry, "causal=True"
     winner_for: tuple[str, ...] = ()  # tuning buckets this entry wins (`cutecc tune`)
     platform: str = BUILD_PLATFORM  # the host platform of its host code
+    on_gpu: str = ""  # with --gpu: how that GPU runs it (`archs.how_runs`); "*" marks what it gets
 
     def age_seconds(self, now: dt.datetime) -> float:
         try:
@@ -39,6 +41,7 @@ class ListReport(Report):
     cache_dir: Path
     rows: tuple[Row, ...]
     runtimes: tuple[tuple[str, str, int], ...] = ()  # (key, library, size) of runtime libraries
+    gpu: str | None = None  # --gpu: the device arch the ON column is for
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(self.rows)
@@ -53,16 +56,20 @@ class ListReport(Report):
 
     def lines(self, verbose: int = 0) -> list[str]:
         now = dt.datetime.now(dt.timezone.utc)
-        table = [("KERNEL", "VARIANT", "ARCH", "KEY", "SIZE", "AGE", "CALL WITH")] + [
+        on = (f"ON {self.gpu}",) if self.gpu else ()
+        table = [("KERNEL", "VARIANT", "ARCH", "KEY", "SIZE", "AGE", *on, "CALL WITH")] + [
             (r.kernel, r.variant, r.arch + platforms.suffix(r.platform), r.key[: 64 if verbose > 0 else 12],
              human_size(r.size),
-             human_age(r.age_seconds(now)), r.call) for r in self.rows]
-        widths = [max(len(row[i]) for row in table) for i in range(7)]
+             human_age(r.age_seconds(now)), *((r.on_gpu,) if self.gpu else ()), r.call) for r in self.rows]
+        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
         out = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
         out += [f"{r.kernel}[{r.variant}] {r.key[:12]} is the tuned winner for {w}"
                 for r in self.rows for w in r.winner_for]
         rt = (f" (+ {len(self.runtimes)} runtime librar{'y' if len(self.runtimes) == 1 else 'ies'}, "
               f"{human_size(sum(n for _, _, n in self.runtimes))})" if self.runtimes else "")
+        if self.gpu:
+            out.append(f"* what a {self.gpu} GPU loads per variant: exact machine code, then family or "
+                       "older minor, then PTX (docs/archs.md)")
         out.append(f"{len(self.rows)} entries, {human_size(sum(r.size for r in self.rows))}{rt} "
                    f"in {self.cache_dir}")
         return out
@@ -76,8 +83,10 @@ def call_text(call: Any) -> str:
 
 
 def list_entries(cache_dir: str | Path | None = None, *, kernel: str | None = None,
-                 arch: str | None = None) -> ListReport:
-    """One row per published entry, sorted by kernel, variant and arch (no cache: exit 1)."""
+                 arch: str | None = None, gpu: str | None = None) -> ListReport:
+    """One row per published entry, sorted by kernel, variant and arch (no cache: exit 1);
+    with `gpu` (a device arch, `sm_90`), how that GPU runs each, the one it would load per
+    kernel, variant and host platform marked `*` (the runtime's rule, `archs.runs_on`)."""
     from cutecc.runtime.tuning import winners_in
 
     store = StoreView(cache_dir).require()
@@ -92,5 +101,20 @@ def list_entries(cache_dir: str | Path | None = None, *, kernel: str | None = No
                         e.size, str(m.get("built_at", "")), call_text(call),
                         tuple(wins.get(e.key, ())), platform_of(m)))
     rows.sort(key=lambda r: (r.kernel, r.variant, r.arch, r.platform, r.key))
+    if gpu is not None:
+        rows = _on_gpu(rows, check_device_arch(gpu, "--gpu"))
     runtimes = tuple((e.key, str(e.meta.get("library")), e.size) for e in store.runtimes())
-    return ListReport(store.root, tuple(rows), runtimes)
+    return ListReport(store.root, tuple(rows), runtimes, gpu)
+
+
+def _on_gpu(rows: list[Row], gpu: str) -> list[Row]:
+    """`rows` with how `gpu` runs each, the best of each kernel, variant and platform
+    marked `*` (the newest of equals, as the runtime picks)."""
+    best: dict[tuple[str, str, str], tuple[tuple[int, str], str]] = {}
+    for r in rows:
+        score = (runs_on(r.arch, gpu), r.built_at)
+        k = (r.kernel, r.variant, r.platform)
+        if score[0] and (k not in best or score > best[k][0]):
+            best[k] = (score, r.key)
+    return [replace(r, on_gpu=("* " if best.get((r.kernel, r.variant, r.platform), (0, ""))[1] == r.key
+                               else "") + how_runs(r.arch, gpu)) for r in rows]

@@ -146,6 +146,37 @@ def covers(path: Path, found: list[Miss]) -> list[Cover]:
     return out
 
 
+def cover_call(path: Path, m: Miss) -> tuple[Any, Any] | str:
+    """(manifest, variant) that serves the one call `m` describes: a variant the manifest at
+    `path` declares, else one the values the call implies add to its `variants` (the manifest
+    then is the edited one, parsed as a build parses it); or why none can (a contract change).
+    `cutecc.load(jit=True)` builds it (`cutecc.jit`); `covers` prints such edits."""
+    from cutecc.manifest import load_manifest, parse_document
+
+    manifest = load_manifest(path)
+    doc, prefix = _document(path)
+    kernels = doc.get("kernel", {})
+    kdoc = kernels.get(m.kernel) if isinstance(kernels, dict) else None
+    if not isinstance(kdoc, dict) or "args" not in kdoc:
+        return f"no kernel {m.kernel!r} in {path}"
+    kernel = manifest.kernel(m.kernel)
+    hit = _covering(kernel.variants, m)
+    if hit is not None:
+        return manifest, hit
+    edited: dict[str, list[Any]] = {k: list(v) for k, v in (kdoc.get("variants") or {}).items()}
+    for axis, value in _implied(kdoc, kernel, m).items():
+        if axis in edited and not any(_same(value, v) for v in edited[axis]):
+            edited[axis].append(value)
+    trial = copy.deepcopy(doc)
+    _kernels_of(trial, prefix)[m.kernel]["variants"] = edited
+    try:
+        tried = parse_document(_inner(trial, prefix), path.resolve(), prefix)
+    except CuteccError as e:
+        return f"the implied variants do not parse: {e.message}"
+    hit = _covering(tried.kernel(m.kernel).variants, m)
+    return (tried, hit) if hit is not None else _why(kernel.variants, m)
+
+
 def _document(path: Path) -> tuple[dict[str, Any], str]:
     """The manifest's TOML document, and the prefix of its cutecc table."""
     try:

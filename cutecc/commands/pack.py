@@ -40,7 +40,7 @@ from cutecc.lockfile import LOCK_NAME, Lock, lock_for, read_lock
 from cutecc.platforms import check_platform
 from cutecc.report import Report
 from cutecc.runtime.package import PACK_DIR
-from cutecc.store.writer import Store
+from cutecc.store.view import StoreView
 from cutecc.units import human_size
 
 # A wheel's tag: pure Python (the libraries are loaded by cutecc, not imported), and the
@@ -145,7 +145,7 @@ def names(name: str, version: str) -> tuple[str, str]:
     return dist, dist
 
 
-def select(store: Store, *, manifest: str | Path | None = None, lock: str | Path | None = None,
+def select(store: StoreView, *, manifest: str | Path | None = None, lock: str | Path | None = None,
            archs: Iterable[str] = (), kernels: Iterable[str] = ()) -> Lock:
     """The lock of what to pack: a manifest's planned entries, or a lock file's, filtered.
 
@@ -214,7 +214,7 @@ def pack(*, name: str, version: str, manifest: str | Path | None = None,
     if fmt not in FORMATS:
         raise CuteccError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})", where="--format")
     dist, package = names(name, version)
-    store = Store(cache_dir).require()
+    store = StoreView(cache_dir).require()
     store.check_trust()
     chosen = select(store, manifest=manifest, lock=lock, archs=archs, kernels=kernels)
     if platform is not None:
@@ -265,7 +265,7 @@ def pack(*, name: str, version: str, manifest: str | Path | None = None,
                       runtime_path)
 
 
-def _tree(chosen: Lock, store: Store) -> tuple[dict[str, bytes], dict[str, dict[str, int]]]:
+def _tree(chosen: Lock, store: StoreView) -> tuple[dict[str, bytes], dict[str, dict[str, int]]]:
     """The `_cutecc/` files (relative path -> bytes), each verified, and sizes per arch (the
     runtime libraries, each packed once, under "runtime")."""
     # The pack's lock names its entries; the build environment the lock was planned in is
@@ -323,7 +323,7 @@ def _tree(chosen: Lock, store: Store) -> tuple[dict[str, bytes], dict[str, dict[
 
 
 
-def _read(store: Store, parts: tuple[str, ...], max_bytes: int, label: str) -> bytes:
+def _read(store: StoreView, parts: tuple[str, ...], max_bytes: int, label: str) -> bytes:
     """A file of the cache through checked directories (`cutecc.trust`), bounded."""
     try:
         return trust.read_file(store.root, parts, max_bytes)

@@ -159,9 +159,9 @@ def _compare(p: Planned, held: EntryMeta, o: builder.Outcome | None) -> Retraced
         got = artifact_of(o.meta)
         if got is None:
             return Retraced(p.label, p.key, "failed", "the second compile recorded no artifact digest")
-        why = difference(held.artifact, got)
-        if why:
-            return Retraced(p.label, p.key, "differs", why + "; a key input the trace read is missed, "
+        differs = difference(held.artifact, got)
+        if differs:
+            return Retraced(p.label, p.key, "differs", differs + "; a key input the trace read is missed, "
                             "a source changed while it was built, or the compile is not deterministic")
     else:
         note = BAD_DIGEST if "artifact" in held.raw else NO_DIGEST

@@ -32,6 +32,8 @@ class ShowReport(Report):
         info = self.info
         out = [f"key        {info['key']}", f"entry      {info['label']}", f"path       {info['path']}",
                f"last used  {info['last_used']}", f"on disk    {human_size(info['disk_bytes'])}"]
+        if "on_gpu" in info:
+            out.append(f"on {info['on_gpu']['gpu']:<7} {info['on_gpu']['runs']}")
         call = call_text(call_keywords(info["meta"]))
         if call:
             out.append(f"call with  {call}")
@@ -39,7 +41,12 @@ class ShowReport(Report):
         for name, st in (info.get("strides") or {}).items():
             dyn = [x for x, static in zip(st["strides"], st["static"]) if not static]
             out.append(f"strides    {name}: ({', '.join(st['strides'])}) "
-                       + ("all static" if not dyn else f"runtime: {', '.join(dyn)}"))
+                       + ("all static" if not dyn else f"runtime: {', '.join(dyn)}")
+                       + "".join(f"; extent {i} ({st['shape'][i]}) compiled as a runtime value"
+                                 for i in st.get("runtime", ())))
+        sh = info.get("sharding")
+        if sh:
+            out.append(f"sharding   {sharding_text(sh)}")
         grad = info.get("gradient")
         if grad:
             out += [f"gradient   {line}" for line in Cotangents(grad["backward"], tuple(grad["taken"]),
@@ -91,8 +98,33 @@ def strides(meta: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for t in tensors:
         text = stride_text(t)
-        out[t.name] = {"strides": text, "static": [x.isdigit() for x in text]}
+        out[t.name] = {"strides": text, "static": [x.isdigit() for x in text],
+                       **({"runtime": list(t.runtime), "shape": list(t.shape)} if t.runtime else {})}
     return out
+
+
+def sharding(meta: dict[str, Any]) -> dict[str, Any]:
+    """The entry's sharding choices, as the runtime reads them from its key inputs: the
+    `shard` rule (None: none declared) and `reshard` ("error" when not declared)."""
+    from cutecc.runtime.calls import _reshard_of, _shard_of
+
+    shard = _shard_of(meta)
+    return {"shard": list(shard) if isinstance(shard, (list, tuple)) else None, "reshard": _reshard_of(meta)}
+
+
+_RESHARD_MEANS = {
+    "error": "a call split elsewhere under an explicit mesh is an error",
+    "warn": "a call split elsewhere under an explicit mesh warns once, then is gathered",
+    "allow": "a call split elsewhere is gathered silently",
+}
+
+
+def sharding_text(sh: dict[str, Any]) -> str:
+    """One line: `shard = [..]` (or no rule) and `reshard = ...` with what it means."""
+    rule = (f"shard = [{', '.join(map(str, sh['shard']))}]" if sh.get("shard")
+            else "no shard rule (one device per call)")
+    r = sh.get("reshard")
+    return f"{rule}; reshard = {r}" + (f": {_RESHARD_MEANS[r]}" if r in _RESHARD_MEANS else "")
 
 
 def gradient(meta: dict[str, Any]) -> dict[str, Any] | None:
@@ -147,8 +179,10 @@ def get_entry(store: StoreView, prefix: str) -> Entry:
     return entry
 
 
-def show(key: str, cache_dir: str | Path | None = None) -> ShowReport:
-    """The entry for KEY|PREFIX: its metadata, its files (name, size, sha256), its last use."""
+def show(key: str, cache_dir: str | Path | None = None, gpu: str | None = None) -> ShowReport:
+    """The entry for KEY|PREFIX: its metadata, its files (name, size, sha256), its last use;
+    with `gpu` (a device arch, `sm_90`), whether and how that GPU runs it (`archs.how_runs`)."""
+    from cutecc.archs import check_device_arch
     from cutecc.runtime.tuning import winners_in
 
     store = StoreView(cache_dir).require()
@@ -167,6 +201,29 @@ def show(key: str, cache_dir: str | Path | None = None) -> ShowReport:
         "meta": entry.meta,
         "in_place": in_place_notes(entry.meta),
         "gradient": gradient(entry.meta),
+        "sharding": sharding(entry.meta),
         "strides": strides(entry.meta),
         "winner_for": winners_in(store.root).get(entry.key, []),
+        **({"on_gpu": _on_gpu(entry, gpu)}
+           if (gpu := None if gpu is None else check_device_arch(gpu, "--gpu")) else {}),
     })
+
+
+def _on_gpu(entry: Any, gpu: str) -> dict[str, Any]:
+    """How a GPU of arch `gpu` runs the entry (`archs.how_runs`); for PTX, the PTX ISA its
+    build recorded and the oldest CUDA driver that JIT-compiles it (`archs.PTX_ISA_OF_DRIVER`)."""
+    from cutecc.archs import driver_for_ptx_isa, how_runs, is_ptx, parse_version, show_version
+    from cutecc.entry import ptx_isa_of
+
+    arch = str(entry.meta.get("arch"))
+    out: dict[str, Any] = {"gpu": gpu, "runs": how_runs(arch, gpu)}
+    isa = ptx_isa_of(entry.meta)
+    if is_ptx(arch):
+        out["ptx_isa"] = isa
+        want = parse_version(isa)
+        needs = driver_for_ptx_isa(want) if want else None
+        if out["runs"] != "no":
+            out["runs"] += (f" (PTX ISA {isa}: a CUDA {show_version(needs)} driver or newer)" if needs
+                            else f" (PTX ISA {isa}: a newer CUDA driver)" if isa
+                            else " (PTX ISA not recorded)")
+    return out

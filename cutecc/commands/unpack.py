@@ -12,10 +12,7 @@ their launches is there, so the cache offers them as the pack does.
 
 from __future__ import annotations
 
-import contextlib
 import secrets
-import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,18 +89,9 @@ def unpack(archive: str | Path, cache_dir: str | Path | None = None, *,
     store = Store(cache_dir)
     store.ensure()
     tag = secrets.token_hex(8)  # its staging dir is swept only when nobody holds this lock
-    with store.lock(tag), _staging(store.layout.staging(f"{tag}.unpack")) as staging, \
+    with store.lock(tag), store.staging_dir(f"{tag}.unpack") as staging, \
             PackTree(archive, limits, staging) as tree:
         return _unpack(archive, tree, store, trusted_keys, allow_unsigned)
-
-
-@contextlib.contextmanager
-def _staging(path: Path) -> Iterator[Path]:
-    path.mkdir(mode=0o700)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: list[str | Path] | None,

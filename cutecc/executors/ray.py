@@ -55,6 +55,7 @@ from cutecc.workers import DEFAULT_LIMITS, BuildJob, Limits, Result
 
 if TYPE_CHECKING:
     from cutecc.remote import RemoteConfig
+    from cutecc.store.writer import Store
 
 TASK_TIMEOUT = 3600.0  # seconds without any task finishing before the rest are failed
 MAX_SOURCE_BYTES = 16 << 20  # a kernel's source closure sent to other nodes
@@ -463,7 +464,7 @@ def _task(job: BuildJob, store_root: str, driver_node: str, sources: Sources | s
     node_store = Store(default_cache_dir())
     try:
         node_store.ensure()
-        src = _materialize(node_store.layout.sources(), job, sources)
+        src = _materialize(node_store, job, sources)
     except (CuteccError, OSError) as e:
         node = ray.get_runtime_context().get_node_id()[:12]
         return Result("failed", time.perf_counter() - t0, f"on node {node}: {e}"), None, None
@@ -475,7 +476,7 @@ def _task(job: BuildJob, store_root: str, driver_node: str, sources: Sources | s
         return result, None, None
     from cutecc.entry import META
 
-    d = node_store.entry_dir(job.key)
+    d = node_store.layout.entry(job.key)
     meta_bytes = (d / META).read_bytes()
     files = {name: (d / name).read_bytes() for name in (result.meta or {}).get("files", {})}
     return result, meta_bytes, files
@@ -514,26 +515,13 @@ def _read_sources(job: BuildJob) -> Sources:
     return out
 
 
-def _materialize(root: Path, job: BuildJob, files: Sources) -> Path:
-    """Write the sources into `root/<source digest>/` (once; checked against the key)."""
+def _materialize(store: Store, job: BuildJob, files: Sources) -> Path:
+    """Write the sources into the cache's `src/<source digest>/` (once; checked against the key)."""
     digest = str(job.key_inputs.get("source"))
     if _source_digest(files) != digest:
         raise WorkError("the sources sent differ from those the key was computed from",
                         where=job.kernel)
-    final = root / digest
-    if final.is_dir():
-        return final
-    tmp = root / f".{digest}.{secrets.token_hex(6)}.tmp"
-    tmp.mkdir(parents=True)
-    for rel, data in files.items():
+    for rel in files:
         if rel.startswith("/") or ".." in rel.split("/"):
             raise WorkError(f"bad source path {rel!r}", where=job.kernel)
-        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp / rel).write_bytes(data)
-    try:
-        os.rename(tmp, final)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not final.is_dir():
-            raise
-    return final
+    return store.receive_sources(digest, files)

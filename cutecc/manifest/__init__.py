@@ -2,7 +2,12 @@
 whole, handed on as frozen records.
 
 - `model`: the records (`Manifest`, `Kernel`, `Variant`, ...) the rest of cutecc trusts;
-- `parse`: the grammar and every check, with errors naming the file and the key path;
+- `parse`: loading a manifest (`load_manifest`), its top level and `[build]`, and the
+  file's documented schema; every check raises errors naming the file and the key path;
+- `grammar`: names, limits, hardware profiles, each table's keys, the small validators;
+- `values`: "$param" substitution, typed values, expressions; `arguments`: a kernel's
+  `args`; `variants`: its variant matrix and call keywords; `kernel`: one `[kernel.NAME]`;
+  `rules`: checks across kernels (composites, grad pairs);
 - `tune_space`: a kernel's tuning space (`[kernel.NAME.tune]`), its grammar and expansion;
 - `schema`: the JSON Schema of `kernels.toml` for editors (not imported here).
 
@@ -10,18 +15,9 @@ The package imports nothing of the build side, the store or the runtime (a test 
 the layers), and neither the DSL nor JAX.
 """
 
-from cutecc.manifest.model import (
-    BuildSettings,
-    Composite,
-    Kernel,
-    Manifest,
-    Value,
-    Variant,
-    split_entry,
-)
-from cutecc.manifest.parse import (
+from cutecc.cotangents import COTANGENT
+from cutecc.manifest.grammar import (
     BUILTIN_PROFILES,
-    COTANGENT,
     ENTRY_RE,
     EXECUTORS,
     IMPORT_RE,
@@ -35,10 +31,17 @@ from cutecc.manifest.parse import (
     MAX_VARIANTS_PER_KERNEL,
     NAME_RE,
     RESERVED_KERNEL_NAMES,
-    find_manifest,
-    load_manifest,
-    parse_document,
 )
+from cutecc.manifest.model import (
+    BuildSettings,
+    Composite,
+    Kernel,
+    Manifest,
+    Value,
+    Variant,
+    split_entry,
+)
+from cutecc.manifest.parse import find_manifest, load_manifest, parse_document
 from cutecc.manifest.tune_space import Bucketing, TuneSpec
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The JSON Schema of `kernels.toml`, for editors (taplo, SchemaStore) to complete and check.
 
-The schema is a guide; `cutecc.manifest.parse` stays the one validator (it also checks what a
-schema cannot say: shared symbolic extents, backward pairings, `$param` references).
+The schema is a guide; `cutecc.manifest.parse` (with the modules it calls) stays the one validator (it
+also checks what a schema cannot say: shared symbolic extents, backward pairings, `$param` references).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import keyword
 from typing import Any
 
 from cutecc import dtypes
-from cutecc.archs import ARCH_RE
+from cutecc.archs import PATTERN as ARCH_PATTERN
 from cutecc.contract import LAYOUTS, ROLES
-from cutecc.manifest.parse import (
+from cutecc.manifest.grammar import (
     BUILTIN_PROFILES,
     ENTRY_RE,
     IMPORT_RE,
@@ -52,8 +52,8 @@ def _dtype() -> dict[str, Any]:
 def schema() -> dict[str, Any]:
     """The schema as a JSON-able dict (draft 2020-12)."""
     archs = {"type": "array", "minItems": 1, "uniqueItems": True,
-             "items": {"type": "string", "pattern": f"^{ARCH_RE.pattern}$", "not": {"pattern": r"\s"}},
-             "description": "Target GPU architectures, e.g. [\"sm_90a\"]."}
+             "items": {"type": "string", "pattern": f"^({ARCH_PATTERN})$", "not": {"pattern": r"\s"}},
+             "description": "Target GPU architectures, e.g. [\"sm_90a\"]; \"compute_80\" is portable PTX."}
     extent = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
                         {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*$"}, _PARAM]}
     derived = {"type": "string", "minLength": 1, "maxLength": 256,
@@ -98,8 +98,12 @@ def schema() -> dict[str, Any]:
                                                             {"type": "string"}]},
                        "description": "The stride the kernel is compiled with, per dimension: an int "
                                       "(static) or a symbol (a runtime value; facts in symbols)."},
-            "align": {"enum": [1 << i for i in range(MAX_ALIGN.bit_length())],
-                      "description": "Pointer alignment in bytes."},
+            "runtime": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1,
+                        "description": "Dimensions (of an output or scratch) whose derived extent is "
+                                       "compiled as a runtime value even where it reads no symbol."},
+            "align": {"oneOf": [{"enum": [1 << i for i in range(MAX_ALIGN.bit_length())]},
+                                {"type": "string", "pattern": r"^\$[A-Za-z_][A-Za-z0-9_]*$"}],
+                      "description": "Pointer alignment in bytes (or a \"$param\")."},
             "param": _KW,
         },
     }
@@ -165,8 +169,10 @@ def schema() -> dict[str, Any]:
                                       "keyword."},
             "symbols": {"type": "object", "additionalProperties": {
                 "type": "object", "additionalProperties": False,
-                "properties": {"divisibility": {"type": "integer", "minimum": 1,
-                                                "maximum": MAX_DIVISIBILITY},
+                "properties": {"divisibility": {"oneOf": [
+                    {"type": "integer", "minimum": 1, "maximum": MAX_DIVISIBILITY},
+                    {"type": "string", "pattern": r"^\$[A-Za-z_][A-Za-z0-9_]*$",
+                     "description": "a variant or derived parameter (\"$div\")"}]},
                                "bits": {"enum": [32, 64], "description": "64: compiled as a 64-bit "
                                                                          "integer (extents >= 2^31)."}}},
                         "description": "Facts about symbolic extents, e.g. n = { divisibility = 8 }."},

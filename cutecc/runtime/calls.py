@@ -343,9 +343,9 @@ class KernelBase:
         # name (forward inputs, outputs saved or not, "cotangent.<output>") and which forward
         # input each of its results is the gradient of; the returned outputs declared
         # stop-gradient (`cutecc.cotangents`). None: inputs then cotangents.
-        self.grad = None if grad is None else {"args": tuple(grad["args"]),
-                                               "returns": grad.get("returns"),
-                                               STOP_GRADIENT: tuple(grad.get(STOP_GRADIENT) or ())}
+        self.grad: dict[str, Any] | None = None if grad is None else {
+            "args": tuple(grad["args"]), "returns": grad.get("returns"),
+            STOP_GRADIENT: tuple(grad.get(STOP_GRADIENT) or ())}
         # More static extents first: the most specific variant wins.
         self.builds = sorted(builds, key=lambda b: -_static(b))
         self.backward = backward
@@ -362,6 +362,9 @@ class KernelBase:
         # a cutecc.runtime.fallback.Fallback: what serves a call no build fits (the loader
         # sets it where the kernel declares one); private: kernel attributes are reserved names
         self._fallback: Any = None
+        # development builds (`load(jit=True)`): `_jit(self, arrays_sig, keywords, miss)` adds
+        # the build serving a missed call and returns None, or says why it cannot (str)
+        self._jit: Any = None
 
     def __repr__(self) -> str:
         sigs = "".join(f"\n  {b.variant}{b.signature()}" for b in self.builds)
@@ -452,16 +455,34 @@ class KernelBase:
                             keywords: Mapping[str, Any], once: bool = False) -> tuple[bool, Any]:
         """(True, the fallback's result) when no build serves this call and the kernel
         declares a fallback (strict: its error); (False, None) when a build fits, or when
-        there is no fallback (the call then raises as it always did). `kwargs` are all the
-        call's keywords, `keywords` its call keywords among them; `once`: see `Fallback.serve`."""
-        if self._fallback is None:
+        there is no fallback (the call then raises as it always did). Under `load(jit=True)`
+        a miss first compiles the variant that serves it (then a build fits), and falls to
+        the fallback, or raises, only where it cannot. `kwargs` are all the call's keywords,
+        `keywords` its call keywords among them; `once`: see `Fallback.serve`."""
+        if self._fallback is None and self._jit is None:
             return False, None
         try:
             self.select(*arrays, **keywords)
         except NoBuildFits as miss:
             sig = [(self._dtype_name(a), tuple(a.shape)) for a in arrays]
-            return True, self._fallback.serve(arrays, kwargs, miss, sig, not self.builds, once)
+            no_builds, note = not self.builds, ""
+            if self._jit is not None:
+                why = self._jit(self, sig, keywords, miss)
+                if why is None:
+                    return False, None
+                note = f"just-in-time build: {why}"
+                miss = NoBuildFits(f"{miss.message}\n({note})", where=miss.where, exit_code=1)
+                if self._fallback is None:
+                    raise miss from None
+            return True, self._fallback.serve(arrays, kwargs, miss, sig, no_builds, once, note)
         return False, None
+
+    def _add_build(self, b: Build) -> None:
+        """Offer `b` too (a just-in-time build), as if loaded with the others."""
+        self.builds = sorted([*self.builds, b], key=lambda x: -_static(x))
+        for k, v in b.call:
+            if not any(_same(v, w) for w in self._keywords.setdefault(k, [])):
+                self._keywords[k].append(v)
 
     def _one_of(self, fits: list[tuple[Build, dict[str, int]]],
                 keywords: Mapping[str, Any]) -> tuple[Build, dict[str, int]]:

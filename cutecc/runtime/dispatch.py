@@ -179,7 +179,8 @@ class KernelFn(calls.KernelBase):
         if self._keywords:
             keywords = {k: v for k, v in scalars.items() if k in self._keywords}
             scalars = {k: v for k, v in scalars.items() if k not in self._keywords}
-        if self._fallback is not None:  # a plain JAX function: jit, grad, vmap and export trace it
+        if self._fallback is not None or self._jit is not None:  # a plain JAX function (jit, grad,
+            # vmap and export trace it), or a just-in-time build of the variant (`load(jit=True)`)
             served, out = self._served_by_fallback(arrays, given, keywords)
             if served:
                 return out
@@ -388,7 +389,7 @@ def _backward_call(back: Any, arrays: Sequence[Any], scalars: Mapping[str, Any],
                    keywords: Mapping[str, Any]) -> Any:
     """The paired backward's results for `arrays`: its build's, or where none takes them (a
     backward built for fewer shapes than its forward) its own declared fallback's."""
-    if getattr(back, "_fallback", None) is not None:
+    if getattr(back, "_fallback", None) is not None or getattr(back, "_jit", None) is not None:
         served, out = back._served_by_fallback(arrays, {**scalars, **keywords}, keywords)
         if served:
             return out

@@ -89,12 +89,14 @@ class Fallback:
         return fn  # type: ignore[no-any-return]
 
     def serve(self, arrays: Sequence[Any], kwargs: Mapping[str, Any], miss: NoBuildFits,
-              arrays_sig: list[tuple[str, tuple[Any, ...]]], no_builds: bool, once: bool = False) -> Any:
+              arrays_sig: list[tuple[str, tuple[Any, ...]]], no_builds: bool, once: bool = False,
+              note: str = "") -> Any:
         """The fallback's result for a call no build serves (`miss` says why), after the
         strict check, the warning and the count. `arrays_sig` is the arrays' (dtype name,
         shape); `no_builds`: the kernel has no build usable on this arch at all. Counted at
         each call (JAX asks once per trace), or with `once` at the signature's first miss
-        in this process only (PyTorch asks at every eager call)."""
+        in this process only (PyTorch asks at every eager call). `note`: why no
+        just-in-time build serves it either (`load(jit=True)`), said in the warning."""
         if self.strict or environ.flag(environ.STRICT):
             why = "load(strict=True)" if self.strict else f"${environ.STRICT}"
             raise NoBuildFits(f"{miss.message}\n(strict, {why}: the declared fallback {self.ref.ref} "
@@ -106,9 +108,11 @@ class Fallback:
         first = m.ident not in self._warned
         if first:
             self._warned.add(m.ident)
-            warnings.warn(f'cutecc kernel "{self.kernel}" {m.signature}: {reason} on {self.arch}; '
+            said = reason if no_builds else f"{reason} on {self.arch}"
+            warnings.warn(f'cutecc kernel "{self.kernel}" {m.signature}: {said}; '
                           f"served by its fallback {self.ref.ref} (`cutecc misses --toml` prints "
-                          "the variants that would cover it)", FallbackWarning, stacklevel=4)
+                          "the variants that would cover it)" + (f"; {note}" if note else ""),
+                          FallbackWarning, stacklevel=4)
         if self.misses_root is not None and (first or not once):
             record_miss(self.misses_root, m)
         return fn(*arrays, **kwargs)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cutecc import trust
-from cutecc.archs import check_arch, device_arch, runs_on
+from cutecc.archs import check_device_arch, device_arch, driver_version, is_ptx, ptx_driver_problem, runs_on
 from cutecc.composite_line import CompositeLine
 from cutecc.entry import ARTIFACT_FORMAT, ENTRY_FORMAT, call_keywords, platform_of
 from cutecc.environ import read_only
@@ -164,7 +164,8 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
          kernels: tuple[str, ...] | list[str] | None = None,
          manifest: str | Path | None = None, strict: bool = False,
          lock: str | Path | None = None, package: str | None = None,
-         trusted_keys: list[str | Path] | None = None, allow_unsigned: bool = False) -> KernelSet:
+         trusted_keys: list[str | Path] | None = None, allow_unsigned: bool = False,
+         jit: bool | None = None) -> KernelSet:
     """Load the kernels of a cache for this device (or for `arch`, e.g. to lower on a CPU).
 
     Without a lock or manifest, each kernel offers the entries of its newest build (per
@@ -184,10 +185,14 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
     A lock (given or a pack's) must be signed by one of `trusted_keys` (public key files;
     else `$CUTECC_TRUSTED_KEYS`) before any of its lines is believed, unless the deployer
     opts out with `allow_unsigned=True` (or `$CUTECC_ALLOW_UNSIGNED=1`).
+    `jit` (development; None: `$CUTECC_JIT`): a call no built variant fits compiles the
+    variant that serves it into this cache, with the key `cutecc build` gives it, and is
+    served by it (`cutecc.jit`). Needs the DSL (an error at load without it); excludes a
+    lock, a pack, a read-only cache and `strict`.
     """
     return load_with(_jax(), cache_dir, arch=arch, kernels=kernels, manifest=manifest, strict=strict,
                      lock=lock, package=package, trusted_keys=trusted_keys,
-                     allow_unsigned=allow_unsigned)
+                     allow_unsigned=allow_unsigned, jit=jit)
 
 
 def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str | None = None,
@@ -195,9 +200,10 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
               manifest: str | Path | None = None, strict: bool = False,
               lock: str | Path | None = None, package: str | None = None,
               trusted_keys: list[str | Path] | None = None,
-              allow_unsigned: bool = False) -> KernelSet:
+              allow_unsigned: bool = False, jit: bool | None = None) -> KernelSet:
     """`load` for a framework's `front` end: the same sources, checks and selection."""
     record_use = True
+    jit = _jit_wanted(front, jit, strict=strict, pinned=lock is not None or package is not None)
     if lock is None and package is None:
         _no_keys_without_a_lock(trusted_keys)
     if package is not None:
@@ -214,10 +220,11 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
         raise CuteccError("no kernel cache here; run `cutecc build` first", where=str(store.root),
                           exit_code=1)
     store.require()  # of this format: an older cache has no index and no runtime libraries
-    target = check_arch(arch, "cutecc.load arch") if arch is not None else front.device_arch()
+    target = check_device_arch(arch, "cutecc.load arch") if arch is not None else front.device_arch()
     if target is None:
         raise CuteccError(f"no GPU is visible to {front.framework}: pass arch= (or set CUTECC_ARCH) to load "
                           "kernels for lowering without one", where="cutecc.load", exit_code=1)
+    driver = driver_version()  # judges PTX entries (None without a driver: not judged)
     asked: set[str] | None = set(kernels) if kernels else None
     wanted = None if asked is None else set(asked)  # the kernels whose entries are looked up
     planned: set[str] | None = None  # a manifest's: exactly these keys
@@ -340,10 +347,12 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
         if line is not None and front.composite is not None:
             return front.composite(name, line.launches, line.inputs, line.outputs)
         entries, unreadable = _entries_of(store, name, keys_of(name), newest)
-        fn = _kernel_fn(front, name, entries, target, series, pinned, record_use, unreadable)
-        fn.tuning = _tuning(name, fn, store, locked, target, series, record_use, front.device_kind)
+        fn = _kernel_fn(front, name, entries, target, series, pinned, record_use, unreadable, driver)
+        fn.tuning = _tuning(name, fn, store, locked, target, series, record_use, front.device_kind, driver)
         fn._fallback = _fallback(front, name, fn, entries, store, locked, target, strict,
                                  misses_root=store.root if record_use and not read_only() else None)
+        if jit:
+            fn._jit = _jit_hook(store, mpath, target, series, driver)
         return fn
 
     ks = front.kernel_set(store.root, target, resolve, all_names,
@@ -355,6 +364,85 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
             raise CuteccError("entries unusable here:\n  " + "\n  ".join(problems),
                               where=str(store.root), exit_code=1)
     return ks
+
+
+def _jit_wanted(front: FrontEnd, jit: bool | None, *, strict: bool, pinned: bool) -> bool:
+    """Whether just-in-time builds are on: `jit=` if given, else `$CUTECC_JIT` (which a
+    lock or pack load ignores: they pin what runs). On, they need the DSL, the JAX front
+    end and a cache this process may write, and exclude `strict`: else an error at load."""
+    from cutecc import environ
+
+    if jit is None:
+        jit = environ.flag(environ.JIT) and not pinned
+        given = f"${environ.JIT}"
+    else:
+        given = "jit=True"
+    if not jit:
+        return False
+    why = None
+    if front.framework != "JAX":
+        why = f"just-in-time builds serve the JAX front end only, not {front.framework}"
+    elif pinned:
+        why = "a lock or a pack pins exactly what runs: load the cache (or a manifest) to build into it"
+    elif strict:
+        why = "strict=True makes every miss an error"
+    elif read_only():
+        why = f"${environ.READ_ONLY} forbids writing the cache"
+    else:
+        import importlib.util
+
+        if importlib.util.find_spec("cutlass") is None:
+            why = ("the DSL (nvidia-cutlass-dsl, the build extra) is not installed here: build "
+                   "ahead of time with `cutecc build`, or install `cutecc[build]`")
+    if why:
+        raise CuteccError(f"{given}: {why}", where="cutecc.load", exit_code=1)
+    return True
+
+
+def _jit_hook(store: StoreView, manifest: Path | None, target: str, series: str,
+              driver: tuple[int, int] | None) -> Callable[..., str | None]:
+    """What a kernel calls at a miss under `load(jit=True)`: build the variant serving the
+    call (`cutecc.jit`, imported here, at the first miss only), offer it, warn once per
+    signature (`JitBuildWarning`) and count the miss; None when served, else why not."""
+    import warnings
+
+    from cutecc.errors import JitBuildWarning
+    from cutecc.store.misses import miss_of, record_miss
+
+    state: dict[str, Any] = {}
+
+    def hook(fn: KernelBase, sig: list[tuple[str, tuple[Any, ...]]], keywords: dict[str, Any],
+             miss: CuteccError) -> str | None:
+        from cutecc import environ
+
+        if environ.flag(environ.STRICT):
+            return f"off under ${environ.STRICT}"
+        if "builder" not in state:
+            from cutecc.jit import builder_for  # the build side, behind the opt-in only
+
+            state["builder"] = builder_for(store.root, manifest)
+        reason = f"no build for {target}" if not fn.builds else "no built variant fits"
+        m = miss_of(fn.name, target, sig, keywords, reason)
+        try:
+            r = state["builder"].build(m)
+        except CuteccError as err:
+            return f"{err.where}: {err.message}" if err.where else err.message
+        e = store.get(r.key)
+        why = "not in the cache after its build" if e is None else (
+            _why_unusable(e.meta, target, series) or _problem(e) or _ptx_problem(e, driver))
+        if e is None or why:
+            return f"entry {r.key[:12]} ({r.variant}@{r.arch}): {why}"
+        said = reason if not fn.builds else f"{reason} on {target}"
+        fn._add_build(Build.of(e.checked, e.path))
+        done = "compiled" if r.compiled else "found cached"
+        warnings.warn(f'cutecc kernel "{fn.name}" {m.signature}: {said}; {done} variant '
+                      f"{r.variant} for {r.arch} just in time ({r.key[:12]}, {r.seconds:.1f}s): add it to "
+                      "the manifest (`cutecc misses --toml`)", JitBuildWarning, stacklevel=5)
+        record_miss(store.root, dataclasses.replace(
+            m, reason=f"{reason}; built just in time: variant {r.variant} for {r.arch}"))
+        return None
+
+    return hook
 
 
 def _same_path(recorded: object, path: Path) -> bool:
@@ -391,7 +479,8 @@ def _entries_of(store: StoreView, name: str, keys: list[str],
 
 
 def _kernel_fn(front: FrontEnd, name: str, entries: list[Entry], target: str, series: str,
-               pinned: dict[str, Any], record_use: bool, unreadable: list[str]) -> KernelBase:
+               pinned: dict[str, Any], record_use: bool, unreadable: list[str],
+               driver: tuple[int, int] | None = None) -> KernelBase:
     """One kernel's callable: per variant the build that runs best here, the newest of
     equals (an edited kernel's older entry stays in the cache until gc); entries that
     cannot be used here are kept as reasons. An entry that differs from the lock file
@@ -407,7 +496,7 @@ def _kernel_fn(front: FrontEnd, name: str, entries: list[Entry], target: str, se
         if why:
             refused = True
         else:
-            why = _why_unusable(m, target, series) or _problem(e)
+            why = _why_unusable(m, target, series) or _problem(e) or _ptx_problem(e, driver)
         if why:
             unusable.append(f"{m.get('variant')}@{m.get('arch')} ({e.key[:12]}): {why}")
             continue
@@ -473,7 +562,8 @@ def _no_keys_without_a_lock(trusted_keys: list[str | Path] | None) -> None:
 
 
 def _tuning(name: str, fn: KernelBase, store: StoreView, locked: Any, target: str, series: str,
-            record_use: bool, device_kind: Callable[[], str | None]) -> Any:
+            record_use: bool, device_kind: Callable[[], str | None],
+            driver: tuple[int, int] | None = None) -> Any:
     """The kernel's table of tuned winners: the lock's results (with a lock), else the
     cache's records of its default entries; None when nothing was tuned."""
     from cutecc.lockfile import Tuned
@@ -500,7 +590,8 @@ def _tuning(name: str, fn: KernelBase, store: StoreView, locked: Any, target: st
         if e is None:
             why: str | None = "not in the cache"
         else:
-            why = t.mismatch(e.meta) or _why_unusable(e.meta, target, series) or _problem(e)
+            why = (t.mismatch(e.meta) or _why_unusable(e.meta, target, series) or _problem(e)
+                   or _ptx_problem(e, driver))
         if why is None and e is not None:
             base = store.get(t.base)
             why = "its default configuration is not in the cache" if base is None else (
@@ -523,6 +614,29 @@ def _problem(e: Entry) -> str | None:
     except ValueError as err:
         return str(err)
     return None
+
+
+def _ptx_problem(e: Entry, driver: tuple[int, int] | None) -> str | None:
+    """Why this process's CUDA driver cannot JIT-compile a `compute_` entry's PTX (its PTX
+    ISA is newer than the driver's: `archs.ptx_driver_problem`), or None. The ISA is the
+    one its build recorded (`ptx_isa`); an entry built before cutecc recorded it has it read
+    from its library's PTX (`.version`), the library checked against its SHA-256 first;
+    one whose library cannot be read so is judged unknown, and offered (the driver decides).
+    Call after `_problem` (the typed record is there)."""
+    if driver is None or not is_ptx(str(e.meta.get("arch"))):
+        return None
+    rec = e.checked
+    isa = rec.ptx_isa
+    if isa is None:
+        from cutecc.cubin import ptx_isa
+
+        try:
+            data = (e.path / rec.library.name).read_bytes()
+        except OSError:
+            data = b""
+        if len(data) == rec.library.size and hashlib.sha256(data).hexdigest() == rec.library.sha256:
+            isa = ptx_isa(data)
+    return ptx_driver_problem(rec.arch, isa, driver)
 
 
 def _why_unusable(m: dict[str, Any], target: str, series: str) -> str | None:

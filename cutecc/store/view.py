@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from cutecc import environ, trust
+from cutecc.archs import is_arch
 from cutecc.entry import (
     MAX_INDEX_BYTES,
     MAX_JSON_DEPTH,
@@ -39,7 +40,10 @@ from cutecc.entry import (
 from cutecc.errors import CuteccError
 from cutecc.store.layout import (
     GENERATION_FORMAT,
+    MAX_PLAN_BYTES,
+    PLAN_FORMAT,
     STATS_FORMAT,
+    TUNING_FORMAT,
     Layout,
 )
 
@@ -254,12 +258,8 @@ class StoreView:
 
     # Entries ---------------------------------------------------------------------
 
-    def entry_dir(self, key: str) -> Path:
-        """`entries/ab/<key>/` (`Layout.entry`)."""
-        return self.layout.entry(key)
-
     def entry_path(self, key: str) -> str:
-        """`entry_dir` as a string (cheaper where a build handles 10,000 keys)."""
+        """`layout.entry(key)` as a string (cheaper where a build handles 10,000 keys)."""
         return self.layout.entry_str(key)
 
     def runtime_dir(self, key: str) -> Path:
@@ -278,7 +278,7 @@ class StoreView:
             return None
 
     def get(self, key: str) -> Entry | None:
-        return self._get(self.entry_dir(key), key)
+        return self._get(self.layout.entry(key), key)
 
     def get_runtime(self, key: str) -> Entry | None:
         """The runtime library entry of `key`, or None."""
@@ -402,6 +402,26 @@ class StoreView:
         return frozenset(k for k in keys if isinstance(k, str)) if isinstance(keys, list) else None
 
 
+    def generation_manifest(self, kernel: str) -> Path | None:
+        """The manifest the newest recorded build of `kernel` (any arch) was built from, or
+        None (no record, or none that says)."""
+        best: tuple[str, str] | None = None
+        try:
+            names = sorted(f.name for f in os.scandir(self.generations_dir))
+        except OSError:
+            return None
+        for name in names:
+            arch = name.removeprefix(f"{kernel}@").removesuffix(".json")
+            if not (name.startswith(f"{kernel}@") and is_arch(arch)):
+                continue
+            doc = read_small_json(self.layout.generation(kernel, arch))
+            if (isinstance(doc, dict) and doc.get("format") == GENERATION_FORMAT
+                    and doc.get("kernel") == kernel and isinstance(doc.get("manifest"), str)):
+                when = str(doc.get("built_at", ""))
+                if best is None or when > best[0]:
+                    best = (when, doc["manifest"])
+        return Path(best[1]) if best else None
+
     def generation_fallbacks(self, kernel: str, arch: str) -> tuple[str, dict[str, Any]] | None:
         """(built_at, the fallback fields) of `kernel`'s newest build for `arch`, read as any
         record that decides what runs is (`read_record`: a file others could have written
@@ -447,6 +467,28 @@ class StoreView:
                         if d.name.startswith(prefix) and os.path.isfile(os.path.join(d.path, META))]
         return sorted(out)
 
+    def recorded_keys(self) -> frozenset[str]:
+        """Every key a record in the cache names: the newest build of every kernel and arch
+        (`generations/`) and of every manifest (`manifests/`), every candidate of a stored
+        tuning plan (`tuning/plans/`), and every default and winner of a tuning record
+        (`tuning/results/`). What `cutecc gc --unreachable` keeps; a record unreadable or
+        of another format names nothing (reading more only keeps more)."""
+        keys: set[str] = set()
+        areas = ((self.generations_dir, GENERATION_FORMAT, MAX_META_BYTES, _generation_keys),
+                 (self.manifests_dir, GENERATION_FORMAT, MAX_META_BYTES, _manifest_keys),
+                 (self.layout.tuning_plans(), PLAN_FORMAT, MAX_PLAN_BYTES, _plan_keys),
+                 (self.layout.tuning_results(), TUNING_FORMAT, MAX_PLAN_BYTES, _result_keys))
+        for d, fmt, limit, read in areas:
+            try:
+                names = sorted(n for n in os.listdir(d) if n.endswith(".json"))
+            except OSError:
+                continue
+            for n in names:
+                doc = read_small_json(d / n, limit)
+                if isinstance(doc, dict) and doc.get("format") == fmt:
+                    keys.update(k for k in read(doc) if is_key(k))
+        return frozenset(keys)
+
     def read_stats(self) -> dict[str, Any]:
         """The counters builds record (zeros when absent, unreadable or of another format)."""
         out: dict[str, Any] = dict.fromkeys(COUNTERS, 0)
@@ -455,6 +497,33 @@ class StoreView:
             out.update({k: doc[k] for k in COUNTERS if isinstance(doc.get(k), (int, float))})
             out.update({k: doc[k] for k in ("since", "updated_at") if isinstance(doc.get(k), str)})
         return out
+
+
+def _generation_keys(doc: dict[str, Any]) -> list[Any]:
+    keys = doc.get("keys")
+    return keys if isinstance(keys, list) else []
+
+
+def _plan_keys(doc: dict[str, Any]) -> list[Any]:
+    items = doc.get("items")
+    out = []
+    for it in items if isinstance(items, list) else ():
+        cands = it.get("candidates") if isinstance(it, dict) else None
+        out += [c.get("key") for c in (cands if isinstance(cands, list) else ()) if isinstance(c, dict)]
+    return out
+
+
+def _result_keys(doc: dict[str, Any]) -> list[Any]:
+    records = doc.get("records")
+    return [r.get(f) for r in (records if isinstance(records, list) else ()) if isinstance(r, dict)
+            for f in ("base", "winner")]
+
+
+def _manifest_keys(doc: dict[str, Any]) -> list[Any]:
+    per_kernel = doc.get("entries")
+    return [k for per_arch in (per_kernel.values() if isinstance(per_kernel, dict) else ())
+            if isinstance(per_arch, dict) for keys in per_arch.values() if isinstance(keys, list)
+            for k in keys]
 
 
 def entry_trust_problem(entry_dir: str | Path, files: list[str]) -> str | None:

@@ -1,5 +1,8 @@
 """Writing the cache: publish, quarantine, remove, the index, build records, stats,
-tuning plans and results, sweeping.
+tuning plans and results, planning facts, sources a Ray node received, staging, pruning
+and discarding what does not belong, sweeping. Every create and delete under a cache
+root is here (`cutecc.store.misses`, which the runtime writes, aside); a test checks that
+no other module that knows the store writes or deletes files.
 
 An entry is visible only once complete: it is built in `tmp/`, every file fsynced,
 then renamed into place. Builders take the key's lock and look again before
@@ -26,7 +29,7 @@ import os
 import secrets
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +39,6 @@ from cutecc import trust
 from cutecc.atomic import TMP_NAME, atomic_write, fsync_dir
 from cutecc.entry import (
     ENTRY_FORMAT,
-    MAX_META_BYTES,
     META,
     RUNTIME_ENTRY_FORMAT,
     STORE_FORMAT,
@@ -44,20 +46,17 @@ from cutecc.entry import (
     index_bytes,
     index_facts,
     is_kernel_name,
-    is_key,
     meta_stamp,
 )
 from cutecc.errors import CuteccError
 from cutecc.locks import Busy, held, is_held
 from cutecc.store.layout import (
     GENERATION_FORMAT,
-    MAX_PLAN_BYTES,
     MISSES,
     PLAN_FORMAT,
     QUARANTINE_FORMAT,
     STATS,
     STATS_FORMAT,
-    TUNING_FORMAT,
 )
 from cutecc.store.view import (
     COUNTERS,
@@ -67,7 +66,6 @@ from cutecc.store.view import (
     StoreView,
     read_meta,
     read_record,
-    read_small_json,
 )
 from cutecc.units import now_iso
 
@@ -186,28 +184,6 @@ class Store(StoreView):
         with contextlib.suppress(OSError):
             self.layout.manifest_record(manifest).unlink()
 
-    def recorded_keys(self) -> frozenset[str]:
-        """Every key a record in the cache names: the newest build of every kernel and arch
-        (`generations/`) and of every manifest (`manifests/`), every candidate of a stored
-        tuning plan (`tuning/plans/`), and every default and winner of a tuning record
-        (`tuning/results/`). What `cutecc gc --unreachable` keeps; a record unreadable or
-        of another format names nothing (reading more only keeps more)."""
-        keys: set[str] = set()
-        areas = ((self.generations_dir, GENERATION_FORMAT, MAX_META_BYTES, _generation_keys),
-                 (self.manifests_dir, GENERATION_FORMAT, MAX_META_BYTES, _manifest_keys),
-                 (self.layout.tuning_plans(), PLAN_FORMAT, MAX_PLAN_BYTES, _plan_keys),
-                 (self.layout.tuning_results(), TUNING_FORMAT, MAX_PLAN_BYTES, _result_keys))
-        for d, fmt, limit, read in areas:
-            try:
-                names = sorted(n for n in os.listdir(d) if n.endswith(".json"))
-            except OSError:
-                continue
-            for n in names:
-                doc = read_small_json(d / n, limit)
-                if isinstance(doc, dict) and doc.get("format") == fmt:
-                    keys.update(k for k in read(doc) if is_key(k))
-        return frozenset(keys)
-
     # Tuning ------------------------------------------------------------------------
 
     def write_tuning_plan(self, digest: str, items: list[dict[str, Any]]) -> Path:
@@ -279,7 +255,7 @@ class Store(StoreView):
         a memfd copy).
         """
         with self._locked(key, timeout):
-            src = self.runtime_dir(key) if runtime else self.entry_dir(key)
+            src = self.runtime_dir(key) if runtime else self.layout.entry(key)
             moved = self._move_out(key, self.layout.staging(f"{key}.rm-{secrets.token_hex(6)}"), src)
             if moved is None:
                 return False
@@ -302,7 +278,7 @@ class Store(StoreView):
         """
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
         dest = self.layout.quarantined(key, stamp)
-        src = self.runtime_dir(key) if runtime else self.entry_dir(key)
+        src = self.runtime_dir(key) if runtime else self.layout.entry(key)
         with self._locked(key, timeout):
             if still_bad is not None and src.is_dir() and not still_bad(src):
                 return None
@@ -378,23 +354,84 @@ class Store(StoreView):
         holds the key's lock): one rename, so readers see it whole or gone. Across file
         systems it is first renamed aside within its shard (still one rename out of
         readers' sight), then copied to `dest`."""
-        src = self.entry_dir(key) if src is None else src
+        src = self.layout.entry(key) if src is None else src
         if not os.path.lexists(src):
             return None  # a symbolic link is moved itself, never what it points to
         make_dir(dest.parent)
-        try:
-            os.rename(src, dest)
-        except OSError as e:
-            if e.errno != errno.EXDEV:
-                raise
-            aside = src.parent / f".{key}.{secrets.token_hex(6)}.tmp"
-            os.rename(src, aside)
-            fsync_dir(src.parent)
-            _copy_tree(aside, dest)
-            shutil.rmtree(aside, ignore_errors=True)
+        move_dir(src, dest, key, hide_first=True)
         fsync_dir(src.parent)
         fsync_dir(dest.parent)
         return dest
+
+    # Areas kept by age, things that do not belong, received sources, staging ------
+
+    def prune(self, area: Path, before: float, dry_run: bool = False) -> int:
+        """Remove what the cache area `area` (tuning plans, received sources, quarantine)
+        holds that was last changed before `before` (epoch seconds): files and directories
+        alike, never following a link; returns how many (with `dry_run`, would remove)."""
+        self._inside(area)
+        n = 0
+        try:
+            items = sorted(area.iterdir())
+        except OSError:
+            return 0
+        for d in items:
+            try:
+                if os.lstat(d).st_mtime >= before:
+                    continue
+                if not dry_run:
+                    self.discard(d, ignore_errors=True)
+                n += 1
+            except OSError:
+                continue
+        return n
+
+    def discard(self, path: Path, *, ignore_errors: bool = False) -> None:
+        """Delete `path` under the cache root, something that does not belong there (or a
+        damaged record): a directory with all it holds, never following a link inside; a
+        file, or a link itself (never its target). Absent is fine; else raises OSError,
+        for a directory only without `ignore_errors`. The caller holds what lock guards it."""
+        self._inside(path)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=ignore_errors)
+        else:
+            path.unlink(missing_ok=True)
+
+    def receive_sources(self, digest: str, files: Mapping[str, bytes]) -> Path:
+        """`src/<digest>/`: the kernel sources a Ray worker on another node received (checked
+        by the caller against the key), written once: beside it, then renamed into place."""
+        final = self.layout.source_tree(digest)
+        if final.is_dir():
+            return final
+        tmp = final.parent / f".{digest}.{secrets.token_hex(6)}.tmp"
+        tmp.mkdir(parents=True)
+        for rel, data in files.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_bytes(data)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not final.is_dir():
+                raise
+        return final
+
+    @contextlib.contextmanager
+    def staging_dir(self, name: str) -> Iterator[Path]:
+        """`tmp/<name>`, a private directory (0700) for the caller's work, deleted on leaving
+        (swept if the process dies: hold the lock of the key `name` starts with)."""
+        path = self.layout.staging(name)
+        path.mkdir(mode=0o700)
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def _inside(self, path: Path) -> None:
+        """Refuse a path outside this cache (a caller's bug, never the user's input)."""
+        if not Path(os.path.abspath(path)).is_relative_to(os.path.abspath(self.root)) \
+                or os.path.abspath(path) == os.path.abspath(self.root):
+            raise ValueError(f"{path} is not inside the cache {self.root}")
 
     def is_busy(self, key: str) -> bool:
         """Whether another process holds the lock of `key` (a build of it under way)."""
@@ -427,7 +464,7 @@ class Store(StoreView):
             self._sweep_key(key, runtime)
             staging = self.layout.staging(f"{key}.{secrets.token_hex(6)}")
             make_dir(staging)
-            final = self.runtime_dir(key) if runtime else self.entry_dir(key)
+            final = self.runtime_dir(key) if runtime else self.layout.entry(key)
             try:
                 meta = build(staging)
                 for f in staging.iterdir():  # the linker's output follows the umask
@@ -440,17 +477,7 @@ class Store(StoreView):
                 if not runtime:  # before the entry is visible: every visible entry is indexed
                     self.index(key, meta, staging / META)
                 make_dir(final.parent)
-                try:
-                    os.rename(staging, final)
-                except OSError as e:
-                    if e.errno != errno.EXDEV:
-                        raise
-                    # entries/ is on another file system than tmp/: copy the staged entry
-                    # next to its place first, so that the publishing rename stays atomic.
-                    near = final.parent / f".{key}.{secrets.token_hex(6)}.tmp"
-                    _copy_tree(staging, near)
-                    os.rename(near, final)
-                    shutil.rmtree(staging, ignore_errors=True)
+                move_dir(staging, final, key, hide_first=False)
                 fsync_dir(final.parent)
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
@@ -459,7 +486,7 @@ class Store(StoreView):
 
     def _sweep_key(self, key: str, runtime: bool = False) -> None:
         """Remove a killed build's leftovers for `key` (we hold its lock)."""
-        final = self.runtime_dir(key) if runtime else self.entry_dir(key)
+        final = self.runtime_dir(key) if runtime else self.layout.entry(key)
         for d in (*self.tmp_dir.glob(f"{key}.*"), *final.parent.glob(f".{key}.*.tmp")):
             if d.is_dir() and not d.is_symlink():
                 self._drop_leftover(key, d)
@@ -468,7 +495,7 @@ class Store(StoreView):
         """Delete a killed build's or removal's directory (we hold the key's lock), and the
         index record it may have left (created before a publish's rename, deleted after a
         removal's) when the entry is not published."""
-        if not os.path.lexists(self.entry_dir(key)):
+        if not os.path.lexists(self.layout.entry(key)):
             with contextlib.suppress(OSError, ValueError):
                 kernel = read_meta(d).get("kernel")
                 if is_kernel_name(kernel):
@@ -514,31 +541,36 @@ class Store(StoreView):
 
 
 
-def _generation_keys(doc: dict[str, Any]) -> list[Any]:
-    keys = doc.get("keys")
-    return keys if isinstance(keys, list) else []
+def move_dir(src: Path, dest: Path, tag: str, *, hide_first: bool) -> None:
+    """Rename the directory `src` to `dest`: one rename, so readers see it whole or not at
+    all. Across file systems (EXDEV) the one rename stays on the side readers look at:
+    with `hide_first` (moving an entry out of their sight), `src` is first renamed aside
+    in its own directory, then copied to `dest`; else (publishing) it is copied next to
+    `dest` first, then renamed into place; the copy's source is deleted after. `tag` starts
+    the name aside (`.<tag>.<hex>.tmp`, swept with the key's leftovers). Flat directories."""
+    try:
+        os.rename(src, dest)
+        return
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+    if hide_first:
+        aside = src.parent / f".{tag}.{secrets.token_hex(6)}.tmp"
+        os.rename(src, aside)
+        fsync_dir(src.parent)
+        _copy_tree(aside, dest)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        near = dest.parent / f".{tag}.{secrets.token_hex(6)}.tmp"
+        _copy_tree(src, near)
+        os.rename(near, dest)
+        shutil.rmtree(src, ignore_errors=True)
 
 
-def _plan_keys(doc: dict[str, Any]) -> list[Any]:
-    items = doc.get("items")
-    out = []
-    for it in items if isinstance(items, list) else ():
-        cands = it.get("candidates") if isinstance(it, dict) else None
-        out += [c.get("key") for c in (cands if isinstance(cands, list) else ()) if isinstance(c, dict)]
-    return out
-
-
-def _result_keys(doc: dict[str, Any]) -> list[Any]:
-    records = doc.get("records")
-    return [r.get(f) for r in (records if isinstance(records, list) else ()) if isinstance(r, dict)
-            for f in ("base", "winner")]
-
-
-def _manifest_keys(doc: dict[str, Any]) -> list[Any]:
-    per_kernel = doc.get("entries")
-    return [k for per_arch in (per_kernel.values() if isinstance(per_kernel, dict) else ())
-            if isinstance(per_arch, dict) for keys in per_arch.values() if isinstance(keys, list)
-            for k in keys]
+def write_planning(path: Path, data: bytes) -> None:
+    """Write one of the planning caches beside the cache's root files (`filehashes.json`,
+    `planfacts.json`: `cutecc.hashcache.HashCache`), atomically, with the cache's file mode."""
+    atomic_write(path, data, FILE_MODE)
 
 
 def _copy_tree(src: Path, dest: Path) -> None:

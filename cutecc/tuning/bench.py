@@ -49,7 +49,7 @@ from cutecc import cubin, expr
 from cutecc.buckets import bucket_text
 from cutecc.manifest.tune_space import benchmark_extents
 from cutecc.runtime.dispatch import Build, KernelFn
-from cutecc.store.writer import Store
+from cutecc.store.view import StoreView
 from cutecc.tuning import decide, trace
 from cutecc.tuning.plan import PlanItem
 
@@ -337,7 +337,7 @@ def _host_times(fns: Mapping[str, Callable[..., Any]], xs: list[Any], alive: lis
 def main() -> None:
     job = json.loads(sys.stdin.read())
     item, exclude = PlanItem.parse(job["item"], "the measuring job", "item"), set(job.get("exclude", ()))
-    store = Store(job["cache"])
+    store = StoreView(job["cache"])
     dev = jax.devices("gpu")[0]
     _emit(event="device", device=dev.device_kind, driver=str(getattr(dev.client, "platform_version", "")))
     fns: dict[str, KernelFn] = {}

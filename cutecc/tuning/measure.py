@@ -18,9 +18,10 @@ from typing import Any
 
 from cutecc.buckets import bucket_text
 from cutecc.errors import CuteccError, WorkError
-from cutecc.lockfile import Pin, Tuned
+from cutecc.lock_lines import Pin
+from cutecc.lockfile import Tuned
 from cutecc.runtime.tuning import MEASURED, TuningResult, toolchain_of
-from cutecc.store.writer import Store
+from cutecc.store.view import StoreView
 from cutecc.tuning import decide
 from cutecc.tuning.plan import PlanItem
 from cutecc.tuning.policy import LAUNCH, Policy
@@ -108,7 +109,7 @@ def measure(root: Path, items: list[PlanItem], *, buckets: tuple[str, ...] = (),
     most `max_rounds` (default 4 x `repeats`). `child` is the measuring module run per item
     (`python -m CHILD`)."""
     max_rounds = max(repeats, max_rounds if max_rounds is not None else 4 * repeats)
-    store = Store(root)
+    store = StoreView(root)
     records: list[TuningResult] = []
     info: dict[str, Any] = {"device": None, "driver": None, "bench_seconds": 0.0, "failed": [],
                             "warmup": warmup, "rounds": repeats, "max_rounds": max_rounds}
@@ -174,7 +175,7 @@ def _timings(ev: dict[str, Any]) -> dict[str, decide.Timing]:
             for k, v in ev["times"].items()}
 
 
-def _record(store: Store, item: PlanItem, bucket: str, ev: dict[str, Any], excluded: dict[str, str],
+def _record(store: StoreView, item: PlanItem, bucket: str, ev: dict[str, Any], excluded: dict[str, str],
             info: dict[str, Any]) -> TuningResult:
     """The record of one measured bucket: the winner by the noise rule (`decide`), the
     policy it was measured under, each candidate's median and spread."""

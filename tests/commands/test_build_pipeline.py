@@ -90,7 +90,7 @@ def test_probe_tells_hits_by_their_index_records_and_publish_rewrites_a_stale_on
     assert all(o.status == "cached" and o.facts is not None and o.meta is None for o in fresh.outcomes)
 
     # meta.json rewritten (as verify's repair does): read again, and its record marked stale
-    meta = store.entry_dir(keys[0]) / "meta.json"
+    meta = store.layout.entry(keys[0]) / "meta.json"
     st = meta.stat()
     os.utime(meta, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     touched = builder.probe(store, target.planned)

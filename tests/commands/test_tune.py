@@ -18,7 +18,8 @@ from helpers import REPO, run_cli
 
 from cutecc.buckets import bucket_of
 from cutecc.errors import CuteccError
-from cutecc.lockfile import Lock, LockEntry, Pin, Tuned, read_lock, record_build
+from cutecc.lock_lines import Pin
+from cutecc.lockfile import Lock, LockEntry, Tuned, read_lock, record_build
 from cutecc.manifest import load_manifest
 from cutecc.runtime.tuning import TuningTable
 

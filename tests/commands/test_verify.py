@@ -63,7 +63,7 @@ def test_orphans_are_reported_and_a_locked_tmp_dir_is_not(built, hold_lock) -> N
     store = built.store
     healthy = built.entries()["threads=64"]
     (healthy.path / "stray.o").write_bytes(b"junk")
-    no_meta = store.entry_dir("cd" * 32)
+    no_meta = store.layout.entry("cd" * 32)
     no_meta.mkdir(parents=True)
     (no_meta / "kernel.so").write_bytes(b"half")
     stale = store.tmp_dir / f"{'ef' * 32}.dead01"

@@ -6,6 +6,7 @@ kernel takes the stride as a runtime value where a dense contract compiles it in
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import jax
@@ -14,7 +15,7 @@ import pytest
 from helpers import REPO, run_cli, unbuilt_kernels
 
 from cutecc.commands.show import ShowReport, strides
-from cutecc.contract import StrideSymbol, TensorArg, arg_from_json, arg_to_json, args_to_json
+from cutecc.contract import StrideSymbol, TensorArg, arg_from_json, arg_to_json, args_to_json, stride_text
 from cutecc.errors import CuteccError
 from cutecc.manifest import load_manifest
 
@@ -148,3 +149,98 @@ symbols = { lda = { divisibility = 4 } }
     dense, sym = (kernel_names(ks[n].builds[0].library.read_bytes()) for n in ("dense64", "sym64"))
     assert any("o64641_" in n for n in dense), dense  # (?, 64):(64, 1), static row stride
     assert any("o64div41_" in n for n in sym), sym  # (?, 64):(?{div=4}, 1)
+
+
+def _partials(tmp_path: Path, dw: str, extra: str = "") -> Path:
+    """quack's RMSNorm backward shape: per-dtype stride divisibility and dw alignment, and
+    partial rows sized from the hardware profile."""
+    p = tmp_path / "kernels.toml"
+    align = ", dw_align = { dtype = { bfloat16 = 32, float32 = 16 } }" if "$dw_align" in dw else ""
+    p.write_text(f"""
+[kernel.bwd]
+entry = "kk.ops:bwd"
+args = [
+  {{ name = "x", dtype = "$dtype", shape = ["m", 64], stride = ["ldx", 1] }},
+  {{ name = "dw", role = "output", reduce = "sum", dtype = "float32", shape = ["2*$hw.sm_count", 64], {dw} }},
+  {{ kind = "stream" }},
+]
+variants = {{ dtype = ["bfloat16", "float32"] }}
+derive = {{ div = {{ dtype = {{ bfloat16 = 8, float32 = 4 }} }}{align} }}
+symbols = {{ ldx = {{ divisibility = "$div", bits = 64 }}{extra} }}
+""")
+    return p
+
+
+def test_divisibility_and_align_may_follow_a_variant(tmp_path: Path) -> None:
+    p = _partials(tmp_path, 'align = "$dw_align"')
+    bf16, f32 = load_manifest(p).kernel("bwd").variants
+    assert bf16.args[0].stride == (StrideSymbol("ldx", 8, 64), 1)
+    assert f32.args[0].stride == (StrideSymbol("ldx", 4, 64), 1)
+    assert (bf16.args[1].align, f32.args[1].align) == (32, 16)
+    assert bf16.args[1].shape == (264, 64)  # a derived extent reading no symbol is folded, static
+
+
+@pytest.mark.parametrize(("dw", "extra", "key_path", "fragment"), [
+    ('align = "$nope"', "", "args[1].align", '"$nope" names no variant parameter'),
+    ("runtime = [2]", "", "args[1].runtime", "distinct dimension indices from 0 to 1"),
+    ("runtime = [0, 0]", "", "args[1].runtime", "distinct dimension indices from 0 to 1"),
+    ("align = 16", ', n = { divisibility = "$dtype" }', "symbols.n.divisibility", "must be an int from 1"),
+])
+def test_bad_variant_facts_name_the_key(tmp_path: Path, dw: str, extra: str, key_path: str,
+                                        fragment: str) -> None:
+    with pytest.raises(CuteccError) as info:
+        load_manifest(_partials(tmp_path, dw, extra))
+    assert key_path in (info.value.key_path or ""), info.value.key_path
+    assert fragment in info.value.message, info.value.message
+
+
+def test_runtime_names_no_symbol_and_no_padded_tensor(tmp_path: Path) -> None:
+    for a, fragment in (('runtime = [0]', 'dimension 0 (\'m\') is a symbol'),
+                        ('runtime = [1], buffer = ["m", "lda"]', "a padded or broadcast tensor")):
+        with pytest.raises(CuteccError) as info:
+            _load(tmp_path, _manifest(a, "").replace('"k"]', "64]", 1))
+        assert "args[0].runtime" in (info.value.key_path or "") and fragment in info.value.message, info.value
+
+
+def test_a_runtime_extent_is_checked_or_computed_per_call_and_keyed(tmp_path: Path) -> None:
+    """`runtime = [i]`: the extent stays static (or derived) in the contract, so the call
+    checks it (an output's is computed, the partials summed), and the contract records
+    which dimensions the kernel compiles as values of their own."""
+    p = _partials(tmp_path, "runtime = [0]")
+    bf16 = load_manifest(p).kernel("bwd").variants[0]
+    dw = bf16.args[1]
+    assert dw.shape == (264, 64) and dw.runtime == (0,)
+    assert arg_to_json(dw)["runtime"] == [0] and arg_from_json(arg_to_json(dw)) == dw
+    assert "runtime" not in arg_to_json(bf16.args[0])
+    assert stride_text(dw) == ["64", "1"]
+    assert stride_text(dataclasses.replace(dw, runtime=(1,))) == ["dim1", "1"]  # rows as long as a value
+    st = strides({"args": args_to_json(bf16.args)})
+    assert st["dw"] == {"strides": ["64", "1"], "static": [True, True], "runtime": [0], "shape": [264, 64]}
+    info = {"key": "k" * 64, "label": "bwd@sm_90a", "path": "/c", "last_used": "never", "disk_bytes": 0,
+            "meta": {}, "files": [], "strides": st}
+    assert ("strides    dw: (64, 1) all static; extent 0 (264) compiled as a runtime value"
+            in ShowReport(info).lines())
+    k = unbuilt_kernels(p)["bwd"]
+    got = jax.eval_shape(lambda x: k(x), S((7, 64), jnp.bfloat16))
+    assert got.shape == (64,)  # the (264, 64) partials summed over their rows
+    lowered = jax.jit(lambda x: k(x)).trace(S((7, 64), jnp.bfloat16)).lower(lowering_platforms=("cuda",))
+    assert "tensor<264x64xf32>" in lowered.as_text()
+    with pytest.raises(CuteccError, match="64"):  # a static extent compiled as a value is still checked
+        jax.eval_shape(lambda x: k(x), S((7, 32), jnp.bfloat16))
+    with pytest.raises(ValueError, match="not indices of static or derived"):
+        arg_from_json({**arg_to_json(bf16.args[0]), "runtime": [0]})
+
+
+def test_the_examples_compile_quacks_strides_as_its_own_build_does() -> None:
+    """examples/kernels.toml declares quack's row strides as runtime values (64-bit, 16-byte
+    multiples in elements of the dtype) and RMSNorm's dw partial rows as a runtime extent."""
+    m = load_manifest(REPO / "examples" / "kernels.toml")
+    for v in m.kernel("quack_rmsnorm_bwd").variants:
+        div = 8 if dict(v.params)["dtype"] == "bfloat16" else 4
+        x, dw = v.args[0], v.args[7]
+        assert isinstance(x, TensorArg) and x.stride == (StrideSymbol("ldx", div, 64), 1)
+        assert isinstance(dw, TensorArg) and dw.name == "dw" and dw.shape[0] == 264 and dw.runtime == (0,)
+        assert dw.align == div * 4 and dw.stride == (StrideSymbol("lddw", div, 64), 1)
+    bwd = m.kernel("quack_cross_entropy_bwd").variants[0]
+    logits, dlogits = bwd.args[0], bwd.args[3]
+    assert logits.stride == dlogits.stride == (StrideSymbol("ld", 8, 64), 1)  # quack's one fake for both

@@ -96,7 +96,7 @@ def test_a_build_publishes_and_a_second_machine_fetches_everything(s3, prefix: s
     # the entry on the remote is the local meta.json, byte for byte
     key = keys[0]
     raw = bytes(obstore.get(s3.store(parse_url(prefix)[1]), f"v1/entries/{key}.json").bytes())
-    assert raw == (Store(tmp_path / "ci").entry_dir(key) / "meta.json").read_bytes()
+    assert raw == (Store(tmp_path / "ci").layout.entry(key) / "meta.json").read_bytes()
 
     # a second machine: fresh local cache, the CLI, read-only remote
     r = run_cli("build", str(manifest), "--cache-dir", str(tmp_path / "dev"), "--remote", prefix,
@@ -171,7 +171,7 @@ def test_two_builders_racing_on_one_key(s3, prefix: str, tmp_path: Path) -> None
     assert len([o for o in objs if o.startswith("v1/entries/")]) == 1
     (key,) = _libraries(tmp_path / "m0")
     raw = bytes(obstore.get(s3.store(parse_url(prefix)[1]), f"v1/entries/{key}.json").bytes())
-    assert raw in [(Store(tmp_path / f"m{i}").entry_dir(key) / "meta.json").read_bytes() for i in range(2)]
+    assert raw in [(Store(tmp_path / f"m{i}").layout.entry(key) / "meta.json").read_bytes() for i in range(2)]
     third = build(manifest, cache_dir=tmp_path / "m2", remote=prefix, lock=False)
     assert third.count("built") == 0 and third.remote is not None and third.remote.fetched == 1
     assert _libraries(tmp_path / "m2") == _libraries(tmp_path / "m0") == _libraries(tmp_path / "m1")

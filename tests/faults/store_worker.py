@@ -202,8 +202,8 @@ def _sweep(spec: dict[str, Any], store: Store, out: dict[str, Any]) -> None:
             # damaged to that snapshot: such a report must not survive a second look.
             for p in report.problems:
                 if spec.get("removers") and p.key and not any(
-                        q.kind in BAD for q in check_entry(store.entry_dir(p.key), p.key)
-                        if store.entry_dir(p.key).exists()):
+                        q.kind in BAD for q in check_entry(store.layout.entry(p.key), p.key)
+                        if store.layout.entry(p.key).exists()):
                     continue
                 out["problems"].append(f"verify: {p.kind} {p.path}: {p.detail}")
         rounds += 1

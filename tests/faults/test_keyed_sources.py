@@ -20,7 +20,7 @@ from cutecc.store import Store
 
 from .conftest import assert_clean_failure, cli
 
-# Stamps younger than this are not remembered (`cutecc.dists.SETTLE_NS`, 2 s): a test
+# Stamps younger than this are not remembered (`cutecc.hashcache.SETTLE_NS`, 2 s): a test
 # that wants a closure remembered waits it out after writing the files.
 SETTLED = 2.2
 
@@ -205,7 +205,7 @@ def test_a_zip_that_gains_a_module_is_not_served_the_old_closure(tmp_path: Path)
 
 
 def test_a_source_over_the_size_cap_is_refused_by_name_in_bounded_memory(tmp_path: Path) -> None:
-    from cutecc.dists import MAX_SOURCE_FILE_BYTES
+    from cutecc.hashcache import MAX_SOURCE_FILE_BYTES
 
     manifest = _helper_project(tmp_path / "p")
     helper = tmp_path / "p" / "helper.py"

@@ -185,10 +185,10 @@ def test_hostile_inputs_fail_cleanly_and_quickly(name: str, tmp_path: Path, tall
 
 def _areas(tmp: Path) -> dict[str, Parser]:
     """name -> (read the bytes as that record, the errors it may raise, a valid doc, its cap)."""
-    from cutecc.commands.verify import _record_differs
+    from cutecc.commands.verify_checks import _record_differs
     from cutecc.composite_line import CompositeLine
-    from cutecc.dists import FACTS, HashCache
     from cutecc.entry import MAX_INDEX_BYTES, index_bytes, index_facts
+    from cutecc.hashcache import FACTS, HashCache
     from cutecc.store.view import MAX_STATS_BYTES, StoreView
 
     from .fake_store import add, new_store

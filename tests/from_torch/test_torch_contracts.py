@@ -23,6 +23,10 @@ pytestmark = pytest.mark.extra
 
 import cutecc.torch as ct  # noqa: E402
 from cutecc.runtime import calls  # noqa: E402
+from cutecc.runtime.torch import conversions as torch_conv  # noqa: E402
+from cutecc.runtime.torch import eager as torch_eager  # noqa: E402
+from cutecc.runtime.torch import kernel as torch_kernel  # noqa: E402
+from cutecc.runtime.torch import op as torch_op  # noqa: E402
 
 
 def _views(build: Any, args: tuple) -> tuple[dict, dict, dict]:
@@ -34,11 +38,11 @@ def _views(build: Any, args: tuple) -> tuple[dict, dict, dict]:
     assert len(scalars) == len(conv.scalars)
     for i, r in conv.ffi_aliases:
         assert ins[i] is res[r], "an aliased result must be its operand's buffer"
-    env = ct._env_of(build, ins[:len(conv.inputs)])
+    env = torch_conv._env_of(build, ins[:len(conv.inputs)])
 
     def logical(buf: Any, t: Any) -> Any:
         assert buf.is_contiguous(), f"{t.name}: the kernel reads dense buffers"
-        v = ct._from_buffer(buf, t)
+        v = torch_conv._from_buffer(buf, t)
         for i in t.padded:
             if i not in (t.broadcast or ()):
                 v = v.narrow(i, 0, calls.extent("k", t, t.shape[i], env))
@@ -120,20 +124,20 @@ TRAIN["bwd_dxdw"] = _bwd_dxdw
 
 def _on_cpu(monkeypatch: pytest.MonkeyPatch, cache: Path, refs: dict) -> ct.TorchKernelSet:
     """A fresh kernel set whose kernels run on the CPU through the stand-ins."""
-    monkeypatch.setattr(ct, "DEVICE_TYPES", ("cuda", "meta", "cpu"))
+    monkeypatch.setattr(torch_kernel, "DEVICE_TYPES", ("cuda", "meta", "cpu"))
 
     def function(kernel: str, build: Any) -> Any:
         ref = refs[kernel]
         return lambda *args: ref(build, *_views(build, args))
 
-    monkeypatch.setattr(ct, "build_function", function)
+    monkeypatch.setattr(torch_eager, "build_function", function)
     ks = ct.load(cache, arch="sm_90a")
     libs = []
     for name in ks.register_all():
         lib = torch.library.Library("cutecc", "IMPL")
         with warnings.catch_warnings():  # an earlier test's set may still hold the CPU kernel
             warnings.simplefilter("ignore", UserWarning)
-            lib.impl(name.split("::")[1], ct._op_impl, "CPU")
+            lib.impl(name.split("::")[1], torch_op._op_impl, "CPU")
         libs.append(lib)
     ks._test_libs = libs  # kept alive as long as the set
     return ks
@@ -161,18 +165,18 @@ def test_column_major_operands_are_logical_and_a_transposed_tensor_is_not_copied
         assert torch.equal(y, x) and y.shape == (24, 40) and y.stride() == (1, 24)
     seen = []
     w = torch.randn(40, 24).to(torch.bfloat16)  # the (k, m) memory a column-major (m, k) is
-    real = ct.build_function
+    real = torch_eager.build_function
     ct_fn = real("cols", lay.cols.builds[0])
     lay.cols._plans.clear()
 
     def spy(kernel: str, build: Any) -> Any:
         return lambda *a: (seen.append(a[0].data_ptr()), ct_fn(*a))
 
-    ct.build_function = spy
+    torch_eager.build_function = spy
     try:
         assert torch.equal(lay.cols(w.T), w.T)
     finally:
-        ct.build_function = real
+        torch_eager.build_function = real
     assert seen == [w.data_ptr()]
 
 
@@ -389,8 +393,8 @@ def test_the_gradient_of_a_forward_that_declares_a_reduction(monkeypatch: pytest
                  TensorArg("dx", "output", "float32", ("m", "d")), StreamArg()), "b" * 64)
     refs = {"colsum": lambda b, i, r, s: [r["parts"][k].copy_(i["x"][k::4].sum(0)) for k in range(4)],
             "colsum_bwd": lambda b, i, r, s: r["dx"].copy_(i["dparts"].expand_as(i["x"]))}
-    monkeypatch.setattr(ct, "DEVICE_TYPES", ("cuda", "meta", "cpu"))
-    monkeypatch.setattr(ct, "build_function", lambda k, b: lambda *a: refs[k](b, *_views(b, a)))
+    monkeypatch.setattr(torch_kernel, "DEVICE_TYPES", ("cuda", "meta", "cpu"))
+    monkeypatch.setattr(torch_eager, "build_function", lambda k, b: lambda *a: refs[k](b, *_views(b, a)))
     fns = {"colsum": ct.TorchKernelFn("colsum", [fwd], backward="colsum_bwd", arch="sm_90a"),
            "colsum_bwd": ct.TorchKernelFn("colsum_bwd", [bwd], arch="sm_90a")}
     ks = ct.TorchKernelSet(Path("/nonexistent"), "sm_90a", fns.__getitem__, lambda: list(fns),
@@ -398,7 +402,7 @@ def test_the_gradient_of_a_forward_that_declares_a_reduction(monkeypatch: pytest
     libs = []
     for name in ks.register_all():
         lib = torch.library.Library("cutecc", "IMPL")
-        lib.impl(name.split("::")[1], ct._op_impl, "CPU")
+        lib.impl(name.split("::")[1], torch_op._op_impl, "CPU")
         libs.append(lib)
     x = torch.randn(10, 3, requires_grad=True)
     c = torch.randn(3)

@@ -19,6 +19,9 @@ from helpers import PY  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 import cutecc.torch as ct  # noqa: E402
+from cutecc.errors import CuteccError  # noqa: E402
+from cutecc.runtime.torch import eager as torch_eager  # noqa: E402
+from cutecc.runtime.torch import kernel as torch_kernel  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +107,7 @@ def test_errors_in_torch_terms(ks: ct.TorchKernelSet) -> None:
     cpu = torch.ones(8)
     with pytest.raises(ValueError, match=r'kernel "mul".*cpu.*\.cuda\(\).*built for sm_90a') as e:
         ks.mul(cpu, cpu)
-    assert isinstance(e.value, ct.CuteccError) and "dtype=float32(x: float32['n']" in str(e.value)
+    assert isinstance(e.value, CuteccError) and "dtype=float32(x: float32['n']" in str(e.value)
     with FakeTensorMode():
         x64 = torch.ones(8, dtype=torch.float64, device="cuda")
         with pytest.raises(ValueError, match=r"(?s)no built variant matches.*float64\[8\].*x: dtype float64, "
@@ -131,7 +134,7 @@ def _axpy(x: torch.Tensor, y: torch.Tensor, alpha: float, key: str) -> None:
 
 def _cpu_reference(monkeypatch: pytest.MonkeyPatch, ks: ct.TorchKernelSet) -> dict:
     """Each root kernel's op run on CPU tensors by a torch reference (what opcheck runs)."""
-    monkeypatch.setattr(ct, "DEVICE_TYPES", ("cuda", "meta", "cpu"))
+    monkeypatch.setattr(torch_kernel, "DEVICE_TYPES", ("cuda", "meta", "cpu"))
     refs = {
         "mul": lambda x, y, key: x * y,
         "mul_bwd": lambda x, y, dout, key: (dout * y, dout * x),
@@ -215,8 +218,8 @@ def _stand_in(kernel: str):
 def test_eager_path_passes_buffers_results_and_scalars_in_the_kernels_order(
         example_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ks = ct.load(example_cache, arch="sm_90a")  # its eager plans hold the stand-ins: not shared
-    monkeypatch.setattr(ct, "DEVICE_TYPES", ("cuda", "meta", "cpu"))
-    monkeypatch.setattr(ct, "build_function", lambda kernel, build: _stand_in(kernel))
+    monkeypatch.setattr(torch_kernel, "DEVICE_TYPES", ("cuda", "meta", "cpu"))
+    monkeypatch.setattr(torch_eager, "build_function", lambda kernel, build: _stand_in(kernel))
     x, y = torch.randn(100), torch.randn(100)
     torch.testing.assert_close(ks.mul(x, y), x * y)
     dx, dy = ks.mul_bwd(x, y, torch.ones(100))

@@ -15,6 +15,8 @@ torch = pytest.importorskip("torch", reason="cutecc.torch needs torch (the torch
 pytestmark = pytest.mark.extra
 
 import cutecc.torch as ct  # noqa: E402
+from cutecc.runtime.torch import eager as torch_eager  # noqa: E402
+from cutecc.runtime.torch import kernel as torch_kernel  # noqa: E402
 
 
 class Kernel:
@@ -38,8 +40,8 @@ class Kernel:
 @pytest.fixture
 def setup(example_cache: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Kernel]:
     kernel = Kernel()
-    monkeypatch.setattr(ct, "DEVICE_TYPES", ("cuda", "meta", "cpu"))
-    monkeypatch.setattr(ct, "build_function", lambda name, build: kernel)
+    monkeypatch.setattr(torch_kernel, "DEVICE_TYPES", ("cuda", "meta", "cpu"))
+    monkeypatch.setattr(torch_eager, "build_function", lambda name, build: kernel)
     return ct.load(example_cache, arch="sm_90a"), kernel
 
 
@@ -100,8 +102,8 @@ def test_a_signature_seen_is_found_again_by_the_eager_lookup(
         example_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The eager call builds its key inline (by the number of tensors); `_plan_of` stores
     plans under `_signature`'s: the two must agree, or every call would plan again."""
-    monkeypatch.setattr(ct, "DEVICE_TYPES", ("cuda", "meta", "cpu"))
-    monkeypatch.setattr(ct, "build_function", lambda name, build: lambda *a: None)
+    monkeypatch.setattr(torch_kernel, "DEVICE_TYPES", ("cuda", "meta", "cpu"))
+    monkeypatch.setattr(torch_eager, "build_function", lambda name, build: lambda *a: None)
     ks = ct.load(example_cache, arch="sm_90a")
     x, y, d = torch.randn(64), torch.randn(64), torch.randn(64)
     a, w = torch.randn(2, 1024), torch.randn(1024)
@@ -115,7 +117,7 @@ def test_a_signature_seen_is_found_again_by_the_eager_lookup(
             fn(*tensors, **kw)
         # planned once, and only the first call missed the fast path's lookup
         assert len(made) == 1 and len(slow) == 1 and len(fn._plans) == 1, fn.name
-        assert fn._plan_of(tensors, kw) is fn._plans[ct._signature(tensors, kw)] and len(made) == 1
+        assert fn._plan_of(tensors, kw) is fn._plans[torch_eager._signature(tensors, kw)] and len(made) == 1
     ks.rmsnorm(a, w, eps=1)  # an int where a float was: another key, planned anew
     assert len(ks.rmsnorm._plans) == 2
 
@@ -146,7 +148,7 @@ def test_a_cpu_call_after_a_meta_call_of_the_same_shape_is_refused(
     meta call's plan (None: the op's fake implementation) is found again by a CPU call of
     the same shapes, which the op then refuses as the eager path would, naming CUDA."""
     kernel = Kernel()
-    monkeypatch.setattr(ct, "build_function", lambda name, build: kernel)
+    monkeypatch.setattr(torch_eager, "build_function", lambda name, build: kernel)
     ks = ct.load(example_cache, arch="sm_90a")  # production devices: CUDA (and meta)
     m = torch.empty(64, device="meta")
     assert ks.mul(m, m).device.type == "meta"

@@ -8,6 +8,7 @@
 #   faults/    tests/gpu/faulty_kernels (+ tune candidates) CUTECC_FAULT_CACHE, CUTECC_FAULT_TUNE_CACHE
 #   layouts/   tests/gpu/layout_kernels                     CUTECC_LAYOUT_CACHE
 #   train/     tests/gpu/train_kernels (derived, scratch)   CUTECC_TRAIN_CACHE
+#   archs/     tests/gpu/arch_kernels (sm_100a only)        CUTECC_ARCH_CACHE
 #   tune/      kernels.toml + its tuning candidates         CUTECC_TUNE_CACHE
 #   examples/  examples/kernels.toml (published kernels)    CUTECC_EXAMPLES_CACHE
 #   gemm/      examples/gemm/kernels.toml (+ tune candidates) CUTECC_GEMM_CACHE
@@ -48,6 +49,7 @@ from CUTECC_FAULT_CACHE faults
 from CUTECC_FAULT_TUNE_CACHE faults
 from CUTECC_LAYOUT_CACHE layouts
 from CUTECC_TRAIN_CACHE train
+from CUTECC_ARCH_CACHE archs
 from CUTECC_TUNE_CACHE tune
 from CUTECC_EXAMPLES_CACHE examples
 from CUTECC_GEMM_CACHE gemm
@@ -57,7 +59,7 @@ if [ -z "${CUTECC_TEST_CACHE:-}" ]; then
   "$PY" -m cutecc.cli build kernels.toml --cache-dir "$CUTECC_TEST_CACHE" || exit 1
 fi
 for v in CUTECC_FAULT_CACHE CUTECC_LAYOUT_CACHE CUTECC_TRAIN_CACHE CUTECC_TUNE_CACHE CUTECC_EXAMPLES_CACHE \
-         CUTECC_GEMM_CACHE; do
+         CUTECC_GEMM_CACHE CUTECC_ARCH_CACHE; do
   [ -n "${!v:-}" ] || echo "note: no $v: the tests that need it will skip" >&2
 done
 "$PY" -c 'import jax; print("jax", jax.__version__, jax.devices())' 2>&1 | log jax.txt

@@ -1,7 +1,10 @@
 """The examples' FA4 forward outside its built contract, on a real GPU: its declared jnp
 attention fallback (examples/fa4_reference.py) serves the call, forward and under
 jax.grad, correct against an independent reference on fresh random inputs; a call the
-built kernel takes still runs the kernel (no fallback warning).
+built kernel takes still runs the kernel (no fallback warning). quack's RMSNorm and
+cross-entropy outside theirs (examples/quack_reference.py) likewise. And a kernel built only
+for sm_100a (tests/gpu/arch_kernels, `$CUTECC_ARCH_CACHE`) serves its fallback on this
+Hopper GPU, correct, eagerly, under jit and jax.grad.
 
 FA4's sequence lengths are symbolic (any s_q, s_k is inside its contract), so the calls
 outside it here are another head_dim (64: only 128 was built) and another dtype (float16:
@@ -12,6 +15,10 @@ an examples/kernels.toml that declares the fallback.
 from __future__ import annotations
 
 import math
+import os
+import re
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -26,6 +33,7 @@ from .conftest import rand
 
 pytestmark = pytest.mark.gpu
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+ARCH_MANIFEST = Path(__file__).resolve().parent / "arch_kernels" / "kernels.toml"
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +99,137 @@ def test_a_call_the_build_takes_runs_the_kernel(ks, rng) -> None:
             q, k, v).as_text()
     assert "cutecc_" in lowered  # the kernel's custom call, not the fallback's XLA ops
     close(out, reference(q, k, v, 0.088, False), 1.6e-2)
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [("bfloat16", 1e-2), ("float32", 1e-5)])
+def test_quack_rmsnorm_outside_its_contract_is_served_by_its_fallback(ks, rng, dtype: str,
+                                                                      tol: float) -> None:
+    if ks.quack_rmsnorm._fallback is None:
+        pytest.skip("the examples cache was built from a kernels.toml without quack's fallbacks")
+    x, w = rand(rng, (300, 1024), dtype), rand(rng, (1024,), dtype)  # d = 1024: only 4096 was built
+    with pytest.warns(FallbackWarning, match="quack_reference:quack_rmsnorm"):
+        out = jax.jit(lambda x, w: ks.quack_rmsnorm(x, w, eps=1e-5))(x, w)
+    xf, wf = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    close(out, xf / np.sqrt((xf ** 2).mean(-1, keepdims=True) + 1e-5) * wf, tol)
+    g = jax.jit(jax.grad(lambda x, w: (ks.quack_rmsnorm(x, w).astype(jnp.float32) ** 2).sum(),
+                         argnums=(0, 1)))(x, w)
+    assert g[0].shape == x.shape and g[1].shape == w.shape and np.isfinite(np.asarray(g[0], np.float32)).all()
+
+
+def test_quack_cross_entropy_outside_its_contract_is_served_by_its_fallback(ks, rng) -> None:
+    if ks.quack_cross_entropy._fallback is None:
+        pytest.skip("the examples cache was built from a kernels.toml without quack's fallbacks")
+    m, vocab = 64, 1000  # only 32768 was built
+    logits = rand(rng, (m, vocab), "bfloat16")
+    target = jnp.asarray(rng.integers(0, vocab, m), jnp.int32).at[5].set(-100)
+    with pytest.warns(FallbackWarning, match="quack_reference:quack_cross_entropy"):
+        loss = jax.jit(ks.quack_cross_entropy)(logits, target)
+    lf, t = np.asarray(logits, np.float64), np.asarray(target)
+    lse = np.log(np.exp(lf - lf.max(-1, keepdims=True)).sum(-1)) + lf.max(-1)
+    want = np.where(t != -100, lse - lf[np.arange(m), np.where(t != -100, t, 0)], 0.0)
+    close(loss, want, 1e-5)
+
+
+@pytest.fixture(scope="module")
+def arch_ks(tmp_path_factory: pytest.TempPathFactory):
+    """tests/gpu/arch_kernels (a kernel built only for sm_100a) from `$CUTECC_ARCH_CACHE`,
+    else built here where the DSL is installed, loaded for this GPU."""
+    import cutecc
+
+    pre = os.environ.get("CUTECC_ARCH_CACHE")
+    if pre:
+        cache = Path(pre)
+    else:
+        pytest.importorskip("cutlass", reason=f"set CUTECC_ARCH_CACHE to a cache built from {ARCH_MANIFEST}")
+        cache = tmp_path_factory.mktemp("arch-cache")
+        r = subprocess.run([sys.executable, "-m", "cutecc.cli", "build", str(ARCH_MANIFEST), "--cache-dir",
+                            str(cache), "--no-lock"], capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr + r.stdout
+    here = str(ARCH_MANIFEST.parent.parent)  # where a deployment installs its fallback module
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    return cutecc.load(cache)
+
+
+def test_a_kernel_built_only_for_sm_100a_serves_its_fallback_here(arch_ks, rng) -> None:
+    if arch_ks.arch.startswith("sm_100"):
+        pytest.skip(f"this GPU ({arch_ks.arch}) runs the sm_100a build itself")
+    k = arch_ks.scale_b200
+    assert not k.builds and any("built for sm_100a, cannot run on" in w for w in k.unusable), k.unusable
+    x = rand(rng, (100_003,), "float32")
+    with pytest.warns(FallbackWarning, match=f"no build for {arch_ks.arch}.*arch_kernels.ref:scale"):
+        out = k(x, factor=2.5)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(x) * np.float32(2.5))
+    with warnings.catch_warnings():  # the same signature: warned once
+        warnings.simplefilter("error", FallbackWarning)
+        out2 = jax.jit(lambda x: k(x, factor=2.5))(x)
+    np.testing.assert_array_equal(np.asarray(out2), np.asarray(out))
+    g = jax.jit(jax.grad(lambda x: k(x, factor=3.0).sum()))(x)
+    np.testing.assert_array_equal(np.asarray(g), np.full(x.shape, 3.0, np.float32))
+
+
+def _median_ms(f, *args, n: int = 50) -> float:  # type: ignore[no-untyped-def]
+    import time
+
+    f(*args).block_until_ready()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        f(*args).block_until_ready()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times) * 1e3)
+
+
+def _ptx_isa_of(ks, kernel: str) -> str | None:  # type: ignore[no-untyped-def]
+    """The PTX ISA of `kernel`'s compute_80 entry, read from its library's PTX."""
+    from cutecc.commands.list import list_entries
+    from cutecc.cubin import ptx_isa
+    from cutecc.store.view import StoreView
+
+    (row,) = [r for r in list_entries(ks.root, kernel=kernel) if r.arch == "compute_80"]
+    e = StoreView(ks.root).get(row.key)
+    assert e is not None
+    return ptx_isa((e.path / e.checked.library.name).read_bytes())
+
+
+def test_a_ptx_only_build_runs_here_compiled_by_the_driver(arch_ks, rng, record_property) -> None:
+    """scale_ptx is built as compute_80 PTX only: where this process's CUDA driver knows its
+    PTX ISA, the driver compiles it for this GPU when its library is loaded; it serves calls
+    (no fallback), exactly, at a measured speed. Where the driver is older than the PTX (a
+    CUDA 13.0 driver takes PTX ISA up to 9.0; nvidia-cutlass-dsl 4.8.1 writes 9.4), the
+    entry is set aside at load with that reason and the declared fallback serves, exactly."""
+    from cutecc.archs import driver_version, max_ptx_isa, parse_version, show_version
+
+    driver, isa = driver_version(), _ptx_isa_of(arch_ks, "scale_ptx")
+    want = parse_version(isa)
+    assert driver is not None and isa is not None and want is not None, (driver, isa)
+    most = max_ptx_isa(driver)
+    record_property("cuda_driver", show_version(driver))
+    record_property("ptx_isa", isa)
+    if most is not None and want > most:
+        k = arch_ks.scale_ptx
+        assert not k.builds, k.builds
+        why = (f"PTX ISA {isa} needs a CUDA .* driver or newer to JIT-compile it; this driver "
+               f"\\({show_version(driver)}\\) takes PTX ISA up to {show_version(most)}")
+        assert any(re.search(r"@compute_80 \(\w+\): " + why, p) for p in arch_ks.problems), arch_ks.problems
+        x = rand(rng, (100_003,), "float32")
+        with pytest.warns(FallbackWarning, match=f"no build for {arch_ks.arch}.*arch_kernels.ref:scale"):
+            out = jax.jit(lambda x: k(x, factor=2.5))(x)
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(x) * np.float32(2.5))
+        print(f"\ncompute_80 PTX ISA {isa} set aside on CUDA driver {show_version(driver)}: fallback served")
+        return
+    k = arch_ks.scale_ptx
+    (b,) = k.builds
+    assert b.arch == "compute_80", b
+    x = rand(rng, (1 << 24,), "float32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        f = jax.jit(lambda x: k(x, factor=2.5))
+        out = f(x)
+        assert "cutecc_" in f.lower(x).as_text()
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(x) * np.float32(2.5))
+    ptx_ms = _median_ms(f, x)
+    xla_ms = _median_ms(jax.jit(lambda x: x * np.float32(2.5)), x)
+    record_property("ptx_scale_ms", ptx_ms)
+    record_property("xla_scale_ms", xla_ms)
+    print(f"\ncompute_80 PTX scale of 2^24 floats on {arch_ks.arch}: {ptx_ms:.3f} ms, XLA's: {xla_ms:.3f} ms")

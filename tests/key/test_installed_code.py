@@ -23,6 +23,7 @@ import pytest
 from helpers import REPO
 
 import cutecc.dists
+import cutecc.hashcache
 import cutecc.key
 from cutecc.errors import CuteccError
 from cutecc.manifest import load_manifest
@@ -88,7 +89,7 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     d = tmp_path / "site"
     d.mkdir()
     monkeypatch.syspath_prepend(str(d))
-    monkeypatch.setattr(cutecc.dists, "SETTLE_NS", 0, raising=False)
+    monkeypatch.setattr(cutecc.hashcache, "SETTLE_NS", 0)
     forget()
     yield d
     forget()
@@ -246,10 +247,10 @@ def test_remembered_facts_of_another_parser_are_parsed_again(tmp_path: Path, mon
     another version of that code (its `parser` digest differs) is never served."""
     import json
 
-    from cutecc import dists
-    from cutecc.dists import FACTS, HashCache
+    from cutecc import hashcache
+    from cutecc.hashcache import FACTS, HashCache
 
-    monkeypatch.setattr(dists, "SETTLE_NS", 0)  # remember a stamp made just now
+    monkeypatch.setattr(hashcache, "SETTLE_NS", 0)  # remember a stamp made just now
     src = tmp_path / "m.py"
     src.write_text("import os\n")
     calls: list[int] = []
@@ -333,7 +334,7 @@ def test_a_damaged_remembered_closure_is_walked_afresh(
     gives the keys it gives without a cache."""
     import json
 
-    from cutecc.dists import FACTS
+    from cutecc.hashcache import FACTS
 
     install(site, "fakelib", "1.0", LIB)
     m = project(tmp_path, BOTH)
@@ -361,7 +362,7 @@ def test_the_same_distribution_keys_the_same_wherever_it_is_installed(
     lies: installed inside the project's directory (a venv at its root, a --target
     directory, a conda environment) or outside it (another prefix, a --user install), an
     entry in it and a kernel importing it get the same keys."""
-    monkeypatch.setattr(cutecc.dists, "SETTLE_NS", 0, raising=False)
+    monkeypatch.setattr(cutecc.hashcache, "SETTLE_NS", 0)
     m = project(tmp_path, BOTH)
     keys = {}
     for where in (tmp_path / "elsewhere/lib/python3.11/site-packages", tmp_path / "user-site",

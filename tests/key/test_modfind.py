@@ -175,10 +175,10 @@ def test_a_package_extending_its_path_is_not_imported_again_by_a_no_op_plan(
     `__init__` files and directories that decided it: a second planning walks no closure
     and imports nothing (seen: 8.9 s no-op builds, `cutlass` imported again each time); an
     extension that goes away is noticed."""
-    import cutecc.dists
+    import cutecc.hashcache
     import cutecc.key
 
-    monkeypatch.setattr(cutecc.dists, "SETTLE_NS", 0)  # remember stamps made just now
+    monkeypatch.setattr(cutecc.hashcache, "SETTLE_NS", 0)  # remember stamps made just now
     manifest = extended / "kernels.toml"
     manifest.write_text(MANIFEST.replace('["a", "b"]', '["base", "ext"]')
                         .format(entry="hostpkg.ext.ops:launch"))

@@ -130,7 +130,7 @@ def test_an_environment_of_a_later_format_decides_nothing(tmp_path: Path) -> Non
 
 
 def test_a_drift_says_gone_and_same_version_other_files() -> None:
-    from cutecc.lockfile import Drift
+    from cutecc.lock_env import Drift
 
     assert str(Drift("a", "1.0 x", None)) == "a 1.0 -> absent"
     assert str(Drift("a", None, "2 y")) == "a absent -> 2"

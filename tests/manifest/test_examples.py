@@ -20,9 +20,9 @@ def test_examples_hold_no_adapter_python() -> None:
     libraries. gemm/ (quack's GEMM and its tuning space) is a manifest and its lock only."""
     assert sorted(p.name for p in EXAMPLES.iterdir() if p.name != "__pycache__") == [
         "README.md", "fa4_reference.py", "gemm", "kernels.aarch64.lock", "kernels.lock", "kernels.toml",
-        "llama_block.py"]
+        "llama_block.py", "quack_reference.py"]
     assert sorted(p.name for p in (EXAMPLES / "gemm").iterdir()) == ["kernels.lock", "kernels.toml"]
-    for name in ("llama_block.py", "fa4_reference.py"):
+    for name in ("llama_block.py", "fa4_reference.py", "quack_reference.py"):
         src = (EXAMPLES / name).read_text()
         assert not re.search(r"^\s*(import|from)\s+(cutlass|quack|flash_attn|torch)\b", src, re.M), name
 
@@ -49,7 +49,8 @@ def test_fa4s_fallback_is_attention(causal: bool, monkeypatch: pytest.MonkeyPatc
     assert got.dtype == jnp.bfloat16 and got.shape == (2, 37, 3, 64)
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), atol=2e-2, rtol=2e-2)
     declared = {k.name: k.fallback for k in load_manifest(EXAMPLES / "kernels.toml").kernels if k.fallback}
-    assert declared == {"fa4_fwd": "fa4_reference:fa4_fwd"}
+    assert declared == {"fa4_fwd": "fa4_reference:fa4_fwd", "quack_rmsnorm": "quack_reference:quack_rmsnorm",
+                        "quack_cross_entropy": "quack_reference:quack_cross_entropy"}
 
 
 def test_examples_manifest_declares_the_published_launchers() -> None:
@@ -104,7 +105,8 @@ def test_backward_sizes_are_derived_from_the_hardware_profile_and_the_query_leng
     m = load_manifest(EXAMPLES / "kernels.toml")
     rms = m.kernel("quack_rmsnorm_bwd").variants[0].convention
     dw = next(t for t in rms.results if t.name == "dw")
-    assert dw.shape == (264, 4096) and dw.reduce == "sum" and dw.dtype == "float32"
+    # 264 rows, compiled as a runtime value (`runtime = [0]`) as quack's own build has them
+    assert dw.shape == (264, 4096) and dw.runtime == (0,) and dw.reduce == "sum" and dw.dtype == "float32"
     assert [(s.name, s.value) for s in rms.scalars] == [("sm_count", 264)]
     for launch in ("fa4_bwd_pre", "fa4_bwd_main", "fa4_bwd_post"):
         tiles = {v.call: dict(v.factory_args)["tile_m"] for v in m.kernel(launch).variants}

@@ -13,7 +13,8 @@ from helpers import REPO
 from cutecc import entry, platforms
 from cutecc.elf import manylinux_tag
 from cutecc.errors import CuteccError
-from cutecc.lockfile import Lock, LockEntry, Pin
+from cutecc.lock_lines import Pin
+from cutecc.lockfile import Lock, LockEntry
 from cutecc.manifest import load_manifest
 
 KEY_A, KEY_B = "a" * 64, "b" * 64

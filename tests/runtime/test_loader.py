@@ -15,12 +15,12 @@ from cutecc.store import Store
 
 def _restamp(store: Store, key: str, source: str, built_at: str) -> str:
     """Copy entry `key` as if its kernel's source had been `source`, built at `built_at`."""
-    meta = json.loads((store.entry_dir(key) / "meta.json").read_text())
+    meta = json.loads((store.layout.entry(key) / "meta.json").read_text())
     meta["key_inputs"]["source"] = source
     meta["built_at"] = built_at
     new = meta["key"] = compute_key(meta["key_inputs"])
-    dest = store.entry_dir(new)
-    shutil.copytree(store.entry_dir(key), dest)
+    dest = store.layout.entry(new)
+    shutil.copytree(store.layout.entry(key), dest)
     (dest / "meta.json").write_text(json.dumps(meta))
     store.index(new, meta, dest / "meta.json")  # as publishing does
     return new
@@ -39,7 +39,7 @@ def test_newest_of_several_builds_of_one_variant_wins(example_cache: Path, tmp_p
     b = _restamp(store, e.key, "f" * 64, "2099-01-01T00:00:00+00:00")
     for newest, oldest in ((b, a), (a, b)):
         for key, when in ((newest, "2099-01-01T00:00:00+00:00"), (oldest, "2020-01-01T00:00:00+00:00")):
-            meta_file = store.entry_dir(key) / "meta.json"
+            meta_file = store.layout.entry(key) / "meta.json"
             meta = json.loads(meta_file.read_text())
             meta["built_at"] = when
             meta_file.write_text(json.dumps(meta))

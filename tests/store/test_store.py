@@ -61,7 +61,7 @@ def test_failed_build_leaves_nothing(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="compile failed"):
         store.publish(KEY, boom)
     assert not store.has(KEY)
-    assert not store.entry_dir(KEY).exists()
+    assert not store.layout.entry(KEY).exists()
     assert list(store.tmp_dir.iterdir()) == []
 
 
@@ -133,7 +133,7 @@ def test_entries_skip_unreadable_metadata(tmp_path: Path) -> None:
     store = Store(tmp_path)
     store.ensure()
     store.publish(KEY, _write_lib)
-    bad = store.entry_dir("ef" * 32)
+    bad = store.layout.entry("ef" * 32)
     bad.mkdir(parents=True)
     (bad / META).write_text("{not json")
     assert [e.key for e in store.entries()] == [KEY]
@@ -171,7 +171,7 @@ def test_remove_renames_out_then_deletes_and_respects_the_lock(tmp_path: Path) -
         store.remove(KEY, timeout=0.1)
     assert store.has(KEY)
     assert store.remove(KEY) is True
-    assert not store.entry_dir(KEY).exists() and list(store.tmp_dir.iterdir()) == []
+    assert not store.layout.entry(KEY).exists() and list(store.tmp_dir.iterdir()) == []
     assert store.remove(KEY) is False
 
 

@@ -70,3 +70,19 @@ def test_a_build_handed_a_wrong_arch_cubin_refuses_to_publish(tmp_path: Path, to
     sm["value"] = 90
     assert build_one(job, str(cache)).status == "built" and Store(cache).get(job.key) is not None
 
+
+
+PTX = b"//\n// Generated\n//\n\n.version 9.4\n.target sm_80\n.address_size 64\n\0"
+
+
+def test_a_portable_ptx_library_carries_ptx_of_its_target_and_no_cubin() -> None:
+    """`compute_80`: the PTX's `.target` is read instead of a cubin's SM."""
+    lib = b"host code" + PTX + b"more host code"
+    assert cubin.ptx_targets(lib) == ["sm_80"]
+    assert cubin.arch_problem(lib, "compute_80") is None
+    assert cubin.arch_problem(lib, "compute_90") == (
+        "its PTX targets sm_80, the key's arch is compute_90 (.target sm_90)")
+    assert cubin.arch_problem(b"host code", "compute_80") == "it carries no PTX, the key's arch is compute_80"
+    both = lib + planted(80)
+    assert cubin.arch_problem(both, "compute_80") == (
+        "it carries 1 cubin(s), the key's arch compute_80 is portable PTX only")

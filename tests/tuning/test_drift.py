@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from cutecc.lockfile import Pin, Tuned
+from cutecc.lock_lines import Pin
+from cutecc.lockfile import Tuned
 from cutecc.runtime.tuning import TuningResult
 from cutecc.tuning import drift
 
