@@ -79,7 +79,7 @@ def direct(manifest_path: Path) -> dict[str, Any]:
     """In this (fresh) process: every planned entry of the manifest compiled directly, timed
     one by one (imports untimed, first)."""
     from cutecc.manifest import load_manifest, split_entry
-    from cutecc.plan import plan
+    from cutecc.plan.build_plan import plan
 
     manifest = load_manifest(manifest_path)
     planned = [p for p in plan(manifest) if p.platform == "x86_64"]
@@ -96,8 +96,8 @@ def direct(manifest_path: Path) -> dict[str, Any]:
     import cutlass.cute as cute
 
     from benchmarks.common import launcher_fake
-    from cutecc import devicequery
-    from cutecc.compiler import compile_variant, resolve_entry, resolve_value
+    from cutecc.build.compiler import compile_variant, resolve_entry, resolve_value
+    from cutecc.toolchain import devicequery
 
     for p in planned:
         if p.inputs.get("device") is not None:

@@ -162,8 +162,8 @@ def link_fat(obj: Path, out: Path, symbol: str, *, entry: str, arch: str, key: s
     runtime code, the dialect runtime and the static CUDA runtime, exporting `symbol` alone):
     what every kernel.so was before the runtime library, and what a direct build of a
     launcher loads as, with nothing beside it."""
-    from cutecc import linker
-    from cutecc.compiler import INNER_SYMBOL
+    from cutecc.build import linker
+    from cutecc.build.compiler import INNER_SYMBOL
 
     p = linker.toolchain_paths()
     vs = out.with_name(out.name + ".map")
@@ -188,9 +188,9 @@ def launcher_fake(a: Any, syms: dict[str, Any]) -> Any:
     import cutlass
     import cutlass.cute as cute
 
-    from cutecc import dtypes
-    from cutecc.compiler import import_path, resolve_value
-    from cutecc.contract import ConstArg, NoneArg, ScalarArg, StreamArg, StructArg, TensorArg
+    from cutecc.build.compiler import import_path, resolve_value
+    from cutecc.contract import dtypes
+    from cutecc.contract.args import ConstArg, NoneArg, ScalarArg, StreamArg, StructArg, TensorArg
 
     if isinstance(a, TensorArg):
         dims = tuple(d if isinstance(d, int) else syms.setdefault(d, cute.sym_int()) for d in a.shape)

@@ -210,7 +210,7 @@ def seed_remote(weed: Weed, prefix: str, m: Path, root: Path) -> tuple[int, int]
     import obstore
 
     from cutecc.manifest import load_manifest
-    from cutecc.plan import plan
+    from cutecc.plan.build_plan import plan
 
     one = m.parent / "one.toml"
     one.write_text(noop_rebuild.manifest(1))  # 4 variants; one entry's metadata is the template

@@ -31,7 +31,7 @@ ARCH = "sm_90a"
 def _dtype(v: Any) -> Any:
     import cutlass
 
-    from cutecc import dtypes
+    from cutecc.contract import dtypes
 
     return getattr(cutlass, dtypes.DTYPES[dict(v.params)["dtype"]].cutlass)
 
@@ -90,7 +90,7 @@ def _fa4_interface(which: str, causal: bool, d: int) -> dict[str, Any]:
     from flash_attn.cute import interface as fi
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from cutecc import devicequery
+    from cutecc.toolchain import devicequery
 
     caches = {"fwd": fi._flash_attn_fwd, "bwd_pre": fi._bwd_preprocess, "bwd": fi._flash_attn_bwd,
               "bwd_post": fi._bwd_postprocess_convert}
@@ -144,7 +144,7 @@ def setup(manifest_path: Path) -> Any:
     from cutecc.manifest import load_manifest
 
     global _DEVICE
-    from cutecc import devicequery
+    from cutecc.toolchain import devicequery
 
     manifest = load_manifest(manifest_path)
     k = manifest.kernels[0]  # every kernel of the examples builds for one profile

@@ -65,9 +65,15 @@ def _cutlass_call_fns() -> tuple[list[Any], list[Any]]:
     import importlib.util
 
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    from cutecc import dtypes
-    from cutecc.compiler import _wrapper_file, closure_objects, resolve_entry, resolve_value, wrapper_source
-    from cutecc.contract import CallingConvention, ConstArg, ScalarArg, StructArg, TupleArg
+    from cutecc.build.compiler import (
+        _wrapper_file,
+        closure_objects,
+        resolve_entry,
+        resolve_value,
+        wrapper_source,
+    )
+    from cutecc.contract import dtypes
+    from cutecc.contract.args import CallingConvention, ConstArg, ScalarArg, StructArg, TupleArg
     from cutecc.manifest import load_manifest
 
     m = load_manifest(MANIFEST)

@@ -88,8 +88,8 @@ def label(kernel: str, variant: str) -> str:
 def _spec(a: Any) -> Any:
     """How the device calls one launcher parameter: a tensor by name, a scalar by name,
     None, or a tuple (a struct: its fields in the type's order)."""
-    from cutecc.compiler import import_path
-    from cutecc.contract import NoneArg, ScalarArg, StructArg, TensorArg, TupleArg
+    from cutecc.build.compiler import import_path
+    from cutecc.contract.args import NoneArg, ScalarArg, StructArg, TensorArg, TupleArg
 
     if isinstance(a, TensorArg):
         return {"tensor": a.name}
@@ -112,7 +112,7 @@ def _call_spec(launcher: Any, args: tuple[Any, ...]) -> list[Any]:
     compile-time values; parameters the manifest leaves out keep their default (None)."""
     import inspect
 
-    from cutecc.contract import ConstArg, StreamArg
+    from cutecc.contract.args import ConstArg, StreamArg
 
     params = [p for p in inspect.signature(launcher.__call__).parameters.values()]
     by_name = {a.param: a for a in args if a.param}
@@ -146,7 +146,7 @@ def build(cache: Path, out_dir: Path, manifest_path: Path) -> dict[str, Any]:
     import cutlass.cute as cute
 
     from benchmarks.common import launcher_fake, link_fat
-    from cutecc.compiler import INNER_SYMBOL, resolve_entry, resolve_value
+    from cutecc.build.compiler import INNER_SYMBOL, resolve_entry, resolve_value
     from cutecc.cubin import cubins
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -233,7 +233,7 @@ def _inputs(build_: Any, kernel: str, rng: Any) -> tuple[list[Any], dict[str, An
 
 def _shape(t: Any, env: dict[str, int]) -> tuple[int, ...]:
     """A result's extents at the timed sizes (derived ones evaluated)."""
-    from cutecc import expr
+    from cutecc.contract import expr
 
     return tuple(d if isinstance(d, int) else env[d] if d in env else int(expr.evaluate(d, env))
                  for d in t.shape)

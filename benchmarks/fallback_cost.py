@@ -41,7 +41,7 @@ def mul_reference(x: Any, y: Any) -> Any:
 def kernel_sets(cache: Path, arch: str | None) -> dict[str, Any]:
     """{"plain": mul as built, "fallback": mul with a declared fallback attached}."""
     import cutecc
-    from cutecc.fallbacks import FallbackRef
+    from cutecc.contract.fallbacks import FallbackRef
     from cutecc.runtime.fallback import Fallback
 
     plain = cutecc.load(cache, arch=arch).mul

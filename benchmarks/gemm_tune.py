@@ -118,7 +118,7 @@ KERNELS = tuple(dict.fromkeys(s.kernel for s in SHAPES))
 def plan_items(cache: Path | None) -> list[Any]:
     """The tuning plan of examples/gemm/kernels.toml: the cache's stored one (what the GPU
     measures), or planned from the manifest where no cache is given."""
-    from cutecc.tuning import plan as tplan
+    from cutecc.plan import tuning_plan as tplan
 
     if cache is None:
         from cutecc.manifest import load_manifest
@@ -131,7 +131,7 @@ def check_plan(items: list[Any], cache: Path | None) -> dict[str, Any]:
     """Every shape is a bucket of its kernel's plan item, every candidate (and the default)
     is in the cache and the lock locks the defaults; returns the candidates per kernel and
     the CPU seconds their compiles took (each entry's `build_seconds`)."""
-    from cutecc.buckets import bucket_text
+    from cutecc.contract.buckets import bucket_text
 
     by = {it.kernel: it for it in items}
     problems = []
@@ -148,7 +148,7 @@ def check_plan(items: list[Any], cache: Path | None) -> dict[str, Any]:
         out["candidates"][it.kernel] = [c.variant for c in it.candidates]
         out["dropped"][it.kernel] = dict(it.dropped or {})
     if cache is not None:
-        from cutecc.lockfile import read_lock
+        from cutecc.lock.lockfile import read_lock
         from cutecc.store.writer import Store
 
         store = Store(cache)

@@ -34,7 +34,7 @@ if str(REPO) not in sys.path:
 
 def prepare(out: Path) -> None:
     from benchmarks.common import link_fat
-    from cutecc.compiler import SYMBOL
+    from cutecc.build.compiler import SYMBOL
     from cutecc.store import Store
 
     cache, objs = out / "cache", out / "objects"

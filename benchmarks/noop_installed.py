@@ -154,9 +154,9 @@ def keyed(code: Path, manifest: Path, cache: Path) -> dict[str, int]:
     prog = (
         "import json, sys, importlib.metadata as md\n"
         "from pathlib import Path\n"
-        "from cutecc.dists import HashCache\n"
+        "from cutecc.toolchain.dists import HashCache\n"
         "from cutecc.manifest import load_manifest\n"
-        "from cutecc.plan import plan\n"
+        "from cutecc.plan.build_plan import plan\n"
         "from cutecc.store.layout import HASH_CACHE\n"
         "hc = HashCache(Path(sys.argv[2]) / HASH_CACHE)\n"
         "ps = plan(load_manifest(Path(sys.argv[1])), hash_cache=hc)\n"

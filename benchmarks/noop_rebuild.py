@@ -108,11 +108,11 @@ def _seed(m: Path, cache: Path) -> None:
     """Compile the first variant, then put copies of it under every other planned key
     (`common.plant`)."""
     from benchmarks.common import plant
-    from cutecc.executors.local import compile_all
+    from cutecc.build.executors.local import compile_all
+    from cutecc.build.workers import BuildJob
     from cutecc.manifest import load_manifest
-    from cutecc.plan import plan
+    from cutecc.plan.build_plan import plan
     from cutecc.store import Store
-    from cutecc.workers import BuildJob
 
     manifest = load_manifest(m)
     planned = plan(manifest)

@@ -27,12 +27,12 @@ def main() -> None:
         keep, rest = Path(rest[1]), rest[2:]
         keep.mkdir(parents=True, exist_ok=True)
     wanted = set(rest)
-    from cutecc.compiler import SYMBOL, CompileJob, compile_to_object, set_target
+    from cutecc.build.compiler import SYMBOL, CompileJob, compile_to_object, set_target
 
     set_target("sm_90a")
-    from cutecc import linker
-    from cutecc.key import toolchain
+    from cutecc.build import linker
     from cutecc.manifest import load_manifest
+    from cutecc.plan.key import toolchain
 
     m = load_manifest(manifest)
     py_path = tuple(str(p) for p in m.python_path)

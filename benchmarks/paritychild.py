@@ -36,7 +36,7 @@ def launcher_fakes(args: tuple[Any, ...]) -> list[Any]:
 def dsl_direct(c: Call) -> bytes:
     import cutlass.cute as cute
 
-    from cutecc.compiler import resolve_entry
+    from cutecc.build.compiler import resolve_entry
 
     kernel, variant = peers.variant_of(c)
     launcher = resolve_entry(kernel.entry, variant.factory_args)

@@ -92,7 +92,7 @@ def variant_of(c: Call) -> tuple[Any, Any]:
 
 def compile_inprocess(kernel: Any, variant: Any) -> Any:
     """cute.compile of the launcher through cutecc's canonical wrapper, for TVM-FFI."""
-    from cutecc.compiler import compile_variant
+    from cutecc.build.compiler import compile_variant
 
     return compile_variant(kernel.entry, variant, kernel.compile_options, engine=True)
 

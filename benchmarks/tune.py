@@ -31,7 +31,7 @@ from benchmarks.common import REPO
 
 def compile_seconds(cache: Path, plan: list[Any]) -> dict[str, float]:
     """Per kernel, the CPU seconds its candidates took to compile (from entry metadata);
-    `plan` is the tuning plan's items (`cutecc.tuning.plan.PlanItem`)."""
+    `plan` is the tuning plan's items (`cutecc.plan.tuning_plan.PlanItem`)."""
     from cutecc.store import Store
 
     store, out = Store(cache), {}
@@ -44,7 +44,7 @@ def compile_seconds(cache: Path, plan: list[Any]) -> dict[str, float]:
 
 
 def _bucket_order(text: str) -> tuple[int, ...]:
-    from cutecc.buckets import parse_bucket
+    from cutecc.contract.buckets import parse_bucket
 
     return tuple(parse_bucket(text).values())
 

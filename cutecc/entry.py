@@ -481,7 +481,7 @@ class EntryMeta:
 
     @property
     def args(self) -> Any:
-        """The contract (JSON, `cutecc.contract.args_from_json` reads it)."""
+        """The contract (JSON, `cutecc.contract.args.args_from_json` reads it)."""
         return self.raw["args"]
 
     @property

@@ -4,7 +4,7 @@ A kernel library holds GPU code (for an arch) and host code (for a platform): th
 entry that checks the arguments and launches the kernel. cutecc builds on x86-64 only (the
 DSL's compiler runs there), and emits host code for `x86_64` (the object the DSL exports)
 or for `aarch64` (Grace hosts: the DSL's LLVM IR of the host code, retargeted, see
-`cutecc.retarget`). The runtime serves only entries of the platform it runs on.
+`cutecc.build.retarget`). The runtime serves only entries of the platform it runs on.
 
 Importing this imports neither the DSL nor JAX: the runtime reads `host_platform`.
 """

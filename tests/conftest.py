@@ -61,10 +61,10 @@ def fallback_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
     """The fallback project (`helpers.write_fallback_project`) in tmp_path/proj: builds
     compile stand-ins (`helpers.fake_compile`), its fallback module is importable, and
     $CUTECC_STRICT is unset. Returns its manifest; its cache goes in tmp_path/cache."""
-    import cutecc.executors.local
+    import cutecc.build.executors.local
 
     manifest = write_fallback_project(tmp_path / "proj")
-    monkeypatch.setattr(cutecc.executors.local, "compile_all",
+    monkeypatch.setattr(cutecc.build.executors.local, "compile_all",
                         lambda *a, remote=None, limits=None: fake_compile(*a))
     monkeypatch.syspath_prepend(str(tmp_path / "proj"))
     monkeypatch.delenv("CUTECC_STRICT", raising=False)

@@ -216,10 +216,10 @@ FAKE_PTX_ISA = "9.4"  # the PTX ISA of fake_compile's `compute_` libraries (nvid
 
 def fake_compile(jobs: list[Any], store_root: Path, workers: int, on_result: Any) -> None:
     """Publish each job as a build worker would, with a stand-in library (no DSL)."""
-    from cutecc.contract import args_to_json
+    from cutecc.build.workers import Result
+    from cutecc.contract.args import args_to_json
     from cutecc.store import Store
     from cutecc.units import now_iso
-    from cutecc.workers import Result
 
     store = Store(store_root)
     for job in jobs:

@@ -1,8 +1,8 @@
 """`cutecc build`: plan every (kernel, variant, arch), compile the misses, publish them,
 and write the lock file.
 
-The manifest is parsed once and planned once (`cutecc.builder.target`), then run through
-the build pipeline (`cutecc.builder.run`: probe the store, fetch from a remote cache,
+The manifest is parsed once and planned once (`cutecc.build.builder.target`), then run through
+the build pipeline (`cutecc.build.builder.run`: probe the store, fetch from a remote cache,
 compile on the chosen executor, publish, record the generations and the lock). This
 module owns what the command adds: its arguments (the signing key read before any
 compile), and the report.
@@ -16,18 +16,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cutecc import builder, environ
+from cutecc import environ
 from cutecc.archs import parse_archs
-from cutecc.builder import Outcome, Progress, RemoteUse
-from cutecc.dists import HashCache
+from cutecc.build import builder
+from cutecc.build.builder import Outcome, Progress, RemoteUse
+from cutecc.build.executors.local import LocalExecutor, discard_prestarted, prestart
+from cutecc.build.timings import Timings, entry_line
+from cutecc.commands.report import Report
 from cutecc.errors import CuteccError
-from cutecc.executors.local import LocalExecutor, discard_prestarted, prestart
-from cutecc.lock_env import Drift, drift_line
-from cutecc.lockfile import LOCK_NAME, Lock, previous
+from cutecc.lock.environment import Drift, drift_line
+from cutecc.lock.lockfile import LOCK_NAME, Lock, previous
 from cutecc.manifest import Manifest, load_manifest
-from cutecc.report import Report
 from cutecc.store.writer import Store
-from cutecc.timings import Timings, entry_line
+from cutecc.toolchain.dists import HashCache
 
 
 @dataclass
@@ -45,7 +46,7 @@ class BuildReport(Report):
     dropped_tuning: list[str] = field(default_factory=list)  # tuning lines the lock lost, and why
     drift: list[Drift] = field(default_factory=list)  # key-deciding distributions unlike the lock's
     drift_note: str | None = None  # the line that named them, before any compile
-    timings: Timings = field(default_factory=Timings)  # wall seconds per stage (`cutecc.timings`)
+    timings: Timings = field(default_factory=Timings)  # wall seconds per stage (`cutecc.build.timings`)
     show_timings: bool = False  # print them (`--timings`); the JSON report always has them
 
     @property
@@ -142,12 +143,12 @@ def build(
     compile_memory: str | int | None = None,
     timings: bool = False,
 ) -> BuildReport:
-    """Build a manifest into a cache; see the module docstring and `cutecc.builder`.
+    """Build a manifest into a cache; see the module docstring and `cutecc.build.builder`.
 
     `read_only` (or `$CUTECC_READ_ONLY`): write nothing to the cache and make any miss
     an error (exit 1) instead of a compile, e.g. for a deploy that must only read.
     `lock`: after a fully successful build (not a dry run), write `kernels.lock` beside
-    the manifest (or `lock_file`) if its content changed; see `cutecc.lockfile`.
+    the manifest (or `lock_file`) if its content changed; see `cutecc.lock.lockfile`.
     `sign_key` (or `$CUTECC_SIGNING_KEY`): sign the lock written (`kernels.lock.sig`).
     `executor` (`local` or `ray`, else `$CUTECC_EXECUTOR`, else the manifest's `[build]`)
     compiles the misses; `ray_address` (else `$CUTECC_RAY_ADDRESS`, else `[build]`) names a
@@ -167,7 +168,7 @@ def build(
                           where="--sign-key")
     key = None
     if sign_key:  # read it first: a bad key fails before any compile
-        from cutecc import signing
+        from cutecc.lock import signing
 
         try:
             key = signing.read_private_key(sign_key)
@@ -195,7 +196,7 @@ def build(
     # dry run or a read-only build plans with what was remembered, and writes nothing back.
     hashes = HashCache(store.layout.hash_cache(), write=not (read_only or dry_run))
     # A cold plan (nothing remembered: a new cache) takes seconds, and its build most likely
-    # compiles: the compile service imports meanwhile (`cutecc.executors.local.prestart`).
+    # compiles: the compile service imports meanwhile (`cutecc.build.executors.local.prestart`).
     early = not (dry_run or read_only or archs or platforms) and isinstance(how.executor, LocalExecutor) \
         and not any(p.exists() for p in (store.layout.hash_cache(), store.layout.plan_facts())) \
         and prestart(full.select(kernels) if kernels else full, how.executor.limits)

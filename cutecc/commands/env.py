@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cutecc import environ
-from cutecc.report import Report
+from cutecc.commands.report import Report
 from cutecc.store.view import StoreView
 
 # What each extra of cutecc brings, by the distribution that marks it installed.

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from cutecc.archs import parse_archs
+from cutecc.commands.report import Report
 from cutecc.entry import label, label_of
 from cutecc.errors import CuteccError
 from cutecc.manifest import find_manifest, load_manifest
-from cutecc.plan import plan
-from cutecc.report import Report
+from cutecc.plan.build_plan import plan
 from cutecc.store.view import Entry, StoreView
 
 

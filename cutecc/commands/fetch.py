@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from cutecc import environ
-from cutecc import remote as remote_cache
+from cutecc.commands.report import Report
 from cutecc.entry import file_record
 from cutecc.errors import CuteccError, WorkError
-from cutecc.lockfile import LockEntry, read_trusted_lock
-from cutecc.report import Report
+from cutecc.lock.lockfile import LockEntry, read_trusted_lock
+from cutecc.ship import remote as remote_cache
 from cutecc.store.view import Entry, entry_trust_problem
 from cutecc.store.writer import Store
 from cutecc.units import human_size

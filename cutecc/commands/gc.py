@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cutecc.commands.report import Report
 from cutecc.entry import label_of, runtime_record
 from cutecc.errors import CuteccError
 from cutecc.locks import Busy
-from cutecc.report import Report
 from cutecc.store.writer import Store
 from cutecc.units import human_size, iso, parse_age, parse_size
 
@@ -150,7 +150,7 @@ def gc(cache_dir: str | Path | None = None, *, max_size: str | int | None = None
 
 def _reachable(store: Store, locks: tuple[str | Path, ...]) -> frozenset[str]:
     """The keys the cache's records name, and every key (tuned winners too) of `locks`."""
-    from cutecc.lockfile import read_lock
+    from cutecc.lock.lockfile import read_lock
 
     keys = set(store.recorded_keys())
     for path in locks:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from cutecc.atomic import atomic_write
+from cutecc.commands.report import Report
 from cutecc.errors import CuteccError, WorkError
-from cutecc.report import Report
 
 PACKAGE = "starter_kernels"
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cutecc.commands.report import Report
 from cutecc.errors import WorkError
-from cutecc.report import Report
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class KeygenReport(Report):
 
 
 def keygen(prefix: str | os.PathLike[str], comment: str = "") -> KeygenReport:
-    from cutecc import signing
+    from cutecc.lock import signing
 
     if Path(f"{os.fspath(prefix)}.key").exists() or Path(f"{os.fspath(prefix)}.pub").exists():
         raise WorkError("a key of that name exists; nothing written (choose another --out)",

@@ -9,9 +9,9 @@ from typing import Any
 
 from cutecc import platforms
 from cutecc.archs import check_device_arch, how_runs, runs_on
+from cutecc.commands.report import Report
 from cutecc.entry import call_keywords, platform_of
 from cutecc.platforms import BUILD_PLATFORM
-from cutecc.report import Report
 from cutecc.store.view import StoreView
 from cutecc.units import human_age, human_size
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from cutecc.archs import to_build
+from cutecc.commands.report import Report
 from cutecc.errors import CuteccError
-from cutecc.report import Report
 from cutecc.store.misses import Miss, read_misses
 from cutecc.store.view import StoreView
 
@@ -150,7 +150,7 @@ def cover_call(path: Path, m: Miss) -> tuple[Any, Any] | str:
     """(manifest, variant) that serves the one call `m` describes: a variant the manifest at
     `path` declares, else one the values the call implies add to its `variants` (the manifest
     then is the edited one, parsed as a build parses it); or why none can (a contract change).
-    `cutecc.load(jit=True)` builds it (`cutecc.jit`); `covers` prints such edits."""
+    `cutecc.load(jit=True)` builds it (`cutecc.develop.jit`); `covers` prints such edits."""
     from cutecc.manifest import load_manifest, parse_document
 
     manifest = load_manifest(path)

@@ -4,7 +4,7 @@ A pack holds a `_cutecc/` tree laid out like a cache (format file, `entries/ab/<
 with meta.json and the library) plus the `kernels.lock` naming exactly its entries.
 The wheel puts it inside an import package whose `load()` is
 `cutecc.load(package=__name__)`, so a deploy host needs only `pip install` and the
-runtime. Both formats are reproducible (`cutecc.archive`).
+runtime. Both formats are reproducible (`cutecc.ship.archive`).
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from cutecc import environ, trust
-from cutecc.archive import runtime_wheel, tar_bytes, wheel_bytes
 from cutecc.archs import parse_archs
 from cutecc.atomic import atomic_write
-from cutecc.composite_line import CompositeLine
-from cutecc.elf import manylinux_tag
+from cutecc.commands.report import Report
+from cutecc.contract.composite_line import CompositeLine
 from cutecc.entry import (
     MAX_LIBRARY_BYTES,
     MAX_META_BYTES,
@@ -35,16 +34,17 @@ from cutecc.entry import (
     runtime_record,
 )
 from cutecc.errors import CuteccError, WorkError
-from cutecc.ingest import Refused, check_whole
-from cutecc.lockfile import LOCK_NAME, Lock, lock_for, read_lock
+from cutecc.lock.lockfile import LOCK_NAME, Lock, lock_for, read_lock
 from cutecc.platforms import check_platform
-from cutecc.report import Report
 from cutecc.runtime.package import PACK_DIR
+from cutecc.ship.archive import runtime_wheel, tar_bytes, wheel_bytes
+from cutecc.ship.ingest import Refused, check_whole
 from cutecc.store.view import StoreView
+from cutecc.toolchain.elf import manylinux_tag
 from cutecc.units import human_size
 
 # A wheel's tag: pure Python (the libraries are loaded by cutecc, not imported), and the
-# manylinux platform its libraries' glibc symbol versions allow (`cutecc.elf`).
+# manylinux platform its libraries' glibc symbol versions allow (`cutecc.toolchain.elf`).
 WHEEL_TAG_PREFIX = "py3-none-"
 FORMATS = ("wheel", "tar")
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")  # PEP 508
@@ -152,14 +152,14 @@ def select(store: StoreView, *, manifest: str | Path | None = None, lock: str | 
     Every entry must be in the cache with the library the lock names (else exit 1).
     Backward kernels of selected kernels come along (`jax.grad` needs them), a composite's
     launches with it, and so do the composite lines whose launches all come (each checked
-    against the cache's contracts, `cutecc.vouch`, as the lock that ships them is signed).
+    against the cache's contracts, `cutecc.ship.vouch`, as the lock that ships them is signed).
     """
     if (manifest is None) == (lock is None):
         raise CuteccError("pass exactly one of --manifest and --lock", where="cutecc pack")
     archs, kernels = tuple(archs), tuple(kernels)
     if manifest is not None:
         from cutecc.manifest import load_manifest
-        from cutecc.plan import plan
+        from cutecc.plan.build_plan import plan
 
         m = load_manifest(manifest, kernels=kernels)
         planned = plan(m, parse_archs(archs) if archs else ())
@@ -185,7 +185,7 @@ def select(store: StoreView, *, manifest: str | Path | None = None, lock: str | 
         why = le.mismatch(entry)
         if why:
             raise WorkError(f"{le.label}: {why}", where=str(entry.path))
-    from cutecc.vouch import composite_line_problem, tuning_line_problem
+    from cutecc.ship.vouch import composite_line_problem, tuning_line_problem
 
     for c in chosen.composites:  # the pack's signed lock vouches for how their tensors flow
         why = composite_line_problem(store, chosen, c, hashed=False, present=True)
@@ -209,7 +209,7 @@ def pack(*, name: str, version: str, manifest: str | Path | None = None,
     """Write a wheel (or a .tar.gz) of the selected entries into `out`; see the module doc.
     A wheel holds one host platform's libraries (its tag names it): `platform`, which may
     be left out when the selection holds one platform only. `with_runtime`: also write
-    cutecc's own wheel (`cutecc.archive.runtime_wheel`) beside a wheel, so the pack's
+    cutecc's own wheel (`cutecc.ship.archive.runtime_wheel`) beside a wheel, so the pack's
     `Requires-Dist: cutecc` is met from the same directory where no index serves cutecc."""
     if fmt not in FORMATS:
         raise CuteccError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})", where="--format")
@@ -227,7 +227,7 @@ def pack(*, name: str, version: str, manifest: str | Path | None = None,
     tree, sizes = _tree(chosen, store)
     sign_key = sign_key or os.environ.get(environ.SIGNING_KEY) or None
     if sign_key:  # the packed lock's signature: what `unpack` and `load(package=)` check
-        from cutecc import signing
+        from cutecc.lock import signing
 
         try:
             key = signing.read_private_key(sign_key)

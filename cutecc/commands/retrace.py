@@ -2,7 +2,7 @@
 more, in a throwaway cache, and report each whose compile differs from what its key promised.
 
 A key promises that whoever compiles its inputs gets the same artifact. Each entry records
-the digest of what the DSL compiled (`cutecc.artifact`); the manifest is planned anew here
+the digest of what the DSL compiled (`cutecc.build.artifact`); the manifest is planned anew here
 (every source hashed again, nothing remembered), and every planned entry whose key the
 cache holds is built again through the build pipeline (local workers, this host's DSL)
 into a temporary directory that is removed afterwards. An entry whose digest comes out
@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cutecc import builder
-from cutecc.artifact import difference
+from cutecc.build import builder
+from cutecc.build.artifact import difference
+from cutecc.build.executors import LocalExecutor, compile_limits
 from cutecc.entry import EntryMeta, artifact_of, library_record
 from cutecc.errors import CuteccError, WorkError
-from cutecc.executors import LocalExecutor, compile_limits
 from cutecc.manifest import Manifest, load_manifest
-from cutecc.plan import Planned
+from cutecc.plan.build_plan import Planned
 from cutecc.store.writer import Store
 
 NO_DIGEST = "no artifact digest"

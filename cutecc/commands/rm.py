@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cutecc.commands.report import Report
 from cutecc.commands.show import resolve
 from cutecc.entry import label_of
 from cutecc.errors import CuteccError, WorkError
 from cutecc.locks import Busy
-from cutecc.report import Report
 from cutecc.store.view import Entry
 from cutecc.store.writer import Store
 from cutecc.units import human_size

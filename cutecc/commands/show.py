@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from cutecc.commands.list import call_text
-from cutecc.contract import CallingConvention, TensorArg, args_from_json, flat_leaves, stride_text
-from cutecc.cotangents import Cotangents
+from cutecc.commands.report import Report
+from cutecc.contract.args import CallingConvention, TensorArg, args_from_json, flat_leaves, stride_text
+from cutecc.contract.cotangents import Cotangents
 from cutecc.entry import call_keywords, label_of
 from cutecc.errors import CuteccError, WorkError
-from cutecc.report import Report
 from cutecc.store.view import Entry, StoreView
 from cutecc.units import human_size, iso
 

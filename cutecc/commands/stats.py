@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cutecc.report import Report
+from cutecc.commands.report import Report
 from cutecc.store.layout import Layout
 from cutecc.store.view import StoreView
 from cutecc.units import human_size

@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cutecc.buckets import bucket_text
+from cutecc.commands.report import Report
+from cutecc.contract.buckets import bucket_text
 from cutecc.errors import CuteccError, WorkError
-from cutecc.lockfile import Lock, Tuned
-from cutecc.report import Report
+from cutecc.lock.lockfile import Lock, Tuned
+from cutecc.plan.tuning_plan import PlanItem
 from cutecc.runtime.tuning import (
     TuningResult,
     dumps_records,
@@ -36,7 +37,6 @@ from cutecc.runtime.tuning import (
     read_cached,
     sibling_problem,
 )
-from cutecc.tuning.plan import PlanItem
 
 if TYPE_CHECKING:
     from cutecc.store.writer import Store
@@ -136,9 +136,9 @@ def tune(manifest_path: str | Path, *, kernels: tuple[str, ...] = (), buckets: t
          max_rounds: int | None = None, replace_tuning: bool = False) -> TuneReport:
     """Run the steps of `cutecc tune` (see the module docstring). `sign_key` (or
     `$CUTECC_SIGNING_KEY`) signs the lock when recording changes it."""
-    from cutecc.lockfile import LOCK_NAME
+    from cutecc.lock.lockfile import LOCK_NAME
+    from cutecc.plan import tuning_plan as tplan
     from cutecc.store.writer import Store
-    from cutecc.tuning import plan as tplan
 
     if sum(map(bool, (dry_run, compile_only, measure, record, check))) > 1:
         raise CuteccError("choose one of --dry-run, --compile-only, --measure, --record, --check",
@@ -210,11 +210,12 @@ def _compile(report: TuneReport, manifest_path: Path, store: Store, archs: tuple
     gives them; the manifest parsed once, and planned once for both the jobs and the tuning
     plan. Nothing is recorded as the kernels' current build, and no lock is written.
     Candidates that fail to compile are dropped from `report.plan`."""
-    from cutecc import builder, environ
+    from cutecc import environ
     from cutecc.archs import parse_archs
-    from cutecc.dists import HashCache
+    from cutecc.build import builder
     from cutecc.manifest import load_manifest
-    from cutecc.tuning import plan as tplan
+    from cutecc.plan import tuning_plan as tplan
+    from cutecc.toolchain.dists import HashCache
 
     t0 = time.perf_counter()
     full = load_manifest(manifest_path)
@@ -282,7 +283,7 @@ def _record(report: TuneReport, plan_items: list[PlanItem], root: Path, lock_pat
     default, and its entry in this cache matches the record's bytes; and only into a lock
     whose tuning lines then share one measurement policy (`replace_tuning`: the lock's lines
     of other policies are dropped instead). Nothing is written when anything is refused."""
-    from cutecc.lockfile import write_lock
+    from cutecc.lock.lockfile import write_lock
     from cutecc.store.writer import Store
 
     store = Store(root)
@@ -316,7 +317,7 @@ def _record(report: TuneReport, plan_items: list[PlanItem], root: Path, lock_pat
         report.lock_changed = write_lock(lock_path, new_lock)
         report.lock_file = lock_path
         if sign_key and report.lock_changed:  # the old signature no longer covers these bytes
-            from cutecc import signing
+            from cutecc.lock import signing
 
             try:
                 private = signing.read_private_key(sign_key)
@@ -331,7 +332,7 @@ def _merged_lock(lines: list[Tuned], lock_path: Path, replace_tuning: bool) -> L
     would not share one measurement policy (unless `replace_tuning`: the others go)."""
     from collections import Counter
 
-    from cutecc.lockfile import read_lock
+    from cutecc.lock.lockfile import read_lock
     from cutecc.tuning.policy import mixed
 
     old = read_lock(lock_path)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cutecc import environ
-from cutecc.archive import Limits, PackTree
+from cutecc.commands.report import Report
 from cutecc.entry import (
     MAX_META_BYTES,
     META,
@@ -29,11 +29,11 @@ from cutecc.entry import (
     runtime_record,
 )
 from cutecc.errors import CuteccError, WorkError
-from cutecc.ingest import Refused, check_whole, publish
-from cutecc.lockfile import LOCK_NAME, MAX_LOCK_BYTES, Lock, LockEntry
-from cutecc.report import Report
+from cutecc.lock.lockfile import LOCK_NAME, MAX_LOCK_BYTES, Lock, LockEntry
+from cutecc.lock.signing import MAX_SIG_BYTES, SIG_SUFFIX, check_lock
 from cutecc.runtime.package import PACK_DIR
-from cutecc.signing import MAX_SIG_BYTES, SIG_SUFFIX, check_lock
+from cutecc.ship.archive import Limits, PackTree
+from cutecc.ship.ingest import Refused, check_whole, publish
 from cutecc.store.layout import ENTRIES, RUNTIMES, entry_parts, runtime_parts
 from cutecc.store.view import Entry
 from cutecc.store.writer import Store
@@ -210,7 +210,7 @@ def _members(tree: PackTree, base: str, names: list[str], cap: int) -> tuple[byt
 
 def _check_entry(tree: PackTree, key: str, le: LockEntry,
                  names: list[str]) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """(meta, files) of a pack's entry once the one verifier (`cutecc.ingest`) passes it
+    """(meta, files) of a pack's entry once the one verifier (`cutecc.ship.ingest`) passes it
     and it matches its line in the pack's lock; else ValueError(why)."""
     if not is_key(key):
         raise ValueError("not a cache key")

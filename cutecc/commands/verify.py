@@ -47,7 +47,7 @@ from cutecc.errors import CuteccError
 from cutecc.store.writer import Store
 
 if TYPE_CHECKING:
-    from cutecc.builder import Progress
+    from cutecc.build.builder import Progress
 
 __all__ = ["BAD", "Problem", "VerifyReport", "check_entry", "lock_drift", "verify"]
 
@@ -58,8 +58,8 @@ def lock_drift(lock: str | Path) -> str | None:
     only: a build, which plans, also compares their files."""
     import importlib.metadata as md
 
-    from cutecc.lock_env import Drift, drift_line
-    from cutecc.lockfile import read_lock
+    from cutecc.lock.environment import Drift, drift_line
+    from cutecc.lock.lockfile import read_lock
 
     env = read_lock(lock).environment
     if env is None:

@@ -15,6 +15,7 @@ import filelock
 
 from cutecc import trust
 from cutecc.atomic import TMP_NAME
+from cutecc.commands.report import Report
 from cutecc.entry import (
     MAX_INDEX_BYTES,
     MAX_META_BYTES,
@@ -31,7 +32,6 @@ from cutecc.entry import (
 )
 from cutecc.errors import CuteccError
 from cutecc.platforms import machine_problem
-from cutecc.report import Report
 from cutecc.runtime.tuning import (
     MAX_RECORD_BYTES,
     TUNING_FORMAT,
@@ -321,7 +321,7 @@ def _check_lock_tuning(report: VerifyReport, kernels: dict[str, dict[str, Any]],
     kind than this host's (`kind`, else the GPU's or $CUTECC_DEVICE_KIND, where one is known)
     are named as notes (a lock may serve several kinds). Lines whose default is not in this
     cache are another cache's business."""
-    from cutecc.lockfile import read_lock
+    from cutecc.lock.lockfile import read_lock
 
     if kind is None:
         try:

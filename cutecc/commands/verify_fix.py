@@ -89,7 +89,7 @@ def _relink_runtime(store: Store, key: str) -> str:
     """Link a missing runtime library again, where this machine has the build extra and
     the key is its toolchain's; else say how."""
     try:
-        from cutecc.workers import ensure_runtime
+        from cutecc.build.workers import ensure_runtime
 
         ensure_runtime(store, key)
     except (CuteccError, ImportError) as e:

@@ -15,7 +15,7 @@ The package imports nothing of the build side, the store or the runtime (a test 
 the layers), and neither the DSL nor JAX.
 """
 
-from cutecc.cotangents import COTANGENT
+from cutecc.contract.cotangents import COTANGENT
 from cutecc.manifest.grammar import (
     BUILTIN_PROFILES,
     ENTRY_RE,

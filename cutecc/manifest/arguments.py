@@ -8,8 +8,8 @@ import dataclasses
 import keyword
 from typing import Any
 
-from cutecc import dtypes, expr
-from cutecc.contract import (
+from cutecc.contract import dtypes, expr
+from cutecc.contract.args import (
     ROLES,
     Arg,
     ConstArg,

@@ -6,13 +6,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from cutecc.contract import (
+from cutecc.contract.args import (
     RESHARD,
     TensorArg,
     flat_leaves,
     shard_problem,
 )
-from cutecc.cotangents import STOP_GRADIENT
+from cutecc.contract.cotangents import STOP_GRADIENT
 from cutecc.manifest import tune_space as space
 from cutecc.manifest.arguments import _arg, _check_args, _symbols, _variant_symbols, _with_divisibility
 from cutecc.manifest.grammar import (

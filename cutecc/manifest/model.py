@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cutecc.contract import Arg, CallingConvention
-from cutecc.cotangents import STOP_GRADIENT
+from cutecc.contract.args import Arg, CallingConvention
+from cutecc.contract.cotangents import STOP_GRADIENT
 from cutecc.errors import CuteccError
 from cutecc.manifest.tune_space import TuneSpec
 from cutecc.platforms import BUILD_PLATFORM
@@ -66,7 +66,7 @@ class Kernel:
     grad_args: tuple[str, ...] | None = None
     grad_returns: tuple[str, ...] | None = None
     # grad.nondiff / grad.stop_gradient: returned outputs whose cotangent the backward does
-    # not take, declared so (`cutecc.cotangents`). nondiff follows from grad.args (the
+    # not take, declared so (`cutecc.contract.cotangents`). nondiff follows from grad.args (the
     # runtime derives it), so only stop_gradient, a choice, is stored with the entries.
     grad_nondiff: tuple[str, ...] = ()
     grad_stop: tuple[str, ...] = ()

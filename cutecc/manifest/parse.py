@@ -11,7 +11,7 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
                                   host's; "aarch64" for Grace hosts: cutecc.platforms)
   profile = "h100"                default hardware profile (facts a launcher may need, as
                                   "$hw.<fact>" and as the answers to torch.cuda's device
-                                  queries while the build constructs it: cutecc.devicequery)
+                                  queries while the build constructs it: cutecc.toolchain.devicequery)
   python_path = ["."]             dirs, relative to the manifest, to import entries from
   compile_options = ""            extra `cute.compile` options
   [env]                           environment the build workers set before any import
@@ -38,7 +38,7 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
       {name, dtype, shape, role = "input"|"output"|"inout"|"scratch", zero, buffer, layout, align,
        may_alias}
         a tensor; an output's or scratch's extent may be derived, an expression over symbols,
-        "$param"s and "$hw.fact"s (`cutecc.expr`); scratch is allocated (zero = true: zeroed)
+        "$param"s and "$hw.fact"s (`cutecc.contract.expr`); scratch is allocated (zero = true: zeroed)
         and dropped by the runtime;
         layout = "row-major" (default) | "column-major" | [stride order, 0 = stride 1];
         or mode = [..] (cutlass_call's): dimension i is dimension mode[i] of the array the
@@ -70,7 +70,7 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
     archs, profile, compile_options   per-kernel overrides
     grad = {backward = "NAME"}    pair with a backward kernel for jax.grad (args, returns:
                                   by name; nondiff, stop_gradient: returned outputs whose
-                                  cotangent the backward does not take, see cutecc.cotangents)
+                                  cotangent the backward does not take, see cutecc.contract.cotangents)
     tune = {..}                   a tuning space for `cutecc tune` (see cutecc.manifest.tune_space)
 """
 

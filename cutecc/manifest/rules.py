@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from cutecc.contract import (
+from cutecc.contract.args import (
     CallingConvention,
     TensorArg,
 )
-from cutecc.cotangents import COTANGENT, STOP_GRADIENT, undeclared
+from cutecc.contract.cotangents import COTANGENT, STOP_GRADIENT, undeclared
 from cutecc.manifest.grammar import _Ctx
 from cutecc.manifest.model import Composite, Kernel
 

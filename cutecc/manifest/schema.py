@@ -10,9 +10,9 @@ import json
 import keyword
 from typing import Any
 
-from cutecc import dtypes
 from cutecc.archs import PATTERN as ARCH_PATTERN
-from cutecc.contract import LAYOUTS, ROLES
+from cutecc.contract import dtypes
+from cutecc.contract.args import LAYOUTS, ROLES
 from cutecc.manifest.grammar import (
     BUILTIN_PROFILES,
     ENTRY_RE,

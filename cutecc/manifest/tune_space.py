@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cutecc.buckets import RULES
-from cutecc.contract import CallingConvention
+from cutecc.contract.args import CallingConvention
+from cutecc.contract.buckets import RULES
 from cutecc.errors import CuteccError
 
 Fail = Callable[[str, str], CuteccError]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from cutecc import dtypes, expr
+from cutecc.contract import dtypes, expr
 from cutecc.manifest.grammar import _IDENT, _INT_RANGE, IMPORT_RE, MAX_TUPLE_DEPTH, _Ctx, _no_unknown, _tname
 from cutecc.manifest.model import Value as _Value
 
@@ -103,7 +103,7 @@ _REF_RE = re.compile(r"\$(hw\.)?[A-Za-z_][A-Za-z0-9_]*")
 
 def _expression(ctx: _Ctx, kp: str, text: str, env: dict[str, _Value], hw: dict[str, Any]) -> int | str:
     """A derived extent or scalar: `$param`s and `$hw.fact`s substituted (build-time numbers),
-    checked against the grammar (`cutecc.expr`), folded to an int when it reads no symbol,
+    checked against the grammar (`cutecc.contract.expr`), folded to an int when it reads no symbol,
     else its canonical text."""
     def ref(name: str) -> Any:
         return _subst(ctx, kp, f"${name}", env, hw)

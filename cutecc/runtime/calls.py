@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from cutecc import expr
 from cutecc.archs import to_build
-from cutecc.contract import (
+from cutecc.contract import expr
+from cutecc.contract.args import (
     RESHARD,
     Arg,
     CallingConvention,
@@ -32,7 +32,7 @@ from cutecc.contract import (
     shard_problem,
     stride_text,
 )
-from cutecc.cotangents import STOP_GRADIENT, Cotangents
+from cutecc.contract.cotangents import STOP_GRADIENT, Cotangents
 from cutecc.entry import EntryMeta, FileRec, RuntimeLink, call_keywords
 from cutecc.errors import CallError, CallTypeError, NoBuildFits
 from cutecc.names import call_name_problem
@@ -342,7 +342,7 @@ class KernelBase:
         # A named pairing (manifest grad.args / grad.returns): what the backward takes by
         # name (forward inputs, outputs saved or not, "cotangent.<output>") and which forward
         # input each of its results is the gradient of; the returned outputs declared
-        # stop-gradient (`cutecc.cotangents`). None: inputs then cotangents.
+        # stop-gradient (`cutecc.contract.cotangents`). None: inputs then cotangents.
         self.grad: dict[str, Any] | None = None if grad is None else {
             "args": tuple(grad["args"]), "returns": grad.get("returns"),
             STOP_GRADIENT: tuple(grad.get(STOP_GRADIENT) or ())}

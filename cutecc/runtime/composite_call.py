@@ -1,6 +1,6 @@
 """How a composite kernel is called: an ordered list of launches of other kernels of the
 set, sharing tensors by name (`[kernel.NAME] launches = [..]`; its definition as a lock pins
-it is `cutecc.composite_line.CompositeLine`), called as one kernel.
+it is `cutecc.contract.composite_line.CompositeLine`), called as one kernel.
 
 What a composite call is, whichever framework calls it: its arity and keywords checked,
 each launch given its arrays by name from the call's inputs and earlier launches' results

@@ -31,8 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
-from cutecc.contract import ScalarArg, TensorArg, shard_factors
-from cutecc.cotangents import COTANGENT
+from cutecc.contract.args import ScalarArg, TensorArg, shard_factors
+from cutecc.contract.cotangents import COTANGENT
 from cutecc.errors import CallError, CallTypeError
 from cutecc.runtime import calls, sharding, strict
 from cutecc.runtime.calls import (  # noqa: F401  (re-exported: tests and tools import them here)

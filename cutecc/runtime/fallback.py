@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from cutecc import environ
+from cutecc.contract.fallbacks import FallbackRef
 from cutecc.errors import FallbackWarning, NoBuildFits
-from cutecc.fallbacks import FallbackRef
 from cutecc.store.misses import miss_of, record_miss
 
 

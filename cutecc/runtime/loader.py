@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from cutecc import trust
 from cutecc.archs import check_device_arch, device_arch, driver_version, is_ptx, ptx_driver_problem, runs_on
-from cutecc.composite_line import CompositeLine
+from cutecc.contract.composite_line import CompositeLine
 from cutecc.entry import ARTIFACT_FORMAT, ENTRY_FORMAT, call_keywords, platform_of
 from cutecc.environ import read_only
 from cutecc.errors import CuteccError
@@ -187,7 +187,7 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
     opts out with `allow_unsigned=True` (or `$CUTECC_ALLOW_UNSIGNED=1`).
     `jit` (development; None: `$CUTECC_JIT`): a call no built variant fits compiles the
     variant that serves it into this cache, with the key `cutecc build` gives it, and is
-    served by it (`cutecc.jit`). Needs the DSL (an error at load without it); excludes a
+    served by it (`cutecc.develop.jit`). Needs the DSL (an error at load without it); excludes a
     lock, a pack, a read-only cache and `strict`.
     """
     return load_with(_jax(), cache_dir, arch=arch, kernels=kernels, manifest=manifest, strict=strict,
@@ -210,7 +210,7 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
         if cache_dir is not None or lock is not None:
             raise CuteccError("package= excludes cache_dir and lock (a pack has its own)",
                               where="cutecc.load")
-        from cutecc.lockfile import LOCK_NAME
+        from cutecc.lock.lockfile import LOCK_NAME
         from cutecc.runtime.package import package_root
 
         cache_dir = package_root(package)
@@ -243,7 +243,7 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
                               "`cutecc build`", where=f"{mpath} (cache {store.root})", exit_code=1)
     locked = None
     if lock is not None:
-        from cutecc.lockfile import read_trusted_lock
+        from cutecc.lock.lockfile import read_trusted_lock
 
         locked = read_trusted_lock(lock, trusted_keys=trusted_keys, allow_unsigned=allow_unsigned)
     set_aside: dict[str, str] = {}  # composite records that cannot be read, and why
@@ -402,7 +402,7 @@ def _jit_wanted(front: FrontEnd, jit: bool | None, *, strict: bool, pinned: bool
 def _jit_hook(store: StoreView, manifest: Path | None, target: str, series: str,
               driver: tuple[int, int] | None) -> Callable[..., str | None]:
     """What a kernel calls at a miss under `load(jit=True)`: build the variant serving the
-    call (`cutecc.jit`, imported here, at the first miss only), offer it, warn once per
+    call (`cutecc.develop.jit`, imported here, at the first miss only), offer it, warn once per
     signature (`JitBuildWarning`) and count the miss; None when served, else why not."""
     import warnings
 
@@ -418,7 +418,7 @@ def _jit_hook(store: StoreView, manifest: Path | None, target: str, series: str,
         if environ.flag(environ.STRICT):
             return f"off under ${environ.STRICT}"
         if "builder" not in state:
-            from cutecc.jit import builder_for  # the build side, behind the opt-in only
+            from cutecc.develop.jit import builder_for  # the build side, behind the opt-in only
 
             state["builder"] = builder_for(store.root, manifest)
         reason = f"no build for {target}" if not fn.builds else "no built variant fits"
@@ -523,7 +523,7 @@ def _fallback(front: FrontEnd, name: str, fn: KernelBase, entries: list[Entry], 
     lines record (and its module must hash as recorded); else the one the newest build
     records for any arch the kernel has entries of (a build for another GPU declares what
     serves this one). Its module is not imported here."""
-    from cutecc.fallbacks import FRONT_ENDS, FallbackRef
+    from cutecc.contract.fallbacks import FRONT_ENDS, FallbackRef
     from cutecc.runtime.fallback import Fallback
 
     field = FRONT_ENDS.get(front.framework, "fallback")
@@ -566,7 +566,7 @@ def _tuning(name: str, fn: KernelBase, store: StoreView, locked: Any, target: st
             driver: tuple[int, int] | None = None) -> Any:
     """The kernel's table of tuned winners: the lock's results (with a lock), else the
     cache's records of its default entries; None when nothing was tuned."""
-    from cutecc.lockfile import Tuned
+    from cutecc.lock.lockfile import Tuned
     from cutecc.runtime.tuning import TuningTable, line_problem, read_cached, sibling_problem
 
     bases = {b.key: b for b in fn.builds}

@@ -6,7 +6,7 @@ import importlib.util
 from pathlib import Path
 
 from cutecc.errors import CuteccError
-from cutecc.lockfile import LOCK_NAME
+from cutecc.lock.lockfile import LOCK_NAME
 
 PACK_DIR = "_cutecc"  # a pack's cache-shaped tree, inside its import package
 

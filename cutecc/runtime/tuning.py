@@ -1,8 +1,8 @@
 """Tuning results at run time: which built configuration serves a call's shape bucket.
 
 `cutecc tune` records, per (kernel, variant, arch, device kind, bucket), the winner among a
-kernel's candidate configurations (a `cutecc.lockfile.Tuned` line, its bucket as
-`cutecc.buckets` names it), in `kernels.lock` and in the cache
+kernel's candidate configurations (a `cutecc.lock.lockfile.Tuned` line, its bucket as
+`cutecc.contract.buckets` names it), in `kernels.lock` and in the cache
 (`tuning/results/<default key>.json`). Dispatch asks `TuningTable.pick` for the call's
 build: a table lookup on the call's symbolic extents, nothing timed, so every rank and
 process with the same lock and device kind makes the same choice. Results of one device
@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from cutecc import trust
-from cutecc.buckets import bucket_of, bucket_text
+from cutecc.contract.buckets import bucket_of, bucket_text
 from cutecc.entry import call_keywords, contract_digest, is_key, parse_json
 from cutecc.errors import CuteccError
-from cutecc.lockfile import Tuned, parse_tuning_lines
+from cutecc.lock.lockfile import Tuned, parse_tuning_lines
 from cutecc.store.layout import TUNING_FORMAT, Layout
 
 MAX_RECORD_BYTES = 4 << 20

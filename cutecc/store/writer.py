@@ -143,7 +143,7 @@ class Store(StoreView):
     def record_generation(self, kernel: str, arch: str, keys: list[str], manifest: str,
                           fallbacks: dict[str, dict[str, str]] | None = None) -> None:
         """Record `keys` as the current entries of `kernel` for `arch` (the newest build),
-        and the kernel's declared `fallbacks` (`cutecc.fallbacks`; the fields only when set)."""
+        and the kernel's declared `fallbacks` (`cutecc.contract.fallbacks`; the fields only when set)."""
         self.generations_dir.mkdir(mode=DIR_MODE, exist_ok=True)
         doc = {"format": GENERATION_FORMAT, "kernel": kernel, "arch": arch, "keys": sorted(set(keys)),
                "manifest": manifest, "built_at": now_iso(), **(fallbacks or {})}
@@ -569,7 +569,7 @@ def move_dir(src: Path, dest: Path, tag: str, *, hide_first: bool) -> None:
 
 def write_planning(path: Path, data: bytes) -> None:
     """Write one of the planning caches beside the cache's root files (`filehashes.json`,
-    `planfacts.json`: `cutecc.hashcache.HashCache`), atomically, with the cache's file mode."""
+    `planfacts.json`: `cutecc.toolchain.hashcache.HashCache`), atomically, with the cache's file mode."""
     atomic_write(path, data, FILE_MODE)
 
 

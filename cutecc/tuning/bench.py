@@ -45,13 +45,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cutecc import cubin, expr
-from cutecc.buckets import bucket_text
+from cutecc import cubin
+from cutecc.contract import expr
+from cutecc.contract.buckets import bucket_text
 from cutecc.manifest.tune_space import benchmark_extents
+from cutecc.plan.tuning_plan import PlanItem
 from cutecc.runtime.dispatch import Build, KernelFn
 from cutecc.store.view import StoreView
 from cutecc.tuning import decide, trace
-from cutecc.tuning.plan import PlanItem
 
 TARGET_SECONDS = 2e-3  # host clock: a K-call loop lasts about this long
 MAX_K = 4096

@@ -16,14 +16,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cutecc.buckets import bucket_text
+from cutecc.contract.buckets import bucket_text
 from cutecc.errors import CuteccError, WorkError
-from cutecc.lock_lines import Pin
-from cutecc.lockfile import Tuned
+from cutecc.lock.lines import Pin
+from cutecc.lock.lockfile import Tuned
+from cutecc.plan.tuning_plan import PlanItem
 from cutecc.runtime.tuning import MEASURED, TuningResult, toolchain_of
 from cutecc.store.view import StoreView
 from cutecc.tuning import decide
-from cutecc.tuning.plan import PlanItem
 from cutecc.tuning.policy import LAUNCH, Policy
 
 MAX_RESTARTS = 32

@@ -20,16 +20,16 @@ EXEMPT = ("cutecc/store/", "cutecc/atomic.py")
 
 # (module, function): why what it writes or deletes is not in the cache, or is the store's
 ALLOWED = {
-    ("cutecc/ingest.py", "publish.stage"):
+    ("cutecc/ship/ingest.py", "publish.stage"):
         "fills the staging directory Store.publish hands its build callback (the writer hashes, "
         "records and renames it into place, or deletes it)",
-    ("cutecc/workers.py", "build_one.produce"):
+    ("cutecc/build/workers.py", "build_one.produce"):
         "compiles into the staging directory Store.publish hands it and deletes the object file "
         "there before the writer publishes it",
     ("cutecc/commands/pack.py", "pack"): "the pack's output directory, which the user names",
     ("cutecc/commands/tune.py", "tune"): "--results: a file the user names",
-    ("cutecc/lockfile.py", "write_lock"): "the project's kernels.lock, beside its manifest",
-    ("cutecc/executors/ray.py", "_in_driver_process"): "the Ray driver's private temporary directory",
+    ("cutecc/lock/lockfile.py", "write_lock"): "the project's kernels.lock, beside its manifest",
+    ("cutecc/build/executors/ray.py", "_in_driver_process"): "the Ray driver's private temporary directory",
 }
 
 _METHODS = {"unlink", "rmdir", "mkdir", "write_bytes", "write_text", "rename", "touch",

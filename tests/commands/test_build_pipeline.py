@@ -1,4 +1,4 @@
-"""The build pipeline (`cutecc.builder`) that `cutecc build` and `cutecc tune` share: tune
+"""The build pipeline (`cutecc.build.builder`) that `cutecc build` and `cutecc tune` share: tune
 parses its manifest once and plans its candidates once, under the keys `build` gives them;
 the probe stage tells hits by their index records and the publish stage rewrites a stale
 one; both executors are the `Executor` the pipeline takes."""
@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from helpers import toy_manifest, write_toy_project
 
-from cutecc import builder
-from cutecc.executors import Executor, choose
-from cutecc.executors.local import LocalExecutor
-from cutecc.executors.ray import RayExecutor
+from cutecc.build import builder
+from cutecc.build.executors import Executor, choose
+from cutecc.build.executors.local import LocalExecutor
+from cutecc.build.executors.ray import RayExecutor
 from cutecc.manifest import load_manifest
-from cutecc.plan import plan
+from cutecc.plan.build_plan import plan
 from cutecc.store import Store
 
 # The toy kernel with a tuning space: the default (threads=64) and one candidate.

@@ -7,9 +7,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from cutecc.builder import Outcome
+from cutecc.build.builder import Outcome
+from cutecc.build.timings import Timings
 from cutecc.commands.build import BuildReport
-from cutecc.timings import Timings
 
 
 def _report(show: bool) -> BuildReport:

@@ -80,7 +80,7 @@ def test_plain_verify_compiles_nothing_and_reads_no_manifest(tmp_path: Path) -> 
     script = ("import json, sys\nfrom cutecc.commands.verify import verify\n"
               f"r = verify({str(tmp_path / 'cache')!r})\n"
               "print(json.dumps([r.ok, 'deep' in r.to_json(), 'cutlass' in sys.modules,"
-              " 'cutecc.commands.retrace' in sys.modules, 'cutecc.builder' in sys.modules]))")
+              " 'cutecc.commands.retrace' in sys.modules, 'cutecc.build.builder' in sys.modules]))")
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                        cwd=tmp_path)
     assert r.returncode == 0, r.stderr

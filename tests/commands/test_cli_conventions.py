@@ -23,7 +23,7 @@ from cutecc.entry import is_key
 from cutecc.errors import CuteccError
 from cutecc.locks import held
 from cutecc.manifest import find_manifest, load_manifest
-from cutecc.plan import Planned, plan
+from cutecc.plan.build_plan import Planned, plan
 from cutecc.store import Store
 
 LIFECYCLE = [["list"], ["show", "abcd"], ["verify"], ["gc", "--max-size", "1G"], ["rm", "abcd"],

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from cutecc.archive import runtime_wheel
 from cutecc.commands.init import build_requirements, init
+from cutecc.ship.archive import runtime_wheel
 
 
 def test_init_writes_the_build_environment_to_pin_and_names_it_in_the_manifest(tmp_path: Path) -> None:

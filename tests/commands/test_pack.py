@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from helpers import PY, REPO, Toy, run_cli
 
-from cutecc.archive import tar_bytes
 from cutecc.commands.pack import pack
 from cutecc.commands.unpack import unpack
 from cutecc.entry import STORE_FORMAT
 from cutecc.errors import CuteccError
-from cutecc.lockfile import read_lock
+from cutecc.lock.lockfile import read_lock
 from cutecc.runtime.package import package_root
+from cutecc.ship.archive import tar_bytes
 from cutecc.store import Store
 
 pytestmark = pytest.mark.usefixtures("dsl")
@@ -468,7 +468,7 @@ def test_the_runtime_wheel_of_an_uninstalled_checkout_declares_what_an_installed
 
     from packaging.requirements import Requirement
 
-    from cutecc.archive import runtime_wheel
+    from cutecc.ship.archive import runtime_wheel
 
     def metadata_of(whl: bytes) -> list[str]:
         with zipfile.ZipFile(__import__("io").BytesIO(whl)) as z:

@@ -40,7 +40,7 @@ def test_show_says_the_shard_rule_and_the_reshard_choice(tmp_path: Path) -> None
 
 
 def test_a_manifests_reshard_reaches_show_through_the_key_inputs(tmp_path: Path) -> None:
-    from cutecc.key import key_inputs  # what the build records as the entry's key inputs
+    from cutecc.plan.key import key_inputs  # what the build records as the entry's key inputs
 
     p = tmp_path / "kernels.toml"
     p.write_text("""

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from helpers import REPO, run_cli
 
-from cutecc.buckets import bucket_of
+from cutecc.contract.buckets import bucket_of
 from cutecc.errors import CuteccError
-from cutecc.lock_lines import Pin
-from cutecc.lockfile import Lock, LockEntry, Tuned, read_lock, record_build
+from cutecc.lock.lines import Pin
+from cutecc.lock.lockfile import Lock, LockEntry, Tuned, read_lock, record_build
 from cutecc.manifest import load_manifest
 from cutecc.runtime.tuning import TuningTable
 
@@ -208,9 +208,9 @@ def _results(proj: Path, cache: Path, path: Path) -> dict[str, str]:
     """A results file as `--measure` writes it, with made-up times: threads=128 wins the
     buckets n=65536 and n=1048576 clearly, threads=512 beats the default at n=4096 by less
     than the spread (so the default stays)."""
+    from cutecc.plan.tuning_plan import manifest_digest, read_plan
     from cutecc.store import Store
     from cutecc.tuning.measure import _record
-    from cutecc.tuning.plan import manifest_digest, read_plan
 
     items = read_plan(cache, manifest_digest(proj / "kernels.toml"), "x")
     item = next(it for it in items if it.kernel == "mul" and it.variant == "dtype=float32")
@@ -306,8 +306,8 @@ def test_a_faulting_or_crashing_candidate_is_dropped_and_measuring_goes_on(
         compiled: tuple[Path, Path, dict], monkeypatch: pytest.MonkeyPatch) -> None:
     """The parent's side of the protocol, with a scripted child (the GPU suite runs the real
     one on tests/gpu/faulty_kernels): a fault and a crash each cost a fresh process."""
+    from cutecc.plan.tuning_plan import manifest_digest, read_plan
     from cutecc.tuning.measure import measure
-    from cutecc.tuning.plan import manifest_digest, read_plan
 
     proj, cache, _ = compiled
     monkeypatch.setenv("PYTHONPATH", str(REPO / "tests"))
@@ -332,8 +332,8 @@ def test_a_hang_costs_only_its_candidate_or_bucket_and_a_slow_run_is_not_cut(
     """The child is killed after CHILD_IDLE_TIMEOUT seconds without a word, not after a
     total: a healthy run longer than that keeps every bucket; a hang while checking drops
     that candidate; a hang while timing drops that bucket (reported), not the others."""
+    from cutecc.plan.tuning_plan import manifest_digest, read_plan
     from cutecc.tuning import measure as m
-    from cutecc.tuning.plan import manifest_digest, read_plan
 
     proj, cache, _ = compiled
     monkeypatch.setenv("PYTHONPATH", str(REPO / "tests"))
@@ -376,10 +376,10 @@ def test_the_timing_loop_traces_and_lowers_with_one_call_per_iteration_behind_a_
     them); inputs made from the contract with the bucket's extents; the agreement check."""
     import numpy as np
 
+    from cutecc.plan.tuning_plan import manifest_digest, read_plan
     from cutecc.runtime.dispatch import Build, KernelFn
     from cutecc.store import Store
     from cutecc.tuning import bench
-    from cutecc.tuning.plan import manifest_digest, read_plan
 
     proj, cache, _ = compiled
     store = Store(cache)
@@ -421,7 +421,7 @@ def test_a_candidate_that_fails_to_compile_is_dropped_and_reported_not_fatal(tmp
     time. `--compile-only` compiles the rest, reports the one dropped, exits 0, and stores a
     plan without it (its measured records name it as dropped)."""
     pytest.importorskip("cutlass", reason="compiling needs the build extra")
-    from cutecc.tuning.plan import manifest_digest, read_plan
+    from cutecc.plan.tuning_plan import manifest_digest, read_plan
 
     shutil.copytree(REPO / "tests" / "gpu" / "faulty_kernels", tmp_path / "gpu" / "faulty_kernels")
     m = tmp_path / "gpu" / "faulty_kernels" / "kernels.toml"
@@ -477,7 +477,7 @@ def test_benchmark_scalars_and_tied_sizes_are_checked(tmp_path: Path, extra: str
 
 
 def test_benchmark_scalars_and_tied_sizes_reach_the_plan(tmp_path: Path) -> None:
-    from cutecc.tuning.plan import items
+    from cutecc.plan.tuning_plan import items
 
     p = tmp_path / "kernels.toml"
     p.write_text(SCALAR_TOML.format(extra='sizes = { m = "n" }\nscalars = { scale = 0.5 }'))
@@ -507,7 +507,7 @@ def test_a_derived_scalar_needs_no_benchmark_value_and_takes_none(tmp_path: Path
     """A derived scalar (`value`, quack's max_active_clusters from the profile and the tuned
     cluster shape) is computed by the runtime and never passed: the space needs no benchmark
     value for it, and one given is refused, as a call passing it is."""
-    from cutecc.tuning.plan import items
+    from cutecc.plan.tuning_plan import items
 
     p = tmp_path / "kernels.toml"
     p.write_text(DERIVED_TOML.format(extra=""))
@@ -608,7 +608,7 @@ def test_a_stored_plan_is_read_through_trusted_paths_and_checked(compiled: tuple
     nothing others could write), and a field measuring uses that is malformed is refused
     with its item's key path."""
     from cutecc import trust
-    from cutecc.tuning.plan import manifest_digest, plan_path, read_plan
+    from cutecc.plan.tuning_plan import manifest_digest, plan_path, read_plan
 
     proj, cache, _ = compiled
     copy = tmp_path / "cache"

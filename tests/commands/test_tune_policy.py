@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from helpers import REPO, run_cli
 
+from cutecc.plan.tuning_plan import PlanItem
 from cutecc.runtime.tuning import TuningResult, toolchain_of
 from cutecc.store import Store
-from cutecc.tuning.plan import PlanItem
 
 H100 = "NVIDIA H100 80GB HBM3"
 D, T64, T128, T512 = ("dtype=float32", "dtype=float32,threads=64", "dtype=float32,threads=128",
@@ -27,7 +27,7 @@ INFO = {"device": H100, "driver": "cuda 12080"}
 def project(compiled: tuple[Path, Path, dict], tmp_path: Path) -> tuple[Path, Path, PlanItem]:
     """Private copies of the compiled project (with the committed lock) and its cache, and
     the plan item of mul[dtype=float32]."""
-    from cutecc.tuning.plan import manifest_digest, read_plan
+    from cutecc.plan.tuning_plan import manifest_digest, read_plan
 
     proj, cache, _ = compiled
     mine, copy = tmp_path / "proj", tmp_path / "c"
@@ -107,7 +107,7 @@ def _tune_record(proj: Path, cache: Path, results: Path, *extra: str) -> Any:
 
 def test_recording_refuses_to_mix_policies_in_one_lock(project: tuple[Path, Path, PlanItem],
                                                         tmp_path: Path) -> None:
-    from cutecc.lockfile import read_lock
+    from cutecc.lock.lockfile import read_lock
     from cutecc.runtime.tuning import read_cached
 
     proj, cache, item = project

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cutecc import expr
 from cutecc.cli import main
-from cutecc.contract import (
+from cutecc.contract import expr
+from cutecc.contract.args import (
     CallingConvention,
     ScalarArg,
     TensorArg,
@@ -246,7 +246,7 @@ def pair(grad: str, fwd: tuple[str, ...] = FWD, bwd: tuple[str, ...] = BWD) -> s
 
 
 def test_named_pairing_is_parsed_and_keyed_only_when_declared(tmp_path: Path) -> None:
-    from cutecc.key import key_inputs
+    from cutecc.plan.key import key_inputs
 
     m, _ = load(tmp_path, pair('{ backward = "f_bwd", args = ["r", "cotangent.out"], returns = ["x"] }'))
     f = m.kernel("f")
@@ -266,8 +266,8 @@ TAKES_OUT = '{ backward = "f_bwd", args = ["r", "cotangent.out"], returns = ["x"
 
 
 def test_a_returned_output_without_its_cotangent_is_declared(tmp_path: Path) -> None:
-    from cutecc.cotangents import Cotangents
-    from cutecc.key import key_inputs
+    from cutecc.contract.cotangents import Cotangents
+    from cutecc.plan.key import key_inputs
 
     m, _ = load(tmp_path, pair(TAKES_OUT + ', nondiff = ["r"] }', FWD_R))
     f = m.kernel("f")

@@ -18,10 +18,10 @@ import pytest
 
 import cutecc
 from cutecc.commands.build import build
-from cutecc.contract import TensorArg, arg_from_json, arg_to_json
+from cutecc.contract.args import TensorArg, arg_from_json, arg_to_json
 from cutecc.errors import CuteccError
-from cutecc.key import key_inputs
 from cutecc.manifest import load_manifest
+from cutecc.plan.key import key_inputs
 
 # The GPU suite's layout kernels (tests/gpu/layout_kernels/ops.py). copy_rows copies one
 # 128-bit vector per thread along rows of a row-major (m, n) tensor, copy_cols down the

@@ -127,7 +127,7 @@ def test_a_static_extent_is_checked_where_the_caller_holds_it(tmp_path: Path) ->
 def test_the_contract_records_mode_only_when_declared(tmp_path: Path) -> None:
     """Stored with the entry (the runtime reads it from there), so it is part of the key; a
     tensor declared with `layout` keeps its JSON, and so its key."""
-    from cutecc.contract import arg_from_json, arg_to_json
+    from cutecc.contract.args import arg_from_json, arg_to_json
 
     ks = _kernels(tmp_path, "layout = [2, 0, 1]")
     x, out = ks["printout"].builds[0].args[:2]

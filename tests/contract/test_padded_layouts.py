@@ -15,12 +15,12 @@ import jax.numpy as jnp
 import pytest
 
 import cutecc
+from cutecc.build.compiler import wrapper_source
 from cutecc.commands.build import build
-from cutecc.compiler import wrapper_source
-from cutecc.contract import TensorArg, arg_from_json, arg_to_json
+from cutecc.contract.args import TensorArg, arg_from_json, arg_to_json
 from cutecc.errors import CuteccError
-from cutecc.key import key_inputs
 from cutecc.manifest import load_manifest
+from cutecc.plan.key import key_inputs
 
 GPU_KERNELS = Path(__file__).parents[1] / "gpu"
 

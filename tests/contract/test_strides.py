@@ -15,7 +15,14 @@ import pytest
 from helpers import REPO, run_cli, unbuilt_kernels
 
 from cutecc.commands.show import ShowReport, strides
-from cutecc.contract import StrideSymbol, TensorArg, arg_from_json, arg_to_json, args_to_json, stride_text
+from cutecc.contract.args import (
+    StrideSymbol,
+    TensorArg,
+    arg_from_json,
+    arg_to_json,
+    args_to_json,
+    stride_text,
+)
 from cutecc.errors import CuteccError
 from cutecc.manifest import load_manifest
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from helpers import PY, write_toy_project
 
+from cutecc.build.executors import service
 from cutecc.errors import CuteccError
-from cutecc.executors import service
 from cutecc.store import Store
 
 
@@ -183,9 +183,9 @@ def test_a_dead_service_is_told_not_waited_for() -> None:
 def test_the_guess_before_planning_is_what_planning_gives_a_project_kernel(tmp_path: Path) -> None:
     """A cold build starts the compile service before it plans (`local.prestart`), from a
     guess of the first pool's imports; for a project's own kernel the guess is the plan's."""
+    from cutecc.build.workers import BuildJob
     from cutecc.manifest import load_manifest
-    from cutecc.plan import plan
-    from cutecc.workers import BuildJob
+    from cutecc.plan.build_plan import plan
 
     manifest = load_manifest(write_toy_project(tmp_path / "p", threads=(64, 96)))
     guessed = service.guess(manifest)
@@ -203,7 +203,7 @@ def test_the_guess_before_planning_is_what_planning_gives_a_project_kernel(tmp_p
 
 def test_a_prestarted_service_no_pool_adopts_is_stopped(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from cutecc.executors import local
+    from cutecc.build.executors import local
     from cutecc.manifest import load_manifest
 
     monkeypatch.delenv("CUTECC_WORKERS", raising=False)

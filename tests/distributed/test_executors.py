@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from helpers import run_cli, toy_manifest, write_toy_project
 
+from cutecc.build.executors import choose
+from cutecc.build.workers import BuildJob, Result
 from cutecc.commands.build import build
 from cutecc.errors import CuteccError
-from cutecc.executors import choose
 from cutecc.manifest import load_manifest
-from cutecc.plan import plan
+from cutecc.plan.build_plan import plan
 from cutecc.store import Store
-from cutecc.workers import BuildJob, Result
 
 # Ray starts its processes with fork+exec, which JAX (imported by earlier tests) warns about.
 pytestmark = [pytest.mark.usefixtures("dsl"), pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")]
@@ -96,7 +96,7 @@ def _jobs(manifest: Path) -> list[BuildJob]:
 
 
 def test_a_task_whose_key_is_published_does_no_work(ray_cluster, toy_cache, tmp_path: Path) -> None:
-    from cutecc.executors import ray as ray_executor
+    from cutecc.build.executors import ray as ray_executor
 
     copy = toy_cache.copy(tmp_path / "p")
     seen: list[tuple[str, Result]] = []
@@ -108,7 +108,7 @@ def test_a_task_whose_key_is_published_does_no_work(ray_cluster, toy_cache, tmp_
 def test_a_task_on_another_node_sends_its_entry_back_checked(ray_cluster, toy_cache, tmp_path: Path) -> None:
     """`ship`: each task acts as if it ran on another node: it builds into that node's
     cache from the sources sent with it, and the driver checks what comes back."""
-    from cutecc.executors import ray as ray_executor
+    from cutecc.build.executors import ray as ray_executor
 
     manifest = write_toy_project(tmp_path / "p")
     store = Store(tmp_path / "driver")
@@ -150,7 +150,7 @@ def test_ray_workers_upload_to_the_remote(ray_cluster, s3, tmp_path: Path) -> No
 
 
 def test_tasks_that_never_finish_fail_by_name_within_the_timeout(ray_cluster, tmp_path: Path) -> None:
-    from cutecc.executors import ray as ray_executor
+    from cutecc.build.executors import ray as ray_executor
 
     manifest = write_toy_project(tmp_path / "p", threads=(512,))
     store = Store(tmp_path / "c")

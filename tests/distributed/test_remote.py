@@ -19,8 +19,8 @@ from cutecc.commands.build import Progress, build
 from cutecc.commands.fetch import fetch
 from cutecc.commands.stats import stats
 from cutecc.errors import CuteccError
-from cutecc.lockfile import read_lock
-from cutecc.remote import Remote, RemoteConfig, config, parse_url
+from cutecc.lock.lockfile import read_lock
+from cutecc.ship.remote import Remote, RemoteConfig, config, parse_url
 from cutecc.store import Store
 
 from .conftest import READER, read_only_identities
@@ -401,7 +401,7 @@ def test_without_obstore_a_remote_is_unavailable_not_an_error(tmp_path: Path,
 
 def test_fetch_checks_the_locks_signature_first(s3, prefix: str, toy_cache, tmp_path: Path) -> None:
     pytest.importorskip("cryptography", reason="signing needs cutecc[sign]")
-    from cutecc import signing
+    from cutecc.lock import signing
 
     _seed(s3, prefix, toy_cache.cache)
     lock = tmp_path / "kernels.lock"

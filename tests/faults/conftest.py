@@ -72,7 +72,7 @@ def tally() -> Iterator[Tally]:
 
 @functools.lru_cache(maxsize=1)
 def _toolchain() -> dict[str, str]:
-    from cutecc.key import toolchain
+    from cutecc.plan.key import toolchain
 
     return toolchain()
 

@@ -45,7 +45,7 @@ def _payload(key: str) -> bytes:
 def _runtime() -> tuple[str, bytes]:
     """The fake runtime library every fake entry links against: this toolchain's key (so
     its metadata checks like a real one's) and small fixed bytes."""
-    from cutecc.key import toolchain
+    from cutecc.plan.key import toolchain
 
     key = toolchain()["runtime"]
     return key, hashlib.sha256(b"runtime" + key.encode()).digest() * 64
@@ -54,7 +54,7 @@ def _runtime() -> tuple[str, bytes]:
 def ensure_runtime(store: Store) -> None:
     """Publish the fake runtime library (as a build does before its workers start)."""
     from cutecc.entry import runtime_soname
-    from cutecc.toolchain import runtime_inputs
+    from cutecc.toolchain.versions import runtime_inputs
 
     key, data = _runtime()
 

@@ -27,9 +27,9 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from cutecc import dtypes
 from cutecc.archs import ARCH_RE
 from cutecc.cli import main
+from cutecc.contract import dtypes
 from cutecc.manifest import ENTRY_RE, MAX_MANIFEST_BYTES, MAX_TUPLE_DEPTH, NAME_RE
 
 from .conftest import soak

@@ -101,8 +101,8 @@ def test_a_ray_compile_past_the_time_limit_is_stopped_too(tmp_path: Path) -> Non
 
 
 def test_the_limits_are_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cutecc.build.executors import compile_limits
     from cutecc.errors import CuteccError
-    from cutecc.executors import compile_limits
 
     monkeypatch.delenv("CUTECC_COMPILE_TIMEOUT", raising=False)
     monkeypatch.delenv("CUTECC_COMPILE_MEMORY", raising=False)

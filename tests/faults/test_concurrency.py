@@ -192,9 +192,9 @@ def test_a_toolchain_changed_under_a_running_build_publishes_nothing(tmp_path: P
     artifact its key does not describe."""
     import dataclasses
 
+    from cutecc.build.workers import BuildJob, build_one
     from cutecc.manifest import load_manifest
-    from cutecc.plan import plan
-    from cutecc.workers import BuildJob, build_one
+    from cutecc.plan.build_plan import plan
 
     manifest = load_manifest(write_toy_project(tmp_path / "proj", threads=(64,)))
     [p] = plan(manifest)

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from cutecc.archive import Limits, tar_bytes
 from cutecc.commands.unpack import unpack
 from cutecc.commands.verify import BAD, check_entry
 from cutecc.entry import META, compute_key
 from cutecc.errors import CuteccError
-from cutecc.lockfile import LOCK_NAME, lock_for
+from cutecc.lock.lockfile import LOCK_NAME, lock_for
+from cutecc.lock.signing import keygen, read_private_key, sign
 from cutecc.runtime.package import PACK_DIR
-from cutecc.signing import keygen, read_private_key, sign
+from cutecc.ship.archive import Limits, tar_bytes
 
 from .conftest import SEED, Toy, soak
 

@@ -20,7 +20,7 @@ from cutecc.store import Store
 
 from .conftest import assert_clean_failure, cli
 
-# Stamps younger than this are not remembered (`cutecc.hashcache.SETTLE_NS`, 2 s): a test
+# Stamps younger than this are not remembered (`cutecc.toolchain.hashcache.SETTLE_NS`, 2 s): a test
 # that wants a closure remembered waits it out after writing the files.
 SETTLED = 2.2
 
@@ -106,7 +106,7 @@ PLAN_SCRIPT = '''\
 import json, sys
 from pathlib import Path
 from cutecc.manifest import load_manifest
-from cutecc.plan import plan
+from cutecc.plan.build_plan import plan
 m = load_manifest(Path(sys.argv[1]))
 cache = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] else None
 print(json.dumps([p.key for p in plan(m, hash_cache=Path(cache) if cache else None)]))
@@ -115,7 +115,7 @@ print(json.dumps([p.key for p in plan(m, hash_cache=Path(cache) if cache else No
 
 def _plan_keys(manifest: Path, cwd: Path, hash_cache: Path | None, prelude: str = "",
                path: str = "") -> list[str]:
-    """The keys `cutecc.plan.plan` gives in a `python -c` process in `cwd` (sys.path[0] is
+    """The keys `cutecc.plan.build_plan.plan` gives in a `python -c` process in `cwd` (sys.path[0] is
     ''), after running `prelude` there."""
     r = subprocess.run([PY, "-c", prelude + "\n" + PLAN_SCRIPT, str(manifest), str(hash_cache or "")],
                        capture_output=True, text=True, cwd=cwd, env=_env(path=path), timeout=300)
@@ -205,7 +205,7 @@ def test_a_zip_that_gains_a_module_is_not_served_the_old_closure(tmp_path: Path)
 
 
 def test_a_source_over_the_size_cap_is_refused_by_name_in_bounded_memory(tmp_path: Path) -> None:
-    from cutecc.hashcache import MAX_SOURCE_FILE_BYTES
+    from cutecc.toolchain.hashcache import MAX_SOURCE_FILE_BYTES
 
     manifest = _helper_project(tmp_path / "p")
     helper = tmp_path / "p" / "helper.py"

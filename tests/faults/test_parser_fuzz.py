@@ -26,8 +26,8 @@ import pytest
 
 from cutecc.entry import MAX_META_BYTES, compute_key
 from cutecc.errors import CuteccError
-from cutecc.ingest import Refused, check_meta
-from cutecc.lockfile import Lock, parse_tuning_lines
+from cutecc.lock.lockfile import Lock, parse_tuning_lines
+from cutecc.ship.ingest import Refused, check_meta
 
 from .conftest import SEED, soak
 
@@ -110,7 +110,7 @@ Parser = tuple[Callable[[bytes], Any], tuple[type[BaseException], ...], Any, int
 
 def _parsers(tmp: Path) -> tuple[dict[str, Parser], bytes]:
     """name -> (parse, the errors it may raise, a valid document, its byte cap)."""
-    from cutecc import signing
+    from cutecc.lock import signing
     from cutecc.manifest import load_manifest
 
     key, meta = _meta_doc()
@@ -186,10 +186,10 @@ def test_hostile_inputs_fail_cleanly_and_quickly(name: str, tmp_path: Path, tall
 def _areas(tmp: Path) -> dict[str, Parser]:
     """name -> (read the bytes as that record, the errors it may raise, a valid doc, its cap)."""
     from cutecc.commands.verify_checks import _record_differs
-    from cutecc.composite_line import CompositeLine
+    from cutecc.contract.composite_line import CompositeLine
     from cutecc.entry import MAX_INDEX_BYTES, index_bytes, index_facts
-    from cutecc.hashcache import FACTS, HashCache
     from cutecc.store.view import MAX_STATS_BYTES, StoreView
+    from cutecc.toolchain.hashcache import FACTS, HashCache
 
     from .fake_store import add, new_store
 

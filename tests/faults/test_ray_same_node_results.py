@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.usefixtures("dsl"), pytest.mark.filterwarnings("ignore
 
 
 def test_check_stored_reads_the_entry_back_and_refuses_what_does_not_match(toy_cache, tmp_path: Path) -> None:
-    from cutecc.ingest import Refused, check_stored
+    from cutecc.ship.ingest import Refused, check_stored
 
     copy_ = toy_cache.copy(tmp_path)
     store = Store(copy_.cache)
@@ -47,7 +47,7 @@ def test_check_stored_reads_the_entry_back_and_refuses_what_does_not_match(toy_c
 
 def test_a_same_node_task_reporting_other_bytes_fails_and_is_never_locked(
         ray_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
-    import cutecc.executors.ray as ray_executor
+    import cutecc.build.executors.ray as ray_executor
 
     real = ray_executor._task
 

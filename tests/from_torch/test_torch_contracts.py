@@ -379,7 +379,7 @@ def test_the_gradient_of_a_forward_that_declares_a_reduction(monkeypatch: pytest
     Contracts made here (a column sum and its backward), run by stand-ins."""
     import dataclasses
 
-    from cutecc.contract import CallingConvention, StreamArg, TensorArg
+    from cutecc.contract.args import CallingConvention, StreamArg, TensorArg
 
     def build(args: tuple, key: str) -> Any:
         base = ct.load(train_cache, arch="sm_90a").col_partials.builds[0]

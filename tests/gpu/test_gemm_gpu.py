@@ -57,9 +57,9 @@ def test_the_locked_kernel_computes_a_times_b_transposed(gemm_cache: Path, rng: 
 
 def test_every_compiled_configuration_computes_the_same_product(gemm_cache: Path,
                                                                  rng: np.random.Generator) -> None:
+    from cutecc.plan.tuning_plan import manifest_digest, read_plan
     from cutecc.runtime.dispatch import Build, KernelFn
     from cutecc.store.writer import Store
-    from cutecc.tuning.plan import manifest_digest, read_plan
 
     try:
         items = read_plan(gemm_cache, manifest_digest(MANIFEST), str(MANIFEST))

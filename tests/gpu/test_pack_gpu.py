@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cutecc.commands.pack import pack
-from cutecc.lockfile import lock_for, write_lock
+from cutecc.lock.lockfile import lock_for, write_lock
 from cutecc.store import Store
 
 pytestmark = pytest.mark.gpu
@@ -53,7 +53,7 @@ def test_packed_wheel_runs_from_a_pip_install(example_cache: Path, tmp_path: Pat
     items = [(e.meta["kernel"], e.meta["variant"], e.meta["arch"], e.key) for e in store.entries()]
     lock = tmp_path / "kernels.lock"
     write_lock(lock, lock_for(items, store))
-    from cutecc.signing import keygen
+    from cutecc.lock.signing import keygen
 
     private, public = keygen(tmp_path / "ci")  # the builder signs; the deploy host trusts .pub
     report = pack(name="cutecc-examples", version="1.0", lock=lock, kernels=("mul", "rmsnorm"),

@@ -32,7 +32,7 @@ import pytest
 
 import cutecc
 from cutecc.commands.pack import pack
-from cutecc.signing import keygen
+from cutecc.lock.signing import keygen
 from examples import llama_block as lb
 
 from .conftest import poison, rand

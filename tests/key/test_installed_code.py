@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
-import cutecc.dists
-import cutecc.hashcache
-import cutecc.key
+import cutecc.plan.key
+import cutecc.toolchain.dists
+import cutecc.toolchain.hashcache
 from cutecc.errors import CuteccError
 from cutecc.manifest import load_manifest
-from cutecc.plan import Planned, plan
+from cutecc.plan.build_plan import Planned, plan
 
 LIB = {
     "fakelib/__init__.py": "from . import core\n",
@@ -77,7 +77,7 @@ def forget() -> None:
     """Drop what this process remembers of the installed distributions (an install or an
     edit happened): the metadata finders' and cutecc's own lookups."""
     importlib.invalidate_caches()
-    for f in vars(cutecc.dists).values():
+    for f in vars(cutecc.toolchain.dists).values():
         if callable(getattr(f, "cache_clear", None)):
             f.cache_clear()
 
@@ -89,7 +89,7 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     d = tmp_path / "site"
     d.mkdir()
     monkeypatch.syspath_prepend(str(d))
-    monkeypatch.setattr(cutecc.hashcache, "SETTLE_NS", 0)
+    monkeypatch.setattr(cutecc.toolchain.hashcache, "SETTLE_NS", 0)
     forget()
     yield d
     forget()
@@ -129,7 +129,7 @@ def test_a_warm_cache_reads_and_parses_no_installed_source(
     cache.parent.mkdir()
     cold = planned(m, cache)
     touched: list[str] = []
-    real_open, real_parse = builtins.open, cutecc.key.ast.parse
+    real_open, real_parse = builtins.open, cutecc.plan.key.ast.parse
 
     def spy_open(f, *a, **k):
         touched.append(str(f))
@@ -142,7 +142,7 @@ def test_a_warm_cache_reads_and_parses_no_installed_source(
     with monkeypatch.context() as mp:
         mp.setattr(builtins, "open", spy_open)
         mp.setattr(io, "open", spy_open)
-        mp.setattr(cutecc.key.ast, "parse", spy_parse)
+        mp.setattr(cutecc.plan.key.ast, "parse", spy_parse)
         warm = planned(m, cache)
     assert {n: p.key for n, p in warm.items()} == {n: p.key for n, p in cold.items()}
     assert [f for f in touched if f.startswith(str(site / "fakelib") + os.sep)] == []
@@ -154,7 +154,7 @@ def test_a_same_size_edit_with_its_mtime_put_back_rekeys(
         tmp_path: Path, site: Path, monkeypatch: pytest.MonkeyPatch, large: bool, kernel: str) -> None:
     """Size, mtime and inode are all the same after such an edit; the ctime is not."""
     if large:  # the RECORD path (torch, triton): digest of RECORD + files that differ from it
-        monkeypatch.setattr(cutecc.dists, "FULL_HASH_LIMIT", 0)
+        monkeypatch.setattr(cutecc.toolchain.dists, "FULL_HASH_LIMIT", 0)
     install(site, "fakelib", "1.0", LIB)
     m = project(tmp_path, BOTH)
     cache = tmp_path / "cache/filehashes.json"
@@ -226,14 +226,14 @@ def test_the_first_build_into_a_new_cache_keeps_what_planning_learned(
     """A build into a cache directory that does not exist yet plans before creating it; what
     planning learned is written once the store is there, so the next (no-op) build is the
     fast one, not the one after it."""
-    import cutecc.builder
+    import cutecc.build.builder
+    import cutecc.build.executors.local
     import cutecc.commands.build as b
-    import cutecc.executors.local
 
     install(site, "fakelib", "1.0", LIB)
     m = project(tmp_path, BOTH)
-    monkeypatch.setattr(cutecc.executors.local, "compile_all", lambda *a, **k: None)  # planning only
-    monkeypatch.setattr(cutecc.builder, "_ensure_runtimes", lambda *a, **k: [])
+    monkeypatch.setattr(cutecc.build.executors.local, "compile_all", lambda *a, **k: None)  # planning only
+    monkeypatch.setattr(cutecc.build.builder, "_ensure_runtimes", lambda *a, **k: [])
     cache = tmp_path / "new-cache"
     forget()
     b.build(m, cache_dir=cache, lock=False)
@@ -247,8 +247,8 @@ def test_remembered_facts_of_another_parser_are_parsed_again(tmp_path: Path, mon
     another version of that code (its `parser` digest differs) is never served."""
     import json
 
-    from cutecc import hashcache
-    from cutecc.hashcache import FACTS, HashCache
+    from cutecc.toolchain import hashcache
+    from cutecc.toolchain.hashcache import FACTS, HashCache
 
     monkeypatch.setattr(hashcache, "SETTLE_NS", 0)  # remember a stamp made just now
     src = tmp_path / "m.py"
@@ -274,13 +274,13 @@ def test_remembered_facts_of_another_parser_are_parsed_again(tmp_path: Path, mon
 def _walks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The modules whose import closure planning walks from here on (not served remembered)."""
     walked: list[str] = []
-    real = cutecc.key.SourceIndex._walk
+    real = cutecc.plan.key.SourceIndex._walk
 
     def spy(self, module: str):
         walked.append(module)
         return real(self, module)
 
-    monkeypatch.setattr(cutecc.key.SourceIndex, "_walk", spy)
+    monkeypatch.setattr(cutecc.plan.key.SourceIndex, "_walk", spy)
     return walked
 
 
@@ -334,7 +334,7 @@ def test_a_damaged_remembered_closure_is_walked_afresh(
     gives the keys it gives without a cache."""
     import json
 
-    from cutecc.hashcache import FACTS
+    from cutecc.toolchain.hashcache import FACTS
 
     install(site, "fakelib", "1.0", LIB)
     m = project(tmp_path, BOTH)
@@ -362,7 +362,7 @@ def test_the_same_distribution_keys_the_same_wherever_it_is_installed(
     lies: installed inside the project's directory (a venv at its root, a --target
     directory, a conda environment) or outside it (another prefix, a --user install), an
     entry in it and a kernel importing it get the same keys."""
-    monkeypatch.setattr(cutecc.hashcache, "SETTLE_NS", 0)
+    monkeypatch.setattr(cutecc.toolchain.hashcache, "SETTLE_NS", 0)
     m = project(tmp_path, BOTH)
     keys = {}
     for where in (tmp_path / "elsewhere/lib/python3.11/site-packages", tmp_path / "user-site",
@@ -382,14 +382,14 @@ def test_a_dry_run_or_read_only_build_plans_with_what_was_remembered_and_writes_
         tmp_path: Path, site: Path, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     """`--dry-run` and `--read-only` plan from the planning caches a build left (no closure
     walked again: seen 18 s for the published manifest's dry run), and leave them as they were."""
-    import cutecc.builder
+    import cutecc.build.builder
+    import cutecc.build.executors.local
     import cutecc.commands.build as b
-    import cutecc.executors.local
 
     install(site, "fakelib", "1.0", LIB)
     m = project(tmp_path, BOTH)
-    monkeypatch.setattr(cutecc.executors.local, "compile_all", lambda *a, **k: None)  # planning only
-    monkeypatch.setattr(cutecc.builder, "_ensure_runtimes", lambda *a, **k: [])
+    monkeypatch.setattr(cutecc.build.executors.local, "compile_all", lambda *a, **k: None)  # planning only
+    monkeypatch.setattr(cutecc.build.builder, "_ensure_runtimes", lambda *a, **k: [])
     cache = tmp_path / "cache"
     forget()
     b.build(m, cache_dir=cache, lock=False)

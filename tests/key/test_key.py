@@ -19,17 +19,17 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import cutecc.build.executors.local
+import cutecc.build.workers
 import cutecc.commands.build
-import cutecc.executors.local
-import cutecc.key
-import cutecc.workers
+import cutecc.plan.key
 from cutecc.cli import main
 from cutecc.commands.build import build
 from cutecc.entry import compute_key
 from cutecc.errors import CuteccError
-from cutecc.key import SourceIndex, key_inputs
 from cutecc.manifest import load_manifest
-from cutecc.plan import Planned, plan
+from cutecc.plan.build_plan import Planned, plan
+from cutecc.plan.key import SourceIndex, key_inputs
 
 PY = sys.executable
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -156,7 +156,8 @@ def test_keys_are_stable_across_calls(proj: Path) -> None:
 
 
 def test_keys_are_stable_across_processes(proj: Path, tmp_path: Path) -> None:
-    code = ("import json, sys; from cutecc.plan import plan; from cutecc.manifest import load_manifest; "
+    code = ("import json, sys; from cutecc.plan.build_plan import plan; "
+            "from cutecc.manifest import load_manifest; "
             "print(json.dumps([p.key for p in plan(load_manifest(sys.argv[1]))]))")
     here = [p.key for p in plan(load_manifest(proj))]
     runs = []
@@ -169,7 +170,8 @@ def test_keys_are_stable_across_processes(proj: Path, tmp_path: Path) -> None:
 
 
 def test_planning_imports_neither_the_dsl_nor_jax(proj: Path, tmp_path: Path) -> None:
-    code = ("import json, sys; from cutecc.commands.build import build; from cutecc.plan import plan; "
+    code = ("import json, sys; from cutecc.commands.build import build; "
+            "from cutecc.plan.build_plan import plan; "
             "from cutecc.manifest import load_manifest; "
             "keys = [p.key for p in plan(load_manifest(sys.argv[1]))]; "
             "r = build(sys.argv[1], cache_dir=sys.argv[2], dry_run=True); "
@@ -214,7 +216,7 @@ def test_key_inputs_name_everything_that_decides_the_bytes(proj: Path) -> None:
     assert p.key == compute_key(p.inputs)
     assert p.key == compute_key(key_inputs(p.kernel, p.variant, p.arch, p.inputs["source"],
                                            p.inputs["distributions"], p.inputs["env"]))
-    assert p.inputs["toolchain"] == cutecc.key.toolchain()
+    assert p.inputs["toolchain"] == cutecc.plan.key.toolchain()
     # b's sources: its module, the package __init__ and what it imports; not elem's helpers.
     assert p.sources == ("kk/__init__.py", "kk/common.py", "kk/other.py")
     a = _by_label(proj)["a[dtype=float32]"]
@@ -349,10 +351,10 @@ TOOLCHAIN = ("nvidia-cutlass-dsl", "apache-tvm-ffi", "nvidia-cuda-runtime", "zig
 def test_toolchain_versions_rekey_everything(
     proj: Path, monkeypatch: pytest.MonkeyPatch, component: str
 ) -> None:
-    real = cutecc.key.toolchain()
+    real = cutecc.plan.key.toolchain()
     assert component in real
     before = _keys(proj)
-    monkeypatch.setattr(cutecc.key, "toolchain",
+    monkeypatch.setattr(cutecc.plan.key, "toolchain",
                         lambda platform="x86_64": {**real, component: real[component] + "+changed"})
     after = _keys(proj)
     assert set(after) == ALL
@@ -362,29 +364,29 @@ def test_toolchain_versions_rekey_everything(
 
 
 def test_toolchain_is_cached_and_has_the_tool_versions() -> None:
-    tc = cutecc.key.toolchain()
-    assert tc is cutecc.key.toolchain()
+    tc = cutecc.plan.key.toolchain()
+    assert tc is cutecc.plan.key.toolchain()
     assert set(TOOLCHAIN) == set(tc)
     assert all(isinstance(v, str) and v for v in tc.values())
 
 
 def test_the_runtime_key_names_every_input_of_the_runtime_library(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cutecc import toolchain
+    from cutecc.toolchain import versions as toolchain
 
     inputs = toolchain.runtime_inputs()
-    assert cutecc.key.toolchain()["runtime"] == cutecc.key.runtime_key() == compute_key(inputs)
+    assert cutecc.plan.key.toolchain()["runtime"] == cutecc.plan.key.runtime_key() == compute_key(inputs)
     assert {"runtime_format", "recipe", "source", "exports", "zig", "target", "apache-tvm-ffi",
             "dialect_rt", "cudart"} == set(inputs)
     for name in inputs:  # each one changes the key
         monkeypatch.setattr(toolchain, "runtime_inputs",
                             lambda platform="x86_64", n=name: {**inputs, n: inputs[n] + "+x"})
-        assert cutecc.key.runtime_key() != compute_key(inputs), name
+        assert cutecc.plan.key.runtime_key() != compute_key(inputs), name
 
 
 def test_no_host_detail_is_a_key_input() -> None:
     """What differs between build hosts (their C compiler, paths, user, time) is no input:
     the bytes do not depend on it (tests/toolchain/test_reproducible.py)."""
-    tc = cutecc.key.toolchain()
+    tc = cutecc.plan.key.toolchain()
     assert not any("/" in v for v in tc.values()), tc  # no paths
     assert "cc" not in tc and "gcc" not in json.dumps(tc).lower()  # zig links, not the host's cc
 
@@ -396,8 +398,8 @@ def _no_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(*a: object, **k: object) -> None:
         raise AssertionError("a dry run must not compile")
 
-    monkeypatch.setattr(cutecc.executors.local, "compile_all", boom)
-    monkeypatch.setattr(cutecc.workers, "build_one", boom)
+    monkeypatch.setattr(cutecc.build.executors.local, "compile_all", boom)
+    monkeypatch.setattr(cutecc.build.workers, "build_one", boom)
 
 
 def test_cli_dry_run_lists_and_compiles_nothing(
@@ -500,7 +502,7 @@ FAKE_LIB = {
 @pytest.fixture
 def installed(proj: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An installed kernel library (site dir on sys.path) that the project's kernel imports."""
-    import cutecc.dists
+    import cutecc.toolchain.dists
 
     site = tmp_path / "site"
     for rel, text in FAKE_LIB.items():
@@ -509,13 +511,15 @@ def installed(proj: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pa
     record = "".join(f"{rel},,\n" for rel in FAKE_LIB) + "fakequack-0.6.5.dist-info/RECORD,,\n"
     (site / "fakequack-0.6.5.dist-info/RECORD").write_text(record)
     monkeypatch.syspath_prepend(str(site))
-    for f in (cutecc.dists._installed, cutecc.dists._owners, cutecc.dists.is_editable):
+    for f in (cutecc.toolchain.dists._installed, cutecc.toolchain.dists._owners,
+              cutecc.toolchain.dists.is_editable):
         f.cache_clear()
-    monkeypatch.setattr(cutecc.dists, "_installed", cutecc.dists._installed)
+    monkeypatch.setattr(cutecc.toolchain.dists, "_installed", cutecc.toolchain.dists._installed)
     elem = proj.parent / "kk/elem.py"
     elem.write_text("import fakequack.softmax\n" + elem.read_text())
     yield site
-    for f in (cutecc.dists._installed, cutecc.dists._owners, cutecc.dists.is_editable):
+    for f in (cutecc.toolchain.dists._installed, cutecc.toolchain.dists._owners,
+              cutecc.toolchain.dists.is_editable):
         f.cache_clear()
 
 
@@ -570,7 +574,7 @@ def test_a_virtual_environment_inside_the_project_is_not_project_source() -> Non
     from helpers import REPO
 
     from cutecc.manifest import load_manifest
-    from cutecc.plan import plan
+    from cutecc.plan.build_plan import plan
 
     sources = {s for p in plan(load_manifest(REPO / "kernels.toml")) for s in p.sources}
     assert sources and all(s.startswith("kernels/") for s in sources), sorted(sources)[:5]
@@ -604,9 +608,10 @@ args = [{{ name = "x", dtype = "float32", shape = ["n"] }},
 
 
 def _fwd_key(tmp_path: Path, text: str) -> str:
-    import cutecc.dists
+    import cutecc.toolchain.dists
 
-    for f in (cutecc.dists._installed, cutecc.dists._owners, cutecc.dists.is_editable):
+    for f in (cutecc.toolchain.dists._installed, cutecc.toolchain.dists._owners,
+              cutecc.toolchain.dists.is_editable):
         f.cache_clear()
     d = Path(tempfile.mkdtemp(dir=tmp_path))
     (d / "kernels.toml").write_text('archs = ["sm_90a"]\n' + text)
@@ -622,7 +627,7 @@ def test_a_kernels_key_is_its_own_and_covers_what_it_imports(
     after it, so `build --kernel` and `tune` keyed other artifacts than a whole build), the
     same wherever the environment lives, and it changes when the imported library's code
     does, with or without a distribution owning it."""
-    import cutecc.dists
+    import cutecc.toolchain.dists
 
     norm = _KERNEL.format(name="norm", entry="fq.norm:Norm")
     fwd = _KERNEL.format(name="fwd", entry="fa.fwd:Fwd")
@@ -636,7 +641,8 @@ def test_a_kernels_key_is_its_own_and_covers_what_it_imports(
             keys += [_fwd_key(tmp_path, norm + fwd), _fwd_key(tmp_path, fwd), _fwd_key(tmp_path, fwd + norm)]
             (site / "fq/norm.py").write_text("class Norm:\n    scale = 2\n")
             edited = _fwd_key(tmp_path, fwd)
-    for f in (cutecc.dists._installed, cutecc.dists._owners, cutecc.dists.is_editable):
+    for f in (cutecc.toolchain.dists._installed, cutecc.toolchain.dists._owners,
+              cutecc.toolchain.dists.is_editable):
         f.cache_clear()
     assert len(set(keys)) == 1, keys
     assert edited != keys[0]

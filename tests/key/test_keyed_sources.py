@@ -1,4 +1,4 @@
-"""cutecc.keyed_sources: what a build worker checks after its compile, before publishing:
+"""cutecc.plan.keyed_sources: what a build worker checks after its compile, before publishing:
 the files its key read still hold the keyed bytes, and the modules it imported are those files."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cutecc.key import SourceIndex
-from cutecc.keyed_sources import KeyedFile, problem
+from cutecc.plan.key import SourceIndex
+from cutecc.plan.keyed_sources import KeyedFile, problem
 
 
 def _keyed(path: Path, module: str, rel: str) -> KeyedFile:

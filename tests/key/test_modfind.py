@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cutecc import modfind
 from cutecc.manifest import load_manifest
-from cutecc.plan import plan
+from cutecc.plan.build_plan import plan
+from cutecc.toolchain import modfind
 
 MANIFEST = """\
 archs = ["sm_90a"]
@@ -175,10 +175,10 @@ def test_a_package_extending_its_path_is_not_imported_again_by_a_no_op_plan(
     `__init__` files and directories that decided it: a second planning walks no closure
     and imports nothing (seen: 8.9 s no-op builds, `cutlass` imported again each time); an
     extension that goes away is noticed."""
-    import cutecc.hashcache
-    import cutecc.key
+    import cutecc.plan.key
+    import cutecc.toolchain.hashcache
 
-    monkeypatch.setattr(cutecc.hashcache, "SETTLE_NS", 0)  # remember stamps made just now
+    monkeypatch.setattr(cutecc.toolchain.hashcache, "SETTLE_NS", 0)  # remember stamps made just now
     manifest = extended / "kernels.toml"
     manifest.write_text(MANIFEST.replace('["a", "b"]', '["base", "ext"]')
                         .format(entry="hostpkg.ext.ops:launch"))
@@ -187,9 +187,9 @@ def test_a_package_extending_its_path_is_not_imported_again_by_a_no_op_plan(
     [cold] = plan(load_manifest(manifest), hash_cache=cache)
     imported: list[str] = []
     walked: list[str] = []
-    real_exec, real_walk = modfind._exec_path, cutecc.key.SourceIndex._walk
+    real_exec, real_walk = modfind._exec_path, cutecc.plan.key.SourceIndex._walk
     monkeypatch.setattr(modfind, "_exec_path", lambda name, *a: imported.append(name) or real_exec(name, *a))
-    monkeypatch.setattr(cutecc.key.SourceIndex, "_walk",
+    monkeypatch.setattr(cutecc.plan.key.SourceIndex, "_walk",
                         lambda self, m: walked.append(m) or real_walk(self, m))
     [warm] = plan(load_manifest(manifest), hash_cache=cache)
     assert warm.key == cold.key and (imported, walked) == ([], [])

@@ -14,13 +14,13 @@ import pytest
 from click.testing import CliRunner
 from helpers import write_toy_project
 
-from cutecc import builder
+from cutecc.build import builder
 from cutecc.cli import main
 from cutecc.commands.build import build
 from cutecc.errors import CuteccError
-from cutecc.lockfile import Environment, Lock, read_lock, write_lock
+from cutecc.lock.lockfile import Environment, Lock, read_lock, write_lock
 from cutecc.manifest import load_manifest
-from cutecc.plan import plan
+from cutecc.plan.build_plan import plan
 from tests.key.test_installed_code import BOTH, LIB, forget, install, project
 
 
@@ -130,7 +130,7 @@ def test_an_environment_of_a_later_format_decides_nothing(tmp_path: Path) -> Non
 
 
 def test_a_drift_says_gone_and_same_version_other_files() -> None:
-    from cutecc.lock_env import Drift
+    from cutecc.lock.environment import Drift
 
     assert str(Drift("a", "1.0 x", None)) == "a 1.0 -> absent"
     assert str(Drift("a", None, "2 y")) == "a absent -> 2"

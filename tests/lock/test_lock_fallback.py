@@ -9,9 +9,9 @@ import json
 import pytest
 from helpers import REPO
 
+from cutecc.contract.fallbacks import FallbackRef
 from cutecc.errors import CuteccError
-from cutecc.fallbacks import FallbackRef
-from cutecc.lockfile import Lock
+from cutecc.lock.lockfile import Lock
 
 SHA = "ab" * 32
 

@@ -10,8 +10,8 @@ import pytest
 from helpers import Toy, run_cli, toy_manifest, write_toy_project
 
 from cutecc.errors import CuteccError
-from cutecc.lock_lines import Pin
-from cutecc.lockfile import LOCK_FORMAT, Lock, LockEntry, read_lock, write_lock
+from cutecc.lock.lines import Pin
+from cutecc.lock.lockfile import LOCK_FORMAT, Lock, LockEntry, read_lock, write_lock
 from cutecc.store import Store
 
 pytestmark = pytest.mark.usefixtures("dsl")

@@ -11,8 +11,8 @@ import pytest
 from helpers import REPO
 
 from cutecc.errors import CuteccError
-from cutecc.lock_lines import Pin
-from cutecc.lockfile import Lock, LockEntry, Tuned
+from cutecc.lock.lines import Pin
+from cutecc.lock.lockfile import Lock, LockEntry, Tuned
 
 KEY = {c: c * 64 for c in "ab"}
 PIN = Pin("lib.so", "e" * 64, 1000, "__tvm_ffi_mul", None, "c" * 64, "d" * 64)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cutecc.contract import NoneArg, ScalarArg, StreamArg, StructArg, TensorArg
+from cutecc.contract.args import NoneArg, ScalarArg, StreamArg, StructArg, TensorArg
 from cutecc.manifest import load_manifest
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -179,8 +179,8 @@ def test_tune_dry_run_prints_the_examples_plan_with_no_gpu() -> None:
 def test_fa4s_tuning_default_is_the_builds_own_entry() -> None:
     """`tune` plans the tuned kernels only; their defaults must keep the whole build's keys,
     or recorded winners name a base the build never made and never apply."""
-    from cutecc.plan import plan
-    from cutecc.tuning.plan import items
+    from cutecc.plan.build_plan import plan
+    from cutecc.plan.tuning_plan import items
 
     m = load_manifest(EXAMPLES / "kernels.toml")
     built = {(p.kernel.name, p.variant.id, p.arch): p.key for p in plan(m)}

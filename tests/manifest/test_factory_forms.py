@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from helpers import TOY_KERNEL
 
-from cutecc.contract import TensorArg
+from cutecc.contract.args import TensorArg
 from cutecc.errors import CuteccError
 from cutecc.manifest import load_manifest
-from cutecc.plan import plan
+from cutecc.plan.build_plan import plan
 
 ARGS = '''args = [
   { name = "x", dtype = "float32", shape = ["n"] },
@@ -91,7 +91,7 @@ def test_bad_indexed_entries_are_manifest_errors(tmp_path: Path, entry: str, why
 
 
 def test_an_index_past_the_result_says_what_the_factory_returned(tmp_path: Path) -> None:
-    from cutecc.compiler import resolve_entry
+    from cutecc.build.compiler import resolve_entry
 
     _project(tmp_path, "")
     import sys
@@ -247,8 +247,8 @@ def test_device_answers_are_checked_on_a_gpu_host_and_torch_is_restored(
     import types
 
     torch = pytest.importorskip("torch", reason="needs torch (the examples extra)")
-    from cutecc import devicequery
     from cutecc.manifest import BUILTIN_PROFILES
+    from cutecc.toolchain import devicequery
 
     facts = devicequery.answers(BUILTIN_PROFILES["h100"], "sm_90a", "h100")
     real = types.SimpleNamespace(multi_processor_count=132, shared_memory_per_block_optin=166912,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cutecc.contract import CallingConvention, args_from_json, args_to_json
+from cutecc.contract.args import CallingConvention, args_from_json, args_to_json
 from cutecc.errors import CuteccError
 from cutecc.manifest import load_manifest
 from cutecc.runtime.calls import Build

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cutecc.commands.build import build
-from cutecc.contract import ConstArg, StructArg
+from cutecc.contract.args import ConstArg, StructArg
 from cutecc.errors import CuteccError
 from cutecc.manifest import load_manifest
 

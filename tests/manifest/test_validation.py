@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from cutecc.cli import main
-from cutecc.contract import (
+from cutecc.contract.args import (
     CallingConvention,
     NoneArg,
     ScalarArg,
@@ -575,7 +575,7 @@ variants = { dtype = ["float32", "bf16"] }
 
 
 def test_pyproject_tool_cutecc_equals_kernels_toml(proj: Path, tmp_path: Path) -> None:
-    from cutecc.plan import plan
+    from cutecc.plan.build_plan import plan
 
     py = _write(proj, PYPROJECT, "pyproject.toml")
     other = tmp_path / "other"

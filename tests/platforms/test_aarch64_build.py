@@ -75,7 +75,7 @@ def grace_examples(tmp_path_factory: pytest.TempPathFactory, examples_extra: Non
 
 def _libraries(cache: Path, lock_path: Path | None = None) -> tuple[list[tuple[object, Path]], list[Path]]:
     """(lock line, kernel library) of each locked entry, and the runtime libraries."""
-    from cutecc.lockfile import read_lock
+    from cutecc.lock.lockfile import read_lock
     from cutecc.store import Store
 
     store = Store(cache)
@@ -122,7 +122,7 @@ def _dynamic(data: bytes) -> tuple[int, list[str], set[str]]:
 
 
 def test_every_root_kernel_is_locked_for_aarch64(grace: tuple[Path, Path]) -> None:
-    from cutecc.lockfile import read_lock
+    from cutecc.lock.lockfile import read_lock
 
     manifest, _ = grace
     lock = read_lock(manifest.parent / "kernels.lock")
@@ -135,8 +135,8 @@ def test_every_root_kernel_is_locked_for_aarch64(grace: tuple[Path, Path]) -> No
 
 def test_every_aarch64_library_is_an_aarch64_shared_object_that_needs_only_what_it_should(
         grace: tuple[Path, Path]) -> None:
-    from cutecc.elf import glibc_minor, manylinux_tag
-    from cutecc.toolchain import RUNTIME_EXPORTS
+    from cutecc.toolchain.elf import glibc_minor, manylinux_tag
+    from cutecc.toolchain.versions import RUNTIME_EXPORTS
 
     kernels, runtimes = _libraries(grace[1])
     assert len(runtimes) == 1 and kernels
@@ -172,7 +172,7 @@ def test_a_second_build_elsewhere_gives_the_same_bytes(grace: tuple[Path, Path],
                                                        tmp_path: Path) -> None:
     """Reproducible across builds: another project directory and cache, same keys and bytes
     (two kernels: one with a runtime scalar and an inout tensor, one with a factory)."""
-    from cutecc.lockfile import read_lock
+    from cutecc.lock.lockfile import read_lock
 
     manifest = _project(tmp_path)
     _build(manifest, tmp_path / "c", kernels=("axpy", "rmsnorm"))
@@ -185,8 +185,8 @@ def test_a_second_build_elsewhere_gives_the_same_bytes(grace: tuple[Path, Path],
 
 def _harness(tmp: Path) -> tuple[Path, Path]:
     """The qemu_call harness built for aarch64, and the directory of libtvm_ffi.so."""
-    from cutecc import targetlibs
-    from cutecc.toolchain import toolchain_paths
+    from cutecc.toolchain import targetlibs
+    from cutecc.toolchain.versions import toolchain_paths
 
     zig, libs = toolchain_paths()["zig"], targetlibs.paths("aarch64")
     out = tmp / "qemu_call"
@@ -201,7 +201,7 @@ def _call_args(meta: dict[str, object], wrong_dtype: bool = False) -> list[str]:
     """The harness's arguments for a right call of the entry (its canonical order: inputs,
     results, scalars), every symbolic extent 4096 or a multiple of it; `wrong_dtype`: the first tensor of
     another dtype."""
-    from cutecc.contract import CallingConvention, args_from_json
+    from cutecc.contract.args import CallingConvention, args_from_json
 
     conv = CallingConvention.of(args_from_json(meta["args"]))  # type: ignore[arg-type]
     tensors = (*conv.ffi_inputs, *conv.ffi_results)
@@ -284,7 +284,7 @@ def test_packs_hold_one_platform_and_the_runtime_serves_only_its_own(grace: tupl
     sets every aarch64 entry aside with the reason."""
     import cutecc
     from cutecc.commands.pack import pack
-    from cutecc.lockfile import read_lock
+    from cutecc.lock.lockfile import read_lock
 
     manifest, cache = grace
     lock = tmp_path / "kernels.lock"

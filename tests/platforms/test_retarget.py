@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from cutecc.build.retarget import RetargetError, retarget
 from cutecc.platforms import AARCH64, X86_64
-from cutecc.retarget import RetargetError, retarget
 
 IR = """; ModuleID = 'LLVMDialectModule'
 source_filename = "LLVMDialectModule"
@@ -109,8 +109,8 @@ def test_a_kernel_whose_host_ir_cannot_be_retargeted_fails_its_build_by_name(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from helpers import REPO
 
-    from cutecc import compiler
-    from cutecc.compiler import CompileJob, _export_retargeted
+    from cutecc.build import compiler
+    from cutecc.build.compiler import CompileJob, _export_retargeted
 
     pins: list[object] = []
     monkeypatch.setattr(compiler, "pin_host_target", pins.append)  # the fake has no DSL module

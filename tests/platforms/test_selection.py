@@ -11,11 +11,11 @@ import pytest
 from helpers import REPO
 
 from cutecc import entry, platforms
-from cutecc.elf import manylinux_tag
 from cutecc.errors import CuteccError
-from cutecc.lock_lines import Pin
-from cutecc.lockfile import Lock, LockEntry
+from cutecc.lock.lines import Pin
+from cutecc.lock.lockfile import Lock, LockEntry
 from cutecc.manifest import load_manifest
+from cutecc.toolchain.elf import manylinux_tag
 
 KEY_A, KEY_B = "a" * 64, "b" * 64
 
@@ -41,8 +41,8 @@ def test_platforms_default_to_the_build_hosts_and_are_checked(tmp_path: Path) ->
 
 
 def test_keys_differ_per_platform_and_x86_keys_are_the_locked_ones(tmp_path: Path) -> None:
-    from cutecc.lockfile import read_lock
-    from cutecc.plan import plan
+    from cutecc.lock.lockfile import read_lock
+    from cutecc.plan.build_plan import plan
 
     planned = plan(load_manifest(REPO / "kernels.toml"), platforms=("x86_64", "aarch64"))
     by = {(p.kernel.name, p.variant.id, p.platform): p for p in planned}

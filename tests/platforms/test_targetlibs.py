@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from cutecc import targetlibs
 from cutecc.errors import CuteccError
+from cutecc.toolchain import targetlibs
 
 NAME = "fake_libs-1.0-py3-none-manylinux_2_28_aarch64.whl"
 MEMBERS = {"fake/lib/libx.a": b"!<arch>\nfake archive\n", "fake/lib/libtvm_ffi.so": b"\x7fELF fake",

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import pytest
 
 import cutecc
-from cutecc.contract import CallingConvention, TensorArg
+from cutecc.contract.args import CallingConvention, TensorArg
 from cutecc.errors import CuteccError
 from cutecc.runtime.dispatch import _mismatch
 from cutecc.runtime.library import target_name

@@ -21,7 +21,7 @@ from helpers import fallback_manifest as _manifest
 import cutecc
 from cutecc.commands.build import build
 from cutecc.errors import CuteccError, FallbackWarning, NoBuildFits
-from cutecc.lockfile import read_lock
+from cutecc.lock.lockfile import read_lock
 from cutecc.store.misses import read_misses
 
 pytest.importorskip("ziglang", reason="building needs the build extra (zig links the runtime library)")

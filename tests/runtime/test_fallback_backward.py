@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import pytest
 from helpers import unbuilt_kernels, unbuilt_target
 
+from cutecc.contract.fallbacks import FallbackRef
 from cutecc.errors import FallbackWarning, NoBuildFits
-from cutecc.fallbacks import FallbackRef
 from cutecc.runtime.fallback import Fallback
 
 MANIFEST = """

@@ -41,9 +41,9 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "toy").mkdir()
     (tmp_path / "toy/__init__.py").write_text("")
     (tmp_path / "toy/ops.py").write_text("def scale(x, out, stream, threads=128):\n    pass\n")
-    import cutecc.executors.local
+    import cutecc.build.executors.local
 
-    monkeypatch.setattr(cutecc.executors.local, "compile_all",
+    monkeypatch.setattr(cutecc.build.executors.local, "compile_all",
                         lambda *a, remote=None, limits=None: fake_compile(*a))
     m = tmp_path / "kernels.toml"
     m.write_text(MANIFEST.format(threads=[64, 128]))

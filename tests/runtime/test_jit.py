@@ -149,7 +149,8 @@ def test_jit_imports_nothing_of_the_build_side_until_a_miss(fallback_project: Pa
             f"ks = cutecc.load({str(cache)!r}, arch='sm_90a', jit=True)\n"
             "x = jnp.zeros((3, 64), jnp.float32)\n"
             "assert ks.scale._served_by_fallback([x], {}, {}) == (False, None)\n"
-            "print(sorted(m for m in sys.modules if m in ('cutecc.jit', 'cutecc.builder', 'cutecc.plan',"
+            "print(sorted(m for m in sys.modules if m in ('cutecc.develop.jit', 'cutecc.build.builder', "
+            "'cutecc.plan.build_plan',"
             " 'cutecc.manifest', 'cutlass')))\n")
     r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=300,
                        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"})

@@ -23,12 +23,12 @@ import pytest
 import cutecc
 from cutecc.commands.pack import pack
 from cutecc.commands.unpack import unpack
-from cutecc.composite_line import CompositeLine
+from cutecc.contract.composite_line import CompositeLine
 from cutecc.errors import CuteccError
-from cutecc.lockfile import Lock, lock_for, merge_build, read_lock, write_lock
+from cutecc.lock.lockfile import Lock, lock_for, merge_build, read_lock, write_lock
+from cutecc.lock.signing import SIG_SUFFIX, keygen, read_private_key, sign_file
 from cutecc.manifest import load_manifest
 from cutecc.runtime.library import target_name
-from cutecc.signing import SIG_SUFFIX, keygen, read_private_key, sign_file
 from cutecc.store import Store
 
 S = jax.ShapeDtypeStruct
@@ -180,7 +180,7 @@ def test_a_build_locks_the_composites_whose_launches_it_pins(train_cache: Path, 
 
 
 def test_a_line_whose_tensors_do_not_flow_is_not_vouched_for(train_cache: Path, tmp_path: Path) -> None:
-    from cutecc.vouch import composite_line_problem
+    from cutecc.ship.vouch import composite_line_problem
 
     store = Store(train_cache)
     good = cache_lock(train_cache)

@@ -12,7 +12,7 @@ import pytest
 from helpers import PY
 
 import cutecc
-from cutecc.contract import TensorArg
+from cutecc.contract.args import TensorArg
 from cutecc.runtime.library import target_name
 from cutecc.store import Store
 

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from helpers import REPO, unbuilt_kernels
 
+from cutecc.contract.fallbacks import FallbackRef
 from cutecc.errors import FallbackWarning
-from cutecc.fallbacks import FallbackRef
 from cutecc.manifest import load_manifest
 from cutecc.runtime.fallback import Fallback
 

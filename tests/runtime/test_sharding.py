@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import pytest
 
 import cutecc
-from cutecc.contract import TensorArg, shard_factors
+from cutecc.contract.args import TensorArg, shard_factors
 from cutecc.errors import CuteccError
 from cutecc.manifest import load_manifest
 from cutecc.runtime.calls import Build
@@ -137,7 +137,7 @@ def test_eight_devices_run_their_shards_and_agree_with_the_reference(train_cache
 
 def test_a_kernel_is_strict_unless_its_manifest_chooses_a_warning_or_allows_the_collective(
         tmp_path: Path) -> None:
-    from cutecc.key import key_inputs
+    from cutecc.plan.key import key_inputs
 
     (k,) = load_manifest(manifest(tmp_path, X + W + OUT, '["m"]')).kernels
     assert k.reshard == "error" and "reshard" not in key_inputs(k, k.variants[0], "sm_90a", "0" * 64)

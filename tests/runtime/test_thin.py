@@ -10,9 +10,9 @@ from pathlib import Path
 from helpers import PY
 
 # Modules of cutecc that only building, planning or packing need.
-BUILD_SIDE = ("cutecc.manifest", "cutecc.key", "cutecc.plan", "cutecc.compiler", "cutecc.linker",
-              "cutecc.workers", "cutecc.commands", "cutecc.archive",
-              "cutecc.cli", "cutecc.progress", "cutecc.toolchain", "cutecc.tuning")
+BUILD_SIDE = ("cutecc.manifest", "cutecc.plan", "cutecc.build", "cutecc.develop", "cutecc.commands",
+              "cutecc.ship.archive",
+              "cutecc.cli", "cutecc.cli.progress", "cutecc.toolchain.versions", "cutecc.tuning")
 DSL = ("cutlass", "nvidia_cutlass_dsl")
 
 SCRIPT = r'''

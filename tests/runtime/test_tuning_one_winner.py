@@ -19,7 +19,7 @@ MEASURING = ("perf_counter", "monotonic", "process_time", "profiler", "cutecc.tu
 PICKS = r"""
 import json, sys
 from dataclasses import dataclass
-from cutecc.lockfile import read_lock
+from cutecc.lock.lockfile import read_lock
 from cutecc.runtime.tuning import TuningTable
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from cutecc.cli import main
 from cutecc.commands.gc import RUNTIME_GRACE_S, gc
 from cutecc.commands.rm import rm
 from cutecc.commands.verify import verify
-from cutecc.lock_lines import Pin
-from cutecc.lockfile import Tuned, lock_for, write_lock
+from cutecc.lock.lines import Pin
+from cutecc.lock.lockfile import Tuned, lock_for, write_lock
 from cutecc.runtime.tuning import TuningResult, dumps_records
 from cutecc.store import layout
 from cutecc.store.layout import Layout

@@ -1,5 +1,5 @@
 """An entry arriving from anywhere (a remote, a pack, a Ray task) whose library holds a
-cubin of another SM than its key's arch is refused by the one verifier (`cutecc.ingest`),
+cubin of another SM than its key's arch is refused by the one verifier (`cutecc.ship.ingest`),
 as a local build refuses to publish it: code for another GPU is never served."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from helpers import planted_cubin as planted
 
 from cutecc.entry import META, compute_key
-from cutecc.ingest import Refused, check_whole
+from cutecc.ship.ingest import Refused, check_whole
 
 from .conftest import ARCH, ARGS, FakeCache
 

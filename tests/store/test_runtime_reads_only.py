@@ -17,7 +17,7 @@ WRITER = "cutecc.store.writer"
 # The build side the runtime reaches only behind an opt-in, at a miss, on a development host
 # with the DSL (`cutecc.load(jit=True)`; tests/architecture/test_import_layers.py allows that
 # one import, inside a function): never what a deployment runs, so the closure stops there.
-OPT_IN = frozenset({"cutecc.jit"})
+OPT_IN = frozenset({"cutecc.develop.jit"})
 
 
 def _file(module: str) -> Path | None:

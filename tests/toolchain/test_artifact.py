@@ -1,4 +1,4 @@
-"""cutecc.artifact: the digest of an exported compile (the whole file, and its cubins apart),
+"""cutecc.build.artifact: the digest of an exported compile (the whole file, and its cubins apart),
 how two digests differ, and how meta.json's record of one is read back."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cutecc import cubin
-from cutecc.artifact import difference, digest
+from cutecc.build.artifact import difference, digest
 from cutecc.entry import ArtifactRec, artifact_of
 
 

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 from helpers import PY, write_toy_project
 
-from cutecc import compiler
+from cutecc.build import compiler
 
 COMPILE = r'''
 import json, os, sys
 from pathlib import Path
-from cutecc.compiler import CompileJob, compile_to_object, set_target
+from cutecc.build.compiler import CompileJob, compile_to_object, set_target
 from cutecc.manifest import load_manifest
 
 set_target("sm_90a")
@@ -92,7 +92,7 @@ def test_set_target_refuses_another_arch_once_the_dsl_is_imported(monkeypatch: p
 ENGINES = r'''
 import sys
 from pathlib import Path
-from cutecc.compiler import INNER_SYMBOL, compile_variant, pin_host_target, set_target
+from cutecc.build.compiler import INNER_SYMBOL, compile_variant, pin_host_target, set_target
 from cutecc.manifest import load_manifest
 
 set_target("sm_90a")

@@ -39,13 +39,13 @@ def test_a_build_handed_a_wrong_arch_cubin_refuses_to_publish(tmp_path: Path, to
     for sm_80 while the key says sm_90a, so the entry fails and nothing is published; the
     same build handed a cubin of the key's SM publishes it."""
     pytest.importorskip("ziglang", reason="the runtime library is linked with zig")
-    import cutecc.compiler
-    import cutecc.linker
+    import cutecc.build.compiler
+    import cutecc.build.linker
+    from cutecc.build.workers import BuildJob, build_one
     from cutecc.commands.build import build
     from cutecc.manifest import load_manifest
-    from cutecc.plan import plan
+    from cutecc.plan.build_plan import plan
     from cutecc.store import Store
-    from cutecc.workers import BuildJob, build_one
 
     cache = tmp_path / "cache"
     assert build(toy_project, cache_dir=cache, dry_run=True).ok  # makes the cache
@@ -61,8 +61,8 @@ def test_a_build_handed_a_wrong_arch_cubin_refuses_to_publish(tmp_path: Path, to
     def link(obj: Path, out: Path, *a: Any, **kw: Any) -> None:
         out.write_bytes(b"\x7fELF host library" + planted(sm["value"]))
 
-    monkeypatch.setattr(cutecc.compiler, "compile_to_object", compile_to_object)
-    monkeypatch.setattr(cutecc.linker, "link", link)
+    monkeypatch.setattr(cutecc.build.compiler, "compile_to_object", compile_to_object)
+    monkeypatch.setattr(cutecc.build.linker, "link", link)
     res = build_one(job, str(cache))
     assert res.status == "failed" and "refusing to publish: cubin 0 is for sm_80, the key's arch is sm_90a" \
         in str(res.error)

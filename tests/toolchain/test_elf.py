@@ -6,8 +6,8 @@ import struct
 
 import pytest
 
-from cutecc import elf
 from cutecc.errors import CuteccError
+from cutecc.toolchain import elf
 
 
 def fake_so(needs: dict[str, list[str]], machine: int = 62) -> bytes:

@@ -23,12 +23,12 @@ import pytest
 from helpers import PY, REPO
 
 import cutecc
-from cutecc import linker
-from cutecc.compiler import INNER_SYMBOL, SYMBOL
+from cutecc.build import linker
+from cutecc.build.compiler import INNER_SYMBOL, SYMBOL
 from cutecc.errors import CuteccError
-from cutecc.key import toolchain
+from cutecc.plan.key import toolchain
 from cutecc.store import Store
-from cutecc.toolchain import ZIG_TARGET
+from cutecc.toolchain.versions import ZIG_TARGET
 
 try:
     TOOLS = linker.toolchain_paths()
@@ -222,7 +222,7 @@ def test_a_kernel_library_does_not_load_without_its_runtime_library(fake_lib: Pa
 @needs_link
 def test_links_are_deterministic_and_need_old_glibc_only(tmp_path: Path, runtime_lib: Path,
                                                           fake_lib: Path) -> None:
-    from cutecc import elf
+    from cutecc.toolchain import elf
 
     again = linker.link_runtime(tmp_path, toolchain()["runtime"])
     assert again.read_bytes() == runtime_lib.read_bytes()
@@ -239,7 +239,7 @@ def test_the_link_recipe_in_the_key_follows_the_native_sources() -> None:
     def short(p: Path) -> str:
         return hashlib.sha256(p.read_bytes()).hexdigest()[:16]
 
-    from cutecc import toolchain as tc
+    from cutecc.toolchain import versions as tc
 
     assert f"3+rt.{short(tc.RUNTIME_SOURCE)}+wrap.{short(tc.WRAPPER_SOURCE)}" == tc.RECIPE_VERSION
     assert toolchain()["link_recipe"] == tc.RECIPE_VERSION

@@ -6,7 +6,7 @@ project's and the cache's paths, HOME (so zig's cache starts empty), TMPDIR, the
 4242 and USER=builder, in a user namespace), the hostname (a UTS namespace), the locale,
 the time zone, the clock (faketime, 2031), the CPUs (taskset, one CPU), an environment
 otherwise empty but for DSL variables that decide nothing compiled (its log level, its
-file cache's place: `cutecc.dists` leaves them out of the key, so they must not reach a
+file cache's place: `cutecc.toolchain.dists` leaves them out of the key, so they must not reach a
 byte; those that do decide, such as CUTE_DSL_LINEINFO, are key inputs). A dimension this
 host cannot vary (no faketime, no user namespaces) is left out with a warning that says
 why; the rest still run. Every library, every lock line and

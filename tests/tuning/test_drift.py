@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from cutecc.lock_lines import Pin
-from cutecc.lockfile import Tuned
+from cutecc.lock.lines import Pin
+from cutecc.lock.lockfile import Tuned
 from cutecc.runtime.tuning import TuningResult
 from cutecc.tuning import drift
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from benchmarks import gemm_tune
-from cutecc.buckets import bucket_text
+from cutecc.contract.buckets import bucket_text
 from cutecc.manifest import load_manifest
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from cutecc.errors import CuteccError
 from cutecc.manifest import load_manifest
+from cutecc.plan.tuning_plan import BucketEdges, Candidate, PlanItem, items, read_plan, write_plan
 from cutecc.store.layout import Layout
-from cutecc.tuning.plan import BucketEdges, Candidate, PlanItem, items, read_plan, write_plan
 
 DATA = Path(__file__).parent / "data"
 # Plans as `cutecc tune --compile-only` wrote them before plan items were typed: one with a

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from cutecc.contract import ScalarArg, TensorArg
+from cutecc.contract.args import ScalarArg, TensorArg
 from cutecc.errors import CallError, CallTypeError, CuteccError
 from cutecc.runtime import calls
 from cutecc.runtime.calls import Build

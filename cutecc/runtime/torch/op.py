@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import torch
 
-from cutecc.cotangents import Cotangents
+from cutecc.contract.cotangents import Cotangents
 from cutecc.entry import contract_digest
 from cutecc.errors import CuteccError
 from cutecc.runtime import calls
@@ -58,7 +58,7 @@ _SCALAR_SCHEMA = {"float32": "float", "float64": "float", "int32": "int", "int64
 def op_name(kernel: str, build: Build) -> str:
     """The custom op's name: the kernel's and 12 hex of its contract's digest, so every
     build of one contract (any toolchain, any tuning) is the same op in every process."""
-    from cutecc.contract import args_to_json
+    from cutecc.contract.args import args_to_json
 
     return f"{kernel}_{contract_digest(args_to_json(build.args))[:12]}"
 
@@ -137,7 +137,7 @@ def _op_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     ctx.cutecc = (key, scalars)
     ctx.save_for_backward(*ins, *outs)
     # Returned outputs whose cotangent the paired backward does not take (declared nondiff
-    # or stop_gradient, `cutecc.cotangents`) come back with requires_grad=False, as torch's
+    # or stop_gradient, `cutecc.contract.cotangents`) come back with requires_grad=False, as torch's
     # own non-differentiable outputs do: backward() of a loss on one alone is torch's error,
     # never a silent zero. (Eager or compiled alike: AOTAutograd hands a compiled backward
     # every tangent materialized, so a gradient's presence cannot be told there.)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cutecc import signing
+from cutecc.lock import signing
 
 from .conftest import Cache, cli, lock_entries, one_line_error, read_tar, unpack_cmd, write_tar
 

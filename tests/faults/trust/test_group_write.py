@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from cutecc import signing
+from cutecc.lock import signing
 from cutecc.runtime import library
 from cutecc.store.view import StoreView
 

@@ -72,7 +72,7 @@ def test_a_record_past_the_library_cap_is_damaged_metadata_and_nothing_is_read(
 
 def test_lock_and_tuning_pins_past_the_library_cap_are_refused(cache: Cache) -> None:
     from cutecc.errors import CuteccError
-    from cutecc.lockfile import read_lock
+    from cutecc.lock.lockfile import read_lock
 
     doc = json.loads(cache.lock.read_text())
     doc["entries"][0]["size"] = (1 << 40) - 1

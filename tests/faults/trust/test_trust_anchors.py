@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 import cutecc
-from cutecc import signing
 from cutecc.errors import CuteccError
+from cutecc.lock import signing
 
 from .conftest import ARCH, Cache, cli, one_line_error, out, unpack_cmd
 

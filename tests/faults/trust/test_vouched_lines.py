@@ -21,11 +21,11 @@ import pytest
 from call_keyword_kernels import OPS
 
 import cutecc
-from cutecc import signing
 from cutecc.commands.build import build
 from cutecc.commands.verify import verify
 from cutecc.errors import CuteccError
-from cutecc.lockfile import read_lock
+from cutecc.lock import signing
+from cutecc.lock.lockfile import read_lock
 from cutecc.runtime.library import target_name
 from cutecc.runtime.tuning import TuningResult, dumps_records
 

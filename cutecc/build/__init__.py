@@ -1,0 +1,2 @@
+"""Building: compile a variant, link it, retarget it, run many in workers and executors.
+"""

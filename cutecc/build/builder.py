@@ -1,0 +1,660 @@
+"""The build pipeline `cutecc build` and `cutecc tune` both run: a target, parsed and
+planned once by the caller (`target`), through five stages, each a function of typed
+inputs and outputs.
+
+  probe    which planned entries the store already holds: a hit costs one read of its
+           index record (its lock line), not of its metadata; an entry someone else could
+           have written is refused; the rest are misses
+  fetch    the misses a remote cache (`cutecc.ship.remote`) has, checked and published here
+           (reported cached, and fetched)
+  compile  what is left, through an `Executor` (`cutecc.build.executors`: local pools or Ray),
+           after the runtime library the kernels link against (linked first if missing);
+           workers publish what they build, and upload it when remote writing is on
+  publish  every entry's runtime library in the store (linked again if gc or rm took it,
+           or the entry came from the remote or a Ray worker), stale index records
+           rewritten, killed builds' leftovers swept
+  record   what the build did: hits marked used, the cache's stats, what planning learned;
+           for a build of the kernels themselves (not tuning candidates) the generations,
+           composites and the lock (`cutecc.lock.lockfile`), vouched for (`cutecc.ship.vouch`),
+           written from what this build saw and published (never read back), signed if asked
+
+`run` chains them. A dry run stops after probing (misses are reported "planned"); a
+read-only one (`$CUTECC_READ_ONLY`) refuses a miss instead of compiling it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cutecc.build.executors import Executor, choose, compile_limits
+from cutecc.build.timings import Timings
+from cutecc.build.workers import BuildJob, Result, ensure_runtime
+from cutecc.contract.composite_line import CompositeLine
+from cutecc.contract.fallbacks import FallbackRef, refs_to_json
+from cutecc.entry import runtime_record
+from cutecc.errors import CuteccError, WorkError
+from cutecc.lock.lockfile import Environment, Lock, LockEntry, Merged, merge_build, write_lock
+from cutecc.manifest import Manifest
+from cutecc.plan.build_plan import Planned, plan
+from cutecc.platforms import check_platform
+from cutecc.ship import remote as remote_cache
+from cutecc.store.view import entry_trust_problem, touch_used
+from cutecc.store.writer import Store
+from cutecc.toolchain.dists import HashCache
+from cutecc.units import human_size
+
+if TYPE_CHECKING:
+    from cutecc.ship.remote import RemoteConfig
+
+
+# What a build reports, entry by entry ----------------------------------------------
+
+
+@dataclass
+class Outcome:
+    planned: Planned
+    status: str  # "built", "cached", "failed", "planned" (dry run)
+    seconds: float = 0.0
+    error: str | None = None
+    meta: dict[str, Any] | None = None  # the entry's metadata, for the lock
+    facts: dict[str, Any] | None = None  # or, for a hit, its index record (`entry.index_facts`)
+    saved: float = 0.0  # for a hit: the compile seconds it saved (its recorded build time)
+    fetched: bool = False  # a hit found on the remote cache (status "cached")
+    timings: dict[str, float] = field(default_factory=dict)  # a compile's parts (`cutecc.build.timings`)
+    worker: str | None = None  # what compiled it: "fork", "spawn" or "ray"
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.planned
+        return {"kernel": p.kernel.name, "variant": p.variant.id, "arch": p.arch,
+                "platform": p.platform, "key": p.key, "status": self.status,
+                "seconds": round(self.seconds, 3), "error": self.error, "fetched": self.fetched,
+                "worker": self.worker, "timings": {k: round(v, 4) for k, v in self.timings.items()}}
+
+
+@dataclass
+class RemoteUse:
+    """What a build did with the remote cache."""
+
+    url: str
+    write: bool
+    fetched: int = 0
+    absent: int = 0  # looked up, not there (compiled)
+    refused: dict[str, str] = field(default_factory=dict)  # "label key" -> why
+    down: str | None = None  # why the remote stopped being used
+    uploaded: int = 0
+    upload_errors: list[str] = field(default_factory=list)
+    traffic: remote_cache.Traffic = field(default_factory=remote_cache.Traffic)
+    seconds: float = 0.0  # wall time of the lookup
+    saved: float = 0.0  # compile seconds the fetched entries saved
+
+    def to_json(self) -> dict[str, Any]:
+        t = self.traffic
+        return {"url": self.url, "write": self.write, "fetched": self.fetched, "absent": self.absent,
+                "refused": [{"entry": k, "reason": v} for k, v in self.refused.items()],
+                "unavailable": self.down, "uploaded": self.uploaded,
+                "upload_errors": self.upload_errors, "requests": t.requests,
+                "bytes_down": t.bytes_down, "bytes_up": t.bytes_up,
+                "lookup_seconds": round(self.seconds, 3), "seconds_saved": round(self.saved, 3)}
+
+    def warnings(self) -> list[str]:
+        """At most one line for each kind of trouble; none of it fails the build."""
+        out = []
+        if self.down:
+            out.append(f"warning: remote cache {self.url} unavailable ({self.down}); built locally")
+        if self.refused:
+            first = next(iter(self.refused.items()))
+            out.append(f"warning: remote cache {self.url}: refused {len(self.refused)} "
+                       f"entr{'y' if len(self.refused) == 1 else 'ies'} (first: {first[0]}: "
+                       f"{first[1]}); built locally")
+        if self.upload_errors and not self.down:
+            out.append(f"warning: remote cache {self.url}: {len(self.upload_errors)} built "
+                       f"entr{'y' if len(self.upload_errors) == 1 else 'ies'} not uploaded "
+                       f"({self.upload_errors[0]})")
+        return out
+
+    def line(self) -> str:
+        t = self.traffic
+        return (f"remote {self.url}: {self.fetched} fetched, {self.absent} absent"
+                + (f", {self.uploaded} uploaded" if self.write else ", read-only")
+                + f"; {t.requests} requests, {human_size(t.bytes_down)} down, "
+                  f"{human_size(t.bytes_up)} up")
+
+
+class Progress:
+    """What a build tells as it goes (the CLI draws a bar or prints lines); silent here."""
+
+    def start(self, total: int) -> None:
+        """`total` entries are about to be compiled."""
+
+    def waiting(self, planned: Planned) -> None:
+        """Another process holds `planned`'s lock: this build waits for it."""
+
+    def done(self, outcome: Outcome) -> None:
+        """One compile finished (built, cached meanwhile, or failed)."""
+
+    def note(self, text: str) -> None:
+        """A step worth a line (a remote lookup starting)."""
+
+
+# What to build, and how --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one build builds, parsed and planned once."""
+
+    manifest: Manifest  # as parsed, whole: what generations, the lock and its tuning lines cover
+    selected: Manifest  # what was planned: the --kernel selection, with tuning candidates for tune
+    planned: tuple[Planned, ...]
+    partial: bool  # a --kernel, --arch or --platform subset of the manifest
+    candidates: bool  # tuning candidates: nothing recorded as the kernels' current build, no lock
+    # per kernel that declares one, its fallbacks with their modules' digests (`cutecc.contract.fallbacks`)
+    fallbacks: dict[str, dict[str, FallbackRef]] = field(default_factory=dict)
+
+
+def target(manifest: Manifest, *, archs: tuple[str, ...] = (), kernels: tuple[str, ...] = (),
+           candidates: bool = False, hashes: HashCache | None = None,
+           platforms: tuple[str, ...] = ()) -> Target:
+    """`manifest` restricted to `kernels` (and their backward kernels), with each tuned
+    kernel's candidates as extra variants when `candidates`, planned for `archs` and host
+    `platforms` (else the manifest's; `cutecc.platforms`) with `hashes` (what planning
+    learned before; None: nothing kept)."""
+    selected = manifest.select(kernels) if kernels else manifest
+    if candidates:
+        from cutecc.plan.tuning_plan import with_candidates
+
+        selected = with_candidates(selected)
+    platforms = tuple(check_platform(p, "--platform") for p in platforms)
+    return Target(manifest, selected, tuple(plan(selected, archs, hash_cache=hashes, platforms=platforms)),
+                  partial=bool(kernels or archs or platforms), candidates=candidates,
+                  fallbacks=fallback_refs(selected))
+
+
+def fallback_refs(manifest: Manifest) -> dict[str, dict[str, FallbackRef]]:
+    """Each kernel's declared fallbacks with the SHA-256 of the module file each names,
+    found as import would find it, without importing it (a fallback may need a framework
+    the build host lacks); a module that cannot be found fails the build before any compile."""
+    from cutecc.toolchain.modfind import NotFound, find_module
+
+    out: dict[str, dict[str, FallbackRef]] = {}
+    for k in manifest.kernels:
+        for fld, ref in (("fallback", k.fallback), ("fallback_torch", k.fallback_torch)):
+            if ref is None:
+                continue
+            module = ref.split(":", 1)[0]
+            try:
+                found = find_module(module, [str(p) for p in manifest.python_path])
+                if found.origin is None:
+                    raise NotFound(f"{module!r} is a namespace package, not a module file")
+                digest = hashlib.sha256(Path(found.origin).read_bytes()).hexdigest()
+            except (NotFound, OSError) as e:
+                raise CuteccError(f"cannot find the fallback's module: {e}", where=str(manifest.path),
+                                  key_path=f'kernel "{k.name}", {fld}') from None
+            out.setdefault(k.name, {})[fld] = FallbackRef(ref, digest)
+    return out
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How to build: who compiles, how many at a time, which remote cache, which mode."""
+
+    executor: Executor
+    jobs: int
+    remote: RemoteConfig | None = None
+    dry_run: bool = False  # probe only: misses are reported "planned"
+    read_only: bool = False  # write nothing to the cache; a miss is an error (exit 1)
+
+
+def settings(manifest: Manifest, *, jobs: int | None = None, executor: str | None = None,
+             ray_address: str | None = None, remote: str | None = None,
+             remote_write: bool | None = None, compile_timeout: str | float | None = None,
+             compile_memory: str | int | None = None, dry_run: bool = False,
+             read_only: bool = False) -> Settings:
+    """The settings asked for by arguments, else the environment, else the manifest's
+    `[build]` table (`cutecc.build.executors.choose`, `compile_limits`, `cutecc.ship.remote.config`);
+    `jobs` defaults to this machine's CPUs."""
+    b = manifest.build
+    runner = dataclasses.replace(
+        choose(executor, ray_address, default_kind=b.executor, default_address=b.ray_address),
+        limits=compile_limits(compile_timeout, compile_memory, default_seconds=b.compile_timeout,
+                              default_memory=b.compile_memory))
+    return Settings(runner, jobs or os.cpu_count() or 1,
+                    remote_cache.config(remote, remote_write, default=b.remote), dry_run, read_only)
+
+
+@dataclass(frozen=True)
+class LockRequest:
+    """Where the lock goes, and the key that signs it (None: unsigned)."""
+
+    path: Path
+    signing_key: Any = None  # a private key read by `cutecc.lock.signing.read_private_key`
+
+
+@dataclass
+class Built:
+    """What `run` did: every planned entry's outcome in plan order, and the rest."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    remote: RemoteUse | None = None
+    runtimes_built: list[str] = field(default_factory=list)  # runtime libraries linked
+    lock_file: Path | None = None  # the lock written or confirmed (None: not written)
+    lock_changed: bool = False
+    signature: Path | None = None  # the lock's signature, when signed
+    dropped_tuning: list[str] = field(default_factory=list)  # tuning lines the lock lost, and why
+    timings: Timings = field(default_factory=Timings)  # wall seconds per stage
+
+    @property
+    def ok(self) -> bool:
+        return not any(o.status == "failed" for o in self.outcomes)
+
+
+def run(t: Target, store: Store, s: Settings, *, hashes: HashCache | None = None,
+        lock: LockRequest | None = None, progress: Progress | None = None,
+        timings: Timings | None = None) -> Built:
+    """Probe, fetch, compile, publish and record `t` into `store` (see the module docstring);
+    `lock`: write the lock there after a fully successful build (not for candidates).
+    Each stage's wall time is added to `timings` (the caller's, holding its own stages)."""
+    progress = progress or Progress()
+    clock = timings if timings is not None else Timings()
+    with clock.stage("probe"):
+        probed = probe(store, t.planned, dry_run=s.dry_run)
+        if s.read_only:
+            refuse_misses(store, probed)
+    fetched = None
+    if s.remote is not None and not s.dry_run and not s.read_only:
+        with clock.stage("fetch"):
+            fetched = fetch(store, probed.misses, s.remote, progress)
+    misses = fetched.left if fetched is not None else probed.misses
+    use = fetched.use if fetched is not None else None
+    push = s.remote if s.remote is not None and s.remote.write and use is not None and not use.down else None
+    with clock.stage("compile"):
+        compiled = compile_misses(store, misses, t.selected, s, progress, push, use)
+    outcomes = probed.outcomes + (fetched.outcomes if fetched else []) + compiled.outcomes
+    with clock.stage("publish"):
+        linked = publish(store, outcomes, stale=probed.stale, swept=bool(misses), dry_run=s.dry_run,
+                         read_only=s.read_only)
+    order = {p.key + p.label: i for i, p in enumerate(t.planned)}
+    outcomes.sort(key=lambda o: order[o.planned.key + o.planned.label])
+    built = Built(outcomes, use, compiled.runtimes_built + linked, timings=clock)
+    with clock.stage("lock"):
+        record(store, t, built, hashes=hashes, lock=None if t.candidates else lock, dry_run=s.dry_run,
+               read_only=s.read_only)
+    return built
+
+
+# probe -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Probed:
+    """What the store holds of a plan."""
+
+    outcomes: list[Outcome]  # hits ("cached"), refused entries ("failed"), dry-run misses ("planned")
+    misses: list[Planned]  # not in the store: to fetch or compile
+    stale: list[str]  # keys of hits whose index record is older than their meta.json
+
+
+def probe(store: Store, planned: Sequence[Planned], *, dry_run: bool = False) -> Probed:
+    """Which planned entries `store` holds: a hit is told by its ~400-byte index record when
+    that was taken from its meta.json as it is now (its stamp), else by reading meta.json;
+    an entry someone else could have written is refused (`entry_trust_problem`), as is a
+    cache another user owns (`Store.check_trust`). Reads only."""
+    if store.entries_dir.is_dir():
+        store.check_trust()  # another user's cache never vouches for anything here
+    out: list[Outcome] = []
+    misses: list[Planned] = []
+    stale: list[str] = []
+    for p in planned:
+        facts = store.indexed_facts(p.kernel.name, p.key)
+        stamp = store.stamp(p.key) if facts is not None else None
+        if stamp is not None and facts is not None and facts.get("meta_stat") == stamp:
+            # a hit, told by its index record, taken from this very meta.json
+            why = entry_trust_problem(store.entry_path(p.key), [facts["library"]])
+            out.append(Outcome(p, "failed", error=f"cached entry {p.key[:12]} refused: {why}; run "
+                               "`cutecc verify --fix`") if why else
+                       Outcome(p, "cached", facts=facts, saved=facts["build_seconds"]))
+            continue
+        try:
+            entry = store.get(p.key)
+        except CuteccError:  # unreadable metadata: a hit the lock cannot record
+            out.append(Outcome(p, "cached"))
+            continue
+        bad = entry_trust_problem(entry.path, list(entry.meta.get("files") or [])) if entry else None
+        if bad:
+            out.append(Outcome(p, "failed", error=f"cached entry {p.key[:12]} refused: "
+                               f"{bad}; run `cutecc verify --fix`"))
+        elif entry is not None:
+            out.append(Outcome(p, "cached", meta=entry.meta, saved=_build_seconds(entry.meta)))
+            if stamp is not None:  # meta.json rewritten or copied since its record was taken
+                stale.append(p.key)
+        elif dry_run:
+            out.append(Outcome(p, "planned"))
+        else:
+            misses.append(p)
+    return Probed(out, misses, stale)
+
+
+def refuse_misses(store: Store, probed: Probed) -> None:
+    """A read-only build's misses are an error (exit 1) naming them."""
+    missing = probed.misses or [o.planned for o in probed.outcomes if o.status == "planned"]
+    if missing:
+        raise WorkError(f"read-only mode: {len(missing)} entr{'y' if len(missing) == 1 else 'ies'} "
+                        "not in the cache: " + ", ".join(f"{p.label} {p.key[:12]}" for p in missing),
+                        where=str(store.root))
+
+
+# fetch -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """What the remote cache gave."""
+
+    outcomes: list[Outcome]  # the misses it had, published here ("cached", fetched)
+    left: list[Planned]  # the misses left to compile
+    use: RemoteUse
+
+
+def fetch(store: Store, misses: list[Planned], cfg: RemoteConfig, progress: Progress) -> Fetched:
+    """Fetch from the remote what it has of the misses, each checked before it is published
+    into `store`; a remote that is down or refuses an entry fails nothing (the entry is
+    compiled)."""
+    use = RemoteUse(cfg.url, cfg.write)
+    if not misses:
+        return Fetched([], [], use)
+    store.ensure()
+    t0 = time.perf_counter()
+    keys = list(dict.fromkeys(p.key for p in misses))
+    progress.note(f"looking up {len(keys)} entr{'y' if len(keys) == 1 else 'ies'} in {cfg.url}")
+    conn = remote_cache.Remote(cfg)
+    before = conn.traffic
+    found = conn.lookup(keys, store)
+    label = {p.key: p.label for p in misses}
+    use.fetched, use.absent, use.down = len(found.fetched), len(found.absent), found.down
+    use.refused = {f"{label[k]} {k[:12]}": why for k, why in found.refused.items()}
+    after = conn.traffic
+    use.traffic = remote_cache.Traffic(after.requests - before.requests,
+                                       after.bytes_down - before.bytes_down,
+                                       after.bytes_up - before.bytes_up, after.seconds - before.seconds)
+    use.seconds = time.perf_counter() - t0
+    use.saved = sum(f.saved for f in found.fetched.values())
+    out, left = [], []
+    for p in misses:
+        got = found.fetched.get(p.key)
+        if got is None:
+            left.append(p)
+        else:
+            out.append(Outcome(p, "cached", meta=got.entry.meta, saved=got.saved, fetched=True))
+    return Fetched(out, left, use)
+
+
+# compile -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """What the executor did."""
+
+    outcomes: list[Outcome] = field(default_factory=list)  # one per miss, in finishing order
+    runtimes_built: list[str] = field(default_factory=list)  # runtime libraries linked first
+
+
+def compile_misses(store: Store, misses: list[Planned], manifest: Manifest, s: Settings,
+                   progress: Progress, push: RemoteConfig | None = None,
+                   use: RemoteUse | None = None) -> Compiled:
+    """Compile the misses on `s.executor`, after linking the runtime library they link
+    against if the store lacks it. Several variants can share a key (a variant parameter
+    that changes nothing): each key is built once, and reported for each of them. With
+    `push`, workers upload what they build; what that did is added to `use`."""
+    if not misses:
+        return Compiled()
+    store.ensure()
+    store.sweep_tmp()
+    linked = _ensure_runtimes(store, {p.inputs["toolchain"]["runtime"] for p in misses})
+    unique = {p.key: p for p in misses}
+    progress.start(len(misses))
+    for p in unique.values():
+        if store.is_busy(p.key):
+            progress.waiting(p)
+    out: list[Outcome] = []
+
+    def on_result(job: BuildJob, r: Result) -> None:
+        if r.pushed is not None and use is not None:
+            use.traffic = use.traffic + r.pushed.traffic
+            use.uploaded += r.pushed.created
+            if r.pushed.error:
+                use.upload_errors.append(f"{job.kernel}[{job.variant.id}]@{job.arch}: {r.pushed.error}")
+        for q in misses:
+            if q.key == job.key:
+                o = Outcome(q, r.status, r.seconds, r.error, r.meta, timings=dict(r.timings),
+                            worker=r.worker)
+                out.append(o)
+                progress.done(o)
+
+    s.executor.compile_all([BuildJob.of(p, manifest) for p in unique.values()], store.root, s.jobs,
+                           on_result, push)
+    return Compiled(out, linked)
+
+
+# publish -----------------------------------------------------------------------------
+
+
+def publish(store: Store, outcomes: list[Outcome], *, stale: Sequence[str] = (), swept: bool = False,
+            dry_run: bool = False, read_only: bool = False) -> list[str]:
+    """Make the store whole for what the build reports: every built or cached entry's
+    runtime library there (gc or rm may have taken one; a fetched entry or a Ray worker's
+    brings none), linked if missing (a read-only build: an error); hits' `stale` index
+    records rewritten; leftovers of killed builds swept unless the compile stage did
+    (`swept`). Returns the runtime libraries it linked."""
+    if dry_run:
+        return []
+    needed = {o.facts["runtime_key"] for o in outcomes if o.facts}
+    needed |= {rec["key"] for o in outcomes if o.status in ("built", "cached") and o.meta
+               for rec in [runtime_record(o.meta)] if rec is not None}
+    missing = sorted(k for k in needed if store.get_runtime(k) is None)
+    if missing and read_only:
+        raise WorkError(f"read-only mode: runtime librar{'y' if len(missing) == 1 else 'ies'} "
+                        f"{', '.join(k[:12] for k in missing)} not in the cache", where=str(store.root))
+    linked = []
+    if missing:
+        store.ensure()
+        linked = _ensure_runtimes(store, set(missing))
+    if read_only:
+        return linked
+    for key in stale:
+        _refresh_record(store, key)
+    if not swept:  # leftovers of killed builds go even when everything is cached
+        with contextlib.suppress(CuteccError, OSError):
+            if store.created():
+                store.sweep_tmp()
+    return linked
+
+
+def _ensure_runtimes(store: Store, keys: set[str]) -> list[str]:
+    """Link and publish the runtime libraries of `keys` the store lacks (this toolchain's);
+    the names of those linked."""
+    out = []
+    for key in sorted(keys):
+        entry, built = ensure_runtime(store, key)
+        if built:
+            out.append(str(entry.meta.get("library")))
+    return out
+
+
+def _refresh_record(store: Store, key: str) -> None:
+    """Rewrite an index record whose meta.json was rewritten or copied since (a copied
+    cache, verify's repair), from that meta.json read again under the key's lock, so the
+    next build reads the record only. Best-effort: busy, damaged or read-only, it waits."""
+    from cutecc.entry import META, meta_problem
+
+    with contextlib.suppress(Exception), store.lock(key, timeout=0):
+        entry = store.get(key)
+        if entry is not None and meta_problem(entry.meta, key) is None:
+            store.index(key, entry.meta, entry.path / META)
+
+
+def _build_seconds(meta: dict[str, Any]) -> float:
+    try:
+        return float(meta.get("build_seconds", 0))
+    except (TypeError, ValueError):
+        return 0.0
+
+
+# record ------------------------------------------------------------------------------
+
+
+def record(store: Store, t: Target, built: Built, *, hashes: HashCache | None = None,
+           lock: LockRequest | None = None, dry_run: bool = False, read_only: bool = False) -> None:
+    """Record what the build did: hits marked used and the cache's stats, what planning
+    learned (`hashes`), and after a fully successful build the generations and composites
+    (not for candidates) and the lock at `lock` (filling `built`'s lock fields)."""
+    if not dry_run and not read_only:
+        _record_use(store, built)
+        if hashes is not None and store.root.is_dir():
+            hashes.save()  # a no-op if planning saved it already (an existing store)
+    if dry_run or not built.ok:
+        return
+    if not read_only and not t.candidates:
+        _record_generations(store, t.manifest.path, t.planned, partial=t.partial, fallbacks=t.fallbacks)
+        for c in t.selected.composites:  # best-effort, like the generations
+            with contextlib.suppress(OSError):
+                store.record_composite(c.name, c.to_json(), str(t.manifest.path))
+    if lock is not None:
+        _write_lock(store, t, built, hashes, lock)
+
+
+def _write_lock(store: Store, t: Target, built: Built, hashes: HashCache | None, req: LockRequest) -> None:
+    merged = merge_build(
+        req.path, [_lock_line(o, t.fallbacks) for o in built.outcomes], partial=t.partial,
+        covered={(p.kernel.name, p.arch, p.platform) for p in t.planned},
+        defined={k.name for k in t.manifest.kernels},
+        composites=[CompositeLine(c.name, c.launches, c.inputs, c.outputs) for c in t.manifest.composites],
+        environment=environment_of(t.planned))
+    signing = req.signing_key is not None
+    new_lock = _vouched(store, t.manifest, hashes, merged, built, signing=signing, where=req.path)
+    built.lock_changed = write_lock(req.path, new_lock)
+    built.lock_file = req.path
+    if signing:
+        from cutecc.lock import signing as sig
+
+        built.signature = sig.sign_file(req.path, req.signing_key, "lock", data=new_lock.dumps())
+
+
+def environment_of(planned: Sequence[Planned]) -> Environment:
+    """The key-deciding distributions `planned` was keyed with (what the lock records)."""
+    return Environment.of(p.inputs.get("distributions") or {} for p in planned)
+
+
+def _lock_line(o: Outcome, fallbacks: dict[str, dict[str, FallbackRef]]) -> LockEntry:
+    p = o.planned
+    if o.facts is not None:
+        le = LockEntry.from_facts(p.kernel.name, p.variant.id, p.arch, p.key, o.facts, p.platform)
+    else:
+        le = LockEntry.of(p.kernel.name, p.variant.id, p.arch, p.key, o.meta or {})
+    refs = fallbacks.get(p.kernel.name)
+    return dataclasses.replace(le, fallbacks=tuple(sorted(refs.items()))) if refs else le
+
+
+def _vouched(store: Store, manifest: Manifest, hashes: HashCache | None, merged: Merged,
+             built: Built, *, signing: bool, where: Path) -> Lock:
+    """The lock this build may write: `merged` with every line it did not see itself
+    checked against the cache (`cutecc.ship.vouch`), and, when it is about to be signed, every
+    line read back and hashed. A tuning line that fails is dropped with a warning (the
+    default serves its bucket); an entry line that fails is an error naming it, and
+    nothing is written or signed."""
+    from cutecc.ship.vouch import composite_line_problem, entry_line_problem, tuning_line_problem
+
+    bad: list[str] = []
+    memo: dict[Any, Any] = {}  # each library and runtime library read and hashed once
+    for le in merged.lock.entries if signing else merged.kept:
+        why = entry_line_problem(store, le, hashed=signing, memo=memo)
+        if why and (signing or why != "not in the cache"):
+            bad.append(f"{le.label} {le.key[:12]}: {why}")
+    for c in merged.lock.composites:
+        why = composite_line_problem(store, merged.lock, c, hashed=signing, present=signing, memo=memo)
+        if why:
+            bad.append(f"composite {c.name}: {why}")
+    if bad:
+        raise WorkError(f"{'refusing to sign: ' if signing else ''}{len(bad)} lock line(s) this build "
+                        f"cannot vouch for: {'; '.join(bad[:5])}"
+                        + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
+                        + ". Build those kernels (or `cutecc verify --fix`, then build) first",
+                        where=str(where))
+    if not merged.lock.tuning:
+        return merged.lock
+    candidates = _tuning_candidates(manifest, hashes)
+    keep = []
+    for tl in merged.lock.tuning:
+        why = tuning_line_problem(store, tl, candidates, hashed=signing, present=signing, memo=memo)
+        if why:
+            built.dropped_tuning.append(f"{tl.kernel}[{tl.variant}]@{tl.arch} {tl.bucket} on {tl.device}: "
+                                        f"{why}")
+        else:
+            keep.append(tl)
+    return merged.lock.with_tuning(keep)
+
+
+def _tuning_candidates(manifest: Manifest, hashes: HashCache | None) -> dict[tuple[str, str, str], Any]:
+    """The manifest's tuning plan, every arch (a build restricted by --arch keeps the other
+    archs' tuning lines), as (kernel, variant, arch) -> (default key, {candidate key:
+    variant}); {} when it declares no tuning space. Planned with the build's own hash cache,
+    so a no-op build reads no unchanged file for it."""
+    from cutecc.plan.tuning_plan import items
+
+    if not any(k.tuning is not None for k in manifest.kernels):
+        return {}
+    return {(it.kernel, it.variant, it.arch): (it.base, {c.key: c.variant for c in it.candidates})
+            for it in items(manifest, hash_cache=hashes)}
+
+
+def _record_generations(store: Store, manifest: Path, planned: tuple[Planned, ...], *, partial: bool,
+                        fallbacks: dict[str, dict[str, FallbackRef]] | None = None) -> None:
+    """Record what this build planned as each (kernel, arch)'s current entries, and as the
+    manifest's: `cutecc.load` then offers only these (older entries stay for locks).
+    Best-effort: where they cannot be written, the old records go (load then offers every
+    entry of those kernels, as before records existed)."""
+    by: dict[str, dict[str, list[str]]] = {}
+    for p in planned:
+        by.setdefault(p.kernel.name, {}).setdefault(p.arch, []).append(p.key)
+    try:
+        for kernel, per_arch in by.items():
+            for arch, keys in per_arch.items():
+                store.record_generation(kernel, arch, keys, str(manifest),
+                                        refs_to_json((fallbacks or {}).get(kernel, {})))
+        store.record_manifest(manifest, hashlib.sha256(manifest.read_bytes()).hexdigest(), by,
+                              partial=partial)
+    except OSError:  # a full or read-only cache: drop the records rather than keep stale ones
+        store.forget_build_records(manifest, [(k, a) for k, per_arch in by.items() for a in per_arch])
+
+
+def _record_use(store: Store, built: Built) -> None:
+    """Mark each hit used (for `cutecc gc`) and add this build's counts to stats.json.
+
+    Best-effort: a cache on a read-only mount still serves its hits.
+    """
+    if not store.created():
+        return
+    for o in built.outcomes:
+        if o.status == "cached":
+            touch_used(store.entry_path(o.planned.key))
+    local_hits = [o for o in built.outcomes if o.status == "cached" and not o.fetched]
+    remote: dict[str, float] = {}
+    if built.remote is not None:
+        use, t = built.remote, built.remote.traffic
+        remote = {"remote_hits": use.fetched, "remote_misses": use.absent,
+                  "remote_refused": len(use.refused), "remote_unavailable": int(use.down is not None),
+                  "remote_uploads": use.uploaded, "remote_requests": t.requests,
+                  "remote_bytes_down": t.bytes_down, "remote_bytes_up": t.bytes_up,
+                  "remote_seconds": use.seconds, "remote_seconds_saved": use.saved}
+    with contextlib.suppress(OSError):  # filelock.Timeout is an OSError too
+        store.add_stats(hits=len(local_hits), misses=sum(o.status == "built" for o in built.outcomes),
+                        failures=sum(o.status == "failed" for o in built.outcomes),
+                        seconds_saved=sum(o.saved for o in local_hits), **remote)

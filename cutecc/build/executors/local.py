@@ -1,0 +1,384 @@
+"""The local executor: this machine's process pools, one per arch.
+
+The DSL fixes its target arch when it is imported (`CUTE_DSL_ARCH`), so misses are
+compiled in one pool of processes per arch (and per set of device answers), the arch given
+to the pool once, at start. The pool's workers are forked from a compile service that has
+imported the DSL (torch and installed libraries' entry modules, when the kernels reach
+them) once, so a compile pays only the compile; where forking is unsafe they are spawned,
+and import the same before their first job (`cutecc.build.executors.service`; each result names
+which). Each worker runs `workers.build_one` for one job at a time: it publishes its
+entry into the store under the key's lock, and returns the entry's metadata. Each compile
+is bounded (`workers.Limits`): a worker whose job runs past the time limit is killed and
+replaced, and one under a memory limit has its data segment capped (RLIMIT_DATA), so a
+runaway kernel fails alone. A worker runs in a session of its own and marks what it
+starts, so stopping it stops every process its compile started, detached ones included
+(`cutecc.build.executors.worker_tree`). `LocalExecutor` is this module behind
+`cutecc.build.executors.Executor`, the protocol the build pipeline takes.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import multiprocessing
+import multiprocessing.connection
+import os
+import secrets
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cutecc.build.executors import service, worker_tree
+from cutecc.build.workers import (
+    DEFAULT_LIMITS,
+    BuildJob,
+    Limits,
+    Result,
+    build_one,
+    died_error,
+    limit_memory,
+    stopped_error,
+    with_startup,
+)
+from cutecc.store.writer import Store
+
+if TYPE_CHECKING:
+    from cutecc.ship.remote import RemoteConfig
+
+
+@dataclass(frozen=True)
+class LocalExecutor:
+    """This machine's process pools (`compile_all`), each compile within `limits`."""
+
+    limits: Limits = DEFAULT_LIMITS
+    kind: str = field(default="local", init=False)
+
+    def compile_all(self, jobs: list[BuildJob], store_root: Path, workers: int,
+                    on_result: Callable[[BuildJob, Result], None],
+                    remote: RemoteConfig | None = None) -> None:
+        """Build every job in pools of up to `workers` processes; `on_result` sees each as it
+        finishes, in this process."""
+        compile_all(jobs, store_root, workers, on_result, remote=remote, limits=self.limits)
+
+
+def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
+                on_result: Callable[[BuildJob, Result], None],
+                remote: RemoteConfig | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
+    """Build every job, one pool of workers per arch (and per set of device answers:
+    libraries cache what they asked), forked from a compile service where that is safe,
+    else spawned (`cutecc.build.executors.service`); `on_result` sees each as it finishes. With a
+    writable `remote`, each worker uploads what it built. A compile past `limits.seconds` has
+    its worker killed and replaced (what it staged is swept, never published) and is reported
+    failed; so is one whose worker dies."""
+    by_kind: dict[str, list[BuildJob]] = {}
+    for j in jobs:
+        by_kind.setdefault(j.worker_kind, []).append(j)
+    for items in by_kind.values():
+        _Pool(items[0].arch, max(1, min(workers, len(items))), dict(items[0].env), limits,
+              service.preloads(items)).run(items, store_root, remote, on_result)
+
+
+@dataclass
+class _Slot:
+    """One worker process, its end of the pipe, and the job it compiles (with its start)."""
+
+    proc: Any
+    conn: Any
+    token: str  # the mark of what its compiles start (`worker_tree`)
+    kind: str  # how it started: "fork", or "spawn (why)"
+    asked: float = 0.0  # when its start was asked for
+    startup: float | None = None  # seconds from then to ready, until its first result names it
+    ready: bool = False
+    job: BuildJob | None = None
+    started: float = 0.0
+
+
+class _Pool:
+    """Worker processes for one arch, each fed one job at a time over a pipe, so a job past
+    its time limit can be stopped by killing its worker alone and the slot refilled (a
+    ProcessPoolExecutor breaks as a whole when one of its workers is killed). Workers are
+    forked from a compile service (`service`) or, where that is unsafe, spawned; `worker`
+    says which, and why not fork."""
+
+    MAX_FAILED_STARTS = 3  # workers that died before taking any job: the rest fail
+
+    def __init__(self, arch: str, n: int, env: dict[str, str], limits: Limits,
+                 modules: service.Preload = service.NOTHING) -> None:
+        self.arch, self.n, self.env, self.limits, self.modules = arch, n, env, limits, modules
+        self.ctx = multiprocessing.get_context("spawn")
+        self.slots: list[Any] = []
+        self.failed_starts = 0
+        self.store_root = Path()
+        self.service: service.Service | None = None
+        self.worker = "spawn"
+
+    def _start_service(self) -> None:
+        """Start the compile service (or adopt the one `prestart` started, if it fits) if
+        forking is asked for and safe; else say why not."""
+        how, why = service.mode()
+        if how != "fork":
+            self.worker = f"spawn ({why})"
+            return
+        self.service = _adopt(self.arch, self.env, self.limits.memory, self.modules)
+        if self.service is None:
+            with _sigint_held_while_spawning():  # it starts with Ctrl-C blocked, as a worker does
+                self.service = service.Service(self.ctx, _init_worker,
+                                               (self.arch, os.getpid(), self.env, False),
+                                               _serve_forked, self.limits.memory, self.modules)
+        # a Ctrl-C meanwhile stops the pool (and the service)
+        problem = self.service.ready(final=self.modules)
+        if problem is None:
+            self.worker = "fork"
+        else:
+            self.service, self.worker = None, f"spawn ({problem})"
+
+    def _spawn(self) -> _Slot:
+        token = secrets.token_hex(8)
+        if self.service is not None:
+            try:
+                with _sigint_held_while_spawning():
+                    forked = self.service.fork(token)
+                return _Slot(forked, forked.conn, token, "fork", time.monotonic())
+            except service.ServiceGone as e:
+                self.service.close()
+                self.service, self.worker = None, f"spawn ({e})"
+        mine, theirs = self.ctx.Pipe()
+        proc = self.ctx.Process(target=_serve, args=(theirs, self.arch, os.getpid(), self.env,
+                                                     self.limits.memory, token, self.modules))
+        asked = time.monotonic()
+        with _sigint_held_while_spawning():  # workers start with Ctrl-C blocked
+            proc.start()
+        theirs.close()
+        return _Slot(proc, mine, token, self.worker, asked)
+
+    def run(self, jobs: list[BuildJob], store_root: Path, remote: RemoteConfig | None,
+            on_result: Callable[[BuildJob, Result], None]) -> None:
+        queue = collections.deque(jobs)
+        self.store_root = store_root
+        try:
+            t0 = time.monotonic()
+            self._start_service()
+            self.slots = [self._spawn() for _ in range(self.n)]
+            for s in self.slots:  # the first workers' start includes the service's
+                s.asked = t0
+            while queue or any(s.job for s in self.slots):
+                for s in self.slots:
+                    if s.ready and s.job is None and queue:
+                        s.job, s.started = queue.popleft(), time.monotonic()
+                        s.conn.send((s.job, str(store_root), remote))
+                for s, result in self._wait(refill=bool(queue)):
+                    job, s.job = s.job, None
+                    if job is not None and result is not None:
+                        startup, s.startup = s.startup, None
+                        on_result(job, with_startup(result, s.kind, startup))
+                if queue and not self.slots:
+                    for job in queue:
+                        on_result(job, Result("failed", 0.0, "build workers could not start "
+                                              f"({self.failed_starts} died before taking a job)",
+                                              worker=self.worker))
+                    queue.clear()
+        finally:  # done, Ctrl-C, or the caller's callback failed: no worker outlives the pool
+            for s in self.slots:
+                with contextlib.suppress(Exception):
+                    s.conn.send(None)
+            for s in self.slots:
+                s.proc.join(5 if s.job is None else 0)
+                _kill(s)
+            if self.service is not None:
+                self.service.close()
+
+    def _wait(self, refill: bool) -> list[tuple[_Slot, Result | None]]:
+        """Wait for a message, a worker's death or the next deadline; what finished. A slot
+        whose worker was stopped or died is refilled when `refill` (jobs are waiting)."""
+        limit = self.limits.seconds
+        busy = [s.started + limit for s in self.slots if s.job is not None and limit]
+        timeout = max(0.0, min(busy) - time.monotonic()) if busy else None
+        waitables = [s.conn for s in self.slots] + [s.proc.sentinel for s in self.slots]
+        multiprocessing.connection.wait(waitables, timeout)
+        out: list[tuple[_Slot, Result | None]] = []
+        for i, s in enumerate(self.slots):
+            msg: Any = "dead"
+            with contextlib.suppress(EOFError, OSError):
+                if s.conn.poll():
+                    msg = s.conn.recv()
+                elif s.proc.is_alive():
+                    msg = None
+            if msg == "ready":
+                s.ready, s.startup = True, time.monotonic() - s.asked
+            elif isinstance(msg, Result):
+                out.append((s, msg))
+            elif msg == "dead" or (s.job is not None and limit and time.monotonic() - s.started >= limit):
+                stopped = msg != "dead"
+                _kill(s)
+                if s.job is not None:
+                    why = stopped_error(self.limits) if stopped else died_error(_exit_text(s.proc.exitcode),
+                                                                                self.limits)
+                    out.append((s, Result("failed", time.monotonic() - s.started, why)))
+                    with contextlib.suppress(Exception):  # what it staged (its key's lock died with it)
+                        Store(self.store_root).sweep_tmp()
+                elif not s.ready:
+                    self.failed_starts += 1
+                # the slot is refilled, so later jobs still run (not after repeated failed starts)
+                fresh = refill and (s.job is not None or self.failed_starts < self.MAX_FAILED_STARTS)
+                self.slots[i] = self._spawn() if fresh else None
+        self.slots = [s for s in self.slots if s is not None]
+        return out
+
+
+# services started before planning (`prestart`): (arch, env, memory limit, what it imports, it)
+_PRESTARTED: list[tuple[str, dict[str, str], int | None, service.Preload, service.Service]] = []
+
+
+def prestart(manifest: Any, limits: Limits = DEFAULT_LIMITS) -> bool:
+    """Start the compile service of the first pool `manifest` will most likely need
+    (`service.guess`) now, so that its imports (the DSL, torch, installed libraries:
+    seconds) run while the build plans (seconds too, when cold). The pool adopts it if
+    planning agreed with the guess (`service.covers`); `discard_prestarted` stops it
+    otherwise. Only where workers fork; whether one was started."""
+    if _PRESTARTED or service.mode()[0] != "fork":
+        return False
+    guessed = service.guess(manifest)
+    if guessed is None:
+        return False
+    arch, env, modules = guessed
+    with _sigint_held_while_spawning():
+        svc = service.Service(multiprocessing.get_context("spawn"), _init_worker,
+                              (arch, os.getpid(), env, False), _serve_forked, limits.memory, modules)
+    _PRESTARTED.append((arch, env, limits.memory, modules, svc))
+    return True
+
+
+def discard_prestarted() -> None:
+    """Stop the services `prestart` started that no pool adopted."""
+    while _PRESTARTED:
+        _PRESTARTED.pop()[-1].close()
+
+
+def _adopt(arch: str, env: dict[str, str], memory: int | None,
+           final: service.Preload) -> service.Service | None:
+    for i, (a, e, m, guessed, svc) in enumerate(_PRESTARTED):
+        if (a, e, m) == (arch, env, memory) and service.covers(final, guessed):
+            del _PRESTARTED[i]
+            return svc
+    return None
+
+
+def _kill(s: _Slot) -> None:
+    """Stop a worker and every process its compiles started (`worker_tree`)."""
+    with contextlib.suppress(Exception):
+        worker_tree.kill_tree(s.proc.pid, s.token)
+        if s.proc.is_alive():
+            s.proc.kill()
+        s.proc.join(5)
+    with contextlib.suppress(Exception):
+        s.conn.close()
+    if isinstance(s.proc, service.ForkedWorker):
+        s.proc.close()
+
+
+def _exit_text(code: int | None) -> str:
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exit status {code}"
+
+
+def _serve(conn: Any, arch: str, parent: int, env: dict[str, str], memory: int | None,
+           token: str = "", modules: service.Preload = service.NOTHING) -> None:
+    """A spawned worker: set up once for `arch`, import what a forked one has
+    (`service.preloads`), then build each job sent until told to stop; in a session of its
+    own, marking what it starts with `token` (`worker_tree.detach`)."""
+    if token:
+        worker_tree.detach(token)
+    _init_worker(arch, parent, env)
+    limit_memory(memory)
+    service.preload(modules)
+    _jobs(conn)
+    service.quit_now()
+
+
+def _serve_forked(conn: Any, parent: int, token: str) -> None:
+    """A worker forked by the compile service (set up and imported there; the service gave
+    it a session of its own and its mark, `token`): tied to the service's life, then as
+    `_serve`."""
+    _tie_to(parent)
+    _jobs(conn)
+
+
+def _jobs(conn: Any) -> None:
+    """Say ready, then build each job sent until told to stop."""
+    conn.send("ready")
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        job, store_root, remote = msg
+        try:
+            result = build_one(job, store_root, remote)
+        except BaseException as e:  # MemoryError outside the compile, ...
+            result = Result("failed", 0.0, f"{type(e).__name__}: {e}")
+        conn.send(result)
+
+
+@contextlib.contextmanager
+def _sigint_held_while_spawning() -> Iterator[None]:
+    """Ignore SIGINT while a worker is spawned, and block it too: an ignored signal stays
+    ignored across exec, so a Ctrl-C during the worker's start-up (before `_init_worker`)
+    cannot print a traceback from it; and a blocked one is kept pending even while ignored
+    (Linux discards only unblocked ignored signals), so a Ctrl-C at the build meanwhile is
+    delivered (KeyboardInterrupt) once the handler is back, never lost."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _init_worker(arch: str, parent: int, env: dict[str, str] | None = None,
+                 watchdog: bool = True) -> None:
+    """Set the manifest's [env] and the DSL's target (before any import), and tie the
+    worker's life to the build's (`_tie_to`; without `watchdog`, the compile service's
+    case, by the parent-death signal alone: it must stay one thread to fork), and leave
+    Ctrl-C to the parent, which stops the pool itself."""
+    from cutecc.build.compiler import set_target
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # if the spawn left it blocked
+    _tie_to(parent, watchdog)
+    os.environ.update(env or {})
+    set_target(arch)
+
+
+def _tie_to(parent: int, watchdog: bool = True) -> None:
+    """Die with `parent`: a parent-death signal (cleared by fork, so armed again in each
+    process), and a watchdog thread for where that is not available."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+    if watchdog:
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+
+
+def _watch_parent(parent: int) -> None:
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+

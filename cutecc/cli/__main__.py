@@ -1,0 +1,5 @@
+"""`python -m cutecc.cli`: the command line."""
+
+from cutecc.cli import main
+
+main()

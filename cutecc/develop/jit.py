@@ -1,0 +1,100 @@
+"""Just-in-time builds for development: a call no built variant fits compiles the variant
+that serves it, through the pipeline and key `cutecc build` uses, into the same cache.
+
+`cutecc.load(jit=True)` (or `$CUTECC_JIT=1`) reaches this module lazily, at the first
+miss only, and only where the DSL is installed: the runtime never imports the build side
+otherwise (the one allowance in `tests/architecture/test_import_layers.py`). For one miss:
+the manifest's variant that takes the call, else the variant the call's values add to its
+`variants` table (`cutecc.commands.misses.cover_call`, what `cutecc misses --toml`
+prints), planned for the best arch of the kernel's `archs` that runs on this GPU (else
+the arch `cutecc build --arch` would be told), then probed, compiled, checked and
+published by `cutecc.build.builder.run` as a one-entry build. Its key is the one a
+`cutecc build` of a manifest declaring that variant computes, so that build finds it
+cached. A JIT build records no generation and writes no lock: `cutecc.load()` without
+`jit` offers the entry once a `cutecc build` of a manifest declaring it records it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from pathlib import Path
+from typing import Any
+
+from cutecc.archs import runs_on, to_build
+from cutecc.build import builder
+from cutecc.commands.misses import cover_call
+from cutecc.errors import CuteccError
+from cutecc.plan.build_plan import plan
+from cutecc.store.misses import Miss
+from cutecc.store.view import StoreView
+from cutecc.store.writer import Store
+from cutecc.toolchain.dists import HashCache
+
+
+@dataclasses.dataclass(frozen=True)
+class JitResult:
+    """A JIT build of one call: the entry's key, its variant and arch, and whether it was
+    compiled now (False: a hit, built by an earlier process or build)."""
+
+    key: str
+    variant: str
+    arch: str
+    compiled: bool
+    seconds: float
+
+
+class JitBuilder:
+    """Builds the variant serving a missed call into the cache at `cache_dir`, from the
+    manifest at `manifest` (None: the one the kernel's newest build recorded, else the
+    project's, found as `cutecc build` finds it)."""
+
+    def __init__(self, cache_dir: Path, manifest: Path | None) -> None:
+        self.cache_dir = cache_dir
+        self.manifest = manifest
+        self._lock = threading.Lock()
+
+    def manifest_of(self, kernel: str) -> Path:
+        if self.manifest is not None:
+            return self.manifest
+        recorded = StoreView(self.cache_dir).generation_manifest(kernel)
+        if recorded is not None and recorded.is_file():
+            return recorded
+        from cutecc.manifest import find_manifest
+
+        return find_manifest()
+
+    def build(self, m: Miss) -> JitResult:
+        """Compile (or find cached) the entry serving the call `m` describes; a CuteccError
+        says why none can (a contract change, a failed compile), naming the manifest."""
+        with self._lock:  # one compile at a time per cache: two threads missing alike share it
+            path = self.manifest_of(m.kernel)
+            found = cover_call(path, m)
+            if isinstance(found, str):
+                raise CuteccError(f"no variant of the manifest serves the call: {found}", where=str(path),
+                                  key_path=f'kernel "{m.kernel}"')
+            manifest, variant = found
+            kernel = manifest.kernel(m.kernel)
+            arch = max(kernel.archs, key=lambda a: runs_on(a, m.arch), default="")
+            if not runs_on(arch, m.arch):
+                arch = to_build(m.arch)
+            one = dataclasses.replace(kernel, variants=(variant,), candidates=(), tuning=None)
+            selected = dataclasses.replace(manifest, kernels=(one,), composites=())
+            store = Store(self.cache_dir)
+            hashes = HashCache(store.layout.hash_cache(), write=True)
+            # `candidates`: recorded as no build's generation and no lock, as tuning candidates are
+            target = builder.Target(manifest, selected,
+                                    tuple(plan(selected, (arch,), hash_cache=hashes)),
+                                    partial=True, candidates=True)
+            how = builder.settings(manifest, jobs=1)
+            done = builder.run(target, store, how, hashes=hashes)
+            (o,) = done.outcomes
+            if o.status not in ("built", "cached"):
+                raise CuteccError(f"the just-in-time build of variant {variant.id} for {arch} failed: "
+                                  f"{o.error}", where=str(path), key_path=f'kernel "{m.kernel}"')
+            return JitResult(o.planned.key, variant.id, arch, o.status == "built", o.seconds)
+
+
+def builder_for(cache_dir: Path, manifest: Path | None) -> Any:
+    """A `JitBuilder` (the runtime holds it as an opaque object)."""
+    return JitBuilder(cache_dir, manifest)

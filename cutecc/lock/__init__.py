@@ -1,0 +1,2 @@
+"""kernels.lock: its lines and its signature.
+"""

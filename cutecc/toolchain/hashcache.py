@@ -1,0 +1,309 @@
+"""The planning caches: what planning learned about files, remembered in the store by the
+files' stamps (`HashCache`): installed files' SHA-256s, distributions' digests, source
+files' parsed facts and import closures, so that a no-op build reads no installed code.
+Written through the store's writer (`write_planning`)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from cutecc import trust
+from cutecc.entry import parse_json
+from cutecc.errors import CuteccError
+from cutecc.store.layout import PLAN_FACTS
+from cutecc.toolchain import modfind
+
+HASH_CACHE_FORMAT = 2  # 2: stamps with ctime and device; planfacts.json beside it
+FACTS = PLAN_FACTS  # beside the hash cache: what a no-op build reads (`HashCache`)
+MAX_FACTS_BYTES = 64 << 20
+MAX_HASHES_BYTES = 256 << 20
+CLOSURE_CONTEXTS = 4  # closures remembered per module and python_path (`HashCache.closure`)
+SETTLE_NS = 2_000_000_000  # stamps younger than this are not remembered (`settled`)
+# The largest source file planning reads (`HashCache.source`): parsing Python costs about
+# 200 times its size in memory (a 4 MiB literal-dense module: ~0.9 GB, ~6 s, once per
+# change of its stamp), so bigger ones are refused by name. The largest real one known, a
+# generated MLIR ops module of the DSL, is 1.1 MB.
+MAX_SOURCE_FILE_BYTES = 4 << 20
+
+
+def stamp(st: os.stat_result) -> list[int]:
+    """What tells a file unchanged without reading it: size, mtime, ctime, inode and device.
+    An edit that keeps the size and puts the mtime back still moves the ctime, which only
+    the clock sets; a reinstall makes a new inode."""
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def path_stamp(p: str) -> list[int] | None:
+    """`stamp` of path `p`, a file's or a directory's (whose mtime and ctime move with every
+    entry added, removed or renamed in it); None when there is nothing there."""
+    try:
+        return stamp(os.stat(p))
+    except OSError:
+        return None
+
+
+def settled(st: os.stat_result) -> bool:
+    """Whether a stamp may be remembered: its ctime is SETTLE_NS old, so an edit within the
+    same tick of the file system's clock (which could leave every field as it was) is over."""
+    return time.time_ns() - st.st_ctime_ns >= SETTLE_NS
+
+
+def _read_stamped(f: str) -> tuple[bytes, str, os.stat_result | None]:
+    """A source file's bytes, their SHA-256 (hashed as read, in chunks), and its stat if
+    nothing changed it while it was read (else None); over MAX_SOURCE_FILE_BYTES, a
+    CuteccError naming it (without reading it)."""
+    with open(f, "rb") as fh:
+        before = os.fstat(fh.fileno())
+        _check_size(f, before.st_size)
+        h, buf = hashlib.sha256(), bytearray()
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+            buf += chunk
+            _check_size(f, len(buf))  # it grew while read
+        after = os.fstat(fh.fileno())
+    return bytes(buf), h.hexdigest(), (after if stamp(before) == stamp(after) else None)
+
+
+def _check_size(f: str, size: int) -> None:
+    if size > MAX_SOURCE_FILE_BYTES:
+        raise CuteccError(f"source file of {size / (1 << 20):.1f} MiB, over the "
+                          f"{MAX_SOURCE_FILE_BYTES >> 20} MiB a source file in a kernel's closure may "
+                          "have (planning parses each); keep large data out of Python source (a "
+                          "file the kernel reads at build time)", where=f)
+
+
+class HashCache:
+    """What planning learned about files, remembered across runs by their stamps (`stamp`),
+    so that a no-op build reads no installed code, only stats it. Two files in the store:
+    `path` holds the SHA-256 of installed files (large: torch's 14,000; loaded only when a
+    distribution's stamps changed), and `planfacts.json` beside it what the no-op path
+    reads: each distribution's digest under a fingerprint of its RECORD and its files'
+    stamps, and each source file's SHA-256 and parsed facts (imports, top-level names).
+    Only settled stamps are remembered. Read through `cutecc.trust` (refused: planning
+    starts from nothing and writes nothing back); `path=None` remembers within the run;
+    `write=False` (a dry run, a read-only build) reads what was remembered and writes nothing."""
+
+    def __init__(self, path: Path | None, write: bool = True) -> None:
+        self.path = path
+        self.write = write
+        self.facts_path = None if path is None else path.with_name(FACTS)
+        self._hashes: dict[str, list[Any]] | None = None if path is not None else {}
+        self._refused = False
+        self._dirty: set[str] = set()
+        doc = self._load(self.facts_path, MAX_FACTS_BYTES)
+        if doc.get("parser") != parser_id():  # facts another cutecc's parsing produced
+            doc = {}
+        self._dists: dict[str, list[Any]] = dict(doc.get("dists") or {})
+        self._sources: dict[str, list[Any]] = dict(doc.get("sources") or {})
+        # import closures (`closure`): {key and context: [key, body digest]}, {digest: body}
+        closures, bodies = doc.get("closures"), doc.get("closure_bodies")
+        self._closures: dict[str, list[Any]] = dict(closures) if isinstance(closures, dict) else {}
+        self._bodies: dict[str, Any] = dict(bodies) if isinstance(bodies, dict) else {}
+        self._stamps: dict[str, str | None] = {}  # this pass's (`_stamp`)
+        self._valid: dict[str, bool] = {}  # body digest -> `_holds`, this pass
+
+    def _load(self, path: Path | None, limit: int) -> dict[str, Any]:
+        if path is None:
+            return {}
+        try:
+            doc = parse_json(trust.read_path(path, limit), limit)
+        except trust.Untrusted:
+            self._refused = True
+            return {}
+        except (OSError, ValueError):
+            return {}
+        if not (isinstance(doc, dict) and doc.get("format") == HASH_CACHE_FORMAT
+                and all(isinstance(doc.get(k, {}), dict) for k in ("dists", "sources"))):
+            return {}  # damaged or another format: planned afresh, and written anew
+        return doc
+
+    def sha256(self, f: str) -> str:
+        """SHA-256 of installed file `f` ("missing" when it cannot be read)."""
+        if self._hashes is None:
+            self._hashes = dict(self._load(self.path, MAX_HASHES_BYTES).get("files") or {})
+        try:
+            st = os.stat(f)
+        except OSError:
+            return "missing"
+        rec = self._hashes.get(f)
+        if isinstance(rec, list) and rec[:-1] == stamp(st) and isinstance(rec[-1], str):
+            return rec[-1]
+        h = hashlib.sha256()
+        try:
+            with open(f, "rb") as fh:
+                before = os.fstat(fh.fileno())
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+                after = os.fstat(fh.fileno())
+        except OSError:
+            return "missing"
+        if stamp(before) == stamp(after) and settled(after):
+            self._hashes[f] = [*stamp(after), h.hexdigest()]
+            self._dirty.add("files")
+        return h.hexdigest()
+
+    def source(self, f: str, parse: Callable[[bytes], dict[str, Any]], kind: str = "source"
+               ) -> dict[str, Any]:
+        """Facts of source file `f`: `parse(its bytes)` plus its "sha256", from the cache
+        while its stamp holds (`kind` names what `parse` reads). `parse` raising (a syntax
+        error) is not remembered; a file over MAX_SOURCE_FILE_BYTES is refused by name."""
+        key = f"{kind}:{f}"
+        rec = self._sources.get(key)
+        if isinstance(rec, list) and len(rec) == 2 and isinstance(rec[1], dict):
+            with contextlib.suppress(OSError):
+                if rec[0] == stamp(os.stat(f)):
+                    return rec[1]
+        data, sha256, st = _read_stamped(f)
+        facts = {**parse(data), "sha256": sha256}
+        del data
+        if st is not None and settled(st):
+            self._sources[key] = [stamp(st), facts]
+            self._dirty.add("facts")
+        return facts
+
+    def closure(self, key: str, context: str) -> list[tuple[str, str, bool]] | None:
+        """The import closure remembered under `key` (`cutecc.plan.key.SourceIndex._closure`):
+        `(file, module, is a package)` per member, while the context is the same and every
+        member file and every path its lookups read has the stamp it had then. None otherwise."""
+        rec = self._closures.get(f"{key}\0{context}")
+        digest = rec[1] if isinstance(rec, list) and len(rec) == 2 and rec[0] == key \
+            and isinstance(rec[1], str) else None
+        body = self._bodies.get(digest) if digest is not None else None
+        if digest is None or not (isinstance(body, list) and len(body) == 2):
+            return None
+        if digest not in self._valid:
+            self._valid[digest] = self._holds(body)
+        if not self._valid[digest]:
+            return None
+        return [(str(f), str(name), bool(is_pkg)) for f, name, is_pkg, _ in body[0]]
+
+    def _holds(self, body: list[Any]) -> bool:
+        """Whether nothing a remembered closure depends on has changed: its member files'
+        stamps, and for each directory searched either its stamp (the same listing) or, when
+        it changed (a lock written beside the manifest), the stamps of the paths in it that
+        decided the lookups (`modfind.candidates`: present as they were, absent still absent).
+        A file read for its effect on `__path__` has no candidates, nor a path entry that is not
+        a directory (a zip archive): any change counts."""
+        try:
+            members, dirs = body
+            for f, name, is_pkg, st in members:
+                if not (isinstance(f, str) and isinstance(name, str) and isinstance(is_pkg, bool)
+                        and os.path.isabs(f)) or self._stamp(f) != st:
+                    return False
+            for p, st, tails, present in dirs:
+                if not (isinstance(p, str) and isinstance(tails, list) and isinstance(present, dict)
+                        and all(isinstance(t, str) for t in tails)):
+                    return False
+                if self._stamp(p) == st:
+                    continue
+                # a zip archive (or other file) on the path: its candidates have no stamps
+                # of their own (a module added inside leaves them all absent), so any change counts
+                if not tails or not os.path.isdir(p) or any(self._stamp(c) != present.get(c)
+                                    for t in tails for c in modfind.candidates(p, t)):
+                    return False
+        except (TypeError, ValueError, AttributeError):
+            return False  # damaged: walked afresh
+        return True
+
+    def _stamp(self, p: str) -> str | None:
+        """`path_stamp` as text, once per path and planning pass."""
+        if p not in self._stamps:
+            st = path_stamp(p)
+            self._stamps[p] = None if st is None else ":".join(map(str, st))
+        return self._stamps[p]
+
+    def remember_closure(self, key: str, context: str, members: list[tuple[str, str, bool]],
+                         consulted: Iterable[tuple[str, str]], since_ns: int) -> None:
+        """Remember a closure whose lookups and reads all happened from `since_ns` on, under
+        the stamps of its member files, of the directories its lookups searched with the
+        paths in them that decided each (`modfind.candidates`; only those present are
+        written), and of the `__init__` files read for their effect on `__path__` (`(file, "")`
+        in `consulted`); only when none of them changed within SETTLE_NS before `since_ns`,
+        so no stamp taken now can belong to content the walk did not see. Closures alike
+        (modules of one package) share one record."""
+        tails: dict[str, set[str]] = {}
+        for p, tail in consulted:
+            tails.setdefault(p, set())
+            if tail:
+                tails[p].add(tail)
+        times: list[list[int] | None] = []
+
+        def text(p: str) -> str | None:
+            st = path_stamp(p)
+            times.append(st)
+            return None if st is None else ":".join(map(str, st))
+
+        rows = [[f, name, is_pkg, text(f)] for f, name, is_pkg in sorted(members)]
+        dirs = []
+        for p, ts in sorted(tails.items()):
+            present = {c: got for t in sorted(ts) for c in modfind.candidates(p, t)
+                       if (got := text(c)) is not None}
+            dirs.append([p, text(p), sorted(ts), present])
+        if any(r[3] is None for r in rows) or any(
+                st is not None and st[2] > since_ns - SETTLE_NS for st in times):
+            return
+        body = [rows, dirs]
+        digest = hashlib.sha256(json.dumps(body, separators=(",", ":")).encode()).hexdigest()
+        # One record per context (`python -m cutecc` and the `cutecc` script search from
+        # different first entries of sys.path): the newest CLOSURE_CONTEXTS of each key.
+        mine = [k for k, v in self._closures.items() if isinstance(v, list) and v[:1] == [key]]
+        for k in mine[: max(0, len(mine) + 1 - CLOSURE_CONTEXTS)]:
+            del self._closures[k]
+        self._closures.pop(f"{key}\0{context}", None)
+        self._closures[f"{key}\0{context}"] = [key, digest]
+        self._bodies[digest] = body
+        self._valid[digest] = True
+        self._dirty.add("facts")
+
+    def _live_bodies(self) -> dict[str, Any]:
+        """The closure bodies some remembered closure still names."""
+        live = {v[1] for v in self._closures.values() if isinstance(v, list) and len(v) == 2}
+        return {k: v for k, v in self._bodies.items() if k in live}
+
+    def dist_digest(self, where: str, fingerprint: str) -> str | None:
+        """The digest remembered for the distribution at `where` under `fingerprint`."""
+        rec = self._dists.get(where)
+        return rec[1] if isinstance(rec, list) and len(rec) == 2 and rec[0] == fingerprint else None
+
+    def remember_dist(self, where: str, fingerprint: str, digest: str) -> None:
+        self._dists[where] = [fingerprint, digest]
+        self._dirty.add("facts")
+
+    def save(self) -> None:
+        """Write what was learned (best-effort: a read-only cache is fine)."""
+        if self.path is None or self._refused or not self.write:
+            return
+        from cutecc.store.writer import write_planning
+
+        with contextlib.suppress(OSError):
+            if "files" in self._dirty and self._hashes is not None:
+                write_planning(self.path, json.dumps({"format": HASH_CACHE_FORMAT, "files": self._hashes},
+                                                   separators=(",", ":")).encode())
+            if "facts" in self._dirty and self.facts_path is not None:
+                write_planning(self.facts_path, json.dumps(
+                    {"format": HASH_CACHE_FORMAT, "parser": parser_id(), "dists": self._dists,
+                     "sources": self._sources, "closures": self._closures,
+                     "closure_bodies": self._live_bodies()},
+                    separators=(",", ":")).encode())
+            self._dirty.clear()
+
+
+@functools.lru_cache(maxsize=1)
+def parser_id() -> str:
+    """Which cutecc's parsing produced remembered facts: a digest of the modules that
+    compute them (imports and names of sources, path effects, distribution digests), so
+    facts from another version of that code are never served as this one's."""
+    root = Path(__file__).resolve().parent.parent  # cutecc/
+    h = hashlib.sha256()
+    for name in ("toolchain/dists.py", "toolchain/hashcache.py", "plan/key.py", "toolchain/modfind.py"):
+        with contextlib.suppress(OSError):
+            h.update(name.encode() + b"\0" + (root / name).read_bytes())
+    return h.hexdigest()[:16]
