@@ -47,7 +47,7 @@ from cutecc.errors import CuteccError
 from cutecc.store.writer import Store
 
 if TYPE_CHECKING:
-    from cutecc.build.builder import Progress
+    from cutecc.build.outcome import Progress
 
 __all__ = ["BAD", "Problem", "VerifyReport", "check_entry", "lock_drift", "verify"]
 
