@@ -47,6 +47,7 @@ from cutecc.manifest import Manifest
 from cutecc.plan.build_plan import Planned, plan
 from cutecc.platforms import check_platform
 from cutecc.ship import remote as remote_cache
+from cutecc.store.layout import meta_file
 from cutecc.store.view import entry_trust_problem, touch_used
 from cutecc.store.writer import Store
 from cutecc.toolchain.dists import HashCache
@@ -210,7 +211,7 @@ def probe(store: Store, planned: Sequence[Planned], *, dry_run: bool = False) ->
         stamp = store.stamp(p.key) if facts is not None else None
         if stamp is not None and facts is not None and facts.get("meta_stat") == stamp:
             # a hit, told by its index record, taken from this very meta.json
-            why = entry_trust_problem(store.entry_path(p.key), [facts["library"]])
+            why = entry_trust_problem(store.layout.entry_str(p.key), [facts["library"]])
             out.append(Outcome(p, "failed", error=f"cached entry {p.key[:12]} refused: {why}; run "
                                "`cutecc verify --fix`") if why else
                        Outcome(p, "cached", facts=facts, saved=facts["build_seconds"]))
@@ -386,12 +387,12 @@ def _refresh_record(store: Store, key: str) -> None:
     """Rewrite an index record whose meta.json was rewritten or copied since (a copied
     cache, verify's repair), from that meta.json read again under the key's lock, so the
     next build reads the record only. Best-effort: busy, damaged or read-only, it waits."""
-    from cutecc.entry import META, meta_problem
+    from cutecc.entry import meta_problem
 
     with contextlib.suppress(Exception), store.lock(key, timeout=0):
         entry = store.get(key)
         if entry is not None and meta_problem(entry.meta, key) is None:
-            store.index(key, entry.meta, entry.path / META)
+            store.index(key, entry.meta, meta_file(entry.path))
 
 
 def _build_seconds(meta: dict[str, Any]) -> float:
@@ -537,7 +538,7 @@ def _record_use(store: Store, built: Built) -> None:
         return
     for o in built.outcomes:
         if o.status == "cached":
-            touch_used(store.entry_path(o.planned.key))
+            touch_used(store.layout.entry_str(o.planned.key))
     local_hits = [o for o in built.outcomes if o.status == "cached" and not o.fetched]
     remote: dict[str, float] = {}
     if built.remote is not None:

@@ -38,13 +38,12 @@ from cutecc import environ, trust
 from cutecc.entry import (
     MAX_LIBRARY_BYTES,
     MAX_META_BYTES,
-    META,
     RUNTIME_ABI,
     RuntimeMeta,
     parse_json,
 )
 from cutecc.errors import CuteccError
-from cutecc.store.layout import entry_file_parts
+from cutecc.store.layout import entry_file_parts, meta_parts
 from cutecc.store.view import touch_used
 
 ENV_ALLOW_SHARED = environ.ALLOW_SHARED_CACHE
@@ -92,7 +91,7 @@ def _read_library(path: Path, max_bytes: int) -> bytes:
     """The library's bytes through checked directories; its meta.json is checked too (who
     can write it can change what the library is trusted to be)."""
     root, parts = entry_file_parts(path)
-    trust.read_file(root, (*parts[:-1], META), MAX_META_BYTES)
+    trust.read_file(root, meta_parts(parts[:-1]), MAX_META_BYTES)
     return trust.read_file(root, parts, max_bytes)
 
 
@@ -205,7 +204,7 @@ def ensure_runtime(ref: RuntimeRef, label: str, *, record_use: bool = True) -> N
                           what="runtime library")
     root, parts = entry_file_parts(ref.path)
     try:
-        meta = parse_json(trust.read_file(root, (*parts[:-1], META), MAX_META_BYTES))
+        meta = parse_json(trust.read_file(root, meta_parts(parts[:-1]), MAX_META_BYTES))
     except (OSError, ValueError) as e:
         raise CuteccError(f"unreadable runtime library metadata: {e}", where=where, exit_code=1) from None
     try:

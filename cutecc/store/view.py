@@ -258,22 +258,14 @@ class StoreView:
 
     # Entries ---------------------------------------------------------------------
 
-    def entry_path(self, key: str) -> str:
-        """`layout.entry(key)` as a string (cheaper where a build handles 10,000 keys)."""
-        return self.layout.entry_str(key)
-
-    def runtime_dir(self, key: str) -> Path:
-        """`runtimes/ab/<key>/` (`Layout.runtime`)."""
-        return self.layout.runtime(key)
-
     def has(self, key: str) -> bool:
         """Whether the entry of `key` is published (its meta.json is there)."""
-        return os.path.isfile(os.path.join(self.layout.entry_str(key), META))
+        return os.path.isfile(self.layout.entry_meta_str(key))
 
     def stamp(self, key: str) -> list[int] | None:
         """The stamp (`entry.meta_stamp`) of the entry's meta.json, None when absent."""
         try:
-            return meta_stamp(os.stat(os.path.join(self.layout.entry_str(key), META)))
+            return meta_stamp(os.stat(self.layout.entry_meta_str(key)))
         except OSError:
             return None
 
@@ -282,7 +274,7 @@ class StoreView:
 
     def get_runtime(self, key: str) -> Entry | None:
         """The runtime library entry of `key`, or None."""
-        return self._get(self.runtime_dir(key), key)
+        return self._get(self.layout.runtime(key), key)
 
     def kernel_names(self) -> list[str]:
         """The kernels the index names (one directory listing, no metadata read)."""
@@ -302,10 +294,6 @@ class StoreView:
             return sorted(f.name for f in os.scandir(d) if is_key(f.name))
         except OSError:
             return []
-
-    def index_record(self, kernel: str, key: str) -> Path:
-        """`by-kernel/<kernel>/<key>` (`Layout.index_record`)."""
-        return self.layout.index_record(kernel, key)
 
     def indexed_facts(self, kernel: str, key: str) -> dict[str, Any] | None:
         """The facts the index records for `kernel`/`key` (see `entry.index_facts`) when

@@ -255,7 +255,7 @@ class Store(StoreView):
         a memfd copy).
         """
         with self._locked(key, timeout):
-            src = self.runtime_dir(key) if runtime else self.layout.entry(key)
+            src = self.layout.runtime(key) if runtime else self.layout.entry(key)
             moved = self._move_out(key, self.layout.staging(f"{key}.rm-{secrets.token_hex(6)}"), src)
             if moved is None:
                 return False
@@ -278,7 +278,7 @@ class Store(StoreView):
         """
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
         dest = self.layout.quarantined(key, stamp)
-        src = self.runtime_dir(key) if runtime else self.layout.entry(key)
+        src = self.layout.runtime(key) if runtime else self.layout.entry(key)
         with self._locked(key, timeout):
             if still_bad is not None and src.is_dir() and not still_bad(src):
                 return None
@@ -464,7 +464,7 @@ class Store(StoreView):
             self._sweep_key(key, runtime)
             staging = self.layout.staging(f"{key}.{secrets.token_hex(6)}")
             make_dir(staging)
-            final = self.runtime_dir(key) if runtime else self.layout.entry(key)
+            final = self.layout.runtime(key) if runtime else self.layout.entry(key)
             try:
                 meta = build(staging)
                 for f in staging.iterdir():  # the linker's output follows the umask
@@ -486,7 +486,7 @@ class Store(StoreView):
 
     def _sweep_key(self, key: str, runtime: bool = False) -> None:
         """Remove a killed build's leftovers for `key` (we hold its lock)."""
-        final = self.runtime_dir(key) if runtime else self.layout.entry(key)
+        final = self.layout.runtime(key) if runtime else self.layout.entry(key)
         for d in (*self.tmp_dir.glob(f"{key}.*"), *final.parent.glob(f".{key}.*.tmp")):
             if d.is_dir() and not d.is_symlink():
                 self._drop_leftover(key, d)
