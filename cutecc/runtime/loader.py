@@ -28,7 +28,7 @@ from cutecc.archs import check_device_arch, device_arch, driver_version, runs_on
 from cutecc.contract.composite_line import CompositeLine
 from cutecc.entry import call_keywords
 from cutecc.environ import read_only
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
 from cutecc.runtime.calls import Build, KernelBase
 from cutecc.runtime.jit_hook import jit_hook
 from cutecc.runtime.usable import ptx_problem, record_problem, tvm_ffi_series, why_unusable
@@ -209,13 +209,12 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
         lock, record_use = cache_dir / LOCK_NAME, False
     store = StoreView(cache_dir)
     if not store.entries_dir.is_dir():
-        raise CuteccError("no kernel cache here; run `cutecc build` first", where=str(store.root),
-                          exit_code=1)
+        raise WorkError("no kernel cache here; run `cutecc build` first", where=str(store.root))
     store.require()  # of this format: an older cache has no index and no runtime libraries
     target = check_device_arch(arch, "cutecc.load arch") if arch is not None else front.device_arch()
     if target is None:
-        raise CuteccError(f"no GPU is visible to {front.framework}: pass arch= (or set CUTECC_ARCH) to load "
-                          "kernels for lowering without one", where="cutecc.load", exit_code=1)
+        raise WorkError(f"no GPU is visible to {front.framework}: pass arch= (or set CUTECC_ARCH) to load "
+                        "kernels for lowering without one", where="cutecc.load")
     driver = driver_version()  # judges PTX entries (None without a driver: not judged)
     asked: set[str] | None = set(kernels) if kernels else None
     wanted = None if asked is None else set(asked)  # the kernels whose entries are looked up
@@ -227,12 +226,11 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
         try:
             digest = hashlib.sha256(mpath.read_bytes()).hexdigest()
         except OSError as e:
-            raise CuteccError(f"cannot read the manifest: {e.strerror}", where=str(mpath),
-                              exit_code=1) from None
+            raise WorkError(f"cannot read the manifest: {e.strerror}", where=str(mpath)) from None
         recorded = store.manifest_entries(mpath, digest)
         if recorded is None:
-            raise CuteccError("this manifest, as it is now, was never built into this cache; run "
-                              "`cutecc build`", where=f"{mpath} (cache {store.root})", exit_code=1)
+            raise WorkError("this manifest, as it is now, was never built into this cache; run "
+                            "`cutecc build`", where=f"{mpath} (cache {store.root})")
     locked = None
     if lock is not None:
         from cutecc.lock.lockfile import read_trusted_lock
@@ -287,18 +285,17 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
                         and not store.has(le.key)]
         if missing_keys:
             n = len(missing_keys)
-            raise CuteccError(f"{n} locked entr{'y' if n == 1 else 'ies'} not in the cache: "
-                              + ", ".join(f"{le.label} {le.key[:12]}" for le in missing_keys)
-                              + "; run `cutecc build`", where=str(store.root), exit_code=1)
+            raise WorkError(f"{n} locked entr{'y' if n == 1 else 'ies'} not in the cache: "
+                            + ", ".join(f"{le.label} {le.key[:12]}" for le in missing_keys)
+                            + "; run `cutecc build`", where=str(store.root))
         pinned = locked.by_key()
     elif planned is not None:  # exactly the manifest's newest build (all of it must be there)
         assert recorded is not None and wanted is not None  # set with `planned`
         lines = {name: sorted({k for keys in recorded[name].values() for k in keys}) for name in wanted}
         for key in sorted(planned):
             if not store.has(key):
-                raise CuteccError(f"entry {key[:12]} of the manifest's newest build is not in the "
-                                  "cache (removed since); run `cutecc build`", where=str(store.root),
-                                  exit_code=1)
+                raise WorkError(f"entry {key[:12]} of the manifest's newest build is not in the "
+                                "cache (removed since); run `cutecc build`", where=str(store.root))
     newest = lock is None and planned is None  # each kernel's newest build generation
     if not newest:
         def names() -> Iterable[str]:
@@ -315,8 +312,8 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
     if wanted:
         missing = sorted(n for n in wanted if not keys_of(n))
         if missing:
-            raise CuteccError(f"no entries for kernel(s) {', '.join(missing)}; run `cutecc build`",
-                              where=str(store.root), exit_code=1)
+            raise WorkError(f"no entries for kernel(s) {', '.join(missing)}; run `cutecc build`",
+                            where=str(store.root))
 
     def composite(name: str) -> CompositeLine | None:
         """A composite kernel offered here: asked for (or nothing was asked), defined here
@@ -353,8 +350,8 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
     if strict:
         problems = ks.problems
         if problems:
-            raise CuteccError("entries unusable here:\n  " + "\n  ".join(problems),
-                              where=str(store.root), exit_code=1)
+            raise WorkError("entries unusable here:\n  " + "\n  ".join(problems),
+                            where=str(store.root))
     return ks
 
 
@@ -387,7 +384,7 @@ def _jit_wanted(front: FrontEnd, jit: bool | None, *, strict: bool, pinned: bool
             why = ("the DSL (nvidia-cutlass-dsl, the build extra) is not installed here: build "
                    "ahead of time with `cutecc build`, or install `cutecc[build]`")
     if why:
-        raise CuteccError(f"{given}: {why}", where="cutecc.load", exit_code=1)
+        raise WorkError(f"{given}: {why}", where="cutecc.load")
     return True
 
 

@@ -37,7 +37,7 @@ from cutecc.entry import (
     parse_json,
     read_index_facts,
 )
-from cutecc.errors import CuteccError
+from cutecc.errors import WorkError
 from cutecc.store.layout import (
     GENERATION_FORMAT,
     MAX_PLAN_BYTES,
@@ -211,7 +211,7 @@ class StoreView:
             except FileNotFoundError:
                 continue
             except OSError as e:
-                raise CuteccError(f"cannot read: {e.strerror}", where=str(d), exit_code=1) from None
+                raise WorkError(f"cannot read: {e.strerror}", where=str(d)) from None
             if not stat.S_ISDIR(st.st_mode):
                 what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
                 raise trust.Untrusted(f"{d} is {what}", str(d))
@@ -227,16 +227,15 @@ class StoreView:
             finally:
                 os.close(fd)
         except OSError as e:
-            raise CuteccError(f"cannot read the cache's format file: {e.strerror}", where=str(fmt),
-                              exit_code=1) from None
+            raise WorkError(f"cannot read the cache's format file: {e.strerror}", where=str(fmt)) from None
         got = raw.decode(errors="replace").strip()
         if got != str(STORE_FORMAT):
             older = got.isdigit() and int(got) < STORE_FORMAT
             why = (" (an older cutecc's: its entries are of an older artifact format, which this "
                    "cutecc cannot run)" if older else "")
-            raise CuteccError(f"cache format {got!r} is not the format this cutecc uses "
-                              f"({STORE_FORMAT}){why}; point --cache-dir elsewhere or remove it",
-                              where=str(self.root), exit_code=1)
+            raise WorkError(f"cache format {got!r} is not the format this cutecc uses "
+                            f"({STORE_FORMAT}){why}; point --cache-dir elsewhere or remove it",
+                            where=str(self.root))
 
     def require(self: _S) -> _S:
         """This store if it exists and is of this format, else a CuteccError (exit 1).
@@ -246,8 +245,7 @@ class StoreView:
         """
         fmt = self.layout.format_file()
         if not fmt.is_file():
-            raise CuteccError("no cutecc cache here; run `cutecc build` first", where=str(self.root),
-                              exit_code=1)
+            raise WorkError("no cutecc cache here; run `cutecc build` first", where=str(self.root))
         self._check_format(fmt)
         return self
 
@@ -322,7 +320,7 @@ class StoreView:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as e:
-            raise CuteccError(f"unreadable metadata: {e}", where=str(path / META), exit_code=1) from None
+            raise WorkError(f"unreadable metadata: {e}", where=str(path / META)) from None
         return Entry(key, path, meta)
 
     def entries(self) -> Iterator[Entry]:

@@ -48,7 +48,7 @@ from cutecc.entry import (
     is_kernel_name,
     meta_stamp,
 )
-from cutecc.errors import CuteccError
+from cutecc.errors import WorkError
 from cutecc.locks import Busy, held, is_held
 from cutecc.store.layout import (
     GENERATION_FORMAT,
@@ -113,8 +113,7 @@ class Store(StoreView):
                     atomic_write(self.layout.cachedir_tag(), _CACHEDIR_TAG.encode())
                     atomic_write(fmt, f"{STORE_FORMAT}\n".encode())
         except OSError as e:
-            raise CuteccError(f"cannot create the cache: {e.strerror}", where=str(self.root),
-                              exit_code=1) from None
+            raise WorkError(f"cannot create the cache: {e.strerror}", where=str(self.root)) from None
         self._check_format(fmt)
 
     def _check_writable(self) -> None:
@@ -133,9 +132,9 @@ class Store(StoreView):
             os.close(fd)
             os.unlink(probe)
         except OSError as e:
-            raise CuteccError(f"cannot write to the cache: {e.strerror}; build into a writable "
-                              "--cache-dir, or use --read-only to use only what it holds",
-                              where=str(self.root), exit_code=1) from None
+            raise WorkError(f"cannot write to the cache: {e.strerror}; build into a writable "
+                            "--cache-dir, or use --read-only to use only what it holds",
+                            where=str(self.root)) from None
 
 
     # Build records ---------------------------------------------------------------
@@ -318,8 +317,7 @@ class Store(StoreView):
         take as "read meta.json"."""
         kernel = meta.get("kernel")
         if not is_kernel_name(kernel):
-            raise CuteccError(f"kernel name {kernel!r} is not an identifier", where=str(self.root),
-                              exit_code=1)
+            raise WorkError(f"kernel name {kernel!r} is not an identifier", where=str(self.root))
         d = self.layout.index_kernel(kernel)
         data = index_bytes(index_facts(key, meta, meta_stamp(os.stat(meta_file))))
         for _ in range(100):
