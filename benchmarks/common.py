@@ -140,7 +140,7 @@ def plant(store: Any, src: Any, items: list[tuple[str, dict[str, Any]]]) -> None
     rec = runtime_record(src.meta)
     if rec is not None and store.get_runtime(rec["key"]) is None:
         shutil.copytree(src.path.parents[2] / "runtimes" / rec["key"][:2] / rec["key"],
-                        store.runtime_dir(rec["key"]))
+                        store.layout.runtime(rec["key"]))
     lib = src.meta["library"]
     for key, meta in items:
         d = store.layout.entry(key)

@@ -242,8 +242,8 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
         library = (staging / LIBRARY).read_bytes()
         wrong = arch_problem(library, job.arch)
         if wrong:  # never published: the key would name code for another GPU
-            raise CuteccError(f"refusing to publish: {wrong}",
-                              where=f"{job.kernel}[{job.variant.id}]@{job.arch}", exit_code=1)
+            raise WorkError(f"refusing to publish: {wrong}",
+                            where=f"{job.kernel}[{job.variant.id}]@{job.arch}")
         # the PTX ISA a driver must JIT-compile (`.version`), read as the check read `.target`
         isa = {"ptx_isa": ptx_isa(library)} if is_ptx(job.arch) else {}
         return {

@@ -30,6 +30,7 @@ from typing import Any
 
 from cutecc import trust
 from cutecc.entry import MAX_META_BYTES, META, meta_problem, parse_json, runtime_meta_problem
+from cutecc.store.layout import entry_parts, meta_parts, runtime_parts
 from cutecc.store.view import Entry, StoreView
 from cutecc.store.writer import Store
 
@@ -145,10 +146,10 @@ def check_stored(store: StoreView, key: str, *, runtime: bool = False,
     this process is about to vouch for (a lock it signs, a Ray task's result) rather
     than what an earlier check already recorded. Raises Refused (absent, damaged, or
     someone else's)."""
-    parts = store.layout.runtime_parts(key) if runtime else store.layout.entry_parts(key)
+    parts = runtime_parts(key) if runtime else entry_parts(key)
     what = "runtime library" if runtime else "entry"
     try:
-        meta_bytes = trust.read_file(store.root, (*parts, META), MAX_META_BYTES)
+        meta_bytes = trust.read_file(store.root, meta_parts(parts), MAX_META_BYTES)
         meta, blobs = check_meta(key, meta_bytes, max_file_bytes, runtime=runtime)
         files = {b.name: trust.read_file(store.root, (*parts, b.name), b.size) for b in blobs}
     except FileNotFoundError:
