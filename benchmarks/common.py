@@ -208,3 +208,22 @@ def launcher_fake(a: Any, syms: dict[str, Any]) -> Any:
     if isinstance(a, StructArg):
         return import_path(a.type)(**{k: launcher_fake(f, syms) for k, f in a.fields})
     return tuple(launcher_fake(i, syms) for i in a.items)
+
+
+def code_versions(before: str | None, scratch: Path) -> dict[str, Path]:
+    """The cutecc trees a before/after benchmark runs, by name: this checkout ("after") and,
+    with `before`, that git revision checked out under `scratch`; each byte-compiled, as an
+    installed package is."""
+    import subprocess
+    import sys
+
+    versions = {"after": REPO}
+    if before:
+        from benchmarks.noop_installed import checkout
+
+        versions = {"before": checkout(before, scratch / "before"), **versions}
+    for code in versions.values():
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(code / "cutecc")], check=True,
+                       capture_output=True)
+    return versions
+

@@ -98,14 +98,7 @@ def check_whole(key: str, meta_bytes: bytes, files: Mapping[str, bytes], max_fil
     if set(files) != {b.name for b in blobs}:
         raise Refused(f"files {sorted(files)[:4]} differ from those {META} lists "
                       f"{sorted(b.name for b in blobs)}")
-    for b in blobs:
-        check_file(b, files[b.name])
-    if not runtime:  # code for another GPU than its key says is never served
-        from cutecc.cubin import arch_problem
-
-        wrong = arch_problem(files[meta["library"]], str(meta.get("arch")))
-        if wrong:
-            raise Refused(wrong)
+    _check_files(meta, blobs, files, runtime)
     return meta
 
 
@@ -158,12 +151,20 @@ def check_stored(store: StoreView, key: str, *, runtime: bool = False,
         raise Refused(e.message) from None
     except OSError as e:
         raise Refused(f"{what} {key[:12]}: {e.strerror or e}") from None
+    _check_files(meta, blobs, files, runtime)
+    return meta
+
+
+def _check_files(meta: dict[str, Any], blobs: tuple[Blob, ...], files: Mapping[str, bytes],
+                 runtime: bool) -> None:
+    """Every file `meta` lists, as it lists it; and a kernel library's device code for the
+    arch its key names (code for another GPU is never served). Raises Refused."""
     for b in blobs:
         check_file(b, files[b.name])
-    if not runtime:  # code for another GPU than its key says is never served
+    if not runtime:
         from cutecc.cubin import arch_problem
 
         wrong = arch_problem(files[meta["library"]], str(meta.get("arch")))
         if wrong:
             raise Refused(wrong)
-    return meta
+
