@@ -269,13 +269,7 @@ def _adopt(arch: str, env: dict[str, str], memory: int | None,
 
 def _kill(s: _Slot) -> None:
     """Stop a worker and every process its compiles started (`worker_tree`)."""
-    with contextlib.suppress(Exception):
-        worker_tree.kill_tree(s.proc.pid, s.token)
-        if s.proc.is_alive():
-            s.proc.kill()
-        s.proc.join(5)
-    with contextlib.suppress(Exception):
-        s.conn.close()
+    worker_tree.stop(s.proc, s.token, s.conn)
     if isinstance(s.proc, service.ForkedWorker):
         s.proc.close()
 

@@ -260,13 +260,7 @@ class Service:
             self.conn.send(None)
         if self.is_ready:
             self.proc.join(2)
-        with contextlib.suppress(Exception):
-            worker_tree.kill_tree(self.proc.pid, self.token)
-            if self.proc.is_alive():
-                self.proc.kill()
-            self.proc.join(5)
-        with contextlib.suppress(Exception):
-            self.conn.close()
+        worker_tree.stop(self.proc, self.token, self.conn)
 
 
 class ForkedWorker:

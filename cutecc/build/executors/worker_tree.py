@@ -15,6 +15,7 @@ import contextlib
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 from cutecc.environ import WORKER_MARK
 
@@ -59,3 +60,16 @@ def _marked(token: str) -> list[int]:
         if needle in env.split(b"\0"):
             out.append(int(d.name))
     return out
+
+
+def stop(proc: Any, token: str, conn: Any) -> None:
+    """Stop a worker process and every process its compiles started (`kill_tree`), then
+    close its pipe; each step ignores a worker that is already gone."""
+    with contextlib.suppress(Exception):
+        kill_tree(proc.pid, token)
+        if proc.is_alive():
+            proc.kill()
+        proc.join(5)
+    with contextlib.suppress(Exception):
+        conn.close()
+
