@@ -29,7 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from cutecc import trust
-from cutecc.entry import MAX_META_BYTES, META, meta_problem, parse_json, runtime_meta_problem
+from cutecc.entry import (
+    MAX_META_BYTES,
+    META,
+    EntryMeta,
+    RuntimeMeta,
+    meta_problem,
+    parse_json,
+    runtime_meta_problem,
+)
 from cutecc.store.view import Entry, StoreView
 from cutecc.store.writer import Store
 
@@ -113,15 +121,15 @@ def publish(store: Store, key: str, meta: dict[str, Any], files: Mapping[str, by
     """Publish a checked entry into `store` (atomic, under the key's lock); (entry, written):
     written is False when the store already had the key. The caller checked everything
     with `check_whole`."""
-    rest = {k: v for k, v in meta.items() if k not in ("files", "format", "key")}
+    rec = RuntimeMeta.parse(meta, key) if runtime else EntryMeta.parse(meta, key)
 
-    def stage(staging: Path) -> dict[str, Any]:
+    def stage(staging: Path) -> EntryMeta | RuntimeMeta:
         for name, data in files.items():
             with open(staging / name, "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-        return dict(rest)
+        return rec  # the store records the files written
 
     entry, written = store.publish(key, stage, runtime=runtime)
     if written and entry.meta.get("files") != meta["files"]:  # the disk changed the bytes
