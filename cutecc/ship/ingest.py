@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +32,9 @@ from cutecc.entry import (
     MAX_META_BYTES,
     META,
     EntryMeta,
+    FileRec,
     RuntimeMeta,
-    meta_problem,
     parse_json,
-    runtime_meta_problem,
 )
 from cutecc.store.view import Entry, StoreView
 from cutecc.store.writer import Store
@@ -52,17 +50,8 @@ class Refused(Exception):
         self.why = why
 
 
-@dataclass(frozen=True)
-class Blob:
-    """One file an entry records: its name, SHA-256 and size."""
-
-    name: str
-    sha256: str
-    size: int
-
-
 def check_meta(key: str, data: bytes, max_file_bytes: int, *,
-               runtime: bool = False) -> tuple[dict[str, Any], tuple[Blob, ...]]:
+               runtime: bool = False) -> tuple[dict[str, Any], tuple[FileRec, ...]]:
     """Parse and check the meta.json bytes of entry `key` (of runtime library `key` when
     `runtime`): (meta, its file records). It must record its library alone, within
     `max_file_bytes`. Raises Refused."""
@@ -70,14 +59,14 @@ def check_meta(key: str, data: bytes, max_file_bytes: int, *,
         meta = parse_json(data, MAX_META_BYTES)
     except ValueError as e:
         raise Refused(f"{META}: {e}") from None
-    why = runtime_meta_problem(meta, key) if runtime else meta_problem(meta, key)
-    if why:
-        raise Refused(f"{META}: {why}")
-    files = meta["files"]
-    if set(files) != {meta["library"]}:
-        extra = sorted(set(files) - {meta["library"]})
+    try:
+        rec = RuntimeMeta.parse(meta, key) if runtime else EntryMeta.parse(meta, key)
+    except ValueError as e:
+        raise Refused(f"{META}: {e}") from None
+    if {f.name for f in rec.files} != {rec.library_name}:
+        extra = sorted({f.name for f in rec.files} - {rec.library_name})
         raise Refused(f"{META} lists files other than its library: {extra[:4]}")
-    blobs = tuple(Blob(n, r["sha256"], r["size"]) for n, r in sorted(files.items()))
+    blobs = rec.files
     for b in blobs:
         if len(b.sha256) != 64 or any(c not in "0123456789abcdef" for c in b.sha256):
             raise Refused(f"{b.name}: {b.sha256[:70]!r} is not a SHA-256")
@@ -86,7 +75,7 @@ def check_meta(key: str, data: bytes, max_file_bytes: int, *,
     return meta, blobs
 
 
-def check_file(blob: Blob, data: bytes) -> None:
+def check_file(blob: FileRec, data: bytes) -> None:
     """Raise Refused unless `data` is exactly the recorded file."""
     if len(data) != blob.size:
         raise Refused(f"{blob.name}: {len(data)} bytes, {META} records {blob.size} (truncated?)")
@@ -110,7 +99,8 @@ def check_whole(key: str, meta_bytes: bytes, files: Mapping[str, bytes], max_fil
     if not runtime:  # code for another GPU than its key says is never served
         from cutecc.cubin import arch_problem
 
-        wrong = arch_problem(files[meta["library"]], str(meta.get("arch")))
+        rec = EntryMeta.parse(meta, key)
+        wrong = arch_problem(files[rec.library.name], rec.arch)
         if wrong:
             raise Refused(wrong)
     return meta
@@ -132,7 +122,8 @@ def publish(store: Store, key: str, meta: dict[str, Any], files: Mapping[str, by
         return rec  # the store records the files written
 
     entry, written = store.publish(key, stage, runtime=runtime)
-    if written and entry.meta.get("files") != meta["files"]:  # the disk changed the bytes
+    written_rec = (entry.checked_runtime if runtime else entry.checked) if written else rec
+    if written_rec.files != rec.files:  # the disk changed the bytes
         store.remove(key, timeout=10, runtime=runtime)
         raise Refused("the files written differ from their records (a failing disk?)")
     return entry, written
@@ -170,7 +161,8 @@ def check_stored(store: StoreView, key: str, *, runtime: bool = False,
     if not runtime:  # code for another GPU than its key says is never served
         from cutecc.cubin import arch_problem
 
-        wrong = arch_problem(files[meta["library"]], str(meta.get("arch")))
+        rec = EntryMeta.parse(meta, key)
+        wrong = arch_problem(files[rec.library.name], rec.arch)
         if wrong:
             raise Refused(wrong)
     return meta
