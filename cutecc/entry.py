@@ -5,8 +5,9 @@ records (the kernel's shared library); its meta.json names the runtime library t
 kernel library links against (key, file, SHA-256, size), itself an entry of its own kind
 under `runtimes/ab/<key>/`. Everything that reads entries (the store, `verify`,
 `pack`/`unpack`, the lock file and the runtime's loader) asks this module what a valid
-one looks like, so the rules live in one place; a checked meta.json is read as a typed,
-frozen record (`EntryMeta`, `RuntimeMeta`). It imports nothing else of cutecc but
+one looks like, so the rules live in one place; a meta.json is one typed, frozen record
+(`EntryMeta`, `RuntimeMeta`) both ways: read after its checks, and written from the
+record a build (or an arrival) hands the store (`to_json`, `dumps`). It imports nothing else of cutecc but
 `cutecc.names` and `cutecc.platforms` (base records), so the runtime can use it without
 pulling in the build side.
 """
@@ -416,7 +417,7 @@ def bad_pin_field(d: dict[str, Any], names: list[str]) -> str | None:
     return None
 
 
-# Typed records: meta.json parsed once, after its checks ------------------------------
+# Typed records: meta.json read (after its checks) and written ------------------------
 
 
 @dataclass(frozen=True)
