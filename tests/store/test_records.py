@@ -102,3 +102,24 @@ def test_the_store_publishes_a_record_as_its_bytes(fake_cache, add_entries) -> N
     assert rec.dumps() == data == _dict_writer(e.meta)
     rt = fake_cache.runtime
     assert RuntimeMeta.parse(rt.meta, rt.key).dumps() == (rt.path / META).read_bytes()
+
+
+# the fields the builder wrote as a dict literal before its record was typed
+_DICT_WRITERS_FIELDS = {"kernel", "variant", "params", "arch", "platform", "entry", "args", "backward",
+                        "library", "symbol", "runtime", "toolchain", "key_inputs", "sources", "artifact",
+                        "built_at", "build_seconds", "files", "format", "key"}
+
+
+def test_a_real_build_writes_the_fields_and_bytes_of_the_dict_writer(toy_cache) -> None:
+    metas = sorted(toy_cache.cache.glob("entries/*/*/meta.json"))
+    assert metas
+    for f in metas:
+        data = f.read_bytes()
+        meta = json.loads(data)
+        assert set(meta) == _DICT_WRITERS_FIELDS, f
+        assert data == _dict_writer(meta) == EntryMeta.parse(meta, f.parent.name).dumps()
+    for f in toy_cache.cache.glob("runtimes/*/*/meta.json"):
+        data = f.read_bytes()
+        meta = json.loads(data)
+        assert set(meta) == set(json.loads((DATA / "runtime_meta.json").read_bytes())), f
+        assert data == _dict_writer(meta) == RuntimeMeta.parse(meta, f.parent.name).dumps()
