@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO, machine
+from benchmarks.common import REPO, code_versions, machine
 
 MANIFESTS = {"examples": REPO / "examples" / "kernels.toml", "root": REPO / "kernels.toml",
              "published": REPO / "benchmarks" / "manifests" / "published.toml"}
@@ -175,14 +175,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="cutecc-overhead-code-") as d:
-        versions = {"after": REPO}
-        if a.before:
-            from benchmarks.noop_installed import checkout
-
-            versions = {"before": checkout(a.before, Path(d) / "before"), **versions}
-        for code in versions.values():  # byte-compiled, as an installed package is
-            subprocess.run([sys.executable, "-m", "compileall", "-q", str(code / "cutecc")], check=True,
-                           capture_output=True)
+        versions = code_versions(a.before, Path(d))
         doc = {"benchmark": "build_overhead", "machine": machine(), "command": sys.argv,
                "before": a.before, "pythonpath": os.environ.get("PYTHONPATH"),
                "note": "shared 2-core host, other engineers' builds and tests running: loads vary",

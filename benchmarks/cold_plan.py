@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.build_overhead import MANIFESTS, _cpu_children, _load
-from benchmarks.common import REPO, machine, summary
+from benchmarks.common import code_versions, machine, summary
 
 
 def once(code: Path, manifest: Path) -> dict[str, Any]:
@@ -49,14 +49,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="cutecc-coldplan-code-") as d:
-        versions = {"after": REPO}
-        if a.before:
-            from benchmarks.noop_installed import checkout
-
-            versions = {"before": checkout(a.before, Path(d) / "before"), **versions}
-        for code in versions.values():  # byte-compiled, as an installed package is
-            subprocess.run([sys.executable, "-m", "compileall", "-q", str(code / "cutecc")], check=True,
-                           capture_output=True)
+        versions = code_versions(a.before, Path(d))
         runs: dict[str, dict[str, list[dict[str, Any]]]] = {m: {v: [] for v in versions} for m in a.manifest}
         for m in a.manifest:
             for _ in range(a.repeats):

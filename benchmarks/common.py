@@ -140,7 +140,7 @@ def plant(store: Any, src: Any, items: list[tuple[str, dict[str, Any]]]) -> None
     rec = runtime_record(src.meta)
     if rec is not None and store.get_runtime(rec["key"]) is None:
         shutil.copytree(src.path.parents[2] / "runtimes" / rec["key"][:2] / rec["key"],
-                        store.runtime_dir(rec["key"]))
+                        store.layout.runtime(rec["key"]))
     lib = src.meta["library"]
     for key, meta in items:
         d = store.layout.entry(key)
@@ -208,3 +208,22 @@ def launcher_fake(a: Any, syms: dict[str, Any]) -> Any:
     if isinstance(a, StructArg):
         return import_path(a.type)(**{k: launcher_fake(f, syms) for k, f in a.fields})
     return tuple(launcher_fake(i, syms) for i in a.items)
+
+
+def code_versions(before: str | None, scratch: Path) -> dict[str, Path]:
+    """The cutecc trees a before/after benchmark runs, by name: this checkout ("after") and,
+    with `before`, that git revision checked out under `scratch`; each byte-compiled, as an
+    installed package is."""
+    import subprocess
+    import sys
+
+    versions = {"after": REPO}
+    if before:
+        from benchmarks.noop_installed import checkout
+
+        versions = {"before": checkout(before, scratch / "before"), **versions}
+    for code in versions.values():
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(code / "cutecc")], check=True,
+                       capture_output=True)
+    return versions
+

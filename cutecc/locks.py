@@ -8,7 +8,7 @@ from pathlib import Path
 
 import filelock
 
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
 
 Timeout = filelock.Timeout
 
@@ -32,8 +32,7 @@ def held(path: Path, timeout: float = -1) -> Iterator[None]:
     except filelock.Timeout:
         raise
     except OSError as e:
-        raise CuteccError(f"cannot take the lock: {e.strerror}", where=str(path),
-                          exit_code=1) from None
+        raise WorkError(f"cannot take the lock: {e.strerror}", where=str(path)) from None
     try:
         yield
     finally:

@@ -51,7 +51,7 @@ from cutecc.contract.args import (
     TensorArg,
     TupleArg,
 )
-from cutecc.errors import CuteccError
+from cutecc.errors import WorkError
 from cutecc.manifest import Variant, split_entry
 from cutecc.platforms import BUILD_PLATFORM
 from cutecc.toolchain import devicequery
@@ -435,9 +435,9 @@ def _export_retargeted(job: CompileJob, compiled: Any, out_dir: Path) -> Path:
                                pinned_features=f'"target-features"="{features}"'), encoding="utf-8")
     except (RetargetError, UnicodeDecodeError) as e:
         arch = os.environ.get("CUTE_DSL_ARCH", "?")
-        raise CuteccError(f'kernel "{job.variant.kernel}", variant {job.variant.id}, arch {arch} '
-                          f"({job.entry}): its host code cannot be built for {job.platform}: {e}",
-                          where=job.variant.kernel, exit_code=1) from None
+        raise WorkError(f'kernel "{job.variant.kernel}", variant {job.variant.id}, arch {arch} '
+                        f"({job.entry}): its host code cannot be built for {job.platform}: {e}",
+                        where=job.variant.kernel) from None
     return ir
 
 
@@ -452,7 +452,7 @@ def compile_variant(entry: str, variant: Variant, compile_options: str = "", *,
     try:
         return _compile_variant(entry, variant, compile_options, engine)
     except Exception as e:
-        raise CuteccError(_compile_failure(entry, variant, e), where=variant.kernel, exit_code=1) from e
+        raise WorkError(_compile_failure(entry, variant, e), where=variant.kernel) from e
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from cutecc.build.compiler import INNER_SYMBOL
 from cutecc.entry import runtime_soname
-from cutecc.errors import CuteccError
+from cutecc.errors import WorkError
 from cutecc.platforms import BUILD_PLATFORM
 from cutecc.toolchain.versions import (
     CFLAGS,
@@ -82,16 +82,14 @@ def _zig_cc(p: dict[str, Path], args: list[str], out: Path, platform: str = BUIL
         cache.mkdir(parents=True, exist_ok=True)
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     except OSError as e:
-        raise CuteccError(f"cannot run zig cc ({p['zig']}): {e.strerror}", where="link",
-                          exit_code=1) from None
+        raise WorkError(f"cannot run zig cc ({p['zig']}): {e.strerror}", where="link") from None
     except subprocess.TimeoutExpired:
-        raise CuteccError("zig cc did not finish in 600 s", where="link", exit_code=1) from None
+        raise WorkError("zig cc did not finish in 600 s", where="link") from None
     if r.returncode != 0:
         if _free_bytes(out.parent) < _MIN_FREE:  # LLD aborts on a full disk without a word
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out))
         said = "\n".join(x.strip() for x in (r.stderr, r.stdout) if x.strip())
-        raise CuteccError(f"link failed (zig cc exited {r.returncode}):\n{said[-2000:]}", where="link",
-                          exit_code=1)
+        raise WorkError(f"link failed (zig cc exited {r.returncode}):\n{said[-2000:]}", where="link")
 
 
 _MIN_FREE = 1 << 20  # below this, a failed link is put down to the full disk
@@ -135,7 +133,7 @@ def link(obj: Path, out: Path, symbol: str, *, entry: str, arch: str, key: str,
     `runtime`, exporting only `__tvm_ffi_<symbol>`: the wrapper, whose errors name the
     kernel by `entry`, `arch` and the first 12 hex digits of `key`."""
     if not _C_SYMBOL.match(symbol):
-        raise CuteccError(f"{symbol!r} is not a C identifier", where="link", exit_code=1)
+        raise WorkError(f"{symbol!r} is not a C identifier", where="link")
     p = toolchain_paths(platform=platform)
     vs = out.with_name(out.name + ".map")
     vs.write_text(f"{{ global: __tvm_ffi_{symbol}; local: *; }};\n")

@@ -241,8 +241,8 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
         library = (staging / LIBRARY).read_bytes()
         wrong = arch_problem(library, job.arch)
         if wrong:  # never published: the key would name code for another GPU
-            raise CuteccError(f"refusing to publish: {wrong}",
-                              where=f"{job.kernel}[{job.variant.id}]@{job.arch}", exit_code=1)
+            raise WorkError(f"refusing to publish: {wrong}",
+                            where=f"{job.kernel}[{job.variant.id}]@{job.arch}")
         # the PTX ISA a driver must JIT-compile (`.version`), read as the check read `.target`
         return EntryMeta(
             key=job.key, kernel=job.kernel, variant=job.variant.id, arch=job.arch,

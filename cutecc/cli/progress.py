@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from cutecc.build.builder import Outcome, Progress
+from cutecc.build.outcome import Outcome, Progress
 from cutecc.plan.build_plan import Planned
 
 

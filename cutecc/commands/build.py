@@ -19,8 +19,8 @@ from typing import Any
 from cutecc import environ
 from cutecc.archs import parse_archs
 from cutecc.build import builder
-from cutecc.build.builder import Outcome, Progress, RemoteUse
 from cutecc.build.executors.local import LocalExecutor, discard_prestarted, prestart
+from cutecc.build.outcome import Outcome, Progress, RemoteUse
 from cutecc.build.timings import Timings, entry_line
 from cutecc.commands.report import Report
 from cutecc.errors import CuteccError
@@ -225,7 +225,7 @@ def _build(full: Manifest, manifest_path: str | Path, store: Store, how: builder
         if drift:  # said once, before the first compile
             pins = str(Path(manifest_path).parent / full.build.pins) if full.build.pins else None
             note = drift_line(lock_path, drift, pins=pins)
-            (progress or builder.Progress()).note(f"warning: {note}")
+            (progress or Progress()).note(f"warning: {note}")
     done = builder.run(target, store, how, hashes=hashes, lock=lock_to, progress=progress,
                        timings=clock)
     return BuildReport(

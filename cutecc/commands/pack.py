@@ -26,7 +26,6 @@ from cutecc.contract.composite_line import CompositeLine
 from cutecc.entry import (
     MAX_LIBRARY_BYTES,
     MAX_META_BYTES,
-    META,
     STORE_FORMAT,
     RuntimeMeta,
     is_file_name,
@@ -40,6 +39,7 @@ from cutecc.platforms import check_platform
 from cutecc.runtime.package import PACK_DIR
 from cutecc.ship.archive import runtime_wheel, tar_bytes, wheel_bytes
 from cutecc.ship.ingest import Refused, check_whole
+from cutecc.store.layout import entry_parts, meta_parts, runtime_parts
 from cutecc.store.view import StoreView
 from cutecc.toolchain.elf import manylinux_tag
 from cutecc.units import human_size
@@ -276,9 +276,9 @@ def _tree(chosen: Lock, store: StoreView) -> tuple[dict[str, bytes], dict[str, d
     sizes: dict[str, dict[str, int]] = {}
     runtimes: dict[str, dict[str, Any]] = {}
     for entry, le in chosen.resolve_all(store):  # the entries and the tuned winners
-        parts = store.layout.entry_parts(entry.key)  # the pack's tree is a cache's
+        parts = entry_parts(entry.key)  # the pack's tree is a cache's
         base = "/".join(parts)
-        meta_bytes = _read(store, (*parts, META), MAX_META_BYTES, le.label)
+        meta_bytes = _read(store, meta_parts(parts), MAX_META_BYTES, le.label)
         try:  # the one verifier's rule, on exactly the bytes that go into the pack
             files = {n: _read(store, (*parts, n), r["size"], le.label)
                      for n, r in sorted(entry.meta["files"].items()) if is_file_name(n)}
@@ -289,7 +289,7 @@ def _tree(chosen: Lock, store: StoreView) -> tuple[dict[str, bytes], dict[str, d
         if why:
             raise WorkError(f"{le.label}: {why}; run `cutecc verify --fix` and rebuild",
                             where=str(entry.path))
-        tree[f"{base}/{META}"] = meta_bytes
+        tree["/".join(meta_parts(parts))] = meta_bytes
         for fname, data in files.items():
             tree[f"{base}/{fname}"] = data
         s = sizes.setdefault(le.arch, {"entries": 0, "bytes": 0})
@@ -299,10 +299,10 @@ def _tree(chosen: Lock, store: StoreView) -> tuple[dict[str, bytes], dict[str, d
         assert rec is not None  # meta_problem checked it
         runtimes.setdefault(rec["key"], rec)
     for key, rec in sorted(runtimes.items()):
-        parts = store.layout.runtime_parts(key)
+        parts = runtime_parts(key)
         base = "/".join(parts)
         what = f"runtime library {rec['library']}"
-        meta_bytes = _read(store, (*parts, META), MAX_META_BYTES, what)
+        meta_bytes = _read(store, meta_parts(parts), MAX_META_BYTES, what)
         try:
             meta = parse_json(meta_bytes)
         except ValueError as e:
@@ -314,8 +314,8 @@ def _tree(chosen: Lock, store: StoreView) -> tuple[dict[str, bytes], dict[str, d
             why = "does not match the SHA-256 its entries record"
         if why or library is None:
             raise WorkError(f"{what}: {why}; run `cutecc verify --fix` and `cutecc build`",
-                            where=str(store.runtime_dir(key)))
-        tree[f"{base}/{META}"] = meta_bytes
+                            where=str(store.layout.runtime(key)))
+        tree["/".join(meta_parts(parts))] = meta_bytes
         tree[f"{base}/{library}"] = data
         s = sizes.setdefault("runtime", {"entries": 0, "bytes": 0})
         s["entries"] += 1

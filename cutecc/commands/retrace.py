@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cutecc.build import builder
+from cutecc.build import builder, outcome
 from cutecc.build.artifact import difference
 from cutecc.build.executors import LocalExecutor, compile_limits
 from cutecc.entry import EntryMeta, artifact_malformed, artifact_of, library_record
@@ -105,7 +105,7 @@ def plan_again(manifest_path: str | Path) -> PlannedAgain:
 
 
 def retrace(store: Store, planned: PlannedAgain, *, jobs: int | None = None,
-            progress: builder.Progress | None = None) -> DeepReport:
+            progress: outcome.Progress | None = None) -> DeepReport:
     """Compile again each entry `planned` plans that `store` holds, and compare (see the
     module docstring); `progress` sees each compile finish."""
     target = planned.target
@@ -134,7 +134,7 @@ def retrace(store: Store, planned: PlannedAgain, *, jobs: int | None = None,
 
 
 def _compile_again(target: builder.Target, planned: list[Planned], manifest: Manifest,
-                   jobs: int | None, progress: builder.Progress | None) -> dict[str, builder.Outcome]:
+                   jobs: int | None, progress: outcome.Progress | None) -> dict[str, outcome.Outcome]:
     """Build `planned` into a throwaway cache with local workers (each compile bounded as
     the manifest's builds are); their outcomes by key."""
     b = manifest.build
@@ -149,7 +149,7 @@ def _compile_again(target: builder.Target, planned: list[Planned], manifest: Man
     return {o.planned.key: o for o in done.outcomes}
 
 
-def _compare(p: Planned, held: EntryMeta, o: builder.Outcome | None, malformed: bool = False) -> Retraced:
+def _compare(p: Planned, held: EntryMeta, o: outcome.Outcome | None, malformed: bool = False) -> Retraced:
     """What the second compile `o` of `held`'s key says of it."""
     if o is None or o.status != "built" or o.meta is None:
         why = (o.error if o is not None else None) or "no outcome"

@@ -34,7 +34,7 @@ from cutecc.lock.signing import MAX_SIG_BYTES, SIG_SUFFIX, check_lock
 from cutecc.runtime.package import PACK_DIR
 from cutecc.ship.archive import Limits, PackTree
 from cutecc.ship.ingest import Refused, check_whole, publish
-from cutecc.store.layout import ENTRIES, RUNTIMES, entry_parts, runtime_parts
+from cutecc.store.layout import ENTRIES, RUNTIMES, entry_parts, meta_parts, runtime_parts
 from cutecc.store.view import Entry
 from cutecc.store.writer import Store
 
@@ -231,7 +231,7 @@ def _runtime_named(tree: PackTree, key: str) -> dict[str, Any] | None:
     """The runtime library record an entry's meta.json names, or None. Unchecked but for
     its form: the caller takes it only where the lock's line names the same SHA-256, and
     the entry and the runtime library are each checked whole before they land."""
-    name = "/".join((*entry_parts(key), META))
+    name = "/".join(meta_parts(entry_parts(key)))
     if not is_key(key) or name not in tree.names or tree.size(name) > MAX_META_BYTES:
         return None
     try:

@@ -42,12 +42,12 @@ from cutecc.commands.verify_checks import (  # BAD, Problem, check_entry: named 
     check_entry,
 )
 from cutecc.commands.verify_fix import _fix
-from cutecc.entry import META, runtime_record
+from cutecc.entry import runtime_record
 from cutecc.errors import CuteccError
 from cutecc.store.writer import Store
 
 if TYPE_CHECKING:
-    from cutecc.build.builder import Progress
+    from cutecc.build.outcome import Progress
 
 __all__ = ["BAD", "Problem", "VerifyReport", "check_entry", "lock_drift", "verify"]
 
@@ -108,9 +108,9 @@ def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
         if rec is not None:
             needs.setdefault(rec["key"], []).append(key)
     for rkey, keys in sorted(needs.items()):
-        if rkey not in runtimes and not (store.runtime_dir(rkey) / META).exists():
+        if rkey not in runtimes and not store.layout.runtime_meta(rkey).exists():
             report.problems.append(Problem(
-                "no-runtime", str(store.runtime_dir(rkey)),
+                "no-runtime", str(store.layout.runtime(rkey)),
                 f"the runtime library {rkey[:12]} that {len(keys)} entr{'y' if len(keys) == 1 else 'ies'} "
                 f"link against (e.g. {keys[0][:12]}) is not in the cache", rkey))
     _check_tuning(store, report, kernels)

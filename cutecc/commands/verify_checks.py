@@ -19,7 +19,6 @@ from cutecc.commands.report import Report
 from cutecc.entry import (
     MAX_INDEX_BYTES,
     MAX_META_BYTES,
-    META,
     RESERVED_FILES,
     EntryMeta,
     RuntimeMeta,
@@ -119,18 +118,18 @@ class VerifyReport(Report):
 
 def check_entry(path: Path, key: str, runtime: bool = False) -> list[Problem]:
     """The problems of one entry (or `runtime` library entry) directory (empty when healthy)."""
-    for link in (path, path / META):
+    for link in (path, layout.meta_file(path)):
         if link.is_symlink():  # cutecc publishes real files; a link's target can change under it
             return [Problem("malformed", str(link), f"a symbolic link (to {os.readlink(link)}), "
                             "not what cutecc published", key)]
     try:
         meta = read_meta(path)
     except (OSError, ValueError) as e:
-        return [Problem("malformed", str(path / META), f"unreadable metadata: {e}", key)]
+        return [Problem("malformed", str(layout.meta_file(path)), f"unreadable metadata: {e}", key)]
     try:  # the records, the key inputs and the fields they decide
         parsed = RuntimeMeta.parse(meta, key) if runtime else EntryMeta.parse(meta, key)
     except ValueError as e:
-        return [Problem("malformed", str(path / META), str(e), key)]
+        return [Problem("malformed", str(layout.meta_file(path)), str(e), key)]
     records = parsed.files
     files = {r.name: r for r in records}
     out = []
@@ -204,7 +203,7 @@ def _check_area(store: StoreView, report: VerifyReport, runtime: bool) -> dict[s
                 if os.path.lexists(d):  # else removed (gc, rm) since we listed the shard
                     report.problems.append(Problem("orphan", str(d), "not an entry directory"))
                 continue
-            if not (d / META).exists():
+            if not layout.meta_file(d).exists():
                 if d.exists():
                     report.problems.append(Problem("orphan", str(d),
                                                    "entry directory without meta.json", key))
@@ -240,7 +239,7 @@ def _check_index(store: Store, report: VerifyReport, kernels: dict[str, dict[str
             else:
                 records.add((kd.name, f.name))
     for key, meta in kernels.items():
-        path = store.index_record(meta["kernel"], key)
+        path = store.layout.index_record(meta["kernel"], key)
         if (meta["kernel"], key) not in records:
             report.problems.append(Problem("unindexed", str(path), "the entry has no index record: "
                                            "`cutecc.load` does not see it", key))
@@ -275,7 +274,7 @@ def _check_index(store: Store, report: VerifyReport, kernels: dict[str, dict[str
         except CuteccError:
             pass  # a read-only cache: nobody is publishing into it here
         what = "of no entry" if entry is None else f"of an entry of kernel {entry.get('kernel')!r}"
-        report.problems.append(Problem("stale-index", str(store.index_record(kernel, key)),
+        report.problems.append(Problem("stale-index", str(store.layout.index_record(kernel, key)),
                                        f"index record {what}", key))
 
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import filelock
 
 from cutecc.commands.verify_checks import BAD, Problem, VerifyReport, _meta_or_none, check_entry
-from cutecc.entry import META, meta_problem
+from cutecc.entry import meta_problem
 from cutecc.errors import CuteccError, WorkError
 from cutecc.locks import Busy
+from cutecc.store.layout import meta_file
 from cutecc.store.writer import Store
 
 
@@ -75,7 +76,7 @@ def _fix_record(store: Store, p: Problem) -> str:
         with store.lock(key, timeout=0):
             meta = _meta_or_none(store, key)
             if meta is not None and meta.get("kernel") == kernel and not meta_problem(meta, key):
-                store.index(key, meta, store.layout.entry(key) / META)  # from the metadata, the truth
+                store.index(key, meta, store.layout.entry_meta(key))  # from the metadata, the truth
                 return "indexed"
             store.unindex(kernel, key)
             return "removed"
@@ -106,7 +107,7 @@ def _remove_orphan(store: Store, p: Problem) -> str:
                 store.discard(path, ignore_errors=True)
         elif p.key and path == store.layout.entry(p.key):  # an entry dir without meta.json
             with store.lock(p.key, timeout=0):
-                if not (path / META).exists():
+                if not meta_file(path).exists():
                     store.discard(path, ignore_errors=True)
         else:  # a directory (never following a link inside), a file or a link itself
             store.discard(path, ignore_errors=True)

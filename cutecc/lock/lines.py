@@ -12,7 +12,7 @@ from typing import Any
 from cutecc.contract.buckets import RULES, parse_bucket
 from cutecc.contract.fallbacks import FallbackRef, refs_from_json, refs_to_json
 from cutecc.entry import acted_on, bad_pin_field, is_key, label, platform_of
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
 from cutecc.platforms import BUILD_PLATFORM, PLATFORMS
 from cutecc.store.view import Entry
 
@@ -97,9 +97,9 @@ class LockEntry:
         pin = Pin.of(meta)
         platform = platform_of(meta)
         if pin is None:
-            raise CuteccError(f"{label(kernel, variant, arch, platform)} {key[:12]}: malformed metadata (no "
-                              "library file record, symbol or runtime library record)",
-                              where="kernels.lock", exit_code=1)
+            raise WorkError(f"{label(kernel, variant, arch, platform)} {key[:12]}: malformed metadata (no "
+                            "library file record, symbol or runtime library record)",
+                            where="kernels.lock")
         return cls(kernel, variant, arch, platform, key, pin)
 
     @classmethod

@@ -28,7 +28,7 @@ from typing import Any
 from cutecc.atomic import atomic_write
 from cutecc.contract.composite_line import CompositeLine
 from cutecc.entry import label, parse_json
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
 from cutecc.lock.environment import ENVIRONMENT_FORMAT, Environment
 from cutecc.lock.lines import LockEntry, Tuned, parse_tuning_lines
 from cutecc.store.view import Entry, StoreView
@@ -176,9 +176,9 @@ class Lock:
             else:
                 found.append((e, le))
         if missing:
-            raise CuteccError(f"{len(missing)} locked entr{'y' if len(missing) == 1 else 'ies'} "
-                              f"not in the cache: {', '.join(missing)}; run `cutecc build`",
-                              where=str(store.root), exit_code=1)
+            raise WorkError(f"{len(missing)} locked entr{'y' if len(missing) == 1 else 'ies'} "
+                            f"not in the cache: {', '.join(missing)}; run `cutecc build`",
+                            where=str(store.root))
         yield from found
 
     def resolve_all(self, store: StoreView) -> Iterator[tuple[Entry, LockEntry]]:
@@ -233,8 +233,8 @@ def read_trusted_lock(path: str | Path, *, trusted_keys: list[str | Path] | None
     except FileNotFoundError:
         pass
     except OSError as e:
-        raise CuteccError(f"cannot read the lock's signature: {e.strerror}", where=f"{path}{SIG_SUFFIX}",
-                          exit_code=1) from None
+        raise WorkError(f"cannot read the lock's signature: {e.strerror}",
+                        where=f"{path}{SIG_SUFFIX}") from None
     check_lock(data, sig, str(path), trusted_keys=trusted_keys, allow_unsigned=allow_unsigned)
     return Lock.loads(data, str(path))
 
@@ -256,8 +256,7 @@ def write_lock(path: str | Path, lock: Lock) -> bool:
     try:
         atomic_write(path, data)
     except OSError as e:
-        raise CuteccError(f"cannot write the lock file: {e.strerror}", where=str(path),
-                          exit_code=1) from None
+        raise WorkError(f"cannot write the lock file: {e.strerror}", where=str(path)) from None
     return True
 
 
@@ -267,8 +266,8 @@ def lock_for(items: Iterable[tuple[str, str, str, str]], store: StoreView) -> Lo
     for kernel, variant, arch, key in items:
         entry = store.get(key)
         if entry is None:
-            raise CuteccError(f"{label(kernel, variant, arch)} {key[:12]} is not in the cache; run "
-                              "`cutecc build`", where=str(store.root), exit_code=1)
+            raise WorkError(f"{label(kernel, variant, arch)} {key[:12]} is not in the cache; run "
+                            "`cutecc build`", where=str(store.root))
         out.append(LockEntry.of(kernel, variant, arch, key, entry.meta))
     return Lock(tuple(out))
 
@@ -314,11 +313,11 @@ def merge_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
     for le in new.entries:
         was = before.get(le.key)
         if was is not None and dataclasses.replace(was.pin, library=le.pin.library) != le.pin:
-            raise CuteccError(
+            raise WorkError(
                 f"{le.label} {le.key[:12]}: the cache holds other bytes under a key the lock "
                 f"already names (library SHA-256 {le.pin.sha256[:16]}..., locked "
                 f"{was.pin.sha256[:16]}...); the lock is not rewritten. Run `cutecc verify --fix` "
-                f"or `cutecc rm {le.key[:12]}`, then build again", where=str(path), exit_code=1)
+                f"or `cutecc rm {le.key[:12]}`, then build again", where=str(path))
     kept: tuple[LockEntry, ...] = ()
     if partial:
         ours = {le.key for le in new.entries}

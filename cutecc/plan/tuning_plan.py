@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cutecc.entry import is_key, parse_json
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
 from cutecc.manifest import Manifest
 from cutecc.manifest.tune_space import MAX_BUCKETS, MAX_EXTENT
 from cutecc.plan.build_plan import Planned, plan
@@ -116,19 +116,18 @@ def read_plan(root: Path, digest: str, where: str) -> list[PlanItem]:
     try:
         data = trust.read_file(root, Layout(root).tuning_plan_parts(digest), MAX_PLAN_BYTES)
     except FileNotFoundError:
-        raise CuteccError("this cache holds no tuning plan for the manifest as it is now; run "
-                          "`cutecc tune --compile-only` (on a host with the build extra) first",
-                          where=where, exit_code=1) from None
+        raise WorkError("this cache holds no tuning plan for the manifest as it is now; run "
+                        "`cutecc tune --compile-only` (on a host with the build extra) first",
+                        where=where) from None
     except OSError as e:
-        raise CuteccError(f"cannot read the tuning plan: {e.strerror}", where=str(path),
-                          exit_code=1) from None
+        raise WorkError(f"cannot read the tuning plan: {e.strerror}", where=str(path)) from None
     try:
         doc = parse_json(data, MAX_PLAN_BYTES, 8)
     except ValueError as e:
-        raise CuteccError(f"not a tuning plan: {e}", where=str(path), exit_code=1) from None
+        raise WorkError(f"not a tuning plan: {e}", where=str(path)) from None
     if (not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT
             or not isinstance(doc.get("items"), list)):
-        raise CuteccError(f"not a tuning plan of format {PLAN_FORMAT}", where=str(path), exit_code=1)
+        raise WorkError(f"not a tuning plan of format {PLAN_FORMAT}", where=str(path))
     return [PlanItem.parse(it, str(path), f"items[{i}]") for i, it in enumerate(doc["items"])]
 
 
@@ -220,7 +219,7 @@ class PlanItem:
         an error names `where` and `key_path`."""
         bad = _bad_item(doc)
         if bad:
-            raise CuteccError(f"malformed plan item: {bad}", where=where, key_path=key_path, exit_code=1)
+            raise WorkError(f"malformed plan item: {bad}", where=where, key_path=key_path)
         dropped = doc.get("dropped")
         return cls(doc["kernel"], doc["variant"], doc["arch"], doc["base"],
                    tuple(Candidate(c["variant"], c["key"], c["default"]) for c in doc["candidates"]),

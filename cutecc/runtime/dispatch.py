@@ -34,7 +34,7 @@ from jax.custom_derivatives import SymbolicZero
 from cutecc.contract.args import ScalarArg, TensorArg, shard_factors
 from cutecc.contract.cotangents import COTANGENT
 from cutecc.errors import CallError, CallTypeError
-from cutecc.runtime import calls, sharding, strict
+from cutecc.runtime import calls, scalar_values, sharding, strict
 from cutecc.runtime.calls import (  # noqa: F401  (re-exported: tests and tools import them here)
     MAX_SYMBOLIC_EXTENT,
     Build,
@@ -90,13 +90,13 @@ def _jax_scalar(kernel: str, s: ScalarArg, v: Any) -> Any:
                             exit_code=1)
     if isinstance(v, jax.Array):
         return v.item()
-    return calls.plain_scalar(kernel, s, v)
+    return scalar_values.plain_scalar(kernel, s, v)
 
 
 def _attrs(kernel: str, declared: Sequence[ScalarArg], given: Mapping[str, Any],
            keywords: Collection[str] = (), env: Mapping[str, Any] | None = None) -> tuple:
-    """The runtime scalars' FFI attributes (see `calls.attrs`)."""
-    return calls.attrs(kernel, declared, given, keywords, env, JAX_DIMS, _jax_scalar)
+    """The runtime scalars' FFI attributes (see `scalar_values.attrs`)."""
+    return scalar_values.attrs(kernel, declared, given, keywords, env, JAX_DIMS, _jax_scalar)
 
 
 class KernelFn(calls.KernelBase):

@@ -38,13 +38,12 @@ from cutecc import environ, trust
 from cutecc.entry import (
     MAX_LIBRARY_BYTES,
     MAX_META_BYTES,
-    META,
     RUNTIME_ABI,
     RuntimeMeta,
     parse_json,
 )
-from cutecc.errors import CuteccError
-from cutecc.store.layout import entry_file_parts
+from cutecc.errors import CuteccError, WorkError
+from cutecc.store.layout import entry_file_parts, meta_parts
 from cutecc.store.view import touch_used
 
 ENV_ALLOW_SHARED = environ.ALLOW_SHARED_CACHE
@@ -92,7 +91,7 @@ def _read_library(path: Path, max_bytes: int) -> bytes:
     """The library's bytes through checked directories; its meta.json is checked too (who
     can write it can change what the library is trusted to be)."""
     root, parts = entry_file_parts(path)
-    trust.read_file(root, (*parts[:-1], META), MAX_META_BYTES)
+    trust.read_file(root, meta_parts(parts[:-1]), MAX_META_BYTES)
     return trust.read_file(root, parts, max_bytes)
 
 
@@ -105,27 +104,27 @@ def verified_bytes(path: Path, sha256: str, size: int, label: str, what: str = "
     """The library's bytes, read through checked directories without following links
     (`cutecc.trust`), and only if they match the recorded size and SHA-256."""
     if not 0 <= size <= MAX_LIBRARY_BYTES:
-        raise CuteccError(f"the {what}'s recorded size {size} is over the {MAX_LIBRARY_BYTES}-byte "
-                          "limit of a library; refusing it", where=f"{label} ({path})", exit_code=1)
+        raise WorkError(f"the {what}'s recorded size {size} is over the {MAX_LIBRARY_BYTES}-byte "
+                        "limit of a library; refusing it", where=f"{label} ({path})")
     try:
         data = _read_library(path, size)  # reads what is there, up to `size`: never allocates it
     except trust.Untrusted as e:
-        raise CuteccError(f"refusing to load the {what}: {e.why}, so anyone could have "
-                          "replaced it and its recorded SHA-256. Fix the permissions (chmod go-w, "
-                          f"chown), or set {ENV_ALLOW_SHARED}=1 to trust this cache",
-                          where=f"{label} ({path})", exit_code=1) from None
+        raise WorkError(f"refusing to load the {what}: {e.why}, so anyone could have "
+                        "replaced it and its recorded SHA-256. Fix the permissions (chmod go-w, "
+                        f"chown), or set {ENV_ALLOW_SHARED}=1 to trust this cache",
+                        where=f"{label} ({path})") from None
     except OSError as e:
         if e.errno == 27:  # EFBIG: larger than recorded
-            raise CuteccError(f"the {what} does not match its recorded SHA-256 (larger than its "
-                              f"recorded {size} bytes); refusing to load it. Remove the entry and "
-                              "rebuild it", where=f"{label} ({path})", exit_code=1) from None
-        raise CuteccError(f"cannot read the {what}: {e.strerror}; rebuild it with "
-                              "`cutecc build`", where=f"{label} ({path})", exit_code=1) from None
+            raise WorkError(f"the {what} does not match its recorded SHA-256 (larger than its "
+                            f"recorded {size} bytes); refusing to load it. Remove the entry and "
+                            "rebuild it", where=f"{label} ({path})") from None
+        raise WorkError(f"cannot read the {what}: {e.strerror}; rebuild it with "
+                        "`cutecc build`", where=f"{label} ({path})") from None
     if len(data) != size or hashlib.sha256(data).hexdigest() != sha256:
-        raise CuteccError(f"the {what} does not match its recorded SHA-256 "
-                          f"(size {len(data)}, expected {size}); "
-                          "refusing to load it. Remove the entry and rebuild it",
-                          where=f"{label} ({path})", exit_code=1)
+        raise WorkError(f"the {what} does not match its recorded SHA-256 "
+                        f"(size {len(data)}, expected {size}); "
+                        "refusing to load it. Remove the entry and rebuild it",
+                        where=f"{label} ({path})")
     return data
 
 
@@ -194,10 +193,10 @@ def ensure_runtime(ref: RuntimeRef, label: str, *, record_use: bool = True) -> N
     held = _runtimes.get(soname)
     if held is not None:
         if held[0] != ref.sha256:
-            raise CuteccError(f"needs runtime library {soname} with SHA-256 {ref.sha256[:16]}..., but "
-                              f"this process already loaded one with {held[0][:16]}... under that "
-                              "name; load kernels of one build toolchain per process, or rebuild",
-                              where=label, exit_code=1)
+            raise WorkError(f"needs runtime library {soname} with SHA-256 {ref.sha256[:16]}..., but "
+                            f"this process already loaded one with {held[0][:16]}... under that "
+                            "name; load kernels of one build toolchain per process, or rebuild",
+                            where=label)
         return
     where = f"{label}: runtime library ({ref.path})"
     import_tvm_ffi()  # its libtvm_ffi.so is the runtime library's DT_NEEDED, found by soname
@@ -205,22 +204,22 @@ def ensure_runtime(ref: RuntimeRef, label: str, *, record_use: bool = True) -> N
                           what="runtime library")
     root, parts = entry_file_parts(ref.path)
     try:
-        meta = parse_json(trust.read_file(root, (*parts[:-1], META), MAX_META_BYTES))
+        meta = parse_json(trust.read_file(root, meta_parts(parts[:-1]), MAX_META_BYTES))
     except (OSError, ValueError) as e:
-        raise CuteccError(f"unreadable runtime library metadata: {e}", where=where, exit_code=1) from None
+        raise WorkError(f"unreadable runtime library metadata: {e}", where=where) from None
     try:
         RuntimeMeta.parse(meta, ref.key)
     except ValueError as e:
-        raise CuteccError(f"runtime library: {e}; run `cutecc verify --fix` and `cutecc build`",
-                          where=where, exit_code=1) from None
+        raise WorkError(f"runtime library: {e}; run `cutecc verify --fix` and `cutecc build`",
+                        where=where) from None
     try:
         handle = _through_memfd(data, soname, lambda p: ctypes.CDLL(p, mode=os.RTLD_LOCAL | os.RTLD_NOW))
         abi = int(handle.cutecc_rt_abi_version())
     except (OSError, AttributeError) as e:
-        raise CuteccError(f"cannot load the runtime library: {e}", where=where, exit_code=1) from None
+        raise WorkError(f"cannot load the runtime library: {e}", where=where) from None
     if abi != RUNTIME_ABI:
-        raise CuteccError(f"runtime library ABI {abi}, this cutecc needs {RUNTIME_ABI}; rebuild with "
-                          "`cutecc build`", where=where, exit_code=1)
+        raise WorkError(f"runtime library ABI {abi}, this cutecc needs {RUNTIME_ABI}; rebuild with "
+                        "`cutecc build`", where=where)
     _runtimes[soname] = (ref.sha256, handle)
     if record_use and not environ.read_only():
         touch_used(ref.path.parent)
@@ -243,12 +242,12 @@ def load_function(key: str, path: Path, sha256: str, size: int, symbol: str, lab
 def _other_bytes(held: tuple[Any, Any, str, Path], key: str, path: Path, sha256: str,
                  label: str) -> CuteccError:
     """The error of a key this process already runs from other bytes than `sha256`."""
-    return CuteccError(
+    return WorkError(
         f"entry {key[:12]} is already loaded in this process from {held[3]} (SHA-256 "
         f"{held[2][:16]}...), and this call asks for other bytes under the same key: {path} "
         f"(SHA-256 {sha256[:16]}...); one key runs one library per process, so this is refused "
         "rather than run the first. Load one of the two caches (or packs) per process, or "
-        "remove the entry that differs and rebuild it", where=label, exit_code=1)
+        "remove the entry that differs and rebuild it", where=label)
 
 
 def _load_locked(key: str, path: Path, sha256: str, size: int, symbol: str, label: str,
@@ -267,8 +266,7 @@ def _load_locked(key: str, path: Path, sha256: str, size: int, symbol: str, labe
         module = _load_bytes(data, name)
         fn = getattr(module, symbol)
     except Exception as e:
-        raise CuteccError(f"cannot load the kernel library: {e}", where=f"{label} ({path})",
-                          exit_code=1) from None
+        raise WorkError(f"cannot load the kernel library: {e}", where=f"{label} ({path})") from None
     _functions[name] = (module, fn, sha256, path)
     if record_use and not environ.read_only():
         touch_used(path.parent)  # once per process per entry, for `cutecc gc`

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.metadata
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -25,25 +24,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cutecc import trust
-from cutecc.archs import check_device_arch, device_arch, driver_version, is_ptx, ptx_driver_problem, runs_on
+from cutecc.archs import check_device_arch, device_arch, driver_version, runs_on
 from cutecc.contract.composite_line import CompositeLine
-from cutecc.entry import ARTIFACT_FORMAT, ENTRY_FORMAT, call_keywords, platform_of
+from cutecc.entry import call_keywords
 from cutecc.environ import read_only
-from cutecc.errors import CuteccError
-from cutecc.platforms import host_platform
+from cutecc.errors import CuteccError, WorkError
 from cutecc.runtime.calls import Build, KernelBase
+from cutecc.runtime.jit_hook import jit_hook
+from cutecc.runtime.usable import ptx_problem, record_problem, tvm_ffi_series, why_unusable
 
 if TYPE_CHECKING:
     from cutecc.runtime.fallback import Fallback
 from cutecc.store.view import Entry, StoreView
-
-
-def _tvm_ffi_series() -> str:
-    try:
-        v = importlib.metadata.version("apache-tvm-ffi")
-    except importlib.metadata.PackageNotFoundError:
-        return "absent"
-    return ".".join(v.split(".")[:2])
 
 
 class KernelSet:
@@ -217,13 +209,12 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
         lock, record_use = cache_dir / LOCK_NAME, False
     store = StoreView(cache_dir)
     if not store.entries_dir.is_dir():
-        raise CuteccError("no kernel cache here; run `cutecc build` first", where=str(store.root),
-                          exit_code=1)
+        raise WorkError("no kernel cache here; run `cutecc build` first", where=str(store.root))
     store.require()  # of this format: an older cache has no index and no runtime libraries
     target = check_device_arch(arch, "cutecc.load arch") if arch is not None else front.device_arch()
     if target is None:
-        raise CuteccError(f"no GPU is visible to {front.framework}: pass arch= (or set CUTECC_ARCH) to load "
-                          "kernels for lowering without one", where="cutecc.load", exit_code=1)
+        raise WorkError(f"no GPU is visible to {front.framework}: pass arch= (or set CUTECC_ARCH) to load "
+                        "kernels for lowering without one", where="cutecc.load")
     driver = driver_version()  # judges PTX entries (None without a driver: not judged)
     asked: set[str] | None = set(kernels) if kernels else None
     wanted = None if asked is None else set(asked)  # the kernels whose entries are looked up
@@ -235,12 +226,11 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
         try:
             digest = hashlib.sha256(mpath.read_bytes()).hexdigest()
         except OSError as e:
-            raise CuteccError(f"cannot read the manifest: {e.strerror}", where=str(mpath),
-                              exit_code=1) from None
+            raise WorkError(f"cannot read the manifest: {e.strerror}", where=str(mpath)) from None
         recorded = store.manifest_entries(mpath, digest)
         if recorded is None:
-            raise CuteccError("this manifest, as it is now, was never built into this cache; run "
-                              "`cutecc build`", where=f"{mpath} (cache {store.root})", exit_code=1)
+            raise WorkError("this manifest, as it is now, was never built into this cache; run "
+                            "`cutecc build`", where=f"{mpath} (cache {store.root})")
     locked = None
     if lock is not None:
         from cutecc.lock.lockfile import read_trusted_lock
@@ -284,7 +274,7 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
     if recorded is not None:
         wanted = set(recorded) if wanted is None else wanted & set(recorded)
         planned = {key for name in wanted for keys in recorded[name].values() for key in keys}
-    series = _tvm_ffi_series()
+    series = tvm_ffi_series()
     pinned: dict[str, Any] = {}
     if locked is not None:
         lines: dict[str, list[str]] = {}
@@ -295,18 +285,17 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
                         and not store.has(le.key)]
         if missing_keys:
             n = len(missing_keys)
-            raise CuteccError(f"{n} locked entr{'y' if n == 1 else 'ies'} not in the cache: "
-                              + ", ".join(f"{le.label} {le.key[:12]}" for le in missing_keys)
-                              + "; run `cutecc build`", where=str(store.root), exit_code=1)
+            raise WorkError(f"{n} locked entr{'y' if n == 1 else 'ies'} not in the cache: "
+                            + ", ".join(f"{le.label} {le.key[:12]}" for le in missing_keys)
+                            + "; run `cutecc build`", where=str(store.root))
         pinned = locked.by_key()
     elif planned is not None:  # exactly the manifest's newest build (all of it must be there)
         assert recorded is not None and wanted is not None  # set with `planned`
         lines = {name: sorted({k for keys in recorded[name].values() for k in keys}) for name in wanted}
         for key in sorted(planned):
             if not store.has(key):
-                raise CuteccError(f"entry {key[:12]} of the manifest's newest build is not in the "
-                                  "cache (removed since); run `cutecc build`", where=str(store.root),
-                                  exit_code=1)
+                raise WorkError(f"entry {key[:12]} of the manifest's newest build is not in the "
+                                "cache (removed since); run `cutecc build`", where=str(store.root))
     newest = lock is None and planned is None  # each kernel's newest build generation
     if not newest:
         def names() -> Iterable[str]:
@@ -323,8 +312,8 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
     if wanted:
         missing = sorted(n for n in wanted if not keys_of(n))
         if missing:
-            raise CuteccError(f"no entries for kernel(s) {', '.join(missing)}; run `cutecc build`",
-                              where=str(store.root), exit_code=1)
+            raise WorkError(f"no entries for kernel(s) {', '.join(missing)}; run `cutecc build`",
+                            where=str(store.root))
 
     def composite(name: str) -> CompositeLine | None:
         """A composite kernel offered here: asked for (or nothing was asked), defined here
@@ -352,7 +341,7 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
         fn._fallback = _fallback(front, name, fn, entries, store, locked, target, strict,
                                  misses_root=store.root if record_use and not read_only() else None)
         if jit:
-            fn._jit = _jit_hook(store, mpath, target, series, driver)
+            fn._jit = jit_hook(store, mpath, target, series, driver)
         return fn
 
     ks = front.kernel_set(store.root, target, resolve, all_names,
@@ -361,8 +350,8 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
     if strict:
         problems = ks.problems
         if problems:
-            raise CuteccError("entries unusable here:\n  " + "\n  ".join(problems),
-                              where=str(store.root), exit_code=1)
+            raise WorkError("entries unusable here:\n  " + "\n  ".join(problems),
+                            where=str(store.root))
     return ks
 
 
@@ -395,54 +384,8 @@ def _jit_wanted(front: FrontEnd, jit: bool | None, *, strict: bool, pinned: bool
             why = ("the DSL (nvidia-cutlass-dsl, the build extra) is not installed here: build "
                    "ahead of time with `cutecc build`, or install `cutecc[build]`")
     if why:
-        raise CuteccError(f"{given}: {why}", where="cutecc.load", exit_code=1)
+        raise WorkError(f"{given}: {why}", where="cutecc.load")
     return True
-
-
-def _jit_hook(store: StoreView, manifest: Path | None, target: str, series: str,
-              driver: tuple[int, int] | None) -> Callable[..., str | None]:
-    """What a kernel calls at a miss under `load(jit=True)`: build the variant serving the
-    call (`cutecc.develop.jit`, imported here, at the first miss only), offer it, warn once per
-    signature (`JitBuildWarning`) and count the miss; None when served, else why not."""
-    import warnings
-
-    from cutecc.errors import JitBuildWarning
-    from cutecc.store.misses import miss_of, record_miss
-
-    state: dict[str, Any] = {}
-
-    def hook(fn: KernelBase, sig: list[tuple[str, tuple[Any, ...]]], keywords: dict[str, Any],
-             miss: CuteccError) -> str | None:
-        from cutecc import environ
-
-        if environ.flag(environ.STRICT):
-            return f"off under ${environ.STRICT}"
-        if "builder" not in state:
-            from cutecc.develop.jit import builder_for  # the build side, behind the opt-in only
-
-            state["builder"] = builder_for(store.root, manifest)
-        reason = f"no build for {target}" if not fn.builds else "no built variant fits"
-        m = miss_of(fn.name, target, sig, keywords, reason)
-        try:
-            r = state["builder"].build(m)
-        except CuteccError as err:
-            return f"{err.where}: {err.message}" if err.where else err.message
-        e = store.get(r.key)
-        why = "not in the cache after its build" if e is None else (
-            _why_unusable(e.meta, target, series) or _problem(e) or _ptx_problem(e, driver))
-        if e is None or why:
-            return f"entry {r.key[:12]} ({r.variant}@{r.arch}): {why}"
-        said = reason if not fn.builds else f"{reason} on {target}"
-        fn._add_build(Build.of(e.checked, e.path))
-        done = "compiled" if r.compiled else "found cached"
-        warnings.warn(f'cutecc kernel "{fn.name}" {m.signature}: {said}; {done} variant '
-                      f"{r.variant} for {r.arch} just in time ({r.key[:12]}, {r.seconds:.1f}s): add it to "
-                      "the manifest (`cutecc misses --toml`)", JitBuildWarning, stacklevel=5)
-        record_miss(store.root, dataclasses.replace(
-            m, reason=f"{reason}; built just in time: variant {r.variant} for {r.arch}"))
-        return None
-
-    return hook
 
 
 def _same_path(recorded: object, path: Path) -> bool:
@@ -496,7 +439,7 @@ def _kernel_fn(front: FrontEnd, name: str, entries: list[Entry], target: str, se
         if why:
             refused = True
         else:
-            why = _why_unusable(m, target, series) or _problem(e) or _ptx_problem(e, driver)
+            why = why_unusable(m, target, series) or record_problem(e) or ptx_problem(e, driver)
         if why:
             unusable.append(f"{m.get('variant')}@{m.get('arch')} ({e.key[:12]}): {why}")
             continue
@@ -590,12 +533,13 @@ def _tuning(name: str, fn: KernelBase, store: StoreView, locked: Any, target: st
         if e is None:
             why: str | None = "not in the cache"
         else:
-            why = (t.mismatch(e.meta) or _why_unusable(e.meta, target, series) or _problem(e)
-                   or _ptx_problem(e, driver))
+            why = (t.mismatch(e.meta) or why_unusable(e.meta, target, series) or record_problem(e)
+                   or ptx_problem(e, driver))
         if why is None and e is not None:
             base = store.get(t.base)
             why = "its default configuration is not in the cache" if base is None else (
-                _problem(base) or line_problem(t, base.meta, e.meta) or sibling_problem(base.meta, e.meta))
+                record_problem(base) or line_problem(t, base.meta, e.meta)
+                or sibling_problem(base.meta, e.meta))
         if why is None and e is not None:
             b = Build.of(e.checked, e.path)
             return b if record_use else dataclasses.replace(b, record_use=False)
@@ -604,55 +548,3 @@ def _tuning(name: str, fn: KernelBase, store: StoreView, locked: Any, target: st
         return None
 
     return TuningTable(name, lines, winner, device_kind)
-
-
-def _problem(e: Entry) -> str | None:
-    """Why the entry's metadata cannot be trusted as its key's (`EntryMeta.parse`), or None
-    (its typed record, `e.checked`, is then there to read)."""
-    try:
-        e.checked  # noqa: B018  (parsed once, kept on the entry)
-    except ValueError as err:
-        return str(err)
-    return None
-
-
-def _ptx_problem(e: Entry, driver: tuple[int, int] | None) -> str | None:
-    """Why this process's CUDA driver cannot JIT-compile a `compute_` entry's PTX (its PTX
-    ISA is newer than the driver's: `archs.ptx_driver_problem`), or None. The ISA is the
-    one its build recorded (`ptx_isa`); an entry built before cutecc recorded it has it read
-    from its library's PTX (`.version`), the library checked against its SHA-256 first;
-    one whose library cannot be read so is judged unknown, and offered (the driver decides).
-    Call after `_problem` (the typed record is there)."""
-    if driver is None or not is_ptx(str(e.meta.get("arch"))):
-        return None
-    rec = e.checked
-    isa = rec.ptx_isa
-    if isa is None:
-        from cutecc.cubin import ptx_isa
-
-        try:
-            data = (e.path / rec.library.name).read_bytes()
-        except OSError:
-            data = b""
-        if len(data) == rec.library.size and hashlib.sha256(data).hexdigest() == rec.library.sha256:
-            isa = ptx_isa(data)
-    return ptx_driver_problem(rec.arch, isa, driver)
-
-
-def _why_unusable(m: dict[str, Any], target: str, series: str) -> str | None:
-    if m.get("format") != ENTRY_FORMAT:
-        return f"entry format {m.get('format')!r}, this cutecc reads {ENTRY_FORMAT}"
-    tc = m.get("toolchain") or {}
-    if tc.get("cutecc_artifact_format") != str(ARTIFACT_FORMAT):
-        return (f"artifact format {tc.get('cutecc_artifact_format')!r}, this cutecc runs "
-                f"{ARTIFACT_FORMAT}; rebuild it")
-    built_tvm = ".".join(str(tc.get("apache-tvm-ffi", "")).split(".")[:2])
-    if built_tvm != series:
-        return f"built against apache-tvm-ffi {built_tvm}, this runtime has {series}"
-    arch = str(m.get("arch"))
-    if not runs_on(arch, target):
-        return f"built for {arch}, cannot run on {target}"
-    built_for, here = platform_of(m), host_platform()
-    if built_for != here:
-        return f"built for {built_for} hosts, this host is {here}"
-    return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from cutecc.errors import CuteccError
+from cutecc.errors import WorkError
 from cutecc.lock.lockfile import LOCK_NAME
 
 PACK_DIR = "_cutecc"  # a pack's cache-shaped tree, inside its import package
@@ -18,11 +18,11 @@ def package_root(package: str) -> Path:
     except (ImportError, ValueError):
         spec = None
     if spec is None or not spec.submodule_search_locations:
-        raise CuteccError(f"no installed package {package!r}; `pip install` its wheel",
-                          where="cutecc.load package", exit_code=1)
+        raise WorkError(f"no installed package {package!r}; `pip install` its wheel",
+                        where="cutecc.load package")
     for loc in spec.submodule_search_locations:
         root = Path(loc) / PACK_DIR
         if (root / LOCK_NAME).is_file():
             return root
-    raise CuteccError(f"package {package!r} is not a cutecc pack (no {PACK_DIR}/{LOCK_NAME})",
-                      where="cutecc.load package", exit_code=1)
+    raise WorkError(f"package {package!r} is not a cutecc pack (no {PACK_DIR}/{LOCK_NAME})",
+                    where="cutecc.load package")

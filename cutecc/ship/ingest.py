@@ -36,6 +36,7 @@ from cutecc.entry import (
     RuntimeMeta,
     parse_json,
 )
+from cutecc.store.layout import entry_parts, meta_parts, runtime_parts
 from cutecc.store.view import Entry, StoreView
 from cutecc.store.writer import Store
 
@@ -94,15 +95,7 @@ def check_whole(key: str, meta_bytes: bytes, files: Mapping[str, bytes], max_fil
     if set(files) != {b.name for b in blobs}:
         raise Refused(f"files {sorted(files)[:4]} differ from those {META} lists "
                       f"{sorted(b.name for b in blobs)}")
-    for b in blobs:
-        check_file(b, files[b.name])
-    if not runtime:  # code for another GPU than its key says is never served
-        from cutecc.cubin import arch_problem
-
-        rec = EntryMeta.parse(meta, key)
-        wrong = arch_problem(files[rec.library.name], rec.arch)
-        if wrong:
-            raise Refused(wrong)
+    _check_files(key, meta, blobs, files, runtime)
     return meta
 
 
@@ -144,10 +137,10 @@ def check_stored(store: StoreView, key: str, *, runtime: bool = False,
     this process is about to vouch for (a lock it signs, a Ray task's result) rather
     than what an earlier check already recorded. Raises Refused (absent, damaged, or
     someone else's)."""
-    parts = store.layout.runtime_parts(key) if runtime else store.layout.entry_parts(key)
+    parts = runtime_parts(key) if runtime else entry_parts(key)
     what = "runtime library" if runtime else "entry"
     try:
-        meta_bytes = trust.read_file(store.root, (*parts, META), MAX_META_BYTES)
+        meta_bytes = trust.read_file(store.root, meta_parts(parts), MAX_META_BYTES)
         meta, blobs = check_meta(key, meta_bytes, max_file_bytes, runtime=runtime)
         files = {b.name: trust.read_file(store.root, (*parts, b.name), b.size) for b in blobs}
     except FileNotFoundError:
@@ -156,13 +149,21 @@ def check_stored(store: StoreView, key: str, *, runtime: bool = False,
         raise Refused(e.message) from None
     except OSError as e:
         raise Refused(f"{what} {key[:12]}: {e.strerror or e}") from None
+    _check_files(key, meta, blobs, files, runtime)
+    return meta
+
+
+def _check_files(key: str, meta: dict[str, Any], blobs: tuple[FileRec, ...], files: Mapping[str, bytes],
+                 runtime: bool) -> None:
+    """Every file `meta` lists, as it lists it; and a kernel library's device code for the
+    arch its key names (code for another GPU is never served). Raises Refused."""
     for b in blobs:
         check_file(b, files[b.name])
-    if not runtime:  # code for another GPU than its key says is never served
+    if not runtime:
         from cutecc.cubin import arch_problem
 
         rec = EntryMeta.parse(meta, key)
         wrong = arch_problem(files[rec.library.name], rec.arch)
         if wrong:
             raise Refused(wrong)
-    return meta
+

@@ -35,10 +35,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cutecc import environ
-from cutecc.entry import MAX_META_BYTES, META, FileRec, is_key, runtime_record
+from cutecc.entry import MAX_META_BYTES, FileRec, is_key, runtime_record
 from cutecc.errors import CuteccError
 from cutecc.remote_url import parse_url
 from cutecc.ship.ingest import Refused, check_file, check_meta, publish
+from cutecc.store.layout import meta_file
 from cutecc.store.view import Entry
 from cutecc.store.writer import Store
 from cutecc.units import parse_size
@@ -327,8 +328,8 @@ class Remote:
         rec = runtime_record(entry.meta)
         if rec is None or rec["key"] in self._runtimes_pushed:
             return
-        rdir = store.runtime_dir(rec["key"])
-        raw = _read(rdir / META, MAX_META_BYTES)
+        rdir = store.layout.runtime(rec["key"])
+        raw = _read(meta_file(rdir), MAX_META_BYTES)
         try:
             _, blobs = check_meta(rec["key"], raw, self.cfg.max_blob, runtime=True)
         except Refused as e:
@@ -352,7 +353,7 @@ class Remote:
         """Upload an entry of the local store (its files checked against meta.json first):
         blobs, then meta.json. True when this call created the entry on the remote.
         Raises Refused (a damaged local entry) or Unavailable."""
-        raw = _read(entry.path / META, MAX_META_BYTES)
+        raw = _read(meta_file(entry.path), MAX_META_BYTES)
         _, blobs = check_meta(entry.key, raw, self.cfg.max_blob)
         self._push_runtime(entry, store)
         for b in blobs:

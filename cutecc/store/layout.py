@@ -117,6 +117,18 @@ def runtime_parts(key: str) -> tuple[str, str, str]:
     return (RUNTIMES, key[:2], key)
 
 
+def meta_parts(parts: tuple[str, ...]) -> tuple[str, ...]:
+    """The `meta.json` of the entry (or runtime entry) directory at `parts` under a cache's
+    (or a pack's) root (`entry_parts`, `runtime_parts`), as parts under that root."""
+    return (*parts, META)
+
+
+def meta_file(entry_dir: Path) -> Path:
+    """`<entry>/meta.json` of an entry or runtime entry directory: in a cache
+    (`Layout.entry`, `Layout.runtime`), or one being staged or received."""
+    return entry_dir / META
+
+
 @dataclass(frozen=True)
 class Layout:
     """The paths of one cache directory (`root`). Pure: it creates and reads nothing."""
@@ -172,11 +184,11 @@ class Layout:
 
     def entry_meta(self, key: str) -> Path:
         """`entries/ab/<key>/meta.json`: what the entry is (`ENTRY_FORMAT`)."""
-        return self.entry(key) / META
+        return meta_file(self.entry(key))
 
-    def entry_parts(self, key: str) -> tuple[str, str, str]:
-        """The entry directory's parts under the root (for `cutecc.trust.read_file`, packs)."""
-        return entry_parts(key)
+    def entry_meta_str(self, key: str) -> str:
+        """`entry_meta` as a string (cheaper where a build handles 10,000 keys)."""
+        return os.path.join(self.entry_str(key), META)
 
     def runtimes(self) -> Path:
         """`runtimes/`: the runtime library entries, sharded like `entries/`."""
@@ -186,9 +198,9 @@ class Layout:
         """`runtimes/ab/<key>/`: one runtime library entry's directory."""
         return self.root / RUNTIMES / key[:2] / key
 
-    def runtime_parts(self, key: str) -> tuple[str, str, str]:
-        """The runtime entry directory's parts under the root."""
-        return runtime_parts(key)
+    def runtime_meta(self, key: str) -> Path:
+        """`runtimes/ab/<key>/meta.json`: what the runtime library entry is."""
+        return meta_file(self.runtime(key))
 
     def runtime_library(self, key: str, soname: str) -> Path:
         """`runtimes/ab/<key>/<soname>`: the runtime library a kernel library links against."""

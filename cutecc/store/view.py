@@ -37,7 +37,7 @@ from cutecc.entry import (
     parse_json,
     read_index_facts,
 )
-from cutecc.errors import CuteccError
+from cutecc.errors import WorkError
 from cutecc.store.layout import (
     GENERATION_FORMAT,
     MAX_PLAN_BYTES,
@@ -211,7 +211,7 @@ class StoreView:
             except FileNotFoundError:
                 continue
             except OSError as e:
-                raise CuteccError(f"cannot read: {e.strerror}", where=str(d), exit_code=1) from None
+                raise WorkError(f"cannot read: {e.strerror}", where=str(d)) from None
             if not stat.S_ISDIR(st.st_mode):
                 what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
                 raise trust.Untrusted(f"{d} is {what}", str(d))
@@ -227,16 +227,15 @@ class StoreView:
             finally:
                 os.close(fd)
         except OSError as e:
-            raise CuteccError(f"cannot read the cache's format file: {e.strerror}", where=str(fmt),
-                              exit_code=1) from None
+            raise WorkError(f"cannot read the cache's format file: {e.strerror}", where=str(fmt)) from None
         got = raw.decode(errors="replace").strip()
         if got != str(STORE_FORMAT):
             older = got.isdigit() and int(got) < STORE_FORMAT
             why = (" (an older cutecc's: its entries are of an older artifact format, which this "
                    "cutecc cannot run)" if older else "")
-            raise CuteccError(f"cache format {got!r} is not the format this cutecc uses "
-                              f"({STORE_FORMAT}){why}; point --cache-dir elsewhere or remove it",
-                              where=str(self.root), exit_code=1)
+            raise WorkError(f"cache format {got!r} is not the format this cutecc uses "
+                            f"({STORE_FORMAT}){why}; point --cache-dir elsewhere or remove it",
+                            where=str(self.root))
 
     def require(self: _S) -> _S:
         """This store if it exists and is of this format, else a CuteccError (exit 1).
@@ -246,8 +245,7 @@ class StoreView:
         """
         fmt = self.layout.format_file()
         if not fmt.is_file():
-            raise CuteccError("no cutecc cache here; run `cutecc build` first", where=str(self.root),
-                              exit_code=1)
+            raise WorkError("no cutecc cache here; run `cutecc build` first", where=str(self.root))
         self._check_format(fmt)
         return self
 
@@ -258,22 +256,14 @@ class StoreView:
 
     # Entries ---------------------------------------------------------------------
 
-    def entry_path(self, key: str) -> str:
-        """`layout.entry(key)` as a string (cheaper where a build handles 10,000 keys)."""
-        return self.layout.entry_str(key)
-
-    def runtime_dir(self, key: str) -> Path:
-        """`runtimes/ab/<key>/` (`Layout.runtime`)."""
-        return self.layout.runtime(key)
-
     def has(self, key: str) -> bool:
         """Whether the entry of `key` is published (its meta.json is there)."""
-        return os.path.isfile(os.path.join(self.layout.entry_str(key), META))
+        return os.path.isfile(self.layout.entry_meta_str(key))
 
     def stamp(self, key: str) -> list[int] | None:
         """The stamp (`entry.meta_stamp`) of the entry's meta.json, None when absent."""
         try:
-            return meta_stamp(os.stat(os.path.join(self.layout.entry_str(key), META)))
+            return meta_stamp(os.stat(self.layout.entry_meta_str(key)))
         except OSError:
             return None
 
@@ -282,7 +272,7 @@ class StoreView:
 
     def get_runtime(self, key: str) -> Entry | None:
         """The runtime library entry of `key`, or None."""
-        return self._get(self.runtime_dir(key), key)
+        return self._get(self.layout.runtime(key), key)
 
     def kernel_names(self) -> list[str]:
         """The kernels the index names (one directory listing, no metadata read)."""
@@ -302,10 +292,6 @@ class StoreView:
             return sorted(f.name for f in os.scandir(d) if is_key(f.name))
         except OSError:
             return []
-
-    def index_record(self, kernel: str, key: str) -> Path:
-        """`by-kernel/<kernel>/<key>` (`Layout.index_record`)."""
-        return self.layout.index_record(kernel, key)
 
     def indexed_facts(self, kernel: str, key: str) -> dict[str, Any] | None:
         """The facts the index records for `kernel`/`key` (see `entry.index_facts`) when
@@ -334,7 +320,7 @@ class StoreView:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as e:
-            raise CuteccError(f"unreadable metadata: {e}", where=str(path / META), exit_code=1) from None
+            raise WorkError(f"unreadable metadata: {e}", where=str(path / META)) from None
         return Entry(key, path, meta)
 
     def entries(self) -> Iterator[Entry]:

@@ -49,7 +49,7 @@ from cutecc.entry import (
     is_kernel_name,
     meta_stamp,
 )
-from cutecc.errors import CuteccError
+from cutecc.errors import WorkError
 from cutecc.locks import Busy, held, is_held
 from cutecc.store.layout import (
     GENERATION_FORMAT,
@@ -114,8 +114,7 @@ class Store(StoreView):
                     atomic_write(self.layout.cachedir_tag(), _CACHEDIR_TAG.encode())
                     atomic_write(fmt, f"{STORE_FORMAT}\n".encode())
         except OSError as e:
-            raise CuteccError(f"cannot create the cache: {e.strerror}", where=str(self.root),
-                              exit_code=1) from None
+            raise WorkError(f"cannot create the cache: {e.strerror}", where=str(self.root)) from None
         self._check_format(fmt)
 
     def _check_writable(self) -> None:
@@ -134,9 +133,9 @@ class Store(StoreView):
             os.close(fd)
             os.unlink(probe)
         except OSError as e:
-            raise CuteccError(f"cannot write to the cache: {e.strerror}; build into a writable "
-                              "--cache-dir, or use --read-only to use only what it holds",
-                              where=str(self.root), exit_code=1) from None
+            raise WorkError(f"cannot write to the cache: {e.strerror}; build into a writable "
+                            "--cache-dir, or use --read-only to use only what it holds",
+                            where=str(self.root)) from None
 
 
     # Build records ---------------------------------------------------------------
@@ -256,7 +255,7 @@ class Store(StoreView):
         a memfd copy).
         """
         with self._locked(key, timeout):
-            src = self.runtime_dir(key) if runtime else self.layout.entry(key)
+            src = self.layout.runtime(key) if runtime else self.layout.entry(key)
             moved = self._move_out(key, self.layout.staging(f"{key}.rm-{secrets.token_hex(6)}"), src)
             if moved is None:
                 return False
@@ -279,7 +278,7 @@ class Store(StoreView):
         """
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
         dest = self.layout.quarantined(key, stamp)
-        src = self.runtime_dir(key) if runtime else self.layout.entry(key)
+        src = self.layout.runtime(key) if runtime else self.layout.entry(key)
         with self._locked(key, timeout):
             if still_bad is not None and src.is_dir() and not still_bad(src):
                 return None
@@ -319,8 +318,7 @@ class Store(StoreView):
         take as "read meta.json"."""
         kernel = meta.get("kernel")
         if not is_kernel_name(kernel):
-            raise CuteccError(f"kernel name {kernel!r} is not an identifier", where=str(self.root),
-                              exit_code=1)
+            raise WorkError(f"kernel name {kernel!r} is not an identifier", where=str(self.root))
         d = self.layout.index_kernel(kernel)
         data = index_bytes(index_facts(key, meta, meta_stamp(os.stat(meta_file))))
         for _ in range(100):
@@ -467,7 +465,7 @@ class Store(StoreView):
             self._sweep_key(key, runtime)
             staging = self.layout.staging(f"{key}.{secrets.token_hex(6)}")
             make_dir(staging)
-            final = self.runtime_dir(key) if runtime else self.layout.entry(key)
+            final = self.layout.runtime(key) if runtime else self.layout.entry(key)
             try:
                 made = build(staging)
                 if isinstance(made, RuntimeMeta) != runtime:
@@ -492,7 +490,7 @@ class Store(StoreView):
 
     def _sweep_key(self, key: str, runtime: bool = False) -> None:
         """Remove a killed build's leftovers for `key` (we hold its lock)."""
-        final = self.runtime_dir(key) if runtime else self.layout.entry(key)
+        final = self.layout.runtime(key) if runtime else self.layout.entry(key)
         for d in (*self.tmp_dir.glob(f"{key}.*"), *final.parent.glob(f".{key}.*.tmp")):
             if d.is_dir() and not d.is_symlink():
                 self._drop_leftover(key, d)

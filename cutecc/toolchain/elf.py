@@ -14,7 +14,7 @@ import re
 import struct
 from collections.abc import Iterable
 
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
 
 _SHT_GNU_VERNEED = 0x6FFFFFFE
 _MACHINES = {62: "x86_64", 183: "aarch64"}  # e_machine -> the wheel tags' arch
@@ -30,20 +30,20 @@ _LEGACY = {5: "manylinux1", 12: "manylinux2010", 17: "manylinux2014"}
 def machine(data: bytes, name: str = "library") -> str:
     """The wheel-tag arch (`x86_64`, `aarch64`) of a 64-bit little-endian ELF shared object."""
     if len(data) < 64 or data[:4] != b"\x7fELF":
-        raise CuteccError(f"{name}: not an ELF file", where="pack", exit_code=1)
+        raise WorkError(f"{name}: not an ELF file", where="pack")
     if data[4] != 2 or data[5] != 1:
-        raise CuteccError(f"{name}: not a 64-bit little-endian ELF file", where="pack", exit_code=1)
+        raise WorkError(f"{name}: not a 64-bit little-endian ELF file", where="pack")
     e_type, e_machine = struct.unpack_from("<HH", data, 16)
     if e_machine not in _MACHINES or e_type != _ET_DYN:
-        raise CuteccError(f"{name}: not an x86-64 or aarch64 shared object (type {e_type}, machine "
-                          f"{e_machine})", where="pack", exit_code=1)
+        raise WorkError(f"{name}: not an x86-64 or aarch64 shared object (type {e_type}, machine "
+                        f"{e_machine})", where="pack")
     return _MACHINES[e_machine]
 
 
 def needed_versions(data: bytes, name: str = "library") -> dict[str, set[str]]:
     """The symbol versions an ELF shared object (`machine`) requires: {DT_NEEDED file: versions}."""
     def bad(why: str) -> CuteccError:
-        return CuteccError(f"{name}: {why}", where="pack", exit_code=1)
+        return WorkError(f"{name}: {why}", where="pack")
 
     machine(data, name)
     e_shoff, = struct.unpack_from("<Q", data, 40)
@@ -88,8 +88,8 @@ def glibc_minor(libraries: Iterable[tuple[str, bytes]]) -> int:
                 if m:
                     minor = max(minor, int(m.group(1)))
                 elif not _ALLOWED_OTHER.fullmatch(v):
-                    raise CuteccError(f"{name} needs {v} of {file}, which no manylinux tag covers",
-                                      where="pack", exit_code=1)
+                    raise WorkError(f"{name} needs {v} of {file}, which no manylinux tag covers",
+                                    where="pack")
     return minor
 
 
@@ -100,8 +100,8 @@ def manylinux_tag(libraries: Iterable[tuple[str, bytes]]) -> str:
     libraries = list(libraries)
     arches = {machine(data, name) for name, data in libraries} or {"x86_64"}
     if len(arches) > 1:
-        raise CuteccError(f"libraries for {' and '.join(sorted(arches))} in one pack; pack one host "
-                          "platform at a time (--platform)", where="pack", exit_code=1)
+        raise WorkError(f"libraries for {' and '.join(sorted(arches))} in one pack; pack one host "
+                        "platform at a time (--platform)", where="pack")
     arch = arches.pop()
     minor = glibc_minor(libraries)
     tags = [f"manylinux_2_{minor}_{arch}"]

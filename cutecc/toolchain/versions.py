@@ -28,7 +28,7 @@ from pathlib import Path
 
 from cutecc import platforms
 from cutecc.entry import compute_key
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
 from cutecc.platforms import BUILD_PLATFORM
 from cutecc.toolchain import targetlibs
 
@@ -116,7 +116,7 @@ def _find(what: str, candidates: list[Path], hint: str) -> Path:
     for c in candidates:
         if c.exists():
             return c
-    raise CuteccError(f"cannot find {what}; {hint}", where="link", exit_code=1)
+    raise WorkError(f"cannot find {what}; {hint}", where="link")
 
 
 def toolchain_paths(cuda: str = "cu13", platform: str = BUILD_PLATFORM) -> dict[str, Path]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cutecc.contract.buckets import bucket_text
-from cutecc.errors import CuteccError, WorkError
+from cutecc.errors import WorkError
 from cutecc.lock.lines import Pin
 from cutecc.lock.lockfile import Tuned
 from cutecc.plan.tuning_plan import PlanItem
@@ -77,8 +77,8 @@ def _run_child(cmd: list[str], job: dict[str, Any], env: dict[str, str], idle: f
                     buf += chunk
                     *lines, buf = buf.split(b"\n")
                     if len(buf) > MAX_EVENT_BYTES or total > MAX_OUTPUT_BYTES:
-                        raise CuteccError(f"the measuring process wrote over {MAX_EVENT_BYTES} bytes in a "
-                                          f"line or {MAX_OUTPUT_BYTES} in all", where=cmd[-1], exit_code=1)
+                        raise WorkError(f"the measuring process wrote over {MAX_EVENT_BYTES} bytes in a "
+                                        f"line or {MAX_OUTPUT_BYTES} in all", where=cmd[-1])
                     new = [ev for ev in map(_event, lines) if ev is not None]
                     if new:
                         events += new
@@ -154,8 +154,8 @@ def measure(root: Path, items: list[PlanItem], *, buckets: tuple[str, ...] = (),
             elif timing is not None:  # died timing a bucket's survivors: no one candidate to blame
                 skipped[timing] = f"exit {code} while timing: {stderr.strip()[-300:]}"
             elif code != 3:  # 3: a `fault` event named the candidate (excluded above)
-                raise CuteccError(f"the measuring process failed (exit {code}): "
-                                  f"{stderr.strip()[-800:]}", where=f"kernel {item.kernel}", exit_code=1)
+                raise WorkError(f"the measuring process failed (exit {code}): "
+                                f"{stderr.strip()[-800:]}", where=f"kernel {item.kernel}")
         for text, why in sorted(skipped.items()):
             info["failed"].append(f"{item.label} {text}: not measured ({why})")
         if item.base in excluded:

@@ -59,7 +59,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
 # The imports allowed to climb back up, each with why, and each only inside a function (a
 # lazy import, reached behind an opt-in): a module-level one is still refused.
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {
-    ("cutecc.runtime.loader", "cutecc.develop.jit"):
+    ("cutecc.runtime.jit_hook", "cutecc.develop.jit"):
         "load(jit=True) builds a missed call's variant; only at a miss, only where the DSL is "
         "installed and the user opted in, so a deploy host never imports the build side",
 }

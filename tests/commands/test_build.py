@@ -64,10 +64,10 @@ def test_a_hit_reads_its_index_record_not_its_metadata(toy_cache, tmp_path: Path
     assert again.count("cached") == 2 and read == [] and lock.read_bytes() == locked
     store = Store(toy.cache)
     [e, *_] = list(store.entries())
-    store.index_record("scale", e.key).write_bytes(b"torn")  # an unreadable record: meta.json
+    store.layout.index_record("scale", e.key).write_bytes(b"torn")  # an unreadable record: meta.json
     read.clear()
     third = build(toy.manifest, cache_dir=toy.cache)
-    assert third.count("cached") == 2 and read == [store.entry_path(e.key)]
+    assert third.count("cached") == 2 and read == [store.layout.entry_str(e.key)]
     assert lock.read_bytes() == locked  # the same lock lines either way
 
 
@@ -103,7 +103,7 @@ def test_a_rewritten_metadata_is_read_not_its_older_index_record(toy_cache, tmp_
     assert store.indexed_facts("scale", e.key)["sha256"] != new_sha  # the record is stale
     with pytest.raises(CuteccError, match="other bytes under a key the lock already names"):
         build(toy.manifest, cache_dir=toy.cache)  # the lock is never made to vouch for them
-    assert set(read) == {store.entry_path(e.key)}  # read (and again under its lock) ...
+    assert set(read) == {store.layout.entry_str(e.key)}  # read (and again under its lock) ...
     assert store.indexed_facts("scale", e.key)["sha256"] == new_sha  # ... to write its record
     lock.unlink()
     read.clear()

@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from cutecc.build.builder import Outcome
+from cutecc.build.outcome import Outcome
 from cutecc.build.timings import Timings
 from cutecc.commands.build import BuildReport
 

@@ -146,7 +146,7 @@ def test_a_damaged_index_is_reported_and_rebuilt_by_fix(built, damage: str) -> N
 
     store = built.store
     e = built.entries()["threads=64"]
-    record = store.index_record("scale", e.key)
+    record = store.layout.index_record("scale", e.key)
     good = record.read_bytes()
     if damage == "delete":
         record.unlink()
@@ -158,7 +158,7 @@ def test_a_damaged_index_is_reported_and_rebuilt_by_fix(built, damage: str) -> N
         record.write_bytes(good.replace(e.meta["files"]["kernel.so"]["sha256"].encode(), b"0" * 64))
         kind = "stale-index"
     elif damage == "stray":  # a record of no entry
-        store.index_record("scale", "f" * 64).write_bytes(good)
+        store.layout.index_record("scale", "f" * 64).write_bytes(good)
         kind = "stale-index"
     else:  # the entry's record under another kernel's name
         (store.index_dir / "other").mkdir()

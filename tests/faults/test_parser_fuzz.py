@@ -196,7 +196,7 @@ def _areas(tmp: Path) -> dict[str, Parser]:
     store, rt = new_store(tmp / "cache")
     entry = add(store, rt, "k", "a")
     view = StoreView(store.root)
-    record = view.index_record("k", entry.key)
+    record = view.layout.index_record("k", entry.key)
     facts = json.loads(index_bytes(index_facts(entry.key, entry.meta)))
     composite = {"format": 1, "name": "both", "launches": ["k", "j"], "inputs": ["x"], "outputs": ["out"],
                  "manifest": "/m/kernels.toml"}

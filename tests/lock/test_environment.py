@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 from helpers import write_toy_project
 
-from cutecc.build import builder
+from cutecc.build import builder, outcome
 from cutecc.cli import main
 from cutecc.commands.build import build
 from cutecc.errors import CuteccError
@@ -65,7 +65,7 @@ def test_a_build_in_another_environment_names_what_differs_before_compiling(
     install(site, "fakelib", "1.1", {**LIB, "fakelib/util.py": "K = 3\n"})
     notes: list[str] = []
 
-    class Notes(builder.Progress):
+    class Notes(outcome.Progress):
         def note(self, text: str) -> None:
             notes.append(text)
 

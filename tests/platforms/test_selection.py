@@ -77,28 +77,28 @@ def test_lock_lines_name_their_platform() -> None:
 
 def _meta(platform: str | None) -> dict[str, object]:
     from cutecc.entry import ARTIFACT_FORMAT, ENTRY_FORMAT
-    from cutecc.runtime.loader import _tvm_ffi_series
+    from cutecc.runtime.usable import tvm_ffi_series
 
     m: dict[str, object] = {"format": ENTRY_FORMAT, "arch": "sm_90a",
                             "toolchain": {"cutecc_artifact_format": str(ARTIFACT_FORMAT),
-                                          "apache-tvm-ffi": _tvm_ffi_series() + ".0"}}
+                                          "apache-tvm-ffi": tvm_ffi_series() + ".0"}}
     if platform is not None:
         m["platform"] = platform
     return m
 
 
 def test_the_runtime_sets_aside_another_platforms_entries(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cutecc.runtime import loader
+    from cutecc.runtime import usable
 
-    series = loader._tvm_ffi_series()
+    series = usable.tvm_ffi_series()
     here = platforms.host_platform()
     other = "aarch64" if here != "aarch64" else "x86_64"
-    assert loader._why_unusable(_meta(here), "sm_90a", series) is None
-    assert loader._why_unusable(_meta(other), "sm_90a", series) == \
+    assert usable.why_unusable(_meta(here), "sm_90a", series) is None
+    assert usable.why_unusable(_meta(other), "sm_90a", series) == \
         f"built for {other} hosts, this host is {here}"
     monkeypatch.setattr(platforms._platform, "machine", lambda: "aarch64")
-    assert loader._why_unusable(_meta("aarch64"), "sm_90a", series) is None
-    assert loader._why_unusable(_meta(None), "sm_90a", series) == \
+    assert usable.why_unusable(_meta("aarch64"), "sm_90a", series) is None
+    assert usable.why_unusable(_meta(None), "sm_90a", series) == \
         "built for x86_64 hosts, this host is aarch64"  # entries from before platforms: x86-64
 
 

@@ -474,10 +474,8 @@ def _task(job: BuildJob, store_root: str, driver_node: str, sources: Sources | s
                                                 str(node_store.root), remote))
     if result.status == "failed":
         return result, None, None
-    from cutecc.entry import META
-
     d = node_store.layout.entry(job.key)
-    meta_bytes = (d / META).read_bytes()
+    meta_bytes = node_store.layout.entry_meta(job.key).read_bytes()
     files = {name: (d / name).read_bytes() for name in (result.meta or {}).get("files", {})}
     return result, meta_bytes, files
 

@@ -11,7 +11,7 @@ import torch
 
 from cutecc.contract.args import ScalarArg, TensorArg
 from cutecc.errors import CallError, CallTypeError, CuteccError
-from cutecc.runtime import calls
+from cutecc.runtime import calls, scalar_values
 from cutecc.runtime.calls import Build
 
 # The torch front end's names for the runtime's call errors (the same classes as the JAX side's).
@@ -45,7 +45,7 @@ def _torch_scalar(kernel: str, s: ScalarArg, v: Any) -> Any:
         raise KernelTypeError(f"runtime scalar {s.name!r} must be a Python number (it is passed by "
                               "value to the kernel), not a tensor; use .item() if you mean it",
                               where=f'kernel "{kernel}"', exit_code=1)
-    return calls.plain_scalar(kernel, s, v)
+    return scalar_values.plain_scalar(kernel, s, v)
 
 
 def _as_call_error(e: CuteccError) -> CuteccError:

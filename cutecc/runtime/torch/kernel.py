@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from cutecc.errors import CuteccError
-from cutecc.runtime import calls
+from cutecc.runtime import calls, scalar_values
 from cutecc.runtime.calls import Build
 from cutecc.runtime.composite_call import CompositeBase
 from cutecc.runtime.loader import FrontEnd, KernelSet, load_with
@@ -266,8 +266,8 @@ class TorchKernelFn(calls.KernelBase):
         if self.tuning is not None:
             build = self.tuning.pick(build, env)
         try:
-            sc = calls.attrs(self.name, build.conv.scalars, given, self._keywords, env, TORCH_DIMS,
-                             _torch_scalar)
+            sc = scalar_values.attrs(self.name, build.conv.scalars, given, self._keywords, env,
+                                     TORCH_DIMS, _torch_scalar)
         except CuteccError as e:
             raise _as_call_error(e) from None
         return build, env, [v for _, _, v in sc]

@@ -13,7 +13,7 @@ import torch
 
 from cutecc.contract.cotangents import Cotangents
 from cutecc.entry import contract_digest
-from cutecc.errors import CuteccError
+from cutecc.errors import WorkError
 from cutecc.runtime import calls
 from cutecc.runtime.calls import Build
 from cutecc.runtime.torch.conversions import (
@@ -107,8 +107,8 @@ def _split(build: Build, args: Sequence[Any]) -> tuple[list[Any], list[Any], str
 def _built(key: str) -> tuple[OpKernel, Build]:
     got = _builds.get(key)
     if got is None:
-        raise CuteccError(f"no cutecc build {key[:12]} is loaded in this process; cutecc.torch.load "
-                          "the cache or pack holding it first", where="cutecc custom op", exit_code=1)
+        raise WorkError(f"no cutecc build {key[:12]} is loaded in this process; cutecc.torch.load "
+                        "the cache or pack holding it first", where="cutecc custom op")
     return got
 
 

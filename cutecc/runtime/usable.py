@@ -1,0 +1,76 @@
+"""Whether an entry can run here, read from its metadata: its entry and artifact formats,
+the tvm-ffi series it was built against, its arch and host platform, and (a `compute_`
+entry) whether this CUDA driver can JIT-compile its PTX. `cutecc.load` sets aside what
+fails with the reason, which a call of that kernel reports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+from typing import Any
+
+from cutecc.archs import is_ptx, ptx_driver_problem, runs_on
+from cutecc.entry import ARTIFACT_FORMAT, ENTRY_FORMAT, platform_of
+from cutecc.platforms import host_platform
+from cutecc.store.view import Entry
+
+
+def tvm_ffi_series() -> str:
+    try:
+        v = importlib.metadata.version("apache-tvm-ffi")
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+    return ".".join(v.split(".")[:2])
+
+
+def record_problem(e: Entry) -> str | None:
+    """Why the entry's metadata cannot be trusted as its key's (`EntryMeta.parse`), or None
+    (its typed record, `e.checked`, is then there to read)."""
+    try:
+        e.checked  # noqa: B018  (parsed once, kept on the entry)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def ptx_problem(e: Entry, driver: tuple[int, int] | None) -> str | None:
+    """Why this process's CUDA driver cannot JIT-compile a `compute_` entry's PTX (its PTX
+    ISA is newer than the driver's: `archs.ptx_driver_problem`), or None. The ISA is the
+    one its build recorded (`ptx_isa`); an entry built before cutecc recorded it has it read
+    from its library's PTX (`.version`), the library checked against its SHA-256 first;
+    one whose library cannot be read so is judged unknown, and offered (the driver decides).
+    Call after `record_problem` (the typed record is there)."""
+    if driver is None or not is_ptx(str(e.meta.get("arch"))):
+        return None
+    rec = e.checked
+    isa = rec.ptx_isa
+    if isa is None:
+        from cutecc.cubin import ptx_isa
+
+        try:
+            data = (e.path / rec.library.name).read_bytes()
+        except OSError:
+            data = b""
+        if len(data) == rec.library.size and hashlib.sha256(data).hexdigest() == rec.library.sha256:
+            isa = ptx_isa(data)
+    return ptx_driver_problem(rec.arch, isa, driver)
+
+
+def why_unusable(m: dict[str, Any], target: str, series: str) -> str | None:
+    if m.get("format") != ENTRY_FORMAT:
+        return f"entry format {m.get('format')!r}, this cutecc reads {ENTRY_FORMAT}"
+    tc = m.get("toolchain") or {}
+    if tc.get("cutecc_artifact_format") != str(ARTIFACT_FORMAT):
+        return (f"artifact format {tc.get('cutecc_artifact_format')!r}, this cutecc runs "
+                f"{ARTIFACT_FORMAT}; rebuild it")
+    built_tvm = ".".join(str(tc.get("apache-tvm-ffi", "")).split(".")[:2])
+    if built_tvm != series:
+        return f"built against apache-tvm-ffi {built_tvm}, this runtime has {series}"
+    arch = str(m.get("arch"))
+    if not runs_on(arch, target):
+        return f"built for {arch}, cannot run on {target}"
+    built_for, here = platform_of(m), host_platform()
+    if built_for != here:
+        return f"built for {built_for} hosts, this host is {here}"
+    return None
