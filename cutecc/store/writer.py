@@ -448,11 +448,9 @@ class Store(StoreView):
         """Return the entry for `key`, building it with `build(staging_dir)` if absent.
 
         `build` writes its files into the staging directory and returns the entry's record
-        (`EntryMeta`, with `runtime` a `RuntimeMeta`; its `files` are the store's to fill);
-        the store records the files' hashes, writes meta.json from the record, creates the
-        entry's index record and publishes by rename. With `runtime`, a runtime library
-        entry (no index record). Returns (entry, built): built is False when another
-        process had it.
+        (`EntryMeta`; with `runtime`, a runtime library's `RuntimeMeta`, not indexed); the
+        store records the files' hashes in it, writes meta.json from it, creates the index
+        record and publishes by rename. (entry, built): built is False when another had it.
         """
         get = self.get_runtime if runtime else self.get
         found = get(key)
@@ -472,9 +470,8 @@ class Store(StoreView):
                     raise TypeError(f"publish(runtime={runtime}) was given a {type(made).__name__}")
                 for f in staging.iterdir():  # the linker's output follows the umask
                     os.chmod(f, FILE_MODE, follow_symlinks=False)
-                rec = made.recorded(key, tuple(FileRec(p.name, **file_record(p))
-                                               for p in sorted(staging.iterdir())))
-                data = rec.dumps()
+                files = tuple(FileRec(p.name, **file_record(p)) for p in staging.iterdir())
+                data = made.recorded(key, files).dumps()  # `recorded` sorts the files
                 meta = json.loads(data)  # the entry as every reader reads it
                 atomic_write(staging / META, data)
                 fsync_dir(staging)
