@@ -5,19 +5,21 @@ records (the kernel's shared library); its meta.json names the runtime library t
 kernel library links against (key, file, SHA-256, size), itself an entry of its own kind
 under `runtimes/ab/<key>/`. Everything that reads entries (the store, `verify`,
 `pack`/`unpack`, the lock file and the runtime's loader) asks this module what a valid
-one looks like, so the rules live in one place; a checked meta.json is read as a typed,
-frozen record (`EntryMeta`, `RuntimeMeta`). It imports nothing else of cutecc but
+one looks like, so the rules live in one place; a meta.json is one typed, frozen record
+(`EntryMeta`, `RuntimeMeta`) both ways: read after its checks, and written from the
+record a build (or an arrival) hands the store (`to_json`, `dumps`). It imports nothing else of cutecc but
 `cutecc.names` and `cutecc.platforms` (base records), so the runtime can use it without
 pulling in the build side.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -198,6 +200,12 @@ def artifact_of(meta: Mapping[str, Any]) -> ArtifactRec | None:
             and rec["size"] >= 0 and (rec["device_sha256"] is None or is_key(rec["device_sha256"]))):
         return None
     return ArtifactRec(rec["file"], rec["sha256"], rec["size"], rec["device_sha256"])
+
+
+def artifact_malformed(meta: Mapping[str, Any]) -> bool:
+    """Whether the entry records an artifact digest that is not well formed (`artifact_of`
+    reads it as None, like none at all)."""
+    return "artifact" in meta and artifact_of(meta) is None
 
 
 _PTX_ISA = re.compile(r"[1-9]\d?\.\d{1,2}")
@@ -409,7 +417,7 @@ def bad_pin_field(d: dict[str, Any], names: list[str]) -> str | None:
     return None
 
 
-# Typed records: meta.json parsed once, after its checks ------------------------------
+# Typed records: meta.json read (after its checks) and written ------------------------
 
 
 @dataclass(frozen=True)
@@ -435,11 +443,29 @@ def _files(meta: Mapping[str, Any]) -> tuple[FileRec, ...]:
     return tuple(FileRec(n, r["sha256"], r["size"]) for n, r in sorted(meta["files"].items()))
 
 
+def _library(files: tuple[FileRec, ...], name: str) -> FileRec:
+    for f in files:
+        if f.name == name:
+            return f
+    raise ValueError(f"library {name!r} is not among the recorded files (a record not yet published?)")
+
+
+def _seconds(secs: Any) -> float:
+    return float(secs) if isinstance(secs, (int, float)) and not isinstance(secs, bool) else 0.0
+
+
+def meta_bytes(doc: Mapping[str, Any]) -> bytes:
+    """The bytes of a meta.json holding `doc`: sorted keys, one space of indent (the one
+    format every entry and runtime library's meta.json is written in)."""
+    return json.dumps(doc, indent=1, sort_keys=True).encode()
+
+
 @dataclass(frozen=True)
 class EntryMeta:
-    """A kernel entry's meta.json, checked (`meta_problem`) and typed. `raw` is the parsed
-    JSON as it was read (what a lock line and the index are derived from): the file's
-    format is unchanged, only its reading is typed."""
+    """A kernel entry's meta.json, typed both ways: read (`parse`, after `meta_problem`'s
+    checks) and written (a build makes one with `files=()`, the store records the files it
+    published (`recorded`) and writes `dumps()`). The JSON values (`params`, `args`,
+    `toolchain`, `key_inputs`) are held as read; `to_json` is the file's object."""
 
     key: str
     kernel: str
@@ -447,8 +473,8 @@ class EntryMeta:
     arch: str
     platform: str  # the host platform of the library's host code (`platform_of`)
     symbol: str
-    library: FileRec
-    files: tuple[FileRec, ...]
+    library_name: str  # the file name of its library, one of `files` (`library`)
+    files: tuple[FileRec, ...]  # sorted by name; () until the store records them
     runtime: RuntimeLink
     backward: str | None
     built_at: str | None
@@ -457,7 +483,12 @@ class EntryMeta:
     # the PTX ISA of a `compute_` entry's PTX ("9.4", its `.version`), which the CUDA driver
     # must know to JIT-compile it; None: machine code, or built before cutecc recorded it
     ptx_isa: str | None
-    raw: Mapping[str, Any] = field(repr=False, compare=False)
+    entry: str  # the kernel's entry point (`module:function`), as keyed
+    params: Mapping[str, Any]  # the variant's parameters
+    args: Any  # the contract (JSON, `cutecc.contract.args.args_from_json` reads it)
+    toolchain: Mapping[str, Any]
+    key_inputs: Mapping[str, Any]
+    sources: tuple[str, ...]  # the kernel's source files the key read
 
     @classmethod
     def parse(cls, meta: Any, key: str) -> EntryMeta:
@@ -466,52 +497,78 @@ class EntryMeta:
         why = meta_problem(meta, key)
         if why:
             raise ValueError(why)
-        lib = library_record(meta)
         rt = runtime_record(meta)
-        assert lib is not None and rt is not None  # meta_problem checked both
-        backward, built, secs = meta.get("backward"), meta.get("built_at"), meta.get("build_seconds")
+        assert rt is not None  # meta_problem checked it
+        backward, built = meta.get("backward"), meta.get("built_at")
+        params, sources, tc = meta.get("params"), meta.get("sources"), meta.get("toolchain")
         return cls(key, meta["kernel"], meta["variant"], str(meta["arch"]), platform_of(meta),
-                   meta["symbol"],
-                   FileRec(*lib), _files(meta),
+                   meta["symbol"], meta["library"], _files(meta),
                    RuntimeLink(rt["key"], rt["library"], rt["sha256"], rt["size"]),
                    backward if isinstance(backward, str) else None,
                    built if isinstance(built, str) else None,
-                   float(secs) if isinstance(secs, (int, float)) and not isinstance(secs, bool) else 0.0,
-                   artifact_of(meta), ptx_isa_of(meta), meta)
+                   _seconds(meta.get("build_seconds")),
+                   artifact_of(meta), ptx_isa_of(meta), str(meta.get("entry")),
+                   params if isinstance(params, dict) else {}, meta.get("args"),
+                   tc if isinstance(tc, dict) else {}, meta["key_inputs"],
+                   tuple(s for s in sources if isinstance(s, str)) if isinstance(sources, list) else ())
+
+    def recorded(self, key: str, files: tuple[FileRec, ...]) -> EntryMeta:
+        """This record as the entry `key` holding `files` (the store's part of a publish)."""
+        return replace(self, key=key, files=tuple(sorted(files, key=lambda f: f.name)))
+
+    def to_json(self) -> dict[str, Any]:
+        """meta.json's object (`artifact` and `ptx_isa` only when recorded)."""
+        doc: dict[str, Any] = {
+            "kernel": self.kernel, "variant": self.variant, "params": copy.deepcopy(dict(self.params)),
+            "arch": self.arch, "platform": self.platform, "entry": self.entry,
+            "args": copy.deepcopy(self.args), "backward": self.backward, "library": self.library_name,
+            "symbol": self.symbol,
+            "runtime": {"key": self.runtime.key, "library": self.runtime.library,
+                        "sha256": self.runtime.sha256, "size": self.runtime.size},
+            "toolchain": copy.deepcopy(dict(self.toolchain)),
+            "key_inputs": copy.deepcopy(dict(self.key_inputs)), "sources": list(self.sources)}
+        if self.artifact is not None:
+            doc["artifact"] = self.artifact.to_json()
+        if self.ptx_isa is not None:
+            doc["ptx_isa"] = self.ptx_isa
+        doc.update(built_at=self.built_at, build_seconds=self.build_seconds,
+                   files={f.name: {"sha256": f.sha256, "size": f.size} for f in self.files},
+                   format=ENTRY_FORMAT, key=self.key)
+        return doc
+
+    def dumps(self) -> bytes:
+        """The bytes of its meta.json (`meta_bytes`)."""
+        return meta_bytes(self.to_json())
 
     @property
-    def args(self) -> Any:
-        """The contract (JSON, `cutecc.contract.args.args_from_json` reads it)."""
-        return self.raw["args"]
-
-    @property
-    def key_inputs(self) -> Mapping[str, Any]:
-        return self.raw["key_inputs"]
-
-    @property
-    def toolchain(self) -> Mapping[str, Any]:
-        tc = self.raw.get("toolchain")
-        return tc if isinstance(tc, dict) else {}
+    def library(self) -> FileRec:
+        """The record of its library among `files`."""
+        return _library(self.files, self.library_name)
 
     @property
     def call(self) -> dict[str, Any]:
         """The call keywords that reach this entry (`call_keywords`)."""
-        return call_keywords(self.raw)
+        return call_keywords({"key_inputs": self.key_inputs})
 
     @property
     def label(self) -> str:
         return label(self.kernel, self.variant, self.arch, self.platform)
 
 
+RUNTIME_KIND = "runtime"  # a runtime library meta.json's `kind`
+
+
 @dataclass(frozen=True)
 class RuntimeMeta:
-    """A runtime library entry's meta.json, checked (`runtime_meta_problem`) and typed."""
+    """A runtime library entry's meta.json, typed both ways like `EntryMeta`: read after
+    `runtime_meta_problem`'s checks, written by the store from a record with `files=()`."""
 
     key: str
-    library: FileRec
+    library_name: str  # its soname, `runtime_soname(key)`
     files: tuple[FileRec, ...]
     built_at: str | None
-    raw: Mapping[str, Any] = field(repr=False, compare=False)
+    build_seconds: float
+    key_inputs: Mapping[str, Any]
 
     @classmethod
     def parse(cls, meta: Any, key: str) -> RuntimeMeta:
@@ -520,7 +577,24 @@ class RuntimeMeta:
         why = runtime_meta_problem(meta, key)
         if why:
             raise ValueError(why)
-        lib = library_record(meta)
-        assert lib is not None  # runtime_meta_problem checked it
         built = meta.get("built_at")
-        return cls(key, FileRec(*lib), _files(meta), built if isinstance(built, str) else None, meta)
+        return cls(key, meta["library"], _files(meta), built if isinstance(built, str) else None,
+                   _seconds(meta.get("build_seconds")), meta["key_inputs"])
+
+    def recorded(self, key: str, files: tuple[FileRec, ...]) -> RuntimeMeta:
+        """This record as the runtime library `key` holding `files`."""
+        return replace(self, key=key, files=tuple(sorted(files, key=lambda f: f.name)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": RUNTIME_KIND, "key_inputs": copy.deepcopy(dict(self.key_inputs)),
+                "library": self.library_name, "built_at": self.built_at,
+                "build_seconds": self.build_seconds,
+                "files": {f.name: {"sha256": f.sha256, "size": f.size} for f in self.files},
+                "format": RUNTIME_ENTRY_FORMAT, "key": self.key}
+
+    def dumps(self) -> bytes:
+        return meta_bytes(self.to_json())
+
+    @property
+    def library(self) -> FileRec:
+        return _library(self.files, self.library_name)

@@ -216,6 +216,8 @@ FAKE_PTX_ISA = "9.4"  # the PTX ISA of fake_compile's `compute_` libraries (nvid
 
 def fake_compile(jobs: list[Any], store_root: Path, workers: int, on_result: Any) -> None:
     """Publish each job as a build worker would, with a stand-in library (no DSL)."""
+    from meta_records import entry_record
+
     from cutecc.build.workers import Result
     from cutecc.contract.args import args_to_json
     from cutecc.store import Store
@@ -228,18 +230,19 @@ def fake_compile(jobs: list[Any], store_root: Path, workers: int, on_result: Any
         lib = rt.meta["library"]
         runtime = {"key": rt.key, "library": lib, **rt.meta["files"][lib]}
 
-        def produce(staging: Path, job: Any = job, runtime: dict = runtime) -> dict[str, Any]:
+        def produce(staging: Path, job: Any = job, runtime: dict = runtime) -> Any:
             ptx = job.arch.startswith("compute_")  # PTX as the DSL 4.8.1 writes it: ISA 9.4
             sm = job.arch.removeprefix("compute_")
             (staging / "kernel.so").write_bytes(job.key.encode() + (
                 f"\n.version {FAKE_PTX_ISA}\n.target sm_{sm}\n".encode() if ptx else b""))
             isa = {"ptx_isa": FAKE_PTX_ISA} if ptx else {}
-            return {"kernel": job.kernel, "variant": job.variant.id, "params": dict(job.variant.params),
-                    "arch": job.arch, "entry": job.entry, "args": args_to_json(job.variant.args),
-                    "backward": job.backward, "library": "kernel.so", "symbol": "cutecc_kernel",
-                    "runtime": runtime,
-                    "toolchain": job.key_inputs["toolchain"], "key_inputs": job.key_inputs,
-                    "sources": list(job.sources), "built_at": now_iso(), "build_seconds": 0.0, **isa}
+            return entry_record({
+                "kernel": job.kernel, "variant": job.variant.id, "params": dict(job.variant.params),
+                "arch": job.arch, "entry": job.entry, "args": args_to_json(job.variant.args),
+                "backward": job.backward, "library": "kernel.so", "symbol": "cutecc_kernel",
+                "runtime": runtime, "platform": job.platform, "key": job.key,
+                "toolchain": job.key_inputs["toolchain"], "key_inputs": job.key_inputs,
+                "sources": list(job.sources), "built_at": now_iso(), "build_seconds": 0.0, **isa})
 
         entry, _ = store.publish(job.key, produce)
         on_result(job, Result("built", 0.0, None, entry.meta))

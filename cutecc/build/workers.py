@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from cutecc import environ
 from cutecc.build import artifact
 from cutecc.contract.args import args_to_json
-from cutecc.entry import LIBRARY, library_record, runtime_meta_problem, runtime_soname
+from cutecc.entry import LIBRARY, EntryMeta, RuntimeLink, RuntimeMeta, runtime_meta_problem, runtime_soname
 from cutecc.errors import CuteccError, WorkError
 from cutecc.manifest import Manifest, Variant
 from cutecc.plan import keyed_sources
@@ -193,11 +193,11 @@ def ensure_runtime(store: Store, key: str) -> tuple[Any, bool]:
 
     platform = runtime_platform(key)
 
-    def produce(staging: Path) -> dict[str, Any]:
+    def produce(staging: Path) -> RuntimeMeta:
         t0 = time.perf_counter()
         link_runtime(staging, key, platform)
-        return {"kind": "runtime", "key_inputs": runtime_inputs(platform), "library": runtime_soname(key),
-                "built_at": now_iso(), "build_seconds": round(time.perf_counter() - t0, 3)}
+        return RuntimeMeta(key, runtime_soname(key), (), now_iso(), round(time.perf_counter() - t0, 3),
+                           runtime_inputs(platform))
 
     entry, built = store.publish(key, produce, runtime=True)
     why = runtime_meta_problem(entry.meta, key)
@@ -220,11 +220,10 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
     store = Store(store_root)
     parts: dict[str, float] = {}
 
-    def produce(staging: Path) -> dict[str, Any]:
+    def produce(staging: Path) -> EntryMeta:
         now = _check_toolchain(job.key_inputs["toolchain"])
         runtime, _ = ensure_runtime(store, now["runtime"])  # normally the build published it
-        rec = library_record(runtime.meta)
-        assert rec is not None  # ensure_runtime checked the metadata
+        rt = runtime.checked_runtime.library  # ensure_runtime checked the metadata
         t1 = time.perf_counter()
         keyed_sources.evict_stale(job.keyed_files)  # a reused worker imports what was keyed
         obj = compile_to_object(CompileJob(job.entry, job.variant, job.compile_options,
@@ -233,7 +232,7 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
         compiled = artifact.digest(obj)  # what the DSL compiled, for `cutecc verify --deep`
         t2 = time.perf_counter()
         link(obj, staging / LIBRARY, SYMBOL, entry=job.entry, arch=job.arch, key=job.key,
-             runtime=runtime.path / rec[0], platform=job.platform)
+             runtime=runtime.path / rt.name, platform=job.platform)
         parts["compile"], parts["link"] = t2 - t1, time.perf_counter() - t2
         obj.unlink()
         changed = keyed_sources.problem(job.keyed_files)  # compiled what was keyed, or nothing
@@ -245,27 +244,15 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
             raise WorkError(f"refusing to publish: {wrong}",
                             where=f"{job.kernel}[{job.variant.id}]@{job.arch}")
         # the PTX ISA a driver must JIT-compile (`.version`), read as the check read `.target`
-        isa = {"ptx_isa": ptx_isa(library)} if is_ptx(job.arch) else {}
-        return {
-            "kernel": job.kernel,
-            "variant": job.variant.id,
-            "params": dict(job.variant.params),
-            "arch": job.arch,
-            "platform": job.platform,
-            "entry": job.entry,
-            "args": args_to_json(job.variant.args),
-            "backward": job.backward,
-            "library": LIBRARY,
-            "symbol": SYMBOL,
-            "runtime": {"key": runtime.key, "library": rec[0], "sha256": rec[1], "size": rec[2]},
-            "toolchain": now,
-            "key_inputs": job.key_inputs,
-            "sources": list(job.sources),
-            "artifact": compiled.to_json(),
-            **isa,
-            "built_at": now_iso(),
-            "build_seconds": round(time.perf_counter() - t0, 3),
-        }
+        return EntryMeta(
+            key=job.key, kernel=job.kernel, variant=job.variant.id, arch=job.arch,
+            platform=job.platform, symbol=SYMBOL, library_name=LIBRARY, files=(),
+            runtime=RuntimeLink(runtime.key, rt.name, rt.sha256, rt.size),
+            backward=job.backward, built_at=now_iso(),
+            build_seconds=round(time.perf_counter() - t0, 3),
+            artifact=compiled, ptx_isa=ptx_isa(library) if is_ptx(job.arch) else None,
+            entry=job.entry, params=dict(job.variant.params), args=args_to_json(job.variant.args),
+            toolchain=now, key_inputs=job.key_inputs, sources=tuple(job.sources))
 
     try:
         entry, built = store.publish(job.key, produce)

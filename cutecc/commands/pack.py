@@ -27,6 +27,7 @@ from cutecc.entry import (
     MAX_LIBRARY_BYTES,
     MAX_META_BYTES,
     STORE_FORMAT,
+    RuntimeMeta,
     is_file_name,
     parse_json,
     runtime_meta_problem,
@@ -307,14 +308,15 @@ def _tree(chosen: Lock, store: StoreView) -> tuple[dict[str, bytes], dict[str, d
         except ValueError as e:
             meta = {"format": f"unreadable: {e}"}
         why = runtime_meta_problem(meta, key)
-        data = b"" if why else _read(store, (*parts, meta["library"]), rec["size"], what)
+        library = None if why else RuntimeMeta.parse(meta, key).library.name
+        data = b"" if library is None else _read(store, (*parts, library), rec["size"], what)
         if not why and (len(data) != rec["size"] or hashlib.sha256(data).hexdigest() != rec["sha256"]):
             why = "does not match the SHA-256 its entries record"
-        if why:
+        if why or library is None:
             raise WorkError(f"{what}: {why}; run `cutecc verify --fix` and `cutecc build`",
                             where=str(store.layout.runtime(key)))
         tree["/".join(meta_parts(parts))] = meta_bytes
-        tree[f"{base}/{meta['library']}"] = data
+        tree[f"{base}/{library}"] = data
         s = sizes.setdefault("runtime", {"entries": 0, "bytes": 0})
         s["entries"] += 1
         s["bytes"] += len(meta_bytes) + len(data)

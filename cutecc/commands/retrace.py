@@ -28,7 +28,7 @@ from typing import Any
 from cutecc.build import builder, outcome
 from cutecc.build.artifact import difference
 from cutecc.build.executors import LocalExecutor, compile_limits
-from cutecc.entry import EntryMeta, artifact_of, library_record
+from cutecc.entry import EntryMeta, artifact_malformed, artifact_of, library_record
 from cutecc.errors import CuteccError, WorkError
 from cutecc.manifest import Manifest, load_manifest
 from cutecc.plan.build_plan import Planned
@@ -111,7 +111,7 @@ def retrace(store: Store, planned: PlannedAgain, *, jobs: int | None = None,
     target = planned.target
     full = target.manifest
     report = DeepReport(planned.path)
-    held: dict[str, tuple[Planned, EntryMeta]] = {}
+    held: dict[str, tuple[Planned, EntryMeta, bool]] = {}  # and whether its digest is malformed
     seen: set[str] = set()  # variants that share a key are one entry
     for p in target.planned:
         if p.key in seen:
@@ -122,14 +122,14 @@ def retrace(store: Store, planned: PlannedAgain, *, jobs: int | None = None,
             if entry is None:
                 report.not_held += 1
                 continue
-            held[p.key] = (p, EntryMeta.parse(entry.meta, p.key))
+            held[p.key] = (p, EntryMeta.parse(entry.meta, p.key), artifact_malformed(entry.meta))
         except (CuteccError, ValueError):
             continue  # damaged: the plain checks report it
     if not held:
         return report
-    again = _compile_again(target, [p for p, _ in held.values()], full, jobs, progress)
-    for key, (p, meta) in held.items():
-        report.results.append(_compare(p, meta, again.get(key)))
+    again = _compile_again(target, [p for p, _, _ in held.values()], full, jobs, progress)
+    for key, (p, meta, malformed) in held.items():
+        report.results.append(_compare(p, meta, again.get(key), malformed))
     return report
 
 
@@ -149,7 +149,7 @@ def _compile_again(target: builder.Target, planned: list[Planned], manifest: Man
     return {o.planned.key: o for o in done.outcomes}
 
 
-def _compare(p: Planned, held: EntryMeta, o: outcome.Outcome | None) -> Retraced:
+def _compare(p: Planned, held: EntryMeta, o: outcome.Outcome | None, malformed: bool = False) -> Retraced:
     """What the second compile `o` of `held`'s key says of it."""
     if o is None or o.status != "built" or o.meta is None:
         why = (o.error if o is not None else None) or "no outcome"
@@ -164,7 +164,7 @@ def _compare(p: Planned, held: EntryMeta, o: outcome.Outcome | None) -> Retraced
             return Retraced(p.label, p.key, "differs", differs + "; a key input the trace read is missed, "
                             "a source changed while it was built, or the compile is not deterministic")
     else:
-        note = BAD_DIGEST if "artifact" in held.raw else NO_DIGEST
+        note = BAD_DIGEST if malformed else NO_DIGEST
     lib = library_record(o.meta)
     if lib is None or lib[1] != held.library.sha256:  # the digests agree: the link differs
         got_lib = f"{lib[1][:16]}.. ({lib[2]} bytes)" if lib else "none"

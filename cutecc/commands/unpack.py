@@ -148,7 +148,7 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
             continue
         usable[rkey] = found.checked_runtime.library.sha256
         if built:
-            report.runtimes.append(str(found.meta["library"]))
+            report.runtimes.append(found.checked_runtime.library.name)
     ok: set[str] = set()  # the keys now in the cache
     for key, le in sorted(by_key.items()):  # one entry in memory at a time
         label = f"{le.label} {key[:12]}"

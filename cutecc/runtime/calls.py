@@ -40,15 +40,15 @@ from cutecc.runtime.library import RuntimeRef
 from cutecc.store.layout import Layout
 
 
-def _shard_of(meta: Mapping[str, Any]) -> Any:
+def _shard_of(meta: Mapping[str, Any] | EntryMeta) -> Any:
     """The `shard` symbols an entry's key inputs record (None: not declared); unchecked."""
-    ki = meta.get("key_inputs")
+    ki = meta.key_inputs if isinstance(meta, EntryMeta) else meta.get("key_inputs")
     return ki.get("shard") if isinstance(ki, Mapping) else None
 
 
-def _reshard_of(meta: Mapping[str, Any]) -> Any:
+def _reshard_of(meta: Mapping[str, Any] | EntryMeta) -> Any:
     """The `reshard` choice an entry's key inputs record ("error" when not declared); unchecked."""
-    ki = meta.get("key_inputs")
+    ki = meta.key_inputs if isinstance(meta, EntryMeta) else meta.get("key_inputs")
     return ki.get("reshard", RESHARD[0]) if isinstance(ki, Mapping) else RESHARD[0]
 
 
@@ -75,7 +75,7 @@ class Build:
     def of(cls, rec: EntryMeta, entry_dir: Path) -> Build:
         """The build of a checked entry (`entry_dir` is its directory in the cache)."""
         return cls._make(rec.key, entry_dir, rec.args, rec.library, rec.runtime, rec.call, rec.variant,
-                         rec.arch, rec.symbol, _shard_of(rec.raw), _reshard_of(rec.raw))
+                         rec.arch, rec.symbol, _shard_of(rec), _reshard_of(rec))
 
     @classmethod
     def from_meta(cls, key: str, entry_dir: Path, meta: Mapping[str, Any]) -> Build:

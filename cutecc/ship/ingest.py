@@ -24,12 +24,18 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cutecc import trust
-from cutecc.entry import MAX_META_BYTES, META, meta_problem, parse_json, runtime_meta_problem
+from cutecc.entry import (
+    MAX_META_BYTES,
+    META,
+    EntryMeta,
+    FileRec,
+    RuntimeMeta,
+    parse_json,
+)
 from cutecc.store.layout import entry_parts, meta_parts, runtime_parts
 from cutecc.store.view import Entry, StoreView
 from cutecc.store.writer import Store
@@ -45,17 +51,8 @@ class Refused(Exception):
         self.why = why
 
 
-@dataclass(frozen=True)
-class Blob:
-    """One file an entry records: its name, SHA-256 and size."""
-
-    name: str
-    sha256: str
-    size: int
-
-
 def check_meta(key: str, data: bytes, max_file_bytes: int, *,
-               runtime: bool = False) -> tuple[dict[str, Any], tuple[Blob, ...]]:
+               runtime: bool = False) -> tuple[dict[str, Any], tuple[FileRec, ...]]:
     """Parse and check the meta.json bytes of entry `key` (of runtime library `key` when
     `runtime`): (meta, its file records). It must record its library alone, within
     `max_file_bytes`. Raises Refused."""
@@ -63,14 +60,14 @@ def check_meta(key: str, data: bytes, max_file_bytes: int, *,
         meta = parse_json(data, MAX_META_BYTES)
     except ValueError as e:
         raise Refused(f"{META}: {e}") from None
-    why = runtime_meta_problem(meta, key) if runtime else meta_problem(meta, key)
-    if why:
-        raise Refused(f"{META}: {why}")
-    files = meta["files"]
-    if set(files) != {meta["library"]}:
-        extra = sorted(set(files) - {meta["library"]})
+    try:
+        rec = RuntimeMeta.parse(meta, key) if runtime else EntryMeta.parse(meta, key)
+    except ValueError as e:
+        raise Refused(f"{META}: {e}") from None
+    if {f.name for f in rec.files} != {rec.library_name}:
+        extra = sorted({f.name for f in rec.files} - {rec.library_name})
         raise Refused(f"{META} lists files other than its library: {extra[:4]}")
-    blobs = tuple(Blob(n, r["sha256"], r["size"]) for n, r in sorted(files.items()))
+    blobs = rec.files
     for b in blobs:
         if len(b.sha256) != 64 or any(c not in "0123456789abcdef" for c in b.sha256):
             raise Refused(f"{b.name}: {b.sha256[:70]!r} is not a SHA-256")
@@ -79,7 +76,7 @@ def check_meta(key: str, data: bytes, max_file_bytes: int, *,
     return meta, blobs
 
 
-def check_file(blob: Blob, data: bytes) -> None:
+def check_file(blob: FileRec, data: bytes) -> None:
     """Raise Refused unless `data` is exactly the recorded file."""
     if len(data) != blob.size:
         raise Refused(f"{blob.name}: {len(data)} bytes, {META} records {blob.size} (truncated?)")
@@ -98,7 +95,7 @@ def check_whole(key: str, meta_bytes: bytes, files: Mapping[str, bytes], max_fil
     if set(files) != {b.name for b in blobs}:
         raise Refused(f"files {sorted(files)[:4]} differ from those {META} lists "
                       f"{sorted(b.name for b in blobs)}")
-    _check_files(meta, blobs, files, runtime)
+    _check_files(key, meta, blobs, files, runtime)
     return meta
 
 
@@ -107,18 +104,19 @@ def publish(store: Store, key: str, meta: dict[str, Any], files: Mapping[str, by
     """Publish a checked entry into `store` (atomic, under the key's lock); (entry, written):
     written is False when the store already had the key. The caller checked everything
     with `check_whole`."""
-    rest = {k: v for k, v in meta.items() if k not in ("files", "format", "key")}
+    rec = RuntimeMeta.parse(meta, key) if runtime else EntryMeta.parse(meta, key)
 
-    def stage(staging: Path) -> dict[str, Any]:
+    def stage(staging: Path) -> EntryMeta | RuntimeMeta:
         for name, data in files.items():
             with open(staging / name, "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-        return dict(rest)
+        return rec  # the store records the files written
 
     entry, written = store.publish(key, stage, runtime=runtime)
-    if written and entry.meta.get("files") != meta["files"]:  # the disk changed the bytes
+    written_rec = (entry.checked_runtime if runtime else entry.checked) if written else rec
+    if written_rec.files != rec.files:  # the disk changed the bytes
         store.remove(key, timeout=10, runtime=runtime)
         raise Refused("the files written differ from their records (a failing disk?)")
     return entry, written
@@ -151,11 +149,11 @@ def check_stored(store: StoreView, key: str, *, runtime: bool = False,
         raise Refused(e.message) from None
     except OSError as e:
         raise Refused(f"{what} {key[:12]}: {e.strerror or e}") from None
-    _check_files(meta, blobs, files, runtime)
+    _check_files(key, meta, blobs, files, runtime)
     return meta
 
 
-def _check_files(meta: dict[str, Any], blobs: tuple[Blob, ...], files: Mapping[str, bytes],
+def _check_files(key: str, meta: dict[str, Any], blobs: tuple[FileRec, ...], files: Mapping[str, bytes],
                  runtime: bool) -> None:
     """Every file `meta` lists, as it lists it; and a kernel library's device code for the
     arch its key names (code for another GPU is never served). Raises Refused."""
@@ -164,7 +162,8 @@ def _check_files(meta: dict[str, Any], blobs: tuple[Blob, ...], files: Mapping[s
     if not runtime:
         from cutecc.cubin import arch_problem
 
-        wrong = arch_problem(files[meta["library"]], str(meta.get("arch")))
+        rec = EntryMeta.parse(meta, key)
+        wrong = arch_problem(files[rec.library.name], rec.arch)
         if wrong:
             raise Refused(wrong)
 

@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cutecc import environ
-from cutecc.entry import MAX_META_BYTES, is_key, runtime_record
+from cutecc.entry import MAX_META_BYTES, FileRec, is_key, runtime_record
 from cutecc.errors import CuteccError
 from cutecc.remote_url import parse_url
-from cutecc.ship.ingest import Blob, Refused, check_file, check_meta, publish
+from cutecc.ship.ingest import Refused, check_file, check_meta, publish
 from cutecc.store.layout import meta_file
 from cutecc.store.view import Entry
 from cutecc.store.writer import Store
@@ -315,7 +315,7 @@ class Remote:
             rmeta, blobs = check_meta(rec["key"], data, self.cfg.max_blob, runtime=True)
         except Refused as e:
             raise Refused(f"runtime {rec['key'][:12]}: {e.why}") from None
-        if blobs != (Blob(rec["library"], rec["sha256"], rec["size"]),):
+        if blobs != (FileRec(rec["library"], rec["sha256"], rec["size"]),):
             raise Refused(f"runtime {rec['key'][:12]}: its library differs from what the entry records")
         try:
             publish(store, rec["key"], rmeta, {b.name: self._blob(b) for b in blobs}, runtime=True)
@@ -342,7 +342,7 @@ class Remote:
         with self._lock:
             self._runtimes_pushed.add(rec["key"])
 
-    def _blob(self, b: Blob) -> bytes:
+    def _blob(self, b: FileRec) -> bytes:
         data = self._get(self.cfg.path("blobs", b.sha256), b.size)
         if data is None:
             raise Refused(f"{b.name}: blob {b.sha256[:16]}... is missing from the remote")

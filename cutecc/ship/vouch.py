@@ -24,7 +24,7 @@ from typing import Any
 
 from cutecc.contract.args import CallingConvention, args_from_json
 from cutecc.contract.composite_line import CompositeLine, flow_problem
-from cutecc.entry import meta_problem
+from cutecc.entry import EntryMeta, meta_problem
 from cutecc.errors import CuteccError
 from cutecc.lock.lockfile import Lock, LockEntry, Tuned
 from cutecc.runtime.tuning import sibling_problem
@@ -78,7 +78,7 @@ def entry_line_problem(store: StoreView, le: LockEntry, *, hashed: bool,
     why = le.mismatch(Entry(le.key, store.layout.entry(le.key), meta))
     if why or not hashed:
         return why
-    _, why = _stored(store, meta["runtime"]["key"], True, memo)
+    _, why = _stored(store, EntryMeta.parse(meta, le.key).runtime.key, True, memo)
     return None if why is None else f"its runtime library: {why}"
 
 
@@ -127,7 +127,7 @@ def composite_line_problem(store: StoreView, lock: Lock, c: CompositeLine, *, ha
             if why:
                 return f'launch "{ln}" ({le.label} {le.key[:12]}): {why}'
             try:
-                conv = CallingConvention.of(args_from_json(meta["args"]))
+                conv = CallingConvention.of(args_from_json(EntryMeta.parse(meta, le.key).args))
             except (KeyError, TypeError, ValueError) as e:
                 return f'launch "{ln}" ({le.key[:12]}): malformed contract ({e!r})'
             seen.add((tuple(t.name for t in conv.inputs), tuple(t.name for t in conv.results)))

@@ -38,10 +38,11 @@ import filelock
 from cutecc import trust
 from cutecc.atomic import TMP_NAME, atomic_write, fsync_dir
 from cutecc.entry import (
-    ENTRY_FORMAT,
     META,
-    RUNTIME_ENTRY_FORMAT,
     STORE_FORMAT,
+    EntryMeta,
+    FileRec,
+    RuntimeMeta,
     file_record,
     index_bytes,
     index_facts,
@@ -442,14 +443,14 @@ class Store(StoreView):
         with held(self.layout.key_lock(key), timeout):
             yield
 
-    def publish(self, key: str, build: Callable[[Path], dict[str, Any]], *,
+    def publish(self, key: str, build: Callable[[Path], EntryMeta | RuntimeMeta], *,
                 runtime: bool = False) -> tuple[Entry, bool]:
         """Return the entry for `key`, building it with `build(staging_dir)` if absent.
 
-        `build` writes its files into the staging directory and returns the metadata;
-        the store adds file hashes, writes meta.json, creates the entry's index record
-        and publishes by rename. With `runtime`, a runtime library entry (no index record).
-        Returns (entry, built): built is False when another process had it.
+        `build` writes its files into the staging directory and returns the entry's record
+        (`EntryMeta`; with `runtime`, a runtime library's `RuntimeMeta`, not indexed); the
+        store records the files' hashes in it, writes meta.json from it, creates the index
+        record and publishes by rename. (entry, built): built is False when another had it.
         """
         get = self.get_runtime if runtime else self.get
         found = get(key)
@@ -464,13 +465,15 @@ class Store(StoreView):
             make_dir(staging)
             final = self.layout.runtime(key) if runtime else self.layout.entry(key)
             try:
-                meta = build(staging)
+                made = build(staging)
+                if isinstance(made, RuntimeMeta) != runtime:
+                    raise TypeError(f"publish(runtime={runtime}) was given a {type(made).__name__}")
                 for f in staging.iterdir():  # the linker's output follows the umask
                     os.chmod(f, FILE_MODE, follow_symlinks=False)
-                meta["files"] = {p.name: file_record(p) for p in sorted(staging.iterdir())}
-                meta["format"] = RUNTIME_ENTRY_FORMAT if runtime else ENTRY_FORMAT
-                meta["key"] = key
-                atomic_write(staging / META, json.dumps(meta, indent=1, sort_keys=True).encode())
+                files = tuple(FileRec(p.name, **file_record(p)) for p in staging.iterdir())
+                data = made.recorded(key, files).dumps()  # `recorded` sorts the files
+                meta = json.loads(data)  # the entry as every reader reads it
+                atomic_write(staging / META, data)
                 fsync_dir(staging)
                 if not runtime:  # before the entry is visible: every visible entry is indexed
                     self.index(key, meta, staging / META)

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from meta_records import entry_record
 
 from cutecc.cli import main
 from cutecc.commands.show import show
+from cutecc.entry import EntryMeta
 from cutecc.errors import CuteccError
 
 pytestmark = pytest.mark.usefixtures("dsl")
@@ -31,9 +33,9 @@ def test_ambiguous_prefix_lists_the_matches(built) -> None:
     e = built.entries()["threads=64"]
     twin = e.key[:6] + "0" * 58  # a second entry sharing the first 6 hex digits
 
-    def produce(d: Path) -> dict:
+    def produce(d: Path) -> EntryMeta:
         (d / "kernel.so").write_bytes(b"x")
-        return {"kernel": "twin", "variant": "v", "arch": "sm_90a"}
+        return entry_record({"kernel": "twin", "variant": "v", "arch": "sm_90a"})
 
     built.store.publish(twin, produce)
     with pytest.raises(CuteccError) as err:

@@ -7,16 +7,18 @@ import json
 from pathlib import Path
 
 from click.testing import CliRunner
+from meta_records import entry_record
 
 from cutecc.cli import main
 from cutecc.commands.show import sharding
+from cutecc.entry import EntryMeta
 from cutecc.store import Store
 
 
 def _publish(cache: Path, key: str, key_inputs: dict) -> None:
-    def produce(d: Path) -> dict:
+    def produce(d: Path) -> EntryMeta:
         (d / "kernel.so").write_bytes(b"x")
-        return {"kernel": "attn", "variant": "v", "arch": "sm_90a", "key_inputs": key_inputs}
+        return entry_record({"kernel": "attn", "variant": "v", "arch": "sm_90a", "key_inputs": key_inputs})
 
     store = Store(cache)
     store.ensure()

@@ -9,6 +9,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from meta_records import entry_record, runtime_record
+
 from cutecc.entry import ARTIFACT_FORMAT, compute_key, runtime_soname
 from cutecc.store.view import Entry
 from cutecc.store.writer import Store
@@ -36,10 +38,10 @@ def new_store(root: Path) -> tuple[Store, Entry]:
     inputs = {"runtime": "fake", "n": 1}
     rkey = compute_key(inputs)
 
-    def build(staging: Path) -> dict[str, Any]:
+    def build(staging: Path) -> Any:
         (staging / runtime_soname(rkey)).write_bytes(b"runtime library")
-        return {"library": runtime_soname(rkey), "key_inputs": inputs,
-                "built_at": "2020-01-01T00:00:00+00:00"}
+        return runtime_record({"library": runtime_soname(rkey), "key_inputs": inputs,
+                "built_at": "2020-01-01T00:00:00+00:00"})
 
     return store, store.publish(rkey, build, runtime=True)[0]
 
@@ -55,12 +57,12 @@ def add(store: Store, rt: Entry, kernel: str, variant: str, *, library: bytes | 
               "toolchain": toolchain, "source": variant}
     key = compute_key(inputs)
 
-    def build(staging: Path) -> dict[str, Any]:
+    def build(staging: Path) -> Any:
         data = library if library is not None else elf_header(machine, f"{kernel} {variant}")
         (staging / "kernel.so").write_bytes(data)
-        return {"kernel": kernel, "variant": variant, "symbol": "__tvm_ffi_fn", "arch": ARCH,
+        return entry_record({"kernel": kernel, "variant": variant, "symbol": "__tvm_ffi_fn", "arch": ARCH,
                 "entry": "fake.mod:fn", "toolchain": toolchain, "args": ARGS, "key_inputs": inputs,
                 "library": "kernel.so", "built_at": "2020-01-01T00:00:00+00:00",
-                "build_seconds": 1.5, "runtime": {"key": rt.key, "library": lib, **rt.meta["files"][lib]}}
+                "build_seconds": 1.5, "runtime": {"key": rt.key, "library": lib, **rt.meta["files"][lib]}})
 
     return store.publish(key, build)[0]

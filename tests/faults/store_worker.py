@@ -53,16 +53,15 @@ def _runtime() -> tuple[str, bytes]:
 
 def ensure_runtime(store: Store) -> None:
     """Publish the fake runtime library (as a build does before its workers start)."""
-    from cutecc.entry import runtime_soname
+    from cutecc.entry import RuntimeMeta, runtime_soname
     from cutecc.toolchain.versions import runtime_inputs
 
     key, data = _runtime()
 
-    def produce(staging: Path) -> dict[str, Any]:
+    def produce(staging: Path) -> RuntimeMeta:
         (staging / runtime_soname(key)).write_bytes(data)
-        return {"kind": "runtime", "key_inputs": runtime_inputs(), "library": runtime_soname(key),
-                "built_at": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
-                "build_seconds": 0.01}
+        return RuntimeMeta(key, runtime_soname(key), (),
+                           time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), 0.01, runtime_inputs())
 
     store.publish(key, produce, runtime=True)
 
@@ -70,7 +69,7 @@ def ensure_runtime(store: Store) -> None:
 def producer(entry: dict[str, Any], log: Path | None, chunks: int, pause: float):
     """A `build` callback for Store.publish writing the fake library in slow chunks."""
 
-    def produce(staging: Path) -> dict[str, Any]:
+    def produce(staging: Path) -> Any:
         if log is not None:
             _append(log, f"B {entry['key']} {os.getpid()}\n")
         data = _payload(entry["key"])
@@ -83,16 +82,17 @@ def producer(entry: dict[str, Any], log: Path | None, chunks: int, pause: float)
                     time.sleep(pause)
             os.fsync(f.fileno())
         inputs = entry["inputs"]
-        from cutecc.entry import runtime_soname
+        from cutecc.entry import EntryMeta, RuntimeLink, runtime_soname
+        from cutecc.platforms import BUILD_PLATFORM
 
         rkey, rdata = _runtime()
-        runtime = {"key": rkey, "library": runtime_soname(rkey),
-                   "sha256": hashlib.sha256(rdata).hexdigest(), "size": len(rdata)}
-        return {"kernel": "fake", "variant": entry["variant"], "params": {},
-                "arch": inputs["arch"], "entry": inputs["entry"], "args": inputs["args"],
-                "backward": None, "library": LIB, "symbol": "cutecc_kernel", "runtime": runtime,
-                "toolchain": inputs["toolchain"], "key_inputs": inputs, "sources": [],
-                "built_at": "2026-01-01T00:00:00+00:00", "build_seconds": 0.01}
+        runtime = RuntimeLink(rkey, runtime_soname(rkey), hashlib.sha256(rdata).hexdigest(), len(rdata))
+        return EntryMeta(
+            key=entry["key"], kernel="fake", variant=entry["variant"], arch=inputs["arch"],
+            platform=BUILD_PLATFORM, symbol="cutecc_kernel", library_name=LIB, files=(), runtime=runtime,
+            backward=None, built_at="2026-01-01T00:00:00+00:00", build_seconds=0.01, artifact=None,
+            ptx_isa=None, entry=inputs["entry"], params={}, args=inputs["args"],
+            toolchain=inputs["toolchain"], key_inputs=inputs, sources=())
 
     return produce
 

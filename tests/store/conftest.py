@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from meta_records import entry_record, runtime_record
 
 from cutecc.entry import compute_key, file_record, runtime_soname
 from cutecc.store.view import Entry
@@ -36,12 +37,12 @@ class FakeCache:
                   "toolchain": toolchain, "source": variant}
         key = compute_key(inputs)
 
-        def build(staging: Path) -> dict[str, Any]:
+        def build(staging: Path) -> Any:
             (staging / "kernel.so").write_bytes(f"{kernel} {variant}".encode())
-            return {"kernel": kernel, "variant": variant, "symbol": "__tvm_ffi_fn", "arch": ARCH,
+            return entry_record({"kernel": kernel, "variant": variant, "symbol": "__tvm_ffi_fn", "arch": ARCH,
                     "entry": "fake.mod:fn", "toolchain": toolchain, "args": ARGS, "key_inputs": inputs,
                     "library": "kernel.so", "built_at": built_at, "build_seconds": 1.5,
-                    "runtime": {"key": rt.key, "library": lib, **rt.meta["files"][lib]}}
+                    "runtime": {"key": rt.key, "library": lib, **rt.meta["files"][lib]}})
 
         return self.store.publish(key, build)[0]
 
@@ -53,9 +54,9 @@ def fake_cache(tmp_path: Path) -> FakeCache:
     inputs = {"runtime": "fake", "n": 1}
     rkey = compute_key(inputs)
 
-    def build(staging: Path) -> dict[str, Any]:
+    def build(staging: Path) -> Any:
         (staging / runtime_soname(rkey)).write_bytes(b"runtime library")
-        return {"library": runtime_soname(rkey), "key_inputs": inputs, "built_at": LONG_AGO}
+        return runtime_record({"library": runtime_soname(rkey), "key_inputs": inputs, "built_at": LONG_AGO})
 
     rt, _ = store.publish(rkey, build, runtime=True)
     assert rt.meta["files"][runtime_soname(rkey)] == file_record(rt.path / runtime_soname(rkey))

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from helpers import planted_cubin as planted
+from meta_records import entry_record
 
 from cutecc.entry import META, compute_key
 from cutecc.ship.ingest import Refused, check_whole
@@ -26,12 +27,12 @@ def _entry(fake_cache: FakeCache, library: bytes) -> tuple[str, bytes, bytes]:
               "source": hashlib.sha256(library).hexdigest()}
     key = compute_key(inputs)
 
-    def build(staging: Path) -> dict[str, Any]:
+    def build(staging: Path) -> Any:
         (staging / "kernel.so").write_bytes(library)
-        return {"kernel": "k", "variant": "default", "symbol": "__tvm_ffi_fn", "arch": ARCH,
+        return entry_record({"kernel": "k", "variant": "default", "symbol": "__tvm_ffi_fn", "arch": ARCH,
                 "entry": "fake.mod:fn", "toolchain": toolchain, "args": ARGS, "key_inputs": inputs,
                 "library": "kernel.so", "built_at": "2020-01-01T00:00:00+00:00", "build_seconds": 1.0,
-                "runtime": {"key": rt.key, "library": lib, **rt.meta["files"][lib]}}
+                "runtime": {"key": rt.key, "library": lib, **rt.meta["files"][lib]}})
 
     e, _ = fake_cache.store.publish(key, build)
     return key, (e.path / META).read_bytes(), (e.path / "kernel.so").read_bytes()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +26,7 @@ def test_an_entrys_record_is_typed_and_equals_its_file(fake_cache, add_entries) 
                                                        raw["files"]["kernel.so"]["size"])
     assert rec.runtime.key == fake_cache.runtime.key
     assert rec.runtime.library == runtime_soname(fake_cache.runtime.key)
-    assert rec.build_seconds == 1.5 and rec.backward is None and rec.raw == raw
+    assert rec.build_seconds == 1.5 and rec.backward is None and rec.to_json() == raw
     assert got.checked is rec  # parsed once per entry read
     with pytest.raises(dataclasses.FrozenInstanceError):
         rec.kernel = "other"  # type: ignore[misc]
@@ -63,3 +64,62 @@ def test_a_runtime_entry_is_not_an_entry(fake_cache) -> None:
     rt = fake_cache.runtime
     with pytest.raises(ValueError, match="format"):
         EntryMeta.parse(rt.meta, rt.key)
+
+
+DATA = Path(__file__).parent / "data"
+
+
+def _dict_writer(meta: dict) -> bytes:
+    """How the store wrote meta.json before the records were typed both ways."""
+    return json.dumps(meta, indent=1, sort_keys=True).encode()
+
+
+@pytest.mark.parametrize("name, cls", [("entry_meta.json", EntryMeta), ("runtime_meta.json", RuntimeMeta)])
+def test_the_typed_writer_writes_the_old_dict_writers_bytes(name, cls) -> None:
+    # meta.json files of a real build (the repository's kernels.toml, sm_90a), as the old
+    # dict writer wrote them: read into the record and written back, byte for byte
+    data = (DATA / name).read_bytes()
+    meta = json.loads(data)
+    rec = cls.parse(meta, meta["key"])
+    assert rec.dumps() == _dict_writer(meta) == data
+    assert rec.to_json() == meta
+    # a record made as a build makes it (no files yet) and recorded by the store
+    draft = dataclasses.replace(rec, key="", files=())
+    assert draft.recorded(rec.key, tuple(reversed(rec.files))).dumps() == data
+
+
+def test_a_ptx_entrys_isa_is_written_where_the_dict_writer_put_it() -> None:
+    meta = json.loads((DATA / "entry_meta.json").read_bytes())
+    meta["ptx_isa"] = "9.4"
+    rec = EntryMeta.parse(meta, meta["key"])
+    assert rec.ptx_isa == "9.4" and rec.dumps() == _dict_writer(meta)
+
+
+def test_the_store_publishes_a_record_as_its_bytes(fake_cache, add_entries) -> None:
+    e, = add_entries("v1")
+    data = (e.path / META).read_bytes()
+    rec = EntryMeta.parse(json.loads(data), e.key)
+    assert rec.dumps() == data == _dict_writer(e.meta)
+    rt = fake_cache.runtime
+    assert RuntimeMeta.parse(rt.meta, rt.key).dumps() == (rt.path / META).read_bytes()
+
+
+# the fields the builder wrote as a dict literal before its record was typed
+_DICT_WRITERS_FIELDS = {"kernel", "variant", "params", "arch", "platform", "entry", "args", "backward",
+                        "library", "symbol", "runtime", "toolchain", "key_inputs", "sources", "artifact",
+                        "built_at", "build_seconds", "files", "format", "key"}
+
+
+def test_a_real_build_writes_the_fields_and_bytes_of_the_dict_writer(toy_cache) -> None:
+    metas = sorted(toy_cache.cache.glob("entries/*/*/meta.json"))
+    assert metas
+    for f in metas:
+        data = f.read_bytes()
+        meta = json.loads(data)
+        assert set(meta) == _DICT_WRITERS_FIELDS, f
+        assert data == _dict_writer(meta) == EntryMeta.parse(meta, f.parent.name).dumps()
+    for f in toy_cache.cache.glob("runtimes/*/*/meta.json"):
+        data = f.read_bytes()
+        meta = json.loads(data)
+        assert set(meta) == set(json.loads((DATA / "runtime_meta.json").read_bytes())), f
+        assert data == _dict_writer(meta) == RuntimeMeta.parse(meta, f.parent.name).dumps()

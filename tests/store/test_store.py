@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -9,18 +10,19 @@ import time
 from pathlib import Path
 
 import pytest
+from meta_records import entry_record, runtime_record
 
 from cutecc.atomic import atomic_write
-from cutecc.entry import ENTRY_FORMAT, META, RUNTIME_ENTRY_FORMAT, STORE_FORMAT
+from cutecc.entry import ENTRY_FORMAT, META, RUNTIME_ENTRY_FORMAT, STORE_FORMAT, EntryMeta, RuntimeMeta
 from cutecc.errors import CuteccError
 from cutecc.store import Store, default_cache_dir
 
 KEY = "ab" * 32
 
 
-def _write_lib(staging: Path, payload: bytes = b"library bytes") -> dict:
+def _write_lib(staging: Path, payload: bytes = b"library bytes") -> EntryMeta:
     (staging / "kernel.so").write_bytes(payload)
-    return {"kernel": "k", "variant": "default", "arch": "sm_90a"}
+    return entry_record({"kernel": "k", "variant": "default", "arch": "sm_90a"})
 
 
 def test_publish_writes_complete_entry_with_hashes(tmp_path: Path) -> None:
@@ -46,7 +48,7 @@ def test_publish_second_time_is_a_hit_and_builds_nothing(tmp_path: Path) -> None
     store.ensure()
     store.publish(KEY, _write_lib)
     calls = []
-    entry, built = store.publish(KEY, lambda s: calls.append(s) or {})
+    entry, built = store.publish(KEY, lambda s: calls.append(s) or _write_lib(s))
     assert not built and calls == [] and entry.meta["kernel"] == "k"
 
 
@@ -54,7 +56,7 @@ def test_failed_build_leaves_nothing(tmp_path: Path) -> None:
     store = Store(tmp_path)
     store.ensure()
 
-    def boom(staging: Path) -> dict:
+    def boom(staging: Path) -> EntryMeta:
         (staging / "kernel.so").write_bytes(b"half")
         raise RuntimeError("compile failed")
 
@@ -69,7 +71,7 @@ def _racer(root: str, key: str, counter: str) -> None:
     store = Store(root)
     store.ensure()
 
-    def slow(staging: Path) -> dict:
+    def slow(staging: Path) -> EntryMeta:
         with open(counter, "a") as f:
             f.write("x")
         time.sleep(0.3)
@@ -227,7 +229,7 @@ def test_the_index_follows_publish_remove_and_quarantine(tmp_path: Path) -> None
     assert store.quarantine(other, "test") is not None
     assert store.kernel_keys("k") == [] and store.kernel_names() == []  # its directory went too
     with pytest.raises(CuteccError, match="not an identifier"):
-        store.publish(KEY, lambda d: {**_write_lib(d), "kernel": "../x"})
+        store.publish(KEY, lambda d: dataclasses.replace(_write_lib(d), kernel="../x"))
     assert not store.has(KEY) and list(store.tmp_dir.iterdir()) == []
 
 
@@ -247,9 +249,9 @@ def test_runtime_libraries_are_entries_of_their_own(tmp_path: Path) -> None:
     store = Store(tmp_path / "c")
     store.ensure()
 
-    def runtime(staging: Path) -> dict:
+    def runtime(staging: Path) -> RuntimeMeta:
         (staging / "libcutecc_rt_abababababababab.so").write_bytes(b"rt")
-        return {"kind": "runtime", "library": "libcutecc_rt_abababababababab.so"}
+        return runtime_record({"library": "libcutecc_rt_abababababababab.so"})
 
     rt, built = store.publish(KEY, runtime, runtime=True)
     assert built and rt.path == store.runtimes_dir / "ab" / KEY and rt.meta["format"] == RUNTIME_ENTRY_FORMAT
