@@ -254,7 +254,7 @@ def driver_version(library: str = "libcuda.so.1") -> tuple[int, int] | None:
         if env.lower() == "none":
             return None
         v = parse_version(env)
-        if v is None and env.isdigit() and int(env) >= 1000:
+        if v is None and env.isdigit() and len(env) <= 9 and int(env) >= 1000:
             v = (int(env) // 1000, int(env) % 1000 // 10)  # cuDriverGetVersion's form
         if v is None:
             raise CuteccError(f"{env!r} is not a CUDA driver version such as 13.0 or 13000",

@@ -6,12 +6,13 @@ fails with the reason, which a call of that kernel reports.
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import importlib.metadata
 from typing import Any
 
 from cutecc.archs import is_ptx, ptx_driver_problem, runs_on
 from cutecc.entry import ARTIFACT_FORMAT, ENTRY_FORMAT, platform_of
+from cutecc.errors import CuteccError
 from cutecc.platforms import host_platform
 from cutecc.store.view import Entry
 
@@ -47,13 +48,11 @@ def ptx_problem(e: Entry, driver: tuple[int, int] | None) -> str | None:
     isa = rec.ptx_isa
     if isa is None:
         from cutecc.cubin import ptx_isa
+        from cutecc.runtime.library import verified_bytes
 
-        try:
-            data = (e.path / rec.library.name).read_bytes()
-        except OSError:
-            data = b""
-        if len(data) == rec.library.size and hashlib.sha256(data).hexdigest() == rec.library.sha256:
-            isa = ptx_isa(data)
+        lib = rec.library
+        with contextlib.suppress(CuteccError):  # unreadable, untrusted or altered: unknown
+            isa = ptx_isa(verified_bytes(e.path / lib.name, lib.sha256, lib.size, rec.arch))
     return ptx_driver_problem(rec.arch, isa, driver)
 
 

@@ -97,9 +97,10 @@ def test_the_driver_version_can_be_given(monkeypatch: pytest.MonkeyPatch, given:
                                          got: tuple[int, int] | None) -> None:
     monkeypatch.setenv("CUTECC_DRIVER_VERSION", given)
     assert archs.driver_version() == got
-    monkeypatch.setenv("CUTECC_DRIVER_VERSION", "thirteen")
-    with pytest.raises(CuteccError, match="not a CUDA driver version"):
-        archs.driver_version()
+    for bad in ("thirteen", "9" * 100_000):  # a hostile length is refused, not parsed
+        monkeypatch.setenv("CUTECC_DRIVER_VERSION", bad)
+        with pytest.raises(CuteccError, match="not a CUDA driver version"):
+            archs.driver_version()
 
 
 def test_a_build_records_the_ptx_isa(cache: Path) -> None:
