@@ -42,7 +42,7 @@ from cutecc.contract.composite_line import CompositeLine
 from cutecc.contract.fallbacks import FallbackRef, refs_to_json
 from cutecc.entry import runtime_record
 from cutecc.errors import CuteccError, WorkError
-from cutecc.lock.lockfile import Environment, Lock, LockEntry, Merged, merge_build, write_lock
+from cutecc.lock.lockfile import Environment, Lock, LockEntry, Merged, merge_build, record_lock
 from cutecc.manifest import Manifest
 from cutecc.plan.build_plan import Planned, plan
 from cutecc.platforms import check_platform
@@ -434,12 +434,8 @@ def _write_lock(store: Store, t: Target, built: Built, hashes: HashCache | None,
         environment=environment_of(t.planned))
     signing = req.signing_key is not None
     new_lock = _vouched(store, t.manifest, hashes, merged, built, signing=signing, where=req.path)
-    built.lock_changed = write_lock(req.path, new_lock)
-    built.lock_file = req.path
-    if signing:
-        from cutecc.lock import signing as sig
-
-        built.signature = sig.sign_file(req.path, req.signing_key, "lock", data=new_lock.dumps())
+    recorded = record_lock(req.path, new_lock, req.signing_key)
+    built.lock_changed, built.lock_file, built.signature = recorded.changed, req.path, recorded.signature
 
 
 def environment_of(planned: Sequence[Planned]) -> Environment:

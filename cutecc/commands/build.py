@@ -170,10 +170,7 @@ def build(
     if sign_key:  # read it first: a bad key fails before any compile
         from cutecc.lock import signing
 
-        try:
-            key = signing.read_private_key(sign_key)
-        except OSError as e:
-            raise CuteccError(f"cannot read the signing key: {e.strerror}", where=str(sign_key)) from None
+        key = signing.read_signing_key(sign_key)
     read_only = read_only or environ.read_only()
     archs = parse_archs(archs) if archs else ()
     with clock.stage("parse"):

@@ -230,10 +230,7 @@ def pack(*, name: str, version: str, manifest: str | Path | None = None,
     if sign_key:  # the packed lock's signature: what `unpack` and `load(package=)` check
         from cutecc.lock import signing
 
-        try:
-            key = signing.read_private_key(sign_key)
-        except OSError as e:
-            raise CuteccError(f"cannot read the signing key: {e.strerror}", where=str(sign_key)) from None
+        key = signing.read_signing_key(sign_key)
         tree[LOCK_NAME + signing.SIG_SUFFIX] = signing.sign(tree[LOCK_NAME], key, "lock")
     platform = manylinux_tag((k, v) for k, v in sorted(tree.items()) if k.endswith(".so"))
     tag = WHEEL_TAG_PREFIX + platform

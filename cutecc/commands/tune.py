@@ -18,7 +18,6 @@ lock's lines of other policies instead (old lines without a policy among them).
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,18 +29,17 @@ from cutecc.errors import CuteccError, WorkError
 from cutecc.lock.lockfile import Lock, Tuned
 from cutecc.plan.tuning_plan import PlanItem
 from cutecc.runtime.tuning import (
+    MAX_RESULTS_BYTES,
     TuningResult,
-    dumps_records,
+    TuningResults,
     line_problem,
-    parse_results,
     read_cached,
     sibling_problem,
 )
 
 if TYPE_CHECKING:
+    from cutecc.lock.signing import PrivateKey
     from cutecc.store.writer import Store
-
-MAX_RESULTS_BYTES = 64 << 20
 
 
 @dataclass
@@ -135,7 +133,8 @@ def tune(manifest_path: str | Path, *, kernels: tuple[str, ...] = (), buckets: t
          threshold: float = 0.05, seed: int = 0, sign_key: str | Path | None = None,
          max_rounds: int | None = None, replace_tuning: bool = False) -> TuneReport:
     """Run the steps of `cutecc tune` (see the module docstring). `sign_key` (or
-    `$CUTECC_SIGNING_KEY`) signs the lock when recording changes it."""
+    `$CUTECC_SIGNING_KEY`, read before any work) signs the lock recording writes, by the
+    build's road (`cutecc.lock.lockfile.record_lock`)."""
     from cutecc.lock.lockfile import LOCK_NAME
     from cutecc.plan import tuning_plan as tplan
     from cutecc.store.writer import Store
@@ -150,13 +149,18 @@ def tune(manifest_path: str | Path, *, kernels: tuple[str, ...] = (), buckets: t
     manifest_path = Path(manifest_path)
     store = Store(cache_dir)
     sign_key = sign_key or os.environ.get(environ.SIGNING_KEY) or None
+    key = None
+    if sign_key and lock and not (dry_run or compile_only or check):  # read first: a bad key fails early
+        from cutecc.lock.signing import read_signing_key
+
+        key = read_signing_key(sign_key)
     lock_path = Path(lock_file or manifest_path.parent / LOCK_NAME)
     if record is not None:
         report = TuneReport("record")
         report.records = read_results(record)
         from cutecc.manifest import load_manifest
 
-        _record(report, tplan.items(load_manifest(manifest_path)), store.root, lock_path, lock, sign_key,
+        _record(report, tplan.items(load_manifest(manifest_path)), store.root, lock_path, lock, key,
                 replace_tuning)
         return report
     mode = ("dry-run" if dry_run else "compile" if compile_only else "measure" if measure
@@ -191,15 +195,13 @@ def tune(manifest_path: str | Path, *, kernels: tuple[str, ...] = (), buckets: t
             from cutecc.atomic import atomic_write
 
             report.results_file = Path(results)
-            atomic_write(report.results_file, json.dumps(
-                {"format": 1, "device": report.info.get("device"), "driver": report.info.get("driver"),
-                 "bench_seconds": report.info.get("bench_seconds"),
-                 "records": [r.to_json() for r in report.records]},
-                indent=1, sort_keys=True).encode())
+            atomic_write(report.results_file, TuningResults(
+                tuple(report.records), report.info.get("device"), report.info.get("driver"),
+                report.info.get("bench_seconds")).dumps())
         if mode == "check":
             report.drift = _drift(store.root, report.records, threshold)
         elif report.records:
-            _record(report, report.plan, store.root, lock_path, lock, sign_key, replace_tuning)
+            _record(report, report.plan, store.root, lock_path, lock, key, replace_tuning)
     return report
 
 
@@ -260,30 +262,25 @@ def _drop_failed(plan: list[PlanItem], errors: dict[str, str]
 
 
 def read_results(path: str | Path) -> list[TuningResult]:
-    """A results file's records, every line checked (it may come from another host)."""
-    from cutecc.entry import parse_json
-
+    """A results file's records (`TuningResults`, read bounded), every line checked: it
+    may come from another host."""
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_RESULTS_BYTES + 1)
-        doc = parse_json(data, MAX_RESULTS_BYTES, 8)
     except OSError as e:
         raise CuteccError(f"cannot read the results: {e.strerror}", where=str(path)) from None
-    except ValueError as e:
-        raise CuteccError(f"not a results file: {e}", where=str(path)) from None
-    if not isinstance(doc, dict) or doc.get("format") != 1 or not isinstance(doc.get("records"), list):
-        raise CuteccError("not a `cutecc tune` results file of format 1", where=str(path))
-    return list(parse_results(doc["records"], str(path), "records"))
+    return list(TuningResults.loads(data, str(path), MAX_RESULTS_BYTES).records)
 
 
 def _record(report: TuneReport, plan_items: list[PlanItem], root: Path, lock_path: Path,
-            lock: bool, sign_key: str | Path | None = None, replace_tuning: bool = False) -> None:
+            lock: bool, signing_key: PrivateKey | None = None, replace_tuning: bool = False) -> None:
     """Merge records into the cache (full records) and the lock (winner lines). A winner is
     recorded only if it is a candidate the plan (the manifest's, as it is now) has for that
     default, and its entry in this cache matches the record's bytes; and only into a lock
     whose tuning lines then share one measurement policy (`replace_tuning`: the lock's lines
-    of other policies are dropped instead). Nothing is written when anything is refused."""
-    from cutecc.lock.lockfile import write_lock
+    of other policies are dropped instead). Nothing is written when anything is refused.
+    The lock is written and signed (`signing_key`) by the build's road, `record_lock`."""
+    from cutecc.lock.lockfile import record_lock
     from cutecc.store.writer import Store
 
     store = Store(root)
@@ -312,18 +309,10 @@ def _record(report: TuneReport, plan_items: list[PlanItem], root: Path, lock_pat
     for key, recs in by_base.items():
         new = {r.slot: r for r in read_cached(root, key)}
         new.update({r.slot: r for r in recs})
-        store.write_tuning_results(key, dumps_records([new[k] for k in sorted(new)]))
+        store.write_tuning_results(key, TuningResults(tuple(new[k] for k in sorted(new))).dumps())
     if new_lock is not None:
-        report.lock_changed = write_lock(lock_path, new_lock)
+        report.lock_changed = record_lock(lock_path, new_lock, signing_key).changed
         report.lock_file = lock_path
-        if sign_key and report.lock_changed:  # the old signature no longer covers these bytes
-            from cutecc.lock import signing
-
-            try:
-                private = signing.read_private_key(sign_key)
-            except OSError as e:
-                raise CuteccError(f"cannot read the signing key: {e.strerror}", where=str(sign_key)) from None
-            signing.sign_file(lock_path, private, "lock")
 
 
 def _merged_lock(lines: list[Tuned], lock_path: Path, replace_tuning: bool) -> Lock:

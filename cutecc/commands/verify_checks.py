@@ -31,13 +31,7 @@ from cutecc.entry import (
 )
 from cutecc.errors import CuteccError
 from cutecc.platforms import machine_problem
-from cutecc.runtime.tuning import (
-    MAX_RECORD_BYTES,
-    TUNING_FORMAT,
-    line_problem,
-    parse_results,
-    sibling_problem,
-)
+from cutecc.runtime.tuning import line_problem, load_cached, sibling_problem
 from cutecc.store import layout
 from cutecc.store.view import (
     INDEX_DEPTH,
@@ -290,11 +284,7 @@ def _check_tuning(store: StoreView, report: VerifyReport, kernels: dict[str, dic
             report.problems.append(Problem("orphan", str(f), "not a tuning record"))
             continue
         try:
-            data = trust.read_file(store.root, store.layout.tuning_result_parts(base), MAX_RECORD_BYTES)
-            doc = parse_json(data, MAX_RECORD_BYTES, 6)
-            if not isinstance(doc, dict) or doc.get("format") != TUNING_FORMAT:
-                raise ValueError(f"not a tuning record of format {TUNING_FORMAT}")
-            lines = [r.line for r in parse_results(doc.get("records"), str(f), "records")]
+            lines = [r.line for r in load_cached(store.root, base).records]
         except trust.Untrusted as e:
             report.problems.append(Problem("bad-tuning", str(f), e.why, base))
             continue

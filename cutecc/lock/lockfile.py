@@ -23,7 +23,7 @@ import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cutecc.atomic import atomic_write
 from cutecc.contract.composite_line import CompositeLine
@@ -32,6 +32,9 @@ from cutecc.errors import CuteccError, WorkError
 from cutecc.lock.environment import ENVIRONMENT_FORMAT, Environment
 from cutecc.lock.lines import LockEntry, Tuned, parse_tuning_lines
 from cutecc.store.view import Entry, StoreView
+
+if TYPE_CHECKING:
+    from cutecc.lock.signing import PrivateKey
 
 LOCK_FORMAT = 3  # 3: each line names its host platform
 LOCK_NAME = "kernels.lock"
@@ -245,7 +248,9 @@ def read_lock(path: str | Path) -> Lock:
 
 
 def write_lock(path: str | Path, lock: Lock) -> bool:
-    """Write the lock atomically if its content changed; True when it was written."""
+    """Write the lock atomically if its content changed; True when it was written. Only
+    `record_lock` calls it in cutecc (tests/architecture/test_lock_road.py): a command
+    records a lock through that one road, so what it writes is also what gets signed."""
     path = Path(path)
     data = lock.dumps()
     try:
@@ -258,6 +263,32 @@ def write_lock(path: str | Path, lock: Lock) -> bool:
     except OSError as e:
         raise WorkError(f"cannot write the lock file: {e.strerror}", where=str(path)) from None
     return True
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What `record_lock` did: whether the file's bytes changed, and the signature file
+    (`PATH.sig`) when a key signed it."""
+
+    changed: bool
+    signature: Path | None = None
+
+
+def record_lock(path: str | Path, lock: Lock, signing_key: PrivateKey | None = None) -> Recorded:
+    """The one road by which a command writes kernels.lock (`cutecc build`, `cutecc tune`):
+    `lock` written atomically if its bytes changed, then, given `signing_key` (a key read by
+    `cutecc.lock.signing.read_private_key`), signed: exactly the bytes written, so a file
+    rewritten meanwhile by another process is never what gets signed. A signature that
+    already holds this key's signature of these bytes is left as it is (`sign_file`), so
+    an unchanged, signed lock is not rewritten; an unchanged lock this key has not signed
+    yet gets its signature."""
+    path = Path(path)
+    changed = write_lock(path, lock)
+    if signing_key is None:
+        return Recorded(changed)
+    from cutecc.lock import signing
+
+    return Recorded(changed, signing.sign_file(path, signing_key, "lock", data=lock.dumps()))
 
 
 def lock_for(items: Iterable[tuple[str, str, str, str]], store: StoreView) -> Lock:
@@ -333,11 +364,11 @@ def record_build(path: Path, lines: Iterable[LockEntry], *, partial: bool,
                  covered: set[tuple[str, str, str]], defined: set[str],
                  composites: Iterable[CompositeLine] = (),
                  environment: Environment | None = None) -> bool:
-    """`merge_build`, written as it is (nothing checked against a cache); True when the
-    file changed."""
+    """`merge_build`, recorded as it is (`record_lock`; nothing checked against a cache,
+    nothing signed); True when the file changed."""
     merged = merge_build(path, lines, partial=partial, covered=covered, defined=defined,
                          composites=composites, environment=environment)
-    return False if merged.unchanged else write_lock(path, merged.lock)
+    return False if merged.unchanged else record_lock(path, merged.lock).changed
 
 
 def previous(path: Path) -> Lock | None:

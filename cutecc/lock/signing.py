@@ -180,6 +180,15 @@ def read_private_key(path: str | os.PathLike[str]) -> PrivateKey:
     return PrivateKey.loads(_read_key(path, owner_only), str(path))
 
 
+def read_signing_key(path: str | os.PathLike[str]) -> PrivateKey:
+    """`read_private_key` for a command given `--sign-key` (or `$CUTECC_SIGNING_KEY`): read
+    before any work, so a bad key fails first; unreadable: CuteccError naming the file."""
+    try:
+        return read_private_key(path)
+    except OSError as e:
+        raise CuteccError(f"cannot read the signing key: {e.strerror}", where=os.fspath(path)) from None
+
+
 def read_public_key(path: str | os.PathLike[str]) -> PublicKey:
     """A trusted public key file, under the same ownership policy as the cache: a key that
     someone else could have replaced vouches for nothing."""
@@ -265,7 +274,9 @@ def sign_file(path: str | os.PathLike[str], key: PrivateKey, kind: str,
               data: bytes | None = None) -> Path:
     """Write PATH.sig for `data` (a build passes the bytes it checked and wrote, so a file
     rewritten meanwhile by another process is never what gets signed), else for the file's
-    current bytes, read bounded; added to a valid existing signature of the same bytes."""
+    current bytes, read bounded; added to a valid existing signature of the same bytes.
+    A signature that already says exactly this (ed25519 is deterministic: this key signed
+    these bytes) is not rewritten."""
     if data is None:
         with open(path, "rb") as f:
             data = f.read(MAX_SIGNED_BYTES + 1)
@@ -273,11 +284,12 @@ def sign_file(path: str | os.PathLike[str], key: PrivateKey, kind: str,
             raise SignatureError(f"over the {MAX_SIGNED_BYTES}-byte limit of a signed file", where=str(path))
     out = Path(f"{os.fspath(path)}{SIG_SUFFIX}")
     try:
-        existing = out.read_bytes()
-        sign(data, key, kind, existing=existing)  # still of these bytes?
+        existing: bytes | None = out.read_bytes()
+        signed = sign(data, key, kind, existing=existing)  # still of these bytes?
     except (OSError, SignatureError):
-        existing = None
-    atomic_write(out, sign(data, key, kind, existing=existing), 0o644)
+        existing, signed = None, sign(data, key, kind)
+    if signed != existing:
+        atomic_write(out, signed, 0o644)
     return out
 
 

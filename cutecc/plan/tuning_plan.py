@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -99,17 +100,17 @@ def plan_path(root: Path, digest: str) -> Path:
 
 
 def write_plan(root: Path, digest: str, plan_items: Sequence[PlanItem]) -> Path:
-    """Store the plan of a manifest (by its bytes' digest) in the cache."""
+    """Store the plan of a manifest (by its bytes' digest) in the cache (`TuningPlan`)."""
     from cutecc.store.writer import Store
 
-    return Store(root).write_tuning_plan(digest, [it.to_json() for it in plan_items])
+    return Store(root).write_tuning_plan(digest, TuningPlan(digest, tuple(plan_items)).dumps())
 
 
 def read_plan(root: Path, digest: str, where: str) -> list[PlanItem]:
     """The stored plan of a manifest; an error says to compile first when there is none (the
     manifest changed since, or was never compiled for tuning into this cache). Read as the
     cache's metadata is (`cutecc.trust`: no link followed, nothing someone else could have
-    written) and every field the measuring side uses checked."""
+    written) and checked (`TuningPlan.loads`), under the digest it is stored by."""
     from cutecc import trust
 
     path = plan_path(root, digest)
@@ -121,14 +122,7 @@ def read_plan(root: Path, digest: str, where: str) -> list[PlanItem]:
                         where=where) from None
     except OSError as e:
         raise WorkError(f"cannot read the tuning plan: {e.strerror}", where=str(path)) from None
-    try:
-        doc = parse_json(data, MAX_PLAN_BYTES, 8)
-    except ValueError as e:
-        raise WorkError(f"not a tuning plan: {e}", where=str(path)) from None
-    if (not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT
-            or not isinstance(doc.get("items"), list)):
-        raise WorkError(f"not a tuning plan of format {PLAN_FORMAT}", where=str(path))
-    return [PlanItem.parse(it, str(path), f"items[{i}]") for i, it in enumerate(doc["items"])]
+    return list(TuningPlan.loads(data, str(path), digest).items)
 
 
 MAX_CANDIDATES = 100_000
@@ -265,3 +259,39 @@ def _bad_item(it: Any) -> str | None:
     if any(it.get(f) is not None and not (_number(it.get(f)) and it[f] >= 0) for f in ("rtol", "atol")):
         return "rtol or atol"
     return None
+
+
+PLAN_DEPTH = 8  # file > items > item > inputs > name > range, with room (params: the manifest's)
+
+
+@dataclass(frozen=True)
+class TuningPlan:
+    """The plan file (`tuning/plans/<manifest sha256>.json`, PLAN_FORMAT), both ways: the
+    digest of the manifest's bytes it was planned from, and its items. `--compile-only`
+    writes it (`dumps`: the same bytes as ever), `--measure` reads it back (`loads`)."""
+
+    manifest_sha256: str
+    items: tuple[PlanItem, ...]
+
+    def dumps(self) -> bytes:
+        return json.dumps({"format": PLAN_FORMAT, "manifest_sha256": self.manifest_sha256,
+                           "items": [it.to_json() for it in self.items]}, sort_keys=True, indent=1).encode()
+
+    @classmethod
+    def loads(cls, data: bytes, where: str, digest: str | None = None) -> TuningPlan:
+        """A plan read from `data` (at most MAX_PLAN_BYTES, PLAN_DEPTH deep), every field
+        measuring acts on checked; `digest`: the manifest digest it must name (the one it is
+        stored under). Anything else is a WorkError naming `where` and the field."""
+        try:
+            doc = parse_json(data, MAX_PLAN_BYTES, PLAN_DEPTH)
+        except ValueError as e:
+            raise WorkError(f"not a tuning plan: {e}", where=where) from None
+        if (not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT
+                or not isinstance(doc.get("items"), list)):
+            raise WorkError(f"not a tuning plan of format {PLAN_FORMAT}", where=where)
+        named = doc.get("manifest_sha256")
+        if not is_key(named) or (digest is not None and named != digest):
+            raise WorkError(f"must be the SHA-256 of the manifest it plans{f' ({digest})' if digest else ''}",
+                            where=where, key_path="manifest_sha256")
+        items = doc["items"]
+        return cls(named, tuple(PlanItem.parse(it, where, f"items[{i}]") for i, it in enumerate(items)))

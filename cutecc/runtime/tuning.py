@@ -3,7 +3,8 @@
 `cutecc tune` records, per (kernel, variant, arch, device kind, bucket), the winner among a
 kernel's candidate configurations (a `cutecc.lock.lockfile.Tuned` line, its bucket as
 `cutecc.contract.buckets` names it), in `kernels.lock` and in the cache
-(`tuning/results/<default key>.json`). Dispatch asks `TuningTable.pick` for the call's
+(`tuning/results/<default key>.json`; `cutecc tune --results FILE` writes the same
+format, `TuningResults`). Dispatch asks `TuningTable.pick` for the call's
 build: a table lookup on the call's symbolic extents, nothing timed, so every rank and
 process with the same lock and device kind makes the same choice. Results of one device
 kind never apply to another: an untuned device runs the default configuration, and says
@@ -205,6 +206,67 @@ class TuningResult:
                    dict(get("measurement", {})), have)
 
 
+RESULTS_DEPTH = 8  # file > records > record > times_us > variant > quartiles, with room
+MAX_RESULTS_BYTES = 64 << 20  # a `--results` file: a whole run (a cache record is one default's)
+
+
+def _seconds(v: Any) -> bool:
+    return _finite(v) and v >= 0
+
+
+# A results file's run fields (what `--measure` says of the run; a cache record has none):
+# name -> (what it must hold, check).
+_RUN_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "device": ("a string or null", lambda v: v is None or _text(v)),
+    "driver": ("a string or null", lambda v: v is None or _text(v)),
+    "bench_seconds": ("a finite number >= 0 or null", lambda v: v is None or _seconds(v)),
+}
+
+
+@dataclass(frozen=True)
+class TuningResults:
+    """A tuning results file, one format (TUNING_FORMAT) both ways: the cache's record of
+    one default entry (`tuning/results/<default key>.json`, `cutecc tune --record` merges
+    into it) and the file `cutecc tune --measure --results FILE` writes and `--record FILE`
+    reads (measured on one host, recorded on another). Its records, and what the run says
+    of itself where a run wrote it: the device, its driver, the seconds measuring took (a
+    cache record, merged from runs, says none: each record names its own device and
+    driver). `dumps` writes it, `loads` reads it back, bounded and checked field by field."""
+
+    records: tuple[TuningResult, ...]
+    device: str | None = None
+    driver: str | None = None
+    bench_seconds: float | None = None
+
+    def dumps(self) -> bytes:
+        """The file's bytes: deterministic, one record per line (a cache record's bytes as
+        ever; the run's fields, where known, after the format)."""
+        fields = (("device", self.device), ("driver", self.driver), ("bench_seconds", self.bench_seconds))
+        run = "".join(f'\n "{n}": {json.dumps(v)},' for n, v in fields if v is not None)
+        body = ",\n  ".join(json.dumps(r.to_json(), sort_keys=True) for r in self.records)
+        records = f"[\n  {body}\n ]" if self.records else "[]"
+        return f'{{\n "format": {TUNING_FORMAT},{run}\n "records": {records}\n}}\n'.encode()
+
+    @classmethod
+    def loads(cls, data: bytes, where: str, limit: int = MAX_RECORD_BYTES) -> TuningResults:
+        """A results file read from `data` (at most `limit` bytes, RESULTS_DEPTH deep): its
+        format, each run field and each record checked (`parse_results`); anything else is
+        a CuteccError naming `where` and the field. Fields it does not know are not kept."""
+        try:
+            doc = parse_json(data, limit, RESULTS_DEPTH)
+        except ValueError as e:
+            raise CuteccError(f"not a results file: {e}", where=where) from None
+        if not isinstance(doc, dict) or doc.get("format") != TUNING_FORMAT:
+            raise CuteccError(f"not a `cutecc tune` results file of format {TUNING_FORMAT}", where=where)
+        if not isinstance(doc.get("records"), list):
+            raise CuteccError("must be a list of records", where=where, key_path="records")
+        for name, (what, ok) in _RUN_FIELDS.items():
+            if not ok(doc.get(name)):
+                raise CuteccError(f"must be {what}", where=where, key_path=name)
+        return cls(parse_results(doc["records"], where, "records"), doc.get("device"), doc.get("driver"),
+                   doc.get("bench_seconds"))
+
+
 def parse_results(items: Any, where: str, key_path: str) -> tuple[TuningResult, ...]:
     """A list of records, in their order; one per (kernel, variant, arch, device, bucket)
     (`parse_tuning_lines` checks that and the bound on their number)."""
@@ -217,24 +279,24 @@ def results_path(root: Path, base: str) -> Path:
     return Layout(root).tuning_result(base)
 
 
+def load_cached(root: Path, base: str) -> TuningResults:
+    """The cache's record for `base` (`TuningResults`), read as the cache's metadata is:
+    through directories that only this user or root could have written, following no link
+    (`cutecc.trust`). Raises trust.Untrusted when someone else could have written it,
+    OSError when absent or unreadable, CuteccError when malformed (naming the field)."""
+    data = trust.read_file(root, Layout(root).tuning_result_parts(base), MAX_RECORD_BYTES)
+    return TuningResults.loads(data, str(results_path(root, base)))
+
+
 def read_cached(root: Path, base: str) -> list[TuningResult]:
     """The cache's full records (lines plus times) for `base`; [] when none or unreadable
     (a damaged record loses the tuning, never the kernel). A record picks which build
-    serves a call, so it is read as the cache's metadata is: through directories that only
-    this user or root could have written, following no link (`cutecc.trust`); one that
-    someone else could have written is refused (trust.Untrusted), not skipped."""
-    path = results_path(root, base)
-    if not path.parent.is_dir():  # nothing recorded: nothing to believe, wherever the cache is
+    serves a call, so one that someone else could have written is refused
+    (trust.Untrusted, `load_cached`), not skipped."""
+    if not results_path(root, base).parent.is_dir():  # nothing recorded: nothing to believe
         return []
     try:
-        data = trust.read_file(root, Layout(root).tuning_result_parts(base), MAX_RECORD_BYTES)
-        doc = parse_json(data, MAX_RECORD_BYTES, 6)
-        if not isinstance(doc, dict) or doc.get("format") != TUNING_FORMAT:
-            return []
-        records = doc.get("records")
-        if not isinstance(records, list):
-            return []
-        return [r for r in parse_results(records, str(path), "records") if r.base == base]
+        return [r for r in load_cached(root, base).records if r.base == base]
     except trust.Untrusted:
         raise
     except (OSError, ValueError, CuteccError):
@@ -346,9 +408,3 @@ class TuningTable:
                 return
             self._noticed.add(text)
         _log.warning("cutecc: %s", text)
-
-
-def dumps_records(records: Iterable[TuningResult]) -> bytes:
-    """A cache record file: deterministic, one record per line."""
-    body = ",\n  ".join(json.dumps(r.to_json(), sort_keys=True) for r in records)
-    return f'{{\n "format": {TUNING_FORMAT},\n "records": [\n  {body}\n ]\n}}\n'.encode()

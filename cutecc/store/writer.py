@@ -54,7 +54,6 @@ from cutecc.locks import Busy, held, is_held
 from cutecc.store.layout import (
     GENERATION_FORMAT,
     MISSES,
-    PLAN_FORMAT,
     QUARANTINE_FORMAT,
     STATS,
     STATS_FORMAT,
@@ -186,18 +185,17 @@ class Store(StoreView):
 
     # Tuning ------------------------------------------------------------------------
 
-    def write_tuning_plan(self, digest: str, items: list[dict[str, Any]]) -> Path:
-        """Store `cutecc tune`'s plan of a manifest (by its bytes' `digest`): the measuring
-        step reads it from the cache alone."""
+    def write_tuning_plan(self, digest: str, data: bytes) -> Path:
+        """Store `cutecc tune`'s plan of a manifest (by its bytes' `digest`; `data`: a
+        `TuningPlan`'s bytes): the measuring step reads it from the cache alone."""
         path = self.layout.tuning_plan(digest)
         make_dir(path.parent)
-        atomic_write(path, json.dumps({"format": PLAN_FORMAT, "manifest_sha256": digest, "items": items},
-                                      sort_keys=True, indent=1).encode())
+        atomic_write(path, data)
         return path
 
     def write_tuning_results(self, base: str, data: bytes) -> Path:
         """Replace the tuning record of default entry `base` with `data` (a document of
-        `TUNING_FORMAT`, `cutecc.runtime.tuning.dumps_records`)."""
+        `TUNING_FORMAT`, `cutecc.runtime.tuning.TuningResults.dumps`)."""
         path = self.layout.tuning_result(base)
         make_dir(path.parent)
         atomic_write(path, data)

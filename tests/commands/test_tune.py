@@ -550,14 +550,14 @@ def test_cached_results_are_read_only_through_trusted_paths(tmp_path: Path) -> N
     """A tuning record picks which build serves a bucket: like an entry's metadata, it is
     believed only where nobody but this user (or root) could have written it."""
     from cutecc import trust
-    from cutecc.runtime.tuning import TuningResult, dumps_records, read_cached, results_path
+    from cutecc.runtime.tuning import TuningResult, TuningResults, read_cached, results_path
 
     base = "a" * 64
     root = tmp_path / "cache"
     path = results_path(root, base)
     assert read_cached(root, base) == []  # none recorded
     path.parent.mkdir(parents=True)
-    path.write_bytes(dumps_records([TuningResult.parse(_record(base), "test", "record")]))
+    path.write_bytes(TuningResults((TuningResult.parse(_record(base), "test", "record"),)).dumps())
     assert [r.line.winner for r in read_cached(root, base)] == ["b" * 64]
     os.chmod(path, 0o666)  # a record anyone could rewrite
     with pytest.raises(trust.Untrusted, match="writable by any user"):

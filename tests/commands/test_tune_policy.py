@@ -14,7 +14,7 @@ import pytest
 from helpers import REPO, run_cli
 
 from cutecc.plan.tuning_plan import PlanItem
-from cutecc.runtime.tuning import TuningResult, toolchain_of
+from cutecc.runtime.tuning import TuningResult, TuningResults, toolchain_of
 from cutecc.store import Store
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -96,7 +96,8 @@ def test_a_gain_within_the_noise_keeps_the_default_and_ties_go_to_plan_order(
 
 
 def _results(path: Path, records: list[TuningResult]) -> Path:
-    path.write_text(json.dumps({"format": 1, "records": [r.to_json() for r in records]}))
+    """A results file as `--measure` writes it."""
+    path.write_bytes(TuningResults(tuple(records), H100, INFO["driver"], 1.0).dumps())
     return path
 
 
@@ -139,6 +140,35 @@ def test_recording_refuses_to_mix_policies_in_one_lock(project: tuple[Path, Path
     (proj / "kernels.lock").write_text(json.dumps(doc))
     r = _tune_record(proj, cache, tmp_path / "a.json")
     assert r.returncode == 1 and "1 line(s) with no recorded policy" in r.stderr, r.stderr
+
+
+def test_recording_signs_the_lock_by_the_builds_road(project: tuple[Path, Path, PlanItem],
+                                                      tmp_path: Path) -> None:
+    """`--sign-key`: the lock `tune` records is written and signed as `build` does it
+    (`record_lock`): the key is read before anything is written, the signature is of the
+    bytes written, and recording the same results again rewrites neither file."""
+    import os
+
+    from cutecc.lock import signing
+    from cutecc.runtime.tuning import results_path
+
+    proj, cache, item = project
+    lock, sig = proj / "kernels.lock", proj / f"kernels.lock{signing.SIG_SUFFIX}"
+    recs = [_record(cache, item, "n=65536", _event(item, {D: (10.0, 0.05), T128: (5.0, 0.05)}))]
+    results = _results(tmp_path / "a.json", recs)
+    before = lock.read_bytes()
+    r = _tune_record(proj, cache, results, "--sign-key", str(tmp_path / "absent.key"))
+    assert r.returncode == 2 and "cannot read the signing key" in r.stderr, r.stderr
+    assert lock.read_bytes() == before and not sig.exists() and not results_path(cache, item.base).exists()
+    private, public = signing.keygen(tmp_path / "ci")
+    r = _tune_record(proj, cache, results, "--sign-key", str(private))
+    assert r.returncode == 0, r.stderr
+    assert lock.read_bytes() != before
+    assert signing.verify_file(lock, [signing.read_public_key(public)], "lock") == lock.read_bytes()
+    stamps = [(p.read_bytes(), os.stat(p).st_mtime_ns) for p in (lock, sig)]
+    r = _tune_record(proj, cache, results, "--sign-key", str(private))
+    assert r.returncode == 0, r.stderr
+    assert [(p.read_bytes(), os.stat(p).st_mtime_ns) for p in (lock, sig)] == stamps
 
 
 def _target(ks: Any, n: int) -> str:

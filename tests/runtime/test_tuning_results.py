@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cutecc.errors import CuteccError
-from cutecc.runtime.tuning import MEASURED, TuningResult, dumps_records, read_cached, results_path, winners_in
+from cutecc.runtime.tuning import MEASURED, TuningResult, TuningResults, read_cached, results_path, winners_in
 
 DATA = Path(__file__).parent / "data"
 # A record file as `cutecc tune --record` wrote it before results were typed.
@@ -31,7 +31,7 @@ def test_a_stored_record_file_reads_back_and_writes_again_byte_for_byte(tmp_path
     _install(tmp_path)
     records = read_cached(tmp_path, BASE)
     assert len(records) == 4 and all(r.base == BASE for r in records)
-    assert dumps_records(records) == RECORDS.read_bytes()
+    assert TuningResults(tuple(records)).dumps() == RECORDS.read_bytes()
 
 
 def test_parsed_fields_are_the_files_values(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from cutecc.commands.rm import rm
 from cutecc.commands.verify import verify
 from cutecc.lock.lines import Pin
 from cutecc.lock.lockfile import Tuned, lock_for, write_lock
-from cutecc.runtime.tuning import TuningResult, dumps_records
+from cutecc.runtime.tuning import TuningResult, TuningResults
 from cutecc.store import layout
 from cutecc.store.layout import Layout
 from cutecc.units import now_iso
@@ -41,7 +41,12 @@ def _result(base: str, winner: str) -> bytes:
     gc reads matter here: the rest made up)."""
     pin = Pin("kernel.so", "c" * 64, 1, "s", None, "d" * 64, "e" * 64)
     line = Tuned("k", "v", "sm_90a", "GPU", "floor", "n=8", base, winner, "v", pin)
-    return dumps_records([TuningResult(line)])
+    return TuningResults((TuningResult(line),)).dumps()
+
+
+def _plan(items: list[dict]) -> bytes:
+    """A tuning plan file's bytes naming `items` (only the keys gc reads matter here)."""
+    return json.dumps({"format": layout.PLAN_FORMAT, "manifest_sha256": "1" * 64, "items": items}).encode()
 
 
 def test_every_path_of_the_layout_is_under_a_known_area(tmp_path: Path) -> None:
@@ -69,7 +74,7 @@ def test_gc_unreachable_keeps_what_records_and_locks_name(fake_cache, add_entrie
         "gen", "man", "planned", "winner", "base", "locked", "lost")
     store.record_generation("k", "sm_90a", [gen.key], str(tmp_path / "m.toml"))
     store.record_manifest(tmp_path / "m.toml", "0" * 64, {"k": {"sm_90a": [man.key]}}, partial=False)
-    store.write_tuning_plan("1" * 64, [{"candidates": [{"key": planned.key}]}])
+    store.write_tuning_plan("1" * 64, _plan([{"candidates": [{"key": planned.key}]}]))
     store.write_tuning_results(base.key, _result(base.key, winner.key))
     lock = tmp_path / "kernels.lock"
     write_lock(lock, lock_for([("k", "locked", "sm_90a", locked.key)], store))
@@ -125,8 +130,8 @@ def test_a_removed_defaults_tuning_record_goes_with_it(fake_cache, add_entries) 
 def test_gc_older_than_prunes_old_plans_and_received_sources(fake_cache) -> None:
     store = fake_cache.store
     lay = store.layout
-    old_plan = store.write_tuning_plan("1" * 64, [])
-    new_plan = store.write_tuning_plan("2" * 64, [])
+    old_plan = store.write_tuning_plan("1" * 64, _plan([]))
+    new_plan = store.write_tuning_plan("2" * 64, _plan([]))
     old_src, new_src = lay.source_tree("3" * 64), lay.source_tree("4" * 64)
     for d in (old_src, new_src):
         (d / "pkg").mkdir(parents=True)
@@ -146,7 +151,7 @@ def test_verify_reports_and_fixes_what_belongs_to_no_area(fake_cache, add_entrie
     e, = add_entries("v")
     lay = store.layout
     store.record_generation("k", "sm_90a", [e.key], "m.toml")
-    store.write_tuning_plan("1" * 64, [])
+    store.write_tuning_plan("1" * 64, _plan([]))
     (store.root / "notes.txt").write_text("mine")
     lay.generation("k", "sm_80").write_text("{not json")
     (lay.generations() / "README").write_text("?")

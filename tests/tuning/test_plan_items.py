@@ -12,7 +12,16 @@ import pytest
 
 from cutecc.errors import CuteccError
 from cutecc.manifest import load_manifest
-from cutecc.plan.tuning_plan import BucketEdges, Candidate, PlanItem, items, read_plan, write_plan
+from cutecc.plan.tuning_plan import (
+    PLAN_DEPTH,
+    BucketEdges,
+    Candidate,
+    PlanItem,
+    TuningPlan,
+    items,
+    read_plan,
+    write_plan,
+)
 from cutecc.store.layout import Layout
 
 DATA = Path(__file__).parent / "data"
@@ -113,3 +122,42 @@ def test_a_malformed_field_is_refused_naming_the_file_and_item(field: str, value
         PlanItem.parse(doc, "plan.json", "items[3]")
     assert e.value.where == "plan.json" and e.value.key_path == "items[3]"
     assert e.value.message == f"malformed plan item: {what}" and e.value.exit_code == 1
+
+
+@pytest.mark.parametrize("name", PLANS)
+def test_the_plan_file_is_one_record_both_ways(name: str) -> None:
+    """`TuningPlan` reads a stored plan and writes its bytes again (what `write_plan` stores)."""
+    data = (DATA / name).read_bytes()
+    plan = TuningPlan.loads(data, name, json.loads(data)["manifest_sha256"])
+    assert plan.dumps() == data and TuningPlan.loads(plan.dumps(), name) == plan
+
+
+@pytest.mark.parametrize(("change", "key_path", "message"), [
+    ({"manifest_sha256": "f" * 64}, "manifest_sha256", "the SHA-256 of the manifest it plans"),
+    ({"manifest_sha256": 3}, "manifest_sha256", "the SHA-256 of the manifest it plans"),
+    ({"format": 2}, None, "not a tuning plan of format 1"),
+    ({"items": {}}, None, "not a tuning plan of format 1"),
+    ({"items": [{"kernel": "k"}]}, "items[0]", "malformed plan item"),
+])
+def test_a_hostile_plan_is_refused_naming_the_file_and_the_field(
+        tmp_path: Path, change: dict, key_path: str | None, message: str) -> None:
+    """Under the digest it is stored by, a plan must name that manifest, be of this format
+    and hold well-formed items; read_plan names the file and the field."""
+    digest, data = _install(tmp_path, "plan.json")
+    path = Layout(tmp_path).tuning_plan(digest)
+    path.write_text(json.dumps({**json.loads(data), **change}))
+    with pytest.raises(CuteccError) as e:
+        read_plan(tmp_path, digest, "x")
+    assert e.value.where == str(path) and e.value.key_path == key_path and message in e.value.message
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    (b"{", "not a tuning plan"),
+    (json.dumps({"format": 1, "items": [], "x": [[[[[[[[[1]]]]]]]]]}).encode(), f"limit of {PLAN_DEPTH}"),
+    (b'{"format": 1, "items": [], "x": "' + b"a" * (16 << 20) + b'"}', "limit"),
+])
+def test_a_file_that_is_no_plan_is_refused_bounded(data: bytes, message: str) -> None:
+    with pytest.raises(CuteccError) as e:
+        TuningPlan.loads(data, "hostile.json")
+    assert e.value.where == "hostile.json" and message in e.value.message, e.value.render()
+

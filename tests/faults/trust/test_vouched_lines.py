@@ -27,7 +27,7 @@ from cutecc.errors import CuteccError
 from cutecc.lock import signing
 from cutecc.lock.lockfile import read_lock
 from cutecc.runtime.library import target_name
-from cutecc.runtime.tuning import TuningResult, dumps_records
+from cutecc.runtime.tuning import TuningResult, TuningResults
 
 pytestmark = pytest.mark.usefixtures("dsl")
 
@@ -140,7 +140,7 @@ def test_a_planted_cache_record_serves_nothing_and_verify_names_it(
     line = _sibling_tuning_line(project)
     path = project / "cache/tuning/results" / f"{line['base']}.json"
     path.parent.mkdir(parents=True)
-    path.write_bytes(dumps_records([TuningResult.parse(line, "planted", "line")]))
+    path.write_bytes(TuningResults((TuningResult.parse(line, "planted", "line"),)).dumps())
     ks = cutecc.load(project / "cache", arch="sm_90a")
     assert _lowered_target(ks, False) == [target_name(line["base"])]
     report = verify(project / "cache")
