@@ -7,7 +7,8 @@ RecursionError).
 The parsers are the ones a deployer's process runs on what it did not write: an entry's
 meta.json (`ingest.check_meta`, for remote objects, pack members, Ray results and the
 cache), a lock (`Lock.loads`), a lock's signature file (`signing.verify`), a tuning record
-(`lockfile.parse_tuning_lines` of a record file's JSON) and a manifest (`load_manifest`).
+or `--results` file (`TuningResults.loads`), a tuning plan (`TuningPlan.loads`) and a
+manifest (`load_manifest`).
 Inputs are mutations of a valid document (byte flips, cuts, splices of hostile fragments,
 JSON values swapped for hostile ones) plus the worst shapes at each parser's byte cap.
 The worst parse time of each is recorded in the fault report (docs/faults.md).
@@ -26,12 +27,13 @@ import pytest
 
 from cutecc.entry import MAX_META_BYTES, compute_key
 from cutecc.errors import CuteccError
-from cutecc.lock.lockfile import Lock, parse_tuning_lines
+from cutecc.lock.lockfile import Lock
 from cutecc.ship.ingest import Refused, check_meta
 
 from .conftest import SEED, soak
 
 N = soak(1000, 5000)
+PLAN = Path(__file__).parents[1] / "tuning" / "data" / "plan.json"  # a stored tuning plan
 LIMIT_S = 1.0  # any one input, on the 2-core host with other work running
 FRAGMENTS = [b'"' + b'\\"' * 4000, b"[" * 3000, b'{"a":' * 2000, b"\\u0000" * 500, b"\xff\xfe",
              b"9" * 5000, b"1e999999", b"-0.0e-400", b"NaN", b"Infinity", b'"\\ud800"', b"\x00" * 64,
@@ -127,10 +129,14 @@ def _parsers(tmp: Path) -> tuple[dict[str, Parser], bytes]:
         return signing.verify(lock.dumps(), data, [priv.public()], "lock")
 
     def parse_record(data: bytes) -> Any:
-        from cutecc.entry import parse_json
+        from cutecc.runtime.tuning import TuningResults
 
-        doc = parse_json(data, 4 << 20, 6)
-        return parse_tuning_lines(doc.get("records") if isinstance(doc, dict) else doc, "record", "records")
+        return TuningResults.loads(data, "record")  # the cache's record and a --results file alike
+
+    def parse_plan(data: bytes) -> Any:
+        from cutecc.plan.tuning_plan import TuningPlan
+
+        return TuningPlan.loads(data, "plan")
 
     toml = (b'archs = ["sm_90a"]\n[kernel.k]\nentry = "m:k"\nargs = [\n  { kind = "stream" },\n'
             b'  { name = "x", dtype = "float32", shape = ["n"] },\n'
@@ -139,14 +145,17 @@ def _parsers(tmp: Path) -> tuple[dict[str, Parser], bytes]:
         "meta.json": (lambda d: check_meta(key, d, 1 << 30), (Refused,), meta, MAX_META_BYTES),
         "kernels.lock": (lambda d: Lock.loads(d, "lock"), (CuteccError,), _lock_doc(), 1 << 20),
         "kernels.lock.sig": (parse_sig, (CuteccError,), sig, signing.MAX_SIG_BYTES),
-        "tuning record": (parse_record, (ValueError, CuteccError),
-                          {"format": 1, "records": _lock_doc()["tuning"]}, 1 << 20),
+        "tuning record": (parse_record, (CuteccError,),
+                          {"format": 1, "device": "H100", "driver": "cuda 13000", "bench_seconds": 1.5,
+                           "records": [{**_lock_doc()["tuning"][0], "k": 8, "winner_us": 2.0, "dropped": {},
+                                        "times_us": {"t=1": [1.0, 2.0, 3.0]}}]}, 1 << 20),
+        "tuning plan": (parse_plan, (CuteccError,), json.loads(PLAN.read_bytes()), 1 << 20),
         "kernels.toml": (parse_manifest, (CuteccError,), None, 1 << 16),
     }, toml
 
 
 @pytest.mark.parametrize("name", ["meta.json", "kernels.lock", "kernels.lock.sig", "tuning record",
-                                  "kernels.toml"])
+                                  "tuning plan", "kernels.toml"])
 def test_hostile_inputs_fail_cleanly_and_quickly(name: str, tmp_path: Path, tally: Any) -> None:
     pytest.importorskip("cryptography")
     parsers, toml = _parsers(tmp_path)
