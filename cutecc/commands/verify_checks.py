@@ -38,9 +38,8 @@ from cutecc.runtime.tuning import (
 )
 from cutecc.store import layout
 from cutecc.store.index_record import record_differs
+from cutecc.store.stats import MAX_STATS_BYTES, STATS_DEPTH
 from cutecc.store.view import (
-    MAX_STATS_BYTES,
-    STATS_DEPTH,
     StoreView,
     entry_trust_problem,
     read_meta,

@@ -4,7 +4,9 @@ Nothing here creates, moves or deletes anything in the cache, except `touch_used
 mark on an entry, never one of its hashed files, best-effort): the runtime imports this
 module and `layout`, never `cutecc.store.writer`. Every path comes from
 `cutecc.store.layout`. Metadata is read bounded, without following links, and typed on
-demand (`Entry.checked`: `cutecc.entry.EntryMeta`).
+demand (`Entry.checked`: `cutecc.entry.EntryMeta`); the store's own records are read
+(`read_record`) into their typed records (`IndexRecord`, `GenerationRecord`,
+`ManifestRecord`, `CompositeRecord`, `Stats`).
 """
 
 from __future__ import annotations
@@ -53,10 +55,6 @@ from cutecc.store.layout import (
     Layout,
 )
 from cutecc.store.stats import MAX_STATS_BYTES, STATS_DEPTH, Stats
-
-__all__ = ["MAX_STATS_BYTES", "STATS_DEPTH", "Entry", "StoreView", "default_cache_dir",
-           "entry_trust_problem", "read_meta", "read_record", "record_problem", "read_small_json",
-           "touch_used"]
 
 _S = TypeVar("_S", bound="StoreView")
 

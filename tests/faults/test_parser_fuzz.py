@@ -188,7 +188,8 @@ def _areas(tmp: Path) -> dict[str, Parser]:
     from cutecc.commands.verify_checks import _record_differs
     from cutecc.entry import MAX_INDEX_BYTES
     from cutecc.store.index_record import IndexRecord
-    from cutecc.store.view import MAX_STATS_BYTES, StoreView
+    from cutecc.store.stats import MAX_STATS_BYTES
+    from cutecc.store.view import StoreView
     from cutecc.toolchain.hashcache import FACTS, HashCache
 
     from .fake_store import add, new_store
