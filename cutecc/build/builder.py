@@ -211,7 +211,7 @@ def probe(store: StoreView, planned: Sequence[Planned], *, dry_run: bool = False
         rec = store.indexed_facts(p.kernel.name, p.key)
         facts = rec.facts if rec is not None else None
         stamp = store.stamp(p.key) if facts is not None else None
-        if stamp is not None and facts is not None and rec is not None and rec.meta_stat == tuple(stamp):
+        if rec is not None and facts is not None and rec.taken_from(stamp):
             # a hit, told by its index record, taken from this very meta.json
             why = entry_trust_problem(store.layout.entry_str(p.key), [facts.library])
             out.append(Outcome(p, "failed", error=f"cached entry {p.key[:12]} refused: {why}; run "
@@ -352,7 +352,7 @@ def publish(store: Store, outcomes: list[Outcome], *, stale: Sequence[str] = (),
     (`swept`). Returns the runtime libraries it linked."""
     if dry_run:
         return []
-    needed = {o.facts.runtime_key for o in outcomes if o.facts}
+    needed = {o.facts.runtime_key for o in outcomes if o.facts is not None}
     needed |= {rec["key"] for o in outcomes if o.status in ("built", "cached") and o.meta
                for rec in [runtime_record(o.meta)] if rec is not None}
     missing = sorted(k for k in needed if store.get_runtime(k) is None)

@@ -66,6 +66,11 @@ class IndexRecord:
         return cls(key, meta.get("kernel"), meta.get("variant"), meta.get("arch"), facts,  # type: ignore[arg-type]
                    None if stamp is None else (stamp[0], stamp[1], stamp[2]))
 
+    def taken_from(self, stamp: list[int] | None) -> bool:
+        """Whether this record was taken from the meta.json whose stamp (`entry.meta_stamp`)
+        is `stamp` (None: no meta.json), so it can stand in for it."""
+        return stamp is not None and self.meta_stat == tuple(stamp)
+
     def to_json(self) -> dict[str, Any]:
         """The record's object (the facts' fields beside the identity, when known)."""
         out: dict[str, Any] = {"format": INDEX_FORMAT, "key": self.key, "kernel": self.kernel,
