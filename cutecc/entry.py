@@ -258,51 +258,6 @@ def meta_stamp(st: Any) -> list[int]:
     return [st.st_size, st.st_ino, st.st_ctime_ns]
 
 
-def index_facts(key: str, meta: dict[str, Any], stamp: list[int] | None = None) -> dict[str, Any]:
-    """What an entry's index record holds: which entry it is (key, kernel, variant, arch)
-    and, when its metadata has them, what a lock line pins (`acted_on`), its runtime
-    library's key, its build seconds, and the stamp of the meta.json it was taken from
-    (`meta_stamp`), so a build that finds it cached needs only this record, not the whole
-    meta.json, for as long as that meta.json is untouched (a rewritten one, even with the
-    same bytes, has another stamp: then the build reads it). A record is derived from
-    meta.json, which stays the truth: `cutecc verify` compares the two."""
-    out: dict[str, Any] = {"format": INDEX_FORMAT, "key": key, "kernel": meta.get("kernel"),
-                           "variant": meta.get("variant"), "arch": meta.get("arch")}
-    acted, runtime = acted_on(meta), runtime_record(meta)
-    if acted is not None and acted["symbol"] is not None and runtime is not None:
-        seconds = meta.get("build_seconds")
-        out.update(acted, runtime_key=runtime["key"],
-                   build_seconds=float(seconds) if isinstance(seconds, (int, float)) else 0.0)
-    if stamp is not None:
-        out["meta_stat"] = list(stamp)
-    return out
-
-
-def index_bytes(facts: dict[str, Any]) -> bytes:
-    """An index record's bytes (one line of canonical JSON)."""
-    return json.dumps(facts, sort_keys=True, separators=(",", ":")).encode() + b"\n"
-
-
-def read_index_facts(data: bytes, kernel: str, key: str) -> dict[str, Any] | None:
-    """The facts of an index record for `kernel`/`key` when they are whole (everything a
-    lock line needs, well formed), else None (then the entry's meta.json is read)."""
-    try:  # one flat object and its stamp: parse_json's nesting scan only when it could be more
-        flat = len(data) <= MAX_INDEX_BYTES and data.count(b"{") + data.count(b"[") <= 2
-        facts = json.loads(data) if flat else parse_json(data, MAX_INDEX_BYTES, 2)
-    except ValueError:
-        return None
-    if not (isinstance(facts, dict) and facts.get("format") == INDEX_FORMAT and facts.get("key") == key
-            and facts.get("kernel") == kernel and is_key(facts.get("runtime_key"))
-            and is_key(facts.get("runtime")) and is_key(facts.get("contract"))
-            and all(isinstance(facts.get(f), str) for f in ("variant", "arch", "library", "sha256", "symbol"))
-            and type(facts.get("size")) is int and isinstance(facts.get("build_seconds"), float)
-            and (facts.get("backward") is None or isinstance(facts.get("backward"), str))
-            and (facts.get("meta_stat") is None or (isinstance(facts["meta_stat"], list)
-                 and len(facts["meta_stat"]) == 3 and all(type(x) is int for x in facts["meta_stat"])))):
-        return None
-    return facts
-
-
 def _records_problem(meta: dict[str, Any]) -> str | None:
     files = meta.get("files")
     if not isinstance(files, dict) or not files:

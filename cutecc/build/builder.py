@@ -47,8 +47,9 @@ from cutecc.manifest import Manifest
 from cutecc.plan.build_plan import Planned, plan
 from cutecc.platforms import check_platform
 from cutecc.ship import remote as remote_cache
+from cutecc.store.build_records import CompositeRecord
 from cutecc.store.layout import meta_file
-from cutecc.store.view import entry_trust_problem, touch_used
+from cutecc.store.view import StoreView, entry_trust_problem, touch_used
 from cutecc.store.writer import Store
 from cutecc.toolchain.dists import HashCache
 
@@ -196,7 +197,7 @@ class Probed:
     stale: list[str]  # keys of hits whose index record is older than their meta.json
 
 
-def probe(store: Store, planned: Sequence[Planned], *, dry_run: bool = False) -> Probed:
+def probe(store: StoreView, planned: Sequence[Planned], *, dry_run: bool = False) -> Probed:
     """Which planned entries `store` holds: a hit is told by its ~400-byte index record when
     that was taken from its meta.json as it is now (its stamp), else by reading meta.json;
     an entry someone else could have written is refused (`entry_trust_problem`), as is a
@@ -207,14 +208,15 @@ def probe(store: Store, planned: Sequence[Planned], *, dry_run: bool = False) ->
     misses: list[Planned] = []
     stale: list[str] = []
     for p in planned:
-        facts = store.indexed_facts(p.kernel.name, p.key)
+        rec = store.indexed_facts(p.kernel.name, p.key)
+        facts = rec.facts if rec is not None else None
         stamp = store.stamp(p.key) if facts is not None else None
-        if stamp is not None and facts is not None and facts.get("meta_stat") == stamp:
+        if rec is not None and facts is not None and rec.taken_from(stamp):
             # a hit, told by its index record, taken from this very meta.json
-            why = entry_trust_problem(store.layout.entry_str(p.key), [facts["library"]])
+            why = entry_trust_problem(store.layout.entry_str(p.key), [facts.library])
             out.append(Outcome(p, "failed", error=f"cached entry {p.key[:12]} refused: {why}; run "
                                "`cutecc verify --fix`") if why else
-                       Outcome(p, "cached", facts=facts, saved=facts["build_seconds"]))
+                       Outcome(p, "cached", facts=facts, saved=facts.build_seconds))
             continue
         try:
             entry = store.get(p.key)
@@ -236,7 +238,7 @@ def probe(store: Store, planned: Sequence[Planned], *, dry_run: bool = False) ->
     return Probed(out, misses, stale)
 
 
-def refuse_misses(store: Store, probed: Probed) -> None:
+def refuse_misses(store: StoreView, probed: Probed) -> None:
     """A read-only build's misses are an error (exit 1) naming them."""
     missing = probed.misses or [o.planned for o in probed.outcomes if o.status == "planned"]
     if missing:
@@ -350,7 +352,7 @@ def publish(store: Store, outcomes: list[Outcome], *, stale: Sequence[str] = (),
     (`swept`). Returns the runtime libraries it linked."""
     if dry_run:
         return []
-    needed = {o.facts["runtime_key"] for o in outcomes if o.facts}
+    needed = {o.facts.runtime_key for o in outcomes if o.facts is not None}
     needed |= {rec["key"] for o in outcomes if o.status in ("built", "cached") and o.meta
                for rec in [runtime_record(o.meta)] if rec is not None}
     missing = sorted(k for k in needed if store.get_runtime(k) is None)
@@ -420,7 +422,8 @@ def record(store: Store, t: Target, built: Built, *, hashes: HashCache | None = 
         _record_generations(store, t.manifest.path, t.planned, partial=t.partial, fallbacks=t.fallbacks)
         for c in t.selected.composites:  # best-effort, like the generations
             with contextlib.suppress(OSError):
-                store.record_composite(c.name, c.to_json(), str(t.manifest.path))
+                store.record_composite(CompositeRecord(c.name, c.launches, c.inputs, c.outputs,
+                                                       str(t.manifest.path)))
     if lock is not None:
         _write_lock(store, t, built, hashes, lock)
 
@@ -453,7 +456,7 @@ def _lock_line(o: Outcome, fallbacks: dict[str, dict[str, FallbackRef]]) -> Lock
     return dataclasses.replace(le, fallbacks=tuple(sorted(refs.items()))) if refs else le
 
 
-def _vouched(store: Store, manifest: Manifest, hashes: HashCache | None, merged: Merged,
+def _vouched(store: StoreView, manifest: Manifest, hashes: HashCache | None, merged: Merged,
              built: Built, *, signing: bool, where: Path) -> Lock:
     """The lock this build may write: `merged` with every line it did not see itself
     checked against the cache (`cutecc.ship.vouch`), and, when it is about to be signed, every

@@ -12,6 +12,7 @@ from typing import Any
 from cutecc.build.timings import Timings
 from cutecc.plan.build_plan import Planned
 from cutecc.ship import remote as remote_cache
+from cutecc.store.index_record import IndexFacts
 from cutecc.units import human_size
 
 
@@ -22,7 +23,7 @@ class Outcome:
     seconds: float = 0.0
     error: str | None = None
     meta: dict[str, Any] | None = None  # the entry's metadata, for the lock
-    facts: dict[str, Any] | None = None  # or, for a hit, its index record (`entry.index_facts`)
+    facts: IndexFacts | None = None  # or, for a hit, what its index record holds
     saved: float = 0.0  # for a hit: the compile seconds it saved (its recorded build time)
     fetched: bool = False  # a hit found on the remote cache (status "cached")
     timings: dict[str, float] = field(default_factory=dict)  # a compile's parts (`cutecc.build.timings`)

@@ -24,7 +24,7 @@ from cutecc.entry import file_record
 from cutecc.errors import CuteccError, WorkError
 from cutecc.lock.lockfile import LockEntry, read_trusted_lock
 from cutecc.ship import remote as remote_cache
-from cutecc.store.view import Entry, entry_trust_problem
+from cutecc.store.view import Entry, StoreView, entry_trust_problem
 from cutecc.store.writer import Store
 from cutecc.units import human_size
 
@@ -125,7 +125,7 @@ def fetch(lock: str | Path, *, remote: str | None = None, cache_dir: str | Path 
     return report
 
 
-def _local_problem(store: Store, key: str, le: LockEntry) -> str | None:
+def _local_problem(store: StoreView, key: str, le: LockEntry) -> str | None:
     """None if the cache's entry for `key` is the locked one, whole; "absent"; else why not."""
     try:
         entry = store.get(key)

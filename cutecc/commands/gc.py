@@ -30,6 +30,7 @@ from cutecc.commands.report import Report
 from cutecc.entry import label_of, runtime_record
 from cutecc.errors import CuteccError
 from cutecc.locks import Busy
+from cutecc.store.view import StoreView
 from cutecc.store.writer import Store
 from cutecc.units import human_size, iso, parse_age, parse_size
 
@@ -148,7 +149,7 @@ def gc(cache_dir: str | Path | None = None, *, max_size: str | int | None = None
     return report
 
 
-def _reachable(store: Store, locks: tuple[str | Path, ...]) -> frozenset[str]:
+def _reachable(store: StoreView, locks: tuple[str | Path, ...]) -> frozenset[str]:
     """The keys the cache's records name, and every key (tuned winners too) of `locks`."""
     from cutecc.lock.lockfile import read_lock
 

@@ -17,7 +17,7 @@ from cutecc.commands.show import resolve
 from cutecc.entry import label_of
 from cutecc.errors import CuteccError, WorkError
 from cutecc.locks import Busy
-from cutecc.store.view import Entry
+from cutecc.store.view import Entry, StoreView
 from cutecc.store.writer import Store
 from cutecc.units import human_size
 
@@ -52,7 +52,7 @@ class RmReport(Report):
             f"{verb} the tuning record of {k[:12]}" for k in self.removed_tuning]
 
 
-def select(store: Store, keys: tuple[str, ...] = (), kernel: str | None = None,
+def select(store: StoreView, keys: tuple[str, ...] = (), kernel: str | None = None,
            arch: str | None = None) -> list[Entry]:
     """The entries named by keys/prefixes (each must match exactly one), or by kernel and/or arch."""
     if keys and (kernel or arch):

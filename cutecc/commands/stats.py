@@ -91,8 +91,8 @@ def stats(cache_dir: str | Path | None = None) -> StatsReport:
     for name, where in RECORD_AREAS.items():
         count, size = _area(where(store.layout))
         records[name] = {"count": count, "bytes": size}
-    hits = counters["hits"] + counters["remote_hits"]
-    lookups = hits + counters["misses"] + counters["failures"]
+    hits = counters.hits + counters.remote_hits
+    lookups = hits + counters.misses + counters.failures
     return StatsReport({
         "cache_dir": str(store.root),
         "entries": len(entries),
@@ -101,6 +101,6 @@ def stats(cache_dir: str | Path | None = None) -> StatsReport:
         "runtime_bytes": sum(e.disk_bytes() for e in runtimes),
         "quarantined": quarantined,
         "records": records,
-        **counters,
+        **counters.counters(),
         "hit_rate": round(hits / lookups, 4) if lookups else None,  # local or remote
     })

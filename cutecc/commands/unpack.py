@@ -34,6 +34,7 @@ from cutecc.lock.signing import MAX_SIG_BYTES, SIG_SUFFIX, check_lock
 from cutecc.runtime.package import PACK_DIR
 from cutecc.ship.archive import Limits, PackTree
 from cutecc.ship.ingest import Refused, check_whole, publish
+from cutecc.store.build_records import CompositeRecord
 from cutecc.store.layout import ENTRIES, RUNTIMES, entry_parts, meta_parts, runtime_parts
 from cutecc.store.view import Entry
 from cutecc.store.writer import Store
@@ -174,8 +175,7 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
     for c in lock.composites:  # each launch's pinned entries all landed (or were there)
         if set(c.launches) <= landed:
             try:
-                store.record_composite(c.name, {"launches": list(c.launches), "inputs": list(c.inputs),
-                                                "outputs": list(c.outputs)}, str(archive))
+                store.record_composite(CompositeRecord(c.name, c.launches, c.inputs, c.outputs, str(archive)))
             except OSError as e:
                 report.refused.append((f"composite {c.name}", f"cannot record it: {e.strerror}"))
                 continue

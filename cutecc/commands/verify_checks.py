@@ -23,20 +23,17 @@ from cutecc.entry import (
     EntryMeta,
     RuntimeMeta,
     file_record,
-    index_facts,
     is_kernel_name,
     is_key,
     parse_json,
-    read_index_facts,
 )
 from cutecc.errors import CuteccError
 from cutecc.platforms import machine_problem
 from cutecc.runtime.tuning import line_problem, load_cached, sibling_problem
 from cutecc.store import layout
+from cutecc.store.index_record import record_differs
+from cutecc.store.stats import MAX_STATS_BYTES, STATS_DEPTH
 from cutecc.store.view import (
-    INDEX_DEPTH,
-    MAX_STATS_BYTES,
-    STATS_DEPTH,
     StoreView,
     entry_trust_problem,
     read_meta,
@@ -403,22 +400,8 @@ def _check_stats(store: StoreView, report: VerifyReport) -> None:
 
 def _record_differs(data: bytes, key: str, meta: dict[str, Any]) -> bool:
     """Whether an index record says something else than the entry's metadata (its build
-    seconds aside: only `cutecc stats` reads them)."""
-    want = index_facts(key, meta)
-    got = read_index_facts(data, meta["kernel"], key) if "sha256" in want else None
-    if got is None:
-        return {k: v for k, v in _loads(data).items() if k != "meta_stat"} != want
-    hints = ("build_seconds", "meta_stat")  # a stale stamp only sends builds to meta.json
-    return {k: v for k, v in got.items() if k not in hints} != {
-        k: v for k, v in want.items() if k not in hints}
-
-
-def _loads(data: bytes) -> dict[str, Any]:
-    try:
-        doc = parse_json(data, MAX_INDEX_BYTES, INDEX_DEPTH)
-    except ValueError:
-        return {}
-    return doc if isinstance(doc, dict) else {}
+    seconds aside: only `cutecc stats` reads them; `index_record.record_differs`)."""
+    return record_differs(data, key, meta)
 
 
 def _meta_or_none(store: StoreView, key: str) -> dict[str, Any] | None:

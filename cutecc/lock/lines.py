@@ -14,6 +14,7 @@ from cutecc.contract.fallbacks import FallbackRef, refs_from_json, refs_to_json
 from cutecc.entry import acted_on, bad_pin_field, is_key, label, platform_of
 from cutecc.errors import CuteccError, WorkError
 from cutecc.platforms import BUILD_PLATFORM, PLATFORMS
+from cutecc.store.index_record import IndexFacts
 from cutecc.store.view import Entry
 
 MAX_TUNING_LINES = 20_000  # tuning lines in one lock or record: buckets x variants x devices
@@ -104,9 +105,11 @@ class LockEntry:
 
     @classmethod
     def from_facts(cls, kernel: str, variant: str, arch: str, key: str,
-                   facts: dict[str, Any], platform: str = BUILD_PLATFORM) -> LockEntry:
-        """The lock line for an entry of `platform`, from its index record (`entry.index_facts`)."""
-        return cls(kernel, variant, arch, platform, key, Pin(**{f: facts[f] for f in PIN_FIELDS}))
+                   facts: IndexFacts, platform: str = BUILD_PLATFORM) -> LockEntry:
+        """The lock line for an entry of `platform`, from its index record's facts."""
+        return cls(kernel, variant, arch, platform, key, Pin(facts.library, facts.sha256, facts.size,
+                                                             facts.symbol, facts.backward, facts.contract,
+                                                             facts.runtime))
 
     def mismatch(self, entry: Entry) -> str | None:
         """Why the entry differs from this line (in anything the runtime acts on), or None."""

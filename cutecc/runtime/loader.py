@@ -35,6 +35,7 @@ from cutecc.runtime.usable import ptx_problem, record_problem, tvm_ffi_series, w
 
 if TYPE_CHECKING:
     from cutecc.runtime.fallback import Fallback
+from cutecc.store.build_records import ManifestRecord
 from cutecc.store.view import Entry, StoreView
 
 
@@ -220,7 +221,7 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
     wanted = None if asked is None else set(asked)  # the kernels whose entries are looked up
     planned: set[str] | None = None  # a manifest's: exactly these keys
     mpath: Path | None = None
-    recorded: dict[str, dict[str, list[str]]] | None = None
+    recorded: ManifestRecord | None = None
     if manifest is not None:
         mpath = Path(manifest).resolve()
         try:
@@ -248,22 +249,22 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
         if locked is not None:
             return locked.composite(name)
         try:
-            doc = store.composite(name)
+            rec = store.composite(name)
         except (trust.Untrusted, OSError) as e:
             why = e.why if isinstance(e, trust.Untrusted) else f"unreadable: {e.strerror}"
             set_aside[name] = f"composite {name} ({store.layout.composite(name)}): {why}; set aside"
             return None
-        if doc is None or (mpath is not None and not _same_path(doc.get("manifest"), mpath)):
+        if rec is None or (mpath is not None and not _same_path(rec.manifest, mpath)):
             return None
         try:
-            return CompositeLine.from_record(doc, str(store.composites_dir))
+            return rec.line(str(store.composites_dir))
         except CuteccError:
             return None  # a malformed record offers nothing, as an unreadable one
 
     def is_kernel(name: str) -> bool:
         if locked is not None:
             return any(le.kernel == name for le in locked.entries)
-        return name in recorded if recorded is not None else bool(store.kernel_keys(name))
+        return name in recorded.kernels() if recorded is not None else bool(store.kernel_keys(name))
 
     if asked is not None and wanted is not None:  # a composite asked for brings what it launches
         for name in sorted(asked):
@@ -272,8 +273,8 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
                 wanted.discard(name)
                 wanted.update(line.launches)
     if recorded is not None:
-        wanted = set(recorded) if wanted is None else wanted & set(recorded)
-        planned = {key for name in wanted for keys in recorded[name].values() for key in keys}
+        wanted = set(recorded.kernels()) if wanted is None else wanted & recorded.kernels()
+        planned = {key for name in wanted for key in recorded.keys_of(name)}
     series = tvm_ffi_series()
     pinned: dict[str, Any] = {}
     if locked is not None:
@@ -291,7 +292,7 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
         pinned = locked.by_key()
     elif planned is not None:  # exactly the manifest's newest build (all of it must be there)
         assert recorded is not None and wanted is not None  # set with `planned`
-        lines = {name: sorted({k for keys in recorded[name].values() for k in keys}) for name in wanted}
+        lines = {name: sorted(recorded.keys_of(name)) for name in wanted}
         for key in sorted(planned):
             if not store.has(key):
                 raise WorkError(f"entry {key[:12]} of the manifest's newest build is not in the "
@@ -478,10 +479,10 @@ def _fallback(front: FrontEnd, name: str, fn: KernelBase, entries: list[Entry], 
         newest = ""
         for arch in sorted({str(e.meta.get("arch")) for e in entries}):
             try:
-                rec = store.generation_fallbacks(name, arch)
-                if rec is None or field not in rec[1] or rec[0] < newest:
-                    continue
-                ref, newest = FallbackRef.from_json(rec[1][field], "generations", field), rec[0]
+                gen = store.generation_fallbacks(name, arch)
+                found = gen.fallback(field) if gen is not None and gen.built_at >= newest else None
+                if gen is not None and found is not None:
+                    ref, newest = found, gen.built_at
             except CuteccError as e:  # someone else's record, or a malformed one: no fallback
                 fn.unusable += (f"fallback recorded for {arch}: {e.message}",)
     if ref is None:

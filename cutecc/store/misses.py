@@ -91,6 +91,29 @@ class Miss:
                    d["count"], d["first"], d["last"])
 
 
+@dataclass(frozen=True)
+class MissesFile:
+    """misses.json: the recorded misses, most recently seen first (at most `MAX_MISSES`)."""
+
+    misses: tuple[Miss, ...]
+
+    @classmethod
+    def from_json(cls, doc: Any) -> MissesFile:
+        """The misses of `doc`: none when it is not a misses record of this format, and a
+        malformed one (`Miss.from_json`) skipped."""
+        if not (isinstance(doc, dict) and doc.get("format") == MISSES_FORMAT
+                and isinstance(doc.get("misses"), list)):
+            return cls(())
+        return cls(tuple(m for m in map(Miss.from_json, doc["misses"][:MAX_MISSES]) if m is not None))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": MISSES_FORMAT, "misses": [m.to_json() for m in self.misses]}
+
+    def dumps(self) -> bytes:
+        """misses.json's bytes: sorted keys, one space of indent, a final newline."""
+        return json.dumps(self.to_json(), indent=1, sort_keys=True).encode() + b"\n"
+
+
 def read_misses(root: str | Path) -> list[Miss]:
     """The misses recorded in the cache at `root`, most recently seen first ([] when none).
     A record someone else could have written raises `trust.Untrusted`; a malformed one
@@ -101,10 +124,7 @@ def read_misses(root: str | Path) -> list[Miss]:
         raise
     except (OSError, ValueError):  # absent, unreadable, oversized or not JSON: nothing recorded
         return []
-    if not (isinstance(doc, dict) and doc.get("format") == MISSES_FORMAT
-            and isinstance(doc.get("misses"), list)):
-        return []
-    return [m for m in map(Miss.from_json, doc["misses"][:MAX_MISSES]) if m is not None]
+    return list(MissesFile.from_json(doc).misses)
 
 
 def record_miss(root: str | Path, miss: Miss) -> bool:
@@ -125,9 +145,8 @@ def record_miss(root: str | Path, miss: Miss) -> bool:
             seen = Miss(miss.kernel, miss.arch, miss.arrays, miss.keywords, miss.reason,
                         (old.count if old else 0) + miss.count, old.first if old else now, now)
             # the file lists the most recently seen first: the bound drops the tail
-            kept = [seen, *(m for m in known if m.ident != miss.ident)][:MAX_MISSES]
-            doc = {"format": MISSES_FORMAT, "misses": [m.to_json() for m in kept]}
-            data = json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
+            kept = (seen, *(m for m in known if m.ident != miss.ident))[:MAX_MISSES]
+            data = MissesFile(kept).dumps()
             if len(data) > MAX_MISSES_BYTES:
                 return False
             atomic_write(lay.misses(), data, _FILE_MODE)

@@ -4,7 +4,9 @@ Nothing here creates, moves or deletes anything in the cache, except `touch_used
 mark on an entry, never one of its hashed files, best-effort): the runtime imports this
 module and `layout`, never `cutecc.store.writer`. Every path comes from
 `cutecc.store.layout`. Metadata is read bounded, without following links, and typed on
-demand (`Entry.checked`: `cutecc.entry.EntryMeta`).
+demand (`Entry.checked`: `cutecc.entry.EntryMeta`); the store's own records are read
+(`read_record`) into their typed records (`IndexRecord`, `GenerationRecord`,
+`ManifestRecord`, `CompositeRecord`, `Stats`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import errno
 import functools
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,33 +37,26 @@ from cutecc.entry import (
     is_key,
     meta_stamp,
     parse_json,
-    read_index_facts,
 )
 from cutecc.errors import WorkError
+from cutecc.store.build_records import (
+    COMPOSITE_DEPTH,
+    FALLBACKS_DEPTH,
+    CompositeRecord,
+    GenerationRecord,
+    ManifestRecord,
+)
+from cutecc.store.index_record import IndexRecord
 from cutecc.store.layout import (
     GENERATION_FORMAT,
     MAX_PLAN_BYTES,
     PLAN_FORMAT,
-    STATS_FORMAT,
     TUNING_FORMAT,
     Layout,
 )
-
-# Format 1 counters of stats.json. Counters were added without a format change (remote_*:
-# the remote cache); a reader takes the ones it knows, and a writer keeps the numbers it
-# does not.
-COUNTERS = ("hits", "misses", "failures", "seconds_saved",
-            "remote_hits", "remote_misses", "remote_refused", "remote_unavailable",
-            "remote_uploads", "remote_requests", "remote_bytes_down", "remote_bytes_up",
-            "remote_seconds", "remote_seconds_saved")
+from cutecc.store.stats import MAX_STATS_BYTES, STATS_DEPTH, Stats
 
 _S = TypeVar("_S", bound="StoreView")
-
-
-MAX_STATS_BYTES = 64 << 10  # stats.json holds a few counters; anything larger is not ours
-STATS_DEPTH = 1  # one flat object
-COMPOSITE_DEPTH = 3
-INDEX_DEPTH = 2  # one object and its stamp (`entry.read_index_facts`)
 
 
 def read_record(path: str | Path, limit: int = MAX_META_BYTES, depth: int = MAX_JSON_DEPTH) -> Any:
@@ -293,9 +288,9 @@ class StoreView:
         except OSError:
             return []
 
-    def indexed_facts(self, kernel: str, key: str) -> dict[str, Any] | None:
-        """The facts the index records for `kernel`/`key` (see `entry.index_facts`) when
-        its record is there, whole, a regular file and trusted, else None."""
+    def indexed_facts(self, kernel: str, key: str) -> IndexRecord | None:
+        """The index record of `kernel`/`key` (`IndexRecord`, its `facts` set) when it is
+        there, whole, a regular file and trusted, else None."""
         if not is_kernel_name(kernel):
             return None
         try:  # strings, not Paths: a no-op build reads 10,000 of these
@@ -312,7 +307,7 @@ class StoreView:
             return None
         finally:
             os.close(fd)
-        return read_index_facts(data, kernel, key)
+        return IndexRecord.loads(data, kernel, key)
 
     def _get(self, path: Path, key: str) -> Entry | None:
         try:
@@ -355,7 +350,7 @@ class StoreView:
 
     # What builds recorded ------------------------------------------------------------
 
-    def composite(self, name: str) -> dict[str, Any] | None:
+    def composite(self, name: str) -> CompositeRecord | None:
         """Composite `name`'s record, or None. It decides what a call runs, so it is read as
         the cache's metadata is: through directories only this user or root could have
         written, following no link (a record someone else could have written raises
@@ -367,11 +362,7 @@ class StoreView:
             doc = read_record(self.layout.composite(name), MAX_META_BYTES, COMPOSITE_DEPTH)
         except (FileNotFoundError, ValueError):
             return None
-        if not isinstance(doc, dict) or doc.get("format") != GENERATION_FORMAT:
-            return None
-        ok = all(isinstance(doc.get(k), list) and all(isinstance(x, str) for x in doc[k])
-                 for k in ("launches", "inputs", "outputs"))
-        return doc if ok else None
+        return CompositeRecord.from_json(doc)
 
     def composite_names(self) -> list[str]:
         try:
@@ -383,10 +374,8 @@ class StoreView:
     def generation(self, kernel: str, arch: str) -> frozenset[str] | None:
         """The keys of `kernel`'s newest build for `arch`, or None when none was recorded
         (a cache from before generations: every entry counts)."""
-        doc = read_small_json(self.layout.generation(kernel, arch))
-        keys = doc.get("keys") if isinstance(doc, dict) and doc.get("format") == GENERATION_FORMAT else None
-        return frozenset(k for k in keys if isinstance(k, str)) if isinstance(keys, list) else None
-
+        rec = GenerationRecord.from_json(read_small_json(self.layout.generation(kernel, arch)))
+        return None if rec is None or rec.keys is None else frozenset(rec.keys)
 
     def generation_manifest(self, kernel: str) -> Path | None:
         """The manifest the newest recorded build of `kernel` (any arch) was built from, or
@@ -400,44 +389,33 @@ class StoreView:
             arch = name.removeprefix(f"{kernel}@").removesuffix(".json")
             if not (name.startswith(f"{kernel}@") and is_arch(arch)):
                 continue
-            doc = read_small_json(self.layout.generation(kernel, arch))
-            if (isinstance(doc, dict) and doc.get("format") == GENERATION_FORMAT
-                    and doc.get("kernel") == kernel and isinstance(doc.get("manifest"), str)):
-                when = str(doc.get("built_at", ""))
-                if best is None or when > best[0]:
-                    best = (when, doc["manifest"])
+            rec = GenerationRecord.from_json(read_small_json(self.layout.generation(kernel, arch)))
+            if (rec is not None and rec.kernel == kernel and rec.manifest is not None
+                    and (best is None or rec.built_at > best[0])):
+                best = (rec.built_at, rec.manifest)
         return Path(best[1]) if best else None
 
-    def generation_fallbacks(self, kernel: str, arch: str) -> tuple[str, dict[str, Any]] | None:
-        """(built_at, the fallback fields) of `kernel`'s newest build for `arch`, read as any
-        record that decides what runs is (`read_record`: a file others could have written
-        names no module to import, it raises trust.Untrusted); None when none is recorded
-        or it cannot be read."""
+    def generation_fallbacks(self, kernel: str, arch: str) -> GenerationRecord | None:
+        """`kernel`'s newest build for `arch` when it records fallbacks (`fallbacks`,
+        `GenerationRecord.fallback`), read as any record that decides what runs is
+        (`read_record`: a file others could have written names no module to import, it
+        raises trust.Untrusted); None when none is recorded or it cannot be read."""
         try:
-            doc = read_record(self.layout.generation(kernel, arch), MAX_META_BYTES, 3)
+            doc = read_record(self.layout.generation(kernel, arch), MAX_META_BYTES, FALLBACKS_DEPTH)
         except trust.Untrusted:
             raise
         except (OSError, ValueError):
             return None
-        if not (isinstance(doc, dict) and doc.get("format") == GENERATION_FORMAT
-                and doc.get("kernel") == kernel and doc.get("arch") == arch):
+        rec = GenerationRecord.from_json(doc)
+        if rec is None or rec.kernel != kernel or rec.arch != arch or not rec.fallbacks:
             return None
-        found = {f: doc[f] for f in ("fallback", "fallback_torch") if f in doc}
-        return (str(doc.get("built_at", "")), found) if found else None
+        return rec
 
-    def manifest_entries(self, manifest: Path, sha256: str) -> dict[str, dict[str, list[str]]] | None:
-        """{kernel: {arch: [keys]}} of the newest build of these manifest bytes, or None."""
-        doc = read_small_json(self.layout.manifest_record(manifest))
-        if not (isinstance(doc, dict) and doc.get("format") == GENERATION_FORMAT
-                and doc.get("sha256") == sha256 and isinstance(doc.get("entries"), dict)):
-            return None
-        out: dict[str, dict[str, list[str]]] = {}
-        for k, per_arch in doc["entries"].items():
-            if isinstance(per_arch, dict):
-                out[k] = {a: [x for x in v if isinstance(x, str)] for a, v in per_arch.items()
-                          if isinstance(v, list)}
-        return out
-
+    def manifest_entries(self, manifest: Path, sha256: str) -> ManifestRecord | None:
+        """The record of the newest build of these manifest bytes (`ManifestRecord.entries`:
+        {kernel: {arch: keys}}), or None."""
+        rec = ManifestRecord.from_json(read_small_json(self.layout.manifest_record(manifest)))
+        return rec if rec is not None and rec.sha256 == sha256 else None
 
     def match(self, prefix: str) -> list[str]:
         """Keys of the entries (directories with a meta.json) that start with `prefix`."""
@@ -475,19 +453,19 @@ class StoreView:
                     keys.update(k for k in read(doc) if is_key(k))
         return frozenset(keys)
 
-    def read_stats(self) -> dict[str, Any]:
+    def read_stats(self) -> Stats:
         """The counters builds record (zeros when absent, unreadable or of another format)."""
-        out: dict[str, Any] = dict.fromkeys(COUNTERS, 0)
-        doc = read_small_json(self.layout.stats(), MAX_STATS_BYTES, STATS_DEPTH)
-        if isinstance(doc, dict) and doc.get("format") == STATS_FORMAT:
-            out.update({k: doc[k] for k in COUNTERS if isinstance(doc.get(k), (int, float))})
-            out.update({k: doc[k] for k in ("since", "updated_at") if isinstance(doc.get(k), str)})
-        return out
+        return Stats.from_json(read_small_json(self.layout.stats(), MAX_STATS_BYTES, STATS_DEPTH))
 
 
-def _generation_keys(doc: dict[str, Any]) -> list[Any]:
-    keys = doc.get("keys")
-    return keys if isinstance(keys, list) else []
+def _generation_keys(doc: dict[str, Any]) -> Iterable[str]:
+    rec = GenerationRecord.from_json(doc)
+    return () if rec is None or rec.keys is None else rec.keys
+
+
+def _manifest_keys(doc: dict[str, Any]) -> Iterable[str]:
+    rec = ManifestRecord.from_json(doc)
+    return () if rec is None else rec.all_keys()
 
 
 def _plan_keys(doc: dict[str, Any]) -> list[Any]:
@@ -503,13 +481,6 @@ def _result_keys(doc: dict[str, Any]) -> list[Any]:
     records = doc.get("records")
     return [r.get(f) for r in (records if isinstance(records, list) else ()) if isinstance(r, dict)
             for f in ("base", "winner")]
-
-
-def _manifest_keys(doc: dict[str, Any]) -> list[Any]:
-    per_kernel = doc.get("entries")
-    return [k for per_arch in (per_kernel.values() if isinstance(per_kernel, dict) else ())
-            if isinstance(per_arch, dict) for keys in per_arch.values() if isinstance(keys, list)
-            for k in keys]
 
 
 def entry_trust_problem(entry_dir: str | Path, files: list[str]) -> str | None:

@@ -44,24 +44,20 @@ from cutecc.entry import (
     FileRec,
     RuntimeMeta,
     file_record,
-    index_bytes,
-    index_facts,
     is_kernel_name,
     meta_stamp,
 )
 from cutecc.errors import WorkError
 from cutecc.locks import Busy, held, is_held
+from cutecc.store.build_records import CompositeRecord, GenerationRecord, ManifestRecord
+from cutecc.store.index_record import IndexRecord
 from cutecc.store.layout import (
-    GENERATION_FORMAT,
     MISSES,
     QUARANTINE_FORMAT,
     STATS,
-    STATS_FORMAT,
 )
+from cutecc.store.stats import MAX_STATS_BYTES, STATS_DEPTH, Stats
 from cutecc.store.view import (
-    COUNTERS,
-    MAX_STATS_BYTES,
-    STATS_DEPTH,
     Entry,
     StoreView,
     read_meta,
@@ -71,7 +67,6 @@ from cutecc.units import now_iso
 
 DIR_MODE = 0o755  # what the cache's directories get, whatever the umask
 FILE_MODE = 0o644  # and its files
-_SECONDS = ("seconds_saved", "remote_seconds", "remote_seconds_saved")
 
 _README = """\
 This directory is a cache of CuTe DSL kernels built ahead of time by cutecc.
@@ -83,10 +78,6 @@ _CACHEDIR_TAG = (
     "Signature: 8a477f597d28d172789f06886806bc55\n"
     "# This file marks a cache directory created by cutecc.\n"
 )
-
-
-def _json_bytes(doc: Any) -> bytes:
-    return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
 
 
 class Store(StoreView):
@@ -144,34 +135,26 @@ class Store(StoreView):
         """Record `keys` as the current entries of `kernel` for `arch` (the newest build),
         and the kernel's declared `fallbacks` (`cutecc.contract.fallbacks`; the fields only when set)."""
         self.generations_dir.mkdir(mode=DIR_MODE, exist_ok=True)
-        doc = {"format": GENERATION_FORMAT, "kernel": kernel, "arch": arch, "keys": sorted(set(keys)),
-               "manifest": manifest, "built_at": now_iso(), **(fallbacks or {})}
-        atomic_write(self.layout.generation(kernel, arch), _json_bytes(doc), FILE_MODE)
+        rec = GenerationRecord.of_build(kernel, arch, keys, manifest, now_iso(), fallbacks)
+        atomic_write(self.layout.generation(kernel, arch), rec.dumps(), FILE_MODE)
 
-    def record_composite(self, name: str, doc: dict[str, Any], manifest: str) -> None:
-        """Record composite kernel `name` (its launches, inputs and outputs by name): it has
-        no entry of its own, its launches are kernels with theirs."""
+    def record_composite(self, rec: CompositeRecord) -> None:
+        """Record a composite kernel (`CompositeRecord`): it has no entry of its own, its
+        launches are kernels with theirs."""
+        if not is_kernel_name(rec.name):
+            raise ValueError(f"composite name {rec.name!r} is not a kernel name")
         self.composites_dir.mkdir(mode=DIR_MODE, exist_ok=True)
-        atomic_write(self.layout.composite(name), _json_bytes(
-            {"format": GENERATION_FORMAT, "name": name, **doc, "manifest": manifest}), FILE_MODE)
-
+        atomic_write(self.layout.composite(rec.name), rec.dumps(), FILE_MODE)
 
     def record_manifest(self, manifest: Path, sha256: str, entries: dict[str, dict[str, list[str]]],
                         *, partial: bool) -> None:
         """Record the keys a build of `manifest` (whose bytes hash to `sha256`) planned, per
         kernel and arch; a `partial` build adds to the record of the same bytes."""
         self.manifests_dir.mkdir(mode=DIR_MODE, exist_ok=True)
-        path = self.layout.manifest_record(manifest)
-        merged: dict[str, dict[str, list[str]]] = {}
         old = self.manifest_entries(manifest, sha256) if partial else None
-        for k, per_arch in (old or {}).items():
-            merged[k] = {a: list(v) for a, v in per_arch.items()}
-        for k, per_arch in entries.items():
-            merged.setdefault(k, {}).update({a: sorted(set(v)) for a, v in per_arch.items()})
-        doc = {"format": GENERATION_FORMAT, "manifest": str(manifest), "sha256": sha256,
-               "entries": merged, "built_at": now_iso()}
-        atomic_write(path, _json_bytes(doc), FILE_MODE)
-
+        now = now_iso()
+        rec = ManifestRecord(str(manifest), sha256, old.entries if old else {}, now).merged(entries, now)
+        atomic_write(self.layout.manifest_record(manifest), rec.dumps(), FILE_MODE)
 
     def forget_build_records(self, manifest: Path, kernel_archs: list[tuple[str, str]]) -> None:
         """Delete the generation records of `kernel_archs` and the record of `manifest`
@@ -227,20 +210,9 @@ class Store(StoreView):
                 return
             except (OSError, ValueError):
                 old = None  # absent or unreadable: start over
-            if isinstance(old, dict) and isinstance(old.get("format"), int) \
-                    and old["format"] != STATS_FORMAT:
+            if Stats.of_another_format(old):
                 return
-            cur = self.read_stats()
-            now = now_iso()
-            doc: dict[str, Any] = {
-                k: v for k, v in old.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-            } if isinstance(old, dict) else {}  # a newer cutecc's counters stay
-            doc.update({"format": STATS_FORMAT, "since": cur.get("since", now), "updated_at": now})
-            for k in COUNTERS:
-                doc[k] = cur[k] + delta.get(k, 0)
-            for k in _SECONDS:
-                doc[k] = round(doc[k], 3)
-            atomic_write(path, json.dumps(doc, indent=1, sort_keys=True).encode())
+            atomic_write(path, Stats.from_json(old).added(delta, now_iso()).dumps())
 
     def remove(self, key: str, *, timeout: float = 0, runtime: bool = False) -> bool:
         """Delete the entry (or with `runtime`, the runtime library entry) for `key`; False
@@ -308,7 +280,7 @@ class Store(StoreView):
         for name in names:
             self.unindex(name, key)
 
-    def index(self, key: str, meta: dict[str, Any], meta_file: Path) -> None:
+    def index(self, key: str, meta: Mapping[str, Any], meta_file: Path) -> None:
         """Write the index record of the entry `key` with metadata `meta`, read from
         `meta_file` (whose stamp it keeps), durably (the caller holds the key's lock).
         Written in place, not renamed in: a record is read only for a published entry, and
@@ -318,7 +290,7 @@ class Store(StoreView):
         if not is_kernel_name(kernel):
             raise WorkError(f"kernel name {kernel!r} is not an identifier", where=str(self.root))
         d = self.layout.index_kernel(kernel)
-        data = index_bytes(index_facts(key, meta, meta_stamp(os.stat(meta_file))))
+        data = IndexRecord.of_meta(key, meta, meta_stamp(os.stat(meta_file))).dumps()
         for _ in range(100):
             make_dir(d)
             try:

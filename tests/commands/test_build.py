@@ -90,7 +90,7 @@ def test_a_rewritten_metadata_is_read_not_its_older_index_record(toy_cache, tmp_
     assert build(toy.manifest, cache_dir=toy.cache).count("cached") == 2 and len(set(read)) == 2
     keys = sorted(e.key for e in store.entries())
     for key in keys:  # the records were written again, stamped with the meta.json they read
-        assert store.indexed_facts("scale", key)["meta_stat"] == store.stamp(key)
+        assert store.indexed_facts("scale", key).meta_stat == tuple(store.stamp(key))
     read.clear()
     assert build(toy.manifest, cache_dir=toy.cache).count("cached") == 2 and read == []
     # Relink one entry by hand: other library bytes, its meta.json rewritten to match.
@@ -100,11 +100,11 @@ def test_a_rewritten_metadata_is_read_not_its_older_index_record(toy_cache, tmp_
     meta = dict(e.meta, files={**e.meta["files"], e.meta["library"]: file_record(lib)})
     (e.path / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
     new_sha = meta["files"][e.meta["library"]]["sha256"]
-    assert store.indexed_facts("scale", e.key)["sha256"] != new_sha  # the record is stale
+    assert store.indexed_facts("scale", e.key).facts.sha256 != new_sha  # the record is stale
     with pytest.raises(CuteccError, match="other bytes under a key the lock already names"):
         build(toy.manifest, cache_dir=toy.cache)  # the lock is never made to vouch for them
     assert set(read) == {store.layout.entry_str(e.key)}  # read (and again under its lock) ...
-    assert store.indexed_facts("scale", e.key)["sha256"] == new_sha  # ... to write its record
+    assert store.indexed_facts("scale", e.key).facts.sha256 == new_sha  # ... to write its record
     lock.unlink()
     read.clear()
     assert build(toy.manifest, cache_dir=toy.cache).count("cached") == 2 and read == []

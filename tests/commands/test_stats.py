@@ -80,7 +80,7 @@ def test_concurrent_updates_lose_nothing(tmp_path: Path) -> None:
         p.join(60)
         assert p.exitcode == 0
     s = Store(tmp_path).read_stats()
-    assert (s["hits"], s["seconds_saved"]) == (100, 50.0)
+    assert (s.hits, s.seconds_saved) == (100, 50.0)
 
 
 def test_stats_of_a_missing_cache_is_an_error(tmp_path: Path) -> None:

@@ -17,10 +17,13 @@ import pytest
 
 import cutecc
 from cutecc.commands.verify import verify
+from cutecc.store.build_records import CompositeRecord
 
 from .fake_store import add, new_store
 
-COMPOSITE = {"launches": ["k", "j"], "inputs": ["x"], "outputs": ["out"]}
+
+def _composite(manifest: str) -> CompositeRecord:
+    return CompositeRecord("both", ("k", "j"), ("x",), ("out",), manifest)
 
 
 @pytest.fixture
@@ -33,7 +36,7 @@ def built(tmp_path: Path) -> tuple[Path, Path]:
     manifest.write_text("# the manifest these were built from\n")
     store.record_manifest(manifest.resolve(), hashlib.sha256(manifest.read_bytes()).hexdigest(),
                           {"k": {"sm_90a": [k.key]}, "j": {"sm_90a": [j.key]}}, partial=False)
-    store.record_composite("both", COMPOSITE, str(manifest.resolve()))
+    store.record_composite(_composite(str(manifest.resolve())))
     return store.root, manifest
 
 
@@ -47,7 +50,7 @@ def test_a_manifests_composites_load_under_that_manifest(built: tuple[Path, Path
     cutecc.load(root, arch="sm_90a")  # (the cache as a whole still has it)
     from cutecc.store.writer import Store
 
-    Store(root).record_composite("both", COMPOSITE, str(other.resolve()))
+    Store(root).record_composite(_composite(str(other.resolve())))
     assert "both" not in cutecc.load(root, arch="sm_90a", manifest=manifest)
 
 

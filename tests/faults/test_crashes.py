@@ -71,7 +71,7 @@ def test_kills_during_publish_remove_gc_quarantine_and_stats(tmp_path: Path, tal
         seen.update(_leftovers(store))
         _only_leftovers(store)
         s = store.read_stats()  # stats.json is never torn: replaced whole or not at all
-        assert (root / "stats.json").exists() <= (s.get("updated_at") is not None)
+        assert (root / "stats.json").exists() <= (s.updated_at is not None)
         for new in (tmp_path / "new").iterdir() if (tmp_path / "new").is_dir() else []:
             Store(new).ensure()  # a half-created cache is completed by the next build
             assert (new / "format").read_text() == f"{STORE_FORMAT}\n" and (new / "README").stat().st_size > 0

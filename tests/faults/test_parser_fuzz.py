@@ -195,9 +195,10 @@ def test_hostile_inputs_fail_cleanly_and_quickly(name: str, tmp_path: Path, tall
 def _areas(tmp: Path) -> dict[str, Parser]:
     """name -> (read the bytes as that record, the errors it may raise, a valid doc, its cap)."""
     from cutecc.commands.verify_checks import _record_differs
-    from cutecc.contract.composite_line import CompositeLine
-    from cutecc.entry import MAX_INDEX_BYTES, index_bytes, index_facts
-    from cutecc.store.view import MAX_STATS_BYTES, StoreView
+    from cutecc.entry import MAX_INDEX_BYTES
+    from cutecc.store.index_record import IndexRecord
+    from cutecc.store.stats import MAX_STATS_BYTES
+    from cutecc.store.view import StoreView
     from cutecc.toolchain.hashcache import FACTS, HashCache
 
     from .fake_store import add, new_store
@@ -206,7 +207,7 @@ def _areas(tmp: Path) -> dict[str, Parser]:
     entry = add(store, rt, "k", "a")
     view = StoreView(store.root)
     record = view.layout.index_record("k", entry.key)
-    facts = json.loads(index_bytes(index_facts(entry.key, entry.meta)))
+    facts = IndexRecord.of_meta(entry.key, entry.meta).to_json()
     composite = {"format": 1, "name": "both", "launches": ["k", "j"], "inputs": ["x"], "outputs": ["out"],
                  "manifest": "/m/kernels.toml"}
     store.composites_dir.mkdir(exist_ok=True)
@@ -230,7 +231,7 @@ def _areas(tmp: Path) -> dict[str, Parser]:
     def comp(data: bytes) -> Any:
         store.layout.composite("both").write_bytes(data)
         doc = view.composite("both")
-        return None if doc is None else CompositeLine.from_record(doc, "both")
+        return None if doc is None else doc.line("both")
 
     def plan_facts(data: bytes) -> Any:
         hashes.with_name(FACTS).write_bytes(data)

@@ -9,6 +9,7 @@ manifest path in a copy of the cache as a build here would."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import shutil
 from pathlib import Path
@@ -41,9 +42,9 @@ def as_built_here(train_cache: Path, tmp_path_factory: pytest.TempPathFactory) -
                 by.setdefault(name, {}).setdefault(str(e.meta["arch"]), []).append(key)
     store.record_manifest(manifest, hashlib.sha256(manifest.read_bytes()).hexdigest(), by, partial=False)
     for name in store.composite_names():
-        doc = store.composite(name)
-        assert doc is not None, name
-        store.record_composite(name, {k: doc[k] for k in ("launches", "inputs", "outputs")}, str(manifest))
+        rec = store.composite(name)
+        assert rec is not None, name
+        store.record_composite(dataclasses.replace(rec, manifest=str(manifest)))
     return root
 
 

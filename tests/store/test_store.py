@@ -207,9 +207,9 @@ def test_stats_add_up_and_survive_a_corrupt_file(tmp_path: Path) -> None:
     store.add_stats(hits=2, misses=1, seconds_saved=1.25)
     store.add_stats(hits=1, failures=1)
     s = store.read_stats()
-    assert (s["hits"], s["misses"], s["failures"], s["seconds_saved"]) == (3, 1, 1, 1.25)
+    assert (s.hits, s.misses, s.failures, s.seconds_saved) == (3, 1, 1, 1.25)
     (tmp_path / "stats.json").write_text("{torn")
-    assert store.read_stats()["hits"] == 0
+    assert store.read_stats().hits == 0
     store.add_stats(hits=1)
     assert json.loads((tmp_path / "stats.json").read_text())["hits"] == 1
 

@@ -22,6 +22,7 @@ import pytest
 
 from cutecc.lock import signing
 from cutecc.runtime import library
+from cutecc.store.build_records import CompositeRecord
 from cutecc.store.view import StoreView
 
 from ..fake_store import add, new_store
@@ -80,7 +81,7 @@ def test_records_writable_by_another_users_group_are_not_believed(other_user: pw
     store, rt = new_store(tmp_path / "cache")
     add(store, rt, "k", "a")
     add(store, rt, "j", "a")
-    store.record_composite("both", {"launches": ["k", "j"], "inputs": ["x"], "outputs": ["out"]}, "m")
+    store.record_composite(CompositeRecord("both", ("k", "j"), ("x",), ("out",), "m"))
     store.add_stats(hits=5)
     _group_writable([store.layout.composite("both"), store.layout.stats()], other_user.pw_gid)
     view = StoreView(store.root)
@@ -88,7 +89,7 @@ def test_records_writable_by_another_users_group_are_not_believed(other_user: pw
 
     with pytest.raises(trust.Untrusted, match="writable by group"):
         view.composite("both")
-    assert view.read_stats()["hits"] == 0
+    assert view.read_stats().hits == 0
     code, problems = _verify(store.root)
     assert {Path(p["path"]).name for p in problems if p["kind"] == "bad-record"} == {
         "both.json", "stats.json"}, problems
