@@ -417,17 +417,17 @@ class KernelBase:
             why = "; ".join(self.unusable) or "nothing was built for it"
             raise NoBuildFits(f"no usable build for arch {self.arch}: {why}. Build it with "
                             f"`cutecc build --arch {to_build(self.arch)} --kernel {self.name}`",
-                            where=f'kernel "{self.name}"', exit_code=1)
+                            where=f'kernel "{self.name}"')
         known = self._keywords
         for k, v in keywords.items():
             if k not in known:
                 raise CallTypeError(f"unknown keyword argument {k!r}; call keywords: "
                                     f"{', '.join(sorted(known)) or 'none'}",
-                                    where=f'kernel "{self.name}"', exit_code=1)
+                                    where=f'kernel "{self.name}"')
             if not any(_same(v, w) for w in known[k]):
                 raise NoBuildFits(f"{k}={v!r} was not built; built: "
                                 + ", ".join(f"{k}={w!r}" for w in known[k]),
-                                where=f'kernel "{self.name}"', exit_code=1)
+                                where=f'kernel "{self.name}"')
         reasons = []
         fits: list[tuple[Build, dict[str, int]]] = []
         for b in self.builds:
@@ -448,7 +448,7 @@ class KernelBase:
             f"no built variant matches the call ({got}). Built for {self.arch}:\n"
             + "\n".join(reasons)
             + f"\nTo add one, extend [kernel.{self.name}] variants in the manifest and run "
-            "`cutecc build`.", where=f'kernel "{self.name}"', exit_code=1)
+            "`cutecc build`.", where=f'kernel "{self.name}"')
 
     def _served_by_fallback(self, arrays: Sequence[Any], kwargs: Mapping[str, Any],
                             keywords: Mapping[str, Any], once: bool = False) -> tuple[bool, Any]:
@@ -470,7 +470,7 @@ class KernelBase:
                 if why is None:
                     return False, None
                 note = f"just-in-time build: {why}"
-                miss = NoBuildFits(f"{miss.message}\n({note})", where=miss.where, exit_code=1)
+                miss = NoBuildFits(f"{miss.message}\n({note})", where=miss.where)
                 if self._fallback is None:
                     raise miss from None
             return True, self._fallback.serve(arrays, kwargs, miss, sig, no_builds, once, note)
@@ -501,10 +501,10 @@ class KernelBase:
             raise CallTypeError(f"missing call keyword {', '.join(map(repr, missing))}: these arrays "
                                 f"fit {len(top)} variant(s), chosen by {choices} (built: {built}) "
                                 f"(e.g. {self.name}(..., {missing[0]}=...))",
-                                where=f'kernel "{self.name}"', exit_code=1)
+                                where=f'kernel "{self.name}"')
         raise CallError("the call fits several variants equally: " + ", ".join(
             b.variant for b, _ in top) + "; declare contracts that tell them apart",
-                        where=f'kernel "{self.name}"', exit_code=1)
+                        where=f'kernel "{self.name}"')
 
 
 def extent(kernel: str, t: TensorArg, d: Any, env: Mapping[str, Any], dims: Dims = PLAIN) -> Any:
@@ -517,12 +517,11 @@ def extent(kernel: str, t: TensorArg, d: Any, env: Mapping[str, Any], dims: Dims
     try:
         n = expr.evaluate(d, env, minimum=dims.min, maximum=dims.max)
     except expr.ExprError as e:
-        raise CallError(f"{t.name}: derived extent {d!r}: {e}", where=f'kernel "{kernel}"',
-                        exit_code=1) from None
+        raise CallError(f"{t.name}: derived extent {d!r}: {e}", where=f'kernel "{kernel}"') from None
     if isinstance(n, int) and n <= 0:
         raise CallError(f"{t.name}: derived extent {d!r} is {n} for "
                         + ", ".join(f"{k}={env[k]}" for k in expr.names(d))
-                        + "; an extent must be positive", where=f'kernel "{kernel}"', exit_code=1)
+                        + "; an extent must be positive", where=f'kernel "{kernel}"')
     return n
 
 
