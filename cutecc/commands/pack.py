@@ -39,7 +39,7 @@ from cutecc.platforms import check_platform
 from cutecc.runtime.package import PACK_DIR
 from cutecc.ship.archive import runtime_wheel, tar_bytes, wheel_bytes
 from cutecc.ship.ingest import Refused, check_whole
-from cutecc.store.layout import entry_parts, meta_parts, runtime_parts
+from cutecc.store.layout import entry_parts, member, meta_parts, runtime_parts
 from cutecc.store.view import StoreView
 from cutecc.toolchain.elf import manylinux_tag
 from cutecc.units import human_size
@@ -277,7 +277,6 @@ def _tree(chosen: Lock, store: StoreView) -> tuple[dict[str, bytes], dict[str, d
     runtimes: dict[str, dict[str, Any]] = {}
     for entry, le in chosen.resolve_all(store):  # the entries and the tuned winners
         parts = entry_parts(entry.key)  # the pack's tree is a cache's
-        base = "/".join(parts)
         meta_bytes = _read(store, meta_parts(parts), MAX_META_BYTES, le.label)
         try:  # the one verifier's rule, on exactly the bytes that go into the pack
             files = {n: _read(store, (*parts, n), r["size"], le.label)
@@ -289,18 +288,17 @@ def _tree(chosen: Lock, store: StoreView) -> tuple[dict[str, bytes], dict[str, d
         if why:
             raise WorkError(f"{le.label}: {why}; run `cutecc verify --fix` and rebuild",
                             where=str(entry.path))
-        tree["/".join(meta_parts(parts))] = meta_bytes
+        tree[member(meta_parts(parts))] = meta_bytes
         for fname, data in files.items():
-            tree[f"{base}/{fname}"] = data
+            tree[member((*parts, fname))] = data
         s = sizes.setdefault(le.arch, {"entries": 0, "bytes": 0})
         s["entries"] += 1
-        s["bytes"] += sum(len(v) for k, v in tree.items() if k.startswith(base + "/"))
+        s["bytes"] += len(meta_bytes) + sum(len(v) for v in files.values())
         rec = runtime_record(entry.meta)
         assert rec is not None  # meta_problem checked it
         runtimes.setdefault(rec["key"], rec)
     for key, rec in sorted(runtimes.items()):
         parts = runtime_parts(key)
-        base = "/".join(parts)
         what = f"runtime library {rec['library']}"
         meta_bytes = _read(store, meta_parts(parts), MAX_META_BYTES, what)
         try:
@@ -315,8 +313,8 @@ def _tree(chosen: Lock, store: StoreView) -> tuple[dict[str, bytes], dict[str, d
         if why or library is None:
             raise WorkError(f"{what}: {why}; run `cutecc verify --fix` and `cutecc build`",
                             where=str(store.layout.runtime(key)))
-        tree["/".join(meta_parts(parts))] = meta_bytes
-        tree[f"{base}/{library}"] = data
+        tree[member(meta_parts(parts))] = meta_bytes
+        tree[member((*parts, library))] = data
         s = sizes.setdefault("runtime", {"entries": 0, "bytes": 0})
         s["entries"] += 1
         s["bytes"] += len(meta_bytes) + len(data)

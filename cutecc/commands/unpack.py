@@ -34,7 +34,7 @@ from cutecc.lock.signing import MAX_SIG_BYTES, SIG_SUFFIX, check_lock
 from cutecc.runtime.package import PACK_DIR
 from cutecc.ship.archive import Limits, PackTree
 from cutecc.ship.ingest import Refused, check_whole, publish
-from cutecc.store.layout import ENTRIES, RUNTIMES, entry_parts, meta_parts, runtime_parts
+from cutecc.store.layout import ENTRIES, entry_parts, member, member_parts, meta_parts, runtime_parts
 from cutecc.store.view import Entry
 from cutecc.store.writer import Store
 
@@ -111,9 +111,10 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
     entries: dict[str, list[str]] = {}
     runtimes: dict[str, list[str]] = {}
     for n in sorted({*tree.names, *tree.bad}):
-        parts = n.split("/")
-        if len(parts) == 4 and parts[0] in (ENTRIES, RUNTIMES):  # a cache's layout
-            (entries if parts[0] == ENTRIES else runtimes).setdefault(parts[2], []).append(parts[3])
+        found = member_parts(n)
+        if found is not None:  # a cache's layout
+            area, key, file = found
+            (entries if area == ENTRIES else runtimes).setdefault(key, []).append(file)
         elif n not in ("format", LOCK_NAME, sig_name):
             report.refused.append((n[:80], "not part of a cutecc pack's tree"))
     for n in tree.outside:
@@ -194,18 +195,20 @@ def _read(tree: PackTree, name: str, cap: int) -> bytes:
         raise CuteccError(str(e), where=str(tree.path)) from None
 
 
-def _members(tree: PackTree, base: str, names: list[str], cap: int) -> tuple[bytes, dict[str, bytes]]:
-    """meta.json's bytes and the other members of the pack directory `base`, once none of
-    them was refused while reading the archive; else ValueError(why)."""
-    if META not in names or any(f"{base}{n}" not in tree.names and f"{base}{n}" not in tree.bad
-                                for n in names):
+def _members(tree: PackTree, parts: tuple[str, ...], names: list[str],
+             cap: int) -> tuple[bytes, dict[str, bytes]]:
+    """meta.json's bytes and the other members of the pack directory at `parts`
+    (`entry_parts`, `runtime_parts`), once none of them was refused while reading the
+    archive; else ValueError(why)."""
+    at = {n: member((*parts, n)) for n in names}
+    if META not in names or any(m not in tree.names and m not in tree.bad for m in at.values()):
         raise ValueError(f"no {META}, or stored under the wrong shard directory")
-    for n in names:
-        if f"{base}{n}" in tree.bad:
-            raise ValueError(f"{n}: {tree.bad[base + n]}")
-        if tree.size(base + n) > (MAX_META_BYTES if n == META else cap):
-            raise ValueError(f"{n}: {tree.size(base + n)} bytes, over the limit")
-    return tree.read(base + META), {n: tree.read(base + n) for n in names if n != META}
+    for n, m in at.items():
+        if m in tree.bad:
+            raise ValueError(f"{n}: {tree.bad[m]}")
+        if tree.size(m) > (MAX_META_BYTES if n == META else cap):
+            raise ValueError(f"{n}: {tree.size(m)} bytes, over the limit")
+    return tree.read(at[META]), {n: tree.read(m) for n, m in at.items() if n != META}
 
 
 def _check_entry(tree: PackTree, key: str, le: LockEntry,
@@ -216,7 +219,7 @@ def _check_entry(tree: PackTree, key: str, le: LockEntry,
         raise ValueError("not a cache key")
     if not names:
         raise ValueError("missing from the archive")
-    meta_bytes, files = _members(tree, "/".join(entry_parts(key)) + "/", names, le.pin.size)
+    meta_bytes, files = _members(tree, entry_parts(key), names, le.pin.size)
     try:
         meta = check_whole(key, meta_bytes, files, le.pin.size)
     except Refused as e:
@@ -231,7 +234,7 @@ def _runtime_named(tree: PackTree, key: str) -> dict[str, Any] | None:
     """The runtime library record an entry's meta.json names, or None. Unchecked but for
     its form: the caller takes it only where the lock's line names the same SHA-256, and
     the entry and the runtime library are each checked whole before they land."""
-    name = "/".join(meta_parts(entry_parts(key)))
+    name = member(meta_parts(entry_parts(key)))
     if not is_key(key) or name not in tree.names or tree.size(name) > MAX_META_BYTES:
         return None
     try:
@@ -247,7 +250,7 @@ def _check_runtime(tree: PackTree, key: str, rec: dict[str, Any],
     library is the one the entries that need it record (`rec`); else ValueError(why)."""
     if not names:
         raise ValueError(f"missing from the archive ({rec['library']})")
-    meta_bytes, files = _members(tree, "/".join(runtime_parts(key)) + "/", names, rec["size"])
+    meta_bytes, files = _members(tree, runtime_parts(key), names, rec["size"])
     try:
         meta = check_whole(key, meta_bytes, files, rec["size"], runtime=True)
     except Refused as e:
