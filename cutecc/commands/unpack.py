@@ -19,15 +19,8 @@ from typing import Any
 
 from cutecc import environ
 from cutecc.commands.report import Report
-from cutecc.entry import (
-    MAX_META_BYTES,
-    META,
-    STORE_FORMAT,
-    RuntimeMeta,
-    is_key,
-    parse_json,
-    runtime_record,
-)
+from cutecc.entry import MAX_META_BYTES, META, STORE_FORMAT, is_key, parse_json, runtime_record
+from cutecc.entry_meta import RuntimeMeta
 from cutecc.errors import CuteccError, WorkError
 from cutecc.lock.lockfile import LOCK_NAME, MAX_LOCK_BYTES, Lock, LockEntry
 from cutecc.lock.signing import MAX_SIG_BYTES, SIG_SUFFIX, check_lock
@@ -111,9 +104,9 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
     entries: dict[str, list[str]] = {}
     runtimes: dict[str, list[str]] = {}
     for n in sorted({*tree.names, *tree.bad}):
-        found = member_parts(n)
-        if found is not None:  # a cache's layout
-            area, key, file = found
+        named = member_parts(n)
+        if named is not None:  # a cache's layout
+            area, key, file = named
             (entries if area == ENTRIES else runtimes).setdefault(key, []).append(file)
         elif n not in ("format", LOCK_NAME, sig_name):
             report.refused.append((n[:80], "not part of a cutecc pack's tree"))
@@ -133,7 +126,7 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
         have = store.get_runtime(rkey)
         try:
             if have is not None:
-                usable[rkey] = have.checked_runtime.library.sha256
+                usable[rkey] = have.runtime_meta.library.sha256
                 continue
         except ValueError:
             pass  # damaged: the pack's copy replaces it below
@@ -147,9 +140,9 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
         except Refused as e:
             report.refused.append((f"runtime {rkey[:12]}", e.why))
             continue
-        usable[rkey] = found.checked_runtime.library.sha256
+        usable[rkey] = found.runtime_meta.library.sha256
         if built:
-            report.runtimes.append(found.checked_runtime.library.name)
+            report.runtimes.append(found.runtime_meta.library.name)
     ok: set[str] = set()  # the keys now in the cache
     for key, le in sorted(by_key.items()):  # one entry in memory at a time
         label = f"{le.label} {key[:12]}"

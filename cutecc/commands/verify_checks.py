@@ -20,8 +20,6 @@ from cutecc.entry import (
     MAX_INDEX_BYTES,
     MAX_META_BYTES,
     RESERVED_FILES,
-    EntryMeta,
-    RuntimeMeta,
     file_record,
     index_facts,
     is_kernel_name,
@@ -29,6 +27,7 @@ from cutecc.entry import (
     parse_json,
     read_index_facts,
 )
+from cutecc.entry_meta import EntryMeta, RuntimeMeta
 from cutecc.errors import CuteccError
 from cutecc.platforms import machine_problem
 from cutecc.runtime.tuning import (

@@ -32,7 +32,7 @@ from cutecc.contract.args import (
     stride_text,
 )
 from cutecc.contract.cotangents import STOP_GRADIENT, Cotangents
-from cutecc.entry import EntryMeta, FileRec, RuntimeLink, call_keywords
+from cutecc.entry_meta import EntryMeta, FileRec, RuntimeLink
 from cutecc.errors import CallError, CallTypeError, NoBuildFits
 from cutecc.names import call_name_problem
 from cutecc.runtime import library
@@ -40,16 +40,14 @@ from cutecc.runtime.library import RuntimeRef
 from cutecc.store.layout import Layout
 
 
-def _shard_of(meta: Mapping[str, Any] | EntryMeta) -> Any:
+def _shard_of(key_inputs: Mapping[str, Any] | None) -> Any:
     """The `shard` symbols an entry's key inputs record (None: not declared); unchecked."""
-    ki = meta.key_inputs if isinstance(meta, EntryMeta) else meta.get("key_inputs")
-    return ki.get("shard") if isinstance(ki, Mapping) else None
+    return key_inputs.get("shard") if isinstance(key_inputs, Mapping) else None
 
 
-def _reshard_of(meta: Mapping[str, Any] | EntryMeta) -> Any:
+def _reshard_of(key_inputs: Mapping[str, Any] | None) -> Any:
     """The `reshard` choice an entry's key inputs record ("error" when not declared); unchecked."""
-    ki = meta.key_inputs if isinstance(meta, EntryMeta) else meta.get("key_inputs")
-    return ki.get("reshard", RESHARD[0]) if isinstance(ki, Mapping) else RESHARD[0]
+    return key_inputs.get("reshard", RESHARD[0]) if isinstance(key_inputs, Mapping) else RESHARD[0]
 
 
 @dataclass(frozen=True)
@@ -75,18 +73,7 @@ class Build:
     def of(cls, rec: EntryMeta, entry_dir: Path) -> Build:
         """The build of a checked entry (`entry_dir` is its directory in the cache)."""
         return cls._make(rec.key, entry_dir, rec.args, rec.library, rec.runtime, rec.call, rec.variant,
-                         rec.arch, rec.symbol, _shard_of(rec), _reshard_of(rec))
-
-    @classmethod
-    def from_meta(cls, key: str, entry_dir: Path, meta: Mapping[str, Any]) -> Build:
-        """The build of an entry whose metadata the caller checked (`entry.meta_problem`);
-        `Build.of` takes the typed record instead."""
-        lib = meta["library"]
-        rec, rt = meta["files"][lib], meta["runtime"]
-        return cls._make(key, entry_dir, meta["args"], FileRec(lib, rec["sha256"], int(rec["size"])),
-                         RuntimeLink(rt["key"], rt["library"], rt["sha256"], int(rt["size"])),
-                         call_keywords(meta), meta["variant"], meta["arch"], meta["symbol"], _shard_of(meta),
-                         _reshard_of(meta))
+                         rec.arch, rec.symbol, _shard_of(rec.key_inputs), _reshard_of(rec.key_inputs))
 
     @classmethod
     def _make(cls, key: str, entry_dir: Path, args_json: Any, lib: FileRec, rt: RuntimeLink,

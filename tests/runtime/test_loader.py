@@ -32,7 +32,7 @@ def test_newest_of_several_builds_of_one_variant_wins(example_cache: Path, tmp_p
     # in a cache from before them, where every entry of a kernel counts.
     shutil.rmtree(store.generations_dir)
     e = next(e for e in store.entries()
-             if e.meta["kernel"] == "mul" and e.meta["variant"] == "dtype=float32")
+             if e.doc["kernel"] == "mul" and e.doc["variant"] == "dtype=float32")
     # An edited kernel leaves its old entry behind until gc. Both orders of the two
     # timestamps are tried, so the order entries are listed in cannot decide.
     a = _restamp(store, e.key, "0" * 64, "2020-01-01T00:00:00+00:00")
@@ -81,7 +81,7 @@ def test_load_reads_one_kernels_records_only(example_cache: Path, tmp_path: Path
     ks = cutecc.load(store.root, arch="sm_90a")
     assert listed == [] and read == []
     assert len(ks.axpy.variants) == 1
-    axpy = [e.key for e in store.entries() if e.meta["kernel"] == "axpy"]
+    axpy = [e.key for e in store.entries() if e.doc["kernel"] == "axpy"]
     read.clear()  # (store.entries() above read them all)
     assert "axpy" in listed and "all" not in listed
     assert "mul" in ks and "nope" not in ks and ks.get("nope") is None

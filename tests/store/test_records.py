@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cutecc.entry import META, EntryMeta, RuntimeMeta, meta_problem, runtime_soname
+from cutecc.entry import META, meta_problem, runtime_soname
+from cutecc.entry_meta import EntryMeta, RuntimeMeta
 from cutecc.store.view import StoreView
 
 
@@ -17,7 +18,7 @@ def test_an_entrys_record_is_typed_and_equals_its_file(fake_cache, add_entries) 
     e, = add_entries("v1")
     got = StoreView(fake_cache.store.root).get(e.key)
     assert got is not None
-    rec = got.checked
+    rec = got.meta
     raw = json.loads((e.path / META).read_text())
     assert (rec.key, rec.kernel, rec.variant, rec.arch, rec.symbol) == (
         e.key, "k", "v1", "sm_90a", "__tvm_ffi_fn")
@@ -27,7 +28,7 @@ def test_an_entrys_record_is_typed_and_equals_its_file(fake_cache, add_entries) 
     assert rec.runtime.key == fake_cache.runtime.key
     assert rec.runtime.library == runtime_soname(fake_cache.runtime.key)
     assert rec.build_seconds == 1.5 and rec.backward is None and rec.to_json() == raw
-    assert got.checked is rec  # parsed once per entry read
+    assert got.meta is rec  # parsed once per entry read
     with pytest.raises(dataclasses.FrozenInstanceError):
         rec.kernel = "other"  # type: ignore[misc]
 
@@ -35,7 +36,7 @@ def test_an_entrys_record_is_typed_and_equals_its_file(fake_cache, add_entries) 
 def test_a_runtime_record_is_typed(fake_cache) -> None:
     rt = StoreView(fake_cache.store.root).get_runtime(fake_cache.runtime.key)
     assert rt is not None
-    rec = rt.checked_runtime
+    rec = rt.runtime_meta
     assert isinstance(rec, RuntimeMeta) and rec.library.name == runtime_soname(rt.key)
     assert rec.library == next(f for f in rec.files if f.name == rec.library.name)
 
@@ -57,13 +58,13 @@ def test_damaged_metadata_is_refused_with_the_checks_reason(fake_cache, add_entr
     got = StoreView(fake_cache.store.root).get(e.key)
     assert got is not None
     with pytest.raises(ValueError, match=why):
-        got.checked  # noqa: B018
+        got.meta  # noqa: B018
 
 
 def test_a_runtime_entry_is_not_an_entry(fake_cache) -> None:
     rt = fake_cache.runtime
     with pytest.raises(ValueError, match="format"):
-        EntryMeta.parse(rt.meta, rt.key)
+        EntryMeta.parse(rt.doc, rt.key)
 
 
 DATA = Path(__file__).parent / "data"
@@ -99,9 +100,9 @@ def test_the_store_publishes_a_record_as_its_bytes(fake_cache, add_entries) -> N
     e, = add_entries("v1")
     data = (e.path / META).read_bytes()
     rec = EntryMeta.parse(json.loads(data), e.key)
-    assert rec.dumps() == data == _dict_writer(e.meta)
+    assert rec.dumps() == data == _dict_writer(e.doc)
     rt = fake_cache.runtime
-    assert RuntimeMeta.parse(rt.meta, rt.key).dumps() == (rt.path / META).read_bytes()
+    assert RuntimeMeta.parse(rt.doc, rt.key).dumps() == (rt.path / META).read_bytes()
 
 
 # the fields the builder wrote as a dict literal before its record was typed
