@@ -11,6 +11,7 @@ import importlib.metadata
 
 from cutecc.archs import is_ptx, ptx_driver_problem, runs_on
 from cutecc.entry import ARTIFACT_FORMAT
+from cutecc.entry_meta import EntryMeta
 from cutecc.errors import CuteccError
 from cutecc.platforms import host_platform
 from cutecc.store.view import Entry
@@ -57,12 +58,13 @@ def ptx_problem(e: Entry, driver: tuple[int, int] | None) -> str | None:
 
 def why_unusable(e: Entry, target: str, series: str) -> str | None:
     """Why the entry cannot run here: metadata that cannot be trusted (`record_problem`,
-    an older entry format first among its checks), then its artifact format, tvm-ffi
-    series, arch and host platform; None when it can."""
-    why = record_problem(e)
-    if why:
-        return why
-    m = e.meta
+    an older entry format first among its checks), then `run_problem`; None when it can."""
+    return record_problem(e) or run_problem(e.meta, target, series)
+
+
+def run_problem(m: EntryMeta, target: str, series: str) -> str | None:
+    """Why a checked entry cannot run here: its artifact format, the tvm-ffi series it was
+    built against, its arch or its host platform; None when it can."""
     tc = m.toolchain
     if tc.get("cutecc_artifact_format") != str(ARTIFACT_FORMAT):
         return (f"artifact format {tc.get('cutecc_artifact_format')!r}, this cutecc runs "

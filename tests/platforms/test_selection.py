@@ -11,6 +11,7 @@ import pytest
 from helpers import REPO
 
 from cutecc import entry, platforms
+from cutecc.entry_meta import EntryMeta, RuntimeLink
 from cutecc.errors import CuteccError
 from cutecc.lock.lines import Pin
 from cutecc.lock.lockfile import Lock, LockEntry
@@ -75,16 +76,19 @@ def test_lock_lines_name_their_platform() -> None:
         Lock.loads(older, "kernels.lock")
 
 
-def _meta(platform: str | None) -> dict[str, object]:
-    from cutecc.entry import ARTIFACT_FORMAT, ENTRY_FORMAT
+def _meta(platform: str | None) -> EntryMeta:
+    """An sm_90a entry's record of this toolchain for `platform` (None: recorded before
+    platforms, read as `entry.platform_of` reads it)."""
+    from cutecc.entry import ARTIFACT_FORMAT
     from cutecc.runtime.usable import tvm_ffi_series
 
-    m: dict[str, object] = {"format": ENTRY_FORMAT, "arch": "sm_90a",
-                            "toolchain": {"cutecc_artifact_format": str(ARTIFACT_FORMAT),
-                                          "apache-tvm-ffi": tvm_ffi_series() + ".0"}}
-    if platform is not None:
-        m["platform"] = platform
-    return m
+    tc = {"cutecc_artifact_format": str(ARTIFACT_FORMAT), "apache-tvm-ffi": tvm_ffi_series() + ".0"}
+    return EntryMeta(key="k", kernel="k", variant="v", arch="sm_90a",
+                     platform=entry.platform_of({} if platform is None else {"platform": platform}),
+                     symbol="s", library_name="kernel.so", files=(),
+                     runtime=RuntimeLink("1" * 64, "librt.so", "2" * 64, 1), backward=None,
+                     built_at=None, build_seconds=0.0, artifact=None, ptx_isa=None, entry="m:f",
+                     params={}, args=[], toolchain=tc, key_inputs={}, sources=())
 
 
 def test_the_runtime_sets_aside_another_platforms_entries(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -93,12 +97,12 @@ def test_the_runtime_sets_aside_another_platforms_entries(monkeypatch: pytest.Mo
     series = usable.tvm_ffi_series()
     here = platforms.host_platform()
     other = "aarch64" if here != "aarch64" else "x86_64"
-    assert usable.why_unusable(_meta(here), "sm_90a", series) is None
-    assert usable.why_unusable(_meta(other), "sm_90a", series) == \
+    assert usable.run_problem(_meta(here), "sm_90a", series) is None
+    assert usable.run_problem(_meta(other), "sm_90a", series) == \
         f"built for {other} hosts, this host is {here}"
     monkeypatch.setattr(platforms._platform, "machine", lambda: "aarch64")
-    assert usable.why_unusable(_meta("aarch64"), "sm_90a", series) is None
-    assert usable.why_unusable(_meta(None), "sm_90a", series) == \
+    assert usable.run_problem(_meta("aarch64"), "sm_90a", series) is None
+    assert usable.run_problem(_meta(None), "sm_90a", series) == \
         "built for x86_64 hosts, this host is aarch64"  # entries from before platforms: x86-64
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from cutecc.entry import META, meta_problem, runtime_soname
+from cutecc.entry import META, acted_on, meta_problem, runtime_soname
 from cutecc.entry_meta import EntryMeta, RuntimeMeta
+from cutecc.store.layout import entry_parts, member, member_parts, meta_parts, runtime_parts
 from cutecc.store.view import StoreView
 
 
@@ -124,3 +125,32 @@ def test_a_real_build_writes_the_fields_and_bytes_of_the_dict_writer(toy_cache) 
         meta = json.loads(data)
         assert set(meta) == set(json.loads((DATA / "runtime_meta.json").read_bytes())), f
         assert data == _dict_writer(meta) == RuntimeMeta.parse(meta, f.parent.name).dumps()
+
+
+def test_a_lock_pins_the_same_from_the_record_as_from_the_file(fake_cache, add_entries) -> None:
+    e, = add_entries("v1")
+    got = StoreView(fake_cache.store.root).get(e.key)
+    assert got is not None and got.meta.acted_on == acted_on(got.doc)
+
+
+def test_a_damaged_entry_is_still_named_by_what_it_records(fake_cache, add_entries) -> None:
+    e, = add_entries("v1")
+    meta = json.loads((e.path / META).read_text())
+    meta.update(kernel="other", files=["not", "a", "table"])
+    (e.path / META).write_text(json.dumps(meta))
+    got = StoreView(fake_cache.store.root).get(e.key)
+    assert got is not None
+    with pytest.raises(ValueError, match="kernel differs"):
+        got.meta  # noqa: B018
+    r = got.recorded
+    assert (r.kernel, r.variant, r.arch, r.label) == ("other", "v1", "sm_90a", "other[v1]@sm_90a")
+    assert (r.files, r.size, got.size, r.runtime) == ({}, 0, 0, fake_cache.runtime.key)
+
+
+def test_pack_member_names_are_one_function_both_ways() -> None:
+    key = "ab" + "c" * 62
+    assert member(meta_parts(entry_parts(key))) == f"entries/ab/{key}/meta.json"
+    assert member_parts(member((*entry_parts(key), "kernel.so"))) == ("entries", key, "kernel.so")
+    assert member_parts(member((*runtime_parts(key), "lib.so"))) == ("runtimes", key, "lib.so")
+    for other in ("format", "kernels.lock", f"entries/ab/{key}", f"tmp/ab/{key}/x", f"entries/ab/{key}/x/y"):
+        assert member_parts(other) is None
