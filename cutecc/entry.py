@@ -148,10 +148,12 @@ class Recorded:
     checks (listings, removals, refusals, the trust check before the checks); whatever is
     acted on is read from the checked record (`cutecc.entry_meta.EntryMeta`) instead."""
 
+    format: object
     kernel: object
     variant: object
     arch: object
     platform: str  # `platform_of`
+    toolchain: Mapping[str, Any]
     library: object  # the file name of its library
     backward: str | None
     built_at: object
@@ -165,12 +167,13 @@ class Recorded:
     @classmethod
     def of(cls, meta: Mapping[str, Any]) -> Recorded:
         files, backward, inputs = meta.get("files"), meta.get("backward"), meta.get("key_inputs")
-        recs = files if isinstance(files, dict) else {}
+        recs, tc = files if isinstance(files, dict) else {}, meta.get("toolchain")
         size = sum(r["size"] for r in recs.values()
                    if isinstance(r, dict) and type(r.get("size")) is int and r["size"] > 0)
         rt = runtime_record(meta)
-        return cls(meta.get("kernel"), meta.get("variant"), meta.get("arch"), platform_of(meta),
-                   meta.get("library"), backward if isinstance(backward, str) else None,
+        return cls(meta.get("format"), meta.get("kernel"), meta.get("variant"), meta.get("arch"),
+                   platform_of(meta), tc if isinstance(tc, dict) else {}, meta.get("library"),
+                   backward if isinstance(backward, str) else None,
                    meta.get("built_at"), recs, size, label_of(meta), rt["key"] if rt else None,
                    inputs if isinstance(inputs, dict) else None, call_keywords(meta))
 

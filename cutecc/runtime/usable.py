@@ -10,8 +10,7 @@ import contextlib
 import importlib.metadata
 
 from cutecc.archs import is_ptx, ptx_driver_problem, runs_on
-from cutecc.entry import ARTIFACT_FORMAT
-from cutecc.entry_meta import EntryMeta
+from cutecc.entry import ARTIFACT_FORMAT, ENTRY_FORMAT, Recorded
 from cutecc.errors import CuteccError
 from cutecc.platforms import host_platform
 from cutecc.store.view import Entry
@@ -57,14 +56,18 @@ def ptx_problem(e: Entry, driver: tuple[int, int] | None) -> str | None:
 
 
 def why_unusable(e: Entry, target: str, series: str) -> str | None:
-    """Why the entry cannot run here: metadata that cannot be trusted (`record_problem`,
-    an older entry format first among its checks), then `run_problem`; None when it can."""
-    return record_problem(e) or run_problem(e.meta, target, series)
+    """Why the entry cannot run here: what it records (`run_problem`, first: an older
+    entry says so even where its metadata fails the checks), then metadata that cannot be
+    trusted (`record_problem`); None when it can (`e.meta` is then there to read)."""
+    return run_problem(e.recorded, target, series) or record_problem(e)
 
 
-def run_problem(m: EntryMeta, target: str, series: str) -> str | None:
-    """Why a checked entry cannot run here: its artifact format, the tvm-ffi series it was
-    built against, its arch or its host platform; None when it can."""
+def run_problem(m: Recorded, target: str, series: str) -> str | None:
+    """Why an entry's recorded (unchecked) metadata says it cannot run here: its entry or
+    artifact format, the tvm-ffi series it was built against, its arch or its host
+    platform; None when nothing does."""
+    if m.format != ENTRY_FORMAT:
+        return f"entry format {m.format!r}, this cutecc reads {ENTRY_FORMAT}"
     tc = m.toolchain
     if tc.get("cutecc_artifact_format") != str(ARTIFACT_FORMAT):
         return (f"artifact format {tc.get('cutecc_artifact_format')!r}, this cutecc runs "
@@ -72,7 +75,7 @@ def run_problem(m: EntryMeta, target: str, series: str) -> str | None:
     built_tvm = ".".join(str(tc.get("apache-tvm-ffi", "")).split(".")[:2])
     if built_tvm != series:
         return f"built against apache-tvm-ffi {built_tvm}, this runtime has {series}"
-    arch = m.arch
+    arch = str(m.arch)
     if not runs_on(arch, target):
         return f"built for {arch}, cannot run on {target}"
     built_for, here = m.platform, host_platform()

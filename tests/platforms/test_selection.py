@@ -11,7 +11,6 @@ import pytest
 from helpers import REPO
 
 from cutecc import entry, platforms
-from cutecc.entry_meta import EntryMeta, RuntimeLink
 from cutecc.errors import CuteccError
 from cutecc.lock.lines import Pin
 from cutecc.lock.lockfile import Lock, LockEntry
@@ -76,19 +75,16 @@ def test_lock_lines_name_their_platform() -> None:
         Lock.loads(older, "kernels.lock")
 
 
-def _meta(platform: str | None) -> EntryMeta:
-    """An sm_90a entry's record of this toolchain for `platform` (None: recorded before
-    platforms, read as `entry.platform_of` reads it)."""
-    from cutecc.entry import ARTIFACT_FORMAT
+def _meta(platform: str | None) -> entry.Recorded:
+    from cutecc.entry import ARTIFACT_FORMAT, ENTRY_FORMAT
     from cutecc.runtime.usable import tvm_ffi_series
 
-    tc = {"cutecc_artifact_format": str(ARTIFACT_FORMAT), "apache-tvm-ffi": tvm_ffi_series() + ".0"}
-    return EntryMeta(key="k", kernel="k", variant="v", arch="sm_90a",
-                     platform=entry.platform_of({} if platform is None else {"platform": platform}),
-                     symbol="s", library_name="kernel.so", files=(),
-                     runtime=RuntimeLink("1" * 64, "librt.so", "2" * 64, 1), backward=None,
-                     built_at=None, build_seconds=0.0, artifact=None, ptx_isa=None, entry="m:f",
-                     params={}, args=[], toolchain=tc, key_inputs={}, sources=())
+    m: dict[str, object] = {"format": ENTRY_FORMAT, "arch": "sm_90a",
+                            "toolchain": {"cutecc_artifact_format": str(ARTIFACT_FORMAT),
+                                          "apache-tvm-ffi": tvm_ffi_series() + ".0"}}
+    if platform is not None:
+        m["platform"] = platform
+    return entry.Recorded.of(m)
 
 
 def test_the_runtime_sets_aside_another_platforms_entries(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -51,11 +51,12 @@ def test_newest_of_several_builds_of_one_variant_wins(example_cache: Path, tmp_p
 
 def test_a_kernel_is_checked_at_first_use_only(example_cache: Path, monkeypatch) -> None:
     """Loading reads no metadata; a kernel's entries are read and checked at its first use."""
-    import cutecc.entry as entry  # the runtime checks through EntryMeta.parse, which asks meta_problem
+    import cutecc.entry_meta as entry_meta  # the runtime checks through EntryMeta.parse (meta_problem)
 
     checked: list[str] = []
-    real = entry.meta_problem
-    monkeypatch.setattr(entry, "meta_problem", lambda m, key: checked.append(m["kernel"]) or real(m, key))
+    real = entry_meta.meta_problem
+    monkeypatch.setattr(entry_meta, "meta_problem",
+                        lambda m, key: checked.append(m["kernel"]) or real(m, key))
     ks = cutecc.load(example_cache, arch="sm_90a")
     assert checked == [] and set(ks) == {"mul", "mul_bwd", "rmsnorm", "axpy"}
     assert len(ks.mul.variants) == 3
