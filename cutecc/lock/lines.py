@@ -98,9 +98,8 @@ class LockEntry:
         """The lock line for an entry, from its checked record (None: its metadata could not
         be read or trusted, an error naming it; `platform` names it then)."""
         if meta is None:
-            raise WorkError(f"{label(kernel, variant, arch, platform)} {key[:12]}: malformed metadata (no "
-                            "library file record, symbol or runtime library record)",
-                            where="kernels.lock")
+            raise WorkError(f"{label(kernel, variant, arch, platform)} {key[:12]}: malformed metadata "
+                            "(`cutecc verify` says why)", where="kernels.lock")
         pin = Pin.of(meta)
         assert pin is not None  # a checked record has them all
         return cls(kernel, variant, arch, meta.platform, key, pin)
