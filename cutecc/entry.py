@@ -5,21 +5,20 @@ records (the kernel's shared library); its meta.json names the runtime library t
 kernel library links against (key, file, SHA-256, size), itself an entry of its own kind
 under `runtimes/ab/<key>/`. Everything that reads entries (the store, `verify`,
 `pack`/`unpack`, the lock file and the runtime's loader) asks this module what a valid
-one looks like, so the rules live in one place; a meta.json is one typed, frozen record
-(`EntryMeta`, `RuntimeMeta`) both ways: read after its checks, and written from the
-record a build (or an arrival) hands the store (`to_json`, `dumps`). It imports nothing else of cutecc but
-`cutecc.names` and `cutecc.platforms` (base records), so the runtime can use it without
-pulling in the build side.
+one looks like, so the rules live in one place; they read the parsed JSON object, which
+nothing outside this module (and its typed record, `cutecc.entry_meta`: `EntryMeta`,
+`RuntimeMeta`) walks. It imports nothing else of cutecc but `cutecc.names` and
+`cutecc.platforms` (base records), so the runtime can use it without pulling in the
+build side.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -136,9 +135,47 @@ def platform_of(meta: Mapping[str, Any]) -> str:
     return p if isinstance(p, str) else repr(p)
 
 
-def label_of(meta: dict[str, Any]) -> str:
+def label_of(meta: Mapping[str, Any]) -> str:
     """The label of an entry from its metadata (damaged fields print as they are)."""
     return label(meta.get("kernel"), meta.get("variant"), meta.get("arch"), platform_of(meta))
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What a meta.json's object says of itself, unchecked: each field as recorded (a
+    damaged one as it is, None when absent; a container of the wrong type as empty). For
+    the readers that name, size, sort or compare entries whose metadata may fail the
+    checks (listings, removals, refusals, the trust check before the checks); whatever is
+    acted on is read from the checked record (`cutecc.entry_meta.EntryMeta`) instead."""
+
+    format: object
+    kernel: object
+    variant: object
+    arch: object
+    platform: str  # `platform_of`
+    toolchain: Mapping[str, Any]
+    library: object  # the file name of its library
+    backward: str | None
+    built_at: object
+    files: Mapping[str, Any]  # its file records by name, as recorded
+    size: int  # the bytes its file records sum to (a damaged record counts 0)
+    label: str  # `label_of`
+    runtime: str | None  # the key of its runtime library, when well recorded (`runtime_record`)
+    key_inputs: Mapping[str, Any] | None
+    call: Mapping[str, Any]  # `call_keywords`
+
+    @classmethod
+    def of(cls, meta: Mapping[str, Any]) -> Recorded:
+        files, backward, inputs = meta.get("files"), meta.get("backward"), meta.get("key_inputs")
+        recs, tc = files if isinstance(files, dict) else {}, meta.get("toolchain")
+        size = sum(r["size"] for r in recs.values()
+                   if isinstance(r, dict) and type(r.get("size")) is int and r["size"] > 0)
+        rt = runtime_record(meta)
+        return cls(meta.get("format"), meta.get("kernel"), meta.get("variant"), meta.get("arch"),
+                   platform_of(meta), tc if isinstance(tc, dict) else {}, meta.get("library"),
+                   backward if isinstance(backward, str) else None,
+                   meta.get("built_at"), recs, size, label_of(meta), rt["key"] if rt else None,
+                   inputs if isinstance(inputs, dict) else None, call_keywords(meta))
 
 
 def is_file_name(name: object) -> bool:
@@ -224,7 +261,7 @@ def contract_digest(args: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def runtime_record(meta: dict[str, Any]) -> dict[str, Any] | None:
+def runtime_record(meta: Mapping[str, Any]) -> dict[str, Any] | None:
     """The entry's record of its runtime library (`key`, `library`, `sha256`, `size`),
     or None when absent or malformed."""
     rec = meta.get("runtime")
@@ -370,186 +407,3 @@ def bad_pin_field(d: dict[str, Any], names: list[str]) -> str | None:
         if not ok:
             return name
     return None
-
-
-# Typed records: meta.json read (after its checks) and written ------------------------
-
-
-@dataclass(frozen=True)
-class FileRec:
-    """One recorded file of an entry: its name in the entry's directory, SHA-256 and size."""
-
-    name: str
-    sha256: str
-    size: int
-
-
-@dataclass(frozen=True)
-class RuntimeLink:
-    """An entry's record of the runtime library its kernel library links against."""
-
-    key: str
-    library: str  # its soname, `runtime_soname(key)`
-    sha256: str
-    size: int
-
-
-def _files(meta: Mapping[str, Any]) -> tuple[FileRec, ...]:
-    return tuple(FileRec(n, r["sha256"], r["size"]) for n, r in sorted(meta["files"].items()))
-
-
-def _library(files: tuple[FileRec, ...], name: str) -> FileRec:
-    for f in files:
-        if f.name == name:
-            return f
-    raise ValueError(f"library {name!r} is not among the recorded files (a record not yet published?)")
-
-
-def _seconds(secs: Any) -> float:
-    return float(secs) if isinstance(secs, (int, float)) and not isinstance(secs, bool) else 0.0
-
-
-def meta_bytes(doc: Mapping[str, Any]) -> bytes:
-    """The bytes of a meta.json holding `doc`: sorted keys, one space of indent (the one
-    format every entry and runtime library's meta.json is written in)."""
-    return json.dumps(doc, indent=1, sort_keys=True).encode()
-
-
-@dataclass(frozen=True)
-class EntryMeta:
-    """A kernel entry's meta.json, typed both ways: read (`parse`, after `meta_problem`'s
-    checks) and written (a build makes one with `files=()`, the store records the files it
-    published (`recorded`) and writes `dumps()`). The JSON values (`params`, `args`,
-    `toolchain`, `key_inputs`) are held as read; `to_json` is the file's object."""
-
-    key: str
-    kernel: str
-    variant: str
-    arch: str
-    platform: str  # the host platform of the library's host code (`platform_of`)
-    symbol: str
-    library_name: str  # the file name of its library, one of `files` (`library`)
-    files: tuple[FileRec, ...]  # sorted by name; () until the store records them
-    runtime: RuntimeLink
-    backward: str | None
-    built_at: str | None
-    build_seconds: float
-    artifact: ArtifactRec | None  # what the DSL compiled (`artifact_of`); None: not recorded
-    # the PTX ISA of a `compute_` entry's PTX ("9.4", its `.version`), which the CUDA driver
-    # must know to JIT-compile it; None: machine code, or built before cutecc recorded it
-    ptx_isa: str | None
-    entry: str  # the kernel's entry point (`module:function`), as keyed
-    params: Mapping[str, Any]  # the variant's parameters
-    args: Any  # the contract (JSON, `cutecc.contract.args.args_from_json` reads it)
-    toolchain: Mapping[str, Any]
-    key_inputs: Mapping[str, Any]
-    sources: tuple[str, ...]  # the kernel's source files the key read
-
-    @classmethod
-    def parse(cls, meta: Any, key: str) -> EntryMeta:
-        """The record of `meta` as the entry of `key`; ValueError (the `meta_problem`) when
-        it cannot be trusted as that."""
-        why = meta_problem(meta, key)
-        if why:
-            raise ValueError(why)
-        rt = runtime_record(meta)
-        assert rt is not None  # meta_problem checked it
-        backward, built = meta.get("backward"), meta.get("built_at")
-        params, sources, tc = meta.get("params"), meta.get("sources"), meta.get("toolchain")
-        return cls(key, meta["kernel"], meta["variant"], str(meta["arch"]), platform_of(meta),
-                   meta["symbol"], meta["library"], _files(meta),
-                   RuntimeLink(rt["key"], rt["library"], rt["sha256"], rt["size"]),
-                   backward if isinstance(backward, str) else None,
-                   built if isinstance(built, str) else None,
-                   _seconds(meta.get("build_seconds")),
-                   artifact_of(meta), ptx_isa_of(meta), str(meta.get("entry")),
-                   params if isinstance(params, dict) else {}, meta.get("args"),
-                   tc if isinstance(tc, dict) else {}, meta["key_inputs"],
-                   tuple(s for s in sources if isinstance(s, str)) if isinstance(sources, list) else ())
-
-    def recorded(self, key: str, files: tuple[FileRec, ...]) -> EntryMeta:
-        """This record as the entry `key` holding `files` (the store's part of a publish)."""
-        return replace(self, key=key, files=tuple(sorted(files, key=lambda f: f.name)))
-
-    def to_json(self) -> dict[str, Any]:
-        """meta.json's object (`artifact` and `ptx_isa` only when recorded)."""
-        doc: dict[str, Any] = {
-            "kernel": self.kernel, "variant": self.variant, "params": copy.deepcopy(dict(self.params)),
-            "arch": self.arch, "platform": self.platform, "entry": self.entry,
-            "args": copy.deepcopy(self.args), "backward": self.backward, "library": self.library_name,
-            "symbol": self.symbol,
-            "runtime": {"key": self.runtime.key, "library": self.runtime.library,
-                        "sha256": self.runtime.sha256, "size": self.runtime.size},
-            "toolchain": copy.deepcopy(dict(self.toolchain)),
-            "key_inputs": copy.deepcopy(dict(self.key_inputs)), "sources": list(self.sources)}
-        if self.artifact is not None:
-            doc["artifact"] = self.artifact.to_json()
-        if self.ptx_isa is not None:
-            doc["ptx_isa"] = self.ptx_isa
-        doc.update(built_at=self.built_at, build_seconds=self.build_seconds,
-                   files={f.name: {"sha256": f.sha256, "size": f.size} for f in self.files},
-                   format=ENTRY_FORMAT, key=self.key)
-        return doc
-
-    def dumps(self) -> bytes:
-        """The bytes of its meta.json (`meta_bytes`)."""
-        return meta_bytes(self.to_json())
-
-    @property
-    def library(self) -> FileRec:
-        """The record of its library among `files`."""
-        return _library(self.files, self.library_name)
-
-    @property
-    def call(self) -> dict[str, Any]:
-        """The call keywords that reach this entry (`call_keywords`)."""
-        return call_keywords({"key_inputs": self.key_inputs})
-
-    @property
-    def label(self) -> str:
-        return label(self.kernel, self.variant, self.arch, self.platform)
-
-
-RUNTIME_KIND = "runtime"  # a runtime library meta.json's `kind`
-
-
-@dataclass(frozen=True)
-class RuntimeMeta:
-    """A runtime library entry's meta.json, typed both ways like `EntryMeta`: read after
-    `runtime_meta_problem`'s checks, written by the store from a record with `files=()`."""
-
-    key: str
-    library_name: str  # its soname, `runtime_soname(key)`
-    files: tuple[FileRec, ...]
-    built_at: str | None
-    build_seconds: float
-    key_inputs: Mapping[str, Any]
-
-    @classmethod
-    def parse(cls, meta: Any, key: str) -> RuntimeMeta:
-        """The record of `meta` as the runtime library of `key`; ValueError when it cannot
-        be trusted as that."""
-        why = runtime_meta_problem(meta, key)
-        if why:
-            raise ValueError(why)
-        built = meta.get("built_at")
-        return cls(key, meta["library"], _files(meta), built if isinstance(built, str) else None,
-                   _seconds(meta.get("build_seconds")), meta["key_inputs"])
-
-    def recorded(self, key: str, files: tuple[FileRec, ...]) -> RuntimeMeta:
-        """This record as the runtime library `key` holding `files`."""
-        return replace(self, key=key, files=tuple(sorted(files, key=lambda f: f.name)))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": RUNTIME_KIND, "key_inputs": copy.deepcopy(dict(self.key_inputs)),
-                "library": self.library_name, "built_at": self.built_at,
-                "build_seconds": self.build_seconds,
-                "files": {f.name: {"sha256": f.sha256, "size": f.size} for f in self.files},
-                "format": RUNTIME_ENTRY_FORMAT, "key": self.key}
-
-    def dumps(self) -> bytes:
-        return meta_bytes(self.to_json())
-
-    @property
-    def library(self) -> FileRec:
-        return _library(self.files, self.library_name)

@@ -1,7 +1,8 @@
 """cutecc's one exception family, each carrying where it was found (file, key path, argument).
 
-`CuteccError` is the base the CLI renders as one line (exit 2 for bad input, 1 for failures
-at work); `InputError` and `WorkError` say which. A kernel call that does not fit raises
+`CuteccError` is the base the CLI renders as one line; its class decides the exit code
+(`exit_code`: 2 for bad input, `InputError`; 1 for failures at work, `WorkError`, and for
+calls, `CallError` and `CallTypeError`), never the raiser. A kernel call that does not fit raises
 `CallError` (a ValueError: no built contract takes these arrays or values) or
 `CallTypeError` (a TypeError: an unknown or missing keyword, a non-array argument, a scalar
 of the wrong type), so JAX and torch users catch what they would catch from any function.
@@ -9,22 +10,22 @@ of the wrong type), so JAX and torch users catch what they would catch from any 
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 
 class CuteccError(Exception):
     """A user-facing error: what was wrong and where (file, key path or argument).
 
-    The CLI renders it as one line on stderr and exits with `exit_code`
+    The CLI renders it as one line on stderr and exits with its class's `exit_code`
     (2 for bad input, as click does for usage errors; 1 for failures at work).
     """
 
-    def __init__(
-        self, message: str, *, where: str | None = None, key_path: str | None = None,
-        exit_code: int = 2,
-    ) -> None:
+    exit_code: ClassVar[int] = 2
+
+    def __init__(self, message: str, *, where: str | None = None, key_path: str | None = None) -> None:
         self.message = message
         self.where = where
         self.key_path = key_path
-        self.exit_code = exit_code
         super().__init__(self.render())
 
     def render(self) -> str:
@@ -40,15 +41,15 @@ class InputError(CuteccError):
 class WorkError(CuteccError):
     """A failure at work (a build, a cache, a network): exit 1."""
 
-    def __init__(self, message: str, *, where: str | None = None, key_path: str | None = None,
-                 exit_code: int = 1) -> None:
-        super().__init__(message, where=where, key_path=key_path, exit_code=exit_code)
+    exit_code: ClassVar[int] = 1
 
 
 class CallError(CuteccError, ValueError):
     """A kernel call whose arrays or values no built contract takes (dtype, shape, device,
     layout, a call keyword's value that was not built): the message names the argument and
-    the built signatures."""
+    the built signatures. Exit 1, as any failure at work."""
+
+    exit_code: ClassVar[int] = 1
 
 
 class NoBuildFits(CallError):
@@ -71,4 +72,6 @@ class JitBuildWarning(UserWarning):
 
 class CallTypeError(CuteccError, TypeError):
     """A kernel call passing what the kernel cannot take: an unknown or missing keyword, a
-    non-array where an array goes, a runtime scalar of the wrong type."""
+    non-array where an array goes, a runtime scalar of the wrong type. Exit 1, as `CallError`."""
+
+    exit_code: ClassVar[int] = 1

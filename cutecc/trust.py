@@ -24,19 +24,19 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from cutecc import environ
-from cutecc.errors import CuteccError
+from cutecc.errors import WorkError
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
-class Untrusted(CuteccError):
-    """A path someone other than this user (or root) could have changed."""
+class Untrusted(WorkError):
+    """A path someone other than this user (or root) could have changed (exit 1)."""
 
     def __init__(self, why: str, where: str) -> None:
         super().__init__(f"{why}; refusing to trust it. Fix the ownership or permissions "
                          f"(chown, chmod go-w), or set {environ.ALLOW_SHARED_CACHE}=1 to trust it",
-                         where=where, exit_code=1)
+                         where=where)
         self.why = why
 
 

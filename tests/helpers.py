@@ -123,7 +123,7 @@ class Toy:
 
     def entries(self) -> dict[str, Entry]:
         """The cache's entries by variant id ("threads=64", ...)."""
-        return {e.meta["variant"]: e for e in self.store.entries()}
+        return {e.doc["variant"]: e for e in self.store.entries()}
 
     def copy(self, dest: Path, cache: str = "cache") -> Toy:
         """A private copy under `dest`: the project in dest/proj, the cache in dest/`cache`."""
@@ -227,8 +227,8 @@ def fake_compile(jobs: list[Any], store_root: Path, workers: int, on_result: Any
     for job in jobs:
         rt = store.get_runtime(job.key_inputs["toolchain"]["runtime"])  # the build linked it first
         assert rt is not None
-        lib = rt.meta["library"]
-        runtime = {"key": rt.key, "library": lib, **rt.meta["files"][lib]}
+        lib = rt.doc["library"]
+        runtime = {"key": rt.key, "library": lib, **rt.doc["files"][lib]}
 
         def produce(staging: Path, job: Any = job, runtime: dict = runtime) -> Any:
             ptx = job.arch.startswith("compute_")  # PTX as the DSL 4.8.1 writes it: ISA 9.4

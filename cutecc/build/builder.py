@@ -40,7 +40,7 @@ from cutecc.build.timings import Timings
 from cutecc.build.workers import BuildJob, Result, ensure_runtime
 from cutecc.contract.composite_line import CompositeLine
 from cutecc.contract.fallbacks import FallbackRef, refs_to_json
-from cutecc.entry import runtime_record
+from cutecc.entry_meta import EntryMeta
 from cutecc.errors import CuteccError, WorkError
 from cutecc.lock.lockfile import Environment, Lock, LockEntry, Merged, merge_build, record_lock
 from cutecc.manifest import Manifest
@@ -223,12 +223,16 @@ def probe(store: StoreView, planned: Sequence[Planned], *, dry_run: bool = False
         except CuteccError:  # unreadable metadata: a hit the lock cannot record
             out.append(Outcome(p, "cached"))
             continue
-        bad = entry_trust_problem(entry.path, list(entry.meta.get("files") or [])) if entry else None
+        bad = entry_trust_problem(entry.path, list(entry.recorded.files)) if entry else None
         if bad:
             out.append(Outcome(p, "failed", error=f"cached entry {p.key[:12]} refused: "
                                f"{bad}; run `cutecc verify --fix`"))
         elif entry is not None:
-            out.append(Outcome(p, "cached", meta=entry.meta, saved=_build_seconds(entry.meta)))
+            try:
+                meta: EntryMeta | None = entry.meta
+            except ValueError:  # damaged metadata: a hit the lock cannot record, as unreadable
+                meta = None
+            out.append(Outcome(p, "cached", meta=meta, saved=meta.build_seconds if meta else 0.0))
             if stamp is not None:  # meta.json rewritten or copied since its record was taken
                 stale.append(p.key)
         elif dry_run:
@@ -288,6 +292,7 @@ def fetch(store: Store, misses: list[Planned], cfg: RemoteConfig, progress: Prog
         if got is None:
             left.append(p)
         else:
+            # checked on arrival (`ship.ingest`): typed here
             out.append(Outcome(p, "cached", meta=got.entry.meta, saved=got.saved, fetched=True))
     return Fetched(out, left, use)
 
@@ -353,8 +358,7 @@ def publish(store: Store, outcomes: list[Outcome], *, stale: Sequence[str] = (),
     if dry_run:
         return []
     needed = {o.facts.runtime_key for o in outcomes if o.facts is not None}
-    needed |= {rec["key"] for o in outcomes if o.status in ("built", "cached") and o.meta
-               for rec in [runtime_record(o.meta)] if rec is not None}
+    needed |= {o.meta.runtime.key for o in outcomes if o.status in ("built", "cached") and o.meta}
     missing = sorted(k for k in needed if store.get_runtime(k) is None)
     if missing and read_only:
         raise WorkError(f"read-only mode: runtime librar{'y' if len(missing) == 1 else 'ies'} "
@@ -381,7 +385,7 @@ def _ensure_runtimes(store: Store, keys: set[str]) -> list[str]:
     for key in sorted(keys):
         entry, built = ensure_runtime(store, key)
         if built:
-            out.append(str(entry.meta.get("library")))
+            out.append(entry.runtime_meta.library_name)  # ensure_runtime checked it
     return out
 
 
@@ -393,15 +397,8 @@ def _refresh_record(store: Store, key: str) -> None:
 
     with contextlib.suppress(Exception), store.lock(key, timeout=0):
         entry = store.get(key)
-        if entry is not None and meta_problem(entry.meta, key) is None:
-            store.index(key, entry.meta, meta_file(entry.path))
-
-
-def _build_seconds(meta: dict[str, Any]) -> float:
-    try:
-        return float(meta.get("build_seconds", 0))
-    except (TypeError, ValueError):
-        return 0.0
+        if entry is not None and meta_problem(entry.doc, key) is None:
+            store.index(key, entry.doc, meta_file(entry.path))
 
 
 # record ------------------------------------------------------------------------------
@@ -451,7 +448,7 @@ def _lock_line(o: Outcome, fallbacks: dict[str, dict[str, FallbackRef]]) -> Lock
     if o.facts is not None:
         le = LockEntry.from_facts(p.kernel.name, p.variant.id, p.arch, p.key, o.facts, p.platform)
     else:
-        le = LockEntry.of(p.kernel.name, p.variant.id, p.arch, p.key, o.meta or {})
+        le = LockEntry.of(p.kernel.name, p.variant.id, p.arch, p.key, o.meta, p.platform)
     refs = fallbacks.get(p.kernel.name)
     return dataclasses.replace(le, fallbacks=tuple(sorted(refs.items()))) if refs else le
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from cutecc.build.timings import Timings
+from cutecc.entry_meta import EntryMeta
 from cutecc.plan.build_plan import Planned
 from cutecc.ship import remote as remote_cache
 from cutecc.store.index_record import IndexFacts
@@ -22,7 +23,7 @@ class Outcome:
     status: str  # "built", "cached", "failed", "planned" (dry run)
     seconds: float = 0.0
     error: str | None = None
-    meta: dict[str, Any] | None = None  # the entry's metadata, for the lock
+    meta: EntryMeta | None = None  # the entry's checked metadata, for the lock
     facts: IndexFacts | None = None  # or, for a hit, what its index record holds
     saved: float = 0.0  # for a hit: the compile seconds it saved (its recorded build time)
     fetched: bool = False  # a hit found on the remote cache (status "cached")

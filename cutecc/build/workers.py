@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from cutecc import environ
 from cutecc.build import artifact
 from cutecc.contract.args import args_to_json
-from cutecc.entry import LIBRARY, EntryMeta, RuntimeLink, RuntimeMeta, runtime_meta_problem, runtime_soname
+from cutecc.entry import LIBRARY, runtime_soname
+from cutecc.entry_meta import EntryMeta, RuntimeLink, RuntimeMeta
 from cutecc.errors import CuteccError, WorkError
 from cutecc.manifest import Manifest, Variant
 from cutecc.plan import keyed_sources
@@ -99,7 +100,7 @@ class Result:
     status: str
     seconds: float
     error: str | None = None
-    meta: dict[str, Any] | None = None  # the published entry's metadata (for the lock)
+    meta: EntryMeta | None = None  # the published entry's checked metadata (for the lock)
     pushed: Pushed | None = None  # what uploading it to the remote cache did, if asked to
     # where its time went (`cutecc.build.timings.ENTRY_PARTS`), and what ran it ("fork", "spawn", "ray")
     timings: dict[str, float] = field(default_factory=dict)
@@ -200,10 +201,11 @@ def ensure_runtime(store: Store, key: str) -> tuple[Any, bool]:
                            runtime_inputs(platform))
 
     entry, built = store.publish(key, produce, runtime=True)
-    why = runtime_meta_problem(entry.meta, key)
-    if why:
-        raise WorkError(f"runtime library {key[:12]}: {why}; run `cutecc verify --fix`",
-                        where=str(entry.path))
+    try:
+        entry.runtime_meta  # noqa: B018  (checked once, kept on the entry)
+    except ValueError as e:
+        raise WorkError(f"runtime library {key[:12]}: {e}; run `cutecc verify --fix`",
+                        where=str(entry.path)) from None
     touch_used(entry.path)
     return entry, built
 
@@ -223,7 +225,7 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
     def produce(staging: Path) -> EntryMeta:
         now = _check_toolchain(job.key_inputs["toolchain"])
         runtime, _ = ensure_runtime(store, now["runtime"])  # normally the build published it
-        rt = runtime.checked_runtime.library  # ensure_runtime checked the metadata
+        rt = runtime.runtime_meta.library  # ensure_runtime checked the metadata
         t1 = time.perf_counter()
         keyed_sources.evict_stale(job.keyed_files)  # a reused worker imports what was keyed
         obj = compile_to_object(CompileJob(job.entry, job.variant, job.compile_options,
@@ -274,7 +276,12 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
         from cutecc.ship.remote import push_entry
 
         pushed = push_entry(remote, entry, store)
-    return Result("built" if built else "cached", seconds, None, entry.meta, pushed, parts)
+    try:  # what this call published is whole; what another process had, checked here
+        meta = entry.meta
+    except ValueError as e:
+        return Result("failed", seconds,
+                      f"cached entry {job.key[:12]} refused: {e}; run `cutecc verify --fix`")
+    return Result("built" if built else "cached", seconds, None, meta, pushed, parts)
 
 
 def with_startup(result: Result, worker: str, startup: float | None) -> Result:

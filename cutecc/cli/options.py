@@ -139,12 +139,11 @@ def _complete_kernels(ctx: click.Context, param: click.Parameter, incomplete: st
 def _complete_keys(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
     from click.shell_completion import CompletionItem
 
-    from cutecc.entry import label_of
     from cutecc.store.view import StoreView
 
     try:
         store = StoreView(ctx.params.get("cache_dir"))
-        return [CompletionItem(e.key, help=label_of(e.meta)) for e in store.entries()
+        return [CompletionItem(e.key, help=e.recorded.label) for e in store.entries()
                 if e.key.startswith(incomplete.lower())][:200]
     except Exception:
         return []

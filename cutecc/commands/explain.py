@@ -16,7 +16,7 @@ from typing import Any
 
 from cutecc.archs import parse_archs
 from cutecc.commands.report import Report
-from cutecc.entry import label, label_of
+from cutecc.entry import label
 from cutecc.errors import CuteccError
 from cutecc.manifest import find_manifest, load_manifest
 from cutecc.plan.build_plan import plan
@@ -122,18 +122,17 @@ def explain(kernel: str, manifest: str | Path | None = None, *, variant: str | N
         if not planned:
             raise CuteccError(f'kernel "{kernel}" has no variant "{variant}" (variants: '
                               f"{', '.join(ids)})", where="--variant")
-    same_kernel = [e for e in store.entries()
-                   if e.meta.get("kernel") == kernel and isinstance(e.meta.get("key_inputs"), dict)]
+    same_kernel = [(e, e.recorded, e.recorded.key_inputs) for e in store.entries()
+                   if e.recorded.kernel == kernel and e.recorded.key_inputs is not None]
     out = []
     for p in planned:
         if store.has(p.key):
             out.append(Explanation(kernel, p.variant.id, p.arch, p.key, True))
             continue
         best: tuple[tuple[Any, ...], Entry, tuple[Difference, ...]] | None = None
-        for e in same_kernel:
-            diff = differences(e.meta["key_inputs"], p.inputs)
-            rank = (len(diff), e.meta.get("variant") != p.variant.id, e.meta.get("arch") != p.arch,
-                    -e.last_used())
+        for e, r, inputs in same_kernel:
+            diff = differences(dict(inputs or {}), p.inputs)
+            rank = (len(diff), r.variant != p.variant.id, r.arch != p.arch, -e.last_used())
             if best is None or rank < best[0]:
                 best = (rank, e, diff)
         if best is None:
@@ -141,5 +140,5 @@ def explain(kernel: str, manifest: str | Path | None = None, *, variant: str | N
         else:
             _, e, diff = best
             out.append(Explanation(kernel, p.variant.id, p.arch, p.key, False, e.key,
-                                   label_of(e.meta), diff))
+                                   e.recorded.label, diff))
     return ExplainReport(str(store.root), tuple(out))

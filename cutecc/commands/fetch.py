@@ -133,10 +133,10 @@ def _local_problem(store: StoreView, key: str, le: LockEntry) -> str | None:
         return e.message
     if entry is None:
         return "absent"
-    why = le.mismatch(entry) or entry_trust_problem(entry.path, list(entry.meta.get("files") or []))
+    why = le.mismatch(entry) or entry_trust_problem(entry.path, list(entry.recorded.files))
     if why:
         return f"the cache holds another entry under this key: {why}"
-    for name, rec in (entry.meta.get("files") or {}).items():
+    for name, rec in entry.recorded.files.items():
         try:
             if file_record(entry.path / name) != rec:
                 return f"{name} differs from its record in meta.json"

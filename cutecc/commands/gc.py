@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from cutecc.commands.report import Report
-from cutecc.entry import label_of, runtime_record
 from cutecc.errors import CuteccError
 from cutecc.locks import Busy
 from cutecc.store.view import StoreView
@@ -116,11 +115,10 @@ def gc(cache_dir: str | Path | None = None, *, max_size: str | int | None = None
             continue
         if gone:
             total -= sizes[key]
-            report.removed.append({"key": key, "label": label_of(e.meta), "bytes": sizes[key],
+            report.removed.append({"key": key, "label": e.recorded.label, "bytes": sizes[key],
                                    "last_used": used, "unreachable": orphan and not stale})
     removed_keys = {r["key"] for r in report.removed}
-    linked = {rec["key"] for _, key, e in entries if key not in removed_keys
-              for rec in [runtime_record(e.meta)] if rec is not None}
+    linked = {e.recorded.runtime for _, key, e in entries if key not in removed_keys} - {None}
     for rt in store.runtimes():
         size = rt.disk_bytes()
         if rt.key in linked or now - rt.last_used() < RUNTIME_GRACE_S:
@@ -133,7 +131,7 @@ def gc(cache_dir: str | Path | None = None, *, max_size: str | int | None = None
             report.runtime_bytes += size
             continue
         if removed:
-            report.removed_runtimes.append({"key": rt.key, "library": rt.meta.get("library"),
+            report.removed_runtimes.append({"key": rt.key, "library": rt.recorded.library,
                                             "bytes": size})
     report.kept_bytes = total
     for key in sorted(removed_keys):  # a tuning record of a default that went serves nothing

@@ -10,7 +10,6 @@ from typing import Any
 from cutecc import platforms
 from cutecc.archs import check_device_arch, how_runs, runs_on
 from cutecc.commands.report import Report
-from cutecc.entry import call_keywords, platform_of
 from cutecc.platforms import BUILD_PLATFORM
 from cutecc.store.view import StoreView
 from cutecc.units import human_age, human_size
@@ -93,17 +92,16 @@ def list_entries(cache_dir: str | Path | None = None, *, kernel: str | None = No
     wins = winners_in(store.root)
     rows = []
     for e in store.entries():
-        m = e.meta
-        if (kernel and m.get("kernel") != kernel) or (arch and m.get("arch") != arch):
+        m = e.recorded  # damaged entries are listed too (`cutecc verify` names them)
+        if (kernel and m.kernel != kernel) or (arch and m.arch != arch):
             continue
-        call = call_keywords(m)
-        rows.append(Row(e.key, str(m.get("kernel")), str(m.get("variant")), str(m.get("arch")),
-                        e.size, str(m.get("built_at", "")), call_text(call),
-                        tuple(wins.get(e.key, ())), platform_of(m)))
+        rows.append(Row(e.key, str(m.kernel), str(m.variant), str(m.arch), e.size,
+                        "" if m.built_at is None else str(m.built_at), call_text(dict(m.call)),
+                        tuple(wins.get(e.key, ())), m.platform))
     rows.sort(key=lambda r: (r.kernel, r.variant, r.arch, r.platform, r.key))
     if gpu is not None:
         rows = _on_gpu(rows, check_device_arch(gpu, "--gpu"))
-    runtimes = tuple((e.key, str(e.meta.get("library")), e.size) for e in store.runtimes())
+    runtimes = tuple((e.key, str(e.recorded.library), e.size) for e in store.runtimes())
     return ListReport(store.root, tuple(rows), runtimes, gpu)
 
 

@@ -27,19 +27,18 @@ from cutecc.entry import (
     MAX_LIBRARY_BYTES,
     MAX_META_BYTES,
     STORE_FORMAT,
-    RuntimeMeta,
     is_file_name,
     parse_json,
     runtime_meta_problem,
-    runtime_record,
 )
+from cutecc.entry_meta import RuntimeLink, RuntimeMeta
 from cutecc.errors import CuteccError, WorkError
 from cutecc.lock.lockfile import LOCK_NAME, Lock, lock_for, read_lock
 from cutecc.platforms import check_platform
 from cutecc.runtime.package import PACK_DIR
 from cutecc.ship.archive import runtime_wheel, tar_bytes, wheel_bytes
 from cutecc.ship.ingest import Refused, check_whole
-from cutecc.store.layout import entry_parts, meta_parts, runtime_parts
+from cutecc.store.layout import entry_parts, member, meta_parts, runtime_parts
 from cutecc.store.view import StoreView
 from cutecc.toolchain.elf import manylinux_tag
 from cutecc.units import human_size
@@ -173,8 +172,8 @@ def select(store: StoreView, *, manifest: str | Path | None = None, lock: str | 
         if kernels:
             wanted = set(kernels)
             for entry, _ in chosen.resolve(store):
-                if isinstance(entry.meta.get("backward"), str):
-                    wanted.add(entry.meta["backward"])
+                if entry.recorded.backward is not None:
+                    wanted.add(entry.recorded.backward)
             for c in full.composites:  # a composite asked for, or a selected kernel's backward
                 if c.name in wanted:
                     wanted |= set(c.launches)
@@ -271,34 +270,31 @@ def _tree(chosen: Lock, store: StoreView) -> tuple[dict[str, bytes], dict[str, d
     # was selected from a manifest or a lock.
     tree = {"format": f"{STORE_FORMAT}\n".encode(), LOCK_NAME: chosen.with_environment(None).dumps()}
     sizes: dict[str, dict[str, int]] = {}
-    runtimes: dict[str, dict[str, Any]] = {}
+    runtimes: dict[str, RuntimeLink] = {}
     for entry, le in chosen.resolve_all(store):  # the entries and the tuned winners
         parts = entry_parts(entry.key)  # the pack's tree is a cache's
-        base = "/".join(parts)
         meta_bytes = _read(store, meta_parts(parts), MAX_META_BYTES, le.label)
         try:  # the one verifier's rule, on exactly the bytes that go into the pack
             files = {n: _read(store, (*parts, n), r["size"], le.label)
-                     for n, r in sorted(entry.meta["files"].items()) if is_file_name(n)}
+                     for n, r in sorted(entry.recorded.files.items()) if is_file_name(n)}
             meta = check_whole(entry.key, meta_bytes, files, MAX_LIBRARY_BYTES)
-            why = None if meta == entry.meta else "meta.json changed while packing"
+            why = None if meta == entry.doc else "meta.json changed while packing"
         except (Refused, KeyError, TypeError, AttributeError) as e:
             why = e.why if isinstance(e, Refused) else f"malformed meta.json ({type(e).__name__})"
         if why:
             raise WorkError(f"{le.label}: {why}; run `cutecc verify --fix` and rebuild",
                             where=str(entry.path))
-        tree["/".join(meta_parts(parts))] = meta_bytes
+        tree[member(meta_parts(parts))] = meta_bytes
         for fname, data in files.items():
-            tree[f"{base}/{fname}"] = data
+            tree[member((*parts, fname))] = data
         s = sizes.setdefault(le.arch, {"entries": 0, "bytes": 0})
         s["entries"] += 1
-        s["bytes"] += sum(len(v) for k, v in tree.items() if k.startswith(base + "/"))
-        rec = runtime_record(entry.meta)
-        assert rec is not None  # meta_problem checked it
-        runtimes.setdefault(rec["key"], rec)
+        s["bytes"] += len(meta_bytes) + sum(len(v) for v in files.values())
+        link = entry.meta.runtime  # check_whole checked the metadata: typed here
+        runtimes.setdefault(link.key, link)
     for key, rec in sorted(runtimes.items()):
         parts = runtime_parts(key)
-        base = "/".join(parts)
-        what = f"runtime library {rec['library']}"
+        what = f"runtime library {rec.library}"
         meta_bytes = _read(store, meta_parts(parts), MAX_META_BYTES, what)
         try:
             meta = parse_json(meta_bytes)
@@ -306,14 +302,14 @@ def _tree(chosen: Lock, store: StoreView) -> tuple[dict[str, bytes], dict[str, d
             meta = {"format": f"unreadable: {e}"}
         why = runtime_meta_problem(meta, key)
         library = None if why else RuntimeMeta.parse(meta, key).library.name
-        data = b"" if library is None else _read(store, (*parts, library), rec["size"], what)
-        if not why and (len(data) != rec["size"] or hashlib.sha256(data).hexdigest() != rec["sha256"]):
+        data = b"" if library is None else _read(store, (*parts, library), rec.size, what)
+        if not why and (len(data) != rec.size or hashlib.sha256(data).hexdigest() != rec.sha256):
             why = "does not match the SHA-256 its entries record"
         if why or library is None:
             raise WorkError(f"{what}: {why}; run `cutecc verify --fix` and `cutecc build`",
                             where=str(store.layout.runtime(key)))
-        tree["/".join(meta_parts(parts))] = meta_bytes
-        tree[f"{base}/{library}"] = data
+        tree[member(meta_parts(parts))] = meta_bytes
+        tree[member((*parts, library))] = data
         s = sizes.setdefault("runtime", {"entries": 0, "bytes": 0})
         s["entries"] += 1
         s["bytes"] += len(meta_bytes) + len(data)

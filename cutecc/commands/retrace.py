@@ -28,7 +28,8 @@ from typing import Any
 from cutecc.build import builder, outcome
 from cutecc.build.artifact import difference
 from cutecc.build.executors import LocalExecutor, compile_limits
-from cutecc.entry import EntryMeta, artifact_malformed, artifact_of, library_record
+from cutecc.entry import artifact_malformed
+from cutecc.entry_meta import EntryMeta
 from cutecc.errors import CuteccError, WorkError
 from cutecc.manifest import Manifest, load_manifest
 from cutecc.plan.build_plan import Planned
@@ -122,7 +123,7 @@ def retrace(store: Store, planned: PlannedAgain, *, jobs: int | None = None,
             if entry is None:
                 report.not_held += 1
                 continue
-            held[p.key] = (p, EntryMeta.parse(entry.meta, p.key), artifact_malformed(entry.meta))
+            held[p.key] = (p, entry.meta, artifact_malformed(entry.doc))
         except (CuteccError, ValueError):
             continue  # damaged: the plain checks report it
     if not held:
@@ -156,7 +157,7 @@ def _compare(p: Planned, held: EntryMeta, o: outcome.Outcome | None, malformed: 
         return Retraced(p.label, p.key, "failed", f"compiled again: {why.splitlines()[0]}")
     note = None
     if held.artifact is not None:
-        got = artifact_of(o.meta)
+        got = o.meta.artifact
         if got is None:
             return Retraced(p.label, p.key, "failed", "the second compile recorded no artifact digest")
         differs = difference(held.artifact, got)
@@ -165,9 +166,9 @@ def _compare(p: Planned, held: EntryMeta, o: outcome.Outcome | None, malformed: 
                             "a source changed while it was built, or the compile is not deterministic")
     else:
         note = BAD_DIGEST if malformed else NO_DIGEST
-    lib = library_record(o.meta)
-    if lib is None or lib[1] != held.library.sha256:  # the digests agree: the link differs
-        got_lib = f"{lib[1][:16]}.. ({lib[2]} bytes)" if lib else "none"
+    lib = o.meta.library
+    if lib.sha256 != held.library.sha256:  # the digests agree: the link differs
+        got_lib = f"{lib.sha256[:16]}.. ({lib.size} bytes)"
         return Retraced(p.label, p.key, "differs", f"library {held.library.name} sha256 {got_lib}, recorded "
                         f"{held.library.sha256[:16]}.. ({held.library.size} bytes)"
                         + ("" if note else "; the compile gave the same artifact: the link differs"), note)

@@ -14,7 +14,6 @@ from typing import Any
 
 from cutecc.commands.report import Report
 from cutecc.commands.show import resolve
-from cutecc.entry import label_of
 from cutecc.errors import CuteccError, WorkError
 from cutecc.locks import Busy
 from cutecc.store.view import Entry, StoreView
@@ -68,7 +67,7 @@ def select(store: StoreView, keys: tuple[str, ...] = (), kernel: str | None = No
         raise CuteccError("nothing to remove: give keys or key prefixes, --kernel or --arch",
                           where="cutecc rm")
     found = [e for e in store.entries()
-             if (not kernel or e.meta.get("kernel") == kernel) and (not arch or e.meta.get("arch") == arch)]
+             if (not kernel or e.recorded.kernel == kernel) and (not arch or e.recorded.arch == arch)]
     if not found:
         what = " and ".join(f"{n} {v!r}" for n, v in (("kernel", kernel), ("arch", arch)) if v)
         raise WorkError(f"no entry matches {what} (see `cutecc list`)", where=str(store.root))
@@ -88,7 +87,7 @@ def rm(cache_dir: str | Path | None = None, *, keys: tuple[str, ...] = (), kerne
             report.busy.append(e.key)
             continue
         if gone:
-            report.removed.append({"key": e.key, "label": label_of(e.meta), "bytes": size})
+            report.removed.append({"key": e.key, "label": e.recorded.label, "bytes": size})
             tuned = store.layout.tuning_result(e.key).is_file()
             if tuned and (dry_run or store.remove_tuning_results(e.key)):
                 report.removed_tuning.append(e.key)

@@ -12,7 +12,7 @@ from cutecc.commands.list import call_text
 from cutecc.commands.report import Report
 from cutecc.contract.args import CallingConvention, TensorArg, args_from_json, flat_leaves, stride_text
 from cutecc.contract.cotangents import Cotangents
-from cutecc.entry import call_keywords, label_of
+from cutecc.entry import call_keywords
 from cutecc.errors import CuteccError, WorkError
 from cutecc.store.view import Entry, StoreView
 from cutecc.units import human_size, iso
@@ -108,8 +108,10 @@ def sharding(meta: dict[str, Any]) -> dict[str, Any]:
     `shard` rule (None: none declared) and `reshard` ("error" when not declared)."""
     from cutecc.runtime.calls import _reshard_of, _shard_of
 
-    shard = _shard_of(meta)
-    return {"shard": list(shard) if isinstance(shard, (list, tuple)) else None, "reshard": _reshard_of(meta)}
+    inputs = meta.get("key_inputs")
+    shard = _shard_of(inputs)
+    return {"shard": list(shard) if isinstance(shard, (list, tuple)) else None,
+            "reshard": _reshard_of(inputs)}
 
 
 _RESHARD_MEANS = {
@@ -168,7 +170,7 @@ def _label_of(store: StoreView, key: str) -> str:
         entry = store.get(key)
     except CuteccError:
         return "(unreadable metadata)"
-    return label_of(entry.meta) if entry else "(removed)"
+    return entry.recorded.label if entry else "(removed)"
 
 
 def get_entry(store: StoreView, prefix: str) -> Entry:
@@ -187,22 +189,21 @@ def show(key: str, cache_dir: str | Path | None = None, gpu: str | None = None) 
 
     store = StoreView(cache_dir).require()
     entry = get_entry(store, key)
-    recs = entry.meta.get("files")
-    recs = recs if isinstance(recs, dict) else {}  # damaged metadata: `cutecc verify` says how
+    recs = entry.recorded.files  # damaged metadata is shown as it is: `cutecc verify` says how
     files = [{"name": n, "size": r.get("size"), "sha256": r.get("sha256")} if isinstance(r, dict)
              else {"name": n, "size": None, "sha256": None} for n, r in sorted(recs.items())]
     return ShowReport({
         "key": entry.key,
         "path": str(entry.path),
-        "label": label_of(entry.meta),
+        "label": entry.recorded.label,
         "disk_bytes": entry.disk_bytes(),
         "last_used": iso(entry.last_used()),
         "files": files,
-        "meta": entry.meta,
-        "in_place": in_place_notes(entry.meta),
-        "gradient": gradient(entry.meta),
-        "sharding": sharding(entry.meta),
-        "strides": strides(entry.meta),
+        "meta": entry.doc,
+        "in_place": in_place_notes(entry.doc),
+        "gradient": gradient(entry.doc),
+        "sharding": sharding(entry.doc),
+        "strides": strides(entry.doc),
         "winner_for": winners_in(store.root).get(entry.key, []),
         **({"on_gpu": _on_gpu(entry, gpu)}
            if (gpu := None if gpu is None else check_device_arch(gpu, "--gpu")) else {}),
@@ -215,9 +216,9 @@ def _on_gpu(entry: Any, gpu: str) -> dict[str, Any]:
     from cutecc.archs import driver_for_ptx_isa, how_runs, is_ptx, parse_version, show_version
     from cutecc.entry import ptx_isa_of
 
-    arch = str(entry.meta.get("arch"))
+    arch = str(entry.recorded.arch)
     out: dict[str, Any] = {"gpu": gpu, "runs": how_runs(arch, gpu)}
-    isa = ptx_isa_of(entry.meta)
+    isa = ptx_isa_of(entry.doc)
     if is_ptx(arch):
         out["ptx_isa"] = isa
         want = parse_version(isa)

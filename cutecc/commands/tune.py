@@ -297,7 +297,7 @@ def _record(report: TuneReport, plan_items: list[PlanItem], root: Path, lock_pat
         e, base = store.get(t.winner), store.get(t.base)
         why = "not in the cache" if e is None else (
             "its default configuration is not in the cache" if base is None
-            else line_problem(t, base.meta, e.meta) or sibling_problem(base.meta, e.meta))
+            else line_problem(t, base.doc, e.doc) or sibling_problem(base.doc, e.doc))
         if why:
             raise WorkError(f"{t.kernel}[{t.winner_variant}] {t.winner[:12]}: {why}; run "
                             "`cutecc tune --compile-only`", where=str(root))

@@ -19,15 +19,8 @@ from typing import Any
 
 from cutecc import environ
 from cutecc.commands.report import Report
-from cutecc.entry import (
-    MAX_META_BYTES,
-    META,
-    STORE_FORMAT,
-    RuntimeMeta,
-    is_key,
-    parse_json,
-    runtime_record,
-)
+from cutecc.entry import MAX_META_BYTES, META, STORE_FORMAT, is_key, parse_json, runtime_record
+from cutecc.entry_meta import RuntimeMeta
 from cutecc.errors import CuteccError, WorkError
 from cutecc.lock.lockfile import LOCK_NAME, MAX_LOCK_BYTES, Lock, LockEntry
 from cutecc.lock.signing import MAX_SIG_BYTES, SIG_SUFFIX, check_lock
@@ -35,7 +28,14 @@ from cutecc.runtime.package import PACK_DIR
 from cutecc.ship.archive import Limits, PackTree
 from cutecc.ship.ingest import Refused, check_whole, publish
 from cutecc.store.build_records import CompositeRecord
-from cutecc.store.layout import ENTRIES, RUNTIMES, entry_parts, meta_parts, runtime_parts
+from cutecc.store.layout import (
+    ENTRIES,
+    entry_parts,
+    member,
+    member_parts,
+    meta_parts,
+    runtime_parts,
+)
 from cutecc.store.view import Entry
 from cutecc.store.writer import Store
 
@@ -112,9 +112,10 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
     entries: dict[str, list[str]] = {}
     runtimes: dict[str, list[str]] = {}
     for n in sorted({*tree.names, *tree.bad}):
-        parts = n.split("/")
-        if len(parts) == 4 and parts[0] in (ENTRIES, RUNTIMES):  # a cache's layout
-            (entries if parts[0] == ENTRIES else runtimes).setdefault(parts[2], []).append(parts[3])
+        named = member_parts(n)
+        if named is not None:  # a cache's layout
+            area, key, file = named
+            (entries if area == ENTRIES else runtimes).setdefault(key, []).append(file)
         elif n not in ("format", LOCK_NAME, sig_name):
             report.refused.append((n[:80], "not part of a cutecc pack's tree"))
     for n in tree.outside:
@@ -133,7 +134,7 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
         have = store.get_runtime(rkey)
         try:
             if have is not None:
-                usable[rkey] = have.checked_runtime.library.sha256
+                usable[rkey] = have.runtime_meta.library.sha256
                 continue
         except ValueError:
             pass  # damaged: the pack's copy replaces it below
@@ -147,9 +148,9 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
         except Refused as e:
             report.refused.append((f"runtime {rkey[:12]}", e.why))
             continue
-        usable[rkey] = found.checked_runtime.library.sha256
+        usable[rkey] = found.runtime_meta.library.sha256
         if built:
-            report.runtimes.append(found.checked_runtime.library.name)
+            report.runtimes.append(found.runtime_meta.library.name)
     ok: set[str] = set()  # the keys now in the cache
     for key, le in sorted(by_key.items()):  # one entry in memory at a time
         label = f"{le.label} {key[:12]}"
@@ -194,18 +195,20 @@ def _read(tree: PackTree, name: str, cap: int) -> bytes:
         raise CuteccError(str(e), where=str(tree.path)) from None
 
 
-def _members(tree: PackTree, base: str, names: list[str], cap: int) -> tuple[bytes, dict[str, bytes]]:
-    """meta.json's bytes and the other members of the pack directory `base`, once none of
-    them was refused while reading the archive; else ValueError(why)."""
-    if META not in names or any(f"{base}{n}" not in tree.names and f"{base}{n}" not in tree.bad
-                                for n in names):
+def _members(tree: PackTree, parts: tuple[str, ...], names: list[str],
+             cap: int) -> tuple[bytes, dict[str, bytes]]:
+    """meta.json's bytes and the other members of the pack directory at `parts`
+    (`entry_parts`, `runtime_parts`), once none of them was refused while reading the
+    archive; else ValueError(why)."""
+    at = {n: member((*parts, n)) for n in names}
+    if META not in names or any(m not in tree.names and m not in tree.bad for m in at.values()):
         raise ValueError(f"no {META}, or stored under the wrong shard directory")
-    for n in names:
-        if f"{base}{n}" in tree.bad:
-            raise ValueError(f"{n}: {tree.bad[base + n]}")
-        if tree.size(base + n) > (MAX_META_BYTES if n == META else cap):
-            raise ValueError(f"{n}: {tree.size(base + n)} bytes, over the limit")
-    return tree.read(base + META), {n: tree.read(base + n) for n in names if n != META}
+    for n, m in at.items():
+        if m in tree.bad:
+            raise ValueError(f"{n}: {tree.bad[m]}")
+        if tree.size(m) > (MAX_META_BYTES if n == META else cap):
+            raise ValueError(f"{n}: {tree.size(m)} bytes, over the limit")
+    return tree.read(at[META]), {n: tree.read(m) for n, m in at.items() if n != META}
 
 
 def _check_entry(tree: PackTree, key: str, le: LockEntry,
@@ -216,7 +219,7 @@ def _check_entry(tree: PackTree, key: str, le: LockEntry,
         raise ValueError("not a cache key")
     if not names:
         raise ValueError("missing from the archive")
-    meta_bytes, files = _members(tree, "/".join(entry_parts(key)) + "/", names, le.pin.size)
+    meta_bytes, files = _members(tree, entry_parts(key), names, le.pin.size)
     try:
         meta = check_whole(key, meta_bytes, files, le.pin.size)
     except Refused as e:
@@ -231,7 +234,7 @@ def _runtime_named(tree: PackTree, key: str) -> dict[str, Any] | None:
     """The runtime library record an entry's meta.json names, or None. Unchecked but for
     its form: the caller takes it only where the lock's line names the same SHA-256, and
     the entry and the runtime library are each checked whole before they land."""
-    name = "/".join(meta_parts(entry_parts(key)))
+    name = member(meta_parts(entry_parts(key)))
     if not is_key(key) or name not in tree.names or tree.size(name) > MAX_META_BYTES:
         return None
     try:
@@ -247,7 +250,7 @@ def _check_runtime(tree: PackTree, key: str, rec: dict[str, Any],
     library is the one the entries that need it record (`rec`); else ValueError(why)."""
     if not names:
         raise ValueError(f"missing from the archive ({rec['library']})")
-    meta_bytes, files = _members(tree, "/".join(runtime_parts(key)) + "/", names, rec["size"])
+    meta_bytes, files = _members(tree, runtime_parts(key), names, rec["size"])
     try:
         meta = check_whole(key, meta_bytes, files, rec["size"], runtime=True)
     except Refused as e:

@@ -20,13 +20,11 @@ from cutecc.entry import (
     MAX_INDEX_BYTES,
     MAX_META_BYTES,
     RESERVED_FILES,
-    EntryMeta,
-    RuntimeMeta,
     file_record,
     is_kernel_name,
     is_key,
-    parse_json,
 )
+from cutecc.entry_meta import EntryMeta, RuntimeMeta
 from cutecc.errors import CuteccError
 from cutecc.platforms import machine_problem
 from cutecc.runtime.tuning import line_problem, load_cached, sibling_problem

@@ -71,7 +71,7 @@ class Cotangents:
                 f'takes no cotangent of it (declared non-differentiable: grad.nondiff). Apply '
                 f'jax.lax.stop_gradient (torch: .detach()) to "{bad[0]}" before using it in the '
                 f"loss, or pair a backward that takes \"{COTANGENT}{bad[0]}\"",
-                where=f'kernel "{kernel}"', exit_code=1)
+                where=f'kernel "{kernel}"')
 
     def lines(self) -> list[str]:
         """What `cutecc show` says of the pairing, one line per kind of output."""

@@ -11,7 +11,8 @@ from typing import Any
 
 from cutecc.contract.buckets import RULES, parse_bucket
 from cutecc.contract.fallbacks import FallbackRef, refs_from_json, refs_to_json
-from cutecc.entry import acted_on, bad_pin_field, is_key, label, platform_of
+from cutecc.entry import acted_on, bad_pin_field, is_key, label
+from cutecc.entry_meta import EntryMeta
 from cutecc.errors import CuteccError, WorkError
 from cutecc.platforms import BUILD_PLATFORM, PLATFORMS
 from cutecc.store.index_record import IndexFacts
@@ -35,10 +36,10 @@ class Pin:
     runtime: str  # the SHA-256 of the runtime library the kernel library links against
 
     @classmethod
-    def of(cls, meta: Mapping[str, Any]) -> Pin | None:
-        """The pin of an entry from its metadata; None when it records no library, symbol
-        or runtime library."""
-        acted = acted_on(dict(meta))
+    def of(cls, meta: Mapping[str, Any] | EntryMeta) -> Pin | None:
+        """The pin of an entry from its metadata (its meta.json's object, or its checked
+        record); None when it records no library, symbol or runtime library."""
+        acted = meta.acted_on if isinstance(meta, EntryMeta) else acted_on(dict(meta))
         if acted is None or acted["symbol"] is None or acted["runtime"] is None:
             return None
         return cls(**acted)
@@ -93,15 +94,16 @@ class LockEntry:
         return (self.kernel, self.variant, self.arch, self.platform, self.key)
 
     @classmethod
-    def of(cls, kernel: str, variant: str, arch: str, key: str, meta: dict[str, Any]) -> LockEntry:
-        """The lock line for an entry, from its metadata."""
+    def of(cls, kernel: str, variant: str, arch: str, key: str, meta: EntryMeta | None,
+           platform: str = BUILD_PLATFORM) -> LockEntry:
+        """The lock line for an entry, from its checked record (None: its metadata could not
+        be read or trusted, an error naming it; `platform` names it then)."""
+        if meta is None:
+            raise WorkError(f"{label(kernel, variant, arch, platform)} {key[:12]}: malformed metadata "
+                            "(`cutecc verify` says why)", where="kernels.lock")
         pin = Pin.of(meta)
-        platform = platform_of(meta)
-        if pin is None:
-            raise WorkError(f"{label(kernel, variant, arch, platform)} {key[:12]}: malformed metadata (no "
-                            "library file record, symbol or runtime library record)",
-                            where="kernels.lock")
-        return cls(kernel, variant, arch, platform, key, pin)
+        assert pin is not None  # a checked record has them all
+        return cls(kernel, variant, arch, meta.platform, key, pin)
 
     @classmethod
     def from_facts(cls, kernel: str, variant: str, arch: str, key: str,
@@ -113,13 +115,13 @@ class LockEntry:
 
     def mismatch(self, entry: Entry) -> str | None:
         """Why the entry differs from this line (in anything the runtime acts on), or None."""
-        m = entry.meta
-        for name in ("kernel", "variant", "arch"):
-            if m.get(name) != getattr(self, name):
-                return f"{name} {m.get(name)!r}, the lock says {getattr(self, name)!r}; refusing it"
-        if platform_of(m) != self.platform:
-            return f"platform {platform_of(m)!r}, the lock says {self.platform!r}; refusing it"
-        diff = self.pin.difference(m)
+        m = entry.recorded  # unchecked: a damaged entry is named by what differs
+        for name, got in (("kernel", m.kernel), ("variant", m.variant), ("arch", m.arch)):
+            if got != getattr(self, name):
+                return f"{name} {got!r}, the lock says {getattr(self, name)!r}; refusing it"
+        if m.platform != self.platform:
+            return f"platform {m.platform!r}, the lock says {self.platform!r}; refusing it"
+        diff = self.pin.difference(entry.doc)
         if diff is not None:
             name, got, want = diff
             what = {"sha256": "library SHA-256", "runtime": "runtime library SHA-256"}.get(name, name)

@@ -299,7 +299,12 @@ def lock_for(items: Iterable[tuple[str, str, str, str]], store: StoreView) -> Lo
         if entry is None:
             raise WorkError(f"{label(kernel, variant, arch)} {key[:12]} is not in the cache; run "
                             "`cutecc build`", where=str(store.root))
-        out.append(LockEntry.of(kernel, variant, arch, key, entry.meta))
+        try:
+            rec = entry.meta
+        except ValueError as e:
+            raise WorkError(f"{label(kernel, variant, arch)} {key[:12]}: {e}; run `cutecc verify --fix`",
+                            where=str(entry.path)) from None
+        out.append(LockEntry.of(kernel, variant, arch, key, rec))
     return Lock(tuple(out))
 
 

@@ -33,7 +33,7 @@ from typing import Any
 from cutecc import environ, trust
 from cutecc.atomic import atomic_write
 from cutecc.entry import parse_json
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
 
 KEY_FORMAT = 1
 SIG_FORMAT = 1
@@ -47,11 +47,11 @@ _PRIVATE = "cutecc-ed25519-private"
 _PUBLIC = "cutecc-ed25519-public"
 
 
-class SignatureError(CuteccError):
+class SignatureError(WorkError):
     """A missing, malformed, untrusted or failing signature (one line, says which; exit 1)."""
 
     def __init__(self, message: str, where: str | None = None) -> None:
-        super().__init__(message, where=where, exit_code=1)
+        super().__init__(message, where=where)
 
 
 # The four primitive calls (cryptography) -----------------------------------------------------

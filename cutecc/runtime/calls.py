@@ -32,7 +32,7 @@ from cutecc.contract.args import (
     stride_text,
 )
 from cutecc.contract.cotangents import STOP_GRADIENT, Cotangents
-from cutecc.entry import EntryMeta, FileRec, RuntimeLink, call_keywords
+from cutecc.entry_meta import EntryMeta, FileRec, RuntimeLink
 from cutecc.errors import CallError, CallTypeError, NoBuildFits
 from cutecc.names import call_name_problem
 from cutecc.runtime import library
@@ -40,16 +40,14 @@ from cutecc.runtime.library import RuntimeRef
 from cutecc.store.layout import Layout
 
 
-def _shard_of(meta: Mapping[str, Any] | EntryMeta) -> Any:
+def _shard_of(key_inputs: Mapping[str, Any] | None) -> Any:
     """The `shard` symbols an entry's key inputs record (None: not declared); unchecked."""
-    ki = meta.key_inputs if isinstance(meta, EntryMeta) else meta.get("key_inputs")
-    return ki.get("shard") if isinstance(ki, Mapping) else None
+    return key_inputs.get("shard") if isinstance(key_inputs, Mapping) else None
 
 
-def _reshard_of(meta: Mapping[str, Any] | EntryMeta) -> Any:
+def _reshard_of(key_inputs: Mapping[str, Any] | None) -> Any:
     """The `reshard` choice an entry's key inputs record ("error" when not declared); unchecked."""
-    ki = meta.key_inputs if isinstance(meta, EntryMeta) else meta.get("key_inputs")
-    return ki.get("reshard", RESHARD[0]) if isinstance(ki, Mapping) else RESHARD[0]
+    return key_inputs.get("reshard", RESHARD[0]) if isinstance(key_inputs, Mapping) else RESHARD[0]
 
 
 @dataclass(frozen=True)
@@ -75,18 +73,7 @@ class Build:
     def of(cls, rec: EntryMeta, entry_dir: Path) -> Build:
         """The build of a checked entry (`entry_dir` is its directory in the cache)."""
         return cls._make(rec.key, entry_dir, rec.args, rec.library, rec.runtime, rec.call, rec.variant,
-                         rec.arch, rec.symbol, _shard_of(rec), _reshard_of(rec))
-
-    @classmethod
-    def from_meta(cls, key: str, entry_dir: Path, meta: Mapping[str, Any]) -> Build:
-        """The build of an entry whose metadata the caller checked (`entry.meta_problem`);
-        `Build.of` takes the typed record instead."""
-        lib = meta["library"]
-        rec, rt = meta["files"][lib], meta["runtime"]
-        return cls._make(key, entry_dir, meta["args"], FileRec(lib, rec["sha256"], int(rec["size"])),
-                         RuntimeLink(rt["key"], rt["library"], rt["sha256"], int(rt["size"])),
-                         call_keywords(meta), meta["variant"], meta["arch"], meta["symbol"], _shard_of(meta),
-                         _reshard_of(meta))
+                         rec.arch, rec.symbol, _shard_of(rec.key_inputs), _reshard_of(rec.key_inputs))
 
     @classmethod
     def _make(cls, key: str, entry_dir: Path, args_json: Any, lib: FileRec, rt: RuntimeLink,
@@ -417,17 +404,17 @@ class KernelBase:
             why = "; ".join(self.unusable) or "nothing was built for it"
             raise NoBuildFits(f"no usable build for arch {self.arch}: {why}. Build it with "
                             f"`cutecc build --arch {to_build(self.arch)} --kernel {self.name}`",
-                            where=f'kernel "{self.name}"', exit_code=1)
+                            where=f'kernel "{self.name}"')
         known = self._keywords
         for k, v in keywords.items():
             if k not in known:
                 raise CallTypeError(f"unknown keyword argument {k!r}; call keywords: "
                                     f"{', '.join(sorted(known)) or 'none'}",
-                                    where=f'kernel "{self.name}"', exit_code=1)
+                                    where=f'kernel "{self.name}"')
             if not any(_same(v, w) for w in known[k]):
                 raise NoBuildFits(f"{k}={v!r} was not built; built: "
                                 + ", ".join(f"{k}={w!r}" for w in known[k]),
-                                where=f'kernel "{self.name}"', exit_code=1)
+                                where=f'kernel "{self.name}"')
         reasons = []
         fits: list[tuple[Build, dict[str, int]]] = []
         for b in self.builds:
@@ -448,7 +435,7 @@ class KernelBase:
             f"no built variant matches the call ({got}). Built for {self.arch}:\n"
             + "\n".join(reasons)
             + f"\nTo add one, extend [kernel.{self.name}] variants in the manifest and run "
-            "`cutecc build`.", where=f'kernel "{self.name}"', exit_code=1)
+            "`cutecc build`.", where=f'kernel "{self.name}"')
 
     def _served_by_fallback(self, arrays: Sequence[Any], kwargs: Mapping[str, Any],
                             keywords: Mapping[str, Any], once: bool = False) -> tuple[bool, Any]:
@@ -470,7 +457,7 @@ class KernelBase:
                 if why is None:
                     return False, None
                 note = f"just-in-time build: {why}"
-                miss = NoBuildFits(f"{miss.message}\n({note})", where=miss.where, exit_code=1)
+                miss = NoBuildFits(f"{miss.message}\n({note})", where=miss.where)
                 if self._fallback is None:
                     raise miss from None
             return True, self._fallback.serve(arrays, kwargs, miss, sig, no_builds, once, note)
@@ -501,10 +488,10 @@ class KernelBase:
             raise CallTypeError(f"missing call keyword {', '.join(map(repr, missing))}: these arrays "
                                 f"fit {len(top)} variant(s), chosen by {choices} (built: {built}) "
                                 f"(e.g. {self.name}(..., {missing[0]}=...))",
-                                where=f'kernel "{self.name}"', exit_code=1)
+                                where=f'kernel "{self.name}"')
         raise CallError("the call fits several variants equally: " + ", ".join(
             b.variant for b, _ in top) + "; declare contracts that tell them apart",
-                        where=f'kernel "{self.name}"', exit_code=1)
+                        where=f'kernel "{self.name}"')
 
 
 def extent(kernel: str, t: TensorArg, d: Any, env: Mapping[str, Any], dims: Dims = PLAIN) -> Any:
@@ -517,12 +504,11 @@ def extent(kernel: str, t: TensorArg, d: Any, env: Mapping[str, Any], dims: Dims
     try:
         n = expr.evaluate(d, env, minimum=dims.min, maximum=dims.max)
     except expr.ExprError as e:
-        raise CallError(f"{t.name}: derived extent {d!r}: {e}", where=f'kernel "{kernel}"',
-                        exit_code=1) from None
+        raise CallError(f"{t.name}: derived extent {d!r}: {e}", where=f'kernel "{kernel}"') from None
     if isinstance(n, int) and n <= 0:
         raise CallError(f"{t.name}: derived extent {d!r} is {n} for "
                         + ", ".join(f"{k}={env[k]}" for k in expr.names(d))
-                        + "; an extent must be positive", where=f'kernel "{kernel}"', exit_code=1)
+                        + "; an extent must be positive", where=f'kernel "{kernel}"')
     return n
 
 

@@ -47,8 +47,7 @@ class CompositeBase:
         missing = [n for n, f in zip(self.launches, fns) if f is None]
         if missing:
             raise CallError(f"launch kernel {missing[0]!r} is not in this kernel set (not loaded, "
-                            "or not built: run `cutecc build`)", where=f'kernel "{self.name}"',
-                            exit_code=1)
+                            "or not built: run `cutecc build`)", where=f'kernel "{self.name}"')
         return fns
 
     @property
@@ -76,28 +75,28 @@ class CompositeBase:
         the keywords it takes; the outputs (with `every`, a dict of them by name)."""
         if len(args) != len(self.inputs):
             raise CallTypeError(f"takes {len(self.inputs)} {self._noun}(s) ({', '.join(self.inputs)}), "
-                                f"got {len(args)}", where=f'kernel "{self.name}"', exit_code=1)
+                                f"got {len(args)}", where=f'kernel "{self.name}"')
         fns = self._fns()
         taken = set().union(*(f.scalar_names() for f in fns), *(f._keywords for f in fns))
         unknown = sorted(set(kw) - taken)
         if unknown:
             raise CallTypeError(f"unknown keyword argument {unknown[0]!r}; runtime scalars and call "
                                 f"keywords of the launches: {', '.join(sorted(taken)) or 'none'}",
-                                where=f'kernel "{self.name}"', exit_code=1)
+                                where=f'kernel "{self.name}"')
         have = dict(zip(self.inputs, args))
         for f in fns:
             gone = [n for n in f.input_names() if n not in have]
             if gone:  # the launch's contract is not the one the composite was declared over
                 raise CallError(f'launch "{f.name}" takes "{gone[0]}", which is no input of the '
                                 "composite and no result of an earlier launch; rebuild and lock "
-                                "them together", where=f'kernel "{self.name}"', exit_code=1)
+                                "them together", where=f'kernel "{self.name}"')
             mine = f.scalar_names() | set(f._keywords)
             have.update(self._launch(f, tuple(have[n] for n in f.input_names()),
                                      {k: v for k, v in kw.items() if k in mine}, args))
         gone = [n for n in self.outputs if n not in have]
         if gone:
             raise CallError(f'output "{gone[0]}" is no result of its launches; rebuild and lock them '
-                            "together", where=f'kernel "{self.name}"', exit_code=1)
+                            "together", where=f'kernel "{self.name}"')
         if every:
             return {n: have[n] for n in self.outputs}
         out = tuple(have[n] for n in self.outputs)

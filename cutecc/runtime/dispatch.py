@@ -86,8 +86,7 @@ def _jax_scalar(kernel: str, s: ScalarArg, v: Any) -> Any:
     if isinstance(v, jax.core.Tracer) or (isinstance(v, jax.Array) and v.ndim):
         raise CallTypeError(f"runtime scalar {s.name!r} must be a Python or NumPy number "
                             "known when the call is traced (it travels as an FFI attribute), "
-                            "not a traced or array value", where=f'kernel "{kernel}"',
-                            exit_code=1)
+                            "not a traced or array value", where=f'kernel "{kernel}"')
     if isinstance(v, jax.Array):
         return v.item()
     return scalar_values.plain_scalar(kernel, s, v)
@@ -129,7 +128,7 @@ class KernelFn(calls.KernelBase):
                                 'one in the manifest (may_alias = "<input>" on the output) '
                                 + (f"; its inout {', '.join(inout)} is always written in place "
                                    "(donate it: jax.jit(..., donate_argnums=...))" if inout else ""),
-                                where=f'kernel "{self.name}"', exit_code=1)
+                                where=f'kernel "{self.name}"')
             view = copy.copy(self)
             view._out_of_place = self
             view._eager = {}
@@ -141,7 +140,7 @@ class KernelFn(calls.KernelBase):
             if not hasattr(a, "shape") or not hasattr(a, "dtype"):
                 raise CallTypeError(f"argument {i} is a {type(a).__name__}, not an array "
                                     "(runtime scalars are keyword arguments)",
-                                    where=f'kernel "{self.name}"', exit_code=1)
+                                    where=f'kernel "{self.name}"')
         if not any(isinstance(a, jax.core.Tracer) for a in arrays):
             fn = (self._out_of_place or self)._eager_fn(scalars)
             if fn is not None:
@@ -263,7 +262,7 @@ class KernelFn(calls.KernelBase):
             if not conv.may_aliases:
                 raise CallError(f"variant {build.variant} declares no output that may be written "
                                 "in an input's memory (may_alias): call it without .in_place",
-                                where=f'kernel "{self.name}"', exit_code=1)
+                                where=f'kernel "{self.name}"')
             aliases += conv.may_aliases
         out = cutecc_call_p.bind(*unify_varying(buffers), target=target, kernel=self.name,
                                  results=results, aliases=aliases, attrs=attrs)
@@ -488,5 +487,5 @@ def _spread(kernel: str, arrays: Sequence[Any]) -> CallError | None:
         where = ", ".join("device " + "+".join(map(str, p)) for p in sorted(placements))
         return CallError(f"its arrays are committed to different devices ({where}); a call needs "
                          "them on one device (jax.device_put them there) or, sharded alike over a "
-                         "mesh, inside jax.shard_map", where=f'kernel "{kernel}"', exit_code=1)
+                         "mesh, inside jax.shard_map", where=f'kernel "{kernel}"')
     return None

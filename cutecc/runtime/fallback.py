@@ -64,7 +64,7 @@ class Fallback:
         try:
             mod = importlib.import_module(self.ref.module)
         except ImportError as e:
-            raise NoBuildFits(f"cannot import the fallback's module: {e}", where=where, exit_code=1) from None
+            raise NoBuildFits(f"cannot import the fallback's module: {e}", where=where) from None
         if self.check_digest:
             origin = getattr(mod, "__file__", None)
             try:
@@ -75,17 +75,15 @@ class Fallback:
                 raise NoBuildFits(f"its module {origin or self.ref.module} is not the one the lock records "
                                   f"(SHA-256 {self.ref.sha256[:16]}..., this one "
                                   f"{(digest or 'unreadable')[:16]}...); build again to lock it",
-                                  where=where, exit_code=1)
+                                  where=where)
         fn: Any = mod
         try:
             for part in self.ref.attr.split("."):
                 fn = getattr(fn, part)
         except AttributeError:
-            raise NoBuildFits(f"module {self.ref.module} has no {self.ref.attr!r}", where=where,
-                              exit_code=1) from None
+            raise NoBuildFits(f"module {self.ref.module} has no {self.ref.attr!r}", where=where) from None
         if not callable(fn):
-            raise NoBuildFits(f"{self.ref.attr!r} is a {type(fn).__name__}, not a function", where=where,
-                              exit_code=1)
+            raise NoBuildFits(f"{self.ref.attr!r} is a {type(fn).__name__}, not a function", where=where)
         return fn  # type: ignore[no-any-return]
 
     def serve(self, arrays: Sequence[Any], kwargs: Mapping[str, Any], miss: NoBuildFits,
@@ -100,7 +98,7 @@ class Fallback:
         if self.strict or environ.flag(environ.STRICT):
             why = "load(strict=True)" if self.strict else f"${environ.STRICT}"
             raise NoBuildFits(f"{miss.message}\n(strict, {why}: the declared fallback {self.ref.ref} "
-                              "is not served)", where=miss.where, exit_code=1)
+                              "is not served)", where=miss.where)
         reason = f"no build for {self.arch}" if no_builds else "no built variant fits"
         keywords = {k: v for k, v in kwargs.items() if k in self.call_keywords}
         m = miss_of(self.kernel, self.arch, arrays_sig, keywords, reason)

@@ -12,7 +12,7 @@ from typing import Any
 
 from cutecc.errors import CuteccError
 from cutecc.runtime.calls import Build, KernelBase
-from cutecc.runtime.usable import ptx_problem, record_problem, why_unusable
+from cutecc.runtime.usable import ptx_problem, why_unusable
 from cutecc.store.view import StoreView
 
 
@@ -46,11 +46,11 @@ def jit_hook(store: StoreView, manifest: Path | None, target: str, series: str,
             return f"{err.where}: {err.message}" if err.where else err.message
         e = store.get(r.key)
         why = "not in the cache after its build" if e is None else (
-            why_unusable(e.meta, target, series) or record_problem(e) or ptx_problem(e, driver))
+            why_unusable(e, target, series) or ptx_problem(e, driver))
         if e is None or why:
             return f"entry {r.key[:12]} ({r.variant}@{r.arch}): {why}"
         said = reason if not fn.builds else f"{reason} on {target}"
-        fn._add_build(Build.of(e.checked, e.path))
+        fn._add_build(Build.of(e.meta, e.path))
         done = "compiled" if r.compiled else "found cached"
         warnings.warn(f'cutecc kernel "{fn.name}" {m.signature}: {said}; {done} variant '
                       f"{r.variant} for {r.arch} just in time ({r.key[:12]}, {r.seconds:.1f}s): add it to "

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 from cutecc import trust
 from cutecc.archs import check_device_arch, device_arch, driver_version, runs_on
 from cutecc.contract.composite_line import CompositeLine
-from cutecc.entry import call_keywords
 from cutecc.environ import read_only
 from cutecc.errors import CuteccError, WorkError
 from cutecc.runtime.calls import Build, KernelBase
@@ -409,10 +408,10 @@ def _entries_of(store: StoreView, name: str, keys: list[str],
         except CuteccError as err:
             unreadable.append(f"{key[:12]}: {err.message}")
             continue
-        if e is None or e.meta.get("kernel") != name:
+        if e is None or e.recorded.kernel != name:
             continue
         if newest:
-            arch = str(e.meta.get("arch"))
+            arch = str(e.recorded.arch)
             if arch not in generations:
                 generations[arch] = store.generation(name, arch)
             current = generations[arch]
@@ -435,16 +434,15 @@ def _kernel_fn(front: FrontEnd, name: str, entries: list[Entry], target: str, se
     grad: dict[str, Any] | None = None  # a named pairing (grad.args), see KernelFn
     refused = False
     for e in entries:
-        m = e.meta
         why = pinned[e.key].mismatch(e) if e.key in pinned else None
         if why:
             refused = True
         else:
-            why = why_unusable(m, target, series) or record_problem(e) or ptx_problem(e, driver)
+            why = why_unusable(e, target, series) or ptx_problem(e, driver)
         if why:
-            unusable.append(f"{m.get('variant')}@{m.get('arch')} ({e.key[:12]}): {why}")
+            unusable.append(f"{e.recorded.variant}@{e.recorded.arch} ({e.key[:12]}): {why}")
             continue
-        rec = e.checked  # typed from here on
+        rec = e.meta  # checked (why_unusable): typed from here on
         try:
             b = Build.of(rec, e.path)
         except (KeyError, TypeError, ValueError) as err:
@@ -477,7 +475,7 @@ def _fallback(front: FrontEnd, name: str, fn: KernelBase, entries: list[Entry], 
                     if le.kernel == name and field in dict(le.fallbacks)), None)
     else:
         newest = ""
-        for arch in sorted({str(e.meta.get("arch")) for e in entries}):
+        for arch in sorted({str(e.recorded.arch) for e in entries}):
             try:
                 gen = store.generation_fallbacks(name, arch)
                 found = gen.fallback(field) if gen is not None and gen.built_at >= newest else None
@@ -487,7 +485,7 @@ def _fallback(front: FrontEnd, name: str, fn: KernelBase, entries: list[Entry], 
                 fn.unusable += (f"fallback recorded for {arch}: {e.message}",)
     if ref is None:
         return None
-    names = {k for e in entries for k in call_keywords(e.meta)}
+    names = {k for e in entries for k in e.recorded.call}
     return Fallback(name, ref, arch=target, check_digest=locked is not None, strict=strict,
                     misses_root=misses_root, call_keywords=names)
 
@@ -534,15 +532,14 @@ def _tuning(name: str, fn: KernelBase, store: StoreView, locked: Any, target: st
         if e is None:
             why: str | None = "not in the cache"
         else:
-            why = (t.mismatch(e.meta) or why_unusable(e.meta, target, series) or record_problem(e)
-                   or ptx_problem(e, driver))
+            why = t.mismatch(e.doc) or why_unusable(e, target, series) or ptx_problem(e, driver)
         if why is None and e is not None:
             base = store.get(t.base)
             why = "its default configuration is not in the cache" if base is None else (
-                record_problem(base) or line_problem(t, base.meta, e.meta)
-                or sibling_problem(base.meta, e.meta))
+                record_problem(base) or line_problem(t, base.doc, e.doc)
+                or sibling_problem(base.doc, e.doc))
         if why is None and e is not None:
-            b = Build.of(e.checked, e.path)
+            b = Build.of(e.meta, e.path)
             return b if record_use else dataclasses.replace(b, record_use=False)
         fn.unusable += (f"tuned winner {t.winner_variant}@{t.arch} ({t.winner[:12]}) for {t.bucket} "
                         f"on {t.device}: {why}",)

@@ -49,7 +49,7 @@ def check_lowering(axis_context: Any, kernel: str) -> None:
             "(jax.device_put(x, jax.devices()[k]): the call then runs on device k, eagerly or "
             "under jax.jit), call it inside jax.shard_map (each device runs it on its shard), or "
             "declare the axes it is independent along (shard = [..] in the manifest)",
-            where=f'kernel "{kernel}"', exit_code=1)
+            where=f'kernel "{kernel}"')
 
 
 def device_launcher(function: Callable[..., Any], index: int | None, device_count: int,

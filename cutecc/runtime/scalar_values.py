@@ -36,12 +36,12 @@ def attrs(kernel: str, declared: Sequence[ScalarArg], given: Mapping[str, Any],
         if any(s.name == k and s.value is not None for s in declared):
             raise CallTypeError(f"runtime scalar {k!r} is derived ({_declared_value(declared, k)}): "
                                 "the runtime computes and passes it, a call does not",
-                                where=f'kernel "{kernel}"', exit_code=1)
+                                where=f'kernel "{kernel}"')
         if k not in names:
             also = f"; call keywords: {', '.join(sorted(keywords))}" if keywords else ""
             raise CallTypeError(f"unknown keyword argument {k!r}; runtime scalars: "
                                 f"{', '.join(sorted(names)) or 'none'}{also}",
-                                where=f'kernel "{kernel}"', exit_code=1)
+                                where=f'kernel "{kernel}"')
     out = []
     for s in declared:
         if s.value is not None:
@@ -50,7 +50,7 @@ def attrs(kernel: str, declared: Sequence[ScalarArg], given: Mapping[str, Any],
         v = given.get(s.name, s.default)
         if v is None:
             raise CallTypeError(f"missing runtime scalar {s.name!r} ({s.dtype})",
-                                where=f'kernel "{kernel}"', exit_code=1)
+                                where=f'kernel "{kernel}"')
         out.append((s.name, s.dtype, _scalar_value(kernel, s, scalar(kernel, s, v))))
     return tuple(out)
 
@@ -69,12 +69,12 @@ def _derived_scalar(kernel: str, s: ScalarArg, env: Mapping[str, Any], dims: Dim
         v = expr.evaluate(s.value, env, minimum=dims.min, maximum=dims.max)
     except expr.ExprError as e:
         raise CallError(f"runtime scalar {s.name!r} ({s.value!r}): {e}",
-                        where=f'kernel "{kernel}"', exit_code=1) from None
+                        where=f'kernel "{kernel}"') from None
     if not isinstance(v, int):  # a symbolic dimension (jax.export): no attribute can hold it
         raise CallError(f"runtime scalar {s.name!r} = {s.value!r} depends on a symbolic dimension "
                         f"({v}); it travels as an FFI attribute, which needs a number when the "
                         "call is traced: export with that dimension concrete",
-                        where=f'kernel "{kernel}"', exit_code=1)
+                        where=f'kernel "{kernel}"')
     return _scalar_value(kernel, s, v)
 
 
@@ -98,4 +98,4 @@ def _scalar_value(kernel: str, s: ScalarArg, v: Any) -> Any:
         why = f"got {type(v).__name__} {v!r}"[:120]
     cls = CallError if ok else CallTypeError  # a value out of range, or a value of another type
     raise cls(f"runtime scalar {s.name!r} ({s.dtype}) must be {want}: {why}",
-              where=f'kernel "{kernel}"', exit_code=1)
+              where=f'kernel "{kernel}"')

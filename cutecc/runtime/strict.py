@@ -105,4 +105,4 @@ def check(kernel: str, policy: str, shard: Sequence[str], found: Sequence[Reshar
         f"under an explicit mesh, {what}. The kernel ({rule}) {splits}: shard its inputs so, "
         "call it inside jax.shard_map (each device on its shard), or let the manifest allow "
         "the collective (reshard = \"warn\" or \"allow\")",
-        where=f'kernel "{kernel}"', exit_code=1)
+        where=f'kernel "{kernel}"')

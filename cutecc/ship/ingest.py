@@ -28,14 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from cutecc import trust
-from cutecc.entry import (
-    MAX_META_BYTES,
-    META,
-    EntryMeta,
-    FileRec,
-    RuntimeMeta,
-    parse_json,
-)
+from cutecc.entry import MAX_META_BYTES, META, parse_json
+from cutecc.entry_meta import EntryMeta, FileRec, RuntimeMeta
 from cutecc.store.layout import entry_parts, meta_parts, runtime_parts
 from cutecc.store.view import Entry, StoreView
 from cutecc.store.writer import Store
@@ -115,7 +109,7 @@ def publish(store: Store, key: str, meta: dict[str, Any], files: Mapping[str, by
         return rec  # the store records the files written
 
     entry, written = store.publish(key, stage, runtime=runtime)
-    written_rec = (entry.checked_runtime if runtime else entry.checked) if written else rec
+    written_rec = (entry.runtime_meta if runtime else entry.meta) if written else rec
     if written_rec.files != rec.files:  # the disk changed the bytes
         store.remove(key, timeout=10, runtime=runtime)
         raise Refused("the files written differ from their records (a failing disk?)")

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cutecc import environ
-from cutecc.entry import MAX_META_BYTES, FileRec, is_key, runtime_record
+from cutecc.entry import MAX_META_BYTES, is_key
+from cutecc.entry_meta import EntryMeta, FileRec, RuntimeLink
 from cutecc.errors import CuteccError
 from cutecc.remote_url import parse_url
 from cutecc.ship.ingest import Refused, check_file, check_meta, publish
@@ -285,62 +286,59 @@ class Remote:
         why = check(meta) if check else None
         if why:
             raise Refused(why)
+        rec = EntryMeta.parse(meta, key)  # check_meta checked it: typed here
         files = {b.name: self._blob(b) for b in blobs}
-        self._fetch_runtime(runtime_record(meta), store)
+        self._fetch_runtime(rec.runtime, store)
         entry, _ = publish(store, key, meta, files)
-        try:
-            saved = float(meta.get("build_seconds") or 0)
-        except (TypeError, ValueError):
-            saved = 0.0
-        return Fetched(key, entry, saved)
+        return Fetched(key, entry, rec.build_seconds)
 
-    def _fetch_runtime(self, rec: dict[str, Any] | None, store: Store) -> None:
+    def _fetch_runtime(self, rec: RuntimeLink, store: Store) -> None:
         """Make sure the runtime library an entry records (`rec`) is in `store`: fetched,
         checked against its own meta.json and key and against `rec`, and published, unless
         the store has it. Raises Refused when neither has it."""
-        if rec is None or store.get_runtime(rec["key"]) is not None:
+        if store.get_runtime(rec.key) is not None:
             return
         with self._lock:
-            one = self._runtime_locks.setdefault(rec["key"], threading.Lock())
+            one = self._runtime_locks.setdefault(rec.key, threading.Lock())
         with one:  # the entries fetched in parallel share a runtime library: download it once
-            if store.get_runtime(rec["key"]) is None:
+            if store.get_runtime(rec.key) is None:
                 self._download_runtime(rec, store)
 
-    def _download_runtime(self, rec: dict[str, Any], store: Store) -> None:
-        data = self._get(self.cfg.path("runtimes", f"{rec['key']}.json"), MAX_META_BYTES)
+    def _download_runtime(self, rec: RuntimeLink, store: Store) -> None:
+        data = self._get(self.cfg.path("runtimes", f"{rec.key}.json"), MAX_META_BYTES)
         if data is None:
-            raise Refused(f"its runtime library {rec['library']} is neither on the remote nor in "
+            raise Refused(f"its runtime library {rec.library} is neither on the remote nor in "
                           "the cache")
         try:
-            rmeta, blobs = check_meta(rec["key"], data, self.cfg.max_blob, runtime=True)
+            rmeta, blobs = check_meta(rec.key, data, self.cfg.max_blob, runtime=True)
         except Refused as e:
-            raise Refused(f"runtime {rec['key'][:12]}: {e.why}") from None
-        if blobs != (FileRec(rec["library"], rec["sha256"], rec["size"]),):
-            raise Refused(f"runtime {rec['key'][:12]}: its library differs from what the entry records")
+            raise Refused(f"runtime {rec.key[:12]}: {e.why}") from None
+        if blobs != (FileRec(rec.library, rec.sha256, rec.size),):
+            raise Refused(f"runtime {rec.key[:12]}: its library differs from what the entry records")
         try:
-            publish(store, rec["key"], rmeta, {b.name: self._blob(b) for b in blobs}, runtime=True)
+            publish(store, rec.key, rmeta, {b.name: self._blob(b) for b in blobs}, runtime=True)
         except Refused as e:
-            raise Refused(f"runtime {rec['key'][:12]}: {e.why}") from None
+            raise Refused(f"runtime {rec.key[:12]}: {e.why}") from None
 
     def _push_runtime(self, entry: Entry, store: Store) -> None:
         """Upload the runtime library `entry` links against (blob, then meta.json), once per
         connection. Raises Refused (not in the local store, or damaged) or Unavailable."""
-        rec = runtime_record(entry.meta)
-        if rec is None or rec["key"] in self._runtimes_pushed:
+        rkey = entry.recorded.runtime  # check_meta checked the entry's meta.json
+        if rkey is None or rkey in self._runtimes_pushed:
             return
-        rdir = store.layout.runtime(rec["key"])
+        rdir = store.layout.runtime(rkey)
         raw = _read(meta_file(rdir), MAX_META_BYTES)
         try:
-            _, blobs = check_meta(rec["key"], raw, self.cfg.max_blob, runtime=True)
+            _, blobs = check_meta(rkey, raw, self.cfg.max_blob, runtime=True)
         except Refused as e:
-            raise Refused(f"runtime {rec['key'][:12]}: {e.why}") from None
+            raise Refused(f"runtime {rkey[:12]}: {e.why}") from None
         for b in blobs:
             data = _read(rdir / b.name, b.size)
             check_file(b, data)
             self._put(self.cfg.path("blobs", b.sha256), data)
-        self._put(self.cfg.path("runtimes", f"{rec['key']}.json"), raw)
+        self._put(self.cfg.path("runtimes", f"{rkey}.json"), raw)
         with self._lock:
-            self._runtimes_pushed.add(rec["key"])
+            self._runtimes_pushed.add(rkey)
 
     def _blob(self, b: FileRec) -> bytes:
         data = self._get(self.cfg.path("blobs", b.sha256), b.size)

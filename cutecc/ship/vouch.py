@@ -24,7 +24,8 @@ from typing import Any
 
 from cutecc.contract.args import CallingConvention, args_from_json
 from cutecc.contract.composite_line import CompositeLine, flow_problem
-from cutecc.entry import EntryMeta, meta_problem
+from cutecc.entry import meta_problem
+from cutecc.entry_meta import EntryMeta
 from cutecc.errors import CuteccError
 from cutecc.lock.lockfile import Lock, LockEntry, Tuned
 from cutecc.runtime.tuning import sibling_problem
@@ -63,9 +64,8 @@ def _meta(store: StoreView, key: str, hashed: bool, memo: Checked | None = None)
         return None, err.message
     if found is None:
         return None, "not in the cache"
-    files = list(found.meta.get("files") or [])
-    why = meta_problem(found.meta, key) or entry_trust_problem(found.path, files)
-    return (None, why) if why else (found.meta, None)
+    why = meta_problem(found.doc, key) or entry_trust_problem(found.path, list(found.recorded.files))
+    return (None, why) if why else (found.doc, None)
 
 
 def entry_line_problem(store: StoreView, le: LockEntry, *, hashed: bool,

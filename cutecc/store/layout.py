@@ -123,6 +123,22 @@ def meta_parts(parts: tuple[str, ...]) -> tuple[str, ...]:
     return (*parts, META)
 
 
+def member(parts: tuple[str, ...]) -> str:
+    """The name, in a pack's tree, of the path `parts` under a cache's root (`entry_parts`,
+    `meta_parts`, ...): the parts joined by `/`, how `pack` writes it and `unpack` reads it."""
+    return "/".join(parts)
+
+
+def member_parts(name: str) -> tuple[str, str, str] | None:
+    """(area, key, file) of a pack member `area/ab/<key>/<file>` (`member`), area being
+    `entries` or `runtimes`; None for any other name. The shard is not checked here: a file
+    under the wrong one is missing from its entry, which `unpack` refuses."""
+    parts = name.split("/")
+    if len(parts) != 4 or parts[0] not in (ENTRIES, RUNTIMES):
+        return None
+    return parts[0], parts[2], parts[3]
+
+
 def meta_file(entry_dir: Path) -> Path:
     """`<entry>/meta.json` of an entry or runtime entry directory: in a cache
     (`Layout.entry`, `Layout.runtime`), or one being staged or received."""

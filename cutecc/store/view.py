@@ -4,7 +4,7 @@ Nothing here creates, moves or deletes anything in the cache, except `touch_used
 mark on an entry, never one of its hashed files, best-effort): the runtime imports this
 module and `layout`, never `cutecc.store.writer`. Every path comes from
 `cutecc.store.layout`. Metadata is read bounded, without following links, and typed on
-demand (`Entry.checked`: `cutecc.entry.EntryMeta`); the store's own records are read
+demand (`Entry.meta`: `cutecc.entry_meta.EntryMeta`); the store's own records are read
 (`read_record`) into their typed records (`IndexRecord`, `GenerationRecord`,
 `ManifestRecord`, `CompositeRecord`, `Stats`).
 """
@@ -31,13 +31,13 @@ from cutecc.entry import (
     META,
     STORE_FORMAT,
     USED,
-    EntryMeta,
-    RuntimeMeta,
+    Recorded,
     is_kernel_name,
     is_key,
     meta_stamp,
     parse_json,
 )
+from cutecc.entry_meta import EntryMeta, RuntimeMeta
 from cutecc.errors import WorkError
 from cutecc.store.build_records import (
     COMPOSITE_DEPTH,
@@ -130,19 +130,35 @@ def touch_used(entry_dir: str | Path) -> None:
 
 @dataclass(frozen=True)
 class Entry:
-    """A published cache entry: its directory and its parsed metadata."""
+    """A published cache entry: its directory and its meta.json, read (`read_meta`) but not
+    yet checked. `meta` (`runtime_meta` for a runtime library) is the checked, typed record
+    every reader acts on; `recorded` names and sizes an entry whose metadata may be damaged;
+    `doc`, the parsed object itself, is for `cutecc.entry`'s checks and reports only."""
 
     key: str
     path: Path
-    meta: dict[str, Any]
+    doc: dict[str, Any]
+
+    @functools.cached_property
+    def meta(self) -> EntryMeta:
+        """The entry's metadata checked and typed (`EntryMeta.parse`), once; ValueError
+        saying why it cannot be trusted as the entry of its key."""
+        return EntryMeta.parse(self.doc, self.key)
+
+    @functools.cached_property
+    def runtime_meta(self) -> RuntimeMeta:
+        """The same for a runtime library entry (`RuntimeMeta.parse`)."""
+        return RuntimeMeta.parse(self.doc, self.key)
+
+    @functools.cached_property
+    def recorded(self) -> Recorded:
+        """What its meta.json says, unchecked (`entry.Recorded`): to name a damaged entry."""
+        return Recorded.of(self.doc)
 
     @property
     def size(self) -> int:
         """Bytes the metadata records (damaged records count as 0; `cutecc verify` names them)."""
-        files = self.meta.get("files")
-        recs = files.values() if isinstance(files, dict) else ()
-        return sum(r["size"] for r in recs
-                   if isinstance(r, dict) and type(r.get("size")) is int and r["size"] > 0)
+        return self.recorded.size
 
     def disk_bytes(self) -> int:
         """Bytes of every file in the entry's directory (what removing it frees)."""
@@ -159,22 +175,11 @@ class Entry:
         with contextlib.suppress(OSError):
             times.append(os.stat(self.path / USED).st_mtime)
         try:
-            times.append(dt.datetime.fromisoformat(str(self.meta.get("built_at"))).timestamp())
+            times.append(dt.datetime.fromisoformat(str(self.recorded.built_at)).timestamp())
         except ValueError:
             with contextlib.suppress(OSError):
                 times.append(os.stat(self.path / META).st_mtime)
         return max(times, default=0.0)
-
-    @functools.cached_property
-    def checked(self) -> EntryMeta:
-        """The entry's metadata checked and typed (`EntryMeta.parse`), once; ValueError
-        saying why it cannot be trusted as the entry of its key."""
-        return EntryMeta.parse(self.meta, self.key)
-
-    @functools.cached_property
-    def checked_runtime(self) -> RuntimeMeta:
-        """The same for a runtime library entry (`RuntimeMeta.parse`)."""
-        return RuntimeMeta.parse(self.meta, self.key)
 
 
 class StoreView:

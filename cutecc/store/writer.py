@@ -37,16 +37,8 @@ import filelock
 
 from cutecc import trust
 from cutecc.atomic import TMP_NAME, atomic_write, fsync_dir
-from cutecc.entry import (
-    META,
-    STORE_FORMAT,
-    EntryMeta,
-    FileRec,
-    RuntimeMeta,
-    file_record,
-    is_kernel_name,
-    meta_stamp,
-)
+from cutecc.entry import META, STORE_FORMAT, file_record, is_kernel_name, meta_stamp
+from cutecc.entry_meta import EntryMeta, FileRec, RuntimeMeta
 from cutecc.errors import WorkError
 from cutecc.locks import Busy, held, is_held
 from cutecc.store.build_records import CompositeRecord, GenerationRecord, ManifestRecord

@@ -350,7 +350,7 @@ def main() -> None:
         e = store.get(c.key)
         if e is None:
             raise SystemExit(f"entry {c.key[:12]} ({item.kernel}[{c.variant}]) is not in the cache")
-        b = Build.of(e.checked, e.path)
+        b = Build.of(e.meta, e.path)
         builds[c.key] = b
         names[c.key] = _kernel_names(b)
         fns[c.key] = KernelFn(item.kernel, [b], arch=item.arch)

@@ -185,7 +185,7 @@ def _record(store: StoreView, item: PlanItem, bucket: str, ev: dict[str, Any], e
     decision = decide.decide(timings, base, [c.key for c in item.candidates])
     winner = decision.winner
     e = store.get(winner)
-    meta = e.meta if e is not None else {}
+    meta = e.doc if e is not None else {}  # Pin.of and toolchain_of check it
     pin = Pin.of(meta)
     if pin is None:  # just built or found healthy by the child: not expected
         raise WorkError(f"the winner {winner[:12]} records no library, symbol or runtime library",

@@ -34,7 +34,7 @@ def test_a_compute_80_build_carries_ptx_and_lowers_for_an_h100(dsl: None, tmp_pa
     # the build records the PTX's ISA (nvidia-cutlass-dsl 4.8.1 writes 9.4), which a CUDA 13.0
     # driver (the lent machines') cannot JIT-compile: there the entry is set aside
     entry = StoreView(tmp_path / "c").get(b.key)
-    assert entry is not None and entry.checked.ptx_isa == cubin.ptx_isa(lib) == "9.4"
+    assert entry is not None and entry.meta.ptx_isa == cubin.ptx_isa(lib) == "9.4"
     monkeypatch.setenv("CUTECC_DRIVER_VERSION", "13.0")
     old = cutecc.load(tmp_path / "c", arch="sm_90")
     assert not old.scale_ptx.builds

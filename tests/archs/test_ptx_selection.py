@@ -104,7 +104,7 @@ def test_the_driver_version_can_be_given(monkeypatch: pytest.MonkeyPatch, given:
 
 
 def test_a_build_records_the_ptx_isa(cache: Path) -> None:
-    isa = {r.arch: cutecc_store(cache, r.key).checked.ptx_isa for r in list_entries(cache, kernel="scale")}
+    isa = {r.arch: cutecc_store(cache, r.key).meta.ptx_isa for r in list_entries(cache, kernel="scale")}
     assert isa == {"compute_80": "9.4", "sm_90a": None}
 
 

@@ -25,7 +25,7 @@ def _entries_verified(cache: Path) -> list[str]:
     """Keys of published entries; asserts each is complete and matches its hashes."""
     keys = []
     for e in Store(cache).entries():
-        for name, rec in e.meta["files"].items():
+        for name, rec in e.doc["files"].items():
             data = (e.path / name).read_bytes()
             assert hashlib.sha256(data).hexdigest() == rec["sha256"], e.key
         keys.append(e.key)
@@ -95,11 +95,11 @@ def test_a_rewritten_metadata_is_read_not_its_older_index_record(toy_cache, tmp_
     assert build(toy.manifest, cache_dir=toy.cache).count("cached") == 2 and read == []
     # Relink one entry by hand: other library bytes, its meta.json rewritten to match.
     e = store.get(keys[0])
-    lib = e.path / e.meta["library"]
+    lib = e.path / e.doc["library"]
     lib.write_bytes(lib.read_bytes() + b"\0" * 16)
-    meta = dict(e.meta, files={**e.meta["files"], e.meta["library"]: file_record(lib)})
+    meta = dict(e.doc, files={**e.doc["files"], e.doc["library"]: file_record(lib)})
     (e.path / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
-    new_sha = meta["files"][e.meta["library"]]["sha256"]
+    new_sha = meta["files"][e.doc["library"]]["sha256"]
     assert store.indexed_facts("scale", e.key).facts.sha256 != new_sha  # the record is stale
     with pytest.raises(CuteccError, match="other bytes under a key the lock already names"):
         build(toy.manifest, cache_dir=toy.cache)  # the lock is never made to vouch for them
@@ -184,9 +184,9 @@ def test_a_build_killed_midway_loses_nothing_and_the_next_completes(tmp_path: Pa
 def test_root_manifest_builds(example_cache: Path) -> None:
     """The repository's own kernels.toml builds for sm_90a (the README's main job)."""
     entries = list(Store(example_cache).entries())
-    kernels = {e.meta["kernel"] for e in entries}
+    kernels = {e.doc["kernel"] for e in entries}
     assert {"mul", "mul_bwd", "rmsnorm", "axpy"} <= kernels
-    assert all(e.meta["arch"] == "sm_90a" for e in entries)
+    assert all(e.doc["arch"] == "sm_90a" for e in entries)
     _entries_verified(example_cache)
 
 

@@ -95,7 +95,7 @@ def test_probe_tells_hits_by_their_index_records_and_publish_rewrites_a_stale_on
     os.utime(meta, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     touched = builder.probe(store, target.planned)
     assert touched.stale == [keys[0]] and touched.misses == []
-    assert touched.outcomes[0].meta is not None and touched.outcomes[0].meta["key"] == keys[0]
+    assert touched.outcomes[0].meta is not None and touched.outcomes[0].meta.key == keys[0]
     key = keys[0]
 
     # an entry gone is a miss; a dry run reports it planned instead

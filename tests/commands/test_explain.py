@@ -42,7 +42,7 @@ def test_editing_the_kernel_source_names_source_against_the_same_variant(built) 
     for x in out:
         assert not x.cached and [d.input for d in x.differences] == ["source"]
         assert x.closest == entries[x.variant].key  # fewest differences: the same variant
-        assert x.differences[0].cached == entries[x.variant].meta["key_inputs"]["source"]
+        assert x.differences[0].cached == entries[x.variant].doc["key_inputs"]["source"]
 
 
 def test_another_arch_names_arch_and_variant_filters(built) -> None:

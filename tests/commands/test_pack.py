@@ -314,7 +314,7 @@ def test_unpack_round_trip_into_an_empty_cache(toy: Toy, tmp_path: Path) -> None
             assert (cache / sub).read_bytes() == (toy.cache / sub).read_bytes()
     [rt] = list(Store(toy.cache).runtimes())  # and the runtime library, once
     [got] = list(Store(cache).runtimes())
-    assert got.key == rt.key and got.meta["files"] == rt.meta["files"]
+    assert got.key == rt.key and got.doc["files"] == rt.doc["files"]
     assert run_cli("verify", "--cache-dir", str(cache)).returncode == 0
     again = unpack(tar.path, cache, allow_unsigned=True)
     assert (len(again.imported), len(again.present), again.runtimes) == (0, 4, [])

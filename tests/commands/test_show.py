@@ -12,7 +12,7 @@ from meta_records import entry_record
 
 from cutecc.cli import main
 from cutecc.commands.show import show
-from cutecc.entry import EntryMeta
+from cutecc.entry_meta import EntryMeta
 from cutecc.errors import CuteccError
 
 pytestmark = pytest.mark.usefixtures("dsl")
@@ -72,9 +72,9 @@ def test_cli_show_text_and_json(built) -> None:
     e = built.entries()["threads=128"]
     r = CliRunner().invoke(main, ["show", e.key[:10], "--cache-dir", str(built.cache)])
     assert r.exit_code == 0, r.output
-    assert e.key in r.stdout and e.meta["files"]["kernel.so"]["sha256"] in r.stdout
+    assert e.key in r.stdout and e.doc["files"]["kernel.so"]["sha256"] in r.stdout
     assert 'key_inputs.constants: {"threads": 128}' in r.stdout
     r = CliRunner().invoke(main, ["show", e.key, "--cache-dir", str(built.cache), "--json"])
-    assert r.exit_code == 0 and json.loads(r.stdout)["meta"] == e.meta
+    assert r.exit_code == 0 and json.loads(r.stdout)["meta"] == e.doc
     r = CliRunner().invoke(main, ["show", "ffff" * 16, "--cache-dir", str(built.cache)])
     assert r.exit_code == 1 and r.stderr.startswith("error: ") and "Traceback" not in r.output

@@ -27,7 +27,7 @@ def test_builds_record_hits_misses_and_seconds_saved(built) -> None:
     build(built.manifest, cache_dir=built.cache, dry_run=True)  # records nothing
     s = stats(built.cache)
     assert (s["hits"], s["misses"], s["failures"], s["hit_rate"]) == (2, 2, 0, 0.5)
-    saved = sum(e.meta["build_seconds"] for e in built.store.entries())
+    saved = sum(e.doc["build_seconds"] for e in built.store.entries())
     assert s["seconds_saved"] == pytest.approx(saved, abs=0.01) and saved > 0
     doc = json.loads((built.cache / "stats.json").read_text())
     assert doc["format"] == 1 and doc["hits"] == 2

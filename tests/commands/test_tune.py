@@ -388,7 +388,7 @@ def test_the_timing_loop_traces_and_lowers_with_one_call_per_iteration_behind_a_
             continue
         c = it.candidates[-1]
         e = store.get(c.key)
-        b = Build.from_meta(c.key, e.path, e.meta)
+        b = Build.of(e.meta, e.path)
         fn = KernelFn(it.kernel, [b], arch="sm_90a")
         extents = {it.buckets[0].extent: 1024}
         xs = bench._inputs(b, extents, {}, seed=3)

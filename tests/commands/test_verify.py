@@ -53,7 +53,7 @@ def test_malformed_metadata_is_reported(built) -> None:
     (bad.path / "meta.json").write_text("{not json")
     [p] = verify(built.cache).problems
     assert (p.kind, p.key) == ("malformed", bad.key)
-    meta = dict(bad.meta, files={"../escape": {"size": 1, "sha256": "0" * 64}})
+    meta = dict(bad.doc, files={"../escape": {"size": 1, "sha256": "0" * 64}})
     (bad.path / "meta.json").write_text(json.dumps(meta))
     [p] = verify(built.cache).problems
     assert p.kind == "malformed" and "bad file name" in p.detail
@@ -155,7 +155,7 @@ def test_a_damaged_index_is_reported_and_rebuilt_by_fix(built, damage: str) -> N
         record.write_bytes(b"{not json")
         kind = "stale-index"
     elif damage == "other-bytes":  # a record vouching for another library
-        record.write_bytes(good.replace(e.meta["files"]["kernel.so"]["sha256"].encode(), b"0" * 64))
+        record.write_bytes(good.replace(e.doc["files"]["kernel.so"]["sha256"].encode(), b"0" * 64))
         kind = "stale-index"
     elif damage == "stray":  # a record of no entry
         store.layout.index_record("scale", "f" * 64).write_bytes(good)
@@ -178,11 +178,11 @@ def test_a_damaged_index_is_reported_and_rebuilt_by_fix(built, damage: str) -> N
 
 def test_a_missing_runtime_library_is_linked_again_by_fix(built) -> None:
     [rt] = list(built.store.runtimes())
-    data = (rt.path / rt.meta["library"]).read_bytes()
+    data = (rt.path / rt.doc["library"]).read_bytes()
     assert built.store.remove(rt.key, runtime=True)
     [p] = verify(built.cache).problems
     assert p.kind == "no-runtime" and p.key == rt.key and "2 entries" in p.detail
     fixed = verify(built.cache, fix=True)
     assert fixed.ok and fixed.problems[0].action == "linked again"
     [again] = list(built.store.runtimes())
-    assert (again.path / again.meta["library"]).read_bytes() == data  # reproducible
+    assert (again.path / again.doc["library"]).read_bytes() == data  # reproducible

@@ -301,21 +301,24 @@ def test_a_static_padded_extent_must_be_named_at_the_call(padded_cache: Path) ->
 def test_an_entry_whose_padded_extent_no_array_binds_is_refused(padded_cache: Path) -> None:
     """A contract the manifest would refuse, read from disk (damaged or planted): the
     runtime refuses the entry rather than fail, or guess, at call time."""
+    import dataclasses
     import json
 
+    from cutecc.entry_meta import EntryMeta
     from cutecc.runtime.dispatch import Build
 
     meta_path = next(p for p in (padded_cache / "entries").glob("*/*/meta.json")
                      if json.loads(p.read_text())["kernel"] == "row_dot")
     meta = json.loads(meta_path.read_text())
-    Build.from_meta(meta["key"], meta_path.parent, meta)  # as built: fine
+    rec = EntryMeta.parse(meta, meta["key"])
+    Build.of(rec, meta_path.parent)  # as built: fine
     meta["args"][1]["shape"] = ["n"]
     with pytest.raises(ValueError, match='a: extent "k" is bound by no input array'):
-        Build.from_meta(meta["key"], meta_path.parent, meta)
+        Build.of(dataclasses.replace(rec, args=meta["args"]), meta_path.parent)
     meta["args"][1]["shape"] = ["k"]
     meta["args"][2]["shape"] = ["q"]
     with pytest.raises(ValueError, match='out: extent "q" is bound by no input array'):
-        Build.from_meta(meta["key"], meta_path.parent, meta)
+        Build.of(dataclasses.replace(rec, args=meta["args"]), meta_path.parent)
 
 
 def test_a_tuning_benchmark_size_smaller_than_a_padded_extent_is_refused(tmp_path: Path) -> None:

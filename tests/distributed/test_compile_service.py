@@ -34,7 +34,7 @@ def _build(manifest: Path, cache: Path, workers: str, *extra: str) -> dict[str, 
 
 
 def _digests(cache: Path) -> dict[str, str]:
-    return {e.key: hashlib.sha256((e.path / e.meta["library"]).read_bytes()).hexdigest()
+    return {e.key: hashlib.sha256((e.path / e.doc["library"]).read_bytes()).hexdigest()
             for e in Store(cache).entries()}
 
 

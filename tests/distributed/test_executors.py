@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.usefixtures("dsl"), pytest.mark.filterwarnings("ignore
 
 
 def _libraries(cache: Path) -> dict[str, bytes]:
-    return {e.key: (e.path / e.meta["library"]).read_bytes() for e in Store(cache).entries()}
+    return {e.key: (e.path / e.doc["library"]).read_bytes() for e in Store(cache).entries()}
 
 
 def _cubin_arch(library: bytes) -> int:
@@ -78,7 +78,7 @@ def test_ray_builds_the_same_keys_and_bytes_as_local_with_per_arch_environments(
     local = _libraries(toy_cache.cache)  # built by the local pools
     assert {k: libs[k] for k in local} == local  # the same keys, byte for byte
     for e in Store(tmp_path / "ray").entries():
-        assert _cubin_arch(libs[e.key]) == int(e.meta["arch"][3:5]), e.meta["arch"]
+        assert _cubin_arch(libs[e.key]) == int(e.doc["arch"][3:5]), e.doc["arch"]
     assert len({_cubin_arch(b) for b in libs.values()}) == 2
     # build --json keeps its shape whatever the executor
     r = run_cli("build", str(copy.manifest), "--cache-dir", str(tmp_path / "ray"), "--executor", "ray",

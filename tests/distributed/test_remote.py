@@ -28,7 +28,7 @@ from .conftest import READER, read_only_identities
 
 def _libraries(cache: Path) -> dict[str, bytes]:
     """key -> library bytes of every entry of a cache."""
-    return {e.key: (e.path / e.meta["library"]).read_bytes() for e in Store(cache).entries()}
+    return {e.key: (e.path / e.doc["library"]).read_bytes() for e in Store(cache).entries()}
 
 
 def _cfg(url: str, **kw: object) -> RemoteConfig:
@@ -195,9 +195,9 @@ def test_concurrent_uploads_of_one_entry_create_it_once(s3, prefix: str, toy_cac
         t.join(60)
     assert sorted(created) == [False] * 5 + [True]
     objs = s3.objects(parse_url(prefix)[1])
-    rt = entry.meta["runtime"]
+    rt = entry.doc["runtime"]
     assert objs == sorted([f"v1/entries/{entry.key}.json", f"v1/runtimes/{rt['key']}.json",
-                           f"v1/blobs/{entry.meta['files']['kernel.so']['sha256']}",
+                           f"v1/blobs/{entry.doc['files']['kernel.so']['sha256']}",
                            f"v1/blobs/{rt['sha256']}"])
 
 
@@ -298,7 +298,7 @@ def test_a_truncated_or_altered_blob_is_refused(s3, prefix: str, toy_cache, tmp_
     _seed(s3, prefix, toy_cache.cache)
     store = Store(toy_cache.cache)
     entry = next(iter(store.entries()))
-    sha = entry.meta["files"]["kernel.so"]["sha256"]
+    sha = entry.doc["files"]["kernel.so"]["sha256"]
     _tamper(s3, prefix, f"v1/blobs/{sha}", damage)
     store = Store(tmp_path / "c")
     store.ensure()

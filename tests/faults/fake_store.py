@@ -50,7 +50,7 @@ def add(store: Store, rt: Entry, kernel: str, variant: str, *, library: bytes | 
         machine: str = "x86_64") -> Entry:
     """Publish an entry of `kernel`/`variant` (its library `library`, else an ELF header of
     `machine`), indexed as a build would."""
-    lib = rt.meta["library"]
+    lib = rt.doc["library"]
     toolchain = {"runtime": rt.key, "cutecc_artifact_format": str(ARTIFACT_FORMAT),
                  "apache-tvm-ffi": importlib.metadata.version("apache-tvm-ffi")}
     inputs = {"kernel": kernel, "args": ARGS, "arch": ARCH, "entry": "fake.mod:fn",
@@ -63,6 +63,6 @@ def add(store: Store, rt: Entry, kernel: str, variant: str, *, library: bytes | 
         return entry_record({"kernel": kernel, "variant": variant, "symbol": "__tvm_ffi_fn", "arch": ARCH,
                 "entry": "fake.mod:fn", "toolchain": toolchain, "args": ARGS, "key_inputs": inputs,
                 "library": "kernel.so", "built_at": "2020-01-01T00:00:00+00:00",
-                "build_seconds": 1.5, "runtime": {"key": rt.key, "library": lib, **rt.meta["files"][lib]}})
+                "build_seconds": 1.5, "runtime": {"key": rt.key, "library": lib, **rt.doc["files"][lib]}})
 
     return store.publish(key, build)[0]

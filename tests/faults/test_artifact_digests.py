@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, Toy
 
-from cutecc.entry import META, artifact_of
+from cutecc.entry import META
 from cutecc.store import Store
 
 from .conftest import assert_clean_failure, cli
@@ -83,7 +83,7 @@ def test_an_input_the_key_misses_is_reported_by_deep_verify(tmp_path: Path) -> N
     r = cli("build", str(manifest), "--cache-dir", str(cache), "--no-lock", "-j", "1", timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     (entry,) = Store(cache).entries()
-    assert artifact_of(entry.meta) is not None, entry.meta.get("artifact")
+    assert entry.meta.artifact is not None, entry.doc.get("artifact")
 
     r, doc = _deep(manifest, cache)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -113,7 +113,7 @@ def test_every_recorded_digest_is_reproduced_and_older_entries_are_compared_by_l
     have none, not an error, and is compared by its library's bytes."""
     toy = toy_cache.copy(tmp_path)
     entries = toy.entries()
-    assert all(artifact_of(e.meta) is not None for e in entries.values())
+    assert all(e.meta.artifact is not None for e in entries.values())
     old = entries["threads=64"]
     meta = json.loads((old.path / META).read_text())
     del meta["artifact"]

@@ -53,10 +53,10 @@ def contracts(example_cache: Path) -> dict[str, list[dict[str, Any]]]:
     for e in Store(example_cache).entries():
         def leaves(args: list[dict]) -> list[dict]:
             return [x for a in args for x in (leaves(a["items"]) if a["kind"] == "tuple" else [a])]
-        ins = [a for a in leaves(e.meta["args"]) if a["kind"] == "tensor" and a["role"] != "output"]
-        outs = [a for a in leaves(e.meta["args"]) if a["kind"] == "tensor" and a["role"] != "input"]
-        out.setdefault(e.meta["kernel"], []).append(
-            {"variant": e.meta["variant"], "inputs": ins, "results": outs})
+        ins = [a for a in leaves(e.doc["args"]) if a["kind"] == "tensor" and a["role"] != "output"]
+        outs = [a for a in leaves(e.doc["args"]) if a["kind"] == "tensor" and a["role"] != "input"]
+        out.setdefault(e.doc["kernel"], []).append(
+            {"variant": e.doc["variant"], "inputs": ins, "results": outs})
     return out
 
 
@@ -328,16 +328,16 @@ def test_contract_alignment_is_within_what_xla_guarantees(example_cache: Path, t
     row starts as aligned as the first (row pitch a multiple of `align`)."""
     n = 0
     for e in Store(example_cache).entries():
-        for a in e.meta["key_inputs"]["args"]:
+        for a in e.doc["key_inputs"]["args"]:
             for t in (a["items"] if a["kind"] == "tuple" else [a]):
                 if t["kind"] != "tensor":
                     continue
                 align = t["align"]
-                assert align & (align - 1) == 0 and 1 <= align <= 16, (e.meta["kernel"], t)
+                assert align & (align - 1) == 0 and 1 <= align <= 16, (e.doc["kernel"], t)
                 last = t["shape"][-1]
                 if len(t["shape"]) > 1 and isinstance(last, int):
                     itemsize = jnp.dtype(t["dtype"]).itemsize
-                    assert (last * itemsize) % align == 0, (e.meta["kernel"], t)
+                    assert (last * itemsize) % align == 0, (e.doc["kernel"], t)
                 n += 1
     assert n >= 30
     tally.add("calls", contract_tensors_checked_for_alignment=n)

@@ -39,7 +39,7 @@ def _check(r, cache: Path, why: str) -> dict:
     assert by["scalethreads=64"]["status"] == by["scalethreads=128"]["status"] == "built", rep
     hang = by["hangdefault"]
     assert hang["status"] == "failed" and why in hang["error"], hang
-    assert {e.meta["kernel"] for e in Store(cache).entries()} == {"scale"}  # nothing of hang's
+    assert {e.doc["kernel"] for e in Store(cache).entries()} == {"scale"}  # nothing of hang's
     return hang
 
 

@@ -78,7 +78,7 @@ def test_kills_during_publish_remove_gc_quarantine_and_stats(tmp_path: Path, tal
         if i % 10 == 9:  # the next build completes: every key published, whole
             for e in entries:
                 entry, _ = store.publish(e["key"], producer(e, None, 1, 0))
-                assert (entry.path / "kernel.so").stat().st_size == entry.meta["files"]["kernel.so"]["size"]
+                assert (entry.path / "kernel.so").stat().st_size == entry.doc["files"]["kernel.so"]["size"]
             _only_leftovers(store)
 
     kinds = Counter(seen.values())

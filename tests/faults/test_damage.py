@@ -361,7 +361,7 @@ def test_the_runtime_reads_a_library_through_no_symlink(toy8, tmp_path: Path) ->
 
     toy = toy8.copy(tmp_path)
     e = next(iter(toy.store.entries()))
-    rec = e.meta["files"][LIB]
+    rec = e.doc["files"][LIB]
     copy = tmp_path / "elsewhere.so"
     shutil.copyfile(e.path / LIB, copy)
     (e.path / LIB).unlink()

@@ -39,7 +39,7 @@ def legit(toy8: Toy, tmp_path_factory: pytest.TempPathFactory) -> dict:
     base = tmp_path_factory.mktemp("hostile")
     store = toy8.store
     chosen = sorted(store.entries(), key=lambda e: e.key)[:3]  # small archives: fast rounds
-    lock = lock_for([(e.meta["kernel"], e.meta["variant"], e.meta["arch"], e.key) for e in chosen], store)
+    lock = lock_for([(e.doc["kernel"], e.doc["variant"], e.doc["arch"], e.key) for e in chosen], store)
     files = {"format": b"1\n", LOCK_NAME: lock.dumps()}
     for e in chosen:
         base_dir = f"entries/{e.key[:2]}/{e.key}"

@@ -89,7 +89,7 @@ def test_a_source_edited_during_its_compile_is_not_published_under_the_old_key(
     assert "toy/race.py" in e["error"] and "changed" in e["error"], e
     assert (tmp_path / "edited").exists()  # the compile did edit it
     assert Store(cache).get(old) is None
-    assert not [x for x in Store(cache).entries() if x.meta["kernel"] == "race"]
+    assert not [x for x in Store(cache).entries() if x.doc["kernel"] == "race"]
     # the next build plans anew, from the edited bytes, and builds them
     [new] = _keys(manifest, cache)
     assert new != old

@@ -207,7 +207,7 @@ def _areas(tmp: Path) -> dict[str, Parser]:
     entry = add(store, rt, "k", "a")
     view = StoreView(store.root)
     record = view.layout.index_record("k", entry.key)
-    facts = IndexRecord.of_meta(entry.key, entry.meta).to_json()
+    facts = IndexRecord.of_meta(entry.key, entry.doc).to_json()
     composite = {"format": 1, "name": "both", "launches": ["k", "j"], "inputs": ["x"], "outputs": ["out"],
                  "manifest": "/m/kernels.toml"}
     store.composites_dir.mkdir(exist_ok=True)
@@ -220,7 +220,7 @@ def _areas(tmp: Path) -> dict[str, Parser]:
     def index(data: bytes) -> Any:
         record.write_bytes(data)
         view.indexed_facts("k", entry.key)
-        return _record_differs(data, entry.key, entry.meta)
+        return _record_differs(data, entry.key, entry.doc)
 
     def stats(data: bytes) -> Any:
         store.layout.stats().write_bytes(data)

@@ -8,7 +8,6 @@ whole (`ingest.check_stored`) and records that."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import json
@@ -30,10 +29,10 @@ def test_check_stored_reads_the_entry_back_and_refuses_what_does_not_match(toy_c
     copy_ = toy_cache.copy(tmp_path)
     store = Store(copy_.cache)
     a, b = list(store.entries())
-    assert check_stored(store, a.key) == a.meta
+    assert check_stored(store, a.key) == a.doc
     with pytest.raises(Refused, match="not in the cache"):
         check_stored(store, "0" * 64)
-    lib = a.path / a.meta["library"]
+    lib = a.path / a.doc["library"]
     data = lib.read_bytes()
     lib.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # same size, other bytes
     with pytest.raises(Refused, match="SHA-256"):
@@ -54,9 +53,9 @@ def test_a_same_node_task_reporting_other_bytes_fails_and_is_never_locked(
     def forged(*args):  # the real task, then a report naming bytes nobody published
         result, meta_bytes, files = real(*args)
         if result.meta is not None:
-            meta = copy.deepcopy(result.meta)
-            meta["files"][meta["library"]]["sha256"] = hashlib.sha256(b"forged").hexdigest()
-            result = dataclasses.replace(result, meta=meta)
+            lib = dataclasses.replace(result.meta.library, sha256=hashlib.sha256(b"forged").hexdigest())
+            others = tuple(f for f in result.meta.files if f.name != lib.name)
+            result = dataclasses.replace(result, meta=result.meta.recorded(result.meta.key, (*others, lib)))
         return result, meta_bytes, files
 
     monkeypatch.setattr(ray_executor, "_task", forged)
@@ -64,7 +63,7 @@ def test_a_same_node_task_reporting_other_bytes_fails_and_is_never_locked(
     lock = tmp_path / "kernels.lock"
     rep = build(manifest, cache_dir=tmp_path / "c", executor="ray", lock_file=lock)
     store = Store(tmp_path / "c")
-    held = {e.key: e.meta["files"][e.meta["library"]]["sha256"] for e in store.entries()}
+    held = {e.key: e.doc["files"][e.doc["library"]]["sha256"] for e in store.entries()}
     locked = {e["key"]: e["sha256"] for e in json.loads(lock.read_text())["entries"]} if lock.exists() else {}
     assert all(held.get(k) == sha for k, sha in locked.items()), \
         f"a lock line names bytes the cache does not hold: {locked} vs {held}"

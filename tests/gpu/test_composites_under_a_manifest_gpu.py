@@ -39,7 +39,7 @@ def as_built_here(train_cache: Path, tmp_path_factory: pytest.TempPathFactory) -
         for key in store.kernel_keys(name):
             e = store.get(key)
             if e is not None:
-                by.setdefault(name, {}).setdefault(str(e.meta["arch"]), []).append(key)
+                by.setdefault(name, {}).setdefault(str(e.doc["arch"]), []).append(key)
     store.record_manifest(manifest, hashlib.sha256(manifest.read_bytes()).hexdigest(), by, partial=False)
     for name in store.composite_names():
         rec = store.composite(name)

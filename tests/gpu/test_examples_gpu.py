@@ -139,9 +139,9 @@ def _fa4_candidates(ks) -> list[tuple[str, object]]:  # type: ignore[no-untyped-
     arches = {b.arch for b in ks.fa4_fwd.builds}
     out = []
     for e in Store(os.environ["CUTECC_EXAMPLES_CACHE"]).entries():
-        if e.meta["kernel"] == "fa4_fwd" and e.key not in declared and e.meta["arch"] in arches:
-            b = Build.from_meta(e.key, e.path, e.meta)
-            out.append((e.meta["variant"], KernelFn("fa4_fwd", [b], arch=e.meta["arch"])))
+        if e.doc["kernel"] == "fa4_fwd" and e.key not in declared and e.doc["arch"] in arches:
+            b = Build.of(e.meta, e.path)
+            out.append((e.doc["variant"], KernelFn("fa4_fwd", [b], arch=e.doc["arch"])))
     return sorted(out, key=lambda c: c[0])
 
 

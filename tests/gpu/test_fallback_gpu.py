@@ -189,7 +189,7 @@ def _ptx_isa_of(ks, kernel: str) -> str | None:  # type: ignore[no-untyped-def]
     (row,) = [r for r in list_entries(ks.root, kernel=kernel) if r.arch == "compute_80"]
     e = StoreView(ks.root).get(row.key)
     assert e is not None
-    return ptx_isa((e.path / e.checked.library.name).read_bytes())
+    return ptx_isa((e.path / e.meta.library.name).read_bytes())
 
 
 def test_a_ptx_only_build_runs_here_compiled_by_the_driver(arch_ks, rng, record_property) -> None:

@@ -111,7 +111,7 @@ def who(cache: Path, kernel: str, arch: str) -> str:
     (build,) = cutecc.load(cache, arch=arch, kernels=[kernel])[kernel].builds
     entry = Store(cache).get(build.key)
     assert entry is not None
-    return f"cutecc kernel {entry.meta['entry']} (built for {arch}, cache key {build.key[:12]})"
+    return f"cutecc kernel {entry.doc['entry']} (built for {arch}, cache key {build.key[:12]})"
 
 
 def run_child(script: str, *args: str, check: bool = False) -> dict:

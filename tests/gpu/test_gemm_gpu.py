@@ -73,7 +73,7 @@ def test_every_compiled_configuration_computes_the_same_product(gemm_cache: Path
         for c in it.candidates:
             e = store.get(c.key)
             assert e is not None, c
-            fn = KernelFn(it.kernel, [Build.from_meta(c.key, e.path, e.meta)], arch=it.arch)
+            fn = KernelFn(it.kernel, [Build.of(e.meta, e.path)], arch=it.arch)
             _close(fn(a, b), a, b)
             seen += 1
     assert seen == 24

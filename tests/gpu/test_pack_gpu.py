@@ -50,7 +50,7 @@ print(json.dumps(out))
 
 def test_packed_wheel_runs_from_a_pip_install(example_cache: Path, tmp_path: Path) -> None:
     store = Store(example_cache)
-    items = [(e.meta["kernel"], e.meta["variant"], e.meta["arch"], e.key) for e in store.entries()]
+    items = [(e.doc["kernel"], e.doc["variant"], e.doc["arch"], e.key) for e in store.entries()]
     lock = tmp_path / "kernels.lock"
     write_lock(lock, lock_for(items, store))
     from cutecc.lock.signing import keygen

@@ -46,7 +46,7 @@ def test_build_locks_every_entry_with_its_library_hash_one_per_line(toy: Toy) ->
         [("scale", "threads=128", "sm_90a"), ("scale", "threads=64", "sm_90a")])
     store = Store(toy.cache)
     for r in rows:
-        rec = store.get(r["key"]).meta["files"]["kernel.so"]
+        rec = store.get(r["key"]).doc["files"]["kernel.so"]
         assert (r["library"], r["sha256"], r["size"]) == ("kernel.so", rec["sha256"], rec["size"])
     lines = data.decode().splitlines()
     assert sum('"key": ' in line for line in lines) == 2  # one line each, entries and distributions
@@ -204,7 +204,7 @@ def test_the_lock_pins_the_runtime_library(toy: Toy, tmp_path: Path) -> None:
     cache = Path(shutil.copytree(toy.cache, tmp_path / "cache"))
     [rt] = list(Store(cache).runtimes())
     rows = json.loads(toy.lock.read_text())["entries"]
-    assert {r["runtime"] for r in rows} == {rt.meta["files"][rt.meta["library"]]["sha256"]}
+    assert {r["runtime"] for r in rows} == {rt.doc["files"][rt.doc["library"]]["sha256"]}
     entry = Store(cache).get(rows[0]["key"])
     meta = json.loads((entry.path / "meta.json").read_text())
     meta["runtime"]["sha256"] = "1" * 64

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from cutecc.contract.args import CallingConvention, args_from_json, args_to_json
+from cutecc.entry_meta import EntryMeta, FileRec, RuntimeLink
 from cutecc.errors import CuteccError
 from cutecc.manifest import load_manifest
 from cutecc.runtime.calls import Build
@@ -71,10 +72,14 @@ def test_an_alias_xla_could_not_honour_is_bad_input_naming_the_key(
     assert words in err.message, err.message
 
 
-def _meta(args: list[dict]) -> dict:
-    return {"args": args, "library": "kernel.so", "variant": "default", "arch": "sm_90a",
-            "symbol": "cutecc_kernel", "files": {"kernel.so": {"sha256": "0" * 64, "size": 1}},
-            "runtime": {"key": "1" * 64, "library": "librt.so", "sha256": "2" * 64, "size": 1}}
+def _meta(args: list[dict]) -> EntryMeta:
+    """An entry's record holding the contract `args` (as a damaged or planted one could)."""
+    return EntryMeta(key="k", kernel="k", variant="default", arch="sm_90a", platform="x86_64",
+                     symbol="cutecc_kernel", library_name="kernel.so",
+                     files=(FileRec("kernel.so", "0" * 64, 1),),
+                     runtime=RuntimeLink("1" * 64, "librt.so", "2" * 64, 1), backward=None,
+                     built_at=None, build_seconds=0.0, artifact=None, ptx_isa=None, entry="m:f",
+                     params={}, args=args, toolchain={}, key_inputs={}, sources=())
 
 
 def test_the_runtime_refuses_a_stored_alias_it_could_not_honour(tmp_path: Path) -> None:
@@ -82,9 +87,9 @@ def test_the_runtime_refuses_a_stored_alias_it_could_not_honour(tmp_path: Path) 
          "layout": "row-major", "align": 16}
     out = {**x, "name": "out", "role": "output"}
     entry = tmp_path / "entries" / "ab" / "k"
-    good = Build.from_meta("k", entry, _meta([x, {**out, "may_alias": "x"}]))
+    good = Build.of(_meta([x, {**out, "may_alias": "x"}]), entry)
     assert good.conv.may_aliases == ((0, 0),)
     with pytest.raises(ValueError, match="dtype, shape or layout"):
-        Build.from_meta("k", entry, _meta([x, {**out, "dtype": "float16", "may_alias": "x"}]))
+        Build.of(_meta([x, {**out, "dtype": "float16", "may_alias": "x"}]), entry)
     with pytest.raises(ValueError, match="only an output"):
-        Build.from_meta("k", entry, _meta([{**x, "may_alias": "out"}, out]))
+        Build.of(_meta([{**x, "may_alias": "out"}, out]), entry)

@@ -162,7 +162,7 @@ def test_an_entry_whose_platform_is_not_its_keys_is_refused(grace: tuple[Path, P
 
     kernels, _ = _libraries(grace[1])
     le = kernels[0][0]
-    meta = Store(grace[1]).get(le.key).meta  # type: ignore[attr-defined, union-attr]
+    meta = Store(grace[1]).get(le.key).doc  # type: ignore[attr-defined, union-attr]
     assert meta["platform"] == "aarch64" and meta_problem(meta, le.key) is None  # type: ignore[attr-defined]
     for damaged in ({**meta, "platform": "x86_64"}, {k: v for k, v in meta.items() if k != "platform"}):
         assert "differs from the key's 'aarch64'" in str(meta_problem(damaged, le.key))  # type: ignore[attr-defined]
@@ -251,7 +251,7 @@ def _check_under_qemu(cache: Path, lock_path: Path | None, tmp: Path) -> int:
     for le, lib in kernels:
         entry = store.get(le.key)  # type: ignore[attr-defined]
         assert entry is not None
-        meta = entry.meta
+        meta = entry.doc
         right = _call_args(meta)
         none = call(lib)
         assert none["KIND"] == "TypeError" and f"Expects {len(right)} parameters" in none["MESSAGE"], none

@@ -75,7 +75,7 @@ def test_lock_lines_name_their_platform() -> None:
         Lock.loads(older, "kernels.lock")
 
 
-def _meta(platform: str | None) -> dict[str, object]:
+def _meta(platform: str | None) -> entry.Recorded:
     from cutecc.entry import ARTIFACT_FORMAT, ENTRY_FORMAT
     from cutecc.runtime.usable import tvm_ffi_series
 
@@ -84,7 +84,7 @@ def _meta(platform: str | None) -> dict[str, object]:
                                           "apache-tvm-ffi": tvm_ffi_series() + ".0"}}
     if platform is not None:
         m["platform"] = platform
-    return m
+    return entry.Recorded.of(m)
 
 
 def test_the_runtime_sets_aside_another_platforms_entries(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -93,12 +93,12 @@ def test_the_runtime_sets_aside_another_platforms_entries(monkeypatch: pytest.Mo
     series = usable.tvm_ffi_series()
     here = platforms.host_platform()
     other = "aarch64" if here != "aarch64" else "x86_64"
-    assert usable.why_unusable(_meta(here), "sm_90a", series) is None
-    assert usable.why_unusable(_meta(other), "sm_90a", series) == \
+    assert usable.run_problem(_meta(here), "sm_90a", series) is None
+    assert usable.run_problem(_meta(other), "sm_90a", series) == \
         f"built for {other} hosts, this host is {here}"
     monkeypatch.setattr(platforms._platform, "machine", lambda: "aarch64")
-    assert usable.why_unusable(_meta("aarch64"), "sm_90a", series) is None
-    assert usable.why_unusable(_meta(None), "sm_90a", series) == \
+    assert usable.run_problem(_meta("aarch64"), "sm_90a", series) is None
+    assert usable.run_problem(_meta(None), "sm_90a", series) == \
         "built for x86_64 hosts, this host is aarch64"  # entries from before platforms: x86-64
 
 

@@ -31,7 +31,7 @@ CALL_MUL = (
 
 def _f32_mul_entry(cache: Path):
     return next(e for e in Store(cache).entries()
-                if e.meta["kernel"] == "mul" and e.meta["variant"] == "dtype=float32")
+                if e.doc["kernel"] == "mul" and e.doc["variant"] == "dtype=float32")
 
 
 def _run(cache: Path) -> str:
@@ -139,7 +139,7 @@ def test_first_call_does_not_import_tvm_ffis_optional_interop(
 
 def _runtime_lib(cache: Path) -> Path:
     [rt] = list(Store(cache).runtimes())
-    return rt.path / rt.meta["library"]
+    return rt.path / rt.doc["library"]
 
 
 @pytest.mark.parametrize("damage", ["flip", "delete", "meta"])

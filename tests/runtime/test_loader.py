@@ -32,7 +32,7 @@ def test_newest_of_several_builds_of_one_variant_wins(example_cache: Path, tmp_p
     # in a cache from before them, where every entry of a kernel counts.
     shutil.rmtree(store.generations_dir)
     e = next(e for e in store.entries()
-             if e.meta["kernel"] == "mul" and e.meta["variant"] == "dtype=float32")
+             if e.doc["kernel"] == "mul" and e.doc["variant"] == "dtype=float32")
     # An edited kernel leaves its old entry behind until gc. Both orders of the two
     # timestamps are tried, so the order entries are listed in cannot decide.
     a = _restamp(store, e.key, "0" * 64, "2020-01-01T00:00:00+00:00")
@@ -51,11 +51,12 @@ def test_newest_of_several_builds_of_one_variant_wins(example_cache: Path, tmp_p
 
 def test_a_kernel_is_checked_at_first_use_only(example_cache: Path, monkeypatch) -> None:
     """Loading reads no metadata; a kernel's entries are read and checked at its first use."""
-    import cutecc.entry as entry  # the runtime checks through EntryMeta.parse, which asks meta_problem
+    import cutecc.entry_meta as entry_meta  # the runtime checks through EntryMeta.parse (meta_problem)
 
     checked: list[str] = []
-    real = entry.meta_problem
-    monkeypatch.setattr(entry, "meta_problem", lambda m, key: checked.append(m["kernel"]) or real(m, key))
+    real = entry_meta.meta_problem
+    monkeypatch.setattr(entry_meta, "meta_problem",
+                        lambda m, key: checked.append(m["kernel"]) or real(m, key))
     ks = cutecc.load(example_cache, arch="sm_90a")
     assert checked == [] and set(ks) == {"mul", "mul_bwd", "rmsnorm", "axpy"}
     assert len(ks.mul.variants) == 3
@@ -81,7 +82,7 @@ def test_load_reads_one_kernels_records_only(example_cache: Path, tmp_path: Path
     ks = cutecc.load(store.root, arch="sm_90a")
     assert listed == [] and read == []
     assert len(ks.axpy.variants) == 1
-    axpy = [e.key for e in store.entries() if e.meta["kernel"] == "axpy"]
+    axpy = [e.key for e in store.entries() if e.doc["kernel"] == "axpy"]
     read.clear()  # (store.entries() above read them all)
     assert "axpy" in listed and "all" not in listed
     assert "mul" in ks and "nope" not in ks and ks.get("nope") is None

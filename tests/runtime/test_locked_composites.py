@@ -46,7 +46,7 @@ def cache_lock(cache: Path, composites: list[CompositeLine] | None = None) -> Lo
     """The lock of every entry of `cache`, with the manifest's composite lines (as a build
     writes them)."""
     store = Store(cache)
-    lock = lock_for([(e.meta["kernel"], e.meta["variant"], e.meta["arch"], e.key)
+    lock = lock_for([(e.doc["kernel"], e.doc["variant"], e.doc["arch"], e.key)
                      for e in store.entries()], store)
     return lock.with_composites(manifest_composites() if composites is None else composites)
 

@@ -13,6 +13,7 @@ and GSPMD's callbacks) are checked.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -93,11 +94,11 @@ def test_an_entry_carries_its_rule_and_is_checked_again(train_cache: Path) -> No
     (rows,) = ks.expw_rows.builds
     assert rows.shard == ("m",) and ks.expw.builds[0].shard == ()
     entry = store.get(rows.key)
-    assert entry is not None and entry.meta["key_inputs"]["shard"] == ["m"]
-    assert "shard" not in store.get(ks.expw.builds[0].key).meta["key_inputs"]  # others keep their keys
-    bad = {**entry.meta, "key_inputs": {**entry.meta["key_inputs"], "shard": ["d", "zz"]}}
+    assert entry is not None and entry.doc["key_inputs"]["shard"] == ["m"]
+    assert "shard" not in store.get(ks.expw.builds[0].key).doc["key_inputs"]  # others keep their keys
+    bad = dataclasses.replace(entry.meta, key_inputs={**entry.meta.key_inputs, "shard": ["d", "zz"]})
     with pytest.raises(ValueError, match='shard: "zz" is no extent of an input array'):
-        Build.from_meta(rows.key, entry.path, bad)
+        Build.of(bad, entry.path)
 
 
 def test_with_one_device_the_call_lowers_to_the_kernel_itself(train_cache: Path) -> None:
@@ -159,8 +160,9 @@ def test_an_entry_carries_its_reshard_choice_and_is_checked_again(train_cache: P
     assert rows.reshard == "error"
     entry = store.get(rows.key)
     assert entry is not None
-    meta = {**entry.meta, "key_inputs": {**entry.meta["key_inputs"], "reshard": "warn"}}
-    assert Build.from_meta(rows.key, entry.path, meta).reshard == "warn"
-    bad = {**entry.meta, "key_inputs": {**entry.meta["key_inputs"], "reshard": "sometimes"}}
+    rec = entry.meta
+    warn = dataclasses.replace(rec, key_inputs={**rec.key_inputs, "reshard": "warn"})
+    assert Build.of(warn, entry.path).reshard == "warn"
+    bad = dataclasses.replace(rec, key_inputs={**rec.key_inputs, "reshard": "sometimes"})
     with pytest.raises(ValueError, match="reshard 'sometimes' is not one of error, warn, allow"):
-        Build.from_meta(rows.key, entry.path, bad)
+        Build.of(bad, entry.path)

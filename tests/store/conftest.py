@@ -31,7 +31,7 @@ class FakeCache:
     def add(self, kernel: str, variant: str, *, built_at: str = LONG_AGO) -> Entry:
         """Publish an entry of `kernel`/`variant` linked to the cache's runtime library."""
         rt = self.runtime
-        lib = rt.meta["library"]
+        lib = rt.doc["library"]
         toolchain = {"runtime": rt.key, "cutecc_artifact_format": "2"}
         inputs = {"kernel": kernel, "args": ARGS, "arch": ARCH, "entry": "fake.mod:fn",
                   "toolchain": toolchain, "source": variant}
@@ -42,7 +42,7 @@ class FakeCache:
             return entry_record({"kernel": kernel, "variant": variant, "symbol": "__tvm_ffi_fn", "arch": ARCH,
                     "entry": "fake.mod:fn", "toolchain": toolchain, "args": ARGS, "key_inputs": inputs,
                     "library": "kernel.so", "built_at": built_at, "build_seconds": 1.5,
-                    "runtime": {"key": rt.key, "library": lib, **rt.meta["files"][lib]}})
+                    "runtime": {"key": rt.key, "library": lib, **rt.doc["files"][lib]}})
 
         return self.store.publish(key, build)[0]
 
@@ -59,7 +59,7 @@ def fake_cache(tmp_path: Path) -> FakeCache:
         return runtime_record({"library": runtime_soname(rkey), "key_inputs": inputs, "built_at": LONG_AGO})
 
     rt, _ = store.publish(rkey, build, runtime=True)
-    assert rt.meta["files"][runtime_soname(rkey)] == file_record(rt.path / runtime_soname(rkey))
+    assert rt.doc["files"][runtime_soname(rkey)] == file_record(rt.path / runtime_soname(rkey))
     return FakeCache(store, rt)
 
 

@@ -21,7 +21,7 @@ from .conftest import ARCH, ARGS, FakeCache
 def _entry(fake_cache: FakeCache, library: bytes) -> tuple[str, bytes, bytes]:
     """(key, meta.json bytes, library bytes) of an entry published with `library`."""
     rt = fake_cache.runtime
-    lib = rt.meta["library"]
+    lib = rt.doc["library"]
     toolchain = {"runtime": rt.key, "cutecc_artifact_format": "2"}
     inputs = {"kernel": "k", "args": ARGS, "arch": ARCH, "entry": "fake.mod:fn", "toolchain": toolchain,
               "source": hashlib.sha256(library).hexdigest()}
@@ -32,7 +32,7 @@ def _entry(fake_cache: FakeCache, library: bytes) -> tuple[str, bytes, bytes]:
         return entry_record({"kernel": "k", "variant": "default", "symbol": "__tvm_ffi_fn", "arch": ARCH,
                 "entry": "fake.mod:fn", "toolchain": toolchain, "args": ARGS, "key_inputs": inputs,
                 "library": "kernel.so", "built_at": "2020-01-01T00:00:00+00:00", "build_seconds": 1.0,
-                "runtime": {"key": rt.key, "library": lib, **rt.meta["files"][lib]}})
+                "runtime": {"key": rt.key, "library": lib, **rt.doc["files"][lib]}})
 
     e, _ = fake_cache.store.publish(key, build)
     return key, (e.path / META).read_bytes(), (e.path / "kernel.so").read_bytes()

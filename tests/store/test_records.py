@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from cutecc.entry import META, EntryMeta, RuntimeMeta, meta_problem, runtime_soname
+from cutecc.entry import META, acted_on, meta_problem, runtime_soname
+from cutecc.entry_meta import EntryMeta, RuntimeMeta
+from cutecc.store.layout import entry_parts, member, member_parts, meta_parts, runtime_parts
 from cutecc.store.view import StoreView
 
 
@@ -17,7 +19,7 @@ def test_an_entrys_record_is_typed_and_equals_its_file(fake_cache, add_entries) 
     e, = add_entries("v1")
     got = StoreView(fake_cache.store.root).get(e.key)
     assert got is not None
-    rec = got.checked
+    rec = got.meta
     raw = json.loads((e.path / META).read_text())
     assert (rec.key, rec.kernel, rec.variant, rec.arch, rec.symbol) == (
         e.key, "k", "v1", "sm_90a", "__tvm_ffi_fn")
@@ -27,7 +29,7 @@ def test_an_entrys_record_is_typed_and_equals_its_file(fake_cache, add_entries) 
     assert rec.runtime.key == fake_cache.runtime.key
     assert rec.runtime.library == runtime_soname(fake_cache.runtime.key)
     assert rec.build_seconds == 1.5 and rec.backward is None and rec.to_json() == raw
-    assert got.checked is rec  # parsed once per entry read
+    assert got.meta is rec  # parsed once per entry read
     with pytest.raises(dataclasses.FrozenInstanceError):
         rec.kernel = "other"  # type: ignore[misc]
 
@@ -35,7 +37,7 @@ def test_an_entrys_record_is_typed_and_equals_its_file(fake_cache, add_entries) 
 def test_a_runtime_record_is_typed(fake_cache) -> None:
     rt = StoreView(fake_cache.store.root).get_runtime(fake_cache.runtime.key)
     assert rt is not None
-    rec = rt.checked_runtime
+    rec = rt.runtime_meta
     assert isinstance(rec, RuntimeMeta) and rec.library.name == runtime_soname(rt.key)
     assert rec.library == next(f for f in rec.files if f.name == rec.library.name)
 
@@ -57,13 +59,13 @@ def test_damaged_metadata_is_refused_with_the_checks_reason(fake_cache, add_entr
     got = StoreView(fake_cache.store.root).get(e.key)
     assert got is not None
     with pytest.raises(ValueError, match=why):
-        got.checked  # noqa: B018
+        got.meta  # noqa: B018
 
 
 def test_a_runtime_entry_is_not_an_entry(fake_cache) -> None:
     rt = fake_cache.runtime
     with pytest.raises(ValueError, match="format"):
-        EntryMeta.parse(rt.meta, rt.key)
+        EntryMeta.parse(rt.doc, rt.key)
 
 
 DATA = Path(__file__).parent / "data"
@@ -99,9 +101,9 @@ def test_the_store_publishes_a_record_as_its_bytes(fake_cache, add_entries) -> N
     e, = add_entries("v1")
     data = (e.path / META).read_bytes()
     rec = EntryMeta.parse(json.loads(data), e.key)
-    assert rec.dumps() == data == _dict_writer(e.meta)
+    assert rec.dumps() == data == _dict_writer(e.doc)
     rt = fake_cache.runtime
-    assert RuntimeMeta.parse(rt.meta, rt.key).dumps() == (rt.path / META).read_bytes()
+    assert RuntimeMeta.parse(rt.doc, rt.key).dumps() == (rt.path / META).read_bytes()
 
 
 # the fields the builder wrote as a dict literal before its record was typed
@@ -123,3 +125,32 @@ def test_a_real_build_writes_the_fields_and_bytes_of_the_dict_writer(toy_cache) 
         meta = json.loads(data)
         assert set(meta) == set(json.loads((DATA / "runtime_meta.json").read_bytes())), f
         assert data == _dict_writer(meta) == RuntimeMeta.parse(meta, f.parent.name).dumps()
+
+
+def test_a_lock_pins_the_same_from_the_record_as_from_the_file(fake_cache, add_entries) -> None:
+    e, = add_entries("v1")
+    got = StoreView(fake_cache.store.root).get(e.key)
+    assert got is not None and got.meta.acted_on == acted_on(got.doc)
+
+
+def test_a_damaged_entry_is_still_named_by_what_it_records(fake_cache, add_entries) -> None:
+    e, = add_entries("v1")
+    meta = json.loads((e.path / META).read_text())
+    meta.update(kernel="other", files=["not", "a", "table"])
+    (e.path / META).write_text(json.dumps(meta))
+    got = StoreView(fake_cache.store.root).get(e.key)
+    assert got is not None
+    with pytest.raises(ValueError, match="kernel differs"):
+        got.meta  # noqa: B018
+    r = got.recorded
+    assert (r.kernel, r.variant, r.arch, r.label) == ("other", "v1", "sm_90a", "other[v1]@sm_90a")
+    assert (r.files, r.size, got.size, r.runtime) == ({}, 0, 0, fake_cache.runtime.key)
+
+
+def test_pack_member_names_are_one_function_both_ways() -> None:
+    key = "ab" + "c" * 62
+    assert member(meta_parts(entry_parts(key))) == f"entries/ab/{key}/meta.json"
+    assert member_parts(member((*entry_parts(key), "kernel.so"))) == ("entries", key, "kernel.so")
+    assert member_parts(member((*runtime_parts(key), "lib.so"))) == ("runtimes", key, "lib.so")
+    for other in ("format", "kernels.lock", f"entries/ab/{key}", f"tmp/ab/{key}/x", f"entries/ab/{key}/x/y"):
+        assert member_parts(other) is None

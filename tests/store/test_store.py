@@ -13,7 +13,8 @@ import pytest
 from meta_records import entry_record, runtime_record
 
 from cutecc.atomic import atomic_write
-from cutecc.entry import ENTRY_FORMAT, META, RUNTIME_ENTRY_FORMAT, STORE_FORMAT, EntryMeta, RuntimeMeta
+from cutecc.entry import ENTRY_FORMAT, META, RUNTIME_ENTRY_FORMAT, STORE_FORMAT
+from cutecc.entry_meta import EntryMeta, RuntimeMeta
 from cutecc.errors import CuteccError
 from cutecc.store import Store, default_cache_dir
 
@@ -49,7 +50,7 @@ def test_publish_second_time_is_a_hit_and_builds_nothing(tmp_path: Path) -> None
     store.publish(KEY, _write_lib)
     calls = []
     entry, built = store.publish(KEY, lambda s: calls.append(s) or _write_lib(s))
-    assert not built and calls == [] and entry.meta["kernel"] == "k"
+    assert not built and calls == [] and entry.doc["kernel"] == "k"
 
 
 def test_failed_build_leaves_nothing(tmp_path: Path) -> None:
@@ -160,7 +161,7 @@ def test_touch_used_creates_then_updates_and_never_fails(tmp_path: Path) -> None
     assert abs((entry.path / USED).stat().st_mtime - time.time()) < 5  # set back to now
     touch_used(tmp_path / "gone")  # a removed entry: silently nothing
     assert not (tmp_path / "gone").exists()
-    assert store.get(KEY).meta["files"].keys() == {"kernel.so"}
+    assert store.get(KEY).doc["files"].keys() == {"kernel.so"}
 
 
 def test_remove_renames_out_then_deletes_and_respects_the_lock(tmp_path: Path) -> None:
@@ -254,9 +255,9 @@ def test_runtime_libraries_are_entries_of_their_own(tmp_path: Path) -> None:
         return runtime_record({"library": "libcutecc_rt_abababababababab.so"})
 
     rt, built = store.publish(KEY, runtime, runtime=True)
-    assert built and rt.path == store.runtimes_dir / "ab" / KEY and rt.meta["format"] == RUNTIME_ENTRY_FORMAT
+    assert built and rt.path == store.runtimes_dir / "ab" / KEY and rt.doc["format"] == RUNTIME_ENTRY_FORMAT
     assert store.get(KEY) is None and store.kernel_names() == []  # not a kernel entry, not indexed
-    assert [e.key for e in store.runtimes()] == [KEY] and store.get_runtime(KEY).meta == rt.meta
+    assert [e.key for e in store.runtimes()] == [KEY] and store.get_runtime(KEY).doc == rt.doc
     assert store.remove(KEY, runtime=True) and store.get_runtime(KEY) is None
 
 

@@ -21,8 +21,8 @@ def test_kernel_names_of_a_built_library(tmp_path) -> None:  # type: ignore[no-u
 
     rep = build(REPO / "kernels.toml", cache_dir=tmp_path / "c", kernels=("axpy",), lock=False)
     assert all(o.error is None for o in rep.outcomes), [o.error for o in rep.outcomes]
-    (e,) = [e for e in Store(tmp_path / "c").entries() if e.meta["kernel"] == "axpy"]
-    data = (e.path / e.meta["library"]).read_bytes()
+    (e,) = [e for e in Store(tmp_path / "c").entries() if e.doc["kernel"] == "axpy"]
+    data = (e.path / e.doc["library"]).read_bytes()
     assert len(cubin.cubins(data)) == 1
     (name,) = cubin.kernel_names(data)
     assert name.startswith("kernel_cutlass_") and name.isascii() and " " not in name

@@ -161,18 +161,18 @@ def test_every_example_library_exports_only_the_wrapper_and_needs_only_its_runti
     store = Store(example_cache)
     entries = list(store.entries())
     assert entries
-    runtimes = {e.meta["runtime"]["key"] for e in entries}
+    runtimes = {e.doc["runtime"]["key"] for e in entries}
     assert runtimes == {toolchain()["runtime"]}  # one runtime library for the whole toolchain
     for e in entries:
-        lib = e.path / e.meta["library"]
-        assert e.meta["symbol"] == SYMBOL
+        lib = e.path / e.doc["library"]
+        assert e.doc["symbol"] == SYMBOL
         assert exported(lib) == {f"__tvm_ffi_{SYMBOL}"}, e.key
-        who = f"cutecc kernel {e.meta['entry']} (built for {e.meta['arch']}, cache key {e.key[:12]})"
+        who = f"cutecc kernel {e.doc['entry']} (built for {e.doc['arch']}, cache key {e.key[:12]})"
         assert f"cutecc-label: {who}".encode() in lib.read_bytes(), e.key
-        assert needed(lib) == {e.meta["runtime"]["library"], "libtvm_ffi.so"}, e.key
+        assert needed(lib) == {e.doc["runtime"]["library"], "libtvm_ffi.so"}, e.key
         assert lib.stat().st_size < 64 << 10, e.key  # the kernel's object and the wrapper only
     [rt] = list(store.runtimes())
-    rt_lib = rt.path / rt.meta["library"]
+    rt_lib = rt.path / rt.doc["library"]
     assert needed(rt_lib) <= GLIBC_LIBS | {"libtvm_ffi.so"} and "libtvm_ffi.so" in needed(rt_lib)
     exports = exported(rt_lib)
     assert {"CuteDSLRT_TVMFFISetRaisedCudaError", "cutecc_rt_relabel", "cutecc_rt_abi_version",
@@ -180,13 +180,13 @@ def test_every_example_library_exports_only_the_wrapper_and_needs_only_its_runti
     assert not {x for x in exports if x.startswith("cuda")} - {x for x in exports
                                                                if x.startswith("cuda_dialect_")}
     soname = subprocess.run(["readelf", "-d", str(rt_lib)], capture_output=True, text=True).stdout
-    assert f"Library soname: [{rt.meta['library']}]" in soname
+    assert f"Library soname: [{rt.doc['library']}]" in soname
 
 
 @needs_link
 def test_a_real_kernel_error_names_the_kernel_and_keeps_its_kind(example_cache: Path) -> None:
-    e = next(x for x in Store(example_cache).entries() if x.meta["kernel"] == "mul")
-    (got,) = call(e.path / e.meta["library"], [[]])  # no arguments: the DSL's own check fails
+    e = next(x for x in Store(example_cache).entries() if x.doc["kernel"] == "mul")
+    (got,) = call(e.path / e.doc["library"], [[]])  # no arguments: the DSL's own check fails
     assert got is not None
     kind, message = got
     assert kind == "TypeError"

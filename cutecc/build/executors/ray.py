@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from cutecc.build.executors import worker_tree
 from cutecc.build.workers import DEFAULT_LIMITS, BuildJob, Limits, Result
+from cutecc.entry_meta import EntryMeta
 from cutecc.environ import WORKER_MARK
 from cutecc.errors import CuteccError, WorkError
 
@@ -120,7 +121,6 @@ def _checked(store: Any, job: BuildJob, result: Result) -> Result:
     """`result` with the metadata of the entry as the driver's store holds it, checked whole
     (the task's own report is never recorded); failed if the store's entry is refused or
     the report differs from it in anything a lock line pins (`entry.acted_on`)."""
-    from cutecc.entry import acted_on
     from cutecc.ship.ingest import Refused, check_stored
 
     if result.status == "failed":
@@ -129,10 +129,11 @@ def _checked(store: Any, job: BuildJob, result: Result) -> Result:
         meta = check_stored(store, job.key)
     except Refused as e:
         return Result("failed", result.seconds, f"the entry its Ray task published was refused: {e.why}")
-    if result.meta is None or acted_on(result.meta) != acted_on(meta):
+    rec = EntryMeta.parse(meta, job.key)  # check_stored checked it: typed here
+    if result.meta is None or result.meta.acted_on != rec.acted_on:
         return Result("failed", result.seconds, "the Ray task's report differs from the entry it "
                       "published (library, symbol, contract or runtime); not recorded")
-    return replace(result, meta=meta)
+    return replace(result, meta=rec)
 
 
 def _private_temp_dir() -> str:
@@ -213,16 +214,16 @@ def _in_driver_process(jobs: list[BuildJob], store_root: Path, workers: int,
         if i not in reported:  # what a task published here before the failure still counts
             meta = _stored(store_root, job.key)
             on_result(job, Result("failed", 0.0, why) if meta is None else
-                      Result("built", float(meta.get("build_seconds") or 0.0), None, meta))
+                      Result("built", meta.build_seconds, None, meta))
 
 
-def _stored(store_root: Path, key: str) -> dict[str, Any] | None:
+def _stored(store_root: Path, key: str) -> EntryMeta | None:
     """The checked metadata of `key`'s entry in the store, or None (absent or refused)."""
     from cutecc.ship.ingest import Refused, check_stored
     from cutecc.store.writer import Store
 
     try:
-        return check_stored(Store(store_root), key)
+        return EntryMeta.parse(check_stored(Store(store_root), key), key)
     except Refused:
         return None
 
@@ -358,7 +359,7 @@ def _receive(store: Any, job: BuildJob, result: Result, meta_bytes: bytes,
     except (CuteccError, OSError) as e:
         return Result("failed", result.seconds, f"cannot publish the entry sent back: {e}")
     try:  # both checked on arrival: typed here
-        same = entry.checked.runtime.sha256 == rt.checked_runtime.library.sha256
+        same = entry.meta.runtime.sha256 == rt.runtime_meta.library.sha256
     except ValueError:
         same = False
     if not same:
@@ -476,7 +477,7 @@ def _task(job: BuildJob, store_root: str, driver_node: str, sources: Sources | s
         return result, None, None
     d = node_store.layout.entry(job.key)
     meta_bytes = node_store.layout.entry_meta(job.key).read_bytes()
-    files = {name: (d / name).read_bytes() for name in (result.meta or {}).get("files", {})}
+    files = {f.name: (d / f.name).read_bytes() for f in (result.meta.files if result.meta else ())}
     return result, meta_bytes, files
 
 

@@ -44,7 +44,7 @@ def _torch_scalar(kernel: str, s: ScalarArg, v: Any) -> Any:
     if isinstance(v, torch.Tensor):
         raise KernelTypeError(f"runtime scalar {s.name!r} must be a Python number (it is passed by "
                               "value to the kernel), not a tensor; use .item() if you mean it",
-                              where=f'kernel "{kernel}"', exit_code=1)
+                              where=f'kernel "{kernel}"')
     return scalar_values.plain_scalar(kernel, s, v)
 
 
@@ -53,7 +53,7 @@ def _as_call_error(e: CuteccError) -> CuteccError:
     CallTypeError themselves; anything else is a ValueError subclass here."""
     if isinstance(e, (KernelCallError, KernelTypeError)):
         return e
-    return KernelCallError(e.message, where=e.where, key_path=e.key_path, exit_code=e.exit_code)
+    return KernelCallError(e.message, where=e.where, key_path=e.key_path)
 
 
 def _env_of(build: Build, buffers: Sequence[Any]) -> dict[str, Any]:

@@ -128,8 +128,7 @@ class TorchKernelFn(calls.KernelBase):
         for i, a in enumerate(tensors):
             if not isinstance(a, torch.Tensor):
                 raise KernelTypeError(f"argument {i} is a {type(a).__name__}, not a tensor (runtime "
-                                      "scalars are keyword arguments)", where=f'kernel "{self.name}"',
-                                      exit_code=1)
+                                      "scalars are keyword arguments)", where=f'kernel "{self.name}"')
         key = _signature(tensors, kw)
         try:
             return self._plans[key]
@@ -206,15 +205,13 @@ class TorchKernelFn(calls.KernelBase):
         16 by default: 128-bit vector accesses); a view at an offset may not be."""
         raise KernelCallError(f"{spec[1]}: its data starts at an address that is not a multiple of "
                               f"{align} bytes (a view at offset {a.storage_offset()}), which the kernel "
-                              f"assumes: pass {spec[1]}.clone()", where=f'kernel "{self.name}"',
-                              exit_code=1)
+                              f"assumes: pass {spec[1]}.clone()", where=f'kernel "{self.name}"')
 
     def _not_contiguous(self, a: Any, spec: tuple) -> None:
         _, name, padded = spec
         what = "the padded tensor (whole, not a slice of it)" if padded else "a dense tensor"
         raise KernelCallError(f"{name}: not contiguous (strides {tuple(a.stride())}); the kernel reads "
-                              f"{what}: pass {name}.contiguous()", where=f'kernel "{self.name}"',
-                              exit_code=1)
+                              f"{what}: pass {name}.contiguous()", where=f'kernel "{self.name}"')
 
     @staticmethod
     def _post(results: tuple, tensors: Sequence[Any], bufs: Sequence[Any], got: list[Any],
@@ -247,12 +244,12 @@ class TorchKernelFn(calls.KernelBase):
         if len(devices) > 1:
             raise KernelCallError(f"tensors on several devices ({', '.join(sorted(map(str, devices)))}); "
                                   "a call needs all of them on one CUDA device",
-                                  where=f'kernel "{self.name}"', exit_code=1)
+                                  where=f'kernel "{self.name}"')
         device = next(iter(devices)) if devices else torch.device("cuda", torch.cuda.current_device())
         if device.type not in DEVICE_TYPES:
             raise KernelCallError(f"tensors on {device}; cutecc kernels run on CUDA devices: move them "
                                   f"with .cuda() (built for {self.arch}:{self._signatures()})",
-                                  where=f'kernel "{self.name}"', exit_code=1)
+                                  where=f'kernel "{self.name}"')
         return device
 
     def _signatures(self) -> str:
@@ -283,8 +280,7 @@ class TorchKernelFn(calls.KernelBase):
         for i, a in enumerate(tensors):
             if not isinstance(a, torch.Tensor):
                 raise KernelTypeError(f"argument {i} is a {type(a).__name__}, not a tensor (runtime "
-                                      "scalars are keyword arguments)", where=f'kernel "{self.name}"',
-                                      exit_code=1)
+                                      "scalars are keyword arguments)", where=f'kernel "{self.name}"')
         if _is_compiling():
             name, key, scalars, inputs, results = _op_plan(self._id, *self._op_args(tensors, kw))
         else:  # eagerly (autograd): planned once per signature, values checked as eagerly
@@ -334,11 +330,11 @@ class TorchKernelFn(calls.KernelBase):
         if len(set(devices)) > 1:
             raise KernelCallError(f"tensors on several devices ({', '.join(sorted(set(devices)))}); "
                                   "a call needs all of them on one CUDA device",
-                                  where=f'kernel "{self.name}"', exit_code=1)
+                                  where=f'kernel "{self.name}"')
         if devices and devices[0].split(":")[0] not in DEVICE_TYPES:
             raise KernelCallError(f"tensors on {devices[0]}; cutecc kernels run on CUDA devices: move "
                                   f"them with .cuda() (built for {self.arch}:{self._signatures()})",
-                                  where=f'kernel "{self.name}"', exit_code=1)
+                                  where=f'kernel "{self.name}"')
         stand_in = {"float": 0.0, "int": 0, "bool": False, "SymFloat": 0.0, "SymInt": 0, "SymBool": False,
                     "Tensor": torch.zeros(())}
         kw = {**dict(keywords), **{k: stand_in.get(t, t) for k, t in given}}
