@@ -115,6 +115,10 @@ class HashCache:
         closures, bodies = doc.get("closures"), doc.get("closure_bodies")
         self._closures: dict[str, list[Any]] = dict(closures) if isinstance(closures, dict) else {}
         self._bodies: dict[str, Any] = dict(bodies) if isinstance(bodies, dict) else {}
+        # What the cache knew when loaded: the user's memory (`planmemory`) is asked and told
+        # only of what it did not know (a new cache, a new file), never of what an edit or a
+        # reinstall changed (the edit-and-rebuild loop reads and writes no memory).
+        self._known = (set(self._dists), set(self._sources), set(self._closures))
         self._stamps: dict[str, str | None] = {}  # this pass's (`_stamp`)
         self._valid: dict[str, bool] = {}  # body digest -> `_holds`, this pass
 
@@ -170,11 +174,12 @@ class HashCache:
                 if rec[0] == stamp(os.stat(f)):
                     return rec[1]
         data, sha256, st = _read_stamped(f)
-        known = self.memory.parsed(kind, sha256) if self.memory is not None else None
+        memory = self.memory if key not in self._known[1] else None
+        known = memory.parsed(kind, sha256) if memory is not None else None
         if known is None:
             known = parse(data)
-            if self.memory is not None:
-                self.memory.remember_parsed(kind, sha256, known)
+            if memory is not None:
+                memory.remember_parsed(kind, sha256, known)
         facts = {**known, "sha256": sha256}
         del data
         if st is not None and settled(st):
@@ -187,7 +192,8 @@ class HashCache:
         `(file, module, is a package)` per member, while the context is the same and every
         member file and every path its lookups read has the stamp it had then. None otherwise."""
         rec = self._closures.get(f"{key}\0{context}")
-        if rec is None and self.memory is not None and (got := self.memory.closure(f"{key}\0{context}")) \
+        if rec is None and self.memory is not None and f"{key}\0{context}" not in self._known[2] \
+                and (got := self.memory.closure(f"{key}\0{context}")) \
                 and got[0] == hashlib.sha256(json.dumps(got[1], separators=(",", ":")).encode()).hexdigest():
             rec = [key, got[0]]  # the user's memory: checked as this cache's own, then kept here
             self._closures[f"{key}\0{context}"], self._bodies[got[0]] = rec, got[1]
@@ -280,7 +286,7 @@ class HashCache:
         self._bodies[digest] = body
         self._valid[digest] = True
         self._dirty.add("facts")
-        if self.memory is not None:
+        if self.memory is not None and f"{key}\0{context}" not in self._known[2]:
             self.memory.remember_closure(f"{key}\0{context}", key, digest, body)
 
     def _live_bodies(self) -> dict[str, Any]:
@@ -302,7 +308,8 @@ class HashCache:
         rec = self._dists.get(where)
         if isinstance(rec, list) and len(rec) == 2 and rec[0] == fingerprint:
             return rec[1]
-        if self.memory is not None and (got := self.memory.recall(where, fingerprint)) is not None:
+        if self.memory is not None and where not in self._known[0] and (
+                got := self.memory.recall(where, fingerprint)) is not None:
             self._dists[where] = [fingerprint, got]  # this cache remembers it too
             self._dirty.add("facts")
             return got
@@ -311,7 +318,7 @@ class HashCache:
     def remember(self, where: str, fingerprint: str, value: Any) -> None:
         self._dists[where] = [fingerprint, value]
         self._dirty.add("facts")
-        if self.memory is not None:
+        if self.memory is not None and where not in self._known[0]:
             self.memory.remember(where, fingerprint, value)
 
     def save(self) -> None:

@@ -15,6 +15,10 @@ Two kinds of facts, each sound wherever it is served:
 - an entry's import closure (`HashCache.closure`), under its context and the stamps of every
   file and directory its walk read, checked as a cache's own are (`HashCache._holds`).
 
+A cache asks it, and tells it, only of what the cache itself never knew (a new cache, a new
+file): what an edit or a reinstall changed is computed afresh, so the edit-and-rebuild loop
+neither reads nor writes it.
+
 One JSON file, `$CUTECC_PLAN_MEMORY/planmemory.json` (else in the user's cache directory;
 `off` turns it off), read once, lazily (only when the cache does not answer), through
 `cutecc.trust` and bounded (MAX_BYTES); a file that is not this user's is refused (never read,
@@ -100,8 +104,11 @@ class PlanMemory:
             return
         doc = self._read()
         mine = _dict(_dict(doc.get("parsers")).get(self.parser))
-        self._parsed, self._dists = _dict(mine.get("parsed")), _dict(mine.get("dists"))
-        self._closures, self._bodies = _dict(mine.get("closures")), _dict(mine.get("bodies"))
+        # (what this run told it before it was first asked, kept over what was read)
+        self._parsed = {**_dict(mine.get("parsed")), **self._new_parsed}
+        self._dists = {**_dict(mine.get("dists")), **self._dists}
+        self._closures = {**_dict(mine.get("closures")), **self._closures}
+        self._bodies = {**_dict(mine.get("bodies")), **self._bodies}
 
     def _read(self) -> dict[str, Any]:
         if self.file is None:
@@ -126,10 +133,10 @@ class PlanMemory:
         return dict(got) if isinstance(got, dict) and check(got) else None
 
     def remember_parsed(self, kind: str, sha256: str, facts: dict[str, Any]) -> None:
-        if kind in KINDS and KINDS[kind](facts):
-            self._load()
-            assert self._parsed is not None
-            self._parsed[f"{kind}:{sha256}"] = self._new_parsed[f"{kind}:{sha256}"] = facts
+        if kind in KINDS and KINDS[kind](facts):  # (added to the file by `save`, unread till then)
+            self._new_parsed[f"{kind}:{sha256}"] = facts
+            if self._parsed is not None:
+                self._parsed[f"{kind}:{sha256}"] = facts
 
     def recall(self, where: str, fingerprint: str) -> Any:
         """`HashCache.recall`'s answer from this memory."""
@@ -138,7 +145,6 @@ class PlanMemory:
         return rec[1] if isinstance(rec, list) and len(rec) == 2 and rec[0] == fingerprint else None
 
     def remember(self, where: str, fingerprint: str, value: Any) -> None:
-        self._load()
         self._dists[where] = self._new_dists[where] = [fingerprint, value]
 
     def closure(self, where: str) -> tuple[str, Any] | None:
@@ -152,7 +158,6 @@ class PlanMemory:
         return None if body is None else (rec[1], body)
 
     def remember_closure(self, where: str, key: str, digest: str, body: Any) -> None:
-        self._load()
         self._closures.pop(where, None)
         self._closures[where] = [key, digest]
         self._bodies[digest] = body

@@ -239,3 +239,30 @@ def test_what_is_read_of_installed_metadata_is_remembered_under_its_stamps(
     assert reads == [str(info)]
     assert "fakedep" in again["imports_lib"].inputs["distributions"] and again["imports_lib"].key != first[
         "imports_lib"].key
+
+
+def test_an_edit_rebuilt_in_the_same_cache_neither_reads_nor_writes_the_memory(
+        tmp_path: Path, site: Path, memory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The edit-and-rebuild loop: what the cache knew and an edit changed is computed afresh
+    (as without the memory); the memory, read and written only for what a cache never knew,
+    is neither loaded nor rewritten."""
+    install(site, "fakelib", "1.0", LIB)
+    m = project(tmp_path, BOTH)
+    cache = tmp_path / "cache/filehashes.json"
+    cache.parent.mkdir()
+    first = planned(m, cache)
+    before = (memory / FILE).read_bytes()
+    reads: list[int] = []
+    real = PlanMemory._read
+
+    def spy(self):
+        reads.append(1)
+        return real(self)
+
+    monkeypatch.setattr(PlanMemory, "_read", spy)
+    uses = m.parent / "kp/uses_lib.py"
+    uses.write_text("import json\n" + uses.read_text())
+    (site / "fakelib/util.py").write_text("K = 3\n")
+    again = planned(m, cache)
+    assert again["imports_lib"].key != first["imports_lib"].key
+    assert reads == [] and (memory / FILE).read_bytes() == before
