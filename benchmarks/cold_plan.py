@@ -4,7 +4,13 @@ full-digest distribution hashed), whole process, this tree against another revis
 versions alternating.
 
     python -m benchmarks.cold_plan [--manifest published examples] [--before REV]
-                                   [--repeats 3] [--json PATH]
+                                   [--memory off warm] [--repeats 3] [--json PATH]
+
+`--memory`: with the user's planning memory (cutecc/toolchain/planmemory.py) `off` (the very
+first planning: nothing remembered anywhere; what `--before` runs too), and `warm` (this tree
+only): into an empty cache again, with a memory one untimed dry run of the same manifest
+filled first (the first planning into a new cache of a user who planned before: a fresh
+checkout, another project's cache, CI with the user cache directory kept).
 
 Per run: wall, CPU (the child's user + system), the build's own `plan` seconds, and the load
 average before and after (the build host is shared: read the CPU column).
@@ -26,12 +32,12 @@ from benchmarks.build_overhead import MANIFESTS, _cpu_children, _load
 from benchmarks.common import code_versions, machine, summary
 
 
-def once(code: Path, manifest: Path) -> dict[str, Any]:
+def once(code: Path, manifest: Path, memory: str = "off", cwd: Path | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="cutecc-coldplan-") as cache:
         before, c0, t0 = _load(), _cpu_children(), time.perf_counter()
         r = subprocess.run([sys.executable, "-m", "cutecc.cli", "build", str(manifest), "--cache-dir", cache,
-                            "--dry-run", "--json"], capture_output=True, text=True, cwd=cache,
-                           env={**os.environ,
+                            "--dry-run", "--json"], capture_output=True, text=True, cwd=cwd or cache,
+                           env={**os.environ, "CUTECC_PLAN_MEMORY": memory,
                                 "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])})
         wall, cpu = time.perf_counter() - t0, _cpu_children() - c0
     if r.returncode != 0:
@@ -45,17 +51,32 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--manifest", nargs="+", default=["published", "examples"], choices=sorted(MANIFESTS))
     ap.add_argument("--before", default=None)
+    ap.add_argument("--memory", nargs="+", default=["off", "warm"], choices=["off", "warm"])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="cutecc-coldplan-code-") as d:
+        cwd = Path(d) / "cwd"
+        cwd.mkdir()
         versions = code_versions(a.before, Path(d))
-        runs: dict[str, dict[str, list[dict[str, Any]]]] = {m: {v: [] for v in versions} for m in a.manifest}
+        time.sleep(max(0.0, 2.5 - (time.time() - cwd.stat().st_ctime)))  # settled: see below
+        # (version, memory mode) -> runs; `warm` only for this tree (the other has no memory)
+        modes = [(v, mem) for mem in a.memory for v in versions if mem == "off" or v == "after"]
+        runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+            m: {_name(v, mem): [] for v, mem in modes} for m in a.manifest}
+        # `python -m` puts the working directory first on sys.path, which every import closure
+        # depends on: one directory for every run (as the `cutecc` script's, whose first
+        # entry is its own directory), so the memory's closures can answer a new cache (made
+        # over 2 s before the first run: a closure is remembered only under settled stamps)
         for m in a.manifest:
+            memory = Path(d) / f"memory-{m}"
+            if "warm" in a.memory:
+                once(versions["after"], MANIFESTS[m], str(memory), cwd)  # untimed: fills the memory
             for _ in range(a.repeats):
-                for v, code in versions.items():
-                    runs[m][v].append(once(code, MANIFESTS[m]))
-                    print(m, v, runs[m][v][-1], file=sys.stderr)
+                for v, mem in modes:
+                    runs[m][_name(v, mem)].append(
+                        once(versions[v], MANIFESTS[m], "off" if mem == "off" else str(memory), cwd))
+                    print(m, v, mem, runs[m][_name(v, mem)][-1], file=sys.stderr)
     doc = {"benchmark": "cold_plan", "machine": machine(), "command": sys.argv, "before": a.before,
            "pythonpath": os.environ.get("PYTHONPATH"),
            "results": {m: {v: {"runs": rs, "cpu": summary([x["cpu_s"] for x in rs]),
@@ -65,6 +86,10 @@ def main() -> None:
     if a.json:
         a.json.write_text(text + "\n")
     print(text)
+
+
+def _name(version: str, memory: str) -> str:
+    return version if memory == "off" else f"{version}, memory warm"
 
 
 if __name__ == "__main__":

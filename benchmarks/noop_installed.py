@@ -73,7 +73,11 @@ def checkout(ref: str, into: Path) -> Path:
 
 
 def _env(code: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])}
+    # the user's planning memory (cutecc/toolchain/planmemory.py) off: a no-op build plans
+    # from its own cache (the memory is read only where the cache does not answer), and the
+    # untimed builds write nothing into the user's cache directory
+    return {**os.environ, "CUTECC_PLAN_MEMORY": "off",
+            "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])}
 
 
 def check(code: Path, cwd: Path) -> None:

@@ -30,6 +30,10 @@ COMPILING_FIXTURES = frozenset({"dsl", "example_cache", "layout_cache", "train_c
 # A module that imports torch at its top is marked by hand (`pytestmark`): without torch it
 # is skipped before its tests exist.
 EXTRA_FIXTURES = frozenset({"examples_extra", "examples_build", "grace_examples"})
+# The user's planning memory (cutecc/toolchain/planmemory.py) is off in tests, and in the CLI
+# they run: a test's planning starts from its own cache alone, and no test writes into the
+# user's cache directory. tests/key/test_plan_memory.py turns it on where it is tested.
+os.environ.setdefault("CUTECC_PLAN_MEMORY", "off")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -46,7 +46,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from importlib.machinery import EXTENSION_SUFFIXES
 from typing import Any
 
@@ -88,27 +88,82 @@ def compile_env(manifest_env: Mapping[str, str] | Iterable[tuple[str, str]] = ()
 class _Installed(dict):
     """Distribution name -> the distribution import would use (first on sys.path), with
     `every`: all of them, shadowed ones too, as `(name, distribution, the top-level names
-    its top_level.txt declares)`, and what was read of them (METADATA parsed once each)."""
+    its top_level.txt declares)`, and what was read of them (`_facts`, once each)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.every: list[tuple[str, md.Distribution, tuple[str, ...]]] = []
-        self.meta: dict[str, Any] = {}  # name -> parsed METADATA of the one import uses
+        self.facts: dict[str, dict[str, Any]] = {}  # name -> `_facts` of the one import uses
         self.inferred: dict[int, set[str]] = {}  # id(distribution) -> `_inferred_tops`
+
+
+# Where `_installed` remembers what it read of each distribution (`DistIndex` sets it).
+_MEMORY: list[HashCache] = []
+# The files of a distribution's metadata directory `_read_facts` reads (with the directory).
+_META_FILES = ("METADATA", "PKG-INFO", "top_level.txt", "RECORD", "direct_url.json", "requires.txt")
 
 
 @functools.lru_cache(maxsize=1)
 def _installed() -> _Installed:
     out = _Installed()
     for d in md.distributions():  # first on sys.path wins, as import would
-        meta = _headers(d)
-        name = meta["Name"]
+        facts = _facts(d)
+        name = facts["name"]
         if name:
-            out.every.append((normalize(name), d, tuple((d.read_text("top_level.txt") or "").split())))
+            out.every.append((normalize(name), d, tuple(facts["tops"])))
+            if facts.get("inferred") is not None:
+                out.inferred[id(d)] = set(facts["inferred"])
             if normalize(name) not in out:
                 out[normalize(name)] = d
-                out.meta[normalize(name)] = meta
+                out.facts[normalize(name)] = facts
     return out
+
+
+def _facts(d: md.Distribution) -> dict[str, Any]:
+    """What planning reads of installed distribution `d` (`_read_facts`), remembered in the
+    planning caches (`_MEMORY`) under the stamps of its metadata directory and of the files
+    in it that are read: on a no-op, 147 METADATA files are stat'ed, not parsed."""
+    path = getattr(d, "_path", None)
+    if not _MEMORY or not isinstance(d, md.PathDistribution) or path is None:
+        return _read_facts(d)
+    files = [str(path), *(os.path.join(str(path), f) for f in _META_FILES)]
+    stamps = [path_stamp(f) for f in files]
+    fp = f"installed\0{DIGEST_VERSION}\0{stamps}"
+    stable = stamps[0] is not None and all(
+        st is None or time.time_ns() - st[2] >= hashcache.SETTLE_NS for st in stamps)
+    if stable and _valid_facts(known := _MEMORY[0].recall(f"{path}\0installed", fp)):
+        return dict(known)
+    facts = _read_facts(d)
+    if stable and [path_stamp(f) for f in files] == stamps:
+        _MEMORY[0].remember(f"{path}\0installed", fp, facts)
+    return facts
+
+
+def _valid_facts(v: Any) -> bool:
+    def names(x: Any) -> bool:
+        return isinstance(x, list) and all(isinstance(n, str) for n in x)
+
+    return (isinstance(v, dict) and isinstance(v.get("name"), (str, type(None)))
+            and isinstance(v.get("version"), (str, type(None))) and names(v.get("tops"))
+            and names(v.get("requires")) and isinstance(v.get("editable"), bool)
+            and (v.get("inferred") is None or names(v.get("inferred"))))
+
+
+def _read_facts(d: md.Distribution) -> dict[str, Any]:
+    """Distribution `d`'s name and version (METADATA's headers), the top-level names its
+    top_level.txt declares (else those its RECORD's `.py` files imply: `inferred`), the
+    names of the distributions it requires (`_requires`) and whether it is editable."""
+    meta = _headers(d)
+    tops = (d.read_text("top_level.txt") or "").split()
+    try:
+        info = json.loads(d.read_text("direct_url.json") or "{}")
+    except ValueError:
+        info = {}
+    reqs = meta.get_all("Requires-Dist")
+    return {"name": meta["Name"], "version": meta["Version"], "tops": tops,
+            "inferred": None if tops else sorted(_read_inferred_tops(d)),
+            "requires": _required_names(d.requires or [] if reqs is None else reqs),  # None: requires.txt
+            "editable": bool(isinstance(info, dict) and (info.get("dir_info") or {}).get("editable"))}
 
 
 def _headers(d: md.Distribution) -> email.message.Message:
@@ -120,7 +175,7 @@ def _headers(d: md.Distribution) -> email.message.Message:
 
 
 def _version(name: str) -> str:
-    return _installed().meta[name]["Version"]
+    return str(_installed().facts[name]["version"])
 
 
 @functools.cache
@@ -137,24 +192,28 @@ def _owners(top: str) -> tuple[str, ...]:
 
 
 def _inferred_tops(d: md.Distribution) -> set[str]:
-    """The top-level names `packages_distributions` infers for `d` from its RECORD (the
-    first component of each `.py` file), read once per process."""
+    """The top-level names `packages_distributions` infers for `d` from its RECORD, read
+    once per process (or remembered: `_facts`)."""
     memo = _installed().inferred
     if id(d) not in memo:
-        if not isinstance(d, md.PathDistribution):
-            files = [f for f in d.files or () if f.suffix == ".py"]
-            memo[id(d)] = {f.parts[0] if len(f.parts) > 1 else f.with_suffix("").name for f in files}
-            return memo[id(d)]
-        out = set()
-        for line in (d.read_text("RECORD") or "").splitlines():
-            if ".py" not in line:  # only these can name a .py file once normalized
-                continue
-            name = next(csv.reader([line]))[0] if line.startswith('"') else line.partition(",")[0]
-            _, parts = _parts(name)
-            if parts and _suffix(parts[-1]) == ".py":
-                out.add(parts[0] if len(parts) > 1 else parts[0][: parts[0].rfind(".")])
-        memo[id(d)] = out
+        memo[id(d)] = _read_inferred_tops(d)
     return memo[id(d)]
+
+
+def _read_inferred_tops(d: md.Distribution) -> set[str]:
+    """The first component of each `.py` file `d`'s RECORD lists."""
+    if not isinstance(d, md.PathDistribution):
+        files = [f for f in d.files or () if f.suffix == ".py"]
+        return {f.parts[0] if len(f.parts) > 1 else f.with_suffix("").name for f in files}
+    out = set()
+    for line in (d.read_text("RECORD") or "").splitlines():
+        if ".py" not in line:  # only these can name a .py file once normalized
+            continue
+        name = next(csv.reader([line]))[0] if line.startswith('"') else line.partition(",")[0]
+        _, parts = _parts(name)
+        if parts and _suffix(parts[-1]) == ".py":
+            out.add(parts[0] if len(parts) > 1 else parts[0][: parts[0].rfind(".")])
+    return out
 
 
 def owners(top: str) -> tuple[str, ...]:
@@ -165,23 +224,19 @@ def owners(top: str) -> tuple[str, ...]:
 @functools.cache
 def is_editable(name: str) -> bool:
     """Whether distribution `name` is an editable install (its RECORD covers no sources)."""
-    d = _installed().get(normalize(name))
-    if d is None:
-        return False
-    try:
-        info = json.loads(d.read_text("direct_url.json") or "{}")
-    except ValueError:
-        return False
-    return bool(isinstance(info, dict) and (info.get("dir_info") or {}).get("editable"))
+    facts = _installed().facts.get(normalize(name))
+    return bool(facts and facts["editable"])
 
 
 def _requires(name: str) -> list[str]:
-    d = _installed().get(name)
-    if d is None:
-        return []
-    reqs = _installed().meta[name].get_all("Requires-Dist")
+    facts = _installed().facts.get(name)
+    return list(facts["requires"]) if facts else []
+
+
+def _required_names(reqs: Iterable[str]) -> list[str]:
+    """The names of the distributions Requires-Dist lines `reqs` require (less extras')."""
     out = []
-    for req in d.requires or [] if reqs is None else reqs:  # None: egg-info's requires.txt
+    for req in reqs:
         if "extra ==" in req.replace('"', "").replace("'", ""):
             continue  # only with an extra; not what the distribution itself needs
         m = _REQ_NAME.match(req.strip())
@@ -200,13 +255,52 @@ def installed_fingerprint() -> list[Any]:
     return out
 
 
+class _Record:
+    """A distribution's RECORD within one planning pass: its stamp, taken before it is read,
+    and whether what is computed from it may be remembered under that stamp (`stable`: the
+    stamp is settled and the file read had it still)."""
+
+    def __init__(self, d: md.Distribution) -> None:
+        self.d = d
+        self.file = os.path.join(str(d._path), "RECORD") if isinstance(d, md.PathDistribution) else None
+        self.stamp = path_stamp(self.file) if self.file else None
+        self.stable = self.stamp is not None and time.time_ns() - self.stamp[2] >= hashcache.SETTLE_NS
+        self._text: str | None = None
+        self._rows: dict[str, tuple[str, str]] | None = None
+
+    def text(self) -> str:
+        if self._text is None:
+            self._text = self.d.read_text("RECORD") or ""
+            if self.file is None or path_stamp(self.file) != self.stamp:
+                self.stable = False  # changed while read: nothing from it is remembered
+        return self._text
+
+    def rows(self) -> dict[str, tuple[str, str]]:
+        if self._rows is None:
+            self._rows = _portable_rows(self.text())
+        return self._rows
+
+    def fact(self, hashes: HashCache, what: str, compute: Callable[[], Any], valid: Callable[[Any], bool]
+             ) -> Any:
+        """`compute()`, a function of this RECORD's text alone, remembered in `hashes` under
+        the RECORD's stamp (read from there while the stamp holds and `valid` accepts it)."""
+        key, fp = f"{self.file}\0{what}", f"{what}\0{DIGEST_VERSION}\0{self.stamp}"
+        if self.stable and (known := hashes.recall(key, fp)) is not None and valid(known):
+            return known
+        value = compute()
+        if self.stable:  # (`compute` read the text, which would have unset it)
+            hashes.remember(key, fp, value)
+        return value
+
+
 class DistIndex:
     """Digests of installed distributions, each computed once per planning pass."""
 
     def __init__(self, hash_cache: HashCache | None = None) -> None:
         self.hashes = hash_cache or HashCache(None)
+        _MEMORY[:] = [self.hashes]  # what `_installed` reads remembered there (`_facts`)
         self._digest: dict[tuple[str, bool], str] = {}
-        self._rows: dict[str, dict[str, tuple[str, str]]] = {}
+        self._records: dict[str, _Record] = {}
 
     def reached(self, modules: Iterable[str]) -> dict[str, str]:
         """`{distribution: "version digest"}` for what code importing `modules` (dotted
@@ -241,32 +335,24 @@ class DistIndex:
         under it runs), or one of the modules at some level of their dotted names (a
         sub-package it adds to another distribution's package, as nvidia-cutlass-operators
         adds `cutlass/operators/` to the DSL's `cutlass`: keyed only where imported). Told by
-        the paths in its RECORD; one whose RECORD puts nothing at `top/` (installed
-        elsewhere, through a .pth) counts as reached."""
-        rows = self._record_rows(name)
-        if rows is None:
+        the paths in its RECORD (the answer remembered under its stamp); one whose RECORD
+        puts nothing at `top/` (installed elsewhere, through a .pth) counts as reached."""
+        record = self._record(name)
+        if record is None:
             return True
-        if any(f"{top}{end}" in rows for end in _MODULE_ENDS):
-            return True
-        if not any(r.startswith((f"{top}/", f"{top}.")) for r in rows):
-            return True
-        for m in modules:
-            parts = m.split(".")
-            for i in range(2, len(parts) + 1):
-                p = "/".join(parts[:i])
-                if any(f"{p}{end}" in rows for end in _MODULE_ENDS) or any(
-                        r.startswith(f"{p}/") for r in rows):
-                    return True
-        return False
+        modules = sorted(set(modules))
+        return bool(record.fact(self.hashes, "reaches\0" + "\0".join([top, *modules]),
+                                lambda: _reaches(record.rows(), top, modules),
+                                lambda v: isinstance(v, bool)))
 
-    def _record_rows(self, name: str) -> dict[str, tuple[str, str]] | None:
-        """`_portable_rows` of distribution `name`'s RECORD (None: not installed)."""
-        if name not in self._rows:
+    def _record(self, name: str) -> _Record | None:
+        """Distribution `name`'s RECORD this pass (None: not installed)."""
+        if name not in self._records:
             d = _installed().get(name)
             if d is None:
                 return None
-            self._rows[name] = _portable_rows(d.read_text("RECORD") or "")
-        return self._rows[name]
+            self._records[name] = _Record(d)
+        return self._records[name]
 
     def digest(self, name: str, *, full: bool) -> str:
         """A distribution's digest: its files' contents (small, `full`), else its RECORD
@@ -278,36 +364,39 @@ class DistIndex:
 
     def _compute(self, name: str, full: bool) -> str:
         d = _installed()[name]
-        h = hashlib.sha256()
-        # A RECORD digest is a function of the RECORD alone: remembered under its stamp
-        # (the thirty-odd distributions torch and the DSL require, read on every no-op).
-        record_file = os.path.join(str(d._path), "RECORD") if isinstance(d, md.PathDistribution) else None
-        before = path_stamp(record_file) if record_file and not full else None
-        record_fp = f"record\0{DIGEST_VERSION}\0{before}"
-        if before is not None and (known := self.hashes.dist_digest(f"{record_file}\0record", record_fp)):
-            return known
-        text = d.read_text("RECORD") or ""
-        rows = self._rows.get(name) or _portable_rows(text)
+        rec = self._record(name)
+        assert rec is not None
 
-        def record() -> str:  # only where no remembered digest answers
-            return "".join(f"{rel},{digest},{size}\n" for rel, (digest, size) in sorted(rows.items()))
+        def record() -> str:
+            return "".join(f"{rel},{digest},{size}\n" for rel, (digest, size) in sorted(rec.rows().items()))
 
-        if not full:
-            h.update(b"record\0" + record().encode())
-            if before is not None and record_file and path_stamp(record_file) == before and \
-                    time.time_ns() - before[2] >= hashcache.SETTLE_NS:
-                self.hashes.remember_dist(f"{record_file}\0record", record_fp, h.hexdigest())
-            return h.hexdigest()
+        if not full:  # a function of the RECORD alone: remembered under its stamp (the
+            # thirty-odd distributions torch and the DSL require, read on every no-op)
+            return str(rec.fact(self.hashes, "record", lambda: _sha256(b"record\0" + record().encode()),
+                                lambda v: isinstance(v, str)))
+        # The files the digest covers, as the RECORD lists them (remembered under its stamp:
+        # torch lists 14,000), each stat'ed; their stamps tell the digest unchanged without
+        # reading a file (`HashCache`), as does the RECORD's (or, unsettled, its text).
+        base = str(d.locate_file(""))
+        prefix = base if base.endswith("/") else base + "/"
+        # (one string of the paths in RECORD, NUL-separated, and the few paths on disk that
+        # are not the prefix's join: loaded with the cache's facts on every no-op)
+        joined, odd = rec.fact(self.hashes, "listed",
+                               lambda: _pack_listed(_listed(d, rec.text(), rec.rows()), prefix),
+                               lambda v: isinstance(v, list) and len(v) == 2 and isinstance(v[0], str)
+                               and isinstance(v[1], dict) and all(isinstance(x, str) for x in v[1].values()))
+        by_stamp = rec.stable
         stats: list[tuple[str, str, os.stat_result | None]] = []
-        for rel, p in _listed(d, text, rows):
+        for i, rel in enumerate(joined.split("\0") if joined else ()):
+            p = odd.get(str(i)) or prefix + rel
             try:
                 stats.append((rel, p, os.stat(p)))
             except OSError:
                 stats.append((rel, p, None))  # a listed file is gone: part of the digest
         stats.sort(key=lambda x: x[0])
-        # The files' stamps tell the digest unchanged without reading a file (`HashCache`).
-        fp = hashlib.sha256(f"{DIGEST_VERSION}\0{FULL_HASH_LIMIT}\0".encode() + text.encode())
-        # (each stamp as str(stamp(st)) spells it, formatted at once: torch lists 14,000 files)
+        fp = hashlib.sha256(f"{DIGEST_VERSION}\0{FULL_HASH_LIMIT}\0".encode())
+        fp.update(f"stamp\0{rec.stamp}".encode() if by_stamp else rec.text().encode())
+        # (each stamp as str(stamp(st)) spells it, formatted at once)
         fp.update("".join([
             f"\0{rel}\0[{st.st_size}, {st.st_mtime_ns}, {st.st_ctime_ns}, {st.st_ino}, {st.st_dev}]"
             if st else f"\0{rel}\0missing" for rel, _, st in stats]).encode())
@@ -315,6 +404,11 @@ class DistIndex:
         known = self.hashes.dist_digest(where, fp.hexdigest())
         if known is not None:
             return known
+        rows = rec.rows()
+        if by_stamp and not rec.stable:  # the RECORD changed since its stamp was taken: afresh
+            self._records[name] = _Record(d)  # (its new stamp is unsettled: read as text)
+            return self._compute(name, full)
+        h = hashlib.sha256()
         size = sum(st.st_size for _, _, st in stats if st is not None)
         if size > FULL_HASH_LIMIT:
             # The RECORD, which names every file's SHA-256, stands for the contents, so the
@@ -333,6 +427,32 @@ class DistIndex:
         if all(st is not None and settled(st) for _, _, st in stats):
             self.hashes.remember_dist(where, fp.hexdigest(), h.hexdigest())
         return h.hexdigest()
+
+
+def _pack_listed(listed: list[tuple[str, str]], prefix: str) -> list[Any]:
+    """`_listed`'s `(path in RECORD, path on disk)` pairs as `DistIndex._compute` remembers them."""
+    return ["\0".join(rel for rel, _ in listed),
+            {str(i): p for i, (rel, p) in enumerate(listed) if p != prefix + rel}]
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _reaches(rows: Mapping[str, Any], top: str, modules: Iterable[str]) -> bool:
+    """`DistIndex.reaches` told by a RECORD's `rows`."""
+    if any(f"{top}{end}" in rows for end in _MODULE_ENDS):
+        return True
+    if not any(r.startswith((f"{top}/", f"{top}.")) for r in rows):
+        return True
+    for m in modules:
+        parts = m.split(".")
+        for i in range(2, len(parts) + 1):
+            p = "/".join(parts[:i])
+            if any(f"{p}{end}" in rows for end in _MODULE_ENDS) or any(
+                    r.startswith(f"{p}/") for r in rows):
+                return True
+    return False
 
 
 def _listed(d: md.Distribution, record: str, rows: Mapping[str, tuple[str, str]]) -> list[tuple[str, str]]:

@@ -19,7 +19,8 @@ from cutecc import trust
 from cutecc.entry import parse_json
 from cutecc.errors import CuteccError
 from cutecc.store.layout import PLAN_FACTS
-from cutecc.toolchain import modfind
+from cutecc.toolchain import modfind, planmemory
+from cutecc.toolchain.planmemory import PlanMemory
 
 HASH_CACHE_FORMAT = 2  # 2: stamps with ctime and device; planfacts.json beside it
 FACTS = PLAN_FACTS  # beside the hash cache: what a no-op build reads (`HashCache`)
@@ -89,10 +90,17 @@ class HashCache:
     stamps, and each source file's SHA-256 and parsed facts (imports, top-level names).
     Only settled stamps are remembered. Read through `cutecc.trust` (refused: planning
     starts from nothing and writes nothing back); `path=None` remembers within the run;
-    `write=False` (a dry run, a read-only build) reads what was remembered and writes nothing."""
+    `write=False` (a dry run, a read-only build) reads what was remembered and writes nothing
+    into the cache. Behind the cache's own facts, the user's planning memory (`planmemory`:
+    parsed facts by content, distributions' and closures' by the same stamps) answers what
+    the cache does not, and learns what the run computed (a dry run's too: it is no cache)."""
 
-    def __init__(self, path: Path | None, write: bool = True) -> None:
+    def __init__(self, path: Path | None, write: bool = True, memory: PlanMemory | None = None) -> None:
         self.path = path
+        # the user's planning memory (`planmemory`), behind this cache's own facts: a cache
+        # (not an in-run one) gets the default one; written even by a dry run (it is no cache)
+        self.memory = memory if memory is not None or path is None else PlanMemory(
+            planmemory.directory(), parser_id())
         self.write = write
         self.facts_path = None if path is None else path.with_name(FACTS)
         self._hashes: dict[str, list[Any]] | None = None if path is not None else {}
@@ -107,6 +115,10 @@ class HashCache:
         closures, bodies = doc.get("closures"), doc.get("closure_bodies")
         self._closures: dict[str, list[Any]] = dict(closures) if isinstance(closures, dict) else {}
         self._bodies: dict[str, Any] = dict(bodies) if isinstance(bodies, dict) else {}
+        # What the cache knew when loaded: the user's memory (`planmemory`) is asked and told
+        # only of what it did not know (a new cache, a new file), never of what an edit or a
+        # reinstall changed (the edit-and-rebuild loop reads and writes no memory).
+        self._known = (set(self._dists), set(self._sources), set(self._closures))
         self._stamps: dict[str, str | None] = {}  # this pass's (`_stamp`)
         self._valid: dict[str, bool] = {}  # body digest -> `_holds`, this pass
 
@@ -162,7 +174,13 @@ class HashCache:
                 if rec[0] == stamp(os.stat(f)):
                     return rec[1]
         data, sha256, st = _read_stamped(f)
-        facts = {**parse(data), "sha256": sha256}
+        memory = self.memory if key not in self._known[1] else None
+        known = memory.parsed(kind, sha256) if memory is not None else None
+        if known is None:
+            known = parse(data)
+            if memory is not None:
+                memory.remember_parsed(kind, sha256, known)
+        facts = {**known, "sha256": sha256}
         del data
         if st is not None and settled(st):
             self._sources[key] = [stamp(st), facts]
@@ -174,6 +192,12 @@ class HashCache:
         `(file, module, is a package)` per member, while the context is the same and every
         member file and every path its lookups read has the stamp it had then. None otherwise."""
         rec = self._closures.get(f"{key}\0{context}")
+        if rec is None and self.memory is not None and f"{key}\0{context}" not in self._known[2] \
+                and (got := self.memory.closure(f"{key}\0{context}")) \
+                and got[0] == hashlib.sha256(json.dumps(got[1], separators=(",", ":")).encode()).hexdigest():
+            rec = [key, got[0]]  # the user's memory: checked as this cache's own, then kept here
+            self._closures[f"{key}\0{context}"], self._bodies[got[0]] = rec, got[1]
+            self._dirty.add("facts")
         digest = rec[1] if isinstance(rec, list) and len(rec) == 2 and rec[0] == key \
             and isinstance(rec[1], str) else None
         body = self._bodies.get(digest) if digest is not None else None
@@ -262,6 +286,8 @@ class HashCache:
         self._bodies[digest] = body
         self._valid[digest] = True
         self._dirty.add("facts")
+        if self.memory is not None and f"{key}\0{context}" not in self._known[2]:
+            self.memory.remember_closure(f"{key}\0{context}", key, digest, body)
 
     def _live_bodies(self) -> dict[str, Any]:
         """The closure bodies some remembered closure still names."""
@@ -270,15 +296,36 @@ class HashCache:
 
     def dist_digest(self, where: str, fingerprint: str) -> str | None:
         """The digest remembered for the distribution at `where` under `fingerprint`."""
-        rec = self._dists.get(where)
-        return rec[1] if isinstance(rec, list) and len(rec) == 2 and rec[0] == fingerprint else None
+        got = self.recall(where, fingerprint)
+        return got if isinstance(got, str) else None
 
     def remember_dist(self, where: str, fingerprint: str, digest: str) -> None:
-        self._dists[where] = [fingerprint, digest]
+        self.remember(where, fingerprint, digest)
+
+    def recall(self, where: str, fingerprint: str) -> Any:
+        """What was remembered of an installed distribution under `where` (a path and what
+        was computed from it) while `fingerprint` (the stamps it was computed under) holds."""
+        rec = self._dists.get(where)
+        if isinstance(rec, list) and len(rec) == 2 and rec[0] == fingerprint:
+            return rec[1]
+        if self.memory is not None and where not in self._known[0] and (
+                got := self.memory.recall(where, fingerprint)) is not None:
+            self._dists[where] = [fingerprint, got]  # this cache remembers it too
+            self._dirty.add("facts")
+            return got
+        return None
+
+    def remember(self, where: str, fingerprint: str, value: Any) -> None:
+        self._dists[where] = [fingerprint, value]
         self._dirty.add("facts")
+        if self.memory is not None and where not in self._known[0]:
+            self.memory.remember(where, fingerprint, value)
 
     def save(self) -> None:
-        """Write what was learned (best-effort: a read-only cache is fine)."""
+        """Write what was learned (best-effort: a read-only cache is fine), and add it to the
+        user's planning memory."""
+        if self.memory is not None:
+            self.memory.save()
         if self.path is None or self._refused or not self.write:
             return
         from cutecc.store.writer import write_planning
@@ -303,7 +350,8 @@ def parser_id() -> str:
     facts from another version of that code are never served as this one's."""
     root = Path(__file__).resolve().parent.parent  # cutecc/
     h = hashlib.sha256()
-    for name in ("toolchain/dists.py", "toolchain/hashcache.py", "plan/key.py", "toolchain/modfind.py"):
+    for name in ("toolchain/dists.py", "toolchain/hashcache.py", "plan/key.py", "toolchain/modfind.py",
+                 "toolchain/planmemory.py"):
         with contextlib.suppress(OSError):
             h.update(name.encode() + b"\0" + (root / name).read_bytes())
     return h.hexdigest()[:16]
