@@ -393,12 +393,10 @@ def _refresh_record(store: Store, key: str) -> None:
     """Rewrite an index record whose meta.json was rewritten or copied since (a copied
     cache, verify's repair), from that meta.json read again under the key's lock, so the
     next build reads the record only. Best-effort: busy, damaged or read-only, it waits."""
-    from cutecc.entry import meta_problem
-
     with contextlib.suppress(Exception), store.lock(key, timeout=0):
         entry = store.get(key)
-        if entry is not None and meta_problem(entry.doc, key) is None:
-            store.index(key, entry.doc, meta_file(entry.path))
+        if entry is not None:  # damaged (`entry.meta` raises): left to `cutecc verify`
+            store.index(key, entry.meta, meta_file(entry.path))
 
 
 # record ------------------------------------------------------------------------------
@@ -456,40 +454,17 @@ def _lock_line(o: Outcome, fallbacks: dict[str, dict[str, FallbackRef]]) -> Lock
 def _vouched(store: StoreView, manifest: Manifest, hashes: HashCache | None, merged: Merged,
              built: Built, *, signing: bool, where: Path) -> Lock:
     """The lock this build may write: `merged` with every line it did not see itself
-    checked against the cache (`cutecc.ship.vouch`), and, when it is about to be signed, every
-    line read back and hashed. A tuning line that fails is dropped with a warning (the
-    default serves its bucket); an entry line that fails is an error naming it, and
-    nothing is written or signed."""
-    from cutecc.ship.vouch import composite_line_problem, entry_line_problem, tuning_line_problem
+    checked against the cache, and, when it is about to be signed, every line read back
+    and hashed (`cutecc.ship.vouch.vouch`, the check `cutecc tune` passes its lock through
+    too). A tuning line that fails is dropped with a warning (the default serves its
+    bucket); an entry line that fails is an error naming it, and nothing is written or
+    signed."""
+    from cutecc.ship.vouch import vouch
 
-    bad: list[str] = []
-    memo: dict[Any, Any] = {}  # each library and runtime library read and hashed once
-    for le in merged.lock.entries if signing else merged.kept:
-        why = entry_line_problem(store, le, hashed=signing, memo=memo)
-        if why and (signing or why != "not in the cache"):
-            bad.append(f"{le.label} {le.key[:12]}: {why}")
-    for c in merged.lock.composites:
-        why = composite_line_problem(store, merged.lock, c, hashed=signing, present=signing, memo=memo)
-        if why:
-            bad.append(f"composite {c.name}: {why}")
-    if bad:
-        raise WorkError(f"{'refusing to sign: ' if signing else ''}{len(bad)} lock line(s) this build "
-                        f"cannot vouch for: {'; '.join(bad[:5])}"
-                        + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
-                        + ". Build those kernels (or `cutecc verify --fix`, then build) first",
-                        where=str(where))
-    if not merged.lock.tuning:
-        return merged.lock
-    candidates = _tuning_candidates(manifest, hashes)
-    keep = []
-    for tl in merged.lock.tuning:
-        why = tuning_line_problem(store, tl, candidates, hashed=signing, present=signing, memo=memo)
-        if why:
-            built.dropped_tuning.append(f"{tl.kernel}[{tl.variant}]@{tl.arch} {tl.bucket} on {tl.device}: "
-                                        f"{why}")
-        else:
-            keep.append(tl)
-    return merged.lock.with_tuning(keep)
+    got = vouch(store, merged.lock, kept=merged.kept, candidates=lambda: _tuning_candidates(manifest, hashes),
+                signing=signing, where=where)
+    built.dropped_tuning += got.dropped
+    return got.lock
 
 
 def _tuning_candidates(manifest: Manifest, hashes: HashCache | None) -> dict[tuple[str, str, str], Any]:

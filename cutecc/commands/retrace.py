@@ -123,7 +123,7 @@ def retrace(store: Store, planned: PlannedAgain, *, jobs: int | None = None,
             if entry is None:
                 report.not_held += 1
                 continue
-            held[p.key] = (p, entry.meta, artifact_malformed(entry.doc))
+            held[p.key] = (p, entry.meta, artifact_malformed(entry.doc))  # raw: malformed, not absent
         except (CuteccError, ValueError):
             continue  # damaged: the plain checks report it
     if not held:

@@ -32,9 +32,7 @@ from cutecc.runtime.tuning import (
     MAX_RESULTS_BYTES,
     TuningResult,
     TuningResults,
-    line_problem,
     read_cached,
-    sibling_problem,
 )
 
 if TYPE_CHECKING:
@@ -50,6 +48,7 @@ class TuneReport(Report):
     cached: int = 0
     failed: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)  # candidates that failed to compile
+    dropped_tuning: list[str] = field(default_factory=list)  # the lock's lines it lost, and why
     compile_seconds: float = 0.0
     records: list[TuningResult] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
@@ -64,7 +63,8 @@ class TuneReport(Report):
 
     def warnings(self) -> list[str]:
         return ([f"FAILED {f}" for f in self.failed] + [f"DROPPED {d}" for d in self.dropped]
-                + [f"DRIFT {d}" for d in self.drift])
+                + [f"DRIFT {d}" for d in self.drift]
+                + [f"dropped the tuning line {d}" for d in self.dropped_tuning])
 
     def within_noise(self) -> list[str]:
         """The buckets whose decision was inside the noise (`decide.Decision.close`): where
@@ -79,7 +79,7 @@ class TuneReport(Report):
                 "candidates": sum(len(i.candidates) for i in self.plan),
                 "kernels": _by_kernel(self.plan), "records": [r.to_json() for r in self.records], **self.info,
                 "lock_file": str(self.lock_file) if self.lock_file else None,
-                "lock_changed": self.lock_changed,
+                "lock_changed": self.lock_changed, "dropped_tuning": self.dropped_tuning,
                 "results_file": str(self.results_file) if self.results_file else None,
                 "drift": self.drift}
 
@@ -276,33 +276,43 @@ def _record(report: TuneReport, plan_items: list[PlanItem], root: Path, lock_pat
             lock: bool, signing_key: PrivateKey | None = None, replace_tuning: bool = False) -> None:
     """Merge records into the cache (full records) and the lock (winner lines). A winner is
     recorded only if it is a candidate the plan (the manifest's, as it is now) has for that
-    default, and its entry in this cache matches the record's bytes; and only into a lock
-    whose tuning lines then share one measurement policy (`replace_tuning`: the lock's lines
-    of other policies are dropped instead). Nothing is written when anything is refused.
-    The lock is written and signed (`signing_key`) by the build's road, `record_lock`."""
+    default, and its entry and its default's in this cache are the bytes measured: read back
+    and hashed (`cutecc.ship.vouch.tuning_line_problem`); and only into a lock whose tuning
+    lines then share one measurement policy (`replace_tuning`: the lock's lines of other
+    policies are dropped instead). The lock then passes the check a build's does
+    (`cutecc.ship.vouch.vouch`: signed, every line read back and hashed; the lock's other
+    tuning lines that fail are dropped, `report.dropped_tuning`). Nothing is written when
+    anything is refused. The lock is written and signed (`signing_key`) by the build's road,
+    `record_lock`."""
     from cutecc.lock.lockfile import record_lock
+    from cutecc.ship.vouch import tuning_line_problem, vouch
     from cutecc.store.writer import Store
 
     store = Store(root)
-    plan = {(it.kernel, it.variant, it.arch): it for it in plan_items}
+    plan = {(it.kernel, it.variant, it.arch): (it.base, {c.key: c.variant for c in it.candidates})
+            for it in plan_items}
+    memo: dict[Any, Any] = {}  # each entry read and hashed once, here and in `vouch`
     lines: list[Tuned] = []
     for r in report.records:
         t = r.line
-        it = plan.get((t.kernel, t.variant, t.arch))
-        cands = {c.key: c.variant for c in it.candidates} if it else {}
-        if it is None or it.base != t.base or cands.get(t.winner) != t.winner_variant:
+        base, cands = plan.get((t.kernel, t.variant, t.arch), ("", {}))
+        if base != t.base or cands.get(t.winner) != t.winner_variant:
             raise WorkError(f"{t.kernel}[{t.variant}]@{t.arch} {t.bucket}: the winner {t.winner[:12]} is "
                             "not a candidate of the manifest as it is now (stale results?)",
                             where=str(lock_path))
-        e, base = store.get(t.winner), store.get(t.base)
-        why = "not in the cache" if e is None else (
-            "its default configuration is not in the cache" if base is None
-            else line_problem(t, base.doc, e.doc) or sibling_problem(base.doc, e.doc))
+        why = tuning_line_problem(store, t, None, hashed=True, present=True, memo=memo, measured=True)
         if why:
             raise WorkError(f"{t.kernel}[{t.winner_variant}] {t.winner[:12]}: {why}; run "
                             "`cutecc tune --compile-only`", where=str(root))
         lines.append(t)
-    new_lock = _merged_lock(lines, lock_path, replace_tuning) if lock else None
+    new_lock = None
+    if lock:
+        # The lock's other tuning lines are checked against the cache alone: a plan measured
+        # for some kernels or archs does not name the candidates of the rest.
+        merged = _merged_lock(lines, lock_path, replace_tuning)
+        got = vouch(store, merged, kept=merged.entries, candidates=lambda: None,
+                    signing=signing_key is not None, where=lock_path, who="this tune", memo=memo)
+        new_lock, report.dropped_tuning = got.lock, list(got.dropped)
     by_base: dict[str, list[TuningResult]] = {}
     for r in report.records:
         by_base.setdefault(r.base, []).append(r)

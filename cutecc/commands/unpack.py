@@ -20,7 +20,7 @@ from typing import Any
 from cutecc import environ
 from cutecc.commands.report import Report
 from cutecc.entry import MAX_META_BYTES, META, STORE_FORMAT, is_key, parse_json, runtime_record
-from cutecc.entry_meta import RuntimeMeta
+from cutecc.entry_meta import EntryMeta, RuntimeLink, RuntimeMeta
 from cutecc.errors import CuteccError, WorkError
 from cutecc.lock.lockfile import LOCK_NAME, MAX_LOCK_BYTES, Lock, LockEntry
 from cutecc.lock.signing import MAX_SIG_BYTES, SIG_SUFFIX, check_lock
@@ -36,7 +36,6 @@ from cutecc.store.layout import (
     meta_parts,
     runtime_parts,
 )
-from cutecc.store.view import Entry
 from cutecc.store.writer import Store
 
 
@@ -122,11 +121,11 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
         report.refused.append((n[:80], f"outside the {PACK_DIR}/ tree: not part of a cutecc pack"))
     for key in sorted(set(entries) - set(by_key)):
         report.refused.append((key[:12], "not named by the pack's kernels.lock"))
-    needed: dict[str, dict[str, Any]] = {}  # the runtime libraries the entries name
+    needed: dict[str, RuntimeLink] = {}  # the runtime libraries the entries name
     for key, le in sorted(by_key.items()):  # from their meta.json only (small; each entry is
         rec = _runtime_named(tree, key)  # checked whole below), as far as the lock vouches
-        if rec is not None and rec["sha256"] == le.pin.runtime:
-            needed.setdefault(rec["key"], rec)
+        if rec is not None and rec.sha256 == le.pin.runtime:
+            needed.setdefault(rec.key, rec)
     for rkey in sorted(set(runtimes) - set(needed)):
         report.refused.append((f"runtime {rkey[:12]}", "no entry of the pack links against it"))
     usable: dict[str, str] = {}  # runtime key -> its library's SHA-256, now in the store
@@ -159,11 +158,11 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
         except ValueError as e:
             report.refused.append((label, str(e)))
             continue
-        rec = runtime_record(meta)
-        if rec is None or usable.get(rec["key"]) != rec["sha256"]:
-            why = ("its runtime library is not in the pack" if rec is None or rec["key"] not in usable
+        rt = EntryMeta.parse(meta, key).runtime  # check_whole checked it: typed here
+        if usable.get(rt.key) != rt.sha256:
+            why = ("its runtime library is not in the pack" if rt.key not in usable
                    else "the cache holds another runtime library under its key")
-            report.refused.append((label, f"{why} ({rec['library'] if rec else '?'})"))
+            report.refused.append((label, f"{why} ({rt.library})"))
             continue
         try:
             _, built = publish(store, key, meta, files)
@@ -224,13 +223,13 @@ def _check_entry(tree: PackTree, key: str, le: LockEntry,
         meta = check_whole(key, meta_bytes, files, le.pin.size)
     except Refused as e:
         raise ValueError(e.why) from None
-    why = le.mismatch(Entry(key, Path(), meta))
+    why = le.mismatch(EntryMeta.parse(meta, key))  # check_whole checked it
     if why:
         raise ValueError(why)
     return meta, files
 
 
-def _runtime_named(tree: PackTree, key: str) -> dict[str, Any] | None:
+def _runtime_named(tree: PackTree, key: str) -> RuntimeLink | None:
     """The runtime library record an entry's meta.json names, or None. Unchecked but for
     its form: the caller takes it only where the lock's line names the same SHA-256, and
     the entry and the runtime library are each checked whole before they land."""
@@ -241,22 +240,23 @@ def _runtime_named(tree: PackTree, key: str) -> dict[str, Any] | None:
         meta = parse_json(tree.read(name))
     except ValueError:
         return None
-    return runtime_record(meta) if isinstance(meta, dict) else None
+    rec = runtime_record(meta) if isinstance(meta, dict) else None
+    return None if rec is None else RuntimeLink(rec["key"], rec["library"], rec["sha256"], rec["size"])
 
 
-def _check_runtime(tree: PackTree, key: str, rec: dict[str, Any],
+def _check_runtime(tree: PackTree, key: str, rec: RuntimeLink,
                    names: list[str]) -> tuple[dict[str, Any], dict[str, bytes]]:
     """(meta, files) of a pack's runtime library once the one verifier passes it and its
     library is the one the entries that need it record (`rec`); else ValueError(why)."""
     if not names:
-        raise ValueError(f"missing from the archive ({rec['library']})")
-    meta_bytes, files = _members(tree, runtime_parts(key), names, rec["size"])
+        raise ValueError(f"missing from the archive ({rec.library})")
+    meta_bytes, files = _members(tree, runtime_parts(key), names, rec.size)
     try:
-        meta = check_whole(key, meta_bytes, files, rec["size"], runtime=True)
+        meta = check_whole(key, meta_bytes, files, rec.size, runtime=True)
     except Refused as e:
         raise ValueError(e.why) from None
     got = RuntimeMeta.parse(meta, key).library.sha256  # check_whole checked it: typed here
-    if got != rec["sha256"]:
+    if got != rec.sha256:
         raise ValueError(f"SHA-256 {got[:16]}... differs from what its entries record "
-                         f"({rec['sha256'][:16]}...)")
+                         f"({rec.sha256[:16]}...)")
     return meta, files

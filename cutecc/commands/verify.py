@@ -42,7 +42,6 @@ from cutecc.commands.verify_checks import (  # BAD, Problem, check_entry: named 
     check_entry,
 )
 from cutecc.commands.verify_fix import _fix
-from cutecc.entry import runtime_record
 from cutecc.errors import CuteccError
 from cutecc.store.writer import Store
 
@@ -104,9 +103,7 @@ def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
     _check_index(store, report, kernels)
     needs: dict[str, list[str]] = {}  # runtime key -> keys of the healthy entries linked to it
     for key, meta in sorted(kernels.items()):
-        rec = runtime_record(meta)
-        if rec is not None:
-            needs.setdefault(rec["key"], []).append(key)
+        needs.setdefault(meta.runtime.key, []).append(key)
     for rkey, keys in sorted(needs.items()):
         if rkey not in runtimes and not store.layout.runtime_meta(rkey).exists():
             report.problems.append(Problem(

@@ -175,9 +175,10 @@ def _machine_problem(library: Path, platform: str) -> str | None:
     return machine_problem(head, platform)
 
 
-def _check_area(store: StoreView, report: VerifyReport, runtime: bool) -> dict[str, dict[str, Any]]:
-    """Check every entry of entries/ (or runtimes/); returns the healthy ones' metadata."""
-    healthy: dict[str, dict[str, Any]] = {}
+def _check_area(store: StoreView, report: VerifyReport, runtime: bool) -> dict[str, Any]:
+    """Check every entry of entries/ (or runtimes/); returns the healthy ones' checked
+    records (`EntryMeta`; `RuntimeMeta` for runtime libraries)."""
+    healthy: dict[str, Any] = {}
     for shard in _listdir(store.runtimes_dir if runtime else store.entries_dir):
         if shard.is_symlink():  # never followed: what it points to is not the cache's
             report.problems.append(Problem("orphan", str(shard), f"a symbolic link (to "
@@ -206,13 +207,14 @@ def _check_area(store: StoreView, report: VerifyReport, runtime: bool) -> dict[s
             report.problems += found
             if good:
                 try:
-                    healthy[key] = read_meta(d)
+                    doc = read_meta(d)
+                    healthy[key] = RuntimeMeta.parse(doc, key) if runtime else EntryMeta.parse(doc, key)
                 except (OSError, ValueError):
-                    continue  # removed since
+                    continue  # removed (or rewritten) since
     return healthy
 
 
-def _check_index(store: Store, report: VerifyReport, kernels: dict[str, dict[str, Any]]) -> None:
+def _check_index(store: Store, report: VerifyReport, kernels: dict[str, EntryMeta]) -> None:
     """Every healthy entry has its record in by-kernel/, and every record an entry of its
     kernel; a record in flight (its key locked by a publish or removal) is left alone."""
     records: set[tuple[str, str]] = set()
@@ -228,8 +230,8 @@ def _check_index(store: Store, report: VerifyReport, kernels: dict[str, dict[str
             else:
                 records.add((kd.name, f.name))
     for key, meta in kernels.items():
-        path = store.layout.index_record(meta["kernel"], key)
-        if (meta["kernel"], key) not in records:
+        path = store.layout.index_record(meta.kernel, key)
+        if (meta.kernel, key) not in records:
             report.problems.append(Problem("unindexed", str(path), "the entry has no index record: "
                                            "`cutecc.load` does not see it", key))
             continue
@@ -245,12 +247,13 @@ def _check_index(store: Store, report: VerifyReport, kernels: dict[str, dict[str
                    else f"unreadable: {e.strerror}")
             report.problems.append(Problem("stale-index", str(path), why, key))
             continue
-        if _record_differs(data, key, meta):
+        if record_differs(data, key, meta):
             report.problems.append(Problem("stale-index", str(path), "the index record does not "
                                            "match the entry's metadata", key))
     damaged = {p.key for p in report.problems if p.kind in BAD}  # quarantine takes their records
     for kernel, key in sorted(records):
-        if kernels.get(key, {}).get("kernel") == kernel or key in damaged:
+        healthy = kernels.get(key)
+        if (healthy is not None and healthy.kernel == kernel) or key in damaged:
             continue
         entry = _meta_or_none(store, key)
         try:
@@ -267,7 +270,7 @@ def _check_index(store: Store, report: VerifyReport, kernels: dict[str, dict[str
                                        f"index record {what}", key))
 
 
-def _check_tuning(store: StoreView, report: VerifyReport, kernels: dict[str, dict[str, Any]]) -> None:
+def _check_tuning(store: StoreView, report: VerifyReport, kernels: dict[str, EntryMeta]) -> None:
     """Each tuning record (`tuning/results/<default key>.json`) read as `load` reads it, and
     each of its winners checked by the rule the runtime applies (`sibling_problem`: same
     kernel, contract and call keywords as its default, bytes as recorded): a record that
@@ -297,7 +300,7 @@ def _check_tuning(store: StoreView, report: VerifyReport, kernels: dict[str, dic
                     f"winner {t.winner_variant} ({t.winner[:12]}): {why}", base))
 
 
-def _check_lock_tuning(report: VerifyReport, kernels: dict[str, dict[str, Any]], lock: Path,
+def _check_lock_tuning(report: VerifyReport, kernels: dict[str, EntryMeta], lock: Path,
                        kind: str | None = None) -> None:
     """The lock's tuning lines that load would ignore here: one whose winner's bytes or
     toolchain differ from what was measured (`line_problem`) or that could not serve its
@@ -396,15 +399,17 @@ def _check_stats(store: StoreView, report: VerifyReport) -> None:
         report.problems.append(Problem("bad-record", str(path), why))
 
 
-def _record_differs(data: bytes, key: str, meta: dict[str, Any]) -> bool:
-    """Whether an index record says something else than the entry's metadata (its build
-    seconds aside: only `cutecc stats` reads them; `index_record.record_differs`)."""
-    return record_differs(data, key, meta)
-
-
 def _meta_or_none(store: StoreView, key: str) -> dict[str, Any] | None:
     try:
         return read_meta(store.layout.entry(key))
+    except (OSError, ValueError):
+        return None
+
+
+def _record_or_none(store: StoreView, key: str) -> EntryMeta | None:
+    """The entry's checked record; None when absent, unreadable or damaged."""
+    try:
+        return EntryMeta.parse(read_meta(store.layout.entry(key)), key)
     except (OSError, ValueError):
         return None
 

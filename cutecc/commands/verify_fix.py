@@ -8,8 +8,7 @@ from pathlib import Path
 
 import filelock
 
-from cutecc.commands.verify_checks import BAD, Problem, VerifyReport, _meta_or_none, check_entry
-from cutecc.entry import meta_problem
+from cutecc.commands.verify_checks import BAD, Problem, VerifyReport, _record_or_none, check_entry
 from cutecc.errors import CuteccError, WorkError
 from cutecc.locks import Busy
 from cutecc.store.layout import meta_file
@@ -74,9 +73,9 @@ def _fix_record(store: Store, p: Problem) -> str:
     kernel, key = path.parent.name, path.name
     try:
         with store.lock(key, timeout=0):
-            meta = _meta_or_none(store, key)
-            if meta is not None and meta.get("kernel") == kernel and not meta_problem(meta, key):
-                store.index(key, meta, store.layout.entry_meta(key))  # from the metadata, the truth
+            rec = _record_or_none(store, key)
+            if rec is not None and rec.kernel == kernel:
+                store.index(key, rec, store.layout.entry_meta(key))  # from the metadata, the truth
                 return "indexed"
             store.unindex(kernel, key)
             return "removed"

@@ -12,6 +12,8 @@ import math
 from collections.abc import Mapping
 
 RULES = ("floor", "nearest")  # how a size between two edges is bucketed
+MAX_BUCKETS = 1024  # buckets in one tuning space (the product of its extents' edges)
+MAX_EXTENT = 2**31 - 1  # the largest edge (or benchmark size) of a bucketed extent
 
 
 def bucket_of(value: int, edges: tuple[int, ...], rule: str) -> int:

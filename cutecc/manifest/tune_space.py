@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cutecc.contract.args import CallingConvention
-from cutecc.contract.buckets import RULES
+from cutecc.contract.buckets import MAX_BUCKETS, MAX_EXTENT, RULES
 from cutecc.errors import CuteccError
 
 Fail = Callable[[str, str], CuteccError]
@@ -38,9 +38,7 @@ _Axes = tuple[tuple[str, tuple[_Value, ...]], ...]
 _KEYS = {"params", "default", "constraints", "buckets", "rule", "sizes", "scalars", "inputs", "tolerance"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_EDGES = 64
-MAX_BUCKETS = 1024
 MAX_CONSTRAINT = 500
-MAX_EXTENT = 2**31 - 1
 
 
 @dataclass(frozen=True)

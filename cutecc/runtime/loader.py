@@ -532,12 +532,12 @@ def _tuning(name: str, fn: KernelBase, store: StoreView, locked: Any, target: st
         if e is None:
             why: str | None = "not in the cache"
         else:
-            why = t.mismatch(e.doc) or why_unusable(e, target, series) or ptx_problem(e, driver)
+            why = why_unusable(e, target, series) or t.mismatch(e.meta) or ptx_problem(e, driver)
         if why is None and e is not None:
             base = store.get(t.base)
             why = "its default configuration is not in the cache" if base is None else (
-                record_problem(base) or line_problem(t, base.doc, e.doc)
-                or sibling_problem(base.doc, e.doc))
+                record_problem(base) or line_problem(t, base.meta, e.meta)
+                or sibling_problem(base.meta, e.meta))
         if why is None and e is not None:
             b = Build.of(e.meta, e.path)
             return b if record_use else dataclasses.replace(b, record_use=False)

@@ -14,39 +14,43 @@ comes from `cutecc tune`, possibly on another host: neither was seen by this bui
   the default (`runtime.tuning.sibling_problem`: same kernel, contract and call keywords);
 - `composite_line_problem`: every launch of a composite line is a kernel the lock pins
   (as `Lock.loads` insists) and its tensors flow through the contracts of those pinned
-  entries (`composite_line.flow_problem`), read from this cache.
+  entries (`composite_line.flow_problem`), read from this cache;
+- `vouch`: all three over a lock about to be written, the one check `cutecc build` and
+  `cutecc tune` both pass a lock through before `record_lock` writes (and signs) it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 
 from cutecc.contract.args import CallingConvention, args_from_json
 from cutecc.contract.composite_line import CompositeLine, flow_problem
-from cutecc.entry import meta_problem
 from cutecc.entry_meta import EntryMeta
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
 from cutecc.lock.lockfile import Lock, LockEntry, Tuned
-from cutecc.runtime.tuning import sibling_problem
+from cutecc.runtime.tuning import line_problem, sibling_problem
 from cutecc.ship.ingest import Refused, check_stored
-from cutecc.store.view import Entry, StoreView, entry_trust_problem
+from cutecc.store.view import StoreView, entry_trust_problem
 
 # (kernel, variant, arch) -> (the default's key, {candidate key: candidate variant})
 Candidates = Mapping[tuple[str, str, str], tuple[str, Mapping[str, str]]]
 
 
-Found = tuple[dict[str, Any] | None, str | None]  # (metadata, None) or (None, why)
+Found = tuple[EntryMeta | None, str | None]  # (the entry's record, None) or (None, why)
 Checked = dict[tuple[str, bool], Found]
 
 
 def _stored(store: StoreView, key: str, runtime: bool, memo: Checked | None) -> Found:
-    """`ingest.check_stored` of an entry (or runtime library), once per build: a signing
+    """`ingest.check_stored` of an entry (or runtime library), once per lock: (the entry's
+    record, None; None for a runtime library) or (None, why it is refused). A signing
     build's lines share one runtime library, and tuning lines share their defaults."""
     if memo is not None and (key, runtime) in memo:
         return memo[(key, runtime)]
     try:
-        got: Found = (check_stored(store, key, runtime=runtime), None)
+        meta = check_stored(store, key, runtime=runtime)
+        got: Found = (None if runtime else EntryMeta.parse(meta, key), None)
     except Refused as e:
         got = (None, e.why)
     if memo is not None:
@@ -55,7 +59,8 @@ def _stored(store: StoreView, key: str, runtime: bool, memo: Checked | None) -> 
 
 
 def _meta(store: StoreView, key: str, hashed: bool, memo: Checked | None = None) -> Found:
-    """(metadata, None) of a healthy, trusted entry, else (None, why)."""
+    """(the checked record, None) of a healthy, trusted entry (`hashed`: its files read back
+    and hashed, `check_stored`), else (None, why)."""
     if hashed:
         return _stored(store, key, False, memo)
     try:
@@ -64,8 +69,12 @@ def _meta(store: StoreView, key: str, hashed: bool, memo: Checked | None = None)
         return None, err.message
     if found is None:
         return None, "not in the cache"
-    why = meta_problem(found.doc, key) or entry_trust_problem(found.path, list(found.recorded.files))
-    return (None, why) if why else (found.doc, None)
+    try:
+        rec = found.meta
+    except ValueError as e:
+        return None, str(e)
+    why = entry_trust_problem(found.path, [f.name for f in rec.files])
+    return (None, why) if why else (rec, None)
 
 
 def entry_line_problem(store: StoreView, le: LockEntry, *, hashed: bool,
@@ -75,19 +84,21 @@ def entry_line_problem(store: StoreView, le: LockEntry, *, hashed: bool,
     meta, why = _meta(store, le.key, hashed, memo)
     if meta is None:
         return why
-    why = le.mismatch(Entry(le.key, store.layout.entry(le.key), meta))
+    why = le.mismatch(meta)
     if why or not hashed:
         return why
-    _, why = _stored(store, EntryMeta.parse(meta, le.key).runtime.key, True, memo)
+    _, why = _stored(store, meta.runtime.key, True, memo)
     return None if why is None else f"its runtime library: {why}"
 
 
 def tuning_line_problem(store: StoreView, t: Tuned, candidates: Candidates | None, *,
-                        hashed: bool, present: bool, memo: Checked | None = None) -> str | None:
+                        hashed: bool, present: bool, memo: Checked | None = None,
+                        measured: bool = False) -> str | None:
     """Why the tuning line `t` must not be kept (None: keep it). `candidates` is the
     manifest's tuning plan ({} when it declares no tuning space; None: no manifest at hand,
     as for `cutecc pack --lock`, so only the cache's entries are checked). `present`: the
-    winner's entry must be in this cache (a lock about to be signed or packed)."""
+    winner's entry must be in this cache (a lock about to be signed or packed). `measured`:
+    a line being recorded now, whose toolchain must also be its entries' (`line_problem`)."""
     if candidates is not None:
         base, cands = candidates.get((t.kernel, t.variant, t.arch), ("", {}))
         if base != t.base or cands.get(t.winner) != t.winner_variant:
@@ -102,7 +113,7 @@ def tuning_line_problem(store: StoreView, t: Tuned, candidates: Candidates | Non
     default, why = _meta(store, t.base, hashed, memo)
     if default is None:
         return f"its default configuration: {why}"
-    return sibling_problem(default, winner)
+    return (line_problem(t, default, winner) if measured else None) or sibling_problem(default, winner)
 
 
 def composite_line_problem(store: StoreView, lock: Lock, c: CompositeLine, *, hashed: bool,
@@ -123,11 +134,11 @@ def composite_line_problem(store: StoreView, lock: Lock, c: CompositeLine, *, ha
                 if present or why != "not in the cache":
                     return f'launch "{ln}" ({le.label} {le.key[:12]}): {why}'
                 continue
-            why = le.mismatch(Entry(le.key, store.layout.entry(le.key), meta))
+            why = le.mismatch(meta)
             if why:
                 return f'launch "{ln}" ({le.label} {le.key[:12]}): {why}'
             try:
-                conv = CallingConvention.of(args_from_json(EntryMeta.parse(meta, le.key).args))
+                conv = CallingConvention.of(args_from_json(meta.args))
             except (KeyError, TypeError, ValueError) as e:
                 return f'launch "{ln}" ({le.key[:12]}): malformed contract ({e!r})'
             seen.add((tuple(t.name for t in conv.inputs), tuple(t.name for t in conv.results)))
@@ -138,3 +149,52 @@ def composite_line_problem(store: StoreView, lock: Lock, c: CompositeLine, *, ha
     if len(flows) < len(c.launches):  # some launch's entries are elsewhere: nothing to check here
         return None
     return flow_problem(c, flows)
+
+
+@dataclass(frozen=True)
+class Vouched:
+    """What `vouch` lets be written: the lock, less the tuning lines that failed (`dropped`,
+    each with why: their defaults serve their buckets)."""
+
+    lock: Lock
+    dropped: tuple[str, ...] = ()
+
+
+def vouch(store: StoreView, lock: Lock, *, kept: Iterable[LockEntry],
+          candidates: Callable[[], Candidates | None], signing: bool, where: Path,
+          who: str = "this build", memo: Checked | None = None) -> Vouched:
+    """The lock `lock` as it may be written: every entry line the writer did not see itself
+    (`kept`) checked against the cache, and, when it is about to be signed, every line read
+    back and hashed; composite and tuning lines checked as `composite_line_problem` and
+    `tuning_line_problem` say (`candidates()`: the manifest's tuning plan, asked for only
+    when the lock has tuning lines). A tuning line that fails is dropped (`Vouched.dropped`);
+    an entry or composite line that fails is an error naming it (`who` could not vouch for
+    it), and nothing may be written or signed. `memo` keeps what was read and hashed (a
+    writer that checked lines of its own first passes its memo on)."""
+    bad: list[str] = []
+    memo = {} if memo is None else memo  # each library and runtime library read and hashed once
+    for le in lock.entries if signing else kept:
+        why = entry_line_problem(store, le, hashed=signing, memo=memo)
+        if why and (signing or why != "not in the cache"):
+            bad.append(f"{le.label} {le.key[:12]}: {why}")
+    for c in lock.composites:
+        why = composite_line_problem(store, lock, c, hashed=signing, present=signing, memo=memo)
+        if why:
+            bad.append(f"composite {c.name}: {why}")
+    if bad:
+        raise WorkError(f"{'refusing to sign: ' if signing else ''}{len(bad)} lock line(s) {who} "
+                        f"cannot vouch for: {'; '.join(bad[:5])}"
+                        + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
+                        + ". Build those kernels (or `cutecc verify --fix`, then build) first",
+                        where=str(where))
+    if not lock.tuning:
+        return Vouched(lock)
+    plan = candidates()
+    keep, dropped = [], []
+    for tl in lock.tuning:
+        why = tuning_line_problem(store, tl, plan, hashed=signing, present=signing, memo=memo)
+        if why:
+            dropped.append(f"{tl.kernel}[{tl.variant}]@{tl.arch} {tl.bucket} on {tl.device}: {why}")
+        else:
+            keep.append(tl)
+    return Vouched(lock.with_tuning(keep), tuple(dropped))

@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cutecc.entry import INDEX_FORMAT, MAX_INDEX_BYTES, acted_on, is_key, parse_json, runtime_record
+from cutecc.entry import INDEX_FORMAT, MAX_INDEX_BYTES, is_key, parse_json
+from cutecc.entry_meta import EntryMeta
 
 INDEX_DEPTH = 2  # one object and its stamp
 # what `cutecc verify` does not compare: build seconds (only `cutecc stats` reads them) and
@@ -44,8 +45,8 @@ class IndexFacts:
 class IndexRecord:
     """One index record. `variant` and `arch` are as the metadata holds them (strings in
     any entry that passes its checks); `facts` is None when the metadata records no
-    library, symbol or runtime library; `meta_stat` is the stamp of the meta.json it was
-    taken from (None: none kept)."""
+    library (a partial record: builds read meta.json); `meta_stat` is the stamp of the
+    meta.json it was taken from (None: none kept)."""
 
     key: str
     kernel: str
@@ -55,15 +56,15 @@ class IndexRecord:
     meta_stat: tuple[int, int, int] | None = None
 
     @classmethod
-    def of_meta(cls, key: str, meta: Mapping[str, Any], stamp: list[int] | None = None) -> IndexRecord:
-        """The record of the entry `key` whose metadata is `meta`, stamped with `stamp`."""
-        acted, runtime = acted_on(dict(meta)), runtime_record(dict(meta))
-        facts = None
-        if acted is not None and acted["symbol"] is not None and runtime is not None:
-            seconds = meta.get("build_seconds")
-            facts = IndexFacts(**acted, runtime_key=runtime["key"],
-                               build_seconds=float(seconds) if isinstance(seconds, (int, float)) else 0.0)
-        return cls(key, meta.get("kernel"), meta.get("variant"), meta.get("arch"), facts,  # type: ignore[arg-type]
+    def of_meta(cls, key: str, meta: EntryMeta, stamp: list[int] | None = None) -> IndexRecord:
+        """The record of the entry `key` whose record is `meta`, stamped with `stamp`; its
+        facts None when its library is not among its files (a publish that wrote none)."""
+        try:
+            facts: IndexFacts | None = IndexFacts(**meta.acted_on, runtime_key=meta.runtime.key,
+                                                  build_seconds=meta.build_seconds)
+        except ValueError:
+            facts = None
+        return cls(key, meta.kernel, meta.variant, meta.arch, facts,
                    None if stamp is None else (stamp[0], stamp[1], stamp[2]))
 
     def taken_from(self, stamp: list[int] | None) -> bool:
@@ -114,9 +115,9 @@ class IndexRecord:
                    None if stamp is None else (stamp[0], stamp[1], stamp[2]))
 
 
-def record_differs(data: bytes, key: str, meta: Mapping[str, Any]) -> bool:
+def record_differs(data: bytes, key: str, meta: EntryMeta) -> bool:
     """Whether the index record `data` of entry `key` says something else than the entry's
-    metadata `meta`: a whole record in anything but its build seconds and stamp, any
+    checked record `meta`: a whole record in anything but its build seconds and stamp, any
     other (a partial or unreadable one) in anything but its stamp."""
     want = IndexRecord.of_meta(key, meta).to_json()
     try:
@@ -124,7 +125,7 @@ def record_differs(data: bytes, key: str, meta: Mapping[str, Any]) -> bool:
     except ValueError:
         doc = {}
     have = doc if isinstance(doc, dict) else {}
-    if "sha256" in want and IndexRecord.loads(data, meta["kernel"], key) is not None:
+    if "sha256" in want and IndexRecord.loads(data, meta.kernel, key) is not None:
         return _without(have, _HINTS) != _without(want, _HINTS)
     return _without(have, ("meta_stat",)) != want
 

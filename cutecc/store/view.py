@@ -38,7 +38,7 @@ from cutecc.entry import (
     parse_json,
 )
 from cutecc.entry_meta import EntryMeta, RuntimeMeta
-from cutecc.errors import WorkError
+from cutecc.errors import CuteccError, WorkError
 from cutecc.store.build_records import (
     COMPOSITE_DEPTH,
     FALLBACKS_DEPTH,
@@ -47,14 +47,9 @@ from cutecc.store.build_records import (
     ManifestRecord,
 )
 from cutecc.store.index_record import IndexRecord
-from cutecc.store.layout import (
-    GENERATION_FORMAT,
-    MAX_PLAN_BYTES,
-    PLAN_FORMAT,
-    TUNING_FORMAT,
-    Layout,
-)
+from cutecc.store.layout import MAX_PLAN_BYTES, Layout
 from cutecc.store.stats import MAX_STATS_BYTES, STATS_DEPTH, Stats
+from cutecc.store.tuning_records import MAX_RECORD_BYTES, TuningPlan, TuningResults
 
 _S = TypeVar("_S", bound="StoreView")
 
@@ -440,22 +435,26 @@ class StoreView:
         """Every key a record in the cache names: the newest build of every kernel and arch
         (`generations/`) and of every manifest (`manifests/`), every candidate of a stored
         tuning plan (`tuning/plans/`), and every default and winner of a tuning record
-        (`tuning/results/`). What `cutecc gc --unreachable` keeps; a record unreadable or
-        of another format names nothing (reading more only keeps more)."""
+        (`tuning/results/`). What `cutecc gc --unreachable` keeps. Each file is read as its
+        readers read it (`GenerationRecord`, `ManifestRecord`, `TuningPlan`,
+        `TuningResults`); one unreadable, malformed or of another format names nothing (no
+        reader would act on it)."""
         keys: set[str] = set()
-        areas = ((self.generations_dir, GENERATION_FORMAT, MAX_META_BYTES, _generation_keys),
-                 (self.manifests_dir, GENERATION_FORMAT, MAX_META_BYTES, _manifest_keys),
-                 (self.layout.tuning_plans(), PLAN_FORMAT, MAX_PLAN_BYTES, _plan_keys),
-                 (self.layout.tuning_results(), TUNING_FORMAT, MAX_PLAN_BYTES, _result_keys))
-        for d, fmt, limit, read in areas:
+        areas = ((self.generations_dir, MAX_META_BYTES, _generation_keys),
+                 (self.manifests_dir, MAX_META_BYTES, _manifest_keys),
+                 (self.layout.tuning_plans(), MAX_PLAN_BYTES, _plan_keys),
+                 (self.layout.tuning_results(), MAX_RECORD_BYTES, _result_keys))
+        for d, limit, read in areas:
             try:
                 names = sorted(n for n in os.listdir(d) if n.endswith(".json"))
             except OSError:
                 continue
             for n in names:
-                doc = read_small_json(d / n, limit)
-                if isinstance(doc, dict) and doc.get("format") == fmt:
-                    keys.update(k for k in read(doc) if is_key(k))
+                try:
+                    data = trust.read_path(d / n, limit)
+                except (OSError, trust.Untrusted):  # absent, over the limit, someone else's
+                    continue
+                keys.update(k for k in read(data, str(d / n)) if is_key(k))
         return frozenset(keys)
 
     def read_stats(self) -> Stats:
@@ -463,29 +462,37 @@ class StoreView:
         return Stats.from_json(read_small_json(self.layout.stats(), MAX_STATS_BYTES, STATS_DEPTH))
 
 
-def _generation_keys(doc: dict[str, Any]) -> Iterable[str]:
-    rec = GenerationRecord.from_json(doc)
+def _doc(data: bytes) -> Any:
+    try:
+        return parse_json(data, len(data), MAX_JSON_DEPTH)
+    except ValueError:
+        return None
+
+
+def _generation_keys(data: bytes, where: str) -> Iterable[str]:
+    rec = GenerationRecord.from_json(_doc(data))
     return () if rec is None or rec.keys is None else rec.keys
 
 
-def _manifest_keys(doc: dict[str, Any]) -> Iterable[str]:
-    rec = ManifestRecord.from_json(doc)
+def _manifest_keys(data: bytes, where: str) -> Iterable[str]:
+    rec = ManifestRecord.from_json(_doc(data))
     return () if rec is None else rec.all_keys()
 
 
-def _plan_keys(doc: dict[str, Any]) -> list[Any]:
-    items = doc.get("items")
-    out = []
-    for it in items if isinstance(items, list) else ():
-        cands = it.get("candidates") if isinstance(it, dict) else None
-        out += [c.get("key") for c in (cands if isinstance(cands, list) else ()) if isinstance(c, dict)]
-    return out
+def _plan_keys(data: bytes, where: str) -> Iterable[str]:
+    try:
+        plan = TuningPlan.loads(data, where)
+    except CuteccError:
+        return ()
+    return [c.key for it in plan.items for c in it.candidates]
 
 
-def _result_keys(doc: dict[str, Any]) -> list[Any]:
-    records = doc.get("records")
-    return [r.get(f) for r in (records if isinstance(records, list) else ()) if isinstance(r, dict)
-            for f in ("base", "winner")]
+def _result_keys(data: bytes, where: str) -> Iterable[str]:
+    try:
+        records = TuningResults.loads(data, where).records
+    except CuteccError:
+        return ()
+    return [k for r in records for k in (r.line.base, r.line.winner)]
 
 
 def entry_trust_problem(entry_dir: str | Path, files: list[str]) -> str | None:

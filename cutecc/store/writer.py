@@ -31,13 +31,12 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
 import filelock
 
 from cutecc import trust
 from cutecc.atomic import TMP_NAME, atomic_write, fsync_dir
-from cutecc.entry import META, STORE_FORMAT, file_record, is_kernel_name, meta_stamp
+from cutecc.entry import META, STORE_FORMAT, Recorded, file_record, is_kernel_name, meta_stamp
 from cutecc.entry_meta import EntryMeta, FileRec, RuntimeMeta
 from cutecc.errors import WorkError
 from cutecc.locks import Busy, held, is_held
@@ -45,9 +44,9 @@ from cutecc.store.build_records import CompositeRecord, GenerationRecord, Manife
 from cutecc.store.index_record import IndexRecord
 from cutecc.store.layout import (
     MISSES,
-    QUARANTINE_FORMAT,
     STATS,
 )
+from cutecc.store.quarantine_note import QUARANTINE_NOTE, QuarantineNote
 from cutecc.store.stats import MAX_STATS_BYTES, STATS_DEPTH, Stats
 from cutecc.store.view import (
     Entry,
@@ -249,8 +248,7 @@ class Store(StoreView):
                 self._unindex(key, moved)
         if moved is not None:
             with contextlib.suppress(OSError):
-                why = {"format": QUARANTINE_FORMAT, "key": key, "reason": reason, "at": now_iso()}
-                atomic_write(moved / "why.json", json.dumps(why, indent=1).encode())
+                atomic_write(moved / QUARANTINE_NOTE, QuarantineNote(key, reason, now_iso()).dumps())
         return moved
 
     @contextlib.contextmanager
@@ -264,24 +262,23 @@ class Store(StoreView):
     def _unindex(self, key: str, moved: Path) -> None:
         """Delete the index record of an entry just moved out to `moved` (under its lock):
         found through its metadata's kernel name, else by looking in every kernel's records."""
-        try:
-            kernel = read_meta(moved).get("kernel")
+        try:  # what it says unchecked: a damaged entry is moved out too
+            kernel = Recorded.of(read_meta(moved)).kernel
         except (OSError, ValueError):
             kernel = None
         names = [kernel] if is_kernel_name(kernel) else self.kernel_names()
         for name in names:
             self.unindex(name, key)
 
-    def index(self, key: str, meta: Mapping[str, Any], meta_file: Path) -> None:
-        """Write the index record of the entry `key` with metadata `meta`, read from
+    def index(self, key: str, meta: EntryMeta, meta_file: Path) -> None:
+        """Write the index record of the entry `key` with the checked record `meta`, read from
         `meta_file` (whose stamp it keeps), durably (the caller holds the key's lock).
         Written in place, not renamed in: a record is read only for a published entry, and
         a torn one (a crash, or a reader racing a rewrite) fails to parse, which readers
         take as "read meta.json"."""
-        kernel = meta.get("kernel")
-        if not is_kernel_name(kernel):
-            raise WorkError(f"kernel name {kernel!r} is not an identifier", where=str(self.root))
-        d = self.layout.index_kernel(kernel)
+        if not is_kernel_name(meta.kernel):
+            raise WorkError(f"kernel name {meta.kernel!r} is not an identifier", where=str(self.root))
+        d = self.layout.index_kernel(meta.kernel)
         data = IndexRecord.of_meta(key, meta, meta_stamp(os.stat(meta_file))).dumps()
         for _ in range(100):
             make_dir(d)
@@ -437,8 +434,8 @@ class Store(StoreView):
                 meta = json.loads(data)  # the entry as every reader reads it
                 atomic_write(staging / META, data)
                 fsync_dir(staging)
-                if not runtime:  # before the entry is visible: every visible entry is indexed
-                    self.index(key, meta, staging / META)
+                if isinstance(made, EntryMeta):  # before the entry is visible: every one is indexed
+                    self.index(key, made.recorded(key, files), staging / META)
                 make_dir(final.parent)
                 move_dir(staging, final, key, hide_first=False)
                 fsync_dir(final.parent)

@@ -185,9 +185,12 @@ def _record(store: StoreView, item: PlanItem, bucket: str, ev: dict[str, Any], e
     decision = decide.decide(timings, base, [c.key for c in item.candidates])
     winner = decision.winner
     e = store.get(winner)
-    meta = e.doc if e is not None else {}  # Pin.of and toolchain_of check it
-    pin = Pin.of(meta)
-    if pin is None:  # just built or found healthy by the child: not expected
+    try:  # just built or found healthy by the child: not expected to fail
+        meta = e.meta if e is not None else None
+    except ValueError as err:
+        raise WorkError(f"the winner {winner[:12]}: {err}", where=f"kernel {item.kernel}") from None
+    pin = Pin.of(meta) if meta is not None else None
+    if meta is None or pin is None:
         raise WorkError(f"the winner {winner[:12]} records no library, symbol or runtime library",
                         where=f"kernel {item.kernel}")
     toolchain = toolchain_of(meta)

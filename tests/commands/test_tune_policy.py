@@ -64,7 +64,7 @@ def test_a_record_holds_its_policy_and_each_candidates_median_and_spread(
     r = _record(cache, item, "n=65536", ev)
     method = Policy("eager", "device", 3, 30, 120).method
     assert method == "eager launches, device clock, warmup 3, rounds 30..120, median-ci95+0.01"
-    dsl = toolchain_of(Store(cache).get(item.base).doc)  # type: ignore[union-attr]
+    dsl = toolchain_of(Store(cache).get(item.base).meta)  # type: ignore[union-attr]
     assert dsl is not None and dsl.startswith("nvidia-cutlass-dsl ")
     assert (r.line.winner_variant, r.line.policy, r.line.built_with) == (T128, method, dsl)
     assert r.measurement == {"launch": "eager", "clock": "device", "warmup": 3, "rounds": 30,

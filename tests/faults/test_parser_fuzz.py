@@ -194,9 +194,8 @@ def test_hostile_inputs_fail_cleanly_and_quickly(name: str, tmp_path: Path, tall
 
 def _areas(tmp: Path) -> dict[str, Parser]:
     """name -> (read the bytes as that record, the errors it may raise, a valid doc, its cap)."""
-    from cutecc.commands.verify_checks import _record_differs
     from cutecc.entry import MAX_INDEX_BYTES
-    from cutecc.store.index_record import IndexRecord
+    from cutecc.store.index_record import IndexRecord, record_differs
     from cutecc.store.stats import MAX_STATS_BYTES
     from cutecc.store.view import StoreView
     from cutecc.toolchain.hashcache import FACTS, HashCache
@@ -207,7 +206,7 @@ def _areas(tmp: Path) -> dict[str, Parser]:
     entry = add(store, rt, "k", "a")
     view = StoreView(store.root)
     record = view.layout.index_record("k", entry.key)
-    facts = IndexRecord.of_meta(entry.key, entry.doc).to_json()
+    facts = IndexRecord.of_meta(entry.key, entry.meta).to_json()
     composite = {"format": 1, "name": "both", "launches": ["k", "j"], "inputs": ["x"], "outputs": ["out"],
                  "manifest": "/m/kernels.toml"}
     store.composites_dir.mkdir(exist_ok=True)
@@ -220,7 +219,7 @@ def _areas(tmp: Path) -> dict[str, Parser]:
     def index(data: bytes) -> Any:
         record.write_bytes(data)
         view.indexed_facts("k", entry.key)
-        return _record_differs(data, entry.key, entry.doc)
+        return record_differs(data, entry.key, entry.meta)
 
     def stats(data: bytes) -> Any:
         store.layout.stats().write_bytes(data)

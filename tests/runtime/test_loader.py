@@ -10,6 +10,7 @@ import pytest
 
 import cutecc
 from cutecc.entry import compute_key
+from cutecc.entry_meta import EntryMeta
 from cutecc.store import Store
 
 
@@ -22,7 +23,7 @@ def _restamp(store: Store, key: str, source: str, built_at: str) -> str:
     dest = store.layout.entry(new)
     shutil.copytree(store.layout.entry(key), dest)
     (dest / "meta.json").write_text(json.dumps(meta))
-    store.index(new, meta, dest / "meta.json")  # as publishing does
+    store.index(new, EntryMeta.parse(meta, new), dest / "meta.json")  # as publishing does
     return new
 
 

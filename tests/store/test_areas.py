@@ -19,6 +19,7 @@ from cutecc.commands.rm import rm
 from cutecc.commands.verify import verify
 from cutecc.lock.lines import Pin
 from cutecc.lock.lockfile import Tuned, lock_for, write_lock
+from cutecc.plan.tuning_plan import BucketEdges, Candidate, PlanItem, TuningPlan
 from cutecc.runtime.tuning import TuningResult, TuningResults
 from cutecc.store import layout
 from cutecc.store.layout import Layout
@@ -44,9 +45,13 @@ def _result(base: str, winner: str) -> bytes:
     return TuningResults((TuningResult(line),)).dumps()
 
 
-def _plan(items: list[dict]) -> bytes:
-    """A tuning plan file's bytes naming `items` (only the keys gc reads matter here)."""
-    return json.dumps({"format": layout.PLAN_FORMAT, "manifest_sha256": "1" * 64, "items": items}).encode()
+def _plan(candidates: list[str]) -> bytes:
+    """A tuning plan file's bytes, as `cutecc tune --compile-only` writes them, whose one item
+    has `candidates` (the first the default; only their keys matter to gc)."""
+    cands = tuple(Candidate(f"v{i}", k, i == 0) for i, k in enumerate(candidates))
+    items = (PlanItem("k", "v", "sm_90a", candidates[0], cands, "floor", (BucketEdges("n", (8,)),), {}, {},
+                      None, None, None, None, {}),) if candidates else ()
+    return TuningPlan("1" * 64, items).dumps()
 
 
 def test_every_path_of_the_layout_is_under_a_known_area(tmp_path: Path) -> None:
@@ -74,7 +79,7 @@ def test_gc_unreachable_keeps_what_records_and_locks_name(fake_cache, add_entrie
         "gen", "man", "planned", "winner", "base", "locked", "lost")
     store.record_generation("k", "sm_90a", [gen.key], str(tmp_path / "m.toml"))
     store.record_manifest(tmp_path / "m.toml", "0" * 64, {"k": {"sm_90a": [man.key]}}, partial=False)
-    store.write_tuning_plan("1" * 64, _plan([{"candidates": [{"key": planned.key}]}]))
+    store.write_tuning_plan("1" * 64, _plan([planned.key]))
     store.write_tuning_results(base.key, _result(base.key, winner.key))
     lock = tmp_path / "kernels.lock"
     write_lock(lock, lock_for([("k", "locked", "sm_90a", locked.key)], store))

@@ -17,6 +17,7 @@ from cutecc.entry import ENTRY_FORMAT, META, RUNTIME_ENTRY_FORMAT, STORE_FORMAT
 from cutecc.entry_meta import EntryMeta, RuntimeMeta
 from cutecc.errors import CuteccError
 from cutecc.store import Store, default_cache_dir
+from cutecc.store.quarantine_note import QuarantineNote
 
 KEY = "ab" * 32
 
@@ -187,6 +188,9 @@ def test_quarantine_moves_a_bad_entry_and_keeps_one_found_healthy(tmp_path: Path
     dest = store.quarantine(KEY, "altered")
     assert dest is not None and dest.parent == store.quarantine_dir and dest.name.startswith(KEY + ".")
     assert json.loads((dest / "why.json").read_text())["reason"] == "altered"
+    note = QuarantineNote.read(dest)  # the note, read back as its record
+    assert note is not None and (note.key, note.reason) == (KEY, "altered")
+    assert QuarantineNote.loads(note.dumps()) == note and QuarantineNote.loads(b"{}") is None
     assert not store.has(KEY) and (dest / "kernel.so").read_bytes() == b"library bytes"
 
 
@@ -240,7 +244,7 @@ def test_a_killed_publish_leaves_a_record_the_next_sweep_takes(tmp_path: Path) -
     staging = store.tmp_dir / f"{KEY}.dead"  # killed after its record, before the rename
     staging.mkdir()
     atomic_write(staging / META, json.dumps({"kernel": "k"}).encode())
-    store.index(KEY, {"kernel": "k"}, staging / META)
+    store.index(KEY, _write_lib(staging), staging / META)
     assert store.kernel_keys("k") == [KEY] and store.get(KEY) is None  # readers skip it
     assert store.sweep_tmp() == 1
     assert store.kernel_names() == [] and not staging.exists()

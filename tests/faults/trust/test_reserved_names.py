@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from cutecc.entry import compute_key
+from cutecc.entry_meta import EntryMeta
 from cutecc.names import CALL_RESERVED, KERNEL_SET_RESERVED, MAX_NAME_CHARS
 
 from .conftest import ARCH, META, Cache, cli, out, py
@@ -111,7 +112,7 @@ def test_an_entry_whose_call_keyword_collides_is_set_aside(cache: Cache, name: s
     new = meta["key"] = compute_key(meta["key_inputs"])
     shutil.copytree(cache.entry(old), cache.entry(new))
     cache.write_meta(new, meta)
-    store.index(new, meta, cache.entry(new) / META)
+    store.index(new, EntryMeta.parse(meta, new), cache.entry(new) / META)
     r = py(PLANT, cache.root, ARCH)
     assert r.returncode == 0, out(r)
     got = json.loads(r.stdout.strip().splitlines()[-1])
@@ -141,7 +142,7 @@ def test_an_entry_whose_runtime_scalar_collides_is_set_aside(cache: Cache) -> No
     meta["built_at"] = "2099-01-01T00:00:00+00:00"  # the newest of its variant: it would win
     shutil.copytree(cache.entry(old), cache.entry(new))
     cache.write_meta(new, meta)
-    store.index(new, meta, cache.entry(new) / META)
+    store.index(new, EntryMeta.parse(meta, new), cache.entry(new) / META)
     r = py(PLANT.replace('"mul"', '"axpy"').replace("ks.mul", "ks.axpy"), cache.root, ARCH)
     assert r.returncode == 0, out(r)
     got = json.loads(r.stdout.strip().splitlines()[-1])

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from cutecc.entry import STORE_FORMAT
+from cutecc.entry_meta import EntryMeta
 from cutecc.store.index_record import IndexRecord
 
 from .conftest import ARCH, LIB, META, Cache, as_user, chown_tree, compute_key, marker_runs, out, py, record
@@ -148,7 +149,8 @@ def test_flipping_the_cache_symlink_never_gets_root_to_run_the_other_users_libra
         (d / LIB).write_bytes(evil_so)
         (d / META).write_text(json.dumps(meta, indent=1, sort_keys=True))
         (theirs / "by-kernel" / meta["kernel"]).mkdir(parents=True)  # indexed, as published
-        (theirs / "by-kernel" / meta["kernel"] / key).write_bytes(IndexRecord.of_meta(key, meta).dumps())
+        rec = IndexRecord.of_meta(key, EntryMeta.parse(meta, key))
+        (theirs / "by-kernel" / meta["kernel"] / key).write_bytes(rec.dumps())
     (theirs / "format").write_text(f"{STORE_FORMAT}\n")
     chown_tree(theirs, other_user.pw_uid, other_user.pw_gid)
     w = shared_tmp / "w"
