@@ -13,7 +13,9 @@ Steps (all by default; each alone with a flag, so a CPU host and a GPU host can 
 
 Recording (`--measure`, `--record`, the default run) refuses a lock whose tuning lines would
 be measured under different policies (`cutecc.tuning.policy`); `--replace-tuning` drops the
-lock's lines of other policies instead (old lines without a policy among them).
+lock's lines of other policies instead (old lines without a policy among them). The lock
+then passes the check `cutecc build`'s does (`cutecc.ship.vouch.vouch`) before
+`record_lock` writes and signs it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The on-disk cache, owned here: `layout` (where everything is), `view` (reading, all the
 runtime imports) and `writer` (publishing, removal, records); each record file the store
-keeps is one typed record both ways (`index_record`, `build_records`, `stats`, `misses`),
-which the view and the writer read and write through. See docs/architecture.md.
+keeps is one typed record both ways (`index_record`, `build_records`, `stats`, `misses`,
+`tuning_records`, `quarantine_note`), which the view and the writer read and write
+through. See docs/architecture.md.
 
 The public names are re-exported for `from cutecc.store import Store`; each is imported
 on first use (PEP 562), so importing `cutecc.store.view` never loads the writer.
