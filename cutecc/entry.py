@@ -14,7 +14,10 @@ build side.
 
 from __future__ import annotations
 
+import array
+import gc
 import hashlib
+import itertools
 import json
 import re
 from collections.abc import Mapping
@@ -74,16 +77,45 @@ def parse_json(data: bytes, max_bytes: int = MAX_META_BYTES, max_depth: int = MA
     if containers > MAX_CONTAINERS_FREE + len(data) // BYTES_PER_CONTAINER:
         raise ValueError(f"{containers} arrays and objects in {len(data)} bytes: not a file cutecc "
                          f"writes (at most {MAX_CONTAINERS_FREE} plus one per {BYTES_PER_CONTAINER} bytes)")
+    paused = gc.isenabled()  # a JSON value holds no cycle: collections while it is built
+    gc.disable()  # (a 4 MB planning cache: ~40 of them) walk what it makes and free nothing
     try:
         doc = json.loads(data)
     except RecursionError:
         raise ValueError(f"nested deeper than the limit of {max_depth}") from None
     except UnicodeDecodeError as e:
         raise ValueError(f"not UTF-8 text: {e.reason} at byte {e.start}") from None
-    depth = _depth_over(doc, max_depth)
+    finally:
+        if paused:
+            gc.enable()
+    depth = _text_depth_over(data, max_depth)
+    if depth is None:
+        depth = _depth_over(doc, max_depth)
     if depth:
         raise ValueError(f"nested {depth} deep or more, over the limit of {max_depth}")
     return doc
+
+
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"')
+_STEPS = bytes.maketrans(b"[]{}", b"\x01\xff\x01\xff")  # as signed bytes: +1 in, -1 out
+
+
+def _text_depth_over(data: bytes, max_depth: int) -> int | None:
+    """`_depth_over` read from the text of a document `json.loads` took, in C-speed passes
+    over the bytes rather than a walk of the objects (the 4.4 MB planning cache of the
+    published manifest: ~15 ms against ~25-40 ms); None where it cannot tell (not UTF-8).
+    In valid JSON a backslash only starts an escape inside a string, so with the escaped
+    backslashes, then the escaped quotes, gone, every quote left delimits a string: the
+    brackets between pairs of quotes are text, the others open and close the containers,
+    and the deepest nesting is the largest running count of those."""
+    if json.detect_encoding(data) != "utf-8":
+        return None
+    marks = data.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
+    parts = marks.split(b'"')
+    if len(parts) % 2 == 0:
+        return None  # an odd number of delimiters: not JSON as read above
+    steps = array.array("b", b"".join(parts[::2]).translate(_STEPS))
+    return max_depth + 1 if max(itertools.accumulate(steps), default=0) > max_depth else 0
 
 
 def _depth_over(doc: Any, max_depth: int) -> int:

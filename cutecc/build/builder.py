@@ -491,9 +491,8 @@ def _record_generations(store: Store, manifest: Path, planned: tuple[Planned, ..
         by.setdefault(p.kernel.name, {}).setdefault(p.arch, []).append(p.key)
     try:
         for kernel, per_arch in by.items():
-            for arch, keys in per_arch.items():
-                store.record_generation(kernel, arch, keys, str(manifest),
-                                        refs_to_json((fallbacks or {}).get(kernel, {})))
+            store.record_generations(kernel, per_arch, str(manifest),
+                                     refs_to_json((fallbacks or {}).get(kernel, {})))
         store.record_manifest(manifest, hashlib.sha256(manifest.read_bytes()).hexdigest(), by,
                               partial=partial)
     except OSError:  # a full or read-only cache: drop the records rather than keep stale ones

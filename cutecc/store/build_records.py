@@ -51,7 +51,8 @@ def _ours(doc: Any) -> bool:
 @dataclass(frozen=True)
 class GenerationRecord:
     """`generations/<kernel>@<arch>.json`: `keys` (sorted, once each) are the current
-    entries of `kernel` for `arch`, built from `manifest` at `built_at`; `fallbacks` holds
+    entries of `kernel` for `arch`, built from `manifest`; `built_at` is when a build last
+    changed the record (a no-op build leaves it: `cutecc.store.record_writer`); `fallbacks` holds
     the kernel's declared fallback fields (`cutecc.contract.fallbacks.FIELDS`) as recorded,
     only those set (`fallback` checks one). Read back, a field of the wrong type is None."""
 
@@ -97,7 +98,8 @@ class GenerationRecord:
 class ManifestRecord:
     """`manifests/<sha of its path>.json`: the keys a build of `manifest` (whose bytes hash
     to `sha256`) planned, `{kernel: {arch: keys}}` (each list sorted, once each), as of
-    `built_at`; a partial build adds to the record of the same bytes (`merged`)."""
+    `built_at` (the build that last changed it); a partial build adds to the record of the
+    same bytes (`merged`)."""
 
     manifest: str | None
     sha256: str | None

@@ -1,8 +1,9 @@
 """Writing the cache: publish, quarantine, remove, the index, build records, stats,
 tuning plans and results, planning facts, sources a Ray node received, staging, pruning
 and discarding what does not belong, sweeping. Every create and delete under a cache
-root is here (`cutecc.store.misses`, which the runtime writes, aside); a test checks that
-no other module that knows the store writes or deletes files.
+root is here or in the build records' half (`cutecc.store.record_writer`), and
+`cutecc.store.misses`, which the runtime writes, aside; a test checks that no other
+module that knows the store writes or deletes files.
 
 An entry is visible only once complete: it is built in `tmp/`, every file fsynced,
 then renamed into place. Builders take the key's lock and look again before
@@ -40,24 +41,20 @@ from cutecc.entry import META, STORE_FORMAT, Recorded, file_record, is_kernel_na
 from cutecc.entry_meta import EntryMeta, FileRec, RuntimeMeta
 from cutecc.errors import WorkError
 from cutecc.locks import Busy, held, is_held
-from cutecc.store.build_records import CompositeRecord, GenerationRecord, ManifestRecord
 from cutecc.store.index_record import IndexRecord
 from cutecc.store.layout import (
     MISSES,
     STATS,
 )
 from cutecc.store.quarantine_note import QUARANTINE_NOTE, QuarantineNote
+from cutecc.store.record_writer import DIR_MODE, FILE_MODE, BuildRecordWriter
 from cutecc.store.stats import MAX_STATS_BYTES, STATS_DEPTH, Stats
 from cutecc.store.view import (
     Entry,
-    StoreView,
     read_meta,
     read_record,
 )
 from cutecc.units import now_iso
-
-DIR_MODE = 0o755  # what the cache's directories get, whatever the umask
-FILE_MODE = 0o644  # and its files
 
 _README = """\
 This directory is a cache of CuTe DSL kernels built ahead of time by cutecc.
@@ -71,8 +68,8 @@ _CACHEDIR_TAG = (
 )
 
 
-class Store(StoreView):
-    """A cutecc cache directory, read and written."""
+class Store(BuildRecordWriter):
+    """A cutecc cache directory, read and written (the build records: `BuildRecordWriter`)."""
 
     # Creation --------------------------------------------------------------------
 
@@ -118,44 +115,6 @@ class Store(StoreView):
                             "--cache-dir, or use --read-only to use only what it holds",
                             where=str(self.root)) from None
 
-
-    # Build records ---------------------------------------------------------------
-
-    def record_generation(self, kernel: str, arch: str, keys: list[str], manifest: str,
-                          fallbacks: dict[str, dict[str, str]] | None = None) -> None:
-        """Record `keys` as the current entries of `kernel` for `arch` (the newest build),
-        and the kernel's declared `fallbacks` (`cutecc.contract.fallbacks`; the fields only when set)."""
-        self.generations_dir.mkdir(mode=DIR_MODE, exist_ok=True)
-        rec = GenerationRecord.of_build(kernel, arch, keys, manifest, now_iso(), fallbacks)
-        atomic_write(self.layout.generation(kernel, arch), rec.dumps(), FILE_MODE)
-
-    def record_composite(self, rec: CompositeRecord) -> None:
-        """Record a composite kernel (`CompositeRecord`): it has no entry of its own, its
-        launches are kernels with theirs."""
-        if not is_kernel_name(rec.name):
-            raise ValueError(f"composite name {rec.name!r} is not a kernel name")
-        self.composites_dir.mkdir(mode=DIR_MODE, exist_ok=True)
-        atomic_write(self.layout.composite(rec.name), rec.dumps(), FILE_MODE)
-
-    def record_manifest(self, manifest: Path, sha256: str, entries: dict[str, dict[str, list[str]]],
-                        *, partial: bool) -> None:
-        """Record the keys a build of `manifest` (whose bytes hash to `sha256`) planned, per
-        kernel and arch; a `partial` build adds to the record of the same bytes."""
-        self.manifests_dir.mkdir(mode=DIR_MODE, exist_ok=True)
-        old = self.manifest_entries(manifest, sha256) if partial else None
-        now = now_iso()
-        rec = ManifestRecord(str(manifest), sha256, old.entries if old else {}, now).merged(entries, now)
-        atomic_write(self.layout.manifest_record(manifest), rec.dumps(), FILE_MODE)
-
-    def forget_build_records(self, manifest: Path, kernel_archs: list[tuple[str, str]]) -> None:
-        """Delete the generation records of `kernel_archs` and the record of `manifest`
-        (best-effort): a build that could not write them drops the old ones rather than
-        leave them stale."""
-        for kernel, arch in kernel_archs:
-            with contextlib.suppress(OSError):
-                self.layout.generation(kernel, arch).unlink()
-        with contextlib.suppress(OSError):
-            self.layout.manifest_record(manifest).unlink()
 
     # Tuning ------------------------------------------------------------------------
 

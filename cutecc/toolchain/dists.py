@@ -43,6 +43,7 @@ import functools
 import hashlib
 import importlib.metadata as md
 import json
+import operator
 import os
 import re
 import time
@@ -388,12 +389,12 @@ class DistIndex:
         by_stamp = rec.stable
         stats: list[tuple[str, str, os.stat_result | None]] = []
         for i, rel in enumerate(joined.split("\0") if joined else ()):
-            p = odd.get(str(i)) or prefix + rel
+            p = (odd.get(str(i)) or prefix + rel) if odd else prefix + rel
             try:
                 stats.append((rel, p, os.stat(p)))
             except OSError:
                 stats.append((rel, p, None))  # a listed file is gone: part of the digest
-        stats.sort(key=lambda x: x[0])
+        stats.sort(key=operator.itemgetter(0))
         fp = hashlib.sha256(f"{DIGEST_VERSION}\0{FULL_HASH_LIMIT}\0".encode())
         fp.update(f"stamp\0{rec.stamp}".encode() if by_stamp else rec.text().encode())
         # (each stamp as str(stamp(st)) spells it, formatted at once)

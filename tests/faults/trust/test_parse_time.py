@@ -11,11 +11,13 @@ CPU host, and fail only with ValueError.
 from __future__ import annotations
 
 import contextlib
+import json
+import random
 import time
 
 import pytest
 
-from cutecc.entry import MAX_JSON_DEPTH, MAX_META_BYTES, parse_json
+from cutecc.entry import MAX_JSON_DEPTH, MAX_META_BYTES, _depth_over, _text_depth_over, parse_json
 
 MIB = 1 << 20
 
@@ -101,3 +103,38 @@ def test_nesting_far_past_the_interpreters_recursion_limit_is_a_value_error() ->
 def test_over_the_byte_cap_is_refused_before_parsing() -> None:
     with pytest.raises(ValueError, match="over the"):
         parse_json(b" " * (MAX_META_BYTES + 1))
+
+
+def _random_doc(rnd: random.Random, depth: int = 0) -> object:
+    def text() -> str:  # brackets, quotes, backslashes and wide characters inside strings
+        return "".join(rnd.choice('ab[]{}"\\/\u00e9\U0001f600\n,:') for _ in range(rnd.randint(0, 6)))
+
+    r = rnd.random()
+    if depth > 12 or r < 0.3:
+        return rnd.choice([text(), 1, 2.5, None, True])
+    if r < 0.65:
+        return [_random_doc(rnd, depth + 1) for _ in range(rnd.randint(0, 3))]
+    return {text(): _random_doc(rnd, depth + 1) for _ in range(rnd.randint(0, 3))}
+
+
+def test_the_nesting_read_from_the_text_is_the_walks() -> None:
+    """`parse_json` reads the nesting from the bytes (`_text_depth_over`, C-speed passes):
+    on random documents whose strings hold brackets, escaped quotes and backslashes, written
+    ASCII-escaped or not, indented or not, it finds what the walk of the objects finds."""
+    rnd = random.Random(35)
+    for _ in range(3000):
+        doc = _random_doc(rnd)
+        for ascii_only, indent in ((True, None), (False, 1)):
+            data = json.dumps(doc, ensure_ascii=ascii_only, indent=indent).encode()
+            parsed = json.loads(data)
+            for limit in (0, 1, 2, 3, 5, 8):
+                assert _text_depth_over(data, limit) == _depth_over(parsed, limit), (data, limit)
+    tricky = [b'["\\\\"]', b'["\\\\\\"[[["]', b'{"\\"{":[["]"]]}', b'[[[["\\u005c\\"]"]]]]']
+    for data in tricky:
+        assert _text_depth_over(data, 2) == _depth_over(json.loads(data), 2), data
+    # UTF-16 is JSON too: the bytes are not read, the walk decides
+    wide = json.dumps([[["[["]]]).encode("utf-16")
+    assert _text_depth_over(wide, 2) is None
+    with pytest.raises(ValueError, match="nested"):
+        parse_json(wide, max_depth=2)
+    assert parse_json(wide, max_depth=3) == [[["[["]]]
