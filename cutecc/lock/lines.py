@@ -67,9 +67,7 @@ class LockEntry:
     def from_facts(cls, kernel: str, variant: str, arch: str, key: str,
                    facts: IndexFacts, platform: str = BUILD_PLATFORM) -> LockEntry:
         """The lock line for an entry of `platform`, from its index record's facts."""
-        return cls(kernel, variant, arch, platform, key, Pin(facts.library, facts.sha256, facts.size,
-                                                             facts.symbol, facts.backward, facts.contract,
-                                                             facts.runtime))
+        return cls(kernel, variant, arch, platform, key, facts.pin())
 
     def mismatch(self, entry: Entry | EntryMeta) -> str | None:
         """Why the entry (its checked record, or an `Entry` whose metadata may be damaged:

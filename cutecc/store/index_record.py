@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cutecc.contract.pinned import PIN_FIELDS, Pin
 from cutecc.entry import INDEX_FORMAT, MAX_INDEX_BYTES, is_key, parse_json
 from cutecc.entry_meta import EntryMeta
 
@@ -25,20 +26,16 @@ _HINTS = ("build_seconds", "meta_stat")
 
 
 @dataclass(frozen=True)
-class IndexFacts:
-    """What a lock line and a no-op build need of an entry: its pin (`entry.acted_on`:
-    library file, SHA-256, size, symbol, backward pairing, contract digest, runtime
-    library's SHA-256), its runtime library's key and its build seconds."""
+class IndexFacts(Pin):
+    """What a lock line and a no-op build need of an entry: its pin (`Pin`: everything the
+    runtime acts on), its runtime library's key and its build seconds."""
 
-    library: str
-    sha256: str
-    size: int
-    symbol: str
-    backward: str | None
-    contract: str
-    runtime: str
     runtime_key: str
     build_seconds: float
+
+    def pin(self) -> Pin:
+        """The pin alone, as a lock line holds it."""
+        return Pin(*(getattr(self, name) for name in PIN_FIELDS))
 
 
 @dataclass(frozen=True)
