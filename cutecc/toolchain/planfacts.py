@@ -51,7 +51,8 @@ def _stamp(x: Any) -> bool:
 
 class Records(Generic[R]):
     """One section of a planning file: records by name, kept as loaded (JSON), each parsed
-    by `load` (None: damaged) when first asked for, and written back in the order held."""
+    by `load` (None: damaged) when first asked for, and written back in the order held. A
+    record's lists and objects are the loaded JSON's own: read, never changed."""
 
     __slots__ = ("_raw", "_got", "_load", "_dump")
 
