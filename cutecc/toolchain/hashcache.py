@@ -173,7 +173,7 @@ class HashCache:
         """Facts of source file `f`: its SHA-256 and `parse(its bytes)` (of `kind`), from the
         cache while its stamp holds. `parse` raising (a syntax error) is not remembered; a
         file over MAX_SOURCE_FILE_BYTES is refused by name."""
-        key = f"{kind.KIND}:{f}"
+        key = f"{kind.kind()}:{f}"
         rec = self._facts.sources.get(key)
         if rec is not None and isinstance(rec.parsed, kind):
             with contextlib.suppress(OSError):

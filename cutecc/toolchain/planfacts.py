@@ -3,12 +3,13 @@
 `hashcache.HashCache`, and the user's `planmemory.json` (`MemoryFile`, `ParserFacts`), by
 `planmemory.PlanMemory`; nothing else looks inside one.
 
-Each file is one record of sections (`Records`: entries by name). An entry stays as loaded
-until asked for, then is parsed and checked into its record type (`Sourced`, `DistRecord`,
-`ClosureRef`, `ClosureBody`, `FileHash`), None when damaged: a no-op build loads a
-planfacts.json of megabytes and reads a part of it, so nothing is built at load. Written
-back as the same JSON objects in the same order: the bytes the untyped writers wrote
-(tests/toolchain/data holds what they wrote).
+Records are named tuples (typed, immutable, quick to make: a dataclass costs a millisecond
+to define, on every run's import). Each file is one record of sections (`Records`: entries
+by name). An entry stays as loaded until asked for, then is parsed and checked into its
+record type (`Sourced`, `DistRecord`, `ClosureRef`, `ClosureBody`, `FileHash`), None when
+damaged: a no-op build loads a planfacts.json of megabytes and reads a part of it, so
+nothing is built at load. Written back as the same JSON objects in the same order: the
+bytes the untyped writers wrote (tests/toolchain/data holds what they wrote).
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from cutecc.entry import parse_json
 
@@ -101,18 +101,20 @@ class Records(Generic[R]):
         return self._raw
 
 
-P = TypeVar("P", "SourceFacts", "PathEffect")  # facts parsed from a source file (`HashCache.source`)
+P = TypeVar("P", bound="SourceFacts | PathEffect")  # facts parsed from a source file (`HashCache.source`)
 
 
-@dataclass(frozen=True, slots=True)
-class SourceFacts:
+class SourceFacts(NamedTuple):
     """What the key reads of a source file (`cutecc.plan.key._parse`): its import statements
     as `[level, module, names or None for a plain import]`, and its top-level names (None:
     it may make names at run time)."""
 
-    KIND: ClassVar[str] = "source"
     imports: list[list[Any]]
     names: list[str] | None
+
+    @staticmethod
+    def kind() -> str:
+        return "source"
 
     def to_json(self) -> dict[str, Any]:
         return {"imports": self.imports, "names": self.names}
@@ -132,12 +134,14 @@ class SourceFacts:
         return cls(imports, names)
 
 
-@dataclass(frozen=True, slots=True)
-class PathEffect:
+class PathEffect(NamedTuple):
     """What a package's `__init__` does to its `__path__` (`modfind.path_effect`)."""
 
-    KIND: ClassVar[str] = "path_effect"
     effect: str
+
+    @staticmethod
+    def kind() -> str:
+        return "path_effect"
 
     def to_json(self) -> dict[str, Any]:
         return {"effect": self.effect}
@@ -148,7 +152,7 @@ class PathEffect:
         return cls(v["effect"]) if ok else None
 
 
-PARSED: dict[str, type[SourceFacts] | type[PathEffect]] = {k.KIND: k for k in (SourceFacts, PathEffect)}
+PARSED: dict[str, type[SourceFacts] | type[PathEffect]] = {k.kind(): k for k in (SourceFacts, PathEffect)}
 
 
 def parsed_of(name: str, v: Any) -> SourceFacts | PathEffect | None:
@@ -157,8 +161,7 @@ def parsed_of(name: str, v: Any) -> SourceFacts | PathEffect | None:
     return None if kind is None else kind.of_json(v)
 
 
-@dataclass(frozen=True, slots=True)
-class Sourced(Generic[P]):
+class Sourced(NamedTuple, Generic[P]):
     """A source file's SHA-256 and parsed facts, with the stamp they were taken under (None:
     not settled, not remembered). In planfacts.json, `[stamp, {**facts, "sha256": ...}]`
     under "kind:path"."""
@@ -180,8 +183,7 @@ class Sourced(Generic[P]):
         return None if parsed is None else Sourced(v[0], v[1]["sha256"], parsed)
 
 
-@dataclass(frozen=True, slots=True)
-class InstalledFacts:
+class InstalledFacts(NamedTuple):
     """What planning reads of an installed distribution (`dists._read_facts`): name and
     version, declared top-level names (else `inferred` from its RECORD), the distributions
     it requires, whether it is editable."""
@@ -207,8 +209,7 @@ class InstalledFacts:
         return cls(v["name"], v["version"], v["tops"], v.get("inferred"), v["requires"], v["editable"])
 
 
-@dataclass(frozen=True, slots=True)
-class Listed:
+class Listed(NamedTuple):
     """The files a distribution's RECORD lists (`dists.DistIndex._compute`): their paths in
     RECORD, NUL-joined, and the few whose path on disk is not the prefix's join (by index)."""
 
@@ -239,8 +240,7 @@ INSTALLED: Fact[InstalledFacts] = Fact(InstalledFacts.of_json, InstalledFacts.to
 LISTED: Fact[Listed] = Fact(Listed.of_json, Listed.to_json)
 
 
-@dataclass(frozen=True, slots=True)
-class DistRecord:
+class DistRecord(NamedTuple):
     """What was computed of an installed distribution, under the fingerprint of the stamps it
     was computed under; `value` as its `Fact` writes it. `[fingerprint, value]`."""
 
@@ -256,8 +256,7 @@ class DistRecord:
         return DistRecord(v[0], v[1]) if ok else None
 
 
-@dataclass(frozen=True, slots=True)
-class ClosureRef:
+class ClosureRef(NamedTuple):
     """An import closure remembered under its key and context: the key and its body's
     digest (bodies are shared: modules of one package). `[key, digest]`."""
 
@@ -292,8 +291,7 @@ class Searched(NamedTuple):
     present: dict[str, str]
 
 
-@dataclass(frozen=True, slots=True)
-class ClosureBody:
+class ClosureBody(NamedTuple):
     """What a remembered import closure depends on (`HashCache._holds`). `[members, dirs]`."""
 
     members: tuple[Member, ...]
@@ -332,8 +330,7 @@ def _to_json(rec: Any) -> Any:
     return rec.to_json()
 
 
-@dataclass(frozen=True, slots=True)
-class FileHash:
+class FileHash(NamedTuple):
     """An installed file's SHA-256 under its stamp. `[*stamp, sha256]`."""
 
     stamp: Stamp
@@ -357,8 +354,7 @@ def _doc(data: bytes, limit: int, fmt: int) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) and doc.get("format") == fmt else None
 
 
-@dataclass(frozen=True)
-class HashesFile:
+class HashesFile(NamedTuple):
     """`filehashes.json`: installed files' SHA-256s by path (torch's 14,000: loaded only
     when a distribution's stamps changed)."""
 
@@ -377,8 +373,7 @@ class HashesFile:
         return _dumps({"format": FACTS_FORMAT, "files": self.files.to_json()})
 
 
-@dataclass(frozen=True)
-class PlanFacts:
+class PlanFacts(NamedTuple):
     """`planfacts.json`, what a no-op build reads: of parser `parser` (`hashcache.parser_id`),
     distributions' facts by where (`DistRecord`), source files' by "kind:path" (`Sourced`),
     import closures by key and context (`ClosureRef`) and their bodies by digest."""
@@ -418,8 +413,7 @@ class PlanFacts:
                        "closure_bodies": {k: v for k, v in self.bodies.to_json().items() if k in live}})
 
 
-@dataclass(frozen=True)
-class ParserFacts:
+class ParserFacts(NamedTuple):
     """One parser's facts in the planning memory: parsed facts by "kind:sha256", the rest as
     in `PlanFacts` (closures and bodies None: not written, as when the file would be over
     its bound)."""
@@ -453,8 +447,7 @@ class ParserFacts:
         return out
 
 
-@dataclass(frozen=True)
-class MemoryFile:
+class MemoryFile(NamedTuple):
     """`planmemory.json`: each parser's facts (`ParserFacts`), oldest first; those of other
     parsers (other versions of cutecc) carried through as read."""
 

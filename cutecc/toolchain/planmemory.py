@@ -97,11 +97,11 @@ class PlanMemory:
 
     def parsed(self, kind: type[P], sha256: str) -> P | None:
         """The facts parsing content `sha256` as `kind` gave (None: not remembered)."""
-        got = self._load().parsed.get(f"{kind.KIND}:{sha256}")
+        got = self._load().parsed.get(f"{kind.kind()}:{sha256}")
         return got if isinstance(got, kind) else None
 
     def remember_parsed(self, sha256: str, facts: SourceFacts | PathEffect) -> None:
-        name = f"{facts.KIND}:{sha256}"  # (added to the file by `save`, unread till then)
+        name = f"{facts.kind()}:{sha256}"  # (added to the file by `save`, unread till then)
         self._new.parsed.put(name, facts)
         if self._mine is not None:
             self._mine.parsed.put(name, facts)
