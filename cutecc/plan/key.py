@@ -40,6 +40,7 @@ from cutecc.manifest import Kernel, Variant
 from cutecc.plan.keyed_sources import KeyedFile
 from cutecc.platforms import BUILD_PLATFORM
 from cutecc.toolchain import devicequery, dists, modfind
+from cutecc.toolchain.planfacts import PathEffect, Sourced, SourceFacts
 from cutecc.toolchain.versions import RECIPE_VERSION, host_target, runtime_key, tool_versions, zig_target
 
 
@@ -77,7 +78,7 @@ class SourceIndex:
         self.roots = tuple(roots)
         self._cache = cache or dists.HashCache(None)
         self._digests: dict[str, tuple[str, tuple[str, ...]]] = {}
-        self._facts: dict[Path, dict[str, Any]] = {}
+        self._facts: dict[Path, Sourced[SourceFacts]] = {}
         self._rels: dict[Path, str] = {}
         self._imports: dict[Path, set[str]] = {}
         self._found: dict[str, modfind.Found | None] = {}
@@ -143,7 +144,7 @@ class SourceIndex:
         f = self._member(module) or self._find(module, module.split(".")[0])
         if f is None:
             return False
-        names = self._facts_of(f)["names"]
+        names = self._facts_of(f).parsed.names
         return names is not None and not {attr, "__getattr__", "globals"} & set(names)
 
     def _member(self, module: str) -> Path | None:
@@ -194,20 +195,20 @@ class SourceIndex:
         return best if best is not None else f.as_posix()
 
     def _hash(self, f: Path) -> str:
-        return self._facts_of(f)["sha256"]
+        return self._facts_of(f).sha256
 
     def _path_effect(self, init_file: str) -> str:
         """`modfind.path_effect` of a package's `__init__`, remembered by its stamp."""
         try:
-            return self._cache.source(init_file, _path_effect_facts, kind="path_effect")["effect"]
+            return self._cache.source(init_file, PathEffect, _path_effect_facts).parsed.effect
         except (OSError, CuteccError):  # unreadable, or over the size cap: only running it tells
             return "unknown"
 
-    def _facts_of(self, f: Path) -> dict[str, Any]:
+    def _facts_of(self, f: Path) -> Sourced[SourceFacts]:
         """`f`'s SHA-256, import statements and top-level names (`_parse`), read and parsed
         once per change of its stamp (`dists.HashCache.source`), once per index at most."""
         if f not in self._facts:
-            self._facts[f] = self._cache.source(str(f), lambda data: _parse(data, f))
+            self._facts[f] = self._cache.source(str(f), SourceFacts, lambda data: _parse(data, f))
         return self._facts[f]
 
     def _locate(self, module: str) -> modfind.Found | None:
@@ -365,7 +366,7 @@ class SourceIndex:
         if f not in self._imports:
             pkg = mod if is_pkg else mod.rpartition(".")[0]
             deps: set[str] = set()
-            for level, module, names in self._facts_of(f)["imports"]:
+            for level, module, names in self._facts_of(f).parsed.imports:
                 if names is None:  # import a.b.c
                     deps.add(module)
                     continue
@@ -431,14 +432,14 @@ def _holds_installs(entry: str) -> bool:
         return False
 
 
-def _path_effect_facts(data: bytes) -> dict[str, Any]:
-    return {"effect": modfind.path_effect(data.decode("utf-8", errors="replace"))}
+def _path_effect_facts(data: bytes) -> PathEffect:
+    return PathEffect(modfind.path_effect(data.decode("utf-8", errors="replace")))
 
 
 _HOLDS_STATEMENTS = (ast.stmt, ast.excepthandler, ast.match_case)
 
 
-def _parse(data: bytes, f: Path) -> dict[str, Any]:
+def _parse(data: bytes, f: Path) -> SourceFacts:
     """What the key reads of a source file: its import statements, anywhere in it, as
     `[level, module, names or None for a plain import]`, and the names its top level surely
     binds (None when it may make names at run time: a star import). The cyclic garbage
@@ -454,7 +455,7 @@ def _parse(data: bytes, f: Path) -> dict[str, Any]:
             gc.enable()
 
 
-def _parse_tree(data: bytes, f: Path) -> dict[str, Any]:
+def _parse_tree(data: bytes, f: Path) -> SourceFacts:
     try:
         tree = ast.parse(data, filename=str(f))
     except SyntaxError as e:
@@ -485,7 +486,7 @@ def _parse_tree(data: bytes, f: Path) -> dict[str, Any]:
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             for a in node.names:
                 if a.name == "*":
-                    return {"imports": imports, "names": None}
+                    return SourceFacts(imports, None)
                 names.add(a.asname or a.name.split(".")[0])
         elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
             for field in ("body", "orelse", "finalbody", "handlers"):
@@ -496,7 +497,7 @@ def _parse_tree(data: bytes, f: Path) -> dict[str, Any]:
             for sub in ast.walk(node):
                 if isinstance(sub, ast.Name):
                     names.add(sub.id)  # assignment targets, and globals() as a name
-    return {"imports": imports, "names": sorted(names)}
+    return SourceFacts(imports, sorted(names))
 
 
 def _installed_place(path: Path) -> bool:

@@ -53,6 +53,7 @@ from typing import Any
 
 from cutecc.toolchain import hashcache
 from cutecc.toolchain.hashcache import HashCache, path_stamp, settled
+from cutecc.toolchain.planfacts import DIGEST, FLAG, INSTALLED, LISTED, Fact, InstalledFacts, Listed, T
 
 DSL_PREFIX = "nvidia-cutlass-dsl"
 TOOLCHAIN_DISTS = ("apache-tvm-ffi", "nvidia-cuda-runtime", "cuda-bindings")
@@ -94,7 +95,7 @@ class _Installed(dict):
     def __init__(self) -> None:
         super().__init__()
         self.every: list[tuple[str, md.Distribution, tuple[str, ...]]] = []
-        self.facts: dict[str, dict[str, Any]] = {}  # name -> `_facts` of the one import uses
+        self.facts: dict[str, InstalledFacts] = {}  # name -> `_facts` of the one import uses
         self.inferred: dict[int, set[str]] = {}  # id(distribution) -> `_inferred_tops`
 
 
@@ -109,18 +110,18 @@ def _installed() -> _Installed:
     out = _Installed()
     for d in md.distributions():  # first on sys.path wins, as import would
         facts = _facts(d)
-        name = facts["name"]
+        name = facts.name
         if name:
-            out.every.append((normalize(name), d, tuple(facts["tops"])))
-            if facts.get("inferred") is not None:
-                out.inferred[id(d)] = set(facts["inferred"])
+            out.every.append((normalize(name), d, tuple(facts.tops)))
+            if facts.inferred is not None:
+                out.inferred[id(d)] = set(facts.inferred)
             if normalize(name) not in out:
                 out[normalize(name)] = d
                 out.facts[normalize(name)] = facts
     return out
 
 
-def _facts(d: md.Distribution) -> dict[str, Any]:
+def _facts(d: md.Distribution) -> InstalledFacts:
     """What planning reads of installed distribution `d` (`_read_facts`), remembered in the
     planning caches (`_MEMORY`) under the stamps of its metadata directory and of the files
     in it that are read: on a no-op, 147 METADATA files are stat'ed, not parsed."""
@@ -132,25 +133,15 @@ def _facts(d: md.Distribution) -> dict[str, Any]:
     fp = f"installed\0{DIGEST_VERSION}\0{stamps}"
     stable = stamps[0] is not None and all(
         st is None or time.time_ns() - st[2] >= hashcache.SETTLE_NS for st in stamps)
-    if stable and _valid_facts(known := _MEMORY[0].recall(f"{path}\0installed", fp)):
-        return dict(known)
+    if stable and (known := _MEMORY[0].recall(f"{path}\0installed", fp, INSTALLED)) is not None:
+        return known
     facts = _read_facts(d)
     if stable and [path_stamp(f) for f in files] == stamps:
-        _MEMORY[0].remember(f"{path}\0installed", fp, facts)
+        _MEMORY[0].remember(f"{path}\0installed", fp, INSTALLED, facts)
     return facts
 
 
-def _valid_facts(v: Any) -> bool:
-    def names(x: Any) -> bool:
-        return isinstance(x, list) and all(isinstance(n, str) for n in x)
-
-    return (isinstance(v, dict) and isinstance(v.get("name"), (str, type(None)))
-            and isinstance(v.get("version"), (str, type(None))) and names(v.get("tops"))
-            and names(v.get("requires")) and isinstance(v.get("editable"), bool)
-            and (v.get("inferred") is None or names(v.get("inferred"))))
-
-
-def _read_facts(d: md.Distribution) -> dict[str, Any]:
+def _read_facts(d: md.Distribution) -> InstalledFacts:
     """Distribution `d`'s name and version (METADATA's headers), the top-level names its
     top_level.txt declares (else those its RECORD's `.py` files imply: `inferred`), the
     names of the distributions it requires (`_requires`) and whether it is editable."""
@@ -161,10 +152,10 @@ def _read_facts(d: md.Distribution) -> dict[str, Any]:
     except ValueError:
         info = {}
     reqs = meta.get_all("Requires-Dist")
-    return {"name": meta["Name"], "version": meta["Version"], "tops": tops,
-            "inferred": None if tops else sorted(_read_inferred_tops(d)),
-            "requires": _required_names(d.requires or [] if reqs is None else reqs),  # None: requires.txt
-            "editable": bool(isinstance(info, dict) and (info.get("dir_info") or {}).get("editable"))}
+    return InstalledFacts(meta["Name"], meta["Version"], tops,
+                          None if tops else sorted(_read_inferred_tops(d)),
+                          _required_names(d.requires or [] if reqs is None else reqs),  # None: requires.txt
+                          bool(isinstance(info, dict) and (info.get("dir_info") or {}).get("editable")))
 
 
 def _headers(d: md.Distribution) -> email.message.Message:
@@ -176,7 +167,7 @@ def _headers(d: md.Distribution) -> email.message.Message:
 
 
 def _version(name: str) -> str:
-    return str(_installed().facts[name]["version"])
+    return str(_installed().facts[name].version)
 
 
 @functools.cache
@@ -226,12 +217,12 @@ def owners(top: str) -> tuple[str, ...]:
 def is_editable(name: str) -> bool:
     """Whether distribution `name` is an editable install (its RECORD covers no sources)."""
     facts = _installed().facts.get(normalize(name))
-    return bool(facts and facts["editable"])
+    return bool(facts and facts.editable)
 
 
 def _requires(name: str) -> list[str]:
     facts = _installed().facts.get(name)
-    return list(facts["requires"]) if facts else []
+    return list(facts.requires) if facts else []
 
 
 def _required_names(reqs: Iterable[str]) -> list[str]:
@@ -281,16 +272,15 @@ class _Record:
             self._rows = _portable_rows(self.text())
         return self._rows
 
-    def fact(self, hashes: HashCache, what: str, compute: Callable[[], Any], valid: Callable[[Any], bool]
-             ) -> Any:
+    def fact(self, hashes: HashCache, what: str, compute: Callable[[], T], kind: Fact[T]) -> T:
         """`compute()`, a function of this RECORD's text alone, remembered in `hashes` under
-        the RECORD's stamp (read from there while the stamp holds and `valid` accepts it)."""
+        the RECORD's stamp (read from there while the stamp holds and it is of `kind`)."""
         key, fp = f"{self.file}\0{what}", f"{what}\0{DIGEST_VERSION}\0{self.stamp}"
-        if self.stable and (known := hashes.recall(key, fp)) is not None and valid(known):
+        if self.stable and (known := hashes.recall(key, fp, kind)) is not None:
             return known
         value = compute()
         if self.stable:  # (`compute` read the text, which would have unset it)
-            hashes.remember(key, fp, value)
+            hashes.remember(key, fp, kind, value)
         return value
 
 
@@ -343,8 +333,7 @@ class DistIndex:
             return True
         modules = sorted(set(modules))
         return bool(record.fact(self.hashes, "reaches\0" + "\0".join([top, *modules]),
-                                lambda: _reaches(record.rows(), top, modules),
-                                lambda v: isinstance(v, bool)))
+                                lambda: _reaches(record.rows(), top, modules), FLAG))
 
     def _record(self, name: str) -> _Record | None:
         """Distribution `name`'s RECORD this pass (None: not installed)."""
@@ -373,8 +362,7 @@ class DistIndex:
 
         if not full:  # a function of the RECORD alone: remembered under its stamp (the
             # thirty-odd distributions torch and the DSL require, read on every no-op)
-            return str(rec.fact(self.hashes, "record", lambda: _sha256(b"record\0" + record().encode()),
-                                lambda v: isinstance(v, str)))
+            return rec.fact(self.hashes, "record", lambda: _sha256(b"record\0" + record().encode()), DIGEST)
         # The files the digest covers, as the RECORD lists them (remembered under its stamp:
         # torch lists 14,000), each stat'ed; their stamps tell the digest unchanged without
         # reading a file (`HashCache`), as does the RECORD's (or, unsettled, its text).
@@ -382,10 +370,9 @@ class DistIndex:
         prefix = base if base.endswith("/") else base + "/"
         # (one string of the paths in RECORD, NUL-separated, and the few paths on disk that
         # are not the prefix's join: loaded with the cache's facts on every no-op)
-        joined, odd = rec.fact(self.hashes, "listed",
-                               lambda: _pack_listed(_listed(d, rec.text(), rec.rows()), prefix),
-                               lambda v: isinstance(v, list) and len(v) == 2 and isinstance(v[0], str)
-                               and isinstance(v[1], dict) and all(isinstance(x, str) for x in v[1].values()))
+        listed = rec.fact(self.hashes, "listed",
+                          lambda: _pack_listed(_listed(d, rec.text(), rec.rows()), prefix), LISTED)
+        joined, odd = listed.joined, listed.odd
         by_stamp = rec.stable
         stats: list[tuple[str, str, os.stat_result | None]] = []
         for i, rel in enumerate(joined.split("\0") if joined else ()):
@@ -430,10 +417,10 @@ class DistIndex:
         return h.hexdigest()
 
 
-def _pack_listed(listed: list[tuple[str, str]], prefix: str) -> list[Any]:
+def _pack_listed(listed: list[tuple[str, str]], prefix: str) -> Listed:
     """`_listed`'s `(path in RECORD, path on disk)` pairs as `DistIndex._compute` remembers them."""
-    return ["\0".join(rel for rel, _ in listed),
-            {str(i): p for i, (rel, p) in enumerate(listed) if p != prefix + rel}]
+    return Listed("\0".join(rel for rel, _ in listed),
+                  {str(i): p for i, (rel, p) in enumerate(listed) if p != prefix + rel})
 
 
 def _sha256(data: bytes) -> str:

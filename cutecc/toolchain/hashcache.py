@@ -1,28 +1,41 @@
 """The planning caches: what planning learned about files, remembered in the store by the
 files' stamps (`HashCache`): installed files' SHA-256s, distributions' digests, source
 files' parsed facts and import closures, so that a no-op build reads no installed code.
-Written through the store's writer (`write_planning`)."""
+The files' records are `planfacts`'; written through the store's writer (`write_planning`)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import hashlib
-import json
 import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 from cutecc import trust
-from cutecc.entry import parse_json
 from cutecc.errors import CuteccError
 from cutecc.store.layout import PLAN_FACTS
 from cutecc.toolchain import modfind, planmemory
+from cutecc.toolchain.planfacts import (
+    DIGEST,
+    FACTS_FORMAT,
+    ClosureBody,
+    ClosureRef,
+    DistRecord,
+    Fact,
+    FileHash,
+    HashesFile,
+    Member,
+    P,
+    PlanFacts,
+    Searched,
+    Sourced,
+    T,
+)
 from cutecc.toolchain.planmemory import PlanMemory
 
-HASH_CACHE_FORMAT = 2  # 2: stamps with ctime and device; planfacts.json beside it
+HASH_CACHE_FORMAT = FACTS_FORMAT  # 2: stamps with ctime and device; planfacts.json beside it (`planfacts`)
 FACTS = PLAN_FACTS  # beside the hash cache: what a no-op build reads (`HashCache`)
 MAX_FACTS_BYTES = 64 << 20
 MAX_HASHES_BYTES = 256 << 20
@@ -83,17 +96,18 @@ def _check_size(f: str, size: int) -> None:
 
 class HashCache:
     """What planning learned about files, remembered across runs by their stamps (`stamp`),
-    so that a no-op build reads no installed code, only stats it. Two files in the store:
-    `path` holds the SHA-256 of installed files (large: torch's 14,000; loaded only when a
-    distribution's stamps changed), and `planfacts.json` beside it what the no-op path
-    reads: each distribution's digest under a fingerprint of its RECORD and its files'
-    stamps, and each source file's SHA-256 and parsed facts (imports, top-level names).
-    Only settled stamps are remembered. Read through `cutecc.trust` (refused: planning
-    starts from nothing and writes nothing back); `path=None` remembers within the run;
-    `write=False` (a dry run, a read-only build) reads what was remembered and writes nothing
-    into the cache. Behind the cache's own facts, the user's planning memory (`planmemory`:
-    parsed facts by content, distributions' and closures' by the same stamps) answers what
-    the cache does not, and learns what the run computed (a dry run's too: it is no cache)."""
+    so that a no-op build reads no installed code, only stats it. Two files in the store
+    (their records: `planfacts`): `path` holds the SHA-256 of installed files (large:
+    torch's 14,000; loaded only when a distribution's stamps changed), and `planfacts.json`
+    beside it what the no-op path reads: each distribution's digest under a fingerprint of
+    its RECORD and its files' stamps, and each source file's SHA-256 and parsed facts
+    (imports, top-level names). Only settled stamps are remembered. Read through
+    `cutecc.trust` (refused: planning starts from nothing and writes nothing back);
+    `path=None` remembers within the run; `write=False` (a dry run, a read-only build) reads
+    what was remembered and writes nothing into the cache. Behind the cache's own facts, the
+    user's planning memory (`planmemory`: parsed facts by content, distributions' and
+    closures' by the same stamps) answers what the cache does not, and learns what the run
+    computed (a dry run's too: it is no cache)."""
 
     def __init__(self, path: Path | None, write: bool = True, memory: PlanMemory | None = None) -> None:
         self.path = path
@@ -103,51 +117,44 @@ class HashCache:
             planmemory.directory(), parser_id())
         self.write = write
         self.facts_path = None if path is None else path.with_name(FACTS)
-        self._hashes: dict[str, list[Any]] | None = None if path is not None else {}
+        self._hashes: HashesFile | None = None if path is not None else HashesFile.of()
         self._refused = False
         self._dirty: set[str] = set()
-        doc = self._load(self.facts_path, MAX_FACTS_BYTES)
-        if doc.get("parser") != parser_id():  # facts another cutecc's parsing produced
-            doc = {}
-        self._dists: dict[str, list[Any]] = dict(doc.get("dists") or {})
-        self._sources: dict[str, list[Any]] = dict(doc.get("sources") or {})
-        # import closures (`closure`): {key and context: [key, body digest]}, {digest: body}
-        closures, bodies = doc.get("closures"), doc.get("closure_bodies")
-        self._closures: dict[str, list[Any]] = dict(closures) if isinstance(closures, dict) else {}
-        self._bodies: dict[str, Any] = dict(bodies) if isinstance(bodies, dict) else {}
+        data = self._read(self.facts_path, MAX_FACTS_BYTES)
+        self._facts = (data is not None and PlanFacts.loads(data, MAX_FACTS_BYTES, parser_id())
+                       or PlanFacts.of(parser_id()))
         # What the cache knew when loaded: the user's memory (`planmemory`) is asked and told
         # only of what it did not know (a new cache, a new file), never of what an edit or a
         # reinstall changed (the edit-and-rebuild loop reads and writes no memory).
-        self._known = (set(self._dists), set(self._sources), set(self._closures))
+        f = self._facts
+        self._known = (set(f.dists.names()), set(f.sources.names()), set(f.closures.names()))
         self._stamps: dict[str, str | None] = {}  # this pass's (`_stamp`)
         self._valid: dict[str, bool] = {}  # body digest -> `_holds`, this pass
 
-    def _load(self, path: Path | None, limit: int) -> dict[str, Any]:
+    def _read(self, path: Path | None, limit: int) -> bytes | None:
+        """The bytes of planning file `path`, None when absent, unreadable or refused."""
         if path is None:
-            return {}
+            return None
         try:
-            doc = parse_json(trust.read_path(path, limit), limit)
+            return trust.read_path(path, limit)
         except trust.Untrusted:
             self._refused = True
-            return {}
         except (OSError, ValueError):
-            return {}
-        if not (isinstance(doc, dict) and doc.get("format") == HASH_CACHE_FORMAT
-                and all(isinstance(doc.get(k, {}), dict) for k in ("dists", "sources"))):
-            return {}  # damaged or another format: planned afresh, and written anew
-        return doc
+            pass
+        return None
 
     def sha256(self, f: str) -> str:
         """SHA-256 of installed file `f` ("missing" when it cannot be read)."""
         if self._hashes is None:
-            self._hashes = dict(self._load(self.path, MAX_HASHES_BYTES).get("files") or {})
+            data = self._read(self.path, MAX_HASHES_BYTES)
+            self._hashes = data is not None and HashesFile.loads(data, MAX_HASHES_BYTES) or HashesFile.of()
         try:
             st = os.stat(f)
         except OSError:
             return "missing"
-        rec = self._hashes.get(f)
-        if isinstance(rec, list) and rec[:-1] == stamp(st) and isinstance(rec[-1], str):
-            return rec[-1]
+        rec = self._hashes.files.get(f)
+        if rec is not None and rec.stamp == stamp(st):
+            return rec.sha256
         h = hashlib.sha256()
         try:
             with open(f, "rb") as fh:
@@ -158,83 +165,75 @@ class HashCache:
         except OSError:
             return "missing"
         if stamp(before) == stamp(after) and settled(after):
-            self._hashes[f] = [*stamp(after), h.hexdigest()]
+            self._hashes.files.put(f, FileHash(stamp(after), h.hexdigest()))
             self._dirty.add("files")
         return h.hexdigest()
 
-    def source(self, f: str, parse: Callable[[bytes], dict[str, Any]], kind: str = "source"
-               ) -> dict[str, Any]:
-        """Facts of source file `f`: `parse(its bytes)` plus its "sha256", from the cache
-        while its stamp holds (`kind` names what `parse` reads). `parse` raising (a syntax
-        error) is not remembered; a file over MAX_SOURCE_FILE_BYTES is refused by name."""
-        key = f"{kind}:{f}"
-        rec = self._sources.get(key)
-        if isinstance(rec, list) and len(rec) == 2 and isinstance(rec[1], dict):
+    def source(self, f: str, kind: type[P], parse: Callable[[bytes], P]) -> Sourced[P]:
+        """Facts of source file `f`: its SHA-256 and `parse(its bytes)` (of `kind`), from the
+        cache while its stamp holds. `parse` raising (a syntax error) is not remembered; a
+        file over MAX_SOURCE_FILE_BYTES is refused by name."""
+        key = f"{kind.kind()}:{f}"
+        rec = self._facts.sources.get(key)
+        if rec is not None and isinstance(rec.parsed, kind):
             with contextlib.suppress(OSError):
-                if rec[0] == stamp(os.stat(f)):
-                    return rec[1]
+                if rec.stamp == stamp(os.stat(f)):
+                    return rec
         data, sha256, st = _read_stamped(f)
         memory = self.memory if key not in self._known[1] else None
         known = memory.parsed(kind, sha256) if memory is not None else None
         if known is None:
             known = parse(data)
             if memory is not None:
-                memory.remember_parsed(kind, sha256, known)
-        facts = {**known, "sha256": sha256}
+                memory.remember_parsed(sha256, known)
         del data
         if st is not None and settled(st):
-            self._sources[key] = [stamp(st), facts]
+            got = Sourced(stamp(st), sha256, known)
+            self._facts.sources.put(key, got)
             self._dirty.add("facts")
-        return facts
+            return got
+        return Sourced(None, sha256, known)
 
     def closure(self, key: str, context: str) -> list[tuple[str, str, bool]] | None:
         """The import closure remembered under `key` (`cutecc.plan.key.SourceIndex._closure`):
         `(file, module, is a package)` per member, while the context is the same and every
         member file and every path its lookups read has the stamp it had then. None otherwise."""
-        rec = self._closures.get(f"{key}\0{context}")
-        if rec is None and self.memory is not None and f"{key}\0{context}" not in self._known[2] \
-                and (got := self.memory.closure(f"{key}\0{context}")) \
-                and got[0] == hashlib.sha256(json.dumps(got[1], separators=(",", ":")).encode()).hexdigest():
-            rec = [key, got[0]]  # the user's memory: checked as this cache's own, then kept here
-            self._closures[f"{key}\0{context}"], self._bodies[got[0]] = rec, got[1]
+        where = f"{key}\0{context}"
+        ref = self._facts.closures.get(where)
+        if ref is None and self.memory is not None and where not in self._known[2] \
+                and (got := self.memory.closure(where)) and got[1].digest() == got[0]:
+            ref = ClosureRef(key, got[0])  # the user's memory: checked as this cache's own, then kept here
+            self._facts.closures.put(where, ref)
+            self._facts.bodies.put(got[0], got[1])
             self._dirty.add("facts")
-        digest = rec[1] if isinstance(rec, list) and len(rec) == 2 and rec[0] == key \
-            and isinstance(rec[1], str) else None
-        body = self._bodies.get(digest) if digest is not None else None
-        if digest is None or not (isinstance(body, list) and len(body) == 2):
+        body = self._facts.bodies.get(ref.digest) if ref is not None and ref.key == key else None
+        if ref is None or body is None:
             return None
-        if digest not in self._valid:
-            self._valid[digest] = self._holds(body)
-        if not self._valid[digest]:
+        if ref.digest not in self._valid:
+            self._valid[ref.digest] = self._holds(body)
+        if not self._valid[ref.digest]:
             return None
-        return [(str(f), str(name), bool(is_pkg)) for f, name, is_pkg, _ in body[0]]
+        return [(m.file, m.module, m.is_pkg) for m in body.members]
 
-    def _holds(self, body: list[Any]) -> bool:
+    def _holds(self, body: ClosureBody) -> bool:
         """Whether nothing a remembered closure depends on has changed: its member files'
         stamps, and for each directory searched either its stamp (the same listing) or, when
         it changed (a lock written beside the manifest), the stamps of the paths in it that
         decided the lookups (`modfind.candidates`: present as they were, absent still absent).
         A file read for its effect on `__path__` has no candidates, nor a path entry that is not
         a directory (a zip archive): any change counts."""
-        try:
-            members, dirs = body
-            for f, name, is_pkg, st in members:
-                if not (isinstance(f, str) and isinstance(name, str) and isinstance(is_pkg, bool)
-                        and os.path.isabs(f)) or self._stamp(f) != st:
-                    return False
-            for p, st, tails, present in dirs:
-                if not (isinstance(p, str) and isinstance(tails, list) and isinstance(present, dict)
-                        and all(isinstance(t, str) for t in tails)):
-                    return False
-                if self._stamp(p) == st:
-                    continue
-                # a zip archive (or other file) on the path: its candidates have no stamps
-                # of their own (a module added inside leaves them all absent), so any change counts
-                if not tails or not os.path.isdir(p) or any(self._stamp(c) != present.get(c)
-                                    for t in tails for c in modfind.candidates(p, t)):
-                    return False
-        except (TypeError, ValueError, AttributeError):
-            return False  # damaged: walked afresh
+        for m in body.members:
+            if self._stamp(m.file) != m.stamp:
+                return False
+        for d in body.dirs:
+            if self._stamp(d.path) == d.stamp:
+                continue
+            # a zip archive (or other file) on the path: its candidates have no stamps
+            # of their own (a module added inside leaves them all absent), so any change counts
+            if not d.tails or not os.path.isdir(d.path) or any(
+                    self._stamp(c) != d.present.get(c) for t in d.tails
+                    for c in modfind.candidates(d.path, t)):
+                return False
         return True
 
     def _stamp(self, p: str) -> str | None:
@@ -265,61 +264,58 @@ class HashCache:
             times.append(st)
             return None if st is None else ":".join(map(str, st))
 
-        rows = [[f, name, is_pkg, text(f)] for f, name, is_pkg in sorted(members)]
+        rows = [(f, name, is_pkg, text(f)) for f, name, is_pkg in sorted(members)]
         dirs = []
         for p, ts in sorted(tails.items()):
             present = {c: got for t in sorted(ts) for c in modfind.candidates(p, t)
                        if (got := text(c)) is not None}
-            dirs.append([p, text(p), sorted(ts), present])
+            dirs.append(Searched(p, text(p), sorted(ts), present))
         if any(r[3] is None for r in rows) or any(
                 st is not None and st[2] > since_ns - SETTLE_NS for st in times):
             return
-        body = [rows, dirs]
-        digest = hashlib.sha256(json.dumps(body, separators=(",", ":")).encode()).hexdigest()
+        body = ClosureBody(tuple(Member(f, n, k, st) for f, n, k, st in rows if st is not None), tuple(dirs))
+        digest = body.digest()
         # One record per context (`python -m cutecc` and the `cutecc` script search from
         # different first entries of sys.path): the newest CLOSURE_CONTEXTS of each key.
-        mine = [k for k, v in self._closures.items() if isinstance(v, list) and v[:1] == [key]]
+        closures = self._facts.closures
+        mine = [k for k in closures.names() if (r := closures.get(k)) is not None and r.key == key]
         for k in mine[: max(0, len(mine) + 1 - CLOSURE_CONTEXTS)]:
-            del self._closures[k]
-        self._closures.pop(f"{key}\0{context}", None)
-        self._closures[f"{key}\0{context}"] = [key, digest]
-        self._bodies[digest] = body
+            closures.drop(k)
+        closures.put(f"{key}\0{context}", ClosureRef(key, digest), last=True)
+        self._facts.bodies.put(digest, body)
         self._valid[digest] = True
         self._dirty.add("facts")
         if self.memory is not None and f"{key}\0{context}" not in self._known[2]:
-            self.memory.remember_closure(f"{key}\0{context}", key, digest, body)
-
-    def _live_bodies(self) -> dict[str, Any]:
-        """The closure bodies some remembered closure still names."""
-        live = {v[1] for v in self._closures.values() if isinstance(v, list) and len(v) == 2}
-        return {k: v for k, v in self._bodies.items() if k in live}
+            self.memory.remember_closure(f"{key}\0{context}", ClosureRef(key, digest), body)
 
     def dist_digest(self, where: str, fingerprint: str) -> str | None:
         """The digest remembered for the distribution at `where` under `fingerprint`."""
-        got = self.recall(where, fingerprint)
-        return got if isinstance(got, str) else None
+        return self.recall(where, fingerprint, DIGEST)
 
     def remember_dist(self, where: str, fingerprint: str, digest: str) -> None:
-        self.remember(where, fingerprint, digest)
+        self.remember(where, fingerprint, DIGEST, digest)
 
-    def recall(self, where: str, fingerprint: str) -> Any:
+    def recall(self, where: str, fingerprint: str, kind: Fact[T]) -> T | None:
         """What was remembered of an installed distribution under `where` (a path and what
-        was computed from it) while `fingerprint` (the stamps it was computed under) holds."""
-        rec = self._dists.get(where)
-        if isinstance(rec, list) and len(rec) == 2 and rec[0] == fingerprint:
-            return rec[1]
+        was computed from it, a `kind` of fact) while `fingerprint` (the stamps it was
+        computed under) holds; None otherwise, or when of another shape."""
+        rec = self._facts.dists.get(where)
+        if rec is not None and rec.fingerprint == fingerprint:
+            return kind.load(rec.value)
         if self.memory is not None and where not in self._known[0] and (
-                got := self.memory.recall(where, fingerprint)) is not None:
-            self._dists[where] = [fingerprint, got]  # this cache remembers it too
+                got := self.memory.recall(where, fingerprint)) is not None \
+                and (value := kind.load(got.value)) is not None:
+            self._facts.dists.put(where, got)  # this cache remembers it too
             self._dirty.add("facts")
-            return got
+            return value
         return None
 
-    def remember(self, where: str, fingerprint: str, value: Any) -> None:
-        self._dists[where] = [fingerprint, value]
+    def remember(self, where: str, fingerprint: str, kind: Fact[T], value: T) -> None:
+        rec = DistRecord(fingerprint, kind.dump(value))
+        self._facts.dists.put(where, rec)
         self._dirty.add("facts")
         if self.memory is not None and where not in self._known[0]:
-            self.memory.remember(where, fingerprint, value)
+            self.memory.remember(where, rec)
 
     def save(self) -> None:
         """Write what was learned (best-effort: a read-only cache is fine), and add it to the
@@ -332,14 +328,9 @@ class HashCache:
 
         with contextlib.suppress(OSError):
             if "files" in self._dirty and self._hashes is not None:
-                write_planning(self.path, json.dumps({"format": HASH_CACHE_FORMAT, "files": self._hashes},
-                                                   separators=(",", ":")).encode())
+                write_planning(self.path, self._hashes.dumps())
             if "facts" in self._dirty and self.facts_path is not None:
-                write_planning(self.facts_path, json.dumps(
-                    {"format": HASH_CACHE_FORMAT, "parser": parser_id(), "dists": self._dists,
-                     "sources": self._sources, "closures": self._closures,
-                     "closure_bodies": self._live_bodies()},
-                    separators=(",", ":")).encode())
+                write_planning(self.facts_path, self._facts.dumps())
             self._dirty.clear()
 
 
@@ -351,7 +342,7 @@ def parser_id() -> str:
     root = Path(__file__).resolve().parent.parent  # cutecc/
     h = hashlib.sha256()
     for name in ("toolchain/dists.py", "toolchain/hashcache.py", "plan/key.py", "toolchain/modfind.py",
-                 "toolchain/planmemory.py"):
+                 "toolchain/planmemory.py", "toolchain/planfacts.py"):
         with contextlib.suppress(OSError):
             h.update(name.encode() + b"\0" + (root / name).read_bytes())
     return h.hexdigest()[:16]

@@ -30,19 +30,25 @@ holding the facts of the newest PARSERS parsers; never inside a cache.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
 
 from cutecc import trust
 from cutecc.atomic import atomic_write
-from cutecc.entry import parse_json
+from cutecc.toolchain.planfacts import (
+    ClosureBody,
+    ClosureRef,
+    DistRecord,
+    MemoryFile,
+    P,
+    ParserFacts,
+    PathEffect,
+    SourceFacts,
+)
 
 ENV = "CUTECC_PLAN_MEMORY"
 FILE = "planmemory.json"
-FORMAT = 1
 MAX_BYTES = 96 << 20
 PARSERS = 3  # the parsers (cutecc versions) whose facts one file holds, newest last
 CLOSURES = 256  # import closures held (`HashCache.closure`'s records), the newest
@@ -61,148 +67,104 @@ def directory() -> Path | None:
     return Path(platformdirs.user_cache_dir("cutecc-planning", appauthor=False))
 
 
-def _valid_source(v: Any) -> bool:
-    """The shape `cutecc.plan.key._parse` gives: imports `[level, module, names | None]`
-    and top-level names (None: it may make names at run time)."""
-    if not (isinstance(v, dict) and set(v) == {"imports", "names"}):
-        return False
-    names, imports = v["names"], v["imports"]
-    return (names is None or (isinstance(names, list) and all(isinstance(n, str) for n in names))) and \
-        isinstance(imports, list) and all(
-            isinstance(i, list) and len(i) == 3 and type(i[0]) is int and isinstance(i[1], str)
-            and (i[2] is None or (isinstance(i[2], list) and all(isinstance(n, str) for n in i[2])))
-            for i in imports)
-
-
-# the kinds of parsed facts the memory holds (`HashCache.source`'s `kind`), each with its shape
-KINDS = {"source": _valid_source,
-         "path_effect": lambda v: isinstance(v, dict) and set(v) == {"effect"}
-         and isinstance(v["effect"], str)}
-
-
-def _dict(x: Any) -> dict[str, Any]:
-    return dict(x) if isinstance(x, dict) else {}
-
-
 class PlanMemory:
     """The memory of parser `parser` in `where` (a directory; None: remembered within the run only)."""
 
     def __init__(self, where: Path | None, parser: str) -> None:
         self.file = None if where is None else where / FILE
         self.parser = parser
-        self._parsed: dict[str, Any] | None = None  # "kind:sha256" -> facts (loaded lazily)
-        self._dists: dict[str, Any] = {}
-        self._closures: dict[str, Any] = {}  # key and context -> [key, body digest]
-        self._bodies: dict[str, Any] = {}
-        self._new_parsed: dict[str, Any] = {}
-        self._new_dists: dict[str, Any] = {}
-        self._new_closures: dict[str, Any] = {}
+        self._mine: ParserFacts | None = None  # what the file holds of this parser (loaded lazily)
+        self._new = ParserFacts.of()  # what this run learned, added to the file by `save`
         self._refused = False
 
-    def _load(self) -> None:
-        if self._parsed is not None:
-            return
-        doc = self._read()
-        mine = _dict(_dict(doc.get("parsers")).get(self.parser))
-        # (what this run told it before it was first asked, kept over what was read)
-        self._parsed = {**_dict(mine.get("parsed")), **self._new_parsed}
-        self._dists = {**_dict(mine.get("dists")), **self._dists}
-        self._closures = {**_dict(mine.get("closures")), **self._closures}
-        self._bodies = {**_dict(mine.get("bodies")), **self._bodies}
+    def _load(self) -> ParserFacts:
+        if self._mine is None:
+            doc = self._read()
+            self._mine = ParserFacts.of() if doc is None else doc.facts(self.parser)
+            self._mine.update(self._new)  # what this run told it before it was first asked
+        return self._mine
 
-    def _read(self) -> dict[str, Any]:
+    def _read(self) -> MemoryFile | None:
         if self.file is None:
-            return {}
+            return None
         try:
-            doc = parse_json(trust.read_path(self.file, MAX_BYTES), MAX_BYTES)
+            return MemoryFile.loads(trust.read_path(self.file, MAX_BYTES), MAX_BYTES)
         except trust.Untrusted:
             self._refused = True  # another user's (or a link): never read, never written
-            return {}
-        except (OSError, ValueError, RecursionError):
-            return {}  # absent, over the bound or damaged: written anew
-        return doc if isinstance(doc, dict) and doc.get("format") == FORMAT else {}
+        except (OSError, ValueError):
+            pass  # absent or over the bound: written anew
+        return None
 
-    def parsed(self, kind: str, sha256: str) -> dict[str, Any] | None:
+    def parsed(self, kind: type[P], sha256: str) -> P | None:
         """The facts parsing content `sha256` as `kind` gave (None: not remembered)."""
-        check = KINDS.get(kind)
-        if check is None:
-            return None
-        self._load()
-        assert self._parsed is not None
-        got = self._parsed.get(f"{kind}:{sha256}")
-        return dict(got) if isinstance(got, dict) and check(got) else None
+        got = self._load().parsed.get(f"{kind.kind()}:{sha256}")
+        return got if isinstance(got, kind) else None
 
-    def remember_parsed(self, kind: str, sha256: str, facts: dict[str, Any]) -> None:
-        if kind in KINDS and KINDS[kind](facts):  # (added to the file by `save`, unread till then)
-            self._new_parsed[f"{kind}:{sha256}"] = facts
-            if self._parsed is not None:
-                self._parsed[f"{kind}:{sha256}"] = facts
+    def remember_parsed(self, sha256: str, facts: SourceFacts | PathEffect) -> None:
+        name = f"{facts.kind()}:{sha256}"  # (added to the file by `save`, unread till then)
+        self._new.parsed.put(name, facts)
+        if self._mine is not None:
+            self._mine.parsed.put(name, facts)
 
-    def recall(self, where: str, fingerprint: str) -> Any:
-        """`HashCache.recall`'s answer from this memory."""
-        self._load()
-        rec = self._dists.get(where)
-        return rec[1] if isinstance(rec, list) and len(rec) == 2 and rec[0] == fingerprint else None
+    def recall(self, where: str, fingerprint: str) -> DistRecord | None:
+        """`HashCache.recall`'s record from this memory, when of `fingerprint`."""
+        rec = self._load().dists.get(where)
+        return rec if rec is not None and rec.fingerprint == fingerprint else None
 
-    def remember(self, where: str, fingerprint: str, value: Any) -> None:
-        self._dists[where] = self._new_dists[where] = [fingerprint, value]
+    def remember(self, where: str, rec: DistRecord) -> None:
+        self._new.dists.put(where, rec)
+        if self._mine is not None:
+            self._mine.dists.put(where, rec)
 
-    def closure(self, where: str) -> tuple[str, Any] | None:
-        """The closure record remembered under `where` (its key and context) and its body,
+    def closure(self, where: str) -> tuple[str, ClosureBody] | None:
+        """The digest and body of the closure remembered under `where` (its key and context),
         unchecked (`HashCache.closure` checks it as its own)."""
-        self._load()
-        rec = self._closures.get(where)
-        if not (isinstance(rec, list) and len(rec) == 2 and isinstance(rec[1], str)):
-            return None
-        body = self._bodies.get(rec[1])
-        return None if body is None else (rec[1], body)
+        mine = self._load()
+        assert mine.closures is not None and mine.bodies is not None
+        ref = mine.closures.get(where)
+        body = None if ref is None else mine.bodies.get(ref.digest)
+        return None if ref is None or body is None else (ref.digest, body)
 
-    def remember_closure(self, where: str, key: str, digest: str, body: Any) -> None:
-        self._closures.pop(where, None)
-        self._closures[where] = [key, digest]
-        self._bodies[digest] = body
-        self._new_closures[where] = ([key, digest], body)
+    def remember_closure(self, where: str, ref: ClosureRef, body: ClosureBody) -> None:
+        for facts, last in ((self._new, False), (self._mine, True)):
+            if facts is not None and facts.closures is not None and facts.bodies is not None:
+                facts.closures.put(where, ref, last=last)
+                facts.bodies.put(ref.digest, body)
 
     def save(self) -> None:
         """Add what this run learned to the file (best-effort: a memory, not a record)."""
-        if self.file is None or self._refused or not (
-                self._new_parsed or self._new_dists or self._new_closures):
+        new = self._new
+        if self.file is None or self._refused or not (new.parsed or new.dists or new.closures):
             return
+        assert new.closures is not None and new.bodies is not None
         with contextlib.suppress(OSError):
             self.file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             st = os.lstat(self.file.parent)
             if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
                 return  # not a directory of this user's
-            doc = self._read()  # what others wrote meanwhile, kept
+            doc = self._read() or MemoryFile({})  # what others wrote meanwhile, kept
             if self._refused:
                 return
-            held = doc.get("parsers")
-            parsers = {k: v for k, v in held.items() if isinstance(v, dict)} if isinstance(held, dict) else {}
-            mine = _dict(parsers.pop(self.parser, {}))
-            parsed = _dict(mine.get("parsed"))
-            dists = _dict(mine.get("dists"))
-            parsed.update(self._new_parsed)
-            dists.update(self._new_dists)
-            closures = _dict(mine.get("closures"))
-            bodies = _dict(mine.get("bodies"))
-            for where, (rec, body) in self._new_closures.items():
-                closures.pop(where, None)
-                closures[where] = rec
-                bodies[rec[1]] = body
-            while len(closures) > CLOSURES:
-                del closures[next(iter(closures))]
-            live = {r[1] for r in closures.values() if isinstance(r, list) and len(r) == 2}
-            bodies = {k: v for k, v in bodies.items() if k in live}
-            parsers[self.parser] = {"parsed": parsed, "dists": dists, "closures": closures, "bodies": bodies}
-            while len(parsers) > PARSERS:
-                del parsers[next(iter(parsers))]
-            data = json.dumps({"format": FORMAT, "parsers": parsers}, separators=(",", ":")).encode()
+            mine = doc.facts(self.parser)
+            assert mine.closures is not None and mine.bodies is not None
+            mine.parsed.update(new.parsed)
+            mine.dists.update(new.dists)
+            for where in new.closures.names():
+                ref, body = new.closures.get(where), None
+                if ref is not None and (body := new.bodies.get(ref.digest)) is not None:
+                    mine.closures.put(where, ref, last=True)
+                    mine.bodies.put(ref.digest, body)
+            while len(mine.closures) > CLOSURES:
+                mine.closures.drop(mine.closures.names()[0])
+            live = {r.digest for k in mine.closures.names() if (r := mine.closures.get(k)) is not None}
+            for digest in mine.bodies.names():
+                if digest not in live:
+                    mine.bodies.drop(digest)
+            data = doc.dumps(self.parser, mine, PARSERS)
             if len(data) > MAX_BYTES:  # only this parser's, and from this run's alone if need be
-                data = json.dumps({"format": FORMAT, "parsers": {self.parser: {
-                    "parsed": self._new_parsed, "dists": self._new_dists}}}, separators=(",", ":")).encode()
+                alone = ParserFacts(new.parsed, new.dists, None, None)
+                data = MemoryFile({}).dumps(self.parser, alone, PARSERS)
                 if len(data) > MAX_BYTES:
                     return
             atomic_write(self.file, data, mode=0o600)
-            self._new_parsed.clear()
-            self._new_dists.clear()
-            self._new_closures.clear()
+            self._new = ParserFacts.of()

@@ -249,25 +249,26 @@ def test_remembered_facts_of_another_parser_are_parsed_again(tmp_path: Path, mon
 
     from cutecc.toolchain import hashcache
     from cutecc.toolchain.hashcache import FACTS, HashCache
+    from cutecc.toolchain.planfacts import SourceFacts
 
     monkeypatch.setattr(hashcache, "SETTLE_NS", 0)  # remember a stamp made just now
     src = tmp_path / "m.py"
     src.write_text("import os\n")
     calls: list[int] = []
 
-    def parse(data: bytes) -> dict:
+    def parse(data: bytes) -> SourceFacts:
         calls.append(1)
-        return {"imports": ["os"]}
+        return SourceFacts([[0, "os", None]], ["os"])
 
     first = HashCache(tmp_path / "filehashes.json")
-    first.source(str(src), parse)
+    first.source(str(src), SourceFacts, parse)
     first.save()
-    HashCache(tmp_path / "filehashes.json").source(str(src), parse)
+    HashCache(tmp_path / "filehashes.json").source(str(src), SourceFacts, parse)
     assert len(calls) == 1  # remembered
     doc = json.loads((tmp_path / FACTS).read_text())
     doc["parser"] = "0" * 16
     (tmp_path / FACTS).write_text(json.dumps(doc))
-    HashCache(tmp_path / "filehashes.json").source(str(src), parse)
+    HashCache(tmp_path / "filehashes.json").source(str(src), SourceFacts, parse)
     assert len(calls) == 2  # another parser's facts: parsed again
 
 

@@ -19,10 +19,11 @@ import cutecc.plan.key
 import cutecc.toolchain.dists
 from cutecc.toolchain import hashcache, planmemory
 from cutecc.toolchain.hashcache import HashCache, parser_id
+from cutecc.toolchain.planfacts import DIGEST, LISTED, Listed, SourceFacts
 from cutecc.toolchain.planmemory import FILE, PlanMemory
 from tests.key.test_installed_code import BOTH, LIB, _walks, forget, install, planned, project
 
-SOURCE = {"imports": [[0, "os", None]], "names": ["os"]}
+SOURCE = SourceFacts([[0, "os", None]], ["os"])
 
 
 @pytest.fixture
@@ -49,9 +50,9 @@ def memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def _counting() -> tuple[list[int], object]:
     calls: list[int] = []
 
-    def parse(data: bytes) -> dict:
+    def parse(data: bytes) -> SourceFacts:
         calls.append(1)
-        return dict(SOURCE)
+        return SOURCE
 
     return calls, parse
 
@@ -62,18 +63,19 @@ def test_a_new_cache_is_served_parsed_facts_by_content_and_an_edit_is_parsed(
     src.write_text("import os\n")
     calls, parse = _counting()
     first = HashCache(tmp_path / "a/filehashes.json")
-    got = first.source(str(src), parse)
+    got = first.source(str(src), SourceFacts, parse)
     first.save()
     assert len(calls) == 1 and (memory / FILE).is_file()
-    again = HashCache(tmp_path / "b/filehashes.json").source(str(src), parse)  # another, empty cache
+    # another, empty cache
+    again = HashCache(tmp_path / "b/filehashes.json").source(str(src), SourceFacts, parse)
     assert len(calls) == 1 and again == got  # served from the memory, the SHA-256 read anew
     copy = tmp_path / "elsewhere.py"  # the same bytes anywhere: the same facts
     copy.write_bytes(src.read_bytes())
-    HashCache(tmp_path / "c/filehashes.json").source(str(copy), parse)
+    HashCache(tmp_path / "c/filehashes.json").source(str(copy), SourceFacts, parse)
     assert len(calls) == 1
     src.write_text("import sys\n")  # an edit: new bytes, parsed whatever the memory holds
-    edited = HashCache(tmp_path / "d/filehashes.json").source(str(src), parse)
-    assert len(calls) == 2 and edited["sha256"] != got["sha256"]
+    edited = HashCache(tmp_path / "d/filehashes.json").source(str(src), SourceFacts, parse)
+    assert len(calls) == 2 and edited.sha256 != got.sha256
 
 
 def test_another_parser_facts_are_not_served(tmp_path: Path, memory: Path) -> None:
@@ -81,9 +83,9 @@ def test_another_parser_facts_are_not_served(tmp_path: Path, memory: Path) -> No
     src.write_text("import os\n")
     calls, parse = _counting()
     first = HashCache(tmp_path / "a/filehashes.json", memory=PlanMemory(memory, "0" * 16))
-    first.source(str(src), parse)
+    first.source(str(src), SourceFacts, parse)
     first.save()
-    HashCache(tmp_path / "b/filehashes.json").source(str(src), parse)  # this cutecc's parser
+    HashCache(tmp_path / "b/filehashes.json").source(str(src), SourceFacts, parse)  # this cutecc's parser
     assert len(calls) == 2
 
 
@@ -107,13 +109,13 @@ def test_a_damaged_memory_is_ignored_and_written_anew(
         (memory / FILE).write_text("[" * 100_000 + "]" * 100_000)
     calls, parse = _counting()
     cache = HashCache(tmp_path / "a/filehashes.json")
-    assert cache.source(str(src), parse)["imports"] == SOURCE["imports"]
-    assert cache.recall("x", "fp") is None
+    assert cache.source(str(src), SourceFacts, parse).parsed == SOURCE
+    assert cache.recall("x", "fp", DIGEST) is None
     assert len(calls) == 1
     monkeypatch.setattr(planmemory, "MAX_BYTES", 96 << 20)
     cache.save()
     doc = json.loads((memory / FILE).read_text())
-    assert doc["parsers"][parser_id()]["parsed"][f"source:{sha}"] == SOURCE
+    assert doc["parsers"][parser_id()]["parsed"][f"source:{sha}"] == SOURCE.to_json()
 
 
 def test_a_memory_file_that_is_a_link_is_refused_never_written(tmp_path: Path, memory: Path) -> None:
@@ -125,7 +127,7 @@ def test_a_memory_file_that_is_a_link_is_refused_never_written(tmp_path: Path, m
     (memory / FILE).symlink_to(target)
     calls, parse = _counting()
     cache = HashCache(tmp_path / "a/filehashes.json")
-    cache.source(str(src), parse)
+    cache.source(str(src), SourceFacts, parse)
     cache.save()
     assert len(calls) == 1 and target.read_text() == "{}" and (memory / FILE).is_symlink()
 
@@ -138,18 +140,20 @@ def test_off_remembers_nothing_outside_the_cache(tmp_path: Path, monkeypatch: py
     calls, parse = _counting()
     for name in ("a", "b"):
         c = HashCache(tmp_path / name / "filehashes.json")
-        c.source(str(src), parse)
+        c.source(str(src), SourceFacts, parse)
         c.save()
     assert len(calls) == 2
 
 
 def test_distribution_facts_are_served_only_under_their_fingerprint(tmp_path: Path, memory: Path) -> None:
     first = HashCache(tmp_path / "a/filehashes.json")
-    first.remember("/site/x.dist-info\0listed", "stamps-1", ["x/__init__.py"])
+    listed = Listed("x/__init__.py", {})
+    first.remember("/site/x.dist-info\0listed", "stamps-1", LISTED, listed)
     first.save()
     other = HashCache(tmp_path / "b/filehashes.json")
-    assert other.recall("/site/x.dist-info\0listed", "stamps-2") is None
-    assert other.recall("/site/x.dist-info\0listed", "stamps-1") == ["x/__init__.py"]
+    assert other.recall("/site/x.dist-info\0listed", "stamps-2", LISTED) is None
+    assert other.recall("/site/x.dist-info\0listed", "stamps-1", LISTED) == listed
+    assert other.recall("/site/x.dist-info\0listed", "stamps-1", DIGEST) is None  # of another shape
 
 
 def test_a_new_cache_plans_from_the_memory_and_an_installed_edit_still_rekeys(
