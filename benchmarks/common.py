@@ -135,7 +135,7 @@ def plant(store: Any, src: Any, items: list[tuple[str, dict[str, Any]]]) -> None
     import json
     import shutil
 
-    from cutecc.entry import ENTRY_FORMAT, META, index_bytes, index_facts, meta_stamp, runtime_record
+    from cutecc.entry.rules import ENTRY_FORMAT, META, index_bytes, index_facts, meta_stamp, runtime_record
 
     rec = runtime_record(src.meta)
     if rec is not None and store.get_runtime(rec["key"]) is None:

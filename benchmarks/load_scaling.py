@@ -35,7 +35,7 @@ def real_entry(cache: Path, kernel: str = "mul", variant: str = "dtype=float32")
 def synthesize(src: Any, dst: Path, n: int) -> None:
     """A cache at `dst` holding `src` and n-1 distinct valid filler entries (and the runtime
     library they link against)."""
-    from cutecc.entry import compute_key
+    from cutecc.entry.rules import compute_key
     from cutecc.store import Store
 
     store = Store(dst)

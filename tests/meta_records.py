@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from cutecc.entry import runtime_soname
-from cutecc.entry_meta import EntryMeta, RuntimeLink, RuntimeMeta
+from cutecc.entry.meta import EntryMeta, RuntimeLink, RuntimeMeta
+from cutecc.entry.rules import runtime_soname
 from cutecc.platforms import BUILD_PLATFORM
 
 NO_RUNTIME = RuntimeLink("0" * 64, runtime_soname("0" * 64), "0" * 64, 0)

@@ -17,7 +17,7 @@ import hashlib
 from pathlib import Path
 
 from cutecc import cubin
-from cutecc.entry import MAX_LIBRARY_BYTES, ArtifactRec
+from cutecc.entry.rules import MAX_LIBRARY_BYTES, ArtifactRec
 
 
 def digest(path: Path) -> ArtifactRec:

@@ -40,7 +40,7 @@ from cutecc.build.timings import Timings
 from cutecc.build.workers import BuildJob, Result, ensure_runtime
 from cutecc.contract.composite_line import CompositeLine
 from cutecc.contract.fallbacks import FallbackRef, refs_to_json
-from cutecc.entry_meta import EntryMeta
+from cutecc.entry.meta import EntryMeta
 from cutecc.errors import CuteccError, WorkError
 from cutecc.lock.lockfile import Environment, Lock, LockEntry, Merged, merge_build, record_lock
 from cutecc.manifest import Manifest

@@ -28,7 +28,7 @@ import subprocess
 from pathlib import Path
 
 from cutecc.build.compiler import INNER_SYMBOL
-from cutecc.entry import runtime_soname
+from cutecc.entry.rules import runtime_soname
 from cutecc.errors import WorkError
 from cutecc.platforms import BUILD_PLATFORM
 from cutecc.toolchain.versions import (

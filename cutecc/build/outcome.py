@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from cutecc.build.timings import Timings
-from cutecc.entry_meta import EntryMeta
+from cutecc.entry.meta import EntryMeta
 from cutecc.plan.build_plan import Planned
 from cutecc.ship import remote as remote_cache
 from cutecc.store.index_record import IndexFacts

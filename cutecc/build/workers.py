@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from cutecc import environ
 from cutecc.build import artifact
 from cutecc.contract.args import args_to_json
-from cutecc.entry import LIBRARY, runtime_soname
-from cutecc.entry_meta import EntryMeta, RuntimeLink, RuntimeMeta
+from cutecc.entry.meta import EntryMeta, RuntimeLink, RuntimeMeta
+from cutecc.entry.rules import LIBRARY, runtime_soname
 from cutecc.errors import CuteccError, WorkError
 from cutecc.manifest import Manifest, Variant
 from cutecc.plan import keyed_sources

@@ -16,7 +16,7 @@ from typing import Any
 
 from cutecc.archs import parse_archs
 from cutecc.commands.report import Report
-from cutecc.entry import label
+from cutecc.entry.rules import label
 from cutecc.errors import CuteccError
 from cutecc.manifest import find_manifest, load_manifest
 from cutecc.plan.build_plan import plan

@@ -20,7 +20,7 @@ from typing import Any
 
 from cutecc import environ
 from cutecc.commands.report import Report
-from cutecc.entry import file_record
+from cutecc.entry.rules import file_record
 from cutecc.errors import CuteccError, WorkError
 from cutecc.lock.lockfile import LockEntry, read_trusted_lock
 from cutecc.ship import remote as remote_cache

@@ -23,7 +23,8 @@ from cutecc.archs import parse_archs
 from cutecc.atomic import atomic_write
 from cutecc.commands.report import Report
 from cutecc.contract.composite_line import CompositeLine
-from cutecc.entry import (
+from cutecc.entry.meta import RuntimeLink, RuntimeMeta
+from cutecc.entry.rules import (
     MAX_LIBRARY_BYTES,
     MAX_META_BYTES,
     STORE_FORMAT,
@@ -31,7 +32,6 @@ from cutecc.entry import (
     parse_json,
     runtime_meta_problem,
 )
-from cutecc.entry_meta import RuntimeLink, RuntimeMeta
 from cutecc.errors import CuteccError, WorkError
 from cutecc.lock.lockfile import LOCK_NAME, Lock, lock_for, read_lock
 from cutecc.platforms import check_platform

@@ -28,8 +28,8 @@ from typing import Any
 from cutecc.build import builder, outcome
 from cutecc.build.artifact import difference
 from cutecc.build.executors import LocalExecutor, compile_limits
-from cutecc.entry import artifact_malformed
-from cutecc.entry_meta import EntryMeta
+from cutecc.entry.meta import EntryMeta
+from cutecc.entry.rules import artifact_malformed
 from cutecc.errors import CuteccError, WorkError
 from cutecc.manifest import Manifest, load_manifest
 from cutecc.plan.build_plan import Planned

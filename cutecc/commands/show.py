@@ -12,7 +12,7 @@ from cutecc.commands.list import call_text
 from cutecc.commands.report import Report
 from cutecc.contract.args import CallingConvention, TensorArg, args_from_json, flat_leaves, stride_text
 from cutecc.contract.cotangents import Cotangents
-from cutecc.entry import call_keywords
+from cutecc.entry.rules import call_keywords
 from cutecc.errors import CuteccError, WorkError
 from cutecc.store.view import Entry, StoreView
 from cutecc.units import human_size, iso
@@ -214,7 +214,7 @@ def _on_gpu(entry: Any, gpu: str) -> dict[str, Any]:
     """How a GPU of arch `gpu` runs the entry (`archs.how_runs`); for PTX, the PTX ISA its
     build recorded and the oldest CUDA driver that JIT-compiles it (`archs.PTX_ISA_OF_DRIVER`)."""
     from cutecc.archs import driver_for_ptx_isa, how_runs, is_ptx, parse_version, show_version
-    from cutecc.entry import ptx_isa_of
+    from cutecc.entry.rules import ptx_isa_of
 
     arch = str(entry.recorded.arch)
     out: dict[str, Any] = {"gpu": gpu, "runs": how_runs(arch, gpu)}

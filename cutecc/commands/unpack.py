@@ -19,8 +19,8 @@ from typing import Any
 
 from cutecc import environ
 from cutecc.commands.report import Report
-from cutecc.entry import MAX_META_BYTES, META, STORE_FORMAT, is_key, parse_json, runtime_record
-from cutecc.entry_meta import EntryMeta, RuntimeLink, RuntimeMeta
+from cutecc.entry.meta import EntryMeta, RuntimeLink, RuntimeMeta
+from cutecc.entry.rules import MAX_META_BYTES, META, STORE_FORMAT, is_key, parse_json, runtime_record
 from cutecc.errors import CuteccError, WorkError
 from cutecc.lock.lockfile import LOCK_NAME, MAX_LOCK_BYTES, Lock, LockEntry
 from cutecc.lock.signing import MAX_SIG_BYTES, SIG_SUFFIX, check_lock

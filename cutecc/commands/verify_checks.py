@@ -16,7 +16,8 @@ import filelock
 from cutecc import trust
 from cutecc.atomic import TMP_NAME
 from cutecc.commands.report import Report
-from cutecc.entry import (
+from cutecc.entry.meta import EntryMeta, RuntimeMeta
+from cutecc.entry.rules import (
     MAX_INDEX_BYTES,
     MAX_META_BYTES,
     RESERVED_FILES,
@@ -24,7 +25,6 @@ from cutecc.entry import (
     is_kernel_name,
     is_key,
 )
-from cutecc.entry_meta import EntryMeta, RuntimeMeta
 from cutecc.errors import CuteccError
 from cutecc.platforms import machine_problem
 from cutecc.runtime.tuning import line_problem, load_cached, sibling_problem

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cutecc.entry import is_kernel_name
+from cutecc.entry.rules import is_kernel_name
 from cutecc.errors import CuteccError
 
 COMPOSITE_FORMAT = 1

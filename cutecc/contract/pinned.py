@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cutecc.contract.buckets import RULES, parse_bucket
-from cutecc.entry import acted_on, bad_pin_field, is_key
-from cutecc.entry_meta import EntryMeta
+from cutecc.entry.meta import EntryMeta
+from cutecc.entry.rules import acted_on, bad_pin_field, is_key
 from cutecc.errors import CuteccError
 
 MAX_TUNING_LINES = 20_000  # tuning lines in one lock or record: buckets x variants x devices

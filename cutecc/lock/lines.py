@@ -18,8 +18,8 @@ from cutecc.contract.pinned import (  # re-exported: the lock's lines
     check_fields,
     parse_tuning_lines,
 )
-from cutecc.entry import is_key, label
-from cutecc.entry_meta import EntryMeta
+from cutecc.entry.meta import EntryMeta
+from cutecc.entry.rules import is_key, label
 from cutecc.errors import CuteccError, WorkError
 from cutecc.platforms import BUILD_PLATFORM, PLATFORMS
 from cutecc.store.index_record import IndexFacts

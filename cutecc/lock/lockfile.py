@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from cutecc.atomic import atomic_write
 from cutecc.contract.composite_line import CompositeLine
-from cutecc.entry import label, parse_json
+from cutecc.entry.rules import label, parse_json
 from cutecc.errors import CuteccError, WorkError
 from cutecc.lock.environment import ENVIRONMENT_FORMAT, Environment
 from cutecc.lock.lines import LockEntry, Tuned, parse_tuning_lines

@@ -32,7 +32,7 @@ from typing import Any
 
 from cutecc import environ, trust
 from cutecc.atomic import atomic_write
-from cutecc.entry import parse_json
+from cutecc.entry.rules import parse_json
 from cutecc.errors import CuteccError, WorkError
 
 KEY_FORMAT = 1

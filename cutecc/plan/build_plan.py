@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from cutecc.contract.args import Arg, ConstArg, StructArg, TupleArg
-from cutecc.entry import compute_key, label
+from cutecc.entry.rules import compute_key, label
 from cutecc.errors import CuteccError
 from cutecc.manifest import Kernel, Manifest, Variant, split_entry
 from cutecc.plan.key import SourceIndex, key_inputs

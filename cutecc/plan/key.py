@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from cutecc.contract.args import args_to_json
-from cutecc.entry import ARTIFACT_FORMAT, compute_key
+from cutecc.entry.rules import ARTIFACT_FORMAT, compute_key
 from cutecc.errors import CuteccError
 from cutecc.manifest import Kernel, Variant
 from cutecc.plan.keyed_sources import KeyedFile

@@ -32,7 +32,7 @@ from cutecc.contract.args import (
     stride_text,
 )
 from cutecc.contract.cotangents import STOP_GRADIENT, Cotangents
-from cutecc.entry_meta import EntryMeta, FileRec, RuntimeLink
+from cutecc.entry.meta import EntryMeta, FileRec, RuntimeLink
 from cutecc.errors import CallError, CallTypeError, NoBuildFits
 from cutecc.names import call_name_problem
 from cutecc.runtime import library

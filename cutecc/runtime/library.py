@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from cutecc import environ, trust
-from cutecc.entry import MAX_LIBRARY_BYTES, MAX_META_BYTES, RUNTIME_ABI, parse_json
-from cutecc.entry_meta import RuntimeMeta
+from cutecc.entry.meta import RuntimeMeta
+from cutecc.entry.rules import MAX_LIBRARY_BYTES, MAX_META_BYTES, RUNTIME_ABI, parse_json
 from cutecc.errors import CuteccError, WorkError
 from cutecc.store.layout import entry_file_parts, meta_parts
 from cutecc.store.view import touch_used

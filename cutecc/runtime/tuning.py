@@ -24,8 +24,8 @@ from typing import Any
 
 from cutecc import trust
 from cutecc.contract.buckets import bucket_of, bucket_text
-from cutecc.entry import contract_digest, is_key
-from cutecc.entry_meta import EntryMeta
+from cutecc.entry.meta import EntryMeta
+from cutecc.entry.rules import contract_digest, is_key
 from cutecc.errors import CuteccError
 from cutecc.lock.lockfile import Tuned
 from cutecc.store.layout import TUNING_FORMAT, Layout

@@ -10,7 +10,7 @@ import contextlib
 import importlib.metadata
 
 from cutecc.archs import is_ptx, ptx_driver_problem, runs_on
-from cutecc.entry import ARTIFACT_FORMAT, ENTRY_FORMAT, Recorded
+from cutecc.entry.rules import ARTIFACT_FORMAT, ENTRY_FORMAT, Recorded
 from cutecc.errors import CuteccError
 from cutecc.platforms import host_platform
 from cutecc.store.view import Entry

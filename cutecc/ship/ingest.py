@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from cutecc import trust
-from cutecc.entry import MAX_META_BYTES, META, parse_json
-from cutecc.entry_meta import EntryMeta, FileRec, RuntimeMeta
+from cutecc.entry.meta import EntryMeta, FileRec, RuntimeMeta
+from cutecc.entry.rules import MAX_META_BYTES, META, parse_json
 from cutecc.store.layout import entry_parts, meta_parts, runtime_parts
 from cutecc.store.view import Entry, StoreView
 from cutecc.store.writer import Store

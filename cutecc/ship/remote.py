@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cutecc import environ
-from cutecc.entry import MAX_META_BYTES, is_key
-from cutecc.entry_meta import EntryMeta, FileRec, RuntimeLink
+from cutecc.entry.meta import EntryMeta, FileRec, RuntimeLink
+from cutecc.entry.rules import MAX_META_BYTES, is_key
 from cutecc.errors import CuteccError
 from cutecc.remote_url import parse_url
 from cutecc.ship.ingest import Refused, check_file, check_meta, publish

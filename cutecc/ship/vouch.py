@@ -27,7 +27,7 @@ from pathlib import Path
 
 from cutecc.contract.args import CallingConvention, args_from_json
 from cutecc.contract.composite_line import CompositeLine, flow_problem
-from cutecc.entry_meta import EntryMeta
+from cutecc.entry.meta import EntryMeta
 from cutecc.errors import CuteccError, WorkError
 from cutecc.lock.lockfile import Lock, LockEntry, Tuned
 from cutecc.runtime.tuning import line_problem, sibling_problem

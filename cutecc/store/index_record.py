@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cutecc.contract.pinned import PIN_FIELDS, Pin
-from cutecc.entry import INDEX_FORMAT, MAX_INDEX_BYTES, is_key, parse_json
-from cutecc.entry_meta import EntryMeta
+from cutecc.entry.meta import EntryMeta
+from cutecc.entry.rules import INDEX_FORMAT, MAX_INDEX_BYTES, is_key, parse_json
 
 INDEX_DEPTH = 2  # one object and its stamp
 # what `cutecc verify` does not compare: build seconds (only `cutecc stats` reads them) and

@@ -44,7 +44,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from cutecc.entry import (
+from cutecc.entry.rules import (
     ENTRY_FORMAT,
     INDEX_FORMAT,
     META,

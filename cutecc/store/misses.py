@@ -21,7 +21,7 @@ from typing import Any
 
 from cutecc import trust
 from cutecc.atomic import atomic_write
-from cutecc.entry import is_kernel_name
+from cutecc.entry.rules import is_kernel_name
 from cutecc.store.layout import LOCKS, MISSES_FORMAT, Layout
 from cutecc.store.view import read_record
 from cutecc.units import now_iso

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cutecc.entry import MAX_META_BYTES, is_key, parse_json
+from cutecc.entry.rules import MAX_META_BYTES, is_key, parse_json
 from cutecc.store.layout import QUARANTINE_FORMAT
 
 QUARANTINE_NOTE = "why.json"  # the note's name in a quarantined entry's directory

@@ -20,7 +20,7 @@ from typing import Any
 
 from cutecc import trust
 from cutecc.atomic import atomic_write
-from cutecc.entry import MAX_META_BYTES, is_kernel_name, parse_json
+from cutecc.entry.rules import MAX_META_BYTES, is_kernel_name, parse_json
 from cutecc.store.build_records import CompositeRecord, GenerationRecord, ManifestRecord
 from cutecc.store.view import StoreView, read_small_json
 from cutecc.units import now_iso

@@ -18,7 +18,7 @@ from typing import Any
 
 from cutecc.contract.buckets import MAX_BUCKETS, MAX_EXTENT
 from cutecc.contract.pinned import Tuned, parse_tuning_lines
-from cutecc.entry import is_key, parse_json
+from cutecc.entry.rules import is_key, parse_json
 from cutecc.errors import CuteccError, WorkError
 from cutecc.store.layout import MAX_PLAN_BYTES, PLAN_FORMAT, TUNING_FORMAT
 

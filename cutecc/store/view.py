@@ -4,7 +4,7 @@ Nothing here creates, moves or deletes anything in the cache, except `touch_used
 mark on an entry, never one of its hashed files, best-effort): the runtime imports this
 module and `layout`, never `cutecc.store.writer`. Every path comes from
 `cutecc.store.layout`. Metadata is read bounded, without following links, and typed on
-demand (`Entry.meta`: `cutecc.entry_meta.EntryMeta`); the store's own records are read
+demand (`Entry.meta`: `cutecc.entry.meta.EntryMeta`); the store's own records are read
 (`read_record`) into their typed records (`IndexRecord`, `GenerationRecord`,
 `ManifestRecord`, `CompositeRecord`, `Stats`).
 """
@@ -24,7 +24,8 @@ from typing import Any, TypeVar
 
 from cutecc import environ, trust
 from cutecc.archs import is_arch
-from cutecc.entry import (
+from cutecc.entry.meta import EntryMeta, RuntimeMeta
+from cutecc.entry.rules import (
     MAX_INDEX_BYTES,
     MAX_JSON_DEPTH,
     MAX_META_BYTES,
@@ -37,7 +38,6 @@ from cutecc.entry import (
     meta_stamp,
     parse_json,
 )
-from cutecc.entry_meta import EntryMeta, RuntimeMeta
 from cutecc.errors import CuteccError, WorkError
 from cutecc.store.build_records import (
     COMPOSITE_DEPTH,

@@ -37,8 +37,8 @@ import filelock
 
 from cutecc import trust
 from cutecc.atomic import TMP_NAME, atomic_write, fsync_dir
-from cutecc.entry import META, STORE_FORMAT, Recorded, file_record, is_kernel_name, meta_stamp
-from cutecc.entry_meta import EntryMeta, FileRec, RuntimeMeta
+from cutecc.entry.meta import EntryMeta, FileRec, RuntimeMeta
+from cutecc.entry.rules import META, STORE_FORMAT, Recorded, file_record, is_kernel_name, meta_stamp
 from cutecc.errors import WorkError
 from cutecc.locks import Busy, held, is_held
 from cutecc.store.index_record import IndexRecord

@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from cutecc.entry import parse_json
+from cutecc.entry.rules import parse_json
 
 FACTS_FORMAT = 2  # filehashes.json and planfacts.json; 2: stamps with ctime and device
 MEMORY_FORMAT = 1  # planmemory.json

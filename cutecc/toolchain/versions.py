@@ -27,7 +27,7 @@ import importlib.util
 from pathlib import Path
 
 from cutecc import platforms
-from cutecc.entry import compute_key
+from cutecc.entry.rules import compute_key
 from cutecc.errors import CuteccError, WorkError
 from cutecc.platforms import BUILD_PLATFORM
 from cutecc.toolchain import targetlibs

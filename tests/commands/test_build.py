@@ -77,7 +77,7 @@ def test_a_rewritten_metadata_is_read_not_its_older_index_record(toy_cache, tmp_
     rewritten (a copied cache, a relinked entry), a build reads it instead of the record,
     so it never locks what the entry no longer holds, and writes the record again."""
     import cutecc.store.view
-    from cutecc.entry import file_record
+    from cutecc.entry.rules import file_record
     from cutecc.errors import CuteccError
 
     toy = toy_cache.copy(tmp_path)  # copied: every meta.json has another inode than its record says

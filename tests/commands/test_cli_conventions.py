@@ -19,7 +19,7 @@ import cutecc
 from cutecc.cli import main
 from cutecc.commands.build import Outcome, Progress, build
 from cutecc.commands.init import init
-from cutecc.entry import is_key
+from cutecc.entry.rules import is_key
 from cutecc.errors import CuteccError
 from cutecc.locks import held
 from cutecc.manifest import find_manifest, load_manifest

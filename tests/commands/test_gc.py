@@ -15,7 +15,7 @@ from helpers import PY
 from cutecc.cli import main
 from cutecc.commands.build import build
 from cutecc.commands.gc import gc
-from cutecc.entry import USED
+from cutecc.entry.rules import USED
 from cutecc.errors import CuteccError
 from cutecc.units import parse_age, parse_size
 

@@ -18,7 +18,7 @@ from helpers import PY, REPO, Toy, run_cli
 
 from cutecc.commands.pack import pack
 from cutecc.commands.unpack import unpack
-from cutecc.entry import STORE_FORMAT
+from cutecc.entry.rules import STORE_FORMAT
 from cutecc.errors import CuteccError
 from cutecc.lock.lockfile import read_lock
 from cutecc.runtime.package import package_root

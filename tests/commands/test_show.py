@@ -12,7 +12,7 @@ from meta_records import entry_record
 
 from cutecc.cli import main
 from cutecc.commands.show import show
-from cutecc.entry_meta import EntryMeta
+from cutecc.entry.meta import EntryMeta
 from cutecc.errors import CuteccError
 
 pytestmark = pytest.mark.usefixtures("dsl")

@@ -11,7 +11,7 @@ from meta_records import entry_record
 
 from cutecc.cli import main
 from cutecc.commands.show import sharding
-from cutecc.entry_meta import EntryMeta
+from cutecc.entry.meta import EntryMeta
 from cutecc.store import Store
 
 

@@ -304,7 +304,7 @@ def test_an_entry_whose_padded_extent_no_array_binds_is_refused(padded_cache: Pa
     import dataclasses
     import json
 
-    from cutecc.entry_meta import EntryMeta
+    from cutecc.entry.meta import EntryMeta
     from cutecc.runtime.dispatch import Build
 
     meta_path = next(p for p in (padded_cache / "entries").glob("*/*/meta.json")

@@ -79,7 +79,7 @@ def _toolchain() -> dict[str, str]:
 
 def fake_entries(n: int, tag: str = "") -> list[dict[str, Any]]:
     """`n` entries whose key is the SHA-256 of their key inputs, as a real build's are."""
-    from cutecc.entry import compute_key
+    from cutecc.entry.rules import compute_key
 
     args = [{"kind": "tensor", "name": "x", "role": "input", "dtype": "float32", "shape": ["n"],
              "layout": "row-major", "align": 16},

@@ -11,7 +11,7 @@ from typing import Any
 
 from meta_records import entry_record, runtime_record
 
-from cutecc.entry import ARTIFACT_FORMAT, compute_key, runtime_soname
+from cutecc.entry.rules import ARTIFACT_FORMAT, compute_key, runtime_soname
 from cutecc.store.view import Entry
 from cutecc.store.writer import Store
 

@@ -53,8 +53,8 @@ def _runtime() -> tuple[str, bytes]:
 
 def ensure_runtime(store: Store) -> None:
     """Publish the fake runtime library (as a build does before its workers start)."""
-    from cutecc.entry import runtime_soname
-    from cutecc.entry_meta import RuntimeMeta
+    from cutecc.entry.meta import RuntimeMeta
+    from cutecc.entry.rules import runtime_soname
     from cutecc.toolchain.versions import runtime_inputs
 
     key, data = _runtime()
@@ -83,8 +83,8 @@ def producer(entry: dict[str, Any], log: Path | None, chunks: int, pause: float)
                     time.sleep(pause)
             os.fsync(f.fileno())
         inputs = entry["inputs"]
-        from cutecc.entry import runtime_soname
-        from cutecc.entry_meta import EntryMeta, RuntimeLink
+        from cutecc.entry.meta import EntryMeta, RuntimeLink
+        from cutecc.entry.rules import runtime_soname
         from cutecc.platforms import BUILD_PLATFORM
 
         rkey, rdata = _runtime()

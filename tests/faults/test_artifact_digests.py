@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, Toy
 
-from cutecc.entry import META
+from cutecc.entry.rules import META
 from cutecc.store import Store
 
 from .conftest import assert_clean_failure, cli

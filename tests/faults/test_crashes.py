@@ -22,7 +22,7 @@ import pytest
 from helpers import PY
 
 from cutecc.commands.verify import verify
-from cutecc.entry import META, STORE_FORMAT
+from cutecc.entry.rules import META, STORE_FORMAT
 from cutecc.store import Store
 
 from .conftest import SEED, WORKER, Swarm, assert_clean_failure, cli, fake_entries, soak

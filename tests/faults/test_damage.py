@@ -26,7 +26,7 @@ import pytest
 from helpers import PY
 
 from cutecc.commands.verify import verify
-from cutecc.entry import META
+from cutecc.entry.rules import META
 from cutecc.errors import CuteccError
 from cutecc.store import Store
 

@@ -21,7 +21,7 @@ import pytest
 
 from cutecc.commands.unpack import unpack
 from cutecc.commands.verify import BAD, check_entry
-from cutecc.entry import META, compute_key
+from cutecc.entry.rules import META, compute_key
 from cutecc.errors import CuteccError
 from cutecc.lock.lockfile import LOCK_NAME, lock_for
 from cutecc.lock.signing import keygen, read_private_key, sign

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from cutecc.entry import MAX_META_BYTES, compute_key
+from cutecc.entry.rules import MAX_META_BYTES, compute_key
 from cutecc.errors import CuteccError
 from cutecc.lock.lockfile import Lock
 from cutecc.ship.ingest import Refused, check_meta
@@ -194,7 +194,7 @@ def test_hostile_inputs_fail_cleanly_and_quickly(name: str, tmp_path: Path, tall
 
 def _areas(tmp: Path) -> dict[str, Parser]:
     """name -> (read the bytes as that record, the errors it may raise, a valid doc, its cap)."""
-    from cutecc.entry import MAX_INDEX_BYTES
+    from cutecc.entry.rules import MAX_INDEX_BYTES
     from cutecc.store.index_record import IndexRecord, record_differs
     from cutecc.store.stats import MAX_STATS_BYTES
     from cutecc.store.view import StoreView

@@ -25,7 +25,7 @@ import cutecc.commands.build
 import cutecc.plan.key
 from cutecc.cli import main
 from cutecc.commands.build import build
-from cutecc.entry import compute_key
+from cutecc.entry.rules import compute_key
 from cutecc.errors import CuteccError
 from cutecc.manifest import load_manifest
 from cutecc.plan.build_plan import Planned, plan

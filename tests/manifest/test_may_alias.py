@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cutecc.contract.args import CallingConvention, args_from_json, args_to_json
-from cutecc.entry_meta import EntryMeta, FileRec, RuntimeLink
+from cutecc.entry.meta import EntryMeta, FileRec, RuntimeLink
 from cutecc.errors import CuteccError
 from cutecc.manifest import load_manifest
 from cutecc.runtime.calls import Build

@@ -157,7 +157,7 @@ def test_every_aarch64_library_is_an_aarch64_shared_object_that_needs_only_what_
 
 
 def test_an_entry_whose_platform_is_not_its_keys_is_refused(grace: tuple[Path, Path]) -> None:
-    from cutecc.entry import meta_problem
+    from cutecc.entry.rules import meta_problem
     from cutecc.store import Store
 
     kernels, _ = _libraries(grace[1])

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
-from cutecc import entry, platforms
+from cutecc import platforms
+from cutecc.entry import rules as entry
 from cutecc.errors import CuteccError
 from cutecc.lock.lines import Pin
 from cutecc.lock.lockfile import Lock, LockEntry
@@ -76,7 +77,7 @@ def test_lock_lines_name_their_platform() -> None:
 
 
 def _meta(platform: str | None) -> entry.Recorded:
-    from cutecc.entry import ARTIFACT_FORMAT, ENTRY_FORMAT
+    from cutecc.entry.rules import ARTIFACT_FORMAT, ENTRY_FORMAT
     from cutecc.runtime.usable import tvm_ffi_series
 
     m: dict[str, object] = {"format": ENTRY_FORMAT, "arch": "sm_90a",

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import cutecc
-from cutecc.entry import compute_key
-from cutecc.entry_meta import EntryMeta
+from cutecc.entry.meta import EntryMeta
+from cutecc.entry.rules import compute_key
 from cutecc.store import Store
 
 
@@ -52,7 +52,7 @@ def test_newest_of_several_builds_of_one_variant_wins(example_cache: Path, tmp_p
 
 def test_a_kernel_is_checked_at_first_use_only(example_cache: Path, monkeypatch) -> None:
     """Loading reads no metadata; a kernel's entries are read and checked at its first use."""
-    import cutecc.entry_meta as entry_meta  # the runtime checks through EntryMeta.parse (meta_problem)
+    import cutecc.entry.meta as entry_meta  # the runtime checks through EntryMeta.parse (meta_problem)
 
     checked: list[str] = []
     real = entry_meta.meta_problem

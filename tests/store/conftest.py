@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from meta_records import entry_record, runtime_record
 
-from cutecc.entry import compute_key, file_record, runtime_soname
+from cutecc.entry.rules import compute_key, file_record, runtime_soname
 from cutecc.store.view import Entry
 from cutecc.store.writer import Store
 

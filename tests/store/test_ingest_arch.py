@@ -12,7 +12,7 @@ import pytest
 from helpers import planted_cubin as planted
 from meta_records import entry_record
 
-from cutecc.entry import META, compute_key
+from cutecc.entry.rules import META, compute_key
 from cutecc.ship.ingest import Refused, check_whole
 
 from .conftest import ARCH, ARGS, FakeCache

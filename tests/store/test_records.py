@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cutecc.entry import META, acted_on, meta_problem, runtime_soname
-from cutecc.entry_meta import EntryMeta, RuntimeMeta
+from cutecc.entry.meta import EntryMeta, RuntimeMeta
+from cutecc.entry.rules import META, acted_on, meta_problem, runtime_soname
 from cutecc.store.layout import entry_parts, member, member_parts, meta_parts, runtime_parts
 from cutecc.store.view import StoreView
 

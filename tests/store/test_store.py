@@ -13,8 +13,8 @@ import pytest
 from meta_records import entry_record, runtime_record
 
 from cutecc.atomic import atomic_write
-from cutecc.entry import ENTRY_FORMAT, META, RUNTIME_ENTRY_FORMAT, STORE_FORMAT
-from cutecc.entry_meta import EntryMeta, RuntimeMeta
+from cutecc.entry.meta import EntryMeta, RuntimeMeta
+from cutecc.entry.rules import ENTRY_FORMAT, META, RUNTIME_ENTRY_FORMAT, STORE_FORMAT
 from cutecc.errors import CuteccError
 from cutecc.store import Store, default_cache_dir
 from cutecc.store.quarantine_note import QuarantineNote
@@ -148,7 +148,7 @@ def test_entries_skip_unreadable_metadata(tmp_path: Path) -> None:
 
 
 def test_touch_used_creates_then_updates_and_never_fails(tmp_path: Path) -> None:
-    from cutecc.entry import USED
+    from cutecc.entry.rules import USED
     from cutecc.store import touch_used
 
     store = Store(tmp_path)

@@ -16,7 +16,7 @@ import cutecc.store.misses as misses_module
 import cutecc.store.record_writer as record_writer_module
 import cutecc.store.writer as writer_module
 from cutecc.contract.fallbacks import FallbackRef
-from cutecc.entry_meta import EntryMeta
+from cutecc.entry.meta import EntryMeta
 from cutecc.store.build_records import CompositeRecord, GenerationRecord, ManifestRecord
 from cutecc.store.index_record import IndexRecord
 from cutecc.store.stats import Stats

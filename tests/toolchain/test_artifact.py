@@ -10,7 +10,7 @@ import pytest
 
 from cutecc import cubin
 from cutecc.build.artifact import difference, digest
-from cutecc.entry import ArtifactRec, artifact_of
+from cutecc.entry.rules import ArtifactRec, artifact_of
 
 
 def _cuda_image(fill: int) -> bytes:

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from cutecc.build.executors import worker_tree
 from cutecc.build.workers import DEFAULT_LIMITS, BuildJob, Limits, Result
-from cutecc.entry_meta import EntryMeta
+from cutecc.entry.meta import EntryMeta
 from cutecc.environ import WORKER_MARK
 from cutecc.errors import CuteccError, WorkError
 

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import torch
 
 from cutecc.contract.cotangents import Cotangents
-from cutecc.entry import contract_digest
+from cutecc.entry.rules import contract_digest
 from cutecc.errors import WorkError
 from cutecc.runtime import calls
 from cutecc.runtime.calls import Build

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cutecc.entry import STORE_FORMAT
+from cutecc.entry.rules import STORE_FORMAT
 
 from .conftest import (
     ARCH,

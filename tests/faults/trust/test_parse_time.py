@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from cutecc.entry import MAX_JSON_DEPTH, MAX_META_BYTES, _depth_over, _text_depth_over, parse_json
+from cutecc.entry.rules import MAX_JSON_DEPTH, MAX_META_BYTES, _depth_over, _text_depth_over, parse_json
 
 MIB = 1 << 20
 

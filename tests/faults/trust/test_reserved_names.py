@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from cutecc.entry import compute_key
-from cutecc.entry_meta import EntryMeta
+from cutecc.entry.meta import EntryMeta
+from cutecc.entry.rules import compute_key
 from cutecc.names import CALL_RESERVED, KERNEL_SET_RESERVED, MAX_NAME_CHARS
 from cutecc.store.index_record import IndexRecord
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from cutecc.entry import STORE_FORMAT
-from cutecc.entry_meta import EntryMeta
+from cutecc.entry.meta import EntryMeta
+from cutecc.entry.rules import STORE_FORMAT
 from cutecc.store.index_record import IndexRecord
 
 from .conftest import ARCH, LIB, META, Cache, as_user, chown_tree, compute_key, marker_runs, out, py, record

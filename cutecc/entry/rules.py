@@ -6,7 +6,7 @@ kernel library links against (key, file, SHA-256, size), itself an entry of its 
 under `runtimes/ab/<key>/`. Everything that reads entries (the store, `verify`,
 `pack`/`unpack`, the lock file and the runtime's loader) asks this module what a valid
 one looks like, so the rules live in one place; they read the parsed JSON object, which
-nothing outside this module (and its typed record, `cutecc.entry_meta`: `EntryMeta`,
+nothing outside this module (and its typed record, `cutecc.entry.meta`: `EntryMeta`,
 `RuntimeMeta`) walks. It imports nothing else of cutecc but `cutecc.names` and
 `cutecc.platforms` (base records), so the runtime can use it without pulling in the
 build side.
@@ -178,7 +178,7 @@ class Recorded:
     damaged one as it is, None when absent; a container of the wrong type as empty). For
     the readers that name, size, sort or compare entries whose metadata may fail the
     checks (listings, removals, refusals, the trust check before the checks); whatever is
-    acted on is read from the checked record (`cutecc.entry_meta.EntryMeta`) instead."""
+    acted on is read from the checked record (`cutecc.entry.meta.EntryMeta`) instead."""
 
     format: object
     kernel: object

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cutecc.entry import (
+from cutecc.entry.rules import (
     ENTRY_FORMAT,
     RUNTIME_ENTRY_FORMAT,
     ArtifactRec,
