@@ -1,6 +1,6 @@
 """The digest of what the DSL traced and compiled for one entry, and how two of them differ.
 
-A build records it in the entry's meta.json (`artifact`, read as `cutecc.entry.ArtifactRec`)
+A build records it in the entry's meta.json (`artifact`, read as `cutecc.entry.rules.ArtifactRec`)
 beside the library's hash: the SHA-256 of the file the compile exported and handed to the
 linker (the object, whose embedded cubin is the device code; LLVM IR for another host
 platform), and of the device code alone. That file is a function of the key's inputs

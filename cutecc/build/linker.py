@@ -16,7 +16,7 @@ never of the build host's gcc, binutils, glibc or crt files, and needs at most t
 symbol versions the manylinux tag of a pack names (`cutecc.toolchain.elf`). Every flag that could
 differ between hosts is explicit, and the link runs in a scrubbed environment. The
 target, flags, sources and the runtime library's key inputs are `cutecc.toolchain.versions`'s;
-its file name (`runtime_soname`) is `cutecc.entry`'s, which the runtime checks on load.
+its file name (`runtime_soname`) is `cutecc.entry.rules`'s, which the runtime checks on load.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """An entry's meta.json as one typed, frozen record, both ways: read (after
-`cutecc.entry`'s checks on the parsed object) and written (a build, or an arrival, hands
+`cutecc.entry.rules`' checks on the parsed object) and written (a build, or an arrival, hands
 the store an `EntryMeta` or a `RuntimeMeta`, which writes its `dumps()`). What acts on an
 entry (the build's outcome, the lock line, the runtime's builds, pack) reads these
-attributes; the JSON object itself is for `cutecc.entry`'s checks, what a damaged entry
+attributes; the JSON object itself is for `cutecc.entry.rules`' checks, what a damaged entry
 records (`entry.Recorded`) and the reports that print it. A module of its own beside
-`cutecc.entry` (which it builds on), in the base layer: nothing of the build side.
+`cutecc.entry.rules` (which it builds on), in the base layer: nothing of the build side.
 """
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ class Entry:
     """A published cache entry: its directory and its meta.json, read (`read_meta`) but not
     yet checked. `meta` (`runtime_meta` for a runtime library) is the checked, typed record
     every reader acts on; `recorded` names and sizes an entry whose metadata may be damaged;
-    `doc`, the parsed object itself, is for `cutecc.entry`'s checks and reports only."""
+    `doc`, the parsed object itself, is for `cutecc.entry.rules`' checks and reports only."""
 
     key: str
     path: Path

@@ -12,7 +12,7 @@
   (`runtime_inputs`) and key (`runtime_key`).
 
 The runtime library's file name and the ABI its loader expects (`runtime_soname`,
-`RUNTIME_ABI`) are defined once, in `cutecc.entry`: the runtime checks them on load and
+`RUNTIME_ABI`) are defined once, in `cutecc.entry.rules`: the runtime checks them on load and
 imports nothing of the build side, this module included. `cutecc.plan.key` puts these facts
 into every key; `cutecc.build.compiler` and `cutecc.build.linker` apply them. Importing this reads the
 two small native sources (to hash them) and imports neither the DSL nor JAX.
