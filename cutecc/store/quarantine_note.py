@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cutecc import trust
 from cutecc.entry.rules import MAX_META_BYTES, is_key, parse_json
 from cutecc.store.layout import QUARANTINE_FORMAT
 
@@ -47,8 +48,9 @@ class QuarantineNote:
 
     @classmethod
     def read(cls, entry_dir: Path) -> QuarantineNote | None:
-        """The note of the quarantined entry at `entry_dir` (None: absent or unreadable)."""
+        """The note of the quarantined entry at `entry_dir` (None: absent, unreadable, not a
+        regular file of this user's, or over MAX_META_BYTES: read bounded, through `trust`)."""
         try:
-            return cls.loads((entry_dir / QUARANTINE_NOTE).read_bytes()[:MAX_META_BYTES + 1])
-        except OSError:
+            return cls.loads(trust.read_path(entry_dir / QUARANTINE_NOTE, MAX_META_BYTES))
+        except (OSError, trust.Untrusted):
             return None
