@@ -9,6 +9,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -337,10 +338,12 @@ class HashCache:
 @functools.lru_cache(maxsize=1)
 def parser_id() -> str:
     """Which cutecc's parsing produced remembered facts: a digest of the modules that
-    compute them (imports and names of sources, path effects, distribution digests), so
-    facts from another version of that code are never served as this one's."""
+    compute them (imports and names of sources, path effects, distribution digests) and of
+    the interpreter whose `ast` parsed (a file another Python parses differently, or not at
+    all, is parsed afresh), so facts from another version of either are never served as
+    this one's."""
     root = Path(__file__).resolve().parent.parent  # cutecc/
-    h = hashlib.sha256()
+    h = hashlib.sha256(f"{sys.implementation.cache_tag}\0{sys.version}\0".encode())
     for name in ("toolchain/dists.py", "toolchain/hashcache.py", "plan/key.py", "toolchain/modfind.py",
                  "toolchain/planmemory.py", "toolchain/planfacts.py"):
         with contextlib.suppress(OSError):
