@@ -227,11 +227,6 @@ def file_record(path: Path) -> dict[str, Any]:
     return {"sha256": h.hexdigest(), "size": size}
 
 
-def bytes_record(data: bytes) -> dict[str, Any]:
-    """The file record of bytes in memory."""
-    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
-
-
 def library_record(meta: dict[str, Any]) -> tuple[str, str, int] | None:
     """(file name, SHA-256, size) of the entry's library, or None when not recorded."""
     lib, files = meta.get("library"), meta.get("files")
