@@ -98,9 +98,12 @@ class BuildRecordWriter(StoreView):
         when the record says this already (`built_at`: when a build last changed it)."""
         self.manifests_dir.mkdir(mode=DIR_MODE, exist_ok=True)
         path = self.layout.manifest_record(manifest)
-        old = self.manifest_entries(manifest, sha256) if partial else None
         data = current_bytes(path, MAX_META_BYTES)
         was = ManifestRecord.from_json(_json_or_none(data))
+        old = None
+        if partial:  # the record read once where it is the cache's own (a no-op build's case)
+            old = ((was if was is not None and was.sha256 == sha256 else None) if data is not None
+                   else self.manifest_entries(manifest, sha256))
         now = now_iso()
         rec = ManifestRecord(str(manifest), sha256, old.entries if old else {}, now).merged(entries, now)
         if was is not None and dataclasses.replace(rec, built_at=was.built_at).dumps() == data:
