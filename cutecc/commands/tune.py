@@ -30,12 +30,8 @@ from cutecc.contract.buckets import bucket_text
 from cutecc.errors import CuteccError, WorkError
 from cutecc.lock.lockfile import Lock, Tuned
 from cutecc.plan.tuning_plan import PlanItem
-from cutecc.runtime.tuning import (
-    MAX_RESULTS_BYTES,
-    TuningResult,
-    TuningResults,
-    read_cached,
-)
+from cutecc.runtime.tuning import read_cached
+from cutecc.store.tuning_records import MAX_RESULTS_BYTES, TuningResult, TuningResults
 
 if TYPE_CHECKING:
     from cutecc.lock.signing import PrivateKey

@@ -28,23 +28,10 @@ from cutecc.entry.meta import EntryMeta
 from cutecc.entry.rules import contract_digest, is_key
 from cutecc.errors import CuteccError
 from cutecc.lock.lockfile import Tuned
-from cutecc.store.layout import TUNING_FORMAT, Layout
-from cutecc.store.tuning_records import (
-    MAX_RECORD_BYTES,
-    MAX_RESULTS_BYTES,
-    MEASURED,
-    RESULTS_DEPTH,
-    TuningResult,
-    TuningResults,
-    parse_results,
-)
+from cutecc.store.layout import Layout
+from cutecc.store.tuning_records import MAX_RECORD_BYTES, TuningResult, TuningResults
 
 _log = logging.getLogger("cutecc")
-# The records are the store's (`cutecc.store.tuning_records`: one parse per file), named here too.
-__all__ = ["MAX_RECORD_BYTES", "MAX_RESULTS_BYTES", "MAX_RESULT_FILES", "MEASURED", "RESULTS_DEPTH",
-           "SAME_AS_DEFAULT", "TUNING_FORMAT", "TuningResult", "TuningResults", "TuningTable", "device_kind",
-           "line_problem", "load_cached", "parse_results", "read_cached", "results_path", "sibling_problem",
-           "toolchain_of", "winners_in"]
 
 
 # What a tuned winner must share with the default it stands in for: a call that names the

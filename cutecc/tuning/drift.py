@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from cutecc.runtime.tuning import TuningResult
+from cutecc.store.tuning_records import TuningResult
 from cutecc.tuning import decide
 
 

@@ -21,7 +21,8 @@ from cutecc.errors import WorkError
 from cutecc.lock.lines import Pin
 from cutecc.lock.lockfile import Tuned
 from cutecc.plan.tuning_plan import PlanItem
-from cutecc.runtime.tuning import MEASURED, TuningResult, toolchain_of
+from cutecc.runtime.tuning import toolchain_of
+from cutecc.store.tuning_records import MEASURED, TuningResult
 from cutecc.store.view import StoreView
 from cutecc.tuning import decide
 from cutecc.tuning.policy import LAUNCH, Policy

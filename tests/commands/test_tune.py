@@ -550,7 +550,8 @@ def test_cached_results_are_read_only_through_trusted_paths(tmp_path: Path) -> N
     """A tuning record picks which build serves a bucket: like an entry's metadata, it is
     believed only where nobody but this user (or root) could have written it."""
     from cutecc import trust
-    from cutecc.runtime.tuning import TuningResult, TuningResults, read_cached, results_path
+    from cutecc.runtime.tuning import read_cached, results_path
+    from cutecc.store.tuning_records import TuningResult, TuningResults
 
     base = "a" * 64
     root = tmp_path / "cache"

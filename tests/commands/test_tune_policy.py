@@ -14,8 +14,9 @@ import pytest
 from helpers import REPO, run_cli
 
 from cutecc.plan.tuning_plan import PlanItem
-from cutecc.runtime.tuning import TuningResult, TuningResults, toolchain_of
+from cutecc.runtime.tuning import toolchain_of
 from cutecc.store import Store
+from cutecc.store.tuning_records import TuningResult, TuningResults
 
 H100 = "NVIDIA H100 80GB HBM3"
 D, T64, T128, T512 = ("dtype=float32", "dtype=float32,threads=64", "dtype=float32,threads=128",

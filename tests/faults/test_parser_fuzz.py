@@ -129,7 +129,7 @@ def _parsers(tmp: Path) -> tuple[dict[str, Parser], bytes]:
         return signing.verify(lock.dumps(), data, [priv.public()], "lock")
 
     def parse_record(data: bytes) -> Any:
-        from cutecc.runtime.tuning import TuningResults
+        from cutecc.store.tuning_records import TuningResults
 
         return TuningResults.loads(data, "record")  # the cache's record and a --results file alike
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from cutecc.errors import CuteccError
-from cutecc.runtime.tuning import MEASURED, TuningResult, TuningResults, read_cached, results_path, winners_in
+from cutecc.runtime.tuning import read_cached, results_path, winners_in
+from cutecc.store.tuning_records import MEASURED, TuningResult, TuningResults
 
 DATA = Path(__file__).parent / "data"
 # A record file as `cutecc tune --record` wrote it before results were typed.

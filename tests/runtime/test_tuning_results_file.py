@@ -16,15 +16,9 @@ from helpers import REPO
 
 from cutecc.commands.tune import read_results
 from cutecc.errors import CuteccError
-from cutecc.runtime.tuning import (
-    MAX_RECORD_BYTES,
-    RESULTS_DEPTH,
-    TUNING_FORMAT,
-    TuningResult,
-    TuningResults,
-    read_cached,
-    results_path,
-)
+from cutecc.runtime.tuning import read_cached, results_path
+from cutecc.store.layout import TUNING_FORMAT
+from cutecc.store.tuning_records import MAX_RECORD_BYTES, RESULTS_DEPTH, TuningResult, TuningResults
 
 DATA = Path(__file__).parent / "data"
 RECORDS = DATA / "tuning_results.json"  # a cache record as an earlier cutecc wrote it

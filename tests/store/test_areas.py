@@ -20,9 +20,9 @@ from cutecc.commands.verify import verify
 from cutecc.lock.lines import Pin
 from cutecc.lock.lockfile import Tuned, lock_for, write_lock
 from cutecc.plan.tuning_plan import BucketEdges, Candidate, PlanItem, TuningPlan
-from cutecc.runtime.tuning import TuningResult, TuningResults
 from cutecc.store import layout
 from cutecc.store.layout import Layout
+from cutecc.store.tuning_records import TuningResult, TuningResults
 from cutecc.units import now_iso
 
 KEY = "ab" * 32

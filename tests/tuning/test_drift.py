@@ -7,7 +7,7 @@ import dataclasses
 
 from cutecc.lock.lines import Pin
 from cutecc.lock.lockfile import Tuned
-from cutecc.runtime.tuning import TuningResult
+from cutecc.store.tuning_records import TuningResult
 from cutecc.tuning import drift
 
 D, A, B = "dtype=float32", "dtype=float32,threads=128", "dtype=float32,threads=512"

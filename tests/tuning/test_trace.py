@@ -328,7 +328,7 @@ def test_the_benchmark_reads_the_typed_records_and_plan_that_tune_returns(tmp_pa
     import benchmarks.tune as bt
     from cutecc.commands import tune as cmd
     from cutecc.plan.tuning_plan import BucketEdges, Candidate, PlanItem
-    from cutecc.runtime.tuning import TuningResult
+    from cutecc.store.tuning_records import TuningResult
 
     base, other = "a" * 64, "b" * 64
     d, t = "causal=False", "causal=False,tile_n=96"

@@ -27,7 +27,7 @@ from cutecc.errors import CuteccError
 from cutecc.lock import signing
 from cutecc.lock.lockfile import read_lock
 from cutecc.runtime.library import target_name
-from cutecc.runtime.tuning import TuningResult, TuningResults
+from cutecc.store.tuning_records import TuningResult, TuningResults
 
 pytestmark = pytest.mark.usefixtures("dsl")
 
