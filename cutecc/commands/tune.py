@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 from cutecc.commands.report import Report
 from cutecc.contract.buckets import bucket_text
+from cutecc.contract.pinned import Tuned
 from cutecc.errors import CuteccError, WorkError
-from cutecc.lock.lockfile import Lock, Tuned
+from cutecc.lock.lockfile import Lock
 from cutecc.plan.tuning_plan import PlanItem
 from cutecc.runtime.tuning import read_cached
 from cutecc.store.tuning_records import MAX_RESULTS_BYTES, TuningResult, TuningResults

@@ -1,7 +1,7 @@
 """Shape buckets: how a call's size maps to the bucket a tuning result was measured for.
 
 A tuning space (`cutecc.manifest.tune_space`) names the edges of each bucketed extent and
-a rule; a tuning line (`cutecc.lock.lockfile.Tuned`) records its bucket as text (`n=65536`);
+a rule; a tuning line (`cutecc.contract.pinned.Tuned`) records its bucket as text (`n=65536`);
 dispatch (`cutecc.runtime.tuning`) maps a call's extents to that text. The three share
 these rules. Imports nothing of cutecc, so the manifest, the lock and the runtime all can.
 """

@@ -8,16 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cutecc.contract.fallbacks import FallbackRef, refs_from_json, refs_to_json
-from cutecc.contract.pinned import (  # re-exported: the lock's lines
-    MAX_TUNING_LINES,
-    PIN_FIELDS,
-    TUNED_FIELDS,
-    TUNED_OPTIONAL,
-    Pin,
-    Tuned,
-    check_fields,
-    parse_tuning_lines,
-)
+from cutecc.contract.pinned import PIN_FIELDS, Pin, check_fields
 from cutecc.entry.meta import EntryMeta
 from cutecc.entry.rules import is_key, label
 from cutecc.errors import CuteccError, WorkError
@@ -25,8 +16,7 @@ from cutecc.platforms import BUILD_PLATFORM, PLATFORMS
 from cutecc.store.index_record import IndexFacts
 from cutecc.store.view import Entry
 
-__all__ = ["LOCK_LINE_FIELDS", "MAX_TUNING_LINES", "PIN_FIELDS", "TUNED_FIELDS", "TUNED_OPTIONAL",
-           "LockEntry", "Pin", "Tuned", "parse_tuning_lines"]
+__all__ = ["LOCK_LINE_FIELDS", "LockEntry"]
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 from cutecc.atomic import atomic_write
 from cutecc.contract.composite_line import CompositeLine
+from cutecc.contract.pinned import Tuned, parse_tuning_lines
 from cutecc.entry.rules import label, parse_json
 from cutecc.errors import CuteccError, WorkError
 from cutecc.lock.environment import ENVIRONMENT_FORMAT, Environment
-from cutecc.lock.lines import LockEntry, Tuned, parse_tuning_lines
+from cutecc.lock.lines import LockEntry
 from cutecc.store.view import Entry, StoreView
 
 if TYPE_CHECKING:

@@ -508,7 +508,7 @@ def _tuning(name: str, fn: KernelBase, store: StoreView, locked: Any, target: st
             driver: tuple[int, int] | None = None) -> Any:
     """The kernel's table of tuned winners: the lock's results (with a lock), else the
     cache's records of its default entries; None when nothing was tuned."""
-    from cutecc.lock.lockfile import Tuned
+    from cutecc.contract.pinned import Tuned
     from cutecc.runtime.tuning import TuningTable, line_problem, read_cached, sibling_problem
 
     bases = {b.key: b for b in fn.builds}

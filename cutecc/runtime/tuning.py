@@ -1,7 +1,7 @@
 """Tuning results at run time: which built configuration serves a call's shape bucket.
 
 `cutecc tune` records, per (kernel, variant, arch, device kind, bucket), the winner among a
-kernel's candidate configurations (a `cutecc.lock.lockfile.Tuned` line, its bucket as
+kernel's candidate configurations (a `cutecc.contract.pinned.Tuned` line, its bucket as
 `cutecc.contract.buckets` names it), in `kernels.lock` and in the cache
 (`tuning/results/<default key>.json`; `cutecc tune --results FILE` writes the same
 format, `TuningResults`). Dispatch asks `TuningTable.pick` for the call's
@@ -24,10 +24,10 @@ from typing import Any
 
 from cutecc import trust
 from cutecc.contract.buckets import bucket_of, bucket_text
+from cutecc.contract.pinned import Tuned
 from cutecc.entry.meta import EntryMeta
 from cutecc.entry.rules import contract_digest, is_key
 from cutecc.errors import CuteccError
-from cutecc.lock.lockfile import Tuned
 from cutecc.store.layout import Layout
 from cutecc.store.tuning_records import MAX_RECORD_BYTES, TuningResult, TuningResults
 

@@ -27,9 +27,10 @@ from pathlib import Path
 
 from cutecc.contract.args import CallingConvention, args_from_json
 from cutecc.contract.composite_line import CompositeLine, flow_problem
+from cutecc.contract.pinned import Tuned
 from cutecc.entry.meta import EntryMeta
 from cutecc.errors import CuteccError, WorkError
-from cutecc.lock.lockfile import Lock, LockEntry, Tuned
+from cutecc.lock.lockfile import Lock, LockEntry
 from cutecc.runtime.tuning import line_problem, sibling_problem
 from cutecc.ship.ingest import Refused, check_stored
 from cutecc.store.view import StoreView, entry_trust_problem

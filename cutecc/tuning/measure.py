@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from cutecc.contract.buckets import bucket_text
+from cutecc.contract.pinned import Pin, Tuned
 from cutecc.errors import WorkError
-from cutecc.lock.lines import Pin
-from cutecc.lock.lockfile import Tuned
 from cutecc.plan.tuning_plan import PlanItem
 from cutecc.runtime.tuning import toolchain_of
 from cutecc.store.tuning_records import MEASURED, TuningResult

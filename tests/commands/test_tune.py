@@ -17,9 +17,9 @@ import pytest
 from helpers import REPO, run_cli
 
 from cutecc.contract.buckets import bucket_of
+from cutecc.contract.pinned import Pin, Tuned
 from cutecc.errors import CuteccError
-from cutecc.lock.lines import Pin
-from cutecc.lock.lockfile import Lock, LockEntry, Tuned, read_lock, record_build
+from cutecc.lock.lockfile import Lock, LockEntry, read_lock, record_build
 from cutecc.manifest import load_manifest
 from cutecc.runtime.tuning import TuningTable
 

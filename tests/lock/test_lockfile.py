@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from helpers import Toy, run_cli, toy_manifest, write_toy_project
 
+from cutecc.contract.pinned import Pin
 from cutecc.errors import CuteccError
-from cutecc.lock.lines import Pin
 from cutecc.lock.lockfile import LOCK_FORMAT, Lock, LockEntry, read_lock, write_lock
 from cutecc.store import Store
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from cutecc.contract.pinned import Pin
 from cutecc.lock import signing
-from cutecc.lock.lines import LockEntry, Pin
+from cutecc.lock.lines import LockEntry
 from cutecc.lock.lockfile import Lock, Recorded, read_lock, record_lock
 
 pytest.importorskip("cryptography")

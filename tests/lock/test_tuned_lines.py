@@ -10,9 +10,9 @@ import json
 import pytest
 from helpers import REPO
 
+from cutecc.contract.pinned import Pin, Tuned
 from cutecc.errors import CuteccError
-from cutecc.lock.lines import Pin
-from cutecc.lock.lockfile import Lock, LockEntry, Tuned
+from cutecc.lock.lockfile import Lock, LockEntry
 
 KEY = {c: c * 64 for c in "ab"}
 PIN = Pin("lib.so", "e" * 64, 1000, "__tvm_ffi_mul", None, "c" * 64, "d" * 64)

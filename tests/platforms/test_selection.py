@@ -11,9 +11,9 @@ import pytest
 from helpers import REPO
 
 from cutecc import platforms
+from cutecc.contract.pinned import Pin
 from cutecc.entry import rules as entry
 from cutecc.errors import CuteccError
-from cutecc.lock.lines import Pin
 from cutecc.lock.lockfile import Lock, LockEntry
 from cutecc.manifest import load_manifest
 from cutecc.toolchain.elf import manylinux_tag

@@ -17,8 +17,8 @@ from cutecc.cli import main
 from cutecc.commands.gc import RUNTIME_GRACE_S, gc
 from cutecc.commands.rm import rm
 from cutecc.commands.verify import verify
-from cutecc.lock.lines import Pin
-from cutecc.lock.lockfile import Tuned, lock_for, write_lock
+from cutecc.contract.pinned import Pin, Tuned
+from cutecc.lock.lockfile import lock_for, write_lock
 from cutecc.plan.tuning_plan import BucketEdges, Candidate, PlanItem, TuningPlan
 from cutecc.store import layout
 from cutecc.store.layout import Layout

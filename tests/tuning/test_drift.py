@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from cutecc.lock.lines import Pin
-from cutecc.lock.lockfile import Tuned
+from cutecc.contract.pinned import Pin, Tuned
 from cutecc.store.tuning_records import TuningResult
 from cutecc.tuning import drift
 
