@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from cutecc import trust
 from cutecc.errors import CuteccError
 from cutecc.store.layout import PLAN_FACTS
 from cutecc.toolchain import modfind, planmemory
@@ -136,13 +135,9 @@ class HashCache:
         """The bytes of planning file `path`, None when absent, unreadable or refused."""
         if path is None:
             return None
-        try:
-            return trust.read_path(path, limit)
-        except trust.Untrusted:
-            self._refused = True
-        except (OSError, ValueError):
-            pass
-        return None
+        data, refused = planmemory.read_bounded(path, limit)
+        self._refused = self._refused or refused
+        return data
 
     def sha256(self, f: str) -> str:
         """SHA-256 of installed file `f` ("missing" when it cannot be read)."""

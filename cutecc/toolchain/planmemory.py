@@ -67,6 +67,19 @@ def directory() -> Path | None:
     return Path(platformdirs.user_cache_dir("cutecc-planning", appauthor=False))
 
 
+def read_bounded(path: Path, limit: int) -> tuple[bytes | None, bool]:
+    """A planning file's bytes, read through `cutecc.trust` and bounded: (its bytes, False);
+    (None, True) when refused (another user's, or a link: never read, never written);
+    (None, False) when absent, unreadable or over `limit` (written anew). The one reader of
+    `planmemory.json` and of a cache's planning files (`HashCache`)."""
+    try:
+        return trust.read_path(path, limit), False
+    except trust.Untrusted:
+        return None, True
+    except (OSError, ValueError):
+        return None, False
+
+
 class PlanMemory:
     """The memory of parser `parser` in `where` (a directory; None: remembered within the run only)."""
 
@@ -87,13 +100,12 @@ class PlanMemory:
     def _read(self) -> MemoryFile | None:
         if self.file is None:
             return None
+        data, refused = read_bounded(self.file, MAX_BYTES)
+        self._refused = self._refused or refused
         try:
-            return MemoryFile.loads(trust.read_path(self.file, MAX_BYTES), MAX_BYTES)
-        except trust.Untrusted:
-            self._refused = True  # another user's (or a link): never read, never written
-        except (OSError, ValueError):
-            pass  # absent or over the bound: written anew
-        return None
+            return None if data is None else MemoryFile.loads(data, MAX_BYTES)
+        except ValueError:
+            return None  # damaged: written anew
 
     def parsed(self, kind: type[P], sha256: str) -> P | None:
         """The facts parsing content `sha256` as `kind` gave (None: not remembered)."""
