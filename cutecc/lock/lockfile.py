@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -254,9 +256,12 @@ def write_lock(path: str | Path, lock: Lock) -> bool:
     records a lock through that one road, so what it writes is also what gets signed."""
     path = Path(path)
     data = lock.dumps()
-    try:
-        if path.read_bytes() == data:
-            return False
+    try:  # compared only as a regular file of this size, and bounded: a FIFO never blocks it
+        st = os.stat(path)
+        if stat.S_ISREG(st.st_mode) and st.st_size == len(data):
+            with open(path, "rb") as f:
+                if f.read(len(data) + 1) == data:
+                    return False
     except OSError:
         pass
     try:
@@ -387,8 +392,6 @@ def previous(path: Path) -> Lock | None:
         return None
     except OSError as e:
         raise CuteccError(f"cannot read the lock file: {e.strerror}", where=str(path)) from None
-    import stat
-
     if not stat.S_ISREG(st.st_mode):
         raise CuteccError("is not a regular file; the build would have to replace it", where=str(path))
     return _previous(path)
