@@ -114,7 +114,7 @@ class HashCache:
         # the user's planning memory (`planmemory`), behind this cache's own facts: a cache
         # (not an in-run one) gets the default one; written even by a dry run (it is no cache)
         self.memory = memory if memory is not None or path is None else PlanMemory(
-            planmemory.directory(), parser_id())
+            planmemory.directory, parser_id())
         self.write = write
         self.facts_path = None if path is None else path.with_name(FACTS)
         self._hashes: HashesFile | None = None if path is not None else HashesFile.of()

@@ -30,8 +30,10 @@ holding the facts of the newest PARSERS parsers; never inside a cache.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from cutecc import trust
@@ -81,14 +83,21 @@ def read_bounded(path: Path, limit: int) -> tuple[bytes | None, bool]:
 
 
 class PlanMemory:
-    """The memory of parser `parser` in `where` (a directory; None: remembered within the run only)."""
+    """The memory of parser `parser` in `where` (a directory, or what returns one, asked only
+    when the memory is first read or written: a no-op build does neither, so it never
+    resolves the user's directory; None: remembered within the run only)."""
 
-    def __init__(self, where: Path | None, parser: str) -> None:
-        self.file = None if where is None else where / FILE
+    def __init__(self, where: Path | Callable[[], Path | None] | None, parser: str) -> None:
+        self._where = where
         self.parser = parser
         self._mine: ParserFacts | None = None  # what the file holds of this parser (loaded lazily)
         self._new = ParserFacts.of()  # what this run learned, added to the file by `save`
         self._refused = False
+
+    @functools.cached_property
+    def file(self) -> Path | None:
+        where = self._where() if callable(self._where) else self._where
+        return None if where is None else where / FILE
 
     def _load(self) -> ParserFacts:
         if self._mine is None:
@@ -146,7 +155,7 @@ class PlanMemory:
     def save(self) -> None:
         """Add what this run learned to the file (best-effort: a memory, not a record)."""
         new = self._new
-        if self.file is None or self._refused or not (new.parsed or new.dists or new.closures):
+        if not (new.parsed or new.dists or new.closures) or self._refused or self.file is None:
             return
         assert new.closures is not None and new.bodies is not None
         with contextlib.suppress(OSError):
