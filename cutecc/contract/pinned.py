@@ -22,7 +22,7 @@ MAX_TUNING_LINES = 20_000  # tuning lines in one lock or record: buckets x varia
 @dataclass(frozen=True)
 class Pin:
     """What a line pins of an entry besides its key: everything the runtime acts on
-    (`entry.acted_on`). A lock line pins its entry, a tuning line its winner; an entry
+    (`entry.rules.acted_on`). A lock line pins its entry, a tuning line its winner; an entry
     whose metadata says otherwise in any of these is refused."""
 
     library: str
@@ -62,7 +62,7 @@ PIN_FIELDS = tuple(f.name for f in dataclasses.fields(Pin))
 
 def check_fields(d: Any, names: tuple[str, ...], exact: bool, where: str, kp: str) -> None:
     """Refuse a line that is not an object of `names` (`exact`: and nothing else) with
-    values a pinned line may hold (`entry.bad_pin_field`)."""
+    values a pinned line may hold (`entry.rules.bad_pin_field`)."""
     if not isinstance(d, dict) or not (set(d) == set(names) if exact else set(names) <= set(d)):
         raise CuteccError(f"expected the fields {', '.join(names)}", where=where, key_path=kp)
     bad = bad_pin_field(d, list(names))

@@ -3,7 +3,7 @@
 the store an `EntryMeta` or a `RuntimeMeta`, which writes its `dumps()`). What acts on an
 entry (the build's outcome, the lock line, the runtime's builds, pack) reads these
 attributes; the JSON object itself is for `cutecc.entry.rules`' checks, what a damaged entry
-records (`entry.Recorded`) and the reports that print it. A module of its own beside
+records (`entry.rules.Recorded`) and the reports that print it. A module of its own beside
 `cutecc.entry.rules` (which it builds on), in the base layer: nothing of the build side.
 """
 
@@ -167,7 +167,7 @@ class EntryMeta:
 
     @property
     def acted_on(self) -> dict[str, Any]:
-        """What the runtime acts on besides the key (`entry.acted_on` of its meta.json):
+        """What the runtime acts on besides the key (`entry.rules.acted_on` of its meta.json):
         what a lock line pins."""
         lib = self.library
         return {"library": lib.name, "sha256": lib.sha256, "size": lib.size, "symbol": self.symbol,

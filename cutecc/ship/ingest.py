@@ -5,8 +5,8 @@ Arrivals are a remote cache's objects, a pack's members (wheel or tarball), a Ra
 result (from any node, the driver's included) and, before a build signs a lock, the
 cache's own entries. Until checked, their bytes are hostile. One rule for all of them:
 
-- meta.json is bounded in size, nesting and parse time (`entry.parse_json`) and must
-  describe the key it was asked for (`entry.meta_problem`, `entry.runtime_meta_problem`:
+- meta.json is bounded in size, nesting and parse time (`entry.rules.parse_json`) and must
+  describe the key it was asked for (`entry.rules.meta_problem`, `entry.rules.runtime_meta_problem`:
   its key inputs hash to that key, the fields the runtime acts on equal their keyed
   copies, a runtime library carries its key's soname);
 - it records exactly one file, its library, within the size cap, and the files given are

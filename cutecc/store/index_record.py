@@ -3,7 +3,7 @@
 A record is derived from its entry's meta.json, which stays the truth: it says which entry
 it is and, when the metadata has them, what a lock line pins (`IndexFacts`), so a build
 that finds the entry cached reads this one small file instead of meta.json for as long as
-the stamp it keeps (`entry.meta_stamp`) is that meta.json's. Written by the store
+the stamp it keeps (`entry.rules.meta_stamp`) is that meta.json's. Written by the store
 (`Store.index`), read by it (`StoreView.indexed_facts`) and compared by `cutecc verify`;
 nothing else looks inside one. The bytes are one line of canonical JSON, as before.
 """
@@ -65,7 +65,7 @@ class IndexRecord:
                    None if stamp is None else (stamp[0], stamp[1], stamp[2]))
 
     def taken_from(self, stamp: list[int] | None) -> bool:
-        """Whether this record was taken from the meta.json whose stamp (`entry.meta_stamp`)
+        """Whether this record was taken from the meta.json whose stamp (`entry.rules.meta_stamp`)
         is `stamp` (None: no meta.json), so it can stand in for it."""
         return stamp is not None and self.meta_stat == tuple(stamp)
 

@@ -147,7 +147,7 @@ class Entry:
 
     @functools.cached_property
     def recorded(self) -> Recorded:
-        """What its meta.json says, unchecked (`entry.Recorded`): to name a damaged entry."""
+        """What its meta.json says, unchecked (`entry.rules.Recorded`): to name a damaged entry."""
         return Recorded.of(self.doc)
 
     @property
@@ -256,7 +256,7 @@ class StoreView:
         return os.path.isfile(self.layout.entry_meta_str(key))
 
     def stamp(self, key: str) -> list[int] | None:
-        """The stamp (`entry.meta_stamp`) of the entry's meta.json, None when absent."""
+        """The stamp (`entry.rules.meta_stamp`) of the entry's meta.json, None when absent."""
         try:
             return meta_stamp(os.stat(self.layout.entry_meta_str(key)))
         except OSError:

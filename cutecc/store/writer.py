@@ -128,7 +128,7 @@ class Store(BuildRecordWriter):
 
     def write_tuning_results(self, base: str, data: bytes) -> Path:
         """Replace the tuning record of default entry `base` with `data` (a document of
-        `TUNING_FORMAT`, `cutecc.runtime.tuning.TuningResults.dumps`)."""
+        `TUNING_FORMAT`, `cutecc.store.tuning_records.TuningResults.dumps`)."""
         path = self.layout.tuning_result(base)
         make_dir(path.parent)
         atomic_write(path, data)

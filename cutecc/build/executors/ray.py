@@ -120,7 +120,7 @@ def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
 def _checked(store: Any, job: BuildJob, result: Result) -> Result:
     """`result` with the metadata of the entry as the driver's store holds it, checked whole
     (the task's own report is never recorded); failed if the store's entry is refused or
-    the report differs from it in anything a lock line pins (`entry.acted_on`)."""
+    the report differs from it in anything a lock line pins (`entry.rules.acted_on`)."""
     from cutecc.ship.ingest import Refused, check_stored
 
     if result.status == "failed":
