@@ -1,7 +1,8 @@
 """What a cold `cutecc build` costs over the compiles inside it (issue 35).
 
     python -m benchmarks.build_overhead [--manifest examples root] [--jobs 1 2]
-                                        [--modes fork spawn] [--before REV] [--json PATH]
+                                        [--modes fork spawn] [--plan-memory off warm]
+                                        [--before REV] [--json PATH]
 
 Per manifest, in one run on one machine:
 - direct: one fresh process (`direct` below) imports the DSL, torch and the kernels'
@@ -15,7 +16,12 @@ Per manifest, in one run on one machine:
   runtime library's link, every compile, link and publish), whole process: wall clock here,
   CPU as the children's user + system time (`RUSAGE_CHILDREN`, every worker included), for
   each `-j` and worker mode (`$CUTECC_WORKERS`: fork from the compile service, or spawn),
-  with the build's own `--timings` (its JSON `timings` and per-entry parts). With
+  with the build's own `--timings` (its JSON `timings` and per-entry parts), and for each
+  `--plan-memory`: the user's planning memory (cutecc/toolchain/planmemory.py) `off` (a
+  user's very first build: nothing remembered anywhere), or `warm` (a copy, per build, of
+  the memory one untimed `--dry-run` of the manifest filled: a user who planned it before,
+  building into a new cache). Every build and the dry run run in one working directory,
+  made settled first (`python -m` puts it first on `sys.path`, which closures depend on). With
   `--before REV`, that revision's `cutecc/` (extracted, byte-compiled) builds too, each
   measurement alternating between the versions.
 An entry whose launcher cannot be compiled from fakes in its own order (the manifest's
@@ -35,6 +41,7 @@ import contextlib
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -132,9 +139,28 @@ def direct(manifest_path: Path) -> dict[str, Any]:
     return {"arch": arch, "archs": archs, "imports_s": round(imports, 2), "entries": out}
 
 
-def measure(name: str, jobs: list[int], modes: list[str], versions: dict[str, Path]) -> dict[str, Any]:
+def _memory(mem: str, scratch: Path, n: int) -> str:
+    """`$CUTECC_PLAN_MEMORY` for one build: `off`, or a fresh copy of the warmed memory."""
+    if mem == "off":
+        return "off"
+    copy = scratch / f"memory-{n}"
+    shutil.copytree(scratch / "memory", copy)
+    return str(copy)
+
+
+def measure(name: str, jobs: list[int], modes: list[str], versions: dict[str, Path],
+            memories: list[str], scratch: Path) -> dict[str, Any]:
     path = MANIFESTS[name]
-    res: dict[str, Any] = {"manifest": str(path.relative_to(REPO))}
+    cwd = scratch / "cwd"  # one working directory (settled in main) for the dry run and every build
+    res_warm = None
+    if "warm" in memories:  # untimed in the ratios: it fills the memory the warm builds copy
+        shutil.rmtree(scratch / "memory", ignore_errors=True)
+        code = os.pathsep.join([str(versions["after"]), os.environ.get("PYTHONPATH", "")])
+        res_warm = _timed([sys.executable, "-m", "cutecc.cli", "build", str(path), "--cache-dir",
+                           tempfile.mkdtemp(dir=scratch), "--dry-run", "--json"],
+                          {"CUTECC_PLAN_MEMORY": str(scratch / "memory"), "PYTHONPATH": code}, cwd)
+        res_warm["plan_s"] = (res_warm.pop("report", None) or {}).get("timings", {}).get("plan")
+    res: dict[str, Any] = {"manifest": str(path.relative_to(REPO)), "memory_fill": res_warm}
     d = _timed([sys.executable, "-m", "benchmarks.build_overhead", "direct", str(path)], {})
     res["direct"] = d
     rep = d.get("report") or {}
@@ -142,14 +168,16 @@ def measure(name: str, jobs: list[int], modes: list[str], versions: dict[str, Pa
     res["direct_sum_s"] = round(sum(e["seconds"] for e in ok), 2)
     res["direct_cpu_sum_s"] = round(sum(e["cpu_s"] for e in ok), 2)
     res["builds"] = []
-    for j, mode, (version, code) in [(j, m, v) for j in jobs for m in modes for v in versions.items()]:
+    runs = [(j, m, mem, v) for j in jobs for m in modes for mem in memories for v in versions.items()
+            if mem == "off" or v[0] == "after"]  # `warm`: this tree only (`--before` may have no memory)
+    for n, (j, mode, mem, (version, code)) in enumerate(runs):
         with tempfile.TemporaryDirectory(prefix="cutecc-overhead-") as cache:
             b = _timed([sys.executable, "-m", "cutecc.cli", "build", str(path), "--cache-dir", cache,
                         "--no-lock", "--json", "-j", str(j)],
-                       {"CUTECC_WORKERS": mode,
+                       {"CUTECC_WORKERS": mode, "CUTECC_PLAN_MEMORY": _memory(mem, scratch, n),
                         "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])},
-                       Path(cache))  # not the repository: `-m` puts the working directory first
-        b.update({"jobs": j, "mode": mode, "version": version})
+                       cwd)  # not the repository: `-m` puts the working directory first
+        b.update({"jobs": j, "mode": mode, "plan_memory": mem, "version": version})
         r = b.get("report") or {}
         b["built"] = r.get("built")
         b["ratio_to_direct_sum"] = (round(b["wall_s"] / res["direct_sum_s"], 2)
@@ -157,7 +185,8 @@ def measure(name: str, jobs: list[int], modes: list[str], versions: dict[str, Pa
         b["cpu_ratio_to_direct_cpu_sum"] = (round(b["cpu_s"] / res["direct_cpu_sum_s"], 2)
                                             if res["direct_cpu_sum_s"] else None)
         res["builds"].append(b)
-        print(f"{name} {version} -j {j} {mode}: {b['wall_s']} s wall, {b['cpu_s']} s CPU; direct sum "
+        print(f"{name} {version} -j {j} {mode} memory {mem}: {b['wall_s']} s wall, {b['cpu_s']} s CPU; "
+              "direct sum "
               f"{res['direct_sum_s']} s wall, {res['direct_cpu_sum_s']} s CPU "
               f"(load {b['load_before']} -> {b['load_after']})", file=sys.stderr)
     return res
@@ -171,15 +200,22 @@ def main() -> None:
     ap.add_argument("--manifest", nargs="+", default=["examples", "root"], choices=sorted(MANIFESTS))
     ap.add_argument("--jobs", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--modes", nargs="+", default=["fork", "spawn"], choices=["fork", "spawn"])
+    ap.add_argument("--plan-memory", nargs="+", default=["off", "warm"], choices=["off", "warm"],
+                    help="the user's planning memory: off, or warmed by one dry run of the manifest")
     ap.add_argument("--before", default=None, help="a git revision whose cutecc/ builds too, alternating")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="cutecc-overhead-code-") as d:
-        versions = code_versions(a.before, Path(d))
+        scratch = Path(d)
+        (scratch / "cwd").mkdir()
+        versions = code_versions(a.before, scratch)
+        # a closure is remembered only under settled stamps (over 2 s old): the working directory's
+        time.sleep(max(0.0, 2.5 - (time.time() - (scratch / "cwd").stat().st_ctime)))
         doc = {"benchmark": "build_overhead", "machine": machine(), "command": sys.argv,
                "before": a.before, "pythonpath": os.environ.get("PYTHONPATH"),
                "note": "shared 2-core host, other engineers' builds and tests running: loads vary",
-               "manifests": {m: measure(m, a.jobs, a.modes, versions) for m in a.manifest}}
+               "manifests": {m: measure(m, a.jobs, a.modes, versions, a.plan_memory, scratch)
+                             for m in a.manifest}}
     text = json.dumps(doc, indent=1)
     if a.json:
         a.json.write_text(text + "\n")
