@@ -412,6 +412,9 @@ def _bounded(limits: Limits, build: Callable[[], Result]) -> Result:
         thread.join(limits.seconds)
         if box:
             return box[0]
+        # What the compile started goes now, not with the worker 2 s later: a build whose
+        # last task this was may shut Ray down (and this worker with it) before that.
+        worker_tree.kill_tree(os.getpid(), token, group=False)
         threading.Timer(2.0, stop).start()
         return Result("failed", limits.seconds, stopped_error(limits))
     finally:
