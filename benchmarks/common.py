@@ -135,13 +135,15 @@ def plant(store: Any, src: Any, items: list[tuple[str, dict[str, Any]]]) -> None
     import json
     import shutil
 
-    from cutecc.entry.rules import ENTRY_FORMAT, META, index_bytes, index_facts, meta_stamp, runtime_record
+    from cutecc.entry.meta import EntryMeta
+    from cutecc.entry.rules import ENTRY_FORMAT, META, meta_stamp, runtime_record
+    from cutecc.store.index_record import IndexRecord
 
-    rec = runtime_record(src.meta)
+    rec = runtime_record(src.doc)
     if rec is not None and store.get_runtime(rec["key"]) is None:
         shutil.copytree(src.path.parents[2] / "runtimes" / rec["key"][:2] / rec["key"],
                         store.layout.runtime(rec["key"]))
-    lib = src.meta["library"]
+    lib = src.doc["library"]
     for key, meta in items:
         d = store.layout.entry(key)
         d.mkdir(parents=True, exist_ok=True)
@@ -150,11 +152,12 @@ def plant(store: Any, src: Any, items: list[tuple[str, dict[str, Any]]]) -> None
                 os.link(src.path / lib, d / lib)
             except OSError:
                 shutil.copyfile(src.path / lib, d / lib)
-        full = {**meta, "files": src.meta["files"], "format": ENTRY_FORMAT, "key": key}
+        full = {**meta, "files": src.doc["files"], "format": ENTRY_FORMAT, "key": key}
         (d / META).write_text(json.dumps(full, indent=1, sort_keys=True))
         (store.index_dir / meta["kernel"]).mkdir(parents=True, exist_ok=True)
         stamp = meta_stamp(os.stat(d / META))
-        (store.index_dir / meta["kernel"] / key).write_bytes(index_bytes(index_facts(key, full, stamp)))
+        record = IndexRecord.of_meta(key, EntryMeta.parse(full, key), stamp)
+        (store.index_dir / meta["kernel"] / key).write_bytes(record.dumps())
 
 
 def link_fat(obj: Path, out: Path, symbol: str, *, entry: str, arch: str, key: str) -> None:

@@ -219,9 +219,9 @@ def seed_remote(weed: Weed, prefix: str, m: Path, root: Path) -> tuple[int, int]
     from cutecc.store import Store
 
     first = next(iter(Store(root / "seed-cache").entries()))
-    lib = (first.path / first.meta["library"]).read_bytes()
+    lib = (first.path / first.doc["library"]).read_bytes()
     store = weed.store(prefix)
-    obstore.put(store, f"v1/blobs/{first.meta['files']['kernel.so']['sha256']}", lib)
+    obstore.put(store, f"v1/blobs/{first.doc['files']['kernel.so']['sha256']}", lib)
 
     def put(p: Any) -> None:
         meta = dict(first.meta, variant=p.variant.id, params=dict(p.variant.params), key_inputs=p.inputs,

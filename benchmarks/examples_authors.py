@@ -183,15 +183,15 @@ def compare(cache: Path, manifest_path: Path, out: Path | None = None,
     res: dict[str, bool | None] = {}
     newest: dict[tuple[str, str], Any] = {}  # an older build of a variant is left out, as `cutecc.load` does
     for e in Store(cache).entries():
-        at = (e.meta["kernel"], e.meta["variant"])
-        if e.meta["arch"] == ARCH and (at not in newest or
-                                       e.meta.get("built_at", "") > newest[at].meta.get("built_at", "")):
+        at = (e.doc["kernel"], e.doc["variant"])
+        if e.doc["arch"] == ARCH and (at not in newest or
+                                       e.doc.get("built_at", "") > newest[at].doc.get("built_at", "")):
             newest[at] = e
     for _, e in sorted(newest.items()):
-        name = e.meta["kernel"]
+        name = e.doc["kernel"]
         if kernels is not None and name not in kernels:
             continue
-        v = next((x for x in manifest.kernel(name).variants if x.id == e.meta["variant"]), None)
+        v = next((x for x in manifest.kernel(name).variants if x.id == e.doc["variant"]), None)
         if v is None:  # a tuning candidate
             continue
         lab = f"{name}[{v.id}]"
@@ -203,7 +203,7 @@ def compare(cache: Path, manifest_path: Path, out: Path | None = None,
             out.mkdir(parents=True, exist_ok=True)
             obj = out / (re.sub(r"[^A-Za-z0-9_.-]", "_", f"{name}.{v.id}") + ".o")
         theirs = authors_cubins(name, v, obj)
-        ours = cubins((e.path / e.meta["library"]).read_bytes())
+        ours = cubins((e.path / e.doc["library"]).read_bytes())
         res[lab] = bool(ours) and ours == theirs
     return res
 

@@ -137,9 +137,9 @@ def build(cache: Path, out_dir: Path, manifest_path: Path) -> dict[str, Any]:
 
     newest: dict[tuple[str, str], Any] = {}  # an older build of a variant is left out, as `cutecc.load` does
     for e in Store(cache).entries():
-        at = (e.meta["kernel"], e.meta["variant"])
-        if e.meta["arch"] == "sm_90a" and (at not in newest or
-                                           e.meta.get("built_at", "") > newest[at].meta.get("built_at", "")):
+        at = (e.doc["kernel"], e.doc["variant"])
+        if e.doc["arch"] == "sm_90a" and (at not in newest or
+                                           e.doc.get("built_at", "") > newest[at].doc.get("built_at", "")):
             newest[at] = e
     entries = list(newest.values())
     manifest = examples_authors.setup(manifest_path)  # before the DSL or any library is imported
@@ -151,9 +151,9 @@ def build(cache: Path, out_dir: Path, manifest_path: Path) -> dict[str, Any]:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {}
-    for e in sorted(entries, key=lambda e: (e.meta["kernel"], e.meta["variant"])):
-        kernel = manifest.kernel(e.meta["kernel"])
-        v = next((x for x in kernel.variants if x.id == e.meta["variant"]), None)
+    for e in sorted(entries, key=lambda e: (e.doc["kernel"], e.doc["variant"])):
+        kernel = manifest.kernel(e.doc["kernel"])
+        v = next((x for x in kernel.variants if x.id == e.doc["variant"]), None)
         if v is None:  # a tuning candidate (`cutecc tune --compile-only`): not a declared variant
             continue
         if kernel.name not in SIZES:  # a backward launch: benchmarks/training_step.py times them
@@ -173,7 +173,7 @@ def build(cache: Path, out_dir: Path, manifest_path: Path) -> dict[str, Any]:
         compiled.export_to_c(str(obj), function_name=INNER_SYMBOL)
         link_fat(obj, lib, SYMBOL, entry=kernel.entry, arch="sm_90a", key="direct" + "0" * 6)
         obj.unlink()
-        ours = cubins((e.path / e.meta["library"]).read_bytes())
+        ours = cubins((e.path / e.doc["library"]).read_bytes())
         direct = cubins(lib.read_bytes())
         report[label(kernel.name, v.id)] = {
             "kernel": kernel.name, "variant": v.id, "key": e.key, "library": lib.name,

@@ -159,7 +159,7 @@ def check_plan(items: list[Any], cache: Path | None) -> dict[str, Any]:
                 if e is None:
                     problems.append(f"{it.kernel}[{c.variant}] {c.key[:12]}: not in {cache}")
                 else:
-                    secs += float(e.meta.get("build_seconds", 0.0))
+                    secs += float(e.doc.get("build_seconds", 0.0))
             out["compile_seconds_cpu"][it.kernel] = round(secs, 2)
         locked = {e.key for e in read_lock(MANIFEST.parent / "kernels.lock").entries}
         problems += [f"{it.kernel}: its default {it.base[:12]} is not in examples/gemm/kernels.lock "

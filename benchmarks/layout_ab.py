@@ -44,16 +44,16 @@ def prepare(out: Path) -> None:
                     str(out / "objects.json"), "--keep", str(objs)], check=True, cwd=REPO)
     fat: dict[str, Any] = {}
     for e in Store(cache).entries():
-        label = f"{e.meta['kernel']}[{e.meta['variant']}]"
+        label = f"{e.doc['kernel']}[{e.doc['variant']}]"
         fake = hashlib.sha256(b"fat" + e.key.encode()).hexdigest()  # its own target name
         d = out / "fat" / "entries" / fake[:2] / fake
         d.mkdir(parents=True)
-        link_fat(objs / f"{label}.o", d / "kernel.so", SYMBOL, entry=e.meta["entry"],
-                 arch=e.meta["arch"], key=e.key)
+        link_fat(objs / f"{label}.o", d / "kernel.so", SYMBOL, entry=e.doc["entry"],
+                 arch=e.doc["arch"], key=e.key)
         shutil.copyfile(e.path / "meta.json", d / "meta.json")  # read (not parsed) by the loader
         data = (d / "kernel.so").read_bytes()
         fat[e.key] = {"key": fake, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
-                      "label": label, "new_size": e.meta["files"]["kernel.so"]["size"]}
+                      "label": label, "new_size": e.doc["files"]["kernel.so"]["size"]}
     (out / "fat.json").write_text(json.dumps(fat, indent=1))
     print(f"prepared {len(fat)} variants in {out}: new layout in cache/, old layout in fat/")
 

@@ -27,7 +27,7 @@ def real_entry(cache: Path, kernel: str = "mul", variant: str = "dtype=float32")
     from cutecc.store import Store
 
     for e in Store(cache).entries():
-        if e.meta.get("kernel") == kernel and e.meta.get("variant") == variant:
+        if e.doc.get("kernel") == kernel and e.doc.get("variant") == variant:
             return e
     raise LookupError(f"{kernel}[{variant}] is not in {cache}")
 

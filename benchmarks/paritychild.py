@@ -84,12 +84,12 @@ def main() -> None:
     from cutecc.store import Store
 
     store = Store(sys.argv[1])
-    by_variant = {(e.meta["kernel"], e.meta["variant"]): e for e in store.entries()}
+    by_variant = {(e.doc["kernel"], e.doc["variant"]): e for e in store.entries()}
     out: dict[str, Any] = {}
     for c in ALL:
         vid = ",".join(f"{k}={v}" for k, v in c.params) or "default"
         e = by_variant[(c.kernel, vid)]
-        ours = cubins((e.path / e.meta["library"]).read_bytes())
+        ours = cubins((e.path / e.doc["library"]).read_bytes())
         direct = cubins(dsl_direct(c))
         cc = cubins(cutlass_call_object(c))
         assert len(ours) == len(direct) == len(cc) == 1, (len(ours), len(direct), len(cc))

@@ -39,8 +39,8 @@ def _cache_sizes(cache: Path) -> dict[str, dict[str, int]]:
 
     out = {}
     for e in Store(cache).entries():
-        out[f"{e.meta['kernel']}[{e.meta['variant']}]"] = {
-            "library": (e.path / e.meta["library"]).stat().st_size,
+        out[f"{e.doc['kernel']}[{e.doc['variant']}]"] = {
+            "library": (e.path / e.doc["library"]).stat().st_size,
             "meta": (e.path / "meta.json").stat().st_size}
     return out
 
@@ -81,7 +81,7 @@ def run(cache: Path, root: Path, variants: int = 1000, sample: int = 20) -> Grou
     objs = _objects(manifest, root / "root-objects.json")
     sizes = _cache_sizes(cache)
     [rt] = list(Store(cache).runtimes())
-    runtime = (rt.path / rt.meta["library"]).stat().st_size
+    runtime = (rt.path / rt.doc["library"]).stat().st_size
     n_root = len(sizes)
     _rows(res, f"root kernels.toml ({n_root} variants)", objs, sizes, runtime, n_root)
     res.rows.append(Row(G, "runtime library (once per toolchain)", "KiB", value=runtime / 1024,
