@@ -224,7 +224,7 @@ def seed_remote(weed: Weed, prefix: str, m: Path, root: Path) -> tuple[int, int]
     obstore.put(store, f"v1/blobs/{first.doc['files']['kernel.so']['sha256']}", lib)
 
     def put(p: Any) -> None:
-        meta = dict(first.meta, variant=p.variant.id, params=dict(p.variant.params), key_inputs=p.inputs,
+        meta = dict(first.doc, variant=p.variant.id, params=dict(p.variant.params), key_inputs=p.inputs,
                     key=p.key)
         obstore.put(store, f"v1/entries/{p.key}.json", json.dumps(meta, indent=1, sort_keys=True).encode())
 

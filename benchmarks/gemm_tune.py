@@ -364,7 +364,7 @@ def compare(cache: Path, lock: Path | None, records: dict[Any, Any], rounds: int
         if base_key is None:
             base_key = kfn.builds[0].key
         e = store.get(base_key)
-        default = KernelFn(s.kernel, [Build.from_meta(base_key, e.path, e.meta)], arch=ARCH)
+        default = KernelFn(s.kernel, [Build.of(e.meta, e.path)], arch=ARCH)
         fns: dict[str, Any] = {"cutecc": jax.jit(lambda a, b, kfn=kfn: kfn(a, b)),
                                "cutecc_default": jax.jit(lambda a, b, f=default: f(a, b)),
                                **{n: jax.jit(f) for n, f in xla_fns(s.dtype).items()}}

@@ -40,7 +40,7 @@ def synthesize(src: Any, dst: Path, n: int) -> None:
 
     store = Store(dst)
     store.ensure()
-    base = {k: v for k, v in src.meta.items() if k not in ("files", "key", "format")}
+    base = {k: v for k, v in src.doc.items() if k not in ("files", "key", "format")}
     items = [(src.key, base)]
     for i in range(n - 1):
         meta = copy.deepcopy(base)

@@ -123,7 +123,7 @@ def _seed(m: Path, cache: Path) -> None:
     compile_all([BuildJob.of(first, manifest)], store.root, 1, lambda job, r: None)
     src = store.get(first.key)
     assert src is not None
-    base = {k: v for k, v in src.meta.items() if k not in ("files", "key", "format")}
+    base = {k: v for k, v in src.doc.items() if k not in ("files", "key", "format")}
     plant(store, src, [(p.key, {**base, "variant": p.variant.id, "params": dict(p.variant.params),
                                 "key_inputs": p.inputs}) for p in planned[1:]])
 

@@ -38,7 +38,7 @@ def compile_seconds(cache: Path, plan: list[Any]) -> dict[str, float]:
     for it in plan:
         for c in it.candidates:
             e = store.get(c.key)
-            secs = float((e.meta if e else {}).get("build_seconds", 0))
+            secs = float((e.doc if e else {}).get("build_seconds", 0))
             out[it.kernel] = out.get(it.kernel, 0.0) + secs
     return {k: round(v, 2) for k, v in out.items()}
 
