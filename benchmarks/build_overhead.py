@@ -1,7 +1,7 @@
 """What a cold `cutecc build` costs over the compiles inside it (issue 35).
 
     python -m benchmarks.build_overhead [--manifest examples root] [--jobs 1 2]
-                                        [--modes fork spawn] [--plan-memory off warm]
+                                        [--modes fork spawn resident] [--plan-memory off warm]
                                         [--before REV] [--json PATH]
 
 Per manifest, in one run on one machine:
@@ -15,7 +15,10 @@ Per manifest, in one run on one machine:
 - cutecc: `cutecc build MANIFEST --no-lock --json` into an empty cache (cold: planning, the
   runtime library's link, every compile, link and publish), whole process: wall clock here,
   CPU as the children's user + system time (`RUSAGE_CHILDREN`, every worker included), for
-  each `-j` and worker mode (`$CUTECC_WORKERS`: fork from the compile service, or spawn),
+  each `-j` and worker mode (`$CUTECC_WORKERS`: fork from the build's own compile service, or
+  spawn; or `resident`: forked from a resident compile service that one untimed build of the
+  manifest with the same environment left, cutecc/build/executors/resident.py, whose CPU,
+  its workers' included, is added: they are its children, not the build's),
   with the build's own `--timings` (its JSON `timings` and per-entry parts), and for each
   `--plan-memory`: the user's planning memory (cutecc/toolchain/planmemory.py) `off` (a
   user's very first build: nothing remembered anywhere), or `warm` (a copy, per build, of
@@ -64,13 +67,30 @@ def _cpu_children() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _timed(cmd: list[str], env: dict[str, str], cwd: Path = REPO) -> dict[str, Any]:
-    """Run `cmd`; its wall, CPU (it and its waited-for descendants), load before and after,
-    and the JSON it printed last."""
-    before, cpu0, t0 = _load(), _cpu_children(), time.perf_counter()
+def _resident_cpu(run: Path | None) -> float:
+    """CPU seconds of the resident compile services started with `run` as $XDG_RUNTIME_DIR,
+    their reaped workers' included (utime, stime, cutime, cstime)."""
+    if run is None:
+        return 0.0
+    needle, total = f"XDG_RUNTIME_DIR={run}".encode(), 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            if b"cutecc.build.executors.resident" in (d / "cmdline").read_bytes() and \
+                    needle in (d / "environ").read_bytes().split(b"\0"):
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                total += sum(int(x) for x in fields[11:15])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _timed(cmd: list[str], env: dict[str, str], cwd: Path = REPO, run: Path | None = None) -> dict[str, Any]:
+    """Run `cmd`; its wall, CPU (it and its waited-for descendants, and the resident services
+    of `run`), load before and after, and the JSON it printed last."""
+    before, cpu0, t0 = _load(), _cpu_children() + _resident_cpu(run), time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env}, cwd=cwd,
                        timeout=3600)
-    wall, cpu = time.perf_counter() - t0, _cpu_children() - cpu0
+    wall, cpu = time.perf_counter() - t0, _cpu_children() + _resident_cpu(run) - cpu0
     out: dict[str, Any] = {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "load_before": before,
                            "load_after": _load(), "returncode": r.returncode}
     try:
@@ -170,13 +190,23 @@ def measure(name: str, jobs: list[int], modes: list[str], versions: dict[str, Pa
     res["builds"] = []
     runs = [(j, m, mem, v) for j in jobs for m in modes for mem in memories for v in versions.items()
             if mem == "off" or v[0] == "after"]  # `warm`: this tree only (`--before` may have no memory)
+    warmed: set[str] = set()
     for n, (j, mode, mem, (version, code)) in enumerate(runs):
+        run = scratch / "run" if mode == "resident" else None
+        env = {"CUTECC_WORKERS": "spawn" if mode == "spawn" else "fork",
+               "CUTECC_SERVICE_IDLE": "900" if run else "0", "XDG_RUNTIME_DIR": str(run or scratch),
+               "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])}
+        if run and version not in warmed:  # untimed: the build that leaves the resident service
+            warmed.add(version)
+            with tempfile.TemporaryDirectory(prefix="cutecc-overhead-") as cache:
+                w = _timed([sys.executable, "-m", "cutecc.cli", "build", str(path), "--cache-dir", cache,
+                            "--no-lock", "--json"], {**env, "CUTECC_PLAN_MEMORY": "off"}, cwd)
+            res.setdefault("resident_warmup", {})[version] = {k: w[k] for k in ("wall_s", "returncode")}
         with tempfile.TemporaryDirectory(prefix="cutecc-overhead-") as cache:
             b = _timed([sys.executable, "-m", "cutecc.cli", "build", str(path), "--cache-dir", cache,
                         "--no-lock", "--json", "-j", str(j)],
-                       {"CUTECC_WORKERS": mode, "CUTECC_PLAN_MEMORY": _memory(mem, scratch, n),
-                        "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])},
-                       cwd)  # not the repository: `-m` puts the working directory first
+                       {**env, "CUTECC_PLAN_MEMORY": _memory(mem, scratch, n)},
+                       cwd, run)  # not the repository: `-m` puts the working directory first
         b.update({"jobs": j, "mode": mode, "plan_memory": mem, "version": version})
         r = b.get("report") or {}
         b["built"] = r.get("built")
@@ -192,6 +222,18 @@ def measure(name: str, jobs: list[int], modes: list[str], versions: dict[str, Pa
     return res
 
 
+def _stop_residents(run: Path) -> None:
+    """Kill the resident services this run started, and their workers."""
+    import signal
+
+    needle = f"XDG_RUNTIME_DIR={run}".encode()
+    for d in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            if d.name.isdigit() and needle in (d / "environ").read_bytes().split(b"\0") and \
+                    b"cutecc.build.executors.resident" in (d / "cmdline").read_bytes():
+                os.kill(int(d.name), signal.SIGKILL)
+
+
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "direct":
         print(json.dumps(direct(Path(sys.argv[2]))))
@@ -199,7 +241,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--manifest", nargs="+", default=["examples", "root"], choices=sorted(MANIFESTS))
     ap.add_argument("--jobs", nargs="+", type=int, default=[1, 2])
-    ap.add_argument("--modes", nargs="+", default=["fork", "spawn"], choices=["fork", "spawn"])
+    ap.add_argument("--modes", nargs="+", default=["fork", "spawn", "resident"],
+                    choices=["fork", "spawn", "resident"])
     ap.add_argument("--plan-memory", nargs="+", default=["off", "warm"], choices=["off", "warm"],
                     help="the user's planning memory: off, or warmed by one dry run of the manifest")
     ap.add_argument("--before", default=None, help="a git revision whose cutecc/ builds too, alternating")
@@ -211,11 +254,15 @@ def main() -> None:
         versions = code_versions(a.before, scratch)
         # a closure is remembered only under settled stamps (over 2 s old): the working directory's
         time.sleep(max(0.0, 2.5 - (time.time() - (scratch / "cwd").stat().st_ctime)))
-        doc = {"benchmark": "build_overhead", "machine": machine(), "command": sys.argv,
-               "before": a.before, "pythonpath": os.environ.get("PYTHONPATH"),
-               "note": "shared 2-core host, other engineers' builds and tests running: loads vary",
-               "manifests": {m: measure(m, a.jobs, a.modes, versions, a.plan_memory, scratch)
-                             for m in a.manifest}}
+        (scratch / "run").mkdir(mode=0o700)
+        try:
+            doc = {"benchmark": "build_overhead", "machine": machine(), "command": sys.argv,
+                   "before": a.before, "pythonpath": os.environ.get("PYTHONPATH"),
+                   "note": "shared 2-core host, other engineers' builds and tests running: loads vary",
+                   "manifests": {m: measure(m, a.jobs, a.modes, versions, a.plan_memory, scratch)
+                                 for m in a.manifest}}
+        finally:
+            _stop_residents(scratch / "run")
     text = json.dumps(doc, indent=1)
     if a.json:
         a.json.write_text(text + "\n")

@@ -3,6 +3,7 @@ paths, a tiny real kernel project (the "toy") and its built cache, and the CLI i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -290,3 +291,37 @@ def unbuilt_kernels(manifest: Path, grads: dict[str, Any] | None = None) -> dict
 def unbuilt_target(kernel: str, key: str) -> str:
     """The FFI target an `unbuilt_kernels` build lowers to."""
     return f"cutecc_{kernel}_{key[:8]}"
+
+
+def resident_services(run_dir: Path) -> list[int]:
+    """The live resident compile services (cutecc/build/executors/resident.py) started with
+    `run_dir` as their $XDG_RUNTIME_DIR (not their forked workers, which are their children)."""
+    marker, needle = b"cutecc.build.executors.resident", f"XDG_RUNTIME_DIR={run_dir}".encode()
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes()
+            env = (d / "environ").read_bytes()
+            state, parent = (d / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            pcmd = Path(f"/proc/{parent}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if marker in cmd and needle in env.split(b"\0") and state != "Z" and marker not in pcmd:
+            out.append(int(d.name))
+    return out
+
+
+def stop_resident_services(run_dir: Path) -> None:
+    """SIGKILL the resident services of `run_dir` (`resident_services`) and their workers."""
+    import signal
+
+    for pid in resident_services(run_dir):
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                        os.kill(int(d.name), signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)

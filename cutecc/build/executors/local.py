@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cutecc.build.executors import service, worker_tree
+from cutecc.build.executors import resident, service, worker_tree
 from cutecc.build.workers import (
     DEFAULT_LIMITS,
     BuildJob,
@@ -117,22 +117,30 @@ class _Pool:
         self.worker = "spawn"
 
     def _start_service(self) -> None:
-        """Start the compile service (or adopt the one `prestart` started, if it fits) if
-        forking is asked for and safe; else say why not."""
+        """Connect to (or start) the compile service, or adopt the one `prestart` started if
+        it fits, if forking is asked for and safe; else say why not. A resident service
+        (`resident`) that does not fit or retired is replaced by a fresh one, and one that
+        cannot start by a service of this build's own."""
         how, why = service.mode()
         if how != "fork":
             self.worker = f"spawn ({why})"
             return
-        self.service = _adopt(self.arch, self.env, self.limits.memory, self.modules)
-        if self.service is None:
-            with _sigint_held_while_spawning():  # it starts with Ctrl-C blocked, as a worker does
-                self.service = service.Service(self.ctx, _init_worker,
-                                               (self.arch, os.getpid(), self.env, False),
-                                               _serve_forked, self.limits.memory, self.modules)
-        # a Ctrl-C meanwhile stops the pool (and the service)
-        problem = self.service.ready(final=self.modules)
-        if problem is None:
-            self.worker = "fork"
+        svc = _adopt(self.arch, self.env, self.limits.memory, self.modules)
+        problem: str | None = "not started"
+        for attempt in range(3):
+            if svc is None:
+                svc = _open_service(self.arch, self.env, self.limits.memory, self.modules,
+                                    keep=attempt < 2)
+            problem = svc.ready(final=self.modules)  # a Ctrl-C meanwhile stops the pool (and the service)
+            if problem is None:
+                break
+            svc.close()
+            if not isinstance(svc, resident.ResidentService):
+                break
+            svc = None
+        if problem is None and svc is not None:
+            self.service = svc
+            self.worker = "fork (resident)" if isinstance(svc, resident.ResidentService) else "fork"
         else:
             self.service, self.worker = None, f"spawn ({problem})"
 
@@ -142,7 +150,7 @@ class _Pool:
             try:
                 with _sigint_held_while_spawning():
                     forked = self.service.fork(token)
-                return _Slot(forked, forked.conn, token, "fork", time.monotonic())
+                return _Slot(forked, forked.conn, token, self.worker, time.monotonic())
             except service.ServiceGone as e:
                 self.service.close()
                 self.service, self.worker = None, f"spawn ({e})"
@@ -245,11 +253,21 @@ def prestart(manifest: Any, limits: Limits = DEFAULT_LIMITS) -> bool:
     if guessed is None:
         return False
     arch, env, modules = guessed
-    with _sigint_held_while_spawning():
-        svc = service.Service(multiprocessing.get_context("spawn"), _init_worker,
-                              (arch, os.getpid(), env, False), _serve_forked, limits.memory, modules)
-    _PRESTARTED.append((arch, env, limits.memory, modules, svc))
+    _PRESTARTED.append((arch, env, limits.memory, modules, _open_service(arch, env, limits.memory, modules)))
     return True
+
+
+def _open_service(arch: str, env: dict[str, str], memory: int | None, modules: service.Preload,
+                  keep: bool = True) -> service.Service:
+    """A session with the resident compile service of this state (`resident`), when
+    services are kept (`$CUTECC_SERVICE_IDLE`) and `keep`; else a service of this build's own."""
+    idle = resident.idle_seconds()
+    if keep and idle > 0:
+        with contextlib.suppress(service.ServiceGone):
+            return resident.ResidentService(arch, env, memory, modules, idle)
+    with _sigint_held_while_spawning():  # it starts with Ctrl-C blocked, as a worker does
+        return service.Service(multiprocessing.get_context("spawn"), _init_worker,
+                               (arch, os.getpid(), env, False), _serve_forked, memory, modules)
 
 
 def discard_prestarted() -> None:
@@ -340,7 +358,7 @@ def _sigint_held_while_spawning() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
-def _init_worker(arch: str, parent: int, env: dict[str, str] | None = None,
+def _init_worker(arch: str, parent: int | None, env: dict[str, str] | None = None,
                  watchdog: bool = True) -> None:
     """Set the manifest's [env] and the DSL's target (before any import), and tie the
     worker's life to the build's (`_tie_to`; without `watchdog`, the compile service's
@@ -350,7 +368,8 @@ def _init_worker(arch: str, parent: int, env: dict[str, str] | None = None,
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # if the spawn left it blocked
-    _tie_to(parent, watchdog)
+    if parent is not None:  # None: a resident service, which outlives its build (`resident`)
+        _tie_to(parent, watchdog)
     os.environ.update(env or {})
     set_target(arch)
 

@@ -9,15 +9,34 @@ exit 130 with no worker tracebacks.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import resident_services, stop_resident_services
 
 from .conftest import CLI, REPO_MANIFEST, child_env, children_of, proc_alive, proc_cmdline, wait_for
 
 pytestmark = pytest.mark.usefixtures("dsl")
+
+
+@pytest.fixture(params=["per-build", "resident"])
+def service_kind(request: pytest.FixtureRequest) -> Iterator[Path | None]:
+    """Workers forked from the build's own compile service, or from a resident one
+    (cutecc/build/executors/resident.py; its $XDG_RUNTIME_DIR, short for the socket's path)."""
+    if request.param == "per-build":
+        yield None
+        return
+    run = Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))
+    try:
+        yield run
+    finally:
+        stop_resident_services(run)
+        shutil.rmtree(run, ignore_errors=True)
 
 
 def _sigint_as_at_a_terminal() -> None:
@@ -28,17 +47,21 @@ def _sigint_as_at_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _start_build(cache: Path) -> tuple[subprocess.Popen, list[int]]:
-    """`cutecc build` of the example manifest into a fresh cache, in its own session; returns
-    it and its worker pids once at least one worker has started."""
+def _start_build(cache: Path, kept_in: Path | None) -> tuple[subprocess.Popen, list[int]]:
+    """`cutecc build` of the example manifest into a fresh cache, in its own session (with
+    `kept_in`, its workers forked by a resident service whose $XDG_RUNTIME_DIR it is);
+    returns it and its worker pids once at least one worker has started."""
+    extra = {"CUTECC_SERVICE_IDLE": "60", "XDG_RUNTIME_DIR": str(kept_in)} if kept_in else {}
     p = subprocess.Popen([*CLI, "build", str(REPO_MANIFEST), "--cache-dir", str(cache), "--no-lock",
-                          "-j", "2"], env=child_env(), start_new_session=True,
+                          "-j", "2"], env=child_env(extra), start_new_session=True,
                          preexec_fn=_sigint_as_at_a_terminal,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def workers() -> list[int]:
         """The build's worker processes: its children, and theirs (workers forked by the
-        compile service are its children, not the build's)."""
+        compile service are its children, not the build's), or the resident service's children."""
+        if kept_in:
+            return [c for r in resident_services(kept_in) for c in children_of(r)]
         out, todo = [], [p.pid]
         while todo:
             for c in children_of(todo.pop()):
@@ -49,21 +72,21 @@ def _start_build(cache: Path) -> tuple[subprocess.Popen, list[int]]:
 
     assert wait_for(lambda: len(workers()) >= 1 or p.poll() is not None, 60), "no worker started"
     assert p.poll() is None, "the build ended before a worker was seen"
-    wait_for(lambda: len(workers()) >= 3, 10)  # the compile service and its two workers
+    wait_for(lambda: len(workers()) >= (2 if kept_in else 3), 10)  # the per-build service, and two workers
     return p, workers()
 
 
 def _kill_leftovers(pids: list[int]) -> None:
     for pid in pids:
-        if proc_alive(pid) and "spawn_main" in proc_cmdline(pid):
+        if proc_alive(pid) and ("spawn_main" in proc_cmdline(pid) or "resident" in proc_cmdline(pid)):
             os.kill(pid, signal.SIGKILL)
 
 
-def test_workers_die_when_the_build_is_killed(tmp_path: Path) -> None:
+def test_workers_die_when_the_build_is_killed(tmp_path: Path, service_kind: Path | None) -> None:
     """`kill -9` of the main build process; within 3 s none of its compile
     workers is still running, and none publishes afterwards."""
     cache = tmp_path / "cache"
-    p, workers = _start_build(cache)
+    p, workers = _start_build(cache, service_kind)
     try:
         os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=30)
@@ -80,10 +103,10 @@ def test_workers_die_when_the_build_is_killed(tmp_path: Path) -> None:
         f"entries published after the kill: {published_after - published_before}")
 
 
-def test_ctrl_c_prints_one_line_and_exits_130(tmp_path: Path) -> None:
+def test_ctrl_c_prints_one_line_and_exits_130(tmp_path: Path, service_kind: Path | None) -> None:
     """SIGINT to the build's process group (what Ctrl-C does) stops it with exit
     130 and at most one line on stderr, no worker tracebacks, no worker left."""
-    p, workers = _start_build(tmp_path / "cache")
+    p, workers = _start_build(tmp_path / "cache", service_kind)
     try:
         os.killpg(p.pid, signal.SIGINT)
         _, err = p.communicate(timeout=120)

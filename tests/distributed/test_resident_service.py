@@ -1,0 +1,221 @@
+"""The resident compile service: kept between builds, one per state, private, never stale,
+gone when idle; a build's workers forked there die with that build; a build served by it
+gives the bytes a spawned worker gives."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import PY, resident_services, stop_resident_services, write_toy_project
+
+from cutecc.build.executors import resident, service
+from cutecc.errors import CuteccError
+from cutecc.store import Store
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _wait(pred: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return bool(pred())
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid and _alive(int(d.name)):
+                    out.append(int(d.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private $XDG_RUNTIME_DIR (short: a socket's path is); every resident service started
+    there is killed after."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(d))
+    monkeypatch.setenv("CUTECC_SERVICE_IDLE", "60")
+    yield d
+    stop_resident_services(d)
+    import shutil
+
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _module(where: Path, name: str, text: str = "VALUE = 1\n") -> service.Preload:
+    where.mkdir(parents=True, exist_ok=True)
+    (where / f"{name}.py").write_text(text)
+    return service.Preload((), (name,), (str(where),))
+
+
+def _open(modules: service.Preload, idle: float = 60) -> resident.ResidentService:
+    svc = resident.ResidentService("sm_90a", {}, None, modules, idle)
+    assert svc.ready(60) is None
+    return svc
+
+
+def test_a_second_build_is_served_by_the_service_the_first_left(run_dir: Path, tmp_path: Path) -> None:
+    modules = _module(tmp_path / "lib", "kept_a")
+    first = _open(modules)
+    assert first.how == "started"
+    w = first.fork("tok1")
+    assert w.conn.recv() == "ready"
+    w.conn.send(None)  # the worker's job loop ends
+    w.join(10)
+    assert w.exitcode == 0
+    first.close()
+    [pid] = resident_services(run_dir)
+    second = _open(modules)
+    try:
+        assert second.how == "kept" and resident_services(run_dir) == [pid]
+    finally:
+        second.close()
+    # another state (other [env]) gets a service of its own
+    other = resident.ResidentService("sm_90a", {"QUACK_ARCH": "sm_90a"}, None, modules, 60)
+    try:
+        assert other.ready(60) is None and other.how == "started"
+        assert len(resident_services(run_dir)) == 2
+        assert len(list(run_dir.glob("cutecc-services-*/*.sock"))) == 2
+    finally:
+        other.close()
+
+
+def test_a_build_that_ends_takes_its_forked_workers_with_it(run_dir: Path, tmp_path: Path) -> None:
+    svc = _open(_module(tmp_path / "lib", "kept_b"))
+    w = svc.fork("tok2")
+    assert w.conn.recv() == "ready"
+    assert _alive(w.pid) and w.pid in _children(resident_services(run_dir)[0])
+    svc.close()  # the build's session is over while its worker still waits for jobs
+    assert _wait(lambda: not _alive(w.pid), 5), "a worker outlived its build's session"
+    # and a build killed outright: the service sees its connection close
+    lib = str(tmp_path / "lib")
+    code = ("import sys, time; from cutecc.build.executors import resident, service; "
+            f"m = service.Preload((), ('kept_b',), ({lib!r},)); "
+            "s = resident.ResidentService('sm_90a', {}, None, m, 60); "
+            "assert s.ready(60) is None; w = s.fork('tok3'); assert w.conn.recv() == 'ready'; "
+            "print(w.pid, flush=True); time.sleep(60)")
+    p = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    try:
+        assert p.stdout is not None
+        worker = int(p.stdout.readline())
+        assert _alive(worker)
+        p.kill()
+        p.wait(10)
+        assert _wait(lambda: not _alive(worker), 5), "a worker outlived its killed build"
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_a_service_whose_imports_changed_retires_and_a_fresh_one_serves(run_dir: Path,
+                                                                        tmp_path: Path) -> None:
+    modules = _module(tmp_path / "lib", "kept_c")
+    _open(modules).close()
+    [old] = resident_services(run_dir)
+    time.sleep(0.01)
+    (tmp_path / "lib" / "kept_c.py").write_text("VALUE = 2\n")  # edited after the service imported it
+    again = resident.ResidentService("sm_90a", {}, None, modules, 60)
+    assert again.how == "started"  # the old one said it retired and is gone
+    try:
+        assert again.ready(60) is None
+        assert _wait(lambda: old not in resident_services(run_dir), 5)
+        assert len(resident_services(run_dir)) == 1
+    finally:
+        again.close()
+
+
+def test_an_idle_service_exits_and_removes_its_socket(run_dir: Path, tmp_path: Path) -> None:
+    _open(_module(tmp_path / "lib", "kept_d"), idle=0.5).close()
+    assert _wait(lambda: not resident_services(run_dir), 10)
+    assert not list(run_dir.glob("cutecc-services-*/*.sock"))
+
+
+def test_no_service_is_kept_where_its_socket_would_not_be_private(run_dir: Path) -> None:
+    d = run_dir / f"cutecc-services-{os.getuid()}"
+    d.mkdir(mode=0o700)
+    d.chmod(0o755)
+    assert resident.socket_dir() is None
+    with pytest.raises(service.ServiceGone, match="private"):
+        resident.ResidentService("sm_90a", {}, None, service.NOTHING, 60)
+    d.chmod(0o700)
+    assert resident.socket_dir() == d
+
+
+def test_the_idle_time_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUTECC_SERVICE_IDLE", raising=False)
+    assert resident.idle_seconds() == resident.IDLE_SECONDS
+    for off in ("0", "off", "no"):
+        monkeypatch.setenv("CUTECC_SERVICE_IDLE", off)
+        assert resident.idle_seconds() == 0
+    monkeypatch.setenv("CUTECC_SERVICE_IDLE", "90")
+    assert resident.idle_seconds() == 90
+    for bad in ("soon", "-1", "1e9", "nan"):
+        monkeypatch.setenv("CUTECC_SERVICE_IDLE", bad)
+        with pytest.raises(CuteccError, match=r"\$CUTECC_SERVICE_IDLE"):
+            resident.idle_seconds()
+
+
+def test_the_state_key_covers_the_environment_and_the_preload(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = resident.state_key("sm_90a", {}, None, service.NOTHING)
+    assert base == resident.state_key("sm_90a", {}, None, service.NOTHING)
+    monkeypatch.setenv("CUTE_DSL_SOMETHING", "1")
+    assert resident.state_key("sm_90a", {}, None, service.NOTHING) != base
+    monkeypatch.delenv("CUTE_DSL_SOMETHING")
+    for other in (resident.state_key("sm_100a", {}, None, service.NOTHING),
+                  resident.state_key("sm_90a", {"A": "1"}, None, service.NOTHING),
+                  resident.state_key("sm_90a", {}, 1 << 30, service.NOTHING),
+                  resident.state_key("sm_90a", {}, None, service.Preload(("torch",)))):
+        assert other != base
+
+
+def _build(manifest: Path, cache: Path, env: dict[str, str]) -> dict[str, Any]:
+    r = subprocess.run([PY, "-m", "cutecc.cli", "build", str(manifest), "--cache-dir", str(cache),
+                        "--no-lock", "--json", "-j", "2"], capture_output=True, text=True,
+                       env={**os.environ, **env}, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+@pytest.mark.usefixtures("dsl")
+def test_builds_served_by_a_resident_service_give_a_spawned_workers_keys_and_bytes(
+        run_dir: Path, tmp_path: Path) -> None:
+    manifest = write_toy_project(tmp_path / "p", threads=(64, 96, 128))
+    first = _build(manifest, tmp_path / "c1", {})
+    [pid] = resident_services(run_dir)
+    second = _build(manifest, tmp_path / "c2", {})
+    spawned = _build(manifest, tmp_path / "c3", {"CUTECC_WORKERS": "spawn"})
+    assert spawned["workers"].startswith("spawn")
+    assert first["workers"] == second["workers"] == "fork (resident)"
+    assert {e["worker"] for e in second["entries"]} == {"fork (resident)"}
+    assert resident_services(run_dir) == [pid]  # the second build used the first's service
+
+    def digests(cache: Path) -> dict[str, str]:
+        return {e.key: hashlib.sha256((e.path / e.doc["library"]).read_bytes()).hexdigest()
+                for e in Store(cache).entries()}
+
+    assert len(digests(tmp_path / "c1")) == 3
+    assert digests(tmp_path / "c1") == digests(tmp_path / "c2") == digests(tmp_path / "c3")
