@@ -396,6 +396,7 @@ class DistIndex:
         if by_stamp and not rec.stable:  # the RECORD changed since its stamp was taken: afresh
             self._records[name] = _Record(d)  # (its new stamp is unsettled: read as text)
             return self._compute(name, full)
+        self.hashes.prefetch([(p, st) for _, p, st in stats if st is not None])
         h = hashlib.sha256()
         size = sum(st.st_size for _, _, st in stats if st is not None)
         if size > FULL_HASH_LIMIT:

@@ -39,6 +39,7 @@ HASH_CACHE_FORMAT = FACTS_FORMAT  # 2: stamps with ctime and device; planfacts.j
 FACTS = PLAN_FACTS  # beside the hash cache: what a no-op build reads (`HashCache`)
 MAX_FACTS_BYTES = 64 << 20
 MAX_HASHES_BYTES = 256 << 20
+HASH_THREADS = min(8, os.cpu_count() or 1)  # `HashCache.prefetch`'s
 CLOSURE_CONTEXTS = 4  # closures remembered per module and python_path (`HashCache.closure`)
 SETTLE_NS = 2_000_000_000  # stamps younger than this are not remembered (`settled`)
 # The largest source file planning reads (`HashCache.source`): parsing Python costs about
@@ -68,6 +69,21 @@ def settled(st: os.stat_result) -> bool:
     """Whether a stamp may be remembered: its ctime is SETTLE_NS old, so an edit within the
     same tick of the file system's clock (which could leave every field as it was) is over."""
     return time.time_ns() - st.st_ctime_ns >= SETTLE_NS
+
+
+def _hash_file(f: str) -> tuple[os.stat_result, str, bool] | None:
+    """(`f`'s stat after reading it, its SHA-256, whether its stamp held while it was read),
+    None when unreadable."""
+    h = hashlib.sha256()
+    try:
+        with open(f, "rb") as fh:
+            before = os.fstat(fh.fileno())
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+            after = os.fstat(fh.fileno())
+    except OSError:
+        return None
+    return after, h.hexdigest(), stamp(before) == stamp(after)
 
 
 def _read_stamped(f: str) -> tuple[bytes, str, os.stat_result | None]:
@@ -129,6 +145,7 @@ class HashCache:
         f = self._facts
         self._known = (set(f.dists.names()), set(f.sources.names()), set(f.closures.names()))
         self._stamps: dict[str, str | None] = {}  # this pass's (`_stamp`)
+        self._hashed: dict[str, tuple[os.stat_result, str, bool]] = {}  # `prefetch`: for `sha256`
         self._valid: dict[str, bool] = {}  # body digest -> `_holds`, this pass
 
     def _read(self, path: Path | None, limit: int) -> bytes | None:
@@ -139,31 +156,51 @@ class HashCache:
         self._refused = self._refused or refused
         return data
 
-    def sha256(self, f: str) -> str:
-        """SHA-256 of installed file `f` ("missing" when it cannot be read)."""
+    def _file_hashes(self) -> HashesFile:
         if self._hashes is None:
             data = self._read(self.path, MAX_HASHES_BYTES)
             self._hashes = data is not None and HashesFile.loads(data, MAX_HASHES_BYTES) or HashesFile.of()
+        return self._hashes
+
+    def sha256(self, f: str) -> str:
+        """SHA-256 of installed file `f` ("missing" when it cannot be read)."""
+        hashes = self._file_hashes()
         try:
             st = os.stat(f)
         except OSError:
             return "missing"
-        rec = self._hashes.files.get(f)
+        rec = hashes.files.get(f)
         if rec is not None and rec.stamp == stamp(st):
             return rec.sha256
-        h = hashlib.sha256()
-        try:
-            with open(f, "rb") as fh:
-                before = os.fstat(fh.fileno())
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(chunk)
-                after = os.fstat(fh.fileno())
-        except OSError:
+        got = self._hashed.pop(f, None)
+        if got is None or stamp(got[0]) != stamp(st):
+            got = _hash_file(f)
+        if got is None:
             return "missing"
-        if stamp(before) == stamp(after) and settled(after):
-            self._hashes.files.put(f, FileHash(stamp(after), h.hexdigest()))
+        after, digest, held = got
+        if held and settled(after):
+            hashes.files.put(f, FileHash(stamp(after), digest))
             self._dirty.add("files")
-        return h.hexdigest()
+        return digest
+
+    def prefetch(self, files: list[tuple[str, os.stat_result]]) -> None:
+        """Hash those of `files` (path, its stat) not known under their stamps, on every core:
+        reading and SHA-256 let go of the interpreter's lock, and a first planning hashes
+        thousands of installed files (torch's 14,000, the DSL's libraries: over a GB). `sha256`
+        takes what this hashed while the stamp holds."""
+        hashes = self._file_hashes()
+        todo = [f for f, st in files if (rec := hashes.files.get(f)) is None or rec.stamp != stamp(st)]
+        threads = min(HASH_THREADS, len(todo) // 16)
+        if threads < 2:
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        chunks = [todo[i::threads * 8] for i in range(threads * 8)]  # interleaved: sizes even out
+        with ThreadPoolExecutor(threads) as pool:
+            for chunk, got in zip(chunks, pool.map(lambda c: [_hash_file(f) for f in c], chunks)):
+                for f, one in zip(chunk, got):
+                    if one is not None and one[2]:
+                        self._hashed[f] = one
 
     def source(self, f: str, kind: type[P], parse: Callable[[bytes], P]) -> Sourced[P]:
         """Facts of source file `f`: its SHA-256 and `parse(its bytes)` (of `kind`), from the

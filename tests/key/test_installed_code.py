@@ -408,3 +408,25 @@ def test_a_dry_run_or_read_only_build_plans_with_what_was_remembered_and_writes_
     forget()
     b.build(m, cache_dir=tmp_path / "fresh", lock=False, dry_run=True)  # a new cache: nothing written
     assert not (tmp_path / "fresh").exists()
+
+
+def test_files_hashed_on_several_threads_give_what_hashing_one_by_one_gives(tmp_path: Path,
+                                                                           monkeypatch) -> None:
+    """`HashCache.prefetch` (a first planning's installed files, on every core): the same
+    SHA-256 per file as `sha256` alone, and a file changed after it was prefetched is hashed
+    again, never answered from the prefetch."""
+    monkeypatch.setattr(cutecc.toolchain.hashcache, "HASH_THREADS", 4)
+    files = []
+    for i in range(80):
+        f = tmp_path / f"f{i}.bin"
+        f.write_bytes(os.urandom(1000 + 997 * i))
+        files.append(str(f))
+    alone = cutecc.toolchain.hashcache.HashCache(None)
+    want = {f: alone.sha256(f) for f in files}
+    assert want == {f: hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in files}
+    threaded = cutecc.toolchain.hashcache.HashCache(None)
+    threaded.prefetch([(f, os.stat(f)) for f in files])
+    assert len(threaded._hashed) == len(files)  # all of them hashed ahead
+    Path(files[3]).write_bytes(b"changed after the prefetch, before it was asked for")
+    want[files[3]] = hashlib.sha256(Path(files[3]).read_bytes()).hexdigest()
+    assert {f: threaded.sha256(f) for f in files} == want
