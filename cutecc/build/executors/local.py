@@ -32,15 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cutecc.build.executors import resident, service, worker_tree
+from cutecc.build.executors import resident, service, worker_process, worker_tree
 from cutecc.build.workers import (
     DEFAULT_LIMITS,
     BuildJob,
     Limits,
     Result,
-    build_one,
     died_error,
-    limit_memory,
     stopped_error,
     with_startup,
 )
@@ -155,8 +153,9 @@ class _Pool:
                 self.service.close()
                 self.service, self.worker = None, f"spawn ({e})"
         mine, theirs = self.ctx.Pipe()
-        proc = self.ctx.Process(target=_serve, args=(theirs, self.arch, os.getpid(), self.env,
-                                                     self.limits.memory, token, self.modules))
+        proc = self.ctx.Process(target=worker_process.serve_spawned,
+                                args=(theirs, self.arch, os.getpid(), self.env, self.limits.memory, token,
+                                      self.modules))
         asked = time.monotonic()
         with _sigint_held_while_spawning():  # workers start with Ctrl-C blocked
             proc.start()
@@ -266,8 +265,8 @@ def _open_service(arch: str, env: dict[str, str], memory: int | None, modules: s
         with contextlib.suppress(service.ServiceGone):
             return resident.ResidentService(arch, env, memory, modules, idle)
     with _sigint_held_while_spawning():  # it starts with Ctrl-C blocked, as a worker does
-        return service.Service(multiprocessing.get_context("spawn"), _init_worker,
-                               (arch, os.getpid(), env, False), _serve_forked, memory, modules)
+        return service.Service(multiprocessing.get_context("spawn"), worker_process.init_worker,
+                               (arch, os.getpid(), env, False), worker_process.serve_forked, memory, modules)
 
 
 def discard_prestarted() -> None:
@@ -299,50 +298,10 @@ def _exit_text(code: int | None) -> str:
     return f"exit status {code}"
 
 
-def _serve(conn: Any, arch: str, parent: int, env: dict[str, str], memory: int | None,
-           token: str = "", modules: service.Preload = service.NOTHING) -> None:
-    """A spawned worker: set up once for `arch`, import what a forked one has
-    (`service.preloads`), then build each job sent until told to stop; in a session of its
-    own, marking what it starts with `token` (`worker_tree.detach`)."""
-    if token:
-        worker_tree.detach(token)
-    _init_worker(arch, parent, env)
-    limit_memory(memory)
-    service.preload(modules)
-    _jobs(conn)
-    service.quit_now()
-
-
-def _serve_forked(conn: Any, parent: int, token: str) -> None:
-    """A worker forked by the compile service (set up and imported there; the service gave
-    it a session of its own and its mark, `token`): tied to the service's life, then as
-    `_serve`."""
-    _tie_to(parent)
-    _jobs(conn)
-
-
-def _jobs(conn: Any) -> None:
-    """Say ready, then build each job sent until told to stop."""
-    conn.send("ready")
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        if msg is None:
-            return
-        job, store_root, remote = msg
-        try:
-            result = build_one(job, store_root, remote)
-        except BaseException as e:  # MemoryError outside the compile, ...
-            result = Result("failed", 0.0, f"{type(e).__name__}: {e}")
-        conn.send(result)
-
-
 @contextlib.contextmanager
 def _sigint_held_while_spawning() -> Iterator[None]:
     """Ignore SIGINT while a worker is spawned, and block it too: an ignored signal stays
-    ignored across exec, so a Ctrl-C during the worker's start-up (before `_init_worker`)
+    ignored across exec, so a Ctrl-C during the worker's start-up (before `worker_process.init_worker`)
     cannot print a traceback from it; and a blocked one is kept pending even while ignored
     (Linux discards only unblocked ignored signals), so a Ctrl-C at the build meanwhile is
     delivered (KeyboardInterrupt) once the handler is back, never lost."""
@@ -356,42 +315,3 @@ def _sigint_held_while_spawning() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, old)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-
-
-def _init_worker(arch: str, parent: int | None, env: dict[str, str] | None = None,
-                 watchdog: bool = True) -> None:
-    """Set the manifest's [env] and the DSL's target (before any import), and tie the
-    worker's life to the build's (`_tie_to`; without `watchdog`, the compile service's
-    case, by the parent-death signal alone: it must stay one thread to fork), and leave
-    Ctrl-C to the parent, which stops the pool itself."""
-    from cutecc.build.compiler import set_target
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # if the spawn left it blocked
-    if parent is not None:  # None: a resident service, which outlives its build (`resident`)
-        _tie_to(parent, watchdog)
-    os.environ.update(env or {})
-    set_target(arch)
-
-
-def _tie_to(parent: int, watchdog: bool = True) -> None:
-    """Die with `parent`: a parent-death signal (cleared by fork, so armed again in each
-    process), and a watchdog thread for where that is not available."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # the parent died before the signal was armed
-        os._exit(1)
-    if watchdog:
-        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
-
-
-def _watch_parent(parent: int) -> None:
-    while True:
-        time.sleep(1.0)
-        if os.getppid() != parent:
-            os._exit(1)
-
-

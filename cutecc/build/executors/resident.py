@@ -266,11 +266,11 @@ class _Session:
 def main(spec: dict[str, Any]) -> None:
     """The resident service: set up and import as a per-build service does, then serve
     builds on its socket until idle for `spec["idle"]` seconds, or stale."""
-    from cutecc.build.executors.local import _init_worker
+    from cutecc.build.executors.worker_process import init_worker
     from cutecc.build.workers import limit_memory
 
     try:
-        _init_worker(spec["arch"], None, spec["env"], False)
+        init_worker(spec["arch"], None, spec["env"], False)
         limit_memory(spec["memory"])
         m = spec["modules"]
         service.preload(service.Preload(tuple(m["modules"]), tuple(m["entries"]), tuple(m["python_path"]),
@@ -403,7 +403,7 @@ class _Server:
         if not isinstance(wtoken, str):
             self._end(s)
             return
-        from cutecc.build.executors.local import _serve_forked
+        from cutecc.build.executors.worker_process import serve_forked
 
         mine, theirs = multiprocessing.Pipe()
         dead_r, dead_w = os.pipe()
@@ -427,7 +427,7 @@ class _Server:
                 import importlib
 
                 importlib.invalidate_caches()  # the project's files as they are now
-                _serve_forked(theirs, me, wtoken)
+                serve_forked(theirs, me, wtoken)
                 code = 0
             finally:
                 os._exit(code)

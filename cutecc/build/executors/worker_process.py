@@ -1,0 +1,97 @@
+"""What a local build worker process runs: its set-up (the manifest's [env], the DSL's
+target arch, Ctrl-C left to the build, its life tied to its parent's) and its job loop,
+spawned (`serve_spawned`) or forked from a compile service (`serve_forked`; the service,
+per build or resident, is set up by `init_worker` too). Shared by `cutecc.build.executors.local`,
+which runs the pools, and `cutecc.build.executors.resident`, which outlives them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from cutecc.build.executors import service, worker_tree
+from cutecc.build.workers import Result, build_one, limit_memory
+
+
+def serve_spawned(conn: Any, arch: str, parent: int, env: dict[str, str], memory: int | None,
+                  token: str = "", modules: service.Preload = service.NOTHING) -> None:
+    """A spawned worker: set up once for `arch`, import what a forked one has
+    (`service.preloads`), then build each job sent until told to stop; in a session of its
+    own, marking what it starts with `token` (`worker_tree.detach`)."""
+    if token:
+        worker_tree.detach(token)
+    init_worker(arch, parent, env)
+    limit_memory(memory)
+    service.preload(modules)
+    jobs(conn)
+    service.quit_now()
+
+
+def serve_forked(conn: Any, parent: int, token: str) -> None:
+    """A worker forked by the compile service (set up and imported there; the service gave
+    it a session of its own and its mark, `token`): tied to the service's life, then as
+    `serve_spawned`."""
+    tie_to(parent)
+    jobs(conn)
+
+
+def jobs(conn: Any) -> None:
+    """Say ready, then build each job sent until told to stop."""
+    conn.send("ready")
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        job, store_root, remote = msg
+        try:
+            result = build_one(job, store_root, remote)
+        except BaseException as e:  # MemoryError outside the compile, ...
+            result = Result("failed", 0.0, f"{type(e).__name__}: {e}")
+        conn.send(result)
+
+
+def init_worker(arch: str, parent: int | None, env: dict[str, str] | None = None,
+                 watchdog: bool = True) -> None:
+    """Set the manifest's [env] and the DSL's target (before any import), and tie the
+    worker's life to the build's (`tie_to`; without `watchdog`, the compile service's
+    case, by the parent-death signal alone: it must stay one thread to fork), and leave
+    Ctrl-C to the parent, which stops the pool itself."""
+    from cutecc.build.compiler import set_target
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # if the spawn left it blocked
+    if parent is not None:  # None: a resident service, which outlives its build (`resident`)
+        tie_to(parent, watchdog)
+    os.environ.update(env or {})
+    set_target(arch)
+
+
+def tie_to(parent: int, watchdog: bool = True) -> None:
+    """Die with `parent`: a parent-death signal (cleared by fork, so armed again in each
+    process), and a watchdog thread for where that is not available."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+    if watchdog:
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+
+
+def _watch_parent(parent: int) -> None:
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
