@@ -167,7 +167,12 @@ def test_no_service_is_kept_where_its_socket_would_not_be_private(run_dir: Path)
 
 def test_the_idle_time_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CUTECC_SERVICE_IDLE", raising=False)
+    monkeypatch.delenv("CI", raising=False)
     assert resident.idle_seconds() == resident.IDLE_SECONDS
+    monkeypatch.setenv("CI", "true")  # a CI job: one build on a fresh machine, nothing kept
+    assert resident.idle_seconds() == 0
+    monkeypatch.setenv("CUTECC_SERVICE_IDLE", "90")
+    assert resident.idle_seconds() == 90  # unless asked
     for off in ("0", "off", "no"):
         monkeypatch.setenv("CUTECC_SERVICE_IDLE", off)
         assert resident.idle_seconds() == 0

@@ -61,10 +61,11 @@ SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (Linux's sun_path, less i
 
 def idle_seconds() -> float:
     """`$CUTECC_SERVICE_IDLE`: seconds a resident service waits for another build (0: none
-    is kept)."""
+    is kept). Unset: `IDLE_SECONDS`, but none under CI (`$CI` set, as CI services set it): a
+    CI job is one build on a fresh machine, and what it leaves running only holds memory."""
     raw = os.environ.get(environ.SERVICE_IDLE, "").strip().lower()
     if not raw:
-        return IDLE_SECONDS
+        return 0.0 if environ.flag("CI") else IDLE_SECONDS
     if raw in ("0", "off", "no", "false"):
         return 0.0
     try:
@@ -199,12 +200,11 @@ class ResidentService(service.Service):
     def close(self) -> None:
         """End this build's session (the service kills what is left of its workers); the
         service stays for the next build."""
-        if self.conn is not None:
+        if self.conn is not None and not self.conn.closed:  # (closed: a late exit status is "gone")
             with contextlib.suppress(Exception):
                 self.conn.send(None)
             with contextlib.suppress(Exception):
                 self.conn.close()
-            self.conn = None
         if self.started is not None and self.started.stdout is not None:
             self.started.stdout.close()  # one still importing goes on, for the next build
 
