@@ -28,7 +28,7 @@ def _build(manifest: Path, cache: Path, workers: str, *extra: str) -> dict[str, 
 
     r = subprocess.run([PY, "-m", "cutecc.cli", "build", str(manifest), "--cache-dir", str(cache),
                         "--no-lock", "--json", *extra], capture_output=True, text=True,
-                       env={**os.environ, "CUTECC_WORKERS": workers}, timeout=600)
+                       env={**os.environ, "CUTECC_WORKERS": workers, "CUTECC_SERVICE_IDLE": "0"}, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout)
 
@@ -207,6 +207,7 @@ def test_a_prestarted_service_no_pool_adopts_is_stopped(tmp_path: Path,
     from cutecc.manifest import load_manifest
 
     monkeypatch.delenv("CUTECC_WORKERS", raising=False)
+    monkeypatch.setenv("CUTECC_SERVICE_IDLE", "0")  # the build's own service (a resident one stays)
     manifest = load_manifest(write_toy_project(tmp_path / "p", threads=(64,)))
     assert local.prestart(manifest)
     (svc,) = [x[-1] for x in local._PRESTARTED]

@@ -51,7 +51,8 @@ def _start_build(cache: Path, kept_in: Path | None) -> tuple[subprocess.Popen, l
     """`cutecc build` of the example manifest into a fresh cache, in its own session (with
     `kept_in`, its workers forked by a resident service whose $XDG_RUNTIME_DIR it is);
     returns it and its worker pids once at least one worker has started."""
-    extra = {"CUTECC_SERVICE_IDLE": "60", "XDG_RUNTIME_DIR": str(kept_in)} if kept_in else {}
+    extra = {"CUTECC_SERVICE_IDLE": "60", "XDG_RUNTIME_DIR": str(kept_in)} if kept_in else \
+        {"CUTECC_SERVICE_IDLE": "0"}
     p = subprocess.Popen([*CLI, "build", str(REPO_MANIFEST), "--cache-dir", str(cache), "--no-lock",
                           "-j", "2"], env=child_env(extra), start_new_session=True,
                          preexec_fn=_sigint_as_at_a_terminal,
