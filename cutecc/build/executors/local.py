@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cutecc.build.executors import resident, service, worker_process, worker_tree
+from cutecc.build.executors import service, worker_process, worker_tree
 from cutecc.build.workers import (
     DEFAULT_LIMITS,
     BuildJob,
@@ -123,6 +123,8 @@ class _Pool:
         if how != "fork":
             self.worker = f"spawn ({why})"
             return
+        from cutecc.build.executors import resident  # (not on a no-op build's path)
+
         svc = _adopt(self.arch, self.env, self.limits.memory, self.modules)
         problem: str | None = "not started"
         for attempt in range(3):
@@ -260,6 +262,8 @@ def _open_service(arch: str, env: dict[str, str], memory: int | None, modules: s
                   keep: bool = True) -> service.Service:
     """A session with the resident compile service of this state (`resident`), when
     services are kept (`$CUTECC_SERVICE_IDLE`) and `keep`; else a service of this build's own."""
+    from cutecc.build.executors import resident
+
     idle = resident.idle_seconds()
     if keep and idle > 0:
         with contextlib.suppress(service.ServiceGone):
