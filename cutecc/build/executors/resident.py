@@ -405,45 +405,26 @@ class _Server:
             return
         from cutecc.build.executors.worker_process import serve_forked
 
-        mine, theirs = multiprocessing.Pipe()
-        dead_r, dead_w = os.pipe()
-        me = os.getpid()
-        pid = os.fork()
-        if pid == 0:  # the worker
-            code = 1
-            try:
-                os.close(dead_r)
-                mine.close()
-                if self.listener is not None:
-                    self.listener.close()
-                for other in self.sessions:
-                    other.conn.close()
-                os.dup2(s.out, 1)
-                os.dup2(s.err, 2)
-                for other in self.sessions:
-                    for fd in (other.out, other.err):
-                        os.close(fd)
-                worker_tree.detach(wtoken)
-                import importlib
+        def let_go() -> None:  # in the worker: nothing of the service or of other builds
+            if self.listener is not None:
+                self.listener.close()
+            for other in self.sessions:
+                other.conn.close()
+            os.dup2(s.out, 1)  # its build's stdout and stderr
+            os.dup2(s.err, 2)
+            for other in self.sessions:
+                for fd in (other.out, other.err):
+                    os.close(fd)
+            import importlib
 
-                importlib.invalidate_caches()  # the project's files as they are now
-                serve_forked(theirs, me, wtoken)
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(dead_w)
-        theirs.close()
+            importlib.invalidate_caches()  # the project's files as they are now
+
+        pid = service.fork_worker(s.conn, serve_forked, wtoken, let_go)
+        if pid is None:
+            self._end(s)
+            return
         s.workers[pid] = wtoken
         self.owner[pid] = s
-        try:
-            s.conn.send(("forked", pid))
-            with socket.fromfd(s.conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as raw:
-                reduction.sendfds(raw, [mine.fileno(), dead_r])
-        except OSError:
-            self._end(s)
-        finally:
-            mine.close()
-            os.close(dead_r)
 
     def _end(self, s: _Session) -> None:
         """A build's session is over (it said so, or it is gone): its workers too."""
@@ -452,17 +433,11 @@ class _Server:
         s.end()
 
     def _reap(self) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, code in service.exited():
             s = self.owner.pop(pid, None)
             if s is None:
                 continue
             s.workers.pop(pid, None)
             if s in self.sessions:
                 with contextlib.suppress(OSError):
-                    s.conn.send(("exit", pid, os.waitstatus_to_exitcode(status)))
+                    s.conn.send(("exit", pid, code))

@@ -40,7 +40,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing import reduction
 from pathlib import Path
@@ -323,7 +323,6 @@ def _main(conn: Any, setup: Callable[..., None], setup_args: tuple[Any, ...],
         conn.send(f"fork is not safe: the compile service runs {threads} threads after its imports")
         return
     conn.send("ready")
-    me = os.getpid()
     while True:
         got = multiprocessing.connection.wait([conn], 0.2)
         _reap(conn)
@@ -335,31 +334,43 @@ def _main(conn: Any, setup: Callable[..., None], setup_args: tuple[Any, ...],
             wtoken = None
         if wtoken is None:
             quit_now()
-        mine, theirs = multiprocessing.Pipe()
-        dead_r, dead_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the worker
-            code = 1
-            try:
-                os.close(dead_r)
-                mine.close()
-                conn.close()
-                worker_tree.detach(wtoken)  # a session of its own, its mark for what it starts
-                serve(theirs, me, wtoken)
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(dead_w)
-        theirs.close()
-        try:
-            conn.send(("forked", pid))
-            with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                reduction.sendfds(s, [mine.fileno(), dead_r])
-        except OSError:
+        if fork_worker(conn, serve, wtoken, conn.close) is None:
             return
-        finally:
-            mine.close()
+
+
+def fork_worker(conn: Any, serve: Callable[..., None], token: str, let_go: Callable[[], None]) -> int | None:
+    """Fork a worker that runs `serve(its end of a pipe, this process's pid, token)` in a
+    session of its own, marked `token` (`worker_tree.detach`), after `let_go()` has closed
+    what the worker must not hold; hand the build, over `conn`, ("forked", pid), the other
+    end of the pipe and a descriptor that closes when the worker dies. The worker's pid, or
+    None when `conn` failed (the worker then finds its pipe closed and exits)."""
+    mine, theirs = multiprocessing.Pipe()
+    dead_r, dead_w = os.pipe()
+    me = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the worker
+        code = 1
+        try:
             os.close(dead_r)
+            mine.close()
+            let_go()
+            worker_tree.detach(token)  # a session of its own, its mark for what it starts
+            serve(theirs, me, token)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(dead_w)
+    theirs.close()
+    try:
+        conn.send(("forked", pid))
+        with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            reduction.sendfds(s, [mine.fileno(), dead_r])
+        return pid
+    except OSError:
+        return None
+    finally:
+        mine.close()
+        os.close(dead_r)
 
 
 def quit_now() -> None:
@@ -374,6 +385,13 @@ def quit_now() -> None:
 
 def _reap(conn: Any) -> None:
     """Report each worker that exited: ("exit", pid, status; negative: the signal)."""
+    for pid, code in exited():
+        with contextlib.suppress(OSError):
+            conn.send(("exit", pid, code))
+
+
+def exited() -> Iterator[tuple[int, int]]:
+    """(pid, exit status; negative: the signal) of each child that has exited, reaped."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -381,5 +399,4 @@ def _reap(conn: Any) -> None:
             return
         if pid == 0:
             return
-        with contextlib.suppress(OSError):
-            conn.send(("exit", pid, os.waitstatus_to_exitcode(status)))
+        yield pid, os.waitstatus_to_exitcode(status)
