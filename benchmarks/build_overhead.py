@@ -67,20 +67,28 @@ def _cpu_children() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _residents(run: Path) -> list[Path]:
+    """/proc entries of the resident compile services (and their workers) started with `run`
+    as $XDG_RUNTIME_DIR."""
+    needle, out = f"XDG_RUNTIME_DIR={run}".encode(), []
+    for d in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            if d.name.isdigit() and b"cutecc.build.executors.resident" in (d / "cmdline").read_bytes() \
+                    and needle in (d / "environ").read_bytes().split(b"\0"):
+                out.append(d)
+    return out
+
+
 def _resident_cpu(run: Path | None) -> float:
     """CPU seconds of the resident compile services started with `run` as $XDG_RUNTIME_DIR,
-    their reaped workers' included (utime, stime, cutime, cstime)."""
-    if run is None:
-        return 0.0
-    needle, total = f"XDG_RUNTIME_DIR={run}".encode(), 0
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
+    their reaped workers' included (utime, stime, cutime, cstime; a live worker's own CPU
+    counts once it is reaped, which every timed build waits for)."""
+    total = 0
+    for d in _residents(run) if run else []:
         with contextlib.suppress(OSError, ValueError):
-            if b"cutecc.build.executors.resident" in (d / "cmdline").read_bytes() and \
-                    needle in (d / "environ").read_bytes().split(b"\0"):
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-                total += sum(int(x) for x in fields[11:15])
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == 1 or b"resident" not in Path(f"/proc/{fields[1]}/cmdline").read_bytes():
+                total += sum(int(x) for x in fields[11:15])  # a service, not one of its workers
     return total / os.sysconf("SC_CLK_TCK")
 
 
@@ -226,12 +234,9 @@ def _stop_residents(run: Path) -> None:
     """Kill the resident services this run started, and their workers."""
     import signal
 
-    needle = f"XDG_RUNTIME_DIR={run}".encode()
-    for d in Path("/proc").iterdir():
+    for d in _residents(run):
         with contextlib.suppress(OSError, ValueError):
-            if d.name.isdigit() and needle in (d / "environ").read_bytes().split(b"\0") and \
-                    b"cutecc.build.executors.resident" in (d / "cmdline").read_bytes():
-                os.kill(int(d.name), signal.SIGKILL)
+            os.kill(int(d.name), signal.SIGKILL)
 
 
 def main() -> None:

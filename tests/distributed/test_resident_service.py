@@ -224,3 +224,43 @@ def test_builds_served_by_a_resident_service_give_a_spawned_workers_keys_and_byt
 
     assert len(digests(tmp_path / "c1")) == 3
     assert digests(tmp_path / "c1") == digests(tmp_path / "c2") == digests(tmp_path / "c3")
+
+
+def test_a_build_connected_when_the_service_goes_stale_gets_no_more_workers_from_it(
+        run_dir: Path, tmp_path: Path) -> None:
+    modules = _module(tmp_path / "lib", "kept_e")
+    svc = _open(modules)
+    try:
+        first = svc.fork("tok5")
+        assert first.conn.recv() == "ready"
+        time.sleep(0.01)
+        (tmp_path / "lib" / "kept_e.py").write_text("VALUE = 3\n")
+        with pytest.raises(service.ServiceGone, match="retired.*kept_e.py"):
+            svc.fork("tok6")  # this build spawns the rest; the next one starts a fresh service
+    finally:
+        svc.close()
+    fresh = resident.ResidentService("sm_90a", {}, None, modules, 60)
+    try:
+        assert fresh.how == "started" and fresh.ready(60) is None
+    finally:
+        fresh.close()
+
+
+def test_a_service_that_cannot_fork_safely_says_so_and_does_not_stay(run_dir: Path, tmp_path: Path) -> None:
+    """An import that leaves a thread running: the service refuses and exits at once (a normal
+    exit would wait for that thread), so nothing is left behind."""
+    modules = _module(tmp_path / "lib", "kept_f", "import threading, time\n"
+                      "threading.Thread(target=time.sleep, args=(120,)).start()\n")
+    svc = resident.ResidentService("sm_90a", {}, None, modules, 60)
+    why = svc.ready(60)
+    svc.close()
+    assert why is not None and "not safe" in why and "2 threads" in why
+    assert _wait(lambda: not resident_services(run_dir), 5)
+
+
+def test_the_interpreters_own_flags_name_the_state(tmp_path: Path) -> None:
+    code = ("from cutecc.build.executors import resident, service; "
+            "print(resident.state_key('sm_90a', {}, None, service.NOTHING))")
+    plain, optimized = (subprocess.run([PY, *flags, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                                       check=True).stdout for flags in ([], ["-O"]))
+    assert plain.strip() and plain != optimized

@@ -127,16 +127,18 @@ class _Pool:
 
         svc = _adopt(self.arch, self.env, self.limits.memory, self.modules)
         problem: str | None = "not started"
-        for attempt in range(3):
+        keep = True
+        for _ in range(3):
             if svc is None:
-                svc = _open_service(self.arch, self.env, self.limits.memory, self.modules,
-                                    keep=attempt < 2)
+                svc = _open_service(self.arch, self.env, self.limits.memory, self.modules, keep=keep)
             problem = svc.ready(final=self.modules)  # a Ctrl-C meanwhile stops the pool (and the service)
             if problem is None:
                 break
             svc.close()
             if not isinstance(svc, resident.ResidentService):
                 break
+            # a retired service or one of the guess: a fresh resident one; else one of this build's own
+            keep = problem.startswith((resident.RETIRED, resident.OTHER_MODULES))
             svc = None
         if problem is None and svc is not None:
             self.service = svc

@@ -7,15 +7,19 @@ small rebuild. A resident service is the same process kept alive after its build
 before) with no build connected, so the next build forks its workers from it at once.
 
 - **One per state.** Its name is a SHA-256 (`state_key`) over everything that decides
-  what it imported and how its workers compile: the interpreter, its version and
-  `sys.path`, the working directory, the whole environment and umask, the manifest's
-  [env], the target arch, the memory limit and the `Preload`. A build whose state differs
-  starts its own.
-- **Never stale.** After its imports it stamps (size, mtime, ctime, inode, device) every
-  file it loaded (each module's and every mapped library); each build that connects has
-  them stat'ed again first, and one that changed (an edited or reinstalled package, a
-  new cutecc) retires it: the build starts a fresh one. The project's own modules are
-  never imported there (`Preload`): each forked worker imports them from disk.
+  what it imported and how its workers compile: the interpreter, its version, its flags
+  (-O, -W, -X, -I, -S: it is started with them) and `sys.path`, the working directory, the
+  environment (less `NOT_STATE`: the build's own planning and idle settings, a shell's and
+  make's bookkeeping) and umask, the manifest's [env], the target arch, the memory limit
+  and the `Preload`. A build whose state differs starts its own.
+- **Not stale.** After its imports it stamps (size, mtime, ctime, inode, device) every
+  module file it loaded and every shared library mapped into it, and refuses to serve if
+  one changed while it imported or was replaced after it was mapped. Before each build
+  connects and before each worker it forks, the stamps are checked again: one that changed
+  (an edited or reinstalled package, a new cutecc) retires it (the build connected spawns
+  its remaining workers, the next build starts a fresh service). Data files its imports
+  read are not stamped. The project's own modules are never imported there (`Preload`):
+  each forked worker imports them from disk.
 - **Private.** Its socket lies in a directory only this user can enter
   (`socket_dir`; `$XDG_RUNTIME_DIR` when set), and it serves only this user's processes
   (the peer's credentials).
@@ -35,6 +39,7 @@ import json
 import multiprocessing.connection
 import os
 import select
+import signal
 import socket
 import stat
 import struct
@@ -45,7 +50,7 @@ import threading
 import time
 from multiprocessing import reduction
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from cutecc import environ
 from cutecc.build.executors import service, worker_tree
@@ -55,7 +60,12 @@ STATE_VERSION = 1  # what `state_key` covers: bumped with it
 HELLO_SECONDS = 30.0  # the most a connected service may take to check its stamps
 # Variables no worker reads: the build's own (where it remembers planning, how long the service
 # stays) and a shell's bookkeeping. Every other one names the state, whatever it is.
-NOT_STATE = frozenset({environ.PLAN_MEMORY, environ.SERVICE_IDLE, "_", "OLDPWD", "SHLVL"})
+NOT_STATE = frozenset({environ.PLAN_MEMORY, environ.SERVICE_IDLE, "_", "OLDPWD", "SHLVL", "MAKEFLAGS",
+                       "MFLAGS", "MAKELEVEL", "SSH_CONNECTION", "SSH_CLIENT", "SSH_TTY", "TMUX_PANE",
+                       "WINDOWID"})
+START_SECONDS = service.READY_SECONDS  # the most a resident service's start-up (its imports) may take
+OTHER_MODULES = "it imported other modules"  # a service of the guess, not of the plan
+RETIRED = "the resident compile service retired"  # what a stale one answers
 SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (Linux's sun_path, less its NUL)
 
 
@@ -103,13 +113,28 @@ def _socket_dir() -> Path:
     return d
 
 
+def _umask() -> str:
+    """This process's umask, read without setting it (other threads may create files)."""
+    with contextlib.suppress(OSError), open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return line.split()[1]
+    return "unknown"
+
+
+def _interpreter_flags() -> list[str]:
+    """The command-line options this interpreter runs with (-O, -W, -X, -I, -S, ...), as the
+    service must be started with them."""
+    args = getattr(subprocess, "_args_from_interpreter_flags", None)
+    return list(args()) if args else []
+
+
 def state_key(arch: str, env: dict[str, str], memory: int | None, modules: service.Preload) -> str:
     """The SHA-256 naming the resident service of this process's state (module docstring)."""
-    umask = os.umask(0o022)
-    os.umask(umask)
     environment = sorted((k, v) for k, v in os.environ.items() if k not in NOT_STATE)
-    doc = [STATE_VERSION, sys.executable, sys.version, sys.path, os.getcwd(), environment,
-           umask, arch, sorted(env.items()), memory, dataclasses.asdict(modules)]
+    doc = [STATE_VERSION, sys.executable, sys.version, _interpreter_flags(), repr(sys.flags),
+           sys.warnoptions, sorted(sys._xoptions.items()), sys.path, os.getcwd(), environment,
+           _umask(), arch, sorted(env.items()), memory, dataclasses.asdict(modules)]
     return hashlib.sha256(json.dumps(doc, default=str, sort_keys=True).encode()).hexdigest()
 
 
@@ -126,7 +151,7 @@ class ResidentService(service.Service):
         self.exits: dict[int, int] = {}
         self.asked = self.is_ready = False
         self.proc: Any = None
-        self.started: subprocess.Popen[bytes] | None = None
+        self.started: Any = None  # the pipe a service started here says "ready" on
         self.conn: Any = None
         self.how = "kept"
         if self._connect() is None:
@@ -134,20 +159,27 @@ class ResidentService(service.Service):
         self.how = "started"
         spec = {"key": self.key, "path": str(self.path), "arch": arch, "env": env, "memory": memory,
                 "modules": dataclasses.asdict(modules), "idle": idle, "sys_path": list(sys.path)}
-        # (forked once more at once, so the service is not the build's child: it outlives it)
+        # (forked once more at once, so the service is not the build's child: it outlives it;
+        # it says "ready" or why not on a pipe of its own, `tell`)
         code = ("import os; os.fork() and os._exit(0); import pickle, sys; "
                 "spec = pickle.load(sys.stdin.buffer); sys.path[:] = spec['sys_path']; "
                 "from cutecc.build.executors.resident import main; main(spec)")
-        self.started = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                        start_new_session=True, close_fds=True)
+        told, tell = os.pipe()
+        spec["tell"] = tell
+        try:
+            starter = subprocess.Popen([sys.executable, *_interpreter_flags(), "-c", code],
+                                       stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL, start_new_session=True, pass_fds=(tell,))
+        finally:
+            os.close(tell)
         import pickle
 
-        assert self.started.stdin is not None
+        assert starter.stdin is not None
         with contextlib.suppress(OSError):
-            self.started.stdin.write(pickle.dumps(spec))
-            self.started.stdin.close()
-        self.started.wait()
+            starter.stdin.write(pickle.dumps(spec))
+            starter.stdin.close()
+        starter.wait()
+        self.started = os.fdopen(told, "rb")
 
     def _connect(self) -> str | None:
         """Connect to the service at `path` and open a session: None once it is ready for
@@ -180,22 +212,21 @@ class ResidentService(service.Service):
     def ready(self, timeout: float = service.READY_SECONDS,
               final: service.Preload = service.NOTHING) -> str | None:
         """Wait until this build has a session: None, else why not."""
+        if final not in (service.NOTHING, self.modules):
+            return OTHER_MODULES
         if self.is_ready:
-            return None if final in (service.NOTHING, self.modules) else "it imported other modules"
+            return None
         if self.started is None:
             return "no service"
-        out = self.started.stdout
-        assert out is not None
+        out = self.started
         if not select.select([out], [], [], timeout)[0]:
             return f"the resident compile service's imports took over {timeout:g} s"
         said = out.readline().decode(errors="replace").strip()
         out.close()
+        self.started = None
         if said != "ready":
             return said or "the resident compile service died starting"
-        problem = self._connect()
-        if problem is None and final not in (service.NOTHING, self.modules):
-            return "it imported other modules"
-        return problem
+        return self._connect()
 
     def close(self) -> None:
         """End this build's session (the service kills what is left of its workers); the
@@ -205,8 +236,9 @@ class ResidentService(service.Service):
                 self.conn.send(None)
             with contextlib.suppress(Exception):
                 self.conn.close()
-        if self.started is not None and self.started.stdout is not None:
-            self.started.stdout.close()  # one still importing goes on, for the next build
+        if self.started is not None:
+            self.started.close()  # one still importing goes on, for the next build
+            self.started = None
 
 
 def stamps() -> dict[str, tuple[int, ...] | None]:
@@ -216,30 +248,34 @@ def stamps() -> dict[str, tuple[int, ...] | None]:
         f = getattr(m, "__file__", None)
         if isinstance(f, str):
             files.add(f)
+    deleted = False
     with contextlib.suppress(OSError), open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
         for line in maps:
             parts = line.split(None, 5)
-            if len(parts) == 6 and parts[5].startswith("/"):
-                files.add(parts[5].rstrip("\n").removesuffix(" (deleted)"))
-    out: dict[str, tuple[int, ...] | None] = {}
-    for f in files:
-        try:
-            st = os.stat(f)
-            out[f] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
-        except OSError:
-            out[f] = None
+            name = parts[5].rstrip("\n") if len(parts) == 6 else ""
+            if name.startswith("/") and (".so" in name or name.removesuffix(" (deleted)") == sys.executable):
+                deleted = deleted or name.endswith(" (deleted)")  # replaced after it was loaded
+                files.add(name.removesuffix(" (deleted)"))
+    out = {f: _stamp(f) for f in files}
+    if deleted:
+        out["(a library replaced after it was loaded)"] = (-1,)  # never matches: stale at once
     return out
 
 
-def changed(before: dict[str, tuple[int, ...] | None]) -> str | None:
-    """The first file whose stamp differs from `before`'s, if any."""
+def _stamp(f: str) -> tuple[int, ...] | None:
+    try:
+        st = os.stat(f)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev
+
+
+def changed(before: dict[str, tuple[int, ...] | None], since: int = 0) -> str | None:
+    """The first file whose stamp differs from `before`'s, or changed at or after `since`
+    (ns; while it was being imported), if any."""
     for f, was in before.items():
-        try:
-            st = os.stat(f)
-            now: tuple[int, ...] | None = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
-        except OSError:
-            now = None
-        if now != was:
+        now = _stamp(f) if was != (-1,) else None
+        if now != was or (now is not None and now[2] >= since > 0):
             return f
     return None
 
@@ -255,6 +291,8 @@ class _Session:
 
     def end(self) -> None:
         for pid, token in self.workers.items():
+            with contextlib.suppress(OSError):  # (one not yet in a group of its own)
+                os.kill(pid, signal.SIGKILL)
             worker_tree.kill_tree(pid, token)
         for fd in (self.out, self.err):
             with contextlib.suppress(OSError):
@@ -269,6 +307,9 @@ def main(spec: dict[str, Any]) -> None:
     from cutecc.build.executors.worker_process import init_worker
     from cutecc.build.workers import limit_memory
 
+    tell = spec["tell"]
+    signal.alarm(int(START_SECONDS))  # a start-up that hangs (an import) ends here
+    began = time.time_ns()
     try:
         init_worker(spec["arch"], None, spec["env"], False)
         limit_memory(spec["memory"])
@@ -277,9 +318,12 @@ def main(spec: dict[str, Any]) -> None:
                                         m["device"]))
         threads = threading.active_count()
         if threads != 1:
-            _say(f"fork is not safe: the resident compile service runs {threads} threads after its imports")
-            return
+            _fail(tell, f"fork is not safe: the resident compile service runs {threads} threads after "
+                  "its imports")
         watched = stamps()
+        moved = changed(watched, began)
+        if moved is not None:
+            _fail(tell, f"{moved} changed while the resident compile service imported it")
         path = Path(spec["path"])
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         tmp = path.with_name(f".{os.getpid()}.{path.name}")
@@ -290,21 +334,34 @@ def main(spec: dict[str, Any]) -> None:
         os.replace(tmp, path)  # a service of the same state started meanwhile is replaced
         mine = os.stat(path).st_ino
     except Exception as e:  # told to the build, which starts a service of its own instead
-        _say(f"the resident compile service could not start: {type(e).__name__}: {e}")
-        return
-    _say("ready")
+        _fail(tell, f"the resident compile service could not start: {type(e).__name__}: {e}")
+    signal.alarm(0)
+    _say(tell, "ready")
     _Server(listener, path, mine, spec["key"], watched, float(spec["idle"])).loop()
 
 
-def _say(what: str) -> None:
-    """Tell the build that started this service `what` (its first line), then let go of
-    its pipes: a service outlives its build and must not hold them."""
+def _say(tell: int, what: str) -> None:
+    """Tell the build that started this service `what` (one line on `tell`), then let go of
+    every descriptor it was given: a service outlives its build and must hold none of its
+    pipes (what its imports printed goes nowhere)."""
     with contextlib.suppress(OSError):
-        os.write(1, (what + "\n").encode())
+        os.write(tell, (what + "\n").encode())
+    with contextlib.suppress(OSError):
+        os.close(tell)
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     os.close(null)
+    for f in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            f.flush()
+
+
+def _fail(tell: int, why: str) -> NoReturn:
+    """Tell the build why this service cannot serve, and exit at once (no interpreter exit:
+    it would wait for any thread an import started)."""
+    _say(tell, why)
+    os._exit(1)
 
 
 class _Server:
@@ -365,6 +422,8 @@ class _Server:
         except (OSError, struct.error):
             sock.close()
             return
+        for opt in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):  # a build that stalls mid-message
+            sock.setsockopt(socket.SOL_SOCKET, opt, struct.pack("ll", int(HELLO_SECONDS), 0))
         conn = multiprocessing.connection.Connection(sock.detach())
         try:
             if not conn.poll(HELLO_SECONDS):
@@ -385,7 +444,7 @@ class _Server:
         stale = changed(self.watched)
         if stale is not None:  # retired: a fresh service serves this build and the next
             with contextlib.suppress(Exception):
-                conn.send(f"the resident compile service retired: {stale} changed since it imported it")
+                conn.send(f"{RETIRED}: {stale} changed since it imported it")
             conn.close()
             for fd in (out, err):
                 os.close(fd)
@@ -398,10 +457,16 @@ class _Server:
     def _serve(self, s: _Session) -> None:
         try:
             wtoken = s.conn.recv()
-        except (EOFError, OSError):
+        except Exception:  # gone, stalled, or not a message of ours
             wtoken = None
         if not isinstance(wtoken, str):
             self._end(s)
+            return
+        stale = changed(self.watched)
+        if stale is not None:  # this build's workers spawn instead; the next build starts afresh
+            self._retire()
+            with contextlib.suppress(OSError):
+                s.conn.send(f"{RETIRED}: {stale} changed since it imported it")
             return
         from cutecc.build.executors.worker_process import serve_forked
 
@@ -419,7 +484,12 @@ class _Server:
 
             importlib.invalidate_caches()  # the project's files as they are now
 
-        pid = service.fork_worker(s.conn, serve_forked, wtoken, let_go)
+        try:
+            pid = service.fork_worker(s.conn, serve_forked, wtoken, let_go)
+        except OSError as e:  # no fork (memory, processes): this build's alone
+            with contextlib.suppress(OSError):
+                s.conn.send(f"the resident compile service could not fork: {e}")
+            return
         if pid is None:
             self._end(s)
             return

@@ -51,6 +51,7 @@ from cutecc.build.executors import worker_tree
 
 MODES = ("fork", "spawn")
 READY_SECONDS = 600.0  # the most the service's imports may take before the pool spawns instead
+FORK_SECONDS = 60.0  # the most a fork may take (a resident service serving another build meanwhile)
 
 
 def mode() -> tuple[str, str]:
@@ -225,6 +226,8 @@ class Service:
         try:
             self.conn.send(token)
             while True:
+                if not self.conn.poll(FORK_SECONDS):
+                    raise ServiceGone(f"the compile service did not fork a worker in {FORK_SECONDS:g} s")
                 msg = self.conn.recv()
                 if msg[0] == "exit":
                     self.exits[msg[1]] = msg[2]
