@@ -214,6 +214,22 @@ def _check_area(store: StoreView, report: VerifyReport, runtime: bool) -> dict[s
     return healthy
 
 
+def _unindexed_now(store: Store, key: str, record: Path) -> bool:
+    """Whether entry `key` is there without its `record` with nobody changing it: the entries
+    were listed before the index, and a removal in between (the entry, then its record) or
+    under way (holding the key's lock) is in flight, not a problem."""
+    def lacks() -> bool:
+        return store.layout.entry(key).exists() and not os.path.lexists(record)
+
+    try:
+        with store.lock(key, timeout=0):
+            return lacks()
+    except filelock.Timeout:
+        return False
+    except CuteccError:  # a read-only cache: nobody changes it here
+        return lacks()
+
+
 def _check_index(store: Store, report: VerifyReport, kernels: dict[str, EntryMeta]) -> None:
     """Every healthy entry has its record in by-kernel/, and every record an entry of its
     kernel; a record in flight (its key locked by a publish or removal) is left alone."""
@@ -232,8 +248,9 @@ def _check_index(store: Store, report: VerifyReport, kernels: dict[str, EntryMet
     for key, meta in kernels.items():
         path = store.layout.index_record(meta.kernel, key)
         if (meta.kernel, key) not in records:
-            report.problems.append(Problem("unindexed", str(path), "the entry has no index record: "
-                                           "`cutecc.load` does not see it", key))
+            if _unindexed_now(store, key, path):
+                report.problems.append(Problem("unindexed", str(path), "the entry has no index record: "
+                                               "`cutecc.load` does not see it", key))
             continue
         try:  # as every record is read: a regular file of ours, bounded (`read_record`)
             data = trust.read_path(path, MAX_INDEX_BYTES)

@@ -186,3 +186,25 @@ def test_a_missing_runtime_library_is_linked_again_by_fix(built) -> None:
     assert fixed.ok and fixed.problems[0].action == "linked again"
     [again] = list(built.store.runtimes())
     assert (again.path / again.doc["library"]).read_bytes() == data  # reproducible
+
+
+def test_an_entry_removed_or_published_while_verify_reads_the_index_is_not_unindexed(built) -> None:
+    """verify lists the entries, then the index: a removal in between (entry gone, then its
+    record) or one still holding the key's lock is in flight, not an unindexed entry (seen
+    under churn: `verify: unindexed ... the entry has no index record`)."""
+    from cutecc.commands.verify import Store, VerifyReport
+    from cutecc.commands.verify_checks import _check_area, _check_index
+
+    store = Store(built.cache)
+    gone, held = (built.entries()[v].key for v in ("threads=64", "threads=128"))
+    report = VerifyReport(str(store.root))
+    kernels = _check_area(store, report, runtime=False)
+    assert {gone, held} <= set(kernels)
+    store.remove(gone)  # removed after verify listed it
+    store.layout.index_record("scale", held).unlink()  # a removal of this one under way:
+    with store.lock(held, timeout=0):  # its record is gone, its entry not yet
+        _check_index(store, report, kernels)
+    assert report.problems == []
+    again = VerifyReport(str(store.root))  # and once nobody holds it, it is unindexed
+    _check_index(store, again, _check_area(store, again, runtime=False))
+    assert [(p.kind, p.key) for p in again.problems] == [("unindexed", held)]
