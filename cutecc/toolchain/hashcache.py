@@ -185,10 +185,9 @@ class HashCache:
 
     def prefetch(self, files: list[tuple[str, os.stat_result]]) -> None:
         """Hash those of `files` (path, its stat) not known under their stamps, on up to
-        `HASH_THREADS` threads:
-        reading and SHA-256 let go of the interpreter's lock, and a first planning hashes
-        thousands of installed files (torch's 14,000, the DSL's libraries: over a GB). `sha256`
-        takes what this hashed while the stamp holds."""
+        `HASH_THREADS` threads (reading and SHA-256 let go of the interpreter's lock, and a
+        first planning hashes thousands of installed files: torch's 14,000, the DSL's
+        libraries, over a GB). `sha256` takes what this hashed while the stamp holds."""
         hashes = self._file_hashes()
         todo = [f for f, st in files if (rec := hashes.files.get(f)) is None or rec.stamp != stamp(st)]
         threads = min(HASH_THREADS, len(todo) // 16)

@@ -54,6 +54,7 @@ from typing import Any, NoReturn
 
 from cutecc import environ
 from cutecc.build.executors import service, worker_tree
+from cutecc.toolchain.hashcache import path_stamp
 
 IDLE_SECONDS = 300.0  # how long a resident service waits for the next build by default
 STATE_VERSION = 1  # what `state_key` covers: bumped with it
@@ -66,6 +67,7 @@ NOT_STATE = frozenset({environ.PLAN_MEMORY, environ.SERVICE_IDLE, "_", "OLDPWD",
 START_SECONDS = service.READY_SECONDS  # the most a resident service's start-up (its imports) may take
 OTHER_MODULES = "it imported other modules"  # a service of the guess, not of the plan
 RETIRED = "the resident compile service retired"  # what a stale one answers
+NEVER = [-1]  # a stamp no file has
 SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (Linux's sun_path, less its NUL)
 
 
@@ -241,7 +243,7 @@ class ResidentService(service.Service):
             self.started = None
 
 
-def stamps() -> dict[str, tuple[int, ...] | None]:
+def stamps() -> dict[str, list[int] | None]:
     """The stamp of every file this process loaded: its modules' and its mapped libraries'."""
     files = {sys.executable}
     for m in list(sys.modules.values()):
@@ -256,25 +258,18 @@ def stamps() -> dict[str, tuple[int, ...] | None]:
             if name.startswith("/") and (".so" in name or name.removesuffix(" (deleted)") == sys.executable):
                 deleted = deleted or name.endswith(" (deleted)")  # replaced after it was loaded
                 files.add(name.removesuffix(" (deleted)"))
-    out = {f: _stamp(f) for f in files}
+    out = {f: path_stamp(f) for f in files}
     if deleted:
-        out["(a library replaced after it was loaded)"] = (-1,)  # never matches: stale at once
+        out["(a library replaced after it was loaded)"] = NEVER  # stale at once
     return out
 
 
-def _stamp(f: str) -> tuple[int, ...] | None:
-    try:
-        st = os.stat(f)
-    except OSError:
-        return None
-    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev
-
-
-def changed(before: dict[str, tuple[int, ...] | None], since: int = 0) -> str | None:
-    """The first file whose stamp differs from `before`'s, or changed at or after `since`
-    (ns; while it was being imported), if any."""
+def changed(before: dict[str, list[int] | None], since: int = 0) -> str | None:
+    """The first file whose stamp (`hashcache.stamp`: size, mtime, ctime, inode, device)
+    differs from `before`'s, or changed at or after `since` (ns; while it was being
+    imported), if any."""
     for f, was in before.items():
-        now = _stamp(f) if was != (-1,) else None
+        now = path_stamp(f) if was != NEVER else None
         if now != was or (now is not None and now[2] >= since > 0):
             return f
     return None
@@ -368,7 +363,7 @@ class _Server:
     """The resident service's loop: accept builds, fork their workers, report exits."""
 
     def __init__(self, listener: socket.socket | None, path: Path, ino: int, key: str,
-                 watched: dict[str, tuple[int, ...] | None], idle: float) -> None:
+                 watched: dict[str, list[int] | None], idle: float) -> None:
         self.listener, self.path, self.ino, self.key = listener, path, ino, key
         self.watched, self.idle = watched, idle
         self.sessions: list[_Session] = []
