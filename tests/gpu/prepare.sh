@@ -20,6 +20,8 @@ cc build tests/gpu/faulty_kernels/kernels.toml --cache-dir "$OUTDIR/faults" --no
 cc tune tests/gpu/faulty_kernels/kernels.toml --compile-only --cache-dir "$OUTDIR/faults"
 cc build tests/gpu/layout_kernels/kernels.toml --cache-dir "$OUTDIR/layouts" --no-lock
 cc build tests/gpu/train_kernels/kernels.toml --cache-dir "$OUTDIR/train" --no-lock
+# docs/first-kernel.md's kernel (test_first_kernel_gpu.py, benchmarks/first_kernel.py)
+cc build examples/first_kernel/kernels.toml --cache-dir "$OUTDIR/first_kernel" --no-lock
 # a kernel built only for sm_100a (its fallback serves on Hopper: test_fallback_gpu.py)
 cc build tests/gpu/arch_kernels/kernels.toml --cache-dir "$OUTDIR/archs" --no-lock
 cc build kernels.toml --cache-dir "$OUTDIR/tune" --no-lock
