@@ -9,6 +9,7 @@
 #   layouts/   tests/gpu/layout_kernels                     CUTECC_LAYOUT_CACHE
 #   train/     tests/gpu/train_kernels (derived, scratch)   CUTECC_TRAIN_CACHE
 #   first_kernel/ examples/first_kernel (docs/first-kernel.md) CUTECC_FIRST_KERNEL_CACHE
+#   quickstart/cache/ the README's `cutecc init` project       CUTECC_QUICKSTART_CACHE
 #   archs/     tests/gpu/arch_kernels (sm_100a only)        CUTECC_ARCH_CACHE
 #   tune/      kernels.toml + its tuning candidates         CUTECC_TUNE_CACHE
 #   examples/  examples/kernels.toml (published kernels)    CUTECC_EXAMPLES_CACHE
@@ -53,6 +54,7 @@ from CUTECC_FAULT_TUNE_CACHE faults
 from CUTECC_LAYOUT_CACHE layouts
 from CUTECC_TRAIN_CACHE train
 from CUTECC_FIRST_KERNEL_CACHE first_kernel
+from CUTECC_QUICKSTART_CACHE quickstart/cache
 from CUTECC_ARCH_CACHE archs
 from CUTECC_TUNE_CACHE tune
 from CUTECC_EXAMPLES_CACHE examples
@@ -63,7 +65,7 @@ if [ -z "${CUTECC_TEST_CACHE:-}" ]; then
   "$PY" -m cutecc.cli build kernels.toml --cache-dir "$CUTECC_TEST_CACHE" || exit 1
 fi
 for v in CUTECC_FAULT_CACHE CUTECC_LAYOUT_CACHE CUTECC_TRAIN_CACHE CUTECC_TUNE_CACHE CUTECC_EXAMPLES_CACHE \
-         CUTECC_GEMM_CACHE CUTECC_ARCH_CACHE CUTECC_FIRST_KERNEL_CACHE; do
+         CUTECC_GEMM_CACHE CUTECC_ARCH_CACHE CUTECC_FIRST_KERNEL_CACHE CUTECC_QUICKSTART_CACHE; do
   [ -n "${!v:-}" ] || echo "note: no $v: the tests that need it will skip" >&2
 done
 "$PY" -c 'import jax; print("jax", jax.__version__, jax.devices())' 2>&1 | log jax.txt
