@@ -45,12 +45,13 @@ def ks():
 
 @pytest.fixture(scope="module")
 def ref():
+    """The project's reference.py, importable for the module's tests as it is for the
+    runtime's fallback (`reference:silu_mul`, imported from sys.path at the first miss)."""
     sys.path.insert(0, str(PROJECT))
-    try:
-        from reference import silu_mul, silu_mul_bwd
-    finally:
-        sys.path.remove(str(PROJECT))
-    return silu_mul, silu_mul_bwd
+    from reference import silu_mul, silu_mul_bwd
+
+    yield silu_mul, silu_mul_bwd
+    sys.path.remove(str(PROJECT))
 
 
 def close(got: jax.Array, want: jax.Array, dtype: str) -> None:
