@@ -105,8 +105,9 @@ def _shadowing(index: SourceIndex, installed: dists.DistIndex,
         origin = found.origin if found is not None else None
         if not origin or not os.path.isfile(origin):
             continue  # not found (import fails as it would), or a namespace package
-        if _stdlib(top, origin) or any(installed.installs(n, origin) for n in names):
-            continue
+        if _stdlib(top, origin) or any(installed.installs(n, origin) for n in names) \
+                or any(dists.is_editable(n) for n in dists.owners(top)):
+            continue  # the interpreter's, the distribution's own, or an editable's source
         out.append((str(Path(origin).absolute()), top, found is not None and found.is_package))
     if consulted is not None:
         index.remember(key, out, consulted)

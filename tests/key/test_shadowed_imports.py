@@ -30,6 +30,7 @@ import cutecc.toolchain.hashcache
 from cutecc.commands.explain import differences
 from cutecc.manifest import load_manifest
 from cutecc.plan.build_plan import Planned, plan
+from cutecc.plan.keyed_sources import problem
 
 DEP = {
     "dep/__init__.py": "",
@@ -124,6 +125,17 @@ def test_a_module_shadowing_an_installed_import_rekeys(dirs: tuple[Path, Path, P
     assert planned(manifest, cache).key == plain.key
 
 
+def test_the_worker_check_refuses_a_shadow_edited_after_planning(dirs: tuple[Path, Path, Path]) -> None:
+    """The shadow is a keyed file: the worker's pre-publish check re-hashes it."""
+    _, ahead, manifest = dirs
+    (ahead / "util.py").write_text("WIDTH = 8\n")
+    p = planned(manifest)
+    assert problem(p.keyed_files) is None
+    (ahead / "util.py").write_text("WIDTH = 9\n")
+    why = problem(p.keyed_files)
+    assert why is not None and "util.py" in why and "changed since the build was planned" in why
+
+
 def test_what_the_shadow_imports_is_keyed_too(dirs: tuple[Path, Path, Path]) -> None:
     """The shadow's own project-local imports (source beside it that no distribution owns)."""
     _, ahead, manifest = dirs
@@ -187,3 +199,61 @@ def _keys(report: object) -> list[str]:
     if isinstance(report, str) and len(report) == 64 and all(c in "0123456789abcdef" for c in report):
         return [report]
     return []
+
+
+SCALE_DEP = '''\
+import cutlass
+import cutlass.cute as cute
+
+import util
+
+
+@cute.kernel
+def _scale_kernel(x: cute.Tensor, out: cute.Tensor, n: cutlass.Int32):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    bdim, _, _ = cute.arch.block_dim()
+    i = bidx * bdim + tidx
+    if i < n:
+        out[i] = x[i] * util.FACTOR
+
+
+@cute.jit
+def scale(x: cute.Tensor, out: cute.Tensor, stream):
+    n = x.shape[0]
+    _scale_kernel(x, out, n).launch(grid=[(n + 127) // 128, 1, 1], block=[128, 1, 1], stream=stream)
+'''
+
+
+@pytest.mark.usefixtures("dsl")
+def test_a_build_compiles_the_shadow_under_its_own_key(tmp_path: Path) -> None:
+    """Seen: the build said "cached" with a shadow ahead on $PYTHONPATH, and a fresh cache
+    built the same key with other bytes. Now the shadow's build is a miss, the worker checks
+    it imported the keyed shadow, and a fresh cache builds that key with the same bytes."""
+    site, ahead, root = tmp_path / "env/lib/site-packages", tmp_path / "ahead", tmp_path / "proj"
+    install(site, "dep", {"dep/__init__.py": "", "dep/ew.py": SCALE_DEP, "util.py": "FACTOR = 2.0\n"},
+            "dep\nutil\n")
+    ahead.mkdir()
+    (root / "kp").mkdir(parents=True)
+    (root / "kp/__init__.py").write_text("")
+    (root / "kp/uses_dep.py").write_text("from dep.ew import scale\n")
+    (root / "kernels.toml").write_text(MANIFEST.replace("kp.uses_dep:kern", "kp.uses_dep:scale"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ahead), str(site), str(REPO)])}
+
+    def build(cache: str) -> dict:
+        r = subprocess.run([sys.executable, "-m", "cutecc.cli", "build", str(root / "kernels.toml"),
+                            "--json", "--no-lock", "--cache-dir", str(tmp_path / cache)],
+                           capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        (entry,) = json.loads(r.stdout)["entries"]
+        lib = next((tmp_path / cache).rglob(f"{entry['key']}/kernel.so"))
+        return {**entry, "sha256": hashlib.sha256(lib.read_bytes()).hexdigest()}
+
+    first = build("cache")
+    assert first["status"] == "built"
+    (ahead / "util.py").write_text("FACTOR = 3.0\n")
+    shadowed = build("cache")
+    assert shadowed["status"] == "built" and shadowed["key"] != first["key"]
+    assert shadowed["sha256"] != first["sha256"]  # the shadow's factor was compiled
+    fresh = build("fresh")
+    assert (fresh["key"], fresh["sha256"]) == (shadowed["key"], shadowed["sha256"])
