@@ -300,3 +300,53 @@ def test_a_row_without_a_well_formed_sha256_is_hashed(tmp_path: Path,
     fast, read = digest(site)
     assert fast == digest(site, trust=False)[0]
     assert read == len(data) + len(b"V = 1\n")
+
+
+MANIFEST = '''format = 1
+archs = ["sm_90a"]
+
+[kernel.k]
+entry = "fakelib.core:kern"
+args = [{ name = "x", dtype = "float32", shape = ["n"] },
+        { name = "out", role = "output", dtype = "float32", shape = ["n"] }, { kind = "stream" }]
+'''
+
+
+def test_verify_deep_plans_with_every_installed_file_hashed(site: Path, tmp_path: Path) -> None:
+    """An edit the stat rule cannot see (the INSTALLER and the RECORD written again after it,
+    in place: a deliberate re-sealing) leaves a build's key as it was; `cutecc verify --deep`
+    plans with every file hashed (`plan_again`), so its key is the edited content's."""
+    from cutecc.commands.retrace import plan_again
+    from cutecc.manifest import load_manifest
+    from cutecc.plan.build_plan import plan
+
+    m = tmp_path / "proj/kernels.toml"
+    m.parent.mkdir()
+    m.write_text(MANIFEST)
+
+    def key(**kw: object) -> str:
+        forget()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.syspath_prepend(str(site))
+            forget()
+            got = plan(load_manifest(m), **kw)[0].key  # type: ignore[arg-type]
+        forget()
+        return got
+
+    before = key()
+    _same_size_edit(site / "fakelib/sub/k.py")  # (outside the entry's closure, whose sources are read)
+    time.sleep(TICK)
+    info = site / "fakelib-1.0.dist-info"
+    for name in ("INSTALLER", "RECORD"):
+        (info / name).write_bytes((info / name).read_bytes())
+        time.sleep(TICK)
+    assert key() == before  # what the rule cannot see (recordstat's docstring names it)
+    hashed = key(hash_cache=HashCache(None, trust_records=False))
+    assert hashed != before
+    forget()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(site))
+        forget()
+        again = plan_again(m)
+    forget()
+    assert [p.key for p in again.target.planned] == [hashed]
