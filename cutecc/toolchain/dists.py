@@ -57,7 +57,7 @@ from typing import Any
 from cutecc.toolchain import hashcache
 from cutecc.toolchain.hashcache import HashCache, path_stamp, settled
 from cutecc.toolchain.planfacts import DIGEST, FLAG, INSTALLED, LISTED, Fact, InstalledFacts, Listed, T
-from cutecc.toolchain.recordstat import by_stat
+from cutecc.toolchain.recordstat import by_stat, record_hex
 
 DSL_PREFIX = "nvidia-cutlass-dsl"
 TOOLCHAIN_DISTS = ("apache-tvm-ffi", "nvidia-cuda-runtime", "cuda-bindings")
@@ -412,7 +412,7 @@ class DistIndex:
         # Files the RECORD vouches for by their stat alone (`by_stat`: its digest for theirs);
         # the others are read and hashed, on several threads.
         trusted = (by_stat(rec.stamp, rec.installer(), rec.stable, rows, stats, linked, prefix)
-                   if self.hashes.trust_records else {})
+                   if self.hashes.trust_records else set())
         self.hashes.prefetch([(p, st) for rel, p, st in stats if st is not None and rel not in trusted])
         h = hashlib.sha256()
         size = sum(st.st_size for _, _, st in stats if st is not None)
@@ -423,13 +423,16 @@ class DistIndex:
             # cache), and one that differs (edited after install) adds its own hash.
             h.update(b"record\0" + record().encode())
             for rel, p, st in stats:
-                got = trusted.get(rel) or (self.hashes.sha256(p) if st else "missing")
+                if rel in trusted:
+                    continue  # (its digest is its row's)
+                got = self.hashes.sha256(p) if st else "missing"
                 if rows[rel][0] != _record_digest(got):
                     h.update(f"{rel}\0{got}\0".encode())
         else:
             h.update(b"content\0")
             for rel, p, st in stats:
-                got = trusted.get(rel) or (self.hashes.sha256(p) if st else "missing")
+                got = record_hex(rows[rel][0]) if rel in trusted else (
+                    self.hashes.sha256(p) if st else "missing")
                 h.update(f"{rel}\0{got}\0".encode())
         if all(st is not None and settled(st) for _, _, st in stats):
             self.hashes.remember_dist(where, fp.hexdigest(), h.hexdigest())

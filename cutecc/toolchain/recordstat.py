@@ -52,40 +52,43 @@ into place from another tree (its files keep their inodes and times).
 from __future__ import annotations
 
 import base64
-import binascii
 import os
+import re
 from collections.abc import Mapping, Sequence
 from stat import S_ISLNK, S_ISREG
 
 SEAL_NS = 100_000_000  # the RECORD's ctime at most this after its mtime: written, not copied
 INSTALL_SPAN_NS = 5_000_000_000  # its INSTALLER's ctime at most this before the RECORD's
+# A row's digest as an installer writes a SHA-256 (`sha256=`, unpadded URL-safe base64 of 32
+# bytes: the last of 43 characters carries 2 zero bits), so that it is what hashing the file
+# would write; any other is hashed.
+_SHA256_ROW = re.compile(r"sha256=[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048]")
 
 
 def by_stat(record_stamp: Sequence[int] | None, installer_stamp: Sequence[int] | None, stable: bool,
             rows: Mapping[str, tuple[str, str]], stats: Sequence[tuple[str, str, os.stat_result | None]],
-            linked: set[str], prefix: str) -> dict[str, str]:
-    """`{path in RECORD: SHA-256 (hex)}` of the files of `stats` (`(path in RECORD, path on
-    disk, its stat)`) that the RECORD (`record_stamp`, `stable`: see `dists._Record`; its
+            linked: set[str], prefix: str) -> set[str]:
+    """The paths in RECORD of the files of `stats` (`(path in RECORD, path on disk, its
+    stat)`) that the RECORD (`record_stamp`, `stable`: see `dists._Record`; its
     `rows`: `{path: (digest, size)}`) vouches for by their stat alone (the module's rule);
     `installer_stamp`: the dist-info's INSTALLER's (`hashcache.stamp`); `linked`: the
     paths that are symbolic links; `prefix`: the directory the paths are under."""
     if not stable or record_stamp is None or installer_stamp is None:
-        return {}
+        return set()
     _size, r_mtime, r_ctime, _ino, r_dev = record_stamp
     i_ctime = installer_stamp[2]
     if not 0 <= r_ctime - r_mtime <= SEAL_NS or not 0 <= r_ctime - i_ctime <= INSTALL_SPAN_NS:
-        return {}
-    out: dict[str, str] = {}
+        return set()
+    out: set[str] = set()
     dirs: dict[str, bool] = {}  # directory under prefix -> whether it and those above are real
     for rel, p, st in stats:
         if (st is None or rel in linked or p != prefix + rel or not S_ISREG(st.st_mode)
                 or st.st_dev != r_dev or st.st_ctime_ns >= i_ctime):
             continue
         digest, size = rows[rel]
-        sha = _record_hex(digest)
-        if sha is None or size != str(st.st_size) or not _real_dirs(prefix, rel, dirs):
+        if size != str(st.st_size) or not _SHA256_ROW.fullmatch(digest) or not _real_dirs(prefix, rel, dirs):
             continue
-        out[rel] = sha
+        out.add(rel)
     return out
 
 
@@ -103,16 +106,6 @@ def _real_dirs(prefix: str, rel: str, known: dict[str, bool]) -> bool:
     return known[d]
 
 
-def _record_hex(digest: str) -> str | None:
-    """A RECORD row's `sha256=<unpadded URL-safe base64>` as hex; None for any other or
-    malformed digest (that file is hashed)."""
-    if not digest.startswith("sha256=") or len(digest) != 50:
-        return None
-    text = digest[7:]
-    try:
-        raw = base64.urlsafe_b64decode(text + "=")
-    except (binascii.Error, ValueError):
-        return None
-    if len(raw) != 32 or base64.urlsafe_b64encode(raw).rstrip(b"=").decode() != text:
-        return None
-    return raw.hex()
+def record_hex(digest: str) -> str:
+    """A trusted row's digest (`_SHA256_ROW`) as the hex SHA-256 hashing gives."""
+    return base64.urlsafe_b64decode(digest[7:] + "=").hex()
