@@ -34,6 +34,7 @@ from cutecc.errors import CuteccError, WorkError
 from cutecc.manifest import Manifest, load_manifest
 from cutecc.plan.build_plan import Planned
 from cutecc.store.writer import Store
+from cutecc.toolchain.hashcache import HashCache
 
 NO_DIGEST = "no artifact digest"
 BAD_DIGEST = "malformed artifact digest"
@@ -97,12 +98,15 @@ class PlannedAgain:
 
 
 def plan_again(manifest_path: str | Path) -> PlannedAgain:
-    """`manifest_path` parsed and planned with every source hashed again (no planning facts
-    remembered); an error when this host cannot compile (no build extra)."""
+    """`manifest_path` parsed and planned with every source and every installed file hashed
+    again (no planning facts remembered; no installed file told by its stat against its
+    RECORD: `cutecc.toolchain.recordstat`); an error when this host cannot compile (no
+    build extra)."""
     if importlib.util.find_spec("cutlass") is None:
         raise WorkError("`verify --deep` compiles the entries again: it needs the build extra "
                         "(nvidia-cutlass-dsl) on this host", where="--deep")
-    return PlannedAgain(str(manifest_path), builder.target(load_manifest(manifest_path)))
+    return PlannedAgain(str(manifest_path), builder.target(load_manifest(manifest_path),
+                                                             hashes=HashCache(None, trust_records=False)))
 
 
 def retrace(store: Store, planned: PlannedAgain, *, jobs: int | None = None,

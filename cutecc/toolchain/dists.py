@@ -17,7 +17,9 @@ A kernel's key covers, besides the project's own modules (`cutecc.plan.key.Sourc
   (size, mtime, ctime, inode, device) of the distribution's files (`HashCache`), so a
   no-op build stats installed files and reads none (a RECORD-only digest: under the
   RECORD's stamp; an entry's import closure: under its files' and searched directories'
-  stamps, `HashCache.closure`). Byte code, files outside
+  stamps, `HashCache.closure`); a first planning reads none whose stat its RECORD vouches
+  for (`recordstat`: the RECORD's SHA-256 is taken as the file's, so the digest is
+  hashing's), and `HashCache.trust_records` off hashes them all. Byte code, files outside
   site-packages (console scripts: their first line names the interpreter) and the
   dist-info's files (written or rewritten by the installer: INSTALLER, REQUESTED,
   direct_url.json naming where the wheel came from; the version stands for them) are
@@ -49,11 +51,13 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from importlib.machinery import EXTENSION_SUFFIXES
+from stat import S_ISLNK
 from typing import Any
 
 from cutecc.toolchain import hashcache
 from cutecc.toolchain.hashcache import HashCache, path_stamp, settled
 from cutecc.toolchain.planfacts import DIGEST, FLAG, INSTALLED, LISTED, Fact, InstalledFacts, Listed, T
+from cutecc.toolchain.recordstat import by_stat, record_hex
 
 DSL_PREFIX = "nvidia-cutlass-dsl"
 TOOLCHAIN_DISTS = ("apache-tvm-ffi", "nvidia-cuda-runtime", "cuda-bindings")
@@ -277,6 +281,10 @@ class _Record:
                 self.stable = False  # changed while read: nothing from it is remembered
         return self._text
 
+    def installer(self) -> list[int] | None:
+        """The stamp of the INSTALLER beside this RECORD (`recordstat`), None if none."""
+        return path_stamp(os.path.join(os.path.dirname(self.file), "INSTALLER")) if self.file else None
+
     def rows(self) -> dict[str, tuple[str, str]]:
         if self._rows is None:
             self._rows = _portable_rows(self.text())
@@ -400,10 +408,15 @@ class DistIndex:
         joined, odd = listed.joined, listed.odd
         by_stamp = rec.stable
         stats: list[tuple[str, str, os.stat_result | None]] = []
+        linked: set[str] = set()  # listed paths that are symbolic links: never trusted by stat
         for i, rel in enumerate(joined.split("\0") if joined else ()):
             p = (odd.get(str(i)) or prefix + rel) if odd else prefix + rel
             try:
-                stats.append((rel, p, os.stat(p)))
+                one = os.lstat(p)  # (the same as `os.stat` but for a link, stat'ed through next)
+                if S_ISLNK(one.st_mode):
+                    linked.add(rel)
+                    one = os.stat(p)
+                stats.append((rel, p, one))
             except OSError:
                 stats.append((rel, p, None))  # a listed file is gone: part of the digest
         stats.sort(key=operator.itemgetter(0))
@@ -421,7 +434,11 @@ class DistIndex:
         if by_stamp and not rec.stable:  # the RECORD changed since its stamp was taken: afresh
             self._records[name] = _Record(d)  # (its new stamp is unsettled: read as text)
             return self._compute(name, full)
-        self.hashes.prefetch([(p, st) for _, p, st in stats if st is not None])
+        # Files the RECORD vouches for by their stat alone (`by_stat`: its digest for theirs);
+        # the others are read and hashed, on several threads.
+        trusted = (by_stat(rec.stamp, rec.installer(), rec.stable, rows, stats, linked, prefix)
+                   if self.hashes.trust_records else set())
+        self.hashes.prefetch([(p, st) for rel, p, st in stats if st is not None and rel not in trusted])
         h = hashlib.sha256()
         size = sum(st.st_size for _, _, st in stats if st is not None)
         if size > FULL_HASH_LIMIT:
@@ -431,13 +448,17 @@ class DistIndex:
             # cache), and one that differs (edited after install) adds its own hash.
             h.update(b"record\0" + record().encode())
             for rel, p, st in stats:
+                if rel in trusted:
+                    continue  # (its digest is its row's)
                 got = self.hashes.sha256(p) if st else "missing"
                 if rows[rel][0] != _record_digest(got):
                     h.update(f"{rel}\0{got}\0".encode())
         else:
             h.update(b"content\0")
             for rel, p, st in stats:
-                h.update(f"{rel}\0{self.hashes.sha256(p) if st else 'missing'}\0".encode())
+                got = record_hex(rows[rel][0]) if rel in trusted else (
+                    self.hashes.sha256(p) if st else "missing")
+                h.update(f"{rel}\0{got}\0".encode())
         if all(st is not None and settled(st) for _, _, st in stats):
             self.hashes.remember_dist(where, fp.hexdigest(), h.hexdigest())
         return h.hexdigest()

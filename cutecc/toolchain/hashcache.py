@@ -125,8 +125,13 @@ class HashCache:
     closures' by the same stamps) answers what the cache does not, and learns what the run
     computed (a dry run's too: it is no cache)."""
 
-    def __init__(self, path: Path | None, write: bool = True, memory: PlanMemory | None = None) -> None:
+    def __init__(self, path: Path | None, write: bool = True, memory: PlanMemory | None = None, *,
+                 trust_records: bool = True) -> None:
         self.path = path
+        # whether an installed file may be told by its stat against its RECORD instead of
+        # hashed (`cutecc.toolchain.recordstat`); off: every file is read (`verify --deep`)
+        self.trust_records = trust_records
+        self.hashed_bytes = 0  # read and hashed by this cache this pass (`sha256`, `prefetch`)
         # the user's planning memory (`planmemory`), behind this cache's own facts: a cache
         # (not an in-run one) gets the default one; written even by a dry run (it is no cache)
         self.memory = memory if memory is not None or path is None else PlanMemory(
@@ -175,6 +180,7 @@ class HashCache:
         got = self._hashed.pop(f, None)
         if got is None or stamp(got[0]) != stamp(st):
             got = _hash_file(f)
+            self.hashed_bytes += got[0].st_size if got is not None else 0
         if got is None:
             return "missing"
         after, digest, held = got
@@ -199,6 +205,7 @@ class HashCache:
         with ThreadPoolExecutor(threads) as pool:
             for chunk, got in zip(chunks, pool.map(lambda c: [_hash_file(f) for f in c], chunks)):
                 for f, one in zip(chunk, got):
+                    self.hashed_bytes += one[0].st_size if one is not None else 0
                     if one is not None and one[2]:
                         self._hashed[f] = one
 
