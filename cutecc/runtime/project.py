@@ -39,12 +39,12 @@ class Project:
     lock: Path | None
 
     def known_to(self, store: StoreView) -> bool:
-        """Whether `store` holds a build of this project: a record of its manifest, or
-        (a directory with a lock alone) an entry its lock names."""
-        if self.manifest is not None:
-            return store.manifest_record(self.manifest) is not None
-        assert self.lock is not None
-        return any(store.has(k) for k in read_lock(self.lock).distinct_keys())
+        """Whether `store` holds a build of this project: a record of its manifest, or an
+        entry its lock names (a project checked out or copied elsewhere than where its
+        cache was built, whose records name the other path, is found by its lock)."""
+        if self.manifest is not None and store.manifest_record(self.manifest) is not None:
+            return True
+        return self.lock is not None and any(store.has(k) for k in read_lock(self.lock).distinct_keys())
 
 
 def find_project(start: Path | None = None) -> Project | None:

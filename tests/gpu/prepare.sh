@@ -20,6 +20,9 @@ cc build tests/gpu/faulty_kernels/kernels.toml --cache-dir "$OUTDIR/faults" --no
 cc tune tests/gpu/faulty_kernels/kernels.toml --compile-only --cache-dir "$OUTDIR/faults"
 cc build tests/gpu/layout_kernels/kernels.toml --cache-dir "$OUTDIR/layouts" --no-lock
 cc build tests/gpu/train_kernels/kernels.toml --cache-dir "$OUTDIR/train" --no-lock
+# two projects, one kernel name, one cache (test_projects_gpu.py); each writes its kernels.lock
+cc build tests/gpu/project_kernels/a/kernels.toml --cache-dir "$OUTDIR/projects"
+cc build tests/gpu/project_kernels/b/kernels.toml --cache-dir "$OUTDIR/projects"
 # a kernel built only for sm_100a (its fallback serves on Hopper: test_fallback_gpu.py)
 cc build tests/gpu/arch_kernels/kernels.toml --cache-dir "$OUTDIR/archs" --no-lock
 cc build kernels.toml --cache-dir "$OUTDIR/tune" --no-lock

@@ -148,3 +148,16 @@ def test_a_project_directory_no_build_of_knows_keeps_the_cache_s_rule(
     monkeypatch.chdir(other.parent)
     ks = cutecc.load(cache, arch="sm_90a")
     assert _keys(ks) == _lock_keys(two["b"])  # the newest build, as before: no record says otherwise
+
+
+def test_a_project_copied_elsewhere_is_found_through_its_lock(two: dict[str, Path], tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkout at another path than the one its cache was built from (a CI runner, a
+    deploy host): no record names its manifest's path, its lock names the entries."""
+    moved = shutil.copytree(two["a"].parent, tmp_path / "checkout")
+    monkeypatch.chdir(moved / "toy")
+    ks = cutecc.load(two["cache"], arch="sm_90a")
+    assert _keys(ks) == _lock_keys(two["a"])
+    (moved / "kernels.lock").unlink()  # neither its record nor its lock: the cache's own rule
+    with pytest.raises(cutecc.CuteccError, match="2 manifests"):
+        cutecc.load(two["cache"], arch="sm_90a").scale  # noqa: B018
