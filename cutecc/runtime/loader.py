@@ -378,7 +378,8 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
         fn = _kernel_fn(front, name, entries, target, series, pinned, record_use, unreadable, driver)
         fn.tuning = _tuning(name, fn, store, locked, target, series, record_use, front.device_kind, driver)
         fn._fallback = _fallback(front, name, fn, entries, store, locked, target, strict,
-                                 misses_root=store.root if record_use and not read_only() else None)
+                                 misses_root=store.root if record_use and not read_only() else None,
+                                 manifest=mpath)
         if jit:
             fn._jit = jit_hook(store, mpath, target, series, driver)
         return fn
@@ -499,11 +500,13 @@ def _kernel_fn(front: FrontEnd, name: str, entries: list[Entry], target: str, se
 
 
 def _fallback(front: FrontEnd, name: str, fn: KernelBase, entries: list[Entry], store: StoreView,
-              locked: Any, target: str, strict: bool, misses_root: Path | None) -> Fallback | None:
+              locked: Any, target: str, strict: bool, misses_root: Path | None,
+              manifest: Path | None = None) -> Fallback | None:
     """The kernel's declared fallback for this front end, or None: under a lock, the one its
     lines record (and its module must hash as recorded); else the one the newest build
-    records for any arch the kernel has entries of (a build for another GPU declares what
-    serves this one). Its module is not imported here."""
+    (of `manifest`, when the load is a manifest's: never another project's) records for any
+    arch the kernel has entries of (a build for another GPU declares what serves this one).
+    Its module is not imported here."""
     from cutecc.contract.fallbacks import FRONT_ENDS, FallbackRef
     from cutecc.runtime.fallback import Fallback
 
@@ -517,6 +520,8 @@ def _fallback(front: FrontEnd, name: str, fn: KernelBase, entries: list[Entry], 
         for arch in sorted({str(e.recorded.arch) for e in entries}):
             try:
                 gen = store.generation_fallbacks(name, arch)
+                if gen is not None and manifest is not None and not _same_path(gen.manifest, manifest):
+                    continue
                 found = gen.fallback(field) if gen is not None and gen.built_at >= newest else None
                 if gen is not None and found is not None:
                     ref, newest = found, gen.built_at

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
+import warnings
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import run_cli, write_toy_project
+from helpers import FALLBACK, run_cli, write_toy_project
 
 import cutecc
+from cutecc.errors import FallbackWarning, NoBuildFits
 from cutecc.runtime.library import target_name
 
 # the second project's copy of the toy kernel: one line changed
@@ -52,6 +55,9 @@ def two(dsl: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     a = write_toy_project(base / "a", threads=(64,))
     b = write_toy_project(base / "b", threads=(64,))
     _edit(b.parent)
+    (b.parent / "toy" / "ref.py").write_text(FALLBACK)  # b alone declares a fallback
+    b.write_text(b.read_text().replace('entry = "toy.ops:scale"',
+                                       'entry = "toy.ops:scale"\nfallback = "toy.ref:scale"'))
     (base / "elsewhere").mkdir()
     _build(a, base / "cache")
     _build(b, base / "cache")
@@ -161,3 +167,36 @@ def test_a_project_copied_elsewhere_is_found_through_its_lock(two: dict[str, Pat
     (moved / "kernels.lock").unlink()  # neither its record nor its lock: the cache's own rule
     with pytest.raises(cutecc.CuteccError, match="2 manifests"):
         cutecc.load(two["cache"], arch="sm_90a").scale  # noqa: B018
+
+
+def test_list_escapes_a_recorded_manifest_path(two: dict[str, Path], tmp_path: Path) -> None:
+    cache = shutil.copytree(two["cache"], tmp_path / "cache", symlinks=True)
+    rec = next((cache / "manifests").glob("*.json"))
+    doc = json.loads(rec.read_text())
+    doc["manifest"] = "/x/\x1b[2J\n[kernel.evil]\r.toml"
+    rec.write_text(json.dumps(doc))
+    r = run_cli("list", "--cache-dir", str(cache))
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout and "\r" not in r.stdout and "\n[kernel.evil]" not in r.stdout
+    assert "/x/\\x1b[2J\\n[kernel.evil]\\r.toml" in r.stdout
+
+
+def test_a_project_is_never_served_another_project_s_fallback(two: dict[str, Path],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """b's build of `scale`, recorded last, declares a fallback; a's does not: a call no
+    build of a's fits is an error in a's directory, and b's fallback serves it in b's."""
+    monkeypatch.syspath_prepend(str(two["b"].parent))  # b's fallback is importable from both
+    for mod in ("toy", "toy.ref", "toy.ops"):
+        monkeypatch.delitem(sys.modules, mod, raising=False)
+    misses = jax.ShapeDtypeStruct((256,), jnp.float16)  # no variant takes float16
+    monkeypatch.chdir(two["a"].parent)
+    ks = cutecc.load(two["cache"], arch="sm_90a")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        with pytest.raises(NoBuildFits):
+            jax.jit(lambda x: ks.scale(x, factor=2.0)).trace(misses).lower(lowering_platforms=("cuda",))
+    assert "toy.ref" not in sys.modules
+    monkeypatch.chdir(two["b"].parent)
+    ks = cutecc.load(two["cache"], arch="sm_90a")
+    with pytest.warns(FallbackWarning):
+        jax.jit(lambda x: ks.scale(x, factor=2.0)).trace(misses).lower(lowering_platforms=("cuda",))
