@@ -106,7 +106,7 @@ def built_by(store: StoreView) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for rec in store.manifest_records():
         if rec.manifest:
-            for key in rec.all_keys():
+            for key in rec.named_keys():
                 out.setdefault(key, set()).add(rec.manifest)
     for name in store.kernel_names():
         for gen in store.generation_records(name):

@@ -35,6 +35,7 @@ from cutecc.runtime.project import (
     find_project,
     lock_beside,
     read_selection,
+    selected_lines,
     several_builders,
 )
 from cutecc.runtime.usable import ptx_problem, record_problem, tvm_ffi_series, why_unusable
@@ -308,18 +309,8 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
                             + "; run `cutecc build`", where=str(store.root))
         pinned = locked.by_key()
     elif chosen is not None:  # exactly what the project's lock names, of the kernels wanted
-        lines = {}
-        for le in chosen.entries:
-            if wanted is None or le.kernel in wanted:
-                lines.setdefault(le.kernel, []).append(le.key)
-                if not store.has(le.key):
-                    absent.setdefault(le.kernel, []).append(f"{le.label} ({le.key[:12]}): named by "
-                                                            f"{chosen_path} but not in this cache; "
-                                                            "run `cutecc build`")
-        empty = sorted(n for n, keys in lines.items() if len(absent.get(n, ())) == len(keys))
-        if empty:
-            raise WorkError(f"no entry {chosen_path} names for kernel(s) {', '.join(empty)} is in "
-                            "this cache; run `cutecc build`", where=str(store.root))
+        assert chosen_path is not None  # read from it
+        lines, absent = selected_lines(chosen, chosen_path, wanted, store)
         pinned = chosen.by_key()
     elif planned is not None:  # exactly the manifest's newest build (all of it must be there)
         assert recorded is not None and wanted is not None  # set with `planned`

@@ -18,6 +18,8 @@ reverted would leave behind.
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from cutecc.store.view import StoreView
 
 MANIFEST_NAME = "kernels.toml"  # the manifest a project directory holds (`cutecc.manifest.grammar`)
 CHUNK = 1 << 20
+MAX_SOURCE_BYTES = 1 << 28  # a keyed source file larger than this reads as changed
 
 
 @dataclass(frozen=True)
@@ -73,14 +76,43 @@ def read_selection(path: Path) -> Lock:
     return read_lock(path)
 
 
+def selected_lines(lock: Lock, path: Path, wanted: set[str] | None,
+                   store: StoreView) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """The keys a project's `lock` (read from `path`) names per kernel (of `wanted`, None:
+    all), and per kernel why each key this cache lacks is set aside; an error naming the
+    kernels none of whose keys is in the cache (`run cutecc build`)."""
+    lines: dict[str, list[str]] = {}
+    absent: dict[str, list[str]] = {}
+    for le in lock.entries:
+        if wanted is None or le.kernel in wanted:
+            lines.setdefault(le.kernel, []).append(le.key)
+            if not store.has(le.key):
+                absent.setdefault(le.kernel, []).append(
+                    f"{le.label} ({le.key[:12]}): named by {path} but not in this cache; run `cutecc build`")
+    empty = sorted(n for n, keys in lines.items() if len(absent.get(n, ())) == len(keys))
+    if empty:
+        raise WorkError(f"no entry {path} names for kernel(s) {', '.join(empty)} is in this cache; "
+                        "run `cutecc build`", where=str(store.root))
+    return lines, absent
+
+
 def _sha256(path: str) -> str | None:
+    """SHA-256 of a source file a record names, None when it is not a regular file (a
+    FIFO is never waited on, a device never read), is over `MAX_SOURCE_BYTES` or unreadable."""
     h = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    with os.fdopen(fd, "rb") as f:
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_SOURCE_BYTES:
+                return None
             for chunk in iter(lambda: f.read(CHUNK), b""):
                 h.update(chunk)
-    except OSError:
-        return None
+        except OSError:
+            return None
     return h.hexdigest()
 
 

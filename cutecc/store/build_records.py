@@ -234,8 +234,12 @@ class ManifestRecord:
         return frozenset(k for keys in self.entries.get(kernel, {}).values() for k in keys)
 
     def all_keys(self) -> frozenset[str]:
-        """Every key the build planned, and every key an earlier build it keeps planned."""
-        return frozenset(k for b in self.builds() for kernel in b.entries for k in b.keys_of(kernel))
+        """Every key the build planned."""
+        return frozenset(k for kernel in self.entries for k in self.keys_of(kernel))
+
+    def named_keys(self) -> frozenset[str]:
+        """Every key the record names: this build's and the earlier builds' it keeps."""
+        return frozenset(k for b in self.builds() for k in b.all_keys())
 
 
 @dataclass(frozen=True)

@@ -506,7 +506,7 @@ def _generation_keys(data: bytes, where: str) -> Iterable[str]:
 
 def _manifest_keys(data: bytes, where: str) -> Iterable[str]:
     rec = ManifestRecord.from_json(_doc(data))
-    return () if rec is None else rec.all_keys()
+    return () if rec is None else rec.named_keys()
 
 
 def _plan_keys(data: bytes, where: str) -> Iterable[str]:
