@@ -495,7 +495,8 @@ def _fallback(front: FrontEnd, name: str, fn: KernelBase, entries: list[Entry], 
               manifest: Path | None = None) -> Fallback | None:
     """The kernel's declared fallback for this front end, or None: under a lock, the one its
     lines record (and its module must hash as recorded); else the one the newest build
-    (of `manifest`, when the load is a manifest's: never another project's) records for any
+    (of `manifest` or of the keys served, when the load is a manifest's: never another
+    project's) records for any
     arch the kernel has entries of (a build for another GPU declares what serves this one).
     Its module is not imported here."""
     from cutecc.contract.fallbacks import FRONT_ENDS, FallbackRef
@@ -507,12 +508,13 @@ def _fallback(front: FrontEnd, name: str, fn: KernelBase, entries: list[Entry], 
         ref = next((dict(le.fallbacks)[field] for le in locked.entries
                     if le.kernel == name and field in dict(le.fallbacks)), None)
     else:
-        newest = ""
+        newest, served = "", {e.key for e in entries}
         for arch in sorted({str(e.recorded.arch) for e in entries}):
             try:
                 gen = store.generation_fallbacks(name, arch)
-                if gen is not None and manifest is not None and not _same_path(gen.manifest, manifest):
-                    continue
+                if (gen is not None and manifest is not None and not _same_path(gen.manifest, manifest)
+                        and not served & set(gen.keys or ())):
+                    continue  # another project's build of this name (a moved checkout's own keys pass)
                 found = gen.fallback(field) if gen is not None and gen.built_at >= newest else None
                 if gen is not None and found is not None:
                     ref, newest = found, gen.built_at
