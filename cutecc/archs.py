@@ -198,7 +198,7 @@ PTX_ISA_OF_DRIVER: tuple[tuple[tuple[int, int], tuple[int, int]], ...] = (
     ((12, 8), (8, 7)), ((12, 9), (8, 8)), ((13, 0), (9, 0)), ((13, 1), (9, 1)),
     ((13, 2), (9, 2)), ((13, 3), (9, 3)), ((13, 4), (9, 4)), ((13, 5), (9, 5)),
 )
-_VERSION_RE = re.compile(r"([1-9]\d?)\.(\d{1,2})")
+_VERSION_RE = re.compile(r"([1-9]\d?)\.(\d{1,2})", re.ASCII)  # ASCII digits only: int() takes others
 
 
 def parse_version(text: object) -> tuple[int, int] | None:
@@ -243,6 +243,9 @@ def ptx_driver_problem(arch: str, isa: str | None, driver: tuple[int, int] | Non
 
 
 _DRIVER: list[tuple[int, int] | None] = []  # libcuda's answer, asked once per process
+# cuDriverGetVersion's integer (13000): ASCII digits, which `str.isdigit` and `int` are not
+# limited to (superscripts, fullwidth and Arabic-Indic digits pass one or both)
+_DRIVER_INT_RE = re.compile(r"[0-9]{4,9}", re.ASCII)
 
 
 def driver_version(library: str = "libcuda.so.1") -> tuple[int, int] | None:
@@ -254,11 +257,11 @@ def driver_version(library: str = "libcuda.so.1") -> tuple[int, int] | None:
         if env.lower() == "none":
             return None
         v = parse_version(env)
-        if v is None and env.isdigit() and len(env) <= 9 and int(env) >= 1000:
+        if v is None and _DRIVER_INT_RE.fullmatch(env) and int(env) >= 1000:
             v = (int(env) // 1000, int(env) % 1000 // 10)  # cuDriverGetVersion's form
         if v is None:
-            raise CuteccError(f"{env!r} is not a CUDA driver version such as 13.0 or 13000",
-                              where=f"${environ.DRIVER_VERSION}")
+            raise CuteccError(f"{ascii(env[:40])} is not a CUDA driver version such as 13.0 or 13000 "
+                              "(ASCII digits)", where=f"${environ.DRIVER_VERSION}")
         return v
     if not _DRIVER:
         _DRIVER.append(_libcuda_version(library))

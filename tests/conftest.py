@@ -8,7 +8,7 @@ its keys).
 says by requesting the `dsl` fixture (as an argument, through a fixture that requests it,
 or with `pytest.mark.usefixtures("dsl")`), or by using one of the session builds below
 that a GPU host may take prebuilt. The marker is derived here; no test sets it by hand.
-So `pytest -m "not slow"` never compiles (the quick selection, README "Tests").
+So `pytest -m "not slow"` never compiles (the quick selection, CONTRIBUTING.md "On a fresh machine").
 """
 
 from __future__ import annotations

@@ -434,6 +434,7 @@ def _write_lock(store: Store, t: Target, built: Built, hashes: HashCache | None,
     new_lock = _vouched(store, t.manifest, hashes, merged, built, signing=signing, where=req.path)
     recorded = record_lock(req.path, new_lock, req.signing_key)
     built.lock_changed, built.lock_file, built.signature = recorded.changed, req.path, recorded.signature
+    built.signature_removed = recorded.removed
 
 
 def environment_of(planned: Sequence[Planned]) -> Environment:

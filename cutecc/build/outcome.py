@@ -113,6 +113,7 @@ class Built:
     lock_file: Path | None = None  # the lock written or confirmed (None: not written)
     lock_changed: bool = False
     signature: Path | None = None  # the lock's signature, when signed
+    signature_removed: Path | None = None  # a signature of the lock's old bytes, removed (no key)
     dropped_tuning: list[str] = field(default_factory=list)  # tuning lines the lock lost, and why
     timings: Timings = field(default_factory=Timings)  # wall seconds per stage
 

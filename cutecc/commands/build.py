@@ -25,7 +25,7 @@ from cutecc.build.timings import Timings, entry_line
 from cutecc.commands.report import Report
 from cutecc.errors import CuteccError
 from cutecc.lock.environment import Drift, drift_line
-from cutecc.lock.lockfile import LOCK_NAME, Lock, previous
+from cutecc.lock.lockfile import LOCK_NAME, Lock, previous, unsigned_line
 from cutecc.manifest import Manifest, load_manifest
 from cutecc.store.writer import Store
 from cutecc.toolchain.dists import HashCache
@@ -39,6 +39,7 @@ class BuildReport(Report):
     lock_file: Path | None = None  # the lock this build wrote or confirmed (None: not written)
     lock_changed: bool = False
     signature: Path | None = None  # the lock's signature, when this build signed it
+    signature_removed: Path | None = None  # a signature of the lock's old bytes, removed (no key given)
     dry_run: bool = False
     executor: str = "local"
     remote: RemoteUse | None = None
@@ -75,6 +76,7 @@ class BuildReport(Report):
             "lock_file": str(self.lock_file) if self.lock_file else None,
             "lock_changed": self.lock_changed,
             "signature": str(self.signature) if self.signature else None,
+            "signature_removed": str(self.signature_removed) if self.signature_removed else None,
             "executor": self.executor,
             "fetched": sum(o.fetched for o in self.outcomes),
             "remote": self.remote.to_json() if self.remote else None,
@@ -91,6 +93,8 @@ class BuildReport(Report):
         return ([f"warning: {self.drift_note}"] if self.drift_note else []) + (
                 [f"FAILED {o.planned.label}: {o.error}" for o in self.outcomes if o.status == "failed"]
                 + [f"warning: dropped the tuning line {d}" for d in self.dropped_tuning]
+                + ([f"warning: {unsigned_line(self.signature_removed, self.lock_file)}"]
+                   if self.signature_removed else [])
                 + (self.remote.warnings() if self.remote else []))
 
     def lines(self, verbose: int = 0) -> list[str]:
@@ -228,6 +232,7 @@ def _build(full: Manifest, manifest_path: str | Path, store: Store, how: builder
     return BuildReport(
         outcomes=done.outcomes, seconds=time.perf_counter() - t0, cache_dir=store.root,
         lock_file=done.lock_file, lock_changed=done.lock_changed, signature=done.signature,
+        signature_removed=done.signature_removed,
         dry_run=dry_run, executor=how.executor.kind, remote=done.remote,
         runtimes_built=done.runtimes_built, dropped_tuning=done.dropped_tuning, drift=drift,
         drift_note=note, timings=clock, show_timings=timings)

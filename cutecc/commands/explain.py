@@ -87,12 +87,13 @@ def _short(value: Any, limit: int = 80) -> str | None:
     return text if len(text) <= limit else None
 
 
-_SPLIT = ("toolchain", "distributions", "env")
+_SPLIT = ("toolchain", "distributions", "env", "shadows")
 
 
 def flatten(inputs: dict[str, Any]) -> dict[str, Any]:
     """Key inputs with the toolchain, the installed distributions and the environment
-    split per name: `toolchain.<package>`, `distributions.<name>`, `env.<NAME>`."""
+    split per name: `toolchain.<package>`, `distributions.<name>`, `env.<NAME>`,
+    `shadows.<module>`."""
     out = {k: v for k, v in inputs.items() if k not in _SPLIT}
     for part in _SPLIT:
         sub = inputs.get(part)

@@ -8,12 +8,18 @@ as a build would parse it, and the table is printed only when one of its new var
 takes the call's arrays and keywords. A miss no added value covers (a divisibility, a
 rank, a dtype written literally) needs a contract change, said as such. A miss on an
 arch (no build for this GPU) is covered by adding the arch to the kernel's `archs`.
+
+What is printed is pasted (into a manifest, a terminal): the record's strings are held to
+their grammar when read (`cutecc.store.misses`: a record off it is skipped, and said on
+stderr), and every rendering escapes them anyway: TOML values and keys as TOML spells
+them (`toml_value`, `toml_key`), text and comments on one line of printable characters.
 """
 
 from __future__ import annotations
 
 import copy
-import json
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +27,7 @@ from typing import Any
 from cutecc.archs import to_build
 from cutecc.commands.report import Report
 from cutecc.errors import CuteccError
-from cutecc.store.misses import Miss, read_misses
+from cutecc.store.misses import Miss, escaped, load_misses
 from cutecc.store.view import StoreView
 
 
@@ -37,14 +43,14 @@ class Cover:
     uncovered: list[tuple[Miss, str]] = field(default_factory=list)
 
     def toml(self) -> list[str]:
-        out = [f"[kernel.{self.kernel}]"]
+        out = [f"[kernel.{toml_key(self.kernel)}]"]
         if self.archs is not None:
-            out.append(f"archs = {_toml(self.archs)}")
+            out.append(f"archs = {toml_value(self.archs)}")
         if self.variants is not None:
-            out.append("variants = { " + ", ".join(f"{k} = {_toml(v)}" for k, v in self.variants.items())
-                       + " }")
-            out.append(f"# adds {', '.join(self.added)}")
-        out += [f"# not covered: {self.kernel}{m.signature} on {m.arch}: {why}" for m, why in self.uncovered]
+            out.append(f"variants = {toml_value(self.variants)}")
+            out.append(escaped(f"# adds {', '.join(self.added)}"))
+        out += [escaped(f"# not covered: {self.kernel}{m.signature} on {m.arch}: {why}")
+                for m, why in self.uncovered]
         return out
 
 
@@ -54,9 +60,17 @@ class MissesReport(Report):
     misses: list[Miss]
     covers: list[Cover] | None = None  # with --toml
     manifest: Path | None = None
+    skipped: int = 0  # records of misses.json read and set aside (malformed, off their grammar)
+
+    def warnings(self) -> list[str]:
+        if not self.skipped:
+            return []
+        return [escaped(f"warning: skipped {self.skipped} record(s) of {self.cache_dir / 'misses.json'} "
+                        "that break its grammar (a field no cutecc writes); the next miss recorded "
+                        "rewrites the file without them")]
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"cache_dir": str(self.cache_dir),
+        out: dict[str, Any] = {"cache_dir": str(self.cache_dir), "skipped": self.skipped,
                                "misses": [{**m.to_json(), "signature": m.signature} for m in self.misses]}
         if self.covers is not None:
             out["manifest"] = str(self.manifest)
@@ -77,8 +91,8 @@ class MissesReport(Report):
         if self.covers is not None:
             return self.toml_lines() or ["# no misses recorded"]
         if not self.misses:
-            return [f"no misses recorded in {self.cache_dir}"]
-        return [f"{m.kernel}{m.signature} on {m.arch}: {m.reason}, {m.count} time(s), last {m.last}"
+            return [escaped(f"no misses recorded in {self.cache_dir}")]
+        return [escaped(f"{m.kernel}{m.signature} on {m.arch}: {m.reason}, {m.count} time(s), last {m.last}")
                 for m in self.misses]
 
 
@@ -87,13 +101,14 @@ def misses(cache_dir: str | Path | None = None, *, toml: bool = False,
     """The misses recorded in the cache; with `toml`, the changes to `manifest` (else the
     project's, found as `cutecc build` finds it) that would cover them."""
     store = StoreView(cache_dir).require()
-    found = read_misses(store.root)
+    record = load_misses(store.root)
+    found = list(record.misses)
     if not toml:
-        return MissesReport(store.root, found)
+        return MissesReport(store.root, found, skipped=record.skipped)
     from cutecc.manifest import find_manifest
 
     path = Path(manifest) if manifest is not None else find_manifest()
-    return MissesReport(store.root, found, covers(path, found), path.resolve())
+    return MissesReport(store.root, found, covers(path, found), path.resolve(), record.skipped)
 
 
 def covers(path: Path, found: list[Miss]) -> list[Cover]:
@@ -244,11 +259,43 @@ def _same(a: Any, b: Any) -> bool:
     return isinstance(a, bool) == isinstance(b, bool) and a == b
 
 
-def _toml(v: Any) -> str:
-    """A TOML value: JSON's spelling serves for strings, numbers and arrays; bools are
-    lowercase in both."""
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml(x) for x in v) + "]"
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+", re.ASCII)
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def toml_value(v: Any) -> str:
+    """`v` (a string, bool, int, float, array or table) spelled as a one-line TOML value."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else ("nan" if math.isnan(v) else "-inf" if v < 0 else "inf")
+    if isinstance(v, str):
+        return _toml_string(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
     if isinstance(v, dict):
-        return "{ " + ", ".join(f"{k} = {_toml(x)}" for k, x in v.items()) + " }"
-    return json.dumps(v)
+        return "{ " + ", ".join(f"{toml_key(k)} = {toml_value(x)}" for k, x in v.items()) + " }"
+    raise TypeError(f"no TOML value for a {type(v).__name__}")
+
+
+def toml_key(k: str) -> str:
+    """`k` as a TOML key: bare when it can be, else a quoted string."""
+    return k if _BARE_KEY.fullmatch(k) else _toml_string(k)
+
+
+def _toml_string(s: str) -> str:
+    """A TOML basic string holding exactly `s`: quote, backslash and every character that is
+    not printable escaped (a lone surrogate, which no TOML holds, as U+FFFD)."""
+    out = []
+    for c in s:
+        if c in _ESCAPES:
+            out.append(_ESCAPES[c])
+        elif c.isprintable():
+            out.append(c)
+        elif 0xD800 <= ord(c) <= 0xDFFF:
+            out.append("\\uFFFD")
+        else:
+            out.append(f"\\u{ord(c):04X}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08X}")
+    return '"' + "".join(out) + '"'

@@ -29,7 +29,7 @@ from cutecc.commands.report import Report
 from cutecc.contract.buckets import bucket_text
 from cutecc.contract.pinned import Tuned
 from cutecc.errors import CuteccError, WorkError
-from cutecc.lock.lockfile import Lock
+from cutecc.lock.lockfile import Lock, unsigned_line
 from cutecc.plan.tuning_plan import PlanItem
 from cutecc.runtime.tuning import read_cached
 from cutecc.store.tuning_records import MAX_RESULTS_BYTES, TuningResult, TuningResults
@@ -53,6 +53,7 @@ class TuneReport(Report):
     info: dict[str, Any] = field(default_factory=dict)
     lock_file: Path | None = None
     lock_changed: bool = False
+    signature_removed: Path | None = None  # a signature of the lock's old bytes, removed (no key given)
     results_file: Path | None = None
     drift: list[str] = field(default_factory=list)
 
@@ -63,7 +64,9 @@ class TuneReport(Report):
     def warnings(self) -> list[str]:
         return ([f"FAILED {f}" for f in self.failed] + [f"DROPPED {d}" for d in self.dropped]
                 + [f"DRIFT {d}" for d in self.drift]
-                + [f"dropped the tuning line {d}" for d in self.dropped_tuning])
+                + [f"dropped the tuning line {d}" for d in self.dropped_tuning]
+                + ([f"warning: {unsigned_line(self.signature_removed, self.lock_file)}"]
+                   if self.signature_removed else []))
 
     def within_noise(self) -> list[str]:
         """The buckets whose decision was inside the noise (`decide.Decision.close`): where
@@ -79,6 +82,7 @@ class TuneReport(Report):
                 "kernels": _by_kernel(self.plan), "records": [r.to_json() for r in self.records], **self.info,
                 "lock_file": str(self.lock_file) if self.lock_file else None,
                 "lock_changed": self.lock_changed, "dropped_tuning": self.dropped_tuning,
+                "signature_removed": str(self.signature_removed) if self.signature_removed else None,
                 "results_file": str(self.results_file) if self.results_file else None,
                 "drift": self.drift}
 
@@ -320,7 +324,8 @@ def _record(report: TuneReport, plan_items: list[PlanItem], root: Path, lock_pat
         new.update({r.slot: r for r in recs})
         store.write_tuning_results(key, TuningResults(tuple(new[k] for k in sorted(new))).dumps())
     if new_lock is not None:
-        report.lock_changed = record_lock(lock_path, new_lock, signing_key).changed
+        recorded = record_lock(lock_path, new_lock, signing_key)
+        report.lock_changed, report.signature_removed = recorded.changed, recorded.removed
         report.lock_file = lock_path
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cutecc import environ
 from cutecc.atomic import atomic_write
 from cutecc.contract.composite_line import CompositeLine
 from cutecc.contract.pinned import Tuned, parse_tuning_lines
@@ -273,11 +274,20 @@ def write_lock(path: str | Path, lock: Lock) -> bool:
 
 @dataclass(frozen=True)
 class Recorded:
-    """What `record_lock` did: whether the file's bytes changed, and the signature file
-    (`PATH.sig`) when a key signed it."""
+    """What `record_lock` did: whether the file's bytes changed, the signature file
+    (`PATH.sig`) when a key signed it, and the one it `removed` (unsigned, a signature of
+    other bytes)."""
 
     changed: bool
     signature: Path | None = None
+    removed: Path | None = None
+
+
+def unsigned_line(removed: Path, lock_file: Path | None) -> str:
+    """What a command says when `record_lock` removed a stale signature (`Recorded.removed`)."""
+    return (f"removed {removed}: it signed {lock_file or 'the lock'} as it was before, and no "
+            f"signing key was given; a deployer's load refuses the lock until it is signed again "
+            f"(`cutecc build --sign-key KEY`, or ${environ.SIGNING_KEY})")
 
 
 def record_lock(path: str | Path, lock: Lock, signing_key: PrivateKey | None = None) -> Recorded:
@@ -287,13 +297,15 @@ def record_lock(path: str | Path, lock: Lock, signing_key: PrivateKey | None = N
     rewritten meanwhile by another process is never what gets signed. A signature that
     already holds this key's signature of these bytes is left as it is (`sign_file`), so
     an unchanged, signed lock is not rewritten; an unchanged lock this key has not signed
-    yet gets its signature."""
+    yet gets its signature. Without a key, a signature beside the lock that is not of the
+    bytes written is removed (`Recorded.removed`, said by the command): it would vouch for
+    nothing, and a deployer's load says how to sign again."""
+    from cutecc.lock import signing
+
     path = Path(path)
     changed = write_lock(path, lock)
     if signing_key is None:
-        return Recorded(changed)
-    from cutecc.lock import signing
-
+        return Recorded(changed, removed=signing.drop_stale_signature(path, lock.dumps(), "lock"))
     return Recorded(changed, signing.sign_file(path, signing_key, "lock", data=lock.dumps()))
 
 

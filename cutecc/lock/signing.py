@@ -241,11 +241,12 @@ def verify(data: bytes, sig: bytes | None, trusted: Sequence[PublicKey], kind: s
     if not trusted:
         raise SignatureError("no trusted key given")
     if sig is None:
-        raise SignatureError(f"{where} is not signed (no {kind} signature); refusing it")
+        raise SignatureError(f"{where} is not signed (no {kind} signature); refusing it"
+                             + _sign_again(kind, "it"))
     doc = _sig_doc(sig, kind, f"{where}{SIG_SUFFIX}")
     if doc["sha256"] != hashlib.sha256(data).hexdigest():
         raise SignatureError(f"{where} was changed after it was signed (its SHA-256 differs "
-                             "from the signed one); refusing it")
+                             f"from the signed one); refusing it{_sign_again(kind, 'again')}")
     by_id = {k.key_id: k for k in trusted}
     signers = [s.get("key_id") for s in doc["signatures"]]
     failed, other_alg = [], []
@@ -293,6 +294,40 @@ def sign_file(path: str | os.PathLike[str], key: PrivateKey, kind: str,
     return out
 
 
+def drop_stale_signature(path: str | os.PathLike[str], data: bytes, kind: str) -> Path | None:
+    """Remove PATH.sig unless it is a signature of `data` (the file's bytes just recorded,
+    with no key to sign them): a signature of other bytes vouches for nothing and must not
+    sit beside the file as if it did. The path removed, else None (none there, still of
+    these bytes, or not a regular file: a FIFO is never opened). WorkError when it cannot
+    be removed."""
+    out = Path(f"{os.fspath(path)}{SIG_SUFFIX}")
+    try:
+        fd = os.open(out, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        raw = os.read(fd, MAX_SIG_BYTES + 1)
+    except OSError:
+        raw = b""
+    finally:
+        os.close(fd)
+    try:
+        if _sig_doc(raw, kind, str(out))["sha256"] == hashlib.sha256(data).hexdigest():
+            return None
+    except SignatureError:
+        pass  # malformed, or of another kind: it cannot sign these bytes either
+    try:
+        out.unlink()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise WorkError(f"cannot remove the signature of the file's old bytes: {e.strerror}; remove "
+                        "it, or sign the file again", where=str(out)) from None
+    return out
+
+
 def verify_file(path: str | os.PathLike[str], trusted: Sequence[PublicKey], kind: str, *,
                 max_bytes: int = 16 << 20) -> bytes:
     """The file's bytes, once its PATH.sig verifies: the caller must use exactly these bytes
@@ -334,6 +369,14 @@ def check_lock(data: bytes, sig: bytes | None, where: str, *,
 
 
 # Helpers ----------------------------------------------------------------------------------
+
+
+def _sign_again(kind: str, what: str) -> str:
+    """How to sign a lock (`what`: "it", "again"): the commands that write one sign it."""
+    if kind != "lock":
+        return ""
+    return (f". Sign {what} with the builder's private key: `cutecc build --sign-key KEY` (or "
+            f"${environ.SIGNING_KEY}; a pack: `cutecc pack --sign-key KEY`)")
 
 
 def _dumps(doc: dict[str, Any]) -> bytes:

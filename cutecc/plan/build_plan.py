@@ -17,6 +17,7 @@ from cutecc.errors import CuteccError
 from cutecc.manifest import Kernel, Manifest, Variant, split_entry
 from cutecc.plan.key import SourceIndex, key_inputs
 from cutecc.plan.keyed_sources import KeyedFile
+from cutecc.plan.shadows import Shadows, shadows
 from cutecc.platforms import BUILD_PLATFORM
 from cutecc.toolchain.dists import DistIndex, HashCache, compile_env
 
@@ -53,10 +54,11 @@ def plan(manifest: Manifest, archs: tuple[str, ...] = (), *,
     installed = DistIndex(cache)
     envs: dict[str, dict[str, str]] = {}
     out: list[Planned] = []
+    scans: dict[str, list[tuple[str, str]]] = {}  # `shadows`' memo for this pass
     paused = gc.isenabled()  # planning makes ~a million short-lived objects and few cycles:
     gc.disable()  # the collector's passes over all it holds cost more than they free
     try:
-        _plan(manifest, archs, platforms or manifest.platforms, index, installed, envs, out)
+        _plan(manifest, archs, platforms or manifest.platforms, index, installed, envs, out, scans)
     finally:
         if paused:
             gc.enable()
@@ -65,7 +67,8 @@ def plan(manifest: Manifest, archs: tuple[str, ...] = (), *,
 
 
 def _plan(manifest: Manifest, archs: tuple[str, ...], platforms: tuple[str, ...], index: SourceIndex,
-          installed: DistIndex, envs: dict[str, dict[str, str]], out: list[Planned]) -> None:
+          installed: DistIndex, envs: dict[str, dict[str, str]], out: list[Planned],
+          scans: dict[str, list[tuple[str, str]]]) -> None:
     for k in manifest.kernels:
         try:
             digest, sources = index.digest(k.module)
@@ -81,6 +84,7 @@ def _plan(manifest: Manifest, archs: tuple[str, ...], platforms: tuple[str, ...]
         modules = index.reached_modules(k.module)
         entry_files = index.files(k.module)
         reached: dict[frozenset[str], dict[str, str]] = {}
+        shadowed: dict[frozenset[str], Shadows] = {}
         seen: dict[str, str] = {}
         for v in k.variants:
             imports, ref_modules = _imported(manifest, index, k, v, set(sources))
@@ -92,11 +96,18 @@ def _plan(manifest: Manifest, archs: tuple[str, ...], platforms: tuple[str, ...]
             key_modules = frozenset(modules | ref_modules)
             if key_modules not in reached:
                 reached[key_modules] = installed.reached(key_modules)
+                # modules found ahead of what the reached distributions install
+                shadowed[key_modules] = shadows(index, installed, reached[key_modules], key_modules,
+                                                 scans)
+            if shadowed[key_modules].files:
+                more = {f.path: f for f in keyed}
+                more.update((f.path, f) for f in shadowed[key_modules].files)
+                keyed = tuple(more.values())
             for arch, platform in [(a, p) for a in archs or k.archs for p in platforms]:
                 if arch not in envs:
                     envs[arch] = compile_env(manifest.env_for(arch))
                 inputs = key_inputs(k, v, arch, digest, reached[key_modules], envs[arch], imports,
-                                    platform)
+                                    platform, shadowed[key_modules].digests)
                 p = Planned(k, v, arch, compute_key(inputs), inputs, sources, platform, keyed)
                 if p.key in seen:  # nothing tells them apart: no call could choose between them
                     raise CuteccError(f'variants "{seen[p.key]}" and "{v.id}" build the same artifact '

@@ -166,6 +166,31 @@ class SourceIndex:
         by its installed distribution (see `_is_local`)."""
         return self._is_local(top)
 
+    @property
+    def roots_resolved(self) -> tuple[str, ...]:
+        """The python_path roots, absolute and resolved, as lookups search them."""
+        return tuple(self._resolved_roots)
+
+    def lookup(self, module: str) -> tuple[modfind.Found | None, set[tuple[str, str]] | None]:
+        """Where the build worker will find `module` (`_locate`) and what that answer
+        depends on (`modfind.find_module`'s `consulted`; None when no stamp tells it)."""
+        found = self._locate(module)
+        return found, self._consulted.get(module)
+
+    def remember(self, key: str, members: list[tuple[str, str, bool]],
+                 consulted: set[tuple[str, str]]) -> None:
+        """Remember `members` under `key` (`dists.HashCache.remember_closure`) as a walk of
+        this index would: in its context, for lookups made since it was created."""
+        self._cache.remember_closure(key, self._closure_context(), members, consulted, self._born)
+
+    def recall(self, key: str) -> list[tuple[str, str, bool]] | None:
+        """What `remember` kept under `key`, while nothing it depends on has changed."""
+        return self._cache.closure(key, self._closure_context())
+
+    def keyed_file(self, f: Path, module: str) -> KeyedFile:
+        """A file that is not Python source (an extension module) keyed by its bytes alone."""
+        return KeyedFile(str(f), module, self._rel(f), self._cache.sha256(str(f)))
+
     def _rel(self, f: Path) -> str:
         """`f`'s name in the key: relative to the python_path root holding it, else to the
         `sys.path` entry holding it (an installed entry package), so a key is the same
@@ -520,12 +545,15 @@ def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
                distributions: dict[str, str] | None = None,
                env: dict[str, str] | None = None,
                imports: dict[str, str] | None = None,
-               platform: str = BUILD_PLATFORM) -> dict[str, Any]:
+               platform: str = BUILD_PLATFORM,
+               shadows: dict[str, str] | None = None) -> dict[str, Any]:
     """The named inputs of one artifact's key (also stored in its metadata), for host code
     of `platform` (its toolchain names it: `toolchain`):
     `distributions` and `env` as `cutecc.toolchain.dists` computes them; `imports`, the source digests
     of project modules that the variant's values and struct types name and the entry's
-    closure does not reach (`cutecc.plan.build_plan.references`)."""
+    closure does not reach (`cutecc.plan.build_plan.references`); `shadows`, the source
+    digests of modules found ahead of those the reached distributions install
+    (`cutecc.plan.shadows`)."""
     inputs: dict[str, Any] = {
         "distributions": distributions or {},
         "env": env or {},
@@ -544,6 +572,8 @@ def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
         inputs["device"] = devicequery.answers(dict(kernel.hardware), arch, kernel.profile)
     if imports:  # only when set: kernels whose references the entry reaches keep their keys
         inputs["imports"] = dict(sorted(imports.items()))
+    if shadows:  # only when set: where nothing shadows installed code, keys are unchanged
+        inputs["shadows"] = dict(sorted(shadows.items()))
     if kernel.grad is not None:  # only when set: grad = { backward } alone keeps its keys
         inputs["grad"] = kernel.grad  # the named pairing the runtime reads from the entry
     if kernel.shard:  # only when set: kernels without a sharding rule keep their keys

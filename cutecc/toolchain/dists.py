@@ -213,6 +213,16 @@ def owners(top: str) -> tuple[str, ...]:
     return _owners(top)
 
 
+def tops(name: str) -> tuple[str, ...]:
+    """The top-level module names distribution `name` (the one import uses) installs, as
+    `owners` reads them: its top_level.txt's, else those its RECORD's `.py` files imply."""
+    installed = _installed()
+    d = installed.get(name)
+    if d is None:
+        return ()
+    return tuple(installed.facts[name].tops) or tuple(sorted(_inferred_tops(d)))
+
+
 @functools.cache
 def is_editable(name: str) -> bool:
     """Whether distribution `name` is an editable install (its RECORD covers no sources)."""
@@ -334,6 +344,21 @@ class DistIndex:
         modules = sorted(set(modules))
         return bool(record.fact(self.hashes, "reaches\0" + "\0".join([top, *modules]),
                                 lambda: _reaches(record.rows(), top, modules), FLAG))
+
+    def installs(self, name: str, path: str) -> bool:
+        """Whether the file at `path` is distribution `name`'s own: one its RECORD lists
+        (not a same-named module found ahead of it on the path)."""
+        d = _installed().get(name)
+        record = self._record(name)
+        if d is None or record is None:
+            return False
+        base = str(d.locate_file(""))
+        for b, p in ((os.path.abspath(base), os.path.abspath(path)),
+                     (os.path.realpath(base), os.path.realpath(path))):
+            prefix = b if b.endswith(os.sep) else b + os.sep
+            if p.startswith(prefix) and p[len(prefix):].replace(os.sep, "/") in record.rows():
+                return True
+        return False
 
     def _record(self, name: str) -> _Record | None:
         """Distribution `name`'s RECORD this pass (None: not installed)."""

@@ -377,7 +377,7 @@ def parser_id() -> str:
     root = Path(__file__).resolve().parent.parent  # cutecc/
     h = hashlib.sha256(f"{sys.implementation.cache_tag}\0{sys.version}\0".encode())
     for name in ("toolchain/dists.py", "toolchain/hashcache.py", "plan/key.py", "toolchain/modfind.py",
-                 "toolchain/planmemory.py", "toolchain/planfacts.py"):
+                 "toolchain/planmemory.py", "toolchain/planfacts.py", "plan/shadows.py"):
         with contextlib.suppress(OSError):
             h.update(name.encode() + b"\0" + (root / name).read_bytes())
     return h.hexdigest()[:16]

@@ -2,9 +2,10 @@
 
 `cutecc tune` once merged its winners, wrote the lock and signed it on a path of its own
 beside the builder's. Read from the source (never by importing it): in `cutecc/`, the
-lock's writer (`write_lock`) and the file signer (`sign_file`) are called only inside
-`record_lock` (cutecc/lock/lockfile.py), and both commands that record a lock, `build`
-(through the builder) and `tune`, call `record_lock`.
+lock's writer (`write_lock`), the file signer (`sign_file`) and what removes a signature of
+the lock's old bytes (`drop_stale_signature`) are called only inside `record_lock`
+(cutecc/lock/lockfile.py), and both commands that record a lock, `build` (through the
+builder) and `tune`, call `record_lock`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "cutecc"
 ROAD = ("cutecc/lock/lockfile.py", "record_lock")
-GUARDED = {"write_lock", "sign_file"}  # what writes the lock file, what writes its signature
+GUARDED = {"write_lock", "sign_file", "drop_stale_signature"}  # what writes the lock, signs it, unsigns it
 RECORDERS = ("cutecc/build/builder.py", "cutecc/commands/tune.py")
 
 

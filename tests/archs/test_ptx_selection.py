@@ -97,7 +97,8 @@ def test_the_driver_version_can_be_given(monkeypatch: pytest.MonkeyPatch, given:
                                          got: tuple[int, int] | None) -> None:
     monkeypatch.setenv("CUTECC_DRIVER_VERSION", given)
     assert archs.driver_version() == got
-    for bad in ("thirteen", "9" * 100_000):  # a hostile length is refused, not parsed
+    for bad in ("thirteen", "9" * 100_000, "\uff11\uff13\uff10\uff10\uff10", "\u00b9\u00b3\u2070\u2070\u2070",
+                "\u0661\u0663.\u0660"):  # a hostile length, digits not ASCII: refused, not parsed
         monkeypatch.setenv("CUTECC_DRIVER_VERSION", bad)
         with pytest.raises(CuteccError, match="not a CUDA driver version"):
             archs.driver_version()

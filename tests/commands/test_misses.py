@@ -117,3 +117,46 @@ def test_a_malformed_record_reads_as_nothing(tmp_path: Path, doc: bytes) -> None
     assert read_misses(tmp_path) == []
     os.chmod(tmp_path / "misses.json", 0o644)
     np.testing.assert_equal(len(read_misses(tmp_path)), 0)
+
+
+EVIL = {"kernel": "scale", "arch": "sm_90a\n[kernel.evil]\nentry = \"evil.mod:run\"",
+        "arrays": [{"dtype": "float32", "shape": [3, 32]}], "keywords": {}, "reason": "no build for sm_90a",
+        "count": 1, "first": "2026-01-01T00:00:00+00:00", "last": "2026-01-01T00:00:00+00:00"}
+
+
+def test_an_injected_record_never_reaches_what_is_printed(fallback_project: Path) -> None:
+    """misses.json is trust-checked (only its owner writes it), yet what `misses --toml`
+    prints is pasted into a manifest: a record whose arch carries a newline and a table (on
+    1518079 the printed TOML gained `[kernel.evil]`) is skipped with a note, and every line
+    printed holds printable text only."""
+    import tomllib
+
+    cache = _missed(fallback_project)
+    doc = json.loads((cache / "misses.json").read_text())
+    evil_dtype = [{"dtype": "float32\n[kernel.evil]", "shape": [3]}]
+    doc["misses"] += [EVIL, {**EVIL, "reason": "no built variant fits"},
+                      {**EVIL, "arch": "sm_90a", "arrays": evil_dtype}]
+    (cache / "misses.json").write_text(json.dumps(doc))
+    r = CliRunner().invoke(main, ["misses", "--cache-dir", str(cache), "--toml", "-m", str(fallback_project)],
+                           catch_exceptions=False, prog_name="cutecc")
+    assert r.exit_code == 0, r.output
+    assert "evil" not in r.stdout and set(tomllib.loads(r.stdout)) == {"kernel"}
+    assert set(tomllib.loads(r.stdout)["kernel"]) == {"scale"}
+    assert "skipped 3 record(s)" in r.stderr and "misses.json" in r.stderr
+    text = CliRunner().invoke(main, ["misses", "--cache-dir", str(cache)], prog_name="cutecc")
+    assert text.exit_code == 0 and "evil" not in text.stdout and "skipped 3 record(s)" in text.stderr
+    assert all(line.isprintable() for line in text.stdout.splitlines())
+
+
+@pytest.mark.parametrize("value", ['say "hi"', "back\\slash", "\u00e9t\u00e9", "\U0001f600", "tab\there",
+                                   "new\nline", "\x1b[31m", "\u202eevil", "\x7f", "'''", "#", "[kernel.x]"])
+def test_a_toml_value_reads_back_as_itself(value: str) -> None:
+    """What `--toml` prints for a value is TOML for that value, whatever its characters (on
+    1518079 JSON's spelling served: an emoji became a surrogate pair, which is no TOML)."""
+    import tomllib
+
+    from cutecc.commands.misses import toml_key, toml_value
+
+    line = f"{toml_key(value)} = {toml_value([value, 1.5, True, 7])}"
+    assert "\n" not in line and line.isprintable()
+    assert tomllib.loads(line) == {value: [value, 1.5, True, 7]}

@@ -434,7 +434,7 @@ def runtime_only_venv(where: Path) -> Path:
 
 def test_a_pack_and_its_runtime_wheel_install_with_no_index_and_load_without_the_dsl(
         toy: Toy, tmp_path: Path) -> None:
-    """The README's deploy: `cutecc pack` writes the kernels' wheel and cutecc's own beside it;
+    """docs/shipping.md's deploy: `cutecc pack` writes the kernels' wheel and cutecc's own beside it;
     `pip install --no-index --find-links dist NAME` on a host with no cutecc and no DSL
     installs both, and the kernels load and lower from the installed runtime."""
     dist = tmp_path / "dist"

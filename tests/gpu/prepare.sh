@@ -20,6 +20,12 @@ cc build tests/gpu/faulty_kernels/kernels.toml --cache-dir "$OUTDIR/faults" --no
 cc tune tests/gpu/faulty_kernels/kernels.toml --compile-only --cache-dir "$OUTDIR/faults"
 cc build tests/gpu/layout_kernels/kernels.toml --cache-dir "$OUTDIR/layouts" --no-lock
 cc build tests/gpu/train_kernels/kernels.toml --cache-dir "$OUTDIR/train" --no-lock
+# the README's first project, made as the README makes it (test_readme_gpu.py)
+rm -rf "$OUTDIR/quickstart" && mkdir -p "$OUTDIR/quickstart"
+"$PY" -m cutecc.cli -q init "$OUTDIR/quickstart/myproject"
+cc build "$OUTDIR/quickstart/myproject/kernels.toml" --cache-dir "$OUTDIR/quickstart/cache" --no-lock
+# docs/first-kernel.md's kernel (test_first_kernel_gpu.py, benchmarks/first_kernel.py)
+cc build examples/first_kernel/kernels.toml --cache-dir "$OUTDIR/first_kernel" --no-lock
 # two projects, one kernel name, one cache (test_projects_gpu.py); each writes its kernels.lock
 cc build tests/gpu/project_kernels/a/kernels.toml --cache-dir "$OUTDIR/projects"
 cc build tests/gpu/project_kernels/b/kernels.toml --cache-dir "$OUTDIR/projects"

@@ -8,6 +8,8 @@
 #   faults/    tests/gpu/faulty_kernels (+ tune candidates) CUTECC_FAULT_CACHE, CUTECC_FAULT_TUNE_CACHE
 #   layouts/   tests/gpu/layout_kernels                     CUTECC_LAYOUT_CACHE
 #   train/     tests/gpu/train_kernels (derived, scratch)   CUTECC_TRAIN_CACHE
+#   first_kernel/ examples/first_kernel (docs/first-kernel.md) CUTECC_FIRST_KERNEL_CACHE
+#   quickstart/cache/ the README's `cutecc init` project       CUTECC_QUICKSTART_CACHE
 #   archs/     tests/gpu/arch_kernels (sm_100a only)        CUTECC_ARCH_CACHE
 #   tune/      kernels.toml + its tuning candidates         CUTECC_TUNE_CACHE
 #   projects/  tests/gpu/project_kernels/a and b            CUTECC_PROJECTS_CACHE
@@ -16,6 +18,8 @@
 #   layout_ab/ benchmarks/layout_ab.py prepare: after the suite, old link layout against new
 #   examples-direct/  benchmarks/examples_parity.py build: after the suite, cutecc against
 #              the same launchers compiled directly (within 2%)
+# With first_kernel/, benchmarks/first_kernel.py times docs/first-kernel.md's kernel against
+# XLA's own formulation after the suite (first_kernel.json; a wrong result fails the run).
 # With examples/, benchmarks/training_step.py also times a training step of
 # examples/llama_block.py through cutecc against plain JAX (figures only, never a failure);
 # with 2 or more GPUs, benchmarks/training_step_multi.py times it data-parallel and FSDP on
@@ -50,6 +54,8 @@ from CUTECC_FAULT_CACHE faults
 from CUTECC_FAULT_TUNE_CACHE faults
 from CUTECC_LAYOUT_CACHE layouts
 from CUTECC_TRAIN_CACHE train
+from CUTECC_FIRST_KERNEL_CACHE first_kernel
+from CUTECC_QUICKSTART_CACHE quickstart/cache
 from CUTECC_ARCH_CACHE archs
 from CUTECC_TUNE_CACHE tune
 from CUTECC_PROJECTS_CACHE projects
@@ -61,7 +67,8 @@ if [ -z "${CUTECC_TEST_CACHE:-}" ]; then
   "$PY" -m cutecc.cli build kernels.toml --cache-dir "$CUTECC_TEST_CACHE" || exit 1
 fi
 for v in CUTECC_FAULT_CACHE CUTECC_LAYOUT_CACHE CUTECC_TRAIN_CACHE CUTECC_TUNE_CACHE CUTECC_EXAMPLES_CACHE \
-         CUTECC_GEMM_CACHE CUTECC_ARCH_CACHE CUTECC_PROJECTS_CACHE; do
+         CUTECC_GEMM_CACHE CUTECC_ARCH_CACHE CUTECC_FIRST_KERNEL_CACHE CUTECC_QUICKSTART_CACHE \
+         CUTECC_PROJECTS_CACHE; do
   [ -n "${!v:-}" ] || echo "note: no $v: the tests that need it will skip" >&2
 done
 "$PY" -c 'import jax; print("jax", jax.__version__, jax.devices())' 2>&1 | log jax.txt
@@ -79,6 +86,12 @@ if [ -n "$CACHES" ] && [ -d "$CACHES/examples-direct" ] && [ -n "${CUTECC_EXAMPL
   # shellcheck disable=SC2046
   "$PY" benchmarks/examples_parity.py device "$CUTECC_EXAMPLES_CACHE" "$CACHES/examples-direct" \
     $(json examples_parity.json) 2>&1 | log examples_parity.log
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if [ -n "${CUTECC_FIRST_KERNEL_CACHE:-}" ]; then
+  # shellcheck disable=SC2046
+  "$PY" benchmarks/first_kernel.py "$CUTECC_FIRST_KERNEL_CACHE" $(json first_kernel.json) 2>&1 \
+    | log first_kernel.log
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if [ -n "${CUTECC_EXAMPLES_CACHE:-}" ]; then

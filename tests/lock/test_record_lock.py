@@ -61,12 +61,35 @@ def test_a_key_signs_exactly_the_bytes_written_and_only_when_needed(tmp_path: Pa
         signing.verify_file(path, [other_pub], "lock")
 
 
-def test_unsigned_rewrite_leaves_a_signature_that_no_longer_verifies(tmp_path: Path) -> None:
-    """No key, no signing: a stale signature is not vouched for by anyone (the loader
-    refuses the lock), never silently refreshed."""
+def test_unsigned_rewrite_removes_the_stale_signature(tmp_path: Path) -> None:
+    """No key, no signing: a signature of the lock's old bytes is removed, never left
+    beside the changed lock (on 1518079 it stayed, vouching for nothing) nor silently
+    refreshed; one of the bytes written stays, whoever signed them."""
+    ci, ci_pub = _keys(tmp_path, "ci")
+    path = tmp_path / "kernels.lock"
+    sig = Path(f"{path}{signing.SIG_SUFFIX}")
+    record_lock(path, _lock("a" * 64), ci)
+    assert record_lock(path, _lock("a" * 64)) == Recorded(False, None)  # unchanged: still signed
+    assert signing.verify_file(path, [ci_pub], "lock")
+    assert record_lock(path, _lock("b" * 64)) == Recorded(True, None, removed=sig)
+    assert not sig.exists()
+    with pytest.raises(signing.SignatureError, match="is not signed"):
+        signing.verify_file(path, [ci_pub], "lock")
+    # a signature written beside the lock by hand, of other bytes, goes too
+    sig.write_bytes(signing.sign(_lock("c" * 64).dumps(), ci, "lock"))
+    assert record_lock(path, _lock("b" * 64)) == Recorded(False, None, removed=sig)
+    assert not sig.exists()
+
+
+def test_the_load_error_of_a_stale_or_missing_signature_says_how_to_sign_again(tmp_path: Path) -> None:
     ci, ci_pub = _keys(tmp_path, "ci")
     path = tmp_path / "kernels.lock"
     record_lock(path, _lock("a" * 64), ci)
-    assert record_lock(path, _lock("b" * 64)) == Recorded(True, None)
-    with pytest.raises(signing.SignatureError, match="changed after it was signed"):
+    path.write_bytes(_lock("b" * 64).dumps())  # changed after it was signed
+    with pytest.raises(signing.SignatureError, match="changed after it was signed") as e:
         signing.verify_file(path, [ci_pub], "lock")
+    assert "cutecc build --sign-key" in e.value.message
+    Path(f"{path}{signing.SIG_SUFFIX}").unlink()
+    with pytest.raises(signing.SignatureError, match="is not signed") as e:
+        signing.verify_file(path, [ci_pub], "lock")
+    assert "cutecc build --sign-key" in e.value.message

@@ -17,10 +17,12 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 def test_examples_hold_no_adapter_python() -> None:
     """Every kernel is a published launcher; the Python files are the model that uses them
     and FA4's fallback (a jnp attention), and neither imports the DSL or the kernel
-    libraries. gemm/ (quack's GEMM and its tuning space) is a manifest and its lock only."""
+    libraries. gemm/ (quack's GEMM and its tuning space) is a manifest and its lock only.
+    first_kernel/ is docs/first-kernel.md's own project, a kernel written for it
+    (tests/commands/test_first_kernel.py)."""
     assert sorted(p.name for p in EXAMPLES.iterdir() if p.name != "__pycache__") == [
-        "README.md", "fa4_reference.py", "gemm", "kernels.aarch64.lock", "kernels.lock", "kernels.toml",
-        "llama_block.py", "quack_reference.py"]
+        "README.md", "fa4_reference.py", "first_kernel", "gemm", "kernels.aarch64.lock", "kernels.lock",
+        "kernels.toml", "llama_block.py", "quack_reference.py"]
     assert sorted(p.name for p in (EXAMPLES / "gemm").iterdir()) == ["kernels.lock", "kernels.toml"]
     for name in ("llama_block.py", "fa4_reference.py", "quack_reference.py"):
         src = (EXAMPLES / name).read_text()

@@ -6,7 +6,7 @@ bytes; and, where qemu-user and an aarch64 glibc are installed (Debian: qemu-use
 libc6-arm64-cross, libstdc++6-arm64-cross), every kernel is loaded and called under
 qemu-aarch64 against the pinned aarch64 libtvm_ffi.so: tvm-ffi's argument checks must
 refuse a wrong call by argument, and pass a right one, which then fails only for lack of
-a CUDA driver. No GPU runs here: README.md says how a Grace user checks a pack.
+a CUDA driver. No GPU runs here: docs/shipping.md says how a Grace user checks a pack.
 """
 
 from __future__ import annotations
