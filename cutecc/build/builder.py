@@ -484,7 +484,9 @@ def _tuning_candidates(manifest: Manifest, hashes: HashCache | None) -> dict[tup
 def _record_generations(store: Store, manifest: Path, planned: tuple[Planned, ...], *, partial: bool,
                         fallbacks: dict[str, dict[str, FallbackRef]] | None = None) -> None:
     """Record what this build planned as each (kernel, arch)'s current entries, and as the
-    manifest's: `cutecc.load` then offers only these (older entries stay for locks).
+    manifest's with the source files its keys read (`cutecc.load(manifest=)` serves the
+    build whose sources are the files as they are then): `cutecc.load` then offers only
+    these (older entries stay for locks).
     Best-effort: where they cannot be written, the old records go (load then offers every
     entry of those kernels, as before records existed)."""
     by: dict[str, dict[str, list[str]]] = {}
@@ -495,7 +497,8 @@ def _record_generations(store: Store, manifest: Path, planned: tuple[Planned, ..
             store.record_generations(kernel, per_arch, str(manifest),
                                      refs_to_json((fallbacks or {}).get(kernel, {})))
         store.record_manifest(manifest, hashlib.sha256(manifest.read_bytes()).hexdigest(), by,
-                              partial=partial)
+                              partial=partial,
+                              sources={f.path: f.sha256 for p in planned for f in p.keyed_files})
     except OSError:  # a full or read-only cache: drop the records rather than keep stale ones
         store.forget_build_records(manifest, [(k, a) for k, per_arch in by.items() for a in per_arch])
 

@@ -188,13 +188,15 @@ def tune(manifest: Path | None, manifest_opt: Path | None, kernels: tuple[str, .
 @click.option("--arch", default=None, shell_complete=_complete_archs, help="Only this arch.")
 @click.option("--gpu", default=None, metavar="ARCH",
               help="Say how a GPU of this arch (sm_90) runs each entry, and mark what it loads.")
+@click.option("--manifest", "manifest", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Only the entries this manifest's recorded builds planned.")
 @_json_opt
 def list_cmd(cache_dir: Path | None, kernel: str | None, arch: str | None, gpu: str | None,
-             as_json: bool) -> None:
-    """List the cache's entries: kernel, variant, arch, key, size, age."""
+             manifest: Path | None, as_json: bool) -> None:
+    """List the cache's entries: kernel, variant, arch, key, size, age, the manifests that built it."""
     from cutecc.commands.list import list_entries
 
-    _emit(list_entries(cache_dir, kernel=kernel, arch=arch, gpu=gpu), as_json)
+    _emit(list_entries(cache_dir, kernel=kernel, arch=arch, gpu=gpu, manifest=manifest), as_json)
 
 
 @main.command(short_help="Show one entry's metadata and files.")

@@ -1,8 +1,10 @@
-"""`cutecc list`: what a cache holds, read from each entry's metadata only."""
+"""`cutecc list`: what a cache holds, read from each entry's metadata, with the manifests
+that built each (the cache's build records: one cache serves every project of its user)."""
 
 from __future__ import annotations
 
 import datetime as dt
+import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ class Row:
     winner_for: tuple[str, ...] = ()  # tuning buckets this entry wins (`cutecc tune`)
     platform: str = BUILD_PLATFORM  # the host platform of its host code
     on_gpu: str = ""  # with --gpu: how that GPU runs it (`archs.how_runs`); "*" marks what it gets
+    manifests: tuple[str, ...] = ()  # the manifests whose recorded builds planned it (paths, sorted)
 
     def age_seconds(self, now: dt.datetime) -> float:
         try:
@@ -56,10 +59,10 @@ class ListReport(Report):
     def lines(self, verbose: int = 0) -> list[str]:
         now = dt.datetime.now(dt.timezone.utc)
         on = (f"ON {self.gpu}",) if self.gpu else ()
-        table = [("KERNEL", "VARIANT", "ARCH", "KEY", "SIZE", "AGE", *on, "CALL WITH")] + [
+        table = [("KERNEL", "VARIANT", "ARCH", "KEY", "SIZE", "AGE", *on, "MANIFEST", "CALL WITH")] + [
             (r.kernel, r.variant, r.arch + platforms.suffix(r.platform), r.key[: 64 if verbose > 0 else 12],
-             human_size(r.size),
-             human_age(r.age_seconds(now)), *((r.on_gpu,) if self.gpu else ()), r.call) for r in self.rows]
+             human_size(r.size), human_age(r.age_seconds(now)), *((r.on_gpu,) if self.gpu else ()),
+             ", ".join(_shown(m) for m in r.manifests) or "-", r.call) for r in self.rows]
         widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
         out = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
         out += [f"{r.kernel}[{r.variant}] {r.key[:12]} is the tuned winner for {w}"
@@ -81,23 +84,63 @@ def call_text(call: Any) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in call.items())[:200]
 
 
+def _shown(path: str) -> str:
+    """A recorded manifest path as printed: relative to the working directory when under it,
+    control characters escaped (a record's text is never printed raw)."""
+    with_cwd = os.getcwd() + os.sep
+    text = path[len(with_cwd):] if path.startswith(with_cwd) else path
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _names(recorded: str, path: Path) -> bool:
+    """Whether a recorded manifest path names `path` (a malformed one names nothing)."""
+    try:
+        return Path(recorded).resolve() == path
+    except (OSError, ValueError):
+        return False
+
+
+def built_by(store: StoreView) -> dict[str, set[str]]:
+    """Key -> the manifests whose recorded builds (newest and the earlier ones a record
+    keeps) planned it; a generation record's manifest for keys no manifest record names."""
+    out: dict[str, set[str]] = {}
+    for rec in store.manifest_records():
+        if rec.manifest:
+            for key in rec.named_keys():
+                out.setdefault(key, set()).add(rec.manifest)
+    for name in store.kernel_names():
+        for gen in store.generation_records(name):
+            if gen.manifest:
+                for key in gen.keys or ():
+                    if key not in out:
+                        out[key] = {gen.manifest}
+    return out
+
+
 def list_entries(cache_dir: str | Path | None = None, *, kernel: str | None = None,
-                 arch: str | None = None, gpu: str | None = None) -> ListReport:
-    """One row per published entry, sorted by kernel, variant and arch (no cache: exit 1);
-    with `gpu` (a device arch, `sm_90`), how that GPU runs each, the one it would load per
+                 arch: str | None = None, gpu: str | None = None,
+                 manifest: str | Path | None = None) -> ListReport:
+    """One row per published entry, sorted by kernel, variant and arch (no cache: exit 1),
+    each with the manifests that built it; `manifest` keeps those that manifest built.
+    With `gpu` (a device arch, `sm_90`), how that GPU runs each, the one it would load per
     kernel, variant and host platform marked `*` (the runtime's rule, `archs.runs_on`)."""
     from cutecc.runtime.tuning import winners_in
 
     store = StoreView(cache_dir).require()
     wins = winners_in(store.root)
+    by = built_by(store)
+    only = None if manifest is None else Path(manifest).resolve()
     rows = []
     for e in store.entries():
         m = e.recorded  # damaged entries are listed too (`cutecc verify` names them)
         if (kernel and m.kernel != kernel) or (arch and m.arch != arch):
             continue
+        mans = tuple(sorted(by.get(e.key, ())))
+        if only is not None and not any(_names(p, only) for p in mans):
+            continue
         rows.append(Row(e.key, str(m.kernel), str(m.variant), str(m.arch), e.size,
                         "" if m.built_at is None else str(m.built_at), call_text(dict(m.call)),
-                        tuple(wins.get(e.key, ())), m.platform))
+                        tuple(wins.get(e.key, ())), m.platform, manifests=mans))
     rows.sort(key=lambda r: (r.kernel, r.variant, r.arch, r.platform, r.key))
     if gpu is not None:
         rows = _on_gpu(rows, check_device_arch(gpu, "--gpu"))

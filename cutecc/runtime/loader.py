@@ -15,7 +15,6 @@ Importing this module imports no framework: what JAX (`cutecc.load`) or PyTorch
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -30,6 +29,15 @@ from cutecc.environ import read_only
 from cutecc.errors import CuteccError, WorkError
 from cutecc.runtime.calls import Build, KernelBase
 from cutecc.runtime.jit_hook import jit_hook
+from cutecc.runtime.project import (
+    ambiguous,
+    current_build,
+    find_project,
+    lock_beside,
+    read_selection,
+    selected_lines,
+    several_builders,
+)
 from cutecc.runtime.usable import ptx_problem, record_problem, tvm_ffi_series, why_unusable
 
 if TYPE_CHECKING:
@@ -160,12 +168,17 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
          jit: bool | None = None) -> KernelSet:
     """Load the kernels of a cache for this device (or for `arch`, e.g. to lower on a CPU).
 
-    Without a lock or manifest, each kernel offers the entries of its newest build (per
-    arch), so variants removed from the manifest are not callable after a rebuild.
-    `kernels` restricts which kernels are exposed (a composite named there brings the
-    kernels it launches); a `manifest` uses exactly the entries its newest build planned
-    (an unbuilt or since-edited manifest is an error), and offers the composites that
-    build recorded. A key this process already loaded from other bytes (another cache,
+    Given no lock, manifest or package, the load is the project's it is called from (the
+    nearest directory at or above the working directory holding a `kernels.lock` or
+    `kernels.toml`) when the cache holds a build of it, as if `manifest=` named it;
+    otherwise each kernel offers the entries of its newest build (per arch), so variants
+    removed from the manifest are not callable after a rebuild, and a kernel name that
+    several manifests built with other keys is an error naming them
+    (`cutecc.runtime.project`). `kernels` restricts which kernels are exposed (a composite
+    named there brings the kernels it launches); a `manifest` uses exactly the entries its
+    lock (`kernels.lock` beside it) names, or without one those of its recorded build whose
+    sources are the files as they are now (none: an error, run `cutecc build`), and offers
+    the composites its builds recorded. A key this process already loaded from other bytes (another cache,
     pack or lock) is refused at the call, naming both (`cutecc.runtime.library`).
     `strict` raises if any entry of those kernels cannot be used here instead of setting
     it aside, and makes a call no build serves an error even where the kernel declares a
@@ -216,6 +229,16 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
         raise WorkError(f"no GPU is visible to {front.framework}: pass arch= (or set CUTECC_ARCH) to load "
                         "kernels for lowering without one", where="cutecc.load")
     driver = driver_version()  # judges PTX entries (None without a driver: not judged)
+    chosen, chosen_path = None, None  # a project's lock: which entries serve (`runtime.project`)
+    records: list[ManifestRecord] | None = None  # every manifest's record, read at need
+    if manifest is None and lock is None and package is None:
+        proj = find_project()
+        if proj is not None and proj.known_to(store):
+            manifest, chosen_path = proj.manifest, proj.lock
+    elif manifest is not None and lock is None:
+        chosen_path = lock_beside(Path(manifest).resolve())
+    if chosen_path is not None:
+        chosen = read_selection(chosen_path)
     asked: set[str] | None = set(kernels) if kernels else None
     wanted = None if asked is None else set(asked)  # the kernels whose entries are looked up
     planned: set[str] | None = None  # a manifest's: exactly these keys
@@ -223,14 +246,8 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
     recorded: ManifestRecord | None = None
     if manifest is not None:
         mpath = Path(manifest).resolve()
-        try:
-            digest = hashlib.sha256(mpath.read_bytes()).hexdigest()
-        except OSError as e:
-            raise WorkError(f"cannot read the manifest: {e.strerror}", where=str(mpath)) from None
-        recorded = store.manifest_entries(mpath, digest)
-        if recorded is None:
-            raise WorkError("this manifest, as it is now, was never built into this cache; run "
-                            "`cutecc build`", where=f"{mpath} (cache {store.root})")
+        if chosen is None:  # without a lock: the build that is its current plan
+            recorded = current_build(store, mpath)
     locked = None
     if lock is not None:
         from cutecc.lock.lockfile import read_trusted_lock
@@ -261,8 +278,9 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
             return None  # a malformed record offers nothing, as an unreadable one
 
     def is_kernel(name: str) -> bool:
-        if locked is not None:
-            return any(le.kernel == name for le in locked.entries)
+        by_lock = locked if locked is not None else chosen
+        if by_lock is not None:
+            return any(le.kernel == name for le in by_lock.entries)
         return name in recorded.kernels() if recorded is not None else bool(store.kernel_keys(name))
 
     if asked is not None and wanted is not None:  # a composite asked for brings what it launches
@@ -274,6 +292,7 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
     if recorded is not None:
         wanted = set(recorded.kernels()) if wanted is None else wanted & recorded.kernels()
         planned = {key for name in wanted for key in recorded.keys_of(name)}
+    absent: dict[str, list[str]] = {}  # a project lock's keys this cache lacks, per kernel
     series = tvm_ffi_series()
     pinned: dict[str, Any] = {}
     if locked is not None:
@@ -289,6 +308,10 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
                             + ", ".join(f"{le.label} {le.key[:12]}" for le in missing_keys)
                             + "; run `cutecc build`", where=str(store.root))
         pinned = locked.by_key()
+    elif chosen is not None:  # exactly what the project's lock names, of the kernels wanted
+        assert chosen_path is not None  # read from it
+        lines, absent = selected_lines(chosen, chosen_path, wanted, store)
+        pinned = chosen.by_key()
     elif planned is not None:  # exactly the manifest's newest build (all of it must be there)
         assert recorded is not None and wanted is not None  # set with `planned`
         lines = {name: sorted(recorded.keys_of(name)) for name in wanted}
@@ -296,7 +319,7 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
             if not store.has(key):
                 raise WorkError(f"entry {key[:12]} of the manifest's newest build is not in the "
                                 "cache (removed since); run `cutecc build`", where=str(store.root))
-    newest = lock is None and planned is None  # each kernel's newest build generation
+    newest = lock is None and planned is None and chosen is None  # each kernel's newest build
     if not newest:
         def names() -> Iterable[str]:
             return lines
@@ -335,11 +358,19 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
         line = composite(name)
         if line is not None and front.composite is not None:
             return front.composite(name, line.launches, line.inputs, line.outputs)
+        nonlocal records
+        if newest:  # one name, several projects' builds: none is picked silently
+            records = store.manifest_records() if records is None else records
+            several = several_builders(records, name)
+            if several:
+                raise ambiguous(name, several, store)
         entries, unreadable = _entries_of(store, name, keys_of(name), newest)
+        unreadable += absent.get(name, [])
         fn = _kernel_fn(front, name, entries, target, series, pinned, record_use, unreadable, driver)
         fn.tuning = _tuning(name, fn, store, locked, target, series, record_use, front.device_kind, driver)
         fn._fallback = _fallback(front, name, fn, entries, store, locked, target, strict,
-                                 misses_root=store.root if record_use and not read_only() else None)
+                                 misses_root=store.root if record_use and not read_only() else None,
+                                 manifest=mpath)
         if jit:
             fn._jit = jit_hook(store, mpath, target, series, driver)
         return fn
@@ -460,11 +491,14 @@ def _kernel_fn(front: FrontEnd, name: str, entries: list[Entry], target: str, se
 
 
 def _fallback(front: FrontEnd, name: str, fn: KernelBase, entries: list[Entry], store: StoreView,
-              locked: Any, target: str, strict: bool, misses_root: Path | None) -> Fallback | None:
+              locked: Any, target: str, strict: bool, misses_root: Path | None,
+              manifest: Path | None = None) -> Fallback | None:
     """The kernel's declared fallback for this front end, or None: under a lock, the one its
     lines record (and its module must hash as recorded); else the one the newest build
-    records for any arch the kernel has entries of (a build for another GPU declares what
-    serves this one). Its module is not imported here."""
+    (of `manifest` or of the keys served, when the load is a manifest's: never another
+    project's) records for any
+    arch the kernel has entries of (a build for another GPU declares what serves this one).
+    Its module is not imported here."""
     from cutecc.contract.fallbacks import FRONT_ENDS, FallbackRef
     from cutecc.runtime.fallback import Fallback
 
@@ -474,10 +508,13 @@ def _fallback(front: FrontEnd, name: str, fn: KernelBase, entries: list[Entry], 
         ref = next((dict(le.fallbacks)[field] for le in locked.entries
                     if le.kernel == name and field in dict(le.fallbacks)), None)
     else:
-        newest = ""
+        newest, served = "", {e.key for e in entries}
         for arch in sorted({str(e.recorded.arch) for e in entries}):
             try:
                 gen = store.generation_fallbacks(name, arch)
+                if (gen is not None and manifest is not None and not _same_path(gen.manifest, manifest)
+                        and not served & set(gen.keys or ())):
+                    continue  # another project's build of this name (a moved checkout's own keys pass)
                 found = gen.fallback(field) if gen is not None and gen.built_at >= newest else None
                 if gen is not None and found is not None:
                     ref, newest = found, gen.built_at

@@ -5,7 +5,8 @@ per file, used both ways: the store writes `dumps()` and reads `from_json` (afte
     generations/<kernel>@<arch>.json  `GenerationRecord`: the keys of the newest build of a
                                       kernel for an arch, and its declared fallbacks
     manifests/<sha>.json              `ManifestRecord`: the keys the newest build of a
-                                      manifest planned, per kernel and arch
+                                      manifest planned, per kernel and arch, with the
+                                      sources they read and a few earlier builds
     composites/<name>.json            `CompositeRecord`: a composite kernel's launches
 
 Reading is as lenient, field by field, as the readers always were: a record of another
@@ -94,43 +95,132 @@ class GenerationRecord:
         return FallbackRef.from_json(self.fallbacks[name], "generations", name)
 
 
+EARLIER_BUILDS = 7  # earlier builds a manifest record keeps: a revert without a rebuild finds its keys
+
+
+def _sources(v: Any) -> dict[str, str]:
+    """A record's `{path: sha256}` of keyed source files (pairs that are not strings dropped)."""
+    if not isinstance(v, dict):
+        return {}
+    return {p: d for p, d in v.items() if isinstance(p, str) and isinstance(d, str)}
+
+
+def _entries(v: Any) -> dict[str, dict[str, tuple[str, ...]]] | None:
+    """A record's `{kernel: {arch: keys}}`, None when it is not an object; an arch's keys
+    that are not a list are left out."""
+    if not isinstance(v, dict):
+        return None
+    out: dict[str, dict[str, tuple[str, ...]]] = {}
+    for k, per_arch in v.items():
+        if isinstance(per_arch, dict):
+            out[k] = {a: keys for a, x in per_arch.items() if (keys := _strs(x)) is not None}
+    return out
+
+
 @dataclass(frozen=True)
 class ManifestRecord:
     """`manifests/<sha of its path>.json`: the keys a build of `manifest` (whose bytes hash
     to `sha256`) planned, `{kernel: {arch: keys}}` (each list sorted, once each), as of
     `built_at` (the build that last changed it); a partial build adds to the record of the
-    same bytes (`merged`)."""
+    same bytes (`merged`). `sources` holds the SHA-256 of every project source file those
+    keys read, as the build read it (`{path: sha256}`), so a reader can tell whether the
+    keys are still the manifest's current plan without planning; `earlier` keeps the
+    manifest's last `EARLIER_BUILDS` other builds (newest first, each without its own
+    `earlier`), so an edit built and then reverted without a rebuild finds its keys again."""
 
     manifest: str | None
     sha256: str | None
     entries: Mapping[str, Mapping[str, tuple[str, ...]]]
     built_at: str
+    sources: Mapping[str, str] = field(default_factory=dict)
+    earlier: tuple[ManifestRecord, ...] = ()
 
     @classmethod
     def from_json(cls, doc: Any) -> ManifestRecord | None:
         """The record of `doc`, None when it is not a manifest record of this format (or
-        holds no `entries` object); an arch's keys that are not a list are left out."""
-        if not (_ours(doc) and isinstance(doc.get("entries"), dict)):
+        holds no `entries` object); an arch's keys that are not a list are left out, and so
+        is an earlier build that is not an object with `entries`."""
+        if not _ours(doc):
             return None
-        entries: dict[str, dict[str, tuple[str, ...]]] = {}
-        for k, per_arch in doc["entries"].items():
-            if isinstance(per_arch, dict):
-                entries[k] = {a: keys for a, v in per_arch.items() if (keys := _strs(v)) is not None}
-        return cls(_str(doc.get("manifest")), _str(doc.get("sha256")), entries,
-                   str(doc.get("built_at", "")))
+        rec = cls._one(doc)
+        if rec is None:
+            return None
+        earlier = doc.get("earlier")
+        olds = [o for d in (earlier if isinstance(earlier, list) else [])[:EARLIER_BUILDS]
+                if (o := cls._one(d, rec.manifest)) is not None]
+        return ManifestRecord(rec.manifest, rec.sha256, rec.entries, rec.built_at, rec.sources,
+                              tuple(olds))
 
-    def merged(self, entries: Mapping[str, Mapping[str, list[str]]], built_at: str) -> ManifestRecord:
-        """This record with `entries` added (an arch's keys replaced, sorted and once each)."""
+    @classmethod
+    def _one(cls, doc: Any, manifest: str | None = None) -> ManifestRecord | None:
+        entries = _entries(doc.get("entries")) if isinstance(doc, dict) else None
+        if entries is None:
+            return None
+        return cls(_str(doc.get("manifest")) if manifest is None else manifest, _str(doc.get("sha256")),
+                   entries, str(doc.get("built_at", "")), _sources(doc.get("sources")))
+
+    def merged(self, entries: Mapping[str, Mapping[str, list[str]]], built_at: str,
+               sources: Mapping[str, str] | None = None) -> ManifestRecord:
+        """This record with `entries` added (an arch's keys replaced, sorted and once each)
+        and `sources` (the digests that build read) over its own."""
         out: dict[str, dict[str, tuple[str, ...]]] = {k: dict(v) for k, v in self.entries.items()}
         for k, per_arch in entries.items():
             out.setdefault(k, {}).update({a: tuple(sorted(set(v))) for a, v in per_arch.items()})
-        return ManifestRecord(self.manifest, self.sha256, out, built_at)
+        return ManifestRecord(self.manifest, self.sha256, out, built_at,
+                              {**self.sources, **(sources or {})}, self.earlier)
+
+    def after(self, was: ManifestRecord | None) -> ManifestRecord:
+        """This record as the newest build, with `was` (the record it replaces) and its
+        earlier builds kept behind it: newest first, none that plans what this one plans
+        from the same bytes and sources, at most `EARLIER_BUILDS`."""
+        if was is None:
+            return self
+        olds: list[ManifestRecord] = []
+        for o in (was._alone(), *was.earlier):
+            if not (o.same_plan(self) or any(o.same_plan(x) for x in olds)):
+                olds.append(o)
+        return ManifestRecord(self.manifest, self.sha256, self.entries, self.built_at, self.sources,
+                              tuple(olds[:EARLIER_BUILDS]))
+
+    def superseded_by(self, new: ManifestRecord) -> bool:
+        """Whether `new` (a build of the same bytes) plans other keys for a kernel and arch
+        this record plans, or read a source file this one read with other bytes: then this
+        one is an earlier build worth keeping; else `new` only adds to it."""
+        if new.sha256 != self.sha256:
+            return True
+        for k, per_arch in self.entries.items():
+            for a, keys in per_arch.items():
+                if a in new.entries.get(k, {}) and new.entries[k][a] != keys:
+                    return True
+        return any(new.sources.get(p, d) != d for p, d in self.sources.items())
+
+    def _alone(self) -> ManifestRecord:
+        return ManifestRecord(self.manifest, self.sha256, self.entries, self.built_at, self.sources)
+
+    def same_plan(self, other: ManifestRecord) -> bool:
+        """Whether both record the same manifest bytes, sources and keys."""
+        return (self.sha256, dict(self.sources), self._json_entries()) == (
+            other.sha256, dict(other.sources), other._json_entries())
+
+    def builds(self) -> tuple[ManifestRecord, ...]:
+        """This build and the earlier ones, newest first."""
+        return (self._alone(), *self.earlier)
+
+    def _json_entries(self) -> dict[str, dict[str, list[str]]]:
+        return {k: {a: list(v) for a, v in per_arch.items()} for k, per_arch in self.entries.items()}
+
+    def _one_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"sha256": self.sha256, "entries": self._json_entries(),
+                               "built_at": self.built_at}
+        if self.sources:
+            doc["sources"] = dict(sorted(self.sources.items()))
+        return doc
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": GENERATION_FORMAT, "manifest": self.manifest, "sha256": self.sha256,
-                "entries": {k: {a: list(v) for a, v in per_arch.items()}
-                            for k, per_arch in self.entries.items()},
-                "built_at": self.built_at}
+        doc = {"format": GENERATION_FORMAT, "manifest": self.manifest, **self._one_json()}
+        if self.earlier:
+            doc["earlier"] = [o._one_json() for o in self.earlier]
+        return doc
 
     def dumps(self) -> bytes:
         return dumps(self.to_json())
@@ -146,6 +236,10 @@ class ManifestRecord:
     def all_keys(self) -> frozenset[str]:
         """Every key the build planned."""
         return frozenset(k for kernel in self.entries for k in self.keys_of(kernel))
+
+    def named_keys(self) -> frozenset[str]:
+        """Every key the record names: this build's and the earlier builds' it keeps."""
+        return frozenset(k for b in self.builds() for k in b.all_keys())
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,9 @@ has its format number, named beside its path). The cache directory is
     misses.json            calls the runtime served by a kernel's fallback, per kernel, call
                            signature and arch (MISSES_FORMAT; bounded; never an entry)
     generations/<kernel>@<arch>.json  the keys the newest build planned (GENERATION_FORMAT)
-    manifests/<sha>.json   the keys the newest build of a manifest planned, by its path's
-                           SHA-256 (GENERATION_FORMAT)
+    manifests/<sha>.json   the keys the newest build of a manifest planned and the SHA-256
+                           of the sources they read, with its last 7 other builds, by its
+                           path's SHA-256 (GENERATION_FORMAT)
     composites/<name>.json a composite kernel's launches (GENERATION_FORMAT)
     tuning/plans/<sha>.json    `cutecc tune`'s plan of a manifest, by its bytes' SHA-256
                            (PLAN_FORMAT)

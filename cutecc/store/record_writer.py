@@ -92,23 +92,33 @@ class BuildRecordWriter(StoreView):
             atomic_write(path, data, FILE_MODE)
 
     def record_manifest(self, manifest: Path, sha256: str, entries: dict[str, dict[str, list[str]]],
-                        *, partial: bool) -> None:
+                        *, partial: bool, sources: dict[str, str] | None = None) -> None:
         """Record the keys a build of `manifest` (whose bytes hash to `sha256`) planned, per
-        kernel and arch; a `partial` build adds to the record of the same bytes. Not written
-        when the record says this already (`built_at`: when a build last changed it)."""
+        kernel and arch, and the SHA-256 of each project source file they read (`sources`);
+        a `partial` build adds to the record of the same bytes. The record it replaces stays
+        behind it as an earlier build (`ManifestRecord.after`). Not written when the record
+        says this already (`built_at`: when a build last changed it)."""
         self.manifests_dir.mkdir(mode=DIR_MODE, exist_ok=True)
         path = self.layout.manifest_record(manifest)
         data = current_bytes(path, MAX_META_BYTES)
         was = ManifestRecord.from_json(_json_or_none(data))
-        old = None
-        if partial:  # the record read once where it is the cache's own (a no-op build's case)
-            old = ((was if was is not None and was.sha256 == sha256 else None) if data is not None
-                   else self.manifest_entries(manifest, sha256))
+        if data is None and partial:
+            was = self.manifest_entries(manifest, sha256)
+        old = was if partial and was is not None and was.sha256 == sha256 else None
         now = now_iso()
-        rec = ManifestRecord(str(manifest), sha256, old.entries if old else {}, now).merged(entries, now)
-        if was is not None and dataclasses.replace(rec, built_at=was.built_at).dumps() == data:
+        new = ManifestRecord(str(manifest), sha256, old.entries if old else {}, now,
+                             old.sources if old else {}).merged(entries, now, sources)
+        if was is not None and new.same_plan(was) and was.dumps() == data:
             return
-        atomic_write(path, rec.dumps(), FILE_MODE)
+        if old is not None and not old.superseded_by(new):
+            new = dataclasses.replace(new, earlier=old.earlier)  # added to, nothing replaced
+        else:
+            new = new.after(was)
+        data = new.dumps()
+        while new.earlier and len(data) > MAX_META_BYTES // 2:  # the oldest builds go first:
+            new = dataclasses.replace(new, earlier=new.earlier[:-1])  # readers stop at the limit
+            data = new.dumps()
+        atomic_write(path, data, FILE_MODE)
 
     def forget_build_records(self, manifest: Path, kernel_archs: list[tuple[str, str]]) -> None:
         """Delete the generation records of `kernel_archs` and the record of `manifest`

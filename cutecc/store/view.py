@@ -395,6 +395,22 @@ class StoreView:
                 best = (rec.built_at, rec.manifest)
         return Path(best[1]) if best else None
 
+    def generation_records(self, kernel: str) -> list[GenerationRecord]:
+        """`kernel`'s generation records, every arch (those unreadable, untrusted or of
+        another format or kernel left out)."""
+        out = []
+        try:
+            names = sorted(f.name for f in os.scandir(self.generations_dir))
+        except OSError:
+            return []
+        for name in names:
+            arch = name.removeprefix(f"{kernel}@").removesuffix(".json")
+            if name.startswith(f"{kernel}@") and is_arch(arch):
+                rec = GenerationRecord.from_json(read_small_json(self.layout.generation(kernel, arch)))
+                if rec is not None and rec.kernel == kernel:
+                    out.append(rec)
+        return out
+
     def generation_fallbacks(self, kernel: str, arch: str) -> GenerationRecord | None:
         """`kernel`'s newest build for `arch` when it records fallbacks (`fallbacks`,
         `GenerationRecord.fallback`), read as any record that decides what runs is
@@ -416,6 +432,20 @@ class StoreView:
         {kernel: {arch: keys}}), or None."""
         rec = ManifestRecord.from_json(read_small_json(self.layout.manifest_record(manifest)))
         return rec if rec is not None and rec.sha256 == sha256 else None
+
+    def manifest_record(self, manifest: Path) -> ManifestRecord | None:
+        """The record of `manifest`'s builds, whatever bytes it was built from, or None."""
+        return ManifestRecord.from_json(read_small_json(self.layout.manifest_record(manifest)))
+
+    def manifest_records(self) -> list[ManifestRecord]:
+        """Every manifest's record (one directory listing; each read as `manifest_record`),
+        in file-name order; those unreadable, untrusted or of another format left out."""
+        try:
+            names = sorted(n for n in os.listdir(self.manifests_dir) if n.endswith(".json"))
+        except OSError:
+            return []
+        return [r for n in names
+                if (r := ManifestRecord.from_json(read_small_json(self.manifests_dir / n))) is not None]
 
     def match(self, prefix: str) -> list[str]:
         """Keys of the entries (directories with a meta.json) that start with `prefix`."""
@@ -476,7 +506,7 @@ def _generation_keys(data: bytes, where: str) -> Iterable[str]:
 
 def _manifest_keys(data: bytes, where: str) -> Iterable[str]:
     rec = ManifestRecord.from_json(_doc(data))
-    return () if rec is None else rec.all_keys()
+    return () if rec is None else rec.named_keys()
 
 
 def _plan_keys(data: bytes, where: str) -> Iterable[str]:

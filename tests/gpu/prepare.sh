@@ -26,6 +26,9 @@ rm -rf "$OUTDIR/quickstart" && mkdir -p "$OUTDIR/quickstart"
 cc build "$OUTDIR/quickstart/myproject/kernels.toml" --cache-dir "$OUTDIR/quickstart/cache" --no-lock
 # docs/first-kernel.md's kernel (test_first_kernel_gpu.py, benchmarks/first_kernel.py)
 cc build examples/first_kernel/kernels.toml --cache-dir "$OUTDIR/first_kernel" --no-lock
+# two projects, one kernel name, one cache (test_projects_gpu.py); each writes its kernels.lock
+cc build tests/gpu/project_kernels/a/kernels.toml --cache-dir "$OUTDIR/projects"
+cc build tests/gpu/project_kernels/b/kernels.toml --cache-dir "$OUTDIR/projects"
 # a kernel built only for sm_100a (its fallback serves on Hopper: test_fallback_gpu.py)
 cc build tests/gpu/arch_kernels/kernels.toml --cache-dir "$OUTDIR/archs" --no-lock
 cc build kernels.toml --cache-dir "$OUTDIR/tune" --no-lock

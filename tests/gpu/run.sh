@@ -12,6 +12,7 @@
 #   quickstart/cache/ the README's `cutecc init` project       CUTECC_QUICKSTART_CACHE
 #   archs/     tests/gpu/arch_kernels (sm_100a only)        CUTECC_ARCH_CACHE
 #   tune/      kernels.toml + its tuning candidates         CUTECC_TUNE_CACHE
+#   projects/  tests/gpu/project_kernels/a and b            CUTECC_PROJECTS_CACHE
 #   examples/  examples/kernels.toml (published kernels)    CUTECC_EXAMPLES_CACHE
 #   gemm/      examples/gemm/kernels.toml (+ tune candidates) CUTECC_GEMM_CACHE
 #   layout_ab/ benchmarks/layout_ab.py prepare: after the suite, old link layout against new
@@ -57,6 +58,7 @@ from CUTECC_FIRST_KERNEL_CACHE first_kernel
 from CUTECC_QUICKSTART_CACHE quickstart/cache
 from CUTECC_ARCH_CACHE archs
 from CUTECC_TUNE_CACHE tune
+from CUTECC_PROJECTS_CACHE projects
 from CUTECC_EXAMPLES_CACHE examples
 from CUTECC_GEMM_CACHE gemm
 if [ -z "${CUTECC_TEST_CACHE:-}" ]; then
@@ -65,7 +67,8 @@ if [ -z "${CUTECC_TEST_CACHE:-}" ]; then
   "$PY" -m cutecc.cli build kernels.toml --cache-dir "$CUTECC_TEST_CACHE" || exit 1
 fi
 for v in CUTECC_FAULT_CACHE CUTECC_LAYOUT_CACHE CUTECC_TRAIN_CACHE CUTECC_TUNE_CACHE CUTECC_EXAMPLES_CACHE \
-         CUTECC_GEMM_CACHE CUTECC_ARCH_CACHE CUTECC_FIRST_KERNEL_CACHE CUTECC_QUICKSTART_CACHE; do
+         CUTECC_GEMM_CACHE CUTECC_ARCH_CACHE CUTECC_FIRST_KERNEL_CACHE CUTECC_QUICKSTART_CACHE \
+         CUTECC_PROJECTS_CACHE; do
   [ -n "${!v:-}" ] || echo "note: no $v: the tests that need it will skip" >&2
 done
 "$PY" -c 'import jax; print("jax", jax.__version__, jax.devices())' 2>&1 | log jax.txt

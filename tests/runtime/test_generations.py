@@ -70,7 +70,8 @@ def test_a_rebuilt_kernel_offers_only_its_current_variants(project: Path, tmp_pa
     assert _variants(old) == ["threads=128", "threads=64"]
 
 
-def test_load_manifest_uses_exactly_that_manifests_entries(project: Path, tmp_path: Path) -> None:
+def test_load_manifest_uses_exactly_that_manifests_entries(project: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     cache = tmp_path / "cache"
     assert build(project, cache_dir=cache).ok
     other = tmp_path / "other"
@@ -78,8 +79,17 @@ def test_load_manifest_uses_exactly_that_manifests_entries(project: Path, tmp_pa
     (other / "toy").symlink_to(project.parent / "toy")
     (other / "kernels.toml").write_text(MANIFEST.format(threads=[32]))
     assert build(other / "kernels.toml", cache_dir=cache).ok  # same kernel name, newer build
+    monkeypatch.chdir(other)  # the project it is called from decides
     assert _variants(cutecc.load(cache, arch="sm_90a")) == ["threads=32"]
+    monkeypatch.chdir(project.parent)
+    assert _variants(cutecc.load(cache, arch="sm_90a")) == ["threads=128", "threads=64"]
+    monkeypatch.chdir(tmp_path.parent)  # in neither project, nothing decides: an error naming both
+    with pytest.raises(CuteccError, match="2 manifests"):
+        cutecc.load(cache, arch="sm_90a").scale  # noqa: B018
     assert _variants(cutecc.load(cache, arch="sm_90a", manifest=project)) == ["threads=128", "threads=64"]
     project.write_text(MANIFEST.format(threads=[64]))  # edited, not rebuilt
+    # its lock still names what serves it; without one, no build recorded these bytes
+    assert _variants(cutecc.load(cache, arch="sm_90a", manifest=project)) == ["threads=128", "threads=64"]
+    (project.parent / "kernels.lock").unlink()
     with pytest.raises(CuteccError, match="never built into this cache"):
         cutecc.load(cache, arch="sm_90a", manifest=project)

@@ -27,8 +27,10 @@ def _restamp(store: Store, key: str, source: str, built_at: str) -> str:
     return new
 
 
-def test_newest_of_several_builds_of_one_variant_wins(example_cache: Path, tmp_path: Path) -> None:
+def test_newest_of_several_builds_of_one_variant_wins(example_cache: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     store = Store(shutil.copytree(example_cache, tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)  # in no project: the repository's would serve its lock's entries
     # Entries made by hand belong to no recorded build generation: drop the records, as
     # in a cache from before them, where every entry of a kernel counts.
     shutil.rmtree(store.generations_dir)
@@ -73,6 +75,7 @@ def test_load_reads_one_kernels_records_only(example_cache: Path, tmp_path: Path
     import cutecc.store.view
 
     store = Store(shutil.copytree(example_cache, tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)  # in no project: the repository's would read its lock
     listed: list[str] = []
     read: list[str] = []
     view = cutecc.store.view.StoreView  # what the runtime reads through
