@@ -1,7 +1,9 @@
 """`cutecc pack`: ship locked cache entries as a wheel or a tarball.
 
 A pack holds a `_cutecc/` tree laid out like a cache (format file, `entries/ab/<key>/`
-with meta.json and the library) plus the `kernels.lock` naming exactly its entries.
+with meta.json and the library) plus the `kernels.lock` naming exactly its entries, and
+under `fallbacks/` the pinned closure of every fallback the lock names (each file checked
+against its pin here, and again by the deploy host before it runs).
 The wheel puts it inside an import package whose `load()` is
 `cutecc.load(package=__name__)`, so a deploy host needs only `pip install` and the
 runtime. Both formats are reproducible (`cutecc.ship.archive`).

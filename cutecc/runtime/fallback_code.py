@@ -22,6 +22,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
+import stat
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -98,16 +99,28 @@ def _ours(module: Any, sha256: str) -> bool:
     return isinstance(loader, _Loader) and loader.checked is not None and loader.checked.sha256 == sha256
 
 
+def _ours_any(module: Any) -> bool:
+    return isinstance(getattr(getattr(module, "__spec__", None), "loader", None), _Loader)
+
+
 def _read(f: ClosureFile, roots: Sequence[Path], pinned_by: str) -> Checked | str:
     """`f` read from the first root holding it with its pinned bytes, or why none does."""
     first: str | None = None
     for root in roots:
         path = os.path.join(root, *f.path.split("/"))
+        try:  # a regular file only (a FIFO or device named like a module is never waited on)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            continue
         try:
-            with open(path, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            with os.fdopen(fd, "rb", closefd=False) as fh:
                 data = fh.read(MAX_SOURCE_BYTES + 1)
         except OSError:
             continue
+        finally:
+            os.close(fd)
         digest = hashlib.sha256(data).hexdigest()
         if digest == f.sha256 and len(data) <= MAX_SOURCE_BYTES:
             return Checked(f.module, path, data, digest, f.is_package)
@@ -150,10 +163,11 @@ def load_function(ref: FallbackRef, roots: Sequence[Path], where: str,
             live = sys.modules.get(c.module)
             if live is not None and not _ours(live, c.sha256):
                 origin = getattr(live, "__file__", None) or "no file"
+                how = ("from other checked bytes (another lock's or build's)" if _ours_any(live)
+                       else f"not from the bytes {pinned_by} pins")
                 raise NoBuildFits(f"module {c.module} is already imported in this process ({origin}), "
-                                  f"not from the bytes {pinned_by} pins; a pinned fallback runs only "
-                                  "its checked closure: import it after the fallback first serves, "
-                                  "or not at all", where=where)
+                                  f"{how}; a pinned fallback runs only its checked closure: import it "
+                                  "after the fallback first serves, or not at all", where=where)
         for c in checked:
             _FINDER.files[c.module] = c
             parts = c.module.split(".")

@@ -35,7 +35,8 @@ def ks(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     kernels = unbuilt_kernels(EXAMPLES / "kernels.toml")
     for name, refs in fallback_refs(load_manifest(EXAMPLES / "kernels.toml")).items():
         kernels[name]._fallback = Fallback(name, refs["fallback"], arch="sm_90a", strict=False,
-                                           misses_root=None, roots=[EXAMPLES])
+                                           misses_root=None, roots=[EXAMPLES],
+                                           contracts=[b.conv for b in kernels[name].builds])
     yield kernels
     sys.modules.pop("quack_reference", None)
 
