@@ -88,30 +88,45 @@ def target(manifest: Manifest, *, archs: tuple[str, ...] = (), kernels: tuple[st
     platforms = tuple(check_platform(p, "--platform") for p in platforms)
     return Target(manifest, selected, tuple(plan(selected, archs, hash_cache=hashes, platforms=platforms)),
                   partial=bool(kernels or archs or platforms), candidates=candidates,
-                  fallbacks=fallback_refs(selected))
+                  fallbacks=fallback_refs(selected, hashes))
 
 
-def fallback_refs(manifest: Manifest) -> dict[str, dict[str, FallbackRef]]:
-    """Each kernel's declared fallbacks with the SHA-256 of the module file each names,
-    found as import would find it, without importing it (a fallback may need a framework
-    the build host lacks); a module that cannot be found fails the build before any compile."""
-    from cutecc.toolchain.modfind import NotFound, find_module
+def fallback_refs(manifest: Manifest, hashes: HashCache | None = None) -> dict[str, dict[str, FallbackRef]]:
+    """Each kernel's declared fallbacks, each with its closure: its module and every project
+    module it imports, found and hashed as a kernel's key finds its sources
+    (`cutecc.plan.key.SourceIndex`: read, never imported; a fallback may need a framework
+    the build host lacks). A module that cannot be found, or a closure file that lies in no
+    directory of the python_path or `sys.path`, fails the build before any compile."""
+    from cutecc.contract.fallbacks import ClosureFile, module_path
+    from cutecc.plan.key import SourceIndex
 
     out: dict[str, dict[str, FallbackRef]] = {}
+    index: SourceIndex | None = None
     for k in manifest.kernels:
         for fld, ref in (("fallback", k.fallback), ("fallback_torch", k.fallback_torch)):
             if ref is None:
                 continue
+            where = dict(where=str(manifest.path), key_path=f'kernel "{k.name}", {fld}')
+            index = index or SourceIndex(manifest.python_path, hashes)
             module = ref.split(":", 1)[0]
+            why = index.missing(module)
+            if why is not None:
+                raise CuteccError(f"cannot find the fallback's module: {module!r}: {why}", **where)
             try:
-                found = find_module(module, [str(p) for p in manifest.python_path])
-                if found.origin is None:
-                    raise NotFound(f"{module!r} is a namespace package, not a module file")
-                digest = hashlib.sha256(Path(found.origin).read_bytes()).hexdigest()
-            except (NotFound, OSError) as e:
-                raise CuteccError(f"cannot find the fallback's module: {e}", where=str(manifest.path),
-                                  key_path=f'kernel "{k.name}", {fld}') from None
-            out.setdefault(k.name, {})[fld] = FallbackRef(ref, digest)
+                files = index.files(module)
+            except CuteccError as e:
+                raise CuteccError(f"cannot read the fallback's closure: {e}", **where) from None
+            closure = []
+            for f in files:
+                if f.rel not in (module_path(f.module, False), module_path(f.module, True)):
+                    raise CuteccError(f"the fallback's closure holds {f.path} (module {f.module}), which "
+                                      "lies in no directory of the python_path or sys.path as its "
+                                      "name says", **where)
+                closure.append(ClosureFile(f.module, f.rel, f.sha256))
+            if module not in {c.module for c in closure}:
+                raise CuteccError(f"cannot find the fallback's module: {module!r} has no source file "
+                                  "(a namespace package or a compiled module)", **where)
+            out.setdefault(k.name, {})[fld] = FallbackRef.of(ref, closure)
     return out
 
 
@@ -414,7 +429,8 @@ def record(store: Store, t: Target, built: Built, *, hashes: HashCache | None = 
     if dry_run or not built.ok:
         return
     if not read_only and not t.candidates:
-        _record_generations(store, t.manifest.path, t.planned, partial=t.partial, fallbacks=t.fallbacks)
+        _record_generations(store, t.manifest.path, t.planned, partial=t.partial, fallbacks=t.fallbacks,
+                            roots=tuple(str(p) for p in t.manifest.python_path))
         for c in t.selected.composites:  # best-effort, like the generations
             with contextlib.suppress(OSError):
                 store.record_composite(CompositeRecord(c.name, c.launches, c.inputs, c.outputs,
@@ -482,7 +498,8 @@ def _tuning_candidates(manifest: Manifest, hashes: HashCache | None) -> dict[tup
 
 
 def _record_generations(store: Store, manifest: Path, planned: tuple[Planned, ...], *, partial: bool,
-                        fallbacks: dict[str, dict[str, FallbackRef]] | None = None) -> None:
+                        fallbacks: dict[str, dict[str, FallbackRef]] | None = None,
+                        roots: tuple[str, ...] = ()) -> None:
     """Record what this build planned as each (kernel, arch)'s current entries, and as the
     manifest's with the source files its keys read (`cutecc.load(manifest=)` serves the
     build whose sources are the files as they are then): `cutecc.load` then offers only
@@ -495,7 +512,7 @@ def _record_generations(store: Store, manifest: Path, planned: tuple[Planned, ..
     try:
         for kernel, per_arch in by.items():
             store.record_generations(kernel, per_arch, str(manifest),
-                                     refs_to_json((fallbacks or {}).get(kernel, {})))
+                                     refs_to_json((fallbacks or {}).get(kernel, {})), roots)
         store.record_manifest(manifest, hashlib.sha256(manifest.read_bytes()).hexdigest(), by,
                               partial=partial,
                               sources={f.path: f.sha256 for p in planned for f in p.keyed_files})

@@ -356,7 +356,8 @@ def pack(manifest_opt: Path | None, lock: Path | None, name: str, version: str,
          cache_dir: Path | None, fmt: str, with_runtime: bool, sign_key: Path | None,
          as_json: bool) -> None:
     """Write built entries (those --manifest plans, or --lock names) into a reproducible
-    wheel (or tarball) for deploy hosts."""
+    wheel (or tarball) for deploy hosts, with each declared fallback's pinned code (what
+    serves a call no entry fits there)."""
     from cutecc.commands.pack import pack as run
 
     _emit(run(name=name, version=version, manifest=manifest_opt, lock=lock, archs=archs,

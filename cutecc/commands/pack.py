@@ -1,7 +1,9 @@
 """`cutecc pack`: ship locked cache entries as a wheel or a tarball.
 
 A pack holds a `_cutecc/` tree laid out like a cache (format file, `entries/ab/<key>/`
-with meta.json and the library) plus the `kernels.lock` naming exactly its entries.
+with meta.json and the library) plus the `kernels.lock` naming exactly its entries, and
+under `fallbacks/` the pinned closure of every fallback the lock names (each file checked
+against its pin here, and again by the deploy host before it runs).
 The wheel puts it inside an import package whose `load()` is
 `cutecc.load(package=__name__)`, so a deploy host needs only `pip install` and the
 runtime. Both formats are reproducible (`cutecc.ship.archive`).
@@ -13,6 +15,7 @@ import hashlib
 import keyword
 import os
 import re
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +38,7 @@ from cutecc.entry.rules import (
 from cutecc.errors import CuteccError, WorkError
 from cutecc.lock.lockfile import LOCK_NAME, Lock, lock_for, read_lock
 from cutecc.platforms import check_platform
-from cutecc.runtime.package import PACK_DIR
+from cutecc.runtime.package import FALLBACK_DIR, PACK_DIR
 from cutecc.ship.archive import runtime_wheel, tar_bytes, wheel_bytes
 from cutecc.ship.ingest import Refused, check_whole
 from cutecc.store.layout import entry_parts, member, meta_parts, runtime_parts
@@ -113,7 +116,8 @@ class PackReport(Report):
     def lines(self, verbose: int = 0) -> list[str]:
         out = []
         for arch, s in self.sizes.items():
-            noun = "entries" if arch != "runtime" else "library" if s["entries"] == 1 else "libraries"
+            noun = ("library" if s["entries"] == 1 else "libraries") if arch == "runtime" else \
+                "fallback files" if arch == FALLBACK_DIR else "entries"
             out.append(f"{arch:10} {s['entries']:4} {noun}  {human_size(s['bytes'])}")
         out.append(f"{'total':10} {len(self.lock.distinct_keys()):4} entries  "
                    f"{human_size(self.total_bytes)}")
@@ -225,6 +229,7 @@ def pack(*, name: str, version: str, manifest: str | Path | None = None,
         raise CuteccError(f"the selection holds entries for {' and '.join(chosen.platforms)}; a wheel "
                           "is for one host platform: pass --platform", where="pack")
     tree, sizes = _tree(chosen, store)
+    _add_fallbacks(tree, sizes, chosen, store, _fallback_roots(manifest, lock))
     sign_key = sign_key or os.environ.get(environ.SIGNING_KEY) or None
     if sign_key:  # the packed lock's signature: what `unpack` and `load(package=)` check
         from cutecc.lock import signing
@@ -316,6 +321,52 @@ def _tree(chosen: Lock, store: StoreView) -> tuple[dict[str, bytes], dict[str, d
     return tree, dict(sorted(sizes.items(), key=lambda kv: (kv[0] == "runtime", kv[0])))
 
 
+
+
+def _fallback_roots(manifest: str | Path | None, lock: str | Path | None) -> list[Path]:
+    """Where the fallbacks' closures are looked for first: the manifest's python_path, or
+    the lock's directory (then the build records' python_path and `sys.path`)."""
+    if manifest is not None:
+        from cutecc.manifest import load_manifest
+
+        return list(load_manifest(manifest).python_path)
+    return [Path(lock).resolve().parent] if lock is not None else []
+
+
+def _add_fallbacks(tree: dict[str, bytes], sizes: dict[str, dict[str, int]], chosen: Lock,
+                   store: StoreView, roots: list[Path]) -> None:
+    """The pinned closure of every fallback the pack's lock names, each file checked
+    against its pin (`cutecc.runtime.fallback_code.check_closure`), at `fallbacks/<path>`
+    in the tree: a deploy host serves a miss from these bytes (`load(package=)`)."""
+    from cutecc.errors import NoBuildFits
+    from cutecc.runtime.fallback_code import check_closure
+
+    found: dict[str, tuple[str, bytes]] = {}
+    for le in chosen.entries:
+        for fld, ref in le.fallbacks:
+            where = f"{le.label}: {fld} {ref.ref}"
+            extra: list[Path] = []
+            try:
+                gen = store.generation_fallbacks(le.kernel, le.arch)
+                extra = [Path(r) for r in gen.roots] if gen is not None else []
+            except (CuteccError, trust.Untrusted):
+                pass
+            search = [*roots, *extra, *(Path(p or ".") for p in sys.path if isinstance(p, str))]
+            try:
+                files = check_closure(ref, search, where, "its lock line")
+            except NoBuildFits as e:
+                raise WorkError(f"cannot pack its fallback: {e.message}", where=where) from None
+            for c, f in zip(files, ref.files):
+                name = f"{FALLBACK_DIR}/{f.path}"
+                if name in found and found[name][0] != c.sha256:
+                    raise WorkError(f"two fallbacks pin {f.path} with other bytes ({found[name][0][:12]} "
+                                    f"and {c.sha256[:12]}); build the kernels together so that one "
+                                    "lock pins one file", where=where)
+                found[name] = (c.sha256, c.data)
+    if found:
+        for name, (_, data) in sorted(found.items()):
+            tree[name] = data
+        sizes[FALLBACK_DIR] = {"entries": len(found), "bytes": sum(len(d) for _, d in found.values())}
 
 
 def _read(store: StoreView, parts: tuple[str, ...], max_bytes: int, label: str) -> bytes:

@@ -24,7 +24,7 @@ from cutecc.entry.rules import MAX_META_BYTES, META, STORE_FORMAT, is_key, parse
 from cutecc.errors import CuteccError, WorkError
 from cutecc.lock.lockfile import LOCK_NAME, MAX_LOCK_BYTES, Lock, LockEntry
 from cutecc.lock.signing import MAX_SIG_BYTES, SIG_SUFFIX, check_lock
-from cutecc.runtime.package import PACK_DIR
+from cutecc.runtime.package import FALLBACK_DIR, PACK_DIR
 from cutecc.ship.archive import Limits, PackTree
 from cutecc.ship.ingest import Refused, check_whole, publish
 from cutecc.store.build_records import CompositeRecord
@@ -115,6 +115,8 @@ def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: lis
         if named is not None:  # a cache's layout
             area, key, file = named
             (entries if area == ENTRIES else runtimes).setdefault(key, []).append(file)
+        elif n.startswith(f"{FALLBACK_DIR}/"):
+            continue  # the fallbacks' closures serve an installed pack (`load(package=)`), not a cache
         elif n not in ("format", LOCK_NAME, sig_name):
             report.refused.append((n[:80], "not part of a cutecc pack's tree"))
     for n in tree.outside:

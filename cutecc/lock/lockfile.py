@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 LOCK_FORMAT = 3  # 3: each line names its host platform
 LOCK_NAME = "kernels.lock"
 MAX_LOCK_BYTES = 16 << 20  # 10,000 entry lines (~600 bytes) and as many tuning lines (~800)
-MAX_LOCK_DEPTH = 4
+MAX_LOCK_DEPTH = 6  # a line's fallback closure: {entries: [{fallback: {files: [[...]]}}]}
 # The optional "tuning" list (`cutecc tune`'s winners) is absent until something is tuned,
 # so untuned locks keep their bytes; readers that predate it ignore it and serve the
 # default configurations. So is the optional "composites" list (`cutecc.contract.composite_line`):

@@ -4,17 +4,18 @@ the record of each use.
 
 Framework-free: the JAX front end (`cutecc.runtime.dispatch`) and the PyTorch one
 (`cutecc.torch`) both ask `Fallback.serve` once `KernelBase.select` has found no build
-(`NoBuildFits`). The function's module is imported at the first miss only (a deploy host
-that never misses never imports it); under a lock it must be the module the lock records
-(its file's SHA-256). Each use warns once per call signature (`FallbackWarning`) and is
-counted in the cache's `misses.json` (`cutecc.store.misses`); `strict` (`load(strict=True)`
-or `$CUTECC_STRICT=1`) turns every use into the error a kernel without a fallback raises.
+(`NoBuildFits`). The function's closure is checked and run at the first miss only (a
+deploy host that never misses never reads it), from bytes that match the lock's pins, or
+without a lock the newest build's (`cutecc.runtime.fallback_code`); its result is checked
+against the kernel's contract read through the call (`check_result`). Each use warns once
+per call signature (`FallbackWarning`) and is counted in the cache's `misses.json`
+(`cutecc.store.misses`); `strict` (`load(strict=True)` or `$CUTECC_STRICT=1`) turns every
+use into the error a kernel without a fallback raises.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -22,28 +23,38 @@ from pathlib import Path
 from typing import Any
 
 from cutecc import environ
+from cutecc.contract import expr
+from cutecc.contract.args import CallingConvention
 from cutecc.contract.fallbacks import FallbackRef
-from cutecc.errors import FallbackWarning, NoBuildFits
+from cutecc.errors import CallError, FallbackWarning, NoBuildFits
+from cutecc.runtime.fallback_code import load_function
 from cutecc.store.misses import miss_of, record_miss
 
 
 class Fallback:
     """The fallback `ref` of kernel `kernel` loaded for `arch`.
 
-    `check_digest`: the module's file must hash to `ref.sha256` (a lock's promise);
-    `misses_root`: the cache to count misses in (None: a pack or read-only cache, counted
-    nowhere); `call_keywords`: the names of the kernel's call keywords (their values name
-    a signature; a runtime scalar's value does not)."""
+    `roots`: where its closure's files are looked for (`cutecc.runtime.fallback_code`; then
+    `sys.path`), each checked against `ref`'s pins, which `pinned_by` names (the lock, or
+    the newest build's record); `misses_root`: the cache to count misses in (None: a pack or
+    read-only cache, counted nowhere); `call_keywords`: the names of the kernel's call
+    keywords (their values name a signature; a runtime scalar's value does not);
+    `contracts`: the calling conventions of the kernel's entries, which a result is checked
+    against (`check_result`)."""
 
-    def __init__(self, kernel: str, ref: FallbackRef, *, arch: str, check_digest: bool, strict: bool,
-                 misses_root: Path | None, call_keywords: Collection[str] = ()) -> None:
+    def __init__(self, kernel: str, ref: FallbackRef, *, arch: str, strict: bool,
+                 misses_root: Path | None, call_keywords: Collection[str] = (),
+                 roots: Sequence[Path] = (), pinned_by: str = "the lock",
+                 contracts: Sequence[CallingConvention] = ()) -> None:
         self.kernel = kernel
         self.ref = ref
         self.arch = arch
-        self.check_digest = check_digest
         self.strict = strict
         self.misses_root = misses_root
         self.call_keywords = frozenset(call_keywords)
+        self.roots = tuple(roots)
+        self.pinned_by = pinned_by
+        self.contracts = tuple(contracts)
         self._fn: Callable[..., Any] | None = None
         self._warned: set[tuple[Any, ...]] = set()
         self._lock = threading.Lock()
@@ -52,39 +63,31 @@ class Fallback:
         return f"<cutecc fallback {self.ref.ref} of kernel {self.kernel}>"
 
     def function(self) -> Callable[..., Any]:
-        """The fallback function, imported on first use (and checked against the lock)."""
+        """The fallback function, its closure checked and run from the checked bytes on first use."""
         if self._fn is None:
             with self._lock:
                 if self._fn is None:
-                    self._fn = self._import()
+                    roots = [*self.roots, *(Path(p or ".") for p in sys.path if isinstance(p, str))]
+                    where = f'kernel "{self.kernel}", fallback {self.ref.ref}'
+                    self._fn = load_function(self.ref, roots, where, self.pinned_by)
         return self._fn
 
-    def _import(self) -> Callable[..., Any]:
+    def check_result(self, out: Any, arrays_sig: Sequence[tuple[str, tuple[Any, ...]]],
+                     dtype_name: Callable[[Any], str]) -> None:
+        """CallError naming the fallback unless `out` is what the call's contract returns: as
+        many results, each of the rank, dtype and extents the kernel's contract gives for
+        these arrays (`expected`; a static extent or dtype the call changed may be either)."""
+        if not self.contracts:
+            return
         where = f'kernel "{self.kernel}", fallback {self.ref.ref}'
-        try:
-            mod = importlib.import_module(self.ref.module)
-        except ImportError as e:
-            raise NoBuildFits(f"cannot import the fallback's module: {e}", where=where) from None
-        if self.check_digest:
-            origin = getattr(mod, "__file__", None)
-            try:
-                digest = hashlib.sha256(Path(origin).read_bytes()).hexdigest() if origin else None
-            except OSError:
-                digest = None
-            if digest != self.ref.sha256:
-                raise NoBuildFits(f"its module {origin or self.ref.module} is not the one the lock records "
-                                  f"(SHA-256 {self.ref.sha256[:16]}..., this one "
-                                  f"{(digest or 'unreadable')[:16]}...); build again to lock it",
-                                  where=where)
-        fn: Any = mod
-        try:
-            for part in self.ref.attr.split("."):
-                fn = getattr(fn, part)
-        except AttributeError:
-            raise NoBuildFits(f"module {self.ref.module} has no {self.ref.attr!r}", where=where) from None
-        if not callable(fn):
-            raise NoBuildFits(f"{self.ref.attr!r} is a {type(fn).__name__}, not a function", where=where)
-        return fn  # type: ignore[no-any-return]
+        whys = []
+        for conv in self.contracts:
+            why = result_problem(conv, out, arrays_sig, dtype_name)
+            if why is None:
+                return
+            whys.append(why)
+        raise CallError(f"the fallback returned {whys[0]}; a fallback must return what the kernel "
+                        "does", where=where)
 
     def serve(self, arrays: Sequence[Any], kwargs: Mapping[str, Any], miss: NoBuildFits,
               arrays_sig: list[tuple[str, tuple[Any, ...]]], no_builds: bool, once: bool = False,
@@ -114,3 +117,96 @@ class Fallback:
         if self.misses_root is not None and (first or not once):
             record_miss(self.misses_root, m)
         return fn(*arrays, **kwargs)
+
+
+def _results(out: Any, n: int) -> list[Any] | None:
+    if n == 1:
+        return [out] if hasattr(out, "shape") and hasattr(out, "dtype") else None
+    if isinstance(out, (tuple, list)) and len(out) == n:
+        return list(out)
+    return None
+
+
+def _describe(out: Any, dtype_name: Callable[[Any], str]) -> str:
+    if hasattr(out, "shape") and hasattr(out, "dtype"):
+        try:
+            return f"{dtype_name(out)}{list(out.shape)}"
+        except (TypeError, ValueError):
+            return f"{out.dtype}{list(out.shape)}"
+    if isinstance(out, (tuple, list)):
+        return f"{type(out).__name__} of {len(out)}"
+    return type(out).__name__
+
+
+def result_problem(conv: CallingConvention, out: Any, arrays_sig: Sequence[tuple[str, tuple[Any, ...]]],
+                   dtype_name: Callable[[Any], str]) -> str | None:
+    """Why `out` is not what a call of `conv`'s contract on arrays `arrays_sig` ((dtype,
+    shape) each) returns, or None. The contract is read through the call: a symbol takes
+    the extent the call's arrays bind; a static extent or a dtype of an input takes the
+    call's there too (or keeps its own: either is accepted); an inout result is its input."""
+    visible = conv.visible
+    results = _results(out, len(visible))
+    if results is None or len(arrays_sig) != len(conv.inputs):
+        count = f"{len(visible)} array(s)" if len(visible) != 1 else "one array"
+        return f"{_describe(out, dtype_name)}, where the call returns {count}"
+    env: dict[str, Any] = {}
+    statics: dict[int, set[Any]] = {}
+    dtypes: dict[str, set[str]] = {}
+    for t, (dt, shape) in zip(conv.inputs, arrays_sig):
+        dtypes.setdefault(t.dtype, set()).add(dt)
+        if len(shape) != len(t.extents):
+            continue
+        kernel_shape: list[Any] = [None] * len(shape)
+        for j, p in enumerate(t.held):
+            kernel_shape[p] = shape[j]
+        for d, n in zip(t.extents, kernel_shape):
+            if isinstance(d, int):
+                statics.setdefault(d, set()).add(n)
+            elif expr.is_symbol(d):
+                env.setdefault(d, n)
+    by_name = {t.name: a for t, a in zip(conv.inputs, arrays_sig)}
+    for t, r in zip(visible, results):
+        got_dtype, got_shape = _describe_dtype(r, dtype_name), tuple(r.shape)
+        want: list[set[Any] | None]
+        if t.role == "inout" and t.name in by_name:
+            want_dtypes, want = {by_name[t.name][0]}, [{n} for n in by_name[t.name][1]]
+        else:
+            want_dtypes = {t.dtype, *dtypes.get(t.dtype, ())}
+            dims = [t.shape[p] for p in t.held]
+            if t.reduce == "sum":
+                dims = dims[1:]
+            want = [_extent_values(d, env, statics) for d in dims]
+        shown = f"{t.name}: {got_dtype}{list(got_shape)}"
+        if got_dtype not in want_dtypes:
+            return f"{shown}, where the contract gives {' or '.join(sorted(want_dtypes))}"
+        if len(got_shape) != len(want):
+            return f"{shown}, where the contract gives rank {len(want)}"
+        for i, (n, ok) in enumerate(zip(got_shape, want)):
+            try:
+                if ok is not None and not any(bool(n == w) for w in ok):
+                    return (f"{shown}, where the contract gives dimension {i} "
+                            + " or ".join(map(str, sorted(ok, key=str))))
+            except Exception:  # noqa: BLE001 - a symbolic extent no comparison decides
+                continue
+    return None
+
+
+def _describe_dtype(a: Any, dtype_name: Callable[[Any], str]) -> str:
+    try:
+        return dtype_name(a)
+    except (TypeError, ValueError):
+        return str(a.dtype)
+
+
+def _extent_values(d: Any, env: Mapping[str, Any], statics: Mapping[int, set[Any]]) -> set[Any] | None:
+    """The values a result's extent `d` may take for a call (None: not decided here)."""
+    if isinstance(d, int):
+        return {d, *statics.get(d, ())}
+    if expr.is_symbol(d):
+        return {env[d]} if d in env else None
+    if not all(n in env for n in expr.names(d)):
+        return None
+    try:
+        return {expr.evaluate(d, env, minimum=min, maximum=max)}
+    except Exception:  # noqa: BLE001 - a derived extent the call's arrays cannot evaluate
+        return None

@@ -38,6 +38,7 @@ from cutecc.runtime.project import (
     selected_lines,
     several_builders,
 )
+from cutecc.runtime.package import FALLBACK_DIR
 from cutecc.runtime.usable import ptx_problem, record_problem, tvm_ffi_series, why_unusable
 
 if TYPE_CHECKING:
@@ -254,6 +255,12 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
 
         locked = read_trusted_lock(lock, trusted_keys=trusted_keys, allow_unsigned=allow_unsigned)
     set_aside: dict[str, str] = {}  # composite records that cannot be read, and why
+    # where a fallback's pinned closure is looked for first (`cutecc.runtime.fallback_code`)
+    fallback_roots = [store.root / FALLBACK_DIR] if package is not None else []
+    if lock is not None and package is None:
+        fallback_roots.append(Path(lock).resolve().parent)
+    if mpath is not None:
+        fallback_roots.append(mpath.parent)
 
     def composite_line(name: str) -> CompositeLine | None:
         """Composite `name` as defined here: under a lock (or a pack's) the lock's own line,
@@ -370,7 +377,7 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
         fn.tuning = _tuning(name, fn, store, locked, target, series, record_use, front.device_kind, driver)
         fn._fallback = _fallback(front, name, fn, entries, store, locked, target, strict,
                                  misses_root=store.root if record_use and not read_only() else None,
-                                 manifest=mpath)
+                                 manifest=mpath, roots=fallback_roots)
         if jit:
             fn._jit = jit_hook(store, mpath, target, series, driver)
         return fn
@@ -492,39 +499,50 @@ def _kernel_fn(front: FrontEnd, name: str, entries: list[Entry], target: str, se
 
 def _fallback(front: FrontEnd, name: str, fn: KernelBase, entries: list[Entry], store: StoreView,
               locked: Any, target: str, strict: bool, misses_root: Path | None,
-              manifest: Path | None = None) -> Fallback | None:
+              manifest: Path | None = None, roots: list[Path] | None = None) -> Fallback | None:
     """The kernel's declared fallback for this front end, or None: under a lock, the one its
-    lines record (and its module must hash as recorded); else the one the newest build
-    (of `manifest` or of the keys served, when the load is a manifest's: never another
-    project's) records for any
-    arch the kernel has entries of (a build for another GPU declares what serves this one).
-    Its module is not imported here."""
+    lines record (its closure must hash as they pin it); else the one the newest build (of
+    `manifest` or of the keys served, when the load is a manifest's: never another project's)
+    records for any arch the kernel has entries of (a build for another GPU declares what
+    serves this one), pinned by that record. Its closure is looked for first in `roots`,
+    then in that build's python_path (then `sys.path`). Nothing of it is read here."""
+    from cutecc.contract.args import CallingConvention, args_from_json
     from cutecc.contract.fallbacks import FRONT_ENDS, FallbackRef
     from cutecc.runtime.fallback import Fallback
 
     field = FRONT_ENDS.get(front.framework, "fallback")
     ref: FallbackRef | None = None
-    if locked is not None:
+    found_roots: tuple[str, ...] = ()
+    newest, served = "", {e.key for e in entries}
+    for arch in sorted({str(e.recorded.arch) for e in entries}):
+        try:
+            gen = store.generation_fallbacks(name, arch)
+            if (gen is not None and manifest is not None and not _same_path(gen.manifest, manifest)
+                    and not served & set(gen.keys or ())):
+                continue  # another project's build of this name (a moved checkout's own keys pass)
+            found = gen.fallback(field) if gen is not None and gen.built_at >= newest else None
+            if gen is not None and found is not None:
+                ref, newest, found_roots = found, gen.built_at, gen.roots
+        except CuteccError as e:  # someone else's record, or a malformed one: no fallback
+            if locked is None:
+                fn.unusable += (f"fallback recorded for {arch}: {e.message}",)
+    if locked is not None:  # the lock's pins decide; a build's python_path only says where to look
         ref = next((dict(le.fallbacks)[field] for le in locked.entries
                     if le.kernel == name and field in dict(le.fallbacks)), None)
-    else:
-        newest, served = "", {e.key for e in entries}
-        for arch in sorted({str(e.recorded.arch) for e in entries}):
-            try:
-                gen = store.generation_fallbacks(name, arch)
-                if (gen is not None and manifest is not None and not _same_path(gen.manifest, manifest)
-                        and not served & set(gen.keys or ())):
-                    continue  # another project's build of this name (a moved checkout's own keys pass)
-                found = gen.fallback(field) if gen is not None and gen.built_at >= newest else None
-                if gen is not None and found is not None:
-                    ref, newest = found, gen.built_at
-            except CuteccError as e:  # someone else's record, or a malformed one: no fallback
-                fn.unusable += (f"fallback recorded for {arch}: {e.message}",)
     if ref is None:
         return None
     names = {k for e in entries for k in e.recorded.call}
-    return Fallback(name, ref, arch=target, check_digest=locked is not None, strict=strict,
-                    misses_root=misses_root, call_keywords=names)
+    pins = locked.by_key() if locked is not None else {}
+    contracts = []  # what its results are checked against: the entries' contracts
+    for entry in entries:
+        try:
+            if entry.key not in pins or pins[entry.key].mismatch(entry) is None:
+                contracts.append(CallingConvention.of(args_from_json(entry.meta.args)))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return Fallback(name, ref, arch=target, strict=strict, misses_root=misses_root, call_keywords=names,
+                    roots=[*(roots or ()), *(Path(r) for r in found_roots)], contracts=contracts,
+                    pinned_by="the lock" if locked is not None else "the newest build")
 
 
 def _no_keys_without_a_lock(trusted_keys: list[str | Path] | None) -> None:

@@ -9,6 +9,9 @@ from cutecc.errors import WorkError
 from cutecc.lock.lockfile import LOCK_NAME
 
 PACK_DIR = "_cutecc"  # a pack's cache-shaped tree, inside its import package
+# in that tree: the fallbacks' pinned closures, each file at its path below its root
+# (`cutecc.contract.fallbacks.ClosureFile.path`), read by `cutecc.runtime.fallback_code`
+FALLBACK_DIR = "fallbacks"
 
 
 def package_root(package: str) -> Path:

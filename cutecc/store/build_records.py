@@ -28,7 +28,7 @@ from cutecc.contract.fallbacks import FallbackRef
 from cutecc.store.layout import GENERATION_FORMAT
 
 COMPOSITE_DEPTH = 3  # one object of lists
-FALLBACKS_DEPTH = 3  # what the runtime reads of a generation: one object of objects
+FALLBACKS_DEPTH = 4  # what the runtime reads of a generation: objects of closures ([[module, path, sha]])
 
 
 def dumps(doc: Mapping[str, Any]) -> bytes:
@@ -55,7 +55,8 @@ class GenerationRecord:
     entries of `kernel` for `arch`, built from `manifest`; `built_at` is when a build last
     changed the record (a no-op build leaves it: `cutecc.store.record_writer`); `fallbacks` holds
     the kernel's declared fallback fields (`cutecc.contract.fallbacks.FIELDS`) as recorded,
-    only those set (`fallback` checks one). Read back, a field of the wrong type is None."""
+    only those set (`fallback` checks one), and `roots`, the build's python_path, where the
+    runtime looks for their pinned closures first. Read back, a field of the wrong type is None."""
 
     kernel: str | None
     arch: str | None
@@ -63,12 +64,15 @@ class GenerationRecord:
     manifest: str | None
     built_at: str  # as recorded, read as text ("" when absent)
     fallbacks: Mapping[str, Any] = field(default_factory=dict)
+    roots: tuple[str, ...] = ()  # only with fallbacks: the python_path they were found in
 
     @classmethod
     def of_build(cls, kernel: str, arch: str, keys: list[str], manifest: str, built_at: str,
-                 fallbacks: Mapping[str, Mapping[str, str]] | None = None) -> GenerationRecord:
+                 fallbacks: Mapping[str, Mapping[str, Any]] | None = None,
+                 roots: tuple[str, ...] = ()) -> GenerationRecord:
         """The record a build writes (`keys` sorted and deduplicated)."""
-        return cls(kernel, arch, tuple(sorted(set(keys))), manifest, built_at, dict(fallbacks or {}))
+        return cls(kernel, arch, tuple(sorted(set(keys))), manifest, built_at, dict(fallbacks or {}),
+                   roots if fallbacks else ())
 
     @classmethod
     def from_json(cls, doc: Any) -> GenerationRecord | None:
@@ -77,12 +81,14 @@ class GenerationRecord:
             return None
         return cls(_str(doc.get("kernel")), _str(doc.get("arch")), _strs(doc.get("keys")),
                    _str(doc.get("manifest")), str(doc.get("built_at", "")),
-                   {f: doc[f] for f in FALLBACK_FIELDS if f in doc})
+                   {f: doc[f] for f in FALLBACK_FIELDS if f in doc},
+                   _strs(doc.get("fallback_roots")) or ())
 
     def to_json(self) -> dict[str, Any]:
         return {"format": GENERATION_FORMAT, "kernel": self.kernel, "arch": self.arch,
                 "keys": None if self.keys is None else list(self.keys), "manifest": self.manifest,
-                "built_at": self.built_at, **self.fallbacks}
+                "built_at": self.built_at, **self.fallbacks,
+                **({"fallback_roots": list(self.roots)} if self.roots else {})}
 
     def dumps(self) -> bytes:
         return dumps(self.to_json())

@@ -35,13 +35,14 @@ class BuildRecordWriter(StoreView):
     # Build records ---------------------------------------------------------------
 
     def record_generation(self, kernel: str, arch: str, keys: list[str], manifest: str,
-                          fallbacks: dict[str, dict[str, str]] | None = None) -> None:
+                          fallbacks: dict[str, dict[str, Any]] | None = None) -> None:
         """Record `keys` as the current entries of `kernel` for `arch` (the newest build),
         and the kernel's declared `fallbacks` (`cutecc.contract.fallbacks`; the fields only when set)."""
         self.record_generations(kernel, {arch: keys}, manifest, fallbacks)
 
     def record_generations(self, kernel: str, per_arch: Mapping[str, list[str]], manifest: str,
-                           fallbacks: dict[str, dict[str, str]] | None = None) -> None:
+                           fallbacks: dict[str, dict[str, Any]] | None = None,
+                           roots: tuple[str, ...] = ()) -> None:
         """`record_generation` for each arch of `per_arch`, one build's records of `kernel`.
 
         Nothing is written when every one of them already says this, but for `built_at`,
@@ -50,7 +51,7 @@ class BuildRecordWriter(StoreView):
         build writes no generation). `built_at` is when a build last changed the record."""
         self.generations_dir.mkdir(mode=DIR_MODE, exist_ok=True)
         now = now_iso()
-        recs = {arch: GenerationRecord.of_build(kernel, arch, keys, manifest, now, fallbacks)
+        recs = {arch: GenerationRecord.of_build(kernel, arch, keys, manifest, now, fallbacks, roots)
                 for arch, keys in per_arch.items()}
         if not self._generations_current(kernel, recs):
             for arch, rec in recs.items():

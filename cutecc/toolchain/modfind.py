@@ -95,6 +95,8 @@ def _find_spec(fullname: str, path: list[str] | None):
     """importlib._bootstrap._find_spec without the sys.modules shortcut: ask each
     meta-path finder in order, as import does."""
     for finder in sys.meta_path:
+        if getattr(finder, "cutecc_pinned_closure", False):
+            continue  # a loaded fallback's checked code (`runtime.fallback_code`): not a worker's
         if finder is importlib.machinery.PathFinder:
             spec = _path_spec(fullname, path)
         else:

@@ -160,6 +160,9 @@ def test_a_kernel_built_only_for_sm_100a_serves_its_fallback_here(arch_ks, rng) 
     with pytest.warns(FallbackWarning, match=f"no build for {arch_ks.arch}.*arch_kernels.ref:scale"):
         out = k(x, factor=2.5)
     np.testing.assert_array_equal(np.asarray(out), np.asarray(x) * np.float32(2.5))
+    # run from its checked closure (the newest build's pins), not imported from disk
+    assert sys.modules["arch_kernels.ref"].__file__ == str(ARCH_MANIFEST.parent / "ref.py")
+    assert sys.modules["arch_kernels"].__path__ == []  # nothing unpinned is importable below it
     with warnings.catch_warnings():  # the same signature: warned once
         warnings.simplefilter("error", FallbackWarning)
         out2 = jax.jit(lambda x: k(x, factor=2.5))(x)

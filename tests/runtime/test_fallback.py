@@ -20,6 +20,7 @@ from helpers import fallback_manifest as _manifest
 
 import cutecc
 from cutecc.commands.build import build
+from cutecc.contract.fallbacks import closure_digest
 from cutecc.errors import CuteccError, FallbackWarning, NoBuildFits
 from cutecc.lock.lockfile import read_lock
 from cutecc.store.misses import read_misses
@@ -127,7 +128,12 @@ def test_the_lock_records_the_fallback_only_where_declared(project: Path) -> Non
     import hashlib
 
     assert ref.ref == "toyfb.ref:scale"
-    assert ref.sha256 == hashlib.sha256((project.parent / "toyfb" / "ref.py").read_bytes()).hexdigest()
+    # the closure: the module and its package's __init__, each pinned, and their digest
+    assert [(f.module, f.path) for f in ref.files] == [("toyfb", "toyfb/__init__.py"),
+                                                       ("toyfb.ref", "toyfb/ref.py")]
+    for f in ref.files:
+        assert f.sha256 == hashlib.sha256((project.parent / f.path).read_bytes()).hexdigest()
+    assert ref.sha256 == closure_digest(ref.files)
     lines = (project.parent / "kernels.lock").read_text().splitlines()
     assert all('"fallback"' not in ln for ln in lines if '"kernel": "plain"' in ln)
     # the same kernels without the fallback: the same keys, and lines without the field
@@ -149,7 +155,7 @@ def test_under_a_lock_the_fallback_module_must_be_the_locked_one(project: Path) 
     (project.parent / "toyfb" / "ref.py").write_text(FALLBACK + "\n# edited\n")
     sys.modules.pop("toyfb.ref", None)
     ks = cutecc.load(cache, arch="sm_90a", lock=lock, allow_unsigned=True)
-    with pytest.raises(NoBuildFits, match="not the one the lock records"):
+    with pytest.raises(NoBuildFits, match=r"toyfb/ref.py \(SHA-256 \w+\.\.\.\) is not the file the lock"):
         ks.scale(_x(2, 8))
 
 

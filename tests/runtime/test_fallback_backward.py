@@ -5,6 +5,7 @@ nothing. Lowered only (`helpers.unbuilt_kernels`): nothing runs on this CPU host
 
 from __future__ import annotations
 
+import hashlib
 import re
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import jax.numpy as jnp
 import pytest
 from helpers import unbuilt_kernels, unbuilt_target
 
-from cutecc.contract.fallbacks import FallbackRef
+from cutecc.contract.fallbacks import ClosureFile, FallbackRef
 from cutecc.errors import FallbackWarning, NoBuildFits
 from cutecc.runtime.fallback import Fallback
 
@@ -41,12 +42,22 @@ args = [
 
 
 @pytest.fixture
-def ks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+def ks(tmp_path: Path) -> dict[str, Any]:
     (tmp_path / "kernels.toml").write_text(MANIFEST)
-    (tmp_path / "sqref.py").write_text("def sq_bwd(x, dout):\n    return 2 * x * dout\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    SQREF.write_to(tmp_path)
     sys.modules.pop("sqref", None)
     return unbuilt_kernels(tmp_path / "kernels.toml")
+
+
+class SQREF:
+    """The backward's fallback module, and its pin (as a build records it)."""
+
+    text = b"def sq_bwd(x, dout):\n    return 2 * x * dout\n"
+    file = ClosureFile("sqref", "sqref.py", hashlib.sha256(text).hexdigest())
+
+    @classmethod
+    def write_to(cls, root: Path) -> None:
+        (root / "sqref.py").write_bytes(cls.text)
 
 
 def _lowered(fn: Any, n: int) -> str:
@@ -60,8 +71,9 @@ def test_the_backwards_fallback_serves_what_its_builds_do_not_take(ks: dict[str,
     assert re.findall(r"custom_call @(cutecc_\w+)", _lowered(ks["sq"], 64)) == [fwd, bwd]
     with pytest.raises(NoBuildFits, match=r'(?s)kernel "sq_bwd".*dimension 1 is 32, expected 64'):
         _lowered(ks["sq"], 32)
-    ks["sq_bwd"]._fallback = Fallback("sq_bwd", FallbackRef("sqref:sq_bwd", "0" * 64), arch="sm_90a",
-                                      check_digest=False, strict=False, misses_root=None)
+    root = Path(ks["sq"].builds[0].library).parent  # the manifest's directory, where sqref.py is
+    ks["sq_bwd"]._fallback = Fallback("sq_bwd", FallbackRef.of("sqref:sq_bwd", [SQREF.file]), arch="sm_90a",
+                                      strict=False, misses_root=None, roots=[root])
     with pytest.warns(FallbackWarning, match=r'"sq_bwd" \(float32\[3, 32\], float32\[3, 32\]\)'):
         text = _lowered(ks["sq"], 32)
     assert re.findall(r"custom_call @(cutecc_\w+)", text) == [fwd]  # the forward's build, no backward's

@@ -7,7 +7,6 @@ On the CPU: the kernels are the manifest's contracts with nothing built behind t
 
 from __future__ import annotations
 
-import hashlib
 import sys
 import warnings
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ import numpy as np
 import pytest
 from helpers import REPO, unbuilt_kernels
 
-from cutecc.contract.fallbacks import FallbackRef
+from cutecc.build.builder import fallback_refs
 from cutecc.errors import FallbackWarning
 from cutecc.manifest import load_manifest
 from cutecc.runtime.fallback import Fallback
@@ -34,12 +33,10 @@ def ks(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     monkeypatch.syspath_prepend(str(EXAMPLES))
     sys.modules.pop("quack_reference", None)
     kernels = unbuilt_kernels(EXAMPLES / "kernels.toml")
-    for k in load_manifest(EXAMPLES / "kernels.toml").kernels:
-        if k.fallback:
-            module = EXAMPLES / f"{k.fallback.split(':')[0]}.py"
-            ref = FallbackRef(k.fallback, hashlib.sha256(module.read_bytes()).hexdigest())
-            kernels[k.name]._fallback = Fallback(k.name, ref, arch="sm_90a", check_digest=True, strict=False,
-                                                 misses_root=None)
+    for name, refs in fallback_refs(load_manifest(EXAMPLES / "kernels.toml")).items():
+        kernels[name]._fallback = Fallback(name, refs["fallback"], arch="sm_90a", strict=False,
+                                           misses_root=None, roots=[EXAMPLES],
+                                           contracts=[b.conv for b in kernels[name].builds])
     yield kernels
     sys.modules.pop("quack_reference", None)
 
