@@ -24,11 +24,13 @@ from typing import Any
 
 from cutecc import environ
 from cutecc.contract import expr
-from cutecc.contract.args import CallingConvention
-from cutecc.contract.fallbacks import FallbackRef
-from cutecc.errors import CallError, FallbackWarning, NoBuildFits
+from cutecc.contract.args import CallingConvention, args_from_json
+from cutecc.contract.fallbacks import FRONT_ENDS, FallbackRef
+from cutecc.errors import CallError, CuteccError, FallbackWarning, NoBuildFits
 from cutecc.runtime.fallback_code import load_function
+from cutecc.runtime.project import same_path
 from cutecc.store.misses import miss_of, record_miss
+from cutecc.store.view import Entry, StoreView
 
 
 class Fallback:
@@ -210,3 +212,47 @@ def _extent_values(d: Any, env: Mapping[str, Any], statics: Mapping[int, set[Any
         return {expr.evaluate(d, env, minimum=min, maximum=max)}
     except Exception:  # noqa: BLE001 - a derived extent the call's arrays cannot evaluate
         return None
+
+
+def declared_fallback(framework: str, name: str, fn: Any, entries: list[Entry], store: StoreView,
+                      locked: Any, target: str, strict: bool, misses_root: Path | None,
+                      manifest: Path | None = None, roots: list[Path] | None = None) -> Fallback | None:
+    """The kernel's declared fallback for this front end, or None: under a lock, the one its
+    lines record (its closure must hash as they pin it); else the one the newest build (of
+    `manifest` or of the keys served, when the load is a manifest's: never another project's)
+    records for any arch the kernel has entries of (a build for another GPU declares what
+    serves this one), pinned by that record. Its closure is looked for first in `roots`,
+    then in that build's python_path (then `sys.path`). Nothing of it is read here."""
+    field = FRONT_ENDS.get(framework, "fallback")
+    ref: FallbackRef | None = None
+    found_roots: tuple[str, ...] = ()
+    newest, served = "", {e.key for e in entries}
+    for arch in sorted({str(e.recorded.arch) for e in entries}):
+        try:
+            gen = store.generation_fallbacks(name, arch)
+            if (gen is not None and manifest is not None and not same_path(gen.manifest, manifest)
+                    and not served & set(gen.keys or ())):
+                continue  # another project's build of this name (a moved checkout's own keys pass)
+            found = gen.fallback(field) if gen is not None and gen.built_at >= newest else None
+            if gen is not None and found is not None:
+                ref, newest, found_roots = found, gen.built_at, gen.roots
+        except CuteccError as e:  # someone else's record, or a malformed one: no fallback
+            if locked is None:
+                fn.unusable += (f"fallback recorded for {arch}: {e.message}",)
+    if locked is not None:  # the lock's pins decide; a build's python_path only says where to look
+        ref = next((dict(le.fallbacks)[field] for le in locked.entries
+                    if le.kernel == name and field in dict(le.fallbacks)), None)
+    if ref is None:
+        return None
+    names = {k for e in entries for k in e.recorded.call}
+    pins = locked.by_key() if locked is not None else {}
+    contracts = []  # what its results are checked against: the entries' contracts
+    for entry in entries:
+        try:
+            if entry.key not in pins or pins[entry.key].mismatch(entry) is None:
+                contracts.append(CallingConvention.of(args_from_json(entry.meta.args)))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return Fallback(name, ref, arch=target, strict=strict, misses_root=misses_root, call_keywords=names,
+                    roots=[*(roots or ()), *(Path(r) for r in found_roots)], contracts=contracts,
+                    pinned_by="the lock" if locked is not None else "the newest build")

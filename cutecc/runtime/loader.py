@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cutecc import trust
 from cutecc.archs import check_device_arch, device_arch, driver_version, runs_on
@@ -28,21 +28,20 @@ from cutecc.contract.composite_line import CompositeLine
 from cutecc.environ import read_only
 from cutecc.errors import CuteccError, WorkError
 from cutecc.runtime.calls import Build, KernelBase
+from cutecc.runtime.fallback import declared_fallback
 from cutecc.runtime.jit_hook import jit_hook
+from cutecc.runtime.package import FALLBACK_DIR
 from cutecc.runtime.project import (
     ambiguous,
     current_build,
     find_project,
     lock_beside,
     read_selection,
+    same_path,
     selected_lines,
     several_builders,
 )
-from cutecc.runtime.package import FALLBACK_DIR
 from cutecc.runtime.usable import ptx_problem, record_problem, tvm_ffi_series, why_unusable
-
-if TYPE_CHECKING:
-    from cutecc.runtime.fallback import Fallback
 from cutecc.store.build_records import ManifestRecord
 from cutecc.store.view import Entry, StoreView
 
@@ -277,7 +276,7 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
             why = e.why if isinstance(e, trust.Untrusted) else f"unreadable: {e.strerror}"
             set_aside[name] = f"composite {name} ({store.layout.composite(name)}): {why}; set aside"
             return None
-        if rec is None or (mpath is not None and not _same_path(rec.manifest, mpath)):
+        if rec is None or (mpath is not None and not same_path(rec.manifest, mpath)):
             return None
         try:
             return rec.line(str(store.composites_dir))
@@ -375,7 +374,7 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
         unreadable += absent.get(name, [])
         fn = _kernel_fn(front, name, entries, target, series, pinned, record_use, unreadable, driver)
         fn.tuning = _tuning(name, fn, store, locked, target, series, record_use, front.device_kind, driver)
-        fn._fallback = _fallback(front, name, fn, entries, store, locked, target, strict,
+        fn._fallback = declared_fallback(front.framework, name, fn, entries, store, locked, target, strict,
                                  misses_root=store.root if record_use and not read_only() else None,
                                  manifest=mpath, roots=fallback_roots)
         if jit:
@@ -424,11 +423,6 @@ def _jit_wanted(front: FrontEnd, jit: bool | None, *, strict: bool, pinned: bool
     if why:
         raise WorkError(f"{given}: {why}", where="cutecc.load")
     return True
-
-
-def _same_path(recorded: object, path: Path) -> bool:
-    """Whether a record's path (a string a build wrote) names `path`."""
-    return isinstance(recorded, str) and bool(recorded) and Path(recorded).resolve() == path
 
 
 def _entries_of(store: StoreView, name: str, keys: list[str],
@@ -495,54 +489,6 @@ def _kernel_fn(front: FrontEnd, name: str, entries: list[Entry], target: str, se
         grad = rec.key_inputs.get("grad") or grad
     builds = [] if refused else [b for _, (_, b) in sorted(best.items())]
     return front.kernel(name, builds, backward=backward, grad=grad, unusable=unusable, arch=target)
-
-
-def _fallback(front: FrontEnd, name: str, fn: KernelBase, entries: list[Entry], store: StoreView,
-              locked: Any, target: str, strict: bool, misses_root: Path | None,
-              manifest: Path | None = None, roots: list[Path] | None = None) -> Fallback | None:
-    """The kernel's declared fallback for this front end, or None: under a lock, the one its
-    lines record (its closure must hash as they pin it); else the one the newest build (of
-    `manifest` or of the keys served, when the load is a manifest's: never another project's)
-    records for any arch the kernel has entries of (a build for another GPU declares what
-    serves this one), pinned by that record. Its closure is looked for first in `roots`,
-    then in that build's python_path (then `sys.path`). Nothing of it is read here."""
-    from cutecc.contract.args import CallingConvention, args_from_json
-    from cutecc.contract.fallbacks import FRONT_ENDS, FallbackRef
-    from cutecc.runtime.fallback import Fallback
-
-    field = FRONT_ENDS.get(front.framework, "fallback")
-    ref: FallbackRef | None = None
-    found_roots: tuple[str, ...] = ()
-    newest, served = "", {e.key for e in entries}
-    for arch in sorted({str(e.recorded.arch) for e in entries}):
-        try:
-            gen = store.generation_fallbacks(name, arch)
-            if (gen is not None and manifest is not None and not _same_path(gen.manifest, manifest)
-                    and not served & set(gen.keys or ())):
-                continue  # another project's build of this name (a moved checkout's own keys pass)
-            found = gen.fallback(field) if gen is not None and gen.built_at >= newest else None
-            if gen is not None and found is not None:
-                ref, newest, found_roots = found, gen.built_at, gen.roots
-        except CuteccError as e:  # someone else's record, or a malformed one: no fallback
-            if locked is None:
-                fn.unusable += (f"fallback recorded for {arch}: {e.message}",)
-    if locked is not None:  # the lock's pins decide; a build's python_path only says where to look
-        ref = next((dict(le.fallbacks)[field] for le in locked.entries
-                    if le.kernel == name and field in dict(le.fallbacks)), None)
-    if ref is None:
-        return None
-    names = {k for e in entries for k in e.recorded.call}
-    pins = locked.by_key() if locked is not None else {}
-    contracts = []  # what its results are checked against: the entries' contracts
-    for entry in entries:
-        try:
-            if entry.key not in pins or pins[entry.key].mismatch(entry) is None:
-                contracts.append(CallingConvention.of(args_from_json(entry.meta.args)))
-        except (KeyError, TypeError, ValueError):
-            continue
-    return Fallback(name, ref, arch=target, strict=strict, misses_root=misses_root, call_keywords=names,
-                    roots=[*(roots or ()), *(Path(r) for r in found_roots)], contracts=contracts,
-                    pinned_by="the lock" if locked is not None else "the newest build")
 
 
 def _no_keys_without_a_lock(trusted_keys: list[str | Path] | None) -> None:

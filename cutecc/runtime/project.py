@@ -169,3 +169,8 @@ def ambiguous(kernel: str, manifests: list[str], store: StoreView) -> WorkError:
         "is: pass manifest= (or lock=, or package=) to cutecc.load, or call it from the "
         "project's directory (a kernels.lock or kernels.toml in it or above it)",
         where=str(store.root))
+
+
+def same_path(recorded: object, path: Path) -> bool:
+    """Whether a record's path (a string a build wrote) names `path`."""
+    return isinstance(recorded, str) and bool(recorded) and Path(recorded).resolve() == path
