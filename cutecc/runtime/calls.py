@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from cutecc.archs import to_build
-from cutecc.contract import expr
+from cutecc.contract import expr, refs
 from cutecc.contract.args import (
     RESHARD,
     Arg,
@@ -68,17 +68,20 @@ class Build:
     call: tuple[tuple[str, Any], ...] = ()  # the call keywords that reach this build
     shard: tuple[str, ...] = ()  # the symbols a call may be split along (`runtime.sharding`)
     reshard: str = RESHARD[0]  # a call split otherwise, under an explicit mesh (`runtime.strict`)
+    # the call keywords whose values are import references: the object named matches too
+    refs: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, rec: EntryMeta, entry_dir: Path) -> Build:
         """The build of a checked entry (`entry_dir` is its directory in the cache)."""
         return cls._make(rec.key, entry_dir, rec.args, rec.library, rec.runtime, rec.call, rec.variant,
-                         rec.arch, rec.symbol, _shard_of(rec.key_inputs), _reshard_of(rec.key_inputs))
+                         rec.arch, rec.symbol, _shard_of(rec.key_inputs), _reshard_of(rec.key_inputs),
+                         refs.reference_keywords(rec.call, rec.key_inputs))
 
     @classmethod
     def _make(cls, key: str, entry_dir: Path, args_json: Any, lib: FileRec, rt: RuntimeLink,
               call: Mapping[str, Any], variant: str, arch: str, symbol: str, shard_json: Any,
-              reshard: Any = RESHARD[0]) -> Build:
+              reshard: Any = RESHARD[0], ref_keywords: tuple[str, ...] = ()) -> Build:
         args = args_from_json(args_json)
         if not all(isinstance(v, (bool, int, float, str)) for v in call.values()):
             raise ValueError(f"call keywords {call!r} are not a table of plain values")
@@ -112,7 +115,7 @@ class Build:
         if reshard not in RESHARD:
             raise ValueError(f"reshard {reshard!r} is not one of {', '.join(RESHARD)}")
         return cls(key, variant, arch, args, conv, entry_dir / lib.name, lib.sha256, lib.size, symbol,
-                   runtime, call=tuple(call.items()), shard=tuple(shard), reshard=reshard)
+                   runtime, call=tuple(call.items()), shard=tuple(shard), reshard=reshard, refs=ref_keywords)
 
     @property
     def label(self) -> str:
@@ -340,10 +343,9 @@ class KernelBase:
         self.arch = arch
         self._eager: dict[tuple, Any] = {}  # keyword values -> jitted call, see _eager_fn
         self._keywords: dict[str, list[Any]] = {}
+        self._refs: set[tuple[str, str]] = set()  # (keyword, built value) import references
         for b in self.builds:
-            for k, v in b.call:
-                if not any(_same(v, w) for w in self._keywords.setdefault(k, [])):
-                    self._keywords[k].append(v)
+            self._add_keywords(b)
         self.tuning: Any = None  # a cutecc.runtime.tuning.TuningTable: recorded winners per bucket
         # a cutecc.runtime.fallback.Fallback: what serves a call no build fits (the loader
         # sets it where the kernel declares one); private: kernel attributes are reserved names
@@ -406,6 +408,7 @@ class KernelBase:
                             f"`cutecc build --arch {to_build(self.arch)} --kernel {self.name}`",
                             where=f'kernel "{self.name}"')
         known = self._keywords
+        keywords = {k: self._keyword(k, v) for k, v in keywords.items()}
         for k, v in keywords.items():
             if k not in known:
                 raise CallTypeError(f"unknown keyword argument {k!r}; call keywords: "
@@ -466,9 +469,24 @@ class KernelBase:
     def _add_build(self, b: Build) -> None:
         """Offer `b` too (a just-in-time build), as if loaded with the others."""
         self.builds = sorted([*self.builds, b], key=lambda x: -_static(x))
+        self._add_keywords(b)
+
+    def _add_keywords(self, b: Build) -> None:
         for k, v in b.call:
             if not any(_same(v, w) for w in self._keywords.setdefault(k, [])):
                 self._keywords[k].append(v)
+            if k in b.refs:
+                self._refs.add((k, v))
+
+    def _keyword(self, k: str, v: Any) -> Any:
+        """A call keyword's value as builds record it: the reference's text for the object
+        an import reference names (`op=operator.add` for `{ import = "operator:add" }`),
+        else `v` itself."""
+        if self._refs and not isinstance(v, (bool, int, float, str)):
+            for w in self._keywords.get(k, ()):
+                if (k, w) in self._refs and refs.names(w, v):
+                    return w
+        return v
 
     def _one_of(self, fits: list[tuple[Build, dict[str, int]]],
                 keywords: Mapping[str, Any]) -> tuple[Build, dict[str, int]]:
