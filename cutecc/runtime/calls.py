@@ -268,10 +268,15 @@ def conv_mismatch(conv: CallingConvention, shapes: Sequence[tuple[Any, ...]], dt
 def _stride_problem(t: TensorArg, buffer: tuple[Any, ...], seen: dict[str, Any], dims: Dims) -> str:
     """Why the dense buffer of shape `buffer` (`perm` order) has strides other than `t`
     declares, or "": a static stride must be its stride, a symbolic one a multiple of its
-    divisibility and, named twice, the same each time (`seen` collects them)."""
+    divisibility and, named twice, the same each time (`seen` collects them). A static
+    stride on a dimension of extent 1 is any stride: its one index never addresses memory
+    (cutlass_call's `(1,256,64,128):(0,8192,128,1)` takes the dense array's)."""
     at = _caller_dims(t)
+    extent = {p: buffer[j] for j, p in enumerate(t.perm)}
     for i, (want, got) in enumerate(zip(t.stride or (), dense_strides(t, buffer))):
         try:
+            if isinstance(want, int) and dims.concrete(extent[i]) and extent[i] == 1:
+                continue
             if isinstance(want, int):
                 if got != want:
                     return (f"{t.name}: dimension {at[i]} has stride {got} in the dense array, but the "

@@ -251,3 +251,27 @@ def test_the_examples_compile_quacks_strides_as_its_own_build_does() -> None:
     bwd = m.kernel("quack_cross_entropy_bwd").variants[0]
     logits, dlogits = bwd.args[0], bwd.args[3]
     assert logits.stride == dlogits.stride == (StrideSymbol("ld", 8, 64), 1)  # quack's one fake for both
+
+
+UNIT = """
+[kernel.k]
+entry = "kk.elem:f"
+args = [
+  { name = "b", dtype = "float32", shape = [1, 256, 64, 128], stride = [0, 8192, 128, 1] },
+  { name = "x", dtype = "float32", shape = ["l", "n"], stride = [7, 1] },
+  { name = "out", role = "output", dtype = "float32", shape = [1, "n"], stride = [5, 1] },
+  { kind = "stream" },
+]
+"""
+
+
+def test_any_stride_on_an_extent_1_dimension_fits_the_call(tmp_path: Path) -> None:
+    # cutlass_call's static layout (1,256,64,128):(0,8192,128,1): dimension 0 has one index,
+    # so its stride never addresses memory; the dense array's 2097152 there is as good as 0
+    p, _ = _load(tmp_path, UNIT)
+    k = unbuilt_kernels(p)["k"]
+    b = S((1, 256, 64, 128), F32)
+    assert jax.eval_shape(k, b, S((1, 9), F32)).shape == (1, 9)  # "l" is 1 at this call
+    with pytest.raises(CuteccError, match=r"x: dimension 0 has stride 9 in the dense array, but the "
+                                          r"kernel was compiled for stride 7"):
+        jax.eval_shape(k, b, S((2, 9), F32))  # "l" is 2: the stride addresses memory

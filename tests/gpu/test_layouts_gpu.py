@@ -171,3 +171,8 @@ def test_an_op_passed_as_the_object_runs_the_kernel_built_for_its_reference(ks, 
     np.testing.assert_array_equal(np.asarray(jitted), np.asarray(out))
     with pytest.warns(FallbackWarning, match=r"op=\{'import': 'operator:sub'\}"):  # not built
         assert np.isnan(np.asarray(ks.apply_op(x, y, op=operator.sub))).all()
+
+
+def test_a_stride_on_an_extent_1_dimension_takes_the_dense_array(ks, rng) -> None:
+    x = jnp.asarray(rng.standard_normal((1, 1000)), jnp.float32)
+    np.testing.assert_array_equal(np.asarray(ks.double_unit(x)), np.asarray(x) * 2)
