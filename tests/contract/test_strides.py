@@ -275,3 +275,21 @@ def test_any_stride_on_an_extent_1_dimension_fits_the_call(tmp_path: Path) -> No
     with pytest.raises(CuteccError, match=r"x: dimension 0 has stride 9 in the dense array, but the "
                                           r"kernel was compiled for stride 7"):
         jax.eval_shape(k, b, S((2, 9), F32))  # "l" is 2: the stride addresses memory
+
+
+def test_divisibility_reaches_what_the_symbols_width_carries(tmp_path: Path) -> None:
+    # cutlass_call's dynamic layouts carry 2,097,152 (2^21) on a 64-bit stride
+    wide = 'symbols = { lda = { divisibility = 2097152, bits = 64 } }'
+    _, m = _load(tmp_path, _manifest('stride = ["lda", 1]', wide))
+    assert m.kernel("k").variants[0].args[0].stride == (StrideSymbol("lda", 2097152, 64), 1)
+    narrow = 'symbols = { lda = { divisibility = 1073741824 } }'
+    _, m = _load(tmp_path, _manifest('stride = ["lda", 1]', narrow))
+    assert m.kernel("k").variants[0].args[0].stride[0].divisibility == 1 << 30
+    for k, bits, cap in ((1 << 31, 32, "1073741824"), (1 << 63, 64, "4611686018427387904")):
+        with pytest.raises(CuteccError, match=f"must be an int from 1 to {cap}") as info:
+            _load(tmp_path, _manifest('stride = ["lda", 1]',
+                                      f'symbols = {{ lda = {{ divisibility = {k}, bits = {bits} }} }}'))
+        assert info.value.key_path == 'kernel "k", symbols.lda.divisibility'
+    derived = 'symbols = { lda = { divisibility = "$div", bits = 64 } }\nvariants = { div = [2097152] }'
+    _, m = _load(tmp_path, _manifest('stride = ["lda", 1]', derived))
+    assert m.kernel("k").variants[0].args[0].stride[0].divisibility == 2097152
