@@ -122,8 +122,12 @@ class Build:
         return f"[{self.variant}]@{self.arch} ({self.key[:12]})"
 
     def signature(self) -> str:
-        ins = ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}"
-                        + ("" if t.buffer is None else f" in {list(t.buffer)}") for t in self.conv.inputs)
+        """`(x: float32['m', 64], ..., causal=True)`: each array as a call passes it (a tensor
+        declared with `mode` in the caller's order, as the call's shape errors name it)."""
+        def held(dims: tuple[Any, ...], t: TensorArg) -> list[Any]:
+            return [dims[p] for p in t.held]
+        ins = ", ".join(f"{t.name}: {t.dtype}{held(t.shape, t)}"
+                        + ("" if t.buffer is None else f" in {held(t.buffer, t)}") for t in self.conv.inputs)
         sc = "".join(f", {s.name}: {s.dtype}" for s in self.conv.given)
         kw = "".join(f", {k}={v!r}" for k, v in self.call)
         return f"({ins}{sc}{kw})"
