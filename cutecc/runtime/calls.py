@@ -10,6 +10,7 @@ plain ints here, JAX's symbolic dimensions under `jax.export`).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -50,6 +51,9 @@ def _reshard_of(key_inputs: Mapping[str, Any] | None) -> Any:
     return key_inputs.get("reshard", RESHARD[0]) if isinstance(key_inputs, Mapping) else RESHARD[0]
 
 
+_MAX_PARAMS = 64  # parameters read from an entry's meta.json (a variant has a few)
+
+
 @dataclass(frozen=True)
 class Build:
     """One usable cache entry of a kernel, as the runtime needs it."""
@@ -70,13 +74,19 @@ class Build:
     reshard: str = RESHARD[0]  # a call split otherwise, under an explicit mesh (`runtime.strict`)
     # the call keywords whose values are import references: the object named matches too
     refs: tuple[str, ...] = ()
+    # the variant's plain parameters (meta.json's `params`): a one-value axis, the same in
+    # every build of the kernel, is a call keyword too (`KernelBase._index_keywords`)
+    params: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
     def of(cls, rec: EntryMeta, entry_dir: Path) -> Build:
         """The build of a checked entry (`entry_dir` is its directory in the cache)."""
-        return cls._make(rec.key, entry_dir, rec.args, rec.library, rec.runtime, rec.call, rec.variant,
-                         rec.arch, rec.symbol, _shard_of(rec.key_inputs), _reshard_of(rec.key_inputs),
-                         refs.reference_keywords(rec.call, rec.key_inputs))
+        params = tuple((k, v) for k, v in list(rec.params.items())[:_MAX_PARAMS]
+                       if isinstance(k, str) and isinstance(v, (bool, int, float, str)))
+        b = cls._make(rec.key, entry_dir, rec.args, rec.library, rec.runtime, rec.call, rec.variant,
+                      rec.arch, rec.symbol, _shard_of(rec.key_inputs), _reshard_of(rec.key_inputs),
+                      refs.reference_keywords({**dict(params), **rec.call}, rec.key_inputs))
+        return dataclasses.replace(b, params=params)
 
     @classmethod
     def _make(cls, key: str, entry_dir: Path, args_json: Any, lib: FileRec, rt: RuntimeLink,
@@ -134,7 +144,7 @@ class Build:
 
     def takes(self, keywords: Mapping[str, Any]) -> bool:
         """Whether the call keywords given (a subset of this kernel's) reach this build."""
-        mine = dict(self.call)
+        mine = {**dict(self.params), **dict(self.call)}
         return all(k in mine and _same(mine[k], v) for k, v in keywords.items())
 
     def register(self, kernel: str) -> str:
@@ -353,8 +363,7 @@ class KernelBase:
         self._eager: dict[tuple, Any] = {}  # keyword values -> jitted call, see _eager_fn
         self._keywords: dict[str, list[Any]] = {}
         self._refs: set[tuple[str, str]] = set()  # (keyword, built value) import references
-        for b in self.builds:
-            self._add_keywords(b)
+        self._index_keywords()
         self.tuning: Any = None  # a cutecc.runtime.tuning.TuningTable: recorded winners per bucket
         # a cutecc.runtime.fallback.Fallback: what serves a call no build fits (the loader
         # sets it where the kernel declares one); private: kernel attributes are reserved names
@@ -478,14 +487,25 @@ class KernelBase:
     def _add_build(self, b: Build) -> None:
         """Offer `b` too (a just-in-time build), as if loaded with the others."""
         self.builds = sorted([*self.builds, b], key=lambda x: -_static(x))
-        self._add_keywords(b)
+        self._index_keywords()
 
-    def _add_keywords(self, b: Build) -> None:
-        for k, v in b.call:
-            if not any(_same(v, w) for w in self._keywords.setdefault(k, [])):
-                self._keywords[k].append(v)
-            if k in b.refs:
-                self._refs.add((k, v))
+    def _index_keywords(self) -> None:
+        """The call keywords and the values built for each: the builds' `call` (parameters
+        that tell variants apart), and a parameter with one value in every build (a one-value
+        axis, `alpha = [2.5]`: no variant needs it told apart, a call may still say it)."""
+        self._keywords, self._refs = {}, set()
+        for b in self.builds:
+            for k, v in b.call:
+                if not any(_same(v, w) for w in self._keywords.setdefault(k, [])):
+                    self._keywords[k].append(v)
+        scalars = self.scalar_names()
+        for k, v in self.builds[0].params if self.builds else ():
+            if k in self._keywords or k in scalars or call_name_problem(k) is not None:
+                continue
+            if all(any(k2 == k and _same(v2, v) for k2, v2 in b.params) for b in self.builds):
+                self._keywords[k] = [v]
+        for b in self.builds:
+            self._refs |= {(k, v) for k, v in (*b.params, *b.call) if k in b.refs and k in self._keywords}
 
     def _keyword(self, k: str, v: Any) -> Any:
         """A call keyword's value as builds record it: the reference's text for the object
