@@ -38,6 +38,29 @@ class InputError(CuteccError):
     """Bad input (a manifest, an argument, a file given): exit 2."""
 
 
+class ManifestErrors(InputError):
+    """Several errors of one manifest, reported at once (capped, in file order): each in
+    `errors` carries its own file and key path; `more` counts those left unsaid. Its own
+    `where` and `key_path` are the first error's, so one-error handlers still point there."""
+
+    def __init__(self, errors: list[CuteccError] | tuple[CuteccError, ...], more: int = 0) -> None:
+        self.errors = tuple(errors)
+        self.more = more
+        first = self.errors[0]
+        total = len(self.errors) + more
+        super().__init__(f"{total} errors in the manifest; the first: {first.message}",
+                         where=first.where, key_path=first.key_path)
+
+    def lines(self) -> list[str]:
+        """One line per error (`file: key path: message`), then how many were left out."""
+        out = [e.render() for e in self.errors]
+        return out + ([f"... and {self.more} more"] if self.more else [])
+
+    def render(self) -> str:
+        return f"{len(self.errors) + self.more} errors in the manifest:\n" + "\n".join(
+            f"  {line}" for line in self.lines())
+
+
 class WorkError(CuteccError):
     """A failure at work (a build, a cache, a network): exit 1."""
 

@@ -307,6 +307,11 @@ def resolve_entry(entry: str, factory_args: tuple[tuple[str, Any], ...] | None) 
             raise IndexError(f"{here}: {what} a {type(obj).__name__} of {len(obj)}, "
                              f"no item {i}")
         obj, what = obj[i], "its item is"
+    if isinstance(obj, (tuple, list)) and not callable(obj):  # a published factory's launchers
+        here = path + "".join(f"[{j}]" for j in indices)
+        n = len(obj)
+        raise TypeError(f"{here}: {what} a {type(obj).__name__} of {n}, not a launcher: name one "
+                        f'with an index, entry = "{here}[i]" (i from 0 to {n - 1})')
     return obj
 
 

@@ -73,7 +73,9 @@ def init(directory: Path, name: str, as_json: bool) -> None:
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
               help="Parallel compile workers (default: all cores).")
 @click.option("--kernel", "kernels", multiple=True, shell_complete=_complete_kernels,
-              help="Build only these kernels.")
+              help="Build only these kernels and what calling them needs: each one's "
+                   "backward kernel (a composite backward's launches too) and a composite's "
+                   "launches.")
 @click.option("--dry-run", is_flag=True, help="Show what would be built; compile nothing.")
 @click.option("--read-only", is_flag=True,
               help="Write nothing to the cache; any miss is an error (also $CUTECC_READ_ONLY=1).")

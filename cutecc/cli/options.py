@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, ManifestErrors
 
 # Workflow order, for `cutecc -h`.
 _ORDER = ("init", "build", "list", "show", "explain", "verify", "gc", "rm", "stats", "misses", "tune",
@@ -71,6 +71,10 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except ManifestErrors as e:  # every error of the manifest, one line each
+            for line in e.lines():
+                _error(line)
+            ctx.exit(e.exit_code)
         except CuteccError as e:
             _error(e.render())
             ctx.exit(e.exit_code)

@@ -237,7 +237,9 @@ def _covering(variants: Any, m: Miss) -> Any:
 
     for v in variants:
         call = dict(v.call)
-        if any(k not in call or not _same(call[k], val) for k, val in m.keywords):
+        # an object recorded as `{"import": ref}`: a variant of references records the text
+        if any(k not in call or not _same(call[k], val["import"] if isinstance(val, dict) else val)
+               for k, val in m.keywords):
             continue
         env, _ = conv_mismatch(v.convention, [s for _, s in m.arrays], [d for d, _ in m.arrays])
         if env is not None:

@@ -7,6 +7,7 @@ runtime, so in the base layer: nothing here reads a file.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +72,33 @@ def check_fields(d: Any, names: tuple[str, ...], exact: bool, where: str, kp: st
 
 
 @dataclass(frozen=True)
+class TunedTiming:
+    """What a tuning line's decision rests on (microseconds, as measured under its
+    `policy`): the winner's median and its spread (the half-width of the median's ~95%
+    interval, `cutecc.tuning.decide.Timing`) and the default's. With them a reader of the
+    lock checks that the winner beats the default by more than the noise (the spreads plus
+    the rule's minimum gain of the default's median), or that the default won."""
+
+    winner_us: float
+    winner_spread_us: float
+    default_us: float
+    default_spread_us: float
+
+    def to_json(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Any, where: str, kp: str) -> TunedTiming:
+        names = [f.name for f in dataclasses.fields(cls)]
+        if not isinstance(d, dict) or set(d) != set(names) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                for v in d.values()):
+            raise CuteccError(f"must be a table of {', '.join(names)} (finite numbers >= 0, microseconds)",
+                              where=where, key_path=kp)
+        return cls(*(float(d[n]) for n in names))
+
+
+@dataclass(frozen=True)
 class Tuned:
     """One recorded winner: what serves (kernel, variant, arch) on `device` for a bucket
     (`cutecc.contract.buckets`). `base` is the default configuration's key; `pin` is what a lock
@@ -79,7 +107,9 @@ class Tuned:
     `policy` (how it was measured: launches, clock, warm-up, rounds, the noise rule, as
     `cutecc.tuning.policy` names it) and `built_with` (the DSL that built the candidates,
     `cutecc.runtime.tuning.toolchain_of`) are optional: lines recorded before they existed
-    lack both, keep their bytes and serve as before (a lock then holds no policy to mix)."""
+    lack both, keep their bytes and serve as before (a lock then holds no policy to mix).
+    `timing` (the winner's median and spread and the default's, `TunedTiming`) is optional
+    likewise: lines recorded before it keep their bytes."""
 
     kernel: str
     variant: str
@@ -93,6 +123,7 @@ class Tuned:
     pin: Pin
     policy: str | None = None
     built_with: str | None = None
+    timing: TunedTiming | None = None
 
     @property
     def order(self) -> tuple[Any, ...]:
@@ -107,7 +138,8 @@ class Tuned:
         """The line as a lock or a record holds it: its own fields, then the winner's pin, flat,
         then the policy and the DSL where it has them (a line without keeps its bytes)."""
         extra = {n: getattr(self, n) for n in TUNED_OPTIONAL if getattr(self, n) is not None}
-        return {n: getattr(self, n) for n in _TUNED_OWN} | self.pin.to_json() | extra
+        timed = {} if self.timing is None else {"timing": self.timing.to_json()}
+        return {n: getattr(self, n) for n in _TUNED_OWN} | self.pin.to_json() | extra | timed
 
     @classmethod
     def from_json(cls, d: Any, where: str, kp: str) -> Tuned:
@@ -127,8 +159,10 @@ class Tuned:
             if v is not None and not (isinstance(v, str) and 0 < len(v) <= MAX_TUNED_TEXT):
                 raise CuteccError(f"must be a string of 1 to {MAX_TUNED_TEXT} characters or absent",
                                   where=where, key_path=f"{kp}.{n}")
+        timed = d.get("timing")
+        timing = None if timed is None else TunedTiming.from_json(timed, where, f"{kp}.timing")
         return cls(**{n: d[n] for n in _TUNED_OWN}, pin=Pin(**{f: d[f] for f in PIN_FIELDS}),
-                   **{n: d.get(n) for n in TUNED_OPTIONAL})
+                   **{n: d.get(n) for n in TUNED_OPTIONAL}, timing=timing)
 
     def mismatch(self, meta: EntryMeta) -> str | None:
         """Why the winner entry (its checked record) differs from this line, or None."""
@@ -140,7 +174,8 @@ class Tuned:
 
 TUNED_OPTIONAL = ("policy", "built_with")  # absent from lines recorded before them
 MAX_TUNED_TEXT = 300
-_TUNED_OWN = tuple(f.name for f in dataclasses.fields(Tuned) if f.name not in ("pin", *TUNED_OPTIONAL))
+_TUNED_OWN = tuple(f.name for f in dataclasses.fields(Tuned)
+                   if f.name not in ("pin", "timing", *TUNED_OPTIONAL))
 TUNED_FIELDS = (*_TUNED_OWN, *PIN_FIELDS)
 
 

@@ -32,6 +32,7 @@ from cutecc.manifest.grammar import (
     IMPORT_RE,
     MAX_ALIGN,
     MAX_DIVISIBILITY,
+    MAX_DIVISIBILITY_32,
     MAX_STATIC_EXTENT,
     MAX_TUPLE_DEPTH,
     NAME_RE,
@@ -68,26 +69,29 @@ def _symbols(ctx: _Ctx, kp: str, v: Any) -> tuple[dict[str, int | str], frozense
         if isinstance(k, str) and _REF_RE.fullmatch(k):  # "$param": resolved per variant
             out[name] = k
             continue
-        _check_divisibility(ctx, f"{kp}.{name}.divisibility", k)
+        _check_divisibility(ctx, f"{kp}.{name}.divisibility", k, bits == 64)
         out[name] = k
     return out, frozenset(wide)
 
 
-def _check_divisibility(ctx: _Ctx, kp: str, k: Any) -> int:
-    if type(k) is not int or not 1 <= k <= MAX_DIVISIBILITY:
-        raise ctx.fail(kp, f"must be an int from 1 to {MAX_DIVISIBILITY} or a \"$param\", got {k!r}")
+def _check_divisibility(ctx: _Ctx, kp: str, k: Any, wide: bool) -> int:
+    """A divisibility a symbol of its width can carry (`bits = 64`: `wide`)."""
+    cap = MAX_DIVISIBILITY if wide else MAX_DIVISIBILITY_32
+    if type(k) is not int or not 1 <= k <= cap:
+        more = "" if wide else f" (up to {MAX_DIVISIBILITY} with bits = 64)"
+        raise ctx.fail(kp, f"must be an int from 1 to {cap} or a \"$param\"{more}, got {k!r}")
     return k
 
 
 def _variant_symbols(ctx: _Ctx, kp: str, symbols: dict[str, int | str], env: dict[str, Any],
-                     hw: dict[str, Any]) -> dict[str, int]:
+                     hw: dict[str, Any], wide: frozenset[str] = frozenset()) -> dict[str, int]:
     """The kernel's `symbols` divisibilities for one variant: a "$param" (a variant or
     derived parameter, e.g. 16 bytes in elements of the variant's dtype) substituted."""
     def one(n: str, k: int | str) -> int:
         if isinstance(k, int):
             return k
         where = f"{kp}.{n}.divisibility"
-        return _check_divisibility(ctx, where, _subst(ctx, where, k, env, hw))
+        return _check_divisibility(ctx, where, _subst(ctx, where, k, env, hw), n in wide)
     return {n: one(n, k) for n, k in symbols.items()}
 
 

@@ -123,7 +123,7 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
         at = dict(point)
         env = {**{d: table[_value_key(at[axis])] for d, (axis, table) in derive.items()}, **env}
         env = {k: {"import": x} if k in refs else x for k, x in env.items()}
-        vsymbols = _variant_symbols(ctx, f"{vctx}, symbols", symbols, env, hw)
+        vsymbols = _variant_symbols(ctx, f"{vctx}, symbols", symbols, env, hw, wide)
         args = tuple(_with_divisibility(_arg(ctx, f"{vctx}, args[{i}]", a, env, hw), vsymbols, wide)
                      for i, a in enumerate(kdoc["args"]))
         _check_args(ctx, vctx, args)

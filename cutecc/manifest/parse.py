@@ -80,7 +80,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, ManifestErrors
 from cutecc.manifest.grammar import (
     _BUILD_KEYS,
     _TOP_KEYS,
@@ -99,7 +99,7 @@ from cutecc.manifest.grammar import (
 )
 from cutecc.manifest.kernel import _composite, _kernel
 from cutecc.manifest.model import BuildSettings, Composite, Manifest
-from cutecc.manifest.rules import _check_composites, _check_grads
+from cutecc.manifest.rules import Errors, _check_composites, _check_grads
 from cutecc.names import kernel_name_problem
 from cutecc.platforms import BUILD_PLATFORM
 from cutecc.remote_url import parse_url
@@ -222,22 +222,49 @@ def _parse(doc: dict[str, Any], path: Path, ctx: _Ctx, prefix: str) -> Manifest:
         raise ctx.fail(f"{prefix}kernel", "the manifest declares no kernels")
     kernels = []
     composites: list[Composite] = []
+    errors: Errors = []  # each kernel's first error: all are reported at once
     for name, kdoc in ktab.items():
         kp = f'kernel "{name}"'
-        why = kernel_name_problem(name)  # an attribute of the kernel set, a directory
-        if why:
-            raise ctx.fail(kp, f"{why}; rename the kernel")
-        if not isinstance(kdoc, dict):
-            raise ctx.fail(kp, "must be a table")
-        if "launches" in kdoc:
-            composites.append(_composite(ctx, kp, name, kdoc))
-            continue
-        kernels.append(_kernel(ctx, kp, name, kdoc, archs, profile, profiles, copts))
-    conventions = _check_composites(ctx, composites, kernels)
-    _check_grads(ctx, kernels, conventions)
-    return Manifest(path, python_path, tuple(kernels), tuple(sorted(env.items())),
-                    _build_settings(ctx, f"{prefix}build", doc.get("build", {})), tuple(composites),
-                    plats)
+        try:
+            why = kernel_name_problem(name)  # an attribute of the kernel set, a directory
+            if why:
+                raise ctx.fail(kp, f"{why}; rename the kernel")
+            if not isinstance(kdoc, dict):
+                raise ctx.fail(kp, "must be a table")
+            if "launches" in kdoc:
+                composites.append(_composite(ctx, kp, name, kdoc))
+                continue
+            kernels.append(_kernel(ctx, kp, name, kdoc, archs, profile, profiles, copts))
+        except CuteccError as e:
+            errors.append((name, e))
+    conventions = _check_composites(ctx, composites, kernels, errors, {n for n, _ in errors})
+    _check_grads(ctx, kernels, conventions, errors, {n for n, _ in errors})  # composites' too
+    try:
+        settings = _build_settings(ctx, f"{prefix}build", doc.get("build", {}))
+    except CuteccError as e:  # [build] sits before or after the kernels in the file
+        keys = list(doc)
+        before = "build" in keys and "kernel" in keys and keys.index("build") < keys.index("kernel")
+        errors.append(("" if before else "\0", e))
+    _raise_all(errors, list(ktab))
+    return Manifest(path, python_path, tuple(kernels), tuple(sorted(env.items())), settings,
+                    tuple(composites), plats)
+
+
+MAX_REPORTED_ERRORS = 20  # errors one run reports; the rest are counted
+
+
+def _raise_all(errors: Errors, order: list[str]) -> None:
+    """Raise the errors collected, in file order (by kernel; "" before the kernels, "\0"
+    after them): one as itself, several as one `ManifestErrors` (at most
+    `MAX_REPORTED_ERRORS` named)."""
+    if not errors:
+        return
+    place = {n: i for i, n in enumerate(order)}
+    ranked = sorted(errors, key=lambda x: -1 if x[0] == "" else place.get(x[0], len(order)))
+    if len(ranked) == 1:
+        raise ranked[0][1]
+    shown = [e for _, e in ranked[:MAX_REPORTED_ERRORS]]
+    raise ManifestErrors(shown, len(ranked) - len(shown))
 
 
 def _build_settings(ctx: _Ctx, kp: str, doc: Any) -> BuildSettings:

@@ -170,7 +170,8 @@ def schema() -> dict[str, Any]:
             "symbols": {"type": "object", "additionalProperties": {
                 "type": "object", "additionalProperties": False,
                 "properties": {"divisibility": {"oneOf": [
-                    {"type": "integer", "minimum": 1, "maximum": MAX_DIVISIBILITY},
+                    {"type": "integer", "minimum": 1, "maximum": MAX_DIVISIBILITY,
+                     "description": "up to 2^30, or 2^62 with bits = 64"},
                     {"type": "string", "pattern": r"^\$[A-Za-z_][A-Za-z0-9_]*$",
                      "description": "a variant or derived parameter (\"$div\")"}]},
                                "bits": {"enum": [32, 64], "description": "64: compiled as a 64-bit "

@@ -10,6 +10,7 @@ plain ints here, JAX's symbolic dimensions under `jax.export`).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from cutecc.archs import to_build
-from cutecc.contract import expr
+from cutecc.contract import expr, refs
 from cutecc.contract.args import (
     RESHARD,
     Arg,
@@ -50,6 +51,9 @@ def _reshard_of(key_inputs: Mapping[str, Any] | None) -> Any:
     return key_inputs.get("reshard", RESHARD[0]) if isinstance(key_inputs, Mapping) else RESHARD[0]
 
 
+_MAX_PARAMS = 64  # parameters read from an entry's meta.json (a variant has a few)
+
+
 @dataclass(frozen=True)
 class Build:
     """One usable cache entry of a kernel, as the runtime needs it."""
@@ -68,17 +72,26 @@ class Build:
     call: tuple[tuple[str, Any], ...] = ()  # the call keywords that reach this build
     shard: tuple[str, ...] = ()  # the symbols a call may be split along (`runtime.sharding`)
     reshard: str = RESHARD[0]  # a call split otherwise, under an explicit mesh (`runtime.strict`)
+    # the call keywords whose values are import references: the object named matches too
+    refs: tuple[str, ...] = ()
+    # the variant's plain parameters (meta.json's `params`): a one-value axis, the same in
+    # every build of the kernel, is a call keyword too (`KernelBase._index_keywords`)
+    params: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
     def of(cls, rec: EntryMeta, entry_dir: Path) -> Build:
         """The build of a checked entry (`entry_dir` is its directory in the cache)."""
-        return cls._make(rec.key, entry_dir, rec.args, rec.library, rec.runtime, rec.call, rec.variant,
-                         rec.arch, rec.symbol, _shard_of(rec.key_inputs), _reshard_of(rec.key_inputs))
+        params = tuple((k, v) for k, v in list(rec.params.items())[:_MAX_PARAMS]
+                       if isinstance(k, str) and isinstance(v, (bool, int, float, str)))
+        b = cls._make(rec.key, entry_dir, rec.args, rec.library, rec.runtime, rec.call, rec.variant,
+                      rec.arch, rec.symbol, _shard_of(rec.key_inputs), _reshard_of(rec.key_inputs),
+                      refs.reference_keywords({**dict(params), **rec.call}, rec.key_inputs))
+        return dataclasses.replace(b, params=params)
 
     @classmethod
     def _make(cls, key: str, entry_dir: Path, args_json: Any, lib: FileRec, rt: RuntimeLink,
               call: Mapping[str, Any], variant: str, arch: str, symbol: str, shard_json: Any,
-              reshard: Any = RESHARD[0]) -> Build:
+              reshard: Any = RESHARD[0], ref_keywords: tuple[str, ...] = ()) -> Build:
         args = args_from_json(args_json)
         if not all(isinstance(v, (bool, int, float, str)) for v in call.values()):
             raise ValueError(f"call keywords {call!r} are not a table of plain values")
@@ -112,22 +125,26 @@ class Build:
         if reshard not in RESHARD:
             raise ValueError(f"reshard {reshard!r} is not one of {', '.join(RESHARD)}")
         return cls(key, variant, arch, args, conv, entry_dir / lib.name, lib.sha256, lib.size, symbol,
-                   runtime, call=tuple(call.items()), shard=tuple(shard), reshard=reshard)
+                   runtime, call=tuple(call.items()), shard=tuple(shard), reshard=reshard, refs=ref_keywords)
 
     @property
     def label(self) -> str:
         return f"[{self.variant}]@{self.arch} ({self.key[:12]})"
 
     def signature(self) -> str:
-        ins = ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}"
-                        + ("" if t.buffer is None else f" in {list(t.buffer)}") for t in self.conv.inputs)
+        """`(x: float32['m', 64], ..., causal=True)`: each array as a call passes it (a tensor
+        declared with `mode` in the caller's order, as the call's shape errors name it)."""
+        def held(dims: tuple[Any, ...], t: TensorArg) -> list[Any]:
+            return [dims[p] for p in t.held]
+        ins = ", ".join(f"{t.name}: {t.dtype}{held(t.shape, t)}"
+                        + ("" if t.buffer is None else f" in {held(t.buffer, t)}") for t in self.conv.inputs)
         sc = "".join(f", {s.name}: {s.dtype}" for s in self.conv.given)
         kw = "".join(f", {k}={v!r}" for k, v in self.call)
         return f"({ins}{sc}{kw})"
 
     def takes(self, keywords: Mapping[str, Any]) -> bool:
         """Whether the call keywords given (a subset of this kernel's) reach this build."""
-        mine = dict(self.call)
+        mine = {**dict(self.params), **dict(self.call)}
         return all(k in mine and _same(mine[k], v) for k, v in keywords.items())
 
     def register(self, kernel: str) -> str:
@@ -265,10 +282,15 @@ def conv_mismatch(conv: CallingConvention, shapes: Sequence[tuple[Any, ...]], dt
 def _stride_problem(t: TensorArg, buffer: tuple[Any, ...], seen: dict[str, Any], dims: Dims) -> str:
     """Why the dense buffer of shape `buffer` (`perm` order) has strides other than `t`
     declares, or "": a static stride must be its stride, a symbolic one a multiple of its
-    divisibility and, named twice, the same each time (`seen` collects them)."""
+    divisibility and, named twice, the same each time (`seen` collects them). A static
+    stride on a dimension of extent 1 is any stride: its one index never addresses memory
+    (cutlass_call's `(1,256,64,128):(0,8192,128,1)` takes the dense array's)."""
     at = _caller_dims(t)
+    extent = {p: buffer[j] for j, p in enumerate(t.perm)}
     for i, (want, got) in enumerate(zip(t.stride or (), dense_strides(t, buffer))):
         try:
+            if isinstance(want, int) and dims.concrete(extent[i]) and extent[i] == 1:
+                continue
             if isinstance(want, int):
                 if got != want:
                     return (f"{t.name}: dimension {at[i]} has stride {got} in the dense array, but the "
@@ -340,10 +362,8 @@ class KernelBase:
         self.arch = arch
         self._eager: dict[tuple, Any] = {}  # keyword values -> jitted call, see _eager_fn
         self._keywords: dict[str, list[Any]] = {}
-        for b in self.builds:
-            for k, v in b.call:
-                if not any(_same(v, w) for w in self._keywords.setdefault(k, [])):
-                    self._keywords[k].append(v)
+        self._refs: set[tuple[str, str]] = set()  # (keyword, built value) import references
+        self._index_keywords()
         self.tuning: Any = None  # a cutecc.runtime.tuning.TuningTable: recorded winners per bucket
         # a cutecc.runtime.fallback.Fallback: what serves a call no build fits (the loader
         # sets it where the kernel declares one); private: kernel attributes are reserved names
@@ -406,6 +426,7 @@ class KernelBase:
                             f"`cutecc build --arch {to_build(self.arch)} --kernel {self.name}`",
                             where=f'kernel "{self.name}"')
         known = self._keywords
+        keywords = {k: self._keyword(k, v) for k, v in keywords.items()}
         for k, v in keywords.items():
             if k not in known:
                 raise CallTypeError(f"unknown keyword argument {k!r}; call keywords: "
@@ -468,9 +489,35 @@ class KernelBase:
     def _add_build(self, b: Build) -> None:
         """Offer `b` too (a just-in-time build), as if loaded with the others."""
         self.builds = sorted([*self.builds, b], key=lambda x: -_static(x))
-        for k, v in b.call:
-            if not any(_same(v, w) for w in self._keywords.setdefault(k, [])):
-                self._keywords[k].append(v)
+        self._index_keywords()
+
+    def _index_keywords(self) -> None:
+        """The call keywords and the values built for each: the builds' `call` (parameters
+        that tell variants apart), and a parameter with one value in every build (a one-value
+        axis, `alpha = [2.5]`: no variant needs it told apart, a call may still say it)."""
+        self._keywords, self._refs = {}, set()
+        for b in self.builds:
+            for k, v in b.call:
+                if not any(_same(v, w) for w in self._keywords.setdefault(k, [])):
+                    self._keywords[k].append(v)
+        scalars = self.scalar_names()
+        for k, v in self.builds[0].params if self.builds else ():
+            if k in self._keywords or k in scalars or call_name_problem(k) is not None:
+                continue
+            if all(any(k2 == k and _same(v2, v) for k2, v2 in b.params) for b in self.builds):
+                self._keywords[k] = [v]
+        for b in self.builds:
+            self._refs |= {(k, v) for k, v in (*b.params, *b.call) if k in b.refs and k in self._keywords}
+
+    def _keyword(self, k: str, v: Any) -> Any:
+        """A call keyword's value as builds record it: the reference's text for the object
+        an import reference names (`op=operator.add` for `{ import = "operator:add" }`),
+        else `v` itself."""
+        if self._refs and not isinstance(v, (bool, int, float, str)):
+            for w in self._keywords.get(k, ()):
+                if (k, w) in self._refs and refs.names(w, v):
+                    return w
+        return v
 
     def _one_of(self, fits: list[tuple[Build, dict[str, int]]],
                 keywords: Mapping[str, Any]) -> tuple[Build, dict[str, int]]:

@@ -33,6 +33,7 @@ from typing import Any
 from cutecc import trust
 from cutecc.archs import is_arch
 from cutecc.atomic import atomic_write
+from cutecc.contract import refs
 from cutecc.entry.rules import is_kernel_name
 from cutecc.errors import CuteccError
 from cutecc.names import call_name_problem
@@ -104,7 +105,8 @@ class Miss:
             if why:
                 return f"keywords: {why}"
             if not _is_value(v):
-                return f"keywords.{k}: not a bool, an int64, a finite float or printable text"
+                return (f"keywords.{k}: not a bool, an int64, a finite float, printable text or an "
+                        "import reference")
         if not _is_text(self.reason, MAX_REASON):
             return "reason: not printable text"
         if not (type(self.count) is int and 0 < self.count <= MAX_COUNT):
@@ -139,7 +141,8 @@ class Miss:
                     return None
                 arrays.append((a["dtype"], tuple(shape)))
             kws = d["keywords"]
-            if not all(isinstance(k, str) and isinstance(v, (bool, int, float, str)) for k, v in kws.items()):
+            if not all(isinstance(k, str) and (isinstance(v, (bool, int, float, str))
+                                               or refs.is_import_value(v)) for k, v in kws.items()):
                 return None
         except (KeyError, TypeError):
             return None
@@ -229,11 +232,12 @@ def record_miss(root: str | Path, miss: Miss) -> bool:
 def miss_of(kernel: str, arch: str, arrays: list[tuple[str, tuple[Any, ...]]],
             keywords: Mapping[str, Any], reason: str) -> Miss:
     """A miss for a call: a symbolic extent (`jax.export`) is kept as its text, a keyword
-    value that is not a plain bool, int64, finite float or printable text as its repr
-    (escaped, bounded). What still breaks a grammar is refused by `record_miss`."""
+    value that is not a plain bool, int64, finite float or printable text as the import
+    reference that names it (`{"import": "operator:mul"}`, as the manifest spells it), else
+    as its repr (escaped, bounded). What still breaks a grammar is refused by `record_miss`."""
     arrs = tuple((dt, tuple(int(n) if isinstance(n, numbers.Integral) else str(n) for n in shape))
                  for dt, shape in arrays[:MAX_ARRAYS])
-    kws = tuple(sorted((k, v if _is_value(v) else escaped(repr(v))[:MAX_TEXT]) for k, v in keywords.items()))
+    kws = tuple(sorted((k, v if _is_value(v) else _keyword_value(v)) for k, v in keywords.items()))
     return Miss(kernel, arch, arrs, kws, reason[:MAX_REASON])
 
 
@@ -254,8 +258,9 @@ def _is_extent(n: object) -> bool:
 
 
 def _is_value(v: object) -> bool:
-    """A call keyword's value as recorded: a bool, an int64, a finite float, printable text."""
-    if isinstance(v, bool):
+    """A call keyword's value as recorded: a bool, an int64, a finite float, printable text,
+    or an import reference (`{"import": "pkg.mod:attr"}`, `cutecc.contract.refs`)."""
+    if isinstance(v, bool) or refs.is_import_value(v):
         return True
     if type(v) is int:
         return _INT64[0] <= v <= _INT64[1]
@@ -263,3 +268,10 @@ def _is_value(v: object) -> bool:
         return math.isfinite(v)
     return _is_text(v, MAX_TEXT)
 
+
+
+def _keyword_value(v: Any) -> Any:
+    """An object passed as a call keyword, as a miss records it: `{"import": ref}` where an
+    import reference names it (`cutecc.contract.refs.ref_of`), else its repr (escaped, bounded)."""
+    ref = refs.ref_of(v)
+    return {"import": ref} if ref is not None else escaped(repr(v))[:MAX_TEXT]

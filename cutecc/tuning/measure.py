@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cutecc.contract.buckets import bucket_text
-from cutecc.contract.pinned import Pin, Tuned
+from cutecc.contract.pinned import Pin, Tuned, TunedTiming
 from cutecc.errors import WorkError
 from cutecc.plan.tuning_plan import PlanItem
 from cutecc.runtime.tuning import toolchain_of
@@ -198,8 +198,11 @@ def _record(store: StoreView, item: PlanItem, bucket: str, ev: dict[str, Any], e
     pol = Policy(LAUNCH, clock, int(ev.get("warmup", info.get("warmup", 0))),
                  int(ev.get("rounds", info.get("rounds", 0))),
                  int(ev.get("max_rounds", info.get("max_rounds", ev.get("rounds", info.get("rounds", 0))))))
+    won, default = timings[winner], timings[base]
     line = Tuned(item.kernel, item.variant, item.arch, str(info["device"]), item.rule, bucket,
-                 base, winner, variant[winner], pin, pol.method, toolchain)
+                 base, winner, variant[winner], pin, pol.method, toolchain,
+                 TunedTiming(round(won.median, 3), round(won.spread, 3), round(default.median, 3),
+                             round(default.spread, 3)))
     dropped = {variant[k]: why for k, why in {**excluded, **ev["dropped"]}.items() if k in variant}
     dropped.update(item.dropped or {})  # failed to compile: not in the plan's candidates
     note = ev.get("clock_note")

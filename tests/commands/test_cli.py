@@ -92,3 +92,34 @@ def test_the_real_entry_point(built) -> None:
     assert r.returncode == 0 and "2 healthy" in r.stdout
     r = run_cli("explain", "scale", str(built.manifest), "--cache-dir", str(built.cache))
     assert r.returncode == 0 and r.stdout.count(": cached") == 2
+
+
+def test_build_kernel_help_says_what_it_builds(tmp_path: Path) -> None:
+    """`--kernel X` builds X's backward too: the help says so, and the plan shows it."""
+    r = CliRunner().invoke(main, ["build", "-h"])
+    assert r.exit_code == 0
+    said = " ".join(r.stdout.split())
+    assert "--kernel TEXT Build only these kernels and what calling them needs: each one's backward " \
+        "kernel (a composite backward's launches too) and a composite's launches." in said, said
+    from helpers import TOY_KERNEL
+
+    (tmp_path / "toy").mkdir()
+    (tmp_path / "toy/__init__.py").write_text("")
+    (tmp_path / "toy/ops.py").write_text(TOY_KERNEL)
+    args = '''args = [
+  { name = "x", dtype = "float32", shape = ["n"] },
+  { name = "out", role = "output", dtype = "float32", shape = ["n"] },
+  { kind = "scalar", name = "factor", dtype = "float32", default = 1.0 },
+  { kind = "stream" },
+]
+'''
+    bwd_args = args.replace('{ name = "out"', '{ name = "ct", dtype = "float32", shape = ["n"] },\n'
+                                              '  { name = "out"')
+    (tmp_path / "kernels.toml").write_text(
+        '[kernel.fwd]\nentry = "toy.ops:scale"\ngrad = { backward = "bwd" }\n' + args
+        + '[kernel.bwd]\nentry = "toy.ops:scale"\n' + bwd_args
+        + '[kernel.other]\nentry = "toy.ops:scale"\n' + args)
+    r = CliRunner().invoke(main, ["build", str(tmp_path / "kernels.toml"), "--kernel", "fwd", "--dry-run",
+                                  "--json", "--cache-dir", str(tmp_path / "cache")])
+    assert r.exit_code == 0, r.output
+    assert '"bwd' in r.stdout and '"fwd' in r.stdout and "other" not in r.stdout, r.stdout

@@ -94,6 +94,12 @@ def test_a_gain_within_the_noise_keeps_the_default_and_ties_go_to_plan_order(
     r = _record(cache, item, "n=65536", _event(item, tie))
     assert r.line.winner_variant == T128 and r.within_noise == (T512,)
     assert r.winner_us == 8.0 and r.default_us == 10.0
+    # the lock line itself carries what the decision rests on: the winner's spread, the default's time
+    from cutecc.contract.pinned import TunedTiming
+
+    assert r.line.timing == TunedTiming(8.0, 0.05, 10.0, 0.05)
+    assert r.line.to_json()["timing"] == {"winner_us": 8.0, "winner_spread_us": 0.05, "default_us": 10.0,
+                                          "default_spread_us": 0.05}
 
 
 def _results(path: Path, records: list[TuningResult]) -> Path:

@@ -138,3 +138,15 @@ def test_the_contract_records_mode_only_when_declared(tmp_path: Path) -> None:
                 {**arg_to_json(out), "reduce": "sum"}):
         with pytest.raises(ValueError, match="mode"):
             arg_from_json({k: v for k, v in bad.items() if v is not None})
+
+
+def test_a_mode_kernel_prints_its_signature_in_the_callers_order(tmp_path: Path) -> None:
+    """The repr and NoBuildFits' "Built for" line show each array as the caller passes it,
+    the order the call's shape errors name dimensions in: A is held as (l, m, k)."""
+    k = _kernels(tmp_path)["gemm_static"]
+    assert "(a: float32['l', 32, 'k'], b: float32['l', 'n', 'k'])" in repr(k)
+    with pytest.raises(CuteccError) as info:
+        k.select(S((32, 512, 64), F32), S((32, 16, 64), F32))
+    msg = str(info.value)
+    assert "a: float32['l', 32, 'k']" in msg and "a: dimension 1 is 512, expected 32" in msg, msg
+    assert "float32[32, 'k', 'l']" not in msg

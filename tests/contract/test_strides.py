@@ -251,3 +251,45 @@ def test_the_examples_compile_quacks_strides_as_its_own_build_does() -> None:
     bwd = m.kernel("quack_cross_entropy_bwd").variants[0]
     logits, dlogits = bwd.args[0], bwd.args[3]
     assert logits.stride == dlogits.stride == (StrideSymbol("ld", 8, 64), 1)  # quack's one fake for both
+
+
+UNIT = """
+[kernel.k]
+entry = "kk.elem:f"
+args = [
+  { name = "b", dtype = "float32", shape = [1, 256, 64, 128], stride = [0, 8192, 128, 1] },
+  { name = "x", dtype = "float32", shape = ["l", "n"], stride = [7, 1] },
+  { name = "out", role = "output", dtype = "float32", shape = [1, "n"], stride = [5, 1] },
+  { kind = "stream" },
+]
+"""
+
+
+def test_any_stride_on_an_extent_1_dimension_fits_the_call(tmp_path: Path) -> None:
+    # cutlass_call's static layout (1,256,64,128):(0,8192,128,1): dimension 0 has one index,
+    # so its stride never addresses memory; the dense array's 2097152 there is as good as 0
+    p, _ = _load(tmp_path, UNIT)
+    k = unbuilt_kernels(p)["k"]
+    b = S((1, 256, 64, 128), F32)
+    assert jax.eval_shape(k, b, S((1, 9), F32)).shape == (1, 9)  # "l" is 1 at this call
+    with pytest.raises(CuteccError, match=r"x: dimension 0 has stride 9 in the dense array, but the "
+                                          r"kernel was compiled for stride 7"):
+        jax.eval_shape(k, b, S((2, 9), F32))  # "l" is 2: the stride addresses memory
+
+
+def test_divisibility_reaches_what_the_symbols_width_carries(tmp_path: Path) -> None:
+    # cutlass_call's dynamic layouts carry 2,097,152 (2^21) on a 64-bit stride
+    wide = 'symbols = { lda = { divisibility = 2097152, bits = 64 } }'
+    _, m = _load(tmp_path, _manifest('stride = ["lda", 1]', wide))
+    assert m.kernel("k").variants[0].args[0].stride == (StrideSymbol("lda", 2097152, 64), 1)
+    narrow = 'symbols = { lda = { divisibility = 1073741824 } }'
+    _, m = _load(tmp_path, _manifest('stride = ["lda", 1]', narrow))
+    assert m.kernel("k").variants[0].args[0].stride[0].divisibility == 1 << 30
+    for k, bits, cap in ((1 << 31, 32, "1073741824"), (1 << 63, 64, "4611686018427387904")):
+        with pytest.raises(CuteccError, match=f"must be an int from 1 to {cap}") as info:
+            _load(tmp_path, _manifest('stride = ["lda", 1]',
+                                      f'symbols = {{ lda = {{ divisibility = {k}, bits = {bits} }} }}'))
+        assert info.value.key_path == 'kernel "k", symbols.lda.divisibility'
+    derived = 'symbols = { lda = { divisibility = "$div", bits = 64 } }\nvariants = { div = [2097152] }'
+    _, m = _load(tmp_path, _manifest('stride = ["lda", 1]', derived))
+    assert m.kernel("k").variants[0].args[0].stride[0].divisibility == 2097152

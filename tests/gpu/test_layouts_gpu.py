@@ -8,9 +8,11 @@ CUTECC_LAYOUT_CACHE, it is built here.
 
 from __future__ import annotations
 
+import operator
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import jax
@@ -19,7 +21,7 @@ import numpy as np
 import pytest
 
 import cutecc
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, FallbackWarning
 
 pytestmark = pytest.mark.gpu
 
@@ -152,3 +154,25 @@ def test_a_symbolic_row_stride_reads_the_dense_array(ks, rng, m: int) -> None:
     want = np.asarray(a, np.float64) @ np.asarray(v, np.float64)
     for out in (jax.jit(ks.row_dot_ld)(a, v), ks.row_dot_ld(a, v)):
         np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("op", [operator.add, operator.mul])
+def test_an_op_passed_as_the_object_runs_the_kernel_built_for_its_reference(ks, rng, op) -> None:
+    here = str(MANIFEST.parent.parent)  # where a deployment installs the fallback's module
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    x, y = (jnp.asarray(rng.standard_normal(1000), jnp.float32) for _ in range(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)  # the kernel, never the fallback
+        out = ks.apply_op(x, y, op=op)
+        jitted = jax.jit(lambda x, y: ks.apply_op(x, y, op=op))(x, y)
+    want = op(np.asarray(x), np.asarray(y))
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(jitted), np.asarray(out))
+    with pytest.warns(FallbackWarning, match=r"op=\{'import': 'operator:sub'\}"):  # not built
+        assert np.isnan(np.asarray(ks.apply_op(x, y, op=operator.sub))).all()
+
+
+def test_a_stride_on_an_extent_1_dimension_takes_the_dense_array(ks, rng) -> None:
+    x = jnp.asarray(rng.standard_normal((1, 1000)), jnp.float32)
+    np.testing.assert_array_equal(np.asarray(ks.double_unit(x)), np.asarray(x) * 2)

@@ -56,3 +56,38 @@ def test_a_bad_policy_or_toolchain_is_refused_with_its_key_path(field: str, valu
     with pytest.raises(CuteccError) as e:
         Lock.loads(json.dumps(doc).encode(), "x")
     assert e.value.key_path == f"tuning[0].{field}", e.value.render()
+
+
+def test_a_line_records_the_winners_spread_and_the_defaults_time() -> None:
+    """`timing` (after the policy): the winner's median and spread and the default's, so a
+    reader of the lock can check the winner beat the default by more than the noise."""
+    from cutecc.contract.pinned import TunedTiming
+    from cutecc.tuning.decide import MIN_GAIN
+
+    t = TunedTiming(8.0, 0.05, 10.0, 0.05)
+    new = _lock(policy=METHOD, built_with="nvidia-cutlass-dsl 4.3.1", timing=t)  # type: ignore[arg-type]
+    doc = json.loads(new.dumps())["tuning"][0]
+    assert list(doc)[-3:] == ["policy", "built_with", "timing"]
+    assert doc["timing"] == {"winner_us": 8.0, "winner_spread_us": 0.05, "default_us": 10.0,
+                             "default_spread_us": 0.05}
+    again = Lock.loads(new.dumps(), "x")
+    assert again == new and again.tuning[0].timing == t
+    got = again.tuning[0].timing
+    assert got is not None
+    noise = got.winner_spread_us + got.default_spread_us + MIN_GAIN * got.default_us
+    assert got.default_us - got.winner_us > noise  # checkable from the lock alone
+    # a line without it (recorded before) keeps its bytes
+    assert "timing" not in json.loads(_lock(policy=METHOD).dumps())["tuning"][0]
+
+
+@pytest.mark.parametrize("value", [{"winner_us": 1.0}, [1, 2, 3, 4], "fast",
+                                   {"winner_us": 1.0, "winner_spread_us": -1.0, "default_us": 2.0,
+                                    "default_spread_us": 0.0},
+                                   {"winner_us": True, "winner_spread_us": 0.0, "default_us": 2.0,
+                                    "default_spread_us": 0.0}])
+def test_a_bad_timing_is_refused_with_its_key_path(value: object) -> None:
+    doc = json.loads(_lock(policy=METHOD).dumps())
+    doc["tuning"][0]["timing"] = value
+    with pytest.raises(CuteccError, match="must be a table of winner_us") as e:
+        Lock.loads(json.dumps(doc).encode(), "x")
+    assert e.value.key_path == "tuning[0].timing", e.value.render()

@@ -101,6 +101,11 @@ def test_an_index_past_the_result_says_what_the_factory_returned(tmp_path: Path)
         with pytest.raises(IndexError, match=r"pub.factories:pair\[5\]: the factory returned a tuple of 2"):
             resolve_entry("pub.factories:pair[5]", ())
         assert callable(resolve_entry("pub.factories:pair[1]", ()))
+        # named without an index: the tuple is no launcher, and the error says how to pick one
+        with pytest.raises(TypeError, match=r'pub.factories:pair: the factory returned a tuple of 2, '
+                                            r'not a launcher: name one with an index, '
+                                            r'entry = "pub.factories:pair\[i\]" \(i from 0 to 1\)'):
+            resolve_entry("pub.factories:pair", ())
     finally:
         sys.path.remove(str(tmp_path))
         for m in [m for m in sys.modules if m.split(".")[0] in ("pub", "toy")]:

@@ -313,6 +313,7 @@ class TorchKernelFn(calls.KernelBase):
         for k in sorted(kw):
             v = kw[k]
             if k in self._keywords:
+                v = self._keyword(k, v)
                 v = next((w for w in self._keywords[k] if calls._same(w, v)), v)
                 keywords.append((k, v))
             else:

@@ -102,3 +102,35 @@ def gemm_mkl(a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, stream):
     n = cute.size(c, mode=[1])
     batches = cute.size(c, mode=[2])
     _gemm_mkl(a, b, c).launch(grid=[m, (n + 127) // 128, batches], block=[128, 1, 1], stream=stream)
+
+
+@cute.kernel
+def _apply(x: cute.Tensor, y: cute.Tensor, out: cute.Tensor, op: cutlass.Constexpr):
+    b, _, _ = cute.arch.block_idx()
+    t, _, _ = cute.arch.thread_idx()
+    i = b * 128 + t
+    if i < cute.size(x):
+        out[i] = op(x[i], y[i])
+
+
+@cute.jit
+def apply_op(x: cute.Tensor, y: cute.Tensor, out: cute.Tensor, stream, op: cutlass.Constexpr = None):
+    """out = op(x, y) elementwise, `op` a Python callable (NVIDIA's elementwise-apply form)."""
+    _apply(x, y, out, op).launch(grid=((cute.size(x) + 127) // 128, 1, 1), block=(128, 1, 1),
+                                 stream=stream)
+
+
+@cute.kernel
+def _unit(x: cute.Tensor, y: cute.Tensor):
+    b, _, _ = cute.arch.block_idx()
+    t, _, _ = cute.arch.thread_idx()
+    i = b * 128 + t
+    if i < cute.size(x, mode=[1]):
+        y[0, i] = x[0, i] * 2.0
+
+
+@cute.jit
+def double_unit(x: cute.Tensor, y: cute.Tensor, stream):
+    """y = 2 x for (1, n) arrays, x compiled with stride 0 on its extent-1 dimension."""
+    _unit(x, y).launch(grid=((cute.size(x, mode=[1]) + 127) // 128, 1, 1), block=(128, 1, 1),
+                       stream=stream)

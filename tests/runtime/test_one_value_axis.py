@@ -1,0 +1,50 @@
+"""A one-value variant axis (`alpha = [2.5]`) is a call keyword too: a call may say the value
+it was built with (`k(x, alpha=2.5)`), another value is refused as not built, and leaving it
+out still works. On the CPU: builds are stand-ins (`helpers.fake_compile`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax.numpy as jnp
+import pytest
+
+import cutecc
+from cutecc.commands.build import build
+from cutecc.errors import CallTypeError, NoBuildFits
+
+pytest.importorskip("ziglang", reason="building needs the build extra (zig links the runtime library)")
+
+MANIFEST = """\
+archs = ["sm_90a"]
+
+[kernel.ax]
+entry = "toyfb.ops:scale"
+args = [
+  { name = "x", dtype = "float32", shape = ["m", 64] },
+  { name = "out", role = "output", dtype = "float32", shape = ["m", 64] },
+  { kind = "scalar", name = "factor", dtype = "float32", default = 1.0 },
+  { kind = "stream" },
+]
+constants = { alpha = "$alpha", factor_name = "$factor" }
+variants = { alpha = [2.5], factor = [3] }
+"""
+
+
+def test_a_one_value_axis_is_a_call_keyword(fallback_project: Path) -> None:
+    fallback_project.write_text(MANIFEST)
+    cache = fallback_project.parent.parent / "cache"
+    assert build(fallback_project, cache_dir=cache).ok
+    k = cutecc.load(cache, arch="sm_90a").ax
+    x = jnp.ones((2, 64), jnp.float32)
+    # `factor` is a runtime scalar's name: that keyword stays the scalar
+    assert k.keywords == {"alpha": [2.5]} and "alpha" in str(k.__signature__)
+    b, _ = k.select(x, alpha=2.5)
+    assert b.variant == "alpha=2.5,factor=3" and k.select(x)[0] is b
+    assert k.select(x, alpha=2.5)[0] is k.select(x, alpha=2.5)[0]
+    with pytest.raises(NoBuildFits, match=r"alpha=3.0 was not built; built: alpha=2.5"):
+        k.select(x, alpha=3.0)
+    with pytest.raises(NoBuildFits, match=r"alpha=True was not built"):
+        k.select(x, alpha=True)
+    with pytest.raises(CallTypeError, match="unknown keyword argument 'beta'"):
+        k.select(x, beta=1)
