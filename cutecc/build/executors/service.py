@@ -164,15 +164,24 @@ def preload(what: Preload) -> None:
     if what.entries:
         from cutecc.toolchain import devicequery
 
-        for p in reversed(what.python_path):  # as `cutecc.build.compiler.compile_to_object` puts them
-            if p not in sys.path:
-                sys.path.insert(0, p)
+        front(what.python_path)  # as `cutecc.build.compiler.compile_to_object` puts them
         with devicequery.answering(what.device, probe=False):
             for m in what.entries:
                 with contextlib.suppress(Exception):
                     importlib.import_module(m)
+    from cutecc.build import read_set
+
+    read_set.warm()  # which installed file is whose: each worker's check reads it, forked ones inherit it
     gc.collect()
     gc.freeze()
+
+
+def front(python_path: tuple[str, ...]) -> None:
+    """Put the python_path roots first on `sys.path`, in their order, even those already on it
+    further back (a script's directory or the working directory ahead of them would otherwise
+    give its same-named module, which no key read)."""
+    roots = [os.path.abspath(p) for p in python_path]
+    sys.path[:] = roots + [e for e in sys.path if os.path.abspath(e or ".") not in roots]
 
 
 class ServiceGone(Exception):
@@ -308,8 +317,10 @@ def _main(conn: Any, setup: Callable[..., None], setup_args: tuple[Any, ...],
     """The service: set up as a worker, import `modules` and then the `Preload` the build
     sends (`Service.ready`), then fork a worker per token received (each runs
     `serve(conn, parent, token)`) and report their exits."""
+    from cutecc.build import read_set
     from cutecc.build.workers import limit_memory
 
+    read_set.install()  # what it reads from here on, its forked workers inherit
     worker_tree.detach(token)
     setup(*setup_args)
     limit_memory(memory)
