@@ -123,9 +123,9 @@ def _hook(event: str, args: tuple[Any, ...]) -> None:
     elif event == "import":
         if len(args) > 1 and args[1]:
             _note(args[1])
-    elif event == "ctypes.dlopen":
-        if args and isinstance(args[0], (str, bytes)) and "/" in os.fsdecode(args[0]):
-            _note(args[0])
+    elif event == "ctypes.dlopen" and args and isinstance(args[0], (str, bytes)) \
+            and "/" in os.fsdecode(args[0]):
+        _note(args[0])
 
 
 def install() -> None:
@@ -433,8 +433,6 @@ def _check(job: BuildJob, staging: Path | None, store_root: str | None) -> ReadS
             lines.add(line)
             covered_dirs.update(_parents(target))
             continue
-        if os.environ.get("XXDEBUG") and os.path.exists(target):
-            print("UNCOVERED", target, _who.get(raw), why, file=sys.stderr)
         if error is None and os.path.exists(target):  # (a file gone since: nothing read is left)
             who, bad = _who.get(raw, "?"), raw
             error = (f"the compile read {target} (module {who}), which its key does not cover"
@@ -446,14 +444,15 @@ def _check(job: BuildJob, staging: Path | None, store_root: str | None) -> ReadS
         warm()
         if d in _OWNED_DIRS and not any(_under(d, r) for r in roots):
             continue  # installed files' directory: what an import there finds is an installed file
-        if os.environ.get("XXDEBUG"):
-            print("UNCOVERED DIR", d, _who.get(raw), file=sys.stderr)
         if error is None:
             bad = raw
             error = (f"the compile listed the directory {d} (module {_who.get(raw, '?')}), which its key "
                      f"does not cover; {_declare(d, roots)}")
     if bad:  # what was read stays in this process: every later job of it is refused too
         _tainted.add(bad)
+    # the keyed closure always counts as read: a worker reused for another variant of a kernel
+    # does not import its modules again, and its digest must be a fresh compile's
+    lines.update(f"source {f.rel}" for f in job.keyed_files)
     h = hashlib.sha256(f"read-set {DIGEST_VERSION}\n".encode())
     for line in sorted(lines):
         h.update(line.encode() + b"\n")

@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import textwrap
 from collections.abc import Iterator
@@ -39,8 +38,8 @@ def _width():
 
 
 @cute.jit
-def scale(''', 1).replace("    n = x.shape[0]\n    _scale_kernel", "    n = x.shape[0]\n    threads = _width()\n"
-                          "    _scale_kernel", 1)
+def scale(''', 1).replace("    n = x.shape[0]\n    _scale_kernel",
+                          "    n = x.shape[0]\n    threads = _width()\n    _scale_kernel", 1)
 
 
 def _env(**more: str) -> dict[str, str]:
@@ -107,7 +106,8 @@ def test_the_exempt_list_is_short_and_exempts_nothing_of_a_project_or_installed_
 
     stdlib = sysconfig.get_paths()["stdlib"]
     assert read_set.exempt(os.path.join(stdlib, "json", "__init__.py")) == "the standard library"
-    assert read_set.exempt("/proc/self/maps") and read_set.exempt("/sys/devices/x") and read_set.exempt("/dev/null")
+    for pseudo in ("/proc/self/maps", "/sys/devices/x", "/dev/null"):
+        assert read_set.exempt(pseudo) == "the kernel's pseudo-files"
     assert read_set.exempt("/etc/ld.so.cache") and read_set.exempt("/usr/share/zoneinfo/UTC")
     assert read_set.exempt("/usr/lib/x86_64-linux-gnu/libstdc++.so.6") == "the system's shared libraries"
     assert read_set.exempt(read_set.__file__) == "cutecc's own package"
@@ -115,7 +115,8 @@ def test_the_exempt_list_is_short_and_exempts_nothing_of_a_project_or_installed_
     assert read_set.exempt(wrap, read_set.temp_dirs(None, None)) == "the worker's temporary files"
     purelib = sysconfig.get_paths()["purelib"]
     for path in (os.path.join(purelib, "numpy", "__init__.py"), os.path.join(purelib, "x", "lib.so"),
-                 os.path.join(stdlib, "site-packages", "x.py"), "/etc/passwd", "/usr/lib/python3/dist-packages/a.so",
+                 os.path.join(stdlib, "site-packages", "x.py"), "/etc/passwd",
+                 "/usr/lib/python3/dist-packages/a.so",
                  os.path.join(tempfile.gettempdir(), "widths.json"), "/usr/share/doc/x", "/root/.cache/x"):
         assert read_set.exempt(path, read_set.temp_dirs(None, None)) is None, path
 
@@ -131,7 +132,8 @@ def test_the_hook_records_reads_listings_and_who_read_them_but_not_writes(tmp_pa
         import reader_mod
         os.listdir({str(tmp_path)!r})
         got = read_set.recorded()
-        print(json.dumps({{"r": {str(tmp_path / 'data.txt')!r} in got, "w": {str(tmp_path / 'w.txt')!r} in got,
+        print(json.dumps({{"r": {str(tmp_path / 'data.txt')!r} in got,
+                          "w": {str(tmp_path / 'w.txt')!r} in got,
                           "mod": any(p.endswith('reader_mod.py') or 'reader_mod.cpython' in p for p in got),
                           "dir": read_set._DIRS + {str(tmp_path)!r} in got,
                           "who": read_set._who.get({str(tmp_path / 'data.txt')!r})}}))
@@ -173,9 +175,9 @@ def _install(site: Path) -> Path:
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: widthpkg\nVersion: 1.0\n")
     (info / "top_level.txt").write_text("widthpkg\n")
     (info / "INSTALLER").write_text("pip\n")
+    info_files = [f"widthpkg-1.0.dist-info/{n}" for n in ("METADATA", "top_level.txt", "INSTALLER")]
     rows = [_record_row(site, r) for r in ("widthpkg/__init__.py", "widthpkg/ops.py", "widthpkg/widths.json",
-                                           "widthpkg-1.0.dist-info/METADATA", "widthpkg-1.0.dist-info/top_level.txt",
-                                           "widthpkg-1.0.dist-info/INSTALLER")]
+                                           *info_files)]
     (info / "RECORD").write_text("\n".join([*rows, "widthpkg-1.0.dist-info/RECORD,,"]) + "\n")
     return pkg / "widths.json"
 
