@@ -370,7 +370,7 @@ def compile_to_object(job: CompileJob, out_dir: Path) -> Path:
     retargeted is an error naming the kernel and the construct."""
     if not os.environ.get("CUTE_DSL_ARCH"):
         raise RuntimeError("no target arch: call cutecc.build.compiler.set_target first")
-    from cutecc.build.executors.service import front
+    from cutecc.plan.keyed_sources import front
 
     front(job.python_path)  # first, where the key looked, even if already on the path
     if job.ptx:

@@ -59,10 +59,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from cutecc.build.workers import BuildJob
+from typing import Any
 
 DIGEST_VERSION = 1
 
@@ -300,7 +297,7 @@ def warm() -> None:
 class _Dists:
     """The installed distributions' files, and whether each is as the key saw it."""
 
-    def __init__(self, job: BuildJob, store_root: str | None) -> None:
+    def __init__(self, job: Any, store_root: str | None) -> None:
         from cutecc.toolchain.versions import TOOL_PACKAGES
 
         self.keyed: dict[str, str] = dict(job.key_inputs.get("distributions") or {})
@@ -398,14 +395,14 @@ def _declare(path: str, roots: tuple[str, ...]) -> str:
             "the package that holds it so that its distribution is keyed")
 
 
-def check(job: BuildJob, staging: Path | None, store_root: str | None) -> ReadSet:
+def check(job: Any, staging: Path | None, store_root: str | None) -> ReadSet:
     """Whether every file this process recorded for `job` is covered by its key (module
     docstring): the first that is not, as one line, and the digest of the covered ones."""
     with paused():
         return _check(job, staging, store_root)
 
 
-def _check(job: BuildJob, staging: Path | None, store_root: str | None) -> ReadSet:
+def _check(job: Any, staging: Path | None, store_root: str | None) -> ReadSet:
     temps = temp_dirs(staging, store_root)
     keyed = {os.path.normpath(f.path): f for f in job.keyed_files}
     real_keyed = {os.path.realpath(p): f for p, f in keyed.items()}

@@ -162,6 +162,7 @@ def preload(what: Preload) -> None:
         with contextlib.suppress(Exception):
             importlib.import_module(m)
     if what.entries:
+        from cutecc.plan.keyed_sources import front
         from cutecc.toolchain import devicequery
 
         front(what.python_path)  # as `cutecc.build.compiler.compile_to_object` puts them
@@ -174,14 +175,6 @@ def preload(what: Preload) -> None:
     read_set.warm()  # which installed file is whose: each worker's check reads it, forked ones inherit it
     gc.collect()
     gc.freeze()
-
-
-def front(python_path: tuple[str, ...]) -> None:
-    """Put the python_path roots first on `sys.path`, in their order, even those already on it
-    further back (a script's directory or the working directory ahead of them would otherwise
-    give its same-named module, which no key read)."""
-    roots = [os.path.abspath(p) for p in python_path]
-    sys.path[:] = roots + [e for e in sys.path if os.path.abspath(e or ".") not in roots]
 
 
 class ServiceGone(Exception):
