@@ -160,7 +160,7 @@ def recorded() -> set[str]:
     """Every path recorded for the current job (directories prefixed `_DIRS`), with the
     libraries mapped now."""
     out = set(_current) | set(_baseline or ())
-    with contextlib.suppress(OSError), open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+    with paused(), contextlib.suppress(OSError), open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
         for line in maps:
             parts = line.split(None, 5)
             name = parts[5].rstrip("\n") if len(parts) == 6 else ""
@@ -170,8 +170,10 @@ def recorded() -> set[str]:
 
 
 def files_read() -> list[str]:
-    """The plain files recorded (no directories): what a resident service stamps."""
-    return sorted(p for p in recorded() if not p.startswith(_DIRS))
+    """The plain files recorded (no directories, nor the kernel's pseudo-files, whose stamps
+    move by themselves): what a resident service stamps."""
+    with paused():
+        return sorted(p for p in recorded() if not p.startswith((_DIRS, "/proc/", "/sys/", "/dev/")))
 
 
 # -- what is exempt ----------------------------------------------------------------------

@@ -144,3 +144,21 @@ def test_deep_verify_reproduces_the_examples(examples_build: Path) -> None:
     deep = doc["deep"]
     assert deep["entries"] and all(e["status"] == "reproduced" and e["note"] is None
                                    for e in deep["entries"]), deep
+
+
+def test_a_compile_that_read_other_files_is_reported_by_deep_verify(toy_cache: Toy, tmp_path: Path) -> None:
+    """The read-set digest (`cutecc.build.read_set`) is a fresh compile's: one recorded from
+    another read set (here, rewritten) is reported `differs`, naming the read set."""
+    toy = toy_cache.copy(tmp_path)
+    entries = toy.entries()
+    assert all(e.meta.read_set is not None for e in entries.values())
+    other = entries["threads=64"]
+    meta = json.loads((other.path / META).read_text())
+    meta["read_set"] = "0" * 64
+    (other.path / META).chmod(0o644)
+    (other.path / META).write_text(json.dumps(meta, indent=1, sort_keys=True))
+    r, doc = _deep(toy.manifest, toy.cache)
+    got = {e["key"]: e for e in doc["deep"]["entries"]}
+    assert r.returncode == 1 and got[other.key]["status"] == "differs", got
+    assert "read other files" in got[other.key]["detail"], got
+    assert got[entries["threads=128"].key]["status"] == "reproduced", got
