@@ -42,9 +42,9 @@ sandbox does:
   machine paths, recorded in the entry's metadata; `cutecc verify --deep` compares it with a
   fresh compile's.
 
-`$CUTECC_AUDIT=off` turns the check (not the recording) off; it exists only so the
-benchmark (`benchmarks/build_overhead.py --no-audit`) can measure what it costs, and a
-build with it says so in each entry's metadata (no read-set digest).
+`$CUTECC_AUDIT=off` turns the check (not the recording) off: it exists so the benchmark
+(`benchmarks/build_overhead.py --audit on off`) can measure what it costs, and so a test can
+build an entry as cutecc did before the check; such an entry records no read-set digest.
 """
 
 from __future__ import annotations
@@ -160,7 +160,8 @@ def recorded() -> set[str]:
     """Every path recorded for the current job (directories prefixed `_DIRS`), with the
     libraries mapped now."""
     out = set(_current) | set(_baseline or ())
-    with paused(), contextlib.suppress(OSError), open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+    with paused(), contextlib.suppress(OSError), \
+            open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
         for line in maps:
             parts = line.split(None, 5)
             name = parts[5].rstrip("\n") if len(parts) == 6 else ""

@@ -246,7 +246,9 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
             raise WorkError(f"not published: {changed}", where=job.kernel)
         digest = None
         if read_set.enabled():  # every file the compile read is covered by the key, as it saw it
+            t3 = time.perf_counter()
             checked = read_set.check(job, staging, store_root)
+            parts["audit"] = time.perf_counter() - t3
             if checked.error is not None:
                 raise WorkError(f"not published: {checked.error}", where=job.kernel)
             digest = checked.digest
@@ -280,7 +282,7 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
                       _memory_hint(f"{type(e).__name__}: {e}\n{''.join(tb[-6:])}"))
     seconds = time.perf_counter() - t0
     if parts:
-        parts["publish"] = max(0.0, seconds - parts["compile"] - parts["link"])
+        parts["publish"] = max(0.0, seconds - parts["compile"] - parts["link"] - parts.get("audit", 0.0))
     pushed = None
     if built and remote is not None and remote.write:
         from cutecc.ship.remote import push_entry
