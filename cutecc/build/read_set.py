@@ -251,6 +251,7 @@ _OWNERS: dict[str, tuple[str, str, str | None, int | None]] = {}  # file -> (dis
 _RECORDS: dict[str, tuple[str, int]] = {}  # dist -> (its RECORD's path, ctime ns)
 _OWNED_DIRS: set[str] = set()  # the directories holding installed distributions' files
 _VERSIONS: dict[str, str] = {}  # dist -> its version (from its dist-info's name)
+_HASH_CACHES: dict[str, Any] = {}  # store's hash cache file -> its HashCache, read once
 
 
 def warm() -> None:
@@ -340,13 +341,16 @@ class _Dists:
         return self._record_problem(name, path)
 
     def _hash_cache(self) -> Any:
+        """The store's hash cache (files' SHA-256 under their stamps), read once per process."""
         from cutecc.toolchain.dists import HashCache
 
         if self._hashes is None:
             from cutecc.store.layout import Layout
 
             cache = Layout(Path(self.store_root)).hash_cache() if self.store_root else None
-            self._hashes = HashCache(cache, write=False)
+            if str(cache) not in _HASH_CACHES:  # (a stamp that moved is hashed again: never stale)
+                _HASH_CACHES[str(cache)] = HashCache(cache, write=False)
+            self._hashes = _HASH_CACHES[str(cache)]
         return self._hashes
 
     def _digest_problem(self, name: str) -> str | None:
@@ -417,21 +421,20 @@ def _check(job: Any, staging: Path | None, store_root: str | None) -> ReadSet:
     dirs: list[str] = []
     error: str | None = None
     bad = ""
+    covered: list[str] = []
     for raw in sorted(recorded()):
         if raw.startswith(_DIRS):
             dirs.append(raw)
             continue
-        path = os.path.normpath(raw)
-        if exempt(path, temps) is not None:
+        path, target, why_exempt = _facts_of(raw)
+        if why_exempt is not None or any(_under(path, t) for t in temps):
             continue
-        src = _source_of(path)
-        target = src if src is not None and os.path.exists(src) else path
         line, why = _covered(target, keyed, real_keyed, dists)
-        if line is None and src is not None and target != path:  # byte code of an unlisted source
+        if line is None and target != path:  # byte code of an unlisted source
             line, why = _covered(path, keyed, real_keyed, dists)
         if line is not None:
             lines.add(line)
-            covered_dirs.update(_parents(target))
+            covered.append(target)
             continue
         if error is None and os.path.exists(target):  # (a file gone since: nothing read is left)
             who, bad = _who.get(raw, "?"), raw
@@ -439,11 +442,15 @@ def _check(job: Any, staging: Path | None, store_root: str | None) -> ReadSet:
                      + (f": {why}" if why else f"; {_declare(target, roots)}"))
     for raw in dirs:
         d = os.path.normpath(raw[len(_DIRS):])
-        if exempt(d, temps) is not None or d in entries or d in covered_dirs or not os.path.isdir(d):
+        if d in entries or exempt(d, temps) is not None or not os.path.isdir(d):
             continue
         warm()
         if d in _OWNED_DIRS and not any(_under(d, r) for r in roots):
             continue  # installed files' directory: what an import there finds is an installed file
+        if not covered_dirs:  # (only for a directory nothing else covers)
+            covered_dirs = {p for f in covered for p in _parents(f)}
+        if d in covered_dirs:
+            continue
         if error is None:
             bad = raw
             error = (f"the compile listed the directory {d} (module {_who.get(raw, '?')}), which its key "
@@ -457,6 +464,32 @@ def _check(job: Any, staging: Path | None, store_root: str | None) -> ReadSet:
     for line in sorted(lines):
         h.update(line.encode() + b"\n")
     return ReadSet(error, h.hexdigest(), len(lines))
+
+
+_FACTS: dict[str, tuple[str, str, str | None]] = {}  # raw path -> (path, target, why exempt)
+
+
+def _facts_of(raw: str) -> tuple[str, str, str | None]:
+    """(the normalised path, the file that stands for it: a `.pyc`'s source, and why it is
+    exempt), once per process: a compile service works them out for its record before it
+    forks (`prepare`), so its workers check only what they read themselves."""
+    got = _FACTS.get(raw)
+    if got is None:
+        path = os.path.normpath(raw)
+        src = _source_of(path)
+        target = src if src is not None and os.path.exists(src) else path
+        got = _FACTS[raw] = (path, target, exempt(path))
+    return got
+
+
+def prepare() -> None:
+    """In a compile service, after its imports: index the installed distributions and work
+    out each recorded file's facts, which the workers it forks inherit."""
+    with paused():
+        warm()
+        for raw in recorded():
+            if not raw.startswith(_DIRS):
+                _facts_of(raw)
 
 
 def _parents(path: str) -> Iterator[str]:

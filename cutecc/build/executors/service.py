@@ -172,7 +172,7 @@ def preload(what: Preload) -> None:
                     importlib.import_module(m)
     from cutecc.build import read_set
 
-    read_set.warm()  # which installed file is whose: each worker's check reads it, forked ones inherit it
+    read_set.prepare()  # which installed file is whose, what is exempt: forked workers inherit it
     gc.collect()
     gc.freeze()
 
