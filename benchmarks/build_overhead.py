@@ -2,7 +2,7 @@
 
     python -m benchmarks.build_overhead [--manifest examples root] [--jobs 1 2]
                                         [--modes fork spawn resident] [--plan-memory off warm]
-                                        [--before REV] [--json PATH]
+                                        [--audit on off] [--noop] [--before REV] [--json PATH]
 
 Per manifest, in one run on one machine:
 - direct: one fresh process (`direct` below) imports the DSL, torch and the kernels'
@@ -27,6 +27,10 @@ Per manifest, in one run on one machine:
   made settled first (`python -m` puts it first on `sys.path`, which closures depend on). With
   `--before REV`, that revision's `cutecc/` (extracted, byte-compiled) builds too, each
   measurement alternating between the versions.
+- `--audit on off` (issue 44): each build with the read-set check (`cutecc/build/read_set.py`)
+  on, and off (`$CUTECC_AUDIT=off`, a switch that exists for this comparison only); `--noop`
+  times a second, no-op build into each cold build's cache too (`noop` in each build's record):
+  the check runs only where an entry is compiled, so a no-op build should cost the same.
 An entry whose launcher cannot be compiled from fakes in its own order (the manifest's
 views give alignment or strides the bare fakes lack: FA4's backward pre-processing) is
 compiled as cutecc's wrapper calls it, in the same process (`how` says which). Each entry's
@@ -177,7 +181,8 @@ def _memory(mem: str, scratch: Path, n: int) -> str:
 
 
 def measure(name: str, jobs: list[int], modes: list[str], versions: dict[str, Path],
-            memories: list[str], scratch: Path) -> dict[str, Any]:
+            memories: list[str], scratch: Path, audits: tuple[str, ...] = ("on",),
+            noop: bool = False) -> dict[str, Any]:
     path = MANIFESTS[name]
     cwd = scratch / "cwd"  # one working directory (settled in main) for the dry run and every build
     res_warm = None
@@ -196,12 +201,13 @@ def measure(name: str, jobs: list[int], modes: list[str], versions: dict[str, Pa
     res["direct_sum_s"] = round(sum(e["seconds"] for e in ok), 2)
     res["direct_cpu_sum_s"] = round(sum(e["cpu_s"] for e in ok), 2)
     res["builds"] = []
-    runs = [(j, m, mem, v) for j in jobs for m in modes for mem in memories for v in versions.items()
+    runs = [(j, m, mem, v, audit) for j in jobs for m in modes for mem in memories for v in versions.items()
+            for audit in audits
             if mem == "off" or v[0] == "after"]  # `warm`: this tree only (`--before` may have no memory)
     warmed: set[str] = set()
-    for n, (j, mode, mem, (version, code)) in enumerate(runs):
+    for n, (j, mode, mem, (version, code), audit) in enumerate(runs):
         run = scratch / "run" if mode == "resident" else None
-        env = {"CUTECC_WORKERS": "spawn" if mode == "spawn" else "fork",
+        env = {"CUTECC_WORKERS": "spawn" if mode == "spawn" else "fork", "CUTECC_AUDIT": audit,
                "CUTECC_SERVICE_IDLE": "900" if run else "0", "XDG_RUNTIME_DIR": str(run or scratch),
                "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])}
         if run and version not in warmed:  # untimed: the build that leaves the resident service
@@ -215,7 +221,14 @@ def measure(name: str, jobs: list[int], modes: list[str], versions: dict[str, Pa
                         "--no-lock", "--json", "-j", str(j)],
                        {**env, "CUTECC_PLAN_MEMORY": _memory(mem, scratch, n)},
                        cwd, run)  # not the repository: `-m` puts the working directory first
-        b.update({"jobs": j, "mode": mode, "plan_memory": mem, "version": version})
+            if noop:  # the same build again: nothing to compile
+                nb = _timed([sys.executable, "-m", "cutecc.cli", "build", str(path), "--cache-dir", cache,
+                             "--no-lock", "--json", "-j", str(j)],
+                            {**env, "CUTECC_PLAN_MEMORY": _memory(mem, scratch, n + len(runs))}, cwd, run)
+                b["noop"] = {k: nb.get(k) for k in ("wall_s", "cpu_s", "returncode", "load_before",
+                                                     "load_after")}
+                b["noop"]["built"] = (nb.get("report") or {}).get("built")
+        b.update({"jobs": j, "mode": mode, "plan_memory": mem, "version": version, "audit": audit})
         r = b.get("report") or {}
         b["built"] = r.get("built")
         b["ratio_to_direct_sum"] = (round(b["wall_s"] / res["direct_sum_s"], 2)
@@ -223,7 +236,8 @@ def measure(name: str, jobs: list[int], modes: list[str], versions: dict[str, Pa
         b["cpu_ratio_to_direct_cpu_sum"] = (round(b["cpu_s"] / res["direct_cpu_sum_s"], 2)
                                             if res["direct_cpu_sum_s"] else None)
         res["builds"].append(b)
-        print(f"{name} {version} -j {j} {mode} memory {mem}: {b['wall_s']} s wall, {b['cpu_s']} s CPU; "
+        print(f"{name} {version} -j {j} {mode} memory {mem} audit {audit}: {b['wall_s']} s wall, "
+              f"{b['cpu_s']} s CPU; "
               "direct sum "
               f"{res['direct_sum_s']} s wall, {res['direct_cpu_sum_s']} s CPU "
               f"(load {b['load_before']} -> {b['load_after']})", file=sys.stderr)
@@ -251,6 +265,10 @@ def main() -> None:
     ap.add_argument("--plan-memory", nargs="+", default=["off", "warm"], choices=["off", "warm"],
                     help="the user's planning memory: off, or warmed by one dry run of the manifest")
     ap.add_argument("--before", default=None, help="a git revision whose cutecc/ builds too, alternating")
+    ap.add_argument("--audit", nargs="+", default=["on"], choices=["on", "off"],
+                    help="the read-set check on, and/or off ($CUTECC_AUDIT=off: for this comparison only)")
+    ap.add_argument("--noop", action="store_true",
+                    help="also time a no-op build into each cold build's cache")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="cutecc-overhead-code-") as d:
@@ -264,7 +282,8 @@ def main() -> None:
             doc = {"benchmark": "build_overhead", "machine": machine(), "command": sys.argv,
                    "before": a.before, "pythonpath": os.environ.get("PYTHONPATH"),
                    "note": "shared 2-core host, other engineers' builds and tests running: loads vary",
-                   "manifests": {m: measure(m, a.jobs, a.modes, versions, a.plan_memory, scratch)
+                   "manifests": {m: measure(m, a.jobs, a.modes, versions, a.plan_memory, scratch,
+                                            tuple(a.audit), a.noop)
                                  for m in a.manifest}}
         finally:
             _stop_residents(scratch / "run")

@@ -32,6 +32,7 @@ REMOTE_JOBS = "CUTECC_REMOTE_JOBS"  # parallel remote requests
 WORKERS = "CUTECC_WORKERS"  # how local build workers start: fork (from the compile service) or spawn
 PLAN_MEMORY = "CUTECC_PLAN_MEMORY"  # where planning facts are remembered for every cache (off: nowhere)
 SERVICE_IDLE = "CUTECC_SERVICE_IDLE"  # seconds a resident compile service waits for the next build (0: none)
+AUDIT = "CUTECC_AUDIT"  # off: builds skip the read-set check (to measure its cost; builds as before issue 44)
 WORKER_MARK = "CUTECC_WORKER_MARK"  # set by a local build worker: marks what its compiles start
 _OFF = ("", "0", "false", "no", "off")
 

@@ -375,9 +375,9 @@ def compile_to_object(job: CompileJob, out_dir: Path) -> Path:
     retargeted is an error naming the kernel and the construct."""
     if not os.environ.get("CUTE_DSL_ARCH"):
         raise RuntimeError("no target arch: call cutecc.build.compiler.set_target first")
-    for p in reversed(job.python_path):
-        if p not in sys.path:
-            sys.path.insert(0, p)
+    from cutecc.plan.keyed_sources import front
+
+    front(job.python_path)  # first, where the key looked, even if already on the path
     if job.ptx:
         return _export_ptx(job, out_dir)
     with devicequery.answering(job.device):  # libraries that ask the GPU while built

@@ -4,8 +4,9 @@ stage), printed by `cutecc build --timings` and carried by its JSON report.
 A build's stages are `STAGES` (parse, plan, probe, fetch, compile, publish, lock); an
 entry's compile splits into `ENTRY_PARTS`: the worker's start (its process and imports,
 counted on the first entry it took; for a service started before planning, what was left
-of its start once planning was done), the compile, the link, and the publish (the key's
-lock, the source re-check, the move into the store).
+of its start once planning was done), the compile, the link, the audit (the read-set check,
+`cutecc.build.read_set`), and the publish (the key's lock, the source re-check, the move into
+the store).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 STAGES = ("parse", "plan", "probe", "fetch", "compile", "publish", "lock")
-ENTRY_PARTS = ("startup", "compile", "link", "publish")
+ENTRY_PARTS = ("startup", "compile", "link", "audit", "publish")
 
 
 @dataclass

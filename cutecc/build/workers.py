@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cutecc import environ
-from cutecc.build import artifact
+from cutecc.build import artifact, read_set
 from cutecc.contract.args import args_to_json
 from cutecc.entry.meta import EntryMeta, RuntimeLink, RuntimeMeta
 from cutecc.entry.rules import LIBRARY, runtime_soname
@@ -219,12 +219,15 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
     from cutecc.cubin import arch_problem, ptx_isa
 
     t0 = time.perf_counter()
+    read_set.install()  # (a worker installed it at its start; here for one that did not)
+    read_set.begin_job()
     store = Store(store_root)
     parts: dict[str, float] = {}
 
     def produce(staging: Path) -> EntryMeta:
-        now = _check_toolchain(job.key_inputs["toolchain"])
-        runtime, _ = ensure_runtime(store, now["runtime"])  # normally the build published it
+        with read_set.paused():  # cutecc's bookkeeping: checked against the key, not by it
+            now = _check_toolchain(job.key_inputs["toolchain"])
+            runtime, _ = ensure_runtime(store, now["runtime"])  # normally the build published it
         rt = runtime.runtime_meta.library  # ensure_runtime checked the metadata
         t1 = time.perf_counter()
         keyed_sources.evict_stale(job.keyed_files)  # a reused worker imports what was keyed
@@ -237,9 +240,18 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
              runtime=runtime.path / rt.name, platform=job.platform)
         parts["compile"], parts["link"] = t2 - t1, time.perf_counter() - t2
         obj.unlink()
-        changed = keyed_sources.problem(job.keyed_files)  # compiled what was keyed, or nothing
+        with read_set.paused():
+            changed = keyed_sources.problem(job.keyed_files)  # compiled what was keyed, or nothing
         if changed:
             raise WorkError(f"not published: {changed}", where=job.kernel)
+        digest = None
+        if read_set.enabled():  # every file the compile read is covered by the key, as it saw it
+            t3 = time.perf_counter()
+            checked = read_set.check(job, staging, store_root)
+            parts["audit"] = time.perf_counter() - t3
+            if checked.error is not None:
+                raise WorkError(f"not published: {checked.error}", where=job.kernel)
+            digest = checked.digest
         library = (staging / LIBRARY).read_bytes()
         wrong = arch_problem(library, job.arch)
         if wrong:  # never published: the key would name code for another GPU
@@ -254,7 +266,7 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
             build_seconds=round(time.perf_counter() - t0, 3),
             artifact=compiled, ptx_isa=ptx_isa(library) if is_ptx(job.arch) else None,
             entry=job.entry, params=dict(job.variant.params), args=args_to_json(job.variant.args),
-            toolchain=now, key_inputs=job.key_inputs, sources=tuple(job.sources))
+            toolchain=now, key_inputs=job.key_inputs, sources=tuple(job.sources), read_set=digest)
 
     try:
         entry, built = store.publish(job.key, produce)
@@ -270,7 +282,7 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
                       _memory_hint(f"{type(e).__name__}: {e}\n{''.join(tb[-6:])}"))
     seconds = time.perf_counter() - t0
     if parts:
-        parts["publish"] = max(0.0, seconds - parts["compile"] - parts["link"])
+        parts["publish"] = max(0.0, seconds - parts["compile"] - parts["link"] - parts.get("audit", 0.0))
     pushed = None
     if built and remote is not None and remote.write:
         from cutecc.ship.remote import push_entry

@@ -8,7 +8,9 @@ cache holds is built again through the build pipeline (local workers, this host'
 into a temporary directory that is removed afterwards. An entry whose digest comes out
 otherwise is reported with what differs: the key missed an input the trace read (a data
 file, an environment the key does not name), a source changed while it was built, or the
-compile is not deterministic. An entry built before digests were recorded is reported as
+compile is not deterministic. So is one whose compile read other files than the recorded
+one's (the read-set digests differ, `cutecc.build.read_set`), when both record one. An
+entry built before digests were recorded is reported as
 having none (not an error) and compared by its library's bytes. Entries the manifest does
 not plan, and planned ones the cache lacks, are not compiled (they are counted). Nothing
 in the cache is changed.
@@ -170,6 +172,11 @@ def _compare(p: Planned, held: EntryMeta, o: outcome.Outcome | None, malformed: 
                             "a source changed while it was built, or the compile is not deterministic")
     else:
         note = BAD_DIGEST if malformed else NO_DIGEST
+    if held.read_set is not None and o.meta.read_set is not None and held.read_set != o.meta.read_set:
+        return Retraced(p.label, p.key, "differs",
+                        "its compile read other files than this one's (read-set digest "
+                        f"{o.meta.read_set[:16]}.., recorded {held.read_set[:16]}..): an import resolved "
+                        "elsewhere or a data file came or went", note)
     lib = o.meta.library
     if lib.sha256 != held.library.sha256:  # the digests agree: the link differs
         got_lib = f"{lib.sha256[:16]}.. ({lib.size} bytes)"

@@ -10,8 +10,11 @@ prints), planned for the best arch of the kernel's `archs` that runs on this GPU
 the arch `cutecc build --arch` would be told), then probed, compiled, checked and
 published by `cutecc.build.builder.run` as a one-entry build. Its key is the one a
 `cutecc build` of a manifest declaring that variant computes, so that build finds it
-cached. A JIT build records no generation and writes no lock: `cutecc.load()` without
-`jit` offers the entry once a `cutecc build` of a manifest declaring it records it.
+cached. Its workers put the manifest's python_path first on `sys.path` (even where the calling
+script has it further back) and prove what the compile read covered by the key
+(`cutecc.build.read_set`), as `cutecc build`'s do. A JIT build records no generation and
+writes no lock: `cutecc.load()` without `jit` offers the entry once a `cutecc build` of a
+manifest declaring it records it.
 """
 
 from __future__ import annotations

@@ -65,6 +65,14 @@ def _seconds(secs: Any) -> float:
     return float(secs) if isinstance(secs, (int, float)) and not isinstance(secs, bool) else 0.0
 
 
+def read_set_of(meta: Mapping[str, Any]) -> str | None:
+    """The read-set digest a meta.json records (`cutecc.build.read_set`), if a well-formed one."""
+    got = meta.get("read_set")
+    if isinstance(got, str) and len(got) == 64 and all(c in "0123456789abcdef" for c in got):
+        return got
+    return None
+
+
 def meta_bytes(doc: Mapping[str, Any]) -> bytes:
     """The bytes of a meta.json holding `doc`: sorted keys, one space of indent (the one
     format every entry and runtime library's meta.json is written in)."""
@@ -100,6 +108,9 @@ class EntryMeta:
     toolchain: Mapping[str, Any]
     key_inputs: Mapping[str, Any]
     sources: tuple[str, ...]  # the kernel's source files the key read
+    # SHA-256 of how its key covered every file its compile read (`cutecc.build.read_set`);
+    # None: built before cutecc recorded it, or with the check off (`$CUTECC_AUDIT=off`)
+    read_set: str | None = None
 
     @classmethod
     def parse(cls, meta: Any, key: str) -> EntryMeta:
@@ -121,7 +132,8 @@ class EntryMeta:
                    artifact_of(meta), ptx_isa_of(meta), str(meta.get("entry")),
                    params if isinstance(params, dict) else {}, meta.get("args"),
                    tc if isinstance(tc, dict) else {}, meta["key_inputs"],
-                   tuple(s for s in sources if isinstance(s, str)) if isinstance(sources, list) else ())
+                   tuple(s for s in sources if isinstance(s, str)) if isinstance(sources, list) else (),
+                   read_set_of(meta))
 
     def recorded(self, key: str, files: tuple[FileRec, ...]) -> EntryMeta:
         """This record as the entry `key` holding `files` (the store's part of a publish)."""
@@ -142,6 +154,8 @@ class EntryMeta:
             doc["artifact"] = self.artifact.to_json()
         if self.ptx_isa is not None:
             doc["ptx_isa"] = self.ptx_isa
+        if self.read_set is not None:
+            doc["read_set"] = self.read_set
         doc.update(built_at=self.built_at, build_seconds=self.build_seconds,
                    files={f.name: {"sha256": f.sha256, "size": f.size} for f in self.files},
                    format=ENTRY_FORMAT, key=self.key)

@@ -54,7 +54,7 @@ BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
 
 _TOP_KEYS = {"format", "archs", "platforms", "profile", "python_path", "compile_options", "hardware",
              "kernel", "env", "build"}
-_BUILD_KEYS = {"executor", "ray_address", "remote", "compile_timeout", "compile_memory", "pins"}
+_BUILD_KEYS = {"executor", "ray_address", "remote", "compile_timeout", "compile_memory", "pins", "inputs"}
 EXECUTORS = ("local", "ray")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs", "profile",

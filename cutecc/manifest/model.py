@@ -136,6 +136,9 @@ class BuildSettings:
     compile_timeout: float | None = None  # 0: no limit; None: not set here
     compile_memory: int | None = None  # 0: no limit; None: not set here
     pins: str | None = None  # the requirements file pinning the build environment (as written)
+    # files (globs, relative to the manifest) that a kernel's compile reads besides its modules:
+    # keyed by content (`cutecc.plan.build_plan.declared_inputs`), checked by `cutecc.build.read_set`
+    inputs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

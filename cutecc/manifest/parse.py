@@ -24,6 +24,8 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
     compile_memory = "16G"        data memory one compile may use (default: no limit)
     pins = "requirements.txt"     the file pinning the build environment (hashes): named
                                   when a build finds other distributions than its lock's
+    inputs = ["data/*.json"]      files a compile reads besides modules (globs, relative to
+                                  the manifest): keyed by content (docs/keys.md)
   [hardware.NAME]                 custom hardware profiles: key = int | float | str
   [kernel.NAME]                   one table per kernel:
     entry = "pkg.module:attr"     a @cute.jit launcher, or a factory if factory_args is set;
@@ -271,7 +273,7 @@ def _build_settings(ctx: _Ctx, kp: str, doc: Any) -> BuildSettings:
     """The `[build]` table, checked; values are strings a build's flags would take."""
     if not isinstance(doc, dict):
         raise ctx.fail(kp, "must be a table (executor, ray_address, remote, compile_timeout, "
-                       "compile_memory, pins)")
+                       "compile_memory, pins, inputs)")
     _no_unknown(ctx, doc, _BUILD_KEYS, kp)
     limits: dict[str, Any] = {}
     t = doc.get("compile_timeout")
@@ -285,7 +287,8 @@ def _build_settings(ctx: _Ctx, kp: str, doc: Any) -> BuildSettings:
             limits["compile_memory"] = parse_size(m if type(m) is int and m >= 0 else str(m))
         except CuteccError as e:
             raise ctx.fail(f"{kp}.compile_memory", e.message) from None
-    got = {k: _str(ctx, f"{kp}.{k}", v).strip() for k, v in doc.items() if k not in limits}
+    inputs = _inputs(ctx, f"{kp}.inputs", doc.get("inputs", []))
+    got = {k: _str(ctx, f"{kp}.{k}", v).strip() for k, v in doc.items() if k not in limits and k != "inputs"}
     if "executor" in got and got["executor"] not in EXECUTORS:
         raise ctx.fail(f"{kp}.executor", f'unknown executor "{got["executor"]}" '
                        f"(known: {', '.join(EXECUTORS)})")
@@ -299,4 +302,18 @@ def _build_settings(ctx: _Ctx, kp: str, doc: Any) -> BuildSettings:
         except CuteccError as e:
             raise ctx.fail(f"{kp}.remote", e.message) from None
     named: dict[str, Any] = {k: v or None for k, v in got.items()}
-    return BuildSettings(**named, **limits)
+    return BuildSettings(**named, **limits, inputs=inputs)
+
+
+def _inputs(ctx: _Ctx, kp: str, v: Any) -> tuple[str, ...]:
+    """`[build] inputs`: relative paths or globs inside the manifest's directory."""
+    if not isinstance(v, list) or len(v) > 1000:
+        raise ctx.fail(kp, "must be an array of paths (globs), relative to the manifest")
+    out = []
+    for i, p in enumerate(v):
+        if not isinstance(p, str) or not p.strip() or len(p) > 500 or any(ord(c) < 32 for c in p) \
+                or p.startswith(("/", "~")) or ".." in p.replace("\\", "/").split("/"):
+            raise ctx.fail(f"{kp}[{i}]", "must be a path (or glob) relative to the manifest, inside "
+                           "its directory")
+        out.append(p.strip())
+    return tuple(out)

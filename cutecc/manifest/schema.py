@@ -280,7 +280,14 @@ def schema() -> dict[str, Any]:
                                          "description": "The requirements file (relative to the "
                                                         "manifest) pinning the build environment, "
                                                         "named when a build finds other "
-                                                        "key-deciding distributions than its lock's."}}},
+                                                        "key-deciding distributions than its lock's."},
+                                     "inputs": {
+                                         "type": "array", "maxItems": 1000,
+                                         "items": {"type": "string", "minLength": 1, "maxLength": 500},
+                                         "description": "Files (globs, relative to the manifest) a "
+                                                        "compile reads besides modules: keyed by "
+                                                        "content; a compile reading a file no key "
+                                                        "covers fails."}}},
             "hardware": {"type": "object", "additionalProperties": {
                 "type": "object", "additionalProperties": {"type": ["integer", "number", "string"]}}},
             "kernel": {"type": "object", "minProperties": 1,

@@ -58,7 +58,8 @@ def plan(manifest: Manifest, archs: tuple[str, ...] = (), *,
     paused = gc.isenabled()  # planning makes ~a million short-lived objects and few cycles:
     gc.disable()  # the collector's passes over all it holds cost more than they free
     try:
-        _plan(manifest, archs, platforms or manifest.platforms, index, installed, envs, out, scans)
+        declared = declared_inputs(manifest)
+        _plan(manifest, archs, platforms or manifest.platforms, index, installed, envs, out, scans, declared)
     finally:
         if paused:
             gc.enable()
@@ -68,7 +69,7 @@ def plan(manifest: Manifest, archs: tuple[str, ...] = (), *,
 
 def _plan(manifest: Manifest, archs: tuple[str, ...], platforms: tuple[str, ...], index: SourceIndex,
           installed: DistIndex, envs: dict[str, dict[str, str]], out: list[Planned],
-          scans: dict[str, list[tuple[str, str]]]) -> None:
+          scans: dict[str, list[tuple[str, str]]], declared: tuple[KeyedFile, ...] = ()) -> None:
     for k in manifest.kernels:
         try:
             digest, sources = index.digest(k.module)
@@ -88,10 +89,10 @@ def _plan(manifest: Manifest, archs: tuple[str, ...], platforms: tuple[str, ...]
         seen: dict[str, str] = {}
         for v in k.variants:
             imports, ref_modules = _imported(manifest, index, k, v, set(sources))
-            keyed = entry_files
+            keyed = entry_files + declared
             if imports:  # modules the variant's values name beyond the entry's closure
                 more = {f.path: f for m in sorted(imports) for f in index.files(m)}
-                more.update((f.path, f) for f in entry_files)
+                more.update((f.path, f) for f in (*entry_files, *declared))
                 keyed = tuple(more.values())
             key_modules = frozenset(modules | ref_modules)
             if key_modules not in reached:
@@ -108,6 +109,8 @@ def _plan(manifest: Manifest, archs: tuple[str, ...], platforms: tuple[str, ...]
                     envs[arch] = compile_env(manifest.env_for(arch))
                 inputs = key_inputs(k, v, arch, digest, reached[key_modules], envs[arch], imports,
                                     platform, shadowed[key_modules].digests)
+                if declared:  # only when declared: projects without `[build] inputs` keep their keys
+                    inputs["inputs"] = {f.rel.removeprefix(INPUTS): f.sha256 for f in declared}
                 p = Planned(k, v, arch, compute_key(inputs), inputs, sources, platform, keyed)
                 if p.key in seen:  # nothing tells them apart: no call could choose between them
                     raise CuteccError(f'variants "{seen[p.key]}" and "{v.id}" build the same artifact '
@@ -115,6 +118,30 @@ def _plan(manifest: Manifest, archs: tuple[str, ...], platforms: tuple[str, ...]
                                       where=str(manifest.path), key_path=f'kernel "{k.name}", variants')
                 seen[p.key] = v.id
                 out.append(p)
+
+
+INPUTS = "inputs/"  # a declared input's name in the keyed files
+
+
+def declared_inputs(manifest: Manifest) -> tuple[KeyedFile, ...]:
+    """The files `[build] inputs` names (globs, relative to the manifest), hashed: each
+    kernel's key covers them by content, and the worker re-hashes them after its compile
+    (`cutecc.plan.keyed_sources`). A pattern that matches no file is an error."""
+    from cutecc.plan.keyed_sources import file_sha256
+
+    base = manifest.path.parent.resolve()
+    found: dict[str, Path] = {}
+    for pattern in manifest.build.inputs:
+        hits = [p for p in sorted(base.glob(pattern)) if p.is_file()]
+        if not hits:
+            raise CuteccError(f'"{pattern}" matches no file under {base}', where=str(manifest.path),
+                              key_path="build.inputs")
+        for p in hits:
+            if not p.resolve().is_relative_to(base):
+                raise CuteccError(f"{p} is outside the manifest's directory", where=str(manifest.path),
+                                  key_path="build.inputs")
+            found[p.relative_to(base).as_posix()] = p
+    return tuple(KeyedFile(str(p), "", INPUTS + rel, file_sha256(str(p))) for rel, p in sorted(found.items()))
 
 
 def references(v: Variant) -> list[tuple[str, str]]:

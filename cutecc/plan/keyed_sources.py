@@ -83,3 +83,11 @@ def evict_stale(files: Iterable[KeyedFile]) -> list[str]:
 
 def _same(a: str, b: str) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
+
+
+def front(python_path: tuple[str, ...]) -> None:
+    """Put the python_path roots first on `sys.path`, in their order, even those already on it
+    further back (a script's directory or the working directory ahead of them would otherwise
+    give its same-named module, which no key read)."""
+    roots = [os.path.abspath(p) for p in python_path]
+    sys.path[:] = roots + [e for e in sys.path if os.path.abspath(e or ".") not in roots]

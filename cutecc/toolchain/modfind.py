@@ -257,7 +257,9 @@ def find_module(name: str, python_path: list[str] | tuple[str, ...] = (), *,
     if not resolved:
         python_path = [str(Path(p).resolve()) for p in python_path]
     saved = sys.path[:]
-    sys.path[:0] = [p for p in python_path if p not in sys.path]
+    # first even where already on sys.path further back, as the build worker puts them
+    # (`cutecc.plan.keyed_sources.front`): a script's same-named module never shadows them
+    sys.path[:] = [*python_path, *(p for p in saved if p not in python_path)]
     if invalidate:  # FileFinder caches directory listings; one call per planning pass is enough
         importlib.invalidate_caches()
     try:

@@ -62,16 +62,21 @@ args = [
 '''
 
 
-def _deep(manifest: Path, cache: Path) -> tuple[subprocess.CompletedProcess[str], dict]:
-    r = cli("verify", "--deep", str(manifest), "--cache-dir", str(cache), "--json", "-j", "2", timeout=900)
+def _deep(manifest: Path, cache: Path,
+          env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], dict]:
+    r = cli("verify", "--deep", str(manifest), "--cache-dir", str(cache), "--json", "-j", "2", timeout=900,
+            env=env)
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     return r, json.loads(r.stdout)
 
 
 def test_an_input_the_key_misses_is_reported_by_deep_verify(tmp_path: Path) -> None:
-    """Build, then change the data file the trace reads (the key stays: it is not an import):
-    plain `verify` calls the cache healthy, `verify --deep` names the entry, the file that
-    differs and that its device code differs (exit 1). Before the change it reproduces."""
+    """Built without the read-set check (as cutecc did before issue 44; `$CUTECC_AUDIT=off`),
+    then the data file the trace reads changed (the key stays: it is not an import): plain
+    `verify` calls the cache healthy, `verify --deep` names the entry, the file that differs
+    and that its device code differs (exit 1). Before the change it reproduces. With the
+    check, the compile again is refused naming the file no key covers."""
+    off = {"CUTECC_AUDIT": "off"}
     proj = tmp_path / "proj"
     (proj / "data_toy").mkdir(parents=True)
     (proj / "data_toy" / "__init__.py").write_text("")
@@ -80,14 +85,19 @@ def test_an_input_the_key_misses_is_reported_by_deep_verify(tmp_path: Path) -> N
     manifest = proj / "kernels.toml"
     manifest.write_text(DATA_MANIFEST)
     cache = tmp_path / "cache"
-    r = cli("build", str(manifest), "--cache-dir", str(cache), "--no-lock", "-j", "1", timeout=900)
+    r = cli("build", str(manifest), "--cache-dir", str(cache), "--no-lock", "-j", "1", timeout=900, env=off)
     assert r.returncode == 0, r.stderr[-3000:]
     (entry,) = Store(cache).entries()
     assert entry.meta.artifact is not None, entry.doc.get("artifact")
+    assert entry.meta.read_set is None
 
-    r, doc = _deep(manifest, cache)
+    r, doc = _deep(manifest, cache, off)
     assert r.returncode == 0, r.stdout + r.stderr
     assert [e["status"] for e in doc["deep"]["entries"]] == ["reproduced"]
+    r, doc = _deep(manifest, cache)  # with the check: the file no key covers is named
+    (found,) = doc["deep"]["entries"]
+    assert r.returncode == 1 and found["status"] == "failed", found
+    assert "data_toy/scale.txt (module data_toy.ops)" in found["detail"], found
 
     (proj / "data_toy" / "scale.txt").write_text("3.0\n")
     r = cli("verify", "--cache-dir", str(cache))
@@ -95,13 +105,13 @@ def test_an_input_the_key_misses_is_reported_by_deep_verify(tmp_path: Path) -> N
     r = cli("build", str(manifest), "--cache-dir", str(cache), "--no-lock", "--dry-run", "--json")
     assert json.loads(r.stdout)["cached"] == 1  # the key did not move
 
-    r, doc = _deep(manifest, cache)
+    r, doc = _deep(manifest, cache, off)
     (found,) = doc["deep"]["entries"]
     assert r.returncode == 1 and not doc["ok"]
     assert found["status"] == "differs" and found["key"] == entry.key, found
     assert found["label"] == "scaled[default]@sm_90a", found
     assert "kernel.o sha256" in found["detail"] and "device code (cubin) differs" in found["detail"], found
-    text = cli("verify", "--deep", str(manifest), "--cache-dir", str(cache), timeout=900)
+    text = cli("verify", "--deep", str(manifest), "--cache-dir", str(cache), timeout=900, env=off)
     assert_clean_failure(text, 1, "differs", "scaled[default]@sm_90a", entry.key[:12],
                          "0 reproduced, 1 differ")
 
@@ -144,3 +154,21 @@ def test_deep_verify_reproduces_the_examples(examples_build: Path) -> None:
     deep = doc["deep"]
     assert deep["entries"] and all(e["status"] == "reproduced" and e["note"] is None
                                    for e in deep["entries"]), deep
+
+
+def test_a_compile_that_read_other_files_is_reported_by_deep_verify(toy_cache: Toy, tmp_path: Path) -> None:
+    """The read-set digest (`cutecc.build.read_set`) is a fresh compile's: one recorded from
+    another read set (here, rewritten) is reported `differs`, naming the read set."""
+    toy = toy_cache.copy(tmp_path)
+    entries = toy.entries()
+    assert all(e.meta.read_set is not None for e in entries.values())
+    other = entries["threads=64"]
+    meta = json.loads((other.path / META).read_text())
+    meta["read_set"] = "0" * 64
+    (other.path / META).chmod(0o644)
+    (other.path / META).write_text(json.dumps(meta, indent=1, sort_keys=True))
+    r, doc = _deep(toy.manifest, toy.cache)
+    got = {e["key"]: e for e in doc["deep"]["entries"]}
+    assert r.returncode == 1 and got[other.key]["status"] == "differs", got
+    assert "read other files" in got[other.key]["detail"], got
+    assert got[entries["threads=128"].key]["status"] == "reproduced", got

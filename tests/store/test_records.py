@@ -97,6 +97,16 @@ def test_a_ptx_entrys_isa_is_written_where_the_dict_writer_put_it() -> None:
     assert rec.ptx_isa == "9.4" and rec.dumps() == _dict_writer(meta)
 
 
+def test_a_read_set_digest_is_written_where_the_dict_writer_put_it_and_old_entries_have_none() -> None:
+    meta = json.loads((DATA / "entry_meta.json").read_bytes())
+    assert EntryMeta.parse(meta, meta["key"]).read_set is None  # built before it was recorded
+    meta["read_set"] = "ab" * 32
+    rec = EntryMeta.parse(meta, meta["key"])
+    assert rec.read_set == "ab" * 32 and rec.dumps() == _dict_writer(meta)
+    meta["read_set"] = "not a digest"
+    assert EntryMeta.parse(meta, meta["key"]).read_set is None
+
+
 def test_the_store_publishes_a_record_as_its_bytes(fake_cache, add_entries) -> None:
     e, = add_entries("v1")
     data = (e.path / META).read_bytes()
@@ -109,7 +119,7 @@ def test_the_store_publishes_a_record_as_its_bytes(fake_cache, add_entries) -> N
 # the fields the builder wrote as a dict literal before its record was typed
 _DICT_WRITERS_FIELDS = {"kernel", "variant", "params", "arch", "platform", "entry", "args", "backward",
                         "library", "symbol", "runtime", "toolchain", "key_inputs", "sources", "artifact",
-                        "built_at", "build_seconds", "files", "format", "key"}
+                        "built_at", "build_seconds", "files", "format", "key", "read_set"}
 
 
 def test_a_real_build_writes_the_fields_and_bytes_of_the_dict_writer(toy_cache) -> None:

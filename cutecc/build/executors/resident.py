@@ -244,8 +244,12 @@ class ResidentService(service.Service):
 
 
 def stamps() -> dict[str, list[int] | None]:
-    """The stamp of every file this process loaded: its modules' and its mapped libraries'."""
-    files = {sys.executable}
+    """The stamp of every file this process loaded: its modules', its mapped libraries', and
+    every other file it read since its first import (`cutecc.build.read_set`: data files an
+    import read too)."""
+    from cutecc.build import read_set
+
+    files = {sys.executable, *read_set.files_read()}
     for m in list(sys.modules.values()):
         f = getattr(m, "__file__", None)
         if isinstance(f, str):
@@ -299,9 +303,11 @@ class _Session:
 def main(spec: dict[str, Any]) -> None:
     """The resident service: set up and import as a per-build service does, then serve
     builds on its socket until idle for `spec["idle"]` seconds, or stale."""
+    from cutecc.build import read_set
     from cutecc.build.executors.worker_process import init_worker
     from cutecc.build.workers import limit_memory
 
+    read_set.install()  # what it reads from here on: stamped, and its workers inherit the record
     tell = spec["tell"]
     signal.alarm(int(START_SECONDS))  # a start-up that hangs (an import) ends here
     began = time.time_ns()

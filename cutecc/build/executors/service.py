@@ -162,15 +162,17 @@ def preload(what: Preload) -> None:
         with contextlib.suppress(Exception):
             importlib.import_module(m)
     if what.entries:
+        from cutecc.plan.keyed_sources import front
         from cutecc.toolchain import devicequery
 
-        for p in reversed(what.python_path):  # as `cutecc.build.compiler.compile_to_object` puts them
-            if p not in sys.path:
-                sys.path.insert(0, p)
+        front(what.python_path)  # as `cutecc.build.compiler.compile_to_object` puts them
         with devicequery.answering(what.device, probe=False):
             for m in what.entries:
                 with contextlib.suppress(Exception):
                     importlib.import_module(m)
+    from cutecc.build import read_set
+
+    read_set.prepare()  # which installed file is whose, what is exempt: forked workers inherit it
     gc.collect()
     gc.freeze()
 
@@ -308,8 +310,10 @@ def _main(conn: Any, setup: Callable[..., None], setup_args: tuple[Any, ...],
     """The service: set up as a worker, import `modules` and then the `Preload` the build
     sends (`Service.ready`), then fork a worker per token received (each runs
     `serve(conn, parent, token)`) and report their exits."""
+    from cutecc.build import read_set
     from cutecc.build.workers import limit_memory
 
+    read_set.install()  # what it reads from here on, its forked workers inherit
     worker_tree.detach(token)
     setup(*setup_args)
     limit_memory(memory)

@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any
 
+from cutecc.build import read_set
 from cutecc.build.executors import service, worker_tree
 from cutecc.build.workers import Result, build_one, limit_memory
 
@@ -22,7 +23,9 @@ def serve_spawned(conn: Any, arch: str, parent: int, env: dict[str, str], memory
                   token: str = "", modules: service.Preload = service.NOTHING) -> None:
     """A spawned worker: set up once for `arch`, import what a forked one has
     (`service.preloads`), then build each job sent until told to stop; in a session of its
-    own, marking what it starts with `token` (`worker_tree.detach`)."""
+    own, marking what it starts with `token` (`worker_tree.detach`). What it reads is
+    recorded from here on (`cutecc.build.read_set`)."""
+    read_set.install()
     if token:
         worker_tree.detach(token)
     init_worker(arch, parent, env)

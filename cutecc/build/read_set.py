@@ -1,0 +1,524 @@
+"""What a compile read, recorded by an audit hook and proven covered by its key before publishing.
+
+A key is a prediction: planning walks the sources a kernel imports and the distributions it
+reaches (`cutecc.plan.key`, `cutecc.toolchain.dists`), and every mechanism built for speed
+(planning memories, a resident compile service, just-in-time builds) trusts it. This module
+checks it against what the compile actually read, as ccache's depend mode or a build
+sandbox does:
+
+- **Recorded** (`install`): an audit hook (`sys.addaudithook`, which cannot be removed, so
+  it only adds a path to a set) notes every file opened for reading (`open`, `os.open`,
+  `io.open_code`: imports), every extension module loaded (`import`'s path), every
+  directory an import listed (`os.listdir`, `os.scandir`) and every library `ctypes`
+  loaded by path; the libraries mapped into the process (`/proc/self/maps`) are added when
+  checked, which covers `dlopen` by name. A worker installs it first thing, before it imports
+  the compile side (`serve_spawned`; a Ray worker at its first job). A
+  resident or per-build compile service records from its first import and each worker it
+  forks inherits that record (the same set, copied by `fork`). A worker that serves several
+  jobs checks each against what it read before its first job and during that job
+  (`begin_job`), plus any file an earlier job was refused for (it stays in the process).
+- **Checked** (`problem`), after compile and link, before anything is published: each file
+  must be one of
+  - the job's keyed closure (`KeyedFile`s: the planned sources, the manifest's declared
+    `[build] inputs`; `cutecc.plan.keyed_sources` re-hashes them against the key);
+  - a file its RECORD lists of a distribution the key names, whose digest computed now
+    (through the store's hash cache: files are stat'ed, re-hashed only when their stamps
+    moved) is the key's, or, keyed by RECORD alone, whose content matches its RECORD row;
+  - a file of the toolchain's packages (`cutecc.toolchain.versions.TOOL_PACKAGES`) at the
+    version the key's toolchain names;
+  - byte code (`__pycache__/NAME.*.pyc`) stands for its source, which must be covered;
+  - a directory listed must be a `sys.path` entry, a python_path root, or hold a covered file;
+  - or one of `EXEMPT` (module `exempt`): the standard library and the interpreter
+    (the interpreter's identity is keyed), `/proc`, `/sys`, `/dev`, `/etc/ld.so.cache`,
+    locale and timezone data, the system's shared libraries (`.so` files in `/lib`,
+    `/usr/lib`: the C runtime the interpreter and the DSL's native code link), cutecc's own
+    package, the worker's temporary directories (the staging directory, the generated
+    wrappers' and the PTX dumps') and the store (its entries are keyed by their own keys).
+
+  Any other file fails the entry: one line naming the file, the module that read it (the
+  innermost frame outside the standard library when it was first read) and what to declare.
+- **Digest** (`ReadSet.digest`): a SHA-256 over how each covered file is covered (its name
+  in the key: closure path, distribution and RECORD path, toolchain package and path), no
+  machine paths, recorded in the entry's metadata; `cutecc verify --deep` compares it with a
+  fresh compile's.
+
+`$CUTECC_AUDIT=off` turns the check (not the recording) off: it exists so the benchmark
+(`benchmarks/build_overhead.py --audit on off`) can measure what it costs, and so a test can
+build an entry as cutecc did before the check; such an entry records no read-set digest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata as md
+import os
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DIGEST_VERSION = 1
+
+_current: set[str] = set()  # what this process (or job) read: the hook adds here
+_baseline: frozenset[str] | None = None  # what it read before its first job
+_tainted: set[str] = set()  # files an earlier job was refused for: every later job sees them
+_who: dict[str, str] = {}  # the module that first read each path
+_installed = False
+_paused = 0
+_OPEN_EVENTS = frozenset({"open"})
+_LIST_EVENTS = frozenset({"os.listdir", "os.scandir"})
+_STDLIB = os.path.normpath(sysconfig.get_paths()["stdlib"])
+_HERE = os.path.normpath(__file__)
+_WRITE_FLAGS = os.O_WRONLY | os.O_TRUNC | os.O_APPEND
+_DIRS = "\0dir:"  # prefix of a listed directory in the record (no file path starts with NUL)
+
+
+def _reader() -> str:
+    """The module of the innermost frame outside the standard library and this module."""
+    f: Any = sys._getframe(2)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not (fn.startswith("<") or fn.startswith(_STDLIB) or fn == _HERE):
+            return str(f.f_globals.get("__name__") or fn)
+        f = f.f_back
+    return "?"
+
+
+def _note(path: Any, prefix: str = "") -> None:
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    elif not isinstance(path, str):
+        path = os.fspath(path) if isinstance(path, os.PathLike) else None
+        if not isinstance(path, str):
+            return  # a descriptor: what it names was opened (and noted) before
+    if not path.startswith("/"):
+        path = os.path.join(os.getcwd(), path)
+    p = prefix + path
+    if p not in _current:
+        _current.add(p)
+        if p not in _who:
+            _who[p] = _reader()
+
+
+def _hook(event: str, args: tuple[Any, ...]) -> None:
+    if _paused:
+        return
+    if event in _OPEN_EVENTS:
+        path, mode, flags = args
+        if mode is not None:  # open(): mode string
+            if "w" in mode or "a" in mode or "x" in mode:
+                return
+        elif isinstance(flags, int) and flags & _WRITE_FLAGS:
+            return
+        _note(path)
+    elif event in _LIST_EVENTS:
+        _note(args[0] if args and args[0] is not None else ".", _DIRS)
+    elif event == "import":
+        if len(args) > 1 and args[1]:
+            _note(args[1])
+    elif event == "ctypes.dlopen" and args and isinstance(args[0], (str, bytes)) \
+            and "/" in os.fsdecode(args[0]):
+        _note(args[0])
+
+
+def install() -> None:
+    """Start recording in this process (once; later calls do nothing): a worker or compile
+    service calls it first thing, before it imports the compile side."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    sys.addaudithook(_hook)
+
+
+def begin_job() -> None:
+    """A worker takes a job: what it read so far (its imports, or its service's) stays the
+    base of every job's record; an earlier job's reads are forgotten, except those refused."""
+    global _baseline, _current
+    if _baseline is None:
+        _baseline = frozenset(_current)
+    _current = set(_tainted)
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Record nothing meanwhile: cutecc's own bookkeeping (the toolchain's check, the store,
+    the hash cache, this check's own reads), which never decides the compiled bytes."""
+    global _paused
+    _paused += 1
+    try:
+        yield
+    finally:
+        _paused -= 1
+
+
+def recorded() -> set[str]:
+    """Every path recorded for the current job (directories prefixed `_DIRS`), with the
+    libraries mapped now."""
+    out = set(_current) | set(_baseline or ())
+    with paused(), contextlib.suppress(OSError), \
+            open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+        for line in maps:
+            parts = line.split(None, 5)
+            name = parts[5].rstrip("\n") if len(parts) == 6 else ""
+            if name.startswith("/"):
+                out.add(name.removesuffix(" (deleted)"))
+    return out
+
+
+def files_read() -> list[str]:
+    """The plain files recorded (no directories, nor the kernel's pseudo-files, whose stamps
+    move by themselves): what a resident service stamps."""
+    with paused():
+        return sorted(p for p in recorded() if not p.startswith((_DIRS, "/proc/", "/sys/", "/dev/")))
+
+
+# -- what is exempt ----------------------------------------------------------------------
+
+_LOCALE = ("/usr/share/locale/", "/usr/lib/locale/", "/usr/share/zoneinfo/", "/usr/share/i18n/",
+           "/usr/lib/x86_64-linux-gnu/gconv/", "/usr/lib/aarch64-linux-gnu/gconv/", "/usr/lib/gconv/",
+           "/usr/lib64/gconv/")
+_SYSTEM_LIBS = ("/lib/", "/lib64/", "/usr/lib/", "/usr/lib64/")
+_INTERPRETER = (sys.executable, os.path.realpath(sys.executable))
+_CUTECC = os.path.dirname(os.path.dirname(_HERE)) + os.sep
+
+
+def _under(path: str, base: str) -> bool:
+    return path == base or path.startswith(base.rstrip("/") + "/")
+
+
+def exempt(path: str, temp_dirs: tuple[str, ...] = ()) -> str | None:
+    """Why `path` (absolute, normalised) needs no key (None: it does): the short list of
+    the module docstring."""
+    if any(_under(path, p) for p in ("/proc", "/sys", "/dev")):
+        return "the kernel's pseudo-files"
+    if path in ("/etc/ld.so.cache", "/etc/localtime"):
+        return "the dynamic loader's cache" if path.endswith("cache") else "timezone data"
+    if path.startswith(_LOCALE):
+        return "locale and timezone data"
+    if _under(path, _STDLIB) and "/site-packages/" not in path[len(_STDLIB):] + "/":
+        return "the standard library"
+    if path in _INTERPRETER or (
+            _under(path, os.path.normpath(sys.base_prefix)) and "/site-packages" not in path
+            and ".so" in os.path.basename(path)):
+        return "the interpreter"
+    if path.startswith(_SYSTEM_LIBS) and ".so" in os.path.basename(path) \
+            and "-packages/" not in path:
+        return "the system's shared libraries"
+    if path.startswith(_CUTECC):
+        return "cutecc's own package"
+    for t in temp_dirs:
+        if _under(path, t):
+            return "the worker's temporary files"
+    return None
+
+
+def temp_dirs(staging: Path | None, store_root: str | None) -> tuple[str, ...]:
+    """The directories a worker writes and reads back: the staging directory, the generated
+    wrappers' (`cutecc.build.compiler._wrapper_file`), the PTX dumps' and the store."""
+    tmp = os.path.normpath(tempfile.gettempdir())
+    out = [os.path.join(tmp, f"cutecc-wrap-{os.getuid()}"), os.path.join(tmp, "cutecc-ptx-")]
+    out += [os.path.normpath(str(p)) for p in (staging, store_root) if p is not None]
+    return tuple(out)
+
+
+# -- the check ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReadSet:
+    """A checked read set: the first file no key covers (None: all are) and its one-line
+    error, and the digest of how the rest are covered."""
+
+    error: str | None
+    digest: str
+    files: int
+
+
+def _source_of(pyc: str) -> str | None:
+    """The source a `__pycache__/NAME.TAG.pyc` was compiled from."""
+    d, name = os.path.split(pyc)
+    if os.path.basename(d) != "__pycache__" or not name.endswith(".pyc"):
+        return None
+    return os.path.join(os.path.dirname(d), name.split(".", 1)[0] + ".py")
+
+
+_OWNERS: dict[str, tuple[str, str, str | None, int | None]] = {}  # file -> (dist, rel, hash, size)
+_RECORDS: dict[str, tuple[str, int]] = {}  # dist -> (its RECORD's path, ctime ns)
+_OWNED_DIRS: set[str] = set()  # the directories holding installed distributions' files
+_VERSIONS: dict[str, str] = {}  # dist -> its version (from its dist-info's name)
+_HASH_CACHES: dict[str, Any] = {}  # store's hash cache file -> its HashCache, read once
+
+
+def warm() -> None:
+    """Index every installed distribution's RECORD (which files are whose, and their rows)
+    on `sys.path`, once per process: a compile service does it before it forks, so its
+    workers inherit it. Read as CSV directly (importlib.metadata's paths cost ~20x)."""
+    if _VERSIONS:
+        return
+    import csv
+
+    from cutecc.toolchain.dists import normalize
+
+    with paused():
+        for entry in dict.fromkeys(os.path.abspath(p or ".") for p in sys.path):
+            try:
+                names = sorted(os.listdir(entry))
+            except OSError:
+                continue
+            for info in names:
+                if not info.endswith(".dist-info") or "-" not in info:
+                    continue
+                dist, _, version = info[:-len(".dist-info")].partition("-")
+                name = normalize(dist)
+                if name in _VERSIONS:
+                    continue  # (the first on sys.path is the one imported)
+                _VERSIONS[name] = version
+                rec = os.path.join(entry, info, "RECORD")
+                try:
+                    with open(rec, newline="", encoding="utf-8") as f:
+                        rows = list(csv.reader(f))
+                    _RECORDS[name] = (rec, os.stat(rec).st_ctime_ns)
+                except (OSError, UnicodeDecodeError, csv.Error):
+                    continue
+                for row in rows:
+                    if not row or not row[0]:
+                        continue
+                    full = os.path.normpath(os.path.join(entry, row[0]))
+                    digest = row[1].partition("=")[2] if len(row) > 1 and row[1] else None
+                    size = int(row[2]) if len(row) > 2 and row[2].isdigit() else None
+                    _OWNERS.setdefault(full, (name, row[0], digest, size))
+                    parent = os.path.dirname(full)
+                    while parent not in _OWNED_DIRS and len(parent) > 1:
+                        _OWNED_DIRS.add(parent)
+                        parent = os.path.dirname(parent)
+
+
+class _Dists:
+    """The installed distributions' files, and whether each is as the key saw it."""
+
+    def __init__(self, job: Any, store_root: str | None) -> None:
+        from cutecc.toolchain.versions import TOOL_PACKAGES
+
+        self.keyed: dict[str, str] = dict(job.key_inputs.get("distributions") or {})
+        tools = job.key_inputs.get("toolchain") or {}
+        self.tools = {n: str(tools.get("zig" if n == "ziglang" else n, "")).split()[0:1]
+                      for n in TOOL_PACKAGES}
+        self.store_root = store_root
+        self._proven: dict[str, str | None] = {}
+        self._index: Any = None
+        self._hashes: Any = None
+
+    def owner(self, path: str) -> tuple[str, str] | None:
+        """(distribution, path in its RECORD) of an installed file its RECORD lists."""
+        warm()
+        got = _OWNERS.get(path)
+        return None if got is None else (got[0], got[1])
+
+    def line(self, name: str, rel: str) -> str:
+        """How the key covers a file of `name` (a digest line)."""
+        if name in self.keyed or name in self.tools:
+            return f"dist {name} {rel}"
+        return f"installed {name} {_VERSIONS.get(name, '?')} {rel}"
+
+    def problem(self, name: str, rel: str, path: str) -> str | None:
+        """Why distribution `name`'s file `rel` may not be what the key saw (None: it is)."""
+        if name in self.tools and name not in self.keyed:
+            want = self.tools[name]
+            have = md.version(name)
+            return None if want and have == want[0] else (
+                f"the toolchain's {name} is {have}, but the key names {want[0] if want else 'none'}")
+        if name in self.keyed:
+            if name not in self._proven:
+                self._proven[name] = self._digest_problem(name)
+            why = self._proven[name]
+            if why != "record":
+                return why
+        return self._record_problem(name, path)
+
+    def _hash_cache(self) -> Any:
+        """The store's hash cache (files' SHA-256 under their stamps), read once per process."""
+        from cutecc.toolchain.dists import HashCache
+
+        if self._hashes is None:
+            from cutecc.store.layout import Layout
+
+            cache = Layout(Path(self.store_root)).hash_cache() if self.store_root else None
+            if str(cache) not in _HASH_CACHES:  # (a stamp that moved is hashed again: never stale)
+                _HASH_CACHES[str(cache)] = HashCache(cache, write=False)
+            self._hashes = _HASH_CACHES[str(cache)]
+        return self._hashes
+
+    def _digest_problem(self, name: str) -> str | None:
+        """None when the distribution's digest now is the key's; "record" when the key
+        names it by RECORD alone (each file read is then checked against its row)."""
+        from cutecc.toolchain.dists import DistIndex
+
+        if self._index is None:
+            self._index = DistIndex(self._hash_cache())
+        version, _, digest = self.keyed[name].partition(" ")
+        if md.version(name) != version:
+            return f"distribution {name} is {md.version(name)} now, the key names {version}"
+        if self._index.digest(name, full=False) == digest:
+            return "record"
+        if self._index.digest(name, full=True) == digest:
+            return None
+        return f"distribution {name} changed since the build was planned; run the build again"
+
+    def _record_problem(self, name: str, path: str) -> str | None:
+        """None when `path` is as its distribution's RECORD says: by its stamp (its size is
+        the row's and it changed no later than the RECORD), else by its hash."""
+        import base64
+
+        _, _, want, size = _OWNERS.get(path) or _OWNERS[os.path.realpath(path)]
+        if want is None:
+            return None  # RECORD's own row (and rows the installer wrote unhashed)
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            return f"{path} cannot be read: {e.strerror}"
+        rec = _RECORDS.get(name)
+        if rec is not None and st.st_size == size and st.st_ctime_ns <= rec[1]:
+            return None
+        got = bytes.fromhex(self._hash_cache().sha256(path))
+        if base64.urlsafe_b64encode(got).rstrip(b"=").decode() == want:
+            return None
+        if name in self.keyed:
+            return f"{path} of distribution {name} differs from its RECORD, by which alone the key names it"
+        return (f"{path} of distribution {name} (which the key does not name) differs from its RECORD: "
+                "reinstall it, or import it from the kernel's code so that the key names it")
+
+
+def _declare(path: str, roots: tuple[str, ...]) -> str:
+    for r in roots:
+        if _under(path, r):
+            return (f'declare it in the manifest\'s [build] inputs ("{os.path.relpath(path, r)}" '
+                    "is under the python_path root " + r + ")")
+    return ("declare it in the manifest's [build] inputs (a path relative to the manifest), or install "
+            "the package that holds it so that its distribution is keyed")
+
+
+def check(job: Any, staging: Path | None, store_root: str | None) -> ReadSet:
+    """Whether every file this process recorded for `job` is covered by its key (module
+    docstring): the first that is not, as one line, and the digest of the covered ones."""
+    with paused():
+        return _check(job, staging, store_root)
+
+
+def _check(job: Any, staging: Path | None, store_root: str | None) -> ReadSet:
+    temps = temp_dirs(staging, store_root)
+    keyed = {os.path.normpath(f.path): f for f in job.keyed_files}
+    real_keyed = {os.path.realpath(p): f for p, f in keyed.items()}
+    roots = tuple(os.path.normpath(os.path.abspath(p)) for p in job.python_path)
+    entries = {os.path.normpath(os.path.abspath(p or ".")) for p in sys.path} | set(roots)
+    dists = _Dists(job, store_root)
+    lines: set[str] = set()
+    covered_dirs: set[str] = set()
+    dirs: list[str] = []
+    error: str | None = None
+    bad = ""
+    covered: list[str] = []
+    for raw in sorted(recorded()):
+        if raw.startswith(_DIRS):
+            dirs.append(raw)
+            continue
+        path, target, why_exempt = _facts_of(raw)
+        if why_exempt is not None or any(_under(path, t) for t in temps):
+            continue
+        line, why = _covered(target, keyed, real_keyed, dists)
+        if line is None and target != path:  # byte code of an unlisted source
+            line, why = _covered(path, keyed, real_keyed, dists)
+        if line is not None:
+            lines.add(line)
+            covered.append(target)
+            continue
+        if error is None and os.path.exists(target):  # (a file gone since: nothing read is left)
+            who, bad = _who.get(raw, "?"), raw
+            error = (f"the compile read {target} (module {who}), which its key does not cover"
+                     + (f": {why}" if why else f"; {_declare(target, roots)}"))
+    for raw in dirs:
+        d = os.path.normpath(raw[len(_DIRS):])
+        if d in entries or exempt(d, temps) is not None or not os.path.isdir(d):
+            continue
+        warm()
+        if d in _OWNED_DIRS and not any(_under(d, r) for r in roots):
+            continue  # installed files' directory: what an import there finds is an installed file
+        if not covered_dirs:  # (only for a directory nothing else covers)
+            covered_dirs = {p for f in covered for p in _parents(f)}
+        if d in covered_dirs:
+            continue
+        if error is None:
+            bad = raw
+            error = (f"the compile listed the directory {d} (module {_who.get(raw, '?')}), which its key "
+                     f"does not cover; {_declare(d, roots)}")
+    if bad:  # what was read stays in this process: every later job of it is refused too
+        _tainted.add(bad)
+    # the keyed closure always counts as read: a worker reused for another variant of a kernel
+    # does not import its modules again, and its digest must be a fresh compile's
+    lines.update(f"source {f.rel}" for f in job.keyed_files)
+    h = hashlib.sha256(f"read-set {DIGEST_VERSION}\n".encode())
+    for line in sorted(lines):
+        h.update(line.encode() + b"\n")
+    return ReadSet(error, h.hexdigest(), len(lines))
+
+
+_FACTS: dict[str, tuple[str, str, str | None]] = {}  # raw path -> (path, target, why exempt)
+
+
+def _facts_of(raw: str) -> tuple[str, str, str | None]:
+    """(the normalised path, the file that stands for it: a `.pyc`'s source, and why it is
+    exempt), once per process: a compile service works them out for its record before it
+    forks (`prepare`), so its workers check only what they read themselves."""
+    got = _FACTS.get(raw)
+    if got is None:
+        path = os.path.normpath(raw)
+        src = _source_of(path)
+        target = src if src is not None and os.path.exists(src) else path
+        got = _FACTS[raw] = (path, target, exempt(path))
+    return got
+
+
+def prepare() -> None:
+    """In a compile service, after its imports: index the installed distributions and work
+    out each recorded file's facts, which the workers it forks inherit."""
+    with paused():
+        warm()
+        for raw in recorded():
+            if not raw.startswith(_DIRS):
+                _facts_of(raw)
+
+
+def _parents(path: str) -> Iterator[str]:
+    d = os.path.dirname(path)
+    while d and d != "/":
+        yield d
+        d = os.path.dirname(d)
+
+
+def _covered(path: str, keyed: dict[str, Any], real_keyed: dict[str, Any],
+             dists: _Dists) -> tuple[str | None, str | None]:
+    """(how the key covers `path`, as a digest line; None and why when it does not)."""
+    f = keyed.get(path)
+    owned = None if f is not None else dists.owner(path)
+    if f is None and owned is None:  # by its real path (a symlinked package or venv)
+        real = os.path.realpath(path)
+        if real != path:
+            f, owned = real_keyed.get(real), dists.owner(real)
+    if f is not None:
+        return f"source {f.rel}", None
+    if owned is not None:
+        name, rel = owned
+        why = dists.problem(name, rel, path)
+        return (dists.line(name, rel), None) if why is None else (None, why)
+    return None, None
+
+
+def enabled() -> bool:
+    """Whether builds check their read sets (`$CUTECC_AUDIT` is not "off")."""
+    from cutecc import environ
+
+    return os.environ.get(environ.AUDIT, "on").strip().lower() not in ("0", "off", "no", "false")

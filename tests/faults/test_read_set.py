@@ -1,0 +1,229 @@
+"""A compile proves what it read (`cutecc.build.read_set`): every file a build worker opened,
+imported or listed is covered by the job's key with the content the key saw, or the entry is
+refused naming the file, the module that read it and what to declare. Real compiles of small
+kernels through the DSL (CPU only)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import tempfile
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import PY, REPO, TOY_KERNEL, resident_services, stop_resident_services, toy_manifest
+
+from cutecc.build import read_set
+from cutecc.manifest import load_manifest
+from cutecc.plan.build_plan import plan
+from cutecc.store import Store
+
+from .conftest import assert_clean_failure, cli
+
+# The toy kernel with its block size read, while the DSL traces it, from a data file beside
+# the project: nothing but `[build] inputs` keys that file.
+TRACE_READS = TOY_KERNEL.replace(
+    "@cute.jit\ndef scale(", '''\
+def _width():
+    import json
+    import pathlib
+    with open(pathlib.Path(__file__).parent.parent / "widths.json") as f:
+        return json.load(f)["threads"]
+
+
+@cute.jit
+def scale(''', 1).replace("    n = x.shape[0]\n    _scale_kernel",
+                          "    n = x.shape[0]\n    threads = _width()\n    _scale_kernel", 1)
+
+
+def _env(**more: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "CUTECC_SERVICE_IDLE": "0", **more}
+
+
+def _project(root: Path, inputs: str = "") -> Path:
+    (root / "toy").mkdir(parents=True, exist_ok=True)
+    (root / "toy" / "__init__.py").write_text("")
+    (root / "toy" / "ops.py").write_text(TRACE_READS)
+    (root / "widths.json").write_text('{"threads": 64}\n')
+    (root / "kernels.toml").write_text(toy_manifest(threads=(32,)) + inputs)
+    return root / "kernels.toml"
+
+
+def _keys(manifest: Path) -> list[str]:
+    return [p.key for p in plan(load_manifest(manifest))]
+
+
+@pytest.mark.usefixtures("dsl")
+def test_a_file_the_trace_reads_that_nothing_keys_fails_the_entry_and_declared_it_is_keyed(
+        tmp_path: Path) -> None:
+    manifest = _project(tmp_path / "proj")
+    data = tmp_path / "proj" / "widths.json"
+    r = cli("build", str(manifest), "--cache-dir", str(tmp_path / "c1"), "--no-lock", env=_env())
+    assert_clean_failure(r, 1, f"the compile read {data} (module toy.ops)", "which its key does not cover",
+                         "[build] inputs")
+    assert not list(Store(tmp_path / "c1").entries()), "an entry was published"
+    # declared, it builds; its content is in the key, so an edit re-keys
+    manifest.write_text(manifest.read_text() + '\n[build]\ninputs = ["widths.json"]\n')
+    before = _keys(manifest)
+    r = cli("build", str(manifest), "--cache-dir", str(tmp_path / "c1"), "--no-lock", "--json", env=_env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    [entry] = Store(tmp_path / "c1").entries()
+    assert entry.doc["key_inputs"]["inputs"] == {"widths.json": hashlib.sha256(data.read_bytes()).hexdigest()}
+    assert len(entry.doc["read_set"]) == 64
+    data.write_text('{"threads": 96}\n')
+    after = _keys(manifest)
+    assert after != before
+    # a project that declares nothing keeps its keys (no "inputs" key input at all)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "kernels.toml").write_text(toy_manifest(threads=(32,)))
+    (plain / "toy").mkdir()
+    (plain / "toy" / "__init__.py").write_text("")
+    (plain / "toy" / "ops.py").write_text(TOY_KERNEL)
+    assert "inputs" not in plan(load_manifest(plain / "kernels.toml"))[0].inputs
+
+
+def test_a_declared_input_must_exist_and_stay_inside_the_project(tmp_path: Path) -> None:
+    manifest = _project(tmp_path / "proj", '\n[build]\ninputs = ["nothing*.json"]\n')
+    r = cli("build", str(manifest), "--cache-dir", str(tmp_path / "c"), "--dry-run", env=_env())
+    assert_clean_failure(r, 2, "\"nothing*.json\" matches no file", "build.inputs")
+    manifest.write_text(toy_manifest(threads=(32,)) + '\n[build]\ninputs = ["../x.json"]\n')
+    r = cli("build", str(manifest), "--cache-dir", str(tmp_path / "c"), "--dry-run", env=_env())
+    assert_clean_failure(r, 2, "build.inputs[0]", "inside its directory")
+
+
+# the exempt list ----------------------------------------------------------------------
+
+
+def test_the_exempt_list_is_short_and_exempts_nothing_of_a_project_or_installed_code() -> None:
+    import sysconfig
+
+    stdlib = sysconfig.get_paths()["stdlib"]
+    assert read_set.exempt(os.path.join(stdlib, "json", "__init__.py")) == "the standard library"
+    for pseudo in ("/proc/self/maps", "/sys/devices/x", "/dev/null"):
+        assert read_set.exempt(pseudo) == "the kernel's pseudo-files"
+    assert read_set.exempt("/etc/ld.so.cache") and read_set.exempt("/usr/share/zoneinfo/UTC")
+    assert read_set.exempt("/usr/lib/x86_64-linux-gnu/libstdc++.so.6") == "the system's shared libraries"
+    assert read_set.exempt(read_set.__file__) == "cutecc's own package"
+    wrap = os.path.join(tempfile.gettempdir(), f"cutecc-wrap-{os.getuid()}", "cutecc_wrapper_x.py")
+    assert read_set.exempt(wrap, read_set.temp_dirs(None, None)) == "the worker's temporary files"
+    purelib = sysconfig.get_paths()["purelib"]
+    for path in (os.path.join(purelib, "numpy", "__init__.py"), os.path.join(purelib, "x", "lib.so"),
+                 os.path.join(stdlib, "site-packages", "x.py"), "/etc/passwd",
+                 "/usr/lib/python3/dist-packages/a.so",
+                 os.path.join(tempfile.gettempdir(), "widths.json"), "/usr/share/doc/x", "/root/.cache/x"):
+        assert read_set.exempt(path, read_set.temp_dirs(None, None)) is None, path
+
+
+def test_the_hook_records_reads_listings_and_who_read_them_but_not_writes(tmp_path: Path) -> None:
+    code = textwrap.dedent(f"""
+        import json, os, sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        from cutecc.build import read_set
+        read_set.install()
+        read_set.begin_job()
+        (open({str(tmp_path / 'w.txt')!r}, 'w')).close()
+        import reader_mod
+        os.listdir({str(tmp_path)!r})
+        got = read_set.recorded()
+        print(json.dumps({{"r": {str(tmp_path / 'data.txt')!r} in got,
+                          "w": {str(tmp_path / 'w.txt')!r} in got,
+                          "mod": any(p.endswith('reader_mod.py') or 'reader_mod.cpython' in p for p in got),
+                          "dir": read_set._DIRS + {str(tmp_path)!r} in got,
+                          "who": read_set._who.get({str(tmp_path / 'data.txt')!r})}}))
+    """)
+    (tmp_path / "data.txt").write_text("x")
+    (tmp_path / "reader_mod.py").write_text(f"open({str(tmp_path / 'data.txt')!r}).read()\n")
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"r": True, "w": False, "mod": True, "dir": True, "who": "reader_mod"}
+
+
+# seen 1: an installed package's data file behind a resident service ----------------------
+
+INSTALLED_KERNEL = TOY_KERNEL.replace("import cutlass\n", '''\
+import json
+import pathlib
+
+import cutlass
+''', 1).replace("threads: cutlass.Constexpr = 128", "threads: cutlass.Constexpr = WIDTH", 1) \
+    .replace("@cute.kernel", 'WIDTH = json.loads((pathlib.Path(__file__).parent / "widths.json").read_text())'
+             '["threads"]\n\n\n@cute.kernel', 1)
+
+
+def _record_row(root: Path, rel: str) -> str:
+    data = (root / rel).read_bytes()
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{rel},sha256={digest},{len(data)}"
+
+
+def _install(site: Path) -> Path:
+    """A non-editable distribution `widthpkg` in directory `site` (as an installer leaves it)."""
+    pkg = site / "widthpkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "ops.py").write_text(INSTALLED_KERNEL)
+    (pkg / "widths.json").write_text('{"threads": 64}\n')
+    info = site / "widthpkg-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: widthpkg\nVersion: 1.0\n")
+    (info / "top_level.txt").write_text("widthpkg\n")
+    (info / "INSTALLER").write_text("pip\n")
+    info_files = [f"widthpkg-1.0.dist-info/{n}" for n in ("METADATA", "top_level.txt", "INSTALLER")]
+    rows = [_record_row(site, r) for r in ("widthpkg/__init__.py", "widthpkg/ops.py", "widthpkg/widths.json",
+                                           *info_files)]
+    (info / "RECORD").write_text("\n".join([*rows, "widthpkg-1.0.dist-info/RECORD,,"]) + "\n")
+    return pkg / "widths.json"
+
+
+@pytest.fixture
+def run_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))
+    yield d
+    stop_resident_services(d)
+    import shutil
+
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _libraries(cache: Path) -> dict[str, str]:
+    return {e.key: hashlib.sha256((e.path / e.doc["library"]).read_bytes()).hexdigest()
+            for e in Store(cache).entries()}
+
+
+@pytest.mark.usefixtures("dsl")
+def test_a_resident_service_that_read_an_edited_data_file_never_serves_the_new_key(
+        tmp_path: Path, run_dir: Path) -> None:
+    data = _install(tmp_path / "site")
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "kernels.toml").write_text(toy_manifest(threads=(32,)).replace(
+        'entry = "toy.ops:scale"', 'entry = "widthpkg.ops:scale"').replace(
+        'constants = { threads = "$threads" }\n', "").replace("variants = { threads = [32] }\n", ""))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path / "site")]),
+           "XDG_RUNTIME_DIR": str(run_dir), "CUTECC_SERVICE_IDLE": "120"}
+
+    def build(cache: str, **more: str) -> dict[str, Any]:
+        r = subprocess.run([PY, "-m", "cutecc.cli", "build", str(proj / "kernels.toml"), "--cache-dir",
+                            str(tmp_path / cache), "--no-lock", "--json"], capture_output=True, text=True,
+                           env={**env, **more}, timeout=600, cwd=proj)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+        return json.loads(r.stdout)
+
+    first = build("c")
+    assert first["workers"] == "fork (resident)"
+    assert resident_services(run_dir)
+    data.write_text('{"threads": 96}\n')  # edited in place, the same size
+    second = build("c")
+    [(key, lib)] = [(k, v) for k, v in _libraries(tmp_path / "c").items()
+                    if k == second["entries"][0]["key"]]
+    assert key != first["entries"][0]["key"]  # the file is keyed: its distribution is small
+    fresh = build("fresh", CUTECC_WORKERS="spawn")  # a worker that never saw the old file
+    assert fresh["entries"][0]["key"] == key
+    assert _libraries(tmp_path / "fresh")[key] == lib, "the entry under the new key holds the old width"
