@@ -292,8 +292,8 @@ def warm() -> None:
                     digest = row[1].partition("=")[2] if len(row) > 1 and row[1] else None
                     size = int(row[2]) if len(row) > 2 and row[2].isdigit() else None
                     _OWNERS.setdefault(full, (name, row[0], digest, size))
-                    parent = os.path.dirname(full)
-                    while parent not in _OWNED_DIRS and len(parent) > 1:
+                    parent = os.path.dirname(full)  # its folders below the sys.path entry
+                    while parent not in _OWNED_DIRS and _under(parent, entry) and parent != entry:
                         _OWNED_DIRS.add(parent)
                         parent = os.path.dirname(parent)
 
@@ -445,7 +445,7 @@ def _check(job: Any, staging: Path | None, store_root: str | None) -> ReadSet:
         if d in entries or exempt(d, temps) is not None or not os.path.isdir(d):
             continue
         warm()
-        if d in _OWNED_DIRS and not any(_under(d, r) for r in roots):
+        if d in _OWNED_DIRS:
             continue  # installed files' directory: what an import there finds is an installed file
         if not covered_dirs:  # (only for a directory nothing else covers)
             covered_dirs = {p for f in covered for p in _parents(f)}

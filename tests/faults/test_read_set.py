@@ -121,6 +121,21 @@ def test_the_exempt_list_is_short_and_exempts_nothing_of_a_project_or_installed_
         assert read_set.exempt(path, read_set.temp_dirs(None, None)) is None, path
 
 
+def test_installed_folders_stop_at_their_sys_path_entry() -> None:
+    """A venv inside the project (the README's `.venv`, under the python_path root): the
+    folders of installed files are those below their `sys.path` entry, never the entry's
+    parents (the project root among them), so listing a distribution's folder is covered
+    wherever the venv lies, and listing the project's own folders is not (CI once saw
+    `nvidia_cutlass_dsl/cu13/lib` refused with the venv in the checkout)."""
+    import sysconfig
+
+    read_set.warm()
+    purelib = os.path.normpath(sysconfig.get_paths()["purelib"])
+    assert os.path.join(purelib, "nvidia_cutlass_dsl", "cu13", "lib") in read_set._OWNED_DIRS
+    for parent in (purelib, os.path.dirname(purelib), str(REPO), "/"):
+        assert parent not in read_set._OWNED_DIRS, parent
+
+
 def test_the_hook_records_reads_listings_and_who_read_them_but_not_writes(tmp_path: Path) -> None:
     code = textwrap.dedent(f"""
         import json, os, sys
