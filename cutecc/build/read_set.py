@@ -211,8 +211,8 @@ def exempt(path: str, temp_dirs: tuple[str, ...] = ()) -> str | None:
         return "the system's shared libraries"
     if path.startswith(_CUTECC):
         return "cutecc's own package"
-    for t in temp_dirs:
-        if _under(path, t):
+    for t in temp_dirs:  # (one ending in "-" names a prefix: `tempfile`'s directories)
+        if path.startswith(t) if t.endswith("-") else _under(path, t):
             return "the worker's temporary files"
     return None
 
@@ -222,7 +222,8 @@ def temp_dirs(staging: Path | None, store_root: str | None) -> tuple[str, ...]:
     wrappers' (`cutecc.build.compiler._wrapper_file`), the PTX dumps' and the store."""
     tmp = os.path.normpath(tempfile.gettempdir())
     out = [os.path.join(tmp, f"cutecc-wrap-{os.getuid()}"), os.path.join(tmp, "cutecc-ptx-")]
-    out += [os.path.normpath(str(p)) for p in (staging, store_root) if p is not None]
+    # absolute as the hook records them (a store named relative to the build's directory)
+    out += [os.path.normpath(os.path.abspath(str(p))) for p in (staging, store_root) if p is not None]
     return tuple(out)
 
 
@@ -427,7 +428,7 @@ def _check(job: Any, staging: Path | None, store_root: str | None) -> ReadSet:
             dirs.append(raw)
             continue
         path, target, why_exempt = _facts_of(raw)
-        if why_exempt is not None or any(_under(path, t) for t in temps):
+        if why_exempt is not None or exempt(path, temps) is not None:
             continue
         line, why = _covered(target, keyed, real_keyed, dists)
         if line is None and target != path:  # byte code of an unlisted source

@@ -121,6 +121,20 @@ def test_the_exempt_list_is_short_and_exempts_nothing_of_a_project_or_installed_
         assert read_set.exempt(path, read_set.temp_dirs(None, None)) is None, path
 
 
+def test_the_store_named_relative_to_the_build_and_the_ptx_dumps_are_the_workers_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--cache-dir DIR` relative to the build's directory (tests/gpu/prepare.sh's) and the
+    DSL's PTX dump folders (`tempfile`'s `cutecc-ptx-XXXX`): what the hook records there
+    (absolute) is the worker's own, not a read the key must cover."""
+    monkeypatch.chdir(tmp_path)
+    temps = read_set.temp_dirs(None, "caches/root")
+    lock = str(tmp_path / "caches" / "root" / "locks" / "ab.lock")
+    assert read_set.exempt(lock, temps) == "the worker's temporary files"
+    dump = os.path.join(tempfile.gettempdir(), "cutecc-ptx-k2j4x", "kernel.ptx")
+    assert read_set.exempt(dump, temps) == "the worker's temporary files"
+    assert read_set.exempt(str(tmp_path / "caches" / "other.json"), temps) is None
+
+
 def test_installed_folders_stop_at_their_sys_path_entry() -> None:
     """A venv inside the project (the README's `.venv`, under the python_path root): the
     folders of installed files are those below their `sys.path` entry, never the entry's
