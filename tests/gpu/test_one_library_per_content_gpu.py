@@ -44,7 +44,9 @@ def test_a_second_cache_with_other_bytes_under_a_loaded_key_is_refused(example_c
     docs[target]["files"][docs[target]["library"]] = {"sha256": hashlib.sha256(data).hexdigest(),
                                                       "size": len(data)}
     metas[target].write_text(json.dumps(docs[target], indent=1, sort_keys=True))
-    r = subprocess.run([sys.executable, "-c", CHILD, str(example_cache), str(other)],
+    # from a folder of no project: the caches alone decide (from this checkout, load() would
+    # serve what kernels.lock pins, and refuse the other bytes as not the lock's)
+    r = subprocess.run([sys.executable, "-c", CHILD, str(example_cache), str(other)], cwd=tmp_path,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "REFUSED" in r.stdout, r.stdout
