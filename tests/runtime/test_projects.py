@@ -200,3 +200,24 @@ def test_a_project_is_never_served_another_project_s_fallback(two: dict[str, Pat
     ks = cutecc.load(two["cache"], arch="sm_90a")
     with pytest.warns(FallbackWarning):
         jax.jit(lambda x: ks.scale(x, factor=2.0)).trace(misses).lower(lowering_platforms=("cuda",))
+
+
+def test_a_lock_only_project_is_never_served_another_project_s_fallback(
+        two: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deploy directory holding a's lock alone (no kernels.toml): its load is a's entries,
+    and b's fallback (b's build of `scale` is the newest, and declares one) never serves them."""
+    deploy = tmp_path / "deploy"
+    deploy.mkdir()
+    shutil.copy(two["a"].parent / "kernels.lock", deploy / "kernels.lock")
+    monkeypatch.syspath_prepend(str(two["b"].parent))  # b's fallback is importable from here
+    for mod in ("toy", "toy.ref", "toy.ops"):
+        monkeypatch.delitem(sys.modules, mod, raising=False)
+    monkeypatch.chdir(deploy)
+    ks = cutecc.load(two["cache"], arch="sm_90a")
+    assert _keys(ks) == _lock_keys(two["a"])
+    assert ks.scale._fallback is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        with pytest.raises(NoBuildFits):
+            jax.jit(lambda x: ks.scale(x, factor=2.0)).trace(
+                jax.ShapeDtypeStruct((256,), jnp.float16)).lower(lowering_platforms=("cuda",))
