@@ -256,3 +256,44 @@ def test_a_resident_service_that_read_an_edited_data_file_never_serves_the_new_k
     fresh = build("fresh", CUTECC_WORKERS="spawn")  # a worker that never saw the old file
     assert fresh["entries"][0]["key"] == key
     assert _libraries(tmp_path / "fresh")[key] == lib, "the entry under the new key holds the old width"
+
+
+def test_an_installed_file_edited_before_its_record_was_touched_is_not_vouched_for_by_its_stat(
+        tmp_path: Path) -> None:
+    """A file of a distribution the key does not name, edited (same size) and then its RECORD
+    touched (a `chmod -R`, a `touch`): its ctime is before the RECORD's, but after the
+    INSTALLER's, so the planner's stat rule (`cutecc.toolchain.recordstat`) hashes it, and so
+    must the read-set check: the edit is refused, an untouched install is not."""
+    import time
+
+    site = tmp_path / "site"
+    info = site / "fakedist-1.0.dist-info"
+    info.mkdir(parents=True)
+    mod = site / "fakemod.py"
+    mod.write_text("VALUE = 1\n")
+    time.sleep(0.05)
+    (info / "INSTALLER").write_text("pip\n")
+    digest = base64.urlsafe_b64encode(hashlib.sha256(mod.read_bytes()).digest()).rstrip(b"=").decode()
+    (info / "RECORD").write_text(f"fakemod.py,sha256={digest},{mod.stat().st_size}\n"
+                                 "fakedist-1.0.dist-info/RECORD,,\n")
+    code = textwrap.dedent(f"""
+        import sys, types
+        sys.path.insert(0, {str(site)!r})
+        from cutecc.build import read_set
+        read_set.warm()
+        d = read_set._Dists(types.SimpleNamespace(key_inputs={{}}), None)
+        print(d.problem("fakedist", "fakemod.py", {str(mod)!r}))
+    """)
+
+    def problem() -> str:
+        time.sleep(2.2)  # the RECORD's stamp settled (`hashcache.SETTLE_NS`)
+        r = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=_env(), timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    assert problem() == "None"
+    mod.write_text("VALUE = 2\n")  # same size
+    time.sleep(0.05)
+    os.utime(info / "RECORD")
+    got = problem()
+    assert "differs from its RECORD" in got and str(mod) in got, got
