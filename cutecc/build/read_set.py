@@ -492,6 +492,10 @@ def _facts_of(raw: str) -> tuple[str, str, str | None]:
     got = _FACTS.get(raw)
     if got is None:
         path = os.path.normpath(raw)
+        if path.startswith(("/proc/", "/dev/")):  # a file reached through /proc/self/root,
+            real = os.path.realpath(raw)  # /proc/self/cwd or /dev/fd: the file itself
+            if not any(_under(real, p) for p in ("/proc", "/sys", "/dev")):
+                path = real
         src = _source_of(path)
         target = src if src is not None and os.path.exists(src) else path
         got = _FACTS[raw] = (path, target, exempt(path))

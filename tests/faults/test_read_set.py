@@ -297,3 +297,17 @@ def test_an_installed_file_edited_before_its_record_was_touched_is_not_vouched_f
     os.utime(info / "RECORD")
     got = problem()
     assert "differs from its RECORD" in got and str(mod) in got, got
+
+
+def test_a_file_read_through_proc_is_the_file_itself_not_a_pseudo_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/proc/self/root/... and /proc/self/cwd/... name ordinary files: read so, a project's
+    data file is still one the key must cover, never exempt as the kernel's pseudo-files."""
+    (tmp_path / "sub").mkdir()
+    data = tmp_path / "widths.json"
+    data.write_text("{}")
+    monkeypatch.chdir(tmp_path / "sub")
+    for raw in ("/proc/self/root" + str(data), "/proc/self/cwd/../widths.json"):
+        path, target, why = read_set._facts_of(raw)
+        assert (path, target, why) == (str(data), str(data), None), raw
+    assert read_set._facts_of("/proc/self/maps")[2] == "the kernel's pseudo-files"
