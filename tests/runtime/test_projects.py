@@ -221,3 +221,16 @@ def test_a_lock_only_project_is_never_served_another_project_s_fallback(
         with pytest.raises(NoBuildFits):
             jax.jit(lambda x: ks.scale(x, factor=2.0)).trace(
                 jax.ShapeDtypeStruct((256,), jnp.float16)).lower(lowering_platforms=("cuda",))
+
+
+def test_a_working_directory_removed_since_is_no_project(two: dict[str, Path], tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process whose working directory was deleted (a test's temporary folder, a release
+    directory swapped away) loads as one in no project: the cache's rule, no OSError."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    ks = cutecc.load(two["cache"], arch="sm_90a")
+    with pytest.raises(cutecc.CuteccError, match="2 manifests"):
+        ks.scale  # noqa: B018
