@@ -176,5 +176,11 @@ def ambiguous(kernel: str, manifests: list[str], store: StoreView) -> WorkError:
 
 
 def same_path(recorded: object, path: Path) -> bool:
-    """Whether a record's path (a string a build wrote) names `path`."""
-    return isinstance(recorded, str) and bool(recorded) and Path(recorded).resolve() == path
+    """Whether a record's path (a string a build wrote) names `path`: never one that names
+    no file (a NUL in it, a symbolic link that loops)."""
+    if not isinstance(recorded, str) or not recorded:
+        return False
+    try:
+        return Path(recorded).resolve() == path
+    except (OSError, ValueError, RuntimeError):
+        return False

@@ -234,3 +234,20 @@ def test_a_working_directory_removed_since_is_no_project(two: dict[str, Path], t
     ks = cutecc.load(two["cache"], arch="sm_90a")
     with pytest.raises(cutecc.CuteccError, match="2 manifests"):
         ks.scale  # noqa: B018
+
+
+@pytest.mark.parametrize("recorded", ["/x/\0y", "LOOP"])
+def test_a_recorded_manifest_path_that_names_no_file_is_another_project_s(
+        two: dict[str, Path], tmp_path: Path, recorded: str) -> None:
+    """A generation record's manifest path (a string someone's build wrote) holding a NUL, or
+    a symbolic link that loops: it names no manifest of this load, and the kernel loads."""
+    cache = shutil.copytree(two["cache"], tmp_path / "cache", symlinks=True)
+    if recorded == "LOOP":
+        (tmp_path / "loop").symlink_to(tmp_path / "loop")
+        recorded = str(tmp_path / "loop" / "kernels.toml")
+    rec = cache / "generations" / "scale@sm_90a.json"
+    doc = json.loads(rec.read_text())
+    doc["manifest"] = recorded
+    rec.write_text(json.dumps(doc))
+    ks = cutecc.load(cache, arch="sm_90a", manifest=two["a"])
+    assert _keys(ks) == _lock_keys(two["a"])
