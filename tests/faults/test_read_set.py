@@ -93,9 +93,10 @@ def test_a_declared_input_must_exist_and_stay_inside_the_project(tmp_path: Path)
     manifest = _project(tmp_path / "proj", '\n[build]\ninputs = ["nothing*.json"]\n')
     r = cli("build", str(manifest), "--cache-dir", str(tmp_path / "c"), "--dry-run", env=_env())
     assert_clean_failure(r, 2, "\"nothing*.json\" matches no file", "build.inputs")
-    manifest.write_text(toy_manifest(threads=(32,)) + '\n[build]\ninputs = ["../x.json"]\n')
-    r = cli("build", str(manifest), "--cache-dir", str(tmp_path / "c"), "--dry-run", env=_env())
-    assert_clean_failure(r, 2, "build.inputs[0]", "inside its directory")
+    for bad in ("../x.json", " /etc/passwd", " ~/x.json", " ../x.json"):  # (spaces are stripped)
+        manifest.write_text(toy_manifest(threads=(32,)) + f'\n[build]\ninputs = ["{bad}"]\n')
+        r = cli("build", str(manifest), "--cache-dir", str(tmp_path / "c"), "--dry-run", env=_env())
+        assert_clean_failure(r, 2, "build.inputs[0]", "inside its directory")
 
 
 # the exempt list ----------------------------------------------------------------------
