@@ -204,7 +204,7 @@ def exempt(path: str, temp_dirs: tuple[str, ...] = ()) -> str | None:
     if _under(path, _STDLIB) and "/site-packages/" not in path[len(_STDLIB):] + "/":
         return "the standard library"
     if path in _INTERPRETER or (
-            _under(path, os.path.normpath(sys.base_prefix)) and "/site-packages" not in path
+            _under(path, os.path.normpath(sys.base_prefix)) and "-packages/" not in path
             and ".so" in os.path.basename(path)):
         return "the interpreter"
     if path.startswith(_SYSTEM_LIBS) and ".so" in os.path.basename(path) \

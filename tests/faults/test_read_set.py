@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import textwrap
 from collections.abc import Iterator
@@ -118,6 +119,7 @@ def test_the_exempt_list_is_short_and_exempts_nothing_of_a_project_or_installed_
     for path in (os.path.join(purelib, "numpy", "__init__.py"), os.path.join(purelib, "x", "lib.so"),
                  os.path.join(stdlib, "site-packages", "x.py"), "/etc/passwd",
                  "/usr/lib/python3/dist-packages/a.so",
+                 os.path.join(sys.base_prefix, "lib", "python3", "dist-packages", "x", "_y.so"),
                  os.path.join(tempfile.gettempdir(), "widths.json"), "/usr/share/doc/x", "/root/.cache/x"):
         assert read_set.exempt(path, read_set.temp_dirs(None, None)) is None, path
 
