@@ -56,6 +56,7 @@ import os
 import sys
 import sysconfig
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,7 +204,7 @@ def exempt(path: str, temp_dirs: tuple[str, ...] = ()) -> str | None:
     if _under(path, _STDLIB) and "/site-packages/" not in path[len(_STDLIB):] + "/":
         return "the standard library"
     if path in _INTERPRETER or (
-            _under(path, os.path.normpath(sys.base_prefix)) and "/site-packages" not in path
+            _under(path, os.path.normpath(sys.base_prefix)) and "-packages/" not in path
             and ".so" in os.path.basename(path)):
         return "the interpreter"
     if path.startswith(_SYSTEM_LIBS) and ".so" in os.path.basename(path) \
@@ -249,7 +250,9 @@ def _source_of(pyc: str) -> str | None:
 
 
 _OWNERS: dict[str, tuple[str, str, str | None, int | None]] = {}  # file -> (dist, rel, hash, size)
-_RECORDS: dict[str, tuple[str, int]] = {}  # dist -> (its RECORD's path, ctime ns)
+# dist -> its RECORD's sys.path entry, stamp, INSTALLER's stamp and whether it held while read
+# (what `cutecc.toolchain.recordstat.by_stat` judges a file's stat by)
+_RECORDS: dict[str, tuple[str, list[int] | None, list[int] | None, bool]] = {}
 _OWNED_DIRS: set[str] = set()  # the directories holding installed distributions' files
 _VERSIONS: dict[str, str] = {}  # dist -> its version (from its dist-info's name)
 _HASH_CACHES: dict[str, Any] = {}  # store's hash cache file -> its HashCache, read once
@@ -264,6 +267,10 @@ def warm() -> None:
     import csv
 
     from cutecc.toolchain.dists import normalize
+    from cutecc.toolchain.hashcache import SETTLE_NS, path_stamp
+
+    def settled_ns(ctime_ns: int) -> bool:
+        return time.time_ns() - ctime_ns >= SETTLE_NS
 
     with paused():
         for entry in dict.fromkeys(os.path.abspath(p or ".") for p in sys.path):
@@ -280,12 +287,14 @@ def warm() -> None:
                     continue  # (the first on sys.path is the one imported)
                 _VERSIONS[name] = version
                 rec = os.path.join(entry, info, "RECORD")
+                before = path_stamp(rec)
                 try:
                     with open(rec, newline="", encoding="utf-8") as f:
                         rows = list(csv.reader(f))
-                    _RECORDS[name] = (rec, os.stat(rec).st_ctime_ns)
                 except (OSError, UnicodeDecodeError, csv.Error):
                     continue
+                _RECORDS[name] = (entry, before, path_stamp(os.path.join(entry, info, "INSTALLER")),
+                                  before is not None and path_stamp(rec) == before and settled_ns(before[2]))
                 for row in rows:
                     if not row or not row[0]:
                         continue
@@ -339,7 +348,7 @@ class _Dists:
             why = self._proven[name]
             if why != "record":
                 return why
-        return self._record_problem(name, path)
+        return self._record_problem(name, rel, path)
 
     def _hash_cache(self) -> Any:
         """The store's hash cache (files' SHA-256 under their stamps), read once per process."""
@@ -370,21 +379,27 @@ class _Dists:
             return None
         return f"distribution {name} changed since the build was planned; run the build again"
 
-    def _record_problem(self, name: str, path: str) -> str | None:
-        """None when `path` is as its distribution's RECORD says: by its stamp (its size is
-        the row's and it changed no later than the RECORD), else by its hash."""
+    def _record_problem(self, name: str, rel: str, path: str) -> str | None:
+        """None when `path` (`rel` in its RECORD) is as its distribution's RECORD says: by
+        its stat where the planner's rule (`cutecc.toolchain.recordstat.by_stat`) vouches for
+        it, else by its hash."""
         import base64
+
+        from cutecc.toolchain.recordstat import by_stat
 
         _, _, want, size = _OWNERS.get(path) or _OWNERS[os.path.realpath(path)]
         if want is None:
             return None  # RECORD's own row (and rows the installer wrote unhashed)
         try:
-            st = os.stat(path)
+            st = os.lstat(path)
         except OSError as e:
             return f"{path} cannot be read: {e.strerror}"
         rec = _RECORDS.get(name)
-        if rec is not None and st.st_size == size and st.st_ctime_ns <= rec[1]:
-            return None
+        if rec is not None and size is not None:
+            entry, stamp, installer, stable = rec
+            if by_stat(stamp, installer, stable, {rel: (f"sha256={want}", str(size))},
+                       [(rel, path, st)], set(), entry.rstrip("/") + "/"):
+                return None
         got = bytes.fromhex(self._hash_cache().sha256(path))
         if base64.urlsafe_b64encode(got).rstrip(b"=").decode() == want:
             return None
@@ -477,6 +492,10 @@ def _facts_of(raw: str) -> tuple[str, str, str | None]:
     got = _FACTS.get(raw)
     if got is None:
         path = os.path.normpath(raw)
+        if path.startswith(("/proc/", "/dev/")):  # a file reached through /proc/self/root,
+            real = os.path.realpath(raw)  # /proc/self/cwd or /dev/fd: the file itself
+            if not any(_under(real, p) for p in ("/proc", "/sys", "/dev")):
+                path = real
         src = _source_of(path)
         target = src if src is not None and os.path.exists(src) else path
         got = _FACTS[raw] = (path, target, exempt(path))

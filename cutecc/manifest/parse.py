@@ -311,9 +311,10 @@ def _inputs(ctx: _Ctx, kp: str, v: Any) -> tuple[str, ...]:
         raise ctx.fail(kp, "must be an array of paths (globs), relative to the manifest")
     out = []
     for i, p in enumerate(v):
-        if not isinstance(p, str) or not p.strip() or len(p) > 500 or any(ord(c) < 32 for c in p) \
+        p = p.strip() if isinstance(p, str) else p  # (checked as it will be used: " /etc/x" is absolute)
+        if not isinstance(p, str) or not p or len(p) > 500 or any(ord(c) < 32 for c in p) \
                 or p.startswith(("/", "~")) or ".." in p.replace("\\", "/").split("/"):
             raise ctx.fail(f"{kp}[{i}]", "must be a path (or glob) relative to the manifest, inside "
                            "its directory")
-        out.append(p.strip())
+        out.append(p)
     return tuple(out)

@@ -216,13 +216,15 @@ def _extent_values(d: Any, env: Mapping[str, Any], statics: Mapping[int, set[Any
 
 def declared_fallback(framework: str, name: str, fn: Any, entries: list[Entry], store: StoreView,
                       locked: Any, target: str, strict: bool, misses_root: Path | None,
-                      manifest: Path | None = None, roots: list[Path] | None = None) -> Fallback | None:
+                      manifest: Path | None = None, roots: list[Path] | None = None,
+                      own: bool = False) -> Fallback | None:
     """The kernel's declared fallback for this front end, or None: under a lock, the one its
     lines record (its closure must hash as they pin it); else the one the newest build (of
-    `manifest` or of the keys served, when the load is a manifest's: never another project's)
-    records for any arch the kernel has entries of (a build for another GPU declares what
-    serves this one), pinned by that record. Its closure is looked for first in `roots`,
-    then in that build's python_path (then `sys.path`). Nothing of it is read here."""
+    `manifest` or of the keys served, when the load is one project's, `own`: a manifest's or
+    a project's lock's; never another project's) records for any arch the kernel has
+    entries of (a build for another GPU declares what serves this one), pinned by that
+    record. Its closure is looked for first in `roots`, then in that build's python_path
+    (then `sys.path`). Nothing of it is read here."""
     field = FRONT_ENDS.get(framework, "fallback")
     ref: FallbackRef | None = None
     found_roots: tuple[str, ...] = ()
@@ -230,7 +232,8 @@ def declared_fallback(framework: str, name: str, fn: Any, entries: list[Entry], 
     for arch in sorted({str(e.recorded.arch) for e in entries}):
         try:
             gen = store.generation_fallbacks(name, arch)
-            if (gen is not None and manifest is not None and not same_path(gen.manifest, manifest)
+            if (gen is not None and (own or manifest is not None)
+                    and not (manifest is not None and same_path(gen.manifest, manifest))
                     and not served & set(gen.keys or ())):
                 continue  # another project's build of this name (a moved checkout's own keys pass)
             found = gen.fallback(field) if gen is not None and gen.built_at >= newest else None

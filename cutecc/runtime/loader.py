@@ -376,7 +376,7 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
         fn.tuning = _tuning(name, fn, store, locked, target, series, record_use, front.device_kind, driver)
         fn._fallback = declared_fallback(front.framework, name, fn, entries, store, locked, target, strict,
                                  misses_root=store.root if record_use and not read_only() else None,
-                                 manifest=mpath, roots=fallback_roots)
+                                 manifest=mpath, roots=fallback_roots, own=chosen is not None)
         if jit:
             fn._jit = jit_hook(store, mpath, target, series, driver)
         return fn

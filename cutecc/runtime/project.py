@@ -52,8 +52,12 @@ class Project:
 
 def find_project(start: Path | None = None) -> Project | None:
     """The project `start` (the working directory) is in: the nearest directory, `start`
-    itself or one above it, holding a `kernels.lock` or a `kernels.toml`; None if none does."""
-    here = (start or Path.cwd()).resolve()
+    itself or one above it, holding a `kernels.lock` or a `kernels.toml`; None if none does
+    (or the working directory was removed since)."""
+    try:
+        here = (start or Path.cwd()).resolve()
+    except OSError:
+        return None
     for d in (here, *here.parents):
         lock, manifest = d / LOCK_NAME, d / MANIFEST_NAME
         has_lock, has_manifest = lock.is_file(), manifest.is_file()
@@ -172,5 +176,11 @@ def ambiguous(kernel: str, manifests: list[str], store: StoreView) -> WorkError:
 
 
 def same_path(recorded: object, path: Path) -> bool:
-    """Whether a record's path (a string a build wrote) names `path`."""
-    return isinstance(recorded, str) and bool(recorded) and Path(recorded).resolve() == path
+    """Whether a record's path (a string a build wrote) names `path`: never one that names
+    no file (a NUL in it, a symbolic link that loops)."""
+    if not isinstance(recorded, str) or not recorded:
+        return False
+    try:
+        return Path(recorded).resolve() == path
+    except (OSError, ValueError, RuntimeError):
+        return False

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import textwrap
 from collections.abc import Iterator
@@ -93,9 +94,10 @@ def test_a_declared_input_must_exist_and_stay_inside_the_project(tmp_path: Path)
     manifest = _project(tmp_path / "proj", '\n[build]\ninputs = ["nothing*.json"]\n')
     r = cli("build", str(manifest), "--cache-dir", str(tmp_path / "c"), "--dry-run", env=_env())
     assert_clean_failure(r, 2, "\"nothing*.json\" matches no file", "build.inputs")
-    manifest.write_text(toy_manifest(threads=(32,)) + '\n[build]\ninputs = ["../x.json"]\n')
-    r = cli("build", str(manifest), "--cache-dir", str(tmp_path / "c"), "--dry-run", env=_env())
-    assert_clean_failure(r, 2, "build.inputs[0]", "inside its directory")
+    for bad in ("../x.json", " /etc/passwd", " ~/x.json", " ../x.json"):  # (spaces are stripped)
+        manifest.write_text(toy_manifest(threads=(32,)) + f'\n[build]\ninputs = ["{bad}"]\n')
+        r = cli("build", str(manifest), "--cache-dir", str(tmp_path / "c"), "--dry-run", env=_env())
+        assert_clean_failure(r, 2, "build.inputs[0]", "inside its directory")
 
 
 # the exempt list ----------------------------------------------------------------------
@@ -117,6 +119,7 @@ def test_the_exempt_list_is_short_and_exempts_nothing_of_a_project_or_installed_
     for path in (os.path.join(purelib, "numpy", "__init__.py"), os.path.join(purelib, "x", "lib.so"),
                  os.path.join(stdlib, "site-packages", "x.py"), "/etc/passwd",
                  "/usr/lib/python3/dist-packages/a.so",
+                 os.path.join(sys.base_prefix, "lib", "python3", "dist-packages", "x", "_y.so"),
                  os.path.join(tempfile.gettempdir(), "widths.json"), "/usr/share/doc/x", "/root/.cache/x"):
         assert read_set.exempt(path, read_set.temp_dirs(None, None)) is None, path
 
@@ -256,3 +259,58 @@ def test_a_resident_service_that_read_an_edited_data_file_never_serves_the_new_k
     fresh = build("fresh", CUTECC_WORKERS="spawn")  # a worker that never saw the old file
     assert fresh["entries"][0]["key"] == key
     assert _libraries(tmp_path / "fresh")[key] == lib, "the entry under the new key holds the old width"
+
+
+def test_an_installed_file_edited_before_its_record_was_touched_is_not_vouched_for_by_its_stat(
+        tmp_path: Path) -> None:
+    """A file of a distribution the key does not name, edited (same size) and then its RECORD
+    touched (a `chmod -R`, a `touch`): its ctime is before the RECORD's, but after the
+    INSTALLER's, so the planner's stat rule (`cutecc.toolchain.recordstat`) hashes it, and so
+    must the read-set check: the edit is refused, an untouched install is not."""
+    import time
+
+    site = tmp_path / "site"
+    info = site / "fakedist-1.0.dist-info"
+    info.mkdir(parents=True)
+    mod = site / "fakemod.py"
+    mod.write_text("VALUE = 1\n")
+    time.sleep(0.05)
+    (info / "INSTALLER").write_text("pip\n")
+    digest = base64.urlsafe_b64encode(hashlib.sha256(mod.read_bytes()).digest()).rstrip(b"=").decode()
+    (info / "RECORD").write_text(f"fakemod.py,sha256={digest},{mod.stat().st_size}\n"
+                                 "fakedist-1.0.dist-info/RECORD,,\n")
+    code = textwrap.dedent(f"""
+        import sys, types
+        sys.path.insert(0, {str(site)!r})
+        from cutecc.build import read_set
+        read_set.warm()
+        d = read_set._Dists(types.SimpleNamespace(key_inputs={{}}), None)
+        print(d.problem("fakedist", "fakemod.py", {str(mod)!r}))
+    """)
+
+    def problem() -> str:
+        time.sleep(2.2)  # the RECORD's stamp settled (`hashcache.SETTLE_NS`)
+        r = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=_env(), timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    assert problem() == "None"
+    mod.write_text("VALUE = 2\n")  # same size
+    time.sleep(0.05)
+    os.utime(info / "RECORD")
+    got = problem()
+    assert "differs from its RECORD" in got and str(mod) in got, got
+
+
+def test_a_file_read_through_proc_is_the_file_itself_not_a_pseudo_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/proc/self/root/... and /proc/self/cwd/... name ordinary files: read so, a project's
+    data file is still one the key must cover, never exempt as the kernel's pseudo-files."""
+    (tmp_path / "sub").mkdir()
+    data = tmp_path / "widths.json"
+    data.write_text("{}")
+    monkeypatch.chdir(tmp_path / "sub")
+    for raw in ("/proc/self/root" + str(data), "/proc/self/cwd/../widths.json"):
+        path, target, why = read_set._facts_of(raw)
+        assert (path, target, why) == (str(data), str(data), None), raw
+    assert read_set._facts_of("/proc/self/maps")[2] == "the kernel's pseudo-files"

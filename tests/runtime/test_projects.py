@@ -200,3 +200,54 @@ def test_a_project_is_never_served_another_project_s_fallback(two: dict[str, Pat
     ks = cutecc.load(two["cache"], arch="sm_90a")
     with pytest.warns(FallbackWarning):
         jax.jit(lambda x: ks.scale(x, factor=2.0)).trace(misses).lower(lowering_platforms=("cuda",))
+
+
+def test_a_lock_only_project_is_never_served_another_project_s_fallback(
+        two: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deploy directory holding a's lock alone (no kernels.toml): its load is a's entries,
+    and b's fallback (b's build of `scale` is the newest, and declares one) never serves them."""
+    deploy = tmp_path / "deploy"
+    deploy.mkdir()
+    shutil.copy(two["a"].parent / "kernels.lock", deploy / "kernels.lock")
+    monkeypatch.syspath_prepend(str(two["b"].parent))  # b's fallback is importable from here
+    for mod in ("toy", "toy.ref", "toy.ops"):
+        monkeypatch.delitem(sys.modules, mod, raising=False)
+    monkeypatch.chdir(deploy)
+    ks = cutecc.load(two["cache"], arch="sm_90a")
+    assert _keys(ks) == _lock_keys(two["a"])
+    assert ks.scale._fallback is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        with pytest.raises(NoBuildFits):
+            jax.jit(lambda x: ks.scale(x, factor=2.0)).trace(
+                jax.ShapeDtypeStruct((256,), jnp.float16)).lower(lowering_platforms=("cuda",))
+
+
+def test_a_working_directory_removed_since_is_no_project(two: dict[str, Path], tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process whose working directory was deleted (a test's temporary folder, a release
+    directory swapped away) loads as one in no project: the cache's rule, no OSError."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    ks = cutecc.load(two["cache"], arch="sm_90a")
+    with pytest.raises(cutecc.CuteccError, match="2 manifests"):
+        ks.scale  # noqa: B018
+
+
+@pytest.mark.parametrize("recorded", ["/x/\0y", "LOOP"])
+def test_a_recorded_manifest_path_that_names_no_file_is_another_project_s(
+        two: dict[str, Path], tmp_path: Path, recorded: str) -> None:
+    """A generation record's manifest path (a string someone's build wrote) holding a NUL, or
+    a symbolic link that loops: it names no manifest of this load, and the kernel loads."""
+    cache = shutil.copytree(two["cache"], tmp_path / "cache", symlinks=True)
+    if recorded == "LOOP":
+        (tmp_path / "loop").symlink_to(tmp_path / "loop")
+        recorded = str(tmp_path / "loop" / "kernels.toml")
+    rec = cache / "generations" / "scale@sm_90a.json"
+    doc = json.loads(rec.read_text())
+    doc["manifest"] = recorded
+    rec.write_text(json.dumps(doc))
+    ks = cutecc.load(cache, arch="sm_90a", manifest=two["a"])
+    assert _keys(ks) == _lock_keys(two["a"])
