@@ -53,6 +53,7 @@ import contextlib
 import hashlib
 import importlib.metadata as md
 import os
+import re
 import sys
 import sysconfig
 import tempfile
@@ -73,8 +74,23 @@ _OPEN_EVENTS = frozenset({"open"})
 _LIST_EVENTS = frozenset({"os.listdir", "os.scandir"})
 _STDLIB = os.path.normpath(sysconfig.get_paths()["stdlib"])
 _HERE = os.path.normpath(__file__)
-_WRITE_FLAGS = os.O_WRONLY | os.O_TRUNC | os.O_APPEND
+_PSEUDO = ("/proc/", "/dev/")  # where a path may name another file (/proc/self/root/..., /dev/fd/N)
 _DIRS = "\0dir:"  # prefix of a listed directory in the record (no file path starts with NUL)
+_EXEC = "\0exec:"  # prefix of a process started (its reads are its own, unseen by the hook)
+_SPAWN_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.posix_spawn", "os.exec", "os.spawn",
+                           "os.startfile", "pty.spawn"})
+_SPAWN_OK = ("ctypes.util", "cutecc.")  # find_library's ldconfig/gcc; cutecc's own linker (zig cc)
+
+
+def _spawner() -> str:
+    """The module that asked for a process: the innermost frame outside subprocess/os/this."""
+    f: Any = sys._getframe(2)
+    while f is not None:
+        name = str(f.f_globals.get("__name__") or "")
+        if name not in ("subprocess", "os", "pty", "cutecc.build.read_set"):
+            return name
+        f = f.f_back
+    return "?"
 
 
 def _reader() -> str:
@@ -97,6 +113,10 @@ def _note(path: Any, prefix: str = "") -> None:
             return  # a descriptor: what it names was opened (and noted) before
     if not path.startswith("/"):
         path = os.path.join(os.getcwd(), path)
+    if path.startswith(_PSEUDO):  # /proc/self/root/x, /proc/self/cwd/x, /dev/fd/N: the file it names
+        real = os.path.realpath(path)
+        if not real.startswith(("/proc/", "/sys/", "/dev/")) and real not in ("/proc", "/sys", "/dev"):
+            path = real
     p = prefix + path
     if p not in _current:
         _current.add(p)
@@ -104,19 +124,30 @@ def _note(path: Any, prefix: str = "") -> None:
             _who[p] = _reader()
 
 
+def _note_exec(cmd: str, who: str) -> None:
+    p = _EXEC + cmd
+    _current.add(p)
+    _who.setdefault(p, who)
+
+
 def _hook(event: str, args: tuple[Any, ...]) -> None:
     if _paused:
         return
     if event in _OPEN_EVENTS:
         path, mode, flags = args
-        if mode is not None:  # open(): mode string
-            if "w" in mode or "a" in mode or "x" in mode:
+        if isinstance(flags, int):  # open() and os.open() both: written only, or emptied first
+            if flags & os.O_ACCMODE == os.O_WRONLY or flags & os.O_TRUNC:
                 return
-        elif isinstance(flags, int) and flags & _WRITE_FLAGS:
+        elif isinstance(mode, str) and ("w" in mode or "x" in mode or ("a" in mode and "+" not in mode)):
             return
         _note(path)
     elif event in _LIST_EVENTS:
         _note(args[0] if args and args[0] is not None else ".", _DIRS)
+    elif event in _SPAWN_EVENTS:
+        who = _spawner()
+        if not who.startswith(_SPAWN_OK):
+            cmd = args[1] if event == "subprocess.Popen" and len(args) > 1 else args[0] if args else "?"
+            _note_exec(repr(cmd)[:200], who)
     elif event == "import":
         if len(args) > 1 and args[1]:
             _note(args[1])
@@ -174,7 +205,7 @@ def files_read() -> list[str]:
     """The plain files recorded (no directories, nor the kernel's pseudo-files, whose stamps
     move by themselves): what a resident service stamps."""
     with paused():
-        return sorted(p for p in recorded() if not p.startswith((_DIRS, "/proc/", "/sys/", "/dev/")))
+        return sorted(p for p in recorded() if not p.startswith((_DIRS, _EXEC, "/proc/", "/sys/", "/dev/")))
 
 
 # -- what is exempt ----------------------------------------------------------------------
@@ -211,10 +242,26 @@ def exempt(path: str, temp_dirs: tuple[str, ...] = ()) -> str | None:
         return "the system's shared libraries"
     if path.startswith(_CUTECC):
         return "cutecc's own package"
-    for t in temp_dirs:
-        if _under(path, t):
-            return "the worker's temporary files"
+    if _in_temp(path, temp_dirs):
+        return "the worker's temporary files"
     return None
+
+
+_WRAPPER = re.compile(r"(__pycache__/)?cutecc_wrapper_[0-9a-f]{16}(\.py|\.[a-z0-9_-]+(\.opt-[12])?\.pyc)")
+
+
+def _in_temp(path: str, temps: tuple[str, ...]) -> bool:
+    """Whether `path` is one of the worker's temporary files: under the staging directory or
+    the store, or a generated wrapper (`cutecc_wrapper_*.py`, its byte code) in the wrappers'
+    directory, which holds whatever else this user put there (that is not exempt)."""
+    wraps = os.path.join(os.path.normpath(tempfile.gettempdir()), f"cutecc-wrap-{os.getuid()}")
+    for t in temps:
+        if t == wraps:
+            if path == t or (_under(path, t) and _WRAPPER.fullmatch(path[len(t) + 1:])):
+                return True
+        elif _under(path, t):
+            return True
+    return False
 
 
 def temp_dirs(staging: Path | None, store_root: str | None) -> tuple[str, ...]:
@@ -426,12 +473,23 @@ def _check(job: Any, staging: Path | None, store_root: str | None) -> ReadSet:
         if raw.startswith(_DIRS):
             dirs.append(raw)
             continue
+        if raw.startswith(_EXEC):
+            if error is None:
+                bad = raw
+                error = (f"the compile started a process ({raw[len(_EXEC):]}, module {_who.get(raw, '?')}), "
+                         "whose reads no key can cover; read what it would read in Python, from files "
+                         "the key covers (the project's sources or the manifest's [build] inputs)")
+            continue
         path, target, why_exempt = _facts_of(raw)
-        if why_exempt is not None or any(_under(path, t) for t in temps):
+        if why_exempt is not None or _in_temp(path, temps):
             continue
         line, why = _covered(target, keyed, real_keyed, dists)
         if line is None and target != path:  # byte code of an unlisted source
             line, why = _covered(path, keyed, real_keyed, dists)
+        if line is not None and target != path and line.startswith("source ") \
+                and not _byte_code_is_source(path, target):
+            line, why = None, (f"it ran the byte code {path}, which is not {target} compiled (a .pyc "
+                               "stamped with the source's mtime and size, holding other code): delete it")
         if line is not None:
             lines.add(line)
             covered.append(target)
@@ -488,8 +546,44 @@ def prepare() -> None:
     with paused():
         warm()
         for raw in recorded():
-            if not raw.startswith(_DIRS):
+            if not raw.startswith((_DIRS, _EXEC)):
                 _facts_of(raw)
+
+
+_BYTE_CODE: dict[tuple[str, int, int, int, int], bool] = {}  # (pyc, its and source's stamps) -> same
+
+
+def _byte_code_is_source(pyc: str, source: str) -> bool:
+    """Whether byte code `pyc` holds `source` compiled: the import trusts a `.pyc` whose
+    header names the source's mtime and size, so a keyed source's byte code is compiled
+    again and compared (a project's few files; once per stamps per process)."""
+    import importlib.util
+    import marshal
+
+    try:
+        ps, ss = os.stat(pyc), os.stat(source)
+    except OSError:
+        return True  # gone since: what was read is no longer there to check (nothing left)
+    memo = (pyc, ps.st_mtime_ns, ps.st_size, ss.st_mtime_ns, ss.st_size)
+    got = _BYTE_CODE.get(memo)
+    if got is None:
+        try:
+            with open(pyc, "rb") as f:
+                data = f.read()
+            with open(source, "rb") as f:
+                src = f.read()
+            flags = int.from_bytes(data[4:8], "little")
+            if flags & 1:  # hash-based byte code: its header carries the source's hash
+                got = data[8:16] == importlib.util.source_hash(src)
+            else:
+                opt = pyc.rsplit(".opt-", 1)[1].split(".")[0] if ".opt-" in pyc else ""
+                level = {"": 0, "1": 1, "2": 2}.get(opt, 0)
+                got = marshal.loads(data[16:]) == compile(src, source, "exec", dont_inherit=True,
+                                                          optimize=level)
+        except (OSError, ValueError, EOFError, TypeError, SyntaxError):
+            got = False
+        _BYTE_CODE[memo] = got
+    return got
 
 
 def _parents(path: str) -> Iterator[str]:
