@@ -76,6 +76,7 @@ _STDLIB = os.path.normpath(sysconfig.get_paths()["stdlib"])
 _HERE = os.path.normpath(__file__)
 _PSEUDO = ("/proc/", "/dev/")  # where a path may name another file (/proc/self/root/..., /dev/fd/N)
 _DIRS = "\0dir:"  # prefix of a listed directory in the record (no file path starts with NUL)
+_REL = "\0rel:"  # prefix of a relative os.open not found against the working directory (dir_fd=)
 _EXEC = "\0exec:"  # prefix of a process started (its reads are its own, unseen by the hook)
 _SPAWN_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.posix_spawn", "os.exec", "os.spawn",
                            "os.startfile", "pty.spawn"})
@@ -130,6 +131,18 @@ def _note_exec(cmd: str, who: str) -> None:
     _who.setdefault(p, who)
 
 
+def _relative(path: str) -> None:
+    """`os.open` of a relative path outside the standard library (whose `shutil.rmtree` opens
+    directories by `dir_fd`): the event carries no `dir_fd`, so a path that is not there
+    against the working directory was opened against some other directory, unseen."""
+    caller = sys._getframe(2).f_code.co_filename
+    if caller.startswith(_STDLIB) or os.path.lexists(path):
+        return
+    p = _REL + path
+    _current.add(p)
+    _who.setdefault(p, _reader())
+
+
 def _hook(event: str, args: tuple[Any, ...]) -> None:
     if _paused:
         return
@@ -140,6 +153,8 @@ def _hook(event: str, args: tuple[Any, ...]) -> None:
                 return
         elif isinstance(mode, str) and ("w" in mode or "x" in mode or ("a" in mode and "+" not in mode)):
             return
+        if mode is None and isinstance(path, (str, bytes)) and not os.fsdecode(path).startswith("/"):
+            _relative(os.fsdecode(path))
         _note(path)
     elif event in _LIST_EVENTS:
         _note(args[0] if args and args[0] is not None else ".", _DIRS)
@@ -205,7 +220,8 @@ def files_read() -> list[str]:
     """The plain files recorded (no directories, nor the kernel's pseudo-files, whose stamps
     move by themselves): what a resident service stamps."""
     with paused():
-        return sorted(p for p in recorded() if not p.startswith((_DIRS, _EXEC, "/proc/", "/sys/", "/dev/")))
+        return sorted(p for p in recorded()
+                      if not p.startswith((_DIRS, _EXEC, _REL, "/proc/", "/sys/", "/dev/")))
 
 
 # -- what is exempt ----------------------------------------------------------------------
@@ -473,6 +489,13 @@ def _check(job: Any, staging: Path | None, store_root: str | None) -> ReadSet:
         if raw.startswith(_DIRS):
             dirs.append(raw)
             continue
+        if raw.startswith(_REL):
+            if error is None:
+                bad = raw
+                error = (f"the compile opened {raw[len(_REL):]!r} (module {_who.get(raw, '?')}) relative "
+                         "to a directory descriptor (os.open's dir_fd), which cannot be checked; open it "
+                         "by its path")
+            continue
         if raw.startswith(_EXEC):
             if error is None:
                 bad = raw
@@ -546,7 +569,7 @@ def prepare() -> None:
     with paused():
         warm()
         for raw in recorded():
-            if not raw.startswith((_DIRS, _EXEC)):
+            if not raw.startswith((_DIRS, _EXEC, _REL)):
                 _facts_of(raw)
 
 

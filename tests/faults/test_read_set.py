@@ -264,6 +264,11 @@ HIDDEN_READS = {
     "subprocess": ("sub", f'import json, subprocess\nreturn json.loads(subprocess.run(["cat", {_DATA}], '
                           'capture_output=True).stdout)["threads"]',
                    "the compile started a process (['cat', '{data}'], module toy.ops)"),
+    # os.open(relative, dir_fd=) of an exempt directory: the event carries no dir_fd
+    "dir-fd": ("dirfd", 'import json, os\nd = os.open("/dev", os.O_RDONLY)\nfd = os.open("../" + ('
+                        + _DATA + ').lstrip("/"), os.O_RDONLY, dir_fd=d)\n'
+                        'return json.load(os.fdopen(fd))["threads"]',
+               "relative to a directory descriptor (os.open's dir_fd), which cannot be checked"),
     # the generated wrappers' directory is this user's: only the wrappers in it are exempt
     "wrapper-dir": ("wrap", 'import json, os, tempfile\np = os.path.join(tempfile.gettempdir(), '
                             'f"cutecc-wrap-{os.getuid()}", "planted-{tag}.json")\n'
