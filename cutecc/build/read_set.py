@@ -68,6 +68,7 @@ _current: set[str] = set()  # what this process (or job) read: the hook adds her
 _baseline: frozenset[str] | None = None  # what it read before its first job
 _tainted: set[str] = set()  # files an earlier job was refused for: every later job sees them
 _who: dict[str, str] = {}  # the module that first read each path
+_startup: dict[str, str] = {}  # what ran before the hook was installed: {path: what read it}
 _installed = False
 _paused = 0
 _OPEN_EVENTS = frozenset({"open"})
@@ -179,6 +180,32 @@ def install() -> None:
         return
     _installed = True
     sys.addaudithook(_hook)
+    _startup.update(_before_hook())
+
+
+def _before_hook() -> dict[str, str]:
+    """What ran at interpreter start, before the hook: a `sitecustomize` or `usercustomize`
+    outside the standard library (one on `$PYTHONPATH` runs in every worker) and the site
+    directories' `.pth` files (whose lines may run code), as {path: what read it}. (Not
+    every module imported before: a just-in-time build's worker is forked from the caller's
+    process, whose own modules are its business.)"""
+    out: dict[str, str] = {}
+    for name in ("sitecustomize", "usercustomize"):
+        f = getattr(sys.modules.get(name), "__file__", None)
+        if isinstance(f, str) and os.path.isabs(f) and not f.startswith(_STDLIB):
+            out.setdefault(os.path.normpath(f), f"{name}, run at interpreter start")
+    try:
+        import site
+
+        sites = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+    except (AttributeError, OSError):
+        sites = []
+    for d in sites:
+        with contextlib.suppress(OSError):
+            for n in os.listdir(d):
+                if n.endswith(".pth"):
+                    out.setdefault(os.path.join(d, n), "site, at interpreter start")
+    return out
 
 
 def begin_job() -> None:
@@ -521,6 +548,17 @@ def _check(job: Any, staging: Path | None, store_root: str | None) -> ReadSet:
             who, bad = _who.get(raw, "?"), raw
             error = (f"the compile read {target} (module {who}), which its key does not cover"
                      + (f": {why}" if why else f"; {_declare(target, roots)}"))
+    for path, who in sorted(_startup.items()):  # checked, but not in the digest (every process has them)
+        if error is not None:
+            break
+        _, target, why_exempt = _facts_of(path)
+        if why_exempt is not None or _in_temp(path, temps) or not os.path.exists(target):
+            continue
+        line, why = _covered(target, keyed, real_keyed, dists)
+        if line is None:
+            error = (f"the worker ran {target} ({who}), which its key does not cover"
+                     + (f": {why}" if why else f"; {_declare(target, roots)}, or remove it from the "
+                        "build's environment (a sitecustomize, or a .pth's import)"))
     for raw in dirs:
         d = os.path.normpath(raw[len(_DIRS):])
         if d in entries or exempt(d, temps) is not None or not os.path.isdir(d):

@@ -329,3 +329,26 @@ def test_byte_code_stamped_with_its_source_but_other_code_fails_the_entry(tmp_pa
     for cache in ("c", "c2"):
         r = cli("build", str(manifest), "--cache-dir", str(tmp_path / cache), "--no-lock", env=_env())
         assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.usefixtures("dsl")
+def test_a_sitecustomize_that_ran_before_the_hook_fails_the_entry(tmp_path: Path) -> None:
+    """A `sitecustomize.py` on `$PYTHONPATH` runs in every worker before the hook is installed:
+    it read `widths.json`, and the kernel compiled its width under a key naming neither (an
+    edit, then a fresh cache, built other bytes under the same key)."""
+    proj = tmp_path / "proj"
+    manifest = _project(proj)
+    (proj / "toy" / "ops.py").write_text(TOY_KERNEL.replace(
+        "    n = x.shape[0]\n    _scale_kernel",
+        "    import builtins\n    n = x.shape[0]\n    threads = getattr(builtins, 'WIDTH', 64)\n"
+        "    _scale_kernel", 1))
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import builtins, json\n"
+        f"builtins.WIDTH = json.load(open({str(proj / 'widths.json')!r}))['threads']\n")
+    env = _env(PYTHONPATH=os.pathsep.join([str(REPO), str(site)]))
+    r = cli("build", str(manifest), "--cache-dir", str(tmp_path / "c"), "--no-lock", env=env)
+    assert_clean_failure(r, 1, "not published", f"the worker ran {site / 'sitecustomize.py'} (sitecustomize, "
+                         "run at interpreter start), which its key does not cover")
+    assert not list(Store(tmp_path / "c").entries()), "an entry was published"
