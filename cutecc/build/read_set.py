@@ -54,13 +54,21 @@ import hashlib
 import importlib.metadata as md
 import os
 import sys
-import sysconfig
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from cutecc.build.read_exempt import (
+    _STDLIB,
+    _byte_code_is_source,
+    _in_temp,
+    _source_of,
+    _under,
+    exempt,
+    temp_dirs,
+)
 
 DIGEST_VERSION = 1
 
@@ -68,14 +76,30 @@ _current: set[str] = set()  # what this process (or job) read: the hook adds her
 _baseline: frozenset[str] | None = None  # what it read before its first job
 _tainted: set[str] = set()  # files an earlier job was refused for: every later job sees them
 _who: dict[str, str] = {}  # the module that first read each path
+_startup: dict[str, str] = {}  # what ran before the hook was installed: {path: what read it}
 _installed = False
 _paused = 0
 _OPEN_EVENTS = frozenset({"open"})
 _LIST_EVENTS = frozenset({"os.listdir", "os.scandir"})
-_STDLIB = os.path.normpath(sysconfig.get_paths()["stdlib"])
 _HERE = os.path.normpath(__file__)
-_WRITE_FLAGS = os.O_WRONLY | os.O_TRUNC | os.O_APPEND
+_PSEUDO = ("/proc/", "/dev/")  # where a path may name another file (/proc/self/root/..., /dev/fd/N)
 _DIRS = "\0dir:"  # prefix of a listed directory in the record (no file path starts with NUL)
+_REL = "\0rel:"  # prefix of a relative os.open not found against the working directory (dir_fd=)
+_EXEC = "\0exec:"  # prefix of a process started (its reads are its own, unseen by the hook)
+_SPAWN_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.posix_spawn", "os.exec", "os.spawn",
+                           "os.startfile", "pty.spawn"})
+_SPAWN_OK = ("ctypes.util", "cutecc.")  # find_library's ldconfig/gcc; cutecc's own linker (zig cc)
+
+
+def _spawner() -> str:
+    """The module that asked for a process: the innermost frame outside subprocess/os/this."""
+    f: Any = sys._getframe(2)
+    while f is not None:
+        name = str(f.f_globals.get("__name__") or "")
+        if name not in ("subprocess", "os", "pty", "cutecc.build.read_set"):
+            return name
+        f = f.f_back
+    return "?"
 
 
 def _reader() -> str:
@@ -98,6 +122,10 @@ def _note(path: Any, prefix: str = "") -> None:
             return  # a descriptor: what it names was opened (and noted) before
     if not path.startswith("/"):
         path = os.path.join(os.getcwd(), path)
+    if path.startswith(_PSEUDO):  # /proc/self/root/x, /proc/self/cwd/x, /dev/fd/N: the file it names
+        real = os.path.realpath(path)
+        if not real.startswith(("/proc/", "/sys/", "/dev/")) and real not in ("/proc", "/sys", "/dev"):
+            path = real
     p = prefix + path
     if p not in _current:
         _current.add(p)
@@ -105,19 +133,44 @@ def _note(path: Any, prefix: str = "") -> None:
             _who[p] = _reader()
 
 
+def _note_exec(cmd: str, who: str) -> None:
+    p = _EXEC + cmd
+    _current.add(p)
+    _who.setdefault(p, who)
+
+
+def _relative(path: str) -> None:
+    """`os.open` of a relative path outside the standard library (whose `shutil.rmtree` opens
+    directories by `dir_fd`): the event carries no `dir_fd`, so a path that is not there
+    against the working directory was opened against some other directory, unseen."""
+    caller = sys._getframe(2).f_code.co_filename
+    if caller.startswith(_STDLIB) or os.path.lexists(path):
+        return
+    p = _REL + path
+    _current.add(p)
+    _who.setdefault(p, _reader())
+
+
 def _hook(event: str, args: tuple[Any, ...]) -> None:
     if _paused:
         return
     if event in _OPEN_EVENTS:
         path, mode, flags = args
-        if mode is not None:  # open(): mode string
-            if "w" in mode or "a" in mode or "x" in mode:
+        if isinstance(flags, int):  # open() and os.open() both: written only, or emptied first
+            if flags & os.O_ACCMODE == os.O_WRONLY or flags & os.O_TRUNC:
                 return
-        elif isinstance(flags, int) and flags & _WRITE_FLAGS:
+        elif isinstance(mode, str) and ("w" in mode or "x" in mode or ("a" in mode and "+" not in mode)):
             return
+        if mode is None and isinstance(path, (str, bytes)) and not os.fsdecode(path).startswith("/"):
+            _relative(os.fsdecode(path))
         _note(path)
     elif event in _LIST_EVENTS:
         _note(args[0] if args and args[0] is not None else ".", _DIRS)
+    elif event in _SPAWN_EVENTS:
+        who = _spawner()
+        if not who.startswith(_SPAWN_OK):
+            cmd = args[1] if event == "subprocess.Popen" and len(args) > 1 else args[0] if args else "?"
+            _note_exec(repr(cmd)[:200], who)
     elif event == "import":
         if len(args) > 1 and args[1]:
             _note(args[1])
@@ -134,6 +187,32 @@ def install() -> None:
         return
     _installed = True
     sys.addaudithook(_hook)
+    _startup.update(_before_hook())
+
+
+def _before_hook() -> dict[str, str]:
+    """What ran at interpreter start, before the hook: a `sitecustomize` or `usercustomize`
+    outside the standard library (one on `$PYTHONPATH` runs in every worker) and the site
+    directories' `.pth` files (whose lines may run code), as {path: what read it}. (Not
+    every module imported before: a just-in-time build's worker is forked from the caller's
+    process, whose own modules are its business.)"""
+    out: dict[str, str] = {}
+    for name in ("sitecustomize", "usercustomize"):
+        f = getattr(sys.modules.get(name), "__file__", None)
+        if isinstance(f, str) and os.path.isabs(f) and not f.startswith(_STDLIB):
+            out.setdefault(os.path.normpath(f), f"{name}, run at interpreter start")
+    try:
+        import site
+
+        sites = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+    except (AttributeError, OSError):
+        sites = []
+    for d in sites:
+        with contextlib.suppress(OSError):
+            for n in os.listdir(d):
+                if n.endswith(".pth"):
+                    out.setdefault(os.path.join(d, n), "site, at interpreter start")
+    return out
 
 
 def begin_job() -> None:
@@ -175,57 +254,8 @@ def files_read() -> list[str]:
     """The plain files recorded (no directories, nor the kernel's pseudo-files, whose stamps
     move by themselves): what a resident service stamps."""
     with paused():
-        return sorted(p for p in recorded() if not p.startswith((_DIRS, "/proc/", "/sys/", "/dev/")))
-
-
-# -- what is exempt ----------------------------------------------------------------------
-
-_LOCALE = ("/usr/share/locale/", "/usr/lib/locale/", "/usr/share/zoneinfo/", "/usr/share/i18n/",
-           "/usr/lib/x86_64-linux-gnu/gconv/", "/usr/lib/aarch64-linux-gnu/gconv/", "/usr/lib/gconv/",
-           "/usr/lib64/gconv/")
-_SYSTEM_LIBS = ("/lib/", "/lib64/", "/usr/lib/", "/usr/lib64/")
-_INTERPRETER = (sys.executable, os.path.realpath(sys.executable))
-_CUTECC = os.path.dirname(os.path.dirname(_HERE)) + os.sep
-
-
-def _under(path: str, base: str) -> bool:
-    return path == base or path.startswith(base.rstrip("/") + "/")
-
-
-def exempt(path: str, temp_dirs: tuple[str, ...] = ()) -> str | None:
-    """Why `path` (absolute, normalised) needs no key (None: it does): the short list of
-    the module docstring."""
-    if any(_under(path, p) for p in ("/proc", "/sys", "/dev")):
-        return "the kernel's pseudo-files"
-    if path in ("/etc/ld.so.cache", "/etc/localtime"):
-        return "the dynamic loader's cache" if path.endswith("cache") else "timezone data"
-    if path.startswith(_LOCALE):
-        return "locale and timezone data"
-    if _under(path, _STDLIB) and "/site-packages/" not in path[len(_STDLIB):] + "/":
-        return "the standard library"
-    if path in _INTERPRETER or (
-            _under(path, os.path.normpath(sys.base_prefix)) and "-packages/" not in path
-            and ".so" in os.path.basename(path)):
-        return "the interpreter"
-    if path.startswith(_SYSTEM_LIBS) and ".so" in os.path.basename(path) \
-            and "-packages/" not in path:
-        return "the system's shared libraries"
-    if path.startswith(_CUTECC):
-        return "cutecc's own package"
-    for t in temp_dirs:  # (one ending in "-" names a prefix: `tempfile`'s directories)
-        if path.startswith(t) if t.endswith("-") else _under(path, t):
-            return "the worker's temporary files"
-    return None
-
-
-def temp_dirs(staging: Path | None, store_root: str | None) -> tuple[str, ...]:
-    """The directories a worker writes and reads back: the staging directory, the generated
-    wrappers' (`cutecc.build.compiler._wrapper_file`), the PTX dumps' and the store."""
-    tmp = os.path.normpath(tempfile.gettempdir())
-    out = [os.path.join(tmp, f"cutecc-wrap-{os.getuid()}"), os.path.join(tmp, "cutecc-ptx-")]
-    # absolute as the hook records them (a store named relative to the build's directory)
-    out += [os.path.normpath(os.path.abspath(str(p))) for p in (staging, store_root) if p is not None]
-    return tuple(out)
+        return sorted(p for p in recorded()
+                      if not p.startswith((_DIRS, _EXEC, _REL, "/proc/", "/sys/", "/dev/")))
 
 
 # -- the check ---------------------------------------------------------------------------
@@ -239,14 +269,6 @@ class ReadSet:
     error: str | None
     digest: str
     files: int
-
-
-def _source_of(pyc: str) -> str | None:
-    """The source a `__pycache__/NAME.TAG.pyc` was compiled from."""
-    d, name = os.path.split(pyc)
-    if os.path.basename(d) != "__pycache__" or not name.endswith(".pyc"):
-        return None
-    return os.path.join(os.path.dirname(d), name.split(".", 1)[0] + ".py")
 
 
 _OWNERS: dict[str, tuple[str, str, str | None, int | None]] = {}  # file -> (dist, rel, hash, size)
@@ -442,12 +464,30 @@ def _check(job: Any, staging: Path | None, store_root: str | None) -> ReadSet:
         if raw.startswith(_DIRS):
             dirs.append(raw)
             continue
+        if raw.startswith(_REL):
+            if error is None:
+                bad = raw
+                error = (f"the compile opened {raw[len(_REL):]!r} (module {_who.get(raw, '?')}) relative "
+                         "to a directory descriptor (os.open's dir_fd), which cannot be checked; open it "
+                         "by its path")
+            continue
+        if raw.startswith(_EXEC):
+            if error is None:
+                bad = raw
+                error = (f"the compile started a process ({raw[len(_EXEC):]}, module {_who.get(raw, '?')}), "
+                         "whose reads no key can cover; read what it would read in Python, from files "
+                         "the key covers (the project's sources or the manifest's [build] inputs)")
+            continue
         path, target, why_exempt = _facts_of(raw)
-        if why_exempt is not None or exempt(path, temps) is not None:
+        if why_exempt is not None or _in_temp(path, temps):
             continue
         line, why = _covered(target, keyed, real_keyed, dists)
         if line is None and target != path:  # byte code of an unlisted source
             line, why = _covered(path, keyed, real_keyed, dists)
+        if line is not None and target != path and line.startswith("source ") \
+                and not _byte_code_is_source(path, target):
+            line, why = None, (f"it ran the byte code {path}, which is not {target} compiled (a .pyc "
+                               "stamped with the source's mtime and size, holding other code): delete it")
         if line is not None:
             lines.add(line)
             covered.append(target)
@@ -456,6 +496,17 @@ def _check(job: Any, staging: Path | None, store_root: str | None) -> ReadSet:
             who, bad = _who.get(raw, "?"), raw
             error = (f"the compile read {target} (module {who}), which its key does not cover"
                      + (f": {why}" if why else f"; {_declare(target, roots)}"))
+    for path, who in sorted(_startup.items()):  # checked, but not in the digest (every process has them)
+        if error is not None:
+            break
+        _, target, why_exempt = _facts_of(path)
+        if why_exempt is not None or _in_temp(path, temps) or not os.path.exists(target):
+            continue
+        line, why = _covered(target, keyed, real_keyed, dists)
+        if line is None:
+            error = (f"the worker ran {target} ({who}), which its key does not cover"
+                     + (f": {why}" if why else f"; {_declare(target, roots)}, or remove it from the "
+                        "build's environment (a sitecustomize, or a .pth's import)"))
     for raw in dirs:
         d = os.path.normpath(raw[len(_DIRS):])
         if d in entries or exempt(d, temps) is not None or not os.path.isdir(d):
@@ -508,7 +559,7 @@ def prepare() -> None:
     with paused():
         warm()
         for raw in recorded():
-            if not raw.startswith(_DIRS):
+            if not raw.startswith((_DIRS, _EXEC, _REL)):
                 _facts_of(raw)
 
 

@@ -11,7 +11,10 @@ of the closure's other modules are served the same way by a meta-path finder tha
 only checked bytes: no `__pycache__` file is read, and no file is read twice. A closure
 module already imported in this process other than from these bytes is refused, naming
 it (what runs would not be what the lock pins). Packages get an empty `__path__`: a
-submodule the closure does not pin cannot be imported through them.
+submodule the closure does not pin cannot be imported through them; and an import the
+closure's own code asks for (by a computed name, `importlib.import_module`, which the
+closure's walk cannot see) that would find an unpinned module under a project root the
+closure was read from is refused, naming it.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from cutecc.contract.fallbacks import ClosureFile, FallbackRef
+from cutecc.contract.fallbacks import ClosureFile, FallbackRef, module_path
 from cutecc.errors import NoBuildFits
 
 MAX_SOURCE_BYTES = 16 << 20  # one source file of a closure
@@ -74,10 +77,14 @@ class _Finder(importlib.abc.MetaPathFinder):
     def __init__(self, parents: bool = False) -> None:
         self.files: dict[str, Checked] = {}
         self.parents: set[str] | None = set() if parents else None
+        self.roots: set[str] = set()  # the project roots the closures were read from
+        self.paths: set[str] = set()  # the checked files (their code's co_filename)
 
     def find_spec(self, name: str, path: Sequence[str] | None = None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         c = self.files.get(name) if self.parents is None else None
+        if c is None and self.parents is None and self.roots:
+            _unpinned(name, path, self.roots, self.paths)  # (raises for a project module's code)
         if c is None and (self.parents is None or name not in self.parents):
             return None
         spec = importlib.machinery.ModuleSpec(name, _Loader(c), origin=c.path if c else None,
@@ -89,6 +96,33 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _importer() -> str | None:
+    """The file whose code asked for the import under way: the innermost frame outside the
+    import machinery (`importlib`, the frozen bootstrap)."""
+    f: Any = sys._getframe(2)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not (fn.startswith("<frozen ") or fn.startswith(_IMPORTLIB) or fn == __file__):
+            return str(fn)
+        f = f.f_back
+    return None
+
+
+def _unpinned(name: str, path: Sequence[str] | None, roots: set[str], paths: set[str]) -> None:
+    """Refuse the import of `name` by a checked closure's code when it would find a module
+    under a root the closure was read from that the closure does not pin (an import of a
+    computed name, `importlib.import_module(...)`, which the closure's walk cannot see)."""
+    if _importer() not in paths:
+        return
+    spec = importlib.machinery.PathFinder.find_spec(name, path)
+    origin = getattr(spec, "origin", None)
+    if isinstance(origin, str) and any(origin.startswith(r) for r in roots):
+        raise NoBuildFits(f"module {name} ({origin}) is imported by a pinned fallback's code but is not "
+                          "in the closure its lock line pins (an import of a computed name): import it by "
+                          "an import statement, and build again to pin it", where=str(_importer()))
+
+
+_IMPORTLIB = os.path.dirname(importlib.__file__) + os.sep
 _FINDER = _Finder()
 _PARENTS = _Finder(parents=True)
 _LOCK = threading.RLock()
@@ -170,6 +204,10 @@ def load_function(ref: FallbackRef, roots: Sequence[Path], where: str,
                                   "after the fallback first serves, or not at all", where=where)
         for c in checked:
             _FINDER.files[c.module] = c
+            _FINDER.paths.add(c.path)
+            rel = os.path.join(*module_path(c.module, c.package).split("/"))
+            if c.path.endswith(os.sep + rel) and "-packages" not in c.path:  # a project's root
+                _FINDER.roots.add(c.path[:-len(rel)])  # (an installed package's imports are its own)
             parts = c.module.split(".")
             assert _PARENTS.parents is not None
             _PARENTS.parents.update(".".join(parts[:i]) for i in range(1, len(parts)))

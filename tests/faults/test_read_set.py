@@ -113,8 +113,13 @@ def test_the_exempt_list_is_short_and_exempts_nothing_of_a_project_or_installed_
     assert read_set.exempt("/etc/ld.so.cache") and read_set.exempt("/usr/share/zoneinfo/UTC")
     assert read_set.exempt("/usr/lib/x86_64-linux-gnu/libstdc++.so.6") == "the system's shared libraries"
     assert read_set.exempt(read_set.__file__) == "cutecc's own package"
-    wrap = os.path.join(tempfile.gettempdir(), f"cutecc-wrap-{os.getuid()}", "cutecc_wrapper_x.py")
-    assert read_set.exempt(wrap, read_set.temp_dirs(None, None)) == "the worker's temporary files"
+    wraps = os.path.join(tempfile.gettempdir(), f"cutecc-wrap-{os.getuid()}")
+    for wrap in ("cutecc_wrapper_0123456789abcdef.py",
+                 "__pycache__/cutecc_wrapper_0123456789abcdef.cpython-311.pyc"):
+        assert read_set.exempt(os.path.join(wraps, wrap), read_set.temp_dirs(None, None)) \
+            == "the worker's temporary files"
+    for other in ("widths.json", "cutecc_wrapper_x.py", "sub/cutecc_wrapper_0123456789abcdef.py"):
+        assert read_set.exempt(os.path.join(wraps, other), read_set.temp_dirs(None, None)) is None, other
     purelib = sysconfig.get_paths()["purelib"]
     for path in (os.path.join(purelib, "numpy", "__init__.py"), os.path.join(purelib, "x", "lib.so"),
                  os.path.join(stdlib, "site-packages", "x.py"), "/etc/passwd",
@@ -314,3 +319,108 @@ def test_a_file_read_through_proc_is_the_file_itself_not_a_pseudo_file(
         path, target, why = read_set._facts_of(raw)
         assert (path, target, why) == (str(data), str(data), None), raw
     assert read_set._facts_of("/proc/self/maps")[2] == "the kernel's pseudo-files"
+
+
+# reads that hid from the hook (seen by attacking issue 44's result) -----------------
+
+_DATA = '__file__.rsplit("/toy/", 1)[0] + "/widths.json"'
+_WRAPS = 'f"/tmp/cutecc-wrap-{__import__(\'os\').getuid()}"'
+HIDDEN_READS = {
+    # /proc/self/root/<path> names any file; /proc was exempt as the kernel's pseudo-files
+    "proc-root": ("proc", f'import json\nreturn json.load(open("/proc/self/root" + {_DATA}))["threads"]',
+                  "the compile read {data} (module toy.ops)"),
+    # "a+" reads what is there (after a seek); every append mode was taken for a write
+    "append-plus": ("a+", f'import json\nf = open({_DATA}, "a+")\nf.seek(0)\nreturn json.load(f)["threads"]',
+                    "the compile read {data} (module toy.ops)"),
+    # a process the trace starts reads what no audit hook of this one sees
+    "subprocess": ("sub", f'import json, subprocess\nreturn json.loads(subprocess.run(["cat", {_DATA}], '
+                          'capture_output=True).stdout)["threads"]',
+                   "the compile started a process (['cat', '{data}'], module toy.ops)"),
+    # os.open(relative, dir_fd=) of an exempt directory: the event carries no dir_fd
+    "dir-fd": ("dirfd", 'import json, os\nd = os.open("/dev", os.O_RDONLY)\nfd = os.open("../" + ('
+                        + _DATA + ').lstrip("/"), os.O_RDONLY, dir_fd=d)\n'
+                        'return json.load(os.fdopen(fd))["threads"]',
+               "relative to a directory descriptor (os.open's dir_fd), which cannot be checked"),
+    # the generated wrappers' directory is this user's: only the wrappers in it are exempt
+    "wrapper-dir": ("wrap", 'import json, os, tempfile\np = os.path.join(tempfile.gettempdir(), '
+                            'f"cutecc-wrap-{os.getuid()}", "planted-{tag}.json")\n'
+                            'return json.load(open(p))["threads"]',
+                    "planted-{tag}.json (module toy.ops), which its key does not cover"),
+}
+
+
+@pytest.mark.usefixtures("dsl")
+@pytest.mark.parametrize("case", sorted(HIDDEN_READS))
+def test_a_read_that_hid_from_the_hook_still_fails_the_entry(tmp_path: Path, case: str) -> None:
+    _, body, said = HIDDEN_READS[case]
+    proj = tmp_path / "proj"
+    manifest = _project(proj)
+    tag = tmp_path.name
+    (proj / "toy" / "ops.py").write_text(TOY_KERNEL.replace(
+        "@cute.jit\ndef scale(", "def _width():\n" + textwrap.indent(body.replace("{tag}", tag), "    ")
+        + "\n\n\n@cute.jit\ndef scale(", 1).replace(
+        "    n = x.shape[0]\n    _scale_kernel",
+        "    n = x.shape[0]\n    threads = _width()\n    _scale_kernel", 1))
+    planted = Path(tempfile.gettempdir()) / f"cutecc-wrap-{os.getuid()}" / f"planted-{tag}.json"
+    if case == "wrapper-dir":
+        planted.parent.mkdir(mode=0o700, exist_ok=True)
+        planted.write_text('{"threads": 64}\n')
+    try:
+        r = cli("build", str(manifest), "--cache-dir", str(tmp_path / "c"), "--no-lock", env=_env())
+    finally:
+        planted.unlink(missing_ok=True)
+    assert_clean_failure(r, 1, "not published", said.format(data=proj / "widths.json", tag=tag))
+    assert not list(Store(tmp_path / "c").entries()), "an entry was published"
+
+
+@pytest.mark.usefixtures("dsl")
+def test_byte_code_stamped_with_its_source_but_other_code_fails_the_entry(tmp_path: Path) -> None:
+    """The import trusts a `.pyc` whose header names the source's mtime and size; the key
+    hashes the source. A planted one ran other code under the source's key."""
+    import importlib.util
+    import marshal
+    import struct
+
+    proj = tmp_path / "proj"
+    manifest = _project(proj)
+    (proj / "toy" / "ops.py").write_text(TOY_KERNEL.replace(
+        "    n = x.shape[0]\n    _scale_kernel",
+        "    from toy import widths\n    n = x.shape[0]\n    threads = widths.T\n    _scale_kernel", 1))
+    src = proj / "toy" / "widths.py"
+    src.write_text("T = 64\n")
+    st = src.stat()
+    pyc = Path(importlib.util.cache_from_source(str(src)))
+    pyc.parent.mkdir(exist_ok=True)
+    other = compile(f"open({str(tmp_path / 'ran')!r}, 'w').close()\nT = 96\n", str(src), "exec")
+    pyc.write_bytes(importlib.util.MAGIC_NUMBER + struct.pack("<III", 0, int(st.st_mtime), st.st_size)
+                    + marshal.dumps(other))
+    r = cli("build", str(manifest), "--cache-dir", str(tmp_path / "c"), "--no-lock", env=_env())
+    assert_clean_failure(r, 1, "not published", f"it ran the byte code {pyc}", "delete it")
+    assert not list(Store(tmp_path / "c").entries()), "an entry was published"
+    pyc.unlink()  # the import writes its own byte code, which then matches: it builds
+    for cache in ("c", "c2"):
+        r = cli("build", str(manifest), "--cache-dir", str(tmp_path / cache), "--no-lock", env=_env())
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.usefixtures("dsl")
+def test_a_sitecustomize_that_ran_before_the_hook_fails_the_entry(tmp_path: Path) -> None:
+    """A `sitecustomize.py` on `$PYTHONPATH` runs in every worker before the hook is installed:
+    it read `widths.json`, and the kernel compiled its width under a key naming neither (an
+    edit, then a fresh cache, built other bytes under the same key)."""
+    proj = tmp_path / "proj"
+    manifest = _project(proj)
+    (proj / "toy" / "ops.py").write_text(TOY_KERNEL.replace(
+        "    n = x.shape[0]\n    _scale_kernel",
+        "    import builtins\n    n = x.shape[0]\n    threads = getattr(builtins, 'WIDTH', 64)\n"
+        "    _scale_kernel", 1))
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import builtins, json\n"
+        f"builtins.WIDTH = json.load(open({str(proj / 'widths.json')!r}))['threads']\n")
+    env = _env(PYTHONPATH=os.pathsep.join([str(REPO), str(site)]))
+    r = cli("build", str(manifest), "--cache-dir", str(tmp_path / "c"), "--no-lock", env=env)
+    assert_clean_failure(r, 1, "not published", f"the worker ran {site / 'sitecustomize.py'} (sitecustomize, "
+                         "run at interpreter start), which its key does not cover")
+    assert not list(Store(tmp_path / "c").entries()), "an entry was published"

@@ -172,3 +172,24 @@ def test_the_closure_runs_from_checked_bytes_with_its_imports(fallback_project: 
     mod = sys.modules["toyfb.helper"]
     assert mod.__file__ == str(pkg / "helper.py") and sys.modules["toyfb"].__path__ == []
     assert not os.path.exists(importlib.util.cache_from_source(str(pkg / "helper.py")))  # no byte code
+
+
+def test_a_helper_imported_by_a_computed_name_is_refused(fallback_project: Path) -> None:
+    """The closure is walked from the source's import statements; `importlib.import_module`
+    of a computed name found a project module no lock line pins, and an edit of it ran under
+    the lock: what runs is what the lock pins, or nothing."""
+    proj = fallback_project.parent
+    (proj / "toyfb" / "ref.py").write_text(
+        "import importlib\n\nimport jax.numpy as jnp\n\n\ndef scale(x, *, factor=1.0):\n"
+        "    amp = importlib.import_module('toyfb_' + 'helper').amp\n    return amp(jnp.sin(x)) * factor\n")
+    (proj / "toyfb_helper.py").write_text("def amp(y):\n    return y\n")
+    cache = _built(fallback_project)
+    (proj / "toyfb_helper.py").write_text("def amp(y):\n    return y * 1000\n")  # after the lock
+    sys.modules.pop("toyfb_helper", None)
+    try:
+        with pytest.raises(NoBuildFits, match=r"module toyfb_helper \(.*toyfb_helper.py\) is imported by a "
+                                              r"pinned fallback's code but is not in the closure"):
+            _locked(fallback_project, cache).scale(_x())
+        assert "toyfb_helper" not in sys.modules
+    finally:
+        sys.modules.pop("toyfb_helper", None)
