@@ -200,6 +200,15 @@ def tune_measure(cache: Path, out: Path, repeats: int) -> dict[str, Any]:
     return done
 
 
+def _decided(lock: Path) -> Any:
+    """What a lock decides: its JSON less each tuning line's `timing` (the winner's and the
+    default's measured times, which two runs never share)."""
+    doc = json.loads(lock.read_text())
+    for line in doc.get("tuning") or []:
+        line.pop("timing", None)
+    return doc
+
+
 def stability(first: dict[Any, Any], second: dict[Any, Any], lock1: Path, lock2: Path) -> dict[str, Any]:
     """Two independent tunes of the same buckets (records by (kernel, bucket), the locks they
     wrote): whether the locks are identical; else every bucket whose winners differ must be
@@ -209,7 +218,7 @@ def stability(first: dict[Any, Any], second: dict[Any, Any], lock1: Path, lock2:
     those that are not."""
     from cutecc.tuning.decide import MIN_GAIN
 
-    out: dict[str, Any] = {"identical_locks": lock1.read_bytes() == lock2.read_bytes(), "differing": [],
+    out: dict[str, Any] = {"identical_locks": _decided(lock1) == _decided(lock2), "differing": [],
                            "within_noise": [], "unexplained": [], "slower": [], "missing": []}
     for key in sorted(first.keys() | second.keys()):
         a, b = first.get(key), second.get(key)
