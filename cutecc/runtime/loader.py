@@ -32,10 +32,12 @@ from cutecc.runtime.fallback import declared_fallback
 from cutecc.runtime.jit_hook import jit_hook
 from cutecc.runtime.package import FALLBACK_DIR
 from cutecc.runtime.project import (
+    Project,
     ambiguous,
     current_build,
     find_project,
     lock_beside,
+    not_this_project,
     read_selection,
     same_path,
     selected_lines,
@@ -208,6 +210,7 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
               allow_unsigned: bool = False, jit: bool | None = None) -> KernelSet:
     """`load` for a framework's `front` end: the same sources, checks and selection."""
     record_use = True
+    plain = cache_dir is None  # the user's own cache (or $CUTECC_CACHE_DIR): a plain load's
     jit = _jit_wanted(front, jit, strict=strict, pinned=lock is not None or package is not None)
     if lock is None and package is None:
         _no_keys_without_a_lock(trusted_keys)
@@ -230,11 +233,14 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
                         "kernels for lowering without one", where="cutecc.load")
     driver = driver_version()  # judges PTX entries (None without a driver: not judged)
     chosen, chosen_path = None, None  # a project's lock: which entries serve (`runtime.project`)
+    stranger: Project | None = None  # a plain load's project that this cache holds no build of
     records: list[ManifestRecord] | None = None  # every manifest's record, read at need
     if manifest is None and lock is None and package is None:
         proj = find_project()
         if proj is not None and proj.known_to(store):
             manifest, chosen_path = proj.manifest, proj.lock
+        elif proj is not None and plain:
+            stranger = proj  # its kernels' names are never served from another project's build
     elif manifest is not None and lock is None:
         chosen_path = lock_beside(Path(manifest).resolve())
     if chosen_path is not None:
@@ -370,6 +376,8 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
             several = several_builders(records, name)
             if several:
                 raise ambiguous(name, several, store)
+            if stranger is not None and name in stranger.declared:
+                raise not_this_project(name, stranger, records, store)
         entries, unreadable = _entries_of(store, name, keys_of(name), newest)
         unreadable += absent.get(name, [])
         fn = _kernel_fn(front, name, entries, target, series, pinned, record_use, unreadable, driver)

@@ -7,7 +7,10 @@ uv find theirs: the nearest directory, walking up from the working directory, ho
 `kernels.lock` or a `kernels.toml`. When the cache knows that project (it holds a record of
 a build of that manifest, or an entry its lock names), the load is that project's, as
 `load(manifest=)` is; otherwise each kernel is served from the one manifest that built it,
-and a name that several manifests built with other keys is an error naming them.
+and a name that several manifests built with other keys is an error naming them. A plain
+load of the user's own cache in a project it never built refuses the names that project
+declares (its lock's or its manifest's `[kernel.NAME]` tables): another project's build of
+one is never served in its place.
 
 A manifest's load serves what its lock (`kernels.lock` beside it) names; without one, the
 recorded build whose manifest bytes and source files (`ManifestRecord.sources`) are the
@@ -17,20 +20,29 @@ reverted would leave behind.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import os
 import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from cutecc.errors import WorkError
+from cutecc.errors import CuteccError, WorkError
 from cutecc.lock.lockfile import LOCK_NAME, Lock, read_lock
 from cutecc.store.build_records import ManifestRecord
 from cutecc.store.view import StoreView
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
 MANIFEST_NAME = "kernels.toml"  # the manifest a project directory holds (`cutecc.manifest.grammar`)
 CHUNK = 1 << 20
 MAX_SOURCE_BYTES = 1 << 28  # a keyed source file larger than this reads as changed
+MAX_MANIFEST_BYTES = 1 << 24  # a project's kernels.toml read for the names it declares
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,27 @@ class Project:
     root: Path
     manifest: Path | None
     lock: Path | None
+
+    @functools.cached_property
+    def declared(self) -> frozenset[str]:
+        """The kernel names this project declares: those its lock names and its manifest's
+        `[kernel.NAME]` tables (read bounded, without the build side; a manifest that does not
+        read as TOML declares nothing here: its own build says why)."""
+        names: set[str] = set()
+        if self.lock is not None:
+            with contextlib.suppress(CuteccError):  # (a malformed lock: the manifest's names)
+                names.update(le.kernel for le in read_lock(self.lock).entries)
+        if self.manifest is not None:
+            try:
+                with open(self.manifest, "rb") as f:
+                    data = f.read(MAX_MANIFEST_BYTES + 1)
+                table = tomllib.loads(data.decode()) if len(data) <= MAX_MANIFEST_BYTES else {}
+            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
+                table = {}
+            kernels = table.get("kernel")
+            if isinstance(kernels, dict):
+                names.update(k for k in kernels if isinstance(k, str))
+        return frozenset(names)
 
     def known_to(self, store: StoreView) -> bool:
         """Whether `store` holds a build of this project: a record of its manifest, or an
@@ -173,6 +206,19 @@ def ambiguous(kernel: str, manifests: list[str], store: StoreView) -> WorkError:
         "is: pass manifest= (or lock=, or package=) to cutecc.load, or call it from the "
         "project's directory (a kernels.lock or kernels.toml in it or above it)",
         where=str(store.root))
+
+
+def not_this_project(kernel: str, project: Project, records: list[ManifestRecord],
+                     store: StoreView) -> WorkError:
+    """The error for a kernel a plain load's project declares but this cache holds no build
+    of that project: the cache's build of that name is another project's."""
+    builders = sorted({r.manifest for r in records if r.manifest and kernel in r.entries})
+    whose = ", ".join(repr(m) for m in builders) if builders else "another project"
+    return WorkError(
+        f"kernel {kernel!r} is declared by this project ({project.manifest or project.lock}), but "
+        f"this cache holds no build of it: the cache's {kernel!r} was built by {whose}; run "
+        "`cutecc build` in this project, or pass manifest= (or lock=) to cutecc.load to serve "
+        "that build", where=str(store.root))
 
 
 def same_path(recorded: object, path: Path) -> bool:

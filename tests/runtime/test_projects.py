@@ -251,3 +251,27 @@ def test_a_recorded_manifest_path_that_names_no_file_is_another_project_s(
     rec.write_text(json.dumps(doc))
     ks = cutecc.load(cache, arch="sm_90a", manifest=two["a"])
     assert _keys(ks) == _lock_keys(two["a"])
+
+
+def test_a_plain_load_in_a_project_never_built_here_refuses_its_names_built_elsewhere(
+        two: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hostile user's case: project c declares `scale` but never built it into the user's
+    cache, where only b's `scale` is (a's record removed): a plain `load()` in c is an error
+    naming b's manifest (it served b's kernel before); a project that declares no `scale`
+    gets b's as before, and `manifest=` picks b's from c too."""
+    cache = Path(shutil.copytree(two["cache"], tmp_path / "cache", symlinks=True))
+    for rec in (cache / "manifests").glob("*.json"):
+        if json.loads(rec.read_text()).get("manifest") == str(two["a"]):
+            rec.unlink()
+    c = write_toy_project(tmp_path / "c", threads=(64,))
+    monkeypatch.setenv("CUTECC_CACHE_DIR", str(cache))
+    monkeypatch.chdir(c.parent / "toy")
+    with pytest.raises(cutecc.CuteccError) as err:
+        cutecc.load(arch="sm_90a").scale  # noqa: B018
+    assert str(two["b"]) in str(err.value) and "cutecc build" in str(err.value)
+    assert _keys(cutecc.load(arch="sm_90a", manifest=two["b"])) == _lock_keys(two["b"])
+    other = tmp_path / "d"
+    other.mkdir()
+    (other / "kernels.toml").write_text(c.read_text().replace("[kernel.scale]", "[kernel.other]"))
+    monkeypatch.chdir(other)
+    assert _keys(cutecc.load(arch="sm_90a")) == _lock_keys(two["b"])
