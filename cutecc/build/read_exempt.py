@@ -15,6 +15,9 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
+from cutecc.build.linker import zig_cache_dir
+from cutecc.toolchain.targetlibs import home
+
 _STDLIB = os.path.normpath(sysconfig.get_paths()["stdlib"])
 _HERE = os.path.normpath(__file__)
 
@@ -77,8 +80,11 @@ def temp_dirs(staging: Path | None, store_root: str | None) -> tuple[str, ...]:
     wrappers' (`cutecc.build.compiler._wrapper_file`), the PTX dumps' and the store."""
     tmp = os.path.normpath(tempfile.gettempdir())
     out = [os.path.join(tmp, f"cutecc-wrap-{os.getuid()}"), os.path.join(tmp, "cutecc-ptx-")]
-    # absolute as the hook records them (a store named relative to the build's directory)
-    out += [os.path.normpath(os.path.abspath(str(p))) for p in (staging, store_root) if p is not None]
+    # absolute as the hook records them (a store named relative to the build's directory);
+    # cutecc's own homes a compile uses: another platform's link inputs (pinned wheels whose
+    # pins are key inputs, checked on every use) and zig's cache (zig's version is keyed)
+    out += [os.path.normpath(os.path.abspath(str(p)))
+            for p in (staging, store_root, home(), zig_cache_dir()) if p is not None]
     return tuple(out)
 
 

@@ -51,10 +51,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.metadata as md
 import os
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +67,7 @@ from cutecc.build.read_exempt import (
     exempt,
     temp_dirs,
 )
+from cutecc.build.read_installed import OWNED_DIRS, Dists, index_installed
 
 DIGEST_VERSION = 1
 
@@ -271,164 +270,10 @@ class ReadSet:
     files: int
 
 
-_OWNERS: dict[str, tuple[str, str, str | None, int | None]] = {}  # file -> (dist, rel, hash, size)
-# dist -> its RECORD's sys.path entry, stamp, INSTALLER's stamp and whether it held while read
-# (what `cutecc.toolchain.recordstat.by_stat` judges a file's stat by)
-_RECORDS: dict[str, tuple[str, list[int] | None, list[int] | None, bool]] = {}
-_OWNED_DIRS: set[str] = set()  # the directories holding installed distributions' files
-_VERSIONS: dict[str, str] = {}  # dist -> its version (from its dist-info's name)
-_HASH_CACHES: dict[str, Any] = {}  # store's hash cache file -> its HashCache, read once
-
-
 def warm() -> None:
-    """Index every installed distribution's RECORD (which files are whose, and their rows)
-    on `sys.path`, once per process: a compile service does it before it forks, so its
-    workers inherit it. Read as CSV directly (importlib.metadata's paths cost ~20x)."""
-    if _VERSIONS:
-        return
-    import csv
-
-    from cutecc.toolchain.dists import normalize
-    from cutecc.toolchain.hashcache import SETTLE_NS, path_stamp
-
-    def settled_ns(ctime_ns: int) -> bool:
-        return time.time_ns() - ctime_ns >= SETTLE_NS
-
+    """Index the installed distributions (`read_installed.index_installed`), unrecorded."""
     with paused():
-        for entry in dict.fromkeys(os.path.abspath(p or ".") for p in sys.path):
-            try:
-                names = sorted(os.listdir(entry))
-            except OSError:
-                continue
-            for info in names:
-                if not info.endswith(".dist-info") or "-" not in info:
-                    continue
-                dist, _, version = info[:-len(".dist-info")].partition("-")
-                name = normalize(dist)
-                if name in _VERSIONS:
-                    continue  # (the first on sys.path is the one imported)
-                _VERSIONS[name] = version
-                rec = os.path.join(entry, info, "RECORD")
-                before = path_stamp(rec)
-                try:
-                    with open(rec, newline="", encoding="utf-8") as f:
-                        rows = list(csv.reader(f))
-                except (OSError, UnicodeDecodeError, csv.Error):
-                    continue
-                _RECORDS[name] = (entry, before, path_stamp(os.path.join(entry, info, "INSTALLER")),
-                                  before is not None and path_stamp(rec) == before and settled_ns(before[2]))
-                for row in rows:
-                    if not row or not row[0]:
-                        continue
-                    full = os.path.normpath(os.path.join(entry, row[0]))
-                    digest = row[1].partition("=")[2] if len(row) > 1 and row[1] else None
-                    size = int(row[2]) if len(row) > 2 and row[2].isdigit() else None
-                    _OWNERS.setdefault(full, (name, row[0], digest, size))
-                    parent = os.path.dirname(full)  # its folders below the sys.path entry
-                    while parent not in _OWNED_DIRS and _under(parent, entry) and parent != entry:
-                        _OWNED_DIRS.add(parent)
-                        parent = os.path.dirname(parent)
-
-
-class _Dists:
-    """The installed distributions' files, and whether each is as the key saw it."""
-
-    def __init__(self, job: Any, store_root: str | None) -> None:
-        from cutecc.toolchain.versions import TOOL_PACKAGES
-
-        self.keyed: dict[str, str] = dict(job.key_inputs.get("distributions") or {})
-        tools = job.key_inputs.get("toolchain") or {}
-        self.tools = {n: str(tools.get("zig" if n == "ziglang" else n, "")).split()[0:1]
-                      for n in TOOL_PACKAGES}
-        self.store_root = store_root
-        self._proven: dict[str, str | None] = {}
-        self._index: Any = None
-        self._hashes: Any = None
-
-    def owner(self, path: str) -> tuple[str, str] | None:
-        """(distribution, path in its RECORD) of an installed file its RECORD lists."""
-        warm()
-        got = _OWNERS.get(path)
-        return None if got is None else (got[0], got[1])
-
-    def line(self, name: str, rel: str) -> str:
-        """How the key covers a file of `name` (a digest line)."""
-        if name in self.keyed or name in self.tools:
-            return f"dist {name} {rel}"
-        return f"installed {name} {_VERSIONS.get(name, '?')} {rel}"
-
-    def problem(self, name: str, rel: str, path: str) -> str | None:
-        """Why distribution `name`'s file `rel` may not be what the key saw (None: it is)."""
-        if name in self.tools and name not in self.keyed:
-            want = self.tools[name]
-            have = md.version(name)
-            return None if want and have == want[0] else (
-                f"the toolchain's {name} is {have}, but the key names {want[0] if want else 'none'}")
-        if name in self.keyed:
-            if name not in self._proven:
-                self._proven[name] = self._digest_problem(name)
-            why = self._proven[name]
-            if why != "record":
-                return why
-        return self._record_problem(name, rel, path)
-
-    def _hash_cache(self) -> Any:
-        """The store's hash cache (files' SHA-256 under their stamps), read once per process."""
-        from cutecc.toolchain.dists import HashCache
-
-        if self._hashes is None:
-            from cutecc.store.layout import Layout
-
-            cache = Layout(Path(self.store_root)).hash_cache() if self.store_root else None
-            if str(cache) not in _HASH_CACHES:  # (a stamp that moved is hashed again: never stale)
-                _HASH_CACHES[str(cache)] = HashCache(cache, write=False)
-            self._hashes = _HASH_CACHES[str(cache)]
-        return self._hashes
-
-    def _digest_problem(self, name: str) -> str | None:
-        """None when the distribution's digest now is the key's; "record" when the key
-        names it by RECORD alone (each file read is then checked against its row)."""
-        from cutecc.toolchain.dists import DistIndex
-
-        if self._index is None:
-            self._index = DistIndex(self._hash_cache())
-        version, _, digest = self.keyed[name].partition(" ")
-        if md.version(name) != version:
-            return f"distribution {name} is {md.version(name)} now, the key names {version}"
-        if self._index.digest(name, full=False) == digest:
-            return "record"
-        if self._index.digest(name, full=True) == digest:
-            return None
-        return f"distribution {name} changed since the build was planned; run the build again"
-
-    def _record_problem(self, name: str, rel: str, path: str) -> str | None:
-        """None when `path` (`rel` in its RECORD) is as its distribution's RECORD says: by
-        its stat where the planner's rule (`cutecc.toolchain.recordstat.by_stat`) vouches for
-        it, else by its hash."""
-        import base64
-
-        from cutecc.toolchain.recordstat import by_stat
-
-        _, _, want, size = _OWNERS.get(path) or _OWNERS[os.path.realpath(path)]
-        if want is None:
-            return None  # RECORD's own row (and rows the installer wrote unhashed)
-        try:
-            st = os.lstat(path)
-        except OSError as e:
-            return f"{path} cannot be read: {e.strerror}"
-        rec = _RECORDS.get(name)
-        if rec is not None and size is not None:
-            entry, stamp, installer, stable = rec
-            if by_stat(stamp, installer, stable, {rel: (f"sha256={want}", str(size))},
-                       [(rel, path, st)], set(), entry.rstrip("/") + "/"):
-                return None
-        got = bytes.fromhex(self._hash_cache().sha256(path))
-        if base64.urlsafe_b64encode(got).rstrip(b"=").decode() == want:
-            return None
-        if name in self.keyed:
-            return f"{path} of distribution {name} differs from its RECORD, by which alone the key names it"
-        return (f"{path} of distribution {name} (which the key does not name) differs from its RECORD: "
-                "reinstall it, or import it from the kernel's code so that the key names it")
+        index_installed()
 
 
 def _declare(path: str, roots: tuple[str, ...]) -> str:
@@ -453,7 +298,7 @@ def _check(job: Any, staging: Path | None, store_root: str | None) -> ReadSet:
     real_keyed = {os.path.realpath(p): f for p, f in keyed.items()}
     roots = tuple(os.path.normpath(os.path.abspath(p)) for p in job.python_path)
     entries = {os.path.normpath(os.path.abspath(p or ".")) for p in sys.path} | set(roots)
-    dists = _Dists(job, store_root)
+    dists = Dists(job, store_root)
     lines: set[str] = set()
     covered_dirs: set[str] = set()
     dirs: list[str] = []
@@ -479,8 +324,8 @@ def _check(job: Any, staging: Path | None, store_root: str | None) -> ReadSet:
                          "the key covers (the project's sources or the manifest's [build] inputs)")
             continue
         path, target, why_exempt = _facts_of(raw)
-        if why_exempt is not None or _in_temp(path, temps):
-            continue
+        if why_exempt is not None or (dists.owner(path) is None and _in_temp(path, temps)):
+            continue  # (an installed file is never one of the worker's temporary files)
         line, why = _covered(target, keyed, real_keyed, dists)
         if line is None and target != path:  # byte code of an unlisted source
             line, why = _covered(path, keyed, real_keyed, dists)
@@ -512,7 +357,7 @@ def _check(job: Any, staging: Path | None, store_root: str | None) -> ReadSet:
         if d in entries or exempt(d, temps) is not None or not os.path.isdir(d):
             continue
         warm()
-        if d in _OWNED_DIRS:
+        if d in OWNED_DIRS:
             continue  # installed files' directory: what an import there finds is an installed file
         if not covered_dirs:  # (only for a directory nothing else covers)
             covered_dirs = {p for f in covered for p in _parents(f)}
@@ -571,7 +416,7 @@ def _parents(path: str) -> Iterator[str]:
 
 
 def _covered(path: str, keyed: dict[str, Any], real_keyed: dict[str, Any],
-             dists: _Dists) -> tuple[str | None, str | None]:
+             dists: Dists) -> tuple[str | None, str | None]:
     """(how the key covers `path`, as a digest line; None and why when it does not)."""
     f = keyed.get(path)
     owned = None if f is not None else dists.owner(path)
@@ -582,9 +427,7 @@ def _covered(path: str, keyed: dict[str, Any], real_keyed: dict[str, Any],
     if f is not None:
         return f"source {f.rel}", None
     if owned is not None:
-        name, rel = owned
-        why = dists.problem(name, rel, path)
-        return (dists.line(name, rel), None) if why is None else (None, why)
+        return dists.covers(*owned, path)
     return None, None
 
 

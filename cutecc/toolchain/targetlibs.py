@@ -137,16 +137,20 @@ def _sha(path: Path) -> str:
     return h.hexdigest()
 
 
-def cache_dir() -> Path:
+def home() -> Path:
     """Where the wheels and their extracted files live (`$CUTECC_PLATFORM_LIBS`, else the
-    user's cache directory): a directory of this user's, never a link."""
+    user's cache directory), as named: `cache_dir` makes and checks it."""
     env = os.environ.get(CACHE_VAR)
     if env:
-        d = Path(env)
-    else:
-        import platformdirs
+        return Path(env)
+    import platformdirs
 
-        d = Path(platformdirs.user_cache_dir("cutecc-platform-libs", appauthor=False))
+    return Path(platformdirs.user_cache_dir("cutecc-platform-libs", appauthor=False))
+
+
+def cache_dir() -> Path:
+    """`home()`, made if need be: a directory of this user's, never a link."""
+    d = home()
     d.mkdir(parents=True, exist_ok=True, mode=0o700)
     st = os.lstat(d)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
