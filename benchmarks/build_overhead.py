@@ -176,6 +176,7 @@ def _memory(mem: str, scratch: Path, n: int) -> str:
     if mem == "off":
         return "off"
     copy = scratch / f"memory-{n}"
+    shutil.rmtree(copy, ignore_errors=True)  # (a number used again: another revision's or audit's run)
     shutil.copytree(scratch / "memory", copy)
     return str(copy)
 

@@ -113,14 +113,17 @@ class Dists:
             return f"dist {name} {rel}"
         return f"installed {name} {_VERSIONS.get(name, '?')} {rel}"
 
-    def covers(self, name: str, rel: str, path: str) -> tuple[str | None, str | None]:
+    def covers(self, name: str, rel: str, path: str, again: bool = True) -> tuple[str | None, str | None]:
         """(how the key covers `path`, file `rel` of distribution `name`, as a digest line;
         None and why when it does not). A file proven before in this process (a worker's
         earlier job: the DSL's and torch's files every job reads again) under the same key
-        facts, and not changed since (its stamp), is not proven again."""
+        facts, and not changed since (its stamp; not even stat'ed unless read `again` in this
+        job: what the process read of it before was proven then), is not proven again."""
         memo = (path, self.keyed.get(name), tuple(self.tools.get(name) or ()))
-        stamp = _stamp(path)
         hit = _PROVEN.get(memo)
+        if hit is not None and not again:
+            return hit[1], None
+        stamp = _stamp(path)
         if hit is not None and stamp is not None and hit[0] == stamp:
             return hit[1], None
         why = self.problem(name, rel, path)

@@ -326,9 +326,12 @@ def _check(job: Any, staging: Path | None, store_root: str | None) -> ReadSet:
         path, target, why_exempt = _facts_of(raw)
         if why_exempt is not None or (dists.owner(path) is None and _in_temp(path, temps)):
             continue  # (an installed file is never one of the worker's temporary files)
-        line, why = _covered(target, keyed, real_keyed, dists)
+        # read before this job only (an import of its service's or an earlier job's, never read
+        # again since): proven once in this process, what it read then is all it holds
+        again = raw in _current
+        line, why = _covered(target, keyed, real_keyed, dists, again)
         if line is None and target != path:  # byte code of an unlisted source
-            line, why = _covered(path, keyed, real_keyed, dists)
+            line, why = _covered(path, keyed, real_keyed, dists, again)
         if line is not None and target != path and line.startswith("source ") \
                 and not _byte_code_is_source(path, target):
             line, why = None, (f"it ran the byte code {path}, which is not {target} compiled (a .pyc "
@@ -416,8 +419,9 @@ def _parents(path: str) -> Iterator[str]:
 
 
 def _covered(path: str, keyed: dict[str, Any], real_keyed: dict[str, Any],
-             dists: Dists) -> tuple[str | None, str | None]:
-    """(how the key covers `path`, as a digest line; None and why when it does not)."""
+             dists: Dists, again: bool = True) -> tuple[str | None, str | None]:
+    """(how the key covers `path`, as a digest line; None and why when it does not);
+    `again`: read during this job (an installed file proven before is then stat'ed anew)."""
     f = keyed.get(path)
     owned = None if f is not None else dists.owner(path)
     if f is None and owned is None:  # by its real path (a symlinked package or venv)
@@ -427,7 +431,7 @@ def _covered(path: str, keyed: dict[str, Any], real_keyed: dict[str, Any],
     if f is not None:
         return f"source {f.rel}", None
     if owned is not None:
-        return dists.covers(*owned, path)
+        return dists.covers(*owned, path, again)
     return None, None
 
 
