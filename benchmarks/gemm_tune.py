@@ -203,8 +203,12 @@ def tune_measure(cache: Path, out: Path, repeats: int) -> dict[str, Any]:
 def _decided(lock: Path) -> Any:
     """What a lock decides: its JSON less each tuning line's `timing` (the winner's and the
     default's measured times, which two runs never share)."""
-    doc = json.loads(lock.read_text())
-    for line in doc.get("tuning") or []:
+    text = lock.read_text()
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return text  # (not a lock's JSON: its text decides)
+    for line in doc.get("tuning") or [] if isinstance(doc, dict) else []:
         line.pop("timing", None)
     return doc
 

@@ -78,7 +78,7 @@ def test_a_build_says_where_its_time_went(tmp_path: Path) -> None:
     assert {"parse", "plan", "probe", "compile", "publish", "lock"} <= set(rep["timings"])
     assert rep["timings"]["compile"] > 0
     [e] = rep["entries"]
-    assert set(e["timings"]) == {"startup", "compile", "link", "publish"}, e
+    assert set(e["timings"]) == {"startup", "compile", "link", "audit", "publish"}, e
     assert e["timings"]["compile"] > 0 and e["timings"]["link"] > 0
     assert sum(e["timings"].values()) <= rep["timings"]["compile"] + 0.05
     again = _build(manifest, tmp_path / "c", "fork", "-j", "1")  # a no-op compiles nothing

@@ -227,13 +227,19 @@ def test_a_working_directory_removed_since_is_no_project(two: dict[str, Path], t
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """A process whose working directory was deleted (a test's temporary folder, a release
     directory swapped away) loads as one in no project: the cache's rule, no OSError."""
+    def outcome() -> str:  # the keys served, or the error (as in a folder of no project)
+        try:
+            return " ".join(_keys(cutecc.load(two["cache"], arch="sm_90a")))
+        except cutecc.CuteccError as e:
+            return e.message
+
+    monkeypatch.chdir(two["elsewhere"])
+    want = outcome()
     gone = tmp_path / "gone"
     gone.mkdir()
     monkeypatch.chdir(gone)
     gone.rmdir()
-    ks = cutecc.load(two["cache"], arch="sm_90a")
-    with pytest.raises(cutecc.CuteccError, match="2 manifests"):
-        ks.scale  # noqa: B018
+    assert outcome() == want
 
 
 @pytest.mark.parametrize("recorded", ["/x/\0y", "LOOP"])

@@ -79,10 +79,11 @@ def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 3
 
 def py(code: str, *args: str | Path, env: dict[str, str] | None = None, timeout: float = 300,
        umask: int | None = None) -> subprocess.CompletedProcess[str]:
-    """Python `code` in a fresh interpreter (argv[1:] = args)."""
+    """Python `code` in a fresh interpreter (argv[1:] = args), from a folder of no project
+    (from this checkout a plain load would serve what its kernels.lock pins)."""
     pre = (lambda: os.umask(umask)) if umask is not None else None
     return subprocess.run([PY, "-c", code, *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=child_env(env), preexec_fn=pre)
+                          timeout=timeout, env=child_env(env), preexec_fn=pre, cwd="/")
 
 
 def last_json(r: subprocess.CompletedProcess[str]) -> Any:

@@ -8,6 +8,7 @@ recorded size, to fail the hash), and sizes up to 2^40-1 passed the checks.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -42,7 +43,8 @@ def _plant(cache: Cache, key: str, recorded: int, actual: int) -> None:
 
 
 def _load(cache: Cache) -> tuple[str, int]:
-    code, text, rss_kib = run_measured([PY, "-c", LOAD, str(cache.root), ARCH], timeout=300)
+    code, text, rss_kib = run_measured([PY, "-c", LOAD, str(cache.root), ARCH], timeout=300,
+                                         cwd=Path("/"))  # (no project: not this checkout's lock)
     assert code == 0, text
     return text, rss_kib * 1024
 
