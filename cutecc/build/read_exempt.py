@@ -33,6 +33,19 @@ def _under(path: str, base: str) -> bool:
     return path == base or path.startswith(base.rstrip("/") + "/")
 
 
+_BESIDE = os.path.dirname(_CUTECC.rstrip(os.sep)) + os.sep  # where cutecc's metadata lies beside it
+
+
+def _cutecc_metadata(path: str) -> bool:
+    """Whether `path` is in cutecc's own distribution metadata beside its package (an
+    editable checkout's `cutecc.egg-info/`, an install's `cutecc-VERSION.dist-info/`), which
+    `importlib.metadata.entry_points()` reads when torch looks for its plugins."""
+    if not path.startswith(_BESIDE):
+        return False
+    top = path[len(_BESIDE):].split(os.sep, 1)[0]
+    return top == "cutecc.egg-info" or (top.startswith("cutecc-") and top.endswith(".dist-info"))
+
+
 def exempt(path: str, temp_dirs: tuple[str, ...] = ()) -> str | None:
     """Why `path` (absolute, normalised) needs no key (None: it does): the short list of
     the module docstring."""
@@ -51,7 +64,7 @@ def exempt(path: str, temp_dirs: tuple[str, ...] = ()) -> str | None:
     if path.startswith(_SYSTEM_LIBS) and ".so" in os.path.basename(path) \
             and "-packages/" not in path:
         return "the system's shared libraries"
-    if path.startswith(_CUTECC):
+    if path.startswith(_CUTECC) or _cutecc_metadata(path):
         return "cutecc's own package"
     if _in_temp(path, temp_dirs):
         return "the worker's temporary files"
