@@ -185,6 +185,12 @@ def run(t: Target, store: Store, s: Settings, *, hashes: HashCache | None = None
     misses = fetched.left if fetched is not None else probed.misses
     use = fetched.use if fetched is not None else None
     push = s.remote if s.remote is not None and s.remote.write and use is not None and not use.down else None
+    if misses and hashes is not None and not s.dry_run and not s.read_only:
+        # what planning learned, written before the workers start: their read-set checks
+        # recompute the keyed distributions' digests from it (`read_installed.Dists`), as a
+        # no-op build's planning does, rather than parse torch's RECORD again in each worker
+        store.ensure()
+        hashes.save()
     with clock.stage("compile"):
         compiled = compile_misses(store, misses, t.selected, s, progress, push, use)
     outcomes = probed.outcomes + (fetched.outcomes if fetched else []) + compiled.outcomes

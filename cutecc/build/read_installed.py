@@ -170,12 +170,13 @@ class Dists:
         if self._index is None:
             self._index = DistIndex(self._hash_cache())
         version, _, digest = self.keyed[name].partition(" ")
-        if md.version(name) != version:
-            return f"distribution {name} is {md.version(name)} now, the key names {version}"
+        # (a digest the key's covers the METADATA naming the version: read only to say why not)
         if self._index.digest(name, full=False) == digest:
             return "record"
         if self._index.digest(name, full=True) == digest:
             return None
+        if md.version(name) != version:
+            return f"distribution {name} is {md.version(name)} now, the key names {version}"
         return f"distribution {name} changed since the build was planned; run the build again"
 
     def _record_problem(self, name: str, rel: str, path: str) -> str | None:
@@ -207,6 +208,45 @@ class Dists:
         return (f"{path} of distribution {name} (which the key does not name) differs from its RECORD: "
                 "reinstall it, or import it from the kernel's code so that the key names it")
 
+
+
+def installed_byte_code(pyc: str, source: str, sha256: str) -> bool:
+    """Whether byte code `pyc` is what the install of `source`'s distribution compiled from
+    the bytes the key hashed (`sha256`, hex), told by stat alone: then the read-set check
+    need not compile the source again to compare (`read_exempt._byte_code_is_source`: 74
+    files, most of a worker's first check, for FA4's and quack's closures).
+
+    pip byte-compiles what it installed before it writes the INSTALLER and then the RECORD,
+    which lists each `.pyc` it wrote with no digest. So where one RECORD lists both files,
+    the source's row names the key's SHA-256, and both pass `recordstat.by_stat`'s rule
+    (the RECORD sealed by the install that wrote its INSTALLER; each file a regular file, not
+    linked, on the RECORD's device, changed last before that INSTALLER: the pyc's size is
+    not in its row and is not compared), the pyc was compiled by that install from the
+    source as the key saw it. Anything else (a pyc Python wrote at an import, uv's
+    `--compile-bytecode` after its RECORD, a pyc the wheel shipped with a digest, any later
+    change) is compared by compiling, as before."""
+    from cutecc.toolchain.recordstat import by_stat, record_hex
+
+    index_installed()
+    byte_code, src = _OWNERS.get(pyc), _OWNERS.get(source)
+    if byte_code is None or src is None or byte_code[0] != src[0] or byte_code[2] is not None \
+            or src[2] is None or src[3] is None:
+        return False
+    rec = _RECORDS.get(src[0])
+    if rec is None:
+        return False
+    entry, stamp, installer, stable = rec
+    prefix = entry.rstrip("/") + "/"
+    digest = f"sha256={src[2]}"
+    try:
+        row_hex = record_hex(digest)
+        stats = [(src[1], source, os.lstat(source)), (byte_code[1], pyc, os.lstat(pyc))]
+    except (OSError, ValueError):
+        return False
+    if row_hex != sha256:
+        return False
+    rows = {src[1]: (digest, str(src[3])), byte_code[1]: (digest, str(stats[1][2].st_size))}
+    return len(by_stat(stamp, installer, stable, rows, stats, set(), prefix)) == 2
 
 
 # (path, the key's digest of its distribution, the toolchain's version) -> (its stamp when

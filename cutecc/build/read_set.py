@@ -53,7 +53,7 @@ import contextlib
 import hashlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,7 +67,7 @@ from cutecc.build.read_exempt import (
     exempt,
     temp_dirs,
 )
-from cutecc.build.read_installed import OWNED_DIRS, Dists, index_installed
+from cutecc.build.read_installed import OWNED_DIRS, Dists, index_installed, installed_byte_code
 
 DIGEST_VERSION = 1
 
@@ -88,6 +88,7 @@ _EXEC = "\0exec:"  # prefix of a process started (its reads are its own, unseen 
 _SPAWN_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.posix_spawn", "os.exec", "os.spawn",
                            "os.startfile", "pty.spawn"})
 _SPAWN_OK = ("ctypes.util", "cutecc.")  # find_library's ldconfig/gcc; cutecc's own linker (zig cc)
+_RECORDED = _OPEN_EVENTS | _LIST_EVENTS | _SPAWN_EVENTS | {"import", "ctypes.dlopen"}
 
 
 def _spawner() -> str:
@@ -151,7 +152,7 @@ def _relative(path: str) -> None:
 
 
 def _hook(event: str, args: tuple[Any, ...]) -> None:
-    if _paused:
+    if event not in _RECORDED or _paused:  # (most events are attribute reads and frames: one lookup)
         return
     if event in _OPEN_EVENTS:
         path, mode, flags = args
@@ -295,7 +296,12 @@ def check(job: Any, staging: Path | None, store_root: str | None) -> ReadSet:
 def _check(job: Any, staging: Path | None, store_root: str | None) -> ReadSet:
     temps = temp_dirs(staging, store_root)
     keyed = {os.path.normpath(f.path): f for f in job.keyed_files}
-    real_keyed = {os.path.realpath(p): f for p, f in keyed.items()}
+    by_real: dict[str, Any] = {}
+
+    def real_keyed() -> dict[str, Any]:  # the keyed closure by real path, when first asked (a
+        if not by_real:  # symlinked package or venv: rare; a realpath per keyed file costs more
+            by_real.update((os.path.realpath(p), f) for p, f in keyed.items())  # than a job's check)
+        return by_real
     roots = tuple(os.path.normpath(os.path.abspath(p)) for p in job.python_path)
     entries = {os.path.normpath(os.path.abspath(p or ".")) for p in sys.path} | set(roots)
     dists = Dists(job, store_root)
@@ -333,7 +339,7 @@ def _check(job: Any, staging: Path | None, store_root: str | None) -> ReadSet:
         if line is None and target != path:  # byte code of an unlisted source
             line, why = _covered(path, keyed, real_keyed, dists, again)
         if line is not None and target != path and line.startswith("source ") \
-                and not _byte_code_is_source(path, target):
+                and not _byte_code_vouched(path, target, keyed) and not _byte_code_is_source(path, target):
             line, why = None, (f"it ran the byte code {path}, which is not {target} compiled (a .pyc "
                                "stamped with the source's mtime and size, holding other code): delete it")
         if line is not None:
@@ -401,6 +407,13 @@ def _facts_of(raw: str) -> tuple[str, str, str | None]:
     return got
 
 
+def _byte_code_vouched(pyc: str, source: str, keyed: dict[str, Any]) -> bool:
+    """Whether the install that wrote keyed `source` compiled `pyc` from it, as the key saw it
+    (`read_installed.installed_byte_code`: by stat, no compile to compare)."""
+    f = keyed.get(source)
+    return f is not None and installed_byte_code(pyc, source, f.sha256)
+
+
 def prepare() -> None:
     """In a compile service, after its imports: index the installed distributions and work
     out each recorded file's facts, which the workers it forks inherit."""
@@ -418,7 +431,7 @@ def _parents(path: str) -> Iterator[str]:
         d = os.path.dirname(d)
 
 
-def _covered(path: str, keyed: dict[str, Any], real_keyed: dict[str, Any],
+def _covered(path: str, keyed: dict[str, Any], real_keyed: Callable[[], dict[str, Any]],
              dists: Dists, again: bool = True) -> tuple[str | None, str | None]:
     """(how the key covers `path`, as a digest line; None and why when it does not);
     `again`: read during this job (an installed file proven before is then stat'ed anew)."""
@@ -427,7 +440,7 @@ def _covered(path: str, keyed: dict[str, Any], real_keyed: dict[str, Any],
     if f is None and owned is None:  # by its real path (a symlinked package or venv)
         real = os.path.realpath(path)
         if real != path:
-            f, owned = real_keyed.get(real), dists.owner(real)
+            f, owned = real_keyed().get(real), dists.owner(real)
     if f is not None:
         return f"source {f.rel}", None
     if owned is not None:

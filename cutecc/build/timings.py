@@ -6,7 +6,8 @@ entry's compile splits into `ENTRY_PARTS`: the worker's start (its process and i
 counted on the first entry it took; for a service started before planning, what was left
 of its start once planning was done), the compile, the link, the audit (the read-set check,
 `cutecc.build.read_set`), and the publish (the key's lock, the source re-check, the move into
-the store).
+the store). The JSON adds `audit_cpu`, the check's CPU seconds (its thread's): what it costs
+on a shared host, where the wall clock measures the neighbours.
 """
 
 from __future__ import annotations

@@ -246,9 +246,10 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
             raise WorkError(f"not published: {changed}", where=job.kernel)
         digest = None
         if read_set.enabled():  # every file the compile read is covered by the key, as it saw it
-            t3 = time.perf_counter()
+            t3, c3 = time.perf_counter(), time.thread_time()
             checked = read_set.check(job, staging, store_root)
             parts["audit"] = time.perf_counter() - t3
+            parts["audit_cpu"] = time.thread_time() - c3  # (its cost on a shared host: CPU, not wall)
             if checked.error is not None:
                 raise WorkError(f"not published: {checked.error}", where=job.kernel)
             digest = checked.digest

@@ -434,3 +434,66 @@ def test_a_sitecustomize_that_ran_before_the_hook_fails_the_entry(tmp_path: Path
     assert_clean_failure(r, 1, "not published", f"the worker ran {site / 'sitecustomize.py'} (sitecustomize, "
                          "run at interpreter start), which its key does not cover")
     assert not list(Store(tmp_path / "c").entries()), "an entry was published"
+
+
+def test_installed_byte_code_is_vouched_for_by_stat_only_as_the_install_compiled_it(tmp_path: Path) -> None:
+    """The check compiles a keyed source again to compare it with the `.pyc` the import ran
+    (74 files of FA4's and quack's closures, most of a worker's first check), except where
+    the install that wrote the source compiled that byte code (`read_installed.installed_byte_code`):
+    both listed in one sealed RECORD (the `.pyc` with no digest, as pip lists what it
+    byte-compiles), the source's row naming the key's SHA-256, neither changed since its
+    INSTALLER. A `.pyc` planted after the install (stamped with the source's mtime and size,
+    holding other code), one the wheel shipped with a digest, one the RECORD does not list
+    (Python wrote it at an import), or a source whose row is not what the key hashed, is
+    compared by compiling, as before."""
+    import importlib.util
+    import marshal
+    import py_compile
+    import struct
+    import time
+
+    site = tmp_path / "site"
+    text = "VALUE = 1\n"
+    sha = hashlib.sha256(text.encode()).hexdigest()
+    row = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+    cases = {"untouched": "", "planted": "", "shipped": "sha256=" + row, "unlisted": None}
+    site.mkdir()
+    for name in cases:
+        src = site / f"mod_{name}.py"
+        src.write_text(text)
+        pyc = Path(importlib.util.cache_from_source(str(src)))
+        py_compile.compile(str(src), str(pyc), doraise=True)  # the installer byte-compiles...
+    time.sleep(0.05)
+    for name, pyc_digest in cases.items():
+        info = site / f"dist_{name}-1.0.dist-info"
+        info.mkdir()
+        (info / "INSTALLER").write_text("pip\n")  # ...then writes its INSTALLER and RECORD
+        pyc_rel = os.path.relpath(importlib.util.cache_from_source(str(site / f"mod_{name}.py")), site)
+        (info / "RECORD").write_text(f"mod_{name}.py,sha256={row},{len(text)}\n"
+                                     + (f"{pyc_rel},{pyc_digest},\n" if pyc_digest is not None else "")
+                                     + f"{info.name}/RECORD,,\n")
+    time.sleep(0.05)
+    src = site / "mod_planted.py"  # other code, stamped with the source's mtime and size
+    st = src.stat()
+    Path(importlib.util.cache_from_source(str(src))).write_bytes(
+        importlib.util.MAGIC_NUMBER + struct.pack("<III", 0, int(st.st_mtime), st.st_size)
+        + marshal.dumps(compile("VALUE = 2\n", str(src), "exec")))
+    time.sleep(2.2)  # the RECORDs' stamps settled (`hashcache.SETTLE_NS`)
+    code = textwrap.dedent(f"""
+        import importlib.util, json, sys
+        sys.path.insert(0, {str(site)!r})
+        from cutecc.build import read_installed
+        out = {{}}
+        for name in {list(cases)!r}:
+            src = {str(site)!r} + f"/mod_{{name}}.py"
+            pyc = importlib.util.cache_from_source(src)
+            out[name] = read_installed.installed_byte_code(pyc, src, {sha!r})
+        src = {str(site)!r} + "/mod_untouched.py"
+        out["other source"] = read_installed.installed_byte_code(
+            importlib.util.cache_from_source(src), src, "0" * 64)
+        print(json.dumps(out))
+    """)
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"untouched": True, "planted": False, "shipped": False,
+                                    "unlisted": False, "other source": False}
