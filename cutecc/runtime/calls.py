@@ -481,7 +481,7 @@ class KernelBase:
                 miss = NoBuildFits(f"{miss.message}\n({note})", where=miss.where)
                 if self._fallback is None:
                     raise miss from None
-            out = self._fallback.serve(arrays, kwargs, miss, sig, no_builds, once, note)
+            out = self._fallback.serve(arrays, kwargs, keywords, miss, sig, no_builds, once, note)
             self._fallback.check_result(out, sig, self._dtype_name)  # what the contract returns
             return True, out
         return False, None

@@ -39,8 +39,9 @@ class Fallback:
     `roots`: where its closure's files are looked for (`cutecc.runtime.fallback_code`; then
     `sys.path`), each checked against `ref`'s pins, which `pinned_by` names (the lock, or
     the newest build's record); `misses_root`: the cache to count misses in (None: a pack or
-    read-only cache, counted nowhere); `call_keywords`: the names of the kernel's call
-    keywords (their values name a signature; a runtime scalar's value does not);
+    read-only cache, counted nowhere); `call_keywords`: the names of the call keywords
+    its entries record, of every arch (their values name a signature; a runtime scalar's
+    value does not);
     `contracts`: the calling conventions of the kernel's entries, which a result is checked
     against (`check_result`)."""
 
@@ -91,12 +92,15 @@ class Fallback:
         raise CallError(f"the fallback returned {whys[0]}; a fallback must return what the kernel "
                         "does", where=where)
 
-    def serve(self, arrays: Sequence[Any], kwargs: Mapping[str, Any], miss: NoBuildFits,
-              arrays_sig: list[tuple[str, tuple[Any, ...]]], no_builds: bool, once: bool = False,
-              note: str = "") -> Any:
+    def serve(self, arrays: Sequence[Any], kwargs: Mapping[str, Any], keywords: Mapping[str, Any],
+              miss: NoBuildFits, arrays_sig: list[tuple[str, tuple[Any, ...]]], no_builds: bool,
+              once: bool = False, note: str = "") -> Any:
         """The fallback's result for a call no build serves (`miss` says why), after the
-        strict check, the warning and the count. `arrays_sig` is the arrays' (dtype name,
-        shape); `no_builds`: the kernel has no build usable on this arch at all. Counted at
+        strict check, the warning and the count. `kwargs` are all the call's keywords (the
+        fallback takes them); `keywords` the call keywords the kernel told apart among them
+        (one-value axes included), which with those of `call_keywords` name the signature
+        a miss records (a runtime scalar's value does not); `arrays_sig` is the arrays'
+        (dtype name, shape); `no_builds`: the kernel has no build usable on this arch at all. Counted at
         each call (JAX asks once per trace), or with `once` at the signature's first miss
         in this process only (PyTorch asks at every eager call). `note`: why no
         just-in-time build serves it either (`load(jit=True)`), said in the warning."""
@@ -105,7 +109,7 @@ class Fallback:
             raise NoBuildFits(f"{miss.message}\n(strict, {why}: the declared fallback {self.ref.ref} "
                               "is not served)", where=miss.where)
         reason = f"no build for {self.arch}" if no_builds else "no built variant fits"
-        keywords = {k: v for k, v in kwargs.items() if k in self.call_keywords}
+        keywords = {**{k: v for k, v in kwargs.items() if k in self.call_keywords}, **keywords}
         m = miss_of(self.kernel, self.arch, arrays_sig, keywords, reason)
         fn = self.function()
         first = m.ident not in self._warned
