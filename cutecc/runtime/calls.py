@@ -465,7 +465,7 @@ class KernelBase:
         there is no fallback (the call then raises as it always did). Under `load(jit=True)`
         a miss first compiles the variant that serves it (then a build fits), and falls to
         the fallback, or raises, only where it cannot. `kwargs` are all the call's keywords,
-        `keywords` its call keywords among them; `once`: see `Fallback.serve`."""
+        `keywords` its call keywords among them; `once`: see `Use.record`."""
         if self._fallback is None and self._jit is None:
             return False, None
         try:
@@ -481,10 +481,17 @@ class KernelBase:
                 miss = NoBuildFits(f"{miss.message}\n({note})", where=miss.where)
                 if self._fallback is None:
                     raise miss from None
-            out = self._fallback.serve(arrays, kwargs, keywords, miss, sig, no_builds, once, note)
+            out, use = self._fallback.serve(arrays, kwargs, keywords, miss, sig, no_builds, note)
             self._fallback.check_result(out, sig, self._dtype_name)  # what the contract returns
-            return True, out
+            return True, self._served(out, use, once)
         return False, None
+
+    def _served(self, out: Any, use: Any, once: bool) -> Any:
+        """`out`, the fallback's result, with its use (`cutecc.runtime.fallback.Use`)
+        recorded: here at once (an eager call); JAX's front end records it when the call
+        is lowered or run, not when it is only traced (`cutecc.runtime.fallback_mark`)."""
+        use.record(once)
+        return out
 
     def _add_build(self, b: Build) -> None:
         """Offer `b` too (a just-in-time build), as if loaded with the others."""

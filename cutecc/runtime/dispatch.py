@@ -34,7 +34,7 @@ from jax.custom_derivatives import SymbolicZero
 from cutecc.contract.args import ScalarArg, TensorArg, shard_factors
 from cutecc.contract.cotangents import COTANGENT
 from cutecc.errors import CallError, CallTypeError
-from cutecc.runtime import calls, scalar_values, sharding, strict
+from cutecc.runtime import calls, fallback_mark, scalar_values, sharding, strict
 from cutecc.runtime.calls import (  # noqa: F401  (re-exported: tests and tools import them here)
     MAX_SYMBOLIC_EXTENT,
     Build,
@@ -152,6 +152,11 @@ class KernelFn(calls.KernelBase):
                         raise
                 raise spread from None  # in cutecc's words: which devices, and what to do
         return self._traced(arrays, scalars)
+
+    def _served(self, out: Any, use: Any, once: bool) -> Any:
+        """The fallback's result, its use recorded where the call is lowered or run, never
+        where it is only traced (`jax.eval_shape`, `custom_partitioning`'s global trace)."""
+        return fallback_mark.marked(out, use)
 
     def _eager_fn(self, scalars: Mapping[str, Any]) -> Any:
         """A call outside any transformation runs as one cached `jax.jit` of the whole call,
