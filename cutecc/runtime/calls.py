@@ -322,6 +322,48 @@ def _caller_dims(t: TensorArg) -> tuple[int, ...]:
     return tuple(t.held.index(i) for i in range(len(t.shape)))
 
 
+def implies(a: CallingConvention, b: CallingConvention) -> bool:
+    """Whether every call whose arrays fit `a`'s inputs fits `b`'s too: `a` is at least as
+    specific. Sound, not complete: False wherever it is not shown. Per array and dimension,
+    a static extent of `b` must be `a`'s; a symbol of `b` is implied by a static extent of
+    `a` that is a multiple of its divisibility, or by a symbol whose divisibility is a
+    multiple of it (and no wider, `bits = 64`, than `b`'s); extents `b` names by one symbol
+    must be one symbol or one static extent in `a`; dtypes, ranks, orders as passed,
+    padded views, broadcasts and declared strides must be the same."""
+    if len(a.inputs) != len(b.inputs) or [t.stride for t in a.results] != [t.stride for t in b.results]:
+        return False
+    bound_a: dict[str, set[tuple[int, int]]] = {}
+    bound_b: dict[str, set[tuple[int, int]]] = {}
+    same: dict[str, set[Any]] = {}  # per symbol of `b`, what `a` has where `b` names it
+    for k, (ta, tb) in enumerate(zip(a.inputs, b.inputs)):
+        if (ta.dtype != tb.dtype or len(ta.shape) != len(tb.shape) or ta.held != tb.held
+                or ta.stride != tb.stride or ta.padded != tb.padded
+                or (ta.broadcast or ()) != (tb.broadcast or ())):
+            return False
+        for i, (ea, eb) in enumerate(zip(ta.extents, tb.extents)):
+            if isinstance(ea, str):
+                bound_a.setdefault(ea, set()).add((k, i))
+            if isinstance(eb, int):
+                if ea != eb:
+                    return False
+                continue
+            bound_b.setdefault(eb, set()).add((k, i))
+            same.setdefault(eb, set()).add(ea)
+            if isinstance(ea, int):
+                if ea % tb.multiple(i):
+                    return False
+            elif ta.multiple(i) % tb.multiple(i) or (i in (ta.wide or ()) and i not in (tb.wide or ())):
+                return False
+    if any(len(v) > 1 for v in same.values()):
+        return False
+    for ta, tb in zip(a.inputs, b.inputs):  # a padded view: the same logical extent, bound alike
+        for i in tb.padded:
+            d = tb.shape[i]
+            if ta.shape[i] != d or (isinstance(d, str) and bound_a.get(d) != bound_b.get(d)):
+                return False
+    return True
+
+
 def _static(b: Build) -> int:
     """How specific a build's contract is: the static extents and divisibility facts of
     its arrays (a padded view's static extent is no fact about the array passed)."""
@@ -528,26 +570,38 @@ class KernelBase:
 
     def _one_of(self, fits: list[tuple[Build, dict[str, int]]],
                 keywords: Mapping[str, Any]) -> tuple[Build, dict[str, int]]:
-        """The most specific of the builds a call fits; equals are refused, and so is a
-        call leaving out a keyword built with several values even where its arrays fit one
-        (a padded tensor's static logical extent: a large buffer would fit them all)."""
-        top = [f for f in fits if _static(f[0]) == _static(fits[0][0])]  # builds are sorted
-        missing = sorted({k for b, _ in top for k, _ in b.call
+        """The most specific of the builds a call fits: the one whose contract implies every
+        other's (`implies`: `n % 4 == 0` implies `n % 2 == 0`). Builds no call tells apart
+        (the same contract) are refused, and so is a call leaving out a keyword built with
+        several values even where its arrays fit one (a padded tensor's static logical
+        extent: a large buffer would fit them all); so are fits none of which implies the
+        others (`m % 2` beside `n % 2`), naming the most specific ones: never a silent pick."""
+        n = len(fits)
+        over = [[i == j or implies(fits[i][0].conv, fits[j][0].conv) for j in range(n)] for i in range(n)]
+        top = [fits[i] for i in range(n) if all(over[i])]
+        # none implies every other: the fits no other is strictly more specific than
+        best = top or [fits[i] for i in range(n)
+                       if not any(over[j][i] and not over[i][j] for j in range(n))]
+        missing = sorted({k for b, _ in best for k, _ in b.call
                           if k not in keywords and len(self._keywords[k]) > 1})
         if len(top) == 1 and not missing:
             return top[0]
         if missing:
-            choices = "; ".join(f"{k} = " + " or ".join(sorted({repr(v) for b, _ in top
+            choices = "; ".join(f"{k} = " + " or ".join(sorted({repr(v) for b, _ in best
                                                                 for k2, v in b.call if k2 == k}))
                                 for k in missing)
             built = "; ".join(f"{k} = " + " or ".join(map(repr, self._keywords[k])) for k in missing)
             raise CallTypeError(f"missing call keyword {', '.join(map(repr, missing))}: these arrays "
-                                f"fit {len(top)} variant(s), chosen by {choices} (built: {built}) "
+                                f"fit {len(best)} variant(s), chosen by {choices} (built: {built}) "
                                 f"(e.g. {self.name}(..., {missing[0]}=...))",
                                 where=f'kernel "{self.name}"')
-        raise CallError("the call fits several variants equally: " + ", ".join(
-            b.variant for b, _ in top) + "; declare contracts that tell them apart",
-                        where=f'kernel "{self.name}"')
+        names = ", ".join(sorted(b.variant for b, _ in best))
+        if top:
+            raise CallError(f"the call fits several variants equally: {names}; declare contracts "
+                            "that tell them apart", where=f'kernel "{self.name}"')
+        raise CallError(f"the call fits several variants, none more specific than the others: {names} "
+                        "(no one's contract implies the others'); declare contracts that tell them "
+                        "apart, or one that implies them", where=f'kernel "{self.name}"')
 
 
 def extent(kernel: str, t: TensorArg, d: Any, env: Mapping[str, Any], dims: Dims = PLAIN) -> Any:

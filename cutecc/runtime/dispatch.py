@@ -4,8 +4,9 @@ Each call checks its arrays against the contracts of the variants that were buil
 (count, dtype, rank, static extents, shared symbolic extents, divisibility, and for
 a padded tensor that its buffer holds the logical extents), keeps
 those whose call keywords (variant parameters the arrays cannot tell apart, such as
-`causal=True`) equal the call's, picks the most specific one (never one of equals:
-that is an error naming them), computes output shapes from the contract, and binds
+`causal=True`) equal the call's, picks the most specific one (the one whose contract
+implies the others', `calls.implies`; never one of equals, nor of fits none of which
+implies the others: that is an error naming them), computes output shapes from the contract, and binds
 the `cutecc_call` primitive. Arrays are logical; a tensor declared with another
 layout is transposed to the buffer order the kernel was compiled for (XLA folds a
 caller's own `.T` into it), and results back. A tensor declared with `mode`
