@@ -46,6 +46,11 @@ def _shard_of(key_inputs: Mapping[str, Any] | None) -> Any:
     return key_inputs.get("shard") if isinstance(key_inputs, Mapping) else None
 
 
+def _relations_of(key_inputs: Mapping[str, Any] | None) -> Any:
+    """The relations between extents an entry's key inputs record ([] when none); unchecked."""
+    return key_inputs.get("relations", []) if isinstance(key_inputs, Mapping) else []
+
+
 def _reshard_of(key_inputs: Mapping[str, Any] | None) -> Any:
     """The `reshard` choice an entry's key inputs record ("error" when not declared); unchecked."""
     return key_inputs.get("reshard", RESHARD[0]) if isinstance(key_inputs, Mapping) else RESHARD[0]
@@ -77,6 +82,9 @@ class Build:
     # the variant's plain parameters (meta.json's `params`): a one-value axis, the same in
     # every build of the kernel, is a call keyword too (`KernelBase._index_keywords`)
     params: tuple[tuple[str, Any], ...] = ()
+    # equalities between the inputs' extents each call must hold (`relations = [..]`), as
+    # (lhs, rhs) canonical expressions (`cutecc.contract.expr.relation`)
+    relations: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def of(cls, rec: EntryMeta, entry_dir: Path) -> Build:
@@ -86,7 +94,8 @@ class Build:
         b = cls._make(rec.key, entry_dir, rec.args, rec.library, rec.runtime, rec.call, rec.variant,
                       rec.arch, rec.symbol, _shard_of(rec.key_inputs), _reshard_of(rec.key_inputs),
                       refs.reference_keywords({**dict(params), **rec.call}, rec.key_inputs))
-        return dataclasses.replace(b, params=params)
+        return dataclasses.replace(b, params=params,
+                                   relations=_relations(b.conv, _relations_of(rec.key_inputs)))
 
     @classmethod
     def _make(cls, key: str, entry_dir: Path, args_json: Any, lib: FileRec, rt: RuntimeLink,
@@ -205,9 +214,14 @@ def _same(a: Any, b: Any) -> bool:
 
 def mismatch(b: Build, shapes: Sequence[tuple[Any, ...]], dtypes: Sequence[str],
              dims: Dims = PLAIN) -> tuple[dict[str, int] | None, str]:
-    """(symbol bindings, "") if arrays of these shapes and dtype names fit `b`'s inputs,
-    else (None, why not)."""
-    return conv_mismatch(b.conv, shapes, dtypes, dims)
+    """(symbol bindings, "") if arrays of these shapes and dtype names fit `b`'s inputs and
+    hold its relations between extents, else (None, why not)."""
+    env, why = conv_mismatch(b.conv, shapes, dtypes, dims)
+    if env is not None and b.relations:
+        why = _relation_problem(b.conv, b.relations, env, dims)
+        if why:
+            return None, why
+    return env, why
 
 
 def conv_mismatch(conv: CallingConvention, shapes: Sequence[tuple[Any, ...]], dtypes: Sequence[str],
@@ -362,6 +376,58 @@ def implies(a: CallingConvention, b: CallingConvention) -> bool:
             if ta.shape[i] != d or (isinstance(d, str) and bound_a.get(d) != bound_b.get(d)):
                 return False
     return True
+
+
+def _relations(conv: CallingConvention, doc: Any) -> tuple[tuple[str, str], ...]:
+    """The relations an entry records, checked again (read from disk): a list of at most
+    `expr.MAX_RELATIONS` "lhs == rhs" texts whose symbols the input arrays bind."""
+    if not isinstance(doc, list) or len(doc) > expr.MAX_RELATIONS:
+        raise ValueError(f"relations {doc!r} is not a list of at most {expr.MAX_RELATIONS}")
+    bound = {d for t in conv.inputs for d in t.extents if isinstance(d, str)}
+    out = []
+    for text in doc:
+        try:
+            lhs, rhs = expr.relation(text)
+        except expr.ExprError as e:
+            raise ValueError(f"relations: {e}") from None
+        unbound = [n for side in (lhs, rhs) for n in expr.names(side) if n not in bound]
+        if unbound:
+            raise ValueError(f'relations: "{unbound[0]}" is bound by no input array')
+        out.append((lhs, rhs))
+    return tuple(out)
+
+
+def _relation_problem(conv: CallingConvention, relations: Sequence[tuple[str, str]],
+                      env: Mapping[str, Any], dims: Dims) -> str:
+    """Why the call's extents (`env`) break one of `relations`, naming the relation and where
+    each of its symbols was read (`ls (b: dimension 0) is 7, l * split_k is 8 (l = 2, from
+    a: dimension 0; split_k = 4, from c: dimension 1)`), or ""."""
+    undecided: tuple[type[BaseException], ...] = (expr.ExprError, *dims.inconclusive)
+    for lhs, rhs in relations:
+        try:
+            a = expr.evaluate(lhs, env, minimum=dims.min, maximum=dims.max)
+            b = expr.evaluate(rhs, env, minimum=dims.min, maximum=dims.max)
+            if bool(a == b):
+                continue
+        except undecided:
+            continue  # symbolic shapes that no comparison decides: not refused here
+        where: dict[str, str] = {}
+        for t in conv.inputs:
+            at = _caller_dims(t)
+            for i, d in enumerate(t.extents):
+                if isinstance(d, str):
+                    where.setdefault(d, f"{t.name}: dimension {at[i]}")
+        return (f"relation {lhs} == {rhs} does not hold: {_side(lhs, a, env, where)}, "
+                f"{_side(rhs, b, env, where)} (relations)")
+    return ""
+
+
+def _side(side: str, value: Any, env: Mapping[str, Any], where: Mapping[str, str]) -> str:
+    """One side of a broken relation as its error shows it, with where its extents were read."""
+    if expr.is_symbol(side):
+        return f"{side} ({where.get(side, '?')}) is {value}"
+    parts = "; ".join(f"{n} = {env[n]}, from {where.get(n, '?')}" for n in expr.names(side))
+    return f"{side} is {value}" + (f" ({parts})" if parts else "")
 
 
 def _static(b: Build) -> int:
@@ -577,7 +643,9 @@ class KernelBase:
         extent: a large buffer would fit them all); so are fits none of which implies the
         others (`m % 2` beside `n % 2`), naming the most specific ones: never a silent pick."""
         n = len(fits)
-        over = [[i == j or implies(fits[i][0].conv, fits[j][0].conv) for j in range(n)] for i in range(n)]
+        over = [[i == j or (implies(fits[i][0].conv, fits[j][0].conv)
+                            and set(fits[j][0].relations) <= set(fits[i][0].relations))
+                 for j in range(n)] for i in range(n)]
         top = [fits[i] for i in range(n) if all(over[i])]
         # none implies every other: the fits no other is strictly more specific than
         best = top or [fits[i] for i in range(n)
