@@ -44,7 +44,7 @@ from cutecc.runtime.calls import (  # noqa: F401  (re-exported: tests and tools 
     _static,
 )
 from cutecc.runtime.composite_call import CompositeBase
-from cutecc.runtime.primitive import cutecc_call_p, unify_varying, varying
+from cutecc.runtime.primitive import EAGER, cutecc_call_p, unify_varying, varying
 
 MAX_EAGER_SIGNATURES = 256  # jitted eager calls kept per kernel (one per keyword values)
 
@@ -145,12 +145,15 @@ class KernelFn(calls.KernelBase):
         if not any(isinstance(a, jax.core.Tracer) for a in arrays):
             fn = (self._out_of_place or self)._eager_fn(scalars)
             if fn is not None:
+                eager = EAGER.set(True)  # the caller's arrays: theirs to keep, no copy warned of
                 try:
                     return fn(*arrays)
                 except ValueError:  # JAX's refusal of committed arrays on different devices
                     spread = _spread(self.name, arrays)
                     if spread is None:
                         raise
+                finally:
+                    EAGER.reset(eager)
                 raise spread from None  # in cutecc's words: which devices, and what to do
         return self._traced(arrays, scalars)
 
@@ -270,8 +273,9 @@ class KernelFn(calls.KernelBase):
                                 "in an input's memory (may_alias): call it without .in_place",
                                 where=f'kernel "{self.name}"')
             aliases += conv.may_aliases
+        names = tuple(t.name for t in conv.ffi_inputs)
         out = cutecc_call_p.bind(*unify_varying(buffers), target=target, kernel=self.name,
-                                 results=results, aliases=aliases, attrs=attrs)
+                                 results=results, aliases=aliases, attrs=attrs, inputs=names)
         out = [_from_buffer(o, t) for o, t in zip(out[:len(conv.results)], conv.results)]
         # A declared reduction: per-SM partial sums and the like, summed over the leading axis.
         return [jnp.sum(o, axis=0, dtype=o.dtype) if t.reduce == "sum" else o
@@ -377,7 +381,11 @@ class CompositeFn(CompositeBase):
                     if len(self._eager) >= MAX_EAGER_SIGNATURES:  # a scalar that changes every call
                         self._eager.clear()
                     fn = self._eager[key] = jax.jit(lambda *xs: self._plain(xs, scalars, keywords))
-                return fn(*arrays)
+                eager = EAGER.set(True)
+                try:
+                    return fn(*arrays)
+                finally:
+                    EAGER.reset(eager)
         return self._plain(arrays, scalars, keywords)
 
     def _plain(self, arrays: Sequence[Any], scalars: Mapping[str, Any],

@@ -127,7 +127,7 @@ class Fallback:
             first = m.ident not in self._warned
             self._warned.add(m.ident)
         if first:
-            warnings.warn(text, FallbackWarning, stacklevel=_caller_level())
+            warnings.warn(text, FallbackWarning, stacklevel=caller_stacklevel())
         if self.misses_root is not None and (first or not once):
             record_miss(self.misses_root, m)
 
@@ -164,11 +164,12 @@ class Use:
 _FRAMEWORKS = frozenset({"cutecc", "jax", "jaxlib", "torch"})
 
 
-def _caller_level() -> int:
-    """The `stacklevel` that names, from `Fallback._record`, the first frame of the caller's
-    own code (not cutecc's nor a framework's: a use is recorded deep in JAX's lowering)."""
+def caller_stacklevel() -> int:
+    """The `stacklevel` that names, from the function calling `warnings.warn`, the first
+    frame of the caller's own code (not cutecc's nor a framework's: a fallback's use and a
+    copy are warned of deep in JAX's lowering)."""
     frame: FrameType | None = sys._getframe(2)
-    level = 2  # level 1 is `_record`, 2 its caller
+    level = 2  # level 1 is the function that warns, 2 its caller
     while frame is not None:
         name = frame.f_globals.get("__name__")
         if not isinstance(name, str) or name.partition(".")[0] not in _FRAMEWORKS:
