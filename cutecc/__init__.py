@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from cutecc.errors import CuteccError, FallbackWarning, JitBuildWarning
+from cutecc.errors import CopyWarning, CuteccError, FallbackWarning, JitBuildWarning
 
-__all__ = ["CuteccError", "FallbackWarning", "JitBuildWarning", "__version__", "load"]
+__all__ = ["CopyWarning", "CuteccError", "FallbackWarning", "JitBuildWarning", "__version__", "load"]
 
 if TYPE_CHECKING:
     from cutecc.runtime.loader import KernelSet

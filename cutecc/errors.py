@@ -87,6 +87,13 @@ class FallbackWarning(UserWarning):
     `warnings.simplefilter("error", cutecc.FallbackWarning)`)."""
 
 
+class CopyWarning(UserWarning):
+    """A kernel's in-place operand (an `inout` tensor, or an input an `in_place` call writes)
+    is an argument of the `jax.jit` being lowered that is not donated, so XLA copies it
+    before every call (warned once per kernel and operand: donate it,
+    `jax.jit(f, donate_argnums=...)`, or pass a value that is dead after the call)."""
+
+
 class JitBuildWarning(UserWarning):
     """A kernel call no built variant fit was compiled just in time (`cutecc.load(jit=True)`
     or `$CUTECC_JIT=1`), once per kernel and call signature: add the variant to the

@@ -460,8 +460,9 @@ def _write_lock(store: Store, t: Target, built: Built, hashes: HashCache | None,
 
 
 def environment_of(planned: Sequence[Planned]) -> Environment:
-    """The key-deciding distributions `planned` was keyed with (what the lock records)."""
-    return Environment.of(p.inputs.get("distributions") or {} for p in planned)
+    """The key-deciding distributions `planned` was keyed with (what the lock records), each
+    named by its installed files whichever entries reached it (`Planned.environment`)."""
+    return Environment.of(p.environment for p in planned)
 
 
 def _lock_line(o: Outcome, fallbacks: dict[str, dict[str, FallbackRef]]) -> LockEntry:

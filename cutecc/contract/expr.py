@@ -166,3 +166,21 @@ def multiple_of(text: str, divisibility: Mapping[str, int]) -> int:
             return functools.reduce(math.gcd, (m(x) for x in n.args))
         return 1
     return max(1, m(parse(text)))
+
+
+MAX_RELATIONS = 16  # relations of one kernel's contract
+
+
+def relation(text: str) -> tuple[str, str]:
+    """A relation between extents, `"lhs == rhs"` (each side an expression of this grammar:
+    `ls == l * 4`), as its two sides' canonical texts."""
+    if not isinstance(text, str) or text.count("==") != 1:
+        raise ExprError(f"a relation is two expressions joined by ==, not {text!r}")
+    lhs, rhs = text.split("==")
+    return canonical(lhs), canonical(rhs)
+
+
+def relation_text(text: str) -> str:
+    """A relation's canonical text (what the contract stores, so equal relations key equally)."""
+    lhs, rhs = relation(text)
+    return f"{lhs} == {rhs}"

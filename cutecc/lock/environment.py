@@ -13,8 +13,11 @@ from cutecc.errors import CuteccError
 
 # The optional "environment" object (`Environment`): the key-deciding distributions the
 # lock's keys were planned with, so a build or verify elsewhere names what differs before
-# it compiles. Versioned on its own: readers that predate it ignore it.
-ENVIRONMENT_FORMAT = 1
+# it compiles. Versioned on its own: readers that predate it ignore it. Format 2 names every
+# distribution by its installed files (`DistIndex.environment`); format 1 named one reached
+# only as a requirement by its RECORD, whichever entry planned it last: its digests are
+# compared by version alone (`Environment.digests`).
+ENVIRONMENT_FORMAT = 2
 MAX_ENV_DISTRIBUTIONS = 5_000
 
 
@@ -41,6 +44,9 @@ class Environment:
     digest"}` (`cutecc.toolchain.dists.DistIndex.reached`): what every locked key was planned with."""
 
     distributions: tuple[tuple[str, str], ...] = ()
+    # whether the digests are this format's (a format-1 lock's are of another formula: only
+    # their versions are compared, and a partial build does not keep them)
+    digests: bool = True
 
     @classmethod
     def of(cls, reached: Iterable[Mapping[str, str]]) -> Environment:
@@ -52,13 +58,20 @@ class Environment:
 
     def merged(self, older: Environment) -> Environment:
         """This environment, with `older`'s distributions that this one does not name (a
-        partial build keeps lines planned in the older one)."""
+        partial build keeps lines planned in the older one). Those of a format-1 `older`
+        are not kept: their digests are of another formula (the next whole build names them)."""
+        if not older.digests:
+            return self
         return Environment(tuple(sorted({**dict(older.distributions), **dict(self.distributions)}.items())))
 
     def drift(self, here: Environment) -> list[Drift]:
         """What differs between this (the lock's) and the environment `here` planned in,
-        over the distributions `here` names, and those this names that are gone."""
+        over the distributions `here` names, and those this names that are gone (by version
+        alone where this lock's digests are of format 1)."""
         mine, theirs = dict(self.distributions), dict(here.distributions)
+        if not self.digests:
+            theirs = {n: v.split(" ")[0] for n, v in theirs.items()}
+            mine = {n: v.split(" ")[0] for n, v in mine.items()}
         return [Drift(n, mine.get(n), theirs.get(n)) for n in sorted(set(mine) | set(theirs))
                 if mine.get(n) != theirs.get(n) and (n in theirs or _gone(n))]
 
@@ -67,11 +80,12 @@ class Environment:
 
     @classmethod
     def from_json(cls, d: Any, where: str) -> Environment | None:
-        """The lock's environment; None for one of a later format (it decides nothing)."""
+        """The lock's environment; None for one of a later format (it decides nothing); one
+        of format 1 compares versions alone (`digests` False)."""
         if not isinstance(d, dict) or not isinstance(d.get("format"), int):
             raise CuteccError("environment is not an object with a format", where=where,
                               key_path="environment")
-        if d["format"] != ENVIRONMENT_FORMAT:
+        if d["format"] not in (1, ENVIRONMENT_FORMAT):
             return None
         dists = d.get("distributions")
         if not isinstance(dists, dict) or len(dists) > MAX_ENV_DISTRIBUTIONS or not all(
@@ -79,7 +93,7 @@ class Environment:
                 for k, v in dists.items()):
             raise CuteccError(f"distributions must map at most {MAX_ENV_DISTRIBUTIONS} names to "
                               "\"version digest\" strings", where=where, key_path="environment.distributions")
-        return cls(tuple(sorted(dists.items())))
+        return cls(tuple(sorted(dists.items())), digests=d["format"] == ENVIRONMENT_FORMAT)
 
 
 def _gone(name: str) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from cutecc.contract import expr
 from cutecc.contract.args import (
     RESHARD,
     TensorArg,
@@ -29,7 +30,7 @@ from cutecc.manifest.grammar import (
 )
 from cutecc.manifest.model import Composite, Kernel, Variant
 from cutecc.manifest.model import Value as _Value
-from cutecc.manifest.values import _value
+from cutecc.manifest.values import _expression_text, _value
 from cutecc.manifest.variants import (
     _call_keywords,
     _check_used,
@@ -136,7 +137,8 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
                        for k, v in constants)
         fargs = None if factory is None else tuple(
             (k, _value(ctx, f"{vctx}, factory_args.{k}", v, env, hw)) for k, v in factory)
-        return Variant(name, point, args, consts, fargs)
+        rels = _relations(ctx, f"{vctx}, relations", kdoc.get("relations", []), env, hw, args)
+        return Variant(name, point, args, consts, fargs, relations=rels)
 
     variants, pending, total = [], [], 0
     for point in _points(axes):
@@ -179,3 +181,31 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
                   hardware=tuple(sorted(hw.items())), grad_args=grad_args, grad_returns=grad_returns,
                   grad_nondiff=grad_nondiff, grad_stop=grad_stop, shard=tuple(shard), reshard=reshard,
                   fallback=fallbacks.get("fallback"), fallback_torch=fallbacks.get("fallback_torch"))
+
+
+def _relations(ctx: Any, kp: str, doc: Any, env: dict[str, Any], hw: dict[str, Any],
+               args: tuple[Any, ...]) -> tuple[str, ...]:
+    """`relations = ["ls == l * $split_k", ..]`: equalities between the input arrays' extents
+    that every call must hold (checked at the call, naming the relation and the arrays),
+    each side an expression over symbols some input array binds, `$param`s and `$hw.fact`s
+    resolved for the variant."""
+    if not isinstance(doc, list) or not all(isinstance(r, str) for r in doc):
+        raise ctx.fail(kp, 'must be an array of relations such as "ls == l * split_k"')
+    if len(doc) > expr.MAX_RELATIONS:
+        raise ctx.fail(kp, f"at most {expr.MAX_RELATIONS} relations")
+    bound = {d for t in flat_leaves(args) if isinstance(t, TensorArg) and t.role in ("input", "inout")
+             for d in t.extents if isinstance(d, str)}
+    out = []
+    for i, text in enumerate(doc):
+        if text.count("==") != 1:
+            raise ctx.fail(f"{kp}[{i}]", f'"{text}" is not two expressions joined by ==')
+        sides = [_expression_text(ctx, f"{kp}[{i}]", side, env, hw) for side in text.split("==")]
+        rel = f"{sides[0]} == {sides[1]}"
+        unbound = [n for side in sides for n in expr.names(side) if n not in bound]
+        if unbound:
+            raise ctx.fail(f"{kp}[{i}]", f'"{unbound[0]}" is bound by no input array (a relation '
+                           "is between the extents of the arrays a call passes)")
+        if not any(expr.names(side) for side in sides):
+            raise ctx.fail(f"{kp}[{i}]", f'"{text}" reads no extent')
+        out.append(rel)
+    return tuple(dict.fromkeys(out))

@@ -34,6 +34,9 @@ class Variant:
     # The variant parameters a call names by keyword (those the input tensors cannot
     # tell apart), with this variant's values; see `_call_keywords`.
     call: tuple[tuple[str, Value], ...] = ()
+    # `relations = ["ls == l * $split_k"]`: equalities between the inputs' extents a call
+    # must hold, `$param`s resolved (canonical "lhs == rhs" texts; `cutecc.contract.expr.relation`)
+    relations: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:

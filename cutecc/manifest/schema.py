@@ -184,6 +184,12 @@ def schema() -> dict[str, Any]:
                       "description": "Symbolic extents the kernel is independent along (rows, "
                                      "batch, heads): under jax.jit with several devices each "
                                      "device calls it on its shard of those axes."},
+            "relations": {"type": "array", "maxItems": 16,
+                          "items": {"type": "string", "pattern": "^[^=]*==[^=]*$"},
+                          "description": "Equalities between the input arrays' extents every call "
+                                         "must hold, each two expressions joined by == over "
+                                         "symbols, $params and $hw facts (\"ls == l * $split_k\"): "
+                                         "a call that breaks one is refused naming it."},
             "reshard": {"enum": ["error", "warn", "allow"],
                         "description": "Under an explicit mesh, a call whose inputs are split "
                                        "where the shard rule does not allow (XLA would insert a "

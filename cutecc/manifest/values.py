@@ -117,6 +117,12 @@ def _expression(ctx: _Ctx, kp: str, text: str, env: dict[str, _Value], hw: dict[
     return text
 
 
+def _expression_text(ctx: _Ctx, kp: str, text: str, env: dict[str, _Value], hw: dict[str, Any]) -> str:
+    """One side of a relation: `_expression`'s, its canonical text also where it folds to an int."""
+    v = _expression(ctx, kp, text, env, hw)
+    return str(v) if isinstance(v, int) else v
+
+
 def _scalar_expr(ctx: _Ctx, kp: str, v: Any, dt: str, env: dict[str, _Value],
                  hw: dict[str, Any]) -> int | str:
     """A derived scalar's `value`: an int, "$hw.fact" / "$param", or an expression."""

@@ -7,7 +7,8 @@ nor JAX: `build`, `explain` and `pack --manifest` all start here.
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,9 @@ class Planned:
     platform: str = BUILD_PLATFORM  # the host platform of the library's host code
     # the source files the key read, which the build worker checks again after compiling
     keyed_files: tuple[KeyedFile, ...] = ()
+    # the distributions the key reached, as the lock's environment names them
+    # (`DistIndex.environment`: by their installed files, however the key took them)
+    environment: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -85,6 +89,7 @@ def _plan(manifest: Manifest, archs: tuple[str, ...], platforms: tuple[str, ...]
         modules = index.reached_modules(k.module)
         entry_files = index.files(k.module)
         reached: dict[frozenset[str], dict[str, str]] = {}
+        environments: dict[frozenset[str], dict[str, str]] = {}
         shadowed: dict[frozenset[str], Shadows] = {}
         seen: dict[str, str] = {}
         for v in k.variants:
@@ -97,6 +102,7 @@ def _plan(manifest: Manifest, archs: tuple[str, ...], platforms: tuple[str, ...]
             key_modules = frozenset(modules | ref_modules)
             if key_modules not in reached:
                 reached[key_modules] = installed.reached(key_modules)
+                environments[key_modules] = installed.environment(reached[key_modules])
                 # modules found ahead of what the reached distributions install
                 shadowed[key_modules] = shadows(index, installed, reached[key_modules], key_modules,
                                                  scans)
@@ -111,7 +117,8 @@ def _plan(manifest: Manifest, archs: tuple[str, ...], platforms: tuple[str, ...]
                                     platform, shadowed[key_modules].digests)
                 if declared:  # only when declared: projects without `[build] inputs` keep their keys
                     inputs["inputs"] = {f.rel.removeprefix(INPUTS): f.sha256 for f in declared}
-                p = Planned(k, v, arch, compute_key(inputs), inputs, sources, platform, keyed)
+                p = Planned(k, v, arch, compute_key(inputs), inputs, sources, platform, keyed,
+                            environments[key_modules])
                 if p.key in seen:  # nothing tells them apart: no call could choose between them
                     raise CuteccError(f'variants "{seen[p.key]}" and "{v.id}" build the same artifact '
                                       "(their parameters change nothing the kernel is compiled with)",

@@ -582,4 +582,6 @@ def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
         inputs["reshard"] = kernel.reshard  # what the runtime does with a call XLA would reshard
     if variant.call:  # only when set: kernels without call keywords keep their keys
         inputs["call"] = dict(variant.call)  # which call reaches this entry
+    if variant.relations:  # only when set: kernels without relations keep their keys
+        inputs["relations"] = list(variant.relations)  # what the runtime checks at each call
     return inputs

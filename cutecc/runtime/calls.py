@@ -37,6 +37,7 @@ from cutecc.entry.meta import EntryMeta, FileRec, RuntimeLink
 from cutecc.errors import CallError, CallTypeError, NoBuildFits
 from cutecc.names import call_name_problem
 from cutecc.runtime import library
+from cutecc.runtime.fits import implies, relation_problem, relations_of
 from cutecc.runtime.library import RuntimeRef
 from cutecc.store.layout import Layout
 
@@ -77,6 +78,9 @@ class Build:
     # the variant's plain parameters (meta.json's `params`): a one-value axis, the same in
     # every build of the kernel, is a call keyword too (`KernelBase._index_keywords`)
     params: tuple[tuple[str, Any], ...] = ()
+    # equalities between the inputs' extents each call must hold (`relations = [..]`), as
+    # (lhs, rhs) canonical expressions (`cutecc.contract.expr.relation`)
+    relations: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def of(cls, rec: EntryMeta, entry_dir: Path) -> Build:
@@ -86,7 +90,8 @@ class Build:
         b = cls._make(rec.key, entry_dir, rec.args, rec.library, rec.runtime, rec.call, rec.variant,
                       rec.arch, rec.symbol, _shard_of(rec.key_inputs), _reshard_of(rec.key_inputs),
                       refs.reference_keywords({**dict(params), **rec.call}, rec.key_inputs))
-        return dataclasses.replace(b, params=params)
+        return dataclasses.replace(b, params=params,
+                                   relations=relations_of(b.conv, rec.key_inputs))
 
     @classmethod
     def _make(cls, key: str, entry_dir: Path, args_json: Any, lib: FileRec, rt: RuntimeLink,
@@ -205,9 +210,15 @@ def _same(a: Any, b: Any) -> bool:
 
 def mismatch(b: Build, shapes: Sequence[tuple[Any, ...]], dtypes: Sequence[str],
              dims: Dims = PLAIN) -> tuple[dict[str, int] | None, str]:
-    """(symbol bindings, "") if arrays of these shapes and dtype names fit `b`'s inputs,
-    else (None, why not)."""
-    return conv_mismatch(b.conv, shapes, dtypes, dims)
+    """(symbol bindings, "") if arrays of these shapes and dtype names fit `b`'s inputs and
+    hold its relations between extents, else (None, why not)."""
+    env, why = conv_mismatch(b.conv, shapes, dtypes, dims)
+    relations: Sequence[tuple[str, str]] = getattr(b, "relations", None) or ()  # (a stand-in has none)
+    if env is not None and relations:
+        why = relation_problem(b.conv, relations, env, dims)
+        if why:
+            return None, why
+    return env, why
 
 
 def conv_mismatch(conv: CallingConvention, shapes: Sequence[tuple[Any, ...]], dtypes: Sequence[str],
@@ -465,7 +476,7 @@ class KernelBase:
         there is no fallback (the call then raises as it always did). Under `load(jit=True)`
         a miss first compiles the variant that serves it (then a build fits), and falls to
         the fallback, or raises, only where it cannot. `kwargs` are all the call's keywords,
-        `keywords` its call keywords among them; `once`: see `Fallback.serve`."""
+        `keywords` its call keywords among them; `once`: see `Use.record`."""
         if self._fallback is None and self._jit is None:
             return False, None
         try:
@@ -481,10 +492,17 @@ class KernelBase:
                 miss = NoBuildFits(f"{miss.message}\n({note})", where=miss.where)
                 if self._fallback is None:
                     raise miss from None
-            out = self._fallback.serve(arrays, kwargs, miss, sig, no_builds, once, note)
+            out, use = self._fallback.serve(arrays, kwargs, keywords, miss, sig, no_builds, note)
             self._fallback.check_result(out, sig, self._dtype_name)  # what the contract returns
-            return True, out
+            return True, self._served(out, use, once)
         return False, None
+
+    def _served(self, out: Any, use: Any, once: bool) -> Any:
+        """`out`, the fallback's result, with its use (`cutecc.runtime.fallback.Use`)
+        recorded: here at once (an eager call); JAX's front end records it when the call
+        is lowered or run, not when it is only traced (`cutecc.runtime.fallback_mark`)."""
+        use.record(once)
+        return out
 
     def _add_build(self, b: Build) -> None:
         """Offer `b` too (a just-in-time build), as if loaded with the others."""
@@ -521,26 +539,40 @@ class KernelBase:
 
     def _one_of(self, fits: list[tuple[Build, dict[str, int]]],
                 keywords: Mapping[str, Any]) -> tuple[Build, dict[str, int]]:
-        """The most specific of the builds a call fits; equals are refused, and so is a
-        call leaving out a keyword built with several values even where its arrays fit one
-        (a padded tensor's static logical extent: a large buffer would fit them all)."""
-        top = [f for f in fits if _static(f[0]) == _static(fits[0][0])]  # builds are sorted
-        missing = sorted({k for b, _ in top for k, _ in b.call
+        """The most specific of the builds a call fits: the one whose contract implies every
+        other's (`implies`: `n % 4 == 0` implies `n % 2 == 0`). Builds no call tells apart
+        (the same contract) are refused, and so is a call leaving out a keyword built with
+        several values even where its arrays fit one (a padded tensor's static logical
+        extent: a large buffer would fit them all); so are fits none of which implies the
+        others (`m % 2` beside `n % 2`), naming the most specific ones: never a silent pick."""
+        n = len(fits)
+        over = [[i == j or (implies(fits[i][0].conv, fits[j][0].conv)
+                            and set(fits[j][0].relations) <= set(fits[i][0].relations))
+                 for j in range(n)] for i in range(n)]
+        top = [fits[i] for i in range(n) if all(over[i])]
+        # none implies every other: the fits no other is strictly more specific than
+        best = top or [fits[i] for i in range(n)
+                       if not any(over[j][i] and not over[i][j] for j in range(n))]
+        missing = sorted({k for b, _ in best for k, _ in b.call
                           if k not in keywords and len(self._keywords[k]) > 1})
         if len(top) == 1 and not missing:
             return top[0]
         if missing:
-            choices = "; ".join(f"{k} = " + " or ".join(sorted({repr(v) for b, _ in top
+            choices = "; ".join(f"{k} = " + " or ".join(sorted({repr(v) for b, _ in best
                                                                 for k2, v in b.call if k2 == k}))
                                 for k in missing)
             built = "; ".join(f"{k} = " + " or ".join(map(repr, self._keywords[k])) for k in missing)
             raise CallTypeError(f"missing call keyword {', '.join(map(repr, missing))}: these arrays "
-                                f"fit {len(top)} variant(s), chosen by {choices} (built: {built}) "
+                                f"fit {len(best)} variant(s), chosen by {choices} (built: {built}) "
                                 f"(e.g. {self.name}(..., {missing[0]}=...))",
                                 where=f'kernel "{self.name}"')
-        raise CallError("the call fits several variants equally: " + ", ".join(
-            b.variant for b, _ in top) + "; declare contracts that tell them apart",
-                        where=f'kernel "{self.name}"')
+        names = ", ".join(sorted(b.variant for b, _ in best))
+        if top:
+            raise CallError(f"the call fits several variants equally: {names}; declare contracts "
+                            "that tell them apart", where=f'kernel "{self.name}"')
+        raise CallError(f"the call fits several variants, none more specific than the others: {names} "
+                        "(no one's contract implies the others'); declare contracts that tell them "
+                        "apart, or one that implies them", where=f'kernel "{self.name}"')
 
 
 def extent(kernel: str, t: TensorArg, d: Any, env: Mapping[str, Any], dims: Dims = PLAIN) -> Any:

@@ -4,8 +4,9 @@ Each call checks its arrays against the contracts of the variants that were buil
 (count, dtype, rank, static extents, shared symbolic extents, divisibility, and for
 a padded tensor that its buffer holds the logical extents), keeps
 those whose call keywords (variant parameters the arrays cannot tell apart, such as
-`causal=True`) equal the call's, picks the most specific one (never one of equals:
-that is an error naming them), computes output shapes from the contract, and binds
+`causal=True`) equal the call's, picks the most specific one (the one whose contract
+implies the others', `calls.implies`; never one of equals, nor of fits none of which
+implies the others: that is an error naming them), computes output shapes from the contract, and binds
 the `cutecc_call` primitive. Arrays are logical; a tensor declared with another
 layout is transposed to the buffer order the kernel was compiled for (XLA folds a
 caller's own `.T` into it), and results back. A tensor declared with `mode`
@@ -34,7 +35,7 @@ from jax.custom_derivatives import SymbolicZero
 from cutecc.contract.args import ScalarArg, TensorArg, shard_factors
 from cutecc.contract.cotangents import COTANGENT
 from cutecc.errors import CallError, CallTypeError
-from cutecc.runtime import calls, scalar_values, sharding, strict
+from cutecc.runtime import calls, fallback_mark, scalar_values, sharding, strict
 from cutecc.runtime.calls import (  # noqa: F401  (re-exported: tests and tools import them here)
     MAX_SYMBOLIC_EXTENT,
     Build,
@@ -43,7 +44,7 @@ from cutecc.runtime.calls import (  # noqa: F401  (re-exported: tests and tools 
     _static,
 )
 from cutecc.runtime.composite_call import CompositeBase
-from cutecc.runtime.primitive import cutecc_call_p, unify_varying, varying
+from cutecc.runtime.primitive import EAGER, cutecc_call_p, unify_varying, varying
 
 MAX_EAGER_SIGNATURES = 256  # jitted eager calls kept per kernel (one per keyword values)
 
@@ -144,14 +145,22 @@ class KernelFn(calls.KernelBase):
         if not any(isinstance(a, jax.core.Tracer) for a in arrays):
             fn = (self._out_of_place or self)._eager_fn(scalars)
             if fn is not None:
+                eager = EAGER.set(True)  # the caller's arrays: theirs to keep, no copy warned of
                 try:
                     return fn(*arrays)
                 except ValueError:  # JAX's refusal of committed arrays on different devices
                     spread = _spread(self.name, arrays)
                     if spread is None:
                         raise
+                finally:
+                    EAGER.reset(eager)
                 raise spread from None  # in cutecc's words: which devices, and what to do
         return self._traced(arrays, scalars)
+
+    def _served(self, out: Any, use: Any, once: bool) -> Any:
+        """The fallback's result, its use recorded where the call is lowered or run, never
+        where it is only traced (`jax.eval_shape`, `custom_partitioning`'s global trace)."""
+        return fallback_mark.marked(out, use)
 
     def _eager_fn(self, scalars: Mapping[str, Any]) -> Any:
         """A call outside any transformation runs as one cached `jax.jit` of the whole call,
@@ -264,8 +273,9 @@ class KernelFn(calls.KernelBase):
                                 "in an input's memory (may_alias): call it without .in_place",
                                 where=f'kernel "{self.name}"')
             aliases += conv.may_aliases
+        names = tuple(t.name for t in conv.ffi_inputs)
         out = cutecc_call_p.bind(*unify_varying(buffers), target=target, kernel=self.name,
-                                 results=results, aliases=aliases, attrs=attrs)
+                                 results=results, aliases=aliases, attrs=attrs, inputs=names)
         out = [_from_buffer(o, t) for o, t in zip(out[:len(conv.results)], conv.results)]
         # A declared reduction: per-SM partial sums and the like, summed over the leading axis.
         return [jnp.sum(o, axis=0, dtype=o.dtype) if t.reduce == "sum" else o
@@ -371,7 +381,11 @@ class CompositeFn(CompositeBase):
                     if len(self._eager) >= MAX_EAGER_SIGNATURES:  # a scalar that changes every call
                         self._eager.clear()
                     fn = self._eager[key] = jax.jit(lambda *xs: self._plain(xs, scalars, keywords))
-                return fn(*arrays)
+                eager = EAGER.set(True)
+                try:
+                    return fn(*arrays)
+                finally:
+                    EAGER.reset(eager)
         return self._plain(arrays, scalars, keywords)
 
     def _plain(self, arrays: Sequence[Any], scalars: Mapping[str, Any],

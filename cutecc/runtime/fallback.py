@@ -20,6 +20,7 @@ import threading
 import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from cutecc import environ
@@ -29,7 +30,7 @@ from cutecc.contract.fallbacks import FRONT_ENDS, FallbackRef
 from cutecc.errors import CallError, CuteccError, FallbackWarning, NoBuildFits
 from cutecc.runtime.fallback_code import load_function
 from cutecc.runtime.project import same_path
-from cutecc.store.misses import miss_of, record_miss
+from cutecc.store.misses import Miss, miss_of, record_miss
 from cutecc.store.view import Entry, StoreView
 
 
@@ -39,8 +40,9 @@ class Fallback:
     `roots`: where its closure's files are looked for (`cutecc.runtime.fallback_code`; then
     `sys.path`), each checked against `ref`'s pins, which `pinned_by` names (the lock, or
     the newest build's record); `misses_root`: the cache to count misses in (None: a pack or
-    read-only cache, counted nowhere); `call_keywords`: the names of the kernel's call
-    keywords (their values name a signature; a runtime scalar's value does not);
+    read-only cache, counted nowhere); `call_keywords`: the names of the call keywords
+    its entries record, of every arch (their values name a signature; a runtime scalar's
+    value does not);
     `contracts`: the calling conventions of the kernel's entries, which a result is checked
     against (`check_result`)."""
 
@@ -91,34 +93,89 @@ class Fallback:
         raise CallError(f"the fallback returned {whys[0]}; a fallback must return what the kernel "
                         "does", where=where)
 
-    def serve(self, arrays: Sequence[Any], kwargs: Mapping[str, Any], miss: NoBuildFits,
-              arrays_sig: list[tuple[str, tuple[Any, ...]]], no_builds: bool, once: bool = False,
-              note: str = "") -> Any:
+    def serve(self, arrays: Sequence[Any], kwargs: Mapping[str, Any], keywords: Mapping[str, Any],
+              miss: NoBuildFits, arrays_sig: list[tuple[str, tuple[Any, ...]]], no_builds: bool,
+              note: str = "") -> tuple[Any, Use]:
         """The fallback's result for a call no build serves (`miss` says why), after the
-        strict check, the warning and the count. `arrays_sig` is the arrays' (dtype name,
-        shape); `no_builds`: the kernel has no build usable on this arch at all. Counted at
-        each call (JAX asks once per trace), or with `once` at the signature's first miss
-        in this process only (PyTorch asks at every eager call). `note`: why no
-        just-in-time build serves it either (`load(jit=True)`), said in the warning."""
+        strict check, and the `Use` that warns and counts it once the call really happens
+        (`Use.record`: PyTorch's eager call at once; JAX's when the call is lowered into a
+        program or run eagerly, never for a trace that only computes shapes, see
+        `cutecc.runtime.fallback_mark`). `kwargs` are all the call's keywords (the fallback
+        takes them); `keywords` the call keywords the kernel told apart among them
+        (one-value axes included), which with those of `call_keywords` name the signature
+        a miss records (a runtime scalar's value does not); `arrays_sig` is the arrays'
+        (dtype name, shape); `no_builds`: the kernel has no build usable on this arch at
+        all. `note`: why no just-in-time build serves it either (`load(jit=True)`), said in
+        the warning."""
         if self.strict or environ.flag(environ.STRICT):
             why = "load(strict=True)" if self.strict else f"${environ.STRICT}"
             raise NoBuildFits(f"{miss.message}\n(strict, {why}: the declared fallback {self.ref.ref} "
                               "is not served)", where=miss.where)
         reason = f"no build for {self.arch}" if no_builds else "no built variant fits"
-        keywords = {k: v for k, v in kwargs.items() if k in self.call_keywords}
+        keywords = {**{k: v for k, v in kwargs.items() if k in self.call_keywords}, **keywords}
         m = miss_of(self.kernel, self.arch, arrays_sig, keywords, reason)
-        fn = self.function()
-        first = m.ident not in self._warned
-        if first:
+        said = reason if no_builds else f"{reason} on {self.arch}"
+        text = (f'cutecc kernel "{self.kernel}" {m.signature}: {said}; served by its fallback '
+                f"{self.ref.ref} (`cutecc misses --toml` prints the variants that would cover it)"
+                + (f"; {note}" if note else ""))
+        return self.function()(*arrays, **kwargs), Use(self, m, text)
+
+    def _record(self, m: Miss, text: str, once: bool) -> None:
+        """Warn of `m` at its signature's first use in this process, and count it (with
+        `once`, at that first use only)."""
+        with self._lock:
+            first = m.ident not in self._warned
             self._warned.add(m.ident)
-            said = reason if no_builds else f"{reason} on {self.arch}"
-            warnings.warn(f'cutecc kernel "{self.kernel}" {m.signature}: {said}; '
-                          f"served by its fallback {self.ref.ref} (`cutecc misses --toml` prints "
-                          "the variants that would cover it)" + (f"; {note}" if note else ""),
-                          FallbackWarning, stacklevel=4)
+        if first:
+            warnings.warn(text, FallbackWarning, stacklevel=caller_stacklevel())
         if self.misses_root is not None and (first or not once):
             record_miss(self.misses_root, m)
-        return fn(*arrays, **kwargs)
+
+
+class Use:
+    """One use of a fallback: the miss it is counted as and the warning it gives, recorded
+    by `record` when the call really happens. Equal (and hashed) by the fallback and the
+    miss's signature, so JAX may carry it as a primitive's parameter."""
+
+    __slots__ = ("fallback", "miss", "text")
+
+    def __init__(self, fallback: Fallback, miss: Miss, text: str) -> None:
+        self.fallback, self.miss, self.text = fallback, miss, text
+
+    def _ident(self) -> tuple[Any, ...]:
+        return (id(self.fallback), self.miss.ident, self.text)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Use) and other.fallback is self.fallback and other._ident() == self._ident()
+
+    def __hash__(self) -> int:
+        return hash(self._ident())
+
+    def __repr__(self) -> str:
+        return f"<cutecc fallback use: {self.miss.kernel}{self.miss.signature}>"
+
+    def record(self, once: bool = False) -> None:
+        """Warn once per signature and process (`FallbackWarning`) and count the use in the
+        cache's misses record; with `once`, counted at the signature's first use in this
+        process only (PyTorch records every eager call)."""
+        self.fallback._record(self.miss, self.text, once)
+
+
+_FRAMEWORKS = frozenset({"cutecc", "jax", "jaxlib", "torch"})
+
+
+def caller_stacklevel() -> int:
+    """The `stacklevel` that names, from the function calling `warnings.warn`, the first
+    frame of the caller's own code (not cutecc's nor a framework's: a fallback's use and a
+    copy are warned of deep in JAX's lowering)."""
+    frame: FrameType | None = sys._getframe(2)
+    level = 2  # level 1 is the function that warns, 2 its caller
+    while frame is not None:
+        name = frame.f_globals.get("__name__")
+        if not isinstance(name, str) or name.partition(".")[0] not in _FRAMEWORKS:
+            return level
+        frame, level = frame.f_back, level + 1
+    return 1
 
 
 def _results(out: Any, n: int) -> list[Any] | None:

@@ -12,7 +12,9 @@ generic ones.
 
 from __future__ import annotations
 
+import contextvars
 import functools
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +24,8 @@ import numpy as np
 from jax.core import ShapedArray
 from jax.interpreters import ad, batching, mlir
 
+from cutecc.errors import CopyWarning
+from cutecc.runtime.fallback import caller_stacklevel
 from cutecc.runtime.placement import check_lowering
 
 try:  # what jax.extend.core.Primitive is; `import jax.extend` also imports Pallas (~30 ms)
@@ -33,7 +37,13 @@ cutecc_call_p = Primitive("cutecc_call")
 cutecc_call_p.multiple_results = True
 
 # Params: target (str), kernel (str), results ((shape, dtype name), ...),
-#         aliases ((input index, result index), ...), attrs ((name, dtype name, value), ...)
+#         aliases ((input index, result index), ...), attrs ((name, dtype name, value), ...),
+#         inputs (the operands' names, for messages; dropped before a lowering rule)
+
+# Set while an eager call's own `jax.jit` runs (`KernelFn.__call__`): its arguments are the
+# caller's arrays, which no caller can donate, so their copies are not warned of.
+EAGER: contextvars.ContextVar[bool] = contextvars.ContextVar("cutecc_eager", default=False)
+_COPIES_WARNED: set[tuple[str, str]] = set()
 
 
 def _abstract_eval(*avals: Any, results: tuple, **_: Any) -> list[ShapedArray]:
@@ -100,11 +110,41 @@ def placed(rule: Callable[..., Any]) -> Callable[..., Any]:
     (`cutecc.runtime.placement.check_lowering`): every platform's lowering is registered
     through it, and so is a test's CPU stand-in."""
 
-    def lower(ctx: Any, *args: Any, kernel: str, **params: Any) -> Any:
+    def lower(ctx: Any, *args: Any, kernel: str, inputs: tuple[str, ...] = (), **params: Any) -> Any:
         check_lowering(ctx.module_context.axis_context, kernel)
+        if not EAGER.get():
+            _warn_copies(kernel, args, params.get("aliases", ()), inputs)
         return rule(ctx, *args, kernel=kernel, **params)
 
     return lower
+
+
+def _warn_copies(kernel: str, args: Any, aliases: Any, inputs: tuple[str, ...]) -> None:
+    """`CopyWarning`, once per kernel and operand, for each operand written in place that is
+    an argument of the `jax.jit` being lowered (its `main`) without donation: XLA copies it
+    before the call. A value computed in the program, or an argument of an inner function,
+    is left to XLA (it reuses a dead buffer)."""
+    for i, _ in aliases:
+        v = args[i] if i < len(args) else None
+        if not isinstance(v, mlir.ir.BlockArgument):
+            continue
+        func = v.owner.owner
+        try:
+            if mlir.ir.StringAttr(func.attributes["sym_name"]).value != "main":
+                continue
+            attrs = mlir.ir.DictAttr(mlir.ir.ArrayAttr(func.attributes["arg_attrs"])[v.arg_number])
+        except (KeyError, IndexError, ValueError, TypeError):
+            continue  # no argument attributes: nothing is donated
+        if "tf.aliasing_output" in attrs or "jax.buffer_donor" in attrs:
+            continue
+        name = inputs[i] if i < len(inputs) else f"operand {i}"
+        if (kernel, name) in _COPIES_WARNED:
+            continue
+        _COPIES_WARNED.add((kernel, name))
+        warnings.warn(f'cutecc kernel "{kernel}": {name} is written in place but is an argument of '
+                      "the jax.jit being lowered that is not donated, so XLA copies it before every "
+                      "call; donate it (jax.jit(f, donate_argnums=...)) or pass a value that is dead "
+                      "after the call", CopyWarning, stacklevel=caller_stacklevel())
 
 
 def _no_lowering(ctx: Any, *args: Any, kernel: str, **_: Any) -> Any:
@@ -129,7 +169,12 @@ def _no_batch(args: Any, dims: Any, *, kernel: str, **_: Any) -> Any:
 
 cutecc_call_p.def_abstract_eval(_abstract_eval)
 cutecc_call_p.def_impl(_impl)
-mlir.register_lowering(cutecc_call_p, placed(_no_lowering))
+# Lowered where the call is, not in a function of its own shared by like calls (JAX's cache of
+# primitive lowerings): the rule then sees the program's own values, which `_warn_copies` reads.
+try:
+    mlir.register_lowering(cutecc_call_p, placed(_no_lowering), cacheable=False)
+except TypeError:  # pragma: no cover  (a JAX without that cache)
+    mlir.register_lowering(cutecc_call_p, placed(_no_lowering))
 mlir.register_lowering(cutecc_call_p, placed(mlir.lower_fun(_ffi, multiple_results=True)), platform="cuda")
 ad.primitive_jvps[cutecc_call_p] = _no_jvp
 batching.primitive_batchers[cutecc_call_p] = _no_batch

@@ -338,6 +338,16 @@ class DistIndex:
                 out[name] = f"{_version(name)} {self.digest(name, full=name in direct)}"
         return out
 
+    def environment(self, names: Iterable[str]) -> dict[str, str]:
+        """`{distribution: "version digest"}` of the installed distributions `names` as a
+        lock's environment records them: each by its installed files (the `full` digest:
+        their contents, or a large one's RECORD plus any file that no longer matches it),
+        whether a kernel's key took it so or by its RECORD alone (a requirement only), so a
+        distribution is named alike whichever kernels a build planned, and an edited
+        installed file is named whichever kernel reaches it."""
+        installed = _installed()
+        return {n: f"{_version(n)} {self.digest(n, full=True)}" for n in sorted(set(names)) if n in installed}
+
     def reaches(self, name: str, top: str, modules: Iterable[str]) -> bool:
         """Whether importing `modules` (all under `top`) runs code of distribution `name`,
         one of `top`'s owners: it installs `top` itself (its `__init__`, which every import

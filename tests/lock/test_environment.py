@@ -21,7 +21,7 @@ from cutecc.errors import CuteccError
 from cutecc.lock.lockfile import Environment, Lock, read_lock, write_lock
 from cutecc.manifest import load_manifest
 from cutecc.plan.build_plan import plan
-from tests.key.test_installed_code import BOTH, LIB, forget, install, project
+from tests.key.test_installed_code import BOTH, KERNEL, LIB, forget, install, project
 
 
 @pytest.fixture
@@ -158,3 +158,56 @@ def test_verify_names_the_distributions_whose_version_differs_from_the_locks(tmp
     assert r.exit_code == 0, r.output
     assert f"filelock 0.0.1 -> {md.version('filelock')}" in r.output and "click" not in r.output
     assert verify(tmp_path / "cache").drift_note is None
+
+
+DEP = {"fakedep/__init__.py": "N = 1\n"}
+SUBSETS = (KERNEL.format(name="uses_dep", entry="kp.uses_dep:kern")
+           + KERNEL.format(name="uses_lib", entry="kp.uses_lib:kern"))
+
+
+def test_a_subset_build_leaves_the_locks_environment_as_it_is(tmp_path: Path, site: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """One kernel imports `fakedep` (its code is keyed by content), another reaches it only as
+    `fakelib`'s requirement (keyed by its RECORD): the lock's environment names it the same
+    whichever of them a build planned, so `--kernel` rewrites nothing and warns of nothing;
+    an edit of one of its installed files is named, whichever kernel is built."""
+    from helpers import fake_compile
+
+    import cutecc.build.executors.local
+
+    monkeypatch.setattr(cutecc.build.executors.local, "compile_all",
+                        lambda *a, remote=None, limits=None: fake_compile(*a))
+    install(site, "fakedep", "1.0", DEP)
+    install(site, "fakelib", "1.0", LIB, requires=("fakedep",))
+    m = project(tmp_path, SUBSETS)
+    (m.parent / "kp/uses_dep.py").write_text("import fakedep\n\n\ndef kern(x, out, stream):\n    pass\n")
+    cache = tmp_path / "cache"
+    assert build(m, cache_dir=cache).ok
+    lock = m.parent / "kernels.lock"
+    whole = lock.read_bytes()
+    assert '"fakedep": "1.0 ' in whole.decode()
+    for kernel in ("uses_dep", "uses_lib", "uses_dep"):
+        forget()
+        r = build(m, cache_dir=cache, kernels=(kernel,))
+        assert r.ok and r.drift == [] and r.drift_note is None, (kernel, r.drift_note)
+        assert lock.read_bytes() == whole, kernel
+    forget()
+    assert build(m, cache_dir=cache).ok and lock.read_bytes() == whole
+    # an installed file really changed: said, whichever kernel reaches it
+    (site / "fakedep/__init__.py").write_text("N = 2\n")
+    for kernel in ("uses_lib", "uses_dep"):
+        forget()
+        r = build(m, cache_dir=cache, kernels=(kernel,), dry_run=True)
+        assert [str(d) for d in r.drift] == ["fakedep 1.0 -> 1.0 (other files)"], kernel
+
+
+def test_a_format_1_environment_is_compared_by_version_alone() -> None:
+    """Format 1 named a distribution reached only as a requirement by its RECORD: its
+    digests are of another formula, so only versions tell a drift, and a partial build
+    keeps none of them (the next whole build names them again)."""
+    old = Environment.from_json({"format": 1, "distributions": {"a": "1 x", "b": "2 y"}}, "kernels.lock")
+    assert old is not None and not old.digests
+    here = Environment((("a", "1 other"), ("b", "3 z")))
+    assert [str(d) for d in old.drift(here)] == ["b 2 -> 3"]
+    assert here.merged(old) == here
+    assert Environment.from_json(here.to_json(), "kernels.lock") == here and here.to_json()["format"] == 2

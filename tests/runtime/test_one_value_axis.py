@@ -11,7 +11,8 @@ import pytest
 
 import cutecc
 from cutecc.commands.build import build
-from cutecc.errors import CallTypeError, NoBuildFits
+from cutecc.errors import CallTypeError, FallbackWarning, NoBuildFits
+from cutecc.store.misses import read_misses
 
 pytest.importorskip("ziglang", reason="building needs the build extra (zig links the runtime library)")
 
@@ -48,3 +49,19 @@ def test_a_one_value_axis_is_a_call_keyword(fallback_project: Path) -> None:
         k.select(x, alpha=True)
     with pytest.raises(CallTypeError, match="unknown keyword argument 'beta'"):
         k.select(x, beta=1)
+
+
+def test_a_miss_records_the_one_value_axis_keyword(fallback_project: Path) -> None:
+    """A call no build fits, served by the fallback, records the one-value axis it named
+    (`cutecc misses --toml` then proposes a variant with it), as it records any call keyword."""
+    fallback_project.write_text(MANIFEST + 'fallback = "toyfb.ref:scale"\n')
+    (fallback_project.parent / "toyfb" / "ref.py").write_text(
+        "def scale(x, *, factor=1.0, alpha=2.5):\n    return x * factor * alpha\n")
+    cache = fallback_project.parent.parent / "cache"
+    assert build(fallback_project, cache_dir=cache).ok
+    k = cutecc.load(cache, arch="sm_90a").ax
+    with pytest.warns(FallbackWarning, match=r"\(float32\[2, 32\], alpha=2.5\)"):
+        out = k(jnp.ones((2, 32), jnp.float32), alpha=2.5)
+    assert float(out[0, 0]) == 2.5
+    (miss,) = read_misses(cache)
+    assert miss.keywords == (("alpha", 2.5),)
