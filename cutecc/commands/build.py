@@ -103,6 +103,9 @@ class BuildReport(Report):
         if verbose > 0:
             out += [f"{o.status:7} {o.planned.label} {o.planned.key[:12]}"
                     for o in self.outcomes if o.status in ("built", "cached")]
+            for o in self.outcomes:  # where each compile error came from, whole
+                if o.status == "failed" and o.traceback:
+                    out += [f"traceback of {o.planned.label}:", *o.traceback.split("\n")]
         out += [f"linked runtime library {name}" for name in self.runtimes_built]
         fetched = sum(o.fetched for o in self.outcomes)
         out.append(f"{self.count('built')} built, {self.count('cached')} cached"
