@@ -101,8 +101,9 @@ class Progress:
     def done(self, outcome: Outcome) -> None:
         """One compile finished (built, cached meanwhile, or failed)."""
 
-    def note(self, text: str) -> None:
-        """A step worth a line (a remote lookup starting)."""
+    def note(self, text: str) -> bool:
+        """A step worth a line (a remote lookup starting); whether it was shown."""
+        return False
 
 
 @dataclass
