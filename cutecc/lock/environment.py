@@ -107,11 +107,12 @@ def drift_line(lock_path: str | Path, drift: list[Drift], *, pins: str | None = 
         change = []
         for d in drift:
             want = d.locked.split(" ")[0] if d.locked else None
-            have = pinned.version(d.name)
-            if want is not None and have is not None and have != want:
-                change.append(f"{d.name}=={have} to {d.name}=={want}")
-            elif want is not None and have is None:
-                change.append(f"add {d.name}=={want}")
+            have = pinned.pinned(d.name)
+            if want is None or want in have:
+                continue
+            change.append(f"{d.name}=={have[0]} to {d.name}=={want}" if len(have) == 1
+                          else f"add {d.name}=={want}" if not have
+                          else f"{d.name}'s pins to {d.name}=={want}")
         if change:
             shown_change = "; ".join(c if c.startswith("add ") else f"change {c}" for c in change[:6])
             more = f" and {len(change) - 6} more" if len(change) > 6 else ""

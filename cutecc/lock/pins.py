@@ -23,15 +23,23 @@ _PIN = re.compile(r"^([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(?:\[[^\]]*\
 
 @dataclass(frozen=True)
 class Pins:
-    """The exact versions a pins file pins (normalized name -> version), and whether it
-    carries hashes (so `pip install --require-hashes` takes it)."""
+    """The exact versions a pins file pins ((normalized name, version), sorted; a name
+    pinned under several markers comes once per version), and whether it carries hashes (so
+    `pip install --require-hashes` takes it)."""
 
     path: str  # as the manifest resolves it (shown in advice)
     versions: tuple[tuple[str, str], ...]
     hashed: bool
 
+    def pinned(self, name: str) -> tuple[str, ...]:
+        """The versions pinned for `name` (markers are not evaluated: any may be this host's)."""
+        n = normalize(name)
+        return tuple(v for k, v in self.versions if k == n)
+
     def version(self, name: str) -> str | None:
-        return dict(self.versions).get(normalize(name))
+        """The one version pinned for `name`; None when none or several are."""
+        got = self.pinned(name)
+        return got[0] if len(got) == 1 else None
 
     def install_command(self) -> str:
         return f"pip install {'--require-hashes ' if self.hashed else ''}-r {self.path}"
@@ -58,7 +66,7 @@ def read_pins(path: str | Path) -> Pins | None:
 
 def parse_pins(text: str, path: str) -> Pins:
     """The exact pins of requirements-file `text` (continuation lines joined, comments dropped)."""
-    versions: dict[str, str] = {}
+    versions: set[tuple[str, str]] = set()
     hashed = False
     for line in text.replace("\\\r\n", " ").replace("\\\n", " ").splitlines():
         line = line.split(" #", 1)[0].strip()
@@ -67,8 +75,8 @@ def parse_pins(text: str, path: str) -> Pins:
         hashed = hashed or "--hash=" in line
         m = _PIN.match(line)
         if m:
-            versions[normalize(m.group(1))] = m.group(2)
-    return Pins(path, tuple(sorted(versions.items())), hashed)
+            versions.add((normalize(m.group(1)), m.group(2)))
+    return Pins(path, tuple(sorted(versions)), hashed)
 
 
 def installed_unlike(pins: Pins, installed: dict[str, str]) -> list[tuple[str, str, str]]:
@@ -76,9 +84,9 @@ def installed_unlike(pins: Pins, installed: dict[str, str]) -> list[tuple[str, s
     key-deciding distributions) whose version is not the one `pins` pins."""
     out = []
     for name, v in sorted(installed.items()):
-        pinned, here = pins.version(name), v.split(" ")[0]
-        if pinned is not None and pinned != here:
-            out.append((name, pinned, here))
+        pinned, here = pins.pinned(name), v.split(" ")[0]
+        if pinned and here not in pinned:
+            out.append((name, " or ".join(pinned), here))
     return out
 
 
