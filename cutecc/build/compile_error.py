@@ -24,6 +24,9 @@ from pathlib import Path
 from types import TracebackType
 
 _MAX_CHAIN = 16  # causes followed at most
+# The DSL's top-level modules (its MLIR bindings, and the CUDA bindings it calls), whose
+# frames are counted as the DSL's.
+_DSL_MODULES = frozenset({"cutlass", "cutlass_dsl", "_mlir", "cuda"})
 _MAX_TRACEBACK = 64 * 1024  # characters of traceback kept
 
 
@@ -72,13 +75,25 @@ def chain(e: BaseException) -> list[BaseException]:
 
 
 def kernel_frame(e: BaseException) -> KernelFrame | None:
-    """The innermost frame of the kernel's code in `e`'s chain (the deepest cause first), or
-    None when none is the kernel's (the DSL refused the call before the kernel ran)."""
+    """The innermost frame of the kernel's code in `e`'s chain (the deepest cause first):
+    the project's own (a file under the working directory that no installed package holds)
+    where there is one, else a published package's (a library's kernel, or code the
+    project's calls into); None when none is the kernel's (the DSL refused the call before
+    the kernel ran)."""
+    for project_only in (True, False):
+        found = _innermost(e, project_only)
+        if found is not None:
+            return found
+    return None
+
+
+def _innermost(e: BaseException, project_only: bool) -> KernelFrame | None:
+    cwd = os.path.abspath(os.getcwd()) if project_only else ""
     for exc in reversed(chain(e)):
         frames = _frames(exc.__traceback__)
         for i in range(len(frames) - 1, -1, -1):
             filename, line, module = frames[i]
-            if _owner(filename, module) is None:
+            if _owner(filename, module) is None and (not project_only or _in_project(filename, cwd)):
                 below: dict[str, int] = {}
                 for f, _, m in frames[i + 1:]:
                     pkg = _owner(f, m) or m.partition(".")[0] or "?"
@@ -110,8 +125,10 @@ def _owner(filename: str, module: str) -> str | None:
     """Whose frame this is when it is not the kernel's: "cutlass" (the DSL), "cutecc", or
     "python" (the standard library, or code with no file); None for the kernel's code."""
     top = module.partition(".")[0]
-    if top in ("cutlass", "cutecc") or top.startswith("cutecc_wrapper_"):
-        return "cutecc" if top.startswith("cutecc") else top
+    if top.startswith("cutecc"):  # cutecc's own, and the wrapper it generates
+        return "cutecc"
+    if top in _DSL_MODULES:
+        return "cutlass"
     if not filename or filename.startswith("<"):
         return "python"
     path = os.path.abspath(filename)
@@ -121,6 +138,12 @@ def _owner(filename: str, module: str) -> str | None:
             and not any(path.startswith(root + os.sep) for root in _package_roots()):
         return "python"
     return None
+
+
+def _in_project(filename: str, cwd: str) -> bool:
+    path = os.path.abspath(filename)
+    return path.startswith(cwd + os.sep) and not any(path.startswith(root + os.sep)
+                                                     for root in _package_roots())
 
 
 def _dsl_roots() -> tuple[str, ...]:
