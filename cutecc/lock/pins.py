@@ -18,7 +18,10 @@ MAX_PINS_BYTES = 4 * 1024 * 1024
 _SEPARATORS = re.compile(r"[-_.]+")
 _NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?")
 _EXTRA = re.compile(r"""extra\s*==\s*['"]([^'"]+)['"]""")
-_PIN = re.compile(r"^([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(?:\[[^\]]*\])?\s*===?\s*([^\s;,\\]+)")
+# `name[extras] == version`, the version in PEP 440's characters (a pin of anything else,
+# escape sequences included, is no pin: what is read here is printed in advice)
+_PIN = re.compile(r"^([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(?:\[[^\]]*\])?\s*===?\s*"
+                  r"([A-Za-z0-9][A-Za-z0-9.+!_-]*)(?=\s|;|\\|$)")
 
 
 @dataclass(frozen=True)

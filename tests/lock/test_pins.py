@@ -47,7 +47,7 @@ def test_a_pins_file_that_is_not_one_reads_as_none_or_nothing(tmp_path: Path) ->
     big.write_bytes(b"a==1\n" * (MAX_PINS_BYTES // 5 + 1))
     assert read_pins(big) is None
     odd = tmp_path / "odd.txt"
-    odd.write_bytes(b"\xff\xfe==1\nclick==8.5.1\n\x00\x1b[2J==3\n")
+    odd.write_bytes(b"\xff\xfe==1\nclick==8.5.1\n\x00\x1b[2J==3\nevil==1.0\x1b[2J\n")
     pins = read_pins(odd)
     assert pins is not None and pins.versions == (("click", "8.5.1"),) and not pins.hashed
     assert pins.install_command() == f"pip install -r {odd}"
