@@ -67,6 +67,16 @@ class WorkError(CuteccError):
     exit_code: ClassVar[int] = 1
 
 
+class CompileError(WorkError):
+    """A kernel that did not compile: the message names the kernel, the variant and the
+    kernel's file and line; `traceback` is the whole traceback (escaped), for `-v` and
+    `--json`."""
+
+    def __init__(self, message: str, *, where: str | None = None, traceback: str | None = None) -> None:
+        self.traceback = traceback
+        super().__init__(message, where=where)
+
+
 class CallError(CuteccError, ValueError):
     """A kernel call whose arrays or values no built contract takes (dtype, shape, device,
     layout, a call keyword's value that was not built): the message names the argument and

@@ -357,7 +357,7 @@ def compile_misses(store: Store, misses: list[Planned], manifest: Manifest, s: S
         for q in misses:
             if q.key == job.key:
                 o = Outcome(q, r.status, r.seconds, r.error, r.meta, timings=dict(r.timings),
-                            worker=r.worker)
+                            worker=r.worker, traceback=r.traceback)
                 out.append(o)
                 progress.done(o)
 

@@ -37,6 +37,7 @@ from typing import Any
 from cutecc import platforms
 from cutecc.archs import dsl_arch
 from cutecc.atomic import atomic_write
+from cutecc.build import compile_error
 from cutecc.build.retarget import RetargetError, retarget
 from cutecc.contract import dtypes
 from cutecc.contract.args import (
@@ -51,7 +52,7 @@ from cutecc.contract.args import (
     TensorArg,
     TupleArg,
 )
-from cutecc.errors import WorkError
+from cutecc.errors import CompileError, WorkError
 from cutecc.manifest import Variant, split_entry
 from cutecc.platforms import BUILD_PLATFORM
 from cutecc.toolchain import devicequery
@@ -457,23 +458,35 @@ def compile_variant(entry: str, variant: Variant, compile_options: str = "", *,
     try:
         return _compile_variant(entry, variant, compile_options, engine)
     except Exception as e:
-        raise WorkError(_compile_failure(entry, variant, e), where=variant.kernel) from e
+        raise CompileError(_compile_failure(entry, variant, e), where=variant.kernel,
+                           traceback=compile_error.traceback_text(e)) from e
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# A launcher parameter the manifest's `args` gave nothing for (Python's own TypeError).
+_MISSING = re.compile(r"missing \d+ required positional arguments?: (.*)")
 
 
 def _compile_failure(entry: str, variant: Variant, e: Exception) -> str:
-    """A DSL or launcher exception, told with the manifest values that reached it."""
+    """A DSL or launcher exception, told at the kernel's file and line (the innermost frame
+    of the project's or a published package's code; `cutecc.build.compile_error`) with the
+    manifest values that reached it."""
     arch = os.environ.get("CUTE_DSL_ARCH", "?")
     # The DSL's IR errors colour their text and say what failed on the lines after the
     # first ("... could not build valid IR" / "'cute.copy' op ... alignment ..."): keep those.
     lines = [x.strip() for x in _ANSI.sub("", str(e)).splitlines() if x.strip()]
-    what = " / ".join(lines[:3])[:400] or "(no message)"
+    what = compile_error.escaped(" / ".join(lines[:3])[:400]) or "(no message)"
     values = [f"factory_args.{k} = {json.dumps(v)}" for k, v in variant.factory_args or ()]
     values += [f"constants.{k} = {json.dumps(v)}" for k, v in variant.constants]
+    frame = compile_error.kernel_frame(e)
+    at = f"{frame.place}: " if frame else ""
     msg = (f'kernel "{variant.kernel}", variant {variant.id}, arch {arch} ({entry}): '
-           f"{type(e).__name__}: {what}")
+           f"{at}{type(e).__name__}: {what}")
+    if frame:
+        msg += f"\n  {frame.place}: {frame.source}" + (f"  {frame.summary()}" if frame.summary() else "")
+    missing = _MISSING.search(what) if isinstance(e, TypeError) else None
+    if missing:
+        msg += "\n  hint: " + _missing_hint(variant.kernel, missing.group(1))
     if values:
         msg += "\n  manifest values passed: " + "; ".join(values)
     plain = [x for x in values if _looks_like_dsl_type(x.rpartition(" = ")[2])]
@@ -481,6 +494,18 @@ def _compile_failure(entry: str, variant: Variant, e: Exception) -> str:
         msg += ("\n  hint: " + plain[0].partition(" = ")[0] + " is a plain string; where the DSL "
                 'expects a type, write { dtype = "bfloat16" } or { dsl = "cutlass.BFloat16" }')
     return msg
+
+
+def _missing_hint(kernel: str, params: str) -> str:
+    """What to declare for launcher parameters the call left out (`'stream'`, `'x' and 'y'`)."""
+    names = re.findall(r"'([^']*)'", params)
+    if names == ["stream"]:
+        return (f'the launcher takes a stream: add {{ kind = "stream" }} to kernel.{kernel}.args '
+                "where it takes it")
+    shown = ", ".join(compile_error.escaped(n) for n in names) or "?"
+    return (f"kernel.{kernel}.args gives nothing for the launcher's parameter(s) {shown}: declare "
+            'each in the launcher\'s order (a tensor, { kind = "scalar" }, { kind = "stream" }, '
+            '{ kind = "none" }, { kind = "const" }...)')
 
 
 def _looks_like_dsl_type(text: str) -> bool:

@@ -29,13 +29,15 @@ class Outcome:
     fetched: bool = False  # a hit found on the remote cache (status "cached")
     timings: dict[str, float] = field(default_factory=dict)  # a compile's parts (`cutecc.build.timings`)
     worker: str | None = None  # what compiled it: "fork", "spawn" or "ray"
+    traceback: str | None = None  # a compile error's whole traceback, escaped
 
     def to_json(self) -> dict[str, Any]:
         p = self.planned
         return {"kernel": p.kernel.name, "variant": p.variant.id, "arch": p.arch,
                 "platform": p.platform, "key": p.key, "status": self.status,
                 "seconds": round(self.seconds, 3), "error": self.error, "fetched": self.fetched,
-                "worker": self.worker, "timings": {k: round(v, 4) for k, v in self.timings.items()}}
+                "worker": self.worker, "traceback": self.traceback,
+                "timings": {k: round(v, 4) for k, v in self.timings.items()}}
 
 
 @dataclass
@@ -99,8 +101,9 @@ class Progress:
     def done(self, outcome: Outcome) -> None:
         """One compile finished (built, cached meanwhile, or failed)."""
 
-    def note(self, text: str) -> None:
-        """A step worth a line (a remote lookup starting)."""
+    def note(self, text: str) -> bool:
+        """A step worth a line (a remote lookup starting); whether it was shown."""
+        return False
 
 
 @dataclass

@@ -28,7 +28,7 @@ from cutecc.build import artifact, read_set
 from cutecc.contract.args import args_to_json
 from cutecc.entry.meta import EntryMeta, RuntimeLink, RuntimeMeta
 from cutecc.entry.rules import LIBRARY, runtime_soname
-from cutecc.errors import CuteccError, WorkError
+from cutecc.errors import CompileError, CuteccError, WorkError
 from cutecc.manifest import Manifest, Variant
 from cutecc.plan import keyed_sources
 from cutecc.plan.build_plan import Planned
@@ -105,6 +105,7 @@ class Result:
     # where its time went (`cutecc.build.timings.ENTRY_PARTS`), and what ran it ("fork", "spawn", "ray")
     timings: dict[str, float] = field(default_factory=dict)
     worker: str | None = None
+    traceback: str | None = None  # a compile error's whole traceback, escaped (`-v`, `--json`)
 
 
 OnResult = Callable[[BuildJob, Result], None]  # what an executor calls as each job finishes
@@ -272,7 +273,8 @@ def build_one(job: BuildJob, store_root: str, remote: RemoteConfig | None = None
     try:
         entry, built = store.publish(job.key, produce)
     except CuteccError as e:
-        return Result("failed", time.perf_counter() - t0, _memory_hint(e.render()))
+        return Result("failed", time.perf_counter() - t0, _memory_hint(e.render()),
+                      traceback=e.traceback if isinstance(e, CompileError) else None)
     except Exception as e:
         if isinstance(e, OSError) and e.errno in _STORAGE_ERRORS:  # a full or read-only cache
             where = f" ({e.filename})" if e.filename else ""

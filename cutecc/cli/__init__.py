@@ -351,12 +351,19 @@ def misses(cache_dir: Path | None, manifest_opt: Path | None, as_toml: bool, as_
               show_default=True, help="A pip-installable wheel, or a .tar.gz for `cutecc unpack`.")
 @click.option("--runtime-wheel/--no-runtime-wheel", "with_runtime", default=True, show_default=True,
               help="Also write cutecc's own wheel beside a wheel (the runtime the pack requires).")
+@click.option("--wheelhouse", is_flag=True,
+              help="Also write the wheels of the runtime's dependencies (from pip's index) into "
+              "--out, for `pip install --no-index --find-links OUT NAME` on a host with no index.")
+@click.option("--with-jax", is_flag=True, help="With --wheelhouse: JAX's wheels too (jax, jaxlib, "
+              "numpy, ...); by default the deploy host brings its own.")
+@click.option("--python-version", "python_version", default=None, metavar="X.Y",
+              help="With --wheelhouse: the deploy host's Python (default: this one's).")
 @_sign_opt
 @_json_opt
 def pack(manifest_opt: Path | None, lock: Path | None, name: str, version: str,
          archs: tuple[str, ...], platform: str | None, kernels: tuple[str, ...], out: Path,
-         cache_dir: Path | None, fmt: str, with_runtime: bool, sign_key: Path | None,
-         as_json: bool) -> None:
+         cache_dir: Path | None, fmt: str, with_runtime: bool, wheelhouse: bool, with_jax: bool,
+         python_version: str | None, sign_key: Path | None, as_json: bool) -> None:
     """Write built entries (those --manifest plans, or --lock names) into a reproducible
     wheel (or tarball) for deploy hosts, with each declared fallback's pinned code (what
     serves a call no entry fits there)."""
@@ -364,7 +371,8 @@ def pack(manifest_opt: Path | None, lock: Path | None, name: str, version: str,
 
     _emit(run(name=name, version=version, manifest=manifest_opt, lock=lock, archs=archs,
               kernels=kernels, out=out, cache_dir=cache_dir, fmt=fmt, sign_key=sign_key,
-              platform=platform, with_runtime=with_runtime), as_json)
+              platform=platform, with_runtime=with_runtime, wheelhouse=wheelhouse,
+              with_jax=with_jax, python_version=python_version), as_json)
 
 
 @main.command(short_help="Import a pack's entries into a cache.")

@@ -44,9 +44,10 @@ class BuildProgress(Progress):
         else:
             click.echo(f"[{self.done_count}/{self.total}] {text} ({outcome.seconds:.1f}s)", err=True)
 
-    def note(self, text: str) -> None:
+    def note(self, text: str) -> bool:
         if not self.quiet:
             click.echo(text, err=True)
+        return not self.quiet
 
     def close(self) -> None:
         if self.bar is not None:

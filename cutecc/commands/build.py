@@ -24,8 +24,9 @@ from cutecc.build.outcome import Outcome, Progress, RemoteUse
 from cutecc.build.timings import Timings, entry_line
 from cutecc.commands.report import Report
 from cutecc.errors import CuteccError
-from cutecc.lock.environment import Drift, drift_line
+from cutecc.lock.environment import Drift, drift_line, pins_line
 from cutecc.lock.lockfile import LOCK_NAME, Lock, previous, unsigned_line
+from cutecc.lock.pins import installed_unlike, read_pins
 from cutecc.manifest import Manifest, load_manifest
 from cutecc.store.writer import Store
 from cutecc.toolchain.dists import HashCache
@@ -47,6 +48,7 @@ class BuildReport(Report):
     dropped_tuning: list[str] = field(default_factory=list)  # tuning lines the lock lost, and why
     drift: list[Drift] = field(default_factory=list)  # key-deciding distributions unlike the lock's
     drift_note: str | None = None  # the line that named them, before any compile
+    drift_told: bool = False  # said then (by the progress), so not again with the warnings
     timings: Timings = field(default_factory=Timings)  # wall seconds per stage (`cutecc.build.timings`)
     show_timings: bool = False  # print them (`--timings`); the JSON report always has them
 
@@ -90,7 +92,7 @@ class BuildReport(Report):
         }
 
     def warnings(self) -> list[str]:
-        return ([f"warning: {self.drift_note}"] if self.drift_note else []) + (
+        return ([f"warning: {self.drift_note}"] if self.drift_note and not self.drift_told else []) + (
                 [f"FAILED {o.planned.label}: {o.error}" for o in self.outcomes if o.status == "failed"]
                 + [f"warning: dropped the tuning line {d}" for d in self.dropped_tuning]
                 + ([f"warning: {unsigned_line(self.signature_removed, self.lock_file)}"]
@@ -103,6 +105,9 @@ class BuildReport(Report):
         if verbose > 0:
             out += [f"{o.status:7} {o.planned.label} {o.planned.key[:12]}"
                     for o in self.outcomes if o.status in ("built", "cached")]
+            for o in self.outcomes:  # where each compile error came from, whole
+                if o.status == "failed" and o.traceback:
+                    out += [f"traceback of {o.planned.label}:", *o.traceback.split("\n")]
         out += [f"linked runtime library {name}" for name in self.runtimes_built]
         fetched = sum(o.fetched for o in self.outcomes)
         out.append(f"{self.count('built')} built, {self.count('cached')} cached"
@@ -221,12 +226,17 @@ def _build(full: Manifest, manifest_path: str | Path, store: Store, how: builder
                                 platforms=platforms)
     drift: list[Drift] = []
     note = None
+    here = builder.environment_of(target.planned)
     if old_lock is not None and old_lock.environment is not None:
-        drift = old_lock.environment.drift(builder.environment_of(target.planned))
-        if drift:  # said once, before the first compile
-            pins = str(Path(manifest_path).parent / full.build.pins) if full.build.pins else None
-            note = drift_line(lock_path, drift, pins=pins)
-            (progress or Progress()).note(f"warning: {note}")
+        drift = old_lock.environment.drift(here)
+    pins = str(Path(manifest_path).parent / full.build.pins) if full.build.pins else None
+    pinned = read_pins(pins) if pins else None
+    if drift:
+        note = drift_line(lock_path, drift, pins=pins, pinned=pinned)
+    elif pinned is not None:  # no lock to compare with, or it agrees: the pins may not
+        unlike = installed_unlike(pinned, dict(here.distributions))
+        note = pins_line(pinned, unlike) if unlike else None
+    told = bool(note) and (progress or Progress()).note(f"warning: {note}")  # before any compile
     done = builder.run(target, store, how, hashes=hashes, lock=lock_to, progress=progress,
                        timings=clock)
     return BuildReport(
@@ -235,4 +245,4 @@ def _build(full: Manifest, manifest_path: str | Path, store: Store, how: builder
         signature_removed=done.signature_removed,
         dry_run=dry_run, executor=how.executor.kind, remote=done.remote,
         runtimes_built=done.runtimes_built, dropped_tuning=done.dropped_tuning, drift=drift,
-        drift_note=note, timings=clock, show_timings=timings)
+        drift_note=note, drift_told=told, timings=clock, show_timings=timings)

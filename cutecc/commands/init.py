@@ -1,14 +1,19 @@
 """`cutecc init`: a commented starter manifest and one CuTe DSL kernel to build from.
 
-Writes `kernels.toml`, `starter_kernels/<name>.py` (plus its `__init__.py`) and
-`requirements.in` (the build environment to pin: every installed distribution a kernel
-reaches is a key input, so a team's committed kernels.lock reproduces only in pinned
-environments) into a directory, and refuses to overwrite anything that is already there.
+Writes `kernels.toml`, `starter_kernels/<name>.py` (plus its `__init__.py`),
+`requirements.txt` and `requirements.in` into a directory, and refuses to overwrite anything
+that is already there. Every installed distribution a kernel reaches is a key input, so a
+team's committed kernels.lock reproduces only in the environment it was made in:
+`requirements.txt` pins that environment as it is installed here (every distribution of
+cutecc's build closure, `name==version`), so installing it reproduces the lock `cutecc build`
+writes here; `requirements.in` holds the loose requirements, to re-pin on purpose.
 """
 
 from __future__ import annotations
 
 import keyword
+import platform
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +21,7 @@ from typing import Any
 from cutecc.atomic import atomic_write
 from cutecc.commands.report import Report
 from cutecc.errors import CuteccError, WorkError
+from cutecc.lock.pins import installed_pins
 
 PACKAGE = "starter_kernels"
 
@@ -77,15 +83,26 @@ def {name}(x: cute.Tensor, out: cute.Tensor, factor: cutlass.Float32, stream,
 
 
 _REQUIREMENTS = """\
-# The build environment of this project's kernels. Every installed distribution their code
-# reaches is part of their keys, so kernels.lock reproduces only in one environment: pin it
-# whole, with hashes, and commit the pins with kernels.lock.
+# What this project's build needs, loosely: requirements.txt pins it exactly. To re-pin on
+# purpose (newer releases move every key): add what your kernels import below, then
 #   uv pip compile requirements.in --generate-hashes -o requirements.txt
-# CI installs exactly that, then cutecc itself (a checkout or its wheel) without dependencies:
-#   pip install --require-hashes -r requirements.txt && pip install --no-deps CUTECC
-# Refresh on purpose, pins and locks together: the same compile with --upgrade, then
-# `cutecc build`, and commit both files. Add what your kernels import below.
+# in a fresh environment install that, `cutecc build`, and commit pins and lock together.
 {requirements}
+"""
+
+_PINS = """\
+# The build environment of this project's kernels, pinned as `cutecc init` found it
+# installed (cutecc {cutecc}, Python {python}, {platform}). Every installed distribution a
+# kernel's code reaches is part of its key, so kernels.lock reproduces only in this
+# environment: install exactly these, then cutecc itself (its wheel or checkout) alone:
+#   pip install -r requirements.txt && pip install --no-deps CUTECC
+# A build elsewhere names the distribution that differs and the pin to change (kernels.toml's
+# [build] pins names this file). Add hashes (the same versions; pip then installs only the
+# files these hashes name, `pip install --require-hashes -r requirements.txt`):
+#   uv pip compile requirements.txt --generate-hashes -o requirements.txt
+# Pin what your kernels import too (`name==version`, as installed), and commit this file
+# with kernels.lock.
+{pins}
 """
 
 
@@ -127,6 +144,7 @@ def init(directory: str | Path = ".", *, name: str = "scale") -> InitReport:
     files = {root / "kernels.toml": _MANIFEST.format(name=name, package=PACKAGE),
              root / PACKAGE / "__init__.py": "",
              root / PACKAGE / f"{name}.py": _KERNEL.format(name=name),
+             root / "requirements.txt": _pins_file(),
              root / "requirements.in": _REQUIREMENTS.format(requirements="\n".join(build_requirements()))}
     existing = [str(p) for p in files if p.exists()]
     if existing:
@@ -139,3 +157,15 @@ def init(directory: str | Path = ".", *, name: str = "scale") -> InitReport:
     except OSError as e:
         raise WorkError(f"cannot write: {e.strerror}", where=str(e.filename or root)) from None
     return InitReport(root, tuple(files))
+
+
+def _pins_file() -> str:
+    import importlib.metadata as md
+
+    try:
+        version = md.version("cutecc")
+    except md.PackageNotFoundError:
+        version = "?"
+    return _PINS.format(cutecc=version, python=platform.python_version(),
+                        platform=f"{sys.platform} {platform.machine()}",
+                        pins="\n".join(installed_pins(build_requirements())))

@@ -37,9 +37,9 @@ from cutecc.entry.rules import (
 )
 from cutecc.errors import CuteccError, WorkError
 from cutecc.lock.lockfile import LOCK_NAME, Lock, lock_for, read_lock
-from cutecc.platforms import check_platform
+from cutecc.platforms import BUILD_PLATFORM, check_platform
 from cutecc.runtime.package import FALLBACK_DIR, PACK_DIR
-from cutecc.ship.archive import runtime_wheel, tar_bytes, wheel_bytes
+from cutecc.ship.archive import runtime_requires, runtime_wheel, tar_bytes, wheel_bytes
 from cutecc.ship.ingest import Refused, check_whole
 from cutecc.store.layout import entry_parts, member, meta_parts, runtime_parts
 from cutecc.store.view import StoreView
@@ -108,6 +108,7 @@ class PackReport(Report):
     file_bytes: int  # the wheel or tarball on disk
     platform: str = ""  # the manylinux platform tag the libraries allow (wheel and tarball alike)
     runtime: Path | None = None  # cutecc's own wheel, written beside a wheel
+    wheelhouse: tuple[Path, ...] = ()  # the runtime's dependencies' wheels, written beside it
 
     @property
     def total_bytes(self) -> int:
@@ -124,6 +125,10 @@ class PackReport(Report):
         out.append(f"wrote {self.path} ({human_size(self.file_bytes)})")
         if self.runtime is not None:
             out.append(f"wrote {self.runtime} (the runtime it requires)")
+        if self.wheelhouse:
+            shown = ", ".join(p.name.split("-")[0] for p in self.wheelhouse)
+            out.append(f"wrote {len(self.wheelhouse)} wheels of its dependencies ({shown}); on a host "
+                       f"with no index: pip install --no-index --find-links {self.path.parent} {self.name}")
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -132,6 +137,7 @@ class PackReport(Report):
                 "entries": len(self.lock.distinct_keys()), "sizes": self.sizes,
                 "total_bytes": self.total_bytes, "file_bytes": self.file_bytes,
                 "platform": self.platform, "runtime": str(self.runtime) if self.runtime else None,
+                "wheelhouse": [str(p) for p in self.wheelhouse],
                 "kernels": sorted({e.kernel for e in self.lock.entries})}
 
 
@@ -209,14 +215,28 @@ def pack(*, name: str, version: str, manifest: str | Path | None = None,
          lock: str | Path | None = None, archs: Iterable[str] = (), kernels: Iterable[str] = (),
          out: str | Path = ".", cache_dir: str | Path | None = None,
          fmt: str = "wheel", sign_key: str | Path | None = None,
-         platform: str | None = None, with_runtime: bool = True) -> PackReport:
+         platform: str | None = None, with_runtime: bool = True, wheelhouse: bool = False,
+         with_jax: bool = False, python_version: str | None = None) -> PackReport:
     """Write a wheel (or a .tar.gz) of the selected entries into `out`; see the module doc.
     A wheel holds one host platform's libraries (its tag names it): `platform`, which may
     be left out when the selection holds one platform only. `with_runtime`: also write
     cutecc's own wheel (`cutecc.ship.archive.runtime_wheel`) beside a wheel, so the pack's
-    `Requires-Dist: cutecc` is met from the same directory where no index serves cutecc."""
+    `Requires-Dist: cutecc` is met from the same directory where no index serves cutecc.
+    `wheelhouse`: also the wheels of the runtime's dependencies for the pack's platform and
+    CPython `python_version` (default: this one's), JAX's only `with_jax`
+    (`cutecc.ship.wheelhouse`), so the directory installs with pip's `--no-index`."""
     if fmt not in FORMATS:
         raise CuteccError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})", where="--format")
+    if wheelhouse and (fmt != "wheel" or not with_runtime):
+        raise CuteccError("a wheelhouse is for a wheel and its runtime wheel (not --format tar or "
+                          "--no-runtime-wheel)", where="--wheelhouse")
+    if (with_jax or python_version) and not wheelhouse:
+        raise CuteccError("--with-jax and --python-version choose a wheelhouse's wheels: add --wheelhouse",
+                          where="--with-jax" if with_jax else "--python-version")
+    if python_version is not None:
+        from cutecc.ship.wheelhouse import check_python
+
+        check_python(python_version)
     dist, package = names(name, version)
     store = StoreView(cache_dir).require()
     store.check_trust()
@@ -263,8 +283,15 @@ def pack(*, name: str, version: str, manifest: str | Path | None = None,
         runtime_name, runtime_data = runtime_wheel()
         runtime_path = out / runtime_name
         atomic_write(runtime_path, runtime_data)
+    deps: list[Path] = []
+    if wheelhouse:
+        from cutecc.ship import wheelhouse as house
+
+        host = chosen.platforms[0] if chosen.platforms else BUILD_PLATFORM
+        py = python_version or f"{sys.version_info.major}.{sys.version_info.minor}"
+        deps = house.fill(out, runtime_requires(), platform=host, python=py, with_jax=with_jax)
     return PackReport(path, fmt, name, package, version, chosen, sizes, len(data), platform,
-                      runtime_path)
+                      runtime_path, tuple(deps))
 
 
 def _tree(chosen: Lock, store: StoreView) -> tuple[dict[str, bytes], dict[str, dict[str, int]]]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from cutecc.errors import CuteccError
+from cutecc.lock.pins import Pins
 
 # The optional "environment" object (`Environment`): the key-deciding distributions the
 # lock's keys were planned with, so a build or verify elsewhere names what differs before
@@ -107,11 +108,37 @@ def _gone(name: str) -> bool:
     return False
 
 
-def drift_line(lock_path: str | Path, drift: list[Drift], *, pins: str | None = None) -> str:
+def drift_line(lock_path: str | Path, drift: list[Drift], *, pins: str | None = None,
+               pinned: Pins | None = None) -> str:
     """The one line a build or verify says when the key-deciding distributions differ from
-    the environment the lock at `lock_path` was made in."""
+    the environment the lock at `lock_path` was made in. With the manifest's pins file
+    (`pins`, as read: `pinned`), it names each pin that is not the lock's version: installing
+    that file would not reproduce the lock until the pin is changed."""
     shown = ", ".join(map(str, drift[:6])) + (f" and {len(drift) - 6} more" if len(drift) > 6 else "")
-    back = (f"run `pip install --require-hashes -r {pins}`" if pins
-            else "install the pinned environment it was made in")
+    install = pinned.install_command() if pinned else f"pip install --require-hashes -r {pins}"
+    back = f"run `{install}`" if pins else "install the pinned environment it was made in"
+    if pinned is not None:
+        change = []
+        for d in drift:
+            want = d.locked.split(" ")[0] if d.locked else None
+            have = pinned.pinned(d.name)
+            if want is None or want in have:
+                continue
+            change.append(f"{d.name}=={have[0]} to {d.name}=={want}" if len(have) == 1
+                          else f"add {d.name}=={want}" if not have
+                          else f"{d.name}'s pins to {d.name}=={want}")
+        if change:
+            shown_change = "; ".join(c if c.startswith("add ") else f"change {c}" for c in change[:6])
+            more = f" and {len(change) - 6} more" if len(change) > 6 else ""
+            back = f"in {pins}, {shown_change}{more}, then run `{install}`"
     return (f"{lock_path} was made in another environment ({shown}): its keys will not match; "
             f"{back} to reproduce it, or build anyway to re-lock on purpose")
+
+
+def pins_line(pinned: Pins, unlike: list[tuple[str, str, str]]) -> str:
+    """The one line a build says when what is installed is not what the manifest's pins
+    file pins (for the key-deciding distributions): `unlike` is (name, pinned, installed)."""
+    shown = ", ".join(f"{n} {have} installed, {pinned.path} pins {want}" for n, want, have in unlike[:6])
+    more = f" and {len(unlike) - 6} more" if len(unlike) > 6 else ""
+    return (f"this environment is not the one {pinned.path} pins ({shown}{more}): run "
+            f"`{pinned.install_command()}`, or change those pins to re-pin on purpose")

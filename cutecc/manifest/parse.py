@@ -292,7 +292,8 @@ def _build_settings(ctx: _Ctx, kp: str, doc: Any) -> BuildSettings:
     if "executor" in got and got["executor"] not in EXECUTORS:
         raise ctx.fail(f"{kp}.executor", f'unknown executor "{got["executor"]}" '
                        f"(known: {', '.join(EXECUTORS)})")
-    if "pins" in got and (not got["pins"] or "\n" in got["pins"] or len(got["pins"]) > 500):
+    if "pins" in got and (not got["pins"] or not got["pins"].isprintable() or len(got["pins"]) > 500):
+        # printed in the build's advice: printable text only
         raise ctx.fail(f"{kp}.pins", "must name a requirements file, relative to the manifest")
     if "ray_address" in got and got.get("executor") != "ray":
         raise ctx.fail(f"{kp}.ray_address", 'a Ray address needs executor = "ray"')

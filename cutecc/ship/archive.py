@@ -84,6 +84,13 @@ def runtime_wheel() -> tuple[str, bytes]:
     return f"cutecc-{version}-py3-none-any.whl", data
 
 
+def runtime_requires() -> list[str]:
+    """The Requires-Dist of cutecc's runtime wheel (`runtime_wheel`), extras' included."""
+    import cutecc
+
+    return _own_metadata(Path(cutecc.__file__).parent)[1]
+
+
 def _own_metadata(package: Path) -> tuple[str, list[str], list[str]]:
     """cutecc's summary, Requires-Dist and extras: the installed distribution's, else those
     of the checkout's pyproject.toml beside `package`; neither is an error (nothing written)."""

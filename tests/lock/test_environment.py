@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import write_toy_project
+from helpers import run_cli, write_toy_project
 
 from cutecc.build import builder, outcome
 from cutecc.cli import main
@@ -211,3 +211,58 @@ def test_a_format_1_environment_is_compared_by_version_alone() -> None:
     assert [str(d) for d in old.drift(here)] == ["b 2 -> 3"]
     assert here.merged(old) == here
     assert Environment.from_json(here.to_json(), "kernels.lock") == here and here.to_json()["format"] == 2
+
+
+def _with_pins(m: Path, pins: str) -> Path:
+    m.write_text(m.read_text().replace('archs = ["sm_90a"]\n',
+                                       'archs = ["sm_90a"]\n[build]\npins = "requirements.txt"\n'))
+    (m.parent / "requirements.txt").write_text(pins)
+    return m.parent / "requirements.txt"
+
+
+def test_the_drift_line_names_the_pin_to_change(tmp_path: Path, site: Path) -> None:
+    """Seen: the pins had moved with the environment (a re-resolve), and the line said to
+    install them: it names the pin that is not the lock's version instead."""
+    info = install(site, "fakelib", "1.0", LIB)
+    m = project(tmp_path, BOTH)
+    _lock_planned_in_this_environment(m)
+    shutil.rmtree(info)
+    install(site, "fakelib", "1.1", LIB)
+    pins = _with_pins(m, "# pinned\nfakelib==1.1 \\\n    --hash=sha256:00\nother==2\n")
+    report = build(m, cache_dir=tmp_path / "cache", dry_run=True)
+    note = report.drift_note or ""
+    assert "fakelib 1.0 -> 1.1" in note, note
+    assert f"in {pins}, change fakelib==1.1 to fakelib==1.0, then run `pip install --require-hashes " \
+        f"-r {pins}`" in note, note
+    pins.write_text("other==2\n")  # no pin for it at all
+    note = build(m, cache_dir=tmp_path / "cache", dry_run=True).drift_note or ""
+    assert f"in {pins}, add fakelib==1.0, then run `pip install -r {pins}`" in note, note
+    pins.write_text("fakelib==1.0\n")  # the pins are the lock's: installing them is the fix
+    note = build(m, cache_dir=tmp_path / "cache", dry_run=True).drift_note or ""
+    assert f"run `pip install -r {pins}` to reproduce it" in note, note
+
+
+def test_pins_unlike_what_is_installed_are_named_without_a_lock(tmp_path: Path, site: Path) -> None:
+    install(site, "fakelib", "1.0", LIB)
+    m = project(tmp_path, BOTH)
+    pins = _with_pins(m, "fakelib==0.9\n")
+    note = build(m, cache_dir=tmp_path / "cache", dry_run=True).drift_note or ""
+    assert f"this environment is not the one {pins} pins (fakelib 1.0 installed, {pins} pins 0.9)" \
+        in note, note
+    pins.write_text("fakelib==1.0\n")
+    assert build(m, cache_dir=tmp_path / "cache", dry_run=True).drift_note is None
+
+
+def test_the_cli_says_the_drift_once(tmp_path: Path, site: Path) -> None:
+    """Seen: the line printed twice (before the compile, and again with the warnings)."""
+    info = install(site, "fakelib", "1.0", LIB)
+    m = project(tmp_path, BOTH)
+    _lock_planned_in_this_environment(m)
+    shutil.rmtree(info)
+    install(site, "fakelib", "1.1", LIB)
+    path = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
+    for json_out in ((), ("--json",)):
+        r = run_cli("build", str(m), "--dry-run", "--cache-dir", str(tmp_path / "cache"), *json_out,
+                    env={"PYTHONPATH": path})
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.stderr.count("was made in another environment (fakelib 1.0 -> 1.1)") == 1, r.stderr

@@ -636,6 +636,7 @@ def test_build_table_sets_executor_address_and_remote(proj: Path) -> None:
     ('remote = "s3://b/../up"', "build.remote", "not a remote cache URL"),
     ("remote_write = true", "build", "remote_write"),
     ("executor = 3", "build.executor", "string"),
+    ('pins = "req\\u001b[2J.txt"', "build.pins", "must name a requirements file"),  # printed in advice
 ])
 def test_bad_build_table_names_its_key(proj: Path, table: str, key_path: str, words: str) -> None:
     path = _write(proj, f"[build]\n{table}\n" + GOOD)
