@@ -104,6 +104,10 @@ def schema() -> dict[str, Any]:
             "align": {"oneOf": [{"enum": [1 << i for i in range(MAX_ALIGN.bit_length())]},
                                 {"type": "string", "pattern": r"^\$[A-Za-z_][A-Za-z0-9_]*$"}],
                       "description": "Pointer alignment in bytes (or a \"$param\")."},
+            "present": {"anyOf": [{"type": "boolean"}, _PARAM],
+                        "description": "An optional input: a bool variant axis (\"$varlen\") whose "
+                                       "false variants are built with None in its slot; a call "
+                                       "passes None there, or leaves it out, to reach them."},
             "param": _KW,
         },
     }

@@ -19,11 +19,13 @@ from cutecc.names import call_name_problem
 
 def _selects(v: Variant) -> str:
     """What a call's arrays select a variant by: the input tensors' contract as the arrays
-    show it: their extents (a padded tensor's buffer's) and the symbols padded views take,
-    not the static logical extents of padded dimensions (variants differing in those are
-    told apart by a call keyword, `ks.k(x, k=64)`)."""
+    show it (and the optional slots the call passes None in, `present`): their extents (a
+    padded tensor's buffer's) and the symbols padded views take, not the static logical
+    extents of padded dimensions (variants differing in those are told apart by a call
+    keyword, `ks.k(x, k=64)`)."""
+    conv = v.convention
     return repr([(t.dtype, t.extents, tuple((i, t.shape[i]) for i in t.padded if isinstance(t.shape[i], str)),
-                  t.order, t.divisibility, t.align) for t in v.convention.inputs])
+                  t.order, t.divisibility, t.align) for t in conv.inputs] + [conv.absent])
 
 
 def _call_value(x: _Value) -> tuple[bool, _Value]:

@@ -136,8 +136,16 @@ class Build:
         declared with `mode` in the caller's order, as the call's shape errors name it)."""
         def held(dims: tuple[Any, ...], t: TensorArg) -> list[Any]:
             return [dims[p] for p in t.held]
-        ins = ", ".join(f"{t.name}: {t.dtype}{held(t.shape, t)}"
-                        + ("" if t.buffer is None else f" in {held(t.buffer, t)}") for t in self.conv.inputs)
+        tensors = iter(self.conv.inputs)
+        shown = []  # in slot order: an optional slot built as None shows so
+        for name, here in self.conv.slots:
+            if not here:
+                shown.append(f"{name}: None")
+                continue
+            t = next(tensors)
+            shown.append(f"{t.name}: {t.dtype}{held(t.shape, t)}"
+                         + ("" if t.buffer is None else f" in {held(t.buffer, t)}"))
+        ins = ", ".join(shown)
         sc = "".join(f", {s.name}: {s.dtype}" for s in self.conv.given)
         kw = "".join(f", {k}={v!r}" for k, v in self.call)
         return f"({ins}{sc}{kw})"
@@ -155,6 +163,9 @@ class Build:
 
 
 MAX_SYMBOLIC_EXTENT = 2**31 - 1  # `cute.sym_int()` is 32-bit: the contract says so
+# The internal call keyword a call's Nones become (`KernelBase.without_none`): the optional
+# slots it passed None in, which only variants built with None there take.
+ABSENT = "__absent__"
 
 
 class Dims:
@@ -386,9 +397,9 @@ class KernelBase:
         """For `help()` and `inspect`: arrays, runtime scalars, then call keywords."""
         P = inspect.Parameter  # noqa: N806
         params: dict[str, inspect.Parameter] = {}
-        for b in self.builds:
-            for t in b.conv.inputs:
-                params.setdefault(t.name, P(t.name, P.POSITIONAL_ONLY))
+        for b in sorted(self.builds, key=lambda b: -len(b.conv.slots)):  # optional slots in place
+            for n, _ in b.conv.slots:
+                params.setdefault(n, P(n, P.POSITIONAL_ONLY))
         for b in self.builds:
             for s in b.conv.given:
                 params.setdefault(s.name, P(s.name, P.KEYWORD_ONLY, default=s.default))
@@ -426,7 +437,10 @@ class KernelBase:
                             f"`cutecc build --arch {to_build(self.arch)} --kernel {self.name}`",
                             where=f'kernel "{self.name}"')
         known = self._keywords
-        keywords = {k: self._keyword(k, v) for k, v in keywords.items()}
+        absent = keywords.get(ABSENT)
+        if any(a is None for a in arrays):  # None in an optional slot: `without_none`
+            arrays, absent = self.without_none(arrays)
+        keywords = {k: self._keyword(k, v) for k, v in keywords.items() if k != ABSENT}
         for k, v in keywords.items():
             if k not in known:
                 raise CallTypeError(f"unknown keyword argument {k!r}; call keywords: "
@@ -439,6 +453,12 @@ class KernelBase:
         reasons = []
         fits: list[tuple[Build, dict[str, int]]] = []
         for b in self.builds:
+            if absent is not None and b.conv.absent != absent:
+                why = "; ".join([f"{n}: None, but it takes an array" for n in absent
+                                 if n not in b.conv.absent]
+                                + [f"{n}: built with None there" for n in b.conv.absent if n not in absent])
+                reasons.append(f"  {b.variant}{b.signature()}: {why or 'other None slots'}")
+                continue
             env, why = mismatch(b, [tuple(a.shape) for a in arrays],
                                 [self._dtype_name(a) for a in arrays], self._dims)
             if env is not None and b.takes(keywords):
@@ -458,6 +478,28 @@ class KernelBase:
             + f"\nTo add one, extend [kernel.{self.name}] variants in the manifest and run "
             "`cutecc build`.", where=f'kernel "{self.name}"')
 
+    def without_none(self, arrays: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[str, ...] | None]:
+        """A call's arrays with the Nones it passed in optional slots left out, and the names of
+        those slots (None when it passed none): only a variant built with None in exactly
+        those slots takes the call (`select`, keyword `ABSENT`). A call may also leave an
+        optional slot out (its arrays then fit the variant without it by count). A None
+        where no variant takes one is a wrong call."""
+        nones = [i for i, a in enumerate(arrays) if a is None]
+        if not nones:
+            return tuple(arrays), None
+        optional = {n for b in self.builds for n in b.conv.absent}
+        for b in self.builds:
+            slots = b.conv.slots
+            if len(slots) == len(arrays) and all(slots[i][0] in optional for i in nones):
+                return (tuple(a for a in arrays if a is not None),
+                        tuple(slots[i][0] for i in nones))
+        where = f"argument {nones[0]} is None"
+        if optional:
+            raise CallTypeError(f"{where}: its optional slots ({', '.join(sorted(optional))}) take None, "
+                                "in their positions among all the arrays", where=f'kernel "{self.name}"')
+        raise CallTypeError(f"{where}, not an array: no variant of it was built with None in a slot "
+                            '(declare the input optional: present = "$param")', where=f'kernel "{self.name}"')
+
     def _served_by_fallback(self, arrays: Sequence[Any], kwargs: Mapping[str, Any],
                             keywords: Mapping[str, Any], once: bool = False) -> tuple[bool, Any]:
         """(True, the fallback's result) when no build serves this call and the kernel
@@ -474,7 +516,7 @@ class KernelBase:
             sig = [(self._dtype_name(a), tuple(a.shape)) for a in arrays]
             no_builds, note = not self.builds, ""
             if self._jit is not None:
-                why = self._jit(self, sig, keywords, miss)
+                why = self._jit(self, sig, {k: v for k, v in keywords.items() if k != ABSENT}, miss)
                 if why is None:
                     return False, None
                 note = f"just-in-time build: {why}"

@@ -136,6 +136,11 @@ class KernelFn(calls.KernelBase):
         return view
 
     def __call__(self, *arrays: Any, **scalars: Any) -> Any:
+        if calls.ABSENT in scalars:
+            raise CallTypeError(f"unknown keyword argument {calls.ABSENT!r}", where=f'kernel "{self.name}"')
+        arrays, absent = self.without_none(arrays)  # None in an optional slot picks its variant
+        if absent is not None:
+            scalars = {**scalars, calls.ABSENT: absent}
         for i, a in enumerate(arrays):
             if not hasattr(a, "shape") or not hasattr(a, "dtype"):
                 raise CallTypeError(f"argument {i} is a {type(a).__name__}, not an array "
@@ -174,10 +179,15 @@ class KernelFn(calls.KernelBase):
 
     def _traced(self, arrays: Sequence[Any], scalars: Mapping[str, Any]) -> Any:
         keywords: dict[str, Any] = {}
+        absent = scalars.get(calls.ABSENT)
+        if absent is not None:  # the optional slots the call passed None in (`without_none`)
+            scalars = {k: v for k, v in scalars.items() if k != calls.ABSENT}
         given = scalars
         if self._keywords:
             keywords = {k: v for k, v in scalars.items() if k in self._keywords}
             scalars = {k: v for k, v in scalars.items() if k not in self._keywords}
+        if absent is not None:
+            keywords[calls.ABSENT] = absent
         if self._fallback is not None or self._jit is not None:  # a plain JAX function (jit, grad,
             # vmap and export trace it), or a just-in-time build of the variant (`load(jit=True)`)
             served, out = self._served_by_fallback(arrays, given, keywords)
