@@ -34,6 +34,10 @@ class Variant:
     # The variant parameters a call names by keyword (those the input tensors cannot
     # tell apart), with this variant's values; see `_call_keywords`.
     call: tuple[tuple[str, Value], ...] = ()
+    # `from_shapes`: the variant axes a call's shapes choose, each with its expression over
+    # input extents (`cutecc.contract.expr`): a call reaches this variant where each gives
+    # this variant's value of the axis.
+    from_shapes: tuple[tuple[str, str], ...] = ()
 
     @property
     def id(self) -> str:

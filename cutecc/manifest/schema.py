@@ -171,6 +171,12 @@ def schema() -> dict[str, Any]:
                                       "{ false = 80, true = 64 } }; \"$tile_m\" then stands where "
                                       "\"$param\" may. Not an axis: no variant of its own, no call "
                                       "keyword."},
+            "from_shapes": {"type": "object", "additionalProperties": {
+                "type": "string", "minLength": 1, "maxLength": 256},
+                            "description": "Variant axes a call's shapes choose: vec = \"gcd(n, 4)\" "
+                                           "(an expression over input extents); each variant is built "
+                                           "for its value of the axis, and a call reaches the one whose "
+                                           "value the expression gives for its arrays. No call keyword."},
             "symbols": {"type": "object", "additionalProperties": {
                 "type": "object", "additionalProperties": False,
                 "properties": {"divisibility": {"oneOf": [

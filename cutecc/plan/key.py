@@ -585,4 +585,6 @@ def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
         inputs["reshard"] = kernel.reshard  # what the runtime does with a call XLA would reshard
     if variant.call:  # only when set: kernels without call keywords keep their keys
         inputs["call"] = dict(variant.call)  # which call reaches this entry
+    if variant.from_shapes:  # only when set: kernels without it keep their keys
+        inputs["from_shapes"] = dict(variant.from_shapes)  # the axes a call's shapes choose
     return inputs

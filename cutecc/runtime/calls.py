@@ -54,6 +54,28 @@ def _reshard_of(key_inputs: Mapping[str, Any] | None) -> Any:
 _MAX_PARAMS = 64  # parameters read from an entry's meta.json (a variant has a few)
 
 
+def _from_shapes_of(key_inputs: Mapping[str, Any] | None,
+                    params: Mapping[str, Any]) -> tuple[tuple[str, str, int], ...]:
+    """The variant axes a call's shapes choose (`from_shapes`), each with its expression and
+    this build's value, from an entry's key inputs and parameters; checked (read from disk)."""
+    table = key_inputs.get("from_shapes") if isinstance(key_inputs, Mapping) else None
+    if table is None:
+        return ()
+    if not isinstance(table, dict) or len(table) > _MAX_PARAMS:
+        raise ValueError(f"from_shapes {table!r} is not a table of axis = expression")
+    out = []
+    for name, text in table.items():
+        value = params.get(name)
+        if not isinstance(text, str) or type(value) is not int:
+            raise ValueError(f"from_shapes.{name}: {text!r} is not an expression of an int axis")
+        try:
+            expr.parse(text)
+        except expr.ExprError as e:
+            raise ValueError(f"from_shapes.{name}: {e}") from None
+        out.append((name, text, value))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class Build:
     """One usable cache entry of a kernel, as the runtime needs it."""
@@ -77,6 +99,9 @@ class Build:
     # the variant's plain parameters (meta.json's `params`): a one-value axis, the same in
     # every build of the kernel, is a call keyword too (`KernelBase._index_keywords`)
     params: tuple[tuple[str, Any], ...] = ()
+    # the variant axes a call's shapes choose: (axis, expression over input extents, this
+    # build's value); a call whose extents give another value is not this build's
+    from_shapes: tuple[tuple[str, str, int], ...] = ()
 
     @classmethod
     def of(cls, rec: EntryMeta, entry_dir: Path) -> Build:
@@ -86,7 +111,8 @@ class Build:
         b = cls._make(rec.key, entry_dir, rec.args, rec.library, rec.runtime, rec.call, rec.variant,
                       rec.arch, rec.symbol, _shard_of(rec.key_inputs), _reshard_of(rec.key_inputs),
                       refs.reference_keywords({**dict(params), **rec.call}, rec.key_inputs))
-        return dataclasses.replace(b, params=params)
+        return dataclasses.replace(b, params=params,
+                                   from_shapes=_from_shapes_of(rec.key_inputs, dict(rec.params)))
 
     @classmethod
     def _make(cls, key: str, entry_dir: Path, args_json: Any, lib: FileRec, rt: RuntimeLink,
@@ -149,6 +175,18 @@ class Build:
         sc = "".join(f", {s.name}: {s.dtype}" for s in self.conv.given)
         kw = "".join(f", {k}={v!r}" for k, v in self.call)
         return f"({ins}{sc}{kw})"
+
+    def chosen_problem(self, env: Mapping[str, Any]) -> str:
+        """Why a call binding `env` does not reach this build by the axes its shapes choose
+        (`from_shapes`), or ""."""
+        for name, text, value in self.from_shapes:
+            try:
+                got = expr.evaluate(text, env)
+            except expr.ExprError as e:
+                return f"{name} = {text}: {e}"
+            if got != value:
+                return f"{name} = {text} is {got} for these arrays, built for {name} = {value}"
+        return ""
 
     def takes(self, keywords: Mapping[str, Any]) -> bool:
         """Whether the call keywords given (a subset of this kernel's) reach this build."""
@@ -217,8 +255,12 @@ def _same(a: Any, b: Any) -> bool:
 def mismatch(b: Build, shapes: Sequence[tuple[Any, ...]], dtypes: Sequence[str],
              dims: Dims = PLAIN) -> tuple[dict[str, int] | None, str]:
     """(symbol bindings, "") if arrays of these shapes and dtype names fit `b`'s inputs,
-    else (None, why not)."""
-    return conv_mismatch(b.conv, shapes, dtypes, dims)
+    else (None, why not): the contract's, then the axes its shapes choose (`from_shapes`)."""
+    env, why = conv_mismatch(b.conv, shapes, dtypes, dims)
+    if env is not None and b.from_shapes:
+        why = b.chosen_problem(env)
+        return (None, why) if why else (env, "")
+    return env, why
 
 
 def conv_mismatch(conv: CallingConvention, shapes: Sequence[tuple[Any, ...]], dtypes: Sequence[str],
