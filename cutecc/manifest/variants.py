@@ -100,7 +100,7 @@ def _call_keywords(ctx: _Ctx, kp: str, axes: Any, variants: list[Variant],
             raise ctx.fail(f"{kp}, variants.{p}", f'call keyword "{p}" is also the name of a '
                            "runtime scalar; rename one")
     out = []
-    first: dict[tuple[str, tuple[tuple[bool, _Value], ...]], Variant] = {}
+    first: dict[tuple[str, tuple[tuple[bool, _Value], ...], tuple[tuple[str, _Value], ...]], Variant] = {}
     for v in variants:
         call = tuple((p, x) for p, x in v.params if p in keywords)
         told = (_selects(v), tuple(_call_value(x) for _, x in call),
