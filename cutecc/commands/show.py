@@ -99,11 +99,11 @@ def none_slots(meta: dict[str, Any]) -> list[str]:
 
 def from_shapes(meta: dict[str, Any]) -> list[list[Any]]:
     """The variant axes a call's shapes choose (`from_shapes`): [axis, expression, this build's value]."""
-    from cutecc.runtime.calls import _from_shapes_of
+    from cutecc.runtime.variant_choice import from_shapes_of
 
     try:
         params = meta.get("params") or {}
-        return [list(x) for x in _from_shapes_of(meta.get("key_inputs"), params)]
+        return [list(x) for x in from_shapes_of(meta.get("key_inputs"), params)]
     except (TypeError, ValueError, AttributeError):
         return []  # damaged metadata: shown as it is, `cutecc verify` says how
 

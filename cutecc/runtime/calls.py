@@ -38,6 +38,7 @@ from cutecc.errors import CallError, CallTypeError, NoBuildFits
 from cutecc.names import call_name_problem
 from cutecc.runtime import library
 from cutecc.runtime.library import RuntimeRef
+from cutecc.runtime.variant_choice import ABSENT, chosen_problem, from_shapes_of, slots_problem, without_none
 from cutecc.store.layout import Layout
 
 
@@ -52,28 +53,6 @@ def _reshard_of(key_inputs: Mapping[str, Any] | None) -> Any:
 
 
 _MAX_PARAMS = 64  # parameters read from an entry's meta.json (a variant has a few)
-
-
-def _from_shapes_of(key_inputs: Mapping[str, Any] | None,
-                    params: Mapping[str, Any]) -> tuple[tuple[str, str, int], ...]:
-    """The variant axes a call's shapes choose (`from_shapes`), each with its expression and
-    this build's value, from an entry's key inputs and parameters; checked (read from disk)."""
-    table = key_inputs.get("from_shapes") if isinstance(key_inputs, Mapping) else None
-    if table is None:
-        return ()
-    if not isinstance(table, dict) or len(table) > _MAX_PARAMS:
-        raise ValueError(f"from_shapes {table!r} is not a table of axis = expression")
-    out = []
-    for name, text in table.items():
-        value = params.get(name)
-        if not isinstance(text, str) or type(value) is not int:
-            raise ValueError(f"from_shapes.{name}: {text!r} is not an expression of an int axis")
-        try:
-            expr.parse(text)
-        except expr.ExprError as e:
-            raise ValueError(f"from_shapes.{name}: {e}") from None
-        out.append((name, text, value))
-    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -112,7 +91,7 @@ class Build:
                       rec.arch, rec.symbol, _shard_of(rec.key_inputs), _reshard_of(rec.key_inputs),
                       refs.reference_keywords({**dict(params), **rec.call}, rec.key_inputs))
         return dataclasses.replace(b, params=params,
-                                   from_shapes=_from_shapes_of(rec.key_inputs, dict(rec.params)))
+                                   from_shapes=from_shapes_of(rec.key_inputs, dict(rec.params)))
 
     @classmethod
     def _make(cls, key: str, entry_dir: Path, args_json: Any, lib: FileRec, rt: RuntimeLink,
@@ -176,18 +155,6 @@ class Build:
         kw = "".join(f", {k}={v!r}" for k, v in self.call)
         return f"({ins}{sc}{kw})"
 
-    def chosen_problem(self, env: Mapping[str, Any]) -> str:
-        """Why a call binding `env` does not reach this build by the axes its shapes choose
-        (`from_shapes`), or ""."""
-        for name, text, value in self.from_shapes:
-            try:
-                got = expr.evaluate(text, env)
-            except expr.ExprError as e:
-                return f"{name} = {text}: {e}"
-            if got != value:
-                return f"{name} = {text} is {got} for these arrays, built for {name} = {value}"
-        return ""
-
     def takes(self, keywords: Mapping[str, Any]) -> bool:
         """Whether the call keywords given (a subset of this kernel's) reach this build."""
         mine = {**dict(self.params), **dict(self.call)}
@@ -201,9 +168,6 @@ class Build:
 
 
 MAX_SYMBOLIC_EXTENT = 2**31 - 1  # `cute.sym_int()` is 32-bit: the contract says so
-# The internal call keyword a call's Nones become (`KernelBase.without_none`): the optional
-# slots it passed None in, which only variants built with None there take.
-ABSENT = "__absent__"
 
 
 class Dims:
@@ -255,12 +219,8 @@ def _same(a: Any, b: Any) -> bool:
 def mismatch(b: Build, shapes: Sequence[tuple[Any, ...]], dtypes: Sequence[str],
              dims: Dims = PLAIN) -> tuple[dict[str, int] | None, str]:
     """(symbol bindings, "") if arrays of these shapes and dtype names fit `b`'s inputs,
-    else (None, why not): the contract's, then the axes its shapes choose (`from_shapes`)."""
-    env, why = conv_mismatch(b.conv, shapes, dtypes, dims)
-    if env is not None and b.from_shapes:
-        why = b.chosen_problem(env)
-        return (None, why) if why else (env, "")
-    return env, why
+    else (None, why not)."""
+    return conv_mismatch(b.conv, shapes, dtypes, dims)
 
 
 def conv_mismatch(conv: CallingConvention, shapes: Sequence[tuple[Any, ...]], dtypes: Sequence[str],
@@ -496,13 +456,13 @@ class KernelBase:
         fits: list[tuple[Build, dict[str, int]]] = []
         for b in self.builds:
             if absent is not None and b.conv.absent != absent:
-                why = "; ".join([f"{n}: None, but it takes an array" for n in absent
-                                 if n not in b.conv.absent]
-                                + [f"{n}: built with None there" for n in b.conv.absent if n not in absent])
-                reasons.append(f"  {b.variant}{b.signature()}: {why or 'other None slots'}")
+                reasons.append(f"  {b.variant}{b.signature()}: {slots_problem(b.conv.absent, absent)}")
                 continue
             env, why = mismatch(b, [tuple(a.shape) for a in arrays],
                                 [self._dtype_name(a) for a in arrays], self._dims)
+            if env is not None and b.from_shapes:  # an axis the call's extents choose
+                why = chosen_problem(b.from_shapes, env)
+                env = None if why else env
             if env is not None and b.takes(keywords):
                 fits.append((b, env))
             elif env is not None:
@@ -521,26 +481,9 @@ class KernelBase:
             "`cutecc build`.", where=f'kernel "{self.name}"')
 
     def without_none(self, arrays: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[str, ...] | None]:
-        """A call's arrays with the Nones it passed in optional slots left out, and the names of
-        those slots (None when it passed none): only a variant built with None in exactly
-        those slots takes the call (`select`, keyword `ABSENT`). A call may also leave an
-        optional slot out (its arrays then fit the variant without it by count). A None
-        where no variant takes one is a wrong call."""
-        nones = [i for i, a in enumerate(arrays) if a is None]
-        if not nones:
-            return tuple(arrays), None
-        optional = {n for b in self.builds for n in b.conv.absent}
-        for b in self.builds:
-            slots = b.conv.slots
-            if len(slots) == len(arrays) and all(slots[i][0] in optional for i in nones):
-                return (tuple(a for a in arrays if a is not None),
-                        tuple(slots[i][0] for i in nones))
-        where = f"argument {nones[0]} is None"
-        if optional:
-            raise CallTypeError(f"{where}: its optional slots ({', '.join(sorted(optional))}) take None, "
-                                "in their positions among all the arrays", where=f'kernel "{self.name}"')
-        raise CallTypeError(f"{where}, not an array: no variant of it was built with None in a slot "
-                            '(declare the input optional: present = "$param")', where=f'kernel "{self.name}"')
+        """The call's arrays without the Nones it passed in optional slots, and those slots'
+        names (`cutecc.runtime.variant_choice.without_none`)."""
+        return without_none(self.name, [b.conv.slots for b in self.builds], arrays)
 
     def _served_by_fallback(self, arrays: Sequence[Any], kwargs: Mapping[str, Any],
                             keywords: Mapping[str, Any], once: bool = False) -> tuple[bool, Any]:

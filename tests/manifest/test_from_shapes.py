@@ -87,7 +87,7 @@ def test_calls_reach_the_variant_their_extents_choose(tmp_path: Path) -> None:
     import cutecc
     from cutecc.commands.build import build
     from cutecc.commands.show import show
-    from cutecc.runtime.calls import mismatch
+    from cutecc.runtime.variant_choice import chosen_problem
 
     manifest = _project(tmp_path / "proj")
     report = build(manifest, cache_dir=tmp_path / "cache", jobs=1, lock=False)
@@ -98,7 +98,8 @@ def test_calls_reach_the_variant_their_extents_choose(tmp_path: Path) -> None:
         assert k.select(x)[0].variant == f"vec={vec}", n
         assert jax.eval_shape(k, x).shape == (n,)
     two = next(b for b in k.builds if b.variant == "vec=2")
-    assert mismatch(two, [(4096,)], ["float32"]) == (None, "vec = gcd(n, 4) is 4 for these arrays, "
-                                                            "built for vec = 2")
+    assert chosen_problem(two.from_shapes, {"n": 4096}) == "vec = gcd(n, 4) is 4 for these arrays, " \
+        "built for vec = 2"
+    assert chosen_problem(two.from_shapes, {"n": 4098}) == ""
     lines = show(two.key, cache_dir=tmp_path / "cache").lines()
     assert "chosen by  vec = gcd(n, 4) (this build: vec = 2)" in lines

@@ -146,3 +146,20 @@ def test_a_none_where_no_variant_takes_one_is_a_wrong_call(built: tuple[Path, Pa
         jax.eval_shape(lambda a: k(None, a), x)
     with pytest.raises(CallTypeError, match="takes 2 array"):
         k.select(x, x, x)
+
+
+def test_cutecc_torch_takes_the_none_too(built: tuple[Path, Path]) -> None:
+    """The same dispatch from PyTorch: the call gets as far as the device check (CPU tensors
+    here), so None in the slot, or the slot left out, was taken; a wrong None is refused."""
+    torch = pytest.importorskip("torch", reason="needs torch (cutecc[torch])")
+    import cutecc.torch as ct
+    from cutecc.errors import CuteccError
+
+    k = ct.load(built[0], arch="sm_90a", manifest=built[1]).axpb
+    x = torch.ones(1000)
+    assert k.select(x, None)[0].variant == "biased=False" and k.select(x, x)[0].variant == "biased=True"
+    for call in ((x, None), (x,), (x, x)):
+        with pytest.raises(CuteccError, match="cutecc kernels run on CUDA devices"):
+            k(*call)
+    with pytest.raises(TypeError, match=r"argument 0 is None: its optional slots \(bias\) take None"):
+        k(None, x)
