@@ -38,6 +38,10 @@ class ShowReport(Report):
         if call:
             out.append(f"call with  {call}")
         out += [f"in place   {note}" for note in info.get("in_place", [])]
+        out += [f"optional   {name}: built with None (a call passes None there, or leaves it out)"
+                for name in info.get("none_slots", [])]
+        out += [f"chosen by  {name} = {text} (this build: {name} = {value})"
+                for name, text, value in info.get("from_shapes", [])]
         for name, st in (info.get("strides") or {}).items():
             dyn = [x for x, static in zip(st["strides"], st["static"]) if not static]
             out.append(f"strides    {name}: ({', '.join(st['strides'])}) "
@@ -83,6 +87,25 @@ def in_place_notes(meta: dict[str, Any]) -> list[str]:
               f"argument); where {t.may_alias} stays live XLA copies it first, so call plainly there"
               for t in tensors if t.role == "output" and t.may_alias]
     return notes
+
+
+def none_slots(meta: dict[str, Any]) -> list[str]:
+    """The optional input slots this build was compiled with None in (`present = "$p"`)."""
+    try:
+        return list(CallingConvention.of(args_from_json(meta["args"])).absent)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return []  # damaged metadata: shown as it is, `cutecc verify` says how
+
+
+def from_shapes(meta: dict[str, Any]) -> list[list[Any]]:
+    """The variant axes a call's shapes choose (`from_shapes`): [axis, expression, this build's value]."""
+    from cutecc.runtime.variant_choice import from_shapes_of
+
+    try:
+        params = meta.get("params") or {}
+        return [list(x) for x in from_shapes_of(meta.get("key_inputs"), params)]
+    except (TypeError, ValueError, AttributeError):
+        return []  # damaged metadata: shown as it is, `cutecc verify` says how
 
 
 def strides(meta: dict[str, Any]) -> dict[str, Any]:
@@ -201,6 +224,8 @@ def show(key: str, cache_dir: str | Path | None = None, gpu: str | None = None) 
         "files": files,
         "meta": entry.doc,
         "in_place": in_place_notes(entry.doc),
+        "none_slots": none_slots(entry.doc),
+        "from_shapes": from_shapes(entry.doc),
         "gradient": gradient(entry.doc),
         "sharding": sharding(entry.doc),
         "strides": strides(entry.doc),

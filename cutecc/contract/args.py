@@ -189,9 +189,12 @@ class ScalarArg:
 
 @dataclass(frozen=True)
 class NoneArg:
-    """An optional tensor slot compiled as `None` (and passed as `None`)."""
+    """An optional tensor slot compiled as `None` (and passed as `None`). `slot`: the name
+    of the input tensor other variants put there (`present = "$param"`): a call passes
+    `None` in its place, or leaves it out, to reach this variant."""
 
     param: str | None = None
+    slot: str | None = None
 
 
 @dataclass(frozen=True)
@@ -251,6 +254,14 @@ class CallingConvention:
     # (input index, result index) for every "inout" tensor
     aliases: tuple[tuple[int, int], ...]
     scratch: tuple[TensorArg, ...] = ()  # role "scratch": allocated by the runtime, dropped
+    # The call's positional slots in launcher order, each (name, present): the inputs, and
+    # the optional slots this variant was built with None in (`NoneArg.slot`, present False).
+    slots: tuple[tuple[str, bool], ...] = ()
+
+    @property
+    def absent(self) -> tuple[str, ...]:
+        """The optional slots this variant takes as None."""
+        return tuple(n for n, here in self.slots if not here)
 
     @classmethod
     def of(cls, args: tuple[Arg, ...]) -> CallingConvention:
@@ -263,7 +274,10 @@ class CallingConvention:
         )
         scalars = tuple(a for a in leaves if isinstance(a, ScalarArg))
         scratch = tuple(t for t in tensors if t.role == "scratch")
-        return cls(inputs, results, scalars, aliases, scratch)
+        slots = tuple((a.name, True) if isinstance(a, TensorArg) else (str(a.slot), False)
+                      for a in leaves if (isinstance(a, TensorArg) and a.role in ("input", "inout"))
+                      or (isinstance(a, NoneArg) and a.slot is not None))
+        return cls(inputs, results, scalars, aliases, scratch, slots)
 
     @property
     def visible(self) -> tuple[TensorArg, ...]:
@@ -352,8 +366,8 @@ def _arg_json(a: Arg) -> dict[str, Any]:
         if a.value is not None:  # only when set: contracts without derived scalars keep their keys
             out["value"] = a.value
         return out
-    if isinstance(a, NoneArg):
-        return {"kind": "none"}
+    if isinstance(a, NoneArg):  # the slot only when set: plain None arguments keep their keys
+        return {"kind": "none"} if a.slot is None else {"kind": "none", "slot": a.slot}
     if isinstance(a, StreamArg):
         return {"kind": "stream"}
     if isinstance(a, ConstArg):
@@ -441,7 +455,10 @@ def arg_from_json(d: dict[str, Any]) -> Arg:
                 raise ValueError(f"scalar {d['name']!r}: {e}") from None
         return ScalarArg(d["name"], d["dtype"], d.get("default"), param, value)
     if kind == "none":
-        return NoneArg(param)
+        slot = d.get("slot")
+        if slot is not None and not (isinstance(slot, str) and expr.is_symbol(slot)):
+            raise ValueError(f"none slot {slot!r} is not a tensor name")
+        return NoneArg(param, slot)
     if kind == "stream":
         return StreamArg(param)
     if kind == "tuple":

@@ -14,13 +14,14 @@ from __future__ import annotations
 import ast
 import functools
 import math
+import numbers
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, TypeGuard
 
 MAX_TEXT = 256  # characters
 MAX_NODES = 64
-FUNCTIONS = ("ceil_div", "round_up", "min", "max")
+FUNCTIONS = ("ceil_div", "round_up", "min", "max", "gcd")
 _SYMBOL_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Mod: "%"}
 
@@ -42,7 +43,8 @@ def is_derived(d: Any) -> TypeGuard[str]:
 @functools.lru_cache(maxsize=1024)
 def parse(text: str) -> ast.expr:
     """`text` as a checked expression tree: ints, names, `+ - * // %`, unary minus,
-    parentheses and calls of `ceil_div(a, b)`, `round_up(a, b)`, `min(..)`, `max(..)`."""
+    parentheses and calls of `ceil_div(a, b)`, `round_up(a, b)`, `min(..)`, `max(..)`,
+    `gcd(..)`."""
     if not isinstance(text, str) or not text.strip():
         raise ExprError("an expression must be a non-empty string")
     if len(text) > MAX_TEXT:
@@ -120,6 +122,10 @@ def evaluate(text: str, env: Mapping[str, Any], *, minimum: Callable[..., Any] =
         assert isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
         xs = [ev(x) for x in n.args]
         f = n.func.id
+        if f == "gcd":  # of numbers only: a symbolic extent (jax.export) has no gcd
+            if not all(isinstance(x, numbers.Integral) for x in xs):
+                raise ExprError(f"{ast.unparse(n)} needs concrete extents")
+            return math.gcd(*(int(x) for x in xs))
         if f in ("ceil_div", "round_up"):
             a, b = xs
             if isinstance(b, int) and b == 0:
@@ -162,7 +168,7 @@ def multiple_of(text: str, divisibility: Mapping[str, int]) -> int:
         if n.func.id == "round_up":
             b = n.args[1]
             return b.value if isinstance(b, ast.Constant) and isinstance(b.value, int) and b.value else 1
-        if n.func.id in ("min", "max"):
+        if n.func.id in ("min", "max", "gcd"):  # gcd(8k, 4) is a multiple of gcd(8, 4)
             return functools.reduce(math.gcd, (m(x) for x in n.args))
         return 1
     return max(1, m(parse(text)))

@@ -264,9 +264,22 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
              "column-major" if order == tuple(range(len(dims))) else "strided")
     if reduce is not None and not dims:
         raise ctx.fail(f"{kp}.reduce", "a scalar (rank 0) output has no leading axis to sum over")
+    if "present" in a and not _present(ctx, f"{kp}.present", a["present"], role, env, hw):
+        return NoneArg(slot=name)  # this variant is built with None in the tensor's slot
     return TensorArg(name, role, dt, dims, label, align, order=order, buffer=buffer, zero=zero,
                      saved=saved, reduce=reduce, broadcast=bcast, may_alias=may_alias,
                      mode="mode" in a and order is not None, stride=stride, runtime=runtime)
+
+
+def _present(ctx: _Ctx, kp: str, v: Any, role: str, env: dict[str, _Value], hw: dict[str, Any]) -> bool:
+    """`present = "$varlen"`: whether this variant takes the (optional) input tensor, or is
+    built with None in its slot, by a bool variant axis (or a bool)."""
+    if role != "input":
+        raise ctx.fail(kp, f"only an input may be optional (present = ...), not an {role}")
+    got = _subst(ctx, kp, v, env, hw)
+    if type(got) is not bool:
+        raise ctx.fail(kp, f'must be true, false or a "$param" whose values are true and false, got {got!r}')
+    return got
 
 
 def _broadcast(ctx: _Ctx, kp: str, v: Any, dims: tuple[Dim, ...], role: str) -> tuple[int, ...] | None:

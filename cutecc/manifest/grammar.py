@@ -59,14 +59,14 @@ EXECUTORS = ("local", "ray")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs", "profile",
                 "compile_options", "grad", "description", "symbols", "tune", "derive", "shard",
-                "reshard", "fallback", "fallback_torch", "relations"}
+                "reshard", "fallback", "fallback_torch", "relations", "from_shapes"}
 # What a symbol's divisibility may promise: a power of two its integer can hold, 2^62 for a
 # 64-bit symbol (cutlass_call's dynamic layouts carry 2^21 on a 64-bit stride), 2^30 for a
 # 32-bit one (the default width).
 MAX_DIVISIBILITY = 1 << 62
 MAX_DIVISIBILITY_32 = 1 << 30
 _TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "runtime", "buffer", "layout", "mode", "align",
-                "param", "zero", "saved", "reduce", "broadcast", "may_alias", "stride"}
+                "param", "zero", "saved", "reduce", "broadcast", "may_alias", "stride", "present"}
 _SCALAR_KEYS = {"kind", "name", "dtype", "default", "param", "value"}
 
 

@@ -33,8 +33,10 @@ from cutecc.manifest.model import Value as _Value
 from cutecc.manifest.values import _expression_text, _value
 from cutecc.manifest.variants import (
     _call_keywords,
+    _check_from_shapes,
     _check_used,
     _derive,
+    _from_shapes,
     _point_id,
     _points,
     _value_key,
@@ -107,6 +109,7 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
         grad_stop = tuple(grad.get(STOP_GRADIENT, ()))
 
     derive = _derive(ctx, f"{kp}, derive", kdoc.get("derive", {}), axes)
+    chosen = _from_shapes(ctx, kp, kdoc.get("from_shapes", {}), axes)
     followed = {axis for axis, _ in derive.values()}  # an axis a derived parameter follows is used
     _check_used(ctx, kp, tuple(a for a in axes if a[0] not in followed), kdoc)
     _check_used(ctx, kp, tuple((d, ()) for d in derive), kdoc, "derive")
@@ -138,7 +141,9 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
         fargs = None if factory is None else tuple(
             (k, _value(ctx, f"{vctx}, factory_args.{k}", v, env, hw)) for k, v in factory)
         rels = _relations(ctx, f"{vctx}, relations", kdoc.get("relations", []), env, hw, args)
-        return Variant(name, point, args, consts, fargs, relations=rels)
+        variant = Variant(name, point, args, consts, fargs, relations=rels, from_shapes=chosen)
+        _check_from_shapes(ctx, kp, chosen, variant)
+        return variant
 
     variants, pending, total = [], [], 0
     for point in _points(axes):
@@ -173,7 +178,7 @@ def _kernel(ctx: _Ctx, kp: str, name: str, kdoc: dict[str, Any], archs: tuple[st
     reshard = kdoc.get("reshard", "error")
     if reshard not in RESHARD:
         raise ctx.fail(f"{kp}, reshard", f"must be one of {', '.join(map(repr, RESHARD))}, not {reshard!r}")
-    keyed = _call_keywords(ctx, kp, axes, variants)
+    keyed = _call_keywords(ctx, kp, axes, variants, frozenset(n for n, _ in chosen))
     # A candidate stands in for its default variant: it answers the same call keywords.
     candidates = tuple((v.id, tuple(dataclasses.replace(c, call=v.call) for c in cands))
                        for v, cands in zip(keyed, pending))

@@ -37,6 +37,10 @@ class Variant:
     # `relations = ["ls == l * $split_k"]`: equalities between the inputs' extents a call
     # must hold, `$param`s resolved (canonical "lhs == rhs" texts; `cutecc.contract.expr.relation`)
     relations: tuple[str, ...] = ()
+    # `from_shapes`: the variant axes a call's shapes choose, each with its expression over
+    # input extents (`cutecc.contract.expr`): a call reaches this variant where each gives
+    # this variant's value of the axis.
+    from_shapes: tuple[tuple[str, str], ...] = ()
 
     @property
     def id(self) -> str:

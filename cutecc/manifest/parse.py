@@ -11,7 +11,8 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
                                   host's; "aarch64" for Grace hosts: cutecc.platforms)
   profile = "h100"                default hardware profile (facts a launcher may need, as
                                   "$hw.<fact>" and as the answers to torch.cuda's device
-                                  queries while the build constructs it: cutecc.toolchain.devicequery)
+                                  queries, and the DSL's HardwareInfo, while the build
+                                  constructs it: cutecc.toolchain.devicequery)
   python_path = ["."]             dirs, relative to the manifest, to import entries from
   compile_options = ""            extra `cute.compile` options
   [env]                           environment the build workers set before any import
@@ -51,7 +52,9 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
         buffer = [..] (input/inout): the shape of the padded array passed, of which the
         kernel sees the `shape` block at its origin with the buffer's strides (`lda`);
         may_alias = "x" (output): the kernel may write it in input x's memory (it reads each
-        element before writing it): `ks.k.in_place(..)` lets XLA reuse x's buffer
+        element before writing it): `ks.k.in_place(..)` lets XLA reuse x's buffer;
+        present = "$p" (input): optional, by a bool axis: its false variants are built with
+        None in the slot, reached by a call passing None there (or leaving it out)
       {kind = "scalar", name, dtype, default}    a runtime scalar (keyword at the JAX side);
         with value = <int or expression> instead, derived: the runtime computes and passes it
       {kind = "none"}   {kind = "stream"}   {kind = "tuple", items = [..]}
@@ -61,6 +64,8 @@ Schema (format 1), top level (or under `[tool.cutecc]`):
       in between keep their Python defaults
     constants = {..}              compile-time keyword arguments of the launcher
     derive = {p = {axis = {value = v, ..}}}   a parameter that follows one axis (no axis itself)
+    from_shapes = {vec = "gcd(n, 4)"}   axes a call's extents choose (an expression over
+                                  input symbols): the call reaches the variant of its value
     symbols = {n = {divisibility = 8}}   facts about symbolic extents (checked at call time);
                                   a divisibility may be a "$param" (per variant)
     variants = {param = [..]}     a matrix; "$param" in dtype/shape/constants/factory_args;

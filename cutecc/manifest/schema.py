@@ -104,6 +104,10 @@ def schema() -> dict[str, Any]:
             "align": {"oneOf": [{"enum": [1 << i for i in range(MAX_ALIGN.bit_length())]},
                                 {"type": "string", "pattern": r"^\$[A-Za-z_][A-Za-z0-9_]*$"}],
                       "description": "Pointer alignment in bytes (or a \"$param\")."},
+            "present": {"anyOf": [{"type": "boolean"}, _PARAM],
+                        "description": "An optional input: a bool variant axis (\"$varlen\") whose "
+                                       "false variants are built with None in its slot; a call "
+                                       "passes None there, or leaves it out, to reach them."},
             "param": _KW,
         },
     }
@@ -167,6 +171,12 @@ def schema() -> dict[str, Any]:
                                       "{ false = 80, true = 64 } }; \"$tile_m\" then stands where "
                                       "\"$param\" may. Not an axis: no variant of its own, no call "
                                       "keyword."},
+            "from_shapes": {"type": "object", "additionalProperties": {
+                "type": "string", "minLength": 1, "maxLength": 256},
+                            "description": "Variant axes a call's shapes choose: vec = \"gcd(n, 4)\" "
+                                           "(an expression over input extents); each variant is built "
+                                           "for its value of the axis, and a call reaches the one whose "
+                                           "value the expression gives for its arrays. No call keyword."},
             "symbols": {"type": "object", "additionalProperties": {
                 "type": "object", "additionalProperties": False,
                 "properties": {"divisibility": {"oneOf": [

@@ -113,7 +113,7 @@ def _expression(ctx: _Ctx, kp: str, text: str, env: dict[str, _Value], hw: dict[
             return int(expr.evaluate(text, {}))
     except expr.ExprError as e:
         raise ctx.fail(kp, f"{e} (an expression of ints, symbols, + - * // %, ceil_div(a, b), "
-                       "round_up(a, b), min, max, $param and $hw.fact)") from None
+                       "round_up(a, b), min, max, gcd, $param and $hw.fact)") from None
     return text
 
 

@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from cutecc.contract import expr
 from cutecc.manifest.grammar import IMPORT_RE, MAX_VARIANTS_PER_KERNEL, NAME_RE, _Ctx, _tname
 from cutecc.manifest.model import Value as _Value
 from cutecc.manifest.model import Variant
@@ -19,11 +20,13 @@ from cutecc.names import call_name_problem
 
 def _selects(v: Variant) -> str:
     """What a call's arrays select a variant by: the input tensors' contract as the arrays
-    show it: their extents (a padded tensor's buffer's) and the symbols padded views take,
-    not the static logical extents of padded dimensions (variants differing in those are
-    told apart by a call keyword, `ks.k(x, k=64)`)."""
+    show it (and the optional slots the call passes None in, `present`): their extents (a
+    padded tensor's buffer's) and the symbols padded views take, not the static logical
+    extents of padded dimensions (variants differing in those are told apart by a call
+    keyword, `ks.k(x, k=64)`)."""
+    conv = v.convention
     return repr([(t.dtype, t.extents, tuple((i, t.shape[i]) for i in t.padded if isinstance(t.shape[i], str)),
-                  t.order, t.divisibility, t.align) for t in v.convention.inputs])
+                  t.order, t.divisibility, t.align) for t in conv.inputs] + [conv.absent])
 
 
 def _call_value(x: _Value) -> tuple[bool, _Value]:
@@ -31,11 +34,54 @@ def _call_value(x: _Value) -> tuple[bool, _Value]:
     return (isinstance(x, bool), x)
 
 
-def _call_keywords(ctx: _Ctx, kp: str, axes: Any, variants: list[Variant]) -> tuple[Variant, ...]:
+def _from_shapes(ctx: _Ctx, kp: str, v: Any, axes: Any) -> tuple[tuple[str, str], ...]:
+    # `kp` names the kernel: its `from_shapes` and `variants` are named under it
+    """`from_shapes = { vec = "gcd(n, 4)" }`: variant axes whose value a call's shapes choose,
+    by an expression over symbolic extents (checked against the grammar; that its symbols
+    are bound by every variant's inputs is checked per variant, `_check_from_shapes`)."""
+    if not isinstance(v, dict):
+        raise ctx.fail(f"{kp}, from_shapes", 'must be a table of axis = "expression over input extents"')
+    values = {name: vals for name, vals in axes}
+    out = []
+    for name, text in v.items():
+        if name not in values:
+            raise ctx.fail(f"{kp}, from_shapes.{name}",
+                           f'names no variant axis (axes: {", ".join(values) or "none"})')
+        if not isinstance(text, str):
+            raise ctx.fail(f"{kp}, from_shapes.{name}",
+                           f'must be an expression string such as "gcd(n, 4)", got {_tname(text)}')
+        try:
+            canon = expr.canonical(text)
+            if not expr.names(canon):
+                raise expr.ExprError("reads no symbol: the axis would have one value")
+        except expr.ExprError as e:
+            raise ctx.fail(f"{kp}, from_shapes.{name}", f"{e} (an expression of ints, symbols, + - * // %, "
+                           "ceil_div(a, b), round_up(a, b), min, max, gcd)") from None
+        bad = [x for x in values[name] if type(x) is not int]
+        if bad:
+            raise ctx.fail(f"{kp}, variants.{name}", f"an axis chosen from shapes takes ints, got {bad[0]!r}")
+        out.append((name, canon))
+    return tuple(out)
+
+
+def _check_from_shapes(ctx: _Ctx, kp: str, chosen: tuple[tuple[str, str], ...], v: Variant) -> None:
+    """Each expression of `from_shapes` reads only extents the variant's input arrays bind."""
+    bound = {d for t in v.convention.inputs for d in t.extents if isinstance(d, str) and expr.is_symbol(d)}
+    for name, text in chosen:
+        for s in expr.names(text):
+            if s not in bound:
+                raise ctx.fail(f"{kp}, from_shapes.{name}", f'"{s}" is not the extent of any input'
+                               f"{' of variant ' + v.id if v.params else ''}, so a call cannot compute "
+                               f"it (known: {', '.join(sorted(bound)) or 'none'})")
+
+
+def _call_keywords(ctx: _Ctx, kp: str, axes: Any, variants: list[Variant],
+                   chosen: frozenset[str] = frozenset()) -> tuple[Variant, ...]:
     """The variants with their call keywords set: a parameter is a call keyword when two
-    variants that differ only in it take the same input tensors (FA4's `causal`). Two
-    variants no call can tell apart (same inputs, same keyword values) are an error."""
-    names = [n for n, _ in axes]
+    variants that differ only in it take the same input tensors (FA4's `causal`), unless a
+    call's shapes choose it (`chosen`, `from_shapes`). Two variants no call can tell apart
+    (same inputs, same keyword values, same values chosen from shapes) are an error."""
+    names = [n for n, _ in axes if n not in chosen]
     keywords = []
     for p in names:
         seen: set[tuple[str, str]] = set()
@@ -54,10 +100,11 @@ def _call_keywords(ctx: _Ctx, kp: str, axes: Any, variants: list[Variant]) -> tu
             raise ctx.fail(f"{kp}, variants.{p}", f'call keyword "{p}" is also the name of a '
                            "runtime scalar; rename one")
     out = []
-    first: dict[tuple[str, tuple[tuple[bool, _Value], ...]], Variant] = {}
+    first: dict[tuple[str, tuple[tuple[bool, _Value], ...], tuple[tuple[str, _Value], ...]], Variant] = {}
     for v in variants:
         call = tuple((p, x) for p, x in v.params if p in keywords)
-        told = (_selects(v), tuple(_call_value(x) for _, x in call))
+        told = (_selects(v), tuple(_call_value(x) for _, x in call),
+                tuple((p, x) for p, x in v.params if p in chosen))
         if told in first:
             raise ctx.fail(f"{kp}, variants", f'variants "{first[told].id}" and "{v.id}" cannot be '
                            "told apart by any call: same input tensors and the same call "

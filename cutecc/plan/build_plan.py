@@ -20,6 +20,7 @@ from cutecc.plan.key import SourceIndex, key_inputs
 from cutecc.plan.keyed_sources import KeyedFile
 from cutecc.plan.shadows import Shadows, shadows
 from cutecc.platforms import BUILD_PLATFORM
+from cutecc.toolchain import devicequery
 from cutecc.toolchain.dists import DistIndex, HashCache, compile_env
 
 
@@ -114,7 +115,8 @@ def _plan(manifest: Manifest, archs: tuple[str, ...], platforms: tuple[str, ...]
                 if arch not in envs:
                     envs[arch] = compile_env(manifest.env_for(arch))
                 inputs = key_inputs(k, v, arch, digest, reached[key_modules], envs[arch], imports,
-                                    platform, shadowed[key_modules].digests)
+                                    platform, shadowed[key_modules].digests,
+                                    devicequery.asks_hardware_info(key_modules))
                 if declared:  # only when declared: projects without `[build] inputs` keep their keys
                     inputs["inputs"] = {f.rel.removeprefix(INPUTS): f.sha256 for f in declared}
                 p = Planned(k, v, arch, compute_key(inputs), inputs, sources, platform, keyed,

@@ -5,8 +5,9 @@ module and every project-local module it imports, found as import would (`cutecc
 by reading `import` statements, never by importing), the installed distributions that
 code reaches and the compile-affecting environment (`cutecc.toolchain.dists`), the entry point
 and factory arguments, the resolved contract, the constants, the target arch, the
-compile options, for code that reaches torch the answers its device queries get in the
-build worker (`cutecc.toolchain.devicequery`, from the hardware profile), and the toolchain: the
+compile options, for code that reaches torch or names the DSL's `HardwareInfo` the answers
+its device queries get in the build worker (`cutecc.toolchain.devicequery`, from the
+hardware profile), and the toolchain: the
 versions of the DSL, tvm-ffi and the CUDA runtime, zig and its target, the host-code pin,
 the link recipe (with the native sources' hashes), the key of the runtime library the
 kernel links against (which names the static archives' SHA-256), and cutecc's artifact
@@ -546,14 +547,15 @@ def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
                env: dict[str, str] | None = None,
                imports: dict[str, str] | None = None,
                platform: str = BUILD_PLATFORM,
-               shadows: dict[str, str] | None = None) -> dict[str, Any]:
+               shadows: dict[str, str] | None = None, asks_device: bool = False) -> dict[str, Any]:
     """The named inputs of one artifact's key (also stored in its metadata), for host code
     of `platform` (its toolchain names it: `toolchain`):
     `distributions` and `env` as `cutecc.toolchain.dists` computes them; `imports`, the source digests
     of project modules that the variant's values and struct types name and the entry's
     closure does not reach (`cutecc.plan.build_plan.references`); `shadows`, the source
     digests of modules found ahead of those the reached distributions install
-    (`cutecc.plan.shadows`)."""
+    (`cutecc.plan.shadows`); `asks_device`, whether the kernel's own modules name the DSL's
+    device queries (`cutecc.toolchain.devicequery.asks_hardware_info`)."""
     inputs: dict[str, Any] = {
         "distributions": distributions or {},
         "env": env or {},
@@ -567,8 +569,9 @@ def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
         "compile_options": kernel.compile_options,
         "toolchain": toolchain(platform),
     }
-    if "torch" in (distributions or {}):
-        # Its code can ask torch for the GPU: the build worker answers from the profile.
+    if "torch" in (distributions or {}) or asks_device:
+        # Its code can ask torch (or the DSL's HardwareInfo) for the GPU: the build worker
+        # answers from the profile.
         inputs["device"] = devicequery.answers(dict(kernel.hardware), arch, kernel.profile)
     if imports:  # only when set: kernels whose references the entry reaches keep their keys
         inputs["imports"] = dict(sorted(imports.items()))
@@ -584,4 +587,6 @@ def key_inputs(kernel: Kernel, variant: Variant, arch: str, source_digest: str,
         inputs["call"] = dict(variant.call)  # which call reaches this entry
     if variant.relations:  # only when set: kernels without relations keep their keys
         inputs["relations"] = list(variant.relations)  # what the runtime checks at each call
+    if variant.from_shapes:  # only when set: kernels without it keep their keys
+        inputs["from_shapes"] = dict(variant.from_shapes)  # the axes a call's shapes choose
     return inputs

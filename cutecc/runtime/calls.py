@@ -27,18 +27,25 @@ from cutecc.contract.args import (
     CallingConvention,
     TensorArg,
     args_from_json,
-    dense_strides,
     may_alias_problem,
     shard_problem,
-    stride_text,
 )
 from cutecc.contract.cotangents import STOP_GRADIENT, Cotangents
 from cutecc.entry.meta import EntryMeta, FileRec, RuntimeLink
 from cutecc.errors import CallError, CallTypeError, NoBuildFits
 from cutecc.names import call_name_problem
 from cutecc.runtime import library
+from cutecc.runtime.contract_fit import (  # noqa: F401  (re-exported: front ends import them here)
+    MAX_SYMBOLIC_EXTENT,
+    PLAIN,
+    Dims,
+    buffer_shape,
+    conv_mismatch,
+    extent,
+)
 from cutecc.runtime.fits import implies, relation_problem, relations_of
 from cutecc.runtime.library import RuntimeRef
+from cutecc.runtime.variant_choice import ABSENT, chosen_problem, from_shapes_of, slots_problem, without_none
 from cutecc.store.layout import Layout
 
 
@@ -81,6 +88,9 @@ class Build:
     # equalities between the inputs' extents each call must hold (`relations = [..]`), as
     # (lhs, rhs) canonical expressions (`cutecc.contract.expr.relation`)
     relations: tuple[tuple[str, str], ...] = ()
+    # the variant axes a call's shapes choose: (axis, expression over input extents, this
+    # build's value); a call whose extents give another value is not this build's
+    from_shapes: tuple[tuple[str, str, int], ...] = ()
 
     @classmethod
     def of(cls, rec: EntryMeta, entry_dir: Path) -> Build:
@@ -91,7 +101,8 @@ class Build:
                       rec.arch, rec.symbol, _shard_of(rec.key_inputs), _reshard_of(rec.key_inputs),
                       refs.reference_keywords({**dict(params), **rec.call}, rec.key_inputs))
         return dataclasses.replace(b, params=params,
-                                   relations=relations_of(b.conv, rec.key_inputs))
+                                   relations=relations_of(b.conv, rec.key_inputs),
+                                   from_shapes=from_shapes_of(rec.key_inputs, dict(rec.params)))
 
     @classmethod
     def _make(cls, key: str, entry_dir: Path, args_json: Any, lib: FileRec, rt: RuntimeLink,
@@ -141,8 +152,16 @@ class Build:
         declared with `mode` in the caller's order, as the call's shape errors name it)."""
         def held(dims: tuple[Any, ...], t: TensorArg) -> list[Any]:
             return [dims[p] for p in t.held]
-        ins = ", ".join(f"{t.name}: {t.dtype}{held(t.shape, t)}"
-                        + ("" if t.buffer is None else f" in {held(t.buffer, t)}") for t in self.conv.inputs)
+        tensors = iter(self.conv.inputs)
+        shown = []  # in slot order: an optional slot built as None shows so
+        for name, here in self.conv.slots:
+            if not here:
+                shown.append(f"{name}: None")
+                continue
+            t = next(tensors)
+            shown.append(f"{t.name}: {t.dtype}{held(t.shape, t)}"
+                         + ("" if t.buffer is None else f" in {held(t.buffer, t)}"))
+        ins = ", ".join(shown)
         sc = "".join(f", {s.name}: {s.dtype}" for s in self.conv.given)
         kw = "".join(f", {k}={v!r}" for k, v in self.call)
         return f"({ins}{sc}{kw})"
@@ -157,50 +176,6 @@ class Build:
             self.key, self.library, self.sha256, self.size, self.symbol,
             tuple(s.name for s in self.conv.scalars), f"kernel \"{kernel}\" {self.label}",
             record_use=self.record_use, runtime=self.runtime)
-
-
-MAX_SYMBOLIC_EXTENT = 2**31 - 1  # `cute.sym_int()` is 32-bit: the contract says so
-
-
-class Dims:
-    """How a front end's dimensions compare: Python (and NumPy) ints here. A subclass
-    names the exception its symbolic dimensions raise when a comparison is undecided
-    (`inconclusive`) and how to take their min and max."""
-
-    inconclusive: tuple[type[BaseException], ...] = ()
-
-    def concrete(self, n: Any) -> bool:
-        """Whether a dimension is a number (not a symbolic one)."""
-        return isinstance(n, (int, np.integer))
-
-    def at_least(self, n: Any, want: Any) -> bool:
-        """Whether `n >= want` holds; for symbolic dimensions whether it is proved (an
-        undecided comparison counts as not proved)."""
-        try:
-            return bool(n >= want)
-        except self.inconclusive:
-            return False
-
-    def exceeds(self, n: Any, limit: int) -> bool:
-        """Whether extent `n` is over `limit`. A symbolic dimension is checked only as far
-        as its constraints decide it: its size is known at run time, where the kernel's own
-        argument check (the DSL's TVM-FFI function) refuses an extent outside int32 and any
-        divisibility it was compiled with."""
-        if self.concrete(n):
-            return n > limit
-        try:
-            return bool(n > limit)
-        except self.inconclusive:
-            return False
-
-    def min(self, a: Any, b: Any) -> Any:
-        return min(a, b)
-
-    def max(self, a: Any, b: Any) -> Any:
-        return max(a, b)
-
-
-PLAIN = Dims()
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -219,118 +194,6 @@ def mismatch(b: Build, shapes: Sequence[tuple[Any, ...]], dtypes: Sequence[str],
         if why:
             return None, why
     return env, why
-
-
-def conv_mismatch(conv: CallingConvention, shapes: Sequence[tuple[Any, ...]], dtypes: Sequence[str],
-                  dims: Dims = PLAIN) -> tuple[dict[str, int] | None, str]:
-    """`mismatch` against a calling convention (a manifest's variant, before any build)."""
-    ins = conv.inputs
-    if len(shapes) != len(ins):
-        return None, f"takes {len(ins)} array(s), got {len(shapes)}"
-    env: dict[str, int] = {}
-    ordered = []  # each shape in the kernel's dimension order (`mode`: passed as held)
-    for t, shape, dtype in zip(ins, shapes, dtypes):
-        if dtype != t.dtype:
-            return None, f"{t.name}: dtype {dtype}, expected {t.dtype}"
-        what = "" if t.buffer is None else " (the buffer)"
-        if len(shape) != len(t.shape):
-            held = [t.extents[p] for p in t.held]
-            return None, f"{t.name}: rank {len(shape)}, expected {len(t.shape)} {held}{what}"
-        shape = _kernel_order(t, tuple(shape))
-        ordered.append(shape)
-        at = _caller_dims(t)  # a message names the dimension of the array passed
-        for i, n in enumerate(shape):
-            # A symbolic dimension (jax.export) must be provably a multiple: `8*k`, not `n`.
-            if n % t.multiple(i) != 0:  # symbolic: `==` is True only when JAX proves it
-                return None, (f"{t.name}: dimension {at[i]} is {n}, expected a multiple of "
-                              f"{t.multiple(i)} (symbols.{t.extents[i]}.divisibility)"
-                              + ("" if dims.concrete(n) else "; export it with a symbolic shape that is "
-                                 f"one, e.g. \"{t.multiple(i)}*{n}\""))
-        for i, (d, n) in enumerate(zip(t.extents, shape)):
-            if dims.concrete(n) and n == 0:
-                return None, f"{t.name}: dimension {at[i]} is empty"
-            if isinstance(d, int):
-                if n != d:
-                    mine = " (the buffer's extent)" if i in t.padded else ""
-                    return None, f"{t.name}: dimension {at[i]} is {n}, expected {d}{mine}"
-            elif i not in (t.wide or ()) and dims.exceeds(n, MAX_SYMBOLIC_EXTENT):
-                return None, (f"{t.name}: dimension {at[i]} (\"{d}\") is {n}; symbolic extents are "
-                              f"compiled as int32, so at most 2^31-1 = {MAX_SYMBOLIC_EXTENT}")
-            elif env.setdefault(d, n) != n:
-                return None, (f"{t.name}: dimension {at[i]} is {n}, but \"{d}\" is {env[d]} "
-                              "from an earlier argument")
-    for t, shape in zip(ins, ordered):  # once every symbol is bound: the views fit their buffers
-        for i in t.padded:
-            if i in (t.broadcast or ()):  # stride 0: any logical extent reads the one element
-                continue
-            d, n = t.shape[i], shape[i]
-            want = d if isinstance(d, int) else env[d]
-            # A view JAX cannot prove inside its buffer (symbolic shapes) is refused: nothing
-            # checks it at run time.
-            if not dims.at_least(n, want):
-                named = "" if isinstance(d, int) else f' ("{d}")'
-                return None, (f"{t.name}: dimension {_caller_dims(t)[i]} of the buffer is {n}, smaller "
-                              f"than the logical extent {want}{named} the kernel views in it")
-    # Declared strides (`stride = [..]`): the dense arrays a call passes and gets must have them.
-    seen: dict[str, Any] = {}
-    for t, shape in zip(ins, ordered):
-        if t.stride is not None:
-            why = _stride_problem(t, tuple(shape[p] for p in t.perm), seen, dims)
-            if why:
-                return None, why
-    for t in conv.results:
-        if t.stride is not None and t.role != "inout":
-            try:
-                buf = buffer_shape("", t, env, dims)
-            except CallError:  # a derived extent that fails says so when the call is made
-                continue
-            why = _stride_problem(t, buf, seen, dims)
-            if why:
-                return None, why
-    return env, ""
-
-
-def _stride_problem(t: TensorArg, buffer: tuple[Any, ...], seen: dict[str, Any], dims: Dims) -> str:
-    """Why the dense buffer of shape `buffer` (`perm` order) has strides other than `t`
-    declares, or "": a static stride must be its stride, a symbolic one a multiple of its
-    divisibility and, named twice, the same each time (`seen` collects them). A static
-    stride on a dimension of extent 1 is any stride: its one index never addresses memory
-    (cutlass_call's `(1,256,64,128):(0,8192,128,1)` takes the dense array's)."""
-    at = _caller_dims(t)
-    extent = {p: buffer[j] for j, p in enumerate(t.perm)}
-    for i, (want, got) in enumerate(zip(t.stride or (), dense_strides(t, buffer))):
-        try:
-            if isinstance(want, int) and dims.concrete(extent[i]) and extent[i] == 1:
-                continue
-            if isinstance(want, int):
-                if got != want:
-                    return (f"{t.name}: dimension {at[i]} has stride {got} in the dense array, but the "
-                            f"kernel was compiled for stride {want} (stride = {list(stride_text(t))})")
-            elif got % want.divisibility != 0:
-                return (f"{t.name}: dimension {at[i]} has stride {got}, not a multiple of "
-                        f"{want.divisibility} (symbols.{want.name}.divisibility)")
-            elif seen.setdefault(want.name, got) != got:
-                return (f"{t.name}: dimension {at[i]} has stride {got}, but stride \"{want.name}\" is "
-                        f"{seen[want.name]} from an earlier argument")
-        except dims.inconclusive:  # symbolic shapes: the kernel's own check decides at run time
-            continue
-    return ""
-
-
-def _kernel_order(t: TensorArg, shape: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The shape of the array a call passes for `t`, in the kernel's dimension order (a
-    tensor declared with `mode` is passed as the caller holds it: the buffer's order)."""
-    if not t.mode:
-        return shape
-    out: list[Any] = [None] * len(shape)
-    for j, p in enumerate(t.held):
-        out[p] = shape[j]
-    return tuple(out)
-
-
-def _caller_dims(t: TensorArg) -> tuple[int, ...]:
-    """Per kernel dimension of `t`, its index in the array the caller passes."""
-    return tuple(t.held.index(i) for i in range(len(t.shape)))
 
 
 def _static(b: Build) -> int:
@@ -397,9 +260,9 @@ class KernelBase:
         """For `help()` and `inspect`: arrays, runtime scalars, then call keywords."""
         P = inspect.Parameter  # noqa: N806
         params: dict[str, inspect.Parameter] = {}
-        for b in self.builds:
-            for t in b.conv.inputs:
-                params.setdefault(t.name, P(t.name, P.POSITIONAL_ONLY))
+        for b in sorted(self.builds, key=lambda b: -len(b.conv.slots)):  # optional slots in place
+            for n, _ in b.conv.slots:
+                params.setdefault(n, P(n, P.POSITIONAL_ONLY))
         for b in self.builds:
             for s in b.conv.given:
                 params.setdefault(s.name, P(s.name, P.KEYWORD_ONLY, default=s.default))
@@ -437,7 +300,10 @@ class KernelBase:
                             f"`cutecc build --arch {to_build(self.arch)} --kernel {self.name}`",
                             where=f'kernel "{self.name}"')
         known = self._keywords
-        keywords = {k: self._keyword(k, v) for k, v in keywords.items()}
+        absent = keywords.get(ABSENT)
+        if any(a is None for a in arrays):  # None in an optional slot: `without_none`
+            arrays, absent = self.without_none(arrays)
+        keywords = {k: self._keyword(k, v) for k, v in keywords.items() if k != ABSENT}
         for k, v in keywords.items():
             if k not in known:
                 raise CallTypeError(f"unknown keyword argument {k!r}; call keywords: "
@@ -450,8 +316,14 @@ class KernelBase:
         reasons = []
         fits: list[tuple[Build, dict[str, int]]] = []
         for b in self.builds:
+            if absent is not None and b.conv.absent != absent:
+                reasons.append(f"  {b.variant}{b.signature()}: {slots_problem(b.conv.absent, absent)}")
+                continue
             env, why = mismatch(b, [tuple(a.shape) for a in arrays],
                                 [self._dtype_name(a) for a in arrays], self._dims)
+            if env is not None and b.from_shapes:  # an axis the call's extents choose
+                why = chosen_problem(b.from_shapes, env)
+                env = None if why else env
             if env is not None and b.takes(keywords):
                 fits.append((b, env))
             elif env is not None:
@@ -469,6 +341,11 @@ class KernelBase:
             + f"\nTo add one, extend [kernel.{self.name}] variants in the manifest and run "
             "`cutecc build`.", where=f'kernel "{self.name}"')
 
+    def without_none(self, arrays: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[str, ...] | None]:
+        """The call's arrays without the Nones it passed in optional slots, and those slots'
+        names (`cutecc.runtime.variant_choice.without_none`)."""
+        return without_none(self.name, [b.conv.slots for b in self.builds], arrays)
+
     def _served_by_fallback(self, arrays: Sequence[Any], kwargs: Mapping[str, Any],
                             keywords: Mapping[str, Any], once: bool = False) -> tuple[bool, Any]:
         """(True, the fallback's result) when no build serves this call and the kernel
@@ -485,7 +362,7 @@ class KernelBase:
             sig = [(self._dtype_name(a), tuple(a.shape)) for a in arrays]
             no_builds, note = not self.builds, ""
             if self._jit is not None:
-                why = self._jit(self, sig, keywords, miss)
+                why = self._jit(self, sig, {k: v for k, v in keywords.items() if k != ABSENT}, miss)
                 if why is None:
                     return False, None
                 note = f"just-in-time build: {why}"
@@ -573,27 +450,3 @@ class KernelBase:
         raise CallError(f"the call fits several variants, none more specific than the others: {names} "
                         "(no one's contract implies the others'); declare contracts that tell them "
                         "apart, or one that implies them", where=f'kernel "{self.name}"')
-
-
-def extent(kernel: str, t: TensorArg, d: Any, env: Mapping[str, Any], dims: Dims = PLAIN) -> Any:
-    """An extent's value for a call: static, bound by an input array, or derived (evaluated
-    from the bindings; under `jax.export` with symbolic shapes, a symbolic dimension)."""
-    if isinstance(d, int):
-        return d
-    if expr.is_symbol(d):
-        return env[d]
-    try:
-        n = expr.evaluate(d, env, minimum=dims.min, maximum=dims.max)
-    except expr.ExprError as e:
-        raise CallError(f"{t.name}: derived extent {d!r}: {e}", where=f'kernel "{kernel}"') from None
-    if isinstance(n, int) and n <= 0:
-        raise CallError(f"{t.name}: derived extent {d!r} is {n} for "
-                        + ", ".join(f"{k}={env[k]}" for k in expr.names(d))
-                        + "; an extent must be positive", where=f'kernel "{kernel}"')
-    return n
-
-
-def buffer_shape(kernel: str, t: TensorArg, env: Mapping[str, Any],
-                 dims: Dims = PLAIN) -> tuple[Any, ...]:
-    """The shape of the dense buffer of `t` the kernel sees (its dimensions in `perm` order)."""
-    return tuple(extent(kernel, t, t.extents[p], env, dims) for p in t.perm)

@@ -45,6 +45,7 @@ from cutecc.runtime.calls import (  # noqa: F401  (re-exported: tests and tools 
 )
 from cutecc.runtime.composite_call import CompositeBase
 from cutecc.runtime.primitive import EAGER, cutecc_call_p, unify_varying, varying
+from cutecc.runtime.variant_choice import ABSENT
 
 MAX_EAGER_SIGNATURES = 256  # jitted eager calls kept per kernel (one per keyword values)
 
@@ -137,6 +138,11 @@ class KernelFn(calls.KernelBase):
         return view
 
     def __call__(self, *arrays: Any, **scalars: Any) -> Any:
+        if ABSENT in scalars:
+            raise CallTypeError(f"unknown keyword argument {ABSENT!r}", where=f'kernel "{self.name}"')
+        arrays, absent = self.without_none(arrays)  # None in an optional slot picks its variant
+        if absent is not None:
+            scalars = {**scalars, ABSENT: absent}
         for i, a in enumerate(arrays):
             if not hasattr(a, "shape") or not hasattr(a, "dtype"):
                 raise CallTypeError(f"argument {i} is a {type(a).__name__}, not an array "
@@ -183,10 +189,15 @@ class KernelFn(calls.KernelBase):
 
     def _traced(self, arrays: Sequence[Any], scalars: Mapping[str, Any]) -> Any:
         keywords: dict[str, Any] = {}
+        absent = scalars.get(ABSENT)
+        if absent is not None:  # the optional slots the call passed None in (`without_none`)
+            scalars = {k: v for k, v in scalars.items() if k != ABSENT}
         given = scalars
         if self._keywords:
             keywords = {k: v for k, v in scalars.items() if k in self._keywords}
             scalars = {k: v for k, v in scalars.items() if k not in self._keywords}
+        if absent is not None:
+            keywords[ABSENT] = absent
         if self._fallback is not None or self._jit is not None:  # a plain JAX function (jit, grad,
             # vmap and export trace it), or a just-in-time build of the variant (`load(jit=True)`)
             served, out = self._served_by_fallback(arrays, given, keywords)

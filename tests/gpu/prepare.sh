@@ -20,6 +20,7 @@ cc build tests/gpu/faulty_kernels/kernels.toml --cache-dir "$OUTDIR/faults" --no
 cc tune tests/gpu/faulty_kernels/kernels.toml --compile-only --cache-dir "$OUTDIR/faults"
 cc build tests/gpu/layout_kernels/kernels.toml --cache-dir "$OUTDIR/layouts" --no-lock
 cc build tests/gpu/train_kernels/kernels.toml --cache-dir "$OUTDIR/train" --no-lock
+cc build tests/gpu/form_kernels/kernels.toml --cache-dir "$OUTDIR/forms" --no-lock
 # the README's first project, made as the README makes it (test_readme_gpu.py)
 rm -rf "$OUTDIR/quickstart" && mkdir -p "$OUTDIR/quickstart"
 "$PY" -m cutecc.cli -q init "$OUTDIR/quickstart/myproject"

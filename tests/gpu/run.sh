@@ -8,6 +8,7 @@
 #   faults/    tests/gpu/faulty_kernels (+ tune candidates) CUTECC_FAULT_CACHE, CUTECC_FAULT_TUNE_CACHE
 #   layouts/   tests/gpu/layout_kernels                     CUTECC_LAYOUT_CACHE
 #   train/     tests/gpu/train_kernels (derived, scratch)   CUTECC_TRAIN_CACHE
+#   forms/     tests/gpu/form_kernels (optional, from_shapes, HardwareInfo) CUTECC_FORMS_CACHE
 #   first_kernel/ examples/first_kernel (docs/first-kernel.md) CUTECC_FIRST_KERNEL_CACHE
 #   quickstart/cache/ the README's `cutecc init` project       CUTECC_QUICKSTART_CACHE
 #   archs/     tests/gpu/arch_kernels (sm_100a only)        CUTECC_ARCH_CACHE
@@ -54,6 +55,7 @@ from CUTECC_FAULT_CACHE faults
 from CUTECC_FAULT_TUNE_CACHE faults
 from CUTECC_LAYOUT_CACHE layouts
 from CUTECC_TRAIN_CACHE train
+from CUTECC_FORMS_CACHE forms
 from CUTECC_FIRST_KERNEL_CACHE first_kernel
 from CUTECC_QUICKSTART_CACHE quickstart/cache
 from CUTECC_ARCH_CACHE archs
@@ -66,7 +68,7 @@ if [ -z "${CUTECC_TEST_CACHE:-}" ]; then
   export CUTECC_TEST_CACHE
   "$PY" -m cutecc.cli build kernels.toml --cache-dir "$CUTECC_TEST_CACHE" || exit 1
 fi
-for v in CUTECC_FAULT_CACHE CUTECC_LAYOUT_CACHE CUTECC_TRAIN_CACHE CUTECC_TUNE_CACHE CUTECC_EXAMPLES_CACHE \
+for v in CUTECC_FAULT_CACHE CUTECC_LAYOUT_CACHE CUTECC_TRAIN_CACHE CUTECC_FORMS_CACHE CUTECC_TUNE_CACHE CUTECC_EXAMPLES_CACHE \
          CUTECC_GEMM_CACHE CUTECC_ARCH_CACHE CUTECC_FIRST_KERNEL_CACHE CUTECC_QUICKSTART_CACHE \
          CUTECC_PROJECTS_CACHE; do
   [ -n "${!v:-}" ] || echo "note: no $v: the tests that need it will skip" >&2

@@ -31,6 +31,7 @@ from cutecc.runtime.torch.conversions import (
 )
 from cutecc.runtime.torch.eager import _compiler, _Eager, _is_compiling, _is_dynamo_compiling, _signature
 from cutecc.runtime.torch.op import NAMESPACE, _op, op_name
+from cutecc.runtime.variant_choice import ABSENT
 
 DEVICE_TYPES = ("cuda", "meta")  # where a call's tensors may live (meta: shapes only)
 MAX_PLANS = 1024  # eager call plans kept per kernel (one per shapes, dtypes, device, keywords)
@@ -73,6 +74,14 @@ class TorchKernelFn(calls.KernelBase):
             raise _as_call_error(e) from None
 
     def __call__(self, *tensors: Any, **kw: Any) -> Any:
+        if ABSENT in kw:
+            raise KernelTypeError(f"unknown keyword argument {ABSENT!r}", where=f'kernel "{self.name}"')
+        if any(t is None for t in tensors):  # None in an optional slot picks its variant
+            try:
+                tensors, absent = self.without_none(tensors)
+            except CuteccError as e:
+                raise _as_call_error(e) from None
+            kw = {**kw, ABSENT: absent}
         # The eager fast path: one dict lookup by the call's signature (`_signature`, built
         # here without its calls for one to three tensors) gives the plan the contract
         # decided for it, checked when the signature was first seen.
@@ -110,7 +119,8 @@ class TorchKernelFn(calls.KernelBase):
         function: autograd differentiates it), where there is one."""
         if self._fallback is not None and not every:
             served, out = self._served_by_fallback(
-                tensors, kw, {k: v for k, v in kw.items() if k in self._keywords}, once=True)
+                tensors, {k: v for k, v in kw.items() if k != ABSENT},
+                {k: v for k, v in kw.items() if k in self._keywords or k == ABSENT}, once=True)
             if served:
                 return out
         if not _is_compiling():
@@ -257,8 +267,9 @@ class TorchKernelFn(calls.KernelBase):
 
     def _choose(self, tensors: Sequence[Any], kw: Mapping[str, Any]) -> tuple[Build, dict[str, Any], list]:
         """The build, symbol bindings and runtime scalars (values, launcher order) of a call."""
-        keywords = {k: v for k, v in kw.items() if k in self._keywords}
-        given = {k: v for k, v in kw.items() if k not in self._keywords}
+        # the call keywords, and the optional slots the call passed None in (`without_none`)
+        keywords = {k: v for k, v in kw.items() if k in self._keywords or k == ABSENT}
+        given = {k: v for k, v in kw.items() if k not in keywords}
         build, env = self.select(*tensors, **keywords)
         if self.tuning is not None:
             build = self.tuning.pick(build, env)
@@ -312,7 +323,9 @@ class TorchKernelFn(calls.KernelBase):
         keywords, given = [], []
         for k in sorted(kw):
             v = kw[k]
-            if k in self._keywords:
+            if k == ABSENT:  # the optional slots passed None: a constant of the trace
+                keywords.append((k, v))
+            elif k in self._keywords:
                 v = self._keyword(k, v)
                 v = next((w for w in self._keywords[k] if calls._same(w, v)), v)
                 keywords.append((k, v))
