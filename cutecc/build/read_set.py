@@ -450,6 +450,6 @@ def _covered(path: str, keyed: dict[str, Any], real_keyed: Callable[[], dict[str
 
 def enabled() -> bool:
     """Whether builds check their read sets (`$CUTECC_AUDIT` is not "off")."""
-    from cutecc import environ
+    from cutecc import settings
 
-    return os.environ.get(environ.AUDIT, "on").strip().lower() not in ("0", "off", "no", "false")
+    return os.environ.get(settings.AUDIT.env, "on").strip().lower() not in ("0", "off", "no", "false")

@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cutecc import environ
+from cutecc import settings
 from cutecc.contract import expr
 from cutecc.contract.args import CallingConvention, args_from_json
 from cutecc.contract.fallbacks import FRONT_ENDS, FallbackRef
@@ -100,8 +100,8 @@ class Fallback:
         each call (JAX asks once per trace), or with `once` at the signature's first miss
         in this process only (PyTorch asks at every eager call). `note`: why no
         just-in-time build serves it either (`load(jit=True)`), said in the warning."""
-        if self.strict or environ.flag(environ.STRICT):
-            why = "load(strict=True)" if self.strict else f"${environ.STRICT}"
+        if self.strict or settings.STRICT.on():
+            why = "load(strict=True)" if self.strict else settings.STRICT.where
             raise NoBuildFits(f"{miss.message}\n(strict, {why}: the declared fallback {self.ref.ref} "
                               "is not served)", where=miss.where)
         reason = f"no build for {self.arch}" if no_builds else "no built variant fits"

@@ -36,7 +36,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from cutecc import environ, trust
+from cutecc import settings, trust
 from cutecc.atomic import atomic_write
 from cutecc.toolchain.planfacts import (
     ClosureBody,
@@ -49,7 +49,7 @@ from cutecc.toolchain.planfacts import (
     SourceFacts,
 )
 
-ENV = environ.PLAN_MEMORY
+ENV = settings.PLAN_MEMORY.env
 FILE = "planmemory.json"
 MAX_BYTES = 96 << 20
 PARSERS = 3  # the parsers (cutecc versions) whose facts one file holds, newest last

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import write_toy_project
+from helpers import opts, write_toy_project
 
 from cutecc.build import builder, outcome
 from cutecc.cli import main
@@ -72,7 +72,7 @@ def test_a_build_in_another_environment_names_what_differs_before_compiling(
         def start(self, total: int) -> None:
             notes.append(f"start {total}")
 
-    report = build(m, cache_dir=tmp_path / "cache", dry_run=True, progress=Notes())
+    report = build(m, opts(cache_dir=tmp_path / "cache"), dry_run=True, progress=Notes())
     assert [str(d) for d in report.drift] == ["fakelib 1.0 -> 1.1"]
     assert len(notes) == 1 and "fakelib 1.0 -> 1.1" in notes[0] and "kernels.lock" in notes[0]
     assert report.to_json()["drift"][0]["distribution"] == "fakelib"
@@ -86,7 +86,7 @@ def test_the_drift_line_names_the_manifests_pins(tmp_path: Path, site: Path) -> 
     _lock_planned_in_this_environment(m)
     shutil.rmtree(info)
     install(site, "fakelib", "1.0.post1", LIB)
-    report = build(m, cache_dir=tmp_path / "cache", dry_run=True)
+    report = build(m, opts(cache_dir=tmp_path / "cache"), dry_run=True)
     assert [str(d) for d in report.drift] == ["fakelib 1.0 -> 1.0.post1"]
     assert f"pip install --require-hashes -r {m.parent / 'pins/build.txt'}" in (report.drift_note or "")
 
@@ -95,7 +95,7 @@ def test_the_same_environment_says_nothing(tmp_path: Path, site: Path) -> None:
     install(site, "fakelib", "1.0", LIB)
     m = project(tmp_path, BOTH)
     _lock_planned_in_this_environment(m)
-    report = build(m, cache_dir=tmp_path / "cache", dry_run=True)
+    report = build(m, opts(cache_dir=tmp_path / "cache"), dry_run=True)
     assert report.drift == [] and report.drift_note is None
 
 
@@ -107,7 +107,7 @@ def test_a_bad_lock_is_refused_before_anything_compiles(tmp_path: Path, content:
     (m.parent / "kernels.lock").write_bytes(content)
     t0 = time.monotonic()
     with pytest.raises(CuteccError) as e:
-        build(m, cache_dir=tmp_path / "cache")
+        build(m, opts(cache_dir=tmp_path / "cache"))
     assert time.monotonic() - t0 < 5
     assert "kernels.lock" in str(e.value.where)
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("meta.json"))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import jax.numpy as jnp
 import pytest
+from helpers import opts
 
 import cutecc
 from cutecc.commands.build import build
@@ -34,7 +35,7 @@ variants = { alpha = [2.5], factor = [3] }
 def test_a_one_value_axis_is_a_call_keyword(fallback_project: Path) -> None:
     fallback_project.write_text(MANIFEST)
     cache = fallback_project.parent.parent / "cache"
-    assert build(fallback_project, cache_dir=cache).ok
+    assert build(fallback_project, opts(cache_dir=cache)).ok
     k = cutecc.load(cache, arch="sm_90a").ax
     x = jnp.ones((2, 64), jnp.float32)
     # `factor` is a runtime scalar's name: that keyword stays the scalar

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import opts
 from helpers import planted_cubin as planted
 
 from cutecc import cubin
@@ -48,7 +49,7 @@ def test_a_build_handed_a_wrong_arch_cubin_refuses_to_publish(tmp_path: Path, to
     from cutecc.store import Store
 
     cache = tmp_path / "cache"
-    assert build(toy_project, cache_dir=cache, dry_run=True).ok  # makes the cache
+    assert build(toy_project, opts(cache_dir=cache), dry_run=True).ok  # makes the cache
     Store(cache).ensure()
     manifest = load_manifest(toy_project)
     job = BuildJob.of(plan(manifest, ("sm_90a",))[0], manifest)
