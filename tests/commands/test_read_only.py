@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from cutecc.settings import read_only as read_only_from_env
 from helpers import opts, toy_manifest
 
 from cutecc.cli import main
 from cutecc.commands.build import build
 from cutecc.errors import CuteccError
+from cutecc.settings import read_only as read_only_from_env
 
 from .conftest import snapshot
 
