@@ -15,8 +15,9 @@ parser (`python -m cutecc.cli.docs`).
 To add a setting: add a row to `TABLE` (and a field to `BuildOptions` if the build takes it),
 then run `python -m cutecc.cli.docs` to rewrite the references.
 
-Internal rows (`internal=True`) are hooks for tests and measurements, or what cutecc sets
-for its own processes: they are listed apart, as such, and may change without notice.
+Internal rows (`internal=True`, their variables named `CUTECC_INTERNAL_*`) are hooks for
+tests and measurements, or what cutecc sets for its own processes: not settings; they are
+listed apart, as such, and may change without notice.
 """
 
 from __future__ import annotations
@@ -127,16 +128,16 @@ PLATFORM_LIBS = _row("CUTECC_PLATFORM_LIBS", "Where the pinned link inputs of ot
                      "(aarch64) are kept.", "path", "`cutecc-platform-libs` in the user cache "
                      "directory", group="homes")
 # internal -------------------------------------------------------------------------------
-AUDIT = _row("CUTECC_AUDIT", "off: builds skip the read-set check (to measure its cost, and for "
+AUDIT = _row("CUTECC_INTERNAL_AUDIT", "off: builds skip the read-set check (to measure its cost, and for "
              "tests that build as before issue 44).", "switch", "on", internal=True)
-WORKER_MARK = _row("CUTECC_WORKER_MARK", "Set by a local build worker: marks what its compiles "
+WORKER_MARK = _row("CUTECC_INTERNAL_WORKER_MARK", "Set by a local build worker: marks what its compiles "
                    "start.", "text", "", internal=True)
 DEVICE_KIND = _row("CUTECC_DEVICE_KIND", "The device kind whose tuning records serve where no GPU "
                    "is seen (to lower or export on a CPU host for that device).", "text", "the GPU's",
                    group="runtime")
 TVM_FFI_TORCH = _row("CUTECC_TVM_FFI_TORCH", "1: let tvm-ffi import torch and cuda-python (its "
-                     "interop) when cutecc imports it.", "switch", "off", group="runtime",
-                     internal=True)
+                     "interop) when cutecc imports it.", "text", "unset: hidden from that import",
+                     group="runtime")
 
 BY_ENV: dict[str, Setting] = {s.env: s for s in TABLE}
 

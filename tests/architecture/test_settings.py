@@ -54,6 +54,9 @@ def test_each_setting_is_declared_once() -> None:
     from cutecc.manifest.grammar import _BUILD_KEYS
 
     assert set(keys) <= _BUILD_KEYS  # each [build] key a setting names is one the manifest takes
+    for s in settings.TABLE:  # a hook is named as one, and is no flag or key of anyone's
+        assert s.internal == s.env.startswith("CUTECC_INTERNAL_"), s.env
+        assert not (s.internal and (s.flag or s.key)), s.env
 
 
 def test_flags_win_over_the_environment_and_bad_values_name_where(monkeypatch) -> None:

@@ -66,7 +66,7 @@ def test_a_build_handed_a_wrong_arch_cubin_refuses_to_publish(tmp_path: Path, to
     monkeypatch.setattr(cutecc.build.linker, "link", link)
     # build_one in this test process: what the process read before (other tests' planted
     # files) is no compile's read set (tests/faults/test_read_set.py checks that in workers)
-    monkeypatch.setenv("CUTECC_AUDIT", "off")
+    monkeypatch.setenv("CUTECC_INTERNAL_AUDIT", "off")
     res = build_one(job, str(cache))
     assert res.status == "failed" and "refusing to publish: cubin 0 is for sm_80, the key's arch is sm_90a" \
         in str(res.error)
