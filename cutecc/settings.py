@@ -12,8 +12,9 @@ fills what is left from the manifest's `[build]` (`cutecc.build.builder.settings
 references `docs/settings.md` and `docs/cli.md` are written from this table and the click
 parser (`python -m cutecc.cli.docs`).
 
-To add a setting: add a row to `TABLE` (and a field to `BuildOptions` if the build takes it),
-then run `python -m cutecc.cli.docs` to rewrite the references.
+To add a setting: add a row below (with `option=` and a field of `BuildOptions`, checked in
+`_typed`, if the build takes it; its flag through `cutecc.cli.options.setting_option`), then
+run `python -m cutecc.cli.docs` to rewrite the references.
 
 Internal rows (`internal=True`, their variables named `CUTECC_INTERNAL_*`) are hooks for
 tests and measurements, or what cutecc sets for its own processes: not settings; they are
@@ -43,6 +44,7 @@ class Setting:
     flag: str | None = None  # the command-line option that sets the same (its commands take it)
     key: str | None = None  # the manifest's `[build]` key that sets the same
     group: str = "build"  # the reference's section: build, remote, signing, runtime, homes
+    option: str | None = None  # the `BuildOptions` field it fills (`BuildOptions.from_environment`)
     internal: bool = False  # a hook for tests, measurements or cutecc's own processes
 
     def read(self, environ: Mapping[str, str] | None = None) -> str | None:
@@ -75,17 +77,18 @@ TABLE: list[Setting] = []
 CACHE_DIR = _row("CUTECC_CACHE_DIR", "The cache directory.", "path",
                  "the user cache directory's `cutecc`", flag="--cache-dir", group="build")
 READ_ONLY = _row("CUTECC_READ_ONLY", "Write nothing to the cache: a build's miss is an error, "
-                 "`load` records no use.", "switch", "off", flag="--read-only")
+                 "`load` records no use.", "switch", "off", flag="--read-only", option="read_only")
 EXECUTOR = _row("CUTECC_EXECUTOR", "Where misses compile: `local` processes or `ray` tasks.",
-                "choice", "local", flag="--executor", key="executor")
+                "choice", "local", flag="--executor", key="executor", option="executor")
 RAY_ADDRESS = _row("CUTECC_RAY_ADDRESS", "The Ray cluster to submit to (else a private local one).",
-                   "url", "a private local cluster", flag="--ray-address", key="ray_address")
+                   "url", "a private local cluster", flag="--ray-address", key="ray_address",
+                   option="ray_address")
 COMPILE_TIMEOUT = _row("CUTECC_COMPILE_TIMEOUT", "Seconds one compile may run before it is stopped "
                        "(0 or off: no limit).", "seconds", "3600", flag="--compile-timeout",
-                       key="compile_timeout")
+                       key="compile_timeout", option="compile_timeout")
 COMPILE_MEMORY = _row("CUTECC_COMPILE_MEMORY", "The data memory one compile may use, e.g. 16G "
                       "(0 or off: no limit).", "size", "no limit", flag="--compile-memory",
-                      key="compile_memory")
+                      key="compile_memory", option="compile_memory")
 SERVICE_IDLE = _row("CUTECC_SERVICE_IDLE", "Seconds a resident compile service waits for the next "
                     "build (0 or off: one service per build).", "seconds", "300; 0 where $CI is set")
 PLAN_MEMORY = _row("CUTECC_PLAN_MEMORY", "Where planning facts are remembered for every cache "
@@ -95,17 +98,18 @@ WORKERS = _row("CUTECC_WORKERS", "How local build workers start: `fork` from the
 # remote ---------------------------------------------------------------------------------
 REMOTE = _row("CUTECC_REMOTE", "The shared remote cache, s3://BUCKET/PREFIX (endpoint and "
               "credentials from the AWS_* variables).", "url", "none", flag="--remote", key="remote",
-              group="remote")
+              group="remote", option="remote")
 REMOTE_WRITE = _row("CUTECC_REMOTE_WRITE", "Builds upload what they compile to the remote.", "switch",
-                    "off", flag="--remote-write", group="remote")
+                    "off", flag="--remote-write", group="remote", option="remote_write")
 REMOTE_MAX_BLOB = _row("CUTECC_REMOTE_MAX_BLOB", "The largest blob accepted from the remote.", "size",
-                       "64M", group="remote")
+                       "64M", group="remote", option="remote_max_blob")
 REMOTE_TIMEOUT = _row("CUTECC_REMOTE_TIMEOUT", "Seconds one remote request may take.", "seconds", "30",
-                      group="remote")
-REMOTE_JOBS = _row("CUTECC_REMOTE_JOBS", "Parallel remote requests.", "count", "16", group="remote")
+                      group="remote", option="remote_timeout")
+REMOTE_JOBS = _row("CUTECC_REMOTE_JOBS", "Parallel remote requests.", "count", "16", group="remote",
+                   option="remote_jobs")
 # signing --------------------------------------------------------------------------------
 SIGNING_KEY = _row("CUTECC_SIGNING_KEY", "The private key `build`, `tune` and `pack` sign locks "
-                   "with.", "path", "none: unsigned", flag="--sign-key", group="signing")
+                   "with.", "path", "none: unsigned", flag="--sign-key", group="signing", option="sign_key")
 TRUSTED_KEYS = _row("CUTECC_TRUSTED_KEYS", "Public keys a lock must verify with (paths, "
                     "`:`-separated).", "paths", "none", flag="--trusted-key", group="signing")
 ALLOW_UNSIGNED = _row("CUTECC_ALLOW_UNSIGNED", "Accept packs and locks without a trusted signature.",
@@ -195,11 +199,7 @@ class BuildOptions:
         """The options: each of `flags` (the command line's, by field name; None or empty:
         not given) else its environment variable, checked and typed."""
         env = os.environ if environ is None else environ
-        by_field = {"read_only": READ_ONLY, "sign_key": SIGNING_KEY,
-                    "executor": EXECUTOR, "ray_address": RAY_ADDRESS, "remote": REMOTE,
-                    "remote_write": REMOTE_WRITE, "compile_timeout": COMPILE_TIMEOUT,
-                    "compile_memory": COMPILE_MEMORY, "remote_max_blob": REMOTE_MAX_BLOB,
-                    "remote_timeout": REMOTE_TIMEOUT, "remote_jobs": REMOTE_JOBS}
+        by_field = {s.option: s for s in TABLE if s.option}
         unknown = set(flags) - {f.name for f in fields(cls)}
         if unknown:
             raise TypeError(f"not build options: {', '.join(sorted(unknown))}")

@@ -4,6 +4,7 @@ the rest of the package reads the table's rows, never `os.environ` by a CUTECC_ 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from helpers import REPO
@@ -54,6 +55,8 @@ def test_each_setting_is_declared_once() -> None:
     from cutecc.manifest.grammar import _BUILD_KEYS
 
     assert set(keys) <= _BUILD_KEYS  # each [build] key a setting names is one the manifest takes
+    fields = {f.name for f in dataclasses.fields(settings.BuildOptions)}
+    assert {s.option for s in settings.TABLE if s.option} <= fields  # each option a field of the record
     for s in settings.TABLE:  # a hook is named as one, and is no flag or key of anyone's
         assert s.internal == s.env.startswith("CUTECC_INTERNAL_"), s.env
         assert not (s.internal and (s.flag or s.key)), s.env
