@@ -452,4 +452,4 @@ def enabled() -> bool:
     """Whether builds check their read sets (`$CUTECC_INTERNAL_AUDIT` is not "off")."""
     from cutecc import settings
 
-    return os.environ.get(settings.AUDIT.env, "on").strip().lower() not in ("0", "off", "no", "false")
+    return settings.AUDIT.text().lower() not in ("0", "off", "no", "false")

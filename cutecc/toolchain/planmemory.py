@@ -59,7 +59,7 @@ CLOSURES = 256  # import closures held (`HashCache.closure`'s records), the newe
 def directory() -> Path | None:
     """Where the memory lives: `$CUTECC_PLAN_MEMORY`, else `cutecc-planning` in the user's cache
     directory; None when that variable is `off`."""
-    env = os.environ.get(ENV)
+    env = settings.PLAN_MEMORY.read()
     if env == "off":
         return None
     if env:
