@@ -71,9 +71,8 @@ def env(cache_dir: str | Path | None = None) -> EnvReport:
     store = StoreView(cache_dir)
     fmt = store.layout.format_file()
     cache = "a cache" if fmt.is_file() else "no cache yet"
-    s = settings
-    names = (*(r.env for r in (s.CACHE_DIR, s.READ_ONLY, s.ARCH, s.ALLOW_SHARED_CACHE, s.SYNC_CHECK,
-                               s.TVM_FFI_TORCH, s.EXECUTOR, s.RAY_ADDRESS, s.REMOTE, s.REMOTE_WRITE)),
+    # every setting of the table (`cutecc.settings`), and the other programs' that decide a build
+    names = (*(r.env for r in settings.TABLE if not r.internal),
              "AWS_ENDPOINT_URL", "AWS_REGION", "CUTE_DSL_ARCH", "CUTE_DSL_CACHE_DIR")
     return EnvReport({
         "python": sys.version.split()[0],

@@ -84,3 +84,17 @@ def test_flags_win_over_the_environment_and_bad_values_name_where(monkeypatch) -
         settings.BuildOptions.from_environment()
     assert e.value.where == "$CUTECC_COMPILE_TIMEOUT" and e.value.exit_code == 2
     assert settings.BuildOptions.from_environment({}) == settings.NOTHING_GIVEN
+
+
+def test_cutecc_env_shows_every_setting(tmp_path) -> None:
+    """`cutecc env` (what a bug report carries) lists every setting of the table, set or not."""
+    import json
+
+    from click.testing import CliRunner
+
+    from cutecc.cli import main
+
+    r = CliRunner().invoke(main, ["env", "--json", "--cache-dir", str(tmp_path / "c")],
+                           env={"CUTECC_JIT": "1"})
+    shown = json.loads(r.stdout)["environment"]
+    assert {s.env for s in settings.TABLE if not s.internal} <= set(shown) and shown["CUTECC_JIT"] == "1"
