@@ -268,7 +268,7 @@ def verify(manifest: Path | None, manifest_opt: Path | None, fix: bool, lock_fil
     progress = BuildProgress(quiet=as_json or _verbosity(click.get_current_context()) < 0)
     try:
         report = run(cache_dir, fix=fix, lock=lock_file, deep=_manifest(manifest, manifest_opt), jobs=jobs,
-                     progress=progress)
+                     progress=progress, options=BuildOptions.from_environment())
     finally:
         progress.close()
     _emit(report, as_json)
