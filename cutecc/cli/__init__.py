@@ -124,13 +124,12 @@ def build(manifest: Path | None, manifest_opt: Path | None, archs: tuple[str, ..
     finally:
         if paused:
             collector.enable()
-    ctx = click.get_current_context()
-    progress = BuildProgress(quiet=as_json or _verbosity(ctx) < 0)
     path = _manifest(manifest, manifest_opt)
-    options = BuildOptions.from_environment(
+    options = BuildOptions.from_environment(  # the flags, else the environment: the one read of it
         cache_dir=cache_dir, jobs=jobs, read_only=read_only, sign_key=sign_key, executor=executor,
         ray_address=ray_address, remote=remote, remote_write=remote_write,
         compile_timeout=compile_timeout, compile_memory=compile_memory)
+    progress = BuildProgress(quiet=as_json or _verbosity(click.get_current_context()) < 0)
     try:
         report = run(path, options, archs=archs, platforms=platforms, kernels=kernels, dry_run=dry_run,
                      progress=progress, lock=lock, lock_file=lock_file, timings=timings)
