@@ -53,7 +53,8 @@ def cli_reference() -> str:
     """`docs/cli.md`: every command of `cutecc`, its usage, help and options, as click parses them."""
     from cutecc.cli import main
 
-    root = click.Context(main, info_name="cutecc")
+    # as `cutecc` runs (its -h; click caches each command's help option on first use)
+    root = click.Context(main, info_name="cutecc", **main.context_settings)
     out = ["# The command line: `cutecc` reference", "",
            _NOTE.format(source="the click parser (`cutecc/cli/`)"), "",
            "Every command, its arguments and its options, as `cutecc COMMAND -h` prints them. What "

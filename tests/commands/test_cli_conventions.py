@@ -116,7 +116,7 @@ def test_every_command_that_reads_a_manifest_takes_it_both_ways(tmp_path: Path,
 
     from cutecc.cli import main
 
-    ctx = click.Context(main)
+    ctx = click.Context(main, **main.context_settings)
     readers = {}
     for name in main.list_commands(ctx):
         cmd = main.get_command(ctx, name)
