@@ -80,7 +80,7 @@ READ_ONLY = _row("CUTECC_READ_ONLY", "Write nothing to the cache: a build's miss
                  "`load` records no use.", "switch", "off", flag="--read-only", option="read_only")
 EXECUTOR = _row("CUTECC_EXECUTOR", "Where misses compile: `local` processes or `ray` tasks.",
                 "choice", "local", flag="--executor", key="executor", option="executor")
-RAY_ADDRESS = _row("CUTECC_RAY_ADDRESS", "The Ray cluster to submit to (else a private local one).",
+RAY_ADDRESS = _row("CUTECC_RAY_ADDRESS", "The Ray cluster to submit to.",
                    "url", "a private local cluster", flag="--ray-address", key="ray_address",
                    option="ray_address")
 COMPILE_TIMEOUT = _row("CUTECC_COMPILE_TIMEOUT", "Seconds one compile may run before it is stopped "

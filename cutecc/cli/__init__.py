@@ -90,7 +90,7 @@ def init(directory: Path, name: str, as_json: bool) -> None:
 @setting_option(settings.EXECUTOR, type=click.Choice(["local", "ray"]), default=None,
                 help="Compile misses in local processes or as Ray tasks.")
 @setting_option(settings.RAY_ADDRESS, default=None,
-                help="The Ray cluster to submit to; else a private local one.")
+                help="The Ray cluster to submit to.")
 @_remote_opt
 @setting_option(settings.REMOTE_WRITE, is_flag=True, default=None,
                 help="Upload what this build compiles to the remote.")
