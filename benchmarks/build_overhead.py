@@ -28,7 +28,7 @@ Per manifest, in one run on one machine:
   `--before REV`, that revision's `cutecc/` (extracted, byte-compiled) builds too, each
   measurement alternating between the versions.
 - `--audit on off` (issue 44): each build with the read-set check (`cutecc/build/read_set.py`)
-  on, and off (`$CUTECC_AUDIT=off`, a switch that exists for this comparison only); `--noop`
+  on, and off (`$CUTECC_INTERNAL_AUDIT=off`, a switch that exists for this comparison only); `--noop`
   times a second, no-op build into each cold build's cache too (`noop` in each build's record):
   the check runs only where an entry is compiled, so a no-op build should cost the same.
 An entry whose launcher cannot be compiled from fakes in its own order (the manifest's
@@ -208,7 +208,9 @@ def measure(name: str, jobs: list[int], modes: list[str], versions: dict[str, Pa
     warmed: set[str] = set()
     for n, (j, mode, mem, (version, code), audit) in enumerate(runs):
         run = scratch / "run" if mode == "resident" else None
-        env = {"CUTECC_WORKERS": "spawn" if mode == "spawn" else "fork", "CUTECC_AUDIT": audit,
+        # the hook's name, and its name before issue 46 (for a --before revision)
+        env = {"CUTECC_WORKERS": "spawn" if mode == "spawn" else "fork", "CUTECC_INTERNAL_AUDIT": audit,
+               "CUTECC_AUDIT": audit,
                "CUTECC_SERVICE_IDLE": "900" if run else "0", "XDG_RUNTIME_DIR": str(run or scratch),
                "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])}
         if run and version not in warmed:  # untimed: the build that leaves the resident service
@@ -267,7 +269,8 @@ def main() -> None:
                     help="the user's planning memory: off, or warmed by one dry run of the manifest")
     ap.add_argument("--before", default=None, help="a git revision whose cutecc/ builds too, alternating")
     ap.add_argument("--audit", nargs="+", default=["on"], choices=["on", "off"],
-                    help="the read-set check on, and/or off ($CUTECC_AUDIT=off: for this comparison only)")
+                    help="the read-set check on, and/or off ($CUTECC_INTERNAL_AUDIT=off: for this "
+                         "comparison only)")
     ap.add_argument("--noop", action="store_true",
                     help="also time a no-op build into each cold build's cache")
     ap.add_argument("--json", type=Path)

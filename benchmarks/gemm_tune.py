@@ -178,6 +178,7 @@ def tune_measure(cache: Path, out: Path, repeats: int) -> dict[str, Any]:
     run's: `--replace-tuning`, so lines of another policy or device never mix in), results
     into out/tune-KERNEL.json."""
     from cutecc.commands.tune import tune
+    from cutecc.settings import BuildOptions
 
     out.mkdir(parents=True, exist_ok=True)
     lock = out / "kernels.lock"
@@ -186,7 +187,8 @@ def tune_measure(cache: Path, out: Path, repeats: int) -> dict[str, Any]:
     for kernel in KERNELS:
         buckets = tuple(s.bucket for s in SHAPES if s.kernel == kernel)
         try:
-            rep = tune(MANIFEST, measure=True, kernels=(kernel,), buckets=buckets, cache_dir=cache,
+            rep = tune(MANIFEST, BuildOptions.from_environment(cache_dir=cache), measure=True,
+                       kernels=(kernel,), buckets=buckets,
                        lock_file=lock, repeats=repeats, results=out / f"tune-{kernel}.json",
                        replace_tuning=True)
         except Exception as err:  # the comparison still runs, with the defaults

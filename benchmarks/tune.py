@@ -123,14 +123,16 @@ def main(argv: list[str] | None = None) -> int:
     if not targets:
         ap.error("give --cache-dir, --examples-cache or both")
     from cutecc.commands.tune import tune
+    from cutecc.settings import BuildOptions
 
     out: dict[str, Any] = {"device": None, "driver": None, "repeats": a.repeats, "runs": [], "rows": [],
                            "failed": []}
     for manifest, cache in targets:
         names = tuple(a.kernel) if manifest == a.manifest else ()
-        kw = {"kernels": names, "cache_dir": cache, "lock": False, "repeats": a.repeats}
-        first = tune(manifest, measure=True, seed=1, **kw)
-        second = tune(manifest, measure=True, seed=2, **kw)
+        kw = {"kernels": names, "lock": False, "repeats": a.repeats}
+        told = BuildOptions.from_environment(cache_dir=cache)
+        first = tune(manifest, told, measure=True, seed=1, **kw)
+        second = tune(manifest, told, measure=True, seed=2, **kw)
         out["device"], out["driver"] = first.info.get("device"), first.info.get("driver")
         out["runs"].append({"manifest": str(manifest.relative_to(REPO)) if manifest.is_relative_to(REPO)
                             else str(manifest),

@@ -11,7 +11,7 @@ import json
 import os
 import re
 
-from cutecc import environ
+from cutecc import settings
 from cutecc.errors import CuteccError
 
 # sm_<major><minor>[a|f]: sm_80, sm_90a, sm_100a, sm_100f, sm_120 (machine code, SASS);
@@ -108,9 +108,9 @@ def device_arch() -> str | None:
     """`$CUTECC_ARCH`, else the first GPU's arch (`sm_90` for compute capability 9.0):
     asked of the CUDA driver where JAX would use that same GPU (`driver_arch`), else of
     JAX, else None. Imports JAX only when the variable is unset."""
-    env = os.environ.get(environ.ARCH)
+    env = settings.ARCH.read()
     if env:
-        return check_device_arch(env, f"${environ.ARCH}")
+        return check_device_arch(env, settings.ARCH.where)
     import jax
 
     if jax_uses_driver_order(jax.config):
@@ -252,7 +252,7 @@ def driver_version(library: str = "libcuda.so.1") -> tuple[int, int] | None:
     """The CUDA driver version of this process, (13, 0): `$CUTECC_DRIVER_VERSION` ("13.0",
     or cuDriverGetVersion's 13000; "none": no driver), else libcuda's `cuDriverGetVersion`
     (asked once); None where there is no driver (a CPU host: PTX is then not judged)."""
-    env = os.environ.get(environ.DRIVER_VERSION, "").strip()
+    env = settings.DRIVER_VERSION.text()
     if env:
         if env.lower() == "none":
             return None
@@ -261,7 +261,7 @@ def driver_version(library: str = "libcuda.so.1") -> tuple[int, int] | None:
             v = (int(env) // 1000, int(env) % 1000 // 10)  # cuDriverGetVersion's form
         if v is None:
             raise CuteccError(f"{ascii(env[:40])} is not a CUDA driver version such as 13.0 or 13000 "
-                              "(ASCII digits)", where=f"${environ.DRIVER_VERSION}")
+                              "(ASCII digits)", where=settings.DRIVER_VERSION.where)
         return v
     if not _DRIVER:
         _DRIVER.append(_libcuda_version(library))

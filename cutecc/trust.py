@@ -23,7 +23,7 @@ import stat
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from cutecc import environ
+from cutecc import settings
 from cutecc.errors import WorkError
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -35,14 +35,14 @@ class Untrusted(WorkError):
 
     def __init__(self, why: str, where: str) -> None:
         super().__init__(f"{why}; refusing to trust it. Fix the ownership or permissions "
-                         f"(chown, chmod go-w), or set {environ.ALLOW_SHARED_CACHE}=1 to trust it",
+                         f"(chown, chmod go-w), or set {settings.ALLOW_SHARED_CACHE.env}=1 to trust it",
                          where=where)
         self.why = why
 
 
 def enforced() -> bool:
     """Whether the ownership rules apply (not switched off by the environment)."""
-    return not environ.flag(environ.ALLOW_SHARED_CACHE)
+    return not settings.ALLOW_SHARED_CACHE.on()
 
 
 def stat_problem(st: os.stat_result, what: str) -> str | None:

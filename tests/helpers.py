@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from cutecc.settings import BuildOptions
     from cutecc.store import Entry, Store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -133,6 +134,14 @@ class Toy:
         return Toy(dest / "proj" / self.manifest.name, dest / cache)
 
 
+def opts(**flags: Any) -> BuildOptions:
+    """What a build is told, as the command line tells it: these flags (`cache_dir=`,
+    `jobs=`, `executor=`, ...), else the environment (`BuildOptions.from_environment`)."""
+    from cutecc.settings import BuildOptions
+
+    return BuildOptions.from_environment(**flags)
+
+
 def build_toy(base: Path, threads: tuple[int, ...] = (64, 128), archs: tuple[str, ...] | None = None,
               lock: bool = True) -> Toy:
     """Write the toy project under base/proj and build it (all of `archs`, else the
@@ -141,7 +150,7 @@ def build_toy(base: Path, threads: tuple[int, ...] = (64, 128), archs: tuple[str
     from cutecc.commands.build import build
 
     manifest = write_toy_project(base / "proj", threads=threads)
-    report = build(manifest, cache_dir=base / "cache", jobs=2, archs=archs or (), lock=lock)
+    report = build(manifest, opts(cache_dir=base / "cache", jobs=2), archs=archs or (), lock=lock)
     assert report.ok and report.count("built") == len(threads) * len(archs or ("sm_90a",)), \
         report.warnings()
     if lock:

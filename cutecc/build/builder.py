@@ -46,6 +46,7 @@ from cutecc.lock.lockfile import Environment, Lock, LockEntry, Merged, merge_bui
 from cutecc.manifest import Manifest
 from cutecc.plan.build_plan import Planned, plan
 from cutecc.platforms import check_platform
+from cutecc.settings import NOTHING_GIVEN, BuildOptions
 from cutecc.ship import remote as remote_cache
 from cutecc.store.build_records import CompositeRecord
 from cutecc.store.layout import meta_file
@@ -141,21 +142,19 @@ class Settings:
     read_only: bool = False  # write nothing to the cache; a miss is an error (exit 1)
 
 
-def settings(manifest: Manifest, *, jobs: int | None = None, executor: str | None = None,
-             ray_address: str | None = None, remote: str | None = None,
-             remote_write: bool | None = None, compile_timeout: str | float | None = None,
-             compile_memory: str | int | None = None, dry_run: bool = False,
-             read_only: bool = False) -> Settings:
-    """The settings asked for by arguments, else the environment, else the manifest's
-    `[build]` table (`cutecc.build.executors.choose`, `compile_limits`, `cutecc.ship.remote.config`);
-    `jobs` defaults to this machine's CPUs."""
+def settings(manifest: Manifest, options: BuildOptions = NOTHING_GIVEN, *,
+             dry_run: bool = False) -> Settings:
+    """How to build: what `options` ask (the flags, else the environment, read at the edge:
+    `cutecc.settings`), else the manifest's `[build]` table (`cutecc.build.executors.choose`,
+    `compile_limits`, `cutecc.ship.remote.config`); `jobs` defaults to this machine's CPUs."""
     b = manifest.build
+    o = options
     runner = dataclasses.replace(
-        choose(executor, ray_address, default_kind=b.executor, default_address=b.ray_address),
-        limits=compile_limits(compile_timeout, compile_memory, default_seconds=b.compile_timeout,
+        choose(o.executor, o.ray_address, default_kind=b.executor, default_address=b.ray_address),
+        limits=compile_limits(o.compile_timeout, o.compile_memory, default_seconds=b.compile_timeout,
                               default_memory=b.compile_memory))
-    return Settings(runner, jobs or os.cpu_count() or 1,
-                    remote_cache.config(remote, remote_write, default=b.remote), dry_run, read_only)
+    return Settings(runner, o.jobs or os.cpu_count() or 1, remote_cache.config(o, default=b.remote),
+                    dry_run, o.read_only)
 
 
 @dataclass(frozen=True)

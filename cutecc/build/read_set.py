@@ -42,7 +42,7 @@ sandbox does:
   machine paths, recorded in the entry's metadata; `cutecc verify --deep` compares it with a
   fresh compile's.
 
-`$CUTECC_AUDIT=off` turns the check (not the recording) off: it exists so the benchmark
+`$CUTECC_INTERNAL_AUDIT=off` turns the check (not the recording) off: it exists so the benchmark
 (`benchmarks/build_overhead.py --audit on off`) can measure what it costs, and so a test can
 build an entry as cutecc did before the check; such an entry records no read-set digest.
 """
@@ -449,7 +449,7 @@ def _covered(path: str, keyed: dict[str, Any], real_keyed: Callable[[], dict[str
 
 
 def enabled() -> bool:
-    """Whether builds check their read sets (`$CUTECC_AUDIT` is not "off")."""
-    from cutecc import environ
+    """Whether builds check their read sets (`$CUTECC_INTERNAL_AUDIT` is not "off")."""
+    from cutecc import settings
 
-    return os.environ.get(environ.AUDIT, "on").strip().lower() not in ("0", "off", "no", "false")
+    return settings.AUDIT.text().lower() not in ("0", "off", "no", "false")

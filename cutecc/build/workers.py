@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cutecc import environ
+from cutecc import settings
 from cutecc.build import artifact, read_set
 from cutecc.contract.args import args_to_json
 from cutecc.entry.meta import EntryMeta, RuntimeLink, RuntimeMeta
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 _STORAGE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES,
                              errno.EPERM, errno.EIO})
 DEFAULT_COMPILE_TIMEOUT = 3600.0  # seconds one compile may run (FA4-sized ones take ~1 min)
-COMPILE_TIMEOUT_VAR, COMPILE_MEMORY_VAR = environ.COMPILE_TIMEOUT, environ.COMPILE_MEMORY
+COMPILE_TIMEOUT_VAR, COMPILE_MEMORY_VAR = settings.COMPILE_TIMEOUT.env, settings.COMPILE_MEMORY.env
 _OUT_OF_MEMORY = ("MemoryError", "Cannot allocate memory", "bad_alloc")
 _memory_limit: int | None = None  # this worker's, once `limit_memory` set it
 

@@ -4,7 +4,7 @@
 Conventions: `-h` everywhere; `-q`/`-v` and `--color` before the command; every error
 is one line `error: <where>: <what>` on stderr, exit 2 for bad input and 1 for failures
 at work; the manifest is found by walking up from the working directory, or named with
-`-m/--manifest` by every command that reads one.
+the argument MANIFEST or `-m/--manifest` (not both) by every command that reads one.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from cutecc import settings
 from cutecc.cli import options as cli_options
 from cutecc.cli.options import (
     _cache_opt,
@@ -21,16 +22,19 @@ from cutecc.cli.options import (
     _complete_kernels,
     _complete_keys,
     _emit,
+    _given_manifest,
     _Group,
     _json_opt,
     _manifest,
-    _manifest_opt,
+    _manifest_args,
     _remote_opt,
     _sign_opt,
     _trust_opts,
     _verbosity,
+    setting_option,
 )
 from cutecc.errors import CuteccError
+from cutecc.settings import BuildOptions
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -63,8 +67,7 @@ def init(directory: Path, name: str, as_json: bool) -> None:
 
 
 @main.command(short_help="Compile every kernel, variant and arch into the cache.")
-@click.argument("manifest", required=False, type=click.Path(dir_okay=False, path_type=Path))
-@_manifest_opt
+@_manifest_args
 @click.option("--arch", "archs", multiple=True, shell_complete=_complete_archs,
               help="Target arch(s), e.g. sm_90a; overrides the manifest.")
 @click.option("--platform", "platforms", multiple=True, type=click.Choice(["x86_64", "aarch64"]),
@@ -77,25 +80,24 @@ def init(directory: Path, name: str, as_json: bool) -> None:
                    "backward kernel (a composite backward's launches too) and a composite's "
                    "launches.")
 @click.option("--dry-run", is_flag=True, help="Show what would be built; compile nothing.")
-@click.option("--read-only", is_flag=True,
-              help="Write nothing to the cache; any miss is an error (also $CUTECC_READ_ONLY=1).")
+@setting_option(settings.READ_ONLY, is_flag=True,
+                help="Write nothing to the cache; any miss is an error.")
 @click.option("--lock/--no-lock", "lock", default=True, show_default=True,
               help="After a fully successful build, write kernels.lock beside the manifest.")
 @click.option("--lock-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the lock here instead.")
 @_sign_opt
-@click.option("--executor", type=click.Choice(["local", "ray"]), default=None,
-              help="Compile misses in local processes or as Ray tasks (default: $CUTECC_EXECUTOR, "
-                   "else local).")
-@click.option("--ray-address", default=None,
-              help="The Ray cluster to submit to (also $CUTECC_RAY_ADDRESS); else a private local one.")
+@setting_option(settings.EXECUTOR, type=click.Choice(["local", "ray"]), default=None,
+                help="Compile misses in local processes or as Ray tasks.")
+@setting_option(settings.RAY_ADDRESS, default=None,
+                help="The Ray cluster to submit to.")
 @_remote_opt
-@click.option("--remote-write", is_flag=True, default=None,
-              help="Upload what this build compiles to the remote (also $CUTECC_REMOTE_WRITE=1).")
-@click.option("--compile-timeout", default=None, metavar="SECONDS",
-              help="Stop a compile running longer (also $CUTECC_COMPILE_TIMEOUT; default 3600; 0: none).")
-@click.option("--compile-memory", default=None, metavar="SIZE",
-              help="Data memory one compile may use, e.g. 16G (also $CUTECC_COMPILE_MEMORY; default none).")
+@setting_option(settings.REMOTE_WRITE, is_flag=True, default=None,
+                help="Upload what this build compiles to the remote.")
+@setting_option(settings.COMPILE_TIMEOUT, default=None, metavar="SECONDS",
+                help="Stop a compile running longer (0 or off: no limit).")
+@setting_option(settings.COMPILE_MEMORY, default=None, metavar="SIZE",
+                help="Data memory one compile may use, e.g. 16G (0 or off: no limit).")
 @click.option("--timings", is_flag=True,
               help="Say where the build spent its time: per stage, and per compiled entry.")
 @_json_opt
@@ -122,23 +124,22 @@ def build(manifest: Path | None, manifest_opt: Path | None, archs: tuple[str, ..
     finally:
         if paused:
             collector.enable()
-    ctx = click.get_current_context()
-    progress = BuildProgress(quiet=as_json or _verbosity(ctx) < 0)
+    path = _manifest(manifest, manifest_opt)
+    options = BuildOptions.from_environment(  # the flags, else the environment: the one read of it
+        cache_dir=cache_dir, jobs=jobs, read_only=read_only, sign_key=sign_key, executor=executor,
+        ray_address=ray_address, remote=remote, remote_write=remote_write,
+        compile_timeout=compile_timeout, compile_memory=compile_memory)
+    progress = BuildProgress(quiet=as_json or _verbosity(click.get_current_context()) < 0)
     try:
-        report = run(_manifest(manifest, manifest_opt), archs=archs, platforms=platforms,
-                     cache_dir=cache_dir, jobs=jobs,
-                     kernels=kernels, dry_run=dry_run, progress=progress, read_only=read_only,
-                     lock=lock, lock_file=lock_file, sign_key=sign_key, executor=executor,
-                     ray_address=ray_address, remote=remote, remote_write=remote_write,
-                     compile_timeout=compile_timeout, compile_memory=compile_memory, timings=timings)
+        report = run(path, options, archs=archs, platforms=platforms, kernels=kernels, dry_run=dry_run,
+                     progress=progress, lock=lock, lock_file=lock_file, timings=timings)
     finally:
         progress.close()
     _emit(report, as_json)
 
 
 @main.command(short_help="Compile, measure and record a tuning space's winners.")
-@click.argument("manifest", required=False, type=click.Path(dir_okay=False, path_type=Path))
-@_manifest_opt
+@_manifest_args
 @click.option("--kernel", "kernels", multiple=True, shell_complete=_complete_kernels,
               help="Tune only these kernels.")
 @click.option("--bucket", "buckets", multiple=True, help="Measure only these buckets, e.g. n=65536.")
@@ -177,10 +178,11 @@ def tune(manifest: Path | None, manifest_opt: Path | None, kernels: tuple[str, .
     against the default on a GPU, record the winner per bucket in kernels.lock and the cache."""
     from cutecc.commands.tune import tune as run
 
-    _emit(run(_manifest(manifest, manifest_opt), kernels=kernels, buckets=buckets, archs=archs,
-              cache_dir=cache_dir, jobs=jobs, dry_run=dry_run, compile_only=compile_only,
-              measure=measure, record=record, check=check, results=results, lock=lock,
-              lock_file=lock_file, repeats=repeats, threshold=threshold, sign_key=sign_key,
+    path = _manifest(manifest, manifest_opt)
+    options = BuildOptions.from_environment(cache_dir=cache_dir, jobs=jobs, sign_key=sign_key)
+    _emit(run(path, options, kernels=kernels, buckets=buckets, archs=archs, dry_run=dry_run,
+              compile_only=compile_only, measure=measure, record=record, check=check, results=results,
+              lock=lock, lock_file=lock_file, repeats=repeats, threshold=threshold,
               max_rounds=max_rounds, replace_tuning=replace_tuning), as_json)
 
 
@@ -190,15 +192,16 @@ def tune(manifest: Path | None, manifest_opt: Path | None, kernels: tuple[str, .
 @click.option("--arch", default=None, shell_complete=_complete_archs, help="Only this arch.")
 @click.option("--gpu", default=None, metavar="ARCH",
               help="Say how a GPU of this arch (sm_90) runs each entry, and mark what it loads.")
-@click.option("--manifest", "manifest", default=None, type=click.Path(dir_okay=False, path_type=Path),
-              help="Only the entries this manifest's recorded builds planned.")
+@_manifest_args
 @_json_opt
 def list_cmd(cache_dir: Path | None, kernel: str | None, arch: str | None, gpu: str | None,
-             manifest: Path | None, as_json: bool) -> None:
-    """List the cache's entries: kernel, variant, arch, key, size, age, the manifests that built it."""
+             manifest: Path | None, manifest_opt: Path | None, as_json: bool) -> None:
+    """List the cache's entries: kernel, variant, arch, key, size, age, the manifests that built it.
+    With MANIFEST (or -m), only the entries that manifest's recorded builds planned."""
     from cutecc.commands.list import list_entries
 
-    _emit(list_entries(cache_dir, kernel=kernel, arch=arch, gpu=gpu, manifest=manifest), as_json)
+    _emit(list_entries(cache_dir, kernel=kernel, arch=arch, gpu=gpu,
+                       manifest=_given_manifest(manifest, manifest_opt)), as_json)
 
 
 @main.command(short_help="Show one entry's metadata and files.")
@@ -216,8 +219,7 @@ def show(key: str, cache_dir: Path | None, gpu: str | None, as_json: bool) -> No
 
 @main.command(short_help="Say why a kernel's entries are (not) cached.")
 @click.argument("kernel", shell_complete=_complete_kernels)
-@click.argument("manifest", required=False, type=click.Path(dir_okay=False, path_type=Path))
-@_manifest_opt
+@_manifest_args
 @click.option("--variant", default=None, help="Only this variant (its id, e.g. threads=64).")
 @click.option("--arch", default=None, shell_complete=_complete_archs,
               help="Explain for this arch instead of the manifest's.")
@@ -233,7 +235,7 @@ def explain(kernel: str, manifest: Path | None, manifest_opt: Path | None, varia
 
 
 @main.command(short_help="Re-hash every entry; find damage and orphans.")
-@click.argument("manifest", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@_manifest_args
 @click.option("--fix", is_flag=True,
               help="Move bad entries to quarantine/ (rebuilt by the next build); delete orphans.")
 @click.option("--lock", "lock_file", default=None, type=click.Path(dir_okay=False, path_type=Path),
@@ -244,15 +246,16 @@ def explain(kernel: str, manifest: Path | None, manifest_opt: Path | None, varia
               help="With --deep: parallel compile workers (default: all cores).")
 @_cache_opt
 @_json_opt
-def verify(manifest: Path | None, fix: bool, lock_file: Path | None, deep: bool, jobs: int | None,
-           cache_dir: Path | None, as_json: bool) -> None:
+def verify(manifest: Path | None, manifest_opt: Path | None, fix: bool, lock_file: Path | None,
+           deep: bool, jobs: int | None, cache_dir: Path | None, as_json: bool) -> None:
     """Re-hash every entry against its metadata; find orphans. Exit 1 if anything is wrong.
 
     With --deep, also compile again what MANIFEST (default: the one found from here) plans
     and the cache holds, in a throwaway directory, and compare each entry's artifact digest."""
     from cutecc.commands.verify import verify as run
 
-    if manifest is not None and not deep:
+    given = _given_manifest(manifest, manifest_opt)
+    if given is not None and not deep:
         raise CuteccError("MANIFEST is what --deep compiles again: give --deep too", where="MANIFEST")
     if jobs is not None and not deep:
         raise CuteccError("--jobs is for --deep", where="--jobs")
@@ -263,8 +266,8 @@ def verify(manifest: Path | None, fix: bool, lock_file: Path | None, deep: bool,
 
     progress = BuildProgress(quiet=as_json or _verbosity(click.get_current_context()) < 0)
     try:
-        report = run(cache_dir, fix=fix, lock=lock_file, deep=_manifest(manifest, None), jobs=jobs,
-                     progress=progress)
+        report = run(cache_dir, fix=fix, lock=lock_file, deep=_manifest(manifest, manifest_opt), jobs=jobs,
+                     progress=progress, options=BuildOptions.from_environment())
     finally:
         progress.close()
     _emit(report, as_json)
@@ -318,21 +321,22 @@ def stats(cache_dir: Path | None, as_json: bool) -> None:
 
 
 @main.command(short_help="Calls kernels' fallbacks served, and the variants to cover them.")
+@_manifest_args
 @_cache_opt
-@_manifest_opt
 @click.option("--toml", "as_toml", is_flag=True,
               help="Print the manifest's [kernel.NAME] variants (or archs) that would cover them.")
 @_json_opt
-def misses(cache_dir: Path | None, manifest_opt: Path | None, as_toml: bool, as_json: bool) -> None:
+def misses(manifest: Path | None, manifest_opt: Path | None, cache_dir: Path | None, as_toml: bool,
+           as_json: bool) -> None:
     """The calls no build served, each served by its kernel's declared fallback, counted
     per kernel, call signature and arch (the cache's misses.json)."""
     from cutecc.commands.misses import misses as run
 
-    _emit(run(cache_dir, toml=as_toml, manifest=manifest_opt), as_json)
+    _emit(run(cache_dir, toml=as_toml, manifest=_given_manifest(manifest, manifest_opt)), as_json)
 
 
 @main.command(short_help="Write built entries into a wheel or tarball.")
-@_manifest_opt
+@_manifest_args
 @click.option("--lock", "lock", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Pack the entries this kernels.lock names.")
 @click.option("--name", required=True, help="Distribution name; its import package is NAME "
@@ -360,7 +364,7 @@ def misses(cache_dir: Path | None, manifest_opt: Path | None, as_toml: bool, as_
               help="With --wheelhouse: the deploy host's Python (default: this one's).")
 @_sign_opt
 @_json_opt
-def pack(manifest_opt: Path | None, lock: Path | None, name: str, version: str,
+def pack(manifest: Path | None, manifest_opt: Path | None, lock: Path | None, name: str, version: str,
          archs: tuple[str, ...], platform: str | None, kernels: tuple[str, ...], out: Path,
          cache_dir: Path | None, fmt: str, with_runtime: bool, wheelhouse: bool, with_jax: bool,
          python_version: str | None, sign_key: Path | None, as_json: bool) -> None:
@@ -369,8 +373,9 @@ def pack(manifest_opt: Path | None, lock: Path | None, name: str, version: str,
     serves a call no entry fits there)."""
     from cutecc.commands.pack import pack as run
 
-    _emit(run(name=name, version=version, manifest=manifest_opt, lock=lock, archs=archs,
-              kernels=kernels, out=out, cache_dir=cache_dir, fmt=fmt, sign_key=sign_key,
+    _emit(run(name=name, version=version, manifest=_given_manifest(manifest, manifest_opt), lock=lock,
+              archs=archs, kernels=kernels, out=out, cache_dir=cache_dir, fmt=fmt,
+              sign_key=BuildOptions.from_environment(sign_key=sign_key).sign_key,
               platform=platform, with_runtime=with_runtime, wheelhouse=wheelhouse,
               with_jax=with_jax, python_version=python_version), as_json)
 
@@ -403,7 +408,7 @@ def unpack(archive: Path, cache_dir: Path | None, max_members: int | None, max_m
     if max_total_size is not None:
         limits = dataclasses.replace(limits, total_bytes=parse_size(max_total_size, "--max-total-size"))
     _emit(run(archive, cache_dir, limits=limits, trusted_keys=list(trusted_keys) or None,
-              allow_unsigned=allow_unsigned), as_json)
+              allow_unsigned=allow_unsigned, read_only=settings.read_only()), as_json)
 
 
 @main.command(short_help="Make a key pair for signing locks and packs.")
@@ -439,7 +444,8 @@ def fetch(lock: Path, remote: str | None, archs: tuple[str, ...], kernels: tuple
     its lock line. Exit 1 if any is missing or refused."""
     from cutecc.commands.fetch import fetch as run
 
-    _emit(run(lock, remote=remote, cache_dir=cache_dir, archs=archs, kernels=kernels,
+    _emit(run(lock, BuildOptions.from_environment(cache_dir=cache_dir, remote=remote), archs=archs,
+              kernels=kernels,
               trusted_keys=list(trusted_keys) or None, allow_unsigned=allow_unsigned), as_json)
 
 

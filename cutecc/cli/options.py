@@ -11,7 +11,9 @@ from typing import Any
 
 import click
 
+from cutecc import settings
 from cutecc.errors import CuteccError, ManifestErrors
+from cutecc.settings import Setting
 
 # Workflow order, for `cutecc -h`.
 _ORDER = ("init", "build", "list", "show", "explain", "verify", "gc", "rm", "stats", "misses", "tune",
@@ -163,35 +165,57 @@ def _complete_archs(ctx: click.Context, param: click.Parameter, incomplete: str)
 
 # Shared options -----------------------------------------------------------------------
 
-_cache_opt = click.option(
-    "--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-    help="Cache directory (default: $CUTECC_CACHE_DIR, else the user cache dir).")
+
+def setting_option(row: Setting, *decls: str, help: str, **kw: Any) -> Any:
+    """The click option of a setting of `cutecc.settings.TABLE`: its flag from the row, and
+    its help saying what else sets it (the variable, the `[build]` key) and the default."""
+    assert row.flag is not None, row.env
+    also = [f"${row.env}"] + ([f"[build] {row.key}"] if row.key else [])
+    text = (f"{help.rstrip('.')} (also {', '.join(also)}"
+            + (f"; default: {row.default}" if row.default else "") + ").")
+    return click.option(row.flag, *decls, help=text, **kw)
+
+
+_cache_opt = setting_option(settings.CACHE_DIR, type=click.Path(file_okay=False, path_type=Path),
+                            default=None, help="Cache directory.")
 _json_opt = click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-_remote_opt = click.option(
-    "--remote", default=None, metavar="s3://BUCKET/PREFIX",
-    help="A shared remote cache (also $CUTECC_REMOTE); endpoint and credentials from the "
-         "AWS_* variables.")
-_manifest_opt = click.option(
-    "-m", "--manifest", "manifest_opt", type=click.Path(dir_okay=False, path_type=Path), default=None,
-    help="The manifest (default: kernels.toml or pyproject.toml [tool.cutecc], found by walking "
-         "up from the working directory).")
+_remote_opt = setting_option(
+    settings.REMOTE, default=None, metavar="s3://BUCKET/PREFIX",
+    help="A shared remote cache; endpoint and credentials from the AWS_* variables.")
+
+_MANIFEST_HELP = ("The manifest, also as the argument MANIFEST (default: kernels.toml or "
+                  "pyproject.toml [tool.cutecc], found by walking up from the working directory).")
 
 
-_sign_opt = click.option(
-    "--sign-key", type=click.Path(dir_okay=False, path_type=Path), default=None,
-    help="Sign the lock with this private key (cutecc keygen; also $CUTECC_SIGNING_KEY).")
+def _manifest_args(f: Any) -> Any:
+    """The manifest, named the same way by every command that reads one: the argument
+    MANIFEST or `-m/--manifest` (not both; `_manifest` resolves them)."""
+    f = click.option("-m", "--manifest", "manifest_opt", type=click.Path(dir_okay=False, path_type=Path),
+                     default=None, help=_MANIFEST_HELP)(f)
+    return click.argument("manifest", required=False, type=click.Path(dir_okay=False, path_type=Path))(f)
+
+
+_sign_opt = setting_option(
+    settings.SIGNING_KEY, type=click.Path(dir_okay=False, path_type=Path), default=None,
+    help="Sign the lock with this private key (cutecc keygen).")
 _trust_opts = [
-    click.option("--trusted-key", "trusted_keys", multiple=True,
-                 type=click.Path(dir_okay=False, path_type=Path),
-                 help="A public key the lock must be signed by (also $CUTECC_TRUSTED_KEYS)."),
-    click.option("--allow-unsigned", is_flag=True,
-                 help="Accept a lock no trusted key signed (also $CUTECC_ALLOW_UNSIGNED=1)."),
+    setting_option(settings.TRUSTED_KEYS, "trusted_keys", multiple=True,
+                   type=click.Path(dir_okay=False, path_type=Path),
+                   help="A public key the lock must be signed by (repeatable)."),
+    setting_option(settings.ALLOW_UNSIGNED, is_flag=True, help="Accept a lock no trusted key signed."),
 ]
 
 
+def _given_manifest(positional: Path | None, option: Path | None) -> Path | None:
+    """The manifest named by MANIFEST or `-m/--manifest`, None when neither; both is an error."""
+    if positional is not None and option is not None:
+        raise CuteccError(f"give the manifest once, as MANIFEST or as -m/--manifest (given both: "
+                          f"{positional} and -m {option})", where="MANIFEST")
+    return positional if positional is not None else option
+
+
 def _manifest(positional: Path | None, option: Path | None) -> Path:
+    """The manifest named (`_given_manifest`), else the one found from the working directory."""
     from cutecc.manifest import find_manifest
 
-    if positional is not None and option is not None and positional != option:
-        raise CuteccError("give the manifest once, as MANIFEST or --manifest", where="MANIFEST")
-    return positional or option or find_manifest()
+    return _given_manifest(positional, option) or find_manifest()

@@ -10,13 +10,11 @@ compile), and the report.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cutecc import environ
 from cutecc.archs import parse_archs
 from cutecc.build import builder
 from cutecc.build.executors.local import LocalExecutor, discard_prestarted, prestart
@@ -28,6 +26,7 @@ from cutecc.lock.environment import Drift, drift_line, pins_line
 from cutecc.lock.lockfile import LOCK_NAME, Lock, previous, unsigned_line
 from cutecc.lock.pins import installed_unlike, read_pins
 from cutecc.manifest import Manifest, load_manifest
+from cutecc.settings import NOTHING_GIVEN, BuildOptions
 from cutecc.store.writer import Store
 from cutecc.toolchain.dists import HashCache
 
@@ -132,46 +131,38 @@ class BuildReport(Report):
 
 def build(
     manifest_path: str | Path,
+    options: BuildOptions = NOTHING_GIVEN,
     *,
     archs: tuple[str, ...] = (),
     platforms: tuple[str, ...] = (),
-    cache_dir: str | Path | None = None,
-    jobs: int | None = None,
     kernels: tuple[str, ...] = (),
     dry_run: bool = False,
     progress: Progress | None = None,
-    read_only: bool = False,
     lock: bool = True,
     lock_file: str | Path | None = None,
-    sign_key: str | Path | None = None,
-    executor: str | None = None,
-    ray_address: str | None = None,
-    remote: str | None = None,
-    remote_write: bool | None = None,
-    compile_timeout: str | float | None = None,
-    compile_memory: str | int | None = None,
     timings: bool = False,
 ) -> BuildReport:
     """Build a manifest into a cache; see the module docstring and `cutecc.build.builder`.
 
-    `read_only` (or `$CUTECC_READ_ONLY`): write nothing to the cache and make any miss
-    an error (exit 1) instead of a compile, e.g. for a deploy that must only read.
+    `options` are the settings the caller was given (`cutecc.settings.BuildOptions`: the
+    flags, else the environment, read at the edge); what they leave unset comes from the
+    manifest's `[build]` table, else the defaults. This reads no environment variable.
+    `options.read_only`: write nothing to the cache and make any miss an error (exit 1)
+    instead of a compile, e.g. for a deploy that must only read.
     `lock`: after a fully successful build (not a dry run), write `kernels.lock` beside
     the manifest (or `lock_file`) if its content changed; see `cutecc.lock.lockfile`.
-    `sign_key` (or `$CUTECC_SIGNING_KEY`): sign the lock written (`kernels.lock.sig`).
-    `executor` (`local` or `ray`, else `$CUTECC_EXECUTOR`, else the manifest's `[build]`)
-    compiles the misses; `ray_address` (else `$CUTECC_RAY_ADDRESS`, else `[build]`) names a
-    Ray cluster, else a local one is started. `remote` (`s3://bucket/prefix`, else
-    `$CUTECC_REMOTE`, else `[build]`) is a shared cache looked up for local misses;
-    `remote_write` (else `$CUTECC_REMOTE_WRITE`; never the manifest) uploads what is built.
+    `options.sign_key`: sign the lock written (`kernels.lock.sig`).
+    `options.executor` (`local` or `ray`) compiles the misses; `options.ray_address` names a
+    Ray cluster, else a local one is started. `options.remote` (`s3://bucket/prefix`) is a
+    shared cache looked up for local misses; `options.remote_write` uploads what is built.
+    `options.compile_timeout` (seconds) and `compile_memory` (bytes) bound each compile: one
+    past a limit is stopped and fails alone.
     `platforms`: the host platforms to build for (`cutecc.platforms`), overriding the manifest's.
-    `compile_timeout` (seconds) and `compile_memory` (a size; else `$CUTECC_COMPILE_*`, else
-    `[build]`) bound each compile: one past a limit is stopped and fails alone.
     `timings`: the text report says where the build spent its time (always in the JSON).
     """
     t0 = time.perf_counter()
     clock = Timings()
-    sign_key = sign_key or os.environ.get(environ.SIGNING_KEY) or None
+    sign_key = options.sign_key
     if sign_key and (not lock or dry_run):
         raise CuteccError("signing needs the lock this build writes (not --no-lock or --dry-run)",
                           where="--sign-key")
@@ -180,7 +171,7 @@ def build(
         from cutecc.lock import signing
 
         key = signing.read_signing_key(sign_key)
-    read_only = read_only or environ.read_only()
+    read_only = options.read_only
     archs = parse_archs(archs) if archs else ()
     with clock.stage("parse"):
         full = load_manifest(manifest_path)
@@ -194,10 +185,8 @@ def build(
         except CuteccError:
             if not dry_run:
                 raise
-    how = builder.settings(full, jobs=jobs, executor=executor, ray_address=ray_address, remote=remote,
-                           remote_write=remote_write, compile_timeout=compile_timeout,
-                           compile_memory=compile_memory, dry_run=dry_run, read_only=read_only)
-    store = Store(cache_dir)
+    how = builder.settings(full, options, dry_run=dry_run)
+    store = Store(options.cache_dir)
     # What planning learns is kept in the store: in a new one, once the build has made it. A
     # dry run or a read-only build plans with what was remembered, and writes nothing back.
     hashes = HashCache(store.layout.hash_cache(), write=not (read_only or dry_run))

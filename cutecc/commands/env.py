@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cutecc import environ
+from cutecc import settings
 from cutecc.commands.report import Report
 from cutecc.store.view import StoreView
 
@@ -71,10 +71,9 @@ def env(cache_dir: str | Path | None = None) -> EnvReport:
     store = StoreView(cache_dir)
     fmt = store.layout.format_file()
     cache = "a cache" if fmt.is_file() else "no cache yet"
-    names = (environ.CACHE_DIR, environ.READ_ONLY, environ.ARCH, environ.ALLOW_SHARED_CACHE,
-             environ.SYNC_CHECK, environ.TVM_FFI_TORCH, environ.EXECUTOR, environ.RAY_ADDRESS,
-             environ.REMOTE, environ.REMOTE_WRITE, "AWS_ENDPOINT_URL", "AWS_REGION", "CUTE_DSL_ARCH",
-             "CUTE_DSL_CACHE_DIR")
+    # every setting of the table (`cutecc.settings`), and the other programs' that decide a build
+    names = (*(r.env for r in settings.TABLE if not r.internal),
+             "AWS_ENDPOINT_URL", "AWS_REGION", "CUTE_DSL_ARCH", "CUTE_DSL_CACHE_DIR")
     return EnvReport({
         "python": sys.version.split()[0],
         "platform": f"{platform.system()} {platform.machine()} ({platform.libc_ver()[0]} "

@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cutecc import environ
+from cutecc import settings
 from cutecc.commands.report import Report
 from cutecc.entry.rules import file_record
 from cutecc.errors import CuteccError, WorkError
 from cutecc.lock.lockfile import LockEntry, read_trusted_lock
+from cutecc.settings import NOTHING_GIVEN, BuildOptions
 from cutecc.ship import remote as remote_cache
 from cutecc.store.view import Entry, StoreView, entry_trust_problem
 from cutecc.store.writer import Store
@@ -76,22 +77,23 @@ class FetchReport(Report):
                 "seconds": round(self.seconds, 3)}
 
 
-def fetch(lock: str | Path, *, remote: str | None = None, cache_dir: str | Path | None = None,
+def fetch(lock: str | Path, options: BuildOptions = NOTHING_GIVEN, *,
           archs: tuple[str, ...] = (), kernels: tuple[str, ...] = (),
           trusted_keys: list[str | Path] | None = None, allow_unsigned: bool = False) -> FetchReport:
-    """Fetch the entries `lock` names (only `archs`/`kernels` when given) into a cache,
-    once the lock's signature verifies (see the module docstring)."""
+    """Fetch the entries `lock` names (only `archs`/`kernels` when given) into the cache
+    `options.cache_dir` from the remote `options.remote` (`cutecc.settings.BuildOptions`, read
+    at the edge), once the lock's signature verifies (see the module docstring)."""
     t0 = time.perf_counter()
-    if environ.read_only():
-        raise WorkError(f"read-only mode (${environ.READ_ONLY}): fetch writes to the cache",
+    if options.read_only:
+        raise WorkError(f"read-only mode ({settings.READ_ONLY.where}): fetch writes to the cache",
                         where="cutecc fetch")
-    cfg = remote_cache.config(remote, write=False)
+    cfg = remote_cache.config(options, write=False)
     if cfg is None:
-        raise CuteccError(f"no remote cache: give --remote s3://BUCKET/PREFIX or set ${environ.REMOTE}",
+        raise CuteccError(f"no remote cache: give --remote s3://BUCKET/PREFIX or set {settings.REMOTE.where}",
                           where="cutecc fetch")
     lines = read_trusted_lock(lock, trusted_keys=trusted_keys, allow_unsigned=allow_unsigned
                               ).select(archs, kernels).by_key()
-    store = Store(cache_dir)
+    store = Store(options.cache_dir)
     store.ensure()
     report = FetchReport(store.root, cfg.url)
     wanted: dict[str, LockEntry] = {}

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import keyword
-import os
 import re
 import sys
 from collections.abc import Iterable
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cutecc import environ, trust
+from cutecc import trust
 from cutecc.archs import parse_archs
 from cutecc.atomic import atomic_write
 from cutecc.commands.report import Report
@@ -250,7 +249,6 @@ def pack(*, name: str, version: str, manifest: str | Path | None = None,
                           "is for one host platform: pass --platform", where="pack")
     tree, sizes = _tree(chosen, store)
     _add_fallbacks(tree, sizes, chosen, store, _fallback_roots(manifest, lock))
-    sign_key = sign_key or os.environ.get(environ.SIGNING_KEY) or None
     if sign_key:  # the packed lock's signature: what `unpack` and `load(package=)` check
         from cutecc.lock import signing
 

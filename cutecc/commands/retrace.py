@@ -112,9 +112,11 @@ def plan_again(manifest_path: str | Path) -> PlannedAgain:
 
 
 def retrace(store: Store, planned: PlannedAgain, *, jobs: int | None = None,
-            progress: outcome.Progress | None = None) -> DeepReport:
+            progress: outcome.Progress | None = None, limits: tuple[float | None, int | None] = (None, None)
+            ) -> DeepReport:
     """Compile again each entry `planned` plans that `store` holds, and compare (see the
-    module docstring); `progress` sees each compile finish."""
+    module docstring); `progress` sees each compile finish. `limits`: the compile time and
+    memory asked for (`BuildOptions.compile_timeout`, `compile_memory`), else the manifest's."""
     target = planned.target
     full = target.manifest
     report = DeepReport(planned.path)
@@ -134,18 +136,19 @@ def retrace(store: Store, planned: PlannedAgain, *, jobs: int | None = None,
             continue  # damaged: the plain checks report it
     if not held:
         return report
-    again = _compile_again(target, [p for p, _, _ in held.values()], full, jobs, progress)
+    again = _compile_again(target, [p for p, _, _ in held.values()], full, jobs, progress, limits)
     for key, (p, meta, malformed) in held.items():
         report.results.append(_compare(p, meta, again.get(key), malformed))
     return report
 
 
 def _compile_again(target: builder.Target, planned: list[Planned], manifest: Manifest,
-                   jobs: int | None, progress: outcome.Progress | None) -> dict[str, outcome.Outcome]:
+                   jobs: int | None, progress: outcome.Progress | None,
+                   asked: tuple[float | None, int | None] = (None, None)) -> dict[str, outcome.Outcome]:
     """Build `planned` into a throwaway cache with local workers (each compile bounded as
     the manifest's builds are); their outcomes by key."""
     b = manifest.build
-    limits = compile_limits(default_seconds=b.compile_timeout, default_memory=b.compile_memory)
+    limits = compile_limits(*asked, default_seconds=b.compile_timeout, default_memory=b.compile_memory)
     how = builder.Settings(LocalExecutor(limits), jobs or os.cpu_count() or 1)
     only = dataclasses.replace(target, planned=tuple(planned), partial=True, candidates=True)
     scratch = Path(tempfile.mkdtemp(prefix="cutecc-retrace-"))

@@ -32,6 +32,7 @@ from cutecc.errors import CuteccError, WorkError
 from cutecc.lock.lockfile import Lock, unsigned_line
 from cutecc.plan.tuning_plan import PlanItem
 from cutecc.runtime.tuning import read_cached
+from cutecc.settings import NOTHING_GIVEN, BuildOptions
 from cutecc.store.tuning_records import MAX_RESULTS_BYTES, TuningResult, TuningResults
 
 if TYPE_CHECKING:
@@ -128,16 +129,18 @@ def _by_kernel(plan: list[PlanItem]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def tune(manifest_path: str | Path, *, kernels: tuple[str, ...] = (), buckets: tuple[str, ...] = (),
-         archs: tuple[str, ...] = (), cache_dir: str | Path | None = None, jobs: int | None = None,
+def tune(manifest_path: str | Path, options: BuildOptions = NOTHING_GIVEN, *,
+         kernels: tuple[str, ...] = (), buckets: tuple[str, ...] = (), archs: tuple[str, ...] = (),
          dry_run: bool = False, compile_only: bool = False, measure: bool = False,
          record: str | Path | None = None, check: bool = False, results: str | Path | None = None,
          lock_file: str | Path | None = None, lock: bool = True, repeats: int = 30, warmup: int = 3,
-         threshold: float = 0.05, seed: int = 0, sign_key: str | Path | None = None,
+         threshold: float = 0.05, seed: int = 0,
          max_rounds: int | None = None, replace_tuning: bool = False) -> TuneReport:
-    """Run the steps of `cutecc tune` (see the module docstring). `sign_key` (or
-    `$CUTECC_SIGNING_KEY`, read before any work) signs the lock recording writes, by the
-    build's road (`cutecc.lock.lockfile.record_lock`)."""
+    """Run the steps of `cutecc tune` (see the module docstring). `options` are the settings
+    the caller was given (`cutecc.settings.BuildOptions`, as `cutecc.commands.build.build`
+    takes them): the cache, the compile workers, the executor, and `options.sign_key` (read
+    before any work), which signs the lock recording writes, by the build's road
+    (`cutecc.lock.lockfile.record_lock`)."""
     from cutecc.lock.lockfile import LOCK_NAME
     from cutecc.plan import tuning_plan as tplan
     from cutecc.store.writer import Store
@@ -145,13 +148,9 @@ def tune(manifest_path: str | Path, *, kernels: tuple[str, ...] = (), buckets: t
     if sum(map(bool, (dry_run, compile_only, measure, record, check))) > 1:
         raise CuteccError("choose one of --dry-run, --compile-only, --measure, --record, --check",
                           where="cutecc tune")
-    import os
-
-    from cutecc import environ
-
     manifest_path = Path(manifest_path)
-    store = Store(cache_dir)
-    sign_key = sign_key or os.environ.get(environ.SIGNING_KEY) or None
+    store = Store(options.cache_dir)
+    sign_key = options.sign_key
     key = None
     if sign_key and lock and not (dry_run or compile_only or check):  # read first: a bad key fails early
         from cutecc.lock.signing import read_signing_key
@@ -178,7 +177,7 @@ def tune(manifest_path: str | Path, *, kernels: tuple[str, ...] = (), buckets: t
 
         report.plan = tplan.items(load_manifest(manifest_path), archs, kernels)
     else:
-        _compile(report, manifest_path, store, archs, kernels, jobs)
+        _compile(report, manifest_path, store, archs, kernels, options)
         if report.failed:
             return report
         tplan.write_plan(store.root, digest, report.plan)
@@ -209,13 +208,12 @@ def tune(manifest_path: str | Path, *, kernels: tuple[str, ...] = (), buckets: t
 
 
 def _compile(report: TuneReport, manifest_path: Path, store: Store, archs: tuple[str, ...],
-             kernels: tuple[str, ...], jobs: int | None) -> None:
+             kernels: tuple[str, ...], options: BuildOptions) -> None:
     """Compile every candidate of the tuned kernels (and what `cutecc build` would build
     with them: their backward kernels) through the build pipeline, under the keys `build`
     gives them; the manifest parsed once, and planned once for both the jobs and the tuning
     plan. Nothing is recorded as the kernels' current build, and no lock is written.
     Candidates that fail to compile are dropped from `report.plan`."""
-    from cutecc import environ
     from cutecc.archs import parse_archs
     from cutecc.build import builder
     from cutecc.manifest import load_manifest
@@ -225,9 +223,9 @@ def _compile(report: TuneReport, manifest_path: Path, store: Store, archs: tuple
     t0 = time.perf_counter()
     full = load_manifest(manifest_path)
     names = tplan.tuned(full, kernels)
-    read_only = environ.read_only()
+    read_only = options.read_only
     archs = parse_archs(archs) if archs else ()
-    how = builder.settings(full, jobs=jobs, read_only=read_only)
+    how = builder.settings(full, options)
     hashes = HashCache(store.layout.hash_cache(), write=not read_only)  # read-only: read, never written
     target = builder.target(full, archs=archs, kernels=names, candidates=True, hashes=hashes)
     report.plan = tplan.items_of(full, names, target.planned, archs)

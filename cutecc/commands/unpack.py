@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cutecc import environ
 from cutecc.commands.report import Report
 from cutecc.entry.meta import EntryMeta, RuntimeLink, RuntimeMeta
 from cutecc.entry.rules import MAX_META_BYTES, META, STORE_FORMAT, is_key, parse_json, runtime_record
@@ -73,7 +72,7 @@ class UnpackReport(Report):
 
 def unpack(archive: str | Path, cache_dir: str | Path | None = None, *,
            limits: Limits | None = None, trusted_keys: list[str | Path] | None = None,
-           allow_unsigned: bool = False) -> UnpackReport:
+           allow_unsigned: bool = False, read_only: bool = False) -> UnpackReport:
     """Import a pack's entries into a cache, each verified first, each published atomically.
 
     The pack's lock must carry a signature by one of `trusted_keys` (else
@@ -83,7 +82,7 @@ def unpack(archive: str | Path, cache_dir: str | Path | None = None, *,
     whose files are not exactly the ones meta.json lists and matching it, or whose line in
     the pack's lock differs, is refused (reported, not imported); the others still land.
     """
-    if environ.read_only():
+    if read_only:  # `$CUTECC_READ_ONLY`, read at the edge
         raise WorkError("read-only mode ($CUTECC_READ_ONLY): unpack writes to the cache",
                         where="cutecc unpack")
     store = Store(cache_dir)

@@ -43,6 +43,7 @@ from cutecc.commands.verify_checks import (  # BAD, Problem, check_entry: named 
 )
 from cutecc.commands.verify_fix import _fix
 from cutecc.errors import CuteccError
+from cutecc.settings import NOTHING_GIVEN, BuildOptions
 from cutecc.store.writer import Store
 
 if TYPE_CHECKING:
@@ -77,14 +78,15 @@ def lock_drift(lock: str | Path) -> str | None:
 def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
            lock_timeout: float = 0, lock: str | Path | None = None,
            deep: str | Path | None = None, jobs: int | None = None,
-           progress: Progress | None = None) -> VerifyReport:
+           progress: Progress | None = None, options: BuildOptions = NOTHING_GIVEN) -> VerifyReport:
     """Check the whole cache; with `fix`, quarantine bad entries and delete orphans.
     `lock`: also say which key-deciding distributions that lock was made with differ, by
     version, from those installed here (`lock_drift`). `deep` (a manifest): then compile
     again every entry it plans that the cache holds, on `jobs` local workers, and report
     those whose artifact differs from what their key promised (`cutecc.commands.retrace`;
-    the manifest is planned first, so a bad one fails before anything is read); `progress`
-    sees each of those compiles finish.
+    the manifest is planned first, so a bad one fails before anything is read), each
+    bounded as `options` (`cutecc.settings.BuildOptions`: the compile limits asked for), else
+    the manifest's `[build]`, bound a build's; `progress` sees each of those compiles finish.
 
     Fixing takes each key's lock (waiting up to `lock_timeout` s); a key held longer,
     e.g. by a build, is left as is and reported busy.
@@ -131,5 +133,6 @@ def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
     if again is not None:
         from cutecc.commands.retrace import retrace
 
-        report.deep = retrace(store, again, jobs=jobs, progress=progress)
+        report.deep = retrace(store, again, jobs=jobs, progress=progress,
+                              limits=(options.compile_timeout, options.compile_memory))
     return report

@@ -29,6 +29,7 @@ from cutecc.build import builder
 from cutecc.commands.misses import cover_call
 from cutecc.errors import CuteccError
 from cutecc.plan.build_plan import plan
+from cutecc.settings import BuildOptions
 from cutecc.store.misses import Miss
 from cutecc.store.view import StoreView
 from cutecc.store.writer import Store
@@ -52,9 +53,10 @@ class JitBuilder:
     manifest at `manifest` (None: the one the kernel's newest build recorded, else the
     project's, found as `cutecc build` finds it)."""
 
-    def __init__(self, cache_dir: Path, manifest: Path | None) -> None:
+    def __init__(self, cache_dir: Path, manifest: Path | None, options: BuildOptions) -> None:
         self.cache_dir = cache_dir
         self.manifest = manifest
+        self.options = options  # how to build (one compile at a time)
         self._lock = threading.Lock()
 
     def manifest_of(self, kernel: str) -> Path:
@@ -89,7 +91,7 @@ class JitBuilder:
             target = builder.Target(manifest, selected,
                                     tuple(plan(selected, (arch,), hash_cache=hashes)),
                                     partial=True, candidates=True)
-            how = builder.settings(manifest, jobs=1)
+            how = builder.settings(manifest, self.options)
             done = builder.run(target, store, how, hashes=hashes)
             (o,) = done.outcomes
             if o.status not in ("built", "cached"):
@@ -99,5 +101,6 @@ class JitBuilder:
 
 
 def builder_for(cache_dir: Path, manifest: Path | None) -> Any:
-    """A `JitBuilder` (the runtime holds it as an opaque object)."""
-    return JitBuilder(cache_dir, manifest)
+    """A `JitBuilder` (the runtime holds it as an opaque object), told how to build by the
+    environment as `cutecc.load` found it (its edge: `cutecc.settings`)."""
+    return JitBuilder(cache_dir, manifest, BuildOptions.from_environment(jobs=1))

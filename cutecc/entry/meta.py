@@ -109,7 +109,7 @@ class EntryMeta:
     key_inputs: Mapping[str, Any]
     sources: tuple[str, ...]  # the kernel's source files the key read
     # SHA-256 of how its key covered every file its compile read (`cutecc.build.read_set`);
-    # None: built before cutecc recorded it, or with the check off (`$CUTECC_AUDIT=off`)
+    # None: built before cutecc recorded it, or with the check off (`$CUTECC_INTERNAL_AUDIT=off`)
     read_set: str | None = None
 
     @classmethod

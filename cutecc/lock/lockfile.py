@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cutecc import environ
+from cutecc import settings
 from cutecc.atomic import atomic_write
 from cutecc.contract.composite_line import CompositeLine
 from cutecc.contract.pinned import Tuned, parse_tuning_lines
@@ -287,7 +287,7 @@ def unsigned_line(removed: Path, lock_file: Path | None) -> str:
     """What a command says when `record_lock` removed a stale signature (`Recorded.removed`)."""
     return (f"removed {removed}: it signed {lock_file or 'the lock'} as it was before, and no "
             f"signing key was given; a deployer's load refuses the lock until it is signed again "
-            f"(`cutecc build --sign-key KEY`, or ${environ.SIGNING_KEY})")
+            f"(`cutecc build --sign-key KEY`, or {settings.SIGNING_KEY.where})")
 
 
 def record_lock(path: str | Path, lock: Lock, signing_key: PrivateKey | None = None) -> Recorded:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cutecc import environ, trust
+from cutecc import settings, trust
 from cutecc.atomic import atomic_write
 from cutecc.entry.rules import parse_json
 from cutecc.errors import CuteccError, WorkError
@@ -352,7 +352,7 @@ def check_lock(data: bytes, sig: bytes | None, where: str, *,
     `$CUTECC_TRUSTED_KEYS`, paths separated by `:`): the key that signed it. Without any
     trusted key the lock is refused, unless the deployer opted out (`allow_unsigned` or
     `$CUTECC_ALLOW_UNSIGNED=1`): then None."""
-    paths = list(trusted_keys or [p for p in os.environ.get(environ.TRUSTED_KEYS, "").split(os.pathsep)
+    paths = list(trusted_keys or [p for p in (settings.TRUSTED_KEYS.read() or "").split(os.pathsep)
                                   if p])
     if paths:
         try:
@@ -360,12 +360,12 @@ def check_lock(data: bytes, sig: bytes | None, where: str, *,
         except OSError as e:
             raise SignatureError(f"cannot read a trusted key: {e.strerror}", where=str(e.filename)) from None
         return verify(data, sig, keys, "lock", where)
-    if allow_unsigned or environ.flag(environ.ALLOW_UNSIGNED):
+    if allow_unsigned or settings.ALLOW_UNSIGNED.on():
         return None
     raise SignatureError(f"{where}: no trusted key to check its signature with. Pass the builder's "
-                         f"public key (--trusted-key, trusted_keys=, ${environ.TRUSTED_KEYS}), or opt "
+                         f"public key (--trusted-key, trusted_keys=, {settings.TRUSTED_KEYS.where}), or opt "
                          f"out with --allow-unsigned / allow_unsigned=True / "
-                         f"${environ.ALLOW_UNSIGNED}=1")
+                         f"{settings.ALLOW_UNSIGNED.where}=1")
 
 
 # Helpers ----------------------------------------------------------------------------------
@@ -376,7 +376,7 @@ def _sign_again(kind: str, what: str) -> str:
     if kind != "lock":
         return ""
     return (f". Sign {what} with the builder's private key: `cutecc build --sign-key KEY` (or "
-            f"${environ.SIGNING_KEY}; a pack: `cutecc pack --sign-key KEY`)")
+            f"{settings.SIGNING_KEY.where}; a pack: `cutecc pack --sign-key KEY`)")
 
 
 def _dumps(doc: dict[str, Any]) -> bytes:

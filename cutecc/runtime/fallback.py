@@ -23,7 +23,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from cutecc import environ
+from cutecc import settings
 from cutecc.contract import expr
 from cutecc.contract.args import CallingConvention, args_from_json
 from cutecc.contract.fallbacks import FRONT_ENDS, FallbackRef
@@ -107,8 +107,8 @@ class Fallback:
         (dtype name, shape); `no_builds`: the kernel has no build usable on this arch at
         all. `note`: why no just-in-time build serves it either (`load(jit=True)`), said in
         the warning."""
-        if self.strict or environ.flag(environ.STRICT):
-            why = "load(strict=True)" if self.strict else f"${environ.STRICT}"
+        if self.strict or settings.STRICT.on():
+            why = "load(strict=True)" if self.strict else settings.STRICT.where
             raise NoBuildFits(f"{miss.message}\n(strict, {why}: the declared fallback {self.ref.ref} "
                               "is not served)", where=miss.where)
         reason = f"no build for {self.arch}" if no_builds else "no built variant fits"

@@ -30,10 +30,10 @@ def jit_hook(store: StoreView, manifest: Path | None, target: str, series: str,
 
     def hook(fn: KernelBase, sig: list[tuple[str, tuple[Any, ...]]], keywords: dict[str, Any],
              miss: CuteccError) -> str | None:
-        from cutecc import environ
+        from cutecc import settings
 
-        if environ.flag(environ.STRICT):
-            return f"off under ${environ.STRICT}"
+        if settings.STRICT.on():
+            return f"off under {settings.STRICT.where}"
         if "builder" not in state:
             from cutecc.develop.jit import builder_for  # the build side, behind the opt-in only
 

@@ -34,17 +34,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cutecc import environ, trust
+from cutecc import settings, trust
 from cutecc.entry.meta import RuntimeMeta
 from cutecc.entry.rules import MAX_LIBRARY_BYTES, MAX_META_BYTES, RUNTIME_ABI, parse_json
 from cutecc.errors import CuteccError, WorkError
 from cutecc.store.layout import entry_file_parts, meta_parts
 from cutecc.store.view import touch_used
 
-ENV_ALLOW_SHARED = environ.ALLOW_SHARED_CACHE
+ENV_ALLOW_SHARED = settings.ALLOW_SHARED_CACHE.env
 # Check mode: each kernel's native wrapper waits for its kernel and reports a fault by name
 # (cutecc/native reads the same variable).
-ENV_SYNC_CHECK = environ.SYNC_CHECK
+ENV_SYNC_CHECK = settings.SYNC_CHECK.env
 _lock = threading.Lock()
 _registered: dict[str, Any] = {}  # target name -> tvm_ffi.Module registered with JAX
 # target name -> (tvm_ffi.Module kept alive, function, SHA-256 of its bytes, where they came from)
@@ -92,7 +92,7 @@ def _read_library(path: Path, max_bytes: int) -> bytes:
 
 def sync_check_from_env() -> bool:
     """Whether `$CUTECC_SYNC_CHECK` turns check mode on (unset, 0, false, no, off: off)."""
-    return environ.flag(ENV_SYNC_CHECK)
+    return settings.SYNC_CHECK.on()
 
 
 def verified_bytes(path: Path, sha256: str, size: int, label: str, what: str = "kernel library") -> bytes:
@@ -137,7 +137,7 @@ def import_tvm_ffi() -> Any:
     that one import, unless `$CUTECC_TVM_FFI_TORCH=1` asks for tvm-ffi's interop;
     importing them later works as usual.
     """
-    if "tvm_ffi" in sys.modules or os.environ.get(environ.TVM_FFI_TORCH) == "1":
+    if "tvm_ffi" in sys.modules or settings.TVM_FFI_TORCH.read() == "1":
         import tvm_ffi
 
         return tvm_ffi
@@ -216,7 +216,7 @@ def ensure_runtime(ref: RuntimeRef, label: str, *, record_use: bool = True) -> N
         raise WorkError(f"runtime library ABI {abi}, this cutecc needs {RUNTIME_ABI}; rebuild with "
                         "`cutecc build`", where=where)
     _runtimes[soname] = (ref.sha256, handle)
-    if record_use and not environ.read_only():
+    if record_use and not settings.read_only():
         touch_used(ref.path.parent)
 
 
@@ -263,7 +263,7 @@ def _load_locked(key: str, path: Path, sha256: str, size: int, symbol: str, labe
     except Exception as e:
         raise WorkError(f"cannot load the kernel library: {e}", where=f"{label} ({path})") from None
     _functions[name] = (module, fn, sha256, path)
-    if record_use and not environ.read_only():
+    if record_use and not settings.read_only():
         touch_used(path.parent)  # once per process per entry, for `cutecc gc`
     return module, fn
 

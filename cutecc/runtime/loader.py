@@ -15,7 +15,6 @@ Importing this module imports no framework: what JAX (`cutecc.load`) or PyTorch
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -25,7 +24,6 @@ from typing import Any
 from cutecc import trust
 from cutecc.archs import check_device_arch, device_arch, driver_version, runs_on
 from cutecc.contract.composite_line import CompositeLine
-from cutecc.environ import read_only
 from cutecc.errors import CuteccError, WorkError
 from cutecc.runtime.calls import Build, KernelBase
 from cutecc.runtime.fallback import declared_fallback
@@ -44,6 +42,7 @@ from cutecc.runtime.project import (
     several_builders,
 )
 from cutecc.runtime.usable import ptx_problem, record_problem, tvm_ffi_series, why_unusable
+from cutecc.settings import read_only
 from cutecc.store.build_records import ManifestRecord
 from cutecc.store.view import Entry, StoreView
 
@@ -404,11 +403,11 @@ def _jit_wanted(front: FrontEnd, jit: bool | None, *, strict: bool, pinned: bool
     """Whether just-in-time builds are on: `jit=` if given, else `$CUTECC_JIT` (which a
     lock or pack load ignores: they pin what runs). On, they need the DSL, the JAX front
     end and a cache this process may write, and exclude `strict`: else an error at load."""
-    from cutecc import environ
+    from cutecc import settings
 
     if jit is None:
-        jit = environ.flag(environ.JIT) and not pinned
-        given = f"${environ.JIT}"
+        jit = settings.JIT.on() and not pinned
+        given = settings.JIT.where
     else:
         given = "jit=True"
     if not jit:
@@ -421,7 +420,7 @@ def _jit_wanted(front: FrontEnd, jit: bool | None, *, strict: bool, pinned: bool
     elif strict:
         why = "strict=True makes every miss an error"
     elif read_only():
-        why = f"${environ.READ_ONLY} forbids writing the cache"
+        why = f"{settings.READ_ONLY.where} forbids writing the cache"
     else:
         import importlib.util
 
@@ -502,10 +501,10 @@ def _kernel_fn(front: FrontEnd, name: str, entries: list[Entry], target: str, se
 def _no_keys_without_a_lock(trusted_keys: list[str | Path] | None) -> None:
     """Trusted keys check a lock's signature; with no lock (nor pack) they would check
     nothing, and a deployer who set them expects a check: an error says what to pass."""
-    from cutecc import environ
+    from cutecc import settings
 
     given = "trusted_keys=" if trusted_keys else (
-        f"${environ.TRUSTED_KEYS}" if os.environ.get(environ.TRUSTED_KEYS, "").strip() else None)
+        settings.TRUSTED_KEYS.where if settings.TRUSTED_KEYS.text() else None)
     if given:
         raise CuteccError(f"{given} is set, but nothing loaded here is signed: pass lock= (a signed "
                           "kernels.lock) or package= (a signed pack) for the keys to check, or drop "

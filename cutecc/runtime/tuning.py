@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from cutecc import trust
+from cutecc import settings, trust
 from cutecc.contract.buckets import bucket_of, bucket_text
 from cutecc.contract.pinned import Tuned
 from cutecc.entry.meta import EntryMeta
@@ -143,7 +143,6 @@ def winners_in(root: Path) -> dict[str, list[str]]:
 def device_kind() -> str | None:
     """This process's GPU kind as JAX names it (`NVIDIA H100 80GB HBM3`); without a GPU,
     `$CUTECC_DEVICE_KIND` (to lower or export on a CPU host for that device), else None."""
-    import os
 
     import jax
 
@@ -151,7 +150,7 @@ def device_kind() -> str | None:
         devs = jax.devices("gpu")
     except RuntimeError:
         devs = []
-    return devs[0].device_kind if devs else os.environ.get("CUTECC_DEVICE_KIND") or None
+    return devs[0].device_kind if devs else settings.DEVICE_KIND.read() or None
 
 
 class TuningTable:

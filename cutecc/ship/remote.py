@@ -34,16 +34,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from cutecc import environ
+from cutecc import settings
 from cutecc.entry.meta import EntryMeta, FileRec, RuntimeLink
 from cutecc.entry.rules import MAX_META_BYTES, is_key
 from cutecc.errors import CuteccError
 from cutecc.remote_url import parse_url
+from cutecc.settings import BuildOptions
 from cutecc.ship.ingest import Refused, check_file, check_meta, publish
 from cutecc.store.layout import meta_file
 from cutecc.store.view import Entry
 from cutecc.store.writer import Store
-from cutecc.units import parse_size
 
 LAYOUT = "v1"
 DEFAULT_MAX_BLOB = 64 << 20  # a kernel's library is ~20 KB, a runtime library ~0.8 MB
@@ -69,25 +69,18 @@ class RemoteConfig:
         return "/".join((LAYOUT, *parts))
 
 
-def config(url: str | None = None, write: bool | None = None,
-           default: str | None = None) -> RemoteConfig | None:
-    """The remote cache asked for by arguments, else by `$CUTECC_REMOTE`, else `default`
-    (the manifest's `[build] remote`), with `$CUTECC_REMOTE_WRITE`; None when there is none."""
-    url = url if url is not None else os.environ.get(environ.REMOTE, "") or default or ""
+def config(options: BuildOptions, default: str | None = None, *, write: bool | None = None
+           ) -> RemoteConfig | None:
+    """The remote cache `options` ask for (a flag or `$CUTECC_REMOTE`, with its tunables,
+    read at the edge), else `default` (the manifest's `[build] remote`); it is written to when
+    `write` (else `options.remote_write`) says. None when there is none."""
+    url = options.remote if options.remote is not None else default or ""
     if not url.strip():
         return None
-    bucket, prefix = parse_url(url, f"--remote or ${environ.REMOTE}")
-    cap = os.environ.get(environ.REMOTE_MAX_BLOB, "")
-    try:
-        timeout = float(os.environ.get(environ.REMOTE_TIMEOUT, "") or DEFAULT_TIMEOUT)
-        jobs = int(os.environ.get(environ.REMOTE_JOBS, "") or DEFAULT_JOBS)
-    except ValueError:
-        raise CuteccError(f"${environ.REMOTE_TIMEOUT} (seconds) and ${environ.REMOTE_JOBS} must be "
-                          "numbers", where="environment") from None
-    if timeout <= 0 or jobs < 1:
-        raise CuteccError("remote timeout and jobs must be positive", where="environment")
-    return RemoteConfig(url.strip(), bucket, prefix, bool(write) or environ.flag(environ.REMOTE_WRITE),
-                        parse_size(cap) if cap else DEFAULT_MAX_BLOB, timeout, jobs)
+    bucket, prefix = parse_url(url, f"--remote or {settings.REMOTE.where}")
+    return RemoteConfig(url.strip(), bucket, prefix, options.remote_write if write is None else write,
+                        options.remote_max_blob or DEFAULT_MAX_BLOB,
+                        options.remote_timeout or DEFAULT_TIMEOUT, options.remote_jobs or DEFAULT_JOBS)
 
 
 class Unavailable(Exception):
@@ -194,7 +187,7 @@ class Remote:
                         self.cfg.bucket, prefix=self.cfg.prefix or None,
                         # client options given here replace those of the environment
                         client_options={"timeout": t, "connect_timeout": min(t, dt.timedelta(seconds=5)),
-                                        "allow_http": environ.flag("AWS_ALLOW_HTTP")},
+                                        "allow_http": settings.switch("AWS_ALLOW_HTTP")},
                         retry_config={"max_retries": 2, "retry_timeout": t,
                                       "backoff": {"init_backoff": dt.timedelta(milliseconds=100),
                                                   "max_backoff": dt.timedelta(seconds=2), "base": 2}})

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from cutecc import environ, trust
+from cutecc import settings, trust
 from cutecc.archs import is_arch
 from cutecc.entry.meta import EntryMeta, RuntimeMeta
 from cutecc.entry.rules import (
@@ -99,7 +99,7 @@ def default_cache_dir() -> Path:
     """`$CUTECC_CACHE_DIR`, else `v<STORE_FORMAT>` in the platform's user cache directory
     (XDG on Linux): a cutecc of another store format keeps its own default cache beside
     this one, so an upgrade (or two versions on one machine) never finds the other's."""
-    env = os.environ.get(environ.CACHE_DIR)
+    env = settings.CACHE_DIR.read()
     if env:
         return Path(env).expanduser()
     import platformdirs

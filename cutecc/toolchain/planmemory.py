@@ -36,7 +36,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from cutecc import environ, trust
+from cutecc import settings, trust
 from cutecc.atomic import atomic_write
 from cutecc.toolchain.planfacts import (
     ClosureBody,
@@ -49,7 +49,7 @@ from cutecc.toolchain.planfacts import (
     SourceFacts,
 )
 
-ENV = environ.PLAN_MEMORY
+ENV = settings.PLAN_MEMORY.env
 FILE = "planmemory.json"
 MAX_BYTES = 96 << 20
 PARSERS = 3  # the parsers (cutecc versions) whose facts one file holds, newest last
@@ -59,7 +59,7 @@ CLOSURES = 256  # import closures held (`HashCache.closure`'s records), the newe
 def directory() -> Path | None:
     """Where the memory lives: `$CUTECC_PLAN_MEMORY`, else `cutecc-planning` in the user's cache
     directory; None when that variable is `off`."""
-    env = os.environ.get(ENV)
+    env = settings.PLAN_MEMORY.read()
     if env == "off":
         return None
     if env:

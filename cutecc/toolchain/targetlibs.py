@@ -30,10 +30,11 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from cutecc import settings
 from cutecc.errors import InputError, WorkError
 from cutecc.locks import held
 
-CACHE_VAR = "CUTECC_PLATFORM_LIBS"
+CACHE_VAR = settings.PLATFORM_LIBS.env
 MAX_TREE_FILES = 1000  # the header tree: ~60 files today
 MAX_TREE_BYTES = 16 << 20
 FETCH_TIMEOUT = 900  # seconds for pip to fetch one wheel (the DSL's is ~91 MB)
@@ -140,7 +141,7 @@ def _sha(path: Path) -> str:
 def home() -> Path:
     """Where the wheels and their extracted files live (`$CUTECC_PLATFORM_LIBS`, else the
     user's cache directory), as named: `cache_dir` makes and checks it."""
-    env = os.environ.get(CACHE_VAR)
+    env = settings.PLATFORM_LIBS.read()
     if env:
         return Path(env)
     import platformdirs

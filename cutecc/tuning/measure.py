@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cutecc import settings
 from cutecc.contract.buckets import bucket_text
 from cutecc.contract.pinned import Pin, Tuned, TunedTiming
 from cutecc.errors import WorkError
@@ -115,7 +116,7 @@ def measure(root: Path, items: list[PlanItem], *, buckets: tuple[str, ...] = (),
                             "warmup": warmup, "rounds": repeats, "max_rounds": max_rounds}
     t0 = time.perf_counter()
     # One GPU: a kernel call outside shard_map is refused when several are visible.
-    env = {**os.environ, "CUTECC_SYNC_CHECK": "0",
+    env = {**os.environ, settings.SYNC_CHECK.env: "0",
            "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]}
     for item in items:
         points = item.points()  # each in the extents' order, as bucket_text names it

@@ -11,7 +11,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import REPO
+from helpers import REPO, opts
 
 import cutecc
 from cutecc import cubin
@@ -24,7 +24,8 @@ def test_a_compute_80_build_carries_ptx_and_lowers_for_an_h100(dsl: None, tmp_pa
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(REPO / "tests" / "gpu"))
     sys.modules.pop("arch_kernels", None)
-    r = build(REPO / "tests" / "gpu" / "arch_kernels" / "kernels.toml", cache_dir=tmp_path / "c", lock=False)
+    r = build(REPO / "tests" / "gpu" / "arch_kernels" / "kernels.toml", opts(cache_dir=tmp_path / "c"),
+              lock=False)
     assert r.ok, r.warnings()
     monkeypatch.setenv("CUTECC_DRIVER_VERSION", "none")  # a CPU host's: PTX is not judged
     ks = cutecc.load(tmp_path / "c", arch="sm_90")

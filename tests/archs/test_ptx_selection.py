@@ -11,7 +11,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import fallback_manifest
+from helpers import fallback_manifest, opts
 
 import cutecc
 from cutecc import archs, cubin
@@ -27,7 +27,7 @@ pytest.importorskip("ziglang", reason="building needs the build extra (zig links
 def cache(fallback_project: Path) -> Path:
     fallback_project.write_text(fallback_manifest(archs=["sm_90a", "compute_80"]))
     cache = fallback_project.parent.parent / "cache"
-    assert build(fallback_project, cache_dir=cache).ok
+    assert build(fallback_project, opts(cache_dir=cache)).ok
     return cache
 
 

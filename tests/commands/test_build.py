@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import PY, TOY_KERNEL, run_cli, toy_manifest, write_toy_project
+from helpers import PY, TOY_KERNEL, opts, run_cli, toy_manifest, write_toy_project
 
 from cutecc.commands.build import build
 from cutecc.store import Store
@@ -34,11 +34,12 @@ def _entries_verified(cache: Path) -> list[str]:
 
 def test_build_then_rebuild_is_all_cached_and_imports_no_dsl(toy_project: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    first = build(toy_project, cache_dir=cache, jobs=2)
+    first = build(toy_project, opts(cache_dir=cache, jobs=2))
     assert (first.count("built"), first.count("cached"), first.count("failed")) == (2, 0, 0)
     assert len(_entries_verified(cache)) == 2
     code = ("import sys, json; from cutecc.commands.build import build; "
-            f"r = build({str(toy_project)!r}, cache_dir={str(cache)!r}); "
+            "from cutecc.settings import BuildOptions; "
+            f"r = build({str(toy_project)!r}, BuildOptions(cache_dir={str(cache)!r})); "
             "print(json.dumps([r.count('built'), r.count('cached'), 'cutlass' in sys.modules, "
             "r.runtimes_built]))")
     out = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=True)
@@ -53,20 +54,20 @@ def test_a_hit_reads_its_index_record_not_its_metadata(toy_cache, tmp_path: Path
 
     toy = toy_cache.copy(tmp_path)
     lock = toy.manifest.with_name("kernels.lock")
-    first = build(toy.manifest, cache_dir=toy.cache)
+    first = build(toy.manifest, opts(cache_dir=toy.cache))
     assert first.count("cached") == 2 and lock.is_file()
     locked = lock.read_bytes()
     real = cutecc.store.view.read_meta
     read: list[str] = []
     monkeypatch.setattr(cutecc.store.view, "read_meta",  # an entry's; its runtime library's is read once
                         lambda d: "/entries/" in str(d) and read.append(str(d)) or real(d))
-    again = build(toy.manifest, cache_dir=toy.cache)
+    again = build(toy.manifest, opts(cache_dir=toy.cache))
     assert again.count("cached") == 2 and read == [] and lock.read_bytes() == locked
     store = Store(toy.cache)
     [e, *_] = list(store.entries())
     store.layout.index_record("scale", e.key).write_bytes(b"torn")  # an unreadable record: meta.json
     read.clear()
-    third = build(toy.manifest, cache_dir=toy.cache)
+    third = build(toy.manifest, opts(cache_dir=toy.cache))
     assert third.count("cached") == 2 and read == [store.layout.entry_str(e.key)]
     assert lock.read_bytes() == locked  # the same lock lines either way
 
@@ -87,12 +88,12 @@ def test_a_rewritten_metadata_is_read_not_its_older_index_record(toy_cache, tmp_
     read: list[str] = []
     monkeypatch.setattr(cutecc.store.view, "read_meta",
                         lambda d: "/entries/" in str(d) and read.append(str(d)) or real(d))
-    assert build(toy.manifest, cache_dir=toy.cache).count("cached") == 2 and len(set(read)) == 2
+    assert build(toy.manifest, opts(cache_dir=toy.cache)).count("cached") == 2 and len(set(read)) == 2
     keys = sorted(e.key for e in store.entries())
     for key in keys:  # the records were written again, stamped with the meta.json they read
         assert store.indexed_facts("scale", key).meta_stat == tuple(store.stamp(key))
     read.clear()
-    assert build(toy.manifest, cache_dir=toy.cache).count("cached") == 2 and read == []
+    assert build(toy.manifest, opts(cache_dir=toy.cache)).count("cached") == 2 and read == []
     # Relink one entry by hand: other library bytes, its meta.json rewritten to match.
     e = store.get(keys[0])
     lib = e.path / e.doc["library"]
@@ -102,12 +103,12 @@ def test_a_rewritten_metadata_is_read_not_its_older_index_record(toy_cache, tmp_
     new_sha = meta["files"][e.doc["library"]]["sha256"]
     assert store.indexed_facts("scale", e.key).facts.sha256 != new_sha  # the record is stale
     with pytest.raises(CuteccError, match="other bytes under a key the lock already names"):
-        build(toy.manifest, cache_dir=toy.cache)  # the lock is never made to vouch for them
+        build(toy.manifest, opts(cache_dir=toy.cache))  # the lock is never made to vouch for them
     assert set(read) == {store.layout.entry_str(e.key)}  # read (and again under its lock) ...
     assert store.indexed_facts("scale", e.key).facts.sha256 == new_sha  # ... to write its record
     lock.unlink()
     read.clear()
-    assert build(toy.manifest, cache_dir=toy.cache).count("cached") == 2 and read == []
+    assert build(toy.manifest, opts(cache_dir=toy.cache)).count("cached") == 2 and read == []
     assert new_sha in lock.read_text()
 
 
@@ -119,9 +120,9 @@ def test_editing_one_kernel_rebuilds_only_it(tmp_path: Path) -> None:
     assert "toy.ops2:scale" in text
     (proj / "kernels.toml").write_text(text)
     cache = tmp_path / "cache"
-    assert build(proj / "kernels.toml", cache_dir=cache).count("built") == 2
+    assert build(proj / "kernels.toml", opts(cache_dir=cache)).count("built") == 2
     (proj / "toy" / "ops2.py").write_text(TOY_KERNEL.replace("x[i] * scale", "scale * x[i]"))
-    again = build(proj / "kernels.toml", cache_dir=cache)
+    again = build(proj / "kernels.toml", opts(cache_dir=cache))
     status = {o.planned.kernel.name: o.status for o in again.outcomes}
     assert status == {"a": "cached", "b": "built"}
 
@@ -175,7 +176,7 @@ def test_a_build_killed_midway_loses_nothing_and_the_next_completes(tmp_path: Pa
     p.wait(30)
     before = _entries_verified(cache)  # whatever was published is whole
     assert len(before) < 6
-    report = build(proj / "kernels.toml", cache_dir=cache, jobs=2)
+    report = build(proj / "kernels.toml", opts(cache_dir=cache, jobs=2))
     assert report.ok and report.count("built") == 6 - len(before)
     assert len(_entries_verified(cache)) == 6
     assert list(tmp.iterdir()) == []

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import toy_manifest
+from helpers import opts, toy_manifest
 
 from cutecc.commands.build import build
 from cutecc.store.build_records import GenerationRecord, ManifestRecord
@@ -24,9 +24,9 @@ def _changed(before: dict, after: dict) -> set[str]:
 
 
 def test_a_second_no_op_build_writes_only_its_counters_and_used_marks(built) -> None:
-    assert build(built.manifest, cache_dir=built.cache).ok  # the copy's records, its planning
+    assert build(built.manifest, opts(cache_dir=built.cache)).ok  # the copy's records, its planning
     cache, project = snapshot(built.cache), snapshot(built.manifest.parent)
-    report = build(built.manifest, cache_dir=built.cache)
+    report = build(built.manifest, opts(cache_dir=built.cache))
     assert report.ok and report.count("cached") == 2 and not report.lock_changed
     after = snapshot(built.cache)
     changed = _changed(cache, after)
@@ -39,13 +39,13 @@ def test_a_second_no_op_build_writes_only_its_counters_and_used_marks(built) -> 
 
 
 def test_a_changed_manifest_still_writes_its_records(built) -> None:
-    assert build(built.manifest, cache_dir=built.cache).ok
+    assert build(built.manifest, opts(cache_dir=built.cache)).ok
     store = built.store
     gen = store.layout.generation("scale", "sm_90a")
     record = store.layout.manifest_record(built.manifest)
     before = snapshot(built.cache)
     built.manifest.write_text(toy_manifest(threads=(64,)))  # one variant
-    report = build(built.manifest, cache_dir=built.cache)
+    report = build(built.manifest, opts(cache_dir=built.cache))
     assert report.ok and len(report.outcomes) == 1 and report.lock_changed
     changed = _changed(before, snapshot(built.cache))
     assert {"generations/scale@sm_90a.json", str(record.relative_to(built.cache))} <= changed

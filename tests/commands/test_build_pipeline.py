@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import toy_manifest, write_toy_project
+from helpers import opts, toy_manifest, write_toy_project
 
 from cutecc.build import builder
 from cutecc.build.executors import Executor, choose
@@ -62,14 +62,14 @@ def test_tune_parses_the_manifest_once_and_plans_the_candidates_once(tmp_path: P
     manifest.write_text(TUNED)
     cache = tmp_path / "c"
     with calls(load_manifest, plan) as seen:
-        report = tune(manifest, cache_dir=cache, compile_only=True, jobs=2)
+        report = tune(manifest, opts(cache_dir=cache, jobs=2), compile_only=True)
     assert seen == {"load_manifest": 1, "plan": 1}, seen
     assert report.exit_code == 0 and (report.built, report.cached) == (2, 0), report.warnings()
     (item,) = report.plan
     assert [c.variant for c in item.candidates] == ["default", "threads=128"]
     assert not (manifest.parent / "kernels.lock").exists()  # candidates lock nothing
     # `cutecc build` plans the default under the key tune compiled it with: nothing to build.
-    again = build(manifest, cache_dir=cache, lock=False)
+    again = build(manifest, opts(cache_dir=cache), lock=False)
     assert [(o.status, o.planned.key) for o in again.outcomes] == [("cached", item.base)]
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import PY, REPO, Toy, run_cli, write_toy_project
+from helpers import PY, REPO, Toy, opts, run_cli, write_toy_project
 
 import cutecc
 from cutecc.cli import main
@@ -104,6 +104,45 @@ def test_every_command_names_the_manifest_with_dash_m(tmp_path: Path,
     assert r.exit_code == 1 and "not in the cache" in r.stderr  # found the manifest, nothing built
     r = invoke("build", str(manifest), "-m", str(tmp_path / "other.toml"), "--dry-run")
     assert r.exit_code == 2 and "give the manifest once" in r.stderr
+    r = invoke("build", str(manifest), "-m", str(manifest), "--dry-run")  # both, even alike: once
+    assert r.exit_code == 2 and "error: MANIFEST: give the manifest once" in r.stderr
+
+
+def test_every_command_that_reads_a_manifest_takes_it_both_ways(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The manifest is named alike everywhere: the argument MANIFEST or -m/--manifest (issue 46:
+    `cutecc verify -m` and `cutecc misses kernels.toml` failed)."""
+    import click
+
+    from cutecc.cli import main
+
+    ctx = click.Context(main, **main.context_settings)
+    readers = {}
+    for name in main.list_commands(ctx):
+        cmd = main.get_command(ctx, name)
+        assert cmd is not None
+        params = {p.name: p for p in cmd.params}
+        if "manifest" in params or "manifest_opt" in params:
+            readers[name] = params
+    assert set(readers) == {"build", "tune", "list", "explain", "verify", "misses", "pack"}
+    for name, params in readers.items():
+        assert isinstance(params["manifest"], click.Argument), name
+        assert params["manifest_opt"].opts == ["-m", "--manifest"], name
+    manifest = write_toy_project(tmp_path / "proj")
+    monkeypatch.chdir(tmp_path)  # nothing to find here
+    cache = str(tmp_path / "c")
+    Store(tmp_path / "c").ensure()
+    for spelled in ([str(manifest)], ["-m", str(manifest)], ["--manifest", str(manifest)]):
+        r = invoke("build", *spelled, "--dry-run", "--cache-dir", cache)
+        assert r.exit_code == 0 and "would build" in r.stdout, (spelled, r.stderr)
+        r = invoke("misses", *spelled, "--toml", "--cache-dir", cache)
+        assert r.exit_code == 0, (spelled, r.stderr)
+        r = invoke("list", *spelled, "--cache-dir", cache)
+        assert r.exit_code == 0, (spelled, r.stderr)
+        r = invoke("verify", *spelled, "--cache-dir", cache)  # read, then refused: it is --deep's
+        assert r.exit_code == 2 and "give --deep too" in r.stderr, (spelled, r.stderr)
+        r = invoke("tune", *spelled, "--dry-run", "--cache-dir", cache)  # read: it tunes nothing
+        assert r.exit_code == 2 and f"{manifest}: no kernel declares a tuning space" in r.stderr, r.stderr
 
 
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00")
@@ -186,7 +225,7 @@ def test_a_build_says_when_it_waits_for_another_process(tmp_path: Path) -> None:
 
     out: list[object] = []
     with held(store.locks_dir / f"{p.key}.lock"):
-        t = threading.Thread(target=lambda: out.append(build(manifest, cache_dir=store.root,
+        t = threading.Thread(target=lambda: out.append(build(manifest, opts(cache_dir=store.root),
                                                              progress=Recorder())))
         t.start()
         assert release.wait(60)

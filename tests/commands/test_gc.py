@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import PY
+from helpers import PY, opts
 
 from cutecc.cli import main
 from cutecc.commands.build import build
@@ -137,10 +137,10 @@ def test_build_hit_records_use_and_dry_run_does_not(built) -> None:
     e = built.entries()["threads=64"]
     past = time.time() - 30 * DAY
     _use(e.path, past)
-    build(built.manifest, cache_dir=built.cache, dry_run=True)
+    build(built.manifest, opts(cache_dir=built.cache), dry_run=True)
     assert (e.path / USED).stat().st_mtime == past
     before = json.loads((e.path / "meta.json").read_bytes())
-    build(built.manifest, cache_dir=built.cache)
+    build(built.manifest, opts(cache_dir=built.cache))
     assert (e.path / USED).stat().st_mtime > time.time() - 60
     assert json.loads((e.path / "meta.json").read_bytes()) == before  # hashes untouched
 

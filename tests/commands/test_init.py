@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import opts
 
 from cutecc.build import builder
 from cutecc.commands.build import build
@@ -59,7 +60,7 @@ def test_inits_pins_install_a_fresh_venv_that_reproduces_the_lock(tmp_path: Path
         pytest.skip("needs uv (the test extra) to add the hashes")
     proj = tmp_path / "proj"
     init(proj)
-    here = build(proj / "kernels.toml", cache_dir=tmp_path / "c0", lock_file=tmp_path / "here.lock")
+    here = build(proj / "kernels.toml", opts(cache_dir=tmp_path / "c0"), lock_file=tmp_path / "here.lock")
     assert here.ok, [o.error for o in here.outcomes]
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     r = subprocess.run([uv, "pip", "compile", "requirements.txt", "--generate-hashes", "--quiet",

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from helpers import fallback_manifest
+from helpers import fallback_manifest, opts
 
 import cutecc
 from cutecc.cli import main
@@ -34,7 +34,7 @@ def _cli(*args: str) -> str:
 
 def _missed(project: Path) -> Path:
     cache = project.parent.parent / "cache"
-    assert build(project, cache_dir=cache).ok
+    assert build(project, opts(cache_dir=cache)).ok
     ks = cutecc.load(cache, arch="sm_90a")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FallbackWarning)
@@ -60,7 +60,7 @@ def test_misses_toml_prints_a_variant_that_once_built_serves_the_call(fallback_p
     assert "[kernel.scale]\nvariants = { d = [64, 32] }\n# adds d=32" in out
     # the printed table, put in the manifest and built, serves the call from the cache
     fallback_project.write_text(fallback_manifest(ds=[64, 32]))
-    assert build(fallback_project, cache_dir=cache).ok
+    assert build(fallback_project, opts(cache_dir=cache)).ok
     b, _ = cutecc.load(cache, arch="sm_90a").scale.select(jnp.ones((3, 32), jnp.float32))
     assert b.variant == "d=32"
 
@@ -68,7 +68,7 @@ def test_misses_toml_prints_a_variant_that_once_built_serves_the_call(fallback_p
 def test_misses_toml_adds_the_arch_a_cache_lacks(fallback_project: Path) -> None:
     fallback_project.write_text(fallback_manifest(archs=["sm_100a"]))
     cache = fallback_project.parent.parent / "cache"
-    assert build(fallback_project, cache_dir=cache).ok
+    assert build(fallback_project, opts(cache_dir=cache)).ok
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FallbackWarning)
         cutecc.load(cache, arch="sm_90a").scale(jnp.ones((2, 64), jnp.float32))

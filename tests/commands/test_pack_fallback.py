@@ -12,7 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import PY, REPO, Toy
+from helpers import PY, REPO, Toy, opts
 
 from cutecc.commands.build import build
 from cutecc.commands.pack import pack
@@ -48,7 +48,7 @@ def with_fallback(toy_cache: Toy, tmp_path: Path) -> Toy:
     (pkg / "amp.py").write_text("def amp(y):\n    return y + 1\n")
     toy.manifest.write_text(toy.manifest.read_text().replace(
         'entry = "toy.ops:scale"', 'entry = "toy.ops:scale"\nfallback = "toy.ref:scale"'))
-    r = build(toy.manifest, cache_dir=toy.cache)
+    r = build(toy.manifest, opts(cache_dir=toy.cache))
     assert r.ok and r.count("built") == 0, [o.status for o in r.outcomes]
     return toy
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import Toy, run_cli
+from helpers import Toy, opts, run_cli
 
 from cutecc.toolchain.dists import normalize
 
@@ -109,7 +109,7 @@ def test_an_aarch64_wheelhouse_resolves_for_its_platform(toy_cache: Toy, tmp_pat
 
     proj = toy_cache.copy(tmp_path, cache="c")
     lock = tmp_path / "arm.lock"
-    built = build(proj.manifest, cache_dir=proj.cache, platforms=("aarch64",), lock_file=lock)
+    built = build(proj.manifest, opts(cache_dir=proj.cache), platforms=("aarch64",), lock_file=lock)
     assert built.ok, [o.error for o in built.outcomes]
     arm = Toy(proj.manifest, proj.cache)
     r = run_cli("pack", "--lock", str(lock), "--cache-dir", str(arm.cache), "--name", "toy-kernels",

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import toy_manifest
+from helpers import opts, toy_manifest
 
 from cutecc.cli import main
 from cutecc.commands.build import build
-from cutecc.environ import read_only as read_only_from_env
 from cutecc.errors import CuteccError
+from cutecc.settings import read_only as read_only_from_env
 
 from .conftest import snapshot
 
@@ -25,7 +25,7 @@ def test_all_hits_write_nothing(built, via: str, monkeypatch: pytest.MonkeyPatch
     before = snapshot(built.cache)
     if via == "env":
         monkeypatch.setenv("CUTECC_READ_ONLY", "1")
-    report = build(built.manifest, cache_dir=built.cache, read_only=via == "argument")
+    report = build(built.manifest, opts(cache_dir=built.cache, read_only=via == "argument"))
     assert report.ok and report.count("cached") == 2
     assert snapshot(built.cache) == before  # no `used`, no stats.json, no lock, no sweep
 
@@ -41,7 +41,7 @@ def test_a_miss_is_an_error_naming_it_and_compiles_nothing(built, via: str,
         monkeypatch.setenv("CUTECC_READ_ONLY", "yes")
     t0 = time.monotonic()
     with pytest.raises(CuteccError) as err:
-        build(built.manifest, cache_dir=built.cache, read_only=via == "argument")
+        build(built.manifest, opts(cache_dir=built.cache, read_only=via == "argument"))
     assert time.monotonic() - t0 < 5  # no compile
     assert err.value.exit_code == 1
     assert "read-only mode: 1 entry not in the cache: scale[threads=256]@sm_90a" in err.value.message
@@ -51,7 +51,7 @@ def test_a_miss_is_an_error_naming_it_and_compiles_nothing(built, via: str,
 
 def test_read_only_never_creates_a_cache(built, tmp_path: Path) -> None:
     with pytest.raises(CuteccError, match="2 entries not in the cache"):
-        build(built.manifest, cache_dir=tmp_path / "new", read_only=True)
+        build(built.manifest, opts(cache_dir=tmp_path / "new", read_only=True))
     assert not (tmp_path / "new").exists()
 
 

@@ -6,6 +6,7 @@ import time
 
 import pytest
 from click.testing import CliRunner
+from helpers import opts
 
 from cutecc.cli import main
 from cutecc.commands.build import build
@@ -22,7 +23,7 @@ def test_rm_by_prefix_removes_exactly_that_entry_and_build_brings_it_back(built)
     assert report.removed[0]["bytes"] > 1000
     assert set(built.entries()) == {"threads=128"} and not e.path.exists()
     assert list(built.store.tmp_dir.iterdir()) == []  # renamed out, then deleted
-    again = build(built.manifest, cache_dir=built.cache)
+    again = build(built.manifest, opts(cache_dir=built.cache))
     assert sorted(o.status for o in again.outcomes) == ["built", "cached"]
 
 

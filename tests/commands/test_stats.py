@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import toy_manifest
+from helpers import opts, toy_manifest
 
 from cutecc.cli import main
 from cutecc.commands.build import build
@@ -23,8 +23,8 @@ def test_builds_record_hits_misses_and_seconds_saved(built) -> None:
     s = stats(built.cache)  # the fixture's build: two compiles
     assert (s["entries"], s["hits"], s["misses"], s["failures"]) == (2, 0, 2, 0)
     assert s["bytes"] == sum(e.disk_bytes() for e in built.store.entries())
-    build(built.manifest, cache_dir=built.cache)
-    build(built.manifest, cache_dir=built.cache, dry_run=True)  # records nothing
+    build(built.manifest, opts(cache_dir=built.cache))
+    build(built.manifest, opts(cache_dir=built.cache), dry_run=True)  # records nothing
     s = stats(built.cache)
     assert (s["hits"], s["misses"], s["failures"], s["hit_rate"]) == (2, 2, 0, 0.5)
     saved = sum(e.doc["build_seconds"] for e in built.store.entries())
@@ -50,7 +50,7 @@ def test_failures_are_counted(built) -> None:
     text = built.manifest.read_text() + toy_manifest(threads=(32,), kernels=("broken",)).split("\n", 1)[1]
     built.manifest.write_text(text.replace('[kernel.broken]\nentry = "toy.ops:scale"',
                                            '[kernel.broken]\nentry = "toy.ops:broken"'))
-    report = build(built.manifest, cache_dir=built.cache)
+    report = build(built.manifest, opts(cache_dir=built.cache))
     assert report.count("failed") == 1
     s = stats(built.cache)
     assert (s["hits"], s["misses"], s["failures"]) == (2, 2, 1)
@@ -59,7 +59,7 @@ def test_failures_are_counted(built) -> None:
 def test_a_stats_file_of_another_format_is_left_alone(built) -> None:
     other = json.dumps({"format": 99, "whatever": 1})
     (built.cache / "stats.json").write_text(other)
-    build(built.manifest, cache_dir=built.cache)
+    build(built.manifest, opts(cache_dir=built.cache))
     assert (built.cache / "stats.json").read_text() == other
     assert stats(built.cache)["hits"] == 0
 

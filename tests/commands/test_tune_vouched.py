@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import fake_compile
+from helpers import fake_compile, opts
 
 from cutecc.commands.build import build
 from cutecc.commands.tune import tune
@@ -64,8 +64,8 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "toytune", raising=False)
     cache = tmp_path / "cache"
-    assert build(manifest, cache_dir=cache).ok
-    assert tune(manifest, compile_only=True, cache_dir=cache).failed == []
+    assert build(manifest, opts(cache_dir=cache)).ok
+    assert tune(manifest, opts(cache_dir=cache), compile_only=True).failed == []
     (item,) = [it for it in read_plan(cache, manifest_digest(manifest), "x") if it.kernel == "scale"]
     return manifest, cache, item
 
@@ -99,11 +99,11 @@ def test_a_record_against_a_winner_changed_since_it_was_measured_is_refused(
     before = lock.read_bytes()
     _alter(cache, winner)
     with pytest.raises(CuteccError, match="altered") as e:
-        tune(manifest, record=tmp_path / "r.json", cache_dir=cache)
+        tune(manifest, opts(cache_dir=cache), record=tmp_path / "r.json")
     assert e.value.exit_code == 1 and "scale[threads=64]" in e.value.message, e.value.message
     assert lock.read_bytes() == before and not results_path(cache, item.base).exists()
     _alter(cache, winner)  # the bytes measured again: recorded
-    report = tune(manifest, record=tmp_path / "r.json", cache_dir=cache)
+    report = tune(manifest, opts(cache_dir=cache), record=tmp_path / "r.json")
     assert report.lock_changed and [t.winner for t in read_lock(lock).tuning] == [winner]
 
 
@@ -121,7 +121,7 @@ def test_a_signing_record_hashes_every_line_of_the_lock_it_signs(
     before = lock.read_bytes()
     with pytest.raises(CuteccError, match=r"refusing to sign: 1 lock line\(s\) this tune cannot vouch "
                                           r"for: plain\[default\]@sm_90a.*altered"):
-        tune(manifest, record=tmp_path / "r.json", cache_dir=cache, sign_key=private)
+        tune(manifest, opts(cache_dir=cache, sign_key=private), record=tmp_path / "r.json")
     assert lock.read_bytes() == before and not Path(f"{lock}{signing.SIG_SUFFIX}").exists()
     # unsigned, the line is only compared with the cache's metadata (as a build does)
-    assert tune(manifest, record=tmp_path / "r.json", cache_dir=cache).lock_changed
+    assert tune(manifest, opts(cache_dir=cache), record=tmp_path / "r.json").lock_changed

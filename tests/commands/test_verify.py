@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers import opts
 
 from cutecc.cli import main
 from cutecc.commands.build import build
@@ -103,7 +104,7 @@ def test_fix_quarantines_only_the_bad_entry_and_the_next_build_rebuilds_exactly_
     assert why["format"] == 1 and why["key"] == bad.key and "altered" in why["reason"]
     assert not bad.path.exists() and not stale.exists()
     assert verify(built.cache).ok
-    again = build(built.manifest, cache_dir=built.cache)
+    again = build(built.manifest, opts(cache_dir=built.cache))
     assert {o.planned.variant.id: o.status for o in again.outcomes} == {
         "threads=64": "built", "threads=128": "cached"}
     assert built.entries()["threads=64"].key == bad.key

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from call_keyword_kernels import OPS
+from helpers import opts
 
 import cutecc
 from cutecc.commands.build import build
@@ -91,7 +92,7 @@ def test_a_keyword_that_is_also_a_scalar_is_a_manifest_error(tmp_path: Path) -> 
 def built(dsl: None, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("kw")
     manifest = _project(root)
-    report = build(manifest, cache_dir=root / "cache", jobs=2)
+    report = build(manifest, opts(cache_dir=root / "cache", jobs=2))
     failed = [(o.status, o.error) for o in report.outcomes if o.error]
     assert {o.status for o in report.outcomes} == {"built"}, failed
     return manifest, root / "cache"

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import opts
 
 import cutecc
 from cutecc.commands.build import build
@@ -108,17 +109,18 @@ def test_layout_and_divisibility_are_in_the_key(tmp_path: Path) -> None:
 @pytest.mark.usefixtures("dsl")
 def test_a_vectorised_copy_over_a_symbolic_extent_needs_its_divisibility(tmp_path: Path) -> None:
     """Without `divisibility` the DSL refuses the 128-bit copy; with it, it compiles."""
-    without = build(_project(tmp_path / "a", ROWS), cache_dir=tmp_path / "ca", jobs=1, lock=False)
+    without = build(_project(tmp_path / "a", ROWS), opts(cache_dir=tmp_path / "ca", jobs=1), lock=False)
     (o,) = without.outcomes
     assert o.status == "failed" and "alignment" in (o.error or ""), o.error
-    with_ = build(_project(tmp_path / "b", ROWS + DIV_N), cache_dir=tmp_path / "cb", jobs=1, lock=False)
+    with_ = build(_project(tmp_path / "b", ROWS + DIV_N), opts(cache_dir=tmp_path / "cb", jobs=1),
+                  lock=False)
     assert [x.status for x in with_.outcomes] == ["built"], [x.error for x in with_.outcomes]
 
 
 @pytest.fixture(scope="module")
 def cols_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("lay")
-    report = build(_project(root, COLS + ROWS + DIV_N), cache_dir=root / "cache", jobs=2, lock=False)
+    report = build(_project(root, COLS + ROWS + DIV_N), opts(cache_dir=root / "cache", jobs=2), lock=False)
     assert [o.status for o in report.outcomes] == ["built", "built"], [o.error for o in report.outcomes]
     return root / "cache"
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import opts
 
 import cutecc
 from cutecc.build.compiler import wrapper_source
@@ -214,8 +215,8 @@ def test_a_vectorised_copy_in_a_padded_buffer_needs_the_stride_divisibility(tmp_
     """128-bit copies along rows of an (m, ldx) buffer need each row 16-byte aligned: the
     DSL refuses them unless ldx is declared a multiple of 8 bf16 (and builds them then)."""
     without = PAD_ROWS.replace("symbols = { ldx = { divisibility = 8 }, ldy = { divisibility = 8 } }\n", "")
-    r = build(_manifest(tmp_path / "a", without.replace("[64, 1024]", "[64]")), cache_dir=tmp_path / "ca",
-              jobs=1, lock=False)
+    r = build(_manifest(tmp_path / "a", without.replace("[64, 1024]", "[64]")),
+              opts(cache_dir=tmp_path / "ca", jobs=1), lock=False)
     (o,) = r.outcomes
     assert o.status == "failed" and "alignment" in (o.error or ""), o.error
 
@@ -223,7 +224,7 @@ def test_a_vectorised_copy_in_a_padded_buffer_needs_the_stride_divisibility(tmp_
 @pytest.fixture(scope="module")
 def padded_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("pad")
-    report = build(_manifest(root, ROW_DOT + PAD_ROWS + PAD_COLS), cache_dir=root / "cache", jobs=2,
+    report = build(_manifest(root, ROW_DOT + PAD_ROWS + PAD_COLS), opts(cache_dir=root / "cache", jobs=2),
                    lock=False)
     assert [o.status for o in report.outcomes] == ["built"] * 4, [o.error for o in report.outcomes]
     return root / "cache"

@@ -128,7 +128,7 @@ def _setup_with_a_thread() -> None:
 
 
 def _serve_then_die(conn: Any, parent: int, token: str) -> None:
-    conn.send(("ready", os.getppid() == parent, os.environ.get("CUTECC_WORKER_MARK")))
+    conn.send(("ready", os.getppid() == parent, os.environ.get("CUTECC_INTERNAL_WORKER_MARK")))
     if conn.recv() == "segfault":
         os.kill(os.getpid(), signal.SIGSEGV)
     conn.send("bye")

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import run_cli, toy_manifest, write_toy_project
+from helpers import opts, run_cli, toy_manifest, write_toy_project
 
 from cutecc.build.executors import choose
 from cutecc.build.workers import BuildJob, Result
@@ -70,7 +70,7 @@ def test_the_manifests_build_table_is_the_default_below_flags_and_environment(
 def test_ray_builds_the_same_keys_and_bytes_as_local_with_per_arch_environments(
         ray_cluster, toy_cache, tmp_path: Path) -> None:
     copy = toy_cache.copy(tmp_path / "p")
-    rep = build(copy.manifest, cache_dir=tmp_path / "ray", executor="ray", lock=False,
+    rep = build(copy.manifest, opts(cache_dir=tmp_path / "ray", executor="ray"), lock=False,
                 archs=("sm_90a", "sm_80"))
     assert rep.ok and rep.count("built") == 4 and rep.executor == "ray", rep.warnings()
     assert rep.workers == "ray" and all(o.timings["compile"] > 0 for o in rep.outcomes)
@@ -130,7 +130,7 @@ def test_a_failing_ray_task_fails_only_itself(ray_cluster, toy_cache, tmp_path: 
     text = copy.manifest.read_text() + toy_manifest(threads=(32,), kernels=("broken",)).split("\n", 1)[1]
     copy.manifest.write_text(text.replace('[kernel.broken]\nentry = "toy.ops:scale"',
                                           '[kernel.broken]\nentry = "toy.ops:broken"'))
-    rep = build(copy.manifest, cache_dir=copy.cache, executor="ray", lock=False,
+    rep = build(copy.manifest, opts(cache_dir=copy.cache, executor="ray"), lock=False,
                 kernels=("broken", "scale"), archs=("sm_90a",))
     assert (rep.count("failed"), rep.count("cached"), rep.exit_code) == (1, 2, 1)
     (line,) = [w for w in rep.warnings() if w.startswith("FAILED")]
@@ -140,11 +140,11 @@ def test_a_failing_ray_task_fails_only_itself(ray_cluster, toy_cache, tmp_path: 
 def test_ray_workers_upload_to_the_remote(ray_cluster, s3, tmp_path: Path) -> None:
     url = f"s3://{s3.bucket}/ray-{os.getpid()}"
     manifest = write_toy_project(tmp_path / "p", threads=(256,))
-    rep = build(manifest, cache_dir=tmp_path / "c", executor="ray", remote=url, remote_write=True,
+    rep = build(manifest, opts(cache_dir=tmp_path / "c", executor="ray", remote=url, remote_write=True),
                 lock=False)
     assert rep.ok and rep.count("built") == 1 and rep.remote is not None, rep.warnings()
     assert rep.remote.uploaded == 1 and rep.warnings() == []
-    second = build(manifest, cache_dir=tmp_path / "c2", executor="ray", remote=url, lock=False)
+    second = build(manifest, opts(cache_dir=tmp_path / "c2", executor="ray", remote=url), lock=False)
     assert second.count("built") == 0 and second.remote is not None and second.remote.fetched == 1
     assert _libraries(tmp_path / "c2") == _libraries(tmp_path / "c")
 

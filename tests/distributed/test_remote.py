@@ -13,13 +13,14 @@ from pathlib import Path
 
 import obstore
 import pytest
-from helpers import PY, run_cli, write_toy_project
+from helpers import PY, opts, run_cli, write_toy_project
 
 from cutecc.commands.build import Progress, build
 from cutecc.commands.fetch import fetch
 from cutecc.commands.stats import stats
 from cutecc.errors import CuteccError
 from cutecc.lock.lockfile import read_lock
+from cutecc.settings import BuildOptions
 from cutecc.ship.remote import Remote, RemoteConfig, config, parse_url
 from cutecc.store import Store
 
@@ -32,7 +33,7 @@ def _libraries(cache: Path) -> dict[str, bytes]:
 
 
 def _cfg(url: str, **kw: object) -> RemoteConfig:
-    cfg = config(url)
+    cfg = config(BuildOptions(remote=url))
     assert cfg is not None
     return RemoteConfig(cfg.url, cfg.bucket, cfg.prefix, **kw)  # type: ignore[arg-type]
 
@@ -57,20 +58,24 @@ def test_urls_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         assert e.value.exit_code == 2 and e.value.where == "--remote"
     monkeypatch.delenv("CUTECC_REMOTE", raising=False)
     monkeypatch.delenv("CUTECC_REMOTE_WRITE", raising=False)
-    assert config() is None
+    assert config(BuildOptions.from_environment()) is None
     monkeypatch.setenv("CUTECC_REMOTE", "s3://team-cache/kernels")
     monkeypatch.setenv("CUTECC_REMOTE_MAX_BLOB", "2M")
-    cfg = config()
+    cfg = config(BuildOptions.from_environment())
     assert cfg is not None and (cfg.bucket, cfg.prefix, cfg.write, cfg.max_blob) == (
         "team-cache", "kernels", False, 2 << 20)
     monkeypatch.setenv("CUTECC_REMOTE_WRITE", "1")
-    assert config().write and config("s3://other/p").url == "s3://other/p"  # type: ignore[union-attr]
+    assert config(BuildOptions.from_environment()).write  # type: ignore[union-attr]
+    assert config(BuildOptions.from_environment(remote="s3://other/p")).url == "s3://other/p"  # type: ignore[union-attr]
+    assert config(BuildOptions(), default="s3://manifest/p").url == "s3://manifest/p"  # type: ignore[union-attr]
 
 
 def test_import_cutecc_and_a_plain_build_import_neither_obstore_nor_ray(toy_cache, tmp_path: Path) -> None:
     copy = toy_cache.copy(tmp_path)
     code = ("import sys, cutecc; from cutecc.commands.build import build; "
-            f"r = build({str(copy.manifest)!r}, cache_dir={str(copy.cache)!r}); "
+            "from cutecc.settings import BuildOptions; "
+            f"r = build({str(copy.manifest)!r}, "
+            f"BuildOptions.from_environment(cache_dir={str(copy.cache)!r})); "
             "print(r.count('cached'), "
             "sorted(m for m in sys.modules if m.split('.')[0] in ('obstore', 'ray')))")
     r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=300)
@@ -84,7 +89,7 @@ def test_import_cutecc_and_a_plain_build_import_neither_obstore_nor_ray(toy_cach
 @pytest.mark.usefixtures("dsl")
 def test_a_build_publishes_and_a_second_machine_fetches_everything(s3, prefix: str, tmp_path: Path) -> None:
     manifest = write_toy_project(tmp_path / "proj")
-    first = build(manifest, cache_dir=tmp_path / "ci", remote=prefix, remote_write=True, lock=False)
+    first = build(manifest, opts(cache_dir=tmp_path / "ci", remote=prefix, remote_write=True), lock=False)
     assert first.ok and first.count("built") == 2, first.warnings()
     assert first.remote is not None and first.remote.uploaded == 2 and first.warnings() == []
     objs = s3.objects(parse_url(prefix)[1])
@@ -119,14 +124,14 @@ def test_a_build_publishes_and_a_second_machine_fetches_everything(s3, prefix: s
     assert (s["misses"], s["remote_misses"], s["remote_uploads"]) == (2, 2, 2)
     assert s["remote_bytes_up"] > 500_000
     # run again: all local hits, nothing asked of the remote
-    again = build(manifest, cache_dir=tmp_path / "dev", remote=prefix, lock=False)
+    again = build(manifest, opts(cache_dir=tmp_path / "dev", remote=prefix), lock=False)
     assert again.count("cached") == 2 and again.remote is not None and again.remote.traffic.requests == 0
 
 
 @pytest.mark.usefixtures("dsl")
 def test_read_only_mode_writes_nothing_to_the_remote(s3, prefix: str, tmp_path: Path) -> None:
     manifest = write_toy_project(tmp_path / "proj")
-    rep = build(manifest, cache_dir=tmp_path / "c", remote=prefix, lock=False)
+    rep = build(manifest, opts(cache_dir=tmp_path / "c", remote=prefix), lock=False)
     assert rep.ok and rep.count("built") == 2 and rep.remote is not None
     assert rep.remote.absent == 2 and rep.remote.uploaded == 0 and rep.remote.traffic.bytes_up == 0
     assert s3.objects(parse_url(prefix)[1]) == []
@@ -140,13 +145,13 @@ def test_the_manifests_remote_is_used_read_only_and_a_flag_overrides_it(
     monkeypatch.delenv("CUTECC_REMOTE_WRITE", raising=False)
     manifest = write_toy_project(tmp_path / "proj")
     manifest.write_text(manifest.read_text() + f'\n[build]\nremote = "{prefix}"\n')
-    ci = build(manifest, cache_dir=tmp_path / "ci", remote_write=True, lock=False)  # CI writes
+    ci = build(manifest, opts(cache_dir=tmp_path / "ci", remote_write=True), lock=False)  # CI writes
     assert ci.remote is not None and ci.remote.url == prefix and ci.remote.uploaded == 2
     dev = run_cli("build", str(manifest), "--cache-dir", str(tmp_path / "dev"), "--no-lock", "--json")
     rep = json.loads(dev.stdout)
     assert dev.returncode == 0 and rep["fetched"] == 2 and rep["remote"]["url"] == prefix, dev.stderr
     assert rep["remote"]["write"] is False  # the manifest never turns writing on
-    other = build(manifest, cache_dir=tmp_path / "other", remote=f"{prefix}-elsewhere", lock=False)
+    other = build(manifest, opts(cache_dir=tmp_path / "other", remote=f"{prefix}-elsewhere"), lock=False)
     assert other.remote is not None and other.remote.url == f"{prefix}-elsewhere"
     assert other.count("built") == 2 and other.remote.absent == 2
 
@@ -172,7 +177,7 @@ def test_two_builders_racing_on_one_key(s3, prefix: str, tmp_path: Path) -> None
     (key,) = _libraries(tmp_path / "m0")
     raw = bytes(obstore.get(s3.store(parse_url(prefix)[1]), f"v1/entries/{key}.json").bytes())
     assert raw in [(Store(tmp_path / f"m{i}").layout.entry(key) / "meta.json").read_bytes() for i in range(2)]
-    third = build(manifest, cache_dir=tmp_path / "m2", remote=prefix, lock=False)
+    third = build(manifest, opts(cache_dir=tmp_path / "m2", remote=prefix), lock=False)
     assert third.count("built") == 0 and third.remote is not None and third.remote.fetched == 1
     assert _libraries(tmp_path / "m2") == _libraries(tmp_path / "m0") == _libraries(tmp_path / "m1")
 
@@ -223,7 +228,7 @@ def test_the_server_stopped_mid_build_degrades_with_one_warning(
     manifest = write_toy_project(tmp_path / "proj")
     url = f"s3://{server.bucket}/mid"
     t0 = time.monotonic()
-    rep = build(manifest, cache_dir=tmp_path / "c", remote=url, remote_write=True,
+    rep = build(manifest, opts(cache_dir=tmp_path / "c", remote=url, remote_write=True),
                 progress=_StopsServer(server), lock=False)
     assert time.monotonic() - t0 < 120
     assert rep.ok and rep.exit_code == 0 and rep.count("built") == 2
@@ -272,7 +277,8 @@ def test_a_hung_server_times_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("CUTECC_REMOTE_TIMEOUT", "1")
     keys = ["a" * 64, "b" * 64, "c" * 64]
     t0 = time.monotonic()
-    found = Remote(config("s3://hung/p")).lookup(keys, Store(tmp_path / "c"))  # type: ignore[arg-type]
+    hung = config(BuildOptions.from_environment(remote="s3://hung/p"))
+    found = Remote(hung).lookup(keys, Store(tmp_path / "c"))  # type: ignore[arg-type]
     took = time.monotonic() - t0
     sock.close()
     assert found.down and not found.fetched and sorted(found.absent) == sorted(keys)
@@ -324,7 +330,7 @@ def test_a_build_refuses_a_damaged_entry_and_builds_it_locally(s3, prefix: str, 
     _tamper(s3, prefix, f"v1/entries/{entry.key}.json",
             lambda b: b.replace(b'"threads": ', b'"threads": 1'))
     copy = toy_cache.copy(tmp_path / "p")
-    rep = build(copy.manifest, cache_dir=tmp_path / "fresh", remote=prefix, lock=False)
+    rep = build(copy.manifest, opts(cache_dir=tmp_path / "fresh", remote=prefix), lock=False)
     assert rep.ok and rep.count("built") == 1 and rep.remote is not None and rep.remote.fetched == 1
     (line,) = rep.warnings()
     assert line.startswith(f"warning: remote cache {prefix}: refused 1 entry") and "built locally" in line
@@ -362,14 +368,14 @@ def test_fetch_fills_a_cache_with_exactly_the_locked_entries(s3, prefix: str, to
     _seed(s3, prefix, toy_cache.cache)
     lock = toy_cache.manifest.parent / "kernels.lock"
     keys = read_lock(lock).distinct_keys()
-    rep = fetch(lock, remote=prefix, cache_dir=tmp_path / "prod", allow_unsigned=True)
+    rep = fetch(lock, opts(remote=prefix, cache_dir=tmp_path / "prod"), allow_unsigned=True)
     # two ~15 KB kernel libraries and, once, the ~0.8 MB runtime library they link against
     assert rep.ok and len(rep.fetched) == 2 and 500_000 < rep.traffic.bytes_down < 1_200_000
     assert sorted(_libraries(tmp_path / "prod")) == keys
-    again = fetch(lock, remote=prefix, cache_dir=tmp_path / "prod", allow_unsigned=True)
+    again = fetch(lock, opts(remote=prefix, cache_dir=tmp_path / "prod"), allow_unsigned=True)
     assert again.ok and len(again.present) == 2 and again.traffic.requests == 0
-    one = fetch(lock, remote=prefix, cache_dir=tmp_path / "one", kernels=("scale",), archs=("sm_80",),
-                allow_unsigned=True)
+    one = fetch(lock, opts(remote=prefix, cache_dir=tmp_path / "one"), kernels=("scale",),
+                archs=("sm_80",), allow_unsigned=True)
     assert one.ok and one.fetched == [] and one.present == []
     # a lock line the remote's entry does not match is refused
     text = lock.read_text()
@@ -409,12 +415,12 @@ def test_fetch_checks_the_locks_signature_first(s3, prefix: str, toy_cache, tmp_
     priv, pub = signing.keygen(tmp_path / "ci")
     # no trusted key and no opt-out: refused before any request
     with pytest.raises(CuteccError, match="no trusted key"):
-        fetch(lock, remote=prefix, cache_dir=tmp_path / "a")
+        fetch(lock, opts(remote=prefix, cache_dir=tmp_path / "a"))
     # trusted key, lock not signed: refused
     with pytest.raises(signing.SignatureError, match="not signed"):
-        fetch(lock, remote=prefix, cache_dir=tmp_path / "a", trusted_keys=[pub])
+        fetch(lock, opts(remote=prefix, cache_dir=tmp_path / "a"), trusted_keys=[pub])
     signing.sign_file(lock, signing.read_private_key(priv), "lock")
-    rep = fetch(lock, remote=prefix, cache_dir=tmp_path / "a", trusted_keys=[pub])
+    rep = fetch(lock, opts(remote=prefix, cache_dir=tmp_path / "a"), trusted_keys=[pub])
     assert rep.ok and len(rep.fetched) == 2
     # a lock edited after signing (another library for a key) is refused, exit 1
     lock.write_text(lock.read_text().replace(read_lock(lock).entries[0].pin.sha256, "0" * 64))

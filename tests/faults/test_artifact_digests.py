@@ -71,12 +71,12 @@ def _deep(manifest: Path, cache: Path,
 
 
 def test_an_input_the_key_misses_is_reported_by_deep_verify(tmp_path: Path) -> None:
-    """Built without the read-set check (as cutecc did before issue 44; `$CUTECC_AUDIT=off`),
+    """Built without the read-set check (as cutecc did before issue 44; `$CUTECC_INTERNAL_AUDIT=off`),
     then the data file the trace reads changed (the key stays: it is not an import): plain
     `verify` calls the cache healthy, `verify --deep` names the entry, the file that differs
     and that its device code differs (exit 1). Before the change it reproduces. With the
     check, the compile again is refused naming the file no key covers."""
-    off = {"CUTECC_AUDIT": "off"}
+    off = {"CUTECC_INTERNAL_AUDIT": "off"}
     proj = tmp_path / "proj"
     (proj / "data_toy").mkdir(parents=True)
     (proj / "data_toy" / "__init__.py").write_text("")

@@ -103,17 +103,28 @@ def test_a_ray_compile_past_the_time_limit_is_stopped_too(tmp_path: Path) -> Non
 def test_the_limits_are_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from cutecc.build.executors import compile_limits
     from cutecc.errors import CuteccError
+    from cutecc.settings import BuildOptions
+
+    def limits(seconds: str | None = None, memory: str | None = None) -> tuple[float | None, int | None]:
+        """As a build resolves them: the flags, else the environment, else `[build]` (30 s, 1G)."""
+        o = BuildOptions.from_environment(compile_timeout=seconds, compile_memory=memory)
+        return compile_limits(o.compile_timeout, o.compile_memory, default_seconds=30, default_memory=1 << 30)
 
     monkeypatch.delenv("CUTECC_COMPILE_TIMEOUT", raising=False)
     monkeypatch.delenv("CUTECC_COMPILE_MEMORY", raising=False)
-    assert compile_limits(default_seconds=30, default_memory="1G") == (30.0, 1 << 30)
+    assert limits() == (30.0, 1 << 30)
     monkeypatch.setenv("CUTECC_COMPILE_TIMEOUT", "0")  # off
     monkeypatch.setenv("CUTECC_COMPILE_MEMORY", "512M")
-    assert compile_limits(default_seconds=30, default_memory="1G") == (None, 512 << 20)
-    assert compile_limits("90", "off") == (90.0, None)  # flags win
+    assert limits() == (None, 512 << 20)
+    assert limits("90", "off") == (90.0, None)  # flags win
     with pytest.raises(CuteccError) as e:
-        compile_limits("soon")
-    assert e.value.exit_code == 2
+        limits("soon")
+    assert e.value.exit_code == 2 and e.value.where == "--compile-timeout"
+    monkeypatch.setenv("CUTECC_COMPILE_MEMORY", "1M")
+    with pytest.raises(CuteccError) as e:
+        limits()
+    assert e.value.exit_code == 2 and e.value.where == "$CUTECC_COMPILE_MEMORY"
+    monkeypatch.setenv("CUTECC_COMPILE_MEMORY", "512M")
     manifest = write_hang_project(tmp_path / "p")
     manifest.write_text(manifest.read_text().replace(
         'archs = ["sm_90a"]\n', 'archs = ["sm_90a"]\n[build]\ncompile_timeout = 45\ncompile_memory = "3G"\n'))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from distributed.conftest import ray_cluster  # noqa: F401  (the session's real local Ray cluster)
-from helpers import write_toy_project
+from helpers import opts, write_toy_project
 
 from cutecc.commands.build import build
 from cutecc.store import Store
@@ -61,7 +61,7 @@ def test_a_same_node_task_reporting_other_bytes_fails_and_is_never_locked(
     monkeypatch.setattr(ray_executor, "_task", forged)
     manifest = write_toy_project(tmp_path / "p", threads=(64,))
     lock = tmp_path / "kernels.lock"
-    rep = build(manifest, cache_dir=tmp_path / "c", executor="ray", lock_file=lock)
+    rep = build(manifest, opts(cache_dir=tmp_path / "c", executor="ray"), lock_file=lock)
     store = Store(tmp_path / "c")
     held = {e.key: e.doc["files"][e.doc["library"]]["sha256"] for e in store.entries()}
     locked = {e["key"]: e["sha256"] for e in json.loads(lock.read_text())["entries"]} if lock.exists() else {}

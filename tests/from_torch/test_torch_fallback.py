@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from helpers import fallback_manifest  # noqa: E402
+from helpers import fallback_manifest, opts  # noqa: E402
 
 import cutecc.torch as ct  # noqa: E402
 from cutecc.commands.build import build  # noqa: E402
@@ -25,7 +25,7 @@ pytest.importorskip("ziglang", reason="building needs the build extra (zig links
 def test_fallback_torch_serves_a_call_no_build_fits(fallback_project: Path) -> None:
     fallback_project.write_text(fallback_manifest(fallback_torch="toyfb.ref_torch:scale"))
     cache = fallback_project.parent.parent / "cache"
-    assert build(fallback_project, cache_dir=cache).ok
+    assert build(fallback_project, opts(cache_dir=cache)).ok
     ks = ct.load(cache, arch="sm_90a")
     x = torch.randn(3, 32, requires_grad=True)
     with pytest.warns(FallbackWarning, match="toyfb.ref_torch:scale"):

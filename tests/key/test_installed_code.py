@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import REPO
+from helpers import REPO, opts
 
 import cutecc.plan.key
 import cutecc.toolchain.dists
@@ -236,7 +236,7 @@ def test_the_first_build_into_a_new_cache_keeps_what_planning_learned(
     monkeypatch.setattr(cutecc.build.builder, "_ensure_runtimes", lambda *a, **k: [])
     cache = tmp_path / "new-cache"
     forget()
-    b.build(m, cache_dir=cache, lock=False)
+    b.build(m, opts(cache_dir=cache), lock=False)
     assert (cache / "planfacts.json").is_file()
     facts = (cache / "planfacts.json").read_text()
     assert str(site / "fakelib" / "core.py") in facts and "fakelib-1.0.dist-info" in facts
@@ -394,20 +394,20 @@ def test_a_dry_run_or_read_only_build_plans_with_what_was_remembered_and_writes_
     monkeypatch.setattr(cutecc.build.builder, "_ensure_runtimes", lambda *a, **k: [])
     cache = tmp_path / "cache"
     forget()
-    b.build(m, cache_dir=cache, lock=False)
+    b.build(m, opts(cache_dir=cache), lock=False)
     facts = (cache / "planfacts.json").read_bytes()
     walked = _walks(monkeypatch)
     forget()
     if mode == "dry_run":
-        rep = b.build(m, cache_dir=cache, lock=False, dry_run=True)
+        rep = b.build(m, opts(cache_dir=cache), lock=False, dry_run=True)
         assert rep.count("planned") == 2
     else:
         with pytest.raises(CuteccError, match="read-only mode"):  # its misses (nothing compiled)
-            b.build(m, cache_dir=cache, lock=False, read_only=True)
+            b.build(m, opts(cache_dir=cache, read_only=True), lock=False)
     assert walked == []
     assert (cache / "planfacts.json").read_bytes() == facts
     forget()
-    b.build(m, cache_dir=tmp_path / "fresh", lock=False, dry_run=True)  # a new cache: nothing written
+    b.build(m, opts(cache_dir=tmp_path / "fresh"), lock=False, dry_run=True)  # a new cache: nothing written
     assert not (tmp_path / "fresh").exists()
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers import opts
 
 import cutecc.build.executors.local
 import cutecc.build.workers
@@ -174,7 +175,8 @@ def test_planning_imports_neither_the_dsl_nor_jax(proj: Path, tmp_path: Path) ->
             "from cutecc.plan.build_plan import plan; "
             "from cutecc.manifest import load_manifest; "
             "keys = [p.key for p in plan(load_manifest(sys.argv[1]))]; "
-            "r = build(sys.argv[1], cache_dir=sys.argv[2], dry_run=True); "
+            "from cutecc.settings import BuildOptions; "
+            "r = build(sys.argv[1], BuildOptions(cache_dir=sys.argv[2]), dry_run=True); "
             "print(json.dumps([len(keys), r.count('planned'), "
             "sorted(m for m in sys.modules if m.split('.')[0] in ('cutlass', 'jax', 'kk'))]))")
     r = subprocess.run([PY, "-c", code, str(proj), str(tmp_path / "cache")], capture_output=True,
@@ -444,7 +446,7 @@ def test_dry_run_reports_what_is_already_cached_and_writes_nothing(
     entry.mkdir(parents=True)
     (entry / "meta.json").write_text("{}")
     snapshot = sorted((p.relative_to(cache).as_posix(), p.stat().st_mtime_ns) for p in cache.rglob("*"))
-    report = build(proj, cache_dir=cache, dry_run=True)
+    report = build(proj, opts(cache_dir=cache), dry_run=True)
     assert {o.planned.label: o.status for o in report.outcomes} == {
         "a[dtype=float32]@sm_90a": "planned", "a[dtype=float16]@sm_90a": "planned",
         "b[default]@sm_90a": "cached"}

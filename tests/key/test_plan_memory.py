@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers import opts
 
 import cutecc.plan.key
 import cutecc.toolchain.dists
@@ -209,10 +210,10 @@ def test_a_dry_run_into_a_new_cache_plans_from_the_memory_and_writes_no_cache(
     monkeypatch.setattr(cutecc.build.executors.local, "compile_all", lambda *a, **k: None)  # planning only
     monkeypatch.setattr(cutecc.build.builder, "_ensure_runtimes", lambda *a, **k: [])
     forget()
-    b.build(m, cache_dir=tmp_path / "cache", lock=False)
+    b.build(m, opts(cache_dir=tmp_path / "cache"), lock=False)
     walked = _walks(monkeypatch)
     forget()
-    rep = b.build(m, cache_dir=tmp_path / "fresh", lock=False, dry_run=True)
+    rep = b.build(m, opts(cache_dir=tmp_path / "fresh"), lock=False, dry_run=True)
     assert rep.count("planned") == 2 and walked == []
     assert not (tmp_path / "fresh").exists()
 

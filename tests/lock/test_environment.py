@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import run_cli, write_toy_project
+from helpers import opts, run_cli, write_toy_project
 
 from cutecc.build import builder, outcome
 from cutecc.cli import main
@@ -72,7 +72,7 @@ def test_a_build_in_another_environment_names_what_differs_before_compiling(
         def start(self, total: int) -> None:
             notes.append(f"start {total}")
 
-    report = build(m, cache_dir=tmp_path / "cache", dry_run=True, progress=Notes())
+    report = build(m, opts(cache_dir=tmp_path / "cache"), dry_run=True, progress=Notes())
     assert [str(d) for d in report.drift] == ["fakelib 1.0 -> 1.1"]
     assert len(notes) == 1 and "fakelib 1.0 -> 1.1" in notes[0] and "kernels.lock" in notes[0]
     assert report.to_json()["drift"][0]["distribution"] == "fakelib"
@@ -86,7 +86,7 @@ def test_the_drift_line_names_the_manifests_pins(tmp_path: Path, site: Path) -> 
     _lock_planned_in_this_environment(m)
     shutil.rmtree(info)
     install(site, "fakelib", "1.0.post1", LIB)
-    report = build(m, cache_dir=tmp_path / "cache", dry_run=True)
+    report = build(m, opts(cache_dir=tmp_path / "cache"), dry_run=True)
     assert [str(d) for d in report.drift] == ["fakelib 1.0 -> 1.0.post1"]
     assert f"pip install --require-hashes -r {m.parent / 'pins/build.txt'}" in (report.drift_note or "")
 
@@ -95,7 +95,7 @@ def test_the_same_environment_says_nothing(tmp_path: Path, site: Path) -> None:
     install(site, "fakelib", "1.0", LIB)
     m = project(tmp_path, BOTH)
     _lock_planned_in_this_environment(m)
-    report = build(m, cache_dir=tmp_path / "cache", dry_run=True)
+    report = build(m, opts(cache_dir=tmp_path / "cache"), dry_run=True)
     assert report.drift == [] and report.drift_note is None
 
 
@@ -107,7 +107,7 @@ def test_a_bad_lock_is_refused_before_anything_compiles(tmp_path: Path, content:
     (m.parent / "kernels.lock").write_bytes(content)
     t0 = time.monotonic()
     with pytest.raises(CuteccError) as e:
-        build(m, cache_dir=tmp_path / "cache")
+        build(m, opts(cache_dir=tmp_path / "cache"))
     assert time.monotonic() - t0 < 5
     assert "kernels.lock" in str(e.value.where)
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("meta.json"))
@@ -182,22 +182,22 @@ def test_a_subset_build_leaves_the_locks_environment_as_it_is(tmp_path: Path, si
     m = project(tmp_path, SUBSETS)
     (m.parent / "kp/uses_dep.py").write_text("import fakedep\n\n\ndef kern(x, out, stream):\n    pass\n")
     cache = tmp_path / "cache"
-    assert build(m, cache_dir=cache).ok
+    assert build(m, opts(cache_dir=cache)).ok
     lock = m.parent / "kernels.lock"
     whole = lock.read_bytes()
     assert '"fakedep": "1.0 ' in whole.decode()
     for kernel in ("uses_dep", "uses_lib", "uses_dep"):
         forget()
-        r = build(m, cache_dir=cache, kernels=(kernel,))
+        r = build(m, opts(cache_dir=cache), kernels=(kernel,))
         assert r.ok and r.drift == [] and r.drift_note is None, (kernel, r.drift_note)
         assert lock.read_bytes() == whole, kernel
     forget()
-    assert build(m, cache_dir=cache).ok and lock.read_bytes() == whole
+    assert build(m, opts(cache_dir=cache)).ok and lock.read_bytes() == whole
     # an installed file really changed: said, whichever kernel reaches it
     (site / "fakedep/__init__.py").write_text("N = 2\n")
     for kernel in ("uses_lib", "uses_dep"):
         forget()
-        r = build(m, cache_dir=cache, kernels=(kernel,), dry_run=True)
+        r = build(m, opts(cache_dir=cache), kernels=(kernel,), dry_run=True)
         assert [str(d) for d in r.drift] == ["fakedep 1.0 -> 1.0 (other files)"], kernel
 
 
@@ -229,16 +229,16 @@ def test_the_drift_line_names_the_pin_to_change(tmp_path: Path, site: Path) -> N
     shutil.rmtree(info)
     install(site, "fakelib", "1.1", LIB)
     pins = _with_pins(m, "# pinned\nfakelib==1.1 \\\n    --hash=sha256:00\nother==2\n")
-    report = build(m, cache_dir=tmp_path / "cache", dry_run=True)
+    report = build(m, opts(cache_dir=tmp_path / "cache"), dry_run=True)
     note = report.drift_note or ""
     assert "fakelib 1.0 -> 1.1" in note, note
     assert f"in {pins}, change fakelib==1.1 to fakelib==1.0, then run `pip install --require-hashes " \
         f"-r {pins}`" in note, note
     pins.write_text("other==2\n")  # no pin for it at all
-    note = build(m, cache_dir=tmp_path / "cache", dry_run=True).drift_note or ""
+    note = build(m, opts(cache_dir=tmp_path / "cache"), dry_run=True).drift_note or ""
     assert f"in {pins}, add fakelib==1.0, then run `pip install -r {pins}`" in note, note
     pins.write_text("fakelib==1.0\n")  # the pins are the lock's: installing them is the fix
-    note = build(m, cache_dir=tmp_path / "cache", dry_run=True).drift_note or ""
+    note = build(m, opts(cache_dir=tmp_path / "cache"), dry_run=True).drift_note or ""
     assert f"run `pip install -r {pins}` to reproduce it" in note, note
 
 
@@ -246,11 +246,11 @@ def test_pins_unlike_what_is_installed_are_named_without_a_lock(tmp_path: Path, 
     install(site, "fakelib", "1.0", LIB)
     m = project(tmp_path, BOTH)
     pins = _with_pins(m, "fakelib==0.9\n")
-    note = build(m, cache_dir=tmp_path / "cache", dry_run=True).drift_note or ""
+    note = build(m, opts(cache_dir=tmp_path / "cache"), dry_run=True).drift_note or ""
     assert f"this environment is not the one {pins} pins (fakelib 1.0 installed, {pins} pins 0.9)" \
         in note, note
     pins.write_text("fakelib==1.0\n")
-    assert build(m, cache_dir=tmp_path / "cache", dry_run=True).drift_note is None
+    assert build(m, opts(cache_dir=tmp_path / "cache"), dry_run=True).drift_note is None
 
 
 def test_the_cli_says_the_drift_once(tmp_path: Path, site: Path) -> None:

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import Toy, run_cli, toy_manifest, write_toy_project
+from helpers import Toy, opts, run_cli, toy_manifest, write_toy_project
 
 from cutecc.contract.pinned import Pin
 from cutecc.errors import CuteccError
@@ -59,13 +59,13 @@ def test_rebuild_leaves_the_lock_byte_identical_and_unwritten(toy: Toy, tmp_path
     from cutecc.commands.build import build
 
     before, stat = toy.lock.read_bytes(), toy.lock.stat()
-    again = build(toy.manifest, cache_dir=toy.cache)
+    again = build(toy.manifest, opts(cache_dir=toy.cache))
     assert again.count("cached") == 2 and not again.lock_changed
     assert toy.lock.read_bytes() == before and toy.lock.stat().st_mtime_ns == stat.st_mtime_ns
     assert again.to_json()["lock_file"] == str(toy.lock)
     # Another checkout of the same project, built into the same cache: the same bytes.
     other = sibling(toy, tmp_path)
-    build(other, cache_dir=toy.cache)
+    build(other, opts(cache_dir=toy.cache))
     assert (other.parent / "kernels.lock").read_bytes() == before
 
 
@@ -73,10 +73,10 @@ def test_the_lock_changes_exactly_where_a_key_changes(toy: Toy, tmp_path: Path) 
     from cutecc.commands.build import build
 
     other = sibling(toy, tmp_path)
-    build(other, cache_dir=toy.cache)
+    build(other, opts(cache_dir=toy.cache))
     old = (other.parent / "kernels.lock").read_text().splitlines()
     other.write_text(toy_manifest(threads=(64, 256)))
-    report = build(other, cache_dir=toy.cache)
+    report = build(other, opts(cache_dir=toy.cache))
     assert report.count("built") == 1 and report.lock_changed
     new = (other.parent / "kernels.lock").read_text().splitlines()
     gone, added = set(old) - set(new), set(new) - set(old)
@@ -90,14 +90,14 @@ def test_no_lock_after_a_dry_run_with_no_lock_or_after_a_failure(toy: Toy, tmp_p
 
     other = sibling(toy, tmp_path)
     lock = other.parent / "kernels.lock"
-    assert build(other, cache_dir=toy.cache, dry_run=True).lock_file is None and not lock.exists()
-    assert build(other, cache_dir=toy.cache, lock=False).lock_file is None and not lock.exists()
-    build(other, cache_dir=toy.cache)
+    assert build(other, opts(cache_dir=toy.cache), dry_run=True).lock_file is None and not lock.exists()
+    assert build(other, opts(cache_dir=toy.cache), lock=False).lock_file is None and not lock.exists()
+    build(other, opts(cache_dir=toy.cache))
     before = lock.read_bytes()
     broken = toy_manifest(threads=(32,), kernels=("broken",)).split("\n", 1)[1].replace(
         'entry = "toy.ops:scale"', 'entry = "toy.ops:broken"')
     other.write_text(toy_manifest() + broken)
-    report = build(other, cache_dir=toy.cache)
+    report = build(other, opts(cache_dir=toy.cache))
     assert not report.ok and report.lock_file is None
     assert lock.read_bytes() == before  # the last good lock stays
 
@@ -122,13 +122,13 @@ def test_a_kernel_restricted_build_updates_only_its_part(toy: Toy, tmp_path: Pat
 
     other = sibling(toy, tmp_path, toy_manifest(kernels=("a", "b")))
     lock = other.parent / "kernels.lock"
-    build(other, cache_dir=toy.cache)
+    build(other, opts(cache_dir=toy.cache))
     full = lock.read_bytes()
     assert {e.kernel for e in read_lock(lock).entries} == {"a", "b"}
-    assert not build(other, cache_dir=toy.cache, kernels=("a",)).lock_changed
+    assert not build(other, opts(cache_dir=toy.cache), kernels=("a",)).lock_changed
     assert lock.read_bytes() == full
     other.write_text(toy_manifest(kernels=("a",)))  # b is gone from the manifest
-    assert build(other, cache_dir=toy.cache, kernels=("a",)).lock_changed
+    assert build(other, opts(cache_dir=toy.cache), kernels=("a",)).lock_changed
     assert {e.kernel for e in read_lock(lock).entries} == {"a"}
 
 

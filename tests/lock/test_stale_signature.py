@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import fallback_manifest
+from helpers import fallback_manifest, opts
 
 import cutecc
 from cutecc.cli import main
@@ -24,10 +24,10 @@ def test_a_build_without_the_key_removes_the_stale_signature(fallback_project: P
     cache = tmp_path / "cache"
     lock = fallback_project.parent / "kernels.lock"
     sig = Path(f"{lock}{SIG_SUFFIX}")
-    assert build(fallback_project, cache_dir=cache, sign_key=private).ok and sig.is_file()
+    assert build(fallback_project, opts(cache_dir=cache, sign_key=private)).ok and sig.is_file()
     assert cutecc.load(cache, arch="sm_90a", lock=lock, trusted_keys=[public]).scale
     # unchanged: the signature stays (it still signs these bytes)
-    r = build(fallback_project, cache_dir=cache)
+    r = build(fallback_project, opts(cache_dir=cache))
     assert r.ok and not r.lock_changed and sig.is_file() and not r.warnings()
     # changed, no key: the old signature goes, and the build says so
     fallback_project.write_text(fallback_manifest(ds=[64, 32]))
@@ -41,5 +41,5 @@ def test_a_build_without_the_key_removes_the_stale_signature(fallback_project: P
         cutecc.load(cache, arch="sm_90a", lock=lock, trusted_keys=[public])
     assert "cutecc build --sign-key" in e.value.message
     # signed again as said: served
-    assert build(fallback_project, cache_dir=cache, sign_key=private).ok and sig.is_file()
+    assert build(fallback_project, opts(cache_dir=cache, sign_key=private)).ok and sig.is_file()
     assert cutecc.load(cache, arch="sm_90a", lock=lock, trusted_keys=[public]).scale

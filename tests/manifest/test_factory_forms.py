@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import TOY_KERNEL
+from helpers import TOY_KERNEL, opts
 
 from cutecc.contract.args import TensorArg
 from cutecc.errors import CuteccError
@@ -72,7 +72,7 @@ def test_an_index_into_a_factory_result_names_one_launcher(tmp_path: Path) -> No
                         + _kernel("first", "pub.factories:pair[0]"))
     keys = {p.kernel.name: p.key for p in plan(load_manifest(manifest))}
     assert keys["first"] != keys["second"]
-    report = build(manifest, cache_dir=tmp_path / "cache", jobs=1, lock=False)
+    report = build(manifest, opts(cache_dir=tmp_path / "cache", jobs=1), lock=False)
     by = {o.planned.kernel.name: o for o in report.outcomes}
     assert by["second"].status == "built", by["second"].error
     assert by["first"].status == "failed" and "no_such_dsl_function" in (by["first"].error or "")
@@ -168,7 +168,7 @@ def test_import_variant_values_build(tmp_path: Path) -> None:
     from cutecc.commands.build import build
 
     manifest = _project(tmp_path, OPS_KERNEL)
-    report = build(manifest, cache_dir=tmp_path / "cache", jobs=1, lock=False)
+    report = build(manifest, opts(cache_dir=tmp_path / "cache", jobs=1), lock=False)
     assert report.ok and report.count("built") == 2, report.warnings()
 
 
@@ -235,13 +235,13 @@ def test_a_launcher_that_asks_torch_for_the_gpu_builds_on_a_cpu_host(tmp_path: P
     from cutecc.commands.build import build
 
     manifest = _gpu_project(tmp_path)
-    report = build(manifest, cache_dir=tmp_path / "cache", jobs=1, lock=False)
+    report = build(manifest, opts(cache_dir=tmp_path / "cache", jobs=1), lock=False)
     by = {o.planned.kernel.name: o for o in report.outcomes}
     assert by["sized"].status == "built", by["sized"].error
     # a fact the profile cannot answer fails the build, saying which and where to add it
     manifest.write_text(manifest.read_text().replace('profile = "h100"', 'profile = "bare"')
                         + '\n[hardware.bare]\nsm_count = 132\n')
-    report = build(manifest, cache_dir=tmp_path / "cache", jobs=1, lock=False)
+    report = build(manifest, opts(cache_dir=tmp_path / "cache", jobs=1), lock=False)
     err = {o.planned.kernel.name: o for o in report.outcomes}["sized"].error or ""
     assert "hardware profile \"bare\" cannot answer it; add name = ... to [hardware.bare]" in err, err
 

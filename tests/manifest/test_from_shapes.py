@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import TOY_KERNEL
+from helpers import TOY_KERNEL, opts
 
 from cutecc.contract import expr
 from cutecc.errors import CuteccError
@@ -90,7 +90,7 @@ def test_calls_reach_the_variant_their_extents_choose(tmp_path: Path) -> None:
     from cutecc.runtime.variant_choice import chosen_problem
 
     manifest = _project(tmp_path / "proj")
-    report = build(manifest, cache_dir=tmp_path / "cache", jobs=1, lock=False)
+    report = build(manifest, opts(cache_dir=tmp_path / "cache", jobs=1), lock=False)
     assert report.ok and report.count("built") == 3, report.warnings()
     k = cutecc.load(tmp_path / "cache", arch="sm_90a", manifest=manifest).vscale
     for n, vec in ((4096, 4), (4098, 2), (4097, 1)):

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import TOY_KERNEL
+from helpers import TOY_KERNEL, opts
 
 from cutecc.manifest import load_manifest
 from cutecc.plan.build_plan import plan
@@ -101,7 +101,7 @@ def test_a_launcher_asking_hardware_info_while_traced_builds_on_a_cpu_host(
     record = tmp_path / "answers.json"
     monkeypatch.setenv("HW_RECORD", str(record))
     manifest = _project(tmp_path)
-    report = build(manifest, cache_dir=tmp_path / "cache", jobs=1, lock=False, kernels=("asks",))
+    report = build(manifest, opts(cache_dir=tmp_path / "cache", jobs=1), lock=False, kernels=("asks",))
     by = {o.planned.kernel.name: o for o in report.outcomes}
     assert by["asks"].status == "built", by["asks"].error
     h100 = BUILTIN_PROFILES["h100"]
@@ -111,12 +111,12 @@ def test_a_launcher_asking_hardware_info_while_traced_builds_on_a_cpu_host(
     monkeypatch.setenv("ASK_CLUSTERS_2", "1")
     manifest.write_text(manifest.read_text().replace('profile = "h100"', 'profile = "mine"')
                         + '\n[hardware.mine]\narch = "sm_90a"\nsm_count = 120\nl2_bytes = 1024\n')
-    report = build(manifest, cache_dir=tmp_path / "cache", jobs=1, lock=False, kernels=("asks",))
+    report = build(manifest, opts(cache_dir=tmp_path / "cache", jobs=1), lock=False, kernels=("asks",))
     err = {o.planned.kernel.name: o for o in report.outcomes}["asks"].error or ""
     assert "get_max_active_clusters(2) was asked" in err and \
         "add max_active_clusters_2 = ... to [hardware.mine]" in err, err
     manifest.write_text(manifest.read_text() + "max_active_clusters_2 = 60\n")
-    report = build(manifest, cache_dir=tmp_path / "cache", jobs=1, lock=False, kernels=("asks",))
+    report = build(manifest, opts(cache_dir=tmp_path / "cache", jobs=1), lock=False, kernels=("asks",))
     assert {o.planned.kernel.name: o for o in report.outcomes}["asks"].status == "built"
     assert json.loads(record.read_text()) == {"clusters_1": 120, "sms": 120, "l2": 1024, "clusters_2": 60}
 
@@ -128,7 +128,7 @@ def test_a_query_the_key_does_not_hold_fails_saying_how_to_name_it(tmp_path: Pat
     manifest = _project(tmp_path)
     manifest.write_text(manifest.read_text().replace("pub.asks:persistent", "pub.unnamed:persistent"))
     assert "device" not in {p.kernel.name: p for p in plan(load_manifest(manifest))}["asks"].inputs
-    report = build(manifest, cache_dir=tmp_path / "cache", jobs=1, lock=False, kernels=("asks",))
+    report = build(manifest, opts(cache_dir=tmp_path / "cache", jobs=1), lock=False, kernels=("asks",))
     err = {o.planned.kernel.name: o for o in report.outcomes}["asks"].error or ""
     assert "its key holds no device answers" in err and "from cutlass.utils import HardwareInfo" in err, err
     assert "DynamicLibNotFoundError" not in err

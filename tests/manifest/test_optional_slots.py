@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import opts
 
 from cutecc.contract.args import NoneArg, TensorArg, args_to_json
 from cutecc.errors import CuteccError
@@ -107,7 +108,7 @@ def built(tmp_path_factory: pytest.TempPathFactory, dsl: None) -> tuple[Path, Pa
 
     root = tmp_path_factory.mktemp("optional")
     manifest = _project(root / "proj")
-    report = build(manifest, cache_dir=root / "cache", jobs=1, lock=False)
+    report = build(manifest, opts(cache_dir=root / "cache", jobs=1), lock=False)
     assert report.ok and report.count("built") == 2, report.warnings()
     return root / "cache", manifest
 

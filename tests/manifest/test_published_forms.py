@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import opts
 
 from cutecc.commands.build import build
 from cutecc.contract.args import ConstArg, StructArg
@@ -113,7 +114,7 @@ def test_a_positional_after_a_keyword_is_a_manifest_error(project: Path) -> None
 
 @pytest.mark.usefixtures("dsl")
 def test_published_forms_compile_and_dsl_errors_name_the_manifest(project: Path, tmp_path: Path) -> None:
-    report = build(project, cache_dir=tmp_path / "cache", jobs=2, lock=False)
+    report = build(project, opts(cache_dir=tmp_path / "cache", jobs=2), lock=False)
     by = {o.planned.kernel.name: o for o in report.outcomes}
     assert by["good"].status == "built", by["good"].error
     err = by["bad"].error or ""

@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import REPO
+from helpers import REPO, opts
 
 from cutecc.errors import CuteccError
 
@@ -48,7 +48,7 @@ def _build(manifest: Path, cache: Path, kernels: tuple[str, ...] = (),
     pytest.importorskip("cutlass", reason="building needs the build extra (nvidia-cutlass-dsl)")
     from cutecc.commands.build import build
 
-    report = build(manifest, cache_dir=cache, platforms=("aarch64",), kernels=kernels, jobs=2,
+    report = build(manifest, opts(cache_dir=cache, jobs=2), platforms=("aarch64",), kernels=kernels,
                    lock_file=lock_file)
     assert report.ok, [o.error for o in report.outcomes if o.error]
 
@@ -291,7 +291,8 @@ def test_packs_hold_one_platform_and_the_runtime_serves_only_its_own(grace: tupl
     shutil.copy(manifest.parent / "kernels.lock", lock)
     from cutecc.commands.build import build
 
-    report = build(manifest, cache_dir=cache, platforms=("x86_64",), kernels=("axpy",), lock_file=lock)
+    report = build(manifest, opts(cache_dir=cache), platforms=("x86_64",), kernels=("axpy",),
+                   lock_file=lock)
     assert report.ok
     both = read_lock(lock)
     assert both.platforms == ("aarch64", "x86_64") and len(both.entries) == 12

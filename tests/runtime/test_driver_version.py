@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import opts
 
 import cutecc
 from cutecc.commands.build import build
@@ -29,7 +30,7 @@ NOT_ASCII = ["\u00b9\u00b3\u2070\u2070\u2070",  # superscript 13000
 def test_load_refuses_a_driver_version_of_non_ascii_digits(fallback_project: Path, value: str,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     cache = fallback_project.parent.parent / "cache"
-    assert build(fallback_project, cache_dir=cache).ok
+    assert build(fallback_project, opts(cache_dir=cache)).ok
     monkeypatch.setenv("CUTECC_DRIVER_VERSION", value)
     with pytest.raises(CuteccError, match="not a CUDA driver version such as 13.0 or 13000") as e:
         cutecc.load(cache, arch="sm_90a")

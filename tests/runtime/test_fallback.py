@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import FALLBACK
+from helpers import FALLBACK, opts
 from helpers import fallback_manifest as _manifest
 
 import cutecc
@@ -35,7 +35,7 @@ def project(fallback_project: Path) -> Path:
 
 def _built(project: Path, **kw: Any) -> Path:
     cache = project.parent.parent / "cache"
-    r = build(project, cache_dir=cache, **kw)
+    r = build(project, opts(cache_dir=cache), **kw)
     assert r.ok, r.warnings()
     return cache
 
@@ -139,7 +139,7 @@ def test_the_lock_records_the_fallback_only_where_declared(project: Path) -> Non
     # the same kernels without the fallback: the same keys, and lines without the field
     keys = {le.key for le in lock.entries}
     project.write_text(_manifest(fallback=None))
-    assert build(project, cache_dir=cache).ok
+    assert build(project, opts(cache_dir=cache)).ok
     lock2 = read_lock(project.parent / "kernels.lock")
     assert {le.key for le in lock2.entries} == keys
     assert all(not le.fallbacks for le in lock2.entries)
@@ -162,4 +162,4 @@ def test_under_a_lock_the_fallback_module_must_be_the_locked_one(project: Path) 
 def test_a_fallback_module_that_cannot_be_found_fails_the_build(project: Path) -> None:
     project.write_text(_manifest(fallback="toyfb.nothere:scale"))
     with pytest.raises(CuteccError, match=r'kernel "scale", fallback: cannot find the fallback'):
-        build(project, cache_dir=project.parent.parent / "cache")
+        build(project, opts(cache_dir=project.parent.parent / "cache"))

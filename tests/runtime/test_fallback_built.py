@@ -15,7 +15,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import Toy
+from helpers import Toy, opts
 
 import cutecc
 from cutecc.commands.build import build
@@ -49,7 +49,7 @@ def lower(fn, *specs) -> str:  # type: ignore[no-untyped-def]
 def test_a_fallback_rebuilds_nothing_and_costs_nothing_where_a_build_fits(with_fallback) -> None:  # type: ignore[no-untyped-def]
     plain, fb = with_fallback
     before = fb.lock.read_text().splitlines()
-    r = build(fb.manifest, cache_dir=fb.cache)
+    r = build(fb.manifest, opts(cache_dir=fb.cache))
     assert r.ok and r.count("built") == 0, [o.status for o in r.outcomes]  # every key cached
     after = fb.lock.read_text().splitlines()
     assert len(after) == len(before)

@@ -18,7 +18,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import FALLBACK
+from helpers import FALLBACK, opts
 
 import cutecc
 from cutecc.commands.build import build
@@ -40,7 +40,7 @@ def scale(x, *, factor=1.0):
 
 def _built(manifest: Path) -> Path:
     cache = manifest.parent.parent / "cache"
-    r = build(manifest, cache_dir=cache)
+    r = build(manifest, opts(cache_dir=cache))
     assert r.ok, r.warnings()
     return cache
 

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import script_json
+from helpers import opts, script_json
 
 import cutecc
 from cutecc.commands.build import build
@@ -27,7 +27,7 @@ pytest.importorskip("ziglang", reason="building needs the build extra (zig links
 @pytest.fixture
 def cache(fallback_project: Path) -> Path:
     cache = fallback_project.parent.parent / "cache"
-    r = build(fallback_project, cache_dir=cache)
+    r = build(fallback_project, opts(cache_dir=cache))
     assert r.ok, r.warnings()
     return cache
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import fake_compile
+from helpers import fake_compile, opts
 
 import cutecc
 import cutecc.commands.build
@@ -56,12 +56,12 @@ def _variants(ks: Any) -> list[str]:
 
 def test_a_rebuilt_kernel_offers_only_its_current_variants(project: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    first = build(project, cache_dir=cache)
+    first = build(project, opts(cache_dir=cache))
     assert first.ok and first.count("built") == 2
     old_lock = tmp_path / "old.lock"
     (project.parent / "kernels.lock").rename(old_lock)
     project.write_text(MANIFEST.format(threads=[128, 256]))  # 64 removed, 256 added
-    assert build(project, cache_dir=cache).ok
+    assert build(project, opts(cache_dir=cache)).ok
     assert len(list(Store(cache).entries())) == 3  # the old entry stays until gc
     assert _variants(cutecc.load(cache, arch="sm_90a")) == ["threads=128", "threads=256"]
     assert _variants(cutecc.load(cache, arch="sm_90a", manifest=project)) == ["threads=128", "threads=256"]
@@ -73,12 +73,12 @@ def test_a_rebuilt_kernel_offers_only_its_current_variants(project: Path, tmp_pa
 def test_load_manifest_uses_exactly_that_manifests_entries(project: Path, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     cache = tmp_path / "cache"
-    assert build(project, cache_dir=cache).ok
+    assert build(project, opts(cache_dir=cache)).ok
     other = tmp_path / "other"
     other.mkdir()
     (other / "toy").symlink_to(project.parent / "toy")
     (other / "kernels.toml").write_text(MANIFEST.format(threads=[32]))
-    assert build(other / "kernels.toml", cache_dir=cache).ok  # same kernel name, newer build
+    assert build(other / "kernels.toml", opts(cache_dir=cache)).ok  # same kernel name, newer build
     monkeypatch.chdir(other)  # the project it is called from decides
     assert _variants(cutecc.load(cache, arch="sm_90a")) == ["threads=32"]
     monkeypatch.chdir(project.parent)

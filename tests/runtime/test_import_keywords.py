@@ -15,6 +15,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import pytest
 from click.testing import CliRunner
+from helpers import opts
 
 import cutecc
 from cutecc.cli import main
@@ -52,7 +53,7 @@ def cache(fallback_project: Path) -> Path:
     fallback_project.write_text(MANIFEST)
     (fallback_project.parent / "toyfb" / "ref.py").write_text(FALLBACK)
     cache = fallback_project.parent.parent / "cache"
-    r = build(fallback_project, cache_dir=cache)
+    r = build(fallback_project, opts(cache_dir=cache))
     assert r.ok, r.warnings()
     return cache
 

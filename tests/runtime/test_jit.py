@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import PY, REPO, TOY_KERNEL, fallback_manifest
+from helpers import PY, REPO, TOY_KERNEL, fallback_manifest, opts
 
 import cutecc
 from cutecc.commands.build import build
@@ -34,7 +34,7 @@ pytest.importorskip("ziglang", reason="building needs the build extra (zig links
 
 def _built(project: Path) -> Path:
     cache = project.parent.parent / "cache"
-    r = build(project, cache_dir=cache)
+    r = build(project, opts(cache_dir=cache))
     assert r.ok, r.warnings()
     return cache
 
@@ -71,7 +71,7 @@ def test_a_miss_builds_its_variant_with_the_key_cutecc_build_then_finds(fallback
     toml = "\n".join(misses(cache, toml=True, manifest=fallback_project).toml_lines())
     assert "variants = { d = [64, 32] }" in toml, toml
     fallback_project.write_text(fallback_manifest(ds=[64, 32]))
-    r = build(fallback_project, cache_dir=cache)
+    r = build(fallback_project, opts(cache_dir=cache))
     assert r.ok and r.count("built") == 0, [(o.planned.label, o.status) for o in r.outcomes]
     assert b32.key in {o.planned.key for o in r.outcomes}
     # a fresh load of that build serves it with no just-in-time build at all
@@ -181,7 +181,7 @@ def test_a_real_miss_compiles_once_and_build_then_finds_it_cached(dsl: None, tmp
     manifest = proj / "kernels.toml"
     manifest.write_text(TOY_STATIC.replace("NS", "64"))
     cache = tmp_path / "cache"
-    assert build(manifest, cache_dir=cache).ok
+    assert build(manifest, opts(cache_dir=cache)).ok
     ks = cutecc.load(cache, arch="sm_90a", jit=True)
     with pytest.warns(JitBuildWarning, match="compiled variant n=32 for sm_90a"):
         text = _lower(lambda x: ks.scale(x, factor=2.0), _spec(32))
@@ -192,6 +192,6 @@ def test_a_real_miss_compiles_once_and_build_then_finds_it_cached(dsl: None, tmp
         warnings.simplefilter("error")
         assert target_name(b32.key) in _lower(lambda x: ks.scale(x), _spec(32))
     manifest.write_text(TOY_STATIC.replace("NS", "64, 32"))
-    r = build(manifest, cache_dir=cache)
+    r = build(manifest, opts(cache_dir=cache))
     assert r.ok and r.count("built") == 0 and r.count("cached") == 2, [o.status for o in r.outcomes]
     assert b32.key in {o.planned.key for o in r.outcomes}

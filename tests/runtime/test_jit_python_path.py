@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import PY, REPO, TOY_KERNEL
+from helpers import PY, REPO, TOY_KERNEL, opts
 
 from cutecc.commands.build import build
 from cutecc.store import Store
@@ -52,7 +52,7 @@ def test_a_jit_build_compiles_the_projects_module_not_the_scripts_same_named_one
     manifest = proj / "kernels.toml"
     manifest.write_text(MANIFEST.replace("NS", "64"))
     cache = tmp_path / "cache"
-    assert build(manifest, cache_dir=cache).ok
+    assert build(manifest, opts(cache_dir=cache)).ok
     scripts = tmp_path / "scripts"
     scripts.mkdir()
     (scripts / "helper.py").write_text("THREADS = 128\n")  # the script's own helper, same name
@@ -75,10 +75,10 @@ def test_a_jit_build_compiles_the_projects_module_not_the_scripts_same_named_one
     [key] = json.loads(r.stdout.strip().splitlines()[-1])
     # `cutecc build` of the manifest declaring that variant plans the same key and finds it cached
     manifest.write_text(MANIFEST.replace("NS", "64, 32"))
-    again = build(manifest, cache_dir=cache)
+    again = build(manifest, opts(cache_dir=cache))
     assert again.ok and again.count("built") == 0, [(o.planned.label, o.status) for o in again.outcomes]
     assert key in {o.planned.key for o in again.outcomes}
     # and a fresh build of it gives the same bytes: the project's helper (64 threads) was compiled
     fresh = tmp_path / "fresh"
-    assert build(manifest, cache_dir=fresh).ok
+    assert build(manifest, opts(cache_dir=fresh)).ok
     assert _libraries(fresh)[key] == _libraries(cache)[key]

@@ -10,6 +10,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import opts
 
 import cutecc
 from cutecc.commands.build import build
@@ -47,7 +48,7 @@ derive = { dm = { along = { rows = 2, cols = 1 } }, dn = { along = { rows = 1, c
 def _kernel(project: Path, manifest: str) -> cutecc.runtime.dispatch.KernelFn:
     project.write_text(manifest)
     cache = project.parent.parent / "cache"
-    r = build(project, cache_dir=cache)
+    r = build(project, opts(cache_dir=cache))
     assert r.ok, r.warnings()
     return cutecc.load(cache, arch="sm_90a").vec
 

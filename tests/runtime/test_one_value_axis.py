@@ -8,6 +8,7 @@ from pathlib import Path
 
 import jax.numpy as jnp
 import pytest
+from helpers import opts
 
 import cutecc
 from cutecc.commands.build import build
@@ -35,7 +36,7 @@ variants = { alpha = [2.5], factor = [3] }
 def test_a_one_value_axis_is_a_call_keyword(fallback_project: Path) -> None:
     fallback_project.write_text(MANIFEST)
     cache = fallback_project.parent.parent / "cache"
-    assert build(fallback_project, cache_dir=cache).ok
+    assert build(fallback_project, opts(cache_dir=cache)).ok
     k = cutecc.load(cache, arch="sm_90a").ax
     x = jnp.ones((2, 64), jnp.float32)
     # `factor` is a runtime scalar's name: that keyword stays the scalar
@@ -58,7 +59,7 @@ def test_a_miss_records_the_one_value_axis_keyword(fallback_project: Path) -> No
     (fallback_project.parent / "toyfb" / "ref.py").write_text(
         "def scale(x, *, factor=1.0, alpha=2.5):\n    return x * factor * alpha\n")
     cache = fallback_project.parent.parent / "cache"
-    assert build(fallback_project, cache_dir=cache).ok
+    assert build(fallback_project, opts(cache_dir=cache)).ok
     k = cutecc.load(cache, arch="sm_90a").ax
     with pytest.warns(FallbackWarning, match=r"\(float32\[2, 32\], alpha=2.5\)"):
         out = k(jnp.ones((2, 32), jnp.float32), alpha=2.5)

@@ -14,7 +14,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import FALLBACK, run_cli, write_toy_project
+from helpers import FALLBACK, opts, run_cli, write_toy_project
 
 import cutecc
 from cutecc.errors import FallbackWarning, NoBuildFits
@@ -27,7 +27,7 @@ EDIT = ("        out[i] = x[i] * scale\n", "        out[i] = x[i] * scale + x[i]
 def _build(manifest: Path, cache: Path, lock: bool = True) -> None:
     from cutecc.commands.build import build
 
-    report = build(manifest, cache_dir=cache, jobs=1, lock=lock)
+    report = build(manifest, opts(cache_dir=cache, jobs=1), lock=lock)
     assert report.ok, report.warnings()
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import opts
 
 import cutecc
 from cutecc.commands.build import build
@@ -50,7 +51,7 @@ def test_a_call_that_breaks_a_relation_is_refused_naming_it(fallback_project: Pa
     (v,) = load_manifest(m).kernels[0].variants
     assert v.relations == ("ls == l * 4",)
     cache = fallback_project.parent.parent / "cache"
-    assert build(m, cache_dir=cache).ok
+    assert build(m, opts(cache_dir=cache)).ok
     k = cutecc.load(cache, arch="sm_90a").splitk
     b, env = k.select(_x(2, 8), _x(8, 8))
     assert b.relations == (("ls", "l * 4"),) and env == {"l": 2, "ls": 8}

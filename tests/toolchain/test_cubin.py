@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from helpers import REPO
+from helpers import REPO, opts
 
 from cutecc import cubin
 
@@ -19,7 +19,7 @@ def test_kernel_names_of_a_built_library(tmp_path) -> None:  # type: ignore[no-u
     from cutecc.commands.build import build
     from cutecc.store import Store
 
-    rep = build(REPO / "kernels.toml", cache_dir=tmp_path / "c", kernels=("axpy",), lock=False)
+    rep = build(REPO / "kernels.toml", opts(cache_dir=tmp_path / "c"), kernels=("axpy",), lock=False)
     assert all(o.error is None for o in rep.outcomes), [o.error for o in rep.outcomes]
     (e,) = [e for e in Store(tmp_path / "c").entries() if e.doc["kernel"] == "axpy"]
     data = (e.path / e.doc["library"]).read_bytes()

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import opts
 from helpers import planted_cubin as planted
 
 from cutecc import cubin
@@ -48,7 +49,7 @@ def test_a_build_handed_a_wrong_arch_cubin_refuses_to_publish(tmp_path: Path, to
     from cutecc.store import Store
 
     cache = tmp_path / "cache"
-    assert build(toy_project, cache_dir=cache, dry_run=True).ok  # makes the cache
+    assert build(toy_project, opts(cache_dir=cache), dry_run=True).ok  # makes the cache
     Store(cache).ensure()
     manifest = load_manifest(toy_project)
     job = BuildJob.of(plan(manifest, ("sm_90a",))[0], manifest)
@@ -65,7 +66,7 @@ def test_a_build_handed_a_wrong_arch_cubin_refuses_to_publish(tmp_path: Path, to
     monkeypatch.setattr(cutecc.build.linker, "link", link)
     # build_one in this test process: what the process read before (other tests' planted
     # files) is no compile's read set (tests/faults/test_read_set.py checks that in workers)
-    monkeypatch.setenv("CUTECC_AUDIT", "off")
+    monkeypatch.setenv("CUTECC_INTERNAL_AUDIT", "off")
     res = build_one(job, str(cache))
     assert res.status == "failed" and "refusing to publish: cubin 0 is for sm_80, the key's arch is sm_90a" \
         in str(res.error)

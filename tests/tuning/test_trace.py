@@ -342,7 +342,8 @@ def test_the_benchmark_reads_the_typed_records_and_plan_that_tune_returns(tmp_pa
             "dropped": {}}
     rec = TuningResult.parse(line, "test", "record")
 
-    def measured(manifest: Any, **kw: Any) -> cmd.TuneReport:
+    def measured(manifest: Any, options: Any, **kw: Any) -> cmd.TuneReport:
+        assert options.cache_dir == tmp_path / "cache"  # told as `cutecc tune --cache-dir` tells it
         report = cmd.TuneReport("measure", plan=[item], records=[rec])
         report.info = {"device": line["device"], "driver": "cuda 13000", "bench_seconds": 1.5}
         return report

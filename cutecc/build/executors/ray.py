@@ -48,11 +48,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cutecc import settings
 from cutecc.build.executors import worker_tree
 from cutecc.build.workers import DEFAULT_LIMITS, BuildJob, Limits, Result
 from cutecc.entry.meta import EntryMeta
-from cutecc.environ import WORKER_MARK
 from cutecc.errors import CuteccError, WorkError
+
+WORKER_MARK = settings.WORKER_MARK.env  # the mark in what a worker starts
 
 if TYPE_CHECKING:
     from cutecc.ship.remote import RemoteConfig

@@ -52,7 +52,7 @@ from multiprocessing import reduction
 from pathlib import Path
 from typing import Any, NoReturn
 
-from cutecc import environ
+from cutecc import settings
 from cutecc.build.executors import service, worker_tree
 from cutecc.toolchain.hashcache import path_stamp
 
@@ -61,9 +61,9 @@ STATE_VERSION = 1  # what `state_key` covers: bumped with it
 HELLO_SECONDS = 30.0  # the most a connected service may take to check its stamps
 # Variables no worker reads: the build's own (where it remembers planning, how long the service
 # stays) and a shell's bookkeeping. Every other one names the state, whatever it is.
-NOT_STATE = frozenset({environ.PLAN_MEMORY, environ.SERVICE_IDLE, "_", "OLDPWD", "SHLVL", "MAKEFLAGS",
-                       "MFLAGS", "MAKELEVEL", "SSH_CONNECTION", "SSH_CLIENT", "SSH_TTY", "TMUX_PANE",
-                       "WINDOWID"})
+NOT_STATE = frozenset({settings.PLAN_MEMORY.env, settings.SERVICE_IDLE.env, "_", "OLDPWD", "SHLVL",
+                       "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "SSH_CONNECTION", "SSH_CLIENT", "SSH_TTY",
+                       "TMUX_PANE", "WINDOWID"})
 START_SECONDS = service.READY_SECONDS  # the most a resident service's start-up (its imports) may take
 OTHER_MODULES = "it imported other modules"  # a service of the guess, not of the plan
 RETIRED = "the resident compile service retired"  # what a stale one answers
@@ -75,9 +75,9 @@ def idle_seconds() -> float:
     """`$CUTECC_SERVICE_IDLE`: seconds a resident service waits for another build (0: none
     is kept). Unset: `IDLE_SECONDS`, but none under CI (`$CI` set, as CI services set it): a
     CI job is one build on a fresh machine, and what it leaves running only holds memory."""
-    raw = os.environ.get(environ.SERVICE_IDLE, "").strip().lower()
+    raw = settings.SERVICE_IDLE.text().lower()
     if not raw:
-        return 0.0 if environ.flag("CI") else IDLE_SECONDS
+        return 0.0 if settings.switch("CI") else IDLE_SECONDS
     if raw in ("0", "off", "no", "false"):
         return 0.0
     try:
@@ -88,7 +88,7 @@ def idle_seconds() -> float:
         from cutecc.errors import CuteccError
 
         raise CuteccError(f'"{raw}" is not a number of seconds from 0 to 604800 (0 or off: no service '
-                          "is kept between builds)", where=f"${environ.SERVICE_IDLE}")
+                          "is kept between builds)", where=settings.SERVICE_IDLE.where)
     return seconds
 
 

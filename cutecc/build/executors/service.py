@@ -46,7 +46,7 @@ from multiprocessing import reduction
 from pathlib import Path
 from typing import Any
 
-from cutecc import environ
+from cutecc import settings
 from cutecc.build.executors import worker_tree
 
 MODES = ("fork", "spawn")
@@ -56,13 +56,14 @@ FORK_SECONDS = 60.0  # the most a fork may take (a resident service serving anot
 
 def mode() -> tuple[str, str]:
     """("fork" or "spawn", why): `$CUTECC_WORKERS` if set, else fork on Linux."""
-    asked = os.environ.get(environ.WORKERS, "").strip().lower()
+    asked = settings.WORKERS.text().lower()
     if asked and asked not in MODES:
         from cutecc.errors import CuteccError
 
-        raise CuteccError(f'"{asked}" is not a worker mode ({", ".join(MODES)})', where=f"${environ.WORKERS}")
+        raise CuteccError(f'"{asked}" is not a worker mode ({", ".join(MODES)})',
+                          where=settings.WORKERS.where)
     if asked:
-        return asked, f"${environ.WORKERS}"
+        return asked, settings.WORKERS.where
     if not sys.platform.startswith("linux"):
         return "spawn", f"fork is not safe on {sys.platform}"
     return "fork", "default"

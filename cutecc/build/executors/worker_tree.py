@@ -17,7 +17,9 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from cutecc.environ import WORKER_MARK
+from cutecc import settings
+
+WORKER_MARK = settings.WORKER_MARK.env  # the mark in what a worker starts
 
 ROUNDS = 3  # scans for marked processes (one may fork while the last is killed)
 

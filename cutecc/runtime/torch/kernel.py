@@ -477,14 +477,13 @@ class TorchKernelSet(KernelSet):
 def device_arch() -> str | None:
     """`$CUTECC_ARCH`, else the current CUDA device's arch as torch sees it (`sm_90` for
     compute capability 9.0), else None."""
-    import os
 
-    from cutecc import environ
+    from cutecc import settings
     from cutecc.archs import check_arch
 
-    env = os.environ.get(environ.ARCH)
+    env = settings.ARCH.read()
     if env:
-        return check_arch(env, f"${environ.ARCH}")
+        return check_arch(env, settings.ARCH.where)
     if not torch.cuda.is_available():
         return None
     major, minor = torch.cuda.get_device_capability()
@@ -494,11 +493,11 @@ def device_arch() -> str | None:
 def device_kind() -> str | None:
     """The current GPU's name as the tuning records name it (`NVIDIA H100 80GB HBM3`);
     without a GPU, `$CUTECC_DEVICE_KIND`, else None."""
-    import os
+    from cutecc import settings
 
     if torch.cuda.is_available():
         return torch.cuda.get_device_name()
-    return os.environ.get("CUTECC_DEVICE_KIND") or None
+    return settings.DEVICE_KIND.read() or None
 
 
 FRONT = FrontEnd("PyTorch", TorchKernelFn, TorchCompositeFn, TorchKernelSet, device_arch, device_kind)

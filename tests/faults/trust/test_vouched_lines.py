@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from call_keyword_kernels import OPS
+from helpers import opts
 
 import cutecc
 from cutecc.commands.build import build
@@ -63,7 +64,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "fa/__init__.py").write_text("")
     (root / "fa/ops.py").write_text(OPS)
     (root / "kernels.toml").write_text(MANIFEST)
-    report = build(root / "kernels.toml", cache_dir=root / "cache", jobs=2)
+    report = build(root / "kernels.toml", opts(cache_dir=root / "cache", jobs=2))
     assert report.ok, [o.error for o in report.outcomes]
     return root
 
@@ -110,7 +111,7 @@ def _lowered_target(ks: object, causal: bool) -> list[str]:
 def test_a_signing_build_drops_a_tuning_line_whose_winner_has_other_call_keywords(
         project: Path, key_pair: tuple[Path, Path]) -> None:
     _plant_in_lock(project, _sibling_tuning_line(project))
-    report = build(project / "kernels.toml", cache_dir=project / "cache", sign_key=key_pair[0])
+    report = build(project / "kernels.toml", opts(cache_dir=project / "cache", sign_key=key_pair[0]))
     assert report.ok
     assert read_lock(project / "kernels.lock").tuning == ()
     assert len(report.dropped_tuning) == 1
@@ -161,15 +162,15 @@ def test_a_partial_signing_build_refuses_to_sign_an_edited_line_it_keeps(
     (project / "kernels.lock").write_text(json.dumps(doc, indent=1))
     before = (project / "kernels.lock").read_bytes()
     with pytest.raises(CuteccError) as e:
-        build(project / "kernels.toml", cache_dir=project / "cache", kernels=("other",),
-              sign_key=key_pair[0])
+        build(project / "kernels.toml", opts(cache_dir=project / "cache", sign_key=key_pair[0]),
+              kernels=("other",))
     assert e.value.exit_code == 1
     assert "refusing to sign" in e.value.message and "attn[causal=True]@sm_90a" in e.value.message
     assert (project / "kernels.lock").read_bytes() == before
     assert not (project / "kernels.lock.sig").exists()
     # unsigned, the edited line is refused too: a partial build keeps only what the cache backs
     with pytest.raises(CuteccError, match="attn\\[causal=True\\]@sm_90a"):
-        build(project / "kernels.toml", cache_dir=project / "cache", kernels=("other",))
+        build(project / "kernels.toml", opts(cache_dir=project / "cache"), kernels=("other",))
 
 
 def test_a_signing_build_refuses_a_kept_line_whose_entry_is_not_in_the_cache(
@@ -177,10 +178,10 @@ def test_a_signing_build_refuses_a_kept_line_whose_entry_is_not_in_the_cache(
     key = _lines(project)["attn[causal=True]"]["key"]
     shutil.rmtree(project / "cache/entries" / key[:2] / key)
     with pytest.raises(CuteccError, match="refusing to sign.*not in the cache"):
-        build(project / "kernels.toml", cache_dir=project / "cache", kernels=("other",),
-              sign_key=key_pair[0])
+        build(project / "kernels.toml", opts(cache_dir=project / "cache", sign_key=key_pair[0]),
+              kernels=("other",))
     # unsigned, a line this cache lacks is kept as it was (another host may hold it)
-    report = build(project / "kernels.toml", cache_dir=project / "cache", kernels=("other",))
+    report = build(project / "kernels.toml", opts(cache_dir=project / "cache"), kernels=("other",))
     assert report.ok and key in {e.key for e in read_lock(project / "kernels.lock").entries}
 
 
@@ -193,7 +194,7 @@ def test_a_signing_build_hashes_every_library_it_signs(project: Path, key_pair: 
     data[-1] ^= 1
     lib.write_bytes(bytes(data))
     with pytest.raises(CuteccError, match="refusing to sign.*other\\[default\\]@sm_90a.*altered"):
-        build(project / "kernels.toml", cache_dir=project / "cache", sign_key=key_pair[0])
+        build(project / "kernels.toml", opts(cache_dir=project / "cache", sign_key=key_pair[0]))
     assert not (project / "kernels.lock.sig").exists()
 
 
