@@ -383,7 +383,8 @@ def parser_id() -> str:
     this one's."""
     root = Path(__file__).resolve().parent.parent  # cutecc/
     h = hashlib.sha256(f"{sys.implementation.cache_tag}\0{sys.version}\0".encode())
-    for name in ("toolchain/dists.py", "toolchain/hashcache.py", "plan/key.py", "toolchain/modfind.py",
+    for name in ("toolchain/dists.py", "toolchain/hashcache.py", "plan/key.py", "plan/sourcefacts.py",
+                 "toolchain/modfind.py",
                  "toolchain/planmemory.py", "toolchain/planfacts.py", "plan/shadows.py"):
         with contextlib.suppress(OSError):
             h.update(name.encode() + b"\0" + (root / name).read_bytes())

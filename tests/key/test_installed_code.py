@@ -23,6 +23,7 @@ import pytest
 from helpers import REPO
 
 import cutecc.plan.key
+import cutecc.plan.sourcefacts
 import cutecc.toolchain.dists
 import cutecc.toolchain.hashcache
 from cutecc.errors import CuteccError
@@ -129,7 +130,7 @@ def test_a_warm_cache_reads_and_parses_no_installed_source(
     cache.parent.mkdir()
     cold = planned(m, cache)
     touched: list[str] = []
-    real_open, real_parse = builtins.open, cutecc.plan.key.ast.parse
+    real_open, real_parse = builtins.open, cutecc.plan.sourcefacts.ast.parse
 
     def spy_open(f, *a, **k):
         touched.append(str(f))
@@ -142,7 +143,7 @@ def test_a_warm_cache_reads_and_parses_no_installed_source(
     with monkeypatch.context() as mp:
         mp.setattr(builtins, "open", spy_open)
         mp.setattr(io, "open", spy_open)
-        mp.setattr(cutecc.plan.key.ast, "parse", spy_parse)
+        mp.setattr(cutecc.plan.sourcefacts.ast, "parse", spy_parse)
         warm = planned(m, cache)
     assert {n: p.key for n, p in warm.items()} == {n: p.key for n, p in cold.items()}
     assert [f for f in touched if f.startswith(str(site / "fakelib") + os.sep)] == []
