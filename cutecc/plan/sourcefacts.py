@@ -39,20 +39,23 @@ _REST2 = rb'[^"\\]*(?:(?:\\[\s\S]|"(?!""))[^"\\]*)*"""'
 _REST1 = rb"[^'\\]*(?:(?:\\[\s\S]|'(?!''))[^'\\]*)*'''"
 # Strings and comments, left to right as the tokenizer meets them (each alternative starts
 # with its own character, so the regex engine skips to the next one): a triple-quoted string
-# is kept less its first quote (group t or u, for `_TRIPLES`), a one-line string or a comment
-# is dropped (a backslash-newline inside a one-quoted string is not matched: its quote is
-# left, and the whole file parsed).
-_STRINGS = re.compile(rb'"(?:(?P<t>""' + _REST2 + rb')|[^"\\\n]*(?:\\[^\n][^"\\\n]*)*")'
-                      rb"|'(?:(?P<u>''" + _REST1 + rb")|[^'\\\n]*(?:\\[^\n][^'\\\n]*)*')"
+# over several lines is kept less its first quote (group t or u, for `_TRIPLES`), any other
+# string or a comment is dropped (a backslash-newline inside a one-quoted string is not
+# matched: its quote is left, and the whole file parsed).
+_LINE2 = rb'""[^"\\\n]*(?:(?:\\[^\n]|"(?!""))[^"\\\n]*)*"""'  # a triple-quoted rest on one line
+_LINE1 = rb"''[^'\\\n]*(?:(?:\\[^\n]|'(?!''))[^'\\\n]*)*'''"
+_STRINGS = re.compile(rb'"(?:' + _LINE2 + rb'|(?P<t>""' + _REST2 + rb')|[^"\\\n]*(?:\\[^\n][^"\\\n]*)*")'
+                      rb"|'(?:" + _LINE1 + rb"|(?P<u>''" + _REST1 + rb")|[^'\\\n]*(?:\\[^\n][^'\\\n]*)*')"
                       rb"|\#[^\n]*")
 _TRIPLES = re.compile(rb'""' + _REST2 + rb"|''" + _REST1)
-_UNSURE = re.compile(rb"[\"'\t\f\r\0]")  # left in the code after `_code`: parse the whole file
+_SPACES = re.compile(rb"[\t\f\r]")  # in code (not a string): columns this does not count
 _FSTRING = re.compile(rb"(?i)(?<![\w])(?:f|rf|fr)['\"]")
 _HEADER = re.compile(rb"\n( *)(?:async +)?(def|class|if|elif|else|for|while|try|except|finally|with)\b")
 _NAME = re.compile(rb" +([^ (:\[\n]+)")
 _HEAD_PART = re.compile(rb"[()\[\]{}:\n]")
 _BRACKETS = bytes.maketrans(b"[{]}", b"(())")
 _ENDS: dict[int, re.Pattern[bytes]] = {}
+MAX_HEADER = 1 << 16  # bytes a header is looked for in (a broken file's open bracket: not to its end)
 _HOLDS_STATEMENTS = (ast.stmt, ast.excepthandler, ast.match_case)
 _ASIDE = (ast.Expr, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)  # what `skim` leaves
 
@@ -93,7 +96,11 @@ def _code(data: bytes) -> bytes | None:
     newline (its lines are one logical line), a newline put first (every line follows one);
     None where something is left that this does not read as the tokenizer would."""
     code = b"\n" + _TRIPLES.sub(_triple, _STRINGS.sub(rb"\g<t>\g<u>", data))
-    return None if _UNSURE.search(code) else code
+    if b'"' in code or b"'" in code:
+        return None  # a quote not read as a string's
+    if (b"\t" in data or b"\f" in data or b"\r" in data) and _SPACES.search(code):
+        return None
+    return code
 
 
 def _triple(m: re.Match[bytes]) -> bytes:
@@ -116,7 +123,10 @@ def skim(data: bytes) -> tuple[bytes, frozenset[int]] | None:
     code = _code(data)
     if code is None:
         return None
-    bodies, heads = _bodies(code)
+    try:
+        bodies, heads = _bodies(code)
+    except _Unsure:
+        return None
     if not bodies and not heads:
         return data, frozenset()
     lines = data.split(b"\n")
@@ -139,7 +149,7 @@ def _bodies(code: bytes) -> tuple[list[tuple[int, int, int]], list[tuple[int, in
     kept: list[int] = []  # where the functions and classes kept (holding an import) end
     line, at = -1, 0  # the line number of offset `at` (the leading newline: line -1)
     brackets = code.translate(_BRACKETS)
-    pos = 0
+    pos, budget = 0, 2 * len(code) + MAX_HEADER
     while (m := _HEADER.search(code, pos)) is not None:
         start = m.start()
         pos = m.end()
@@ -150,7 +160,10 @@ def _bodies(code: bytes) -> tuple[list[tuple[int, int, int]], list[tuple[int, in
         block = m.group(2) in (b"def", b"class")
         if not block and not kept:
             continue  # the top level's compound statements: their statements' names count
-        colon = _colon(code, m.end())
+        colon, looked = _colon(code, m.end())
+        budget -= looked - m.end()
+        if budget < 0:  # headers looked for over and over (open brackets): parse it whole
+            raise _Unsure
         if colon < 0:
             continue
         eol = code.find(b"\n", colon)
@@ -170,8 +183,10 @@ def _bodies(code: bytes) -> tuple[list[tuple[int, int, int]], list[tuple[int, in
             continue
         if block:
             top = line - code.count(b"\n", start + 1, eol)  # the header's first line
-            if top >= 2:
-                heads.append((top, line + 1, _head(code, m)))
+            name = _NAME.match(code, m.end())
+            if top >= 2 and name is not None:
+                heads.append((top, line + 1, m.group()[1:] + b" " + name.group(1)
+                              + (b"():" if m.group(2) == b"def" else b":")))
         if code.find(b"import", eol, end) >= 0:
             if block:
                 kept.append(end)
@@ -184,32 +199,27 @@ def _bodies(code: bytes) -> tuple[list[tuple[int, int, int]], list[tuple[int, in
     return out, heads
 
 
-def _head(code: bytes, m: re.Match[bytes]) -> bytes:
-    """Header `m` (a function's or class's) as its name alone."""
-    name = _NAME.match(code, m.end())
-    assert name is not None
-    return m.group()[1:] + b" " + name.group(1) + (b"():" if m.group(2) == b"def" else b":")
-
-
-def _colon(code: bytes, pos: int) -> int:
+def _colon(code: bytes, pos: int) -> tuple[int, int]:
     """Where the header from `pos` ends: its first colon outside brackets (-1: a line ends
-    first outside brackets, or a bracket closes that it did not open: no header)."""
+    first outside brackets, a bracket closes that it did not open, or none in MAX_HEADER
+    bytes: no header to skim); and how far it was looked for."""
     depth = 0
-    for m in _HEAD_PART.finditer(code, pos):
-        c = code[m.start()]
+    for m in _HEAD_PART.finditer(code, pos, pos + MAX_HEADER):
+        at = m.start()
+        c = code[at]
         if c == 0x3A:  # :
             if depth == 0:
-                return m.start()
+                return at, at
         elif c == 0x0A:  # newline
-            if depth == 0 and code[m.start() - 1] != 0x5C:
-                return -1
+            if depth == 0 and code[at - 1] != 0x5C:
+                return -1, at
         elif c in b"([{":
             depth += 1
         else:
             depth -= 1
             if depth < 0:
-                return -1
-    return -1
+                return -1, at
+    return -1, pos + MAX_HEADER
 
 
 def _facts(tree: ast.Module, aside: frozenset[int]) -> SourceFacts:

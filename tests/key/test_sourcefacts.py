@@ -9,6 +9,7 @@ import ast
 import importlib.util
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -279,3 +280,26 @@ def test_under_python_3_12_an_f_string_file_is_parsed_whole() -> None:
     data = b"def f(x):\n    return f'{x}'\nimport os\n"
     assert (sourcefacts.skim(data) is None) == (sys.version_info >= (3, 12))
     assert sourcefacts.parse(data, Path("m.py")) == whole(data)
+
+
+def test_headers_that_never_close_are_not_looked_for_over_and_over() -> None:
+    """A broken file of 20,000 open brackets after header keywords, inside a function that
+    imports: the skim gives up (the whole parse reports the error) in linear time."""
+    data = b"# broken\n\ndef f():\n    import os\n" + b"    if (x:\n" * 20_000
+    t0 = time.process_time()
+    assert sourcefacts.skim(data) is None
+    with pytest.raises(CuteccError, match="syntax error"):
+        sourcefacts.parse(data, Path("m.py"))
+    assert time.process_time() - t0 < 5
+
+
+def test_a_header_continued_after_its_keyword_is_left_to_the_parse() -> None:
+    same('''
+        def \\
+          f(x):
+            return x
+        class \\
+            K:
+            pass
+        import os
+    ''')
