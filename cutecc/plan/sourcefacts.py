@@ -41,13 +41,19 @@ _REST1 = rb"[^'\\]*(?:(?:\\[\s\S]|'(?!''))[^'\\]*)*'''"
 # with its own character, so the regex engine skips to the next one): a triple-quoted string
 # over several lines is kept less its first quote (group t or u, for `_TRIPLES`), any other
 # string or a comment is dropped (a backslash-newline inside a one-quoted string is not
-# matched: its quote is left, and the whole file parsed).
+# matched: its quote is left, and the whole file parsed). A backslash that does not end a line
+# is dropped with what it escapes (none in code: a string's, misread), so each quote is tried
+# once: a misread string, or one without its closing quote, costs a line's scan, not one per
+# quote; with `_HIDDEN` refused, the substitution stays linear in the file's size.
 _LINE2 = rb'""[^"\\\n]*(?:(?:\\[^\n]|"(?!""))[^"\\\n]*)*"""'  # a triple-quoted rest on one line
 _LINE1 = rb"''[^'\\\n]*(?:(?:\\[^\n]|'(?!''))[^'\\\n]*)*'''"
 _STRINGS = re.compile(rb'"(?:' + _LINE2 + rb'|(?P<t>""' + _REST2 + rb')|[^"\\\n]*(?:\\[^\n][^"\\\n]*)*")'
                       rb"|'(?:" + _LINE1 + rb"|(?P<u>''" + _REST1 + rb")|[^'\\\n]*(?:\\[^\n][^'\\\n]*)*')"
-                      rb"|\#[^\n]*")
+                      rb"|\#[^\n]*|\\[^\n\r]")
 _TRIPLES = re.compile(rb'""' + _REST2 + rb"|''" + _REST1)
+# A triple quote after a backslash: where a closing quote may be escaped, a file of them would
+# have each opening one scanned to the file's end (parsed whole instead).
+_HIDDEN = (b'\\"""', b"\\'''")
 _SPACES = re.compile(rb"[\t\f\r]")  # in code (not a string): columns this does not count
 _FSTRING = re.compile(rb"(?i)(?<![\w])(?:f|rf|fr)['\"]")
 _HEADER = re.compile(rb"\n( *)(?:async +)?(def|class|if|elif|else|for|while|try|except|finally|with)\b")
@@ -118,7 +124,9 @@ def _end_of(indent: int) -> re.Pattern[bytes]:
 def skim(data: bytes) -> tuple[bytes, frozenset[int]] | None:
     """`data` with the bodies no fact reads put aside (`...` on their first line, the rest
     empty), and those lines (0-based); None where only the whole file tells."""
-    if b"\0" in data or (sys.version_info >= (3, 12) and _FSTRING.search(data)):
+    if b"\0" in data or any(h in data for h in _HIDDEN):
+        return None
+    if sys.version_info >= (3, 12) and _FSTRING.search(data):
         return None  # 3.12's f-strings may nest quotes and span lines
     code = _code(data)
     if code is None:

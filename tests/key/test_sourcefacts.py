@@ -303,3 +303,28 @@ def test_a_header_continued_after_its_keyword_is_left_to_the_parse() -> None:
             pass
         import os
     ''')
+
+
+@pytest.mark.parametrize("line", [
+    b'x = "' + b'\\"' * 200_000 + b"\n",  # a string never closed, of escaped quotes
+    b"x = '" + b"\\'" * 200_000 + b"\n",
+    b'x = """' + b'x\\"""' * 100_000 + b"\n",  # closing quotes all escaped
+    b"y = 1  # " + b"\"'" * 200_000 + b"\n",  # a comment of quotes
+])
+def test_hostile_quotes_cost_a_linear_scan(line: bytes) -> None:
+    """Bytes shaped to make each quote start a scan to the line's or file's end: the skim
+    stays linear (the file is parsed whole where it cannot tell), and says the same."""
+    data = b"import os\n\ndef f():\n    return 1\n" + line
+    t0 = time.process_time()
+    sourcefacts.skim(data)
+    assert time.process_time() - t0 < 2
+    try:
+        expected: SourceFacts | str = whole(data)
+    except SyntaxError:
+        expected = "syntax error"
+    try:
+        got: SourceFacts | str = sourcefacts.parse(data, Path("m.py"))
+    except CuteccError as e:
+        assert "syntax error" in e.message
+        got = "syntax error"
+    assert got == expected
