@@ -303,6 +303,31 @@ def test_a_warm_cache_walks_no_import_closure(
     assert walked == []
 
 
+def test_the_closures_of_one_planning_stamp_each_path_once(
+        tmp_path: Path, site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Closures walked by one index share most of their lookups (the published manifest's 13:
+    75,000 stamps of 16,000 paths): remembering them stats each path once, and a warm cache
+    serves them all."""
+    install(site, "fakelib", "1.0", LIB)
+    m = project(tmp_path, BOTH)
+    cache = tmp_path / "cache/filehashes.json"
+    cache.parent.mkdir()
+    stamped: list[str] = []
+    real = cutecc.toolchain.hashcache.path_stamp
+
+    def spy(p: str) -> list[int] | None:
+        stamped.append(p)
+        return real(p)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(cutecc.toolchain.hashcache, "path_stamp", spy)
+        cold = {n: p.key for n, p in planned(m, cache).items()}
+    assert stamped and len(stamped) == len(set(stamped))
+    walked = _walks(monkeypatch)
+    assert {n: p.key for n, p in planned(m, cache).items()} == cold and walked == []
+    assert {n: p.key for n, p in planned(m, None).items()} == cold
+
+
 @pytest.mark.parametrize("where", ["installed", "project"])
 def test_a_module_appearing_where_an_import_looked_rekeys(
         tmp_path: Path, site: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
