@@ -21,10 +21,7 @@ stays cheap.
 
 from __future__ import annotations
 
-import ast
-import collections
 import functools
-import gc
 import hashlib
 import json
 import os
@@ -38,6 +35,7 @@ from cutecc.contract.args import args_to_json
 from cutecc.entry.rules import ARTIFACT_FORMAT, compute_key
 from cutecc.errors import CuteccError
 from cutecc.manifest import Kernel, Variant
+from cutecc.plan import sourcefacts
 from cutecc.plan.keyed_sources import KeyedFile
 from cutecc.platforms import BUILD_PLATFORM
 from cutecc.toolchain import devicequery, dists, modfind
@@ -231,10 +229,10 @@ class SourceIndex:
             return "unknown"
 
     def _facts_of(self, f: Path) -> Sourced[SourceFacts]:
-        """`f`'s SHA-256, import statements and top-level names (`_parse`), read and parsed
+        """`f`'s SHA-256, import statements and top-level names (`sourcefacts.parse`), read and parsed
         once per change of its stamp (`dists.HashCache.source`), once per index at most."""
         if f not in self._facts:
-            self._facts[f] = self._cache.source(str(f), SourceFacts, lambda data: _parse(data, f))
+            self._facts[f] = self._cache.source(str(f), SourceFacts, lambda data: sourcefacts.parse(data, f))
         return self._facts[f]
 
     def _locate(self, module: str) -> modfind.Found | None:
@@ -460,70 +458,6 @@ def _holds_installs(entry: str) -> bool:
 
 def _path_effect_facts(data: bytes) -> PathEffect:
     return PathEffect(modfind.path_effect(data.decode("utf-8", errors="replace")))
-
-
-_HOLDS_STATEMENTS = (ast.stmt, ast.excepthandler, ast.match_case)
-
-
-def _parse(data: bytes, f: Path) -> SourceFacts:
-    """What the key reads of a source file: its import statements, anywhere in it, as
-    `[level, module, names or None for a plain import]`, and the names its top level surely
-    binds (None when it may make names at run time: a star import). The cyclic garbage
-    collector is paused meanwhile: a syntax tree holds no cycle (reference counts free it),
-    and the collections its hundreds of thousands of nodes would set off, each walking
-    everything planning holds, were a third of a cold plan's parsing."""
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        return _parse_tree(data, f)
-    finally:
-        if paused:
-            gc.enable()
-
-
-def _parse_tree(data: bytes, f: Path) -> SourceFacts:
-    try:
-        tree = ast.parse(data, filename=str(f))
-    except SyntaxError as e:
-        raise CuteccError(f"syntax error: {e.msg} (line {e.lineno})", where=str(f)) from None
-    imports: list[list[Any]] = []
-    # In `ast.walk`'s order (breadth first), visiting statements and the clauses that hold
-    # them only: an expression holds no statement, and expressions are most of a tree.
-    queue: collections.deque[ast.AST] = collections.deque(tree.body)
-    while queue:
-        node = queue.popleft()
-        if isinstance(node, ast.Import):
-            imports.extend([0, a.name, None] for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            imports.append([node.level, node.module or "", [a.name for a in node.names]])
-        else:
-            for field in node._fields:
-                value = getattr(node, field, None)
-                if isinstance(value, list):
-                    queue.extend(x for x in value if isinstance(x, _HOLDS_STATEMENTS))
-                elif isinstance(value, _HOLDS_STATEMENTS):
-                    queue.append(value)
-    names: set[str] = set()
-    todo = list(tree.body)
-    while todo:
-        node = todo.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            for a in node.names:
-                if a.name == "*":
-                    return SourceFacts(imports, None)
-                names.add(a.asname or a.name.split(".")[0])
-        elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
-            for field in ("body", "orelse", "finalbody", "handlers"):
-                todo.extend(getattr(node, field, []))
-        elif isinstance(node, ast.ExceptHandler):
-            todo.extend(node.body)
-        else:
-            for sub in ast.walk(node):
-                if isinstance(sub, ast.Name):
-                    names.add(sub.id)  # assignment targets, and globals() as a name
-    return SourceFacts(imports, sorted(names))
 
 
 def _installed_place(path: Path) -> bool:

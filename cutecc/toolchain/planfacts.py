@@ -105,7 +105,7 @@ P = TypeVar("P", bound="SourceFacts | PathEffect")  # facts parsed from a source
 
 
 class SourceFacts(NamedTuple):
-    """What the key reads of a source file (`cutecc.plan.key._parse`): its import statements
+    """What the key reads of a source file (`cutecc.plan.sourcefacts.parse`): its import statements
     as `[level, module, names or None for a plain import]`, and its top-level names (None:
     it may make names at run time)."""
 

@@ -23,6 +23,7 @@ import pytest
 from helpers import REPO, opts
 
 import cutecc.plan.key
+import cutecc.plan.sourcefacts
 import cutecc.toolchain.dists
 import cutecc.toolchain.hashcache
 from cutecc.errors import CuteccError
@@ -129,7 +130,7 @@ def test_a_warm_cache_reads_and_parses_no_installed_source(
     cache.parent.mkdir()
     cold = planned(m, cache)
     touched: list[str] = []
-    real_open, real_parse = builtins.open, cutecc.plan.key.ast.parse
+    real_open, real_parse = builtins.open, cutecc.plan.sourcefacts.ast.parse
 
     def spy_open(f, *a, **k):
         touched.append(str(f))
@@ -142,7 +143,7 @@ def test_a_warm_cache_reads_and_parses_no_installed_source(
     with monkeypatch.context() as mp:
         mp.setattr(builtins, "open", spy_open)
         mp.setattr(io, "open", spy_open)
-        mp.setattr(cutecc.plan.key.ast, "parse", spy_parse)
+        mp.setattr(cutecc.plan.sourcefacts.ast, "parse", spy_parse)
         warm = planned(m, cache)
     assert {n: p.key for n, p in warm.items()} == {n: p.key for n, p in cold.items()}
     assert [f for f in touched if f.startswith(str(site / "fakelib") + os.sep)] == []
@@ -300,6 +301,31 @@ def test_a_warm_cache_walks_no_import_closure(
     (m.parent / "kernels.lock").write_text("written after the build\n")
     assert {n: p.key for n, p in planned(m, cache).items()} == cold
     assert walked == []
+
+
+def test_the_closures_of_one_planning_stamp_each_path_once(
+        tmp_path: Path, site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Closures walked by one index share most of their lookups (the published manifest's 13:
+    75,000 stamps of 16,000 paths): remembering them stats each path once, and a warm cache
+    serves them all."""
+    install(site, "fakelib", "1.0", LIB)
+    m = project(tmp_path, BOTH)
+    cache = tmp_path / "cache/filehashes.json"
+    cache.parent.mkdir()
+    stamped: list[str] = []
+    real = cutecc.toolchain.hashcache.path_stamp
+
+    def spy(p: str) -> list[int] | None:
+        stamped.append(p)
+        return real(p)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(cutecc.toolchain.hashcache, "path_stamp", spy)
+        cold = {n: p.key for n, p in planned(m, cache).items()}
+    assert stamped and len(stamped) == len(set(stamped))
+    walked = _walks(monkeypatch)
+    assert {n: p.key for n, p in planned(m, cache).items()} == cold and walked == []
+    assert {n: p.key for n, p in planned(m, None).items()} == cold
 
 
 @pytest.mark.parametrize("where", ["installed", "project"])

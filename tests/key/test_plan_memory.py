@@ -17,6 +17,7 @@ import pytest
 from helpers import opts
 
 import cutecc.plan.key
+import cutecc.plan.sourcefacts
 import cutecc.toolchain.dists
 from cutecc.toolchain import hashcache, planmemory
 from cutecc.toolchain.hashcache import HashCache, parser_id
@@ -171,13 +172,13 @@ def test_a_new_cache_plans_from_the_memory_and_an_installed_edit_still_rekeys(
     cold = planned(m, tmp_path / "c1/filehashes.json")
     assert {n: p.key for n, p in cold.items()} == {n: p.key for n, p in alone.items()}
     parsed: list[str] = []
-    real = cutecc.plan.key.ast.parse
+    real = cutecc.plan.sourcefacts.ast.parse
 
     def spy(src, filename="<unknown>", *a, **k):
         parsed.append(str(filename))
         return real(src, filename, *a, **k)
 
-    monkeypatch.setattr(cutecc.plan.key.ast, "parse", spy)
+    monkeypatch.setattr(cutecc.plan.sourcefacts.ast, "parse", spy)
     walked = _walks(monkeypatch)
     (tmp_path / "c2").mkdir()
     warm = planned(m, tmp_path / "c2/filehashes.json")
