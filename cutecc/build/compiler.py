@@ -109,7 +109,7 @@ def pin_host_target(compiled: Any) -> int:
 
     Relies on a DSL internal (the compiled function's `ir_module`, read again by
     `export_to_c`); raises RuntimeError if the DSL no longer offers it, so a DSL upgrade
-    cannot silently bring back host-dependent bytes (tests/toolchain/test_compiler.py checks the
+    cannot silently bring back host-dependent bytes (tests/build/test_compiler.py checks the
     exported object for VEX/EVEX instructions too).
     """
     from cutlass._mlir import ir
