@@ -17,13 +17,14 @@ format takes a new name and never reads the old one's. The cache's version is th
 format (a cutecc of another format keeps its own `vN/` beside it).
 
 One owner-and-link check (`why_not_mine`): a home cutecc makes or writes is a directory of
-this user's, never a link (`services` also closed to others). Where none of these homes is a
-key input: the link inputs are pinned by digest and checked on every use, zig's version is
-keyed and its cache never decides a byte, a wrapper's path is in no output (builds in another
-`$TMPDIR` give the same bytes: tests/toolchain/test_reproducible.py); so moving a home moves
-no key.
+this user's, never a link (`services` also closed to others). No home is a key input, nor
+decides a byte: the link inputs are pinned by digest and checked on every use, zig's version
+is keyed and its cache decides no output byte, a wrapper's path is in no output (builds with
+another `$HOME` and `$TMPDIR` give the same bytes: tests/toolchain/test_reproducible.py); so
+moving a home moves no key. The read set exempts the platform libs' and zig's homes and the
+wrappers in theirs (`cutecc.build.read_exempt`), wherever they are.
 
-Homes an older cutecc kept under other names (`LEGACY`: `~/.cache/cutecc-planning`,
+Homes an older cutecc kept under other names (`legacy()`: `~/.cache/cutecc-planning`,
 `cutecc-platform-libs`, `cutecc-zig`, `<tmp>/cutecc-wrap-<uid>`,
 `<run>/cutecc-services-<uid>`) are left as they are: an older cutecc may still run beside
 this one (`platform-libs` takes a pinned wheel from the old one's `wheels/` rather than fetch
