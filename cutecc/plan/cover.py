@@ -5,7 +5,7 @@ A miss on a shape, dtype or call keyword is covered by a variant: the values the
 implies for the kernel's variant axes (an input's `dtype = "$dtype"`, a static extent
 `"$d"`, a call keyword) are added to its `variants` table, the edited manifest is parsed
 as a build would parse it, and the edit counts only when one of its new variants takes the
-call's arrays and keywords, by the runtime's own rule (`cutecc.runtime.calls.conv_mismatch`).
+call's arrays and keywords, by the runtime's own rule (`cutecc.runtime.contract_fit.conv_mismatch`).
 A miss no added value covers (a divisibility, a rank, a dtype written literally) needs a
 contract change, said as such. A miss on an arch (no build for this GPU) is covered by
 adding the arch to the kernel's `archs`; `plan_call` picks the arch one call builds for.
@@ -158,7 +158,7 @@ def _implied(kdoc: dict[str, Any], kernel: Any, m: Miss) -> dict[str, Any]:
 
 def _covering(variants: Any, m: Miss) -> Any:
     """The first variant that takes the call's arrays and keywords, or None."""
-    from cutecc.runtime.calls import conv_mismatch
+    from cutecc.runtime.contract_fit import conv_mismatch
 
     for v in variants:
         call = dict(v.call)
@@ -174,7 +174,7 @@ def _covering(variants: Any, m: Miss) -> Any:
 
 def _why(variants: Any, m: Miss) -> str:
     """Why no variant of the present contract takes the call: a contract change is needed."""
-    from cutecc.runtime.calls import conv_mismatch
+    from cutecc.runtime.contract_fit import conv_mismatch
 
     reasons = {conv_mismatch(v.convention, [s for _, s in m.arrays], [d for d, _ in m.arrays])[1]
                for v in variants} - {""}
