@@ -107,7 +107,7 @@ def platform_libs() -> Path:
 
 def zig() -> Path:
     """zig's own cache: `$ZIG_GLOBAL_CACHE_DIR`, else `zig-v1`."""
-    env = os.environ.get(ZIG_VAR)
+    env = os.environ.get("ZIG_GLOBAL_CACHE_DIR")
     return Path(env) if env else user_cache() / "zig-v1"
 
 
@@ -135,7 +135,7 @@ def legacy() -> dict[str, Path]:
     base = user_cache().parent
     for name in (PLANNING, PLATFORM_LIBS, ZIG):
         if not {PLANNING: settings.PLAN_MEMORY.read, PLATFORM_LIBS: settings.PLATFORM_LIBS.read,
-                ZIG: lambda: os.environ.get(ZIG_VAR)}[name]():
+                ZIG: lambda: os.environ.get("ZIG_GLOBAL_CACHE_DIR")}[name]():
             out[name] = base / f"cutecc-{name}"
     out[WRAPPERS] = Path(temp_dir()) / f"cutecc-wrap-{os.getuid()}"
     out[SERVICES] = Path(os.environ.get("XDG_RUNTIME_DIR") or temp_dir()) / f"cutecc-services-{os.getuid()}"
