@@ -1,7 +1,10 @@
 """cutecc: build CuTe DSL kernels ahead of time, cache them, and call them from JAX.
 
 Importing this package imports neither the DSL nor JAX; `cutecc.load` pulls in the
-thin runtime (JAX + tvm-ffi) on first use.
+thin runtime (JAX + tvm-ffi) on first use. This package fronts the runtime and the build
+side alike: the runtime imports nothing of the build side, and `load` registers the build
+side's just-in-time builder with the runtime's miss hook (`cutecc.runtime.jit_hook`), a
+factory that imports it (`cutecc.build.jit`) only at the first miss of a `load(jit=True)`.
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ from cutecc.errors import CopyWarning, CuteccError, FallbackWarning, JitBuildWar
 __all__ = ["CopyWarning", "CuteccError", "FallbackWarning", "JitBuildWarning", "__version__", "load"]
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from cutecc.runtime.jit_hook import MissBuilder
     from cutecc.runtime.loader import KernelSet
 
     __version__: str
@@ -20,9 +26,19 @@ if TYPE_CHECKING:
 
 def load(*args: Any, **kwargs: Any) -> KernelSet:
     """Load prebuilt kernels from a cache; see `cutecc.runtime.loader.load`."""
+    from cutecc.runtime.jit_hook import register_builder
     from cutecc.runtime.loader import load as _load
 
+    register_builder(_jit_builder)  # used only under jit=True ($CUTECC_JIT), at a miss
     return _load(*args, **kwargs)
+
+
+def _jit_builder(cache_dir: Path, manifest: Path | None) -> MissBuilder:
+    """The build side's just-in-time builder for one cache, imported here at the first miss
+    only (the runtime never imports it)."""
+    from cutecc.build.jit import builder_for
+
+    return builder_for(cache_dir, manifest)
 
 
 def __getattr__(name: str) -> Any:

@@ -92,7 +92,8 @@ COMPILE_MEMORY = _row("CUTECC_COMPILE_MEMORY", "The data memory one compile may 
 SERVICE_IDLE = _row("CUTECC_SERVICE_IDLE", "Seconds a resident compile service waits for the next "
                     "build (0 or off: one service per build).", "seconds", "300; 0 where $CI is set")
 PLAN_MEMORY = _row("CUTECC_PLAN_MEMORY", "Where planning facts are remembered for every cache "
-                   "(off: nowhere).", "path", "`cutecc-planning` in the user cache directory")
+                   "(off: nowhere).", "path",
+                   "`planning-v1` in cutecc's user cache directory (`cutecc.store.homes`)")
 WORKERS = _row("CUTECC_WORKERS", "How local build workers start: `fork` from the compile service, "
                "or `spawn`.", "choice", "fork where safe")
 # remote ---------------------------------------------------------------------------------
@@ -129,8 +130,8 @@ JIT = _row("CUTECC_JIT", "Development: a call no build fits compiles its variant
            "(needs the DSL).", "switch", "off", group="runtime")
 # homes ----------------------------------------------------------------------------------
 PLATFORM_LIBS = _row("CUTECC_PLATFORM_LIBS", "Where the pinned link inputs of other platforms "
-                     "(aarch64) are kept.", "path", "`cutecc-platform-libs` in the user cache "
-                     "directory", group="homes")
+                     "(aarch64) are kept.", "path", "`platform-libs-v1` in cutecc's user "
+                     "cache directory (`cutecc.store.homes`)", group="homes")
 # internal -------------------------------------------------------------------------------
 AUDIT = _row("CUTECC_INTERNAL_AUDIT", "off: builds skip the read-set check (to measure its cost, and for "
              "tests that build as before issue 44).", "switch", "on", internal=True)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from fake_cache import add_entries, fake_cache  # noqa: F401  (fixtures: the store's, entry's and ship's tests)
 from helpers import REPO, Toy, build_toy, fake_compile, run_cli, write_fallback_project, write_toy_project
 
 # What compiles: `dsl`, and the session builds that read a prebuilt cache from the
@@ -32,10 +33,10 @@ COMPILING_FIXTURES = frozenset({"dsl", "example_cache", "layout_cache", "train_c
 EXTRA_FIXTURES = frozenset({"examples_extra", "examples_build", "grace_examples"})
 # The user's planning memory (cutecc/toolchain/planmemory.py) is off in tests, and in the CLI
 # they run: a test's planning starts from its own cache alone, and no test writes into the
-# user's cache directory. tests/key/test_plan_memory.py turns it on where it is tested.
+# user's cache directory. tests/toolchain/test_plan_memory.py turns it on where it is tested.
 os.environ.setdefault("CUTECC_PLAN_MEMORY", "off")
 # Likewise no compile service is kept between builds (cutecc/build/executors/resident.py): a
-# test's build leaves no process behind; tests/distributed/test_resident_service.py keeps them.
+# test's build leaves no process behind; tests/build/test_resident_service.py keeps them.
 os.environ.setdefault("CUTECC_SERVICE_IDLE", "0")
 
 
@@ -103,6 +104,13 @@ def toy_builds(dsl: None, tmp_path_factory: pytest.TempPathFactory) -> Callable[
 def toy_cache(toy_builds: Callable[..., Toy]) -> Toy:
     """The toy project (threads=64 and 128, sm_90a, locked) built once per session."""
     return toy_builds()
+
+
+@pytest.fixture
+def built(toy_cache: Toy, tmp_path: Path) -> Toy:
+    """A private copy of the session's toy build, free to change (same keys: sources are
+    hashed by their path relative to the manifest)."""
+    return toy_cache.copy(tmp_path, cache="c")
 
 
 @pytest.fixture(scope="session")

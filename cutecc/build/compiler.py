@@ -27,7 +27,6 @@ import json
 import os
 import platform
 import re
-import stat
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -55,6 +54,7 @@ from cutecc.contract.args import (
 from cutecc.errors import CompileError, WorkError
 from cutecc.manifest import Variant, split_entry
 from cutecc.platforms import BUILD_PLATFORM
+from cutecc.store import homes
 from cutecc.toolchain import devicequery
 from cutecc.toolchain.versions import HOST_CPU, HOST_FEATURES
 
@@ -109,7 +109,7 @@ def pin_host_target(compiled: Any) -> int:
 
     Relies on a DSL internal (the compiled function's `ir_module`, read again by
     `export_to_c`); raises RuntimeError if the DSL no longer offers it, so a DSL upgrade
-    cannot silently bring back host-dependent bytes (tests/toolchain/test_compiler.py checks the
+    cannot silently bring back host-dependent bytes (tests/build/test_compiler.py checks the
     exported object for VEX/EVEX instructions too).
     """
     from cutlass._mlir import ir
@@ -542,11 +542,9 @@ def _wrapper_file(source: str) -> Path:
     """The generated wrapper as a file (the DSL reads a jit's source from its file, and line
     info records its path): one fixed path per wrapper source, the same in every process,
     in a directory of this user's, written atomically."""
-    wdir = Path(tempfile.gettempdir()) / f"cutecc-wrap-{os.getuid()}"
-    wdir.mkdir(mode=0o700, exist_ok=True)
-    st = os.lstat(wdir)
-    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid():
-        raise RuntimeError(f"{wdir} is not a directory of this user's")
+    wdir, why = homes.make(homes.WRAPPERS)
+    if wdir is None or why is not None:
+        raise WorkError(f"the generated wrappers' directory: {why}", where="compile")
     src = wdir / f"cutecc_wrapper_{hashlib.sha256(source.encode()).hexdigest()[:16]}.py"
     atomic_write(src, source.encode(), 0o600)
     return src

@@ -31,6 +31,7 @@ from cutecc.build.compiler import INNER_SYMBOL
 from cutecc.entry.rules import runtime_soname
 from cutecc.errors import WorkError
 from cutecc.platforms import BUILD_PLATFORM
+from cutecc.store import homes
 from cutecc.toolchain.versions import (
     CFLAGS,
     LDFLAGS,
@@ -57,29 +58,22 @@ def c_string(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-def zig_cache_dir() -> Path:
-    """zig's own cache (its libc stubs, built once per zig version and target, ~3-5 s):
-    `$ZIG_GLOBAL_CACHE_DIR`, else `cutecc-zig` in the user's cache directory, shared by all
-    cutecc caches of this user. It never decides an output byte."""
-    env = os.environ.get("ZIG_GLOBAL_CACHE_DIR")
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("cutecc-zig", appauthor=False))
-
-
 def _zig_cc(p: dict[str, Path], args: list[str], out: Path, platform: str = BUILD_PLATFORM) -> None:
     """Run `zig cc` for the pinned target of `platform` in a scrubbed environment (no
-    CFLAGS, locale or user settings reach it), writing `out`."""
-    cache = zig_cache_dir()
+    CFLAGS, locale or user settings reach it), writing `out`. zig keeps its own cache (its
+    libc stubs, built once per zig version and target, ~3-5 s) in the `zig` home
+    (`cutecc.store.homes.zig`), shared by all cutecc caches of this user; it never decides
+    an output byte."""
+    cache, why = homes.make(homes.ZIG)
+    if cache is None or why is not None:
+        raise WorkError(f"zig's cache: {why}", where=f"${homes.ZIG_VAR}")
+    homes.mark_used(cache)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C",
-           "ZIG_GLOBAL_CACHE_DIR": str(cache), "ZIG_LOCAL_CACHE_DIR": str(cache)}
+           homes.ZIG_VAR: str(cache), "ZIG_LOCAL_CACHE_DIR": str(cache)}
     # Retargeted IR names the generic triple, which zig refines (OS and glibc versions).
     quiet = () if platform == BUILD_PLATFORM else ("-Wno-override-module",)
     cmd = [str(p["zig"]), "cc", "-target", zig_target(platform), *CFLAGS, *quiet, *args, *LDFLAGS]
     try:
-        cache.mkdir(parents=True, exist_ok=True)
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     except OSError as e:
         raise WorkError(f"cannot run zig cc ({p['zig']}): {e.strerror}", where="link") from None

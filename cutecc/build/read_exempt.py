@@ -12,11 +12,9 @@ import os
 import re
 import sys
 import sysconfig
-import tempfile
 from pathlib import Path
 
-from cutecc.build.linker import zig_cache_dir
-from cutecc.toolchain.targetlibs import home
+from cutecc.store import homes
 
 _STDLIB = os.path.normpath(sysconfig.get_paths()["stdlib"])
 _HERE = os.path.normpath(__file__)
@@ -78,7 +76,7 @@ def _in_temp(path: str, temps: tuple[str, ...]) -> bool:
     """Whether `path` is one of the worker's temporary files: under the staging directory or
     the store, or a generated wrapper (`cutecc_wrapper_*.py`, its byte code) in the wrappers'
     directory, which holds whatever else this user put there (that is not exempt)."""
-    wraps = os.path.join(os.path.normpath(tempfile.gettempdir()), f"cutecc-wrap-{os.getuid()}")
+    wraps = str(homes.wrappers())
     for t in temps:
         if t == wraps:
             if path == t or (_under(path, t) and _WRAPPER.fullmatch(path[len(t) + 1:])):
@@ -91,13 +89,12 @@ def _in_temp(path: str, temps: tuple[str, ...]) -> bool:
 def temp_dirs(staging: Path | None, store_root: str | None) -> tuple[str, ...]:
     """The directories a worker writes and reads back: the staging directory, the generated
     wrappers' (`cutecc.build.compiler._wrapper_file`), the PTX dumps' and the store."""
-    tmp = os.path.normpath(tempfile.gettempdir())
-    out = [os.path.join(tmp, f"cutecc-wrap-{os.getuid()}"), os.path.join(tmp, "cutecc-ptx-")]
+    out = [str(homes.wrappers()), os.path.join(homes.temp_dir(), "cutecc-ptx-")]
     # absolute as the hook records them (a store named relative to the build's directory);
     # cutecc's own homes a compile uses: another platform's link inputs (pinned wheels whose
     # pins are key inputs, checked on every use) and zig's cache (zig's version is keyed)
     out += [os.path.normpath(os.path.abspath(str(p)))
-            for p in (staging, store_root, home(), zig_cache_dir()) if p is not None]
+            for p in (staging, store_root, homes.platform_libs(), homes.zig()) if p is not None]
     return tuple(out)
 
 

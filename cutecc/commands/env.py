@@ -1,4 +1,5 @@
-"""`cutecc env`: what a bug report needs: versions, the cache, this device, the extras.
+"""`cutecc env`: what a bug report needs: versions, every directory cutecc keeps (its homes,
+`cutecc.store.homes`, each with its size), this device, the extras.
 
 Reads package metadata and the environment; imports JAX only to ask for the GPU (and not
 at all when `$CUTECC_ARCH` is set), never the DSL.
@@ -17,7 +18,9 @@ from typing import Any
 
 from cutecc import settings
 from cutecc.commands.report import Report
+from cutecc.store import homes
 from cutecc.store.view import StoreView
+from cutecc.units import human_size
 
 # What each extra of cutecc brings, by the distribution that marks it installed.
 EXTRAS = {"build": "nvidia-cutlass-dsl", "test": "pytest", "remote": "obstore", "ray": "ray",
@@ -38,6 +41,10 @@ class EnvReport(Report):
         v = self.values
         out = [f"python         {v['python']}", f"platform       {v['platform']}",
                f"cache          {v['cache_dir']} ({v['cache']})",
+               "homes"]
+        out += [f"  {h['name']:14} {h['path'] or 'off'} ({human_size(h['bytes'])})"
+                + ("" if h["exists"] else ", not made yet") for h in v["homes"]]
+        out += [
                f"device arch    {v['device_arch'] or '-'}",
                f"extras         {', '.join(k for k, on in v['extras'].items() if on) or '-'}",
                "packages"]
@@ -80,6 +87,7 @@ def env(cache_dir: str | Path | None = None) -> EnvReport:
                     f"{platform.libc_ver()[1]})",
         "cache_dir": str(store.root),
         "cache": cache,
+        "homes": [dict(h.__dict__) for h in homes.listing(store.root)],
         "device_arch": _device_arch(),
         "extras": {extra: _version(dist) is not None for extra, dist in EXTRAS.items()},
         "packages": {p: _version(p) for p in PACKAGES},

@@ -17,6 +17,11 @@ reachable when the newest build of a kernel and arch (`generations/`) or of a ma
 grace period stays (a build records its generation only when it ends). The other areas
 follow the entries: a tuning record goes with its default entry, and (with `older_than`)
 tuning plans, received sources (`src/`) and quarantined entries of that age go.
+
+Beyond the cache, gc reaches every other home cutecc keeps (`cutecc.store.homes.prune`):
+the homes an older cutecc kept under unversioned names, the platform link inputs this
+cutecc pins no more, sockets no resident service listens on, and (with `older_than`, by the
+clock) the generated wrappers, the planning memory and zig's cache unused that long.
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ from typing import Any
 from cutecc.commands.report import Report
 from cutecc.errors import CuteccError
 from cutecc.locks import Busy
+from cutecc.store import homes
 from cutecc.store.view import StoreView
 from cutecc.store.writer import Store
+from cutecc.toolchain.targetlibs import pinned_files
 from cutecc.units import human_size, iso, parse_age, parse_size
 
 RUNTIME_GRACE_S = 3600.0
@@ -52,10 +59,11 @@ class GcReport(Report):
     removed_tuning: list[str] = field(default_factory=list)  # default keys whose records went
     removed_plans: int = 0  # tuning plans older than `older_than`
     removed_sources: int = 0  # src/ trees older than `older_than`
+    removed_homes: list[dict[str, Any]] = field(default_factory=list)  # home, path, bytes, why
 
     def to_json(self) -> dict[str, Any]:
         removed = [dict(r, last_used=iso(r["last_used"])) for r in self.removed]
-        freed = sum(r["bytes"] for r in [*self.removed, *self.removed_runtimes])
+        freed = sum(r["bytes"] for r in [*self.removed, *self.removed_runtimes, *self.removed_homes])
         return dict(self.__dict__, removed=removed, freed_bytes=freed)
 
     def warnings(self) -> list[str]:
@@ -70,6 +78,8 @@ class GcReport(Report):
         if self.removed_plans or self.removed_sources:
             out.append(f"{verb} {self.removed_plans} tuning plan(s) and {self.removed_sources} "
                        "received source tree(s) past the age")
+        out += [f"{verb} {r['path']} ({human_size(r['bytes'])}, {r['home']}): {r['why']}"
+                for r in self.removed_homes]
         out += [f"{verb} runtime library {r['library']} ({human_size(r['bytes'])}): no entry links "
                 "against it" for r in self.removed_runtimes]
         out.append(f"{verb} {len(self.removed)} entries "
@@ -87,8 +97,9 @@ def gc(cache_dir: str | Path | None = None, *, max_size: str | int | None = None
     """Remove entries unused for `older_than`, with `unreachable` those no record (nor a lock
     of `keep_locks`) names, then the least recently used until the cache holds at most
     `max_size` bytes; also sweep tmp/ leftovers, the tuning records of removed defaults and
-    (with `older_than`) old quarantined entries, tuning plans and received sources.
-    `dry_run` only reports what would go."""
+    (with `older_than`) old quarantined entries, tuning plans and received sources; and
+    what `cutecc.store.homes.prune` removes of the other homes (`now` is the entries' clock
+    only). `dry_run` only reports what would go."""
     limit = None if max_size is None else parse_size(max_size)
     age = None if older_than is None else parse_age(older_than)
     if keep_locks and not unreachable:
@@ -140,6 +151,7 @@ def gc(cache_dir: str | Path | None = None, *, max_size: str | int | None = None
     if age is not None:
         report.removed_plans = store.prune(store.layout.tuning_plans(), now - age, dry_run)
         report.removed_sources = store.prune(store.layout.sources(), now - age, dry_run)
+    report.removed_homes = [dict(r.__dict__) for r in homes.prune(age, pinned_files(), dry_run)]
     if not dry_run:
         report.swept_tmp = store.sweep_tmp()
         if age is not None:

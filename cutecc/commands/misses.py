@@ -1,13 +1,9 @@
 """`cutecc misses`: the calls kernels' fallbacks served (the cache's `misses.json`), and
 with `--toml` the manifest changes that would let a build serve them.
 
-A miss on a shape, dtype or call keyword is covered by a variant: the values the call
-implies for the kernel's variant axes (an input's `dtype = "$dtype"`, a static extent
-`"$d"`, a call keyword) are added to its `variants` table, the edited manifest is parsed
-as a build would parse it, and the table is printed only when one of its new variants
-takes the call's arrays and keywords. A miss no added value covers (a divisibility, a
-rank, a dtype written literally) needs a contract change, said as such. A miss on an
-arch (no build for this GPU) is covered by adding the arch to the kernel's `archs`.
+What covers a miss (a variant the call's values add to the kernel's `variants`, an arch
+added to its `archs`, or a contract change, said as such) is `cutecc.plan.cover`'s; a
+`variants` table is printed only when one of its new variants takes the call.
 
 What is printed is pasted (into a manifest, a terminal): the record's strings are held to
 their grammar when read (`cutecc.store.misses`: a record off it is skipped, and said on
@@ -17,41 +13,16 @@ them (`toml_value`, `toml_key`), text and comments on one line of printable char
 
 from __future__ import annotations
 
-import copy
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cutecc.archs import to_build
 from cutecc.commands.report import Report
-from cutecc.errors import CuteccError
+from cutecc.plan.cover import Cover, covers
 from cutecc.store.misses import Miss, escaped, load_misses
 from cutecc.store.view import StoreView
-
-
-@dataclass(frozen=True)
-class Cover:
-    """What would serve one kernel's misses: its edited `variants` and `archs` (None:
-    unchanged), the variant ids added, and the misses nothing printed covers, with why."""
-
-    kernel: str
-    variants: dict[str, list[Any]] | None = None
-    archs: list[str] | None = None
-    added: list[str] = field(default_factory=list)
-    uncovered: list[tuple[Miss, str]] = field(default_factory=list)
-
-    def toml(self) -> list[str]:
-        out = [f"[kernel.{toml_key(self.kernel)}]"]
-        if self.archs is not None:
-            out.append(f"archs = {toml_value(self.archs)}")
-        if self.variants is not None:
-            out.append(f"variants = {toml_value(self.variants)}")
-            out.append(escaped(f"# adds {', '.join(self.added)}"))
-        out += [escaped(f"# not covered: {self.kernel}{m.signature} on {m.arch}: {why}")
-                for m, why in self.uncovered]
-        return out
 
 
 @dataclass(frozen=True)
@@ -84,7 +55,7 @@ class MissesReport(Report):
         for c in self.covers or []:
             if out:
                 out.append("")
-            out += c.toml()
+            out += _toml(c)
         return out
 
     def lines(self, verbose: int = 0) -> list[str]:
@@ -111,154 +82,16 @@ def misses(cache_dir: str | Path | None = None, *, toml: bool = False,
     return MissesReport(store.root, found, covers(path, found), path.resolve(), record.skipped)
 
 
-def covers(path: Path, found: list[Miss]) -> list[Cover]:
-    """Per kernel of `found`, what in the manifest at `path` would serve its misses."""
-    from cutecc.manifest import load_manifest, parse_document
-
-    manifest = load_manifest(path)
-    doc, prefix = _document(path)
-    kernels = doc.get("kernel", {})
-    out = []
-    for name in sorted({m.kernel for m in found}):
-        mine = [m for m in found if m.kernel == name]
-        kdoc = kernels.get(name) if isinstance(kernels, dict) else None
-        if not isinstance(kdoc, dict) or "args" not in kdoc:
-            why = f"no kernel {name!r} built from {path.name}"
-            out.append(Cover(name, uncovered=[(m, why) for m in mine]))
-            continue
-        kernel = manifest.kernel(name)
-        archs = [to_build(m.arch) for m in mine if m.reason.startswith("no build for")]
-        new_archs = sorted(set(archs) - set(kernel.archs))
-        axes: dict[str, list[Any]] = {k: list(v) for k, v in (kdoc.get("variants") or {}).items()}
-        edited = copy.deepcopy(axes)
-        uncovered: list[tuple[Miss, str]] = []
-        shape_misses = [m for m in mine if not m.reason.startswith("no build for")]
-        for m in shape_misses:
-            for axis, value in _implied(kdoc, kernel, m).items():
-                if axis in edited and not any(_same(value, v) for v in edited[axis]):
-                    edited[axis].append(value)
-        added: list[str] = []
-        why = ""
-        if shape_misses:
-            trial = copy.deepcopy(doc)
-            _kernels_of(trial, prefix)[name]["variants"] = edited
-            try:
-                tried = parse_document(_inner(trial, prefix), path, prefix).kernel(name)
-            except CuteccError as e:
-                tried = None
-                why = f"the implied variants do not parse: {e.message}"
-            old_ids = {v.id for v in kernel.variants}
-            for m in shape_misses:
-                hit = None if tried is None else _covering(tried.variants, m)
-                if hit is None:
-                    uncovered.append((m, why if tried is None else _why(kernel.variants, m)))
-                elif hit.id in old_ids:
-                    uncovered.append((m, f"variant {hit.id} takes it: build it for {m.arch}"))
-                elif hit.id not in added:
-                    added.append(hit.id)
-        out.append(Cover(name, edited if added else None,
-                         sorted({*kernel.archs, *new_archs}) if new_archs else None, added, uncovered))
+def _toml(c: Cover) -> list[str]:
+    """What would serve one kernel's misses, as the manifest lines to paste."""
+    out = [f"[kernel.{toml_key(c.kernel)}]"]
+    if c.archs is not None:
+        out.append(f"archs = {toml_value(c.archs)}")
+    if c.variants is not None:
+        out.append(f"variants = {toml_value(c.variants)}")
+        out.append(escaped(f"# adds {', '.join(c.added)}"))
+    out += [escaped(f"# not covered: {c.kernel}{m.signature} on {m.arch}: {why}") for m, why in c.uncovered]
     return out
-
-
-def cover_call(path: Path, m: Miss) -> tuple[Any, Any] | str:
-    """(manifest, variant) that serves the one call `m` describes: a variant the manifest at
-    `path` declares, else one the values the call implies add to its `variants` (the manifest
-    then is the edited one, parsed as a build parses it); or why none can (a contract change).
-    `cutecc.load(jit=True)` builds it (`cutecc.develop.jit`); `covers` prints such edits."""
-    from cutecc.manifest import load_manifest, parse_document
-
-    manifest = load_manifest(path)
-    doc, prefix = _document(path)
-    kernels = doc.get("kernel", {})
-    kdoc = kernels.get(m.kernel) if isinstance(kernels, dict) else None
-    if not isinstance(kdoc, dict) or "args" not in kdoc:
-        return f"no kernel {m.kernel!r} in {path}"
-    kernel = manifest.kernel(m.kernel)
-    hit = _covering(kernel.variants, m)
-    if hit is not None:
-        return manifest, hit
-    edited: dict[str, list[Any]] = {k: list(v) for k, v in (kdoc.get("variants") or {}).items()}
-    for axis, value in _implied(kdoc, kernel, m).items():
-        if axis in edited and not any(_same(value, v) for v in edited[axis]):
-            edited[axis].append(value)
-    trial = copy.deepcopy(doc)
-    _kernels_of(trial, prefix)[m.kernel]["variants"] = edited
-    try:
-        tried = parse_document(_inner(trial, prefix), path.resolve(), prefix)
-    except CuteccError as e:
-        return f"the implied variants do not parse: {e.message}"
-    hit = _covering(tried.kernel(m.kernel).variants, m)
-    return (tried, hit) if hit is not None else _why(kernel.variants, m)
-
-
-def _document(path: Path) -> tuple[dict[str, Any], str]:
-    """The manifest's TOML document, and the prefix of its cutecc table."""
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
-
-    doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    if path.name == "pyproject.toml":
-        return doc, "tool.cutecc."
-    return doc, ""
-
-
-def _inner(doc: dict[str, Any], prefix: str) -> dict[str, Any]:
-    return doc["tool"]["cutecc"] if prefix else doc
-
-
-def _kernels_of(doc: dict[str, Any], prefix: str) -> dict[str, Any]:
-    return _inner(doc, prefix)["kernel"]  # type: ignore[no-any-return]
-
-
-def _implied(kdoc: dict[str, Any], kernel: Any, m: Miss) -> dict[str, Any]:
-    """The variant axis values the call implies: an input written `dtype = "$p"` or with
-    `"$p"` as an extent takes the call's, a call keyword its value."""
-    names = [t.name for t in kernel.variants[0].convention.inputs]
-    templates = {a.get("name"): a for a in kdoc["args"] if isinstance(a, dict)}
-    out: dict[str, Any] = dict(m.keywords)
-    for name, (dtype, shape) in zip(names, m.arrays):
-        t = templates.get(name) or {}
-        if isinstance(t.get("dtype"), str) and t["dtype"].startswith("$"):
-            out.setdefault(t["dtype"][1:], dtype)
-        tshape = t.get("shape")
-        if isinstance(tshape, list) and len(tshape) == len(shape):
-            for d, n in zip(tshape, shape):
-                if isinstance(d, str) and d.startswith("$") and d[1:].isidentifier() and isinstance(n, int):
-                    out.setdefault(d[1:], n)
-    return out
-
-
-def _covering(variants: Any, m: Miss) -> Any:
-    """The first variant that takes the call's arrays and keywords, or None."""
-    from cutecc.runtime.calls import conv_mismatch
-
-    for v in variants:
-        call = dict(v.call)
-        # an object recorded as `{"import": ref}`: a variant of references records the text
-        if any(k not in call or not _same(call[k], val["import"] if isinstance(val, dict) else val)
-               for k, val in m.keywords):
-            continue
-        env, _ = conv_mismatch(v.convention, [s for _, s in m.arrays], [d for d, _ in m.arrays])
-        if env is not None:
-            return v
-    return None
-
-
-def _why(variants: Any, m: Miss) -> str:
-    """Why no variant of the present contract takes the call: a contract change is needed."""
-    from cutecc.runtime.calls import conv_mismatch
-
-    reasons = {conv_mismatch(v.convention, [s for _, s in m.arrays], [d for d, _ in m.arrays])[1]
-               for v in variants} - {""}
-    return ("no value of the variant axes covers it; change the contract ("
-            + "; ".join(sorted(reasons)[:3]) + ")") if reasons else "a call keyword no axis has"
-
-
-def _same(a: Any, b: Any) -> bool:
-    return isinstance(a, bool) == isinstance(b, bool) and a == b
 
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+", re.ASCII)

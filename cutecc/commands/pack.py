@@ -38,7 +38,7 @@ from cutecc.errors import CuteccError, WorkError
 from cutecc.lock.lockfile import LOCK_NAME, Lock, lock_for, read_lock
 from cutecc.platforms import BUILD_PLATFORM, check_platform
 from cutecc.runtime.package import FALLBACK_DIR, PACK_DIR
-from cutecc.ship.archive import runtime_requires, runtime_wheel, tar_bytes, wheel_bytes
+from cutecc.ship.archive import own_version, runtime_requires, runtime_wheel, tar_bytes, wheel_bytes
 from cutecc.ship.ingest import Refused, check_whole
 from cutecc.store.layout import entry_parts, member, meta_parts, runtime_parts
 from cutecc.store.view import StoreView
@@ -265,11 +265,8 @@ def pack(*, name: str, version: str, manifest: str | Path | None = None,
                             kernels=tuple(sorted({*(e.kernel for e in chosen.entries),
                                                   *(c.name for c in chosen.composites)})),
                             first=min(e.kernel for e in chosen.entries))
-        import cutecc
-
-        data = wheel_bytes(name, dist, version, tag=tag,
-                           generator=f"cutecc {cutecc.__version__}",
-                           requires=f"cutecc>={cutecc.__version__}",
+        own = own_version()
+        data = wheel_bytes(name, dist, version, tag=tag, generator=f"cutecc {own}", requires=f"cutecc>={own}",
                            files={f"{package}/__init__.py": init.encode(),
                                   **{f"{package}/{PACK_DIR}/{k}": v for k, v in tree.items()}})
     else:

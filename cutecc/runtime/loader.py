@@ -25,9 +25,9 @@ from cutecc import trust
 from cutecc.archs import check_device_arch, device_arch, driver_version, runs_on
 from cutecc.contract.composite_line import CompositeLine
 from cutecc.errors import CuteccError, WorkError
+from cutecc.runtime import jit_hook
 from cutecc.runtime.calls import Build, KernelBase
 from cutecc.runtime.fallback import declared_fallback
-from cutecc.runtime.jit_hook import jit_hook
 from cutecc.runtime.package import FALLBACK_DIR
 from cutecc.runtime.project import (
     Project,
@@ -193,8 +193,8 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
     opts out with `allow_unsigned=True` (or `$CUTECC_ALLOW_UNSIGNED=1`).
     `jit` (development; None: `$CUTECC_JIT`): a call no built variant fits compiles the
     variant that serves it into this cache, with the key `cutecc build` gives it, and is
-    served by it (`cutecc.develop.jit`). Needs the DSL (an error at load without it); excludes a
-    lock, a pack, a read-only cache and `strict`.
+    served by it (the builder `cutecc.load` registers: `cutecc.runtime.jit_hook`). Needs the
+    DSL (an error at load without it); excludes a lock, a pack, a read-only cache and `strict`.
     """
     return load_with(_jax(), cache_dir, arch=arch, kernels=kernels, manifest=manifest, strict=strict,
                      lock=lock, package=package, trusted_keys=trusted_keys,
@@ -385,7 +385,7 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
                                  misses_root=store.root if record_use and not read_only() else None,
                                  manifest=mpath, roots=fallback_roots, own=chosen is not None)
         if jit:
-            fn._jit = jit_hook(store, mpath, target, series, driver)
+            fn._jit = jit_hook.jit_hook(store, mpath, target, series, driver)
         return fn
 
     ks = front.kernel_set(store.root, target, resolve, all_names,
@@ -427,6 +427,9 @@ def _jit_wanted(front: FrontEnd, jit: bool | None, *, strict: bool, pinned: bool
         if importlib.util.find_spec("cutlass") is None:
             why = ("the DSL (nvidia-cutlass-dsl, the build extra) is not installed here: build "
                    "ahead of time with `cutecc build`, or install `cutecc[build]`")
+        elif jit_hook.registered() is None:
+            why = ("no just-in-time builder is registered: load through `cutecc.load`, which "
+                   "registers the build side's (`cutecc.build.jit`)")
     if why:
         raise WorkError(f"{given}: {why}", where="cutecc.load")
     return True

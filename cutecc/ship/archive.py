@@ -64,20 +64,29 @@ def wheel_bytes(name: str, dist: str, version: str, *, tag: str, generator: str,
 RUNTIME_WHEEL_SUFFIXES = (".py", ".c", ".typed")  # cutecc's package files: sources, native sources
 
 
+def own_version() -> str:
+    """cutecc's installed version (`cutecc.__version__`, which the top-level package, above
+    every layer, looks up the same way); `0+unknown` in a source tree never installed."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("cutecc")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
 def runtime_wheel() -> tuple[str, bytes]:
     """cutecc's own wheel, made from the package this process runs (its file name, bytes):
     what `cutecc pack` writes beside a pack, so a deploy host with no index that serves
     cutecc installs the runtime its pack requires from the same directory. Pure Python; its
     metadata (dependencies, extras, the `cutecc` command) is the installed distribution's,
     or, run from a source checkout that is not installed, its `pyproject.toml`'s."""
-    import cutecc
-
-    root = Path(cutecc.__file__).parent
+    root = Path(__file__).parent.parent  # the cutecc package this process runs
     files = {f"cutecc/{p.relative_to(root).as_posix()}": p.read_bytes()
              for p in sorted(root.rglob("*"))
              if p.is_file() and "__pycache__" not in p.parts and p.suffix in RUNTIME_WHEEL_SUFFIXES}
     summary, requires, extras = _own_metadata(root)
-    version = cutecc.__version__
+    version = own_version()
     data = wheel_bytes("cutecc", "cutecc", version, tag="py3-none-any", generator=f"cutecc {version}",
                        requires=requires, files=files, summary=summary, extras=extras, purelib=True,
                        info={"entry_points.txt": b"[console_scripts]\ncutecc = cutecc.cli:main\n"})
@@ -86,9 +95,7 @@ def runtime_wheel() -> tuple[str, bytes]:
 
 def runtime_requires() -> list[str]:
     """The Requires-Dist of cutecc's runtime wheel (`runtime_wheel`), extras' included."""
-    import cutecc
-
-    return _own_metadata(Path(cutecc.__file__).parent)[1]
+    return _own_metadata(Path(__file__).parent.parent)[1]  # the cutecc package this process runs
 
 
 def _own_metadata(package: Path) -> tuple[str, list[str], list[str]]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from cutecc import settings, trust
+from cutecc import trust
 from cutecc.archs import is_arch
 from cutecc.entry.meta import EntryMeta, RuntimeMeta
 from cutecc.entry.rules import (
@@ -97,14 +97,12 @@ def read_small_json(path: Path, limit: int = MAX_META_BYTES, depth: int = MAX_JS
 
 def default_cache_dir() -> Path:
     """`$CUTECC_CACHE_DIR`, else `v<STORE_FORMAT>` in the platform's user cache directory
-    (XDG on Linux): a cutecc of another store format keeps its own default cache beside
-    this one, so an upgrade (or two versions on one machine) never finds the other's."""
-    env = settings.CACHE_DIR.read()
-    if env:
-        return Path(env).expanduser()
-    import platformdirs
+    (XDG on Linux; `cutecc.store.homes.cache`): a cutecc of another store format keeps its
+    own default cache beside this one, so an upgrade (or two versions on one machine) never
+    finds the other's."""
+    from cutecc.store import homes
 
-    return Path(platformdirs.user_cache_dir("cutecc", appauthor=False)) / f"v{STORE_FORMAT}"
+    return homes.cache()
 
 
 def touch_used(entry_dir: str | Path) -> None:

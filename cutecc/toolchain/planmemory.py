@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
-import stat
 from collections.abc import Callable
 from pathlib import Path
 
 from cutecc import settings, trust
 from cutecc.atomic import atomic_write
+from cutecc.store import homes
 from cutecc.toolchain.planfacts import (
     ClosureBody,
     ClosureRef,
@@ -57,16 +56,9 @@ CLOSURES = 256  # import closures held (`HashCache.closure`'s records), the newe
 
 
 def directory() -> Path | None:
-    """Where the memory lives: `$CUTECC_PLAN_MEMORY`, else `cutecc-planning` in the user's cache
-    directory; None when that variable is `off`."""
-    env = settings.PLAN_MEMORY.read()
-    if env == "off":
-        return None
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("cutecc-planning", appauthor=False))
+    """Where the memory lives: `$CUTECC_PLAN_MEMORY`, else `planning-v1` in the user's cache
+    directory (`cutecc.store.homes.planning`); None when that variable is `off`."""
+    return homes.planning()
 
 
 def read_bounded(path: Path, limit: int) -> tuple[bytes | None, bool]:
@@ -159,9 +151,7 @@ class PlanMemory:
             return
         assert new.closures is not None and new.bodies is not None
         with contextlib.suppress(OSError):
-            self.file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            st = os.lstat(self.file.parent)
-            if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            if homes.make(homes.PLANNING)[1] is not None:
                 return  # not a directory of this user's
             doc = self._read() or MemoryFile({})  # what others wrote meanwhile, kept
             if self._refused:

@@ -22,7 +22,6 @@ import hashlib
 import importlib.metadata
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -30,11 +29,11 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from cutecc import settings
 from cutecc.errors import InputError, WorkError
 from cutecc.locks import held
+from cutecc.store import homes
 
-CACHE_VAR = settings.PLATFORM_LIBS.env
+CACHE_VAR = homes.PLATFORM_LIBS_VAR
 MAX_TREE_FILES = 1000  # the header tree: ~60 files today
 MAX_TREE_BYTES = 16 << 20
 FETCH_TIMEOUT = 900  # seconds for pip to fetch one wheel (the DSL's is ~91 MB)
@@ -138,25 +137,21 @@ def _sha(path: Path) -> str:
     return h.hexdigest()
 
 
-def home() -> Path:
-    """Where the wheels and their extracted files live (`$CUTECC_PLATFORM_LIBS`, else the
-    user's cache directory), as named: `cache_dir` makes and checks it."""
-    env = settings.PLATFORM_LIBS.read()
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("cutecc-platform-libs", appauthor=False))
-
-
 def cache_dir() -> Path:
-    """`home()`, made if need be: a directory of this user's, never a link."""
-    d = home()
-    d.mkdir(parents=True, exist_ok=True, mode=0o700)
-    st = os.lstat(d)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-        raise WorkError(f"{d} is not a directory of this user's", where=CACHE_VAR)
+    """The platform link inputs' home (`$CUTECC_PLATFORM_LIBS`, else the user's cache
+    directory: `cutecc.store.homes.platform_libs`), made if need be: a directory of this
+    user's, never a link."""
+    d, why = homes.make(homes.PLATFORM_LIBS)
+    if d is None or why is not None:
+        raise WorkError(f"{why}: not a directory of this user's", where=CACHE_VAR)
     return d
+
+
+def pinned_files() -> frozenset[str]:
+    """What `cache_dir()` holds that this cutecc pins (for any DSL version), as paths relative to it
+    (each platform's extracted trees and the wheels): what `cutecc gc` keeps (`cutecc.store.homes.prune`)."""
+    return frozenset(p for platform, by_version in PINNED.items() for ws in by_version.values()
+                     for w in ws for p in (f"{platform}/{w.sha256[:16]}", f"wheels/{w.filename}"))
 
 
 @functools.lru_cache(maxsize=4)
@@ -192,13 +187,27 @@ def _extracted_ok(w: Wheel, where: Path) -> bool:
         return False
 
 
+def _is_pinned(path: Path, w: Wheel) -> bool:
+    """Whether `path` is a regular file (not a link) with the pinned wheel's size and digest."""
+    return path.is_file() and not path.is_symlink() and path.stat().st_size == w.size \
+        and _sha(path) == w.sha256
+
+
 def _wheel_file(w: Wheel, root: Path) -> Path:
-    """The pinned wheel, checked: the cache's copy, else fetched by pip with its hash."""
+    """The pinned wheel, checked: the cache's copy, else an older cutecc's (`homes.legacy`),
+    else fetched by pip with its hash."""
     path = root / "wheels" / w.filename
-    if path.is_file() and not path.is_symlink() and path.stat().st_size == w.size \
-            and _sha(path) == w.sha256:
+    if _is_pinned(path, w):
         return path
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    older = homes.legacy().get(homes.PLATFORM_LIBS)  # an older cutecc's home: read, never changed
+    if older is not None and homes.why_not_mine(older) is None \
+            and _is_pinned(older / "wheels" / w.filename, w):
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+            shutil.copyfile(older / "wheels" / w.filename, Path(tmp) / w.filename)
+            if _is_pinned(Path(tmp) / w.filename, w):
+                os.replace(Path(tmp) / w.filename, path)
+                return path
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         req = Path(tmp) / "requirements.txt"
         req.write_text(f"{w.project}=={w.version} --hash=sha256:{w.sha256}\n")

@@ -1,7 +1,8 @@
 """Every create and delete in the cache goes through `cutecc/store/writer.py`.
 
 Read from the source (never by importing it): a module outside `cutecc/store/` that knows
-the store (imports any of `cutecc.store`, lazily or for types only: it holds cache paths)
+the store (imports any of `cutecc.store` but its homes, lazily or for types only: it holds
+cache paths)
 calls no file-system primitive that creates, writes, renames or deletes (`unlink`,
 `rmtree`, `mkdir`, `write_bytes`, `os.replace`, `atomic_write`, `open(.., "w")`, ...),
 except on a path it made with `tempfile` in the same function, or where ALLOWED says why
@@ -30,6 +31,8 @@ ALLOWED = {
     ("cutecc/commands/tune.py", "tune"): "--results: a file the user names",
     ("cutecc/lock/lockfile.py", "write_lock"): "the project's kernels.lock, beside its manifest",
     ("cutecc/build/executors/ray.py", "_in_driver_process"): "the Ray driver's private temporary directory",
+    ("cutecc/build/executors/ray.py", "_private_temp_dir"):
+        "a fresh directory in the system's temporary directory (`cutecc.store.homes.short_temp_dir`)",
 }
 
 _METHODS = {"unlink", "rmdir", "mkdir", "write_bytes", "write_text", "rename", "touch",
@@ -41,12 +44,16 @@ _NAMES = {"atomic_write", "make_dir", "rmtree", "copytree", "copyfile"}
 
 
 def _knows_the_store(tree: ast.AST) -> bool:
+    """Whether the module imports any of `cutecc.store` but its homes (`cutecc.store.homes`:
+    the other directories cutecc keeps, which are not the cache)."""
     for n in ast.walk(tree):
-        if isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[:2] == ["cutecc", "store"]:
+        if isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[:2] == ["cutecc", "store"] \
+                and n.module != "cutecc.store.homes" and any(a.name != "homes" for a in n.names):
             return True
         if isinstance(n, ast.ImportFrom) and n.module == "cutecc" and any(a.name == "store" for a in n.names):
             return True
-        if isinstance(n, ast.Import) and any(a.name.split(".")[:2] == ["cutecc", "store"] for a in n.names):
+        if isinstance(n, ast.Import) and any(a.name.split(".")[:2] == ["cutecc", "store"]
+                                             and a.name != "cutecc.store.homes" for a in n.names):
             return True
     return False
 
@@ -181,3 +188,5 @@ class C:
                    ("a", "atomic_write"), ("a", "os.replace"), ("b", "os.rename"), ("C.m", ".unlink")]
     assert _knows_the_store(ast.parse("def f():\n    from cutecc.store.view import StoreView\n"))
     assert not _knows_the_store(ast.parse("from cutecc.atomic import atomic_write\n"))
+    assert not _knows_the_store(ast.parse("from cutecc.store import homes\n"))
+    assert _knows_the_store(ast.parse("from cutecc.store import homes, Store\n"))

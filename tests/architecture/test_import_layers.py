@@ -13,14 +13,16 @@ when that is a module, else on `cutecc.x`.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "cutecc"
 
-# The public faces sit at the top of the package but belong to the layer they front:
-# `cutecc` (load, the exceptions) and `cutecc.torch` (the PyTorch face of runtime/torch) to the
-# runtime, `cutecc.__main__` (`python -m cutecc`) to the command line.
-FACES = {"cutecc": "runtime", "cutecc.torch": "runtime", "cutecc.__main__": "cli"}
+# The public faces sit at the top of the package: `cutecc.torch` (the PyTorch face of
+# runtime/torch) belongs to the runtime, `cutecc.__main__` (`python -m cutecc`) to the command
+# line, and `cutecc` itself (load, the exceptions) fronts the runtime and the build side alike:
+# its `load` registers the build side's just-in-time builder with the runtime's miss hook.
+FACES = {"cutecc": "face", "cutecc.torch": "runtime", "cutecc.__main__": "cli"}
 
 # layer (a folder of cutecc/, or "base"): (the layers it may import), bottom up
 LAYERS: dict[str, tuple[str, ...]] = {
@@ -40,31 +42,27 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "toolchain": ("base", "store"),
     # What arrives and leaves: the remote cache, packs, the one verifier of foreign entries.
     "ship": ("base", "store", "lock", "runtime", "toolchain"),
-    # What to build: keys, the build plan, the tuning plan.
-    "plan": ("base", "store", "lock", "manifest", "toolchain"),
-    # Building: compile and link one artifact; the pipeline, workers and executors for many.
+    # What to build: keys, the build plan, the tuning plan, what covers a missed call (matched
+    # by the runtime's own rule).
+    "plan": ("base", "store", "lock", "runtime", "manifest", "toolchain"),
+    # Building: compile and link one artifact; the pipeline, workers and executors for many;
+    # the just-in-time builder a `load(jit=True)` registers with the runtime's miss hook.
     "build": ("base", "store", "lock", "runtime", "manifest", "toolchain", "ship", "plan"),
     # Measuring tuning candidates on a GPU (the child runs the runtime).
     "tuning": ("base", "store", "lock", "runtime", "manifest", "toolchain", "ship", "plan", "build"),
     # One library function per command, each returning a report.
     "commands": ("base", "store", "lock", "runtime", "manifest", "toolchain", "ship", "plan", "build",
                  "tuning"),
-    # Just-in-time builds for development (`cutecc.load(jit=True)`): the build pipeline run
-    # for one missed call, from the runtime.
-    "develop": ("base", "store", "lock", "runtime", "manifest", "toolchain", "ship", "plan", "build",
-                "tuning", "commands"),
     # The command line: parsing, rendering, progress.
     "cli": ("base", "store", "lock", "runtime", "manifest", "toolchain", "ship", "plan", "build",
-            "tuning", "commands", "develop"),
+            "tuning", "commands"),
+    # The top-level package (`cutecc.load`, the exceptions): fronts the runtime and, behind
+    # `load(jit=True)`, the build side's just-in-time builder.
+    "face": ("base", "store", "lock", "runtime", "manifest", "toolchain", "ship", "plan", "build",
+             "tuning", "commands", "cli"),
 }
-
-# The imports allowed to climb back up, each with why, and each only inside a function (a
-# lazy import, reached behind an opt-in): a module-level one is still refused.
-ALLOWED_UPWARD: dict[tuple[str, str], str] = {
-    ("cutecc.runtime.jit_hook", "cutecc.develop.jit"):
-        "load(jit=True) builds a missed call's variant; only at a miss, only where the DSL is "
-        "installed and the user opted in, so a deploy host never imports the build side",
-}
+# The runtime's side: what a deploy host runs. It imports none of the others, in any way.
+DEPLOY_SIDE = ("base", "store", "lock", "runtime")
 BASE_FOLDERS = ("contract", "entry")  # folders that belong to the base layer
 
 
@@ -76,6 +74,7 @@ def _modules(root: Path = ROOT) -> dict[str, Path]:
     return out
 
 
+@functools.cache
 def _graph(root: Path = ROOT) -> dict[str, dict[str, int]]:
     """module -> {cutecc module it imports: the line of the first such import}."""
     modules = _modules(root)
@@ -155,8 +154,6 @@ def test_no_import_climbs_back_up_the_layers() -> None:
         assert here is not None
         for dep, line in sorted(deps.items()):
             there = _layer_of(dep)
-            if (mod, dep) in ALLOWED_UPWARD and line not in _module_level_lines(mod):
-                continue
             if there != here and there not in LAYERS[here]:
                 upward.append(f"{mod}:{line} ({here}) imports {dep} ({there})")
     assert upward == [], "\n".join(upward)
@@ -198,11 +195,46 @@ def test_the_checker_sees_lazy_relative_and_type_only_imports(tmp_path: Path) ->
     assert set(g["cutecc.sub.b"]) == {"cutecc.a", "cutecc.errors"}
 
 
-def test_each_allowed_upward_import_exists_and_is_lazy() -> None:
-    """An allowance names an import that is there, inside a function only (no stale entry)."""
-    graph = _graph()
-    for (mod, dep), why in ALLOWED_UPWARD.items():
-        assert dep in graph[mod], f"{mod} no longer imports {dep}: drop the allowance ({why})"
-        lines = [n.lineno for n in ast.walk(ast.parse(_modules()[mod].read_text()))
-                 if isinstance(n, ast.ImportFrom) and n.module == dep]
-        assert lines and not set(lines) & _module_level_lines(mod), (mod, dep, lines)
+def _imports_anywhere(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
+    """Every cutecc module `path` names in an import of any kind: `import`, `from ... import`
+    (relative ones resolved) at module level, in a function, under TYPE_CHECKING, and
+    `importlib.import_module("cutecc...")` or `__import__("cutecc...")` with a literal name."""
+    graph = _graph(root)
+    mod = next(m for m, f in _modules(root).items() if f == path)
+    out = [(line, dep) for dep, line in graph[mod].items()]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str) and node.args[0].value.startswith("cutecc") \
+                and ast.unparse(node.func) in ("importlib.import_module", "import_module", "__import__"):
+            out.append((node.lineno, node.args[0].value))
+    return sorted(out)
+
+
+def test_the_runtime_imports_nothing_of_the_build_side_in_any_way() -> None:
+    """0 imports from `cutecc/runtime/` (and the PyTorch face) of any layer but the deploy
+    side's, lazy ones and dynamic ones included: the runtime offers a miss hook
+    (`cutecc.runtime.jit_hook`) that the build side's just-in-time builder registers with."""
+    found = []
+    for mod, f in sorted(_modules().items()):
+        if _layer_of(mod) != "runtime":
+            continue
+        for line, dep in _imports_anywhere(f):
+            there = _layer_of(dep) if dep in _modules() else None
+            if there not in DEPLOY_SIDE:
+                found.append(f"{mod}:{line} imports {dep} ({there})")
+    assert found == [], "\n".join(found)
+
+
+def test_the_runtime_check_sees_lazy_and_dynamic_imports(tmp_path: Path) -> None:
+    pkg = tmp_path / "cutecc"
+    (pkg / "runtime").mkdir(parents=True)
+    (pkg / "build").mkdir()
+    for f in ("__init__.py", "runtime/__init__.py", "build/__init__.py", "build/jit.py"):
+        (pkg / f).write_text("")
+    (pkg / "runtime" / "hook.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from cutecc.build import jit\n"
+        "def hook():\n    from ..build import jit\n"
+        "def other():\n    import importlib\n    importlib.import_module('cutecc.build.jit')\n"
+        "    __import__('cutecc.build')\n")
+    assert _imports_anywhere(pkg / "runtime" / "hook.py", pkg) == [
+        (3, "cutecc.build.jit"), (8, "cutecc.build.jit"), (9, "cutecc.build")]

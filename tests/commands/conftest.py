@@ -1,4 +1,5 @@
-"""Fixtures for the commands' tests: copies of the session's toy build (tests/conftest.py)."""
+"""Helpers for the commands' tests (copies of the session's toy build, `built`, are
+tests/conftest.py's)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import PY, REPO, Toy, run_cli
+from helpers import PY, REPO, run_cli
 
 from cutecc.store import Store
-
-
-@pytest.fixture
-def built(toy_cache: Toy, tmp_path: Path) -> Toy:
-    """A private copy of the session's toy build, free to change (same keys: sources are
-    hashed by their path relative to the manifest)."""
-    return toy_cache.copy(tmp_path, cache="c")
 
 
 def snapshot(root: Path) -> dict[str, tuple[int, int, int]]:

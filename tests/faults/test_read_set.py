@@ -23,7 +23,7 @@ from helpers import PY, REPO, TOY_KERNEL, resident_services, stop_resident_servi
 from cutecc.build import read_installed, read_set
 from cutecc.manifest import load_manifest
 from cutecc.plan.build_plan import plan
-from cutecc.store import Store
+from cutecc.store import Store, homes
 
 from .conftest import assert_clean_failure, cli
 
@@ -117,7 +117,7 @@ def test_the_exempt_list_is_short_and_exempts_nothing_of_a_project_or_installed_
     assert read_set.exempt(str(beside / "cutecc.egg-info" / "entry_points.txt")) == "cutecc's own package"
     assert read_set.exempt(str(beside / "cutecc-0.1.0.dist-info" / "METADATA")) == "cutecc's own package"
     assert read_set.exempt(str(beside / "other.egg-info" / "entry_points.txt")) is None
-    wraps = os.path.join(tempfile.gettempdir(), f"cutecc-wrap-{os.getuid()}")
+    wraps = str(homes.wrappers())
     for wrap in ("cutecc_wrapper_0123456789abcdef.py",
                  "__pycache__/cutecc_wrapper_0123456789abcdef.cpython-311.pyc"):
         assert read_set.exempt(os.path.join(wraps, wrap), read_set.temp_dirs(None, None)) \
@@ -146,10 +146,7 @@ def test_the_store_named_relative_to_the_build_and_the_ptx_dumps_are_the_workers
     assert read_set.exempt(dump, temps) == "the worker's temporary files"
     assert read_set.exempt(str(tmp_path / "caches" / "other.json"), temps) is None
     # cutecc's own homes a compile for aarch64 uses (CI saw the link inputs' lock refused)
-    from cutecc.build.linker import zig_cache_dir
-    from cutecc.toolchain.targetlibs import home
-
-    for d in (home(), zig_cache_dir()):
+    for d in (homes.platform_libs(), homes.zig()):
         assert read_set.exempt(str(d / ".5c807217f134272d.lock"), temps) == "the worker's temporary files"
 
 
@@ -334,7 +331,6 @@ def test_a_file_read_through_proc_is_the_file_itself_not_a_pseudo_file(
 # reads that hid from the hook (seen by attacking issue 44's result) -----------------
 
 _DATA = '__file__.rsplit("/toy/", 1)[0] + "/widths.json"'
-_WRAPS = 'f"/tmp/cutecc-wrap-{__import__(\'os\').getuid()}"'
 HIDDEN_READS = {
     # /proc/self/root/<path> names any file; /proc was exempt as the kernel's pseudo-files
     "proc-root": ("proc", f'import json\nreturn json.load(open("/proc/self/root" + {_DATA}))["threads"]',
@@ -352,8 +348,8 @@ HIDDEN_READS = {
                         'return json.load(os.fdopen(fd))["threads"]',
                "relative to a directory descriptor (os.open's dir_fd), which cannot be checked"),
     # the generated wrappers' directory is this user's: only the wrappers in it are exempt
-    "wrapper-dir": ("wrap", 'import json, os, tempfile\np = os.path.join(tempfile.gettempdir(), '
-                            'f"cutecc-wrap-{os.getuid()}", "planted-{tag}.json")\n'
+    "wrapper-dir": ("wrap", f'import json, os\np = os.path.join({str(homes.wrappers())!r}, '
+                            '"planted-{tag}.json")\n'
                             'return json.load(open(p))["threads"]',
                     "planted-{tag}.json (module toy.ops), which its key does not cover"),
 }
@@ -371,7 +367,7 @@ def test_a_read_that_hid_from_the_hook_still_fails_the_entry(tmp_path: Path, cas
         + "\n\n\n@cute.jit\ndef scale(", 1).replace(
         "    n = x.shape[0]\n    _scale_kernel",
         "    n = x.shape[0]\n    threads = _width()\n    _scale_kernel", 1))
-    planted = Path(tempfile.gettempdir()) / f"cutecc-wrap-{os.getuid()}" / f"planted-{tag}.json"
+    planted = homes.wrappers() / f"planted-{tag}.json"
     if case == "wrapper-dir":
         planted.parent.mkdir(mode=0o700, exist_ok=True)
         planted.write_text('{"threads": 64}\n')

@@ -21,7 +21,7 @@ from cutecc.errors import CuteccError
 from cutecc.lock.lockfile import Environment, Lock, read_lock, write_lock
 from cutecc.manifest import load_manifest
 from cutecc.plan.build_plan import plan
-from tests.key.test_installed_code import BOTH, KERNEL, LIB, forget, install, project
+from tests.toolchain.test_installed_code import BOTH, KERNEL, LIB, forget, install, project
 
 
 @pytest.fixture

@@ -149,7 +149,7 @@ def test_jit_imports_nothing_of_the_build_side_until_a_miss(fallback_project: Pa
             f"ks = cutecc.load({str(cache)!r}, arch='sm_90a', jit=True)\n"
             "x = jnp.zeros((3, 64), jnp.float32)\n"
             "assert ks.scale._served_by_fallback([x], {}, {}) == (False, None)\n"
-            "print(sorted(m for m in sys.modules if m in ('cutecc.develop.jit', 'cutecc.build.builder', "
+            "print(sorted(m for m in sys.modules if m in ('cutecc.build.jit', 'cutecc.build.builder', "
             "'cutecc.plan.build_plan',"
             " 'cutecc.manifest', 'cutlass')))\n")
     r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=300,
@@ -195,3 +195,25 @@ def test_a_real_miss_compiles_once_and_build_then_finds_it_cached(dsl: None, tmp
     r = build(manifest, opts(cache_dir=cache))
     assert r.ok and r.count("built") == 0 and r.count("cached") == 2, [o.status for o in r.outcomes]
     assert b32.key in {o.planned.key for o in r.outcomes}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="needs the DSL (the build extra)")
+def test_the_runtime_builds_only_through_a_registered_builder(tmp_path: Path) -> None:
+    """The runtime offers a miss hook and builds nothing itself: loading through the runtime's
+    own loader with jit=True and no builder registered is an error at load naming this;
+    `cutecc.load` registers the build side's (a factory, the build side not yet imported)."""
+    code = ("import sys\nfrom cutecc.errors import WorkError\nfrom cutecc.runtime import jit_hook\n"
+            "from cutecc.runtime.loader import load\n"
+            f"try:\n    load({str(tmp_path / 'none')!r}, arch='sm_90a', jit=True)\n"
+            "except WorkError as e:\n    print(e.message)\n"
+            "import cutecc\n"
+            f"try:\n    cutecc.load({str(tmp_path / 'none')!r}, arch='sm_90a', jit=True)\n"
+            "except Exception:\n    pass\n"
+            "print(jit_hook.registered().__module__, jit_hook.registered().__name__,\n"
+            "      'cutecc.build.jit' in sys.modules)\n")
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    first, registered = r.stdout.strip().splitlines()[-2:]
+    assert first.startswith("jit=True: no just-in-time builder is registered: load through `cutecc.load`")
+    assert registered == "cutecc _jit_builder False"

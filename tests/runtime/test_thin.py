@@ -10,7 +10,7 @@ from pathlib import Path
 from helpers import PY
 
 # Modules of cutecc that only building, planning or packing need.
-BUILD_SIDE = ("cutecc.manifest", "cutecc.plan", "cutecc.build", "cutecc.develop", "cutecc.commands",
+BUILD_SIDE = ("cutecc.manifest", "cutecc.plan", "cutecc.build", "cutecc.commands",
               "cutecc.ship.archive",
               "cutecc.cli", "cutecc.cli.progress", "cutecc.toolchain.versions", "cutecc.tuning")
 DSL = ("cutlass", "nvidia_cutlass_dsl")

@@ -25,6 +25,7 @@ from cutecc.store.writer import Store
 
 DATA = Path(__file__).parent / "data"
 RECORDS = DATA / "records"
+ENTRY_META = Path(__file__).parents[1] / "entry" / "data" / "entry_meta.json"  # a real build's meta.json
 T = "2026-11-27T04:00:00+00:00"  # the fixtures' time
 K1 = "1" * 64
 MANIFEST = Path("/w/kernels.toml")
@@ -42,7 +43,7 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
 
 
 def _meta() -> dict:
-    return json.loads((DATA / "entry_meta.json").read_bytes())
+    return json.loads(ENTRY_META.read_bytes())
 
 
 @pytest.mark.parametrize("name, key, stamp", [
@@ -73,7 +74,7 @@ def test_an_index_record_is_written_as_the_dict_writer_wrote_it(name: str, key: 
 def test_the_store_indexes_with_the_stamp_of_the_meta_file(store: Store, tmp_path: Path) -> None:
     meta = _meta()
     f = tmp_path / "meta.json"
-    f.write_bytes((DATA / "entry_meta.json").read_bytes())
+    f.write_bytes(ENTRY_META.read_bytes())
     rec = EntryMeta.parse(meta, meta["key"])
     store.index(meta["key"], rec, f)
     data = store.layout.index_record(meta["kernel"], meta["key"]).read_bytes()

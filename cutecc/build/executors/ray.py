@@ -53,6 +53,7 @@ from cutecc.build.executors import worker_tree
 from cutecc.build.workers import DEFAULT_LIMITS, BuildJob, Limits, Result
 from cutecc.entry.meta import EntryMeta
 from cutecc.errors import CuteccError, WorkError
+from cutecc.store import homes
 
 WORKER_MARK = settings.WORKER_MARK.env  # the mark in what a worker starts
 
@@ -142,8 +143,7 @@ def _private_temp_dir() -> str:
     """A fresh directory of this user's (mode 0700) for a private cluster's sessions and
     sockets: in $TMPDIR when short enough for Ray's socket paths (sun_path holds 107
     bytes, Ray adds ~85), else in /tmp."""
-    base = tempfile.gettempdir()
-    return tempfile.mkdtemp(prefix="cutecc-ray-", dir=base if len(base) <= 20 else "/tmp")
+    return tempfile.mkdtemp(prefix="cutecc-ray-", dir=homes.short_temp_dir(20))
 
 
 def _in_driver_process(jobs: list[BuildJob], store_root: Path, workers: int,

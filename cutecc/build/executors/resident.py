@@ -41,11 +41,9 @@ import os
 import select
 import signal
 import socket
-import stat
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from multiprocessing import reduction
@@ -54,6 +52,7 @@ from typing import Any, NoReturn
 
 from cutecc import settings
 from cutecc.build.executors import service, worker_tree
+from cutecc.store import homes
 from cutecc.toolchain.hashcache import path_stamp
 
 IDLE_SECONDS = 300.0  # how long a resident service waits for the next build by default
@@ -93,17 +92,11 @@ def idle_seconds() -> float:
 
 
 def socket_dir() -> Path | None:
-    """This user's directory of resident services' sockets (created 0700), or None where
-    none can be trusted (owned by another user, or others may enter it)."""
-    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    d = Path(base) / f"cutecc-services-{os.getuid()}"
-    with contextlib.suppress(FileExistsError, OSError):
-        d.mkdir(mode=0o700)
-    try:
-        st = os.lstat(d)
-    except OSError:
-        return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+    """This user's directory of resident services' sockets (created 0700; the `services`
+    home, `cutecc.store.homes.services`), or None where none can be trusted (owned by
+    another user, or others may enter it)."""
+    d, why = homes.make(homes.SERVICES)
+    if d is None or why is not None:
         return None
     return d if len(os.fsencode(d)) <= SOCKET_PATH_MAX - 50 else None  # a socket's path is short
 

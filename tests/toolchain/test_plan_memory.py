@@ -23,14 +23,14 @@ from cutecc.toolchain import hashcache, planmemory
 from cutecc.toolchain.hashcache import HashCache, parser_id
 from cutecc.toolchain.planfacts import DIGEST, LISTED, Listed, SourceFacts
 from cutecc.toolchain.planmemory import FILE, PlanMemory
-from tests.key.test_installed_code import BOTH, LIB, _walks, forget, install, planned, project
+from tests.toolchain.test_installed_code import BOTH, LIB, _walks, forget, install, planned, project
 
 SOURCE = SourceFacts([[0, "os", None]], ["os"])
 
 
 @pytest.fixture
 def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """An empty site directory ahead of everything on sys.path (as tests/key/test_installed_code.py's)."""
+    """An empty site directory ahead of everything on sys.path (as test_installed_code.py's)."""
     d = tmp_path / "site"
     d.mkdir()
     monkeypatch.syspath_prepend(str(d))

@@ -1,5 +1,6 @@
 """A cache of synthetic but well-formed entries (their keys hash their key inputs, as a real
-build's do), published through the store itself: the store's tests need no compiler."""
+build's do), published through the store itself: the store's, entry's and ship's tests need
+no compiler (`fake_cache`, `add_entries`: fixtures of tests/conftest.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The object's bytes depend on the key alone: host code pinned to baseline x86-64 whatever
 the build machine's CPU, and no process detail (PID, temporary names) in them, even with
-line info on (the compile-affecting variables themselves are key inputs: tests/key/test_key.py).
+line info on (the compile-affecting variables themselves are key inputs: tests/plan/test_key.py).
 
 `pin_host_target` relies on a DSL internal (the compiled function's `ir_module`): these
 tests fail loudly if a DSL upgrade takes it away or the pin stops reaching the object.

@@ -1,14 +1,15 @@
 """Just-in-time builds for development: a call no built variant fits compiles the variant
 that serves it, through the pipeline and key `cutecc build` uses, into the same cache.
 
-`cutecc.load(jit=True)` (or `$CUTECC_JIT=1`) reaches this module lazily, at the first
-miss only, and only where the DSL is installed: the runtime never imports the build side
-otherwise (the one allowance in `tests/architecture/test_import_layers.py`). For one miss:
-the manifest's variant that takes the call, else the variant the call's values add to its
-`variants` table (`cutecc.commands.misses.cover_call`, what `cutecc misses --toml`
-prints), planned for the best arch of the kernel's `archs` that runs on this GPU (else
-the arch `cutecc build --arch` would be told), then probed, compiled, checked and
-published by `cutecc.build.builder.run` as a one-entry build. Its key is the one a
+The runtime imports nothing of the build side: it offers a miss hook
+(`cutecc.runtime.jit_hook`) where a builder registers, and `cutecc.load` (the top-level
+package) registers `JitBuilder`, this module imported at the first miss only, where the DSL
+is installed and the user asked (`jit=True`, `$CUTECC_JIT=1`). For one miss: the manifest's
+variant that takes the call, else the variant the call's values add to its `variants` table,
+planned for the best arch of the kernel's `archs` that runs on this GPU, else the arch
+`cutecc build --arch` would be told (`cutecc.plan.cover.plan_call`, what `cutecc misses
+--toml` prints too), then probed, compiled, checked and published by
+`cutecc.build.builder.run` as a one-entry build. Its key is the one a
 `cutecc build` of a manifest declaring that variant computes, so that build finds it
 cached. Its workers put the manifest's python_path first on `sys.path` (even where the calling
 script has it further back) and prove what the compile read covered by the key
@@ -19,33 +20,19 @@ manifest declaring it records it.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from pathlib import Path
-from typing import Any
 
-from cutecc.archs import runs_on, to_build
 from cutecc.build import builder
-from cutecc.commands.misses import cover_call
 from cutecc.errors import CuteccError
 from cutecc.plan.build_plan import plan
+from cutecc.plan.cover import plan_call
+from cutecc.runtime.jit_hook import Built
 from cutecc.settings import BuildOptions
 from cutecc.store.misses import Miss
 from cutecc.store.view import StoreView
 from cutecc.store.writer import Store
 from cutecc.toolchain.dists import HashCache
-
-
-@dataclasses.dataclass(frozen=True)
-class JitResult:
-    """A JIT build of one call: the entry's key, its variant and arch, and whether it was
-    compiled now (False: a hit, built by an earlier process or build)."""
-
-    key: str
-    variant: str
-    arch: str
-    compiled: bool
-    seconds: float
 
 
 class JitBuilder:
@@ -69,22 +56,12 @@ class JitBuilder:
 
         return find_manifest()
 
-    def build(self, m: Miss) -> JitResult:
+    def build(self, m: Miss) -> Built:
         """Compile (or find cached) the entry serving the call `m` describes; a CuteccError
         says why none can (a contract change, a failed compile), naming the manifest."""
         with self._lock:  # one compile at a time per cache: two threads missing alike share it
             path = self.manifest_of(m.kernel)
-            found = cover_call(path, m)
-            if isinstance(found, str):
-                raise CuteccError(f"no variant of the manifest serves the call: {found}", where=str(path),
-                                  key_path=f'kernel "{m.kernel}"')
-            manifest, variant = found
-            kernel = manifest.kernel(m.kernel)
-            arch = max(kernel.archs, key=lambda a: runs_on(a, m.arch), default="")
-            if not runs_on(arch, m.arch):
-                arch = to_build(m.arch)
-            one = dataclasses.replace(kernel, variants=(variant,), candidates=(), tuning=None)
-            selected = dataclasses.replace(manifest, kernels=(one,), composites=())
+            manifest, selected, variant, arch = plan_call(path, m)
             store = Store(self.cache_dir)
             hashes = HashCache(store.layout.hash_cache(), write=True)
             # `candidates`: recorded as no build's generation and no lock, as tuning candidates are
@@ -97,10 +74,11 @@ class JitBuilder:
             if o.status not in ("built", "cached"):
                 raise CuteccError(f"the just-in-time build of variant {variant.id} for {arch} failed: "
                                   f"{o.error}", where=str(path), key_path=f'kernel "{m.kernel}"')
-            return JitResult(o.planned.key, variant.id, arch, o.status == "built", o.seconds)
+            return Built(o.planned.key, variant.id, arch, o.status == "built", o.seconds)
 
 
-def builder_for(cache_dir: Path, manifest: Path | None) -> Any:
-    """A `JitBuilder` (the runtime holds it as an opaque object), told how to build by the
-    environment as `cutecc.load` found it (its edge: `cutecc.settings`)."""
+def builder_for(cache_dir: Path, manifest: Path | None) -> JitBuilder:
+    """A `JitBuilder` told how to build by the environment as `cutecc.load` found it (its
+    edge: `cutecc.settings`): the factory `cutecc.load` registers with the runtime's miss
+    hook (`cutecc.runtime.jit_hook.register_builder`)."""
     return JitBuilder(cache_dir, manifest, BuildOptions.from_environment(jobs=1))

@@ -27,7 +27,7 @@ from cutecc.build import linker
 from cutecc.build.compiler import INNER_SYMBOL, SYMBOL
 from cutecc.errors import CuteccError
 from cutecc.plan.key import toolchain
-from cutecc.store import Store
+from cutecc.store import Store, homes
 from cutecc.toolchain.versions import ZIG_TARGET
 
 try:
@@ -95,8 +95,8 @@ def compile_c(source: Path, out: Path) -> None:
     """An object file of a C stand-in, compiled by the link's own zig."""
     subprocess.run([str(TOOLS["zig"]), "cc", "-target", ZIG_TARGET, "-c", "-fPIC", "-O2",
                     f"-I{TOOLS['tvm_include']}", "-o", str(out), str(source)], check=True,
-                   env={**os.environ, "ZIG_GLOBAL_CACHE_DIR": str(linker.zig_cache_dir()),
-                        "ZIG_LOCAL_CACHE_DIR": str(linker.zig_cache_dir())})
+                   env={**os.environ, "ZIG_GLOBAL_CACHE_DIR": str(homes.zig()),
+                        "ZIG_LOCAL_CACHE_DIR": str(homes.zig())})
 
 
 @pytest.fixture(scope="module")
@@ -252,7 +252,7 @@ def test_labels_reach_c_unchanged(tmp_path: Path, text: str) -> None:
     (tmp_path / "p.c").write_text('#include <stdio.h>\nint main(void) { fputs(S, stdout); return 0; }\n')
     subprocess.run([str(TOOLS["zig"]), "cc", "-target", ZIG_TARGET, f"-DS={linker.c_string(text)}",
                     "-o", str(tmp_path / "p"), str(tmp_path / "p.c")], check=True,
-                   env={**os.environ, "ZIG_GLOBAL_CACHE_DIR": str(linker.zig_cache_dir())})
+                   env={**os.environ, "ZIG_GLOBAL_CACHE_DIR": str(homes.zig())})
     out = subprocess.run([str(tmp_path / "p")], capture_output=True, check=True).stdout
     assert out == text.encode()
 

@@ -9,13 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_cache import ARCH, ARGS, FakeCache
 from helpers import planted_cubin as planted
 from meta_records import entry_record
 
 from cutecc.entry.rules import META, compute_key
 from cutecc.ship.ingest import Refused, check_whole
-
-from .conftest import ARCH, ARGS, FakeCache
 
 
 def _entry(fake_cache: FakeCache, library: bytes) -> tuple[str, bytes, bytes]:

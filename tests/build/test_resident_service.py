@@ -18,7 +18,7 @@ from helpers import PY, resident_services, stop_resident_services, write_toy_pro
 
 from cutecc.build.executors import resident, service
 from cutecc.errors import CuteccError
-from cutecc.store import Store
+from cutecc.store import Store, homes
 
 
 def _alive(pid: int) -> bool:
@@ -155,7 +155,8 @@ def test_an_idle_service_exits_and_removes_its_socket(run_dir: Path, tmp_path: P
 
 
 def test_no_service_is_kept_where_its_socket_would_not_be_private(run_dir: Path) -> None:
-    d = run_dir / f"cutecc-services-{os.getuid()}"
+    d = homes.services()
+    assert d.parent == run_dir
     d.mkdir(mode=0o700)
     d.chmod(0o755)
     assert resident.socket_dir() is None
