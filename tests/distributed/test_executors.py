@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import opts, run_cli, toy_manifest, write_toy_project
 
-from cutecc.build.executors import choose
+from cutecc.build.executors import LocalExecutor, RayExecutor, choose
 from cutecc.build.workers import BuildJob, Result
 from cutecc.commands.build import build
 from cutecc.errors import CuteccError
@@ -37,14 +37,22 @@ def _cubin_arch(library: bytes) -> int:
     raise AssertionError("no cubin")
 
 
+def _chosen(**flags: str) -> LocalExecutor | RayExecutor:
+    """The executor a build is given: its flags, else the environment, read at the edge
+    (`BuildOptions.from_environment`), as `cutecc build` reads them."""
+    o = opts(**flags)
+    return choose(o.executor, o.ray_address)
+
+
 def test_choosing_an_executor(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CUTECC_EXECUTOR", raising=False)
     monkeypatch.delenv("CUTECC_RAY_ADDRESS", raising=False)
-    assert choose().kind == "local"
+    assert choose().kind == "local" and _chosen().kind == "local"
     monkeypatch.setenv("CUTECC_EXECUTOR", "ray")
-    assert choose() == choose("ray") and choose("local").kind == "local"
+    assert _chosen() == choose("ray") and _chosen(executor="local").kind == "local"
+    assert choose().kind == "local"  # the library reads no environment: the edge does
     monkeypatch.setenv("CUTECC_RAY_ADDRESS", "10.0.0.1:6379")
-    assert choose().ray_address == "10.0.0.1:6379"
+    assert _chosen().ray_address == "10.0.0.1:6379"
     with pytest.raises(CuteccError) as e:
         choose("dask")
     assert e.value.exit_code == 2
@@ -58,13 +66,18 @@ def test_the_manifests_build_table_is_the_default_below_flags_and_environment(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CUTECC_EXECUTOR", raising=False)
     monkeypatch.delenv("CUTECC_RAY_ADDRESS", raising=False)
-    assert choose(default_kind="ray", default_address="h:1") == choose("ray", "h:1")
-    assert choose("local", default_kind="ray", default_address="h:1").kind == "local"  # flag wins
+
+    def chosen(**flags: str) -> LocalExecutor | RayExecutor:
+        o = opts(**flags)
+        return choose(o.executor, o.ray_address, default_kind="ray", default_address="h:1")
+
+    assert chosen() == choose("ray", "h:1")
+    assert chosen(executor="local").kind == "local"  # flag wins
     monkeypatch.setenv("CUTECC_EXECUTOR", "local")
-    assert choose(default_kind="ray", default_address="h:1").kind == "local"  # environment wins
+    assert chosen().kind == "local"  # environment wins
     monkeypatch.setenv("CUTECC_EXECUTOR", "ray")
     monkeypatch.setenv("CUTECC_RAY_ADDRESS", "env:2")
-    assert choose(default_kind="ray", default_address="h:1").ray_address == "env:2"
+    assert chosen().ray_address == "env:2"
 
 
 def test_ray_builds_the_same_keys_and_bytes_as_local_with_per_arch_environments(
