@@ -208,6 +208,7 @@ class Service:
         kind = "resident" if self.idle > 0 else "build"
         code = ("import os, pickle, sys; spec = pickle.load(sys.stdin.buffer); "
                 "sys.argv[1] == 'resident' and os.fork() and os._exit(0); sys.path[:] = spec['sys_path']; "
+                "from cutecc.build import read_set; read_set.install(); "  # (its first import recorded)
                 "from cutecc.build.executors.service_process import main; main(spec)")
         quiet = subprocess.DEVNULL if self.idle > 0 else None  # a resident one holds no pipe of the build
         try:

@@ -133,7 +133,8 @@ def main(spec: dict[str, Any]) -> None:
     _say(tell, "ready", resident)
     server = _Server(listener, path, mine, spec["key"], watched, float(spec["idle"]))
     if resident:
-        server.retire_least_used(int(spec["most"]))
+        with read_set.paused():  # the service's bookkeeping: no compile reads it
+            server.retire_least_used(int(spec["most"]))
     else:
         server.admit(socket.socket(fileno=spec["conn"]), own=True)
     server.loop()
