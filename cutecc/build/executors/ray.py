@@ -31,7 +31,6 @@ local pools' (`workers.Limits`).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import logging
 import os
@@ -79,12 +78,8 @@ class RayExecutor:
     def compile_all(self, jobs: list[BuildJob], store_root: Path, workers: int,
                     on_result: Callable[[BuildJob, Result], None],
                     remote: RemoteConfig | None = None) -> None:
-        """Build every job as a Ray task; `on_result` sees each as it finishes, checked (and
-        named as a Ray task's, `Result.worker`)."""
-        def tagged(job: BuildJob, result: Result) -> None:
-            on_result(job, dataclasses.replace(result, worker="ray"))
-
-        compile_all(jobs, store_root, workers, tagged, remote=remote, address=self.ray_address,
+        """Build every job as a Ray task; `on_result` sees each as it finishes, checked."""
+        compile_all(jobs, store_root, workers, on_result, remote=remote, address=self.ray_address,
                     limits=self.limits)
 
 
@@ -92,7 +87,8 @@ def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
                 on_result: Callable[[BuildJob, Result], None], *, remote: RemoteConfig | None = None,
                 address: str | None = None, ship: bool = False,
                 task_timeout: float = TASK_TIMEOUT, limits: Limits = DEFAULT_LIMITS) -> None:
-    """Build every job as a Ray task; `on_result` sees each as it finishes, checked.
+    """Build every job as a Ray task; `on_result` sees each as it finishes, checked (and
+    named as a Ray task's, `Result.worker`).
 
     Uses the cluster this process already joined, if any; else runs the Ray driver in a
     child process, which joins the cluster at `address` (`host:6379` from a node of it, or
@@ -108,7 +104,7 @@ def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
     store = Store(store_root)
 
     def checked(job: BuildJob, result: Result) -> None:
-        on_result(job, _checked(store, job, result))
+        on_result(job, replace(_checked(store, job, result), worker="ray"))
 
     if ray.is_initialized():  # the caller's cluster (a test's, a notebook's)
         _run(ray, jobs, store_root, checked, remote, ship or _client_connected(), task_timeout, limits)

@@ -1,6 +1,6 @@
 """What a compile service process runs (`cutecc.build.executors.service` is the build's end).
 
-Set up as a worker (`worker_process.init_worker`), it imports its `Preload`, says "ready" or
+Set up as a worker (`worker_process.set_up`), it imports its `Preload`, says "ready" or
 why not on the pipe its build gave it, then serves builds, a session each: a connection over
 which a build sends its stdout and stderr, then a token per worker it wants forked
 (`fork_worker`), and over which the service reports each worker's exit. A session's end (the
@@ -43,8 +43,7 @@ from cutecc.build import read_set
 from cutecc.build.executors import worker_tree
 from cutecc.build.executors.preload import Preload, preload
 from cutecc.build.executors.service import HELLO_SECONDS, READY_SECONDS, RETIRED, listener_pid
-from cutecc.build.executors.worker_process import init_worker, quit_now, serve_forked
-from cutecc.build.workers import limit_memory
+from cutecc.build.executors.worker_process import quit_now, serve_forked, set_up
 from cutecc.toolchain.hashcache import path_stamp
 
 NEVER = [-1]  # a stamp no file has
@@ -104,12 +103,10 @@ def main(spec: dict[str, Any]) -> None:
     began = time.time_ns()
     listener, path, mine, watched = None, None, 0, {}
     try:
-        if not resident:
-            worker_tree.detach(spec["token"])  # its mark, for what it starts
-        init_worker(spec["arch"], None if resident else spec["parent"], spec["env"], False)
-        limit_memory(spec["memory"])
-        m = spec["modules"]
-        preload(Preload(tuple(m["modules"]), tuple(m["entries"]), tuple(m["python_path"]), m["device"]))
+        m = spec["modules"]  # (its own one tied to its build's life, marking what it starts)
+        set_up(spec["arch"], None if resident else spec["parent"], spec["env"], spec["memory"],
+               "" if resident else spec["token"],
+               Preload(tuple(m["modules"]), tuple(m["entries"]), tuple(m["python_path"]), m["device"]), False)
         unsafe = _unsafe_to_fork()
         if unsafe:
             _fail(tell, unsafe, resident)

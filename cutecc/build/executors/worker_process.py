@@ -1,7 +1,7 @@
 """What a local build worker process runs: its set-up (the manifest's [env], the DSL's
 target arch, Ctrl-C left to the build, its life tied to its parent's) and its job loop,
 spawned (`serve_spawned`) or forked from a compile service (`serve_forked`; the service is
-set up by `init_worker` too). Shared by `cutecc.build.executors.local`, which runs the pools,
+set up as a spawned worker is, `set_up`). Shared by `cutecc.build.executors.local`, which runs the pools,
 and `cutecc.build.executors.service_process`, which forks workers.
 """
 
@@ -23,18 +23,24 @@ from cutecc.build.workers import Result, build_one, limit_memory
 
 def serve_spawned(conn: Any, arch: str, parent: int, env: dict[str, str], memory: int | None,
                   token: str = "", modules: Preload = NOTHING) -> None:
-    """A spawned worker: set up once for `arch`, import what a forked one has
-    (`preload.preloads`), then build each job sent until told to stop; in a session of its
-    own, marking what it starts with `token` (`worker_tree.detach`). What it reads is
-    recorded from here on (`cutecc.build.read_set`)."""
+    """A spawned worker: `set_up` as a compile service is, then build each job sent until
+    told to stop."""
+    set_up(arch, parent, env, memory, token, modules)
+    jobs(conn)
+    quit_now()
+
+
+def set_up(arch: str, parent: int | None, env: dict[str, str], memory: int | None, token: str,
+           modules: Preload, watchdog: bool = True) -> None:
+    """Record what this process reads from here on (`cutecc.build.read_set`), give it a
+    session of its own marking what it starts with `token` (if any, `worker_tree.detach`),
+    `init_worker`, limit its memory, import `modules` (what a forked worker has)."""
     read_set.install()
     if token:
         worker_tree.detach(token)
-    init_worker(arch, parent, env)
+    init_worker(arch, parent, env, watchdog)
     limit_memory(memory)
     preload(modules)
-    jobs(conn)
-    quit_now()
 
 
 def serve_forked(conn: Any, parent: int, token: str) -> None:
