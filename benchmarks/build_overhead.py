@@ -71,13 +71,16 @@ def _cpu_children() -> float:
     return r.ru_utime + r.ru_stime
 
 
+SERVICE = b"cutecc.build.executors.service_process"  # in a compile service's command line
+
+
 def _residents(run: Path) -> list[Path]:
     """/proc entries of the resident compile services (and their workers) started with `run`
     as $XDG_RUNTIME_DIR."""
     needle, out = f"XDG_RUNTIME_DIR={run}".encode(), []
     for d in Path("/proc").iterdir():
         with contextlib.suppress(OSError, ValueError):
-            if d.name.isdigit() and b"cutecc.build.executors.service_process" in (d / "cmdline").read_bytes() \
+            if d.name.isdigit() and SERVICE in (d / "cmdline").read_bytes() \
                     and needle in (d / "environ").read_bytes().split(b"\0"):
                 out.append(d)
     return out
