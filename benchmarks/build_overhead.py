@@ -17,7 +17,7 @@ Per manifest, in one run on one machine:
   CPU as the children's user + system time (`RUSAGE_CHILDREN`, every worker included), for
   each `-j` and worker mode (`$CUTECC_WORKERS`: fork from the build's own compile service, or
   spawn; or `resident`: forked from a resident compile service that one untimed build of the
-  manifest with the same environment left, cutecc/build/executors/resident.py, whose CPU,
+  manifest with the same environment left, cutecc/build/executors/service_process.py, whose CPU,
   its workers' included, is added: they are its children, not the build's),
   with the build's own `--timings` (its JSON `timings` and per-entry parts), and for each
   `--plan-memory`: the user's planning memory (cutecc/toolchain/planmemory.py) `off` (a
@@ -71,13 +71,16 @@ def _cpu_children() -> float:
     return r.ru_utime + r.ru_stime
 
 
+SERVICE = b"cutecc.build.executors.service_process"  # in a compile service's command line
+
+
 def _residents(run: Path) -> list[Path]:
     """/proc entries of the resident compile services (and their workers) started with `run`
     as $XDG_RUNTIME_DIR."""
     needle, out = f"XDG_RUNTIME_DIR={run}".encode(), []
     for d in Path("/proc").iterdir():
         with contextlib.suppress(OSError, ValueError):
-            if d.name.isdigit() and b"cutecc.build.executors.resident" in (d / "cmdline").read_bytes() \
+            if d.name.isdigit() and SERVICE in (d / "cmdline").read_bytes() \
                     and needle in (d / "environ").read_bytes().split(b"\0"):
                 out.append(d)
     return out

@@ -1,5 +1,5 @@
 """The edit-and-rebuild loop (issue 35): one kernel source edited, `cutecc build` again, with
-the compile service kept between builds (resident, cutecc/build/executors/resident.py) and
+the compile service kept between builds (resident, cutecc/build/executors/service_process.py) and
 with one per build (`CUTECC_SERVICE_IDLE=0`), alternating.
 
     python -m benchmarks.edit_rebuild [--repeats 5] [--json PATH]

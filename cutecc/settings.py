@@ -91,6 +91,8 @@ COMPILE_MEMORY = _row("CUTECC_COMPILE_MEMORY", "The data memory one compile may 
                       key="compile_memory", option="compile_memory")
 SERVICE_IDLE = _row("CUTECC_SERVICE_IDLE", "Seconds a resident compile service waits for the next "
                     "build (0 or off: one service per build).", "seconds", "300; 0 where $CI is set")
+SERVICE_MAX = _row("CUTECC_SERVICE_MAX", "Resident compile services kept at once per user: a new one "
+                   "retires the least recently used.", "count", "2")
 PLAN_MEMORY = _row("CUTECC_PLAN_MEMORY", "Where planning facts are remembered for every cache "
                    "(off: nowhere).", "path",
                    "`planning-v1` in cutecc's user cache directory (`cutecc.store.homes`)")

@@ -35,7 +35,7 @@ EXTRA_FIXTURES = frozenset({"examples_extra", "examples_build", "grace_examples"
 # they run: a test's planning starts from its own cache alone, and no test writes into the
 # user's cache directory. tests/toolchain/test_plan_memory.py turns it on where it is tested.
 os.environ.setdefault("CUTECC_PLAN_MEMORY", "off")
-# Likewise no compile service is kept between builds (cutecc/build/executors/resident.py): a
+# Likewise no compile service is kept between builds (cutecc/build/executors/service.py): a
 # test's build leaves no process behind; tests/build/test_resident_service.py keeps them.
 os.environ.setdefault("CUTECC_SERVICE_IDLE", "0")
 

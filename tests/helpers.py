@@ -303,9 +303,10 @@ def unbuilt_target(kernel: str, key: str) -> str:
 
 
 def resident_services(run_dir: Path) -> list[int]:
-    """The live resident compile services (cutecc/build/executors/resident.py) started with
-    `run_dir` as their $XDG_RUNTIME_DIR (not their forked workers, which are their children)."""
-    marker, needle = b"cutecc.build.executors.resident", f"XDG_RUNTIME_DIR={run_dir}".encode()
+    """The live resident compile services (cutecc/build/executors/service_process.py, started
+    with the argument `resident`) started with `run_dir` as their $XDG_RUNTIME_DIR (not their
+    forked workers, which are their children)."""
+    marker, needle = b"cutecc.build.executors.service_process", f"XDG_RUNTIME_DIR={run_dir}".encode()
     out = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -317,7 +318,8 @@ def resident_services(run_dir: Path) -> list[int]:
             pcmd = Path(f"/proc/{parent}/cmdline").read_bytes()
         except (OSError, ValueError):
             continue
-        if marker in cmd and needle in env.split(b"\0") and state != "Z" and marker not in pcmd:
+        if marker in cmd and cmd.split(b"\0")[-2:-1] == [b"resident"] and needle in env.split(b"\0") \
+                and state != "Z" and marker not in pcmd:
             out.append(int(d.name))
     return out
 

@@ -14,8 +14,10 @@ libraries link against the toolchain's runtime library, which `ensure_runtime` p
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
+import signal
 import time
 import traceback
 from collections.abc import Callable
@@ -130,11 +132,19 @@ def stopped_error(limits: Limits) -> str:
             f"(${COMPILE_TIMEOUT_VAR}, [build] compile_timeout, --compile-timeout)")
 
 
-def died_error(what: str, limits: Limits) -> str:
-    """The error of a compile whose worker died (`what`: how), naming the memory limit."""
+def exit_text(code: int | None) -> str:
+    """How a process ended, from its exit status (negative: the signal)."""
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exit status {code}"
+
+
+def died_error(code: int | None, limits: Limits) -> str:
+    """The error of a compile whose worker died (`code`: its exit status), naming the memory limit."""
     hint = (f"; it may have run past the {human_size(limits.memory)} memory limit "
             f"(${COMPILE_MEMORY_VAR})" if limits.memory else "")
-    return f"build worker died ({what}){hint}"
+    return f"build worker died ({exit_text(code)}){hint}"
 
 
 def _memory_hint(error: str) -> str:

@@ -1,5 +1,6 @@
 """`cutecc env`: what a bug report needs: versions, every directory cutecc keeps (its homes,
-`cutecc.store.homes`, each with its size), this device, the extras.
+`cutecc.store.homes`, each with its size), this device, the extras, and the live resident
+compile services with their memory.
 
 Reads package metadata and the environment; imports JAX only to ask for the GPU (and not
 at all when `$CUTECC_ARCH` is set), never the DSL.
@@ -12,6 +13,7 @@ import importlib.util
 import os
 import platform
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,9 @@ class EnvReport(Report):
                f"extras         {', '.join(k for k, on in v['extras'].items() if on) or '-'}",
                "packages"]
         out += [f"  {name:20} {ver or '-'}" for name, ver in v["packages"].items()]
+        out.append(f"services       {len(v['services'])} resident compile service(s) live")
+        out += [f"  pid {s['pid']:<8} {human_size(s['rss'])} resident, {s['age_s']:.0f} s old, "
+                f"last used {s['unused_s']:.0f} s ago" for s in v["services"]]
         set_vars = {k: val for k, val in v["environment"].items() if val is not None}
         if set_vars:
             out.append("environment")
@@ -74,6 +79,32 @@ def _device_arch() -> str | None:
         return f"unknown ({type(e).__name__}: {e})"
 
 
+def services() -> list[dict[str, Any]]:
+    """This user's live resident compile services (`cutecc.build.executors.service`), most
+    recently used first: each one's pid, resident memory (VmRSS), age, and seconds since a
+    build last connected (its socket's mtime), read from /proc without starting anything."""
+    from cutecc.build.executors.service import listener_pid, socket_dir
+
+    d = socket_dir(create=False)
+    out = []
+    for path in d.glob("*.sock") if d is not None else ():
+        pid = listener_pid(path)
+        if pid is None:  # no service answers there
+            continue
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+            rss = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("VmRSS:"))) * 1024
+            start = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+            uptime = float(Path("/proc/uptime").read_text().split()[0])
+            unused = time.time() - path.stat().st_mtime
+        except (OSError, ValueError, IndexError, StopIteration):  # none answered, or it just ended
+            continue
+        age = uptime - start / os.sysconf("SC_CLK_TCK")
+        out.append({"pid": pid, "rss": rss, "age_s": round(max(0.0, age), 1),
+                    "unused_s": round(max(0.0, unused), 1), "socket": str(path)})
+    return sorted(out, key=lambda s: s["unused_s"])
+
+
 def env(cache_dir: str | Path | None = None) -> EnvReport:
     store = StoreView(cache_dir)
     fmt = store.layout.format_file()
@@ -91,5 +122,6 @@ def env(cache_dir: str | Path | None = None) -> EnvReport:
         "device_arch": _device_arch(),
         "extras": {extra: _version(dist) is not None for extra, dist in EXTRAS.items()},
         "packages": {p: _version(p) for p in PACKAGES},
+        "services": services(),
         "environment": {n: os.environ.get(n) for n in names},
     })

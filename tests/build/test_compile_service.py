@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import os
 import signal
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import PY, write_toy_project
 
-from cutecc.build.executors import service
+from cutecc.build.executors import preload, service
+from cutecc.build.executors.preload import Preload
 from cutecc.errors import CuteccError
 from cutecc.store import Store
 
@@ -54,7 +52,7 @@ def test_a_forked_worker_builds_the_same_keys_and_bytes_as_a_spawned_one(tmp_pat
 def test_an_installed_librarys_kernels_built_by_forked_workers_match_spawned_ones_and_the_lock(
         tmp_path: Path) -> None:
     """quack's module is imported by the compile service before it forks (an installed
-    library: `service.Preload`), with the device answers a compile gives: the libraries
+    library: `preload.Preload`), with the device answers a compile gives: the libraries
     are the spawned workers' bytes, and the committed lock's where its keys are ours."""
     pytest.importorskip("quack", reason="needs the examples extra (quack-kernels, torch)")
     from helpers import REPO
@@ -110,72 +108,75 @@ def test_a_worker_imports_the_dsl_torch_and_installed_libraries_not_the_projects
         return SimpleNamespace(entry=entry, python_path=(str(tmp_path / "proj"),), device=device,
                                key_inputs={"distributions": dists or {}})
 
-    plain = service.preloads([job("mine.k:launch"), job("solo:f")])
+    plain = preload.preloads([job("mine.k:launch"), job("solo:f")])
     assert plain.modules[:2] == ("cutlass", "cutlass.cute") and "torch" not in plain.modules
     assert plain.entries == ()
-    lib = service.preloads([job("quack.rmsnorm:rmsnorm_fwd", {"major": 9}, {"torch": "2"}),
+    lib = preload.preloads([job("quack.rmsnorm:rmsnorm_fwd", {"major": 9}, {"torch": "2"}),
                             job("quack.rmsnorm:rmsnorm_fwd", {"major": 9}), job("mine.k:launch")])
     assert "torch" in lib.modules and lib.entries == ("quack.rmsnorm",) and lib.device == {"major": 9}
 
 
-# A service whose set-up does these, and workers that do these (module level: spawned).
-def _setup_plain() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
-def _setup_with_a_thread() -> None:
-    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+def _own(tmp_path: Path, text: str = "VALUE = 1\n",
+         final: Preload | None = None) -> tuple[service.Service, Any]:
+    """This build's own service (idle 0) that imported a module of `text` (and `final`)."""
+    (tmp_path / "lib").mkdir(exist_ok=True)
+    (tmp_path / "lib" / "own_a.py").write_text(text)
+    svc = service.Service("sm_90a", {}, None, Preload((), ("own_a",), (str(tmp_path / "lib"),)), 0)
+    return svc, svc.ready(60, final=final)
 
 
-def _serve_then_die(conn: Any, parent: int, token: str) -> None:
-    conn.send(("ready", os.getppid() == parent, os.environ.get("CUTECC_INTERNAL_WORKER_MARK")))
-    if conn.recv() == "segfault":
-        os.kill(os.getpid(), signal.SIGSEGV)
-    conn.send("bye")
-
-
-def _service(setup: Any) -> service.Service:
-    return service.Service(multiprocessing.get_context("spawn"), setup, (), _serve_then_die, None,
-                           service.NOTHING)
-
-
-def test_a_forked_worker_is_the_services_child_and_its_death_is_told() -> None:
-    svc = _service(_setup_plain)
+def test_a_forked_worker_is_the_services_child_and_its_death_is_told(tmp_path: Path) -> None:
+    svc, why = _own(tmp_path)
     try:
-        assert svc.ready(60) is None
+        assert why is None and svc.proc is not None and _parent(svc.proc.pid) == os.getpid()
         w = svc.fork("tok1")
-        ready, child_of_service, mark = w.conn.recv()
-        assert ready == "ready" and child_of_service and mark == "tok1"
-        assert w.is_alive() and w.pid != os.getpid()
-        w.conn.send("segfault")
+        assert w.conn.recv() == "ready"
+        assert w.is_alive() and _parent(w.pid) == svc.proc.pid
+        os.kill(w.pid, signal.SIGSEGV)
         w.join(10)
         assert not w.is_alive() and w.exitcode == -signal.SIGSEGV
         other = svc.fork("tok2")  # the service forks on after a worker died
-        assert other.conn.recv()[0] == "ready"
-        other.conn.send("stop")
-        assert other.conn.recv() == "bye"
+        assert other.conn.recv() == "ready"
+        other.conn.send(None)  # its job loop ends
         other.join(10)
         assert other.exitcode == 0
     finally:
         svc.close()
-    assert not svc.proc.is_alive()
+    assert svc.proc.poll() is not None  # this build's own: gone with its session
 
 
-def test_a_service_that_runs_threads_refuses_to_fork() -> None:
-    svc = _service(_setup_with_a_thread)
+def test_the_builds_own_service_imports_what_planning_named_on_top_of_its_guess(tmp_path: Path) -> None:
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    said = str(tmp_path / "imported")
+    (lib / "own_b.py").write_text(f"import os\nopen({said!r}, 'w').write(str(os.getpid()))\n")
+    final = Preload((), ("own_a", "own_b"), (str(lib),))
+    svc, why = _own(tmp_path, final=final)
     try:
-        why = svc.ready(60)
-        assert why is not None and "not safe" in why and "2 threads" in why
+        assert why is None and svc.proc is not None
+        assert (tmp_path / "imported").read_text() == str(svc.proc.pid)  # the service imported it
     finally:
         svc.close()
 
 
-def test_a_dead_service_is_told_not_waited_for() -> None:
-    svc = _service(_setup_plain)
+def test_a_service_that_runs_threads_refuses_to_fork(tmp_path: Path) -> None:
+    svc, why = _own(tmp_path, "import threading, time\n"
+                    "threading.Thread(target=time.sleep, args=(60,)).start()\n")
+    svc.close()
+    assert why is not None and "not safe" in why and "2 threads" in why
+    assert svc.proc is not None and svc.proc.poll() is not None
+
+
+def test_a_dead_service_is_told_not_waited_for(tmp_path: Path) -> None:
+    svc, why = _own(tmp_path)
     try:
-        assert svc.ready(60) is None
+        assert why is None and svc.proc is not None
         svc.proc.kill()
-        svc.proc.join(5)
+        svc.proc.wait(5)
         with pytest.raises(service.ServiceGone):
             svc.fork("tok")
     finally:
@@ -190,17 +191,17 @@ def test_the_guess_before_planning_is_what_planning_gives_a_project_kernel(tmp_p
     from cutecc.plan.build_plan import plan
 
     manifest = load_manifest(write_toy_project(tmp_path / "p", threads=(64, 96)))
-    guessed = service.guess(manifest)
+    guessed = preload.guess(manifest)
     assert guessed is not None
     arch, env, modules = guessed
     jobs = [BuildJob.of(p, manifest) for p in plan(manifest)]
-    final = service.preloads(jobs)
+    final = preload.preloads(jobs)
     assert arch == jobs[0].arch and env == dict(jobs[0].env)
-    assert service.covers(final, modules) and modules.entries == () and modules.device is None
+    assert preload.covers(final, modules) and modules.entries == () and modules.device is None
     # a guess that imported what the pool would not, or other device answers, is not adopted
     path = modules.python_path
-    assert not service.covers(final, service.Preload(modules.modules, ("quack.rmsnorm",), path))
-    assert not service.covers(final, service.Preload(modules.modules, (), path, {"major": 9}))
+    assert not preload.covers(final, Preload(modules.modules, ("quack.rmsnorm",), path))
+    assert not preload.covers(final, Preload(modules.modules, (), path, {"major": 9}))
 
 
 def test_a_prestarted_service_no_pool_adopts_is_stopped(tmp_path: Path,
@@ -215,4 +216,4 @@ def test_a_prestarted_service_no_pool_adopts_is_stopped(tmp_path: Path,
     (svc,) = [x[-1] for x in local._PRESTARTED]
     assert not local.prestart(manifest)  # one at a time
     local.discard_prestarted()
-    assert local._PRESTARTED == [] and not svc.proc.is_alive()
+    assert local._PRESTARTED == [] and svc.proc.poll() is not None

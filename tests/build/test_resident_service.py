@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from helpers import PY, resident_services, stop_resident_services, write_toy_project
 
-from cutecc.build.executors import resident, service
+from cutecc.build.executors import service
+from cutecc.build.executors.preload import NOTHING, Preload
 from cutecc.errors import CuteccError
 from cutecc.store import Store, homes
 
@@ -66,14 +67,14 @@ def run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-def _module(where: Path, name: str, text: str = "VALUE = 1\n") -> service.Preload:
+def _module(where: Path, name: str, text: str = "VALUE = 1\n") -> Preload:
     where.mkdir(parents=True, exist_ok=True)
     (where / f"{name}.py").write_text(text)
-    return service.Preload((), (name,), (str(where),))
+    return Preload((), (name,), (str(where),))
 
 
-def _open(modules: service.Preload, idle: float = 60) -> resident.ResidentService:
-    svc = resident.ResidentService("sm_90a", {}, None, modules, idle)
+def _open(modules: Preload, idle: float = 60) -> service.Service:
+    svc = service.Service("sm_90a", {}, None, modules, idle)
     assert svc.ready(60) is None
     return svc
 
@@ -95,7 +96,7 @@ def test_a_second_build_is_served_by_the_service_the_first_left(run_dir: Path, t
     finally:
         second.close()
     # another state (other [env]) gets a service of its own
-    other = resident.ResidentService("sm_90a", {"QUACK_ARCH": "sm_90a"}, None, modules, 60)
+    other = service.Service("sm_90a", {"QUACK_ARCH": "sm_90a"}, None, modules, 60)
     try:
         assert other.ready(60) is None and other.how == "started"
         assert len(resident_services(run_dir)) == 2
@@ -113,9 +114,9 @@ def test_a_build_that_ends_takes_its_forked_workers_with_it(run_dir: Path, tmp_p
     assert _wait(lambda: not _alive(w.pid), 5), "a worker outlived its build's session"
     # and a build killed outright: the service sees its connection close
     lib = str(tmp_path / "lib")
-    code = ("import sys, time; from cutecc.build.executors import resident, service; "
-            f"m = service.Preload((), ('kept_b',), ({lib!r},)); "
-            "s = resident.ResidentService('sm_90a', {}, None, m, 60); "
+    code = ("import sys, time; from cutecc.build.executors import preload, service; "
+            f"m = preload.Preload((), ('kept_b',), ({lib!r},)); "
+            "s = service.Service('sm_90a', {}, None, m, 60); "
             "assert s.ready(60) is None; w = s.fork('tok3'); assert w.conn.recv() == 'ready'; "
             "print(w.pid, flush=True); time.sleep(60)")
     p = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
@@ -138,7 +139,7 @@ def test_a_service_whose_imports_changed_retires_and_a_fresh_one_serves(run_dir:
     [old] = resident_services(run_dir)
     time.sleep(0.01)
     (tmp_path / "lib" / "kept_c.py").write_text("VALUE = 2\n")  # edited after the service imported it
-    again = resident.ResidentService("sm_90a", {}, None, modules, 60)
+    again = service.Service("sm_90a", {}, None, modules, 60)
     assert again.how == "started"  # the old one said it retired and is gone
     try:
         assert again.ready(60) is None
@@ -159,42 +160,42 @@ def test_no_service_is_kept_where_its_socket_would_not_be_private(run_dir: Path)
     assert d.parent == run_dir
     d.mkdir(mode=0o700)
     d.chmod(0o755)
-    assert resident.socket_dir() is None
+    assert service.socket_dir() is None
     with pytest.raises(service.ServiceGone, match="private"):
-        resident.ResidentService("sm_90a", {}, None, service.NOTHING, 60)
+        service.Service("sm_90a", {}, None, NOTHING, 60)
     d.chmod(0o700)
-    assert resident.socket_dir() == d
+    assert service.socket_dir() == d
 
 
 def test_the_idle_time_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CUTECC_SERVICE_IDLE", raising=False)
     monkeypatch.delenv("CI", raising=False)
-    assert resident.idle_seconds() == resident.IDLE_SECONDS
+    assert service.idle_seconds() == service.IDLE_SECONDS
     monkeypatch.setenv("CI", "true")  # a CI job: one build on a fresh machine, nothing kept
-    assert resident.idle_seconds() == 0
+    assert service.idle_seconds() == 0
     monkeypatch.setenv("CUTECC_SERVICE_IDLE", "90")
-    assert resident.idle_seconds() == 90  # unless asked
+    assert service.idle_seconds() == 90  # unless asked
     for off in ("0", "off", "no"):
         monkeypatch.setenv("CUTECC_SERVICE_IDLE", off)
-        assert resident.idle_seconds() == 0
+        assert service.idle_seconds() == 0
     monkeypatch.setenv("CUTECC_SERVICE_IDLE", "90")
-    assert resident.idle_seconds() == 90
+    assert service.idle_seconds() == 90
     for bad in ("soon", "-1", "1e9", "nan"):
         monkeypatch.setenv("CUTECC_SERVICE_IDLE", bad)
         with pytest.raises(CuteccError, match=r"\$CUTECC_SERVICE_IDLE"):
-            resident.idle_seconds()
+            service.idle_seconds()
 
 
 def test_the_state_key_covers_the_environment_and_the_preload(monkeypatch: pytest.MonkeyPatch) -> None:
-    base = resident.state_key("sm_90a", {}, None, service.NOTHING)
-    assert base == resident.state_key("sm_90a", {}, None, service.NOTHING)
+    base = service.state_key("sm_90a", {}, None, NOTHING)
+    assert base == service.state_key("sm_90a", {}, None, NOTHING)
     monkeypatch.setenv("CUTE_DSL_SOMETHING", "1")
-    assert resident.state_key("sm_90a", {}, None, service.NOTHING) != base
+    assert service.state_key("sm_90a", {}, None, NOTHING) != base
     monkeypatch.delenv("CUTE_DSL_SOMETHING")
-    for other in (resident.state_key("sm_100a", {}, None, service.NOTHING),
-                  resident.state_key("sm_90a", {"A": "1"}, None, service.NOTHING),
-                  resident.state_key("sm_90a", {}, 1 << 30, service.NOTHING),
-                  resident.state_key("sm_90a", {}, None, service.Preload(("torch",)))):
+    for other in (service.state_key("sm_100a", {}, None, NOTHING),
+                  service.state_key("sm_90a", {"A": "1"}, None, NOTHING),
+                  service.state_key("sm_90a", {}, 1 << 30, NOTHING),
+                  service.state_key("sm_90a", {}, None, Preload(("torch",)))):
         assert other != base
 
 
@@ -240,7 +241,7 @@ def test_a_build_connected_when_the_service_goes_stale_gets_no_more_workers_from
             svc.fork("tok6")  # this build spawns the rest; the next one starts a fresh service
     finally:
         svc.close()
-    fresh = resident.ResidentService("sm_90a", {}, None, modules, 60)
+    fresh = service.Service("sm_90a", {}, None, modules, 60)
     try:
         assert fresh.how == "started" and fresh.ready(60) is None
     finally:
@@ -252,7 +253,7 @@ def test_a_service_that_cannot_fork_safely_says_so_and_does_not_stay(run_dir: Pa
     exit would wait for that thread), so nothing is left behind."""
     modules = _module(tmp_path / "lib", "kept_f", "import threading, time\n"
                       "threading.Thread(target=time.sleep, args=(120,)).start()\n")
-    svc = resident.ResidentService("sm_90a", {}, None, modules, 60)
+    svc = service.Service("sm_90a", {}, None, modules, 60)
     why = svc.ready(60)
     svc.close()
     assert why is not None and "not safe" in why and "2 threads" in why
@@ -260,8 +261,67 @@ def test_a_service_that_cannot_fork_safely_says_so_and_does_not_stay(run_dir: Pa
 
 
 def test_the_interpreters_own_flags_name_the_state(tmp_path: Path) -> None:
-    code = ("from cutecc.build.executors import resident, service; "
-            "print(resident.state_key('sm_90a', {}, None, service.NOTHING))")
+    code = ("from cutecc.build.executors import preload, service; "
+            "print(service.state_key('sm_90a', {}, None, preload.NOTHING))")
     plain, optimized = (subprocess.run([PY, *flags, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                                        check=True).stdout for flags in ([], ["-O"]))
     assert plain.strip() and plain != optimized
+
+
+def _served(modules: Preload, n: int) -> service.Service:
+    """A build of state `n` (its [env]) served, its session over."""
+    svc = service.Service("sm_90a", {"STATE": str(n)}, None, modules, 60)
+    assert svc.ready(60) is None
+    svc.close()
+    return svc
+
+
+def test_a_third_service_retires_the_least_recently_used_one(run_dir: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUTECC_SERVICE_MAX", raising=False)
+    modules = _module(tmp_path / "lib", "kept_g")
+    _served(modules, 1)
+    [first] = resident_services(run_dir)
+    _served(modules, 2)
+    [second] = [p for p in resident_services(run_dir) if p != first]
+    assert _served(modules, 1).how == "kept"  # the first is now the more recently used
+    assert _served(modules, 3).how == "started"
+    assert _wait(lambda: len(resident_services(run_dir)) == 2, 10), resident_services(run_dir)
+    live = resident_services(run_dir)
+    assert first in live and second not in live
+    assert len(list(run_dir.glob("cutecc-services-*/*.sock"))) == 2
+    monkeypatch.setenv("CUTECC_SERVICE_MAX", "3")  # the setting raises the bound
+    _served(modules, 4)
+    assert _wait(lambda: len(resident_services(run_dir)) == 3, 10)
+    assert _served(modules, 2).how == "started"  # the retired one's state starts afresh
+    assert _wait(lambda: len(resident_services(run_dir)) == 3, 10)
+
+
+def test_the_number_of_services_kept_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUTECC_SERVICE_MAX", raising=False)
+    assert service.most_services() == service.MOST_SERVICES == 2
+    monkeypatch.setenv("CUTECC_SERVICE_MAX", "5")
+    assert service.most_services() == 5
+    for bad in ("0", "many", "-1", "1e3", "65"):
+        monkeypatch.setenv("CUTECC_SERVICE_MAX", bad)
+        with pytest.raises(CuteccError, match=r"\$CUTECC_SERVICE_MAX"):
+            service.most_services()
+
+
+def test_env_lists_the_live_services_with_their_memory_and_age(run_dir: Path, tmp_path: Path) -> None:
+    def env() -> dict[str, Any]:
+        r = subprocess.run([PY, "-m", "cutecc.cli", "env", "--json"], capture_output=True, text=True,
+                           check=True, env={**os.environ, "CUTECC_ARCH": "sm_90a"})
+        return json.loads(r.stdout)
+
+    assert env()["services"] == []
+    _served(_module(tmp_path / "lib", "kept_h"), 1)
+    [pid] = resident_services(run_dir)
+    [live] = env()["services"]
+    assert live["pid"] == pid and live["rss"] > 1 << 20 and 0 <= live["age_s"] < 600
+    assert 0 <= live["unused_s"] <= live["age_s"] + 1
+    text = subprocess.run([PY, "-m", "cutecc.cli", "env"], capture_output=True, text=True, check=True,
+                          env={**os.environ, "CUTECC_ARCH": "sm_90a"}).stdout
+    assert f"pid {pid}" in text and "1 resident compile service(s) live" in text
+    stop_resident_services(run_dir)
+    assert _wait(lambda: env()["services"] == [], 10)  # a dead one's socket is not a live service

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cutecc.build.executors import service, worker_process, worker_tree
+from cutecc.build.executors.preload import NOTHING, Preload, covers, guess, preloads
 from cutecc.build.workers import (
     DEFAULT_LIMITS,
     BuildJob,
@@ -77,7 +78,7 @@ def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
         by_kind.setdefault(j.worker_kind, []).append(j)
     for items in by_kind.values():
         _Pool(items[0].arch, max(1, min(workers, len(items))), dict(items[0].env), limits,
-              service.preloads(items)).run(items, store_root, remote, on_result)
+              preloads(items)).run(items, store_root, remote, on_result)
 
 
 @dataclass
@@ -105,7 +106,7 @@ class _Pool:
     MAX_FAILED_STARTS = 3  # workers that died before taking any job: the rest fail
 
     def __init__(self, arch: str, n: int, env: dict[str, str], limits: Limits,
-                 modules: service.Preload = service.NOTHING) -> None:
+                 modules: Preload = NOTHING) -> None:
         self.arch, self.n, self.env, self.limits, self.modules = arch, n, env, limits, modules
         self.ctx = multiprocessing.get_context("spawn")
         self.slots: list[Any] = []
@@ -116,15 +117,13 @@ class _Pool:
 
     def _start_service(self) -> None:
         """Connect to (or start) the compile service, or adopt the one `prestart` started if
-        it fits, if forking is asked for and safe; else say why not. A resident service
-        (`resident`) that does not fit or retired is replaced by a fresh one, and one that
-        cannot start by a service of this build's own."""
+        it fits, if forking is asked for and safe; else say why not. A resident service that
+        does not fit or retired is replaced by a fresh one, and one that cannot start by a
+        service of this build's own (idle 0)."""
         how, why = service.mode()
         if how != "fork":
             self.worker = f"spawn ({why})"
             return
-        from cutecc.build.executors import resident  # (not on a no-op build's path)
-
         svc = _adopt(self.arch, self.env, self.limits.memory, self.modules)
         problem: str | None = "not started"
         keep = True
@@ -135,14 +134,14 @@ class _Pool:
             if problem is None:
                 break
             svc.close()
-            if not isinstance(svc, resident.ResidentService):
+            if svc.idle <= 0:
                 break
             # a retired service or one of the guess: a fresh resident one; else one of this build's own
-            keep = problem.startswith((resident.RETIRED, resident.OTHER_MODULES))
+            keep = problem.startswith((service.RETIRED, service.OTHER_MODULES))
             svc = None
         if problem is None and svc is not None:
             self.service = svc
-            self.worker = "fork (resident)" if isinstance(svc, resident.ResidentService) else "fork"
+            self.worker = "fork (resident)" if svc.idle > 0 else "fork"
         else:
             self.service, self.worker = None, f"spawn ({problem})"
 
@@ -226,8 +225,7 @@ class _Pool:
                 stopped = msg != "dead"
                 _kill(s)
                 if s.job is not None:
-                    why = stopped_error(self.limits) if stopped else died_error(_exit_text(s.proc.exitcode),
-                                                                                self.limits)
+                    why = stopped_error(self.limits) if stopped else died_error(s.proc.exitcode, self.limits)
                     out.append((s, Result("failed", time.monotonic() - s.started, why)))
                     with contextlib.suppress(Exception):  # what it staged (its key's lock died with it)
                         Store(self.store_root).sweep_tmp()
@@ -241,18 +239,18 @@ class _Pool:
 
 
 # services started before planning (`prestart`): (arch, env, memory limit, what it imports, it)
-_PRESTARTED: list[tuple[str, dict[str, str], int | None, service.Preload, service.Service]] = []
+_PRESTARTED: list[tuple[str, dict[str, str], int | None, Preload, service.Service]] = []
 
 
 def prestart(manifest: Any, limits: Limits = DEFAULT_LIMITS) -> bool:
     """Start the compile service of the first pool `manifest` will most likely need
-    (`service.guess`) now, so that its imports (the DSL, torch, installed libraries:
+    (`preload.guess`) now, so that its imports (the DSL, torch, installed libraries:
     seconds) run while the build plans (seconds too, when cold). The pool adopts it if
-    planning agreed with the guess (`service.covers`); `discard_prestarted` stops it
+    planning agreed with the guess (`preload.covers`); `discard_prestarted` stops it
     otherwise. Only where workers fork; whether one was started."""
     if _PRESTARTED or service.mode()[0] != "fork":
         return False
-    guessed = service.guess(manifest)
+    guessed = guess(manifest)
     if guessed is None:
         return False
     arch, env, modules = guessed
@@ -260,19 +258,15 @@ def prestart(manifest: Any, limits: Limits = DEFAULT_LIMITS) -> bool:
     return True
 
 
-def _open_service(arch: str, env: dict[str, str], memory: int | None, modules: service.Preload,
+def _open_service(arch: str, env: dict[str, str], memory: int | None, modules: Preload,
                   keep: bool = True) -> service.Service:
-    """A session with the resident compile service of this state (`resident`), when
-    services are kept (`$CUTECC_SERVICE_IDLE`) and `keep`; else a service of this build's own."""
-    from cutecc.build.executors import resident
-
-    idle = resident.idle_seconds()
-    if keep and idle > 0:
+    """A session with the resident compile service of this state, when services are kept
+    (`service.idle_seconds`) and `keep`; else with a service of this build's own (idle 0)."""
+    idle = service.idle_seconds() if keep else 0.0
+    if idle > 0:
         with contextlib.suppress(service.ServiceGone):
-            return resident.ResidentService(arch, env, memory, modules, idle)
-    with _sigint_held_while_spawning():  # it starts with Ctrl-C blocked, as a worker does
-        return service.Service(multiprocessing.get_context("spawn"), worker_process.init_worker,
-                               (arch, os.getpid(), env, False), worker_process.serve_forked, memory, modules)
+            return service.Service(arch, env, memory, modules, idle)
+    return service.Service(arch, env, memory, modules, 0.0)
 
 
 def discard_prestarted() -> None:
@@ -282,9 +276,9 @@ def discard_prestarted() -> None:
 
 
 def _adopt(arch: str, env: dict[str, str], memory: int | None,
-           final: service.Preload) -> service.Service | None:
+           final: Preload) -> service.Service | None:
     for i, (a, e, m, guessed, svc) in enumerate(_PRESTARTED):
-        if (a, e, m) == (arch, env, memory) and service.covers(final, guessed):
+        if (a, e, m) == (arch, env, memory) and covers(final, guessed):
             del _PRESTARTED[i]
             return svc
     return None
@@ -295,13 +289,6 @@ def _kill(s: _Slot) -> None:
     worker_tree.stop(s.proc, s.token, s.conn)
     if isinstance(s.proc, service.ForkedWorker):
         s.proc.close()
-
-
-def _exit_text(code: int | None) -> str:
-    if code is not None and code < 0:
-        with contextlib.suppress(ValueError):
-            return f"killed by {signal.Signals(-code).name}"
-    return f"exit status {code}"
 
 
 @contextlib.contextmanager

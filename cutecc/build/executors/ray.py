@@ -31,7 +31,6 @@ local pools' (`workers.Limits`).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import logging
 import os
@@ -50,16 +49,16 @@ from typing import TYPE_CHECKING, Any
 
 from cutecc import settings
 from cutecc.build.executors import worker_tree
-from cutecc.build.workers import DEFAULT_LIMITS, BuildJob, Limits, Result
+from cutecc.build.workers import DEFAULT_LIMITS, BuildJob, Limits, Result, exit_text
 from cutecc.entry.meta import EntryMeta
 from cutecc.errors import CuteccError, WorkError
 from cutecc.store import homes
+from cutecc.store.writer import Store
 
 WORKER_MARK = settings.WORKER_MARK.env  # the mark in what a worker starts
 
 if TYPE_CHECKING:
     from cutecc.ship.remote import RemoteConfig
-    from cutecc.store.writer import Store
 
 TASK_TIMEOUT = 3600.0  # seconds without any task finishing before the rest are failed
 MAX_SOURCE_BYTES = 16 << 20  # a kernel's source closure sent to other nodes
@@ -80,12 +79,8 @@ class RayExecutor:
     def compile_all(self, jobs: list[BuildJob], store_root: Path, workers: int,
                     on_result: Callable[[BuildJob, Result], None],
                     remote: RemoteConfig | None = None) -> None:
-        """Build every job as a Ray task; `on_result` sees each as it finishes, checked (and
-        named as a Ray task's, `Result.worker`)."""
-        def tagged(job: BuildJob, result: Result) -> None:
-            on_result(job, dataclasses.replace(result, worker="ray"))
-
-        compile_all(jobs, store_root, workers, tagged, remote=remote, address=self.ray_address,
+        """Build every job as a Ray task; `on_result` sees each as it finishes, checked."""
+        compile_all(jobs, store_root, workers, on_result, remote=remote, address=self.ray_address,
                     limits=self.limits)
 
 
@@ -93,7 +88,8 @@ def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
                 on_result: Callable[[BuildJob, Result], None], *, remote: RemoteConfig | None = None,
                 address: str | None = None, ship: bool = False,
                 task_timeout: float = TASK_TIMEOUT, limits: Limits = DEFAULT_LIMITS) -> None:
-    """Build every job as a Ray task; `on_result` sees each as it finishes, checked.
+    """Build every job as a Ray task; `on_result` sees each as it finishes, checked (and
+    named as a Ray task's, `Result.worker`).
 
     Uses the cluster this process already joined, if any; else runs the Ray driver in a
     child process, which joins the cluster at `address` (`host:6379` from a node of it, or
@@ -106,12 +102,10 @@ def compile_all(jobs: list[BuildJob], store_root: Path, workers: int,
     except ImportError:
         raise WorkError("the ray executor needs Ray: pip install 'cutecc[ray]'",
                         where="--executor ray") from None
-    from cutecc.store.writer import Store
-
     store = Store(store_root)
 
     def checked(job: BuildJob, result: Result) -> None:
-        on_result(job, _checked(store, job, result))
+        on_result(job, replace(_checked(store, job, result), worker="ray"))
 
     if ray.is_initialized():  # the caller's cluster (a test's, a notebook's)
         _run(ray, jobs, store_root, checked, remote, ship or _client_connected(), task_timeout, limits)
@@ -124,19 +118,25 @@ def _checked(store: Any, job: BuildJob, result: Result) -> Result:
     """`result` with the metadata of the entry as the driver's store holds it, checked whole
     (the task's own report is never recorded); failed if the store's entry is refused or
     the report differs from it in anything a lock line pins (`entry.rules.acted_on`)."""
-    from cutecc.ship.ingest import Refused, check_stored
-
     if result.status == "failed":
         return result
-    try:
-        meta = check_stored(store, job.key)
-    except Refused as e:
-        return Result("failed", result.seconds, f"the entry its Ray task published was refused: {e.why}")
-    rec = EntryMeta.parse(meta, job.key)  # check_stored checked it: typed here
+    rec = _stored(store, job.key)
+    if isinstance(rec, str):
+        return Result("failed", result.seconds, f"the entry its Ray task published was refused: {rec}")
     if result.meta is None or result.meta.acted_on != rec.acted_on:
         return Result("failed", result.seconds, "the Ray task's report differs from the entry it "
                       "published (library, symbol, contract or runtime); not recorded")
     return replace(result, meta=rec)
+
+
+def _stored(store: Store, key: str) -> EntryMeta | str:
+    """The checked metadata of `key`'s entry in the store, or why none is (absent or refused)."""
+    from cutecc.ship.ingest import Refused, check_stored
+
+    try:
+        return EntryMeta.parse(check_stored(store, key), key)  # check_stored checked it: typed here
+    except Refused as e:
+        return e.why
 
 
 def _private_temp_dir() -> str:
@@ -204,30 +204,16 @@ def _in_driver_process(jobs: list[BuildJob], store_root: Path, workers: int,
             shutil.rmtree(temp, ignore_errors=True)
     if len(reported) == len(jobs):
         return
-    code = proc.exitcode
-    how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
-           else f"exit status {code}")
     if error and error.startswith("cannot start"):  # each entry says so: the report stays whole
         why = f"{error} ({address or 'a private local cluster'}; Ray's messages are on stderr)"
     else:
-        why = (f"the Ray cluster failed before this task reported ({error or 'its driver ended: ' + how}; "
-               "Ray's messages are on stderr)")
+        how = error or f"its driver ended: {exit_text(proc.exitcode)}"
+        why = f"the Ray cluster failed before this task reported ({how}; Ray's messages are on stderr)"
     for i, job in enumerate(jobs):
         if i not in reported:  # what a task published here before the failure still counts
-            meta = _stored(store_root, job.key)
-            on_result(job, Result("failed", 0.0, why) if meta is None else
+            meta = _stored(Store(store_root), job.key)
+            on_result(job, Result("failed", 0.0, why) if isinstance(meta, str) else
                       Result("built", meta.build_seconds, None, meta))
-
-
-def _stored(store_root: Path, key: str) -> EntryMeta | None:
-    """The checked metadata of `key`'s entry in the store, or None (absent or refused)."""
-    from cutecc.ship.ingest import Refused, check_stored
-    from cutecc.store.writer import Store
-
-    try:
-        return EntryMeta.parse(check_stored(Store(store_root), key), key)
-    except Refused:
-        return None
 
 
 def _driver(conn: Any, jobs: list[BuildJob], store_root: str, workers: int, remote: RemoteConfig | None,
@@ -286,8 +272,6 @@ def _client_connected() -> bool:
 def _run(ray: Any, jobs: list[BuildJob], store_root: Path,
          on_result: Callable[[BuildJob, Result], None], remote: RemoteConfig | None, ship: bool,
          task_timeout: float, limits: Limits) -> None:
-    from cutecc.store.writer import Store
-
     store = Store(store_root)
     driver_node = ray.get_runtime_context().get_node_id()
     task = ray.remote(num_cpus=1, max_retries=1)(_task)
@@ -465,8 +449,6 @@ def _task(job: BuildJob, store_root: str, driver_node: str, sources: Sources | s
         return Result("failed", 0.0, f"cannot send the kernel's sources to another node: {sources}"), \
             None, None
     from cutecc.store.view import default_cache_dir
-    from cutecc.store.writer import Store
-
     node_store = Store(default_cache_dir())
     try:
         node_store.ensure()

@@ -1,57 +1,144 @@
-"""The compile service: build workers forked from one process that has imported the DSL.
+"""The compile service, from the build's end: workers forked from one process that imported the DSL.
 
-A spawned worker pays the interpreter's start and the DSL's imports (and torch's, for
-kernels that reach it: seconds) before its first compile. The service is one spawned
-process per pool (`Service`), set up as a worker is (the manifest's [env], the DSL's target
-arch, Ctrl-C left to the build, tied to the build's life, the memory limit), which imports
-what a worker needs (`Preload`: the DSL, torch when the pool's kernels reach it, and the
-kernels' entry modules that installed libraries provide), then forks a worker per request
-(`Service.fork`): a compile then pays only the compile. A cold build starts it before it
-plans, from a guess of what the pool will import (`guess`, `cutecc.build.executors.local.prestart`),
-and sends it the planned list once planning is done (`Service.ready`), so its imports overlap
-planning. The project's own modules are left
-to the workers: a module that hangs, crashes or starts processes at import is one entry's
-failure, bounded like its compile, never the pool's.
+A spawned worker pays the interpreter's start and the DSL's imports (torch's too: seconds)
+before its first compile. A compile service is set up as a worker is (the [env], the arch,
+the memory limit), imports its `Preload` once, and forks a worker per request
+(`Service.fork`): a compile then pays only the compile. One service, one lifecycle
+(`service_process` runs it); only how long it waits for the next build differs
+(`idle_seconds`):
 
-The service stays GPU-blind: it asks no device anything (the entry modules it imports get
-the profile's answers without torch being asked whether it has a GPU), and a worker
-answers device queries from the hardware profile (`cutecc.toolchain.devicequery`) per compile.
-Forking is safe only from a process running one thread, on Linux (a parent-death signal
-ties each process to its parent); where the service finds otherwise it says why and the
-pool spawns its workers instead (`$CUTECC_WORKERS=spawn` asks for that). A forked worker is
-the service's child, not the build's: the service hands the build the worker's end of a
-pipe and a descriptor that closes when the worker dies (passed over a Unix socket), and
-reports each worker's exit status, so the build stops, times out and names a forked worker
-as it does a spawned one (`ForkedWorker` has the part of `multiprocessing.Process` it uses).
+- **idle 0** (`$CUTECC_SERVICE_IDLE=0`, or under CI): this build's own, its child, tied to
+  its life over a socket pair; it imports what planning named on top of the guess it was
+  started with (`Service.ready`) and exits when the build's session ends.
+- **resident** (idle > 0): detached, listening on a socket named by a SHA-256 of everything
+  that decides what it imported and how its workers compile (`state_key`), in a directory
+  only this user can enter (`socket_dir`), so the next build of that state forks from it at
+  once; it retires when a file it read changed. At most `most_services()` live per user: a
+  new one retires the least recently used.
+
+A forked worker runs one build's jobs with that build's stdout and stderr and dies with its
+session; the build gets the worker's end of a pipe, a descriptor that closes when it dies
+and its exit status, so it stops, times out and names a forked worker as a spawned one
+(`ForkedWorker`). Forking is safe only from a process running one thread, on Linux; where
+the service finds otherwise the pool spawns its workers (`$CUTECC_WORKERS=spawn` asks so).
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
-import importlib
-import importlib.util
-import multiprocessing
+import dataclasses
+import hashlib
+import json
 import multiprocessing.connection
 import os
+import pickle
 import secrets
+import select
 import signal
 import socket
+import struct
+import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from multiprocessing import reduction
 from pathlib import Path
 from typing import Any
 
 from cutecc import settings
 from cutecc.build.executors import worker_tree
+from cutecc.build.executors.preload import NOTHING, Preload
+from cutecc.store import homes
 
 MODES = ("fork", "spawn")
 READY_SECONDS = 600.0  # the most the service's imports may take before the pool spawns instead
 FORK_SECONDS = 60.0  # the most a fork may take (a resident service serving another build meanwhile)
+HELLO_SECONDS = 30.0  # the most a connected resident service may take to check its stamps
+IDLE_SECONDS = 300.0  # how long a resident service waits for the next build by default
+MOST_SERVICES = 2  # resident services per user by default (each holds its imports' memory)
+STATE_VERSION = 1  # what `state_key` covers: bumped with it
+# Variables no worker reads: the build's own (where it remembers planning, how long the service
+# stays, how many stay) and a shell's bookkeeping. Every other one names the state, whatever it is.
+NOT_STATE = frozenset({settings.PLAN_MEMORY.env, settings.SERVICE_IDLE.env, settings.SERVICE_MAX.env, "_",
+                       "OLDPWD", "SHLVL", "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "SSH_CONNECTION", "SSH_CLIENT",
+                       "SSH_TTY", "TMUX_PANE", "WINDOWID"})
+OTHER_MODULES = "it imported other modules"  # a resident service of the guess, not of the plan
+RETIRED = "the resident compile service retired"  # what a stale one answers
+SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (Linux's sun_path, less its NUL)
+
+
+def idle_seconds() -> float:
+    """`$CUTECC_SERVICE_IDLE`: seconds a resident service waits for another build (0: the
+    service is the build's own). Unset: `IDLE_SECONDS`, but 0 under CI (`$CI` set, as CI
+    services set it): a CI job is one build on a fresh machine, and what it leaves running
+    only holds memory."""
+    raw = settings.SERVICE_IDLE.text().lower()
+    if not raw:
+        return 0.0 if settings.switch("CI") else IDLE_SECONDS
+    if raw in ("0", "off", "no", "false"):
+        return 0.0
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= 7 * 86400:
+        from cutecc.errors import CuteccError
+
+        raise CuteccError(f'"{raw}" is not a number of seconds from 0 to 604800 (0 or off: no service '
+                          "is kept between builds)", where=settings.SERVICE_IDLE.where)
+    return seconds
+
+
+def most_services() -> int:
+    """`$CUTECC_SERVICE_MAX`: how many resident services this user keeps at once (default
+    `MOST_SERVICES`); a new one retires the least recently used beyond it."""
+    raw = settings.SERVICE_MAX.text()
+    if not raw:
+        return MOST_SERVICES
+    if not (raw.isdigit() and 1 <= int(raw) <= 64):
+        from cutecc.errors import CuteccError
+
+        raise CuteccError(f'"{raw}" is not a number of resident compile services from 1 to 64 '
+                          f"({settings.SERVICE_IDLE.env}=0: none is kept)", where=settings.SERVICE_MAX.where)
+    return int(raw)
+
+
+def socket_dir(create: bool = True) -> Path | None:
+    """This user's directory of resident services' sockets (the `services` home,
+    `cutecc.store.homes.services`; created 0700 with `create`), or None where none can be
+    trusted (owned by another user, or others may enter it)."""
+    if create:
+        d, why = homes.make(homes.SERVICES)
+    else:
+        d = homes.path_of(homes.SERVICES)
+        why = None if d is None else homes.why_not_mine(d, private=True)
+    if d is None or why is not None:
+        return None
+    return d if len(os.fsencode(d)) <= SOCKET_PATH_MAX - 50 else None  # a socket's path is short
+
+
+def _umask() -> str:
+    """This process's umask, read without setting it (other threads may create files)."""
+    with contextlib.suppress(OSError), open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return line.split()[1]
+    return "unknown"
+
+
+def _interpreter_flags() -> list[str]:
+    """The command-line options this interpreter runs with (-O, -W, -X, -I, -S, ...), as the
+    service must be started with them."""
+    args = getattr(subprocess, "_args_from_interpreter_flags", None)
+    return list(args()) if args else []
+
+
+def state_key(arch: str, env: dict[str, str], memory: int | None, modules: Preload) -> str:
+    """The SHA-256 naming the resident service of this process's state (module docstring)."""
+    environment = sorted((k, v) for k, v in os.environ.items() if k not in NOT_STATE)
+    doc = [STATE_VERSION, sys.executable, sys.version, _interpreter_flags(), repr(sys.flags),
+           sys.warnoptions, sorted(sys._xoptions.items()), sys.path, os.getcwd(), environment,
+           _umask(), arch, sorted(env.items()), memory, dataclasses.asdict(modules)]
+    return hashlib.sha256(json.dumps(doc, default=str, sort_keys=True).encode()).hexdigest()
 
 
 def mode() -> tuple[str, str]:
@@ -69,204 +156,185 @@ def mode() -> tuple[str, str]:
     return "fork", "default"
 
 
-@dataclass(frozen=True)
-class Preload:
-    """What a worker imports before it says ready, forked or spawned alike (so both kinds
-    of worker compile from the same state): the DSL, cutecc's compile side, torch when the
-    pool's kernels reach it, then the kernels' entry modules that come from installed
-    libraries (quack, FA4: seconds of imports), with the manifest's python_path ahead on
-    sys.path and the pool's device answers given, as a compile imports them. The project's
-    own modules are left to the compiles: one that hangs, crashes or starts processes at
-    import fails its entry alone, within its compile's bounds."""
-
-    modules: tuple[str, ...] = ()
-    entries: tuple[str, ...] = ()
-    python_path: tuple[str, ...] = ()
-    device: dict[str, Any] | None = None
-
-
-NOTHING = Preload()
-
-
-def _installed_module(entry: str, python_path: tuple[str, ...]) -> str | None:
-    """The module of `entry` when an installed library provides it (not the project's)."""
-    from cutecc.manifest import split_entry
-
-    module = split_entry(entry)[0].partition(":")[0]
-    top = module.split(".")[0]
-    local = any((Path(r) / top).exists() or (Path(r) / f"{top}.py").exists() for r in python_path)
-    return None if local else module
-
-
-def _modules(torch: bool) -> tuple[str, ...]:
-    return ("cutlass", "cutlass.cute", *(("torch",) if torch else ()), "cutecc.build.compiler",
-            "cutecc.build.linker")
-
-
-def preloads(jobs: list[Any]) -> Preload:
-    """The `Preload` of a pool's `jobs` (`cutecc.build.workers.BuildJob`s of one worker kind)."""
-    torch = any(j.device is not None or "torch" in (j.key_inputs.get("distributions") or {}) for j in jobs)
-    entries: list[str] = []
-    for j in jobs:
-        module = _installed_module(j.entry, j.python_path)
-        if module is not None and module not in entries:
-            entries.append(module)
-    return Preload(_modules(torch), tuple(entries), jobs[0].python_path if jobs else (),
-                   jobs[0].device if jobs else None)
-
-
-def guess(manifest: Any) -> tuple[str, dict[str, str], Preload] | None:
-    """Before planning: the arch, [env] and `Preload` of the first pool planning will most
-    likely give `manifest` (`preloads` of its jobs): a kernel from an installed library
-    reaches torch when torch is installed, a project's own kernel does not. Its service can
-    then import while the build plans (`cutecc.build.executors.local.prestart`); `covers` tells
-    whether the guess held. None for a manifest without kernels."""
-    from cutecc.toolchain import devicequery
-
-    if not manifest.kernels:
-        return None
-    first = manifest.kernels[0]
-    if not first.archs:
-        return None
-    arch = first.archs[0]
-    path = tuple(str(p) for p in manifest.python_path)
-    torch = importlib.util.find_spec("torch") is not None
-
-    def device(k: Any) -> dict[str, Any] | None:
-        if not torch or _installed_module(k.entry, path) is None:
-            return None
-        return devicequery.answers(dict(k.hardware), arch, k.profile)
-
-    dev = device(first)
-    entries: list[str] = []
-    for k in manifest.kernels:
-        module = _installed_module(k.entry, path)
-        if arch in k.archs and device(k) == dev and module is not None and module not in entries:
-            entries.append(module)
-    return arch, manifest.env_for(arch), Preload(_modules(dev is not None), tuple(entries), path, dev)
-
-
-def covers(final: Preload, guessed: Preload) -> bool:
-    """Whether a service that imported `guessed` can serve a pool of `final`: the same path
-    and device answers, nothing imported that `final` does not name (the rest it imports
-    before it says ready)."""
-    return (guessed.python_path == final.python_path and guessed.device == final.device
-            and set(guessed.modules) <= set(final.modules) and set(guessed.entries) <= set(final.entries))
-
-
-def preload(what: Preload) -> None:
-    """Import what `what` names; a module that fails is left for the compile that needs it
-    to report. What the imports made then leaves the cyclic collector's care (`gc.freeze`):
-    it lives as long as the worker, and each full collection during a compile would walk
-    it all (~440,000 objects with torch and quack; ~5% of a compile's CPU)."""
-    for m in what.modules:
-        with contextlib.suppress(Exception):
-            importlib.import_module(m)
-    if what.entries:
-        from cutecc.plan.keyed_sources import front
-        from cutecc.toolchain import devicequery
-
-        front(what.python_path)  # as `cutecc.build.compiler.compile_to_object` puts them
-        with devicequery.answering(what.device, probe=False):
-            for m in what.entries:
-                with contextlib.suppress(Exception):
-                    importlib.import_module(m)
-    from cutecc.build import read_set
-
-    read_set.prepare()  # which installed file is whose, what is exempt: forked workers inherit it
-    gc.collect()
-    gc.freeze()
-
-
 class ServiceGone(Exception):
     """The service died or refused to fork; the pool spawns its workers instead."""
 
 
 class Service:
-    """The build's end of one compile service (see the module docstring)."""
+    """The build's end of a compile service (module docstring): with `idle` > 0 connected to
+    the live resident one of its state, else one started now, detached; with `idle` 0 this
+    build's own, started now as its child. Ready once its imports are done (`ready`)."""
 
-    def __init__(self, ctx: Any, setup: Callable[..., None], setup_args: tuple[Any, ...],
-                 serve: Callable[..., None], memory: int | None, modules: Preload) -> None:
-        self.conn, theirs = ctx.Pipe()
-        self.token = secrets.token_hex(8)
-        self.proc = ctx.Process(target=_main, args=(theirs, setup, setup_args, serve, memory, modules,
-                                                    self.token))
-        self.proc.start()
-        theirs.close()
+    def __init__(self, arch: str, env: dict[str, str], memory: int | None, modules: Preload,
+                 idle: float) -> None:
+        self.modules, self.idle = modules, idle
+        self.key = state_key(arch, env, memory, modules)
         self.exits: dict[int, int] = {}
-        self.asked = self.is_ready = False
+        self.is_ready = False
+        self.proc: subprocess.Popen[bytes] | None = None  # this build's own service (idle 0)
+        self.started: Any = None  # the pipe a service started here says "ready" on
+        self.conn: Any = None
+        self.pair: socket.socket | None = None  # idle 0: this build's end, until connected
+        self.path: Path | None = None
+        self.how = "kept"
+        if idle > 0:
+            d = socket_dir()
+            if d is None:
+                raise ServiceGone("no private directory for its socket, or its path is too long")
+            self.path = d / f"{self.key[:32]}.sock"
+            if self._connect() is None:
+                return
+        self.how = "started"
+        self._start(arch, env, memory)
 
-    def ready(self, timeout: float = READY_SECONDS, final: Preload = NOTHING) -> str | None:
-        """Have the service import `final` too (after what it was started with), and wait
-        for its imports: None once it can fork, else why it cannot."""
-        deadline = time.monotonic() + timeout
-        if not self.asked:
-            self.asked = True
-            with contextlib.suppress(OSError):  # a dead service is told below
-                self.conn.send(final)
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.close()
-                return f"the compile service's imports took over {timeout:g} s"
-            multiprocessing.connection.wait([self.conn, self.proc.sentinel], left)
+    def _start(self, arch: str, env: dict[str, str], memory: int | None) -> None:
+        """Start the service: resident, forked once more at once so that it is not the
+        build's child (it outlives it); else the build's child, tied to its life. It says
+        "ready" or why not on a pipe of its own (`started`)."""
+        self.token = secrets.token_hex(8)
+        spec = {"key": self.key, "path": str(self.path or ""), "arch": arch, "env": env, "memory": memory,
+                "modules": dataclasses.asdict(self.modules), "idle": self.idle, "sys_path": list(sys.path),
+                "most": most_services() if self.idle > 0 else 0, "parent": os.getpid(), "token": self.token}
+        told, tell = os.pipe()
+        spec["tell"], fds = tell, [tell]
+        if self.idle <= 0:
+            self.pair, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            spec["conn"] = theirs.fileno()
+            fds.append(theirs.fileno())
+        kind = "resident" if self.idle > 0 else "build"
+        code = ("import os, pickle, sys; spec = pickle.load(sys.stdin.buffer); "
+                "sys.argv[1] == 'resident' and os.fork() and os._exit(0); sys.path[:] = spec['sys_path']; "
+                "from cutecc.build import read_set; read_set.install(); "  # (its first import recorded)
+                "from cutecc.build.executors.service_process import main; main(spec)")
+        quiet = subprocess.DEVNULL if self.idle > 0 else None  # a resident one holds no pipe of the build
+        try:
+            proc = subprocess.Popen([sys.executable, *_interpreter_flags(), "-c", code, kind],
+                                    stdin=subprocess.PIPE, stdout=quiet, stderr=quiet,
+                                    start_new_session=True, pass_fds=fds)
+        finally:
+            os.close(tell)
+            if self.idle <= 0:
+                theirs.close()
+        assert proc.stdin is not None
+        with contextlib.suppress(OSError):
+            proc.stdin.write(pickle.dumps(spec))
+            proc.stdin.close()
+        if self.idle > 0:
+            proc.wait()  # (the service itself is its child, detached)
+        else:
+            self.proc = proc
+        self.started = os.fdopen(told, "rb")
+
+    def _connect(self, final: Preload | None = None, timeout: float = HELLO_SECONDS) -> str | None:
+        """Open this build's session with the service (its own over the socket pair, with the
+        `final` imports; a resident one at `path`): None once it is ready, else why not."""
+        if self.pair is not None:
+            conn = multiprocessing.connection.Connection(self.pair.detach())
+            self.pair = None
+        else:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                if self.conn.poll():
-                    msg = self.conn.recv()
-                    if msg == "ready":
-                        self.is_ready = True
-                        return None
-                    self.close()
-                    return str(msg)
-            except (EOFError, OSError):
-                pass
-            if not self.proc.is_alive():
-                self.close()
-                return f"the compile service died starting (exit status {self.proc.exitcode})"
+                s.settimeout(HELLO_SECONDS)
+                s.connect(str(self.path))
+                s.settimeout(None)
+                conn = multiprocessing.connection.Connection(s.detach())
+            except OSError as e:
+                s.close()
+                return f"none is running ({e.strerror or e})"
+        try:
+            conn.send(("hello", self.key) if final is None else ("hello", self.key, final))
+            with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+                reduction.sendfds(raw, [1, 2])  # its workers write where the build writes
+            if not conn.poll(timeout):
+                raise OSError("no answer")
+            answer = conn.recv()
+        except (EOFError, OSError) as e:
+            conn.close()
+            return f"it did not answer ({e})"
+        if answer != "ready":
+            conn.close()
+            return str(answer)
+        self.conn, self.is_ready = conn, True
+        return None
+
+    def ready(self, timeout: float = READY_SECONDS, final: Preload | None = None) -> str | None:
+        """Wait until this build has a session, the service having imported `final` too
+        (a resident one must have imported just that): None, else why not."""
+        if self.idle > 0 and final not in (None, self.modules):
+            return OTHER_MODULES
+        if self.is_ready:
+            return None
+        if self.started is None:
+            return "no service"
+        deadline = time.monotonic() + timeout
+        out, self.started = self.started, None
+        if not select.select([out], [], [], timeout)[0]:
+            out.close()
+            self.close()
+            return f"the compile service's imports took over {timeout:g} s"
+        said = out.readline().decode(errors="replace").strip()
+        out.close()
+        if said != "ready":
+            self.close()
+            return said or "the compile service died starting"
+        if self.idle > 0:
+            return self._connect()
+        return self._connect(final or NOTHING, max(1.0, deadline - time.monotonic()))
+
+    def _recv(self, timeout: float) -> Any:
+        """The service's next message but an exit status (each recorded in `exits`), or None
+        when none came within `timeout`."""
+        deadline = time.monotonic() + timeout
+        while self.conn.poll(max(0.0, deadline - time.monotonic())):
+            msg = self.conn.recv()
+            if msg[0] != "exit":
+                return msg
+            self.exits[msg[1]] = msg[2]
+        return None
 
     def fork(self, token: str) -> ForkedWorker:
         """A new worker, marked `token`; ServiceGone if the service cannot."""
         try:
             self.conn.send(token)
-            while True:
-                if not self.conn.poll(FORK_SECONDS):
-                    raise ServiceGone(f"the compile service did not fork a worker in {FORK_SECONDS:g} s")
-                msg = self.conn.recv()
-                if msg[0] == "exit":
-                    self.exits[msg[1]] = msg[2]
-                    continue
-                break
+            msg = self._recv(FORK_SECONDS)
+            if msg is None:
+                raise ServiceGone(f"the compile service did not fork a worker in {FORK_SECONDS:g} s")
             if msg[0] != "forked":
                 raise ServiceGone(str(msg))
             with socket.fromfd(self.conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as s:
                 job_fd, dead_fd = reduction.recvfds(s, 2)
-        except (EOFError, OSError, RuntimeError) as e:
+        except (EOFError, OSError, RuntimeError, AttributeError) as e:
             raise ServiceGone(f"the compile service is gone ({e})") from None
         return ForkedWorker(self, msg[1], multiprocessing.connection.Connection(job_fd), dead_fd)
 
     def exit_code(self, pid: int, timeout: float) -> int | None:
         """Worker `pid`'s exit status (negative: the signal), once the service reported it."""
-        deadline = time.monotonic() + timeout
-        while pid not in self.exits:
-            left = deadline - time.monotonic()
-            try:
-                if not self.conn.poll(max(0.0, left)):
-                    return None
-                msg = self.conn.recv()
-            except (EOFError, OSError):
-                return None
-            if msg[0] == "exit":
-                self.exits[msg[1]] = msg[2]
-        return self.exits[pid]
+        with contextlib.suppress(EOFError, OSError, AttributeError):
+            deadline = time.monotonic() + timeout
+            while pid not in self.exits and time.monotonic() < deadline:
+                self._recv(deadline - time.monotonic())
+        return self.exits.get(pid)
 
     def close(self) -> None:
-        """Stop the service (its workers die with it: their parent-death signal); one still
-        importing is killed at once."""
-        with contextlib.suppress(Exception):
-            self.conn.send(None)
-        if self.is_ready:
-            self.proc.join(2)
-        worker_tree.stop(self.proc, self.token, self.conn)
+        """End this build's session (the service kills what is left of its workers). A
+        resident service stays for the next build (one still importing goes on); this
+        build's own exits, and is killed with what it started if it has not in 2 s."""
+        if self.conn is not None and not self.conn.closed:  # (closed: a late exit status is "gone")
+            with contextlib.suppress(Exception):
+                self.conn.send(None)
+            with contextlib.suppress(Exception):
+                self.conn.close()
+        for f in (self.started, self.pair):
+            if f is not None:
+                f.close()
+        self.started = self.pair = None
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(2 if self.is_ready else 0)
+            worker_tree.kill_tree(self.proc.pid, self.token)
+            with contextlib.suppress(OSError):
+                self.proc.kill()
+            self.proc.wait()
 
 
 class ForkedWorker:
@@ -305,106 +373,17 @@ class ForkedWorker:
             self.sentinel = -1
 
 
-def _main(conn: Any, setup: Callable[..., None], setup_args: tuple[Any, ...],
-          serve: Callable[..., None], memory: int | None, modules: Preload,
-          token: str) -> None:
-    """The service: set up as a worker, import `modules` and then the `Preload` the build
-    sends (`Service.ready`), then fork a worker per token received (each runs
-    `serve(conn, parent, token)`) and report their exits."""
-    from cutecc.build import read_set
-    from cutecc.build.workers import limit_memory
 
-    read_set.install()  # what it reads from here on, its forked workers inherit
-    worker_tree.detach(token)
-    setup(*setup_args)
-    limit_memory(memory)
-    preload(modules)
+def listener_pid(path: Path) -> int | None:
+    """The pid of the process listening on the socket at `path`, or None (none does)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        final = conn.recv()
-    except (EOFError, OSError):
-        final = None
-    if final is None:
-        quit_now()
-    preload(final)
-    threads = threading.active_count()
-    if threads != 1:
-        conn.send(f"fork is not safe: the compile service runs {threads} threads after its imports")
-        return
-    conn.send("ready")
-    while True:
-        got = multiprocessing.connection.wait([conn], 0.2)
-        _reap(conn)
-        if not got:
-            continue
-        try:
-            wtoken = conn.recv()
-        except (EOFError, OSError):
-            wtoken = None
-        if wtoken is None:
-            quit_now()
-        if fork_worker(conn, serve, wtoken, conn.close) is None:
-            return
-
-
-def fork_worker(conn: Any, serve: Callable[..., None], token: str, let_go: Callable[[], None]) -> int | None:
-    """Fork a worker that runs `serve(its end of a pipe, this process's pid, token)` in a
-    session of its own, marked `token` (`worker_tree.detach`), after `let_go()` has closed
-    what the worker must not hold; hand the build, over `conn`, ("forked", pid), the other
-    end of the pipe and a descriptor that closes when the worker dies. The worker's pid, or
-    None when `conn` failed (the worker then finds its pipe closed and exits)."""
-    mine, theirs = multiprocessing.Pipe()
-    dead_r, dead_w = os.pipe()
-    me = os.getpid()
-    pid = os.fork()
-    if pid == 0:  # the worker
-        code = 1
-        try:
-            os.close(dead_r)
-            mine.close()
-            let_go()
-            worker_tree.detach(token)  # a session of its own, its mark for what it starts
-            serve(theirs, me, token)
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(dead_w)
-    theirs.close()
-    try:
-        conn.send(("forked", pid))
-        with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            reduction.sendfds(s, [mine.fileno(), dead_r])
-        return pid
-    except OSError:
+        s.settimeout(1.0)
+        s.connect(str(path))
+        cred = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid, uid, _ = struct.unpack("3i", cred)
+    except (OSError, struct.error):
         return None
     finally:
-        mine.close()
-        os.close(dead_r)
-
-
-def quit_now() -> None:
-    """Exit at once, output flushed: a process that imported the DSL and torch spends a
-    second or more tearing them down at a normal exit, which the build would wait for; its
-    files are all written and closed by then."""
-    for f in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            f.flush()
-    os._exit(0)
-
-
-def _reap(conn: Any) -> None:
-    """Report each worker that exited: ("exit", pid, status; negative: the signal)."""
-    for pid, code in exited():
-        with contextlib.suppress(OSError):
-            conn.send(("exit", pid, code))
-
-
-def exited() -> Iterator[tuple[int, int]]:
-    """(pid, exit status; negative: the signal) of each child that has exited, reaped."""
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        yield pid, os.waitstatus_to_exitcode(status)
+        s.close()
+    return pid if uid == os.getuid() and pid > 0 else None

@@ -1,8 +1,8 @@
 """What a local build worker process runs: its set-up (the manifest's [env], the DSL's
 target arch, Ctrl-C left to the build, its life tied to its parent's) and its job loop,
-spawned (`serve_spawned`) or forked from a compile service (`serve_forked`; the service,
-per build or resident, is set up by `init_worker` too). Shared by `cutecc.build.executors.local`,
-which runs the pools, and `cutecc.build.executors.resident`, which outlives them.
+spawned (`serve_spawned`) or forked from a compile service (`serve_forked`; the service is
+set up as a spawned worker is, `set_up`). Shared by `cutecc.build.executors.local`, which runs the pools,
+and `cutecc.build.executors.service_process`, which forks workers.
 """
 
 from __future__ import annotations
@@ -10,29 +10,37 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any
 
 from cutecc.build import read_set
-from cutecc.build.executors import service, worker_tree
+from cutecc.build.executors import worker_tree
+from cutecc.build.executors.preload import NOTHING, Preload, preload
 from cutecc.build.workers import Result, build_one, limit_memory
 
 
 def serve_spawned(conn: Any, arch: str, parent: int, env: dict[str, str], memory: int | None,
-                  token: str = "", modules: service.Preload = service.NOTHING) -> None:
-    """A spawned worker: set up once for `arch`, import what a forked one has
-    (`service.preloads`), then build each job sent until told to stop; in a session of its
-    own, marking what it starts with `token` (`worker_tree.detach`). What it reads is
-    recorded from here on (`cutecc.build.read_set`)."""
+                  token: str = "", modules: Preload = NOTHING) -> None:
+    """A spawned worker: `set_up` as a compile service is, then build each job sent until
+    told to stop."""
+    set_up(arch, parent, env, memory, token, modules)
+    jobs(conn)
+    quit_now()
+
+
+def set_up(arch: str, parent: int | None, env: dict[str, str], memory: int | None, token: str,
+           modules: Preload, watchdog: bool = True) -> None:
+    """Record what this process reads from here on (`cutecc.build.read_set`), give it a
+    session of its own marking what it starts with `token` (if any, `worker_tree.detach`),
+    `init_worker`, limit its memory, import `modules` (what a forked worker has)."""
     read_set.install()
     if token:
         worker_tree.detach(token)
-    init_worker(arch, parent, env)
+    init_worker(arch, parent, env, watchdog)
     limit_memory(memory)
-    service.preload(modules)
-    jobs(conn)
-    service.quit_now()
+    preload(modules)
 
 
 def serve_forked(conn: Any, parent: int, token: str) -> None:
@@ -71,7 +79,7 @@ def init_worker(arch: str, parent: int | None, env: dict[str, str] | None = None
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # if the spawn left it blocked
-    if parent is not None:  # None: a resident service, which outlives its build (`resident`)
+    if parent is not None:  # None: a resident service, which outlives its build
         tie_to(parent, watchdog)
     os.environ.update(env or {})
     set_target(arch)
@@ -98,3 +106,13 @@ def _watch_parent(parent: int) -> None:
             os._exit(1)
 
 
+
+
+def quit_now() -> None:
+    """Exit at once, output flushed: a process that imported the DSL and torch spends a
+    second or more tearing them down at a normal exit, which the build would wait for; its
+    files are all written and closed by then."""
+    for f in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            f.flush()
+    os._exit(0)

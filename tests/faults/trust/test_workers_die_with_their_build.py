@@ -22,12 +22,13 @@ from helpers import resident_services, stop_resident_services
 from .conftest import CLI, REPO_MANIFEST, child_env, children_of, proc_alive, proc_cmdline, wait_for
 
 pytestmark = pytest.mark.usefixtures("dsl")
+SERVICE = "cutecc.build.executors.service_process"  # in a compile service's command line
 
 
 @pytest.fixture(params=["per-build", "resident"])
 def service_kind(request: pytest.FixtureRequest) -> Iterator[Path | None]:
-    """Workers forked from the build's own compile service, or from a resident one
-    (cutecc/build/executors/resident.py; its $XDG_RUNTIME_DIR, short for the socket's path)."""
+    """Workers forked from the build's own compile service (idle 0), or from a resident one
+    (cutecc/build/executors/service.py; its $XDG_RUNTIME_DIR, short for the socket's path)."""
     if request.param == "per-build":
         yield None
         return
@@ -59,14 +60,15 @@ def _start_build(cache: Path, kept_in: Path | None) -> tuple[subprocess.Popen, l
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def workers() -> list[int]:
-        """The build's worker processes: its children, and theirs (workers forked by the
-        compile service are its children, not the build's), or the resident service's children."""
+        """The build's worker processes: its compile service and the workers it forked (its
+        children, not the build's; spawned workers where it could not), or the resident
+        service's children."""
         if kept_in:
             return [c for r in resident_services(kept_in) for c in children_of(r)]
         out, todo = [], [p.pid]
         while todo:
             for c in children_of(todo.pop()):
-                if "spawn_main" in proc_cmdline(c):
+                if "spawn_main" in proc_cmdline(c) or SERVICE in proc_cmdline(c):
                     out.append(c)
                     todo.append(c)
         return out
@@ -79,7 +81,7 @@ def _start_build(cache: Path, kept_in: Path | None) -> tuple[subprocess.Popen, l
 
 def _kill_leftovers(pids: list[int]) -> None:
     for pid in pids:
-        if proc_alive(pid) and ("spawn_main" in proc_cmdline(pid) or "resident" in proc_cmdline(pid)):
+        if proc_alive(pid) and ("spawn_main" in proc_cmdline(pid) or SERVICE in proc_cmdline(pid)):
             os.kill(pid, signal.SIGKILL)
 
 
