@@ -302,7 +302,7 @@ class KernelBase:
         known = self._keywords
         absent = keywords.get(ABSENT)
         if any(a is None for a in arrays):  # None in an optional slot: `without_none`
-            arrays, absent = self.without_none(arrays)
+            arrays, absent = self._without_none(arrays)
         keywords = {k: self._keyword(k, v) for k, v in keywords.items() if k != ABSENT}
         for k, v in keywords.items():
             if k not in known:
@@ -341,7 +341,7 @@ class KernelBase:
             + f"\nTo add one, extend [kernel.{self.name}] variants in the manifest and run "
             "`cutecc build`.", where=f'kernel "{self.name}"')
 
-    def without_none(self, arrays: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[str, ...] | None]:
+    def _without_none(self, arrays: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[str, ...] | None]:
         """The call's arrays without the Nones it passed in optional slots, and those slots'
         names (`cutecc.runtime.variant_choice.without_none`)."""
         return without_none(self.name, [b.conv.slots for b in self.builds], arrays)

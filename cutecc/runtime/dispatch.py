@@ -140,7 +140,7 @@ class KernelFn(calls.KernelBase):
     def __call__(self, *arrays: Any, **scalars: Any) -> Any:
         if ABSENT in scalars:
             raise CallTypeError(f"unknown keyword argument {ABSENT!r}", where=f'kernel "{self.name}"')
-        arrays, absent = self.without_none(arrays)  # None in an optional slot picks its variant
+        arrays, absent = self._without_none(arrays)  # None in an optional slot picks its variant
         if absent is not None:
             scalars = {**scalars, ABSENT: absent}
         for i, a in enumerate(arrays):

@@ -78,7 +78,7 @@ class TorchKernelFn(calls.KernelBase):
             raise KernelTypeError(f"unknown keyword argument {ABSENT!r}", where=f'kernel "{self.name}"')
         if any(t is None for t in tensors):  # None in an optional slot picks its variant
             try:
-                tensors, absent = self.without_none(tensors)
+                tensors, absent = self._without_none(tensors)
             except CuteccError as e:
                 raise _as_call_error(e) from None
             kw = {**kw, ABSENT: absent}
