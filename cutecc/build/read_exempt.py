@@ -62,7 +62,7 @@ def exempt(path: str, temp_dirs: tuple[str, ...] = ()) -> str | None:
     if path.startswith(_SYSTEM_LIBS) and ".so" in os.path.basename(path) \
             and "-packages/" not in path:
         return "the system's shared libraries"
-    if path.startswith(_CUTECC) or _cutecc_metadata(path):
+    if path.startswith(_CUTECC) or path == _CUTECC[:-1] or _cutecc_metadata(path):  # (listed too)
         return "cutecc's own package"
     if _in_temp(path, temp_dirs):
         return "the worker's temporary files"

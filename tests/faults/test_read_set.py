@@ -113,6 +113,8 @@ def test_the_exempt_list_is_short_and_exempts_nothing_of_a_project_or_installed_
     assert read_set.exempt("/etc/ld.so.cache") and read_set.exempt("/usr/share/zoneinfo/UTC")
     assert read_set.exempt("/usr/lib/x86_64-linux-gnu/libstdc++.so.6") == "the system's shared libraries"
     assert read_set.exempt(read_set.__file__) == "cutecc's own package"
+    # its folder listed (importlib.metadata's version("cutecc") through an editable install)
+    assert read_set.exempt(str(Path(read_set.__file__).parents[1])) == "cutecc's own package"
     beside = Path(read_set.__file__).parents[2]  # cutecc's metadata, which torch's entry points read
     assert read_set.exempt(str(beside / "cutecc.egg-info" / "entry_points.txt")) == "cutecc's own package"
     assert read_set.exempt(str(beside / "cutecc-0.1.0.dist-info" / "METADATA")) == "cutecc's own package"
