@@ -19,6 +19,8 @@
 #   layout_ab/ benchmarks/layout_ab.py prepare: after the suite, old link layout against new
 #   examples-direct/  benchmarks/examples_parity.py build: after the suite, cutecc against
 #              the same launchers compiled directly (within 2%)
+# With layouts/, benchmarks/object_call.py times an op passed as the object against the same
+# kernel reached by its import reference's text (object_call.json; a wrong result fails).
 # With first_kernel/, benchmarks/first_kernel.py times docs/first-kernel.md's kernel against
 # XLA's own formulation after the suite (first_kernel.json; a wrong result fails the run).
 # With examples/, benchmarks/training_step.py also times a training step of
@@ -94,6 +96,12 @@ if [ -n "${CUTECC_FIRST_KERNEL_CACHE:-}" ]; then
   # shellcheck disable=SC2046
   "$PY" benchmarks/first_kernel.py "$CUTECC_FIRST_KERNEL_CACHE" $(json first_kernel.json) 2>&1 \
     | log first_kernel.log
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if [ -n "${CUTECC_LAYOUT_CACHE:-}" ]; then
+  # an op passed as the object against its import reference's text and XLA's x + y
+  # shellcheck disable=SC2046
+  "$PY" benchmarks/object_call.py "$CUTECC_LAYOUT_CACHE" $(json object_call.json) 2>&1 | log object_call.log
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if [ -n "${CUTECC_EXAMPLES_CACHE:-}" ]; then
