@@ -27,6 +27,7 @@ from cutecc.lock.lockfile import LOCK_NAME, Lock, previous, unsigned_line
 from cutecc.lock.pins import installed_unlike, read_pins
 from cutecc.manifest import Manifest, load_manifest
 from cutecc.settings import NOTHING_GIVEN, BuildOptions
+from cutecc.ship import planshare
 from cutecc.store.writer import Store
 from cutecc.toolchain.dists import HashCache
 
@@ -211,8 +212,13 @@ def _build(full: Manifest, manifest_path: str | Path, store: Store, how: builder
            lock_path: Path, progress: Progress | None, dry_run: bool, timings: bool) -> BuildReport:
     """Plan and run the build (`build`'s second half)."""
     with clock.stage("plan"):
+        # sources' parsed facts shared through the remote cache (`cutecc.ship.planshare`)
+        warn = (progress or Progress()).note
+        shared = None if how.remote is None else planshare.attach(how.remote, hashes, lambda t: warn(f"warning: {t}"))
         target = builder.target(full, archs=archs, kernels=kernels, hashes=hashes,
                                 platforms=platforms)
+        if shared is not None and how.remote is not None and how.remote.write and not how.read_only:
+            planshare.push(shared, hashes, lambda t: warn(f"warning: {t}"))
     drift: list[Drift] = []
     note = None
     here = builder.environment_of(target.planned)
