@@ -30,8 +30,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from benchmarks.build_overhead import MANIFESTS, _cpu_children, _load
@@ -101,7 +101,8 @@ def main() -> None:
 
 
 def _name(version: str, memory: str) -> str:
-    return {"off": version, "warm": f"{version}, memory warm"}.get(memory, f"{version}, memory off, remote warm")
+    names = {"off": version, "warm": f"{version}, memory warm"}
+    return names.get(memory, f"{version}, memory off, remote warm")
 
 
 @contextlib.contextmanager

@@ -213,12 +213,16 @@ def _build(full: Manifest, manifest_path: str | Path, store: Store, how: builder
     """Plan and run the build (`build`'s second half)."""
     with clock.stage("plan"):
         # sources' parsed facts shared through the remote cache (`cutecc.ship.planshare`)
-        warn = (progress or Progress()).note
-        shared = None if how.remote is None else planshare.attach(how.remote, hashes, lambda t: warn(f"warning: {t}"))
+        tell = (progress or Progress()).note
+
+        def warn(text: str) -> None:
+            tell(f"warning: {text}")
+
+        shared = None if how.remote is None else planshare.attach(how.remote, hashes, warn)
         target = builder.target(full, archs=archs, kernels=kernels, hashes=hashes,
                                 platforms=platforms)
         if shared is not None and how.remote is not None and how.remote.write and not how.read_only:
-            planshare.push(shared, hashes, lambda t: warn(f"warning: {t}"))
+            planshare.push(shared, hashes, warn)
     drift: list[Drift] = []
     note = None
     here = builder.environment_of(target.planned)

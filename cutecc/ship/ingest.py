@@ -192,7 +192,8 @@ def check_planning(sha256: str, data: bytes, parser: str, limit: int) -> dict[st
         doc = parse_json(data, limit)
     except (ValueError, RecursionError) as e:
         raise Refused(f"not JSON: {e}") from None
-    if not (isinstance(doc, dict) and doc.get("format") == PLANNING_FORMAT and isinstance(doc.get("parsed"), dict)):
+    if not (isinstance(doc, dict) and doc.get("format") == PLANNING_FORMAT
+            and isinstance(doc.get("parsed"), dict)):
         raise Refused(f"not a bundle of planning facts of format {PLANNING_FORMAT}")
     if doc.get("parser") != parser:
         raise Refused("another parser's facts (another cutecc or Python)")

@@ -270,7 +270,8 @@ class Remote:
 
     # Planning facts (`cutecc.ship.planshare`) -------------------------------------------
 
-    def planning(self, parser: str, count: int, limit: int, warn: Callable[[str], None]) -> list[tuple[str, bytes]]:
+    def planning(self, parser: str, count: int, limit: int,
+                 warn: Callable[[str], None]) -> list[tuple[str, bytes]]:
         """The newest `count` bundles of planning facts of `parser` on the remote, each as
         (its name, its bytes): named as a SHA-256, listed at most `limit` bytes (else left
         out with a warning) and read bounded (`_get`). Unchecked (`ingest.check_planning`).
