@@ -34,7 +34,7 @@ from cutecc.ship.remote import Remote, RemoteConfig, Unavailable
 from cutecc.toolchain.hashcache import HashCache
 from cutecc.toolchain.planfacts import SourceFacts
 
-MAX_BUNDLE_BYTES = 32 << 20  # a published manifest's ~1,000 sources: ~1.5 MB
+MAX_BUNDLE_BYTES = 32 << 20  # the published manifest's 1,041 sources: 1.25 MB
 BUNDLES = 8  # the newest read
 
 
