@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 from pathlib import Path
 
 import obstore
@@ -85,8 +86,12 @@ def test_a_remote_without_a_file_s_facts_leaves_it_parsed_and_pushes_it(
     _plan(m, tmp_path / "c1", prefix, write=True)
     (tmp_path / "proj/toy/ops.py").write_text((tmp_path / "proj/toy/ops.py").read_text() + "\nimport os\n")
     parses.clear()
-    edited = _plan(m, tmp_path / "c2", prefix, write=True)
+    edited = _plan(m, tmp_path / "c2", prefix)
     assert [p.name for p in parses] == ["ops.py"]  # only the edited file
+    assert len(_bundles(s3, prefix)) == 1  # a build that does not write to the remote pushes nothing
+    parses.clear()
+    assert _plan(m, tmp_path / "c2b", prefix, write=True) == edited
+    assert [p.name for p in parses] == ["ops.py"]
     assert len(_bundles(s3, prefix)) == 2  # its facts, pushed alone
     parses.clear()
     assert _plan(m, tmp_path / "c3", prefix) == edited and parses == []
@@ -129,22 +134,15 @@ def test_hostile_bundles_are_ignored_with_a_warning_and_keys_stay(
     assert all(ln.startswith("warning: ") and ln.isprintable() for ln in notes.lines)
 
 
-def test_an_unreachable_remote_plans_as_without_one(tmp_path: Path, parses: list[Path], s3) -> None:
+def test_an_unreachable_remote_plans_as_without_one(
+        tmp_path: Path, parses: list[Path], s3, monkeypatch: pytest.MonkeyPatch) -> None:
     m = write_toy_project(tmp_path / "proj")
     alone = _plan(m, tmp_path / "c0", None)
-    notes = Notes()
-    import socket
-
-    with socket.socket() as s:
+    with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    import os
-
-    old = os.environ["AWS_ENDPOINT_URL"]
-    os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{port}"
-    try:
-        got = _plan(m, tmp_path / "c1", f"s3://{s3.bucket}/nowhere", write=True, notes=notes)
-    finally:
-        os.environ["AWS_ENDPOINT_URL"] = old
-    assert got == alone
-    assert any("unavailable for planning facts" in ln for ln in notes.lines)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    notes = Notes()
+    assert _plan(m, tmp_path / "c1", f"s3://{s3.bucket}/nowhere", write=True, notes=notes) == alone
+    said = [ln for ln in notes.lines if "planning facts" in ln]
+    assert len(said) == 1 and "unavailable for planning facts" in said[0]  # once: not again to push
