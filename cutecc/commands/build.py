@@ -238,6 +238,9 @@ def _build(full: Manifest, manifest_path: str | Path, store: Store, how: builder
     told = bool(note) and (progress or Progress()).note(f"warning: {note}")  # before any compile
     done = builder.run(target, store, how, hashes=hashes, lock=lock_to, progress=progress,
                        timings=clock)
+    said = done.remote is not None and bool(done.remote.down or done.remote.upload_errors)
+    if (line := planshare.down_line(shared)) and not said:  # one line for a remote out of reach
+        warn(line)
     return BuildReport(
         outcomes=done.outcomes, seconds=time.perf_counter() - t0, cache_dir=store.root,
         lock_file=done.lock_file, lock_changed=done.lock_changed, signature=done.signature,

@@ -11,9 +11,9 @@ the top-level names) is trusted as the remote's entries are, by whoever may writ
 - fetched when planning first meets a file neither the cache nor the user's planning memory
   knows (`attach`: a no-op build asks nothing), the newest BUNDLES bundles, each bounded
   (MAX_BUNDLE_BYTES), named by its SHA-256 and checked whole by the one verifier
-  (`cutecc.ship.ingest.check_planning`); one that fails is ignored with a warning, as is a
-  remote that cannot be reached: planning parses what the remote did not answer, with the
-  same keys;
+  (`cutecc.ship.ingest.check_planning`); one that fails is ignored with a warning; a remote
+  that cannot be reached is marked down (`Remote.down`: the build says so once, `down_line`):
+  planning parses what the remote did not answer, with the same keys;
 - pushed after planning, when remote writing is on: the facts the run used that no bundle
   read held, as one new bundle (create-only, as every remote write).
 
@@ -52,11 +52,11 @@ def attach(cfg: RemoteConfig, hashes: HashCache, warn: Callable[[str], None]) ->
 
 def fetch(remote: Remote, parser: str, warn: Callable[[str], None]) -> dict[str, SourceFacts]:
     """The sources' facts of `parser` in the remote's newest bundles, each bundle checked
-    (`check_planning`); a newer bundle's fact first. Never raises for the remote's sake."""
+    (`check_planning`); a newer bundle's fact first. Never raises for the remote's sake (one
+    that cannot be reached is left marked down: `down_line`)."""
     try:
         bundles = remote.planning(parser, BUNDLES, MAX_BUNDLE_BYTES, warn)
-    except Unavailable as e:
-        warn(f"remote cache unavailable for planning facts: {e.why} (parsing them here)")
+    except Unavailable:
         return {}
     out: dict[str, SourceFacts] = {}
     for name, data in bundles:
@@ -80,7 +80,7 @@ def bundle(parser: str, facts: Mapping[str, SourceFacts]) -> bytes:
 def push(remote: Remote | None, hashes: HashCache, warn: Callable[[str], None]) -> int:
     """Upload the sources' facts `hashes`' run used that the remote's bundles lack, as new
     bundles (each within MAX_BUNDLE_BYTES); how many facts went up. Never raises for the
-    remote's sake."""
+    remote's sake (one that cannot be reached is left marked down: `down_line`)."""
     memory = hashes.memory
     if remote is None or memory is None:
         return 0
@@ -98,6 +98,15 @@ def push(remote: Remote | None, hashes: HashCache, warn: Callable[[str], None]) 
             elif len(data) <= MAX_BUNDLE_BYTES:
                 remote.push_planning(memory.parser, data)
                 sent += len(part)
-    except Unavailable as e:
-        warn(f"planning facts not uploaded: {e.why}")
+    except Unavailable:
+        pass
     return sent
+
+
+def down_line(remote: Remote | None) -> str | None:
+    """The one line to warn with when the remote could not be reached for planning facts
+    (None: it could, or it was not asked); the build says it only where its entries' lookup
+    and uploads did not say so already (one warning a build)."""
+    if remote is None or not remote.down:
+        return None
+    return f"remote cache {remote.cfg.url} unavailable for planning facts ({remote.down}); parsed here"
