@@ -132,7 +132,6 @@ class HashCache:
         # hashed (`cutecc.toolchain.recordstat`); off: every file is read (`verify --deep`)
         self.trust_records = trust_records
         self.hashed_bytes = 0  # read and hashed by this cache this pass (`sha256`, `prefetch`)
-        self.parses = 0  # source files parsed (`source`): neither remembered nor shared
         # the user's planning memory (`planmemory`), behind this cache's own facts: a cache
         # (not an in-run one) gets the default one; written even by a dry run (it is no cache)
         self.memory = memory if memory is not None or path is None else PlanMemory(
@@ -227,7 +226,6 @@ class HashCache:
         memory = self.memory if key not in self._known[1] else None
         known = memory.parsed(kind, sha256) if memory is not None else None
         if known is None:
-            self.parses += 1
             known = parse(data)
             if memory is not None:
                 memory.remember_parsed(sha256, known)
