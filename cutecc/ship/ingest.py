@@ -22,7 +22,9 @@ A remote's planning facts (`check_planning`: source files' parsed facts, `plansh
 hints, never keys: a bundle must hash to the name it is filed under, be of this parser, be
 bounded and have every record of its shape (else the whole bundle is refused), and each fact
 is filed under the SHA-256 of the bytes it was parsed from, so planning looks it up by the
-SHA-256 of the bytes it read itself and it can never stand for other bytes.
+SHA-256 of the bytes it read itself and it can never stand for other bytes. What a fact says
+of its bytes (their imports and names) cannot be checked without the parse it saves: it is
+trusted as the remote's entries are, by write access to the bucket.
 """
 
 from __future__ import annotations
