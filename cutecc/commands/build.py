@@ -27,6 +27,7 @@ from cutecc.lock.lockfile import LOCK_NAME, Lock, previous, unsigned_line
 from cutecc.lock.pins import installed_unlike, read_pins
 from cutecc.manifest import Manifest, load_manifest
 from cutecc.settings import NOTHING_GIVEN, BuildOptions
+from cutecc.ship import planshare
 from cutecc.store.writer import Store
 from cutecc.toolchain.dists import HashCache
 
@@ -211,8 +212,17 @@ def _build(full: Manifest, manifest_path: str | Path, store: Store, how: builder
            lock_path: Path, progress: Progress | None, dry_run: bool, timings: bool) -> BuildReport:
     """Plan and run the build (`build`'s second half)."""
     with clock.stage("plan"):
+        # sources' parsed facts shared through the remote cache (`cutecc.ship.planshare`)
+        tell = (progress or Progress()).note
+
+        def warn(text: str) -> None:
+            tell(f"warning: {text}")
+
+        shared = None if how.remote is None else planshare.attach(how.remote, hashes, warn)
         target = builder.target(full, archs=archs, kernels=kernels, hashes=hashes,
                                 platforms=platforms)
+        if shared is not None and how.remote is not None and how.remote.write and not how.read_only:
+            planshare.push(shared, hashes, warn)
     drift: list[Drift] = []
     note = None
     here = builder.environment_of(target.planned)
@@ -228,6 +238,9 @@ def _build(full: Manifest, manifest_path: str | Path, store: Store, how: builder
     told = bool(note) and (progress or Progress()).note(f"warning: {note}")  # before any compile
     done = builder.run(target, store, how, hashes=hashes, lock=lock_to, progress=progress,
                        timings=clock)
+    said = done.remote is not None and bool(done.remote.down or done.remote.upload_errors)
+    if (line := planshare.down_line(shared)) and not said:  # one line for a remote out of reach
+        warn(line)
     return BuildReport(
         outcomes=done.outcomes, seconds=time.perf_counter() - t0, cache_dir=store.root,
         lock_file=done.lock_file, lock_changed=done.lock_changed, signature=done.signature,

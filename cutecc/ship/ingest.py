@@ -17,12 +17,21 @@ cache's own entries. Until checked, their bytes are hostile. One rule for all of
 Only then does `Store.publish` write them, atomically, under the key's lock, exactly as a
 local build would have (`receive`), or does a caller take the metadata as true
 (`check_stored`, `check_whole`).
+
+A remote's planning facts (`check_planning`: source files' parsed facts, `planshare`) are
+hints, never keys: a bundle must hash to the name it is filed under, be of this parser, be
+bounded and have every record of its shape (else the whole bundle is refused), and each fact
+is filed under the SHA-256 of the bytes it was parsed from, so planning looks it up by the
+SHA-256 of the bytes it read itself and it can never stand for other bytes. What a fact says
+of its bytes (their imports and names) cannot be checked without the parse it saves: it is
+trusted as the remote's entries are, by write access to the bucket.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,8 +42,13 @@ from cutecc.entry.rules import MAX_META_BYTES, META, parse_json
 from cutecc.store.layout import entry_parts, meta_parts, runtime_parts
 from cutecc.store.view import Entry, StoreView
 from cutecc.store.writer import Store
+from cutecc.toolchain.planfacts import SourceFacts
 
 DEFAULT_MAX_FILE_BYTES = 2 << 30  # a kernel library is KBs to a few MB; a runtime ~2 MB
+PLANNING_FORMAT = 1  # a remote's bundle of planning facts (`check_planning`)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_FACT_NAME = re.compile(r"source:[0-9a-f]{64}")  # (a path effect is a moment's work: never carried)
+MAX_IMPORT_LEVEL = 64
 
 
 class Refused(Exception):
@@ -161,3 +175,47 @@ def _check_files(key: str, meta: dict[str, Any], blobs: tuple[FileRec, ...], fil
         if wrong:
             raise Refused(wrong)
 
+
+def check_planning(sha256: str, data: bytes, parser: str, limit: int) -> dict[str, SourceFacts]:
+    """The parsed facts of a bundle of planning facts (`cutecc.ship.planshare`) filed under
+    `sha256`, by "kind:SHA-256 of the source's bytes", once the bundle's bytes hash to
+    `sha256`, are at most `limit`, are of `parser` (`hashcache.parser_id`) and every record
+    is of its shape: a source's, whose modules and names are what `ast` gives (dotted
+    identifiers, `*`), nothing a path could be made of. Raises Refused (the whole bundle: a
+    hint, dropped, never a key)."""
+    if not _SHA256.fullmatch(sha256):
+        raise Refused(f"{sha256[:70]!r} is not a SHA-256")
+    if len(data) > limit:
+        raise Refused(f"{len(data)} bytes, over the {limit}-byte limit")
+    got = hashlib.sha256(data).hexdigest()
+    if got != sha256:
+        raise Refused(f"its SHA-256 {got[:16]}... is not its name's (altered)")
+    try:
+        doc = parse_json(data, limit)
+    except (ValueError, RecursionError) as e:
+        raise Refused(f"not JSON: {e}") from None
+    if not (isinstance(doc, dict) and doc.get("format") == PLANNING_FORMAT
+            and isinstance(doc.get("parsed"), dict)):
+        raise Refused(f"not a bundle of planning facts of format {PLANNING_FORMAT}")
+    if doc.get("parser") != parser:
+        raise Refused("another parser's facts (another cutecc or Python)")
+    out: dict[str, SourceFacts] = {}
+    for name, v in doc["parsed"].items():
+        facts = SourceFacts.of_json(v) if _FACT_NAME.fullmatch(name) else None
+        if facts is None or not _names_ok(facts):
+            raise Refused(f"a record of the wrong shape: {name[:80]!r}")
+        out[name] = facts
+    return out
+
+
+def _names_ok(facts: SourceFacts) -> bool:
+    """Whether every module and name in `facts` is one `ast` could have given."""
+    for level, module, names in facts.imports:
+        if not (0 <= level <= MAX_IMPORT_LEVEL and (module == "" and level > 0 or _dotted(module))
+                and (names is None or all(n == "*" or n.isidentifier() for n in names))):
+            return False
+    return facts.names is None or all(n.isidentifier() for n in facts.names)
+
+
+def _dotted(module: str) -> bool:
+    return all(part.isidentifier() for part in module.split("."))

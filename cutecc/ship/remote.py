@@ -6,6 +6,8 @@ in front of content-addressed blobs):
     v1/entries/<key>.json    the entry's meta.json, byte for byte
     v1/runtimes/<key>.json   a runtime library's meta.json (entries name theirs by key)
     v1/blobs/<sha256>        the bytes of each file a meta.json records
+    v1/planning/<parser>/<sha256>.json   planning facts (`cutecc.ship.planshare`), named
+                             by their bytes' SHA-256, of parser `hashcache.parser_id`
 
 Writes are create-only (a put fails if the object exists, and that counts as success:
 the key, or the content, is the same), blobs before the entry that names them, and an
@@ -50,6 +52,9 @@ DEFAULT_MAX_BLOB = 64 << 20  # a kernel's library is ~20 KB, a runtime library ~
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_JOBS = 16
 RETRY_DOWN_AFTER = 60.0  # seconds a remote found down is left alone (long-lived workers)
+MAX_PLANNING_LISTED = 10_000  # planning bundles listed, at most (the newest few are read)
+_PARSER = re.compile(r"[0-9a-f]{16}")  # `hashcache.parser_id`
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -262,6 +267,61 @@ class Remote:
         if created:
             self._count(Traffic(bytes_up=len(data)))
         return bool(created)
+
+    # Planning facts (`cutecc.ship.planshare`) -------------------------------------------
+
+    def planning(self, parser: str, count: int, limit: int,
+                 warn: Callable[[str], None]) -> list[tuple[str, bytes]]:
+        """The newest `count` bundles of planning facts of `parser` on the remote, each as
+        (its name, its bytes): named as a SHA-256, listed at most `limit` bytes (else left
+        out with a warning) and read bounded (`_get`). Unchecked (`ingest.check_planning`).
+        Raises Unavailable."""
+        import obstore
+
+        if not _PARSER.fullmatch(parser):
+            return []
+        where = self.cfg.path("planning", parser) + "/"
+
+        def listing() -> list[dict[str, Any]]:
+            out: list[dict[str, Any]] = []
+            for batch in obstore.list(self._store, where, chunk_size=1000):
+                out += batch
+                if len(out) >= MAX_PLANNING_LISTED:
+                    break
+            return out
+
+        found = []
+        for m in self._call(f"LIST {where}", listing):
+            name = str(m.get("path", "")).rpartition("/")[2].removesuffix(".json")
+            if not (_SHA256_HEX.fullmatch(name) and str(m.get("path")) == f"{where}{name}.json"):
+                continue  # not one of ours: never read
+            size = m.get("size")
+            if not isinstance(size, int) or size > limit:
+                warn(f"planning facts {name[:16]}... on the remote: {size!r:.20} bytes, over the "
+                     f"{limit}-byte limit: ignored")
+                continue
+            found.append((m.get("last_modified"), name))
+        found.sort(key=lambda x: (str(x[0]), x[1]), reverse=True)
+        out = []
+        for _, name in found[:count]:
+            try:
+                data = self._get(f"{where}{name}.json", limit)
+            except Refused as e:
+                warn(f"planning facts {name[:16]}... on the remote: {e.why}: ignored")
+                continue
+            if data is not None:
+                out.append((name, data))
+        return out
+
+    def push_planning(self, parser: str, data: bytes) -> bool:
+        """Create a bundle of planning facts of `parser`, named by its bytes' SHA-256;
+        False when it was there. Raises Unavailable."""
+        import hashlib
+
+        if not _PARSER.fullmatch(parser):
+            return False
+        name = hashlib.sha256(data).hexdigest()
+        return self._put(self.cfg.path("planning", parser, f"{name}.json"), data)
 
     # What builds and `cutecc fetch` use ----------------------------------------------
 

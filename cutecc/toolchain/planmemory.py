@@ -15,6 +15,11 @@ Two kinds of facts, each sound wherever it is served:
 - an entry's import closure (`HashCache.closure`), under its context and the stamps of every
   file and directory its walk read, checked as a cache's own are (`HashCache._holds`).
 
+Where a remote cache is configured, source files' parsed facts are also shared through it
+(`cutecc.ship.planshare`): asked when this memory does not know a file's bytes (`share`),
+fetched once, checked (`cutecc.ship.ingest.check_planning`), and told what this run used
+that the remote did not have (`unshared`), so the second CI machine of a team parses none.
+
 A cache asks it, and tells it, only of what the cache itself never knew (a new cache, a new
 file): what an edit or a reinstall changed is computed afresh, so the edit-and-rebuild loop
 neither reads nor writes it.
@@ -31,7 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from cutecc import settings, trust
@@ -85,6 +90,11 @@ class PlanMemory:
         self._mine: ParserFacts | None = None  # what the file holds of this parser (loaded lazily)
         self._new = ParserFacts.of()  # what this run learned, added to the file by `save`
         self._refused = False
+        # a remote cache's parsed facts by "source:sha256" (`share`), fetched when first asked
+        self._shared: Callable[[], Mapping[str, SourceFacts]] | None = None
+        self._shared_facts: Mapping[str, SourceFacts] | None = None
+        self._used: dict[str, SourceFacts] = {}  # sources' facts this run used (kept: `share`)
+        self.served_shared = 0  # sources' facts the remote's answered
 
     @functools.cached_property
     def file(self) -> Path | None:
@@ -109,15 +119,49 @@ class PlanMemory:
             return None  # damaged: written anew
 
     def parsed(self, kind: type[P], sha256: str) -> P | None:
-        """The facts parsing content `sha256` as `kind` gave (None: not remembered)."""
-        got = self._load().parsed.get(f"{kind.kind()}:{sha256}")
-        return got if isinstance(got, kind) else None
+        """The facts parsing content `sha256` as `kind` gave (None: not remembered), from
+        this memory, else a source's from the remote's shared ones (`share`: then remembered
+        here too)."""
+        name = f"{kind.kind()}:{sha256}"
+        got = self._load().parsed.get(name)
+        if isinstance(got, kind):
+            if self._shared is not None and isinstance(got, SourceFacts):
+                self._used[name] = got
+            return got
+        if self._shared is not None and kind is SourceFacts:
+            shared = self._shared_of().get(name)
+            if isinstance(shared, kind):
+                self.served_shared += 1
+                self.remember_parsed(sha256, shared)
+                return shared
+        return None
 
     def remember_parsed(self, sha256: str, facts: SourceFacts | PathEffect) -> None:
         name = f"{facts.kind()}:{sha256}"  # (added to the file by `save`, unread till then)
         self._new.parsed.put(name, facts)
         if self._mine is not None:
             self._mine.parsed.put(name, facts)
+        if self._shared is not None and isinstance(facts, SourceFacts):
+            self._used[name] = facts
+
+    def share(self, fetch: Callable[[], Mapping[str, SourceFacts]]) -> None:
+        """Ask `fetch()` (a remote cache's sources' facts by "source:sha256", each filed under
+        the SHA-256 of the bytes it was parsed from and checked: `cutecc.ship.planshare`) for
+        what this memory does not know; called once, when first needed."""
+        self._shared, self._shared_facts = fetch, None
+
+    def _shared_of(self) -> Mapping[str, SourceFacts]:
+        if self._shared_facts is None:
+            self._shared_facts = self._shared() if self._shared is not None else {}
+        return self._shared_facts
+
+    def unshared(self) -> dict[str, SourceFacts]:
+        """The sources' facts this run used that the remote's shared ones lack (fetched if
+        not yet: a run that used none fetches nothing)."""
+        if not self._used:
+            return {}
+        shared = self._shared_of()
+        return {k: v for k, v in self._used.items() if k not in shared}
 
     def recall(self, where: str, fingerprint: str) -> DistRecord | None:
         """`HashCache.recall`'s record from this memory, when of `fingerprint`."""
