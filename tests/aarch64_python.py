@@ -60,8 +60,9 @@ def env() -> dict[str, str]:
 
 def fetch(dest: Path) -> Arm:
     """Fetch and unpack the aarch64 CPython into dest/root (Unavailable: why not)."""
-    missing = [t for t, p in (("qemu-aarch64 (Debian: qemu-user)", QEMU), ("apt-get", shutil.which("apt-get")),
-                              ("dpkg-deb", shutil.which("dpkg-deb"))) if p is None]
+    tools = (("qemu-aarch64 (Debian: qemu-user)", QEMU), ("apt-get", shutil.which("apt-get")),
+             ("dpkg-deb", shutil.which("dpkg-deb")))
+    missing = [t for t, p in tools if p is None]
     if missing:
         raise Unavailable(f"an aarch64 CPython under qemu needs {', '.join(missing)}")
     state = dest / "apt"
@@ -96,12 +97,14 @@ def _apt(cmd: list[str], cwd: Path, what: str) -> str:
 
 
 def _found(root: Path) -> Arm:
-    loaders = [p for p in (root / "lib" / "ld-linux-aarch64.so.1", root / "usr" / "lib" / "ld-linux-aarch64.so.1")
-               if p.exists()]
-    pythons = sorted(p for p in (root / "usr" / "bin").glob("python3.*") if p.name[len("python3."):].isdigit())
+    loaders = [d / "ld-linux-aarch64.so.1" for d in (root / "lib", root / "usr" / "lib")
+               if (d / "ld-linux-aarch64.so.1").exists()]
+    pythons = sorted(p for p in (root / "usr" / "bin").glob("python3.*")
+                     if p.name[len("python3."):].isdigit())
     wheels = sorted((root / "usr" / "share" / "python-wheels").glob("pip-*.whl"))
     if not (loaders and len(pythons) == 1 and wheels):
-        raise Unavailable(f"the unpacked arm64 packages in {root} lack the loader, one python3.X or pip's wheel")
+        raise Unavailable(f"the unpacked arm64 packages in {root} lack the loader, one python3.X "
+                          "or pip's wheel")
     libs = tuple(d for d in (root / "lib" / "aarch64-linux-gnu", root / "usr" / "lib" / "aarch64-linux-gnu")
                  if d.is_dir())
     return Arm(root, loaders[0], libs, pythons[0], wheels[-1], pythons[0].name[len("python"):])

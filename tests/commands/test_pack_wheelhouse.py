@@ -186,7 +186,8 @@ spec = jax.ShapeDtypeStruct((256,), jnp.float32)
 called, wanted = {}, {}
 for b in ks.scale.builds:
     t = dict(b.call)["threads"]
-    text = jax.jit(lambda x: ks.scale(x, factor=2.0, threads=t)).trace(spec).lower(lowering_platforms=("cuda",)).as_text()
+    fn = jax.jit(lambda x: ks.scale(x, factor=2.0, threads=t))
+    text = fn.trace(spec).lower(lowering_platforms=("cuda",)).as_text()
     called[b.variant] = sorted(set(re.findall(r"custom_call @(cutecc_[0-9a-f]+)", text)))
     wanted[b.variant] = [target_name(b.key)]
 print(json.dumps({"machine": platform.machine(), "kernels": list(toy_kernels.KERNELS),
@@ -226,7 +227,8 @@ def test_an_aarch64_wheelhouse_installs_and_loads_under_qemu(arm_python: aarch64
     assert got["cutecc"].startswith(str(venv)) and not got["dsl"], got
     assert "no GPU is visible to JAX: pass arch=" in (got["no_gpu"] or ""), got
     assert got["called"] == got["wanted"] and len(got["called"]) == 2, got
-    for cmd in (arm.run(python, "-I", "-m", "cutecc", "--help"), arm.run(python, "-I", str(venv / "bin" / "cutecc"), "--help")):
+    for cmd in (arm.run(python, "-I", "-m", "cutecc", "--help"),
+                arm.run(python, "-I", str(venv / "bin" / "cutecc"), "--help")):  # the console script
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
         assert r.returncode == 0 and "build" in r.stdout and "pack" in r.stdout, r.stderr[-3000:]
 
