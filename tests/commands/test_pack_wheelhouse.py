@@ -12,8 +12,10 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import aarch64_python
 import pytest
 from helpers import Toy, opts, run_cli
 
@@ -101,29 +103,46 @@ def test_a_wheelhouse_leaves_jax_to_the_deploy_host_unless_asked(toy_cache: Toy,
     assert jax["wheelhouse"]
 
 
-@pytest.mark.usefixtures("dsl")
-def test_an_aarch64_wheelhouse_resolves_for_its_platform(toy_cache: Toy, tmp_path: Path) -> None:
-    """A pack for Grace hosts: its wheelhouse holds aarch64 wheels, and pip, asked for that
-    platform with no index, resolves the pack from it alone."""
+@pytest.fixture(scope="module")
+def arm_packs(toy_cache: Toy, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], dict[str, object]]:
+    """`arm_packs(python)`: the toy built for aarch64 (once per module) and packed with
+    `--platform aarch64 --wheelhouse --with-jax` for CPython `python` ("3.11"), once per
+    version; returns `pack --json`'s report (its wheelhouse is the report's path's folder)."""
     from cutecc.commands.build import build
 
-    proj = toy_cache.copy(tmp_path, cache="c")
-    lock = tmp_path / "arm.lock"
+    base = tmp_path_factory.mktemp("arm")
+    proj = toy_cache.copy(base, cache="c")
+    lock = base / "arm.lock"
     built = build(proj.manifest, opts(cache_dir=proj.cache), platforms=("aarch64",), lock_file=lock)
     assert built.ok, [o.error for o in built.outcomes]
-    arm = Toy(proj.manifest, proj.cache)
-    r = run_cli("pack", "--lock", str(lock), "--cache-dir", str(arm.cache), "--name", "toy-kernels",
-                "--version", "1.0.0", "--out", str(tmp_path / "dist"), "--wheelhouse", "--with-jax",
-                "--json", timeout=1800)
-    if r.returncode != 0 and "pip could not download" in r.stderr:
-        pytest.skip(f"pip's index cannot be reached here: {r.stderr[-300:]}")
-    assert r.returncode == 0, r.stderr[-3000:]
-    report = json.loads(r.stdout)
-    assert report["path"].endswith("_aarch64.whl")
-    arch_wheels = [Path(p).name for p in report["wheelhouse"] if not Path(p).name.endswith("-any.whl")]
+    made: dict[str, dict[str, object]] = {}
+
+    def pack(python: str) -> dict[str, object]:
+        if python not in made:
+            r = run_cli("pack", "--lock", str(lock), "--cache-dir", str(proj.cache), "--name", "toy-kernels",
+                        "--version", "1.0.0", "--out", str(base / f"dist-{python}"), "--wheelhouse",
+                        "--with-jax", "--python-version", python, "--platform", "aarch64", "--json",
+                        timeout=1800)
+            if r.returncode != 0 and "pip could not download" in r.stderr:
+                pytest.skip(f"pip's index cannot be reached here: {r.stderr[-300:]}")
+            assert r.returncode == 0, r.stderr[-3000:]
+            made[python] = json.loads(r.stdout)
+        return made[python]
+
+    return pack
+
+
+def test_an_aarch64_wheelhouse_resolves_for_its_platform(arm_packs: Callable[[str], dict[str, object]],
+                                                         tmp_path: Path) -> None:
+    """A pack for Grace hosts: its wheelhouse holds aarch64 wheels, and pip, asked for that
+    platform with no index, resolves the pack from it alone."""
+    report = arm_packs(PY)
+    dist = Path(str(report["path"])).parent
+    assert str(report["path"]).endswith("_aarch64.whl")
+    arch_wheels = [Path(p).name for p in report["wheelhouse"] if not Path(p).name.endswith("-any.whl")]  # type: ignore[attr-defined]
     assert arch_wheels and all("aarch64" in n for n in arch_wheels), arch_wheels
     r = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
-                        "--no-index", "--find-links", str(tmp_path / "dist"), "--only-binary=:all:",
+                        "--no-index", "--find-links", str(dist), "--only-binary=:all:",
                         "--platform", "manylinux_2_28_aarch64", "--platform", "manylinux_2_27_aarch64",
                         "--platform", "manylinux_2_17_aarch64", "--platform", "manylinux2014_aarch64",
                         "--python-version", PY, "--target", str(tmp_path / "t"),
@@ -133,6 +152,85 @@ def test_an_aarch64_wheelhouse_resolves_for_its_platform(toy_cache: Toy, tmp_pat
     plan = json.loads((tmp_path / "r.json").read_text())["install"]
     installed = {normalize(i["metadata"]["name"]) for i in plan}
     assert {"toy-kernels", "cutecc", "jax", "jaxlib"} | RUNTIME <= installed, installed
+
+
+@pytest.fixture(scope="session")
+def arm_python(tmp_path_factory: pytest.TempPathFactory) -> aarch64_python.Arm:
+    """Debian's aarch64 CPython, unpacked, to run under qemu-aarch64 (tests/aarch64_python.py)."""
+    try:
+        return aarch64_python.fetch(tmp_path_factory.mktemp("arm-python"))
+    except aarch64_python.Unavailable as e:
+        pytest.skip(str(e))
+
+
+# Run by the aarch64 CPython under qemu, in the venv the wheelhouse installed: the pack's
+# kernels listed, its libraries loaded (each verified, dlopened through tvm-ffi after its
+# runtime library, and registered with JAX as the FFI target a CUDA lowering calls).
+ARM_LOAD = r'''
+import json, platform, re
+import cutecc, toy_kernels
+from cutecc.runtime.library import target_name
+try:
+    import cutlass  # noqa: F401
+    dsl = True
+except ImportError:
+    dsl = False
+try:
+    toy_kernels.load()
+    no_gpu = None
+except cutecc.CuteccError as e:
+    no_gpu = str(e)
+import jax, jax.numpy as jnp
+ks = toy_kernels.load(arch="sm_90a", allow_unsigned=True)
+spec = jax.ShapeDtypeStruct((256,), jnp.float32)
+called, wanted = {}, {}
+for b in ks.scale.builds:
+    t = dict(b.call)["threads"]
+    fn = jax.jit(lambda x: ks.scale(x, factor=2.0, threads=t))
+    text = fn.trace(spec).lower(lowering_platforms=("cuda",)).as_text()
+    called[b.variant] = sorted(set(re.findall(r"custom_call @(cutecc_[0-9a-f]+)", text)))
+    wanted[b.variant] = [target_name(b.key)]
+print(json.dumps({"machine": platform.machine(), "kernels": list(toy_kernels.KERNELS),
+                  "variants": sorted(ks.scale.variants), "cutecc": cutecc.__file__, "dsl": dsl,
+                  "no_gpu": no_gpu, "called": called, "wanted": wanted}))
+'''
+
+
+def test_an_aarch64_wheelhouse_installs_and_loads_under_qemu(arm_python: aarch64_python.Arm,
+                                                               arm_packs: Callable[[str], dict[str, object]],
+                                                               tmp_path: Path) -> None:
+    """The aarch64 wheelhouse installed by Debian's aarch64 CPython under qemu-aarch64, into a
+    fresh venv, with pip's `--no-index --find-links DIR` and no pip configuration: the pack's
+    kernels are listed and its aarch64 libraries loaded (no GPU: lowered for CUDA), and
+    `python -m cutecc --help` and the `cutecc` script run. No binfmt_misc here: the venv is
+    made `--without-pip`, pip runs from its own wheel, the script through the interpreter
+    (tests/aarch64_python.py); `--no-compile` spares compiling JAX's .pyc files under
+    emulation (what is installed is the same)."""
+    arm = arm_python
+    dist = Path(str(arm_packs(arm.version)["path"])).parent
+    env = aarch64_python.env()
+    venv = tmp_path / "venv"
+    subprocess.run(arm.run(arm.python, "-m", "venv", "--without-pip", str(venv)), check=True, env=env,
+                   timeout=600)
+    python = venv / "bin" / "python"
+    r = subprocess.run(arm.run(python, f"{arm.pip_wheel}/pip", "install", "-q", "--no-cache-dir",
+                               "--disable-pip-version-check", "--no-compile", "--no-index",
+                               "--find-links", str(dist), "toy-kernels"),
+                       capture_output=True, text=True, timeout=1800, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    r = subprocess.run(arm.run(python, "-I", "-c", ARM_LOAD), capture_output=True, text=True, timeout=1200,
+                       env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.splitlines()[-1])
+    assert got["machine"] == "aarch64", got
+    assert got["kernels"] == ["scale"] and got["variants"] == ["threads=128", "threads=64"], got
+    assert got["cutecc"].startswith(str(venv)) and not got["dsl"], got
+    assert "no GPU is visible to JAX: pass arch=" in (got["no_gpu"] or ""), got
+    assert got["called"] == got["wanted"] and len(got["called"]) == 2, got
+    for cmd in (arm.run(python, "-I", "-m", "cutecc", "--help"),
+                arm.run(python, "-I", str(venv / "bin" / "cutecc"), "--help")):  # the console script
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+        assert r.returncode == 0 and "build" in r.stdout and "pack" in r.stdout, r.stderr[-3000:]
 
 
 @pytest.mark.parametrize("args, where", [
