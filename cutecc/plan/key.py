@@ -275,7 +275,7 @@ class SourceIndex:
                 self._touched.update(hit[1])
             return hit[0]
         top = module.split(".")[0]
-        names = (top,) if top != entry_top else ()
+        names: tuple[str, ...] = (top,) if top != entry_top else ()
         path = None
         if not names or self._is_local(top):
             names += (module,)

@@ -273,10 +273,19 @@ def _facts(tree: ast.Module, aside: frozenset[int]) -> SourceFacts:
                 todo.extend(getattr(node, field, []))
         elif isinstance(node, ast.ExceptHandler):
             todo.extend(node.body)
-        else:
-            for sub in ast.walk(node):
+        else:  # every node under it, as `ast.walk` visits them (in another order)
+            nodes = [node]
+            while nodes:
+                sub = nodes.pop()
                 if isinstance(sub, ast.Name):
                     names.add(sub.id)  # assignment targets, and globals() as a name
-                elif aside and isinstance(sub, _ASIDE) and sub.lineno - 1 in aside:
+                    continue  # (its one child is its context)
+                if aside and isinstance(sub, _ASIDE) and sub.lineno - 1 in aside:
                     raise _Unsure  # a body or header put aside, which this walk would have read
+                for field in sub._fields:
+                    value = getattr(sub, field, None)
+                    if isinstance(value, list):
+                        nodes.extend([x for x in value if isinstance(x, ast.AST)])
+                    elif isinstance(value, ast.AST):
+                        nodes.append(value)
     return SourceFacts(imports, sorted(names))
