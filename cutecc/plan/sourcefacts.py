@@ -274,7 +274,7 @@ def _facts(tree: ast.Module, aside: frozenset[int]) -> SourceFacts:
         elif isinstance(node, ast.ExceptHandler):
             todo.extend(node.body)
         else:  # every node under it, as `ast.walk` visits them (in another order)
-            nodes = [node]
+            nodes: list[ast.AST] = [node]
             while nodes:
                 sub = nodes.pop()
                 if isinstance(sub, ast.Name):
