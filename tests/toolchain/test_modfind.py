@@ -224,6 +224,8 @@ LOOKED_UP = [  # namespace packages, pkgutil portions, a package whose __init__ 
     "splitk.three", "nsp.sub.y", "nsp.x", "nsp.sub.nothere", "nsk.cute.helper.H", "hostpkg.own",
     "hostpkg.ext.ops", "hostpkg.ext.helper", "hostpkg.ext.nothere", "hostpkg.gone", "nothere.at.all",
     "nsk.cute.fwd", "hostpkg.ext.ops", "splitk.three", "nsk.cute.helper.H",
+    # a package reached through a symbolic link, and a module that is a link
+    "linked.fwd", "linked.helper", "linked.nothere", "linkmod",
 ]
 
 
@@ -234,6 +236,8 @@ def test_levels_answer_each_lookup_as_a_lookup_alone_would(tree: Path) -> None:
     for rel, text in EXTENDED.items():
         (tree / rel).parent.mkdir(parents=True, exist_ok=True)
         (tree / rel).write_text(text)
+    (tree / "b/linked").symlink_to(tree / "a/nsk/cute", target_is_directory=True)
+    (tree / "b/linkmod.py").symlink_to(tree / "a/nsp/x.py")
     path = [str(tree / d) for d in ("a", "b", "base", "ext")]
     levels, execs = modfind.Levels(path), {}
     remembered = [_answer(n, path, levels, execs) for n in LOOKED_UP]
@@ -244,6 +248,8 @@ def test_levels_answer_each_lookup_as_a_lookup_alone_would(tree: Path) -> None:
             ("hostpkg", "package (__init__ appends to __path__; not needed here)"),
             ("hostpkg", "package (__path__ set by running __init__)")} <= kinds, kinds
     assert sum(said[0] == "NotFound" for said, _ in alone) >= 6  # the misses were asked too
+    assert alone[LOOKED_UP.index("linked.fwd")][0][0] == str(tree / "b/linked/fwd.py")  # through the link
+    assert alone[LOOKED_UP.index("linkmod")][0][0] == str(tree / "b/linkmod.py")
     # levels of another path answer nothing of this one's
     other = modfind.Levels([str(tree / "b")])
     with pytest.raises(modfind.NotFound):
