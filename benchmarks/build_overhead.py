@@ -2,7 +2,8 @@
 
     python -m benchmarks.build_overhead [--manifest examples root] [--jobs 1 2]
                                         [--modes fork spawn resident] [--plan-memory off warm]
-                                        [--audit on off] [--noop] [--before REV] [--json PATH]
+                                        [--audit on off] [--noop] [--before REV] [--repeats N]
+                                        [--json PATH]
 
 Per manifest, in one run on one machine:
 - direct: one fresh process (`direct` below) imports the DSL, torch and the kernels'
@@ -38,7 +39,10 @@ wall and CPU seconds (`time.process_time`) are summed. The load average (1 min) 
 before and after every measurement: the build host is shared, and a figure taken under
 load says so (wall clocks there mostly measure the neighbours; CPU seconds less so).
 The ratios are cutecc's wall over the direct wall sum and cutecc's CPU over the direct CPU
-sum; at `-j 2` the floor is still the sum (the direct compiles ran one at a time).
+sum; at `-j 2` the floor is still the sum (the direct compiles ran one at a time). With
+`--repeats N`, the direct process and the builds run N rounds in turn, each build's ratios
+against its own round's direct sums (`directs` lists every round's; `round` numbers a build
+of a later round): on a shared host the load moves between a direct run and a build.
 """
 
 from __future__ import annotations
@@ -186,7 +190,20 @@ def _memory(mem: str, scratch: Path, n: int) -> str:
 
 def measure(name: str, jobs: list[int], modes: list[str], versions: dict[str, Path],
             memories: list[str], scratch: Path, audits: tuple[str, ...] = ("on",),
-            noop: bool = False) -> dict[str, Any]:
+            noop: bool = False, repeats: int = 1) -> dict[str, Any]:
+    """One manifest's direct compiles and builds, `repeats` rounds of them in turn (each
+    build's ratios against its own round's direct sums: the host's load moves between rounds)."""
+    rounds = [_round(name, jobs, modes, versions, memories, scratch, audits, noop) for _ in range(repeats)]
+    res = rounds[0]
+    for n, r in enumerate(rounds[1:], 1):  # later rounds' direct runs and builds, numbered
+        res.setdefault("directs", [{k: res[k] for k in ("direct", "direct_sum_s", "direct_cpu_sum_s")}])
+        res["directs"].append({k: r[k] for k in ("direct", "direct_sum_s", "direct_cpu_sum_s")})
+        res["builds"] += [{**b, "round": n} for b in r["builds"]]
+    return res
+
+
+def _round(name: str, jobs: list[int], modes: list[str], versions: dict[str, Path],
+           memories: list[str], scratch: Path, audits: tuple[str, ...], noop: bool) -> dict[str, Any]:
     path = MANIFESTS[name]
     cwd = scratch / "cwd"  # one working directory (settled in main) for the dry run and every build
     res_warm = None
@@ -276,6 +293,9 @@ def main() -> None:
                          "comparison only)")
     ap.add_argument("--noop", action="store_true",
                     help="also time a no-op build into each cold build's cache")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="rounds of the direct compiles and the builds, in turn (each build's ratio "
+                         "against its own round's direct sums)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="cutecc-overhead-code-") as d:
@@ -290,7 +310,7 @@ def main() -> None:
                    "before": a.before, "pythonpath": os.environ.get("PYTHONPATH"),
                    "note": "shared 2-core host, other engineers' builds and tests running: loads vary",
                    "manifests": {m: measure(m, a.jobs, a.modes, versions, a.plan_memory, scratch,
-                                            tuple(a.audit), a.noop)
+                                            tuple(a.audit), a.noop, a.repeats)
                                  for m in a.manifest}}
         finally:
             _stop_residents(scratch / "run")

@@ -96,6 +96,10 @@ class SourceIndex:
         self._names: dict[Path, str] = {}  # each closure member's module name
         self._files: dict[str, tuple[KeyedFile, ...]] = {}  # `files`, per module
         self._resolved_roots = [str(Path(r).resolve()) for r in self.roots]
+        self._levels = modfind.Levels(self._resolved_roots)  # each lookup level, found once
+        # `_find`'s answers by (module, the entry's top level): the path, and the names whose
+        # lookups decided it (a walk that takes an answer records them as its own)
+        self._finds: dict[tuple[str, str], tuple[Path | None, tuple[str, ...]]] = {}
         # before any lookup: a walk may reuse answers found for an earlier one (`_found`),
         # so what it remembers must not have changed since this, not since the walk began
         self._born = time.time_ns()
@@ -250,7 +254,8 @@ class SourceIndex:
                 found: modfind.Found | None = modfind.find_module(
                     module, self._resolved_roots, invalidate=not self._found, resolved=True,
                     allow_exec=True, exec_cache=self._exec_paths, effect_of=self._path_effect,
-                    consulted=consulted, imported=False)  # as the build worker will import it
+                    consulted=consulted, imported=False,  # as the build worker will import it
+                    levels=self._levels)
                 self._consulted[module] = consulted
             except (ImportError, ValueError, OSError, SyntaxError, UnicodeDecodeError) as e:
                 found = None
@@ -263,16 +268,24 @@ class SourceIndex:
 
     def _find(self, module: str, entry_top: str) -> Path | None:
         """The source file of `module` if it is local to the closure of an entry in top-level
-        package `entry_top` (None: not local, or no source)."""
+        package `entry_top` (None: not local, or no source); once per index."""
+        hit = self._finds.get((module, entry_top))
+        if hit is not None:
+            if self._touched is not None:
+                self._touched.update(hit[1])
+            return hit[0]
         top = module.split(".")[0]
-        if top != entry_top and not self._is_local(top):
-            return None
-        found = self._locate(module)
-        if found is None or not found.origin or not found.origin.endswith(".py"):
-            return None
-        if not os.path.isfile(found.origin):
-            raise CuteccError(_not_in_a_directory(module, found.origin))
-        return Path(found.origin).absolute()  # not resolve(): a symlinked package keeps its path
+        names: tuple[str, ...] = (top,) if top != entry_top else ()
+        path = None
+        if not names or self._is_local(top):
+            names += (module,)
+            found = self._locate(module)
+            if found is not None and found.origin and found.origin.endswith(".py"):
+                if not os.path.isfile(found.origin):
+                    raise CuteccError(_not_in_a_directory(module, found.origin))
+                path = Path(found.origin).absolute()  # not resolve(): a symlinked package keeps its path
+        self._finds[(module, entry_top)] = (path, names)
+        return path
 
     def _is_local(self, top: str) -> bool:
         """Whether top-level package `top` is project-local: found directly in a root of the

@@ -39,7 +39,7 @@ _REST2 = rb'[^"\\]*(?:(?:\\[\s\S]|"(?!""))[^"\\]*)*"""'
 _REST1 = rb"[^'\\]*(?:(?:\\[\s\S]|'(?!''))[^'\\]*)*'''"
 # Strings and comments, left to right as the tokenizer meets them (each alternative starts
 # with its own character, so the regex engine skips to the next one): a triple-quoted string
-# over several lines is kept less its first quote (group t or u, for `_TRIPLES`), any other
+# over several lines is kept less its first quote (group t or u, for `_triple`), any other
 # string or a comment is dropped (a backslash-newline inside a one-quoted string is not
 # matched: its quote is left, and the whole file parsed). A backslash that does not end a line
 # is dropped with what it escapes (none in code: a string's, misread), so each quote is tried
@@ -50,7 +50,6 @@ _LINE1 = rb"''[^'\\\n]*(?:(?:\\[^\n]|'(?!''))[^'\\\n]*)*'''"
 _STRINGS = re.compile(rb'"(?:' + _LINE2 + rb'|(?P<t>""' + _REST2 + rb')|[^"\\\n]*(?:\\[^\n][^"\\\n]*)*")'
                       rb"|'(?:" + _LINE1 + rb"|(?P<u>''" + _REST1 + rb")|[^'\\\n]*(?:\\[^\n][^'\\\n]*)*')"
                       rb"|\#[^\n]*|\\[^\n\r]")
-_TRIPLES = re.compile(rb'""' + _REST2 + rb"|''" + _REST1)
 # A triple quote after a backslash: where a closing quote may be escaped, a file of them would
 # have each opening one scanned to the file's end (parsed whole instead).
 _HIDDEN = (b'\\"""', b"\\'''")
@@ -101,7 +100,15 @@ def _code(data: bytes) -> bytes | None:
     comment dropped, a triple-quoted one as `S` with each of its line ends as a backslash-
     newline (its lines are one logical line), a newline put first (every line follows one);
     None where something is left that this does not read as the tokenizer would."""
-    code = b"\n" + _TRIPLES.sub(_triple, _STRINGS.sub(rb"\g<t>\g<u>", data))
+    # `split` hands the text between matches and each match's groups t and u (None where
+    # unmatched) to one join in C: no Python per string or comment (a published library's
+    # closure holds hundreds of thousands), only per triple-quoted string kept
+    parts = _STRINGS.split(data)
+    for i in range(1, len(parts), 3):
+        kept = parts[i] or parts[i + 1]
+        if kept is not None:
+            parts[i], parts[i + 1] = _triple(kept), None
+    code = b"\n" + b"".join(filter(None, parts))
     if b'"' in code or b"'" in code:
         return None  # a quote not read as a string's
     if (b"\t" in data or b"\f" in data or b"\r" in data) and _SPACES.search(code):
@@ -109,8 +116,10 @@ def _code(data: bytes) -> bytes | None:
     return code
 
 
-def _triple(m: re.Match[bytes]) -> bytes:
-    return b"S" + b"\\\n" * m.group().count(b"\n")
+def _triple(string: bytes) -> bytes:
+    """A triple-quoted string kept by `_STRINGS` (less its first quote), as `S` and a
+    backslash-newline for each of its line ends."""
+    return b"S" + b"\\\n" * string.count(b"\n")
 
 
 def _end_of(indent: int) -> re.Pattern[bytes]:
@@ -264,10 +273,19 @@ def _facts(tree: ast.Module, aside: frozenset[int]) -> SourceFacts:
                 todo.extend(getattr(node, field, []))
         elif isinstance(node, ast.ExceptHandler):
             todo.extend(node.body)
-        else:
-            for sub in ast.walk(node):
+        else:  # every node under it, as `ast.walk` visits them (in another order)
+            nodes: list[ast.AST] = [node]
+            while nodes:
+                sub = nodes.pop()
                 if isinstance(sub, ast.Name):
                     names.add(sub.id)  # assignment targets, and globals() as a name
-                elif aside and isinstance(sub, _ASIDE) and sub.lineno - 1 in aside:
+                    continue  # (its one child is its context)
+                if aside and isinstance(sub, _ASIDE) and sub.lineno - 1 in aside:
                     raise _Unsure  # a body or header put aside, which this walk would have read
+                for field in sub._fields:
+                    value = getattr(sub, field, None)
+                    if isinstance(value, list):
+                        nodes.extend([x for x in value if isinstance(x, ast.AST)])
+                    elif isinstance(value, ast.AST):
+                        nodes.append(value)
     return SourceFacts(imports, sorted(names))

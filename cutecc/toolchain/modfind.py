@@ -34,7 +34,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 _EXTEND_MARKERS = ("extend_path", "declare_namespace")
 
@@ -236,12 +236,51 @@ def candidates(directory: str, tail: str) -> list[str]:
     return [base, *(base + suffix for suffix in importlib.machinery.all_suffixes())]
 
 
+class Levels:
+    """What each level of a lookup answered, for later lookups over the same `python_path`
+    in one planning pass (`find_module`'s `levels`): a published library's closure looks up
+    thousands of names under a few packages, and `a.b.c.x` and `a.b.c.y` need `a`, `a.b`
+    and `a.b.c` found once. A level's answer depends on its name and its parent's search
+    locations, which the name decides (the same file system, as the import system's own
+    directory caches assume between `importlib.invalidate_caches` calls); where a parent's
+    `__init__` only appends to `__path__`, whether its static locations hold the submodule
+    is asked per submodule. A parent imported in a child that failed is not remembered:
+    the next lookup tries again, as without this."""
+
+    def __init__(self, python_path: Sequence[str]) -> None:
+        self.python_path = tuple(python_path)
+        self.specs: dict[str, _Step] = {}  # by full name
+        self.parents: dict[tuple[str, str], _Parent] = {}  # by (parent, submodule or "")
+
+
+class _Step(NamedTuple):
+    """One level of a lookup: its spec (None: not found, `why` says so), static search
+    locations, kind, and the paths its answer depends on (`find_module`'s `consulted`)."""
+
+    spec: Any
+    locations: tuple[str, ...]
+    kind: str
+    consulted: tuple[tuple[str, str], ...]
+    why: str = ""
+
+
+class _Parent(NamedTuple):
+    """A regular package as a parent: its search locations, kind, the paths they depend on,
+    whether it was imported in a child; `why` it cannot be one (empty: it can)."""
+
+    locations: tuple[str, ...]
+    kind: str
+    consulted: tuple[tuple[str, str], ...]
+    executed: bool
+    why: str = ""
+
+
 def find_module(name: str, python_path: list[str] | tuple[str, ...] = (), *,
                 allow_exec: bool = False, invalidate: bool = True,
                 exec_cache: dict[str, Executed] | None = None,
                 effect_of: Callable[[str], str] = _path_effect,
                 consulted: set[tuple[str, str]] | None = None, resolved: bool = False,
-                imported: bool = True) -> Found:
+                imported: bool = True, levels: Levels | None = None) -> Found:
     """Where import finds `name` with `python_path` ahead of sys.path; NotFound says which
     level failed and which search locations (which parent's `__path__`) were searched.
     `exec_cache` remembers what parents imported in a child (`allow_exec`) told, so one
@@ -253,9 +292,13 @@ def find_module(name: str, python_path: list[str] | tuple[str, ...] = (), *,
     what decided its `__path__` (`Executed.depends`); a caller may remember the answer while
     none of them changes. `resolved`: `python_path` is already absolute and resolved. `imported=False`
     answers as a fresh process would (a build worker): modules this process already
-    imported, from wherever, are looked up on the path like any other."""
+    imported, from wherever, are looked up on the path like any other. `levels` remembers
+    each level's answer for later calls with `imported=False`, the same `python_path` and
+    the same `allow_exec` and `effect_of` (`Levels`: one planning pass's)."""
     if not resolved:
         python_path = [str(Path(p).resolve()) for p in python_path]
+    memo = levels if levels is not None and not imported and levels.python_path == tuple(python_path) \
+        else None
     saved = sys.path[:]
     # first even where already on sys.path further back, as the build worker puts them
     # (`cutecc.plan.keyed_sources.front`): a script's same-named module never shadows them
@@ -268,68 +311,37 @@ def find_module(name: str, python_path: list[str] | tuple[str, ...] = (), *,
         search: list[str] | None = None  # None: the top level, i.e. sys.path
         for i in range(len(parts)):
             full = ".".join(parts[: i + 1])
-            _consult(consulted, sys.path if search is None else search, parts[i])
-            mod = sys.modules.get(full) if imported else None
-            known = getattr(mod, "__spec__", None) if mod is not None else None
-            if known is not None:
-                spec = known  # already imported here: import would use it
-                locs = list(getattr(mod, "__path__", []) or [])
-                kind = "imported"
-            else:
-                spec = _find_spec(full, search)
-                if spec is None:
-                    where = ("sys.path and the manifest's python_path" if search is None else
-                             f"{'.'.join(parts[:i])}.__path__ = {search}"
-                             + (" (learned by importing it)"
-                                if ".".join(parts[:i]) in found.executed else ""))
-                    raise NotFound(f"no module named {full!r} (searched {where})")
-                locs = list(spec.submodule_search_locations or [])
-                if spec.submodule_search_locations is None:
-                    kind = "module"
-                elif spec.origin in (None, "namespace") or not spec.has_location:
-                    kind = "namespace"
-                else:
-                    kind = "package"
+            step = memo.specs.get(full) if memo is not None else None
+            if step is None:
+                step = _level(full, parts, i, search, found, imported)
+                if memo is not None:
+                    memo.specs[full] = step
+            if consulted is not None:
+                consulted.update(step.consulted)
+            if step.spec is None:
+                raise NotFound(step.why)
+            spec, kind = step.spec, step.kind
+            locs = list(step.locations)
             last = i == len(parts) - 1
             if not last:
                 if spec.submodule_search_locations is None:
                     raise NotFound(f"{full!r} is a module, not a package ({spec.origin})")
                 if kind == "package":
-                    effect = effect_of(spec.origin)
-                    if consulted is not None and spec.origin:
-                        consulted.add((spec.origin, ""))
-                    if effect == "extend":
-                        parent_search = sys.path if search is None else search
-                        if consulted is not None:  # its portions and .pkg files
-                            _consult(consulted, parent_search, parts[i])
-                            _consult(consulted, parent_search, parts[i] + ".pkg")
-                        locs = _extend_path(locs, full, parent_search)
-                        kind = "package (pkgutil/pkg_resources portion)"
-                    elif effect == "append":
-                        # __init__ only appends: a hit in the static locations is exact; a miss
-                        # there needs the appended entries, i.e. running __init__ (below).
-                        nxt = ".".join(parts[: i + 2])
-                        _consult(consulted, locs, parts[i + 1])
-                        if _find_spec(nxt, locs) is None:
-                            effect = "unknown"
-                        else:
-                            kind = "package (__init__ appends to __path__; not needed here)"
-                    if effect == "unknown":
-                        if not allow_exec:
-                            raise NotFound(f"{full}/__init__.py changes __path__ in a way only "
-                                           f"running it tells ({spec.origin}); allow_exec=True "
-                                           "imports it in a child process")
-                        if exec_cache is not None and full in exec_cache:
-                            told = exec_cache[full]
-                        else:
-                            told = _exec_path(full, python_path)
-                            if exec_cache is not None:
-                                exec_cache[full] = told
-                        locs = list(told.path)
-                        if consulted is not None:
-                            consulted.update(told.depends)
+                    parent = None
+                    if memo is not None:
+                        parent = memo.parents.get((full, "")) or memo.parents.get((full, parts[i + 1]))
+                    if parent is None:
+                        parent, sub = _parent(full, parts, i, search, spec, locs, python_path,
+                                              allow_exec, exec_cache, effect_of)
+                        if memo is not None:
+                            memo.parents[(full, sub)] = parent
+                    if consulted is not None:
+                        consulted.update(parent.consulted)
+                    if parent.why:
+                        raise NotFound(parent.why)
+                    locs, kind = list(parent.locations), parent.kind
+                    if parent.executed:
                         found.executed.append(full)
-                        kind = "package (__path__ set by running __init__)"
                 search = locs
             found.levels.append((full, kind))
             if last:
@@ -339,3 +351,74 @@ def find_module(name: str, python_path: list[str] | tuple[str, ...] = (), *,
         return found
     finally:
         sys.path[:] = saved
+
+
+def _level(full: str, parts: list[str], i: int, search: list[str] | None, found: Found,
+           imported: bool) -> _Step:
+    """Level `i` of a lookup (`full`) over its parent's `search` (None: sys.path)."""
+    seen: set[tuple[str, str]] = set()
+    _consult(seen, sys.path if search is None else search, parts[i])
+    mod = sys.modules.get(full) if imported else None
+    known = getattr(mod, "__spec__", None) if mod is not None else None
+    if known is not None:
+        # already imported here: import would use it
+        return _Step(known, tuple(getattr(mod, "__path__", []) or []), "imported", tuple(seen))
+    spec = _find_spec(full, search)
+    if spec is None:
+        where = ("sys.path and the manifest's python_path" if search is None else
+                 f"{'.'.join(parts[:i])}.__path__ = {search}"
+                 + (" (learned by importing it)" if ".".join(parts[:i]) in found.executed else ""))
+        return _Step(None, (), "", tuple(seen), f"no module named {full!r} (searched {where})")
+    if spec.submodule_search_locations is None:
+        kind = "module"
+    elif spec.origin in (None, "namespace") or not spec.has_location:
+        kind = "namespace"
+    else:
+        kind = "package"
+    return _Step(spec, tuple(spec.submodule_search_locations or []), kind, tuple(seen))
+
+
+def _parent(full: str, parts: list[str], i: int, search: list[str] | None, spec: Any,
+            locs: list[str], python_path: Sequence[str], allow_exec: bool,
+            exec_cache: dict[str, Executed] | None, effect_of: Callable[[str], str]) -> tuple[_Parent, str]:
+    """A regular package `full` as the parent of `parts[i + 1]`, and what a `Levels` may keep
+    it under: "" (any submodule), or the submodule (its `__init__` only appends to
+    `__path__`: whether the static locations hold this one decides). A child's import
+    that fails raises ExecFailed (not kept)."""
+    origin: str = spec.origin
+    seen: set[tuple[str, str]] = set()
+    effect = effect_of(origin)
+    if origin:
+        seen.add((origin, ""))
+    kind = "package"
+    sub = ""
+    if effect == "extend":
+        parent_search = sys.path if search is None else search
+        _consult(seen, parent_search, parts[i])  # its portions and .pkg files
+        _consult(seen, parent_search, parts[i] + ".pkg")
+        locs = _extend_path(locs, full, parent_search)
+        kind = "package (pkgutil/pkg_resources portion)"
+    elif effect == "append":
+        # __init__ only appends: a hit in the static locations is exact; a miss
+        # there needs the appended entries, i.e. running __init__ (below).
+        sub = parts[i + 1]
+        nxt = ".".join(parts[: i + 2])
+        _consult(seen, locs, sub)
+        if _find_spec(nxt, locs) is None:
+            effect = "unknown"
+        else:
+            kind = "package (__init__ appends to __path__; not needed here)"
+    if effect == "unknown":
+        if not allow_exec:
+            return _Parent((), "", tuple(seen), False,
+                           f"{full}/__init__.py changes __path__ in a way only running it tells "
+                           f"({origin}); allow_exec=True imports it in a child process"), sub
+        if exec_cache is not None and full in exec_cache:
+            told = exec_cache[full]
+        else:
+            told = _exec_path(full, python_path)  # ExecFailed: not kept, the next lookup tries again
+            if exec_cache is not None:
+                exec_cache[full] = told
+        seen.update(told.depends)
+        return _Parent(tuple(told.path), "package (__path__ set by running __init__)", tuple(seen), True), sub
+    return _Parent(tuple(locs), kind, tuple(seen), False), sub

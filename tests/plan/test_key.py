@@ -648,3 +648,39 @@ def test_a_kernels_key_is_its_own_and_covers_what_it_imports(
         f.cache_clear()
     assert len(set(keys)) == 1, keys
     assert edited != keys[0]
+
+
+def test_a_closure_walked_after_another_remembers_all_its_answers_read(tmp_path: Path) -> None:
+    """A walk takes the lookups an earlier walk of the same index made (`SourceIndex._find`,
+    `modfind.Levels`): what it remembers its closure under (the paths its answers read) is
+    what a walk alone reads, so a closure is never kept past a change that would move it."""
+    from cutecc.toolchain.hashcache import HashCache
+
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/a.py": "from pkg import common\nimport lib.util\nfrom lib import thing\n",
+        "pkg/b.py": "from . import common\nfrom lib.util import helper\nimport lib.missing\n",
+        "pkg/common.py": "import lib\nfrom lib.util import x as y\n",
+        "lib/__init__.py": "",
+        "lib/util.py": "import os\n",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+
+    def walked(*modules: str) -> dict[str, tuple[list[object], list[tuple[str, str]]]]:
+        kept: dict[str, tuple[list[object], list[tuple[str, str]]]] = {}
+        cache = HashCache(None)
+        cache.remember_closure = lambda key, context, members, paths, born: kept.__setitem__(  # type: ignore[method-assign]
+            key.split("\0")[0], (sorted(members), sorted(paths)))
+        index = SourceIndex((tmp_path,), cache)
+        for m in modules:
+            index.digest(m)
+        return kept
+
+    together = walked("pkg.a", "pkg.b")
+    assert together["pkg.b"] == walked("pkg.b")["pkg.b"]
+    assert together["pkg.a"] == walked("pkg.a")["pkg.a"]
+    members, paths = together["pkg.b"]
+    assert {str(tmp_path / "lib/util.py"), str(tmp_path / "pkg/common.py")} <= {m[0] for m in members}  # type: ignore[index]
+    assert (str(tmp_path / "lib"), "missing") in paths  # a miss an earlier walk found first

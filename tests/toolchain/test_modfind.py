@@ -202,3 +202,85 @@ def test_a_package_extending_its_path_is_not_imported_again_by_a_no_op_plan(
     with pytest.raises(CuteccError, match='cannot find module "hostpkg.ext'):
         plan(load_manifest(manifest), hash_cache=cache)
     assert imported == ["hostpkg"]
+
+
+def _answer(name: str, path: list[str], levels: modfind.Levels | None,
+            exec_cache: dict[str, modfind.Executed]) -> tuple[object, ...]:
+    """What `find_module` says of `name` (its Found's fields, or its error) and what it consulted."""
+    consulted: set[tuple[str, str]] = set()
+    try:
+        f = modfind.find_module(name, path, allow_exec=True, exec_cache=exec_cache, consulted=consulted,
+                                imported=False, levels=levels)
+        said: tuple[object, ...] = (f.origin, f.is_package, f.levels, f.executed, f.locations)
+    except modfind.NotFound as e:
+        said = (type(e).__name__, str(e))
+    return said, sorted(consulted)
+
+
+LOOKED_UP = [  # namespace packages, pkgutil portions, a package whose __init__ appends to its
+    # __path__ (a submodule in its own directory, and one only its import tells), modules,
+    # names that are no module (`from a import b`'s b), a module's attribute, a missing top
+    "nsk.cute.fwd", "nsk.cute.helper", "nsk.cute.H", "nsk.cute", "nsk", "splitk.two", "splitk.one",
+    "splitk.three", "nsp.sub.y", "nsp.x", "nsp.sub.nothere", "nsk.cute.helper.H", "hostpkg.own",
+    "hostpkg.ext.ops", "hostpkg.ext.helper", "hostpkg.ext.nothere", "hostpkg.gone", "nothere.at.all",
+    "nsk.cute.fwd", "hostpkg.ext.ops", "splitk.three", "nsk.cute.helper.H",
+    # a package reached through a symbolic link, and a module that is a link
+    "linked.fwd", "linked.helper", "linked.nothere", "linkmod",
+]
+
+
+def test_levels_answer_each_lookup_as_a_lookup_alone_would(tree: Path) -> None:
+    """One planning pass's `Levels` (each level of a dotted name found once) changes no answer
+    and nothing consulted: every name, in the order a walk asks them (each one twice, the
+    second from what the first left), against a lookup that remembers nothing."""
+    for rel, text in EXTENDED.items():
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_text(text)
+    (tree / "b/linked").symlink_to(tree / "a/nsk/cute", target_is_directory=True)
+    (tree / "b/linkmod.py").symlink_to(tree / "a/nsp/x.py")
+    path = [str(tree / d) for d in ("a", "b", "base", "ext")]
+    levels, execs = modfind.Levels(path), {}
+    remembered = [_answer(n, path, levels, execs) for n in LOOKED_UP]
+    alone = [_answer(n, path, None, {}) for n in LOOKED_UP]
+    assert remembered == alone
+    kinds = {lvl for said, _ in alone if len(said) == 5 for lvl in said[2]}  # type: ignore[arg-type]
+    assert {("nsk", "namespace"), ("splitk", "package (pkgutil/pkg_resources portion)"),
+            ("hostpkg", "package (__init__ appends to __path__; not needed here)"),
+            ("hostpkg", "package (__path__ set by running __init__)")} <= kinds, kinds
+    assert sum(said[0] == "NotFound" for said, _ in alone) >= 6  # the misses were asked too
+    assert alone[LOOKED_UP.index("linked.fwd")][0][0] == str(tree / "b/linked/fwd.py")  # through the link
+    assert alone[LOOKED_UP.index("linkmod")][0][0] == str(tree / "b/linkmod.py")
+    # levels of another path answer nothing of this one's
+    other = modfind.Levels([str(tree / "b")])
+    with pytest.raises(modfind.NotFound):
+        modfind.find_module("nsk.cute.fwd", [str(tree / "b")], imported=False, levels=other)
+    assert modfind.find_module("nsk.cute.fwd", path, imported=False, levels=other).origin == alone[0][0][0]
+
+
+def test_a_module_made_after_a_pass_looked_it_up_is_found_by_the_next(tree: Path) -> None:
+    """A `Levels` is one planning pass's, as the import system's directory caches are: what
+    it found missing stays missing for the pass; the next pass (a new one) finds the module."""
+    path = [str(tree / "a"), str(tree / "b")]
+    levels = modfind.Levels(path)
+    with pytest.raises(modfind.NotFound):
+        modfind.find_module("nsk.cute.later", path, imported=False, levels=levels)
+    (tree / "a/nsk/cute/later.py").write_text("X = 1\n")
+    with pytest.raises(modfind.NotFound):
+        modfind.find_module("nsk.cute.later", path, imported=False, levels=levels, invalidate=False)
+    found = modfind.find_module("nsk.cute.later", path, imported=False, levels=modfind.Levels(path))
+    assert found.origin == str(tree / "a/nsk/cute/later.py")
+
+
+def test_a_failed_import_of_a_parent_is_tried_again_by_the_next_lookup(extended: Path) -> None:
+    """A parent whose import in a child failed is not kept in the pass's `Levels`: the next
+    lookup under it imports it again (and succeeds once the failure is gone)."""
+    path = [str(extended / "base"), str(extended / "ext")]
+    init = extended / "base/hostpkg/__init__.py"
+    init.write_text(EXTENDING_INIT + "raise RuntimeError('no GPU here')\n")
+    levels = modfind.Levels(path)
+    with pytest.raises(modfind.ExecFailed, match="no GPU here"):
+        modfind.find_module("hostpkg.ext.ops", path, allow_exec=True, imported=False, levels=levels)
+    init.write_text(EXTENDING_INIT)
+    found = modfind.find_module("hostpkg.ext.ops", path, allow_exec=True, imported=False, levels=levels,
+                                invalidate=False)
+    assert found.origin == str(extended / "ext/hostpkg/ext/ops.py") and found.executed == ["hostpkg"]
