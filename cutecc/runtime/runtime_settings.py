@@ -43,7 +43,7 @@ class RuntimeSettings:
 
     def where(self, name: str) -> str:
         """Where setting `name` was given, as an error names it (its variable when not given)."""
-        return dict(self.origin).get(name) or _ROWS[name].where
+        return dict(self.origin).get(name) or READ_AT_LOAD[name].where
 
     def given(self, name: str) -> bool:
         """Whether setting `name` was given (by a keyword or the environment)."""
@@ -102,8 +102,9 @@ class RuntimeSettings:
         return cls(**got, origin=tuple(origin))  # type: ignore[arg-type]
 
 
-# the table's row of each setting (what `where` names when none was given)
-_ROWS = {"arch": settings.ARCH, "driver_version": settings.DRIVER_VERSION,
+# each setting's row of the table, read by `from_environment` (`where` names it when not
+# given); `docs/settings.md` lists them as read at `load()`
+READ_AT_LOAD = {"arch": settings.ARCH, "driver_version": settings.DRIVER_VERSION,
          "device_kind": settings.DEVICE_KIND, "strict": settings.STRICT, "jit": settings.JIT,
          "read_only": settings.READ_ONLY, "sync_check": settings.SYNC_CHECK,
          "trusted_keys": settings.TRUSTED_KEYS, "allow_unsigned": settings.ALLOW_UNSIGNED,
