@@ -105,12 +105,17 @@ def to_build(device: str) -> str:
 
 
 def device_arch() -> str | None:
-    """`$CUTECC_ARCH`, else the first GPU's arch (`sm_90` for compute capability 9.0):
-    asked of the CUDA driver where JAX would use that same GPU (`driver_arch`), else of
-    JAX, else None. Imports JAX only when the variable is unset."""
+    """`$CUTECC_ARCH`, else the first GPU's arch (`gpu_arch`). Imports JAX only when the
+    variable is unset. (A load reads the variable once, into its `RuntimeSettings`.)"""
     env = settings.ARCH.read()
     if env:
         return check_device_arch(env, settings.ARCH.where)
+    return gpu_arch()
+
+
+def gpu_arch() -> str | None:
+    """The first GPU's arch (`sm_90` for compute capability 9.0): asked of the CUDA driver
+    where JAX would use that same GPU (`driver_arch`), else of JAX, else None."""
     import jax
 
     if jax_uses_driver_order(jax.config):
@@ -248,21 +253,32 @@ _DRIVER: list[tuple[int, int] | None] = []  # libcuda's answer, asked once per p
 _DRIVER_INT_RE = re.compile(r"[0-9]{4,9}", re.ASCII)
 
 
-def driver_version(library: str = "libcuda.so.1") -> tuple[int, int] | None:
-    """The CUDA driver version of this process, (13, 0): `$CUTECC_DRIVER_VERSION` ("13.0",
-    or cuDriverGetVersion's 13000; "none": no driver), else libcuda's `cuDriverGetVersion`
-    (asked once); None where there is no driver (a CPU host: PTX is then not judged)."""
-    env = settings.DRIVER_VERSION.text()
-    if env:
-        if env.lower() == "none":
-            return None
-        v = parse_version(env)
-        if v is None and _DRIVER_INT_RE.fullmatch(env) and int(env) >= 1000:
-            v = (int(env) // 1000, int(env) % 1000 // 10)  # cuDriverGetVersion's form
-        if v is None:
-            raise CuteccError(f"{ascii(env[:40])} is not a CUDA driver version such as 13.0 or 13000 "
-                              "(ASCII digits)", where=settings.DRIVER_VERSION.where)
-        return v
+NO_DRIVER = (-1, -1)  # a driver version given as "none": no driver, PTX is not judged
+
+
+def parse_driver_version(text: str, where: str) -> tuple[int, int]:
+    """A CUDA driver version as given (`$CUTECC_DRIVER_VERSION`): "13.0", cuDriverGetVersion's
+    13000, or "none" (`NO_DRIVER`); else a CuteccError naming `where`."""
+    text = text.strip()
+    if text.lower() == "none":
+        return NO_DRIVER
+    v = parse_version(text)
+    if v is None and _DRIVER_INT_RE.fullmatch(text) and int(text) >= 1000:
+        v = (int(text) // 1000, int(text) % 1000 // 10)  # cuDriverGetVersion's form
+    if v is None:
+        raise CuteccError(f"{ascii(text[:40])} is not a CUDA driver version such as 13.0 or 13000 "
+                          "(ASCII digits)", where=where)
+    return v
+
+
+def driver_version(given: tuple[int, int] | None = None,
+                   library: str = "libcuda.so.1") -> tuple[int, int] | None:
+    """The CUDA driver version of this process, (13, 0): the one `given` (a load's
+    `$CUTECC_DRIVER_VERSION`, `parse_driver_version`; `NO_DRIVER`: none), else libcuda's
+    `cuDriverGetVersion` (asked once); None where there is no driver (a CPU host: PTX is
+    then not judged)."""
+    if given is not None:
+        return None if given == NO_DRIVER else given
     if not _DRIVER:
         _DRIVER.append(_libcuda_version(library))
     return _DRIVER[0]

@@ -13,10 +13,12 @@ So `pytest -m "not slow"` never compiles (the quick selection, CONTRIBUTING.md "
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fake_cache import add_entries, fake_cache  # noqa: F401  (fixtures: the store's, entry's and ship's tests)
@@ -49,6 +51,56 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         elif item.get_closest_marker("slow"):
             raise pytest.UsageError(f"{item.nodeid}: `slow` is derived (tests/conftest.py); request "
                                     "the `dsl` fixture instead of marking a test slow by hand")
+
+
+def _imported_from(module: object, roots: tuple[str, ...]) -> bool:
+    """Whether `module` was imported from under one of `roots` (its file, or a package's path)."""
+    places = [getattr(module, "__file__", None) or "", *(getattr(module, "__path__", None) or ())]
+    return any(isinstance(p, str) and p.startswith(roots) for p in places)
+
+
+def _closure_finders() -> list[Any]:
+    """The finders a pinned fallback's closure is served by (`cutecc.runtime.fallback_code`),
+    once that module is imported: they claim the closure's module names for the process."""
+    fc = sys.modules.get("cutecc.runtime.fallback_code")
+    return [] if fc is None else [fc._FINDER, fc._PARENTS]
+
+
+def _finder_state(f: Any) -> tuple[Any, ...]:
+    return dict(f.files), set(f.paths), set(f.roots), None if f.parents is None else set(f.parents)
+
+
+@pytest.fixture(autouse=True)
+def isolated_imports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Each test leaves `sys.path` as it found it, the names a pinned fallback's closure
+    claims (`cutecc.runtime.fallback_code`'s finders, on `sys.meta_path`) too, and no module it imported
+    from a test's temporary directory (a toy project's `toy`, `pub`, ...): the next test that
+    writes a package of the same name imports its own, whatever ran before it. Modules
+    imported from anywhere else (the package, its dependencies) stay, as re-importing them
+    would cost seconds and split their state."""
+    path, meta_path, before = list(sys.path), list(sys.meta_path), set(sys.modules)
+    finders = {id(f): _finder_state(f) for f in _closure_finders()}
+    yield
+    sys.path[:] = path
+    for f in _closure_finders():
+        if f in sys.meta_path and f not in meta_path:  # (other importers added stay: six's, say)
+            sys.meta_path.remove(f)
+        files, paths, project_roots, parents = finders.get(id(f), ({}, set(), set(), None if f.parents is None
+                                                            else set()))
+        f.files.clear()
+        f.files.update(files)
+        f.paths.clear()
+        f.paths.update(paths)
+        f.roots.clear()
+        f.roots.update(project_roots)
+        if parents is not None:
+            f.parents.clear()
+            f.parents.update(parents)
+    roots = (str(tmp_path_factory.getbasetemp()), str(tmp_path_factory.getbasetemp().resolve()))
+    for name in [m for m in sys.modules if m not in before]:
+        if _imported_from(sys.modules[name], roots):
+            del sys.modules[name]
+    importlib.invalidate_caches()
 
 
 @pytest.fixture(scope="session")

@@ -408,7 +408,7 @@ def unpack(archive: Path, cache_dir: Path | None, max_members: int | None, max_m
     if max_total_size is not None:
         limits = dataclasses.replace(limits, total_bytes=parse_size(max_total_size, "--max-total-size"))
     _emit(run(archive, cache_dir, limits=limits, trusted_keys=list(trusted_keys) or None,
-              allow_unsigned=allow_unsigned, read_only=settings.read_only()), as_json)
+              allow_unsigned=allow_unsigned or None, read_only=settings.read_only()), as_json)
 
 
 @main.command(short_help="Make a key pair for signing locks and packs.")
@@ -446,7 +446,7 @@ def fetch(lock: Path, remote: str | None, archs: tuple[str, ...], kernels: tuple
 
     _emit(run(lock, BuildOptions.from_environment(cache_dir=cache_dir, remote=remote), archs=archs,
               kernels=kernels,
-              trusted_keys=list(trusted_keys) or None, allow_unsigned=allow_unsigned), as_json)
+              trusted_keys=list(trusted_keys) or None, allow_unsigned=allow_unsigned or None), as_json)
 
 
 @main.command(short_help="Versions, cache and GPU, for bug reports.")

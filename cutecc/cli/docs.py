@@ -92,6 +92,18 @@ def settings_reference() -> str:
         out += [f"| `{s.env}` | {f'`{s.flag}`' if s.flag else ''} | {f'`{s.key}`' if s.key else ''} | "
                 f"{s.kind} | {_cell(s.default)} | {_cell(s.what)} |" for s in rows]
         out.append("")
+    from cutecc.runtime.runtime_settings import READ_AT_LOAD
+
+    at_load = [s.env for s in settings.TABLE if s in READ_AT_LOAD.values()]
+    out += ["## When a program's load reads them", "",
+            "`cutecc.load()` and `cutecc.torch.load()` read "
+            + ", ".join(f"`{n}`" for n in at_load) + " once, when called "
+            "(`cutecc/runtime/runtime_settings.py`), into the settings that load serves by; their "
+            "keywords (`arch=`, `strict=`, `jit=`, `trusted_keys=`, `allow_unsigned=`) win over the "
+            "variables. A variable set after `load()` changes nothing of what that load serves. "
+            f"`${settings.ALLOW_SHARED_CACHE.env}` is read at each check of who could have written a "
+            "file (`cutecc/trust.py`), for the build and the runtime alike; the native check mode "
+            f"reads `${settings.SYNC_CHECK.env}` once per process, at the first kernel call.", ""]
     internal = [s for s in settings.TABLE if s.internal]
     out += ["## Internal hooks", "",
             "Not settings: hooks for cutecc's own tests and measurements, or what cutecc sets for "

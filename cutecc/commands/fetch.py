@@ -79,7 +79,7 @@ class FetchReport(Report):
 
 def fetch(lock: str | Path, options: BuildOptions = NOTHING_GIVEN, *,
           archs: tuple[str, ...] = (), kernels: tuple[str, ...] = (),
-          trusted_keys: list[str | Path] | None = None, allow_unsigned: bool = False) -> FetchReport:
+          trusted_keys: list[str | Path] | None = None, allow_unsigned: bool | None = None) -> FetchReport:
     """Fetch the entries `lock` names (only `archs`/`kernels` when given) into the cache
     `options.cache_dir` from the remote `options.remote` (`cutecc.settings.BuildOptions`, read
     at the edge), once the lock's signature verifies (see the module docstring)."""

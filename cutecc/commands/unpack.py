@@ -72,7 +72,7 @@ class UnpackReport(Report):
 
 def unpack(archive: str | Path, cache_dir: str | Path | None = None, *,
            limits: Limits | None = None, trusted_keys: list[str | Path] | None = None,
-           allow_unsigned: bool = False, read_only: bool = False) -> UnpackReport:
+           allow_unsigned: bool | None = None, read_only: bool = False) -> UnpackReport:
     """Import a pack's entries into a cache, each verified first, each published atomically.
 
     The pack's lock must carry a signature by one of `trusted_keys` (else
@@ -94,7 +94,7 @@ def unpack(archive: str | Path, cache_dir: str | Path | None = None, *,
 
 
 def _unpack(archive: str | Path, tree: PackTree, store: Store, trusted_keys: list[str | Path] | None,
-            allow_unsigned: bool) -> UnpackReport:
+            allow_unsigned: bool | None) -> UnpackReport:
     fmt = _read(tree, "format", 64)
     if fmt != f"{STORE_FORMAT}\n".encode():
         raise CuteccError(f"pack format {fmt!r}, this cutecc reads {STORE_FORMAT}",

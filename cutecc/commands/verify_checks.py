@@ -329,9 +329,11 @@ def _check_lock_tuning(report: VerifyReport, kernels: dict[str, EntryMeta], lock
 
     if kind is None:
         try:
+            from cutecc import settings
+            from cutecc.runtime.runtime_settings import RuntimeSettings
             from cutecc.runtime.tuning import device_kind
 
-            kind = device_kind()
+            kind = device_kind(RuntimeSettings(device_kind=settings.DEVICE_KIND.read() or None))
         except ImportError:  # no JAX here: no device kind to compare
             kind = None
     other: dict[str, int] = {}

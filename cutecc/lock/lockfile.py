@@ -22,7 +22,7 @@ import dataclasses
 import json
 import os
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -227,8 +227,9 @@ def read_lock_bytes(path: str | Path) -> bytes:
         raise CuteccError(f"cannot read the lock file: {e.strerror}", where=str(path)) from None
 
 
-def read_trusted_lock(path: str | Path, *, trusted_keys: list[str | Path] | None = None,
-                      allow_unsigned: bool = False) -> Lock:
+def read_trusted_lock(path: str | Path, *,
+                      trusted_keys: Sequence[str | os.PathLike[str]] | None = None,
+                      allow_unsigned: bool | None = None) -> Lock:
     """A lock file parsed from exactly the bytes whose signature (`PATH.sig`) was checked
     against the deployer's keys (`cutecc.lock.signing.check_lock`): for `load(lock=)` and `fetch`."""
     from cutecc.lock.signing import MAX_SIG_BYTES, SIG_SUFFIX, check_lock

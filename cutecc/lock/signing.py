@@ -347,20 +347,24 @@ def verify_file(path: str | os.PathLike[str], trusted: Sequence[PublicKey], kind
 
 def check_lock(data: bytes, sig: bytes | None, where: str, *,
                trusted_keys: Sequence[str | os.PathLike[str]] | None = None,
-               allow_unsigned: bool = False) -> PublicKey | None:
-    """Check a lock's bytes against the deployer's trusted keys (`trusted_keys`, else
+               allow_unsigned: bool | None = None) -> PublicKey | None:
+    """Check a lock's bytes against the deployer's trusted keys (`trusted_keys`; None:
     `$CUTECC_TRUSTED_KEYS`, paths separated by `:`): the key that signed it. Without any
-    trusted key the lock is refused, unless the deployer opted out (`allow_unsigned` or
-    `$CUTECC_ALLOW_UNSIGNED=1`): then None."""
-    paths = list(trusted_keys or [p for p in (settings.TRUSTED_KEYS.read() or "").split(os.pathsep)
-                                  if p])
+    trusted key the lock is refused, unless the deployer opted out (`allow_unsigned`; None:
+    `$CUTECC_ALLOW_UNSIGNED=1`): then None. A load passes both as it read them
+    (`cutecc.runtime.runtime_settings`), so neither variable is read here then."""
+    if trusted_keys is None:
+        trusted_keys = [p for p in (settings.TRUSTED_KEYS.read() or "").split(os.pathsep) if p]
+    if allow_unsigned is None:
+        allow_unsigned = settings.ALLOW_UNSIGNED.on()
+    paths = list(trusted_keys)
     if paths:
         try:
             keys = read_trusted_keys(paths)
         except OSError as e:
             raise SignatureError(f"cannot read a trusted key: {e.strerror}", where=str(e.filename)) from None
         return verify(data, sig, keys, "lock", where)
-    if allow_unsigned or settings.ALLOW_UNSIGNED.on():
+    if allow_unsigned:
         return None
     raise SignatureError(f"{where}: no trusted key to check its signature with. Pass the builder's "
                          f"public key (--trusted-key, trusted_keys=, {settings.TRUSTED_KEYS.where}), or opt "

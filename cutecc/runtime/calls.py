@@ -77,6 +77,10 @@ class Build:
     symbol: str
     runtime: RuntimeRef | None = None  # the runtime library it links against
     record_use: bool = True  # touch the entry's `used` file at registration (not in a pack)
+    # what the load read (`RuntimeSettings`) that its library is loaded by: check mode
+    # ($CUTECC_SYNC_CHECK) and tvm-ffi's interop ($CUTECC_TVM_FFI_TORCH)
+    sync_check: bool = False
+    tvm_ffi_interop: bool = False
     call: tuple[tuple[str, Any], ...] = ()  # the call keywords that reach this build
     shard: tuple[str, ...] = ()  # the symbols a call may be split along (`runtime.sharding`)
     reshard: str = RESHARD[0]  # a call split otherwise, under an explicit mesh (`runtime.strict`)
@@ -175,7 +179,8 @@ class Build:
         return library.ensure_registered(
             self.key, self.library, self.sha256, self.size, self.symbol,
             tuple(s.name for s in self.conv.scalars), f"kernel \"{kernel}\" {self.label}",
-            record_use=self.record_use, runtime=self.runtime)
+            record_use=self.record_use, runtime=self.runtime, sync_check=self.sync_check,
+            interop=self.tvm_ffi_interop)
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -9,8 +9,8 @@ deploy host that never misses never reads it), from bytes that match the lock's 
 without a lock the newest build's (`cutecc.runtime.fallback_code`); its result is checked
 against the kernel's contract read through the call (`check_result`). Each use warns once
 per call signature (`FallbackWarning`) and is counted in the cache's `misses.json`
-(`cutecc.store.misses`); `strict` (`load(strict=True)` or `$CUTECC_STRICT=1`) turns every
-use into the error a kernel without a fallback raises.
+(`cutecc.store.misses`); `strict` (`load(strict=True)` or `$CUTECC_STRICT=1`, read by the
+load) turns every use into the error a kernel without a fallback raises.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from cutecc import settings
 from cutecc.contract import expr
 from cutecc.contract.args import CallingConvention, args_from_json
 from cutecc.contract.fallbacks import FRONT_ENDS, FallbackRef
@@ -44,16 +43,19 @@ class Fallback:
     its entries record, of every arch (their values name a signature; a runtime scalar's
     value does not);
     `contracts`: the calling conventions of the kernel's entries, which a result is checked
-    against (`check_result`)."""
+    against (`check_result`); `strict`: every use is an error instead, `strict_by` naming
+    what asked for that (`load(strict=True)`, `$CUTECC_STRICT`)."""
 
     def __init__(self, kernel: str, ref: FallbackRef, *, arch: str, strict: bool,
                  misses_root: Path | None, call_keywords: Collection[str] = (),
+                 strict_by: str = "load(strict=True)",
                  roots: Sequence[Path] = (), pinned_by: str = "the lock",
                  contracts: Sequence[CallingConvention] = ()) -> None:
         self.kernel = kernel
         self.ref = ref
         self.arch = arch
         self.strict = strict
+        self.strict_by = strict_by
         self.misses_root = misses_root
         self.call_keywords = frozenset(call_keywords)
         self.roots = tuple(roots)
@@ -107,10 +109,9 @@ class Fallback:
         (dtype name, shape); `no_builds`: the kernel has no build usable on this arch at
         all. `note`: why no just-in-time build serves it either (`load(jit=True)`), said in
         the warning."""
-        if self.strict or settings.STRICT.on():
-            why = "load(strict=True)" if self.strict else settings.STRICT.where
-            raise NoBuildFits(f"{miss.message}\n(strict, {why}: the declared fallback {self.ref.ref} "
-                              "is not served)", where=miss.where)
+        if self.strict:
+            raise NoBuildFits(f"{miss.message}\n(strict, {self.strict_by}: the declared fallback "
+                              f"{self.ref.ref} is not served)", where=miss.where)
         reason = f"no build for {self.arch}" if no_builds else "no built variant fits"
         keywords = {**{k: v for k, v in kwargs.items() if k in self.call_keywords}, **keywords}
         m = miss_of(self.kernel, self.arch, arrays_sig, keywords, reason)
@@ -274,7 +275,7 @@ def _extent_values(d: Any, env: Mapping[str, Any], statics: Mapping[int, set[Any
 def declared_fallback(framework: str, name: str, fn: Any, entries: list[Entry], store: StoreView,
                       locked: Any, target: str, strict: bool, misses_root: Path | None,
                       manifest: Path | None = None, roots: list[Path] | None = None,
-                      own: bool = False) -> Fallback | None:
+                      own: bool = False, strict_by: str = "load(strict=True)") -> Fallback | None:
     """The kernel's declared fallback for this front end, or None: under a lock, the one its
     lines record (its closure must hash as they pin it); else the one the newest build (of
     `manifest` or of the keys served, when the load is one project's, `own`: a manifest's or
@@ -313,6 +314,7 @@ def declared_fallback(framework: str, name: str, fn: Any, entries: list[Entry], 
                 contracts.append(CallingConvention.of(args_from_json(entry.meta.args)))
         except (KeyError, TypeError, ValueError):
             continue
-    return Fallback(name, ref, arch=target, strict=strict, misses_root=misses_root, call_keywords=names,
+    return Fallback(name, ref, arch=target, strict=strict, strict_by=strict_by, misses_root=misses_root,
+                    call_keywords=names,
                     roots=[*(roots or ()), *(Path(r) for r in found_roots)], contracts=contracts,
                     pinned_by="the lock" if locked is not None else "the newest build")

@@ -61,10 +61,13 @@ def registered() -> BuilderFactory | None:
 
 
 def jit_hook(store: StoreView, manifest: Path | None, target: str, series: str,
-              driver: tuple[int, int] | None) -> Callable[..., str | None]:
+             driver: tuple[int, int] | None, strict_by: str | None = None,
+             loaded: Callable[[Build], Build] = lambda b: b) -> Callable[..., str | None]:
     """What a kernel calls at a miss under `load(jit=True)`: build the variant serving the
-    call (the registered builder's, made at the first miss only), offer it, warn once per
-    signature (`JitBuildWarning`) and count the miss; None when served, else why not."""
+    call (the registered builder's, made at the first miss only), offer it (as the load
+    serves a build: `loaded`), warn once per signature (`JitBuildWarning`) and count the
+    miss; None when served, else why not. `strict_by`: what made the load strict
+    (`$CUTECC_STRICT`, read by the load): every miss is then left unbuilt."""
     import warnings
 
     from cutecc.errors import JitBuildWarning
@@ -74,10 +77,8 @@ def jit_hook(store: StoreView, manifest: Path | None, target: str, series: str,
 
     def hook(fn: KernelBase, sig: list[tuple[str, tuple[Any, ...]]], keywords: dict[str, Any],
              miss: CuteccError) -> str | None:
-        from cutecc import settings
-
-        if settings.STRICT.on():
-            return f"off under {settings.STRICT.where}"
+        if strict_by is not None:
+            return f"off under {strict_by}"
         if "builder" not in state:
             factory = registered()
             if factory is None:
@@ -95,7 +96,7 @@ def jit_hook(store: StoreView, manifest: Path | None, target: str, series: str,
         if e is None or why:
             return f"entry {r.key[:12]} ({r.variant}@{r.arch}): {why}"
         said = reason if not fn.builds else f"{reason} on {target}"
-        fn._add_build(Build.of(e.meta, e.path))
+        fn._add_build(loaded(Build.of(e.meta, e.path)))
         done = "compiled" if r.compiled else "found cached"
         warnings.warn(f'cutecc kernel "{fn.name}" {m.signature}: {said}; {done} variant '
                       f"{r.variant} for {r.arch} just in time ({r.key[:12]}, {r.seconds:.1f}s): add it to "

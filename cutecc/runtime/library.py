@@ -42,9 +42,6 @@ from cutecc.store.layout import entry_file_parts, meta_parts
 from cutecc.store.view import touch_used
 
 ENV_ALLOW_SHARED = settings.ALLOW_SHARED_CACHE.env
-# Check mode: each kernel's native wrapper waits for its kernel and reports a fault by name
-# (cutecc/native reads the same variable).
-ENV_SYNC_CHECK = settings.SYNC_CHECK.env
 _lock = threading.Lock()
 _registered: dict[str, Any] = {}  # target name -> tvm_ffi.Module registered with JAX
 # target name -> (tvm_ffi.Module kept alive, function, SHA-256 of its bytes, where they came from)
@@ -90,11 +87,6 @@ def _read_library(path: Path, max_bytes: int) -> bytes:
     return trust.read_file(root, parts, max_bytes)
 
 
-def sync_check_from_env() -> bool:
-    """Whether `$CUTECC_SYNC_CHECK` turns check mode on (unset, 0, false, no, off: off)."""
-    return settings.SYNC_CHECK.on()
-
-
 def verified_bytes(path: Path, sha256: str, size: int, label: str, what: str = "kernel library") -> bytes:
     """The library's bytes, read through checked directories without following links
     (`cutecc.trust`), and only if they match the recorded size and SHA-256."""
@@ -130,14 +122,14 @@ def verified_bytes(path: Path, sha256: str, size: int, label: str, what: str = "
 TVM_FFI_OPTIONAL = ("torch", "cuda.bindings")
 
 
-def import_tvm_ffi() -> Any:
+def import_tvm_ffi(interop: bool = False) -> Any:
     """`tvm_ffi`, imported without dragging in its optional torch and cuda-python interop.
 
     Each of `TVM_FFI_OPTIONAL` not imported yet (then it costs nothing) is hidden from
-    that one import, unless `$CUTECC_TVM_FFI_TORCH=1` asks for tvm-ffi's interop;
-    importing them later works as usual.
+    that one import, unless `interop` (`$CUTECC_TVM_FFI_TORCH=1`, read by the load) asks
+    for tvm-ffi's interop; importing them later works as usual.
     """
-    if "tvm_ffi" in sys.modules or settings.TVM_FFI_TORCH.read() == "1":
+    if "tvm_ffi" in sys.modules or interop:
         import tvm_ffi
 
         return tvm_ffi
@@ -177,7 +169,7 @@ def _load_bytes(data: bytes, name: str) -> Any:
     return _through_memfd(data, f"{name}.so", import_tvm_ffi().load_module)
 
 
-def ensure_runtime(ref: RuntimeRef, label: str, *, record_use: bool = True) -> None:
+def ensure_runtime(ref: RuntimeRef, label: str, *, record_use: bool = True, interop: bool = False) -> None:
     """Verify and load the runtime library `ref` once per process (before any kernel
     library that needs it). Its entry's metadata must be sound and its bytes must match
     the SHA-256 the kernel's metadata records; a second runtime of the same soname but
@@ -194,7 +186,7 @@ def ensure_runtime(ref: RuntimeRef, label: str, *, record_use: bool = True) -> N
                             where=label)
         return
     where = f"{label}: runtime library ({ref.path})"
-    import_tvm_ffi()  # its libtvm_ffi.so is the runtime library's DT_NEEDED, found by soname
+    import_tvm_ffi(interop)  # its libtvm_ffi.so is the runtime library's DT_NEEDED, found by soname
     data = verified_bytes(ref.path, ref.sha256, ref.size, f"{label}: runtime library",
                           what="runtime library")
     root, parts = entry_file_parts(ref.path)
@@ -216,22 +208,24 @@ def ensure_runtime(ref: RuntimeRef, label: str, *, record_use: bool = True) -> N
         raise WorkError(f"runtime library ABI {abi}, this cutecc needs {RUNTIME_ABI}; rebuild with "
                         "`cutecc build`", where=where)
     _runtimes[soname] = (ref.sha256, handle)
-    if record_use and not settings.read_only():
+    if record_use:
         touch_used(ref.path.parent)
 
 
 def load_function(key: str, path: Path, sha256: str, size: int, symbol: str, label: str, *,
-                  record_use: bool = True, runtime: RuntimeRef | None = None) -> Any:
+                  record_use: bool = True, runtime: RuntimeRef | None = None,
+                  interop: bool = False) -> Any:
     """The entry's kernel as a `tvm_ffi.Function`: verified and loaded once per process (after
     its `runtime` library), the one copy that JAX registers and PyTorch calls directly.
 
-    `record_use`: touch the entry's `used` file (for `cutecc gc`); off for installed packs.
+    `record_use`: touch the entry's `used` file (for `cutecc gc`); off for installed packs
+    and read-only caches. `interop`: `import_tvm_ffi`'s.
     """
     got = _functions.get(target_name(key))
     if got is not None and got[2] == sha256:
         return got[1]
     with _lock:
-        return _load_locked(key, path, sha256, size, symbol, label, record_use, runtime)[1]
+        return _load_locked(key, path, sha256, size, symbol, label, record_use, runtime, interop)[1]
 
 
 def _other_bytes(held: tuple[Any, Any, str, Path], key: str, path: Path, sha256: str,
@@ -246,7 +240,7 @@ def _other_bytes(held: tuple[Any, Any, str, Path], key: str, path: Path, sha256:
 
 
 def _load_locked(key: str, path: Path, sha256: str, size: int, symbol: str, label: str,
-                 record_use: bool, runtime: RuntimeRef | None) -> tuple[Any, Any]:
+                 record_use: bool, runtime: RuntimeRef | None, interop: bool = False) -> tuple[Any, Any]:
     """(module, function) of the entry, loaded on first use; call with `_lock` held."""
     name = target_name(key)
     got = _functions.get(name)
@@ -256,25 +250,32 @@ def _load_locked(key: str, path: Path, sha256: str, size: int, symbol: str, labe
         return got[0], got[1]
     data = verified_bytes(path, sha256, size, label)
     if runtime is not None:
-        ensure_runtime(runtime, label, record_use=record_use)
+        ensure_runtime(runtime, label, record_use=record_use, interop=interop)
+    if interop:
+        import_tvm_ffi(interop)  # with its interop, before `_load_bytes` imports it without
     try:
         module = _load_bytes(data, name)
         fn = getattr(module, symbol)
     except Exception as e:
         raise WorkError(f"cannot load the kernel library: {e}", where=f"{label} ({path})") from None
     _functions[name] = (module, fn, sha256, path)
-    if record_use and not settings.read_only():
+    if record_use:
         touch_used(path.parent)  # once per process per entry, for `cutecc gc`
     return module, fn
 
 
 def ensure_registered(key: str, path: Path, sha256: str, size: int, symbol: str,
                       scalar_names: tuple[str, ...], label: str, *, record_use: bool = True,
-                      runtime: RuntimeRef | None = None) -> str:
+                      runtime: RuntimeRef | None = None, sync_check: bool = False,
+                      interop: bool = False) -> str:
     """Verify, load and register the entry's kernel once (after its `runtime` library);
     returns its target name.
 
-    `record_use`: touch the entry's `used` file (for `cutecc gc`); off for installed packs.
+    `record_use`: touch the entry's `used` file (for `cutecc gc`); off for installed packs
+    and read-only caches. `sync_check` (`$CUTECC_SYNC_CHECK`, read by the load): check
+    mode, in which each kernel's native wrapper waits for its kernel and reports a fault by
+    name (`cutecc/native` reads the same variable, once per process), so XLA may not capture
+    it into a CUDA graph. `interop`: `import_tvm_ffi`'s.
     """
     name = target_name(key)
     got = _functions.get(name)
@@ -282,15 +283,15 @@ def ensure_registered(key: str, path: Path, sha256: str, size: int, symbol: str,
         return name
     with _lock:
         if name in _registered:
-            _load_locked(key, path, sha256, size, symbol, label, record_use, runtime)  # same bytes?
+            _load_locked(key, path, sha256, size, symbol, label, record_use, runtime, interop)  # same bytes?
             return name
-        module, fn = _load_locked(key, path, sha256, size, symbol, label, record_use, runtime)
+        module, fn = _load_locked(key, path, sha256, size, symbol, label, record_use, runtime, interop)
         import jax_tvm_ffi
 
         arg_spec = ["args", "rets"] + [f"attrs.{s}" for s in scalar_names]
         # XLA replays a call it captured into a CUDA graph without running the call's
         # wrapper, whose check would then be skipped: in check mode, no graphs.
         jax_tvm_ffi.register_ffi_target(name, fn, arg_spec, platform="gpu",
-                                        allow_cuda_graph=not sync_check_from_env())
+                                        allow_cuda_graph=not sync_check)
         _registered[name] = module
     return name

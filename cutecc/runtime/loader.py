@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cutecc import trust
-from cutecc.archs import check_device_arch, device_arch, driver_version, runs_on
+from cutecc.archs import check_device_arch, driver_version, gpu_arch, runs_on
 from cutecc.contract.composite_line import CompositeLine
 from cutecc.errors import CuteccError, WorkError
 from cutecc.runtime import jit_hook
@@ -41,8 +41,8 @@ from cutecc.runtime.project import (
     selected_lines,
     several_builders,
 )
+from cutecc.runtime.runtime_settings import RuntimeSettings
 from cutecc.runtime.usable import ptx_problem, record_problem, tvm_ffi_series, why_unusable
-from cutecc.settings import read_only
 from cutecc.store.build_records import ManifestRecord
 from cutecc.store.view import Entry, StoreView
 
@@ -150,8 +150,15 @@ class FrontEnd:
     kernel: Callable[..., Any]
     composite: Callable[..., Any] | None
     kernel_set: type[KernelSet]
-    device_arch: Callable[[], str | None]
-    device_kind: Callable[[], str | None]
+    device_arch: Callable[[RuntimeSettings], str | None]
+    device_kind: Callable[[RuntimeSettings], str | None]
+
+
+def device_arch(given: RuntimeSettings | None = None) -> str | None:
+    """The arch a JAX load serves by default: `$CUTECC_ARCH` (as `given` read it; None: read
+    now), else the first GPU's (`cutecc.archs.gpu_arch`), else None."""
+    rs = RuntimeSettings.from_environment() if given is None else given
+    return check_device_arch(rs.arch, rs.where("arch")) if rs.arch else gpu_arch()
 
 
 def _jax() -> FrontEnd:
@@ -195,6 +202,9 @@ def load(cache_dir: str | Path | None = None, *, arch: str | None = None,
     variant that serves it into this cache, with the key `cutecc build` gives it, and is
     served by it (the builder `cutecc.load` registers: `cutecc.runtime.jit_hook`). Needs the
     DSL (an error at load without it); excludes a lock, a pack, a read-only cache and `strict`.
+    Every setting of the environment a load serves by is read here, once
+    (`cutecc.runtime.runtime_settings`, `docs/settings.md`): one set later changes nothing
+    of what this load serves; the keywords given win over the variables.
     """
     return load_with(_jax(), cache_dir, arch=arch, kernels=kernels, manifest=manifest, strict=strict,
                      lock=lock, package=package, trusted_keys=trusted_keys,
@@ -207,12 +217,16 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
               lock: str | Path | None = None, package: str | None = None,
               trusted_keys: list[str | Path] | None = None,
               allow_unsigned: bool = False, jit: bool | None = None) -> KernelSet:
-    """`load` for a framework's `front` end: the same sources, checks and selection."""
-    record_use = True
+    """`load` for a framework's `front` end: the same sources, checks and selection. The
+    environment is read here, once, into the settings the load serves by (`RuntimeSettings`),
+    the keywords given winning over it."""
+    rs = RuntimeSettings.from_environment(arch=arch, strict=strict, jit=jit, trusted_keys=trusted_keys,
+                                          allow_unsigned=allow_unsigned)
+    record_use = not rs.read_only
     plain = cache_dir is None  # the user's own cache (or $CUTECC_CACHE_DIR): a plain load's
-    jit = _jit_wanted(front, jit, strict=strict, pinned=lock is not None or package is not None)
+    use_jit = _jit_wanted(front, rs, strict=strict, pinned=lock is not None or package is not None)
     if lock is None and package is None:
-        _no_keys_without_a_lock(trusted_keys)
+        _no_keys_without_a_lock(rs)
     if package is not None:
         if cache_dir is not None or lock is not None:
             raise CuteccError("package= excludes cache_dir and lock (a pack has its own)",
@@ -223,14 +237,21 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
         cache_dir = package_root(package)
         lock, record_use = cache_dir / LOCK_NAME, False
     store = StoreView(cache_dir)
+
+    def loaded(b: Build) -> Build:
+        """Build `b` as this load serves it: its use recorded or not, its library loaded by
+        the settings read."""
+        return dataclasses.replace(b, record_use=b.record_use and record_use, sync_check=rs.sync_check,
+                                   tvm_ffi_interop=rs.tvm_ffi_interop)
+
     if not store.entries_dir.is_dir():
         raise WorkError("no kernel cache here; run `cutecc build` first", where=str(store.root))
     store.require()  # of this format: an older cache has no index and no runtime libraries
-    target = check_device_arch(arch, "cutecc.load arch") if arch is not None else front.device_arch()
+    target = check_device_arch(arch, rs.where("arch")) if arch is not None else front.device_arch(rs)
     if target is None:
         raise WorkError(f"no GPU is visible to {front.framework}: pass arch= (or set CUTECC_ARCH) to load "
                         "kernels for lowering without one", where="cutecc.load")
-    driver = driver_version()  # judges PTX entries (None without a driver: not judged)
+    driver = driver_version(rs.driver_version)  # judges PTX entries (None without a driver: not judged)
     chosen, chosen_path = None, None  # a project's lock: which entries serve (`runtime.project`)
     stranger: Project | None = None  # a plain load's project that this cache holds no build of
     records: list[ManifestRecord] | None = None  # every manifest's record, read at need
@@ -257,7 +278,7 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
     if lock is not None:
         from cutecc.lock.lockfile import read_trusted_lock
 
-        locked = read_trusted_lock(lock, trusted_keys=trusted_keys, allow_unsigned=allow_unsigned)
+        locked = read_trusted_lock(lock, trusted_keys=rs.trusted_keys, allow_unsigned=rs.allow_unsigned)
     set_aside: dict[str, str] = {}  # composite records that cannot be read, and why
     # where a fallback's pinned closure is looked for first (`cutecc.runtime.fallback_code`)
     fallback_roots = [store.root / FALLBACK_DIR] if package is not None else []
@@ -379,13 +400,16 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
                 raise not_this_project(name, stranger, records, store)
         entries, unreadable = _entries_of(store, name, keys_of(name), newest)
         unreadable += absent.get(name, [])
-        fn = _kernel_fn(front, name, entries, target, series, pinned, record_use, unreadable, driver)
-        fn.tuning = _tuning(name, fn, store, locked, target, series, record_use, front.device_kind, driver)
-        fn._fallback = declared_fallback(front.framework, name, fn, entries, store, locked, target, strict,
-                                 misses_root=store.root if record_use and not read_only() else None,
-                                 manifest=mpath, roots=fallback_roots, own=chosen is not None)
-        if jit:
-            fn._jit = jit_hook.jit_hook(store, mpath, target, series, driver)
+        fn = _kernel_fn(front, name, entries, target, series, pinned, loaded, unreadable, driver)
+        fn.tuning = _tuning(name, fn, store, locked, target, series, loaded,
+                            lambda: front.device_kind(rs), driver)
+        fn._fallback = declared_fallback(front.framework, name, fn, entries, store, locked, target,
+                                         rs.strict, misses_root=store.root if record_use else None,
+                                         manifest=mpath, roots=fallback_roots, own=chosen is not None,
+                                         strict_by=rs.where("strict"))
+        if use_jit:
+            fn._jit = jit_hook.jit_hook(store, mpath, target, series, driver,
+                                        rs.where("strict") if rs.strict else None, loaded)
         return fn
 
     ks = front.kernel_set(store.root, target, resolve, all_names,
@@ -399,18 +423,13 @@ def load_with(front: FrontEnd, cache_dir: str | Path | None = None, *, arch: str
     return ks
 
 
-def _jit_wanted(front: FrontEnd, jit: bool | None, *, strict: bool, pinned: bool) -> bool:
+def _jit_wanted(front: FrontEnd, rs: RuntimeSettings, *, strict: bool, pinned: bool) -> bool:
     """Whether just-in-time builds are on: `jit=` if given, else `$CUTECC_JIT` (which a
-    lock or pack load ignores: they pin what runs). On, they need the DSL, the JAX front
-    end and a cache this process may write, and exclude `strict`: else an error at load."""
-    from cutecc import settings
-
-    if jit is None:
-        jit = settings.JIT.on() and not pinned
-        given = settings.JIT.where
-    else:
-        given = "jit=True"
-    if not jit:
+    lock or pack load ignores: they pin what runs), as `rs` read them. On, they need the
+    DSL, the JAX front end and a cache this process may write, and exclude `strict`: else an
+    error at load."""
+    given = rs.where("jit")
+    if not rs.jit or (pinned and given != "jit=True"):
         return False
     why = None
     if front.framework != "JAX":
@@ -419,8 +438,8 @@ def _jit_wanted(front: FrontEnd, jit: bool | None, *, strict: bool, pinned: bool
         why = "a lock or a pack pins exactly what runs: load the cache (or a manifest) to build into it"
     elif strict:
         why = "strict=True makes every miss an error"
-    elif read_only():
-        why = f"{settings.READ_ONLY.where} forbids writing the cache"
+    elif rs.read_only:
+        why = f"{rs.where('read_only')} forbids writing the cache"
     else:
         import importlib.util
 
@@ -464,7 +483,7 @@ def _entries_of(store: StoreView, name: str, keys: list[str],
 
 
 def _kernel_fn(front: FrontEnd, name: str, entries: list[Entry], target: str, series: str,
-               pinned: dict[str, Any], record_use: bool, unreadable: list[str],
+               pinned: dict[str, Any], loaded: Callable[[Build], Build], unreadable: list[str],
                driver: tuple[int, int] | None = None) -> KernelBase:
     """One kernel's callable: per variant the build that runs best here, the newest of
     equals (an edited kernel's older entry stays in the cache until gc); entries that
@@ -490,8 +509,7 @@ def _kernel_fn(front: FrontEnd, name: str, entries: list[Entry], target: str, se
         except (KeyError, TypeError, ValueError) as err:
             unusable.append(f"{e.key[:12]}: malformed metadata ({err!r})")
             continue
-        if not record_use:
-            b = dataclasses.replace(b, record_use=False)
+        b = loaded(b)
         score = (runs_on(b.arch, target), rec.built_at or "")
         if b.variant not in best or score > best[b.variant][0]:
             best[b.variant] = (score, b)
@@ -501,13 +519,10 @@ def _kernel_fn(front: FrontEnd, name: str, entries: list[Entry], target: str, se
     return front.kernel(name, builds, backward=backward, grad=grad, unusable=unusable, arch=target)
 
 
-def _no_keys_without_a_lock(trusted_keys: list[str | Path] | None) -> None:
+def _no_keys_without_a_lock(rs: RuntimeSettings) -> None:
     """Trusted keys check a lock's signature; with no lock (nor pack) they would check
     nothing, and a deployer who set them expects a check: an error says what to pass."""
-    from cutecc import settings
-
-    given = "trusted_keys=" if trusted_keys else (
-        settings.TRUSTED_KEYS.where if settings.TRUSTED_KEYS.text() else None)
+    given = rs.where("trusted_keys") if rs.given("trusted_keys") else None
     if given:
         raise CuteccError(f"{given} is set, but nothing loaded here is signed: pass lock= (a signed "
                           "kernels.lock) or package= (a signed pack) for the keys to check, or drop "
@@ -515,7 +530,7 @@ def _no_keys_without_a_lock(trusted_keys: list[str | Path] | None) -> None:
 
 
 def _tuning(name: str, fn: KernelBase, store: StoreView, locked: Any, target: str, series: str,
-            record_use: bool, device_kind: Callable[[], str | None],
+            loaded: Callable[[Build], Build], device_kind: Callable[[], str | None],
             driver: tuple[int, int] | None = None) -> Any:
     """The kernel's table of tuned winners: the lock's results (with a lock), else the
     cache's records of its default entries; None when nothing was tuned."""
@@ -550,8 +565,7 @@ def _tuning(name: str, fn: KernelBase, store: StoreView, locked: Any, target: st
                 record_problem(base) or line_problem(t, base.meta, e.meta)
                 or sibling_problem(base.meta, e.meta))
         if why is None and e is not None:
-            b = Build.of(e.meta, e.path)
-            return b if record_use else dataclasses.replace(b, record_use=False)
+            return loaded(Build.of(e.meta, e.path))
         fn.unusable += (f"tuned winner {t.winner_variant}@{t.arch} ({t.winner[:12]}) for {t.bucket} "
                         f"on {t.device}: {why}",)
         return None

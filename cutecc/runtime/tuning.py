@@ -22,12 +22,13 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from cutecc import settings, trust
+from cutecc import trust
 from cutecc.contract.buckets import bucket_of, bucket_text
 from cutecc.contract.pinned import Tuned
 from cutecc.entry.meta import EntryMeta
 from cutecc.entry.rules import contract_digest, is_key
 from cutecc.errors import CuteccError
+from cutecc.runtime.runtime_settings import RuntimeSettings
 from cutecc.store.layout import Layout
 from cutecc.store.tuning_records import MAX_RECORD_BYTES, TuningResult, TuningResults
 
@@ -140,17 +141,19 @@ def winners_in(root: Path) -> dict[str, list[str]]:
     return out
 
 
-def device_kind() -> str | None:
+def device_kind(given: RuntimeSettings | None = None) -> str | None:
     """This process's GPU kind as JAX names it (`NVIDIA H100 80GB HBM3`); without a GPU,
-    `$CUTECC_DEVICE_KIND` (to lower or export on a CPU host for that device), else None."""
-
+    `$CUTECC_DEVICE_KIND` (to lower or export on a CPU host for that device; as `given`
+    read it, None: read now), else None."""
     import jax
 
     try:
         devs = jax.devices("gpu")
     except RuntimeError:
         devs = []
-    return devs[0].device_kind if devs else settings.DEVICE_KIND.read() or None
+    if devs:
+        return str(devs[0].device_kind)
+    return (RuntimeSettings.from_environment() if given is None else given).device_kind
 
 
 class TuningTable:

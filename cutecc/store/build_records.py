@@ -53,7 +53,7 @@ def _ours(doc: Any) -> bool:
 class GenerationRecord:
     """`generations/<kernel>@<arch>.json`: `keys` (sorted, once each) are the current
     entries of `kernel` for `arch`, built from `manifest`; `built_at` is when a build last
-    changed the record (a no-op build leaves it: `cutecc.store.record_writer`); `fallbacks` holds
+    changed the record (a no-op build leaves it: `cutecc.store.writer`); `fallbacks` holds
     the kernel's declared fallback fields (`cutecc.contract.fallbacks.FIELDS`) as recorded,
     only those set (`fallback` checks one), and `roots`, the build's python_path, where the
     runtime looks for their pinned closures first. Read back, a field of the wrong type is None."""

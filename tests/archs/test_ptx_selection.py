@@ -93,15 +93,13 @@ def test_the_ptx_isa_is_read_from_the_ptx() -> None:
 
 @pytest.mark.parametrize(("given", "got"), [("13.0", (13, 0)), ("13000", (13, 0)), ("12080", (12, 8)),
                                             ("none", None)])
-def test_the_driver_version_can_be_given(monkeypatch: pytest.MonkeyPatch, given: str,
-                                         got: tuple[int, int] | None) -> None:
-    monkeypatch.setenv("CUTECC_DRIVER_VERSION", given)
-    assert archs.driver_version() == got
+def test_the_driver_version_can_be_given(given: str, got: tuple[int, int] | None) -> None:
+    assert archs.driver_version(archs.parse_driver_version(given, "$CUTECC_DRIVER_VERSION")) == got
     for bad in ("thirteen", "9" * 100_000, "\uff11\uff13\uff10\uff10\uff10", "\u00b9\u00b3\u2070\u2070\u2070",
                 "\u0661\u0663.\u0660"):  # a hostile length, digits not ASCII: refused, not parsed
-        monkeypatch.setenv("CUTECC_DRIVER_VERSION", bad)
-        with pytest.raises(CuteccError, match="not a CUDA driver version"):
-            archs.driver_version()
+        with pytest.raises(CuteccError, match="not a CUDA driver version") as e:
+            archs.parse_driver_version(bad, "$CUTECC_DRIVER_VERSION")
+        assert e.value.where == "$CUTECC_DRIVER_VERSION"
 
 
 def test_a_build_records_the_ptx_isa(cache: Path) -> None:

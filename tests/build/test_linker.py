@@ -296,13 +296,13 @@ def test_check_mode_synchronises_after_the_kernel_and_names_it(fake_lib: Path, v
 
 
 def test_check_mode_keeps_kernels_out_of_cuda_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cutecc.runtime import library
+    from cutecc.runtime.runtime_settings import RuntimeSettings
 
     monkeypatch.delenv("CUTECC_SYNC_CHECK", raising=False)
-    assert not library.sync_check_from_env()
+    assert not RuntimeSettings.from_environment().sync_check
     for value, on in [("1", True), ("on", True), (" off ", False), ("0", False)]:
         monkeypatch.setenv("CUTECC_SYNC_CHECK", value)
-        assert library.sync_check_from_env() is on
+        assert RuntimeSettings.from_environment().sync_check is on
 
 
 # The fault kernels of the GPU suite --------------------------------------------------

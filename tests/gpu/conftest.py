@@ -4,7 +4,10 @@ test modules share: a per-test random generator, random arrays, poisoned memory.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import zlib
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,6 +18,22 @@ import pytest
 # front, and a measuring child then got profiler traces without a GPU plane in two full-suite
 # runs (the tuning tests alone passed). Each process takes what it uses.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+def prepared_cache(tmp_path_factory: pytest.TempPathFactory, manifest: Path, env: str) -> Path:
+    """The cache of `manifest`'s kernels: the one `$env` names (the device machine has no DSL:
+    tests/gpu/prepare.sh builds it elsewhere), else built here into a fresh directory where the
+    DSL is installed; else the test is skipped, saying which variable to set."""
+    pre = os.environ.get(env)
+    if pre:
+        return Path(pre)
+    pytest.importorskip("cutlass", reason=f"set {env} to a cache built from {manifest} "
+                        "(building it here needs nvidia-cutlass-dsl)")
+    cache = tmp_path_factory.mktemp(f"{manifest.parent.name}-cache")
+    r = subprocess.run([sys.executable, "-m", "cutecc.cli", "build", str(manifest), "--cache-dir",
+                        str(cache), "--no-lock"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr + r.stdout
+    return cache
+
 
 def _has_gpu() -> bool:
     try:

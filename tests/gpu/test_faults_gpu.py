@@ -34,6 +34,8 @@ from cutecc.archs import device_arch
 from cutecc.errors import CuteccError
 from cutecc.store import Store
 
+from .conftest import prepared_cache
+
 pytestmark = pytest.mark.gpu
 
 MANIFEST = Path(__file__).with_name("faulty_kernels") / "kernels.toml"
@@ -93,16 +95,7 @@ os._exit(0)
 
 @pytest.fixture(scope="module")
 def fault_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pre = os.environ.get(ENV_CACHE)
-    if pre:
-        return Path(pre)
-    pytest.importorskip("cutlass", reason=f"set {ENV_CACHE} to a cache built from {MANIFEST} "
-                        "(building it here needs nvidia-cutlass-dsl)")
-    cache = tmp_path_factory.mktemp("fault-cache")
-    r = subprocess.run([sys.executable, "-m", "cutecc.cli", "build", str(MANIFEST), "--cache-dir",
-                        str(cache), "--no-lock"], capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr + r.stdout
-    return cache
+    return prepared_cache(tmp_path_factory, MANIFEST, ENV_CACHE)
 
 
 def who(cache: Path, kernel: str, arch: str) -> str:

@@ -11,9 +11,6 @@ CUTECC_FORMS_CACHE, it is built here.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -23,6 +20,8 @@ import pytest
 
 import cutecc
 
+from .conftest import prepared_cache
+
 pytestmark = pytest.mark.gpu
 
 MANIFEST = Path(__file__).parent / "form_kernels" / "kernels.toml"
@@ -31,16 +30,7 @@ ENV_CACHE = "CUTECC_FORMS_CACHE"
 
 @pytest.fixture(scope="module")
 def ks(tmp_path_factory: pytest.TempPathFactory):
-    pre = os.environ.get(ENV_CACHE)
-    if pre:
-        cache = Path(pre)
-    else:
-        pytest.importorskip("cutlass", reason=f"set {ENV_CACHE} to a cache built from {MANIFEST}")
-        cache = tmp_path_factory.mktemp("forms-cache")
-        r = subprocess.run([sys.executable, "-m", "cutecc.cli", "build", str(MANIFEST), "--cache-dir",
-                            str(cache), "--no-lock"], capture_output=True, text=True, timeout=900)
-        assert r.returncode == 0, r.stderr + r.stdout
-    return cutecc.load(cache, manifest=MANIFEST)
+    return cutecc.load(prepared_cache(tmp_path_factory, MANIFEST, ENV_CACHE), manifest=MANIFEST)
 
 
 def f32(rng: np.random.Generator, n: int) -> jax.Array:

@@ -9,8 +9,6 @@ CUTECC_LAYOUT_CACHE, it is built here.
 from __future__ import annotations
 
 import operator
-import os
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -23,6 +21,8 @@ import pytest
 import cutecc
 from cutecc.errors import CuteccError, FallbackWarning
 
+from .conftest import prepared_cache
+
 pytestmark = pytest.mark.gpu
 
 MANIFEST = Path(__file__).parent / "layout_kernels" / "kernels.toml"
@@ -31,16 +31,7 @@ ENV_CACHE = "CUTECC_LAYOUT_CACHE"
 
 @pytest.fixture(scope="module")
 def ks(tmp_path_factory: pytest.TempPathFactory):
-    pre = os.environ.get(ENV_CACHE)
-    if pre:
-        cache = Path(pre)
-    else:
-        pytest.importorskip("cutlass", reason=f"set {ENV_CACHE} to a cache built from {MANIFEST}")
-        cache = tmp_path_factory.mktemp("layout-cache")
-        r = subprocess.run([sys.executable, "-m", "cutecc.cli", "build", str(MANIFEST), "--cache-dir",
-                            str(cache), "--no-lock"], capture_output=True, text=True, timeout=900)
-        assert r.returncode == 0, r.stderr + r.stdout
-    return cutecc.load(cache)
+    return cutecc.load(prepared_cache(tmp_path_factory, MANIFEST, ENV_CACHE))
 
 
 def bf16(rng: np.random.Generator, shape: tuple[int, ...]) -> jax.Array:

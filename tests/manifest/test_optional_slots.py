@@ -15,41 +15,9 @@ from cutecc.contract.args import NoneArg, TensorArg, args_to_json
 from cutecc.errors import CuteccError
 from cutecc.manifest import load_manifest
 
-OPS = '''\
-import cutlass
-import cutlass.cute as cute
-
-
-@cute.kernel
-def _scaled(x: cute.Tensor, out: cute.Tensor, factor: cutlass.Float32, n: cutlass.Int32):
-    tidx, _, _ = cute.arch.thread_idx()
-    bidx, _, _ = cute.arch.block_idx()
-    i = bidx * 128 + tidx
-    if i < n:
-        out[i] = x[i] * factor
-
-
-@cute.kernel
-def _biased(x: cute.Tensor, bias: cute.Tensor, out: cute.Tensor, factor: cutlass.Float32,
-            n: cutlass.Int32):
-    tidx, _, _ = cute.arch.thread_idx()
-    bidx, _, _ = cute.arch.block_idx()
-    i = bidx * 128 + tidx
-    if i < n:
-        out[i] = x[i] * factor + bias[i]
-
-
-@cute.jit
-def axpb(x: cute.Tensor, bias, out: cute.Tensor, factor: cutlass.Float32, stream):
-    """out = x * factor (+ bias, when one is passed): as a launcher's batched and
-    variable-length forms differ by a None in one slot."""
-    n = x.shape[0]
-    grid = [(n + 127) // 128, 1, 1]
-    if cutlass.const_expr(bias is None):
-        _scaled(x, out, factor, n).launch(grid=grid, block=[128, 1, 1], stream=stream)
-    else:
-        _biased(x, bias, out, factor, n).launch(grid=grid, block=[128, 1, 1], stream=stream)
-'''
+# The launcher: the GPU suite's own (tests/gpu/form_kernels/ops.py, whose `axpb` runs there
+# against NumPy), written into the project as its module `opt.ops`.
+OPS = (Path(__file__).resolve().parents[1] / "gpu" / "form_kernels" / "ops.py").read_text(encoding="utf-8")
 
 MANIFEST = '''archs = ["sm_90a"]
 

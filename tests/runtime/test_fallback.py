@@ -163,3 +163,22 @@ def test_a_fallback_module_that_cannot_be_found_fails_the_build(project: Path) -
     project.write_text(_manifest(fallback="toyfb.nothere:scale"))
     with pytest.raises(CuteccError, match=r'kernel "scale", fallback: cannot find the fallback'):
         build(project, opts(cache_dir=project.parent.parent / "cache"))
+
+
+def test_strict_is_read_at_load_and_a_variable_set_later_changes_nothing(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`$CUTECC_STRICT` is one of the settings `load()` reads, once (`RuntimeSettings`): a load
+    made before it is set keeps serving its fallback, one made after refuses."""
+    cache = _built(project)
+    monkeypatch.delenv("CUTECC_STRICT", raising=False)
+    before = cutecc.load(cache, arch="sm_90a")
+    monkeypatch.setenv("CUTECC_STRICT", "1")
+    after = cutecc.load(cache, arch="sm_90a")
+    x = _x(3, 32)
+    with pytest.warns(FallbackWarning):
+        np.testing.assert_allclose(before.scale(x), np.sin(np.asarray(x)), rtol=1e-6)
+    with pytest.raises(NoBuildFits, match=r"strict, \$CUTECC_STRICT"):
+        after.scale(x)
+    monkeypatch.delenv("CUTECC_STRICT")
+    with pytest.raises(NoBuildFits, match=r"strict, \$CUTECC_STRICT"):
+        after.scale(x)  # unset since: the load read it set

@@ -1,6 +1,6 @@
 """A build record that already says what a build would write is not written again (a
 no-op build writes no generation, manifest record or composite), and one that would change,
-or that readers would not take as it is, is (`cutecc.store.record_writer`)."""
+or that readers would not take as it is, is (`cutecc.store.writer`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import cutecc.store.record_writer as record_writer
+import cutecc.store.writer as writer
 from cutecc.store.build_records import CompositeRecord
 from cutecc.store.view import StoreView
 from cutecc.store.writer import Store
@@ -25,7 +25,7 @@ M = "/w/kernels.toml"
 def clock(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The writer's time: set `clock[0]`."""
     now = [T1]
-    monkeypatch.setattr(record_writer, "now_iso", lambda: now[0])
+    monkeypatch.setattr(writer, "now_iso", lambda: now[0])
     return now
 
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 import cutecc.store.misses as misses_module
-import cutecc.store.record_writer as record_writer_module
 import cutecc.store.writer as writer_module
 from cutecc.contract.fallbacks import FallbackRef
 from cutecc.entry.meta import EntryMeta
@@ -36,7 +35,6 @@ FALLBACKS = {"fallback": {"ref": "pkg.mod:fn", "sha256": "ab" * 32},
 @pytest.fixture
 def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
     monkeypatch.setattr(writer_module, "now_iso", lambda: T)
-    monkeypatch.setattr(record_writer_module, "now_iso", lambda: T)
     s = Store(tmp_path / "c")
     s.ensure()
     return s

@@ -192,4 +192,4 @@ def build_function(kernel: str, build: Build) -> Any:
     """The build's `tvm_ffi.Function`, verified and loaded once per process (as for JAX)."""
     return library.load_function(build.key, build.library, build.sha256, build.size, build.symbol,
                                  f"kernel \"{kernel}\" {build.label}", record_use=build.record_use,
-                                 runtime=build.runtime)
+                                 runtime=build.runtime, interop=build.tvm_ffi_interop)

@@ -17,6 +17,7 @@ from cutecc.runtime import calls, scalar_values
 from cutecc.runtime.calls import Build
 from cutecc.runtime.composite_call import CompositeBase
 from cutecc.runtime.loader import FrontEnd, KernelSet, load_with
+from cutecc.runtime.runtime_settings import RuntimeSettings
 from cutecc.runtime.torch.conversions import (
     _TENSOR_FACTS,
     TORCH_DIMS,
@@ -474,30 +475,24 @@ class TorchKernelSet(KernelSet):
         raise AttributeError("disabled_safety_checks is for jax.export; the PyTorch kernel set has none")
 
 
-def device_arch() -> str | None:
-    """`$CUTECC_ARCH`, else the current CUDA device's arch as torch sees it (`sm_90` for
-    compute capability 9.0), else None."""
-
-    from cutecc import settings
-    from cutecc.archs import check_arch
-
-    env = settings.ARCH.read()
-    if env:
-        return check_arch(env, settings.ARCH.where)
+def device_arch(given: RuntimeSettings | None = None) -> str | None:
+    """`$CUTECC_ARCH` (as `given` read it; None: read now), else the current CUDA device's
+    arch as torch sees it (`sm_90` for compute capability 9.0), else None."""
+    rs = RuntimeSettings.from_environment() if given is None else given
+    if rs.arch:
+        return rs.arch  # checked as an arch name where it was read
     if not torch.cuda.is_available():
         return None
     major, minor = torch.cuda.get_device_capability()
     return f"sm_{major}{minor}"
 
 
-def device_kind() -> str | None:
+def device_kind(given: RuntimeSettings | None = None) -> str | None:
     """The current GPU's name as the tuning records name it (`NVIDIA H100 80GB HBM3`);
-    without a GPU, `$CUTECC_DEVICE_KIND`, else None."""
-    from cutecc import settings
-
+    without a GPU, `$CUTECC_DEVICE_KIND` (as `given` read it; None: read now), else None."""
     if torch.cuda.is_available():
-        return torch.cuda.get_device_name()
-    return settings.DEVICE_KIND.read() or None
+        return str(torch.cuda.get_device_name())
+    return (RuntimeSettings.from_environment() if given is None else given).device_kind
 
 
 FRONT = FrontEnd("PyTorch", TorchKernelFn, TorchCompositeFn, TorchKernelSet, device_arch, device_kind)
