@@ -1,0 +1,185 @@
+"""FA4's three-launch backward composite called with a live `dout`: the current form (the
+postprocess writes a fresh dq, sized by q passed `extents_only`) against the old one (dq
+written over dout, `role = "inout"`, as examples/kernels.toml declared it up to 1518079),
+on the device clock (GPU; issue 48, item 8).
+
+    python -m benchmarks.composite_copy build OLD_CACHE            # build host, with the DSL
+    python -m benchmarks.composite_copy device NEW_CACHE OLD_CACHE [--json PATH] [--quick]
+
+`build` derives the old form from examples/kernels.toml (the postprocess's dout inout and
+the composite's outputs ["dout", "dk", "dv"], nothing else changed) and builds its
+backward kernels into OLD_CACHE (the preprocess and main launches are the same entries as
+the examples'). `device` calls each form under one `jax.jit` whose arguments are not
+donated (so dout stays the caller's: live), B4 S4096 H16 D128 bf16, causal and not;
+checks that both give the same dq, dk, dv bit for bit and leave dout as it was; lists the
+optimized HLO's copies and, in one CUPTI trace (`jax.profiler`, runs interleaved), every
+device activity of a call with its median time. It fails when the current form has a copy
+(in its HLO or among its device activities) or its results differ from the old form's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+EXAMPLES = REPO / "examples" / "kernels.toml"
+SHAPE = (4, 4096, 16, 128)  # b, s, h, d
+ROUNDS = 20
+COPY = re.compile(r"copy|memcpy|memset", re.IGNORECASE)  # what a copy of dout looks like on the device
+INSTR = re.compile(r"^\s*(?:ROOT\s+)?(%?[\w.\-]+)\s*=\s*(\S+)\s+(copy|copy-start)\(", re.M)
+
+# The current form's postprocess arguments and composite outputs, and the old form's.
+NEW_POST = ('  { name = "q", extents_only = true, dtype = "$dtype", shape = ["b", "s_q", "h", "$d"], '
+            'runtime = [3], stride = ["ob", "os", "oh", 1] },\n'
+            '  { name = "dq", role = "output", dtype = "$dtype", shape = ["b", "s_q", "h", "$d"], '
+            'runtime = [3], stride = ["ob", "os", "oh", 1] },\n')
+OLD_POST = ('  { name = "dout", role = "inout", dtype = "$dtype", shape = ["b", "s_q", "h", "$d"], '
+            'runtime = [3], stride = ["ob", "os", "oh", 1] },\n')
+NEW_OUT, OLD_OUT = 'outputs = ["dq", "dk", "dv"]\n', 'outputs = ["dout", "dk", "dv"]\n'
+
+
+def old_manifest_text(text: str) -> str:
+    """examples/kernels.toml with FA4's backward in its old form (an error if the current
+    form is not there word for word: then this benchmark must follow the manifest)."""
+    for new in (NEW_POST, NEW_OUT):
+        if text.count(new) != 1:
+            raise SystemExit(f"examples/kernels.toml no longer declares {new.strip()[:60]!r} once: "
+                             "update benchmarks/composite_copy.py")
+    return text.replace(NEW_POST, OLD_POST).replace(NEW_OUT, OLD_OUT)
+
+
+def build(cache: Path) -> dict[str, Any]:
+    """The old form's backward built into `cache`, from a manifest written beside the
+    examples' (its relative paths hold) and removed after."""
+    tmp = EXAMPLES.with_name(".kernels-fa4-bwd-inout.toml")
+    tmp.write_text(old_manifest_text(EXAMPLES.read_text()))
+    try:
+        cmd = [sys.executable, "-m", "cutecc.cli", "build", str(tmp), "--cache-dir", str(cache), "--no-lock",
+               "--kernel", "fa4_bwd"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        print(r.stdout + r.stderr)
+        if r.returncode:
+            raise SystemExit(r.returncode)
+    finally:
+        tmp.unlink()
+    return {"cache": str(cache)}
+
+
+def hlo_copies(hlo: str) -> list[str]:
+    """The optimized HLO's copy instructions (name and shape)."""
+    return [f"{m.group(1)} {m.group(2)}" for m in INSTR.finditer(hlo)]
+
+
+def device(new_cache: Path, old_cache: Path, rounds: int) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import cutecc
+    from benchmarks import gputrace
+
+    forms = {"extents_only (current)": cutecc.load(new_cache, arch="sm_90a"),
+             "inout (1518079)": cutecc.load(old_cache, arch="sm_90a")}
+    b, s, h, d = SHAPE
+    scale = 1 / d ** 0.5
+    keys = jax.random.split(jax.random.PRNGKey(0), 5)
+    q, k, v, out, dout = (jax.random.normal(kk, SHAPE, jnp.float32).astype(jnp.bfloat16) for kk in keys)
+    lse = jax.random.normal(jax.random.PRNGKey(1), (b, h, s), jnp.float32) + 8.0
+    dout_before = np.asarray(dout.astype(jnp.float32))
+    res: dict[str, Any] = {"shape": {"b": b, "s": s, "h": h, "d": d}, "cases": {}}
+    failures: list[str] = []
+    for causal in (False, True):
+        fns = {name: jax.jit(lambda *a, ks=ks, c=causal: ks.fa4_bwd(*a, softmax_scale=scale, causal=c))
+               for name, ks in forms.items()}
+        args = (q, k, v, out, lse, dout)
+        rows: dict[str, Any] = {}
+        got = {}
+        for name, fn in fns.items():
+            got[name] = [np.asarray(x.astype(jnp.float32)) for x in jax.block_until_ready(fn(*args))]
+            rows[name] = {"hlo_copies": hlo_copies(fn.lower(*args).compile().as_text())}
+        ref = got["inout (1518079)"]
+        same = all(np.array_equal(a, r) for a, r in zip(got["extents_only (current)"], ref))
+        kept = bool(np.array_equal(np.asarray(dout.astype(jnp.float32)), dout_before))
+        runs = [(name, (lambda f=fn: jax.block_until_ready(f(*args))))
+                for _ in range(rounds) for name, fn in fns.items()]
+        traced = gputrace.trace(runs, lambda: None)
+        for name, row in rows.items():
+            mine = [t for t in traced if t.label == name]
+            per: dict[str, list[float]] = {}
+            for t in mine:
+                tot: dict[str, float] = {}
+                for ev, _, dur in t.gpu:
+                    tot[ev[:100]] = tot.get(ev[:100], 0.0) + dur
+                for ev, v_ in tot.items():
+                    per.setdefault(ev, []).append(v_)
+            row["device_busy_us"] = gputrace.stats([t.busy_ns / 1e3 for t in mine])
+            row["device_span_us"] = gputrace.stats([t.span_ns / 1e3 for t in mine])
+            row["activities"] = {ev: {"median_us": statistics.median(xs) / 1e3, "per_call": len(xs) / len(mine)}
+                                 for ev, xs in sorted(per.items(), key=lambda kv: -statistics.median(kv[1]))}
+            row["copy_activities"] = [ev for ev in per if COPY.search(ev)]
+        cur = rows["extents_only (current)"]
+        case = f"causal={causal}"
+        if cur["hlo_copies"] or cur["copy_activities"]:
+            failures.append(f"{case}: the current form copies: {cur['hlo_copies']} {cur['copy_activities']}")
+        if not same:
+            failures.append(f"{case}: dq, dk, dv differ from the old form's")
+        if not kept:
+            failures.append(f"{case}: dout changed")
+        res["cases"][case] = {"same_results_bitwise": same, "dout_unchanged": kept, "forms": rows,
+                              "busy_saved_us": rows["inout (1518079)"]["device_busy_us"]["median"]
+                              - cur["device_busy_us"]["median"]}
+    res["failures"] = failures
+    return res
+
+
+def table(res: dict[str, Any]) -> str:
+    lines = []
+    for case, c in res["cases"].items():
+        lines.append(f"{case}: same results {c['same_results_bitwise']}, dout unchanged {c['dout_unchanged']}, "
+                     f"device busy saved {c['busy_saved_us']:.1f} us")
+        for name, row in c["forms"].items():
+            lines.append(f"  {name}: busy {row['device_busy_us']['median']:.1f} us, span "
+                         f"{row['device_span_us']['median']:.1f} us, HLO copies {row['hlo_copies']}")
+            for ev, a in row["activities"].items():
+                lines.append(f"    {a['median_us']:9.1f} us  x{a['per_call']:.0f}  {ev}")
+    lines += [f"FAIL: {f}" for f in res["failures"]]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    bp = sub.add_parser("build")
+    bp.add_argument("old_cache", type=Path)
+    dp = sub.add_parser("device")
+    dp.add_argument("new_cache", type=Path)
+    dp.add_argument("old_cache", type=Path)
+    dp.add_argument("--json", type=Path)
+    dp.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    if a.cmd == "build":
+        print(build(a.old_cache))
+        return 0
+    import jax
+
+    res = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "command": " ".join(sys.argv),
+           **device(a.new_cache, a.old_cache, 5 if a.quick else ROUNDS)}
+    print(table(res))
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps(res, indent=1))
+    return 1 if res["failures"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
