@@ -446,8 +446,8 @@ def arg_from_json(d: dict[str, Any]) -> Arg:
                                       for x, b in zip(d["shape"], buffer)):
             raise ValueError(f"buffer {buffer!r} is smaller than the shape {d['shape']!r}")
         extents_only = d.get("extents_only", False)
-        if extents_only is not False and (extents_only is not True or d["role"] != "input" or param is not None
-                                          or buffer is not None):
+        if extents_only is not False and (extents_only is not True or d["role"] != "input"
+                                          or param is not None or buffer is not None):
             raise ValueError(f"extents_only {extents_only!r}: only an unpadded input the launcher "
                              "takes by no keyword may be passed for its extents alone")
         return TensorArg(d["name"], d["role"], d["dtype"], tuple(d["shape"]),

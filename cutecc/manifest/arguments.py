@@ -511,9 +511,9 @@ def _check_args(ctx: _Ctx, kp: str, args: tuple[Arg, ...]) -> None:
     bad = may_alias_problem(args)
     if bad is not None:
         raise ctx.fail(f"{kp}, args ({bad[0]}).may_alias", bad[1])
-    for i, t in enumerate(args):
-        if isinstance(t, TensorArg) and t.extents_only:
-            _check_extents_only(ctx, f"{kp}, args[{i}].extents_only", t, tensors, leaves)
+    for i, a in enumerate(args):
+        if isinstance(a, TensorArg) and a.extents_only:
+            _check_extents_only(ctx, f"{kp}, args[{i}].extents_only", a, tensors, leaves)
     extents = {s for t in tensors for s in t.symbols}
     for t in tensors:
         both = sorted(set(t.stride_symbols) & extents)
