@@ -5,6 +5,7 @@ on the device clock (GPU; issue 48, item 8).
 
     python -m benchmarks.composite_copy build OLD_CACHE            # build host, with the DSL
     python -m benchmarks.composite_copy device NEW_CACHE OLD_CACHE [--json PATH] [--quick]
+    python -m benchmarks.composite_copy dry-run NEW_CACHE OLD_CACHE  # no GPU: lowered only
 
 `build` derives the old form from examples/kernels.toml (the postprocess's dout inout and
 the composite's outputs ["dout", "dk", "dv"], nothing else changed) and builds its
@@ -15,6 +16,8 @@ checks that both give the same dq, dk, dv bit for bit and leave dout as it was; 
 optimized HLO's copies and, in one CUPTI trace (`jax.profiler`, runs interleaved), every
 device activity of a call with its median time. It fails when the current form has a copy
 (in its HLO or among its device activities) or its results differ from the old form's.
+`dry-run` lowers both forms for the GPU on any host and fails when the current form's
+postprocess writes over an input (an `output_operand_aliases` XLA would copy for).
 """
 
 from __future__ import annotations
@@ -35,7 +38,10 @@ if str(REPO) not in sys.path:
 EXAMPLES = REPO / "examples" / "kernels.toml"
 SHAPE = (4, 4096, 16, 128)  # b, s, h, d
 ROUNDS = 20
-COPY = re.compile(r"copy|memcpy|memset", re.IGNORECASE)  # what a copy of dout looks like on the device
+# What a copy looks like among the device's activities: XLA's copy kernels (copy_fusion,
+# wrapped_copy, input_copy_fusion) or a driver memcpy / memset; not a kernel that merely
+# mentions a copy deep in its mangled name.
+COPY = re.compile(r"^(?:[a-z]+_){0,2}copy|memcpy|memset", re.IGNORECASE)
 
 # The current form's postprocess arguments and composite outputs, and the old form's.
 NEW_POST = ('  { name = "q", extents_only = true, dtype = "$dtype", shape = ["b", "s_q", "h", "$d"], '
@@ -144,6 +150,36 @@ def device(new_cache: Path, old_cache: Path, rounds: int) -> dict[str, Any]:
     return res
 
 
+def dry_run(new_cache: Path, old_cache: Path) -> dict[str, Any]:
+    """Each form's custom calls lowered for the GPU (no device): which alias an operand."""
+    import warnings
+
+    import jax
+    import jax.numpy as jnp
+
+    import cutecc
+
+    b, s, h, d = SHAPE
+    S = jax.ShapeDtypeStruct
+    specs = (*(S(SHAPE, jnp.bfloat16) for _ in range(4)), S((b, h, s), jnp.float32), S(SHAPE, jnp.bfloat16))
+    res: dict[str, Any] = {"forms": {}, "failures": []}
+    for name, cache in (("extents_only (current)", new_cache), ("inout (1518079)", old_cache)):
+        ks = cutecc.load(cache, arch="sm_90a")
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            text = jax.jit(lambda *a, ks=ks: ks.fa4_bwd(*a, softmax_scale=0.088, causal=True)).trace(
+                *specs).lower(lowering_platforms=("cuda",)).as_text()
+        calls = [ln for ln in text.splitlines() if "stablehlo.custom_call" in ln]
+        res["forms"][name] = {"custom_calls": len(calls),
+                              "aliased": ["output_operand_aliases" in c for c in calls],
+                              "copy_warnings": [str(w.message)[:200] for w in seen
+                                                if issubclass(w.category, cutecc.CopyWarning)]}
+    cur = res["forms"]["extents_only (current)"]
+    if cur["custom_calls"] != 3 or cur["aliased"][2] or cur["copy_warnings"]:
+        res["failures"].append(f"the current form's postprocess writes over an input: {cur}")
+    return res
+
+
 def table(res: dict[str, Any]) -> str:
     lines = []
     for case, c in res["cases"].items():
@@ -168,10 +204,17 @@ def main() -> int:
     dp.add_argument("old_cache", type=Path)
     dp.add_argument("--json", type=Path)
     dp.add_argument("--quick", action="store_true")
+    rp = sub.add_parser("dry-run")
+    rp.add_argument("new_cache", type=Path)
+    rp.add_argument("old_cache", type=Path)
     a = ap.parse_args()
     if a.cmd == "build":
         print(build(a.old_cache))
         return 0
+    if a.cmd == "dry-run":
+        out = dry_run(a.new_cache, a.old_cache)
+        print(json.dumps(out, indent=1))
+        return 1 if out["failures"] else 0
     import jax
 
     res = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "command": " ".join(sys.argv),
