@@ -12,9 +12,10 @@ the composite's outputs ["dout", "dk", "dv"], nothing else changed) and builds i
 backward kernels into OLD_CACHE (the preprocess and main launches are the same entries as
 the examples'). `device` calls each form under one `jax.jit` whose arguments are not
 donated (so dout stays the caller's: live), B4 S4096 H16 D128 bf16, causal and not;
-checks that both give the same dq, dk, dv bit for bit and leave dout as it was; lists the
-optimized HLO's copies and, in one CUPTI trace (`jax.profiler`, runs interleaved), every
-device activity of a call with its median time. It fails when the current form has a copy
+checks that both give the same dk, dv bit for bit and dq up to the order of its fp32
+atomic sums (DQ_REL), and leave dout as it was; lists the optimized HLO's copies and, in
+one CUPTI trace (`jax.profiler`, runs interleaved), every device activity of a call with
+its median time. It fails when the current form has a copy
 (in its HLO or among its device activities) or its results differ from the old form's.
 `dry-run` lowers both forms for the GPU on any host and fails when the current form's
 postprocess writes over an input (an `output_operand_aliases` XLA would copy for).
@@ -39,9 +40,13 @@ EXAMPLES = REPO / "examples" / "kernels.toml"
 SHAPE = (4, 4096, 16, 128)  # b, s, h, d
 ROUNDS = 20
 # What a copy looks like among the device's activities: XLA's copy kernels (copy_fusion,
-# wrapped_copy, input_copy_fusion) or a driver memcpy / memset; not a kernel that merely
+# wrapped_copy, input_copy_fusion) or a driver memcpy (MemcpyD2D); not a kernel that merely
 # mentions a copy deep in its mangled name.
-COPY = re.compile(r"^(?:[a-z]+_){0,2}copy|memcpy|memset", re.IGNORECASE)
+COPY = re.compile(r"^(?:[a-z]+_){0,2}copy|memcpy", re.IGNORECASE)
+# dq is accumulated with fp32 atomics (FA4's non-deterministic mode), so two runs may round
+# a few of its bf16 elements differently: the forms must agree to this relative error
+# (||a - b|| / ||b||; a wrong dq is off by O(1)), dk and dv bit for bit.
+DQ_REL = 1e-2
 
 # The current form's postprocess arguments and composite outputs, and the old form's.
 NEW_POST = ('  { name = "q", extents_only = true, dtype = "$dtype", shape = ["b", "s_q", "h", "$d"], '
@@ -114,8 +119,10 @@ def device(new_cache: Path, old_cache: Path, rounds: int) -> dict[str, Any]:
         for name, fn in fns.items():
             got[name] = [np.asarray(x.astype(jnp.float32)) for x in jax.block_until_ready(fn(*args))]
             rows[name] = {"hlo_copies": hlo_copies(fn.lower(*args).compile().as_text())}
-        ref = got["inout (1518079)"]
-        same = all(np.array_equal(a, r) for a, r in zip(got["extents_only (current)"], ref))
+        ref, new = got["inout (1518079)"], got["extents_only (current)"]
+        dq_rel = float(np.linalg.norm(new[0] - ref[0]) / np.linalg.norm(ref[0]))
+        bitwise = [bool(np.array_equal(a, r)) for a, r in zip(new, ref)]
+        same = bitwise[1] and bitwise[2] and dq_rel <= DQ_REL
         kept = bool(np.array_equal(np.asarray(dout.astype(jnp.float32)), dout_before))
         runs = [(name, (lambda f=fn, a=args: jax.block_until_ready(f(*a))))
                 for _ in range(rounds) for name, fn in fns.items()]
@@ -140,10 +147,12 @@ def device(new_cache: Path, old_cache: Path, rounds: int) -> dict[str, Any]:
         if cur["hlo_copies"] or cur["copy_activities"]:
             failures.append(f"{case}: the current form copies: {cur['hlo_copies']} {cur['copy_activities']}")
         if not same:
-            failures.append(f"{case}: dq, dk, dv differ from the old form's")
+            failures.append(f"{case}: results differ from the old form's (dq, dk, dv bit for bit: "
+                            f"{bitwise}; dq relative error {dq_rel:.2e})")
         if not kept:
             failures.append(f"{case}: dout changed")
-        res["cases"][case] = {"same_results_bitwise": same, "dout_unchanged": kept, "forms": rows,
+        res["cases"][case] = {"same_results": same, "bitwise_dq_dk_dv": bitwise, "dq_rel_diff": dq_rel,
+                              "dout_unchanged": kept, "forms": rows,
                               "busy_saved_us": rows["inout (1518079)"]["device_busy_us"]["median"]
                               - cur["device_busy_us"]["median"]}
     res["failures"] = failures
@@ -183,7 +192,8 @@ def dry_run(new_cache: Path, old_cache: Path) -> dict[str, Any]:
 def table(res: dict[str, Any]) -> str:
     lines = []
     for case, c in res["cases"].items():
-        lines.append(f"{case}: same results {c['same_results_bitwise']}, dout unchanged "
+        lines.append(f"{case}: same results {c['same_results']} (bitwise dq, dk, dv "
+                     f"{c['bitwise_dq_dk_dv']}, dq rel diff {c['dq_rel_diff']:.1e}), dout unchanged "
                      f"{c['dout_unchanged']}, device busy saved {c['busy_saved_us']:.1f} us")
         for name, row in c["forms"].items():
             lines.append(f"  {name}: busy {row['device_busy_us']['median']:.1f} us, span "
