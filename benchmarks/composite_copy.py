@@ -194,7 +194,8 @@ def table(res: dict[str, Any]) -> str:
     lines = []
     for case, c in res["cases"].items():
         lines.append(f"{case}: same results {c['same_results']} (bitwise dq, dk, dv "
-                     f"{c['bitwise_dq_dk_dv']}, relative differences {c['rel_diff_dq_dk_dv']}), dout unchanged "
+                     f"{c['bitwise_dq_dk_dv']}, relative differences {c['rel_diff_dq_dk_dv']}), "
+                     f"dout unchanged "
                      f"{c['dout_unchanged']}, device busy saved {c['busy_saved_us']:.1f} us")
         for name, row in c["forms"].items():
             lines.append(f"  {name}: busy {row['device_busy_us']['median']:.1f} us, span "
