@@ -119,7 +119,7 @@ def device(new_cache: Path, old_cache: Path, rounds: int) -> dict[str, Any]:
         got = {}
         for name, fn in fns.items():
             got[name] = [np.asarray(x.astype(jnp.float32)) for x in jax.block_until_ready(fn(*args))]
-            rows[name] = {"hlo_copies": hlo_copies(fn.lower(*args).compile().as_text())}
+            rows[name] = {"hlo_copies": hlo_copies(fn.lower(*args).compile().as_text() or "")}
         ref, new = got["inout (1518079)"], got["extents_only (current)"]
         rel = [float(np.linalg.norm(a - r) / np.linalg.norm(r)) for a, r in zip(new, ref)]
         bitwise = [bool(np.array_equal(a, r)) for a, r in zip(new, ref)]
