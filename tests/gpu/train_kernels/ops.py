@@ -215,23 +215,3 @@ def scale_partials(w: cute.Tensor, g: cute.Tensor, dx: cute.Tensor, dw: cute.Ten
     blocks = cute.size(dw, mode=[0])
     _scale_partials_kernel(w, g, dx, dw, rows_per).launch(
         grid=[(d + THREADS - 1) // THREADS, blocks, 1], block=[THREADS, 1, 1], stream=stream)
-
-
-@cute.kernel
-def _crop_kernel(p: cute.Tensor, out: cute.Tensor):
-    tidx, _, _ = cute.arch.thread_idx()
-    row, bidy, _ = cute.arch.block_idx()
-    j = bidy * THREADS + tidx
-    if j < cute.size(out, mode=[1]):
-        out[row, j] = p[row, j]
-
-
-@cute.jit
-def crop_cols(p: cute.Tensor, out: cute.Tensor, stream):
-    """out = p's leading columns, as many as out has: the last launch of a composite whose
-    output's width no argument of the launcher carries but out itself (as FA4's
-    postprocess sizes dq)."""
-    m = cute.size(out, mode=[0])
-    n = cute.size(out, mode=[1])
-    _crop_kernel(p, out).launch(grid=[m, (n + THREADS - 1) // THREADS, 1],
-                                block=[THREADS, 1, 1], stream=stream)
