@@ -143,6 +143,7 @@ def direct(manifest_path: Path) -> dict[str, Any]:
 
     from benchmarks.common import launcher_fake
     from cutecc.build.compiler import compile_variant, resolve_entry, resolve_value
+    from cutecc.contract.args import launched
     from cutecc.toolchain import devicequery
 
     for p in planned:
@@ -161,8 +162,8 @@ def direct(manifest_path: Path) -> dict[str, Any]:
                 with devicequery.answering(p.inputs.get("device")):
                     launcher = resolve_entry(p.kernel.entry, v.factory_args)
                     syms: dict[str, Any] = {}
-                    pos = [launcher_fake(a, syms) for a in v.args if not a.param]
-                    kw = {a.param: launcher_fake(a, syms) for a in v.args if a.param}
+                    pos = [launcher_fake(a, syms) for a in launched(v.args) if not a.param]
+                    kw = {a.param: launcher_fake(a, syms) for a in launched(v.args) if a.param}
                     kw.update({k: resolve_value(x) for k, x in v.constants})
                     compiled = cute.compile(launcher, *pos, **kw, options="--enable-tvm-ffi")
             except Exception as e:

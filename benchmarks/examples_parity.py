@@ -147,6 +147,7 @@ def build(cache: Path, out_dir: Path, manifest_path: Path) -> dict[str, Any]:
 
     from benchmarks.common import launcher_fake, link_fat
     from cutecc.build.compiler import INNER_SYMBOL, resolve_entry, resolve_value
+    from cutecc.contract.args import launched
     from cutecc.cubin import cubins
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -164,8 +165,8 @@ def build(cache: Path, out_dir: Path, manifest_path: Path) -> dict[str, Any]:
             compiled, how = examples_authors.authors_compile(kernel.name, v), "authors"
         else:
             syms: dict[str, Any] = {}
-            pos = [launcher_fake(a, syms) for a in v.args if not a.param]
-            kw = {a.param: launcher_fake(a, syms) for a in v.args if a.param}
+            pos = [launcher_fake(a, syms) for a in launched(v.args) if not a.param]
+            kw = {a.param: launcher_fake(a, syms) for a in launched(v.args) if a.param}
             kw.update({k: resolve_value(x) for k, x in v.constants})
             compiled, how = cute.compile(launcher, *pos, **kw, options="--enable-tvm-ffi"), "contract"
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{kernel.name}.{v.id}")  # no "," for ld's -Wl
@@ -179,7 +180,7 @@ def build(cache: Path, out_dir: Path, manifest_path: Path) -> dict[str, Any]:
             "kernel": kernel.name, "variant": v.id, "key": e.key, "library": lib.name,
             "compile_s": round(time.perf_counter() - t0, 2), "direct_build": how,
             "cubin_identical": len(ours) == len(direct) == 1 and ours[0] == direct[0],
-            "params": _call_spec(launcher, v.args),
+            "params": _call_spec(launcher, launched(v.args)),
             "keywords": {k: x for k, x in v.params if k == "causal"},
         }
     (out_dir / "parity.json").write_text(json.dumps(report, indent=1) + "\n")

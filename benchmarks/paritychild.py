@@ -24,13 +24,14 @@ from typing import Any
 from benchmarks import peers
 from benchmarks.calls import ALL, Call, chain, specs
 from benchmarks.common import launcher_fake
+from cutecc.contract.args import launched
 from cutecc.cubin import cubins, sections
 
 
 def launcher_fakes(args: tuple[Any, ...]) -> list[Any]:
     """Placeholders in the launcher's own order (same rules as cutecc's fakes)."""
     syms: dict[str, Any] = {}
-    return [launcher_fake(a, syms) for a in args]
+    return [launcher_fake(a, syms) for a in launched(args)]
 
 
 def dsl_direct(c: Call) -> bytes:

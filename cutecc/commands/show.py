@@ -73,7 +73,8 @@ def in_place_notes(meta: dict[str, Any]) -> list[str]:
     """What the entry's contract lets a caller do about copies: an `inout` tensor is written
     in its input's buffer on every call (XLA copies that input first unless it is dead:
     donate it), an output declared `may_alias` is written in its input's buffer when the
-    call asks (`kernel.in_place`). Nothing for a contract that cannot be read."""
+    call asks (`kernel.in_place`); an input passed for its extents only is never written nor
+    copied. Nothing for a contract that cannot be read."""
     try:
         tensors = [a for a in flat_leaves(args_from_json(meta["args"])) if isinstance(a, TensorArg)]
     except (KeyError, TypeError, ValueError, AttributeError):
@@ -86,6 +87,8 @@ def in_place_notes(meta: dict[str, Any]) -> list[str]:
               f"jit reuses {t.may_alias}'s buffer where it is dead (a loop carry, a donated "
               f"argument); where {t.may_alias} stays live XLA copies it first, so call plainly there"
               for t in tensors if t.role == "output" and t.may_alias]
+    notes += [f"{t.name} is passed for its extents only (they size an output): the launcher never "
+              f"receives it, and nothing of it is written or copied" for t in tensors if t.extents_only]
     return notes
 
 

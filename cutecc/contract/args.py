@@ -91,6 +91,11 @@ class TensorArg:
     # symbol, no divisibility), as the kernel's own build compiles it; the call still checks
     # (for an output: computes) the extent. None: compiled as declared.
     runtime: tuple[int, ...] | None = None
+    # An input the call passes only for its extents: they bind symbols an output's shape
+    # needs that the launcher's own tensors do not carry (FA4's dq, sized like q by a
+    # postprocess that takes only a rounded accumulator). The custom call takes its buffer
+    # (a pointer: no copy); the launcher never receives it.
+    extents_only: bool = False
 
     @property
     def held(self) -> tuple[int, ...]:
@@ -320,7 +325,8 @@ class CallingConvention:
 
 _TENSOR_FIELDS = frozenset({"kind", "name", "role", "dtype", "shape", "layout", "align", "param",
                             "order", "divisibility", "buffer", "zero", "saved", "reduce", "wide",
-                            "broadcast", "may_alias", "mode", "stride", "runtime"})
+                            "broadcast", "may_alias", "mode", "stride", "runtime",
+                            "extents_only"})
 
 
 def arg_to_json(a: Arg) -> dict[str, Any]:
@@ -360,6 +366,8 @@ def _arg_json(a: Arg) -> dict[str, Any]:
                              for d in a.stride]
         if a.runtime is not None:  # only when set: contracts with static extents compiled in keep their keys
             out["runtime"] = list(a.runtime)
+        if a.extents_only:  # only when set: contracts without it keep their keys
+            out["extents_only"] = True
         return out
     if isinstance(a, ScalarArg):
         out = {"kind": "scalar", "name": a.name, "dtype": a.dtype, "default": a.default}
@@ -437,13 +445,19 @@ def arg_from_json(d: dict[str, Any]) -> Arg:
         if buffer is not None and any(type(x) is int and type(b) is int and b < x
                                       for x, b in zip(d["shape"], buffer)):
             raise ValueError(f"buffer {buffer!r} is smaller than the shape {d['shape']!r}")
+        extents_only = d.get("extents_only", False)
+        if extents_only is not False and (extents_only is not True or d["role"] != "input"
+                                          or param is not None or buffer is not None):
+            raise ValueError(f"extents_only {extents_only!r}: only an unpadded input the launcher "
+                             "takes by no keyword may be passed for its extents alone")
         return TensorArg(d["name"], d["role"], d["dtype"], tuple(d["shape"]),
                          d.get("layout", "row-major"), int(d.get("align", 16)), param,
                          None if order is None else tuple(int(i) for i in order),
                          None if div is None else tuple(div),
                          None if buffer is None else tuple(buffer), zero, saved, reduce,
                          None if wide is None else tuple(wide), None if bcast is None else tuple(bcast),
-                         may_alias, mode, stride, None if runtime is None else tuple(runtime))
+                         may_alias, mode, stride, None if runtime is None else tuple(runtime),
+                         extents_only)
     if kind == "scalar":
         value = d.get("value")
         if value is not None and not (type(value) is int or isinstance(value, str)):
@@ -500,6 +514,8 @@ def may_alias_problem(args: tuple[Arg, ...]) -> tuple[str, str] | None:
         src = by_name.get(t.may_alias)
         if src is None or src.role != "input":
             return t.name, f'"{t.may_alias}" is not an input of the kernel (role "input")'
+        if src.extents_only:
+            return t.name, f'input "{src.name}" is passed for its extents only: the kernel never sees it'
         if src.buffer is not None:
             return t.name, f'input "{src.name}" is padded or broadcast: its buffer is not the output\'s'
         if (src.dtype, src.shape, src.order, src.mode, src.stride) != (t.dtype, t.shape, t.order, t.mode,
@@ -514,12 +530,21 @@ def may_alias_problem(args: tuple[Arg, ...]) -> tuple[str, str] | None:
     return None
 
 
+def launched(args: tuple[Arg, ...]) -> tuple[Arg, ...]:
+    """The launcher's own arguments: `args` less the inputs passed for their extents only
+    (`TensorArg.extents_only`, top-level arguments only, as the manifest allows)."""
+    return tuple(a for a in args if not (isinstance(a, TensorArg) and a.extents_only))
+
+
 def args_to_json(args: tuple[Arg, ...]) -> list[dict[str, Any]]:
     return [arg_to_json(a) for a in args]
 
 
 def args_from_json(items: list[dict[str, Any]]) -> tuple[Arg, ...]:
-    return tuple(arg_from_json(d) for d in items)
+    args = tuple(arg_from_json(d) for d in items)
+    if any(isinstance(a, TensorArg) and a.extents_only for a in flat_leaves(launched(args))):
+        raise ValueError("extents_only: a tensor in a tuple or struct is the launcher's own")
+    return args
 
 
 def _result_dims(t: TensorArg) -> tuple[Dim, ...]:

@@ -264,11 +264,51 @@ def _arg_kind(ctx: _Ctx, kp: str, a: Any, env: dict[str, _Value], hw: dict[str, 
              "column-major" if order == tuple(range(len(dims))) else "strided")
     if reduce is not None and not dims:
         raise ctx.fail(f"{kp}.reduce", "a scalar (rank 0) output has no leading axis to sum over")
+    extents_only = _extents_only(ctx, kp, a, role, depth) if "extents_only" in a else False
     if "present" in a and not _present(ctx, f"{kp}.present", a["present"], role, env, hw):
         return NoneArg(slot=name)  # this variant is built with None in the tensor's slot
     return TensorArg(name, role, dt, dims, label, align, order=order, buffer=buffer, zero=zero,
                      saved=saved, reduce=reduce, broadcast=bcast, may_alias=may_alias,
-                     mode="mode" in a and order is not None, stride=stride, runtime=runtime)
+                     mode="mode" in a and order is not None, stride=stride, runtime=runtime,
+                     extents_only=extents_only)
+
+
+def _extents_only(ctx: _Ctx, kp: str, a: dict[str, Any], role: str, depth: int) -> bool:
+    """`extents_only = true`: an input the call passes only so that its extents bind an
+    output's shape; the launcher never receives it (a composite hands a launch one of its
+    own inputs this way: FA4's q sizes the dq its postprocess writes). Not a launcher
+    argument, so nothing that says how the launcher takes it."""
+    v = a["extents_only"]
+    where = f"{kp}.extents_only"
+    if type(v) is not bool:
+        raise ctx.fail(where, f"must be true or false, got {v!r}")
+    if not v:
+        return False
+    if role != "input":
+        raise ctx.fail(where, f'only an input may be passed for its extents alone, not an {role}')
+    if depth:
+        raise ctx.fail(where, "a tensor in a tuple or struct is the launcher's own: declare an "
+                       "input passed for its extents only among the top-level arguments")
+    for key in ("param", "present", "buffer", "broadcast"):
+        if key in a:
+            raise ctx.fail(f"{kp}.{key}", f"an input passed for its extents only is not the "
+                           f"launcher's: it takes no {key}")
+    return True
+
+
+def _check_extents_only(ctx: _Ctx, kp: str, t: TensorArg, tensors: list[TensorArg],
+                        leaves: list[Arg]) -> None:
+    """An input passed for its extents only must bind a symbol that something the call
+    computes (an output's or scratch's shape, a derived scalar) needs and that no array the
+    launcher takes binds: else it is an operand for nothing."""
+    others = {d for u in tensors if u.role in ("input", "inout") and not u.extents_only
+              for d in u.extents if isinstance(d, str)}
+    needed = {s for u in tensors if u.role in ("output", "scratch") for s in u.symbols}
+    needed |= {s for sc in leaves if isinstance(sc, ScalarArg) and isinstance(sc.value, str)
+               for s in expr.names(sc.value)}
+    if not (set(t.symbols) & needed) - others:
+        raise ctx.fail(kp, f'"{t.name}" binds no extent that an output needs and the launcher\'s '
+                       "own arrays do not: pass it to the launcher, or drop it")
 
 
 def _present(ctx: _Ctx, kp: str, v: Any, role: str, env: dict[str, _Value], hw: dict[str, Any]) -> bool:
@@ -422,6 +462,8 @@ def _mode(ctx: _Ctx, kp: str, mode: Any, rank: int) -> tuple[int, ...] | None:
 def _check_args(ctx: _Ctx, kp: str, args: tuple[Arg, ...]) -> None:
     keywords: list[str] = []
     for i, a in enumerate(args):
+        if isinstance(a, TensorArg) and a.extents_only:
+            continue  # not the launcher's: no place in its order
         if a.param is not None:
             if a.param in keywords:
                 raise ctx.fail(f"{kp}, args[{i}].param", f'keyword "{a.param}" is passed twice')
@@ -469,6 +511,9 @@ def _check_args(ctx: _Ctx, kp: str, args: tuple[Arg, ...]) -> None:
     bad = may_alias_problem(args)
     if bad is not None:
         raise ctx.fail(f"{kp}, args ({bad[0]}).may_alias", bad[1])
+    for i, a in enumerate(args):
+        if isinstance(a, TensorArg) and a.extents_only:
+            _check_extents_only(ctx, f"{kp}, args[{i}].extents_only", a, tensors, leaves)
     extents = {s for t in tensors for s in t.symbols}
     for t in tensors:
         both = sorted(set(t.stride_symbols) & extents)

@@ -66,7 +66,8 @@ _KERNEL_KEYS = {"entry", "factory_args", "args", "constants", "variants", "archs
 MAX_DIVISIBILITY = 1 << 62
 MAX_DIVISIBILITY_32 = 1 << 30
 _TENSOR_KEYS = {"kind", "name", "role", "dtype", "shape", "runtime", "buffer", "layout", "mode", "align",
-                "param", "zero", "saved", "reduce", "broadcast", "may_alias", "stride", "present"}
+                "param", "zero", "saved", "reduce", "broadcast", "may_alias", "stride", "present",
+                "extents_only"}
 _SCALAR_KEYS = {"kind", "name", "dtype", "default", "param", "value"}
 
 

@@ -24,7 +24,8 @@ def _check_composites(ctx: _Ctx, composites: list[Composite], kernels: list[Kern
     """Each launch is a kernel of the manifest (not a composite; its first variant's
     contract stands for all), each launch input is a composite input or an earlier launch's
     result, and each output some launch's result (a composite input too, once a launch has
-    written it in place: FA4's postprocess writes dq over dout's buffer). Returns each
+    written it in place; a launch that only needs an input's extents for an output takes it
+    `extents_only` instead and writes a fresh array, as FA4's postprocess does). Returns each
     composite's convention, for grad pairing. With `errors`, each composite's error is
     collected there (by its name) rather than raised; one launching a kernel named in
     `failed` (which did not parse) is not checked."""

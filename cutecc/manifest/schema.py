@@ -82,6 +82,11 @@ def schema() -> dict[str, Any]:
                                          "(same dtype, shape, layout): it reads each element before "
                                          "writing it. `kernel.in_place(...)` then lets XLA reuse the "
                                          "input's buffer where it is dead."},
+            "extents_only": {"type": "boolean",
+                             "description": "An input the call passes only so that its extents bind an "
+                                            "output's shape; the launcher never receives it (FA4's "
+                                            "backward postprocess sizes dq by q). Top level, no param, "
+                                            "buffer, broadcast or present."},
             "buffer": {"type": "array", "items": extent,
                        "description": "A padded input/inout: the shape of the array passed (same rank, "
                                       "logical order); the kernel sees `shape` at its origin with the "

@@ -19,6 +19,10 @@ def test_notes_for_inout_and_may_alias_outputs() -> None:
     plain = {"kernel": "mul", "args": [X, {**X, "name": "out", "role": "output"}]}
     assert in_place_notes(plain) == []
     assert in_place_notes({"args": "damaged"}) == [] and in_place_notes({}) == []
+    sized = {"kernel": "crop", "args": [X, {**X, "name": "q", "shape": ["m"], "extents_only": True},
+                                        {**X, "name": "dq", "role": "output", "shape": ["m"]}]}
+    [note] = in_place_notes(sized)
+    assert note.startswith("q is passed for its extents only") and "never receives it" in note
 
 
 def test_the_text_report_shows_them() -> None:

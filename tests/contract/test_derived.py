@@ -406,7 +406,8 @@ def test_a_composite_is_parsed_and_selected_with_its_launches(tmp_path: Path) ->
 
 
 def test_a_composite_may_return_an_input_a_launch_wrote_in_place(tmp_path: Path) -> None:
-    """FA4's postprocess writes dq over dout's buffer (inout): dout is then a launch result."""
+    """A launch that writes an input's buffer (inout) makes it a launch result (FA4's
+    postprocess wrote dq over dout so until it could size dq by q: `extents_only`)."""
     text = _comp('launches = ["la", "lb", "lc"]\ninputs = ["x", "y"]\noutputs = ["out", "y"]') + (
         '\n[kernel.lc]\nentry = "kk.elem:f"\nargs = [{ name = "g", dtype = "float32", shape = ["n"] }, '
         '{ name = "y", role = "inout", dtype = "float32", shape = ["n"] }, ' + STREAM + "]\n")

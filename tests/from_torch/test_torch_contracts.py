@@ -428,7 +428,7 @@ def test_compile_an_in_place_kernel(monkeypatch: pytest.MonkeyPatch, example_cac
 
 def test_a_composite_does_not_write_the_callers_tensors(monkeypatch: pytest.MonkeyPatch,
                                                         example_cache: Path) -> None:
-    """A launch that writes in place (as FA4's postprocess writes dq over dout) gets a copy of
+    """A launch that writes in place (as FA4's postprocess wrote dq over dout) gets a copy of
     a tensor the caller passed; the composite returns the written copy."""
     ks = _on_cpu(monkeypatch, example_cache, ROOT)
     comp = ct.TorchCompositeFn("axpy_twice", ["axpy", "axpy"], ["x", "y"], ["y"], owner=ks)

@@ -101,3 +101,10 @@ def examples_ks():
     k = cutecc.load(pre)  # the device's own arch
     assert k.arch.startswith("sm_90"), k.arch  # FA4's Sm90 kernels are built for Hopper only
     return k
+
+
+def hlo_copies(hlo: str) -> list[str]:
+    """The instructions of an optimized HLO text that copy (a `copy`, `copy-start`, or a
+    fusion XLA named after one), metadata left out."""
+    return [ln.strip() for ln in hlo.splitlines()
+            if " = " in ln and "copy" in ln.split("metadata=")[0].lower()]

@@ -8,7 +8,9 @@
 # `cutecc tune --compile-only`, into the same cache) and its direct-build comparison (needs
 # the examples extra: quack-kernels, flash-attn-4, torch). Each entry's metadata keeps its
 # compile seconds: benchmarks/tune.py reports them as the tuning's CPU cost. It also builds
-# examples/gemm/kernels.toml (quack's Hopper GEMM) and its tuning candidates into CACHES/gemm.
+# examples/gemm/kernels.toml (quack's Hopper GEMM) and its tuning candidates into CACHES/gemm,
+# and FA4's backward in its old in-place form into CACHES/fa4_bwd_inout
+# (benchmarks/composite_copy.py).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUTDIR="${1:?usage: prepare.sh CACHES [--examples]}"
@@ -40,6 +42,9 @@ if [ "${2:-}" = "--examples" ]; then
   cc build examples/kernels.toml --cache-dir "$OUTDIR/examples" --no-lock
   cc tune examples/kernels.toml --compile-only --cache-dir "$OUTDIR/examples"
   "$PY" -m benchmarks.examples_parity build "$OUTDIR/examples" "$OUTDIR/examples-direct"
+  # FA4's backward in its old form (dq written over dout), for benchmarks/composite_copy.py
+  rm -rf "$OUTDIR/fa4_bwd_inout"
+  "$PY" -m benchmarks.composite_copy build "$OUTDIR/fa4_bwd_inout"
   # quack's Hopper GEMM and its 24 tuning candidates (test_gemm_gpu.py, benchmarks/gemm_tune.py)
   cc build examples/gemm/kernels.toml --cache-dir "$OUTDIR/gemm" --no-lock
   cc tune examples/gemm/kernels.toml --compile-only --cache-dir "$OUTDIR/gemm"

@@ -19,6 +19,9 @@
 #   layout_ab/ benchmarks/layout_ab.py prepare: after the suite, old link layout against new
 #   examples-direct/  benchmarks/examples_parity.py build: after the suite, cutecc against
 #              the same launchers compiled directly (within 2%)
+#   fa4_bwd_inout/  benchmarks/composite_copy.py build: after the suite (with examples/), FA4's
+#              backward with a live dout against its old in-place form (composite_copy.json;
+#              fails when the current form copies or its results differ)
 # With layouts/, benchmarks/object_call.py times an op passed as the object against the same
 # kernel reached by its import reference's text (object_call.json; a wrong result fails).
 # With first_kernel/, benchmarks/first_kernel.py times docs/first-kernel.md's kernel against
@@ -90,6 +93,12 @@ if [ -n "$CACHES" ] && [ -d "$CACHES/examples-direct" ] && [ -n "${CUTECC_EXAMPL
   # shellcheck disable=SC2046
   "$PY" benchmarks/examples_parity.py device "$CUTECC_EXAMPLES_CACHE" "$CACHES/examples-direct" \
     $(json examples_parity.json) 2>&1 | log examples_parity.log
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if [ -n "$CACHES" ] && [ -d "$CACHES/fa4_bwd_inout" ] && [ -n "${CUTECC_EXAMPLES_CACHE:-}" ]; then
+  # shellcheck disable=SC2046
+  "$PY" benchmarks/composite_copy.py device "$CUTECC_EXAMPLES_CACHE" "$CACHES/fa4_bwd_inout" \
+    $(json composite_copy.json) 2>&1 | log composite_copy.log
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if [ -n "${CUTECC_FIRST_KERNEL_CACHE:-}" ]; then

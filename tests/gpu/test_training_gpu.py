@@ -35,7 +35,7 @@ from cutecc.commands.pack import pack
 from cutecc.lock.signing import keygen
 from examples import llama_block as lb
 
-from .conftest import poison, rand
+from .conftest import hlo_copies, poison, rand
 
 pytestmark = pytest.mark.gpu
 
@@ -179,6 +179,31 @@ def test_fa4_backward_called_as_one_kernel_matches_its_grad(ks, rng) -> None:
                            axis=-1)
     direct = ks.fa4_bwd(q, k, v, out, lse, ct, softmax_scale=scale, causal=True)
     for name, g, r in zip(("dq", "dk", "dv"), direct, vjp(ct)):
+        assert rel(g, r) <= 1e-2, name  # only lse differs: its own float32 rounding
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fa4_backward_with_a_live_dout_writes_a_fresh_dq_and_copies_nothing(ks, rng, causal: bool) -> None:
+    """Issue 48, item 8: the postprocess allocates dq (sized by q, passed for its extents
+    only), so a dout the caller still holds is neither written nor copied: the compiled
+    program has no copy, dout is unchanged, and dq, dk, dv are the forward's vjp."""
+    b, s, h, d = 2, 300, 4, 128
+    scale = 1 / math.sqrt(d)
+    assert ks.fa4_bwd.outputs == ("dq", "dk", "dv")
+    q, k, v, ct = (rand(rng, (b, s, h, d), "bfloat16") for _ in range(4))
+    out, vjp = jax.vjp(lambda q, k, v: ks.fa4_fwd(q, k, v, softmax_scale=scale, causal=causal), q, k, v)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", *up(q, k)) * scale
+    if causal:
+        scores = jnp.where(jnp.arange(s)[None, :] <= jnp.arange(s)[:, None], scores, -jnp.inf)
+    lse = jax.nn.logsumexp(scores, axis=-1)
+    ct_before = np.asarray(ct.astype(F32))
+    # dout is an argument of the jit, not donated: the caller's, live after the call
+    f = jax.jit(lambda *a: ks.fa4_bwd(*a, softmax_scale=scale, causal=causal))
+    hlo = f.lower(q, k, v, out, lse, ct).compile().as_text()
+    assert not hlo_copies(hlo)
+    got = f(q, k, v, out, lse, ct)
+    assert np.array_equal(np.asarray(ct.astype(F32)), ct_before)
+    for name, g, r in zip(("dq", "dk", "dv"), got, vjp(ct)):
         assert rel(g, r) <= 1e-2, name  # only lse differs: its own float32 rounding
 
 

@@ -190,6 +190,35 @@ def test_fa4s_tuning_default_is_the_builds_own_entry() -> None:
     assert bases and all(built[k] == key for k, key in bases.items())
 
 
+@pytest.mark.usefixtures("examples_extra")
+def test_the_copy_benchmarks_old_form_differs_only_in_fa4s_postprocess(tmp_path: Path) -> None:
+    """benchmarks/composite_copy.py times FA4's backward against its old form (dq written
+    over dout), derived from this manifest: only the postprocess's two keys move, so the
+    rest of what it times is the examples' own entries."""
+    import shutil
+
+    from benchmarks.composite_copy import old_manifest_text
+    from cutecc.plan.build_plan import plan
+
+    shutil.copytree(EXAMPLES, tmp_path / "examples")
+    shutil.copytree(EXAMPLES.parent / "requirements", tmp_path / "requirements")
+    old = tmp_path / "examples" / "kernels.toml"
+    old.write_text(old_manifest_text(old.read_text()))
+
+    def keys(path: Path) -> dict[tuple[str, str], str]:
+        return {(p.kernel.name, p.variant.id): p.key for p in plan(load_manifest(path))}
+
+    now, then = keys(EXAMPLES / "kernels.toml"), keys(old)
+    assert set(now) == set(then)
+    assert {k for k in now if now[k] != then[k]} == {("fa4_bwd_post", v) for v in (
+        "dtype=bfloat16,d=128,causal=False", "dtype=bfloat16,d=128,causal=True")}
+    m = load_manifest(old)
+    (c,) = [c for c in m.composites if c.name == "fa4_bwd"]
+    assert c.outputs == ("dout", "dk", "dv")
+    conv = m.kernel("fa4_bwd_post").variants[0].convention
+    assert [t.name for t in conv.inputs] == ["dq_accum", "dout"] and conv.aliases == ((1, 0),)
+
+
 # jax.grad through the published backward kernels, lowered for sm_90a on this CPU ------
 
 def _lower(fn, *specs) -> str:
@@ -259,8 +288,8 @@ def test_the_broadcast_backward_takes_one_dloss_for_every_row(eks) -> None:
 def test_grad_of_fa4_runs_its_three_launches_on_rounded_fp32_scratch(eks, causal: bool, rows: int) -> None:
     """s_q = 200 is rounded up to FA4's backward tile (80 rows, 64 when causal): `rows` of
     statistics and rows * 128 accumulators per (batch, head), made by the preprocess,
-    accumulated in place by the main kernel, read by the postprocess, which writes dq over
-    dout's buffer."""
+    accumulated in place by the main kernel, read by the postprocess, which writes a fresh
+    dq sized by q (passed for its extents only): nothing is written over dout."""
     import jax
     import jax.numpy as jnp
 
@@ -278,7 +307,8 @@ def test_grad_of_fa4_runs_its_three_launches_on_rounded_fp32_scratch(eks, causal
     assert f"-> (tensor<2x4x{rows}xf32>, tensor<2x4x{rows}xf32>, {acc})" in pre
     assert "output_tuple_indices = [0], operand_index = 6" in main  # dq_accum in place
     assert f"-> ({acc}, tensor<2x300x4x128xbf16>, tensor<2x300x4x128xbf16>)" in main
-    assert f"({acc}, tensor<2x200x4x128xbf16>) -> tensor<2x200x4x128xbf16>" in post
+    assert f"({acc}, tensor<2x200x4x128xbf16>) -> tensor<2x200x4x128xbf16>" in post  # (dq_accum, q) -> dq
+    assert "output_operand_aliases" not in post  # dq is fresh: no input written over
     assert all("softmax_scale = 1.000000e-01 : f32" in c for c in (fwd, pre, main, post))
     for launch, call in (("fa4_bwd_pre", pre), ("fa4_bwd_main", main), ("fa4_bwd_post", post)):
         (b,) = [b for b in getattr(eks, launch).builds if dict(b.call)["causal"] is causal]

@@ -440,9 +440,10 @@ class TorchCompositeFn(CompositeBase):
 
     def _launch(self, fn: Any, args: tuple[Any, ...], kw: Mapping[str, Any],
                 given: Sequence[Any]) -> Mapping[str, Any]:
-        # A launch writing a tensor in place (FA4's postprocess writes dq over dout) gets a
-        # copy of one the caller passed: the call is functional, as for JAX (the caller's
-        # dout may be autograd's cotangent or the user's own tensor).
+        # A launch writing a tensor in place gets a copy of one the caller passed: the call
+        # is functional, as for JAX (the caller's tensor may be autograd's cotangent or the
+        # user's own). A launch that sizes a fresh output by a tensor passed `extents_only`
+        # (FA4's postprocess: dq by q) writes none and copies none.
         written = {t.name for b in fn.builds for t in b.conv.inputs if t.role == "inout"}
         if written:
             callers = {id(t) for t in given}
