@@ -60,8 +60,9 @@ def test_list_and_verify_on_an_installed_pack_write_nothing_and_find_it_healthy(
 
 
 def test_verify_finds_a_damaged_installed_pack_and_fix_refuses_to_write_into_it(installed: Path) -> None:
-    (lib,) = installed.glob("entries/*/*/kernel.so")
-    lib.write_bytes(lib.read_bytes()[:-1] + b"\0")
+    lib = sorted(installed.glob("entries/*/*/kernel.so"))[0]
+    data = lib.read_bytes()
+    lib.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # same size, other bytes
     (installed / "stray").write_text("x")
     before = snapshot(installed)
     r = run_cli("verify", "--cache-dir", str(installed), "--json")
