@@ -35,9 +35,9 @@ def installed(toy_cache: Toy, tmp_path: Path) -> Path:
     wheel = json.loads(r.stdout)["path"]
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, env=NO_INDEX)
-    r = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
-                        "--no-deps", "--no-index", wheel], capture_output=True, text=True, timeout=600,
-                       env=NO_INDEX)
+    pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python")]
+    r = subprocess.run([*pip, "install", "-q", "--no-deps", "--no-index", wheel], capture_output=True,
+                       text=True, timeout=600, env=NO_INDEX)
     assert r.returncode == 0, r.stdout + r.stderr
     (root,) = venv.glob("lib/python*/site-packages/toy_kernels/_cutecc")
     assert (root / "kernels.lock").is_file() and not (root / "by-kernel").exists()
