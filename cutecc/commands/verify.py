@@ -20,6 +20,10 @@ orphans and stale records, restores missing records and links a missing runtime 
 again where the build extra can, and removes bad tuning records (the defaults then serve)
 and bad build records (the next build writes them again);
 it never touches a healthy entry's files.
+An installed pack (`_cutecc/`, `cutecc.runtime.package.is_pack_tree`) is checked in place and
+written never: it has no index by design (it loads through its kernels.lock, which with its
+`fallbacks/` is its own), and `fix` is refused. A check takes no key lock in a cache without
+`locks/`, so it creates none.
 """
 
 from __future__ import annotations
