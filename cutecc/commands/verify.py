@@ -20,6 +20,10 @@ orphans and stale records, restores missing records and links a missing runtime 
 again where the build extra can, and removes bad tuning records (the defaults then serve)
 and bad build records (the next build writes them again);
 it never touches a healthy entry's files.
+An installed pack (`_cutecc/`, `cutecc.runtime.package.is_pack_tree`) is checked in place and
+written never: it has no index by design (it loads through its kernels.lock, which with its
+`fallbacks/` is its own), and `fix` is refused. A check takes no key lock in a cache without
+`locks/`, so it creates none.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ from cutecc.commands.verify_checks import (  # BAD, Problem, check_entry: named 
     check_entry,
 )
 from cutecc.commands.verify_fix import _fix
-from cutecc.errors import CuteccError
+from cutecc.errors import CuteccError, WorkError
+from cutecc.runtime.package import PACK_FILES, is_pack_tree
 from cutecc.settings import NOTHING_GIVEN, BuildOptions
 from cutecc.store.writer import Store
 
@@ -99,10 +104,14 @@ def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
         again = plan_again(deep)
     store = Store(cache_dir).require()
     store.check_trust()  # another user's cache is refused whole, never "fixed"
+    pack = is_pack_tree(store.root)
+    if fix and pack:
+        raise WorkError("an installed pack is not fixed in place (its files are its wheel's): "
+                        "install it again (`pip install --force-reinstall`)", where=str(store.root))
     report = VerifyReport(str(store.root), fixed=fix, drift_note=drift)
     kernels = _check_area(store, report, runtime=False)
     runtimes = set(_check_area(store, report, runtime=True))
-    _check_index(store, report, kernels)
+    _check_index(store, report, kernels, pack=pack)
     needs: dict[str, list[str]] = {}  # runtime key -> keys of the healthy entries linked to it
     for key, meta in sorted(kernels.items()):
         needs.setdefault(meta.runtime.key, []).append(key)
@@ -115,9 +124,12 @@ def verify(cache_dir: str | Path | None = None, *, fix: bool = False,
     _check_tuning(store, report, kernels)
     if lock is not None:
         _check_lock_tuning(report, kernels, Path(lock))
-    _check_areas(store, report)
+    _check_areas(store, report, PACK_FILES if pack else ())
     for d in _listdir(store.tmp_dir):
         key = d.name.split(".", 1)[0]
+        if not store.created():  # no locks/: nobody builds here, and a check creates none
+            report.problems.append(Problem("stale-tmp", str(d), "leftover of a killed build", key))
+            continue
         try:
             with store.lock(key, timeout=0):
                 if d.exists():  # not published or removed since we listed tmp/

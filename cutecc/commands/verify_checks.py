@@ -221,6 +221,8 @@ def _unindexed_now(store: Store, key: str, record: Path) -> bool:
     def lacks() -> bool:
         return store.layout.entry(key).exists() and not os.path.lexists(record)
 
+    if not store.created():  # no locks/ (a pack): nobody changes it, and a check creates none
+        return lacks()
     try:
         with store.lock(key, timeout=0):
             return lacks()
@@ -230,9 +232,11 @@ def _unindexed_now(store: Store, key: str, record: Path) -> bool:
         return lacks()
 
 
-def _check_index(store: Store, report: VerifyReport, kernels: dict[str, EntryMeta]) -> None:
+def _check_index(store: Store, report: VerifyReport, kernels: dict[str, EntryMeta], *,
+                 pack: bool = False) -> None:
     """Every healthy entry has its record in by-kernel/, and every record an entry of its
-    kernel; a record in flight (its key locked by a publish or removal) is left alone."""
+    kernel; a record in flight (its key locked by a publish or removal) is left alone. A
+    pack (`pack`) has no index by design: it is loaded through its kernels.lock."""
     records: set[tuple[str, str]] = set()
     for kd in _listdir(store.index_dir):
         if kd.is_symlink() or not kd.is_dir() or not is_kernel_name(kd.name):
@@ -248,7 +252,7 @@ def _check_index(store: Store, report: VerifyReport, kernels: dict[str, EntryMet
     for key, meta in kernels.items():
         path = store.layout.index_record(meta.kernel, key)
         if (meta.kernel, key) not in records:
-            if _unindexed_now(store, key, path):
+            if not pack and _unindexed_now(store, key, path):
                 report.problems.append(Problem("unindexed", str(path), "the entry has no index record: "
                                                "`cutecc.load` does not see it", key))
             continue
@@ -365,12 +369,13 @@ def _name_ok(area: str, name: str) -> bool:
     return is_key(stem)  # manifests/, tuning/plans/
 
 
-def _check_areas(store: StoreView, report: VerifyReport) -> None:
-    """What does not belong in the cache's other areas (see the module docstring). The
-    temporary file of an atomic write under way (`.<name>.<hex>.tmp`) is left to it."""
+def _check_areas(store: StoreView, report: VerifyReport, own: tuple[str, ...] = ()) -> None:
+    """What does not belong in the cache's other areas (see the module docstring); `own`:
+    top-level names that belong too (a pack's). The temporary file of an atomic write under
+    way (`.<name>.<hex>.tmp`) is left to it."""
     lay = store.layout
     for f in _listdir(store.root):
-        if f.name not in layout.AREAS and not TMP_NAME.fullmatch(f.name):
+        if f.name not in layout.AREAS + own and not TMP_NAME.fullmatch(f.name):
             report.problems.append(Problem("orphan", str(f), "not part of a cutecc cache"))
     for f in _listdir(lay.tuning()):
         if f.name not in (layout.TUNING_PLANS[1], layout.TUNING_RESULTS[1]):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import stat
 from pathlib import Path
 
 from cutecc.errors import WorkError
@@ -12,6 +14,18 @@ PACK_DIR = "_cutecc"  # a pack's cache-shaped tree, inside its import package
 # in that tree: the fallbacks' pinned closures, each file at its path below its root
 # (`cutecc.contract.fallbacks.ClosureFile.path`), read by `cutecc.runtime.fallback_code`
 FALLBACK_DIR = "fallbacks"
+# what a pack's tree holds beyond a cache's areas (`cutecc.store.layout.AREAS`), by design
+PACK_FILES = (LOCK_NAME, FALLBACK_DIR)
+
+
+def is_pack_tree(root: str | Path) -> bool:
+    """Whether the cache-shaped tree `root` is a pack's (`_cutecc/` of an installed wheel, or
+    an unpacked tarball): its kernels.lock at the top, a regular file, as `package_root`
+    finds it. A pack is read through that lock, never through an index, and never written."""
+    try:
+        return stat.S_ISREG(os.lstat(Path(root) / LOCK_NAME).st_mode)
+    except OSError:
+        return False
 
 
 def package_root(package: str) -> Path:

@@ -12,11 +12,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import PY, REPO, Toy, opts
+from helpers import PY, REPO, Toy, opts, run_cli
 
 from cutecc.commands.build import build
 from cutecc.commands.pack import pack
 from cutecc.errors import WorkError
+
+from .conftest import snapshot
 
 pytestmark = pytest.mark.usefixtures("dsl")
 
@@ -69,12 +71,19 @@ def test_an_installed_pack_serves_a_miss_from_its_own_fallback(with_fallback: To
     env.pop("CUTECC_STRICT", None)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
+    tree = site / "toy_fb" / "_cutecc"
+    before = snapshot(tree)
     r = subprocess.run([PY, "-c", CALL], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["out"] == [(v + 1) * 2.0 for v in range(8)] and got["dtype"] == "float16"
     assert any("served by its fallback toy.ref:scale" in m for m in got["warned"])
     assert got["toy"] == str(site / "toy_fb" / "_cutecc" / "fallbacks" / "toy" / "ref.py")
+    # its fallbacks/ is the pack's own: `cutecc verify` finds it healthy, and neither the
+    # call nor verify wrote into it (no miss recorded, no use mark, no locks/)
+    v = run_cli("verify", "--cache-dir", str(tree), "--json")
+    assert v.returncode == 0 and json.loads(v.stdout)["problems"] == [], v.stdout + v.stderr
+    assert snapshot(tree) == before
 
 
 def test_a_closure_changed_since_the_build_is_not_packed(with_fallback: Toy, tmp_path: Path) -> None:

@@ -39,6 +39,22 @@ def test_a_fresh_build_is_clean_even_after_uses_are_recorded(built) -> None:
     assert report.ok and (report.entries, report.healthy, report.problems) == (2, 2, [])
 
 
+def test_a_cache_without_locks_is_checked_without_creating_them(built) -> None:
+    """A check takes no key lock where the cache has no locks/ (a pack's tree, a copy): it
+    would create that directory, and nobody can be building there."""
+    import shutil
+
+    shutil.rmtree(built.store.locks_dir)
+    e = built.entries()["threads=64"]
+    built.store.layout.index_record("scale", e.key).unlink()
+    stale = built.store.tmp_dir / f"{e.key}.dead01"
+    stale.mkdir()
+    before = snapshot(built.cache)
+    report = verify(built.cache)
+    assert sorted(p.kind for p in report.problems) == ["stale-tmp", "unindexed"], report.problems
+    assert snapshot(built.cache) == before and not built.store.locks_dir.exists()
+
+
 @pytest.mark.parametrize("how, kind", [("flip", "altered"), ("truncate", "truncated"),
                                        ("delete", "missing")])
 def test_damage_is_reported_for_that_entry_only(built, how: str, kind: str) -> None:
