@@ -112,20 +112,10 @@ def _s3(directory: Path | None) -> Iterator[str]:
     if directory is None:
         yield ""
         return
-    from tests.distributed.conftest import start_weed
+    from tests.distributed.conftest import serving
 
-    server = start_weed(directory)
-    old = {k: os.environ.get(k) for k in server.env}
-    os.environ.update(server.env)
-    try:
+    with serving(directory) as server:
         yield server.bucket
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        server.stop()
 
 
 if __name__ == "__main__":

@@ -39,8 +39,6 @@ for p in (REPO, PROJECT):
 # grid's y dimension takes (65,535), and a ragged size whose last chunk is partial
 CASES = (("bfloat16", 4096, 11008), ("float32", 4096, 11008), ("bfloat16", 70_000, 1024),
          ("bfloat16", 333, 1001))
-GAP_S = 0.004
-GAP_NS = 2_000_000
 TOL = {"float32": 1e-5, "bfloat16": 2e-2}
 
 
@@ -87,34 +85,12 @@ def check(fns: dict[Any, Any], args: tuple[Any, ...], dtype: str) -> dict[str, f
 
 def device_times(fns: dict[Any, Any], args: tuple[Any, ...], rounds: int) -> dict[Any, list[float]]:
     """Per side and pass, the device-clock busy time (us) of each of `rounds` traced runs."""
-    import glob
-    import tempfile
-    import time
-
-    import jax
-
-    from cutecc.tuning.trace import Event, is_memory_op, split
+    from benchmarks.gputrace import device_chunks
+    from cutecc.tuning.trace import is_memory_op
 
     keys = list(fns)
     order = [keys[(r + i) % len(keys)] for r in range(rounds) for i in range(len(keys))]
-    with tempfile.TemporaryDirectory() as d:
-        jax.profiler.start_trace(d)
-        try:
-            for k in order:
-                jax.block_until_ready(fns[k](*args))
-                time.sleep(GAP_S)
-        finally:
-            jax.profiler.stop_trace()
-        files = glob.glob(f"{d}/**/*.xplane.pb", recursive=True)
-        if not files:
-            raise RuntimeError("the profiler wrote no trace")
-        data = jax.profiler.ProfileData.from_file(files[0])
-        events = [Event(e.name, float(e.start_ns), float(e.duration_ns))
-                  for plane in data.planes if plane.name.startswith("/device:GPU")
-                  for line in plane.lines for e in line.events]
-    chunks = split(events, GAP_NS)
-    if len(chunks) != len(order):
-        raise RuntimeError(f"the trace splits into {len(chunks)} runs, not {len(order)}")
+    chunks = device_chunks([lambda k=k: fns[k](*args) for k in order])
     out: dict[Any, list[float]] = {k: [] for k in keys}
     for k, evs in zip(order, chunks):
         out[k].append(sum(e.duration_ns for e in evs if not is_memory_op(e.name)) / 1e3)

@@ -1,6 +1,8 @@
-"""Device-clock measurement shared by loop_carry.py and chain_gap.py: runs in one CUPTI trace
-(`jax.profiler`), each marked on the host by a `TraceAnnotation`, read back per run with its
-GPU activities and the host events under it. Needs jax with CUDA; imports no cutecc."""
+"""Device-clock measurement shared by the device benchmarks: runs in one CUPTI trace
+(`jax.profiler`). `trace` (loop_carry.py, chain_gap.py) marks each run on the host by a
+`TraceAnnotation` and reads it back with its GPU activities and the host events under it;
+`device_chunks` (first_kernel.py, object_call.py, training_step.py) splits the device's
+activities into runs where the device idled. Needs jax with CUDA."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 GAP_S = 0.004  # idle time after each run, so runs never overlap on the device
+GAP_NS = 2_000_000  # `device_chunks` splits the trace at device idle gaps longer than this
 
 
 @dataclass
@@ -131,3 +134,33 @@ def host_summary(runs: Sequence[Run], top: int = 12) -> list[tuple[str, float]]:
 def stats(xs: Sequence[float]) -> dict[str, float]:
     s = sorted(xs)
     return {"median": statistics.median(s), "min": s[0], "max": s[-1], "n": len(s)}
+
+
+def device_chunks(runs: Sequence[Callable[[], Any]]) -> list[list[Any]]:
+    """The GPU activities (`cutecc.tuning.trace.Event`s) of each of `runs`, called in turn
+    inside one profiler trace, each waited for and followed by GAP_S of idle time; the trace
+    is split where the device idled over GAP_NS, and must give one part per run."""
+    import jax
+
+    from cutecc.tuning.trace import Event, split
+
+    with tempfile.TemporaryDirectory() as d:
+        jax.profiler.start_trace(d)
+        try:
+            for run in runs:
+                jax.block_until_ready(run())
+                time.sleep(GAP_S)
+        finally:
+            jax.profiler.stop_trace()
+        files = glob.glob(f"{d}/**/*.xplane.pb", recursive=True)
+        if not files:
+            raise RuntimeError("the profiler wrote no trace")
+        data = jax.profiler.ProfileData.from_file(files[0])
+        events = [Event(e.name, float(e.start_ns), float(e.duration_ns))
+                  for plane in data.planes if plane.name.startswith("/device:GPU")
+                  for line in plane.lines for e in line.events]
+    chunks = split(events, GAP_NS)
+    if len(chunks) != len(runs):
+        raise RuntimeError(f"the trace splits into {len(chunks)} runs, not {len(runs)} (a run "
+                           f"with an idle gap over {GAP_NS / 1e6} ms inside?)")
+    return chunks

@@ -22,7 +22,6 @@ import json
 import operator
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +32,6 @@ for p in (REPO, LAYOUTS):
         sys.path.insert(0, str(p))  # cutecc's source and layout_kernels' fallback module
 
 SIZES = (1 << 12, 1 << 20, 1 << 24)
-GAP_S = 0.004
-GAP_NS = 2_000_000
 
 
 def sides(ks: Any) -> dict[str, Any]:
@@ -50,33 +47,12 @@ Runs = dict[str, list[tuple[float, list[str]]]]
 
 def device_runs(fns: dict[str, Any], args: tuple[Any, ...], rounds: int) -> Runs:
     """Per side, each run's device busy time (us) and the names of the kernels it ran."""
-    import glob
-    import tempfile
-
-    import jax
-
-    from cutecc.tuning.trace import Event, is_memory_op, split
+    from benchmarks.gputrace import device_chunks
+    from cutecc.tuning.trace import is_memory_op
 
     keys = list(fns)
     order = [keys[(r + i) % len(keys)] for r in range(rounds) for i in range(len(keys))]
-    with tempfile.TemporaryDirectory() as d:
-        jax.profiler.start_trace(d)
-        try:
-            for k in order:
-                jax.block_until_ready(fns[k](*args))
-                time.sleep(GAP_S)
-        finally:
-            jax.profiler.stop_trace()
-        files = glob.glob(f"{d}/**/*.xplane.pb", recursive=True)
-        if not files:
-            raise RuntimeError("the profiler wrote no trace")
-        data = jax.profiler.ProfileData.from_file(files[0])
-        events = [Event(e.name, float(e.start_ns), float(e.duration_ns))
-                  for plane in data.planes if plane.name.startswith("/device:GPU")
-                  for line in plane.lines for e in line.events]
-    chunks = split(events, GAP_NS)
-    if len(chunks) != len(order):
-        raise RuntimeError(f"the trace splits into {len(chunks)} runs, not {len(order)}")
+    chunks = device_chunks([lambda k=k: fns[k](*args) for k in order])
     out: Runs = {k: [] for k in keys}
     for k, evs in zip(order, chunks):
         kernels = [e for e in evs if not is_memory_op(e.name)]

@@ -44,8 +44,6 @@ if str(REPO) not in sys.path:
 
 SIDES = ("cutecc", "jax_cudnn", "jax_xla")
 PROFILED = 5  # steps per side in the device-clock trace
-GAP_S = 0.004  # idle time after each traced step: the trace is split at gaps over GAP_NS
-GAP_NS = 2_000_000
 # Kinds of GPU kernels, by words their (mangled) names contain; first match wins.
 KINDS = (("attention", ("flash", "fmha", "sdpa", "attention", "attn")),
          ("norm", ("rmsnorm",)),
@@ -97,45 +95,15 @@ def dry_run(cache: Path, batch: int, seq: int) -> dict[str, Any]:
     return res
 
 
-def trace_steps(runs: list[Any]) -> list[list[Any]]:
-    """The GPU events of each run of `runs` (called in turn, each followed by a sync and an
-    idle gap), from one profiler trace."""
-    import glob
-    import tempfile
-
-    import jax
-
-    from cutecc.tuning.trace import Event, split
-
-    with tempfile.TemporaryDirectory() as d:
-        jax.profiler.start_trace(d)
-        try:
-            for run in runs:
-                jax.block_until_ready(run())
-                time.sleep(GAP_S)
-        finally:
-            jax.profiler.stop_trace()
-        files = glob.glob(f"{d}/**/*.xplane.pb", recursive=True)
-        if not files:
-            raise RuntimeError("the profiler wrote no trace")
-        data = jax.profiler.ProfileData.from_file(files[0])
-        events = [Event(e.name, float(e.start_ns), float(e.duration_ns))
-                  for plane in data.planes if plane.name.startswith("/device:GPU")
-                  for line in plane.lines for e in line.events]
-    chunks = split(events, GAP_NS)
-    if len(chunks) != len(runs):
-        raise RuntimeError(f"the trace splits into {len(chunks)} runs, not {len(runs)} (a step "
-                           f"with an idle gap over {GAP_NS / 1e6} ms inside?)")
-    return chunks
-
-
 def device_clock(fns: dict[str, Any], args: tuple[Any, ...]) -> dict[str, Any]:
     """Per side, medians over PROFILED traced steps: busy and span (us), busy per kind of
     kernel, and its ten longest kernels (us per step)."""
     from cutecc.tuning.trace import is_memory_op
 
     order = [SIDES[(r + i) % len(SIDES)] for r in range(PROFILED) for i in range(len(SIDES))]
-    chunks = trace_steps([lambda s=s: fns[s](*args) for s in order])
+    from benchmarks.gputrace import device_chunks
+
+    chunks = device_chunks([lambda s=s: fns[s](*args) for s in order])
     got: dict[str, dict[str, list[float]]] = {s: {} for s in SIDES}
     names: dict[str, Counter[str]] = {s: Counter() for s in SIDES}
     for side, evs in zip(order, chunks):

@@ -145,10 +145,11 @@ def start_weed(directory: Path, s3_config: Path | None = None) -> S3Server:
     pytest.skip(f"the S3 server (weed mini) could not start within {START_TIMEOUT:.0f} s: {why}\n{tail}")
 
 
-@pytest.fixture(scope="session")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    """One S3 server for the session, with the AWS_* variables pointing at it."""
-    server = start_weed(tmp_path_factory.mktemp("s3") / "data")
+@contextlib.contextmanager
+def serving(directory: Path) -> Iterator[S3Server]:
+    """A server started in `directory`, the AWS_* variables pointing at it while the block
+    runs (restored after it, and the server stopped)."""
+    server = start_weed(directory)
     old = {k: os.environ.get(k) for k in server.env}
     os.environ.update(server.env)
     try:
@@ -160,6 +161,13 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
             else:
                 os.environ[k] = v
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """One S3 server for the session, with the AWS_* variables pointing at it."""
+    with serving(tmp_path_factory.mktemp("s3") / "data") as server:
+        yield server
 
 
 @pytest.fixture
