@@ -495,3 +495,65 @@ def test_installed_byte_code_is_vouched_for_by_stat_only_as_the_install_compiled
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"untouched": True, "planted": False, "shipped": False,
                                     "unlisted": False, "other source": False}
+
+
+# what a compile service's preloaded imports did, charged only where a job reaches it ------
+
+
+def _dist(site: Path, name: str, files: dict[str, str]) -> None:
+    """A non-editable distribution `name` holding `files` in directory `site`."""
+    for rel, text in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "INSTALLER").write_text("pip\n")
+    rows = [_record_row(site, r) for r in [*files, f"{name}-1.0.dist-info/METADATA",
+                                           f"{name}-1.0.dist-info/INSTALLER"]]
+    (info / "RECORD").write_text("\n".join([*rows, f"{name}-1.0.dist-info/RECORD,,"]) + "\n")
+
+
+def _entry(name: str, entry: str) -> str:
+    return toy_manifest(threads=(32,), kernels=(name,)).replace('archs = ["sm_90a"]\n', "").replace(
+        'entry = "toy.ops:scale"', f'entry = "{entry}"').replace(
+        'constants = { threads = "$threads" }\n', "").replace("variants = { threads = [32] }\n", "")
+
+
+@pytest.mark.usefixtures("dsl")
+@pytest.mark.parametrize("workers", ["fork", "spawn"])
+def test_a_process_an_installed_entrys_import_started_fails_only_the_jobs_that_import_it(
+        tmp_path: Path, workers: str) -> None:
+    """A compile service (or a spawned worker) imports every installed entry module of its
+    pool before its first job. One of them starts a process at import (as FlashInfer runs
+    `ptxas --version`): the entry whose compile imports it, and one that imports it through
+    another distribution, are refused naming the command; an entry whose compile never
+    imports it publishes, as it does built alone."""
+    site = tmp_path / "site"
+    _dist(site, "cleanpkg", {"cleanpkg/__init__.py": "", "cleanpkg/ops.py": TOY_KERNEL})
+    _dist(site, "culpritpkg", {"culpritpkg/__init__.py": "", "culpritpkg/ops.py": TOY_KERNEL.replace(
+        "import cutlass\n", 'import subprocess\n\nsubprocess.run(["true"], check=True)\n\nimport cutlass\n', 1)})
+    _dist(site, "mixpkg", {"mixpkg/__init__.py": "", "mixpkg/ops.py": "from culpritpkg.ops import scale\n"})
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "kernels.toml").write_text('archs = ["sm_90a"]\n' + _entry("clean", "cleanpkg.ops:scale")
+                                       + _entry("culprit", "culpritpkg.ops:scale")
+                                       + _entry("mix", "mixpkg.ops:scale"))
+    env = _env(PYTHONPATH=os.pathsep.join([str(REPO), str(site)]), CUTECC_WORKERS=workers)
+    r = cli("build", str(proj / "kernels.toml"), "--cache-dir", str(tmp_path / "c"), "--no-lock", "-j", "1",
+            "--json", env=env)
+    assert r.returncode == 1, r.stdout + r.stderr
+    said = {e["kernel"]: e for e in json.loads(r.stdout)["entries"]}
+    assert said["clean"]["status"] == "built", said["clean"].get("error")
+    for name in ("culprit", "mix"):
+        assert said[name]["status"] == "failed", said[name]
+        assert "the compile started a process (['true'], module culpritpkg.ops)" in said[name]["error"], said[name]
+    [entry] = Store(tmp_path / "c").entries()
+    assert entry.doc["kernel"] == "clean"
+    # its read set is the one it has built alone: nothing of what the other imports read
+    alone = proj / "alone.toml"
+    alone.write_text('archs = ["sm_90a"]\n' + _entry("clean", "cleanpkg.ops:scale"))
+    r = cli("build", str(alone), "--cache-dir", str(tmp_path / "c2"), "--no-lock", "--json", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    [single] = Store(tmp_path / "c2").entries()
+    assert (single.key, single.doc["read_set"]) == (entry.key, entry.doc["read_set"])
