@@ -531,8 +531,9 @@ def test_a_process_an_installed_entrys_import_started_fails_only_the_jobs_that_i
     imports it publishes, as it does built alone."""
     site = tmp_path / "site"
     _dist(site, "cleanpkg", {"cleanpkg/__init__.py": "", "cleanpkg/ops.py": TOY_KERNEL})
-    _dist(site, "culpritpkg", {"culpritpkg/__init__.py": "", "culpritpkg/ops.py": TOY_KERNEL.replace(
-        "import cutlass\n", 'import subprocess\n\nsubprocess.run(["true"], check=True)\n\nimport cutlass\n', 1)})
+    starts = 'import subprocess\n\nsubprocess.run(["true"], check=True)\n\nimport cutlass\n'
+    _dist(site, "culpritpkg", {"culpritpkg/__init__.py": "",
+                               "culpritpkg/ops.py": TOY_KERNEL.replace("import cutlass\n", starts, 1)})
     _dist(site, "mixpkg", {"mixpkg/__init__.py": "", "mixpkg/ops.py": "from culpritpkg.ops import scale\n"})
     proj = tmp_path / "proj"
     proj.mkdir()
@@ -547,7 +548,8 @@ def test_a_process_an_installed_entrys_import_started_fails_only_the_jobs_that_i
     assert said["clean"]["status"] == "built", said["clean"].get("error")
     for name in ("culprit", "mix"):
         assert said[name]["status"] == "failed", said[name]
-        assert "the compile started a process (['true'], module culpritpkg.ops)" in said[name]["error"], said[name]
+        said_why = "the compile started a process (['true'], module culpritpkg.ops)"
+        assert said_why in said[name]["error"], said[name]
     [entry] = Store(tmp_path / "c").entries()
     assert entry.doc["kernel"] == "clean"
     # its read set is the one it has built alone: nothing of what the other imports read
