@@ -16,7 +16,9 @@ sandbox does:
   resident or per-build compile service records from its first import and each worker it
   forks inherits that record (the same set, copied by `fork`). A worker that serves several
   jobs checks each against what it read before its first job and during that job
-  (`begin_job`), plus any file an earlier job was refused for (it stays in the process).
+  (`begin_job`), plus any file an earlier job was refused for (it stays in the process);
+  what the import of an entry module preloaded for the pool recorded counts only for the
+  jobs whose key reaches a module that was being imported then (`preloading`, `_reaching`).
 - **Checked** (`problem`), after compile and link, before anything is published: each file
   must be one of
   - the job's keyed closure (`KeyedFile`s: the planned sources, the manifest's declared
