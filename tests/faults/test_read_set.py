@@ -537,14 +537,16 @@ def test_a_process_an_installed_entrys_import_started_fails_only_the_jobs_that_i
     _dist(site, "mixpkg", {"mixpkg/__init__.py": "", "mixpkg/ops.py": "from culpritpkg.ops import scale\n"})
     proj = tmp_path / "proj"
     proj.mkdir()
-    (proj / "kernels.toml").write_text('archs = ["sm_90a"]\n' + _entry("clean", "cleanpkg.ops:scale")
-                                       + _entry("culprit", "culpritpkg.ops:scale")
-                                       + _entry("mix", "mixpkg.ops:scale"))
+    # the clean entry last: its worker (-j 1) refused the others first, for what it preloaded
+    (proj / "kernels.toml").write_text('archs = ["sm_90a"]\n' + _entry("culprit", "culpritpkg.ops:scale")
+                                       + _entry("mix", "mixpkg.ops:scale")
+                                       + _entry("clean", "cleanpkg.ops:scale"))
     env = _env(PYTHONPATH=os.pathsep.join([str(REPO), str(site)]), CUTECC_WORKERS=workers)
     r = cli("build", str(proj / "kernels.toml"), "--cache-dir", str(tmp_path / "c"), "--no-lock", "-j", "1",
             "--json", env=env)
     assert r.returncode == 1, r.stdout + r.stderr
     said = {e["kernel"]: e for e in json.loads(r.stdout)["entries"]}
+    assert [e["kernel"] for e in json.loads(r.stdout)["entries"]] == ["culprit", "mix", "clean"]
     assert said["clean"]["status"] == "built", said["clean"].get("error")
     for name in ("culprit", "mix"):
         assert said[name]["status"] == "failed", said[name]
@@ -552,10 +554,51 @@ def test_a_process_an_installed_entrys_import_started_fails_only_the_jobs_that_i
         assert said_why in said[name]["error"], said[name]
     [entry] = Store(tmp_path / "c").entries()
     assert entry.doc["kernel"] == "clean"
-    # its read set is the one it has built alone: nothing of what the other imports read
+    # built alone, it has the same key (a worker's later job reads less of the DSL than its
+    # first, so the read-set digests of two positions are not compared here)
     alone = proj / "alone.toml"
     alone.write_text('archs = ["sm_90a"]\n' + _entry("clean", "cleanpkg.ops:scale"))
     r = cli("build", str(alone), "--cache-dir", str(tmp_path / "c2"), "--no-lock", "--json", env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     [single] = Store(tmp_path / "c2").entries()
-    assert (single.key, single.doc["read_set"]) == (entry.key, entry.doc["read_set"])
+    assert single.key == entry.key
+
+
+def test_what_a_preloaded_import_recorded_is_charged_by_the_modules_being_imported(tmp_path: Path) -> None:
+    """In one process: two modules preloaded (`read_set.preloading`), one of which reads a data
+    file and starts a process at import; a job keying only the other is charged with neither,
+    a job keying the culprit with both (the process first), and what the process read itself
+    after the preload counts for every job."""
+    (tmp_path / "data.txt").write_text("x")
+    (tmp_path / "clean_mod.py").write_text("VALUE = 1\n")
+    (tmp_path / "culprit_mod.py").write_text(
+        f"import subprocess\nopen({str(tmp_path / 'data.txt')!r}).read()\nsubprocess.run(['true'])\n")
+    code = textwrap.dedent(f"""
+        import json, sys, types
+        sys.path.insert(0, {str(tmp_path)!r})
+        from cutecc.build import read_set
+        from cutecc.plan.key import toolchain
+        from cutecc.plan.keyed_sources import KeyedFile, file_sha256
+        read_set.install()
+        with read_set.preloading():
+            import clean_mod, culprit_mod
+
+        def job(name):
+            path = {str(tmp_path)!r} + "/" + name + ".py"
+            keyed = (KeyedFile(path, name, name + ".py", file_sha256(path)),)
+            return types.SimpleNamespace(keyed_files=keyed, key_inputs={{"toolchain": toolchain()}},
+                                         python_path=({str(tmp_path)!r},))
+        with read_set.paused():  # (the hashes: the planner's reads, not a compile's)
+            jobs = {{n: job(n) for n in ("clean_mod", "culprit_mod")}}
+        read_set.begin_job()
+        out = {{n: read_set.check(j, None, None).error for n, j in jobs.items()}}
+        open({str(tmp_path / 'data.txt')!r}).read()  # read again, by no preloaded import
+        out["again"] = read_set.check(jobs["clean_mod"], None, None).error
+        print(json.dumps(out))
+    """)
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=_env(), timeout=120)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["clean_mod"] is None, got
+    assert "the compile started a process (['true'], module culprit_mod)" in got["culprit_mod"], got
+    assert f"the compile read {tmp_path / 'data.txt'}" in (got["again"] or ""), got
