@@ -16,7 +16,9 @@ sandbox does:
   resident or per-build compile service records from its first import and each worker it
   forks inherits that record (the same set, copied by `fork`). A worker that serves several
   jobs checks each against what it read before its first job and during that job
-  (`begin_job`), plus any file an earlier job was refused for (it stays in the process).
+  (`begin_job`), plus any file an earlier job was refused for (it stays in the process);
+  what the import of an entry module preloaded for the pool recorded counts only for the
+  jobs whose key reaches a module that was being imported then (`preloading`, `_reaching`).
 - **Checked** (`problem`), after compile and link, before anything is published: each file
   must be one of
   - the job's keyed closure (`KeyedFile`s: the planned sources, the manifest's declared
@@ -78,6 +80,17 @@ _who: dict[str, str] = {}  # the module that first read each path
 _startup: dict[str, str] = {}  # what ran before the hook was installed: {path: what read it}
 _installed = False
 _paused = 0
+# what a preloaded entry module's import recorded (`preloading`): each path recorded then and
+# never outside one before the first job, with the import chains it was recorded under (the
+# modules whose import was running, outermost first, as (name, file)): charged to a job only
+# where its key reaches one of those modules (`_reaching`)
+_origin: dict[str, set[tuple[tuple[str, str], ...]]] = {}
+_preloading: Any = None  # while an entry module is preloaded: the frame importing it
+_chains: dict[Any, tuple[tuple[str, str], ...]] = {}  # a module's import frame -> its chain
+# the import system's frame that finds and loads one module (its `name`): a module's own file
+# and the directories searched for it are read there, before any of its code runs
+_FIND_AND_LOAD = getattr(getattr(sys.modules.get("_frozen_importlib"), "_find_and_load", None), "__code__",
+                         None)
 _OPEN_EVENTS = frozenset({"open"})
 _LIST_EVENTS = frozenset({"os.listdir", "os.scandir"})
 _HERE = os.path.normpath(__file__)
@@ -131,12 +144,57 @@ def _note(path: Any, prefix: str = "") -> None:
         _current.add(p)
         if p not in _who:
             _who[p] = _reader()
+        if _preloading is not None:
+            _origin[p] = {_chain()}
+    elif _origin:
+        _again(p)
 
 
 def _note_exec(cmd: str, who: str) -> None:
     p = _EXEC + cmd
-    _current.add(p)
-    _who.setdefault(p, who)
+    if p not in _current:
+        _current.add(p)
+        _who.setdefault(p, who)
+        if _preloading is not None:
+            _origin[p] = {_chain()}
+    elif _origin:
+        _again(p)
+
+
+def _again(p: str) -> None:
+    """`p`, recorded before, recorded again: during a preloaded import, under its chain too;
+    outside one before the first job, every job's (a job's own reads count anyway)."""
+    if _preloading is not None:
+        if p in _origin:
+            _origin[p].add(_chain())
+    elif _baseline is None:
+        _origin.pop(p, None)
+
+
+def _chain() -> tuple[tuple[str, str], ...]:
+    """The modules whose import was running when a preloaded import recorded something, up
+    to the preload's frame, outermost first, as (name, file): each module being found and
+    loaded (its file "": known once loaded) and each whose code runs (its `<module>` frame).
+    Each frame's chain is remembered, so a later event walks only up to its innermost one."""
+    inner = []
+    base: tuple[tuple[str, str], ...] = ()
+    f: Any = sys._getframe(1)
+    while f is not None and f is not _preloading:
+        code = f.f_code
+        if code.co_name == "<module>" or code is _FIND_AND_LOAD:
+            got = _chains.get(f)
+            if got is not None:
+                base = got
+                break
+            inner.append(f)
+        f = f.f_back
+    for frame in reversed(inner):
+        if frame.f_code is _FIND_AND_LOAD:
+            base = (*base, (str(frame.f_locals.get("name") or ""), ""))
+        else:
+            base = (*base, (str(frame.f_globals.get("__name__") or ""), frame.f_code.co_filename))
+        _chains[frame] = base
+    return base
 
 
 def _relative(path: str) -> None:
@@ -147,8 +205,13 @@ def _relative(path: str) -> None:
     if caller.startswith(_STDLIB) or os.path.lexists(path):
         return
     p = _REL + path
-    _current.add(p)
-    _who.setdefault(p, _reader())
+    if p not in _current:
+        _current.add(p)
+        _who.setdefault(p, _reader())
+        if _preloading is not None:
+            _origin[p] = {_chain()}
+    elif _origin:
+        _again(p)
 
 
 def _hook(event: str, args: tuple[Any, ...]) -> None:
@@ -213,6 +276,22 @@ def _before_hook() -> dict[str, str]:
                 if n.endswith(".pth"):
                     out.setdefault(os.path.join(d, n), "site, at interpreter start")
     return out
+
+
+class preloading:  # noqa: N801 (a context manager, used as a function's `with`)
+    """While the caller imports the entry modules of its pool ahead of the jobs
+    (`cutecc.build.executors.preload`): what each import records keeps the chain of modules
+    whose import recorded it, so a job is charged with it only where its key reaches one of
+    them (`check`): a process FlashInfer's import starts is not quack's."""
+
+    def __enter__(self) -> None:
+        global _preloading
+        _preloading = sys._getframe(1)
+
+    def __exit__(self, *exc: object) -> None:
+        global _preloading
+        _preloading = None
+        _chains.clear()
 
 
 def begin_job() -> None:
@@ -311,7 +390,10 @@ def _check(job: Any, staging: Path | None, store_root: str | None) -> ReadSet:
     error: str | None = None
     bad = ""
     covered: list[str] = []
+    charged = _reaching(job, dists)
     for raw in sorted(recorded()):
+        if raw not in _current and raw in _origin and not any(map(charged, _origin[raw])):
+            continue  # a preloaded import's, of modules this job's compile never imports
         if raw.startswith(_DIRS):
             dirs.append(raw)
             continue
@@ -376,8 +458,8 @@ def _check(job: Any, staging: Path | None, store_root: str | None) -> ReadSet:
             bad = raw
             error = (f"the compile listed the directory {d} (module {_who.get(raw, '?')}), which its key "
                      f"does not cover; {_declare(d, roots)}")
-    if bad:  # what was read stays in this process: every later job of it is refused too
-        _tainted.add(bad)
+    if bad and (bad in _current or bad not in _origin):  # what was read stays in this process:
+        _tainted.add(bad)  # every later job of it is refused too (a preloaded import's, as charged)
     # the keyed closure always counts as read: a worker reused for another variant of a kernel
     # does not import its modules again, and its digest must be a fresh compile's
     lines.update(f"source {f.rel}" for f in job.keyed_files)
@@ -422,6 +504,35 @@ def prepare() -> None:
         for raw in recorded():
             if not raw.startswith((_DIRS, _EXEC, _REL)):
                 _facts_of(raw)
+
+
+def _reaching(job: Any, dists: Dists) -> Callable[[tuple[tuple[str, str], ...]], bool]:
+    """Whether `job`'s compile imports a module of an import chain (`_chain`), as its key
+    tells: a module of a top-level package its keyed closure holds (the entry's, the
+    project's), of a distribution its key names (the toolchain's included), or of the
+    standard library, cutecc or another exempt place (any compile may import those). A
+    module with no file (a namespace package, whose import reads no file, or one that failed
+    to import, which a compile that needs it imports again) is its package's alone. An empty
+    chain (recorded outside any module's import: a thread's) is every job's."""
+    tops = {f.module.partition(".")[0] for f in job.keyed_files}
+    memo: dict[tuple[str, str], bool] = {}
+
+    def reaches(module: tuple[str, str]) -> bool:
+        if module not in memo:
+            name, path = module
+            path = path or str(getattr(sys.modules.get(name), "__file__", None) or "")
+            if name.partition(".")[0] in tops:
+                memo[module] = True
+            elif not path:
+                memo[module] = False
+            elif not os.path.isabs(path) or exempt(os.path.normpath(path)) is not None:
+                memo[module] = True  # (frozen modules: "<frozen ...>")
+            else:
+                owner = dists.owner(os.path.normpath(path)) or dists.owner(os.path.realpath(path))
+                memo[module] = owner is not None and (owner[0] in dists.keyed or owner[0] in dists.tools)
+        return memo[module]
+
+    return lambda chain: not chain or any(map(reaches, chain))
 
 
 def _parents(path: str) -> Iterator[str]:

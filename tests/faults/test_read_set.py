@@ -495,3 +495,110 @@ def test_installed_byte_code_is_vouched_for_by_stat_only_as_the_install_compiled
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"untouched": True, "planted": False, "shipped": False,
                                     "unlisted": False, "other source": False}
+
+
+# what a compile service's preloaded imports did, charged only where a job reaches it ------
+
+
+def _dist(site: Path, name: str, files: dict[str, str]) -> None:
+    """A non-editable distribution `name` holding `files` in directory `site`."""
+    for rel, text in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "INSTALLER").write_text("pip\n")
+    rows = [_record_row(site, r) for r in [*files, f"{name}-1.0.dist-info/METADATA",
+                                           f"{name}-1.0.dist-info/INSTALLER"]]
+    (info / "RECORD").write_text("\n".join([*rows, f"{name}-1.0.dist-info/RECORD,,"]) + "\n")
+
+
+def _entry(name: str, entry: str) -> str:
+    return toy_manifest(threads=(32,), kernels=(name,)).replace('archs = ["sm_90a"]\n', "").replace(
+        'entry = "toy.ops:scale"', f'entry = "{entry}"').replace(
+        'constants = { threads = "$threads" }\n', "").replace("variants = { threads = [32] }\n", "")
+
+
+@pytest.mark.usefixtures("dsl")
+@pytest.mark.parametrize("workers", ["fork", "spawn"])
+def test_a_process_an_installed_entrys_import_started_fails_only_the_jobs_that_import_it(
+        tmp_path: Path, workers: str) -> None:
+    """A compile service (or a spawned worker) imports every installed entry module of its
+    pool before its first job. One of them starts a process at import (as FlashInfer runs
+    `ptxas --version`): the entry whose compile imports it, and one that imports it through
+    another distribution, are refused naming the command; an entry whose compile never
+    imports it publishes, as it does built alone."""
+    site = tmp_path / "site"
+    _dist(site, "cleanpkg", {"cleanpkg/__init__.py": "", "cleanpkg/ops.py": TOY_KERNEL})
+    starts = 'import subprocess\n\nsubprocess.run(["true"], check=True)\n\nimport cutlass\n'
+    _dist(site, "culpritpkg", {"culpritpkg/__init__.py": "",
+                               "culpritpkg/ops.py": TOY_KERNEL.replace("import cutlass\n", starts, 1)})
+    _dist(site, "mixpkg", {"mixpkg/__init__.py": "", "mixpkg/ops.py": "from culpritpkg.ops import scale\n"})
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    # the clean entry last: its worker (-j 1) refused the others first, for what it preloaded
+    (proj / "kernels.toml").write_text('archs = ["sm_90a"]\n' + _entry("culprit", "culpritpkg.ops:scale")
+                                       + _entry("mix", "mixpkg.ops:scale")
+                                       + _entry("clean", "cleanpkg.ops:scale"))
+    env = _env(PYTHONPATH=os.pathsep.join([str(REPO), str(site)]), CUTECC_WORKERS=workers)
+    r = cli("build", str(proj / "kernels.toml"), "--cache-dir", str(tmp_path / "c"), "--no-lock", "-j", "1",
+            "--json", env=env)
+    assert r.returncode == 1, r.stdout + r.stderr
+    said = {e["kernel"]: e for e in json.loads(r.stdout)["entries"]}
+    assert [e["kernel"] for e in json.loads(r.stdout)["entries"]] == ["culprit", "mix", "clean"]
+    assert said["clean"]["status"] == "built", said["clean"].get("error")
+    for name in ("culprit", "mix"):
+        assert said[name]["status"] == "failed", said[name]
+        said_why = "the compile started a process (['true'], module culpritpkg.ops)"
+        assert said_why in said[name]["error"], said[name]
+    [entry] = Store(tmp_path / "c").entries()
+    assert entry.doc["kernel"] == "clean"
+    # built alone, it has the same key (a worker's later job reads less of the DSL than its
+    # first, so the read-set digests of two positions are not compared here)
+    alone = proj / "alone.toml"
+    alone.write_text('archs = ["sm_90a"]\n' + _entry("clean", "cleanpkg.ops:scale"))
+    r = cli("build", str(alone), "--cache-dir", str(tmp_path / "c2"), "--no-lock", "--json", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    [single] = Store(tmp_path / "c2").entries()
+    assert single.key == entry.key
+
+
+def test_what_a_preloaded_import_recorded_is_charged_by_the_modules_being_imported(tmp_path: Path) -> None:
+    """In one process: two modules preloaded (`read_set.preloading`), one of which reads a data
+    file and starts a process at import; a job keying only the other is charged with neither,
+    a job keying the culprit with both (the process first), and what the process read itself
+    after the preload counts for every job."""
+    (tmp_path / "data.txt").write_text("x")
+    (tmp_path / "clean_mod.py").write_text("VALUE = 1\n")
+    (tmp_path / "culprit_mod.py").write_text(
+        f"import subprocess\nopen({str(tmp_path / 'data.txt')!r}).read()\nsubprocess.run(['true'])\n")
+    code = textwrap.dedent(f"""
+        import json, sys, types
+        sys.path.insert(0, {str(tmp_path)!r})
+        from cutecc.build import read_set
+        from cutecc.plan.key import toolchain
+        from cutecc.plan.keyed_sources import KeyedFile, file_sha256
+        read_set.install()
+        with read_set.preloading():
+            import clean_mod, culprit_mod
+
+        def job(name):
+            path = {str(tmp_path)!r} + "/" + name + ".py"
+            keyed = (KeyedFile(path, name, name + ".py", file_sha256(path)),)
+            return types.SimpleNamespace(keyed_files=keyed, key_inputs={{"toolchain": toolchain()}},
+                                         python_path=({str(tmp_path)!r},))
+        with read_set.paused():  # (the hashes: the planner's reads, not a compile's)
+            jobs = {{n: job(n) for n in ("clean_mod", "culprit_mod")}}
+        read_set.begin_job()
+        out = {{n: read_set.check(j, None, None).error for n, j in jobs.items()}}
+        open({str(tmp_path / 'data.txt')!r}).read()  # read again, by no preloaded import
+        out["again"] = read_set.check(jobs["clean_mod"], None, None).error
+        print(json.dumps(out))
+    """)
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=_env(), timeout=120)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["clean_mod"] is None, got
+    assert "the compile started a process (['true'], module culprit_mod)" in got["culprit_mod"], got
+    assert f"the compile read {tmp_path / 'data.txt'}" in (got["again"] or ""), got

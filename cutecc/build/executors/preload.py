@@ -112,17 +112,19 @@ def preload(what: Preload) -> None:
     for m in what.modules:
         with contextlib.suppress(Exception):
             importlib.import_module(m)
+    from cutecc.build import read_set
+
     if what.entries:
         from cutecc.plan.keyed_sources import front
         from cutecc.toolchain import devicequery
 
         front(what.python_path)  # as `cutecc.build.compiler.compile_to_object` puts them
-        with devicequery.answering(what.device, probe=False):
+        # what each import records is charged to the jobs whose key reaches the modules
+        # that recorded it, not to every job of the pool (`read_set.preloading`)
+        with devicequery.answering(what.device, probe=False), read_set.preloading():
             for m in what.entries:
                 with contextlib.suppress(Exception):
                     importlib.import_module(m)
-    from cutecc.build import read_set
-
     read_set.prepare()  # which installed file is whose, what is exempt: forked workers inherit it
     gc.collect()
     gc.freeze()
