@@ -39,7 +39,7 @@ from cutecc.plan import sourcefacts
 from cutecc.plan.keyed_sources import KeyedFile
 from cutecc.platforms import BUILD_PLATFORM
 from cutecc.toolchain import devicequery, dists, modfind
-from cutecc.toolchain.planfacts import PathEffect, Sourced, SourceFacts
+from cutecc.toolchain.planfacts import PathEffect, Sourced, SourceFacts, TopNames
 from cutecc.toolchain.versions import RECIPE_VERSION, host_target, runtime_key, tool_versions, zig_target
 
 
@@ -147,7 +147,9 @@ class SourceIndex:
         f = self._member(module) or self._find(module, module.split(".")[0])
         if f is None:
             return False
-        names = self._facts_of(f).parsed.names
+        if attr in self._facts_of(f).parsed.defs:
+            return False  # a `def` or `class` (most entries): the whole tree not needed
+        names = self._cache.source(str(f), TopNames, lambda data: sourcefacts.top_names(data, f)).parsed.names
         return names is not None and not {attr, "__getattr__", "globals"} & set(names)
 
     def _member(self, module: str) -> Path | None:
@@ -206,11 +208,7 @@ class SourceIndex:
         # Path.relative_to, on strings: both sides are normal absolute paths (as Path
         # spells them), so "under" is a prefix ending at a separator (a thousand files of
         # a published library, each against every sys.path entry, on every no-op build).
-        if self._bases is None:
-            entries = [str(Path(entry or ".").absolute()) for entry in sys.path]
-            self._bases = ([str(r) for r in self.roots], entries,
-                           [e for e in entries if _holds_installs(e)])
-        roots, entries, envs = self._bases
+        roots, entries, envs = self._bases_of()
         text = str(f)
         # Installed code first: a distribution's file is named as it lies in its
         # environment, wherever that environment is (a venv inside the project included).
@@ -221,6 +219,18 @@ class SourceIndex:
                 return Path(rel).as_posix()
         best = _shortest_under(text, entries)
         return best if best is not None else f.as_posix()
+
+    def _bases_of(self) -> tuple[list[str], list[str], list[str]]:
+        """The python_path roots, the `sys.path` entries and those that are environments'
+        package directories, as absolute strings."""
+        if self._bases is None:
+            entries = [str(Path(entry or ".").absolute()) for entry in sys.path]
+            self._bases = ([str(r) for r in self.roots], entries,
+                           [e for e in entries if _holds_installs(e)])
+        return self._bases
+
+    def _environments(self) -> list[str]:
+        return self._bases_of()[2]
 
     def _hash(self, f: Path) -> str:
         return self._facts_of(f).sha256
@@ -233,10 +243,14 @@ class SourceIndex:
             return "unknown"
 
     def _facts_of(self, f: Path) -> Sourced[SourceFacts]:
-        """`f`'s SHA-256, import statements and top-level names (`sourcefacts.parse`), read and parsed
-        once per change of its stamp (`dists.HashCache.source`), once per index at most."""
+        """`f`'s SHA-256 and import statements (`sourcefacts.parse`), read and parsed once per
+        change of its stamp (`dists.HashCache.source`), once per index at most. A project's own
+        source is parsed whole (a syntax error in it is planning's to report, with its line);
+        an installed one is scanned."""
         if f not in self._facts:
-            self._facts[f] = self._cache.source(str(f), SourceFacts, lambda data: sourcefacts.parse(data, f))
+            check = _shortest_under(str(f), self._environments()) is None
+            self._facts[f] = self._cache.source(str(f), SourceFacts,
+                                                lambda data: sourcefacts.parse(data, f, check))
         return self._facts[f]
 
     def _locate(self, module: str) -> modfind.Found | None:

@@ -1,30 +1,28 @@
-"""What the key reads of a Python source file (`SourceFacts`): its import statements, anywhere
-in it, and the names its top level surely binds, parsed with CPython's `ast` from fewer bytes.
+"""What the key reads of a Python source file: its import statements, anywhere in it
+(`SourceFacts`, for every source of a closure), and the names its top level surely binds
+(`TopNames`, only for the modules a manifest names: `SourceIndex.lacks`).
 
-A first planning parses every source of its closures (a published library's: a thousand
-files, 36 MB), and `ast.parse` costs about 200 ns a byte. Most of those bytes are the bodies
-of functions and classes, which no fact reads unless an import statement is in them: the
-names are the top level's, and an import is a statement, spelled with the keyword `import`.
-So before parsing, `skim` finds each such body that holds no `import` keyword outside its
-strings and comments and puts `...` in its place (its lines left empty: every line number is
-kept), and `ast` parses what is left; inside a function or class body, the blocks of its
-compound statements (`if`, `for`, `try`, ...) are put aside the same way. The facts are the
-same: what was put aside held no import statement (their order, breadth first, is that of
-the statements left), and the top level's names are those of what is left.
+A first planning reads every source of its closures (a published library's: a thousand
+files, 36 MB), and `ast.parse` costs about 200 ns a byte, though an import is a statement
+spelled with a hard keyword and the rest of the file decides nothing the closure reads. So
+`scan` drops the strings and comments (one regex split and join, in C), finds each `import`
+keyword left, and reads its statement from the text around it: the part of its logical line
+after the last `;` or `:` before the keyword (nothing, or `from` and a module), and what
+follows it to the end of the statement (names, `as` names, a bracketed list or `*`). Where
+a statement is not of that plain shape (a name that is not ASCII, which `ast` would
+normalize; anything unexpected), or the text is not read as the tokenizer would (a tab, form
+feed or carriage return outside strings, a string not closed on its line, a NUL, an f-string
+under Python 3.12's grammar), the whole file is parsed with `ast` instead. The facts are
+the same either way, imports sorted (order decides nothing: the walk takes them as a set).
 
-Where the skim cannot be sure, the whole file is parsed: bytes it does not read as the
-tokenizer would (a tab, form feed or carriage return outside strings, a string it does not
-close on its line, a NUL, an f-string under Python 3.12's grammar), a file `ast` refuses once
-skimmed (the whole file then says why, as before), and a set-aside body that a top-level
-statement read for names would walk (inside a `match` or `async with` at the top level). One
-difference is seen only in a broken file: a syntax error inside a body put aside is no longer
-planning's to report; the build's import of the module reports it.
+What the scan does not do is check the rest of the file's syntax: a broken installed file is
+the build's import's to report. A project's own sources (`check`) are parsed whole, so a
+syntax error there is still planning's to report, with its line.
 """
 
 from __future__ import annotations
 
 import ast
-import collections
 import gc
 import re
 import sys
@@ -32,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from cutecc.errors import CuteccError
-from cutecc.toolchain.planfacts import SourceFacts
+from cutecc.toolchain.planfacts import SourceFacts, TopNames
 
 # A triple-quoted string's rest after its opening quotes, up to and with its closing ones.
 _REST2 = rb'[^"\\]*(?:(?:\\[\s\S]|"(?!""))[^"\\]*)*"""'
@@ -54,45 +52,170 @@ _STRINGS = re.compile(rb'"(?:' + _LINE2 + rb'|(?P<t>""' + _REST2 + rb')|[^"\\\n]
 # have each opening one scanned to the file's end (parsed whole instead).
 _HIDDEN = (b'\\"""', b"\\'''")
 _SPACES = re.compile(rb"[\t\f\r]")  # in code (not a string): columns this does not count
+# an encoding declaration (on line 1 or 2), and those that read ASCII as ASCII
+_CODING = re.compile(rb"(?:[^\n]*\n)?[ \t\f]*#[^\n]*?coding[:=][ \t]*([-\w.]+)")
+_ASCII_SUPERSETS = {b"utf-8", b"utf8", b"ascii", b"us-ascii", b"latin-1", b"latin1", b"iso-8859-1",
+                    b"iso8859-1"}
 _FSTRING = re.compile(rb"(?i)(?<![\w])(?:f|rf|fr)['\"]")
-_HEADER = re.compile(rb"\n( *)(?:async +)?(def|class|if|elif|else|for|while|try|except|finally|with)\b")
-_NAME = re.compile(rb" +([^ (:\[\n]+)")
-_HEAD_PART = re.compile(rb"[()\[\]{}:\n]")
-_BRACKETS = bytes.maketrans(b"[{]}", b"(())")
-_ENDS: dict[int, re.Pattern[bytes]] = {}
-MAX_HEADER = 1 << 16  # bytes a header is looked for in (a broken file's open bracket: not to its end)
-_HOLDS_STATEMENTS = (ast.stmt, ast.excepthandler, ast.match_case)
-_ASIDE = (ast.Expr, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)  # what `skim` leaves
+
+# the keyword, not inside a name (spelled from its letters: the engine looks for those in C)
+_IMPORT = re.compile(rb"import(?<![\w\x80-\xff]import)(?![\w\x80-\xff])")
+_NAME = rb"[A-Za-z_][A-Za-z0-9_]*"
+_IDENTIFIER = re.compile(_NAME)
+_DOTTED = _NAME + rb"(?: *\. *" + _NAME + rb")*"
+_FROM = re.compile(rb" *from(?=[ .])((?: *\.)*) *(" + _DOTTED + rb")? *| *")  # what precedes `import`
+_ALIAS = re.compile(rb" *(" + _DOTTED + rb")(?: +as +" + _NAME + rb")? *")
+_END = re.compile(rb"[;\n]")  # a simple statement's end (newlines left: not after a backslash)
+_DEF = re.compile(rb"\n(?:async +)?(?:def|class) +([^ (:\n]*)")  # a top-level definition's name
+_GAP = re.compile(rb"(?: |\\\n)*")  # spaces and backslash-newlines
 
 
 class _Unsure(Exception):
-    """A skimmed file whose facts might not be the whole file's."""
+    """A statement or text the scan does not read as surely as `ast` would."""
 
 
-def parse(data: bytes, f: Path) -> SourceFacts:
-    """What the key reads of source `data` (file `f`): its import statements, anywhere in it,
-    as `[level, module, names or None for a plain import]` in `ast.walk`'s order, and the
-    names its top level surely binds (None when it may make names at run time: a star
-    import). The cyclic garbage collector is paused meanwhile: a syntax tree holds no cycle
-    (reference counts free it), and the collections its hundreds of thousands of nodes would
-    set off, each walking everything planning holds, were a third of a cold plan's parsing."""
+def parse(data: bytes, f: Path, check: bool = False) -> SourceFacts:
+    """The import statements of source `data` (file `f`), anywhere in it, as `[level,
+    module, names or None for a plain import]`, sorted: scanned (`scan`), or where the
+    scan cannot be sure or `check` asks, from the whole file's `ast` (which reports a syntax
+    error, with its line)."""
+    if not check:
+        got = scan(data)
+        if got is not None:
+            return got
+    tree = _tree(data, f)
+    defs = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    return SourceFacts(_sorted(_tree_imports(tree)), sorted(defs))
+
+
+def top_names(data: bytes, f: Path) -> TopNames:
+    """The names the top level of source `data` (file `f`) surely binds: defined, imported,
+    assigned, or read in a top-level statement, which is a superset and so never claims a
+    name is missing that is not; None where it may make names at run time (a star import)."""
+    tree = _tree(data, f)
+    names: set[str] = set()
+    todo: list[ast.AST] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for a in node.names:
+                if a.name == "*":
+                    return TopNames(None)
+                names.add(a.asname or a.name.split(".")[0])
+        elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                todo.extend(getattr(node, field, []))
+        elif isinstance(node, ast.ExceptHandler):
+            todo.extend(node.body)
+        else:  # every name under it: assignment targets, and globals() as a name
+            names.update(sub.id for sub in ast.walk(node) if isinstance(sub, ast.Name))
+    return TopNames(sorted(names))
+
+
+def _tree(data: bytes, f: Path) -> ast.Module:
+    """`data` parsed whole, with the cyclic garbage collector paused (a syntax tree holds no
+    cycle; the collections its nodes would set off walk everything planning holds)."""
     paused = gc.isenabled()
     gc.disable()
     try:
-        skimmed = skim(data)
-        if skimmed is not None:
-            try:
-                return _facts(ast.parse(skimmed[0], filename=str(f)), skimmed[1])
-            except (SyntaxError, ValueError, _Unsure):
-                pass  # the whole file says
-        try:
-            tree = ast.parse(data, filename=str(f))
-        except SyntaxError as e:
-            raise CuteccError(f"syntax error: {e.msg} (line {e.lineno})", where=str(f)) from None
-        return _facts(tree, frozenset())
+        return ast.parse(data, filename=str(f))
+    except SyntaxError as e:
+        raise CuteccError(f"syntax error: {e.msg} (line {e.lineno})", where=str(f)) from None
     finally:
         if paused:
             gc.enable()
+
+
+def _tree_imports(tree: ast.Module) -> list[list[Any]]:
+    """Every import statement in `tree`, as `parse` gives them (unsorted)."""
+    out: list[list[Any]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.extend([0, a.name, None] for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            out.append([node.level, node.module or "", [a.name for a in node.names]])
+    return out
+
+
+def _sorted(imports: list[list[Any]]) -> list[list[Any]]:
+    return sorted(imports, key=lambda i: (i[1], i[0], i[2] is not None, i[2] or []))
+
+
+def scan(data: bytes) -> SourceFacts | None:
+    """`parse`'s facts of `data` read from its text without a syntax tree; None where only
+    `ast` can tell. A line of code that starts with `def` or `class` is a top-level
+    definition (nothing else starts a line there: strings are gone, brackets hold no
+    statement)."""
+    code = _code(data)
+    if code is None:
+        return None
+    defs = _DEF.findall(code)
+    if not all(_IDENTIFIER.fullmatch(d) for d in defs):
+        return None  # a name `ast` would normalize, or a broken header
+    try:
+        imports = [i for m in _IMPORT.finditer(code) for i in _statement(code, m.start(), m.end())]
+    except _Unsure:
+        return None
+    return SourceFacts(_sorted(imports), sorted({d.decode() for d in defs}))
+
+
+def _statement(code: bytes, at: int, end: int) -> list[list[Any]]:
+    """The imports of the statement whose `import` keyword is `code[at:end]`."""
+    # the logical line up to the keyword: physical lines joined where one ends in a backslash
+    start = code.rfind(b"\n", 0, at) + 1
+    while start >= 2 and code[start - 2] == 0x5C:
+        start = code.rfind(b"\n", 0, start - 2) + 1
+    head = code[max(start - 1, code.rfind(b";", start, at), code.rfind(b":", start, at)) + 1:at]
+    head = head.replace(b"\\\n", b" ")
+    m = _FROM.fullmatch(head)
+    if m is None or b"\n" in head:
+        raise _Unsure
+    if head.strip(b" "):  # from ... import
+        level = m.group(1).count(b".")
+        module = _join(m.group(2) or b"")
+        if not level and not module:
+            raise _Unsure
+        gap = _GAP.match(code, end)
+        rest = end if gap is None else gap.end()
+        if code.startswith(b"(", rest):
+            close = code.find(b")", rest)
+            if close < 0:
+                raise _Unsure
+            body = code[rest + 1:close].replace(b"\\\n", b" ").replace(b"\n", b" ")
+            items = body.split(b",")
+            if len(items) > 1 and not items[-1].strip(b" "):
+                items.pop()  # a trailing comma
+        else:
+            stop = _END.search(code, rest)
+            body = code[rest:stop.start() if stop else len(code)]
+            while stop is not None and stop.group() == b"\n" and code[stop.start() - 1] == 0x5C:
+                stop = _END.search(code, stop.end())
+                body = code[rest:stop.start() if stop else len(code)]
+            items = body.replace(b"\\\n", b" ").split(b",")
+        if [i.strip(b" ") for i in items] == [b"*"]:
+            return [[level, module, ["*"]]]
+        return [[level, module, [_alias(i, dotted=False) for i in items]]]
+    stop = _END.search(code, end)
+    while stop is not None and stop.group() == b"\n" and code[stop.start() - 1] == 0x5C:
+        stop = _END.search(code, stop.end())
+    items = code[end:stop.start() if stop else len(code)].replace(b"\\\n", b" ").split(b",")
+    if not items[0].startswith(b" "):
+        raise _Unsure
+    return [[0, _alias(i, dotted=True), None] for i in items]
+
+
+def _alias(item: bytes, dotted: bool) -> str:
+    """The imported name of one `name [as other]` of an import statement."""
+    m = _ALIAS.fullmatch(item)
+    if m is None or (not dotted and b"." in m.group(1)):
+        raise _Unsure
+    return _join(m.group(1))
+
+
+def _join(dotted: bytes) -> str:
+    return dotted.replace(b" ", b"").decode("ascii")
 
 
 def _code(data: bytes) -> bytes | None:
@@ -100,6 +223,15 @@ def _code(data: bytes) -> bytes | None:
     comment dropped, a triple-quoted one as `S` with each of its line ends as a backslash-
     newline (its lines are one logical line), a newline put first (every line follows one);
     None where something is left that this does not read as the tokenizer would."""
+    if b"\0" in data or any(h in data for h in _HIDDEN):
+        return None
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]  # a byte order mark: not a line, not code
+    coding = _CODING.match(data)
+    if coding is not None and coding.group(1).lower().replace(b"_", b"-") not in _ASCII_SUPERSETS:
+        return None  # bytes another codec decodes: `ast` reads them
+    if sys.version_info >= (3, 12) and _FSTRING.search(data):
+        return None  # 3.12's f-strings may nest quotes and span lines
     # `split` hands the text between matches and each match's groups t and u (None where
     # unmatched) to one join in C: no Python per string or comment (a published library's
     # closure holds hundreds of thousands), only per triple-quoted string kept
@@ -120,172 +252,3 @@ def _triple(string: bytes) -> bytes:
     """A triple-quoted string kept by `_STRINGS` (less its first quote), as `S` and a
     backslash-newline for each of its line ends."""
     return b"S" + b"\\\n" * string.count(b"\n")
-
-
-def _end_of(indent: int) -> re.Pattern[bytes]:
-    """A line end followed by a line of code indented `indent` spaces or fewer."""
-    p = _ENDS.get(indent)
-    if p is None:
-        p = _ENDS[indent] = re.compile(rb"\n {0,%d}(?=[^ \n])" % indent)
-    return p
-
-
-def skim(data: bytes) -> tuple[bytes, frozenset[int]] | None:
-    """`data` with the bodies no fact reads put aside (`...` on their first line, the rest
-    empty), and those lines (0-based); None where only the whole file tells."""
-    if b"\0" in data or any(h in data for h in _HIDDEN):
-        return None
-    if sys.version_info >= (3, 12) and _FSTRING.search(data):
-        return None  # 3.12's f-strings may nest quotes and span lines
-    code = _code(data)
-    if code is None:
-        return None
-    try:
-        bodies, heads = _bodies(code)
-    except _Unsure:
-        return None
-    if not bodies and not heads:
-        return data, frozenset()
-    lines = data.split(b"\n")
-    for first, stop, indent in reversed(bodies):
-        lines[first:stop] = [b" " * (indent + 1) + b"...", *([b""] * (stop - first - 1))]
-    for first, stop, head in heads:
-        lines[first:stop] = [head, *([b""] * (stop - first - 1))]
-    return b"\n".join(lines), frozenset([*(b[0] for b in bodies), *(h[0] for h in heads)])
-
-
-def _bodies(code: bytes) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, bytes]]]:
-    """(first line, line after it, indent of its header) of each body to put aside, in
-    order, from `_code`'s text: a function's or class's body without the keyword `import`,
-    and inside one, such a compound statement's block (its brackets balanced: a line that
-    only looks like a header, inside brackets, is left); and (first line, line after it,
-    header) of each function's or class's header as its name alone (`def f():`, `class C:`:
-    no fact reads its decorators' arguments, bases or annotations)."""
-    out: list[tuple[int, int, int]] = []
-    heads: list[tuple[int, int, bytes]] = []
-    kept: list[int] = []  # where the functions and classes kept (holding an import) end
-    line, at = -1, 0  # the line number of offset `at` (the leading newline: line -1)
-    brackets = code.translate(_BRACKETS)
-    pos, budget = 0, 2 * len(code) + MAX_HEADER
-    while (m := _HEADER.search(code, pos)) is not None:
-        start = m.start()
-        pos = m.end()
-        if start and code[start - 1] == 0x5C:  # a continuation line
-            continue
-        while kept and kept[-1] <= start:
-            kept.pop()
-        block = m.group(2) in (b"def", b"class")
-        if not block and not kept:
-            continue  # the top level's compound statements: their statements' names count
-        colon, looked = _colon(code, m.end())
-        budget -= looked - m.end()
-        if budget < 0:  # headers looked for over and over (open brackets): parse it whole
-            raise _Unsure
-        if colon < 0:
-            continue
-        eol = code.find(b"\n", colon)
-        if eol < 0 or code[colon + 1:eol].strip(b" "):
-            continue  # a body on the header's line (or none)
-        indent = len(m.group(1))
-        e = _end_of(indent).search(code, eol)
-        while e is not None and code[e.start() - 1] == 0x5C:
-            e = _end_of(indent).search(code, e.start() + 1)
-        end = len(code) if e is None else e.start()
-        if end == eol:
-            continue
-        line += code.count(b"\n", at, eol)
-        at = eol
-        first = line + 1  # the body's first line; `line`: the header's last
-        if first < 2:  # an encoding declaration may be on lines 1 and 2
-            continue
-        if block:
-            top = line - code.count(b"\n", start + 1, eol)  # the header's first line
-            name = _NAME.match(code, m.end())
-            if top >= 2 and name is not None:
-                heads.append((top, line + 1, m.group()[1:] + b" " + name.group(1)
-                              + (b"():" if m.group(2) == b"def" else b":")))
-        if code.find(b"import", eol, end) >= 0:
-            if block:
-                kept.append(end)
-            continue
-        if not block and brackets.count(b"(", eol, end) != brackets.count(b")", eol, end):
-            continue
-        out.append((first, first + code.count(b"\n", eol, end) if e is not None
-                    else code.count(b"\n"), indent))
-        pos = end
-    return out, heads
-
-
-def _colon(code: bytes, pos: int) -> tuple[int, int]:
-    """Where the header from `pos` ends: its first colon outside brackets (-1: a line ends
-    first outside brackets, a bracket closes that it did not open, or none in MAX_HEADER
-    bytes: no header to skim); and how far it was looked for."""
-    depth = 0
-    for m in _HEAD_PART.finditer(code, pos, pos + MAX_HEADER):
-        at = m.start()
-        c = code[at]
-        if c == 0x3A:  # :
-            if depth == 0:
-                return at, at
-        elif c == 0x0A:  # newline
-            if depth == 0 and code[at - 1] != 0x5C:
-                return -1, at
-        elif c in b"([{":
-            depth += 1
-        else:
-            depth -= 1
-            if depth < 0:
-                return -1, at
-    return -1, pos + MAX_HEADER
-
-
-def _facts(tree: ast.Module, aside: frozenset[int]) -> SourceFacts:
-    imports: list[list[Any]] = []
-    # In `ast.walk`'s order (breadth first), visiting statements and the clauses that hold
-    # them only: an expression holds no statement, and expressions are most of a tree.
-    queue: collections.deque[ast.AST] = collections.deque(tree.body)
-    while queue:
-        node = queue.popleft()
-        if isinstance(node, ast.Import):
-            imports.extend([0, a.name, None] for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            imports.append([node.level, node.module or "", [a.name for a in node.names]])
-        else:
-            for field in node._fields:
-                value = getattr(node, field, None)
-                if isinstance(value, list):
-                    queue.extend(x for x in value if isinstance(x, _HOLDS_STATEMENTS))
-                elif isinstance(value, _HOLDS_STATEMENTS):
-                    queue.append(value)
-    names: set[str] = set()
-    todo = list(tree.body)
-    while todo:
-        node = todo.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            for a in node.names:
-                if a.name == "*":
-                    return SourceFacts(imports, None)
-                names.add(a.asname or a.name.split(".")[0])
-        elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
-            for field in ("body", "orelse", "finalbody", "handlers"):
-                todo.extend(getattr(node, field, []))
-        elif isinstance(node, ast.ExceptHandler):
-            todo.extend(node.body)
-        else:  # every node under it, as `ast.walk` visits them (in another order)
-            nodes: list[ast.AST] = [node]
-            while nodes:
-                sub = nodes.pop()
-                if isinstance(sub, ast.Name):
-                    names.add(sub.id)  # assignment targets, and globals() as a name
-                    continue  # (its one child is its context)
-                if aside and isinstance(sub, _ASIDE) and sub.lineno - 1 in aside:
-                    raise _Unsure  # a body or header put aside, which this walk would have read
-                for field in sub._fields:
-                    value = getattr(sub, field, None)
-                    if isinstance(value, list):
-                        nodes.extend([x for x in value if isinstance(x, ast.AST)])
-                    elif isinstance(value, ast.AST):
-                        nodes.append(value)
-    return SourceFacts(imports, sorted(names))

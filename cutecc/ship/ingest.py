@@ -23,8 +23,8 @@ hints, never keys: a bundle must hash to the name it is filed under, be of this 
 bounded and have every record of its shape (else the whole bundle is refused), and each fact
 is filed under the SHA-256 of the bytes it was parsed from, so planning looks it up by the
 SHA-256 of the bytes it read itself and it can never stand for other bytes. What a fact says
-of its bytes (their imports and names) cannot be checked without the parse it saves: it is
-trusted as the remote's entries are, by write access to the bucket.
+of its bytes (their imports and top-level definitions) cannot be checked without the parse it
+saves: it is trusted as the remote's entries are, by write access to the bucket.
 """
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ def _names_ok(facts: SourceFacts) -> bool:
         if not (0 <= level <= MAX_IMPORT_LEVEL and (module == "" and level > 0 or _dotted(module))
                 and (names is None or all(n == "*" or n.isidentifier() for n in names))):
             return False
-    return facts.names is None or all(n.isidentifier() for n in facts.names)
+    return all(n.isidentifier() for n in facts.defs)
 
 
 def _dotted(module: str) -> bool:

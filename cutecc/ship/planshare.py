@@ -6,7 +6,8 @@ the SHA-256 of those bytes, in bundles of one parser's (`hashcache.parser_id`: t
 Python that parse) under `v1/planning/<parser>/<bundle's SHA-256>.json` (`Remote.planning`).
 Planning looks a file up by the SHA-256 of the bytes it read itself (`HashCache.source`, which
 keys those bytes), so a fact never stands for other bytes; what it says of them (the imports,
-the top-level names) is trusted as the remote's entries are, by whoever may write to it.
+the top-level `def` and `class` names) is trusted as the remote's entries are, by whoever may
+write to it.
 
 - fetched when planning first meets a file neither the cache nor the user's planning memory
   knows (`attach`: a no-op build asks nothing), the newest BUNDLES bundles, each bounded

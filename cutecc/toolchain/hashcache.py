@@ -151,7 +151,7 @@ class HashCache:
         self._known = (set(f.dists.names()), set(f.sources.names()), set(f.closures.names()))
         self._stamps: dict[str, str | None] = {}  # this pass's (`_stamp`)
         # the stamps `remember_closure` took for the walks of the index born at `_remembered_since`
-        self._remembered: dict[str, list[int] | None] = {}
+        self._remembered: dict[str, tuple[list[int] | None, str | None]] = {}  # path: stamp, as text
         self._remembered_since: int | None = None
         self._hashed: dict[str, tuple[os.stat_result, str, bool]] = {}  # `prefetch`: for `sha256`
         self._valid: dict[str, bool] = {}  # body digest -> `_holds`, this pass
@@ -310,9 +310,12 @@ class HashCache:
         seen = self._remembered
 
         def text(p: str) -> str | None:
-            st = seen[p] if p in seen else seen.setdefault(p, path_stamp(p))
-            times.append(st)
-            return None if st is None else ":".join(map(str, st))
+            got = seen.get(p)
+            if got is None:
+                st = path_stamp(p)
+                got = seen[p] = (st, None if st is None else ":".join(map(str, st)))
+            times.append(got[0])
+            return got[1]
 
         rows = [(f, name, is_pkg, text(f)) for f, name, is_pkg in sorted(members)]
         dirs = []

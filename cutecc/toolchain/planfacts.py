@@ -101,37 +101,60 @@ class Records(Generic[R]):
         return self._raw
 
 
-P = TypeVar("P", bound="SourceFacts | PathEffect")  # facts parsed from a source file (`HashCache.source`)
+# facts parsed from a source file (`HashCache.source`)
+P = TypeVar("P", bound="SourceFacts | TopNames | PathEffect")
 
 
 class SourceFacts(NamedTuple):
-    """What the key reads of a source file (`cutecc.plan.sourcefacts.parse`): its import statements
-    as `[level, module, names or None for a plain import]`, and its top-level names (None:
-    it may make names at run time)."""
+    """What the key reads of every source file of a closure (`cutecc.plan.sourcefacts.parse`):
+    its import statements as `[level, module, names or None for a plain import]`, sorted; and
+    the names its top level defines by `def` or `class` statements, sorted (a part of its
+    `TopNames`, enough to tell that a manifest's entry is there)."""
 
     imports: list[list[Any]]
-    names: list[str] | None
+    defs: list[str]
 
     @staticmethod
     def kind() -> str:
         return "source"
 
     def to_json(self) -> dict[str, Any]:
-        return {"imports": self.imports, "names": self.names}
+        return {"imports": self.imports, "defs": self.defs}
 
     @classmethod
     def of_json(cls, v: Any, extra: int = 0) -> SourceFacts | None:
         """The facts in object `v` (with `extra` other members), None when of another shape."""
         if not (isinstance(v, dict) and len(v) == 2 + extra):
             return None
-        imports, names = v.get("imports"), v.get("names", 0)
-        if not ((names is None or _strs(names)) and isinstance(imports, list)):
+        imports, defs = v.get("imports"), v.get("defs")
+        if not (isinstance(imports, list) and defs is not None and _strs(defs)):
             return None
         for i in imports:
             if not (type(i) is list and len(i) == 3 and type(i[0]) is int and type(i[1]) is str
                     and (i[2] is None or _strs(i[2]))):
                 return None
-        return cls(imports, names)
+        return cls(imports, defs)
+
+
+class TopNames(NamedTuple):
+    """The names a module's top level surely binds (`cutecc.plan.sourcefacts.top_names`; None:
+    it may make names at run time), read only for the modules a manifest names."""
+
+    names: list[str] | None
+
+    @staticmethod
+    def kind() -> str:
+        return "names"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"names": self.names}
+
+    @classmethod
+    def of_json(cls, v: Any, extra: int = 0) -> TopNames | None:
+        if not (isinstance(v, dict) and len(v) == 1 + extra and "names" in v):
+            return None
+        names = v["names"]
+        return cls(names) if names is None or _strs(names) else None
 
 
 class PathEffect(NamedTuple):
@@ -152,10 +175,11 @@ class PathEffect(NamedTuple):
         return cls(v["effect"]) if ok else None
 
 
-PARSED: dict[str, type[SourceFacts] | type[PathEffect]] = {k.kind(): k for k in (SourceFacts, PathEffect)}
+PARSED: dict[str, type[SourceFacts] | type[TopNames] | type[PathEffect]] = {
+    k.kind(): k for k in (SourceFacts, TopNames, PathEffect)}
 
 
-def parsed_of(name: str, v: Any) -> SourceFacts | PathEffect | None:
+def parsed_of(name: str, v: Any) -> SourceFacts | TopNames | PathEffect | None:
     """The parsed facts `v` held under `name` ("kind:...") in the planning memory."""
     kind = PARSED.get(name.partition(":")[0])
     return None if kind is None else kind.of_json(v)
@@ -418,7 +442,7 @@ class ParserFacts(NamedTuple):
     in `PlanFacts` (closures and bodies None: not written, as when the file would be over
     its bound)."""
 
-    parsed: Records[SourceFacts | PathEffect]
+    parsed: Records[SourceFacts | TopNames | PathEffect]
     dists: Records[DistRecord]
     closures: Records[ClosureRef] | None
     bodies: Records[ClosureBody] | None

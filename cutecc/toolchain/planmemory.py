@@ -51,6 +51,7 @@ from cutecc.toolchain.planfacts import (
     ParserFacts,
     PathEffect,
     SourceFacts,
+    TopNames,
 )
 
 ENV = settings.PLAN_MEMORY.env
@@ -136,7 +137,7 @@ class PlanMemory:
                 return shared
         return None
 
-    def remember_parsed(self, sha256: str, facts: SourceFacts | PathEffect) -> None:
+    def remember_parsed(self, sha256: str, facts: SourceFacts | TopNames | PathEffect) -> None:
         name = f"{facts.kind()}:{sha256}"  # (added to the file by `save`, unread till then)
         self._new.parsed.put(name, facts)
         if self._mine is not None:

@@ -29,9 +29,9 @@ def parses(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     seen: list[Path] = []
     real = cutecc.plan.sourcefacts.parse
 
-    def spy(data: bytes, f: Path):
+    def spy(data: bytes, f: Path, check: bool = False):
         seen.append(f)
-        return real(data, f)
+        return real(data, f, check)
 
     monkeypatch.setattr(cutecc.plan.sourcefacts, "parse", spy)
     return seen

@@ -1,7 +1,8 @@
-"""The skimmed parse of closure sources (`cutecc.plan.sourcefacts`) gives the facts the whole
-file's `ast` parse gives: import statements (in `ast.walk`'s order) and top-level names, over
-real closures and over the tokenizer's corner cases; and a file it cannot be sure of is
-parsed whole."""
+"""What planning reads of closure sources (`cutecc.plan.sourcefacts`): the scan of import
+statements gives what the whole file's `ast` gives, over real closures, the standard library
+and the tokenizer's corner cases; a file it cannot be sure of is parsed whole; a project's own
+file is parsed whole (its syntax errors reported with their line); the top-level names
+`lacks` reads are the whole tree's."""
 
 from __future__ import annotations
 
@@ -11,105 +12,113 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from cutecc.errors import CuteccError
 from cutecc.plan import sourcefacts
 from cutecc.plan.key import SourceIndex
-from cutecc.toolchain.planfacts import SourceFacts
+from cutecc.toolchain.planfacts import SourceFacts, TopNames
 
 
 def whole(data: bytes) -> SourceFacts:
-    """The facts of the whole file, parsed by `ast` (what planning read before the skim)."""
-    return sourcefacts._facts(ast.parse(data), frozenset())
+    """The facts of the whole file, as `ast` gives them, in `parse`'s order: every import
+    statement, and the top level's `def` and `class` names."""
+    tree = ast.parse(data)
+    found: list[list[Any]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend([0, a.name, None] for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            found.append([node.level, node.module or "", [a.name for a in node.names]])
+    defs = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    return SourceFacts(sorted(found, key=lambda i: (i[1], i[0], i[2] is not None, i[2] or [])), sorted(defs))
 
 
-def same(src: str) -> bytes:
+def same(src: str, scanned: bool | None = True) -> bytes:
+    """`src`'s facts are the whole file's; and the scan read it (not `ast`) when `scanned`
+    (None: either)."""
     data = textwrap.dedent(src).encode()
     assert sourcefacts.parse(data, Path("m.py")) == whole(data)
+    if scanned is not None:
+        assert (sourcefacts.scan(data) is not None) == scanned
     return data
 
 
-def put_aside(data: bytes) -> bool:
-    """Whether the skim set anything aside (the facts then came from fewer bytes)."""
-    skimmed = sourcefacts.skim(data)
-    return skimmed is not None and skimmed[0] != data
-
-
 def test_the_dsl_closure_gives_the_whole_files_facts() -> None:
-    """Every source of `cutlass.cute`'s closure (the DSL, 180-odd files) and of the examples'
-    installed entries, as planning walks them."""
+    """Every source of `cutlass.cute`'s closure (the DSL, 180-odd files), as planning walks
+    them; nearly all read by the scan."""
     pytest.importorskip("cutlass")
-    index = SourceIndex((Path.cwd(),))
-    files = index.files("cutlass.cute")
+    files = SourceIndex((Path.cwd(),)).files("cutlass.cute")
     assert len(files) > 100
-    skimmed = 0
+    scanned = 0
     for f in files:
         data = Path(f.path).read_bytes()
         assert sourcefacts.parse(data, Path(f.path)) == whole(data), f.path
-        skimmed += put_aside(data)
-    assert skimmed > len(files) // 2  # the skim did its work on most of them
+        scanned += sourcefacts.scan(data) is not None
+    assert scanned > len(files) * 9 // 10
 
 
 @pytest.mark.parametrize("module", ["quack.rmsnorm", "flash_attn.cute.interface"])
 def test_installed_entry_closures_give_the_whole_files_facts(module: str) -> None:
     if importlib.util.find_spec(module.split(".")[0]) is None:
         pytest.skip(f"{module} is not installed (the examples extra)")
-    index = SourceIndex((Path.cwd(),))
-    for f in index.files(module):
+    for f in SourceIndex((Path.cwd(),)).files(module):
         data = Path(f.path).read_bytes()
         assert sourcefacts.parse(data, Path(f.path)) == whole(data), f.path
 
 
-def test_bodies_without_imports_are_put_aside_and_imports_in_bodies_kept() -> None:
+@pytest.mark.parametrize("package", ["asyncio", "email", "importlib", "json", "unittest", "xml", "logging"])
+def test_the_standard_library_gives_the_whole_files_facts(package: str) -> None:
+    spec = importlib.util.find_spec(package)
+    assert spec is not None and spec.submodule_search_locations
+    files = sorted(Path(next(iter(spec.submodule_search_locations))).rglob("*.py"))
+    assert files
+    for f in files:
+        data = f.read_bytes()
+        assert sourcefacts.parse(data, f) == whole(data), f
+
+
+def test_import_statements_of_every_spelling() -> None:
     data = same('''
         import os
-        from . import a, b as c
-
-        @decorator(x=[1, 2])
-        def f(x: int = 3, *args: "T", **kw) -> dict[str, int]:
-            """A docstring with import in it: not an import statement."""
-            y = {"k": (x,
-            1)}
-            return y
-
-        class C(Base, metaclass=M):
-            attr = value
-            def m(self):
-                if self:
-                    import json
-                else:
-                    return [i for i in range(3)
-                            if i]
-                try:
-                    pass
-                except ValueError as e:
-                    from .. import z
-                finally:
-                    q = 1
-                for i in x:
-                    while i:
-                        i -= 1
-                with open(p) as fh:
-                    import re as regex
-
-        async def g():
-            async with x:
-                pass
-            await h()
-
-        if TYPE:
-            def inner(): return 1
-        else:
-            from x import (y,
-                           w)
-        top = other(f(1), key=word)
+        import a . b as c, d.e, \\
+            f
+        from . import (a,
+                       b as bb,
+        )
+        from .. x . y import z
+        from.sib import w
+        from .import v
+        from ...up import *
+        from a \\
+            import b
+        from q import \\
+            r, s
+        x = {1: 2}; import semi; from semi2 import t
+        if x: import inline
+        try: import tried
+        except ImportError: from fallback import u
+        class C: import in_class
+        def f():
+            import deep as dp
+            return lambda: __import__("not_a_statement")
+        s = "import in_a_string"
+        # import in_a_comment
+        t = f"{x} import in_an_f_string"
+        doc = """
+        import in_a_docstring
+        """
+        importlib.import_module("not_seen_by_ast_either")
+        reimport = simport = 1
     ''')
-    assert put_aside(data)
-    got = sourcefacts.parse(data, Path("m.py"))
-    assert [0, "json", None] in got.imports and [2, "", ["z"]] in got.imports
-    assert got.names is not None and {"f", "C", "g", "top", "other", "inner", "w"} <= set(got.names)
+    facts = sourcefacts.parse(data, Path("m.py"))
+    got = facts.imports
+    assert facts.defs == ["C", "f"]
+    assert [0, "a.b", None] in got and [2, "x.y", ["z"]] in got and [1, "", ["v"]] in got
+    assert [3, "up", ["*"]] in got and [0, "deep", None] in got
+    assert not any("string" in i[1] or "comment" in i[1] or "docstring" in i[1] for i in got)
 
 
 @pytest.mark.parametrize("src", [
@@ -240,69 +249,50 @@ def test_bodies_without_imports_are_put_aside_and_imports_in_bodies_kept() -> No
     ''',
 ])
 def test_corner_cases_give_the_whole_files_facts(src: str) -> None:
-    same(src)
+    same(src, scanned=None)
 
 
 @pytest.mark.parametrize("data", [
     b"def f():\n\tx = 1\n\treturn x\nimport os\n",  # a tab: the whole file
     b"def f():\r\n    x = 1\r\n    return x\r\nimport os\r\n",  # carriage returns
-    b"# -*- coding: latin-1 -*-\ndef f():\n    return '\xe9'\nimport os\n",  # an encoding declared
-    b"\xef\xbb\xbfdef f():\n    return 1\nimport os\n",  # a byte order mark
+    b"# -*- coding: cp1252 -*-\ndef f():\n    return '\x80'\nimport os\n",  # another codec
+    b"import \xc3\xa9t\xc3\xa9\n",  # a name that is not ASCII (`ast` normalizes it)
+    b"x = 'abc\\\ndef'\nimport os\n",  # a one-quoted string continued by a backslash-newline
 ])
-def test_what_the_skim_does_not_read_is_parsed_whole(data: bytes) -> None:
+def test_what_the_scan_does_not_read_is_parsed_whole(data: bytes) -> None:
+    assert sourcefacts.scan(data) is None
     assert sourcefacts.parse(data, Path("m.py")) == whole(data)
 
 
-def test_a_syntax_error_outside_the_bodies_set_aside_is_still_planning_s_to_report() -> None:
-    data = b"def ok():\n    return 1\n\ndef bad(:\n    pass\n"
-    with pytest.raises(CuteccError, match=r"syntax error: .* \(line 4\)"):
-        sourcefacts.parse(data, Path("bad.py"))
-
-
-def test_line_numbers_are_kept() -> None:
-    """The skimmed text has the file's lines: an error outside the bodies names its line."""
-    data = textwrap.dedent('''
-        def f():
-            a = 1
-            b = """
-        x
-        """
-            return a
-        x = (
-    ''').encode()
-    skimmed = sourcefacts.skim(data)
-    assert skimmed is not None and skimmed[0].count(b"\n") == data.count(b"\n")
-    with pytest.raises(CuteccError, match=r"\(line 8\)"):
-        sourcefacts.parse(data, Path("m.py"))
+@pytest.mark.parametrize("data", [
+    b"\xef\xbb\xbfimport os\n",  # a byte order mark before the first statement
+    b"# -*- coding: utf-8 -*-\nimport os\n",
+    b"# -*- coding: latin-1 -*-\ndef f():\n    return '\xe9'\nimport os\n",
+])
+def test_what_reads_ascii_as_ascii_is_scanned(data: bytes) -> None:
+    assert sourcefacts.scan(data) == whole(data) != SourceFacts([], [])
 
 
 def test_under_python_3_12_an_f_string_file_is_parsed_whole() -> None:
     data = b"def f(x):\n    return f'{x}'\nimport os\n"
-    assert (sourcefacts.skim(data) is None) == (sys.version_info >= (3, 12))
+    assert (sourcefacts.scan(data) is None) == (sys.version_info >= (3, 12))
     assert sourcefacts.parse(data, Path("m.py")) == whole(data)
 
 
-def test_headers_that_never_close_are_not_looked_for_over_and_over() -> None:
-    """A broken file of 20,000 open brackets after header keywords, inside a function that
-    imports: the skim gives up (the whole parse reports the error) in linear time."""
-    data = b"# broken\n\ndef f():\n    import os\n" + b"    if (x:\n" * 20_000
-    t0 = time.process_time()
-    assert sourcefacts.skim(data) is None
-    with pytest.raises(CuteccError, match="syntax error"):
+def test_a_syntax_error_is_reported_with_its_line_where_the_file_is_checked() -> None:
+    """A project's own source (`check`) is parsed whole; an installed one is scanned, its
+    syntax left to the build's import."""
+    data = b"import os\n\ndef ok():\n    return 1\n\ndef bad(:\n    pass\n"
+    with pytest.raises(CuteccError, match=r"syntax error: .* \(line 6\)") as info:
+        sourcefacts.parse(data, Path("bad.py"), check=True)
+    assert info.value.where == "bad.py"
+    assert sourcefacts.parse(data, Path("bad.py")) == SourceFacts([[0, "os", None]], ["bad", "ok"])
+
+
+def test_a_broken_import_statement_is_parsed_whole_and_reported() -> None:
+    data = b"import os\nfrom x import\n"
+    with pytest.raises(CuteccError, match=r"syntax error: .* \(line 2\)"):
         sourcefacts.parse(data, Path("m.py"))
-    assert time.process_time() - t0 < 5
-
-
-def test_a_header_continued_after_its_keyword_is_left_to_the_parse() -> None:
-    same('''
-        def \\
-          f(x):
-            return x
-        class \\
-            K:
-            pass
-        import os
-    ''')
 
 
 @pytest.mark.parametrize("line", [
@@ -312,11 +302,11 @@ def test_a_header_continued_after_its_keyword_is_left_to_the_parse() -> None:
     b"y = 1  # " + b"\"'" * 200_000 + b"\n",  # a comment of quotes
 ])
 def test_hostile_quotes_cost_a_linear_scan(line: bytes) -> None:
-    """Bytes shaped to make each quote start a scan to the line's or file's end: the skim
+    """Bytes shaped to make each quote start a scan to the line's or file's end: the scan
     stays linear (the file is parsed whole where it cannot tell), and says the same."""
     data = b"import os\n\ndef f():\n    return 1\n" + line
     t0 = time.process_time()
-    sourcefacts.skim(data)
+    sourcefacts.scan(data)
     assert time.process_time() - t0 < 2
     try:
         expected: SourceFacts | str = whole(data)
@@ -328,3 +318,57 @@ def test_hostile_quotes_cost_a_linear_scan(line: bytes) -> None:
         assert "syntax error" in e.message
         got = "syntax error"
     assert got == expected
+
+
+def test_many_import_keywords_cost_a_linear_scan() -> None:
+    data = b"import os\n" + b"x = 1; import a, b; from c import (d, e)\n" * 50_000
+    t0 = time.process_time()
+    got = sourcefacts.scan(data)
+    assert time.process_time() - t0 < 5
+    assert got is not None and len(got.imports) == 1 + 3 * 50_000
+
+
+def test_top_names_are_the_top_level_s() -> None:
+    data = textwrap.dedent('''
+        import os.path
+        from . import a, b as c
+        def f(): x = 1
+        class C:
+            inner = 2
+        if TYPE:
+            def g(): pass
+        else:
+            h = other(f(1), key=word)
+        try:
+            import json as j
+        except ImportError:
+            j = None
+        for i in range(3):
+            k = i
+        async def co(): pass
+    ''').encode()
+    got = sourcefacts.top_names(data, Path("m.py"))
+    assert got.names is not None
+    assert {"os", "a", "c", "f", "C", "g", "h", "other", "word", "j", "k", "co"} <= set(got.names)
+    assert not {"x", "inner", "key", "b", "path"} & set(got.names)
+    assert sourcefacts.top_names(b"from m import *\n", Path("m.py")) == TopNames(None)
+
+
+def test_defs_are_the_top_level_s_def_and_class_statements() -> None:
+    data = same('''
+        """Docstring naming
+        class InDoc: ...
+        """
+        @decorated
+        class Kernel(Base):
+            def method(self): ...
+        async  def co(): ...
+        def fn(
+            x,
+        ): return x
+        if flag:
+            def nested(): ...
+        Kernel2 = Kernel
+    ''')
+    assert sourcefacts.parse(data, Path("m.py")).defs == ["Kernel", "co", "fn"]
+    same("def f\u00e9(): pass\n", scanned=False)  # a name `ast` normalizes

@@ -18,7 +18,7 @@ from cutecc.toolchain.planmemory import PlanMemory
 
 PARSER = "0123456789abcdef"
 SHA = hashlib.sha256(b"import os\n").hexdigest()
-FACTS = SourceFacts([[0, "os", None], [1, "", ["sib", "*"]], [0, "a.b", ["c"]]], ["os", "f"])
+FACTS = SourceFacts([[0, "a.b", ["c"]], [0, "os", None], [1, "", ["sib", "*"]]], ["C", "f"])
 
 
 def _named(data: bytes) -> tuple[str, bytes]:
@@ -35,18 +35,20 @@ def test_a_well_formed_bundle_is_read_back_as_written() -> None:
 
 
 @pytest.mark.parametrize("record", [
-    {"imports": [[0, "../etc", None]], "names": []},  # a module a path could be made of
-    {"imports": [[0, "a/b", None]], "names": []},
-    {"imports": [[0, "", None]], "names": []},  # no module at level 0
-    {"imports": [[-1, "os", None]], "names": []},
-    {"imports": [[0, "os", ["x y"]]], "names": []},
-    {"imports": [[0, "os", None]], "names": ["not a name"]},
-    {"imports": [[0, "os"]], "names": []},  # of another shape
-    {"imports": [], "names": [], "extra": 1},
+    {"imports": [[0, "../etc", None]], "defs": []},  # a module a path could be made of
+    {"imports": [[0, "a/b", None]], "defs": []},
+    {"imports": [[0, "", None]], "defs": []},  # no module at level 0
+    {"imports": [[-1, "os", None]], "defs": []},
+    {"imports": [[0, "os", ["x y"]]], "defs": []},
+    {"imports": [[0, "os", None]], "names": []},  # a member the record does not have
+    {"imports": [[0, "os"]], "defs": []},  # of another shape
+    {"imports": [], "defs": [], "extra": 1},
+    {"imports": [], "defs": ["not a name"]},
+    {"imports": [], "defs": None},
     "source",
 ])
 def test_a_record_of_the_wrong_shape_refuses_the_whole_bundle(record: object) -> None:
-    data = _doc({f"source:{SHA}": {"imports": [], "names": None}, f"source:{'0' * 64}": record})
+    data = _doc({f"source:{SHA}": {"imports": [], "defs": []}, f"source:{'0' * 64}": record})
     with pytest.raises(Refused, match="wrong shape"):
         check_planning(*_named(data), PARSER, 1 << 20)
 
@@ -55,7 +57,7 @@ def test_a_record_of_the_wrong_shape_refuses_the_whole_bundle(record: object) ->
                                   "source:/etc/passwd", SHA])
 def test_only_a_source_s_facts_under_a_sha256_are_carried(name: str) -> None:
     with pytest.raises(Refused, match="wrong shape"):
-        check_planning(*_named(_doc({name: {"imports": [], "names": []}})), PARSER, 1 << 20)
+        check_planning(*_named(_doc({name: {"imports": [], "defs": []}})), PARSER, 1 << 20)
 
 
 def test_a_bundle_not_of_its_name_of_another_parser_or_oversized_is_refused() -> None:
@@ -83,15 +85,15 @@ def test_the_memory_asks_the_remote_once_and_only_for_bytes_it_does_not_know() -
         return {f"source:{SHA}": FACTS}
 
     mem = PlanMemory(None, PARSER)
-    mem.remember_parsed(other, SourceFacts([], None))
+    mem.remember_parsed(other, SourceFacts([], []))
     mem.share(fetch)
-    assert mem.parsed(SourceFacts, other) == SourceFacts([], None) and asked == []  # known here
+    assert mem.parsed(SourceFacts, other) == SourceFacts([], []) and asked == []  # known here
     assert mem.parsed(PathEffect, SHA) is None and asked == []  # never carried
     assert mem.parsed(SourceFacts, SHA) == FACTS and mem.served_shared == 1
     assert mem.parsed(SourceFacts, "0" * 64) is None  # facts of other bytes serve no file
     assert asked == [1]
     # what the remote lacks of what this run used, for the push
-    assert mem.unshared() == {f"source:{other}": SourceFacts([], None)} and asked == [1]
+    assert mem.unshared() == {f"source:{other}": SourceFacts([], [])} and asked == [1]
 
 
 def test_a_run_that_used_no_fact_fetches_nothing_to_push() -> None:

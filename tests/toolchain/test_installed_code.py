@@ -259,7 +259,7 @@ def test_remembered_facts_of_another_parser_are_parsed_again(tmp_path: Path, mon
 
     def parse(data: bytes) -> SourceFacts:
         calls.append(1)
-        return SourceFacts([[0, "os", None]], ["os"])
+        return SourceFacts([[0, "os", None]], [])
 
     first = HashCache(tmp_path / "filehashes.json")
     first.source(str(src), SourceFacts, parse)

@@ -25,7 +25,7 @@ from cutecc.toolchain.planfacts import DIGEST, LISTED, Listed, SourceFacts
 from cutecc.toolchain.planmemory import FILE, PlanMemory
 from tests.toolchain.test_installed_code import BOTH, LIB, _walks, forget, install, planned, project
 
-SOURCE = SourceFacts([[0, "os", None]], ["os"])
+SOURCE = SourceFacts([[0, "os", None]], ["f"])
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ from cutecc.toolchain.planfacts import (
     PathEffect,
     PlanFacts,
     SourceFacts,
+    TopNames,
 )
 from cutecc.toolchain.planmemory import FILE, PARSERS, PlanMemory
 
@@ -122,9 +123,17 @@ def test_a_damaged_closure_body_is_not_served(damage: Any) -> None:
     assert ClosureBody.of_json("", body) is None
 
 
-@pytest.mark.parametrize("bad", [{"imports": [[0, {"x": 1}, None]], "names": []},
-                                 {"imports": [], "names": [1]}, {"imports": [], "names": None, "x": 1},
-                                 {"imports": [[0, "os"]], "names": None}, {"names": None}])
+@pytest.mark.parametrize("bad", [{"imports": [[0, {"x": 1}, None]], "defs": []},
+                                 {"imports": [], "names": None}, {"imports": [], "defs": [1]},
+                                 {"imports": [], "defs": None}, {"imports": [[0, "os"]], "defs": []},
+                                 {"imports": None, "defs": []}, {"defs": []}])
 def test_source_facts_of_another_shape_are_refused(bad: Any) -> None:
     assert SourceFacts.of_json(bad) is None
-    assert SourceFacts.of_json({"imports": [[1, "", ["a"]], [0, "os", None]], "names": None}) is not None
+    assert SourceFacts.of_json({"imports": [[1, "", ["a"]], [0, "os", None]], "defs": ["f"]}) is not None
+
+
+@pytest.mark.parametrize("bad", [{"names": [1]}, {"names": "os"}, {"names": None, "x": 1}, {"imports": []}])
+def test_top_names_of_another_shape_are_refused(bad: Any) -> None:
+    assert TopNames.of_json(bad) is None
+    assert TopNames.of_json({"names": None}) == TopNames(None)
+    assert TopNames.of_json({"names": ["a", "b"]}) == TopNames(["a", "b"])
