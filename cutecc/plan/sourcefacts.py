@@ -23,6 +23,7 @@ syntax error there is still planning's to report, with its line.
 from __future__ import annotations
 
 import ast
+import bisect
 import gc
 import re
 import sys
@@ -51,9 +52,9 @@ _STRINGS = re.compile(rb'"(?:' + _LINE2 + rb'|(?P<t>""' + _REST2 + rb')|[^"\\\n]
 # A triple quote after a backslash: where a closing quote may be escaped, a file of them would
 # have each opening one scanned to the file's end (parsed whole instead).
 _HIDDEN = (b'\\"""', b"\\'''")
-_SPACES = re.compile(rb"[\t\f\r]")  # in code (not a string): columns this does not count
+_SPACES = re.compile(rb"[\t\f]")  # in code (not a string): columns this does not count
 # an encoding declaration (on line 1 or 2), and those that read ASCII as ASCII
-_CODING = re.compile(rb"(?:[^\n]*\n)?[ \t\f]*#[^\n]*?coding[:=][ \t]*([-\w.]+)")
+_CODING = re.compile(rb"[ \t\f]*#[^\n]*?coding[:=][ \t]*([-\w.]+)")
 _ASCII_SUPERSETS = {b"utf-8", b"utf8", b"ascii", b"us-ascii", b"latin-1", b"latin1", b"iso-8859-1",
                     b"iso8859-1"}
 _FSTRING = re.compile(rb"(?i)(?<![\w])(?:f|rf|fr)['\"]")
@@ -66,7 +67,10 @@ _DOTTED = _NAME + rb"(?: *\. *" + _NAME + rb")*"
 _FROM = re.compile(rb" *from(?=[ .])((?: *\.)*) *(" + _DOTTED + rb")? *| *")  # what precedes `import`
 _ALIAS = re.compile(rb" *(" + _DOTTED + rb")(?: +as +" + _NAME + rb")? *")
 _END = re.compile(rb"[;\n]")  # a simple statement's end (newlines left: not after a backslash)
-_DEF = re.compile(rb"\n(?:async +)?(?:def|class) +([^ (:\n]*)")  # a top-level definition's name
+# a top-level definition's name: a logical line starting with one at column 0 (its first
+# physical line's indent is the statement's: backslash-newlines may come before the keyword)
+_DEF = re.compile(rb"(?<!\\)\n(?:\\\n *)*(?:async(?: |\\\n)+)?(?:def|class)(?: |\\\n)+([^ (:\n\\]*)")
+_LOGICAL = re.compile(rb"(?<!\\)\n")  # a line end that ends a logical line (outside brackets)
 _GAP = re.compile(rb"(?: |\\\n)*")  # spaces and backslash-newlines
 
 
@@ -154,20 +158,25 @@ def scan(data: bytes) -> SourceFacts | None:
     defs = _DEF.findall(code)
     if not all(_IDENTIFIER.fullmatch(d) for d in defs):
         return None  # a name `ast` would normalize, or a broken header
+    found = [(m.start(), m.end()) for m in _IMPORT.finditer(code)]
+    # where each logical line starts (backslash-newlines, and a triple-quoted string's lines,
+    # join physical ones), found once: an import's statement is looked for from there
+    starts = [m.end() for m in _LOGICAL.finditer(code)] if found else []
     try:
-        imports = [i for m in _IMPORT.finditer(code) for i in _statement(code, m.start(), m.end())]
+        imports = [i for at, end in found for i in _statement(code, at, end, starts)]
     except _Unsure:
         return None
     return SourceFacts(_sorted(imports), sorted({d.decode() for d in defs}))
 
 
-def _statement(code: bytes, at: int, end: int) -> list[list[Any]]:
-    """The imports of the statement whose `import` keyword is `code[at:end]`."""
-    # the logical line up to the keyword: physical lines joined where one ends in a backslash
-    start = code.rfind(b"\n", 0, at) + 1
-    while start >= 2 and code[start - 2] == 0x5C:
-        start = code.rfind(b"\n", 0, start - 2) + 1
-    head = code[max(start - 1, code.rfind(b";", start, at), code.rfind(b":", start, at)) + 1:at]
+def _statement(code: bytes, at: int, end: int, starts: list[int]) -> list[list[Any]]:
+    """The imports of the statement whose `import` keyword is `code[at:end]`; `starts`: where
+    each logical line starts, in order."""
+    start = starts[bisect.bisect_right(starts, at) - 1]
+    # after the last `;`, or a compound statement's `:` after it (each looked for from the
+    # keyword back only as far as the other: a line of many imports costs their length)
+    semi = code.rfind(b";", start, at)
+    head = code[max(start, semi + 1, code.rfind(b":", max(start, semi), at) + 1):at]
     head = head.replace(b"\\\n", b" ")
     m = _FROM.fullmatch(head)
     if m is None or b"\n" in head:
@@ -227,9 +236,12 @@ def _code(data: bytes) -> bytes | None:
         return None
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]  # a byte order mark: not a line, not code
-    coding = _CODING.match(data)
-    if coding is not None and coding.group(1).lower().replace(b"_", b"-") not in _ASCII_SUPERSETS:
-        return None  # bytes another codec decodes: `ast` reads them
+    if b"\r" in data:
+        return None  # a line end the patterns do not know (a lone one ends a comment)
+    for line in data.split(b"\n", 2)[:2]:  # an encoding declared on line 1 or 2 (either counts)
+        coding = _CODING.match(line)
+        if coding is not None and coding.group(1).lower().replace(b"_", b"-") not in _ASCII_SUPERSETS:
+            return None  # bytes another codec decodes: `ast` reads them
     if sys.version_info >= (3, 12) and _FSTRING.search(data):
         return None  # 3.12's f-strings may nest quotes and span lines
     # `split` hands the text between matches and each match's groups t and u (None where
@@ -243,7 +255,7 @@ def _code(data: bytes) -> bytes | None:
     code = b"\n" + b"".join(filter(None, parts))
     if b'"' in code or b"'" in code:
         return None  # a quote not read as a string's
-    if (b"\t" in data or b"\f" in data or b"\r" in data) and _SPACES.search(code):
+    if (b"\t" in data or b"\f" in data) and _SPACES.search(code):
         return None
     return code
 
