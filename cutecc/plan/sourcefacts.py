@@ -149,9 +149,9 @@ def _sorted(imports: list[list[Any]]) -> list[list[Any]]:
 
 def scan(data: bytes) -> SourceFacts | None:
     """`parse`'s facts of `data` read from its text without a syntax tree; None where only
-    `ast` can tell. A line of code that starts with `def` or `class` is a top-level
-    definition (nothing else starts a line there: strings are gone, brackets hold no
-    statement)."""
+    `ast` can tell. A logical line of code that starts with `def` or `class` at column 0 is
+    a top-level definition (nothing else starts one there: strings are gone, brackets hold
+    no statement)."""
     code = _code(data)
     if code is None:
         return None
@@ -197,22 +197,23 @@ def _statement(code: bytes, at: int, end: int, starts: list[int]) -> list[list[A
             if len(items) > 1 and not items[-1].strip(b" "):
                 items.pop()  # a trailing comma
         else:
-            stop = _END.search(code, rest)
-            body = code[rest:stop.start() if stop else len(code)]
-            while stop is not None and stop.group() == b"\n" and code[stop.start() - 1] == 0x5C:
-                stop = _END.search(code, stop.end())
-                body = code[rest:stop.start() if stop else len(code)]
-            items = body.replace(b"\\\n", b" ").split(b",")
+            items = code[rest:_end_of_statement(code, rest)].replace(b"\\\n", b" ").split(b",")
         if [i.strip(b" ") for i in items] == [b"*"]:
             return [[level, module, ["*"]]]
         return [[level, module, [_alias(i, dotted=False) for i in items]]]
-    stop = _END.search(code, end)
-    while stop is not None and stop.group() == b"\n" and code[stop.start() - 1] == 0x5C:
-        stop = _END.search(code, stop.end())
-    items = code[end:stop.start() if stop else len(code)].replace(b"\\\n", b" ").split(b",")
+    items = code[end:_end_of_statement(code, end)].replace(b"\\\n", b" ").split(b",")
     if not items[0].startswith(b" "):
         raise _Unsure
     return [[0, _alias(i, dotted=True), None] for i in items]
+
+
+def _end_of_statement(code: bytes, pos: int) -> int:
+    """Where the simple statement going on at `pos` ends: its `;`, or the line end that is
+    not a backslash's (outside brackets), or the text's end."""
+    stop = _END.search(code, pos)
+    while stop is not None and stop.group() == b"\n" and code[stop.start() - 1] == 0x5C:
+        stop = _END.search(code, stop.end())
+    return len(code) if stop is None else stop.start()
 
 
 def _alias(item: bytes, dotted: bool) -> str:

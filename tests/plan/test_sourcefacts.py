@@ -309,6 +309,8 @@ def test_what_a_hostile_tester_found_gives_the_whole_files_facts(data: bytes) ->
     b'x = """' + b"\n" * 20_000 + b'"""' + b"; import a" * 20_000 + b"\n",
     b"import a;" * 100_000 + b"\n",  # 100,000 statements on one line
     b"x = 1" + b" " * 1_000_000 + b"; import a\n",
+    b"from a import b" + b", \\\n c" * 20_000 + b"\n",  # one statement of 20,000 lines
+    b"import b" + b", \\\n c" * 20_000 + b"\n",
 ])
 def test_long_logical_lines_cost_a_linear_scan(data: bytes) -> None:
     t0 = time.process_time()
