@@ -23,7 +23,6 @@ syntax error there is still planning's to report, with its line.
 from __future__ import annotations
 
 import ast
-import bisect
 import gc
 import re
 import sys
@@ -69,8 +68,8 @@ _ALIAS = re.compile(rb" *(" + _DOTTED + rb")(?: +as +" + _NAME + rb")? *")
 _END = re.compile(rb"[;\n]")  # a simple statement's end (newlines left: not after a backslash)
 # a top-level definition's name: a logical line starting with one at column 0 (its first
 # physical line's indent is the statement's: backslash-newlines may come before the keyword)
-_DEF = re.compile(rb"(?<!\\)\n(?:\\\n *)*(?:async(?: |\\\n)+)?(?:def|class)(?: |\\\n)+([^ (:\n\\]*)")
-_LOGICAL = re.compile(rb"(?<!\\)\n")  # a line end that ends a logical line (outside brackets)
+# (each pattern spelled from its first literal byte: the engine looks for that in C)
+_DEF = re.compile(rb"\n(?<!\\\n)(?:\\\n *)*(?:async(?: |\\\n)+)?(?:def|class)(?: |\\\n)+([^ (:\n\\]*)")
 _GAP = re.compile(rb"(?: |\\\n)*")  # spaces and backslash-newlines
 
 
@@ -158,21 +157,29 @@ def scan(data: bytes) -> SourceFacts | None:
     defs = _DEF.findall(code)
     if not all(_IDENTIFIER.fullmatch(d) for d in defs):
         return None  # a name `ast` would normalize, or a broken header
-    found = [(m.start(), m.end()) for m in _IMPORT.finditer(code)]
-    # where each logical line starts (backslash-newlines, and a triple-quoted string's lines,
-    # join physical ones), found once: an import's statement is looked for from there
-    starts = [m.end() for m in _LOGICAL.finditer(code)] if found else []
+    imports: list[list[Any]] = []
+    # where the logical line of each `import` starts (backslash-newlines, and a triple-quoted
+    # string's lines, join physical ones): looked for back from the keyword, no further than
+    # the one before it (on the same logical line, the same start), so each line end once
+    before = start = 0
     try:
-        imports = [i for at, end in found for i in _statement(code, at, end, starts)]
+        for m in _IMPORT.finditer(code):
+            at = m.start()
+            line = code.rfind(b"\n", before, at)
+            while line > 0 and code[line - 1] == 0x5C:  # continued: the logical line began before
+                line = code.rfind(b"\n", before, line - 1)
+            if line >= 0:
+                start = line + 1  # (else none ended since the import before: its start)
+            before = at
+            imports.extend(_statement(code, start, at, m.end()))
     except _Unsure:
         return None
     return SourceFacts(_sorted(imports), sorted({d.decode() for d in defs}))
 
 
-def _statement(code: bytes, at: int, end: int, starts: list[int]) -> list[list[Any]]:
-    """The imports of the statement whose `import` keyword is `code[at:end]`; `starts`: where
-    each logical line starts, in order."""
-    start = starts[bisect.bisect_right(starts, at) - 1]
+def _statement(code: bytes, start: int, at: int, end: int) -> list[list[Any]]:
+    """The imports of the statement whose `import` keyword is `code[at:end]`, on the logical
+    line from `start`."""
     # after the last `;`, or a compound statement's `:` after it (each looked for from the
     # keyword back only as far as the other: a line of many imports costs their length)
     semi = code.rfind(b";", start, at)
