@@ -230,6 +230,7 @@ class SourceIndex:
         return self._bases
 
     def _environments(self) -> list[str]:
+        """The `sys.path` entries that are environments' package directories (`_holds_installs`)."""
         return self._bases_of()[2]
 
     def _hash(self, f: Path) -> str:
@@ -244,9 +245,11 @@ class SourceIndex:
 
     def _facts_of(self, f: Path) -> Sourced[SourceFacts]:
         """`f`'s SHA-256 and import statements (`sourcefacts.parse`), read and parsed once per
-        change of its stamp (`dists.HashCache.source`), once per index at most. A project's own
-        source is parsed whole (a syntax error in it is planning's to report, with its line);
-        an installed one is scanned."""
+        change of its stamp (`dists.HashCache.source`), once per index at most. A source under
+        no environment's package directory (a project's own) is parsed whole, so a syntax error
+        in it is planning's to report, with its line; an installed one is scanned. (Facts are
+        remembered by content: bytes scanned as installed elsewhere are served as they were, a
+        syntax error in them left to the build's import.)"""
         if f not in self._facts:
             check = _shortest_under(str(f), self._environments()) is None
             self._facts[f] = self._cache.source(str(f), SourceFacts,

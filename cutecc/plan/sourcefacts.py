@@ -56,7 +56,7 @@ _SPACES = re.compile(rb"[\t\f]")  # in code (not a string): columns this does no
 _CODING = re.compile(rb"[ \t\f]*#[^\n]*?coding[:=][ \t]*([-\w.]+)")
 _ASCII_SUPERSETS = {b"utf-8", b"utf8", b"ascii", b"us-ascii", b"latin-1", b"latin1", b"iso-8859-1",
                     b"iso8859-1"}
-_FSTRING = re.compile(rb"(?i)(?<![\w])(?:f|rf|fr)['\"]")
+_FSTRING = re.compile(rb"(?i)(?<![\w])(?:f|rf|fr|t|rt|tr)['\"]")  # and 3.14's t-strings, of that grammar
 
 # the keyword, not inside a name (spelled from its letters: the engine looks for those in C)
 _IMPORT = re.compile(rb"import(?<![\w\x80-\xff]import)(?![\w\x80-\xff])")
@@ -78,10 +78,10 @@ class _Unsure(Exception):
 
 
 def parse(data: bytes, f: Path, check: bool = False) -> SourceFacts:
-    """The import statements of source `data` (file `f`), anywhere in it, as `[level,
-    module, names or None for a plain import]`, sorted: scanned (`scan`), or where the
-    scan cannot be sure or `check` asks, from the whole file's `ast` (which reports a syntax
-    error, with its line)."""
+    """The facts of source `data` (file `f`): its import statements, anywhere in it, as
+    `[level, module, names or None for a plain import]`, sorted, and its top level's `def`
+    and `class` names; scanned (`scan`), or where the scan cannot be sure or `check` asks,
+    from the whole file's `ast` (which reports a syntax error, with its line)."""
     if not check:
         got = scan(data)
         if got is not None:
@@ -143,6 +143,7 @@ def _tree_imports(tree: ast.Module) -> list[list[Any]]:
 
 
 def _sorted(imports: list[list[Any]]) -> list[list[Any]]:
+    """`imports` in one order whichever way they were read (the walk takes them as a set)."""
     return sorted(imports, key=lambda i: (i[1], i[0], i[2] is not None, i[2] or []))
 
 
@@ -170,20 +171,24 @@ def scan(data: bytes) -> SourceFacts | None:
                 line = code.rfind(b"\n", before, line - 1)
             if line >= 0:
                 start = line + 1  # (else none ended since the import before: its start)
-            before = at
-            imports.extend(_statement(code, start, at, m.end()))
+            imports.extend(_statement(code, start, max(start, before), at, m.end()))
+            before = m.end()
     except _Unsure:
         return None
     return SourceFacts(_sorted(imports), sorted({d.decode() for d in defs}))
 
 
-def _statement(code: bytes, start: int, at: int, end: int) -> list[list[Any]]:
+def _statement(code: bytes, start: int, floor: int, at: int, end: int) -> list[list[Any]]:
     """The imports of the statement whose `import` keyword is `code[at:end]`, on the logical
-    line from `start`."""
-    # after the last `;`, or a compound statement's `:` after it (each looked for from the
-    # keyword back only as far as the other: a line of many imports costs their length)
-    semi = code.rfind(b";", start, at)
-    head = code[max(start, semi + 1, code.rfind(b":", max(start, semi), at) + 1):at]
+    line from `start`, whose text from `floor` on follows the import keyword before it."""
+    # after the last `;`, or a compound statement's `:` after it, looked for back to the
+    # import before on this line at most (so a line of many costs its length): one must be
+    # there, between two statements
+    semi = code.rfind(b";", floor, at)
+    colon = code.rfind(b":", max(floor, semi), at)
+    if floor > start and max(semi, colon) < 0:
+        raise _Unsure
+    head = code[max(floor, semi + 1, colon + 1):at]
     head = head.replace(b"\\\n", b" ")
     m = _FROM.fullmatch(head)
     if m is None or b"\n" in head:
@@ -232,6 +237,7 @@ def _alias(item: bytes, dotted: bool) -> str:
 
 
 def _join(dotted: bytes) -> str:
+    """A dotted name as `ast` spells it (the spaces the grammar allows around dots dropped)."""
     return dotted.replace(b" ", b"").decode("ascii")
 
 

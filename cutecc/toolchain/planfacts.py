@@ -151,6 +151,7 @@ class TopNames(NamedTuple):
 
     @classmethod
     def of_json(cls, v: Any, extra: int = 0) -> TopNames | None:
+        """The names in object `v` (with `extra` other members), None when of another shape."""
         if not (isinstance(v, dict) and len(v) == 1 + extra and "names" in v):
             return None
         names = v["names"]

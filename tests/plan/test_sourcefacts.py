@@ -123,7 +123,7 @@ def test_import_statements_of_every_spelling() -> None:
 
 
 @pytest.mark.parametrize("src", [
-    # lines of a string below a body's indent: still the body
+    # a string's lines at column 0 holding `import` and `def`: not code
     '''
     def f():
         s = """
@@ -133,7 +133,7 @@ def test_import_statements_of_every_spelling() -> None:
         return s
     import sys
     ''',
-    # a bracket continued below the body's indent
+    # a bracket continued at column 0 inside a method
     '''
     class A:
         def f(self):
@@ -150,7 +150,7 @@ def test_import_statements_of_every_spelling() -> None:
         return x
     from a import b
     ''',
-    # a one-quoted string continued by a backslash-newline (left to the whole parse)
+    # a one-quoted string continued by a backslash-newline (left to `ast`)
     '''
     def f():
         s = "abc\\
@@ -179,7 +179,7 @@ def test_import_statements_of_every_spelling() -> None:
         x: int = 1
     import k
     ''',
-    # a header on one line with its body (left as it is)
+    # headers with their bodies on the same line, an import among them
     '''
     def f(): return 1
     class E(Exception): pass
@@ -203,7 +203,7 @@ def test_import_statements_of_every_spelling() -> None:
                 for k, v in d}
     import q
     ''',
-    # a top-level match and async with (walked for names): a body set aside in one is seen
+    # a top-level match and async with, definitions inside them (not top-level)
     '''
     match command:
         case [x]:
@@ -222,7 +222,7 @@ def test_import_statements_of_every_spelling() -> None:
     def __getattr__(name):
         return globals()[name]
     ''',
-    # a file that ends inside a body, without a newline
+    # a file that ends inside a function, without a newline
     '''
     def f():
         return 1''',
@@ -317,6 +317,18 @@ def test_long_logical_lines_cost_a_linear_scan(data: bytes) -> None:
     got = sourcefacts.scan(data)
     assert time.process_time() - t0 < 2
     assert got == whole(data)
+
+
+@pytest.mark.parametrize("data", [
+    b"from a import (b):" * 50_000 + b"\n",  # colons between imports, no statement's
+    b"import a " * 50_000 + b"\n",  # nothing between them
+])
+def test_a_broken_line_of_many_imports_costs_a_linear_scan(data: bytes) -> None:
+    """Invalid files of one long line of import keywords (an installed file's syntax is the
+    build's import's to check): the scan stays linear, whatever it reads of them."""
+    t0 = time.process_time()
+    sourcefacts.scan(data)
+    assert time.process_time() - t0 < 2
 
 
 # Fragments a generated program is made of (`test_generated_programs_give_the_whole_files_facts`)

@@ -149,6 +149,34 @@ def test_a_warm_cache_reads_and_parses_no_installed_source(
     assert [f for f in touched if f.startswith(str(site / "fakelib") + os.sep)] == []
 
 
+def test_installed_sources_are_scanned_and_the_project_s_parsed_whole(
+        tmp_path: Path, site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first planning builds no syntax tree of an installed source (its imports are read
+    from its text), so a syntax error inside an installed function is the build's import's to
+    report; the project's own sources are parsed whole, their syntax errors reported with the
+    file and line."""
+    broken = dict(LIB, **{"fakelib/util.py": "K = 1\n\n\ndef later(:\n    pass\n"})
+    install(site, "fakelib", "1.0", broken)
+    m = project(tmp_path, BOTH)
+    parsed: list[str] = []
+    real_parse = cutecc.plan.sourcefacts.ast.parse
+
+    def spy_parse(src, filename="<unknown>", *a, **k):
+        parsed.append(str(filename))
+        return real_parse(src, filename, *a, **k)
+
+    monkeypatch.setattr(cutecc.plan.sourcefacts.ast, "parse", spy_parse)
+    keys = planned(m, None)
+    assert set(keys) == {"imports_lib", "in_lib"}
+    assert [f for f in parsed if f.startswith(str(site) + os.sep)] == []
+    assert str((tmp_path / "proj/kp/uses_lib.py").resolve()) in {str(Path(f).resolve()) for f in parsed}
+    broken_own = "import fakelib.core\n\n\ndef kern(x, out, stream:\n    pass\n"
+    (tmp_path / "proj/kp/uses_lib.py").write_text(broken_own)
+    with pytest.raises(CuteccError, match=r"syntax error: .* \(line 4\)") as info:
+        planned(m, None)
+    assert info.value.where is not None and info.value.where.endswith("uses_lib.py")
+
+
 @pytest.mark.parametrize("large", [False, True], ids=["by-content", "by-record"])
 @pytest.mark.parametrize("kernel", ["imports_lib", "in_lib"])
 def test_a_same_size_edit_with_its_mtime_put_back_rekeys(
