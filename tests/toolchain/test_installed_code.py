@@ -111,6 +111,19 @@ def project(tmp_path: Path, body: str) -> Path:
     return m
 
 
+def parsed_files(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The files planning parses with `ast` from now on (their names, in order)."""
+    parsed: list[str] = []
+    real = cutecc.plan.sourcefacts.ast.parse
+
+    def spy(src, filename="<unknown>", *a, **k):
+        parsed.append(str(filename))
+        return real(src, filename, *a, **k)
+
+    monkeypatch.setattr(cutecc.plan.sourcefacts.ast, "parse", spy)
+    return parsed
+
+
 def planned(manifest: Path, cache: Path | None) -> dict[str, Planned]:
     forget()
     return {p.kernel.name: p for p in plan(load_manifest(manifest), hash_cache=cache)}
@@ -158,14 +171,7 @@ def test_installed_sources_are_scanned_and_the_project_s_parsed_whole(
     broken = dict(LIB, **{"fakelib/util.py": "K = 1\n\n\ndef later(:\n    pass\n"})
     install(site, "fakelib", "1.0", broken)
     m = project(tmp_path, BOTH)
-    parsed: list[str] = []
-    real_parse = cutecc.plan.sourcefacts.ast.parse
-
-    def spy_parse(src, filename="<unknown>", *a, **k):
-        parsed.append(str(filename))
-        return real_parse(src, filename, *a, **k)
-
-    monkeypatch.setattr(cutecc.plan.sourcefacts.ast, "parse", spy_parse)
+    parsed = parsed_files(monkeypatch)
     keys = planned(m, None)
     assert set(keys) == {"imports_lib", "in_lib"}
     assert [f for f in parsed if f.startswith(str(site) + os.sep)] == []

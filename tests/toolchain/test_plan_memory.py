@@ -17,13 +17,21 @@ import pytest
 from helpers import opts
 
 import cutecc.plan.key
-import cutecc.plan.sourcefacts
 import cutecc.toolchain.dists
 from cutecc.toolchain import hashcache, planmemory
 from cutecc.toolchain.hashcache import HashCache, parser_id
 from cutecc.toolchain.planfacts import DIGEST, LISTED, Listed, SourceFacts
 from cutecc.toolchain.planmemory import FILE, PlanMemory
-from tests.toolchain.test_installed_code import BOTH, LIB, _walks, forget, install, planned, project
+from tests.toolchain.test_installed_code import (
+    BOTH,
+    LIB,
+    _walks,
+    forget,
+    install,
+    parsed_files,
+    planned,
+    project,
+)
 
 SOURCE = SourceFacts([[0, "os", None]], ["f"])
 
@@ -171,14 +179,7 @@ def test_a_new_cache_plans_from_the_memory_and_an_installed_edit_still_rekeys(
     (tmp_path / "c1").mkdir()
     cold = planned(m, tmp_path / "c1/filehashes.json")
     assert {n: p.key for n, p in cold.items()} == {n: p.key for n, p in alone.items()}
-    parsed: list[str] = []
-    real = cutecc.plan.sourcefacts.ast.parse
-
-    def spy(src, filename="<unknown>", *a, **k):
-        parsed.append(str(filename))
-        return real(src, filename, *a, **k)
-
-    monkeypatch.setattr(cutecc.plan.sourcefacts.ast, "parse", spy)
+    parsed = parsed_files(monkeypatch)
     walked = _walks(monkeypatch)
     (tmp_path / "c2").mkdir()
     warm = planned(m, tmp_path / "c2/filehashes.json")
