@@ -13,6 +13,7 @@ So `pytest -m "not slow"` never compiles (the quick selection, CONTRIBUTING.md "
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -55,7 +56,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def _imported_from(module: object, roots: tuple[str, ...]) -> bool:
     """Whether `module` was imported from under one of `roots` (its file, or a package's path)."""
-    places = [getattr(module, "__file__", None) or "", *(getattr(module, "__path__", None) or ())]
+    places = [getattr(module, "__file__", None) or ""]
+    with contextlib.suppress(TypeError):  # not a path list (torch's `torch.classes` answers any attribute)
+        places += list(getattr(module, "__path__", None) or ())
     return any(isinstance(p, str) and p.startswith(roots) for p in places)
 
 

@@ -149,6 +149,28 @@ def test_a_forked_worker_is_the_services_child_and_its_death_is_told(tmp_path: P
     assert svc.proc.poll() is not None  # this build's own: gone with its session
 
 
+def test_a_worker_told_to_stop_is_joined_when_its_exit_is_told_not_at_the_deadline(
+        tmp_path: Path) -> None:
+    """Every build ends by telling its workers to stop and joining them; the join waited
+    for its whole timeout (5 s at the end of every build) even after the service had told
+    the worker's exit status, which was recorded and then waited past."""
+    import time
+
+    svc, why = _own(tmp_path)
+    try:
+        assert why is None
+        w = svc.fork("tok")
+        assert w.conn.recv() == "ready"
+        w.conn.send(None)  # its job loop ends; the service reaps it within 0.2 s
+        t0 = time.monotonic()
+        w.join(60)
+        waited = time.monotonic() - t0
+        assert w.exitcode == 0
+        assert waited < 30, f"join waited {waited:.1f} s of its 60 for a told exit"
+    finally:
+        svc.close()
+
+
 def test_the_builds_own_service_imports_what_planning_named_on_top_of_its_guess(tmp_path: Path) -> None:
     lib = tmp_path / "lib"
     lib.mkdir()

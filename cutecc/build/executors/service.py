@@ -281,15 +281,17 @@ class Service:
             return self._connect()
         return self._connect(final or NOTHING, max(1.0, deadline - time.monotonic()))
 
-    def _recv(self, timeout: float) -> Any:
+    def _recv(self, timeout: float, exit_of: int | None = None) -> Any:
         """The service's next message but an exit status (each recorded in `exits`), or None
-        when none came within `timeout`."""
+        when none came within `timeout`, or as soon as worker `exit_of`'s exit status came."""
         deadline = time.monotonic() + timeout
         while self.conn.poll(max(0.0, deadline - time.monotonic())):
             msg = self.conn.recv()
             if msg[0] != "exit":
                 return msg
             self.exits[msg[1]] = msg[2]
+            if msg[1] == exit_of:
+                return None
         return None
 
     def fork(self, token: str) -> ForkedWorker:
@@ -312,7 +314,7 @@ class Service:
         with contextlib.suppress(EOFError, OSError, AttributeError):
             deadline = time.monotonic() + timeout
             while pid not in self.exits and time.monotonic() < deadline:
-                self._recv(deadline - time.monotonic())
+                self._recv(deadline - time.monotonic(), exit_of=pid)
         return self.exits.get(pid)
 
     def close(self) -> None:
